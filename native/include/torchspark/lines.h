@@ -1,0 +1,83 @@
+/* torchspark/lines.h: splitting a worker's byte stream into lines, and the sink that
+ * the agent hands those lines to (console, log file, the driver's log channel).
+ *
+ * A line ends at '\n' (not included in the line). A '\r' stays inside the line, so a
+ * progress bar's updates travel as one line and render on the driver as they would in a
+ * terminal. Nothing is truncated: a line longer than the cap is handed on in pieces of
+ * at most cap bytes, each piece but the last flagged TSP_LINE_CONTINUED. The last bytes
+ * of a stream without a final '\n' are flagged TSP_LINE_NO_EOL.
+ */
+#ifndef TORCHSPARK_LINES_H
+#define TORCHSPARK_LINES_H
+
+#include <stdint.h>
+#include "torchspark/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TSP_LINES_DEFAULT_CAP (1u << 20) /* 1 MiB: the documented line cap */
+#define TSP_LINES_MIN_CAP 16u
+
+enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2 };
+enum {
+    TSP_LINE_CONTINUED = 1u << 0, /* a piece of a longer line; more of it follows */
+    TSP_LINE_NO_EOL = 1u << 1,    /* the stream ended without '\n' after this text */
+};
+
+/* One line as handed to a sink. data is not NUL-terminated and may hold any bytes. */
+typedef struct tsp_line {
+    int32_t rank;       /* global rank of the worker */
+    int32_t local_rank; /* local rank on this node */
+    uint8_t stream;     /* TSP_STREAM_STDOUT or TSP_STREAM_STDERR */
+    uint8_t flags;      /* TSP_LINE_* */
+    const char *data;
+    size_t len;
+} tsp_line_t;
+
+/* A consumer of lines. write_line must not block: it returns 0 when it took the line, or
+ * -EAGAIN when it has no room; then the caller keeps the line, stops reading that
+ * worker (so the worker's pipe fills and the worker is slowed: no line is lost), and
+ * offers the line again once wake_fd is readable (or at once when wake_fd is -1). */
+typedef struct tsp_line_sink {
+    void *ctx;
+    int (*write_line)(void *ctx, const tsp_line_t *line);
+    int wake_fd;
+} tsp_line_sink_t;
+
+/* A per-stream reassembly buffer. Caller-owned; grows from a small size up to cap. */
+typedef struct tsp_lines {
+    char *buf;
+    size_t cap;   /* the line cap */
+    size_t size;  /* allocated bytes */
+    size_t start; /* first unconsumed byte */
+    size_t end;   /* one past the last byte read */
+    size_t scan;  /* bytes before this offset hold no '\n' */
+    size_t pending; /* bytes that tsp_lines_consume() drops */
+    int eof;
+} tsp_lines_t;
+
+TSP_EXTERN int tsp_lines_init(tsp_lines_t *lb, size_t cap);
+TSP_EXTERN void tsp_lines_close(tsp_lines_t *lb);
+/* Reads once from fd (non-blocking fds welcome). Returns bytes read, 0 at EOF (and
+ * marks the buffer ended), -EAGAIN, another -errno, or -ENOBUFS when a whole line is
+ * pending and there is no room: take lines out first. */
+TSP_EXTERN long tsp_lines_read(tsp_lines_t *lb, int fd);
+/* Appends bytes (the same as a read that returned them). -ENOBUFS when they do not fit;
+ * then nothing was appended. */
+TSP_EXTERN int tsp_lines_feed(tsp_lines_t *lb, const void *data, size_t len);
+/* Marks the end of the stream: the remaining bytes become a last line. */
+TSP_EXTERN void tsp_lines_finish(tsp_lines_t *lb);
+/* The next complete line, if any (1 found, 0 none). Points into the buffer until
+ * tsp_lines_consume() or the next read. */
+TSP_EXTERN int tsp_lines_peek(tsp_lines_t *lb, const char **data, size_t *len, unsigned *flags);
+/* Drops the line that the last tsp_lines_peek() returned. */
+TSP_EXTERN void tsp_lines_consume(tsp_lines_t *lb);
+/* 1 when nothing is buffered and the stream has ended. */
+TSP_EXTERN int tsp_lines_done(const tsp_lines_t *lb);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

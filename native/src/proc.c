@@ -1,0 +1,259 @@
+/* proc.c: fork/exec of one worker, and signalling whole process trees. */
+#include "torchspark/proc.h"
+#include "torchspark/env.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static void proc_close_fd(int *fd)
+{
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/* In the child: exec file with PATH search done by hand over the child's envp, since
+ * execvpe() would search the parent's PATH. Returns the errno worth reporting. */
+static int child_exec(const tsp_proc_opts_t *o, char *const *envp)
+{
+    if (strchr(o->file, '/')) {
+        execve(o->file, o->argv, envp);
+        return errno;
+    }
+    const char *path = tsp_env_lookup(envp, "PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    int saved = ENOENT;
+    char buf[4096];
+    for (const char *p = path;; p++) {
+        const char *colon = strchr(p, ':');
+        size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
+        int n = snprintf(buf, sizeof buf, "%.*s%s%s", (int)dlen, p, dlen ? "/" : "", o->file);
+        if (n > 0 && (size_t)n < sizeof buf) {
+            execve(buf, o->argv, envp);
+            if (errno == EACCES)
+                saved = EACCES; /* like execvp: remember, keep looking */
+            else if (errno != ENOENT && errno != ENOTDIR)
+                return errno;
+        }
+        if (!colon)
+            break;
+        p = colon;
+    }
+    return saved;
+}
+
+/* Runs in the child between fork and exec: only async-signal-safe calls. */
+static void child_setup(const tsp_proc_opts_t *o, int out_w, int err_w, int report_fd,
+                        pid_t parent)
+{
+    sigset_t none;
+    sigemptyset(&none);
+    for (int s = 1; s < NSIG; s++)
+        if (s != SIGKILL && s != SIGSTOP)
+            signal(s, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (o->new_session)
+        setsid();
+    if (o->pdeathsig) {
+        prctl(PR_SET_PDEATHSIG, o->pdeathsig);
+        if (getppid() != parent) /* the parent died before prctl took effect */
+            _exit(128 + o->pdeathsig);
+    }
+    if (out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0)
+        goto fail;
+    if (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0)
+        goto fail;
+    if (o->cwd && chdir(o->cwd) < 0)
+        goto fail;
+    errno = child_exec(o, o->envp ? o->envp : environ);
+fail:;
+    int e = errno;
+    ssize_t w;
+    do
+        w = write(report_fd, &e, sizeof e);
+    while (w < 0 && errno == EINTR);
+    _exit(127);
+}
+
+static int make_pipe(int fds[2])
+{
+    if (pipe2(fds, O_CLOEXEC) < 0)
+        return -errno;
+    return 0;
+}
+
+int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen)
+{
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
+    int rc = 0;
+    p->pid = 0;
+    p->out_fd = p->err_fd = -1;
+    if ((o->stdout_mode == TSP_PROC_PIPE && (rc = make_pipe(outp))) ||
+        (o->stderr_mode == TSP_PROC_PIPE && (rc = make_pipe(errp))) || (rc = make_pipe(rep)))
+        goto out;
+    int out_w = o->stdout_mode == TSP_PROC_PIPE ? outp[1]
+                : o->stdout_mode == TSP_PROC_FD ? o->stdout_fd : -1;
+    int err_w = o->stderr_mode == TSP_PROC_PIPE ? errp[1]
+                : o->stderr_mode == TSP_PROC_FD ? o->stderr_fd : -1;
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (pid == 0)
+        child_setup(o, out_w, err_w, rep[1], parent);
+    proc_close_fd(&rep[1]);
+    int child_errno = 0;
+    ssize_t n;
+    do
+        n = read(rep[0], &child_errno, sizeof child_errno);
+    while (n < 0 && errno == EINTR);
+    if (n == (ssize_t)sizeof child_errno) {
+        /* exec failed: collect the child (it has _exit'ed or is about to) */
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+        rc = -child_errno;
+        if (err && errlen)
+            snprintf(err, errlen, "cannot run '%s': %s", o->file, strerror(child_errno));
+        goto out;
+    }
+    p->pid = pid;
+    if (outp[0] >= 0) {
+        fcntl(outp[0], F_SETFL, O_NONBLOCK);
+        p->out_fd = outp[0];
+        outp[0] = -1;
+    }
+    if (errp[0] >= 0) {
+        fcntl(errp[0], F_SETFL, O_NONBLOCK);
+        p->err_fd = errp[0];
+        errp[0] = -1;
+    }
+out:
+    proc_close_fd(&outp[0]);
+    proc_close_fd(&outp[1]);
+    proc_close_fd(&errp[0]);
+    proc_close_fd(&errp[1]);
+    proc_close_fd(&rep[0]);
+    proc_close_fd(&rep[1]);
+    if (rc && err && errlen && !err[0])
+        snprintf(err, errlen, "cannot start '%s': %s", o->file, strerror(-rc));
+    return rc;
+}
+
+void tsp_proc_close(tsp_proc_t *p)
+{
+    proc_close_fd(&p->out_fd);
+    proc_close_fd(&p->err_fd);
+}
+
+/* Reads the parent pid from /proc/<pid>/stat; the command name may hold spaces and
+ * parentheses, so parse after the last ')'. */
+static pid_t proc_ppid(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n;
+    do
+        n = read(fd, buf, sizeof buf - 1);
+    while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    int ppid;
+    char state;
+    if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2)
+        return -1;
+    return (pid_t)ppid;
+}
+
+typedef struct {
+    pid_t pid, ppid;
+} proc_pair_t;
+
+int tsp_proc_signal_descendants(pid_t root, int sig)
+{
+    DIR *d = opendir("/proc");
+    if (!d)
+        return -errno;
+    proc_pair_t *all = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        char *end;
+        long v = strtol(de->d_name, &end, 10);
+        if (*end || v <= 0)
+            continue;
+        pid_t pp = proc_ppid((pid_t)v);
+        if (pp < 0)
+            continue;
+        if (n == cap) {
+            size_t ncap = cap ? cap * 2 : 256;
+            proc_pair_t *na = realloc(all, ncap * sizeof(*na));
+            if (!na)
+                break;
+            all = na;
+            cap = ncap;
+        }
+        all[n++] = (proc_pair_t){(pid_t)v, pp};
+    }
+    closedir(d);
+    /* Mark descendants breadth-first: a pid is in the tree when its parent is. */
+    char *in = calloc(n ? n : 1, 1);
+    int count = 0;
+    if (!in) {
+        free(all);
+        return -ENOMEM;
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (in[i])
+                continue;
+            int parent_in = all[i].ppid == root;
+            for (size_t j = 0; j < n && !parent_in; j++)
+                parent_in = in[j] && all[j].pid == all[i].ppid;
+            if (parent_in) {
+                in[i] = 1;
+                changed = 1;
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        if (in[i] && kill(all[i].pid, sig) == 0)
+            count++;
+    free(in);
+    free(all);
+    return count;
+}
+
+int tsp_proc_exit_code(int wstatus)
+{
+    if (WIFEXITED(wstatus))
+        return WEXITSTATUS(wstatus);
+    if (WIFSIGNALED(wstatus))
+        return 128 + WTERMSIG(wstatus);
+    return 1;
+}
+
+int tsp_proc_exec_status(int neg_errno)
+{
+    return neg_errno == -ENOENT || neg_errno == -ENOTDIR ? 127 : 126;
+}

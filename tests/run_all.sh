@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The test command: sets the machine up (tests/setup.sh), builds everything, and runs
+# every test: the Check unit tests (plain and under ASan+UBSan), the fuzz targets for a
+# bounded time, and the end-to-end pytest suites on real Spark and real torch.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bash tests/setup.sh
+jobs=$(nproc)
+status=0
+step() { printf '\n===== %s =====\n' "$*"; }
+
+step "unit tests (ctest)"
+ctest --test-dir build --output-on-failure -j"$jobs" || status=1
+
+step "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTSP_SANITIZE=ON > /dev/null
+cmake --build build-asan -j"$jobs" > build-asan.log 2>&1 || { cat build-asan.log; exit 1; }
+rm -f build-asan.log
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" || status=1
+
+if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
+  step "fuzz targets (libFuzzer, bounded)"
+  bash tests/fuzz/run.sh || status=1
+fi
+
+step "end-to-end tests (pytest on real torch and Spark)"
+set +e
+.venv/bin/python -m pytest -ra tests/e2e tests/cluster "$@"
+rc=$?
+set -e
+[ $rc -eq 0 ] || status=1
+exit $status

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Sets up a machine for torchspark, idempotently, and fast when all is already there:
+#  1. Debian packages (compiler, Check, OpenSSL, clang's libFuzzer, JDK, JUnit, iproute2);
+#  2. a dependency venv with torch, pyspark & co, installed once per machine under
+#     ~/.cache/torchspark (torch is large; every checkout reuses it);
+#  3. the checkout's own .venv, which sees those packages through a .pth file;
+#  4. the native build (build/) and the torchspark Python package installed into .venv.
+# Usage: tests/setup.sh [--no-build]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+apt_pkgs=(build-essential cmake pkg-config check libssl-dev clang-14 libfuzzer-14-dev
+          libclang-rt-14-dev openjdk-17-jdk-headless junit4 iproute2 procps python3-venv)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" = 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+py=${PYTHON:-python3}
+req="$root/tests/requirements.txt"
+key=$( (cat "$req"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)
+deps=${TORCHSPARK_DEPS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/torchspark/deps-$key}
+if [ ! -f "$deps/.complete" ]; then
+  log "installing Python packages into $deps (once per machine)"
+  rm -rf "$deps"
+  "$py" -m venv "$deps"
+  "$deps/bin/pip" install -q --upgrade pip
+  "$deps/bin/pip" install -q -r "$req"
+  touch "$deps/.complete"
+fi
+deps_site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$py" -m venv .venv
+fi
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+echo "$deps_site" > "$site/_torchspark_deps.pth"
+
+[ "${1:-}" = "--no-build" ] && exit 0
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo > build.log.tmp 2>&1 || { cat build.log.tmp; rm -f build.log.tmp; exit 1; }
+rm -f build.log.tmp
+cmake --build build -j"$(nproc)"
+[ -x build/bin/torchspark-run ] || { log "native build failed"; exit 1; }
+
+# The Python package carries the library and the agent binary; until it is packaged,
+# the agent is linked into .venv/bin directly.
+ln -sf "$root/build/bin/torchspark-run" .venv/bin/torchspark-run
+log "ready: .venv/bin/torchspark-run $(.venv/bin/torchspark-run --version 2>/dev/null || echo '?')"
