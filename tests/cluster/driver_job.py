@@ -4,10 +4,11 @@
 
 CONFIG names the master, the driver's host name and address, the distributor class
 ("module:Class", e.g. "pyspark.ml.torch.distributor:TorchDistributor" or
-"torchspark:TorchDistributor": the test body is the same for both), num_processes, extra
-Spark conf and the training parameters. It trains a tiny DDP model with gloo on CPU and
-prints one line ``TSP_RESULT <json>`` on stdout: {"ok", "result" (rank 0's return value),
-"error", "error_type", "elapsed"}. Everything else the driver prints (the distributor's log
+"torchspark:TorchDistributor": the test body is the same for both), extra Spark conf and a
+list of runs (tag, num_processes, training parameters), done one after the other in one Spark
+application (one driver and executor start-up for all). Each run trains a tiny DDP model
+with gloo on CPU and prints one line ``TSP_RESULT <json>`` on stdout: {"tag", "ok",
+"result" (rank 0's return value), "error", "error_type", "elapsed"}. Everything else the driver prints (the distributor's log
 lines from the executors included) goes to stdout/stderr as usual, for the test to inspect.
 """
 
@@ -19,7 +20,7 @@ import time
 import traceback
 
 
-def train(steps, sleep, progress_dir, fail_rank=None):
+def train(tag, steps, sleep, progress_dir, fail_rank=None):
     """Runs on every rank. Returns (on rank 0) what every rank saw, gathered over gloo."""
     import os
     import socket
@@ -38,7 +39,7 @@ def train(steps, sleep, progress_dir, fail_rank=None):
 
     host = socket.gethostname()
     rank = int(os.environ["RANK"])
-    print(f"TSPLOG rank={rank} host={host} starting", flush=True)
+    print(f"TSPLOG run={tag} rank={rank} host={host} starting", flush=True)
     write_progress(-1)
     dist.init_process_group("gloo")
     torch.manual_seed(rank)
@@ -73,7 +74,7 @@ def train(steps, sleep, progress_dir, fail_rank=None):
                 weight_sum=float(sum(p.detach().sum() for p in model.parameters())))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, info)
-    print(f"TSPLOG rank={rank} host={host} done loss={loss.item():.4f}", flush=True)
+    print(f"TSPLOG run={tag} rank={rank} host={host} done loss={loss.item():.4f}", flush=True)
     dist.destroy_process_group()
     if rank == 0:
         return {"ranks": gathered, "loss": float(loss.item())}
@@ -104,20 +105,25 @@ def main() -> int:
     spark.sparkContext.setLogLevel("WARN")
     mod, _, cls = cfg["distributor"].partition(":")
     Distributor = getattr(importlib.import_module(mod), cls)
-    t = cfg["train"]
-    out = {"ok": False, "result": None, "error": None, "error_type": None}
-    t0 = time.monotonic()
-    try:
-        d = Distributor(num_processes=cfg["num_processes"], local_mode=False, use_gpu=False)
-        out["result"] = d.run(train, t["steps"], t.get("sleep", 0.0), t.get("progress_dir"),
-                              t.get("fail_rank"))
-        out["ok"] = True
-    except BaseException as e:  # noqa: B902 - the test wants to see whatever run() raised
-        out["error"] = "".join(traceback.format_exception_only(type(e), e))[-4000:]
-        out["error_type"] = type(e).__name__
-    out["elapsed"] = time.monotonic() - t0
-    print("TSP_RESULT " + json.dumps(out), flush=True)
-    if out["ok"]:
+    all_ok = True
+    for run in cfg["runs"]:
+        t = run["train"]
+        out = {"tag": run["tag"], "ok": False, "result": None, "error": None, "error_type": None}
+        t0 = time.monotonic()
+        try:
+            d = Distributor(num_processes=run["num_processes"], local_mode=False, use_gpu=False)
+            out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
+                                  t.get("progress_dir"), t.get("fail_rank"))
+            out["ok"] = True
+        except BaseException as e:  # noqa: B902 - the test wants to see whatever run() raised
+            text = "".join(traceback.format_exception_only(type(e), e))
+            # Keep the head (what happened) and the tail (the root cause of a Java error).
+            out["error"] = text if len(text) <= 6000 else text[:3000] + "\n...\n" + text[-3000:]
+            out["error_type"] = type(e).__name__
+            all_ok = False
+        out["elapsed"] = time.monotonic() - t0
+        print("TSP_RESULT " + json.dumps(out), flush=True)
+    if all_ok:
         spark.stop()
     # After a fault a graceful stop can wait on a lost host: leave at once (the gateway JVM
     # exits when our stdin pipe closes; the cluster teardown reaps whatever is left).
