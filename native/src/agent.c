@@ -168,6 +168,9 @@ static void expand_prefix(const tsp_agent_t *a, const worker_t *w, char *out, si
             snprintf(num, sizeof num, "%d", w->local_rank);
             val = num;
             skip = 13;
+        } else if (strncmp(t, "${hostname}", 11) == 0) {
+            val = a->host;
+            skip = 11;
         } else if (strncmp(t, "${rank}", 7) == 0) {
             snprintf(num, sizeof num, "%d", tsp_topo_global_rank(&a->o.topo, w->local_rank));
             val = num;

@@ -46,7 +46,11 @@ static opt_t opts[] = {
     {"run-path", 0, 0, NULL, 0},        {"log-dir", 0, 1, NULL, 0},
     {"redirects", 'r', 1, NULL, 0},     {"tee", 't', 1, NULL, 0},
     {"local-ranks-filter", 0, 1, NULL, 0}, {"local-addr", 0, 1, NULL, 0},
-    {"logs-specs", 0, 1, NULL, 0},      {"shutdown-timeout", 0, 1, NULL, 0},
+    {"logs-specs", 0, 1, NULL, 0},      {"signals-to-handle", 0, 1, NULL, 0},
+    {"event-log-handler", 0, 1, NULL, 0}, {"numa-binding", 0, 1, NULL, 0},
+    {"virtual-local-rank", 0, 0, NULL, 0}, {"log-line-prefix-template", 0, 1, NULL, 0},
+    {"duplicate-stdout-filters", 0, 1, NULL, 0}, {"duplicate-stderr-filters", 0, 1, NULL, 0},
+    {"print-completion", 0, 1, NULL, 0},      {"shutdown-timeout", 0, 1, NULL, 0},
     {"error-file", 0, 1, NULL, 0},      {"python", 0, 1, NULL, 0},
     {"help", 'h', 0, NULL, 0},          {"version", 0, 0, NULL, 0},
 };
@@ -496,12 +500,13 @@ int main(int argc, char **argv)
         wargv[k++] = argv[i];
 
     double grace = 30;
-    if (val("shutdown-timeout")) {
+    const char *gv = val("shutdown-timeout") ? val("shutdown-timeout")
+                                             : getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    if (gv) {
         char *end;
-        grace = strtod(val("shutdown-timeout"), &end);
-        if (*end || grace < 0)
-            usage_error("--shutdown-timeout must be a number of seconds >= 0, not '%s'",
-                        val("shutdown-timeout"));
+        grace = strtod(gv, &end);
+        if (!*gv || *end || grace < 0)
+            usage_error("--shutdown-timeout must be a number of seconds >= 0, not '%s'", gv);
     }
     if (tsp_topo_sets_omp(&topo, environ))
         fprintf(stderr, "torchspark-run: WARNING: *****************************************\n"
@@ -535,7 +540,9 @@ int main(int argc, char **argv)
         .console_out = STDOUT_FILENO,
         .console_err = STDERR_FILENO,
         .log_fd = STDERR_FILENO,
-        .prefix_template = getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        .prefix_template = val("log-line-prefix-template")
+                               ? val("log-line-prefix-template")
+                               : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
     };
     tsp_agent_t *agent;
     char err[512] = "";
