@@ -19,6 +19,7 @@
 
 #include "torchspark/agent.h"
 #include "torchspark/common.h"
+#include "torchspark/gpu.h"
 #include "torchspark/proc.h"
 
 extern char **environ;
@@ -209,16 +210,13 @@ static int parse_nproc(void)
     return n;
 }
 
-/* CUDA devices visible to this process: CUDA_VISIBLE_DEVICES when set, else none is
- * assumed unless the driver says so (the gpu module will ask NVML; see docs/cli.md). */
+/* CUDA devices this process can use, as torch.cuda.device_count() would say. */
 static int gpu_count(void)
 {
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (!v || !*v)
-        return 0;
-    int n = 1;
-    for (const char *p = v; *p; p++)
-        n += *p == ',';
+    int n = 0;
+    char err[256] = "";
+    if (tsp_gpu_count(&n, err, sizeof err) != 0)
+        fprintf(stderr, "torchspark-run: WARNING: %s\n", err);
     return n;
 }
 
