@@ -72,7 +72,7 @@ static __attribute__((noreturn, format(printf, 1, 2))) void usage_error(const ch
     va_list ap;
     fputs("torchspark-run: error: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vfprintf(stderr, fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized): va_start above
     va_end(ap);
     fputs(" (see torchspark-run --help)\n", stderr);
     exit(2);
@@ -475,6 +475,18 @@ int main(int argc, char **argv)
     if (topo.node_rank == 0)
         check_port_free(topo.master_addr, topo.master_port);
 
+    const char *parent = getenv("TORCHSPARK_PARENT_PID");
+    int expected = 0;
+    if (parent && tsp_parse_int(parent, &expected) == 0 && expected != (int)ppid)
+        return 128 + SIGTERM; /* the parent that started us is already gone */
+    /* From here on the agent must notice its parent dying. */
+    int rc = tsp_agent_setup_process(SIGTERM, ppid);
+    if (rc == -ESRCH)
+        return 128 + SIGTERM;
+    if (rc) {
+        fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n", tsp_strerror(rc));
+        return 1;
+    }
     /* The worker command line: python -u [-m] script args..., or the program itself. */
     int nargs = argc - script_at;
     char **wargv = calloc((size_t)nargs + 4, sizeof(char *));
@@ -513,17 +525,6 @@ int main(int argc, char **argv)
                         "the variable for optimal performance in your application as needed.\n"
                         "*****************************************\n");
 
-    const char *parent = getenv("TORCHSPARK_PARENT_PID");
-    int expected = 0;
-    if (parent && tsp_parse_int(parent, &expected) == 0 && expected != (int)ppid)
-        return 128 + SIGTERM; /* the parent that started us is already gone */
-    int rc = tsp_agent_setup_process(SIGTERM, ppid);
-    if (rc == -ESRCH)
-        return 128 + SIGTERM;
-    if (rc) {
-        fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n", tsp_strerror(rc));
-        return 1;
-    }
     tsp_agent_opts_t o = {
         .topo = topo,
         .file = file,
