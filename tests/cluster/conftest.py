@@ -1,6 +1,6 @@
 """pytest fixtures for the network-namespace Spark cluster (see netns_cluster.py).
 
-`cluster` (module-scoped, 3 workers) serves the training tests; `make_cluster` builds a fresh
+`cluster` (session-scoped, 3 workers) serves the isolation and training tests; `make_cluster` builds a fresh
 cluster for a test that breaks it (faults). Both tear everything down after the test, also
 after a failure or Ctrl-C (pytest runs fixture finalizers on KeyboardInterrupt), and fail the
 test if anything (namespace, link, hosts dir, mount, marked process) is left behind. Where
@@ -50,7 +50,7 @@ def _teardown(c):
     assert not left, f"cluster {c.runid} left things behind: {left}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     c = _build(tmp_path_factory, "cluster3", workers=int(os.environ.get("TSP_CLUSTER_WORKERS", "3")))
     try:

@@ -97,6 +97,11 @@ def main() -> int:
         "spark.task.cpus": "1",
         "spark.ui.enabled": "false",
         "spark.pyspark.python": sys.executable,
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # Schedule the barrier stage only when every executor is there (no slot retries).
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "180s",
     }
     conf.update(cfg.get("conf", {}))
     for k, v in conf.items():

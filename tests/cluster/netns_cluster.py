@@ -65,6 +65,7 @@ NAME_RE = re.compile(r"^tsp-([0-9a-f]{4})-")
 MARKER_VAR = "TSP_TEST_MARKER"
 CLUSTER_IF = "net0"  # the interface that reaches the other hosts, in every namespace
 DEAD_IF = "eth0"  # the attractive interface that reaches nobody
+JVM_LIGHT = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 MASTER_PORT = 7077
 MASTER_WEBUI = 8080
 WORKER_WEBUI = 8081
@@ -307,6 +308,9 @@ class NetnsCluster:
             "PYSPARK_DRIVER_PYTHON": self.python,
             "PATH": venv_bin + os.pathsep + env.get("PATH", "/usr/bin:/bin"),
             "SPARK_DAEMON_MEMORY": "512m",
+            # Short-lived JVMs on 2 shared cores: the C1 compiler alone and the serial GC
+            # halve start-up CPU; the daemons only schedule.
+            "SPARK_DAEMON_JAVA_OPTS": JVM_LIGHT,
             "SPARK_NO_DAEMONIZE": "1",
             # torchspark straight from the checkout, for executors as for the driver.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(GLUE_PY), env.get("PYTHONPATH")])),

@@ -12,6 +12,7 @@ training processes are the known stock defect and reported as xfail with the lis
 """
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -33,6 +34,13 @@ def flavor(request):
     return request.param
 
 
+def _budget_skip(flavor, fault):
+    # CI budget: stock's host-kill run (Spark notices a dead executor at once, and stock then
+    # cleans up like torchspark; see docs/cluster.md) is a comparison only.
+    if flavor == "stock" and fault == "host_killed" and os.environ.get("TSP_CLUSTER_FULL") != "1":
+        pytest.skip("stock comparison run; set TSP_CLUSTER_FULL=1 to run it (~1.5 min)")
+
+
 def _progress(d: Path):
     out = {}
     for p in d.glob("rank*.json"):
@@ -45,7 +53,8 @@ def _progress(d: Path):
 
 
 @pytest.mark.parametrize("fault", ["link_cut", "host_killed"])
-def test_worker_host_fault(make_cluster, flavor, fault, tmp_path, record_property):
+def test_worker_host_fault(make_cluster, flavor, fault, record_property):
+    _budget_skip(flavor, fault)
     c = make_cluster(workers=NHOSTS)
     progress = Path(c.run_dir) / "progress"
     progress.mkdir()
@@ -104,6 +113,7 @@ def test_worker_host_fault(make_cluster, flavor, fault, tmp_path, record_propert
             pytest.xfail("known stock defect (torchrun's children are not killed): " + msg)
         pytest.fail(msg)
     if flavor == "torchspark":
-        # The message must say what happened and where.
-        assert c.hosts[victim].name in res["error"] or "rank 1" in res["error"].lower() or \
-            "lost" in res["error"].lower(), res["error"]
+        # run()'s own message (not only a chained cause) must say where: the lost host.
+        h = c.hosts[victim]
+        assert h.name in res["error"] or h.addr in res["error"], \
+            f"run()'s error does not name the lost host {h.name} ({h.addr}): {res['error']}"
