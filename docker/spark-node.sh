@@ -33,8 +33,9 @@ case "$role" in
       --host "$1" --port "$2" --webui-port "$3"
     ;;
   worker)
-    [ $# -ge 6 ] && [ $# -le 7 ] ||
+    if [ $# -lt 6 ] || [ $# -gt 7 ]; then
       die "usage: spark-node.sh worker HOST MASTER_URL CORES MEMORY WORK_DIR WEBUI_PORT [GPUS]"
+    fi
     host=$1 master=$2 cores=$3 memory=$4 work_dir=$5 webui=$6 gpus=${7:-0}
     mkdir -p "$work_dir"
     if [ "$gpus" -gt 0 ]; then

@@ -75,6 +75,16 @@ class ClusterError(RuntimeError):
     pass
 
 
+def node_argv(role: str, host: str, master_url: str, cores: int = 1, memory: str = "1g",
+              work_dir: str = "", gpus: int = 0) -> List[str]:
+    """The docker/spark-node.sh command line of a master or worker (compose.yaml uses the same)."""
+    if role == "master":
+        return ["sh", str(NODE_SCRIPT), "master", host, str(MASTER_PORT), str(MASTER_WEBUI)]
+    argv = ["sh", str(NODE_SCRIPT), "worker", host, master_url, str(cores), memory, work_dir,
+            str(WORKER_WEBUI)]
+    return argv + [str(gpus)] if gpus else argv
+
+
 def _sh(*argv: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
     r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and r.returncode != 0:
@@ -397,18 +407,15 @@ class NetnsCluster:
 
     def _start_daemons(self) -> None:
         m = self.hosts["master"]
-        self.procs["master"] = self.popen(
-            "master", ["sh", str(NODE_SCRIPT), "master", m.name, str(MASTER_PORT), str(MASTER_WEBUI)],
-            log=m.log)
+        self.procs["master"] = self.popen("master", node_argv("master", m.name, self.master_url),
+                                          log=m.log)
         for k in self.worker_names:
             self.start_worker(k)
 
     def start_worker(self, key: str) -> None:
         h = self.hosts[key]
-        argv = ["sh", str(NODE_SCRIPT), "worker", h.name, self.master_url, str(self.cores),
-                self.memory, h.work_dir, str(WORKER_WEBUI)]
-        if self.gpus:
-            argv.append(str(self.gpus))
+        argv = node_argv("worker", h.name, self.master_url, self.cores, self.memory, h.work_dir,
+                         self.gpus)
         env = self.base_env()
         env["SPARK_LOCAL_DIRS"] = str(Path(h.work_dir) / "local")
         self.procs[key] = self.popen(key, argv, log=h.log, env=env)
