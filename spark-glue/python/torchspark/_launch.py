@@ -52,6 +52,9 @@ def agent_command(
             f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}"]
     if log_endpoint:
         cmd += ["--log-endpoint", log_endpoint]
+    else:
+        # No channel: the agent's own output carries the lines, rank-prefixed.
+        cmd += ["--tee=3", "--log-line-prefix-template=[rank${rank}]: "]
     if output_file:
         cmd += ["--output-file", output_file]
     return cmd + list(program)
@@ -78,6 +81,9 @@ class Agent:
         self._readers: List[threading.Thread] = []
 
     def start(self) -> None:
+        # Lets the agent notice a parent that died before it could ask for a
+        # parent-death signal.
+        self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
         # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
         # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
         self.proc = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL,
@@ -136,6 +142,7 @@ class Agent:
             tail = list(self._tail)
         assert self.proc is not None
         return AgentResult(self.proc.returncode, tail, read_error_file(error_file))
+
 
 
 def read_error_file(path: Optional[str]) -> Optional[Dict]:

@@ -57,6 +57,15 @@ def _error_file_message(data: Optional[Dict]) -> Optional[str]:
     return str(msg) if msg is not None else None
 
 
+def rank_tail(lines: List[str], rank: Optional[int]) -> List[str]:
+    """The lines of one rank (by the agent's "[rankR]: " prefix), else all of them."""
+    if rank is None:
+        return lines
+    prefix = f"[rank{rank}]: "
+    mine = [ln for ln in lines if ln.startswith(prefix)]
+    return mine or lines
+
+
 def build(*, node_rank: int, host: str, returncode: int, tail: Iterable[str],
           error_file: Optional[Dict], nproc_per_node: int) -> Dict:
     """A report from one agent's exit status, output tail and --error-file JSON."""
@@ -69,6 +78,7 @@ def build(*, node_rank: int, host: str, returncode: int, tail: Iterable[str],
     rank = ts.get("rank")
     if rank is None and nproc_per_node == 1:
         rank, local_rank = node_rank, 0
+    tail = rank_tail(list(tail), rank)
     return {
         "version": 1,
         "node_rank": ts.get("node_rank", node_rank),
