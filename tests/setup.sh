@@ -54,7 +54,18 @@ rm -f build.log.tmp
 cmake --build build -j"$(nproc)"
 [ -x build/bin/torchspark-run ] || { log "native build failed"; exit 1; }
 
-# The Python package carries the library and the agent binary; until it is packaged,
-# the agent is linked into .venv/bin directly.
-ln -sf "$root/build/bin/torchspark-run" .venv/bin/torchspark-run
+# The torchspark Python package (with libtorchspark.so and torchspark-run inside) goes
+# into .venv; reinstalled only when the package sources or the native build changed.
+pkg_key=$( (find spark-glue/python -name '*.py' -o -name '*.toml' | LC_ALL=C sort | xargs cat;
+            cat build/lib/libtorchspark.so build/bin/torchspark-run) | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.torchspark-pkg 2>/dev/null)" != "$pkg_key" ] || \
+   ! .venv/bin/python -c 'import torchspark' 2>/dev/null; then
+  log "installing the torchspark package into .venv"
+  rm -f .venv/bin/torchspark-run
+  .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./spark-glue/python
+  echo "$pkg_key" > .venv/.torchspark-pkg
+fi
+agent=$site/torchspark/_bin/torchspark-run
+[ -x "$agent" ] || { log "the torchspark package lacks $agent"; exit 1; }
+ln -sf "$agent" .venv/bin/torchspark-run
 log "ready: .venv/bin/torchspark-run $(.venv/bin/torchspark-run --version 2>/dev/null || echo '?')"
