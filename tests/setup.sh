@@ -12,7 +12,8 @@ cd "$root"
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 apt_pkgs=(build-essential cmake pkg-config check libssl-dev clang-14 libfuzzer-14-dev
-          libclang-rt-14-dev openjdk-17-jdk-headless junit4 iproute2 procps python3-venv)
+          libclang-rt-14-dev openjdk-17-jdk-headless junit4 iproute2 procps python3-venv
+          cppcheck clang-tidy)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

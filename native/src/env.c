@@ -59,7 +59,7 @@ int tsp_env_set(tsp_env_t *env, const char *key, const char *value)
     char *kv = malloc(klen + vlen + 2);
     if (!kv)
         return -ENOMEM;
-    memcpy(kv, key, klen);
+    memcpy(kv, key, klen); // NOLINT(bugprone-not-null-terminated-result): "=value\0" follows
     kv[klen] = '=';
     memcpy(kv + klen + 1, value, vlen + 1);
     ptrdiff_t at = env_find(env->vars, env->len, key, klen);

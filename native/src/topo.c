@@ -111,6 +111,11 @@ int tsp_topo_worker_env(const tsp_topo_t *t, int local_rank, int restart_count,
         rc = tsp_env_set(env, kv[i][0], kv[i][1]);
     if (!rc)
         rc = tsp_env_set_default(env, "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
+    /* torchrun tells workers which signals its agent handles; ours handles these and
+     * forwards SIGUSR1/SIGUSR2 as well. */
+    if (!rc)
+        rc = tsp_env_set_default(env, "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                                 "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
     if (!rc && t->nproc_per_node > 1)
         rc = tsp_env_set_default(env, "OMP_NUM_THREADS", "1");
     if (!rc && error_file)

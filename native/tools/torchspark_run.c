@@ -1,8 +1,564 @@
-/* torchspark_run.c: the torchspark-run CLI (placeholder until the agent lands). */
+/* torchspark_run.c: the torchspark-run CLI, a drop-in for torchrun's static rendezvous.
+ * Parses torchrun's options (dashes or underscores, unambiguous prefixes, PET_* variables),
+ * derives the node from SLURM / Open MPI / PMI when run one per node by srun or mpirun,
+ * and runs the agent. Usage errors exit 2 with one line naming the problem. */
+#include <errno.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "torchspark/agent.h"
 #include "torchspark/common.h"
-int main(void)
+#include "torchspark/gpu.h"
+#include "torchspark/proc.h"
+
+extern char **environ;
+
+enum { ARG_NONE = 0, ARG_REQUIRED = 1 };
+
+typedef struct {
+    const char *name; /* canonical, with dashes */
+    char shortname;
+    int has_arg;
+    const char *value; /* set when given (flags: "1") */
+    int from_cli;
+} opt_t;
+
+/* torchrun's options, ours, and those accepted as no-ops (documented in docs/cli.md). */
+static opt_t opts[] = {
+    {"nnodes", 0, 1, NULL, 0},          {"nproc-per-node", 0, 1, NULL, 0},
+    {"node-rank", 0, 1, NULL, 0},       {"master-addr", 0, 1, NULL, 0},
+    {"master-port", 0, 1, NULL, 0},     {"rdzv-endpoint", 0, 1, NULL, 0},
+    {"rdzv-id", 0, 1, NULL, 0},         {"rdzv-backend", 0, 1, NULL, 0},
+    {"rdzv-conf", 0, 1, NULL, 0},       {"standalone", 0, 0, NULL, 0},
+    {"max-restarts", 0, 1, NULL, 0},    {"monitor-interval", 0, 1, NULL, 0},
+    {"start-method", 0, 1, NULL, 0},    {"role", 0, 1, NULL, 0},
+    {"module", 'm', 0, NULL, 0},        {"no-python", 0, 0, NULL, 0},
+    {"run-path", 0, 0, NULL, 0},        {"log-dir", 0, 1, NULL, 0},
+    {"redirects", 'r', 1, NULL, 0},     {"tee", 't', 1, NULL, 0},
+    {"local-ranks-filter", 0, 1, NULL, 0}, {"local-addr", 0, 1, NULL, 0},
+    {"logs-specs", 0, 1, NULL, 0},      {"signals-to-handle", 0, 1, NULL, 0},
+    {"event-log-handler", 0, 1, NULL, 0}, {"numa-binding", 0, 1, NULL, 0},
+    {"virtual-local-rank", 0, 0, NULL, 0}, {"log-line-prefix-template", 0, 1, NULL, 0},
+    {"duplicate-stdout-filters", 0, 1, NULL, 0}, {"duplicate-stderr-filters", 0, 1, NULL, 0},
+    {"print-completion", 0, 1, NULL, 0},      {"shutdown-timeout", 0, 1, NULL, 0},
+    {"error-file", 0, 1, NULL, 0},      {"python", 0, 1, NULL, 0},
+    {"help", 'h', 0, NULL, 0},          {"version", 0, 0, NULL, 0},
+};
+#define NOPTS (sizeof opts / sizeof opts[0])
+
+static const char *usage_text =
+    "usage: torchspark-run [--nnodes N] [--nproc-per-node N|cpu|gpu|auto] [--node-rank R]\n"
+    "                      [--master-addr A] [--master-port P] [--rdzv-endpoint HOST:PORT]\n"
+    "                      [--rdzv-id ID] [--standalone] [--max-restarts N] [--role NAME]\n"
+    "                      [-m] [--no-python] [--log-dir DIR] [-r SPEC] [-t SPEC]\n"
+    "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
+    "                      [--error-file PATH] [--python PATH]\n"
+    "                      SCRIPT [ARGS...]\n"
+    "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
+
+static __attribute__((noreturn, format(printf, 1, 2))) void usage_error(const char *fmt, ...)
 {
-    printf("torchspark-run %s\n", tsp_version());
-    return 0;
+    va_list ap;
+    fputs("torchspark-run: error: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized): va_start above
+    va_end(ap);
+    fputs(" (see torchspark-run --help)\n", stderr);
+    exit(2);
+}
+
+static opt_t *find_opt(const char *given, size_t len)
+{
+    char norm[64];
+    if (len >= sizeof norm)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        norm[i] = given[i] == '_' ? '-' : given[i];
+    norm[len] = 0;
+    opt_t *match = NULL;
+    int nmatch = 0;
+    for (size_t i = 0; i < NOPTS; i++) {
+        if (strcmp(opts[i].name, norm) == 0)
+            return &opts[i];
+        if (strncmp(opts[i].name, norm, len) == 0) {
+            match = &opts[i];
+            nmatch++;
+        }
+    }
+    if (nmatch > 1)
+        usage_error("option '--%s' is ambiguous", norm);
+    return match;
+}
+
+static opt_t *opt(const char *name)
+{
+    for (size_t i = 0; i < NOPTS; i++)
+        if (strcmp(opts[i].name, name) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+static const char *val(const char *name)
+{
+    return opt(name)->value;
+}
+
+static int flag(const char *name)
+{
+    const char *v = val(name);
+    return v && (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
+}
+
+/* Parses options up to the script; returns the index of the script in argv. */
+static int parse_cli(int argc, char **argv)
+{
+    int i = 1;
+    for (; i < argc; i++) {
+        char *a = argv[i];
+        if (strcmp(a, "--") == 0)
+            return i + 1;
+        if (a[0] != '-' || a[1] == 0)
+            break;
+        opt_t *o = NULL;
+        const char *inline_val = NULL;
+        if (a[1] == '-') {
+            const char *eq = strchr(a + 2, '=');
+            size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
+            o = find_opt(a + 2, len);
+            inline_val = eq ? eq + 1 : NULL;
+        } else {
+            for (size_t k = 0; k < NOPTS && !o; k++)
+                if (opts[k].shortname == a[1])
+                    o = &opts[k];
+            if (o && a[2])
+                inline_val = a[2] == '=' ? a + 3 : a + 2;
+        }
+        if (!o)
+            usage_error("unknown option '%s'", a);
+        if (o->has_arg) {
+            if (!inline_val) {
+                if (i + 1 >= argc)
+                    usage_error("option '--%s' needs a value", o->name);
+                inline_val = argv[++i];
+            }
+            o->value = inline_val;
+        } else {
+            if (inline_val)
+                usage_error("option '--%s' takes no value", o->name);
+            o->value = "1";
+        }
+        o->from_cli = 1;
+    }
+    /* PET_<NAME> supplies what the command line did not. */
+    for (size_t k = 0; k < NOPTS; k++) {
+        if (opts[k].from_cli)
+            continue;
+        char env[80] = "PET_";
+        size_t j = 4;
+        for (const char *p = opts[k].name; *p && j < sizeof env - 1; p++)
+            env[j++] = *p == '-' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
+        env[j] = 0;
+        if (getenv(env))
+            opts[k].value = getenv(env);
+    }
+    return i;
+}
+
+static int int_opt(const char *name, int dflt, int min)
+{
+    const char *v = val(name);
+    if (!v)
+        return dflt;
+    int out;
+    if (tsp_parse_int(v, &out) != 0 || out < min)
+        usage_error("--%s must be a whole number >= %d, not '%s'", name, min, v);
+    return out;
+}
+
+static int gpu_count(void);
+
+static int parse_nproc(void)
+{
+    const char *v = val("nproc-per-node");
+    if (!v)
+        return 1;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (strcmp(v, "cpu") == 0)
+        return (int)(cpus > 0 ? cpus : 1);
+    if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
+        int g = gpu_count();
+        if (g > 0)
+            return g;
+        if (strcmp(v, "gpu") == 0)
+            usage_error("--nproc-per-node gpu: no CUDA device was found on this host");
+        return (int)(cpus > 0 ? cpus : 1);
+    }
+    int n;
+    if (tsp_parse_int(v, &n) != 0 || n < 1)
+        usage_error("--nproc-per-node must be a number >= 1, cpu, gpu or auto, not '%s'", v);
+    return n;
+}
+
+/* CUDA devices this process can use, as torch.cuda.device_count() would say. */
+static int gpu_count(void)
+{
+    int n = 0;
+    char err[256] = "";
+    if (tsp_gpu_count(&n, err, sizeof err) != 0)
+        fprintf(stderr, "torchspark-run: WARNING: %s\n", err);
+    return n;
+}
+
+static void parse_nnodes(tsp_topo_t *t)
+{
+    const char *v = val("nnodes");
+    if (!v)
+        return;
+    const char *colon = strchr(v, ':');
+    int lo, hi;
+    if (colon) {
+        char a[32];
+        snprintf(a, sizeof a, "%.*s", (int)(colon - v), v);
+        if (tsp_parse_int(a, &lo) || tsp_parse_int(colon + 1, &hi) || lo < 1 || hi < lo)
+            usage_error("--nnodes must be N or MIN:MAX, not '%s'", v);
+        if (lo != hi)
+            usage_error("--nnodes %s: an elastic range needs a dynamic rendezvous; "
+                        "torchspark-run uses the static one: give one number", v);
+    } else if (tsp_parse_int(v, &lo) || lo < 1) {
+        usage_error("--nnodes must be a number >= 1, not '%s'", v);
+    }
+    t->nnodes = lo;
+}
+
+static void parse_endpoint(tsp_topo_t *t, const char *ep)
+{
+    const char *host = ep, *port = NULL;
+    size_t hlen;
+    if (ep[0] == '[') {
+        const char *close = strchr(ep, ']');
+        if (!close)
+            usage_error("--rdzv-endpoint '%s' has an unclosed '['", ep);
+        host = ep + 1;
+        hlen = (size_t)(close - host);
+        if (close[1] == ':')
+            port = close + 2;
+    } else {
+        const char *colon = strrchr(ep, ':');
+        hlen = colon ? (size_t)(colon - ep) : strlen(ep);
+        port = colon ? colon + 1 : NULL;
+    }
+    if (hlen == 0 || hlen >= sizeof t->master_addr)
+        usage_error("--rdzv-endpoint '%s' has no host", ep);
+    snprintf(t->master_addr, sizeof t->master_addr, "%.*s", (int)hlen, host);
+    t->master_port = 29400; /* torchrun's default rendezvous port */
+    if (port && (tsp_parse_int(port, &t->master_port) || t->master_port < 1 ||
+                 t->master_port > 65535))
+        usage_error("--rdzv-endpoint '%s' has a bad port", ep);
+}
+
+/* Masks for -r/-t: "3" for every rank, or "0:1,1:2" per local rank. */
+static unsigned char *parse_std(const char *name, int n)
+{
+    const char *v = val(name);
+    if (!v)
+        return NULL;
+    unsigned char *m = calloc((size_t)n, 1);
+    if (!m)
+        exit(1);
+    int all;
+    if (tsp_parse_int(v, &all) == 0) {
+        if (all > 3)
+            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
+        memset(m, all, (size_t)n);
+        return m;
+    }
+    char *copy = strdup(v), *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(tok, ':');
+        int r, x;
+        if (!colon)
+            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
+        *colon = 0;
+        if (tsp_parse_int(tok, &r) || tsp_parse_int(colon + 1, &x) || x > 3)
+            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
+        if (r < n)
+            m[r] = (unsigned char)x;
+    }
+    free(copy);
+    return m;
+}
+
+static unsigned char *parse_filter(int n)
+{
+    const char *v = val("local-ranks-filter");
+    if (!v || !*v)
+        return NULL;
+    unsigned char *m = calloc((size_t)n, 1);
+    char *copy = strdup(v), *save = NULL;
+    if (!m || !copy)
+        exit(1);
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        int r;
+        if (tsp_parse_int(tok, &r))
+            usage_error("--local-ranks-filter must be local ranks like 0,2, not '%s'", v);
+        if (r < n)
+            m[r] = 1;
+    }
+    free(copy);
+    return m;
+}
+
+/* Binds host:port the way torch's store will (SO_REUSEADDR): EADDRINUSE means a listener
+ * holds it. An address that is not local cannot be checked here and is skipped. */
+static void check_port_free(const char *host, int port)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0)
+        return;
+    int in_use = 0;
+    for (struct addrinfo *ai = res; ai && !in_use; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            continue;
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno == EADDRINUSE)
+            in_use = 1;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (in_use)
+        usage_error("master port %d on %s is already in use: choose another --master-port, "
+                    "or use --standalone to pick a free one", port, host);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        fprintf(stderr, "torchspark-run: cannot find a free port: %s\n", strerror(errno));
+        exit(1);
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static void random_id(char *out, size_t len)
+{
+    unsigned char b[16];
+    FILE *f = fopen("/dev/urandom", "re");
+    if (!f || fread(b, 1, sizeof b, f) != sizeof b)
+        for (size_t i = 0; i < sizeof b; i++)
+            b[i] = (unsigned char)(rand() ^ (int)getpid() ^ (int)time(NULL));
+    if (f)
+        fclose(f);
+    snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+             b[13], b[14], b[15]);
+}
+
+/* The interpreter for workers: --python, else the `python` beside this binary (the
+ * venv it was installed into, as torchrun uses its own sys.executable), else python3. */
+static const char *find_python(const char *argv0)
+{
+    if (val("python"))
+        return val("python");
+    static char buf[PATH_MAX];
+    char self[PATH_MAX];
+    const char *slash = strrchr(argv0, '/');
+    if (slash) {
+        snprintf(buf, sizeof buf, "%.*s/python", (int)(slash - argv0), argv0);
+        if (access(buf, X_OK) == 0)
+            return buf;
+    }
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        char *s = strrchr(self, '/');
+        if (s) {
+            *s = 0;
+            snprintf(buf, sizeof buf, "%s/python", self);
+            if (access(buf, X_OK) == 0)
+                return buf;
+        }
+    }
+    return "python3";
+}
+
+static void build_topology(tsp_topo_t *t)
+{
+    char src[64], err[256];
+    tsp_topo_init(t);
+    parse_nnodes(t);
+    t->nproc_per_node = parse_nproc();
+    t->max_restarts = int_opt("max-restarts", 0, 0);
+    if (val("role"))
+        snprintf(t->role, sizeof t->role, "%s", val("role"));
+    if (val("rdzv-id"))
+        snprintf(t->run_id, sizeof t->run_id, "%s", val("rdzv-id"));
+    const char *backend = val("rdzv-backend");
+    if (flag("standalone")) {
+        t->nnodes = 1;
+        t->node_rank = 0;
+        t->master_port = free_port();
+        random_id(t->run_id, sizeof t->run_id);
+        return;
+    }
+    if (backend && strcmp(backend, "static") != 0 && t->nnodes > 1)
+        usage_error("--rdzv-backend %s is not supported: torchspark-run uses the static "
+                    "rendezvous; give each node --node-rank (or run it under srun/mpirun)",
+                    backend);
+    if (val("master-addr"))
+        snprintf(t->master_addr, sizeof t->master_addr, "%s", val("master-addr"));
+    if (val("master-port") && (tsp_parse_int(val("master-port"), &t->master_port) ||
+                               t->master_port < 1 || t->master_port > 65535))
+        usage_error("--master-port must be a port number (1-65535), not '%s'",
+                    val("master-port"));
+    if (val("rdzv-endpoint") && *val("rdzv-endpoint"))
+        parse_endpoint(t, val("rdzv-endpoint"));
+    if (val("node-rank")) {
+        t->node_rank = int_opt("node-rank", 0, 0);
+    } else {
+        int r, n;
+        int rc = tsp_topo_from_launcher(environ, &r, &n, src, sizeof src, err, sizeof err);
+        if (rc == -EINVAL)
+            usage_error("%s", err);
+        if (rc == 0) {
+            if (val("nnodes") && n != t->nnodes)
+                usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src, n);
+            t->nnodes = n;
+            t->node_rank = r;
+            fprintf(stderr, "torchspark-run: node rank %d of %d nodes from %s\n", r, n, src);
+        }
+    }
+    if (tsp_topo_validate(t, err, sizeof err))
+        usage_error("%s", err);
+}
+
+int main(int argc, char **argv)
+{
+    pid_t ppid = getppid();
+    int script_at = parse_cli(argc, argv);
+    if (flag("help")) {
+        fputs(usage_text, stdout);
+        return 0;
+    }
+    if (flag("version")) {
+        printf("torchspark-run %s\n", tsp_version());
+        return 0;
+    }
+    if (script_at >= argc)
+        usage_error("the training script is missing");
+    const char *script = argv[script_at];
+    int module = flag("module"), no_python = flag("no-python");
+    if (module && no_python)
+        usage_error("-m and --no-python cannot be used together");
+
+    tsp_topo_t topo;
+    build_topology(&topo);
+    if (topo.node_rank == 0)
+        check_port_free(topo.master_addr, topo.master_port);
+
+    const char *parent = getenv("TORCHSPARK_PARENT_PID");
+    int expected = 0;
+    if (parent && tsp_parse_int(parent, &expected) == 0 && expected != (int)ppid)
+        return 128 + SIGTERM; /* the parent that started us is already gone */
+    /* From here on the agent must notice its parent dying. */
+    int rc = tsp_agent_setup_process(SIGTERM, ppid);
+    if (rc == -ESRCH)
+        return 128 + SIGTERM;
+    if (rc) {
+        fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n", tsp_strerror(rc));
+        return 1;
+    }
+    /* The worker command line: python -u [-m] script args..., or the program itself. */
+    int nargs = argc - script_at;
+    char **wargv = calloc((size_t)nargs + 4, sizeof(char *));
+    if (!wargv)
+        return 1;
+    const char *file;
+    int k = 0;
+    if (no_python) {
+        file = script;
+    } else {
+        file = find_python(argv[0]);
+        wargv[k++] = (char *)file;
+        wargv[k++] = "-u";
+        if (module)
+            wargv[k++] = "-m";
+        struct stat st;
+        if (!module && stat(script, &st) != 0)
+            usage_error("the training script '%s' does not exist", script);
+    }
+    for (int i = script_at; i < argc; i++)
+        wargv[k++] = argv[i];
+
+    double grace = 30;
+    const char *gv = val("shutdown-timeout") ? val("shutdown-timeout")
+                                             : getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    if (gv) {
+        char *end;
+        grace = strtod(gv, &end);
+        if (!*gv || *end || grace < 0)
+            usage_error("--shutdown-timeout must be a number of seconds >= 0, not '%s'", gv);
+    }
+    if (tsp_topo_sets_omp(&topo, environ))
+        fprintf(stderr, "torchspark-run: WARNING: *****************************************\n"
+                        "Setting OMP_NUM_THREADS environment variable for each process to be 1 "
+                        "in default, to avoid your system being overloaded, please further tune "
+                        "the variable for optimal performance in your application as needed.\n"
+                        "*****************************************\n");
+
+    tsp_agent_opts_t o = {
+        .topo = topo,
+        .file = file,
+        .argv = wargv,
+        .name = script,
+        .log_dir = val("log-dir"),
+        .shutdown_timeout = grace,
+        .error_file = val("error-file"),
+        .redirects = parse_std("redirects", topo.nproc_per_node),
+        .tee = parse_std("tee", topo.nproc_per_node),
+        .show = parse_filter(topo.nproc_per_node),
+        .console_out = STDOUT_FILENO,
+        .console_err = STDERR_FILENO,
+        .log_fd = STDERR_FILENO,
+        .prefix_template = val("log-line-prefix-template")
+                               ? val("log-line-prefix-template")
+                               : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+    };
+    tsp_agent_t *agent;
+    char err[512] = "";
+    rc = tsp_agent_init(&agent, &o, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
+        return rc == -EINVAL ? 2 : 1;
+    }
+    int status = tsp_agent_run(agent);
+    tsp_agent_close(agent);
+    free((void *)o.redirects);
+    free((void *)o.tee);
+    free((void *)o.show);
+    free(wargv);
+    if (status < 0) {
+        fprintf(stderr, "torchspark-run: supervision failed: %s\n", tsp_strerror(status));
+        return 1;
+    }
+    return status;
 }

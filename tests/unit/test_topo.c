@@ -78,7 +78,7 @@ START_TEST(test_topo_worker_env_contract)
         {"TORCHELASTIC_USE_AGENT_STORE", "False"},
         {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}, /* the launcher's value wins */
         {"OMP_NUM_THREADS", "1"}, {"TORCHELASTIC_ERROR_FILE", "/tmp/e/error.json"},
-        {"PATH", "/bin"},
+        {"PATH", "/bin"}, {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const char *v = tsp_env_get(&env, want[i][0]);

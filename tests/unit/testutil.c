@@ -12,3 +12,32 @@ int tsp_test_main(Suite *s)
     srunner_free(sr);
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static int is_zombie_or_gone(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *rp = strrchr(buf, ')');
+    return !rp || rp[2] == 'Z' || rp[2] == 'X';
+}
+
+int tsp_test_gone(pid_t pid, int timeout_ms)
+{
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        if (is_zombie_or_gone(pid))
+            return 1;
+        usleep(5000);
+    }
+    return 0;
+}

@@ -4,4 +4,7 @@
 #include <check.h>
 /* Runs a suite and returns the process exit status. */
 int tsp_test_main(Suite *s);
+#include <sys/types.h>
+/* 1 when pid has exited (gone, or a zombie not yet reaped) within timeout_ms. */
+int tsp_test_gone(pid_t pid, int timeout_ms);
 #endif

@@ -39,6 +39,7 @@ TSP_EXTERN int tsp_topo_global_rank(const tsp_topo_t *t, int local_rank);
  * LOCAL_WORLD_SIZE, WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
  * TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE, TORCH_NCCL_ASYNC_ERROR_HANDLING,
+ * TORCHELASTIC_SIGNALS_TO_HANDLE,
  * TORCHELASTIC_ERROR_FILE (when error_file is not NULL) and the OMP_NUM_THREADS rule. */
 TSP_EXTERN int tsp_topo_worker_env(const tsp_topo_t *t, int local_rank, int restart_count,
                                    const char *error_file, tsp_env_t *env);

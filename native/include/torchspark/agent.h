@@ -1,0 +1,82 @@
+/* torchspark/agent.h: the torchrun-equivalent node agent.
+ *
+ * The agent starts nproc_per_node workers and supervises them, event-driven (signalfd,
+ * timerfd, epoll; no polling sleeps): worker output is read line by line and handed to
+ * the console, to log files and to an optional sink (the driver's log channel); signals
+ * are forwarded to every worker's process group; the first failure stops the others
+ * (SIGTERM, a grace period, SIGKILL), orphaned grandchildren included; workers are
+ * restarted up to max_restarts times; the root cause is reported in torchrun's
+ * ChildFailedError layout and as JSON.
+ *
+ * Lifecycle: tsp_agent_setup_process() once per process, then init -> run -> close.
+ * tsp_agent_stop() may be called from another thread or a signal handler.
+ */
+#ifndef TORCHSPARK_AGENT_H
+#define TORCHSPARK_AGENT_H
+
+#include <sys/types.h>
+#include "torchspark/common.h"
+#include "torchspark/lines.h"
+#include "torchspark/topo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bits of the per-local-rank redirect / tee masks (torchrun's Std values). */
+enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
+
+typedef struct tsp_agent_opts {
+    tsp_topo_t topo;
+    const char *file;    /* program to run (PATH-searched when it has no '/') */
+    char *const *argv;   /* its argv; "${local_rank}" is substituted per worker */
+    char *const *envp;   /* the launcher's environment; NULL: environ */
+    const char *name;    /* shown as "<name> FAILED" in the report (the script) */
+    const char *log_dir; /* error files and redirected output; NULL: a temp dir removed at close */
+    double shutdown_timeout; /* seconds between SIGTERM and SIGKILL; < 0: 30 */
+    const char *error_file;  /* where the root cause JSON goes; NULL: nowhere */
+    const unsigned char *redirects; /* nproc_per_node TSP_STD_* masks; NULL: none */
+    const unsigned char *tee;       /* nproc_per_node TSP_STD_* masks; NULL: none */
+    const unsigned char *show;      /* nproc_per_node flags: 1 shows on console; NULL: all */
+    tsp_line_sink_t *sink;          /* every worker line also goes here; NULL: none */
+    int console_out, console_err;   /* fds for worker output on the console (1, 2) */
+    int log_fd;                     /* the agent's own messages (2) */
+    const char *prefix_template;    /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
+} tsp_agent_opts_t;
+
+typedef struct tsp_failure {
+    int rank, local_rank;
+    pid_t pid;
+    int exitcode;    /* torchrun's: the exit code, or -signal */
+    double time;     /* seconds since the epoch: the error file's timestamp, else observed */
+    int has_error_file;
+    char error_file[512];
+} tsp_failure_t;
+
+typedef struct tsp_agent tsp_agent_t;
+
+/* Process-wide state that an agent needs, set in this one place: blocks the signals the
+ * agent receives through signalfd (CHLD, TERM, INT, HUP, QUIT, USR1, USR2), ignores
+ * SIGPIPE, makes the process a child subreaper (orphaned grandchildren come back to us
+ * to be killed and reaped), and, when pdeathsig is not 0, asks for that signal when the
+ * parent dies. Returns -ESRCH when the parent already died (expected_ppid given). */
+TSP_EXTERN int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
+
+/* Allocates and validates. 0, or -errno with a sentence in err. */
+TSP_EXTERN int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err,
+                              size_t errlen);
+/* Starts the workers and supervises them until every process is gone. Returns the exit
+ * status: 0 on success, the root-cause worker's exit code or 128+signal on failure,
+ * 128+signal when the agent was stopped by a signal, 127/126 when the program cannot be
+ * run; a negative errno when the agent itself failed. */
+TSP_EXTERN int tsp_agent_run(tsp_agent_t *agent);
+/* Asks a running agent to stop its workers (as if it received sig). Async-signal-safe. */
+TSP_EXTERN int tsp_agent_stop(tsp_agent_t *agent, int sig);
+/* The root cause after a failed run, or NULL. */
+TSP_EXTERN const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
+TSP_EXTERN void tsp_agent_close(tsp_agent_t *agent);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

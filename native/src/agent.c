@@ -1,0 +1,826 @@
+/* agent.c: the node agent's supervision loop.
+ *
+ * States of one run:
+ *   RUNNING   workers alive; a non-zero exit is a failure, all zero exits finish the attempt
+ *   STOPPING  after a failure or a stop signal: every worker group got SIGTERM and a timer
+ *             runs for the grace period; when it fires everything left gets SIGKILL
+ *   RESTART   like STOPPING, but a new attempt starts when every process is gone
+ *   FINISHING all workers exited 0; leftover descendants are stopped the same way
+ * An attempt ends when no worker, no child (orphans come back to us as subreaper) and no
+ * unread output remain. Once every worker is gone, remaining descendants are orphans of
+ * dead workers and get SIGKILL at once: there is nothing left for them to finish.
+ */
+#include "torchspark/agent.h"
+#include "torchspark/proc.h"
+#include "report.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <ftw.h>
+
+extern char **environ;
+
+enum { ST_RUNNING, ST_STOPPING, ST_RESTART, ST_FINISHING };
+enum { W_IDLE, W_RUNNING, W_EXITED };
+
+/* epoll tags: small integers for the agent's own fds, worker streams above them. */
+enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_STREAM0 = 16 };
+
+typedef struct {
+    int fd;          /* pipe read end, -1 when closed or not captured */
+    int file_fd;     /* redirect file, -1 when none */
+    int paused;      /* the sink was full: not in epoll until it wakes us */
+    tsp_lines_t lines;
+} stream_t;
+
+typedef struct {
+    int local_rank;
+    int state;
+    pid_t pid;
+    int wstatus;
+    double exit_time;
+    stream_t s[2];
+    char error_file[512];
+} worker_t;
+
+struct tsp_agent {
+    tsp_agent_opts_t o;
+    int n;
+    worker_t *w;
+    int epfd, sigfd, timerfd, stopfd;
+    int state;
+    int capture;
+    int restart_count;
+    int stop_signal;  /* the signal that stopped us, 0 when none */
+    int killed;       /* SIGKILL already sent in this attempt */
+    int exec_status;  /* 127/126 when the program could not be started */
+    int wake_watched;
+    char host[256];
+    char log_dir[PATH_MAX];
+    int own_log_dir;
+    tsp_failure_t *fails;
+    int nfails;
+    int root;
+};
+
+static double now_real(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void agent_log(const tsp_agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
+{
+    char buf[2048];
+    int off = snprintf(buf, sizeof buf, "torchspark-run: ");
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
+    if (len > sizeof buf - 2)
+        len = sizeof buf - 2;
+    buf[len++] = '\n';
+    ssize_t w;
+    do
+        w = write(a->o.log_fd, buf, len);
+    while (w < 0 && errno == EINTR);
+}
+
+static int write_all(int fd, const struct iovec *iov, int cnt)
+{
+    struct iovec v[4];
+    memcpy(v, iov, (size_t)cnt * sizeof *iov);
+    struct iovec *p = v;
+    while (cnt > 0) {
+        ssize_t n = writev(fd, p, cnt);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno; /* EPIPE on a closed console: the line is dropped there only */
+        }
+        while (cnt > 0 && (size_t)n >= p->iov_len) {
+            n -= (ssize_t)p->iov_len;
+            p++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            p->iov_base = (char *)p->iov_base + n;
+            p->iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&set, sigs[i]);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return -errno;
+    signal(SIGPIPE, SIG_IGN);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
+        return -errno;
+    if (pdeathsig) {
+        if (prctl(PR_SET_PDEATHSIG, pdeathsig) < 0)
+            return -errno;
+        if (expected_ppid > 0 && getppid() != expected_ppid)
+            return -ESRCH;
+    }
+    return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------ */
+
+static void expand_prefix(const tsp_agent_t *a, const worker_t *w, char *out, size_t outlen)
+{
+    const char *t = a->o.prefix_template ? a->o.prefix_template : "[${role_name}${local_rank}]:";
+    size_t o = 0;
+    char num[24];
+    while (*t && o + 1 < outlen) {
+        const char *val = NULL;
+        size_t skip = 0;
+        if (strncmp(t, "${role_name}", 12) == 0) {
+            val = a->o.topo.role;
+            skip = 12;
+        } else if (strncmp(t, "${local_rank}", 13) == 0) {
+            snprintf(num, sizeof num, "%d", w->local_rank);
+            val = num;
+            skip = 13;
+        } else if (strncmp(t, "${hostname}", 11) == 0) {
+            val = a->host;
+            skip = 11;
+        } else if (strncmp(t, "${rank}", 7) == 0) {
+            snprintf(num, sizeof num, "%d", tsp_topo_global_rank(&a->o.topo, w->local_rank));
+            val = num;
+            skip = 7;
+        }
+        if (val) {
+            int n = snprintf(out + o, outlen - o, "%s", val);
+            o += n > 0 ? (size_t)n : 0;
+            if (o >= outlen)
+                o = outlen - 1;
+            t += skip;
+        } else {
+            out[o++] = *t++;
+        }
+    }
+    out[o] = 0;
+}
+
+/* Hands one line to the console, the redirect file and the sink. Returns -EAGAIN when
+ * the sink is full (then nothing was written anywhere, so the retry writes it once). */
+static int deliver_line(tsp_agent_t *a, worker_t *w, int si, const char *data, size_t len,
+                        unsigned flags)
+{
+    stream_t *s = &w->s[si];
+    int mask = si == 0 ? TSP_STD_OUT : TSP_STD_ERR;
+    if (a->o.sink) {
+        tsp_line_t line = {
+            .rank = tsp_topo_global_rank(&a->o.topo, w->local_rank),
+            .local_rank = w->local_rank,
+            .stream = (uint8_t)(si == 0 ? TSP_STREAM_STDOUT : TSP_STREAM_STDERR),
+            .flags = (uint8_t)flags,
+            .data = data,
+            .len = len,
+        };
+        int rc = a->o.sink->write_line(a->o.sink->ctx, &line);
+        if (rc == -EAGAIN)
+            return rc;
+    }
+    int eol = !(flags & (TSP_LINE_CONTINUED | TSP_LINE_NO_EOL));
+    struct iovec iov[3] = {{NULL, 0}, {(void *)data, len}, {"\n", (size_t)eol}};
+    if (s->file_fd >= 0)
+        write_all(s->file_fd, iov + 1, 2);
+    int redirected = a->o.redirects && (a->o.redirects[w->local_rank] & mask);
+    int teed = a->o.tee && (a->o.tee[w->local_rank] & mask);
+    int shown = !a->o.show || a->o.show[w->local_rank];
+    if (shown && (teed || (!redirected && !a->o.sink))) {
+        char prefix[256] = "";
+        if (teed)
+            expand_prefix(a, w, prefix, sizeof prefix);
+        iov[0].iov_base = prefix;
+        iov[0].iov_len = strlen(prefix);
+        write_all(si == 0 ? a->o.console_out : a->o.console_err, iov, 3);
+    }
+    return 0;
+}
+
+static void stream_watch(tsp_agent_t *a, worker_t *w, int si, int on)
+{
+    stream_t *s = &w->s[si];
+    if (s->fd < 0)
+        return;
+    if (on) {
+        struct epoll_event ev = {.events = EPOLLIN,
+                                 .data.u64 = TAG_STREAM0 + (uint64_t)(w->local_rank * 2 + si)};
+        epoll_ctl(a->epfd, EPOLL_CTL_ADD, s->fd, &ev);
+    } else {
+        epoll_ctl(a->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+    }
+}
+
+static void watch_wake(tsp_agent_t *a, int on)
+{
+    if (!a->o.sink || a->o.sink->wake_fd < 0 || a->wake_watched == on)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_WAKE};
+    epoll_ctl(a->epfd, on ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, a->o.sink->wake_fd, &ev);
+    a->wake_watched = on;
+}
+
+/* Delivers every complete line buffered for a stream. 0, or -EAGAIN when paused. */
+static int drain_stream(tsp_agent_t *a, worker_t *w, int si)
+{
+    stream_t *s = &w->s[si];
+    const char *d;
+    size_t len;
+    unsigned flags;
+    while (tsp_lines_peek(&s->lines, &d, &len, &flags)) {
+        if (deliver_line(a, w, si, d, len, flags) == -EAGAIN) {
+            if (!s->paused) {
+                s->paused = 1;
+                stream_watch(a, w, si, 0);
+                watch_wake(a, 1);
+            }
+            return -EAGAIN;
+        }
+        tsp_lines_consume(&s->lines);
+    }
+    if (s->paused) {
+        s->paused = 0;
+        if (!tsp_lines_done(&s->lines))
+            stream_watch(a, w, si, 1);
+    }
+    if (tsp_lines_done(&s->lines) && s->fd >= 0) {
+        stream_watch(a, w, si, 0);
+        close(s->fd);
+        s->fd = -1;
+    }
+    return 0;
+}
+
+static void read_stream(tsp_agent_t *a, worker_t *w, int si)
+{
+    stream_t *s = &w->s[si];
+    /* A few reads per wake-up keep one chatty worker from starving the others. */
+    for (int i = 0; i < 8 && s->fd >= 0 && !s->paused; i++) {
+        long n = tsp_lines_read(&s->lines, s->fd);
+        if (n == -EAGAIN)
+            break;
+        if (n < 0 && n != -ENOBUFS)
+            tsp_lines_finish(&s->lines); /* a broken pipe ends the stream */
+        drain_stream(a, w, si);
+        if (n == 0)
+            break;
+    }
+}
+
+static void resume_paused(tsp_agent_t *a)
+{
+    int still = 0;
+    for (int i = 0; i < a->n; i++)
+        for (int si = 0; si < 2; si++)
+            if (a->w[i].s[si].paused && drain_stream(a, &a->w[i], si) == -EAGAIN)
+                still = 1;
+    if (!still)
+        watch_wake(a, 0);
+}
+
+static int output_pending(const tsp_agent_t *a)
+{
+    for (int i = 0; i < a->n; i++)
+        for (int si = 0; si < 2; si++)
+            if (a->w[i].s[si].fd >= 0 || a->w[i].s[si].paused)
+                return 1;
+    return 0;
+}
+
+/* ---- spawning ---------------------------------------------------------------------- */
+
+static int mkdirs(const char *path)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = 0;
+        if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+            return -errno;
+        *p = '/';
+    }
+    if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
+        return -errno;
+    return 0;
+}
+
+/* argv with "${local_rank}" replaced; freed with free_argv. */
+static char **worker_argv(const tsp_agent_t *a, int local_rank)
+{
+    size_t n = 0;
+    while (a->o.argv[n])
+        n++;
+    char **v = calloc(n + 1, sizeof(char *));
+    if (!v)
+        return NULL;
+    char num[24];
+    snprintf(num, sizeof num, "%d", local_rank);
+    for (size_t i = 0; i < n; i++) {
+        const char *src = a->o.argv[i];
+        size_t cap = strlen(src) + 1, len = 0;
+        for (const char *p = src; (p = strstr(p, "${local_rank}")) != NULL; p += 13)
+            cap += strlen(num);
+        char *d = malloc(cap);
+        if (!d)
+            goto fail;
+        for (const char *p = src; *p;) {
+            if (strncmp(p, "${local_rank}", 13) == 0) {
+                memcpy(d + len, num, strlen(num));
+                len += strlen(num);
+                p += 13;
+            } else {
+                d[len++] = *p++;
+            }
+        }
+        d[len] = 0;
+        v[i] = d;
+    }
+    return v;
+fail:
+    for (size_t i = 0; i < n; i++)
+        free(v[i]);
+    free(v);
+    return NULL;
+}
+
+static void free_argv(char **v)
+{
+    for (size_t i = 0; v && v[i]; i++)
+        free(v[i]);
+    free(v);
+}
+
+static int open_redirect(const tsp_agent_t *a, const worker_t *w, int si, int *fd)
+{
+    int mask = si == 0 ? TSP_STD_OUT : TSP_STD_ERR;
+    *fd = -1;
+    if (!((a->o.redirects && (a->o.redirects[w->local_rank] & mask)) ||
+          (a->o.tee && (a->o.tee[w->local_rank] & mask))))
+        return 0;
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/attempt_%d/%d/%s.log", a->log_dir, a->restart_count,
+             w->local_rank, si == 0 ? "stdout" : "stderr");
+    *fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    return *fd < 0 ? -errno : 0;
+}
+
+static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
+{
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s/attempt_%d/%d", a->log_dir, a->restart_count, w->local_rank);
+    int rc = mkdirs(dir);
+    if (rc) {
+        snprintf(err, errlen, "cannot create %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    snprintf(w->error_file, sizeof w->error_file, "%s/error.json", dir);
+    unlink(w->error_file);
+    tsp_env_t env;
+    if ((rc = tsp_env_init(&env, a->o.envp ? a->o.envp : environ)) != 0)
+        return rc;
+    rc = tsp_topo_worker_env(&a->o.topo, w->local_rank, a->restart_count, w->error_file, &env);
+    char **argv = rc ? NULL : worker_argv(a, w->local_rank);
+    if (!rc && !argv)
+        rc = -ENOMEM;
+    for (int si = 0; si < 2 && !rc; si++)
+        rc = open_redirect(a, w, si, &w->s[si].file_fd);
+    if (!rc) {
+        tsp_proc_opts_t po = {
+            .file = a->o.file,
+            .argv = argv,
+            .envp = env.vars,
+            .stdout_mode = a->capture ? TSP_PROC_PIPE : TSP_PROC_INHERIT,
+            .stderr_mode = a->capture ? TSP_PROC_PIPE : TSP_PROC_INHERIT,
+            .pdeathsig = SIGKILL, /* the agent is gone: nobody supervises this worker */
+            .new_session = 1,
+        };
+        tsp_proc_t p;
+        rc = tsp_proc_spawn(&p, &po, err, errlen);
+        if (rc == 0) {
+            w->pid = p.pid;
+            w->state = W_RUNNING;
+            for (int si = 0; si < 2; si++) {
+                w->s[si].fd = si == 0 ? p.out_fd : p.err_fd;
+                w->s[si].paused = 0;
+                if (w->s[si].fd >= 0) {
+                    tsp_lines_close(&w->s[si].lines);
+                    tsp_lines_init(&w->s[si].lines, TSP_LINES_DEFAULT_CAP);
+                    stream_watch(a, w, si, 1);
+                }
+            }
+        }
+    }
+    free_argv(argv);
+    tsp_env_close(&env);
+    return rc;
+}
+
+/* ---- signals and stopping ---------------------------------------------------------- */
+
+static void signal_workers(tsp_agent_t *a, int sig)
+{
+    for (int i = 0; i < a->n; i++)
+        if (a->w[i].state == W_RUNNING)
+            kill(-a->w[i].pid, sig); /* the worker's whole process group */
+}
+
+static void arm_timer(tsp_agent_t *a, double seconds)
+{
+    struct itimerspec its = {{0, 0}, {0, 0}};
+    if (seconds > 0) {
+        its.it_value.tv_sec = (time_t)seconds;
+        its.it_value.tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9);
+    }
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+        its.it_value.tv_nsec = 1; /* zero would disarm: fire at once */
+    timerfd_settime(a->timerfd, 0, &its, NULL);
+}
+
+static void kill_everything(tsp_agent_t *a)
+{
+    signal_workers(a, SIGKILL);
+    tsp_proc_signal_descendants(getpid(), SIGKILL);
+    a->killed = 1;
+}
+
+/* Enters a stopping state: SIGTERM (or sig) to every worker group and every other
+ * descendant, and the grace timer. */
+static void begin_stop(tsp_agent_t *a, int state, int sig)
+{
+    a->state = state;
+    signal_workers(a, sig);
+    tsp_proc_signal_descendants(getpid(), sig);
+    arm_timer(a, a->o.shutdown_timeout);
+}
+
+static int live_workers(const tsp_agent_t *a)
+{
+    int n = 0;
+    for (int i = 0; i < a->n; i++)
+        n += a->w[i].state == W_RUNNING;
+    return n;
+}
+
+static void record_failure(tsp_agent_t *a, worker_t *w)
+{
+    tsp_failure_t *f = &a->fails[a->nfails++];
+    memset(f, 0, sizeof *f);
+    f->local_rank = w->local_rank;
+    f->rank = tsp_topo_global_rank(&a->o.topo, w->local_rank);
+    f->pid = w->pid;
+    f->exitcode = WIFSIGNALED(w->wstatus) ? -WTERMSIG(w->wstatus) : WEXITSTATUS(w->wstatus);
+    f->time = w->exit_time;
+    snprintf(f->error_file, sizeof f->error_file, "%s", w->error_file);
+    tsp__report_read_error_file(f);
+}
+
+static void on_worker_exit(tsp_agent_t *a, worker_t *w, int wstatus)
+{
+    w->state = W_EXITED;
+    w->wstatus = wstatus;
+    w->exit_time = now_real();
+    int failed = !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+    /* Exits caused by our own stopping are consequences, not failures. */
+    if (failed && a->state == ST_RUNNING && !a->stop_signal)
+        record_failure(a, w);
+}
+
+static void reap(tsp_agent_t *a)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            break;
+        for (int i = 0; i < a->n; i++)
+            if (a->w[i].state == W_RUNNING && a->w[i].pid == pid)
+                on_worker_exit(a, &a->w[i], st);
+        /* other pids are orphaned descendants that came back to us: reaped, nothing more */
+    }
+}
+
+static int have_children(void)
+{
+    siginfo_t si;
+    memset(&si, 0, sizeof si);
+    /* WNOWAIT: only asks whether a child exists; reap() collects it. */
+    return waitid(P_ALL, 0, &si, WEXITED | WNOHANG | WNOWAIT) == 0;
+}
+
+static void on_signal(tsp_agent_t *a, int sig)
+{
+    if (sig == SIGUSR1 || sig == SIGUSR2) {
+        signal_workers(a, sig); /* what SLURM sends before a time limit: pass it on */
+        return;
+    }
+    if (a->stop_signal || a->state != ST_RUNNING) {
+        if (sig == SIGINT || sig == SIGTERM) {
+            agent_log(a, "received SIG%s again while stopping: killing all workers now",
+                      sigabbrev_np(sig));
+            kill_everything(a);
+        }
+        a->stop_signal = a->stop_signal ? a->stop_signal : sig;
+        return;
+    }
+    a->stop_signal = sig;
+    agent_log(a, "received SIG%s: stopping %d worker(s) (grace %.1fs before SIGKILL)",
+              sigabbrev_np(sig), live_workers(a), a->o.shutdown_timeout);
+    begin_stop(a, ST_STOPPING, sig);
+}
+
+/* ---- the loop ---------------------------------------------------------------------- */
+
+static void on_stream_event(tsp_agent_t *a, uint64_t tag)
+{
+    uint64_t idx = tag - TAG_STREAM0;
+    int local = (int)(idx / 2), si = (int)(idx % 2);
+    if (local < a->n)
+        read_stream(a, &a->w[local], si);
+}
+
+static void handle_event(tsp_agent_t *a, uint64_t tag)
+{
+    if (tag == TAG_SIGNAL) {
+        struct signalfd_siginfo ssi;
+        while (read(a->sigfd, &ssi, sizeof ssi) == (ssize_t)sizeof ssi)
+            if (ssi.ssi_signo != SIGCHLD)
+                on_signal(a, (int)ssi.ssi_signo);
+        reap(a); /* SIGCHLDs coalesce: always reap everything */
+    } else if (tag == TAG_TIMER) {
+        uint64_t x;
+        if (read(a->timerfd, &x, sizeof x) > 0 && (live_workers(a) || have_children())) {
+            agent_log(a, "grace period of %.1fs is over: sending SIGKILL to %d worker(s) and "
+                         "their descendants", a->o.shutdown_timeout, live_workers(a));
+            kill_everything(a);
+        }
+    } else if (tag == TAG_STOP) {
+        uint64_t v;
+        if (read(a->stopfd, &v, sizeof v) == (ssize_t)sizeof v)
+            on_signal(a, (int)(v & 0xff));
+    } else if (tag == TAG_WAKE) {
+        resume_paused(a);
+    } else {
+        on_stream_event(a, tag);
+    }
+}
+
+static void evaluate(tsp_agent_t *a)
+{
+    if (a->state == ST_RUNNING) {
+        if (a->nfails > 0) {
+            const tsp_failure_t *f = &a->fails[0];
+            if (a->restart_count < a->o.topo.max_restarts && !a->exec_status) {
+                agent_log(a, "worker rank %d (local_rank %d, pid %d) failed with exit code %d; "
+                             "restarting all workers (restart %d of %d)",
+                          f->rank, f->local_rank, (int)f->pid, f->exitcode, a->restart_count + 1,
+                          a->o.topo.max_restarts);
+                begin_stop(a, ST_RESTART, SIGTERM);
+            } else {
+                begin_stop(a, ST_STOPPING, SIGTERM);
+            }
+        } else if (live_workers(a) == 0) {
+            a->state = ST_FINISHING;
+        }
+    }
+    /* Every worker is gone: what is left are orphans of dead workers. */
+    if (a->state != ST_RUNNING && live_workers(a) == 0 && have_children())
+        tsp_proc_signal_descendants(getpid(), SIGKILL);
+}
+
+static int attempt_over(const tsp_agent_t *a)
+{
+    return a->state != ST_RUNNING && live_workers(a) == 0 && !have_children() &&
+           !output_pending(a);
+}
+
+static int start_workers(tsp_agent_t *a)
+{
+    a->state = ST_RUNNING;
+    a->nfails = 0;
+    a->killed = 0;
+    arm_timer(a, -1);
+    struct itimerspec off = {{0, 0}, {0, 0}};
+    timerfd_settime(a->timerfd, 0, &off, NULL);
+    for (int i = 0; i < a->n; i++) {
+        char err[512] = "";
+        a->w[i].state = W_IDLE;
+        int rc = spawn_worker(a, &a->w[i], err, sizeof err);
+        if (rc) {
+            agent_log(a, "%s (local_rank %d)", err, i);
+            a->exec_status = rc == -ENOENT || rc == -EACCES || rc == -ENOEXEC || rc == -ENOTDIR
+                                 ? tsp_proc_exec_status(rc) : 1;
+            begin_stop(a, ST_STOPPING, SIGTERM);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+int tsp_agent_run(tsp_agent_t *a)
+{
+    start_workers(a);
+    for (;;) {
+        evaluate(a);
+        if (attempt_over(a)) {
+            if (a->state != ST_RESTART)
+                break;
+            a->restart_count++;
+            start_workers(a);
+            continue;
+        }
+        struct epoll_event evs[32];
+        int n = epoll_wait(a->epfd, evs, 32, -1);
+        if (n < 0 && errno != EINTR)
+            return -errno;
+        for (int i = 0; i < n; i++)
+            handle_event(a, evs[i].data.u64);
+    }
+    if (a->exec_status)
+        return a->exec_status;
+    if (a->nfails > 0) {
+        a->root = tsp__report_root(a->fails, a->nfails);
+        FILE *out = fdopen(dup(a->o.log_fd), "w");
+        if (out) {
+            tsp__report_print(out, a->o.name ? a->o.name : a->o.file, a->host, a->fails,
+                              a->nfails, a->root);
+            fclose(out);
+        }
+        if (a->o.error_file) {
+            int rc = tsp__report_write_json(a->o.error_file, a->host, a->o.topo.node_rank,
+                                            &a->fails[a->root]);
+            if (rc)
+                agent_log(a, "cannot write the error file %s: %s", a->o.error_file,
+                          strerror(-rc));
+        }
+        int code = a->fails[a->root].exitcode;
+        return code < 0 ? 128 - code : code;
+    }
+    return a->stop_signal ? 128 + a->stop_signal : 0;
+}
+
+const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *a)
+{
+    return a->nfails > 0 ? &a->fails[a->root] : NULL;
+}
+
+int tsp_agent_stop(tsp_agent_t *a, int sig)
+{
+    uint64_t v = (uint64_t)(sig & 0xff);
+    return write(a->stopfd, &v, sizeof v) == (ssize_t)sizeof v ? 0 : -errno;
+}
+
+/* ---- init / close ------------------------------------------------------------------ */
+
+static int make_log_dir(tsp_agent_t *a)
+{
+    const char *base = a->o.log_dir;
+    if (!base) {
+        base = getenv("TMPDIR");
+        if (!base || !*base)
+            base = "/tmp";
+        a->own_log_dir = 1;
+    } else {
+        int rc = mkdirs(base);
+        if (rc)
+            return rc;
+    }
+    if (snprintf(a->log_dir, sizeof a->log_dir, "%s/%s_%s_XXXXXX", base,
+                 a->own_log_dir ? "torchspark" : a->o.topo.run_id,
+                 a->own_log_dir ? a->o.topo.run_id : "run") >= (int)sizeof a->log_dir)
+        return -ENAMETOOLONG;
+    for (char *p = a->log_dir + strlen(base) + 1; *p; p++)
+        if (*p == '/')
+            *p = '_';
+    return mkdtemp(a->log_dir) ? 0 : -errno;
+}
+
+int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = tsp_topo_validate(&o->topo, err, errlen);
+    if (rc)
+        return rc;
+    if (!o->file || !o->argv || !o->argv[0]) {
+        snprintf(err, errlen, "no program to run");
+        return -EINVAL;
+    }
+    tsp_agent_t *a = calloc(1, sizeof *a);
+    if (!a)
+        return -ENOMEM;
+    a->o = *o;
+    a->n = o->topo.nproc_per_node;
+    a->epfd = a->sigfd = a->timerfd = a->stopfd = -1;
+    if (a->o.shutdown_timeout < 0)
+        a->o.shutdown_timeout = 30;
+    a->w = calloc((size_t)a->n, sizeof *a->w);
+    a->fails = calloc((size_t)a->n, sizeof *a->fails);
+    if (!a->w || !a->fails) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    for (int i = 0; i < a->n; i++) {
+        a->w[i].local_rank = i;
+        a->w[i].s[0].fd = a->w[i].s[1].fd = -1;
+        a->w[i].s[0].file_fd = a->w[i].s[1].file_fd = -1;
+    }
+    a->capture = o->sink || o->redirects || o->tee || o->show;
+    if (gethostname(a->host, sizeof a->host - 1) < 0)
+        snprintf(a->host, sizeof a->host, "localhost");
+    sigset_t set;
+    sigemptyset(&set);
+    int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&set, sigs[i]);
+    if ((a->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+        (a->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
+        (a->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0 ||
+        (a->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "cannot set up the event loop: %s", strerror(errno));
+        goto fail;
+    }
+    struct { int fd; uint64_t tag; } regs[] = {
+        {a->sigfd, TAG_SIGNAL}, {a->timerfd, TAG_TIMER}, {a->stopfd, TAG_STOP}};
+    for (size_t i = 0; i < 3; i++) {
+        struct epoll_event ev = {.events = EPOLLIN, .data.u64 = regs[i].tag};
+        if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, regs[i].fd, &ev) < 0) {
+            rc = -errno;
+            goto fail;
+        }
+    }
+    if ((rc = make_log_dir(a)) != 0) {
+        snprintf(err, errlen, "cannot create a log directory under %s: %s",
+                 o->log_dir ? o->log_dir : "$TMPDIR", strerror(-rc));
+        goto fail;
+    }
+    *out = a;
+    return 0;
+fail:
+    tsp_agent_close(a);
+    return rc;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+void tsp_agent_close(tsp_agent_t *a)
+{
+    if (!a)
+        return;
+    for (int i = 0; a->w && i < a->n; i++)
+        for (int si = 0; si < 2; si++) {
+            if (a->w[i].s[si].fd >= 0)
+                close(a->w[i].s[si].fd);
+            if (a->w[i].s[si].file_fd >= 0)
+                close(a->w[i].s[si].file_fd);
+            tsp_lines_close(&a->w[i].s[si].lines);
+        }
+    int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd};
+    for (size_t i = 0; i < 4; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    if (a->own_log_dir && a->log_dir[0])
+        nftw(a->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(a->w);
+    free(a->fails);
+    free(a);
+}

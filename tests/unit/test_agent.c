@@ -1,0 +1,339 @@
+/* test_agent.c: the agent's state machine: success, failure and root cause, restarts,
+ * forwarded and stopping signals, orphans, and output through a sink with backpressure. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "torchspark/agent.h"
+#include "torchspark/json.h"
+
+static char dir[] = "/tmp/tsp_agent_test_XXXXXX";
+
+static void setup(void)
+{
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(tsp_agent_setup_process(0, 0), 0);
+}
+
+static int run_sh(int nproc, int max_restarts, const char *script, tsp_agent_opts_t *extra,
+                  tsp_agent_t **keep)
+{
+    static char *argv[4];
+    argv[0] = "sh";
+    argv[1] = "-c";
+    argv[2] = (char *)script;
+    argv[3] = NULL;
+    tsp_agent_opts_t o = extra ? *extra : (tsp_agent_opts_t){0};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = nproc;
+    o.topo.max_restarts = max_restarts;
+    o.file = "sh";
+    o.argv = argv;
+    o.name = "script.sh";
+    o.shutdown_timeout = o.shutdown_timeout > 0 ? o.shutdown_timeout : 5;
+    if (!extra) {
+        o.console_out = 1;
+        o.console_err = 2;
+        o.log_fd = 2;
+    }
+    tsp_agent_t *a;
+    char err[256];
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    int st = tsp_agent_run(a);
+    if (keep)
+        *keep = a;
+    else
+        tsp_agent_close(a);
+    return st;
+}
+
+START_TEST(test_agent_success)
+{
+    setup();
+    ck_assert_int_eq(run_sh(3, 0, "exit 0", NULL, NULL), 0);
+}
+END_TEST
+
+START_TEST(test_agent_failure_root_cause_and_others_stopped)
+{
+    setup();
+    char script[512];
+    /* rank 1 fails with 3; the others would sleep for a minute */
+    snprintf(script, sizeof script,
+             "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; echo $$ > %s/pid.$LOCAL_RANK; "
+             "exec sleep 60", dir);
+    char ef[600];
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .error_file = ef};
+    tsp_agent_t *a;
+    ck_assert_int_eq(run_sh(3, 0, script, &o, &a), 3);
+    const tsp_failure_t *f = tsp_agent_root_cause(a);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(f->rank, 1);
+    ck_assert_int_eq(f->exitcode, 3);
+    tsp_agent_close(a);
+    for (int r = 0; r < 3; r += 2) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/pid.%d", dir, r);
+        FILE *pf = fopen(p, "r");
+        ck_assert_ptr_nonnull(pf);
+        int pid = 0;
+        ck_assert_int_eq(fscanf(pf, "%d", &pid), 1);
+        fclose(pf);
+        ck_assert_msg(tsp_test_gone(pid, 100), "worker %d still alive", r);
+    }
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    char doc[4096];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.rank", &v, &type), 0);
+    ck_assert_str_eq(v, "1");
+    free(v);
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.exitcode", &v, &type), 0);
+    ck_assert_str_eq(v, "3");
+    free(v);
+    ck_assert_int_eq(tsp_json_get(doc, n, "message.message", &v, &type), 0);
+    free(v);
+}
+END_TEST
+
+START_TEST(test_agent_error_file_decides_root_cause)
+{
+    setup();
+    /* rank 0 exits later but its error file says it failed first */
+    const char *script =
+        "if [ $LOCAL_RANK = 0 ]; then "
+        "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+        "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
+        "$TORCHELASTIC_ERROR_FILE; sleep 0.3; exit 1; fi; sleep 0.1; exit 2";
+    tsp_agent_t *a;
+    tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2};
+    /* rank 1 exits first (code 2) and stops rank 0 with SIGTERM before rank 0's own
+     * failure is observed, so only rank 1 is a failure here: root cause rank 1 */
+    int st = run_sh(2, 0, script, &o, &a);
+    ck_assert_int_eq(st, 2);
+    ck_assert_int_eq(tsp_agent_root_cause(a)->rank, 1);
+    tsp_agent_close(a);
+    /* both fail within one event: the error file's earlier timestamp wins */
+    const char *both =
+        "if [ $LOCAL_RANK = 0 ]; then "
+        "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+        "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
+        "$TORCHELASTIC_ERROR_FILE; exit 1; fi; trap 'exit 2' TERM; exit 2";
+    st = run_sh(2, 0, both, &o, &a);
+    const tsp_failure_t *f = tsp_agent_root_cause(a);
+    ck_assert_ptr_nonnull(f);
+    if (f->rank == 0) {
+        ck_assert_int_eq(st, 1);
+        ck_assert_int_eq(f->has_error_file, 1);
+    }
+    tsp_agent_close(a);
+}
+END_TEST
+
+START_TEST(test_agent_restart_until_success)
+{
+    setup();
+    /* fails on attempts 0 and 1, succeeds on attempt 2 */
+    ck_assert_int_eq(run_sh(2, 2, "[ $TORCHELASTIC_RESTART_COUNT -ge 2 ] || exit 4", NULL, NULL),
+                     0);
+    /* with one restart only it still fails, with the worker's code */
+    ck_assert_int_eq(run_sh(2, 1, "[ $TORCHELASTIC_RESTART_COUNT -ge 2 ] || exit 4", NULL, NULL),
+                     4);
+}
+END_TEST
+
+static void *stop_later(void *arg)
+{
+    usleep(300000);
+    tsp_agent_stop(arg, SIGTERM);
+    return NULL;
+}
+
+START_TEST(test_agent_stop_signal_stops_workers)
+{
+    setup();
+    char *argv[] = {"sh", "-c", "exec sleep 60", NULL};
+    tsp_agent_opts_t o = {.file = "sh", .argv = argv, .console_out = 1, .console_err = 2,
+                          .log_fd = 2, .shutdown_timeout = 5};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 2;
+    tsp_agent_t *a;
+    char err[256];
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, stop_later, a);
+    ck_assert_int_eq(tsp_agent_run(a), 128 + SIGTERM);
+    pthread_join(t, NULL);
+    ck_assert_ptr_null(tsp_agent_root_cause(a));
+    tsp_agent_close(a);
+}
+END_TEST
+
+START_TEST(test_agent_forwards_usr1_and_kills_term_ignoring_orphans)
+{
+    setup();
+    char script[512];
+    /* each worker records SIGUSR1; rank 0 also leaves an orphan that ignores SIGTERM */
+    snprintf(script, sizeof script,
+             "trap 'echo usr1 > %s/usr1.$LOCAL_RANK; exit 0' USR1; "
+             "if [ $LOCAL_RANK = 0 ]; then (trap '' TERM; setsid sleep 60 & echo $! > %s/orphan); fi; "
+             "while :; do sleep 0.05; done", dir, dir);
+    char *argv[] = {"sh", "-c", script, NULL};
+    tsp_agent_opts_t o = {.file = "sh", .argv = argv, .console_out = 1, .console_err = 2,
+                          .log_fd = 2, .shutdown_timeout = 5};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 2;
+    tsp_agent_t *a;
+    char err[256];
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    /* deliver SIGUSR1 to the agent (this process) shortly after start */
+    pid_t killer = fork();
+    if (killer == 0) {
+        usleep(400000);
+        kill(getppid(), SIGUSR1);
+        _exit(0);
+    }
+    ck_assert_int_eq(tsp_agent_run(a), 0);
+    tsp_agent_close(a);
+    for (int r = 0; r < 2; r++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/usr1.%d", dir, r);
+        ck_assert_msg(access(p, F_OK) == 0, "worker %d did not get SIGUSR1", r);
+    }
+    char p[600];
+    snprintf(p, sizeof p, "%s/orphan", dir);
+    FILE *f = fopen(p, "r");
+    ck_assert_ptr_nonnull(f);
+    int orphan = 0;
+    ck_assert_int_eq(fscanf(f, "%d", &orphan), 1);
+    fclose(f);
+    ck_assert_msg(tsp_test_gone(orphan, 500), "orphan %d survived the agent", orphan);
+}
+END_TEST
+
+/* A sink that takes 3 lines, then is full until the test's timer thread makes room. */
+typedef struct {
+    int efd;
+    int taken;
+    int full;
+    char got[64][64];
+    pthread_mutex_t mu;
+} test_sink_t;
+
+static int sink_write(void *ctx, const tsp_line_t *line)
+{
+    test_sink_t *s = ctx;
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    if (s->full) {
+        uint64_t x;
+        ssize_t r = read(s->efd, &x, sizeof x); /* clear readiness before saying "full" */
+        (void)r;
+        rc = -EAGAIN;
+    } else if (s->taken < 64) {
+        snprintf(s->got[s->taken], sizeof s->got[0], "%d:%d:%.*s", line->rank, line->stream,
+                 (int)line->len, line->data);
+        if (++s->taken % 3 == 0)
+            s->full = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
+static void *unblock(void *arg)
+{
+    test_sink_t *s = arg;
+    for (int i = 0; i < 40; i++) {
+        usleep(20000);
+        pthread_mutex_lock(&s->mu);
+        s->full = 0;
+        uint64_t one = 1;
+        ssize_t r = write(s->efd, &one, sizeof one);
+        (void)r;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return NULL;
+}
+
+START_TEST(test_agent_sink_backpressure_loses_nothing)
+{
+    setup();
+    test_sink_t s = {.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)};
+    pthread_mutex_init(&s.mu, NULL);
+    tsp_line_sink_t sink = {.ctx = &s, .write_line = sink_write, .wake_fd = s.efd};
+    pthread_t t;
+    pthread_create(&t, NULL, unblock, &s);
+    tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .sink = &sink};
+    ck_assert_int_eq(run_sh(2, 0, "for i in 1 2 3 4 5; do echo line$i; done; echo err >&2; "
+                                  "printf tail", &o, NULL),
+                     0);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(s.taken, 14); /* 2 ranks x (5 + err + tail) */
+    int seen[2] = {0, 0};
+    for (int i = 0; i < s.taken; i++) {
+        int rank = s.got[i][0] - '0';
+        char want[32];
+        if (s.got[i][2] == '2')
+            continue;
+        seen[rank]++;
+        if (seen[rank] <= 5)
+            snprintf(want, sizeof want, "%d:1:line%d", rank, seen[rank]);
+        else
+            snprintf(want, sizeof want, "%d:1:tail", rank);
+        ck_assert_str_eq(s.got[i], want);
+    }
+    ck_assert_int_eq(seen[0], 6);
+    ck_assert_int_eq(seen[1], 6);
+    close(s.efd);
+}
+END_TEST
+
+START_TEST(test_agent_exec_error_status)
+{
+    setup();
+    char *argv[] = {"/nonexistent/prog", NULL};
+    tsp_agent_opts_t o = {.file = argv[0], .argv = argv, .console_out = 1, .console_err = 2,
+                          .log_fd = 2, .shutdown_timeout = 1};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 2;
+    tsp_agent_t *a;
+    char err[256];
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    ck_assert_int_eq(tsp_agent_run(a), 127);
+    tsp_agent_close(a);
+}
+END_TEST
+
+static Suite *agent_suite(void)
+{
+    Suite *s = suite_create("agent");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 30);
+    tcase_add_test(tc, test_agent_success);
+    tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
+    tcase_add_test(tc, test_agent_error_file_decides_root_cause);
+    tcase_add_test(tc, test_agent_restart_until_success);
+    tcase_add_test(tc, test_agent_stop_signal_stops_workers);
+    tcase_add_test(tc, test_agent_forwards_usr1_and_kills_term_ignoring_orphans);
+    tcase_add_test(tc, test_agent_sink_backpressure_loses_nothing);
+    tcase_add_test(tc, test_agent_exec_error_status);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tsp_test_main(agent_suite());
+}
