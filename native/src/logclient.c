@@ -600,6 +600,28 @@ fail:
     return NULL;
 }
 
+tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
+                                              int node_rank, int drop, char *err, size_t errlen)
+{
+    tsp_logclient_opts_t o;
+    char host[256];
+    tsp_logclient_opts_init(&o);
+    if (tsp_logclient_parse_endpoint(endpoint, host, sizeof(host), &o.port)) {
+        snprintf(err, errlen, "--log-endpoint must be HOST:PORT, not '%s'", endpoint);
+        return NULL;
+    }
+    if (tsp_wire_secret_parse(secret_hex, o.secret)) {
+        snprintf(err, errlen, "--log-endpoint needs the run's secret in the environment "
+                              "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
+                 secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
+        return NULL;
+    }
+    o.host = host;
+    o.node_rank = node_rank;
+    o.drop = drop;
+    return tsp_logclient_start(&o, err, errlen);
+}
+
 tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c)
 {
     return &c->sink;

@@ -61,6 +61,11 @@ TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t h
 /* Starts the sender thread (it connects in the background). NULL with err on failure. */
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
                                                 size_t errlen);
+/* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
+ * defaults otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
+TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint,
+                                                         const char *secret_hex, int node_rank,
+                                                         int drop, char *err, size_t errlen);
 /* The sink to hand to the agent; valid until tsp_logclient_close(). */
 TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
 TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
