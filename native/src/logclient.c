@@ -338,6 +338,27 @@ static void conn_lost(tsp_logclient_t *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Under mu: where to resend from after a reconnect: the first LINE not acknowledged.
+ * Starting at the head block instead would resend its acknowledged lines, which a new
+ * server (a restarted driver) cannot recognise as duplicates. */
+static uint64_t resume_offset(tsp_logclient_t *c)
+{
+    for (blk_t *b = c->head; b; b = b->next) {
+        size_t off = 0;
+        while (off + TSP_WIRE_HDR_LEN <= b->len) {
+            tsp_wire_hdr_t h;
+            if (tsp_wire_hdr_unpack(&h, (const uint8_t *)b->data + off, b->len - off,
+                                    TSP_WIRE_MAX_PAYLOAD, NULL, 0))
+                return b->base + off;
+            if (h.type == TSP_WIRE_LINE &&
+                tsp_wire_get_u64((const uint8_t *)b->data + off + TSP_WIRE_HDR_LEN) > c->acked)
+                return b->base + off;
+            off += TSP_WIRE_HDR_LEN + h.length;
+        }
+    }
+    return c->appended;
+}
+
 static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t errlen)
 {
     int fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS,
@@ -346,7 +367,7 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
     pthread_mutex_lock(&c->mu);
     if (fd >= 0) {
         c->fd = fd;
-        c->sent = c->head ? c->head->base : c->appended; /* resend what is not acked */
+        c->sent = resume_offset(c); /* resend what is not acked */
         c->drops_dirty = c->ndrops > 0;
         c->st.connects++;
         c->st.connected = 1;
@@ -513,8 +534,9 @@ static void *sender_main(void *arg)
                 }
                 next_try = tsp__now_ms() + backoff;
                 backoff = backoff * 2 > c->o.backoff_max_ms ? c->o.backoff_max_ms : backoff * 2;
-                if (!c->ever_connected || tsp__now_ms() - c->lost_at >= c->o.reconnect_grace_ms ||
-                    stopping) {
+                /* When stopping, keep trying until the flush deadline: the loop's top
+                 * then spills what is left. */
+                if (!c->ever_connected || tsp__now_ms() - c->lost_at >= c->o.reconnect_grace_ms) {
                     warn_fallback(c, err);
                     c->fallback = 1;
                     continue;
@@ -535,8 +557,13 @@ static void *sender_main(void *arg)
             conn_lost(c);
             continue;
         }
-        if ((ev & POLLOUT) && send_some(c))
+        if ((ev & POLLOUT) && send_some(c)) {
+            /* The driver may have said ACK and CLOSE just before: take the ACK, or the
+             * next server would get those lines a second time. */
+            for (int k = 0; k < 8 && read_acks(c, rbuf, &rlen, sizeof(rbuf)) == 0; k++)
+                ;
             conn_lost(c);
+        }
     }
     if (c->fd >= 0)
         conn_lost(c);

@@ -22,7 +22,7 @@
 #include "torchspark/lines.h"
 
 #define CONN_BUF_MIN (64u * 1024u)
-#define LINGER_MS 300
+#define LINGER_MS 2000 /* after CLOSE: wait for the agent to take the final ACK */
 #define SINK_FLUSH (64u * 1024u)
 
 enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
