@@ -552,7 +552,9 @@ static int conn_parse(tsp_logserver_t *s, conn_t *c)
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
     }
-    if (c->len == 0 && c->cap > 4 * CONN_BUF_MIN) { /* give a big frame's buffer back */
+    /* Give a big line's buffer back; an output transfer keeps it (one per chunk would
+     * cost a fresh mapping and its page faults for every MiB). */
+    if (c->len == 0 && c->cap > 4 * CONN_BUF_MIN && c->h.role != TSP_WIRE_ROLE_OUTPUT) {
         free(c->buf);
         c->buf = NULL;
         c->cap = 0;

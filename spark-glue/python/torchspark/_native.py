@@ -122,6 +122,8 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
             "tsp_logserver_shutdown": (i, [vp, i]),
             "tsp_logserver_free": (None, [vp]),
             "tsp_strerror": (c, [i]),
+            "tsp_output_opts_init": (None, [vp]),
+            "tsp_output_send": (i, [vp, c, c, ctypes.c_size_t]),
         }
         for name, (res, args) in sig.items():
             fn = getattr(lib, name)
