@@ -193,6 +193,7 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         drain_fd(c->sink.wake_fd);
         c->want_wake = 1;
         pthread_mutex_unlock(&c->mu);
+        notify(c->notify_fd); /* in fallback the sender spills at once, not at its next tick */
         return -EAGAIN;
     }
     int rc = 0;
