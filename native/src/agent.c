@@ -662,9 +662,16 @@ int tsp_agent_run(tsp_agent_t *a)
             continue;
         }
         struct epoll_event evs[32];
-        int n = epoll_wait(a->epfd, evs, 32, -1);
+        /* Supervision is event-driven. While stopping, a 1 s safety tick also reaps and
+         * retries paused output, so that no lost wake-up can keep a dead job's agent
+         * alive: shutdown must always end. */
+        int n = epoll_wait(a->epfd, evs, 32, a->state == ST_RUNNING ? -1 : 1000);
         if (n < 0 && errno != EINTR)
             return -errno;
+        if (n == 0) {
+            reap(a);
+            resume_paused(a);
+        }
         for (int i = 0; i < n; i++)
             handle_event(a, evs[i].data.u64);
     }
