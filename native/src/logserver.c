@@ -41,6 +41,7 @@ typedef struct conn {
     int registered; /* in the epoll set */
     uint8_t *buf;
     size_t cap, len;
+    uint32_t chunk_left; /* OUT_CHUNK payload bytes still to read straight from the socket */
     uint8_t wbuf[2048];
     size_t wlen;
     uint8_t hello[TSP_WIRE_HELLO_MAX];
@@ -445,8 +446,6 @@ static int on_output(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, con
     switch (h->type) {
     case TSP_WIRE_OUT_BEGIN:
         return tsp__outrecv_begin(&s->out, c, tsp_wire_get_u64(p), err, errlen);
-    case TSP_WIRE_OUT_CHUNK:
-        return tsp__outrecv_chunk(&s->out, c, p, h->length, err, errlen);
     default: {
         int rc = tsp__outrecv_end(&s->out, c, p, err, errlen);
         return rc ? rc : conn_send(s, c, TSP_WIRE_OUT_DONE, p, TSP_WIRE_DIGEST_LEN);
@@ -523,6 +522,23 @@ static int conn_parse(tsp_logserver_t *s, conn_t *c)
         }
         if (rc)
             break;
+        if (h.type == TSP_WIRE_OUT_CHUNK && c->state == C_OPEN &&
+            c->h.role == TSP_WIRE_ROLE_OUTPUT) {
+            /* Output data does not go through buf: what is buffered is handed over now,
+             * the rest is received in place (conn_read_chunk). */
+            size_t have = c->len - off - TSP_WIRE_HDR_LEN;
+            if (have > h.length)
+                have = h.length;
+            rc = tsp__outrecv_chunk(&s->out, c, h.length, c->buf + off + TSP_WIRE_HDR_LEN,
+                                    have, err, sizeof(err));
+            if (rc)
+                break;
+            c->chunk_left = h.length - (uint32_t)have;
+            off += TSP_WIRE_HDR_LEN + have;
+            if (c->chunk_left)
+                break;
+            continue;
+        }
         size_t whole = TSP_WIRE_HDR_LEN + h.length;
         if (c->len - off < whole) {
             if (whole > c->cap) { /* grow for this frame; the cap bounds it */
@@ -589,10 +605,38 @@ static void conn_pause(tsp_logserver_t *s, conn_t *c)
     conn_arm(s, c);
 }
 
+/* Receives output chunk data in place. 1 took some and the chunk may have more, 0 the
+ * socket is empty, -1 the connection is gone. */
+static int conn_read_chunk(tsp_logserver_t *s, conn_t *c)
+{
+    char err[600] = "";
+    ssize_t n = tsp__outrecv_recv(&s->out, c, c->fd, c->chunk_left, err, sizeof(err));
+    if (n == -EAGAIN)
+        return 0;
+    if (n == -EBADMSG) {
+        conn_reject(s, c, err);
+        return -1;
+    }
+    if (n < 0) {
+        conn_free(s, c);
+        return -1;
+    }
+    c->chunk_left -= (uint32_t)n;
+    return 1;
+}
+
 /* Reads what the socket has and handles it. Returns 0 while the connection lives. */
 static int conn_read(tsp_logserver_t *s, conn_t *c)
 {
     for (int round = 0; round < 16; round++) {
+        if (c->chunk_left) {
+            int rc = conn_read_chunk(s, c);
+            if (rc < 0)
+                return -1;
+            if (rc == 0)
+                break;
+            continue;
+        }
         if (!c->buf) {
             c->buf = malloc(CONN_BUF_MIN);
             if (!c->buf)
@@ -604,6 +648,10 @@ static int conn_read(tsp_logserver_t *s, conn_t *c)
         if (c->state != C_OPEN && c->state != C_LINGER &&
             room > TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE)
             room = TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE;
+        /* An output connection reads a header alone, so that chunk data is received in
+         * place rather than through buf. */
+        if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT && c->len < TSP_WIRE_HDR_LEN)
+            room = TSP_WIRE_HDR_LEN - c->len;
         ssize_t n;
         do
             n = read(c->fd, c->buf + c->len, room);

@@ -7,6 +7,7 @@
 #include <openssl/evp.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <time.h>
 
 #include "torchspark/logserver.h"
@@ -70,7 +71,8 @@ typedef struct tsp__outrecv {
     int state;
     char *path; /* NULL: memory */
     int fd;
-    uint8_t *mem;
+    uint8_t *mem;   /* memory mode: mmap'ed, total bytes */
+    uint8_t *stage; /* file mode: the receive buffer */
     uint64_t total, got;
     EVP_MD_CTX *md;
     void *owner; /* the connection receiving it */
@@ -86,8 +88,15 @@ void tsp__outrecv_close(tsp__outrecv_t *o);
 /* Thread side. Each returns 0 or -errno with a reason in err. */
 int tsp__outrecv_claim(tsp__outrecv_t *o, void *owner, char *err, size_t errlen);
 int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err, size_t errlen);
-int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, const uint8_t *p, size_t n, char *err,
-                       size_t errlen);
+/* An OUT_CHUNK header of len bytes, with the first `have` payload bytes already buffered
+ * at p; the rest is read by tsp__outrecv_recv straight into its destination. */
+int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p,
+                       size_t have, char *err, size_t errlen);
+/* Receives up to max bytes of the current chunk from fd (non-blocking). Bytes taken, or
+ * -EAGAIN (nothing to read), -ECONNRESET (EOF), another -errno (socket), -EBADMSG (the
+ * transfer failed: reason in err). */
+ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, char *err,
+                          size_t errlen);
 int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
                      size_t errlen);
 /* The connection went away (or failed): discard a partial transfer, allow a retry. */

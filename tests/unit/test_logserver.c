@@ -1,5 +1,6 @@
 /* test_logserver.c: the driver's log server over loopback: many agents, every handshake
  * rejection on a real socket, garbage connections, tails, backpressure, output transfer. */
+#include <openssl/evp.h>
 #include <pthread.h>
 #include <sys/stat.h>
 
@@ -276,6 +277,12 @@ START_TEST(test_logserver_output_memory_and_file)
     ck_assert_int_eq(stat(dst, &sb), 0);
     ck_assert_int_eq(sb.st_size, (off_t)size);
     ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    f = fopen(dst, "rb");
+    char *got = malloc(size);
+    ck_assert_uint_eq(fread(got, 1, size, f), size);
+    fclose(f);
+    ck_assert_int_eq(memcmp(got, want, size), 0);
+    free(got);
     tsp_logserver_free(s);
     free(want);
     unlink(src);
@@ -318,6 +325,80 @@ START_TEST(test_logserver_output_bad_digest_and_length)
 }
 END_TEST
 
+/* Authenticates a raw OUTPUT connection (agent id 9) and returns it. */
+static int raw_output_conn(tsp_logserver_t *s)
+{
+    uint8_t secret[32], hello[TSP_WIRE_HELLO_MAX], p[256], mac[32];
+    tsp_logserver_secret(s, secret);
+    tsp_wire_hello_t h = {.version = 1, .role = TSP_WIRE_ROLE_OUTPUT, .agent_id = 9};
+    tsp_wire_run_id(secret, h.run_id);
+    size_t hl = (size_t)tsp_wire_hello_pack(hello, sizeof hello, &h), n;
+    int fd = raw_connect(tsp_logserver_port(s));
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
+    tsp_wire_mac(secret, 0, hello, hl, p + 2, mac);
+    raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_WELCOME);
+    return fd;
+}
+
+/* Chunk data arriving in every way TCP may cut it: a header with part of its payload and
+ * the next header in one segment, a payload in small pieces, and the rest. The server
+ * receives chunk data in place, so each of these paths must add up to the same bytes. */
+START_TEST(test_logserver_output_split_chunks)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        tsp_logserver_t *s = server(0, 0);
+        char dst[] = "/tmp/tsp_out_splitXXXXXX";
+        close(mkstemp(dst));
+        ck_assert_int_eq(tsp_logserver_expect_output(s, mode ? dst : NULL), 0);
+        int fd = raw_output_conn(s);
+        const char *text = "abcdefghijklmnopqrstuvwxyz";
+        uint8_t v[8], b[128];
+        tsp_wire_put_u64(v, 26);
+        raw_send_frame(fd, TSP_WIRE_OUT_BEGIN, -1, v, 8);
+        /* chunk 1 (10 bytes) whole, plus the header of chunk 2 (16 bytes) and 3 of its
+         * bytes, in one send */
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = 10};
+        tsp_wire_hdr_pack(b, &h);
+        memcpy(b + 12, text, 10);
+        h.length = 16;
+        tsp_wire_hdr_pack(b + 22, &h);
+        memcpy(b + 34, text + 10, 3);
+        ck_assert_int_eq(send(fd, b, 37, MSG_NOSIGNAL), 37);
+        for (int i = 13; i < 26; i += 4) { /* the rest in pieces, with pauses */
+            usleep(20000);
+            size_t k = 26 - i < 4 ? (size_t)(26 - i) : 4;
+            ck_assert_int_eq(send(fd, text + i, k, MSG_NOSIGNAL), (ssize_t)k);
+        }
+        uint8_t d[32];
+        unsigned dl = 0;
+        EVP_Digest(text, 26, d, &dl, EVP_sha256(), NULL);
+        raw_send_frame(fd, TSP_WIRE_OUT_END, -1, d, 32);
+        size_t n;
+        ck_assert_int_eq(raw_read_frame(fd, b, sizeof b, &n), TSP_WIRE_OUT_DONE);
+        ck_assert_int_eq(memcmp(b, d, 32), 0);
+        ck_assert_int_eq(tsp_logserver_output_wait(s, 1000), 0);
+        const void *data;
+        uint64_t len;
+        ck_assert_int_eq(tsp_logserver_output_data(s, &data, &len), 0);
+        ck_assert_uint_eq(len, 26);
+        if (mode) {
+            FILE *f = fopen(dst, "rb");
+            char got[32] = "";
+            ck_assert_uint_eq(fread(got, 1, sizeof got, f), 26);
+            fclose(f);
+            ck_assert_int_eq(memcmp(got, text, 26), 0);
+        } else {
+            ck_assert_int_eq(memcmp(data, text, 26), 0);
+        }
+        close(fd);
+        tsp_logserver_free(s);
+        unlink(dst);
+    }
+}
+END_TEST
+
 START_TEST(test_logserver_format_prefix)
 {
     char b[64];
@@ -352,6 +433,7 @@ int main(void)
     tcase_add_test(tc, test_logserver_garbage_does_not_stop_lines);
     tcase_add_test(tc, test_logserver_output_memory_and_file);
     tcase_add_test(tc, test_logserver_output_bad_digest_and_length);
+    tcase_add_test(tc, test_logserver_output_split_chunks);
     tcase_add_test(tc, test_logserver_format_prefix);
     tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
     suite_add_tcase(s, tc);
