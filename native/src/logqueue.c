@@ -9,10 +9,14 @@
 #include "logserver_int.h"
 
 #include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "torchspark/lines.h"
 
 #define QBLK_SIZE (256u * 1024u)
 #define BATCH_MAX_BYTES (4u << 20)
@@ -222,6 +226,28 @@ static int wait_lines(tsp__logq_t *q, int timeout_ms)
     return 1;
 }
 
+/* Frees the head block once it was read entirely. */
+static void pop_block_if_done(tsp__logq_t *q)
+{
+    struct tsp__qblk *b = q->head;
+    if (b->off == b->len) {
+        q->head = b->next;
+        if (!q->head)
+            q->tail = NULL;
+        free(b);
+    }
+}
+
+static void wake_reader_locked(tsp__logq_t *q)
+{
+    if (q->paused && q->bytes <= q->bound / 2) {
+        q->paused = 0;
+        uint64_t one = 1;
+        ssize_t w = write(q->wake_fd, &one, sizeof(one));
+        (void)w; /* an eventfd write only fails when the counter is saturated: still awake */
+    }
+}
+
 int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms)
 {
     pthread_mutex_lock(&q->mu);
@@ -269,21 +295,60 @@ sized:
         pos += rec.len;
         b->off += REC_SIZE(rec.len);
         q->bytes -= REC_SIZE(rec.len);
-        if (b->off == b->len) {
-            q->head = b->next;
-            if (!q->head)
-                q->tail = NULL;
-            free(b);
-        }
+        pop_block_if_done(q);
     }
-    if (q->paused && q->bytes <= q->bound / 2) {
-        q->paused = 0;
-        uint64_t one = 1;
-        ssize_t w = write(q->wake_fd, &one, sizeof(one));
-        (void)w; /* an eventfd write only fails when the counter is saturated: still awake */
-    }
+    wake_reader_locked(q);
     pthread_mutex_unlock(&q->mu);
     return n;
+}
+
+long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
+                         const char *prefix, const char *marker)
+{
+    pthread_mutex_lock(&q->mu);
+    if (timeout_ms != 0)
+        wait_lines(q, timeout_ms);
+    if (!q->head) {
+        long rc = q->ended ? -EPIPE : 0;
+        pthread_mutex_unlock(&q->mu);
+        return rc;
+    }
+    /* One prefix per (rank, stream) run: consecutive lines mostly share it. */
+    char pre[256];
+    size_t pl = 0;
+    int32_t pre_rank = INT32_MIN;
+    unsigned pre_stream = 0;
+    size_t pos = 0;
+    for (int n = 0; q->head && n < max_lines; n++) {
+        struct tsp__qblk *b = q->head;
+        qrec_t rec;
+        memcpy(&rec, b->data + b->off, sizeof(rec));
+        if (rec.rank != pre_rank || rec.stream != pre_stream) {
+            if (rec.stream == TSP_LOG_STREAM_EVENT)
+                pl = (size_t)snprintf(pre, sizeof(pre), "[torchspark] ");
+            else
+                pl = tsp_logserver_format_prefix(pre, sizeof(pre), prefix, marker, rec.rank,
+                                                 rec.stream);
+            if (pl >= sizeof(pre))
+                pl = sizeof(pre) - 1;
+            pre_rank = rec.rank;
+            pre_stream = rec.stream;
+        }
+        size_t need = pl + rec.len + 1;
+        if (pos + need > cap)
+            break; /* the caller's buffer holds at least one line (see logserver.h) */
+        memcpy(buf + pos, pre, pl);
+        memcpy(buf + pos + pl, b->data + b->off + sizeof(rec), rec.len);
+        pos += pl + rec.len;
+        if (!(rec.flags & TSP_LINE_CONTINUED))
+            buf[pos++] = '\n';
+        b->off += REC_SIZE(rec.len);
+        q->bytes -= REC_SIZE(rec.len);
+        pop_block_if_done(q);
+    }
+    wake_reader_locked(q);
+    pthread_mutex_unlock(&q->mu);
+    return (long)pos;
 }
 
 long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen)

@@ -946,6 +946,14 @@ int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines, in
     return max_lines <= 0 ? -EINVAL : tsp__logq_pull(&s->q, out, max_lines, timeout_ms);
 }
 
+long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen, int max_lines,
+                             int timeout_ms, const char *prefix, const char *stderr_marker)
+{
+    if (max_lines <= 0 || !buf || buflen < TSP_LOGSERVER_TEXT_MIN)
+        return -EINVAL;
+    return tsp__logq_pull_text(&s->q, buf, buflen, max_lines, timeout_ms, prefix, stderr_marker);
+}
+
 long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen)
 {
     return tsp__logq_tail(&s->q, rank, n, buf, buflen);

@@ -59,6 +59,8 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
                           const void *data, size_t len, int to_queue);
 void tsp__logq_set_dropped_locked(tsp__logq_t *q, int32_t rank, uint64_t count);
 int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms);
+long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
+                         const char *prefix, const char *marker);
 long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen);
 int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max);
 void tsp__logq_end(tsp__logq_t *q);

@@ -78,3 +78,41 @@ def test_line_printed_just_before_a_crash_arrives(tmp_path):
     drain_all(srv, col)
     assert col.count[0] == 11
     assert srv.tail(0, 1) == [b"last words before the crash"]
+
+
+def test_read_text_matches_format_line(tmp_path):
+    """The natively formatted batch (what the distributor writes to sys.stderr) is the
+    text that format_line gives line by line, invalid UTF-8 and stderr marker included."""
+    import subprocess
+    import sys
+
+    from torchspark._native import CONTINUED, format_line
+
+    script = tmp_path / "w.py"
+    script.write_text("import sys\n"
+                      "sys.stdout.buffer.write(b'plain\\nbad \\xff\\xfe utf8\\nbar\\r50%\\rdone\\n')\n"
+                      "sys.stderr.buffer.write(b'oops\\n')\n")
+    texts = {}
+    for mode in ("text", "pull"):
+        srv = LogServer()
+        env = dict(os.environ, **srv.agent_env())
+        p = subprocess.run([str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+                            "--log-endpoint", srv.endpoint, str(script)], env=env,
+                           capture_output=True, timeout=60)
+        assert p.returncode == 0, p.stderr.decode()[-2000:]
+        srv.close()
+        out = []
+        while True:
+            if mode == "text":
+                t = srv.read_text(fmt="<{rank}> ", stderr_marker="E ", timeout_ms=0)
+            else:
+                t = "".join(format_line(ln, "<{rank}> ", "E ")
+                            + ("" if ln.flags & CONTINUED else "\n")
+                            for ln in srv.pull(timeout_ms=0))
+            if not t:
+                break
+            out.append(t)
+        texts[mode] = sorted("".join(out).splitlines(keepends=True))
+    assert texts["text"] == texts["pull"]
+    assert "<0> bad \ufffd\ufffd utf8\n" in texts["text"]
+    assert "<0> E oops\n" in texts["text"]

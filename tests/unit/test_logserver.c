@@ -413,6 +413,50 @@ START_TEST(test_logserver_format_prefix)
 }
 END_TEST
 
+/* The formatted pull: the sink's format, one batch per call, a line that does not fit
+ * waits for the next call, and a buffer too small for the longest line is refused. */
+START_TEST(test_logserver_pull_text)
+{
+    tsp_logserver_t *s = server(0, 0);
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 0);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    sink_put(k, 3, 1, "out", 3);
+    sink_put(k, 3, 2, "err", 3);
+    tsp_line_t piece = {.rank = 5, .stream = 1, .flags = TSP_LINE_CONTINUED, .data = "ab",
+                        .len = 2};
+    ck_assert_int_eq(k->write_line(k->ctx, &piece), 0);
+    sink_put(k, 5, 1, "cd\r", 3);
+    char *big = malloc(TSP_WIRE_MAX_LINE);
+    memset(big, 'x', TSP_WIRE_MAX_LINE);
+    for (int i = 0; i < 3; i++)
+        sink_put(k, 7, 1, big, TSP_WIRE_MAX_LINE);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    size_t cap = TSP_LOGSERVER_TEXT_MIN;
+    char *buf = malloc(cap + 1);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap - 1, 10, 0, NULL, NULL), -EINVAL);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 2, 2000, "<{rank}> ", "E "),
+                     (long)strlen("<3> out\n<3> E err\n"));
+    buf[strlen("<3> out\n<3> E err\n")] = 0;
+    ck_assert_str_eq(buf, "<3> out\n<3> E err\n");
+    long n = tsp_logserver_pull_text(s, buf, cap, 2, 2000, NULL, NULL);
+    ck_assert_int_eq(n, (long)strlen("[rank 5] ab[rank 5] cd\r\n"));
+    buf[n] = 0;
+    ck_assert_str_eq(buf, "[rank 5] ab[rank 5] cd\r\n");
+    for (int i = 0; i < 3; i++) { /* one big line per call: the next does not fit */
+        n = tsp_logserver_pull_text(s, buf, cap, 100, 2000, NULL, NULL);
+        ck_assert_int_eq(n, (long)(strlen("[rank 7] ") + TSP_WIRE_MAX_LINE + 1));
+        ck_assert_int_eq(buf[n - 1], '\n');
+        ck_assert_int_eq(memcmp(buf + 9, big, TSP_WIRE_MAX_LINE), 0);
+    }
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 0, NULL, NULL), 0);
+    tsp_logserver_shutdown(s, 1000);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 10, NULL, NULL), -EPIPE);
+    free(big);
+    free(buf);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_logserver_bind_refuses_bad_host)
 {
     char err[256];
@@ -434,6 +478,7 @@ int main(void)
     tcase_add_test(tc, test_logserver_output_memory_and_file);
     tcase_add_test(tc, test_logserver_output_bad_digest_and_length);
     tcase_add_test(tc, test_logserver_output_split_chunks);
+    tcase_add_test(tc, test_logserver_pull_text);
     tcase_add_test(tc, test_logserver_format_prefix);
     tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
     suite_add_tcase(s, tc);

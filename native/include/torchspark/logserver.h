@@ -81,6 +81,17 @@ TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_W
  * Returns the count (0 on timeout), or -EPIPE once the server stopped and all was pulled. */
 TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines,
                                   int timeout_ms);
+/* Like pull, but the lines come formatted as the fd sink writes them, ready for a text
+ * stream: prefix ({rank} expands; NULL: "[rank {rank}] "), then stderr_marker for stderr
+ * lines (NULL: "[stderr] "), "[torchspark] " for server events, the text, and '\n'
+ * (none after a CONTINUED piece). One call formats a whole batch, so a host language pays
+ * nothing per line. buflen must be at least TSP_LOGSERVER_TEXT_MIN (any line fits).
+ * Returns the bytes written (0 on timeout), -EPIPE once stopped and all was pulled, or
+ * -EINVAL. */
+#define TSP_LOGSERVER_TEXT_MIN (TSP_WIRE_MAX_LINE + 4096u)
+TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen,
+                                        int max_lines, int timeout_ms, const char *prefix,
+                                        const char *stderr_marker);
 /* The last n lines of rank, oldest first, each followed by '\n', into buf (truncated to
  * buflen). Returns the bytes the whole answer needs. */
 TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen);

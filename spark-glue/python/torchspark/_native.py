@@ -58,6 +58,17 @@ def format_line(line: Line, fmt: str = DEFAULT_PREFIX,
     return prefix + line.data.decode("utf-8", errors)
 
 
+# Room for one batch of formatted text: a 1 MiB line plus its prefix always fits.
+_TEXT_BUF = 4 << 20
+
+
+def _native_template(fmt: str) -> bool:
+    """True when ``fmt`` uses no ``str.format`` feature beyond ``{rank}``, so that the
+    native formatter (which expands only ``{rank}``) gives the same text."""
+    rest = fmt.replace("{rank}", "")
+    return "{" not in rest and "}" not in rest
+
+
 class _LogLine(ctypes.Structure):
     _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint32), ("rank", ctypes.c_int32),
                 ("stream", ctypes.c_uint8), ("flags", ctypes.c_uint8),
@@ -110,6 +121,7 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
             "tsp_logserver_host": (c, [vp]),
             "tsp_logserver_secret": (None, [vp, c]),
             "tsp_logserver_pull": (i, [vp, ctypes.POINTER(_LogLine), i, i]),
+            "tsp_logserver_pull_text": (ctypes.c_long, [vp, vp, ctypes.c_size_t, i, i, c, c]),
             "tsp_logserver_tail": (ctypes.c_long, [vp, i, i, c, ctypes.c_size_t]),
             "tsp_logserver_dropped": (i, [vp, ctypes.POINTER(ctypes.c_int32),
                                           ctypes.POINTER(ctypes.c_uint64), i]),
@@ -159,6 +171,7 @@ class LogServer:
         self._pull_lock = threading.Lock()
         self._arr_len = 0
         self._arr = None
+        self._text: Optional[ctypes.Array] = None
         self.host: str = self._lib.tsp_logserver_host(h).decode()
         self.port: int = self._lib.tsp_logserver_port(h)
         buf = ctypes.create_string_buffer(32)
@@ -205,18 +218,37 @@ class LogServer:
                 off = end
             return out
 
+    def read_text(self, max_lines: int = 4096, timeout_ms: int = 200,
+                  fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> str:
+        """Up to ``max_lines`` lines formatted as :func:`format_line` does, each followed by
+        a newline (none after a CONTINUED piece), as one string ("" on timeout).
+
+        The batch is formatted natively and decoded once, so the cost per line stays in C.
+        A ``fmt`` with more than ``{rank}`` in braces is formatted line by line in Python.
+        """
+        if not _native_template(fmt):
+            lines = self.pull(max_lines, timeout_ms)
+            return "".join(format_line(ln, fmt, stderr_marker)
+                           + ("" if ln.flags & CONTINUED else "\n") for ln in lines)
+        with self._pull_lock:
+            if self._text is None:
+                self._text = ctypes.create_string_buffer(_TEXT_BUF)
+            n = self._lib.tsp_logserver_pull_text(
+                self._h, ctypes.addressof(self._text), _TEXT_BUF, max_lines, timeout_ms,
+                fmt.encode(), stderr_marker.encode())
+            if n <= 0:
+                return ""
+            return ctypes.string_at(self._text, n).decode("utf-8", "replace")
+
     def write_to(self, stream: TextIO, max_lines: int = 4096, timeout_ms: int = 200,
                  fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> int:
-        """Pulls one batch and writes it formatted (one write, then flush). Returns lines."""
-        lines = self.pull(max_lines, timeout_ms)
-        if lines:
-            parts = []
-            for ln in lines:
-                parts.append(format_line(ln, fmt, stderr_marker))
-                parts.append("" if ln.flags & CONTINUED else "\n")
-            stream.write("".join(parts))
+        """Pulls one batch and writes it formatted (one write, then flush). Returns the
+        number of complete lines written."""
+        text = self.read_text(max_lines, timeout_ms, fmt, stderr_marker)
+        if text:
+            stream.write(text)
             stream.flush()
-        return len(lines)
+        return text.count("\n")
 
     def tail(self, rank: int, n: Optional[int] = None) -> List[bytes]:
         """The last ``n`` lines (default: all kept) of ``rank``, oldest first."""
