@@ -248,16 +248,25 @@ static void wake_reader_locked(tsp__logq_t *q)
     }
 }
 
-int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms)
+/* Locks the queue and waits for lines: 1 with lines and the mutex held; otherwise the
+ * mutex is released and 0 (timeout) or -EPIPE (the server ended) comes back. */
+static int lock_lines(tsp__logq_t *q, int timeout_ms)
 {
     pthread_mutex_lock(&q->mu);
     if (timeout_ms != 0)
         wait_lines(q, timeout_ms);
-    if (!q->head) {
-        int rc = q->ended ? -EPIPE : 0;
-        pthread_mutex_unlock(&q->mu);
+    if (q->head)
+        return 1;
+    int rc = q->ended ? -EPIPE : 0;
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms)
+{
+    int rc = lock_lines(q, timeout_ms);
+    if (rc <= 0)
         return rc;
-    }
     /* Size the batch: whole records up to max_lines and BATCH_MAX_BYTES (at least one). */
     size_t want = 0;
     int n = 0;
@@ -305,14 +314,9 @@ sized:
 long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
                          const char *prefix, const char *marker)
 {
-    pthread_mutex_lock(&q->mu);
-    if (timeout_ms != 0)
-        wait_lines(q, timeout_ms);
-    if (!q->head) {
-        long rc = q->ended ? -EPIPE : 0;
-        pthread_mutex_unlock(&q->mu);
+    int rc = lock_lines(q, timeout_ms);
+    if (rc <= 0)
         return rc;
-    }
     /* One prefix per (rank, stream) run: consecutive lines mostly share it. */
     char pre[256];
     size_t pl = 0;
