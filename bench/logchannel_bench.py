@@ -6,15 +6,17 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
 
 1. lines/s to the driver for 4 senders (median of --runs), lines lost, driver CPU s per
    million lines. torchspark: 4 real torchspark-run agents, each with one worker printing
-   --lines lines of 100 bytes; the driver thread formats and writes them to /dev/null.
+   --lines lines of 100 bytes; the driver formats them (natively, LogServer.write_to) and
+   writes them to /dev/null. The two alternate run by run.
    stock: 4 processes each calling LogStreamingClient.send() --lines times; stock's server
    writes to sys.stderr (pointed at /dev/null); received lines are counted at that write.
 2. output shipped: 1 GiB to memory and 3 GiB to a file with tsp_output_send (SHA-256
-   checked) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
+   checked on both ends; the agent's and the driver's code in one process, two threads) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
    pattern in Python over a loopback socket (a real Spark collect() of 1 GiB exceeds the
    default spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md).
 3. memory: one agent with 8 workers printing as fast as they can while the driver pulls
-   slowly (agent RSS); 64 agents connected and streaming to one server (driver RSS).
+   slowly (agent RSS); 64 agents connected and streaming to one server (driver RSS);
+   drops and local fallbacks counted (default mode: both must be 0).
 4. --loss-full: the issue's full loss & order run, 8 agents x 250,000 lines (slow).
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import json
 import os
 import socket
 import statistics
@@ -127,7 +130,19 @@ def run_stock(lines: int, senders: int = 4):
     return got / dt, want - got, dc / max(got / 1e6, 1e-9)
 
 
-def ship_native(size: int, to_file: bool):
+def make_source(size: int) -> Path:
+    """A file of `size` random-looking bytes (1 MiB of urandom repeated), made once."""
+    src = Path(tempfile.mkdtemp(dir="/tmp")) / "out.bin"
+    block = os.urandom(1 << 20)
+    with open(src, "wb") as f:
+        for _ in range(size >> 20):
+            f.write(block)
+    return src
+
+
+def ship_native(src: Path, to_file: bool):
+    """One transfer of src with tsp_output_send (the agent's code) to a fresh server in
+    this process (the driver's code): GB/s from the send to the verified arrival."""
     lib = load_library()
 
     class Opts(ctypes.Structure):
@@ -135,11 +150,7 @@ def ship_native(size: int, to_file: bool):
                     ("secret", ctypes.c_uint8 * 32), ("node_rank", ctypes.c_int),
                     ("hostname", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
                     ("attempts", ctypes.c_int)]
-    src = Path(tempfile.mkdtemp(dir="/tmp")) / "out.bin"
-    with open(src, "wb") as f:
-        block = os.urandom(1 << 20)
-        for _ in range(size >> 20):
-            f.write(block)
+    size = src.stat().st_size
     srv = LogServer()
     dst = str(src) + ".recv" if to_file else None
     srv.expect_output(dst)
@@ -155,7 +166,6 @@ def ship_native(size: int, to_file: bool):
     assert rc == 0 and ok, err.value
     srv.close()
     del srv
-    src.unlink()
     if dst:
         os.unlink(dst)
     return size / dt / 1e9
@@ -192,25 +202,57 @@ def ship_stock_pattern(size: int):
     return size / dt / 1e9
 
 
-def mem_agent_8_workers(seconds: float = 6.0):
+class Pump:
+    """Pulls from a server in a thread at a given pace until stopped: the driver's pump.
+    While the agents stop it keeps pulling, as the real driver does; a driver that stops
+    reading first would leave them waiting for room (see test_logchannel_stall.py)."""
+
+    def __init__(self, srv: LogServer, max_lines: int, pause: float):
+        self.srv, self.max_lines, self.pause = srv, max_lines, pause
+        self.pulled = 0
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self.run, daemon=True)
+        self.th.start()
+
+    def run(self):
+        while not self.stop.is_set():
+            self.pulled += len(self.srv.pull(self.max_lines, 50))
+            time.sleep(self.pause)
+
+    def join(self):
+        self.stop.set()
+        self.th.join()
+
+
+def agent_warnings(procs) -> int:
+    """Agents that fell back to their own output (lines that missed the driver)."""
+    bad = 0
+    for p in procs:
+        err = p.stderr.read().decode(errors="replace")
+        bad += "cannot reach the driver" in err or "has taken no lines" in err
+    return bad
+
+
+def mem_agent_8_workers(seconds: float = 8.0):
     srv = LogServer()
     env = dict(os.environ, **srv.agent_env())
     p = subprocess.Popen([str(RUN_BIN), "--nproc-per-node", "8", "--no-python",
                           "--log-endpoint", srv.endpoint, "/usr/bin/yes",
                           "a fairly long line of log text " * 8],
-                         env=env, stdout=subprocess.DEVNULL)
-    peak, pulled, t0 = 0, 0, time.time()
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pump = Pump(srv, 256, 0.01)  # a slow consumer: 256 lines per ~60 ms
+    peak, t0 = 0, time.time()
     while time.time() - t0 < seconds:
-        pulled += len(srv.pull(256, 50))  # a slow consumer: 256 lines per ~60 ms
-        time.sleep(0.01)
+        time.sleep(0.05)
         peak = max(peak, psutil.Process(p.pid).memory_info().rss)
     p.terminate()
-    p.wait()
+    p.wait(timeout=120)
+    pump.join()
     srv.close(0.5)
-    return peak / 2**20, pulled
+    return peak / 2**20, pump.pulled, srv.dropped(), agent_warnings([p])
 
 
-def mem_server_64_agents(seconds: float = 8.0):
+def mem_server_64_agents(seconds: float = 10.0):
     srv = LogServer()
     env = dict(os.environ, **srv.agent_env())
     me = psutil.Process()
@@ -218,19 +260,21 @@ def mem_server_64_agents(seconds: float = 8.0):
     procs = [subprocess.Popen([str(RUN_BIN), "--nnodes", "64", "--node-rank", str(i),
                                "--nproc-per-node", "1", "--master-port", "29612", "--no-python",
                                "--log-endpoint", srv.endpoint, "/usr/bin/yes", "x" * 200],
-                              env=env, stdout=subprocess.DEVNULL) for i in range(64)]
-    peak, t0 = 0, time.time()
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for i in range(64)]
+    pump = Pump(srv, 256, 0.01)
+    peak, connected, t0 = 0, 0, time.time()
     while time.time() - t0 < seconds:
-        srv.pull(256, 50)
-        time.sleep(0.01)
+        time.sleep(0.05)
         peak = max(peak, me.memory_info().rss)
-    connected = srv.stats()["connected"]
+        connected = max(connected, srv.stats()["connected"])
     for p in procs:
         p.terminate()
     for p in procs:
-        p.wait()
+        p.wait(timeout=120)
+    pump.join()
     srv.close(0.5)
-    return peak / 2**20, (peak - base) / 2**20, connected
+    return peak / 2**20, (peak - base) / 2**20, connected, srv.dropped(), agent_warnings(procs)
 
 
 def loss_full(nodes: int = 8, lines: int = 250000):
@@ -246,36 +290,75 @@ def loss_full(nodes: int = 8, lines: int = 250000):
     return ok, sum(col.count.values()), time.perf_counter() - t0
 
 
+def load() -> str:
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--lines", type=int, default=100000)
     ap.add_argument("--out-gib", default="1,3")
+    ap.add_argument("--skip", default="", help="comma list of: lines,output,memory")
     ap.add_argument("--loss-full", action="store_true")
+    ap.add_argument("--json", help="write the figures here (for bench/logchannel_svg.py)")
     a = ap.parse_args()
-    print("== lines/s to the driver, 4 senders, %d lines each, median of %d" % (a.lines, a.runs))
-    for name, fn in (("torchspark", run_torchspark), ("stock", run_stock)):
-        res = [fn(a.lines) for _ in range(a.runs)]
-        print("%-10s lines/s %12.0f  lost %s  driver CPU s per 1M lines %.2f" % (
-            name, statistics.median(r[0] for r in res), [r[1] for r in res],
-            statistics.median(r[2] for r in res)))
-    print("== output shipped")
-    for gib in [int(x) for x in a.out_gib.split(",") if x]:
-        size = gib << 30
-        v = [ship_native(size, to_file=gib > 1) for _ in range(max(1, a.runs // 2))]
-        print("torchspark %d GiB (%s): %.2f GB/s (median of %d)" % (
-            gib, "file" if gib > 1 else "memory", statistics.median(v), len(v)))
-    v = [ship_stock_pattern(1 << 30) for _ in range(max(1, a.runs // 2))]
-    print("stock-pattern 1 GiB, 4 KiB chunks: %.2f GB/s (median of %d)" % (statistics.median(v), len(v)))
-    print("== memory under a slow consumer")
-    rss, pulled = mem_agent_8_workers()
-    print("agent with 8 workers: peak RSS %.1f MiB (pulled %d lines)" % (rss, pulled))
-    peak, delta, conn = mem_server_64_agents()
-    print("driver with 64 agents (%d connected): peak RSS %.1f MiB (+%.1f MiB)" % (conn, peak, delta))
+    skip = set(a.skip.split(","))
+    res: dict = {"runs": a.runs, "lines": a.lines, "start": load(),
+                 "date": time.strftime("%Y-%m-%d %H:%M %Z")}
+    print("==", res["date"], res["start"])
+    if "lines" not in skip:
+        print("== lines/s to the driver, 4 senders, %d lines each, median of %d"
+              % (a.lines, a.runs))
+        # alternate the two so that the machine's load hits both alike
+        runs: dict = {"torchspark": [], "stock": []}
+        for _ in range(a.runs):
+            runs["torchspark"].append(run_torchspark(a.lines))
+            runs["stock"].append(run_stock(a.lines))
+        for name, rr in runs.items():
+            res[name] = {"lines_per_s": [r[0] for r in rr], "lost": [r[1] for r in rr],
+                         "cpu_per_mline": [r[2] for r in rr]}
+            print("%-10s lines/s %12.0f  lost %s  driver CPU s per 1M lines %.2f  (runs: %s)" % (
+                name, statistics.median(r[0] for r in rr), [r[1] for r in rr],
+                statistics.median(r[2] for r in rr), ", ".join("%.0f" % r[0] for r in rr)))
+        print("   ", load())
+    if "output" not in skip:
+        print("== output shipped, median of %d" % a.runs)
+        for gib in [int(x) for x in a.out_gib.split(",") if x]:
+            src = make_source(gib << 30)
+            try:
+                v = [ship_native(src, to_file=gib > 1) for _ in range(a.runs)]
+            finally:
+                src.unlink()
+            res["out_%dgib" % gib] = v
+            print("torchspark %d GiB (%s): %.2f GB/s (runs: %s)" % (
+                gib, "file" if gib > 1 else "memory", statistics.median(v),
+                ", ".join("%.2f" % x for x in v)))
+        v = [ship_stock_pattern(1 << 30) for _ in range(a.runs)]
+        res["out_stock_1gib"] = v
+        print("stock-pattern 1 GiB, 4 KiB chunks (emulated): %.2f GB/s (runs: %s)" % (
+            statistics.median(v), ", ".join("%.2f" % x for x in v)))
+        print("   ", load())
+    if "memory" not in skip:
+        print("== memory under a slow consumer")
+        rss, pulled, dropped, warned = mem_agent_8_workers()
+        res["agent_rss_mib"] = rss
+        print("agent with 8 workers: peak RSS %.1f MiB (pulled %d lines; drops %s; agents that "
+              "fell back to local output: %d)" % (rss, pulled, dropped or 0, warned))
+        peak, delta, conn, dropped, warned = mem_server_64_agents()
+        res["driver_rss_mib"], res["driver_rss_delta_mib"] = peak, delta
+        print("driver with 64 agents (%d connected): peak RSS %.1f MiB (+%.1f MiB over the "
+              "process before; drops %s; agents that fell back: %d)"
+              % (conn, peak, delta, dropped or 0, warned))
+        print("   ", load())
     if a.loss_full:
         ok, n, dt = loss_full()
+        res["loss_full"] = {"ok": ok, "lines": n, "seconds": dt}
         print("== loss & order, 8 x 250,000 lines: %s, %d lines in %.0f s" % (
             "every line once, in order, identical" if ok else "MISMATCH", n, dt))
+        print("   ", load())
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ struct tsp_logclient {
     size_t bytes;
     uint64_t seq, acked;
     int want_wake, sender_idle;
+    int64_t blocked_at; /* when want_wake was last raised */
     drop_rec_t *drops;
     size_t ndrops;
     int drops_dirty;
@@ -64,8 +65,9 @@ struct tsp_logclient {
     tsp_logclient_stats_t st;
     /* sender thread only */
     int fd;
-    int fallback, warned, ever_connected;
+    int fallback, warned, warned_stall, ever_connected;
     int64_t lost_at;
+    int64_t progress_at; /* the driver last took bytes or acknowledged lines */
     uint64_t agent_id;
     int result;
 };
@@ -78,6 +80,7 @@ void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
     o->connect_timeout_ms = 5000;
     o->reconnect_grace_ms = 10000;
     o->backoff_max_ms = 5000;
+    o->stall_ms = 60000;
     o->local_out_fd = 1;
     o->local_err_fd = 2;
 }
@@ -127,23 +130,32 @@ static void drain_fd(int fd)
 
 /* ---- the queue (under mu) ----------------------------------------------------------- */
 
-static int append_frame(tsp_logclient_t *c, const tsp_wire_hdr_t *h, const void *extra,
-                        size_t elen, const void *data, size_t dlen)
+/* Makes room for need bytes in the tail block (a new block when it has too little), so
+ * that the frames of one line always land together: a line is queued whole or not at all. */
+static int reserve(tsp_logclient_t *c, size_t need)
+{
+    blk_t *b = c->tail;
+    if (b && b->cap - b->len >= need)
+        return 0;
+    size_t cap = need > BLK_SIZE ? need : BLK_SIZE;
+    b = malloc(sizeof(*b) + cap);
+    if (!b)
+        return -ENOMEM;
+    *b = (blk_t){.base = c->appended, .cap = cap, .last_seq = c->seq};
+    if (c->tail)
+        c->tail->next = b;
+    else
+        c->head = b;
+    c->tail = b;
+    return 0;
+}
+
+/* Appends a frame into room made by reserve(). */
+static void append_frame(tsp_logclient_t *c, const tsp_wire_hdr_t *h, const void *extra,
+                         size_t elen, const void *data, size_t dlen)
 {
     size_t need = TSP_WIRE_HDR_LEN + elen + dlen;
     blk_t *b = c->tail;
-    if (!b || b->cap - b->len < need) {
-        size_t cap = need > BLK_SIZE ? need : BLK_SIZE;
-        b = malloc(sizeof(*b) + cap);
-        if (!b)
-            return -ENOMEM;
-        *b = (blk_t){.base = c->appended, .cap = cap, .last_seq = c->seq};
-        if (c->tail)
-            c->tail->next = b;
-        else
-            c->head = b;
-        c->tail = b;
-    }
     tsp_wire_hdr_pack((uint8_t *)b->data + b->len, h);
     memcpy(b->data + b->len + TSP_WIRE_HDR_LEN, extra, elen);
     if (dlen) /* an empty line may come with data == NULL */
@@ -152,7 +164,6 @@ static int append_frame(tsp_logclient_t *c, const tsp_wire_hdr_t *h, const void 
     b->last_seq = c->seq;
     c->appended += need;
     c->bytes += need;
-    return 0;
 }
 
 static void count_drop(tsp_logclient_t *c, int32_t rank)
@@ -192,13 +203,25 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         /* Reset wake_fd under the lock: the sender sets it (under the lock) only after
          * this point, when room appears, so the agent cannot miss the wake-up. */
         drain_fd(c->sink.wake_fd);
+        if (!c->want_wake)
+            c->blocked_at = tsp__now_ms();
         c->want_wake = 1;
         pthread_mutex_unlock(&c->mu);
         notify(c->notify_fd); /* in fallback the sender spills at once, not at its next tick */
         return -EAGAIN;
     }
-    int rc = 0;
-    for (size_t i = 0, off = 0; i < pieces && !rc; i++) {
+    if (reserve(c, need)) {
+        /* No memory now. Wake the agent again when the sender frees some, or at once when
+         * nothing is queued (nothing would be freed): a paused stream must never wait for
+         * a wake-up that cannot come. */
+        if (c->bytes)
+            c->want_wake = 1;
+        else
+            notify(c->sink.wake_fd);
+        pthread_mutex_unlock(&c->mu);
+        return -EAGAIN;
+    }
+    for (size_t i = 0, off = 0; i < pieces; i++) {
         size_t n = line->len - off < TSP_WIRE_MAX_LINE ? line->len - off : TSP_WIRE_MAX_LINE;
         int last = i + 1 == pieces;
         uint8_t seq[8];
@@ -206,17 +229,16 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE, .rank = line->rank, .stream = line->stream,
                             .flags = (uint8_t)(last ? line->flags : TSP_LINE_CONTINUED),
                             .length = (uint32_t)(8 + n)};
-        rc = append_frame(c, &h, seq, 8, line->data + off, n);
+        append_frame(c, &h, seq, 8, line->data + off, n);
         off += n;
     }
-    if (!rc)
-        c->st.lines++;
+    c->st.lines++;
     int wake = c->sender_idle;
     c->sender_idle = 0;
     pthread_mutex_unlock(&c->mu);
     if (wake)
         notify(c->notify_fd);
-    return rc ? -EAGAIN : 0;
+    return 0;
 }
 
 /* Frees blocks that are wholly sent and acknowledged; wakes the agent when room appeared. */
@@ -369,6 +391,7 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
     pthread_mutex_lock(&c->mu);
     if (fd >= 0) {
         c->fd = fd;
+        c->progress_at = tsp__now_ms();
         c->sent = resume_offset(c); /* resend what is not acked */
         c->drops_dirty = c->ndrops > 0;
         c->st.connects++;
@@ -412,6 +435,7 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
             if (seq > c->acked && seq <= c->seq) {
                 c->st.acked += seq - c->acked;
                 c->acked = seq;
+                c->progress_at = tsp__now_ms();
             }
             release_locked(c);
             pthread_mutex_unlock(&c->mu);
@@ -442,7 +466,8 @@ static int send_some(tsp_logclient_t *c)
             uint8_t cnt[8];
             tsp_wire_put_u64(cnt, c->drops[i].count);
             tsp_wire_hdr_t h = {.type = TSP_WIRE_DROPPED, .rank = c->drops[i].rank, .length = 8};
-            append_frame(c, &h, cnt, 8, NULL, 0);
+            if (reserve(c, TSP_WIRE_HDR_LEN + 8) == 0)
+                append_frame(c, &h, cnt, 8, NULL, 0);
         }
         c->drops_dirty = 0;
     }
@@ -464,6 +489,7 @@ static int send_some(tsp_logclient_t *c)
     while (w < 0 && errno == EINTR);
     if (w < 0)
         return errno == EAGAIN ? 0 : -1;
+    c->progress_at = tsp__now_ms();
     pthread_mutex_lock(&c->mu);
     c->sent += (uint64_t)w;
     release_locked(c);
@@ -485,6 +511,39 @@ static void say_goodbye(tsp_logclient_t *c)
             ;
     }
     conn_lost(c);
+}
+
+/* A driver that is connected but takes nothing while the workers wait for room (its
+ * process hangs, or it stopped reading) is treated like an unreachable one once stall_ms
+ * passed: otherwise it would hold up training, and a stopping agent whose last lines
+ * cannot be delivered, forever. Returns 1 when the connection was given up. */
+static int give_up_stalled(tsp_logclient_t *c, int64_t now)
+{
+    if (c->o.stall_ms <= 0)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    int64_t since = c->blocked_at > c->progress_at ? c->blocked_at : c->progress_at;
+    int stalled = c->want_wake && now - since >= c->o.stall_ms;
+    pthread_mutex_unlock(&c->mu);
+    if (!stalled)
+        return 0;
+    if (!c->warned_stall) {
+        c->warned_stall = 1;
+        char msg[1024];
+        int n = snprintf(msg, sizeof(msg),
+                         "torchspark-run: warning: the driver's log server at %s:%d has taken "
+                         "no lines for %d s while the workers on host %s (node rank %d) wait "
+                         "to print. Their output goes to this executor's own stdout/stderr "
+                         "instead, so that training is not held up; check that the driver "
+                         "process is responsive. The channel is retried in the background.\n",
+                         c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
+        write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < sizeof(msg) ? (size_t)n
+                                                                                : sizeof(msg) - 1);
+    }
+    c->warned = 1; /* the stall warning stands for the fallback warning */
+    conn_lost(c);
+    c->fallback = 1;
+    return 1;
 }
 
 static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)
@@ -553,6 +612,10 @@ static void *sender_main(void *arg)
         if (stopping && empty) {
             say_goodbye(c);
             break;
+        }
+        if (give_up_stalled(c, now)) {
+            next_try = now + c->o.stall_ms; /* let the workers run before trying again */
+            continue;
         }
         int ev = wait_events(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
         if ((ev & (POLLIN | POLLHUP | POLLERR)) && read_acks(c, rbuf, &rlen, sizeof(rbuf))) {
@@ -654,6 +717,17 @@ tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *
     o.host = host;
     o.node_rank = node_rank;
     o.drop = drop;
+    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
+    if (stall && *stall) {
+        char *end;
+        double sec = strtod(stall, &end);
+        if (*end || sec < 0 || sec > 86400) {
+            snprintf(err, errlen, "TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), "
+                                  "not '%s'", stall);
+            return NULL;
+        }
+        o.stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
+    }
     return tsp_logclient_start(&o, err, errlen);
 }
 

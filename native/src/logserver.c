@@ -66,6 +66,7 @@ struct tsp_logserver {
     pthread_t thread;
     int started, joined;
     conn_t *conns;
+    conn_t *resume_at; /* the paused connection that resume_all serves first */
     agent_rec_t *agents;
     size_t nagents, agents_cap;
     char *sink; /* formatted lines waiting for sink_fd */
@@ -167,6 +168,8 @@ static void conn_arm(tsp_logserver_t *s, conn_t *c)
 static void conn_free(tsp_logserver_t *s, conn_t *c)
 {
     tsp__outrecv_abort(&s->out, c, "the connection closed");
+    if (s->resume_at == c)
+        s->resume_at = c->next;
     if (c->registered)
         epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -693,29 +696,41 @@ static void conn_flush(tsp_logserver_t *s, conn_t *c)
     conn_arm(s, c);
 }
 
-/* After the pull queue made room: read paused connections again, buffered frames first. */
+/* After the pull queue made room: read paused connections again, buffered frames first.
+ * Round robin: when the queue fills again, the next round starts where this one stopped,
+ * so that under a slow consumer every agent progresses, not just the first in the list. */
 static void resume_all(tsp_logserver_t *s)
 {
-    for (conn_t *c = s->conns, *n; c; c = n) {
-        n = c->next;
-        if (!c->paused)
-            continue;
-        pthread_mutex_lock(&s->q.mu);
-        int full = tsp__logq_full_locked(&s->q);
-        if (full)
-            s->q.paused = 1;
-        pthread_mutex_unlock(&s->q.mu);
-        if (full)
-            return;
-        int rc = conn_parse(s, c);
-        if (rc == -EAGAIN)
-            continue;
-        if (rc)
-            continue; /* freed */
-        c->paused = 0;
-        conn_arm(s, c);
-        conn_ack(s, c);
+    size_t n = 0;
+    for (conn_t *c = s->conns; c; c = c->next)
+        n++;
+    conn_t *c = s->resume_at ? s->resume_at : s->conns;
+    for (size_t i = 0; i < n && c; i++) {
+        conn_t *next = c->next ? c->next : s->conns;
+        if (c->paused) {
+            pthread_mutex_lock(&s->q.mu);
+            int full = tsp__logq_full_locked(&s->q);
+            if (full)
+                s->q.paused = 1;
+            pthread_mutex_unlock(&s->q.mu);
+            if (full) {
+                s->resume_at = c;
+                return;
+            }
+            int rc = conn_parse(s, c);
+            if (rc == -EAGAIN) { /* served until full: the rest of it comes first next time */
+                s->resume_at = c;
+                return;
+            }
+            if (rc == 0) {
+                c->paused = 0;
+                conn_arm(s, c);
+                conn_ack(s, c);
+            }
+        }
+        c = next;
     }
+    s->resume_at = NULL;
 }
 
 /* ---- the thread ------------------------------------------------------------------ */

@@ -13,7 +13,10 @@
  * An unreachable driver never fails or stalls training: when the first connection fails,
  * or a lost connection is not back within reconnect_grace_ms, lines go to the agent's own
  * stdout/stderr ("[rank N] text") and one warning says so; the client keeps trying in the
- * background and sends to the driver again once it is back.
+ * background and sends to the driver again once it is back. A driver that stays connected
+ * but takes nothing for stall_ms while the writers wait is treated the same way (its
+ * unacknowledged lines then go to the local output too, and may also reach the driver if
+ * it ever reads them).
  */
 #ifndef TORCHSPARK_LOGCLIENT_H
 #define TORCHSPARK_LOGCLIENT_H
@@ -38,6 +41,9 @@ typedef struct tsp_logclient_opts {
     int connect_timeout_ms; /* per attempt, TCP connect + handshake (default 5000) */
     int reconnect_grace_ms; /* lost connection: slow writers at most this long (10000) */
     int backoff_max_ms;     /* reconnect backoff cap (default 5000) */
+    int stall_ms;           /* connected, but the driver took nothing for this long while
+                               writers wait: local fallback as if it were unreachable, then
+                               retry after as long again (default 60000; <= 0: never) */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
     int local_err_fd;
 } tsp_logclient_opts_t;
@@ -62,7 +68,8 @@ TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t h
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
                                                 size_t errlen);
 /* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
- * defaults otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
+ * stall_ms from TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) when set, defaults
+ * otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint,
                                                          const char *secret_hex, int node_rank,
                                                          int drop, char *err, size_t errlen);
