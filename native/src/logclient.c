@@ -332,6 +332,12 @@ static void spill_all(tsp_logclient_t *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* Writes a warning formatted by snprintf into msg (n as it returned) to the local stderr. */
+static void warn_local(tsp_logclient_t *c, const char *msg, size_t cap, int n)
+{
+    write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < cap ? (size_t)n : cap - 1);
+}
+
 static void warn_fallback(tsp_logclient_t *c, const char *why)
 {
     if (c->warned)
@@ -345,8 +351,7 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
                      "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
                      "retrying in the background.\n",
                      c->host, c->o.port, c->hostname, c->o.node_rank, why);
-    write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < sizeof(msg) ? (size_t)n
-                                                                            : sizeof(msg) - 1);
+    warn_local(c, msg, sizeof(msg), n);
 }
 
 /* ---- the sender thread ------------------------------------------------------------- */
@@ -537,8 +542,7 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
                          "instead, so that training is not held up; check that the driver "
                          "process is responsive. The channel is retried in the background.\n",
                          c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
-        write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < sizeof(msg) ? (size_t)n
-                                                                                : sizeof(msg) - 1);
+        warn_local(c, msg, sizeof(msg), n);
     }
     c->warned = 1; /* the stall warning stands for the fallback warning */
     conn_lost(c);
