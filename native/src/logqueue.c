@@ -71,15 +71,6 @@ int tsp__logq_init(tsp__logq_t *q, size_t bound, unsigned tail_lines, size_t tai
     return 0;
 }
 
-static void rank_free(tsp__rank_t *r, unsigned tail_lines)
-{
-    if (r->tail)
-        for (unsigned i = 0; i < tail_lines; i++)
-            free(r->tail[i]);
-    free(r->tail);
-    free(r->tail_len);
-}
-
 void tsp__logq_close(tsp__logq_t *q)
 {
     for (struct tsp__qblk *b = q->head, *n; b; b = n) {
@@ -87,7 +78,7 @@ void tsp__logq_close(tsp__logq_t *q)
         free(b);
     }
     for (size_t i = 0; i < q->nranks; i++)
-        rank_free(&q->ranks[i], q->tail_lines);
+        tsp__tail_free(&q->ranks[i].tail);
     free(q->ranks);
     free(q->batch);
     pthread_cond_destroy(&q->cv);
@@ -118,45 +109,6 @@ static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank)
     return &q->ranks[rank];
 }
 
-/* Keeps the line in the rank's tail ring: at most tail_lines lines and tail_max_bytes
- * bytes (a longer line keeps its first tail_max_bytes bytes). */
-static void tail_add(tsp__logq_t *q, tsp__rank_t *r, const void *data, size_t len)
-{
-    if (!q->tail_lines)
-        return;
-    if (!r->tail) {
-        r->tail = calloc(q->tail_lines, sizeof(*r->tail));
-        r->tail_len = calloc(q->tail_lines, sizeof(*r->tail_len));
-        if (!r->tail || !r->tail_len) {
-            free(r->tail);
-            free(r->tail_len);
-            r->tail = NULL;
-            r->tail_len = NULL;
-            return;
-        }
-    }
-    if (len > q->tail_max_bytes)
-        len = q->tail_max_bytes;
-    while (r->tail_count > 0 &&
-           (r->tail_count == q->tail_lines || r->tail_bytes + len > q->tail_max_bytes)) {
-        unsigned i = r->tail_head;
-        r->tail_bytes -= r->tail_len[i];
-        free(r->tail[i]);
-        r->tail[i] = NULL;
-        r->tail_head = (i + 1) % q->tail_lines;
-        r->tail_count--;
-    }
-    char *copy = malloc(len ? len : 1);
-    if (!copy)
-        return;
-    memcpy(copy, data, len);
-    unsigned at = (r->tail_head + r->tail_count) % q->tail_lines;
-    r->tail[at] = copy;
-    r->tail_len[at] = (uint32_t)len;
-    r->tail_bytes += len;
-    r->tail_count++;
-}
-
 int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigned flags,
                           const void *data, size_t len, int to_queue)
 {
@@ -165,11 +117,12 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
         if (!r)
             return -ENOMEM;
         r->seen = 1;
-        tail_add(q, r, data, len);
+        tsp__tail_add(&r->tail, q->tail_lines, q->tail_max_bytes, data, len);
     }
     if (!to_queue)
         return 0;
     size_t need = REC_SIZE(len);
+    int was_empty = !q->head;
     struct tsp__qblk *b = q->tail;
     if (!b || b->cap - b->len < need) {
         size_t cap = need > QBLK_SIZE ? need : QBLK_SIZE;
@@ -191,8 +144,10 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
     memcpy(b->data + b->len + sizeof(rec), data, len);
     b->len += need;
     q->bytes += need;
-    if (q->waiters)
-        pthread_cond_signal(&q->cv);
+    /* A puller waits only while the queue is empty: waking it once per batch of lines,
+     * not once per line, keeps the pushing thread off the futex. */
+    if (q->waiters && was_empty)
+        pthread_cond_broadcast(&q->cv);
     return 0;
 }
 
@@ -312,7 +267,7 @@ sized:
 }
 
 long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
-                         const char *prefix, const char *marker)
+                         const char *prefix, const char *marker, int *nlines)
 {
     int rc = lock_lines(q, timeout_ms);
     if (rc <= 0)
@@ -323,7 +278,8 @@ long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, i
     int32_t pre_rank = INT32_MIN;
     unsigned pre_stream = 0;
     size_t pos = 0;
-    for (int n = 0; q->head && n < max_lines; n++) {
+    int n = 0;
+    for (; q->head && n < max_lines; n++) {
         struct tsp__qblk *b = q->head;
         qrec_t rec;
         memcpy(&rec, b->data + b->off, sizeof(rec));
@@ -352,6 +308,7 @@ long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, i
     }
     wake_reader_locked(q);
     pthread_mutex_unlock(&q->mu);
+    *nlines = n;
     return (long)pos;
 }
 
@@ -359,16 +316,8 @@ long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen)
 {
     pthread_mutex_lock(&q->mu);
     size_t need = 0;
-    if (rank >= 0 && (size_t)rank < q->nranks && q->ranks[rank].tail && n > 0) {
-        tsp__rank_t *r = &q->ranks[rank];
-        unsigned k = (unsigned)n < r->tail_count ? (unsigned)n : r->tail_count;
-        for (unsigned j = r->tail_count - k; j < r->tail_count; j++) {
-            unsigned i = (r->tail_head + j) % q->tail_lines;
-            for (uint32_t c = 0; c <= r->tail_len[i]; c++, need++)
-                if (need < buflen)
-                    buf[need] = c < r->tail_len[i] ? r->tail[i][c] : '\n';
-        }
-    }
+    if (rank >= 0 && (size_t)rank < q->nranks)
+        need = tsp__tail_copy(&q->ranks[rank].tail, q->tail_lines, n, buf, buflen);
     pthread_mutex_unlock(&q->mu);
     return (long)need;
 }

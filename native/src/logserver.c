@@ -407,40 +407,43 @@ static void sink_flush(tsp_logserver_t *s)
     s->sink_len = 0;
 }
 
-/* A LINE frame: delivered once per (agent, seq). Returns -EAGAIN when the queue is full
- * (the frame stays buffered and the connection pauses). */
-static int on_line(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+/* Under q.mu: a LINE frame delivered once per (agent, seq): into the pull queue, or only
+ * the tail in sink mode. 0 delivered, 1 a duplicate, -EAGAIN the queue is full (the frame
+ * stays buffered and the connection pauses). */
+static int line_locked(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
 {
     uint64_t seq = tsp_wire_get_u64(p);
     size_t n = h->length - 8;
     agent_rec_t *a = &s->agents[c->agent];
-    pthread_mutex_lock(&s->q.mu);
     if (seq <= a->seq) {
         s->q.st.duplicates++;
-        pthread_mutex_unlock(&s->q.mu);
-        return 0;
+        return 1;
     }
     int to_queue = s->o.sink_fd < 0;
     if (to_queue && tsp__logq_full_locked(&s->q)) {
         s->q.paused = 1;
-        pthread_mutex_unlock(&s->q.mu);
         return -EAGAIN;
     }
-    int rc = tsp__logq_push_locked(&s->q, h->rank, h->stream, h->flags, p + 8, n, to_queue);
-    if (!rc) {
-        s->q.st.lines++;
-        s->q.st.bytes += n;
-    }
-    pthread_mutex_unlock(&s->q.mu);
-    if (rc)
+    if (tsp__logq_push_locked(&s->q, h->rank, h->stream, h->flags, p + 8, n, to_queue))
         return -EAGAIN; /* no memory now: retry when the consumer made room */
-    if (!to_queue) {
-        sink_line(s, h, p + 8, n);
+    s->q.st.lines++;
+    s->q.st.bytes += n;
+    a->seq = seq;
+    return 0;
+}
+
+/* A LINE frame outside a batch (conn_parse batches queue-mode lines under one lock). */
+static int on_line(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+{
+    pthread_mutex_lock(&s->q.mu);
+    int rc = line_locked(s, c, h, p);
+    pthread_mutex_unlock(&s->q.mu);
+    if (rc == 0 && s->o.sink_fd >= 0) {
+        sink_line(s, h, p + 8, h->length - 8);
         if (s->sink_len >= SINK_FLUSH)
             sink_flush(s);
     }
-    a->seq = seq;
-    return 0;
+    return rc == 1 ? 0 : rc;
 }
 
 static int on_output(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p,
@@ -513,7 +516,8 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
 static int conn_parse(tsp_logserver_t *s, conn_t *c)
 {
     size_t off = 0;
-    int rc = 0;
+    int rc = 0, locked = 0;
+    int batch_lines = c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_LOGS && s->o.sink_fd < 0;
     char err[600];
     while (c->state != C_LINGER) {
         tsp_wire_hdr_t h;
@@ -560,13 +564,28 @@ static int conn_parse(tsp_logserver_t *s, conn_t *c)
             }
             break;
         }
-        rc = on_frame(s, c, &h, c->buf + off + TSP_WIRE_HDR_LEN, err, sizeof(err));
+        const uint8_t *payload = c->buf + off + TSP_WIRE_HDR_LEN;
+        if (h.type == TSP_WIRE_LINE && batch_lines) {
+            /* Lines to the queue take the queue's lock once per read, not once each. */
+            if (!locked)
+                pthread_mutex_lock(&s->q.mu);
+            locked = 1;
+            rc = line_locked(s, c, &h, payload);
+            rc = rc == 1 ? 0 : rc;
+        } else {
+            if (locked)
+                pthread_mutex_unlock(&s->q.mu);
+            locked = 0;
+            rc = on_frame(s, c, &h, payload, err, sizeof(err));
+        }
         if (rc == -EAGAIN)
             break;
         off += whole;
         if (rc)
             break;
     }
+    if (locked)
+        pthread_mutex_unlock(&s->q.mu);
     if (off) {
         memmove(c->buf, c->buf + off, c->len - off);
         c->len -= off;
@@ -962,11 +981,15 @@ int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines, in
 }
 
 long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen, int max_lines,
-                             int timeout_ms, const char *prefix, const char *stderr_marker)
+                             int timeout_ms, const char *prefix, const char *stderr_marker,
+                             int *nlines)
 {
+    int dummy;
+    *(nlines ? nlines : &dummy) = 0;
     if (max_lines <= 0 || !buf || buflen < TSP_LOGSERVER_TEXT_MIN)
         return -EINVAL;
-    return tsp__logq_pull_text(&s->q, buf, buflen, max_lines, timeout_ms, prefix, stderr_marker);
+    return tsp__logq_pull_text(&s->q, buf, buflen, max_lines, timeout_ms, prefix, stderr_marker,
+                               nlines ? nlines : &dummy);
 }
 
 long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen)

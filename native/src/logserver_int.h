@@ -19,13 +19,26 @@ struct tsp__qblk;
 int tsp__cond_init_mono(pthread_cond_t *cv);
 void tsp__deadline_in(struct timespec *ts, int timeout_ms);
 
-/* What the server keeps per rank: the tail ring and the drop count. */
+/* The last lines of one rank (logtail.c): lines back to back in a circular byte buffer
+ * of cap bytes (grown up to the byte bound), entries off/len for at most max_lines lines. */
+typedef struct tsp__tail {
+    char *ring;
+    size_t cap, end, bytes; /* end: where the next line goes; bytes: live bytes */
+    uint32_t *off, *len;    /* max_lines entries (NULL until the first line) */
+    unsigned head, count;   /* head: the oldest entry */
+} tsp__tail_t;
+
+void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const void *data,
+                   size_t len);
+/* The last n lines, oldest first, each followed by '\n', into buf (truncated to buflen);
+ * returns the bytes the whole answer needs. */
+size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf,
+                      size_t buflen);
+void tsp__tail_free(tsp__tail_t *t);
+
+/* What the server keeps per rank: the tail and the drop count. */
 typedef struct tsp__rank {
-    char **tail;       /* ring of tail_lines entries (NULL until the first line) */
-    uint32_t *tail_len;
-    unsigned tail_head; /* index of the oldest */
-    unsigned tail_count;
-    size_t tail_bytes;
+    tsp__tail_t tail;
     uint64_t dropped;
     uint8_t seen;
 } tsp__rank_t;
@@ -60,7 +73,7 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
 void tsp__logq_set_dropped_locked(tsp__logq_t *q, int32_t rank, uint64_t count);
 int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms);
 long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
-                         const char *prefix, const char *marker);
+                         const char *prefix, const char *marker, int *nlines);
 long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen);
 int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max);
 void tsp__logq_end(tsp__logq_t *q);

@@ -433,26 +433,84 @@ START_TEST(test_logserver_pull_text)
     ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
     size_t cap = TSP_LOGSERVER_TEXT_MIN;
     char *buf = malloc(cap + 1);
-    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap - 1, 10, 0, NULL, NULL), -EINVAL);
-    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 2, 2000, "<{rank}> ", "E "),
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap - 1, 10, 0, NULL, NULL, NULL), -EINVAL);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 2, 2000, "<{rank}> ", "E ", NULL),
                      (long)strlen("<3> out\n<3> E err\n"));
     buf[strlen("<3> out\n<3> E err\n")] = 0;
     ck_assert_str_eq(buf, "<3> out\n<3> E err\n");
-    long n = tsp_logserver_pull_text(s, buf, cap, 2, 2000, NULL, NULL);
+    int lines = 0;
+    long n = tsp_logserver_pull_text(s, buf, cap, 2, 2000, NULL, NULL, &lines);
     ck_assert_int_eq(n, (long)strlen("[rank 5] ab[rank 5] cd\r\n"));
+    ck_assert_int_eq(lines, 2);
     buf[n] = 0;
     ck_assert_str_eq(buf, "[rank 5] ab[rank 5] cd\r\n");
     for (int i = 0; i < 3; i++) { /* one big line per call: the next does not fit */
-        n = tsp_logserver_pull_text(s, buf, cap, 100, 2000, NULL, NULL);
+        n = tsp_logserver_pull_text(s, buf, cap, 100, 2000, NULL, NULL, NULL);
         ck_assert_int_eq(n, (long)(strlen("[rank 7] ") + TSP_WIRE_MAX_LINE + 1));
         ck_assert_int_eq(buf[n - 1], '\n');
         ck_assert_int_eq(memcmp(buf + 9, big, TSP_WIRE_MAX_LINE), 0);
     }
-    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 0, NULL, NULL), 0);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 0, NULL, NULL, NULL), 0);
     tsp_logserver_shutdown(s, 1000);
-    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 10, NULL, NULL), -EPIPE);
+    ck_assert_int_eq(tsp_logserver_pull_text(s, buf, cap, 10, 10, NULL, NULL, NULL), -EPIPE);
     free(big);
     free(buf);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+static tsp_logserver_t *tail_server(unsigned lines, size_t bytes)
+{
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.event_fd = -1;
+    o.tail_lines = lines;
+    o.tail_bytes = bytes;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    return s;
+}
+
+/* Sends lines of rank 0 through a client and waits until the server has them all. */
+static void tail_feed(tsp_logserver_t *s, const char **lines, int n)
+{
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 0);
+    for (int i = 0; i < n; i++)
+        sink_put(tsp_logclient_sink(c), 0, 1, lines[i], strlen(lines[i]));
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+}
+
+/* The tail keeps at most tail_lines lines and tail_bytes bytes (an over-long line keeps
+ * its start), and stays right while its ring wraps around. */
+START_TEST(test_logserver_tail_bounds_and_wrap)
+{
+    tsp_logserver_t *s = tail_server(3, 10);
+    const char *a[] = {"aaaa", "bbbbbb", "cc", "dddddddddddddd", "e", "ffff", "gggg", "h"};
+    tail_feed(s, a, 8);
+    char buf[16384];
+    long n = tsp_logserver_tail(s, 0, 100, buf, sizeof buf);
+    ck_assert_int_eq(n, (long)strlen("ffff\ngggg\nh\n"));
+    ck_assert_int_eq(memcmp(buf, "ffff\ngggg\nh\n", (size_t)n), 0);
+    ck_assert_int_eq(tsp_logserver_tail(s, 0, 1, buf, sizeof buf), 2);
+    tsp_logserver_free(s);
+
+    s = tail_server(100, 5000); /* 1000-byte lines: five fit, the ring wraps */
+    static char text[20][1001];
+    const char *l[20];
+    for (int i = 0; i < 20; i++) {
+        memset(text[i], 'a' + i, 1000);
+        l[i] = text[i];
+    }
+    tail_feed(s, l, 20);
+    n = tsp_logserver_tail(s, 0, 100, buf, sizeof buf);
+    ck_assert_int_eq(n, 5 * 1001);
+    for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(memcmp(buf + i * 1001, text[15 + i], 1000), 0);
+        ck_assert_int_eq(buf[i * 1001 + 1000], '\n');
+    }
+    ck_assert_int_eq(tsp_logserver_tail(s, 0, 2, buf, 10), 2 * 1001); /* truncated copy */
+    ck_assert_int_eq(memcmp(buf, text[18], 10), 0);
     tsp_logserver_free(s);
 }
 END_TEST
@@ -479,6 +537,7 @@ int main(void)
     tcase_add_test(tc, test_logserver_output_bad_digest_and_length);
     tcase_add_test(tc, test_logserver_output_split_chunks);
     tcase_add_test(tc, test_logserver_pull_text);
+    tcase_add_test(tc, test_logserver_tail_bounds_and_wrap);
     tcase_add_test(tc, test_logserver_format_prefix);
     tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
     suite_add_tcase(s, tc);

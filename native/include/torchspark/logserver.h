@@ -87,11 +87,11 @@ TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int ma
  * (none after a CONTINUED piece). One call formats a whole batch, so a host language pays
  * nothing per line. buflen must be at least TSP_LOGSERVER_TEXT_MIN (any line fits).
  * Returns the bytes written (0 on timeout), -EPIPE once stopped and all was pulled, or
- * -EINVAL. */
+ * -EINVAL; *nlines (when not NULL) receives the number of lines taken. */
 #define TSP_LOGSERVER_TEXT_MIN (TSP_WIRE_MAX_LINE + 4096u)
 TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen,
                                         int max_lines, int timeout_ms, const char *prefix,
-                                        const char *stderr_marker);
+                                        const char *stderr_marker, int *nlines);
 /* The last n lines of rank, oldest first, each followed by '\n', into buf (truncated to
  * buflen). Returns the bytes the whole answer needs. */
 TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen);

@@ -22,7 +22,7 @@ import ctypes
 import os
 import threading
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, TextIO
+from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 __all__ = ["Line", "LogServer", "format_line", "load_library", "STDOUT", "STDERR", "EVENT",
            "CONTINUED", "NO_EOL", "SECRET_ENV"]
@@ -121,7 +121,8 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
             "tsp_logserver_host": (c, [vp]),
             "tsp_logserver_secret": (None, [vp, c]),
             "tsp_logserver_pull": (i, [vp, ctypes.POINTER(_LogLine), i, i]),
-            "tsp_logserver_pull_text": (ctypes.c_long, [vp, vp, ctypes.c_size_t, i, i, c, c]),
+            "tsp_logserver_pull_text": (ctypes.c_long, [vp, vp, ctypes.c_size_t, i, i, c, c,
+                                                         ctypes.POINTER(i)]),
             "tsp_logserver_tail": (ctypes.c_long, [vp, i, i, c, ctypes.c_size_t]),
             "tsp_logserver_dropped": (i, [vp, ctypes.POINTER(ctypes.c_int32),
                                           ctypes.POINTER(ctypes.c_uint64), i]),
@@ -226,29 +227,34 @@ class LogServer:
         The batch is formatted natively and decoded once, so the cost per line stays in C.
         A ``fmt`` with more than ``{rank}`` in braces is formatted line by line in Python.
         """
+        return self._read_text(max_lines, timeout_ms, fmt, stderr_marker)[0]
+
+    def _read_text(self, max_lines: int, timeout_ms: int, fmt: str,
+                   stderr_marker: str) -> Tuple[str, int]:
         if not _native_template(fmt):
             lines = self.pull(max_lines, timeout_ms)
             return "".join(format_line(ln, fmt, stderr_marker)
-                           + ("" if ln.flags & CONTINUED else "\n") for ln in lines)
+                           + ("" if ln.flags & CONTINUED else "\n") for ln in lines), len(lines)
         with self._pull_lock:
             if self._text is None:
                 self._text = ctypes.create_string_buffer(_TEXT_BUF)
+            count = ctypes.c_int(0)
             n = self._lib.tsp_logserver_pull_text(
                 self._h, ctypes.addressof(self._text), _TEXT_BUF, max_lines, timeout_ms,
-                fmt.encode(), stderr_marker.encode())
+                fmt.encode(), stderr_marker.encode(), ctypes.byref(count))
             if n <= 0:
-                return ""
-            return ctypes.string_at(self._text, n).decode("utf-8", "replace")
+                return "", 0
+            return ctypes.string_at(self._text, n).decode("utf-8", "replace"), count.value
 
     def write_to(self, stream: TextIO, max_lines: int = 4096, timeout_ms: int = 200,
                  fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> int:
         """Pulls one batch and writes it formatted (one write, then flush). Returns the
-        number of complete lines written."""
-        text = self.read_text(max_lines, timeout_ms, fmt, stderr_marker)
+        number of lines (and CONTINUED pieces) taken."""
+        text, count = self._read_text(max_lines, timeout_ms, fmt, stderr_marker)
         if text:
             stream.write(text)
             stream.flush()
-        return text.count("\n")
+        return count
 
     def tail(self, rank: int, n: Optional[int] = None) -> List[bytes]:
         """The last ``n`` lines (default: all kept) of ``rank``, oldest first."""
