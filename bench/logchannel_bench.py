@@ -11,7 +11,8 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
    stock: 4 processes each calling LogStreamingClient.send() --lines times; stock's server
    writes to sys.stderr (pointed at /dev/null); received lines are counted at that write.
 2. output shipped: 1 GiB to memory and 3 GiB to a file with tsp_output_send (SHA-256
-   checked on both ends; the agent's and the driver's code in one process, two threads) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
+   checked on both ends; the agent's and the driver's code in one process, two threads;
+   one untimed warm-up transfer each) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
    pattern in Python over a loopback socket (a real Spark collect() of 1 GiB exceeds the
    default spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md).
 3. memory: one agent with 8 workers printing as fast as they can while the driver pulls
@@ -137,6 +138,8 @@ def make_source(size: int) -> Path:
     with open(src, "wb") as f:
         for _ in range(size >> 20):
             f.write(block)
+        f.flush()
+        os.fsync(f.fileno())  # its write-back must not overlap the timed transfers
     return src
 
 
@@ -346,6 +349,7 @@ def main() -> None:
         for gib in [int(x) for x in a.out_gib.split(",") if x]:
             src = make_source(gib << 30)
             try:
+                ship_native(src, to_file=gib > 1)  # warm-up, not counted
                 v = [ship_native(src, to_file=gib > 1) for _ in range(a.runs)]
             finally:
                 src.unlink()
@@ -353,6 +357,7 @@ def main() -> None:
             print("torchspark %d GiB (%s): %.2f GB/s (runs: %s)" % (
                 gib, "file" if gib > 1 else "memory", statistics.median(v),
                 ", ".join("%.2f" % x for x in v)))
+        ship_stock_pattern(1 << 30)  # warm-up, not counted
         v = [ship_stock_pattern(1 << 30) for _ in range(a.runs)]
         res["out_stock_1gib"] = v
         print("stock-pattern 1 GiB, 4 KiB chunks (emulated): %.2f GB/s (runs: %s)" % (
