@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentutil import (PY, WORKER, base_env, finish, free_port, load_json, new_marker, run,
+from agentutil import (PY, SCRIPTS, WORKER, base_env, finish, free_port, load_json, new_marker, run,
                        start, survivors, torchrun_cmd, tsr_cmd)
 
 ARGS_TAIL = ["first", "lr=${local_rank}", "${local_rank}${local_rank}"]
@@ -103,13 +103,13 @@ def _compare(theirs: dict, ours: dict, ctx: dict) -> list[str]:
 
 
 def _case(tmp_path, node_args: list[list[str]], extra_env: dict | None = None,
-          random_run_id=False, free_port_choice=False):
+          random_run_id=False, free_port_choice=False, script=(WORKER,)):
     marker = new_marker()
     env = base_env(marker, FOO="a b=c \u00fc;$HOME", **(extra_env or {}))
     sides = {}
     for name, mk in (("torchrun", torchrun_cmd), ("ours", tsr_cmd)):
         outdir = tmp_path / name
-        cmds = [mk(*a, WORKER, "env", str(outdir), *ARGS_TAIL) for a in node_args]
+        cmds = [mk(*a, *script, "env", str(outdir), *ARGS_TAIL) for a in node_args]
         sides[name] = _dump(cmds, env, outdir, marker)
     ctx = {"random_run_id": random_run_id, "free_port": free_port_choice}
     problems = _compare(sides["torchrun"][0], sides["ours"][0], ctx)
@@ -177,6 +177,33 @@ def test_env_pet_variables(tmp_path):
     # Options from PET_<NAME> variables, as torchrun reads them.
     port = str(free_port())
     _case(tmp_path, [[]], extra_env={"PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": port})
+
+
+def test_env_module(tmp_path):
+    # -m: `python -u -m MODULE args`, the module found through the inherited PYTHONPATH.
+    port = str(free_port())
+    sides = _case(tmp_path, [["--nproc-per-node", "2", "--master-port", port]],
+                  extra_env={"PYTHONPATH": str(SCRIPTS)}, script=("-m", "agent_worker"))
+    assert sides["ours"][0][0]["argv"][0] == str(SCRIPTS / "agent_worker.py")
+
+
+def test_tee_output_as_torchrun(tmp_path):
+    # -t 3 with --local-ranks-filter: the same prefixed lines on the same streams.
+    marker = new_marker()
+    prog = tmp_path / "say.py"
+    prog.write_text("import os, sys\n"
+                    "print('out', os.environ['RANK'], flush=True)\n"
+                    "print('err', os.environ['RANK'], file=sys.stderr, flush=True)\n")
+    got = {}
+    for name, mk in (("torchrun", torchrun_cmd), ("ours", tsr_cmd)):
+        r = run(mk("--nproc-per-node", "3", "--master-port", str(free_port()), "-t", "3",
+                   "--local-ranks-filter", "0,2", str(prog)), base_env(marker))
+        assert r.returncode == 0, r.stderr
+        got[name] = [sorted(ln for ln in text.splitlines() if ln.startswith("[default"))
+                     for text in (r.stdout, r.stderr)]
+    assert got["ours"] == got["torchrun"] == [["[default0]:out 0", "[default2]:out 2"],
+                                              ["[default0]:err 0", "[default2]:err 2"]]
+    assert survivors(marker) == []
 
 
 def test_default_interpreter_is_the_venv_python(tmp_path):

@@ -94,6 +94,55 @@ def test_worker_sigkilled(tmp_path, marker):
     assert survivors(marker) == []
 
 
+@pytest.mark.parametrize("sig", ["SIGSEGV", "SIGABRT"])
+def test_worker_dies_of_signal(tmp_path, marker, sig):
+    r = run(_agent("--nproc-per-node", "2", WORKER, "selfkill", str(tmp_path), sig),
+            base_env(marker), timeout=25)
+    num = getattr(signal, sig)
+    assert r.returncode == 128 + num, r.stderr
+    root = root_cause(failure_block(r.stderr))
+    assert root["traceback"] == f"Signal {num} ({sig}) received by PID {_pid(tmp_path, 1)}"
+    assert survivors(marker) == []
+
+
+def test_failure_during_startup(tmp_path, marker):
+    # Local rank 0 exits at once, while the agent may still be starting the other seven.
+    for attempt in range(3):
+        out = tmp_path / str(attempt)
+        out.mkdir()
+        r = run(_agent("--nproc-per-node", "8", WORKER, "fail", str(out), "0", "3", "now"),
+                base_env(marker), timeout=25)
+        assert r.returncode == 3, r.stderr
+        assert root_cause(failure_block(r.stderr))["rank"] == "0 (local_rank: 0)"
+        assert survivors(marker) == []
+
+
+def test_stubborn_workers_killed_after_grace(tmp_path, marker):
+    # The others ignore SIGTERM: they get SIGKILL once --shutdown-timeout runs out.
+    t0 = time.monotonic()
+    r = run(_agent("--nproc-per-node", "3", "--shutdown-timeout", "1", WORKER, "fail",
+                   str(tmp_path), "1", "3", "stubborn"), base_env(marker), timeout=30)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 3, r.stderr
+    assert 1.0 <= elapsed < 12, elapsed
+    assert survivors(marker) == []
+
+
+def test_second_sigterm_kills_at_once(tmp_path, marker):
+    p = start(_agent("--nproc-per-node", "2", WORKER, "fail", str(tmp_path), "-1", "0",
+                     "stubborn"), base_env(marker))
+    wait_for_files([tmp_path / f"ready.{i}" for i in range(2)], proc=p)
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert p.poll() is None, "the agent did not wait for SIGTERM-ignoring workers"
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGTERM)
+    rc, _out, err = _finish(p, timeout=20)
+    assert time.monotonic() - t0 < 5, "the second SIGTERM did not kill at once (grace is 30 s)"
+    assert rc == 143, err
+    assert survivors(marker) == []
+
+
 @pytest.mark.xfail(strict=True, reason="the exitcode line lacks torchrun's signal name suffix: "
                    "torchrun prints '-9 (pid: P)  (SIGKILL)', torchspark-run '-9 (pid: P)'")
 def test_signal_exitcode_line_as_torchrun(tmp_path, marker):
@@ -108,9 +157,11 @@ def test_signal_exitcode_line_as_torchrun(tmp_path, marker):
 def test_grandchildren_ignoring_sigterm_are_killed(tmp_path, marker):
     # Each worker leaves a SIGTERM-ignoring child in its process group and a double-forked
     # one in a session of its own (reparented to the agent, a subreaper); local rank 1 fails.
+    # The default 30 s grace is kept: once every worker is gone, what is left of the tree
+    # gets SIGKILL at once, so the run must end well before the grace.
     t0 = time.monotonic()
-    r = run(_agent("--nproc-per-node", "2", "--shutdown-timeout", "1", WORKER, "orphans",
-                   str(tmp_path), "1"), base_env(marker), timeout=30)
+    r = run(_agent("--nproc-per-node", "2", WORKER, "orphans", str(tmp_path), "1"),
+            base_env(marker), timeout=40)
     assert r.returncode == 1, r.stderr
     assert time.monotonic() - t0 < 15
     pids = [int(p.read_text()) for p in tmp_path.glob("desc.*")]
@@ -137,7 +188,7 @@ def test_agent_parent_sigkilled_kills_tree(tmp_path, marker, mode):
 # ---------------------------------------------------------------- signals to the agent
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP],
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
                          ids=lambda s: s.name)
 def test_agent_signal_forwarded_and_status(tmp_path, marker, sig):
     p = start(_agent("--nproc-per-node", "2", WORKER, "signals", str(tmp_path)),
@@ -226,8 +277,10 @@ def _one_line(err: str) -> str:
     (["--master-port", "70000", WORKER, "sleep", "x", "1"], "70000"),
     (["--nnodes", "2", "--node-rank", "2", WORKER, "sleep", "x", "1"], "node"),
     (["--nproc-per-node", "2"], "script"),
+    (["--ma", "1", WORKER, "sleep", "x", "1"], "ambiguous"),
+    (["--nnodes", "1:2", WORKER, "sleep", "x", "1"], "1:2"),
 ], ids=["unknown-option", "bad-number", "nproc-0", "negative-restarts", "port-range",
-        "node-rank-range", "missing-script"])
+        "node-rank-range", "missing-script", "ambiguous-prefix", "elastic-range"])
 def test_usage_errors(marker, args, needle):
     r = run(tsr_cmd(*args), base_env(marker), timeout=10)
     assert r.returncode == 2, f"status {r.returncode}:\n{r.stderr}"
@@ -238,8 +291,9 @@ def test_usage_errors(marker, args, needle):
 
 def test_program_not_found_127(tmp_path, marker):
     missing = str(tmp_path / "no-such-program")
-    r = run(tsr_cmd("--no-python", "--nproc-per-node", "2", missing), base_env(marker),
-            timeout=15)
+    # Not restarted: an exec error would fail the same way again.
+    r = run(tsr_cmd("--no-python", "--nproc-per-node", "2", "--max-restarts", "3", missing),
+            base_env(marker), timeout=15)
     assert r.returncode == 127, r.stderr
     assert missing in r.stderr and "No such file" in r.stderr, r.stderr
     assert survivors(marker) == []

@@ -3,12 +3,14 @@
 It stays free of `import torch` (except in the `record` mode) so that workers start in tens of
 milliseconds. Each mode writes what it saw into OUTDIR, named by rank, for the test to read:
   env       dump os.environ, argv and the interpreter as JSON (env.<RANK>.json)
-  fail      local rank FAILRANK exits with CODE once every worker is up; the others sleep
-  selfkill  local rank 1 SIGKILLs itself once every worker is up; the others sleep
+  fail      local rank FAILRANK exits with CODE once every worker is up (FLAGS "now": at
+            once); the others sleep (FLAGS "stubborn": ignoring SIGTERM)
+  selfkill  local rank 1 kills itself with SIGNAL (default SIGKILL) once every worker is up;
+            the others sleep
   orphans   every worker leaves two SIGTERM-ignoring descendants (one in its process group,
             one double-forked into its own session); local rank FAILRANK then exits 1
             (-1: none does), the others sleep
-  signals   record SIGUSR1/SIGUSR2/SIGTERM/SIGINT/SIGHUP; exit 0 after SIGUSR1, die by the
+  signals   record SIGUSR1/USR2/TERM/INT/HUP/QUIT; exit 0 after SIGUSR1, die by the
             default action on the terminating ones
   restart   append TORCHELASTIC_RESTART_COUNT; local rank 0 exits 1 while it is < N
   record    under torch's @record, local rank 1 raises ValueError(MESSAGE); the others sleep
@@ -77,19 +79,26 @@ if mode == "env":
 
 elif mode == "fail":
     fail_rank, code = int(rest[0]), int(rest[1])
+    flags = rest[2:]
+    if "stubborn" in flags and local_rank != fail_rank:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     put(f"pid.{local_rank}", str(os.getpid()))
     ready()
     if local_rank == fail_rank:
-        wait_all_ready()
+        if "now" not in flags:
+            wait_all_ready()
         sys.exit(code)
     sleep_forever()
 
 elif mode == "selfkill":
+    import resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file for SIGSEGV/SIGABRT
     put(f"pid.{local_rank}", str(os.getpid()))
     ready()
     if local_rank == 1:
         wait_all_ready()
-        os.kill(os.getpid(), signal.SIGKILL)
+        signal.signal(getattr(signal, rest[0] if rest else "SIGKILL"), signal.SIG_DFL)
+        os.kill(os.getpid(), getattr(signal, rest[0] if rest else "SIGKILL"))
     sleep_forever()
 
 elif mode == "orphans":
@@ -114,10 +123,11 @@ elif mode == "signals":
         put(f"sig.{local_rank}.{name}", str(os.getpid()))
         if signum == signal.SIGUSR1:
             sys.exit(0)
-        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
-    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+              signal.SIGQUIT):
         signal.signal(s, on_signal)
     ready()
     for _ in range(600):
