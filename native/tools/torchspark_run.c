@@ -345,17 +345,22 @@ static void check_port_free(const char *host, int port)
                     "or use --standalone to pick a free one", port, host);
 }
 
-static int free_port(void)
+/* Reserves a free port on 127.0.0.1 for --standalone: the socket stays bound (SO_REUSEADDR,
+ * never listening) for the whole run, so no other process's connect() or bind() can take
+ * the port before rank 0's TCPStore binds it (torch's store sets SO_REUSEADDR too, which
+ * Linux allows beside a bound socket that is not listening). The fd is close-on-exec. */
+static int reserve_port(int *fd_out)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
         getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-        fprintf(stderr, "torchspark-run: cannot find a free port: %s\n", strerror(errno));
+        fprintf(stderr, "torchspark-run: cannot reserve a free port: %s\n", strerror(errno));
         exit(1);
     }
-    close(fd);
+    *fd_out = fd;
     return ntohs(sa.sin_port);
 }
 
@@ -401,6 +406,8 @@ static const char *find_python(const char *argv0)
     return "python3";
 }
 
+static int standalone_port_fd = -1;
+
 static void build_topology(tsp_topo_t *t)
 {
     char src[64], err[256];
@@ -416,7 +423,7 @@ static void build_topology(tsp_topo_t *t)
     if (flag("standalone")) {
         t->nnodes = 1;
         t->node_rank = 0;
-        t->master_port = free_port();
+        t->master_port = reserve_port(&standalone_port_fd);
         random_id(t->run_id, sizeof t->run_id);
         return;
     }
@@ -472,7 +479,7 @@ int main(int argc, char **argv)
 
     tsp_topo_t topo;
     build_topology(&topo);
-    if (topo.node_rank == 0)
+    if (topo.node_rank == 0 && standalone_port_fd < 0)
         check_port_free(topo.master_addr, topo.master_port);
 
     const char *parent = getenv("TORCHSPARK_PARENT_PID");
@@ -552,6 +559,8 @@ int main(int argc, char **argv)
     }
     int status = tsp_agent_run(agent);
     tsp_agent_close(agent);
+    if (standalone_port_fd >= 0)
+        close(standalone_port_fd);
     free((void *)o.redirects);
     free((void *)o.tee);
     free((void *)o.show);

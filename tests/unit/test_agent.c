@@ -14,6 +14,7 @@
 #include "testutil.h"
 #include "torchspark/agent.h"
 #include "torchspark/json.h"
+#include "report.h"
 
 static char dir[] = "/tmp/tsp_agent_test_XXXXXX";
 
@@ -108,7 +109,7 @@ START_TEST(test_agent_failure_root_cause_and_others_stopped)
 }
 END_TEST
 
-START_TEST(test_agent_error_file_decides_root_cause)
+START_TEST(test_agent_exits_after_stop_are_not_failures)
 {
     setup();
     /* rank 0 exits later but its error file says it failed first */
@@ -125,20 +126,45 @@ START_TEST(test_agent_error_file_decides_root_cause)
     ck_assert_int_eq(st, 2);
     ck_assert_int_eq(tsp_agent_root_cause(a)->rank, 1);
     tsp_agent_close(a);
-    /* both fail within one event: the error file's earlier timestamp wins */
-    const char *both =
-        "if [ $LOCAL_RANK = 0 ]; then "
-        "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-        "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
-        "$TORCHELASTIC_ERROR_FILE; exit 1; fi; trap 'exit 2' TERM; exit 2";
-    st = run_sh(2, 0, both, &o, &a);
-    const tsp_failure_t *f = tsp_agent_root_cause(a);
-    ck_assert_ptr_nonnull(f);
-    if (f->rank == 0) {
-        ck_assert_int_eq(st, 1);
-        ck_assert_int_eq(f->has_error_file, 1);
-    }
-    tsp_agent_close(a);
+}
+END_TEST
+
+START_TEST(test_agent_root_cause_is_earliest_error_file_timestamp)
+{
+    setup();
+    /* Two failures: the one observed first has no error file; the later one's error file
+     * says it failed at t=1000, long before: that one is the root cause, as in torchrun. */
+    tsp_failure_t f[2];
+    memset(f, 0, sizeof f);
+    f[0].rank = 1;
+    f[0].time = 2000.0;
+    snprintf(f[0].error_file, sizeof f[0].error_file, "%s/none.json", dir);
+    f[1].rank = 0;
+    f[1].time = 2000.5;
+    snprintf(f[1].error_file, sizeof f[1].error_file, "%s/err0.json", dir);
+    FILE *ef = fopen(f[1].error_file, "w");
+    ck_assert_ptr_nonnull(ef);
+    fputs("{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+          "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}", ef);
+    fclose(ef);
+    tsp__report_read_error_file(&f[0]);
+    tsp__report_read_error_file(&f[1]);
+    ck_assert_int_eq(f[0].has_error_file, 0);
+    ck_assert_int_eq(f[1].has_error_file, 1);
+    ck_assert(f[1].time == 1000.0);
+    ck_assert_int_eq(tsp__report_root(f, 2), 1);
+    /* the report shows the traceback of the root cause and lists the other failure */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    tsp__report_print(m, "train.py", "hostA", f, 2, 1);
+    fclose(m);
+    ck_assert_ptr_nonnull(strstr(text, "train.py FAILED"));
+    ck_assert_ptr_nonnull(strstr(text, "Root Cause (first observed failure):\n[1]:"));
+    ck_assert_ptr_nonnull(strstr(text, "traceback : Traceback: boom"));
+    ck_assert_ptr_nonnull(strstr(text, "host      : hostA"));
+    ck_assert_ptr_null(strstr(text, "<NO_OTHER_FAILURES>"));
+    free(text);
 }
 END_TEST
 
@@ -323,7 +349,8 @@ static Suite *agent_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_agent_success);
     tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
-    tcase_add_test(tc, test_agent_error_file_decides_root_cause);
+    tcase_add_test(tc, test_agent_exits_after_stop_are_not_failures);
+    tcase_add_test(tc, test_agent_root_cause_is_earliest_error_file_timestamp);
     tcase_add_test(tc, test_agent_restart_until_success);
     tcase_add_test(tc, test_agent_stop_signal_stops_workers);
     tcase_add_test(tc, test_agent_forwards_usr1_and_kills_term_ignoring_orphans);
