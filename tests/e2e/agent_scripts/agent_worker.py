@@ -97,8 +97,10 @@ elif mode == "selfkill":
     ready()
     if local_rank == 1:
         wait_all_ready()
-        signal.signal(getattr(signal, rest[0] if rest else "SIGKILL"), signal.SIG_DFL)
-        os.kill(os.getpid(), getattr(signal, rest[0] if rest else "SIGKILL"))
+        sig = getattr(signal, rest[0] if rest else "SIGKILL")
+        if sig != signal.SIGKILL:
+            signal.signal(sig, signal.SIG_DFL)  # Python handles SIGSEGV/SIGABRT otherwise
+        os.kill(os.getpid(), sig)
     sleep_forever()
 
 elif mode == "orphans":
