@@ -222,9 +222,12 @@ def test_max_restarts_then_success(tmp_path, marker):
     r = run(_agent("--nproc-per-node", "2", "--max-restarts", "2", WORKER, "restart",
                    str(tmp_path), "2"), base_env(marker), timeout=60)
     assert r.returncode == 0, r.stderr
-    # Every attempt restarts the whole local group, as torchrun does.
+    # Every attempt restarts the whole local group, as torchrun does, with a fresh
+    # attempt_<n> error file, and nothing of the previous attempt survives into the next.
     for i in range(2):
         assert (tmp_path / f"restarts.{i}").read_text() == "0\n1\n2\n"
+    assert list(tmp_path.glob("bad-error-file.*")) == []
+    assert list(tmp_path.glob("stray-alive.*")) == []
     assert survivors(marker) == []
 
 
@@ -240,8 +243,10 @@ def test_max_restarts_exhausted(tmp_path, marker):
 def test_record_decorator_exception_in_report(tmp_path, marker):
     text = f"boom-{marker[:8]}"
     err_file = tmp_path / "error.json"
-    r = run(_agent("--nproc-per-node", "2", "--error-file", str(err_file), WORKER, "record",
-                   str(tmp_path), text), base_env(marker), timeout=90)
+    log_dir = tmp_path / "logs"  # given, so it is kept and the worker's own file is read
+    r = run(_agent("--nproc-per-node", "2", "--error-file", str(err_file), "--log-dir",
+                   str(log_dir), WORKER, "record", str(tmp_path), text), base_env(marker),
+            timeout=90)
     assert r.returncode == 1, r.stderr
     root = root_cause(failure_block(r.stderr))
     assert root["rank"] == "1 (local_rank: 1)", root
@@ -255,8 +260,8 @@ def test_record_decorator_exception_in_report(tmp_path, marker):
     assert (ts["rank"], ts["exitcode"], ts["pid"]) == (1, 1, _pid(tmp_path, 1)), ts
     assert ts["error_file"] == root["error_file"]
     # The "message" part is the worker's own error file, unchanged.
-    if Path(ts["error_file"]).exists():
-        assert load_json(Path(ts["error_file"]))["message"] == doc["message"]
+    assert ts["error_file"].startswith(str(log_dir) + "/")
+    assert load_json(Path(ts["error_file"]))["message"] == doc["message"]
     assert survivors(marker) == []
 
 

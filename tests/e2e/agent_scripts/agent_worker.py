@@ -12,7 +12,8 @@ milliseconds. Each mode writes what it saw into OUTDIR, named by rank, for the t
             (-1: none does), the others sleep
   signals   record SIGUSR1/USR2/TERM/INT/HUP/QUIT; exit 0 after SIGUSR1, die by the
             default action on the terminating ones
-  restart   append TORCHELASTIC_RESTART_COUNT; local rank 0 exits 1 while it is < N
+  restart   append TORCHELASTIC_RESTART_COUNT; local rank 0 exits 1 while it is < N; in
+            attempt 0 it leaves a SIGTERM-ignoring daemon, later attempts note it if alive
   record    under torch's @record, local rank 1 raises ValueError(MESSAGE); the others sleep
   sleep     sleep SECONDS
 """
@@ -141,6 +142,17 @@ elif mode == "restart":
     count = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     with open(os.path.join(out, f"restarts.{local_rank}"), "a") as f:
         f.write(f"{count}\n")
+    if not os.environ["TORCHELASTIC_ERROR_FILE"].endswith(f"/attempt_{count}/{local_rank}/error.json"):
+        put(f"bad-error-file.{count}.{local_rank}", os.environ["TORCHELASTIC_ERROR_FILE"])
+    daemon = os.path.join(out, "desc.session.0")
+    if local_rank == 0 and count == 0:
+        ignore_term_child(new_session=True)  # a stray the restart must not leave behind
+        while not os.path.exists(daemon):
+            time.sleep(0.01)
+    elif local_rank == 0 and os.path.exists(f"/proc/{int(open(daemon).read())}/stat"):
+        with open(f"/proc/{int(open(daemon).read())}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
+                put(f"stray-alive.{count}")
     if local_rank == 0 and count < n:
         time.sleep(0.2)
         sys.exit(1)
