@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The demo (README's first command): sets the machine up, then runs a real DDP training.
+# The demo (README's first command): sets the machine up, then runs a real DDP training
+# (gloo, CPU, synthetic data) on an embedded local-cluster Spark through
+# torchspark.TorchDistributor: rank-prefixed logs, then rank 0's metrics.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bash tests/setup.sh
-echo "== DDP training (gloo, CPU, 2 processes) under torchspark-run =="
-exec .venv/bin/torchspark-run --standalone --nproc-per-node 2 --tee 3 \
-  spark-glue/python/examples/ddp_train.py --steps 30
+echo "== DDP training on Spark local-cluster[2,1,1024] through torchspark.TorchDistributor =="
+exec .venv/bin/python spark-glue/python/examples/ddp_demo.py "$@"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a machine for torchspark, idempotently, and fast when all is already there:
-#  1. Debian packages (compiler, Check, OpenSSL, clang's libFuzzer, JDK, JUnit, iproute2);
+#  1. Debian packages (compiler, Check, OpenSSL, clang's libFuzzer, JDK, JUnit, iproute2,
+#     shellcheck and docker-compose 1.29 to lint docker/ without an engine);
 #  2. a dependency venv with torch, pyspark & co, installed once per machine under
 #     ~/.cache/torchspark (torch is large; every checkout reuses it);
 #  3. the checkout's own .venv, which sees those packages through a .pth file;
@@ -13,7 +14,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 apt_pkgs=(build-essential cmake pkg-config check libssl-dev clang-14 libfuzzer-14-dev
           libclang-rt-14-dev openjdk-17-jdk-headless junit4 iproute2 procps python3-venv
-          cppcheck clang-tidy)
+          cppcheck clang-tidy shellcheck docker-compose util-linux)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -53,7 +54,18 @@ rm -f build.log.tmp
 cmake --build build -j"$(nproc)"
 [ -x build/bin/torchspark-run ] || { log "native build failed"; exit 1; }
 
-# The Python package carries the library and the agent binary; until it is packaged,
-# the agent is linked into .venv/bin directly.
-ln -sf "$root/build/bin/torchspark-run" .venv/bin/torchspark-run
+# The torchspark Python package (with libtorchspark.so and torchspark-run inside) goes
+# into .venv; reinstalled only when the package sources or the native build changed.
+pkg_key=$( (find spark-glue/python -name '*.py' -o -name '*.toml' | LC_ALL=C sort | xargs cat;
+            cat build/lib/libtorchspark.so build/bin/torchspark-run) | sha256sum | cut -c1-16)
+if [ "$(cat .venv/.torchspark-pkg 2>/dev/null)" != "$pkg_key" ] || \
+   ! .venv/bin/python -c 'import torchspark' 2>/dev/null; then
+  log "installing the torchspark package into .venv"
+  rm -f .venv/bin/torchspark-run
+  .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./spark-glue/python
+  echo "$pkg_key" > .venv/.torchspark-pkg
+fi
+agent=$site/torchspark/_bin/torchspark-run
+[ -x "$agent" ] || { log "the torchspark package lacks $agent"; exit 1; }
+ln -sf "$agent" .venv/bin/torchspark-run
 log "ready: .venv/bin/torchspark-run $(.venv/bin/torchspark-run --version 2>/dev/null || echo '?')"

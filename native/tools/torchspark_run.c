@@ -20,6 +20,8 @@
 #include "torchspark/agent.h"
 #include "torchspark/common.h"
 #include "torchspark/gpu.h"
+#include "torchspark/logclient.h"
+#include "torchspark/output.h"
 #include "torchspark/proc.h"
 
 extern char **environ;
@@ -54,6 +56,8 @@ static opt_t opts[] = {
     {"print-completion", 0, 1, NULL, 0},      {"shutdown-timeout", 0, 1, NULL, 0},
     {"error-file", 0, 1, NULL, 0},      {"python", 0, 1, NULL, 0},
     {"help", 'h', 0, NULL, 0},          {"version", 0, 0, NULL, 0},
+    {"log-endpoint", 0, 1, NULL, 0},    {"output-file", 0, 1, NULL, 0},
+    {"log-drop", 0, 0, NULL, 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -64,6 +68,7 @@ static const char *usage_text =
     "                      [-m] [--no-python] [--log-dir DIR] [-r SPEC] [-t SPEC]\n"
     "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
     "                      [--error-file PATH] [--python PATH]\n"
+    "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
     "                      SCRIPT [ARGS...]\n"
     "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
 
@@ -458,6 +463,22 @@ static void build_topology(tsp_topo_t *t)
         usage_error("%s", err);
 }
 
+/* After success, node 0 ships rank 0's output file to the driver. A failure is loud but
+ * does not change the exit status: training did succeed, and the driver, which sees no
+ * output arrive, can fall back to reading the file another way. */
+static void ship_output(const char *endpoint, const char *secret_hex, const char *path)
+{
+    tsp_output_opts_t oo;
+    char host[256], err[700];
+    tsp_output_opts_init(&oo);
+    tsp_logclient_parse_endpoint(endpoint, host, sizeof host, &oo.port);
+    tsp_wire_secret_parse(secret_hex, oo.secret);
+    oo.host = host;
+    if (tsp_output_send(&oo, path, err, sizeof err) != 0)
+        fprintf(stderr, "torchspark-run: error: training succeeded, but its output %s did not "
+                        "reach the driver: %s\n", path, err);
+}
+
 int main(int argc, char **argv)
 {
     pid_t ppid = getppid();
@@ -550,8 +571,25 @@ int main(int argc, char **argv)
                                ? val("log-line-prefix-template")
                                : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
     };
-    tsp_agent_t *agent;
     char err[512] = "";
+    /* The driver's log channel: the secret comes from the environment only, and is taken
+     * out of it so that the workers never see it. */
+    tsp_logclient_t *logc = NULL;
+    char secret_hex[80] = "";
+    const char *sv = getenv("TORCHSPARK_LOG_SECRET");
+    if (sv)
+        snprintf(secret_hex, sizeof secret_hex, "%s", sv);
+    unsetenv("TORCHSPARK_LOG_SECRET");
+    if (val("log-endpoint")) {
+        logc = tsp_logclient_start_endpoint(val("log-endpoint"), sv ? secret_hex : NULL,
+                                            topo.node_rank, flag("log-drop"), err, sizeof err);
+        if (!logc)
+            usage_error("%s", err);
+        o.sink = tsp_logclient_sink(logc);
+    } else if (val("output-file")) {
+        usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
+    }
+    tsp_agent_t *agent;
     rc = tsp_agent_init(&agent, &o, err, sizeof err);
     if (rc) {
         fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
@@ -561,6 +599,10 @@ int main(int argc, char **argv)
     tsp_agent_close(agent);
     if (standalone_port_fd >= 0)
         close(standalone_port_fd);
+    if (logc) /* flush what the workers printed last; falls back to our stdout/stderr */
+        tsp_logclient_close(logc, 30000);
+    if (status == 0 && val("output-file") && topo.node_rank == 0)
+        ship_output(val("log-endpoint"), secret_hex, val("output-file"));
     free((void *)o.redirects);
     free((void *)o.tee);
     free((void *)o.show);

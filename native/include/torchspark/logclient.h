@@ -1,0 +1,80 @@
+/* torchspark/logclient.h: the agent side of the log channel (docs/protocol.md, part 1).
+ *
+ * A tsp_line_sink_t for the agent: write_line copies the line into a bounded in-memory
+ * queue and never blocks. One sender thread per client connects, authenticates, sends,
+ * frees what the driver acknowledged, and reconnects with backoff (resending what was
+ * not acknowledged; the driver de-duplicates).
+ *
+ * When the queue is full: in the default (lossless) mode write_line returns -EAGAIN and
+ * wake_fd becomes readable once there is room again, so the agent stops reading that
+ * worker's pipe and the worker is slowed. In drop mode the line is dropped, counted per
+ * rank, and the counts are reported to the driver.
+ *
+ * An unreachable driver never fails or stalls training: when the first connection fails,
+ * or a lost connection is not back within reconnect_grace_ms, lines go to the agent's own
+ * stdout/stderr ("[rank N] text") and one warning says so; the client keeps trying in the
+ * background and sends to the driver again once it is back.
+ */
+#ifndef TORCHSPARK_LOGCLIENT_H
+#define TORCHSPARK_LOGCLIENT_H
+
+#include <stdint.h>
+#include "torchspark/common.h"
+#include "torchspark/lines.h"
+#include "torchspark/logwire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct tsp_logclient_opts {
+    const char *host;       /* the driver's log server */
+    int port;
+    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    int node_rank;          /* for the driver's messages */
+    const char *hostname;   /* NULL: gethostname() */
+    size_t mem_bytes;       /* queue bound (default 16 MiB, at least 2 MiB) */
+    int drop;               /* 1: drop lines when full instead of slowing the workers */
+    int connect_timeout_ms; /* per attempt, TCP connect + handshake (default 5000) */
+    int reconnect_grace_ms; /* lost connection: slow writers at most this long (10000) */
+    int backoff_max_ms;     /* reconnect backoff cap (default 5000) */
+    int local_out_fd;       /* fallback destinations (default 1 and 2) */
+    int local_err_fd;
+} tsp_logclient_opts_t;
+
+typedef struct tsp_logclient_stats {
+    uint64_t lines;     /* accepted by write_line */
+    uint64_t acked;     /* acknowledged by the driver */
+    uint64_t local;     /* written to the local fallback instead */
+    uint64_t dropped;   /* dropped (drop mode) */
+    uint64_t connects;  /* successful handshakes */
+    uint64_t failures;  /* failed connection attempts */
+    int connected;
+} tsp_logclient_stats_t;
+
+typedef struct tsp_logclient tsp_logclient_t;
+
+TSP_EXTERN void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
+/* Parses "HOST:PORT" or "[V6]:PORT" into host (hostlen bytes) and port. 0 or -EINVAL. */
+TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen,
+                                            int *port);
+/* Starts the sender thread (it connects in the background). NULL with err on failure. */
+TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
+                                                size_t errlen);
+/* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
+ * defaults otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
+TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint,
+                                                         const char *secret_hex, int node_rank,
+                                                         int drop, char *err, size_t errlen);
+/* The sink to hand to the agent; valid until tsp_logclient_close(). */
+TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
+TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
+/* Flushes (up to timeout_ms; what is left goes to the local fallback), says CLOSE, stops
+ * the thread and frees. 0 when every line reached the driver (or was counted dropped),
+ * -ETIMEDOUT or -ENOTCONN when some went to the local fallback instead. */
+TSP_EXTERN int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,117 @@
+/* torchspark/logserver.h: the driver side of the log channel (docs/protocol.md, part 1).
+ *
+ * One epoll thread serves any number of agents. Authenticated lines are delivered in
+ * order per agent, exactly once, either to a bounded pull queue (the host language pulls
+ * batches: Python writes them to sys.stderr, Java to its logger) or straight to an fd in
+ * the "[rank N] text" format (the CLI). When the queue is full the thread stops reading
+ * sockets, so TCP backpressure slows the agents instead of memory growing. The last lines
+ * of each rank are kept for error reports. Rank 0's output file can be received to a file
+ * or to memory (any size; SHA-256 checked).
+ *
+ * Thread safety: every function may be called from any thread; pull has one consumer at
+ * a time (the batch it returns is valid until the next pull or free).
+ */
+#ifndef TORCHSPARK_LOGSERVER_H
+#define TORCHSPARK_LOGSERVER_H
+
+#include <stdint.h>
+#include "torchspark/common.h"
+#include "torchspark/logwire.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Server events (dropped connections and why) are also queued as lines of this rank and
+ * stream when opts.events_to_queue is set. */
+#define TSP_LOG_RANK_SERVER (-1)
+#define TSP_LOG_STREAM_EVENT 3
+
+typedef struct tsp_logserver_opts {
+    const char *host;         /* address to bind; NULL: 127.0.0.1. 0.0.0.0 only if asked */
+    int port;                 /* 0: the kernel picks one (see tsp_logserver_port) */
+    const uint8_t *secret;    /* TSP_WIRE_SECRET_LEN bytes; NULL: fresh random secret */
+    unsigned tail_lines;      /* lines kept per rank (default 100) */
+    size_t tail_bytes;        /* and at most these bytes per rank (default 64 KiB) */
+    size_t queue_bytes;       /* pull queue bound (default 8 MiB) */
+    int sink_fd;              /* >= 0: formatted lines go to this fd, not the queue */
+    int event_fd;             /* reasons for dropped connections (default 2; -1: none) */
+    int events_to_queue;      /* 1: events also queued as rank -1, stream 3 lines */
+    int handshake_timeout_ms; /* default 10000 */
+    const char *prefix;       /* sink format, {rank} expands (default "[rank {rank}] ") */
+    const char *stderr_marker; /* after the prefix for stderr lines (default "[stderr] ") */
+} tsp_logserver_opts_t;
+
+/* One delivered line. data points into the batch of the last pull; the data of one
+ * batch is contiguous and in order (line i+1 starts right after line i). */
+typedef struct tsp_logline {
+    const char *data;
+    uint32_t len;
+    int32_t rank;
+    uint8_t stream; /* TSP_STREAM_STDOUT, TSP_STREAM_STDERR or TSP_LOG_STREAM_EVENT */
+    uint8_t flags;  /* TSP_LINE_CONTINUED, TSP_LINE_NO_EOL */
+    uint16_t reserved;
+} tsp_logline_t;
+
+typedef struct tsp_logserver_stats {
+    uint64_t accepted;      /* TCP connections accepted */
+    uint64_t authenticated; /* completed the handshake */
+    uint64_t rejected;      /* dropped with a reason */
+    uint64_t lines;         /* lines delivered */
+    uint64_t bytes;         /* text bytes delivered */
+    uint64_t duplicates;    /* resent lines skipped (already delivered) */
+    uint64_t connected;     /* connections open now */
+    uint64_t queued_bytes;  /* in the pull queue now */
+} tsp_logserver_stats_t;
+
+typedef struct tsp_logserver tsp_logserver_t;
+
+TSP_EXTERN void tsp_logserver_opts_init(tsp_logserver_opts_t *o);
+/* Binds, listens and starts the thread. NULL on failure with err filled. */
+TSP_EXTERN tsp_logserver_t *tsp_logserver_start(const tsp_logserver_opts_t *o, char *err,
+                                                size_t errlen);
+/* ctypes-friendly shorthand: secret_hex NULL for a fresh secret; tail_lines 0: default. */
+TSP_EXTERN tsp_logserver_t *tsp_logserver_new(const char *host, int port, const char *secret_hex,
+                                              unsigned tail_lines, char *err, size_t errlen);
+TSP_EXTERN int tsp_logserver_port(const tsp_logserver_t *s);
+TSP_EXTERN const char *tsp_logserver_host(const tsp_logserver_t *s);
+TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_LEN]);
+
+/* Waits up to timeout_ms (-1: forever) for lines, then moves up to max_lines into out.
+ * Returns the count (0 on timeout), or -EPIPE once the server stopped and all was pulled. */
+TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines,
+                                  int timeout_ms);
+/* The last n lines of rank, oldest first, each followed by '\n', into buf (truncated to
+ * buflen). Returns the bytes the whole answer needs. */
+TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen);
+/* Ranks whose agents dropped lines (drop mode) and how many: fills up to max pairs,
+ * returns how many ranks have drops. */
+TSP_EXTERN int tsp_logserver_dropped(tsp_logserver_t *s, int32_t *ranks, uint64_t *counts,
+                                     int max);
+TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *st);
+
+/* Accept one output transfer, written to path (created 0600, truncated) or, with NULL,
+ * kept in memory. 0, -EBUSY when a transfer is under way or done. */
+TSP_EXTERN int tsp_logserver_expect_output(tsp_logserver_t *s, const char *path);
+/* Waits for the output: 0 received and verified; -ETIMEDOUT; -ENOENT none expected. */
+TSP_EXTERN int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms);
+/* After output_wait returned 0: the data (memory mode; NULL for a file) and its length. */
+TSP_EXTERN int tsp_logserver_output_data(tsp_logserver_t *s, const void **data, uint64_t *len);
+/* The last output failure as a sentence ("" when none). Valid until the next call. */
+TSP_EXTERN const char *tsp_logserver_output_error(tsp_logserver_t *s);
+
+/* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
+ * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */
+TSP_EXTERN int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms);
+/* Shuts down (drain 0 ms when not done yet) and frees everything. */
+TSP_EXTERN void tsp_logserver_free(tsp_logserver_t *s);
+
+/* Formats "[rank N] " + marker into out (NUL-terminated, truncated); returns its length. */
+TSP_EXTERN size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
+                                              const char *stderr_marker, int32_t rank,
+                                              unsigned stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

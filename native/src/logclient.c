@@ -1,0 +1,686 @@
+/* logclient.c: the agent's half of the log channel: a never-blocking line sink in front
+ * of a bounded queue of encoded frames, and one sender thread that owns the connection
+ * (connect, handshake, send, acknowledgements, reconnect with backoff, local fallback).
+ *
+ * Why a thread rather than the agent's epoll: the handshake and reconnects have their own
+ * timeouts and backoff, and a slow or unreachable driver must never delay the agent's
+ * reaction to a dying worker; the only thing the two share is the queue's mutex.
+ *
+ * The queue is a list of blocks holding frames back to back; byte offsets are absolute
+ * (since the client started), so "sent up to" survives a reconnect as one number. A
+ * block is freed once it is wholly sent and the driver acknowledged its last line. */
+#include "torchspark/logclient.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "logdial.h"
+
+#define BLK_SIZE (256u * 1024u)
+#define FRAME_OVERHEAD (TSP_WIRE_HDR_LEN + 8u)
+#define MAX_IOV 64
+
+typedef struct blk {
+    struct blk *next;
+    uint64_t base; /* absolute offset of data[0] */
+    size_t len, cap;
+    uint64_t last_seq; /* seq of the last LINE in this block (or before it) */
+    char data[];
+} blk_t;
+
+typedef struct drop_rec {
+    int32_t rank;
+    uint64_t count;
+} drop_rec_t;
+
+struct tsp_logclient {
+    tsp_logclient_opts_t o;
+    char host[256];
+    char hostname[256];
+    tsp_line_sink_t sink;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    int notify_fd; /* wakes the sender */
+    /* guarded by mu */
+    blk_t *head, *tail;
+    uint64_t appended, sent; /* absolute byte offsets */
+    size_t bytes;
+    uint64_t seq, acked;
+    int want_wake, sender_idle;
+    drop_rec_t *drops;
+    size_t ndrops;
+    int drops_dirty;
+    int stopping;
+    int64_t stop_deadline;
+    tsp_logclient_stats_t st;
+    /* sender thread only */
+    int fd;
+    int fallback, warned, ever_connected;
+    int64_t lost_at;
+    uint64_t agent_id;
+    int result;
+};
+
+void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->node_rank = -1;
+    o->mem_bytes = 16u << 20;
+    o->connect_timeout_ms = 5000;
+    o->reconnect_grace_ms = 10000;
+    o->backoff_max_ms = 5000;
+    o->local_out_fd = 1;
+    o->local_err_fd = 2;
+}
+
+int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen, int *port)
+{
+    const char *colon, *h = ep;
+    size_t hl;
+    if (!ep || !*ep)
+        return -EINVAL;
+    if (ep[0] == '[') {
+        const char *rb = strchr(ep, ']');
+        if (!rb || rb[1] != ':')
+            return -EINVAL;
+        h = ep + 1;
+        hl = (size_t)(rb - h);
+        colon = rb + 1;
+    } else {
+        colon = strrchr(ep, ':');
+        if (!colon)
+            return -EINVAL;
+        hl = (size_t)(colon - ep);
+    }
+    char *end;
+    long p = strtol(colon + 1, &end, 10);
+    if (hl == 0 || hl >= hostlen || *end || end == colon + 1 || p < 1 || p > 65535)
+        return -EINVAL;
+    memcpy(host, h, hl);
+    host[hl] = 0;
+    *port = (int)p;
+    return 0;
+}
+
+static void notify(int fd)
+{
+    uint64_t one = 1;
+    ssize_t w = write(fd, &one, sizeof(one));
+    (void)w; /* a saturated eventfd is still readable */
+}
+
+static void drain_fd(int fd)
+{
+    uint64_t v;
+    ssize_t r = read(fd, &v, sizeof(v));
+    (void)r; /* EAGAIN when already reset */
+}
+
+/* ---- the queue (under mu) ----------------------------------------------------------- */
+
+static int append_frame(tsp_logclient_t *c, const tsp_wire_hdr_t *h, const void *extra,
+                        size_t elen, const void *data, size_t dlen)
+{
+    size_t need = TSP_WIRE_HDR_LEN + elen + dlen;
+    blk_t *b = c->tail;
+    if (!b || b->cap - b->len < need) {
+        size_t cap = need > BLK_SIZE ? need : BLK_SIZE;
+        b = malloc(sizeof(*b) + cap);
+        if (!b)
+            return -ENOMEM;
+        *b = (blk_t){.base = c->appended, .cap = cap, .last_seq = c->seq};
+        if (c->tail)
+            c->tail->next = b;
+        else
+            c->head = b;
+        c->tail = b;
+    }
+    tsp_wire_hdr_pack((uint8_t *)b->data + b->len, h);
+    memcpy(b->data + b->len + TSP_WIRE_HDR_LEN, extra, elen);
+    if (dlen) /* an empty line may come with data == NULL */
+        memcpy(b->data + b->len + TSP_WIRE_HDR_LEN + elen, data, dlen);
+    b->len += need;
+    b->last_seq = c->seq;
+    c->appended += need;
+    c->bytes += need;
+    return 0;
+}
+
+static void count_drop(tsp_logclient_t *c, int32_t rank)
+{
+    for (size_t i = 0; i < c->ndrops; i++)
+        if (c->drops[i].rank == rank) {
+            c->drops[i].count++;
+            goto counted;
+        }
+    drop_rec_t *nd = realloc(c->drops, (c->ndrops + 1) * sizeof(*nd));
+    if (!nd)
+        return;
+    c->drops = nd;
+    c->drops[c->ndrops++] = (drop_rec_t){.rank = rank, .count = 1};
+counted:
+    c->drops_dirty = 1;
+    c->st.dropped++;
+}
+
+/* The sink's write_line: never blocks (see lines.h). */
+static int client_write_line(void *ctx, const tsp_line_t *line)
+{
+    tsp_logclient_t *c = ctx;
+    if (line->rank < 0 || line->rank > TSP_WIRE_MAX_RANK ||
+        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR))
+        return -EINVAL;
+    size_t pieces = line->len ? (line->len + TSP_WIRE_MAX_LINE - 1) / TSP_WIRE_MAX_LINE : 1;
+    size_t need = line->len + pieces * FRAME_OVERHEAD;
+    pthread_mutex_lock(&c->mu);
+    if (c->bytes > 0 && c->bytes + need > c->o.mem_bytes) {
+        if (c->o.drop) {
+            count_drop(c, line->rank);
+            pthread_mutex_unlock(&c->mu);
+            notify(c->notify_fd);
+            return 0;
+        }
+        /* Reset wake_fd under the lock: the sender sets it (under the lock) only after
+         * this point, when room appears, so the agent cannot miss the wake-up. */
+        drain_fd(c->sink.wake_fd);
+        c->want_wake = 1;
+        pthread_mutex_unlock(&c->mu);
+        notify(c->notify_fd); /* in fallback the sender spills at once, not at its next tick */
+        return -EAGAIN;
+    }
+    int rc = 0;
+    for (size_t i = 0, off = 0; i < pieces && !rc; i++) {
+        size_t n = line->len - off < TSP_WIRE_MAX_LINE ? line->len - off : TSP_WIRE_MAX_LINE;
+        int last = i + 1 == pieces;
+        uint8_t seq[8];
+        tsp_wire_put_u64(seq, ++c->seq);
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE, .rank = line->rank, .stream = line->stream,
+                            .flags = (uint8_t)(last ? line->flags : TSP_LINE_CONTINUED),
+                            .length = (uint32_t)(8 + n)};
+        rc = append_frame(c, &h, seq, 8, line->data + off, n);
+        off += n;
+    }
+    if (!rc)
+        c->st.lines++;
+    int wake = c->sender_idle;
+    c->sender_idle = 0;
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        notify(c->notify_fd);
+    return rc ? -EAGAIN : 0;
+}
+
+/* Frees blocks that are wholly sent and acknowledged; wakes the agent when room appeared. */
+static void release_locked(tsp_logclient_t *c)
+{
+    while (c->head && c->head->base + c->head->len <= c->sent &&
+           c->head->last_seq <= c->acked) {
+        blk_t *b = c->head;
+        c->head = b->next;
+        if (!c->head)
+            c->tail = NULL;
+        c->bytes -= b->len;
+        free(b);
+    }
+    if (c->want_wake && c->bytes + 2 * (TSP_WIRE_MAX_LINE + FRAME_OVERHEAD) <= c->o.mem_bytes) {
+        c->want_wake = 0;
+        notify(c->sink.wake_fd);
+    }
+}
+
+/* ---- the local fallback ------------------------------------------------------------- */
+
+static void write_local(int fd, const char *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return; /* nowhere left to put it: the agent's stdout is gone */
+        p += w;
+        n -= (size_t)w;
+    }
+}
+
+static void spill_block(tsp_logclient_t *c, const blk_t *b, uint64_t *lines)
+{
+    size_t off = 0;
+    while (off + TSP_WIRE_HDR_LEN <= b->len) {
+        tsp_wire_hdr_t h;
+        if (tsp_wire_hdr_unpack(&h, (const uint8_t *)b->data + off, b->len - off,
+                                TSP_WIRE_MAX_PAYLOAD, NULL, 0))
+            return;
+        const char *p = b->data + off + TSP_WIRE_HDR_LEN;
+        if (h.type == TSP_WIRE_LINE) {
+            char pre[32];
+            int pl = snprintf(pre, sizeof(pre), "[rank %d] ", h.rank);
+            int fd = h.stream == TSP_STREAM_STDERR ? c->o.local_err_fd : c->o.local_out_fd;
+            struct iovec iov[3] = {{pre, (size_t)pl}, {(void *)(p + 8), h.length - 8},
+                                   {(void *)"\n", 1}};
+            int cnt = (h.flags & TSP_LINE_CONTINUED) ? 2 : 3;
+            size_t total = (size_t)pl + h.length - 8 + (cnt == 3);
+            ssize_t w = writev(fd, iov, cnt);
+            if (w >= 0 && (size_t)w < total) { /* finish a short write piece by piece */
+                char *tmp = malloc(total);
+                if (tmp) {
+                    memcpy(tmp, pre, (size_t)pl);
+                    memcpy(tmp + pl, p + 8, h.length - 8);
+                    tmp[total - 1] = cnt == 3 ? '\n' : tmp[total - 1];
+                    write_local(fd, tmp + w, total - (size_t)w);
+                    free(tmp);
+                }
+            }
+            (*lines)++;
+        }
+        off += TSP_WIRE_HDR_LEN + h.length;
+    }
+}
+
+/* Writes everything queued to the agent's own stdout/stderr (no driver to send to). */
+static void spill_all(tsp_logclient_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    blk_t *list = c->head;
+    c->head = c->tail = NULL;
+    c->sent = c->appended;
+    size_t freed = 0;
+    for (blk_t *b = list; b; b = b->next)
+        freed += b->len;
+    pthread_mutex_unlock(&c->mu);
+    uint64_t lines = 0;
+    for (blk_t *b = list, *n; b; b = n) {
+        n = b->next;
+        spill_block(c, b, &lines);
+        free(b);
+    }
+    pthread_mutex_lock(&c->mu);
+    c->bytes -= freed;
+    c->st.local += lines;
+    release_locked(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void warn_fallback(tsp_logclient_t *c, const char *why)
+{
+    if (c->warned)
+        return;
+    c->warned = 1;
+    char msg[1024];
+    int n = snprintf(msg, sizeof(msg),
+                     "torchspark-run: warning: cannot reach the driver's log server at %s:%d "
+                     "from host %s (node rank %d): %s. Worker output goes to this executor's "
+                     "own stdout/stderr instead; training continues. Check that the driver "
+                     "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
+                     "retrying in the background.\n",
+                     c->host, c->o.port, c->hostname, c->o.node_rank, why);
+    write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < sizeof(msg) ? (size_t)n
+                                                                            : sizeof(msg) - 1);
+}
+
+/* ---- the sender thread ------------------------------------------------------------- */
+
+static void conn_lost(tsp_logclient_t *c)
+{
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    c->lost_at = tsp__now_ms();
+    pthread_mutex_lock(&c->mu);
+    c->st.connected = 0;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Under mu: where to resend from after a reconnect: the first LINE not acknowledged.
+ * Starting at the head block instead would resend its acknowledged lines, which a new
+ * server (a restarted driver) cannot recognise as duplicates. */
+static uint64_t resume_offset(tsp_logclient_t *c)
+{
+    for (blk_t *b = c->head; b; b = b->next) {
+        size_t off = 0;
+        while (off + TSP_WIRE_HDR_LEN <= b->len) {
+            tsp_wire_hdr_t h;
+            if (tsp_wire_hdr_unpack(&h, (const uint8_t *)b->data + off, b->len - off,
+                                    TSP_WIRE_MAX_PAYLOAD, NULL, 0))
+                return b->base + off;
+            if (h.type == TSP_WIRE_LINE &&
+                tsp_wire_get_u64((const uint8_t *)b->data + off + TSP_WIRE_HDR_LEN) > c->acked)
+                return b->base + off;
+            off += TSP_WIRE_HDR_LEN + h.length;
+        }
+    }
+    return c->appended;
+}
+
+static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t errlen)
+{
+    int fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS,
+                          c->o.drop ? TSP_WIRE_HELLO_DROP : 0, c->agent_id, c->o.node_rank,
+                          c->hostname, timeout_ms, err, errlen);
+    pthread_mutex_lock(&c->mu);
+    if (fd >= 0) {
+        c->fd = fd;
+        c->sent = resume_offset(c); /* resend what is not acked */
+        c->drops_dirty = c->ndrops > 0;
+        c->st.connects++;
+        c->st.connected = 1;
+        c->ever_connected = 1;
+        c->fallback = 0;
+    } else {
+        c->st.failures++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return fd;
+}
+
+/* Reads ACK / CLOSE / ERROR frames. 0 while the connection lives. */
+static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rcap)
+{
+    ssize_t r;
+    do
+        r = recv(c->fd, rbuf + *rlen, rcap - *rlen, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r < 0 && errno == EAGAIN)
+        return 0;
+    if (r <= 0)
+        return -1;
+    *rlen += (size_t)r;
+    size_t off = 0;
+    int rc = 0;
+    while (!rc) {
+        tsp_wire_hdr_t h;
+        if (tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT, NULL, 0) ==
+            -EAGAIN)
+            break;
+        if (tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT, NULL, 0))
+            return -1;
+        if (*rlen - off < TSP_WIRE_HDR_LEN + h.length)
+            break;
+        const uint8_t *p = rbuf + off + TSP_WIRE_HDR_LEN;
+        if (h.type == TSP_WIRE_ACK) {
+            uint64_t seq = tsp_wire_get_u64(p);
+            pthread_mutex_lock(&c->mu);
+            if (seq > c->acked && seq <= c->seq) {
+                c->st.acked += seq - c->acked;
+                c->acked = seq;
+            }
+            release_locked(c);
+            pthread_mutex_unlock(&c->mu);
+        } else if (h.type == TSP_WIRE_ERROR) {
+            char msg[TSP_WIRE_MAX_TEXT + 200];
+            int n = snprintf(msg, sizeof(msg), "torchspark-run: the driver's log server closed "
+                             "the channel: %.*s\n", (int)h.length, (const char *)p);
+            write_local(c->o.local_err_fd, msg, n > 0 ? (size_t)n : 0);
+            rc = -1;
+        } else {
+            rc = -1; /* CLOSE: the server is going away; reconnect and resend */
+        }
+        off += TSP_WIRE_HDR_LEN + h.length;
+    }
+    memmove(rbuf, rbuf + off, *rlen - off);
+    *rlen -= off;
+    return rc;
+}
+
+/* Sends what is queued (non-blocking). 0 while the connection lives. */
+static int send_some(tsp_logclient_t *c)
+{
+    struct iovec iov[MAX_IOV];
+    int n = 0;
+    pthread_mutex_lock(&c->mu);
+    if (c->drops_dirty) {
+        for (size_t i = 0; i < c->ndrops; i++) {
+            uint8_t cnt[8];
+            tsp_wire_put_u64(cnt, c->drops[i].count);
+            tsp_wire_hdr_t h = {.type = TSP_WIRE_DROPPED, .rank = c->drops[i].rank, .length = 8};
+            append_frame(c, &h, cnt, 8, NULL, 0);
+        }
+        c->drops_dirty = 0;
+    }
+    for (blk_t *b = c->head; b && n < MAX_IOV; b = b->next) {
+        if (b->base + b->len <= c->sent)
+            continue;
+        size_t from = c->sent > b->base ? (size_t)(c->sent - b->base) : 0;
+        iov[n].iov_base = b->data + from;
+        iov[n].iov_len = b->len - from;
+        n++;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!n)
+        return 0;
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t w;
+    do
+        w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w < 0)
+        return errno == EAGAIN ? 0 : -1;
+    pthread_mutex_lock(&c->mu);
+    c->sent += (uint64_t)w;
+    release_locked(c);
+    pthread_mutex_unlock(&c->mu);
+    return 0;
+}
+
+/* Graceful end: every line is acked; say CLOSE and wait briefly for the answer. */
+static void say_goodbye(tsp_logclient_t *c)
+{
+    uint8_t b[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT];
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_CLOSE, .rank = -1, .length = 0};
+    tsp_wire_hdr_pack(b, &h);
+    int64_t dl = tsp__now_ms() + 1000;
+    if (tsp__sock_write_all(c->fd, b, TSP_WIRE_HDR_LEN, dl) == 0) {
+        char err[64];
+        while (tsp__sock_read_frame(c->fd, &h, b, TSP_WIRE_MAX_TEXT, dl, err, sizeof(err)) == 0 &&
+               h.type != TSP_WIRE_CLOSE)
+            ;
+    }
+    conn_lost(c);
+}
+
+static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)
+{
+    struct pollfd p[2] = {{.fd = c->notify_fd, .events = POLLIN},
+                          {.fd = c->fd, .events = (short)(POLLIN | (want_out ? POLLOUT : 0))}};
+    int rc = poll(p, c->fd >= 0 ? 2 : 1, timeout_ms);
+    if (rc > 0 && (p[0].revents & POLLIN))
+        drain_fd(c->notify_fd);
+    return rc > 0 ? p[1].revents : 0;
+}
+
+static int time_left(int64_t deadline, int cap)
+{
+    int64_t left = deadline - tsp__now_ms();
+    return left < 0 ? 0 : left > cap ? cap : (int)left;
+}
+
+static void *sender_main(void *arg)
+{
+    tsp_logclient_t *c = arg;
+    uint8_t rbuf[4 * (TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT)];
+    size_t rlen = 0;
+    int backoff = 100;
+    int64_t next_try = 0;
+    char err[600];
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        int stopping = c->stopping, empty = !c->head && !c->drops_dirty;
+        int64_t stop_dl = c->stop_deadline;
+        int pending = c->sent < c->appended || c->drops_dirty;
+        c->sender_idle = !pending;
+        pthread_mutex_unlock(&c->mu);
+        int64_t now = tsp__now_ms();
+        if (stopping && (empty || now >= stop_dl))
+            break;
+        if (c->fd < 0 && c->fallback) {
+            spill_all(c);
+        }
+        if (c->fd < 0) {
+            if (now >= next_try) {
+                int t = c->o.connect_timeout_ms;
+                if (stopping)
+                    t = time_left(stop_dl, t);
+                if (t > 0 && try_connect(c, t, err, sizeof(err)) >= 0) {
+                    backoff = 100;
+                    rlen = 0;
+                    continue;
+                }
+                next_try = tsp__now_ms() + backoff;
+                backoff = backoff * 2 > c->o.backoff_max_ms ? c->o.backoff_max_ms : backoff * 2;
+                /* When stopping, keep trying until the flush deadline: the loop's top
+                 * then spills what is left. */
+                if (!c->ever_connected || tsp__now_ms() - c->lost_at >= c->o.reconnect_grace_ms) {
+                    warn_fallback(c, err);
+                    c->fallback = 1;
+                    continue;
+                }
+            }
+            int t = time_left(next_try, 1000);
+            if (stopping)
+                t = time_left(stop_dl < next_try ? stop_dl : next_try, 1000);
+            wait_events(c, 0, t);
+            continue;
+        }
+        if (stopping && empty) {
+            say_goodbye(c);
+            break;
+        }
+        int ev = wait_events(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
+        if ((ev & (POLLIN | POLLHUP | POLLERR)) && read_acks(c, rbuf, &rlen, sizeof(rbuf))) {
+            conn_lost(c);
+            continue;
+        }
+        if ((ev & POLLOUT) && send_some(c)) {
+            /* The driver may have said ACK and CLOSE just before: take the ACK, or the
+             * next server would get those lines a second time. */
+            for (int k = 0; k < 8 && read_acks(c, rbuf, &rlen, sizeof(rbuf)) == 0; k++)
+                ;
+            conn_lost(c);
+        }
+    }
+    if (c->fd >= 0)
+        conn_lost(c);
+    pthread_mutex_lock(&c->mu);
+    int left = c->head != NULL;
+    pthread_mutex_unlock(&c->mu);
+    if (left) {
+        c->result = c->ever_connected ? -ETIMEDOUT : -ENOTCONN;
+        if (!c->warned)
+            warn_fallback(c, "the remaining lines could not be delivered before the agent ended");
+        spill_all(c);
+    } else if (c->st.local) {
+        c->result = -ENOTCONN;
+    }
+    return NULL;
+}
+
+/* ---- lifecycle ----------------------------------------------------------------------- */
+
+tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, size_t errlen)
+{
+    tsp_logclient_t *c = calloc(1, sizeof(*c));
+    if (!c) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    c->o = *o;
+    if (c->o.mem_bytes < 2 * (TSP_WIRE_MAX_LINE + FRAME_OVERHEAD) + BLK_SIZE)
+        c->o.mem_bytes = 2 * (TSP_WIRE_MAX_LINE + FRAME_OVERHEAD) + BLK_SIZE;
+    if (c->o.connect_timeout_ms <= 0)
+        c->o.connect_timeout_ms = 5000;
+    if (c->o.backoff_max_ms <= 0)
+        c->o.backoff_max_ms = 5000;
+    snprintf(c->host, sizeof(c->host), "%s", o->host ? o->host : "127.0.0.1");
+    if (o->hostname)
+        snprintf(c->hostname, sizeof(c->hostname), "%s", o->hostname);
+    else if (gethostname(c->hostname, sizeof(c->hostname) - 1))
+        snprintf(c->hostname, sizeof(c->hostname), "?");
+    c->fd = -1;
+    c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
+    c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp_wire_random(&c->agent_id, 8)) {
+        snprintf(err, errlen, "cannot set up the log client: %s", strerror(errno));
+        goto fail;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    int rc = pthread_create(&c->thread, NULL, sender_main, c);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the log sender thread: %s", strerror(rc));
+        pthread_mutex_destroy(&c->mu);
+        goto fail;
+    }
+    return c;
+fail:
+    if (c->sink.wake_fd >= 0)
+        close(c->sink.wake_fd);
+    if (c->notify_fd >= 0)
+        close(c->notify_fd);
+    free(c);
+    return NULL;
+}
+
+tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
+                                              int node_rank, int drop, char *err, size_t errlen)
+{
+    tsp_logclient_opts_t o;
+    char host[256];
+    tsp_logclient_opts_init(&o);
+    if (tsp_logclient_parse_endpoint(endpoint, host, sizeof(host), &o.port)) {
+        snprintf(err, errlen, "--log-endpoint must be HOST:PORT, not '%s'", endpoint);
+        return NULL;
+    }
+    if (tsp_wire_secret_parse(secret_hex, o.secret)) {
+        snprintf(err, errlen, "--log-endpoint needs the run's secret in the environment "
+                              "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
+                 secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
+        return NULL;
+    }
+    o.host = host;
+    o.node_rank = node_rank;
+    o.drop = drop;
+    return tsp_logclient_start(&o, err, errlen);
+}
+
+tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c)
+{
+    return &c->sink;
+}
+
+void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st)
+{
+    pthread_mutex_lock(&c->mu);
+    *st = c->st;
+    pthread_mutex_unlock(&c->mu);
+}
+
+int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
+{
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->mu);
+    c->stopping = 1;
+    c->stop_deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    pthread_mutex_unlock(&c->mu);
+    notify(c->notify_fd);
+    pthread_join(c->thread, NULL);
+    int rc = c->result;
+    for (blk_t *b = c->head, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    free(c->drops);
+    close(c->sink.wake_fd);
+    close(c->notify_fd);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return rc;
+}

@@ -1,0 +1,214 @@
+/* logdial.c: an agent's authenticated connection to the driver's log server (the client
+ * half of docs/protocol.md 1.4) and socket I/O bounded by deadlines. */
+#include "logdial.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "torchspark/logwire.h"
+
+int64_t tsp__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int t = -1;
+        if (deadline >= 0) {
+            int64_t left = deadline - tsp__now_ms();
+            if (left <= 0)
+                return -ETIMEDOUT;
+            t = left > 60000 ? 60000 : (int)left;
+        }
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, t);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+int tsp__sock_write_all(int fd, const void *buf, size_t n, int64_t deadline)
+{
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && errno != EAGAIN)
+            return -errno;
+        int rc = wait_fd(fd, POLLOUT, deadline);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int tsp__sock_read_full(int fd, void *buf, size_t n, int64_t deadline)
+{
+    char *p = buf;
+    while (n > 0) {
+        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN)
+            return -errno;
+        int rc = wait_fd(fd, POLLIN, deadline);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap,
+                         int64_t deadline, char *err, size_t errlen)
+{
+    uint8_t hb[TSP_WIRE_HDR_LEN];
+    int rc = tsp__sock_read_full(fd, hb, sizeof(hb), deadline);
+    if (rc) {
+        snprintf(err, errlen, "%s", rc == -ECONNRESET ? "the driver closed the connection"
+                                                      : strerror(-rc));
+        return rc;
+    }
+    if ((rc = tsp_wire_hdr_unpack(h, hb, sizeof(hb), cap, err, errlen)))
+        return rc;
+    if ((rc = tsp__sock_read_full(fd, p, h->length, deadline)))
+        snprintf(err, errlen, "reading a %s frame: %s", tsp_wire_type_name(h->type),
+                 strerror(-rc));
+    return rc;
+}
+
+static int dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    char ps[16];
+    snprintf(ps, sizeof(ps), "%d", port);
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc) {
+        snprintf(err, errlen, "cannot resolve %s: %s", host, gai_strerror(rc));
+        return -EHOSTUNREACH;
+    }
+    int e = ECONNREFUSED;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
+            int r = wait_fd(fd, POLLOUT, deadline);
+            int soerr = 0;
+            socklen_t sl = sizeof(soerr);
+            if (!r)
+                getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl);
+            if (!r && !soerr) {
+                int one = 1;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+                freeaddrinfo(res);
+                return fd;
+            }
+            e = r ? -r : soerr;
+        } else {
+            e = errno;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    snprintf(err, errlen, "cannot connect to %s:%d: %s", host, port, strerror(e));
+    return -e;
+}
+
+static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64_t agent_id,
+                     int node_rank, const char *hostname, int64_t deadline, char *err,
+                     size_t errlen)
+{
+    tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION, .role = (uint8_t)role,
+                          .hflags = (uint8_t)hflags, .agent_id = agent_id,
+                          .node_rank = node_rank};
+    snprintf(h.host, sizeof(h.host), "%s", hostname ? hostname : "");
+    if (tsp_wire_run_id(secret, h.run_id) || tsp_wire_random(h.nonce, sizeof(h.nonce)))
+        return snprintf(err, errlen, "OpenSSL failed"), -EIO;
+    uint8_t buf[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE];
+    int hl = tsp_wire_hello_pack(buf + TSP_WIRE_HDR_LEN, TSP_WIRE_HELLO_MAX, &h);
+    if (hl < 0)
+        return snprintf(err, errlen, "host name too long"), -EINVAL;
+    uint8_t hello[TSP_WIRE_HELLO_MAX];
+    memcpy(hello, buf + TSP_WIRE_HDR_LEN, (size_t)hl);
+    tsp_wire_hdr_t fh = {.type = TSP_WIRE_HELLO, .rank = node_rank, .length = (uint32_t)hl};
+    tsp_wire_hdr_pack(buf, &fh);
+    int rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + (size_t)hl, deadline);
+    if (rc)
+        return snprintf(err, errlen, "sending HELLO: %s", strerror(-rc)), rc;
+    /* CHALLENGE, or ERROR with the driver's reason. */
+    tsp_wire_hdr_t rh;
+    if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
+        return rc;
+    if (rh.type == TSP_WIRE_ERROR)
+        return snprintf(err, errlen, "the driver refused: %.*s", (int)rh.length, (char *)buf),
+               -EACCES;
+    uint16_t ver;
+    uint8_t nonce_s[TSP_WIRE_NONCE_LEN];
+    if (rh.type != TSP_WIRE_CHALLENGE || tsp_wire_challenge_unpack(&ver, nonce_s, buf, rh.length))
+        return snprintf(err, errlen, "the driver sent a bad CHALLENGE"), -EPROTO;
+    uint8_t mac[TSP_WIRE_MAC_LEN];
+    if (tsp_wire_mac(secret, 0, hello, (size_t)hl, nonce_s, mac))
+        return snprintf(err, errlen, "HMAC failed"), -EIO;
+    fh = (tsp_wire_hdr_t){.type = TSP_WIRE_AUTH, .rank = -1, .length = TSP_WIRE_MAC_LEN};
+    tsp_wire_hdr_pack(buf, &fh);
+    memcpy(buf + TSP_WIRE_HDR_LEN, mac, sizeof(mac));
+    if ((rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + sizeof(mac), deadline)))
+        return snprintf(err, errlen, "sending AUTH: %s", strerror(-rc)), rc;
+    if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
+        return rc;
+    if (rh.type == TSP_WIRE_ERROR)
+        return snprintf(err, errlen, "the driver refused: %.*s", (int)rh.length, (char *)buf),
+               -EACCES;
+    if (rh.type != TSP_WIRE_WELCOME ||
+        tsp_wire_mac_verify(secret, 1, hello, (size_t)hl, nonce_s, buf, rh.length))
+        return snprintf(err, errlen, "the server did not prove that it knows the run's secret"),
+               -EACCES;
+    return 0;
+}
+
+int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
+                 uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
+                 char *err, size_t errlen)
+{
+    int64_t deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 5000);
+    int fd = dial_tcp(host, port, deadline, err, errlen);
+    if (fd < 0)
+        return fd;
+    int rc = handshake(fd, secret, role, hflags, agent_id, node_rank, hostname, deadline, err,
+                       errlen);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}

@@ -1,0 +1,25 @@
+/* logdial.h: the agent side's connection to the driver (connect + authenticated
+ * handshake) and deadline-bounded socket I/O, shared by logclient.c and output.c. */
+#ifndef TSP_LOGDIAL_H
+#define TSP_LOGDIAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Connects to host:port and runs the handshake of docs/protocol.md 1.4 in the given role,
+ * for at most timeout_ms. Returns a connected non-blocking socket (CLOEXEC, TCP_NODELAY),
+ * or -errno with a sentence in err: -EACCES when the driver refused us. */
+int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
+                 uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
+                 char *err, size_t errlen);
+/* Sends all n bytes / reads exactly n bytes before deadline (ms on the monotonic clock,
+ * -1: none). 0, -ETIMEDOUT, -ECONNRESET at EOF, or -errno. */
+int tsp__sock_write_all(int fd, const void *p, size_t n, int64_t deadline);
+int tsp__sock_read_full(int fd, void *p, size_t n, int64_t deadline);
+/* Reads one whole frame (header checked against cap) into p (room: cap bytes). */
+struct tsp_wire_hdr;
+int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap,
+                         int64_t deadline, char *err, size_t errlen);
+int64_t tsp__now_ms(void);
+
+#endif

@@ -1,0 +1,322 @@
+/* logqueue.c: the log server's bounded pull queue, the per-rank tails of the last lines
+ * and the per-rank drop counts. The epoll thread pushes; the host language pulls batches.
+ *
+ * The queue is a list of blocks holding packed records (a small header, then the text),
+ * so a push is one memcpy and a pull copies one contiguous batch. Its bound is soft by at
+ * most one line: the thread checks tsp__logq_full_locked() before each line and stops
+ * reading sockets when it is full (TCP backpressure); a pull that brings the queue under
+ * half the bound writes the thread's eventfd so that it reads again. */
+#include "logserver_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define QBLK_SIZE (256u * 1024u)
+#define BATCH_MAX_BYTES (4u << 20)
+
+typedef struct qrec {
+    int32_t rank;
+    uint32_t len;
+    uint8_t stream, flags;
+} qrec_t;
+
+struct tsp__qblk {
+    struct tsp__qblk *next;
+    size_t len, cap, off; /* off: first unread byte */
+    char data[];
+};
+
+#define REC_SIZE(n) ((sizeof(qrec_t) + (n) + 7u) & ~(size_t)7u)
+
+int tsp__cond_init_mono(pthread_cond_t *cv)
+{
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    int rc = pthread_cond_init(cv, &ca);
+    pthread_condattr_destroy(&ca);
+    return -rc;
+}
+
+void tsp__deadline_in(struct timespec *ts, int timeout_ms)
+{
+    clock_gettime(CLOCK_MONOTONIC, ts);
+    ts->tv_sec += timeout_ms / 1000;
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+int tsp__logq_init(tsp__logq_t *q, size_t bound, unsigned tail_lines, size_t tail_bytes,
+                   int wake_fd)
+{
+    memset(q, 0, sizeof(*q));
+    int rc = tsp__cond_init_mono(&q->cv);
+    if (rc)
+        return rc;
+    pthread_mutex_init(&q->mu, NULL);
+    q->bound = bound;
+    q->tail_lines = tail_lines;
+    q->tail_max_bytes = tail_bytes;
+    q->wake_fd = wake_fd;
+    return 0;
+}
+
+static void rank_free(tsp__rank_t *r, unsigned tail_lines)
+{
+    if (r->tail)
+        for (unsigned i = 0; i < tail_lines; i++)
+            free(r->tail[i]);
+    free(r->tail);
+    free(r->tail_len);
+}
+
+void tsp__logq_close(tsp__logq_t *q)
+{
+    for (struct tsp__qblk *b = q->head, *n; b; b = n) {
+        n = b->next;
+        free(b);
+    }
+    for (size_t i = 0; i < q->nranks; i++)
+        rank_free(&q->ranks[i], q->tail_lines);
+    free(q->ranks);
+    free(q->batch);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+    memset(q, 0, sizeof(*q));
+}
+
+int tsp__logq_full_locked(const tsp__logq_t *q)
+{
+    return q->bytes >= q->bound;
+}
+
+static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank)
+{
+    if (rank < 0 || rank > TSP_WIRE_MAX_RANK)
+        return NULL;
+    if ((size_t)rank >= q->nranks) {
+        size_t n = q->nranks ? q->nranks : 8;
+        while (n <= (size_t)rank)
+            n *= 2;
+        tsp__rank_t *nr = realloc(q->ranks, n * sizeof(*nr));
+        if (!nr)
+            return NULL;
+        memset(nr + q->nranks, 0, (n - q->nranks) * sizeof(*nr));
+        q->ranks = nr;
+        q->nranks = n;
+    }
+    return &q->ranks[rank];
+}
+
+/* Keeps the line in the rank's tail ring: at most tail_lines lines and tail_max_bytes
+ * bytes (a longer line keeps its first tail_max_bytes bytes). */
+static void tail_add(tsp__logq_t *q, tsp__rank_t *r, const void *data, size_t len)
+{
+    if (!q->tail_lines)
+        return;
+    if (!r->tail) {
+        r->tail = calloc(q->tail_lines, sizeof(*r->tail));
+        r->tail_len = calloc(q->tail_lines, sizeof(*r->tail_len));
+        if (!r->tail || !r->tail_len) {
+            free(r->tail);
+            free(r->tail_len);
+            r->tail = NULL;
+            r->tail_len = NULL;
+            return;
+        }
+    }
+    if (len > q->tail_max_bytes)
+        len = q->tail_max_bytes;
+    while (r->tail_count > 0 &&
+           (r->tail_count == q->tail_lines || r->tail_bytes + len > q->tail_max_bytes)) {
+        unsigned i = r->tail_head;
+        r->tail_bytes -= r->tail_len[i];
+        free(r->tail[i]);
+        r->tail[i] = NULL;
+        r->tail_head = (i + 1) % q->tail_lines;
+        r->tail_count--;
+    }
+    char *copy = malloc(len ? len : 1);
+    if (!copy)
+        return;
+    memcpy(copy, data, len);
+    unsigned at = (r->tail_head + r->tail_count) % q->tail_lines;
+    r->tail[at] = copy;
+    r->tail_len[at] = (uint32_t)len;
+    r->tail_bytes += len;
+    r->tail_count++;
+}
+
+int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigned flags,
+                          const void *data, size_t len, int to_queue)
+{
+    if (rank >= 0) {
+        tsp__rank_t *r = rank_get(q, rank);
+        if (!r)
+            return -ENOMEM;
+        r->seen = 1;
+        tail_add(q, r, data, len);
+    }
+    if (!to_queue)
+        return 0;
+    size_t need = REC_SIZE(len);
+    struct tsp__qblk *b = q->tail;
+    if (!b || b->cap - b->len < need) {
+        size_t cap = need > QBLK_SIZE ? need : QBLK_SIZE;
+        b = malloc(sizeof(*b) + cap);
+        if (!b)
+            return -ENOMEM;
+        b->next = NULL;
+        b->len = b->off = 0;
+        b->cap = cap;
+        if (q->tail)
+            q->tail->next = b;
+        else
+            q->head = b;
+        q->tail = b;
+    }
+    qrec_t rec = {.rank = rank, .len = (uint32_t)len, .stream = (uint8_t)stream,
+                  .flags = (uint8_t)flags};
+    memcpy(b->data + b->len, &rec, sizeof(rec));
+    memcpy(b->data + b->len + sizeof(rec), data, len);
+    b->len += need;
+    q->bytes += need;
+    if (q->waiters)
+        pthread_cond_signal(&q->cv);
+    return 0;
+}
+
+void tsp__logq_set_dropped_locked(tsp__logq_t *q, int32_t rank, uint64_t count)
+{
+    tsp__rank_t *r = rank_get(q, rank);
+    if (r && count > r->dropped)
+        r->dropped = count;
+}
+
+void tsp__logq_end(tsp__logq_t *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->ended = 1;
+    pthread_cond_broadcast(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+static int wait_lines(tsp__logq_t *q, int timeout_ms)
+{
+    struct timespec dl;
+    tsp__deadline_in(&dl, timeout_ms);
+    while (!q->head && !q->ended) {
+        q->waiters++;
+        int rc = timeout_ms < 0 ? pthread_cond_wait(&q->cv, &q->mu)
+                                : pthread_cond_timedwait(&q->cv, &q->mu, &dl);
+        q->waiters--;
+        if (rc == ETIMEDOUT)
+            return 0;
+    }
+    return 1;
+}
+
+int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeout_ms)
+{
+    pthread_mutex_lock(&q->mu);
+    if (timeout_ms != 0)
+        wait_lines(q, timeout_ms);
+    if (!q->head) {
+        int rc = q->ended ? -EPIPE : 0;
+        pthread_mutex_unlock(&q->mu);
+        return rc;
+    }
+    /* Size the batch: whole records up to max_lines and BATCH_MAX_BYTES (at least one). */
+    size_t want = 0;
+    int n = 0;
+    for (struct tsp__qblk *b = q->head; b && n < max_lines; b = b->next) {
+        size_t off = b->off;
+        for (; off < b->len && n < max_lines; n++) {
+            qrec_t rec;
+            memcpy(&rec, b->data + off, sizeof(rec));
+            if (n > 0 && want + rec.len > BATCH_MAX_BYTES)
+                goto sized;
+            want += rec.len;
+            off += REC_SIZE(rec.len);
+        }
+    }
+sized:
+    if (want > q->batch_cap || (q->batch_cap > 2 * BATCH_MAX_BYTES && want <= BATCH_MAX_BYTES)) {
+        size_t cap = want > BATCH_MAX_BYTES ? want : BATCH_MAX_BYTES;
+        char *nb = malloc(cap);
+        if (!nb) {
+            pthread_mutex_unlock(&q->mu);
+            return -ENOMEM;
+        }
+        free(q->batch);
+        q->batch = nb;
+        q->batch_cap = cap;
+    }
+    size_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        struct tsp__qblk *b = q->head;
+        qrec_t rec;
+        memcpy(&rec, b->data + b->off, sizeof(rec));
+        memcpy(q->batch + pos, b->data + b->off + sizeof(rec), rec.len);
+        out[i] = (tsp_logline_t){.data = q->batch + pos, .len = rec.len, .rank = rec.rank,
+                                 .stream = rec.stream, .flags = rec.flags};
+        pos += rec.len;
+        b->off += REC_SIZE(rec.len);
+        q->bytes -= REC_SIZE(rec.len);
+        if (b->off == b->len) {
+            q->head = b->next;
+            if (!q->head)
+                q->tail = NULL;
+            free(b);
+        }
+    }
+    if (q->paused && q->bytes <= q->bound / 2) {
+        q->paused = 0;
+        uint64_t one = 1;
+        ssize_t w = write(q->wake_fd, &one, sizeof(one));
+        (void)w; /* an eventfd write only fails when the counter is saturated: still awake */
+    }
+    pthread_mutex_unlock(&q->mu);
+    return n;
+}
+
+long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen)
+{
+    pthread_mutex_lock(&q->mu);
+    size_t need = 0;
+    if (rank >= 0 && (size_t)rank < q->nranks && q->ranks[rank].tail && n > 0) {
+        tsp__rank_t *r = &q->ranks[rank];
+        unsigned k = (unsigned)n < r->tail_count ? (unsigned)n : r->tail_count;
+        for (unsigned j = r->tail_count - k; j < r->tail_count; j++) {
+            unsigned i = (r->tail_head + j) % q->tail_lines;
+            for (uint32_t c = 0; c <= r->tail_len[i]; c++, need++)
+                if (need < buflen)
+                    buf[need] = c < r->tail_len[i] ? r->tail[i][c] : '\n';
+        }
+    }
+    pthread_mutex_unlock(&q->mu);
+    return (long)need;
+}
+
+int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max)
+{
+    int found = 0;
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < q->nranks; i++) {
+        if (!q->ranks[i].dropped)
+            continue;
+        if (found < max) {
+            ranks[found] = (int32_t)i;
+            counts[found] = q->ranks[i].dropped;
+        }
+        found++;
+    }
+    pthread_mutex_unlock(&q->mu);
+    return found;
+}

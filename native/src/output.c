@@ -1,0 +1,144 @@
+/* output.c: rank 0's output file to the driver, in chunks with length and SHA-256
+ * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. */
+#include "torchspark/output.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "logdial.h"
+
+void tsp_output_opts_init(tsp_output_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->node_rank = 0;
+    o->timeout_ms = 30000;
+    o->attempts = 3;
+}
+
+static int send_frame(int fd, unsigned type, const void *p, size_t n, int timeout_ms)
+{
+    uint8_t hb[TSP_WIRE_HDR_LEN];
+    tsp_wire_hdr_t h = {.type = (uint8_t)type, .rank = -1, .length = (uint32_t)n};
+    tsp_wire_hdr_pack(hb, &h);
+    int64_t dl = tsp__now_ms() + timeout_ms;
+    int rc = tsp__sock_write_all(fd, hb, sizeof(hb), dl);
+    return rc ? rc : tsp__sock_write_all(fd, p, n, dl);
+}
+
+static ssize_t read_some(int fd, void *p, size_t n)
+{
+    ssize_t r;
+    do
+        r = read(fd, p, n);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+/* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR. */
+static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms, char *err,
+                size_t errlen)
+{
+    uint8_t v[8];
+    tsp_wire_put_u64(v, total);
+    int rc = send_frame(sock, TSP_WIRE_OUT_BEGIN, v, 8, timeout_ms);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL))
+        rc = -EIO;
+    uint64_t sent = 0;
+    while (!rc && sent < total) {
+        size_t want = total - sent < TSP_WIRE_MAX_CHUNK ? (size_t)(total - sent) : TSP_WIRE_MAX_CHUNK;
+        ssize_t r = read_some(file, buf, want);
+        if (r <= 0) {
+            snprintf(err, errlen, "the output file changed while it was sent (%s)",
+                     r == 0 ? "shorter than announced" : strerror((int)-r));
+            rc = r == 0 ? -EIO : (int)r;
+            break;
+        }
+        if (!EVP_DigestUpdate(md, buf, (size_t)r))
+            rc = -EIO;
+        else
+            rc = send_frame(sock, TSP_WIRE_OUT_CHUNK, buf, (size_t)r, timeout_ms);
+        sent += (uint64_t)r;
+    }
+    uint8_t digest[EVP_MAX_MD_SIZE];
+    unsigned dl = 0;
+    if (!rc && !EVP_DigestFinal_ex(md, digest, &dl))
+        rc = -EIO;
+    EVP_MD_CTX_free(md);
+    if (!rc)
+        rc = send_frame(sock, TSP_WIRE_OUT_END, digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
+    if (rc) {
+        if (!*err)
+            snprintf(err, errlen, "sending the output: %s", tsp_strerror(rc));
+        return rc;
+    }
+    tsp_wire_hdr_t h;
+    rc = tsp__sock_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
+                              errlen);
+    if (rc)
+        return rc;
+    if (h.type == TSP_WIRE_ERROR) {
+        snprintf(err, errlen, "the driver refused the output: %.*s", (int)h.length, (char *)buf);
+        return -EBADMSG;
+    }
+    if (h.type != TSP_WIRE_OUT_DONE || CRYPTO_memcmp(buf, digest, TSP_WIRE_DIGEST_LEN) != 0) {
+        snprintf(err, errlen, "the driver did not confirm the output's digest");
+        return -EBADMSG;
+    }
+    return 0;
+}
+
+int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, size_t errlen)
+{
+    char host[256];
+    if (o->hostname)
+        snprintf(host, sizeof(host), "%s", o->hostname);
+    else if (gethostname(host, sizeof(host) - 1))
+        snprintf(host, sizeof(host), "?");
+    int timeout = o->timeout_ms > 0 ? o->timeout_ms : 30000;
+    int attempts = o->attempts > 0 ? o->attempts : 3;
+    uint8_t *buf = malloc(TSP_WIRE_MAX_CHUNK);
+    if (!buf)
+        return snprintf(err, errlen, "out of memory"), -ENOMEM;
+    uint64_t agent_id = 0;
+    tsp_wire_random(&agent_id, sizeof(agent_id));
+    int rc = -EIO;
+    for (int a = 0; a < attempts; a++) {
+        if (a)
+            usleep((useconds_t)(200000u << a));
+        int file = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        if (file < 0 || fstat(file, &st) != 0) {
+            rc = -errno;
+            snprintf(err, errlen, "cannot read the output file %s: %s", path, strerror(errno));
+            if (file >= 0)
+                close(file);
+            break;
+        }
+        char derr[600] = "";
+        int sock = tsp__logdial(o->host, o->port, o->secret, TSP_WIRE_ROLE_OUTPUT, 0, agent_id,
+                                o->node_rank, host, timeout, derr, sizeof(derr));
+        if (sock < 0) {
+            rc = sock;
+            snprintf(err, errlen, "cannot ship the output to the driver at %s:%d: %s", o->host,
+                     o->port, derr);
+        } else {
+            err[0] = 0;
+            rc = ship(sock, file, (uint64_t)st.st_size, buf, timeout, err, errlen);
+            close(sock);
+        }
+        close(file);
+        if (rc == 0 || rc == -EACCES)
+            break;
+    }
+    free(buf);
+    return rc;
+}

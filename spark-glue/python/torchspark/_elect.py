@@ -1,0 +1,165 @@
+"""ctypes binding of the native election module (native/src/elect.c, torchspark/elect.h).
+
+Rank 0's barrier task calls :func:`elect_master` (address, interface, held port, run id,
+packed record); every task calls :func:`unpack_record` on what allGather returned and
+:func:`local_ifname` to find the interface carrying its own route to the master.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Optional
+
+from torchspark._lib import load_library
+
+ADDR_MAX = 64
+HOST_MAX = 256
+ID_MAX = 128
+IFNAME_MAX = 32
+RECORD_MAX = 1024
+_ERR_LEN = 512
+
+
+class _Reservation(ctypes.Structure):
+    _fields_ = [("fd", ctypes.c_int), ("port", ctypes.c_int)]
+
+
+class _Record(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_int),
+        ("master_addr", ctypes.c_char * ADDR_MAX),
+        ("master_port", ctypes.c_int),
+        ("run_id", ctypes.c_char * ID_MAX),
+        ("host", ctypes.c_char * HOST_MAX),
+        ("ifname", ctypes.c_char * IFNAME_MAX),
+    ]
+
+
+_c = None
+
+
+def _api() -> ctypes.CDLL:
+    global _c
+    if _c is None:
+        lib = load_library()
+        errbuf = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.tsp_elect_master.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                         ctypes.POINTER(_Record),
+                                         ctypes.POINTER(_Reservation)] + errbuf
+        lib.tsp_elect_release_port.argtypes = [ctypes.POINTER(_Reservation)]
+        lib.tsp_elect_release_port.restype = None
+        lib.tsp_elect_route_source.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
+                                               ctypes.c_size_t] + errbuf
+        lib.tsp_elect_ifname_of.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+        lib.tsp_elect_record_pack.argtypes = [ctypes.POINTER(_Record), ctypes.c_char_p,
+                                              ctypes.c_size_t]
+        lib.tsp_elect_record_unpack.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
+                                                ctypes.POINTER(_Record)] + errbuf
+        for f in ("tsp_elect_master", "tsp_elect_route_source", "tsp_elect_ifname_of",
+                  "tsp_elect_record_pack", "tsp_elect_record_unpack"):
+            getattr(lib, f).restype = ctypes.c_int
+        _c = lib
+    return _c
+
+
+class ElectionError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Record:
+    master_addr: str
+    master_port: int
+    run_id: str
+    host: str
+    ifname: str
+    version: int = 1
+
+
+class PortReservation:
+    """A port held by a bound, non-listening SO_REUSEADDR socket (close-on-exec)."""
+
+    def __init__(self, res: _Reservation) -> None:
+        self._res = res
+
+    @property
+    def port(self) -> int:
+        return self._res.port
+
+    @property
+    def fd(self) -> int:
+        return self._res.fd
+
+    def release(self) -> None:
+        if self._res.fd >= 0:
+            _api().tsp_elect_release_port(ctypes.byref(self._res))
+
+    def __enter__(self) -> "PortReservation":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:
+            pass
+
+
+def _record_from_c(r: _Record) -> Record:
+    return Record(master_addr=r.master_addr.decode(), master_port=r.master_port,
+                  run_id=r.run_id.decode(), host=r.host.decode(), ifname=r.ifname.decode(),
+                  version=r.version)
+
+
+def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
+    """Rank 0's election towards peer: returns (record, packed JSON, held port)."""
+    lib = _api()
+    rec, res = _Record(), _Reservation(-1, 0)
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = lib.tsp_elect_master(peer.encode(), run_id.encode() if run_id else None,
+                              ctypes.byref(rec), ctypes.byref(res), err, _ERR_LEN)
+    if rc != 0:
+        raise ElectionError(err.value.decode(errors="replace"))
+    reservation = PortReservation(res)
+    buf = ctypes.create_string_buffer(RECORD_MAX + 1)
+    n = lib.tsp_elect_record_pack(ctypes.byref(rec), buf, RECORD_MAX + 1)
+    if n < 0:
+        reservation.release()
+        raise ElectionError(f"cannot pack the election record (error {-n})")
+    return _record_from_c(rec), buf.raw[:n].decode(), reservation
+
+
+def unpack_record(text: str) -> Record:
+    data = text.encode()
+    rec = _Record()
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = _api().tsp_elect_record_unpack(data, len(data), ctypes.byref(rec), err, _ERR_LEN)
+    if rc != 0:
+        raise ElectionError(err.value.decode(errors="replace"))
+    return _record_from_c(rec)
+
+
+def route_source(host: str) -> str:
+    buf = ctypes.create_string_buffer(ADDR_MAX)
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    rc = _api().tsp_elect_route_source(host.encode(), buf, ADDR_MAX, err, _ERR_LEN)
+    if rc != 0:
+        raise ElectionError(err.value.decode(errors="replace"))
+    return buf.value.decode()
+
+
+def ifname_of(addr: str) -> Optional[str]:
+    buf = ctypes.create_string_buffer(IFNAME_MAX)
+    rc = _api().tsp_elect_ifname_of(addr.encode(), buf, IFNAME_MAX)
+    return buf.value.decode() if rc == 0 else None
+
+
+def local_ifname(master_addr: str) -> Optional[str]:
+    """The interface carrying this host's route towards the master, or None."""
+    try:
+        return ifname_of(route_source(master_addr))
+    except ElectionError:
+        return None
+

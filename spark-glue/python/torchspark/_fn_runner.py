@@ -1,0 +1,55 @@
+"""Worker entry of function mode: ``python -m torchspark._fn_runner FN_FILE OUT_FILE``.
+
+Loads the cloudpickled (fn, args, kwargs), calls fn, and on global rank 0 only writes
+the cloudpickled return value to OUT_FILE (written to a temporary name, then renamed, so
+that a reader never sees half a result). The other ranks' return values are dropped, as
+with PySpark's TorchDistributor, which returns rank 0's.
+"""
+import os
+import sys
+
+
+def _write_error_file(e: BaseException) -> None:
+    """The torchelastic error file (as torch's @record writes it), so that the agent's
+    report and TorchDistributor's exception carry the traceback of the user's function."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or isinstance(e, SystemExit) or os.path.exists(path):
+        return
+    import json
+    import time
+    import traceback
+
+    data = {"message": {"message": f"{type(e).__name__}: {e}",
+                        "extraInfo": {"py_callstack": traceback.format_exc(),
+                                      "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+    except OSError:
+        pass
+
+
+def main(argv: "list[str]") -> int:
+    if len(argv) != 3:
+        print("usage: python -m torchspark._fn_runner FN_FILE OUT_FILE", file=sys.stderr)
+        return 2
+    from pyspark import cloudpickle
+
+    fn_file, out_file = argv[1], argv[2]
+    with open(fn_file, "rb") as f:
+        fn, args, kwargs = cloudpickle.load(f)
+    try:
+        output = fn(*args, **kwargs)
+    except BaseException as e:
+        _write_error_file(e)
+        raise
+    if os.environ.get("RANK", "0") == "0":
+        tmp = f"{out_file}.tmp.{os.getpid()}"
+        with open(tmp, "wb") as f:
+            cloudpickle.dump(output, f)
+        os.replace(tmp, out_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

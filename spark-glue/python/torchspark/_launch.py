@@ -1,0 +1,156 @@
+"""Starting one torchspark-run agent, draining its output, and reading its verdict.
+
+Shared by local mode (the agent runs on the driver) and distributed mode (one agent per
+barrier task). The agent puts its workers in their own sessions, is their subreaper and
+has a parent-death signal, so killing the process that called :meth:`Agent.start` (a
+Spark Python worker SIGKILLed by Spark) takes the whole tree down; here we only add the
+orderly path: TERM, the agent's own grace period, then KILL.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import IO, Callable, Deque, Dict, List, Optional, Sequence
+
+from torchspark._lib import agent_path
+
+TAIL_LINES = 100
+SHUTDOWN_TIMEOUT_S = 5
+
+
+def agent_command(
+    *,
+    standalone: bool,
+    nnodes: int,
+    node_rank: int,
+    nproc_per_node: int,
+    error_file: str,
+    program: Sequence[str],
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    run_id: Optional[str] = None,
+    log_endpoint: Optional[str] = None,
+    output_file: Optional[str] = None,
+) -> List[str]:
+    """The agent's command line; program is ["-m", module, args...] or [script, args...]."""
+    cmd = [agent_path()]
+    if standalone:
+        cmd.append("--standalone")
+    cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
+            f"--nproc-per-node={nproc_per_node}"]
+    if master_addr is not None:
+        cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    if run_id is not None:
+        cmd.append(f"--rdzv-id={run_id}")
+    cmd += ["--python", sys.executable, "--error-file", error_file,
+            f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}"]
+    if log_endpoint:
+        cmd += ["--log-endpoint", log_endpoint]
+    else:
+        # No channel: the agent's own output carries the lines, rank-prefixed.
+        cmd += ["--tee=3", "--log-line-prefix-template=[rank${rank}]: "]
+    if output_file:
+        cmd += ["--output-file", output_file]
+    return cmd + list(program)
+
+
+@dataclass
+class AgentResult:
+    returncode: int
+    tail: List[str] = field(default_factory=list)
+    report: Optional[Dict] = None  # the agent's --error-file JSON, when it wrote one
+
+
+class Agent:
+    """One running agent. echo(line) receives every line it prints (stdout and stderr)."""
+
+    def __init__(self, cmd: List[str], env: Dict[str, str],
+                 echo: Optional[Callable[[str], None]] = None) -> None:
+        self.cmd = cmd
+        self.env = env
+        self.echo = echo
+        self.proc: Optional[subprocess.Popen] = None
+        self._tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._tail_lock = threading.Lock()
+        self._readers: List[threading.Thread] = []
+
+    def start(self) -> None:
+        # Lets the agent notice a parent that died before it could ask for a
+        # parent-death signal.
+        self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
+        # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
+        # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     close_fds=True)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            t = threading.Thread(target=self._drain, args=(stream,), daemon=True,
+                                 name="torchspark-agent-output")
+            t.start()
+            self._readers.append(t)
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            with self._tail_lock:
+                self._tail.append(line)
+            if self.echo is not None:
+                try:
+                    self.echo(line)
+                except Exception:
+                    pass
+        stream.close()
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def stop(self) -> None:
+        """TERM, the agent's grace period plus a second, then KILL (no-op once exited)."""
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        try:
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=SHUTDOWN_TIMEOUT_S + 1)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+        except OSError:
+            pass
+
+    def run(self, error_file: Optional[str]) -> AgentResult:
+        """Starts the agent, waits for it (stopping it if the wait is interrupted, e.g.
+        by KeyboardInterrupt) and returns its result."""
+        self.start()
+        try:
+            self.wait()
+        finally:
+            self.stop()
+        return self.result(error_file)
+
+    def result(self, error_file: Optional[str]) -> AgentResult:
+        for t in self._readers:
+            t.join(timeout=5)
+        with self._tail_lock:
+            tail = list(self._tail)
+        assert self.proc is not None
+        return AgentResult(self.proc.returncode, tail, read_error_file(error_file))
+
+
+
+def read_error_file(path: Optional[str]) -> Optional[Dict]:
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,290 @@
+"""ctypes binding of libtorchspark's driver-side log server (docs/protocol.md, part 1).
+
+The driver starts a :class:`LogServer`, hands ``server.endpoint`` and ``server.secret_hex``
+to the agents (``torchspark-run --log-endpoint HOST:PORT`` with the secret in the
+environment variable ``TORCHSPARK_LOG_SECRET``, never on a command line), and a thread
+pulls batches of lines and writes them where the user looks (``sys.stderr`` in a
+notebook)::
+
+    srv = LogServer(host=driver_ip)
+    ...
+    while running:
+        srv.write_to(sys.stderr)          # or: for line in srv.pull(): ...
+    srv.close()                           # drains connected agents
+    srv.write_to(sys.stderr, timeout_ms=0)
+
+The library is looked up in this order: ``$TORCHSPARK_LIBRARY``, ``torchspark/_native/``
+next to this module (the wheel's copy), then ``build/lib/libtorchspark.so`` of a checkout.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, TextIO
+
+__all__ = ["Line", "LogServer", "format_line", "load_library", "STDOUT", "STDERR", "EVENT",
+           "CONTINUED", "NO_EOL", "SECRET_ENV"]
+
+STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
+CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline
+SECRET_ENV = "TORCHSPARK_LOG_SECRET"
+DEFAULT_PREFIX = "[rank {rank}] "
+DEFAULT_STDERR_MARKER = "[stderr] "
+
+
+class Line(NamedTuple):
+    """One line a worker printed: its global rank, stream (STDOUT/STDERR), flags, bytes."""
+
+    rank: int
+    stream: int
+    flags: int
+    data: bytes
+
+
+def format_line(line: Line, fmt: str = DEFAULT_PREFIX,
+                stderr_marker: str = DEFAULT_STDERR_MARKER, errors: str = "replace") -> str:
+    """``"[rank N] text"`` (stdout), ``"[rank N] [stderr] text"`` (stderr), no newline.
+
+    ``fmt`` is a ``str.format`` template with ``{rank}``; invalid UTF-8 is shown with
+    ``errors`` (default: replacement characters). A ``\\r`` stays, so progress bars render.
+    """
+    prefix = fmt.format(rank=line.rank)
+    if line.stream == STDERR:
+        prefix += stderr_marker
+    elif line.stream == EVENT:
+        prefix = "[torchspark] "
+    return prefix + line.data.decode("utf-8", errors)
+
+
+class _LogLine(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint32), ("rank", ctypes.c_int32),
+                ("stream", ctypes.c_uint8), ("flags", ctypes.c_uint8),
+                ("reserved", ctypes.c_uint16)]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "accepted", "authenticated", "rejected", "lines", "bytes", "duplicates", "connected",
+        "queued_bytes")]
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_lock = threading.Lock()
+
+
+def _candidates() -> List[Path]:
+    here = Path(__file__).resolve().parent
+    found = []
+    env = os.environ.get("TORCHSPARK_LIBRARY")
+    if env:
+        found.append(Path(env))
+    found.append(here / "_native" / "libtorchspark.so")
+    for up in here.parents:  # a checkout: <root>/spark-glue/python/torchspark
+        if (up / "CMakeLists.txt").exists() and (up / "native").is_dir():
+            found.append(up / "build" / "lib" / "libtorchspark.so")
+            break
+    return found
+
+
+def load_library(path: Optional[str] = None) -> ctypes.CDLL:
+    """Loads libtorchspark once per process and declares the C signatures."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None and path is None:
+            return _lib
+        tried = [Path(path)] if path else _candidates()
+        for cand in tried:
+            if cand.is_file():
+                lib = ctypes.CDLL(str(cand))
+                break
+        else:
+            raise OSError("libtorchspark.so not found (tried: %s); build it with "
+                          "`cmake --build build` or set TORCHSPARK_LIBRARY"
+                          % ", ".join(str(p) for p in tried))
+        vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
+        sig = {
+            "tsp_logserver_new": (vp, [c, i, c, u, c, ctypes.c_size_t]),
+            "tsp_logserver_port": (i, [vp]),
+            "tsp_logserver_host": (c, [vp]),
+            "tsp_logserver_secret": (None, [vp, c]),
+            "tsp_logserver_pull": (i, [vp, ctypes.POINTER(_LogLine), i, i]),
+            "tsp_logserver_tail": (ctypes.c_long, [vp, i, i, c, ctypes.c_size_t]),
+            "tsp_logserver_dropped": (i, [vp, ctypes.POINTER(ctypes.c_int32),
+                                          ctypes.POINTER(ctypes.c_uint64), i]),
+            "tsp_logserver_stats": (None, [vp, ctypes.POINTER(_Stats)]),
+            "tsp_logserver_expect_output": (i, [vp, c]),
+            "tsp_logserver_output_wait": (i, [vp, i]),
+            "tsp_logserver_output_data": (i, [vp, ctypes.POINTER(vp),
+                                              ctypes.POINTER(ctypes.c_uint64)]),
+            "tsp_logserver_output_error": (c, [vp]),
+            "tsp_logserver_shutdown": (i, [vp, i]),
+            "tsp_logserver_free": (None, [vp]),
+            "tsp_strerror": (c, [i]),
+            "tsp_output_opts_init": (None, [vp]),
+            "tsp_output_send": (i, [vp, c, c, ctypes.c_size_t]),
+        }
+        for name, (res, args) in sig.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = res, args
+        if path is None:
+            _lib = lib
+        return lib
+
+
+class LogServer:
+    """The driver's end of the log channel: one native epoll thread for all agents.
+
+    ``host`` is the address the executors use to reach the driver (not 0.0.0.0 unless
+    you ask for it); ``port=0`` lets the kernel pick one (see ``.port``). ``secret`` is 32
+    bytes (a fresh random one when None). The last ``tail_lines`` lines of each rank are
+    kept for error reports (:meth:`tail`).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
+                 tail_lines: int = 100):
+        self._lib = load_library()
+        if secret is not None and len(secret) != 32:
+            raise ValueError("the log secret must be 32 bytes")
+        err = ctypes.create_string_buffer(512)
+        hexs = secret.hex().encode() if secret is not None else None
+        h = self._lib.tsp_logserver_new(host.encode(), int(port), hexs, int(tail_lines), err,
+                                        len(err))
+        if not h:
+            raise OSError("cannot start the torchspark log server: "
+                          + err.value.decode(errors="replace"))
+        self._h = h
+        self._closed = False
+        self._pull_lock = threading.Lock()
+        self._arr_len = 0
+        self._arr = None
+        self.host: str = self._lib.tsp_logserver_host(h).decode()
+        self.port: int = self._lib.tsp_logserver_port(h)
+        buf = ctypes.create_string_buffer(32)
+        self._lib.tsp_logserver_secret(h, buf)
+        self.secret: bytes = buf.raw
+        self.output_path: Optional[str] = None
+
+    @property
+    def secret_hex(self) -> str:
+        """The secret as 64 hex digits: the value of ``TORCHSPARK_LOG_SECRET``."""
+        return self.secret.hex()
+
+    @property
+    def endpoint(self) -> str:
+        """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""
+        return ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.port)
+
+    def agent_env(self) -> Dict[str, str]:
+        """The environment an agent needs besides ``--log-endpoint``."""
+        return {SECRET_ENV: self.secret_hex}
+
+    def pull(self, max_lines: int = 4096, timeout_ms: int = 200) -> List[Line]:
+        """Up to ``max_lines`` lines, waiting up to ``timeout_ms`` for the first (-1: forever).
+
+        Per agent the lines come in order, each exactly once. [] on timeout and, after
+        :meth:`close`, once everything was pulled. One puller at a time.
+        """
+        with self._pull_lock:
+            if self._arr_len < max_lines:
+                self._arr = (_LogLine * max_lines)()
+                self._arr_len = max_lines
+            n = self._lib.tsp_logserver_pull(self._h, self._arr, max_lines, timeout_ms)
+            if n <= 0:
+                return []
+            arr = self._arr
+            first = arr[0].data
+            lens = [arr[i].len for i in range(n)]
+            blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
+            out, off = [], 0
+            for i in range(n):
+                rec = arr[i]
+                end = off + lens[i]
+                out.append(Line(rec.rank, rec.stream, rec.flags, blob[off:end]))
+                off = end
+            return out
+
+    def write_to(self, stream: TextIO, max_lines: int = 4096, timeout_ms: int = 200,
+                 fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> int:
+        """Pulls one batch and writes it formatted (one write, then flush). Returns lines."""
+        lines = self.pull(max_lines, timeout_ms)
+        if lines:
+            parts = []
+            for ln in lines:
+                parts.append(format_line(ln, fmt, stderr_marker))
+                parts.append("" if ln.flags & CONTINUED else "\n")
+            stream.write("".join(parts))
+            stream.flush()
+        return len(lines)
+
+    def tail(self, rank: int, n: Optional[int] = None) -> List[bytes]:
+        """The last ``n`` lines (default: all kept) of ``rank``, oldest first."""
+        n = 1 << 30 if n is None else int(n)
+        need = self._lib.tsp_logserver_tail(self._h, rank, n, None, 0)
+        buf = ctypes.create_string_buffer(max(need, 1))
+        self._lib.tsp_logserver_tail(self._h, rank, n, buf, need)
+        return buf.raw[:need].split(b"\n")[:-1] if need else []
+
+    def dropped(self) -> Dict[int, int]:
+        """Lines dropped per rank by agents in drop mode (``--log-drop``)."""
+        k = self._lib.tsp_logserver_dropped(self._h, None, None, 0)
+        ranks, counts = (ctypes.c_int32 * max(k, 1))(), (ctypes.c_uint64 * max(k, 1))()
+        k = min(k, self._lib.tsp_logserver_dropped(self._h, ranks, counts, k))
+        return {ranks[i]: counts[i] for i in range(k)}
+
+    def stats(self) -> Dict[str, int]:
+        """Counters: accepted, authenticated, rejected, lines, bytes, duplicates, ..."""
+        st = _Stats()
+        self._lib.tsp_logserver_stats(self._h, ctypes.byref(st))
+        return {name: getattr(st, name) for name, _ in _Stats._fields_}
+
+    def expect_output(self, path: Optional[str] = None) -> None:
+        """Accept rank 0's output, written to ``path`` (0600) or kept in memory (None)."""
+        rc = self._lib.tsp_logserver_expect_output(self._h, path.encode() if path else None)
+        if rc:
+            raise RuntimeError("cannot expect an output: "
+                               + self._lib.tsp_strerror(rc).decode())
+        self.output_path = path
+
+    def wait_output(self, timeout: Optional[float] = None) -> bool:
+        """True once the output arrived with the right length and SHA-256."""
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        return self._lib.tsp_logserver_output_wait(self._h, ms) == 0
+
+    @property
+    def output_error(self) -> str:
+        """Why the last output transfer failed ("" when none did)."""
+        return self._lib.tsp_logserver_output_error(self._h).decode(errors="replace")
+
+    def output_bytes(self) -> Optional[bytes]:
+        """The received output (memory mode), or None if it has not arrived."""
+        if self._lib.tsp_logserver_output_wait(self._h, 0) != 0:
+            return None
+        data, size = ctypes.c_void_p(), ctypes.c_uint64()
+        self._lib.tsp_logserver_output_data(self._h, ctypes.byref(data), ctypes.byref(size))
+        if self.output_path is not None:
+            return Path(self.output_path).read_bytes()
+        return ctypes.string_at(data.value, size.value) if size.value else b""
+
+    def close(self, drain_timeout: float = 5.0) -> None:
+        """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.
+
+        Lines stay pullable afterwards. Keep pulling from another thread while this runs,
+        or lines beyond the queue bound wait until the timeout.
+        """
+        if not self._closed:
+            self._closed = True
+            self._lib.tsp_logserver_shutdown(self._h, int(drain_timeout * 1000))
+
+    def __enter__(self) -> "LogServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        h = getattr(self, "_h", None)
+        if h:
+            self._h = None
+            self._lib.tsp_logserver_free(h)

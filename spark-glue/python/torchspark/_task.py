@@ -1,0 +1,164 @@
+"""What each barrier task runs (in the executor's Python worker): one node of the job.
+
+node_rank = partitionId(), nnodes = len(getTaskInfos()); rank 0 elects the master
+(native elect module: address of its route to the others, interface, port held until its
+agent exits, run id) and one allGather hands the record to every task; then the task
+runs the torchspark-run agent with the topology and waits for it.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import sys
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional
+
+from torchspark import _elect, _launch, _report
+
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
+_GPU_ADDR = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def gpus_owned(addresses: List[str], visible: Optional[str]) -> List[str]:
+    """Spark GPU addresses -> CUDA_VISIBLE_DEVICES entries. With an existing mask the
+    addresses are indices into it (PySpark's rule); the error texts are PySpark's."""
+    if any(not _GPU_ADDR.match(a) for a in addresses):
+        raise ValueError(
+            f"Found GPU addresses {addresses} which "
+            "are not all in the correct format "
+            "for CUDA_VISIBLE_DEVICES, which requires "
+            "integers with no zero padding."
+        )
+    if visible is None:
+        return list(addresses)
+    mask = visible.split(",")
+    try:
+        return [mask[int(a)] for a in addresses]
+    except IndexError:
+        raise ValueError(
+            f"GPU addresses {addresses} given by Spark do not fit into "
+            f"CUDA_VISIBLE_DEVICES={visible!r} on host {socket.gethostname()}: set the "
+            "executors' CUDA_VISIBLE_DEVICES to all the GPUs Spark may assign, or unset it"
+        ) from None
+
+
+def _host_of(address: str) -> str:
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
+
+
+def _elect_master(hosts: List[str], driver_host: str):
+    """Rank 0: elect towards another node's host, else towards the driver."""
+    peers = [h for h in dict.fromkeys(hosts[1:]) if h and h != hosts[0]]
+    peers += [h for h in (driver_host, hosts[0]) if h]
+    errors = []
+    for peer in peers:
+        try:
+            return _elect.elect_master(peer)
+        except _elect.ElectionError as e:
+            errors.append(str(e))
+    raise RuntimeError(
+        f"torchspark: rank 0's task on host {socket.gethostname()} could not choose a "
+        f"master address reachable from the other nodes ({'; '.join(errors)}): check that "
+        "the executors' host names resolve on every executor"
+    )
+
+
+def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
+    from pyspark import BarrierTaskContext
+
+    for _ in iterator:  # the input rows carry nothing
+        pass
+    ctx = BarrierTaskContext.get()
+    node_rank = ctx.partitionId()
+    hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
+    nnodes = len(hosts)
+    env = dict(os.environ)
+
+    if spec["use_gpu"]:
+        if spec["local_master"]:
+            k = spec["gpus_per_task"]
+            gpus = spec["driver_gpus"][node_rank * k:(node_rank + 1) * k]
+        else:
+            gpus = gpus_owned(ctx.resources()["gpu"].addresses,
+                              os.environ.get(CUDA_VISIBLE_DEVICES))
+        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)
+        nproc = max(1, len(gpus))
+    else:
+        env[CUDA_VISIBLE_DEVICES] = ""
+        nproc = 1
+
+    reservation = None
+    workdir = tempfile.mkdtemp(prefix="torchspark-")
+    try:
+        if node_rank == 0:
+            record, packed, reservation = _elect_master(hosts, spec["driver_host"])
+        else:
+            packed = ""
+        record = _elect.unpack_record(ctx.allGather(packed)[0])
+        ifname = record.ifname if node_rank == 0 else _elect.local_ifname(record.master_addr)
+        if ifname:
+            for var in IFNAME_VARS:
+                env.setdefault(var, ifname)
+        out_file = _run_agent(spec, env, workdir, node_rank, nnodes, nproc, record)
+        if reservation is not None:
+            reservation.release()
+        if out_file is not None:
+            # Read in chunks: a large result is never held twice in the worker.
+            with open(out_file, "rb") as f:
+                while True:
+                    chunk = f.read(RESULT_CHUNK)
+                    if not chunk:
+                        break
+                    yield chunk
+    finally:
+        if reservation is not None:
+            reservation.release()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_rank: int,
+               nnodes: int, nproc: int, record: "_elect.Record") -> Optional[str]:
+    """Runs this node's agent (holding the caller's port reservation meanwhile); returns
+    the result file to send through collect(), or None; raises with a failure report."""
+    error_file = os.path.join(workdir, "error.json")
+    out_file = os.path.join(workdir, "output.pickle")
+    if spec["fn_bytes"] is not None:
+        fn_file = os.path.join(workdir, "fn.pickle")
+        with open(fn_file, "wb") as f:
+            f.write(spec["fn_bytes"])
+        program = ["-m", "torchspark._fn_runner", fn_file, out_file]
+    else:
+        program = [spec["script"], *spec["script_args"]]
+    endpoint = spec["log_endpoint"]
+    if endpoint:
+        env["TORCHSPARK_LOG_SECRET"] = spec["log_secret_hex"]
+    ship = bool(endpoint and spec["result_via_channel"] and spec["fn_bytes"] is not None
+                and node_rank == 0)
+    cmd = _launch.agent_command(
+        standalone=False, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
+        master_addr=record.master_addr, master_port=record.master_port,
+        run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
+        output_file=out_file if ship else None, program=program)
+
+    def echo(line: str) -> None:
+        # The executor's own log keeps every line, with or without the channel.
+        sys.stderr.write(line + "\n")
+
+    res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+    if res.returncode != 0:
+        host = socket.gethostname()
+        report = _report.build(node_rank=node_rank, host=host, returncode=res.returncode,
+                               tail=res.tail, error_file=res.report, nproc_per_node=nproc)
+        raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
+                           f"with status {res.returncode}\n{_report.encode(report)}\n")
+    if node_rank != 0 or spec["fn_bytes"] is None or ship:
+        return None
+    if not os.path.exists(out_file):
+        raise RuntimeError("TorchDistributor failed during training."
+                           "View stdout logs for detailed error message.")
+    return out_file

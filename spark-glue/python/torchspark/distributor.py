@@ -1,0 +1,441 @@
+"""torchspark.TorchDistributor: a drop-in for pyspark.ml.torch.distributor.TorchDistributor.
+
+Same constructor, run() semantics, input_params, logger name, log messages and
+validation errors as PySpark's (Spark 4.x). Underneath: the torchspark-run agent instead
+of torchrun, a race-free master port, the interface that reaches the other nodes, one
+process per GPU of a task, rank-prefixed logs and rank 0's result over the native
+channel, and one exception naming the root cause when any rank fails (script mode too).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import tempfile
+import textwrap
+import threading
+import shutil
+from typing import Any, Callable, Dict, List, Optional, Union
+
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from torchspark import _launch, _report
+from torchspark._report import TorchDistributorError
+from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned, run_node
+
+try:  # the native log channel (torchspark/_native.py); optional until it is built
+    from torchspark import _native  # type: ignore[attr-defined]
+except Exception:  # pragma: no cover - depends on the build
+    _native = None  # type: ignore[assignment]
+
+__all__ = ["TorchDistributor", "TorchDistributorError"]
+
+_TAIL_FROM_SERVER = 20
+
+
+def _get_conf(spark: SparkSession, key: str, default_value: str) -> str:
+    value = spark.conf.get(key, default_value)
+    assert value is not None
+    return value
+
+
+def _get_conf_boolean(spark: SparkSession, key: str, default_value: str) -> bool:
+    value = _get_conf(spark, key, default_value).lower()
+    assert value in ["true", "false"]
+    return value == "true"
+
+
+def _get_logger(name: str) -> logging.Logger:
+    """PySpark's logger setup: INFO, and a stderr handler unless logging is configured."""
+    logger = logging.getLogger(name)
+    logger.setLevel(logging.INFO)
+    if not logger.handlers and not logging.getLogger().handlers:
+        logger.addHandler(logging.StreamHandler(sys.stderr))
+    return logger
+
+
+def _get_resources(session: SparkSession) -> Dict[str, Any]:
+    try:
+        return session.sparkContext.resources
+    except Exception:
+        return session._client._resources()  # type: ignore[attr-defined]
+
+
+class _LogPump:
+    """Moves lines from the native log server to sys.stderr (looked up at each write,
+    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
+
+    _print_lock = threading.Lock()
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="torchspark-log-pump")
+        self._thread.start()
+
+    @staticmethod
+    def _format(line: Any) -> str:
+        fmt = getattr(_native, "format_line", None)
+        if fmt is not None:
+            text = fmt(line)
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", errors="replace")
+        else:
+            data = line.data.decode("utf-8", errors="replace")
+            text = f"[rank{line.rank}]: {data}"
+        return text if text.endswith("\n") else text + "\n"
+
+    def _drain_once(self, timeout_ms: int) -> int:
+        lines = self.server.pull(1000, timeout_ms)
+        if lines:
+            text = "".join(self._format(ln) for ln in lines)
+            with self._print_lock:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+        return len(lines)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_once(200)
+            while self._drain_once(0):
+                pass
+        except Exception as e:  # never fail training because of logging
+            sys.stderr.write(f"torchspark: log channel reader stopped: {e!r}\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+class TorchDistributor:
+    """Runs PyTorch distributed training on Spark; see PySpark's TorchDistributor.
+
+    Parameters
+    ----------
+    num_processes : int, optional
+        Total number of training processes (1 by default).
+    local_mode : bool, optional
+        True: train on the driver (one agent with ``--standalone``); False: one barrier
+        task per node on the executors.
+    use_gpu : bool, optional
+        Whether training uses GPUs; a distributed task holding k GPUs runs k processes.
+    """
+
+    _TORCH_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
+
+    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
+                 _ssl_conf: str = _TORCH_SSL_CONF) -> None:
+        from pyspark.sql.utils import is_remote
+
+        self.is_remote = is_remote()
+        self.spark = SparkSession.active()
+        master = _get_conf(self.spark, "spark.master", "")
+        self.is_spark_local_master = master == "local" or master.startswith("local[")
+        self.logger = _get_logger(self.__class__.__name__)
+        self.num_processes = num_processes
+        self.local_mode = local_mode
+        self.use_gpu = use_gpu
+        self._gpus_per_task = 1
+        self.num_tasks = self._get_num_tasks()
+        self.ssl_conf = _ssl_conf
+        self._validate_input_params()
+        self.input_params = self._create_input_params()
+
+    def _create_input_params(self) -> Dict[str, Any]:
+        return {"num_processes": self.num_processes, "local_mode": self.local_mode,
+                "use_gpu": self.use_gpu, "num_tasks": self.num_tasks}
+
+    def _get_num_tasks(self) -> int:
+        if self.use_gpu:
+            if not self.local_mode:
+                key = "spark.task.resource.gpu.amount"
+                raw = _get_conf(self.spark, key, "0")
+                try:
+                    amount = float(raw)
+                except ValueError:
+                    raise RuntimeError(f"'{key}' is {raw!r}, not a number: set it to the "
+                                       "whole number of GPUs each training task uses") from None
+                if 0 < amount < 1 or amount != int(amount):
+                    # PySpark crashes here with a bare int() error; say what is wrong.
+                    raise RuntimeError(
+                        f"'{key}' is {raw}, but TorchDistributor needs whole GPUs per task "
+                        "(several tasks sharing one GPU cannot each run a training process "
+                        f"on it): set '{key}' to 1 or another whole number")
+                task_gpu_amount = int(amount)
+                if task_gpu_amount < 1:
+                    raise RuntimeError(f"'{key}' was unset, so gpu usage is unavailable.")
+                if task_gpu_amount > 1 and self.num_processes % task_gpu_amount != 0:
+                    raise RuntimeError(
+                        f"TorchDistributor 'num_processes' value ({self.num_processes}) "
+                        "must be a multiple of 'spark.task.resource.gpu.amount' "
+                        f"({task_gpu_amount}) value.")
+                self._gpus_per_task = task_gpu_amount
+                return self.num_processes // task_gpu_amount
+            key = "spark.driver.resource.gpu.amount"
+            if "gpu" not in _get_resources(self.spark):
+                raise RuntimeError("GPUs were unable to be found on the driver.")
+            num_available_gpus = int(_get_conf(self.spark, key, "0"))
+            if num_available_gpus == 0:
+                raise RuntimeError("GPU resources were not configured properly on the driver.")
+            if self.num_processes > num_available_gpus:
+                self.logger.warning(
+                    "'num_processes' cannot be set to a value greater than the number of "
+                    f"available GPUs on the driver, which is {num_available_gpus}. "
+                    "'num_processes' was reset to be equal to the number of available GPUs.",
+                )
+                self.num_processes = num_available_gpus
+        return self.num_processes
+
+    def _validate_input_params(self) -> None:
+        if self.num_processes <= 0:
+            raise ValueError("num_processes has to be a positive integer")
+
+    def _check_encryption(self) -> None:
+        is_ssl_enabled = _get_conf_boolean(self.spark, "spark.ssl.enabled", "false")
+        ignore_ssl = _get_conf_boolean(self.spark, self.ssl_conf, "false")
+        if not is_ssl_enabled:
+            return
+        name = self.__class__.__name__
+        if ignore_ssl:
+            self.logger.warning(textwrap.dedent(f"""
+                    This cluster has TLS encryption enabled;
+                    however, {name} does not
+                    support data encryption in transit.
+                    The Spark configuration
+                    '{self.ssl_conf}' has been set to
+                    'true' to override this
+                    configuration and use {name} anyway. Please
+                    note this will cause model
+                    parameters and possibly training data to
+                    be sent between nodes unencrypted.
+                    """))
+            return
+        raise RuntimeError(textwrap.dedent(f"""
+                This cluster has TLS encryption enabled;
+                however, {name} does not support
+                data encryption in transit. To override
+                this configuration and use {name}
+                anyway, you may set '{self.ssl_conf}'
+                to 'true' in the Spark configuration. Please note this
+                will cause model parameters and possibly training
+                data to be sent between nodes unencrypted.
+                """))
+
+    # ---- run ---------------------------------------------------------------------------
+
+    def run(self, train_object: Union[Callable, str], *args: Any, **kwargs: Any) -> Optional[Any]:
+        """Runs train_object (a function, or the path of a script) on num_processes ranks.
+
+        A function's return value on rank 0 is returned; a script returns None and gets
+        its args as strings (keyword arguments are refused). If any rank fails,
+        :class:`TorchDistributorError` names the root cause.
+        """
+        if isinstance(train_object, str):
+            if kwargs:
+                raise ValueError("Running pytorch file does not support key-word type arguments.")
+            fn_bytes = None
+            script_args = [str(a) for a in args]
+        else:
+            fn_bytes = cloudpickle.dumps((train_object, args, kwargs))
+            script_args = []
+        if self.local_mode:
+            return self._run_local_training(train_object, fn_bytes, script_args)
+        return self._run_distributed_training(train_object, fn_bytes, script_args)
+
+    def _start_log_server(self, host: str) -> Any:
+        if _native is None or not hasattr(_native, "LogServer"):
+            self.logger.warning("torchspark's native log channel is not available in this "
+                                "installation: worker output goes to the agents' own output "
+                                "and rank 0's result travels through collect()")
+            return None
+        try:
+            return _native.LogServer(host=host, port=0)
+        except Exception as e:
+            self.logger.warning(
+                f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
+                "goes to the executors' logs and rank 0's result travels through "
+                "collect() (bounded by spark.driver.maxResultSize)")
+            return None
+
+    def _tail_from_server(self, server: Any, report: Dict) -> Optional[List[str]]:
+        rank = report.get("rank")
+        if server is None or rank is None:
+            return None
+        try:
+            lines = server.tail(rank, _TAIL_FROM_SERVER)
+        except Exception:
+            return None
+        out = []
+        for ln in lines or []:
+            data = getattr(ln, "data", ln)
+            out.append(data.decode("utf-8", errors="replace").rstrip("\n")
+                       if isinstance(data, bytes) else str(data).rstrip("\n"))
+        return out or None
+
+    def _run_local_training(self, train_object: Union[Callable, str],
+                            fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
+        env = dict(os.environ)  # os.environ itself is never changed
+        if self.use_gpu and not self.is_remote:
+            owned = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
+                               os.environ.get(CUDA_VISIBLE_DEVICES))
+            # The first num_processes GPUs: deterministic, and no global RNG is touched.
+            env[CUDA_VISIBLE_DEVICES] = ",".join(owned[: self.num_processes])
+        workdir = tempfile.mkdtemp(prefix="torchspark-")
+        server = pump = None
+        try:
+            error_file = os.path.join(workdir, "error.json")
+            out_file = os.path.join(workdir, "output.pickle")
+            if fn_bytes is not None:
+                fn_file = os.path.join(workdir, "fn.pickle")
+                with open(fn_file, "wb") as f:
+                    f.write(fn_bytes)
+                program = ["-m", "torchspark._fn_runner", fn_file, out_file]
+            else:
+                program = [str(train_object), *script_args]
+            server = self._start_log_server("127.0.0.1")
+            endpoint = None
+            if server is not None:
+                pump = _LogPump(server)
+                endpoint = f"{server.host}:{server.port}"
+                env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
+            cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
+                                        nproc_per_node=self.num_processes,
+                                        error_file=error_file, log_endpoint=endpoint,
+                                        program=program)
+            echo = None if server is not None else _echo_stderr
+            self.logger.info(f"Started local training with {self.num_processes} processes")
+            res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+            if pump is not None:
+                pump.stop()
+                pump = None
+            if res.returncode != 0:
+                report = _report.build(node_rank=0, host=socket.gethostname(),
+                                       returncode=res.returncode, tail=res.tail,
+                                       error_file=res.report,
+                                       nproc_per_node=self.num_processes)
+                tail = self._tail_from_server(server, report)
+                raise TorchDistributorError(_report.format_message(report, "local", tail),
+                                            report)
+            output = None
+            if fn_bytes is not None:
+                if not os.path.exists(out_file):
+                    raise RuntimeError("TorchDistributor failed during training."
+                                       "View stdout logs for detailed error message.")
+                try:
+                    with open(out_file, "rb") as f:
+                        output = cloudpickle.load(f)
+                except Exception as e:
+                    raise RuntimeError(
+                        "TorchDistributor failed due to a pickling error. "
+                        "View stdout logs for detailed error message.") from e
+            self.logger.info(f"Finished local training with {self.num_processes} processes")
+            return output
+        finally:
+            if pump is not None:
+                pump.stop()
+            if server is not None:
+                server.close()
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    def _run_distributed_training(self, train_object: Union[Callable, str],
+                                  fn_bytes: Optional[bytes],
+                                  script_args: List[str]) -> Optional[Any]:
+        if self.is_remote:
+            raise NotImplementedError(
+                "torchspark.TorchDistributor runs distributed training through the RDD "
+                "barrier API, which Spark Connect does not offer: use local_mode=True, or "
+                "a classic SparkSession")
+        self._check_encryption()
+        sc = self.spark.sparkContext
+        driver_host = _get_conf(self.spark, "spark.driver.host", "")
+        driver_gpus: List[str] = []
+        if self.is_spark_local_master and self.use_gpu:
+            driver_gpus = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
+                                     os.environ.get(CUDA_VISIBLE_DEVICES))
+        server = self._start_log_server(driver_host or "127.0.0.1")
+        pump = _LogPump(server) if server is not None else None
+        if server is not None and fn_bytes is not None:
+            server.expect_output(None)
+        spec = {
+            "use_gpu": self.use_gpu,
+            "gpus_per_task": self._gpus_per_task,
+            "local_master": self.is_spark_local_master,
+            "driver_gpus": driver_gpus,
+            "driver_host": driver_host,
+            "fn_bytes": fn_bytes,
+            "script": None if fn_bytes is not None else str(train_object),
+            "script_args": script_args,
+            "log_endpoint": f"{_host_port(server.host, server.port)}" if server else None,
+            "log_secret_hex": server.secret_hex if server else None,
+            "result_via_channel": server is not None,
+        }
+        try:
+            self.logger.info(
+                f"Started distributed training with {self.num_processes} executor processes")
+            rdd = sc.parallelize(range(self.num_tasks), self.num_tasks)
+            try:
+                chunks = rdd.barrier().mapPartitions(lambda it: run_node(spec, it)).collect()
+            except Exception as e:
+                raise self._distributed_failure(e, server) from e
+            if pump is not None:
+                pump.stop()
+                pump = None
+            result = None
+            if fn_bytes is not None:
+                if server is not None:
+                    data = server.output_bytes()
+                    if data is None:
+                        raise TorchDistributorError(
+                            "TorchDistributor (distributed): training succeeded but rank 0's "
+                            "result did not arrive over torchspark's output channel; see the "
+                            "executors' logs of partition 0 for the agent's message")
+                else:
+                    data = b"".join(chunks)
+                if not data:
+                    raise RuntimeError("TorchDistributor failed during training."
+                                       "View stdout logs for detailed error message.")
+                try:
+                    result = cloudpickle.loads(data)
+                except Exception as e:
+                    raise RuntimeError(
+                        "TorchDistributor failed due to a pickling error. "
+                        "View stdout logs for detailed error message.") from e
+        finally:
+            if pump is not None:
+                pump.stop()
+            if server is not None:
+                server.close()
+        self.logger.info(
+            f"Finished distributed training with {self.num_processes} executor processes")
+        return result
+
+    def _distributed_failure(self, e: Exception, server: Any) -> Exception:
+        text = str(e)
+        reports = _report.find(text)
+        if reports:
+            report = reports[0]
+            tail = self._tail_from_server(server, report)
+            return TorchDistributorError(_report.format_message(report, "distributed", tail),
+                                         report)
+        first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
+        if "cancel" in text.lower():
+            what = "the Spark job was cancelled"
+        else:
+            what = "the barrier stage failed before any training process reported an error"
+        return TorchDistributorError(
+            f"TorchDistributor (distributed) failed: {what}: {first[:500]}\n"
+            "See the exception's cause (Spark's error) and the executors' logs.")
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _echo_stderr(line: str) -> None:
+    with _LogPump._print_lock:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

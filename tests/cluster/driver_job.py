@@ -1,0 +1,141 @@
+"""The driver program of the cluster tests: run inside the driver namespace (client deploy mode).
+
+    python driver_job.py CONFIG.json
+
+CONFIG names the master, the driver's host name and address, the distributor class
+("module:Class", e.g. "pyspark.ml.torch.distributor:TorchDistributor" or
+"torchspark:TorchDistributor": the test body is the same for both), extra Spark conf and a
+list of runs (tag, num_processes, training parameters), done one after the other in one Spark
+application (one driver and executor start-up for all). Each run trains a tiny DDP model
+with gloo on CPU and prints one line ``TSP_RESULT <json>`` on stdout: {"tag", "ok",
+"result" (rank 0's return value), "error", "error_type", "elapsed"}. Everything else the driver prints (the distributor's log
+lines from the executors included) goes to stdout/stderr as usual, for the test to inspect.
+"""
+
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+
+
+def train(tag, steps, sleep, progress_dir, fail_rank=None):
+    """Runs on every rank. Returns (on rank 0) what every rank saw, gathered over gloo."""
+    import os
+    import socket
+
+    import psutil
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def write_progress(step):
+        if progress_dir:
+            p = os.path.join(progress_dir, f"rank{rank}.json")
+            with open(p + ".tmp", "w") as f:
+                json.dump({"rank": rank, "step": step, "host": host, "pid": os.getpid()}, f)
+            os.replace(p + ".tmp", p)
+
+    host = socket.gethostname()
+    rank = int(os.environ["RANK"])
+    print(f"TSPLOG run={tag} rank={rank} host={host} starting", flush=True)
+    write_progress(-1)
+    dist.init_process_group("gloo")
+    torch.manual_seed(rank)
+    model = DDP(torch.nn.Linear(10, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 10), torch.randn(64, 1)
+    loss = torch.tensor(0.0)
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        write_progress(step)
+        if sleep:
+            time.sleep(sleep)
+    if fail_rank is not None and rank == fail_rank:
+        raise RuntimeError(f"injected failure on rank {rank}")
+
+    # Which local interfaces carry this process's connections to other ranks (gloo's pairs
+    # and the store): the honest answer to "which interface did gloo use".
+    by_addr = {a.address: name for name, addrs in psutil.net_if_addrs().items() for a in addrs}
+    conns = [c for c in psutil.Process().net_connections(kind="tcp")
+             if c.status == psutil.CONN_ESTABLISHED and c.raddr]
+    master_port = int(os.environ.get("MASTER_PORT", "0"))
+    gloo = sorted({by_addr.get(c.laddr.ip, c.laddr.ip) for c in conns
+                   if c.raddr.port != master_port and c.laddr.port != master_port
+                   and not c.laddr.ip.startswith("127.")})
+    names = ["MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK",
+             "GROUP_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TSP_TEST_MARKER"]
+    info = {k: os.environ.get(k) for k in names}
+    info.update(host=host, pid=os.getpid(), gloo_interfaces=gloo,
+                weight_sum=float(sum(p.detach().sum() for p in model.parameters())))
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, info)
+    print(f"TSPLOG run={tag} rank={rank} host={host} done loss={loss.item():.4f}", flush=True)
+    dist.destroy_process_group()
+    if rank == 0:
+        return {"ranks": gathered, "loss": float(loss.item())}
+    return None
+
+
+def main() -> int:
+    cfg = json.load(open(sys.argv[1]))
+    for p in cfg.get("sys_path", []):
+        sys.path.insert(0, p)
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.master(cfg["master_url"]).appName(cfg.get("app", "tsp-cluster-test"))
+    conf = {
+        "spark.driver.host": cfg["driver_host"],
+        "spark.driver.bindAddress": cfg["driver_addr"],
+        "spark.driver.memory": "512m",
+        "spark.executor.memory": "512m",
+        "spark.executor.cores": "1",
+        "spark.task.cpus": "1",
+        "spark.ui.enabled": "false",
+        "spark.pyspark.python": sys.executable,
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # Schedule the barrier stage only when every executor is there (no slot retries).
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "180s",
+    }
+    conf.update(cfg.get("conf", {}))
+    for k, v in conf.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    mod, _, cls = cfg["distributor"].partition(":")
+    Distributor = getattr(importlib.import_module(mod), cls)
+    all_ok = True
+    for run in cfg["runs"]:
+        t = run["train"]
+        out = {"tag": run["tag"], "ok": False, "result": None, "error": None, "error_type": None}
+        t0 = time.monotonic()
+        try:
+            d = Distributor(num_processes=run["num_processes"], local_mode=False, use_gpu=False)
+            out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
+                                  t.get("progress_dir"), t.get("fail_rank"))
+            out["ok"] = True
+        except BaseException as e:  # noqa: B902 - the test wants to see whatever run() raised
+            text = "".join(traceback.format_exception_only(type(e), e))
+            # Keep the head (what happened) and the tail (the root cause of a Java error).
+            out["error"] = text if len(text) <= 6000 else text[:3000] + "\n...\n" + text[-3000:]
+            out["error_type"] = type(e).__name__
+            all_ok = False
+        out["elapsed"] = time.monotonic() - t0
+        print("TSP_RESULT " + json.dumps(out), flush=True)
+    if all_ok:
+        spark.stop()
+    # After a fault a graceful stop can wait on a lost host: leave at once (the gateway JVM
+    # exits when our stdin pipe closes; the cluster teardown reaps whatever is left).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

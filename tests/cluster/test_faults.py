@@ -1,0 +1,119 @@
+"""Faults on the namespace cluster: a worker host's link is cut mid-training, or every process
+on a worker host is killed. run() must raise within FAULT_BOUND seconds of the fault, and within
+CLEANUP_BOUND seconds after that no training process may survive on any host (processes are
+found by the run's TSP_TEST_MARKER in /proc/*/environ).
+
+The Spark conf of these runs (harness.FAULT_CONF) makes Spark notice a silent executor after
+20 s and a partitioned executor give up after 5 failed heartbeats, instead of the 120 s /
+60 x 10 s defaults; the bounds below are stated for that conf.
+
+Run for torchspark (asserted) and for stock PySpark (run() raising is asserted; surviving
+training processes are the known stock defect and reported as xfail with the list).
+"""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import (FAULT_CONF, finish_driver, start_driver, torchspark_unavailable,
+                     training_processes, wait_no_training_processes, write_config)
+
+START_TIMEOUT = 240  # driver + executors up and every rank past step 2
+FAULT_BOUND = 60  # run() raises within this many seconds of the fault
+CLEANUP_BOUND = 60  # then no training process is left on any host within this many seconds
+NHOSTS = 2
+
+
+@pytest.fixture(params=["stock", "torchspark"])
+def flavor(request):
+    if request.param == "torchspark" and torchspark_unavailable():
+        pytest.skip(torchspark_unavailable())
+    return request.param
+
+
+def _budget_skip(flavor, fault):
+    # CI budget: stock's host-kill run (Spark notices a dead executor at once, and stock then
+    # cleans up like torchspark; see docs/cluster.md) is a comparison only.
+    if flavor == "stock" and fault == "host_killed" and os.environ.get("TSP_CLUSTER_FULL") != "1":
+        pytest.skip("stock comparison run; set TSP_CLUSTER_FULL=1 to run it (~1.5 min)")
+
+
+def _progress(d: Path):
+    out = {}
+    for p in d.glob("rank*.json"):
+        try:
+            r = json.loads(p.read_text())
+        except ValueError:
+            continue
+        out[r["rank"]] = r
+    return out
+
+
+@pytest.mark.parametrize("fault", ["link_cut", "host_killed"])
+def test_worker_host_fault(make_cluster, flavor, fault, record_property):
+    _budget_skip(flavor, fault)
+    c = make_cluster(workers=NHOSTS)
+    progress = Path(c.run_dir) / "progress"
+    progress.mkdir()
+    run = {"tag": fault, "num_processes": NHOSTS,
+           "train": {"steps": 100000, "sleep": 0.2, "progress_dir": str(progress)}}
+    cfg = write_config(c, flavor, [run], conf=FAULT_CONF, tag=fault)
+    t0 = time.monotonic()
+    p = start_driver(c, cfg)
+    try:
+        deadline = t0 + START_TIMEOUT
+        while True:
+            prog = _progress(progress)
+            if len(prog) == NHOSTS and all(r["step"] >= 2 for r in prog.values()):
+                break
+            if p.poll() is not None or time.monotonic() > deadline:
+                r = finish_driver(cfg, p, t0, 1)
+                pytest.fail(f"training did not get going (progress {prog}): "
+                            f"{r.result(fault)['error']}\n{r.stderr[-3000:]}")
+            time.sleep(0.5)
+        started = time.monotonic() - t0
+        victim = next(k for k, h in c.hosts.items() if h.name == prog[1]["host"])
+        before = training_processes(c)
+        t_fault = time.monotonic()
+        if fault == "link_cut":
+            c.cut_link(victim)
+        else:
+            killed = c.kill_host(victim)
+            assert killed, f"nothing to kill on {victim}"
+        r = finish_driver(cfg, p, t0, (t_fault - t0) + FAULT_BOUND)
+        detect = time.monotonic() - t_fault
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    res = r.result(fault)
+    left = wait_no_training_processes(c, CLEANUP_BOUND)
+    cleanup = time.monotonic() - t_fault - detect
+    observed = {"flavor": flavor, "fault": fault, "victim": c.hosts[victim].name,
+                "training_started_after_s": round(started, 1), "raised_after_s": round(detect, 1), "error_type": res["error_type"],
+                "error_head": (res["error"] or "")[:300],
+                "training_processes_before": len(before),
+                "survivors_after_cleanup_bound": [(x["host"], x["cmdline"][:100]) for x in left],
+                "cleanup_s": round(cleanup, 1)}
+    record_property("observed", json.dumps(observed))
+    print("OBSERVED " + json.dumps(observed))
+
+    assert before, "no training process was found before the fault: the process census is broken"
+    assert not res["ok"], f"run() returned normally after {fault} on {victim}"
+    assert res["error"], f"run() did not raise within {FAULT_BOUND}s of {fault} on {victim} " \
+                         f"(driver killed after {detect:.0f}s)"
+    assert detect <= FAULT_BOUND + 5
+    if left:
+        msg = f"{len(left)} training processes survived {CLEANUP_BOUND}s after run() raised: " + \
+              "; ".join(f"{x['host']}: {x['cmdline'][:100]}" for x in left)
+        if flavor == "stock":
+            pytest.xfail("known stock defect (torchrun's children are not killed): " + msg)
+        pytest.fail(msg)
+    if flavor == "torchspark":
+        # run()'s own message (not only a chained cause) must say where: the lost host.
+        h = c.hosts[victim]
+        assert h.name in res["error"] or h.addr in res["error"], \
+            f"run()'s error does not name the lost host {h.name} ({h.addr}): {res['error']}"

@@ -1,0 +1,84 @@
+"""Helpers for the TorchDistributor suites: one SparkSession per module, fake GPU
+discovery, and counting a job's processes by a marker in their environment."""
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pyspark
+from pyspark.sql import SparkSession
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "spark-glue" / "python" / "examples"
+MARK = "TSP_E2E_MARK"  # in the environment of every process a test's job starts
+
+
+def fake_gpu_script(directory: Path, addresses: List[str]) -> str:
+    path = directory / "gpus.sh"
+    path.write_text("#!/bin/sh\necho '%s'\n" % json.dumps({"name": "gpu", "addresses": addresses}))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+def session(master: str, conf: Dict[str, str]) -> SparkSession:
+    # Executors and agents run this interpreter (the checkout's .venv with torchspark).
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    home = os.path.dirname(pyspark.__file__)
+    b = (SparkSession.builder.master(master).appName("torchspark-e2e")
+         .config("spark.ui.enabled", "false")
+         .config("spark.testing", "true").config("spark.test.home", home)
+         .config("spark.executor.memory", "1024m")
+         .config("spark.python.worker.reuse", "true"))
+    for k, v in conf.items():
+        b = b.config(k, v)
+    s = b.getOrCreate()
+    s.sparkContext.setLogLevel("ERROR")
+    return s
+
+
+def job_processes(mark: str) -> List[int]:
+    """Training processes (workers: TORCHELASTIC_RUN_ID set; agents: torchspark-run)
+    whose environment carries MARK=mark."""
+    needle = f"{MARK}={mark}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle not in env or state == b"Z":
+            continue
+        is_worker = any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env)
+        is_agent = b"torchspark-run" in cmd.split(b"\0")[0]
+        if is_worker or is_agent:
+            found.append(int(pid))
+    return found
+
+
+def wait_gone(mark: str, timeout: float) -> List[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = job_processes(mark)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def wait_present(mark: str, n: int, timeout: float) -> List[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = job_processes(mark)
+        if len(found) >= n or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)

@@ -1,0 +1,217 @@
+/* test_elect.c: port reservation against later binders, route source and interface
+ * lookup, the election record's pack/unpack and its refusals. */
+#include <check.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "torchspark/elect.h"
+
+/* Binds addr:port like a listener would; with_reuse says whether SO_REUSEADDR is set.
+ * Returns the fd (listening) or -errno. */
+static int bind_listen(const char *addr, int port, int with_reuse)
+{
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (with_reuse)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 4) != 0) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+START_TEST(test_elect_reservation_blocks_plain_bind_but_not_reuse_listener)
+{
+    tsp_port_reservation_t r;
+    char err[256];
+    ck_assert_int_eq(tsp_elect_reserve_port(&r, NULL, 0, err, sizeof err), 0);
+    ck_assert_int_gt(r.port, 0);
+    ck_assert_int_ge(r.fd, 0);
+    ck_assert_int_ne(fcntl(r.fd, F_GETFD) & FD_CLOEXEC, 0);
+    /* Someone else's plain bind (no SO_REUSEADDR) loses, on the wildcard or loopback. */
+    ck_assert_int_eq(bind_listen("0.0.0.0", r.port, 0), -EADDRINUSE);
+    ck_assert_int_eq(bind_listen("127.0.0.1", r.port, 0), -EADDRINUSE);
+    /* torch's TCPStore sets SO_REUSEADDR and listens: it must win while we hold it. */
+    int l = bind_listen("0.0.0.0", r.port, 1);
+    ck_assert_int_ge(l, 0);
+    /* ...and clients reach the listener, not the reservation. */
+    int c = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)r.port);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    ck_assert_int_eq(connect(c, (struct sockaddr *)&sa, sizeof sa), 0);
+    close(c);
+    close(l);
+    tsp_elect_release_port(&r);
+    ck_assert_int_eq(r.fd, -1);
+    tsp_elect_release_port(&r); /* idempotent */
+}
+END_TEST
+
+START_TEST(test_elect_reservation_refuses_bad_input)
+{
+    tsp_port_reservation_t r;
+    char err[256] = "";
+    ck_assert_int_eq(tsp_elect_reserve_port(&r, "not-an-address", 0, err, sizeof err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "not-an-address"));
+    ck_assert_int_eq(tsp_elect_reserve_port(&r, NULL, 70000, err, sizeof err), -EINVAL);
+    ck_assert_int_eq(r.fd, -1);
+    /* A port someone listens on without reuse cannot be reserved. */
+    int l = bind_listen("0.0.0.0", 0, 0);
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    getsockname(l, (struct sockaddr *)&sa, &sl);
+    int busy = ntohs(sa.sin_port);
+    ck_assert_int_eq(tsp_elect_reserve_port(&r, NULL, busy, err, sizeof err), -EADDRINUSE);
+    ck_assert_ptr_nonnull(strstr(err, "in use"));
+    close(l);
+}
+END_TEST
+
+START_TEST(test_elect_route_source_and_ifname)
+{
+    char addr[TSP_ELECT_ADDR_MAX], ifname[TSP_ELECT_IFNAME_MAX], err[256];
+    ck_assert_int_eq(tsp_elect_route_source("127.0.0.1", addr, sizeof addr, err, sizeof err), 0);
+    ck_assert_str_eq(addr, "127.0.0.1");
+    ck_assert_int_eq(tsp_elect_ifname_of(addr, ifname, sizeof ifname), 0);
+    ck_assert_str_eq(ifname, "lo");
+    /* A name resolves too ("localhost" is in every /etc/hosts). */
+    ck_assert_int_eq(tsp_elect_route_source("localhost", addr, sizeof addr, err, sizeof err), 0);
+    ck_assert_int_eq(strncmp(addr, "127.", 4), 0);
+    ck_assert_int_eq(tsp_elect_ifname_of("192.0.2.77", ifname, sizeof ifname), -ENOENT);
+    ck_assert_int_eq(tsp_elect_ifname_of("bogus", ifname, sizeof ifname), -EINVAL);
+    ck_assert_int_ne(tsp_elect_route_source("no-such-host.invalid", addr, sizeof addr, err,
+                                            sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "no-such-host.invalid"));
+}
+END_TEST
+
+START_TEST(test_elect_master_towards_loopback)
+{
+    tsp_elect_record_t rec;
+    tsp_port_reservation_t res;
+    char err[256];
+    ck_assert_int_eq(tsp_elect_master("127.0.0.1", NULL, &rec, &res, err, sizeof err), 0);
+    ck_assert_str_eq(rec.master_addr, "127.0.0.1");
+    ck_assert_str_eq(rec.ifname, "lo");
+    ck_assert_int_eq(rec.master_port, res.port);
+    ck_assert_int_eq((int)strlen(rec.run_id), 32);
+    ck_assert_int_gt((int)strlen(rec.host), 0);
+    tsp_elect_record_t other;
+    tsp_port_reservation_t res2;
+    ck_assert_int_eq(tsp_elect_master("127.0.0.1", "fixed-id", &other, &res2, err, sizeof err), 0);
+    ck_assert_str_eq(other.run_id, "fixed-id");
+    ck_assert_int_ne(other.master_port, rec.master_port);
+    tsp_elect_release_port(&res);
+    tsp_elect_release_port(&res2);
+}
+END_TEST
+
+START_TEST(test_elect_record_roundtrip)
+{
+    tsp_elect_record_t r, back;
+    char buf[TSP_ELECT_RECORD_MAX + 1], err[256];
+    tsp_elect_record_init(&r);
+    snprintf(r.master_addr, sizeof r.master_addr, "10.1.2.3");
+    r.master_port = 40123;
+    snprintf(r.run_id, sizeof r.run_id, "abc\"def\\g\n");
+    snprintf(r.host, sizeof r.host, "exec-1");
+    snprintf(r.ifname, sizeof r.ifname, "eth0");
+    int n = tsp_elect_record_pack(&r, buf, sizeof buf);
+    ck_assert_int_gt(n, 0);
+    ck_assert_int_eq((int)strlen(buf), n);
+    ck_assert_ptr_nonnull(strstr(buf, "\"version\":1"));
+    ck_assert_int_eq(tsp_elect_record_unpack(buf, (size_t)n, &back, err, sizeof err), 0);
+    ck_assert_int_eq(memcmp(&r, &back, sizeof r), 0);
+    ck_assert_int_eq(tsp_elect_record_pack(&r, buf, 20), -ENOSPC);
+    r.master_port = 0;
+    ck_assert_int_eq(tsp_elect_record_pack(&r, buf, sizeof buf), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_elect_record_unpack_tolerates_unknown_keys_and_whitespace)
+{
+    tsp_elect_record_t r;
+    char err[256];
+    const char *s = " { \"run_id\" : \"x\\u0041\" , \"extra\": [1],"
+                    "\"master_addr\":\"::1\",\"master_port\":5,\"version\":1 } ";
+    /* A nested value is not part of version 1: refused. */
+    ck_assert_int_eq(tsp_elect_record_unpack(s, strlen(s), &r, err, sizeof err), -EINVAL);
+    s = " { \"run_id\" : \"x\\u0041\" , \"extra\": null, \"n\": -4, \"b\": true,"
+        "\"master_addr\":\"::1\",\"master_port\":5,\"version\":1 } ";
+    ck_assert_int_eq(tsp_elect_record_unpack(s, strlen(s), &r, err, sizeof err), 0);
+    ck_assert_str_eq(r.run_id, "xA");
+    ck_assert_str_eq(r.master_addr, "::1");
+    ck_assert_int_eq(r.master_port, 5);
+}
+END_TEST
+
+START_TEST(test_elect_record_unpack_refusals)
+{
+    tsp_elect_record_t r;
+    char err[256], big[TSP_ELECT_RECORD_MAX + 2];
+    static const struct { const char *in; const char *msg; } cases[] = {
+        {"{\"version\":2,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\"}", "version 2"},
+        {"{\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\"}", "no \"version\""},
+        {"{\"version\":1,\"master_port\":1,\"run_id\":\"r\"}", "lacks"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":70000,\"run_id\":\"r\"}", "70000"},
+        {"{\"version\":1,\"master_addr\":\"a\"", "not a flat JSON"},
+        {"{\"version\":1}x", "not a flat JSON"},
+        {"[1]", "not a flat JSON"},
+        {"", "not a flat JSON"},
+        {"{\"version\":99999999999}", "bad value"},
+        {"{\"master_addr\":\"\\u00e9\"}", "bad value"},
+        {"{\"master_addr\":\"\\q\"}", "bad value"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        err[0] = '\0';
+        ck_assert_int_eq(tsp_elect_record_unpack(cases[i].in, strlen(cases[i].in), &r, err,
+                                                 sizeof err), -EINVAL);
+        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err,
+                      cases[i].msg);
+    }
+    memset(big, ' ', sizeof big);
+    ck_assert_int_eq(tsp_elect_record_unpack(big, sizeof big, &r, err, sizeof err), -E2BIG);
+    /* An over-long string is refused, not truncated. */
+    char longid[400];
+    int n = snprintf(longid, sizeof longid,
+                     "{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"%0200d\"}", 0);
+    ck_assert_int_eq(tsp_elect_record_unpack(longid, (size_t)n, &r, err, sizeof err), -EINVAL);
+}
+END_TEST
+
+static Suite *elect_suite(void)
+{
+    Suite *s = suite_create("elect");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_elect_reservation_blocks_plain_bind_but_not_reuse_listener);
+    tcase_add_test(tc, test_elect_reservation_refuses_bad_input);
+    tcase_add_test(tc, test_elect_route_source_and_ifname);
+    tcase_add_test(tc, test_elect_master_towards_loopback);
+    tcase_add_test(tc, test_elect_record_roundtrip);
+    tcase_add_test(tc, test_elect_record_unpack_tolerates_unknown_keys_and_whitespace);
+    tcase_add_test(tc, test_elect_record_unpack_refusals);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tsp_test_main(elect_suite());
+}

@@ -1,0 +1,257 @@
+/* test_logclient.c: the agent's sender: buffering under backpressure, reconnect to a
+ * restarted server without loss or duplicates, local fallback with one warning, drop mode. */
+#include <fcntl.h>
+#include <pthread.h>
+
+#include "logtest.h"
+#include "testutil.h"
+
+static tsp_logserver_t *server_at(int port, const uint8_t *secret, size_t queue_bytes)
+{
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.port = port;
+    o.secret = secret;
+    o.event_fd = -1;
+    if (queue_bytes)
+        o.queue_bytes = queue_bytes;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    return s;
+}
+
+/* Pulls every line available within wait_ms; checks "<i>" order from *next. */
+static long drain(tsp_logserver_t *s, long *next, long want, int wait_ms)
+{
+    tsp_logline_t l[256];
+    long got = 0;
+    while (got < want) {
+        int n = tsp_logserver_pull(s, l, want - got < 256 ? (int)(want - got) : 256, wait_ms);
+        if (n <= 0)
+            break;
+        for (int i = 0; i < n; i++) {
+            char tmp[32];
+            memcpy(tmp, l[i].data, l[i].len);
+            tmp[l[i].len] = 0;
+            ck_assert_int_eq(atol(tmp), *next);
+            (*next)++;
+            got++;
+        }
+    }
+    return got;
+}
+
+START_TEST(test_logclient_reconnect_after_server_restart)
+{
+    uint8_t secret[32];
+    memset(secret, 0x11, sizeof secret);
+    tsp_logserver_t *s = server_at(0, secret, 0);
+    int port = tsp_logserver_port(s);
+    tsp_logclient_t *c = client_for(s, port, 0);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    long next = 0, i = 0;
+    char buf[32];
+    for (; i < 5000; i++)
+        sink_put(k, 0, 1, buf, (size_t)snprintf(buf, sizeof buf, "%ld", i));
+    ck_assert_int_eq(drain(s, &next, 2000, 2000), 2000);
+    /* the driver goes away while lines are in flight, then comes back on the same port */
+    tsp_logserver_shutdown(s, 50);
+    drain(s, &next, 1000000, 0);
+    tsp_logserver_free(s);
+    for (; i < 8000; i++)
+        sink_put(k, 0, 1, buf, (size_t)snprintf(buf, sizeof buf, "%ld", i));
+    usleep(300 * 1000);
+    s = server_at(port, secret, 0);
+    for (; i < 10000; i++)
+        sink_put(k, 0, 1, buf, (size_t)snprintf(buf, sizeof buf, "%ld", i));
+    drain(s, &next, 10000 - next, 5000);
+    ck_assert_int_eq(next, 10000);
+    tsp_logclient_stats_t st;
+    tsp_logclient_stats(c, &st);
+    ck_assert_uint_ge(st.connects, 2);
+    ck_assert_uint_eq(st.local, 0);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logclient_local_fallback_one_warning)
+{
+    /* a port nobody listens on */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    bind(lfd, (struct sockaddr *)&a, sizeof a);
+    getsockname(lfd, (struct sockaddr *)&a, &al);
+    int port = ntohs(a.sin_port);
+    close(lfd);
+    int out[2], err[2];
+    ck_assert_int_eq(pipe2(out, O_NONBLOCK), 0);
+    ck_assert_int_eq(pipe2(err, O_NONBLOCK), 0);
+    tsp_logclient_opts_t o;
+    tsp_logclient_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.local_out_fd = out[1];
+    o.local_err_fd = err[1];
+    o.hostname = "unit";
+    char e[256];
+    tsp_logclient_t *c = tsp_logclient_start(&o, e, sizeof e);
+    ck_assert_ptr_nonnull(c);
+    sink_put(tsp_logclient_sink(c), 3, 1, "hello", 5);
+    sink_put(tsp_logclient_sink(c), 3, 2, "oops", 4);
+    usleep(500 * 1000);
+    sink_put(tsp_logclient_sink(c), 4, 1, "later", 5);
+    ck_assert_int_eq(tsp_logclient_close(c, 300), -ENOTCONN);
+    char b[4096];
+    ssize_t n = read(out[0], b, sizeof b - 1);
+    ck_assert_int_gt(n, 0);
+    b[n] = 0;
+    ck_assert_str_eq(b, "[rank 3] hello\n[rank 4] later\n");
+    n = read(err[0], b, sizeof b - 1);
+    ck_assert_int_gt(n, 0);
+    b[n] = 0;
+    char *w = strstr(b, "warning: cannot reach the driver's log server");
+    ck_assert_ptr_nonnull(w);
+    ck_assert_ptr_null(strstr(w + 1, "warning"));
+    ck_assert_ptr_nonnull(strstr(b, "[rank 3] oops\n"));
+    for (int i = 0; i < 2; i++) {
+        close(out[i]);
+        close(err[i]);
+    }
+}
+END_TEST
+
+START_TEST(test_logclient_backpressure_lossless)
+{
+    /* A consumer that does not pull: the server's queue fills, the socket fills, then the
+     * client's bound: write_line says -EAGAIN; after pulling, wake_fd fires. */
+    tsp_logserver_t *s = server_at(0, NULL, 64 * 1024);
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 0);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    static char line[8192];
+    memset(line, 'x', sizeof line);
+    long i = 0;
+    int rc = 0;
+    for (; i < 100000; i++) {
+        int n = snprintf(line, 16, "%ld", i);
+        line[n] = ' ';
+        tsp_line_t l = {.rank = 0, .stream = 1, .data = line, .len = sizeof line};
+        if ((rc = k->write_line(k->ctx, &l)) == -EAGAIN)
+            break;
+        ck_assert_int_eq(rc, 0);
+    }
+    ck_assert_int_eq(rc, -EAGAIN);
+    ck_assert_int_lt(i, 100000);
+    tsp_logserver_stats_t st;
+    tsp_logserver_stats(s, &st);
+    ck_assert_uint_le(st.queued_bytes, 64 * 1024 + 2 * sizeof line);
+    struct pollfd p = {.fd = k->wake_fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 200), 0); /* no room until someone pulls */
+    long next = 0;
+    tsp_logline_t l[64];
+    while (next < i) {
+        int n = tsp_logserver_pull(s, l, 64, 2000);
+        ck_assert_int_gt(n, 0);
+        for (int j = 0; j < n; j++, next++) {
+            ck_assert_uint_eq(l[j].len, sizeof line);
+            ck_assert_int_eq(atol(l[j].data), next);
+        }
+    }
+    ck_assert_int_eq(poll(&p, 1, 2000), 1);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logclient_drop_mode_counts)
+{
+    tsp_logserver_t *s = server_at(0, NULL, 64 * 1024);
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 1);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    static char line[8192];
+    memset(line, 'y', sizeof line);
+    for (int i = 0; i < 20000; i++) {
+        tsp_line_t l = {.rank = 5, .stream = 1, .data = line, .len = sizeof line};
+        ck_assert_int_eq(k->write_line(k->ctx, &l), 0); /* never -EAGAIN */
+    }
+    tsp_logclient_stats_t cs;
+    tsp_logclient_stats(c, &cs);
+    ck_assert_uint_gt(cs.dropped, 0);
+    ck_assert_uint_eq(cs.lines + cs.dropped, 20000);
+    long got = 0;
+    tsp_logline_t l[64];
+    int32_t ranks[4];
+    uint64_t counts[4];
+    for (int tries = 0; tries < 200; tries++) {
+        int n;
+        while ((n = tsp_logserver_pull(s, l, 64, 20)) > 0)
+            got += n;
+        if (tsp_logserver_dropped(s, ranks, counts, 4) == 1 && counts[0] == cs.dropped &&
+            got == (long)cs.lines)
+            break;
+    }
+    ck_assert_int_eq(tsp_logserver_dropped(s, ranks, counts, 4), 1);
+    ck_assert_int_eq(ranks[0], 5);
+    ck_assert_uint_eq(counts[0], cs.dropped);
+    ck_assert_int_eq(got, (long)cs.lines);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logclient_long_line_split_and_endpoint)
+{
+    tsp_logserver_t *s = server_at(0, NULL, 0);
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 0);
+    size_t n = 2 * TSP_WIRE_MAX_LINE + 10;
+    char *big = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        big[i] = (char)(i * 31);
+    sink_put(tsp_logclient_sink(c), 1, 2, big, n);
+    tsp_logline_t l[4];
+    size_t off = 0;
+    int pieces = 0;
+    while (off < n) {
+        int k = tsp_logserver_pull(s, l, 4, 2000);
+        ck_assert_int_gt(k, 0);
+        for (int j = 0; j < k; j++, pieces++) {
+            ck_assert_int_eq(memcmp(l[j].data, big + off, l[j].len), 0);
+            off += l[j].len;
+            ck_assert_uint_eq(l[j].flags, off < n ? TSP_LINE_CONTINUED : 0);
+            ck_assert_uint_eq(l[j].stream, 2);
+        }
+    }
+    ck_assert_int_eq(pieces, 3);
+    free(big);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+    char host[64];
+    int port;
+    ck_assert_int_eq(tsp_logclient_parse_endpoint("10.0.0.1:29500", host, sizeof host, &port), 0);
+    ck_assert_str_eq(host, "10.0.0.1");
+    ck_assert_int_eq(port, 29500);
+    ck_assert_int_eq(tsp_logclient_parse_endpoint("[::1]:80", host, sizeof host, &port), 0);
+    ck_assert_str_eq(host, "::1");
+    ck_assert_int_eq(tsp_logclient_parse_endpoint("host", host, sizeof host, &port), -EINVAL);
+    ck_assert_int_eq(tsp_logclient_parse_endpoint("host:0", host, sizeof host, &port), -EINVAL);
+    ck_assert_int_eq(tsp_logclient_parse_endpoint(":1", host, sizeof host, &port), -EINVAL);
+    ck_assert_int_eq(tsp_logclient_parse_endpoint("h:1x", host, sizeof host, &port), -EINVAL);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("logclient");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_logclient_reconnect_after_server_restart);
+    tcase_add_test(tc, test_logclient_local_fallback_one_warning);
+    tcase_add_test(tc, test_logclient_backpressure_lossless);
+    tcase_add_test(tc, test_logclient_drop_mode_counts);
+    tcase_add_test(tc, test_logclient_long_line_split_and_endpoint);
+    suite_add_tcase(s, tc);
+    return tsp_test_main(s);
+}

@@ -1,0 +1,359 @@
+/* test_logserver.c: the driver's log server over loopback: many agents, every handshake
+ * rejection on a real socket, garbage connections, tails, backpressure, output transfer. */
+#include <pthread.h>
+#include <sys/stat.h>
+
+#include "logtest.h"
+#include "testutil.h"
+#include "torchspark/output.h"
+
+static tsp_logserver_t *server(size_t queue_bytes, int hs_timeout_ms)
+{
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.event_fd = -1;
+    o.events_to_queue = 1;
+    if (queue_bytes)
+        o.queue_bytes = queue_bytes;
+    if (hs_timeout_ms)
+        o.handshake_timeout_ms = hs_timeout_ms;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    ck_assert_int_gt(tsp_logserver_port(s), 0);
+    ck_assert_str_eq(tsp_logserver_host(s), "127.0.0.1");
+    return s;
+}
+
+/* Pulls until `want` rank lines arrived, checking per-rank order ("<rank>:<i>"). */
+static void pull_ordered(tsp_logserver_t *s, int ranks, long per_rank)
+{
+    long *next = calloc((size_t)ranks, sizeof(long));
+    long got = 0, want = ranks * per_rank;
+    tsp_logline_t lines[512];
+    while (got < want) {
+        int n = tsp_logserver_pull(s, lines, 512, 5000);
+        ck_assert_int_gt(n, 0);
+        for (int i = 0; i < n; i++) {
+            if (lines[i].rank < 0)
+                continue; /* a server event */
+            int r;
+            long k;
+            char tmp[64];
+            ck_assert_uint_lt(lines[i].len, sizeof tmp);
+            memcpy(tmp, lines[i].data, lines[i].len);
+            tmp[lines[i].len] = 0;
+            ck_assert_int_eq(sscanf(tmp, "%d:%ld", &r, &k), 2);
+            ck_assert_int_eq(r, lines[i].rank);
+            ck_assert_int_eq(k, next[r]);
+            next[r]++;
+            got++;
+        }
+    }
+    free(next);
+}
+
+typedef struct feeder {
+    tsp_logserver_t *srv;
+    int rank;
+    long lines;
+} feeder_t;
+
+static void *feed(void *arg)
+{
+    feeder_t *f = arg;
+    tsp_logclient_t *c = client_for(f->srv, tsp_logserver_port(f->srv), 0);
+    char buf[64];
+    for (long i = 0; i < f->lines; i++) {
+        int n = snprintf(buf, sizeof buf, "%d:%ld", f->rank, i);
+        sink_put(tsp_logclient_sink(c), f->rank, 1 + (int)(i & 1), buf, (size_t)n);
+    }
+    ck_assert_int_eq(tsp_logclient_close(c, 20000), 0);
+    return NULL;
+}
+
+START_TEST(test_logserver_many_clients_order)
+{
+    tsp_logserver_t *s = server(256 * 1024, 0); /* small queue: backpressure is exercised */
+    enum { N = 16, L = 20000 };
+    pthread_t th[N];
+    feeder_t f[N];
+    for (int i = 0; i < N; i++) {
+        f[i] = (feeder_t){s, i, L};
+        pthread_create(&th[i], NULL, feed, &f[i]);
+    }
+    pull_ordered(s, N, L);
+    for (int i = 0; i < N; i++)
+        pthread_join(th[i], NULL);
+    tsp_logserver_stats_t st;
+    tsp_logserver_stats(s, &st);
+    ck_assert_uint_eq(st.lines, (uint64_t)N * L);
+    ck_assert_uint_eq(st.authenticated, N);
+    ck_assert_uint_eq(st.rejected, 0);
+    char tail[256];
+    long need = tsp_logserver_tail(s, 3, 2, tail, sizeof tail);
+    ck_assert_int_eq(need, (long)strlen("3:19998\n3:19999\n"));
+    ck_assert_int_eq(memcmp(tail, "3:19998\n3:19999\n", (size_t)need), 0);
+    tsp_logserver_shutdown(s, 1000);
+    tsp_logline_t l;
+    ck_assert_int_eq(tsp_logserver_pull(s, &l, 1, 10), -EPIPE);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* Expects the server to answer ERROR (containing `why`) and close. */
+static void expect_refused(int fd, const char *why)
+{
+    uint8_t p[2048];
+    size_t n = 0;
+    int t = raw_read_frame(fd, p, sizeof p, &n);
+    ck_assert_int_eq(t, TSP_WIRE_ERROR);
+    p[n] = 0;
+    ck_assert_msg(strstr((char *)p, why) != NULL, "got '%s', want '%s'", p, why);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), -1);
+    close(fd);
+}
+
+START_TEST(test_logserver_rejections)
+{
+    tsp_logserver_t *s = server(0, 400);
+    int port = tsp_logserver_port(s);
+    uint8_t secret[32], wrong[32], hello[TSP_WIRE_HELLO_MAX], p[256];
+    tsp_logserver_secret(s, secret);
+    memset(wrong, 7, sizeof wrong);
+    size_t hl, n;
+
+    int fd = raw_connect(port); /* bad magic */
+    hl = make_hello(hello, secret, 1);
+    hello[0] = 'Z';
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    expect_refused(fd, "bad magic");
+
+    fd = raw_connect(port); /* another version */
+    hl = make_hello(hello, secret, 2);
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    expect_refused(fd, "version 2 not supported");
+
+    fd = raw_connect(port); /* no secret: another run id */
+    hl = make_hello(hello, wrong, 1);
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    expect_refused(fd, "another run");
+
+    fd = raw_connect(port); /* over-cap length before authentication */
+    uint8_t big[TSP_WIRE_HDR_LEN];
+    tsp_wire_hdr_t bh = {.type = TSP_WIRE_HELLO, .length = 5000};
+    tsp_wire_hdr_pack(big, &bh);
+    ck_assert_int_eq(send(fd, big, sizeof big, 0), (ssize_t)sizeof big);
+    expect_refused(fd, "over the cap");
+
+    fd = raw_connect(port); /* a frame other than HELLO first */
+    raw_send_frame(fd, TSP_WIRE_CLOSE, -1, NULL, 0);
+    expect_refused(fd, "unexpected CLOSE");
+
+    /* wrong HMAC: right run id (a stolen HELLO), no secret to answer the challenge */
+    fd = raw_connect(port);
+    hl = make_hello(hello, secret, 1);
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
+    uint8_t mac[32];
+    ck_assert_int_eq(tsp_wire_mac(wrong, 0, hello, hl, p + 2, mac), 0);
+    raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32);
+    expect_refused(fd, "authentication failed");
+
+    /* a correct handshake, recorded, then replayed on a new connection */
+    fd = raw_connect(port);
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
+    uint8_t nonce_s[32];
+    memcpy(nonce_s, p + 2, 32);
+    ck_assert_int_eq(tsp_wire_mac(secret, 0, hello, hl, nonce_s, mac), 0);
+    raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_WELCOME);
+    ck_assert_int_eq(tsp_wire_mac_verify(secret, 1, hello, hl, nonce_s, p, n), 0);
+    /* an oversize frame after auth is refused too */
+    uint8_t ob[TSP_WIRE_HDR_LEN];
+    tsp_wire_hdr_t oh = {.type = TSP_WIRE_LINE, .stream = 1, .length = TSP_WIRE_MAX_PAYLOAD + 1};
+    tsp_wire_hdr_pack(ob, &oh);
+    ck_assert_int_eq(send(fd, ob, sizeof ob, 0), (ssize_t)sizeof ob);
+    expect_refused(fd, "over the cap");
+    fd = raw_connect(port);
+    raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+    ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
+    raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32); /* the recorded MAC */
+    expect_refused(fd, "authentication failed");
+
+    /* a handshake that stalls */
+    fd = raw_connect(port);
+    expect_refused(fd, "did not complete in time");
+
+    tsp_logserver_stats_t st;
+    tsp_logserver_stats(s, &st);
+    ck_assert_uint_eq(st.rejected, 9);
+    ck_assert_uint_eq(st.authenticated, 1);
+    /* and a real agent still gets through */
+    tsp_logclient_t *c = client_for(s, port, 0);
+    sink_put(tsp_logclient_sink(c), 0, 1, "0:0", 3);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    pull_ordered(s, 1, 1);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logserver_garbage_does_not_stop_lines)
+{
+    tsp_logserver_t *s = server(0, 2000);
+    int port = tsp_logserver_port(s);
+    tsp_logclient_t *c = client_for(s, port, 0);
+    char junk[300];
+    for (int i = 0; i < 1000; i++) {
+        int fd = raw_connect(port);
+        for (size_t k = 0; k < sizeof junk; k++)
+            junk[k] = (char)(rand() & 0xff);
+        junk[3] = (char)(i & 1); /* half of them with a zero reserved byte */
+        ssize_t w = send(fd, junk, (size_t)(i % 300) + 1, MSG_NOSIGNAL);
+        (void)w;
+        close(fd);
+        char line[32];
+        int n = snprintf(line, sizeof line, "0:%d", i);
+        sink_put(tsp_logclient_sink(c), 0, 1, line, (size_t)n);
+    }
+    pull_ordered(s, 1, 1000);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+static void write_file(const char *path, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    for (size_t i = 0; i < n; i++)
+        fputc((int)((i * 2654435761u) >> 13) & 0xff, f);
+    fclose(f);
+}
+
+START_TEST(test_logserver_output_memory_and_file)
+{
+    tsp_logserver_t *s = server(0, 0);
+    char src[] = "/tmp/tsp_out_srcXXXXXX", dst[] = "/tmp/tsp_out_dstXXXXXX";
+    close(mkstemp(src));
+    close(mkstemp(dst));
+    size_t size = 3 * TSP_WIRE_MAX_CHUNK + 12345;
+    write_file(src, size);
+    tsp_output_opts_t o;
+    tsp_output_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = tsp_logserver_port(s);
+    tsp_logserver_secret(s, o.secret);
+    char err[600];
+    /* not expected yet: refused */
+    o.attempts = 1;
+    ck_assert_int_ne(tsp_output_send(&o, src, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "does not expect"));
+    ck_assert_int_eq(tsp_logserver_expect_output(s, NULL), 0);
+    ck_assert_int_eq(tsp_output_send(&o, src, err, sizeof err), 0);
+    ck_assert_int_eq(tsp_logserver_output_wait(s, 1000), 0);
+    const void *data;
+    uint64_t len;
+    ck_assert_int_eq(tsp_logserver_output_data(s, &data, &len), 0);
+    ck_assert_uint_eq(len, size);
+    FILE *f = fopen(src, "rb");
+    char *want = malloc(size);
+    ck_assert_uint_eq(fread(want, 1, size, f), size);
+    fclose(f);
+    ck_assert_int_eq(memcmp(data, want, size), 0);
+    /* a second output is refused */
+    ck_assert_int_ne(tsp_output_send(&o, src, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(err, "already received"));
+    tsp_logserver_free(s);
+
+    s = server(0, 0); /* to a file, empty output too */
+    o.port = tsp_logserver_port(s);
+    tsp_logserver_secret(s, o.secret);
+    ck_assert_int_eq(tsp_logserver_expect_output(s, dst), 0);
+    ck_assert_int_eq(tsp_output_send(&o, src, err, sizeof err), 0);
+    ck_assert_int_eq(tsp_logserver_output_wait(s, 1000), 0);
+    struct stat sb;
+    ck_assert_int_eq(stat(dst, &sb), 0);
+    ck_assert_int_eq(sb.st_size, (off_t)size);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    tsp_logserver_free(s);
+    free(want);
+    unlink(src);
+    unlink(dst);
+}
+END_TEST
+
+START_TEST(test_logserver_output_bad_digest_and_length)
+{
+    tsp_logserver_t *s = server(0, 0);
+    int port = tsp_logserver_port(s);
+    uint8_t secret[32], hello[TSP_WIRE_HELLO_MAX], p[256], mac[32];
+    tsp_logserver_secret(s, secret);
+    ck_assert_int_eq(tsp_logserver_expect_output(s, NULL), 0);
+    for (int round = 0; round < 2; round++) {
+        tsp_wire_hello_t h = {.version = 1, .role = TSP_WIRE_ROLE_OUTPUT, .agent_id = 9};
+        tsp_wire_run_id(secret, h.run_id);
+        size_t hl = (size_t)tsp_wire_hello_pack(hello, sizeof hello, &h), n;
+        int fd = raw_connect(port);
+        raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
+        ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
+        tsp_wire_mac(secret, 0, hello, hl, p + 2, mac);
+        raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32);
+        ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_WELCOME);
+        uint8_t v[8];
+        tsp_wire_put_u64(v, 4);
+        raw_send_frame(fd, TSP_WIRE_OUT_BEGIN, -1, v, 8);
+        if (round == 0) {
+            raw_send_frame(fd, TSP_WIRE_OUT_CHUNK, -1, "abcd", 4);
+            memset(p, 0, 32);
+            raw_send_frame(fd, TSP_WIRE_OUT_END, -1, p, 32);
+            expect_refused(fd, "digest mismatch");
+        } else {
+            raw_send_frame(fd, TSP_WIRE_OUT_CHUNK, -1, "abcde", 5);
+            expect_refused(fd, "past the announced");
+        }
+    }
+    ck_assert_int_eq(tsp_logserver_output_wait(s, 50), -ETIMEDOUT);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logserver_format_prefix)
+{
+    char b[64];
+    ck_assert_uint_eq(tsp_logserver_format_prefix(b, sizeof b, NULL, NULL, 12, 1), 10);
+    ck_assert_str_eq(b, "[rank 12] ");
+    tsp_logserver_format_prefix(b, sizeof b, NULL, NULL, 3, 2);
+    ck_assert_str_eq(b, "[rank 3] [stderr] ");
+    tsp_logserver_format_prefix(b, sizeof b, "<{rank}|{rank}> ", "E ", 5, 2);
+    ck_assert_str_eq(b, "<5|5> E ");
+    ck_assert_uint_eq(tsp_logserver_format_prefix(b, 4, NULL, NULL, 3, 1), 9);
+    ck_assert_str_eq(b, "[ra");
+}
+END_TEST
+
+START_TEST(test_logserver_bind_refuses_bad_host)
+{
+    char err[256];
+    ck_assert_ptr_null(tsp_logserver_new("203.0.113.1", 0, NULL, 0, err, sizeof err));
+    ck_assert_ptr_nonnull(strstr(err, "cannot listen"));
+    ck_assert_ptr_null(tsp_logserver_new("127.0.0.1", 0, "xyz", 0, err, sizeof err));
+    ck_assert_ptr_nonnull(strstr(err, "64 hex"));
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("logserver");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_logserver_many_clients_order);
+    tcase_add_test(tc, test_logserver_rejections);
+    tcase_add_test(tc, test_logserver_garbage_does_not_stop_lines);
+    tcase_add_test(tc, test_logserver_output_memory_and_file);
+    tcase_add_test(tc, test_logserver_output_bad_digest_and_length);
+    tcase_add_test(tc, test_logserver_format_prefix);
+    tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
+    suite_add_tcase(s, tc);
+    return tsp_test_main(s);
+}
