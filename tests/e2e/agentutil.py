@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -182,7 +181,3 @@ def root_cause(block: list[str]) -> dict[str, str]:
             key = k.strip()
             fields[key] = v.strip()
     return fields
-
-
-def python_exe() -> str:
-    return sys.executable
