@@ -162,9 +162,6 @@ def test_env_single_proc_no_omp(tmp_path):
     assert "OMP_NUM_THREADS" not in sides["ours"][0][0]["env"]
 
 
-@pytest.mark.xfail(strict=True, reason="torchspark-run sets MASTER_ADDR=127.0.0.1 where "
-                   "torchrun 2.15 sets 'localhost' (--standalone, and one node without "
-                   "--master-port: torchrun's c10d endpoint localhost:0)")
 @pytest.mark.parametrize("args", [[], ["--standalone"]], ids=["defaults", "standalone"])
 def test_env_single_node_free_port(tmp_path, args):
     # Without --master-port on one node (and with --standalone) torchrun picks a free port and
@@ -223,8 +220,6 @@ ARGS_SUBST = ["${local_rank}", "$local_rank", "x$local_rank.y", "$$local_rank", 
               "${other}", "100$", "a${local_rank}b${local_rank}", "$local_rankx"]
 
 
-@pytest.mark.xfail(strict=True, reason="torchspark-run replaces only ${local_rank}; torchrun "
-                   "applies string.Template.safe_substitute (also $local_rank, and $$ -> $)")
 def test_local_rank_substitution_as_torchrun(tmp_path):
     # torchrun (elastic/utils/api.py macros.substitute) runs every script argument through
     # string.Template(arg).safe_substitute(local_rank=...): the expected values follow.

@@ -143,8 +143,6 @@ def test_second_sigterm_kills_at_once(tmp_path, marker):
     assert survivors(marker) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the exitcode line lacks torchrun's signal name suffix: "
-                   "torchrun prints '-9 (pid: P)  (SIGKILL)', torchspark-run '-9 (pid: P)'")
 def test_signal_exitcode_line_as_torchrun(tmp_path, marker):
     r = run(_agent("--nproc-per-node", "2", WORKER, "selfkill", str(tmp_path)),
             base_env(marker), timeout=25)
