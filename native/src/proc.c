@@ -223,6 +223,10 @@ int tsp_proc_signal_descendants(pid_t root, int sig)
     closedir(d);
     /* Breadth-first from root over the pairs sorted by parent: O(n log n) in the number
      * of processes on the machine, so a crowded host does not slow a teardown. */
+    if (n == 0) { /* /proc unreadable or empty: nothing to signal */
+        free(all);
+        return 0;
+    }
     qsort(all, n, sizeof *all, by_ppid);
     pid_t *queue = malloc((n + 1) * sizeof *queue);
     if (!queue) {
