@@ -65,7 +65,8 @@ struct tsp_logclient {
     tsp_logclient_stats_t st;
     /* sender thread only */
     int fd;
-    int fallback, warned, warned_stall, ever_connected;
+    int fallback, warned, ever_connected;
+    int warned_stall;
     int64_t lost_at;
     int64_t progress_at; /* the driver last took bytes or acknowledged lines */
     uint64_t agent_id;
@@ -702,12 +703,31 @@ fail:
     return NULL;
 }
 
+/* TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) overrides stall_ms for the CLI. */
+static int stall_from_env(tsp_logclient_opts_t *o, char *err, size_t errlen)
+{
+    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
+    if (!stall || !*stall)
+        return 0;
+    char *end;
+    double sec = strtod(stall, &end);
+    if (*end || sec < 0 || sec > 86400) {
+        snprintf(err, errlen, "TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), not '%s'",
+                 stall);
+        return -EINVAL;
+    }
+    o->stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
+    return 0;
+}
+
 tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
                                               int node_rank, int drop, char *err, size_t errlen)
 {
     tsp_logclient_opts_t o;
     char host[256];
     tsp_logclient_opts_init(&o);
+    if (stall_from_env(&o, err, errlen))
+        return NULL;
     if (tsp_logclient_parse_endpoint(endpoint, host, sizeof(host), &o.port)) {
         snprintf(err, errlen, "--log-endpoint must be HOST:PORT, not '%s'", endpoint);
         return NULL;
@@ -721,17 +741,6 @@ tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *
     o.host = host;
     o.node_rank = node_rank;
     o.drop = drop;
-    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
-    if (stall && *stall) {
-        char *end;
-        double sec = strtod(stall, &end);
-        if (*end || sec < 0 || sec > 86400) {
-            snprintf(err, errlen, "TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), "
-                                  "not '%s'", stall);
-            return NULL;
-        }
-        o.stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
-    }
     return tsp_logclient_start(&o, err, errlen);
 }
 

@@ -43,7 +43,8 @@ typedef struct tsp_logclient_opts {
     int backoff_max_ms;     /* reconnect backoff cap (default 5000) */
     int stall_ms;           /* connected, but the driver took nothing for this long while
                                writers wait: local fallback as if it were unreachable, then
-                               retry after as long again (default 60000; <= 0: never) */
+                               retry after as long again (default 60000; <= 0: never; the
+                               CLI reads TORCHSPARK_LOG_STALL_TIMEOUT, seconds) */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
     int local_err_fd;
 } tsp_logclient_opts_t;
@@ -68,8 +69,7 @@ TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t h
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
                                                 size_t errlen);
 /* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
- * stall_ms from TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) when set, defaults
- * otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
+ * defaults otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint,
                                                          const char *secret_hex, int node_rank,
                                                          int drop, char *err, size_t errlen);
