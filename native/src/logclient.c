@@ -66,9 +66,9 @@ struct tsp_logclient {
     /* sender thread only */
     int fd;
     int fallback, warned, ever_connected;
-    int warned_stall;
     int64_t lost_at;
     int64_t progress_at; /* the driver last took bytes or acknowledged lines */
+    int warned_stall;
     uint64_t agent_id;
     int result;
 };
