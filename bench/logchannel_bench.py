@@ -8,8 +8,10 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
    million lines. torchspark: 4 real torchspark-run agents, each with one worker printing
    --lines lines of 100 bytes; the driver formats them (natively, LogServer.write_to) and
    writes them to /dev/null. The two alternate run by run.
-   stock: 4 processes each calling LogStreamingClient.send() --lines times; stock's server
-   writes to sys.stderr (pointed at /dev/null); received lines are counted at that write.
+   stock: the same 4 workers, each run by PySpark's own task-side loop
+   (TorchDistributor._execute_command with a LogStreamingClient: read the worker's piped
+   stdout line by line, send each line); stock's LogStreamingServer writes to sys.stderr
+   (pointed at a counter); received lines are counted at that write.
 2. output shipped: 1 GiB to memory and 3 GiB to a file with tsp_output_send (SHA-256
    checked on both ends; the agent's and the driver's code in one process, two threads;
    one untimed warm-up transfer each) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
@@ -46,12 +48,13 @@ from torchspark._native import LogServer, load_library  # noqa: E402
 import psutil  # noqa: E402
 
 SENDER = r'''
-import sys, time
+import sys
+from pyspark.ml.torch.distributor import TorchDistributor
 from pyspark.ml.torch.log_communication import LogStreamingClient
+# PySpark's own task-side loop: run the worker with stdout piped, send each line.
 c = LogStreamingClient("127.0.0.1", int(sys.argv[1]))
-line = "x" * 100
-for i in range(int(sys.argv[2])):
-    c.send(line)
+TorchDistributor._execute_command([sys.executable, sys.argv[2], sys.argv[3]],
+                                  log_streaming_client=c)
 c.close()
 '''
 WORKER = r'''
@@ -112,11 +115,14 @@ def run_stock(lines: int, senders: int = 4):
         srv.start("127.0.0.1")
         time.sleep(0.3)
         c0, t0 = cpu(), time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", SENDER, str(srv.port), str(lines)])
+        wfile = Path(tempfile.mkdtemp()) / "w.py"
+        wfile.write_text(WORKER)
+        procs = [subprocess.Popen([sys.executable, "-c", SENDER, str(srv.port), str(wfile),
+                                   str(lines)], stdout=subprocess.DEVNULL)
                  for _ in range(senders)]
         for p in procs:
             p.wait()
-        want = senders * lines
+        want = senders * (lines // 64 * 64)
         deadline = time.perf_counter() + 60
         last, stall = -1, 0
         while Count.n < want and time.perf_counter() < deadline and stall < 20:
