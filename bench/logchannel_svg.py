@@ -65,7 +65,7 @@ def main() -> None:
     ts, st = res["torchspark"], res["stock"]
     stock_lps = statistics.median(st["lines_per_s"])
     panels = [
-        ("lines/s to the driver", "4 senders x %d lines" % res["lines"],
+        ("lines/s to the driver", "4 senders x {:,} lines".format(res["lines"]),
          [("torchspark", COLORS["torchspark"], ts["lines_per_s"]),
           ("PySpark\nLogStreaming", COLORS["stock"], st["lines_per_s"])],
          20 * stock_lps, "goal: 20x stock"),
@@ -82,7 +82,8 @@ def main() -> None:
     body = []
     for i, (title, unit, bars, goal, gl) in enumerate(panels):
         body += panel(i * W, title, unit, bars, goal, gl)
-    foot = "%s; %s (medians of %d; dots: single runs)" % (res["date"], res["start"], res["runs"])
+    when = "; ".join(x for x in (res.get("date"), res.get("start")) if x)
+    foot = "%s (medians of %d; dots: single runs)" % (when, res["runs"])
     svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{3 * W}" height="{H + 16}" '
            f'font-family="sans-serif" font-size="12">',
            f'<rect width="{3 * W}" height="{H + 16}" fill="white"/>', *body,
