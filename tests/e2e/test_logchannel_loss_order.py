@@ -116,3 +116,28 @@ def test_read_text_matches_format_line(tmp_path):
     assert texts["text"] == texts["pull"]
     assert "<0> bad \ufffd\ufffd utf8\n" in texts["text"]
     assert "<0> E oops\n" in texts["text"]
+
+
+def test_distributor_pump_writes_rank_lines_to_stderr(tmp_path, capfd):
+    """The distributor's pump (natively formatted batches) puts each worker line on the
+    driver's sys.stderr as "[rank N] text", stderr lines with their marker."""
+    import subprocess
+    import sys
+
+    from torchspark.distributor import _LogPump
+
+    script = tmp_path / "w.py"
+    script.write_text("import sys\nprint('hello from the worker')\n"
+                      "print('to stderr', file=sys.stderr)\n")
+    srv = LogServer()
+    pump = _LogPump(srv)
+    env = dict(os.environ, **srv.agent_env())
+    p = subprocess.run([str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+                        "--log-endpoint", srv.endpoint, str(script)], env=env,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    srv.close()
+    pump.stop()
+    err = capfd.readouterr().err
+    assert "[rank 0] hello from the worker\n" in err
+    assert "[rank 0] [stderr] to stderr\n" in err
