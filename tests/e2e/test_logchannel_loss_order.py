@@ -80,12 +80,21 @@ def test_line_printed_just_before_a_crash_arrives(tmp_path):
     assert srv.tail(0, 1) == [b"last words before the crash"]
 
 
-def test_read_text_matches_format_line(tmp_path):
-    """The natively formatted batch (what the distributor writes to sys.stderr) is the
-    text that format_line gives line by line, invalid UTF-8 and stderr marker included."""
+def _run_one_agent(srv, script):
+    """One agent, one worker running script, streaming to srv; waits for it to succeed."""
     import subprocess
     import sys
 
+    env = dict(os.environ, **srv.agent_env())
+    p = subprocess.run([str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+                        "--log-endpoint", srv.endpoint, str(script)], env=env,
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+
+
+def test_read_text_matches_format_line(tmp_path):
+    """The natively formatted batch (what the distributor writes to sys.stderr) is the
+    text that format_line gives line by line, invalid UTF-8 and stderr marker included."""
     from torchspark._native import CONTINUED, format_line
 
     script = tmp_path / "w.py"
@@ -95,11 +104,7 @@ def test_read_text_matches_format_line(tmp_path):
     texts = {}
     for mode in ("text", "pull"):
         srv = LogServer()
-        env = dict(os.environ, **srv.agent_env())
-        p = subprocess.run([str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
-                            "--log-endpoint", srv.endpoint, str(script)], env=env,
-                           capture_output=True, timeout=60)
-        assert p.returncode == 0, p.stderr.decode()[-2000:]
+        _run_one_agent(srv, script)
         srv.close()
         out = []
         while True:
@@ -121,9 +126,6 @@ def test_read_text_matches_format_line(tmp_path):
 def test_distributor_pump_writes_rank_lines_to_stderr(tmp_path, capfd):
     """The distributor's pump (natively formatted batches) puts each worker line on the
     driver's sys.stderr as "[rank N] text", stderr lines with their marker."""
-    import subprocess
-    import sys
-
     from torchspark.distributor import _LogPump
 
     script = tmp_path / "w.py"
@@ -131,11 +133,7 @@ def test_distributor_pump_writes_rank_lines_to_stderr(tmp_path, capfd):
                       "print('to stderr', file=sys.stderr)\n")
     srv = LogServer()
     pump = _LogPump(srv)
-    env = dict(os.environ, **srv.agent_env())
-    p = subprocess.run([str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
-                        "--log-endpoint", srv.endpoint, str(script)], env=env,
-                       capture_output=True, timeout=60)
-    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    _run_one_agent(srv, script)
     srv.close()
     pump.stop()
     err = capfd.readouterr().err
