@@ -77,7 +77,7 @@ static __attribute__((noreturn, format(printf, 1, 2))) void usage_error(const ch
     va_list ap;
     fputs("torchspark-run: error: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized): va_start above
+    vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputs(" (see torchspark-run --help)\n", stderr);
     exit(2);
