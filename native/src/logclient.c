@@ -215,9 +215,11 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         /* No memory now. Wake the agent again when the sender frees some, or at once when
          * nothing is queued (nothing would be freed): a paused stream must never wait for
          * a wake-up that cannot come. */
-        if (c->bytes)
+        if (c->bytes) {
+            if (!c->want_wake)
+                c->blocked_at = tsp__now_ms();
             c->want_wake = 1;
-        else
+        } else
             notify(c->sink.wake_fd);
         pthread_mutex_unlock(&c->mu);
         return -EAGAIN;
