@@ -94,6 +94,7 @@ struct tsp_logserver {
     pthread_cond_t fail_cv; /* signalled when root is set or the thread ended */
     char *root;             /* JSON of the run's root cause (protocol 1.7), malloc'ed */
     int ended;
+    int lost_pending;       /* copy of nlost for the host */
     int stop_req;           /* the host asked for STOP to everyone */
     char stop_req_text[STOP_TEXT_MAX];
     /* control, thread only */
@@ -266,11 +267,12 @@ static void conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
     char who[400];
     conn_who(c, who, sizeof(who));
     event(s, "torchspark log server: dropped the connection from %s: %s", who, why);
-    size_t n = strlen(why);
-    conn_send(s, c, TSP_WIRE_ERROR, why, n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
+    /* Counted before the peer can read the reason, so that stats agree with what it saw. */
     pthread_mutex_lock(&s->q.mu);
     s->q.st.rejected++;
     pthread_mutex_unlock(&s->q.mu);
+    size_t n = strlen(why);
+    conn_send(s, c, TSP_WIRE_ERROR, why, n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
     conn_free(s, c);
 }
 
@@ -387,6 +389,13 @@ static int on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
     return 0;
 }
 
+static void lost_publish(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    s->lost_pending = (int)s->nlost;
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
 /* A LOGS connection ended without CLOSE: remember it; sweep() declares it lost when its
  * agent has not reconnected within the grace. */
 static void lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
@@ -409,21 +418,26 @@ static void lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
     snprintf(l->host, sizeof(l->host), "%s", c->h.host);
     snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
     snprintf(l->why, sizeof(l->why), "%s", why);
+    lost_publish(s);
 }
 
 static void lost_forget(tsp_logserver_t *s, uint64_t agent_id)
 {
+    size_t before = s->nlost;
     for (size_t i = 0; i < s->nlost;)
         if (s->lost[i].agent_id == agent_id)
             s->lost[i] = s->lost[--s->nlost];
         else
             i++;
+    if (s->nlost != before)
+        lost_publish(s);
 }
 
 /* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
 static int64_t lost_sweep(tsp_logserver_t *s, int64_t now)
 {
     int64_t next = -1;
+    size_t before = s->nlost;
     for (size_t i = 0; i < s->nlost;) {
         lost_rec_t *l = &s->lost[i];
         if (s->t_draining) {
@@ -446,6 +460,8 @@ static int64_t lost_sweep(tsp_logserver_t *s, int64_t now)
         stop_everyone(s, TSP_WIRE_STOP_LOST, l->agent_id, msg);
         s->lost[i] = s->lost[--s->nlost];
     }
+    if (s->nlost != before)
+        lost_publish(s);
     return next;
 }
 
@@ -1229,6 +1245,14 @@ long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen, int tim
     }
     pthread_mutex_unlock(&s->ctl_mu);
     return need;
+}
+
+int tsp_logserver_lost_pending(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    int n = s->ended ? 0 : s->lost_pending;
+    pthread_mutex_unlock(&s->ctl_mu);
+    return n;
 }
 
 int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text)

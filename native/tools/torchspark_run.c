@@ -549,6 +549,8 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     if (tsp_output_send(&oo, path, err, sizeof err) != 0)
         fprintf(stderr, "torchspark-run: error: training succeeded, but its output %s did not "
                         "reach the driver: %s\n", path, err);
+    else
+        unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
 
 int main(int argc, char **argv)

@@ -21,11 +21,10 @@ from torchspark import TorchDistributor, TorchDistributorError
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = uuid.uuid4().hex
 DDP_SCRIPT = str(tsp_spark.EXAMPLES / "ddp_train.py")
-# Surviving nodes are torn down through Spark's kill path: the executor's monitor polls
-# every 2 s and SIGKILLs the Python worker after spark.python.task.killTimeout (2 s); the
-# agent's parent-death signal then stops its workers. Until the log channel can carry an
-# abort (or the TorchSparkPlugin kills task trees from the JVM), that is the bound.
-SPARK_TEARDOWN_S = 6
+# No process of the job may be alive this long after run() raised (issue 4): the failing
+# agent reports its root cause over the log channel and the driver's server sends STOP to
+# every other agent at once (docs/protocol.md 1.7), without waiting for Spark's kill path.
+SPARK_TEARDOWN_S = 2
 
 
 @pytest.fixture(scope="module")

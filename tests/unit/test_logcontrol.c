@@ -135,7 +135,11 @@ START_TEST(test_logcontrol_lost_agent_names_its_host)
     ck_assert_int_eq(atomic_load(&sa.calls), 0);
     /* gone for good (no CLOSE): lost, named by host and address */
     close(fd);
+    for (int i = 0; i < 100 && !tsp_logserver_lost_pending(s); i++)
+        usleep(2000);
+    ck_assert_int_eq(tsp_logserver_lost_pending(s), 1); /* within the grace */
     ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    ck_assert_int_eq(tsp_logserver_lost_pending(s), 0);
     ck_assert_ptr_nonnull(strstr(buf, "\"kind\": \"lost\""));
     ck_assert_msg(strstr(buf, "lost connection to node 1 (host host-b, address 127.0.0.1)"), "%s",
                   buf);

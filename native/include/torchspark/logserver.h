@@ -110,6 +110,9 @@ TSP_EXTERN const char *tsp_logserver_output_error(tsp_logserver_t *s);
  * none (timeout, or the server has stopped). */
 TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen,
                                       int timeout_ms);
+/* Agents gone without CLOSE whose lost grace is still running: a failure may follow
+ * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
+TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
 /* Sends STOP (reason TSP_WIRE_STOP_ENDED, with text) to every control agent, now and on
  * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
 TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
