@@ -337,7 +337,47 @@ static int mkdirs(const char *path)
     return 0;
 }
 
-/* argv with "${local_rank}" replaced; freed with free_argv. */
+static void free_argv(char **v);
+
+/* One argument with torchrun's substitution: string.Template(arg).safe_substitute(
+ * local_rank=N), so "$local_rank" and "${local_rank}" become N, "$$" becomes "$", and any
+ * other "$name" is left as it is. Returns a malloc'ed string. */
+static char *substitute_arg(const char *src, const char *num)
+{
+    static const char key[] = "local_rank";
+    size_t klen = sizeof key - 1, nlen = strlen(num), len = 0;
+    /* the result is never longer than the source with every '$' replaced by num */
+    size_t cap = strlen(src) + 1;
+    for (const char *p = src; *p; p++)
+        cap += *p == '$' ? nlen : 0;
+    char *d = malloc(cap);
+    if (!d)
+        return NULL;
+    for (const char *p = src; *p;) {
+        if (p[0] == '$' && p[1] == '$') {
+            d[len++] = '$';
+            p += 2;
+        } else if (p[0] == '$' && p[1] == '{' && strncmp(p + 2, key, klen) == 0 &&
+                   p[2 + klen] == '}') {
+            memcpy(d + len, num, nlen);
+            len += nlen;
+            p += klen + 3;
+        } else if (p[0] == '$' && strncmp(p + 1, key, klen) == 0 &&
+                   !(p[1 + klen] == '_' || (p[1 + klen] >= 'a' && p[1 + klen] <= 'z') ||
+                     (p[1 + klen] >= 'A' && p[1 + klen] <= 'Z') ||
+                     (p[1 + klen] >= '0' && p[1 + klen] <= '9'))) {
+            memcpy(d + len, num, nlen);
+            len += nlen;
+            p += klen + 1;
+        } else {
+            d[len++] = *p++;
+        }
+    }
+    d[len] = 0;
+    return d;
+}
+
+/* The worker's argv with torchrun's substitution; freed with free_argv. */
 static char **worker_argv(const tsp_agent_t *a, int local_rank)
 {
     size_t n = 0;
@@ -348,32 +388,15 @@ static char **worker_argv(const tsp_agent_t *a, int local_rank)
         return NULL;
     char num[24];
     snprintf(num, sizeof num, "%d", local_rank);
+    /* argv[0] is the program (python or the script itself): never substituted */
     for (size_t i = 0; i < n; i++) {
-        const char *src = a->o.argv[i];
-        size_t cap = strlen(src) + 1, len = 0;
-        for (const char *p = src; (p = strstr(p, "${local_rank}")) != NULL; p += 13)
-            cap += strlen(num);
-        char *d = malloc(cap);
-        if (!d)
-            goto fail;
-        for (const char *p = src; *p;) {
-            if (strncmp(p, "${local_rank}", 13) == 0) {
-                memcpy(d + len, num, strlen(num));
-                len += strlen(num);
-                p += 13;
-            } else {
-                d[len++] = *p++;
-            }
+        v[i] = i == 0 ? strdup(a->o.argv[0]) : substitute_arg(a->o.argv[i], num);
+        if (!v[i]) {
+            free_argv(v);
+            return NULL;
         }
-        d[len] = 0;
-        v[i] = d;
     }
     return v;
-fail:
-    for (size_t i = 0; i < n; i++)
-        free(v[i]);
-    free(v);
-    return NULL;
 }
 
 static void free_argv(char **v)
@@ -662,9 +685,16 @@ int tsp_agent_run(tsp_agent_t *a)
             continue;
         }
         struct epoll_event evs[32];
-        int n = epoll_wait(a->epfd, evs, 32, -1);
+        /* Supervision is event-driven. While stopping, a 1 s safety tick also reaps and
+         * retries paused output, so that no lost wake-up can keep a dead job's agent
+         * alive: shutdown must always end. */
+        int n = epoll_wait(a->epfd, evs, 32, a->state == ST_RUNNING ? -1 : 1000);
         if (n < 0 && errno != EINTR)
             return -errno;
+        if (n == 0) {
+            reap(a);
+            resume_paused(a);
+        }
         for (int i = 0; i < n; i++)
             handle_event(a, evs[i].data.u64);
     }

@@ -2,6 +2,8 @@
  * versioned JSON record that carries it to every node. See torchspark/elect.h and
  * docs/protocol.md ("Election record"). */
 #include "torchspark/elect.h"
+#include "torchspark/json.h"
+#include "torchspark/topo.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -89,7 +91,7 @@ int tsp_elect_reserve_port(tsp_port_reservation_t *r, const char *addr, int port
         seterr(err, errlen, "cannot reserve port %d: not in 0..65535", port);
         return -EINVAL;
     }
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {0};
     socklen_t sslen;
     if (parse_addr(addr && *addr ? addr : "0.0.0.0", &ss, &sslen, port) != 0) {
         seterr(err, errlen, "cannot reserve a port on '%s': not a numeric address", addr);
@@ -112,7 +114,7 @@ int tsp_elect_reserve_port(tsp_port_reservation_t *r, const char *addr, int port
                addr && *addr ? addr : "0.0.0.0", strerror(e));
         return -e;
     }
-    struct sockaddr_storage got;
+    struct sockaddr_storage got = {0};
     socklen_t gotlen = sizeof got;
     if (getsockname(fd, (struct sockaddr *)&got, &gotlen) != 0) {
         int e = errno;
@@ -121,6 +123,7 @@ int tsp_elect_reserve_port(tsp_port_reservation_t *r, const char *addr, int port
         return -e;
     }
     r->fd = fd;
+    /* NOLINTNEXTLINE(clang-analyzer-core.CallAndMessage): getsockname() filled it */
     r->port = ntohs(got.ss_family == AF_INET ? ((struct sockaddr_in *)&got)->sin_port
                                              : ((struct sockaddr_in6 *)&got)->sin6_port);
     return 0;
@@ -163,7 +166,7 @@ static int resolve(const char *host, struct sockaddr_storage *ss, socklen_t *ssl
 int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *err,
                            size_t errlen)
 {
-    struct sockaddr_storage dst;
+    struct sockaddr_storage dst = {0};
     socklen_t dstlen;
     if (!host || !*host) {
         seterr(err, errlen, "cannot find a route: no host given");
@@ -182,7 +185,7 @@ int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *e
         seterr(err, errlen, "cannot find a route to '%s': socket(): %s", host, strerror(e));
         return -e;
     }
-    struct sockaddr_storage src;
+    struct sockaddr_storage src = {0};
     socklen_t srclen = sizeof src;
     if (connect(fd, (struct sockaddr *)&dst, dstlen) != 0 ||
         getsockname(fd, (struct sockaddr *)&src, &srclen) != 0) {
@@ -211,7 +214,7 @@ static int same_addr(const struct sockaddr *a, const struct sockaddr_storage *b)
 
 int tsp_elect_ifname_of(const char *addr, char *ifname, size_t len)
 {
-    struct sockaddr_storage want;
+    struct sockaddr_storage want = {0};
     socklen_t wantlen;
     if (!addr || parse_addr(addr, &want, &wantlen, 0) != 0)
         return -EINVAL;
@@ -283,208 +286,61 @@ int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *r
     return 0;
 }
 
-/* ---- the record as JSON ------------------------------------------------------------ */
-
-typedef struct jbuf {
-    char *p;
-    size_t len, used;
-    int overflow;
-} jbuf_t;
-
-static void jput(jbuf_t *b, const char *s, size_t n)
-{
-    if (b->used + n >= b->len) {
-        b->overflow = 1;
-        return;
-    }
-    memcpy(b->p + b->used, s, n);
-    b->used += n;
-    b->p[b->used] = '\0';
-}
-
-static void jstr(jbuf_t *b, const char *s)
-{
-    jput(b, "\"", 1);
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        char esc[8];
-        if (*c == '"' || *c == '\\') {
-            esc[0] = '\\';
-            esc[1] = (char)*c;
-            jput(b, esc, 2);
-        } else if (*c < 0x20) {
-            snprintf(esc, sizeof esc, "\\u%04x", *c);
-            jput(b, esc, 6);
-        } else {
-            jput(b, (const char *)c, 1);
-        }
-    }
-    jput(b, "\"", 1);
-}
-
-static void jfield_str(jbuf_t *b, const char *key, const char *val)
-{
-    jput(b, ",", 1);
-    jstr(b, key);
-    jput(b, ":", 1);
-    jstr(b, val);
-}
+/* ---- the record as JSON (json.c reads and escapes it) --------------------------------- */
 
 int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, size_t len)
 {
     if (r->version != TSP_ELECT_RECORD_VERSION || r->master_port < 1 || r->master_port > 65535 ||
         !r->master_addr[0] || !r->run_id[0])
         return -EINVAL;
-    if (len > TSP_ELECT_RECORD_MAX + 1)
-        len = TSP_ELECT_RECORD_MAX + 1;
     if (len == 0)
         return -ENOSPC;
-    jbuf_t b = {buf, len, 0, 0};
-    buf[0] = '\0';
-    char head[64];
-    int n = snprintf(head, sizeof head, "{\"version\":%d,\"master_port\":%d", r->version,
-                     r->master_port);
-    jput(&b, head, (size_t)n);
-    jfield_str(&b, "master_addr", r->master_addr);
-    jfield_str(&b, "run_id", r->run_id);
-    jfield_str(&b, "host", r->host);
-    jfield_str(&b, "ifname", r->ifname);
-    jput(&b, "}", 1);
-    return b.overflow ? -ENOSPC : (int)b.used;
-}
-
-typedef struct jin {
-    const char *p, *end;
-} jin_t;
-
-static void skip_ws(jin_t *in)
-{
-    while (in->p < in->end && (*in->p == ' ' || *in->p == '\t' || *in->p == '\n' || *in->p == '\r'))
-        in->p++;
-}
-
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-/* Reads a JSON string into out (always NUL-terminated); -ENAMETOOLONG if it does not
- * fit, -EINVAL if malformed. Non-ASCII \u escapes are refused: no field needs them. */
-static int read_str(jin_t *in, char *out, size_t outlen)
-{
+    char *text = NULL;
     size_t n = 0;
-    if (in->p >= in->end || *in->p != '"')
-        return -EINVAL;
-    in->p++;
-    while (in->p < in->end && *in->p != '"') {
-        char c = *in->p++;
-        if ((unsigned char)c < 0x20)
-            return -EINVAL;
-        if (c == '\\') {
-            if (in->p >= in->end)
-                return -EINVAL;
-            char e = *in->p++;
-            switch (e) {
-            case '"': case '\\': case '/': c = e; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
-            case 'u': {
-                int v = 0;
-                for (int k = 0; k < 4; k++) {
-                    int h = in->p < in->end ? hexval(*in->p++) : -1;
-                    if (h < 0)
-                        return -EINVAL;
-                    v = v * 16 + h;
-                }
-                if (v == 0 || v >= 0x80)
-                    return -EINVAL;
-                c = (char)v;
-                break;
-            }
-            default: return -EINVAL;
-            }
-        }
-        if (n + 1 >= outlen)
-            return -ENAMETOOLONG;
-        out[n++] = c;
+    FILE *f = open_memstream(&text, &n);
+    if (!f)
+        return -ENOMEM;
+    fprintf(f, "{\"version\":%d,\"master_port\":%d", r->version, r->master_port);
+    const char *keys[] = {"master_addr", "run_id", "host", "ifname"};
+    const char *vals[] = {r->master_addr, r->run_id, r->host, r->ifname};
+    for (size_t i = 0; i < 4; i++) {
+        fprintf(f, ",\"%s\":", keys[i]);
+        tsp_json_write_string(f, vals[i]);
     }
-    if (in->p >= in->end)
-        return -EINVAL;
-    in->p++;
-    out[n] = '\0';
-    return 0;
+    fputc('}', f);
+    if (fclose(f) != 0) {
+        free(text);
+        return -ENOMEM;
+    }
+    int rc = n + 1 > len || n > TSP_ELECT_RECORD_MAX ? -ENOSPC : (int)n;
+    if (rc > 0)
+        memcpy(buf, text, n + 1);
+    free(text);
+    return rc;
 }
 
-static int read_int(jin_t *in, int *out)
+/* One field: 1 found and stored, 0 absent, -EINVAL not of the expected kind or size. */
+static int record_field(const char *buf, size_t len, const char *key, char *str, size_t strlen_,
+                        int *num, int ascii)
 {
-    long v = 0;
-    int neg = 0, digits = 0;
-    if (in->p < in->end && *in->p == '-') {
-        neg = 1;
-        in->p++;
-    }
-    while (in->p < in->end && *in->p >= '0' && *in->p <= '9') {
-        v = v * 10 + (*in->p++ - '0');
-        if (v > INT_MAX || ++digits > 10)
-            return -ERANGE;
-    }
-    if (digits == 0)
+    char *v = NULL;
+    int type = 0, rc = tsp_json_get(buf, len, key, &v, &type);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc)
         return -EINVAL;
-    *out = (int)(neg ? -v : v);
-    return 0;
-}
-
-/* Skips a value of a key we do not know: a string, an integer, true/false/null. */
-static int skip_value(jin_t *in)
-{
-    char tmp[TSP_ELECT_RECORD_MAX];
-    int dummy;
-    if (in->p < in->end && *in->p == '"')
-        return read_str(in, tmp, sizeof tmp);
-    static const char *const words[] = {"true", "false", "null"};
-    for (size_t i = 0; i < 3; i++) {
-        size_t wl = strlen(words[i]);
-        if ((size_t)(in->end - in->p) >= wl && memcmp(in->p, words[i], wl) == 0) {
-            in->p += wl;
-            return 0;
-        }
+    if (num) {
+        rc = type == TSP_JSON_NUMBER && tsp_parse_int(v, num) == 0 ? 1 : -EINVAL;
+    } else {
+        rc = type == TSP_JSON_STRING && strlen(v) < strlen_ ? 1 : -EINVAL;
+        for (const char *p = v; rc == 1 && ascii && *p; p++)
+            if (*p < 0x20 || *p > 0x7e) /* addresses and names: printable ASCII */
+                rc = -EINVAL;
+        if (rc == 1)
+            memcpy(str, v, strlen(v) + 1);
     }
-    return read_int(in, &dummy);
-}
-
-enum { F_VERSION = 1, F_ADDR = 2, F_PORT = 4, F_RUNID = 8 };
-
-static int read_field(jin_t *in, const char *key, tsp_elect_record_t *r, int *seen)
-{
-    struct { const char *name; char *dst; size_t len; int bit; } strs[] = {
-        {"master_addr", r->master_addr, sizeof r->master_addr, F_ADDR},
-        {"run_id", r->run_id, sizeof r->run_id, F_RUNID},
-        {"host", r->host, sizeof r->host, 0},
-        {"ifname", r->ifname, sizeof r->ifname, 0},
-    };
-    if (strcmp(key, "version") == 0) {
-        *seen |= F_VERSION;
-        return read_int(in, &r->version);
-    }
-    if (strcmp(key, "master_port") == 0) {
-        *seen |= F_PORT;
-        return read_int(in, &r->master_port);
-    }
-    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) {
-        if (strcmp(key, strs[i].name) == 0) {
-            *seen |= strs[i].bit;
-            return read_str(in, strs[i].dst, strs[i].len);
-        }
-    }
-    return skip_value(in);
+    free(v);
+    return rc;
 }
 
 int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, char *err,
@@ -496,46 +352,31 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
                TSP_ELECT_RECORD_MAX);
         return -E2BIG;
     }
-    jin_t in = {buf, buf + len};
-    int seen = 0, rc = 0;
-    char key[64];
-    skip_ws(&in);
-    if (in.p >= in.end || *in.p++ != '{')
-        goto malformed;
-    skip_ws(&in);
-    if (in.p < in.end && *in.p == '}') {
-        in.p++;
-    } else {
-        for (;;) {
-            skip_ws(&in);
-            if (read_str(&in, key, sizeof key) != 0)
-                goto malformed;
-            skip_ws(&in);
-            if (in.p >= in.end || *in.p++ != ':')
-                goto malformed;
-            skip_ws(&in);
-            if ((rc = read_field(&in, key, r, &seen)) != 0) {
-                seterr(err, errlen, "election record: bad value for \"%s\"", key);
-                return -EINVAL;
-            }
-            skip_ws(&in);
-            if (in.p < in.end && *in.p == ',') {
-                in.p++;
-                continue;
-            }
-            if (in.p < in.end && *in.p == '}') {
-                in.p++;
-                break;
-            }
-            goto malformed;
-        }
-    }
-    skip_ws(&in);
-    if (in.p != in.end)
-        goto malformed;
-    if (!(seen & F_VERSION)) {
-        seterr(err, errlen, "election record has no \"version\"");
+    if (tsp_json_check_object(buf, len)) {
+        seterr(err, errlen, "election record is not a JSON object");
         return -EINVAL;
+    }
+    struct { const char *key; char *str; size_t len; int *num; int required, ascii; } fields[] = {
+        {"version", NULL, 0, &r->version, 1, 0},
+        {"master_addr", r->master_addr, sizeof r->master_addr, NULL, 1, 1},
+        {"master_port", NULL, 0, &r->master_port, 1, 0},
+        {"run_id", r->run_id, sizeof r->run_id, NULL, 1, 0},
+        {"host", r->host, sizeof r->host, NULL, 0, 1},
+        {"ifname", r->ifname, sizeof r->ifname, NULL, 0, 1},
+    };
+    int missing = 0;
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        int rc = record_field(buf, len, fields[i].key, fields[i].str, fields[i].len,
+                              fields[i].num, fields[i].ascii);
+        if (rc < 0) {
+            seterr(err, errlen, "election record: bad value for \"%s\"", fields[i].key);
+            return -EINVAL;
+        }
+        if (rc == 0 && i == 0) {
+            seterr(err, errlen, "election record has no \"version\"");
+            return -EINVAL;
+        }
+        missing |= rc == 0 && fields[i].required;
     }
     if (r->version != TSP_ELECT_RECORD_VERSION) {
         seterr(err, errlen,
@@ -544,8 +385,7 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
                r->version, TSP_ELECT_RECORD_VERSION);
         return -EINVAL;
     }
-    if ((seen & (F_ADDR | F_PORT | F_RUNID)) != (F_ADDR | F_PORT | F_RUNID) ||
-        !r->master_addr[0] || !r->run_id[0]) {
+    if (missing || !r->master_addr[0] || !r->run_id[0]) {
         seterr(err, errlen, "election record lacks master_addr, master_port or run_id");
         return -EINVAL;
     }
@@ -555,7 +395,4 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
         return -EINVAL;
     }
     return 0;
-malformed:
-    seterr(err, errlen, "election record is not a flat JSON object (at byte %td)", in.p - buf);
-    return -EINVAL;
 }

@@ -193,6 +193,16 @@ static int skip_value(json_cur_t *c, int depth)
     return 0;
 }
 
+int tsp_json_check_object(const char *doc, size_t len)
+{
+    json_cur_t c = {doc, doc + len};
+    ws(&c);
+    if (c.p >= c.end || *c.p != '{' || skip_value(&c, 1))
+        return -EINVAL;
+    ws(&c);
+    return c.p == c.end ? 0 : -EINVAL;
+}
+
 static int value_type(char ch)
 {
     switch (ch) {

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -641,7 +642,13 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
         goto fail;
     }
     pthread_mutex_init(&c->mu, NULL);
+    /* The sender thread takes no signals: process-directed signals (SIGCHLD, SIGTERM) must
+     * reach the thread that reads them through signalfd, whatever mask the caller has. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     int rc = pthread_create(&c->thread, NULL, sender_main, c);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) {
         snprintf(err, errlen, "cannot start the log sender thread: %s", strerror(rc));
         pthread_mutex_destroy(&c->mu);

@@ -261,6 +261,10 @@ sized:
     size_t pos = 0;
     for (int i = 0; i < n; i++) {
         struct tsp__qblk *b = q->head;
+        if (!b) { /* n was counted from the queue under the same lock: cannot happen */
+            n = i;
+            break;
+        }
         qrec_t rec;
         memcpy(&rec, b->data + b->off, sizeof(rec));
         memcpy(q->batch + pos, b->data + b->off + sizeof(rec), rec.len);

@@ -479,7 +479,7 @@ static void keepalive(int fd)
 static void do_accept(tsp_logserver_t *s)
 {
     for (;;) {
-        struct sockaddr_storage ss;
+        struct sockaddr_storage ss = {0};
         socklen_t sl = sizeof(ss);
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
@@ -1061,9 +1061,10 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
         if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
-            struct sockaddr_storage ss;
+            struct sockaddr_storage ss = {0};
             socklen_t sl = sizeof(ss);
             getsockname(fd, (struct sockaddr *)&ss, &sl);
+            /* NOLINTNEXTLINE(clang-analyzer-core.CallAndMessage): getsockname() filled it */
             s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
                                                      : ((struct sockaddr_in6 *)&ss)->sin6_port);
             s->lfd = fd;

@@ -188,6 +188,12 @@ typedef struct {
     pid_t pid, ppid;
 } proc_pair_t;
 
+static int by_ppid(const void *x, const void *y)
+{
+    const proc_pair_t *a = x, *b = y;
+    return (a->ppid > b->ppid) - (a->ppid < b->ppid);
+}
+
 int tsp_proc_signal_descendants(pid_t root, int sig)
 {
     DIR *d = opendir("/proc");
@@ -215,31 +221,37 @@ int tsp_proc_signal_descendants(pid_t root, int sig)
         all[n++] = (proc_pair_t){(pid_t)v, pp};
     }
     closedir(d);
-    /* Mark descendants breadth-first: a pid is in the tree when its parent is. */
-    char *in = calloc(n ? n : 1, 1);
-    int count = 0;
-    if (!in) {
+    /* Breadth-first from root over the pairs sorted by parent: O(n log n) in the number
+     * of processes on the machine, so a crowded host does not slow a teardown. */
+    if (n == 0) { /* /proc unreadable or empty: nothing to signal */
+        free(all);
+        return 0;
+    }
+    qsort(all, n, sizeof *all, by_ppid);
+    pid_t *queue = malloc((n + 1) * sizeof *queue);
+    if (!queue) {
         free(all);
         return -ENOMEM;
     }
-    for (int changed = 1; changed;) {
-        changed = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (in[i])
-                continue;
-            int parent_in = all[i].ppid == root;
-            for (size_t j = 0; j < n && !parent_in; j++)
-                parent_in = in[j] && all[j].pid == all[i].ppid;
-            if (parent_in) {
-                in[i] = 1;
-                changed = 1;
-            }
+    size_t qlen = 0;
+    queue[qlen++] = root;
+    for (size_t head = 0; head < qlen; head++) {
+        size_t lo = 0, hi = n;
+        while (lo < hi) { /* first pair whose parent is queue[head] */
+            size_t mid = (lo + hi) / 2;
+            if (all[mid].ppid < queue[head])
+                lo = mid + 1;
+            else
+                hi = mid;
         }
+        for (; lo < n && all[lo].ppid == queue[head] && qlen <= n; lo++)
+            queue[qlen++] = all[lo].pid;
     }
-    for (size_t i = 0; i < n; i++)
-        if (in[i] && kill(all[i].pid, sig) == 0)
+    int count = 0;
+    for (size_t i = 1; i < qlen; i++)
+        if (kill(queue[i], sig) == 0)
             count++;
-    free(in);
+    free(queue);
     free(all);
     return count;
 }

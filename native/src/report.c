@@ -109,9 +109,15 @@ static char *format_failure(int idx, const char *host, const tsp_failure_t *f)
         free(msg);
         return NULL;
     }
+    /* torchrun 2.15's template is "${exitcode} (pid: ${pid}) ${signal_name}" with
+     * signal_name " (SIGKILL)" or "": hence the two spaces, or the trailing one. */
+    const char *abbrev = f->exitcode < 0 ? sigabbrev_np(-f->exitcode) : NULL;
+    char signame[48] = "";
+    if (abbrev)
+        snprintf(signame, sizeof signame, " (SIG%s)", abbrev);
     fprintf(m, "[%d]:\n  time      : %s\n  host      : %s\n  rank      : %d (local_rank: %d)\n"
-               "  exitcode  : %d (pid: %d)\n  error_file: %s\n  traceback : ",
-            idx, when, host, f->rank, f->local_rank, f->exitcode, (int)f->pid,
+               "  exitcode  : %d (pid: %d) %s\n  error_file: %s\n  traceback : ",
+            idx, when, host, f->rank, f->local_rank, f->exitcode, (int)f->pid, signame,
             f->has_error_file ? f->error_file : "<N/A>");
     for (const char *p = msg ? msg : ""; *p; p++) {
         fputc(*p, m);

@@ -78,7 +78,7 @@ static __attribute__((noreturn, format(printf, 1, 2))) void usage_error(const ch
     va_list ap;
     fputs("torchspark-run: error: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap); // NOLINT(clang-analyzer-valist.Uninitialized): va_start above
+    vfprintf(stderr, fmt, ap);
     va_end(ap);
     fputs(" (see torchspark-run --help)\n", stderr);
     exit(2);
@@ -426,9 +426,28 @@ static void build_topology(tsp_topo_t *t)
     if (val("rdzv-id"))
         snprintf(t->run_id, sizeof t->run_id, "%s", val("rdzv-id"));
     const char *backend = val("rdzv-backend");
-    if (flag("standalone")) {
+    int have_endpoint = val("rdzv-endpoint") && *val("rdzv-endpoint");
+    int launcher_rank = -1, launcher_nodes = 0;
+    if (!val("node-rank")) {
+        int rc = tsp_topo_from_launcher(environ, &launcher_rank, &launcher_nodes, src,
+                                        sizeof src, err, sizeof err);
+        if (rc == -EINVAL)
+            usage_error("%s", err);
+        if (rc == 0 && val("nnodes") && launcher_nodes != t->nnodes)
+            usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src,
+                        launcher_nodes);
+        if (rc != 0)
+            launcher_rank = -1;
+    }
+    /* --standalone, and (as torchrun 2.15 does) one node with the static backend and no
+     * port or endpoint: localhost, a free port held for the run, a random run id. */
+    int one_node = launcher_rank < 0 ? t->nnodes == 1 : launcher_nodes == 1;
+    if (flag("standalone") ||
+        (one_node && !val("master-port") && !have_endpoint &&
+         (!backend || strcmp(backend, "static") == 0))) {
         t->nnodes = 1;
         t->node_rank = 0;
+        snprintf(t->master_addr, sizeof t->master_addr, "localhost");
         t->master_port = reserve_port(&standalone_port_fd);
         random_id(t->run_id, sizeof t->run_id);
         return;
@@ -447,18 +466,11 @@ static void build_topology(tsp_topo_t *t)
         parse_endpoint(t, val("rdzv-endpoint"));
     if (val("node-rank")) {
         t->node_rank = int_opt("node-rank", 0, 0);
-    } else {
-        int r, n;
-        int rc = tsp_topo_from_launcher(environ, &r, &n, src, sizeof src, err, sizeof err);
-        if (rc == -EINVAL)
-            usage_error("%s", err);
-        if (rc == 0) {
-            if (val("nnodes") && n != t->nnodes)
-                usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src, n);
-            t->nnodes = n;
-            t->node_rank = r;
-            fprintf(stderr, "torchspark-run: node rank %d of %d nodes from %s\n", r, n, src);
-        }
+    } else if (launcher_rank >= 0) {
+        t->nnodes = launcher_nodes;
+        t->node_rank = launcher_rank;
+        fprintf(stderr, "torchspark-run: node rank %d of %d nodes from %s\n", launcher_rank,
+                launcher_nodes, src);
     }
     if (tsp_topo_validate(t, err, sizeof err))
         usage_error("%s", err);

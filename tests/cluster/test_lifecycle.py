@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 import netns_cluster as nc
-from conftest import cluster_unsupported
 
 HERE = Path(__file__).resolve().parent
 PY = str(nc.ROOT / ".venv" / "bin" / "python")
 
-pytestmark = pytest.mark.skipif(bool(cluster_unsupported()),
-                                reason=f"network-namespace cluster unavailable: {cluster_unsupported()}")
+_WHY_NOT = nc.namespaces_supported()
+pytestmark = pytest.mark.skipif(bool(_WHY_NOT),
+                                reason=f"network-namespace cluster unavailable: {_WHY_NOT}")
 
 
 def test_stale_leftovers_are_cleaned_and_live_runs_kept():

@@ -2,7 +2,11 @@
 import json
 import subprocess
 
-from conftest import EXAMPLES, PYTHON
+import sys
+from pathlib import Path
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "spark-glue" / "python" / "examples"
+PYTHON = sys.executable
 
 
 def test_ddp_demo_trains_under_torchspark_run(run_bin, tmp_path):

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang-14 (ASan + UBSan + leak checks) and runs each for
-# a bounded time (TSP_FUZZ_SECONDS, default 60 s in all), from a small seed corpus of valid
-# frames. Prints the executions run; fails on any crash, leak or sanitizer report.
+# a bounded time (TSP_FUZZ_SECONDS, default 60 s in all, shared by the targets), from small
+# seed corpora of valid inputs. Prints the executions run; fails on any crash, leak or sanitizer report.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
@@ -10,7 +10,7 @@ cc=${CLANG:-clang-14}
 command -v "$cc" > /dev/null || { echo "fuzz: $cc not found (apt: clang-14 libclang-rt-14-dev)"; exit 1; }
 CC=$cc cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTSP_BUILD_FUZZ=ON \
   -DTSP_BUILD_TESTS=OFF > build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
-cmake --build build-fuzz -j2 --target fuzz_logwire >> build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
+cmake --build build-fuzz -j2 --target fuzz_logwire fuzz_records >> build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
 rm -f build-fuzz.log
 corpus=build-fuzz/corpus_logwire
 mkdir -p "$corpus"
@@ -24,7 +24,18 @@ open(os.path.join(d, "hello"), "wb").write(fr(1, hello, 0))
 open(os.path.join(d, "line"), "wb").write(fr(1, hello, 0) + fr(3, bytes(32)) + fr(0x10, bytes(8) + b"hi", 0, 1) + b"\x5a")
 open(os.path.join(d, "chal"), "wb").write(fr(2, b"\x00\x01" + bytes(32)))
 PY
-out=$(ASAN_OPTIONS=detect_leaks=1 ./build-fuzz/tests/fuzz/fuzz_logwire -max_total_time="$secs" \
-      -max_len=4096 -print_final_stats=1 "$corpus" 2>&1) || { echo "$out" | tail -40; exit 1; }
-execs=$(echo "$out" | sed -n 's/^stat::number_of_executed_units: *//p')
-echo "fuzz_logwire: ${execs:-?} executions in ${secs}s, no crash, no leak"
+half=$((secs / 2 > 1 ? secs / 2 : 1))
+corpus2=build-fuzz/corpus_records
+mkdir -p "$corpus2"
+printf '%s' '{"message": {"message": "ValueError: x\u00e9", "extraInfo": {"py_callstack": "Traceback\n", "timestamp": "1700000000"}}}' > "$corpus2/error_file"
+printf '%s' '{"message": "old style", "timestamp": 1700000000}' > "$corpus2/old_error_file"
+printf '%s' '{"version":1,"master_port":40123,"master_addr":"10.0.0.5","run_id":"9f0c","host":"h","ifname":"eth0"}' > "$corpus2/record"
+run_target() { # name corpus seconds
+  local out execs
+  out=$(ASAN_OPTIONS=detect_leaks=1 "./build-fuzz/tests/fuzz/$1" -max_total_time="$3" \
+        -max_len=4096 -print_final_stats=1 "$2" 2>&1) || { echo "$out" | tail -40; return 1; }
+  execs=$(echo "$out" | sed -n 's/^stat::number_of_executed_units: *//p')
+  echo "$1: ${execs:-?} executions in ${3}s, no crash, no leak"
+}
+run_target fuzz_logwire "$corpus" "$half"
+run_target fuzz_records "$corpus2" "$half"

@@ -69,7 +69,7 @@ START_TEST(test_agent_failure_root_cause_and_others_stopped)
     char script[512];
     /* rank 1 fails with 3; the others would sleep for a minute */
     snprintf(script, sizeof script,
-             "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; echo $$ > %s/pid.$LOCAL_RANK; "
+             "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; echo $$$$ > %s/pid.$LOCAL_RANK; "
              "exec sleep 60", dir);
     char ef[600];
     snprintf(ef, sizeof ef, "%s/root.json", dir);

@@ -29,7 +29,7 @@ enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
 typedef struct tsp_agent_opts {
     tsp_topo_t topo;
     const char *file;    /* program to run (PATH-searched when it has no '/') */
-    char *const *argv;   /* its argv; "${local_rank}" is substituted per worker */
+    char *const *argv;   /* its argv; "$local_rank"/"${local_rank}" substituted per worker as torchrun does */
     char *const *envp;   /* the launcher's environment; NULL: environ */
     const char *name;    /* shown as "<name> FAILED" in the report (the script) */
     const char *log_dir; /* error files and redirected output; NULL: a temp dir removed at close */

@@ -18,6 +18,10 @@ enum { TSP_JSON_STRING = 1, TSP_JSON_NUMBER, TSP_JSON_OBJECT, TSP_JSON_ARRAY, TS
  * document is malformed, -ENOMEM. */
 TSP_EXTERN int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
 
+/* 0 when doc is one well-formed JSON object with nothing after it but white space;
+ * -EINVAL otherwise. */
+TSP_EXTERN int tsp_json_check_object(const char *doc, size_t len);
+
 /* Writes s as a JSON string literal (with quotes); invalid UTF-8 bytes become U+FFFD. */
 TSP_EXTERN void tsp_json_write_string(FILE *f, const char *s);
 
