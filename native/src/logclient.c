@@ -62,10 +62,13 @@ struct tsp_logclient {
     int drops_dirty;
     int stopping;
     int64_t stop_deadline;
+    int control; /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
     tsp_logclient_stats_t st;
     /* sender thread only */
     int fd;
     int fallback, warned, ever_connected;
+    int no_control; /* the driver refused the CONTROL flag: never ask again */
+    int stop_seen;
     int64_t lost_at;
     int64_t progress_at; /* the driver last took bytes or acknowledged lines */
     int warned_stall;
@@ -382,7 +385,7 @@ static uint64_t resume_offset(tsp_logclient_t *c)
             if (tsp_wire_hdr_unpack(&h, (const uint8_t *)b->data + off, b->len - off,
                                     TSP_WIRE_MAX_PAYLOAD, NULL, 0))
                 return b->base + off;
-            if (h.type == TSP_WIRE_LINE &&
+            if ((h.type == TSP_WIRE_LINE || h.type == TSP_WIRE_EVENT) &&
                 tsp_wire_get_u64((const uint8_t *)b->data + off + TSP_WIRE_HDR_LEN) > c->acked)
                 return b->base + off;
             off += TSP_WIRE_HDR_LEN + h.length;
@@ -393,11 +396,24 @@ static uint64_t resume_offset(tsp_logclient_t *c)
 
 static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t errlen)
 {
-    int fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS,
-                          c->o.drop ? TSP_WIRE_HELLO_DROP : 0, c->agent_id, c->o.node_rank,
-                          c->hostname, timeout_ms, err, errlen);
+    int wflags = 0, fd;
+    for (;;) {
+        int hflags = (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) |
+                     (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL);
+        fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS, hflags,
+                          c->agent_id, c->o.node_rank, c->hostname, timeout_ms, &wflags, err,
+                          errlen);
+        /* A driver of the first version-1 release refuses the CONTROL flag (1.7): go on
+         * without the control channel. */
+        if (fd == -EACCES && !c->no_control && strstr(err, "unknown HELLO flags")) {
+            c->no_control = 1;
+            continue;
+        }
+        break;
+    }
     pthread_mutex_lock(&c->mu);
     if (fd >= 0) {
+        c->control = (wflags & TSP_WIRE_WELCOME_CONTROL) ? 1 : 0;
         c->fd = fd;
         c->progress_at = tsp__now_ms();
         c->sent = resume_offset(c); /* resend what is not acked */
@@ -429,10 +445,11 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
     int rc = 0;
     while (!rc) {
         tsp_wire_hdr_t h;
-        if (tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT, NULL, 0) ==
-            -EAGAIN)
+        int urc = tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT + 1, NULL,
+                                      0);
+        if (urc == -EAGAIN)
             break;
-        if (tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT, NULL, 0))
+        if (urc)
             return -1;
         if (*rlen - off < TSP_WIRE_HDR_LEN + h.length)
             break;
@@ -447,6 +464,11 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
             }
             release_locked(c);
             pthread_mutex_unlock(&c->mu);
+        } else if (h.type == TSP_WIRE_STOP) {
+            if (!c->stop_seen && c->o.on_stop) {
+                c->stop_seen = 1;
+                c->o.on_stop(c->o.on_stop_ctx, p[0], (const char *)p + 1, h.length - 1);
+            }
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
             int n = snprintf(msg, sizeof(msg), "torchspark-run: the driver's log server closed "
@@ -572,7 +594,7 @@ static int time_left(int64_t deadline, int cap)
 static void *sender_main(void *arg)
 {
     tsp_logclient_t *c = arg;
-    uint8_t rbuf[4 * (TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT)];
+    uint8_t rbuf[4 * (TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT + 1)];
     size_t rlen = 0;
     int backoff = 100;
     int64_t next_try = 0;
@@ -585,8 +607,13 @@ static void *sender_main(void *arg)
         c->sender_idle = !pending;
         pthread_mutex_unlock(&c->mu);
         int64_t now = tsp__now_ms();
-        if (stopping && (empty || now >= stop_dl))
+        if (stopping && (empty || now >= stop_dl)) {
+            /* Everything acknowledged: say goodbye, or the driver takes this agent for
+             * lost (protocol 1.7). */
+            if (empty && c->fd >= 0)
+                say_goodbye(c);
             break;
+        }
         if (c->fd < 0 && c->fallback) {
             spill_all(c);
         }
@@ -675,6 +702,8 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     else if (gethostname(c->hostname, sizeof(c->hostname) - 1))
         snprintf(c->hostname, sizeof(c->hostname), "?");
     c->fd = -1;
+    c->control = -1;
+    c->no_control = o->no_control;
     c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -723,7 +752,9 @@ static int stall_from_env(tsp_logclient_opts_t *o, char *err, size_t errlen)
 }
 
 tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
-                                              int node_rank, int drop, char *err, size_t errlen)
+                                              int node_rank, int drop,
+                                              void (*on_stop)(void *, int, const char *, size_t),
+                                              void *on_stop_ctx, char *err, size_t errlen)
 {
     tsp_logclient_opts_t o;
     char host[256];
@@ -743,7 +774,34 @@ tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *
     o.host = host;
     o.node_rank = node_rank;
     o.drop = drop;
+    o.on_stop = on_stop;
+    o.on_stop_ctx = on_stop_ctx;
     return tsp_logclient_start(&o, err, errlen);
+}
+
+int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len)
+{
+    if (len > TSP_WIRE_MAX_EVENT)
+        return -EMSGSIZE;
+    if (rank < -1 || rank > TSP_WIRE_MAX_RANK)
+        rank = -1;
+    pthread_mutex_lock(&c->mu);
+    int rc = c->control < 0 ? -ENOTCONN : c->control == 0 ? -ENOTSUP : 0;
+    if (!rc) {
+        uint8_t extra[9];
+        tsp_wire_put_u64(extra, ++c->seq);
+        extra[8] = (uint8_t)kind;
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_EVENT, .rank = rank,
+                            .length = (uint32_t)(sizeof(extra) + len)};
+        rc = append_frame(c, &h, extra, sizeof(extra), json, len);
+        if (rc)
+            c->seq--;
+        c->sender_idle = 0;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!rc)
+        notify(c->notify_fd);
+    return rc;
 }
 
 tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c)

@@ -145,8 +145,8 @@ static int dial_tcp(const char *host, int port, int64_t deadline, char *err, siz
 }
 
 static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64_t agent_id,
-                     int node_rank, const char *hostname, int64_t deadline, char *err,
-                     size_t errlen)
+                     int node_rank, const char *hostname, int64_t deadline, int *welcome_flags,
+                     char *err, size_t errlen)
 {
     tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION, .role = (uint8_t)role,
                           .hflags = (uint8_t)hflags, .agent_id = agent_id,
@@ -193,19 +193,22 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
         tsp_wire_mac_verify(secret, 1, hello, (size_t)hl, nonce_s, buf, rh.length))
         return snprintf(err, errlen, "the server did not prove that it knows the run's secret"),
                -EACCES;
+    /* A driver grants CONTROL only when asked (protocol 1.7): never trust it unasked. */
+    if (welcome_flags)
+        *welcome_flags = (hflags & TSP_WIRE_HELLO_CONTROL) ? rh.flags : 0;
     return 0;
 }
 
 int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
                  uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
-                 char *err, size_t errlen)
+                 int *welcome_flags, char *err, size_t errlen)
 {
     int64_t deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 5000);
     int fd = dial_tcp(host, port, deadline, err, errlen);
     if (fd < 0)
         return fd;
-    int rc = handshake(fd, secret, role, hflags, agent_id, node_rank, hostname, deadline, err,
-                       errlen);
+    int rc = handshake(fd, secret, role, hflags, agent_id, node_rank, hostname, deadline,
+                       welcome_flags, err, errlen);
     if (rc) {
         close(fd);
         return rc;

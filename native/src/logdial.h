@@ -8,10 +8,11 @@
 
 /* Connects to host:port and runs the handshake of docs/protocol.md 1.4 in the given role,
  * for at most timeout_ms. Returns a connected non-blocking socket (CLOEXEC, TCP_NODELAY),
- * or -errno with a sentence in err: -EACCES when the driver refused us. */
+ * or -errno with a sentence in err: -EACCES when the driver refused us. welcome_flags (may
+ * be NULL) receives the WELCOME header's flags (TSP_WIRE_WELCOME_CONTROL, 1.7). */
 int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
                  uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
-                 char *err, size_t errlen);
+                 int *welcome_flags, char *err, size_t errlen);
 /* Sends all n bytes / reads exactly n bytes before deadline (ms on the monotonic clock,
  * -1: none). 0, -ETIMEDOUT, -ECONNRESET at EOF, or -errno. */
 int tsp__sock_write_all(int fd, const void *p, size_t n, int64_t deadline);

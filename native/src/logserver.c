@@ -19,11 +19,18 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "torchspark/json.h"
 #include "torchspark/lines.h"
 
 #define CONN_BUF_MIN (64u * 1024u)
 #define LINGER_MS 2000 /* after CLOSE: wait for the agent to take the final ACK */
 #define SINK_FLUSH (64u * 1024u)
+/* TCP keepalive of accepted sockets (protocol 1.7): a silent peer is dead after ~5 s. */
+#define KEEPIDLE_S 2
+#define KEEPINTVL_S 1
+#define KEEPCNT 3
+#define USER_TIMEOUT_MS 5000
+#define STOP_TEXT_MAX 400
 
 enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
 
@@ -51,8 +58,20 @@ typedef struct conn {
     size_t agent; /* index into agents */
     uint64_t acked;
     int64_t deadline; /* handshake or linger deadline (ms, monotonic) */
+    int control;      /* CONTROL granted (protocol 1.7) */
+    int stop_sent;
     char peer[80];
 } conn_t;
+
+/* A LOGS connection that ended without CLOSE: lost unless its agent is back in time. */
+typedef struct lost_rec {
+    uint64_t agent_id;
+    int node_rank;
+    int64_t deadline;
+    char host[256];
+    char peer[80];
+    char why[120];
+} lost_rec_t;
 
 struct tsp_logserver {
     tsp_logserver_opts_t o;
@@ -71,9 +90,23 @@ struct tsp_logserver {
     size_t nagents, agents_cap;
     char *sink; /* formatted lines waiting for sink_fd */
     size_t sink_len, sink_cap;
-    pthread_mutex_t ctl_mu; /* guards drain_deadline / draining */
+    pthread_mutex_t ctl_mu; /* guards drain_deadline / draining and the control fields */
     int draining;
     int64_t drain_deadline;
+    pthread_cond_t fail_cv; /* signalled when root is set or the thread ended */
+    char *root;             /* JSON of the run's root cause (protocol 1.7), malloc'ed */
+    int ended;
+    int lost_pending;       /* copy of nlost for the host */
+    int stop_req;           /* the host asked for STOP to everyone */
+    char stop_req_text[STOP_TEXT_MAX];
+    /* control, thread only */
+    int t_draining;
+    int t_stopped;
+    int stop_reason;
+    uint64_t stop_except; /* agent_id not to STOP (the one that failed) */
+    char stop_text[STOP_TEXT_MAX];
+    lost_rec_t *lost;
+    size_t nlost, lost_cap;
     tsp__logq_t q;
     tsp__outrecv_t out;
 };
@@ -94,6 +127,7 @@ void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
     o->sink_fd = -1;
     o->event_fd = 2;
     o->handshake_timeout_ms = 10000;
+    o->lost_grace_ms = 1000;
 }
 
 size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
@@ -201,11 +235,13 @@ static int conn_write(conn_t *c)
 }
 
 /* Queues a frame to the peer (control frames are small; the buffer holds many). */
-static int conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p, size_t n)
+static int conn_send_flags(tsp_logserver_t *s, conn_t *c, unsigned type, unsigned flags,
+                           const void *p, size_t n)
 {
     if (c->wlen + TSP_WIRE_HDR_LEN + n > sizeof(c->wbuf))
         return -ENOBUFS;
-    tsp_wire_hdr_t h = {.type = (uint8_t)type, .rank = -1, .length = (uint32_t)n};
+    tsp_wire_hdr_t h = {.type = (uint8_t)type, .flags = (uint8_t)flags, .rank = -1,
+                        .length = (uint32_t)n};
     tsp_wire_hdr_pack(c->wbuf + c->wlen, &h);
     if (n)
         memcpy(c->wbuf + c->wlen + TSP_WIRE_HDR_LEN, p, n);
@@ -214,6 +250,11 @@ static int conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p
     if ((c->wlen > 0) != c->want_out && !c->paused)
         conn_arm(s, c);
     return rc;
+}
+
+static int conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p, size_t n)
+{
+    return conn_send_flags(s, c, type, 0, p, n);
 }
 
 static void conn_who(const conn_t *c, char *out, size_t n)
@@ -230,12 +271,213 @@ static void conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
     char who[400];
     conn_who(c, who, sizeof(who));
     event(s, "torchspark log server: dropped the connection from %s: %s", who, why);
-    size_t n = strlen(why);
-    conn_send(s, c, TSP_WIRE_ERROR, why, n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
+    /* Counted before the peer can read the reason, so that stats agree with what it saw. */
     pthread_mutex_lock(&s->q.mu);
     s->q.st.rejected++;
     pthread_mutex_unlock(&s->q.mu);
+    size_t n = strlen(why);
+    conn_send(s, c, TSP_WIRE_ERROR, why, n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
     conn_free(s, c);
+}
+
+/* ---- control (protocol 1.7) ------------------------------------------------------- */
+
+static void conn_stop(tsp_logserver_t *s, conn_t *c)
+{
+    uint8_t p[1 + STOP_TEXT_MAX];
+    size_t n = strnlen(s->stop_text, sizeof(s->stop_text) - 1);
+    p[0] = (uint8_t)s->stop_reason;
+    memcpy(p + 1, s->stop_text, n);
+    if (conn_send(s, c, TSP_WIRE_STOP, p, 1 + n) == 0)
+        c->stop_sent = 1;
+}
+
+/* The first stop of the run: every other control agent (and any that connects later) is
+ * told to stop its workers at once. */
+static void stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const char *text)
+{
+    if (s->t_stopped)
+        return;
+    s->t_stopped = 1;
+    s->stop_reason = reason;
+    s->stop_except = except;
+    snprintf(s->stop_text, sizeof(s->stop_text), "%s", text);
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (c->state == C_OPEN && c->control && !c->stop_sent && c->h.agent_id != except)
+            conn_stop(s, c);
+}
+
+static void json_field(FILE *f, const char *key, const char *val, int last)
+{
+    fprintf(f, "\"%s\": ", key);
+    if (val)
+        tsp_json_write_string(f, val);
+    else
+        fputs("null", f);
+    fputs(last ? "}" : ", ", f);
+}
+
+/* Keeps the first failure as the run's root cause (later ones are consequences). */
+static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
+                        const char *peer, const char *message, const char *report)
+{
+    char *doc = NULL;
+    size_t dl = 0;
+    FILE *f = open_memstream(&doc, &dl);
+    if (!f)
+        return;
+    fputs("{", f);
+    json_field(f, "kind", kind, 0);
+    fprintf(f, "\"node_rank\": %d, ", node_rank);
+    json_field(f, "host", host, 0);
+    json_field(f, "peer", peer, 0);
+    json_field(f, "message", message, 0);
+    json_field(f, "report", report, 1);
+    if (fclose(f) != 0) {
+        free(doc);
+        return;
+    }
+    pthread_mutex_lock(&s->ctl_mu);
+    if (!s->root) {
+        s->root = doc;
+        doc = NULL;
+        pthread_cond_broadcast(&s->fail_cv);
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    free(doc);
+}
+
+/* The peer's address without the port, for messages ("10.0.0.5", "::1"). */
+static void peer_addr(const char *peer, char *out, size_t n)
+{
+    const char *colon = strrchr(peer, ':');
+    size_t len = colon ? (size_t)(colon - peer) : strlen(peer);
+    snprintf(out, n, "%.*s", (int)len, peer);
+}
+
+/* An EVENT frame: delivered once per (agent, seq) like a line. */
+static int on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+{
+    agent_rec_t *a = &s->agents[c->agent];
+    uint64_t seq = tsp_wire_get_u64(p);
+    if (seq <= a->seq)
+        return 0;
+    a->seq = seq;
+    if (p[8] != TSP_WIRE_EVENT_FAILURE)
+        return 0; /* a newer agent's kind: ignored, not refused */
+    size_t n = h->length - 9;
+    char *report = malloc(n + 1);
+    if (!report)
+        return 0;
+    memcpy(report, p + 9, n);
+    report[n] = 0;
+    char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
+    int t;
+    tsp_json_get(report, n, "torchspark.rank", &rank, &t);
+    tsp_json_get(report, n, "torchspark.exitcode", &code, &t);
+    tsp_json_get(report, n, "torchspark.signal", &sig, &t);
+    peer_addr(c->peer, addr, sizeof(addr));
+    char msg[STOP_TEXT_MAX];
+    snprintf(msg, sizeof(msg), "node %d (host %s, address %s) failed: rank %s %s %s",
+             c->h.node_rank, c->h.host, addr, rank ? rank : "?",
+             sig && strcmp(sig, "0") != 0 ? "was killed by signal" : "exited with code",
+             sig && strcmp(sig, "0") != 0 ? sig : code ? code : "?");
+    free(rank);
+    free(code);
+    free(sig);
+    record_root(s, "failure", c->h.node_rank, c->h.host, c->peer, msg, report);
+    free(report);
+    if (!s->t_stopped)
+        event(s, "torchspark log server: %s; stopping the other nodes", msg);
+    stop_everyone(s, TSP_WIRE_STOP_FAILED, c->h.agent_id, msg);
+    return 0;
+}
+
+static void lost_publish(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    s->lost_pending = (int)s->nlost;
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
+/* A LOGS connection ended without CLOSE: remember it; sweep() declares it lost when its
+ * agent has not reconnected within the grace. */
+static void lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
+{
+    if (s->t_draining || c->state != C_OPEN || c->h.role != TSP_WIRE_ROLE_LOGS)
+        return;
+    if (s->nlost == s->lost_cap) {
+        size_t n = s->lost_cap ? s->lost_cap * 2 : 8;
+        lost_rec_t *nl = realloc(s->lost, n * sizeof(*nl));
+        if (!nl)
+            return;
+        s->lost = nl;
+        s->lost_cap = n;
+    }
+    lost_rec_t *l = &s->lost[s->nlost++];
+    memset(l, 0, sizeof(*l));
+    l->agent_id = c->h.agent_id;
+    l->node_rank = c->h.node_rank;
+    l->deadline = now_ms() + s->o.lost_grace_ms;
+    snprintf(l->host, sizeof(l->host), "%s", c->h.host);
+    snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
+    snprintf(l->why, sizeof(l->why), "%s", why);
+    lost_publish(s);
+}
+
+static void lost_forget(tsp_logserver_t *s, uint64_t agent_id)
+{
+    size_t before = s->nlost;
+    for (size_t i = 0; i < s->nlost;)
+        if (s->lost[i].agent_id == agent_id)
+            s->lost[i] = s->lost[--s->nlost];
+        else
+            i++;
+    if (s->nlost != before)
+        lost_publish(s);
+}
+
+/* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
+static int64_t lost_sweep(tsp_logserver_t *s, int64_t now)
+{
+    int64_t next = -1;
+    size_t before = s->nlost;
+    for (size_t i = 0; i < s->nlost;) {
+        lost_rec_t *l = &s->lost[i];
+        if (s->t_draining) {
+            s->lost[i] = s->lost[--s->nlost];
+            continue;
+        }
+        if (now < l->deadline) {
+            if (next < 0 || l->deadline < next)
+                next = l->deadline;
+            i++;
+            continue;
+        }
+        char addr[80], msg[STOP_TEXT_MAX];
+        peer_addr(l->peer, addr, sizeof(addr));
+        snprintf(msg, sizeof(msg), "lost connection to node %d (host %s, address %s): %s",
+                 l->node_rank, l->host, addr, l->why);
+        record_root(s, "lost", l->node_rank, l->host, l->peer, msg, NULL);
+        if (!s->t_stopped)
+            event(s, "torchspark log server: %s; stopping the other nodes", msg);
+        stop_everyone(s, TSP_WIRE_STOP_LOST, l->agent_id, msg);
+        s->lost[i] = s->lost[--s->nlost];
+    }
+    if (s->nlost != before)
+        lost_publish(s);
+    return next;
+}
+
+static void keepalive(int fd)
+{
+    int one = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
+    unsigned ut = USER_TIMEOUT_MS;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
 }
 
 static void do_accept(tsp_logserver_t *s)
@@ -273,6 +515,7 @@ static void do_accept(tsp_logserver_t *s)
         snprintf(c->peer, sizeof(c->peer), "%s:%d", addr, port);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        keepalive(fd);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
@@ -357,10 +600,15 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     }
     c->acked = a->seq;
     c->state = C_OPEN;
+    c->control = c->h.role == TSP_WIRE_ROLE_LOGS && (c->h.hflags & TSP_WIRE_HELLO_CONTROL);
+    lost_forget(s, c->h.agent_id); /* it is back */
     pthread_mutex_lock(&s->q.mu);
     s->q.st.authenticated++;
     pthread_mutex_unlock(&s->q.mu);
-    int rc = conn_send(s, c, TSP_WIRE_WELCOME, mac, sizeof(mac));
+    int rc = conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
+                             mac, sizeof(mac));
+    if (!rc && c->control && s->t_stopped && c->h.agent_id != s->stop_except)
+        conn_stop(s, c);
     /* Tell a reconnecting agent at once what this server already has. */
     if (!rc && a->seq) {
         uint8_t ack[8];
@@ -478,6 +726,10 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
     case TSP_WIRE_LINE:
         if (open_logs)
             return on_line(s, c, h, p);
+        break;
+    case TSP_WIRE_EVENT:
+        if (open_logs && c->control)
+            return on_event(s, c, h, p);
         break;
     case TSP_WIRE_DROPPED:
         if (open_logs) {
@@ -682,6 +934,10 @@ static int conn_read(tsp_logserver_t *s, conn_t *c)
             break;
         if (n <= 0) {
             if (c->state == C_OPEN || c->state == C_LINGER) {
+                lost_add(s, c, n == 0 ? "it closed without saying goodbye (the agent or its host "
+                                        "died)"
+                         : errno == ETIMEDOUT ? "no answer for about 5 s (host down or network cut)"
+                                              : strerror(errno));
                 conn_free(s, c);
             } else {
                 conn_reject(s, c, n == 0 ? "closed during the handshake"
@@ -795,6 +1051,9 @@ static int sweep(tsp_logserver_t *s, int draining, int64_t drain_deadline)
     }
     if (draining && !drain_over && (next < 0 || drain_deadline < next))
         next = drain_deadline;
+    int64_t lost_next = lost_sweep(s, now);
+    if (lost_next >= 0 && (next < 0 || lost_next < next))
+        next = lost_next;
     return next < 0 ? -1 : (int)(next - now + 1);
 }
 
@@ -816,6 +1075,14 @@ static void *server_main(void *arg)
                 ssize_t r = read(s->wake_fd, &v, sizeof(v));
                 (void)r; /* only resets the eventfd */
                 resume_all(s);
+                pthread_mutex_lock(&s->ctl_mu);
+                int stop = s->stop_req;
+                char text[STOP_TEXT_MAX];
+                memcpy(text, s->stop_req_text, sizeof(text));
+                s->stop_req = 0;
+                pthread_mutex_unlock(&s->ctl_mu);
+                if (stop)
+                    stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
             } else {
                 conn_t *c = p;
                 if ((evs[i].events & EPOLLOUT) && c->wlen)
@@ -830,6 +1097,7 @@ static void *server_main(void *arg)
         int draining = s->draining;
         int64_t dl = s->drain_deadline;
         pthread_mutex_unlock(&s->ctl_mu);
+        s->t_draining = draining;
         if (draining && s->lfd >= 0) {
             epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
             close(s->lfd);
@@ -844,6 +1112,10 @@ static void *server_main(void *arg)
     while (s->conns)
         conn_free(s, s->conns);
     tsp__logq_end(&s->q);
+    pthread_mutex_lock(&s->ctl_mu);
+    s->ended = 1;
+    pthread_cond_broadcast(&s->fail_cv);
+    pthread_mutex_unlock(&s->ctl_mu);
     return NULL;
 }
 
@@ -922,6 +1194,9 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         (rc = tsp__outrecv_init(&s->out)))
         return snprintf(err, errlen, "cannot init the log server: %s", tsp_strerror(rc)), rc;
     pthread_mutex_init(&s->ctl_mu, NULL);
+    tsp__cond_init_mono(&s->fail_cv);
+    if (s->o.lost_grace_ms < 0)
+        s->o.lost_grace_ms = 0;
     if ((rc = pthread_create(&s->thread, NULL, server_main, s)))
         return snprintf(err, errlen, "cannot start the log server thread: %s", strerror(rc)), -rc;
     s->started = 1;
@@ -1039,6 +1314,60 @@ const char *tsp_logserver_output_error(tsp_logserver_t *s)
     return s->out.err_copy;
 }
 
+long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen, int timeout_ms)
+{
+    struct timespec dl;
+    if (timeout_ms > 0)
+        tsp__deadline_in(&dl, timeout_ms);
+    pthread_mutex_lock(&s->ctl_mu);
+    while (!s->root && !s->ended && s->started && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&s->fail_cv, &s->ctl_mu);
+        else if (pthread_cond_timedwait(&s->fail_cv, &s->ctl_mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    long need = 0;
+    if (s->root) {
+        size_t n = strlen(s->root);
+        need = (long)n;
+        if (buf && buflen) {
+            size_t k = n < buflen - 1 ? n : buflen - 1;
+            memcpy(buf, s->root, k);
+            buf[k] = 0;
+        }
+    } else if (buf && buflen) {
+        buf[0] = 0;
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    return need;
+}
+
+int tsp_logserver_lost_pending(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    int n = s->ended ? 0 : s->lost_pending;
+    pthread_mutex_unlock(&s->ctl_mu);
+    return n;
+}
+
+int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    int ended = s->ended || s->joined;
+    if (!ended) {
+        s->stop_req = 1;
+        snprintf(s->stop_req_text, sizeof(s->stop_req_text), "%s",
+                 text && *text ? text : "the driver ended the run");
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    if (ended)
+        return -EPIPE;
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof(one));
+    (void)w;
+    return 0;
+}
+
 int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms)
 {
     if (!s->started || s->joined)
@@ -1069,6 +1398,9 @@ void tsp_logserver_free(tsp_logserver_t *s)
     tsp__logq_close(&s->q);
     tsp__outrecv_close(&s->out);
     pthread_mutex_destroy(&s->ctl_mu);
+    pthread_cond_destroy(&s->fail_cv);
+    free(s->root);
+    free(s->lost);
     free(s->agents);
     free(s->sink);
     free(s);

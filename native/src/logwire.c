@@ -59,6 +59,8 @@ const char *tsp_wire_type_name(unsigned type)
     case TSP_WIRE_LINE: return "LINE";
     case TSP_WIRE_DROPPED: return "DROPPED";
     case TSP_WIRE_ACK: return "ACK";
+    case TSP_WIRE_EVENT: return "EVENT";
+    case TSP_WIRE_STOP: return "STOP";
     case TSP_WIRE_OUT_BEGIN: return "OUT_BEGIN";
     case TSP_WIRE_OUT_CHUNK: return "OUT_CHUNK";
     case TSP_WIRE_OUT_END: return "OUT_END";
@@ -88,6 +90,8 @@ static int payload_rule(unsigned type, uint32_t *min, uint32_t *max)
     case TSP_WIRE_AUTH:
     case TSP_WIRE_WELCOME: *min = *max = TSP_WIRE_MAC_LEN; return 0;
     case TSP_WIRE_LINE: *min = 8; *max = 8 + TSP_WIRE_MAX_LINE; return 0;
+    case TSP_WIRE_EVENT: *min = 9; *max = 9 + TSP_WIRE_MAX_EVENT; return 0;
+    case TSP_WIRE_STOP: *min = 1; *max = 1 + TSP_WIRE_MAX_TEXT; return 0;
     case TSP_WIRE_DROPPED:
     case TSP_WIRE_ACK:
     case TSP_WIRE_OUT_BEGIN: *min = *max = 8; return 0;
@@ -130,12 +134,17 @@ int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint3
             return fail(err, errlen, -EBADMSG, "LINE frame with unknown stream %u", h->stream);
         if (h->flags & ~3u)
             return fail(err, errlen, -EBADMSG, "LINE frame with unknown flags 0x%02x", h->flags);
+    } else if (h->type == TSP_WIRE_WELCOME && !h->stream && !(h->flags & ~1u)) {
+        /* flags bit0: CONTROL accepted (protocol 1.7) */
     } else if (h->flags || h->stream) {
         return fail(err, errlen, -EBADMSG, "%s frame with non-zero flags or stream",
                     tsp_wire_type_name(h->type));
     }
     if ((h->type == TSP_WIRE_LINE || h->type == TSP_WIRE_DROPPED) &&
         (h->rank < 0 || h->rank > TSP_WIRE_MAX_RANK))
+        return fail(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
+                    tsp_wire_type_name(h->type), h->rank);
+    if (h->type == TSP_WIRE_EVENT && (h->rank < -1 || h->rank > TSP_WIRE_MAX_RANK))
         return fail(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
                     tsp_wire_type_name(h->type), h->rank);
     return 0;
@@ -179,7 +188,7 @@ int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, cha
     h->hflags = p[7];
     if (h->role != TSP_WIRE_ROLE_LOGS && h->role != TSP_WIRE_ROLE_OUTPUT)
         return fail(err, errlen, -EBADMSG, "unknown role %u", h->role);
-    if (h->hflags & ~(unsigned)TSP_WIRE_HELLO_DROP)
+    if (h->hflags & ~(unsigned)(TSP_WIRE_HELLO_DROP | TSP_WIRE_HELLO_CONTROL))
         return fail(err, errlen, -EBADMSG, "unknown HELLO flags 0x%02x", h->hflags);
     for (int i = 68; i < 76; i++)
         if (p[i])

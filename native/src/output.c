@@ -174,7 +174,7 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
         }
         char derr[600] = "";
         int sock = tsp__logdial(o->host, o->port, o->secret, TSP_WIRE_ROLE_OUTPUT, 0, agent_id,
-                                o->node_rank, host, timeout, derr, sizeof(derr));
+                                o->node_rank, host, timeout, NULL, derr, sizeof(derr));
         if (sock < 0) {
             rc = sock;
             snprintf(err, errlen, "cannot ship the output to the driver at %s:%d: %s", o->host,

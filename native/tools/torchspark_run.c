@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -475,6 +476,77 @@ static void build_topology(tsp_topo_t *t)
         usage_error("%s", err);
 }
 
+/* STOP from the driver (docs/protocol.md 1.7) arrives on the log client's sender thread,
+ * possibly before the agent exists: whoever comes second (the callback or main, once the
+ * agent is set) stops it, exactly once (a second stop would escalate to SIGKILL). */
+static _Atomic(tsp_agent_t *) stop_agent;
+static atomic_int stop_wanted, stop_done;
+
+static void stop_once(void)
+{
+    tsp_agent_t *a = atomic_load(&stop_agent);
+    if (a && atomic_load(&stop_wanted) && !atomic_exchange(&stop_done, 1))
+        tsp_agent_stop(a, SIGTERM);
+}
+
+static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
+{
+    (void)ctx;
+    char msg[1200];
+    int n = snprintf(msg, sizeof msg, "torchspark-run: the driver stopped this run (%s): %.*s\n",
+                     reason == TSP_WIRE_STOP_LOST     ? "a node was lost"
+                     : reason == TSP_WIRE_STOP_FAILED ? "another node failed"
+                                                      : "the run ended",
+                     (int)(len > 1000 ? 1000 : len), text);
+    if (n > 0) {
+        ssize_t w = write(STDERR_FILENO, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+        (void)w;
+    }
+    atomic_store(&stop_wanted, 1);
+    stop_once();
+}
+
+/* Tells the driver the root cause before anything else happens on this node: the error
+ * file's JSON when there is one, else what the agent knows. */
+static void send_failure(tsp_logclient_t *logc, const tsp_agent_t *agent, const char *error_file,
+                         int node_rank)
+{
+    const tsp_failure_t *f = tsp_agent_root_cause(agent);
+    if (!f || atomic_load(&stop_wanted))
+        return; /* stopped by the driver (or a signal): a consequence, not a root cause */
+    char *doc = NULL;
+    size_t len = 0;
+    FILE *in = error_file ? fopen(error_file, "re") : NULL;
+    if (in) {
+        doc = malloc(TSP_WIRE_MAX_EVENT + 1);
+        if (doc)
+            len = fread(doc, 1, TSP_WIRE_MAX_EVENT + 1, in);
+        fclose(in);
+        if (len > TSP_WIRE_MAX_EVENT) /* too big to be sent whole: send the summary */
+            len = 0;
+    }
+    if (!len) {
+        char host[256] = "?";
+        gethostname(host, sizeof host - 1);
+        free(doc);
+        doc = malloc(1024);
+        if (!doc)
+            return;
+        int n = snprintf(doc, 1024,
+                         "{\"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, "
+                         "\"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f}}",
+                         f->rank, f->local_rank, node_rank, f->exitcode < 0 ? 128 - f->exitcode
+                                                                            : f->exitcode,
+                         f->exitcode < 0 ? -f->exitcode : 0, (int)f->pid, f->time);
+        len = n > 0 && n < 1024 ? (size_t)n : 0;
+    }
+    int rc = tsp_logclient_event(logc, TSP_WIRE_EVENT_FAILURE, f->rank, doc, len);
+    if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
+        fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
+                tsp_strerror(rc));
+    free(doc);
+}
+
 /* After success, node 0 ships rank 0's output file to the driver. A failure is loud but
  * does not change the exit status: training did succeed, and the driver, which sees no
  * output arrive, can fall back to reading the file another way. */
@@ -489,6 +561,8 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     if (tsp_output_send(&oo, path, err, sizeof err) != 0)
         fprintf(stderr, "torchspark-run: error: training succeeded, but its output %s did not "
                         "reach the driver: %s\n", path, err);
+    else
+        unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
 
 int main(int argc, char **argv)
@@ -594,7 +668,8 @@ int main(int argc, char **argv)
     unsetenv("TORCHSPARK_LOG_SECRET");
     if (val("log-endpoint")) {
         logc = tsp_logclient_start_endpoint(val("log-endpoint"), sv ? secret_hex : NULL,
-                                            topo.node_rank, flag("log-drop"), err, sizeof err);
+                                            topo.node_rank, flag("log-drop"), on_driver_stop,
+                                            NULL, err, sizeof err);
         if (!logc)
             usage_error("%s", err);
         o.sink = tsp_logclient_sink(logc);
@@ -607,12 +682,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
         return rc == -EINVAL ? 2 : 1;
     }
+    atomic_store(&stop_agent, agent);
+    stop_once(); /* a STOP that came before the agent existed */
     int status = tsp_agent_run(agent);
-    tsp_agent_close(agent);
     if (standalone_port_fd >= 0)
         close(standalone_port_fd);
-    if (logc) /* flush what the workers printed last; falls back to our stdout/stderr */
-        tsp_logclient_close(logc, 30000);
+    if (logc) { /* flush what the workers printed last; falls back to our stdout/stderr */
+        if (status != 0)
+            send_failure(logc, agent, val("error-file"), topo.node_rank);
+        tsp_logclient_close(logc, 30000); /* no STOP callback runs after this */
+    }
+    atomic_store(&stop_agent, NULL);
+    tsp_agent_close(agent);
     if (status == 0 && val("output-file") && topo.node_rank == 0)
         ship_output(val("log-endpoint"), secret_hex, val("output-file"));
     free((void *)o.redirects);

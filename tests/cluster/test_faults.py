@@ -24,6 +24,10 @@ from harness import (FAULT_CONF, finish_driver, start_driver, torchspark_unavail
 START_TIMEOUT = 240  # driver + executors up and every rank past step 2
 FAULT_BOUND = 60  # run() raises within this many seconds of the fault
 CLEANUP_BOUND = 60  # then no training process is left on any host within this many seconds
+# torchspark learns of the fault from its log channel (docs/protocol.md 1.7: EOF at once, or
+# TCP keepalive after ~5 s, plus a 1 s grace and up to 3 s for Spark's own error), not from
+# Spark's spark.network.timeout: its run() must raise within this bound.
+TORCHSPARK_FAULT_BOUND = 15
 NHOSTS = 2
 
 
@@ -113,6 +117,8 @@ def test_worker_host_fault(make_cluster, flavor, fault, record_property):
             pytest.xfail("known stock defect (torchrun's children are not killed): " + msg)
         pytest.fail(msg)
     if flavor == "torchspark":
+        assert detect <= TORCHSPARK_FAULT_BOUND, \
+            f"torchspark raised {detect:.1f}s after {fault}, over its {TORCHSPARK_FAULT_BOUND}s bound"
         # run()'s own message (not only a chained cause) must say where: the lost host.
         h = c.hosts[victim]
         assert h.name in res["error"] or h.addr in res["error"], \

@@ -23,7 +23,27 @@ def fake_gpu_script(directory: Path, addresses: List[str]) -> str:
     return str(path)
 
 
+_previous_conf: Dict[str, str] = {}
+
+
+def _forget_previous_conf(conf: Dict[str, str]) -> None:
+    """The JVM outlives a stopped SparkContext, and the confs of the session that launched
+    it stay JVM system properties, which every later SparkConf loads: a local[2] module after
+    the local-cluster one would inherit its task GPU amount and never get a task scheduled."""
+    from pyspark import SparkContext
+
+    jvm = SparkContext._jvm
+    if jvm is None:
+        return
+    for key in _previous_conf:
+        if key not in conf:
+            jvm.java.lang.System.clearProperty(key)
+
+
 def session(master: str, conf: Dict[str, str]) -> SparkSession:
+    global _previous_conf
+    _forget_previous_conf(conf)
+    _previous_conf = dict(conf)
     # Executors and agents run this interpreter (the checkout's .venv with torchspark).
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -47,6 +47,13 @@ typedef struct tsp_logclient_opts {
                                CLI reads TORCHSPARK_LOG_STALL_TIMEOUT, seconds) */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
     int local_err_fd;
+    /* The control channel (docs/protocol.md 1.7), asked for unless no_control is set.
+     * on_stop is called once, from the sender thread, when the driver says STOP (reason
+     * TSP_WIRE_STOP_*, text not NUL-terminated): it must be quick and must not call back
+     * into this client (tsp_agent_stop() is the intended use). */
+    int no_control;
+    void (*on_stop)(void *ctx, int reason, const char *text, size_t len);
+    void *on_stop_ctx;
 } tsp_logclient_opts_t;
 
 typedef struct tsp_logclient_stats {
@@ -69,13 +76,21 @@ TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t h
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
                                                 size_t errlen);
 /* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
- * defaults otherwise. NULL with a sentence in err (bad endpoint or secret: -EINVAL). */
-TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint,
-                                                         const char *secret_hex, int node_rank,
-                                                         int drop, char *err, size_t errlen);
+ * on_stop as in the options (may be NULL), defaults otherwise. NULL with a sentence in err
+ * (bad endpoint or secret: -EINVAL). */
+TSP_EXTERN tsp_logclient_t *tsp_logclient_start_endpoint(
+    const char *endpoint, const char *secret_hex, int node_rank, int drop,
+    void (*on_stop)(void *ctx, int reason, const char *text, size_t len), void *on_stop_ctx,
+    char *err, size_t errlen);
 /* The sink to hand to the agent; valid until tsp_logclient_close(). */
 TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
 TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
+/* Queues an EVENT (kind TSP_WIRE_EVENT_*, JSON of at most TSP_WIRE_MAX_EVENT bytes)
+ * behind the lines written so far; tsp_logclient_close() flushes it like a line.
+ * 0; -ENOTSUP when the driver did not accept the control channel; -ENOTCONN when no
+ * driver was reached yet; -EMSGSIZE; -ENOMEM. */
+TSP_EXTERN int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json,
+                                   size_t len);
 /* Flushes (up to timeout_ms; what is left goes to the local fallback), says CLOSE, stops
  * the thread and frees. 0 when every line reached the driver (or was counted dropped),
  * -ETIMEDOUT or -ENOTCONN when some went to the local fallback instead. */

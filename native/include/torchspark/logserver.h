@@ -40,6 +40,7 @@ typedef struct tsp_logserver_opts {
     int handshake_timeout_ms; /* default 10000 */
     const char *prefix;       /* sink format, {rank} expands (default "[rank {rank}] ") */
     const char *stderr_marker; /* after the prefix for stderr lines (default "[stderr] ") */
+    int lost_grace_ms;        /* an agent gone without CLOSE is lost if not back by then (1000) */
 } tsp_logserver_opts_t;
 
 /* One delivered line. data points into the batch of the last pull; the data of one
@@ -110,6 +111,22 @@ TSP_EXTERN int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms);
 TSP_EXTERN int tsp_logserver_output_data(tsp_logserver_t *s, const void **data, uint64_t *len);
 /* The last output failure as a sentence ("" when none). Valid until the next call. */
 TSP_EXTERN const char *tsp_logserver_output_error(tsp_logserver_t *s);
+
+/* The control channel (docs/protocol.md 1.7). The first failure of the run (an agent's
+ * FAILURE event, or an agent lost without CLOSE) makes the server send STOP to every
+ * other agent that accepted the control channel; its description is the root cause.
+ * tsp_logserver_failure waits up to timeout_ms (-1: forever) for it and copies its JSON
+ * (NUL-terminated, truncated to buflen): {"kind", "node_rank", "host", "peer", "message",
+ * "report"}. Returns the bytes the whole JSON needs (without the NUL), 0 when there is
+ * none (timeout, or the server has stopped). */
+TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen,
+                                      int timeout_ms);
+/* Agents gone without CLOSE whose lost grace is still running: a failure may follow
+ * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
+TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
+/* Sends STOP (reason TSP_WIRE_STOP_ENDED, with text) to every control agent, now and on
+ * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
+TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
 
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */

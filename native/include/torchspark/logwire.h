@@ -20,6 +20,7 @@ extern "C" {
 #define TSP_WIRE_MAX_CHUNK (1u << 20)
 #define TSP_WIRE_MAX_TEXT 1024u
 #define TSP_WIRE_MAX_RANK ((1 << 24) - 1)
+#define TSP_WIRE_MAX_EVENT (64u * 1024u) /* the JSON of one EVENT frame */
 #define TSP_WIRE_SECRET_LEN 32u
 #define TSP_WIRE_NONCE_LEN 32u
 #define TSP_WIRE_MAC_LEN 32u
@@ -39,6 +40,8 @@ enum tsp_wire_type {
     TSP_WIRE_LINE = 0x10,
     TSP_WIRE_DROPPED = 0x11,
     TSP_WIRE_ACK = 0x12,
+    TSP_WIRE_EVENT = 0x13, /* control (protocol 1.7): u64 seq, u8 kind, JSON */
+    TSP_WIRE_STOP = 0x14,  /* control: u8 reason, text */
     TSP_WIRE_OUT_BEGIN = 0x20,
     TSP_WIRE_OUT_CHUNK = 0x21,
     TSP_WIRE_OUT_END = 0x22,
@@ -48,7 +51,11 @@ enum tsp_wire_type {
 };
 
 enum { TSP_WIRE_ROLE_LOGS = 1, TSP_WIRE_ROLE_OUTPUT = 2 };
-enum { TSP_WIRE_HELLO_DROP = 1u << 0 };
+enum { TSP_WIRE_HELLO_DROP = 1u << 0, TSP_WIRE_HELLO_CONTROL = 1u << 1 };
+/* WELCOME header flags: the driver accepted CONTROL (EVENT may be sent, STOP may come). */
+enum { TSP_WIRE_WELCOME_CONTROL = 1u << 0 };
+enum { TSP_WIRE_EVENT_FAILURE = 1 };
+enum { TSP_WIRE_STOP_FAILED = 1, TSP_WIRE_STOP_LOST = 2, TSP_WIRE_STOP_ENDED = 3 };
 
 /* A decoded frame header. */
 typedef struct tsp_wire_hdr {

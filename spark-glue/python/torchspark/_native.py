@@ -13,12 +13,14 @@ notebook)::
     srv.close()                           # drains connected agents
     srv.write_to(sys.stderr, timeout_ms=0)
 
-The library is looked up in this order: ``$TORCHSPARK_LIBRARY``, ``torchspark/_native/``
-next to this module (the wheel's copy), then ``build/lib/libtorchspark.so`` of a checkout.
+The library is looked up in this order: ``$TORCHSPARK_LIBRARY`` (or ``$TORCHSPARK_LIB``, as
+``_lib`` reads it), ``torchspark/_bin/`` next to this module (the wheel's copy, beside the
+agent), then ``build/lib/libtorchspark.so`` of a checkout.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import threading
 from pathlib import Path
@@ -88,10 +90,10 @@ _lib_lock = threading.Lock()
 def _candidates() -> List[Path]:
     here = Path(__file__).resolve().parent
     found = []
-    env = os.environ.get("TORCHSPARK_LIBRARY")
-    if env:
-        found.append(Path(env))
-    found.append(here / "_native" / "libtorchspark.so")
+    for var in ("TORCHSPARK_LIBRARY", "TORCHSPARK_LIB"):
+        if os.environ.get(var):
+            found.append(Path(os.environ[var]))
+    found.append(here / "_bin" / "libtorchspark.so")
     for up in here.parents:  # a checkout: <root>/spark-glue/python/torchspark
         if (up / "CMakeLists.txt").exists() and (up / "native").is_dir():
             found.append(up / "build" / "lib" / "libtorchspark.so")
@@ -132,6 +134,9 @@ def load_library(path: Optional[str] = None) -> ctypes.CDLL:
             "tsp_logserver_output_data": (i, [vp, ctypes.POINTER(vp),
                                               ctypes.POINTER(ctypes.c_uint64)]),
             "tsp_logserver_output_error": (c, [vp]),
+            "tsp_logserver_failure": (ctypes.c_long, [vp, c, ctypes.c_size_t, i]),
+            "tsp_logserver_stop_all": (i, [vp, c]),
+            "tsp_logserver_lost_pending": (i, [vp]),
             "tsp_logserver_shutdown": (i, [vp, i]),
             "tsp_logserver_free": (None, [vp]),
             "tsp_strerror": (c, [i]),
@@ -304,6 +309,41 @@ class LogServer:
         if self.output_path is not None:
             return Path(self.output_path).read_bytes()
         return ctypes.string_at(data.value, size.value) if size.value else b""
+
+    def failure(self, timeout: Optional[float] = 0) -> Optional[Dict]:
+        """The run's root cause (docs/protocol.md 1.7), waiting up to ``timeout`` s for it
+        (None: until there is one or the server stopped); None when there is none.
+
+        A dict: ``kind`` ("failure": an agent reported its workers' failure; "lost": an
+        agent vanished without saying goodbye), ``node_rank``, ``host``, ``peer``
+        ("address:port"), ``message`` (one sentence) and ``report`` (the agent's error-file
+        JSON as a dict, or None). When it happened, every other agent was told to stop.
+        """
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        buf = ctypes.create_string_buffer(8192)
+        need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), ms)
+        if need <= 0:
+            return None
+        if need >= len(buf):
+            buf = ctypes.create_string_buffer(need + 1)
+            need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), 0)
+        doc = json.loads(buf.value.decode("utf-8", errors="replace"))
+        report = doc.get("report")
+        if isinstance(report, str):
+            try:
+                doc["report"] = json.loads(report)
+            except ValueError:
+                doc["report"] = None
+        return doc
+
+    def lost_pending(self) -> int:
+        """Agents gone without goodbye whose grace (1 s) is still running."""
+        return self._lib.tsp_logserver_lost_pending(self._h)
+
+    def stop_all(self, text: str = "the driver ended the run") -> bool:
+        """Tells every connected agent (and any that connects later) to stop its workers
+        now. False when the server has already shut down."""
+        return self._lib.tsp_logserver_stop_all(self._h, text.encode()[:390]) == 0
 
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.

@@ -156,6 +156,12 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
                                tail=res.tail, error_file=res.report, nproc_per_node=nproc)
         raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
                            f"with status {res.returncode}\n{_report.encode(report)}\n")
+    if ship and os.path.exists(out_file):
+        # The agent removes the file once the driver confirmed it: shipping failed (the
+        # agent said why on its stderr), so the result takes the collect() path instead.
+        sys.stderr.write("torchspark: rank 0's result did not reach the driver over the "
+                         "output channel; sending it through collect() instead\n")
+        return out_file
     if node_rank != 0 or spec["fn_bytes"] is None or ship:
         return None
     if not os.path.exists(out_file):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _launch, _report
+from torchspark import _job, _launch, _report
 from torchspark._report import TorchDistributorError
 from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned, run_node
 
@@ -250,6 +250,8 @@ class TorchDistributor:
         return self._run_distributed_training(train_object, fn_bytes, script_args)
 
     def _start_log_server(self, host: str) -> Any:
+        """The native log server bound to host, or None (with a WARNING) when the channel
+        cannot be used at all."""
         if _native is None or not hasattr(_native, "LogServer"):
             self.logger.warning("torchspark's native log channel is not available in this "
                                 "installation: worker output goes to the agents' own output "
@@ -359,10 +361,14 @@ class TorchDistributor:
         if self.is_spark_local_master and self.use_gpu:
             driver_gpus = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
                                      os.environ.get(CUDA_VISIBLE_DEVICES))
-        server = self._start_log_server(driver_host or "127.0.0.1")
+        # Bind where Spark's own driver endpoint binds; advertise what executors use.
+        bind_host = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
+        server = self._start_log_server(bind_host or "127.0.0.1")
         pump = _LogPump(server) if server is not None else None
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
+        nproc = self._gpus_per_task if self.use_gpu else 1
+        ok = False
         spec = {
             "use_gpu": self.use_gpu,
             "gpus_per_task": self._gpus_per_task,
@@ -372,7 +378,8 @@ class TorchDistributor:
             "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
             "script_args": script_args,
-            "log_endpoint": f"{_host_port(server.host, server.port)}" if server else None,
+            "log_endpoint": (_host_port(driver_host or server.host, server.port)
+                             if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
         }
@@ -380,23 +387,30 @@ class TorchDistributor:
             self.logger.info(
                 f"Started distributed training with {self.num_processes} executor processes")
             rdd = sc.parallelize(range(self.num_tasks), self.num_tasks)
-            try:
-                chunks = rdd.barrier().mapPartitions(lambda it: run_node(spec, it)).collect()
-            except Exception as e:
-                raise self._distributed_failure(e, server) from e
+            out = _job.run_barrier_job(
+                sc, lambda: rdd.barrier().mapPartitions(lambda it: run_node(spec, it)).collect(),
+                server)
+            if out.spark_error is not None or out.root is not None:
+                raise self._distributed_failure(out, server, nproc) from out.spark_error
+            chunks = out.chunks or []
             if pump is not None:
                 pump.stop()
                 pump = None
             result = None
             if fn_bytes is not None:
-                if server is not None:
-                    data = server.output_bytes()
-                    if data is None:
+                data = server.output_bytes() if server is not None else None
+                if data is None and server is not None:
+                    if not chunks:
                         raise TorchDistributorError(
                             "TorchDistributor (distributed): training succeeded but rank 0's "
-                            "result did not arrive over torchspark's output channel; see the "
+                            "result did not arrive over torchspark's output channel "
+                            f"({server.output_error or 'nothing was received'}); see the "
                             "executors' logs of partition 0 for the agent's message")
-                else:
+                    self.logger.warning(
+                        "rank 0's result did not arrive over torchspark's output channel "
+                        f"({server.output_error or 'nothing was received'}); it came "
+                        "through collect() instead (bounded by spark.driver.maxResultSize)")
+                if data is None:
                     data = b"".join(chunks)
                 if not data:
                     raise RuntimeError("TorchDistributor failed during training."
@@ -407,16 +421,31 @@ class TorchDistributor:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
                         "View stdout logs for detailed error message.") from e
+            ok = True
         finally:
+            # Drain while the pump still runs, so the agents' last lines are shown; after a
+            # failure every agent was stopped, so a short drain is enough.
+            if server is not None:
+                server.close(drain_timeout=5.0 if ok else 1.0)
             if pump is not None:
                 pump.stop()
-            if server is not None:
-                server.close()
         self.logger.info(
             f"Finished distributed training with {self.num_processes} executor processes")
         return result
 
-    def _distributed_failure(self, e: Exception, server: Any) -> Exception:
+    def _distributed_failure(self, out: "_job.Outcome", server: Any,
+                             nproc: int) -> TorchDistributorError:
+        root = out.root
+        if root is not None and root.get("kind") == "failure" and root.get("report"):
+            report = _report.build(node_rank=root.get("node_rank", -1),
+                                   host=root.get("host") or "?", returncode=1, tail=[],
+                                   error_file=root["report"], nproc_per_node=nproc)
+            tail = self._tail_from_server(server, report)
+            return TorchDistributorError(_report.format_message(report, "distributed", tail),
+                                         report)
+        if root is not None:
+            return self._lost_node_error(root, server, nproc)
+        e = out.spark_error
         text = str(e)
         reports = _report.find(text)
         if reports:
@@ -432,6 +461,28 @@ class TorchDistributor:
         return TorchDistributorError(
             f"TorchDistributor (distributed) failed: {what}: {first[:500]}\n"
             "See the exception's cause (Spark's error) and the executors' logs.")
+
+    def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
+        """A node whose agent vanished (host or executor died, network cut)."""
+        node = int(root.get("node_rank", -1))
+        lines = [f"TorchDistributor (distributed) failed: {root.get('message')}.",
+                 f"The executor of node {node} on host {root.get('host')}, that host, or the "
+                 "network to it failed; the other nodes were stopped."]
+        tail: List[str] = []
+        for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
+            got = self._tail_from_server(server, {"rank": rank}) or []
+            tail += [f"[rank{rank}]: {ln}" for ln in got]
+        if tail:
+            lines.append(f"Last {len(tail)} lines of node {node}'s output:")
+            lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
+        else:
+            lines.append(f"node {node} printed nothing.")
+        lines.append(f"To fix it: check host {root.get('host')} (its executor's log, memory, "
+                     "network) and run again.")
+        report = {"version": 1, "kind": "lost", "node_rank": node, "rank": None,
+                  "host": root.get("host"), "peer": root.get("peer"),
+                  "message": root.get("message"), "tail": tail}
+        return TorchDistributorError("\n".join(lines), report)
 
 
 def _host_port(host: str, port: int) -> str:

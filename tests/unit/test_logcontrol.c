@@ -1,0 +1,221 @@
+/* test_logcontrol.c: the log channel as a control channel (docs/protocol.md 1.7): a
+ * FAILURE event makes the server STOP every other agent and keep the root cause; an agent
+ * gone without CLOSE is "lost" unless it is back within the grace; stop_all; an agent that
+ * does not ask for CONTROL neither sends events nor gets STOP. Real clients and server on
+ * loopback; raw connections through the agents' own dialer. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "logdial.h"
+#include "logtest.h"
+#include "testutil.h"
+
+typedef struct stopper {
+    atomic_int calls;
+    atomic_int reason;
+    char text[1100];
+} stopper_t;
+
+static void on_stop(void *ctx, int reason, const char *text, size_t len)
+{
+    stopper_t *st = ctx;
+    snprintf(st->text, sizeof st->text, "%.*s", (int)len, text);
+    atomic_store(&st->reason, reason);
+    atomic_fetch_add(&st->calls, 1);
+}
+
+static tsp_logserver_t *ctl_server(int lost_grace_ms)
+{
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.event_fd = -1;
+    o.lost_grace_ms = lost_grace_ms;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    return s;
+}
+
+static tsp_logclient_t *ctl_client(tsp_logserver_t *srv, int node_rank, const char *host,
+                                   stopper_t *st, int no_control)
+{
+    tsp_logclient_opts_t o;
+    tsp_logclient_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = tsp_logserver_port(srv);
+    o.node_rank = node_rank;
+    o.hostname = host;
+    o.on_stop = on_stop;
+    o.on_stop_ctx = st;
+    o.no_control = no_control;
+    tsp_logserver_secret(srv, o.secret);
+    char err[256];
+    tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
+    ck_assert_msg(c != NULL, "%s", err);
+    for (int i = 0; i < 500; i++) { /* connected (the handshake is done) within 5 s */
+        tsp_logclient_stats_t cs;
+        tsp_logclient_stats(c, &cs);
+        if (cs.connected)
+            return c;
+        usleep(10 * 1000);
+    }
+    ck_abort_msg("the client did not connect");
+    return NULL;
+}
+
+static void wait_calls(stopper_t *st, int want)
+{
+    for (int i = 0; i < 500 && atomic_load(&st->calls) < want; i++)
+        usleep(10 * 1000);
+    ck_assert_int_eq(atomic_load(&st->calls), want);
+}
+
+START_TEST(test_logcontrol_failure_stops_the_others)
+{
+    tsp_logserver_t *s = ctl_server(1000);
+    stopper_t sa = {0}, sb = {0}, sc = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &sa, 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &sb, 0);
+    char buf[4096];
+    ck_assert_int_eq(tsp_logserver_failure(s, buf, sizeof buf, 0), 0);
+    const char *rep = "{\"message\": {\"message\": \"boom\"}, \"torchspark\": {\"rank\": 1, "
+                      "\"exitcode\": 3, \"signal\": 0}}";
+    ck_assert_int_eq(tsp_logclient_event(b, TSP_WIRE_EVENT_FAILURE, 1, rep, strlen(rep)), 0);
+    long need = tsp_logserver_failure(s, buf, sizeof buf, 5000);
+    ck_assert_int_gt(need, 0);
+    ck_assert_int_eq((long)strlen(buf), need);
+    ck_assert_ptr_nonnull(strstr(buf, "\"kind\": \"failure\""));
+    ck_assert_ptr_nonnull(strstr(buf, "\"node_rank\": 1"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"host\": \"host-b\""));
+    ck_assert_msg(strstr(buf, "node 1 (host host-b, address 127.0.0.1) failed: rank 1 exited "
+                              "with code 3"), "%s", buf);
+    ck_assert_ptr_nonnull(strstr(buf, "\\\"boom\\\"")); /* the report, as a JSON string */
+    wait_calls(&sa, 1);
+    ck_assert_int_eq(atomic_load(&sa.reason), TSP_WIRE_STOP_FAILED);
+    ck_assert_ptr_nonnull(strstr(sa.text, "host-b"));
+    /* a node that connects after the stop is stopped at once; the failed one is not */
+    tsp_logclient_t *c = ctl_client(s, 2, "host-c", &sc, 0);
+    wait_calls(&sc, 1);
+    usleep(200 * 1000);
+    ck_assert_int_eq(atomic_load(&sb.calls), 0);
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0); /* the event was acknowledged */
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* An authenticated LOGS connection of agent_id through the agents' own dialer. */
+static int raw_agent(tsp_logserver_t *s, uint64_t agent_id, int node_rank, const char *host)
+{
+    uint8_t secret[32];
+    tsp_logserver_secret(s, secret);
+    char err[600];
+    int flags = -1;
+    int fd = tsp__logdial("127.0.0.1", tsp_logserver_port(s), secret, TSP_WIRE_ROLE_LOGS,
+                          TSP_WIRE_HELLO_CONTROL, agent_id, node_rank, host, 5000, &flags, err,
+                          sizeof err);
+    ck_assert_msg(fd >= 0, "%s", err);
+    ck_assert_int_eq(flags, TSP_WIRE_WELCOME_CONTROL);
+    return fd;
+}
+
+START_TEST(test_logcontrol_lost_agent_names_its_host)
+{
+    tsp_logserver_t *s = ctl_server(300);
+    stopper_t sa = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &sa, 0);
+    /* back within the grace: not lost */
+    int fd = raw_agent(s, 77, 1, "host-b");
+    close(fd);
+    usleep(50 * 1000);
+    fd = raw_agent(s, 77, 1, "host-b");
+    char buf[2048];
+    ck_assert_int_eq(tsp_logserver_failure(s, buf, sizeof buf, 800), 0);
+    ck_assert_int_eq(atomic_load(&sa.calls), 0);
+    /* gone for good (no CLOSE): lost, named by host and address */
+    close(fd);
+    for (int i = 0; i < 100 && !tsp_logserver_lost_pending(s); i++)
+        usleep(2000);
+    ck_assert_int_eq(tsp_logserver_lost_pending(s), 1); /* within the grace */
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    ck_assert_int_eq(tsp_logserver_lost_pending(s), 0);
+    ck_assert_ptr_nonnull(strstr(buf, "\"kind\": \"lost\""));
+    ck_assert_msg(strstr(buf, "lost connection to node 1 (host host-b, address 127.0.0.1)"), "%s",
+                  buf);
+    ck_assert_ptr_nonnull(strstr(buf, "\"report\": null"));
+    wait_calls(&sa, 1);
+    ck_assert_int_eq(atomic_load(&sa.reason), TSP_WIRE_STOP_LOST);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logcontrol_clean_close_and_stop_all)
+{
+    tsp_logserver_t *s = ctl_server(100);
+    stopper_t sa = {0}, sb = {0}, sn = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &sa, 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &sb, 0);
+    tsp_logclient_t *n = ctl_client(s, 2, "host-old", &sn, 1); /* no CONTROL asked */
+    ck_assert_int_eq(tsp_logclient_event(n, TSP_WIRE_EVENT_FAILURE, 2, "{}", 2), -ENOTSUP);
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0); /* CLOSE: not a failure */
+    char buf[1024];
+    ck_assert_msg(tsp_logserver_failure(s, buf, sizeof buf, 500) == 0, "%s", buf);
+    ck_assert_int_eq(tsp_logserver_stop_all(s, "cancelled by the user"), 0);
+    wait_calls(&sa, 1);
+    ck_assert_int_eq(atomic_load(&sa.reason), TSP_WIRE_STOP_ENDED);
+    ck_assert_str_eq(sa.text, "cancelled by the user");
+    usleep(200 * 1000);
+    ck_assert_int_eq(atomic_load(&sn.calls), 0);
+    ck_assert_int_eq(tsp_logserver_failure(s, buf, sizeof buf, 0), 0);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(n, 5000), 0);
+    tsp_logserver_shutdown(s, 0);
+    ck_assert_int_eq(tsp_logserver_failure(s, buf, sizeof buf, -1), 0); /* ended: no hang */
+    ck_assert_int_eq(tsp_logserver_stop_all(s, NULL), -EPIPE);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logcontrol_wire_rules)
+{
+    uint8_t b[TSP_WIRE_HDR_LEN];
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_WELCOME, .flags = 1, .rank = -1, .length = 32}, o;
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1024, NULL, 0), 0);
+    b[1] = 2; /* an unknown WELCOME flag */
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1024, NULL, 0), -EBADMSG);
+    h = (tsp_wire_hdr_t){.type = TSP_WIRE_EVENT, .rank = -1, .length = 8};
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1 << 20, NULL, 0), -EBADMSG);
+    h.length = 9 + TSP_WIRE_MAX_EVENT + 1;
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1 << 20, NULL, 0), -EMSGSIZE);
+    h = (tsp_wire_hdr_t){.type = TSP_WIRE_EVENT, .rank = -2, .length = 9};
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1 << 20, NULL, 0), -EBADMSG);
+    h = (tsp_wire_hdr_t){.type = TSP_WIRE_STOP, .rank = -1, .length = 0};
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&o, b, sizeof b, 1 << 20, NULL, 0), -EBADMSG);
+    ck_assert_str_eq(tsp_wire_type_name(TSP_WIRE_STOP), "STOP");
+}
+END_TEST
+
+static Suite *logcontrol_suite(void)
+{
+    Suite *s = suite_create("logcontrol");
+    TCase *tc = tcase_create("core");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_logcontrol_failure_stops_the_others);
+    tcase_add_test(tc, test_logcontrol_lost_agent_names_its_host);
+    tcase_add_test(tc, test_logcontrol_clean_close_and_stop_all);
+    tcase_add_test(tc, test_logcontrol_wire_rules);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tsp_test_main(logcontrol_suite());
+}
