@@ -793,9 +793,11 @@ int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json
         extra[8] = (uint8_t)kind;
         tsp_wire_hdr_t h = {.type = TSP_WIRE_EVENT, .rank = rank,
                             .length = (uint32_t)(sizeof(extra) + len)};
-        rc = append_frame(c, &h, extra, sizeof(extra), json, len);
+        rc = reserve(c, TSP_WIRE_HDR_LEN + sizeof(extra) + len);
         if (rc)
             c->seq--;
+        else
+            append_frame(c, &h, extra, sizeof(extra), json, len);
         c->sender_idle = 0;
     }
     pthread_mutex_unlock(&c->mu);

@@ -454,15 +454,19 @@ static int64_t lost_sweep(tsp_logserver_t *s, int64_t now)
             i++;
             continue;
         }
+        /* Off the pending list (and published) before the root cause is: whoever wakes
+         * on the root cause must not still see this node as pending. */
+        lost_rec_t gone = *l;
+        s->lost[i] = s->lost[--s->nlost];
+        lost_publish(s);
         char addr[80], msg[STOP_TEXT_MAX];
-        peer_addr(l->peer, addr, sizeof(addr));
+        peer_addr(gone.peer, addr, sizeof(addr));
         snprintf(msg, sizeof(msg), "lost connection to node %d (host %s, address %s): %s",
-                 l->node_rank, l->host, addr, l->why);
-        record_root(s, "lost", l->node_rank, l->host, l->peer, msg, NULL);
+                 gone.node_rank, gone.host, addr, gone.why);
+        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, NULL);
         if (!s->t_stopped)
             event(s, "torchspark log server: %s; stopping the other nodes", msg);
-        stop_everyone(s, TSP_WIRE_STOP_LOST, l->agent_id, msg);
-        s->lost[i] = s->lost[--s->nlost];
+        stop_everyone(s, TSP_WIRE_STOP_LOST, gone.agent_id, msg);
     }
     if (s->nlost != before)
         lost_publish(s);
