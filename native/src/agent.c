@@ -77,6 +77,7 @@ struct tsp_agent {
     tsp_failure_t *fails;
     int nfails;
     int root;
+    int reported; /* the root cause was written and handed to on_failure */
 };
 
 static double now_real(void)
@@ -620,6 +621,24 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
     }
 }
 
+/* The run has failed for good: settle the root cause, write the error file and tell the
+ * caller, before this node's own teardown (which may take the whole grace period). */
+static void report_root(tsp_agent_t *a)
+{
+    if (a->reported || a->nfails == 0)
+        return;
+    a->reported = 1;
+    a->root = tsp__report_root(a->fails, a->nfails);
+    if (a->o.error_file) {
+        int rc = tsp__report_write_json(a->o.error_file, a->host, a->o.topo.node_rank,
+                                        &a->fails[a->root]);
+        if (rc)
+            agent_log(a, "cannot write the error file %s: %s", a->o.error_file, strerror(-rc));
+    }
+    if (a->o.on_failure)
+        a->o.on_failure(a->o.on_failure_ctx, &a->fails[a->root]);
+}
+
 static void evaluate(tsp_agent_t *a)
 {
     if (a->state == ST_RUNNING) {
@@ -632,6 +651,7 @@ static void evaluate(tsp_agent_t *a)
                           a->o.topo.max_restarts);
                 begin_stop(a, ST_RESTART, SIGTERM);
             } else {
+                report_root(a);
                 begin_stop(a, ST_STOPPING, SIGTERM);
             }
         } else if (live_workers(a) == 0) {
@@ -701,19 +721,12 @@ int tsp_agent_run(tsp_agent_t *a)
     if (a->exec_status)
         return a->exec_status;
     if (a->nfails > 0) {
-        a->root = tsp__report_root(a->fails, a->nfails);
+        report_root(a); /* normally done when the failure was seen: a no-op then */
         FILE *out = fdopen(dup(a->o.log_fd), "w");
         if (out) {
             tsp__report_print(out, a->o.name ? a->o.name : a->o.file, a->host, a->fails,
                               a->nfails, a->root);
             fclose(out);
-        }
-        if (a->o.error_file) {
-            int rc = tsp__report_write_json(a->o.error_file, a->host, a->o.topo.node_rank,
-                                            &a->fails[a->root]);
-            if (rc)
-                agent_log(a, "cannot write the error file %s: %s", a->o.error_file,
-                          strerror(-rc));
         }
         int code = a->fails[a->root].exitcode;
         return code < 0 ? 128 - code : code;

@@ -508,12 +508,25 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
 
 /* Tells the driver the root cause before anything else happens on this node: the error
  * file's JSON when there is one, else what the agent knows. */
-static void send_failure(tsp_logclient_t *logc, const tsp_agent_t *agent, const char *error_file,
-                         int node_rank)
+typedef struct {
+    tsp_logclient_t *logc;
+    const char *error_file;
+    int node_rank;
+    int sent;
+} failure_report_t;
+
+/* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
+ * run has failed for good and before its workers are stopped, so the driver can stop the
+ * other nodes without waiting for this node's grace period. */
+static void send_failure(void *ctx, const tsp_failure_t *f)
 {
-    const tsp_failure_t *f = tsp_agent_root_cause(agent);
-    if (!f || atomic_load(&stop_wanted))
+    failure_report_t *fr = ctx;
+    tsp_logclient_t *logc = fr->logc;
+    const char *error_file = fr->error_file;
+    int node_rank = fr->node_rank;
+    if (!f || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
+    fr->sent = 1;
     char *doc = NULL;
     size_t len = 0;
     FILE *in = error_file ? fopen(error_file, "re") : NULL;
@@ -661,6 +674,7 @@ int main(int argc, char **argv)
     /* The driver's log channel: the secret comes from the environment only, and is taken
      * out of it so that the workers never see it. */
     tsp_logclient_t *logc = NULL;
+    failure_report_t fr = {.error_file = val("error-file"), .node_rank = topo.node_rank};
     char secret_hex[80] = "";
     const char *sv = getenv("TORCHSPARK_LOG_SECRET");
     if (sv)
@@ -673,6 +687,9 @@ int main(int argc, char **argv)
         if (!logc)
             usage_error("%s", err);
         o.sink = tsp_logclient_sink(logc);
+        fr.logc = logc;
+        o.on_failure = send_failure;
+        o.on_failure_ctx = &fr;
     } else if (val("output-file")) {
         usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
     }
@@ -688,8 +705,8 @@ int main(int argc, char **argv)
     if (standalone_port_fd >= 0)
         close(standalone_port_fd);
     if (logc) { /* flush what the workers printed last; falls back to our stdout/stderr */
-        if (status != 0)
-            send_failure(logc, agent, val("error-file"), topo.node_rank);
+        if (status != 0) /* sent already when the failure was seen; a no-op then */
+            send_failure(&fr, tsp_agent_root_cause(agent));
         tsp_logclient_close(logc, 30000); /* no STOP callback runs after this */
     }
     atomic_store(&stop_agent, NULL);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -342,6 +343,46 @@ START_TEST(test_agent_exec_error_status)
 }
 END_TEST
 
+typedef struct {
+    int calls, rank;
+    struct timespec when;
+    int error_file_written;
+    const char *error_file;
+} failure_seen_t;
+
+static void on_failure(void *ctx, const tsp_failure_t *root)
+{
+    failure_seen_t *fs = ctx;
+    fs->calls++;
+    fs->rank = root->rank;
+    clock_gettime(CLOCK_MONOTONIC, &fs->when);
+    fs->error_file_written = access(fs->error_file, F_OK) == 0;
+}
+
+START_TEST(test_agent_on_failure_runs_before_the_grace)
+{
+    setup();
+    char ef[600];
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    failure_seen_t fs = {.error_file = ef};
+    /* rank 1 fails at once; rank 0 ignores SIGTERM, so the node's own teardown takes the
+     * whole 1 s grace: the callback must come before it, once, with the error file written */
+    tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .error_file = ef,
+                          .shutdown_timeout = 1.0, .on_failure = on_failure,
+                          .on_failure_ctx = &fs};
+    struct timespec t1;
+    ck_assert_int_eq(run_sh(2, 0, "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; "
+                                  "trap '' TERM; sleep 30", &o, NULL), 3);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ck_assert_int_eq(fs.calls, 1);
+    ck_assert_int_eq(fs.rank, 1);
+    ck_assert_int_eq(fs.error_file_written, 1);
+    double before_end = (double)(t1.tv_sec - fs.when.tv_sec) +
+                        (double)(t1.tv_nsec - fs.when.tv_nsec) / 1e9;
+    ck_assert_msg(before_end > 0.8, "callback only %.3f s before the end", before_end);
+}
+END_TEST
+
 static Suite *agent_suite(void)
 {
     Suite *s = suite_create("agent");
@@ -356,6 +397,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_forwards_usr1_and_kills_term_ignoring_orphans);
     tcase_add_test(tc, test_agent_sink_backpressure_loses_nothing);
     tcase_add_test(tc, test_agent_exec_error_status);
+    tcase_add_test(tc, test_agent_on_failure_runs_before_the_grace);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -26,6 +26,8 @@ extern "C" {
 /* Bits of the per-local-rank redirect / tee masks (torchrun's Std values). */
 enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
 
+struct tsp_failure;
+
 typedef struct tsp_agent_opts {
     tsp_topo_t topo;
     const char *file;    /* program to run (PATH-searched when it has no '/') */
@@ -42,9 +44,15 @@ typedef struct tsp_agent_opts {
     int console_out, console_err;   /* fds for worker output on the console (1, 2) */
     int log_fd;                     /* the agent's own messages (2) */
     const char *prefix_template;    /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
+    /* Called once, from the agent's loop, when the run has failed for good (no restart
+     * left), before the other workers are stopped, with the root cause; error_file has
+     * been written by then. Lets a caller tell others (the driver) without waiting for
+     * this node's own teardown. NULL: none. */
+    void (*on_failure)(void *ctx, const struct tsp_failure *root);
+    void *on_failure_ctx;
 } tsp_agent_opts_t;
 
-typedef struct tsp_failure {
+typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
     int rank, local_rank;
     pid_t pid;
     int exitcode;    /* torchrun's: the exit code, or -signal */
