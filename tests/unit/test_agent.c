@@ -188,10 +188,14 @@ static void *stop_later(void *arg)
     return NULL;
 }
 
-START_TEST(test_agent_stop_signal_stops_workers)
+/* An initialised (not yet running) agent of two `sh -c script` workers. */
+static tsp_agent_t *init_sh_agent(const char *script)
 {
-    setup();
-    char *argv[] = {"sh", "-c", "exec sleep 60", NULL};
+    static char *argv[4];
+    argv[0] = "sh";
+    argv[1] = "-c";
+    argv[2] = (char *)script;
+    argv[3] = NULL;
     tsp_agent_opts_t o = {.file = "sh", .argv = argv, .console_out = 1, .console_err = 2,
                           .log_fd = 2, .shutdown_timeout = 5};
     tsp_topo_init(&o.topo);
@@ -199,6 +203,13 @@ START_TEST(test_agent_stop_signal_stops_workers)
     tsp_agent_t *a;
     char err[256];
     ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    return a;
+}
+
+START_TEST(test_agent_stop_signal_stops_workers)
+{
+    setup();
+    tsp_agent_t *a = init_sh_agent("exec sleep 60");
     pthread_t t;
     pthread_create(&t, NULL, stop_later, a);
     ck_assert_int_eq(tsp_agent_run(a), 128 + SIGTERM);
@@ -217,14 +228,7 @@ START_TEST(test_agent_forwards_usr1_and_kills_term_ignoring_orphans)
              "trap 'echo usr1 > %s/usr1.$LOCAL_RANK; exit 0' USR1; "
              "if [ $LOCAL_RANK = 0 ]; then (trap '' TERM; setsid sleep 60 & echo $! > %s/orphan); fi; "
              "while :; do sleep 0.05; done", dir, dir);
-    char *argv[] = {"sh", "-c", script, NULL};
-    tsp_agent_opts_t o = {.file = "sh", .argv = argv, .console_out = 1, .console_err = 2,
-                          .log_fd = 2, .shutdown_timeout = 5};
-    tsp_topo_init(&o.topo);
-    o.topo.nproc_per_node = 2;
-    tsp_agent_t *a;
-    char err[256];
-    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    tsp_agent_t *a = init_sh_agent(script);
     /* deliver SIGUSR1 to the agent (this process) shortly after start */
     pid_t killer = fork();
     if (killer == 0) {
