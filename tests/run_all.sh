@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: sets the machine up (tests/setup.sh), builds everything, and runs
-# every test: the Check unit tests (plain and under ASan+UBSan), the fuzz targets for a
+# every test: the Check unit tests (plain, under ASan+UBSan and under TSan), the fuzz targets for a
 # bounded time, and the end-to-end pytest suites on real Spark and real torch.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,6 +26,13 @@ cmake --build build-asan -j"$jobs" > build-asan.log 2>&1 || { cat build-asan.log
 rm -f build-asan.log
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs" || status=1
+
+step "unit tests under ThreadSanitizer (the log server, output receiver and agent threads)"
+cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTSP_SANITIZE_THREAD=ON > /dev/null
+cmake --build build-tsan -j"$jobs" > build-tsan.log 2>&1 || { cat build-tsan.log; exit 1; }
+rm -f build-tsan.log
+TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  ctest --test-dir build-tsan --output-on-failure -j"$jobs" || status=1
 
 if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
   step "fuzz targets (libFuzzer, bounded)"

@@ -277,6 +277,21 @@ static void conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
     pthread_mutex_unlock(&s->q.mu);
     size_t n = strlen(why);
     conn_send(s, c, TSP_WIRE_ERROR, why, n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
+    if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT) {
+        /* An agent in the middle of its chunks: closing with its data unread would reset
+         * the connection and lose the reason. The transfer is given up now (a retry may
+         * claim it); what still comes is discarded until the agent, which looks for an
+         * answer between chunks, hangs up, or LINGER_MS passed. */
+        tsp__outrecv_abort(&s->out, c, NULL);
+        shutdown(c->fd, SHUT_WR);
+        c->state = C_LINGER;
+        c->paused = 0;
+        c->len = 0;
+        c->chunk_left = 0;
+        c->deadline = now_ms() + LINGER_MS;
+        conn_arm(s, c);
+        return;
+    }
     conn_free(s, c);
 }
 
@@ -1012,6 +1027,19 @@ static void resume_all(tsp_logserver_t *s)
     s->resume_at = NULL;
 }
 
+/* The output's hashing thread failed (the file could not be written): the agent is told
+ * now, not at its next chunk, which may never come. */
+static void output_failed(tsp_logserver_t *s)
+{
+    char why[512];
+    void *owner = tsp__outrecv_failed(&s->out, why, sizeof(why));
+    for (conn_t *c = s->conns; owner && c; c = c->next)
+        if (c == owner) {
+            conn_reject(s, c, why);
+            break;
+        }
+}
+
 /* ---- the thread ------------------------------------------------------------------ */
 
 /* Ends a connection during the drain: final ACK and CLOSE, then linger until EOF. */
@@ -1079,6 +1107,7 @@ static void *server_main(void *arg)
                 ssize_t r = read(s->wake_fd, &v, sizeof(v));
                 (void)r; /* only resets the eventfd */
                 resume_all(s);
+                output_failed(s);
                 pthread_mutex_lock(&s->ctl_mu);
                 int stop = s->stop_req;
                 char text[STOP_TEXT_MAX];
@@ -1195,7 +1224,7 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     size_t qb = o->queue_bytes ? o->queue_bytes : (8u << 20);
     if ((rc = tsp__logq_init(&s->q, qb, o->tail_lines, o->tail_bytes ? o->tail_bytes : 65536,
                              s->wake_fd)) ||
-        (rc = tsp__outrecv_init(&s->out)))
+        (rc = tsp__outrecv_init(&s->out, s->wake_fd)))
         return snprintf(err, errlen, "cannot init the log server: %s", tsp_strerror(rc)), rc;
     pthread_mutex_init(&s->ctl_mu, NULL);
     tsp__cond_init_mono(&s->fail_cv);

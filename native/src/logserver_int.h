@@ -78,24 +78,37 @@ long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen);
 int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max);
 void tsp__logq_end(tsp__logq_t *q);
 
-/* The output receiver (outrecv.c): guarded by its own mutex; the thread feeds it. */
+/* The output receiver (outrecv.c): guarded by its own mutex. The epoll thread receives
+ * the bytes in place; a hashing thread of the transfer's own follows behind it, computing
+ * SHA-256 (and, to a file, writing), so that the server thread never spends its time on
+ * the digest and the two run on separate cores. */
 enum { TSP__OUT_NONE, TSP__OUT_WAIT, TSP__OUT_RECV, TSP__OUT_OK };
 typedef struct tsp__outrecv {
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t cv;      /* the host waits for the transfer's end */
+    pthread_cond_t work_cv; /* the hasher waits for received bytes */
+    pthread_cond_t room_cv; /* the receiver waits for the hasher */
     int state;
     char *path; /* NULL: memory */
     int fd;
-    uint8_t *mem;   /* memory mode: mmap'ed, total bytes */
-    uint8_t *stage; /* file mode: the receive buffer */
-    uint64_t total, got;
-    EVP_MD_CTX *md;
-    void *owner; /* the connection receiving it */
+    uint8_t *mem;  /* memory mode: mmap'ed, total bytes */
+    uint8_t *ring; /* file mode: received bytes not yet hashed and written */
+    uint64_t total;
+    uint64_t got;    /* received (the epoll thread's) */
+    uint64_t hashed; /* hashed, and written in file mode (the hasher's) */
+    EVP_MD_CTX *md;  /* the hasher's while it runs */
+    pthread_t hasher;
+    int hasher_on;      /* started: to be joined */
+    int hasher_running; /* not yet past its last use of the transfer */
+    int hasher_quit;
+    int hasher_err; /* -errno: SHA-256 (-EIO) or the file write failed */
+    int wake_fd;    /* the server thread's eventfd: told when the hasher fails */
+    void *owner;    /* the connection receiving it */
     char err[512];
     char err_copy[512];
 } tsp__outrecv_t;
 
-int tsp__outrecv_init(tsp__outrecv_t *o);
+int tsp__outrecv_init(tsp__outrecv_t *o, int wake_fd);
 /* Host side: accept one transfer (path NULL: memory); wait for it (0/-ETIMEDOUT/-ENOENT). */
 int tsp__outrecv_expect(tsp__outrecv_t *o, const char *path);
 int tsp__outrecv_wait(tsp__outrecv_t *o, int timeout_ms);
@@ -114,6 +127,10 @@ ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, ch
                           size_t errlen);
 int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
                      size_t errlen);
+/* After a wake-up: when the hasher failed (a write to the file), the transfer is given up
+ * and its connection returned, with the reason in why, for the server to refuse it now
+ * rather than at the agent's next chunk. NULL otherwise. */
+void *tsp__outrecv_failed(tsp__outrecv_t *o, char *why, size_t whylen);
 /* The connection went away (or failed): discard a partial transfer, allow a retry. */
 void tsp__outrecv_abort(tsp__outrecv_t *o, void *owner, const char *why);
 

@@ -1,5 +1,6 @@
 /* output.c: rank 0's output file to the driver, in chunks with length and SHA-256
- * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. */
+ * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. The bytes
+ * go out with sendfile() while a second thread computes the digest. */
 #include "torchspark/output.h"
 
 #include <errno.h>
@@ -7,6 +8,8 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,8 +49,8 @@ static ssize_t pread_some(int fd, void *p, size_t n, uint64_t off)
 
 /* Sends n bytes of the file from off: sendfile() hands the page-cache pages to the socket
  * without a copy on this side; where the kernel cannot (EINVAL/ENOSYS: an exotic file
- * system), the bytes already read for the digest are sent instead. */
-static int send_file_range(int sock, int file, uint64_t off, size_t n, const uint8_t *same,
+ * system), the bytes are read into *copy (allocated then) and written. */
+static int send_file_range(int sock, int file, uint64_t off, size_t n, uint8_t **copy,
                            int *no_sendfile, int64_t deadline)
 {
     size_t done = 0;
@@ -75,55 +78,104 @@ static int send_file_range(int sock, int file, uint64_t off, size_t n, const uin
         if (poll(&pf, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
             return -errno;
     }
-    return done < n ? tsp__sock_write_all(sock, same + done, n - done, deadline) : 0;
+    if (done < n && !*copy && !(*copy = malloc(TSP_WIRE_MAX_CHUNK)))
+        return -ENOMEM;
+    while (done < n) {
+        ssize_t r = pread_some(file, *copy, n - done, off + done);
+        if (r <= 0)
+            return r == 0 ? -EIO : (int)r;
+        int rc = tsp__sock_write_all(sock, *copy, (size_t)r, deadline);
+        if (rc)
+            return rc;
+        done += (size_t)r;
+    }
+    return 0;
 }
 
-/* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR.
- * Each chunk is read once into buf (small enough to stay in cache) for SHA-256, and sent
- * from the page cache by sendfile(); the driver hashes what it receives. */
+/* The digest of the file, computed by a thread of its own while the caller's thread sends
+ * the same bytes with sendfile(): the two read the page cache independently, so the
+ * transfer is bounded by the slower of SHA-256 and the network, not by their sum. A file
+ * that changes meanwhile ends in a digest the driver does not match: refused, retried. */
+typedef struct hashjob {
+    int file;
+    uint64_t total;
+    uint8_t *buf; /* PIECE bytes */
+    atomic_int stop;
+    int rc; /* 0, -EIO (shorter than announced or SHA-256 failed), -errno */
+    uint8_t digest[TSP_WIRE_DIGEST_LEN];
+} hashjob_t;
+
+/* Pieces small enough to stay in the L2 cache between pread() and SHA-256. */
+#define PIECE (256u * 1024u)
+
+static void *hash_main(void *arg)
+{
+    hashjob_t *j = arg;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    int rc = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) ? 0 : -EIO;
+    for (uint64_t at = 0; !rc && at < j->total && !atomic_load(&j->stop);) {
+        size_t want = j->total - at < PIECE ? (size_t)(j->total - at) : PIECE;
+        ssize_t r = pread_some(j->file, j->buf, want, at);
+        if (r <= 0)
+            rc = r == 0 ? -EIO : (int)r;
+        else if (!EVP_DigestUpdate(md, j->buf, (size_t)r))
+            rc = -EIO;
+        else
+            at += (uint64_t)r;
+    }
+    unsigned dl = 0;
+    if (!rc && !atomic_load(&j->stop) && !EVP_DigestFinal_ex(md, j->digest, &dl))
+        rc = -EIO;
+    EVP_MD_CTX_free(md);
+    j->rc = rc;
+    return NULL;
+}
+
+/* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR. */
 static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms, char *err,
                 size_t errlen)
 {
     uint8_t v[8];
     tsp_wire_put_u64(v, total);
-    int rc = send_frame(sock, TSP_WIRE_OUT_BEGIN, v, 8, timeout_ms);
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    if (!md || !EVP_DigestInit_ex(md, EVP_sha256(), NULL))
-        rc = -EIO;
+    hashjob_t j = {.file = file, .total = total, .buf = buf};
+    atomic_init(&j.stop, 0);
+    pthread_t th;
+    int rc = pthread_create(&th, NULL, hash_main, &j);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the hashing thread: %s", strerror(rc));
+        return -rc;
+    }
+    rc = send_frame(sock, TSP_WIRE_OUT_BEGIN, v, 8, timeout_ms);
     uint64_t sent = 0;
     int no_sendfile = 0;
+    uint8_t *copy = NULL; /* where sendfile() cannot: the bytes go through this buffer */
+    int early = 0; /* the driver answered before END: it refused the transfer */
     while (!rc && sent < total) {
-        size_t want = total - sent < TSP_WIRE_MAX_CHUNK ? (size_t)(total - sent) : TSP_WIRE_MAX_CHUNK;
-        ssize_t r = pread_some(file, buf, want, sent);
-        if (r <= 0) {
-            snprintf(err, errlen, "the output file changed while it was sent (%s)",
-                     r == 0 ? "shorter than announced" : strerror((int)-r));
-            rc = r == 0 ? -EIO : (int)r;
+        struct pollfd pf = {.fd = sock, .events = POLLIN};
+        if (poll(&pf, 1, 0) > 0) {
+            early = 1;
             break;
         }
-        if (!EVP_DigestUpdate(md, buf, (size_t)r)) {
-            rc = -EIO;
-            break;
-        }
+        size_t n = total - sent < TSP_WIRE_MAX_CHUNK ? (size_t)(total - sent) : TSP_WIRE_MAX_CHUNK;
         uint8_t hb[TSP_WIRE_HDR_LEN];
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = (uint32_t)r};
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = (uint32_t)n};
         tsp_wire_hdr_pack(hb, &h);
         int64_t dl = tsp__now_ms() + timeout_ms;
         rc = tsp__sock_write_all(sock, hb, sizeof(hb), dl);
         if (!rc)
-            rc = send_file_range(sock, file, sent, (size_t)r, buf, &no_sendfile, dl);
-        if (rc == -EIO)
-            snprintf(err, errlen, "the output file changed while it was sent (shorter than "
-                                  "announced)");
-        sent += (uint64_t)r;
+            rc = send_file_range(sock, file, sent, n, &copy, &no_sendfile, dl);
+        sent += n;
     }
-    uint8_t digest[EVP_MAX_MD_SIZE];
-    unsigned dl = 0;
-    if (!rc && !EVP_DigestFinal_ex(md, digest, &dl))
-        rc = -EIO;
-    EVP_MD_CTX_free(md);
-    if (!rc)
-        rc = send_frame(sock, TSP_WIRE_OUT_END, digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
+    atomic_store(&j.stop, rc != 0 || early);
+    pthread_join(th, NULL);
+    free(copy);
+    if (!rc && !early && j.rc)
+        rc = j.rc;
+    if (rc == -EIO)
+        snprintf(err, errlen, "the output file changed while it was sent (shorter than "
+                              "announced)");
+    if (!rc && !early)
+        rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
     if (rc) {
         if (!*err)
             snprintf(err, errlen, "sending the output: %s", tsp_strerror(rc));
@@ -138,7 +190,8 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
         snprintf(err, errlen, "the driver refused the output: %.*s", (int)h.length, (char *)buf);
         return -EBADMSG;
     }
-    if (h.type != TSP_WIRE_OUT_DONE || CRYPTO_memcmp(buf, digest, TSP_WIRE_DIGEST_LEN) != 0) {
+    if (early || h.type != TSP_WIRE_OUT_DONE ||
+        CRYPTO_memcmp(buf, j.digest, TSP_WIRE_DIGEST_LEN) != 0) {
         snprintf(err, errlen, "the driver did not confirm the output's digest");
         return -EBADMSG;
     }

@@ -1,6 +1,7 @@
 /* outrecv.c: the driver side of rank 0's output transfer (docs/protocol.md 1.6): one
  * transfer at a time, to a file or to memory, 64-bit lengths, SHA-256 checked. The epoll
- * thread feeds it; the host language waits for it. */
+ * thread receives the bytes in place; a hashing thread started for the transfer follows
+ * it (SHA-256, and the write in file mode); the host language waits for the end. */
 #include "logserver_int.h"
 
 #include <errno.h>
@@ -15,42 +16,70 @@
 #include <time.h>
 #include <unistd.h>
 
-/* File mode receives through a buffer small enough to stay in the L2 cache between the
- * socket copy, the SHA-256 and the write to the file. */
-#define STAGE_SIZE (512u * 1024u)
+/* File mode: received bytes wait in a ring for the hasher, which hashes and writes them
+ * in pieces small enough to stay in the L2 cache between the socket copy, SHA-256 and the
+ * write. Memory mode: the bytes are received at their place; reception may run at most
+ * WINDOW ahead of hashing, so that the end of a transfer never waits long for the digest
+ * (the epoll thread waits then) and the hashed bytes are still in the L3 cache. */
+#define RING_SIZE (4u << 20)
+#define PIECE (512u * 1024u)
+#define WINDOW (8u << 20)
 
-int tsp__outrecv_init(tsp__outrecv_t *o)
+int tsp__outrecv_init(tsp__outrecv_t *o, int wake_fd)
 {
     memset(o, 0, sizeof(*o));
+    o->wake_fd = wake_fd;
     int rc = tsp__cond_init_mono(&o->cv);
     if (rc)
         return rc;
+    pthread_cond_init(&o->work_cv, NULL);
+    pthread_cond_init(&o->room_cv, NULL);
     pthread_mutex_init(&o->mu, NULL);
     o->fd = -1;
     return 0;
 }
 
+/* Under mu: stops the hasher after the piece it is on and joins it. */
+static void stop_hasher_locked(tsp__outrecv_t *o)
+{
+    if (!o->hasher_on)
+        return;
+    o->hasher_quit = 1;
+    pthread_cond_broadcast(&o->work_cv);
+    while (o->hasher_running)
+        pthread_cond_wait(&o->room_cv, &o->mu);
+    pthread_join(o->hasher, NULL); /* it only returns now: it needs mu no more */
+    o->hasher_on = 0;
+    o->hasher_quit = 0;
+}
+
 static void reset_locked(tsp__outrecv_t *o)
 {
+    stop_hasher_locked(o);
     if (o->fd >= 0)
         close(o->fd);
     o->fd = -1;
     if (o->mem)
         munmap(o->mem, (size_t)o->total);
     o->mem = NULL;
-    free(o->stage);
-    o->stage = NULL;
+    free(o->ring);
+    o->ring = NULL;
     EVP_MD_CTX_free(o->md);
     o->md = NULL;
-    o->total = o->got = 0;
+    o->total = o->got = o->hashed = 0;
+    o->hasher_err = 0;
     o->owner = NULL;
 }
 
 void tsp__outrecv_close(tsp__outrecv_t *o)
 {
+    pthread_mutex_lock(&o->mu);
     reset_locked(o);
+    pthread_mutex_unlock(&o->mu);
     free(o->path);
     pthread_cond_destroy(&o->cv);
+    pthread_cond_destroy(&o->work_cv);
+    pthread_cond_destroy(&o->room_cv);
     pthread_mutex_destroy(&o->mu);
 }
 
@@ -121,6 +150,64 @@ static uint8_t *alloc_output(uint64_t total)
     return p;
 }
 
+static int write_all(int fd, const uint8_t *p, size_t n)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return -errno;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* The hashing thread: takes what was received, a piece at a time, in order. The bytes
+ * between hashed and got are the hasher's alone (the receiver writes only past got, and
+ * in file mode not further than one ring ahead of hashed), so they are read unlocked. */
+static void *hasher_main(void *arg)
+{
+    tsp__outrecv_t *o = arg;
+    pthread_mutex_lock(&o->mu);
+    for (;;) {
+        while (!o->hasher_quit && o->hashed == o->got)
+            pthread_cond_wait(&o->work_cv, &o->mu);
+        if (o->hasher_quit)
+            break;
+        uint64_t at = o->hashed;
+        size_t n = o->got - at < PIECE ? (size_t)(o->got - at) : PIECE;
+        const uint8_t *p;
+        if (o->mem) {
+            p = o->mem + at;
+        } else {
+            size_t pos = (size_t)(at % RING_SIZE);
+            if (n > RING_SIZE - pos)
+                n = RING_SIZE - pos;
+            p = o->ring + pos;
+        }
+        pthread_mutex_unlock(&o->mu);
+        int rc = EVP_DigestUpdate(o->md, p, n) ? 0 : -EIO;
+        if (!rc && o->fd >= 0)
+            rc = write_all(o->fd, p, n);
+        pthread_mutex_lock(&o->mu);
+        if (rc) {
+            o->hasher_err = rc;
+            uint64_t one = 1;
+            ssize_t w = write(o->wake_fd, &one, sizeof(one));
+            (void)w; /* the eventfd cannot be full: it only counts */
+            break;
+        }
+        o->hashed = at + n;
+        pthread_cond_broadcast(&o->room_cv);
+    }
+    o->hasher_running = 0;
+    pthread_cond_broadcast(&o->room_cv);
+    pthread_mutex_unlock(&o->mu);
+    return NULL;
+}
+
 int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
@@ -141,6 +228,10 @@ int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err
                              o->path, strerror(errno));
             goto out;
         }
+        if (!(o->ring = malloc(RING_SIZE))) {
+            rc = fail_locked(o, err, errlen, "out of memory on the driver");
+            goto out;
+        }
     } else if (total > 0) {
         o->mem = alloc_output(total);
         if (!o->mem) {
@@ -151,64 +242,76 @@ int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err
             goto out;
         }
     }
-    if (o->fd >= 0 && !(o->stage = malloc(STAGE_SIZE))) {
-        rc = fail_locked(o, err, errlen, "out of memory on the driver");
+    o->total = total;
+    o->got = o->hashed = 0;
+    o->hasher_err = 0;
+    o->hasher_quit = 0;
+    o->hasher_running = 1;
+    if ((rc = pthread_create(&o->hasher, NULL, hasher_main, o)) != 0) {
+        o->hasher_running = 0;
+        rc = fail_locked(o, err, errlen, "cannot start the driver's hashing thread: %s",
+                         strerror(rc));
         goto out;
     }
-    o->total = total;
-    o->got = 0;
+    o->hasher_on = 1;
     o->state = TSP__OUT_RECV;
 out:
     pthread_mutex_unlock(&o->mu);
     return rc;
 }
 
-static int write_all(int fd, const uint8_t *p, size_t n)
-{
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0)
-            return -errno;
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Takes n received bytes that already sit at their place (mem + got in memory mode, or
- * anywhere in file mode): hashes them and, in file mode, writes them. */
-static int take(tsp__outrecv_t *o, const uint8_t *p, size_t n, char *err, size_t errlen)
-{
-    int rc = 0;
-    if (!EVP_DigestUpdate(o->md, p, n)) {
-        pthread_mutex_lock(&o->mu);
-        rc = fail_locked(o, err, errlen, "SHA-256 failed on the driver");
-        pthread_mutex_unlock(&o->mu);
-        return rc;
-    }
-    if (o->fd >= 0 && (rc = write_all(o->fd, p, n))) {
-        pthread_mutex_lock(&o->mu);
-        rc = fail_locked(o, err, errlen, "cannot write the output file %s on the driver: %s",
-                         o->path, strerror(-rc));
-        pthread_mutex_unlock(&o->mu);
-        return rc;
-    }
-    o->got += n;
-    return 0;
-}
-
-/* The owner is receiving (checked under the mutex; the data itself is touched only by
- * the owning connection's thread, so hashing and writing happen outside it). */
+/* Under mu: the owner is receiving and the hasher has not failed. */
 static int check_locked(tsp__outrecv_t *o, void *owner, uint64_t n, char *err, size_t errlen)
 {
     if (o->owner != owner || o->state != TSP__OUT_RECV)
         return fail_locked(o, err, errlen, "OUT_CHUNK out of order");
+    if (o->hasher_err == -EIO)
+        return fail_locked(o, err, errlen, "SHA-256 failed on the driver");
+    if (o->hasher_err)
+        return fail_locked(o, err, errlen, "cannot write the output file %s on the driver: %s",
+                           o->path, strerror(-o->hasher_err));
     if (n > o->total - o->got)
         return fail_locked(o, err, errlen, "output chunk goes past the announced %llu bytes",
                            (unsigned long long)o->total);
     return 0;
+}
+
+/* Under mu: where the next received bytes go and how many fit there (at most want),
+ * waiting while the hasher is a whole window (or ring) behind. 0, or a failure. */
+static int room_locked(tsp__outrecv_t *o, void *owner, size_t want, uint8_t **dst, size_t *fit,
+                       char *err, size_t errlen)
+{
+    *fit = 0;
+    *dst = NULL;
+    for (;;) {
+        int rc = check_locked(o, owner, want, err, errlen);
+        if (rc || want == 0)
+            return rc;
+        uint64_t ahead = o->got - o->hashed;
+        size_t n;
+        if (o->mem) {
+            n = ahead < WINDOW ? (size_t)(WINDOW - ahead) : 0;
+            *dst = o->mem + o->got;
+        } else {
+            size_t pos = (size_t)(o->got % RING_SIZE);
+            n = ahead < RING_SIZE ? (size_t)(RING_SIZE - ahead) : 0;
+            if (n > RING_SIZE - pos)
+                n = RING_SIZE - pos;
+            *dst = o->ring + pos;
+        }
+        if (n > 0) {
+            *fit = n < want ? n : want;
+            return 0;
+        }
+        pthread_cond_wait(&o->room_cv, &o->mu);
+    }
+}
+
+/* Under mu: n more bytes are at their place for the hasher. */
+static void took_locked(tsp__outrecv_t *o, size_t n)
+{
+    o->got += n;
+    pthread_cond_signal(&o->work_cv);
 }
 
 int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p,
@@ -216,37 +319,46 @@ int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8
 {
     pthread_mutex_lock(&o->mu);
     int rc = check_locked(o, owner, len, err, errlen);
-    pthread_mutex_unlock(&o->mu);
-    if (rc || !have)
-        return rc;
-    if (o->mem) {
-        memcpy(o->mem + o->got, p, have);
-        p = o->mem + o->got;
+    while (!rc && have > 0) { /* payload bytes that came with the header */
+        uint8_t *dst = NULL;
+        size_t fit;
+        rc = room_locked(o, owner, have, &dst, &fit, err, errlen);
+        if (rc)
+            break;
+        memcpy(dst, p, fit);
+        took_locked(o, fit);
+        p += fit;
+        have -= fit;
     }
-    return take(o, p, have, err, errlen);
+    pthread_mutex_unlock(&o->mu);
+    return rc;
 }
 
 ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, char *err,
                           size_t errlen)
 {
+    uint8_t *dst = NULL;
+    size_t fit;
     pthread_mutex_lock(&o->mu);
-    int rc = check_locked(o, owner, max, err, errlen);
+    int rc = room_locked(o, owner, max, &dst, &fit, err, errlen);
     pthread_mutex_unlock(&o->mu);
     if (rc)
         return rc;
-    uint8_t *dst = o->mem ? o->mem + o->got : o->stage;
-    if (!o->mem && max > STAGE_SIZE)
-        max = STAGE_SIZE;
+    if (fit == 0)
+        return 0;
     ssize_t r;
     do
-        r = recv(fd, dst, max, MSG_DONTWAIT);
+        r = recv(fd, dst, fit, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
     if (r < 0)
         return errno == EWOULDBLOCK ? -EAGAIN : -errno;
     if (r == 0)
         return -ECONNRESET;
-    rc = take(o, dst, (size_t)r, err, errlen);
-    return rc ? rc : r;
+    pthread_mutex_lock(&o->mu);
+    if (o->owner == owner && o->state == TSP__OUT_RECV)
+        took_locked(o, (size_t)r);
+    pthread_mutex_unlock(&o->mu);
+    return r;
 }
 
 int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
@@ -256,12 +368,21 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
     int rc = 0;
     uint8_t d[EVP_MAX_MD_SIZE];
     unsigned dl = 0;
-    if (o->owner != owner || o->state != TSP__OUT_RECV)
+    if (o->owner != owner || o->state != TSP__OUT_RECV) {
         rc = fail_locked(o, err, errlen, "OUT_END out of order");
-    else if (o->got != o->total)
+        goto out;
+    }
+    while (!o->hasher_err && o->hashed < o->got) /* at most a window of hashing */
+        pthread_cond_wait(&o->room_cv, &o->mu);
+    if ((rc = check_locked(o, owner, 0, err, errlen)) != 0)
+        goto out;
+    if (o->got != o->total) {
         rc = fail_locked(o, err, errlen, "output ended after %llu of %llu bytes",
                          (unsigned long long)o->got, (unsigned long long)o->total);
-    else if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, 32) != 0)
+        goto out;
+    }
+    stop_hasher_locked(o); /* idle: everything is hashed; md is ours again */
+    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, 32) != 0)
         rc = fail_locked(o, err, errlen, "output digest mismatch: the %llu bytes received "
                          "differ from what rank 0 sent", (unsigned long long)o->total);
     else if (o->fd >= 0 && close(o->fd) != 0)
@@ -273,8 +394,21 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
         o->owner = NULL;
         pthread_cond_broadcast(&o->cv);
     }
+out:
     pthread_mutex_unlock(&o->mu);
     return rc;
+}
+
+void *tsp__outrecv_failed(tsp__outrecv_t *o, char *why, size_t whylen)
+{
+    pthread_mutex_lock(&o->mu);
+    void *owner = NULL;
+    if (o->state == TSP__OUT_RECV && o->hasher_err) {
+        owner = o->owner;
+        check_locked(o, owner, 0, why, whylen); /* gives the transfer up with the reason */
+    }
+    pthread_mutex_unlock(&o->mu);
+    return owner;
 }
 
 void tsp__outrecv_abort(tsp__outrecv_t *o, void *owner, const char *why)

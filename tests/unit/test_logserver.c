@@ -342,6 +342,116 @@ static int raw_output_conn(tsp_logserver_t *s)
     return fd;
 }
 
+/* A raw OUTPUT connection that has announced `total` bytes (OUT_BEGIN). */
+static int raw_output_begin(tsp_logserver_t *s, uint64_t total)
+{
+    int fd = raw_output_conn(s);
+    uint8_t v[8];
+    tsp_wire_put_u64(v, total);
+    raw_send_frame(fd, TSP_WIRE_OUT_BEGIN, -1, v, 8);
+    return fd;
+}
+
+/* Sends `n` bytes of OUT_CHUNK frames of 1 MiB (the last shorter) with pattern bytes
+ * starting at stream offset `at`; adds them to md when given. */
+static void raw_send_pattern(int fd, uint64_t at, uint64_t n, EVP_MD_CTX *md)
+{
+    uint8_t *buf = malloc(TSP_WIRE_MAX_CHUNK);
+    while (n > 0) {
+        size_t k = n < TSP_WIRE_MAX_CHUNK ? (size_t)n : TSP_WIRE_MAX_CHUNK;
+        for (size_t i = 0; i < k; i++)
+            buf[i] = (uint8_t)(((at + i) * 2654435761u) >> 11);
+        raw_send_frame(fd, TSP_WIRE_OUT_CHUNK, -1, buf, k);
+        if (md)
+            EVP_DigestUpdate(md, buf, k);
+        at += k;
+        n -= k;
+    }
+    free(buf);
+}
+
+/* The driver's hashing thread writes the file: a write that fails (a full disk) refuses
+ * the transfer with the file's name and the reason, and the agent's connection is told. */
+START_TEST(test_logserver_output_write_failure)
+{
+    tsp_logserver_t *s = server(0, 0);
+    ck_assert_int_eq(tsp_logserver_expect_output(s, "/dev/full"), 0);
+    int fd = raw_output_begin(s, 6u << 20);
+    /* 1 MiB: fits the loopback socket buffers, so this send completes even though the
+     * server refuses after the first piece it fails to write */
+    raw_send_pattern(fd, 0, 1u << 20, NULL);
+    expect_refused(fd, "cannot write the output file /dev/full on the driver: No space left");
+    ck_assert_int_eq(tsp_logserver_output_wait(s, 50), -ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(tsp_logserver_output_error(s), "/dev/full"));
+
+    /* the agent's own code, with far more than the socket buffers hold still to send:
+     * it sees the refusal between chunks and reports the driver's reason */
+    char src[] = "/tmp/tsp_out_fullXXXXXX";
+    close(mkstemp(src));
+    write_file(src, 48u << 20);
+    tsp_output_opts_t o;
+    tsp_output_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = tsp_logserver_port(s);
+    o.attempts = 1;
+    tsp_logserver_secret(s, o.secret);
+    char err[600] = "";
+    ck_assert_int_eq(tsp_output_send(&o, src, err, sizeof err), -EBADMSG);
+    ck_assert_msg(strstr(err, "the driver refused the output: cannot write the output file "
+                              "/dev/full on the driver: No space left") != NULL,
+                  "got: %s", err);
+    unlink(src);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* A transfer cut in the middle (the agent died) stops the hashing thread and frees the
+ * partial output; a new connection then ships the whole output, to memory and to a file. */
+START_TEST(test_logserver_output_cut_then_retried)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        tsp_logserver_t *s = server(0, 0);
+        char dst[] = "/tmp/tsp_out_cutXXXXXX";
+        close(mkstemp(dst));
+        ck_assert_int_eq(tsp_logserver_expect_output(s, mode ? dst : NULL), 0);
+        uint64_t total = (20u << 20) + 777;
+        int fd = raw_output_begin(s, total);
+        raw_send_pattern(fd, 0, 9u << 20, NULL);
+        close(fd);
+        usleep(50000);
+        ck_assert_ptr_nonnull(strstr(tsp_logserver_output_error(s), "interrupted"));
+        EVP_MD_CTX *md = EVP_MD_CTX_new();
+        EVP_DigestInit_ex(md, EVP_sha256(), NULL);
+        fd = raw_output_begin(s, total);
+        raw_send_pattern(fd, 0, total, md);
+        uint8_t d[32], b[64];
+        unsigned dl = 0;
+        EVP_DigestFinal_ex(md, d, &dl);
+        EVP_MD_CTX_free(md);
+        raw_send_frame(fd, TSP_WIRE_OUT_END, -1, d, 32);
+        size_t n;
+        ck_assert_int_eq(raw_read_frame(fd, b, sizeof b, &n), TSP_WIRE_OUT_DONE);
+        ck_assert_int_eq(tsp_logserver_output_wait(s, 1000), 0);
+        if (mode) {
+            struct stat sb;
+            ck_assert_int_eq(stat(dst, &sb), 0);
+            ck_assert_int_eq(sb.st_size, (off_t)total);
+        } else {
+            const void *data;
+            uint64_t len;
+            ck_assert_int_eq(tsp_logserver_output_data(s, &data, &len), 0);
+            ck_assert_uint_eq(len, total);
+            const uint8_t *q = data;
+            for (uint64_t i = 0; i < total; i += 4093)
+                ck_assert_uint_eq(q[i], (uint8_t)((i * 2654435761u) >> 11));
+        }
+        close(fd);
+        tsp_logserver_free(s);
+        unlink(dst);
+    }
+}
+END_TEST
+
 /* Chunk data arriving in every way TCP may cut it: a header with part of its payload and
  * the next header in one segment, a payload in small pieces, and the rest. The server
  * receives chunk data in place, so each of these paths must add up to the same bytes. */
@@ -352,11 +462,9 @@ START_TEST(test_logserver_output_split_chunks)
         char dst[] = "/tmp/tsp_out_splitXXXXXX";
         close(mkstemp(dst));
         ck_assert_int_eq(tsp_logserver_expect_output(s, mode ? dst : NULL), 0);
-        int fd = raw_output_conn(s);
+        int fd = raw_output_begin(s, 26);
         const char *text = "abcdefghijklmnopqrstuvwxyz";
-        uint8_t v[8], b[128];
-        tsp_wire_put_u64(v, 26);
-        raw_send_frame(fd, TSP_WIRE_OUT_BEGIN, -1, v, 8);
+        uint8_t b[128];
         /* chunk 1 (10 bytes) whole, plus the header of chunk 2 (16 bytes) and 3 of its
          * bytes, in one send */
         tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = 10};
@@ -536,6 +644,8 @@ int main(void)
     tcase_add_test(tc, test_logserver_output_memory_and_file);
     tcase_add_test(tc, test_logserver_output_bad_digest_and_length);
     tcase_add_test(tc, test_logserver_output_split_chunks);
+    tcase_add_test(tc, test_logserver_output_write_failure);
+    tcase_add_test(tc, test_logserver_output_cut_then_retried);
     tcase_add_test(tc, test_logserver_pull_text);
     tcase_add_test(tc, test_logserver_tail_bounds_and_wrap);
     tcase_add_test(tc, test_logserver_format_prefix);

@@ -300,6 +300,23 @@ class LogServer:
         """Why the last output transfer failed ("" when none did)."""
         return self._lib.tsp_logserver_output_error(self._h).decode(errors="replace")
 
+    def output_view(self) -> Optional[memoryview]:
+        """The received output without a copy: a memoryview over the server's own buffer
+        (memory mode), or the file's bytes (file mode); None if it has not arrived. The
+        view keeps this server, and so the buffer, alive for as long as it is referenced,
+        also after close(); a 1 GiB result is not copied a second time to be unpickled."""
+        if self._lib.tsp_logserver_output_wait(self._h, 0) != 0:
+            return None
+        if self.output_path is not None:
+            return memoryview(Path(self.output_path).read_bytes())
+        data, size = ctypes.c_void_p(), ctypes.c_uint64()
+        self._lib.tsp_logserver_output_data(self._h, ctypes.byref(data), ctypes.byref(size))
+        if not size.value:
+            return memoryview(b"")
+        buf = (ctypes.c_char * size.value).from_address(data.value)
+        buf.owner = self  # the buffer is freed with the server: not before the view
+        return memoryview(buf).cast("B")
+
     def output_bytes(self) -> Optional[bytes]:
         """The received output (memory mode), or None if it has not arrived."""
         if self._lib.tsp_logserver_output_wait(self._h, 0) != 0:

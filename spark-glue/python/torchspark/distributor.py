@@ -398,7 +398,7 @@ class TorchDistributor:
                 pump = None
             result = None
             if fn_bytes is not None:
-                data = server.output_bytes() if server is not None else None
+                data = server.output_view() if server is not None else None
                 if data is None and server is not None:
                     if not chunks:
                         raise TorchDistributorError(

@@ -1,0 +1,125 @@
+"""Rank 0's output over the driver channel with the real agent: `torchspark-run
+--output-file` ships a file its worker wrote to the driver's LogServer, SHA-256 checked;
+the file is removed once the driver confirmed it. Sizes over 2 GiB arrive whole (Spark's
+2 GiB frame limit is what stock's collect() path hits), the driver's zero-copy view is
+byte-identical and keeps its buffer alive after the server object is dropped, and a file
+that is missing when the worker is done is reported by the agent with its path."""
+import gc
+import hashlib
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from logchannel_harness import RUN_BIN
+from torchspark._native import LogServer
+
+WRITER = textwrap.dedent("""
+    import os, sys
+    path, size = sys.argv[1], int(sys.argv[2])
+    block = bytes((i * 7 + 3) & 0xff for i in range(1 << 20))
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(block))
+            f.write(block[:n])
+            left -= n
+""")
+
+
+@pytest.fixture(autouse=True)
+def _need_agent():
+    if not RUN_BIN.exists():
+        pytest.fail(f"{RUN_BIN} is missing: build first (bash tests/setup.sh)")
+
+
+def _expected_sha(size: int) -> str:
+    block = bytes((i * 7 + 3) & 0xff for i in range(1 << 20))
+    h = hashlib.sha256()
+    left = size
+    while left:
+        n = min(left, len(block))
+        h.update(block[:n])
+        left -= n
+    return h.hexdigest()
+
+
+def _ship(tmp_path, srv: LogServer, size: int, write: bool = True):
+    out = tmp_path / "result.bin"
+    script = tmp_path / "writer.py"
+    script.write_text(WRITER)
+    args = [str(out), str(size)] if write else ["/dev/null", "0"]
+    cmd = [str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+           "--log-endpoint", srv.endpoint, "--output-file", str(out), str(script), *args]
+    p = subprocess.run(cmd, env=dict(os.environ, **srv.agent_env()), capture_output=True,
+                       text=True, timeout=600)
+    return p, out
+
+
+@pytest.mark.parametrize("size", [0, 1, 3 * (1 << 20) + 12345])
+def test_output_arrives_whole_and_the_file_is_removed(tmp_path, size):
+    srv = LogServer()
+    try:
+        srv.expect_output(None)
+        p, out = _ship(tmp_path, srv, size)
+        assert p.returncode == 0, p.stderr
+        assert srv.wait_output(10), srv.output_error
+        view = srv.output_view()
+        assert len(view) == size
+        assert hashlib.sha256(view).hexdigest() == _expected_sha(size)
+        assert srv.output_bytes() == bytes(view)
+        assert not out.exists(), "the agent keeps the file only when the transfer failed"
+    finally:
+        srv.close()
+
+
+def test_view_outlives_the_server_object(tmp_path):
+    srv = LogServer()
+    srv.expect_output(None)
+    p, _ = _ship(tmp_path, srv, 5 << 20)
+    assert p.returncode == 0, p.stderr
+    assert srv.wait_output(10)
+    view = srv.output_view()
+    srv.close()
+    del srv
+    gc.collect()
+    # the buffer belongs to the server, which the view keeps alive: still readable
+    assert hashlib.sha256(view).hexdigest() == _expected_sha(5 << 20)
+
+
+def test_missing_output_file_is_named(tmp_path):
+    srv = LogServer()
+    try:
+        srv.expect_output(None)
+        p, out = _ship(tmp_path, srv, 0, write=False)
+        # training did succeed: the exit status says so (docs/cli.md); the message names
+        # the file, and the driver, which saw no output, reports its own error
+        assert p.returncode == 0
+        assert "did not reach the driver" in p.stderr and str(out) in p.stderr, p.stderr
+        assert not srv.wait_output(0.5)
+    finally:
+        srv.close()
+
+
+@pytest.mark.skipif(os.environ.get("TSP_SKIP_BIG") == "1", reason="TSP_SKIP_BIG=1")
+def test_over_2_gib_to_a_file(tmp_path):
+    """2 GiB + 1 MiB + 7 bytes, received to a file on the driver: the length does not fit
+    in 31 bits, and the file's digest matches the writer's."""
+    size = (2 << 30) + (1 << 20) + 7
+    dst = tmp_path / "received.bin"
+    srv = LogServer()
+    try:
+        srv.expect_output(str(dst))
+        p, _ = _ship(tmp_path, srv, size)
+        assert p.returncode == 0, p.stderr
+        assert srv.wait_output(10), srv.output_error
+        assert dst.stat().st_size == size
+        h = hashlib.sha256()
+        with open(dst, "rb") as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        assert h.hexdigest() == _expected_sha(size)
+    finally:
+        srv.close()
