@@ -1,6 +1,7 @@
-/* logserver_int.h: the log server's parts shared between logserver.c (the epoll thread),
- * logqueue.c (the bounded pull queue, the per-rank tails and drop counts) and outrecv.c
- * (receiving rank 0's output). Not installed. */
+/* logserver_int.h: the log server's parts shared between logserver.c (the epoll thread
+ * and the API), logconn.c (a connection's protocol), logctl.c (the control channel),
+ * logqueue.c (the bounded pull queue, the per-rank tails and drop counts), logtail.c and
+ * outrecv.c (receiving rank 0's output). Not installed. */
 #ifndef TSP_LOGSERVER_INT_H
 #define TSP_LOGSERVER_INT_H
 
@@ -133,5 +134,124 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
 void *tsp__outrecv_failed(tsp__outrecv_t *o, char *why, size_t whylen);
 /* The connection went away (or failed): discard a partial transfer, allow a retry. */
 void tsp__outrecv_abort(tsp__outrecv_t *o, void *owner, const char *why);
+
+/* The server, its connections and its records (logserver.c, logconn.c, logctl.c). */
+#define STOP_TEXT_MAX 400
+
+enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
+
+typedef struct agent_rec {
+    uint64_t id;
+    uint64_t seq; /* highest seq delivered */
+} agent_rec_t;
+
+typedef struct conn {
+    struct conn *next, *prev;
+    int fd;
+    int state;
+    int paused;   /* EPOLLIN off: the queue is full */
+    int want_out; /* EPOLLOUT on: wbuf has bytes */
+    int registered; /* in the epoll set */
+    uint8_t *buf;
+    size_t cap, len;
+    uint32_t chunk_left; /* OUT_CHUNK payload bytes still to read straight from the socket */
+    uint8_t wbuf[2048];
+    size_t wlen;
+    uint8_t hello[TSP_WIRE_HELLO_MAX];
+    size_t hello_len;
+    uint8_t nonce_s[TSP_WIRE_NONCE_LEN];
+    tsp_wire_hello_t h;
+    size_t agent; /* index into agents */
+    uint64_t acked;
+    int64_t deadline; /* handshake or linger deadline (ms, monotonic) */
+    int control;      /* CONTROL granted (protocol 1.7) */
+    int stop_sent;
+    char peer[80];
+} conn_t;
+
+/* A LOGS connection that ended without CLOSE: lost unless its agent is back in time. */
+typedef struct lost_rec {
+    uint64_t agent_id;
+    int node_rank;
+    int64_t deadline;
+    char host[256];
+    char peer[80];
+    char why[120];
+} lost_rec_t;
+
+struct tsp_logserver {
+    tsp_logserver_opts_t o;
+    char host[256];
+    char prefix[128];
+    char marker[64];
+    int port;
+    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    uint8_t run_id[TSP_WIRE_RUNID_LEN];
+    int lfd, efd, wake_fd;
+    pthread_t thread;
+    int started, joined;
+    conn_t *conns;
+    conn_t *resume_at; /* the paused connection that tsp__resume_all serves first */
+    agent_rec_t *agents;
+    size_t nagents, agents_cap;
+    char *sink; /* formatted lines waiting for sink_fd */
+    size_t sink_len, sink_cap;
+    pthread_mutex_t ctl_mu; /* guards drain_deadline / draining and the control fields */
+    int draining;
+    int64_t drain_deadline;
+    pthread_cond_t fail_cv; /* signalled when root is set or the thread ended */
+    char *root;             /* JSON of the run's root cause (protocol 1.7), malloc'ed */
+    int ended;
+    int lost_pending;       /* copy of nlost for the host */
+    int stop_req;           /* the host asked for STOP to everyone */
+    char stop_req_text[STOP_TEXT_MAX];
+    /* control, thread only */
+    int t_draining;
+    int t_stopped;
+    int stop_reason;
+    uint64_t stop_except; /* agent_id not to STOP (the one that failed) */
+    char stop_text[STOP_TEXT_MAX];
+    lost_rec_t *lost;
+    size_t nlost, lost_cap;
+    tsp__logq_t q;
+    tsp__outrecv_t out;
+};
+
+/* logserver.c: a server event (a full sentence) to event_fd and/or the pull queue. */
+__attribute__((format(printf, 2, 3))) void tsp__event(tsp_logserver_t *s, const char *fmt, ...);
+
+/* logconn.c, on the epoll thread. */
+/* Queues a frame to the peer and sends what it can. 0, or -errno (-ENOBUFS: no room). */
+int tsp__conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p, size_t n);
+/* Closes the connection and frees it (it leaves the list). */
+void tsp__conn_free(tsp_logserver_t *s, conn_t *c);
+/* Drops the connection with a reason: logged, told to the peer, counted. */
+void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why);
+/* Reads what the socket has and handles it. 0 while the connection lives. */
+int tsp__conn_read(tsp_logserver_t *s, conn_t *c);
+/* Writable again: sends what the buffer holds and re-arms. */
+void tsp__conn_flush(tsp_logserver_t *s, conn_t *c);
+/* The drain: final ACK and CLOSE, then linger until EOF. */
+void tsp__conn_goodbye(tsp_logserver_t *s, conn_t *c);
+/* The pull queue made room: read paused connections again, round robin. */
+void tsp__resume_all(tsp_logserver_t *s);
+/* The output's hashing thread failed: refuse its connection now. */
+void tsp__output_failed(tsp_logserver_t *s);
+/* Writes the formatted lines of sink mode to sink_fd. */
+void tsp__sink_flush(tsp_logserver_t *s);
+
+/* logctl.c, on the epoll thread (protocol 1.7). */
+/* Sends STOP (the run's reason and text) to one control connection. */
+void tsp__conn_stop(tsp_logserver_t *s, conn_t *c);
+/* The first stop of the run: STOP to every control agent but `except`, now and later. */
+void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const char *text);
+/* An EVENT frame (a failure report): the root cause, then STOP to the others. */
+int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p);
+/* A LOGS connection ended without CLOSE: lost unless its agent is back within the grace. */
+void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why);
+/* The agent authenticated again: no longer pending as lost. */
+void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id);
+/* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
+int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now);
 
 #endif

@@ -1,0 +1,643 @@
+/* logconn.c: one agent connection's life on the driver's log server: the send buffer
+ * and epoll arming, rejection with a reason, the frame handlers (handshake, lines, output,
+ * dispatch) and the parser, reading with backpressure (pause when the pull queue is full,
+ * resume round robin when it has room), acknowledgements, and the goodbye of the drain
+ * (docs/protocol.md, part 1). The control channel is logctl.c; the epoll thread that
+ * drives all this is logserver.c. */
+#include "logserver_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "logdial.h" /* tsp__now_ms */
+#include "torchspark/lines.h"
+
+#define CONN_BUF_MIN (64u * 1024u)
+#define LINGER_MS 2000 /* after CLOSE: wait for the agent to take the final ACK */
+#define SINK_FLUSH (64u * 1024u)
+
+/* ---- connections ---------------------------------------------------------------- */
+
+/* A paused connection leaves the epoll set altogether: a hang-up would otherwise be
+ * reported again and again while we are not reading it. */
+static void conn_arm(tsp_logserver_t *s, conn_t *c)
+{
+    struct epoll_event ev = {.events = EPOLLIN | (c->wlen ? EPOLLOUT : 0u), .data.ptr = c};
+    if (c->paused) {
+        if (c->registered)
+            epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
+        c->registered = 0;
+    } else {
+        epoll_ctl(s->efd, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &ev);
+        c->registered = 1;
+    }
+    c->want_out = c->wlen > 0;
+}
+
+void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
+{
+    tsp__outrecv_abort(&s->out, c, "the connection closed");
+    if (s->resume_at == c)
+        s->resume_at = c->next;
+    if (c->registered)
+        epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    free(c->buf);
+    free(c);
+    pthread_mutex_lock(&s->q.mu);
+    s->q.st.connected--;
+    pthread_mutex_unlock(&s->q.mu);
+}
+
+/* Sends what wbuf holds without blocking. 0, or -errno when the peer is gone. */
+static int conn_write(conn_t *c)
+{
+    ssize_t w;
+    do
+        w = send(c->fd, c->wbuf, c->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w > 0) {
+        memmove(c->wbuf, c->wbuf + w, c->wlen - (size_t)w);
+        c->wlen -= (size_t)w;
+    }
+    return w < 0 && errno != EAGAIN ? -errno : 0;
+}
+
+/* Queues a frame to the peer (control frames are small; the buffer holds many). */
+static int conn_send_flags(tsp_logserver_t *s, conn_t *c, unsigned type, unsigned flags,
+                           const void *p, size_t n)
+{
+    if (c->wlen + TSP_WIRE_HDR_LEN + n > sizeof(c->wbuf))
+        return -ENOBUFS;
+    tsp_wire_hdr_t h = {.type = (uint8_t)type, .flags = (uint8_t)flags, .rank = -1,
+                        .length = (uint32_t)n};
+    tsp_wire_hdr_pack(c->wbuf + c->wlen, &h);
+    if (n)
+        memcpy(c->wbuf + c->wlen + TSP_WIRE_HDR_LEN, p, n);
+    c->wlen += TSP_WIRE_HDR_LEN + n;
+    int rc = conn_write(c);
+    if ((c->wlen > 0) != c->want_out && !c->paused)
+        conn_arm(s, c);
+    return rc;
+}
+
+int tsp__conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p, size_t n)
+{
+    return conn_send_flags(s, c, type, 0, p, n);
+}
+
+static void conn_who(const conn_t *c, char *out, size_t n)
+{
+    if (c->state >= C_AUTH && c->h.host[0])
+        snprintf(out, n, "%s (host %s, node rank %d)", c->peer, c->h.host, c->h.node_rank);
+    else
+        snprintf(out, n, "%s", c->peer);
+}
+
+/* Drops a connection with a reason: logged, told to the peer (best effort), counted. */
+void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
+{
+    char who[400];
+    conn_who(c, who, sizeof(who));
+    tsp__event(s, "torchspark log server: dropped the connection from %s: %s", who, why);
+    /* Counted before the peer can read the reason, so that stats agree with what it saw. */
+    pthread_mutex_lock(&s->q.mu);
+    s->q.st.rejected++;
+    pthread_mutex_unlock(&s->q.mu);
+    size_t n = strlen(why);
+    tsp__conn_send(s, c, TSP_WIRE_ERROR, why,
+                   n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
+    if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT) {
+        /* An agent in the middle of its chunks: closing with its data unread would reset
+         * the connection and lose the reason. The transfer is given up now (a retry may
+         * claim it); what still comes is discarded until the agent, which looks for an
+         * answer between chunks, hangs up, or LINGER_MS passed. */
+        tsp__outrecv_abort(&s->out, c, NULL);
+        shutdown(c->fd, SHUT_WR);
+        c->state = C_LINGER;
+        c->paused = 0;
+        c->len = 0;
+        c->chunk_left = 0;
+        c->deadline = tsp__now_ms() + LINGER_MS;
+        conn_arm(s, c);
+        return;
+    }
+    tsp__conn_free(s, c);
+}
+
+/* ---- frames ---------------------------------------------------------------------- */
+
+static agent_rec_t *agent_find(tsp_logserver_t *s, uint64_t id, size_t *idx)
+{
+    for (size_t i = 0; i < s->nagents; i++)
+        if (s->agents[i].id == id) {
+            *idx = i;
+            return &s->agents[i];
+        }
+    if (s->nagents == s->agents_cap) {
+        size_t n = s->agents_cap ? s->agents_cap * 2 : 16;
+        agent_rec_t *na = realloc(s->agents, n * sizeof(*na));
+        if (!na)
+            return NULL;
+        s->agents = na;
+        s->agents_cap = n;
+    }
+    *idx = s->nagents;
+    s->agents[s->nagents] = (agent_rec_t){.id = id, .seq = 0};
+    return &s->agents[s->nagents++];
+}
+
+static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, char *err,
+                    size_t errlen)
+{
+    int rc = tsp_wire_hello_unpack(&c->h, p, n, err, errlen);
+    if (rc)
+        return rc;
+    if (memcmp(c->h.run_id, s->run_id, TSP_WIRE_RUNID_LEN) != 0) {
+        snprintf(err, errlen, "the agent belongs to another run (its secret differs); check "
+                              "TORCHSPARK_LOG_SECRET");
+        return -EACCES;
+    }
+    if (c->h.role == TSP_WIRE_ROLE_OUTPUT && (rc = tsp__outrecv_claim(&s->out, c, err, errlen)))
+        return rc;
+    memcpy(c->hello, p, n);
+    c->hello_len = n;
+    uint8_t ch[TSP_WIRE_CHALLENGE_LEN];
+    if (tsp_wire_random(c->nonce_s, sizeof(c->nonce_s))) {
+        snprintf(err, errlen, "no random bytes for the challenge");
+        return -EIO;
+    }
+    tsp_wire_challenge_pack(ch, c->nonce_s);
+    c->state = C_AUTH;
+    return tsp__conn_send(s, c, TSP_WIRE_CHALLENGE, ch, sizeof(ch));
+}
+
+static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, char *err,
+                   size_t errlen)
+{
+    if (tsp_wire_mac_verify(s->secret, 0, c->hello, c->hello_len, c->nonce_s, p, n)) {
+        snprintf(err, errlen, "authentication failed (wrong secret or a replayed handshake)");
+        return -EACCES;
+    }
+    uint8_t mac[TSP_WIRE_MAC_LEN];
+    if (tsp_wire_mac(s->secret, 1, c->hello, c->hello_len, c->nonce_s, mac)) {
+        snprintf(err, errlen, "HMAC failed on the driver");
+        return -EIO;
+    }
+    agent_rec_t *a = agent_find(s, c->h.agent_id, &c->agent);
+    if (!a) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    c->acked = a->seq;
+    c->state = C_OPEN;
+    c->control = c->h.role == TSP_WIRE_ROLE_LOGS && (c->h.hflags & TSP_WIRE_HELLO_CONTROL);
+    tsp__lost_forget(s, c->h.agent_id); /* it is back */
+    pthread_mutex_lock(&s->q.mu);
+    s->q.st.authenticated++;
+    pthread_mutex_unlock(&s->q.mu);
+    int rc = conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
+                             mac, sizeof(mac));
+    if (!rc && c->control && s->t_stopped && c->h.agent_id != s->stop_except)
+        tsp__conn_stop(s, c);
+    /* Tell a reconnecting agent at once what this server already has. */
+    if (!rc && a->seq) {
+        uint8_t ack[8];
+        tsp_wire_put_u64(ack, a->seq);
+        rc = tsp__conn_send(s, c, TSP_WIRE_ACK, ack, 8);
+    }
+    return rc;
+}
+
+static void sink_line(tsp_logserver_t *s, const tsp_wire_hdr_t *h, const uint8_t *d, size_t n)
+{
+    char pre[256];
+    size_t pl = tsp_logserver_format_prefix(pre, sizeof(pre), s->prefix, s->marker, h->rank,
+                                            h->stream);
+    if (pl >= sizeof(pre))
+        pl = sizeof(pre) - 1;
+    size_t need = s->sink_len + pl + n + 1;
+    if (need > s->sink_cap) {
+        size_t cap = need > 2 * SINK_FLUSH ? need : 2 * SINK_FLUSH;
+        char *nb = realloc(s->sink, cap);
+        if (!nb)
+            return;
+        s->sink = nb;
+        s->sink_cap = cap;
+    }
+    memcpy(s->sink + s->sink_len, pre, pl);
+    memcpy(s->sink + s->sink_len + pl, d, n);
+    s->sink_len += pl + n;
+    if (!(h->flags & TSP_LINE_CONTINUED))
+        s->sink[s->sink_len++] = '\n';
+}
+
+void tsp__sink_flush(tsp_logserver_t *s)
+{
+    size_t off = 0;
+    while (off < s->sink_len) {
+        ssize_t w = write(s->o.sink_fd, s->sink + off, s->sink_len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            break; /* the sink is gone: lines still reach the tails */
+        off += (size_t)w;
+    }
+    s->sink_len = 0;
+}
+
+/* Under q.mu: a LINE frame delivered once per (agent, seq): into the pull queue, or only
+ * the tail in sink mode. 0 delivered, 1 a duplicate, -EAGAIN the queue is full (the frame
+ * stays buffered and the connection pauses). */
+static int line_locked(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+{
+    uint64_t seq = tsp_wire_get_u64(p);
+    size_t n = h->length - 8;
+    agent_rec_t *a = &s->agents[c->agent];
+    if (seq <= a->seq) {
+        s->q.st.duplicates++;
+        return 1;
+    }
+    int to_queue = s->o.sink_fd < 0;
+    if (to_queue && tsp__logq_full_locked(&s->q)) {
+        s->q.paused = 1;
+        return -EAGAIN;
+    }
+    if (tsp__logq_push_locked(&s->q, h->rank, h->stream, h->flags, p + 8, n, to_queue))
+        return -EAGAIN; /* no memory now: retry when the consumer made room */
+    s->q.st.lines++;
+    s->q.st.bytes += n;
+    a->seq = seq;
+    return 0;
+}
+
+/* A LINE frame outside a batch (conn_parse batches queue-mode lines under one lock). */
+static int on_line(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+{
+    pthread_mutex_lock(&s->q.mu);
+    int rc = line_locked(s, c, h, p);
+    pthread_mutex_unlock(&s->q.mu);
+    if (rc == 0 && s->o.sink_fd >= 0) {
+        sink_line(s, h, p + 8, h->length - 8);
+        if (s->sink_len >= SINK_FLUSH)
+            tsp__sink_flush(s);
+    }
+    return rc == 1 ? 0 : rc;
+}
+
+static int on_output(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p,
+                     char *err, size_t errlen)
+{
+    switch (h->type) {
+    case TSP_WIRE_OUT_BEGIN:
+        return tsp__outrecv_begin(&s->out, c, tsp_wire_get_u64(p), err, errlen);
+    default: {
+        int rc = tsp__outrecv_end(&s->out, c, p, err, errlen);
+        return rc ? rc : tsp__conn_send(s, c, TSP_WIRE_OUT_DONE, p, TSP_WIRE_DIGEST_LEN);
+    }
+    }
+}
+
+/* One whole frame. 0 consumed; -EAGAIN keep it and pause; 1 connection closed normally;
+ * other < 0: reject with err. */
+static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p,
+                    char *err, size_t errlen)
+{
+    int open_logs = c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_LOGS;
+    int open_out = c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT;
+    switch (h->type) {
+    case TSP_WIRE_HELLO:
+        if (c->state == C_HELLO)
+            return on_hello(s, c, p, h->length, err, errlen);
+        break;
+    case TSP_WIRE_AUTH:
+        if (c->state == C_AUTH)
+            return on_auth(s, c, p, h->length, err, errlen);
+        break;
+    case TSP_WIRE_LINE:
+        if (open_logs)
+            return on_line(s, c, h, p);
+        break;
+    case TSP_WIRE_EVENT:
+        if (open_logs && c->control)
+            return tsp__on_event(s, c, h, p);
+        break;
+    case TSP_WIRE_DROPPED:
+        if (open_logs) {
+            pthread_mutex_lock(&s->q.mu);
+            tsp__logq_set_dropped_locked(&s->q, h->rank, tsp_wire_get_u64(p));
+            pthread_mutex_unlock(&s->q.mu);
+            return 0;
+        }
+        break;
+    case TSP_WIRE_OUT_BEGIN:
+    case TSP_WIRE_OUT_CHUNK:
+    case TSP_WIRE_OUT_END:
+        if (open_out)
+            return on_output(s, c, h, p, err, errlen);
+        break;
+    case TSP_WIRE_CLOSE:
+        if (c->state == C_OPEN) {
+            tsp__conn_send(s, c, TSP_WIRE_CLOSE, NULL, 0);
+            return 1;
+        }
+        break;
+    case TSP_WIRE_ERROR: {
+        size_t n = h->length;
+        snprintf(err, errlen, "the agent reported: %.*s", (int)n, (const char *)p);
+        return -ECONNABORTED;
+    }
+    default:
+        break;
+    }
+    snprintf(err, errlen, "unexpected %s frame %s", tsp_wire_type_name(h->type),
+             c->state == C_OPEN ? "after the handshake" : "during the handshake");
+    return -EBADMSG;
+}
+
+/* Parses every whole frame in c->buf. 0 continue; -EAGAIN paused; else closed/rejected. */
+static int conn_parse(tsp_logserver_t *s, conn_t *c)
+{
+    size_t off = 0;
+    int rc = 0, locked = 0;
+    int batch_lines = c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_LOGS && s->o.sink_fd < 0;
+    char err[600];
+    while (c->state != C_LINGER) {
+        tsp_wire_hdr_t h;
+        uint32_t cap = c->state == C_OPEN ? TSP_WIRE_MAX_PAYLOAD : TSP_WIRE_MAX_HANDSHAKE;
+        rc = tsp_wire_hdr_unpack(&h, c->buf + off, c->len - off, cap, err, sizeof(err));
+        if (rc == -EAGAIN) {
+            rc = 0;
+            break;
+        }
+        if (rc)
+            break;
+        if (h.type == TSP_WIRE_OUT_CHUNK && c->state == C_OPEN &&
+            c->h.role == TSP_WIRE_ROLE_OUTPUT) {
+            /* Output data does not go through buf: what is buffered is handed over now,
+             * the rest is received in place (conn_read_chunk). */
+            size_t have = c->len - off - TSP_WIRE_HDR_LEN;
+            if (have > h.length)
+                have = h.length;
+            rc = tsp__outrecv_chunk(&s->out, c, h.length, c->buf + off + TSP_WIRE_HDR_LEN,
+                                    have, err, sizeof(err));
+            if (rc)
+                break;
+            c->chunk_left = h.length - (uint32_t)have;
+            off += TSP_WIRE_HDR_LEN + have;
+            if (c->chunk_left)
+                break;
+            continue;
+        }
+        size_t whole = TSP_WIRE_HDR_LEN + h.length;
+        if (c->len - off < whole) {
+            if (whole > c->cap) { /* grow for this frame; the cap bounds it */
+                uint8_t *nb = malloc(whole);
+                if (!nb) {
+                    rc = -ENOMEM;
+                    snprintf(err, sizeof(err), "out of memory for a %zu-byte frame", whole);
+                    break;
+                }
+                memcpy(nb, c->buf + off, c->len - off);
+                free(c->buf);
+                c->buf = nb;
+                c->cap = whole;
+                c->len -= off;
+                off = 0;
+            }
+            break;
+        }
+        const uint8_t *payload = c->buf + off + TSP_WIRE_HDR_LEN;
+        if (h.type == TSP_WIRE_LINE && batch_lines) {
+            /* Lines to the queue take the queue's lock once per read, not once each. */
+            if (!locked)
+                pthread_mutex_lock(&s->q.mu);
+            locked = 1;
+            rc = line_locked(s, c, &h, payload);
+            rc = rc == 1 ? 0 : rc;
+        } else {
+            if (locked)
+                pthread_mutex_unlock(&s->q.mu);
+            locked = 0;
+            rc = on_frame(s, c, &h, payload, err, sizeof(err));
+        }
+        if (rc == -EAGAIN)
+            break;
+        off += whole;
+        if (rc)
+            break;
+    }
+    if (locked)
+        pthread_mutex_unlock(&s->q.mu);
+    if (off) {
+        memmove(c->buf, c->buf + off, c->len - off);
+        c->len -= off;
+    }
+    /* Give a big line's buffer back; an output transfer keeps it (one per chunk would
+     * cost a fresh mapping and its page faults for every MiB). */
+    if (c->len == 0 && c->cap > 4 * CONN_BUF_MIN && c->h.role != TSP_WIRE_ROLE_OUTPUT) {
+        free(c->buf);
+        c->buf = NULL;
+        c->cap = 0;
+    }
+    if (rc < 0 && rc != -EAGAIN) {
+        tsp__conn_reject(s, c, err);
+        return rc;
+    }
+    if (rc == 1) {
+        tsp__conn_free(s, c);
+        return 1;
+    }
+    return rc;
+}
+
+static void conn_ack(tsp_logserver_t *s, conn_t *c)
+{
+    if (c->state != C_OPEN || c->h.role != TSP_WIRE_ROLE_LOGS)
+        return;
+    uint64_t seq = s->agents[c->agent].seq;
+    if (seq <= c->acked || c->wlen + 20 > sizeof(c->wbuf))
+        return;
+    uint8_t p[8];
+    tsp_wire_put_u64(p, seq);
+    if (tsp__conn_send(s, c, TSP_WIRE_ACK, p, 8) == 0)
+        c->acked = seq;
+}
+
+static void conn_pause(tsp_logserver_t *s, conn_t *c)
+{
+    c->paused = 1;
+    conn_arm(s, c);
+}
+
+/* Receives output chunk data in place. 1 took some and the chunk may have more, 0 the
+ * socket is empty, -1 the connection is gone. */
+static int conn_read_chunk(tsp_logserver_t *s, conn_t *c)
+{
+    char err[600] = "";
+    ssize_t n = tsp__outrecv_recv(&s->out, c, c->fd, c->chunk_left, err, sizeof(err));
+    if (n == -EAGAIN)
+        return 0;
+    if (n == -EBADMSG) {
+        tsp__conn_reject(s, c, err);
+        return -1;
+    }
+    if (n < 0) {
+        tsp__conn_free(s, c);
+        return -1;
+    }
+    c->chunk_left -= (uint32_t)n;
+    return 1;
+}
+
+/* Reads what the socket has and handles it. Returns 0 while the connection lives. */
+int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
+{
+    for (int round = 0; round < 16; round++) {
+        if (c->chunk_left) {
+            int rc = conn_read_chunk(s, c);
+            if (rc < 0)
+                return -1;
+            if (rc == 0)
+                break;
+            continue;
+        }
+        if (!c->buf) {
+            c->buf = malloc(CONN_BUF_MIN);
+            if (!c->buf)
+                return 0; /* try again on the next readiness */
+            c->cap = CONN_BUF_MIN;
+        }
+        /* Before authentication a peer gets no more than one handshake frame of room. */
+        size_t room = c->cap - c->len;
+        if (c->state != C_OPEN && c->state != C_LINGER &&
+            room > TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE)
+            room = TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE;
+        /* An output connection reads a header alone, so that chunk data is received in
+         * place rather than through buf. */
+        if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT && c->len < TSP_WIRE_HDR_LEN)
+            room = TSP_WIRE_HDR_LEN - c->len;
+        ssize_t n;
+        do
+            n = read(c->fd, c->buf + c->len, room);
+        while (n < 0 && errno == EINTR);
+        if (n < 0 && errno == EAGAIN)
+            break;
+        if (n <= 0) {
+            if (c->state == C_OPEN || c->state == C_LINGER) {
+                tsp__lost_add(s, c,
+                              n == 0 ? "it closed without saying goodbye (the agent or its host "
+                                       "died)"
+                              : errno == ETIMEDOUT
+                                  ? "no answer for about 5 s (host down or network cut)"
+                                  : strerror(errno));
+                tsp__conn_free(s, c);
+            } else {
+                tsp__conn_reject(s, c, n == 0 ? "closed during the handshake"
+                                         : "read error during the handshake");
+            }
+            return -1;
+        }
+        if (c->state == C_LINGER) { /* discarding: lines it sent now are not acked */
+            c->len = 0;
+            continue;
+        }
+        c->len += (size_t)n;
+        int rc = conn_parse(s, c);
+        if (rc == -EAGAIN) {
+            conn_ack(s, c);
+            conn_pause(s, c);
+            return 0;
+        }
+        if (rc)
+            return -1;
+        if ((size_t)n < room)
+            break;
+    }
+    conn_ack(s, c);
+    return 0;
+}
+
+void tsp__conn_flush(tsp_logserver_t *s, conn_t *c)
+{
+    conn_write(c);
+    conn_arm(s, c);
+}
+
+/* After the pull queue made room: read paused connections again, buffered frames first.
+ * Round robin: when the queue fills again, the next round starts where this one stopped,
+ * so that under a slow consumer every agent progresses, not just the first in the list. */
+void tsp__resume_all(tsp_logserver_t *s)
+{
+    size_t n = 0;
+    for (conn_t *c = s->conns; c; c = c->next)
+        n++;
+    conn_t *c = s->resume_at ? s->resume_at : s->conns;
+    for (size_t i = 0; i < n && c; i++) {
+        conn_t *next = c->next ? c->next : s->conns;
+        if (c->paused) {
+            pthread_mutex_lock(&s->q.mu);
+            int full = tsp__logq_full_locked(&s->q);
+            if (full)
+                s->q.paused = 1;
+            pthread_mutex_unlock(&s->q.mu);
+            if (full) {
+                s->resume_at = c;
+                return;
+            }
+            int rc = conn_parse(s, c);
+            if (rc == -EAGAIN) { /* served until full: the rest of it comes first next time */
+                s->resume_at = c;
+                return;
+            }
+            if (rc == 0) {
+                c->paused = 0;
+                conn_arm(s, c);
+                conn_ack(s, c);
+            }
+        }
+        c = next;
+    }
+    s->resume_at = NULL;
+}
+
+/* The output's hashing thread failed (the file could not be written): the agent is told
+ * now, not at its next chunk, which may never come. */
+void tsp__output_failed(tsp_logserver_t *s)
+{
+    char why[512];
+    void *owner = tsp__outrecv_failed(&s->out, why, sizeof(why));
+    for (conn_t *c = s->conns; owner && c; c = c->next)
+        if (c == owner) {
+            tsp__conn_reject(s, c, why);
+            break;
+        }
+}
+
+/* Ends a connection during the drain: final ACK and CLOSE, then linger until EOF. */
+void tsp__conn_goodbye(tsp_logserver_t *s, conn_t *c)
+{
+    if (c->state != C_OPEN) {
+        tsp__conn_free(s, c);
+        return;
+    }
+    conn_ack(s, c);
+    tsp__conn_send(s, c, TSP_WIRE_CLOSE, NULL, 0);
+    shutdown(c->fd, SHUT_WR);
+    c->state = C_LINGER;
+    c->paused = 0;
+    c->len = 0;
+    c->deadline = tsp__now_ms() + LINGER_MS;
+    conn_arm(s, c);
+}

@@ -1,0 +1,204 @@
+/* logctl.c: the log server's control channel (docs/protocol.md 1.7): STOP to every
+ * control agent, the run's root-cause record (the first failure or lost node), and the
+ * bookkeeping of LOGS connections that ended without CLOSE until their grace is over and
+ * the node is declared lost. Runs on the epoll thread (logserver.c); the host reads the
+ * results through ctl_mu. */
+#include "logserver_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "logdial.h" /* tsp__now_ms */
+#include "torchspark/json.h"
+
+void tsp__conn_stop(tsp_logserver_t *s, conn_t *c)
+{
+    uint8_t p[1 + STOP_TEXT_MAX];
+    size_t n = strnlen(s->stop_text, sizeof(s->stop_text) - 1);
+    p[0] = (uint8_t)s->stop_reason;
+    memcpy(p + 1, s->stop_text, n);
+    if (tsp__conn_send(s, c, TSP_WIRE_STOP, p, 1 + n) == 0)
+        c->stop_sent = 1;
+}
+
+/* The first stop of the run: every other control agent (and any that connects later) is
+ * told to stop its workers at once. */
+void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const char *text)
+{
+    if (s->t_stopped)
+        return;
+    s->t_stopped = 1;
+    s->stop_reason = reason;
+    s->stop_except = except;
+    snprintf(s->stop_text, sizeof(s->stop_text), "%s", text);
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (c->state == C_OPEN && c->control && !c->stop_sent && c->h.agent_id != except)
+            tsp__conn_stop(s, c);
+}
+
+static void json_field(FILE *f, const char *key, const char *val, int last)
+{
+    fprintf(f, "\"%s\": ", key);
+    if (val)
+        tsp_json_write_string(f, val);
+    else
+        fputs("null", f);
+    fputs(last ? "}" : ", ", f);
+}
+
+/* Keeps the first failure as the run's root cause (later ones are consequences). */
+static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
+                        const char *peer, const char *message, const char *report)
+{
+    char *doc = NULL;
+    size_t dl = 0;
+    FILE *f = open_memstream(&doc, &dl);
+    if (!f)
+        return;
+    fputs("{", f);
+    json_field(f, "kind", kind, 0);
+    fprintf(f, "\"node_rank\": %d, ", node_rank);
+    json_field(f, "host", host, 0);
+    json_field(f, "peer", peer, 0);
+    json_field(f, "message", message, 0);
+    json_field(f, "report", report, 1);
+    if (fclose(f) != 0) {
+        free(doc);
+        return;
+    }
+    pthread_mutex_lock(&s->ctl_mu);
+    if (!s->root) {
+        s->root = doc;
+        doc = NULL;
+        pthread_cond_broadcast(&s->fail_cv);
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    free(doc);
+}
+
+/* The peer's address without the port, for messages ("10.0.0.5", "::1"). */
+static void peer_addr(const char *peer, char *out, size_t n)
+{
+    const char *colon = strrchr(peer, ':');
+    size_t len = colon ? (size_t)(colon - peer) : strlen(peer);
+    snprintf(out, n, "%.*s", (int)len, peer);
+}
+
+/* An EVENT frame: delivered once per (agent, seq) like a line. */
+int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
+{
+    agent_rec_t *a = &s->agents[c->agent];
+    uint64_t seq = tsp_wire_get_u64(p);
+    if (seq <= a->seq)
+        return 0;
+    a->seq = seq;
+    if (p[8] != TSP_WIRE_EVENT_FAILURE)
+        return 0; /* a newer agent's kind: ignored, not refused */
+    size_t n = h->length - 9;
+    char *report = malloc(n + 1);
+    if (!report)
+        return 0;
+    memcpy(report, p + 9, n);
+    report[n] = 0;
+    char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
+    int t;
+    tsp_json_get(report, n, "torchspark.rank", &rank, &t);
+    tsp_json_get(report, n, "torchspark.exitcode", &code, &t);
+    tsp_json_get(report, n, "torchspark.signal", &sig, &t);
+    peer_addr(c->peer, addr, sizeof(addr));
+    char msg[STOP_TEXT_MAX];
+    snprintf(msg, sizeof(msg), "node %d (host %s, address %s) failed: rank %s %s %s",
+             c->h.node_rank, c->h.host, addr, rank ? rank : "?",
+             sig && strcmp(sig, "0") != 0 ? "was killed by signal" : "exited with code",
+             sig && strcmp(sig, "0") != 0 ? sig : code ? code : "?");
+    free(rank);
+    free(code);
+    free(sig);
+    record_root(s, "failure", c->h.node_rank, c->h.host, c->peer, msg, report);
+    free(report);
+    if (!s->t_stopped)
+        tsp__event(s, "torchspark log server: %s; stopping the other nodes", msg);
+    tsp__stop_everyone(s, TSP_WIRE_STOP_FAILED, c->h.agent_id, msg);
+    return 0;
+}
+
+static void lost_publish(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    s->lost_pending = (int)s->nlost;
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
+/* A LOGS connection ended without CLOSE: remember it; sweep() declares it lost when its
+ * agent has not reconnected within the grace. */
+void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
+{
+    if (s->t_draining || c->state != C_OPEN || c->h.role != TSP_WIRE_ROLE_LOGS)
+        return;
+    if (s->nlost == s->lost_cap) {
+        size_t n = s->lost_cap ? s->lost_cap * 2 : 8;
+        lost_rec_t *nl = realloc(s->lost, n * sizeof(*nl));
+        if (!nl)
+            return;
+        s->lost = nl;
+        s->lost_cap = n;
+    }
+    lost_rec_t *l = &s->lost[s->nlost++];
+    memset(l, 0, sizeof(*l));
+    l->agent_id = c->h.agent_id;
+    l->node_rank = c->h.node_rank;
+    l->deadline = tsp__now_ms() + s->o.lost_grace_ms;
+    snprintf(l->host, sizeof(l->host), "%s", c->h.host);
+    snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
+    snprintf(l->why, sizeof(l->why), "%s", why);
+    lost_publish(s);
+}
+
+void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id)
+{
+    size_t before = s->nlost;
+    for (size_t i = 0; i < s->nlost;)
+        if (s->lost[i].agent_id == agent_id)
+            s->lost[i] = s->lost[--s->nlost];
+        else
+            i++;
+    if (s->nlost != before)
+        lost_publish(s);
+}
+
+/* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
+int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
+{
+    int64_t next = -1;
+    size_t before = s->nlost;
+    for (size_t i = 0; i < s->nlost;) {
+        lost_rec_t *l = &s->lost[i];
+        if (s->t_draining) {
+            s->lost[i] = s->lost[--s->nlost];
+            continue;
+        }
+        if (now < l->deadline) {
+            if (next < 0 || l->deadline < next)
+                next = l->deadline;
+            i++;
+            continue;
+        }
+        /* Off the pending list (and published) before the root cause is: whoever wakes
+         * on the root cause must not still see this node as pending. */
+        lost_rec_t gone = *l;
+        s->lost[i] = s->lost[--s->nlost];
+        lost_publish(s);
+        char addr[80], msg[STOP_TEXT_MAX];
+        peer_addr(gone.peer, addr, sizeof(addr));
+        snprintf(msg, sizeof(msg), "lost connection to node %d (host %s, address %s): %s",
+                 gone.node_rank, gone.host, addr, gone.why);
+        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, NULL);
+        if (!s->t_stopped)
+            tsp__event(s, "torchspark log server: %s; stopping the other nodes", msg);
+        tsp__stop_everyone(s, TSP_WIRE_STOP_LOST, gone.agent_id, msg);
+    }
+    if (s->nlost != before)
+        lost_publish(s);
+    return next;
+}
