@@ -149,6 +149,9 @@ def make_source(size: int) -> Path:
     return src
 
 
+SHIP_CPU: list = []  # CPU seconds per GiB of each transfer, both ends (this process)
+
+
 def ship_native(src: Path, to_file: bool, dst_dir: str | None = None):
     """One transfer of src with tsp_output_send (the agent's code) to a fresh server in
     this process (the driver's code): GB/s from the send to the verified arrival."""
@@ -169,16 +172,17 @@ def ship_native(src: Path, to_file: bool, dst_dir: str | None = None):
     o.host, o.port = b"127.0.0.1", srv.port
     ctypes.memmove(o.secret, srv.secret, 32)
     err = ctypes.create_string_buffer(700)
-    t0 = time.perf_counter()
+    c0, t0 = cpu(), time.perf_counter()
     rc = lib.tsp_output_send(ctypes.byref(o), str(src).encode(), err, 700)
     ok = srv.wait_output(10)
-    dt = time.perf_counter() - t0
+    dt, dc = time.perf_counter() - t0, cpu() - c0
     assert rc == 0 and ok, err.value
     srv.close()
     del srv
     if dst:
         os.unlink(dst)
         os.rmdir(os.path.dirname(dst))
+    SHIP_CPU.append(dc / (size / (1 << 30)))
     return size / dt / 1e9
 
 
@@ -356,17 +360,25 @@ def main() -> None:
         print("== output shipped, median of %d" % a.runs)
         for gib in [int(x) for x in a.out_gib.split(",") if x]:
             src = make_source(gib << 30)
-            # 1 GiB to memory; bigger ones to a file, on tmpfs (the channel's speed) and on
-            # the disk-backed /tmp (what this VM's page cache and disk allow)
-            dests = [("memory", None)] if gib == 1 else [("file on tmpfs", "/dev/shm"),
-                                                         ("file on /tmp", "/tmp")]
+            # to memory (what TorchDistributor does with a result); bigger ones also to a
+            # file, on tmpfs (the channel's speed) and on the disk-backed /tmp (what this
+            # VM's page cache and disk allow)
+            dests = [("memory", None)]
+            if gib > 1:
+                dests += [("file on tmpfs", "/dev/shm"), ("file on /tmp", "/tmp")]
             try:
                 for what, d in dests:
                     ship_native(src, d is not None, d)  # warm-up, not counted
+                    SHIP_CPU.clear()
                     v = [ship_native(src, d is not None, d) for _ in range(a.runs)]
-                    res["out_%dgib%s" % (gib, "_disk" if d == "/tmp" else "")] = v
-                    print("torchspark %d GiB (%s): %.2f GB/s (runs: %s)" % (
-                        gib, what, statistics.median(v), ", ".join("%.2f" % x for x in v)))
+                    res["out_%dgib%s_cpu" % (gib, {None: "", "/dev/shm": "_file",
+                                                   "/tmp": "_disk"}[d])] = list(SHIP_CPU)
+                    res["out_%dgib%s" % (gib, {None: "", "/dev/shm": "_file",
+                                               "/tmp": "_disk"}[d])] = v
+                    print("torchspark %d GiB (%s): %.2f GB/s (runs: %s); CPU s per GiB, "
+                          "both ends: %.2f" % (gib, what, statistics.median(v),
+                                               ", ".join("%.2f" % x for x in v),
+                                               statistics.median(SHIP_CPU)))
             finally:
                 src.unlink()
         ship_stock_pattern(1 << 30)  # warm-up, not counted
