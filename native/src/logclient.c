@@ -546,14 +546,17 @@ static void say_goodbye(tsp_logclient_t *c)
 /* A driver that is connected but takes nothing while the workers wait for room (its
  * process hangs, or it stopped reading) is treated like an unreachable one once stall_ms
  * passed: otherwise it would hold up training, and a stopping agent whose last lines
- * cannot be delivered, forever. Returns 1 when the connection was given up. */
+ * cannot be delivered, forever. A stopping agent waits for its last lines whether or not
+ * a writer still waits (the workers may be gone already). Returns 1 when the connection
+ * was given up. */
 static int give_up_stalled(tsp_logclient_t *c, int64_t now)
 {
     if (c->o.stall_ms <= 0)
         return 0;
     pthread_mutex_lock(&c->mu);
     int64_t since = c->blocked_at > c->progress_at ? c->blocked_at : c->progress_at;
-    int stalled = c->want_wake && now - since >= c->o.stall_ms;
+    int waiting = c->want_wake || (c->stopping && c->head != NULL);
+    int stalled = waiting && now - since >= c->o.stall_ms;
     pthread_mutex_unlock(&c->mu);
     if (!stalled)
         return 0;

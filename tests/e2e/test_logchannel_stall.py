@@ -9,6 +9,7 @@ the agent ends."""
 import os
 import signal
 import subprocess
+import sys
 import time
 
 from logchannel_harness import RUN_BIN
@@ -31,6 +32,7 @@ def test_agent_ends_when_the_driver_stops_reading():
             p.send_signal(signal.SIGTERM)
             time.sleep(0.3)
         rc = p.wait(timeout=30)
+        took = time.time() - t0
     finally:
         if p.poll() is None:
             p.kill()
@@ -38,4 +40,35 @@ def test_agent_ends_when_the_driver_stops_reading():
         srv.close(0.2)
     err = p.stderr.read().decode(errors="replace")
     assert rc == 128 + signal.SIGTERM, err[-2000:]
-    assert "has taken no lines for 1 s" in err
+    assert "has taken no lines for 1 s" in err, err[-2000:]
+    # the stall rule holds for the stopping agent's last lines too, also when its workers
+    # are gone before it fired: not the 30 s flush deadline
+    assert took < 15, took
+
+
+def test_agent_with_undeliverable_last_lines_ends_after_the_stall_timeout():
+    """Workers that print 14 MB and exit at once, to a driver that never pulls: the server's
+    queue and the sockets take part, the rest waits in the agent when it stops. That agent
+    gives the driver up after the stall timeout (the lines go to its own stdout), not after
+    its 30 s flush deadline."""
+    srv = LogServer()
+    env = dict(os.environ, **srv.agent_env(), TORCHSPARK_LOG_STALL_TIMEOUT="1")
+    code = "import sys\nline = 'x' * 99 + '\\n'\nsys.stdout.write(line * 140000)\n"
+    p = subprocess.Popen([str(RUN_BIN), "--nproc-per-node", "1", "--no-python",
+                          "--log-endpoint", srv.endpoint, sys.executable, "-c", code],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        t0 = time.time()
+        out, err = p.communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        srv.close(0.2)
+    err = err.decode(errors="replace")
+    assert p.returncode == 0, err[-2000:]
+    assert "has taken no lines for 1 s" in err, err[-2000:]
+    assert took < 15, took
+    # nothing lost: what the driver did not take is on the agent's own stdout
+    assert out.count(b"x" * 99) + srv.stats()["lines"] >= 140000
