@@ -4,6 +4,9 @@ Loads the cloudpickled (fn, args, kwargs), calls fn, and on global rank 0 only w
 the cloudpickled return value to OUT_FILE (written to a temporary name, then renamed, so
 that a reader never sees half a result). The other ranks' return values are dropped, as
 with PySpark's TorchDistributor, which returns rank 0's.
+
+The process ends without CPython's interpreter finalization (see _end_process): torch's
+gloo backend can otherwise kill a finished worker with SIGABRT at exit.
 """
 import os
 import sys
@@ -29,6 +32,37 @@ def _write_error_file(e: BaseException) -> None:
         pass
 
 
+def _end_process(code: int) -> None:
+    """Exit like the interpreter does, minus Py_FinalizeEx.
+
+    Why: every DDP allreduce issued during backward() is an AsyncWork whose saved
+    ThreadLocalState holds a Python object (the contextvars.Context that
+    torch.autograd.graph._engine_run_backward stashes in TLS). A gloo worker thread drops
+    its reference only after the work's future completed; when that thread is late (a busy
+    machine) and the drop happens once Py_FinalizeEx has begun, taking the GIL ends the
+    thread with pthread_exit (CPython <= 3.13), whose forced unwind crosses the noexcept
+    ~AsyncWork: std::terminate, "terminate called without an active exception", SIGABRT
+    after the function returned. Measured under torchrun as well (docs/cli.md). Without
+    finalization that thread can never be told to exit, so the run ends with `code`.
+
+    What finalization would still do and matters here is done first, in its order: wait
+    for non-daemon threads, run atexit callbacks, flush the standard streams.
+    """
+    import atexit
+    import threading
+
+    shutdown = getattr(threading, "_shutdown", None)  # what Py_FinalizeEx calls first
+    if shutdown is not None:
+        shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 def main(argv: "list[str]") -> int:
     if len(argv) != 3:
         print("usage: python -m torchspark._fn_runner FN_FILE OUT_FILE", file=sys.stderr)
@@ -52,4 +86,4 @@ def main(argv: "list[str]") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    _end_process(main(sys.argv))
