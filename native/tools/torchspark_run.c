@@ -24,6 +24,7 @@
 #include "torchspark/logclient.h"
 #include "torchspark/output.h"
 #include "torchspark/proc.h"
+#include "pyboot.h"
 
 extern char **environ;
 
@@ -614,9 +615,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n", tsp_strerror(rc));
         return 1;
     }
-    /* The worker command line: python -u [-m] script args..., or the program itself. */
+    /* The worker command line: python -u -c BOOT [-m] script args... (pyboot.c: ends
+     * without interpreter finalization), python -u [-m] script args... when
+     * TORCHSPARK_PYTHON_EXIT=finalize, or the program itself. */
+    const char *exit_mode = getenv("TORCHSPARK_PYTHON_EXIT");
+    int finalize = exit_mode && strcmp(exit_mode, "finalize") == 0;
+    if (exit_mode && *exit_mode && !finalize && strcmp(exit_mode, "fast") != 0)
+        usage_error("TORCHSPARK_PYTHON_EXIT must be 'fast' (the default) or 'finalize', not '%s'",
+                    exit_mode);
     int nargs = argc - script_at;
-    char **wargv = calloc((size_t)nargs + 4, sizeof(char *));
+    char **wargv = calloc((size_t)nargs + 6, sizeof(char *));
     if (!wargv)
         return 1;
     const char *file;
@@ -627,6 +635,10 @@ int main(int argc, char **argv)
         file = find_python(argv[0]);
         wargv[k++] = (char *)file;
         wargv[k++] = "-u";
+        if (!finalize) {
+            wargv[k++] = "-c";
+            wargv[k++] = (char *)(module ? tsp__pyboot_module : tsp__pyboot_script);
+        }
         if (module)
             wargv[k++] = "-m";
         struct stat st;

@@ -1,11 +1,14 @@
-"""Function mode survives torch's exit race: a 2-node gloo DDP run whose gloo worker
-threads drop their last work late (after the function returned) ends with every rank
-exiting 0, never SIGABRT ("terminate called without an active exception").
+"""Function mode and script mode survive torch's exit race: a 2-node gloo DDP run whose gloo
+worker threads drop their last work late (after the function or script returned) ends with
+every rank exiting 0, never SIGABRT ("terminate called without an active exception").
 
 Before the fix (_fn_runner ending through Py_FinalizeEx) 3 runs out of 4 had a rank killed
-by SIGABRT with this widened window; the same script under torchrun aborts alike."""
+by SIGABRT with this widened window; the same script under torchrun aborts alike. Script
+mode shows it in the same run: with TORCHSPARK_PYTHON_EXIT=finalize (plain `python -u
+SCRIPT`, as torchrun starts it) the script aborts, through the bootstrap it never does."""
 from __future__ import annotations
 
+import ast
 import pickle
 import subprocess
 
@@ -22,12 +25,18 @@ def _run_two_nodes(tmp_path, i: int, marker: str) -> list[tuple[int, str, str]]:
     fn_file = tmp_path / f"fn{i}.pkl"
     with open(fn_file, "wb") as f:
         cloudpickle.dump((late_gloo.late_gloo_fn, (4,), {}), f)
+    return _launch_two_nodes(
+        base_env(marker, PYTHONPATH=str(SCRIPTS)),
+        lambda node: ["-m", "torchspark._fn_runner", str(fn_file),
+                      str(tmp_path / f"out{i}.{node}")])
+
+
+def _launch_two_nodes(env: dict[str, str], target) -> list[tuple[int, str, str]]:
+    """Node 0 and node 1 (one worker each) running target(node); (status, stdout, stderr)."""
     port = str(free_port())
-    env = base_env(marker, PYTHONPATH=str(SCRIPTS))
     procs = [subprocess.Popen(
         tsr_cmd("--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
-                "--master-port", port, "--nproc-per-node", "1",
-                "-m", "torchspark._fn_runner", str(fn_file), str(tmp_path / f"out{i}.{node}")),
+                "--master-port", port, "--nproc-per-node", "1", *target(node)),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for node in (0, 1)]
     results = []
@@ -50,4 +59,35 @@ def test_function_mode_ranks_never_abort_at_exit(tmp_path, monkeypatch):
         # Rank 0's value came back and the window really was widened.
         assert got["rank"] == 0 and got["world"] == 2 and got["starved_threads"] >= 2, got
         assert not (tmp_path / f"out{i}.1").exists()  # only rank 0 writes the result
+    assert survivors(marker) == []
+
+
+def _aborted(results) -> bool:
+    return any(code == 128 + 6 and "terminate called" in err for code, _out, err in results)
+
+
+def test_script_mode_aborts_when_the_interpreter_finalizes():
+    """The opt-out (plain `python -u SCRIPT`) proves that the window is open: a rank aborts."""
+    marker = new_marker()
+    env = base_env(marker, TORCHSPARK_PYTHON_EXIT="finalize")
+    seen = []
+    for _ in range(3):  # 3 runs out of 3 aborted when measured; one is enough
+        seen.append(_launch_two_nodes(env, lambda node: [str(SCRIPTS / "late_gloo.py"), "4"]))
+        if _aborted(seen[-1]):
+            break
+    assert _aborted(seen[-1]), f"no SIGABRT in {len(seen)} runs: {seen}"
+    assert survivors(marker) == []
+
+
+def test_script_mode_ranks_never_abort_at_exit():
+    marker = new_marker()
+    env = base_env(marker)
+    for i in range(RUNS):
+        results = _launch_two_nodes(env, lambda node: [str(SCRIPTS / "late_gloo.py"), "4"])
+        for node, (code, out, err) in enumerate(results):
+            assert code == 0 and "SIGABRT" not in err and "terminate called" not in err, (
+                f"run {i}, node {node} exited {code}:\n{err}")
+            # the script finished and the window really was widened
+            got = ast.literal_eval(out.strip().splitlines()[-1])
+            assert got["rank"] == node and got["world"] == 2 and got["starved_threads"] >= 2, out
     assert survivors(marker) == []

@@ -34,3 +34,9 @@ def late_gloo_fn(steps: int) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     dist.destroy_process_group()
     return {"rank": rank, "world": world, "starved_threads": starved}
+
+
+if __name__ == "__main__":  # script mode: torchspark-run late_gloo.py STEPS
+    import sys
+
+    print(late_gloo_fn(int(sys.argv[1])))
