@@ -53,6 +53,7 @@ if __name__ == "__main__":
         "argv": sys.argv,
         "orig_argv": getattr(sys, "orig_argv", None)[1:],
         "path0": sys.path[0],
+        "path": sys.path,
         "file": __file__,
         "name": __name__,
         "spec": getattr(__spec__, "name", None),
