@@ -122,3 +122,26 @@ def test_finalize_opt_out_execs_plain_python(tmp_path, linked):
               cwd=tmp_path)
     assert bad.returncode == 2 and "TORCHSPARK_PYTHON_EXIT" in bad.stderr, bad.stderr
     assert survivors(marker) == []
+
+
+def test_directory_zip_and_pyc_run_as_under_python(tmp_path):
+    """`python DIR`, `python APP.zip` run their __main__.py; `python X.pyc` the bytecode."""
+    import zipfile
+
+    body = ("import sys\nprint(sys.argv, sys.path[0], __file__, __name__,\n"
+            "      __spec__ and __spec__.name, type(__loader__).__name__)\n")
+    (tmp_path / "appdir").mkdir()
+    (tmp_path / "appdir" / "__main__.py").write_text(body)
+    with zipfile.ZipFile(tmp_path / "app.zip", "w") as z:
+        z.writestr("__main__.py", body)
+    (tmp_path / "m.py").write_text(body)
+    subprocess.run([PY, "-c", "import py_compile; py_compile.compile('m.py', cfile='m.pyc')"],
+                   cwd=tmp_path, check=True)
+    marker = new_marker()
+    env = base_env(marker)
+    for target in ("appdir", "app.zip", "m.pyc"):
+        plain = run([PY, "-u", target, "arg"], env, cwd=tmp_path)
+        ours = run(tsr_cmd(target, "arg"), env, cwd=tmp_path)
+        assert plain.returncode == ours.returncode == 0, ours.stderr
+        assert ours.stdout == plain.stdout and f"['{target}', 'arg']" in plain.stdout
+    assert survivors(marker) == []
