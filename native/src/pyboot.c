@@ -19,7 +19,8 @@ What BOOT reproduces of `python SCRIPT` (checked side by side in tests/e2e/test_
     anything else printed to stderr -> 1; an uncaught exception -> sys.excepthook with the
     traceback starting at the script's frame (sys.last_* set), 1; KeyboardInterrupt -> the
     traceback, then death by SIGINT as CPython does; stdout that cannot be flushed -> 120.
-  - then threading._shutdown(), the atexit callbacks, every open writable file object flushed
+  - then stderr and stdout flushed (errors ignored) as after `python SCRIPT`'s code ran,
+    threading._shutdown(), the atexit callbacks, every open writable file object flushed
     (finalization would have closed them), stdout/stderr flushed, C stdio flushed (exit()
     would have; through ctypes when the interpreter has it; not after KeyboardInterrupt,
     where CPython dies by SIGINT without exit()), os._exit.
@@ -83,6 +84,9 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     "   sys.__excepthook__(type(x),x,x.__traceback__)\n" \
     "   sys.stderr.write('\\nOriginal exception was:\\n')\n" \
     "   sys.__excepthook__(type(e),e,t)\n" \
+    " for f in sys.stderr,sys.stdout:\n" \
+    "  try:f.flush()\n" \
+    "  except BaseException:pass\n" \
     " if fl:g.pop('__file__',0);g.pop('__cached__',0)\n" \
     " t=sys.modules.get('threading')\n" \
     " if t:\n" \
