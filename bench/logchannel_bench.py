@@ -12,11 +12,16 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
    (TorchDistributor._execute_command with a LogStreamingClient: read the worker's piped
    stdout line by line, send each line); stock's LogStreamingServer writes to sys.stderr
    (pointed at a counter); received lines are counted at that write.
-2. output shipped: 1 GiB to memory and 3 GiB to a file with tsp_output_send (SHA-256
-   checked on both ends; the agent's and the driver's code in one process, two threads;
-   one untimed warm-up transfer each) vs stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the
-   pattern in Python over a loopback socket (a real Spark collect() of 1 GiB exceeds the
-   default spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md).
+2. output shipped: 1 GiB and 3 GiB to memory, 3 GiB to a file (tmpfs and /tmp) with
+   tsp_output_send (SHA-256 on both ends; the agent's and the driver's code in one
+   process, each with its own threads; one untimed warm-up transfer each), with the CPU
+   seconds per GiB of both ends; then each end alone, the other not hashing (the driver's
+   server fed by a pure-Python sender using sendfile() and a digest computed beforehand;
+   tsp_output_send to a Python stand-in that authenticates but neither hashes nor keeps
+   the bytes): what each end sustains when they run on different machines. Beside it,
+   stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the pattern in
+   Python over a loopback socket (a real Spark collect() of 1 GiB exceeds the default
+   spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md).
 3. memory: one agent with 8 workers printing as fast as they can while the driver pulls
    slowly (agent RSS); 64 agents connected and streaming to one server (driver RSS);
    drops and local fallbacks counted (default mode: both must be 0).
@@ -149,6 +154,14 @@ def make_source(size: int) -> Path:
     return src
 
 
+class _Opts(ctypes.Structure):
+    """tsp_output_opts_t (native/include/torchspark/output.h)."""
+    _fields_ = [("host", ctypes.c_char_p), ("port", ctypes.c_int),
+                ("secret", ctypes.c_uint8 * 32), ("node_rank", ctypes.c_int),
+                ("hostname", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
+                ("attempts", ctypes.c_int)]
+
+
 SHIP_CPU: list = []  # CPU seconds per GiB of each transfer, both ends (this process)
 
 
@@ -156,18 +169,12 @@ def ship_native(src: Path, to_file: bool, dst_dir: str | None = None):
     """One transfer of src with tsp_output_send (the agent's code) to a fresh server in
     this process (the driver's code): GB/s from the send to the verified arrival."""
     lib = load_library()
-
-    class Opts(ctypes.Structure):
-        _fields_ = [("host", ctypes.c_char_p), ("port", ctypes.c_int),
-                    ("secret", ctypes.c_uint8 * 32), ("node_rank", ctypes.c_int),
-                    ("hostname", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
-                    ("attempts", ctypes.c_int)]
     size = src.stat().st_size
     srv = LogServer()
     dst = os.path.join(tempfile.mkdtemp(dir=dst_dir or str(src.parent)), "out.recv") \
         if to_file else None
     srv.expect_output(dst)
-    o = Opts()
+    o = _Opts()
     lib.tsp_output_opts_init(ctypes.byref(o))
     o.host, o.port = b"127.0.0.1", srv.port
     ctypes.memmove(o.secret, srv.secret, 32)
@@ -184,6 +191,110 @@ def ship_native(src: Path, to_file: bool, dst_dir: str | None = None):
         os.rmdir(os.path.dirname(dst))
     SHIP_CPU.append(dc / (size / (1 << 30)))
     return size / dt / 1e9
+
+
+OUT_BEGIN, OUT_CHUNK, OUT_END, OUT_DONE = 0x20, 0x21, 0x22, 0x23
+CHUNK = 1 << 20
+
+
+def file_sha256(src: Path) -> bytes:
+    h = hashlib.sha256()
+    with open(src, "rb") as f:
+        while b := f.read(8 << 20):
+            h.update(b)
+    return h.digest()
+
+
+def driver_end_alone(src: Path, digest: bytes) -> float:
+    """The driver's end on its own: the native server receives and hashes (to memory)
+    what a sender that does not hash sends (pure-Python protocol client, the file's
+    bytes by sendfile(), the digest computed beforehand): the rate the driver sustains
+    when the agent is on another machine. GB/s from the first byte to the verified end."""
+    import logproto
+    size = src.stat().st_size
+    srv = LogServer()
+    srv.expect_output(None)
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    h = logproto.hello(srv.secret, role=2)
+    sock.sendall(logproto.frame(logproto.HELLO, h, rank=0))
+    f = logproto.read_frame(sock)
+    sock.sendall(logproto.frame(logproto.AUTH, logproto.mac(srv.secret, b"TSPL1 client", h,
+                                                             f[4][2:])))
+    assert logproto.read_frame(sock)[0] == logproto.WELCOME
+    t0 = time.perf_counter()
+    sock.sendall(logproto.frame(OUT_BEGIN, struct.pack(">Q", size)))
+    with open(src, "rb") as fh:
+        for off in range(0, size, CHUNK):
+            n = min(CHUNK, size - off)
+            sock.sendall(struct.pack(">BBBBiI", OUT_CHUNK, 0, 0, 0, -1, n))
+            sent = 0
+            while sent < n:
+                sent += os.sendfile(sock.fileno(), fh.fileno(), off + sent, n - sent)
+    sock.sendall(logproto.frame(OUT_END, digest))
+    r = logproto.read_frame(sock)
+    ok = srv.wait_output(10)
+    dt = time.perf_counter() - t0
+    assert r is not None and r[0] == OUT_DONE and r[4] == digest and ok, (r, srv.output_error)
+    sock.close()
+    srv.close()
+    del srv
+    return size / dt / 1e9
+
+
+def agent_end_alone(src: Path) -> float:
+    """The agent's end on its own: tsp_output_send (hashing, sendfile) to a driver stand-in
+    that authenticates like the real one but neither hashes nor keeps the bytes (it drains
+    them into one reused buffer and confirms the digest the agent sent): the rate the agent
+    sustains when the driver is on another machine. GB/s of the whole call."""
+    import hmac as _hmac
+    import logproto
+    secret = os.urandom(32)
+    lsock = socket.create_server(("127.0.0.1", 0))
+    port = lsock.getsockname()[1]
+    result = {}
+
+    def sink():
+        c, _ = lsock.accept()
+        f = logproto.read_frame(c)
+        h = f[4]
+        nonce = os.urandom(32)
+        c.sendall(logproto.frame(logproto.CHALLENGE, b"\x00\x01" + nonce))
+        a = logproto.read_frame(c)
+        want = logproto.mac(secret, b"TSPL1 client", h, nonce)
+        assert _hmac.compare_digest(a[4], want)
+        c.sendall(logproto.frame(logproto.WELCOME,
+                                 logproto.mac(secret, b"TSPL1 server", h, nonce)))
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        while True:
+            t, _, _, _, _, n = struct.unpack(">BBBBiI", logproto._read_exact(c, 12))
+            if t == OUT_CHUNK:
+                while n:
+                    n -= c.recv_into(view[:min(n, CHUNK)])
+            elif t == OUT_END:
+                d = logproto._read_exact(c, n)
+                c.sendall(logproto.frame(OUT_DONE, d))
+                result["done"] = True
+                break
+            else:
+                logproto._read_exact(c, n)
+        c.close()
+
+    th = threading.Thread(target=sink, daemon=True)
+    th.start()
+    lib = load_library()
+    o = _Opts()
+    lib.tsp_output_opts_init(ctypes.byref(o))
+    o.host, o.port = b"127.0.0.1", port
+    ctypes.memmove(o.secret, secret, 32)
+    err = ctypes.create_string_buffer(700)
+    t0 = time.perf_counter()
+    rc = lib.tsp_output_send(ctypes.byref(o), str(src).encode(), err, 700)
+    dt = time.perf_counter() - t0
+    th.join(10)
+    lsock.close()
+    assert rc == 0 and result.get("done"), err.value
+    return src.stat().st_size / dt / 1e9
 
 
 def ship_stock_pattern(size: int):
@@ -379,6 +490,16 @@ def main() -> None:
                           "both ends: %.2f" % (gib, what, statistics.median(v),
                                                ", ".join("%.2f" % x for x in v),
                                                statistics.median(SHIP_CPU)))
+                # each end on its own (the other one does not hash): what it sustains
+                # when the two are on different machines, as in a cluster
+                digest = file_sha256(src)
+                for end, fn in (("driver", lambda: driver_end_alone(src, digest)),
+                                ("agent", lambda: agent_end_alone(src))):
+                    fn()  # warm-up, not counted
+                    v = [fn() for _ in range(a.runs)]
+                    res["out_%dgib_%s_alone" % (gib, end)] = v
+                    print("torchspark %d GiB, the %s's end alone: %.2f GB/s (runs: %s)" % (
+                        gib, end, statistics.median(v), ", ".join("%.2f" % x for x in v)))
             finally:
                 src.unlink()
         ship_stock_pattern(1 << 30)  # warm-up, not counted

@@ -21,7 +21,7 @@ def esc(t: str) -> str:
 
 
 def panel(x0: int, title: str, unit: str, bars: list, goal: float | None = None,
-          goal_label: str = "") -> list:
+          goal_label: str = "", W: int = W) -> list:  # noqa: N803 (the panel's width)
     """bars: (label, color, runs). Linear axis from 0 to the largest run (or the goal)."""
     top = max([max(r) for _, _, r in bars] + [goal or 0]) * 1.15
     plot_h = H - TOP - BOTTOM
@@ -72,22 +72,27 @@ def main() -> None:
         ("driver CPU per 1M lines", "seconds (lower is better)",
          [("torchspark", COLORS["torchspark"], ts["cpu_per_mline"]),
           ("PySpark\nLogStreaming", COLORS["stock"], st["cpu_per_mline"])], None, ""),
-        ("output shipped", "GB/s, loopback, SHA-256 both ends",
+        ("output shipped", "GB/s, loopback, SHA-256 on both ends",
          [("1 GiB\nmemory", COLORS["torchspark"], res["out_1gib"]),
           ("3 GiB\nmemory", COLORS["torchspark"], res["out_3gib"]),
           ("3 GiB file\ntmpfs", COLORS["torchspark"], res["out_3gib_file"]),
-          ("3 GiB file\n/tmp disk", COLORS["torchspark"], res["out_3gib_disk"]),
+          ("3 GiB driver\nend alone", COLORS["torchspark"], res["out_3gib_driver_alone"]),
+          ("3 GiB agent\nend alone", COLORS["torchspark"], res["out_3gib_agent_alone"]),
           ("stock-style\n1 GiB", COLORS["stock"], res["out_stock_1gib"])],
          1.0, "goal: 1 GB/s"),
     ]
     body = []
-    for i, (title, unit, bars, goal, gl) in enumerate(panels):
-        body += panel(i * W, title, unit, bars, goal, gl)
+    x0 = 0
+    for title, unit, bars, goal, gl in panels:
+        w = max(W, 80 * len(bars) + 70)  # room for each bar's label
+        body += panel(x0, title, unit, bars, goal, gl, w)
+        x0 += w
+    width = x0
     when = "; ".join(x for x in (res.get("date"), res.get("start")) if x)
     foot = "%s (medians of %d; dots: single runs)" % (when, res["runs"])
-    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{3 * W}" height="{H + 16}" '
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H + 16}" '
            f'font-family="sans-serif" font-size="12">',
-           f'<rect width="{3 * W}" height="{H + 16}" fill="white"/>', *body,
+           f'<rect width="{width}" height="{H + 16}" fill="white"/>', *body,
            f'<text x="8" y="{H + 10}" font-size="10" fill="#555">{esc(foot)}</text>', "</svg>"]
     Path(sys.argv[2]).parent.mkdir(parents=True, exist_ok=True)
     Path(sys.argv[2]).write_text("\n".join(svg) + "\n")
