@@ -6,6 +6,7 @@ the agent is sent SIGTERM. Lossless backpressure alone would keep the agent wait
 room forever with its workers dead; the client gives such a driver up after
 TORCHSPARK_LOG_STALL_TIMEOUT seconds (default 60), spills to the agent's own output, and
 the agent ends."""
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,14 +17,26 @@ from logchannel_harness import RUN_BIN
 from torchspark._native import LogServer
 
 
+@contextlib.contextmanager
+def _agent(srv: LogServer, args: list, stdout):
+    """torchspark-run with a 1 s stall timeout against srv; killed if still alive after."""
+    env = dict(os.environ, **srv.agent_env(), TORCHSPARK_LOG_STALL_TIMEOUT="1")
+    p = subprocess.Popen([str(RUN_BIN), "--log-endpoint", srv.endpoint, *args], env=env,
+                         stdout=stdout, stderr=subprocess.PIPE)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        srv.close(0.2)
+
+
 def test_agent_ends_when_the_driver_stops_reading():
     srv = LogServer()
-    env = dict(os.environ, **srv.agent_env(), TORCHSPARK_LOG_STALL_TIMEOUT="1")
-    p = subprocess.Popen([str(RUN_BIN), "--nproc-per-node", "8", "--no-python",
-                          "--shutdown-timeout", "3", "--log-endpoint", srv.endpoint,
-                          "/usr/bin/yes", "a fairly long line of log text " * 8],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
+    with _agent(srv, ["--nproc-per-node", "8", "--no-python", "--shutdown-timeout", "3",
+                      "/usr/bin/yes", "a fairly long line of log text " * 8],
+                subprocess.DEVNULL) as p:
         t0 = time.time()
         while time.time() - t0 < 2:  # a slow consumer first
             srv.pull(256, 50)
@@ -33,11 +46,6 @@ def test_agent_ends_when_the_driver_stops_reading():
             time.sleep(0.3)
         rc = p.wait(timeout=30)
         took = time.time() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        srv.close(0.2)
     err = p.stderr.read().decode(errors="replace")
     assert rc == 128 + signal.SIGTERM, err[-2000:]
     assert "has taken no lines for 1 s" in err, err[-2000:]
@@ -52,20 +60,12 @@ def test_agent_with_undeliverable_last_lines_ends_after_the_stall_timeout():
     gives the driver up after the stall timeout (the lines go to its own stdout), not after
     its 30 s flush deadline."""
     srv = LogServer()
-    env = dict(os.environ, **srv.agent_env(), TORCHSPARK_LOG_STALL_TIMEOUT="1")
     code = "import sys\nline = 'x' * 99 + '\\n'\nsys.stdout.write(line * 140000)\n"
-    p = subprocess.Popen([str(RUN_BIN), "--nproc-per-node", "1", "--no-python",
-                          "--log-endpoint", srv.endpoint, sys.executable, "-c", code],
-                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with _agent(srv, ["--nproc-per-node", "1", "--no-python", sys.executable, "-c", code],
+                subprocess.PIPE) as p:
         t0 = time.time()
         out, err = p.communicate(timeout=60)
         took = time.time() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        srv.close(0.2)
     err = err.decode(errors="replace")
     assert p.returncode == 0, err[-2000:]
     assert "has taken no lines for 1 s" in err, err[-2000:]
