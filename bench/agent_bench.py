@@ -124,7 +124,7 @@ def bench_crash(cmd: list[str], script: str) -> tuple[float, float]:
         except subprocess.TimeoutExpired:
             p.kill()
             kill_marked(marker)
-            raise SystemExit(f"{cmd[0]}: did not exit after the crash")
+            raise SystemExit(f"{cmd[0]}: did not exit after the crash") from None
         gone = time.clock_gettime(time.CLOCK_REALTIME)
         deadline = time.monotonic() + 60
         while marked_pids(marker):

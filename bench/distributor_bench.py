@@ -94,7 +94,7 @@ def main():
     if not a.skip_big:
         n = int(a.big_gib * (1 << 30))
         for name, cls in (("stock", Stock), ("torchspark", Ours)):
-            r = attempt(lambda: cls(1, False, False).run(big, n))
+            r = attempt(lambda cls=cls: cls(1, False, False).run(big, n))
             r.update(case=f"{a.big_gib} GiB return value, local-cluster, 1 task", impl=name)
             print(json.dumps(r), flush=True)
             out.append(r)

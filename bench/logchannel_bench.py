@@ -493,8 +493,8 @@ def main() -> None:
                 # each end on its own (the other one does not hash): what it sustains
                 # when the two are on different machines, as in a cluster
                 digest = file_sha256(src)
-                for end, fn in (("driver", lambda: driver_end_alone(src, digest)),
-                                ("agent", lambda: agent_end_alone(src))):
+                for end, fn in (("driver", lambda src=src, digest=digest: driver_end_alone(src, digest)),
+                                ("agent", lambda src=src: agent_end_alone(src))):
                     fn()  # warm-up, not counted
                     v = [fn() for _ in range(a.runs)]
                     res["out_%dgib_%s_alone" % (gib, end)] = v

@@ -28,15 +28,26 @@ fi
 
 py=${PYTHON:-python3}
 req="$root/tests/requirements.txt"
-key=$( (cat "$req"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)
+# The dependency venv is keyed by the Python version and the torch pin only (torch is the
+# large part, installed once per machine); the rest of requirements.txt is installed into
+# it incrementally whenever that file changes, so adding a small package costs seconds.
+torch_pin=$(grep -E '^torch==' "$req")
+key=$( (echo "$torch_pin"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)
 deps=${TORCHSPARK_DEPS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/torchspark/deps-$key}
-if [ ! -f "$deps/.complete" ]; then
-  log "installing Python packages into $deps (once per machine)"
-  rm -rf "$deps"
-  "$py" -m venv "$deps"
-  "$deps/bin/pip" install -q --upgrade pip
-  "$deps/bin/pip" install -q -r "$req"
-  touch "$deps/.complete"
+req_key=$(sha256sum < "$req" | cut -c1-16)
+if [ "$(cat "$deps/.complete" 2>/dev/null)" != "$req_key" ]; then
+  mkdir -p "$(dirname "$deps")"
+  # One installer at a time per machine (several checkouts may set up at once).
+  exec 9> "$deps.lock"
+  flock 9
+  if [ "$(cat "$deps/.complete" 2>/dev/null)" != "$req_key" ]; then
+    log "installing Python packages into $deps (torch once per machine; the rest when requirements.txt changes)"
+    [ -x "$deps/bin/python" ] || "$py" -m venv "$deps"
+    "$deps/bin/pip" install -q --upgrade pip
+    "$deps/bin/pip" install -q -r "$req"
+    echo "$req_key" > "$deps/.complete"
+  fi
+  flock -u 9
 fi
 deps_site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 

@@ -43,9 +43,9 @@ enum { W_IDLE, W_RUNNING, W_EXITED };
 enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_STREAM0 = 16 };
 
 typedef struct {
-    int fd;          /* pipe read end, -1 when closed or not captured */
-    int file_fd;     /* redirect file, -1 when none */
-    int paused;      /* the sink was full: not in epoll until it wakes us */
+    int fd;      /* pipe read end, -1 when closed or not captured */
+    int file_fd; /* redirect file, -1 when none */
+    int paused;  /* the sink was full: not in epoll until it wakes us */
     tsp_lines_t lines;
 } stream_t;
 
@@ -67,9 +67,9 @@ struct tsp_agent {
     int state;
     int capture;
     int restart_count;
-    int stop_signal;  /* the signal that stopped us, 0 when none */
-    int killed;       /* SIGKILL already sent in this attempt */
-    int exec_status;  /* 127/126 when the program could not be started */
+    int stop_signal; /* the signal that stopped us, 0 when none */
+    int killed;      /* SIGKILL already sent in this attempt */
+    int exec_status; /* 127/126 when the program could not be started */
     int wake_watched;
     char host[256];
     char log_dir[PATH_MAX];
@@ -87,7 +87,8 @@ static double now_real(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void agent_log(const tsp_agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 {
     char buf[2048];
@@ -606,8 +607,10 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
     } else if (tag == TAG_TIMER) {
         uint64_t x;
         if (read(a->timerfd, &x, sizeof x) > 0 && (live_workers(a) || have_children())) {
-            agent_log(a, "grace period of %.1fs is over: sending SIGKILL to %d worker(s) and "
-                         "their descendants", a->o.shutdown_timeout, live_workers(a));
+            agent_log(a,
+                      "grace period of %.1fs is over: sending SIGKILL to %d worker(s) and "
+                      "their descendants",
+                      a->o.shutdown_timeout, live_workers(a));
             kill_everything(a);
         }
     } else if (tag == TAG_STOP) {
@@ -645,8 +648,9 @@ static void evaluate(tsp_agent_t *a)
         if (a->nfails > 0) {
             const tsp_failure_t *f = &a->fails[0];
             if (a->restart_count < a->o.topo.max_restarts && !a->exec_status) {
-                agent_log(a, "worker rank %d (local_rank %d, pid %d) failed with exit code %d; "
-                             "restarting all workers (restart %d of %d)",
+                agent_log(a,
+                          "worker rank %d (local_rank %d, pid %d) failed with exit code %d; "
+                          "restarting all workers (restart %d of %d)",
                           f->rank, f->local_rank, (int)f->pid, f->exitcode, a->restart_count + 1,
                           a->o.topo.max_restarts);
                 begin_stop(a, ST_RESTART, SIGTERM);
@@ -665,8 +669,7 @@ static void evaluate(tsp_agent_t *a)
 
 static int attempt_over(const tsp_agent_t *a)
 {
-    return a->state != ST_RUNNING && live_workers(a) == 0 && !have_children() &&
-           !output_pending(a);
+    return a->state != ST_RUNNING && live_workers(a) == 0 && !have_children() && !output_pending(a);
 }
 
 static int start_workers(tsp_agent_t *a)
@@ -684,7 +687,8 @@ static int start_workers(tsp_agent_t *a)
         if (rc) {
             agent_log(a, "%s (local_rank %d)", err, i);
             a->exec_status = rc == -ENOENT || rc == -EACCES || rc == -ENOEXEC || rc == -ENOTDIR
-                                 ? tsp_proc_exec_status(rc) : 1;
+                                 ? tsp_proc_exec_status(rc)
+                                 : 1;
             begin_stop(a, ST_STOPPING, SIGTERM);
             return rc;
         }
@@ -724,8 +728,8 @@ int tsp_agent_run(tsp_agent_t *a)
         report_root(a); /* normally done when the failure was seen: a no-op then */
         FILE *out = fdopen(dup(a->o.log_fd), "w");
         if (out) {
-            tsp__report_print(out, a->o.name ? a->o.name : a->o.file, a->host, a->fails,
-                              a->nfails, a->root);
+            tsp__report_print(out, a->o.name ? a->o.name : a->o.file, a->host, a->fails, a->nfails,
+                              a->root);
             fclose(out);
         }
         int code = a->fails[a->root].exitcode;
@@ -815,8 +819,10 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
         snprintf(err, errlen, "cannot set up the event loop: %s", strerror(errno));
         goto fail;
     }
-    struct { int fd; uint64_t tag; } regs[] = {
-        {a->sigfd, TAG_SIGNAL}, {a->timerfd, TAG_TIMER}, {a->stopfd, TAG_STOP}};
+    struct {
+        int fd;
+        uint64_t tag;
+    } regs[] = {{a->sigfd, TAG_SIGNAL}, {a->timerfd, TAG_TIMER}, {a->stopfd, TAG_STOP}};
     for (size_t i = 0; i < 3; i++) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = regs[i].tag};
         if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, regs[i].fd, &ev) < 0) {

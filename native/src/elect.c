@@ -163,8 +163,7 @@ static int resolve(const char *host, struct sockaddr_storage *ss, socklen_t *ssl
     return -EHOSTUNREACH;
 }
 
-int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *err,
-                           size_t errlen)
+int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *err, size_t errlen)
 {
     struct sockaddr_storage dst = {0};
     socklen_t dstlen;
@@ -356,7 +355,13 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
         seterr(err, errlen, "election record is not a JSON object");
         return -EINVAL;
     }
-    struct { const char *key; char *str; size_t len; int *num; int required, ascii; } fields[] = {
+    struct {
+        const char *key;
+        char *str;
+        size_t len;
+        int *num;
+        int required, ascii;
+    } fields[] = {
         {"version", NULL, 0, &r->version, 1, 0},
         {"master_addr", r->master_addr, sizeof r->master_addr, NULL, 1, 1},
         {"master_port", NULL, 0, &r->master_port, 1, 0},
@@ -366,8 +371,8 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
     };
     int missing = 0;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        int rc = record_field(buf, len, fields[i].key, fields[i].str, fields[i].len,
-                              fields[i].num, fields[i].ascii);
+        int rc = record_field(buf, len, fields[i].key, fields[i].str, fields[i].len, fields[i].num,
+                              fields[i].ascii);
         if (rc < 0) {
             seterr(err, errlen, "election record: bad value for \"%s\"", fields[i].key);
             return -EINVAL;
@@ -390,8 +395,7 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
         return -EINVAL;
     }
     if (r->master_port < 1 || r->master_port > 65535) {
-        seterr(err, errlen, "election record has master_port %d, not in 1..65535",
-               r->master_port);
+        seterr(err, errlen, "election record has master_port %d, not in 1..65535", r->master_port);
         return -EINVAL;
     }
     return 0;

@@ -43,8 +43,10 @@ int tsp_gpu_count(int *count, char *err, size_t errlen)
     int rc = cuda.init_rc ? cuda.init_rc : cuda.count(count);
     if (rc != 0) {
         if (err && errlen)
-            snprintf(err, errlen, "the CUDA driver failed with error %d; check the driver "
-                                  "installation (nvidia-smi) or set CUDA_VISIBLE_DEVICES", rc);
+            snprintf(err, errlen,
+                     "the CUDA driver failed with error %d; check the driver "
+                     "installation (nvidia-smi) or set CUDA_VISIBLE_DEVICES",
+                     rc);
         *count = 0;
         return -EIO;
     }

@@ -232,7 +232,9 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         int last = i + 1 == pieces;
         uint8_t seq[8];
         tsp_wire_put_u64(seq, ++c->seq);
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE, .rank = line->rank, .stream = line->stream,
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE,
+                            .rank = line->rank,
+                            .stream = line->stream,
                             .flags = (uint8_t)(last ? line->flags : TSP_LINE_CONTINUED),
                             .length = (uint32_t)(8 + n)};
         append_frame(c, &h, seq, 8, line->data + off, n);
@@ -250,8 +252,7 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
 /* Frees blocks that are wholly sent and acknowledged; wakes the agent when room appeared. */
 static void release_locked(tsp_logclient_t *c)
 {
-    while (c->head && c->head->base + c->head->len <= c->sent &&
-           c->head->last_seq <= c->acked) {
+    while (c->head && c->head->base + c->head->len <= c->sent && c->head->last_seq <= c->acked) {
         blk_t *b = c->head;
         c->head = b->next;
         if (!c->head)
@@ -293,8 +294,8 @@ static void spill_block(tsp_logclient_t *c, const blk_t *b, uint64_t *lines)
             char pre[32];
             int pl = snprintf(pre, sizeof(pre), "[rank %d] ", h.rank);
             int fd = h.stream == TSP_STREAM_STDERR ? c->o.local_err_fd : c->o.local_out_fd;
-            struct iovec iov[3] = {{pre, (size_t)pl}, {(void *)(p + 8), h.length - 8},
-                                   {(void *)"\n", 1}};
+            struct iovec iov[3] = {
+                {pre, (size_t)pl}, {(void *)(p + 8), h.length - 8}, {(void *)"\n", 1}};
             int cnt = (h.flags & TSP_LINE_CONTINUED) ? 2 : 3;
             size_t total = (size_t)pl + h.length - 8 + (cnt == 3);
             ssize_t w = writev(fd, iov, cnt);
@@ -398,11 +399,10 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
 {
     int wflags = 0, fd;
     for (;;) {
-        int hflags = (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) |
-                     (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL);
-        fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS, hflags,
-                          c->agent_id, c->o.node_rank, c->hostname, timeout_ms, &wflags, err,
-                          errlen);
+        int hflags =
+            (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) | (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL);
+        fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS, hflags, c->agent_id,
+                          c->o.node_rank, c->hostname, timeout_ms, &wflags, err, errlen);
         /* A driver of the first version-1 release refuses the CONTROL flag (1.7): go on
          * without the control channel. */
         if (fd == -EACCES && !c->no_control && strstr(err, "unknown HELLO flags")) {
@@ -445,8 +445,7 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
     int rc = 0;
     while (!rc) {
         tsp_wire_hdr_t h;
-        int urc = tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT + 1, NULL,
-                                      0);
+        int urc = tsp_wire_hdr_unpack(&h, rbuf + off, *rlen - off, TSP_WIRE_MAX_TEXT + 1, NULL, 0);
         if (urc == -EAGAIN)
             break;
         if (urc)
@@ -471,8 +470,10 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
             }
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
-            int n = snprintf(msg, sizeof(msg), "torchspark-run: the driver's log server closed "
-                             "the channel: %.*s\n", (int)h.length, (const char *)p);
+            int n = snprintf(msg, sizeof(msg),
+                             "torchspark-run: the driver's log server closed "
+                             "the channel: %.*s\n",
+                             (int)h.length, (const char *)p);
             write_local(c->o.local_err_fd, msg, n > 0 ? (size_t)n : 0);
             rc = -1;
         } else {
@@ -769,8 +770,9 @@ tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *
         return NULL;
     }
     if (tsp_wire_secret_parse(secret_hex, o.secret)) {
-        snprintf(err, errlen, "--log-endpoint needs the run's secret in the environment "
-                              "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
+        snprintf(err, errlen,
+                 "--log-endpoint needs the run's secret in the environment "
+                 "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
                  secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
         return NULL;
     }
@@ -794,8 +796,8 @@ int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json
         uint8_t extra[9];
         tsp_wire_put_u64(extra, ++c->seq);
         extra[8] = (uint8_t)kind;
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_EVENT, .rank = rank,
-                            .length = (uint32_t)(sizeof(extra) + len)};
+        tsp_wire_hdr_t h = {
+            .type = TSP_WIRE_EVENT, .rank = rank, .length = (uint32_t)(sizeof(extra) + len)};
         rc = reserve(c, TSP_WIRE_HDR_LEN + sizeof(extra) + len);
         if (rc)
             c->seq--;

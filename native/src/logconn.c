@@ -80,8 +80,8 @@ static int conn_send_flags(tsp_logserver_t *s, conn_t *c, unsigned type, unsigne
 {
     if (c->wlen + TSP_WIRE_HDR_LEN + n > sizeof(c->wbuf))
         return -ENOBUFS;
-    tsp_wire_hdr_t h = {.type = (uint8_t)type, .flags = (uint8_t)flags, .rank = -1,
-                        .length = (uint32_t)n};
+    tsp_wire_hdr_t h = {
+        .type = (uint8_t)type, .flags = (uint8_t)flags, .rank = -1, .length = (uint32_t)n};
     tsp_wire_hdr_pack(c->wbuf + c->wlen, &h);
     if (n)
         memcpy(c->wbuf + c->wlen + TSP_WIRE_HDR_LEN, p, n);
@@ -117,7 +117,9 @@ void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
     pthread_mutex_unlock(&s->q.mu);
     size_t n = strlen(why);
     tsp__conn_send(s, c, TSP_WIRE_ERROR, why,
-                   n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT : n ? n : 1);
+                   n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT
+                   : n                   ? n
+                                         : 1);
     if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT) {
         /* An agent in the middle of its chunks: closing with its data unread would reset
          * the connection and lose the reason. The transfer is given up now (a retry may
@@ -165,8 +167,9 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
     if (rc)
         return rc;
     if (memcmp(c->h.run_id, s->run_id, TSP_WIRE_RUNID_LEN) != 0) {
-        snprintf(err, errlen, "the agent belongs to another run (its secret differs); check "
-                              "TORCHSPARK_LOG_SECRET");
+        snprintf(err, errlen,
+                 "the agent belongs to another run (its secret differs); check "
+                 "TORCHSPARK_LOG_SECRET");
         return -EACCES;
     }
     if (c->h.role == TSP_WIRE_ROLE_OUTPUT && (rc = tsp__outrecv_claim(&s->out, c, err, errlen)))
@@ -207,8 +210,8 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     pthread_mutex_lock(&s->q.mu);
     s->q.st.authenticated++;
     pthread_mutex_unlock(&s->q.mu);
-    int rc = conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
-                             mac, sizeof(mac));
+    int rc = conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0, mac,
+                             sizeof(mac));
     if (!rc && c->control && s->t_stopped && c->h.agent_id != s->stop_except)
         tsp__conn_stop(s, c);
     /* Tell a reconnecting agent at once what this server already has. */
@@ -223,8 +226,8 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
 static void sink_line(tsp_logserver_t *s, const tsp_wire_hdr_t *h, const uint8_t *d, size_t n)
 {
     char pre[256];
-    size_t pl = tsp_logserver_format_prefix(pre, sizeof(pre), s->prefix, s->marker, h->rank,
-                                            h->stream);
+    size_t pl =
+        tsp_logserver_format_prefix(pre, sizeof(pre), s->prefix, s->marker, h->rank, h->stream);
     if (pl >= sizeof(pre))
         pl = sizeof(pre) - 1;
     size_t need = s->sink_len + pl + n + 1;
@@ -390,8 +393,8 @@ static int conn_parse(tsp_logserver_t *s, conn_t *c)
             size_t have = c->len - off - TSP_WIRE_HDR_LEN;
             if (have > h.length)
                 have = h.length;
-            rc = tsp__outrecv_chunk(&s->out, c, h.length, c->buf + off + TSP_WIRE_HDR_LEN,
-                                    have, err, sizeof(err));
+            rc = tsp__outrecv_chunk(&s->out, c, h.length, c->buf + off + TSP_WIRE_HDR_LEN, have,
+                                    err, sizeof(err));
             if (rc)
                 break;
             c->chunk_left = h.length - (uint32_t)have;
@@ -544,8 +547,9 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
                                   : strerror(errno));
                 tsp__conn_free(s, c);
             } else {
-                tsp__conn_reject(s, c, n == 0 ? "closed during the handshake"
-                                         : "read error during the handshake");
+                tsp__conn_reject(s, c,
+                                 n == 0 ? "closed during the handshake"
+                                        : "read error during the handshake");
             }
             return -1;
         }

@@ -111,7 +111,9 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     snprintf(msg, sizeof(msg), "node %d (host %s, address %s) failed: rank %s %s %s",
              c->h.node_rank, c->h.host, addr, rank ? rank : "?",
              sig && strcmp(sig, "0") != 0 ? "was killed by signal" : "exited with code",
-             sig && strcmp(sig, "0") != 0 ? sig : code ? code : "?");
+             sig && strcmp(sig, "0") != 0 ? sig
+             : code                       ? code
+                                          : "?");
     free(rank);
     free(code);
     free(sig);

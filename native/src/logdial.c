@@ -85,28 +85,29 @@ int tsp__sock_read_full(int fd, void *buf, size_t n, int64_t deadline)
     return 0;
 }
 
-int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap,
-                         int64_t deadline, char *err, size_t errlen)
+int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap, int64_t deadline,
+                         char *err, size_t errlen)
 {
     uint8_t hb[TSP_WIRE_HDR_LEN];
     int rc = tsp__sock_read_full(fd, hb, sizeof(hb), deadline);
     if (rc) {
-        snprintf(err, errlen, "%s", rc == -ECONNRESET ? "the driver closed the connection"
-                                                      : strerror(-rc));
+        snprintf(err, errlen, "%s",
+                 rc == -ECONNRESET ? "the driver closed the connection" : strerror(-rc));
         return rc;
     }
     if ((rc = tsp_wire_hdr_unpack(h, hb, sizeof(hb), cap, err, errlen)))
         return rc;
     if ((rc = tsp__sock_read_full(fd, p, h->length, deadline)))
-        snprintf(err, errlen, "reading a %s frame: %s", tsp_wire_type_name(h->type),
-                 strerror(-rc));
+        snprintf(err, errlen, "reading a %s frame: %s", tsp_wire_type_name(h->type), strerror(-rc));
     return rc;
 }
 
 static int dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV},
+                    *res = NULL;
     char ps[16];
     snprintf(ps, sizeof(ps), "%d", port);
     int rc = getaddrinfo(host, ps, &hints, &res);
@@ -148,8 +149,10 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
                      int node_rank, const char *hostname, int64_t deadline, int *welcome_flags,
                      char *err, size_t errlen)
 {
-    tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION, .role = (uint8_t)role,
-                          .hflags = (uint8_t)hflags, .agent_id = agent_id,
+    tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION,
+                          .role = (uint8_t)role,
+                          .hflags = (uint8_t)hflags,
+                          .agent_id = agent_id,
                           .node_rank = node_rank};
     snprintf(h.host, sizeof(h.host), "%s", hostname ? hostname : "");
     if (tsp_wire_run_id(secret, h.run_id) || tsp_wire_random(h.nonce, sizeof(h.nonce)))

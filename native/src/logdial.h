@@ -19,8 +19,8 @@ int tsp__sock_write_all(int fd, const void *p, size_t n, int64_t deadline);
 int tsp__sock_read_full(int fd, void *p, size_t n, int64_t deadline);
 /* Reads one whole frame (header checked against cap) into p (room: cap bytes). */
 struct tsp_wire_hdr;
-int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap,
-                         int64_t deadline, char *err, size_t errlen);
+int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap, int64_t deadline,
+                         char *err, size_t errlen);
 int64_t tsp__now_ms(void);
 
 #endif

@@ -138,8 +138,8 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
             q->head = b;
         q->tail = b;
     }
-    qrec_t rec = {.rank = rank, .len = (uint32_t)len, .stream = (uint8_t)stream,
-                  .flags = (uint8_t)flags};
+    qrec_t rec = {
+        .rank = rank, .len = (uint32_t)len, .stream = (uint8_t)stream, .flags = (uint8_t)flags};
     memcpy(b->data + b->len, &rec, sizeof(rec));
     memcpy(b->data + b->len + sizeof(rec), data, len);
     b->len += need;
@@ -258,8 +258,11 @@ sized:
         qrec_t rec;
         memcpy(&rec, b->data + b->off, sizeof(rec));
         memcpy(q->batch + pos, b->data + b->off + sizeof(rec), rec.len);
-        out[i] = (tsp_logline_t){.data = q->batch + pos, .len = rec.len, .rank = rec.rank,
-                                 .stream = rec.stream, .flags = rec.flags};
+        out[i] = (tsp_logline_t){.data = q->batch + pos,
+                                 .len = rec.len,
+                                 .rank = rec.rank,
+                                 .stream = rec.stream,
+                                 .flags = rec.flags};
         pos += rec.len;
         b->off += REC_SIZE(rec.len);
         q->bytes -= REC_SIZE(rec.len);

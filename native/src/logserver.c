@@ -82,8 +82,8 @@ void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
         n = (int)sizeof(msg) - 2;
     if (s->o.events_to_queue) {
         pthread_mutex_lock(&s->q.mu);
-        tsp__logq_push_locked(&s->q, TSP_LOG_RANK_SERVER, TSP_LOG_STREAM_EVENT, 0, msg,
-                              (size_t)n, 1);
+        tsp__logq_push_locked(&s->q, TSP_LOG_RANK_SERVER, TSP_LOG_STREAM_EVENT, 0, msg, (size_t)n,
+                              1);
         pthread_mutex_unlock(&s->q.mu);
     }
     if (s->o.event_fd >= 0) {
@@ -259,8 +259,10 @@ static void *server_main(void *arg)
 
 static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
 {
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
     char port[16];
     snprintf(port, sizeof(port), "%d", s->o.port);
     int rc = getaddrinfo(s->host, port, &hints, &res);
@@ -284,7 +286,7 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
             getsockname(fd, (struct sockaddr *)&ss, &sl);
             /* NOLINTNEXTLINE(clang-analyzer-core.CallAndMessage): getsockname() filled it */
             s->port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-                                                     : ((struct sockaddr_in6 *)&ss)->sin6_port);
+                                                    : ((struct sockaddr_in6 *)&ss)->sin6_port);
             s->lfd = fd;
             freeaddrinfo(res);
             return 0;
@@ -298,8 +300,7 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
     return -e;
 }
 
-static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char *err,
-                        size_t errlen)
+static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char *err, size_t errlen)
 {
     s->o = *o;
     snprintf(s->host, sizeof(s->host), "%s", o->host && *o->host ? o->host : "127.0.0.1");
@@ -380,8 +381,14 @@ tsp_logserver_t *tsp_logserver_new(const char *host, int port, const char *secre
     return tsp_logserver_start(&o, err, errlen);
 }
 
-int tsp_logserver_port(const tsp_logserver_t *s) { return s->port; }
-const char *tsp_logserver_host(const tsp_logserver_t *s) { return s->host; }
+int tsp_logserver_port(const tsp_logserver_t *s)
+{
+    return s->port;
+}
+const char *tsp_logserver_host(const tsp_logserver_t *s)
+{
+    return s->host;
+}
 void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_LEN])
 {
     memcpy(out, s->secret, TSP_WIRE_SECRET_LEN);

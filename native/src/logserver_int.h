@@ -33,8 +33,7 @@ void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const v
                    size_t len);
 /* The last n lines, oldest first, each followed by '\n', into buf (truncated to buflen);
  * returns the bytes the whole answer needs. */
-size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf,
-                      size_t buflen);
+size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf, size_t buflen);
 void tsp__tail_free(tsp__tail_t *t);
 
 /* What the server keeps per rank: the tail and the drop count. */
@@ -51,10 +50,10 @@ typedef struct tsp__logq {
     struct tsp__qblk *head, *tail;
     size_t bytes, bound;
     int waiters;
-    int ended;     /* the server thread has finished */
-    int paused;    /* the thread stopped reading for room: pull signals wake_fd */
-    int wake_fd;   /* the server thread's eventfd */
-    char *batch;   /* the last pull's data */
+    int ended;   /* the server thread has finished */
+    int paused;  /* the thread stopped reading for room: pull signals wake_fd */
+    int wake_fd; /* the server thread's eventfd */
+    char *batch; /* the last pull's data */
     size_t batch_cap;
     tsp__rank_t *ranks;
     size_t nranks;
@@ -119,8 +118,8 @@ int tsp__outrecv_claim(tsp__outrecv_t *o, void *owner, char *err, size_t errlen)
 int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err, size_t errlen);
 /* An OUT_CHUNK header of len bytes, with the first `have` payload bytes already buffered
  * at p; the rest is read by tsp__outrecv_recv straight into its destination. */
-int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p,
-                       size_t have, char *err, size_t errlen);
+int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p, size_t have,
+                       char *err, size_t errlen);
 /* Receives up to max bytes of the current chunk from fd (non-blocking). Bytes taken, or
  * -EAGAIN (nothing to read), -ECONNRESET (EOF), another -errno (socket), -EBADMSG (the
  * transfer failed: reason in err). */
@@ -149,8 +148,8 @@ typedef struct conn {
     struct conn *next, *prev;
     int fd;
     int state;
-    int paused;   /* EPOLLIN off: the queue is full */
-    int want_out; /* EPOLLOUT on: wbuf has bytes */
+    int paused;     /* EPOLLIN off: the queue is full */
+    int want_out;   /* EPOLLOUT on: wbuf has bytes */
     int registered; /* in the epoll set */
     uint8_t *buf;
     size_t cap, len;
@@ -202,8 +201,8 @@ struct tsp_logserver {
     pthread_cond_t fail_cv; /* signalled when root is set or the thread ended */
     char *root;             /* JSON of the run's root cause (protocol 1.7), malloc'ed */
     int ended;
-    int lost_pending;       /* copy of nlost for the host */
-    int stop_req;           /* the host asked for STOP to everyone */
+    int lost_pending; /* copy of nlost for the host */
+    int stop_req;     /* the host asked for STOP to everyone */
     char stop_req_text[STOP_TEXT_MAX];
     /* control, thread only */
     int t_draining;

@@ -89,8 +89,7 @@ void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const v
     t->count++;
 }
 
-size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf,
-                      size_t buflen)
+size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf, size_t buflen)
 {
     if (n <= 0 || !t->count)
         return 0;

@@ -52,22 +52,38 @@ __attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, 
 const char *tsp_wire_type_name(unsigned type)
 {
     switch (type) {
-    case TSP_WIRE_HELLO: return "HELLO";
-    case TSP_WIRE_CHALLENGE: return "CHALLENGE";
-    case TSP_WIRE_AUTH: return "AUTH";
-    case TSP_WIRE_WELCOME: return "WELCOME";
-    case TSP_WIRE_LINE: return "LINE";
-    case TSP_WIRE_DROPPED: return "DROPPED";
-    case TSP_WIRE_ACK: return "ACK";
-    case TSP_WIRE_EVENT: return "EVENT";
-    case TSP_WIRE_STOP: return "STOP";
-    case TSP_WIRE_OUT_BEGIN: return "OUT_BEGIN";
-    case TSP_WIRE_OUT_CHUNK: return "OUT_CHUNK";
-    case TSP_WIRE_OUT_END: return "OUT_END";
-    case TSP_WIRE_OUT_DONE: return "OUT_DONE";
-    case TSP_WIRE_CLOSE: return "CLOSE";
-    case TSP_WIRE_ERROR: return "ERROR";
-    default: return "?";
+    case TSP_WIRE_HELLO:
+        return "HELLO";
+    case TSP_WIRE_CHALLENGE:
+        return "CHALLENGE";
+    case TSP_WIRE_AUTH:
+        return "AUTH";
+    case TSP_WIRE_WELCOME:
+        return "WELCOME";
+    case TSP_WIRE_LINE:
+        return "LINE";
+    case TSP_WIRE_DROPPED:
+        return "DROPPED";
+    case TSP_WIRE_ACK:
+        return "ACK";
+    case TSP_WIRE_EVENT:
+        return "EVENT";
+    case TSP_WIRE_STOP:
+        return "STOP";
+    case TSP_WIRE_OUT_BEGIN:
+        return "OUT_BEGIN";
+    case TSP_WIRE_OUT_CHUNK:
+        return "OUT_CHUNK";
+    case TSP_WIRE_OUT_END:
+        return "OUT_END";
+    case TSP_WIRE_OUT_DONE:
+        return "OUT_DONE";
+    case TSP_WIRE_CLOSE:
+        return "CLOSE";
+    case TSP_WIRE_ERROR:
+        return "ERROR";
+    default:
+        return "?";
     }
 }
 
@@ -85,27 +101,56 @@ void tsp_wire_hdr_pack(uint8_t out[TSP_WIRE_HDR_LEN], const tsp_wire_hdr_t *h)
 static int payload_rule(unsigned type, uint32_t *min, uint32_t *max)
 {
     switch (type) {
-    case TSP_WIRE_HELLO: *min = TSP_WIRE_HELLO_FIXED; *max = TSP_WIRE_HELLO_MAX; return 0;
-    case TSP_WIRE_CHALLENGE: *min = *max = TSP_WIRE_CHALLENGE_LEN; return 0;
+    case TSP_WIRE_HELLO:
+        *min = TSP_WIRE_HELLO_FIXED;
+        *max = TSP_WIRE_HELLO_MAX;
+        return 0;
+    case TSP_WIRE_CHALLENGE:
+        *min = *max = TSP_WIRE_CHALLENGE_LEN;
+        return 0;
     case TSP_WIRE_AUTH:
-    case TSP_WIRE_WELCOME: *min = *max = TSP_WIRE_MAC_LEN; return 0;
-    case TSP_WIRE_LINE: *min = 8; *max = 8 + TSP_WIRE_MAX_LINE; return 0;
-    case TSP_WIRE_EVENT: *min = 9; *max = 9 + TSP_WIRE_MAX_EVENT; return 0;
-    case TSP_WIRE_STOP: *min = 1; *max = 1 + TSP_WIRE_MAX_TEXT; return 0;
+    case TSP_WIRE_WELCOME:
+        *min = *max = TSP_WIRE_MAC_LEN;
+        return 0;
+    case TSP_WIRE_LINE:
+        *min = 8;
+        *max = 8 + TSP_WIRE_MAX_LINE;
+        return 0;
+    case TSP_WIRE_EVENT:
+        *min = 9;
+        *max = 9 + TSP_WIRE_MAX_EVENT;
+        return 0;
+    case TSP_WIRE_STOP:
+        *min = 1;
+        *max = 1 + TSP_WIRE_MAX_TEXT;
+        return 0;
     case TSP_WIRE_DROPPED:
     case TSP_WIRE_ACK:
-    case TSP_WIRE_OUT_BEGIN: *min = *max = 8; return 0;
-    case TSP_WIRE_OUT_CHUNK: *min = 1; *max = TSP_WIRE_MAX_CHUNK; return 0;
+    case TSP_WIRE_OUT_BEGIN:
+        *min = *max = 8;
+        return 0;
+    case TSP_WIRE_OUT_CHUNK:
+        *min = 1;
+        *max = TSP_WIRE_MAX_CHUNK;
+        return 0;
     case TSP_WIRE_OUT_END:
-    case TSP_WIRE_OUT_DONE: *min = *max = TSP_WIRE_DIGEST_LEN; return 0;
-    case TSP_WIRE_CLOSE: *min = *max = 0; return 0;
-    case TSP_WIRE_ERROR: *min = 1; *max = TSP_WIRE_MAX_TEXT; return 0;
-    default: return -1;
+    case TSP_WIRE_OUT_DONE:
+        *min = *max = TSP_WIRE_DIGEST_LEN;
+        return 0;
+    case TSP_WIRE_CLOSE:
+        *min = *max = 0;
+        return 0;
+    case TSP_WIRE_ERROR:
+        *min = 1;
+        *max = TSP_WIRE_MAX_TEXT;
+        return 0;
+    default:
+        return -1;
     }
 }
 
-int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint32_t cap,
-                        char *err, size_t errlen)
+int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint32_t cap, char *err,
+                        size_t errlen)
 {
     if (len < TSP_WIRE_HDR_LEN)
         return fail(err, errlen, -EAGAIN, "truncated frame header (%zu of %u bytes)", len,
@@ -241,8 +286,8 @@ int tsp_wire_run_id(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t out[TSP_W
     return 0;
 }
 
-int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side,
-                 const uint8_t *hello, size_t hello_len, const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
+int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side, const uint8_t *hello,
+                 size_t hello_len, const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
                  uint8_t mac[TSP_WIRE_MAC_LEN])
 {
     const char *label = server_side ? "TSPL1 server" : "TSPL1 client";

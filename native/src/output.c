@@ -149,7 +149,7 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
     uint64_t sent = 0;
     int no_sendfile = 0;
     uint8_t *copy = NULL; /* where sendfile() cannot: the bytes go through this buffer */
-    int early = 0; /* the driver answered before END: it refused the transfer */
+    int early = 0;        /* the driver answered before END: it refused the transfer */
     while (!rc && sent < total) {
         struct pollfd pf = {.fd = sock, .events = POLLIN};
         if (poll(&pf, 1, 0) > 0) {
@@ -172,8 +172,9 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
     if (!rc && !early && j.rc)
         rc = j.rc;
     if (rc == -EIO)
-        snprintf(err, errlen, "the output file changed while it was sent (shorter than "
-                              "announced)");
+        snprintf(err, errlen,
+                 "the output file changed while it was sent (shorter than "
+                 "announced)");
     if (!rc && !early)
         rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
     if (rc) {

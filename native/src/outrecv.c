@@ -140,8 +140,7 @@ static uint8_t *alloc_output(uint64_t total)
 {
     if (total > SIZE_MAX)
         return NULL;
-    void *p = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
-                   0);
+    void *p = mmap(NULL, (size_t)total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED)
         return NULL;
 #ifdef MADV_HUGEPAGE
@@ -314,8 +313,8 @@ static void took_locked(tsp__outrecv_t *o, size_t n)
     pthread_cond_signal(&o->work_cv);
 }
 
-int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p,
-                       size_t have, char *err, size_t errlen)
+int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p, size_t have,
+                       char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
     int rc = check_locked(o, owner, len, err, errlen);
@@ -383,11 +382,12 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
     }
     stop_hasher_locked(o); /* idle: everything is hashed; md is ours again */
     if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, 32) != 0)
-        rc = fail_locked(o, err, errlen, "output digest mismatch: the %llu bytes received "
-                         "differ from what rank 0 sent", (unsigned long long)o->total);
+        rc = fail_locked(o, err, errlen,
+                         "output digest mismatch: the %llu bytes received "
+                         "differ from what rank 0 sent",
+                         (unsigned long long)o->total);
     else if (o->fd >= 0 && close(o->fd) != 0)
-        rc = fail_locked(o, err, errlen, "cannot close the output file %s on the driver",
-                         o->path);
+        rc = fail_locked(o, err, errlen, "cannot close the output file %s on the driver", o->path);
     if (!rc) {
         o->fd = -1;
         o->state = TSP__OUT_OK;

@@ -55,8 +55,7 @@ static int child_exec(const tsp_proc_opts_t *o, char *const *envp)
 }
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_setup(const tsp_proc_opts_t *o, int out_w, int err_w, int report_fd,
-                        pid_t parent)
+static void child_setup(const tsp_proc_opts_t *o, int out_w, int err_w, int report_fd, pid_t parent)
 {
     sigset_t none;
     sigemptyset(&none);
@@ -104,9 +103,11 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         (o->stderr_mode == TSP_PROC_PIPE && (rc = make_pipe(errp))) || (rc = make_pipe(rep)))
         goto out;
     int out_w = o->stdout_mode == TSP_PROC_PIPE ? outp[1]
-                : o->stdout_mode == TSP_PROC_FD ? o->stdout_fd : -1;
+                : o->stdout_mode == TSP_PROC_FD ? o->stdout_fd
+                                                : -1;
     int err_w = o->stderr_mode == TSP_PROC_PIPE ? errp[1]
-                : o->stderr_mode == TSP_PROC_FD ? o->stderr_fd : -1;
+                : o->stderr_mode == TSP_PROC_FD ? o->stderr_fd
+                                                : -1;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {

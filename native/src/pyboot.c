@@ -28,85 +28,85 @@ It imports nothing of torchspark (--python may name an interpreter without it) a
 no '$', because every worker argument goes through torchrun's $local_rank substitution. */
 #include "pyboot.h"
 
-#define BOOT_BODY \
-    "def _tsp_boot(m):\n" \
-    " import os,sys\n" \
-    " g=globals();del g['_tsp_boot']\n" \
-    " a=sys.argv;del a[0]\n" \
-    " o=getattr(sys,'orig_argv',None)\n" \
-    " if o and '-c' in o:i=o.index('-c');del o[i:i+2]\n" \
-    " sp=not getattr(sys.flags,'safe_path',0);fl=ki=st=0\n" \
-    " try:\n" \
-    "  if m:\n" \
-    "   n=a.pop(1)\n" \
-    "   if sp:sys.path[0]=os.getcwd()\n" \
-    "   import runpy;runpy._run_module_as_main(n,True)\n" \
-    "  else:\n" \
-    "   f=a[0];p=os.path.join(os.getcwd(),f);i=None\n" \
-    "   for h in sys.path_hooks:\n" \
-    "    try:i=h(p);break\n" \
-    "    except ImportError:pass\n" \
-    "   if i is not None:\n" \
-    "    if sp:sys.path[0]=p\n" \
-    "    else:sys.path.insert(0,p)\n" \
-    "    import runpy;runpy._run_module_as_main('__main__',False)\n" \
-    "   else:\n" \
-    "    if sp:sys.path[0]=os.path.dirname(os.path.realpath(f))\n" \
-    "    try:\n" \
-    "     with open(p,'rb') as h:s=h.read()\n" \
-    "    except OSError as e:\n" \
-    "     x=(o or[sys.executable])[0],p,e.errno,e.strerror\n" \
-    "     sys.stderr.write(\"%s: can't open file %r: [Errno %d] %s\\n\"%x);raise SystemExit(2)\n" \
-    "    import _frozen_importlib_external as E\n" \
-    "    M=E.MAGIC_NUMBER\n" \
-    "    if p.endswith('.pyc')or s[:2]==M[:2]:\n" \
-    "     if s[:4]!=M:raise RuntimeError('Bad magic number in .pyc file')\n" \
-    "     import marshal;c=marshal.loads(s[16:]);L=E.SourcelessFileLoader\n" \
-    "    else:c=compile(s,p,'exec',dont_inherit=True);L=E.SourceFileLoader\n" \
-    "    g['__file__']=p;g['__cached__']=None;g['__loader__']=L('__main__',p);fl=1\n" \
-    "    exec(c,g)\n" \
-    " except SystemExit as e:\n" \
-    "  c=e.code;fl=0\n" \
-    "  if c is None:pass\n" \
-    "  elif isinstance(c,int):st=c&255 if -2**63<=c<2**63 else 255\n" \
-    "  else:\n" \
-    "   st=1\n" \
-    "   try:sys.stderr.write(str(c));sys.stderr.write('\\n')\n" \
-    "   except Exception:pass\n" \
-    " except BaseException as e:\n" \
-    "  t=e.__traceback__.tb_next;e.__traceback__=t\n" \
-    "  st=1;ki=isinstance(e,KeyboardInterrupt)\n" \
-    "  sys.last_type,sys.last_value=type(e),e;sys.last_traceback=t\n" \
-    "  if sys.version_info>=(3,12):sys.last_exc=e\n" \
-    "  try:sys.excepthook(type(e),e,t)\n" \
-    "  except BaseException as x:\n" \
-    "   sys.stderr.write('Error in sys.excepthook:\\n')\n" \
-    "   sys.__excepthook__(type(x),x,x.__traceback__)\n" \
-    "   sys.stderr.write('\\nOriginal exception was:\\n')\n" \
-    "   sys.__excepthook__(type(e),e,t)\n" \
-    " for f in sys.stderr,sys.stdout:\n" \
-    "  try:f.flush()\n" \
-    "  except BaseException:pass\n" \
-    " if fl:g.pop('__file__',0);g.pop('__cached__',0)\n" \
-    " t=sys.modules.get('threading')\n" \
-    " if t:\n" \
-    "  try:t._shutdown()\n" \
-    "  except BaseException as x:sys.stderr.write('Exception ignored in: %r\\n%r\\n'%(t,x))\n" \
-    " import atexit,gc,io;atexit._run_exitfuncs()\n" \
-    " S=sys.stdout,sys.stderr;T=io.TextIOWrapper\n" \
-    " W=T,io.BufferedWriter,io.BufferedRandom\n" \
-    " F=[f for f in gc.get_objects()if type(f)in W and all(f is not x for x in S)]\n" \
-    " for f in sorted(F,key=lambda f:type(f)is not T)+list(S):\n" \
-    "  try:\n" \
-    "   if f.closed:continue\n" \
-    "  except Exception:continue\n" \
-    "  try:f.flush()\n" \
-    "  except Exception as x:\n" \
-    "   if f is S[0]:st=120;sys.stderr.write('Exception ignored in: %r\\n%r\\n'%(f,x))\n" \
-    " if ki:\n" \
-    "  import signal;signal.signal(2,signal.SIG_DFL);os.kill(os.getpid(),2);st=130\n" \
-    " try:import ctypes;ctypes.CDLL(None).fflush(None)\n" \
-    " except Exception:pass\n" \
+#define BOOT_BODY                                                                                  \
+    "def _tsp_boot(m):\n"                                                                          \
+    " import os,sys\n"                                                                             \
+    " g=globals();del g['_tsp_boot']\n"                                                            \
+    " a=sys.argv;del a[0]\n"                                                                       \
+    " o=getattr(sys,'orig_argv',None)\n"                                                           \
+    " if o and '-c' in o:i=o.index('-c');del o[i:i+2]\n"                                           \
+    " sp=not getattr(sys.flags,'safe_path',0);fl=ki=st=0\n"                                        \
+    " try:\n"                                                                                      \
+    "  if m:\n"                                                                                    \
+    "   n=a.pop(1)\n"                                                                              \
+    "   if sp:sys.path[0]=os.getcwd()\n"                                                           \
+    "   import runpy;runpy._run_module_as_main(n,True)\n"                                          \
+    "  else:\n"                                                                                    \
+    "   f=a[0];p=os.path.join(os.getcwd(),f);i=None\n"                                             \
+    "   for h in sys.path_hooks:\n"                                                                \
+    "    try:i=h(p);break\n"                                                                       \
+    "    except ImportError:pass\n"                                                                \
+    "   if i is not None:\n"                                                                       \
+    "    if sp:sys.path[0]=p\n"                                                                    \
+    "    else:sys.path.insert(0,p)\n"                                                              \
+    "    import runpy;runpy._run_module_as_main('__main__',False)\n"                               \
+    "   else:\n"                                                                                   \
+    "    if sp:sys.path[0]=os.path.dirname(os.path.realpath(f))\n"                                 \
+    "    try:\n"                                                                                   \
+    "     with open(p,'rb') as h:s=h.read()\n"                                                     \
+    "    except OSError as e:\n"                                                                   \
+    "     x=(o or[sys.executable])[0],p,e.errno,e.strerror\n"                                      \
+    "     sys.stderr.write(\"%s: can't open file %r: [Errno %d] %s\\n\"%x);raise SystemExit(2)\n"  \
+    "    import _frozen_importlib_external as E\n"                                                 \
+    "    M=E.MAGIC_NUMBER\n"                                                                       \
+    "    if p.endswith('.pyc')or s[:2]==M[:2]:\n"                                                  \
+    "     if s[:4]!=M:raise RuntimeError('Bad magic number in .pyc file')\n"                       \
+    "     import marshal;c=marshal.loads(s[16:]);L=E.SourcelessFileLoader\n"                       \
+    "    else:c=compile(s,p,'exec',dont_inherit=True);L=E.SourceFileLoader\n"                      \
+    "    g['__file__']=p;g['__cached__']=None;g['__loader__']=L('__main__',p);fl=1\n"              \
+    "    exec(c,g)\n"                                                                              \
+    " except SystemExit as e:\n"                                                                   \
+    "  c=e.code;fl=0\n"                                                                            \
+    "  if c is None:pass\n"                                                                        \
+    "  elif isinstance(c,int):st=c&255 if -2**63<=c<2**63 else 255\n"                              \
+    "  else:\n"                                                                                    \
+    "   st=1\n"                                                                                    \
+    "   try:sys.stderr.write(str(c));sys.stderr.write('\\n')\n"                                    \
+    "   except Exception:pass\n"                                                                   \
+    " except BaseException as e:\n"                                                                \
+    "  t=e.__traceback__.tb_next;e.__traceback__=t\n"                                              \
+    "  st=1;ki=isinstance(e,KeyboardInterrupt)\n"                                                  \
+    "  sys.last_type,sys.last_value=type(e),e;sys.last_traceback=t\n"                              \
+    "  if sys.version_info>=(3,12):sys.last_exc=e\n"                                               \
+    "  try:sys.excepthook(type(e),e,t)\n"                                                          \
+    "  except BaseException as x:\n"                                                               \
+    "   sys.stderr.write('Error in sys.excepthook:\\n')\n"                                         \
+    "   sys.__excepthook__(type(x),x,x.__traceback__)\n"                                           \
+    "   sys.stderr.write('\\nOriginal exception was:\\n')\n"                                       \
+    "   sys.__excepthook__(type(e),e,t)\n"                                                         \
+    " for f in sys.stderr,sys.stdout:\n"                                                           \
+    "  try:f.flush()\n"                                                                            \
+    "  except BaseException:pass\n"                                                                \
+    " if fl:g.pop('__file__',0);g.pop('__cached__',0)\n"                                           \
+    " t=sys.modules.get('threading')\n"                                                            \
+    " if t:\n"                                                                                     \
+    "  try:t._shutdown()\n"                                                                        \
+    "  except BaseException as x:sys.stderr.write('Exception ignored in: %r\\n%r\\n'%(t,x))\n"     \
+    " import atexit,gc,io;atexit._run_exitfuncs()\n"                                               \
+    " S=sys.stdout,sys.stderr;T=io.TextIOWrapper\n"                                                \
+    " W=T,io.BufferedWriter,io.BufferedRandom\n"                                                   \
+    " F=[f for f in gc.get_objects()if type(f)in W and all(f is not x for x in S)]\n"              \
+    " for f in sorted(F,key=lambda f:type(f)is not T)+list(S):\n"                                  \
+    "  try:\n"                                                                                     \
+    "   if f.closed:continue\n"                                                                    \
+    "  except Exception:continue\n"                                                                \
+    "  try:f.flush()\n"                                                                            \
+    "  except Exception as x:\n"                                                                   \
+    "   if f is S[0]:st=120;sys.stderr.write('Exception ignored in: %r\\n%r\\n'%(f,x))\n"          \
+    " if ki:\n"                                                                                    \
+    "  import signal;signal.signal(2,signal.SIG_DFL);os.kill(os.getpid(),2);st=130\n"              \
+    " try:import ctypes;ctypes.CDLL(None).fflush(None)\n"                                          \
+    " except Exception:pass\n"                                                                     \
     " os._exit(st)\n"
 
 const char tsp__pyboot_script[] = BOOT_BODY "_tsp_boot(0)\n";

@@ -115,8 +115,9 @@ static char *format_failure(int idx, const char *host, const tsp_failure_t *f)
     char signame[48] = "";
     if (abbrev)
         snprintf(signame, sizeof signame, " (SIG%s)", abbrev);
-    fprintf(m, "[%d]:\n  time      : %s\n  host      : %s\n  rank      : %d (local_rank: %d)\n"
-               "  exitcode  : %d (pid: %d) %s\n  error_file: %s\n  traceback : ",
+    fprintf(m,
+            "[%d]:\n  time      : %s\n  host      : %s\n  rank      : %d (local_rank: %d)\n"
+            "  exitcode  : %d (pid: %d) %s\n  error_file: %s\n  traceback : ",
             idx, when, host, f->rank, f->local_rank, f->exitcode, (int)f->pid, signame,
             f->has_error_file ? f->error_file : "<N/A>");
     for (const char *p = msg ? msg : ""; *p; p++) {

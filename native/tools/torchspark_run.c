@@ -40,25 +40,44 @@ typedef struct {
 
 /* torchrun's options, ours, and those accepted as no-ops (documented in docs/cli.md). */
 static opt_t opts[] = {
-    {"nnodes", 0, 1, NULL, 0},          {"nproc-per-node", 0, 1, NULL, 0},
-    {"node-rank", 0, 1, NULL, 0},       {"master-addr", 0, 1, NULL, 0},
-    {"master-port", 0, 1, NULL, 0},     {"rdzv-endpoint", 0, 1, NULL, 0},
-    {"rdzv-id", 0, 1, NULL, 0},         {"rdzv-backend", 0, 1, NULL, 0},
-    {"rdzv-conf", 0, 1, NULL, 0},       {"standalone", 0, 0, NULL, 0},
-    {"max-restarts", 0, 1, NULL, 0},    {"monitor-interval", 0, 1, NULL, 0},
-    {"start-method", 0, 1, NULL, 0},    {"role", 0, 1, NULL, 0},
-    {"module", 'm', 0, NULL, 0},        {"no-python", 0, 0, NULL, 0},
-    {"run-path", 0, 0, NULL, 0},        {"log-dir", 0, 1, NULL, 0},
-    {"redirects", 'r', 1, NULL, 0},     {"tee", 't', 1, NULL, 0},
-    {"local-ranks-filter", 0, 1, NULL, 0}, {"local-addr", 0, 1, NULL, 0},
-    {"logs-specs", 0, 1, NULL, 0},      {"signals-to-handle", 0, 1, NULL, 0},
-    {"event-log-handler", 0, 1, NULL, 0}, {"numa-binding", 0, 1, NULL, 0},
-    {"virtual-local-rank", 0, 0, NULL, 0}, {"log-line-prefix-template", 0, 1, NULL, 0},
-    {"duplicate-stdout-filters", 0, 1, NULL, 0}, {"duplicate-stderr-filters", 0, 1, NULL, 0},
-    {"print-completion", 0, 1, NULL, 0},      {"shutdown-timeout", 0, 1, NULL, 0},
-    {"error-file", 0, 1, NULL, 0},      {"python", 0, 1, NULL, 0},
-    {"help", 'h', 0, NULL, 0},          {"version", 0, 0, NULL, 0},
-    {"log-endpoint", 0, 1, NULL, 0},    {"output-file", 0, 1, NULL, 0},
+    {"nnodes", 0, 1, NULL, 0},
+    {"nproc-per-node", 0, 1, NULL, 0},
+    {"node-rank", 0, 1, NULL, 0},
+    {"master-addr", 0, 1, NULL, 0},
+    {"master-port", 0, 1, NULL, 0},
+    {"rdzv-endpoint", 0, 1, NULL, 0},
+    {"rdzv-id", 0, 1, NULL, 0},
+    {"rdzv-backend", 0, 1, NULL, 0},
+    {"rdzv-conf", 0, 1, NULL, 0},
+    {"standalone", 0, 0, NULL, 0},
+    {"max-restarts", 0, 1, NULL, 0},
+    {"monitor-interval", 0, 1, NULL, 0},
+    {"start-method", 0, 1, NULL, 0},
+    {"role", 0, 1, NULL, 0},
+    {"module", 'm', 0, NULL, 0},
+    {"no-python", 0, 0, NULL, 0},
+    {"run-path", 0, 0, NULL, 0},
+    {"log-dir", 0, 1, NULL, 0},
+    {"redirects", 'r', 1, NULL, 0},
+    {"tee", 't', 1, NULL, 0},
+    {"local-ranks-filter", 0, 1, NULL, 0},
+    {"local-addr", 0, 1, NULL, 0},
+    {"logs-specs", 0, 1, NULL, 0},
+    {"signals-to-handle", 0, 1, NULL, 0},
+    {"event-log-handler", 0, 1, NULL, 0},
+    {"numa-binding", 0, 1, NULL, 0},
+    {"virtual-local-rank", 0, 0, NULL, 0},
+    {"log-line-prefix-template", 0, 1, NULL, 0},
+    {"duplicate-stdout-filters", 0, 1, NULL, 0},
+    {"duplicate-stderr-filters", 0, 1, NULL, 0},
+    {"print-completion", 0, 1, NULL, 0},
+    {"shutdown-timeout", 0, 1, NULL, 0},
+    {"error-file", 0, 1, NULL, 0},
+    {"python", 0, 1, NULL, 0},
+    {"help", 'h', 0, NULL, 0},
+    {"version", 0, 0, NULL, 0},
+    {"log-endpoint", 0, 1, NULL, 0},
+    {"output-file", 0, 1, NULL, 0},
     {"log-drop", 0, 0, NULL, 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
@@ -241,7 +260,8 @@ static void parse_nnodes(tsp_topo_t *t)
             usage_error("--nnodes must be N or MIN:MAX, not '%s'", v);
         if (lo != hi)
             usage_error("--nnodes %s: an elastic range needs a dynamic rendezvous; "
-                        "torchspark-run uses the static one: give one number", v);
+                        "torchspark-run uses the static one: give one number",
+                        v);
     } else if (tsp_parse_int(v, &lo) || lo < 1) {
         usage_error("--nnodes must be a number >= 1, not '%s'", v);
     }
@@ -269,8 +289,8 @@ static void parse_endpoint(tsp_topo_t *t, const char *ep)
         usage_error("--rdzv-endpoint '%s' has no host", ep);
     snprintf(t->master_addr, sizeof t->master_addr, "%.*s", (int)hlen, host);
     t->master_port = 29400; /* torchrun's default rendezvous port */
-    if (port && (tsp_parse_int(port, &t->master_port) || t->master_port < 1 ||
-                 t->master_port > 65535))
+    if (port &&
+        (tsp_parse_int(port, &t->master_port) || t->master_port < 1 || t->master_port > 65535))
         usage_error("--rdzv-endpoint '%s' has a bad port", ep);
 }
 
@@ -349,7 +369,8 @@ static void check_port_free(const char *host, int port)
     freeaddrinfo(res);
     if (in_use)
         usage_error("master port %d on %s is already in use: choose another --master-port, "
-                    "or use --standalone to pick a free one", port, host);
+                    "or use --standalone to pick a free one",
+                    port, host);
 }
 
 /* Reserves a free port on 127.0.0.1 for --standalone: the socket stays bound (SO_REUSEADDR,
@@ -380,9 +401,9 @@ static void random_id(char *out, size_t len)
             b[i] = (unsigned char)(rand() ^ (int)getpid() ^ (int)time(NULL));
     if (f)
         fclose(f);
-    snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
-             b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
-             b[13], b[14], b[15]);
+    snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
 }
 
 /* The interpreter for workers: --python, else the `python` beside this binary (the
@@ -430,22 +451,20 @@ static void build_topology(tsp_topo_t *t)
     int have_endpoint = val("rdzv-endpoint") && *val("rdzv-endpoint");
     int launcher_rank = -1, launcher_nodes = 0;
     if (!val("node-rank")) {
-        int rc = tsp_topo_from_launcher(environ, &launcher_rank, &launcher_nodes, src,
-                                        sizeof src, err, sizeof err);
+        int rc = tsp_topo_from_launcher(environ, &launcher_rank, &launcher_nodes, src, sizeof src,
+                                        err, sizeof err);
         if (rc == -EINVAL)
             usage_error("%s", err);
         if (rc == 0 && val("nnodes") && launcher_nodes != t->nnodes)
-            usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src,
-                        launcher_nodes);
+            usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src, launcher_nodes);
         if (rc != 0)
             launcher_rank = -1;
     }
     /* --standalone, and (as torchrun 2.15 does) one node with the static backend and no
      * port or endpoint: localhost, a free port held for the run, a random run id. */
     int one_node = launcher_rank < 0 ? t->nnodes == 1 : launcher_nodes == 1;
-    if (flag("standalone") ||
-        (one_node && !val("master-port") && !have_endpoint &&
-         (!backend || strcmp(backend, "static") == 0))) {
+    if (flag("standalone") || (one_node && !val("master-port") && !have_endpoint &&
+                               (!backend || strcmp(backend, "static") == 0))) {
         t->nnodes = 1;
         t->node_rank = 0;
         snprintf(t->master_addr, sizeof t->master_addr, "localhost");
@@ -461,8 +480,7 @@ static void build_topology(tsp_topo_t *t)
         snprintf(t->master_addr, sizeof t->master_addr, "%s", val("master-addr"));
     if (val("master-port") && (tsp_parse_int(val("master-port"), &t->master_port) ||
                                t->master_port < 1 || t->master_port > 65535))
-        usage_error("--master-port must be a port number (1-65535), not '%s'",
-                    val("master-port"));
+        usage_error("--master-port must be a port number (1-65535), not '%s'", val("master-port"));
     if (val("rdzv-endpoint") && *val("rdzv-endpoint"))
         parse_endpoint(t, val("rdzv-endpoint"));
     if (val("node-rank")) {
@@ -549,8 +567,8 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
         int n = snprintf(doc, 1024,
                          "{\"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, "
                          "\"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f}}",
-                         f->rank, f->local_rank, node_rank, f->exitcode < 0 ? 128 - f->exitcode
-                                                                            : f->exitcode,
+                         f->rank, f->local_rank, node_rank,
+                         f->exitcode < 0 ? 128 - f->exitcode : f->exitcode,
                          f->exitcode < 0 ? -f->exitcode : 0, (int)f->pid, f->time);
         len = n > 0 && n < 1024 ? (size_t)n : 0;
     }
@@ -573,8 +591,10 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     tsp_wire_secret_parse(secret_hex, oo.secret);
     oo.host = host;
     if (tsp_output_send(&oo, path, err, sizeof err) != 0)
-        fprintf(stderr, "torchspark-run: error: training succeeded, but its output %s did not "
-                        "reach the driver: %s\n", path, err);
+        fprintf(stderr,
+                "torchspark-run: error: training succeeded, but its output %s did not "
+                "reach the driver: %s\n",
+                path, err);
     else
         unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
@@ -612,7 +632,8 @@ int main(int argc, char **argv)
     if (rc == -ESRCH)
         return 128 + SIGTERM;
     if (rc) {
-        fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n", tsp_strerror(rc));
+        fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n",
+                tsp_strerror(rc));
         return 1;
     }
     /* The worker command line: python -u -c BOOT [-m] script args... (pyboot.c: ends
@@ -694,8 +715,8 @@ int main(int argc, char **argv)
     unsetenv("TORCHSPARK_LOG_SECRET");
     if (val("log-endpoint")) {
         logc = tsp_logclient_start_endpoint(val("log-endpoint"), sv ? secret_hex : NULL,
-                                            topo.node_rank, flag("log-drop"), on_driver_stop,
-                                            NULL, err, sizeof err);
+                                            topo.node_rank, flag("log-drop"), on_driver_stop, NULL,
+                                            err, sizeof err);
         if (!logc)
             usage_error("%s", err);
         o.sink = tsp_logclient_sink(logc);
@@ -716,7 +737,7 @@ int main(int argc, char **argv)
     int status = tsp_agent_run(agent);
     if (standalone_port_fd >= 0)
         close(standalone_port_fd);
-    if (logc) { /* flush what the workers printed last; falls back to our stdout/stderr */
+    if (logc) {          /* flush what the workers printed last; falls back to our stdout/stderr */
         if (status != 0) /* sent already when the failure was seen; a no-op then */
             send_failure(&fr, tsp_agent_root_cause(agent));
         tsp_logclient_close(logc, 30000); /* no STOP callback runs after this */

@@ -8,8 +8,9 @@ CONFIG names the master, the driver's host name and address, the distributor cla
 list of runs (tag, num_processes, training parameters), done one after the other in one Spark
 application (one driver and executor start-up for all). Each run trains a tiny DDP model
 with gloo on CPU and prints one line ``TSP_RESULT <json>`` on stdout: {"tag", "ok",
-"result" (rank 0's return value), "error", "error_type", "elapsed"}. Everything else the driver prints (the distributor's log
-lines from the executors included) goes to stdout/stderr as usual, for the test to inspect.
+"result" (rank 0's return value), "error", "error_type", "elapsed"}. Everything else the driver
+prints (the distributor's log lines from the executors included)
+goes to stdout/stderr as usual, for the test to inspect.
 """
 
 import importlib

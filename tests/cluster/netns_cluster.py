@@ -183,11 +183,11 @@ def _remove_run(runid: str, namespaces: Iterable[str] = ()) -> None:
     # kernel: delete the root-side ends and the bridge explicitly, then wait until gone.
     deadline = time.monotonic() + 10
     while True:
-        links = [l for l in _all_links() if l.startswith(tag)]
+        links = [ln for ln in _all_links() if ln.startswith(tag)]
         if not links or time.monotonic() > deadline:
             break
-        for l in sorted(links, key=lambda x: x.endswith("-br")):
-            _sh("ip", "link", "del", l, check=False)
+        for ln in sorted(links, key=lambda x: x.endswith("-br")):
+            _sh("ip", "link", "del", ln, check=False)
         time.sleep(0.2)
     (STATE_DIR / f"{runid}.json").unlink(missing_ok=True)
 
@@ -236,7 +236,7 @@ def leftovers_of(runid: str, marker: Optional[str]) -> List[str]:
     """Namespaces, links, hosts dirs, mounts, processes and state of a run that still exist."""
     tag = f"{PREFIX}{runid}-"
     left = [f"netns {n}" for n in _all_netns() if n.startswith(tag)]
-    left += [f"link {l}" for l in _all_links() if l.startswith(tag)]
+    left += [f"link {ln}" for ln in _all_links() if ln.startswith(tag)]
     if NETNS_ETC.is_dir():
         left += [f"dir {d}" for d in NETNS_ETC.glob(f"{tag}*")]
     left += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()

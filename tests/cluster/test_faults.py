@@ -97,7 +97,8 @@ def test_worker_host_fault(make_cluster, flavor, fault, record_property):
     left = wait_no_training_processes(c, CLEANUP_BOUND)
     cleanup = time.monotonic() - t_fault - detect
     observed = {"flavor": flavor, "fault": fault, "victim": c.hosts[victim].name,
-                "training_started_after_s": round(started, 1), "raised_after_s": round(detect, 1), "error_type": res["error_type"],
+                "training_started_after_s": round(started, 1), "raised_after_s": round(detect, 1),
+                "error_type": res["error_type"],
                 "error_head": (res["error"] or "")[:300],
                 "training_processes_before": len(before),
                 "survivors_after_cleanup_bound": [(x["host"], x["cmdline"][:100]) for x in left],

@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
@@ -136,5 +135,5 @@ def test_fixture_tears_down_after_failed_test(tmp_path):
     r = subprocess.run([PY, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert "deliberate failure" in r.stdout and r.returncode == 1, r.stdout[-3000:]
-    inner = json.loads(next(l for l in r.stdout.splitlines() if l.startswith("INNER "))[6:])
+    inner = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("INNER "))[6:])
     assert nc.leftovers_of(inner["runid"], inner["marker"]) == []

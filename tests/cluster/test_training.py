@@ -62,7 +62,7 @@ def test_ddp_across_hosts(cluster, flavor_runs, nhosts, record_property):
     arrived = {}
     for r in ranks:
         needle = f"TSPLOG run=h{nhosts} rank={r['RANK']} host={r['host']}"
-        arrived[r["RANK"]] = [l for l in run.output.splitlines() if needle in l]
+        arrived[r["RANK"]] = [ln for ln in run.output.splitlines() if needle in ln]
     observed["log_lines_at_driver"] = {k: len(v) for k, v in arrived.items()}
     record_property("observed", json.dumps(observed))
     print("OBSERVED " + json.dumps(observed))
@@ -81,6 +81,6 @@ def test_ddp_across_hosts(cluster, flavor_runs, nhosts, record_property):
                 f"rank {r['RANK']} on {r['host']}: GLOO_SOCKET_IFNAME={r['GLOO_SOCKET_IFNAME']}"
         for rank, lines in arrived.items():
             # The line must carry its rank outside the message text itself.
-            labelled = [l for l in lines if re.search(rf"\b{rank}\b", l.split("TSPLOG", 1)[0])]
+            labelled = [ln for ln in lines if re.search(rf"\b{rank}\b", ln.split("TSPLOG", 1)[0])]
             assert labelled, f"no line of rank {rank} reached the driver labelled with its rank: " \
                              f"{lines or 'none at all'}"

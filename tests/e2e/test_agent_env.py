@@ -58,7 +58,7 @@ def _dump(cmds: list[list[str]], env: dict, outdir: Path, marker: str) -> tuple[
     for p in procs:
         r = finish(p, timeout=90)
         results.append((r.returncode, r.stdout, r.stderr))
-    for rc, out, err in results:
+    for rc, _out, err in results:
         assert rc == 0, f"launcher failed ({rc}):\n{err}"
     assert survivors(marker) == []
     dumps = {}

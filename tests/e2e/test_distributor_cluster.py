@@ -54,7 +54,6 @@ def torchrun_state(tmp_path, nproc, steps):
 def _ddp_fn(steps, save):
     sys.argv = ["ddp_train.py", "--steps", str(steps), "--save", save]
     runpy.run_path(DDP_SCRIPT, run_name="__main__")
-    import os
     import torch
     if os.environ["RANK"] != "0":
         return None
@@ -78,7 +77,6 @@ def test_ddp_two_executors_one_process_each_equals_torchrun(spark, tmp_path):
 
 
 def _topology():
-    import os
     import torch.distributed as dist
     dist.init_process_group("gloo")
     keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
@@ -114,7 +112,6 @@ def test_one_executor_two_processes_equals_torchrun(spark, tmp_path):
 
 
 def _big(n):
-    import os
     return os.urandom(16) * (n // 16)
 
 
@@ -155,7 +152,6 @@ def test_no_driver_gpu_message_matches_stock(spark):
 
 
 def _failing(how, stamp):
-    import os
     import signal
     import sys
     import time
@@ -231,7 +227,6 @@ def _catch(fn, *args):
 
 
 def _rank0_port():
-    import os
     return int(os.environ["MASTER_PORT"])
 
 

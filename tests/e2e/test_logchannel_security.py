@@ -7,7 +7,7 @@ import socket
 import time
 
 import logproto
-from logproto import CHALLENGE, ERROR, WELCOME, RawAgent
+from logproto import ERROR, RawAgent
 from torchspark._native import LogServer
 
 

@@ -4,7 +4,6 @@ side, and compares what the script saw, its stdout and stderr, its files and its
 The bootstrap must differ only in skipping interpreter finalization (docs/cli.md)."""
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest

@@ -30,20 +30,22 @@ struct tsp_failure;
 
 typedef struct tsp_agent_opts {
     tsp_topo_t topo;
-    const char *file;    /* program to run (PATH-searched when it has no '/') */
-    char *const *argv;   /* its argv; "$local_rank"/"${local_rank}" substituted per worker as torchrun does */
+    const char *file; /* program to run (PATH-searched when it has no '/') */
+    char *const
+        *argv; /* its argv; "$local_rank"/"${local_rank}" substituted per worker as torchrun does */
     char *const *envp;   /* the launcher's environment; NULL: environ */
     const char *name;    /* shown as "<name> FAILED" in the report (the script) */
     const char *log_dir; /* error files and redirected output; NULL: a temp dir removed at close */
-    double shutdown_timeout; /* seconds between SIGTERM and SIGKILL; < 0: 30 */
-    const char *error_file;  /* where the root cause JSON goes; NULL: nowhere */
+    double shutdown_timeout;        /* seconds between SIGTERM and SIGKILL; < 0: 30 */
+    const char *error_file;         /* where the root cause JSON goes; NULL: nowhere */
     const unsigned char *redirects; /* nproc_per_node TSP_STD_* masks; NULL: none */
     const unsigned char *tee;       /* nproc_per_node TSP_STD_* masks; NULL: none */
     const unsigned char *show;      /* nproc_per_node flags: 1 shows on console; NULL: all */
     tsp_line_sink_t *sink;          /* every worker line also goes here; NULL: none */
     int console_out, console_err;   /* fds for worker output on the console (1, 2) */
     int log_fd;                     /* the agent's own messages (2) */
-    const char *prefix_template;    /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
+    const char
+        *prefix_template; /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
     /* Called once, from the agent's loop, when the run has failed for good (no restart
      * left), before the other workers are stopped, with the root cause; error_file has
      * been written by then. Lets a caller tell others (the driver) without waiting for
@@ -55,8 +57,8 @@ typedef struct tsp_agent_opts {
 typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
     int rank, local_rank;
     pid_t pid;
-    int exitcode;    /* torchrun's: the exit code, or -signal */
-    double time;     /* seconds since the epoch: the error file's timestamp, else observed */
+    int exitcode; /* torchrun's: the exit code, or -signal */
+    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
     int has_error_file;
     char error_file[512];
 } tsp_failure_t;

@@ -34,12 +34,12 @@ typedef struct tsp_port_reservation {
 } tsp_port_reservation_t;
 
 typedef struct tsp_elect_record {
-    int version;                           /* TSP_ELECT_RECORD_VERSION */
-    char master_addr[TSP_ELECT_ADDR_MAX];  /* numeric address of rank 0's host */
-    int master_port;                       /* 1..65535, reserved by rank 0's task */
-    char run_id[TSP_ELECT_ID_MAX];         /* the rendezvous id shared by all nodes */
-    char host[TSP_ELECT_HOST_MAX];         /* rank 0's host name, for messages */
-    char ifname[TSP_ELECT_IFNAME_MAX];     /* rank 0's interface carrying master_addr */
+    int version;                          /* TSP_ELECT_RECORD_VERSION */
+    char master_addr[TSP_ELECT_ADDR_MAX]; /* numeric address of rank 0's host */
+    int master_port;                      /* 1..65535, reserved by rank 0's task */
+    char run_id[TSP_ELECT_ID_MAX];        /* the rendezvous id shared by all nodes */
+    char host[TSP_ELECT_HOST_MAX];        /* rank 0's host name, for messages */
+    char ifname[TSP_ELECT_IFNAME_MAX];    /* rank 0's interface carrying master_addr */
 } tsp_elect_record_t;
 
 TSP_EXTERN void tsp_elect_record_init(tsp_elect_record_t *r);

@@ -49,11 +49,11 @@ typedef struct tsp_line_sink {
 /* A per-stream reassembly buffer. Caller-owned; grows from a small size up to cap. */
 typedef struct tsp_lines {
     char *buf;
-    size_t cap;   /* the line cap */
-    size_t size;  /* allocated bytes */
-    size_t start; /* first unconsumed byte */
-    size_t end;   /* one past the last byte read */
-    size_t scan;  /* bytes before this offset hold no '\n' */
+    size_t cap;     /* the line cap */
+    size_t size;    /* allocated bytes */
+    size_t start;   /* first unconsumed byte */
+    size_t end;     /* one past the last byte read */
+    size_t scan;    /* bytes before this offset hold no '\n' */
     size_t pending; /* bytes that tsp_lines_consume() drops */
     int eof;
 } tsp_lines_t;

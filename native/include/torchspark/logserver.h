@@ -28,19 +28,19 @@ extern "C" {
 #define TSP_LOG_STREAM_EVENT 3
 
 typedef struct tsp_logserver_opts {
-    const char *host;         /* address to bind; NULL: 127.0.0.1. 0.0.0.0 only if asked */
-    int port;                 /* 0: the kernel picks one (see tsp_logserver_port) */
-    const uint8_t *secret;    /* TSP_WIRE_SECRET_LEN bytes; NULL: fresh random secret */
-    unsigned tail_lines;      /* lines kept per rank (default 100) */
-    size_t tail_bytes;        /* and at most these bytes per rank (default 64 KiB) */
-    size_t queue_bytes;       /* pull queue bound (default 8 MiB) */
-    int sink_fd;              /* >= 0: formatted lines go to this fd, not the queue */
-    int event_fd;             /* reasons for dropped connections (default 2; -1: none) */
-    int events_to_queue;      /* 1: events also queued as rank -1, stream 3 lines */
-    int handshake_timeout_ms; /* default 10000 */
-    const char *prefix;       /* sink format, {rank} expands (default "[rank {rank}] ") */
+    const char *host;          /* address to bind; NULL: 127.0.0.1. 0.0.0.0 only if asked */
+    int port;                  /* 0: the kernel picks one (see tsp_logserver_port) */
+    const uint8_t *secret;     /* TSP_WIRE_SECRET_LEN bytes; NULL: fresh random secret */
+    unsigned tail_lines;       /* lines kept per rank (default 100) */
+    size_t tail_bytes;         /* and at most these bytes per rank (default 64 KiB) */
+    size_t queue_bytes;        /* pull queue bound (default 8 MiB) */
+    int sink_fd;               /* >= 0: formatted lines go to this fd, not the queue */
+    int event_fd;              /* reasons for dropped connections (default 2; -1: none) */
+    int events_to_queue;       /* 1: events also queued as rank -1, stream 3 lines */
+    int handshake_timeout_ms;  /* default 10000 */
+    const char *prefix;        /* sink format, {rank} expands (default "[rank {rank}] ") */
     const char *stderr_marker; /* after the prefix for stderr lines (default "[stderr] ") */
-    int lost_grace_ms;        /* an agent gone without CLOSE is lost if not back by then (1000) */
+    int lost_grace_ms;         /* an agent gone without CLOSE is lost if not back by then (1000) */
 } tsp_logserver_opts_t;
 
 /* One delivered line. data points into the batch of the last pull; the data of one
@@ -90,16 +90,15 @@ TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int ma
  * Returns the bytes written (0 on timeout), -EPIPE once stopped and all was pulled, or
  * -EINVAL; *nlines (when not NULL) receives the number of lines taken. */
 #define TSP_LOGSERVER_TEXT_MIN (TSP_WIRE_MAX_LINE + 4096u)
-TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen,
-                                        int max_lines, int timeout_ms, const char *prefix,
+TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen, int max_lines,
+                                        int timeout_ms, const char *prefix,
                                         const char *stderr_marker, int *nlines);
 /* The last n lines of rank, oldest first, each followed by '\n', into buf (truncated to
  * buflen). Returns the bytes the whole answer needs. */
 TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *buf, size_t buflen);
 /* Ranks whose agents dropped lines (drop mode) and how many: fills up to max pairs,
  * returns how many ranks have drops. */
-TSP_EXTERN int tsp_logserver_dropped(tsp_logserver_t *s, int32_t *ranks, uint64_t *counts,
-                                     int max);
+TSP_EXTERN int tsp_logserver_dropped(tsp_logserver_t *s, int32_t *ranks, uint64_t *counts, int max);
 TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *st);
 
 /* Accept one output transfer, written to path (created 0600, truncated) or, with NULL,
@@ -119,8 +118,7 @@ TSP_EXTERN const char *tsp_logserver_output_error(tsp_logserver_t *s);
  * (NUL-terminated, truncated to buflen): {"kind", "node_rank", "host", "peer", "message",
  * "report"}. Returns the bytes the whole JSON needs (without the NUL), 0 when there is
  * none (timeout, or the server has stopped). */
-TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen,
-                                      int timeout_ms);
+TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t buflen, int timeout_ms);
 /* Agents gone without CLOSE whose lost grace is still running: a failure may follow
  * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
 TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);

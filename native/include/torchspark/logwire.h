@@ -84,15 +84,15 @@ TSP_EXTERN void tsp_wire_hdr_pack(uint8_t out[TSP_WIRE_HDR_LEN], const tsp_wire_
  * rules, and length <= cap (pass TSP_WIRE_MAX_HANDSHAKE before authentication).
  * 0; -EAGAIN when len < 12 (need more bytes); -EBADMSG malformed; -EMSGSIZE over cap.
  * err (may be NULL) receives a sentence on failure. */
-TSP_EXTERN int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len,
-                                   uint32_t cap, char *err, size_t errlen);
+TSP_EXTERN int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint32_t cap,
+                                   char *err, size_t errlen);
 
 /* HELLO payload: returns its length (<= TSP_WIRE_HELLO_MAX), or -EINVAL. */
 TSP_EXTERN int tsp_wire_hello_pack(uint8_t *out, size_t outlen, const tsp_wire_hello_t *h);
 /* 0; -EPROTO bad magic; -EPROTONOSUPPORT other version (h->version set); -EBADMSG size
  * or field errors. */
-TSP_EXTERN int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len,
-                                     char *err, size_t errlen);
+TSP_EXTERN int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, char *err,
+                                     size_t errlen);
 TSP_EXTERN void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN],
                                         const uint8_t nonce[TSP_WIRE_NONCE_LEN]);
 /* 0, -EBADMSG (size), -EPROTONOSUPPORT (the driver speaks another version). */
@@ -113,8 +113,8 @@ TSP_EXTERN int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int serve
 /* Constant-time check of a received MAC: 0 or -EACCES. */
 TSP_EXTERN int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side,
                                    const uint8_t *hello, size_t hello_len,
-                                   const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
-                                   const uint8_t *mac, size_t mac_len);
+                                   const uint8_t nonce_s[TSP_WIRE_NONCE_LEN], const uint8_t *mac,
+                                   size_t mac_len);
 
 /* 64 hex digits -> 32 bytes (whitespace around is not accepted). 0 or -EINVAL. */
 TSP_EXTERN int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN]);

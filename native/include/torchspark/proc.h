@@ -18,22 +18,22 @@ extern "C" {
 enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2 };
 
 typedef struct tsp_proc_opts {
-    const char *file;   /* program; searched in PATH (of envp) when it has no '/' */
-    char *const *argv;  /* NULL-terminated */
-    char *const *envp;  /* NULL-terminated; NULL: the caller's environ */
-    const char *cwd;    /* NULL: unchanged */
-    int stdout_mode;    /* TSP_PROC_* */
+    const char *file;  /* program; searched in PATH (of envp) when it has no '/' */
+    char *const *argv; /* NULL-terminated */
+    char *const *envp; /* NULL-terminated; NULL: the caller's environ */
+    const char *cwd;   /* NULL: unchanged */
+    int stdout_mode;   /* TSP_PROC_* */
     int stderr_mode;
-    int stdout_fd;      /* with TSP_PROC_FD */
+    int stdout_fd; /* with TSP_PROC_FD */
     int stderr_fd;
-    int pdeathsig;      /* 0: none */
-    int new_session;    /* 1: setsid() in the child */
+    int pdeathsig;   /* 0: none */
+    int new_session; /* 1: setsid() in the child */
 } tsp_proc_opts_t;
 
 typedef struct tsp_proc {
-    pid_t pid;    /* 0 when not running */
-    int out_fd;   /* read end of the stdout pipe, or -1 */
-    int err_fd;   /* read end of the stderr pipe, or -1 */
+    pid_t pid;  /* 0 when not running */
+    int out_fd; /* read end of the stdout pipe, or -1 */
+    int err_fd; /* read end of the stderr pipe, or -1 */
 } tsp_proc_t;
 
 /* Starts a process. 0, or -errno: -ENOENT (not found), -EACCES (not executable) and

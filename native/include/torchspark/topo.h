@@ -51,9 +51,8 @@ TSP_EXTERN int tsp_topo_sets_omp(const tsp_topo_t *t, char *const *launcher_env)
  * SLURM_NODEID/SLURM_NNODES, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE
  * (in that order). Fills source with the names used ("SLURM_NODEID/SLURM_NNODES").
  * 0 when found, -ENOENT when none is set, -EINVAL (with err) when set but malformed. */
-TSP_EXTERN int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes,
-                                      char *source, size_t sourcelen, char *err,
-                                      size_t errlen);
+TSP_EXTERN int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes, char *source,
+                                      size_t sourcelen, char *err, size_t errlen);
 
 /* Parses a whole non-negative decimal int ("12"); -EINVAL otherwise, -ERANGE past INT_MAX. */
 TSP_EXTERN int tsp_parse_int(const char *s, int *out);

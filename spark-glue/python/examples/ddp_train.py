@@ -6,7 +6,6 @@ Rank 0 prints the loss as it goes and writes the final metrics as JSON to --out 
 """
 import argparse
 import json
-import os
 import time
 
 import torch
