@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "logdial.h"
+#include "util.h"
 
 #define BLK_SIZE (256u * 1024u)
 #define FRAME_OVERHEAD (TSP_WIRE_HDR_LEN + 8u)
@@ -87,35 +88,6 @@ void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
     o->stall_ms = 60000;
     o->local_out_fd = 1;
     o->local_err_fd = 2;
-}
-
-int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen, int *port)
-{
-    const char *colon, *h = ep;
-    size_t hl;
-    if (!ep || !*ep)
-        return -EINVAL;
-    if (ep[0] == '[') {
-        const char *rb = strchr(ep, ']');
-        if (!rb || rb[1] != ':')
-            return -EINVAL;
-        h = ep + 1;
-        hl = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        colon = strrchr(ep, ':');
-        if (!colon)
-            return -EINVAL;
-        hl = (size_t)(colon - ep);
-    }
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (hl == 0 || hl >= hostlen || *end || end == colon + 1 || p < 1 || p > 65535)
-        return -EINVAL;
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    *port = (int)p;
-    return 0;
 }
 
 static void notify(int fd)
@@ -711,7 +683,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp_wire_random(&c->agent_id, 8)) {
+    if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp__random_bytes(&c->agent_id, 8)) {
         snprintf(err, errlen, "cannot set up the log client: %s", strerror(errno));
         goto fail;
     }
@@ -736,52 +708,6 @@ fail:
         close(c->notify_fd);
     free(c);
     return NULL;
-}
-
-/* TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) overrides stall_ms for the CLI. */
-static int stall_from_env(tsp_logclient_opts_t *o, char *err, size_t errlen)
-{
-    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
-    if (!stall || !*stall)
-        return 0;
-    char *end;
-    double sec = strtod(stall, &end);
-    if (*end || sec < 0 || sec > 86400) {
-        snprintf(err, errlen, "TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), not '%s'",
-                 stall);
-        return -EINVAL;
-    }
-    o->stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
-    return 0;
-}
-
-tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
-                                              int node_rank, int drop,
-                                              void (*on_stop)(void *, int, const char *, size_t),
-                                              void *on_stop_ctx, char *err, size_t errlen)
-{
-    tsp_logclient_opts_t o;
-    char host[256];
-    tsp_logclient_opts_init(&o);
-    if (stall_from_env(&o, err, errlen))
-        return NULL;
-    if (tsp_logclient_parse_endpoint(endpoint, host, sizeof(host), &o.port)) {
-        snprintf(err, errlen, "--log-endpoint must be HOST:PORT, not '%s'", endpoint);
-        return NULL;
-    }
-    if (tsp_wire_secret_parse(secret_hex, o.secret)) {
-        snprintf(err, errlen,
-                 "--log-endpoint needs the run's secret in the environment "
-                 "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
-                 secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
-        return NULL;
-    }
-    o.host = host;
-    o.node_rank = node_rank;
-    o.drop = drop;
-    o.on_stop = on_stop;
-    o.on_stop_ctx = on_stop_ctx;
-    return tsp_logclient_start(&o, err, errlen);
 }
 
 int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len)

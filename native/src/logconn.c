@@ -14,7 +14,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "logdial.h" /* tsp__now_ms */
 #include "torchspark/lines.h"
 
 #define CONN_BUF_MIN (64u * 1024u)
@@ -177,7 +176,7 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
     memcpy(c->hello, p, n);
     c->hello_len = n;
     uint8_t ch[TSP_WIRE_CHALLENGE_LEN];
-    if (tsp_wire_random(c->nonce_s, sizeof(c->nonce_s))) {
+    if (tsp__random_bytes(c->nonce_s, sizeof(c->nonce_s))) {
         snprintf(err, errlen, "no random bytes for the challenge");
         return -EIO;
     }

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "logdial.h" /* tsp__now_ms */
 #include "torchspark/json.h"
 
 void tsp__conn_stop(tsp_logserver_t *s, conn_t *c)

@@ -14,13 +14,7 @@
 #include <unistd.h>
 
 #include "torchspark/logwire.h"
-
-int64_t tsp__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "util.h"
 
 static int wait_fd(int fd, short events, int64_t deadline)
 {
@@ -155,7 +149,7 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
                           .agent_id = agent_id,
                           .node_rank = node_rank};
     snprintf(h.host, sizeof(h.host), "%s", hostname ? hostname : "");
-    if (tsp_wire_run_id(secret, h.run_id) || tsp_wire_random(h.nonce, sizeof(h.nonce)))
+    if (tsp_wire_run_id(secret, h.run_id) || tsp__random_bytes(h.nonce, sizeof(h.nonce)))
         return snprintf(err, errlen, "OpenSSL failed"), -EIO;
     uint8_t buf[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE];
     int hl = tsp_wire_hello_pack(buf + TSP_WIRE_HDR_LEN, TSP_WIRE_HELLO_MAX, &h);

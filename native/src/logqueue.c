@@ -35,27 +35,6 @@ struct tsp__qblk {
 
 #define REC_SIZE(n) ((sizeof(qrec_t) + (n) + 7u) & ~(size_t)7u)
 
-int tsp__cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-    return -rc;
-}
-
-void tsp__deadline_in(struct timespec *ts, int timeout_ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
-
 int tsp__logq_init(tsp__logq_t *q, size_t bound, unsigned tail_lines, size_t tail_bytes,
                    int wake_fd)
 {

@@ -21,7 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "logdial.h" /* tsp__now_ms */
 #include "torchspark/lines.h"
 
 /* TCP keepalive of accepted sockets (protocol 1.7): a silent peer is dead after ~5 s. */
@@ -310,7 +309,7 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         s->o.handshake_timeout_ms = 10000;
     if (o->secret)
         memcpy(s->secret, o->secret, TSP_WIRE_SECRET_LEN);
-    else if (tsp_wire_random(s->secret, TSP_WIRE_SECRET_LEN))
+    else if (tsp__random_bytes(s->secret, TSP_WIRE_SECRET_LEN))
         return snprintf(err, errlen, "no random bytes for the log secret"), -EIO;
     if (tsp_wire_run_id(s->secret, s->run_id))
         return snprintf(err, errlen, "SHA-256 failed"), -EIO;

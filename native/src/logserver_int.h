@@ -12,13 +12,9 @@
 #include <time.h>
 
 #include "torchspark/logserver.h"
+#include "util.h"
 
 struct tsp__qblk;
-
-/* A condition variable on the monotonic clock, and the absolute time timeout_ms ahead
- * (for pthread_cond_timedwait on it). */
-int tsp__cond_init_mono(pthread_cond_t *cv);
-void tsp__deadline_in(struct timespec *ts, int timeout_ms);
 
 /* The last lines of one rank (logtail.c): lines back to back in a circular byte buffer
  * of cap bytes (grown up to the byte bound), entries off/len for at most max_lines lines. */

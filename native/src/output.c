@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "logdial.h"
+#include "util.h"
 
 void tsp_output_opts_init(tsp_output_opts_t *o)
 {
@@ -212,7 +213,7 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
     if (!buf)
         return snprintf(err, errlen, "out of memory"), -ENOMEM;
     uint64_t agent_id = 0;
-    tsp_wire_random(&agent_id, sizeof(agent_id));
+    tsp__random_bytes(&agent_id, sizeof(agent_id));
     int rc = -EIO;
     for (int a = 0; a < attempts; a++) {
         if (a)

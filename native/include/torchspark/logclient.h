@@ -69,18 +69,9 @@ typedef struct tsp_logclient_stats {
 typedef struct tsp_logclient tsp_logclient_t;
 
 TSP_EXTERN void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
-/* Parses "HOST:PORT" or "[V6]:PORT" into host (hostlen bytes) and port. 0 or -EINVAL. */
-TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen, int *port);
 /* Starts the sender thread (it connects in the background). NULL with err on failure. */
 TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
                                                 size_t errlen);
-/* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
- * on_stop as in the options (may be NULL), defaults otherwise. NULL with a sentence in err
- * (bad endpoint or secret: -EINVAL). */
-TSP_EXTERN tsp_logclient_t *
-tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex, int node_rank, int drop,
-                             void (*on_stop)(void *ctx, int reason, const char *text, size_t len),
-                             void *on_stop_ctx, char *err, size_t errlen);
 /* The sink to hand to the agent; valid until tsp_logclient_close(). */
 TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
 TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);

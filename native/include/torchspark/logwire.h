@@ -120,8 +120,6 @@ TSP_EXTERN int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], in
 TSP_EXTERN int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN]);
 /* 32 bytes -> 64 lowercase hex digits and a NUL. */
 TSP_EXTERN void tsp_wire_secret_hex(const uint8_t s[TSP_WIRE_SECRET_LEN], char out[65]);
-/* Fresh random bytes from OpenSSL's CSPRNG. 0 or -EIO. */
-TSP_EXTERN int tsp_wire_random(void *out, size_t len);
 /* Short name of a frame type for messages ("LINE", "?" when unknown). */
 TSP_EXTERN const char *tsp_wire_type_name(unsigned type);
 

@@ -54,9 +54,6 @@ TSP_EXTERN int tsp_topo_sets_omp(const tsp_topo_t *t, char *const *launcher_env)
 TSP_EXTERN int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes, char *source,
                                       size_t sourcelen, char *err, size_t errlen);
 
-/* Parses a whole non-negative decimal int ("12"); -EINVAL otherwise, -ERANGE past INT_MAX. */
-TSP_EXTERN int tsp_parse_int(const char *s, int *out);
-
 #ifdef __cplusplus
 }
 #endif
