@@ -310,16 +310,16 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     if (o->secret)
         memcpy(s->secret, o->secret, TSP_WIRE_SECRET_LEN);
     else if (tsp__random_bytes(s->secret, TSP_WIRE_SECRET_LEN))
-        return snprintf(err, errlen, "no random bytes for the log secret"), -EIO;
+        return tsp__err(err, errlen, -EIO, "no random bytes for the log secret");
     if (tsp_wire_run_id(s->secret, s->run_id))
-        return snprintf(err, errlen, "SHA-256 failed"), -EIO;
+        return tsp__err(err, errlen, -EIO, "SHA-256 failed");
     int rc = bind_listen(s, err, errlen);
     if (rc)
         return rc;
     s->efd = epoll_create1(EPOLL_CLOEXEC);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->efd < 0 || s->wake_fd < 0)
-        return snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno)), -errno;
+        return tsp__err(err, errlen, -errno, "epoll/eventfd: %s", strerror(errno));
     struct epoll_event e1 = {.events = EPOLLIN, .data.ptr = &s->lfd};
     struct epoll_event e2 = {.events = EPOLLIN, .data.ptr = &s->wake_fd};
     epoll_ctl(s->efd, EPOLL_CTL_ADD, s->lfd, &e1);
@@ -328,13 +328,13 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     if ((rc = tsp__logq_init(&s->q, qb, o->tail_lines, o->tail_bytes ? o->tail_bytes : 65536,
                              s->wake_fd)) ||
         (rc = tsp__outrecv_init(&s->out, s->wake_fd)))
-        return snprintf(err, errlen, "cannot init the log server: %s", tsp_strerror(rc)), rc;
+        return tsp__err(err, errlen, rc, "cannot init the log server: %s", tsp_strerror(rc));
     pthread_mutex_init(&s->ctl_mu, NULL);
     tsp__cond_init_mono(&s->fail_cv);
     if (s->o.lost_grace_ms < 0)
         s->o.lost_grace_ms = 0;
     if ((rc = pthread_create(&s->thread, NULL, server_main, s)))
-        return snprintf(err, errlen, "cannot start the log server thread: %s", strerror(rc)), -rc;
+        return tsp__err(err, errlen, -rc, "cannot start the log server thread: %s", strerror(rc));
     s->started = 1;
     return 0;
 }

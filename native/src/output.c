@@ -211,7 +211,7 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
     int attempts = o->attempts > 0 ? o->attempts : 3;
     uint8_t *buf = malloc(TSP_WIRE_MAX_CHUNK);
     if (!buf)
-        return snprintf(err, errlen, "out of memory"), -ENOMEM;
+        return tsp__err(err, errlen, -ENOMEM, "out of memory");
     uint64_t agent_id = 0;
     tsp__random_bytes(&agent_id, sizeof(agent_id));
     int rc = -EIO;
