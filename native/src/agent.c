@@ -10,8 +10,8 @@
  * unread output remain. Once every worker is gone, remaining descendants are orphans of
  * dead workers and get SIGKILL at once: there is nothing left for them to finish.
  */
-#include "torchspark/agent.h"
-#include "torchspark/proc.h"
+#include "agent.h"
+#include "proc.h"
 #include "report.h"
 
 #include <errno.h>

@@ -2,7 +2,7 @@
  * versioned JSON record that carries it to every node. See torchspark/elect.h and
  * docs/protocol.md ("Election record"). */
 #include "torchspark/elect.h"
-#include "torchspark/json.h"
+#include "json.h"
 #include "util.h"
 
 #include <arpa/inet.h>

@@ -1,6 +1,6 @@
 /* gpu.c: counting CUDA devices through a dlopen'ed driver (no link-time CUDA dependency).
  * The handle and the symbols are resolved once per process behind pthread_once. */
-#include "torchspark/gpu.h"
+#include "gpu.h"
 
 #include <dlfcn.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* json.c: a small, strict JSON reader (lookup by path) and a string writer. Error files
  * come from user processes, so the reader is bounded in depth and never trusts lengths. */
-#include "torchspark/json.h"
+#include "json.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* lines.c: reassembling lines from a worker's pipe without truncating any of them. */
-#include "torchspark/lines.h"
+#include "lines.h"
 
 #include <errno.h>
 #include <stdlib.h>

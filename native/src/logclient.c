@@ -9,7 +9,7 @@
  * The queue is a list of blocks holding frames back to back; byte offsets are absolute
  * (since the client started), so "sent up to" survives a reconnect as one number. A
  * block is freed once it is wholly sent and the driver acknowledged its last line. */
-#include "torchspark/logclient.h"
+#include "logclient.h"
 
 #include <errno.h>
 #include <poll.h>

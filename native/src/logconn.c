@@ -14,7 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "torchspark/lines.h"
+#include "lines.h"
 
 #define CONN_BUF_MIN (64u * 1024u)
 #define LINGER_MS 2000 /* after CLOSE: wait for the agent to take the final ACK */

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "torchspark/json.h"
+#include "json.h"
 
 void tsp__conn_stop(tsp_logserver_t *s, conn_t *c)
 {

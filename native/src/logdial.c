@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/logwire.h"
+#include "logwire.h"
 #include "util.h"
 
 static int wait_fd(int fd, short events, int64_t deadline)

@@ -16,7 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/lines.h"
+#include "lines.h"
 
 #define QBLK_SIZE (256u * 1024u)
 #define BATCH_MAX_BYTES (4u << 20)

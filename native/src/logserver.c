@@ -21,7 +21,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/lines.h"
+#include "lines.h"
+
+/* The public header repeats the channel's constants without the internal headers. */
+_Static_assert(TSP_WIRE_MAX_LINE == TSP_LOG_MAX_LINE, "line cap");
+_Static_assert(TSP_STREAM_STDOUT == TSP_LOG_STREAM_STDOUT &&
+                   TSP_STREAM_STDERR == TSP_LOG_STREAM_STDERR,
+               "streams");
+_Static_assert(TSP_LINE_CONTINUED == TSP_LOG_LINE_CONTINUED &&
+                   TSP_LINE_NO_EOL == TSP_LOG_LINE_NO_EOL,
+               "flags");
 
 /* TCP keepalive of accepted sockets (protocol 1.7): a silent peer is dead after ~5 s. */
 #define KEEPIDLE_S 2

@@ -11,6 +11,8 @@
 #include <sys/types.h>
 #include <time.h>
 
+#include "lines.h"
+#include "logwire.h"
 #include "torchspark/logserver.h"
 #include "util.h"
 

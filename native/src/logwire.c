@@ -1,6 +1,6 @@
 /* logwire.c: pack/unpack of the log channel's frames and the handshake's HMAC transcript
  * (docs/protocol.md, part 1). Byte by byte, big-endian; no struct ever goes on the wire. */
-#include "torchspark/logwire.h"
+#include "logwire.h"
 #include "util.h"
 
 #include <errno.h>

@@ -2,6 +2,7 @@
  * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. The bytes
  * go out with sendfile() while a second thread computes the digest. */
 #include "torchspark/output.h"
+#include "logwire.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* report.c: the root cause of a failed run, printed as torchrun prints ChildFailedError
  * and written as torchelastic error-file JSON (with a "torchspark" object of our own). */
 #include "report.h"
-#include "torchspark/json.h"
+#include "json.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -3,7 +3,7 @@
 #define TSP_REPORT_H
 
 #include <stdio.h>
-#include "torchspark/agent.h"
+#include "agent.h"
 
 /* Reads the failure's torchelastic error file when it exists: sets has_error_file and,
  * when the file carries a timestamp, the failure's time. */

@@ -1,5 +1,5 @@
 /* topo.c: rank arithmetic and the torchrun worker environment contract. */
-#include "torchspark/topo.h"
+#include "topo.h"
 #include "util.h"
 
 #include <errno.h>

@@ -18,12 +18,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/agent.h"
+#include "agent.h"
 #include "torchspark/common.h"
-#include "torchspark/gpu.h"
-#include "torchspark/logclient.h"
+#include "gpu.h"
+#include "logclient.h"
 #include "torchspark/output.h"
-#include "torchspark/proc.h"
+#include "proc.h"
 #include "pyboot.h"
 #include "util.h"
 

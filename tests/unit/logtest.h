@@ -14,9 +14,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "torchspark/logclient.h"
+#include "logclient.h"
 #include "torchspark/logserver.h"
-#include "torchspark/logwire.h"
+#include "logwire.h"
 #include "util.h"
 
 static inline int raw_connect(int port)

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "torchspark/gpu.h"
+#include "gpu.h"
 
 START_TEST(test_gpu_count_from_driver)
 {

@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "torchspark/lines.h"
-#include "torchspark/env.h"
+#include "lines.h"
+#include "env.h"
 
 static int next(tsp_lines_t *lb, char *out, size_t outlen, unsigned *flags)
 {

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "torchspark/topo.h"
+#include "topo.h"
 
 START_TEST(test_topo_defaults_match_torchrun)
 {

@@ -21,6 +21,10 @@ extern "C" {
 #define TSP_EXTERN
 #endif
 
+/* Bytes of a run's secret: the key of the log channel's handshake (docs/protocol.md 1.4),
+ * shared by the driver's log server (logserver.h) and an output sender (output.h). */
+#define TSP_SECRET_LEN 32u
+
 /* Text for a 0 / -errno return code ("success" for 0). Never NULL, thread-safe. */
 TSP_EXTERN const char *tsp_strerror(int code);
 

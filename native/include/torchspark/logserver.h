@@ -16,21 +16,29 @@
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/logwire.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Server events (dropped connections and why) are also queued as lines of this rank and
- * stream when opts.events_to_queue is set. */
-#define TSP_LOG_RANK_SERVER (-1)
+/* The streams of a delivered line; server events (dropped connections and why) are also
+ * queued as lines of rank TSP_LOG_RANK_SERVER and stream TSP_LOG_STREAM_EVENT when
+ * opts.events_to_queue is set. */
+#define TSP_LOG_STREAM_STDOUT 1
+#define TSP_LOG_STREAM_STDERR 2
 #define TSP_LOG_STREAM_EVENT 3
+#define TSP_LOG_RANK_SERVER (-1)
+/* The flags of a delivered line: a piece of a longer line (more follows), and the last
+ * bytes of a stream that did not end with a newline. */
+#define TSP_LOG_LINE_CONTINUED 1u
+#define TSP_LOG_LINE_NO_EOL 2u
+/* The longest line (or piece of a line) the channel carries, in bytes. */
+#define TSP_LOG_MAX_LINE (1u << 20)
 
 typedef struct tsp_logserver_opts {
     const char *host;          /* address to bind; NULL: 127.0.0.1. 0.0.0.0 only if asked */
     int port;                  /* 0: the kernel picks one (see tsp_logserver_port) */
-    const uint8_t *secret;     /* TSP_WIRE_SECRET_LEN bytes; NULL: fresh random secret */
+    const uint8_t *secret;     /* TSP_SECRET_LEN bytes; NULL: fresh random secret */
     unsigned tail_lines;       /* lines kept per rank (default 100) */
     size_t tail_bytes;         /* and at most these bytes per rank (default 64 KiB) */
     size_t queue_bytes;        /* pull queue bound (default 8 MiB) */
@@ -49,8 +57,8 @@ typedef struct tsp_logline {
     const char *data;
     uint32_t len;
     int32_t rank;
-    uint8_t stream; /* TSP_STREAM_STDOUT, TSP_STREAM_STDERR or TSP_LOG_STREAM_EVENT */
-    uint8_t flags;  /* TSP_LINE_CONTINUED, TSP_LINE_NO_EOL */
+    uint8_t stream; /* TSP_LOG_STREAM_* */
+    uint8_t flags;  /* TSP_LOG_LINE_* */
     uint16_t reserved;
 } tsp_logline_t;
 
@@ -76,7 +84,7 @@ TSP_EXTERN tsp_logserver_t *tsp_logserver_new(const char *host, int port, const 
                                               unsigned tail_lines, char *err, size_t errlen);
 TSP_EXTERN int tsp_logserver_port(const tsp_logserver_t *s);
 TSP_EXTERN const char *tsp_logserver_host(const tsp_logserver_t *s);
-TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_LEN]);
+TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_SECRET_LEN]);
 
 /* Waits up to timeout_ms (-1: forever) for lines, then moves up to max_lines into out.
  * Returns the count (0 on timeout), or -EPIPE once the server stopped and all was pulled. */
@@ -89,7 +97,7 @@ TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int ma
  * nothing per line. buflen must be at least TSP_LOGSERVER_TEXT_MIN (any line fits).
  * Returns the bytes written (0 on timeout), -EPIPE once stopped and all was pulled, or
  * -EINVAL; *nlines (when not NULL) receives the number of lines taken. */
-#define TSP_LOGSERVER_TEXT_MIN (TSP_WIRE_MAX_LINE + 4096u)
+#define TSP_LOGSERVER_TEXT_MIN (TSP_LOG_MAX_LINE + 4096u)
 TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen, int max_lines,
                                         int timeout_ms, const char *prefix,
                                         const char *stderr_marker, int *nlines);
@@ -122,7 +130,7 @@ TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t bufl
 /* Agents gone without CLOSE whose lost grace is still running: a failure may follow
  * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
 TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
-/* Sends STOP (reason TSP_WIRE_STOP_ENDED, with text) to every control agent, now and on
+/* Sends STOP (reason "ended", with text) to every control agent, now and on
  * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
 TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
 

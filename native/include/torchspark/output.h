@@ -7,7 +7,6 @@
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/logwire.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,7 +15,7 @@ extern "C" {
 typedef struct tsp_output_opts {
     const char *host;
     int port;
-    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    uint8_t secret[TSP_SECRET_LEN];
     int node_rank;
     const char *hostname; /* NULL: gethostname() */
     int timeout_ms;       /* no progress for this long fails an attempt (default 30000) */

@@ -1,4 +1,4 @@
-/* torchspark/agent.h: the torchrun-equivalent node agent.
+/* agent.h (internal): the torchrun-equivalent node agent.
  *
  * The agent starts nproc_per_node workers and supervises them, event-driven (signalfd,
  * timerfd, epoll; no polling sleeps): worker output is read line by line and handed to
@@ -11,17 +11,13 @@
  * Lifecycle: tsp_agent_setup_process() once per process, then init -> run -> close.
  * tsp_agent_stop() may be called from another thread or a signal handler.
  */
-#ifndef TORCHSPARK_AGENT_H
-#define TORCHSPARK_AGENT_H
+#ifndef TSP_AGENT_H
+#define TSP_AGENT_H
 
 #include <sys/types.h>
 #include "torchspark/common.h"
-#include "torchspark/lines.h"
-#include "torchspark/topo.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "lines.h"
+#include "topo.h"
 
 /* Bits of the per-local-rank redirect / tee masks (torchrun's Std values). */
 enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
@@ -70,23 +66,19 @@ typedef struct tsp_agent tsp_agent_t;
  * SIGPIPE, makes the process a child subreaper (orphaned grandchildren come back to us
  * to be killed and reaped), and, when pdeathsig is not 0, asks for that signal when the
  * parent dies. Returns -ESRCH when the parent already died (expected_ppid given). */
-TSP_EXTERN int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
+int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
 
 /* Allocates and validates. 0, or -errno with a sentence in err. */
-TSP_EXTERN int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err,
-                              size_t errlen);
+int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err, size_t errlen);
 /* Starts the workers and supervises them until every process is gone. Returns the exit
  * status: 0 on success, the root-cause worker's exit code or 128+signal on failure,
  * 128+signal when the agent was stopped by a signal, 127/126 when the program cannot be
  * run; a negative errno when the agent itself failed. */
-TSP_EXTERN int tsp_agent_run(tsp_agent_t *agent);
+int tsp_agent_run(tsp_agent_t *agent);
 /* Asks a running agent to stop its workers (as if it received sig). Async-signal-safe. */
-TSP_EXTERN int tsp_agent_stop(tsp_agent_t *agent, int sig);
+int tsp_agent_stop(tsp_agent_t *agent, int sig);
 /* The root cause after a failed run, or NULL. */
-TSP_EXTERN const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
-TSP_EXTERN void tsp_agent_close(tsp_agent_t *agent);
+const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
+void tsp_agent_close(tsp_agent_t *agent);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

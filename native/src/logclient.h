@@ -1,4 +1,4 @@
-/* torchspark/logclient.h: the agent side of the log channel (docs/protocol.md, part 1).
+/* logclient.h (internal): the agent side of the log channel (docs/protocol.md, part 1).
  *
  * A tsp_line_sink_t for the agent: write_line copies the line into a bounded in-memory
  * queue and never blocks. One sender thread per client connects, authenticates, sends,
@@ -18,17 +18,13 @@
  * unacknowledged lines then go to the local output too, and may also reach the driver if
  * it ever reads them).
  */
-#ifndef TORCHSPARK_LOGCLIENT_H
-#define TORCHSPARK_LOGCLIENT_H
+#ifndef TSP_LOGCLIENT_H
+#define TSP_LOGCLIENT_H
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/lines.h"
-#include "torchspark/logwire.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "lines.h"
+#include "logwire.h"
 
 typedef struct tsp_logclient_opts {
     const char *host; /* the driver's log server */
@@ -68,25 +64,20 @@ typedef struct tsp_logclient_stats {
 
 typedef struct tsp_logclient tsp_logclient_t;
 
-TSP_EXTERN void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
+void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
 /* Starts the sender thread (it connects in the background). NULL with err on failure. */
-TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
-                                                size_t errlen);
+tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, size_t errlen);
 /* The sink to hand to the agent; valid until tsp_logclient_close(). */
-TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
-TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
+tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
+void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
 /* Queues an EVENT (kind TSP_WIRE_EVENT_*, JSON of at most TSP_WIRE_MAX_EVENT bytes)
  * behind the lines written so far; tsp_logclient_close() flushes it like a line.
  * 0; -ENOTSUP when the driver did not accept the control channel; -ENOTCONN when no
  * driver was reached yet; -EMSGSIZE; -ENOMEM. */
-TSP_EXTERN int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json,
-                                   size_t len);
+int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len);
 /* Flushes (up to timeout_ms; what is left goes to the local fallback), says CLOSE, stops
  * the thread and frees. 0 when every line reached the driver (or was counted dropped),
  * -ETIMEDOUT or -ENOTCONN when some went to the local fallback instead. */
-TSP_EXTERN int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
+int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

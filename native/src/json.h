@@ -1,14 +1,10 @@
-/* torchspark/json.h: just enough JSON for torchelastic error files: look up a value by a
+/* json.h (internal): just enough JSON for torchelastic error files: look up a value by a
  * dotted path, and write strings escaped. Not a general JSON library. */
-#ifndef TORCHSPARK_JSON_H
-#define TORCHSPARK_JSON_H
+#ifndef TSP_JSON_H
+#define TSP_JSON_H
 
 #include <stdio.h>
 #include "torchspark/common.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 enum { TSP_JSON_STRING = 1, TSP_JSON_NUMBER, TSP_JSON_OBJECT, TSP_JSON_ARRAY, TSP_JSON_LITERAL };
 
@@ -16,16 +12,13 @@ enum { TSP_JSON_STRING = 1, TSP_JSON_NUMBER, TSP_JSON_OBJECT, TSP_JSON_ARRAY, TS
  * On success *out is a malloc'ed NUL-terminated copy (strings unescaped, other values as
  * their JSON text) and *type a TSP_JSON_* kind. -ENOENT when absent, -EINVAL when the
  * document is malformed, -ENOMEM. */
-TSP_EXTERN int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
+int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
 
 /* 0 when doc is one well-formed JSON object with nothing after it but white space;
  * -EINVAL otherwise. */
-TSP_EXTERN int tsp_json_check_object(const char *doc, size_t len);
+int tsp_json_check_object(const char *doc, size_t len);
 
 /* Writes s as a JSON string literal (with quotes); invalid UTF-8 bytes become U+FFFD. */
-TSP_EXTERN void tsp_json_write_string(FILE *f, const char *s);
+void tsp_json_write_string(FILE *f, const char *s);
 
-#ifdef __cplusplus
-}
-#endif
 #endif
