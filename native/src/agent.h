@@ -17,12 +17,11 @@
 #include <sys/types.h>
 #include "torchspark/common.h"
 #include "lines.h"
+#include "report.h"
 #include "topo.h"
 
 /* Bits of the per-local-rank redirect / tee masks (torchrun's Std values). */
 enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
-
-struct tsp_failure;
 
 typedef struct tsp_agent_opts {
     tsp_topo_t topo;
@@ -46,18 +45,9 @@ typedef struct tsp_agent_opts {
      * left), before the other workers are stopped, with the root cause; error_file has
      * been written by then. Lets a caller tell others (the driver) without waiting for
      * this node's own teardown. NULL: none. */
-    void (*on_failure)(void *ctx, const struct tsp_failure *root);
+    void (*on_failure)(void *ctx, const tsp_failure_t *root);
     void *on_failure_ctx;
 } tsp_agent_opts_t;
-
-typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
-    int rank, local_rank;
-    pid_t pid;
-    int exitcode; /* torchrun's: the exit code, or -signal */
-    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
-    int has_error_file;
-    char error_file[512];
-} tsp_failure_t;
 
 typedef struct tsp_agent tsp_agent_t;
 

@@ -16,7 +16,8 @@
 #define TSP_LINES_DEFAULT_CAP (1u << 20) /* 1 MiB: the documented line cap */
 #define TSP_LINES_MIN_CAP 16u
 
-enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2 };
+/* The log server also queues its own messages as lines of stream TSP_STREAM_EVENT. */
+enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2, TSP_STREAM_EVENT = 3 };
 enum {
     TSP_LINE_CONTINUED = 1u << 0, /* a piece of a longer line; more of it follows */
     TSP_LINE_NO_EOL = 1u << 1,    /* the stream ended without '\n' after this text */
@@ -41,6 +42,20 @@ typedef struct tsp_line_sink {
     int (*write_line)(void *ctx, const tsp_line_t *line);
     int wake_fd;
 } tsp_line_sink_t;
+
+/* The one line prefix users see (docs/architecture.md, "Line prefix"): the template with
+ * "{rank}" expanded ("[rank 3] "), then, for a stderr line, the marker that tells the
+ * streams apart where both go to one place ("[rank 3] [stderr] "); the log server's own
+ * events (TSP_STREAM_EVENT) get "[torchspark] " instead. NULL template or marker: the
+ * defaults below; "" marker: none. Used by the driver's log server (pulled text, its fd
+ * sink), the agent's local fallback and, through tsp_logserver_format_prefix, Python. */
+#define TSP_LINES_PREFIX "[rank {rank}] "
+#define TSP_LINES_STDERR_MARKER "[stderr] "
+#define TSP_LINES_EVENT_PREFIX "[torchspark] "
+/* Writes the prefix into out (NUL-terminated, truncated to outlen) and returns the length
+ * of the whole prefix. */
+size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *marker,
+                        int32_t rank, unsigned stream);
 
 /* A per-stream reassembly buffer. Caller-owned; grows from a small size up to cap. */
 typedef struct tsp_lines {

@@ -263,8 +263,9 @@ static void spill_block(tsp_logclient_t *c, const blk_t *b, uint64_t *lines)
             return;
         const char *p = b->data + off + TSP_WIRE_HDR_LEN;
         if (h.type == TSP_WIRE_LINE) {
-            char pre[32];
-            int pl = snprintf(pre, sizeof(pre), "[rank %d] ", h.rank);
+            /* Each stream to its own fd: no stderr marker. */
+            char pre[64];
+            size_t pl = tsp_lines_prefix(pre, sizeof(pre), NULL, "", h.rank, h.stream);
             int fd = h.stream == TSP_STREAM_STDERR ? c->o.local_err_fd : c->o.local_out_fd;
             struct iovec iov[3] = {
                 {pre, (size_t)pl}, {(void *)(p + 8), h.length - 8}, {(void *)"\n", 1}};

@@ -6,7 +6,7 @@
  * most one line: the thread checks tsp__logq_full_locked() before each line and stops
  * reading sockets when it is full (TCP backpressure); a pull that brings the queue under
  * half the bound writes the thread's eventfd so that it reads again. */
-#include "logserver_int.h"
+#include "logqueue.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "lines.h"
+#include "logwire.h"
+#include "util.h"
 
 #define QBLK_SIZE (256u * 1024u)
 #define BATCH_MAX_BYTES (4u << 20)
@@ -270,11 +272,7 @@ long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, i
         qrec_t rec;
         memcpy(&rec, b->data + b->off, sizeof(rec));
         if (rec.rank != pre_rank || rec.stream != pre_stream) {
-            if (rec.stream == TSP_LOG_STREAM_EVENT)
-                pl = (size_t)snprintf(pre, sizeof(pre), "[torchspark] ");
-            else
-                pl = tsp_logserver_format_prefix(pre, sizeof(pre), prefix, marker, rec.rank,
-                                                 rec.stream);
+            pl = tsp_lines_prefix(pre, sizeof(pre), prefix, marker, rec.rank, rec.stream);
             if (pl >= sizeof(pre))
                 pl = sizeof(pre) - 1;
             pre_rank = rec.rank;

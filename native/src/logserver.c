@@ -4,7 +4,11 @@
  * tsp_logserver_* API (docs/protocol.md, part 1). A connection's protocol lives in
  * logconn.c, the control channel in logctl.c, the queue in logqueue.c, the output
  * receiver in outrecv.c. */
-#include "logserver_int.h"
+#include "lines.h"
+#include "logconn.h"
+#include "logctl.h"
+#include "logsend.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -20,8 +24,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-#include "lines.h"
 
 /* The public header repeats the channel's constants without the internal headers. */
 _Static_assert(TSP_WIRE_MAX_LINE == TSP_LOG_MAX_LINE, "line cap");
@@ -53,52 +55,7 @@ void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
                                    const char *stderr_marker, int32_t rank, unsigned stream)
 {
-    size_t n = 0;
-    char num[16];
-    int nl = snprintf(num, sizeof(num), "%d", rank);
-    for (const char *p = prefix ? prefix : "[rank {rank}] "; *p; p++) {
-        if (strncmp(p, "{rank}", 6) == 0) {
-            for (int i = 0; i < nl; i++, n++)
-                if (n + 1 < outlen)
-                    out[n] = num[i];
-            p += 5;
-        } else {
-            if (n + 1 < outlen)
-                out[n] = *p;
-            n++;
-        }
-    }
-    if (stream == TSP_STREAM_STDERR)
-        for (const char *m = stderr_marker ? stderr_marker : "[stderr] "; *m; m++, n++)
-            if (n + 1 < outlen)
-                out[n] = *m;
-    if (outlen)
-        out[n < outlen ? n : outlen - 1] = 0;
-    return n;
-}
-
-void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof(msg) - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof(msg) - 2)
-        n = (int)sizeof(msg) - 2;
-    if (s->o.events_to_queue) {
-        pthread_mutex_lock(&s->q.mu);
-        tsp__logq_push_locked(&s->q, TSP_LOG_RANK_SERVER, TSP_LOG_STREAM_EVENT, 0, msg, (size_t)n,
-                              1);
-        pthread_mutex_unlock(&s->q.mu);
-    }
-    if (s->o.event_fd >= 0) {
-        msg[n++] = '\n';
-        ssize_t w = write(s->o.event_fd, msg, (size_t)n);
-        (void)w; /* best effort: an event must never stop the server */
-    }
+    return tsp_lines_prefix(out, outlen, prefix, stderr_marker, rank, stream);
 }
 
 /* ---- accepting ------------------------------------------------------------------ */
@@ -312,8 +269,9 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
 {
     s->o = *o;
     snprintf(s->host, sizeof(s->host), "%s", o->host && *o->host ? o->host : "127.0.0.1");
-    snprintf(s->prefix, sizeof(s->prefix), "%s", o->prefix ? o->prefix : "[rank {rank}] ");
-    snprintf(s->marker, sizeof(s->marker), "%s", o->stderr_marker ? o->stderr_marker : "[stderr] ");
+    snprintf(s->prefix, sizeof(s->prefix), "%s", o->prefix ? o->prefix : TSP_LINES_PREFIX);
+    snprintf(s->marker, sizeof(s->marker), "%s",
+             o->stderr_marker ? o->stderr_marker : TSP_LINES_STDERR_MARKER);
     if (s->o.handshake_timeout_ms <= 0)
         s->o.handshake_timeout_ms = 10000;
     if (o->secret)

@@ -2,7 +2,7 @@
  * transfer at a time, to a file or to memory, 64-bit lengths, SHA-256 checked. The epoll
  * thread receives the bytes in place; a hashing thread started for the transfer follows
  * it (SHA-256, and the write in file mode); the host language waits for the end. */
-#include "logserver_int.h"
+#include "outrecv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 /* File mode: received bytes wait in a ring for the hasher, which hashes and writes them
  * in pieces small enough to stay in the L2 cache between the socket copy, SHA-256 and the

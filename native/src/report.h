@@ -3,7 +3,18 @@
 #define TSP_REPORT_H
 
 #include <stdio.h>
-#include "agent.h"
+#include <sys/types.h>
+
+/* One worker's failure, as the agent observed it (report.c reads the rest from the
+ * worker's error file). */
+typedef struct tsp_failure {
+    int rank, local_rank;
+    pid_t pid;
+    int exitcode; /* torchrun's: the exit code, or -signal */
+    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
+    int has_error_file;
+    char error_file[512];
+} tsp_failure_t;
 
 /* Reads the failure's torchelastic error file when it exists: sets has_error_file and,
  * when the file carries a timestamp, the failure's time. */

@@ -516,6 +516,8 @@ START_TEST(test_logserver_format_prefix)
     ck_assert_str_eq(b, "[rank 3] [stderr] ");
     tsp_logserver_format_prefix(b, sizeof b, "<{rank}|{rank}> ", "E ", 5, 2);
     ck_assert_str_eq(b, "<5|5> E ");
+    tsp_logserver_format_prefix(b, sizeof b, NULL, NULL, -1, TSP_LOG_STREAM_EVENT);
+    ck_assert_str_eq(b, "[torchspark] ");
     ck_assert_uint_eq(tsp_logserver_format_prefix(b, 4, NULL, NULL, 3, 1), 9);
     ck_assert_str_eq(b, "[ra");
 }
