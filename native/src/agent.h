@@ -8,8 +8,11 @@
  * restarted up to max_restarts times; the root cause is reported in torchrun's
  * ChildFailedError layout and as JSON.
  *
- * Lifecycle: tsp_agent_setup_process() once per process, then init -> run -> close.
- * tsp_agent_stop() may be called from another thread or a signal handler.
+ * Lifecycle of a tsp_agent_t (opaque): tsp_agent_setup_process() once per process, then
+ * tsp_agent_init() allocates and validates, tsp_agent_run() starts the workers and blocks
+ * until every process is gone (start and wait in one call; an agent runs once),
+ * tsp_agent_close() frees. tsp_agent_stop() may be called meanwhile from another thread
+ * or a signal handler; it asks the running agent to stop its workers.
  */
 #ifndef TSP_AGENT_H
 #define TSP_AGENT_H

@@ -17,6 +17,10 @@
  * but takes nothing for stall_ms while the writers wait is treated the same way (its
  * unacknowledged lines then go to the local output too, and may also reach the driver if
  * it ever reads them).
+ *
+ * Lifecycle of a tsp_logclient_t (opaque): tsp_logclient_opts_init(&o), then
+ * tsp_logclient_start() allocates it and starts the sender thread (it connects in the
+ * background); tsp_logclient_close() flushes, stops the thread and frees, in one call.
  */
 #ifndef TSP_LOGCLIENT_H
 #define TSP_LOGCLIENT_H

@@ -8,6 +8,18 @@
  * of each rank are kept for error reports. Rank 0's output file can be received to a file
  * or to memory (any size; SHA-256 checked).
  *
+ * Lifecycle of a tsp_logserver_t (opaque, allocated by the library):
+ *   tsp_logserver_opts_init(&o)                 defaults into a caller's options struct
+ *   s = tsp_logserver_start(&o, err, len)       allocates, binds, listens, starts the thread
+ *       (or tsp_logserver_new(host, port, secret_hex, tail_lines, err, len): the same from
+ *        plain arguments, for ctypes and JNI; NULL with err on failure, nothing to free)
+ *   ... pull / pull_text / tail / expect_output / output_wait / failure / stop_all ...
+ *   tsp_logserver_shutdown(s, drain_ms)         stops accepting, drains, joins the thread;
+ *                                               idempotent; lines and the output stay
+ *                                               readable, the handle stays valid
+ *   tsp_logserver_free(s)                       shuts down if needed, frees everything
+ * There is no separate init or restart: a stopped server is freed and a new one started.
+ *
  * Thread safety: every function may be called from any thread; pull has one consumer at
  * a time (the batch it returns is valid until the next pull or free).
  */
@@ -140,7 +152,11 @@ TSP_EXTERN int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms);
 /* Shuts down (drain 0 ms when not done yet) and frees everything. */
 TSP_EXTERN void tsp_logserver_free(tsp_logserver_t *s);
 
-/* Formats "[rank N] " + marker into out (NUL-terminated, truncated); returns its length. */
+/* The prefix users see before a line, formatted by the one formatter that the driver's
+ * queue and fd sink and the agent's local fallback use: prefix with {rank} expanded (NULL:
+ * "[rank {rank}] "), then stderr_marker for stream TSP_LOG_STREAM_STDERR (NULL:
+ * "[stderr] "; "": none); "[torchspark] " for TSP_LOG_STREAM_EVENT. Into out
+ * (NUL-terminated, truncated to outlen); returns the whole prefix's length. */
 TSP_EXTERN size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
                                               const char *stderr_marker, int32_t rank,
                                               unsigned stream);

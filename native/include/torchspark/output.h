@@ -1,7 +1,10 @@
 /* torchspark/output.h: shipping rank 0's output file (its pickled return value) to the
  * driver over the authenticated log channel (docs/protocol.md 1.6): 1 MiB chunks, the
  * total length up front (64-bit: no 2 GiB limit), SHA-256 at the end, and the driver's
- * confirmation before this returns 0. */
+ * confirmation before this returns 0.
+ *
+ * No handle: tsp_output_opts_init() fills a caller's options struct with the defaults, and
+ * one blocking tsp_output_send() call connects, ships and waits for the confirmation. */
 #ifndef TORCHSPARK_OUTPUT_H
 #define TORCHSPARK_OUTPUT_H
 

@@ -14,6 +14,8 @@ import re
 import signal as _signal
 from typing import Dict, Iterable, List, Optional
 
+from torchspark import _native
+
 MARKER = "TORCHSPARK-FAILURE-REPORT-V1:"
 _MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")
 MESSAGE_LINES = 40
@@ -58,10 +60,10 @@ def _error_file_message(data: Optional[Dict]) -> Optional[str]:
 
 
 def rank_tail(lines: List[str], rank: Optional[int]) -> List[str]:
-    """The lines of one rank (by the agent's "[rankR]: " prefix), else all of them."""
+    """The lines of one rank (by their "[rank R] " prefix), else all of them."""
     if rank is None:
         return lines
-    prefix = f"[rank{rank}]: "
+    prefix = _native.line_prefix(rank)
     mine = [ln for ln in lines if ln.startswith(prefix)]
     return mine or lines
 

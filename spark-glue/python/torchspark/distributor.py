@@ -21,14 +21,9 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _job, _launch, _report
+from torchspark import _job, _launch, _native, _report
 from torchspark._report import TorchDistributorError
 from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned, run_node
-
-try:  # the native log channel (torchspark/_native.py); optional until it is built
-    from torchspark import _native  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -78,14 +73,7 @@ class _LogPump:
 
     @staticmethod
     def _format(line: Any) -> str:
-        fmt = getattr(_native, "format_line", None)
-        if fmt is not None:
-            text = fmt(line)
-            if isinstance(text, bytes):
-                text = text.decode("utf-8", errors="replace")
-        else:
-            data = line.data.decode("utf-8", errors="replace")
-            text = f"[rank{line.rank}]: {data}"
+        text = _native.format_line(line)
         return text if text.endswith("\n") else text + "\n"
 
     def _drain_once(self, timeout_ms: int) -> int:
@@ -250,13 +238,8 @@ class TorchDistributor:
         return self._run_distributed_training(train_object, fn_bytes, script_args)
 
     def _start_log_server(self, host: str) -> Any:
-        """The native log server bound to host, or None (with a WARNING) when the channel
-        cannot be used at all."""
-        if _native is None or not hasattr(_native, "LogServer"):
-            self.logger.warning("torchspark's native log channel is not available in this "
-                                "installation: worker output goes to the agents' own output "
-                                "and rank 0's result travels through collect()")
-            return None
+        """The native log server bound to host, or None (with a WARNING) when it cannot
+        start."""
         try:
             return _native.LogServer(host=host, port=0)
         except Exception as e:
@@ -471,7 +454,7 @@ class TorchDistributor:
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
-            tail += [f"[rank{rank}]: {ln}" for ln in got]
+            tail += [_native.line_prefix(rank) + ln for ln in got]
         if tail:
             lines.append(f"Last {len(tail)} lines of node {node}'s output:")
             lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
