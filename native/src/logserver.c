@@ -34,12 +34,6 @@ _Static_assert(TSP_LINE_CONTINUED == TSP_LOG_LINE_CONTINUED &&
                    TSP_LINE_NO_EOL == TSP_LOG_LINE_NO_EOL,
                "flags");
 
-/* TCP keepalive of accepted sockets (protocol 1.7): a silent peer is dead after ~5 s. */
-#define KEEPIDLE_S 2
-#define KEEPINTVL_S 1
-#define KEEPCNT 3
-#define USER_TIMEOUT_MS 5000
-
 void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -62,8 +56,8 @@ size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
 
 static void keepalive(int fd)
 {
-    int one = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
-    unsigned ut = USER_TIMEOUT_MS;
+    int one = 1, idle = TSP_WIRE_KEEPIDLE_S, intvl = TSP_WIRE_KEEPINTVL_S, cnt = TSP_WIRE_KEEPCNT;
+    unsigned ut = TSP_WIRE_USER_TIMEOUT_MS;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));

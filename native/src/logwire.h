@@ -25,6 +25,12 @@
 #define TSP_WIRE_HELLO_FIXED 77u /* HELLO payload without the host name */
 #define TSP_WIRE_HELLO_MAX (TSP_WIRE_HELLO_FIXED + 255u)
 #define TSP_WIRE_CHALLENGE_LEN 34u
+/* TCP keepalive of the driver's accepted sockets (protocol 1.7): a silent peer is dead
+ * after about 5 s. */
+#define TSP_WIRE_KEEPIDLE_S 2
+#define TSP_WIRE_KEEPINTVL_S 1
+#define TSP_WIRE_KEEPCNT 3
+#define TSP_WIRE_USER_TIMEOUT_MS 5000u
 /* The largest payload of any frame type after the handshake: a LINE (seq + text). */
 #define TSP_WIRE_MAX_PAYLOAD (8u + TSP_WIRE_MAX_LINE)
 

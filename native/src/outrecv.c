@@ -362,8 +362,8 @@ ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, ch
     return r;
 }
 
-int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
-                     size_t errlen)
+int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WIRE_DIGEST_LEN],
+                     char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
     int rc = 0;
@@ -383,7 +383,7 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
         goto out;
     }
     stop_hasher_locked(o); /* idle: everything is hashed; md is ours again */
-    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, 32) != 0)
+    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, TSP_WIRE_DIGEST_LEN) != 0)
         rc = fail_locked(o, err, errlen,
                          "output digest mismatch: the %llu bytes received "
                          "differ from what rank 0 sent",

@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "logwire.h"
+
 /* The output receiver: guarded by its own mutex. The epoll thread receives
  * the bytes in place; a hashing thread of the transfer's own follows behind it, computing
  * SHA-256 (and, to a file, writing), so that the server thread never spends its time on
@@ -54,8 +56,8 @@ int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8
  * transfer failed: reason in err). */
 ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, char *err,
                           size_t errlen);
-int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
-                     size_t errlen);
+int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WIRE_DIGEST_LEN],
+                     char *err, size_t errlen);
 /* After a wake-up: when the hasher failed (a write to the file), the transfer is given up
  * and its connection returned, with the reason in why, for the server to refuse it now
  * rather than at the agent's next chunk. NULL otherwise. */
