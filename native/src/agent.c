@@ -92,7 +92,7 @@ static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 {
     char buf[2048];
-    int off = snprintf(buf, sizeof buf, "torchspark-run: ");
+    int off = snprintf(buf, sizeof buf, "%s", a->o.log_prefix ? a->o.log_prefix : "torchspark: ");
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);

@@ -42,6 +42,8 @@ typedef struct tsp_agent_opts {
     tsp_line_sink_t *sink;          /* every worker line also goes here; NULL: none */
     int console_out, console_err;   /* fds for worker output on the console (1, 2) */
     int log_fd;                     /* the agent's own messages (2) */
+    const char *log_prefix;         /* they start with it (NULL: "torchspark: "; the CLI's:
+                                       "torchspark-run: ") */
     const char
         *prefix_template; /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
     /* Called once, from the agent's loop, when the run has failed for good (no restart

@@ -47,6 +47,7 @@ struct tsp_logclient {
     tsp_logclient_opts_t o;
     char host[256];
     char hostname[256];
+    char who[64]; /* what the client's own messages start with (opts.log_prefix) */
     tsp_line_sink_t sink;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -325,12 +326,12 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
     c->warned = 1;
     char msg[1024];
     int n = snprintf(msg, sizeof(msg),
-                     "torchspark-run: warning: cannot reach the driver's log server at %s:%d "
+                     "%swarning: cannot reach the driver's log server at %s:%d "
                      "from host %s (node rank %d): %s. Worker output goes to this executor's "
                      "own stdout/stderr instead; training continues. Check that the driver "
                      "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
                      "retrying in the background.\n",
-                     c->host, c->o.port, c->hostname, c->o.node_rank, why);
+                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, why);
     warn_local(c, msg, sizeof(msg), n);
 }
 
@@ -444,9 +445,9 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
             int n = snprintf(msg, sizeof(msg),
-                             "torchspark-run: the driver's log server closed "
+                             "%sthe driver's log server closed "
                              "the channel: %.*s\n",
-                             (int)h.length, (const char *)p);
+                             c->who, (int)h.length, (const char *)p);
             write_local(c->o.local_err_fd, msg, n > 0 ? (size_t)n : 0);
             rc = -1;
         } else {
@@ -537,13 +538,14 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
     if (!c->warned_stall) {
         c->warned_stall = 1;
         char msg[1024];
-        int n = snprintf(msg, sizeof(msg),
-                         "torchspark-run: warning: the driver's log server at %s:%d has taken "
-                         "no lines for %d s while the workers on host %s (node rank %d) wait "
-                         "to print. Their output goes to this executor's own stdout/stderr "
-                         "instead, so that training is not held up; check that the driver "
-                         "process is responsive. The channel is retried in the background.\n",
-                         c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
+        int n =
+            snprintf(msg, sizeof(msg),
+                     "%swarning: the driver's log server at %s:%d has taken "
+                     "no lines for %d s while the workers on host %s (node rank %d) wait "
+                     "to print. Their output goes to this executor's own stdout/stderr "
+                     "instead, so that training is not held up; check that the driver "
+                     "process is responsive. The channel is retried in the background.\n",
+                     c->who, c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
         warn_local(c, msg, sizeof(msg), n);
     }
     c->warned = 1; /* the stall warning stands for the fallback warning */
@@ -674,6 +676,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     if (c->o.backoff_max_ms <= 0)
         c->o.backoff_max_ms = 5000;
     snprintf(c->host, sizeof(c->host), "%s", o->host ? o->host : "127.0.0.1");
+    snprintf(c->who, sizeof(c->who), "%s", o->log_prefix ? o->log_prefix : "torchspark: ");
     if (o->hostname)
         snprintf(c->hostname, sizeof(c->hostname), "%s", o->hostname);
     else if (gethostname(c->hostname, sizeof(c->hostname) - 1))

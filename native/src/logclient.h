@@ -46,6 +46,8 @@ typedef struct tsp_logclient_opts {
                                retry after as long again (default 60000; <= 0: never; the
                                CLI reads TORCHSPARK_LOG_STALL_TIMEOUT, seconds) */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
+    const char *log_prefix; /* the client's own warnings start with it (NULL: "torchspark: ";
+                               the CLI says "torchspark-run: ") */
     int local_err_fd;
     /* The control channel (docs/protocol.md 1.7), asked for unless no_control is set.
      * on_stop is called once, from the sender thread, when the driver says STOP (reason

@@ -585,6 +585,7 @@ static tsp_logclient_t *start_log_client(const char *endpoint, const char *secre
     o.node_rank = node_rank;
     o.drop = drop;
     o.on_stop = on_driver_stop;
+    o.log_prefix = "torchspark-run: ";
     tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
     if (!c)
         usage_error("%s", err);
@@ -712,6 +713,7 @@ int main(int argc, char **argv)
         .console_out = STDOUT_FILENO,
         .console_err = STDERR_FILENO,
         .log_fd = STDERR_FILENO,
+        .log_prefix = "torchspark-run: ",
         .prefix_template = val("log-line-prefix-template")
                                ? val("log-line-prefix-template")
                                : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
