@@ -13,6 +13,7 @@
 #include "torchspark/agent.h"
 #include "torchspark/proc.h"
 #include "report.h"
+#include "sentinel.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -134,6 +135,9 @@ static int write_all(int fd, const struct iovec *iov, int cnt)
 
 int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid)
 {
+    /* First, before we are a subreaper: a job without its sentinel still runs (a process
+     * left behind by an agent SIGKILL is then possible), so a failure here is not fatal. */
+    tsp__sentinel_start();
     sigset_t set;
     sigemptyset(&set);
     int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -437,6 +441,9 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     if ((rc = tsp_env_init(&env, a->o.envp ? a->o.envp : environ)) != 0)
         return rc;
     rc = tsp_topo_worker_env(&a->o.topo, w->local_rank, a->restart_count, w->error_file, &env);
+    /* The job's token: what the sentinel sweeps after an agent SIGKILL (sentinel.h). */
+    if (!rc && tsp__sentinel_token())
+        rc = tsp_env_set(&env, TSP_SENTINEL_VAR, tsp__sentinel_token());
     char **argv = rc ? NULL : worker_argv(a, w->local_rank);
     if (!rc && !argv)
         rc = -ENOMEM;
