@@ -58,9 +58,15 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
     int rank, local_rank;
     pid_t pid;
     int exitcode; /* torchrun's: the exit code, or -signal */
+    int status;   /* the shell's: the exit code, or 128 + signal (tsp_proc_exit_code) */
+    int signal;   /* the signal that ended the worker, 0 when none */
     double time;  /* seconds since the epoch: the error file's timestamp, else observed */
     int has_error_file;
     char error_file[512];
+    /* Owned by the agent, valid until it restarts or closes: */
+    char *message;        /* one line: the worker's error, or what happened to it */
+    char *traceback;      /* the worker's whole traceback (capped), or NULL */
+    const char *document; /* the failure document (JSON, docs/cli.md) of the root cause */
 } tsp_failure_t;
 
 typedef struct tsp_agent tsp_agent_t;
