@@ -508,54 +508,24 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
  * file's JSON when there is one, else what the agent knows. */
 typedef struct {
     tsp_logclient_t *logc;
-    const char *error_file;
-    int node_rank;
     int sent;
 } failure_report_t;
 
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
  * run has failed for good and before its workers are stopped, so the driver can stop the
- * other nodes without waiting for this node's grace period. */
+ * other nodes without waiting for this node's grace period. What is sent is the failure
+ * document itself (report.h), the same text as --error-file. */
 static void send_failure(void *ctx, const tsp_failure_t *f)
 {
     failure_report_t *fr = ctx;
-    tsp_logclient_t *logc = fr->logc;
-    const char *error_file = fr->error_file;
-    int node_rank = fr->node_rank;
-    if (!f || fr->sent || atomic_load(&stop_wanted))
+    if (!f || !f->document || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
     fr->sent = 1;
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *in = error_file ? fopen(error_file, "re") : NULL;
-    if (in) {
-        doc = malloc(TSP_WIRE_MAX_EVENT + 1);
-        if (doc)
-            len = fread(doc, 1, TSP_WIRE_MAX_EVENT + 1, in);
-        fclose(in);
-        if (len > TSP_WIRE_MAX_EVENT) /* too big to be sent whole: send the summary */
-            len = 0;
-    }
-    if (!len) {
-        char host[256] = "?";
-        gethostname(host, sizeof host - 1);
-        free(doc);
-        doc = malloc(1024);
-        if (!doc)
-            return;
-        int n = snprintf(doc, 1024,
-                         "{\"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, "
-                         "\"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f}}",
-                         f->rank, f->local_rank, node_rank,
-                         f->exitcode < 0 ? 128 - f->exitcode : f->exitcode,
-                         f->exitcode < 0 ? -f->exitcode : 0, (int)f->pid, f->time);
-        len = n > 0 && n < 1024 ? (size_t)n : 0;
-    }
-    int rc = tsp_logclient_event(logc, TSP_WIRE_EVENT_FAILURE, f->rank, doc, len);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_FAILURE, f->rank, f->document,
+                                 strlen(f->document));
     if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
-    free(doc);
 }
 
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
@@ -722,7 +692,7 @@ int main(int argc, char **argv)
     /* The driver's log channel: the secret comes from the environment only, and is taken
      * out of it so that the workers never see it. */
     tsp_logclient_t *logc = NULL;
-    failure_report_t fr = {.error_file = val("error-file"), .node_rank = topo.node_rank};
+    failure_report_t fr = {0};
     char secret_hex[80] = "";
     const char *sv = getenv("TORCHSPARK_LOG_SECRET");
     if (sv)
