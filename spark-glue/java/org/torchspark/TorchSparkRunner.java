@@ -128,7 +128,8 @@ public final class TorchSparkRunner {
         return this;
     }
 
-    /** Workers' lines to the driver's stderr instead of its log. */
+    /** Workers' lines to the driver's stderr instead of its log (they go there anyway when the
+     *  log has INFO disabled for org.torchspark.TorchSparkRunner). */
     public TorchSparkRunner logToStderr(boolean on) {
         logToStderr = on;
         return this;
@@ -259,6 +260,8 @@ public final class TorchSparkRunner {
         @Override
         public void run() {
             PrintStream err = System.err;
+            // Never drop a line silently: when the log would (INFO disabled), use stderr.
+            boolean stderr = toStderr || !LOG.isInfoEnabled();
             while (true) {
                 List<String> lines = server.pullText(1024, 200);
                 if (lines == null) {
@@ -269,7 +272,7 @@ public final class TorchSparkRunner {
                 }
                 Metrics.LINES.addAndGet(lines.size());
                 for (String ln : lines) {
-                    if (toStderr) {
+                    if (stderr) {
                         err.println(ln);
                     } else {
                         LOG.info(ln);
