@@ -26,7 +26,7 @@ def built() -> bool:
     return JAR.is_file() and TEST_JAR.is_file()
 
 
-def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
+def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
                  timeout: float = 600) -> Tuple[Dict[str, List[str]], str]:
     """Runs TrainApp MODE with the real spark-submit of the pyspark package on
     local-cluster[2,1,1024]; returns its "KEY: value" lines and its stderr."""
@@ -38,7 +38,7 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
         cmd += ["--conf", f"spark.plugins={PLUGIN}"]
     for k, v in (conf or {}).items():
         cmd += ["--conf", f"{k}={v}"]
-    cmd += ["--class", "org.torchspark.TrainApp", str(TEST_JAR), mode, sys.executable, str(DDP)]
+    cmd += ["--class", "org.torchspark.TrainApp", str(TEST_JAR), mode, sys.executable, str(DDP), str(rounds)]
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=SPARK_HOME)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=timeout, cwd=str(BUILD))

@@ -14,7 +14,8 @@ import org.apache.spark.sql.SparkSession;
  * The Java application of the end-to-end tests and the cancel benchmark, run with
  * spark-submit (tests/e2e/test_jvm_runner.py, bench/jvm_cancel_bench.py):
  *   train PYTHON SCRIPT   DDP training across 2 executors, then a failing run
- *   cancel PYTHON SCRIPT  cancelAllJobs mid-training; how long until every training process is gone
+ *   cancel PYTHON SCRIPT [N]  cancelAllJobs mid-training (N times); how long until every training process is gone
+ *   time PYTHON SCRIPT [N]    wall time of N short trainings
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -72,13 +73,22 @@ public final class TrainApp {
         String mode = args[0];
         String python = args[1];
         String script = args[2];
+        int rounds = args.length > 3 ? Integer.parseInt(args[3]) : 1;
         SparkSession spark = SparkSession.builder().appName("torchspark-jvm-e2e").getOrCreate();
         spark.sparkContext().setLogLevel("WARN");
         try {
             if (mode.equals("train")) {
                 train(spark, python, script);
+            } else if (mode.equals("time")) {
+                for (int i = 0; i < rounds; i++) {
+                    long t0 = System.nanoTime();
+                    TorchSparkRunner.script(script, "--steps", "12").numProcesses(2).python(python).run(spark);
+                    System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
+                }
             } else {
-                cancel(spark, python, script);
+                for (int i = 0; i < rounds; i++) {
+                    cancel(spark, python, script);
+                }
             }
         } finally {
             spark.stop();
