@@ -78,6 +78,7 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
     nnodes = len(hosts)
     env = dict(os.environ)
+    env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
 
     if spec["use_gpu"]:
         if spec["local_master"]:
