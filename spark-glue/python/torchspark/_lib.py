@@ -7,7 +7,7 @@ a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_
 names another), then PATH for the agent.
 
 The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
-logserver.h, output.h). Every other module calls the library through :func:`load_library`.
+logserver.h, output.h, gpu.h). Every other module calls the library through :func:`load_library`.
 """
 from __future__ import annotations
 
@@ -67,6 +67,21 @@ class ElectRecord(ctypes.Structure):
     ]
 
 
+class GpuRequest(ctypes.Structure):
+    """tsp_gpu_request_t (gpu.h)."""
+
+    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
+                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
+
+
+class GpuAssignment(ctypes.Structure):
+    """tsp_gpu_assignment_t (gpu.h)."""
+
+    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
+                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
+                ("warnings", ctypes.c_char * 2048)]
+
+
 def _signatures() -> Dict[str, Tuple[object, List[object]]]:
     """name -> (restype, argtypes) of every C function the glue calls."""
     vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
@@ -103,6 +118,8 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
+        # gpu.h
+        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
