@@ -211,14 +211,20 @@ int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, size_t len)
     FILE *f = open_memstream(&text, &n);
     if (!f)
         return -ENOMEM;
-    fprintf(f, "{\"version\":%d,\"master_port\":%d", r->version, r->master_port);
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "version");
+    tsp_json_int(&w, r->version);
+    tsp_json_key(&w, "master_port");
+    tsp_json_int(&w, r->master_port);
     const char *keys[] = {"master_addr", "run_id", "host", "ifname"};
     const char *vals[] = {r->master_addr, r->run_id, r->host, r->ifname};
     for (size_t i = 0; i < 4; i++) {
-        fprintf(f, ",\"%s\":", keys[i]);
-        tsp_json_write_string(f, vals[i]);
+        tsp_json_key(&w, keys[i]);
+        tsp_json_str(&w, vals[i]);
     }
-    fputc('}', f);
+    tsp_json_end(&w);
     if (fclose(f) != 0) {
         free(text);
         return -ENOMEM;

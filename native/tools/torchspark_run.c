@@ -20,7 +20,8 @@
 
 #include "agent.h"
 #include "torchspark/common.h"
-#include "gpu.h"
+#include "torchspark/gpu.h"
+#include "json.h"
 #include "logclient.h"
 #include "torchspark/output.h"
 #include "proc.h"
@@ -80,6 +81,8 @@ static opt_t opts[] = {
     {"log-endpoint", 0, 1, NULL, 0},
     {"output-file", 0, 1, NULL, 0},
     {"log-drop", 0, 0, NULL, 0},
+    /* GPUs (docs/gpu.md) */
+    {"gpus", 0, 1, NULL, 0},
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -91,6 +94,7 @@ static const char *usage_text =
     "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
     "                      [--error-file PATH] [--python PATH]\n"
     "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
+    "                      [--gpus ADDRESSES]\n"
     "                      SCRIPT [ARGS...]\n"
     "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
 
@@ -215,9 +219,71 @@ static int int_opt(const char *name, int dflt, int min)
 
 static int gpu_count(void);
 
+/* --gpus: Spark's addresses for this node's task; assigned against the executor's mask
+ * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
+static int assigned_gpus = -1;
+
+static void write_setup_error(const char *msg, int node_rank)
+{
+    const char *path = val("error-file");
+    FILE *f = path ? fopen(path, "we") : NULL;
+    if (!f)
+        return;
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    fputs("{\"message\": ", f);
+    tsp_json_write_string(f, msg);
+    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": 2, \"host\": ", node_rank);
+    tsp_json_write_string(f, host);
+    fputs("}}\n", f);
+    fclose(f);
+}
+
+static void assign_gpus(void)
+{
+    const char *g = val("gpus");
+    if (!g)
+        return;
+    int node_rank = 0;
+    if (val("node-rank"))
+        tsp__parse_int(val("node-rank"), &node_rank);
+    char task[32], err[4096] = "";
+    snprintf(task, sizeof task, "%d", node_rank);
+    tsp_gpu_request_t req = {.addrs = g, .mask = getenv("CUDA_VISIBLE_DEVICES"), .task = task};
+    tsp_gpu_assignment_t *out = calloc(1, sizeof *out);
+    if (!out)
+        exit(1);
+    int rc = tsp_gpu_assign(&req, out, err, sizeof err);
+    if (rc) {
+        if (strncmp(err, "torchspark: ", 12) == 0)
+            fprintf(stderr, "%s\n", err);
+        else
+            fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
+        write_setup_error(err, node_rank);
+        exit(2);
+    }
+    fputs(out->warnings, stderr);
+    /* The workers' mask; integers index the host's GPUs in PCI bus order (as nvidia-smi and
+     * Spark's discovery script number them), not CUDA's default fastest-first order. */
+    setenv("CUDA_VISIBLE_DEVICES", out->mask, 1);
+    if (out->integers)
+        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
+    assigned_gpus = out->count;
+    free(out);
+}
+
 static int parse_nproc(void)
 {
     const char *v = val("nproc-per-node");
+    if (assigned_gpus >= 0) {
+        int n = assigned_gpus;
+        if (v && strcmp(v, "gpu") != 0 && strcmp(v, "auto") != 0 &&
+            (tsp__parse_int(v, &n) != 0 || n != assigned_gpus))
+            usage_error("--nproc-per-node %s does not match the %d GPU(s) of --gpus %s: one "
+                        "worker runs per GPU (give --nproc-per-node gpu)",
+                        v, assigned_gpus, val("gpus"));
+        return assigned_gpus;
+    }
     if (!v)
         return 1;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -508,54 +574,24 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
  * file's JSON when there is one, else what the agent knows. */
 typedef struct {
     tsp_logclient_t *logc;
-    const char *error_file;
-    int node_rank;
     int sent;
 } failure_report_t;
 
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
  * run has failed for good and before its workers are stopped, so the driver can stop the
- * other nodes without waiting for this node's grace period. */
+ * other nodes without waiting for this node's grace period. What is sent is the failure
+ * document itself (report.h), the same text as --error-file. */
 static void send_failure(void *ctx, const tsp_failure_t *f)
 {
     failure_report_t *fr = ctx;
-    tsp_logclient_t *logc = fr->logc;
-    const char *error_file = fr->error_file;
-    int node_rank = fr->node_rank;
-    if (!f || fr->sent || atomic_load(&stop_wanted))
+    if (!f || !f->document || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
     fr->sent = 1;
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *in = error_file ? fopen(error_file, "re") : NULL;
-    if (in) {
-        doc = malloc(TSP_WIRE_MAX_EVENT + 1);
-        if (doc)
-            len = fread(doc, 1, TSP_WIRE_MAX_EVENT + 1, in);
-        fclose(in);
-        if (len > TSP_WIRE_MAX_EVENT) /* too big to be sent whole: send the summary */
-            len = 0;
-    }
-    if (!len) {
-        char host[256] = "?";
-        gethostname(host, sizeof host - 1);
-        free(doc);
-        doc = malloc(1024);
-        if (!doc)
-            return;
-        int n = snprintf(doc, 1024,
-                         "{\"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, "
-                         "\"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f}}",
-                         f->rank, f->local_rank, node_rank,
-                         f->exitcode < 0 ? 128 - f->exitcode : f->exitcode,
-                         f->exitcode < 0 ? -f->exitcode : 0, (int)f->pid, f->time);
-        len = n > 0 && n < 1024 ? (size_t)n : 0;
-    }
-    int rc = tsp_logclient_event(logc, TSP_WIRE_EVENT_FAILURE, f->rank, doc, len);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_FAILURE, f->rank, f->document,
+                                 strlen(f->document));
     if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
-    free(doc);
 }
 
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
@@ -632,6 +668,7 @@ int main(int argc, char **argv)
     if (module && no_python)
         usage_error("-m and --no-python cannot be used together");
 
+    assign_gpus();
     tsp_topo_t topo;
     build_topology(&topo);
     if (topo.node_rank == 0 && standalone_port_fd < 0)
@@ -722,7 +759,7 @@ int main(int argc, char **argv)
     /* The driver's log channel: the secret comes from the environment only, and is taken
      * out of it so that the workers never see it. */
     tsp_logclient_t *logc = NULL;
-    failure_report_t fr = {.error_file = val("error-file"), .node_rank = topo.node_rank};
+    failure_report_t fr = {0};
     char secret_hex[80] = "";
     const char *sv = getenv("TORCHSPARK_LOG_SECRET");
     if (sv)

@@ -199,6 +199,23 @@ def test_failing_script_raises(spark, tmp_path):
     assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
 
 
+def test_chained_traceback_of_a_record_worker_in_the_exception(spark):
+    # A real torch @record worker (rank 1) raises RuntimeError from ValueError: the whole
+    # chain reaches TorchDistributorError, the root ValueError included (docs/cli.md).
+    script = os.path.join(os.path.dirname(__file__), "agent_scripts", "chained_error.py")
+    tag = uuid.uuid4().hex[:8]
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(script, "chain", tag)
+    msg = str(e.value)
+    assert msg.index(f"ValueError: root-{tag}") < msg.index(
+        "The above exception was the direct cause") < msg.index(f"RuntimeError: outer-{tag}"), msg
+    assert e.value.rank == 1 and e.value.exitcode == 1, e.value.report
+    assert e.value.error_message == f"RuntimeError: outer-{tag}"
+    assert f"ValueError: root-{tag}" in e.value.traceback
+    assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
+
+
 def _sleepy():
     import time
     time.sleep(120)

@@ -21,6 +21,7 @@ _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _BIN_DIR = os.path.join(_PKG_DIR, "_bin")
 LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"
+JAR_NAME = "torchspark.jar"
 
 # Sizes from torchspark/elect.h and torchspark/common.h.
 ELECT_ADDR_MAX = 64
@@ -146,6 +147,20 @@ def agent_path() -> str:
         f"the {AGENT_NAME} agent was not found on host {os.uname().nodename} (looked at: "
         f"{', '.join(candidates)} and PATH): install torchspark on every executor with "
         "`pip install ./spark-glue/python` or set TORCHSPARK_RUN"
+    )
+
+
+def jar_path() -> str:
+    """torchspark.jar (the JVM classes, TorchSparkPlugin included, with the native files for
+    linux-x86_64), for ``spark.jars``: $TORCHSPARK_JAR, the copy in this wheel, or a
+    checkout's build/java."""
+    candidates = _candidates("TORCHSPARK_JAR", JAR_NAME, "java")
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    raise FileNotFoundError(
+        f"{JAR_NAME} was not found (looked at: {', '.join(candidates)}): build it with CMake "
+        "(needs javac 17 and the pyspark package; see docs/jvm.md) and reinstall torchspark"
     )
 
 
