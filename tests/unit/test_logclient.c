@@ -97,6 +97,7 @@ START_TEST(test_logclient_local_fallback_one_warning)
     o.local_out_fd = out[1];
     o.local_err_fd = err[1];
     o.hostname = "unit";
+    o.log_prefix = "unit-cli: ";
     char e[256];
     tsp_logclient_t *c = tsp_logclient_start(&o, e, sizeof e);
     ck_assert_ptr_nonnull(c);
@@ -113,9 +114,9 @@ START_TEST(test_logclient_local_fallback_one_warning)
     n = read(err[0], b, sizeof b - 1);
     ck_assert_int_gt(n, 0);
     b[n] = 0;
-    char *w = strstr(b, "warning: cannot reach the driver's log server");
+    char *w = strstr(b, "unit-cli: warning: cannot reach the driver's log server");
     ck_assert_ptr_nonnull(w);
-    ck_assert_ptr_null(strstr(w + 1, "warning"));
+    ck_assert_ptr_null(strstr(w + strlen("unit-cli: warning"), "warning"));
     ck_assert_ptr_nonnull(strstr(b, "[rank 3] oops\n"));
     for (int i = 0; i < 2; i++) {
         close(out[i]);
@@ -246,7 +247,7 @@ START_TEST(test_logclient_stalled_driver_falls_back)
     b[n] = 0;
     char *w = strstr(b, "has taken no lines for");
     ck_assert_msg(w != NULL, "%s", b);
-    ck_assert_ptr_null(strstr(w + 1, "warning")); /* one warning */
+    ck_assert_ptr_null(strstr(w + strlen("unit-cli: warning"), "warning")); /* one warning */
     close(out);
     close(err[0]);
     close(err[1]);
