@@ -1,0 +1,67 @@
+"""The driver's log pump: one thread moving the native log server's lines to sys.stderr.
+
+sys.stderr is looked up at each write, so a notebook's replacement stream gets them.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+try:  # the native log channel (torchspark/_native.py); optional until it is built
+    from torchspark import _native  # type: ignore[attr-defined]
+except Exception:  # pragma: no cover - depends on the build
+    _native = None  # type: ignore[assignment]
+
+__all__ = ["_LogPump"]
+
+
+class _LogPump:
+    """Moves lines from the native log server to sys.stderr (looked up at each write,
+    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
+
+    _print_lock = threading.Lock()
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="torchspark-log-pump")
+        self._thread.start()
+
+    @staticmethod
+    def _format(line: Any) -> str:
+        fmt = getattr(_native, "format_line", None)
+        if fmt is not None:
+            text = fmt(line)
+            if isinstance(text, bytes):
+                text = text.decode("utf-8", errors="replace")
+        else:
+            data = line.data.decode("utf-8", errors="replace")
+            text = f"[rank{line.rank}]: {data}"
+        return text if text.endswith("\n") else text + "\n"
+
+    def _drain_once(self, timeout_ms: int) -> int:
+        read_text = getattr(self.server, "read_text", None)
+        if read_text is not None:  # formatted natively: no Python work per line
+            text = read_text(4096, timeout_ms)
+        else:
+            text = "".join(self._format(ln) for ln in self.server.pull(1000, timeout_ms))
+        if text:
+            with self._print_lock:
+                sys.stderr.write(text)
+                sys.stderr.flush()
+        return len(text)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._drain_once(200)
+            while self._drain_once(0):
+                pass
+        except Exception as e:  # never fail training because of logging
+            sys.stderr.write(f"torchspark: log channel reader stopped: {e!r}\n")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
