@@ -16,14 +16,29 @@ except Exception:  # pragma: no cover - depends on the build
 __all__ = ["_LogPump"]
 
 
+# Lines per pull: the native text buffer (4 MiB) is the real bound for ordinary lines.
+MAX_LINES = 1 << 16
+# After a batch smaller than SMALL_BATCH characters (the queue was drained), wait LINGER_S
+# before the next pull, so that lines accumulate: a pull per line costs the driver a wake-up,
+# a ctypes call and a write() on a Python stream per line, and at a million lines per
+# second that alone keeps a core busy (it did: ~2 lines per write(), 44k lines/s through
+# run(), docs/benchmarks.md). LINGER_S is the most a line waits on the driver beyond its
+# arrival; a lone line is still written as soon as it arrives.
+LINGER_S = 0.01
+SMALL_BATCH = 256 << 10
+
+
 class _LogPump:
     """Moves lines from the native log server to sys.stderr (looked up at each write,
-    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
+    so a notebook's replacement stream gets them), rank-prefixed, in one thread: each
+    batch is formatted natively into one buffer and written with one write() call."""
 
     _print_lock = threading.Lock()
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Any, linger_s: float = LINGER_S) -> None:
         self.server = server
+        self.linger_s = linger_s
+        self.writes = 0  # write() calls made (the benchmark reads it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-log-pump")
@@ -44,19 +59,22 @@ class _LogPump:
     def _drain_once(self, timeout_ms: int) -> int:
         read_text = getattr(self.server, "read_text", None)
         if read_text is not None:  # formatted natively: no Python work per line
-            text = read_text(4096, timeout_ms)
+            text = read_text(MAX_LINES, timeout_ms)
         else:
-            text = "".join(self._format(ln) for ln in self.server.pull(1000, timeout_ms))
+            text = "".join(self._format(ln) for ln in self.server.pull(4096, timeout_ms))
         if text:
             with self._print_lock:
                 sys.stderr.write(text)
                 sys.stderr.flush()
+            self.writes += 1
         return len(text)
 
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                self._drain_once(200)
+                got = self._drain_once(200)
+                if 0 < got < SMALL_BATCH and self.linger_s > 0:
+                    self._stop.wait(self.linger_s)
             while self._drain_once(0):
                 pass
         except Exception as e:  # never fail training because of logging
