@@ -7,12 +7,13 @@ and ``torchspark.partition_batches`` read the task's partition (torchspark/data.
 """
 from typing import Any
 
+from torchspark._lib import jar_path
 from torchspark._report import TorchDistributorError
 from torchspark.distributor import TorchDistributor
 
 __version__ = "0.1.0"
 _DATA = ("get_spark_partition_data_loader", "partition_batches", "partition_num_rows")
-__all__ = ["TorchDistributor", "TorchDistributorError", "__version__", *_DATA]
+__all__ = ["TorchDistributor", "TorchDistributorError", "jar_path", "__version__", *_DATA]
 
 
 def __getattr__(name: str) -> Any:
