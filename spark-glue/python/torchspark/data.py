@@ -407,15 +407,20 @@ def _ranges(s0: int, s1: int, lo: int, m: int) -> Iterator[Tuple[int, int]]:
         s0 += take
 
 
-def _slice_rows(part: Partition, col: _Column, ranges: Sequence[Tuple[int, int]]) -> Piece:
-    pieces: List[Piece] = []
+def _plan(part: Partition, ranges: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, int]]:
+    """Row ranges -> (record batch, first, end) pieces, computed once for every column."""
+    plan = []
     for a, b in ranges:
         i = part.locate(a)
         while a < b:
             start, end = part.starts[i], min(b, part.starts[i + 1])
-            pieces.append(col.parts[i].slice(a - start, end - start))  # type: ignore[union-attr]
+            plan.append((i, a - start, end - start))
             a, i = end, i + 1
-    return _join(col, pieces)
+    return plan
+
+
+def _slice_rows(col: _Column, plan: List[Tuple[int, int, int]]) -> Piece:
+    return _join(col, [col.parts[i].slice(a, b) for i, a, b in plan])  # type: ignore[union-attr]
 
 
 def _take_rows(part: Partition, col: _Column, rows: np.ndarray) -> Piece:
@@ -510,8 +515,8 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
     for j in range(w, nbatches, nw):
         s0, s1 = j * batch_size, min(total, (j + 1) * batch_size)
         if perm is None:
-            ranges = list(_ranges(s0, s1, lo, m))
-            yield {c.name: _tensor(_slice_rows(part, c, ranges)) for c in cols}
+            plan = _plan(part, list(_ranges(s0, s1, lo, m)))
+            yield {c.name: _tensor(_slice_rows(c, plan)) for c in cols}
         else:
             rows = perm[np.arange(s0, s1) % m]
             yield {c.name: _tensor(_take_rows(part, c, rows)) for c in cols}
@@ -544,8 +549,8 @@ class _SparkPartitionDataset(torch.utils.data.IterableDataset):
         m, n, b = self.hi - self.lo, self.num_samples, self.batch_size
         w, nw = _worker()
         for j in range(w, len(self), nw):
-            ranges = list(_ranges(j * b, min(n, (j + 1) * b), self.lo, m))
-            yield [np.asarray(_slice_rows(part, c, ranges), dtype=dt)
+            plan = _plan(part, list(_ranges(j * b, min(n, (j + 1) * b), self.lo, m)))
+            yield [np.asarray(_slice_rows(c, plan), dtype=dt)
                    for c, dt in zip(cols, self.dtypes, strict=True)]
 
 
