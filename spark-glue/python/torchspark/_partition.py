@@ -139,3 +139,41 @@ def check_partitions(num_partitions: int, num_tasks: int, num_processes: int,
         f"{WRONG_PARTITIONS} The DataFrame has {num_partitions} partitions, but "
         f"num_processes={num_processes}{per} makes {num_tasks} training tasks: repartition "
         f"it (df.repartition({num_tasks})) or set num_processes={num_partitions * per_task}.")
+
+
+# ---- the hooks: driver (TorchDistributor.train_on_dataframe) and task (run_node) -------------
+
+def dataframe_spec(dist: Any, df: Any) -> Dict[str, Any]:
+    """Checks a train_on_dataframe call on the driver; what every task needs to stage its
+    partition (spec["dataframe"])."""
+    if dist.local_mode:
+        raise ValueError("TorchDistributor.train_on_dataframe requires setting "
+                         "TorchDistributor.local_mode to False.")  # PySpark's message
+    per_task = dist._gpus_per_task if dist.use_gpu else 1
+    num_partitions = _num_partitions(df)
+    if num_partitions is not None:  # else (Spark Connect) every task checks it
+        check_partitions(num_partitions, dist.num_tasks, dist.num_processes, per_task)
+    return {"schema_json": df.schema.json(), "num_tasks": dist.num_tasks,
+            "num_processes": dist.num_processes, "per_task": per_task}
+
+
+def _num_partitions(df: Any) -> Optional[int]:
+    try:
+        return df.rdd.getNumPartitions()
+    except Exception:  # Spark Connect: no RDD on the client
+        return None
+
+
+def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],
+                     ctx: Any) -> Optional[StagedPartition]:
+    """In a barrier task: the DataFrame's partition staged for the node's processes
+    (their environment in .env; close() when the node is done), or None for run(),
+    whose input rows carry nothing."""
+    frame = spec.get("dataframe")
+    if frame is None:
+        for _ in iterator:
+            pass
+        return None
+    check_partitions(len(ctx.getTaskInfos()), frame["num_tasks"], frame["num_processes"],
+                     frame["per_task"])
+    return stage(iterator, frame["schema_json"], ctx.partitionId())
