@@ -29,6 +29,9 @@ EMPTY_PARTITION = ("Empty Spark partition is not allowed in "
                    "TorchDistributor.train_on_dataframe.")  # PySpark's message
 WRONG_PARTITIONS = ("TorchDistributor._train_on_dataframe requires setting num_processes "
                     "equal to input spark dataframe partition number.")  # PySpark's message
+# Marks a task's refusal of its input (an empty partition, the partition count), raised
+# on the driver as the ValueError it is, with PySpark's message.
+INPUT_ERROR = "TORCHSPARK_DATAFRAME_INPUT_ERROR"
 
 
 def local_dirs() -> List[str]:
@@ -174,6 +177,35 @@ def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],
         for _ in iterator:
             pass
         return None
-    check_partitions(len(ctx.getTaskInfos()), frame["num_tasks"], frame["num_processes"],
-                     frame["per_task"])
-    return stage(iterator, frame["schema_json"], ctx.partitionId())
+    try:
+        check_partitions(len(ctx.getTaskInfos()), frame["num_tasks"], frame["num_processes"],
+                         frame["per_task"])
+        return stage(iterator, frame["schema_json"], ctx.partitionId())
+    except ValueError as e:
+        raise ValueError(f"{INPUT_ERROR}: {e}") from None
+
+
+
+def train_on_dataframe(dist: Any, train_function: Any, df: Any, args: Any, kwargs: Any) -> Any:
+    """TorchDistributor.train_on_dataframe: the checks, then distributed training with df
+    as the barrier stage's input."""
+    import re
+
+    from pyspark import cloudpickle
+
+    frame = dataframe_spec(dist, df)
+    if isinstance(train_function, str):  # a script, as run() takes one
+        if kwargs:
+            raise ValueError("Running pytorch file does not support key-word type arguments.")
+        fn_bytes, script_args = None, [str(a) for a in args]
+    else:
+        fn_bytes, script_args = cloudpickle.dumps((train_function, args, kwargs)), []
+    try:
+        return dist._run_distributed_training(train_function, fn_bytes, script_args,
+                                              dataframe=(df, frame))
+    except Exception as e:
+        text = f"{e}\n{e.__cause__}"
+        m = re.search(re.escape(INPUT_ERROR) + r": (.*)", text)
+        if m is None:
+            raise
+        raise ValueError(m.group(1).strip()) from e
