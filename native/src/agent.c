@@ -748,7 +748,7 @@ int tsp_agent_run(tsp_agent_t *a)
         }
         return a->fails[a->root].status;
     }
-    return a->stop_signal ? 128 + a->stop_signal : 0;
+    return a->stop_signal ? tsp_proc_signal_status(a->stop_signal) : 0;
 }
 
 const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *a)
