@@ -26,7 +26,7 @@ static char *slurp(const char *path, size_t *len)
     struct stat st;
     char *buf = NULL;
     if (fstat(fd, &st) == 0 && st.st_size >= 0 && (size_t)st.st_size <= ERROR_FILE_MAX &&
-        (buf = malloc((size_t)st.st_size + 1)) != NULL) {
+        (buf = calloc(1, (size_t)st.st_size + 1)) != NULL) {
         size_t got = 0;
         while (got < (size_t)st.st_size) {
             ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);

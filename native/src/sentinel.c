@@ -79,8 +79,10 @@ static void proc_path(char *out, int pid, const char *leaf)
         digits[nd++] = (char)('0' + pid % 10);
         pid /= 10;
     } while (pid > 0 && nd < (int)sizeof digits);
-    memcpy(out, "/proc/", 6);
-    size_t o = 6;
+    static const char pre[] = "/proc/";
+    size_t o = 0;
+    for (; pre[o]; o++)
+        out[o] = pre[o];
     while (nd > 0)
         out[o++] = digits[--nd];
     out[o++] = '/';

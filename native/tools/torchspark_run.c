@@ -781,11 +781,11 @@ int main(int argc, char **argv)
     const char *parent = getenv("TORCHSPARK_PARENT_PID");
     int expected = 0;
     if (parent && tsp__parse_int(parent, &expected) == 0 && expected != (int)ppid)
-        return 128 + SIGTERM; /* the parent that started us is already gone */
+        return tsp_proc_signal_status(SIGTERM); /* the parent that started us is already gone */
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
     if (rc == -ESRCH)
-        return 128 + SIGTERM;
+        return tsp_proc_signal_status(SIGTERM);
     if (rc) {
         fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n",
                 tsp_strerror(rc));
