@@ -6,7 +6,7 @@ the copy bundled in this package (``torchspark/_bin``, put there by the wheel bu
 a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_BUILD_DIR``
 names another), then PATH for the agent.
 
-The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
+The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h, gpu.h,
 logserver.h, output.h). Every other module calls the library through :func:`load_library`.
 """
 from __future__ import annotations
@@ -67,6 +67,21 @@ class ElectRecord(ctypes.Structure):
     ]
 
 
+class GpuRequest(ctypes.Structure):
+    """tsp_gpu_request_t (gpu.h)."""
+
+    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
+                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
+
+
+class GpuAssignment(ctypes.Structure):
+    """tsp_gpu_assignment_t (gpu.h)."""
+
+    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
+                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
+                ("warnings", ctypes.c_char * 2048)]
+
+
 def _signatures() -> Dict[str, Tuple[object, List[object]]]:
     """name -> (restype, argtypes) of every C function the glue calls."""
     vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
@@ -83,6 +98,8 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_elect_ifname_of": (i, [c, c, sz]),
         "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
         "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
+        # gpu.h
+        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # logserver.h
         "tsp_logserver_new": (vp, [c, i, c, u] + err),
         "tsp_logserver_port": (i, [vp]),

@@ -16,22 +16,13 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
 from torchspark import _elect, _launch, _report
+from torchspark._lib import GpuAssignment as _GpuAssignment
+from torchspark._lib import GpuRequest as _GpuRequest
 from torchspark._lib import load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
-
-
-class _GpuRequest(ctypes.Structure):
-    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
-                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
-
-
-class _GpuAssignment(ctypes.Structure):
-    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
-                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
-                ("warnings", ctypes.c_char * 2048)]
 
 
 def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
@@ -40,11 +31,7 @@ def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
     entries, by the native rules R0-R8 (native/src/gpu.c, docs/gpu.md): the agent applies
     the same function to its --gpus. ValueError with the rule's message on a refusal (the
     stock text for malformed addresses)."""
-    lib = load_library()
-    fn = lib.tsp_gpu_assign
-    fn.argtypes = [ctypes.POINTER(_GpuRequest), ctypes.POINTER(_GpuAssignment),
-                   ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
+    fn = load_library().tsp_gpu_assign
     req = _GpuRequest(",".join(addresses).encode(),
                       None if visible is None else visible.encode(), task.encode(),
                       host.encode() if host else None)
