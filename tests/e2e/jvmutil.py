@@ -27,10 +27,10 @@ def built() -> bool:
 
 
 def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
-                 timeout: float = 600) -> Tuple[Dict[str, List[str]], str]:
+                 timeout: float = 600, master: str = MASTER) -> Tuple[Dict[str, List[str]], str]:
     """Runs TrainApp MODE with the real spark-submit of the pyspark package on
     local-cluster[2,1,1024]; returns its "KEY: value" lines and its stderr."""
-    cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", MASTER,
+    cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", master,
            "--conf", "spark.executor.memory=1024m", "--conf", "spark.ui.enabled=false",
            "--conf", "spark.testing=true", "--conf", f"spark.test.home={SPARK_HOME}",
            "--jars", str(JAR)]

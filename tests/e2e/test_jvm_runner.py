@@ -43,3 +43,12 @@ def test_plugin_stops_a_cancelled_pyspark_job_within_a_second():
     finally:
         spark.stop()
     assert 0 <= gone < 1000, gone
+
+
+def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
+    # One executor with 2 cores runs both jobs; then stopping the application stops the other.
+    out, err = jvmutil.spark_submit("concurrent", plugin=True, master="local-cluster[1,2,1024]")
+    assert out["BEFORE"] == ["2 2"], out
+    assert 0 <= int(out["GONE_MS"][0]) < 1000, (out, err[-3000:])
+    assert out["OTHER_ALIVE"] == ["2"], out
+    assert int(out["STOP_GONE_MS"][0]) >= 0, (out, err[-3000:])

@@ -6,8 +6,8 @@ the copy bundled in this package (``torchspark/_bin``, put there by the wheel bu
 a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_BUILD_DIR``
 names another), then PATH for the agent.
 
-The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h, gpu.h,
-logserver.h, output.h). Every other module calls the library through :func:`load_library`.
+The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
+logserver.h, output.h, gpu.h). Every other module calls the library through :func:`load_library`.
 """
 from __future__ import annotations
 
@@ -98,8 +98,6 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_elect_ifname_of": (i, [c, c, sz]),
         "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
         "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
-        # gpu.h
-        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # logserver.h
         "tsp_logserver_new": (vp, [c, i, c, u] + err),
         "tsp_logserver_port": (i, [vp]),
@@ -120,6 +118,8 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
+        # gpu.h
+        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),

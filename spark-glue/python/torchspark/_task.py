@@ -16,9 +16,7 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
 from torchspark import _elect, _launch, _report
-from torchspark._lib import GpuAssignment as _GpuAssignment
-from torchspark._lib import GpuRequest as _GpuRequest
-from torchspark._lib import load_library
+from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -31,13 +29,12 @@ def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
     entries, by the native rules R0-R8 (native/src/gpu.c, docs/gpu.md): the agent applies
     the same function to its --gpus. ValueError with the rule's message on a refusal (the
     stock text for malformed addresses)."""
-    fn = load_library().tsp_gpu_assign
-    req = _GpuRequest(",".join(addresses).encode(),
+    req = GpuRequest(",".join(addresses).encode(),
                       None if visible is None else visible.encode(), task.encode(),
                       host.encode() if host else None)
-    out = _GpuAssignment()
+    out = GpuAssignment()
     err = ctypes.create_string_buffer(4096)
-    if fn(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
+    if load_library().tsp_gpu_assign(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
         raise ValueError(err.value.decode("utf-8", errors="replace"))
     mask = out.mask.decode()
     return mask.split(",") if mask else []

@@ -14,7 +14,6 @@ import socket
 import sys
 import tempfile
 import textwrap
-import threading
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Union
 
@@ -22,6 +21,7 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from torchspark import _job, _launch, _native, _report
+from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._task import run_node
 
@@ -56,50 +56,6 @@ def _get_resources(session: SparkSession) -> Dict[str, Any]:
         return session.sparkContext.resources
     except Exception:
         return session._client._resources()  # type: ignore[attr-defined]
-
-
-class _LogPump:
-    """Moves lines from the native log server to sys.stderr (looked up at each write,
-    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
-
-    _print_lock = threading.Lock()
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="torchspark-log-pump")
-        self._thread.start()
-
-    @staticmethod
-    def _format(line: Any) -> str:
-        text = _native.format_line(line)
-        return text if text.endswith("\n") else text + "\n"
-
-    def _drain_once(self, timeout_ms: int) -> int:
-        read_text = getattr(self.server, "read_text", None)
-        if read_text is not None:  # formatted natively: no Python work per line
-            text = read_text(4096, timeout_ms)
-        else:
-            text = "".join(self._format(ln) for ln in self.server.pull(1000, timeout_ms))
-        if text:
-            with self._print_lock:
-                sys.stderr.write(text)
-                sys.stderr.flush()
-        return len(text)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._drain_once(200)
-            while self._drain_once(0):
-                pass
-        except Exception as e:  # never fail training because of logging
-            sys.stderr.write(f"torchspark: log channel reader stopped: {e!r}\n")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 class TorchDistributor:

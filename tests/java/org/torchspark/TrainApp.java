@@ -79,6 +79,9 @@ public final class TrainApp {
         try {
             if (mode.equals("train")) {
                 train(spark, python, script);
+            } else if (mode.equals("concurrent")) {
+                concurrent(spark);
+                return; // concurrent() stops the session itself
             } else if (mode.equals("time")) {
                 for (int i = 0; i < rounds; i++) {
                     long t0 = System.nanoTime();
@@ -148,6 +151,58 @@ public final class TrainApp {
         System.out.println("GONE_MS: " + goneMs);
         // Whatever is left (no plugin) would outlive the application: clean up after ourselves.
         for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
+    /** Two jobs on one executor (2 cores): cancelling one job group stops only its processes;
+     *  then stopping the application leaves nothing of the other running. */
+    private static void concurrent(SparkSession spark) {
+        String a = UUID.randomUUID().toString();
+        String b = UUID.randomUUID().toString();
+        for (String[] g : new String[][] {{"A", a}, {"B", b}}) {
+            Thread t = new Thread(() -> {
+                spark.sparkContext().setJobGroup(g[0], "torchspark test job " + g[0], false);
+                try {
+                    TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(1)
+                            .env("TSP_E2E_MARK", g[1]).run(spark);
+                } catch (RuntimeException e) {
+                    System.out.println("JOB_" + g[0] + ": " + e.getClass().getSimpleName());
+                }
+            }, "job-" + g[0]);
+            t.setDaemon(true);
+            t.start();
+        }
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while ((marked(a).size() < 2 || marked(b).size() < 2) && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("BEFORE: " + marked(a).size() + " " + marked(b).size());
+        long t0 = System.nanoTime();
+        spark.sparkContext().cancelJobGroup("A");
+        long goneMs = -1;
+        while (System.nanoTime() - t0 < 15_000_000_000L) {
+            if (marked(a).isEmpty()) {
+                goneMs = (System.nanoTime() - t0) / 1_000_000;
+                break;
+            }
+            sleep(5);
+        }
+        sleep(1000);
+        System.out.println("GONE_MS: " + goneMs);
+        System.out.println("OTHER_ALIVE: " + marked(b).size());
+        t0 = System.nanoTime();
+        spark.stop();
+        long stopMs = -1;
+        while (System.nanoTime() - t0 < 30_000_000_000L) {
+            if (marked(b).isEmpty()) {
+                stopMs = (System.nanoTime() - t0) / 1_000_000;
+                break;
+            }
+            sleep(20);
+        }
+        System.out.println("STOP_GONE_MS: " + stopMs);
+        for (long pid : marked(b)) {
             ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
         }
     }
