@@ -213,12 +213,7 @@ class TorchDistributor:
             lines = server.tail(rank, _TAIL_FROM_SERVER)
         except Exception:
             return None
-        out = []
-        for ln in lines or []:
-            data = getattr(ln, "data", ln)
-            out.append(data.decode("utf-8", errors="replace").rstrip("\n")
-                       if isinstance(data, bytes) else str(data).rstrip("\n"))
-        return out or None
+        return [ln.decode("utf-8", errors="replace") for ln in lines] or None
 
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:

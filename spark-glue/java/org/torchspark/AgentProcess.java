@@ -71,7 +71,7 @@ final class AgentProcess {
             c.add(endpoint);
         } else {
             c.add("--tee=3");
-            c.add("--log-line-prefix-template=[rank${rank}]: ");
+            c.add("--log-line-prefix-template=[rank ${rank}] ");
         }
         if (outputFile != null) {
             c.add("--output-file");

@@ -86,7 +86,7 @@ final class Reports {
         r.put("message", errorFileMessage(errorFile));
         r.put("agent_exitcode", returncode);
         ArrayNode t = r.putArray("tail");
-        String prefix = r.hasNonNull("rank") ? "[rank" + r.get("rank").asInt() + "]: " : null;
+        String prefix = r.hasNonNull("rank") ? "[rank " + r.get("rank").asInt() + "] " : null;
         List<String> mine = new ArrayList<>();
         if (prefix != null) {
             for (String ln : tail) {
