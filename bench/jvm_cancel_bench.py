@@ -4,6 +4,9 @@ same script. Real Spark (local-cluster[2,1,1024]), real torch (ddp_train.py, 2 p
 
   .venv/bin/python bench/jvm_cancel_bench.py --rounds 5
 
+Also the stock path side by side: PySpark's own pyspark.ml TorchDistributor (torchrun
+workers), cancelled the same way in the session without the plugin.
+
 Cancel: a training of 2 processes across 2 executors, sc.cancelAllJobs() 3 s after its 4
 processes (2 agents, 2 workers) are up; ms until none of them is alive (polled every 5 ms
 from the driver's host; -1: still alive after 15 s, then killed by the bench).
@@ -40,6 +43,10 @@ def main() -> None:
         spark = jvmutil.pyspark_session(plugin=plugin, mark=mark)
         try:
             res[f"PySpark TorchDistributor, {name}"] = jvmutil.cancel_pyspark(spark, mark, args.rounds)
+            if not plugin:
+                # The stock path: PySpark's own TorchDistributor (torchrun), no torchspark.
+                res["stock pyspark.ml TorchDistributor"] = jvmutil.cancel_pyspark(
+                    spark, mark, args.rounds, stock=True)
             if not plugin and not args.skip_time:
                 from torchspark import TorchDistributor
                 runs = []
