@@ -461,8 +461,22 @@ static void random_id(char *out, size_t len)
     snprintf(out, len, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
-/* The interpreter for workers: --python, else the `python` beside this binary (the
- * venv it was installed into, as torchrun uses its own sys.executable), else python3. */
+/* An executable `python` or `python3` in dir (written to buf), or NULL. */
+static const char *python_in(const char *dir, int dirlen, char *buf, size_t len)
+{
+    static const char *const names[] = {"python", "python3"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(buf, len, "%.*s/%s", dirlen, dir, names[i]);
+        if (access(buf, X_OK) == 0)
+            return buf;
+    }
+    return NULL;
+}
+
+/* The interpreter for workers: --python, else the `python` (or `python3`) beside this
+ * binary as invoked, then beside its resolved path (pip installs the command into the
+ * environment's bin/, beside its interpreter: a venv, conda, a system prefix; torchrun
+ * likewise uses its own sys.executable), else python3 in PATH. */
 static const char *find_python(const char *argv0)
 {
     if (val("python"))
@@ -470,21 +484,14 @@ static const char *find_python(const char *argv0)
     static char buf[PATH_MAX];
     char self[PATH_MAX];
     const char *slash = strrchr(argv0, '/');
-    if (slash) {
-        snprintf(buf, sizeof buf, "%.*s/python", (int)(slash - argv0), argv0);
-        if (access(buf, X_OK) == 0)
-            return buf;
-    }
+    if (slash && python_in(argv0, (int)(slash - argv0), buf, sizeof buf))
+        return buf;
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
         self[n] = 0;
         char *s = strrchr(self, '/');
-        if (s) {
-            *s = 0;
-            snprintf(buf, sizeof buf, "%s/python", self);
-            if (access(buf, X_OK) == 0)
-                return buf;
-        }
+        if (s && python_in(self, (int)(s - self), buf, sizeof buf))
+            return buf;
     }
     return "python3";
 }

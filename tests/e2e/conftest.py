@@ -16,3 +16,23 @@ def run_bin() -> Path:
     if not RUN_BIN.exists():
         pytest.fail(f"{RUN_BIN} is missing: build first (bash tests/setup.sh)")
     return RUN_BIN
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory):
+    """One real Spark Connect server (local-cluster[2,1,1024]) for the whole run; each
+    Connect module opens its own client session on it (tsp_connect.py). Its executors
+    run a Python without torchspark: Connect clients are driver-only installs, and the
+    distributor ships itself through the session's artifacts."""
+    import tsp_connect
+    import tsp_spark
+
+    python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("connect-venv"))
+    server = tsp_connect.ConnectServer(tmp_path_factory.mktemp("connect"), {
+        f"spark.executorEnv.{tsp_spark.MARK}": tsp_spark.CONNECT_MARK,
+    }, env={"PYSPARK_PYTHON": python})
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

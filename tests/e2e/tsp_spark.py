@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "spark-glue" / "python" / "examples"
 MARK = "TSP_E2E_MARK"  # in the environment of every process a test's job starts
+CONNECT_MARK = "connect-" + os.urandom(8).hex()  # MARK's value on the Connect server
 
 
 def fake_gpu_script(directory: Path, addresses: List[str]) -> str:
@@ -40,12 +41,13 @@ def _forget_previous_conf(conf: Dict[str, str]) -> None:
             jvm.java.lang.System.clearProperty(key)
 
 
-def session(master: str, conf: Dict[str, str]) -> SparkSession:
+def session(master: str, conf: Dict[str, str], python: str = sys.executable) -> SparkSession:
+    """A classic session; python is the executors' interpreter (PYSPARK_PYTHON)."""
     global _previous_conf
     _forget_previous_conf(conf)
     _previous_conf = dict(conf)
     # Executors and agents run this interpreter (the checkout's .venv with torchspark).
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_PYTHON"] = python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     home = os.path.dirname(pyspark.__file__)
     b = (SparkSession.builder.master(master).appName("torchspark-e2e")
@@ -58,6 +60,26 @@ def session(master: str, conf: Dict[str, str]) -> SparkSession:
     s = b.getOrCreate()
     s.sparkContext.setLogLevel("ERROR")
     return s
+
+
+def python_without_torchspark(directory: Path) -> str:
+    """A venv whose Python imports pyspark and torch (through a .pth file) but not
+    torchspark, which the checkout installs into .venv only: the executors' Python of a
+    driver-only install."""
+    import subprocess
+    import sysconfig
+
+    import torch
+
+    base = getattr(sys, "_base_executable", sys.executable)
+    subprocess.run([base, "-m", "venv", "--without-pip", str(directory)], check=True)
+    python = str(directory / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                           "['purelib'])"], check=True, capture_output=True, text=True)
+    deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (pyspark, torch)}
+    assert sysconfig.get_paths()["purelib"] not in deps, "torchspark shares pyspark's site"
+    Path(site.stdout.strip(), "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    return python
 
 
 def job_processes(mark: str) -> List[int]:

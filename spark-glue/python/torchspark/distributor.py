@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -20,10 +21,9 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _job, _launch, _native, _report
+from torchspark import _boot, _job, _launch, _native, _report, _ship
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
-from torchspark._task import run_node
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -284,13 +284,27 @@ class TorchDistributor:
     def _run_distributed_training(self, train_object: Union[Callable, str],
                                   fn_bytes: Optional[bytes],
                                   script_args: List[str]) -> Optional[Any]:
-        if self.is_remote:
-            raise NotImplementedError(
-                "torchspark.TorchDistributor runs distributed training through the RDD "
-                "barrier API, which Spark Connect does not offer: use local_mode=True, or "
-                "a classic SparkSession")
         self._check_encryption()
-        sc = self.spark.sparkContext
+        self.logger.info(
+            f"Started distributed training with {self.num_processes} executor processes")
+        ship = _ship.shipped(self.spark, self.is_remote)
+        try:
+            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship)
+        except _NotInstalled as e:
+            # Before any training started: ship this driver's package and run again.
+            ship = _ship.ship(self.spark, self.is_remote)
+            self.logger.info(
+                f"torchspark {ship['version']} is not installed on the executors ({e}); "
+                f"shipped the driver's package ({ship['name']}: Python files, "
+                "libtorchspark.so, torchspark-run) through Spark's file distribution")
+            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship)
+        self.logger.info(
+            f"Finished distributed training with {self.num_processes} executor processes")
+        return result
+
+    def _run_distributed_job(self, train_object: Union[Callable, str],
+                             fn_bytes: Optional[bytes], script_args: List[str],
+                             ship: Optional[Dict[str, Any]]) -> Optional[Any]:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus: List[str] = []
         if self.is_spark_local_master and self.use_gpu:
@@ -304,15 +318,16 @@ class TorchDistributor:
                     f"need {need} driver GPUs, but the driver has {len(driver_gpus)}: "
                     f"{driver_gpus}; lower num_processes or raise "
                     "spark.driver.resource.gpu.amount")
-        # Bind where Spark's own driver endpoint binds; advertise what executors use.
-        bind_host = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
-        server = self._start_log_server(bind_host or "127.0.0.1")
+        bind_host, advertised = self._log_server_host(driver_host)
+        server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
         ok = False
         spec = {
+            "version": _version(),
+            "ship": ship,
             "use_gpu": self.use_gpu,
             "gpus_per_task": self._gpus_per_task,
             "local_master": self.is_spark_local_master,
@@ -320,25 +335,33 @@ class TorchDistributor:
             "driver_host": driver_host,
             "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
+            "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
+            "driver_cwd": os.getcwd(),
             "script_args": script_args,
-            "log_endpoint": (_host_port(driver_host or server.host, server.port)
+            "log_endpoint": (_host_port(advertised or server.host, server.port)
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
         }
         try:
-            self.logger.info(
-                f"Started distributed training with {self.num_processes} executor processes")
-            rdd = sc.parallelize(range(self.num_tasks), self.num_tasks)
-            out = _job.run_barrier_job(
-                sc, lambda: rdd.barrier().mapPartitions(lambda it: run_node(spec, it)).collect(),
-                server)
+            out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
+                                       remote=self.is_remote)
             if out.spark_error is not None or out.root is not None:
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
             chunks = out.chunks or []
             if pump is not None:
                 pump.stop()
                 pump = None
+            unreachable = server is not None and _never_reached(server)
+            if unreachable:
+                self.logger.warning(
+                    f"The executors could not reach torchspark's log server at "
+                    f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
+                    "logs and rank 0's result came back as collected rows (bounded by "
+                    "spark.driver.maxResultSize). "
+                    + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
+                       "the executors can reach." if self.is_remote else
+                       "Check that spark.driver.host is reachable from the executors."))
             result = None
             if fn_bytes is not None:
                 data = server.output_view() if server is not None else None
@@ -349,10 +372,11 @@ class TorchDistributor:
                             "result did not arrive over torchspark's output channel "
                             f"({server.output_error or 'nothing was received'}); see the "
                             "executors' logs of partition 0 for the agent's message")
-                    self.logger.warning(
-                        "rank 0's result did not arrive over torchspark's output channel "
-                        f"({server.output_error or 'nothing was received'}); it came "
-                        "through collect() instead (bounded by spark.driver.maxResultSize)")
+                    if not unreachable:
+                        self.logger.warning(
+                            "rank 0's result did not arrive over torchspark's output channel "
+                            f"({server.output_error or 'nothing was received'}); it came "
+                            "through collect() instead (bounded by spark.driver.maxResultSize)")
                 if data is None:
                     data = b"".join(chunks)
                 if not data:
@@ -372,13 +396,25 @@ class TorchDistributor:
                 server.close(drain_timeout=5.0 if ok else 1.0)
             if pump is not None:
                 pump.stop()
-        self.logger.info(
-            f"Finished distributed training with {self.num_processes} executor processes")
         return result
 
+    def _log_server_host(self, driver_host: str) -> "tuple[str, str]":
+        """(address the log server binds, address the executors are told). Classic: where
+        Spark's own driver endpoint binds, advertised as spark.driver.host. Connect: this
+        client is not Spark's driver; the address of its route towards the server."""
+        if not self.is_remote:
+            bind = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
+            return bind or "127.0.0.1", driver_host
+        from torchspark import _connect
+
+        return _connect.client_address(self.spark)
+
     def _distributed_failure(self, out: "_job.Outcome", server: Any,
-                             nproc: int) -> TorchDistributorError:
+                             nproc: int) -> Exception:
         root = out.root
+        setup = _setup_error(str(out.spark_error)) if root is None else None
+        if setup is not None:
+            return setup
         if root is not None and root.get("kind") == "failure" and root.get("report"):
             report = _report.build(node_rank=root.get("node_rank", -1),
                                    host=root.get("host") or "?", returncode=1, tail=[],
@@ -426,6 +462,51 @@ class TorchDistributor:
                   "host": root.get("host"), "peer": root.get("peer"),
                   "message": root.get("message"), "tail": tail}
         return TorchDistributorError("\n".join(lines), report)
+
+
+# A script that exists on the driver travels with the job (inside the task's closure)
+# for executors that lack it; larger ones must be on every executor (stock's rule).
+SCRIPT_SHIP_MAX = 16 << 20
+
+
+def _script_file(path: str) -> Optional[Dict[str, Any]]:
+    """{"name", "data"} of a script file on the driver, to ship with the job, or None."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > SCRIPT_SHIP_MAX:
+            return None
+        with open(path, "rb") as f:
+            return {"name": os.path.basename(path), "data": f.read()}
+    except OSError:
+        return None
+
+
+class _NotInstalled(Exception):
+    """A task could not import the driver's torchspark (_boot.prepare): ship it."""
+
+
+def _setup_error(text: str) -> Optional[Exception]:
+    """The error of a task's set-up step (_boot.py), from Spark's error text, or None."""
+    for marker, cls in ((_boot.NOT_INSTALLED, _NotInstalled),
+                        (_boot.SETUP_ERROR, TorchDistributorError)):
+        m = re.search(re.escape(marker) + r": (.*)", text)
+        if m:
+            return cls(m.group(1).strip())
+    return None
+
+
+def _never_reached(server: Any) -> bool:
+    """True when no agent ever got through to the log server (the executors cannot
+    reach the address they were given)."""
+    try:
+        return server.stats().get("authenticated", 1) == 0
+    except Exception:
+        return False
+
+
+def _version() -> str:
+    import torchspark
+
+    return torchspark.__version__
 
 
 def _host_port(host: str, port: int) -> str:

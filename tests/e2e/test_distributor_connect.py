@@ -1,0 +1,153 @@
+"""torchspark.TorchDistributor from a Spark Connect client, on a real local Connect server
+(local-cluster[2,1,1024], conftest.connect_server) whose executors lack torchspark (it
+ships itself as a session artifact): function and script mode, logs on the client, a
+failure, a cancellation through the session, a result larger than a gRPC message over the
+output channel, and the collected-rows path when the executors cannot reach the client."""
+import logging
+import os
+import sys
+import threading
+import time
+
+import pytest
+from pyspark import cloudpickle
+
+import tsp_connect
+import tsp_spark
+from torchspark import TorchDistributor, TorchDistributorError, _ship
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+TEARDOWN_S = 2  # as on classic: nothing of a failed run may live longer
+
+
+@pytest.fixture(scope="module")
+def spark(connect_server):
+    s = connect_server.session()
+    yield s
+    tsp_connect.back_to_classic()
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "TorchDistributor" and r.levelname == "WARNING"]
+
+
+def _allreduce(tag):
+    import torch
+    import torch.distributed as dist
+    print(f"{tag} from rank {os.environ['RANK']}", flush=True)
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(os.environ["RANK"]) + 1])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"sum": t.item(), "world": int(os.environ["WORLD_SIZE"])}
+
+
+SCRIPT = """import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(os.environ["RANK"]) + 1])
+dist.all_reduce(t)
+with open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w") as f:
+    f.write(str(t.item()))
+"""
+
+
+def test_function_and_script_mode_with_logs_on_the_client(spark, tmp_path, caplog, capsys):
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert d.is_remote
+    assert d.run(_allreduce, "hello") == {"sum": 3.0, "world": 2}
+    err = capsys.readouterr().err
+    assert "hello from rank 0" in err and "hello from rank 1" in err, err[-2000:]
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    assert d.run(str(script), tmp_path) is None
+    assert [(tmp_path / f"rank{r}").read_text() for r in (0, 1)] == ["3.0", "3.0"]
+    assert _warnings(caplog) == []
+
+
+def _where():
+    import sys
+    return sys.modules["torchspark"].__file__
+
+
+def test_driver_only_install_ships_as_a_session_artifact(spark, caplog):
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    where = d.run(_where)
+    _, name = _ship.archive()
+    assert f"/{name}/torchspark/" in where, where  # the workers used the shipped copy
+    assert _ship.shipped(spark, True) is not None
+    shipped = [r.getMessage() for r in caplog.records if "is not installed" in r.getMessage()]
+    assert len(shipped) <= 1  # once per session, whichever test ran first
+
+
+def _failing(stamp):
+    if os.environ["RANK"] == "1":
+        print("rank one going down", flush=True)
+        with open(stamp, "w") as f:
+            f.write(repr(time.time()))
+        raise RuntimeError("boom from rank one")
+    time.sleep(120)
+
+
+def test_failure_names_the_root_cause_and_leaves_nothing(spark, tmp_path):
+    stamp = str(tmp_path / "stamp")
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_failing, stamp)
+    assert time.time() - float(open(stamp).read()) < 10
+    msg = str(e.value)
+    assert "rank 1 (node 1, local rank 0)" in msg and "exited with code 1" in msg, msg
+    assert "RuntimeError: boom from rank one" in msg and "rank one going down" in msg
+    assert tsp_spark.wait_gone(tsp_spark.CONNECT_MARK, TEARDOWN_S) == []
+
+
+def _sleepy():
+    time.sleep(120)
+
+
+def test_interrupt_all_kills_training_within_5s(spark):
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    errors = []
+
+    def go():
+        try:
+            d.run(_sleepy)
+        except Exception as e:
+            errors.append(e)
+
+    t = threading.Thread(target=go)
+    t.start()
+    assert len(tsp_spark.wait_present(tsp_spark.CONNECT_MARK, 4, 120)) >= 4
+    spark.interruptAll()
+    left = tsp_spark.wait_gone(tsp_spark.CONNECT_MARK, 5)
+    t.join(60)
+    assert left == []
+    assert errors and isinstance(errors[0], TorchDistributorError), errors
+
+
+def _big(n):
+    return os.urandom(16) * (n // 16)
+
+
+def test_result_larger_than_a_grpc_message_comes_over_the_channel(spark, caplog):
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    n = 160 * 1024 * 1024  # over the Connect client's 128 MiB message limit
+    big = d.run(_big, n)
+    assert len(big) == n and big[:16] * (n // 16) == big
+    assert _warnings(caplog) == []
+
+
+def test_unreachable_client_result_as_rows_and_one_warning(spark, caplog, monkeypatch):
+    # 127.0.0.2 is this host, but the log server listens on 127.0.0.1 only: refused.
+    monkeypatch.setenv("TORCHSPARK_CLIENT_ADDRESS", "127.0.0.2")
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    n = 24 * 1024 * 1024 + 16  # several rows, the last one short
+    big = d.run(_big, n)
+    assert len(big) == n and big[:16] * (n // 16) == big
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "127.0.0.2" in warned[0], warned

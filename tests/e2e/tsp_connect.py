@@ -1,0 +1,90 @@
+"""A real local Spark Connect server for the Connect suites, on local-cluster[2,1,1024].
+
+The server is pyspark's own (the package carries spark-connect_2.13-*.jar), started with
+spark-submit as sbin/start-connect-server.sh does; its executors run this interpreter.
+One server per pytest session (a JVM and two executors cost ~20 s on 2 cores): use the
+session-scoped fixture in conftest.py, which also puts this process back in classic
+mode afterwards (the Connect builder marks the whole process as a Connect client).
+"""
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import pyspark
+
+SPARK_HOME = os.path.dirname(pyspark.__file__)
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ConnectServer:
+    def __init__(self, log_dir: Path, conf: Dict[str, str],
+                 master: str = "local-cluster[2,1,1024]",
+                 env: Optional[Dict[str, str]] = None) -> None:
+        self.port = _free_port()
+        self.url = f"sc://localhost:{self.port}"
+        self.log_path = log_dir / "connect-server.log"
+        confs = {"spark.connect.grpc.binding.port": str(self.port),
+                 "spark.ui.enabled": "false", "spark.testing": "true",
+                 "spark.test.home": SPARK_HOME, "spark.executor.memory": "1024m",
+                 "spark.python.worker.reuse": "true", **conf}
+        cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--class", SERVER_CLASS,
+               "--name", "torchspark-connect-e2e", "--master", master]
+        for k, v in confs.items():
+            cmd += ["--conf", f"{k}={v}"]
+        cmd.append("spark-internal")
+        penv = {k: v for k, v in os.environ.items()
+                if k not in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")}
+        penv.update({"SPARK_HOME": SPARK_HOME, "PYSPARK_PYTHON": sys.executable,
+                     "SPARK_CONNECT_MODE": "0", **(env or {})})
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, env=penv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the Connect server exited ({self.proc.returncode}): "
+                                   f"{self.log_path.read_text(errors='replace')[-3000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the Connect server did not listen on {self.port} in {timeout} s")
+
+    def session(self):
+        from pyspark.sql import SparkSession
+
+        return SparkSession.builder.remote(self.url).getOrCreate()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+        self._log.close()
+
+
+def back_to_classic() -> None:
+    """Undoes what the Connect builder did to this process, for the classic suites after."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and getattr(active, "is_stopped", True) is False:
+        active.stop()
+    for var in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE"):
+        os.environ.pop(var, None)
