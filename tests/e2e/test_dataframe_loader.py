@@ -18,7 +18,7 @@ from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, Lo
                                ShortType, StringType, StructField, StructType)
 from torch.utils.data import DataLoader
 
-from torchspark import data
+from torchspark import _partition, data
 
 SPARK_SCHEMA = StructType([
     StructField("id", LongType()), StructField("x", FloatType()), StructField("d", DoubleType()),
@@ -234,6 +234,49 @@ def test_clear_errors(partition, monkeypatch):
         data.get_spark_partition_data_loader(1, 1)
 
 
+STAGED_READER = textwrap.dedent("""
+    from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
+    from torchspark import data
+    ours = [i for b in data.partition_batches(6) for i in b["id"].tolist()]
+    stock = [i for b in _get_spark_partition_data_loader(20, 6, num_workers=0)
+             for i in b[0].tolist()]
+    print(ours == stock == list(range(20)), flush=True)
+""")
+
+
+def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path):
+    """The task's file has no name in the local dir; a child process (as a training
+    worker) reads it through the variables, with torchspark's and with PySpark's loader."""
+    fds_before = len(os.listdir("/proc/self/fd"))
+    batches = table(20).to_batches(max_chunksize=7)
+    with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+        assert os.listdir(tmp_path) == []
+        assert os.fstat(sp.data_fd).st_nlink == 0 and sp.num_rows == 20
+        env = dict(os.environ, **sp.env)
+        env.pop("LOCAL_WORLD_SIZE", None)
+        out = subprocess.run([sys.executable, "-c", STAGED_READER], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert out.stdout.strip() == "True", out.stderr
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    empty = pa.record_batch([pa.array([], pa.int64())], names=["id"])
+    for it in ([], [empty]):
+        with pytest.raises(ValueError, match="^Empty Spark partition is not allowed in "
+                                             "TorchDistributor.train_on_dataframe.$"):
+            _partition.stage(iter(it), SPARK_SCHEMA.json(), directory=str(tmp_path))
+    assert len(os.listdir("/proc/self/fd")) == fds_before and os.listdir(tmp_path) == []
+
+
+def test_local_dirs_follow_spark(tmp_path, monkeypatch):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{a},{tmp_path / 'missing'},{b}")
+    assert _partition.local_dirs() == [str(a), str(b)]
+    monkeypatch.delenv("SPARK_LOCAL_DIRS")
+    monkeypatch.setenv("SPARK_EXECUTOR_DIRS", f"{b}{os.pathsep}{a}")
+    assert _partition.local_dirs() == [str(b), str(a)]
+
+
 BIG_READER = textwrap.dedent("""
     import os, sys, threading, time
     CAP = int(sys.argv[1])
@@ -255,7 +298,7 @@ BIG_READER = textwrap.dedent("""
 
     threading.Thread(target=watch, daemon=True).start()
     import torch
-    from torchspark import data
+    from torchspark import _partition, data
     rows = ids = total = 0
     for b in data.partition_batches(8192):
         rows += len(b["id"])

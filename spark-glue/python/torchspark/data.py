@@ -31,16 +31,13 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+# The variables a barrier task sets (torchspark/_partition.py); PySpark's two also lead
+# here, so these readers work under PySpark's distributor as well.
+from torchspark._partition import (PARTITION_FILE_ENV, SPARK_SCHEMA_KEY, STOCK_FILE_ENV,
+                                   STOCK_SCHEMA_ENV)
+
 __all__ = ["get_spark_partition_data_loader", "partition_batches", "partition_num_rows",
            "PARTITION_FILE_ENV"]
-
-PARTITION_FILE_ENV = "TORCHSPARK_PARTITION_FILE"
-# PySpark's own variables: torchspark's readers also work under PySpark's distributor.
-STOCK_FILE_ENV = "SPARK_PARTITION_ARROW_DATA_FILE"
-STOCK_SCHEMA_ENV = "SPARK_DATAFRAME_SCHEMA_FILE"
-# The DataFrame's Spark schema (JSON) in the Arrow schema's metadata: VectorUDT columns and
-# Spark's type names without a second file.
-SPARK_SCHEMA_KEY = b"torchspark.spark_schema"
 
 # PySpark's _SparkPartitionTorchDataset: the Spark types it accepts, and the tensor dtype
 # its rows collate into (scalars become Python numbers, arrays keep their numpy dtype,
@@ -410,15 +407,20 @@ def _ranges(s0: int, s1: int, lo: int, m: int) -> Iterator[Tuple[int, int]]:
         s0 += take
 
 
-def _slice_rows(part: Partition, col: _Column, ranges: Sequence[Tuple[int, int]]) -> Piece:
-    pieces: List[Piece] = []
+def _plan(part: Partition, ranges: Sequence[Tuple[int, int]]) -> List[Tuple[int, int, int]]:
+    """Row ranges -> (record batch, first, end) pieces, computed once for every column."""
+    plan = []
     for a, b in ranges:
         i = part.locate(a)
         while a < b:
             start, end = part.starts[i], min(b, part.starts[i + 1])
-            pieces.append(col.parts[i].slice(a - start, end - start))  # type: ignore[union-attr]
+            plan.append((i, a - start, end - start))
             a, i = end, i + 1
-    return _join(col, pieces)
+    return plan
+
+
+def _slice_rows(col: _Column, plan: List[Tuple[int, int, int]]) -> Piece:
+    return _join(col, [col.parts[i].slice(a, b) for i, a, b in plan])  # type: ignore[union-attr]
 
 
 def _take_rows(part: Partition, col: _Column, rows: np.ndarray) -> Piece:
@@ -439,12 +441,8 @@ def _take_rows(part: Partition, col: _Column, rows: np.ndarray) -> Piece:
     return out
 
 
-def _tensor(piece: Piece, dtype: Optional[Any] = None) -> Any:
-    if isinstance(piece, list):
-        return piece
-    if dtype is not None and piece.dtype != dtype:
-        piece = piece.astype(dtype)
-    return torch.from_numpy(piece)
+def _tensor(piece: Piece) -> Any:
+    return piece if isinstance(piece, list) else torch.from_numpy(piece)
 
 
 def _check_sizes(batch_size: int, num_samples: Optional[int]) -> None:
@@ -517,8 +515,8 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
     for j in range(w, nbatches, nw):
         s0, s1 = j * batch_size, min(total, (j + 1) * batch_size)
         if perm is None:
-            ranges = list(_ranges(s0, s1, lo, m))
-            yield {c.name: _tensor(_slice_rows(part, c, ranges)) for c in cols}
+            plan = _plan(part, list(_ranges(s0, s1, lo, m)))
+            yield {c.name: _tensor(_slice_rows(c, plan)) for c in cols}
         else:
             rows = perm[np.arange(s0, s1) % m]
             yield {c.name: _tensor(_take_rows(part, c, rows)) for c in cols}
@@ -527,7 +525,7 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
 class _SparkPartitionDataset(torch.utils.data.IterableDataset):
     """PySpark's _SparkPartitionTorchDataset, read from Arrow columns: the first
     num_samples rows of this process's share (wrapping around), already collated into
-    batches (a list of tensors per batch, one per column, with PySpark's dtypes)."""
+    batches: a list per batch with one ndarray per column, of PySpark's dtypes."""
 
     def __init__(self, path: str, schema_file: Optional[str], num_samples: int,
                  batch_size: int) -> None:
@@ -538,21 +536,36 @@ class _SparkPartitionDataset(torch.utils.data.IterableDataset):
                 raise ValueError("SparkPartitionTorchDataset does not support loading data from "
                                  f"field of type {t}.")
         self.path, self.num_samples, self.batch_size = path, max(0, num_samples), batch_size
-        self.dtypes = [_STOCK_DTYPES[t] for t in types]
+        self.dtypes = [np.dtype(_STOCK_DTYPES[t]) for t in types]
         self.lo, self.hi = _local_share(part.num_rows)
         _columns(part, None, self.lo, self.hi)  # nulls and ragged arrays fail here, not later
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
 
-    def __iter__(self) -> Iterator[List[Any]]:
+    def __iter__(self) -> Iterator[List[np.ndarray]]:
         part = _open(self.path)
         cols = _columns(part, None, self.lo, self.hi)
         m, n, b = self.hi - self.lo, self.num_samples, self.batch_size
         w, nw = _worker()
         for j in range(w, len(self), nw):
-            ranges = list(_ranges(j * b, min(n, (j + 1) * b), self.lo, m))
-            yield [_tensor(_slice_rows(part, c, ranges), dt) for c, dt in zip(cols, self.dtypes, strict=True)]
+            plan = _plan(part, list(_ranges(j * b, min(n, (j + 1) * b), self.lo, m)))
+            yield [np.asarray(_slice_rows(c, plan), dtype=dt)
+                   for c, dt in zip(cols, self.dtypes, strict=True)]
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+class _PartitionLoader(torch.utils.data.DataLoader):
+    """A DataLoader whose workers send ndarrays (pickled through the worker's pipe: for
+    batches of this size far cheaper than a shared-memory segment and a file descriptor
+    per tensor); they become tensors here, in the consuming process, without a copy."""
+
+    def __iter__(self) -> Iterator[List[Any]]:  # type: ignore[override]
+        for batch in super().__iter__():
+            yield [torch.from_numpy(x) for x in batch]
 
 
 def get_spark_partition_data_loader(num_samples: int, batch_size: int, num_workers: int = 1,
@@ -569,13 +582,11 @@ def get_spark_partition_data_loader(num_samples: int, batch_size: int, num_worke
     batches. The DataLoader's ``batch_size`` attribute is None: the dataset yields whole
     batches.
     """
-    from torch.utils.data import DataLoader
-
     _check_sizes(batch_size, None)
     path, schema_file = _partition_path()
     dataset = _SparkPartitionDataset(path, schema_file, num_samples, batch_size)
     if num_workers > 0:
-        return DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                          prefetch_factor=prefetch_factor)
+        return _PartitionLoader(dataset, batch_size=None, num_workers=num_workers,
+                                prefetch_factor=prefetch_factor, collate_fn=_as_is)
     # With no worker, DataLoader refuses any prefetch_factor (as in PySpark).
-    return DataLoader(dataset, batch_size=None, num_workers=num_workers)
+    return _PartitionLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=_as_is)

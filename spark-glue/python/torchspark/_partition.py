@@ -1,0 +1,141 @@
+"""A barrier task's DataFrame partition, staged once for the node's training processes.
+
+``TorchDistributor.train_on_dataframe`` runs one barrier task per partition (through
+``mapInArrow``, which hands the task its partition as Arrow record batches). The task
+writes the batches once, as an Arrow IPC stream (PySpark's format), into a file under
+Spark's local dirs, and every training process of the node memory-maps it
+(torchspark/data.py). The file has no name from the start (O_TMPFILE, or created and
+unlinked at once where the file system lacks it): the task holds its descriptor and the
+workers open it as ``/proc/<task pid>/fd/<n>``. So the kernel frees it when the last
+process holding it ends, however the run ends: success, a failure, or a cancel, where
+Spark SIGKILLs the Python worker and no ``finally`` runs. Nothing is ever left behind.
+
+Kept free of torch: this runs in the executor's Python worker.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any, Dict, Iterator, List, Optional
+
+PARTITION_FILE_ENV = "TORCHSPARK_PARTITION_FILE"
+# PySpark's variables, pointing at the same stream and a schema file: PySpark's own
+# _get_spark_partition_data_loader works inside torchspark's train_on_dataframe too.
+STOCK_FILE_ENV = "SPARK_PARTITION_ARROW_DATA_FILE"
+STOCK_SCHEMA_ENV = "SPARK_DATAFRAME_SCHEMA_FILE"
+SPARK_SCHEMA_KEY = b"torchspark.spark_schema"
+
+EMPTY_PARTITION = ("Empty Spark partition is not allowed in "
+                   "TorchDistributor.train_on_dataframe.")  # PySpark's message
+WRONG_PARTITIONS = ("TorchDistributor._train_on_dataframe requires setting num_processes "
+                    "equal to input spark dataframe partition number.")  # PySpark's message
+
+
+def local_dirs() -> List[str]:
+    """Spark's local dirs as the executor's Python worker sees them (PythonRunner passes
+    the block manager's dirs as SPARK_LOCAL_DIRS), then the cluster managers' variables;
+    the system's temporary directory when none exists (the driver in local mode)."""
+    found: List[str] = []
+    for var, sep in (("SPARK_LOCAL_DIRS", ","), ("SPARK_EXECUTOR_DIRS", os.pathsep),
+                     ("LOCAL_DIRS", ",")):
+        for d in os.environ.get(var, "").split(sep):
+            d = d.strip()
+            if d and os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK) and d not in found:
+                found.append(d)
+        if found:
+            return found
+    return [tempfile.gettempdir()]
+
+
+def unnamed_file(directory: str) -> int:
+    """A read-write descriptor (close-on-exec) of a new file in directory that has no name."""
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    except (AttributeError, OSError):  # no O_TMPFILE (kernel, file system): name it briefly
+        fd, name = tempfile.mkstemp(prefix=".torchspark-partition-", dir=directory)
+        os.unlink(name)
+        return fd
+
+
+def fd_path(fd: int) -> str:
+    """A path that opens fd's file from this process's descendants."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+class StagedPartition:
+    """The staged file: its descriptors (held until close()), rows and the environment
+    that leads the training processes to it."""
+
+    def __init__(self, data_fd: int, schema_fd: int, num_rows: int, nbytes: int) -> None:
+        self.data_fd, self.schema_fd = data_fd, schema_fd
+        self.num_rows, self.nbytes = num_rows, nbytes
+        self.env: Dict[str, str] = {
+            PARTITION_FILE_ENV: fd_path(data_fd),
+            STOCK_FILE_ENV: fd_path(data_fd),
+            STOCK_SCHEMA_ENV: fd_path(schema_fd),
+        }
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.schema_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.data_fd = self.schema_fd = -1
+
+    def __enter__(self) -> "StagedPartition":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def stage(batches: Iterator[Any], spark_schema_json: str, partition_id: int = 0,
+          directory: Optional[str] = None) -> StagedPartition:
+    """Writes the record batches (a mapInArrow iterator) to an unnamed Arrow IPC stream
+    under Spark's local dirs (spread over them by partition id); ValueError with
+    PySpark's message when the partition has no rows."""
+    import pyarrow as pa
+
+    if directory is None:
+        dirs = local_dirs()
+        directory = dirs[partition_id % len(dirs)]
+    data_fd = unnamed_file(directory)
+    schema_fd = -1
+    try:
+        rows, writer = 0, None
+        with os.fdopen(os.dup(data_fd), "wb") as f:
+            sink = pa.PythonFile(f, mode="w")
+            for batch in batches:
+                if writer is None:
+                    meta = dict(batch.schema.metadata or {})
+                    meta[SPARK_SCHEMA_KEY] = spark_schema_json.encode("utf-8")
+                    writer = pa.ipc.new_stream(sink, batch.schema.with_metadata(meta))
+                if batch.num_rows:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+            if writer is not None:
+                writer.close()
+            nbytes = f.tell()
+        if rows == 0:
+            raise ValueError(EMPTY_PARTITION)
+        schema_fd = unnamed_file(directory)
+        with os.fdopen(os.dup(schema_fd), "w", encoding="utf-8") as f:
+            f.write(spark_schema_json)
+        return StagedPartition(data_fd, schema_fd, rows, nbytes)
+    except BaseException:
+        os.close(data_fd)
+        if schema_fd >= 0:
+            os.close(schema_fd)
+        raise
+
+
+def check_partitions(num_partitions: int, num_tasks: int, num_processes: int,
+                     per_task: int) -> None:
+    """The DataFrame's partitions must be the job's barrier tasks: PySpark's message,
+    then what to change."""
+    if num_partitions == num_tasks:
+        return
+    per = f" ({per_task} processes per task)" if per_task > 1 else ""
+    raise ValueError(
+        f"{WRONG_PARTITIONS} The DataFrame has {num_partitions} partitions, but "
+        f"num_processes={num_processes}{per} makes {num_tasks} training tasks: repartition "
+        f"it (df.repartition({num_tasks})) or set num_processes={num_partitions * per_task}.")
