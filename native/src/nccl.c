@@ -54,7 +54,7 @@ static __attribute__((format(printf, 3, 4))) void cat(char *buf, size_t len, con
 
 /* ---- the check worker ---- */
 
-#define NCCL_MEMBER(field, sym, ret, params, required) ret(*field) params;
+#define NCCL_MEMBER(field, sym, ret, params, required) tsp_##sym##_fn field;
 typedef struct {
     TSP_NCCL_FUNCS(NCCL_MEMBER)
 } nccl_api_t;
@@ -74,6 +74,12 @@ typedef struct {
     const char *mask;
     double deadline, start;
     result_t r;
+    /* what to release, on every path */
+    const tsp_cuda_api_t *cu;
+    int have_ctx;
+    tsp_cu_device dev;
+    tsp_cu_deviceptr sendb, recvb;
+    tsp_cu_stream stream;
 } worker_t;
 
 static void mask_repr(const char *mask, char *out, size_t len)
@@ -213,7 +219,7 @@ static int load_nccl(worker_t *w, nccl_api_t *n)
     }
     memset(n, 0, sizeof *n);
 #define NCCL_RESOLVE(field, sym, ret, params, required)                                            \
-    n->field = (ret(*) params)(uintptr_t)dlsym(h, #sym);                                           \
+    n->field = (tsp_##sym##_fn)(uintptr_t)dlsym(h, #sym);                                          \
     if (!n->field && (required)) {                                                                 \
         snprintf(w->r.message, sizeof w->r.message,                                                \
                  "torchspark: --nccl-check needs libnccl.so.2 2.14 or newer: %s lacks " #sym       \
@@ -263,6 +269,7 @@ static int run_check(worker_t *w)
     tsp_cu_result rc;
     tsp_cu_device dev;
     tsp_cu_context ctx;
+    w->cu = cu;
     if ((rc = cu->init(0)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuInit", rc);
     if ((rc = cu->device_get(&dev, o->local_rank)) != TSP_CUDA_SUCCESS)
@@ -270,21 +277,23 @@ static int run_check(worker_t *w)
     cu->device_get_pci_bus_id(w->r.bus, (int)sizeof w->r.bus, dev);
     if ((rc = cu->primary_ctx_retain(&ctx, dev)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuDevicePrimaryCtxRetain", rc);
+    w->have_ctx = 1;
+    w->dev = dev;
     if ((rc = cu->ctx_set_current(ctx)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuCtxSetCurrent", rc);
     size_t count = o->bytes / sizeof(float);
     if (count == 0)
         count = 1;
     size_t bytes = count * sizeof(float);
-    tsp_cu_deviceptr sendb = 0, recvb = 0;
-    tsp_cu_stream s = NULL;
-    if ((rc = cu->mem_alloc(&sendb, bytes)) != TSP_CUDA_SUCCESS ||
-        (rc = cu->mem_alloc(&recvb, bytes)) != TSP_CUDA_SUCCESS)
+    if ((rc = cu->mem_alloc(&w->sendb, bytes)) != TSP_CUDA_SUCCESS ||
+        (rc = cu->mem_alloc(&w->recvb, bytes)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemAlloc_v2", rc);
+    tsp_cu_deviceptr sendb = w->sendb, recvb = w->recvb;
     if ((rc = cu->memset_d32(sendb, 0x3f800000u, count)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemsetD32_v2", rc);
-    if ((rc = cu->stream_create(&s, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
+    if ((rc = cu->stream_create(&w->stream, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuStreamCreate", rc);
+    tsp_cu_stream s = w->stream;
     w->r.t_cuda = now() - t;
 
     t = now();
@@ -340,12 +349,9 @@ static int run_check(worker_t *w)
             bad = fail_nccl(w, &n, "ncclAllReduce", nr, 1);
             break;
         }
-        if (i == 0 || i == 25 || i < 6) {
-            if (wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1))
-                bad = 1;
-            else if ((i == 0 || i == 25) && check_values(w, recvb, count, host, cu))
-                bad = 1;
-        }
+        if (i == 0 || i == 25 || i < 6) /* the checked one, the warm-ups, the last */
+            bad = wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1) != 0 ||
+                  ((i == 0 || i == 25) && check_values(w, recvb, count, host, cu));
     }
     free(host);
     if (bad) {
@@ -360,10 +366,6 @@ static int run_check(worker_t *w)
     if (n.finalize)
         n.finalize(comm);
     n.destroy(comm);
-    cu->stream_destroy(s);
-    cu->mem_free(sendb);
-    cu->mem_free(recvb);
-    cu->primary_ctx_release(dev);
     w->r.ok = 1;
     w->r.step = "done";
     return 0;
@@ -380,6 +382,14 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
     gethostname(w.host, sizeof w.host - 1);
     snprintf(w.r.bus, sizeof w.r.bus, "?");
     run_check(&w);
+    if (w.stream) /* released on every path: the GPU's memory is free before training */
+        w.cu->stream_destroy(w.stream);
+    if (w.sendb)
+        w.cu->mem_free(w.sendb);
+    if (w.recvb)
+        w.cu->mem_free(w.recvb);
+    if (w.have_ctx)
+        w.cu->primary_ctx_release(w.dev);
     int fd = dup(o->result_fd);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f) {
