@@ -66,6 +66,7 @@ typedef struct {
     int version;
     char path[512], bus[64];
     double us, algbw, busbw, t_cuda, t_init, t_allreduce;
+    double at; /* CLOCK_MONOTONIC (one clock for every process of the host) when it ended */
 } result_t;
 
 typedef struct {
@@ -94,6 +95,7 @@ static void mask_repr(const char *mask, char *out, size_t len)
 static int fail_cuda(worker_t *w, const char *fn, tsp_cu_result rc)
 {
     char m[600];
+    w->r.at = now();
     mask_repr(w->mask, m, sizeof m);
     w->r.step = "cuda";
     if (rc == TSP_CUDA_ERROR_STUB_LIBRARY) { /* L1 */
@@ -153,6 +155,7 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 {
     const char *said = n->last_error ? n->last_error(NULL) : NULL;
     char h[512], what[128];
+    w->r.at = now();
     if (!said || !*said)
         said = "nothing more (no WARN line)";
     if (in_allreduce)
@@ -170,6 +173,7 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 
 static int timed_out(worker_t *w, const char *step)
 {
+    w->r.at = now(); /* before the abort, which the peers may see as a failure */
     w->r.timeout = 1;
     w->r.step = step;
     snprintf(w->r.message, sizeof w->r.message, "timeout step=%s after=%.1fs", step,
@@ -246,6 +250,7 @@ static int check_values(worker_t *w, tsp_cu_deviceptr buf, size_t count, float *
         return fail_cuda(w, "cuMemcpyDtoH_v2", rc);
     for (size_t i = 0; i < count; i++)
         if (host[i] != (float)w->o->world_size) {
+            w->r.at = now();
             w->r.step = "check";
             snprintf(w->r.message, sizeof w->r.message,
                      "torchspark: NCCL check failed before training: all_reduce on rank %d (host "
@@ -396,10 +401,10 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
         fprintf(f,
                 "{\"rank\": %d, \"local_rank\": %d, \"ok\": %d, \"timeout\": %d, \"step\": \"%s\", "
                 "\"nccl\": %d, \"us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"t_cuda\": %.4f, "
-                "\"t_init\": %.4f, \"t_allreduce\": %.6f, \"after\": %.3f, \"bus\": ",
+                "\"t_init\": %.4f, \"t_allreduce\": %.6f, \"after\": %.3f, \"at\": %.6f, \"bus\": ",
                 o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.step ? w.r.step : "?", w.r.version,
                 w.r.us, w.r.algbw, w.r.busbw, w.r.t_cuda, w.r.t_init, w.r.t_allreduce,
-                now() - w.start);
+                now() - w.start, w.r.at > 0 ? w.r.at : now());
         tsp_json_write_string(f, w.r.bus);
         fputs(", \"path\": ", f);
         tsp_json_write_string(f, w.r.path);
@@ -659,12 +664,12 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     double first_timeout = 1e300;
     for (int i = 0; i < o->nproc; i++)
         if (ch[i].res_len && jint(ch[i].res, ch[i].res_len, "timeout") &&
-            jdbl(ch[i].res, ch[i].res_len, "after") < first_timeout)
-            first_timeout = jdbl(ch[i].res, ch[i].res_len, "after");
+            jdbl(ch[i].res, ch[i].res_len, "at") < first_timeout)
+            first_timeout = jdbl(ch[i].res, ch[i].res_len, "at");
     for (int i = 0; i < o->nproc && !rc; i++) {
         if (!ch[i].res_len || jint(ch[i].res, ch[i].res_len, "ok") ||
             jint(ch[i].res, ch[i].res_len, "timeout") ||
-            jdbl(ch[i].res, ch[i].res_len, "after") >= first_timeout - 0.05)
+            jdbl(ch[i].res, ch[i].res_len, "at") >= first_timeout)
             continue;
         char *m = jget(ch[i].res, ch[i].res_len, "message");
         snprintf(msg, msglen, "%s", m ? m : "torchspark: NCCL check failed before training");
