@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -547,8 +548,12 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         }
         char **env = child_env(o, i, 3);
         char *argv[] = {(char *)o->exe, "--nccl-check-worker", NULL};
+        pid_t parent = getpid();
         pid_t pid = env ? fork() : -1;
         if (pid == 0) { /* only async-signal-safe calls until exec */
+            /* A check process never outlives its agent (SIGKILLed agent included). */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+                _exit(127);
             int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
             if (devnull >= 0)
                 dup2(devnull, 0);
