@@ -729,7 +729,8 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     else
         exe[n] = 0;
     tsp_nccl_preflight_opts_t o = {.exe = exe,
-                                   .lib = val("nccl-lib"),
+                                   .lib = val("nccl-lib") ? val("nccl-lib")
+                                                          : getenv("TORCHSPARK_NCCL_LIB"),
                                    .comm_id = comm_id,
                                    .ifname = getenv("NCCL_SOCKET_IFNAME"),
                                    .nproc = t->nproc_per_node,
@@ -890,6 +891,10 @@ int main(int argc, char **argv)
     if (rc) {
         if (logc)
             tsp_logclient_close(logc, 30000);
+        free((void *)o.redirects);
+        free((void *)o.tee);
+        free((void *)o.show);
+        free(wargv);
         return rc;
     }
     tsp_agent_t *agent;

@@ -9,16 +9,18 @@ empty mask (R2) and the local master's slices run on local[2] in test_distributo
 (a second local-cluster would cost a minute on the 2-core CI machine)."""
 import os
 import sys
+import time
 
 import pytest
 from pyspark import cloudpickle
 
 import tsp_spark
-from torchspark import TorchDistributor
+from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-STUB_NVML = tsp_spark.ROOT / "build" / "tests" / "unit" / "libnvml_stub.so"
+STUBS = tsp_spark.ROOT / "build" / "tests" / "unit"
+STUB_NVML = STUBS / "libnvml_stub.so"
 UA = "GPU-aaaa1111-0000-0000-0000-000000000001"
 UB = "GPU-bbbb2222-0000-0000-0000-000000000002"
 DEVICES = (f"{UA}@00000000:3B:00.0@Stub H100@0@0;"
@@ -34,6 +36,11 @@ def _session(tmp_path_factory, addresses, executor_env):
         "spark.task.resource.gpu.amount": str(len(addresses)),
         "spark.executorEnv.TORCHSPARK_LIBNVML": str(STUB_NVML),
         "spark.executorEnv.STUB_NVML_DEVICES": DEVICES,
+        # For the NCCL preflight: the stub driver and NCCL (both executors are this host).
+        "spark.executorEnv.TORCHSPARK_LIBCUDA": str(STUBS / "libcuda_stub.so"),
+        "spark.executorEnv.STUB_CUDA_DEVICES": "0000:3b:00.0,0000:5e:00.0",
+        "spark.executorEnv.STUB_CUDA_UUIDS": f"{UA},{UB}",
+        "spark.executorEnv.TORCHSPARK_NCCL_LIB": str(STUBS / "libnccl_stub.so"),
     }
     for k, v in executor_env.items():
         conf[f"spark.executorEnv.{k}"] = v
@@ -74,3 +81,32 @@ def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed):
 def test_uuid_addresses_in_a_cpu_run_hide_the_gpus(uuid_narrowed):
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert {r[2] for r in d.run(_masks)} == {""}
+
+
+def _train(stamp):
+    with open(stamp, "a") as f:
+        f.write("trained\n")
+
+
+def test_nccl_preflight_failure_reaches_the_driver_before_training(uuid_narrowed, tmp_path):
+    # Both executors run on this host with the same two (stub) GPUs, so NCCL sees ranks of
+    # different tasks on one device: the preflight fails before any training process runs.
+    uuid_narrowed.conf.set("spark.torchspark.ncclCheck", "true")
+    uuid_narrowed.conf.set("spark.torchspark.ncclCheck.timeout", "20s")
+    try:
+        stamp = str(tmp_path / "trained")
+        d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+        t = time.monotonic()
+        with pytest.raises(TorchDistributorError) as e:
+            d.run(_train, stamp)
+        took = time.monotonic() - t
+    finally:
+        uuid_narrowed.conf.unset("spark.torchspark.ncclCheck")
+        uuid_narrowed.conf.unset("spark.torchspark.ncclCheck.timeout")
+    text = str(e.value)
+    assert "torchspark: NCCL check failed before training: rank " in text, text
+    assert "ncclCommInitRankConfig returned 'invalid usage" in text
+    assert "Duplicate GPU detected : rank " in text
+    assert "Two ranks were given one GPU" in text
+    assert not os.path.exists(stamp)  # training never started
+    assert took < 20, took  # a failure, not the deadline

@@ -215,6 +215,22 @@ class TorchDistributor:
             return None
         return [ln.decode("utf-8", errors="replace") for ln in lines] or None
 
+    def _nccl_check_timeout(self) -> float:
+        """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off: conf
+        spark.torchspark.ncclCheck (default false) or TORCHSPARK_NCCL_CHECK=1 on the driver;
+        spark.torchspark.ncclCheck.timeout (default 180s)."""
+        env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").lower() in ("1", "true")
+        if not self.use_gpu or not (
+                env or _get_conf_boolean(self.spark, "spark.torchspark.ncclCheck", "false")):
+            return 0
+        raw = _get_conf(self.spark, "spark.torchspark.ncclCheck.timeout", "180s").strip().lower()
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(f"spark.torchspark.ncclCheck.timeout is '{raw}': give a duration "
+                             "such as 180s, 3min or 500ms")
+        scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+        return float(m.group(1)) * scale
+
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         env = dict(os.environ)  # os.environ itself is never changed
@@ -245,7 +261,8 @@ class TorchDistributor:
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
-                                        program=program, gpus=gpus)
+                                        program=program, gpus=gpus,
+                                        nccl_check=self._nccl_check_timeout() if gpus else 0)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
             res = _launch.Agent(cmd, env, echo=echo).run(error_file)
@@ -342,6 +359,8 @@ class TorchDistributor:
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
+            "nccl_check": self._nccl_check_timeout(),
+            "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
         }
         try:
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
