@@ -240,7 +240,7 @@ class TorchDistributor:
             endpoint = None
             if server is not None:
                 pump = _LogPump(server)
-                endpoint = f"{server.host}:{server.port}"
+                endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
@@ -321,7 +321,7 @@ class TorchDistributor:
             "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
             "script_args": script_args,
-            "log_endpoint": (_host_port(driver_host or server.host, server.port)
+            "log_endpoint": (_native.endpoint_text(driver_host or server.host, server.port)
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
@@ -426,10 +426,6 @@ class TorchDistributor:
                   "host": root.get("host"), "peer": root.get("peer"),
                   "message": root.get("message"), "tail": tail}
         return TorchDistributorError("\n".join(lines), report)
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _echo_stderr(line: str) -> None:
