@@ -163,7 +163,7 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
     if (rc)
         return tsp__err(err, errlen, rc, "sending HELLO: %s", strerror(-rc));
     /* CHALLENGE, or ERROR with the driver's reason. */
-    tsp_wire_hdr_t rh;
+    tsp_wire_hdr_t rh = {0};
     if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)

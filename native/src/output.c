@@ -180,7 +180,7 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
         rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
     if (rc)
         return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", tsp_strerror(rc));
-    tsp_wire_hdr_t h;
+    tsp_wire_hdr_t h = {0};
     rc = tsp__sock_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
                               errlen);
     if (rc)

@@ -256,7 +256,7 @@ class TorchDistributor:
             endpoint = None
             if server is not None:
                 pump = _LogPump(server)
-                endpoint = f"{server.host}:{server.port}"
+                endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
@@ -355,7 +355,7 @@ class TorchDistributor:
             "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
             "driver_cwd": os.getcwd(),
             "script_args": script_args,
-            "log_endpoint": (_host_port(advertised or server.host, server.port)
+            "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
@@ -526,10 +526,6 @@ def _version() -> str:
     import torchspark
 
     return torchspark.__version__
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _echo_stderr(line: str) -> None:
