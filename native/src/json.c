@@ -3,7 +3,7 @@
  * it answers anything, never trusts a length, and caps nesting at TSP_JSON_MAX_DEPTH.
  * One recursive-descent parser serves validation (emit == NULL) and the canonical
  * re-emission (emit != NULL); the path lookup walks a document already validated. */
-#include "torchspark/json.h"
+#include "json.h"
 
 #include <errno.h>
 #include <stdint.h>

@@ -3,14 +3,15 @@
  * bookkeeping of LOGS connections that ended without CLOSE until their grace is over and
  * the node is declared lost. Runs on the epoll thread (logserver.c); the host reads the
  * results through ctl_mu. */
-#include "logserver_int.h"
+#include "logctl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "logdial.h" /* tsp__now_ms */
-#include "torchspark/json.h"
+#include "json.h"
+#include "logsend.h"
+#include "util.h"
 
 void tsp__conn_stop(tsp_logserver_t *s, conn_t *c)
 {

@@ -1,6 +1,6 @@
 /* proc.c: fork/exec of one worker, and signalling whole process trees. */
-#include "torchspark/proc.h"
-#include "torchspark/env.h"
+#include "proc.h"
+#include "env.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -14,7 +14,24 @@
 #define TSP_REPORT_H
 
 #include <stdio.h>
-#include "torchspark/agent.h"
+#include <sys/types.h>
+
+/* One worker's failure, as the agent observed it (report.c reads the rest from the
+ * worker's error file). */
+typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
+    int rank, local_rank;
+    pid_t pid;
+    int exitcode; /* torchrun's: the exit code, or -signal */
+    int status;   /* the shell's: the exit code, or 128 + signal (tsp_proc_exit_code) */
+    int signal;   /* the signal that ended the worker, 0 when none */
+    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
+    int has_error_file;
+    char error_file[512];
+    /* Owned by the agent, valid until it restarts or closes: */
+    char *message;        /* one line: the worker's error, or what happened to it */
+    char *traceback;      /* the worker's whole traceback (capped), or NULL */
+    const char *document; /* the failure document (JSON, docs/cli.md) of the root cause */
+} tsp_failure_t;
 
 /* A traceback keeps at most this many lines: the first and the last half of them, with
  * one line in between saying how many were left out; and at most TSP_REPORT_TRACEBACK_BYTES

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "torchspark/json.h"
+#include "json.h"
 
 static char *canonical(const char *doc, size_t len, size_t *out_len, int *rc)
 {

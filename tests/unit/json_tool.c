@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "torchspark/json.h"
+#include "json.h"
 
 static int read_full(void *buf, size_t n)
 {

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "torchspark/json.h"
+#include "json.h"
 
 static int get(const char *doc, const char *path, char **out, int *type)
 {

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "torchspark/proc.h"
+#include "proc.h"
 
 static int read_all(int fd, char *buf, size_t len)
 {

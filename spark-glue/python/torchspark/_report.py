@@ -21,6 +21,8 @@ import re
 import signal as _signal
 from typing import Dict, Iterable, List, Optional
 
+from torchspark import _native
+
 MARKER = "TORCHSPARK-FAILURE-REPORT-V1:"
 _MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")
 TAIL_IN_MESSAGE = 20
@@ -72,10 +74,10 @@ def exit_status(returncode: int) -> "tuple[int, int]":
 
 
 def rank_tail(lines: List[str], rank: Optional[int]) -> List[str]:
-    """The lines of one rank (by the agent's "[rankR]: " prefix), else all of them."""
+    """The lines of one rank (by their "[rank R] " prefix), else all of them."""
     if rank is None:
         return lines
-    prefix = f"[rank{rank}]: "
+    prefix = _native.line_prefix(rank)
     mine = [ln for ln in lines if ln.startswith(prefix)]
     return mine or lines
 
