@@ -399,21 +399,33 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
     int fd = dup(o->result_fd);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f) {
-        fprintf(f,
-                "{\"rank\": %d, \"local_rank\": %d, \"ok\": %d, \"timeout\": %d, \"step\": \"%s\", "
-                "\"nccl\": %d, \"us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"t_cuda\": %.4f, "
-                "\"t_init\": %.4f, \"t_allreduce\": %.6f, \"after\": %.3f, \"at\": %.6f, \"bus\": ",
-                o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.step ? w.r.step : "?", w.r.version,
-                w.r.us, w.r.algbw, w.r.busbw, w.r.t_cuda, w.r.t_init, w.r.t_allreduce,
-                now() - w.start, w.r.at > 0 ? w.r.at : now());
-        tsp_json_write_string(f, w.r.bus);
-        fputs(", \"path\": ", f);
-        tsp_json_write_string(f, w.r.path);
-        fputs(", \"host\": ", f);
-        tsp_json_write_string(f, w.host);
-        fputs(", \"message\": ", f);
-        tsp_json_write_string(f, w.r.message);
-        fputs("}\n", f);
+        tsp_json_writer_t jw;
+        tsp_json_writer_init(&jw, f);
+        tsp_json_begin_object(&jw);
+        const char *ikeys[] = {"rank", "local_rank", "ok", "timeout", "nccl"};
+        const int ivals[] = {o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.version};
+        for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
+            tsp_json_key(&jw, ikeys[i]);
+            tsp_json_int(&jw, ivals[i]);
+        }
+        const char *dkeys[] = {"us",     "algbw",       "busbw", "t_cuda",
+                               "t_init", "t_allreduce", "after", "at"};
+        const double dvals[] = {
+            w.r.us,     w.r.algbw,       w.r.busbw,       w.r.t_cuda,
+            w.r.t_init, w.r.t_allreduce, now() - w.start, w.r.at > 0 ? w.r.at : now()};
+        const int digits[] = {3, 4, 4, 4, 4, 6, 3, 6};
+        for (size_t i = 0; i < sizeof dkeys / sizeof dkeys[0]; i++) {
+            tsp_json_key(&jw, dkeys[i]);
+            tsp_json_fixed(&jw, dvals[i], digits[i]);
+        }
+        const char *skeys[] = {"step", "bus", "path", "host", "message"};
+        const char *svals[] = {w.r.step ? w.r.step : "?", w.r.bus, w.r.path, w.host, w.r.message};
+        for (size_t i = 0; i < sizeof skeys / sizeof skeys[0]; i++) {
+            tsp_json_key(&jw, skeys[i]);
+            tsp_json_str(&jw, svals[i]);
+        }
+        tsp_json_end(&jw);
+        fputc('\n', f);
         fclose(f);
     }
     return w.r.ok ? 0 : 1;

@@ -331,7 +331,10 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
                                root->status, root->signal,     (long long)root->pid};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
         tsp_json_key(&w, ikeys[i]);
-        tsp_json_int(&w, ivals[i]);
+        if (i < 2 && ivals[i] < 0)
+            tsp_json_null(&w); /* a node's own failure (setup): no rank failed */
+        else
+            tsp_json_int(&w, ivals[i]);
     }
     tsp_json_key(&w, "host");
     tsp_json_str(&w, host);

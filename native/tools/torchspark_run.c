@@ -27,6 +27,7 @@
 #include "torchspark/output.h"
 #include "proc.h"
 #include "pyboot.h"
+#include "report.h"
 #include "util.h"
 
 extern char **environ;
@@ -232,21 +233,37 @@ static int gpu_count(void);
  * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
 static int assigned_gpus = -1;
 
-static void write_setup_error(const char *msg, int node_rank, int exitcode)
+typedef struct {
+    tsp_logclient_t *logc;
+    int sent;
+} failure_report_t;
+
+static void send_failure(void *ctx, const tsp_failure_t *f);
+
+/* A failure of the node before any worker ran (GPU assignment, the NCCL preflight): the
+ * same failure document as a worker's (report.h), written to --error-file and, with a log
+ * channel (fr), sent to the driver. rank < 0: no rank is to blame. */
+static void setup_failure(const char *msg, int node_rank, int rank, int status,
+                          failure_report_t *fr)
 {
-    const char *path = val("error-file");
-    FILE *f = path ? fopen(path, "we") : NULL;
-    if (!f)
-        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    tsp_failure_t f = {.rank = rank,
+                       .local_rank = rank < 0 ? -1 : 0,
+                       .pid = getpid(),
+                       .status = status,
+                       .exitcode = status,
+                       .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9,
+                       .message = strdup(msg)};
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    fputs("{\"message\": ", f);
-    tsp_json_write_string(f, msg);
-    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": %d, \"host\": ", node_rank,
-            exitcode);
-    tsp_json_write_string(f, host);
-    fputs("}}\n", f);
-    fclose(f);
+    if (tsp__report_document(&f, host, node_rank) == 0) {
+        if (val("error-file") && tsp__report_write_file(val("error-file"), &f) != 0)
+            fprintf(stderr, "torchspark-run: cannot write the error file %s\n", val("error-file"));
+        if (fr && fr->logc)
+            send_failure(fr, &f);
+    }
+    tsp__report_clear(&f);
 }
 
 static void assign_gpus(void)
@@ -269,7 +286,7 @@ static void assign_gpus(void)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        write_setup_error(err, node_rank, 2);
+        setup_failure(err, node_rank, -1, 2, NULL);
         exit(2);
     }
     fputs(out->warnings, stderr);
@@ -589,11 +606,6 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
 
 /* Tells the driver the root cause before anything else happens on this node: the error
  * file's JSON when there is one, else what the agent knows. */
-typedef struct {
-    tsp_logclient_t *logc;
-    int sent;
-} failure_report_t;
-
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
  * run has failed for good and before its workers are stopped, so the driver can stop the
  * other nodes without waiting for this node's grace period. What is sent is the failure
@@ -745,17 +757,8 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     if (rc == 0)
         return 0;
     if (rc == -ECANCELED)
-        return 128 + SIGTERM;
-    write_setup_error(msg, t->node_rank, 1);
-    if (fr->logc) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        tsp_failure_t f = {.rank = o.first_rank,
-                           .pid = getpid(),
-                           .exitcode = 1,
-                           .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9};
-        send_failure(fr, &f);
-    }
+        return tsp_proc_signal_status(SIGTERM);
+    setup_failure(msg, t->node_rank, o.first_rank, 1, fr);
     return 1;
 }
 
