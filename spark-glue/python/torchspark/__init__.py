@@ -1,10 +1,36 @@
 """torchspark: PyTorch distributed training on Spark, natively.
 
 ``from torchspark import TorchDistributor`` is a drop-in for
-``pyspark.ml.torch.distributor.TorchDistributor``.
+``pyspark.ml.torch.distributor.TorchDistributor``, and ``DeepspeedTorchDistributor`` for
+``pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor``.
+
+The classes are imported on first use (PEP 562): the modules that run on executors and
+in training processes (``torchspark._task``, ``torchspark._fn_runner``) import this
+package too, and should not pay for the driver's imports of pyspark.sql.
 """
-from torchspark._report import TorchDistributorError
-from torchspark.distributor import TorchDistributor
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["TorchDistributor", "TorchDistributorError", "__version__"]
+__all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "TorchDistributorError",
+           "__version__"]
+
+_LAZY = {
+    "TorchDistributor": "torchspark.distributor",
+    "TorchDistributorError": "torchspark._report",
+    "DeepspeedTorchDistributor": "torchspark.deepspeed_distributor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchspark' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(list(globals()) + list(_LAZY))

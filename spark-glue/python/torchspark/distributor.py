@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _job, _launch, _report
+from torchspark import _job, _launch, _rendezvous, _report, _timing
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned, run_node
@@ -194,9 +194,16 @@ class TorchDistributor:
         else:
             fn_bytes = cloudpickle.dumps((train_object, args, kwargs))
             script_args = []
+        clock = self._clock = _timing.Clock(_timing.enabled(self.logger))
         if self.local_mode:
-            return self._run_local_training(train_object, fn_bytes, script_args)
-        return self._run_distributed_training(train_object, fn_bytes, script_args)
+            result = self._run_local_training(train_object, fn_bytes, script_args)
+        else:
+            result = self._run_distributed_training(train_object, fn_bytes, script_args)
+        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
+        clock.report("local" if self.local_mode else "distributed")
+        return result
+
+    _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
 
     def _start_log_server(self, host: str) -> Any:
         """The native log server bound to host, or None (with a WARNING) when the channel
@@ -262,6 +269,8 @@ class TorchDistributor:
                                         program=program)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
+            self._clock.mark("agents_started")
+            env.update(self._clock.env())
             res = _launch.Agent(cmd, env, echo=echo).run(error_file)
             if pump is not None:
                 pump.stop()
@@ -282,6 +291,7 @@ class TorchDistributor:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -314,6 +324,8 @@ class TorchDistributor:
         bind_host = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
         server = self._start_log_server(bind_host or "127.0.0.1")
         pump = _LogPump(server) if server is not None else None
+        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
+        rdv = _start_rendezvous(bind_host or "127.0.0.1") if server is not None else None
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
@@ -331,11 +343,14 @@ class TorchDistributor:
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
+            "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
+            "rendezvous": rdv.spec(driver_host) if rdv is not None else None,
         }
         try:
             self.logger.info(
                 f"Started distributed training with {self.num_processes} executor processes")
             rdd = sc.parallelize(range(self.num_tasks), self.num_tasks)
+            self._clock.mark("job_submitted")
             out = _job.run_barrier_job(
                 sc, lambda: rdd.barrier().mapPartitions(lambda it: run_node(spec, it)).collect(),
                 server)
@@ -366,6 +381,7 @@ class TorchDistributor:
                                        "View stdout logs for detailed error message.")
                 try:
                     result = cloudpickle.loads(data)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -376,6 +392,8 @@ class TorchDistributor:
             # failure every agent was stopped, so a short drain is enough.
             if server is not None:
                 server.close(drain_timeout=5.0 if ok else 1.0)
+            if rdv is not None:
+                rdv.close()
             if pump is not None:
                 pump.stop()
         self.logger.info(
@@ -432,6 +450,13 @@ class TorchDistributor:
                   "host": root.get("host"), "peer": root.get("peer"),
                   "message": root.get("message"), "tail": tail}
         return TorchDistributorError("\n".join(lines), report)
+
+
+def _start_rendezvous(host: str) -> Optional["_rendezvous.Server"]:
+    try:
+        return _rendezvous.Server(host)
+    except OSError:
+        return None  # every task then uses allGather
 
 
 def _host_port(host: str, port: int) -> str:
