@@ -10,9 +10,10 @@
  * unread output remain. Once every worker is gone, remaining descendants are orphans of
  * dead workers and get SIGKILL at once: there is nothing left for them to finish.
  */
-#include "torchspark/agent.h"
-#include "torchspark/proc.h"
+#include "agent.h"
+#include "proc.h"
 #include "report.h"
+#include "sentinel.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -94,7 +95,7 @@ static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 {
     char buf[2048];
-    int off = snprintf(buf, sizeof buf, "torchspark-run: ");
+    int off = snprintf(buf, sizeof buf, "%s", a->o.log_prefix ? a->o.log_prefix : "torchspark: ");
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
@@ -136,6 +137,9 @@ static int write_all(int fd, const struct iovec *iov, int cnt)
 
 int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid)
 {
+    /* First, before we are a subreaper: a job without its sentinel still runs (a process
+     * left behind by an agent SIGKILL is then possible), so a failure here is not fatal. */
+    tsp__sentinel_start();
     sigset_t set;
     sigemptyset(&set);
     int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -498,6 +502,9 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     if ((rc = tsp_env_init(&env, a->o.envp ? a->o.envp : environ)) != 0)
         return rc;
     rc = tsp_topo_worker_env(&a->o.topo, w->local_rank, a->restart_count, w->error_file, &env);
+    /* The job's token: what the sentinel sweeps after an agent SIGKILL (sentinel.h). */
+    if (!rc && tsp__sentinel_token())
+        rc = tsp_env_set(&env, TSP_SENTINEL_VAR, tsp__sentinel_token());
     char **argv = rc ? NULL : worker_argv(a, w->local_rank);
     if (!rc && !argv)
         rc = -ENOMEM;
@@ -587,11 +594,12 @@ static int live_workers(const tsp_agent_t *a)
 static void record_failure(tsp_agent_t *a, worker_t *w)
 {
     tsp_failure_t *f = &a->fails[a->nfails++];
+    tsp__report_clear(f);
     memset(f, 0, sizeof *f);
     f->local_rank = w->local_rank;
     f->rank = tsp_topo_global_rank(&a->o.topo, w->local_rank);
     f->pid = w->pid;
-    f->exitcode = WIFSIGNALED(w->wstatus) ? -WTERMSIG(w->wstatus) : WEXITSTATUS(w->wstatus);
+    tsp__report_set_status(f, w->wstatus);
     f->time = w->exit_time;
     snprintf(f->error_file, sizeof f->error_file, "%s", w->error_file);
     tsp__report_read_error_file(f);
@@ -697,9 +705,12 @@ static void report_root(tsp_agent_t *a)
         return;
     a->reported = 1;
     a->root = tsp__report_root(a->fails, a->nfails);
-    if (a->o.error_file) {
-        int rc = tsp__report_write_json(a->o.error_file, a->host, a->o.topo.node_rank,
-                                        &a->fails[a->root]);
+    tsp_failure_t *root = &a->fails[a->root];
+    int rc = tsp__report_document(root, a->host, a->o.topo.node_rank);
+    if (rc)
+        agent_log(a, "cannot build the failure report: %s", strerror(-rc));
+    else if (a->o.error_file) {
+        rc = tsp__report_write_file(a->o.error_file, root);
         if (rc)
             agent_log(a, "cannot write the error file %s: %s", a->o.error_file, strerror(-rc));
     }
@@ -800,8 +811,7 @@ int tsp_agent_run(tsp_agent_t *a)
                               a->root);
             fclose(out);
         }
-        int code = a->fails[a->root].exitcode;
-        return code < 0 ? 128 - code : code;
+        return a->fails[a->root].status;
     }
     return a->stop_signal ? 128 + a->stop_signal : 0;
 }
@@ -937,6 +947,8 @@ void tsp_agent_close(tsp_agent_t *a)
             close(fds[i]);
     if (a->own_log_dir && a->log_dir[0])
         nftw(a->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    for (int i = 0; a->fails && i < a->n; i++)
+        tsp__report_clear(&a->fails[i]);
     free(a->w);
     free(a->fails);
     free(a);

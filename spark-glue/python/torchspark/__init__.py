@@ -10,9 +10,11 @@ package too, and should not pay for the driver's imports of pyspark.sql.
 """
 from typing import Any
 
+from torchspark._lib import jar_path
+
 __version__ = "0.1.0"
 __all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "TorchDistributorError",
-           "__version__"]
+           "jar_path", "__version__"]
 
 _LAZY = {
     "TorchDistributor": "torchspark.distributor",

@@ -8,11 +8,6 @@ import sys
 import threading
 from typing import Any
 
-try:  # the native log channel (torchspark/_native.py); optional until it is built
-    from torchspark import _native  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
-
 __all__ = ["_LogPump"]
 
 
@@ -47,24 +42,9 @@ class _LogPump:
                                         name="torchspark-log-pump")
         self._thread.start()
 
-    @staticmethod
-    def _format(line: Any) -> str:
-        fmt = getattr(_native, "format_line", None)
-        if fmt is not None:
-            text = fmt(line)
-            if isinstance(text, bytes):
-                text = text.decode("utf-8", errors="replace")
-        else:
-            data = line.data.decode("utf-8", errors="replace")
-            text = f"[rank{line.rank}]: {data}"
-        return text if text.endswith("\n") else text + "\n"
-
     def _drain_once(self, timeout_ms: int) -> int:
-        read_text = getattr(self.server, "read_text", None)
-        if read_text is not None:  # formatted natively: no Python work per line
-            text = read_text(MAX_LINES, timeout_ms)
-        else:
-            text = "".join(self._format(ln) for ln in self.server.pull(4096, timeout_ms))
+        # Formatted natively (one prefix format, lines.c): no Python work per line.
+        text = self.server.read_text(MAX_LINES, timeout_ms)
         if text:
             with self._print_lock:
                 sys.stderr.write(text)

@@ -20,15 +20,10 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _job, _launch, _rendezvous, _report, _timing
+from torchspark import _job, _launch, _native, _rendezvous, _report, _timing
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
-from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned, run_node
-
-try:  # the native log channel (torchspark/_native.py); optional until it is built
-    from torchspark import _native  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
+from torchspark._task import run_node
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -206,13 +201,8 @@ class TorchDistributor:
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
 
     def _start_log_server(self, host: str) -> Any:
-        """The native log server bound to host, or None (with a WARNING) when the channel
-        cannot be used at all."""
-        if _native is None or not hasattr(_native, "LogServer"):
-            self.logger.warning("torchspark's native log channel is not available in this "
-                                "installation: worker output goes to the agents' own output "
-                                "and rank 0's result travels through collect()")
-            return None
+        """The native log server bound to host, or None (with a WARNING) when it cannot
+        start."""
         try:
             return _native.LogServer(host=host, port=0)
         except Exception as e:
@@ -240,11 +230,12 @@ class TorchDistributor:
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         env = dict(os.environ)  # os.environ itself is never changed
+        gpus = None
         if self.use_gpu and not self.is_remote:
-            owned = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
-                               os.environ.get(CUDA_VISIBLE_DEVICES))
-            # The first num_processes GPUs: deterministic, and no global RNG is touched.
-            env[CUDA_VISIBLE_DEVICES] = ",".join(owned[: self.num_processes])
+            # The first num_processes of the driver's GPUs: deterministic, and no global RNG
+            # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
+            owned = list(_get_resources(self.spark)["gpu"].addresses)
+            gpus = ",".join(owned[: self.num_processes])
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = None
         try:
@@ -266,7 +257,7 @@ class TorchDistributor:
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
-                                        program=program)
+                                        program=program, gpus=gpus)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
             self._clock.mark("agents_started")
@@ -318,8 +309,16 @@ class TorchDistributor:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus: List[str] = []
         if self.is_spark_local_master and self.use_gpu:
-            driver_gpus = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
-                                     os.environ.get(CUDA_VISIBLE_DEVICES))
+            # Each task takes its own k of the driver's GPUs (raw addresses: its agent
+            # assigns them against the mask it inherits); too few is an error, not a CPU run.
+            driver_gpus = list(_get_resources(self.spark)["gpu"].addresses)
+            need = self.num_tasks * self._gpus_per_task
+            if len(driver_gpus) < need:
+                raise RuntimeError(
+                    f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
+                    f"need {need} driver GPUs, but the driver has {len(driver_gpus)}: "
+                    f"{driver_gpus}; lower num_processes or raise "
+                    "spark.driver.resource.gpu.amount")
         # Bind where Spark's own driver endpoint binds; advertise what executors use.
         bind_host = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
         server = self._start_log_server(bind_host or "127.0.0.1")
@@ -438,7 +437,7 @@ class TorchDistributor:
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
-            tail += [f"[rank{rank}]: {ln}" for ln in got]
+            tail += [_native.line_prefix(rank) + ln for ln in got]
         if tail:
             lines.append(f"Last {len(tail)} lines of node {node}'s output:")
             lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
