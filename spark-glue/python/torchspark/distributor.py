@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _boot, _job, _launch, _native, _report, _ship
+from torchspark import _boot, _job, _launch, _native, _rendezvous, _report, _ship, _timing
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 
@@ -189,9 +189,16 @@ class TorchDistributor:
         else:
             fn_bytes = cloudpickle.dumps((train_object, args, kwargs))
             script_args = []
+        clock = self._clock = _timing.Clock(_timing.enabled(self.logger))
         if self.local_mode:
-            return self._run_local_training(train_object, fn_bytes, script_args)
-        return self._run_distributed_training(train_object, fn_bytes, script_args)
+            result = self._run_local_training(train_object, fn_bytes, script_args)
+        else:
+            result = self._run_distributed_training(train_object, fn_bytes, script_args)
+        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
+        clock.report("local" if self.local_mode else "distributed")
+        return result
+
+    _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
 
     def _start_log_server(self, host: str) -> Any:
         """The native log server bound to host, or None (with a WARNING) when it cannot
@@ -265,6 +272,8 @@ class TorchDistributor:
                                         nccl_check=self._nccl_check_timeout() if gpus else 0)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
+            self._clock.mark("agents_started")
+            env.update(self._clock.env())
             res = _launch.Agent(cmd, env, echo=echo).run(error_file)
             if pump is not None:
                 pump.stop()
@@ -285,6 +294,7 @@ class TorchDistributor:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -338,6 +348,8 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
+        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
+        rdv = _start_rendezvous(bind_host or "127.0.0.1") if server is not None else None
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
@@ -361,8 +373,11 @@ class TorchDistributor:
             "result_via_channel": server is not None,
             "nccl_check": self._nccl_check_timeout(),
             "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
+            "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
+            "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,
         }
         try:
+            self._clock.mark("job_submitted")
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote)
             if out.spark_error is not None or out.root is not None:
@@ -403,6 +418,7 @@ class TorchDistributor:
                                        "View stdout logs for detailed error message.")
                 try:
                     result = cloudpickle.loads(data)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -413,6 +429,8 @@ class TorchDistributor:
             # failure every agent was stopped, so a short drain is enough.
             if server is not None:
                 server.close(drain_timeout=5.0 if ok else 1.0)
+            if rdv is not None:
+                rdv.close()
             if pump is not None:
                 pump.stop()
         return result
@@ -526,6 +544,13 @@ def _version() -> str:
     import torchspark
 
     return torchspark.__version__
+
+
+def _start_rendezvous(host: str) -> Optional["_rendezvous.Server"]:
+    try:
+        return _rendezvous.Server(host)
+    except OSError:
+        return None  # every task then uses allGather
 
 
 def _echo_stderr(line: str) -> None:
