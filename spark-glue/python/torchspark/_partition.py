@@ -29,6 +29,9 @@ EMPTY_PARTITION = ("Empty Spark partition is not allowed in "
                    "TorchDistributor.train_on_dataframe.")  # PySpark's message
 WRONG_PARTITIONS = ("TorchDistributor._train_on_dataframe requires setting num_processes "
                     "equal to input spark dataframe partition number.")  # PySpark's message
+# Marks a task's refusal of its input (an empty partition, the partition count), raised
+# on the driver as the ValueError it is, with PySpark's message.
+INPUT_ERROR = "TORCHSPARK_DATAFRAME_INPUT_ERROR"
 
 
 def local_dirs() -> List[str]:
@@ -139,3 +142,70 @@ def check_partitions(num_partitions: int, num_tasks: int, num_processes: int,
         f"{WRONG_PARTITIONS} The DataFrame has {num_partitions} partitions, but "
         f"num_processes={num_processes}{per} makes {num_tasks} training tasks: repartition "
         f"it (df.repartition({num_tasks})) or set num_processes={num_partitions * per_task}.")
+
+
+# ---- the hooks: driver (TorchDistributor.train_on_dataframe) and task (run_node) -------------
+
+def dataframe_spec(dist: Any, df: Any) -> Dict[str, Any]:
+    """Checks a train_on_dataframe call on the driver; what every task needs to stage its
+    partition (spec["dataframe"])."""
+    if dist.local_mode:
+        raise ValueError("TorchDistributor.train_on_dataframe requires setting "
+                         "TorchDistributor.local_mode to False.")  # PySpark's message
+    per_task = dist._gpus_per_task if dist.use_gpu else 1
+    num_partitions = _num_partitions(df)
+    if num_partitions is not None:  # else (Spark Connect) every task checks it
+        check_partitions(num_partitions, dist.num_tasks, dist.num_processes, per_task)
+    return {"schema_json": df.schema.json(), "num_tasks": dist.num_tasks,
+            "num_processes": dist.num_processes, "per_task": per_task}
+
+
+def _num_partitions(df: Any) -> Optional[int]:
+    try:
+        return df.rdd.getNumPartitions()
+    except Exception:  # Spark Connect: no RDD on the client
+        return None
+
+
+def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],
+                     ctx: Any) -> Optional[StagedPartition]:
+    """In a barrier task: the DataFrame's partition staged for the node's processes
+    (their environment in .env; close() when the node is done), or None for run(),
+    whose input rows carry nothing."""
+    frame = spec.get("dataframe")
+    if frame is None:
+        for _ in iterator:
+            pass
+        return None
+    try:
+        check_partitions(len(ctx.getTaskInfos()), frame["num_tasks"], frame["num_processes"],
+                         frame["per_task"])
+        return stage(iterator, frame["schema_json"], ctx.partitionId())
+    except ValueError as e:
+        raise ValueError(f"{INPUT_ERROR}: {e}") from None
+
+
+
+def train_on_dataframe(dist: Any, train_function: Any, df: Any, args: Any, kwargs: Any) -> Any:
+    """TorchDistributor.train_on_dataframe: the checks, then distributed training with df
+    as the barrier stage's input."""
+    import re
+
+    from pyspark import cloudpickle
+
+    frame = dataframe_spec(dist, df)
+    if isinstance(train_function, str):  # a script, as run() takes one
+        if kwargs:
+            raise ValueError("Running pytorch file does not support key-word type arguments.")
+        fn_bytes, script_args = None, [str(a) for a in args]
+    else:
+        fn_bytes, script_args = cloudpickle.dumps((train_function, args, kwargs)), []
+    try:
+        return dist._run_distributed_training(train_function, fn_bytes, script_args,
+                                              dataframe=(df, frame))
+    except Exception as e:
+        text = f"{e}\n{e.__cause__}"
+        m = re.search(re.escape(INPUT_ERROR) + r": (.*)", text)
+        if m is None:
+            raise
+        raise ValueError(m.group(1).strip()) from e

@@ -1,0 +1,203 @@
+"""TorchDistributor.train_on_dataframe on local-cluster[2,1,1024] (2 executors with 2 fake
+GPUs each): real gloo DDP on a DataFrame with numeric, array<float> and ML vector columns
+through both loaders, every row seen exactly once per epoch across the ranks (by id), 2
+processes per task with use_gpu, PySpark's errors, and no partition file left behind after
+a failure or a cancel (the file has no name; a process holding or mapping it is what keeps
+it, so the test looks for those)."""
+import os
+import sys
+import threading
+import time
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.sql import functions as F
+
+import tsp_spark
+from torchspark import TorchDistributor, TorchDistributorError
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+N = 1200  # rows: 600 a partition, 300 a process with 2 processes per task
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    gpus = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
+    local = tmp_path_factory.mktemp("local")
+    s = tsp_spark.session("local-cluster[2,1,1024]", {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": gpus,
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.task.resource.gpu.amount": "2",
+        "spark.local.dir": str(local),
+    })
+    s.conf.set("torchspark.test.localDir", str(local))
+    yield s
+    s.stop()
+
+
+def _vector(i):
+    return Vectors.dense([float(i), 1.0, -float(i)]) if i % 2 else Vectors.sparse(3, [i % 3], [float(i)])
+
+
+def frame(spark, n=N, parts=2):
+    vec = F.udf(_vector, VectorUDT())
+    return (spark.range(0, n, numPartitions=parts)
+            .withColumn("x", (F.col("id") * 0.5).cast("float"))
+            .withColumn("w", (F.col("id") % 7).cast("double"))
+            .withColumn("feat", F.array(*[(F.col("id") + k).cast("float") for k in range(4)]))
+            .withColumn("vec", vec("id"))
+            .withColumn("label", (F.col("id") % 3).cast("double")))
+
+
+def _train(batch_size):
+    """Epoch 0 through PySpark's loader (2 DataLoader workers), epoch 1 through the
+    columnar API, shuffled; rank 0 returns every rank's ids per epoch and what it saw."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as fn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torchspark
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(1 + 1 + 4 + 3, 1).double())
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    n = torchspark.partition_num_rows()
+    seen, dtypes = [], None
+    for epoch in range(2):
+        if epoch == 0:
+            batches = torchspark.get_spark_partition_data_loader(n, batch_size, num_workers=2)
+        else:
+            batches = ([b[c] for c in ("id", "x", "w", "feat", "vec", "label")]
+                       for b in torchspark.partition_batches(batch_size, shuffle=True, seed=1))
+        ids = []
+        for id_, x, w, feat, vec, label in batches:
+            dtypes = dtypes or [str(t.dtype) for t in (id_, x, w, feat, vec, label)]
+            odd = id_ % 2 == 1  # dense [i, 1, -i]; even: sparse, i at index i % 3
+            assert torch.equal(feat[:, 0], id_.float()) and torch.equal(x.double(), id_.double() * 0.5)
+            assert torch.equal(vec[odd, 0], id_[odd].double())
+            assert torch.equal(vec[~odd].sum(1), id_[~odd].double())
+            inp = torch.cat([x[:, None].double(), w[:, None], feat.double(), vec], 1)
+            loss = fn.mse_loss(model(inp).squeeze(1), label)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            ids += id_.tolist()
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, ids)
+        seen.append(everyone)
+    if dist.get_rank() != 0:
+        return None
+    return {"seen": seen, "dtypes": dtypes, "local_world": os.environ["LOCAL_WORLD_SIZE"],
+            "weight": model.module.weight.detach().tolist()}
+
+
+def assert_each_row_once(out, world):
+    for epoch, per_rank in enumerate(out["seen"]):
+        assert len(per_rank) == world
+        assert all(per_rank), f"epoch {epoch}: a rank read nothing"
+        flat = sorted(i for ids in per_rank for i in ids)
+        assert flat == list(range(N)), f"epoch {epoch}: rows missing or seen twice"
+
+
+def test_ddp_on_a_dataframe_with_both_loaders(spark):
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    out = d.train_on_dataframe(_train, frame(spark), 50)
+    assert_each_row_once(out, 2)
+    assert out["local_world"] == "1"
+    # PySpark's dtypes: bigint, float, double -> int64, float64, float64; array<float> float32.
+    assert out["dtypes"] == ["torch.int64", "torch.float64", "torch.float64", "torch.float32",
+                             "torch.float64", "torch.float64"]
+
+
+def test_two_processes_per_task_with_fake_gpus(spark):
+    """use_gpu with 2 (fake) GPUs a task: 4 processes, each its own quarter of the rows,
+    through PySpark's name for the method."""
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    out = d._train_on_dataframe(_train, frame(spark), 50)
+    assert_each_row_once(out, 4)
+    assert out["local_world"] == "2"
+    assert all(len(ids) == N // 4 for ids in out["seen"][0])
+
+
+def test_pyspark_errors(spark):
+    with pytest.raises(ValueError, match="^TorchDistributor.train_on_dataframe requires setting "
+                                         "TorchDistributor.local_mode to False.$"):
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).train_on_dataframe(
+            _train, frame(spark), 50)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(ValueError, match=r"requires setting num_processes equal to input spark "
+                                         r"dataframe partition number\. The DataFrame has 3 "
+                                         r"partitions.*df.repartition\(2\)"):
+        d.train_on_dataframe(_train, frame(spark, parts=3), 50)
+    with pytest.raises(Exception, match="Empty Spark partition is not allowed in "
+                                        "TorchDistributor.train_on_dataframe."):
+        d.train_on_dataframe(_train, frame(spark, n=1), 50)
+
+
+def partition_files(local_dir):
+    """Processes that hold or map a file under local_dir: what keeps a partition alive."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith(local_dir) and target.endswith("(deleted)"):
+                    found.append((int(pid), target))
+            with open(f"/proc/{pid}/maps") as f:
+                found += [(int(pid), ln.split(None, 5)[-1].strip()) for ln in f
+                          if local_dir in ln and "(deleted)" in ln]
+        except OSError:
+            continue
+    return found
+
+
+def wait_for(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return cond()
+
+
+def _read_then(action):
+    import os
+    import time
+
+    import torchspark
+
+    next(torchspark.partition_batches(10))
+    if action == "fail" and os.environ["RANK"] == "1":
+        raise RuntimeError("rank 1 fails after reading")
+    time.sleep(120)
+
+
+def test_failure_and_cancel_leave_no_partition_file(spark):
+    local_dir = spark.conf.get("torchspark.test.localDir")
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TorchDistributorError, match="rank 1 fails after reading"):
+        d.train_on_dataframe(_read_then, frame(spark), "fail")
+    assert wait_for(lambda: not partition_files(local_dir), 15), partition_files(local_dir)
+
+    box = {}
+
+    def run():
+        try:
+            d.train_on_dataframe(_read_then, frame(spark), "sleep")
+        except BaseException as e:  # noqa: B902 - checked below
+            box["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    # Both tasks' files are held (the tasks) and mapped (the training processes).
+    assert wait_for(lambda: len({p for p, _ in partition_files(local_dir)}) >= 4, 120), \
+        partition_files(local_dir)
+    spark.sparkContext.cancelAllJobs()
+    t.join(60)
+    assert not t.is_alive() and "error" in box
+    assert wait_for(lambda: not partition_files(local_dir), 15), partition_files(local_dir)
+    assert not [f for _, _, fs in os.walk(local_dir) for f in fs if "partition" in f]
