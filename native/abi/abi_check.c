@@ -14,9 +14,9 @@
 #endif
 
 #define TSP_ABI_CHECK 1
-#include "cudaapi.h"
+#include "../src/cudaapi.h" /* by path: native/src/nccl.h must not shadow <nccl.h> */
 #ifdef TSP_ABI_CHECK_NCCL
-#include "ncclapi.h"
+#include "../src/ncclapi.h"
 #endif
 
 #define SAME_FN(field, sym, ret, params)                                                           \

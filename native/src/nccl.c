@@ -5,7 +5,7 @@
  * and times 20 after 5 warm-ups as nccl-tests does. The node's side execs one worker per
  * local GPU, supervises them with a hard kill at deadline + 5 s and turns their result
  * lines into one message. */
-#include "torchspark/nccl.h"
+#include "nccl.h"
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -24,7 +24,7 @@
 
 #include "cudaapi.h"
 #include "ncclapi.h"
-#include "torchspark/json.h"
+#include "json.h"
 
 extern char **environ;
 

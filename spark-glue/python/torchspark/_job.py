@@ -41,6 +41,7 @@ def run_barrier_job(sc: Any, job: Callable[[], List[bytes]], server: Any) -> Out
     def run_job() -> None:
         try:
             sc.addJobTag(tag)
+            sc.setLocalProperty("torchspark.run", tag)  # marks the tasks for TorchSparkPlugin
             try:
                 box["chunks"] = job()
             finally:

@@ -66,8 +66,9 @@ def agent_command(
     if log_endpoint:
         cmd += ["--log-endpoint", log_endpoint]
     else:
-        # No channel: the agent's own output carries the lines, rank-prefixed.
-        cmd += ["--tee=3", "--log-line-prefix-template=[rank${rank}]: "]
+        # No channel: the agent's own output carries the lines with the users' one prefix,
+        # "[rank N] " (_native.line_prefix), through torchrun's template option.
+        cmd += ["--tee=3", "--log-line-prefix-template=[rank ${rank}] "]
     if output_file:
         cmd += ["--output-file", output_file]
     return cmd + list(program)

@@ -16,22 +16,11 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
 from torchspark import _elect, _launch, _report
-from torchspark._lib import load_library
+from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
-
-
-class _GpuRequest(ctypes.Structure):
-    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
-                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
-
-
-class _GpuAssignment(ctypes.Structure):
-    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
-                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
-                ("warnings", ctypes.c_char * 2048)]
 
 
 def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
@@ -40,17 +29,12 @@ def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
     entries, by the native rules R0-R8 (native/src/gpu.c, docs/gpu.md): the agent applies
     the same function to its --gpus. ValueError with the rule's message on a refusal (the
     stock text for malformed addresses)."""
-    lib = load_library()
-    fn = lib.tsp_gpu_assign
-    fn.argtypes = [ctypes.POINTER(_GpuRequest), ctypes.POINTER(_GpuAssignment),
-                   ctypes.c_char_p, ctypes.c_size_t]
-    fn.restype = ctypes.c_int
-    req = _GpuRequest(",".join(addresses).encode(),
+    req = GpuRequest(",".join(addresses).encode(),
                       None if visible is None else visible.encode(), task.encode(),
                       host.encode() if host else None)
-    out = _GpuAssignment()
+    out = GpuAssignment()
     err = ctypes.create_string_buffer(4096)
-    if fn(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
+    if load_library().tsp_gpu_assign(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
         raise ValueError(err.value.decode("utf-8", errors="replace"))
     mask = out.mask.decode()
     return mask.split(",") if mask else []
@@ -88,6 +72,7 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
     nnodes = len(hosts)
     env = dict(os.environ)
+    env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
 
     gpus: Optional[List[str]] = None
     if spec["use_gpu"]:

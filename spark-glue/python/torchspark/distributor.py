@@ -15,21 +15,16 @@ import socket
 import sys
 import tempfile
 import textwrap
-import threading
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _job, _launch, _report
+from torchspark import _job, _launch, _native, _report
+from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._task import run_node
-
-try:  # the native log channel (torchspark/_native.py); optional until it is built
-    from torchspark import _native  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -62,57 +57,6 @@ def _get_resources(session: SparkSession) -> Dict[str, Any]:
         return session.sparkContext.resources
     except Exception:
         return session._client._resources()  # type: ignore[attr-defined]
-
-
-class _LogPump:
-    """Moves lines from the native log server to sys.stderr (looked up at each write,
-    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
-
-    _print_lock = threading.Lock()
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="torchspark-log-pump")
-        self._thread.start()
-
-    @staticmethod
-    def _format(line: Any) -> str:
-        fmt = getattr(_native, "format_line", None)
-        if fmt is not None:
-            text = fmt(line)
-            if isinstance(text, bytes):
-                text = text.decode("utf-8", errors="replace")
-        else:
-            data = line.data.decode("utf-8", errors="replace")
-            text = f"[rank{line.rank}]: {data}"
-        return text if text.endswith("\n") else text + "\n"
-
-    def _drain_once(self, timeout_ms: int) -> int:
-        read_text = getattr(self.server, "read_text", None)
-        if read_text is not None:  # formatted natively: no Python work per line
-            text = read_text(4096, timeout_ms)
-        else:
-            text = "".join(self._format(ln) for ln in self.server.pull(1000, timeout_ms))
-        if text:
-            with self._print_lock:
-                sys.stderr.write(text)
-                sys.stderr.flush()
-        return len(text)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._drain_once(200)
-            while self._drain_once(0):
-                pass
-        except Exception as e:  # never fail training because of logging
-            sys.stderr.write(f"torchspark: log channel reader stopped: {e!r}\n")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 class TorchDistributor:
@@ -251,13 +195,8 @@ class TorchDistributor:
         return self._run_distributed_training(train_object, fn_bytes, script_args)
 
     def _start_log_server(self, host: str) -> Any:
-        """The native log server bound to host, or None (with a WARNING) when the channel
-        cannot be used at all."""
-        if _native is None or not hasattr(_native, "LogServer"):
-            self.logger.warning("torchspark's native log channel is not available in this "
-                                "installation: worker output goes to the agents' own output "
-                                "and rank 0's result travels through collect()")
-            return None
+        """The native log server bound to host, or None (with a WARNING) when it cannot
+        start."""
         try:
             return _native.LogServer(host=host, port=0)
         except Exception as e:
@@ -500,7 +439,7 @@ class TorchDistributor:
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
-            tail += [f"[rank{rank}]: {ln}" for ln in got]
+            tail += [_native.line_prefix(rank) + ln for ln in got]
         if tail:
             lines.append(f"Last {len(tail)} lines of node {node}'s output:")
             lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]

@@ -1,19 +1,15 @@
-/* torchspark/nccl.h: the NCCL preflight check (docs/gpu.md). Before the first training
+/* nccl.h (internal): the NCCL preflight check (docs/gpu.md). Before the first training
  * worker starts, the agent execs one check process per local GPU (torchspark-run
  * --nccl-check-worker); each opens its GPU through the CUDA driver API, joins a
  * communicator of the whole job bootstrapped through NCCL_COMM_ID with a non-blocking init
  * and a deadline, checks one all_reduce and times a few. The training's own libnccl is
  * used, loaded with dlopen. */
-#ifndef TORCHSPARK_NCCL_H
-#define TORCHSPARK_NCCL_H
+#ifndef TSP_NCCL_H
+#define TSP_NCCL_H
 
 #include <stdatomic.h>
 
 #include "torchspark/common.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 #define TSP_NCCL_CHECK_TIMEOUT 180.0     /* seconds */
 #define TSP_NCCL_CHECK_BYTES (32u << 20) /* all_reduce size */
@@ -30,7 +26,7 @@ typedef struct {
     int result_fd;
 } tsp_nccl_check_opts_t;
 
-TSP_EXTERN int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o);
+int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o);
 
 /* The node's side: starts nproc check workers (exe --nccl-check-worker, with RANK,
  * LOCAL_RANK, WORLD_SIZE, NCCL_COMM_ID and NCCL_DEBUG=WARN unless set, added to the
@@ -50,9 +46,6 @@ typedef struct {
     int log_fd;         /* where the workers' prefixed stderr goes */
 } tsp_nccl_preflight_opts_t;
 
-TSP_EXTERN int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen);
+int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen);
 
-#ifdef __cplusplus
-}
-#endif
 #endif
