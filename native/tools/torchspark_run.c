@@ -886,6 +886,10 @@ int main(int argc, char **argv)
     if (rc) {
         if (logc)
             tsp_logclient_close(logc, 30000);
+        free((void *)o.redirects);
+        free((void *)o.tee);
+        free((void *)o.show);
+        free(wargv);
         return rc;
     }
     tsp_agent_t *agent;
