@@ -23,6 +23,7 @@
 #include "torchspark/gpu.h"
 #include "json.h"
 #include "logclient.h"
+#include "nccl.h"
 #include "torchspark/output.h"
 #include "proc.h"
 #include "pyboot.h"
@@ -30,7 +31,7 @@
 
 extern char **environ;
 
-enum { ARG_NONE = 0, ARG_REQUIRED = 1 };
+enum { ARG_NONE = 0, ARG_REQUIRED = 1, ARG_OPTIONAL = 2 /* only as --name=VALUE */ };
 
 typedef struct {
     const char *name; /* canonical, with dashes */
@@ -83,6 +84,11 @@ static opt_t opts[] = {
     {"log-drop", 0, 0, NULL, 0},
     /* GPUs (docs/gpu.md) */
     {"gpus", 0, 1, NULL, 0},
+    {"nccl-check", 0, ARG_OPTIONAL, NULL, 0},
+    {"nccl-check-bytes", 0, 1, NULL, 0},
+    {"nccl-lib", 0, 1, NULL, 0},
+    {"nccl-comm-port", 0, 1, NULL, 0},
+    {"nccl-check-worker", 0, 0, NULL, 0}, /* hidden: one preflight check process */
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -94,7 +100,8 @@ static const char *usage_text =
     "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
     "                      [--error-file PATH] [--python PATH]\n"
     "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
-    "                      [--gpus ADDRESSES]\n"
+    "                      [--gpus ADDRESSES] [--nccl-check[=SECONDS]] [--nccl-check-bytes N]\n"
+    "                      [--nccl-lib PATH] [--nccl-comm-port P]\n"
     "                      SCRIPT [ARGS...]\n"
     "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
 
@@ -177,7 +184,9 @@ static int parse_cli(int argc, char **argv)
         }
         if (!o)
             usage_error("unknown option '%s'", a);
-        if (o->has_arg) {
+        if (o->has_arg == ARG_OPTIONAL) {
+            o->value = inline_val ? inline_val : "";
+        } else if (o->has_arg) {
             if (!inline_val) {
                 if (i + 1 >= argc)
                     usage_error("option '--%s' needs a value", o->name);
@@ -223,7 +232,7 @@ static int gpu_count(void);
  * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
 static int assigned_gpus = -1;
 
-static void write_setup_error(const char *msg, int node_rank)
+static void write_setup_error(const char *msg, int node_rank, int exitcode)
 {
     const char *path = val("error-file");
     FILE *f = path ? fopen(path, "we") : NULL;
@@ -233,7 +242,8 @@ static void write_setup_error(const char *msg, int node_rank)
     gethostname(host, sizeof host - 1);
     fputs("{\"message\": ", f);
     tsp_json_write_string(f, msg);
-    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": 2, \"host\": ", node_rank);
+    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": %d, \"host\": ", node_rank,
+            exitcode);
     tsp_json_write_string(f, host);
     fputs("}}\n", f);
     fclose(f);
@@ -259,7 +269,7 @@ static void assign_gpus(void)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        write_setup_error(err, node_rank);
+        write_setup_error(err, node_rank, 2);
         exit(2);
     }
     fputs(out->warnings, stderr);
@@ -649,10 +659,104 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
         unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
 
+/* --nccl-check-worker: one check process, configured by the node's agent through the
+ * environment (nccl.c). */
+static int nccl_check_worker(void)
+{
+    tsp_nccl_check_opts_t o = {.lib = getenv("TORCHSPARK_NCCL_LIB"), .result_fd = 3};
+    const char *v;
+    o.timeout =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_TIMEOUT")) ? strtod(v, NULL) : TSP_NCCL_CHECK_TIMEOUT;
+    o.bytes =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_BYTES")) ? strtoull(v, NULL, 10) : TSP_NCCL_CHECK_BYTES;
+    if ((v = getenv("TORCHSPARK_NCCL_RESULT_FD")))
+        tsp__parse_int(v, &o.result_fd);
+    if (tsp__parse_int(getenv("RANK") ? getenv("RANK") : "", &o.rank) ||
+        tsp__parse_int(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "", &o.local_rank) ||
+        tsp__parse_int(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "", &o.world_size)) {
+        fprintf(stderr, "torchspark-run: --nccl-check-worker is started by the agent only\n");
+        return 2;
+    }
+    return tsp_nccl_check_run(&o);
+}
+
+/* --nccl-check[=SECONDS] (or TORCHSPARK_NCCL_CHECK=1): the deadline, 0 when off. */
+static double nccl_check_timeout(void)
+{
+    const char *v = val("nccl-check");
+    const char *env = getenv("TORCHSPARK_NCCL_CHECK");
+    if (!v && env && (strcmp(env, "1") == 0 || strcasecmp(env, "true") == 0))
+        v = "";
+    if (!v || strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)
+        return 0;
+    if (!*v || strcasecmp(v, "true") == 0) /* a number is the deadline in seconds */
+        return TSP_NCCL_CHECK_TIMEOUT;
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || !(t > 0))
+        usage_error("--nccl-check=SECONDS needs a number of seconds > 0, not '%s'", v);
+    return t;
+}
+
+/* The preflight before the first worker: 0 to go on; else the exit status, the root cause
+ * printed, written to the error file and sent to the driver. */
+static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report_t *fr)
+{
+    double timeout = nccl_check_timeout();
+    if (timeout <= 0)
+        return 0;
+    int port = t->master_port, bytes = (int)TSP_NCCL_CHECK_BYTES;
+    if (val("nccl-comm-port") &&
+        (tsp__parse_int(val("nccl-comm-port"), &port) || port < 1 || port > 65535))
+        usage_error("--nccl-comm-port must be a port number (1-65535), not '%s'",
+                    val("nccl-comm-port"));
+    if (val("nccl-check-bytes") && (tsp__parse_int(val("nccl-check-bytes"), &bytes) || bytes < 4))
+        usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
+                    val("nccl-check-bytes"));
+    char comm_id[128], exe[PATH_MAX], msg[4096];
+    snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
+             t->master_addr, port);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        snprintf(exe, sizeof exe, "%s", argv0);
+    else
+        exe[n] = 0;
+    tsp_nccl_preflight_opts_t o = {.exe = exe,
+                                   .lib = val("nccl-lib"),
+                                   .comm_id = comm_id,
+                                   .ifname = getenv("NCCL_SOCKET_IFNAME"),
+                                   .nproc = t->nproc_per_node,
+                                   .first_rank = t->node_rank * t->nproc_per_node,
+                                   .world_size = t->nnodes * t->nproc_per_node,
+                                   .timeout = timeout,
+                                   .bytes = (size_t)bytes,
+                                   .cancel = &stop_wanted,
+                                   .log_fd = STDERR_FILENO};
+    int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
+    fprintf(stderr, "%s\n", msg);
+    if (rc == 0)
+        return 0;
+    if (rc == -ECANCELED)
+        return 128 + SIGTERM;
+    write_setup_error(msg, t->node_rank, 1);
+    if (fr->logc) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        tsp_failure_t f = {.rank = o.first_rank,
+                           .pid = getpid(),
+                           .exitcode = 1,
+                           .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9};
+        send_failure(fr, &f);
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     pid_t ppid = getppid();
     int script_at = parse_cli(argc, argv);
+    if (flag("nccl-check-worker"))
+        return nccl_check_worker();
     if (flag("help")) {
         fputs(usage_text, stdout);
         return 0;
@@ -774,6 +878,12 @@ int main(int argc, char **argv)
         o.on_failure_ctx = &fr;
     } else if (val("output-file")) {
         usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
+    }
+    rc = nccl_preflight(&topo, argv[0], &fr);
+    if (rc) {
+        if (logc)
+            tsp_logclient_close(logc, 30000);
+        return rc;
     }
     tsp_agent_t *agent;
     rc = tsp_agent_init(&agent, &o, err, sizeof err);
