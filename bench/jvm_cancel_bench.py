@@ -31,14 +31,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--skip-time", action="store_true")
+    ap.add_argument("--only-stock", action="store_true",
+                    help="only the stock pyspark.ml TorchDistributor, without the plugin")
     args = ap.parse_args()
     if not jvmutil.built():
         sys.exit("build the JVM part first (cmake --build build)")
     res = {}
+    if args.only_stock:
+        mark = jvmutil.new_mark()
+        spark = jvmutil.pyspark_session(plugin=False, mark=mark)
+        try:
+            res["stock pyspark.ml TorchDistributor"] = jvmutil.cancel_pyspark(
+                spark, mark, args.rounds, stock=True)
+        finally:
+            spark.stop()
+        report(res)
+        return
     for plugin in (True, False):
         name = "with plugin" if plugin else "without plugin"
         out, _ = jvmutil.spark_submit("cancel", plugin=plugin, rounds=args.rounds, timeout=1800)
         res[f"TorchSparkRunner, {name}"] = [float(x) for x in out["GONE_MS"]]
+        print("partial:", json.dumps(res), flush=True)
         mark = jvmutil.new_mark()
         spark = jvmutil.pyspark_session(plugin=plugin, mark=mark)
         try:
@@ -61,6 +74,10 @@ def main() -> None:
     if not args.skip_time:
         out, _ = jvmutil.spark_submit("time", plugin=False, rounds=args.rounds, timeout=1800)
         res["run wall ms, TorchSparkRunner"] = [float(x) for x in out["RUN_MS"]]
+    report(res)
+
+
+def report(res) -> None:
     print(json.dumps(res, indent=1))
     for k, v in res.items():
         print(f"{k:45s} median {med(v)}  runs {v}")
