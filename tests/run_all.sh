@@ -15,7 +15,7 @@ ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 
 step "static analysis (cppcheck, clang-tidy)"
 cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
-  -I native/include native/src native/tools || status=1
+  -I native/include -I native/src native/src native/tools || status=1
 clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
   native/src/*.c native/tools/*.c 2>&1 | grep -E '^/|error:' && status=1 || true
 echo "static analysis done"

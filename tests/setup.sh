@@ -68,7 +68,7 @@ cmake --build build -j"$(nproc)"
 # The torchspark Python package (with libtorchspark.so and torchspark-run inside) goes
 # into .venv; reinstalled only when the package sources or the native build changed.
 pkg_key=$( (find spark-glue/python -name '*.py' -o -name '*.toml' | LC_ALL=C sort | xargs cat;
-            cat build/lib/libtorchspark.so build/bin/torchspark-run) | sha256sum | cut -c1-16)
+            cat build/lib/libtorchspark.so build/bin/torchspark-run; cat build/java/torchspark.jar 2>/dev/null) | sha256sum | cut -c1-16)
 if [ "$(cat .venv/.torchspark-pkg 2>/dev/null)" != "$pkg_key" ] || \
    ! .venv/bin/python -c 'import torchspark' 2>/dev/null; then
   log "installing the torchspark package into .venv"

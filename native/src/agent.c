@@ -10,9 +10,10 @@
  * unread output remain. Once every worker is gone, remaining descendants are orphans of
  * dead workers and get SIGKILL at once: there is nothing left for them to finish.
  */
-#include "torchspark/agent.h"
-#include "torchspark/proc.h"
+#include "agent.h"
+#include "proc.h"
 #include "report.h"
+#include "sentinel.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +47,7 @@ typedef struct {
     int fd;      /* pipe read end, -1 when closed or not captured */
     int file_fd; /* redirect file, -1 when none */
     int paused;  /* the sink was full: not in epoll until it wakes us */
+    int linger;  /* emptied a moment ago: not in epoll until the linger deadline */
     tsp_lines_t lines;
 } stream_t;
 
@@ -71,6 +73,7 @@ struct tsp_agent {
     int killed;      /* SIGKILL already sent in this attempt */
     int exec_status; /* 127/126 when the program could not be started */
     int wake_watched;
+    int64_t linger_until; /* CLOCK_MONOTONIC ms when lingering streams are read again; 0: none */
     char host[256];
     char log_dir[PATH_MAX];
     int own_log_dir;
@@ -92,7 +95,7 @@ static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 {
     char buf[2048];
-    int off = snprintf(buf, sizeof buf, "torchspark-run: ");
+    int off = snprintf(buf, sizeof buf, "%s", a->o.log_prefix ? a->o.log_prefix : "torchspark: ");
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
@@ -134,6 +137,9 @@ static int write_all(int fd, const struct iovec *iov, int cnt)
 
 int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid)
 {
+    /* First, before we are a subreaper: a job without its sentinel still runs (a process
+     * left behind by an agent SIGKILL is then possible), so a failure here is not fatal. */
+    tsp__sentinel_start();
     sigset_t set;
     sigemptyset(&set);
     int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
@@ -283,20 +289,79 @@ static int drain_stream(tsp_agent_t *a, worker_t *w, int si)
     return 0;
 }
 
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* After a wake-up that emptied a worker's pipe, the stream leaves epoll for LINGER_MS.
+ * Why: a Python worker under -u makes a write() per print() (two: the text, then the
+ * newline); reading each as it comes costs the agent a wake-up, a read and the sink's work
+ * per line, and a busy worker then waits on its agent (measured: 2 ranks printing 1M lines
+ * through TorchDistributor.run() at ~65k lines/s, the loops 10x slower than into a pipe
+ * read by cat). With the linger, a busy stream is read in chunks; a lone line is still read
+ * at once (the stream is in epoll when it comes), the next ones wait at most LINGER_MS.
+ * The pipes are enlarged (PIPE_BYTES) so that a worker does not fill one meanwhile. Order
+ * within each stream is kept; across a worker's stdout and stderr, lines written within
+ * LINGER_MS of each other may be read in another order than written (two pipes never
+ * promised it). */
+#define LINGER_MS 2
+#define PIPE_BYTES (1 << 20)
+
+static void linger_start(tsp_agent_t *a, stream_t *s, worker_t *w, int si)
+{
+    s->linger = 1;
+    stream_watch(a, w, si, 0);
+    if (!a->linger_until)
+        a->linger_until = mono_ms() + LINGER_MS;
+}
+
+/* The linger deadline passed: every lingering stream goes back into epoll. */
+static void linger_end(tsp_agent_t *a)
+{
+    a->linger_until = 0;
+    for (int i = 0; i < a->n; i++)
+        for (int si = 0; si < 2; si++) {
+            stream_t *s = &a->w[i].s[si];
+            if (s->linger) {
+                s->linger = 0;
+                if (!s->paused)
+                    stream_watch(a, &a->w[i], si, 1);
+            }
+        }
+}
+
+/* epoll_wait's timeout: the loop's own, shortened to the linger deadline. */
+static int wait_timeout(const tsp_agent_t *a, int timeout)
+{
+    if (!a->linger_until)
+        return timeout;
+    int64_t left = a->linger_until - mono_ms();
+    int ms = left <= 0 ? 0 : (int)left;
+    return timeout < 0 || ms < timeout ? ms : timeout;
+}
+
 static void read_stream(tsp_agent_t *a, worker_t *w, int si)
 {
     stream_t *s = &w->s[si];
+    int emptied = 0;
     /* A few reads per wake-up keep one chatty worker from starving the others. */
     for (int i = 0; i < 8 && s->fd >= 0 && !s->paused; i++) {
         long n = tsp_lines_read(&s->lines, s->fd);
-        if (n == -EAGAIN)
+        if (n == -EAGAIN) {
+            emptied = 1;
             break;
+        }
         if (n < 0 && n != -ENOBUFS)
             tsp_lines_finish(&s->lines); /* a broken pipe ends the stream */
         drain_stream(a, w, si);
         if (n == 0)
             break;
     }
+    if (emptied && s->fd >= 0 && !s->paused && !s->linger)
+        linger_start(a, s, w, si);
 }
 
 static void resume_paused(tsp_agent_t *a)
@@ -437,6 +502,9 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     if ((rc = tsp_env_init(&env, a->o.envp ? a->o.envp : environ)) != 0)
         return rc;
     rc = tsp_topo_worker_env(&a->o.topo, w->local_rank, a->restart_count, w->error_file, &env);
+    /* The job's token: what the sentinel sweeps after an agent SIGKILL (sentinel.h). */
+    if (!rc && tsp__sentinel_token())
+        rc = tsp_env_set(&env, TSP_SENTINEL_VAR, tsp__sentinel_token());
     char **argv = rc ? NULL : worker_argv(a, w->local_rank);
     if (!rc && !argv)
         rc = -ENOMEM;
@@ -460,7 +528,11 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
             for (int si = 0; si < 2; si++) {
                 w->s[si].fd = si == 0 ? p.out_fd : p.err_fd;
                 w->s[si].paused = 0;
+                w->s[si].linger = 0;
                 if (w->s[si].fd >= 0) {
+                    /* Room for LINGER_MS of a busy worker's output; best effort (the
+                     * system's pipe-max-size or the user's pipe quota may refuse). */
+                    (void)fcntl(w->s[si].fd, F_SETPIPE_SZ, PIPE_BYTES);
                     tsp_lines_close(&w->s[si].lines);
                     tsp_lines_init(&w->s[si].lines, TSP_LINES_DEFAULT_CAP);
                     stream_watch(a, w, si, 1);
@@ -522,11 +594,12 @@ static int live_workers(const tsp_agent_t *a)
 static void record_failure(tsp_agent_t *a, worker_t *w)
 {
     tsp_failure_t *f = &a->fails[a->nfails++];
+    tsp__report_clear(f);
     memset(f, 0, sizeof *f);
     f->local_rank = w->local_rank;
     f->rank = tsp_topo_global_rank(&a->o.topo, w->local_rank);
     f->pid = w->pid;
-    f->exitcode = WIFSIGNALED(w->wstatus) ? -WTERMSIG(w->wstatus) : WEXITSTATUS(w->wstatus);
+    tsp__report_set_status(f, w->wstatus);
     f->time = w->exit_time;
     snprintf(f->error_file, sizeof f->error_file, "%s", w->error_file);
     tsp__report_read_error_file(f);
@@ -632,9 +705,12 @@ static void report_root(tsp_agent_t *a)
         return;
     a->reported = 1;
     a->root = tsp__report_root(a->fails, a->nfails);
-    if (a->o.error_file) {
-        int rc = tsp__report_write_json(a->o.error_file, a->host, a->o.topo.node_rank,
-                                        &a->fails[a->root]);
+    tsp_failure_t *root = &a->fails[a->root];
+    int rc = tsp__report_document(root, a->host, a->o.topo.node_rank);
+    if (rc)
+        agent_log(a, "cannot build the failure report: %s", strerror(-rc));
+    else if (a->o.error_file) {
+        rc = tsp__report_write_file(a->o.error_file, root);
         if (rc)
             agent_log(a, "cannot write the error file %s: %s", a->o.error_file, strerror(-rc));
     }
@@ -712,7 +788,8 @@ int tsp_agent_run(tsp_agent_t *a)
         /* Supervision is event-driven. While stopping, a 1 s safety tick also reaps and
          * retries paused output, so that no lost wake-up can keep a dead job's agent
          * alive: shutdown must always end. */
-        int n = epoll_wait(a->epfd, evs, 32, a->state == ST_RUNNING ? -1 : 1000);
+        int idle = a->state == ST_RUNNING ? -1 : 1000;
+        int n = epoll_wait(a->epfd, evs, 32, wait_timeout(a, idle));
         if (n < 0 && errno != EINTR)
             return -errno;
         if (n == 0) {
@@ -721,6 +798,8 @@ int tsp_agent_run(tsp_agent_t *a)
         }
         for (int i = 0; i < n; i++)
             handle_event(a, evs[i].data.u64);
+        if (a->linger_until && mono_ms() >= a->linger_until)
+            linger_end(a);
     }
     if (a->exec_status)
         return a->exec_status;
@@ -732,8 +811,7 @@ int tsp_agent_run(tsp_agent_t *a)
                               a->root);
             fclose(out);
         }
-        int code = a->fails[a->root].exitcode;
-        return code < 0 ? 128 - code : code;
+        return a->fails[a->root].status;
     }
     return a->stop_signal ? 128 + a->stop_signal : 0;
 }
@@ -869,6 +947,8 @@ void tsp_agent_close(tsp_agent_t *a)
             close(fds[i]);
     if (a->own_log_dir && a->log_dir[0])
         nftw(a->log_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    for (int i = 0; a->fails && i < a->n; i++)
+        tsp__report_clear(&a->fails[i]);
     free(a->w);
     free(a->fails);
     free(a);

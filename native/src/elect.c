@@ -2,8 +2,8 @@
  * versioned JSON record that carries it to every node. See torchspark/elect.h and
  * docs/protocol.md ("Election record"). */
 #include "torchspark/elect.h"
-#include "torchspark/json.h"
-#include "torchspark/topo.h"
+#include "json.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,29 +12,15 @@
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 /* The port the route probe "connects" to: any will do, since a UDP connect() only
  * looks the route up and sends nothing. 9 is the discard service. */
 #define ELECT_PROBE_PORT 9
-
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void seterr(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
 
 static int copy_str(char *dst, size_t dstlen, const char *src)
 {
@@ -51,27 +37,6 @@ void tsp_elect_record_init(tsp_elect_record_t *r)
     r->version = TSP_ELECT_RECORD_VERSION;
 }
 
-/* Parses a numeric IPv4 or IPv6 address into ss; 0 or -EINVAL. */
-static int parse_addr(const char *addr, struct sockaddr_storage *ss, socklen_t *sslen, int port)
-{
-    memset(ss, 0, sizeof *ss);
-    struct sockaddr_in *in4 = (struct sockaddr_in *)ss;
-    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
-    if (inet_pton(AF_INET, addr, &in4->sin_addr) == 1) {
-        in4->sin_family = AF_INET;
-        in4->sin_port = htons((uint16_t)port);
-        *sslen = sizeof *in4;
-        return 0;
-    }
-    if (inet_pton(AF_INET6, addr, &in6->sin6_addr) == 1) {
-        in6->sin6_family = AF_INET6;
-        in6->sin6_port = htons((uint16_t)port);
-        *sslen = sizeof *in6;
-        return 0;
-    }
-    return -EINVAL;
-}
-
 static int addr_text(const struct sockaddr *sa, char *out, size_t outlen)
 {
     const void *src = sa->sa_family == AF_INET
@@ -85,48 +50,7 @@ static int addr_text(const struct sockaddr *sa, char *out, size_t outlen)
 int tsp_elect_reserve_port(tsp_port_reservation_t *r, const char *addr, int port, char *err,
                            size_t errlen)
 {
-    r->fd = -1;
-    r->port = 0;
-    if (port < 0 || port > 65535) {
-        seterr(err, errlen, "cannot reserve port %d: not in 0..65535", port);
-        return -EINVAL;
-    }
-    struct sockaddr_storage ss = {0};
-    socklen_t sslen;
-    if (parse_addr(addr && *addr ? addr : "0.0.0.0", &ss, &sslen, port) != 0) {
-        seterr(err, errlen, "cannot reserve a port on '%s': not a numeric address", addr);
-        return -EINVAL;
-    }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        int e = errno;
-        seterr(err, errlen, "cannot reserve a port: socket(): %s", strerror(e));
-        return -e;
-    }
-    /* SO_REUSEADDR on our side is what lets torch's TCPStore (which sets it too) bind and
-     * listen while we still hold the port; we never listen, so nothing connects to us. */
-    int one = 1;
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&ss, sslen) != 0) {
-        int e = errno;
-        close(fd);
-        seterr(err, errlen, "cannot reserve port %d on %s: %s", port,
-               addr && *addr ? addr : "0.0.0.0", strerror(e));
-        return -e;
-    }
-    struct sockaddr_storage got = {0};
-    socklen_t gotlen = sizeof got;
-    if (getsockname(fd, (struct sockaddr *)&got, &gotlen) != 0) {
-        int e = errno;
-        close(fd);
-        seterr(err, errlen, "cannot reserve a port: getsockname(): %s", strerror(e));
-        return -e;
-    }
-    r->fd = fd;
-    /* NOLINTNEXTLINE(clang-analyzer-core.CallAndMessage): getsockname() filled it */
-    r->port = ntohs(got.ss_family == AF_INET ? ((struct sockaddr_in *)&got)->sin_port
-                                             : ((struct sockaddr_in6 *)&got)->sin6_port);
-    return 0;
+    return tsp__port_reserve(addr, port, &r->fd, &r->port, err, errlen);
 }
 
 void tsp_elect_release_port(tsp_port_reservation_t *r)
@@ -159,18 +83,16 @@ static int resolve(const char *host, struct sockaddr_storage *ss, socklen_t *ssl
         if (res)
             freeaddrinfo(res);
     }
-    seterr(err, errlen, "cannot resolve host '%s': %s", host, gai_strerror(last));
-    return -EHOSTUNREACH;
+    return tsp__err(err, errlen, -EHOSTUNREACH, "cannot resolve host '%s': %s", host,
+                    gai_strerror(last));
 }
 
 int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *err, size_t errlen)
 {
     struct sockaddr_storage dst = {0};
-    socklen_t dstlen;
-    if (!host || !*host) {
-        seterr(err, errlen, "cannot find a route: no host given");
-        return -EINVAL;
-    }
+    socklen_t dstlen = 0;
+    if (!host || !*host)
+        return tsp__err(err, errlen, -EINVAL, "cannot find a route: no host given");
     int rc = resolve(host, &dst, &dstlen, err, errlen);
     if (rc != 0)
         return rc;
@@ -181,8 +103,8 @@ int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *e
     int fd = socket(dst.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         int e = errno;
-        seterr(err, errlen, "cannot find a route to '%s': socket(): %s", host, strerror(e));
-        return -e;
+        return tsp__err(err, errlen, -e, "cannot find a route to '%s': socket(): %s", host,
+                        strerror(e));
     }
     struct sockaddr_storage src = {0};
     socklen_t srclen = sizeof src;
@@ -190,14 +112,14 @@ int tsp_elect_route_source(const char *host, char *addr, size_t addrlen, char *e
         getsockname(fd, (struct sockaddr *)&src, &srclen) != 0) {
         int e = errno;
         close(fd);
-        seterr(err, errlen, "no route from this host to '%s': %s", host, strerror(e));
-        return -e;
+        return tsp__err(err, errlen, -e, "no route from this host to '%s': %s", host, strerror(e));
     }
     close(fd);
     rc = addr_text((struct sockaddr *)&src, addr, addrlen);
     if (rc != 0)
-        seterr(err, errlen, "cannot format the route source address: %s", strerror(-rc));
-    return rc;
+        return tsp__err(err, errlen, rc, "cannot format the route source address: %s",
+                        strerror(-rc));
+    return 0;
 }
 
 static int same_addr(const struct sockaddr *a, const struct sockaddr_storage *b)
@@ -214,8 +136,8 @@ static int same_addr(const struct sockaddr *a, const struct sockaddr_storage *b)
 int tsp_elect_ifname_of(const char *addr, char *ifname, size_t len)
 {
     struct sockaddr_storage want = {0};
-    socklen_t wantlen;
-    if (!addr || parse_addr(addr, &want, &wantlen, 0) != 0)
+    socklen_t wantlen = 0;
+    if (!addr || tsp__addr_parse(addr, 0, &want, &wantlen) != 0)
         return -EINVAL;
     struct ifaddrs *ifs = NULL;
     if (getifaddrs(&ifs) != 0)
@@ -231,23 +153,16 @@ int tsp_elect_ifname_of(const char *addr, char *ifname, size_t len)
     return rc;
 }
 
+/* A fresh 128-bit run id as 32 hex digits. */
 static int random_id(char *out, size_t outlen)
 {
     unsigned char raw[16];
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0)
-            return -errno;
-        got += (size_t)n;
-    }
     if (outlen < 2 * sizeof raw + 1)
         return -ENOSPC;
-    for (size_t i = 0; i < sizeof raw; i++)
-        snprintf(out + 2 * i, 3, "%02x", raw[i]);
-    return 0;
+    int rc = tsp__random_bytes(raw, sizeof raw);
+    if (rc == 0)
+        tsp__hex_encode(raw, sizeof raw, out);
+    return rc;
 }
 
 int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *rec,
@@ -267,14 +182,11 @@ int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *r
         snprintf(rec->host, sizeof rec->host, "%s", rec->master_addr);
     rec->host[sizeof rec->host - 1] = '\0';
     if (run_id && *run_id) {
-        if (copy_str(rec->run_id, sizeof rec->run_id, run_id) != 0) {
-            seterr(err, errlen, "run id is longer than %d bytes", TSP_ELECT_ID_MAX - 1);
-            return -ENAMETOOLONG;
-        }
-    } else if ((rc = random_id(rec->run_id, sizeof rec->run_id)) != 0) {
-        seterr(err, errlen, "cannot draw a run id: %s", strerror(-rc));
-        return rc;
-    }
+        if (copy_str(rec->run_id, sizeof rec->run_id, run_id) != 0)
+            return tsp__err(err, errlen, -ENAMETOOLONG, "run id is longer than %d bytes",
+                            TSP_ELECT_ID_MAX - 1);
+    } else if ((rc = random_id(rec->run_id, sizeof rec->run_id)) != 0)
+        return tsp__err(err, errlen, rc, "cannot draw a run id: %s", strerror(-rc));
     /* The wildcard of the master's family: torch's TCPStore binds the wildcard too, and a
      * wildcard reservation also keeps the port from other local addresses. */
     const char *any = strchr(rec->master_addr, ':') ? "::" : "0.0.0.0";
@@ -299,14 +211,20 @@ int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, size_t len)
     FILE *f = open_memstream(&text, &n);
     if (!f)
         return -ENOMEM;
-    fprintf(f, "{\"version\":%d,\"master_port\":%d", r->version, r->master_port);
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "version");
+    tsp_json_int(&w, r->version);
+    tsp_json_key(&w, "master_port");
+    tsp_json_int(&w, r->master_port);
     const char *keys[] = {"master_addr", "run_id", "host", "ifname"};
     const char *vals[] = {r->master_addr, r->run_id, r->host, r->ifname};
     for (size_t i = 0; i < 4; i++) {
-        fprintf(f, ",\"%s\":", keys[i]);
-        tsp_json_write_string(f, vals[i]);
+        tsp_json_key(&w, keys[i]);
+        tsp_json_str(&w, vals[i]);
     }
-    fputc('}', f);
+    tsp_json_end(&w);
     if (fclose(f) != 0) {
         free(text);
         return -ENOMEM;
@@ -329,7 +247,7 @@ static int record_field(const char *buf, size_t len, const char *key, char *str,
     if (rc)
         return -EINVAL;
     if (num) {
-        rc = type == TSP_JSON_NUMBER && tsp_parse_int(v, num) == 0 ? 1 : -EINVAL;
+        rc = type == TSP_JSON_NUMBER && tsp__parse_int(v, num) == 0 ? 1 : -EINVAL;
     } else {
         rc = type == TSP_JSON_STRING && strlen(v) < strlen_ ? 1 : -EINVAL;
         for (const char *p = v; rc == 1 && ascii && *p; p++)
@@ -346,15 +264,11 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
                             size_t errlen)
 {
     memset(r, 0, sizeof *r);
-    if (len > TSP_ELECT_RECORD_MAX) {
-        seterr(err, errlen, "election record of %zu bytes is over the %d-byte cap", len,
-               TSP_ELECT_RECORD_MAX);
-        return -E2BIG;
-    }
-    if (tsp_json_check_object(buf, len)) {
-        seterr(err, errlen, "election record is not a JSON object");
-        return -EINVAL;
-    }
+    if (len > TSP_ELECT_RECORD_MAX)
+        return tsp__err(err, errlen, -E2BIG, "election record of %zu bytes is over the %d-byte cap",
+                        len, TSP_ELECT_RECORD_MAX);
+    if (tsp_json_check_object(buf, len))
+        return tsp__err(err, errlen, -EINVAL, "election record is not a JSON object");
     struct {
         const char *key;
         char *str;
@@ -373,30 +287,24 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         int rc = record_field(buf, len, fields[i].key, fields[i].str, fields[i].len, fields[i].num,
                               fields[i].ascii);
-        if (rc < 0) {
-            seterr(err, errlen, "election record: bad value for \"%s\"", fields[i].key);
-            return -EINVAL;
-        }
-        if (rc == 0 && i == 0) {
-            seterr(err, errlen, "election record has no \"version\"");
-            return -EINVAL;
-        }
+        if (rc < 0)
+            return tsp__err(err, errlen, -EINVAL, "election record: bad value for \"%s\"",
+                            fields[i].key);
+        if (rc == 0 && i == 0)
+            return tsp__err(err, errlen, -EINVAL, "election record has no \"version\"");
         missing |= rc == 0 && fields[i].required;
     }
-    if (r->version != TSP_ELECT_RECORD_VERSION) {
-        seterr(err, errlen,
-               "election record version %d is not supported (this torchspark speaks %d): "
-               "install the same torchspark version on the driver and every executor",
-               r->version, TSP_ELECT_RECORD_VERSION);
-        return -EINVAL;
-    }
-    if (missing || !r->master_addr[0] || !r->run_id[0]) {
-        seterr(err, errlen, "election record lacks master_addr, master_port or run_id");
-        return -EINVAL;
-    }
-    if (r->master_port < 1 || r->master_port > 65535) {
-        seterr(err, errlen, "election record has master_port %d, not in 1..65535", r->master_port);
-        return -EINVAL;
-    }
+    if (r->version != TSP_ELECT_RECORD_VERSION)
+        return tsp__err(err, errlen, -EINVAL,
+                        "election record version %d is not supported (this torchspark speaks "
+                        "%d): install the same torchspark version on the driver and every "
+                        "executor",
+                        r->version, TSP_ELECT_RECORD_VERSION);
+    if (missing || !r->master_addr[0] || !r->run_id[0])
+        return tsp__err(err, errlen, -EINVAL,
+                        "election record lacks master_addr, master_port or run_id");
+    if (r->master_port < 1 || r->master_port > 65535)
+        return tsp__err(err, errlen, -EINVAL, "election record has master_port %d, not in 1..65535",
+                        r->master_port);
     return 0;
 }

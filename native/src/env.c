@@ -1,5 +1,5 @@
 /* env.c: an editable environment block for execve(). */
-#include "torchspark/env.h"
+#include "env.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,16 +1,18 @@
-/* json.c: a small, strict JSON reader (lookup by path) and a string writer. Error files
- * come from user processes, so the reader is bounded in depth and never trusts lengths. */
-#include "torchspark/json.h"
+/* json.c: the strict JSON reader (RFC 8259, json.h) and the one JSON writer of native/.
+ * Error files come from user processes: the reader validates the whole document before
+ * it answers anything, never trusts a length, and caps nesting at TSP_JSON_MAX_DEPTH.
+ * One recursive-descent parser serves validation (emit == NULL) and the canonical
+ * re-emission (emit != NULL); the path lookup walks a document already validated. */
+#include "json.h"
 
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define JSON_MAX_DEPTH 64
-
 typedef struct {
-    const char *p, *end;
+    const unsigned char *p, *end;
+    tsp_json_writer_t *emit; /* canonical output, or NULL to validate only */
 } json_cur_t;
 
 static void ws(json_cur_t *c)
@@ -19,7 +21,7 @@ static void ws(json_cur_t *c)
         c->p++;
 }
 
-static int hexval(char ch)
+static int hexval(unsigned char ch)
 {
     if (ch >= '0' && ch <= '9')
         return ch - '0';
@@ -54,75 +56,134 @@ static size_t put_utf8(char *o, uint32_t cp)
     return 4;
 }
 
-static int read_hex4(json_cur_t *c, uint32_t *v)
+/* "\uXXXX" at p (p[0] == '\\'): the code unit, or -1. */
+static long u_escape(const unsigned char *p, const unsigned char *end)
 {
-    if (c->end - c->p < 4)
-        return -EINVAL;
-    *v = 0;
-    for (int i = 0; i < 4; i++) {
-        int h = hexval(c->p[i]);
+    if (end - p < 6 || p[0] != '\\' || p[1] != 'u')
+        return -1;
+    long v = 0;
+    for (int i = 2; i < 6; i++) {
+        int h = hexval(p[i]);
         if (h < 0)
-            return -EINVAL;
-        *v = (*v << 4) | (uint32_t)h;
+            return -1;
+        v = (v << 4) | h;
     }
-    c->p += 4;
-    return 0;
+    return v;
 }
 
-/* Parses a string at c->p (on the opening quote). With out != NULL, stores a malloc'ed
- * unescaped copy. An unescaped string is never longer than its escaped form. */
-static int parse_string(json_cur_t *c, char **out)
+/* Length of the valid UTF-8 sequence (RFC 3629: no overlong form, no surrogate, nothing
+ * above U+10FFFF) at s, at most avail bytes; 0 when invalid. */
+static size_t utf8_len(const unsigned char *s, size_t avail)
+{
+    unsigned char b = s[0];
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b < 0x80)
+        return 1;
+    if (b >= 0xC2 && b <= 0xDF)
+        n = 2;
+    else if (b >= 0xE0 && b <= 0xEF) {
+        n = 3;
+        lo = b == 0xE0 ? 0xA0 : 0x80;
+        hi = b == 0xED ? 0x9F : 0xBF;
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        n = 4;
+        lo = b == 0xF0 ? 0x90 : 0x80;
+        hi = b == 0xF4 ? 0x8F : 0xBF;
+    } else
+        return 0;
+    if (avail < n || s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if ((s[i] & 0xC0) != 0x80)
+            return 0;
+    return n;
+}
+
+static void write_string_n(FILE *f, const char *s, size_t len);
+static void before_value(tsp_json_writer_t *w);
+
+/* A string at c->p (on its opening quote). With out, a malloc'ed decoded copy (NUL
+ * terminated, its length in *outlen); with c->emit, the string re-escaped. A decoded
+ * string is never longer than its escaped form. */
+static int parse_string(json_cur_t *c, char **out, size_t *outlen)
 {
     if (c->p >= c->end || *c->p != '"')
         return -EINVAL;
     c->p++;
+    int keep = out || c->emit;
     char *o = NULL, *w = NULL;
-    if (out) {
-        o = w = malloc((size_t)(c->end - c->p) + 1);
-        if (!o)
-            return -ENOMEM;
-    }
-    while (c->p < c->end && *c->p != '"') {
-        char ch = *c->p++;
-        if ((unsigned char)ch < 0x20)
+    if (keep && !(o = w = malloc((size_t)(c->end - c->p) + 1)))
+        return -ENOMEM;
+    for (;;) {
+        if (c->p >= c->end)
             goto bad;
+        unsigned char ch = *c->p;
+        if (ch == '"')
+            break;
+        if (ch < 0x20)
+            goto bad; /* raw control characters are not allowed in strings */
+        if (ch >= 0x80) {
+            size_t n = utf8_len(c->p, (size_t)(c->end - c->p));
+            if (!n)
+                goto bad;
+            if (w) {
+                memcpy(w, c->p, n);
+                w += n;
+            }
+            c->p += n;
+            continue;
+        }
+        c->p++;
         if (ch != '\\') {
             if (w)
-                *w++ = ch;
+                *w++ = (char)ch;
             continue;
         }
         if (c->p >= c->end)
             goto bad;
-        char e = *c->p++;
-        const char *map = e == 0 ? NULL : strchr("\"\"\\\\//b\bf\fn\nr\rt\t", e);
-        if (e == 'u') {
-            uint32_t cp, lo;
-            if (read_hex4(c, &cp))
-                goto bad;
-            if (cp >= 0xD800 && cp < 0xDC00 && c->end - c->p >= 6 && c->p[0] == '\\' &&
-                c->p[1] == 'u') {
-                c->p += 2;
-                if (read_hex4(c, &lo) || lo < 0xDC00 || lo > 0xDFFF)
-                    goto bad;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (cp >= 0xD800 && cp < 0xE000) {
-                cp = 0xFFFD; /* lone surrogate */
-            }
+        unsigned char e = *c->p;
+        const char *esc = "\"\"\\\\//b\bf\fn\nr\rt\t";
+        const char *m = NULL;
+        for (const char *k = esc; *k; k += 2)
+            if ((unsigned char)*k == e)
+                m = k;
+        if (m) {
+            c->p++;
             if (w)
-                w += put_utf8(w, cp);
-        } else if (map && ((map - "\"\"\\\\//b\bf\fn\nr\rt\t") % 2) == 0) {
-            if (w)
-                *w++ = map[1];
-        } else {
-            goto bad;
+                *w++ = m[1];
+            continue;
         }
+        long cp = u_escape(c->p - 1, c->end);
+        if (cp < 0)
+            goto bad;
+        c->p += 5;
+        if (cp >= 0xD800 && cp < 0xDC00) {
+            long lo = u_escape(c->p, c->end);
+            if (lo >= 0xDC00 && lo <= 0xDFFF) {
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                c->p += 6;
+            } else {
+                cp = 0xFFFD; /* a lone high surrogate (json.h) */
+            }
+        } else if (cp >= 0xDC00 && cp < 0xE000) {
+            cp = 0xFFFD; /* a lone low surrogate */
+        }
+        if (w)
+            w += put_utf8(w, (uint32_t)cp);
     }
-    if (c->p >= c->end)
-        goto bad;
     c->p++;
+    if (c->emit) {
+        before_value(c->emit);
+        write_string_n(c->emit->f, o, (size_t)(w - o));
+    }
     if (out) {
         *w = 0;
         *out = o;
+        if (outlen)
+            *outlen = (size_t)(w - o);
+    } else {
+        free(o);
     }
     return 0;
 bad:
@@ -130,80 +191,171 @@ bad:
     return -EINVAL;
 }
 
-static int skip_value(json_cur_t *c, int depth);
-
-static int skip_container(json_cur_t *c, int depth, char close, int keyed)
+static int digits(json_cur_t *c)
 {
+    const unsigned char *s = c->p;
+    while (c->p < c->end && *c->p >= '0' && *c->p <= '9')
+        c->p++;
+    return c->p > s ? 0 : -EINVAL;
+}
+
+static int parse_number(json_cur_t *c)
+{
+    const unsigned char *s = c->p;
+    if (c->p < c->end && *c->p == '-')
+        c->p++;
+    if (c->p < c->end && *c->p == '0')
+        c->p++; /* a leading zero stands alone: "01" is two tokens, refused below */
+    else if (digits(c))
+        return -EINVAL;
+    if (c->p < c->end && *c->p == '.') {
+        c->p++;
+        if (digits(c))
+            return -EINVAL;
+    }
+    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
+        c->p++;
+        if (c->p < c->end && (*c->p == '+' || *c->p == '-'))
+            c->p++;
+        if (digits(c))
+            return -EINVAL;
+    }
+    if (c->emit) {
+        before_value(c->emit);
+        fwrite(s, 1, (size_t)(c->p - s), c->emit->f);
+    }
+    return 0;
+}
+
+static int parse_literal(json_cur_t *c)
+{
+    static const char *const lits[] = {"true", "false", "null"};
+    for (size_t i = 0; i < 3; i++) {
+        size_t n = strlen(lits[i]);
+        if ((size_t)(c->end - c->p) >= n && memcmp(c->p, lits[i], n) == 0) {
+            c->p += n;
+            if (c->emit) {
+                before_value(c->emit);
+                fputs(lits[i], c->emit->f);
+            }
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+static int parse_value(json_cur_t *c, int depth);
+
+static int parse_container(json_cur_t *c, int depth, int keyed)
+{
+    if (depth > TSP_JSON_MAX_DEPTH)
+        return -EINVAL;
+    unsigned char close = keyed ? '}' : ']';
     c->p++;
+    if (c->emit)
+        keyed ? tsp_json_begin_object(c->emit) : tsp_json_begin_array(c->emit);
     ws(c);
     if (c->p < c->end && *c->p == close) {
         c->p++;
+        if (c->emit)
+            tsp_json_end(c->emit);
         return 0;
     }
     for (;;) {
         ws(c);
         if (keyed) {
-            if (parse_string(c, NULL))
-                return -EINVAL;
+            int rc = parse_string(c, NULL, NULL);
+            if (rc)
+                return rc;
             ws(c);
             if (c->p >= c->end || *c->p != ':')
                 return -EINVAL;
             c->p++;
+            if (c->emit) {
+                fputs(": ", c->emit->f);
+                c->emit->after_key = 1;
+            }
         }
-        if (skip_value(c, depth + 1))
-            return -EINVAL;
+        int rc = parse_value(c, depth + 1);
+        if (rc)
+            return rc;
         ws(c);
         if (c->p >= c->end)
             return -EINVAL;
         if (*c->p == ',') {
             c->p++;
-            continue;
+            continue; /* a value must follow: "[1,]" fails in parse_value */
         }
-        if (*c->p == close) {
-            c->p++;
-            return 0;
-        }
-        return -EINVAL;
+        if (*c->p != close)
+            return -EINVAL;
+        c->p++;
+        if (c->emit)
+            tsp_json_end(c->emit);
+        return 0;
     }
 }
 
-static int skip_value(json_cur_t *c, int depth)
+static int parse_value(json_cur_t *c, int depth)
 {
-    if (depth > JSON_MAX_DEPTH)
-        return -EINVAL;
     ws(c);
     if (c->p >= c->end)
         return -EINVAL;
     switch (*c->p) {
     case '"':
-        return parse_string(c, NULL);
+        return parse_string(c, NULL, NULL);
     case '{':
-        return skip_container(c, depth, '}', 1);
+        return parse_container(c, depth, 1);
     case '[':
-        return skip_container(c, depth, ']', 0);
+        return parse_container(c, depth, 0);
+    case 't':
+    case 'f':
+    case 'n':
+        return parse_literal(c);
     default:
-        break;
-    }
-    const char *s = c->p;
-    while (c->p < c->end && (strchr("+-.eE", *c->p) || (*c->p >= '0' && *c->p <= '9') ||
-                             (*c->p >= 'a' && *c->p <= 'z')))
-        c->p++;
-    if (c->p == s)
+        if (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))
+            return parse_number(c);
         return -EINVAL;
-    return 0;
+    }
 }
 
-int tsp_json_check_object(const char *doc, size_t len)
+/* The whole document: one value, white space around it, nothing else. */
+static int parse_document(const char *doc, size_t len, tsp_json_writer_t *emit)
 {
-    json_cur_t c = {doc, doc + len};
-    ws(&c);
-    if (c.p >= c.end || *c.p != '{' || skip_value(&c, 1))
+    if (!doc)
         return -EINVAL;
+    json_cur_t c = {(const unsigned char *)doc, (const unsigned char *)doc + len, emit};
+    int rc = parse_value(&c, 1);
+    if (rc)
+        return rc == -ENOMEM ? rc : -EINVAL;
     ws(&c);
     return c.p == c.end ? 0 : -EINVAL;
 }
 
-static int value_type(char ch)
+int tsp_json_check(const char *doc, size_t len)
+{
+    return parse_document(doc, len, NULL);
+}
+
+int tsp_json_check_object(const char *doc, size_t len)
+{
+    if (tsp_json_check(doc, len))
+        return -EINVAL;
+    json_cur_t c = {(const unsigned char *)doc, (const unsigned char *)doc + len, NULL};
+    ws(&c);
+    return *c.p == '{' ? 0 : -EINVAL;
+}
+
+int tsp_json_canonical(const char *doc, size_t len, FILE *out)
+{
+    int rc = tsp_json_check(doc, len); /* first: nothing is written for a bad document */
+    if (rc)
+        return rc;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, out);
+    return parse_document(doc, len, &w);
+}
+
+static int value_type(unsigned char ch)
 {
     switch (ch) {
     case '"':
@@ -221,104 +373,98 @@ static int value_type(char ch)
     }
 }
 
+/* In a validated object at c->p, the value of the last member named key[0..klen). */
+static int find_member(json_cur_t *c, const char *key, size_t klen)
+{
+    const unsigned char *found = NULL;
+    c->p++; /* '{' */
+    ws(c);
+    while (c->p < c->end && *c->p != '}') {
+        char *k;
+        size_t kl;
+        int rc = parse_string(c, &k, &kl);
+        if (rc)
+            return rc;
+        int match = kl == klen && memcmp(k, key, klen) == 0;
+        free(k);
+        ws(c);
+        c->p++; /* ':' */
+        ws(c);
+        if (match)
+            found = c->p; /* the last one wins, as in Python */
+        if ((rc = parse_value(c, 1)) != 0)
+            return rc;
+        ws(c);
+        if (c->p < c->end && *c->p == ',')
+            c->p++;
+        ws(c);
+    }
+    if (!found)
+        return -ENOENT;
+    c->p = found;
+    return 0;
+}
+
 int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type)
 {
-    json_cur_t c = {doc, doc + len};
-    const char *seg = path;
-    for (;;) {
+    int rc = tsp_json_check(doc, len);
+    if (rc)
+        return rc;
+    json_cur_t c = {(const unsigned char *)doc, (const unsigned char *)doc + len, NULL};
+    for (const char *seg = path;;) {
         ws(&c);
-        if (c.p >= c.end || *c.p != '{')
-            return c.p < c.end ? -ENOENT : -EINVAL;
+        if (*c.p != '{')
+            return -ENOENT;
         const char *dot = strchr(seg, '.');
         size_t seglen = dot ? (size_t)(dot - seg) : strlen(seg);
-        int found = 0;
-        c.p++;
-        ws(&c);
-        if (c.p < c.end && *c.p == '}')
-            return -ENOENT;
-        while (!found) {
-            ws(&c);
-            char *key;
-            int rc = parse_string(&c, &key);
-            if (rc)
-                return rc;
-            found = strlen(key) == seglen && memcmp(key, seg, seglen) == 0;
-            free(key);
-            ws(&c);
-            if (c.p >= c.end || *c.p != ':')
-                return -EINVAL;
-            c.p++;
-            ws(&c);
-            if (found)
-                break;
-            if (skip_value(&c, 1))
-                return -EINVAL;
-            ws(&c);
-            if (c.p < c.end && *c.p == ',') {
-                c.p++;
-                continue;
-            }
-            return c.p < c.end && *c.p == '}' ? -ENOENT : -EINVAL;
-        }
-        if (dot) {
-            seg = dot + 1;
-            continue;
-        }
-        if (c.p >= c.end)
-            return -EINVAL;
-        *type = value_type(*c.p);
-        if (*type == TSP_JSON_STRING)
-            return parse_string(&c, out);
-        const char *s = c.p;
-        if (skip_value(&c, 1))
-            return -EINVAL;
-        size_t n = (size_t)(c.p - s);
-        if (!(*out = malloc(n + 1)))
-            return -ENOMEM;
-        memcpy(*out, s, n);
-        (*out)[n] = 0;
-        return 0;
+        if ((rc = find_member(&c, seg, seglen)) != 0)
+            return rc;
+        if (!dot)
+            break;
+        seg = dot + 1;
     }
+    *type = value_type(*c.p);
+    if (*type == TSP_JSON_STRING)
+        return parse_string(&c, out, NULL);
+    const unsigned char *s = c.p;
+    if ((rc = parse_value(&c, 1)) != 0)
+        return rc;
+    size_t n = (size_t)(c.p - s);
+    if (!(*out = malloc(n + 1)))
+        return -ENOMEM;
+    memcpy(*out, s, n);
+    (*out)[n] = 0;
+    return 0;
 }
 
-/* Length of a valid UTF-8 sequence at s (1..4), or 0 when invalid. */
-static int utf8_len(const unsigned char *s)
-{
-    if (s[0] < 0x80)
-        return 1;
-    int n = (s[0] & 0xE0) == 0xC0 ? 2 : (s[0] & 0xF0) == 0xE0 ? 3 : (s[0] & 0xF8) == 0xF0 ? 4 : 0;
-    if (n == 0 || (n == 2 && s[0] < 0xC2))
-        return 0;
-    for (int i = 1; i < n; i++)
-        if ((s[i] & 0xC0) != 0x80)
-            return 0;
-    return n;
-}
+/* ---- the writer ---------------------------------------------------------------------- */
 
-void tsp_json_write_string(FILE *f, const char *s)
+static void write_string_n(FILE *f, const char *s, size_t len)
 {
+    const unsigned char *p = (const unsigned char *)s, *end = p + len;
     fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+    while (p < end) {
         unsigned char ch = *p;
-        if (ch == '"' || ch == '\\') {
-            fputc('\\', f);
-            fputc(ch, f);
-        } else if (ch == '\n') {
-            fputs("\\n", f);
-        } else if (ch == '\r') {
-            fputs("\\r", f);
-        } else if (ch == '\t') {
-            fputs("\\t", f);
-        } else if (ch < 0x20) {
+        const char *short_esc = ch == '"'    ? "\\\""
+                                : ch == '\\' ? "\\\\"
+                                : ch == '\n' ? "\\n"
+                                : ch == '\r' ? "\\r"
+                                : ch == '\t' ? "\\t"
+                                : ch == '\b' ? "\\b"
+                                : ch == '\f' ? "\\f"
+                                             : NULL;
+        if (short_esc) {
+            fputs(short_esc, f);
+        } else if (ch < 0x20 || ch == 0x7f) {
             fprintf(f, "\\u%04x", ch);
         } else if (ch >= 0x80) {
-            int n = utf8_len(p);
+            size_t n = utf8_len(p, (size_t)(end - p));
             if (n == 0) {
                 fputs("\\ufffd", f);
                 p++;
                 continue;
             }
-            fwrite(p, 1, (size_t)n, f);
+            fwrite(p, 1, n, f);
             p += n;
             continue;
         } else {
@@ -327,4 +473,100 @@ void tsp_json_write_string(FILE *f, const char *s)
         p++;
     }
     fputc('"', f);
+}
+
+void tsp_json_write_string(FILE *f, const char *s)
+{
+    write_string_n(f, s ? s : "", s ? strlen(s) : 0);
+}
+
+void tsp_json_writer_init(tsp_json_writer_t *w, FILE *f)
+{
+    memset(w, 0, sizeof *w);
+    w->f = f;
+}
+
+/* Before any value: the comma that separates it from the previous one. */
+static void before_value(tsp_json_writer_t *w)
+{
+    if (w->count[w->depth] && !w->after_key)
+        fputs(", ", w->f);
+    w->count[w->depth] = 1;
+    w->after_key = 0;
+}
+
+static void begin(tsp_json_writer_t *w, char open)
+{
+    before_value(w);
+    fputc(open, w->f);
+    if (w->depth < TSP_JSON_MAX_DEPTH) {
+        w->depth++;
+        w->count[w->depth] = 0;
+        w->kind[w->depth] = (unsigned char)open;
+    }
+}
+
+void tsp_json_begin_object(tsp_json_writer_t *w)
+{
+    begin(w, '{');
+}
+
+void tsp_json_begin_array(tsp_json_writer_t *w)
+{
+    begin(w, '[');
+}
+
+void tsp_json_end(tsp_json_writer_t *w)
+{
+    fputc(w->kind[w->depth] == '[' ? ']' : '}', w->f);
+    if (w->depth > 0)
+        w->depth--;
+    w->after_key = 0;
+}
+
+void tsp_json_key(tsp_json_writer_t *w, const char *key)
+{
+    before_value(w);
+    tsp_json_write_string(w->f, key);
+    fputs(": ", w->f);
+    w->after_key = 1;
+}
+
+void tsp_json_str(tsp_json_writer_t *w, const char *s)
+{
+    if (!s) {
+        tsp_json_null(w);
+        return;
+    }
+    before_value(w);
+    tsp_json_write_string(w->f, s);
+}
+
+void tsp_json_int(tsp_json_writer_t *w, long long v)
+{
+    before_value(w);
+    fprintf(w->f, "%lld", v);
+}
+
+void tsp_json_fixed(tsp_json_writer_t *w, double v, int digits_after)
+{
+    before_value(w);
+    if (v != v || v > 1e300 || v < -1e300) /* NaN and infinities are not JSON */
+        fputs("null", w->f);
+    else
+        fprintf(w->f, "%.*f", digits_after, v);
+}
+
+void tsp_json_null(tsp_json_writer_t *w)
+{
+    before_value(w);
+    fputs("null", w->f);
+}
+
+int tsp_json_value(tsp_json_writer_t *w, const char *json, size_t len)
+{
+    int rc = tsp_json_check(json, len);
+    if (rc)
+        return rc;
+    return parse_document(json, len, w);
 }

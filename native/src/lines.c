@@ -1,7 +1,9 @@
-/* lines.c: reassembling lines from a worker's pipe without truncating any of them. */
-#include "torchspark/lines.h"
+/* lines.c: reassembling lines from a worker's pipe without truncating any of them, and the
+ * one prefix a line carries where users read it (tsp_lines_prefix). */
+#include "lines.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -137,4 +139,33 @@ void tsp_lines_consume(tsp_lines_t *lb)
 int tsp_lines_done(const tsp_lines_t *lb)
 {
     return lb->eof && lb->start == lb->end;
+}
+
+size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *marker,
+                        int32_t rank, unsigned stream)
+{
+    size_t n = 0;
+    char num[16];
+    if (stream == TSP_STREAM_EVENT)
+        tmpl = TSP_LINES_EVENT_PREFIX;
+    int nl = snprintf(num, sizeof(num), "%d", rank);
+    for (const char *p = tmpl ? tmpl : TSP_LINES_PREFIX; *p; p++) {
+        if (strncmp(p, "{rank}", 6) == 0) {
+            for (int i = 0; i < nl; i++, n++)
+                if (n + 1 < outlen)
+                    out[n] = num[i];
+            p += 5;
+        } else {
+            if (n + 1 < outlen)
+                out[n] = *p;
+            n++;
+        }
+    }
+    if (stream == TSP_STREAM_STDERR)
+        for (const char *m = marker ? marker : TSP_LINES_STDERR_MARKER; *m; m++, n++)
+            if (n + 1 < outlen)
+                out[n] = *m;
+    if (outlen)
+        out[n < outlen ? n : outlen - 1] = 0;
+    return n;
 }

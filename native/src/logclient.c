@@ -9,7 +9,7 @@
  * The queue is a list of blocks holding frames back to back; byte offsets are absolute
  * (since the client started), so "sent up to" survives a reconnect as one number. A
  * block is freed once it is wholly sent and the driver acknowledged its last line. */
-#include "torchspark/logclient.h"
+#include "logclient.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "logdial.h"
+#include "util.h"
 
 #define BLK_SIZE (256u * 1024u)
 #define FRAME_OVERHEAD (TSP_WIRE_HDR_LEN + 8u)
@@ -46,6 +47,7 @@ struct tsp_logclient {
     tsp_logclient_opts_t o;
     char host[256];
     char hostname[256];
+    char who[64]; /* what the client's own messages start with (opts.log_prefix) */
     tsp_line_sink_t sink;
     pthread_t thread;
     pthread_mutex_t mu;
@@ -87,35 +89,6 @@ void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
     o->stall_ms = 60000;
     o->local_out_fd = 1;
     o->local_err_fd = 2;
-}
-
-int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen, int *port)
-{
-    const char *colon, *h = ep;
-    size_t hl;
-    if (!ep || !*ep)
-        return -EINVAL;
-    if (ep[0] == '[') {
-        const char *rb = strchr(ep, ']');
-        if (!rb || rb[1] != ':')
-            return -EINVAL;
-        h = ep + 1;
-        hl = (size_t)(rb - h);
-        colon = rb + 1;
-    } else {
-        colon = strrchr(ep, ':');
-        if (!colon)
-            return -EINVAL;
-        hl = (size_t)(colon - ep);
-    }
-    char *end;
-    long p = strtol(colon + 1, &end, 10);
-    if (hl == 0 || hl >= hostlen || *end || end == colon + 1 || p < 1 || p > 65535)
-        return -EINVAL;
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    *port = (int)p;
-    return 0;
 }
 
 static void notify(int fd)
@@ -291,8 +264,9 @@ static void spill_block(tsp_logclient_t *c, const blk_t *b, uint64_t *lines)
             return;
         const char *p = b->data + off + TSP_WIRE_HDR_LEN;
         if (h.type == TSP_WIRE_LINE) {
-            char pre[32];
-            int pl = snprintf(pre, sizeof(pre), "[rank %d] ", h.rank);
+            /* Each stream to its own fd: no stderr marker. */
+            char pre[64];
+            size_t pl = tsp_lines_prefix(pre, sizeof(pre), NULL, "", h.rank, h.stream);
             int fd = h.stream == TSP_STREAM_STDERR ? c->o.local_err_fd : c->o.local_out_fd;
             struct iovec iov[3] = {
                 {pre, (size_t)pl}, {(void *)(p + 8), h.length - 8}, {(void *)"\n", 1}};
@@ -352,12 +326,12 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
     c->warned = 1;
     char msg[1024];
     int n = snprintf(msg, sizeof(msg),
-                     "torchspark-run: warning: cannot reach the driver's log server at %s:%d "
+                     "%swarning: cannot reach the driver's log server at %s:%d "
                      "from host %s (node rank %d): %s. Worker output goes to this executor's "
                      "own stdout/stderr instead; training continues. Check that the driver "
                      "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
                      "retrying in the background.\n",
-                     c->host, c->o.port, c->hostname, c->o.node_rank, why);
+                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, why);
     warn_local(c, msg, sizeof(msg), n);
 }
 
@@ -471,9 +445,9 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
             int n = snprintf(msg, sizeof(msg),
-                             "torchspark-run: the driver's log server closed "
+                             "%sthe driver's log server closed "
                              "the channel: %.*s\n",
-                             (int)h.length, (const char *)p);
+                             c->who, (int)h.length, (const char *)p);
             write_local(c->o.local_err_fd, msg, n > 0 ? (size_t)n : 0);
             rc = -1;
         } else {
@@ -564,13 +538,14 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
     if (!c->warned_stall) {
         c->warned_stall = 1;
         char msg[1024];
-        int n = snprintf(msg, sizeof(msg),
-                         "torchspark-run: warning: the driver's log server at %s:%d has taken "
-                         "no lines for %d s while the workers on host %s (node rank %d) wait "
-                         "to print. Their output goes to this executor's own stdout/stderr "
-                         "instead, so that training is not held up; check that the driver "
-                         "process is responsive. The channel is retried in the background.\n",
-                         c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
+        int n =
+            snprintf(msg, sizeof(msg),
+                     "%swarning: the driver's log server at %s:%d has taken "
+                     "no lines for %d s while the workers on host %s (node rank %d) wait "
+                     "to print. Their output goes to this executor's own stdout/stderr "
+                     "instead, so that training is not held up; check that the driver "
+                     "process is responsive. The channel is retried in the background.\n",
+                     c->who, c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
         warn_local(c, msg, sizeof(msg), n);
     }
     c->warned = 1; /* the stall warning stands for the fallback warning */
@@ -701,6 +676,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     if (c->o.backoff_max_ms <= 0)
         c->o.backoff_max_ms = 5000;
     snprintf(c->host, sizeof(c->host), "%s", o->host ? o->host : "127.0.0.1");
+    snprintf(c->who, sizeof(c->who), "%s", o->log_prefix ? o->log_prefix : "torchspark: ");
     if (o->hostname)
         snprintf(c->hostname, sizeof(c->hostname), "%s", o->hostname);
     else if (gethostname(c->hostname, sizeof(c->hostname) - 1))
@@ -711,7 +687,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp_wire_random(&c->agent_id, 8)) {
+    if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp__random_bytes(&c->agent_id, 8)) {
         snprintf(err, errlen, "cannot set up the log client: %s", strerror(errno));
         goto fail;
     }
@@ -736,52 +712,6 @@ fail:
         close(c->notify_fd);
     free(c);
     return NULL;
-}
-
-/* TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) overrides stall_ms for the CLI. */
-static int stall_from_env(tsp_logclient_opts_t *o, char *err, size_t errlen)
-{
-    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
-    if (!stall || !*stall)
-        return 0;
-    char *end;
-    double sec = strtod(stall, &end);
-    if (*end || sec < 0 || sec > 86400) {
-        snprintf(err, errlen, "TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), not '%s'",
-                 stall);
-        return -EINVAL;
-    }
-    o->stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
-    return 0;
-}
-
-tsp_logclient_t *tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex,
-                                              int node_rank, int drop,
-                                              void (*on_stop)(void *, int, const char *, size_t),
-                                              void *on_stop_ctx, char *err, size_t errlen)
-{
-    tsp_logclient_opts_t o;
-    char host[256];
-    tsp_logclient_opts_init(&o);
-    if (stall_from_env(&o, err, errlen))
-        return NULL;
-    if (tsp_logclient_parse_endpoint(endpoint, host, sizeof(host), &o.port)) {
-        snprintf(err, errlen, "--log-endpoint must be HOST:PORT, not '%s'", endpoint);
-        return NULL;
-    }
-    if (tsp_wire_secret_parse(secret_hex, o.secret)) {
-        snprintf(err, errlen,
-                 "--log-endpoint needs the run's secret in the environment "
-                 "variable TORCHSPARK_LOG_SECRET (64 hex digits)%s",
-                 secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
-        return NULL;
-    }
-    o.host = host;
-    o.node_rank = node_rank;
-    o.drop = drop;
-    o.on_stop = on_stop;
-    o.on_stop_ctx = on_stop_ctx;
-    return tsp_logclient_start(&o, err, errlen);
 }
 
 int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len)

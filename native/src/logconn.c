@@ -4,7 +4,7 @@
  * resume round robin when it has room), acknowledgements, and the goodbye of the drain
  * (docs/protocol.md, part 1). The control channel is logctl.c; the epoll thread that
  * drives all this is logserver.c. */
-#include "logserver_int.h"
+#include "logconn.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -14,88 +14,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "logdial.h" /* tsp__now_ms */
-#include "torchspark/lines.h"
+#include "lines.h"
+#include "logctl.h"
+#include "logsend.h"
+#include "util.h"
 
 #define CONN_BUF_MIN (64u * 1024u)
 #define LINGER_MS 2000 /* after CLOSE: wait for the agent to take the final ACK */
 #define SINK_FLUSH (64u * 1024u)
 
 /* ---- connections ---------------------------------------------------------------- */
-
-/* A paused connection leaves the epoll set altogether: a hang-up would otherwise be
- * reported again and again while we are not reading it. */
-static void conn_arm(tsp_logserver_t *s, conn_t *c)
-{
-    struct epoll_event ev = {.events = EPOLLIN | (c->wlen ? EPOLLOUT : 0u), .data.ptr = c};
-    if (c->paused) {
-        if (c->registered)
-            epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
-        c->registered = 0;
-    } else {
-        epoll_ctl(s->efd, c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd, &ev);
-        c->registered = 1;
-    }
-    c->want_out = c->wlen > 0;
-}
-
-void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
-{
-    tsp__outrecv_abort(&s->out, c, "the connection closed");
-    if (s->resume_at == c)
-        s->resume_at = c->next;
-    if (c->registered)
-        epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
-    close(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    free(c->buf);
-    free(c);
-    pthread_mutex_lock(&s->q.mu);
-    s->q.st.connected--;
-    pthread_mutex_unlock(&s->q.mu);
-}
-
-/* Sends what wbuf holds without blocking. 0, or -errno when the peer is gone. */
-static int conn_write(conn_t *c)
-{
-    ssize_t w;
-    do
-        w = send(c->fd, c->wbuf, c->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (w < 0 && errno == EINTR);
-    if (w > 0) {
-        memmove(c->wbuf, c->wbuf + w, c->wlen - (size_t)w);
-        c->wlen -= (size_t)w;
-    }
-    return w < 0 && errno != EAGAIN ? -errno : 0;
-}
-
-/* Queues a frame to the peer (control frames are small; the buffer holds many). */
-static int conn_send_flags(tsp_logserver_t *s, conn_t *c, unsigned type, unsigned flags,
-                           const void *p, size_t n)
-{
-    if (c->wlen + TSP_WIRE_HDR_LEN + n > sizeof(c->wbuf))
-        return -ENOBUFS;
-    tsp_wire_hdr_t h = {
-        .type = (uint8_t)type, .flags = (uint8_t)flags, .rank = -1, .length = (uint32_t)n};
-    tsp_wire_hdr_pack(c->wbuf + c->wlen, &h);
-    if (n)
-        memcpy(c->wbuf + c->wlen + TSP_WIRE_HDR_LEN, p, n);
-    c->wlen += TSP_WIRE_HDR_LEN + n;
-    int rc = conn_write(c);
-    if ((c->wlen > 0) != c->want_out && !c->paused)
-        conn_arm(s, c);
-    return rc;
-}
-
-int tsp__conn_send(tsp_logserver_t *s, conn_t *c, unsigned type, const void *p, size_t n)
-{
-    return conn_send_flags(s, c, type, 0, p, n);
-}
 
 static void conn_who(const conn_t *c, char *out, size_t n)
 {
@@ -132,7 +60,7 @@ void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
         c->len = 0;
         c->chunk_left = 0;
         c->deadline = tsp__now_ms() + LINGER_MS;
-        conn_arm(s, c);
+        tsp__conn_arm(s, c);
         return;
     }
     tsp__conn_free(s, c);
@@ -177,7 +105,7 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
     memcpy(c->hello, p, n);
     c->hello_len = n;
     uint8_t ch[TSP_WIRE_CHALLENGE_LEN];
-    if (tsp_wire_random(c->nonce_s, sizeof(c->nonce_s))) {
+    if (tsp__random_bytes(c->nonce_s, sizeof(c->nonce_s))) {
         snprintf(err, errlen, "no random bytes for the challenge");
         return -EIO;
     }
@@ -210,8 +138,8 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     pthread_mutex_lock(&s->q.mu);
     s->q.st.authenticated++;
     pthread_mutex_unlock(&s->q.mu);
-    int rc = conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0, mac,
-                             sizeof(mac));
+    int rc = tsp__conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
+                                  mac, sizeof(mac));
     if (!rc && c->control && s->t_stopped && c->h.agent_id != s->stop_except)
         tsp__conn_stop(s, c);
     /* Tell a reconnecting agent at once what this server already has. */
@@ -226,8 +154,7 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
 static void sink_line(tsp_logserver_t *s, const tsp_wire_hdr_t *h, const uint8_t *d, size_t n)
 {
     char pre[256];
-    size_t pl =
-        tsp_logserver_format_prefix(pre, sizeof(pre), s->prefix, s->marker, h->rank, h->stream);
+    size_t pl = tsp_lines_prefix(pre, sizeof(pre), s->prefix, s->marker, h->rank, h->stream);
     if (pl >= sizeof(pre))
         pl = sizeof(pre) - 1;
     size_t need = s->sink_len + pl + n + 1;
@@ -481,7 +408,7 @@ static void conn_ack(tsp_logserver_t *s, conn_t *c)
 static void conn_pause(tsp_logserver_t *s, conn_t *c)
 {
     c->paused = 1;
-    conn_arm(s, c);
+    tsp__conn_arm(s, c);
 }
 
 /* Receives output chunk data in place. 1 took some and the chunk may have more, 0 the
@@ -575,8 +502,8 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
 
 void tsp__conn_flush(tsp_logserver_t *s, conn_t *c)
 {
-    conn_write(c);
-    conn_arm(s, c);
+    tsp__conn_write(c);
+    tsp__conn_arm(s, c);
 }
 
 /* After the pull queue made room: read paused connections again, buffered frames first.
@@ -607,7 +534,7 @@ void tsp__resume_all(tsp_logserver_t *s)
             }
             if (rc == 0) {
                 c->paused = 0;
-                conn_arm(s, c);
+                tsp__conn_arm(s, c);
                 conn_ack(s, c);
             }
         }
@@ -643,5 +570,5 @@ void tsp__conn_goodbye(tsp_logserver_t *s, conn_t *c)
     c->paused = 0;
     c->len = 0;
     c->deadline = tsp__now_ms() + LINGER_MS;
-    conn_arm(s, c);
+    tsp__conn_arm(s, c);
 }

@@ -3,14 +3,15 @@
  * bookkeeping of LOGS connections that ended without CLOSE until their grace is over and
  * the node is declared lost. Runs on the epoll thread (logserver.c); the host reads the
  * results through ctl_mu. */
-#include "logserver_int.h"
+#include "logctl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "logdial.h" /* tsp__now_ms */
-#include "torchspark/json.h"
+#include "json.h"
+#include "logsend.h"
+#include "util.h"
 
 void tsp__conn_stop(tsp_logserver_t *s, conn_t *c)
 {
@@ -37,16 +38,6 @@ void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const c
             tsp__conn_stop(s, c);
 }
 
-static void json_field(FILE *f, const char *key, const char *val, int last)
-{
-    fprintf(f, "\"%s\": ", key);
-    if (val)
-        tsp_json_write_string(f, val);
-    else
-        fputs("null", f);
-    fputs(last ? "}" : ", ", f);
-}
-
 /* Keeps the first failure as the run's root cause (later ones are consequences). */
 static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
                         const char *peer, const char *message, const char *report)
@@ -56,13 +47,18 @@ static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, con
     FILE *f = open_memstream(&doc, &dl);
     if (!f)
         return;
-    fputs("{", f);
-    json_field(f, "kind", kind, 0);
-    fprintf(f, "\"node_rank\": %d, ", node_rank);
-    json_field(f, "host", host, 0);
-    json_field(f, "peer", peer, 0);
-    json_field(f, "message", message, 0);
-    json_field(f, "report", report, 1);
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    const char *keys[] = {"kind", "host", "peer", "message", "report"};
+    const char *vals[] = {kind, host, peer, message, report};
+    tsp_json_key(&w, "node_rank");
+    tsp_json_int(&w, node_rank);
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        tsp_json_key(&w, keys[i]);
+        tsp_json_str(&w, vals[i]);
+    }
+    tsp_json_end(&w);
     if (fclose(f) != 0) {
         free(doc);
         return;

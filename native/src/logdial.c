@@ -13,14 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/logwire.h"
-
-int64_t tsp__now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+#include "logwire.h"
+#include "util.h"
 
 static int wait_fd(int fd, short events, int64_t deadline)
 {
@@ -155,47 +149,47 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
                           .agent_id = agent_id,
                           .node_rank = node_rank};
     snprintf(h.host, sizeof(h.host), "%s", hostname ? hostname : "");
-    if (tsp_wire_run_id(secret, h.run_id) || tsp_wire_random(h.nonce, sizeof(h.nonce)))
-        return snprintf(err, errlen, "OpenSSL failed"), -EIO;
+    if (tsp_wire_run_id(secret, h.run_id) || tsp__random_bytes(h.nonce, sizeof(h.nonce)))
+        return tsp__err(err, errlen, -EIO, "cannot compute the run id or draw the nonce");
     uint8_t buf[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE];
     int hl = tsp_wire_hello_pack(buf + TSP_WIRE_HDR_LEN, TSP_WIRE_HELLO_MAX, &h);
     if (hl < 0)
-        return snprintf(err, errlen, "host name too long"), -EINVAL;
+        return tsp__err(err, errlen, -EINVAL, "host name too long");
     uint8_t hello[TSP_WIRE_HELLO_MAX];
     memcpy(hello, buf + TSP_WIRE_HDR_LEN, (size_t)hl);
     tsp_wire_hdr_t fh = {.type = TSP_WIRE_HELLO, .rank = node_rank, .length = (uint32_t)hl};
     tsp_wire_hdr_pack(buf, &fh);
     int rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + (size_t)hl, deadline);
     if (rc)
-        return snprintf(err, errlen, "sending HELLO: %s", strerror(-rc)), rc;
+        return tsp__err(err, errlen, rc, "sending HELLO: %s", strerror(-rc));
     /* CHALLENGE, or ERROR with the driver's reason. */
     tsp_wire_hdr_t rh;
     if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)
-        return snprintf(err, errlen, "the driver refused: %.*s", (int)rh.length, (char *)buf),
-               -EACCES;
+        return tsp__err(err, errlen, -EACCES, "the driver refused: %.*s", (int)rh.length,
+                        (char *)buf);
     uint16_t ver;
     uint8_t nonce_s[TSP_WIRE_NONCE_LEN];
     if (rh.type != TSP_WIRE_CHALLENGE || tsp_wire_challenge_unpack(&ver, nonce_s, buf, rh.length))
-        return snprintf(err, errlen, "the driver sent a bad CHALLENGE"), -EPROTO;
+        return tsp__err(err, errlen, -EPROTO, "the driver sent a bad CHALLENGE");
     uint8_t mac[TSP_WIRE_MAC_LEN];
     if (tsp_wire_mac(secret, 0, hello, (size_t)hl, nonce_s, mac))
-        return snprintf(err, errlen, "HMAC failed"), -EIO;
+        return tsp__err(err, errlen, -EIO, "HMAC failed");
     fh = (tsp_wire_hdr_t){.type = TSP_WIRE_AUTH, .rank = -1, .length = TSP_WIRE_MAC_LEN};
     tsp_wire_hdr_pack(buf, &fh);
     memcpy(buf + TSP_WIRE_HDR_LEN, mac, sizeof(mac));
     if ((rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + sizeof(mac), deadline)))
-        return snprintf(err, errlen, "sending AUTH: %s", strerror(-rc)), rc;
+        return tsp__err(err, errlen, rc, "sending AUTH: %s", strerror(-rc));
     if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)
-        return snprintf(err, errlen, "the driver refused: %.*s", (int)rh.length, (char *)buf),
-               -EACCES;
+        return tsp__err(err, errlen, -EACCES, "the driver refused: %.*s", (int)rh.length,
+                        (char *)buf);
     if (rh.type != TSP_WIRE_WELCOME ||
         tsp_wire_mac_verify(secret, 1, hello, (size_t)hl, nonce_s, buf, rh.length))
-        return snprintf(err, errlen, "the server did not prove that it knows the run's secret"),
-               -EACCES;
+        return tsp__err(err, errlen, -EACCES,
+                        "the server did not prove that it knows the run's secret");
     /* A driver grants CONTROL only when asked (protocol 1.7): never trust it unasked. */
     if (welcome_flags)
         *welcome_flags = (hflags & TSP_WIRE_HELLO_CONTROL) ? rh.flags : 0;

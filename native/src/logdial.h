@@ -21,6 +21,5 @@ int tsp__sock_read_full(int fd, void *p, size_t n, int64_t deadline);
 struct tsp_wire_hdr;
 int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap, int64_t deadline,
                          char *err, size_t errlen);
-int64_t tsp__now_ms(void);
 
 #endif

@@ -6,7 +6,7 @@
  * most one line: the thread checks tsp__logq_full_locked() before each line and stops
  * reading sockets when it is full (TCP backpressure); a pull that brings the queue under
  * half the bound writes the thread's eventfd so that it reads again. */
-#include "logserver_int.h"
+#include "logqueue.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -16,7 +16,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/lines.h"
+#include "lines.h"
+#include "logwire.h"
+#include "util.h"
 
 #define QBLK_SIZE (256u * 1024u)
 #define BATCH_MAX_BYTES (4u << 20)
@@ -34,27 +36,6 @@ struct tsp__qblk {
 };
 
 #define REC_SIZE(n) ((sizeof(qrec_t) + (n) + 7u) & ~(size_t)7u)
-
-int tsp__cond_init_mono(pthread_cond_t *cv)
-{
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(cv, &ca);
-    pthread_condattr_destroy(&ca);
-    return -rc;
-}
-
-void tsp__deadline_in(struct timespec *ts, int timeout_ms)
-{
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    ts->tv_sec += timeout_ms / 1000;
-    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts->tv_nsec >= 1000000000L) {
-        ts->tv_sec++;
-        ts->tv_nsec -= 1000000000L;
-    }
-}
 
 int tsp__logq_init(tsp__logq_t *q, size_t bound, unsigned tail_lines, size_t tail_bytes,
                    int wake_fd)
@@ -291,11 +272,7 @@ long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, i
         qrec_t rec;
         memcpy(&rec, b->data + b->off, sizeof(rec));
         if (rec.rank != pre_rank || rec.stream != pre_stream) {
-            if (rec.stream == TSP_LOG_STREAM_EVENT)
-                pl = (size_t)snprintf(pre, sizeof(pre), "[torchspark] ");
-            else
-                pl = tsp_logserver_format_prefix(pre, sizeof(pre), prefix, marker, rec.rank,
-                                                 rec.stream);
+            pl = tsp_lines_prefix(pre, sizeof(pre), prefix, marker, rec.rank, rec.stream);
             if (pl >= sizeof(pre))
                 pl = sizeof(pre) - 1;
             pre_rank = rec.rank;

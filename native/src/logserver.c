@@ -4,7 +4,11 @@
  * tsp_logserver_* API (docs/protocol.md, part 1). A connection's protocol lives in
  * logconn.c, the control channel in logctl.c, the queue in logqueue.c, the output
  * receiver in outrecv.c. */
-#include "logserver_int.h"
+#include "lines.h"
+#include "logconn.h"
+#include "logctl.h"
+#include "logsend.h"
+#include "util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -21,14 +25,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "logdial.h" /* tsp__now_ms */
-#include "torchspark/lines.h"
-
-/* TCP keepalive of accepted sockets (protocol 1.7): a silent peer is dead after ~5 s. */
-#define KEEPIDLE_S 2
-#define KEEPINTVL_S 1
-#define KEEPCNT 3
-#define USER_TIMEOUT_MS 5000
+/* The public header repeats the channel's constants without the internal headers. */
+_Static_assert(TSP_WIRE_MAX_LINE == TSP_LOG_MAX_LINE, "line cap");
+_Static_assert(TSP_STREAM_STDOUT == TSP_LOG_STREAM_STDOUT &&
+                   TSP_STREAM_STDERR == TSP_LOG_STREAM_STDERR,
+               "streams");
+_Static_assert(TSP_LINE_CONTINUED == TSP_LOG_LINE_CONTINUED &&
+                   TSP_LINE_NO_EOL == TSP_LOG_LINE_NO_EOL,
+               "flags");
 
 void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 {
@@ -45,60 +49,15 @@ void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
                                    const char *stderr_marker, int32_t rank, unsigned stream)
 {
-    size_t n = 0;
-    char num[16];
-    int nl = snprintf(num, sizeof(num), "%d", rank);
-    for (const char *p = prefix ? prefix : "[rank {rank}] "; *p; p++) {
-        if (strncmp(p, "{rank}", 6) == 0) {
-            for (int i = 0; i < nl; i++, n++)
-                if (n + 1 < outlen)
-                    out[n] = num[i];
-            p += 5;
-        } else {
-            if (n + 1 < outlen)
-                out[n] = *p;
-            n++;
-        }
-    }
-    if (stream == TSP_STREAM_STDERR)
-        for (const char *m = stderr_marker ? stderr_marker : "[stderr] "; *m; m++, n++)
-            if (n + 1 < outlen)
-                out[n] = *m;
-    if (outlen)
-        out[n < outlen ? n : outlen - 1] = 0;
-    return n;
-}
-
-void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(msg, sizeof(msg) - 1, fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n > sizeof(msg) - 2)
-        n = (int)sizeof(msg) - 2;
-    if (s->o.events_to_queue) {
-        pthread_mutex_lock(&s->q.mu);
-        tsp__logq_push_locked(&s->q, TSP_LOG_RANK_SERVER, TSP_LOG_STREAM_EVENT, 0, msg, (size_t)n,
-                              1);
-        pthread_mutex_unlock(&s->q.mu);
-    }
-    if (s->o.event_fd >= 0) {
-        msg[n++] = '\n';
-        ssize_t w = write(s->o.event_fd, msg, (size_t)n);
-        (void)w; /* best effort: an event must never stop the server */
-    }
+    return tsp_lines_prefix(out, outlen, prefix, stderr_marker, rank, stream);
 }
 
 /* ---- accepting ------------------------------------------------------------------ */
 
 static void keepalive(int fd)
 {
-    int one = 1, idle = KEEPIDLE_S, intvl = KEEPINTVL_S, cnt = KEEPCNT;
-    unsigned ut = USER_TIMEOUT_MS;
+    int one = 1, idle = TSP_WIRE_KEEPIDLE_S, intvl = TSP_WIRE_KEEPINTVL_S, cnt = TSP_WIRE_KEEPCNT;
+    unsigned ut = TSP_WIRE_USER_TIMEOUT_MS;
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
@@ -304,23 +263,24 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
 {
     s->o = *o;
     snprintf(s->host, sizeof(s->host), "%s", o->host && *o->host ? o->host : "127.0.0.1");
-    snprintf(s->prefix, sizeof(s->prefix), "%s", o->prefix ? o->prefix : "[rank {rank}] ");
-    snprintf(s->marker, sizeof(s->marker), "%s", o->stderr_marker ? o->stderr_marker : "[stderr] ");
+    snprintf(s->prefix, sizeof(s->prefix), "%s", o->prefix ? o->prefix : TSP_LINES_PREFIX);
+    snprintf(s->marker, sizeof(s->marker), "%s",
+             o->stderr_marker ? o->stderr_marker : TSP_LINES_STDERR_MARKER);
     if (s->o.handshake_timeout_ms <= 0)
         s->o.handshake_timeout_ms = 10000;
     if (o->secret)
         memcpy(s->secret, o->secret, TSP_WIRE_SECRET_LEN);
-    else if (tsp_wire_random(s->secret, TSP_WIRE_SECRET_LEN))
-        return snprintf(err, errlen, "no random bytes for the log secret"), -EIO;
+    else if (tsp__random_bytes(s->secret, TSP_WIRE_SECRET_LEN))
+        return tsp__err(err, errlen, -EIO, "no random bytes for the log secret");
     if (tsp_wire_run_id(s->secret, s->run_id))
-        return snprintf(err, errlen, "SHA-256 failed"), -EIO;
+        return tsp__err(err, errlen, -EIO, "SHA-256 failed");
     int rc = bind_listen(s, err, errlen);
     if (rc)
         return rc;
     s->efd = epoll_create1(EPOLL_CLOEXEC);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s->efd < 0 || s->wake_fd < 0)
-        return snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno)), -errno;
+        return tsp__err(err, errlen, -errno, "epoll/eventfd: %s", strerror(errno));
     struct epoll_event e1 = {.events = EPOLLIN, .data.ptr = &s->lfd};
     struct epoll_event e2 = {.events = EPOLLIN, .data.ptr = &s->wake_fd};
     epoll_ctl(s->efd, EPOLL_CTL_ADD, s->lfd, &e1);
@@ -329,13 +289,13 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     if ((rc = tsp__logq_init(&s->q, qb, o->tail_lines, o->tail_bytes ? o->tail_bytes : 65536,
                              s->wake_fd)) ||
         (rc = tsp__outrecv_init(&s->out, s->wake_fd)))
-        return snprintf(err, errlen, "cannot init the log server: %s", tsp_strerror(rc)), rc;
+        return tsp__err(err, errlen, rc, "cannot init the log server: %s", tsp_strerror(rc));
     pthread_mutex_init(&s->ctl_mu, NULL);
     tsp__cond_init_mono(&s->fail_cv);
     if (s->o.lost_grace_ms < 0)
         s->o.lost_grace_ms = 0;
     if ((rc = pthread_create(&s->thread, NULL, server_main, s)))
-        return snprintf(err, errlen, "cannot start the log server thread: %s", strerror(rc)), -rc;
+        return tsp__err(err, errlen, -rc, "cannot start the log server thread: %s", strerror(rc));
     s->started = 1;
     return 0;
 }

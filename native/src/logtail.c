@@ -4,7 +4,7 @@
  * The lines live back to back in one circular byte buffer that grows by doubling up to
  * max_bytes, so that keeping a line costs a copy, not an allocation: the log server calls
  * this for every line it delivers. */
-#include "logserver_int.h"
+#include "logtail.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,13 +1,12 @@
 /* logwire.c: pack/unpack of the log channel's frames and the handshake's HMAC transcript
  * (docs/protocol.md, part 1). Byte by byte, big-endian; no struct ever goes on the wire. */
-#include "torchspark/logwire.h"
+#include "logwire.h"
+#include "util.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -35,18 +34,6 @@ void tsp_wire_put_u64(uint8_t out[8], uint64_t v)
 uint64_t tsp_wire_get_u64(const uint8_t in[8])
 {
     return (uint64_t)get_u32(in) << 32 | get_u32(in + 4);
-}
-
-__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int code,
-                                                      const char *fmt, ...)
-{
-    if (err && errlen) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, errlen, fmt, ap);
-        va_end(ap);
-    }
-    return code;
 }
 
 const char *tsp_wire_type_name(unsigned type)
@@ -153,8 +140,8 @@ int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint3
                         size_t errlen)
 {
     if (len < TSP_WIRE_HDR_LEN)
-        return fail(err, errlen, -EAGAIN, "truncated frame header (%zu of %u bytes)", len,
-                    TSP_WIRE_HDR_LEN);
+        return tsp__err(err, errlen, -EAGAIN, "truncated frame header (%zu of %u bytes)", len,
+                        TSP_WIRE_HDR_LEN);
     h->type = buf[0];
     h->flags = buf[1];
     h->stream = buf[2];
@@ -162,36 +149,37 @@ int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint3
     h->length = get_u32(buf + 8);
     uint32_t min, max;
     if (payload_rule(h->type, &min, &max))
-        return fail(err, errlen, -EBADMSG, "unknown frame type 0x%02x", h->type);
+        return tsp__err(err, errlen, -EBADMSG, "unknown frame type 0x%02x", h->type);
     if (buf[3] != 0)
-        return fail(err, errlen, -EBADMSG, "non-zero reserved byte in a %s frame",
-                    tsp_wire_type_name(h->type));
+        return tsp__err(err, errlen, -EBADMSG, "non-zero reserved byte in a %s frame",
+                        tsp_wire_type_name(h->type));
     if (h->length > cap || h->length > max) {
         uint32_t lim = cap < max ? cap : max;
-        return fail(err, errlen, -EMSGSIZE, "%s frame of %u bytes is over the cap of %u",
-                    tsp_wire_type_name(h->type), h->length, lim);
+        return tsp__err(err, errlen, -EMSGSIZE, "%s frame of %u bytes is over the cap of %u",
+                        tsp_wire_type_name(h->type), h->length, lim);
     }
     if (h->length < min)
-        return fail(err, errlen, -EBADMSG, "%s frame of %u bytes is too short (%u expected)",
-                    tsp_wire_type_name(h->type), h->length, min);
+        return tsp__err(err, errlen, -EBADMSG, "%s frame of %u bytes is too short (%u expected)",
+                        tsp_wire_type_name(h->type), h->length, min);
     if (h->type == TSP_WIRE_LINE) {
         if (h->stream != 1 && h->stream != 2)
-            return fail(err, errlen, -EBADMSG, "LINE frame with unknown stream %u", h->stream);
+            return tsp__err(err, errlen, -EBADMSG, "LINE frame with unknown stream %u", h->stream);
         if (h->flags & ~3u)
-            return fail(err, errlen, -EBADMSG, "LINE frame with unknown flags 0x%02x", h->flags);
+            return tsp__err(err, errlen, -EBADMSG, "LINE frame with unknown flags 0x%02x",
+                            h->flags);
     } else if (h->type == TSP_WIRE_WELCOME && !h->stream && !(h->flags & ~1u)) {
         /* flags bit0: CONTROL accepted (protocol 1.7) */
     } else if (h->flags || h->stream) {
-        return fail(err, errlen, -EBADMSG, "%s frame with non-zero flags or stream",
-                    tsp_wire_type_name(h->type));
+        return tsp__err(err, errlen, -EBADMSG, "%s frame with non-zero flags or stream",
+                        tsp_wire_type_name(h->type));
     }
     if ((h->type == TSP_WIRE_LINE || h->type == TSP_WIRE_DROPPED) &&
         (h->rank < 0 || h->rank > TSP_WIRE_MAX_RANK))
-        return fail(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
-                    tsp_wire_type_name(h->type), h->rank);
+        return tsp__err(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
+                        tsp_wire_type_name(h->type), h->rank);
     if (h->type == TSP_WIRE_EVENT && (h->rank < -1 || h->rank > TSP_WIRE_MAX_RANK))
-        return fail(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
-                    tsp_wire_type_name(h->type), h->rank);
+        return tsp__err(err, errlen, -EBADMSG, "%s frame with rank %d out of range",
+                        tsp_wire_type_name(h->type), h->rank);
     return 0;
 }
 
@@ -220,24 +208,24 @@ int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, cha
 {
     memset(h, 0, sizeof(*h));
     if (len < 6 || memcmp(p, wire_magic, 4) != 0)
-        return fail(err, errlen, -EPROTO, "bad magic: not a torchspark log client");
+        return tsp__err(err, errlen, -EPROTO, "bad magic: not a torchspark log client");
     h->version = (uint16_t)(p[4] << 8 | p[5]);
     if (h->version != TSP_WIRE_VERSION)
-        return fail(err, errlen, -EPROTONOSUPPORT,
-                    "protocol version %u not supported; this driver speaks %u", h->version,
-                    TSP_WIRE_VERSION);
+        return tsp__err(err, errlen, -EPROTONOSUPPORT,
+                        "protocol version %u not supported; this driver speaks %u", h->version,
+                        TSP_WIRE_VERSION);
     if (len < TSP_WIRE_HELLO_FIXED || len != TSP_WIRE_HELLO_FIXED + p[76])
-        return fail(err, errlen, -EBADMSG, "HELLO of %zu bytes does not match its host length",
-                    len);
+        return tsp__err(err, errlen, -EBADMSG, "HELLO of %zu bytes does not match its host length",
+                        len);
     h->role = p[6];
     h->hflags = p[7];
     if (h->role != TSP_WIRE_ROLE_LOGS && h->role != TSP_WIRE_ROLE_OUTPUT)
-        return fail(err, errlen, -EBADMSG, "unknown role %u", h->role);
+        return tsp__err(err, errlen, -EBADMSG, "unknown role %u", h->role);
     if (h->hflags & ~(unsigned)(TSP_WIRE_HELLO_DROP | TSP_WIRE_HELLO_CONTROL))
-        return fail(err, errlen, -EBADMSG, "unknown HELLO flags 0x%02x", h->hflags);
+        return tsp__err(err, errlen, -EBADMSG, "unknown HELLO flags 0x%02x", h->hflags);
     for (int i = 68; i < 76; i++)
         if (p[i])
-            return fail(err, errlen, -EBADMSG, "non-zero reserved bytes in HELLO");
+            return tsp__err(err, errlen, -EBADMSG, "non-zero reserved bytes in HELLO");
     memcpy(h->run_id, p + 8, TSP_WIRE_RUNID_LEN);
     h->agent_id = tsp_wire_get_u64(p + 24);
     memcpy(h->nonce, p + 32, TSP_WIRE_NONCE_LEN);
@@ -318,41 +306,12 @@ int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_si
     return CRYPTO_memcmp(want, mac, TSP_WIRE_MAC_LEN) == 0 ? 0 : -EACCES;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN])
 {
-    if (!hex || strlen(hex) != 2 * TSP_WIRE_SECRET_LEN)
-        return -EINVAL;
-    for (size_t i = 0; i < TSP_WIRE_SECRET_LEN; i++) {
-        int hi = hexval(hex[2 * i]), lo = hexval(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0)
-            return -EINVAL;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return 0;
+    return tsp__hex_decode(hex, out, TSP_WIRE_SECRET_LEN);
 }
 
 void tsp_wire_secret_hex(const uint8_t s[TSP_WIRE_SECRET_LEN], char out[65])
 {
-    static const char digits[] = "0123456789abcdef";
-    for (size_t i = 0; i < TSP_WIRE_SECRET_LEN; i++) {
-        out[2 * i] = digits[s[i] >> 4];
-        out[2 * i + 1] = digits[s[i] & 15];
-    }
-    out[64] = 0;
-}
-
-int tsp_wire_random(void *out, size_t len)
-{
-    return RAND_bytes(out, (int)len) == 1 ? 0 : -EIO;
+    tsp__hex_encode(s, TSP_WIRE_SECRET_LEN, out);
 }

@@ -2,6 +2,7 @@
  * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. The bytes
  * go out with sendfile() while a second thread computes the digest. */
 #include "torchspark/output.h"
+#include "logwire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include "logdial.h"
+#include "util.h"
 
 void tsp_output_opts_init(tsp_output_opts_t *o)
 {
@@ -210,9 +212,9 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
     int attempts = o->attempts > 0 ? o->attempts : 3;
     uint8_t *buf = malloc(TSP_WIRE_MAX_CHUNK);
     if (!buf)
-        return snprintf(err, errlen, "out of memory"), -ENOMEM;
+        return tsp__err(err, errlen, -ENOMEM, "out of memory");
     uint64_t agent_id = 0;
-    tsp_wire_random(&agent_id, sizeof(agent_id));
+    tsp__random_bytes(&agent_id, sizeof(agent_id));
     int rc = -EIO;
     for (int a = 0; a < attempts; a++) {
         if (a)

@@ -2,7 +2,7 @@
  * transfer at a time, to a file or to memory, 64-bit lengths, SHA-256 checked. The epoll
  * thread receives the bytes in place; a hashing thread started for the transfer follows
  * it (SHA-256, and the write in file mode); the host language waits for the end. */
-#include "logserver_int.h"
+#include "outrecv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "util.h"
 
 /* File mode: received bytes wait in a ring for the hasher, which hashes and writes them
  * in pieces small enough to stay in the L2 cache between the socket copy, SHA-256 and the
@@ -360,8 +362,8 @@ ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, ch
     return r;
 }
 
-int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], char *err,
-                     size_t errlen)
+int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WIRE_DIGEST_LEN],
+                     char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
     int rc = 0;
@@ -381,7 +383,7 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[32], c
         goto out;
     }
     stop_hasher_locked(o); /* idle: everything is hashed; md is ours again */
-    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, 32) != 0)
+    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, TSP_WIRE_DIGEST_LEN) != 0)
         rc = fail_locked(o, err, errlen,
                          "output digest mismatch: the %llu bytes received "
                          "differ from what rank 0 sent",

@@ -1,6 +1,6 @@
 /* proc.c: fork/exec of one worker, and signalling whole process trees. */
-#include "torchspark/proc.h"
-#include "torchspark/env.h"
+#include "proc.h"
+#include "env.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -23,39 +23,69 @@ static void proc_close_fd(int *fd)
     }
 }
 
-/* In the child: exec file with PATH search done by hand over the child's envp, since
- * execvpe() would search the parent's PATH. Returns the errno worth reporting. */
-static int child_exec(const tsp_proc_opts_t *o, char *const *envp)
+/* The paths to try for o->file, built before fork (the child may only make
+ * async-signal-safe calls: no snprintf, no malloc, whose locks another thread may have held
+ * at fork time). o->file itself when it holds a '/', else each entry of the PATH in the
+ * child's environment joined with it, in order (an empty entry is the current directory),
+ * as execvp does; execvpe() itself would search the parent's PATH. One allocation, NULL
+ * terminated; NULL when out of memory. */
+static char **exec_candidates(const tsp_proc_opts_t *o, char *const *envp)
 {
-    if (strchr(o->file, '/')) {
-        execve(o->file, o->argv, envp);
-        return errno;
+    const char *path = NULL;
+    size_t flen = strlen(o->file), count = 1, bytes = flen + 1;
+    if (!strchr(o->file, '/')) {
+        path = tsp_env_lookup(envp, "PATH");
+        if (!path)
+            path = "/usr/local/bin:/usr/bin:/bin";
+        for (const char *p = path; *p; p++)
+            count += *p == ':';
+        bytes = strlen(path) + count * (flen + 2);
     }
-    const char *path = tsp_env_lookup(envp, "PATH");
-    if (!path)
-        path = "/usr/local/bin:/usr/bin:/bin";
-    int saved = ENOENT;
-    char buf[4096];
+    char **v = malloc((count + 1) * sizeof *v + bytes);
+    if (!v)
+        return NULL;
+    char *w = (char *)(v + count + 1);
+    if (!path) {
+        v[0] = memcpy(w, o->file, flen + 1);
+        v[1] = NULL;
+        return v;
+    }
+    size_t k = 0;
     for (const char *p = path;; p++) {
         const char *colon = strchr(p, ':');
         size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
-        int n = snprintf(buf, sizeof buf, "%.*s%s%s", (int)dlen, p, dlen ? "/" : "", o->file);
-        if (n > 0 && (size_t)n < sizeof buf) {
-            execve(buf, o->argv, envp);
-            if (errno == EACCES)
-                saved = EACCES; /* like execvp: remember, keep looking */
-            else if (errno != ENOENT && errno != ENOTDIR)
-                return errno;
-        }
+        v[k++] = w;
+        memcpy(w, p, dlen);
+        w += dlen;
+        if (dlen)
+            *w++ = '/';
+        memcpy(w, o->file, flen + 1);
+        w += flen + 1;
         if (!colon)
             break;
         p = colon;
+    }
+    v[k] = NULL;
+    return v;
+}
+
+/* In the child: execve each candidate in turn. Returns the errno worth reporting. */
+static int child_exec(char *const *candidates, char *const *argv, char *const *envp)
+{
+    int saved = ENOENT;
+    for (size_t i = 0; candidates[i]; i++) {
+        execve(candidates[i], argv, envp);
+        if (errno == EACCES)
+            saved = EACCES; /* like execvp: remember, keep looking */
+        else if (errno != ENOENT && errno != ENOTDIR)
+            return errno;
     }
     return saved;
 }
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_setup(const tsp_proc_opts_t *o, int out_w, int err_w, int report_fd, pid_t parent)
+static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int out_w, int err_w,
+                        int report_fd, pid_t parent)
 {
     sigset_t none;
     sigemptyset(&none);
@@ -76,7 +106,7 @@ static void child_setup(const tsp_proc_opts_t *o, int out_w, int err_w, int repo
         goto fail;
     if (o->cwd && chdir(o->cwd) < 0)
         goto fail;
-    errno = child_exec(o, o->envp ? o->envp : environ);
+    errno = child_exec(candidates, o->argv, o->envp ? o->envp : environ);
 fail:;
     int e = errno;
     ssize_t w;
@@ -97,6 +127,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
 {
     int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
     int rc = 0;
+    char **candidates = NULL;
     p->pid = 0;
     p->out_fd = p->err_fd = -1;
     if ((o->stdout_mode == TSP_PROC_PIPE && (rc = make_pipe(outp))) ||
@@ -108,6 +139,11 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     int err_w = o->stderr_mode == TSP_PROC_PIPE ? errp[1]
                 : o->stderr_mode == TSP_PROC_FD ? o->stderr_fd
                                                 : -1;
+    candidates = exec_candidates(o, o->envp ? o->envp : environ);
+    if (!candidates) {
+        rc = -ENOMEM;
+        goto out;
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -115,7 +151,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         goto out;
     }
     if (pid == 0)
-        child_setup(o, out_w, err_w, rep[1], parent);
+        child_setup(o, candidates, out_w, err_w, rep[1], parent);
     proc_close_fd(&rep[1]);
     int child_errno = 0;
     ssize_t n;
@@ -143,6 +179,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         errp[0] = -1;
     }
 out:
+    free(candidates);
     proc_close_fd(&outp[0]);
     proc_close_fd(&outp[1]);
     proc_close_fd(&errp[0]);

@@ -1,13 +1,17 @@
-/* report.c: the root cause of a failed run, printed as torchrun prints ChildFailedError
- * and written as torchelastic error-file JSON (with a "torchspark" object of our own). */
+/* report.c: the failure document (report.h): a failed worker's error file read once, the
+ * root cause printed as torchrun prints ChildFailedError and written as torchelastic
+ * error-file JSON with a "torchspark" object of our own (docs/cli.md). */
 #include "report.h"
-#include "torchspark/json.h"
+#include "json.h"
+#include "proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -39,23 +43,145 @@ static char *slurp(const char *path, size_t *len)
     return buf;
 }
 
+void tsp__report_set_status(tsp_failure_t *f, int wstatus)
+{
+    f->status = tsp_proc_exit_code(wstatus);
+    f->signal = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
+    f->exitcode = f->signal ? -f->signal : f->status;
+}
+
+/* A copy of at most max bytes of s[0..len), never ending inside a UTF-8 sequence. */
+static char *copy_cut(const char *s, size_t len, size_t max)
+{
+    if (len > max) {
+        len = max;
+        while (len > 0 && ((unsigned char)s[len] & 0xC0) == 0x80)
+            len--;
+    }
+    char *c = malloc(len + 1);
+    if (c) {
+        memcpy(c, s, len);
+        c[len] = 0;
+    }
+    return c;
+}
+
+/* The traceback kept: at most TSP_REPORT_TRACEBACK_LINES lines and _BYTES bytes, the
+ * first and the last half of each, with one line saying what was left out between. A
+ * chained exception prints its root cause first and the exception raised last at the end:
+ * both ends matter. */
+static char *cap_traceback(const char *t)
+{
+    size_t full = strlen(t), len = full, lines = 0;
+    while (len > 0 && (t[len - 1] == '\n' || t[len - 1] == '\r'))
+        len--;
+    for (size_t i = 0; i < len; i++)
+        lines += t[i] == '\n';
+    lines++;
+    if (lines <= TSP_REPORT_TRACEBACK_LINES && full <= TSP_REPORT_TRACEBACK_BYTES)
+        return copy_cut(t, full, full); /* whole, as the worker wrote it */
+    size_t half_lines = TSP_REPORT_TRACEBACK_LINES / 2, half_bytes = TSP_REPORT_TRACEBACK_BYTES / 2;
+    /* head: whole lines from the start */
+    size_t head = 0, head_lines = 0;
+    while (head < len && head_lines < half_lines) {
+        const char *nl = memchr(t + head, '\n', len - head);
+        size_t next = nl ? (size_t)(nl - t) + 1 : len;
+        if (next > half_bytes)
+            break;
+        head = next;
+        head_lines++;
+    }
+    /* tail: whole lines from the end, not overlapping the head */
+    size_t tail = len, tail_lines = 0;
+    while (tail > head && tail_lines < half_lines) {
+        size_t prev = tail - 1;
+        while (prev > head && t[prev - 1] != '\n')
+            prev--;
+        if (len - prev > half_bytes)
+            break;
+        tail = prev;
+        tail_lines++;
+    }
+    if (head == 0 && tail == len) /* one enormous line: its start */
+        return copy_cut(t, len, TSP_REPORT_TRACEBACK_BYTES);
+    char *out = NULL;
+    size_t olen = 0;
+    FILE *m = open_memstream(&out, &olen);
+    if (!m)
+        return NULL;
+    fwrite(t, 1, head, m);
+    fprintf(m,
+            "... %zu lines left out (torchspark keeps the first and last %zu lines of a "
+            "traceback) ...\n",
+            lines - head_lines - tail_lines, half_lines);
+    fwrite(t + tail, 1, len - tail, m);
+    fclose(m);
+    return out;
+}
+
+static char *json_string_at(const char *doc, size_t len, const char *path)
+{
+    char *v = NULL;
+    int type = 0;
+    if (tsp_json_get(doc, len, path, &v, &type) != 0)
+        return NULL;
+    if (type != TSP_JSON_STRING) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* What happened to a worker that left no usable error file. */
+static char *status_message(const tsp_failure_t *f)
+{
+    char buf[256];
+    if (f->signal) {
+        const char *abbrev = sigabbrev_np(f->signal);
+        snprintf(buf, sizeof buf, "Signal %d (SIG%s) received by PID %d", f->signal,
+                 abbrev ? abbrev : "UNKNOWN", (int)f->pid);
+        return strdup(buf);
+    }
+    return strdup(NO_TRACEBACK);
+}
+
 void tsp__report_read_error_file(tsp_failure_t *f)
 {
-    size_t len;
+    size_t len = 0;
     char *doc = slurp(f->error_file, &len);
     f->has_error_file = doc != NULL;
-    if (!doc)
-        return;
-    char *ts = NULL;
-    int type;
-    if (tsp_json_get(doc, len, "message.extraInfo.timestamp", &ts, &type) == 0 ||
-        tsp_json_get(doc, len, "timestamp", &ts, &type) == 0) {
-        char *end;
-        double v = strtod(ts, &end);
-        if (end != ts && v > 0)
-            f->time = v;
+    free(f->message);
+    free(f->traceback);
+    f->message = f->traceback = NULL;
+    if (doc && tsp_json_check(doc, len) == 0) {
+        char *msg = json_string_at(doc, len, "message.message");
+        if (!msg)
+            msg = json_string_at(doc, len, "message"); /* the old flat layout */
+        char *stack = json_string_at(doc, len, "message.extraInfo.py_callstack");
+        char *ts = json_string_at(doc, len, "message.extraInfo.timestamp");
+        if (!ts) {
+            int type = 0;
+            if (tsp_json_get(doc, len, "timestamp", &ts, &type) != 0)
+                ts = NULL;
+        }
+        if (ts) {
+            char *end;
+            double v = strtod(ts, &end);
+            if (end != ts && v > 0)
+                f->time = v;
+        }
+        f->message = msg ? copy_cut(msg, strlen(msg), TSP_REPORT_MESSAGE_BYTES) : strdup("<N/A>");
+        f->traceback = stack ? cap_traceback(stack) : NULL;
+        free(msg);
+        free(stack);
+        free(ts);
+    } else if (doc) {
+        /* Not JSON: kept as text, quoted into the document as a string, never pasted. */
+        f->message = strdup("the worker's error file is not valid JSON; its text follows");
+        f->traceback = cap_traceback(doc);
+    } else {
+        f->message = status_message(f);
     }
-    free(ts);
     free(doc);
 }
 
@@ -68,30 +194,10 @@ int tsp__report_root(const tsp_failure_t *fails, int n)
     return root;
 }
 
-/* The traceback text torchrun shows for a failure (malloc'ed). */
-static char *failure_message(const tsp_failure_t *f)
+/* The traceback text torchrun shows for a failure. */
+static const char *shown_text(const tsp_failure_t *f)
 {
-    char buf[256];
-    if (f->has_error_file) {
-        size_t len;
-        char *doc = slurp(f->error_file, &len), *msg = NULL;
-        int type = 0;
-        if (doc && tsp_json_get(doc, len, "message.extraInfo.py_callstack", &msg, &type) != 0 &&
-            tsp_json_get(doc, len, "message.message", &msg, &type) != 0 &&
-            tsp_json_get(doc, len, "message", &msg, &type) != 0)
-            msg = NULL;
-        free(doc);
-        if (msg)
-            return msg;
-        return strdup("<N/A>");
-    }
-    if (f->exitcode < 0) {
-        const char *abbrev = sigabbrev_np(-f->exitcode);
-        snprintf(buf, sizeof buf, "Signal %d (SIG%s) received by PID %d", -f->exitcode,
-                 abbrev ? abbrev : "UNKNOWN", (int)f->pid);
-        return strdup(buf);
-    }
-    return strdup(NO_TRACEBACK);
+    return f->traceback ? f->traceback : f->message ? f->message : "<N/A>";
 }
 
 static char *format_failure(int idx, const char *host, const tsp_failure_t *f)
@@ -101,17 +207,14 @@ static char *format_failure(int idx, const char *host, const tsp_failure_t *f)
     struct tm tm;
     localtime_r(&t, &tm);
     strftime(when, sizeof when, "%Y-%m-%d_%H:%M:%S", &tm);
-    char *msg = failure_message(f);
     char *text = NULL;
     size_t len = 0;
     FILE *m = open_memstream(&text, &len);
-    if (!m) {
-        free(msg);
+    if (!m)
         return NULL;
-    }
     /* torchrun 2.15's template is "${exitcode} (pid: ${pid}) ${signal_name}" with
      * signal_name " (SIGKILL)" or "": hence the two spaces, or the trailing one. */
-    const char *abbrev = f->exitcode < 0 ? sigabbrev_np(-f->exitcode) : NULL;
+    const char *abbrev = f->signal ? sigabbrev_np(f->signal) : NULL;
     char signame[48] = "";
     if (abbrev)
         snprintf(signame, sizeof signame, " (SIG%s)", abbrev);
@@ -120,13 +223,12 @@ static char *format_failure(int idx, const char *host, const tsp_failure_t *f)
             "  exitcode  : %d (pid: %d) %s\n  error_file: %s\n  traceback : ",
             idx, when, host, f->rank, f->local_rank, f->exitcode, (int)f->pid, signame,
             f->has_error_file ? f->error_file : "<N/A>");
-    for (const char *p = msg ? msg : ""; *p; p++) {
+    for (const char *p = shown_text(f); *p; p++) {
         fputc(*p, m);
         if (*p == '\n')
             fputs("  ", m); /* indent the traceback as torchrun does */
     }
     fclose(m);
-    free(msg);
     return text;
 }
 
@@ -176,56 +278,103 @@ void tsp__report_print(FILE *out, const char *name, const char *host, const tsp_
     free(fmt);
 }
 
-int tsp__report_write_json(const char *path, const char *host, int node_rank,
-                           const tsp_failure_t *root)
+static int build_document(tsp_failure_t *root, const char *host, int node_rank);
+
+int tsp__report_document(tsp_failure_t *root, const char *host, int node_rank)
 {
+    /* Escaping can grow a text up to six times (control characters): cut the traceback
+     * until the document fits one EVENT frame. */
+    for (int tries = 0;; tries++) {
+        int rc = build_document(root, host, node_rank);
+        if (rc || strlen(root->document) <= TSP_REPORT_DOCUMENT_MAX || tries == 16)
+            return rc;
+        const char *t = root->traceback ? root->traceback : "";
+        char *cut = copy_cut(t, strlen(t), strlen(t) / 2);
+        if (!cut)
+            return -ENOMEM;
+        free(root->traceback);
+        root->traceback = cut;
+        if (root->message && strlen(root->message) > 256)
+            root->message[256] = 0; /* (a cut inside UTF-8 becomes U+FFFD in JSON) */
+    }
+}
+
+static int build_document(tsp_failure_t *root, const char *host, int node_rank)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return -ENOMEM;
+    char ts[32];
+    snprintf(ts, sizeof ts, "%lld", (long long)root->time);
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    /* torchelastic's layout, as @record writes it: readers of error files understand it */
+    tsp_json_key(&w, "message");
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "message");
+    tsp_json_str(&w, root->message ? root->message : "<N/A>");
+    tsp_json_key(&w, "extraInfo");
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "py_callstack");
+    tsp_json_str(&w, shown_text(root));
+    tsp_json_key(&w, "timestamp");
+    tsp_json_str(&w, ts);
+    tsp_json_end(&w);
+    tsp_json_end(&w);
+    tsp_json_key(&w, "torchspark");
+    tsp_json_begin_object(&w);
+    const char *ikeys[] = {"rank", "local_rank", "node_rank", "exitcode", "signal", "pid"};
+    const long long ivals[] = {root->rank,   root->local_rank, node_rank,
+                               root->status, root->signal,     (long long)root->pid};
+    for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
+        tsp_json_key(&w, ikeys[i]);
+        tsp_json_int(&w, ivals[i]);
+    }
+    tsp_json_key(&w, "host");
+    tsp_json_str(&w, host);
+    tsp_json_key(&w, "time");
+    tsp_json_fixed(&w, root->time, 3);
+    tsp_json_key(&w, "error_file");
+    tsp_json_str(&w, root->has_error_file ? root->error_file : NULL);
+    tsp_json_end(&w);
+    tsp_json_end(&w);
+    fputc('\n', f);
+    if (fclose(f) != 0) {
+        free(text);
+        return -ENOMEM;
+    }
+    free((void *)root->document);
+    root->document = text;
+    return 0;
+}
+
+int tsp__report_write_file(const char *path, const tsp_failure_t *root)
+{
+    if (!root->document)
+        return -EINVAL;
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid()) >= (int)sizeof tmp)
         return -ENAMETOOLONG;
     FILE *f = fopen(tmp, "we");
     if (!f)
         return -errno;
-    char *raw = NULL;
-    int type = 0;
-    if (root->has_error_file) {
-        size_t len;
-        char *doc = slurp(root->error_file, &len);
-        if (doc && tsp_json_get(doc, len, "message", &raw, &type) != 0)
-            raw = NULL;
-        free(doc);
-    }
-    fputs("{\"message\": ", f);
-    if (raw && type == TSP_JSON_OBJECT) {
-        fputs(raw, f);
-    } else {
-        char *msg = raw ? raw : failure_message(root);
-        raw = msg;
-        char ts[32];
-        snprintf(ts, sizeof ts, "%lld", (long long)root->time);
-        fputs("{\"message\": ", f);
-        tsp_json_write_string(f, msg ? msg : "");
-        fputs(", \"extraInfo\": {\"py_callstack\": ", f);
-        tsp_json_write_string(f, msg ? msg : "");
-        fputs(", \"timestamp\": ", f);
-        tsp_json_write_string(f, ts);
-        fputs("}}", f);
-    }
-    free(raw);
-    int sig = root->exitcode < 0 ? -root->exitcode : 0;
-    fprintf(f, ", \"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, \"host\": ",
-            root->rank, root->local_rank, node_rank);
-    tsp_json_write_string(f, host);
-    fprintf(f, ", \"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f, \"error_file\": ",
-            sig ? 128 + sig : root->exitcode, sig, (int)root->pid, root->time);
-    if (root->has_error_file)
-        tsp_json_write_string(f, root->error_file);
-    else
-        fputs("null", f);
-    fputs("}}\n", f);
+    fputs(root->document, f);
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
         return -e;
     }
     return 0;
+}
+
+void tsp__report_clear(tsp_failure_t *f)
+{
+    free(f->message);
+    free(f->traceback);
+    free((void *)f->document);
+    f->message = f->traceback = NULL;
+    f->document = NULL;
 }

@@ -1,20 +1,62 @@
-/* report.h (internal): the failure report of an agent, in torchrun's layout and as JSON. */
+/* report.h (internal): the failure document, its one owner (docs/cli.md, "The failure
+ * report").
+ *
+ * One representation from the worker's error file to the user's exception: when a worker
+ * fails, its torchelastic error file is read once (tsp__report_read_error_file) into the
+ * failure's message and traceback (the whole traceback, chained causes included, capped at
+ * TSP_REPORT_TRACEBACK_LINES lines); the root cause becomes one JSON document
+ * (tsp__report_document) that the agent writes to --error-file, sends to the driver, and
+ * that TorchDistributorError is built from. The exit-status rule is tsp_proc_exit_code():
+ * a failure's status, the agent's exit status and the document's "exitcode" all come
+ * from it.
+ */
 #ifndef TSP_REPORT_H
 #define TSP_REPORT_H
 
 #include <stdio.h>
-#include "torchspark/agent.h"
+#include <sys/types.h>
 
-/* Reads the failure's torchelastic error file when it exists: sets has_error_file and,
- * when the file carries a timestamp, the failure's time. */
+/* One worker's failure, as the agent observed it (report.c reads the rest from the
+ * worker's error file). */
+typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
+    int rank, local_rank;
+    pid_t pid;
+    int exitcode; /* torchrun's: the exit code, or -signal */
+    int status;   /* the shell's: the exit code, or 128 + signal (tsp_proc_exit_code) */
+    int signal;   /* the signal that ended the worker, 0 when none */
+    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
+    int has_error_file;
+    char error_file[512];
+    /* Owned by the agent, valid until it restarts or closes: */
+    char *message;        /* one line: the worker's error, or what happened to it */
+    char *traceback;      /* the worker's whole traceback (capped), or NULL */
+    const char *document; /* the failure document (JSON, docs/cli.md) of the root cause */
+} tsp_failure_t;
+
+/* A traceback keeps at most this many lines: the first and the last half of them, with
+ * one line in between saying how many were left out; and at most TSP_REPORT_TRACEBACK_BYTES
+ * bytes, so that the document fits one EVENT frame (docs/protocol.md). */
+#define TSP_REPORT_TRACEBACK_LINES 200
+#define TSP_REPORT_TRACEBACK_BYTES (32u << 10)
+#define TSP_REPORT_MESSAGE_BYTES (4u << 10)
+/* The whole document stays below an EVENT frame's cap (TSP_WIRE_MAX_EVENT, 64 KiB). */
+#define TSP_REPORT_DOCUMENT_MAX (60u << 10)
+
+/* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */
+void tsp__report_set_status(tsp_failure_t *f, int wstatus);
+/* Reads the failure's torchelastic error file when it exists: sets has_error_file, the
+ * message and (capped) traceback, and the time when the file carries a timestamp. A file
+ * that is not valid JSON is kept as text: its (capped) content becomes the traceback. */
 void tsp__report_read_error_file(tsp_failure_t *f);
 /* Index of the root cause: the failure with the smallest time (first observed on ties). */
 int tsp__report_root(const tsp_failure_t *fails, int n);
+/* Builds the root cause's document (root->document, owned by the failure). 0 or -ENOMEM. */
+int tsp__report_document(tsp_failure_t *root, const char *host, int node_rank);
+/* Writes root->document to path (a temporary file renamed into place). 0 or -errno. */
+int tsp__report_write_file(const char *path, const tsp_failure_t *root);
 /* Prints torchrun's ChildFailedError block. */
 void tsp__report_print(FILE *out, const char *name, const char *host, const tsp_failure_t *fails,
                        int n, int root);
-/* Writes the root cause as torchelastic error-file JSON plus a "torchspark" object with
- * rank, host, exit code and signal. 0 or -errno. */
-int tsp__report_write_json(const char *path, const char *host, int node_rank,
-                           const tsp_failure_t *root);
+/* Frees what a failure owns (message, traceback, document). */
+void tsp__report_clear(tsp_failure_t *f);
 #endif

@@ -1,5 +1,6 @@
 /* topo.c: rank arithmetic and the torchrun worker environment contract. */
-#include "torchspark/topo.h"
+#include "topo.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -15,22 +16,6 @@ void tsp_topo_init(tsp_topo_t *t)
     t->master_port = 29500;
     snprintf(t->run_id, sizeof(t->run_id), "none");
     snprintf(t->role, sizeof(t->role), "default");
-}
-
-int tsp_parse_int(const char *s, int *out)
-{
-    if (!s || !*s)
-        return -EINVAL;
-    long long v = 0;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
-            return -EINVAL;
-        v = v * 10 + (*p - '0');
-        if (v > INT_MAX)
-            return -ERANGE;
-    }
-    *out = (int)v;
-    return 0;
 }
 
 int tsp_topo_validate(const tsp_topo_t *t, char *err, size_t errlen)
@@ -137,7 +122,7 @@ int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes, char 
         if (!r || !s)
             continue;
         int rv, sv;
-        if (tsp_parse_int(r, &rv) || tsp_parse_int(s, &sv) || sv < 1 || rv >= sv) {
+        if (tsp__parse_int(r, &rv) || tsp__parse_int(s, &sv) || sv < 1 || rv >= sv) {
             if (err && errlen)
                 snprintf(err, errlen, "%s=%s and %s=%s do not describe a node of the job",
                          pairs[i][0], r, pairs[i][1], s);

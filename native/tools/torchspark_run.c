@@ -18,17 +18,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "torchspark/agent.h"
+#include "agent.h"
 #include "torchspark/common.h"
 #include "torchspark/gpu.h"
-#include "torchspark/logclient.h"
+#include "json.h"
+#include "logclient.h"
+#include "nccl.h"
 #include "torchspark/output.h"
-#include "torchspark/proc.h"
+#include "proc.h"
 #include "pyboot.h"
+#include "util.h"
 
 extern char **environ;
 
-enum { ARG_NONE = 0, ARG_REQUIRED = 1 };
+enum { ARG_NONE = 0, ARG_REQUIRED = 1, ARG_OPTIONAL = 2 /* only as --name=VALUE */ };
 
 typedef struct {
     const char *name; /* canonical, with dashes */
@@ -79,6 +82,13 @@ static opt_t opts[] = {
     {"log-endpoint", 0, 1, NULL, 0},
     {"output-file", 0, 1, NULL, 0},
     {"log-drop", 0, 0, NULL, 0},
+    /* GPUs (docs/gpu.md) */
+    {"gpus", 0, 1, NULL, 0},
+    {"nccl-check", 0, ARG_OPTIONAL, NULL, 0},
+    {"nccl-check-bytes", 0, 1, NULL, 0},
+    {"nccl-lib", 0, 1, NULL, 0},
+    {"nccl-comm-port", 0, 1, NULL, 0},
+    {"nccl-check-worker", 0, 0, NULL, 0}, /* hidden: one preflight check process */
 };
 #define NOPTS (sizeof opts / sizeof opts[0])
 
@@ -90,6 +100,8 @@ static const char *usage_text =
     "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
     "                      [--error-file PATH] [--python PATH]\n"
     "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
+    "                      [--gpus ADDRESSES] [--nccl-check[=SECONDS]] [--nccl-check-bytes N]\n"
+    "                      [--nccl-lib PATH] [--nccl-comm-port P]\n"
     "                      SCRIPT [ARGS...]\n"
     "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
 
@@ -172,7 +184,9 @@ static int parse_cli(int argc, char **argv)
         }
         if (!o)
             usage_error("unknown option '%s'", a);
-        if (o->has_arg) {
+        if (o->has_arg == ARG_OPTIONAL) {
+            o->value = inline_val ? inline_val : "";
+        } else if (o->has_arg) {
             if (!inline_val) {
                 if (i + 1 >= argc)
                     usage_error("option '--%s' needs a value", o->name);
@@ -207,16 +221,79 @@ static int int_opt(const char *name, int dflt, int min)
     if (!v)
         return dflt;
     int out;
-    if (tsp_parse_int(v, &out) != 0 || out < min)
+    if (tsp__parse_int(v, &out) != 0 || out < min)
         usage_error("--%s must be a whole number >= %d, not '%s'", name, min, v);
     return out;
 }
 
 static int gpu_count(void);
 
+/* --gpus: Spark's addresses for this node's task; assigned against the executor's mask
+ * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
+static int assigned_gpus = -1;
+
+static void write_setup_error(const char *msg, int node_rank, int exitcode)
+{
+    const char *path = val("error-file");
+    FILE *f = path ? fopen(path, "we") : NULL;
+    if (!f)
+        return;
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    fputs("{\"message\": ", f);
+    tsp_json_write_string(f, msg);
+    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": %d, \"host\": ", node_rank,
+            exitcode);
+    tsp_json_write_string(f, host);
+    fputs("}}\n", f);
+    fclose(f);
+}
+
+static void assign_gpus(void)
+{
+    const char *g = val("gpus");
+    if (!g)
+        return;
+    int node_rank = 0;
+    if (val("node-rank"))
+        tsp__parse_int(val("node-rank"), &node_rank);
+    char task[32], err[4096] = "";
+    snprintf(task, sizeof task, "%d", node_rank);
+    tsp_gpu_request_t req = {.addrs = g, .mask = getenv("CUDA_VISIBLE_DEVICES"), .task = task};
+    tsp_gpu_assignment_t *out = calloc(1, sizeof *out);
+    if (!out)
+        exit(1);
+    int rc = tsp_gpu_assign(&req, out, err, sizeof err);
+    if (rc) {
+        if (strncmp(err, "torchspark: ", 12) == 0)
+            fprintf(stderr, "%s\n", err);
+        else
+            fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
+        write_setup_error(err, node_rank, 2);
+        exit(2);
+    }
+    fputs(out->warnings, stderr);
+    /* The workers' mask; integers index the host's GPUs in PCI bus order (as nvidia-smi and
+     * Spark's discovery script number them), not CUDA's default fastest-first order. */
+    setenv("CUDA_VISIBLE_DEVICES", out->mask, 1);
+    if (out->integers)
+        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
+    assigned_gpus = out->count;
+    free(out);
+}
+
 static int parse_nproc(void)
 {
     const char *v = val("nproc-per-node");
+    if (assigned_gpus >= 0) {
+        int n = assigned_gpus;
+        if (v && strcmp(v, "gpu") != 0 && strcmp(v, "auto") != 0 &&
+            (tsp__parse_int(v, &n) != 0 || n != assigned_gpus))
+            usage_error("--nproc-per-node %s does not match the %d GPU(s) of --gpus %s: one "
+                        "worker runs per GPU (give --nproc-per-node gpu)",
+                        v, assigned_gpus, val("gpus"));
+        return assigned_gpus;
+    }
     if (!v)
         return 1;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -231,7 +308,7 @@ static int parse_nproc(void)
         return (int)(cpus > 0 ? cpus : 1);
     }
     int n;
-    if (tsp_parse_int(v, &n) != 0 || n < 1)
+    if (tsp__parse_int(v, &n) != 0 || n < 1)
         usage_error("--nproc-per-node must be a number >= 1, cpu, gpu or auto, not '%s'", v);
     return n;
 }
@@ -256,13 +333,13 @@ static void parse_nnodes(tsp_topo_t *t)
     if (colon) {
         char a[32];
         snprintf(a, sizeof a, "%.*s", (int)(colon - v), v);
-        if (tsp_parse_int(a, &lo) || tsp_parse_int(colon + 1, &hi) || lo < 1 || hi < lo)
+        if (tsp__parse_int(a, &lo) || tsp__parse_int(colon + 1, &hi) || lo < 1 || hi < lo)
             usage_error("--nnodes must be N or MIN:MAX, not '%s'", v);
         if (lo != hi)
             usage_error("--nnodes %s: an elastic range needs a dynamic rendezvous; "
                         "torchspark-run uses the static one: give one number",
                         v);
-    } else if (tsp_parse_int(v, &lo) || lo < 1) {
+    } else if (tsp__parse_int(v, &lo) || lo < 1) {
         usage_error("--nnodes must be a number >= 1, not '%s'", v);
     }
     t->nnodes = lo;
@@ -270,28 +347,11 @@ static void parse_nnodes(tsp_topo_t *t)
 
 static void parse_endpoint(tsp_topo_t *t, const char *ep)
 {
-    const char *host = ep, *port = NULL;
-    size_t hlen;
-    if (ep[0] == '[') {
-        const char *close = strchr(ep, ']');
-        if (!close)
-            usage_error("--rdzv-endpoint '%s' has an unclosed '['", ep);
-        host = ep + 1;
-        hlen = (size_t)(close - host);
-        if (close[1] == ':')
-            port = close + 2;
-    } else {
-        const char *colon = strrchr(ep, ':');
-        hlen = colon ? (size_t)(colon - ep) : strlen(ep);
-        port = colon ? colon + 1 : NULL;
-    }
-    if (hlen == 0 || hlen >= sizeof t->master_addr)
-        usage_error("--rdzv-endpoint '%s' has no host", ep);
-    snprintf(t->master_addr, sizeof t->master_addr, "%.*s", (int)hlen, host);
-    t->master_port = 29400; /* torchrun's default rendezvous port */
-    if (port &&
-        (tsp_parse_int(port, &t->master_port) || t->master_port < 1 || t->master_port > 65535))
-        usage_error("--rdzv-endpoint '%s' has a bad port", ep);
+    /* torchrun's default rendezvous port when the endpoint has none. */
+    if (tsp__endpoint_parse(ep, t->master_addr, sizeof t->master_addr, &t->master_port, 29400))
+        usage_error("--rdzv-endpoint must be HOST, HOST:PORT or [IPV6]:PORT with a port in "
+                    "1-65535, not '%s'",
+                    ep);
 }
 
 /* Masks for -r/-t: "3" for every rank, or "0:1,1:2" per local rank. */
@@ -304,7 +364,7 @@ static unsigned char *parse_std(const char *name, int n)
     if (!m)
         exit(1);
     int all;
-    if (tsp_parse_int(v, &all) == 0) {
+    if (tsp__parse_int(v, &all) == 0) {
         if (all > 3)
             usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
         memset(m, all, (size_t)n);
@@ -317,7 +377,7 @@ static unsigned char *parse_std(const char *name, int n)
         if (!colon)
             usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
         *colon = 0;
-        if (tsp_parse_int(tok, &r) || tsp_parse_int(colon + 1, &x) || x > 3)
+        if (tsp__parse_int(tok, &r) || tsp__parse_int(colon + 1, &x) || x > 3)
             usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
         if (r < n)
             m[r] = (unsigned char)x;
@@ -337,7 +397,7 @@ static unsigned char *parse_filter(int n)
         exit(1);
     for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int r;
-        if (tsp_parse_int(tok, &r))
+        if (tsp__parse_int(tok, &r))
             usage_error("--local-ranks-filter must be local ranks like 0,2, not '%s'", v);
         if (r < n)
             m[r] = 1;
@@ -373,37 +433,32 @@ static void check_port_free(const char *host, int port)
                     port, host);
 }
 
-/* Reserves a free port on 127.0.0.1 for --standalone: the socket stays bound (SO_REUSEADDR,
- * never listening) for the whole run, so no other process's connect() or bind() can take
- * the port before rank 0's TCPStore binds it (torch's store sets SO_REUSEADDR too, which
- * Linux allows beside a bound socket that is not listening). The fd is close-on-exec. */
+/* Reserves a free port on 127.0.0.1 for --standalone, held for the whole run (util.h:
+ * bound with SO_REUSEADDR, never listening, close-on-exec), so that no other process's
+ * connect() or bind() can take it before rank 0's TCPStore binds it. */
 static int reserve_port(int *fd_out)
 {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-        bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
-        fprintf(stderr, "torchspark-run: cannot reserve a free port: %s\n", strerror(errno));
+    char err[256];
+    int port;
+    if (tsp__port_reserve("127.0.0.1", 0, fd_out, &port, err, sizeof err) != 0) {
+        fprintf(stderr, "torchspark-run: %s\n", err);
         exit(1);
     }
-    *fd_out = fd;
-    return ntohs(sa.sin_port);
+    return port;
 }
 
+/* A random run id in the UUID layout that torchrun's --standalone uses. */
 static void random_id(char *out, size_t len)
 {
     unsigned char b[16];
-    FILE *f = fopen("/dev/urandom", "re");
-    if (!f || fread(b, 1, sizeof b, f) != sizeof b)
-        for (size_t i = 0; i < sizeof b; i++)
-            b[i] = (unsigned char)(rand() ^ (int)getpid() ^ (int)time(NULL));
-    if (f)
-        fclose(f);
-    snprintf(out, len, "%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
-             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
-             b[14], b[15]);
+    char hex[33];
+    int rc = tsp__random_bytes(b, sizeof b);
+    if (rc != 0) {
+        fprintf(stderr, "torchspark-run: no random bytes for the run id: %s\n", tsp_strerror(rc));
+        exit(1);
+    }
+    tsp__hex_encode(b, sizeof b, hex);
+    snprintf(out, len, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
 /* An executable `python` or `python3` in dir (written to buf), or NULL. */
@@ -485,7 +540,7 @@ static void build_topology(tsp_topo_t *t)
                     backend);
     if (val("master-addr"))
         snprintf(t->master_addr, sizeof t->master_addr, "%s", val("master-addr"));
-    if (val("master-port") && (tsp_parse_int(val("master-port"), &t->master_port) ||
+    if (val("master-port") && (tsp__parse_int(val("master-port"), &t->master_port) ||
                                t->master_port < 1 || t->master_port > 65535))
         usage_error("--master-port must be a port number (1-65535), not '%s'", val("master-port"));
     if (val("rdzv-endpoint") && *val("rdzv-endpoint"))
@@ -536,54 +591,58 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
  * file's JSON when there is one, else what the agent knows. */
 typedef struct {
     tsp_logclient_t *logc;
-    const char *error_file;
-    int node_rank;
     int sent;
 } failure_report_t;
 
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
  * run has failed for good and before its workers are stopped, so the driver can stop the
- * other nodes without waiting for this node's grace period. */
+ * other nodes without waiting for this node's grace period. What is sent is the failure
+ * document itself (report.h), the same text as --error-file. */
 static void send_failure(void *ctx, const tsp_failure_t *f)
 {
     failure_report_t *fr = ctx;
-    tsp_logclient_t *logc = fr->logc;
-    const char *error_file = fr->error_file;
-    int node_rank = fr->node_rank;
-    if (!f || fr->sent || atomic_load(&stop_wanted))
+    if (!f || !f->document || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
     fr->sent = 1;
-    char *doc = NULL;
-    size_t len = 0;
-    FILE *in = error_file ? fopen(error_file, "re") : NULL;
-    if (in) {
-        doc = malloc(TSP_WIRE_MAX_EVENT + 1);
-        if (doc)
-            len = fread(doc, 1, TSP_WIRE_MAX_EVENT + 1, in);
-        fclose(in);
-        if (len > TSP_WIRE_MAX_EVENT) /* too big to be sent whole: send the summary */
-            len = 0;
-    }
-    if (!len) {
-        char host[256] = "?";
-        gethostname(host, sizeof host - 1);
-        free(doc);
-        doc = malloc(1024);
-        if (!doc)
-            return;
-        int n = snprintf(doc, 1024,
-                         "{\"torchspark\": {\"rank\": %d, \"local_rank\": %d, \"node_rank\": %d, "
-                         "\"exitcode\": %d, \"signal\": %d, \"pid\": %d, \"time\": %.3f}}",
-                         f->rank, f->local_rank, node_rank,
-                         f->exitcode < 0 ? 128 - f->exitcode : f->exitcode,
-                         f->exitcode < 0 ? -f->exitcode : 0, (int)f->pid, f->time);
-        len = n > 0 && n < 1024 ? (size_t)n : 0;
-    }
-    int rc = tsp_logclient_event(logc, TSP_WIRE_EVENT_FAILURE, f->rank, doc, len);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_FAILURE, f->rank, f->document,
+                                 strlen(f->document));
     if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
-    free(doc);
+}
+
+/* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
+ * environment (64 hex digits), TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) for the
+ * stall rule; the client's defaults otherwise. Exits with a usage error on bad input. */
+static tsp_logclient_t *start_log_client(const char *endpoint, const char *secret_hex,
+                                         int node_rank, int drop)
+{
+    tsp_logclient_opts_t o;
+    char host[256], err[512];
+    tsp_logclient_opts_init(&o);
+    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
+    if (stall && *stall) {
+        char *end;
+        double sec = strtod(stall, &end);
+        if (*end || sec < 0 || sec > 86400)
+            usage_error("TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), not '%s'", stall);
+        o.stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
+    }
+    if (tsp__endpoint_parse(endpoint, host, sizeof host, &o.port, -1))
+        usage_error("--log-endpoint must be HOST:PORT, not '%s'", endpoint);
+    if (tsp__hex_decode(secret_hex, o.secret, sizeof o.secret))
+        usage_error("--log-endpoint needs the run's secret in the environment variable "
+                    "TORCHSPARK_LOG_SECRET (64 hex digits)%s",
+                    secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
+    o.host = host;
+    o.node_rank = node_rank;
+    o.drop = drop;
+    o.on_stop = on_driver_stop;
+    o.log_prefix = "torchspark-run: ";
+    tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
+    if (!c)
+        usage_error("%s", err);
+    return c;
 }
 
 /* After success, node 0 ships rank 0's output file to the driver. A failure is loud but
@@ -594,8 +653,9 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     tsp_output_opts_t oo;
     char host[256], err[700];
     tsp_output_opts_init(&oo);
-    tsp_logclient_parse_endpoint(endpoint, host, sizeof host, &oo.port);
-    tsp_wire_secret_parse(secret_hex, oo.secret);
+    /* Both were checked when the log client started. */
+    tsp__endpoint_parse(endpoint, host, sizeof host, &oo.port, -1);
+    tsp__hex_decode(secret_hex, oo.secret, sizeof oo.secret);
     oo.host = host;
     if (tsp_output_send(&oo, path, err, sizeof err) != 0)
         fprintf(stderr,
@@ -606,10 +666,104 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
         unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
 
+/* --nccl-check-worker: one check process, configured by the node's agent through the
+ * environment (nccl.c). */
+static int nccl_check_worker(void)
+{
+    tsp_nccl_check_opts_t o = {.lib = getenv("TORCHSPARK_NCCL_LIB"), .result_fd = 3};
+    const char *v;
+    o.timeout =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_TIMEOUT")) ? strtod(v, NULL) : TSP_NCCL_CHECK_TIMEOUT;
+    o.bytes =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_BYTES")) ? strtoull(v, NULL, 10) : TSP_NCCL_CHECK_BYTES;
+    if ((v = getenv("TORCHSPARK_NCCL_RESULT_FD")))
+        tsp__parse_int(v, &o.result_fd);
+    if (tsp__parse_int(getenv("RANK") ? getenv("RANK") : "", &o.rank) ||
+        tsp__parse_int(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "", &o.local_rank) ||
+        tsp__parse_int(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "", &o.world_size)) {
+        fprintf(stderr, "torchspark-run: --nccl-check-worker is started by the agent only\n");
+        return 2;
+    }
+    return tsp_nccl_check_run(&o);
+}
+
+/* --nccl-check[=SECONDS] (or TORCHSPARK_NCCL_CHECK=1): the deadline, 0 when off. */
+static double nccl_check_timeout(void)
+{
+    const char *v = val("nccl-check");
+    const char *env = getenv("TORCHSPARK_NCCL_CHECK");
+    if (!v && env && (strcmp(env, "1") == 0 || strcasecmp(env, "true") == 0))
+        v = "";
+    if (!v || strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)
+        return 0;
+    if (!*v || strcasecmp(v, "true") == 0) /* a number is the deadline in seconds */
+        return TSP_NCCL_CHECK_TIMEOUT;
+    char *end;
+    double t = strtod(v, &end);
+    if (*end || !(t > 0))
+        usage_error("--nccl-check=SECONDS needs a number of seconds > 0, not '%s'", v);
+    return t;
+}
+
+/* The preflight before the first worker: 0 to go on; else the exit status, the root cause
+ * printed, written to the error file and sent to the driver. */
+static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report_t *fr)
+{
+    double timeout = nccl_check_timeout();
+    if (timeout <= 0)
+        return 0;
+    int port = t->master_port, bytes = (int)TSP_NCCL_CHECK_BYTES;
+    if (val("nccl-comm-port") &&
+        (tsp__parse_int(val("nccl-comm-port"), &port) || port < 1 || port > 65535))
+        usage_error("--nccl-comm-port must be a port number (1-65535), not '%s'",
+                    val("nccl-comm-port"));
+    if (val("nccl-check-bytes") && (tsp__parse_int(val("nccl-check-bytes"), &bytes) || bytes < 4))
+        usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
+                    val("nccl-check-bytes"));
+    char comm_id[128], exe[PATH_MAX], msg[4096];
+    snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
+             t->master_addr, port);
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0)
+        snprintf(exe, sizeof exe, "%s", argv0);
+    else
+        exe[n] = 0;
+    tsp_nccl_preflight_opts_t o = {.exe = exe,
+                                   .lib = val("nccl-lib"),
+                                   .comm_id = comm_id,
+                                   .ifname = getenv("NCCL_SOCKET_IFNAME"),
+                                   .nproc = t->nproc_per_node,
+                                   .first_rank = t->node_rank * t->nproc_per_node,
+                                   .world_size = t->nnodes * t->nproc_per_node,
+                                   .timeout = timeout,
+                                   .bytes = (size_t)bytes,
+                                   .cancel = &stop_wanted,
+                                   .log_fd = STDERR_FILENO};
+    int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
+    fprintf(stderr, "%s\n", msg);
+    if (rc == 0)
+        return 0;
+    if (rc == -ECANCELED)
+        return 128 + SIGTERM;
+    write_setup_error(msg, t->node_rank, 1);
+    if (fr->logc) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        tsp_failure_t f = {.rank = o.first_rank,
+                           .pid = getpid(),
+                           .exitcode = 1,
+                           .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9};
+        send_failure(fr, &f);
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     pid_t ppid = getppid();
     int script_at = parse_cli(argc, argv);
+    if (flag("nccl-check-worker"))
+        return nccl_check_worker();
     if (flag("help")) {
         fputs(usage_text, stdout);
         return 0;
@@ -625,6 +779,7 @@ int main(int argc, char **argv)
     if (module && no_python)
         usage_error("-m and --no-python cannot be used together");
 
+    assign_gpus();
     tsp_topo_t topo;
     build_topology(&topo);
     if (topo.node_rank == 0 && standalone_port_fd < 0)
@@ -632,7 +787,7 @@ int main(int argc, char **argv)
 
     const char *parent = getenv("TORCHSPARK_PARENT_PID");
     int expected = 0;
-    if (parent && tsp_parse_int(parent, &expected) == 0 && expected != (int)ppid)
+    if (parent && tsp__parse_int(parent, &expected) == 0 && expected != (int)ppid)
         return 128 + SIGTERM; /* the parent that started us is already gone */
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
@@ -706,6 +861,7 @@ int main(int argc, char **argv)
         .console_out = STDOUT_FILENO,
         .console_err = STDERR_FILENO,
         .log_fd = STDERR_FILENO,
+        .log_prefix = "torchspark-run: ",
         .prefix_template = val("log-line-prefix-template")
                                ? val("log-line-prefix-template")
                                : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
@@ -714,24 +870,27 @@ int main(int argc, char **argv)
     /* The driver's log channel: the secret comes from the environment only, and is taken
      * out of it so that the workers never see it. */
     tsp_logclient_t *logc = NULL;
-    failure_report_t fr = {.error_file = val("error-file"), .node_rank = topo.node_rank};
+    failure_report_t fr = {0};
     char secret_hex[80] = "";
     const char *sv = getenv("TORCHSPARK_LOG_SECRET");
     if (sv)
         snprintf(secret_hex, sizeof secret_hex, "%s", sv);
     unsetenv("TORCHSPARK_LOG_SECRET");
     if (val("log-endpoint")) {
-        logc = tsp_logclient_start_endpoint(val("log-endpoint"), sv ? secret_hex : NULL,
-                                            topo.node_rank, flag("log-drop"), on_driver_stop, NULL,
-                                            err, sizeof err);
-        if (!logc)
-            usage_error("%s", err);
+        logc = start_log_client(val("log-endpoint"), sv ? secret_hex : NULL, topo.node_rank,
+                                flag("log-drop"));
         o.sink = tsp_logclient_sink(logc);
         fr.logc = logc;
         o.on_failure = send_failure;
         o.on_failure_ctx = &fr;
     } else if (val("output-file")) {
         usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
+    }
+    rc = nccl_preflight(&topo, argv[0], &fr);
+    if (rc) {
+        if (logc)
+            tsp_logclient_close(logc, 30000);
+        return rc;
     }
     tsp_agent_t *agent;
     rc = tsp_agent_init(&agent, &o, err, sizeof err);

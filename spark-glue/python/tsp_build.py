@@ -69,6 +69,17 @@ def _native_files() -> dict:
     return paths
 
 
+def _jar_file():
+    """build/java/torchspark.jar, rebuilt when CMake configured the JVM part (it is optional:
+    without javac or the pyspark jars there is none, and the wheel carries no jar)."""
+    build = os.environ.get("TORCHSPARK_BUILD_DIR", os.path.join(ROOT, "build"))
+    if os.path.isfile(os.path.join(build, "CMakeFiles", "torchspark_jar.dir", "build.make")):
+        subprocess.run(["cmake", "--build", build, "-j2", "--target", "torchspark_jar"], check=True,
+                       stdout=subprocess.DEVNULL)
+    jar = os.path.join(build, "java", "torchspark.jar")
+    return jar if os.path.isfile(jar) else None
+
+
 def _record_line(arcname: str, data: bytes) -> str:
     digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
     return f"{arcname},sha256={digest},{len(data)}"
@@ -86,6 +97,9 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         files.append((f"{NAME}/_bin/{n}", path, 0o755))
         if n == "torchspark-run":
             files.append((f"{NAME}-{VERSION}.data/scripts/{n}", path, 0o755))
+    jar = _jar_file()
+    if jar:
+        files.append((f"{NAME}/_bin/torchspark.jar", jar, 0o644))
     records = []
     with zipfile.ZipFile(os.path.join(wheel_directory, name), "w", zipfile.ZIP_DEFLATED) as z:
         def add(arcname: str, data: bytes, mode: int = 0o644) -> None:

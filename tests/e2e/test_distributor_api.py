@@ -224,3 +224,50 @@ def test_local_failing_script_raises(spark, mark, tmp_path):
         d.run(str(script))
     assert "script going down" in str(e.value)
     assert tsp_spark.wait_gone(mark, 2) == []
+
+
+def _mask_of_each_rank():
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_local_master_slices_the_driver_gpus(spark, conf, mark):
+    conf("spark.task.resource.gpu.amount", "1")
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)
+    assert d.run(_mask_of_each_rank) == ["0", "1"]  # task i takes driver GPU i
+
+
+def test_local_master_with_too_few_driver_gpus_is_an_error(spark, conf):
+    conf("spark.task.resource.gpu.amount", "1")
+    d = TorchDistributor(num_processes=5, local_mode=False, use_gpu=True)
+    with pytest.raises(RuntimeError) as e:
+        d.run(_quick, 1)
+    assert str(e.value) == ("torchspark: 5 tasks \u00d7 1 GPU(s) need 5 driver GPUs, but the "
+                            "driver has 4: ['0', '1', '2', '3']; lower num_processes or raise "
+                            "spark.driver.resource.gpu.amount")
+
+
+def test_gpu_assignment_rules_through_the_library():
+    from torchspark._task import gpus_owned
+    assert gpus_owned(["1"], "1") == ["1"]  # already narrowed (R3): stock accepts it too
+    assert gpus_owned(["GPU-8f2a"], None) == ["GPU-8f2a"]  # UUID prefixes (R1)
+    with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES is set to an empty string"):
+        gpus_owned(["0"], "")
+    with pytest.raises(ValueError, match=r"has no 'gpu' resource from Spark"):
+        gpus_owned([], None)
+
+
+def test_local_empty_mask_is_an_error_not_a_cpu_run(spark, mark, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    d = TorchDistributor(num_processes=2, local_mode=True, use_gpu=True)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_env_of_rank0, "CUDA_VISIBLE_DEVICES")
+    assert ("torchspark: CUDA_VISIBLE_DEVICES is set to an empty string for the executor on "
+            f"host {os.uname().nodename}, which hides every GPU, but Spark gave task 0 GPU "
+            "addresses ['0', '1']: unset it (spark.executorEnv.CUDA_VISIBLE_DEVICES or the "
+            "executor's environment)") in str(e.value)
+    assert tsp_spark.wait_gone(mark, 5) == []

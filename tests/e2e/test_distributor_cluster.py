@@ -121,8 +121,6 @@ def _warnings(caplog):
 
 
 def test_results_small_and_300mb(spark, caplog):
-    from torchspark import distributor
-    assert distributor._native is not None, "the native log/output channel must be built"
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert d.run(lambda: "y" * (28 * 1024)) == "y" * (28 * 1024)
@@ -135,7 +133,10 @@ def test_results_small_and_300mb(spark, caplog):
 def test_without_the_channel_results_fall_back_to_collect_with_a_warning(spark, caplog,
                                                                          monkeypatch):
     from torchspark import distributor
-    monkeypatch.setattr(distributor, "_native", None)  # an installation without the library
+    def no_server(*args, **kwargs):
+        raise OSError("cannot listen (simulated)")
+
+    monkeypatch.setattr(distributor._native, "LogServer", no_server)  # the channel cannot start
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert d.run(lambda: "z" * (28 * 1024)) == "z" * (28 * 1024)
@@ -198,6 +199,23 @@ def test_failing_script_raises(spark, tmp_path):
     assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
 
 
+def test_chained_traceback_of_a_record_worker_in_the_exception(spark):
+    # A real torch @record worker (rank 1) raises RuntimeError from ValueError: the whole
+    # chain reaches TorchDistributorError, the root ValueError included (docs/cli.md).
+    script = os.path.join(os.path.dirname(__file__), "agent_scripts", "chained_error.py")
+    tag = uuid.uuid4().hex[:8]
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(script, "chain", tag)
+    msg = str(e.value)
+    assert msg.index(f"ValueError: root-{tag}") < msg.index(
+        "The above exception was the direct cause") < msg.index(f"RuntimeError: outer-{tag}"), msg
+    assert e.value.rank == 1 and e.value.exitcode == 1, e.value.report
+    assert e.value.error_message == f"RuntimeError: outer-{tag}"
+    assert f"ValueError: root-{tag}" in e.value.traceback
+    assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
+
+
 def _sleepy():
     import time
     time.sleep(120)
@@ -254,17 +272,15 @@ def test_classic_through_map_in_arrow_as_connect_does(spark, monkeypatch):
     on this classic session: a result as collected rows, and a failure's root cause."""
     from torchspark import _job, distributor
     monkeypatch.setattr(_job, "CLASSIC_VIA_ARROW", True)
-    monkeypatch.setattr(distributor, "_native", None)  # the result comes back as rows
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     n = 9 * 1024 * 1024 + 16
-    big = d.run(_big, n)
+    with monkeypatch.context() as m:  # no channel: the result comes back as rows
+        def no_server(*args, **kwargs):
+            raise OSError("cannot listen (simulated)")
+
+        m.setattr(distributor._native, "LogServer", no_server)
+        big = d.run(_big, n)
     assert len(big) == n and big[:16] * (n // 16) == big
-    monkeypatch.setattr(distributor, "_native", _native_module())
     with pytest.raises(TorchDistributorError, match="rank 1 .*exited with code 3"):
         d.run(_failing, "exit3", "/dev/null")
     assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
-
-
-def _native_module():
-    from torchspark import _native
-    return _native

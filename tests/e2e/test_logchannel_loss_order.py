@@ -126,7 +126,7 @@ def test_read_text_matches_format_line(tmp_path):
 def test_distributor_pump_writes_rank_lines_to_stderr(tmp_path, capfd):
     """The distributor's pump (natively formatted batches) puts each worker line on the
     driver's sys.stderr as "[rank N] text", stderr lines with their marker."""
-    from torchspark.distributor import _LogPump
+    from torchspark._pump import _LogPump
 
     script = tmp_path / "w.py"
     script.write_text("import sys\nprint('hello from the worker')\n"

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "torchspark/elect.h"
-#include "torchspark/json.h"
+#include "json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,7 +10,7 @@ cc=${CLANG:-clang-14}
 command -v "$cc" > /dev/null || { echo "fuzz: $cc not found (apt: clang-14 libclang-rt-14-dev)"; exit 1; }
 CC=$cc cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=Debug -DTSP_BUILD_FUZZ=ON \
   -DTSP_BUILD_TESTS=OFF > build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
-cmake --build build-fuzz -j2 --target fuzz_logwire fuzz_records >> build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
+cmake --build build-fuzz -j2 --target fuzz_logwire fuzz_records fuzz_json >> build-fuzz.log 2>&1 || { cat build-fuzz.log; exit 1; }
 rm -f build-fuzz.log
 corpus=build-fuzz/corpus_logwire
 mkdir -p "$corpus"
@@ -24,7 +24,7 @@ open(os.path.join(d, "hello"), "wb").write(fr(1, hello, 0))
 open(os.path.join(d, "line"), "wb").write(fr(1, hello, 0) + fr(3, bytes(32)) + fr(0x10, bytes(8) + b"hi", 0, 1) + b"\x5a")
 open(os.path.join(d, "chal"), "wb").write(fr(2, b"\x00\x01" + bytes(32)))
 PY
-half=$((secs / 2 > 1 ? secs / 2 : 1))
+third=$((secs / 3 > 1 ? secs / 3 : 1))
 corpus2=build-fuzz/corpus_records
 mkdir -p "$corpus2"
 printf '%s' '{"message": {"message": "ValueError: x\u00e9", "extraInfo": {"py_callstack": "Traceback\n", "timestamp": "1700000000"}}}' > "$corpus2/error_file"
@@ -37,5 +37,10 @@ run_target() { # name corpus seconds
   execs=$(echo "$out" | sed -n 's/^stat::number_of_executed_units: *//p')
   echo "$1: ${execs:-?} executions in ${3}s, no crash, no leak"
 }
-run_target fuzz_logwire "$corpus" "$half"
-run_target fuzz_records "$corpus2" "$half"
+corpus3=build-fuzz/corpus_json
+mkdir -p "$corpus3"
+cp "$corpus2"/* "$corpus3"/
+printf '%s' '[1, -0.5e+3, "a\u00e9\ud83d\ude00\ud800", true, false, null, {"k": []}]' > "$corpus3/mixed"
+run_target fuzz_logwire "$corpus" "$third"
+run_target fuzz_records "$corpus2" "$third"
+run_target fuzz_json "$corpus3" "$third"

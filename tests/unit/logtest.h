@@ -14,9 +14,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "torchspark/logclient.h"
+#include "logclient.h"
 #include "torchspark/logserver.h"
-#include "torchspark/logwire.h"
+#include "logwire.h"
+#include "util.h"
 
 static inline int raw_connect(int port)
 {
@@ -71,7 +72,7 @@ static inline size_t make_hello(uint8_t *out, const uint8_t *secret, uint16_t ve
                           .node_rank = 0};
     strcpy(h.host, "testhost");
     tsp_wire_run_id(secret, h.run_id);
-    tsp_wire_random(h.nonce, sizeof h.nonce);
+    tsp__random_bytes(h.nonce, sizeof h.nonce);
     int n = tsp_wire_hello_pack(out, TSP_WIRE_HELLO_MAX, &h);
     if (version != TSP_WIRE_VERSION) { /* pack does not check versions: the unpacker does */
         out[4] = (uint8_t)(version >> 8);

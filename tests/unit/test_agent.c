@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "torchspark/agent.h"
-#include "torchspark/json.h"
+#include "agent.h"
+#include "json.h"
 #include "report.h"
 
 static char dir[] = "/tmp/tsp_agent_test_XXXXXX";

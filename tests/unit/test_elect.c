@@ -136,7 +136,7 @@ START_TEST(test_elect_record_roundtrip)
     int n = tsp_elect_record_pack(&r, buf, sizeof buf);
     ck_assert_int_gt(n, 0);
     ck_assert_int_eq((int)strlen(buf), n);
-    ck_assert_ptr_nonnull(strstr(buf, "\"version\":1"));
+    ck_assert_ptr_nonnull(strstr(buf, "\"version\": 1"));
     ck_assert_int_eq(tsp_elect_record_unpack(buf, (size_t)n, &back, err, sizeof err), 0);
     ck_assert_int_eq(memcmp(&r, &back, sizeof r), 0);
     ck_assert_int_eq(tsp_elect_record_pack(&r, buf, 20), -ENOSPC);

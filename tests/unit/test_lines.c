@@ -6,8 +6,8 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "torchspark/lines.h"
-#include "torchspark/env.h"
+#include "lines.h"
+#include "env.h"
 
 static int next(tsp_lines_t *lb, char *out, size_t outlen, unsigned *flags)
 {
@@ -166,6 +166,24 @@ START_TEST(test_env_set_get_unset)
 }
 END_TEST
 
+/* The one prefix of a line where users read it: driver, fd sink, local fallback. */
+START_TEST(test_lines_prefix_one_format)
+{
+    char b[64];
+    ck_assert_uint_eq(tsp_lines_prefix(b, sizeof b, NULL, NULL, 0, TSP_STREAM_STDOUT), 9);
+    ck_assert_str_eq(b, "[rank 0] ");
+    tsp_lines_prefix(b, sizeof b, NULL, NULL, 7, TSP_STREAM_STDERR);
+    ck_assert_str_eq(b, "[rank 7] [stderr] ");
+    tsp_lines_prefix(b, sizeof b, NULL, "", 7, TSP_STREAM_STDERR); /* streams kept apart */
+    ck_assert_str_eq(b, "[rank 7] ");
+    tsp_lines_prefix(b, sizeof b, "<{rank}> ", NULL, -1, TSP_STREAM_EVENT);
+    ck_assert_str_eq(b, "[torchspark] ");
+    ck_assert_uint_eq(tsp_lines_prefix(b, 5, "r{rank}:", "E", 12345, TSP_STREAM_STDERR), 8);
+    ck_assert_str_eq(b, "r123");
+    ck_assert_uint_eq(tsp_lines_prefix(NULL, 0, NULL, NULL, 1, TSP_STREAM_STDOUT), 9);
+}
+END_TEST
+
 static Suite *lines_suite(void)
 {
     Suite *s = suite_create("lines");
@@ -175,6 +193,7 @@ static Suite *lines_suite(void)
     tcase_add_test(tc, test_lines_long_line_split_not_truncated);
     tcase_add_test(tc, test_lines_exact_cap_is_whole);
     tcase_add_test(tc, test_lines_read_from_pipe_large);
+    tcase_add_test(tc, test_lines_prefix_one_format);
     tcase_add_test(tc, test_env_set_get_unset);
     suite_add_tcase(s, tc);
     return s;

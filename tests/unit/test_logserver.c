@@ -418,7 +418,10 @@ START_TEST(test_logserver_output_cut_then_retried)
         int fd = raw_output_begin(s, total);
         raw_send_pattern(fd, 0, 9u << 20, NULL);
         close(fd);
-        usleep(50000);
+        /* The server sees the EOF on its own thread: wait for it (generously, on a loaded
+         * machine) rather than for a fixed time. */
+        for (int i = 0; i < 500 && !strstr(tsp_logserver_output_error(s), "interrupted"); i++)
+            usleep(10000);
         ck_assert_ptr_nonnull(strstr(tsp_logserver_output_error(s), "interrupted"));
         EVP_MD_CTX *md = EVP_MD_CTX_new();
         EVP_DigestInit_ex(md, EVP_sha256(), NULL);
@@ -516,6 +519,8 @@ START_TEST(test_logserver_format_prefix)
     ck_assert_str_eq(b, "[rank 3] [stderr] ");
     tsp_logserver_format_prefix(b, sizeof b, "<{rank}|{rank}> ", "E ", 5, 2);
     ck_assert_str_eq(b, "<5|5> E ");
+    tsp_logserver_format_prefix(b, sizeof b, NULL, NULL, -1, TSP_LOG_STREAM_EVENT);
+    ck_assert_str_eq(b, "[torchspark] ");
     ck_assert_uint_eq(tsp_logserver_format_prefix(b, 4, NULL, NULL, 3, 1), 9);
     ck_assert_str_eq(b, "[ra");
 }

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "torchspark/logwire.h"
+#include "logwire.h"
 
 static tsp_wire_hello_t sample_hello(void)
 {

@@ -1,5 +1,7 @@
 /* test_proc.c: spawning (pipes, exec errors, sessions, parent-death) and tree killing. */
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -9,7 +11,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
-#include "torchspark/proc.h"
+#include "proc.h"
 
 static int read_all(int fd, char *buf, size_t len)
 {
@@ -32,8 +34,11 @@ START_TEST(test_proc_spawn_pipes_and_env)
 {
     char *argv[] = {"sh", "-c", "echo out $FOO; echo err >&2; exit 5", NULL};
     char *envp[] = {"FOO=bar", "PATH=/usr/bin:/bin", NULL};
-    tsp_proc_opts_t o = {.file = "sh", .argv = argv, .envp = envp,
-                         .stdout_mode = TSP_PROC_PIPE, .stderr_mode = TSP_PROC_PIPE};
+    tsp_proc_opts_t o = {.file = "sh",
+                         .argv = argv,
+                         .envp = envp,
+                         .stdout_mode = TSP_PROC_PIPE,
+                         .stderr_mode = TSP_PROC_PIPE};
     tsp_proc_t p;
     char err[256] = "", out[256], errs[256];
     ck_assert_int_eq(tsp_proc_spawn(&p, &o, err, sizeof err), 0);
@@ -122,8 +127,8 @@ START_TEST(test_proc_signal_descendants_reaches_grandchildren)
 {
     /* a child that starts a grandchild in another session, then both sleep */
     char *argv[] = {"sh", "-c", "setsid sleep 30 & echo $!; sleep 30", NULL};
-    tsp_proc_opts_t o = {.file = "sh", .argv = argv, .stdout_mode = TSP_PROC_PIPE,
-                         .new_session = 1};
+    tsp_proc_opts_t o = {
+        .file = "sh", .argv = argv, .stdout_mode = TSP_PROC_PIPE, .new_session = 1};
     tsp_proc_t p;
     ck_assert_int_eq(tsp_proc_spawn(&p, &o, NULL, 0), 0);
     char buf[64] = "";
@@ -148,6 +153,78 @@ START_TEST(test_proc_signal_descendants_reaches_grandchildren)
 }
 END_TEST
 
+/* Threads that keep taking the malloc and stdio locks while workers are spawned: a child
+ * that called into either between fork and exec could inherit a lock held by a thread that
+ * does not exist in the child, and hang. Every spawn must exec (PATH search included). */
+static atomic_int hammer_stop;
+
+static void *hammer(void *arg)
+{
+    FILE *sink = arg;
+    char *keep[16] = {0};
+    for (unsigned i = 0; !atomic_load(&hammer_stop); i++) {
+        free(keep[i % 16]);
+        keep[i % 16] = malloc(16 + (i * 37) % 4000);
+        fprintf(sink, "hammer %u %s\n", i, keep[i % 16] ? "x" : "y");
+        printf("%s", ""); /* stdout's lock too */
+    }
+    for (int i = 0; i < 16; i++)
+        free(keep[i]);
+    return NULL;
+}
+
+START_TEST(test_proc_spawn_while_threads_hold_malloc_and_stdio_locks)
+{
+    FILE *sink = fopen("/dev/null", "we");
+    ck_assert_ptr_nonnull(sink);
+    pthread_t th[4];
+    atomic_store(&hammer_stop, 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, hammer, sink), 0);
+    char *argv[] = {"true", NULL};
+    /* PATH entries before the real one: the search must walk them in the child */
+    char *envp[] = {"PATH=/nonexistent/a:/nonexistent/b::/usr/bin:/bin", NULL};
+    tsp_proc_opts_t o = {.file = "true",
+                         .argv = argv,
+                         .envp = envp,
+                         .new_session = 1,
+                         .stdout_mode = TSP_PROC_PIPE,
+                         .stderr_mode = TSP_PROC_PIPE};
+    for (int i = 0; i < 300; i++) {
+        tsp_proc_t p;
+        char err[256] = "";
+        ck_assert_msg(tsp_proc_spawn(&p, &o, err, sizeof err) == 0, "spawn %d: %s", i, err);
+        int st;
+        ck_assert_int_eq(waitpid(p.pid, &st, 0), p.pid);
+        ck_assert_int_eq(tsp_proc_exit_code(st), 0);
+        tsp_proc_close(&p);
+    }
+    atomic_store(&hammer_stop, 1);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    fclose(sink);
+}
+END_TEST
+
+START_TEST(test_proc_path_search_order_and_errors)
+{
+    char *argv[] = {"sh", "-c", "exit 7", NULL};
+    /* an empty entry and a file that is not a directory come first; both are skipped */
+    char *envp[] = {"PATH=:/etc/passwd:/bin:/usr/bin", NULL};
+    tsp_proc_opts_t o = {.file = "sh", .argv = argv, .envp = envp};
+    tsp_proc_t p;
+    char err[256] = "";
+    ck_assert_int_eq(tsp_proc_spawn(&p, &o, err, sizeof err), 0);
+    int st;
+    ck_assert_int_eq(waitpid(p.pid, &st, 0), p.pid);
+    ck_assert_int_eq(tsp_proc_exit_code(st), 7);
+    char *envp2[] = {"PATH=/nonexistent", NULL};
+    o.envp = envp2;
+    ck_assert_int_eq(tsp_proc_spawn(&p, &o, err, sizeof err), -ENOENT);
+    ck_assert_ptr_nonnull(strstr(err, "cannot run 'sh'"));
+}
+END_TEST
+
 static Suite *proc_suite(void)
 {
     Suite *s = suite_create("proc");
@@ -158,6 +235,8 @@ static Suite *proc_suite(void)
     tcase_add_test(tc, test_proc_new_session_and_signal_mask_reset);
     tcase_add_test(tc, test_proc_pdeathsig_kills_child_with_parent);
     tcase_add_test(tc, test_proc_signal_descendants_reaches_grandchildren);
+    tcase_add_test(tc, test_proc_spawn_while_threads_hold_malloc_and_stdio_locks);
+    tcase_add_test(tc, test_proc_path_search_order_and_errors);
     suite_add_tcase(s, tc);
     return s;
 }

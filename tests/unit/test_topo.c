@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "testutil.h"
-#include "torchspark/topo.h"
+#include "topo.h"
 
 START_TEST(test_topo_defaults_match_torchrun)
 {
@@ -140,18 +140,6 @@ START_TEST(test_topo_from_slurm_mpi_pmi)
 }
 END_TEST
 
-START_TEST(test_topo_parse_int)
-{
-    int v;
-    ck_assert_int_eq(tsp_parse_int("42", &v), 0);
-    ck_assert_int_eq(v, 42);
-    ck_assert_int_eq(tsp_parse_int("", &v), -EINVAL);
-    ck_assert_int_eq(tsp_parse_int("-1", &v), -EINVAL);
-    ck_assert_int_eq(tsp_parse_int("4x", &v), -EINVAL);
-    ck_assert_int_eq(tsp_parse_int("99999999999", &v), -ERANGE);
-}
-END_TEST
-
 static Suite *topo_suite(void)
 {
     Suite *s = suite_create("topo");
@@ -162,7 +150,6 @@ static Suite *topo_suite(void)
     tcase_add_test(tc, test_topo_worker_env_contract);
     tcase_add_test(tc, test_topo_omp_rule);
     tcase_add_test(tc, test_topo_from_slurm_mpi_pmi);
-    tcase_add_test(tc, test_topo_parse_int);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,10 +1,18 @@
 /* torchspark/common.h: what every module of the public C API shares.
  *
+ * The public API is what the glue binds (ctypes in spark-glue/python, JNI in jni/):
+ * common.h, elect.h (master election), logserver.h (the driver's log server and the
+ * receipt of rank 0's output) and output.h (sending that output). Everything else is
+ * internal (the headers in native/src) and not exported by libtorchspark.so.
+ *
  * Conventions (see docs/architecture.md):
  *  - public functions are tsp_<module>_<verb>, types tsp_<noun>_t, macros TSP_;
  *  - functions return 0 (or a count) on success and a negative errno on failure;
- *    tsp_strerror() turns such a code into text;
- *  - objects are caller-owned structs with init -> start -> stop -> close.
+ *    tsp_strerror() turns such a code into text; where a user needs detail, a caller's
+ *    buffer (char *err, size_t errlen) receives one sentence;
+ *  - each handle's lifecycle is written in its header, as it is: a log server is
+ *    started (allocated and running), shut down, then freed; a port reservation is
+ *    reserved, then released; an output is sent in one call.
  */
 #ifndef TORCHSPARK_COMMON_H
 #define TORCHSPARK_COMMON_H
@@ -20,6 +28,10 @@ extern "C" {
 #else
 #define TSP_EXTERN
 #endif
+
+/* Bytes of a run's secret: the key of the log channel's handshake (docs/protocol.md 1.4),
+ * shared by the driver's log server (logserver.h) and an output sender (output.h). */
+#define TSP_SECRET_LEN 32u
 
 /* Text for a 0 / -errno return code ("success" for 0). Never NULL, thread-safe. */
 TSP_EXTERN const char *tsp_strerror(int code);

@@ -7,6 +7,10 @@
  * BarrierTaskContext.allGather. Every node then derives the interface that carries its
  * route to the master (for GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME).
  * The record's layout is in docs/protocol.md ("Election record").
+ *
+ * Lifecycle of a tsp_port_reservation_t (a caller-owned struct, no allocation):
+ * tsp_elect_reserve_port() or tsp_elect_master() fills it and holds the port;
+ * tsp_elect_release_port() closes it (idempotent). Nothing else needs freeing.
  */
 #ifndef TORCHSPARK_ELECT_H
 #define TORCHSPARK_ELECT_H

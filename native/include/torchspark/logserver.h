@@ -8,6 +8,18 @@
  * of each rank are kept for error reports. Rank 0's output file can be received to a file
  * or to memory (any size; SHA-256 checked).
  *
+ * Lifecycle of a tsp_logserver_t (opaque, allocated by the library):
+ *   tsp_logserver_opts_init(&o)                 defaults into a caller's options struct
+ *   s = tsp_logserver_start(&o, err, len)       allocates, binds, listens, starts the thread
+ *       (or tsp_logserver_new(host, port, secret_hex, tail_lines, err, len): the same from
+ *        plain arguments, for ctypes and JNI; NULL with err on failure, nothing to free)
+ *   ... pull / pull_text / tail / expect_output / output_wait / failure / stop_all ...
+ *   tsp_logserver_shutdown(s, drain_ms)         stops accepting, drains, joins the thread;
+ *                                               idempotent; lines and the output stay
+ *                                               readable, the handle stays valid
+ *   tsp_logserver_free(s)                       shuts down if needed, frees everything
+ * There is no separate init or restart: a stopped server is freed and a new one started.
+ *
  * Thread safety: every function may be called from any thread; pull has one consumer at
  * a time (the batch it returns is valid until the next pull or free).
  */
@@ -16,21 +28,29 @@
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/logwire.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Server events (dropped connections and why) are also queued as lines of this rank and
- * stream when opts.events_to_queue is set. */
-#define TSP_LOG_RANK_SERVER (-1)
+/* The streams of a delivered line; server events (dropped connections and why) are also
+ * queued as lines of rank TSP_LOG_RANK_SERVER and stream TSP_LOG_STREAM_EVENT when
+ * opts.events_to_queue is set. */
+#define TSP_LOG_STREAM_STDOUT 1
+#define TSP_LOG_STREAM_STDERR 2
 #define TSP_LOG_STREAM_EVENT 3
+#define TSP_LOG_RANK_SERVER (-1)
+/* The flags of a delivered line: a piece of a longer line (more follows), and the last
+ * bytes of a stream that did not end with a newline. */
+#define TSP_LOG_LINE_CONTINUED 1u
+#define TSP_LOG_LINE_NO_EOL 2u
+/* The longest line (or piece of a line) the channel carries, in bytes. */
+#define TSP_LOG_MAX_LINE (1u << 20)
 
 typedef struct tsp_logserver_opts {
     const char *host;          /* address to bind; NULL: 127.0.0.1. 0.0.0.0 only if asked */
     int port;                  /* 0: the kernel picks one (see tsp_logserver_port) */
-    const uint8_t *secret;     /* TSP_WIRE_SECRET_LEN bytes; NULL: fresh random secret */
+    const uint8_t *secret;     /* TSP_SECRET_LEN bytes; NULL: fresh random secret */
     unsigned tail_lines;       /* lines kept per rank (default 100) */
     size_t tail_bytes;         /* and at most these bytes per rank (default 64 KiB) */
     size_t queue_bytes;        /* pull queue bound (default 8 MiB) */
@@ -49,8 +69,8 @@ typedef struct tsp_logline {
     const char *data;
     uint32_t len;
     int32_t rank;
-    uint8_t stream; /* TSP_STREAM_STDOUT, TSP_STREAM_STDERR or TSP_LOG_STREAM_EVENT */
-    uint8_t flags;  /* TSP_LINE_CONTINUED, TSP_LINE_NO_EOL */
+    uint8_t stream; /* TSP_LOG_STREAM_* */
+    uint8_t flags;  /* TSP_LOG_LINE_* */
     uint16_t reserved;
 } tsp_logline_t;
 
@@ -76,7 +96,7 @@ TSP_EXTERN tsp_logserver_t *tsp_logserver_new(const char *host, int port, const 
                                               unsigned tail_lines, char *err, size_t errlen);
 TSP_EXTERN int tsp_logserver_port(const tsp_logserver_t *s);
 TSP_EXTERN const char *tsp_logserver_host(const tsp_logserver_t *s);
-TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_LEN]);
+TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_SECRET_LEN]);
 
 /* Waits up to timeout_ms (-1: forever) for lines, then moves up to max_lines into out.
  * Returns the count (0 on timeout), or -EPIPE once the server stopped and all was pulled. */
@@ -89,7 +109,7 @@ TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int ma
  * nothing per line. buflen must be at least TSP_LOGSERVER_TEXT_MIN (any line fits).
  * Returns the bytes written (0 on timeout), -EPIPE once stopped and all was pulled, or
  * -EINVAL; *nlines (when not NULL) receives the number of lines taken. */
-#define TSP_LOGSERVER_TEXT_MIN (TSP_WIRE_MAX_LINE + 4096u)
+#define TSP_LOGSERVER_TEXT_MIN (TSP_LOG_MAX_LINE + 4096u)
 TSP_EXTERN long tsp_logserver_pull_text(tsp_logserver_t *s, char *buf, size_t buflen, int max_lines,
                                         int timeout_ms, const char *prefix,
                                         const char *stderr_marker, int *nlines);
@@ -122,7 +142,7 @@ TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t bufl
 /* Agents gone without CLOSE whose lost grace is still running: a failure may follow
  * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
 TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
-/* Sends STOP (reason TSP_WIRE_STOP_ENDED, with text) to every control agent, now and on
+/* Sends STOP (reason "ended", with text) to every control agent, now and on
  * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
 TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
 
@@ -132,7 +152,11 @@ TSP_EXTERN int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms);
 /* Shuts down (drain 0 ms when not done yet) and frees everything. */
 TSP_EXTERN void tsp_logserver_free(tsp_logserver_t *s);
 
-/* Formats "[rank N] " + marker into out (NUL-terminated, truncated); returns its length. */
+/* The prefix users see before a line, formatted by the one formatter that the driver's
+ * queue and fd sink and the agent's local fallback use: prefix with {rank} expanded (NULL:
+ * "[rank {rank}] "), then stderr_marker for stream TSP_LOG_STREAM_STDERR (NULL:
+ * "[stderr] "; "": none); "[torchspark] " for TSP_LOG_STREAM_EVENT. Into out
+ * (NUL-terminated, truncated to outlen); returns the whole prefix's length. */
 TSP_EXTERN size_t tsp_logserver_format_prefix(char *out, size_t outlen, const char *prefix,
                                               const char *stderr_marker, int32_t rank,
                                               unsigned stream);

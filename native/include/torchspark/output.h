@@ -1,13 +1,15 @@
 /* torchspark/output.h: shipping rank 0's output file (its pickled return value) to the
  * driver over the authenticated log channel (docs/protocol.md 1.6): 1 MiB chunks, the
  * total length up front (64-bit: no 2 GiB limit), SHA-256 at the end, and the driver's
- * confirmation before this returns 0. */
+ * confirmation before this returns 0.
+ *
+ * No handle: tsp_output_opts_init() fills a caller's options struct with the defaults, and
+ * one blocking tsp_output_send() call connects, ships and waits for the confirmation. */
 #ifndef TORCHSPARK_OUTPUT_H
 #define TORCHSPARK_OUTPUT_H
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/logwire.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -16,7 +18,7 @@ extern "C" {
 typedef struct tsp_output_opts {
     const char *host;
     int port;
-    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    uint8_t secret[TSP_SECRET_LEN];
     int node_rank;
     const char *hostname; /* NULL: gethostname() */
     int timeout_ms;       /* no progress for this long fails an attempt (default 30000) */

@@ -1,4 +1,5 @@
-"""ctypes binding of the native election module (native/src/elect.c, torchspark/elect.h).
+"""The native election module (native/src/elect.c, torchspark/elect.h) for the tasks; the
+signatures are declared once, in :mod:`torchspark._lib`.
 
 Rank 0's barrier task calls :func:`elect_master` (address, interface, held port, run id,
 packed record); every task calls :func:`unpack_record` on what allGather returned and
@@ -10,56 +11,11 @@ import ctypes
 from dataclasses import dataclass
 from typing import Optional
 
-from torchspark._lib import load_library
+from torchspark._lib import (ELECT_ADDR_MAX as ADDR_MAX, ELECT_IFNAME_MAX as IFNAME_MAX,
+                             ELECT_RECORD_MAX as RECORD_MAX, ElectRecord as _Record,
+                             PortReservationC as _Reservation, load_library)
 
-ADDR_MAX = 64
-HOST_MAX = 256
-ID_MAX = 128
-IFNAME_MAX = 32
-RECORD_MAX = 1024
 _ERR_LEN = 512
-
-
-class _Reservation(ctypes.Structure):
-    _fields_ = [("fd", ctypes.c_int), ("port", ctypes.c_int)]
-
-
-class _Record(ctypes.Structure):
-    _fields_ = [
-        ("version", ctypes.c_int),
-        ("master_addr", ctypes.c_char * ADDR_MAX),
-        ("master_port", ctypes.c_int),
-        ("run_id", ctypes.c_char * ID_MAX),
-        ("host", ctypes.c_char * HOST_MAX),
-        ("ifname", ctypes.c_char * IFNAME_MAX),
-    ]
-
-
-_c = None
-
-
-def _api() -> ctypes.CDLL:
-    global _c
-    if _c is None:
-        lib = load_library()
-        errbuf = [ctypes.c_char_p, ctypes.c_size_t]
-        lib.tsp_elect_master.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
-                                         ctypes.POINTER(_Record),
-                                         ctypes.POINTER(_Reservation)] + errbuf
-        lib.tsp_elect_release_port.argtypes = [ctypes.POINTER(_Reservation)]
-        lib.tsp_elect_release_port.restype = None
-        lib.tsp_elect_route_source.argtypes = [ctypes.c_char_p, ctypes.c_char_p,
-                                               ctypes.c_size_t] + errbuf
-        lib.tsp_elect_ifname_of.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-        lib.tsp_elect_record_pack.argtypes = [ctypes.POINTER(_Record), ctypes.c_char_p,
-                                              ctypes.c_size_t]
-        lib.tsp_elect_record_unpack.argtypes = [ctypes.c_char_p, ctypes.c_size_t,
-                                                ctypes.POINTER(_Record)] + errbuf
-        for f in ("tsp_elect_master", "tsp_elect_route_source", "tsp_elect_ifname_of",
-                  "tsp_elect_record_pack", "tsp_elect_record_unpack"):
-            getattr(lib, f).restype = ctypes.c_int
-        _c = lib
-    return _c
 
 
 class ElectionError(RuntimeError):
@@ -92,7 +48,7 @@ class PortReservation:
 
     def release(self) -> None:
         if self._res.fd >= 0:
-            _api().tsp_elect_release_port(ctypes.byref(self._res))
+            load_library().tsp_elect_release_port(ctypes.byref(self._res))
 
     def __enter__(self) -> "PortReservation":
         return self
@@ -115,7 +71,7 @@ def _record_from_c(r: _Record) -> Record:
 
 def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
     """Rank 0's election towards peer: returns (record, packed JSON, held port)."""
-    lib = _api()
+    lib = load_library()
     rec, res = _Record(), _Reservation(-1, 0)
     err = ctypes.create_string_buffer(_ERR_LEN)
     rc = lib.tsp_elect_master(peer.encode(), run_id.encode() if run_id else None,
@@ -135,7 +91,7 @@ def unpack_record(text: str) -> Record:
     data = text.encode()
     rec = _Record()
     err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = _api().tsp_elect_record_unpack(data, len(data), ctypes.byref(rec), err, _ERR_LEN)
+    rc = load_library().tsp_elect_record_unpack(data, len(data), ctypes.byref(rec), err, _ERR_LEN)
     if rc != 0:
         raise ElectionError(err.value.decode(errors="replace"))
     return _record_from_c(rec)
@@ -144,7 +100,7 @@ def unpack_record(text: str) -> Record:
 def route_source(host: str) -> str:
     buf = ctypes.create_string_buffer(ADDR_MAX)
     err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = _api().tsp_elect_route_source(host.encode(), buf, ADDR_MAX, err, _ERR_LEN)
+    rc = load_library().tsp_elect_route_source(host.encode(), buf, ADDR_MAX, err, _ERR_LEN)
     if rc != 0:
         raise ElectionError(err.value.decode(errors="replace"))
     return buf.value.decode()
@@ -152,7 +108,7 @@ def route_source(host: str) -> str:
 
 def ifname_of(addr: str) -> Optional[str]:
     buf = ctypes.create_string_buffer(IFNAME_MAX)
-    rc = _api().tsp_elect_ifname_of(addr.encode(), buf, IFNAME_MAX)
+    rc = load_library().tsp_elect_ifname_of(addr.encode(), buf, IFNAME_MAX)
     return buf.value.decode() if rc == 0 else None
 
 

@@ -14,7 +14,9 @@ import sys
 
 def _write_error_file(e: BaseException) -> None:
     """The torchelastic error file (as torch's @record writes it), so that the agent's
-    report and TorchDistributor's exception carry the traceback of the user's function."""
+    report and TorchDistributor's exception carry the traceback of the user's function,
+    chained causes included (traceback.format_exc prints the whole chain). Written to a
+    temporary name and renamed, so the agent never reads half a file."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or isinstance(e, SystemExit) or os.path.exists(path):
         return
@@ -25,9 +27,11 @@ def _write_error_file(e: BaseException) -> None:
     data = {"message": {"message": f"{type(e).__name__}: {e}",
                         "extraInfo": {"py_callstack": traceback.format_exc(),
                                       "timestamp": str(int(time.time()))}}}
+    tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f)
+        os.replace(tmp, path)
     except OSError:
         pass
 

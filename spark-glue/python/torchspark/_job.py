@@ -56,7 +56,9 @@ class _Tags:
         if self.remote:
             self.spark.addTag(tag)
         else:
-            self.spark.sparkContext.addJobTag(tag)
+            sc = self.spark.sparkContext
+            sc.addJobTag(tag)
+            sc.setLocalProperty("torchspark.run", tag)  # marks the tasks for TorchSparkPlugin
 
     def remove(self, tag: str) -> None:
         if self.remote:

@@ -37,13 +37,18 @@ def agent_command(
     run_id: Optional[str] = None,
     log_endpoint: Optional[str] = None,
     output_file: Optional[str] = None,
+    gpus: Optional[str] = None,
 ) -> List[str]:
-    """The agent's command line; program is ["-m", module, args...] or [script, args...]."""
+    """The agent's command line; program is ["-m", module, args...] or [script, args...].
+    gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
+    CUDA_VISIBLE_DEVICES and runs one worker per GPU."""
     cmd = [agent_path()]
     if standalone:
         cmd.append("--standalone")
     cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            f"--nproc-per-node={nproc_per_node}"]
+            "--nproc-per-node=gpu" if gpus is not None else f"--nproc-per-node={nproc_per_node}"]
+    if gpus is not None:
+        cmd.append(f"--gpus={gpus}")
     if master_addr is not None:
         cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
     if run_id is not None:
@@ -53,8 +58,9 @@ def agent_command(
     if log_endpoint:
         cmd += ["--log-endpoint", log_endpoint]
     else:
-        # No channel: the agent's own output carries the lines, rank-prefixed.
-        cmd += ["--tee=3", "--log-line-prefix-template=[rank${rank}]: "]
+        # No channel: the agent's own output carries the lines with the users' one prefix,
+        # "[rank N] " (_native.line_prefix), through torchrun's template option.
+        cmd += ["--tee=3", "--log-line-prefix-template=[rank ${rank}] "]
     if output_file:
         cmd += ["--output-file", output_file]
     return cmd + list(program)

@@ -1,8 +1,13 @@
-"""Finds the native pieces: libtorchspark.so (for ctypes) and the torchspark-run agent.
+"""Finds the native pieces, libtorchspark.so and the torchspark-run agent, and loads the
+library once per process with one table of the C signatures that the glue calls.
 
-Search order, for both: an environment override (TORCHSPARK_LIB / TORCHSPARK_RUN), the
-copy bundled in this package (torchspark/_bin, put there by the wheel build), then a
-source checkout's build directory (build/lib, build/bin), then PATH for the agent.
+Search order, for both: an environment override (``TORCHSPARK_LIB`` / ``TORCHSPARK_RUN``),
+the copy bundled in this package (``torchspark/_bin``, put there by the wheel build), then
+a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_BUILD_DIR``
+names another), then PATH for the agent.
+
+The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
+logserver.h, output.h, gpu.h). Every other module calls the library through :func:`load_library`.
 """
 from __future__ import annotations
 
@@ -10,12 +15,115 @@ import ctypes
 import os
 import shutil
 import threading
-from typing import Optional
+from typing import Dict, List, Optional, Tuple
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _BIN_DIR = os.path.join(_PKG_DIR, "_bin")
 LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"
+JAR_NAME = "torchspark.jar"
+
+# Sizes from torchspark/elect.h and torchspark/common.h.
+ELECT_ADDR_MAX = 64
+ELECT_HOST_MAX = 256
+ELECT_ID_MAX = 128
+ELECT_IFNAME_MAX = 32
+ELECT_RECORD_MAX = 1024
+SECRET_LEN = 32
+
+
+class LogLine(ctypes.Structure):
+    """tsp_logline_t (logserver.h)."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint32), ("rank", ctypes.c_int32),
+                ("stream", ctypes.c_uint8), ("flags", ctypes.c_uint8),
+                ("reserved", ctypes.c_uint16)]
+
+
+class LogStats(ctypes.Structure):
+    """tsp_logserver_stats_t (logserver.h)."""
+
+    _fields_ = [(name, ctypes.c_uint64) for name in (
+        "accepted", "authenticated", "rejected", "lines", "bytes", "duplicates", "connected",
+        "queued_bytes")]
+
+
+class PortReservationC(ctypes.Structure):
+    """tsp_port_reservation_t (elect.h)."""
+
+    _fields_ = [("fd", ctypes.c_int), ("port", ctypes.c_int)]
+
+
+class ElectRecord(ctypes.Structure):
+    """tsp_elect_record_t (elect.h)."""
+
+    _fields_ = [
+        ("version", ctypes.c_int),
+        ("master_addr", ctypes.c_char * ELECT_ADDR_MAX),
+        ("master_port", ctypes.c_int),
+        ("run_id", ctypes.c_char * ELECT_ID_MAX),
+        ("host", ctypes.c_char * ELECT_HOST_MAX),
+        ("ifname", ctypes.c_char * ELECT_IFNAME_MAX),
+    ]
+
+
+class GpuRequest(ctypes.Structure):
+    """tsp_gpu_request_t (gpu.h)."""
+
+    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
+                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
+
+
+class GpuAssignment(ctypes.Structure):
+    """tsp_gpu_assignment_t (gpu.h)."""
+
+    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
+                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
+                ("warnings", ctypes.c_char * 2048)]
+
+
+def _signatures() -> Dict[str, Tuple[object, List[object]]]:
+    """name -> (restype, argtypes) of every C function the glue calls."""
+    vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
+    sz, lng, P = ctypes.c_size_t, ctypes.c_long, ctypes.POINTER
+    err = [c, sz]  # a caller's buffer for the error sentence
+    return {
+        # common.h
+        "tsp_strerror": (c, [i]),
+        "tsp_version": (c, []),
+        # elect.h
+        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC)] + err),
+        "tsp_elect_release_port": (None, [P(PortReservationC)]),
+        "tsp_elect_route_source": (i, [c, c, sz] + err),
+        "tsp_elect_ifname_of": (i, [c, c, sz]),
+        "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
+        "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
+        # logserver.h
+        "tsp_logserver_new": (vp, [c, i, c, u] + err),
+        "tsp_logserver_port": (i, [vp]),
+        "tsp_logserver_host": (c, [vp]),
+        "tsp_logserver_secret": (None, [vp, c]),
+        "tsp_logserver_pull": (i, [vp, P(LogLine), i, i]),
+        "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
+        "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
+        "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
+        "tsp_logserver_dropped": (i, [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
+        "tsp_logserver_stats": (None, [vp, P(LogStats)]),
+        "tsp_logserver_expect_output": (i, [vp, c]),
+        "tsp_logserver_output_wait": (i, [vp, i]),
+        "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
+        "tsp_logserver_output_error": (c, [vp]),
+        "tsp_logserver_failure": (lng, [vp, c, sz, i]),
+        "tsp_logserver_stop_all": (i, [vp, c]),
+        "tsp_logserver_lost_pending": (i, [vp]),
+        "tsp_logserver_shutdown": (i, [vp, i]),
+        "tsp_logserver_free": (None, [vp]),
+        # gpu.h
+        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
+        # output.h (the agent's sender; the benchmarks call it in-process)
+        "tsp_output_opts_init": (None, [vp]),
+        "tsp_output_send": (i, [vp, c] + err),
+    }
 
 
 def _checkout_build_dir() -> Optional[str]:
@@ -59,14 +167,32 @@ def agent_path() -> str:
     )
 
 
+def jar_path() -> str:
+    """torchspark.jar (the JVM classes, TorchSparkPlugin included, with the native files for
+    linux-x86_64), for ``spark.jars``: $TORCHSPARK_JAR, the copy in this wheel, or a
+    checkout's build/java."""
+    candidates = _candidates("TORCHSPARK_JAR", JAR_NAME, "java")
+    for c in candidates:
+        if os.path.isfile(c):
+            return c
+    raise FileNotFoundError(
+        f"{JAR_NAME} was not found (looked at: {', '.join(candidates)}): build it with CMake "
+        "(needs javac 17 and the pyspark package; see docs/jvm.md) and reinstall torchspark"
+    )
+
+
 _lib: Optional[ctypes.CDLL] = None
 _lib_lock = threading.Lock()
 
 
 def load_library() -> ctypes.CDLL:
-    """Loads libtorchspark.so once per process."""
+    """libtorchspark.so, loaded once per process, every signature of the table declared."""
     global _lib
     with _lib_lock:
         if _lib is None:
-            _lib = ctypes.CDLL(library_path())
+            lib = ctypes.CDLL(library_path())
+            for name, (res, args) in _signatures().items():
+                fn = getattr(lib, name)
+                fn.restype, fn.argtypes = res, args
+            _lib = lib
         return _lib

@@ -13,27 +13,30 @@ notebook)::
     srv.close()                           # drains connected agents
     srv.write_to(sys.stderr, timeout_ms=0)
 
-The library is looked up in this order: ``$TORCHSPARK_LIBRARY`` (or ``$TORCHSPARK_LIB``, as
-``_lib`` reads it), ``torchspark/_bin/`` next to this module (the wheel's copy, beside the
-agent), then ``build/lib/libtorchspark.so`` of a checkout.
+Lines reach users with one prefix, formatted by the library (``tsp_lines_prefix`` in
+native/src/lines.c, the same code as the agent's local fallback): ``[rank N] text``, and
+``[rank N] [stderr] text`` for stderr lines where both streams go to one place; the log
+server's own messages read ``[torchspark] text``. The library is found and loaded by
+:mod:`torchspark._lib`.
 """
 from __future__ import annotations
 
 import ctypes
 import json
-import os
 import threading
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
-__all__ = ["Line", "LogServer", "format_line", "load_library", "STDOUT", "STDERR", "EVENT",
-           "CONTINUED", "NO_EOL", "SECRET_ENV"]
+from torchspark._lib import LogLine as _LogLine
+from torchspark._lib import LogStats as _Stats
+from torchspark._lib import load_library
+
+__all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
+           "STDERR", "EVENT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
 
 STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
 CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline
 SECRET_ENV = "TORCHSPARK_LOG_SECRET"
-DEFAULT_PREFIX = "[rank {rank}] "
-DEFAULT_STDERR_MARKER = "[stderr] "
 
 
 class Line(NamedTuple):
@@ -45,110 +48,39 @@ class Line(NamedTuple):
     data: bytes
 
 
-def format_line(line: Line, fmt: str = DEFAULT_PREFIX,
-                stderr_marker: str = DEFAULT_STDERR_MARKER, errors: str = "replace") -> str:
+def line_prefix(rank: int, stream: int = STDOUT, fmt: Optional[str] = None,
+                stderr_marker: Optional[str] = None) -> str:
+    """The prefix of a line of ``rank``: ``fmt`` with ``{rank}`` expanded (the only field;
+    None: ``"[rank {rank}] "``), then ``stderr_marker`` for a stderr line (None:
+    ``"[stderr] "``); ``"[torchspark] "`` for the server's events. Formatted by the
+    library, like every prefix users see."""
+    lib = load_library()
+    args = (_enc(fmt), _enc(stderr_marker), rank, stream)
+    buf = ctypes.create_string_buffer(256)
+    n = lib.tsp_logserver_format_prefix(buf, len(buf), *args)
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.tsp_logserver_format_prefix(buf, len(buf), *args)
+    return buf.value.decode("utf-8", "replace")
+
+
+def _enc(text: Optional[str]) -> Optional[bytes]:
+    return None if text is None else text.encode()
+
+
+def format_line(line: Line, fmt: Optional[str] = None,
+                stderr_marker: Optional[str] = None, errors: str = "replace") -> str:
     """``"[rank N] text"`` (stdout), ``"[rank N] [stderr] text"`` (stderr), no newline.
 
-    ``fmt`` is a ``str.format`` template with ``{rank}``; invalid UTF-8 is shown with
-    ``errors`` (default: replacement characters). A ``\\r`` stays, so progress bars render.
+    ``fmt`` is a template where ``{rank}`` expands; invalid UTF-8 is shown with ``errors``
+    (default: replacement characters). A ``\\r`` stays, so progress bars render.
     """
-    prefix = fmt.format(rank=line.rank)
-    if line.stream == STDERR:
-        prefix += stderr_marker
-    elif line.stream == EVENT:
-        prefix = "[torchspark] "
-    return prefix + line.data.decode("utf-8", errors)
+    return (line_prefix(line.rank, line.stream, fmt, stderr_marker)
+            + line.data.decode("utf-8", errors))
 
 
 # Room for one batch of formatted text: a 1 MiB line plus its prefix always fits.
 _TEXT_BUF = 4 << 20
-
-
-def _native_template(fmt: str) -> bool:
-    """True when ``fmt`` uses no ``str.format`` feature beyond ``{rank}``, so that the
-    native formatter (which expands only ``{rank}``) gives the same text."""
-    rest = fmt.replace("{rank}", "")
-    return "{" not in rest and "}" not in rest
-
-
-class _LogLine(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("len", ctypes.c_uint32), ("rank", ctypes.c_int32),
-                ("stream", ctypes.c_uint8), ("flags", ctypes.c_uint8),
-                ("reserved", ctypes.c_uint16)]
-
-
-class _Stats(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "accepted", "authenticated", "rejected", "lines", "bytes", "duplicates", "connected",
-        "queued_bytes")]
-
-
-_lib: Optional[ctypes.CDLL] = None
-_lib_lock = threading.Lock()
-
-
-def _candidates() -> List[Path]:
-    here = Path(__file__).resolve().parent
-    found = []
-    for var in ("TORCHSPARK_LIBRARY", "TORCHSPARK_LIB"):
-        if os.environ.get(var):
-            found.append(Path(os.environ[var]))
-    found.append(here / "_bin" / "libtorchspark.so")
-    for up in here.parents:  # a checkout: <root>/spark-glue/python/torchspark
-        if (up / "CMakeLists.txt").exists() and (up / "native").is_dir():
-            found.append(up / "build" / "lib" / "libtorchspark.so")
-            break
-    return found
-
-
-def load_library(path: Optional[str] = None) -> ctypes.CDLL:
-    """Loads libtorchspark once per process and declares the C signatures."""
-    global _lib
-    with _lib_lock:
-        if _lib is not None and path is None:
-            return _lib
-        tried = [Path(path)] if path else _candidates()
-        for cand in tried:
-            if cand.is_file():
-                lib = ctypes.CDLL(str(cand))
-                break
-        else:
-            raise OSError("libtorchspark.so not found (tried: %s); build it with "
-                          "`cmake --build build` or set TORCHSPARK_LIBRARY"
-                          % ", ".join(str(p) for p in tried))
-        vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
-        sig = {
-            "tsp_logserver_new": (vp, [c, i, c, u, c, ctypes.c_size_t]),
-            "tsp_logserver_port": (i, [vp]),
-            "tsp_logserver_host": (c, [vp]),
-            "tsp_logserver_secret": (None, [vp, c]),
-            "tsp_logserver_pull": (i, [vp, ctypes.POINTER(_LogLine), i, i]),
-            "tsp_logserver_pull_text": (ctypes.c_long, [vp, vp, ctypes.c_size_t, i, i, c, c,
-                                                         ctypes.POINTER(i)]),
-            "tsp_logserver_tail": (ctypes.c_long, [vp, i, i, c, ctypes.c_size_t]),
-            "tsp_logserver_dropped": (i, [vp, ctypes.POINTER(ctypes.c_int32),
-                                          ctypes.POINTER(ctypes.c_uint64), i]),
-            "tsp_logserver_stats": (None, [vp, ctypes.POINTER(_Stats)]),
-            "tsp_logserver_expect_output": (i, [vp, c]),
-            "tsp_logserver_output_wait": (i, [vp, i]),
-            "tsp_logserver_output_data": (i, [vp, ctypes.POINTER(vp),
-                                              ctypes.POINTER(ctypes.c_uint64)]),
-            "tsp_logserver_output_error": (c, [vp]),
-            "tsp_logserver_failure": (ctypes.c_long, [vp, c, ctypes.c_size_t, i]),
-            "tsp_logserver_stop_all": (i, [vp, c]),
-            "tsp_logserver_lost_pending": (i, [vp]),
-            "tsp_logserver_shutdown": (i, [vp, i]),
-            "tsp_logserver_free": (None, [vp]),
-            "tsp_strerror": (c, [i]),
-            "tsp_output_opts_init": (None, [vp]),
-            "tsp_output_send": (i, [vp, c, c, ctypes.c_size_t]),
-        }
-        for name, (res, args) in sig.items():
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        if path is None:
-            _lib = lib
-        return lib
 
 
 class LogServer:
@@ -225,34 +157,29 @@ class LogServer:
             return out
 
     def read_text(self, max_lines: int = 4096, timeout_ms: int = 200,
-                  fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> str:
+                  fmt: Optional[str] = None, stderr_marker: Optional[str] = None) -> str:
         """Up to ``max_lines`` lines formatted as :func:`format_line` does, each followed by
         a newline (none after a CONTINUED piece), as one string ("" on timeout).
 
         The batch is formatted natively and decoded once, so the cost per line stays in C.
-        A ``fmt`` with more than ``{rank}`` in braces is formatted line by line in Python.
         """
         return self._read_text(max_lines, timeout_ms, fmt, stderr_marker)[0]
 
-    def _read_text(self, max_lines: int, timeout_ms: int, fmt: str,
-                   stderr_marker: str) -> Tuple[str, int]:
-        if not _native_template(fmt):
-            lines = self.pull(max_lines, timeout_ms)
-            return "".join(format_line(ln, fmt, stderr_marker)
-                           + ("" if ln.flags & CONTINUED else "\n") for ln in lines), len(lines)
+    def _read_text(self, max_lines: int, timeout_ms: int, fmt: Optional[str],
+                   stderr_marker: Optional[str]) -> Tuple[str, int]:
         with self._pull_lock:
             if self._text is None:
                 self._text = ctypes.create_string_buffer(_TEXT_BUF)
             count = ctypes.c_int(0)
             n = self._lib.tsp_logserver_pull_text(
                 self._h, ctypes.addressof(self._text), _TEXT_BUF, max_lines, timeout_ms,
-                fmt.encode(), stderr_marker.encode(), ctypes.byref(count))
+                _enc(fmt), _enc(stderr_marker), ctypes.byref(count))
             if n <= 0:
                 return "", 0
             return ctypes.string_at(self._text, n).decode("utf-8", "replace"), count.value
 
     def write_to(self, stream: TextIO, max_lines: int = 4096, timeout_ms: int = 200,
-                 fmt: str = DEFAULT_PREFIX, stderr_marker: str = DEFAULT_STDERR_MARKER) -> int:
+                 fmt: Optional[str] = None, stderr_marker: Optional[str] = None) -> int:
         """Pulls one batch and writes it formatted (one write, then flush). Returns the
         number of lines (and CONTINUED pieces) taken."""
         text, count = self._read_text(max_lines, timeout_ms, fmt, stderr_marker)

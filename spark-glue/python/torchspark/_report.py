@@ -1,6 +1,13 @@
-"""The failure report: what failed (rank, host, exit code or signal, the agent's
-error-file message, the last lines of output), carried from a barrier task to the driver
+"""The failure report: what failed (rank, host, exit code or signal, the worker's error
+and whole traceback, the last lines of output), carried from a barrier task to the driver
 inside the task's exception text, and turned into one readable message.
+
+It is built from the agent's failure document (its --error-file JSON, the same text the
+agent sends the driver; native/src/report.h owns it): the traceback there is the worker's
+whole traceback, chained causes included, already capped by the agent (200 lines: the
+first and last 100; docs/cli.md), and shown here as it is. The exit status follows the
+agent's one rule: the document's "exitcode"/"signal"; without a document, the agent's own
+status, 128 + signal when it was killed (:func:`exit_status`).
 
 Carrier: a line ``TORCHSPARK-FAILURE-REPORT-V1:<base64 JSON>`` in the task's exception
 message; Spark copies that message into the job's failure, where the driver finds it.
@@ -14,9 +21,10 @@ import re
 import signal as _signal
 from typing import Dict, Iterable, List, Optional
 
+from torchspark import _native
+
 MARKER = "TORCHSPARK-FAILURE-REPORT-V1:"
 _MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")
-MESSAGE_LINES = 40
 TAIL_IN_MESSAGE = 20
 
 
@@ -24,8 +32,9 @@ class TorchDistributorError(RuntimeError):
     """Raised by TorchDistributor.run() when training failed on any rank.
 
     Attributes name the root cause: ``rank``, ``node_rank``, ``local_rank``, ``host``,
-    ``exitcode``, ``signal`` (0 when none), ``error_message`` (from the rank's error
-    file), ``output_tail`` (its last output lines) and ``report`` (all of it, a dict).
+    ``exitcode``, ``signal`` (0 when none), ``error_message`` (the rank's error, one
+    line), ``traceback`` (its whole traceback, chained causes included, capped at 200
+    lines), ``output_tail`` (its last output lines) and ``report`` (all of it, a dict).
     The Spark exception, when there is one, is the ``__cause__``.
     """
 
@@ -40,28 +49,35 @@ class TorchDistributorError(RuntimeError):
         self.exitcode = report.get("exitcode")
         self.signal = report.get("signal") or 0
         self.error_message = report.get("message")
+        self.traceback = report.get("traceback")
         self.output_tail: List[str] = list(report.get("tail") or [])
 
 
-def _error_file_message(data: Optional[Dict]) -> Optional[str]:
-    if not data:
-        return None
-    msg = data.get("message")
+def _error_file_text(data: Optional[Dict]) -> "tuple[Optional[str], Optional[str]]":
+    """(message, traceback) of a failure document (torchelastic's layout)."""
+    msg = (data or {}).get("message")
     if isinstance(msg, dict):
-        text = msg.get("message")
-        extra = msg.get("extraInfo") or {}
+        extra = msg.get("extraInfo")
         stack = extra.get("py_callstack") if isinstance(extra, dict) else None
-        if stack and isinstance(stack, str) and (not text or text not in stack):
-            return f"{text}\n{stack}" if text else stack
-        return str(text) if text is not None else None
-    return str(msg) if msg is not None else None
+        text = msg.get("message")
+        return (str(text) if text is not None else None,
+                stack if isinstance(stack, str) and stack else None)
+    return (str(msg) if msg is not None else None), None
+
+
+def exit_status(returncode: int) -> "tuple[int, int]":
+    """(exit status, signal) as the shell reports a process's end, the agent's rule
+    (tsp_proc_exit_code): the exit code, or 128 + signal for a Popen returncode of -signal."""
+    if returncode < 0:
+        return 128 - returncode, -returncode
+    return returncode, 0
 
 
 def rank_tail(lines: List[str], rank: Optional[int]) -> List[str]:
-    """The lines of one rank (by the agent's "[rankR]: " prefix), else all of them."""
+    """The lines of one rank (by their "[rank R] " prefix), else all of them."""
     if rank is None:
         return lines
-    prefix = f"[rank{rank}]: "
+    prefix = _native.line_prefix(rank)
     mine = [ln for ln in lines if ln.startswith(prefix)]
     return mine or lines
 
@@ -70,15 +86,15 @@ def build(*, node_rank: int, host: str, returncode: int, tail: Iterable[str],
           error_file: Optional[Dict], nproc_per_node: int) -> Dict:
     """A report from one agent's exit status, output tail and --error-file JSON."""
     ts = (error_file or {}).get("torchspark") or {}
-    exitcode = ts.get("exitcode", returncode if returncode >= 0 else 128 - returncode)
-    sig = ts.get("signal", -returncode if returncode < 0 else 0)
-    if not sig and isinstance(exitcode, int) and exitcode > 128 and "signal" not in ts:
-        sig = exitcode - 128
+    status, sig = exit_status(returncode)
+    exitcode = ts.get("exitcode", status)
+    sig = ts.get("signal", sig)
     local_rank = ts.get("local_rank")
     rank = ts.get("rank")
     if rank is None and nproc_per_node == 1:
         rank, local_rank = node_rank, 0
     tail = rank_tail(list(tail), rank)
+    message, traceback = _error_file_text(error_file)
     return {
         "version": 1,
         "node_rank": ts.get("node_rank", node_rank),
@@ -89,7 +105,8 @@ def build(*, node_rank: int, host: str, returncode: int, tail: Iterable[str],
         "exitcode": exitcode,
         "signal": sig or 0,
         "time": ts.get("time"),
-        "message": _error_file_message(error_file),
+        "message": message,
+        "traceback": traceback,
         "agent_exitcode": returncode,
         "tail": list(tail),
     }
@@ -136,13 +153,10 @@ def _who(report: Dict) -> str:
 def format_message(report: Dict, mode: str, tail: Optional[List[str]] = None) -> str:
     """One message naming the root cause; tail overrides the report's own tail."""
     lines = [f"TorchDistributor ({mode}) failed: {_who(report)} {_what(report)}."]
-    msg = report.get("message")
-    if msg:
-        msg_lines = str(msg).rstrip().splitlines()
-        if len(msg_lines) > MESSAGE_LINES:
-            msg_lines = msg_lines[:MESSAGE_LINES // 2] + ["  ..."] + msg_lines[-MESSAGE_LINES // 2:]
+    text = report.get("traceback") or report.get("message")
+    if text:
         lines.append("Error:")
-        lines += ["  " + ln for ln in msg_lines]
+        lines += ["  " + ln for ln in str(text).rstrip().splitlines()]
     out = tail if tail is not None else list(report.get("tail") or [])
     out = out[-TAIL_IN_MESSAGE:]
     rank = report.get("rank")

@@ -7,8 +7,8 @@ runs the torchspark-run agent with the topology and waits for it.
 """
 from __future__ import annotations
 
+import ctypes
 import os
-import re
 import shutil
 import socket
 import sys
@@ -16,34 +16,28 @@ import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
 from torchspark import _elect, _launch, _report
+from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
-_GPU_ADDR = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
-def gpus_owned(addresses: List[str], visible: Optional[str]) -> List[str]:
-    """Spark GPU addresses -> CUDA_VISIBLE_DEVICES entries. With an existing mask the
-    addresses are indices into it (PySpark's rule); the error texts are PySpark's."""
-    if any(not _GPU_ADDR.match(a) for a in addresses):
-        raise ValueError(
-            f"Found GPU addresses {addresses} which "
-            "are not all in the correct format "
-            "for CUDA_VISIBLE_DEVICES, which requires "
-            "integers with no zero padding."
-        )
-    if visible is None:
-        return list(addresses)
-    mask = visible.split(",")
-    try:
-        return [mask[int(a)] for a in addresses]
-    except IndexError:
-        raise ValueError(
-            f"GPU addresses {addresses} given by Spark do not fit into "
-            f"CUDA_VISIBLE_DEVICES={visible!r} on host {socket.gethostname()}: set the "
-            "executors' CUDA_VISIBLE_DEVICES to all the GPUs Spark may assign, or unset it"
-        ) from None
+def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
+               host: Optional[str] = None) -> List[str]:
+    """Spark GPU addresses + the CUDA_VISIBLE_DEVICES they were given under -> the workers'
+    entries, by the native rules R0-R8 (native/src/gpu.c, docs/gpu.md): the agent applies
+    the same function to its --gpus. ValueError with the rule's message on a refusal (the
+    stock text for malformed addresses)."""
+    req = GpuRequest(",".join(addresses).encode(),
+                      None if visible is None else visible.encode(), task.encode(),
+                      host.encode() if host else None)
+    out = GpuAssignment()
+    err = ctypes.create_string_buffer(4096)
+    if load_library().tsp_gpu_assign(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
+        raise ValueError(err.value.decode("utf-8", errors="replace"))
+    mask = out.mask.decode()
+    return mask.split(",") if mask else []
 
 
 def _host_of(address: str) -> str:
@@ -78,15 +72,18 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
     nnodes = len(hosts)
     env = dict(os.environ)
+    env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
 
+    gpus: Optional[List[str]] = None
     if spec["use_gpu"]:
+        # Spark's raw addresses: the agent assigns them against the executor's own
+        # CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8 in docs/gpu.md), which it inherits as is.
         if spec["local_master"]:
-            k = spec["gpus_per_task"]
+            k = spec["gpus_per_task"]  # the driver checked that every slice is whole (G11)
             gpus = spec["driver_gpus"][node_rank * k:(node_rank + 1) * k]
         else:
-            gpus = gpus_owned(ctx.resources()["gpu"].addresses,
-                              os.environ.get(CUDA_VISIBLE_DEVICES))
-        env[CUDA_VISIBLE_DEVICES] = ",".join(gpus)
+            res = ctx.resources().get(spec.get("gpu_resource", "gpu"))
+            gpus = list(res.addresses) if res is not None else []
         nproc = max(1, len(gpus))
     else:
         env[CUDA_VISIBLE_DEVICES] = ""
@@ -104,7 +101,7 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
         if ifname:
             for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
-        out_file = _run_agent(spec, env, workdir, node_rank, nnodes, nproc, record)
+        out_file = _run_agent(spec, env, workdir, node_rank, nnodes, nproc, record, gpus)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -122,7 +119,8 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
 
 
 def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_rank: int,
-               nnodes: int, nproc: int, record: "_elect.Record") -> Optional[str]:
+               nnodes: int, nproc: int, record: "_elect.Record",
+               gpus: Optional[List[str]] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
     the result file to send through collect(), or None; raises with a failure report."""
     error_file = os.path.join(workdir, "error.json")
@@ -143,7 +141,8 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         standalone=False, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
         master_addr=record.master_addr, master_port=record.master_port,
         run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
-        output_file=out_file if ship else None, program=program)
+        output_file=out_file if ship else None, program=program,
+        gpus=None if gpus is None else ",".join(gpus))
 
     def echo(line: str) -> None:
         # The executor's own log keeps every line, with or without the channel.

@@ -15,21 +15,15 @@ import socket
 import sys
 import tempfile
 import textwrap
-import threading
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Union
 
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _boot, _job, _launch, _report, _ship
+from torchspark import _boot, _job, _launch, _native, _report, _ship
+from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
-from torchspark._task import CUDA_VISIBLE_DEVICES, gpus_owned
-
-try:  # the native log channel (torchspark/_native.py); optional until it is built
-    from torchspark import _native  # type: ignore[attr-defined]
-except Exception:  # pragma: no cover - depends on the build
-    _native = None  # type: ignore[assignment]
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -62,57 +56,6 @@ def _get_resources(session: SparkSession) -> Dict[str, Any]:
         return session.sparkContext.resources
     except Exception:
         return session._client._resources()  # type: ignore[attr-defined]
-
-
-class _LogPump:
-    """Moves lines from the native log server to sys.stderr (looked up at each write,
-    so a notebook's replacement stream gets them), rank-prefixed, in one thread."""
-
-    _print_lock = threading.Lock()
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="torchspark-log-pump")
-        self._thread.start()
-
-    @staticmethod
-    def _format(line: Any) -> str:
-        fmt = getattr(_native, "format_line", None)
-        if fmt is not None:
-            text = fmt(line)
-            if isinstance(text, bytes):
-                text = text.decode("utf-8", errors="replace")
-        else:
-            data = line.data.decode("utf-8", errors="replace")
-            text = f"[rank{line.rank}]: {data}"
-        return text if text.endswith("\n") else text + "\n"
-
-    def _drain_once(self, timeout_ms: int) -> int:
-        read_text = getattr(self.server, "read_text", None)
-        if read_text is not None:  # formatted natively: no Python work per line
-            text = read_text(4096, timeout_ms)
-        else:
-            text = "".join(self._format(ln) for ln in self.server.pull(1000, timeout_ms))
-        if text:
-            with self._print_lock:
-                sys.stderr.write(text)
-                sys.stderr.flush()
-        return len(text)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._drain_once(200)
-            while self._drain_once(0):
-                pass
-        except Exception as e:  # never fail training because of logging
-            sys.stderr.write(f"torchspark: log channel reader stopped: {e!r}\n")
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
 
 
 class TorchDistributor:
@@ -251,13 +194,8 @@ class TorchDistributor:
         return self._run_distributed_training(train_object, fn_bytes, script_args)
 
     def _start_log_server(self, host: str) -> Any:
-        """The native log server bound to host, or None (with a WARNING) when the channel
-        cannot be used at all."""
-        if _native is None or not hasattr(_native, "LogServer"):
-            self.logger.warning("torchspark's native log channel is not available in this "
-                                "installation: worker output goes to the agents' own output "
-                                "and rank 0's result travels through collect()")
-            return None
+        """The native log server bound to host, or None (with a WARNING) when it cannot
+        start."""
         try:
             return _native.LogServer(host=host, port=0)
         except Exception as e:
@@ -285,11 +223,12 @@ class TorchDistributor:
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         env = dict(os.environ)  # os.environ itself is never changed
+        gpus = None
         if self.use_gpu and not self.is_remote:
-            owned = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
-                               os.environ.get(CUDA_VISIBLE_DEVICES))
-            # The first num_processes GPUs: deterministic, and no global RNG is touched.
-            env[CUDA_VISIBLE_DEVICES] = ",".join(owned[: self.num_processes])
+            # The first num_processes of the driver's GPUs: deterministic, and no global RNG
+            # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
+            owned = list(_get_resources(self.spark)["gpu"].addresses)
+            gpus = ",".join(owned[: self.num_processes])
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = None
         try:
@@ -311,7 +250,7 @@ class TorchDistributor:
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
-                                        program=program)
+                                        program=program, gpus=gpus)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
             res = _launch.Agent(cmd, env, echo=echo).run(error_file)
@@ -374,8 +313,16 @@ class TorchDistributor:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus: List[str] = []
         if self.is_spark_local_master and self.use_gpu:
-            driver_gpus = gpus_owned(_get_resources(self.spark)["gpu"].addresses,
-                                     os.environ.get(CUDA_VISIBLE_DEVICES))
+            # Each task takes its own k of the driver's GPUs (raw addresses: its agent
+            # assigns them against the mask it inherits); too few is an error, not a CPU run.
+            driver_gpus = list(_get_resources(self.spark)["gpu"].addresses)
+            need = self.num_tasks * self._gpus_per_task
+            if len(driver_gpus) < need:
+                raise RuntimeError(
+                    f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
+                    f"need {need} driver GPUs, but the driver has {len(driver_gpus)}: "
+                    f"{driver_gpus}; lower num_processes or raise "
+                    "spark.driver.resource.gpu.amount")
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
@@ -508,7 +455,7 @@ class TorchDistributor:
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
-            tail += [f"[rank{rank}]: {ln}" for ln in got]
+            tail += [_native.line_prefix(rank) + ln for ln in got]
         if tail:
             lines.append(f"Last {len(tail)} lines of node {node}'s output:")
             lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]

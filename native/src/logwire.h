@@ -1,17 +1,13 @@
-/* torchspark/logwire.h: the framing of the driver log channel (docs/protocol.md, part 1).
+/* logwire.h (internal): the framing of the driver log channel (docs/protocol.md, part 1).
  *
  * Pure pack/unpack functions over byte buffers, big-endian, capped, versioned; the
  * HMAC-SHA256 handshake transcript. No I/O here, so the decoders can be fuzzed alone.
  */
-#ifndef TORCHSPARK_LOGWIRE_H
-#define TORCHSPARK_LOGWIRE_H
+#ifndef TSP_LOGWIRE_H
+#define TSP_LOGWIRE_H
 
 #include <stdint.h>
 #include "torchspark/common.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 #define TSP_WIRE_VERSION 1
 #define TSP_WIRE_HDR_LEN 12u
@@ -21,7 +17,7 @@ extern "C" {
 #define TSP_WIRE_MAX_TEXT 1024u
 #define TSP_WIRE_MAX_RANK ((1 << 24) - 1)
 #define TSP_WIRE_MAX_EVENT (64u * 1024u) /* the JSON of one EVENT frame */
-#define TSP_WIRE_SECRET_LEN 32u
+#define TSP_WIRE_SECRET_LEN TSP_SECRET_LEN
 #define TSP_WIRE_NONCE_LEN 32u
 #define TSP_WIRE_MAC_LEN 32u
 #define TSP_WIRE_RUNID_LEN 16u
@@ -29,6 +25,12 @@ extern "C" {
 #define TSP_WIRE_HELLO_FIXED 77u /* HELLO payload without the host name */
 #define TSP_WIRE_HELLO_MAX (TSP_WIRE_HELLO_FIXED + 255u)
 #define TSP_WIRE_CHALLENGE_LEN 34u
+/* TCP keepalive of the driver's accepted sockets (protocol 1.7): a silent peer is dead
+ * after about 5 s. */
+#define TSP_WIRE_KEEPIDLE_S 2
+#define TSP_WIRE_KEEPINTVL_S 1
+#define TSP_WIRE_KEEPCNT 3
+#define TSP_WIRE_USER_TIMEOUT_MS 5000u
 /* The largest payload of any frame type after the handshake: a LINE (seq + text). */
 #define TSP_WIRE_MAX_PAYLOAD (8u + TSP_WIRE_MAX_LINE)
 
@@ -79,53 +81,46 @@ typedef struct tsp_wire_hello {
 } tsp_wire_hello_t;
 
 /* Packs a header into 12 bytes. */
-TSP_EXTERN void tsp_wire_hdr_pack(uint8_t out[TSP_WIRE_HDR_LEN], const tsp_wire_hdr_t *h);
+void tsp_wire_hdr_pack(uint8_t out[TSP_WIRE_HDR_LEN], const tsp_wire_hdr_t *h);
 /* Unpacks and checks a header: known type, reserved byte 0, the type's payload size
  * rules, and length <= cap (pass TSP_WIRE_MAX_HANDSHAKE before authentication).
  * 0; -EAGAIN when len < 12 (need more bytes); -EBADMSG malformed; -EMSGSIZE over cap.
  * err (may be NULL) receives a sentence on failure. */
-TSP_EXTERN int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint32_t cap,
-                                   char *err, size_t errlen);
+int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint32_t cap, char *err,
+                        size_t errlen);
 
 /* HELLO payload: returns its length (<= TSP_WIRE_HELLO_MAX), or -EINVAL. */
-TSP_EXTERN int tsp_wire_hello_pack(uint8_t *out, size_t outlen, const tsp_wire_hello_t *h);
+int tsp_wire_hello_pack(uint8_t *out, size_t outlen, const tsp_wire_hello_t *h);
 /* 0; -EPROTO bad magic; -EPROTONOSUPPORT other version (h->version set); -EBADMSG size
  * or field errors. */
-TSP_EXTERN int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, char *err,
-                                     size_t errlen);
-TSP_EXTERN void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN],
-                                        const uint8_t nonce[TSP_WIRE_NONCE_LEN]);
+int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, char *err,
+                          size_t errlen);
+void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN],
+                             const uint8_t nonce[TSP_WIRE_NONCE_LEN]);
 /* 0, -EBADMSG (size), -EPROTONOSUPPORT (the driver speaks another version). */
-TSP_EXTERN int tsp_wire_challenge_unpack(uint16_t *version, uint8_t nonce[TSP_WIRE_NONCE_LEN],
-                                         const uint8_t *p, size_t len);
+int tsp_wire_challenge_unpack(uint16_t *version, uint8_t nonce[TSP_WIRE_NONCE_LEN],
+                              const uint8_t *p, size_t len);
 
-TSP_EXTERN void tsp_wire_put_u64(uint8_t out[8], uint64_t v);
-TSP_EXTERN uint64_t tsp_wire_get_u64(const uint8_t in[8]);
+void tsp_wire_put_u64(uint8_t out[8], uint64_t v);
+uint64_t tsp_wire_get_u64(const uint8_t in[8]);
 
 /* The run id of a secret (protocol 1.1). 0 or -EIO. */
-TSP_EXTERN int tsp_wire_run_id(const uint8_t secret[TSP_WIRE_SECRET_LEN],
-                               uint8_t out[TSP_WIRE_RUNID_LEN]);
+int tsp_wire_run_id(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t out[TSP_WIRE_RUNID_LEN]);
 /* The MAC of one side of the handshake (server_side 0: AUTH, 1: WELCOME). 0 or -EIO. */
-TSP_EXTERN int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side,
-                            const uint8_t *hello, size_t hello_len,
-                            const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
-                            uint8_t mac[TSP_WIRE_MAC_LEN]);
+int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side, const uint8_t *hello,
+                 size_t hello_len, const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
+                 uint8_t mac[TSP_WIRE_MAC_LEN]);
 /* Constant-time check of a received MAC: 0 or -EACCES. */
-TSP_EXTERN int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side,
-                                   const uint8_t *hello, size_t hello_len,
-                                   const uint8_t nonce_s[TSP_WIRE_NONCE_LEN], const uint8_t *mac,
-                                   size_t mac_len);
+int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side,
+                        const uint8_t *hello, size_t hello_len,
+                        const uint8_t nonce_s[TSP_WIRE_NONCE_LEN], const uint8_t *mac,
+                        size_t mac_len);
 
 /* 64 hex digits -> 32 bytes (whitespace around is not accepted). 0 or -EINVAL. */
-TSP_EXTERN int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN]);
+int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN]);
 /* 32 bytes -> 64 lowercase hex digits and a NUL. */
-TSP_EXTERN void tsp_wire_secret_hex(const uint8_t s[TSP_WIRE_SECRET_LEN], char out[65]);
-/* Fresh random bytes from OpenSSL's CSPRNG. 0 or -EIO. */
-TSP_EXTERN int tsp_wire_random(void *out, size_t len);
+void tsp_wire_secret_hex(const uint8_t s[TSP_WIRE_SECRET_LEN], char out[65]);
 /* Short name of a frame type for messages ("LINE", "?" when unknown). */
-TSP_EXTERN const char *tsp_wire_type_name(unsigned type);
+const char *tsp_wire_type_name(unsigned type);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -1,4 +1,4 @@
-/* torchspark/logclient.h: the agent side of the log channel (docs/protocol.md, part 1).
+/* logclient.h (internal): the agent side of the log channel (docs/protocol.md, part 1).
  *
  * A tsp_line_sink_t for the agent: write_line copies the line into a bounded in-memory
  * queue and never blocks. One sender thread per client connects, authenticates, sends,
@@ -17,18 +17,18 @@
  * but takes nothing for stall_ms while the writers wait is treated the same way (its
  * unacknowledged lines then go to the local output too, and may also reach the driver if
  * it ever reads them).
+ *
+ * Lifecycle of a tsp_logclient_t (opaque): tsp_logclient_opts_init(&o), then
+ * tsp_logclient_start() allocates it and starts the sender thread (it connects in the
+ * background); tsp_logclient_close() flushes, stops the thread and frees, in one call.
  */
-#ifndef TORCHSPARK_LOGCLIENT_H
-#define TORCHSPARK_LOGCLIENT_H
+#ifndef TSP_LOGCLIENT_H
+#define TSP_LOGCLIENT_H
 
 #include <stdint.h>
 #include "torchspark/common.h"
-#include "torchspark/lines.h"
-#include "torchspark/logwire.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "lines.h"
+#include "logwire.h"
 
 typedef struct tsp_logclient_opts {
     const char *host; /* the driver's log server */
@@ -46,6 +46,8 @@ typedef struct tsp_logclient_opts {
                                retry after as long again (default 60000; <= 0: never; the
                                CLI reads TORCHSPARK_LOG_STALL_TIMEOUT, seconds) */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
+    const char *log_prefix; /* the client's own warnings start with it (NULL: "torchspark: ";
+                               the CLI says "torchspark-run: ") */
     int local_err_fd;
     /* The control channel (docs/protocol.md 1.7), asked for unless no_control is set.
      * on_stop is called once, from the sender thread, when the driver says STOP (reason
@@ -68,34 +70,20 @@ typedef struct tsp_logclient_stats {
 
 typedef struct tsp_logclient tsp_logclient_t;
 
-TSP_EXTERN void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
-/* Parses "HOST:PORT" or "[V6]:PORT" into host (hostlen bytes) and port. 0 or -EINVAL. */
-TSP_EXTERN int tsp_logclient_parse_endpoint(const char *ep, char *host, size_t hostlen, int *port);
+void tsp_logclient_opts_init(tsp_logclient_opts_t *o);
 /* Starts the sender thread (it connects in the background). NULL with err on failure. */
-TSP_EXTERN tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err,
-                                                size_t errlen);
-/* For the CLI: endpoint "HOST:PORT", the secret as 64 hex digits (from the environment),
- * on_stop as in the options (may be NULL), defaults otherwise. NULL with a sentence in err
- * (bad endpoint or secret: -EINVAL). */
-TSP_EXTERN tsp_logclient_t *
-tsp_logclient_start_endpoint(const char *endpoint, const char *secret_hex, int node_rank, int drop,
-                             void (*on_stop)(void *ctx, int reason, const char *text, size_t len),
-                             void *on_stop_ctx, char *err, size_t errlen);
+tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, size_t errlen);
 /* The sink to hand to the agent; valid until tsp_logclient_close(). */
-TSP_EXTERN tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
-TSP_EXTERN void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
+tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
+void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
 /* Queues an EVENT (kind TSP_WIRE_EVENT_*, JSON of at most TSP_WIRE_MAX_EVENT bytes)
  * behind the lines written so far; tsp_logclient_close() flushes it like a line.
  * 0; -ENOTSUP when the driver did not accept the control channel; -ENOTCONN when no
  * driver was reached yet; -EMSGSIZE; -ENOMEM. */
-TSP_EXTERN int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json,
-                                   size_t len);
+int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len);
 /* Flushes (up to timeout_ms; what is left goes to the local fallback), says CLOSE, stops
  * the thread and frees. 0 when every line reached the driver (or was counted dropped),
  * -ETIMEDOUT or -ENOTCONN when some went to the local fallback instead. */
-TSP_EXTERN int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
+int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -1,4 +1,4 @@
-/* torchspark/lines.h: splitting a worker's byte stream into lines, and the sink that
+/* lines.h (internal): splitting a worker's byte stream into lines, and the sink that
  * the agent hands those lines to (console, log file, the driver's log channel).
  *
  * A line ends at '\n' (not included in the line). A '\r' stays inside the line, so a
@@ -7,20 +7,17 @@
  * at most cap bytes, each piece but the last flagged TSP_LINE_CONTINUED. The last bytes
  * of a stream without a final '\n' are flagged TSP_LINE_NO_EOL.
  */
-#ifndef TORCHSPARK_LINES_H
-#define TORCHSPARK_LINES_H
+#ifndef TSP_LINES_H
+#define TSP_LINES_H
 
 #include <stdint.h>
 #include "torchspark/common.h"
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-
 #define TSP_LINES_DEFAULT_CAP (1u << 20) /* 1 MiB: the documented line cap */
 #define TSP_LINES_MIN_CAP 16u
 
-enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2 };
+/* The log server also queues its own messages as lines of stream TSP_STREAM_EVENT. */
+enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2, TSP_STREAM_EVENT = 3 };
 enum {
     TSP_LINE_CONTINUED = 1u << 0, /* a piece of a longer line; more of it follows */
     TSP_LINE_NO_EOL = 1u << 1,    /* the stream ended without '\n' after this text */
@@ -46,6 +43,20 @@ typedef struct tsp_line_sink {
     int wake_fd;
 } tsp_line_sink_t;
 
+/* The one line prefix users see (docs/architecture.md, "Line prefix"): the template with
+ * "{rank}" expanded ("[rank 3] "), then, for a stderr line, the marker that tells the
+ * streams apart where both go to one place ("[rank 3] [stderr] "); the log server's own
+ * events (TSP_STREAM_EVENT) get "[torchspark] " instead. NULL template or marker: the
+ * defaults below; "" marker: none. Used by the driver's log server (pulled text, its fd
+ * sink), the agent's local fallback and, through tsp_logserver_format_prefix, Python. */
+#define TSP_LINES_PREFIX "[rank {rank}] "
+#define TSP_LINES_STDERR_MARKER "[stderr] "
+#define TSP_LINES_EVENT_PREFIX "[torchspark] "
+/* Writes the prefix into out (NUL-terminated, truncated to outlen) and returns the length
+ * of the whole prefix. */
+size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *marker,
+                        int32_t rank, unsigned stream);
+
 /* A per-stream reassembly buffer. Caller-owned; grows from a small size up to cap. */
 typedef struct tsp_lines {
     char *buf;
@@ -58,26 +69,23 @@ typedef struct tsp_lines {
     int eof;
 } tsp_lines_t;
 
-TSP_EXTERN int tsp_lines_init(tsp_lines_t *lb, size_t cap);
-TSP_EXTERN void tsp_lines_close(tsp_lines_t *lb);
+int tsp_lines_init(tsp_lines_t *lb, size_t cap);
+void tsp_lines_close(tsp_lines_t *lb);
 /* Reads once from fd (non-blocking fds welcome). Returns bytes read, 0 at EOF (and
  * marks the buffer ended), -EAGAIN, another -errno, or -ENOBUFS when a whole line is
  * pending and there is no room: take lines out first. */
-TSP_EXTERN long tsp_lines_read(tsp_lines_t *lb, int fd);
+long tsp_lines_read(tsp_lines_t *lb, int fd);
 /* Appends bytes (the same as a read that returned them). -ENOBUFS when they do not fit;
  * then nothing was appended. */
-TSP_EXTERN int tsp_lines_feed(tsp_lines_t *lb, const void *data, size_t len);
+int tsp_lines_feed(tsp_lines_t *lb, const void *data, size_t len);
 /* Marks the end of the stream: the remaining bytes become a last line. */
-TSP_EXTERN void tsp_lines_finish(tsp_lines_t *lb);
+void tsp_lines_finish(tsp_lines_t *lb);
 /* The next complete line, if any (1 found, 0 none). Points into the buffer until
  * tsp_lines_consume() or the next read. */
-TSP_EXTERN int tsp_lines_peek(tsp_lines_t *lb, const char **data, size_t *len, unsigned *flags);
+int tsp_lines_peek(tsp_lines_t *lb, const char **data, size_t *len, unsigned *flags);
 /* Drops the line that the last tsp_lines_peek() returned. */
-TSP_EXTERN void tsp_lines_consume(tsp_lines_t *lb);
+void tsp_lines_consume(tsp_lines_t *lb);
 /* 1 when nothing is buffered and the stream has ended. */
-TSP_EXTERN int tsp_lines_done(const tsp_lines_t *lb);
+int tsp_lines_done(const tsp_lines_t *lb);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -1,14 +1,10 @@
-/* torchspark/topo.h: the job's topology (nodes, processes per node, master) and the
+/* topo.h (internal): the job's topology (nodes, processes per node, master) and the
  * worker environment that torchrun scripts rely on. */
-#ifndef TORCHSPARK_TOPO_H
-#define TORCHSPARK_TOPO_H
+#ifndef TSP_TOPO_H
+#define TSP_TOPO_H
 
 #include "torchspark/common.h"
-#include "torchspark/env.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "env.h"
 
 #define TSP_TOPO_ADDR_MAX 256
 #define TSP_TOPO_ID_MAX 128
@@ -28,11 +24,11 @@ typedef struct tsp_topo {
 
 /* torchrun's defaults: 1 node, rank 0, 1 process, 127.0.0.1:29500, run id "none",
  * role "default", no restarts, no agent store. */
-TSP_EXTERN void tsp_topo_init(tsp_topo_t *t);
+void tsp_topo_init(tsp_topo_t *t);
 /* 0, or -EINVAL with a sentence in err naming the bad field. */
-TSP_EXTERN int tsp_topo_validate(const tsp_topo_t *t, char *err, size_t errlen);
-TSP_EXTERN int tsp_topo_world_size(const tsp_topo_t *t);
-TSP_EXTERN int tsp_topo_global_rank(const tsp_topo_t *t, int local_rank);
+int tsp_topo_validate(const tsp_topo_t *t, char *err, size_t errlen);
+int tsp_topo_world_size(const tsp_topo_t *t);
+int tsp_topo_global_rank(const tsp_topo_t *t, int local_rank);
 
 /* Sets, in env (which already holds the launcher's environment), every variable a
  * torchrun worker gets: LOCAL_RANK, RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME,
@@ -41,23 +37,17 @@ TSP_EXTERN int tsp_topo_global_rank(const tsp_topo_t *t, int local_rank);
  * TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE, TORCH_NCCL_ASYNC_ERROR_HANDLING,
  * TORCHELASTIC_SIGNALS_TO_HANDLE,
  * TORCHELASTIC_ERROR_FILE (when error_file is not NULL) and the OMP_NUM_THREADS rule. */
-TSP_EXTERN int tsp_topo_worker_env(const tsp_topo_t *t, int local_rank, int restart_count,
-                                   const char *error_file, tsp_env_t *env);
+int tsp_topo_worker_env(const tsp_topo_t *t, int local_rank, int restart_count,
+                        const char *error_file, tsp_env_t *env);
 
 /* True (1) when OMP_NUM_THREADS will be set to 1 for the workers (nproc > 1 and unset). */
-TSP_EXTERN int tsp_topo_sets_omp(const tsp_topo_t *t, char *const *launcher_env);
+int tsp_topo_sets_omp(const tsp_topo_t *t, char *const *launcher_env);
 
 /* Node rank and count from a batch launcher's environment, one agent per node:
  * SLURM_NODEID/SLURM_NNODES, OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE, PMI_RANK/PMI_SIZE
  * (in that order). Fills source with the names used ("SLURM_NODEID/SLURM_NNODES").
  * 0 when found, -ENOENT when none is set, -EINVAL (with err) when set but malformed. */
-TSP_EXTERN int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes, char *source,
-                                      size_t sourcelen, char *err, size_t errlen);
+int tsp_topo_from_launcher(char *const *envp, int *node_rank, int *nnodes, char *source,
+                           size_t sourcelen, char *err, size_t errlen);
 
-/* Parses a whole non-negative decimal int ("12"); -EINVAL otherwise, -ERANGE past INT_MAX. */
-TSP_EXTERN int tsp_parse_int(const char *s, int *out);
-
-#ifdef __cplusplus
-}
-#endif
 #endif

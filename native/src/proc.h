@@ -1,19 +1,15 @@
-/* torchspark/proc.h: starting one worker process and killing whole process trees.
+/* proc.h (internal): starting one worker process and killing whole process trees.
  *
  * A spawned child runs in a new session (its own process group, as torchrun's
  * start_new_session), with an empty signal mask and default dispositions, an optional
  * parent-death signal, and the errno of a failed exec sent back to the parent through
  * a close-on-exec pipe, so spawn fails with that errno instead of a child exiting 127.
  */
-#ifndef TORCHSPARK_PROC_H
-#define TORCHSPARK_PROC_H
+#ifndef TSP_PROC_H
+#define TSP_PROC_H
 
 #include <sys/types.h>
 #include "torchspark/common.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
 
 enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2 };
 
@@ -39,19 +35,16 @@ typedef struct tsp_proc {
 /* Starts a process. 0, or -errno: -ENOENT (not found), -EACCES (not executable) and
  * others from the child's execve; err then holds "cannot run '<file>': <reason>".
  * Pipe read ends are non-blocking and close-on-exec. */
-TSP_EXTERN int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen);
+int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen);
 /* Closes the pipe ends; does not wait or kill. */
-TSP_EXTERN void tsp_proc_close(tsp_proc_t *p);
+void tsp_proc_close(tsp_proc_t *p);
 
 /* Sends sig to every process whose parent chain leads to root (root excluded), found by
  * reading /proc. Returns how many were signalled. */
-TSP_EXTERN int tsp_proc_signal_descendants(pid_t root, int sig);
+int tsp_proc_signal_descendants(pid_t root, int sig);
 /* The shell's exit status of a wait status: the exit code, or 128 + signal number. */
-TSP_EXTERN int tsp_proc_exit_code(int wstatus);
+int tsp_proc_exit_code(int wstatus);
 /* The shell's status for an exec errno: 127 for not found, 126 otherwise. */
-TSP_EXTERN int tsp_proc_exec_status(int neg_errno);
+int tsp_proc_exec_status(int neg_errno);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

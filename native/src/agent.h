@@ -1,4 +1,4 @@
-/* torchspark/agent.h: the torchrun-equivalent node agent.
+/* agent.h (internal): the torchrun-equivalent node agent.
  *
  * The agent starts nproc_per_node workers and supervises them, event-driven (signalfd,
  * timerfd, epoll; no polling sleeps): worker output is read line by line and handed to
@@ -8,25 +8,23 @@
  * restarted up to max_restarts times; the root cause is reported in torchrun's
  * ChildFailedError layout and as JSON.
  *
- * Lifecycle: tsp_agent_setup_process() once per process, then init -> run -> close.
- * tsp_agent_stop() may be called from another thread or a signal handler.
+ * Lifecycle of a tsp_agent_t (opaque): tsp_agent_setup_process() once per process, then
+ * tsp_agent_init() allocates and validates, tsp_agent_run() starts the workers and blocks
+ * until every process is gone (start and wait in one call; an agent runs once),
+ * tsp_agent_close() frees. tsp_agent_stop() may be called meanwhile from another thread
+ * or a signal handler; it asks the running agent to stop its workers.
  */
-#ifndef TORCHSPARK_AGENT_H
-#define TORCHSPARK_AGENT_H
+#ifndef TSP_AGENT_H
+#define TSP_AGENT_H
 
 #include <sys/types.h>
 #include "torchspark/common.h"
-#include "torchspark/lines.h"
-#include "torchspark/topo.h"
-
-#ifdef __cplusplus
-extern "C" {
-#endif
+#include "lines.h"
+#include "report.h"
+#include "topo.h"
 
 /* Bits of the per-local-rank redirect / tee masks (torchrun's Std values). */
 enum { TSP_STD_OUT = 1, TSP_STD_ERR = 2 };
-
-struct tsp_failure;
 
 typedef struct tsp_agent_opts {
     tsp_topo_t topo;
@@ -44,24 +42,17 @@ typedef struct tsp_agent_opts {
     tsp_line_sink_t *sink;          /* every worker line also goes here; NULL: none */
     int console_out, console_err;   /* fds for worker output on the console (1, 2) */
     int log_fd;                     /* the agent's own messages (2) */
+    const char *log_prefix;         /* they start with it (NULL: "torchspark: "; the CLI's:
+                                       "torchspark-run: ") */
     const char
         *prefix_template; /* console prefix when tee'd; NULL: "[${role_name}${local_rank}]:" */
     /* Called once, from the agent's loop, when the run has failed for good (no restart
      * left), before the other workers are stopped, with the root cause; error_file has
      * been written by then. Lets a caller tell others (the driver) without waiting for
      * this node's own teardown. NULL: none. */
-    void (*on_failure)(void *ctx, const struct tsp_failure *root);
+    void (*on_failure)(void *ctx, const tsp_failure_t *root);
     void *on_failure_ctx;
 } tsp_agent_opts_t;
-
-typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_t */
-    int rank, local_rank;
-    pid_t pid;
-    int exitcode; /* torchrun's: the exit code, or -signal */
-    double time;  /* seconds since the epoch: the error file's timestamp, else observed */
-    int has_error_file;
-    char error_file[512];
-} tsp_failure_t;
 
 typedef struct tsp_agent tsp_agent_t;
 
@@ -70,23 +61,19 @@ typedef struct tsp_agent tsp_agent_t;
  * SIGPIPE, makes the process a child subreaper (orphaned grandchildren come back to us
  * to be killed and reaped), and, when pdeathsig is not 0, asks for that signal when the
  * parent dies. Returns -ESRCH when the parent already died (expected_ppid given). */
-TSP_EXTERN int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
+int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
 
 /* Allocates and validates. 0, or -errno with a sentence in err. */
-TSP_EXTERN int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err,
-                              size_t errlen);
+int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err, size_t errlen);
 /* Starts the workers and supervises them until every process is gone. Returns the exit
  * status: 0 on success, the root-cause worker's exit code or 128+signal on failure,
  * 128+signal when the agent was stopped by a signal, 127/126 when the program cannot be
  * run; a negative errno when the agent itself failed. */
-TSP_EXTERN int tsp_agent_run(tsp_agent_t *agent);
+int tsp_agent_run(tsp_agent_t *agent);
 /* Asks a running agent to stop its workers (as if it received sig). Async-signal-safe. */
-TSP_EXTERN int tsp_agent_stop(tsp_agent_t *agent, int sig);
+int tsp_agent_stop(tsp_agent_t *agent, int sig);
 /* The root cause after a failed run, or NULL. */
-TSP_EXTERN const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
-TSP_EXTERN void tsp_agent_close(tsp_agent_t *agent);
+const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
+void tsp_agent_close(tsp_agent_t *agent);
 
-#ifdef __cplusplus
-}
-#endif
 #endif

@@ -1,0 +1,97 @@
+/* logstate.h (internal): the state of the driver's log server and of each agent
+ * connection, shared by the files of its epoll thread: logsend.c (sending, events),
+ * logctl.c (the control channel), logconn.c (a connection's protocol) and logserver.c
+ * (the thread and the API). Types only. */
+#ifndef TSP_LOGSTATE_H
+#define TSP_LOGSTATE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "logqueue.h"
+#include "logwire.h"
+#include "outrecv.h"
+#include "torchspark/logserver.h"
+
+#define STOP_TEXT_MAX 400
+
+enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
+
+typedef struct agent_rec {
+    uint64_t id;
+    uint64_t seq; /* highest seq delivered */
+} agent_rec_t;
+
+typedef struct conn {
+    struct conn *next, *prev;
+    int fd;
+    int state;
+    int paused;     /* EPOLLIN off: the queue is full */
+    int want_out;   /* EPOLLOUT on: wbuf has bytes */
+    int registered; /* in the epoll set */
+    uint8_t *buf;
+    size_t cap, len;
+    uint32_t chunk_left; /* OUT_CHUNK payload bytes still to read straight from the socket */
+    uint8_t wbuf[2048];
+    size_t wlen;
+    uint8_t hello[TSP_WIRE_HELLO_MAX];
+    size_t hello_len;
+    uint8_t nonce_s[TSP_WIRE_NONCE_LEN];
+    tsp_wire_hello_t h;
+    size_t agent; /* index into agents */
+    uint64_t acked;
+    int64_t deadline; /* handshake or linger deadline (ms, monotonic) */
+    int control;      /* CONTROL granted (protocol 1.7) */
+    int stop_sent;
+    char peer[80];
+} conn_t;
+
+/* A LOGS connection that ended without CLOSE: lost unless its agent is back in time. */
+typedef struct lost_rec {
+    uint64_t agent_id;
+    int node_rank;
+    int64_t deadline;
+    char host[256];
+    char peer[80];
+    char why[120];
+} lost_rec_t;
+
+struct tsp_logserver {
+    tsp_logserver_opts_t o;
+    char host[256];
+    char prefix[128];
+    char marker[64];
+    int port;
+    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    uint8_t run_id[TSP_WIRE_RUNID_LEN];
+    int lfd, efd, wake_fd;
+    pthread_t thread;
+    int started, joined;
+    conn_t *conns;
+    conn_t *resume_at; /* the paused connection that tsp__resume_all serves first */
+    agent_rec_t *agents;
+    size_t nagents, agents_cap;
+    char *sink; /* formatted lines waiting for sink_fd */
+    size_t sink_len, sink_cap;
+    pthread_mutex_t ctl_mu; /* guards drain_deadline / draining and the control fields */
+    int draining;
+    int64_t drain_deadline;
+    pthread_cond_t fail_cv; /* signalled when root is set or the thread ended */
+    char *root;             /* JSON of the run's root cause (protocol 1.7), malloc'ed */
+    int ended;
+    int lost_pending; /* copy of nlost for the host */
+    int stop_req;     /* the host asked for STOP to everyone */
+    char stop_req_text[STOP_TEXT_MAX];
+    /* control, thread only */
+    int t_draining;
+    int t_stopped;
+    int stop_reason;
+    uint64_t stop_except; /* agent_id not to STOP (the one that failed) */
+    char stop_text[STOP_TEXT_MAX];
+    lost_rec_t *lost;
+    size_t nlost, lost_cap;
+    tsp__logq_t q;
+    tsp__outrecv_t out;
+};
+
+#endif

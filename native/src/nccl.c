@@ -1,0 +1,726 @@
+/* nccl.c: the NCCL preflight check (docs/gpu.md section 3). The check worker opens its GPU
+ * through the CUDA driver API only (libnccl carries its own cudart, which uses the primary
+ * context current to the thread), joins the job's communicator through NCCL_COMM_ID with a
+ * non-blocking init polled against a deadline (then ncclCommAbort), checks one all_reduce
+ * and times 20 after 5 warm-ups as nccl-tests does. The node's side execs one worker per
+ * local GPU, supervises them with a hard kill at deadline + 5 s and turns their result
+ * lines into one message. */
+#include "nccl.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cudaapi.h"
+#include "ncclapi.h"
+#include "json.h"
+
+extern char **environ;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static __attribute__((format(printf, 3, 4))) void cat(char *buf, size_t len, const char *fmt, ...)
+{
+    size_t used = strnlen(buf, len);
+    if (used + 1 >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, len - used, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- the check worker ---- */
+
+#define NCCL_MEMBER(field, sym, ret, params, required) ret(*field) params;
+typedef struct {
+    TSP_NCCL_FUNCS(NCCL_MEMBER)
+} nccl_api_t;
+
+typedef struct {
+    int ok, timeout;
+    const char *step; /* load, cuda, init, allreduce, check, done */
+    char message[3072];
+    int version;
+    char path[512], bus[64];
+    double us, algbw, busbw, t_cuda, t_init, t_allreduce;
+} result_t;
+
+typedef struct {
+    const tsp_nccl_check_opts_t *o;
+    char host[256];
+    const char *mask;
+    double deadline, start;
+    result_t r;
+} worker_t;
+
+static void mask_repr(const char *mask, char *out, size_t len)
+{
+    if (mask)
+        snprintf(out, len, "'%s'", mask);
+    else
+        snprintf(out, len, "None");
+}
+
+/* N5: a CUDA step failed. */
+static int fail_cuda(worker_t *w, const char *fn, tsp_cu_result rc)
+{
+    char m[600];
+    mask_repr(w->mask, m, sizeof m);
+    w->r.step = "cuda";
+    if (rc == TSP_CUDA_ERROR_STUB_LIBRARY) { /* L1 */
+        const tsp_cuda_api_t *api = tsp__cuda_api();
+        snprintf(
+            w->r.message, sizeof w->r.message,
+            "torchspark: %s is the CUDA toolkit's stub libcuda (CUDA_ERROR_STUB_LIBRARY, 34), "
+            "not the NVIDIA driver: remove the stubs directory from LD_LIBRARY_PATH on host %s",
+            api ? api->path : "libcuda.so.1", w->host);
+        return 1;
+    }
+    snprintf(w->r.message, sizeof w->r.message,
+             "torchspark: NCCL check failed before training: rank %d (host %s) could not open GPU "
+             "%d of CUDA_VISIBLE_DEVICES=%s: %s returned %s",
+             w->o->rank, w->host, w->o->local_rank, m, fn,
+             rc == (tsp_cu_result)-1 ? "nothing (libcuda.so.1 is missing)"
+                                     : tsp__cuda_error_name(rc));
+    return 1;
+}
+
+static const char *hint(const worker_t *w, const char *said, char *buf, size_t len)
+{
+    const char *ifname = getenv("NCCL_SOCKET_IFNAME");
+    const char *id = getenv("NCCL_COMM_ID");
+    char master[128] = "?";
+    if (id) {
+        const char *colon = strrchr(id, ':');
+        snprintf(master, sizeof master, "%.*s", (int)(colon ? colon - id : (long)strlen(id)), id);
+    }
+    buf[0] = 0;
+    if (strstr(said, "Duplicate GPU detected"))
+        snprintf(buf, len,
+                 " Two ranks were given one GPU: check spark.task.resource.gpu.amount and "
+                 "CUDA_VISIBLE_DEVICES on %s.",
+                 w->host);
+    else if (strstr(said, "no socket interface found") ||
+             strstr(said, "No usable listening interface"))
+        snprintf(buf, len,
+                 " NCCL found no usable interface on %s: NCCL_SOCKET_IFNAME=%s there; the nodes "
+                 "must share a subnet with %s for the check.",
+                 w->host, ifname ? ifname : "(unset)", master);
+    else if (strstr(said, "NET/IB") || strstr(said, "ibv_modify_qp") ||
+             strstr(said, "completion with error 12"))
+        snprintf(buf, len,
+                 " On RoCE this usually means the GID index: set NCCL_IB_GID_INDEX (see show_gids) "
+                 "on every node, or NCCL_IB_DISABLE=1 to confirm.");
+    else if (strstr(said, "onnect") || strstr(said, "Connection refused") ||
+             strstr(said, "timed out"))
+        snprintf(buf, len, " Check that %s reaches %s on interface %s.", w->host, master,
+                 ifname ? ifname : "(NCCL's choice)");
+    return buf;
+}
+
+/* N1: an NCCL call failed. */
+static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_result rc,
+                     int in_allreduce)
+{
+    const char *said = n->last_error ? n->last_error(NULL) : NULL;
+    char h[512], what[128];
+    if (!said || !*said)
+        said = "nothing more (no WARN line)";
+    if (in_allreduce)
+        snprintf(what, sizeof what, "complete an all_reduce");
+    else
+        snprintf(what, sizeof what, "join the communicator of %d ranks", w->o->world_size);
+    w->r.step = in_allreduce ? "allreduce" : "init";
+    snprintf(w->r.message, sizeof w->r.message,
+             "torchspark: NCCL check failed before training: rank %d (host %s, local rank %d, GPU "
+             "%s) could not %s: %s returned '%s'; NCCL said: %s.%s",
+             w->o->rank, w->host, w->o->local_rank, w->r.bus, what, fn, n->error_string(rc), said,
+             hint(w, said, h, sizeof h));
+    return 1;
+}
+
+static int timed_out(worker_t *w, const char *step)
+{
+    w->r.timeout = 1;
+    w->r.step = step;
+    snprintf(w->r.message, sizeof w->r.message, "timeout step=%s after=%.1fs", step,
+             now() - w->start);
+    return 1;
+}
+
+/* Waits for the communicator's pending work: async error and (for a collective) the
+ * stream, until the deadline. 0 done, 1 failed (message set), 2 timed out. */
+static int wait_comm(worker_t *w, const nccl_api_t *n, const tsp_cuda_api_t *cu, tsp_nccl_comm c,
+                     tsp_cu_stream s, const char *fn, int in_allreduce)
+{
+    for (;;) {
+        tsp_nccl_result a = TSP_NCCL_SUCCESS;
+        if (n->get_async_error(c, &a) != TSP_NCCL_SUCCESS)
+            a = 3;
+        if (a != TSP_NCCL_SUCCESS && a != TSP_NCCL_IN_PROGRESS) {
+            fail_nccl(w, n, fn, a, in_allreduce);
+            return 1;
+        }
+        tsp_cu_result q = s ? cu->stream_query(s) : TSP_CUDA_SUCCESS;
+        if (q != TSP_CUDA_SUCCESS && q != TSP_CUDA_ERROR_NOT_READY) {
+            fail_cuda(w, "cuStreamQuery", q);
+            return 1;
+        }
+        if (a == TSP_NCCL_SUCCESS && q == TSP_CUDA_SUCCESS)
+            return 0;
+        if (now() >= w->deadline) {
+            timed_out(w, in_allreduce ? "allreduce" : "init");
+            return 2;
+        }
+        nap_ms(1);
+    }
+}
+
+static int load_nccl(worker_t *w, nccl_api_t *n)
+{
+    const char *path = w->o->lib && *w->o->lib ? w->o->lib : "libnccl.so.2";
+    w->r.step = "load";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        const char *e = dlerror();
+        snprintf(w->r.message, sizeof w->r.message,
+                 "torchspark: --nccl-check needs libnccl.so.2 2.14 or newer: %s (tried %s)",
+                 e ? e : "dlopen failed", path);
+        return 1;
+    }
+    memset(n, 0, sizeof *n);
+#define NCCL_RESOLVE(field, sym, ret, params, required)                                            \
+    n->field = (ret(*) params)(uintptr_t)dlsym(h, #sym);                                           \
+    if (!n->field && (required)) {                                                                 \
+        snprintf(w->r.message, sizeof w->r.message,                                                \
+                 "torchspark: --nccl-check needs libnccl.so.2 2.14 or newer: %s lacks " #sym       \
+                 " (tried %s)",                                                                    \
+                 path, path);                                                                      \
+        return 1;                                                                                  \
+    }
+    TSP_NCCL_FUNCS(NCCL_RESOLVE)
+#undef NCCL_RESOLVE
+    Dl_info info;
+    if (dladdr((void *)(uintptr_t)n->get_version, &info) && info.dli_fname)
+        snprintf(w->r.path, sizeof w->r.path, "%s", info.dli_fname);
+    else
+        snprintf(w->r.path, sizeof w->r.path, "%s", path);
+    n->get_version(&w->r.version);
+    return 0;
+}
+
+static int check_values(worker_t *w, tsp_cu_deviceptr buf, size_t count, float *host,
+                        const tsp_cuda_api_t *cu)
+{
+    tsp_cu_result rc = cu->memcpy_dtoh(host, buf, count * sizeof(float));
+    if (rc != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuMemcpyDtoH_v2", rc);
+    for (size_t i = 0; i < count; i++)
+        if (host[i] != (float)w->o->world_size) {
+            w->r.step = "check";
+            snprintf(w->r.message, sizeof w->r.message,
+                     "torchspark: NCCL check failed before training: all_reduce on rank %d (host "
+                     "%s) returned %g instead of %d",
+                     w->o->rank, w->host, (double)host[i], w->o->world_size);
+            return 1;
+        }
+    return 0;
+}
+
+static int run_check(worker_t *w)
+{
+    const tsp_nccl_check_opts_t *o = w->o;
+    nccl_api_t n;
+    if (load_nccl(w, &n))
+        return 1;
+    const tsp_cuda_api_t *cu = tsp__cuda_api();
+    if (!cu || !cu->complete)
+        return fail_cuda(w, "dlopen(libcuda.so.1)", (tsp_cu_result)-1);
+    double t = now();
+    tsp_cu_result rc;
+    tsp_cu_device dev;
+    tsp_cu_context ctx;
+    if ((rc = cu->init(0)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuInit", rc);
+    if ((rc = cu->device_get(&dev, o->local_rank)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuDeviceGet", rc);
+    cu->device_get_pci_bus_id(w->r.bus, (int)sizeof w->r.bus, dev);
+    if ((rc = cu->primary_ctx_retain(&ctx, dev)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuDevicePrimaryCtxRetain", rc);
+    if ((rc = cu->ctx_set_current(ctx)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuCtxSetCurrent", rc);
+    size_t count = o->bytes / sizeof(float);
+    if (count == 0)
+        count = 1;
+    size_t bytes = count * sizeof(float);
+    tsp_cu_deviceptr sendb = 0, recvb = 0;
+    tsp_cu_stream s = NULL;
+    if ((rc = cu->mem_alloc(&sendb, bytes)) != TSP_CUDA_SUCCESS ||
+        (rc = cu->mem_alloc(&recvb, bytes)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuMemAlloc_v2", rc);
+    if ((rc = cu->memset_d32(sendb, 0x3f800000u, count)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuMemsetD32_v2", rc);
+    if ((rc = cu->stream_create(&s, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
+        return fail_cuda(w, "cuStreamCreate", rc);
+    w->r.t_cuda = now() - t;
+
+    t = now();
+    tsp_nccl_unique_id id;
+    tsp_nccl_result nr = n.get_unique_id(&id);
+    if (nr != TSP_NCCL_SUCCESS)
+        return fail_nccl(w, &n, "ncclGetUniqueId", nr, 0);
+    tsp_nccl_comm comm = NULL;
+    const char *init_fn = "ncclCommInitRankConfig";
+    if (n.init_rank_config && w->r.version >= 21400) {
+        tsp_nccl_config cfg = {.size = sizeof cfg,
+                               .magic = TSP_NCCL_CONFIG_MAGIC,
+                               .version = TSP_NCCL_CONFIG_VERSION,
+                               .blocking = 0,
+                               .cgaClusterSize = TSP_NCCL_UNDEF_INT,
+                               .minCTAs = TSP_NCCL_UNDEF_INT,
+                               .maxCTAs = TSP_NCCL_UNDEF_INT,
+                               .netName = NULL,
+                               .splitShare = TSP_NCCL_UNDEF_INT};
+        nr = n.init_rank_config(&comm, o->world_size, id, o->rank, &cfg);
+    } else { /* before 2.14: blocking; the agent's kill is the deadline */
+        init_fn = "ncclCommInitRank";
+        nr = n.init_rank(&comm, o->world_size, id, o->rank);
+    }
+    if (nr != TSP_NCCL_SUCCESS && nr != TSP_NCCL_IN_PROGRESS) {
+        fail_nccl(w, &n, init_fn, nr, 0);
+        if (comm)
+            n.abort(comm);
+        return 1;
+    }
+    int wr = wait_comm(w, &n, cu, comm, NULL, init_fn, 0);
+    if (wr) {
+        n.abort(comm);
+        return 1;
+    }
+    w->r.t_init = now() - t;
+
+    t = now();
+    float *host = malloc(bytes);
+    if (!host) {
+        n.abort(comm);
+        return fail_cuda(w, "malloc", 2);
+    }
+    int bad = 0;
+    for (int i = 0; i < 26 && !bad; i++) { /* 1 checked, 5 warm-up, 20 timed */
+        if (i == 6)
+            t = now();
+        nr = n.all_reduce((const void *)(uintptr_t)sendb, (void *)(uintptr_t)recvb, count,
+                          TSP_NCCL_FLOAT32, TSP_NCCL_SUM, comm, s);
+        if (nr == TSP_NCCL_IN_PROGRESS)
+            nr = TSP_NCCL_SUCCESS; /* non-blocking communicators may say so: poll below */
+        if (nr != TSP_NCCL_SUCCESS) {
+            bad = fail_nccl(w, &n, "ncclAllReduce", nr, 1);
+            break;
+        }
+        if (i == 0 || i == 25 || i < 6) {
+            if (wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1))
+                bad = 1;
+            else if ((i == 0 || i == 25) && check_values(w, recvb, count, host, cu))
+                bad = 1;
+        }
+    }
+    free(host);
+    if (bad) {
+        n.abort(comm);
+        return 1;
+    }
+    double per = (now() - t) / 20;
+    w->r.t_allreduce = per;
+    w->r.us = per * 1e6;
+    w->r.algbw = per > 0 ? (double)bytes / 1e9 / per : 0;
+    w->r.busbw = w->r.algbw * 2.0 * (o->world_size - 1) / o->world_size;
+    if (n.finalize)
+        n.finalize(comm);
+    n.destroy(comm);
+    cu->stream_destroy(s);
+    cu->mem_free(sendb);
+    cu->mem_free(recvb);
+    cu->primary_ctx_release(dev);
+    w->r.ok = 1;
+    w->r.step = "done";
+    return 0;
+}
+
+int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
+{
+    worker_t w;
+    memset(&w, 0, sizeof w);
+    w.o = o;
+    w.start = now();
+    w.deadline = w.start + o->timeout;
+    w.mask = getenv("CUDA_VISIBLE_DEVICES");
+    gethostname(w.host, sizeof w.host - 1);
+    snprintf(w.r.bus, sizeof w.r.bus, "?");
+    run_check(&w);
+    int fd = dup(o->result_fd);
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (f) {
+        fprintf(f,
+                "{\"rank\": %d, \"local_rank\": %d, \"ok\": %d, \"timeout\": %d, \"step\": \"%s\", "
+                "\"nccl\": %d, \"us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"t_cuda\": %.4f, "
+                "\"t_init\": %.4f, \"t_allreduce\": %.6f, \"after\": %.3f, \"bus\": ",
+                o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.step ? w.r.step : "?", w.r.version,
+                w.r.us, w.r.algbw, w.r.busbw, w.r.t_cuda, w.r.t_init, w.r.t_allreduce,
+                now() - w.start);
+        tsp_json_write_string(f, w.r.bus);
+        fputs(", \"path\": ", f);
+        tsp_json_write_string(f, w.r.path);
+        fputs(", \"host\": ", f);
+        tsp_json_write_string(f, w.host);
+        fputs(", \"message\": ", f);
+        tsp_json_write_string(f, w.r.message);
+        fputs("}\n", f);
+        fclose(f);
+    }
+    return w.r.ok ? 0 : 1;
+}
+
+/* ---- the node's side ---- */
+
+typedef struct {
+    pid_t pid;
+    int res_fd, err_fd, exited;
+    char res[8192];
+    size_t res_len;
+    char line[4096];
+    size_t line_len;
+} child_t;
+
+static char **child_env(const tsp_nccl_preflight_opts_t *o, int local, int result_fd)
+{
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + 12, sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    static const char *const ours[] = {"RANK=",
+                                       "LOCAL_RANK=",
+                                       "WORLD_SIZE=",
+                                       "NCCL_COMM_ID=",
+                                       "TORCHSPARK_NCCL_RESULT_FD=",
+                                       "TORCHSPARK_NCCL_CHECK_TIMEOUT=",
+                                       "TORCHSPARK_NCCL_CHECK_BYTES=",
+                                       "TORCHSPARK_NCCL_LIB=",
+                                       NULL};
+    int has_debug = 0;
+    for (size_t i = 0; i < n; i++) {
+        int skip = 0;
+        for (int j = 0; ours[j] && !skip; j++)
+            skip = strncmp(environ[i], ours[j], strlen(ours[j])) == 0;
+        has_debug |= strncmp(environ[i], "NCCL_DEBUG=", 11) == 0;
+        if (!skip)
+            env[k++] = strdup(environ[i]);
+    }
+    char buf[1024];
+#define PUT(...) (snprintf(buf, sizeof buf, __VA_ARGS__), env[k++] = strdup(buf))
+    PUT("RANK=%d", o->first_rank + local);
+    PUT("LOCAL_RANK=%d", local);
+    PUT("WORLD_SIZE=%d", o->world_size);
+    PUT("NCCL_COMM_ID=%s", o->comm_id);
+    PUT("TORCHSPARK_NCCL_RESULT_FD=%d", result_fd);
+    PUT("TORCHSPARK_NCCL_CHECK_TIMEOUT=%.3f", o->timeout);
+    PUT("TORCHSPARK_NCCL_CHECK_BYTES=%zu", o->bytes);
+    if (o->lib && *o->lib)
+        PUT("TORCHSPARK_NCCL_LIB=%s", o->lib);
+    if (!has_debug) /* NCCL prints its WARN lines only then; they name the cause */
+        PUT("NCCL_DEBUG=WARN");
+#undef PUT
+    env[k] = NULL;
+    return env;
+}
+
+static void free_env(char **env)
+{
+    for (size_t i = 0; env && env[i]; i++)
+        free(env[i]);
+    free(env);
+}
+
+static void drain_err(child_t *c, int rank, int log_fd, int flush)
+{
+    size_t start = 0;
+    for (size_t i = 0; i < c->line_len; i++) {
+        if (c->line[i] != '\n')
+            continue;
+        dprintf(log_fd, "[nccl-check rank %d]: %.*s\n", rank, (int)(i - start), c->line + start);
+        start = i + 1;
+    }
+    memmove(c->line, c->line + start, c->line_len - start);
+    c->line_len -= start;
+    if (c->line_len == sizeof c->line || (flush && c->line_len)) {
+        dprintf(log_fd, "[nccl-check rank %d]: %.*s\n", rank, (int)c->line_len, c->line);
+        c->line_len = 0;
+    }
+}
+
+static char *jget(const char *doc, size_t len, const char *key)
+{
+    char *out = NULL;
+    int type;
+    if (tsp_json_get(doc, len, key, &out, &type) != 0)
+        return NULL;
+    return out;
+}
+
+static int jint(const char *doc, size_t len, const char *key)
+{
+    char *v = jget(doc, len, key);
+    int x = v ? atoi(v) : 0;
+    free(v);
+    return x;
+}
+
+static double jdbl(const char *doc, size_t len, const char *key)
+{
+    char *v = jget(doc, len, key);
+    double x = v ? strtod(v, NULL) : 0;
+    free(v);
+    return x;
+}
+
+int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen)
+{
+    double t0 = now();
+    double kill_at = t0 + o->timeout + TSP_NCCL_KILL_GRACE;
+    child_t *ch = calloc((size_t)o->nproc, sizeof *ch);
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    msg[0] = 0;
+    if (!ch)
+        return -ENOMEM;
+    int cancelled = 0, started = 0, failed = 0;
+    for (int i = 0; i < o->nproc; i++) {
+        int rp[2], ep[2];
+        ch[i].pid = -1;
+        ch[i].res_fd = ch[i].err_fd = -1;
+        if (pipe2(rp, O_CLOEXEC) != 0)
+            break;
+        if (pipe2(ep, O_CLOEXEC) != 0) {
+            close(rp[0]);
+            close(rp[1]);
+            break;
+        }
+        char **env = child_env(o, i, 3);
+        char *argv[] = {(char *)o->exe, "--nccl-check-worker", NULL};
+        pid_t pid = env ? fork() : -1;
+        if (pid == 0) { /* only async-signal-safe calls until exec */
+            int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            if (devnull >= 0)
+                dup2(devnull, 0);
+            dup2(ep[1], 1);
+            dup2(ep[1], 2);
+            if (rp[1] == 3)
+                fcntl(3, F_SETFD, 0);
+            else
+                dup2(rp[1], 3);
+            execve(o->exe, argv, env);
+            _exit(127);
+        }
+        free_env(env);
+        close(rp[1]);
+        close(ep[1]);
+        ch[i].res_fd = rp[0];
+        ch[i].err_fd = ep[0];
+        ch[i].pid = pid;
+        if (pid < 0) {
+            close(rp[0]);
+            close(ep[0]);
+            ch[i].res_fd = ch[i].err_fd = -1;
+            ch[i].exited = 1;
+            break;
+        }
+        started++;
+    }
+    for (;;) {
+        struct pollfd p[128];
+        int map[128], np = 0, alive = 0;
+        for (int i = 0; i < o->nproc && np < 126; i++) {
+            if (ch[i].res_fd >= 0) {
+                p[np] = (struct pollfd){.fd = ch[i].res_fd, .events = POLLIN};
+                map[np++] = i * 2;
+            }
+            if (ch[i].err_fd >= 0) {
+                p[np] = (struct pollfd){.fd = ch[i].err_fd, .events = POLLIN};
+                map[np++] = i * 2 + 1;
+            }
+            if (ch[i].pid > 0 && !ch[i].exited) {
+                int st;
+                if (waitpid(ch[i].pid, &st, WNOHANG) == ch[i].pid)
+                    ch[i].exited = 1;
+                else
+                    alive++;
+            }
+        }
+        if (!alive && np == 0)
+            break;
+        if (!cancelled && o->cancel && atomic_load(o->cancel))
+            cancelled = 1;
+        /* A real failure on one rank ends the others at once: they would only wait for it
+         * until the deadline (the peers on other nodes are stopped by the driver). A short
+         * grace lets the others' results in: a failure caused by a peer's abort at its
+         * deadline ("peer closed") must not hide that peer's timeout. */
+        for (int i = 0; i < o->nproc && !failed; i++)
+            if (ch[i].res_len && memchr(ch[i].res, '\n', ch[i].res_len) &&
+                !jint(ch[i].res, ch[i].res_len, "ok") &&
+                !jint(ch[i].res, ch[i].res_len, "timeout")) {
+                failed = 1;
+                if (now() + 0.25 < kill_at)
+                    kill_at = now() + 0.25;
+            }
+        if (cancelled || now() >= kill_at)
+            for (int i = 0; i < o->nproc; i++)
+                if (ch[i].pid > 0 && !ch[i].exited)
+                    kill(ch[i].pid, SIGKILL);
+        int r = poll(p, (nfds_t)np, np ? 20 : 0);
+        if (np == 0)
+            nap_ms(5);
+        for (int j = 0; r > 0 && j < np; j++) {
+            if (!p[j].revents)
+                continue;
+            child_t *c = &ch[map[j] / 2];
+            int is_err = map[j] % 2;
+            char tmp[4096];
+            char *dst = is_err ? c->line + c->line_len : c->res + c->res_len;
+            size_t room = is_err ? sizeof c->line - c->line_len : sizeof c->res - 1 - c->res_len;
+            ssize_t k = read(p[j].fd, room ? dst : tmp, room ? room : sizeof tmp);
+            if (k < 0 && errno == EINTR)
+                continue;
+            if (k <= 0) {
+                close(p[j].fd);
+                if (is_err) {
+                    drain_err(c, o->first_rank + map[j] / 2, o->log_fd, 1);
+                    c->err_fd = -1;
+                } else {
+                    c->res_fd = -1;
+                }
+                continue;
+            }
+            if (!room)
+                continue;
+            if (is_err) {
+                c->line_len += (size_t)k;
+                drain_err(c, o->first_rank + map[j] / 2, o->log_fd, 0);
+            } else {
+                c->res_len += (size_t)k;
+                c->res[c->res_len] = 0;
+            }
+        }
+    }
+    double wall = now() - t0;
+    int rc = 0;
+    if (cancelled) {
+        snprintf(msg, msglen, "torchspark: NCCL check stopped: the run was stopped");
+        rc = -ECANCELED;
+        goto out;
+    }
+    /* The first real failure wins; then timeouts and silent ranks; else success. A failure
+     * that came as late as a timeout of another rank (its abort closed the connections) is
+     * a consequence of that timeout. */
+    double first_timeout = 1e300;
+    for (int i = 0; i < o->nproc; i++)
+        if (ch[i].res_len && jint(ch[i].res, ch[i].res_len, "timeout") &&
+            jdbl(ch[i].res, ch[i].res_len, "after") < first_timeout)
+            first_timeout = jdbl(ch[i].res, ch[i].res_len, "after");
+    for (int i = 0; i < o->nproc && !rc; i++) {
+        if (!ch[i].res_len || jint(ch[i].res, ch[i].res_len, "ok") ||
+            jint(ch[i].res, ch[i].res_len, "timeout") ||
+            jdbl(ch[i].res, ch[i].res_len, "after") >= first_timeout - 0.05)
+            continue;
+        char *m = jget(ch[i].res, ch[i].res_len, "message");
+        snprintf(msg, msglen, "%s", m ? m : "torchspark: NCCL check failed before training");
+        free(m);
+        rc = -EIO;
+    }
+    if (rc)
+        goto out;
+    char late[512] = "", silent[512] = "";
+    int nlate = 0, nsilent = 0, in_ar = 0;
+    for (int i = 0; i < o->nproc; i++) {
+        if (!ch[i].res_len) {
+            cat(silent, sizeof silent, "%s%d", nsilent++ ? "," : "", o->first_rank + i);
+        } else if (!jint(ch[i].res, ch[i].res_len, "ok")) {
+            char *step = jget(ch[i].res, ch[i].res_len, "step");
+            in_ar |= step && strcmp(step, "allreduce") == 0;
+            free(step);
+            cat(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
+        }
+    }
+    if (nlate || nsilent || started < o->nproc) {
+        snprintf(msg, msglen,
+                 "torchspark: NCCL check timed out after %.0f s before training: ", o->timeout);
+        if (nlate)
+            cat(msg, msglen, "rank(s) %s on %s were still %s", late, host,
+                in_ar ? "in all_reduce" : "initializing the communicator");
+        if (nsilent)
+            cat(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "", silent, host);
+        cat(msg, msglen,
+            ". Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the interfaces NCCL "
+            "chose.");
+        rc = -EIO;
+        goto out;
+    }
+    double us = 0, algbw = 0, busbw = 0;
+    for (int i = 0; i < o->nproc; i++) {
+        us += jdbl(ch[i].res, ch[i].res_len, "us") / o->nproc;
+        algbw += jdbl(ch[i].res, ch[i].res_len, "algbw") / o->nproc;
+        busbw += jdbl(ch[i].res, ch[i].res_len, "busbw") / o->nproc;
+    }
+    int v = jint(ch[0].res, ch[0].res_len, "nccl");
+    char *path = jget(ch[0].res, ch[0].res_len, "path");
+    snprintf(
+        msg, msglen,
+        "torchspark: NCCL check passed in %.2f s on %s: ranks %d-%d of %d, NCCL %d.%d.%d (%s), "
+        "interface %s; all_reduce %g MiB float32: %.0f us, algbw %.2f GB/s, ",
+        wall, host, o->first_rank, o->first_rank + o->nproc - 1, o->world_size, v / 10000,
+        (v % 10000) / 100, v % 100, path ? path : "?",
+        o->ifname && *o->ifname ? o->ifname : "(NCCL's choice)", (double)o->bytes / (1 << 20), us,
+        algbw);
+    free(path);
+    if (o->world_size > 1)
+        cat(msg, msglen, "busbw %.2f GB/s", busbw);
+    else
+        cat(msg, msglen, "busbw n/a (1 rank)");
+out:
+    for (int i = 0; i < o->nproc; i++) {
+        if (ch[i].pid > 0 && !ch[i].exited) {
+            kill(ch[i].pid, SIGKILL);
+            waitpid(ch[i].pid, NULL, 0);
+        }
+        if (ch[i].res_fd >= 0)
+            close(ch[i].res_fd);
+        if (ch[i].err_fd >= 0)
+            close(ch[i].err_fd);
+    }
+    free(ch);
+    return rc;
+}

@@ -1,0 +1,66 @@
+/* util.h (internal): the small helpers every module of native/src shares, each written
+ * once: the monotonic clock and deadlines, strict integer parsing, an error sentence into
+ * a caller's buffer, hex, random bytes, a held TCP port, and HOST:PORT endpoints.
+ *
+ * util.c depends on nothing else of ours, so any file may include this header without
+ * making a cycle (tests/check_includes.py keeps it so). */
+#ifndef TSP_UTIL_H
+#define TSP_UTIL_H
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <time.h>
+
+/* ---- time --------------------------------------------------------------------------- */
+
+/* Milliseconds on the monotonic clock (for deadlines and timeouts, never for dates). */
+int64_t tsp__now_ms(void);
+/* The absolute monotonic time timeout_ms ahead, for pthread_cond_timedwait on a
+ * condition variable made by tsp__cond_init_mono. */
+void tsp__deadline_in(struct timespec *ts, int timeout_ms);
+/* A condition variable whose timed waits use the monotonic clock. 0 or -errno. */
+int tsp__cond_init_mono(pthread_cond_t *cv);
+
+/* ---- parsing ------------------------------------------------------------------------ */
+
+/* Parses a whole non-negative decimal int ("12"): no sign, no space, nothing after it.
+ * 0; -EINVAL otherwise; -ERANGE past INT_MAX. */
+int tsp__parse_int(const char *s, int *out);
+
+/* Splits "HOST:PORT", "[V6]:PORT" or "V6:ADDR:PORT" (the last colon separates the port)
+ * into host (NUL-terminated, hostlen bytes) and port (1..65535). Without a port part,
+ * ("HOST", "[V6]") *port is default_port, or -EINVAL when default_port < 0. -EINVAL for an
+ * empty or too long host, an unclosed '[', or a port that is not a whole number in range. */
+int tsp__endpoint_parse(const char *ep, char *host, size_t hostlen, int *port, int default_port);
+
+/* ---- error text --------------------------------------------------------------------- */
+
+/* Writes a sentence into err (when err is not NULL and errlen > 0) and returns code, so
+ * that a failure is one line: `return tsp__err(err, errlen, -EIO, "...", ...);`. */
+__attribute__((format(printf, 4, 5))) int tsp__err(char *err, size_t errlen, int code,
+                                                   const char *fmt, ...);
+
+/* ---- bytes -------------------------------------------------------------------------- */
+
+/* n bytes -> 2n lowercase hex digits and a NUL (out holds 2n + 1 bytes). */
+void tsp__hex_encode(const void *in, size_t n, char *out);
+/* Exactly 2n hex digits (either case, nothing else) -> n bytes. 0 or -EINVAL. */
+int tsp__hex_decode(const char *hex, void *out, size_t n);
+/* n bytes from the kernel's CSPRNG (getrandom(2), blocking until it is seeded; no weaker
+ * fallback). 0 or -errno. */
+int tsp__random_bytes(void *out, size_t n);
+
+/* ---- sockets ------------------------------------------------------------------------ */
+
+/* Parses a numeric IPv4 or IPv6 address (no name lookup) with port into ss. 0 or -EINVAL. */
+int tsp__addr_parse(const char *addr, int port, struct sockaddr_storage *ss, socklen_t *sslen);
+/* Holds a TCP port: a socket bound to addr (numeric; NULL or "" is the IPv4 wildcard) and
+ * port (0: the kernel picks one) with SO_REUSEADDR, close-on-exec, never listening, so
+ * that torch's TCPStore (which sets SO_REUSEADDR too) can bind and listen on it while
+ * nothing else can. *fd and *got_port receive the socket and the port. 0, or -errno with
+ * a sentence in err. */
+int tsp__port_reserve(const char *addr, int port, int *fd, int *got_port, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,298 @@
+package org.torchspark;
+
+import java.nio.ByteBuffer;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.concurrent.locks.ReentrantReadWriteLock;
+
+/**
+ * The driver side of torchspark's log channel (native log server, docs/protocol.md part 1),
+ * reached through JNI: agents connect to it and authenticate with the run's secret; their
+ * workers' lines come out here rank-tagged; rank 0's output file can be received; the
+ * first failure of the run (its root cause) is reported and every other agent told to stop.
+ *
+ * <p>Every method may be called from any thread; {@link #pullText} has one consumer at a
+ * time. {@link #close()} waits for calls in flight, so a handle is never used after free.
+ */
+public final class LogServer implements AutoCloseable {
+    /** Default format of a line's prefix: "[rank N] ". */
+    public static final String PREFIX = "[rank {rank}] ";
+
+    private final ReentrantReadWriteLock lock = new ReentrantReadWriteLock();
+    private long handle;
+    private final ByteBuffer buf;
+    private final int[] nlines = new int[1];
+
+    /** Binds host (a numeric address or name; 127.0.0.1 when null) on port (0: any). */
+    public LogServer(String host, int port) {
+        this(host, port, null, 0);
+    }
+
+    /** secret: 32 bytes, or null for a fresh random one; tailLines: 0 for the default (100). */
+    public LogServer(String host, int port, byte[] secret, int tailLines) {
+        if (port < 0 || port > 65535) {
+            throw new IllegalArgumentException("port must be 0..65535, got " + port);
+        }
+        if (secret != null && secret.length != 32) {
+            throw new IllegalArgumentException("the secret must be 32 bytes, got " + secret.length);
+        }
+        if (tailLines < 0) {
+            throw new IllegalArgumentException("tailLines must be >= 0, got " + tailLines);
+        }
+        String[] msg = new String[1];
+        long h = Native.logServerStart(host, port, secret, tailLines, msg);
+        if (h == 0) {
+            throw new IllegalStateException("torchspark: the driver's log server could not start on "
+                    + (host == null ? "127.0.0.1" : host) + ":" + port + ": " + msg[0]);
+        }
+        handle = h;
+        buf = ByteBuffer.allocateDirect(Native.textBufferMin());
+    }
+
+    private long acquire() {
+        lock.readLock().lock();
+        if (handle == 0) {
+            lock.readLock().unlock();
+            throw new IllegalStateException("the log server is closed");
+        }
+        return handle;
+    }
+
+    private void release() {
+        lock.readLock().unlock();
+    }
+
+    public int port() {
+        long h = acquire();
+        try {
+            return Native.logServerPort(h);
+        } finally {
+            release();
+        }
+    }
+
+    public String host() {
+        long h = acquire();
+        try {
+            return Native.logServerHost(h);
+        } finally {
+            release();
+        }
+    }
+
+    /** The run's secret as 64 hex digits (TORCHSPARK_LOG_SECRET for the agents). */
+    public String secretHex() {
+        long h = acquire();
+        try {
+            byte[] s = Native.logServerSecret(h);
+            String hex = HexFormat.of().formatHex(s);
+            Arrays.fill(s, (byte) 0);
+            return hex;
+        } finally {
+            release();
+        }
+    }
+
+    /** "host:port" (IPv6 in brackets) for --log-endpoint, advertising host. */
+    public String endpoint(String advertisedHost) {
+        String h = advertisedHost == null || advertisedHost.isEmpty() ? host() : advertisedHost;
+        return (h.contains(":") ? "[" + h + "]" : h) + ":" + port();
+    }
+
+    /**
+     * Waits up to timeoutMs (-1: forever) and returns the next batch of lines, each formatted
+     * "[rank N] text" ("[rank N] [stderr] text" for stderr, "[torchspark] ..." for server
+     * events), without their newlines; an empty list on timeout; null once the server has
+     * stopped and everything was pulled.
+     */
+    public List<String> pullText(int maxLines, int timeoutMs) {
+        if (maxLines <= 0) {
+            throw new IllegalArgumentException("maxLines must be > 0, got " + maxLines);
+        }
+        long h = acquire();
+        try {
+            synchronized (buf) {
+                long n = Native.logServerPullText(h, buf, maxLines, timeoutMs, null, null, nlines);
+                if (n == -32 /* EPIPE */) {
+                    return null;
+                }
+                if (n < 0) {
+                    throw new IllegalStateException("pulling log lines failed: " + Native.strerror((int) n));
+                }
+                List<String> out = new ArrayList<>(nlines[0]);
+                if (n == 0) {
+                    return out;
+                }
+                byte[] bytes = new byte[(int) n];
+                buf.get(0, bytes);
+                String text = new String(bytes, StandardCharsets.UTF_8);
+                int start = 0;
+                while (start < text.length()) {
+                    int nl = text.indexOf('\n', start);
+                    if (nl < 0) {
+                        out.add(text.substring(start)); // a CONTINUED piece: no newline
+                        break;
+                    }
+                    out.add(text.substring(start, nl));
+                    start = nl + 1;
+                }
+                return out;
+            }
+        } finally {
+            release();
+        }
+    }
+
+    /** The last n lines of a global rank, oldest first. */
+    public List<String> tail(int rank, int n) {
+        if (n <= 0) {
+            throw new IllegalArgumentException("n must be > 0, got " + n);
+        }
+        long h = acquire();
+        try {
+            byte[] b = Native.logServerTail(h, rank, n);
+            List<String> out = new ArrayList<>();
+            if (b == null || b.length == 0) {
+                return out;
+            }
+            for (String s : new String(b, StandardCharsets.UTF_8).split("\n", -1)) {
+                out.add(s);
+            }
+            if (!out.isEmpty() && out.get(out.size() - 1).isEmpty()) {
+                out.remove(out.size() - 1);
+            }
+            return out;
+        } finally {
+            release();
+        }
+    }
+
+    /** The run's root cause as JSON ({"kind","node_rank","host","peer","message","report"}),
+     *  or null when none came within timeoutMs. */
+    public String failure(int timeoutMs) {
+        long h = acquire();
+        try {
+            return Native.logServerFailure(h, timeoutMs);
+        } finally {
+            release();
+        }
+    }
+
+    /** Agents gone without goodbye whose lost grace still runs. */
+    public int lostPending() {
+        long h = acquire();
+        try {
+            return Native.logServerLostPending(h);
+        } finally {
+            release();
+        }
+    }
+
+    /** Tells every agent to stop (now and on later connections). */
+    public void stopAll(String text) {
+        long h = acquire();
+        try {
+            Native.logServerStopAll(h, text == null ? "" : text);
+        } finally {
+            release();
+        }
+    }
+
+    /** Accepts one output transfer into path (created 0600), or into memory when null. */
+    public void expectOutput(String path) {
+        long h = acquire();
+        try {
+            int rc = Native.logServerExpectOutput(h, path);
+            if (rc != 0) {
+                throw new IllegalStateException("expectOutput: " + Native.strerror(rc));
+            }
+        } finally {
+            release();
+        }
+    }
+
+    /** Waits for the output: true when received and verified, false on timeout or when none
+     *  came (see {@link #outputError()}). */
+    public boolean awaitOutput(int timeoutMs) {
+        long h = acquire();
+        try {
+            return Native.logServerOutputWait(h, timeoutMs) == 0;
+        } finally {
+            release();
+        }
+    }
+
+    /** The received output's length in bytes, or -1 when none was received. */
+    public long outputLength() {
+        long h = acquire();
+        try {
+            long n = Native.logServerOutputLength(h);
+            return n < 0 ? -1 : n;
+        } finally {
+            release();
+        }
+    }
+
+    /** A copy of the output received into memory (null in file mode or when none). */
+    public byte[] outputBytes() {
+        long h = acquire();
+        try {
+            long n = Native.logServerOutputLength(h);
+            if (n > Integer.MAX_VALUE - 8) {
+                throw new IllegalStateException("rank 0's output is " + n + " bytes, more than a "
+                        + "Java array holds: receive it into a file (TorchSparkRunner.outputPath)");
+            }
+            return Native.logServerOutputData(h);
+        } finally {
+            release();
+        }
+    }
+
+    /** Why the last output transfer failed ("" when it did not). */
+    public String outputError() {
+        long h = acquire();
+        try {
+            return Native.logServerOutputError(h);
+        } finally {
+            release();
+        }
+    }
+
+    /** {accepted, authenticated, rejected, lines, bytes, duplicates, connected, queuedBytes}. */
+    public long[] stats() {
+        long h = acquire();
+        try {
+            long[] out = new long[8];
+            Native.logServerStats(h, out);
+            return out;
+        } finally {
+            release();
+        }
+    }
+
+    /** Stops accepting and drains connected agents (lines stay pullable). Idempotent. */
+    public void shutdown(int drainTimeoutMs) {
+        long h = acquire();
+        try {
+            Native.logServerShutdown(h, drainTimeoutMs);
+        } finally {
+            release();
+        }
+    }
+
+    @Override
+    public void close() {
+        lock.writeLock().lock();
+        try {
+            if (handle != 0) {
+                Native.logServerFree(handle);
+                handle = 0;
+            }
+        } finally {
+            lock.writeLock().unlock();
+        }
+    }
+}

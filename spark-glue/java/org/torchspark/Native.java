@@ -1,0 +1,90 @@
+package org.torchspark;
+
+import java.nio.ByteBuffer;
+
+/**
+ * The JNI entry points (jni/torchspark_jni.c), one per C function of the public API.
+ *
+ * <p>The C side only unpacks, calls and returns: an int result is 0 (or a count) or a
+ * negative errno, with a sentence in {@code msg[0]} where the C API gives one. Callers in
+ * this package validate arguments first and turn codes into exceptions.
+ */
+final class Native {
+    static {
+        NativeLoader.load();
+    }
+
+    private Native() {}
+
+    static native String version();
+
+    static native String strerror(int code);
+
+    /** Bytes a pullText buffer needs at least (TSP_LOGSERVER_TEXT_MIN). */
+    static native int textBufferMin();
+
+    // --- election (torchspark/elect.h) ---
+
+    /** Rank 0's election towards peer. res: {fd, port} of the held port; msg[0]: the packed
+     *  record on success, else the error sentence. */
+    static native int electMaster(String peer, String runId, int[] res, String[] msg);
+
+    static native void releasePort(int fd, int port);
+
+    /** msg[0]: the local address of the route towards host, or the error sentence. */
+    static native int routeSource(String host, String[] msg);
+
+    /** msg[0]: the interface carrying addr. */
+    static native int ifnameOf(String addr, String[] msg);
+
+    /** strs: {master_addr, run_id, host, ifname}; ints: {version, master_port}; msg[0]: error. */
+    static native int recordUnpack(String text, String[] strs, int[] ints, String[] msg);
+
+    /** msg[0]: the packed record, or the error sentence. */
+    static native int recordPack(String masterAddr, int masterPort, String runId, String host,
+            String ifname, String[] msg);
+
+    // --- the driver's log server (torchspark/logserver.h) ---
+
+    /** A handle, or 0 with the error sentence in msg[0]. secret: 32 bytes or null. */
+    static native long logServerStart(String host, int port, byte[] secret, int tailLines,
+            String[] msg);
+
+    static native int logServerPort(long h);
+
+    static native String logServerHost(long h);
+
+    static native byte[] logServerSecret(long h);
+
+    /** Formatted lines into buf (direct): bytes written, 0 on timeout, -EPIPE at the end. */
+    static native long logServerPullText(long h, ByteBuffer buf, int maxLines, int timeoutMs,
+            String prefix, String stderrMarker, int[] nlines);
+
+    static native byte[] logServerTail(long h, int rank, int n);
+
+    /** The root cause JSON, or null when none came within timeoutMs. */
+    static native String logServerFailure(long h, int timeoutMs);
+
+    static native int logServerLostPending(long h);
+
+    static native int logServerStopAll(long h, String text);
+
+    static native int logServerExpectOutput(long h, String path);
+
+    static native int logServerOutputWait(long h, int timeoutMs);
+
+    /** The received output's length (memory or file), or a negative errno. */
+    static native long logServerOutputLength(long h);
+
+    /** A copy of the output held in memory (null in file mode or when none). */
+    static native byte[] logServerOutputData(long h);
+
+    static native String logServerOutputError(long h);
+
+    /** out: accepted, authenticated, rejected, lines, bytes, duplicates, connected, queued. */
+    static native void logServerStats(long h, long[] out);
+
+    static native int logServerShutdown(long h, int drainTimeoutMs);
+
+    static native void logServerFree(long h);
+}

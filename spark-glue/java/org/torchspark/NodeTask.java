@@ -1,0 +1,230 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.net.InetAddress;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Comparator;
+import java.util.HashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.stream.Stream;
+import org.apache.spark.BarrierTaskContext;
+import org.apache.spark.BarrierTaskInfo;
+import org.apache.spark.resource.ResourceInformation;
+import scala.Function1;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * What each barrier task runs: one node of the job. node_rank = partitionId, nnodes = the
+ * number of tasks; rank 0 elects the master and one allGather hands the record to every
+ * task (the same record and C code as PySpark); then the task starts the agent from its
+ * own thread and waits for it.
+ */
+final class NodeTask implements Function1<scala.collection.Iterator<Integer>, scala.collection.Iterator<byte[]>>,
+        Serializable {
+    private static final long serialVersionUID = 1L;
+    static final int RESULT_CHUNK = 4 << 20;
+
+    /** What the driver tells every task (serialized into the closure). */
+    static final class Spec implements Serializable {
+        private static final long serialVersionUID = 1L;
+        ArrayList<String> program = new ArrayList<>();
+        boolean noPython;
+        int nprocPerNode; // 0: the task's GPUs
+        boolean useGpu;
+        String python;
+        HashMap<String, String> env = new HashMap<>();
+        String endpoint;
+        String secretHex;
+        String driverHost;
+        boolean wantOutput;
+    }
+
+    private final Spec spec;
+
+    NodeTask(Spec spec) {
+        this.spec = spec;
+    }
+
+    static String hostOf(String address) {
+        int i = address.lastIndexOf(':');
+        String h = i > 0 ? address.substring(0, i) : address;
+        return h.replace("[", "").replace("]", "");
+    }
+
+    static String localHostName() {
+        try {
+            return InetAddress.getLocalHost().getHostName();
+        } catch (IOException e) {
+            return "localhost";
+        }
+    }
+
+    /** Spark GPU addresses -> CUDA_VISIBLE_DEVICES entries (PySpark's rule and messages). */
+    static List<String> gpusOwned(String[] addresses, String visible) {
+        for (String a : addresses) {
+            if (!a.matches("0|[1-9][0-9]*")) {
+                throw new IllegalArgumentException("Found GPU addresses " + List.of(addresses)
+                        + " which are not all in the correct format for CUDA_VISIBLE_DEVICES, which "
+                        + "requires integers with no zero padding.");
+            }
+        }
+        if (visible == null) {
+            return List.of(addresses);
+        }
+        String[] mask = visible.split(",");
+        List<String> out = new ArrayList<>();
+        for (String a : addresses) {
+            int i = Integer.parseInt(a);
+            if (i >= mask.length) {
+                throw new IllegalArgumentException("GPU addresses " + List.of(addresses) + " given by "
+                        + "Spark do not fit into CUDA_VISIBLE_DEVICES=" + visible + " on host "
+                        + localHostName() + ": set the executors' CUDA_VISIBLE_DEVICES to all the "
+                        + "GPUs Spark may assign, or unset it");
+            }
+            out.add(mask[i]);
+        }
+        return out;
+    }
+
+    @Override
+    public scala.collection.Iterator<byte[]> apply(scala.collection.Iterator<Integer> it) {
+        while (it.hasNext()) {
+            it.next(); // the input rows carry nothing
+        }
+        try {
+            return CollectionConverters.asScala(run(BarrierTaskContext.get()).iterator());
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("torchspark: the task was interrupted", e);
+        }
+    }
+
+    private List<byte[]> run(BarrierTaskContext ctx) throws IOException, InterruptedException {
+        int nodeRank = ctx.partitionId();
+        List<String> hosts = new ArrayList<>();
+        for (BarrierTaskInfo info : ctx.getTaskInfos()) {
+            hosts.add(hostOf(info.address()));
+        }
+        int nnodes = hosts.size();
+        Map<String, String> env = new HashMap<>(spec.env);
+        int nproc = spec.nprocPerNode;
+        if (spec.useGpu) {
+            ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
+            if (gpu == null) {
+                throw new IllegalStateException("torchspark: useGpu is set but this task got no "
+                        + "\"gpu\" resource: set spark.task.resource.gpu.amount");
+            }
+            List<String> owned = gpusOwned(gpu.addresses(), System.getenv("CUDA_VISIBLE_DEVICES"));
+            env.put("CUDA_VISIBLE_DEVICES", String.join(",", owned));
+            if (nproc <= 0) {
+                nproc = Math.max(1, owned.size());
+            }
+        } else {
+            env.put("CUDA_VISIBLE_DEVICES", "");
+            nproc = Math.max(1, nproc);
+        }
+        Election.Result elected = null;
+        Path workdir = Files.createTempDirectory("torchspark-");
+        try {
+            String packed = "";
+            if (nodeRank == 0) {
+                Set<String> peers = new LinkedHashSet<>();
+                for (String h : hosts.subList(1, hosts.size())) {
+                    if (!h.isEmpty() && !h.equals(hosts.get(0))) {
+                        peers.add(h);
+                    }
+                }
+                if (spec.driverHost != null && !spec.driverHost.isEmpty()) {
+                    peers.add(spec.driverHost);
+                }
+                peers.add(hosts.get(0));
+                elected = Election.electMaster(new ArrayList<>(peers), localHostName());
+                packed = elected.packed;
+            }
+            Election.Record record = Election.Record.unpack(ctx.allGather(packed)[0]);
+            String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);
+            if (ifname != null && !ifname.isEmpty()) {
+                env.putIfAbsent("GLOO_SOCKET_IFNAME", ifname);
+                env.putIfAbsent("NCCL_SOCKET_IFNAME", ifname);
+            }
+            Path outFile = workdir.resolve("output.bin");
+            Path errorFile = workdir.resolve("error.json");
+            List<String> program = new ArrayList<>();
+            for (String a : spec.program) {
+                program.add(a.replace(TorchSparkRunner.OUTPUT, outFile.toString()));
+            }
+            if (spec.wantOutput) {
+                env.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
+            }
+            if (spec.endpoint != null) {
+                env.put("TORCHSPARK_LOG_SECRET", spec.secretHex);
+            }
+            env.put(AgentProcess.TASK_TAG, Long.toString(ctx.taskAttemptId()));
+            boolean ship = spec.wantOutput && spec.endpoint != null && nodeRank == 0;
+            String python = spec.python != null ? spec.python
+                    : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3");
+            List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), false, nnodes,
+                    nodeRank, nproc, record.masterAddr, record.masterPort, record.runId, python,
+                    errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
+                    spec.noPython, program);
+            // The executor's own log keeps every line, with or without the channel.
+            AgentProcess agent = new AgentProcess(cmd, env, System.err::println);
+            agent.start(); // from the task thread: it lives as long as the agent
+            int rc = agent.waitFor(ctx);
+            if (elected != null) {
+                elected.reservation.close();
+            }
+            if (rc != 0) {
+                String host = localHostName();
+                ObjectNode report = Reports.build(nodeRank, host, rc, agent.tail(),
+                        Reports.readErrorFile(errorFile), nproc);
+                throw new IllegalStateException("torchspark node " + nodeRank + " on host " + host
+                        + ": the agent exited with status " + rc + "\n" + Reports.encode(report) + "\n");
+            }
+            if (ship && Files.exists(outFile)) {
+                // The agent removes the file once the driver confirmed it: shipping failed
+                // (the agent said why), so the result takes the collect() path instead.
+                System.err.println("torchspark: rank 0's output did not reach the driver over the "
+                        + "output channel; sending it through collect() instead");
+                return chunks(outFile);
+            }
+            return Collections.emptyList();
+        } finally {
+            if (elected != null) {
+                elected.reservation.close();
+            }
+            deleteTree(workdir);
+        }
+    }
+
+    private static List<byte[]> chunks(Path p) throws IOException {
+        List<byte[]> out = new ArrayList<>();
+        try (InputStream in = Files.newInputStream(p)) {
+            byte[] b;
+            while ((b = in.readNBytes(RESULT_CHUNK)).length > 0) {
+                out.add(b);
+            }
+        }
+        return out;
+    }
+
+    static void deleteTree(Path p) {
+        try (Stream<Path> s = Files.walk(p)) {
+            s.sorted(Comparator.reverseOrder()).forEach(q -> q.toFile().delete());
+        } catch (IOException ignored) {
+            // Best effort.
+        }
+    }
+}

@@ -1,0 +1,65 @@
+package org.torchspark;
+
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * Training failed: names the root cause, that is the rank (and node, local rank), the host,
+ * the exit code or signal, the rank's error message when its error file had one, and its
+ * last lines of output. Spark's own exception, when there is one, is the cause.
+ */
+public class TorchSparkException extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+
+    private final Integer rank;
+    private final Integer nodeRank;
+    private final String host;
+    private final Integer exitCode;
+    private final int signal;
+    private final List<String> lastLines;
+    private final String reportJson;
+
+    public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
+            Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause) {
+        super(message, cause);
+        this.rank = rank;
+        this.nodeRank = nodeRank;
+        this.host = host;
+        this.exitCode = exitCode;
+        this.signal = signal;
+        this.lastLines = lastLines == null ? List.of() : Collections.unmodifiableList(lastLines);
+        this.reportJson = reportJson;
+    }
+
+    /** The failing global rank, or null when no single rank failed (a lost node). */
+    public Integer rank() {
+        return rank;
+    }
+
+    public Integer nodeRank() {
+        return nodeRank;
+    }
+
+    public String host() {
+        return host;
+    }
+
+    /** The process's exit code (128+N when killed by signal N), or null when unknown. */
+    public Integer exitCode() {
+        return exitCode;
+    }
+
+    /** The signal that killed the rank, 0 when none. */
+    public int signal() {
+        return signal;
+    }
+
+    public List<String> lastLines() {
+        return lastLines;
+    }
+
+    /** The whole failure report as JSON (the PySpark glue's layout), or null. */
+    public String reportJson() {
+        return reportJson;
+    }
+}

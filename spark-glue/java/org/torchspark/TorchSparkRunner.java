@@ -1,0 +1,547 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.io.PrintStream;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicLong;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.spark.SparkContext;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.rdd.RDD;
+import org.apache.spark.sql.SparkSession;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.reflect.ClassTag;
+
+/**
+ * Runs a torch training program (a Python script, a module with {@code -m}, or any command)
+ * across a Spark barrier stage from a JVM application, one torchspark-run agent per task:
+ *
+ * <pre>{@code
+ * TorchSparkRunner.Result r = TorchSparkRunner.script("train.py", "--out", TorchSparkRunner.OUTPUT)
+ *         .numProcesses(2)
+ *         .run(spark);
+ * byte[] metrics = r.output();
+ * }</pre>
+ *
+ * <p>The driver hosts the log server: every line the training processes print arrives
+ * tagged "[rank N] " in the application's log (SLF4J logger {@code org.torchspark.TorchSparkRunner},
+ * INFO) or on stderr. Rank 0's output (the file named by {@link #OUTPUT} in the arguments,
+ * also given to the workers as {@code TORCHSPARK_OUTPUT_FILE}) comes back as bytes or into a
+ * file. A failure throws one {@link TorchSparkException} naming the rank, the host, the exit
+ * code or signal and the rank's last lines. No Scala types are needed to call it.
+ */
+public final class TorchSparkRunner {
+    /** Replaced in the program's arguments by the path of rank 0's output file. */
+    public static final String OUTPUT = "{output}";
+    /** The local property that marks torchspark's tasks for the executor plugin. */
+    public static final String TASK_PROPERTY = "torchspark.run";
+
+    static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
+    static final double SPARK_GRACE_S = 3.0;
+
+    private enum Kind { SCRIPT, MODULE, COMMAND }
+
+    private final Kind kind;
+    private final String target;
+    private final List<String> args;
+    private int numProcesses = 1;
+    private int nprocPerNode = 0;
+    private boolean useGpu;
+    private boolean localMode;
+    private boolean logToStderr;
+    private boolean wantOutput;
+    private Path outputPath;
+    private String python;
+    private final Map<String, String> env = new HashMap<>();
+
+    private TorchSparkRunner(Kind kind, String target, String[] args) {
+        if (target == null || target.isEmpty()) {
+            throw new IllegalArgumentException("the " + kind.name().toLowerCase() + " to run must be given");
+        }
+        for (String a : args) {
+            if (a == null) {
+                throw new IllegalArgumentException("the arguments must not contain null");
+            }
+        }
+        this.kind = kind;
+        this.target = target;
+        this.args = List.of(args);
+        this.wantOutput = this.args.contains(OUTPUT);
+    }
+
+    /** python -u SCRIPT ARGS on every rank (the script's path as seen by the executors). */
+    public static TorchSparkRunner script(String path, String... args) {
+        return new TorchSparkRunner(Kind.SCRIPT, path, args);
+    }
+
+    /** python -u -m MODULE ARGS on every rank. */
+    public static TorchSparkRunner module(String module, String... args) {
+        return new TorchSparkRunner(Kind.MODULE, module, args);
+    }
+
+    /** Any program (no interpreter) on every rank. */
+    public static TorchSparkRunner command(String program, String... args) {
+        return new TorchSparkRunner(Kind.COMMAND, program, args);
+    }
+
+    /** The total number of training processes (default 1). */
+    public TorchSparkRunner numProcesses(int n) {
+        if (n <= 0) {
+            throw new IllegalArgumentException("numProcesses must be > 0, got " + n);
+        }
+        numProcesses = n;
+        return this;
+    }
+
+    /** Processes per task (default: 1 on CPU, the task's GPUs with useGpu). */
+    public TorchSparkRunner nprocPerNode(int n) {
+        if (n <= 0) {
+            throw new IllegalArgumentException("nprocPerNode must be > 0, got " + n);
+        }
+        nprocPerNode = n;
+        return this;
+    }
+
+    /** One process per GPU of each task (spark.task.resource.gpu.amount). */
+    public TorchSparkRunner useGpu(boolean on) {
+        useGpu = on;
+        return this;
+    }
+
+    /** Run every process on the driver (one agent, no Spark job). */
+    public TorchSparkRunner localMode(boolean on) {
+        localMode = on;
+        return this;
+    }
+
+    /** Workers' lines to the driver's stderr instead of its log (they go there anyway when the
+     *  log has INFO disabled for org.torchspark.TorchSparkRunner). */
+    public TorchSparkRunner logToStderr(boolean on) {
+        logToStderr = on;
+        return this;
+    }
+
+    /** Bring rank 0's output file back (implied by {@link #OUTPUT} in the arguments). */
+    public TorchSparkRunner collectOutput(boolean on) {
+        wantOutput = on;
+        return this;
+    }
+
+    /** Receive rank 0's output into this file instead of memory (any size). */
+    public TorchSparkRunner outputPath(Path p) {
+        outputPath = p;
+        wantOutput = wantOutput || p != null;
+        return this;
+    }
+
+    /** The Python interpreter on the executors (default: PYSPARK_PYTHON, spark.pyspark.python, python3). */
+    public TorchSparkRunner python(String path) {
+        if (path == null || path.isEmpty()) {
+            throw new IllegalArgumentException("python must name an interpreter");
+        }
+        python = path;
+        return this;
+    }
+
+    /** An environment variable for every training process. */
+    public TorchSparkRunner env(String key, String value) {
+        if (key == null || key.isEmpty() || key.contains("=") || key.indexOf('\0') >= 0) {
+            throw new IllegalArgumentException("bad environment variable name: " + key);
+        }
+        if (value == null || value.indexOf('\0') >= 0) {
+            throw new IllegalArgumentException("the value of " + key + " must be a string without NUL");
+        }
+        env.put(key, value);
+        return this;
+    }
+
+    public TorchSparkRunner env(Map<String, String> vars) {
+        vars.forEach(this::env);
+        return this;
+    }
+
+    /** What a run returns: rank 0's output, if asked for. */
+    public static final class Result {
+        private final byte[] output;
+        private final Path path;
+
+        Result(byte[] output, Path path) {
+            this.output = output;
+            this.path = path;
+        }
+
+        /** Rank 0's output in memory (null when none was asked for, or it went to a file). */
+        public byte[] output() {
+            return output;
+        }
+
+        /** The file rank 0's output was received into (null when in memory or none). */
+        public Path outputPath() {
+            return path;
+        }
+    }
+
+    public Result run(SparkSession spark) {
+        return run(spark.sparkContext());
+    }
+
+    public Result run(JavaSparkContext jsc) {
+        return run(jsc.sc());
+    }
+
+    /** Runs the training; in local mode sc may be null. */
+    public Result run(SparkContext sc) {
+        List<String> program = programArgs();
+        String py = python;
+        if (py == null && kind != Kind.COMMAND) {
+            String v = System.getenv("PYSPARK_PYTHON");
+            py = v != null ? v : sc != null ? sc.conf().get("spark.pyspark.python", "python3") : "python3";
+        }
+        if (localMode) {
+            return runLocal(program, py);
+        }
+        if (sc == null) {
+            throw new IllegalArgumentException("distributed mode needs a SparkContext (or use localMode)");
+        }
+        return runDistributed(sc, program, py);
+    }
+
+    private List<String> programArgs() {
+        List<String> p = new ArrayList<>();
+        if (kind == Kind.MODULE) {
+            p.add("-m");
+        }
+        p.add(target);
+        p.addAll(args);
+        return p;
+    }
+
+    private int tasks(SparkContext sc) {
+        int per = nprocPerNode;
+        if (useGpu && per == 0) {
+            String amount = sc.conf().get("spark.task.resource.gpu.amount", "1");
+            per = (int) Math.max(1, Math.round(Double.parseDouble(amount)));
+        }
+        per = Math.max(1, per);
+        if (numProcesses % per != 0) {
+            throw new IllegalArgumentException("numProcesses (" + numProcesses + ") must be a multiple "
+                    + "of the processes per task (" + per + ")");
+        }
+        return numProcesses / per;
+    }
+
+    /** Lines from the log server to the log (or stderr), on a thread of their own. */
+    static final class Pump extends Thread {
+        private final LogServer server;
+        private final boolean toStderr;
+        private volatile boolean stopping;
+
+        Pump(LogServer server, boolean toStderr) {
+            super("torchspark-log-pump");
+            setDaemon(true);
+            this.server = server;
+            this.toStderr = toStderr;
+        }
+
+        @Override
+        public void run() {
+            PrintStream err = System.err;
+            // Never drop a line silently: when the log would (INFO disabled), use stderr.
+            boolean stderr = toStderr || !LOG.isInfoEnabled();
+            while (true) {
+                List<String> lines = server.pullText(1024, 200);
+                if (lines == null) {
+                    return; // stopped and drained
+                }
+                if (lines.isEmpty() && stopping) {
+                    return;
+                }
+                Metrics.LINES.addAndGet(lines.size());
+                for (String ln : lines) {
+                    if (stderr) {
+                        err.println(ln);
+                    } else {
+                        LOG.info(ln);
+                    }
+                }
+            }
+        }
+
+        /** Drains what is queued (the server was shut down first), then ends. */
+        void finish() {
+            stopping = true;
+            try {
+                join(10_000);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+            }
+        }
+    }
+
+    private Result runLocal(List<String> program, String py) {
+        Path workdir;
+        try {
+            workdir = Files.createTempDirectory("torchspark-");
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        Path outFile = workdir.resolve("output.bin");
+        Path errorFile = workdir.resolve("error.json");
+        List<String> prog = new ArrayList<>();
+        for (String a : program) {
+            prog.add(a.replace(OUTPUT, outFile.toString()));
+        }
+        Map<String, String> penv = new HashMap<>(env);
+        if (wantOutput) {
+            penv.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
+        }
+        int nproc = nprocPerNode > 0 ? nprocPerNode : numProcesses;
+        Metrics.RUNS.incrementAndGet();
+        Metrics.AGENTS.incrementAndGet();
+        try (LogServer server = new LogServer("127.0.0.1", 0)) {
+            penv.put("TORCHSPARK_LOG_SECRET", server.secretHex());
+            if (wantOutput) {
+                server.expectOutput(outputPath != null ? outputPath.toString() : null);
+            }
+            Pump pump = new Pump(server, logToStderr);
+            pump.start();
+            List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
+                    null, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
+                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, prog);
+            AgentProcess agent = new AgentProcess(cmd, penv, null);
+            int rc;
+            try {
+                agent.start();
+                rc = agent.waitFor(null);
+            } catch (IOException e) {
+                throw new UncheckedIOException("torchspark: cannot start the agent " + cmd.get(0), e);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
+            } finally {
+                server.shutdown(rcDrain(agent));
+                pump.finish();
+            }
+            if (rc != 0) {
+                Metrics.FAILURES.incrementAndGet();
+                ObjectNode report = Reports.build(0, NodeTask.localHostName(), rc, agent.tail(),
+                        Reports.readErrorFile(errorFile), nproc);
+                List<String> tail = report.hasNonNull("rank") ? server.tail(report.get("rank").asInt(),
+                        Reports.TAIL_IN_MESSAGE) : null;
+                throw Reports.exception(report, "local", tail, null);
+            }
+            return wantOutput ? collect(server, Collections.emptyList()) : new Result(null, null);
+        } finally {
+            Metrics.AGENTS.decrementAndGet();
+            NodeTask.deleteTree(workdir);
+        }
+    }
+
+    private static int rcDrain(AgentProcess agent) {
+        Process p = agent.process();
+        return p != null && !p.isAlive() && p.exitValue() == 0 ? 5000 : 1000;
+    }
+
+    private Result collect(LogServer server, List<byte[]> chunks) {
+        boolean got = server.awaitOutput(10_000);
+        if (!got && chunks.isEmpty()) {
+            throw new TorchSparkException("TorchSparkRunner: training succeeded but rank 0's output did "
+                    + "not arrive (" + (server.outputError().isEmpty() ? "nothing was received; did rank 0 "
+                    + "write the file named by " + OUTPUT + " / $TORCHSPARK_OUTPUT_FILE?" : server.outputError())
+                    + ")", 0, 0, null, 0, 0, null, null, null);
+        }
+        if (!got) {
+            LOG.warn("rank 0's output did not arrive over torchspark's output channel ({}); it came "
+                    + "through collect() instead", server.outputError());
+            int n = 0;
+            for (byte[] c : chunks) {
+                n += c.length;
+            }
+            byte[] all = new byte[n];
+            int off = 0;
+            for (byte[] c : chunks) {
+                System.arraycopy(c, 0, all, off, c.length);
+                off += c.length;
+            }
+            if (outputPath != null) {
+                try {
+                    Files.write(outputPath, all);
+                } catch (IOException e) {
+                    throw new UncheckedIOException(e);
+                }
+                return new Result(null, outputPath);
+            }
+            return new Result(all, null);
+        }
+        return outputPath != null ? new Result(null, outputPath) : new Result(server.outputBytes(), null);
+    }
+
+    private Result runDistributed(SparkContext sc, List<String> program, String py) {
+        int ntasks = tasks(sc);
+        String driverHost = sc.conf().get("spark.driver.host", "");
+        String bind = sc.conf().get("spark.driver.bindAddress", "");
+        if (bind.isEmpty()) {
+            bind = driverHost.isEmpty() ? "127.0.0.1" : driverHost;
+        }
+        NodeTask.Spec spec = new NodeTask.Spec();
+        spec.program.addAll(program);
+        spec.noPython = kind == Kind.COMMAND;
+        spec.nprocPerNode = useGpu ? nprocPerNode : Math.max(1, nprocPerNode);
+        spec.useGpu = useGpu;
+        spec.python = py;
+        spec.env.putAll(env);
+        spec.driverHost = driverHost;
+        spec.wantOutput = wantOutput;
+        Metrics.RUNS.incrementAndGet();
+        boolean ok = false;
+        try (LogServer server = new LogServer(bind, 0)) {
+            spec.endpoint = server.endpoint(driverHost.isEmpty() ? null : driverHost);
+            spec.secretHex = server.secretHex();
+            if (wantOutput) {
+                server.expectOutput(outputPath != null ? outputPath.toString() : null);
+            }
+            Pump pump = new Pump(server, logToStderr);
+            pump.start();
+            String tag = "torchspark-" + UUID.randomUUID();
+            CountDownLatch done = new CountDownLatch(1);
+            AtomicReference<List<byte[]>> chunks = new AtomicReference<>();
+            AtomicReference<Throwable> error = new AtomicReference<>();
+            String prevProp = sc.getLocalProperty(TASK_PROPERTY);
+            Thread job = new Thread(() -> {
+                try {
+                    sc.setLocalProperty(TASK_PROPERTY, tag);
+                    sc.addJobTag(tag);
+                    try {
+                        JavaSparkContext jsc = JavaSparkContext.fromSparkContext(sc);
+                        List<Integer> rows = new ArrayList<>();
+                        for (int i = 0; i < ntasks; i++) {
+                            rows.add(i);
+                        }
+                        ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
+                        RDD<byte[]> out = jsc.parallelize(rows, ntasks).rdd().barrier()
+                                .mapPartitions(new NodeTask(spec), false, tagBytes);
+                        chunks.set(JavaRDD.fromRDD(out, tagBytes).collect());
+                    } finally {
+                        sc.removeJobTag(tag);
+                        sc.setLocalProperty(TASK_PROPERTY, prevProp);
+                    }
+                } catch (Throwable t) {
+                    error.set(t);
+                } finally {
+                    done.countDown();
+                }
+            }, "torchspark-barrier-job");
+            job.setDaemon(true);
+            Metrics.AGENTS.addAndGet(ntasks);
+            LOG.info("Started distributed training with {} processes in {} barrier tasks", numProcesses, ntasks);
+            String root = null;
+            try {
+                job.start();
+                while (!done.await(0, TimeUnit.MILLISECONDS)) {
+                    root = server.failure(250);
+                    if (root != null) {
+                        if (!done.await((long) (SPARK_GRACE_S * 1000), TimeUnit.MILLISECONDS)) {
+                            sc.cancelJobsWithTag(tag);
+                            done.await(1, TimeUnit.SECONDS);
+                        }
+                        break;
+                    }
+                }
+            } catch (InterruptedException e) {
+                server.stopAll("the driver was interrupted");
+                sc.cancelJobsWithTag(tag);
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
+            } finally {
+                Metrics.AGENTS.addAndGet(-ntasks);
+            }
+            Throwable err = error.get();
+            if (err != null || root != null) {
+                if (root == null) {
+                    root = server.failure(server.lostPending() > 0 ? 2000 : 0);
+                }
+                server.stopAll(err != null ? "the Spark job failed" : "another node failed");
+                server.shutdown(1000);
+                pump.finish();
+                Metrics.FAILURES.incrementAndGet();
+                throw failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+            }
+            Result r = wantOutput ? collect(server, chunks.get()) : new Result(null, null);
+            server.shutdown(5000);
+            pump.finish();
+            ok = true;
+            LOG.info("Finished distributed training with {} processes", numProcesses);
+            return r;
+        } finally {
+            if (!ok) {
+                LOG.debug("torchspark run ended with a failure");
+            }
+        }
+    }
+
+    private static TorchSparkException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
+        if (rootJson != null) {
+            JsonNode root = Reports.parseRoot(rootJson);
+            if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
+                ObjectNode report = Reports.build(root.path("node_rank").asInt(-1), root.path("host").asText("?"),
+                        1, List.of(), root.get("report"), nproc);
+                List<String> tail = report.hasNonNull("rank")
+                        ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
+                return Reports.exception(report, "distributed", tail, sparkError);
+            }
+            int node = root.path("node_rank").asInt(-1);
+            String host = root.path("host").asText("?");
+            List<String> tail = new ArrayList<>();
+            for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
+                for (String ln : server.tail(r, Reports.TAIL_IN_MESSAGE)) {
+                    tail.add(ln);
+                }
+            }
+            StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
+                    + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
+                    + ", that host, or the network to it failed; the other nodes were stopped.");
+            for (String ln : tail) {
+                m.append("\n  ").append(ln);
+            }
+            return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
+        }
+        ObjectNode report = Reports.find(sparkError);
+        if (report != null) {
+            List<String> tail = report.hasNonNull("rank")
+                    ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
+            return Reports.exception(report, "distributed", tail, sparkError);
+        }
+        String text = String.valueOf(sparkError.getMessage());
+        String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
+        String what = text.toLowerCase().contains("cancel") ? "the Spark job was cancelled"
+                : "the barrier stage failed before any training process reported an error";
+        return new TorchSparkException("TorchSparkRunner (distributed) failed: " + what + ": "
+                + first.substring(0, Math.min(500, first.length()))
+                + "\nSee the exception's cause (Spark's error) and the executors' logs.",
+                null, null, null, null, 0, null, null, sparkError);
+    }
+
+    /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */
+    static final class Metrics {
+        static final AtomicLong RUNS = new AtomicLong();
+        static final AtomicLong AGENTS = new AtomicLong();
+        static final AtomicLong LINES = new AtomicLong();
+        static final AtomicLong FAILURES = new AtomicLong();
+
+        private Metrics() {}
+    }
+}

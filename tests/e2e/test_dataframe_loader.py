@@ -1,0 +1,328 @@
+"""torchspark.data on Arrow files written here with pyarrow (no Spark job): PySpark's
+loader compared batch by batch with PySpark's own dataset on the same file, several
+DataLoader workers, local-rank shares, the columnar API (dtypes, zero copy, shuffling,
+wrap-around), clear errors, and a partition twice the size of a memory cap."""
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from pyspark.ml.linalg import VectorUDT
+from pyspark.ml.torch.data import _SparkPartitionTorchDataset
+from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType,
+                               ShortType, StringType, StructField, StructType)
+from torch.utils.data import DataLoader
+
+from torchspark import data
+
+SPARK_SCHEMA = StructType([
+    StructField("id", LongType()), StructField("x", FloatType()), StructField("d", DoubleType()),
+    StructField("i", IntegerType()), StructField("s", ShortType()),
+    StructField("a", ArrayType(FloatType())), StructField("ai", ArrayType(IntegerType())),
+    StructField("v", VectorUDT()),
+])
+VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), ("size", pa.int32()),
+                    ("indices", pa.list_(pa.field("element", pa.int32(), nullable=False))),
+                    ("values", pa.list_(pa.field("element", pa.float64(), nullable=False)))])
+DIM = 5
+
+
+def vectors(ids, dense_only=False):
+    """ML vectors as Spark ships them: odd ids dense, even ids sparse (unless dense_only)."""
+    out = []
+    for k in ids:
+        k = int(k)
+        if dense_only or k % 2:
+            out.append({"type": 1, "size": None, "indices": None,
+                        "values": [k + j / 10 for j in range(DIM)]})
+        else:
+            out.append({"type": 0, "size": DIM, "indices": [k % DIM, (k + 2) % DIM][: 1 + k % 3 // 2],
+                        "values": [float(k), -1.0][: 1 + k % 3 // 2]})
+    return pa.array(out, type=VECTOR)
+
+
+def table(n, dense_only=False):
+    ids = np.arange(n, dtype=np.int64)
+    return pa.table({
+        "id": ids, "x": (ids * 0.5).astype(np.float32), "d": ids * 0.25,
+        "i": ids.astype(np.int32) * 3, "s": (ids % 100).astype(np.int16),
+        "a": pa.array([[k, k + 0.5, -k] for k in ids.tolist()], pa.list_(pa.float32())),
+        "ai": pa.array([[k, 2 * k] for k in ids.tolist()], pa.list_(pa.int32())),
+        "v": vectors(ids, dense_only),
+    })
+
+
+def write(path, tbl, chunk=7, stream=True, spark_schema=SPARK_SCHEMA):
+    schema = tbl.schema
+    if spark_schema is not None:
+        schema = schema.with_metadata({data.SPARK_SCHEMA_KEY: spark_schema.json()})
+    with pa.OSFile(str(path), "wb") as f:
+        w = (pa.ipc.new_stream if stream else pa.ipc.new_file)(f, schema)
+        w.write_table(tbl.cast(schema), max_chunksize=chunk)
+        w.close()
+    return str(path)
+
+
+@pytest.fixture
+def partition(tmp_path, monkeypatch):
+    """Points the readers at a file, as a barrier task does; env for local shares."""
+    def use(tbl, local=(0, 1), **kw):
+        path = write(tmp_path / f"p{len(os.listdir(tmp_path))}.arrow", tbl, **kw)
+        monkeypatch.setenv(data.PARTITION_FILE_ENV, path)
+        monkeypatch.setenv("LOCAL_RANK", str(local[0]))
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local[1]))
+        return path
+    monkeypatch.delenv(data.STOCK_FILE_ENV, raising=False)
+    return use
+
+
+def stock_batches(path, num_samples, batch_size):
+    ds = _SparkPartitionTorchDataset(path, SPARK_SCHEMA, num_samples)
+    return list(DataLoader(ds, batch_size, num_workers=0))
+
+
+def assert_same_batches(ours, ref):
+    assert len(ours) == len(ref)
+    for b, (x, y) in enumerate(zip(ours, ref, strict=True)):
+        assert len(x) == len(y)
+        for c, (t, u) in enumerate(zip(x, y, strict=True)):
+            assert t.dtype == u.dtype, (b, SPARK_SCHEMA[c].name, t.dtype, u.dtype)
+            assert torch.equal(t, u), (b, SPARK_SCHEMA[c].name)
+
+
+@pytest.mark.parametrize("num_samples", [10, 23, 61])
+def test_stock_loader_matches_pyspark_dataset(partition, num_samples):
+    """Same batches, values and dtypes as PySpark's dataset on the same stream file: fewer
+    samples than rows, all of them, and wrapping around (rows over 7-row record batches)."""
+    path = partition(table(23))
+    ref = stock_batches(path, num_samples, 4)
+    ours = list(data.get_spark_partition_data_loader(num_samples, 4, num_workers=0))
+    assert_same_batches(ours, ref)
+    assert len(data.get_spark_partition_data_loader(num_samples, 4, num_workers=0)) == len(ref)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_stock_loader_workers_keep_the_order(partition, workers):
+    path = partition(table(50), stream=False)  # the Arrow file format reads the same
+    loader = data.get_spark_partition_data_loader(101, 8, num_workers=workers)
+    assert_same_batches(list(loader), stock_batches(write(path + ".s", table(50)), 101, 8))
+
+
+def test_stock_loader_refuses_types_as_pyspark(partition):
+    tbl = table(5).append_column("name", pa.array(list("abcde")))
+    schema = StructType(SPARK_SCHEMA.fields + [StructField("name", StringType())])
+    partition(tbl, spark_schema=schema)
+    with pytest.raises(ValueError, match="SparkPartitionTorchDataset does not support loading "
+                                         "data from field of type string."):
+        data.get_spark_partition_data_loader(5, 2)
+
+
+def test_stock_loader_reads_pyspark_files(tmp_path, monkeypatch):
+    """Under PySpark's own distributor (its variables, its schema file), too."""
+    path = write(tmp_path / "data.arrow", table(9), spark_schema=None)
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(SPARK_SCHEMA.json())
+    monkeypatch.delenv(data.PARTITION_FILE_ENV, raising=False)
+    monkeypatch.setenv(data.STOCK_FILE_ENV, path)
+    monkeypatch.setenv(data.STOCK_SCHEMA_ENV, str(schema_file))
+    ours = list(data.get_spark_partition_data_loader(9, 4, num_workers=0))
+    assert_same_batches(ours, stock_batches(path, 9, 4))
+
+
+def test_local_ranks_read_disjoint_shares(partition, monkeypatch):
+    seen = []
+    for r in range(3):
+        partition(table(31), local=(r, 3))
+        ids = [i for b in data.partition_batches(4) for i in b["id"].tolist()]
+        stock_ids = [i for b in data.get_spark_partition_data_loader(len(ids), 4, num_workers=2)
+                     for i in b[0].tolist()]
+        assert ids == stock_ids and ids == sorted(ids)
+        assert data.partition_num_rows() == len(ids)
+        seen += ids
+    assert seen == list(range(31))
+    partition(table(2), local=(0, 3))
+    with pytest.raises(ValueError, match="has 2 rows, fewer than the 3 processes.*local rank 0"):
+        data.partition_batches(4)
+
+
+def test_columnar_types_shapes_and_zero_copy(partition):
+    path = partition(table(40, dense_only=True).append_column("name", pa.array(
+        [f"n{k}" for k in range(40)])).append_column("ok", pa.array([k % 3 == 0 for k in range(40)])),
+        chunk=20)
+    batches = list(data.partition_batches(10))
+    assert len(batches) == 4
+    b = batches[1]
+    assert b["x"].dtype == torch.float32 and b["id"].dtype == torch.int64
+    assert b["s"].dtype == torch.int16 and b["i"].dtype == torch.int32
+    assert b["a"].shape == (10, 3) and b["a"].dtype == torch.float32
+    assert b["v"].shape == (10, DIM) and b["v"].dtype == torch.float64
+    assert b["ok"].dtype == torch.bool and b["ok"].tolist() == [k % 3 == 0 for k in range(10, 20)]
+    assert b["name"] == [f"n{k}" for k in range(10, 20)]
+    assert b["id"].tolist() == list(range(10, 20))
+    assert torch.equal(b["a"][:, 2], -b["id"].float())
+    assert b["v"][3].tolist() == [13 + j / 10 for j in range(DIM)]
+    # Views of the mapped file: numeric columns, arrays and dense vectors.
+    part = data._open(path)
+    for name in ("id", "x", "a", "v"):
+        assert part._lo <= b[name].data_ptr() < part._hi, name
+    # Writable, privately: the file and a fresh mapping keep the original values.
+    b["a"].mul_(0)
+    fresh = data.Partition(path)
+    assert fresh.batches[0].column("a")[10].as_py() == [10.0, 10.5, -10.0]
+
+
+def test_columnar_sparse_vectors_and_spans(partition):
+    partition(table(23))  # 7-row record batches: most batches span two of them
+    got = list(data.partition_batches(5, columns=["v", "id"]))
+    assert [list(b) for b in got] == [["v", "id"]] * 5
+    v = torch.cat([b["v"] for b in got])
+    ref = torch.stack([b[7] for b in stock_batches(data._partition_path()[0], 23, 1)]).squeeze(1)
+    assert torch.equal(v, ref)
+    assert v[4].tolist() == [0, 0, 0, 0, 4.0]  # sparse: size 5, index 4 -> 4.0
+
+
+def test_columnar_shuffle_drop_last_and_wrap(partition):
+    partition(table(53))
+    ids = [b["id"] for b in data.partition_batches(8, shuffle=True, seed=3)]
+    flat = torch.cat(ids).tolist()
+    assert sorted(flat) == list(range(53)) and flat != list(range(53))
+    again = torch.cat([b["id"] for b in data.partition_batches(8, shuffle=True, seed=3)]).tolist()
+    other = torch.cat([b["id"] for b in data.partition_batches(8, shuffle=True, seed=4)]).tolist()
+    assert again == flat and other != flat
+    b = next(data.partition_batches(8, shuffle=True, seed=3))
+    assert torch.equal(b["a"][:, 0], b["id"].float()) and torch.equal(b["x"], b["id"] * 0.5)
+    assert [len(b["id"]) for b in data.partition_batches(8, drop_last=True)] == [8] * 6
+    wrapped = [b["id"].tolist() for b in data.partition_batches(8, num_samples=60)]
+    assert sum(wrapped, []) == list(range(53)) + list(range(7))
+
+
+def test_columnar_in_dataloader_workers(partition):
+    partition(table(45))
+
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return data.partition_batches(4, columns=["id", "a"])
+
+    got = [b["id"].tolist() for b in DataLoader(Rows(), batch_size=None, num_workers=2)]
+    assert got == [b["id"].tolist() for b in data.partition_batches(4)]
+
+
+def test_clear_errors(partition, monkeypatch):
+    partition(pa.table({"t": pa.array([1, 2], pa.timestamp("us")), "x": [1.0, 2.0]}),
+              spark_schema=None)
+    with pytest.raises(TypeError, match=r"column 't' has Arrow type timestamp\[us\].*cast"):
+        data.partition_batches(2)
+    assert next(data.partition_batches(2, columns=["x"]))["x"].tolist() == [1.0, 2.0]
+    with pytest.raises(ValueError, match="no column 'y'; its columns are t, x"):
+        data.partition_batches(2, columns=["y"])
+    partition(pa.table({"x": [1.0, None]}), spark_schema=None)
+    with pytest.raises(ValueError, match=r"column 'x' has 1 null value\(s\).*na.fill"):
+        data.partition_batches(2)
+    partition(pa.table({"a": pa.array([[1.0, 2.0], [3.0]])}), spark_schema=None)
+    with pytest.raises(ValueError, match=r"rows of column 'a' have different lengths \(2 and 1\)"):
+        data.partition_batches(2)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        data.partition_batches(0)
+    monkeypatch.delenv(data.PARTITION_FILE_ENV)
+    with pytest.raises(RuntimeError, match="inside the train function given to "
+                                           "TorchDistributor.train_on_dataframe"):
+        data.get_spark_partition_data_loader(1, 1)
+
+
+BIG_READER = textwrap.dedent("""
+    import os, sys, threading, time
+    CAP = int(sys.argv[1])
+    peak = [0]
+
+    def anon_kib():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1])
+
+    def watch():  # the cap on this process's own memory (file pages are the page cache's)
+        while True:
+            peak[0] = max(peak[0], anon_kib())
+            if peak[0] > CAP // 1024:
+                print(f"over the cap: {peak[0]} KiB", flush=True)
+                os._exit(3)
+            time.sleep(0.002)
+
+    threading.Thread(target=watch, daemon=True).start()
+    import torch
+    from torchspark import data
+    rows = ids = total = 0
+    for b in data.partition_batches(8192):
+        rows += len(b["id"])
+        ids += int(b["id"].sum())
+        total += float(b["a"][:, -1].sum())  # a float in every 1 KiB row: every page
+    n = 0
+    for i, a in data.get_spark_partition_data_loader(rows, 8192, num_workers=0):
+        n += len(i)
+    print(rows, n, ids, total, peak[0], flush=True)
+""")
+
+
+class _SparseFile(io.RawIOBase):
+    """A file sink that leaves runs of zeros of 1 MiB or more as holes: a 2 GiB partition
+    written in a second instead of the disk's time; its reader still maps and touches
+    every page of it."""
+
+    def __init__(self, path):
+        self.f = open(path, "wb")
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        m = memoryview(b).cast("B")
+        if len(m) >= 1 << 20 and not np.frombuffer(m, np.uint8).any():
+            self.f.seek(len(m), os.SEEK_CUR)
+        else:
+            self.f.write(m)
+        return len(m)
+
+    def tell(self):
+        return self.f.tell()
+
+    def close(self):
+        if not self.f.closed:
+            self.f.truncate()
+            self.f.close()
+        super().close()
+
+
+def test_partition_twice_the_memory_cap(tmp_path):
+    """A 2 GiB partition read through both APIs by a process whose anonymous memory is
+    capped at 1 GiB (a watchdog ends it above that): nothing is materialised."""
+    width, rows_per_batch, nbatches = 256, 1 << 16, 32  # 1 KiB + 8 B a row, 2.16 GB in all
+    arrays = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.zeros(rows_per_batch * width, dtype=np.float32)), width)
+    schema = pa.schema([("id", pa.int64()), ("a", arrays.type)])
+    path = tmp_path / "big.arrow"
+    try:
+        sink = pa.PythonFile(_SparseFile(str(path)), mode="w")
+        with pa.ipc.new_stream(sink, schema) as w:
+            for k in range(nbatches):
+                ids = pa.array(np.arange(k * rows_per_batch, (k + 1) * rows_per_batch))
+                w.write_batch(pa.record_batch([ids, arrays], schema=schema))
+        sink.close()
+        assert path.stat().st_size > 2 << 30
+        env = dict(os.environ, **{data.PARTITION_FILE_ENV: str(path)})
+        env.pop("LOCAL_WORLD_SIZE", None)
+        out = subprocess.run([sys.executable, "-c", BIG_READER, str(1 << 30)], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        rows, n, ids, total, peak_kib = out.stdout.split()
+        n_rows = rows_per_batch * nbatches
+        assert int(rows) == int(n) == n_rows
+        assert int(ids) == n_rows * (n_rows - 1) // 2 and float(total) == 0.0
+        print(f"read {rows} rows, peak anonymous memory {int(peak_kib) >> 10} MiB")
+        assert int(peak_kib) < 1 << 20
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,54 @@
+"""The JVM half end to end, on real Spark (spark-submit of the pyspark package,
+local-cluster[2,1,1024]) and real torch: a Java application trains the DDP example across
+2 executors through TorchSparkRunner; TorchSparkPlugin stops a cancelled job's training
+processes at once, for TorchSparkRunner and for PySpark's TorchDistributor."""
+import re
+
+import pytest
+
+import jvmutil
+
+pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
+                                "(needs javac 17 and junit4: bash tests/setup.sh)")
+
+
+def test_java_application_trains_across_two_executors():
+    out, err = jvmutil.spark_submit("train", plugin=False)
+    # Rank 0's output (the JSON metrics ddp_train.py writes to --out) came back as bytes.
+    assert out["OUTPUT"][0].startswith('{"world_size": 2, "steps": 12'), out
+    # Every line reached the driver rank-tagged (the log, or stderr when the app's log is WARN).
+    assert re.search(r"\[rank 0\] step +0 +loss", err), err[-3000:]
+    assert re.search(r"\[rank 0\] rank 0 done: \{\"world_size\": 2", err), err[-3000:]
+    # A failing rank throws one exception naming rank, host and exit code, with its lines.
+    fail = out["FAILURE"][0]
+    assert re.match(r"rank=1 host=\S+ exit=5 lines=\[rank one gives up\]", fail), fail
+    assert "rank 1 (node 1, local rank 0) on host" in out["MESSAGE"][0]
+    assert "exited with code 5" in out["MESSAGE"][0]
+    # Nothing left running: rank 0's sleeping node was stopped through the control channel.
+    assert out["LEFT"] == ["0"], out
+
+
+def test_plugin_stops_a_cancelled_runner_job_within_a_second():
+    out, err = jvmutil.spark_submit("cancel", plugin=True)
+    assert int(out["BEFORE"][0]) >= 4, out
+    gone = int(out["GONE_MS"][0])
+    assert 0 <= gone < 1000, (out, err[-3000:])
+
+
+def test_plugin_stops_a_cancelled_pyspark_job_within_a_second():
+    mark = jvmutil.new_mark()
+    spark = jvmutil.pyspark_session(plugin=True, mark=mark)
+    try:
+        (gone,) = jvmutil.cancel_pyspark(spark, mark)
+    finally:
+        spark.stop()
+    assert 0 <= gone < 1000, gone
+
+
+def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
+    # One executor with 2 cores runs both jobs; then stopping the application stops the other.
+    out, err = jvmutil.spark_submit("concurrent", plugin=True, master="local-cluster[1,2,1024]")
+    assert out["BEFORE"] == ["2 2"], out
+    assert 0 <= int(out["GONE_MS"][0]) < 1000, (out, err[-3000:])
+    assert out["OTHER_ALIVE"] == ["2"], out
+    assert int(out["STOP_GONE_MS"][0]) >= 0, (out, err[-3000:])

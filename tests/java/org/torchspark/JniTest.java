@@ -1,0 +1,232 @@
+package org.torchspark;
+
+import static org.junit.Assert.assertArrayEquals;
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNotNull;
+import static org.junit.Assert.assertNull;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.net.InetSocketAddress;
+import java.net.ServerSocket;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import org.junit.Test;
+
+/** JNI round trips: the election record, the log server with a real C client (the agent
+ *  torchspark-run), the output receipt, the root cause. */
+public class JniTest {
+    @Test
+    public void versionMatchesTheLibrary() {
+        assertTrue(NativeLoader.version().matches("\\d+\\.\\d+\\.\\d+"));
+    }
+
+    @Test
+    public void electionRecordRoundTrip() {
+        String packed = Election.Record.pack("10.0.0.5", 40123, "0123456789abcdef", "exec-a", "eth0");
+        assertTrue(packed, packed.startsWith("{") && packed.replace(" ", "").contains("\"master_port\":40123"));
+        Election.Record r = Election.Record.unpack(packed);
+        assertEquals(1, r.version);
+        assertEquals("10.0.0.5", r.masterAddr);
+        assertEquals(40123, r.masterPort);
+        assertEquals("0123456789abcdef", r.runId);
+        assertEquals("exec-a", r.host);
+        assertEquals("eth0", r.ifname);
+        // The record of docs/protocol.md section 2, as PySpark writes it, unknown keys ignored.
+        Election.Record p = Election.Record.unpack("{\"version\":1,\"master_port\":1,\"master_addr\":\"::1\","
+                + "\"run_id\":\"x\",\"host\":\"h\",\"ifname\":\"lo\",\"later\":[1,{}]}");
+        assertEquals("::1", p.masterAddr);
+    }
+
+    @Test
+    public void badRecordsAreRefusedNamingTheKey() {
+        String[][] cases = {
+            {"{\"version\":2,\"master_port\":1,\"master_addr\":\"a\",\"run_id\":\"x\"}", "version"},
+            {"{\"version\":1,\"master_addr\":\"a\",\"run_id\":\"x\"}", "master_port"},
+            {"not json", ""},
+        };
+        for (String[] c : cases) {
+            try {
+                Election.Record.unpack(c[0]);
+                fail("accepted " + c[0]);
+            } catch (IllegalArgumentException e) {
+                assertTrue(e.getMessage(), e.getMessage().startsWith("torchspark: bad election record: ")
+                        && e.getMessage().contains(c[1]));
+            }
+        }
+        try {
+            Election.Record.pack("1.2.3.4", 0, "x", "h", "lo");
+            fail("port 0 accepted");
+        } catch (IllegalArgumentException e) {
+            assertTrue(e.getMessage().contains("masterPort"));
+        }
+    }
+
+    @Test
+    public void electMasterHoldsThePortUntilClosed() throws Exception {
+        Election.Result r = Election.electMaster("127.0.0.1", null);
+        try {
+            assertEquals("127.0.0.1", r.record.masterAddr);
+            assertEquals("lo", r.record.ifname);
+            assertEquals(r.reservation.port, r.record.masterPort);
+            assertEquals(32, r.record.runId.length());
+            assertEquals(r.record.masterAddr, Election.Record.unpack(r.packed).masterAddr);
+            // A plain bind (no SO_REUSEADDR) cannot take the held port.
+            try (ServerSocket s = new ServerSocket()) {
+                s.setReuseAddress(false);
+                s.bind(new InetSocketAddress("127.0.0.1", r.record.masterPort));
+                fail("the reserved port was free");
+            } catch (java.net.BindException expected) {
+                // held
+            }
+        } finally {
+            r.reservation.close();
+        }
+        assertEquals("lo", Election.localIfname("127.0.0.1"));
+        try {
+            Election.electMaster("no-such-host.invalid", null);
+            fail("elected towards a host that does not resolve");
+        } catch (IllegalStateException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("no-such-host.invalid"));
+        }
+    }
+
+    /** Runs the agent binary as the log server's client: nproc sh workers. */
+    private static int runAgent(LogServer s, String endpoint, Path out, String script) throws Exception {
+        List<String> cmd = new ArrayList<>(List.of(TestEnv.agent().toString(), "--standalone",
+                "--nproc-per-node=2", "--no-python", "--log-endpoint", endpoint));
+        if (out != null) {
+            cmd.add("--output-file");
+            cmd.add(out.toString());
+        }
+        cmd.addAll(List.of("sh", "-c", script));
+        ProcessBuilder pb = new ProcessBuilder(cmd).redirectErrorStream(true);
+        pb.environment().put("TORCHSPARK_LOG_SECRET", s.secretHex());
+        Process p = pb.start();
+        String text = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+        assertTrue(text, p.waitFor(60, TimeUnit.SECONDS));
+        return p.exitValue();
+    }
+
+    private static List<String> pullAll(LogServer s) {
+        s.shutdown(5000);
+        List<String> all = new ArrayList<>();
+        List<String> batch;
+        while ((batch = s.pullText(100, 1000)) != null) {
+            all.addAll(batch);
+        }
+        return all;
+    }
+
+    @Test
+    public void logServerDeliversRankTaggedLinesAndRank0sOutputInMemory() throws Exception {
+        Path dir = Files.createTempDirectory("tsp-jni-");
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            assertTrue(s.port() > 0);
+            assertEquals(64, s.secretHex().length());
+            s.expectOutput(null);
+            Path out = dir.resolve("result.bin");
+            int rc = runAgent(s, s.endpoint(null), out, "echo \"hello from $RANK\"; echo \"oops $RANK\" >&2; "
+                    + "if [ \"$RANK\" = 0 ]; then printf 'rank0-bytes\\000\\377' > " + out + "; fi");
+            assertEquals(0, rc);
+            assertTrue(s.awaitOutput(5000));
+            assertArrayEquals("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1), s.outputBytes());
+            assertEquals(13, s.outputLength());
+            assertFalse("the agent removes the file once the driver confirmed it", Files.exists(out));
+            List<String> lines = pullAll(s);
+            assertTrue(lines.toString(), lines.contains("[rank 0] hello from 0"));
+            assertTrue(lines.toString(), lines.contains("[rank 1] hello from 1"));
+            assertTrue(lines.toString(), lines.contains("[rank 1] [stderr] oops 1"));
+            assertEquals(List.of("hello from 0", "oops 0"), s.tail(0, 10));
+            long[] st = s.stats();
+            assertTrue("lines delivered: " + st[3], st[3] >= 4);
+            assertEquals("", s.outputError());
+            assertNull("no failure in a good run", s.failure(0));
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
+    public void outputReceivedIntoAFile() throws Exception {
+        Path dir = Files.createTempDirectory("tsp-jni-");
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            Path dst = dir.resolve("received.bin");
+            s.expectOutput(dst.toString());
+            Path out = dir.resolve("result.bin");
+            assertEquals(0, runAgent(s, s.endpoint("127.0.0.1"), out,
+                    "[ \"$RANK\" = 0 ] && head -c 3000000 /dev/urandom > " + out + "; true"));
+            assertTrue(s.awaitOutput(5000));
+            assertEquals(3000000, Files.size(dst));
+            assertEquals(3000000, s.outputLength());
+            assertNull("file mode keeps nothing in memory", s.outputBytes());
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
+    public void failingRankIsTheRootCause() throws Exception {
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            int rc = runAgent(s, s.endpoint(null), null,
+                    "if [ \"$RANK\" = 1 ]; then echo 'about to fail'; exit 3; fi; sleep 30");
+            assertTrue("the agent fails with its root cause's code: " + rc, rc != 0);
+            String json = s.failure(5000);
+            assertNotNull(json);
+            JsonNode root = Reports.parseRoot(json);
+            assertEquals("failure", root.get("kind").asText());
+            assertEquals(0, root.get("node_rank").asInt());
+            JsonNode ts = root.path("report").path("torchspark");
+            assertEquals(1, ts.path("rank").asInt());
+            assertEquals(3, ts.path("exitcode").asInt());
+            TorchSparkException e = Reports.exception(Reports.build(0, "h", 1, List.of(), root.get("report"), 2),
+                    "distributed", s.tail(1, 20), null);
+            assertEquals(Integer.valueOf(1), e.rank());
+            assertEquals(Integer.valueOf(3), e.exitCode());
+            assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")
+                    && e.getMessage().contains("exited with code 3") && e.getMessage().contains("about to fail"));
+        }
+    }
+
+    @Test
+    public void argumentsAreValidatedInJava() {
+        expectIae(() -> new LogServer("127.0.0.1", 70000));
+        expectIae(() -> new LogServer("127.0.0.1", 0, new byte[5], 0));
+        expectIae(() -> new LogServer("127.0.0.1", 0, null, -1));
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            expectIae(() -> s.pullText(0, 0));
+            expectIae(() -> s.tail(0, 0));
+        }
+        try {
+            new LogServer("203.0.113.1", 0); // TEST-NET-3: not a local address
+            fail("bound a foreign address");
+        } catch (IllegalStateException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("203.0.113.1"));
+        }
+        LogServer closed = new LogServer("127.0.0.1", 0);
+        closed.close();
+        closed.close();
+        try {
+            closed.port();
+            fail("used after close");
+        } catch (IllegalStateException e) {
+            assertTrue(e.getMessage().contains("closed"));
+        }
+        expectIae(() -> Election.electMaster("", null));
+    }
+
+    static void expectIae(Runnable r) {
+        try {
+            r.run();
+            fail("no IllegalArgumentException");
+        } catch (IllegalArgumentException expected) {
+            // ok
+        }
+    }
+}

@@ -1,0 +1,154 @@
+package org.torchspark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNotEquals;
+import static org.junit.Assert.assertNotNull;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assume.assumeTrue;
+
+import java.io.File;
+import java.lang.reflect.Method;
+import java.net.URL;
+import java.net.URLClassLoader;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+import java.util.stream.Collectors;
+import java.util.stream.Stream;
+import org.junit.Test;
+
+/** The loader: override property, extraction from the jar, two class loaders, noexec. */
+public class NativeLoaderTest {
+    /** A class loader of its own over torchspark.jar (as Spark's plugin and task loaders are). */
+    private static URLClassLoader isolated() throws Exception {
+        return new URLClassLoader(new URL[] {TestEnv.jar().toUri().toURL()}, ClassLoader.getPlatformClassLoader());
+    }
+
+    private static Object call(ClassLoader cl, String method) throws Exception {
+        Method m = cl.loadClass("org.torchspark.NativeLoader").getMethod(method);
+        return m.invoke(null);
+    }
+
+    private static String withProperty(String key, String value, ClassLoader cl, String method) throws Exception {
+        String old = System.getProperty(key);
+        System.setProperty(key, value);
+        try {
+            return String.valueOf(call(cl, method));
+        } finally {
+            if (old == null) {
+                System.clearProperty(key);
+            } else {
+                System.setProperty(key, old);
+            }
+        }
+    }
+
+    @Test
+    public void extractsIntoAContentHashedDirectoryOnceAndReusesIt() throws Exception {
+        Path tmp = Files.createTempDirectory("tsp-loader-");
+        try (URLClassLoader a = isolated(); URLClassLoader b = isolated()) {
+            String libA = withProperty("java.io.tmpdir", tmp.toString(), a, "load");
+            List<Path> dirs;
+            try (Stream<Path> s = Files.list(tmp)) {
+                dirs = s.collect(Collectors.toList());
+            }
+            assertEquals("one directory, no leftovers of the staging: " + dirs, 1, dirs.size());
+            Path dir = dirs.get(0);
+            assertTrue(dir.getFileName().toString(), dir.getFileName().toString().matches("torchspark-\\d+-[0-9a-f]{16}"));
+            for (String f : NativeLoader.FILES) {
+                assertTrue(f, Files.isRegularFile(dir.resolve(f)));
+            }
+            assertTrue("the agent is executable", Files.isExecutable(dir.resolve(NativeLoader.AGENT)));
+            assertEquals(dir.resolve(NativeLoader.JNI_LIB).toString(), libA);
+            assertEquals(withProperty("java.io.tmpdir", tmp.toString(), a, "version"),
+                    withProperty("java.io.tmpdir", tmp.toString(), a, "version"));
+            // A second class loader: same extracted directory, its own copy of the JNI library.
+            String libB = withProperty("java.io.tmpdir", tmp.toString(), b, "load");
+            assertNotEquals(libA, libB);
+            assertEquals(dir, Path.of(libB).getParent());
+            assertTrue(call(b, "version").toString().matches("\\d+\\.\\d+\\.\\d+"));
+            try (Stream<Path> s = Files.list(tmp)) {
+                assertEquals(1, s.count());
+            }
+            try (Stream<Path> s = Files.list(dir)) {
+                assertEquals("the private copy is deleted once loaded", 3, s.count());
+            }
+        } finally {
+            TestEnv.deleteTree(tmp);
+        }
+    }
+
+    @Test
+    public void overridePropertyLoadsFromTheDirectoryInTwoClassLoaders() throws Exception {
+        Path dir = Files.createTempDirectory("tsp-override-");
+        try (URLClassLoader a = isolated(); URLClassLoader b = isolated()) {
+            Files.copy(TestEnv.build().resolve("lib/libtorchspark.so"), dir.resolve(NativeLoader.LIB));
+            Files.copy(TestEnv.build().resolve("lib/libtorchspark_jni.so"), dir.resolve(NativeLoader.JNI_LIB));
+            Files.copy(TestEnv.agent(), dir.resolve(NativeLoader.AGENT), StandardCopyOption.COPY_ATTRIBUTES);
+            String libA = withProperty(NativeLoader.DIR_PROPERTY, dir.toString(), a, "load");
+            assertEquals(dir.resolve(NativeLoader.JNI_LIB).toString(), libA);
+            assertEquals(dir.resolve(NativeLoader.AGENT).toString(),
+                    withProperty(NativeLoader.DIR_PROPERTY, dir.toString(), a, "agentPath"));
+            // The same file from a second live loader would be "already loaded in another
+            // classloader": the loader takes a private copy instead.
+            String libB = withProperty(NativeLoader.DIR_PROPERTY, dir.toString(), b, "load");
+            assertNotEquals(libA, libB);
+            assertTrue(call(b, "version").toString().matches("\\d+\\.\\d+\\.\\d+"));
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
+    public void overrideDirectoryMissingAFileSaysWhich() throws Exception {
+        Path dir = Files.createTempDirectory("tsp-override-bad-");
+        try (URLClassLoader a = isolated()) {
+            Files.copy(TestEnv.build().resolve("lib/libtorchspark.so"), dir.resolve(NativeLoader.LIB));
+            try {
+                withProperty(NativeLoader.DIR_PROPERTY, dir.toString(), a, "load");
+                throw new AssertionError("loaded from an incomplete directory");
+            } catch (java.lang.reflect.InvocationTargetException e) {
+                String m = e.getCause().getMessage();
+                assertTrue(m, m.contains("lacks libtorchspark_jni.so") && m.contains(NativeLoader.DIR_PROPERTY));
+            }
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
+    public void noexecTmpdirGetsOneClearMessageNamingTheProperty() throws Exception {
+        // A private mount namespace with a noexec tmpfs as java.io.tmpdir (needs root).
+        assumeTrue("needs unshare and root", new File("/usr/bin/unshare").canExecute()
+                && "root".equals(System.getProperty("user.name")));
+        String java = Path.of(System.getProperty("java.home"), "bin", "java").toString();
+        Path mnt = Files.createTempDirectory("tsp-noexec-");
+        try {
+            String script = "mount -t tmpfs -o noexec tmpfs " + mnt + " || exit 99; exec " + java
+                    + " -Djava.io.tmpdir=" + mnt + " -cp " + TestEnv.jar() + " org.torchspark.NativeLoader";
+            Process p = new ProcessBuilder("unshare", "--mount", "--propagation", "private", "sh", "-c", script)
+                    .redirectErrorStream(true).start();
+            String out = new String(p.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+            assertTrue(p.waitFor(60, TimeUnit.SECONDS));
+            assumeTrue("tmpfs mount refused here: " + out, p.exitValue() != 99);
+            assertEquals(out, 1, p.exitValue());
+            assertTrue(out, out.contains("noexec"));
+            assertTrue(out, out.contains("-D" + NativeLoader.DIR_PROPERTY + "="));
+            assertTrue(out, out.contains("failed to map segment"));
+        } finally {
+            TestEnv.deleteTree(mnt);
+        }
+    }
+
+    @Test
+    public void theJarHoldsTheThreeNativeFiles() throws Exception {
+        try (URLClassLoader a = isolated()) {
+            for (String f : NativeLoader.FILES) {
+                assertNotNull(f, a.getResource(NativeLoader.resourceDir().substring(1) + f));
+            }
+        }
+    }
+}

@@ -1,0 +1,217 @@
+package org.torchspark;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.UUID;
+import org.apache.spark.sql.SparkSession;
+
+/**
+ * The Java application of the end-to-end tests and the cancel benchmark, run with
+ * spark-submit (tests/e2e/test_jvm_runner.py, bench/jvm_cancel_bench.py):
+ *   train PYTHON SCRIPT   DDP training across 2 executors, then a failing run
+ *   cancel PYTHON SCRIPT [N]  cancelAllJobs mid-training (N times); how long until every training process is gone
+ *   time PYTHON SCRIPT [N]    wall time of N short trainings
+ * Results are printed as "KEY: value" lines on stdout.
+ */
+public final class TrainApp {
+    private TrainApp() {}
+
+    /** Live processes whose environment has MARK=mark (zombies excluded). */
+    static List<Long> marked(String mark) {
+        byte[] needle = ("TSP_E2E_MARK=" + mark).getBytes(StandardCharsets.US_ASCII);
+        List<Long> out = new ArrayList<>();
+        try (var s = Files.list(Paths.get("/proc"))) {
+            for (Path p : (Iterable<Path>) s::iterator) {
+                String name = p.getFileName().toString();
+                if (!name.chars().allMatch(Character::isDigit)) {
+                    continue;
+                }
+                try {
+                    String stat = Files.readString(p.resolve("stat"));
+                    if (stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z")) {
+                        continue;
+                    }
+                    byte[] env = Files.readAllBytes(p.resolve("environ"));
+                    if (contains(env, needle)) {
+                        out.add(Long.parseLong(name));
+                    }
+                } catch (IOException | RuntimeException e) {
+                    // Gone meanwhile.
+                }
+            }
+        } catch (IOException e) {
+            throw new IllegalStateException(e);
+        }
+        return out;
+    }
+
+    private static boolean contains(byte[] env, byte[] needle) {
+        int start = 0;
+        for (int i = 0; i <= env.length; i++) {
+            if (i == env.length || env[i] == 0) {
+                if (i - start == needle.length) {
+                    boolean eq = true;
+                    for (int k = 0; k < needle.length && eq; k++) {
+                        eq = env[start + k] == needle[k];
+                    }
+                    if (eq) {
+                        return true;
+                    }
+                }
+                start = i + 1;
+            }
+        }
+        return false;
+    }
+
+    public static void main(String[] args) throws Exception {
+        String mode = args[0];
+        String python = args[1];
+        String script = args[2];
+        int rounds = args.length > 3 ? Integer.parseInt(args[3]) : 1;
+        SparkSession spark = SparkSession.builder().appName("torchspark-jvm-e2e").getOrCreate();
+        spark.sparkContext().setLogLevel("WARN");
+        try {
+            if (mode.equals("train")) {
+                train(spark, python, script);
+            } else if (mode.equals("concurrent")) {
+                concurrent(spark);
+                return; // concurrent() stops the session itself
+            } else if (mode.equals("time")) {
+                for (int i = 0; i < rounds; i++) {
+                    long t0 = System.nanoTime();
+                    TorchSparkRunner.script(script, "--steps", "12").numProcesses(2).python(python).run(spark);
+                    System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
+                }
+            } else {
+                for (int i = 0; i < rounds; i++) {
+                    cancel(spark, python, script);
+                }
+            }
+        } finally {
+            spark.stop();
+        }
+    }
+
+    private static void train(SparkSession spark, String python, String script) {
+        String mark = UUID.randomUUID().toString();
+        TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12", "--out", TorchSparkRunner.OUTPUT)
+                .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).run(spark);
+        System.out.println("OUTPUT: " + new String(r.output(), StandardCharsets.UTF_8));
+        try {
+            TorchSparkRunner.command("sh", "-c", "if [ \"$RANK\" = 1 ]; then echo 'rank one gives up'; exit 5; fi; "
+                    + "exec sleep 120").numProcesses(2).env("TSP_E2E_MARK", mark).run(spark);
+            System.out.println("FAILURE: none");
+        } catch (TorchSparkException e) {
+            System.out.println("FAILURE: rank=" + e.rank() + " host=" + e.host() + " exit=" + e.exitCode()
+                    + " lines=" + e.lastLines());
+            System.out.println("MESSAGE: " + e.getMessage().replace('\n', '|'));
+        }
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!marked(mark).isEmpty() && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("LEFT: " + marked(mark).size());
+    }
+
+    private static void cancel(SparkSession spark, String python, String script) {
+        String mark = UUID.randomUUID().toString();
+        Thread job = new Thread(() -> {
+            try {
+                TorchSparkRunner.script(script, "--steps", "100000000").numProcesses(2).python(python)
+                        .env("TSP_E2E_MARK", mark).run(spark);
+            } catch (RuntimeException e) {
+                System.out.println("JOB: " + e.getClass().getSimpleName());
+            }
+        }, "train");
+        job.setDaemon(true);
+        job.start();
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while (marked(mark).size() < 4 && System.nanoTime() < deadline) { // 2 agents + 2 workers
+            sleep(100);
+        }
+        sleep(3000); // mid-training
+        int before = marked(mark).size();
+        long t0 = System.nanoTime();
+        spark.sparkContext().cancelAllJobs();
+        long goneMs = -1;
+        while (System.nanoTime() - t0 < 15_000_000_000L) {
+            if (marked(mark).isEmpty()) {
+                goneMs = (System.nanoTime() - t0) / 1_000_000;
+                break;
+            }
+            sleep(5);
+        }
+        System.out.println("BEFORE: " + before);
+        System.out.println("GONE_MS: " + goneMs);
+        // Whatever is left (no plugin) would outlive the application: clean up after ourselves.
+        for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
+    /** Two jobs on one executor (2 cores): cancelling one job group stops only its processes;
+     *  then stopping the application leaves nothing of the other running. */
+    private static void concurrent(SparkSession spark) {
+        String a = UUID.randomUUID().toString();
+        String b = UUID.randomUUID().toString();
+        for (String[] g : new String[][] {{"A", a}, {"B", b}}) {
+            Thread t = new Thread(() -> {
+                spark.sparkContext().setJobGroup(g[0], "torchspark test job " + g[0], false);
+                try {
+                    TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(1)
+                            .env("TSP_E2E_MARK", g[1]).run(spark);
+                } catch (RuntimeException e) {
+                    System.out.println("JOB_" + g[0] + ": " + e.getClass().getSimpleName());
+                }
+            }, "job-" + g[0]);
+            t.setDaemon(true);
+            t.start();
+        }
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while ((marked(a).size() < 2 || marked(b).size() < 2) && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("BEFORE: " + marked(a).size() + " " + marked(b).size());
+        long t0 = System.nanoTime();
+        spark.sparkContext().cancelJobGroup("A");
+        long goneMs = -1;
+        while (System.nanoTime() - t0 < 15_000_000_000L) {
+            if (marked(a).isEmpty()) {
+                goneMs = (System.nanoTime() - t0) / 1_000_000;
+                break;
+            }
+            sleep(5);
+        }
+        sleep(1000);
+        System.out.println("GONE_MS: " + goneMs);
+        System.out.println("OTHER_ALIVE: " + marked(b).size());
+        t0 = System.nanoTime();
+        spark.stop();
+        long stopMs = -1;
+        while (System.nanoTime() - t0 < 30_000_000_000L) {
+            if (marked(b).isEmpty()) {
+                stopMs = (System.nanoTime() - t0) / 1_000_000;
+                break;
+            }
+            sleep(20);
+        }
+        System.out.println("STOP_GONE_MS: " + stopMs);
+        for (long pid : marked(b)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
+    private static void sleep(long ms) {
+        try {
+            Thread.sleep(ms);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+    }
+}
