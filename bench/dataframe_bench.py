@@ -15,7 +15,10 @@ zero-copy view is not counted as free. rows/s = rows delivered / seconds from cr
 loader to its last batch; MB/s = the same rows' payload bytes in the Arrow file (4x4 B,
 128x4 B, 128x8 B a row) per second. Memory, sampled every 50 ms: the loading process's
 peak anonymous RSS (RssAnon: its own memory; the mapped file's pages are the page
-cache's) and its largest DataLoader worker's peak private memory (USS, smaps_rollup).
+cache's) and its largest DataLoader worker's peak private dirty memory (smaps_rollup:
+what the worker itself wrote; its forked copy of the parent and the file's clean pages
+are not its own). CPU seconds (the process and its workers) are reported beside wall
+time: on a shared machine they show the work, the wall time shows the waiting too.
 The stock loader reads the first rows of the file (it is slow); the others the whole file.
 """
 import argparse
@@ -87,17 +90,17 @@ def _status_kib(pid, key):
     return 0
 
 
-def _uss_kib(pid):
-    total = 0
+def _private_dirty_kib(pid):
+    """Memory the process wrote itself (clean pages of the mapped file are page cache)."""
     with open(f"/proc/{pid}/smaps_rollup") as f:
         for line in f:
-            if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                total += int(line.split()[1])
-    return total
+            if line.startswith("Private_Dirty:"):
+                return int(line.split()[1])
+    return 0
 
 
 class MemorySampler:
-    """Peak RssAnon of this process and peak USS of each of its children."""
+    """Peak RssAnon of this process and peak private dirty memory of each of its children."""
 
     def __init__(self, period=0.05):
         self.self_kib, self.child_kib = 0, {}
@@ -112,7 +115,7 @@ class MemorySampler:
                 with open(f"/proc/self/task/{tid}/children") as f:
                     pids = f.read().split()
                 for pid in pids:
-                    self.child_kib[pid] = max(self.child_kib.get(pid, 0), _uss_kib(pid))
+                    self.child_kib[pid] = max(self.child_kib.get(pid, 0), _private_dirty_kib(pid))
             except OSError:
                 pass
 
@@ -145,7 +148,7 @@ def child(loader, path, rows, batch_size, workers):
     got = 0
     checksum = 0.0
     memory = MemorySampler()
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     if loader == "stock":
         it = _get_spark_partition_data_loader(rows, batch_size, num_workers=workers)
     elif loader == "compat":
@@ -157,10 +160,16 @@ def child(loader, path, rows, batch_size, workers):
         got += len(ts[0])
         for x in ts:
             checksum += float(x.sum())
-    secs = time.perf_counter() - t
+    secs, cpu = time.perf_counter() - t, time.process_time() - cpu
     anon, worker = memory.stop()
-    print(json.dumps({"secs": secs, "rows": got, "checksum": checksum, "anon_mib": anon,
-                      "worker_uss_mib": worker}))
+    del it  # DataLoader workers end (their CPU time is in RUSAGE_CHILDREN once reaped)
+    import gc
+    import resource
+
+    gc.collect()
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(json.dumps({"secs": secs, "cpu_s": cpu + kids.ru_utime + kids.ru_stime, "rows": got,
+                      "checksum": checksum, "anon_mib": anon, "worker_dirty_mib": worker}))
 
 
 def measure(loader, path, rows, args):
@@ -201,13 +210,18 @@ def main():
             for name, rs in runs.items():
                 secs = statistics.median(r["secs"] for r in rs)
                 n = rs[0]["rows"]
-                row[name] = {"rows": n, "median_s": round(secs, 4),
+                cpu = statistics.median(r["cpu_s"] for r in rs)
+                row[name] = {"rows": n, "median_s": round(secs, 4), "median_cpu_s": round(cpu, 4),
                              "rows_per_s": round(n / secs),
                              "mb_per_s": round(n * row_bytes / secs / 1e6, 1),
+                             "rows_per_cpu_s": round(n / cpu),
+                             "mb_per_cpu_s": round(n * row_bytes / cpu / 1e6, 1),
                              "anon_mib": round(statistics.median(r["anon_mib"] for r in rs)),
-                             "worker_uss_mib": round(statistics.median(r["worker_uss_mib"] for r in rs))}
+                             "worker_dirty_mib": round(statistics.median(r["worker_dirty_mib"] for r in rs))}
             for name in LOADERS[1:]:
                 row[f"{name}_vs_stock"] = round(row[name]["rows_per_s"] / row["stock"]["rows_per_s"], 1)
+                row[f"{name}_vs_stock_cpu"] = round(
+                    row[name]["rows_per_cpu_s"] / row["stock"]["rows_per_cpu_s"], 1)
             print(json.dumps(row), flush=True)
             results.append(row)
             os.unlink(path)

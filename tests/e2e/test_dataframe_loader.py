@@ -170,10 +170,20 @@ def test_columnar_types_shapes_and_zero_copy(partition):
     part = data._open(path)
     for name in ("id", "x", "a", "v"):
         assert part._lo <= b[name].data_ptr() < part._hi, name
-    # Writable, privately: the file and a fresh mapping keep the original values.
+    # PySpark's loader: columns already of PySpark's dtype travel from the worker as row
+    # ranges and are views here too (a, v); converted ones are copies (x: float -> float64).
+    path2 = partition(table(40, dense_only=True), chunk=20)
+    part2 = data._open(path2)
+    compat = list(data.get_spark_partition_data_loader(40, 10, num_workers=1))[1]
+    a = compat[[f.name for f in SPARK_SCHEMA].index("a")]
+    assert torch.equal(a, b["a"]) and part2._lo <= a.data_ptr() < part2._hi
+    assert part2._lo <= compat[7].data_ptr() < part2._hi  # v
+    assert not part2._lo <= compat[1].data_ptr() < part2._hi  # x
+    # Writable, privately: the files and fresh mappings keep the original values.
     b["a"].mul_(0)
-    fresh = data.Partition(path)
-    assert fresh.batches[0].column("a")[10].as_py() == [10.0, 10.5, -10.0]
+    a.mul_(0)
+    for p in (path, path2):
+        assert data.Partition(p).batches[0].column("a")[10].as_py() == [10.0, 10.5, -10.0]
 
 
 def test_columnar_sparse_vectors_and_spans(partition):

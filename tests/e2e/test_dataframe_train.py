@@ -11,7 +11,7 @@ import time
 
 import pytest
 from pyspark import cloudpickle
-from pyspark.ml.linalg import Vectors, VectorUDT
+from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import functions as F
 
 import tsp_spark
@@ -37,18 +37,21 @@ def spark(tmp_path_factory):
     s.stop()
 
 
-def _vector(i):
-    return Vectors.dense([float(i), 1.0, -float(i)]) if i % 2 else Vectors.sparse(3, [i % 3], [float(i)])
-
-
 def frame(spark, n=N, parts=2):
-    vec = F.udf(_vector, VectorUDT())
-    return (spark.range(0, n, numPartitions=parts)
-            .withColumn("x", (F.col("id") * 0.5).cast("float"))
-            .withColumn("w", (F.col("id") % 7).cast("double"))
-            .withColumn("feat", F.array(*[(F.col("id") + k).cast("float") for k in range(4)]))
-            .withColumn("vec", vec("id"))
-            .withColumn("label", (F.col("id") % 3).cast("double")))
+    """id, x: float, w: double, feat: array<float>, vec: ML vector of 4 (VectorAssembler
+    stores odd ids dense [i, 1, -i, 2], even ids sparse: i at index 0), label: double."""
+    odd = F.col("id") % 2 == 1
+    df = (spark.range(0, n, numPartitions=parts)
+          .withColumn("x", (F.col("id") * 0.5).cast("float"))
+          .withColumn("w", (F.col("id") % 7).cast("double"))
+          .withColumn("feat", F.array(*[(F.col("id") + k).cast("float") for k in range(4)]))
+          .withColumn("v0", F.col("id").cast("double"))
+          .withColumn("v1", F.when(odd, 1.0).otherwise(0.0))
+          .withColumn("v2", F.when(odd, -F.col("id")).otherwise(0.0).cast("double"))
+          .withColumn("v3", F.when(odd, 2.0).otherwise(0.0)))
+    df = VectorAssembler(inputCols=["v0", "v1", "v2", "v3"], outputCol="vec").transform(df)
+    return df.select("id", "x", "w", "feat", "vec",
+                     (F.col("id") % 3).cast("double").alias("label"))
 
 
 def _train(batch_size):
@@ -63,7 +66,7 @@ def _train(batch_size):
 
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(torch.nn.Linear(1 + 1 + 4 + 3, 1).double())
+    model = DDP(torch.nn.Linear(1 + 1 + 4 + 4, 1).double())
     opt = torch.optim.SGD(model.parameters(), lr=1e-6)
     n = torchspark.partition_num_rows()
     seen, dtypes = [], None
@@ -76,10 +79,10 @@ def _train(batch_size):
         ids = []
         for id_, x, w, feat, vec, label in batches:
             dtypes = dtypes or [str(t.dtype) for t in (id_, x, w, feat, vec, label)]
-            odd = id_ % 2 == 1  # dense [i, 1, -i]; even: sparse, i at index i % 3
+            odd = (id_ % 2 == 1)[:, None].double()
             assert torch.equal(feat[:, 0], id_.float()) and torch.equal(x.double(), id_.double() * 0.5)
-            assert torch.equal(vec[odd, 0], id_[odd].double())
-            assert torch.equal(vec[~odd].sum(1), id_[~odd].double())
+            assert torch.equal(vec, torch.stack([id_.double(), odd[:, 0], -id_ * odd[:, 0],
+                                                 2 * odd[:, 0]], 1))
             inp = torch.cat([x[:, None].double(), w[:, None], feat.double(), vec], 1)
             loss = fn.mse_loss(model(inp).squeeze(1), label)
             opt.zero_grad()

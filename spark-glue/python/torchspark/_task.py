@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _rendezvous, _report
+from torchspark import _elect, _launch, _partition, _rendezvous, _report
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -66,8 +66,6 @@ def _elect_master(hosts: List[str], driver_host: str):
 def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     from pyspark import BarrierTaskContext
 
-    for _ in iterator:  # the input rows carry nothing
-        pass
     timing = _TaskTiming(spec.get("timing_env") or {})
     ctx = BarrierTaskContext.get()
     node_rank = ctx.partitionId()
@@ -91,9 +89,12 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
         env[CUDA_VISIBLE_DEVICES] = ""
         nproc = 1
 
-    reservation = None
+    reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-")
     try:
+        # train_on_dataframe: the partition staged for the node's processes; run(): nothing.
+        staged = _partition.stage_task_input(spec, iterator, ctx)
+        env.update(staged.env if staged is not None else {})
         if node_rank == 0:
             record, packed, reservation = _elect_master(hosts, spec["driver_host"])
         else:
@@ -120,6 +121,8 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     finally:
         if reservation is not None:
             reservation.release()
+        if staged is not None:
+            staged.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 

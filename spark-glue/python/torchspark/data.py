@@ -196,11 +196,14 @@ def _spark_types(part: Partition, schema_file: Optional[str]) -> List[str]:
     elif schema_file:
         with open(schema_file, "r", encoding="utf-8") as f:
             text = f.read()
+    inferred = [_spark_name(f.type) for f in part.schema]
     if text is not None:
         from pyspark.sql.types import StructType
 
-        return [f.dataType.simpleString() for f in StructType.fromJson(json.loads(text))]
-    return [_spark_name(f.type) for f in part.schema]
+        names = [f.dataType.simpleString() for f in StructType.fromJson(json.loads(text))]
+        if len(names) == len(inferred):  # else not this file's schema: the Arrow types rule
+            return names
+    return inferred
 
 
 # ---- columns --------------------------------------------------------------------------------
@@ -543,15 +546,30 @@ class _SparkPartitionDataset(torch.utils.data.IterableDataset):
     def __len__(self) -> int:
         return -(-self.num_samples // self.batch_size)
 
-    def __iter__(self) -> Iterator[List[np.ndarray]]:
+    def __iter__(self) -> Iterator[List[Any]]:
         part = _open(self.path)
         cols = _columns(part, None, self.lo, self.hi)
         m, n, b = self.hi - self.lo, self.num_samples, self.batch_size
         w, nw = _worker()
         for j in range(w, len(self), nw):
             plan = _plan(part, list(_ranges(j * b, min(n, (j + 1) * b), self.lo, m)))
-            yield [np.asarray(_slice_rows(c, plan), dtype=dt)
+            yield [_Rows(plan) if _is_view(c, plan, dt) else np.asarray(_slice_rows(c, plan), dtype=dt)
                    for c, dt in zip(cols, self.dtypes, strict=True)]
+
+
+class _Rows:
+    """Rows of a column that the consuming process reads from its own mapping of the
+    file (already PySpark's dtype, views of the file): what a worker sends instead of
+    their bytes, as a shared-memory segment's handle is sent instead of its contents."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: List[Tuple[int, int, int]]) -> None:
+        self.plan = plan
+
+
+def _is_view(col: _Column, plan: List[Tuple[int, int, int]], dtype: np.dtype) -> bool:
+    return col.dtype == dtype and all(col.parts[i].view is not None for i, _, _ in plan)  # type: ignore[union-attr]
 
 
 def _as_is(batch: Any) -> Any:
@@ -559,13 +577,23 @@ def _as_is(batch: Any) -> Any:
 
 
 class _PartitionLoader(torch.utils.data.DataLoader):
-    """A DataLoader whose workers send ndarrays (pickled through the worker's pipe: for
-    batches of this size far cheaper than a shared-memory segment and a file descriptor
-    per tensor); they become tensors here, in the consuming process, without a copy."""
+    """A DataLoader whose workers send converted columns as ndarrays (pickled through the
+    worker's pipe: at these sizes far cheaper than a shared-memory segment and a file
+    descriptor per tensor) and columns that are views of the file as row ranges; here, in
+    the consuming process, both become tensors without a copy."""
 
     def __iter__(self) -> Iterator[List[Any]]:  # type: ignore[override]
+        ds = self.dataset
+        cols: Optional[List[_Column]] = None
         for batch in super().__iter__():
-            yield [torch.from_numpy(x) for x in batch]
+            out = []
+            for k, x in enumerate(batch):
+                if isinstance(x, _Rows):
+                    if cols is None:
+                        cols = _columns(_open(ds.path), None, ds.lo, ds.hi)  # type: ignore[attr-defined]
+                    x = _slice_rows(cols[k], x.plan)
+                out.append(torch.from_numpy(x))
+            yield out
 
 
 def get_spark_partition_data_loader(num_samples: int, batch_size: int, num_workers: int = 1,

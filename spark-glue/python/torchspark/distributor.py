@@ -200,6 +200,17 @@ class TorchDistributor:
 
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
 
+    def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
+                           **kwargs: Any) -> Any:
+        """PySpark's ``_train_on_dataframe``: one barrier task per partition of df, whose
+        processes read it with torchspark.get_spark_partition_data_loader or
+        torchspark.partition_batches (docs/dataframes.md); returns rank 0's value."""
+        from torchspark import _partition
+
+        return _partition.train_on_dataframe(self, train_function, df, args, kwargs)
+
+    _train_on_dataframe = train_on_dataframe  # PySpark's name
+
     def _start_log_server(self, host: str) -> Any:
         """The native log server bound to host, or None (with a WARNING) when it cannot
         start."""
@@ -309,14 +320,14 @@ class TorchDistributor:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
-                                  fn_bytes: Optional[bytes],
-                                  script_args: List[str]) -> Optional[Any]:
+                                  fn_bytes: Optional[bytes], script_args: List[str],
+                                  dataframe: Optional[tuple] = None) -> Optional[Any]:
         self._check_encryption()
         self.logger.info(
             f"Started distributed training with {self.num_processes} executor processes")
         ship = _ship.shipped(self.spark, self.is_remote)
         try:
-            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship)
+            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         except _NotInstalled as e:
             # Before any training started: ship this driver's package and run again.
             ship = _ship.ship(self.spark, self.is_remote)
@@ -324,14 +335,15 @@ class TorchDistributor:
                 f"torchspark {ship['version']} is not installed on the executors ({e}); "
                 f"shipped the driver's package ({ship['name']}: Python files, "
                 "libtorchspark.so, torchspark-run) through Spark's file distribution")
-            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship)
+            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         self.logger.info(
             f"Finished distributed training with {self.num_processes} executor processes")
         return result
 
     def _run_distributed_job(self, train_object: Union[Callable, str],
                              fn_bytes: Optional[bytes], script_args: List[str],
-                             ship: Optional[Dict[str, Any]]) -> Optional[Any]:
+                             ship: Optional[Dict[str, Any]],
+                             dataframe: Optional[tuple] = None) -> Optional[Any]:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus: List[str] = []
         if self.is_spark_local_master and self.use_gpu:
@@ -378,8 +390,11 @@ class TorchDistributor:
         }
         try:
             self._clock.mark("job_submitted")
+            if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
+                spec["dataframe"] = dataframe[1]
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
-                                       remote=self.is_remote)
+                                       remote=self.is_remote,
+                                       input_df=dataframe[0] if dataframe else None)
             if out.spark_error is not None or out.root is not None:
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
             chunks = out.chunks or []
