@@ -735,6 +735,17 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .log_fd = STDERR_FILENO};
     int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
     fprintf(stderr, "%s\n", msg);
+    if (rc == 0 && fr->logc) {
+        /* The node's success line also goes to the driver, as a line of its first rank. */
+        tsp_line_sink_t *sink = tsp_logclient_sink(fr->logc);
+        tsp_line_t line = {.rank = o.first_rank,
+                           .local_rank = 0,
+                           .stream = TSP_STREAM_STDERR,
+                           .data = msg,
+                           .len = strlen(msg)};
+        for (int tries = 0; tries < 100 && sink->write_line(sink->ctx, &line) == -EAGAIN; tries++)
+            usleep(10000);
+    }
     if (rc == 0)
         return 0;
     if (rc == -ECANCELED)
