@@ -232,7 +232,8 @@ static int gpu_count(void);
  * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
 static int assigned_gpus = -1;
 
-static void write_setup_error(const char *msg, int node_rank, int exitcode)
+static void write_setup_error(const char *msg, int node_rank, int exitcode, int rank,
+                              int local_rank)
 {
     const char *path = val("error-file");
     FILE *f = path ? fopen(path, "we") : NULL;
@@ -245,6 +246,8 @@ static void write_setup_error(const char *msg, int node_rank, int exitcode)
     fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": %d, \"host\": ", node_rank,
             exitcode);
     tsp_json_write_string(f, host);
+    if (rank >= 0)
+        fprintf(f, ", \"rank\": %d, \"local_rank\": %d", rank, local_rank);
     fputs("}}\n", f);
     fclose(f);
 }
@@ -269,7 +272,7 @@ static void assign_gpus(void)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        write_setup_error(err, node_rank, 2);
+        write_setup_error(err, node_rank, 2, -1, 0);
         exit(2);
     }
     fputs(out->warnings, stderr);
@@ -714,6 +717,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
         usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
                     val("nccl-check-bytes"));
     char comm_id[128], exe[PATH_MAX], msg[4096];
+    int failed_rank = -1;
     snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
              t->master_addr, port);
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -732,7 +736,8 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .timeout = timeout,
                                    .bytes = (size_t)bytes,
                                    .cancel = &stop_wanted,
-                                   .log_fd = STDERR_FILENO};
+                                   .log_fd = STDERR_FILENO,
+                                   .failed_rank = &failed_rank};
     int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
     fprintf(stderr, "%s\n", msg);
     if (rc == 0 && fr->logc) {
@@ -750,11 +755,13 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
         return 0;
     if (rc == -ECANCELED)
         return 128 + SIGTERM;
-    write_setup_error(msg, t->node_rank, 1);
+    write_setup_error(msg, t->node_rank, 1, failed_rank,
+                      failed_rank >= 0 ? failed_rank - o.first_rank : 0);
     if (fr->logc) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
-        tsp_failure_t f = {.rank = o.first_rank,
+        tsp_failure_t f = {.rank = failed_rank >= 0 ? failed_rank : o.first_rank,
+                           .local_rank = failed_rank >= 0 ? failed_rank - o.first_rank : 0,
                            .pid = getpid(),
                            .exitcode = 1,
                            .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9};

@@ -136,7 +136,7 @@ def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(n
     assert ("local rank 0, GPU 0000:5e:00.0) could not join the communicator of 4 ranks: "
             "ncclCommInitRankConfig returned 'unhandled system error") in text, text
     assert "NCCL found no usable interface on " in text
-    assert e.value.node_rank == 1
+    assert e.value.node_rank == 1 and e.value.rank == 2 and e.value.local_rank == 0
     # Well before node 0's 30 s deadline: the driver stopped it (the same bound as a failing
     # rank's in test_distributor_cluster.py, doubled for the check processes' start on a
     # loaded 2-core machine; measured 5.3 s at load average 23).
