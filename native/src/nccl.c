@@ -544,6 +544,8 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     msg[0] = 0;
+    if (o->failed_rank)
+        *o->failed_rank = -1;
     if (!ch)
         return -ENOMEM;
     int cancelled = 0, started = 0, failed = 0;
@@ -691,6 +693,8 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         char *m = jget(ch[i].res, ch[i].res_len, "message");
         snprintf(msg, msglen, "%s", m ? m : "torchspark: NCCL check failed before training");
         free(m);
+        if (o->failed_rank)
+            *o->failed_rank = o->first_rank + i;
         rc = -EIO;
     }
     if (rc)

@@ -243,13 +243,13 @@ static void send_failure(void *ctx, const tsp_failure_t *f);
 /* A failure of the node before any worker ran (GPU assignment, the NCCL preflight): the
  * same failure document as a worker's (report.h), written to --error-file and, with a log
  * channel (fr), sent to the driver. rank < 0: no rank is to blame. */
-static void setup_failure(const char *msg, int node_rank, int rank, int status,
+static void setup_failure(const char *msg, int node_rank, int rank, int local_rank, int status,
                           failure_report_t *fr)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     tsp_failure_t f = {.rank = rank,
-                       .local_rank = rank < 0 ? -1 : 0,
+                       .local_rank = local_rank,
                        .pid = getpid(),
                        .status = status,
                        .exitcode = status,
@@ -286,7 +286,7 @@ static void assign_gpus(void)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        setup_failure(err, node_rank, -1, 2, NULL);
+        setup_failure(err, node_rank, -1, -1, 2, NULL);
         exit(2);
     }
     fputs(out->warnings, stderr);
@@ -733,6 +733,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
         usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
                     val("nccl-check-bytes"));
     char comm_id[128], exe[PATH_MAX], msg[4096];
+    int failed_rank = -1;
     snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
              t->master_addr, port);
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -751,14 +752,27 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .timeout = timeout,
                                    .bytes = (size_t)bytes,
                                    .cancel = &stop_wanted,
-                                   .log_fd = STDERR_FILENO};
+                                   .log_fd = STDERR_FILENO,
+                                   .failed_rank = &failed_rank};
     int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
     fprintf(stderr, "%s\n", msg);
+    if (rc == 0 && fr->logc) {
+        /* The node's success line also goes to the driver, as a line of its first rank. */
+        tsp_line_sink_t *sink = tsp_logclient_sink(fr->logc);
+        tsp_line_t line = {.rank = o.first_rank,
+                           .local_rank = 0,
+                           .stream = TSP_STREAM_STDERR,
+                           .data = msg,
+                           .len = strlen(msg)};
+        for (int tries = 0; tries < 100 && sink->write_line(sink->ctx, &line) == -EAGAIN; tries++)
+            usleep(10000);
+    }
     if (rc == 0)
         return 0;
     if (rc == -ECANCELED)
         return tsp_proc_signal_status(SIGTERM);
-    setup_failure(msg, t->node_rank, o.first_rank, 1, fr);
+    setup_failure(msg, t->node_rank, failed_rank >= 0 ? failed_rank : o.first_rank,
+                  failed_rank >= 0 ? failed_rank - o.first_rank : 0, 1, fr);
     return 1;
 }
 

@@ -285,6 +285,7 @@ START_TEST(test_failing_rank_is_the_root_cause_at_once)
     fclose(f);
     unlink(ef);
     ck_assert_ptr_nonnull(strstr(doc, "\"message\": \"torchspark: NCCL check failed before"));
+    ck_assert_ptr_nonnull(strstr(doc, "\"rank\": 1, \"local_rank\": 1"));
     ck_assert_int_eq(marked_processes(), 0);
 }
 END_TEST
