@@ -136,8 +136,8 @@ def test_pyspark_errors(spark):
                                          r"dataframe partition number\. The DataFrame has 3 "
                                          r"partitions.*df.repartition\(2\)"):
         d.train_on_dataframe(_train, frame(spark, parts=3), 50)
-    with pytest.raises(Exception, match="Empty Spark partition is not allowed in "
-                                        "TorchDistributor.train_on_dataframe."):
+    with pytest.raises(ValueError, match="^Empty Spark partition is not allowed in "
+                                         "TorchDistributor.train_on_dataframe.$"):
         d.train_on_dataframe(_train, frame(spark, n=1), 50)
 
 

@@ -112,15 +112,20 @@ class Partition:
         return bisect.bisect_right(self.starts, row) - 1
 
 
-_opened: Dict[Tuple[int, str], Partition] = {}
+_opened: Dict[Tuple[Any, ...], Partition] = {}
 
 
 def _open(path: str) -> Partition:
-    """One mapping per process and path (a forked DataLoader worker maps it again)."""
-    key = (os.getpid(), path)
+    """One mapping per process and file (a forked DataLoader worker maps it again; a new
+    file at the same path is mapped anew)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    key = (os.getpid(), path) + ((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) if st else ())
     part = _opened.get(key)
     if part is None:
-        for k in [k for k in _opened if k[0] != key[0]]:
+        for k in [k for k in _opened if k[:2] == key[:2] or k[0] != key[0]]:
             del _opened[k]
         part = _opened[key] = Partition(path)
     return part

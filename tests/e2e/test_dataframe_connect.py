@@ -1,0 +1,65 @@
+"""TorchDistributor.train_on_dataframe from a Spark Connect client (the session-scoped
+local Connect server of conftest.py, executors without torchspark: it ships itself): the
+client's DataFrame is the mapInArrow stage's input as is, both loaders read it, every row
+once; the partition count, unknown to a Connect client, is refused by the tasks."""
+import sys
+
+import pytest
+from pyspark import cloudpickle
+from pyspark.ml.functions import array_to_vector
+from pyspark.sql import functions as F
+
+import tsp_connect
+from torchspark import TorchDistributor
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+N = 400
+
+
+@pytest.fixture(scope="module")
+def spark(connect_server):
+    s = connect_server.session()
+    yield s
+    tsp_connect.back_to_classic()
+
+
+def _read_all(batch_size):
+    """Rank 0 returns every rank's ids: through the columnar API, then PySpark's loader."""
+    import torch
+    import torch.distributed as dist
+
+    import torchspark
+
+    dist.init_process_group("gloo")
+    seen = []
+    n = torchspark.partition_num_rows()
+    for loader in ("columnar", "stock"):
+        ids = []
+        if loader == "columnar":
+            for b in torchspark.partition_batches(batch_size):
+                assert torch.equal(b["vec"][:, 1], b["id"].double() * 2)
+                ids += b["id"].tolist()
+        else:
+            for id_, feat, vec in torchspark.get_spark_partition_data_loader(n, batch_size):
+                assert feat.dtype == torch.float32 and vec.dtype == torch.float64
+                ids += id_.tolist()
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, ids)
+        seen.append(sorted(i for r in everyone for i in r))
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    return seen if rank == 0 else None
+
+
+def test_train_on_dataframe_over_connect(spark):
+    df = (spark.range(0, N, numPartitions=2)
+          .withColumn("feat", F.array(F.col("id").cast("float"), (F.col("id") * 2).cast("float")))
+          .withColumn("vec", array_to_vector(F.col("feat"))))
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert d.is_remote
+    seen = d.train_on_dataframe(_read_all, df, 64)
+    assert seen == [list(range(N))] * 2
+    with pytest.raises(ValueError, match=r"requires setting num_processes equal to input spark "
+                                         r"dataframe partition number\. The DataFrame has 1 "
+                                         r"partitions"):
+        d.train_on_dataframe(_read_all, spark.range(0, 10, numPartitions=1), 64)
