@@ -72,6 +72,7 @@ def ddp():
 
 def test_timing_waterfall_and_fast_rendezvous(spark, monkeypatch):
     monkeypatch.setenv("TORCHSPARK_TIMING", "1")
+    monkeypatch.setenv("TORCHSPARK_RENDEZVOUS", "1")  # opt-in (torchspark/_rendezvous.py)
     err = Counting()
     monkeypatch.setattr(sys, "stderr", err)
     d = TorchDistributor(2, False, False)

@@ -360,8 +360,10 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
-        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
-        rdv = _start_rendezvous(bind_host or "127.0.0.1") if server is not None else None
+        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark);
+        # opt-in for now (TORCHSPARK_RENDEZVOUS=1, _rendezvous.py says why).
+        rdv = (_start_rendezvous(bind_host or "127.0.0.1")
+               if server is not None and _rendezvous.enabled() else None)
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
