@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cudaapi.h"
+#include "util.h"
 #include "ncclapi.h"
 #include "json.h"
 
@@ -40,17 +41,6 @@ static void nap_ms(long ms)
     struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
-}
-
-static __attribute__((format(printf, 3, 4))) void cat(char *buf, size_t len, const char *fmt, ...)
-{
-    size_t used = strnlen(buf, len);
-    if (used + 1 >= len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, len - used, fmt, ap);
-    va_end(ap);
 }
 
 /* ---- the check worker ---- */
@@ -703,23 +693,25 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     int nlate = 0, nsilent = 0, in_ar = 0;
     for (int i = 0; i < o->nproc; i++) {
         if (!ch[i].res_len) {
-            cat(silent, sizeof silent, "%s%d", nsilent++ ? "," : "", o->first_rank + i);
+            tsp__err_append(silent, sizeof silent, "%s%d", nsilent++ ? "," : "", o->first_rank + i);
         } else if (!jint(ch[i].res, ch[i].res_len, "ok")) {
             char *step = jget(ch[i].res, ch[i].res_len, "step");
             in_ar |= step && strcmp(step, "allreduce") == 0;
             free(step);
-            cat(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
+            tsp__err_append(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
         }
     }
     if (nlate || nsilent || started < o->nproc) {
         snprintf(msg, msglen,
                  "torchspark: NCCL check timed out after %.0f s before training: ", o->timeout);
         if (nlate)
-            cat(msg, msglen, "rank(s) %s on %s were still %s", late, host,
-                in_ar ? "in all_reduce" : "initializing the communicator");
+            tsp__err_append(msg, msglen, "rank(s) %s on %s were still %s", late, host,
+                            in_ar ? "in all_reduce" : "initializing the communicator");
         if (nsilent)
-            cat(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "", silent, host);
-        cat(msg, msglen,
+            tsp__err_append(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "",
+                            silent, host);
+        tsp__err_append(
+            msg, msglen,
             ". Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the interfaces NCCL "
             "chose.");
         rc = -EIO;
@@ -743,9 +735,9 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         algbw);
     free(path);
     if (o->world_size > 1)
-        cat(msg, msglen, "busbw %.2f GB/s", busbw);
+        tsp__err_append(msg, msglen, "busbw %.2f GB/s", busbw);
     else
-        cat(msg, msglen, "busbw n/a (1 rank)");
+        tsp__err_append(msg, msglen, "busbw n/a (1 rank)");
 out:
     for (int i = 0; i < o->nproc; i++) {
         if (ch[i].pid > 0 && !ch[i].exited) {
