@@ -117,6 +117,6 @@ if(TSP_BUILD_TESTS AND EXISTS "${TSP_JUNIT_JAR}" AND TSP_JAVA_TESTS)
             -cp "${TSP_JAR}:${_tsp_tests_jar}:${TSP_JUNIT_JAR}:${TSP_PYSPARK_JARS}/*"
             org.torchspark.JUnitMain)
   set_tests_properties(java_junit PROPERTIES TIMEOUT 300)
-elseif(TSP_BUILD_TESTS)
+elseif(TSP_BUILD_TESTS AND NOT EXISTS "${TSP_JUNIT_JAR}")
   message(STATUS "torchspark: JUnit tests skipped (no ${TSP_JUNIT_JAR}: apt-get install junit4)")
 endif()

@@ -90,11 +90,33 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
+def self_test() -> None:
+    """The checker itself: a two-file include cycle and a three-module call cycle are found,
+    a chain is not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as root:
+        src = os.path.join(root, "native", "src")
+        os.makedirs(src)
+        os.makedirs(os.path.join(root, "native", "include", "torchspark"))
+        files = {"a.c": '#include "a.h"\n#include "b.h"\n', "a.h": "", "b.h": "",
+                 "b.c": '#include "b.h"\n#include "util.h"\n', "util.h": ""}
+        for name, text in files.items():
+            with open(os.path.join(src, name), "w") as f:
+                f.write(text)
+        assert find_cycle(include_graph(root)) is None, "a chain is not a cycle"
+        with open(os.path.join(src, "b.c"), "a") as f:
+            f.write('#include "a.h"\n')
+        assert find_cycle(include_graph(root)) == ["a", "b", "a"], include_graph(root)
+    assert find_cycle({"x": {"y"}, "y": {"z"}, "z": {"x"}}) == ["x", "y", "z", "x"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
     ap.add_argument("--objects", help="directory of the library's x.c.o object files")
     args = ap.parse_args()
+    self_test()
     graphs = {"include": include_graph(os.path.abspath(args.root))}
     if args.objects:
         graphs["call"] = call_graph(args.objects)
@@ -102,7 +124,11 @@ def main() -> int:
     for name, graph in graphs.items():
         cycle = find_cycle(graph)
         edges = sum(len(v) for v in graph.values())
-        if cycle:
+        if len(graph) < 10 or edges < 10:  # the sources or objects were not found
+            print(f"native/src {name} graph: only {len(graph)} modules and {edges} edges: "
+                  "wrong --root or --objects?")
+            status = 1
+        elif cycle:
             print(f"native/src {name} graph has a cycle: {' -> '.join(cycle)}")
             status = 1
         else:

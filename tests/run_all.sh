@@ -44,6 +44,9 @@ if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
   bash tests/fuzz/run.sh || status=1
 fi
 
+step "GPU checks (tests/gpu: skipped with one line without an NVIDIA GPU)"
+bash tests/gpu/run.sh || status=1
+
 step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
 for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done

@@ -76,7 +76,8 @@ if [ "$(cat .venv/.torchspark-pkg 2>/dev/null)" != "$pkg_key" ] || \
   .venv/bin/pip install -q --no-deps --no-build-isolation --force-reinstall ./spark-glue/python
   echo "$pkg_key" > .venv/.torchspark-pkg
 fi
-agent=$site/torchspark/_bin/torchspark-run
-[ -x "$agent" ] || { log "the torchspark package lacks $agent"; exit 1; }
-ln -sf "$agent" .venv/bin/torchspark-run
+# pip installs the torchspark-run command itself (the wheel's scripts), beside .venv's
+# python, its default interpreter.
+[ -x .venv/bin/torchspark-run ] && [ ! -L .venv/bin/torchspark-run ] || \
+  { log "the torchspark package did not install .venv/bin/torchspark-run"; exit 1; }
 log "ready: .venv/bin/torchspark-run $(.venv/bin/torchspark-run --version 2>/dev/null || echo '?')"

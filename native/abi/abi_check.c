@@ -40,7 +40,7 @@ _Static_assert(TSP_CU_STREAM_NON_BLOCKING == CU_STREAM_NON_BLOCKING, "CU_STREAM_
 
 #ifdef TSP_ABI_CHECK_NCCL
 #define SAME_NCCL_FN(field, sym, ret, params, required)                                            \
-    _Static_assert(__builtin_types_compatible_p(ret(*) params, __typeof__(&sym)),                  \
+    _Static_assert(__builtin_types_compatible_p(tsp_##sym##_fn, __typeof__(&sym)),                 \
                    #sym " differs from its declaration in nccl.h");
 TSP_NCCL_FUNCS(SAME_NCCL_FN)
 _Static_assert(sizeof(tsp_nccl_unique_id_local) == sizeof(ncclUniqueId), "ncclUniqueId");

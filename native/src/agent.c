@@ -220,7 +220,10 @@ static int deliver_line(tsp_agent_t *a, worker_t *w, int si, const char *data, s
     int eol = !(flags & (TSP_LINE_CONTINUED | TSP_LINE_NO_EOL));
     struct iovec iov[3] = {{NULL, 0}, {(void *)data, len}, {"\n", (size_t)eol}};
     if (s->file_fd >= 0)
-        write_all(s->file_fd, iov + 1, 2);
+        write_all(s->file_fd, iov + 1, 2); /* the file gets the bytes as they were */
+    /* On the console a last line without '\n' still ends its line, or the next rank's
+     * line would be joined to it. */
+    iov[2].iov_len = !(flags & TSP_LINE_CONTINUED);
     int redirected = a->o.redirects && (a->o.redirects[w->local_rank] & mask);
     int teed = a->o.tee && (a->o.tee[w->local_rank] & mask);
     int shown = !a->o.show || a->o.show[w->local_rank];
@@ -813,7 +816,7 @@ int tsp_agent_run(tsp_agent_t *a)
         }
         return a->fails[a->root].status;
     }
-    return a->stop_signal ? 128 + a->stop_signal : 0;
+    return a->stop_signal ? tsp_proc_signal_status(a->stop_signal) : 0;
 }
 
 const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *a)
@@ -881,7 +884,10 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
         a->w[i].s[0].fd = a->w[i].s[1].fd = -1;
         a->w[i].s[0].file_fd = a->w[i].s[1].file_fd = -1;
     }
-    a->capture = o->sink || o->redirects || o->tee || o->show;
+    /* Worker output always goes through the agent: a worker that wrote to the console
+     * itself could join its line with another rank's (under python -u one print is two
+     * writes). The agent writes each line whole, with one writev. */
+    a->capture = 1;
     if (gethostname(a->host, sizeof a->host - 1) < 0)
         snprintf(a->host, sizeof a->host, "localhost");
     sigset_t set;

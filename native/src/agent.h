@@ -56,7 +56,9 @@ typedef struct tsp_agent_opts {
 
 typedef struct tsp_agent tsp_agent_t;
 
-/* Process-wide state that an agent needs, set in this one place: blocks the signals the
+/* Process-wide state that an agent needs, set in this one place: starts the process's
+ * sentinel (native/src/sentinel.h: after this process exits, however it ends, every process
+ * of its jobs is killed; workers carry TORCHSPARK_JOB_TOKEN for it), blocks the signals the
  * agent receives through signalfd (CHLD, TERM, INT, HUP, QUIT, USR1, USR2), ignores
  * SIGPIPE, makes the process a child subreaper (orphaned grandchildren come back to us
  * to be killed and reaped), and, when pdeathsig is not 0, asks for that signal when the

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "cudaapi.h"
+#include "util.h"
 
 /* ---- the dlopen tables ---- */
 
@@ -130,29 +131,17 @@ static const char *host_or_self(const char *host, char *buf, size_t len)
     return buf;
 }
 
-/* Appends to a bounded buffer; never overflows, always terminated. */
-static __attribute__((format(printf, 3, 4))) void cat(char *buf, size_t len, const char *fmt, ...)
-{
-    size_t used = strnlen(buf, len);
-    if (used + 1 >= len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, len - used, fmt, ap);
-    va_end(ap);
-}
-
 /* A Python repr of a str: '...' with \ and ' escaped. */
 static void cat_repr(char *buf, size_t len, const char *s, size_t n)
 {
-    cat(buf, len, "'");
+    tsp__err_append(buf, len, "'");
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '\\' || s[i] == '\'')
-            cat(buf, len, "\\%c", s[i]);
+            tsp__err_append(buf, len, "\\%c", s[i]);
         else
-            cat(buf, len, "%c", s[i]);
+            tsp__err_append(buf, len, "%c", s[i]);
     }
-    cat(buf, len, "'");
+    tsp__err_append(buf, len, "'");
 }
 
 /* {mask!r}: 'a,b' or None */
@@ -161,7 +150,7 @@ static void cat_mask(char *buf, size_t len, const char *mask)
     if (mask)
         cat_repr(buf, len, mask, strlen(mask));
     else
-        cat(buf, len, "None");
+        tsp__err_append(buf, len, "None");
 }
 
 #define MAX_ENTRIES 128
@@ -201,13 +190,13 @@ static int split(const char *csv, list_t *l)
 /* {addrs}: Python's repr of a list of str, e.g. ['0', '01'] */
 static void cat_list(char *buf, size_t len, const list_t *l)
 {
-    cat(buf, len, "[");
+    tsp__err_append(buf, len, "[");
     for (int i = 0; i < l->n; i++) {
         if (i)
-            cat(buf, len, ", ");
+            tsp__err_append(buf, len, ", ");
         cat_repr(buf, len, l->s[i], l->len[i]);
     }
-    cat(buf, len, "]");
+    tsp__err_append(buf, len, "]");
 }
 
 static int is_int(const char *s, size_t n)
@@ -273,11 +262,11 @@ void tsp__gpu_inventory_text(const tsp_gpu_inventory_t *inv, char *out, size_t l
     for (int i = 0; i < inv->ndev; i++) {
         char u[32];
         uuid8(inv->dev[i].uuid, u, sizeof u);
-        cat(out, len, "%s%d: %s %s %s", i ? "; " : "", inv->dev[i].index, u, inv->dev[i].bus,
-            inv->dev[i].name);
+        tsp__err_append(out, len, "%s%d: %s %s %s", i ? "; " : "", inv->dev[i].index, u,
+                        inv->dev[i].bus, inv->dev[i].name);
     }
     if (inv->ndev == 0)
-        cat(out, len, "none");
+        tsp__err_append(out, len, "none");
 }
 
 /* ---- inventory ---- */
@@ -467,7 +456,7 @@ int tsp_gpu_count(int *count, char *err, size_t errlen)
             snprintf(err, errlen,
                      "torchspark: CUDA sees no GPU on host %s with CUDA_VISIBLE_DEVICES=", host);
             cat_mask(err, errlen, mask);
-            cat(err, errlen, " (cuInit: CUDA_ERROR_NO_DEVICE)");
+            tsp__err_append(err, errlen, " (cuInit: CUDA_ERROR_NO_DEVICE)");
         }
         return 0;
     }
@@ -546,9 +535,10 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
     /* R1 */
     for (int i = 0; i < a.n; i++)
         if (addr_kind(a.s[i], a.len[i]) == ADDR_BAD) {
-            cat(e, sizeof e, "Found GPU addresses ");
+            tsp__err_append(e, sizeof e, "Found GPU addresses ");
             cat_list(e, sizeof e, &a);
-            cat(e, sizeof e,
+            tsp__err_append(
+                e, sizeof e,
                 " which are not all in the correct format for CUDA_VISIBLE_DEVICES, which "
                 "requires integers with no zero padding.");
             goto fail;
@@ -559,7 +549,8 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
                  "host %s, which hides every GPU, but Spark gave task %s GPU addresses ",
                  host, task);
         cat_list(e, sizeof e, &a);
-        cat(e, sizeof e,
+        tsp__err_append(
+            e, sizeof e,
             ": unset it (spark.executorEnv.CUDA_VISIBLE_DEVICES or the executor's environment)");
         goto fail;
     }
@@ -580,11 +571,13 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
                         hit = j;
             }
             if (hit < 0) {
-                cat(e, sizeof e, "GPU addresses ");
+                tsp__err_append(e, sizeof e, "GPU addresses ");
                 cat_list(e, sizeof e, &a);
-                cat(e, sizeof e, " given by Spark do not fit into CUDA_VISIBLE_DEVICES=");
+                tsp__err_append(e, sizeof e,
+                                " given by Spark do not fit into CUDA_VISIBLE_DEVICES=");
                 cat_mask(e, sizeof e, mask);
-                cat(e, sizeof e,
+                tsp__err_append(
+                    e, sizeof e,
                     " on host %s: set the executors' CUDA_VISIBLE_DEVICES to all the GPUs Spark "
                     "may assign, or unset it",
                     host);
@@ -641,9 +634,10 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
                          "torchspark: task %s on host %s would put two workers on one GPU: ", task,
                          host);
                 cat_list(e, sizeof e, &pair);
-                cat(e, sizeof e, " with CUDA_VISIBLE_DEVICES=");
+                tsp__err_append(e, sizeof e, " with CUDA_VISIBLE_DEVICES=");
                 cat_mask(e, sizeof e, mask);
-                cat(e, sizeof e,
+                tsp__err_append(
+                    e, sizeof e,
                     " both resolve to %s (%s); NCCL refuses that (\"Duplicate GPU detected\")",
                     g->bus, u);
                 goto fail;
@@ -658,7 +652,8 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
                 goto fail;
             }
             if (mig[i] < 0 && g->nprocs > 0) {
-                cat(out->warnings, sizeof out->warnings,
+                tsp__err_append(
+                    out->warnings, sizeof out->warnings,
                     "torchspark: WARNING: GPU %s (%s) on host %s already runs %d compute "
                     "process(es) using %.1f GiB: another task or a leftover process shares it%s\n",
                     entry, u, host, g->nprocs, (double)g->procs_mem / (1024.0 * 1024 * 1024),
@@ -669,13 +664,14 @@ int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t
         }
         out->checked = 1;
     } else {
-        cat(out->warnings, sizeof out->warnings,
+        tsp__err_append(
+            out->warnings, sizeof out->warnings,
             "torchspark: WARNING: NVML (libnvidia-ml.so.1) is not available on host %s, so task "
             "%s's GPUs were not checked against the host's devices\n",
             host, task);
     }
     for (int i = 0; i < w.n; i++) {
-        cat(out->mask, sizeof out->mask, "%s%.*s", i ? "," : "", (int)w.len[i], w.s[i]);
+        tsp__err_append(out->mask, sizeof out->mask, "%s%.*s", i ? "," : "", (int)w.len[i], w.s[i]);
         out->integers |= addr_kind(w.s[i], w.len[i]) == ADDR_INT;
     }
     out->count = w.n;
@@ -705,7 +701,8 @@ int tsp_gpu_assign(const tsp_gpu_request_t *req, tsp_gpu_assignment_t *out, char
     if (rc == 0 && nverr[0]) { /* NVML failed otherwise: R6 skipped, say why */
         const char *why = strncmp(nverr, "torchspark: ", 12) == 0 ? nverr + 12 : nverr;
         out->warnings[0] = 0;
-        cat(out->warnings, sizeof out->warnings,
+        tsp__err_append(
+            out->warnings, sizeof out->warnings,
             "torchspark: WARNING: %s; task %s's GPUs were not checked against the host's "
             "devices\n",
             why, req->task && *req->task ? req->task : "?");

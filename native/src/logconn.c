@@ -106,8 +106,7 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
     c->hello_len = n;
     uint8_t ch[TSP_WIRE_CHALLENGE_LEN];
     if (tsp__random_bytes(c->nonce_s, sizeof(c->nonce_s))) {
-        snprintf(err, errlen, "no random bytes for the challenge");
-        return -EIO;
+        return tsp__err(err, errlen, -EIO, "no random bytes for the challenge");
     }
     tsp_wire_challenge_pack(ch, c->nonce_s);
     c->state = C_AUTH;
@@ -118,18 +117,16 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
                    size_t errlen)
 {
     if (tsp_wire_mac_verify(s->secret, 0, c->hello, c->hello_len, c->nonce_s, p, n)) {
-        snprintf(err, errlen, "authentication failed (wrong secret or a replayed handshake)");
-        return -EACCES;
+        return tsp__err(err, errlen, -EACCES,
+                        "authentication failed (wrong secret or a replayed handshake)");
     }
     uint8_t mac[TSP_WIRE_MAC_LEN];
     if (tsp_wire_mac(s->secret, 1, c->hello, c->hello_len, c->nonce_s, mac)) {
-        snprintf(err, errlen, "HMAC failed on the driver");
-        return -EIO;
+        return tsp__err(err, errlen, -EIO, "HMAC failed on the driver");
     }
     agent_rec_t *a = agent_find(s, c->h.agent_id, &c->agent);
     if (!a) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
+        return tsp__err(err, errlen, -ENOMEM, "out of memory");
     }
     c->acked = a->seq;
     c->state = C_OPEN;
@@ -285,15 +282,14 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
         break;
     case TSP_WIRE_ERROR: {
         size_t n = h->length;
-        snprintf(err, errlen, "the agent reported: %.*s", (int)n, (const char *)p);
-        return -ECONNABORTED;
+        return tsp__err(err, errlen, -ECONNABORTED, "the agent reported: %.*s", (int)n,
+                        (const char *)p);
     }
     default:
         break;
     }
-    snprintf(err, errlen, "unexpected %s frame %s", tsp_wire_type_name(h->type),
-             c->state == C_OPEN ? "after the handshake" : "during the handshake");
-    return -EBADMSG;
+    return tsp__err(err, errlen, -EBADMSG, "unexpected %s frame %s", tsp_wire_type_name(h->type),
+                    c->state == C_OPEN ? "after the handshake" : "during the handshake");
 }
 
 /* Parses every whole frame in c->buf. 0 continue; -EAGAIN paused; else closed/rejected. */

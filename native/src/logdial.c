@@ -85,15 +85,15 @@ int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t ca
     uint8_t hb[TSP_WIRE_HDR_LEN];
     int rc = tsp__sock_read_full(fd, hb, sizeof(hb), deadline);
     if (rc) {
-        snprintf(err, errlen, "%s",
-                 rc == -ECONNRESET ? "the driver closed the connection" : strerror(-rc));
-        return rc;
+        return tsp__err(err, errlen, rc, "%s",
+                        rc == -ECONNRESET ? "the driver closed the connection" : strerror(-rc));
     }
     if ((rc = tsp_wire_hdr_unpack(h, hb, sizeof(hb), cap, err, errlen)))
         return rc;
     if ((rc = tsp__sock_read_full(fd, p, h->length, deadline)))
-        snprintf(err, errlen, "reading a %s frame: %s", tsp_wire_type_name(h->type), strerror(-rc));
-    return rc;
+        return tsp__err(err, errlen, rc, "reading a %s frame: %s", tsp_wire_type_name(h->type),
+                        strerror(-rc));
+    return 0;
 }
 
 static int dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen)
@@ -106,8 +106,8 @@ static int dial_tcp(const char *host, int port, int64_t deadline, char *err, siz
     snprintf(ps, sizeof(ps), "%d", port);
     int rc = getaddrinfo(host, ps, &hints, &res);
     if (rc) {
-        snprintf(err, errlen, "cannot resolve %s: %s", host, gai_strerror(rc));
-        return -EHOSTUNREACH;
+        return tsp__err(err, errlen, -EHOSTUNREACH, "cannot resolve %s: %s", host,
+                        gai_strerror(rc));
     }
     int e = ECONNREFUSED;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
@@ -163,7 +163,7 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
     if (rc)
         return tsp__err(err, errlen, rc, "sending HELLO: %s", strerror(-rc));
     /* CHALLENGE, or ERROR with the driver's reason. */
-    tsp_wire_hdr_t rh;
+    tsp_wire_hdr_t rh = {0};
     if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)

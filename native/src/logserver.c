@@ -226,9 +226,8 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
     snprintf(port, sizeof(port), "%d", s->o.port);
     int rc = getaddrinfo(s->host, port, &hints, &res);
     if (rc) {
-        snprintf(err, errlen, "cannot resolve the log server address %s: %s", s->host,
-                 gai_strerror(rc));
-        return -EADDRNOTAVAIL;
+        return tsp__err(err, errlen, -EADDRNOTAVAIL, "cannot resolve the log server address %s: %s",
+                        s->host, gai_strerror(rc));
     }
     int e = 0;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {

@@ -17,11 +17,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cudaapi.h"
+#include "util.h"
 #include "ncclapi.h"
 #include "json.h"
 
@@ -41,20 +43,9 @@ static void nap_ms(long ms)
         ;
 }
 
-static __attribute__((format(printf, 3, 4))) void cat(char *buf, size_t len, const char *fmt, ...)
-{
-    size_t used = strnlen(buf, len);
-    if (used + 1 >= len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, len - used, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- the check worker ---- */
 
-#define NCCL_MEMBER(field, sym, ret, params, required) ret(*field) params;
+#define NCCL_MEMBER(field, sym, ret, params, required) tsp_##sym##_fn field;
 typedef struct {
     TSP_NCCL_FUNCS(NCCL_MEMBER)
 } nccl_api_t;
@@ -66,6 +57,7 @@ typedef struct {
     int version;
     char path[512], bus[64];
     double us, algbw, busbw, t_cuda, t_init, t_allreduce;
+    double at; /* CLOCK_MONOTONIC (one clock for every process of the host) when it ended */
 } result_t;
 
 typedef struct {
@@ -74,6 +66,12 @@ typedef struct {
     const char *mask;
     double deadline, start;
     result_t r;
+    /* what to release, on every path */
+    const tsp_cuda_api_t *cu;
+    int have_ctx;
+    tsp_cu_device dev;
+    tsp_cu_deviceptr sendb, recvb;
+    tsp_cu_stream stream;
 } worker_t;
 
 static void mask_repr(const char *mask, char *out, size_t len)
@@ -88,6 +86,7 @@ static void mask_repr(const char *mask, char *out, size_t len)
 static int fail_cuda(worker_t *w, const char *fn, tsp_cu_result rc)
 {
     char m[600];
+    w->r.at = now();
     mask_repr(w->mask, m, sizeof m);
     w->r.step = "cuda";
     if (rc == TSP_CUDA_ERROR_STUB_LIBRARY) { /* L1 */
@@ -147,6 +146,7 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 {
     const char *said = n->last_error ? n->last_error(NULL) : NULL;
     char h[512], what[128];
+    w->r.at = now();
     if (!said || !*said)
         said = "nothing more (no WARN line)";
     if (in_allreduce)
@@ -164,6 +164,7 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 
 static int timed_out(worker_t *w, const char *step)
 {
+    w->r.at = now(); /* before the abort, which the peers may see as a failure */
     w->r.timeout = 1;
     w->r.step = step;
     snprintf(w->r.message, sizeof w->r.message, "timeout step=%s after=%.1fs", step,
@@ -213,7 +214,7 @@ static int load_nccl(worker_t *w, nccl_api_t *n)
     }
     memset(n, 0, sizeof *n);
 #define NCCL_RESOLVE(field, sym, ret, params, required)                                            \
-    n->field = (ret(*) params)(uintptr_t)dlsym(h, #sym);                                           \
+    n->field = (tsp_##sym##_fn)(uintptr_t)dlsym(h, #sym);                                          \
     if (!n->field && (required)) {                                                                 \
         snprintf(w->r.message, sizeof w->r.message,                                                \
                  "torchspark: --nccl-check needs libnccl.so.2 2.14 or newer: %s lacks " #sym       \
@@ -240,6 +241,7 @@ static int check_values(worker_t *w, tsp_cu_deviceptr buf, size_t count, float *
         return fail_cuda(w, "cuMemcpyDtoH_v2", rc);
     for (size_t i = 0; i < count; i++)
         if (host[i] != (float)w->o->world_size) {
+            w->r.at = now();
             w->r.step = "check";
             snprintf(w->r.message, sizeof w->r.message,
                      "torchspark: NCCL check failed before training: all_reduce on rank %d (host "
@@ -263,6 +265,7 @@ static int run_check(worker_t *w)
     tsp_cu_result rc;
     tsp_cu_device dev;
     tsp_cu_context ctx;
+    w->cu = cu;
     if ((rc = cu->init(0)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuInit", rc);
     if ((rc = cu->device_get(&dev, o->local_rank)) != TSP_CUDA_SUCCESS)
@@ -270,21 +273,23 @@ static int run_check(worker_t *w)
     cu->device_get_pci_bus_id(w->r.bus, (int)sizeof w->r.bus, dev);
     if ((rc = cu->primary_ctx_retain(&ctx, dev)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuDevicePrimaryCtxRetain", rc);
+    w->have_ctx = 1;
+    w->dev = dev;
     if ((rc = cu->ctx_set_current(ctx)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuCtxSetCurrent", rc);
     size_t count = o->bytes / sizeof(float);
     if (count == 0)
         count = 1;
     size_t bytes = count * sizeof(float);
-    tsp_cu_deviceptr sendb = 0, recvb = 0;
-    tsp_cu_stream s = NULL;
-    if ((rc = cu->mem_alloc(&sendb, bytes)) != TSP_CUDA_SUCCESS ||
-        (rc = cu->mem_alloc(&recvb, bytes)) != TSP_CUDA_SUCCESS)
+    if ((rc = cu->mem_alloc(&w->sendb, bytes)) != TSP_CUDA_SUCCESS ||
+        (rc = cu->mem_alloc(&w->recvb, bytes)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemAlloc_v2", rc);
+    tsp_cu_deviceptr sendb = w->sendb, recvb = w->recvb;
     if ((rc = cu->memset_d32(sendb, 0x3f800000u, count)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemsetD32_v2", rc);
-    if ((rc = cu->stream_create(&s, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
+    if ((rc = cu->stream_create(&w->stream, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuStreamCreate", rc);
+    tsp_cu_stream s = w->stream;
     w->r.t_cuda = now() - t;
 
     t = now();
@@ -340,12 +345,9 @@ static int run_check(worker_t *w)
             bad = fail_nccl(w, &n, "ncclAllReduce", nr, 1);
             break;
         }
-        if (i == 0 || i == 25 || i < 6) {
-            if (wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1))
-                bad = 1;
-            else if ((i == 0 || i == 25) && check_values(w, recvb, count, host, cu))
-                bad = 1;
-        }
+        if (i == 0 || i == 25 || i < 6) /* the checked one, the warm-ups, the last */
+            bad = wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1) != 0 ||
+                  ((i == 0 || i == 25) && check_values(w, recvb, count, host, cu));
     }
     free(host);
     if (bad) {
@@ -360,10 +362,6 @@ static int run_check(worker_t *w)
     if (n.finalize)
         n.finalize(comm);
     n.destroy(comm);
-    cu->stream_destroy(s);
-    cu->mem_free(sendb);
-    cu->mem_free(recvb);
-    cu->primary_ctx_release(dev);
     w->r.ok = 1;
     w->r.step = "done";
     return 0;
@@ -380,24 +378,44 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
     gethostname(w.host, sizeof w.host - 1);
     snprintf(w.r.bus, sizeof w.r.bus, "?");
     run_check(&w);
+    if (w.stream) /* released on every path: the GPU's memory is free before training */
+        w.cu->stream_destroy(w.stream);
+    if (w.sendb)
+        w.cu->mem_free(w.sendb);
+    if (w.recvb)
+        w.cu->mem_free(w.recvb);
+    if (w.have_ctx)
+        w.cu->primary_ctx_release(w.dev);
     int fd = dup(o->result_fd);
     FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
     if (f) {
-        fprintf(f,
-                "{\"rank\": %d, \"local_rank\": %d, \"ok\": %d, \"timeout\": %d, \"step\": \"%s\", "
-                "\"nccl\": %d, \"us\": %.3f, \"algbw\": %.4f, \"busbw\": %.4f, \"t_cuda\": %.4f, "
-                "\"t_init\": %.4f, \"t_allreduce\": %.6f, \"after\": %.3f, \"bus\": ",
-                o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.step ? w.r.step : "?", w.r.version,
-                w.r.us, w.r.algbw, w.r.busbw, w.r.t_cuda, w.r.t_init, w.r.t_allreduce,
-                now() - w.start);
-        tsp_json_write_string(f, w.r.bus);
-        fputs(", \"path\": ", f);
-        tsp_json_write_string(f, w.r.path);
-        fputs(", \"host\": ", f);
-        tsp_json_write_string(f, w.host);
-        fputs(", \"message\": ", f);
-        tsp_json_write_string(f, w.r.message);
-        fputs("}\n", f);
+        tsp_json_writer_t jw;
+        tsp_json_writer_init(&jw, f);
+        tsp_json_begin_object(&jw);
+        const char *ikeys[] = {"rank", "local_rank", "ok", "timeout", "nccl"};
+        const int ivals[] = {o->rank, o->local_rank, w.r.ok, w.r.timeout, w.r.version};
+        for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
+            tsp_json_key(&jw, ikeys[i]);
+            tsp_json_int(&jw, ivals[i]);
+        }
+        const char *dkeys[] = {"us",     "algbw",       "busbw", "t_cuda",
+                               "t_init", "t_allreduce", "after", "at"};
+        const double dvals[] = {
+            w.r.us,     w.r.algbw,       w.r.busbw,       w.r.t_cuda,
+            w.r.t_init, w.r.t_allreduce, now() - w.start, w.r.at > 0 ? w.r.at : now()};
+        const int digits[] = {3, 4, 4, 4, 4, 6, 3, 6};
+        for (size_t i = 0; i < sizeof dkeys / sizeof dkeys[0]; i++) {
+            tsp_json_key(&jw, dkeys[i]);
+            tsp_json_fixed(&jw, dvals[i], digits[i]);
+        }
+        const char *skeys[] = {"step", "bus", "path", "host", "message"};
+        const char *svals[] = {w.r.step ? w.r.step : "?", w.r.bus, w.r.path, w.host, w.r.message};
+        for (size_t i = 0; i < sizeof skeys / sizeof skeys[0]; i++) {
+            tsp_json_key(&jw, skeys[i]);
+            tsp_json_str(&jw, svals[i]);
+        }
+        tsp_json_end(&jw);
+        fputc('\n', f);
         fclose(f);
     }
     return w.r.ok ? 0 : 1;
@@ -516,6 +534,8 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     msg[0] = 0;
+    if (o->failed_rank)
+        *o->failed_rank = -1;
     if (!ch)
         return -ENOMEM;
     int cancelled = 0, started = 0, failed = 0;
@@ -532,8 +552,12 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         }
         char **env = child_env(o, i, 3);
         char *argv[] = {(char *)o->exe, "--nccl-check-worker", NULL};
+        pid_t parent = getpid();
         pid_t pid = env ? fork() : -1;
         if (pid == 0) { /* only async-signal-safe calls until exec */
+            /* A check process never outlives its agent (SIGKILLed agent included). */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+                _exit(127);
             int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
             if (devnull >= 0)
                 dup2(devnull, 0);
@@ -649,16 +673,18 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     double first_timeout = 1e300;
     for (int i = 0; i < o->nproc; i++)
         if (ch[i].res_len && jint(ch[i].res, ch[i].res_len, "timeout") &&
-            jdbl(ch[i].res, ch[i].res_len, "after") < first_timeout)
-            first_timeout = jdbl(ch[i].res, ch[i].res_len, "after");
+            jdbl(ch[i].res, ch[i].res_len, "at") < first_timeout)
+            first_timeout = jdbl(ch[i].res, ch[i].res_len, "at");
     for (int i = 0; i < o->nproc && !rc; i++) {
         if (!ch[i].res_len || jint(ch[i].res, ch[i].res_len, "ok") ||
             jint(ch[i].res, ch[i].res_len, "timeout") ||
-            jdbl(ch[i].res, ch[i].res_len, "after") >= first_timeout - 0.05)
+            jdbl(ch[i].res, ch[i].res_len, "at") >= first_timeout)
             continue;
         char *m = jget(ch[i].res, ch[i].res_len, "message");
         snprintf(msg, msglen, "%s", m ? m : "torchspark: NCCL check failed before training");
         free(m);
+        if (o->failed_rank)
+            *o->failed_rank = o->first_rank + i;
         rc = -EIO;
     }
     if (rc)
@@ -667,23 +693,25 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     int nlate = 0, nsilent = 0, in_ar = 0;
     for (int i = 0; i < o->nproc; i++) {
         if (!ch[i].res_len) {
-            cat(silent, sizeof silent, "%s%d", nsilent++ ? "," : "", o->first_rank + i);
+            tsp__err_append(silent, sizeof silent, "%s%d", nsilent++ ? "," : "", o->first_rank + i);
         } else if (!jint(ch[i].res, ch[i].res_len, "ok")) {
             char *step = jget(ch[i].res, ch[i].res_len, "step");
             in_ar |= step && strcmp(step, "allreduce") == 0;
             free(step);
-            cat(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
+            tsp__err_append(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
         }
     }
     if (nlate || nsilent || started < o->nproc) {
         snprintf(msg, msglen,
                  "torchspark: NCCL check timed out after %.0f s before training: ", o->timeout);
         if (nlate)
-            cat(msg, msglen, "rank(s) %s on %s were still %s", late, host,
-                in_ar ? "in all_reduce" : "initializing the communicator");
+            tsp__err_append(msg, msglen, "rank(s) %s on %s were still %s", late, host,
+                            in_ar ? "in all_reduce" : "initializing the communicator");
         if (nsilent)
-            cat(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "", silent, host);
-        cat(msg, msglen,
+            tsp__err_append(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "",
+                            silent, host);
+        tsp__err_append(
+            msg, msglen,
             ". Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the interfaces NCCL "
             "chose.");
         rc = -EIO;
@@ -707,9 +735,9 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         algbw);
     free(path);
     if (o->world_size > 1)
-        cat(msg, msglen, "busbw %.2f GB/s", busbw);
+        tsp__err_append(msg, msglen, "busbw %.2f GB/s", busbw);
     else
-        cat(msg, msglen, "busbw n/a (1 rank)");
+        tsp__err_append(msg, msglen, "busbw n/a (1 rank)");
 out:
     for (int i = 0; i < o->nproc; i++) {
         if (ch[i].pid > 0 && !ch[i].exited) {

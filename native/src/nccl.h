@@ -44,6 +44,7 @@ typedef struct {
     size_t bytes;
     atomic_int *cancel; /* may be NULL */
     int log_fd;         /* where the workers' prefixed stderr goes */
+    int *failed_rank;   /* may be NULL: set to the root cause's global rank, or -1 */
 } tsp_nccl_preflight_opts_t;
 
 int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen);

@@ -59,4 +59,7 @@ typedef tsp_nccl_config_local tsp_nccl_config;
       (const void *, void *, size_t, unsigned int, unsigned int, tsp_nccl_comm, tsp_nccl_stream),  \
       1)
 
+#define TSP_NCCL_TYPEDEF(name, sym, ret, params, required) typedef ret(*tsp_##sym##_fn) params;
+TSP_NCCL_FUNCS(TSP_NCCL_TYPEDEF)
+
 #endif

@@ -144,8 +144,7 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
     pthread_t th;
     int rc = pthread_create(&th, NULL, hash_main, &j);
     if (rc) {
-        snprintf(err, errlen, "cannot start the hashing thread: %s", strerror(rc));
-        return -rc;
+        return tsp__err(err, errlen, -rc, "cannot start the hashing thread: %s", strerror(rc));
     }
     rc = send_frame(sock, TSP_WIRE_OUT_BEGIN, v, 8, timeout_ms);
     uint64_t sent = 0;
@@ -179,24 +178,20 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
                  "announced)");
     if (!rc && !early)
         rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
-    if (rc) {
-        if (!*err)
-            snprintf(err, errlen, "sending the output: %s", tsp_strerror(rc));
-        return rc;
-    }
-    tsp_wire_hdr_t h;
+    if (rc)
+        return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", tsp_strerror(rc));
+    tsp_wire_hdr_t h = {0};
     rc = tsp__sock_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
                               errlen);
     if (rc)
         return rc;
     if (h.type == TSP_WIRE_ERROR) {
-        snprintf(err, errlen, "the driver refused the output: %.*s", (int)h.length, (char *)buf);
-        return -EBADMSG;
+        return tsp__err(err, errlen, -EBADMSG, "the driver refused the output: %.*s", (int)h.length,
+                        (char *)buf);
     }
     if (early || h.type != TSP_WIRE_OUT_DONE ||
         CRYPTO_memcmp(buf, j.digest, TSP_WIRE_DIGEST_LEN) != 0) {
-        snprintf(err, errlen, "the driver did not confirm the output's digest");
-        return -EBADMSG;
+        return tsp__err(err, errlen, -EBADMSG, "the driver did not confirm the output's digest");
     }
     return 0;
 }

@@ -98,7 +98,7 @@ static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int o
     if (o->pdeathsig) {
         prctl(PR_SET_PDEATHSIG, o->pdeathsig);
         if (getppid() != parent) /* the parent died before prctl took effect */
-            _exit(128 + o->pdeathsig);
+            _exit(tsp_proc_signal_status(o->pdeathsig));
     }
     if (out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0)
         goto fail;
@@ -294,12 +294,19 @@ int tsp_proc_signal_descendants(pid_t root, int sig)
     return count;
 }
 
+/* The exit-status rule, written once (report.h): every status torchspark reports for a
+ * process that a signal ended (a worker, or the agent itself) comes from here. */
+int tsp_proc_signal_status(int sig)
+{
+    return 128 + sig;
+}
+
 int tsp_proc_exit_code(int wstatus)
 {
     if (WIFEXITED(wstatus))
         return WEXITSTATUS(wstatus);
     if (WIFSIGNALED(wstatus))
-        return 128 + WTERMSIG(wstatus);
+        return tsp_proc_signal_status(WTERMSIG(wstatus));
     return 1;
 }
 

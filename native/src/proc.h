@@ -42,6 +42,8 @@ void tsp_proc_close(tsp_proc_t *p);
 /* Sends sig to every process whose parent chain leads to root (root excluded), found by
  * reading /proc. Returns how many were signalled. */
 int tsp_proc_signal_descendants(pid_t root, int sig);
+/* The shell's status of a process ended by signal sig: 128 + sig. Async-signal-safe. */
+int tsp_proc_signal_status(int sig);
 /* The shell's exit status of a wait status: the exit code, or 128 + signal number. */
 int tsp_proc_exit_code(int wstatus);
 /* The shell's status for an exec errno: 127 for not found, 126 otherwise. */

@@ -26,7 +26,7 @@ static char *slurp(const char *path, size_t *len)
     struct stat st;
     char *buf = NULL;
     if (fstat(fd, &st) == 0 && st.st_size >= 0 && (size_t)st.st_size <= ERROR_FILE_MAX &&
-        (buf = malloc((size_t)st.st_size + 1)) != NULL) {
+        (buf = calloc(1, (size_t)st.st_size + 1)) != NULL) {
         size_t got = 0;
         while (got < (size_t)st.st_size) {
             ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
@@ -331,7 +331,10 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
                                root->status, root->signal,     (long long)root->pid};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
         tsp_json_key(&w, ikeys[i]);
-        tsp_json_int(&w, ivals[i]);
+        if (i < 2 && ivals[i] < 0)
+            tsp_json_null(&w); /* a node's own failure (setup): no rank failed */
+        else
+            tsp_json_int(&w, ivals[i]);
     }
     tsp_json_key(&w, "host");
     tsp_json_str(&w, host);

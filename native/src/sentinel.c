@@ -17,6 +17,7 @@
  * scans (docs/cli.md, "Processes left behind").
  */
 #include "sentinel.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +26,6 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/random.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -79,8 +79,10 @@ static void proc_path(char *out, int pid, const char *leaf)
         digits[nd++] = (char)('0' + pid % 10);
         pid /= 10;
     } while (pid > 0 && nd < (int)sizeof digits);
-    memcpy(out, "/proc/", 6);
-    size_t o = 6;
+    static const char pre[] = "/proc/";
+    size_t o = 0;
+    for (; pre[o]; o++)
+        out[o] = pre[o];
     while (nd > 0)
         out[o++] = digits[--nd];
     out[o++] = '/';
@@ -283,22 +285,10 @@ static void sentinel_main(int rfd)
 static int make_token(void)
 {
     unsigned char raw[TOKEN_HEX / 2];
-    size_t got = 0;
-    while (got < sizeof raw) {
-        ssize_t n = getrandom(raw + got, sizeof raw - got, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0)
-            return n < 0 ? -errno : -EIO;
-        got += (size_t)n;
-    }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < sizeof raw; i++) {
-        sentinel_token[2 * i] = hex[raw[i] >> 4];
-        sentinel_token[2 * i + 1] = hex[raw[i] & 15];
-    }
-    sentinel_token[TOKEN_HEX] = 0;
-    return 0;
+    int rc = tsp__random_bytes(raw, sizeof raw);
+    if (rc == 0)
+        tsp__hex_encode(raw, sizeof raw, sentinel_token);
+    return rc;
 }
 
 int tsp__sentinel_start(void)

@@ -98,6 +98,17 @@ int tsp__err(char *err, size_t errlen, int code, const char *fmt, ...)
     return code;
 }
 
+void tsp__err_append(char *buf, size_t len, const char *fmt, ...)
+{
+    size_t used = strnlen(buf, len);
+    if (used + 1 >= len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, len - used, fmt, ap);
+    va_end(ap);
+}
+
 void tsp__hex_encode(const void *in, size_t n, char *out)
 {
     static const char digits[] = "0123456789abcdef";

@@ -42,6 +42,11 @@ int tsp__endpoint_parse(const char *ep, char *host, size_t hostlen, int *port, i
 __attribute__((format(printf, 4, 5))) int tsp__err(char *err, size_t errlen, int code,
                                                    const char *fmt, ...);
 
+/* Appends a formatted sentence to the NUL-terminated text in buf (len bytes in all): never
+ * overflows, always terminated; a full buffer keeps what it holds. */
+__attribute__((format(printf, 3, 4))) void tsp__err_append(char *buf, size_t len, const char *fmt,
+                                                           ...);
+
 /* ---- bytes -------------------------------------------------------------------------- */
 
 /* n bytes -> 2n lowercase hex digits and a NUL (out holds 2n + 1 bytes). */

@@ -27,6 +27,7 @@
 #include "torchspark/output.h"
 #include "proc.h"
 #include "pyboot.h"
+#include "report.h"
 #include "util.h"
 
 extern char **environ;
@@ -232,21 +233,37 @@ static int gpu_count(void);
  * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
 static int assigned_gpus = -1;
 
-static void write_setup_error(const char *msg, int node_rank, int exitcode)
+typedef struct {
+    tsp_logclient_t *logc;
+    int sent;
+} failure_report_t;
+
+static void send_failure(void *ctx, const tsp_failure_t *f);
+
+/* A failure of the node before any worker ran (GPU assignment, the NCCL preflight): the
+ * same failure document as a worker's (report.h), written to --error-file and, with a log
+ * channel (fr), sent to the driver. rank < 0: no rank is to blame. */
+static void setup_failure(const char *msg, int node_rank, int rank, int local_rank, int status,
+                          failure_report_t *fr)
 {
-    const char *path = val("error-file");
-    FILE *f = path ? fopen(path, "we") : NULL;
-    if (!f)
-        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    tsp_failure_t f = {.rank = rank,
+                       .local_rank = local_rank,
+                       .pid = getpid(),
+                       .status = status,
+                       .exitcode = status,
+                       .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9,
+                       .message = strdup(msg)};
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
-    fputs("{\"message\": ", f);
-    tsp_json_write_string(f, msg);
-    fprintf(f, ", \"torchspark\": {\"node_rank\": %d, \"exitcode\": %d, \"host\": ", node_rank,
-            exitcode);
-    tsp_json_write_string(f, host);
-    fputs("}}\n", f);
-    fclose(f);
+    if (tsp__report_document(&f, host, node_rank) == 0) {
+        if (val("error-file") && tsp__report_write_file(val("error-file"), &f) != 0)
+            fprintf(stderr, "torchspark-run: cannot write the error file %s\n", val("error-file"));
+        if (fr && fr->logc)
+            send_failure(fr, &f);
+    }
+    tsp__report_clear(&f);
 }
 
 static void assign_gpus(void)
@@ -269,7 +286,7 @@ static void assign_gpus(void)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        write_setup_error(err, node_rank, 2);
+        setup_failure(err, node_rank, -1, -1, 2, NULL);
         exit(2);
     }
     fputs(out->warnings, stderr);
@@ -461,8 +478,22 @@ static void random_id(char *out, size_t len)
     snprintf(out, len, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
-/* The interpreter for workers: --python, else the `python` beside this binary (the
- * venv it was installed into, as torchrun uses its own sys.executable), else python3. */
+/* An executable `python` or `python3` in dir (written to buf), or NULL. */
+static const char *python_in(const char *dir, int dirlen, char *buf, size_t len)
+{
+    static const char *const names[] = {"python", "python3"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(buf, len, "%.*s/%s", dirlen, dir, names[i]);
+        if (access(buf, X_OK) == 0)
+            return buf;
+    }
+    return NULL;
+}
+
+/* The interpreter for workers: --python, else the `python` (or `python3`) beside this
+ * binary as invoked, then beside its resolved path (pip installs the command into the
+ * environment's bin/, beside its interpreter: a venv, conda, a system prefix; torchrun
+ * likewise uses its own sys.executable), else python3 in PATH. */
 static const char *find_python(const char *argv0)
 {
     if (val("python"))
@@ -470,21 +501,14 @@ static const char *find_python(const char *argv0)
     static char buf[PATH_MAX];
     char self[PATH_MAX];
     const char *slash = strrchr(argv0, '/');
-    if (slash) {
-        snprintf(buf, sizeof buf, "%.*s/python", (int)(slash - argv0), argv0);
-        if (access(buf, X_OK) == 0)
-            return buf;
-    }
+    if (slash && python_in(argv0, (int)(slash - argv0), buf, sizeof buf))
+        return buf;
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
         self[n] = 0;
         char *s = strrchr(self, '/');
-        if (s) {
-            *s = 0;
-            snprintf(buf, sizeof buf, "%s/python", self);
-            if (access(buf, X_OK) == 0)
-                return buf;
-        }
+        if (s && python_in(self, (int)(s - self), buf, sizeof buf))
+            return buf;
     }
     return "python3";
 }
@@ -582,11 +606,6 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
 
 /* Tells the driver the root cause before anything else happens on this node: the error
  * file's JSON when there is one, else what the agent knows. */
-typedef struct {
-    tsp_logclient_t *logc;
-    int sent;
-} failure_report_t;
-
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
  * run has failed for good and before its workers are stopped, so the driver can stop the
  * other nodes without waiting for this node's grace period. What is sent is the failure
@@ -714,6 +733,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
         usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
                     val("nccl-check-bytes"));
     char comm_id[128], exe[PATH_MAX], msg[4096];
+    int failed_rank = -1;
     snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
              t->master_addr, port);
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -722,7 +742,8 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     else
         exe[n] = 0;
     tsp_nccl_preflight_opts_t o = {.exe = exe,
-                                   .lib = val("nccl-lib"),
+                                   .lib = val("nccl-lib") ? val("nccl-lib")
+                                                          : getenv("TORCHSPARK_NCCL_LIB"),
                                    .comm_id = comm_id,
                                    .ifname = getenv("NCCL_SOCKET_IFNAME"),
                                    .nproc = t->nproc_per_node,
@@ -731,23 +752,27 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .timeout = timeout,
                                    .bytes = (size_t)bytes,
                                    .cancel = &stop_wanted,
-                                   .log_fd = STDERR_FILENO};
+                                   .log_fd = STDERR_FILENO,
+                                   .failed_rank = &failed_rank};
     int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
     fprintf(stderr, "%s\n", msg);
+    if (rc == 0 && fr->logc) {
+        /* The node's success line also goes to the driver, as a line of its first rank. */
+        tsp_line_sink_t *sink = tsp_logclient_sink(fr->logc);
+        tsp_line_t line = {.rank = o.first_rank,
+                           .local_rank = 0,
+                           .stream = TSP_STREAM_STDERR,
+                           .data = msg,
+                           .len = strlen(msg)};
+        for (int tries = 0; tries < 100 && sink->write_line(sink->ctx, &line) == -EAGAIN; tries++)
+            usleep(10000);
+    }
     if (rc == 0)
         return 0;
     if (rc == -ECANCELED)
-        return 128 + SIGTERM;
-    write_setup_error(msg, t->node_rank, 1);
-    if (fr->logc) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        tsp_failure_t f = {.rank = o.first_rank,
-                           .pid = getpid(),
-                           .exitcode = 1,
-                           .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9};
-        send_failure(fr, &f);
-    }
+        return tsp_proc_signal_status(SIGTERM);
+    setup_failure(msg, t->node_rank, failed_rank >= 0 ? failed_rank : o.first_rank,
+                  failed_rank >= 0 ? failed_rank - o.first_rank : 0, 1, fr);
     return 1;
 }
 
@@ -781,11 +806,11 @@ int main(int argc, char **argv)
     const char *parent = getenv("TORCHSPARK_PARENT_PID");
     int expected = 0;
     if (parent && tsp__parse_int(parent, &expected) == 0 && expected != (int)ppid)
-        return 128 + SIGTERM; /* the parent that started us is already gone */
+        return tsp_proc_signal_status(SIGTERM); /* the parent that started us is already gone */
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
     if (rc == -ESRCH)
-        return 128 + SIGTERM;
+        return tsp_proc_signal_status(SIGTERM);
     if (rc) {
         fprintf(stderr, "torchspark-run: cannot set up process supervision: %s\n",
                 tsp_strerror(rc));
@@ -883,6 +908,10 @@ int main(int argc, char **argv)
     if (rc) {
         if (logc)
             tsp_logclient_close(logc, 30000);
+        free((void *)o.redirects);
+        free((void *)o.tee);
+        free((void *)o.show);
+        free(wargv);
         return rc;
     }
     tsp_agent_t *agent;

@@ -1,6 +1,12 @@
 """In-tree PEP 517 backend for torchspark: builds a platform wheel holding the Python
 package plus libtorchspark.so and torchspark-run, using only the standard library.
 
+The agent is in the wheel twice: torchspark/_bin/torchspark-run (what the distributor
+runs) and the wheel's scripts (pip puts it in the environment's bin/ as the
+`torchspark-run` command). That copy sits beside the environment's `python`, which is
+the agent's default interpreter (docs/cli.md), so the command uses the environment it
+was installed into, not whatever python3 comes first on PATH.
+
 The native files come from $TORCHSPARK_BUILD_DIR or <repo>/build when they are at least
 as new as every native source file; otherwise CMake (re)builds them there, -j2.
 """
@@ -89,6 +95,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
             files.append((f"{NAME}/{f}", os.path.join(pkg, f), 0o644))
     for n, path in _native_files().items():
         files.append((f"{NAME}/_bin/{n}", path, 0o755))
+        if n == "torchspark-run":
+            files.append((f"{NAME}-{VERSION}.data/scripts/{n}", path, 0o755))
     jar = _jar_file()
     if jar:
         files.append((f"{NAME}/_bin/torchspark.jar", jar, 0o644))

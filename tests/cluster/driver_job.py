@@ -105,6 +105,8 @@ def main() -> int:
         "spark.scheduler.maxRegisteredResourcesWaitingTime": "180s",
     }
     conf.update(cfg.get("conf", {}))
+    # The executors' Python is the driver's PYSPARK_PYTHON when PySpark creates the context.
+    os.environ["PYSPARK_PYTHON"] = conf["spark.pyspark.python"]
     for k, v in conf.items():
         b = b.config(k, v)
     spark = b.getOrCreate()

@@ -48,6 +48,13 @@ ALLOWED = {
 # (launcher/api.py) into os.environ and workers inherit it. It configures torchrun's Python
 # agent, means nothing to a worker, and torchspark-run forwards a different set (USR1/USR2 too).
 TORCHRUN_ONLY = {"TORCHELASTIC_SIGNALS_TO_HANDLE"}
+# Present under torchspark-run only, each for the reason written there.
+OURS_ONLY = {
+    "TORCHSPARK_JOB_TOKEN": (
+        lambda v: len(v) == 32 and all(ch in "0123456789abcdef" for ch in v),
+        "the job's random token: what the agent's sentinel sweeps after an agent SIGKILL "
+        "(docs/cli.md, \"Processes left behind\")"),
+}
 
 
 def _dump(cmds: list[list[str]], env: dict, outdir: Path, marker: str) -> tuple[dict, list]:
@@ -80,7 +87,11 @@ def _compare(theirs: dict, ours: dict, ctx: dict) -> list[str]:
             if k not in o:
                 problems.append(f"rank {rank}: {k} missing (torchrun: {t[k]!r})")
             elif k not in t:
-                problems.append(f"rank {rank}: {k}={o[k]!r} set, torchrun does not set it")
+                if k not in OURS_ONLY:
+                    problems.append(f"rank {rank}: {k}={o[k]!r} set, torchrun does not set it")
+                elif not OURS_ONLY[k][0](o[k]):
+                    problems.append(f"rank {rank}: {k}: ours {o[k]!r} is not valid "
+                                    f"({OURS_ONLY[k][1]})")
             elif t[k] != o[k]:
                 rule = ALLOWED.get(k)
                 if rule is None or not rule[0](c):

@@ -282,8 +282,15 @@ def _one_line(err: str) -> str:
     (["--nproc-per-node", "2"], "script"),
     (["--ma", "1", WORKER, "sleep", "x", "1"], "ambiguous"),
     (["--nnodes", "1:2", WORKER, "sleep", "x", "1"], "1:2"),
+    (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "[::1", WORKER, "sleep", "x",
+      "1"], "--rdzv-endpoint must be"),
+    (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h:0", WORKER, "sleep", "x",
+      "1"], "'h:0'"),
+    (["--log-endpoint", "no-port", WORKER, "sleep", "x", "1"], "HOST:PORT, not 'no-port'"),
+    (["--log-endpoint", "127.0.0.1:9", WORKER, "sleep", "x", "1"], "TORCHSPARK_LOG_SECRET"),
 ], ids=["unknown-option", "bad-number", "nproc-0", "negative-restarts", "port-range",
-        "node-rank-range", "missing-script", "ambiguous-prefix", "elastic-range"])
+        "node-rank-range", "missing-script", "ambiguous-prefix", "elastic-range",
+        "rdzv-unclosed-bracket", "rdzv-port-0", "log-endpoint-no-port", "log-secret-unset"])
 def test_usage_errors(marker, args, needle):
     r = run(tsr_cmd(*args), base_env(marker), timeout=10)
     assert r.returncode == 2, f"status {r.returncode}:\n{r.stderr}"

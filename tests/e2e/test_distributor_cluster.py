@@ -272,17 +272,15 @@ def test_classic_through_map_in_arrow_as_connect_does(spark, monkeypatch):
     on this classic session: a result as collected rows, and a failure's root cause."""
     from torchspark import _job, distributor
     monkeypatch.setattr(_job, "CLASSIC_VIA_ARROW", True)
-    monkeypatch.setattr(distributor, "_native", None)  # the result comes back as rows
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     n = 9 * 1024 * 1024 + 16
-    big = d.run(_big, n)
+    with monkeypatch.context() as m:  # no channel: the result comes back as rows
+        def no_server(*args, **kwargs):
+            raise OSError("cannot listen (simulated)")
+
+        m.setattr(distributor._native, "LogServer", no_server)
+        big = d.run(_big, n)
     assert len(big) == n and big[:16] * (n // 16) == big
-    monkeypatch.setattr(distributor, "_native", _native_module())
     with pytest.raises(TorchDistributorError, match="rank 1 .*exited with code 3"):
         d.run(_failing, "exit3", "/dev/null")
     assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
-
-
-def _native_module():
-    from torchspark import _native
-    return _native

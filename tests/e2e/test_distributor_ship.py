@@ -1,5 +1,7 @@
 """torchspark installed on the driver only: local-cluster[2,1,1024] whose executors run a
-Python that sees pyspark and torch but not torchspark. The distributor ships its own
+Python that sees pyspark and torch and another version of torchspark (0.0.1; executors
+without any torchspark are tested under Connect and on the namespace cluster). The
+distributor ships its own
 package through Spark's file distribution (one INFO line, once per session); a script
 that exists only on the driver travels with the job; a script that exists nowhere, and an
 executor of another platform, get one clear error."""
@@ -15,11 +17,13 @@ from torchspark import TorchDistributor, TorchDistributorError, _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = "ship-" + os.urandom(6).hex()
+OTHER = "0.0.1"  # the torchspark version the executors' Python has
 
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("exec-venv"))
+    python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("exec-venv"),
+                                                other_version=OTHER)
     s = tsp_spark.session("local-cluster[2,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
     }, python=python)
@@ -32,7 +36,9 @@ def spark(tmp_path_factory):
 def _probe(_):
     import importlib.util
     import sys
-    return [(sys.executable, importlib.util.find_spec("torchspark") is None,
+
+    import torchspark
+    return [(sys.executable, torchspark.__version__,
              importlib.util.find_spec("torch") is not None)]
 
 
@@ -54,7 +60,7 @@ def _shipping_lines(caplog):
 
 def test_driver_only_install_ships_the_package_once(spark, caplog):
     probed = spark.sparkContext.parallelize(range(2), 2).mapPartitions(_probe).collect()
-    assert probed == [(spark.python_for_test, True, True)] * 2  # no torchspark there
+    assert probed == [(spark.python_for_test, OTHER, True)] * 2  # another torchspark there
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     total, where = d.run(_allreduce)
@@ -62,7 +68,7 @@ def test_driver_only_install_ships_the_package_once(spark, caplog):
     _, name = _ship.archive()
     assert f"/{name}/torchspark/" in where  # the workers imported the shipped copy
     lines = _shipping_lines(caplog)
-    assert len(lines) == 1 and "No module named 'torchspark'" in lines[0], lines
+    assert len(lines) == 1 and f"torchspark {OTHER} is installed at" in lines[0], lines
     assert spark.python_for_test in lines[0] and name in lines[0]
     assert d.run(_allreduce)[0] == 3.0  # shipped once per session: no second line
     assert len(_shipping_lines(caplog)) == 1

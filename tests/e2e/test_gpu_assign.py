@@ -9,18 +9,23 @@ empty mask (R2) and the local master's slices run on local[2] in test_distributo
 (a second local-cluster would cost a minute on the 2-core CI machine)."""
 import os
 import sys
+import time
+import uuid
 
 import pytest
 from pyspark import cloudpickle
 
 import tsp_spark
-from torchspark import TorchDistributor
+from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-STUB_NVML = tsp_spark.ROOT / "build" / "tests" / "unit" / "libnvml_stub.so"
+STUBS = tsp_spark.ROOT / "build" / "tests" / "unit"
+STUB_NVML = STUBS / "libnvml_stub.so"
 UA = "GPU-aaaa1111-0000-0000-0000-000000000001"
 UB = "GPU-bbbb2222-0000-0000-0000-000000000002"
+MARK_VALUE = uuid.uuid4().hex
+FAIL_FILE = f"/tmp/tsp-gpu-e2e-{MARK_VALUE}.fail"
 DEVICES = (f"{UA}@00000000:3B:00.0@Stub H100@0@0;"
            f"{UB}@00000000:5E:00.0@Stub H100@0@0")
 
@@ -34,6 +39,14 @@ def _session(tmp_path_factory, addresses, executor_env):
         "spark.task.resource.gpu.amount": str(len(addresses)),
         "spark.executorEnv.TORCHSPARK_LIBNVML": str(STUB_NVML),
         "spark.executorEnv.STUB_NVML_DEVICES": DEVICES,
+        # For the NCCL preflight: the stub driver and NCCL (both executors are this host).
+        "spark.executorEnv.TORCHSPARK_LIBCUDA": str(STUBS / "libcuda_stub.so"),
+        "spark.executorEnv.STUB_CUDA_DEVICES": "0000:3b:00.0,0000:5e:00.0",
+        "spark.executorEnv.STUB_CUDA_UUIDS": f"{UA},{UB}",
+        "spark.executorEnv.TORCHSPARK_NCCL_LIB": str(STUBS / "libnccl_stub.so"),
+        "spark.executorEnv.STUB_NCCL_HOST": "@agent",  # each executor its own "host"
+        "spark.executorEnv.STUB_NCCL_FAIL_FILE": FAIL_FILE,
+        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
     }
     for k, v in executor_env.items():
         conf[f"spark.executorEnv.{k}"] = v
@@ -74,3 +87,60 @@ def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed):
 def test_uuid_addresses_in_a_cpu_run_hide_the_gpus(uuid_narrowed):
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert {r[2] for r in d.run(_masks)} == {""}
+
+
+def _train(stamp):
+    with open(stamp, "a") as f:
+        f.write("trained\n")
+    return "trained"
+
+
+@pytest.fixture
+def nccl_check(uuid_narrowed, tmp_path):
+    uuid_narrowed.conf.set("spark.torchspark.ncclCheck", "true")
+    uuid_narrowed.conf.set("spark.torchspark.ncclCheck.timeout", "30s")
+    if os.path.exists(FAIL_FILE):
+        os.unlink(FAIL_FILE)
+    yield str(tmp_path / "trained")
+    uuid_narrowed.conf.unset("spark.torchspark.ncclCheck")
+    uuid_narrowed.conf.unset("spark.torchspark.ncclCheck.timeout")
+    for p in (FAIL_FILE, FAIL_FILE + ".stamp"):
+        if os.path.exists(p):
+            os.unlink(p)
+
+
+def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, capfd):
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    assert d.run(_train, nccl_check) == "trained"
+    err = capfd.readouterr().err
+    passed = [ln for ln in err.splitlines() if "torchspark: NCCL check passed in " in ln]
+    assert any("ranks 0-1 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
+    assert any("ranks 2-3 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
+    assert all("all_reduce 32 MiB float32: " in ln for ln in passed), passed
+
+
+def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(nccl_check):
+    # Node 1's first rank (global rank 2) fails at init; node 0's check processes would wait
+    # for it until the 30 s deadline: the driver must stop them.
+    with open(FAIL_FILE, "w") as f:
+        f.write("2:2:NET/Socket : No usable listening interface found\n")
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_train, nccl_check)
+    raised = time.time()
+    with open(FAIL_FILE + ".stamp") as f:
+        failed = float(f.read())
+    text = str(e.value)
+    assert "torchspark: NCCL check failed before training: rank 2 (host " in text, text
+    # local rank 0 is the first entry of the executors' mask, UB (bus 5e)
+    assert ("local rank 0, GPU 0000:5e:00.0) could not join the communicator of 4 ranks: "
+            "ncclCommInitRankConfig returned 'unhandled system error") in text, text
+    assert "NCCL found no usable interface on " in text
+    assert e.value.node_rank == 1 and e.value.rank == 2 and e.value.local_rank == 0
+    # Well before node 0's 30 s deadline: the driver stopped it (the same bound as a failing
+    # rank's in test_distributor_cluster.py, doubled for the check processes' start on a
+    # loaded 2-core machine; measured 5.3 s at load average 23).
+    print(f"preflight failure raised {raised - failed:.2f} s after it happened")
+    assert raised - failed < 10, f"raised {raised - failed:.2f} s after the failure"
+    assert not os.path.exists(nccl_check)  # training never started
+    assert tsp_spark.wait_gone(MARK_VALUE, 2) == []

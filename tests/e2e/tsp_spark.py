@@ -62,10 +62,11 @@ def session(master: str, conf: Dict[str, str], python: str = sys.executable) -> 
     return s
 
 
-def python_without_torchspark(directory: Path) -> str:
+def python_without_torchspark(directory: Path, other_version: str = "") -> str:
     """A venv whose Python imports pyspark and torch (through a .pth file) but not
     torchspark, which the checkout installs into .venv only: the executors' Python of a
-    driver-only install."""
+    driver-only install. With other_version, it has a stand-in torchspark package of that
+    version instead (an executor with another version installed)."""
     import subprocess
     import sysconfig
 
@@ -79,6 +80,10 @@ def python_without_torchspark(directory: Path) -> str:
     deps = {os.path.dirname(os.path.dirname(m.__file__)) for m in (pyspark, torch)}
     assert sysconfig.get_paths()["purelib"] not in deps, "torchspark shares pyspark's site"
     Path(site.stdout.strip(), "deps.pth").write_text("\n".join(sorted(deps)) + "\n")
+    if other_version:
+        pkg = Path(site.stdout.strip(), "torchspark")
+        pkg.mkdir()
+        (pkg / "__init__.py").write_text(f"__version__ = {other_version!r}\n")
     return python
 
 

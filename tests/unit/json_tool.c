@@ -29,13 +29,16 @@ int main(void)
         uint32_t len =
             (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
         char *doc = malloc(len + 1u);
-        if (!doc || (len && read_full(doc, len) != 0))
-            return 1;
         char *canon = NULL;
         size_t clen = 0;
-        FILE *m = open_memstream(&canon, &clen);
-        if (!m)
+        FILE *m = doc ? open_memstream(&canon, &clen) : NULL;
+        if (!m || (len && read_full(doc, len) != 0)) {
+            if (m)
+                fclose(m);
+            free(canon);
+            free(doc);
             return 1;
+        }
         int rc = tsp_json_canonical(doc, len, m);
         fclose(m);
         fputc(rc == 0 ? 'Y' : 'N', stdout);

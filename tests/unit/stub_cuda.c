@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 /* stub_cuda.c: a stand-in for libcuda.so.1 on machines without a GPU.
- * Devices: STUB_CUDA_DEVICES=busid,busid,... (or STUB_CUDA_COUNT=n, buses 0000:0i:00.0);
+ * Devices: STUB_CUDA_DEVICES=busid,busid,... (or STUB_CUDA_COUNT=n, buses 0000:0i:00.0),
+ * their UUIDs in STUB_CUDA_UUIDS=GPU-...,GPU-... (mask entries may name them, prefixes too);
  * CUDA_VISIBLE_DEVICES applies as the driver applies it (integer entries, stopping at the
  * first invalid one; "" hides everything). cuInit returns STUB_CUDA_INIT_RC when set
  * (34 mimics the toolkit's stub library), else 100 when no device is visible. Primary
@@ -62,10 +63,26 @@ static void discover(void)
             visible[nvisible++] = i;
         return;
     }
+    char uuids[MAXDEV][96] = {{0}};
+    const char *us = getenv("STUB_CUDA_UUIDS");
+    if (us) {
+        char *c2 = strdup(us), *s2 = NULL;
+        int k = 0;
+        for (char *u = strtok_r(c2, ",", &s2); u && k < MAXDEV; u = strtok_r(NULL, ",", &s2))
+            snprintf(uuids[k++], sizeof uuids[0], "%s", u);
+        free(c2);
+    }
     char *copy = strdup(mask), *save = NULL;
     for (char *e = strtok_r(copy, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
         char *end;
         long i = strtol(e, &end, 10);
+        if (strncmp(e, "GPU-", 4) == 0) {
+            i = -1;
+            for (int k = 0; k < n && i < 0; k++)
+                if (uuids[k][0] && strncmp(uuids[k], e, strlen(e)) == 0)
+                    i = k;
+            end = "";
+        }
         if (*e == 0 || *end || i < 0 || i >= n)
             break; /* the driver stops at the first invalid entry */
         visible[nvisible++] = (int)i;

@@ -7,7 +7,10 @@
  * config.blocking = 0, init and collectives run on a thread that reports through
  * ncclCommGetAsyncError; ncclCommAbort stops and joins it. Knobs:
  * STUB_NCCL_INIT_FAIL=rank:code:text, STUB_NCCL_ALLREDUCE_HANG=rank, STUB_NCCL_HOST (the
- * host name sent), STUB_NCCL_VERSION. Built twice: the second without
+ * host name sent; "@agent": one per agent, for several agents on one host),
+ * STUB_NCCL_FAIL_FILE (holds rank:code:text when a test wants the failure; the failing
+ * rank writes the wall-clock time of its failure to FILE.stamp),
+ * STUB_NCCL_VERSION. Built twice: the second without
  * ncclCommInitRankConfig and reporting 2.13 (STUB_NCCL_OLD). */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -50,7 +53,7 @@ typedef struct ncclComm {
     const float *send;
     float *recv;
     size_t count;
-    int op; /* 0 init, 1 all_reduce */
+    int op;       /* 0 init, 1 all_reduce */
     char bus[32]; /* the device current to the caller at init (as NCCL reads it) */
 } comm_t;
 
@@ -212,6 +215,27 @@ static int resolve(comm_t *c, struct sockaddr_storage *ss, socklen_t *len)
 static unsigned int do_init(comm_t *c)
 {
     const char *fail = getenv("STUB_NCCL_INIT_FAIL");
+    static char from_file[256];
+    const char *ff = getenv("STUB_NCCL_FAIL_FILE"); /* the same, read from a file if it exists */
+    FILE *f = ff ? fopen(ff, "r") : NULL;
+    if (f) {
+        if (fgets(from_file, sizeof from_file, f)) {
+            from_file[strcspn(from_file, "\n")] = 0;
+            fail = from_file;
+        }
+        fclose(f);
+    }
+    if (fail && atoi(fail) == c->rank && ff) { /* when the failure happened: FILE.stamp */
+        char stamp[300];
+        snprintf(stamp, sizeof stamp, "%s.stamp", ff);
+        FILE *s = fopen(stamp, "w");
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        if (s) {
+            fprintf(s, "%.6f\n", (double)ts.tv_sec + (double)ts.tv_nsec / 1e9);
+            fclose(s);
+        }
+    }
     if (fail && atoi(fail) == c->rank) {
         const char *a = strchr(fail, ':'), *b = a ? strchr(a + 1, ':') : NULL;
         warn(c->rank, "%s", b ? b + 1 : "stub failure");
@@ -228,7 +252,9 @@ static unsigned int do_init(comm_t *c)
     memset(&me, 0, sizeof me);
     me.rank = c->rank;
     const char *h = getenv("STUB_NCCL_HOST");
-    if (h)
+    if (h && strcmp(h, "@agent") == 0) /* each agent (the check's parent) its own "host" */
+        snprintf(me.host, sizeof me.host, "agent-%d", (int)getppid());
+    else if (h)
         snprintf(me.host, sizeof me.host, "%s", h);
     else
         gethostname(me.host, sizeof me.host - 1);

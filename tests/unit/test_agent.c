@@ -71,7 +71,8 @@ START_TEST(test_agent_failure_root_cause_and_others_stopped)
     /* rank 1 fails with 3; the others would sleep for a minute */
     snprintf(script, sizeof script,
              "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; echo $$$$ > %s/pid.$LOCAL_RANK; "
-             "exec sleep 60", dir);
+             "exec sleep 60",
+             dir);
     char ef[600];
     snprintf(ef, sizeof ef, "%s/root.json", dir);
     tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .error_file = ef};
@@ -114,11 +115,10 @@ START_TEST(test_agent_exits_after_stop_are_not_failures)
 {
     setup();
     /* rank 0 exits later but its error file says it failed first */
-    const char *script =
-        "if [ $LOCAL_RANK = 0 ]; then "
-        "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-        "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
-        "$TORCHELASTIC_ERROR_FILE; sleep 0.3; exit 1; fi; sleep 0.1; exit 2";
+    const char *script = "if [ $LOCAL_RANK = 0 ]; then "
+                         "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+                         "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
+                         "$TORCHELASTIC_ERROR_FILE; sleep 0.3; exit 1; fi; sleep 0.1; exit 2";
     tsp_agent_t *a;
     tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2};
     /* rank 1 exits first (code 2) and stops rank 0 with SIGTERM before rank 0's own
@@ -146,7 +146,8 @@ START_TEST(test_agent_root_cause_is_earliest_error_file_timestamp)
     FILE *ef = fopen(f[1].error_file, "w");
     ck_assert_ptr_nonnull(ef);
     fputs("{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-          "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}", ef);
+          "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}",
+          ef);
     fclose(ef);
     tsp__report_read_error_file(&f[0]);
     tsp__report_read_error_file(&f[1]);
@@ -166,6 +167,56 @@ START_TEST(test_agent_root_cause_is_earliest_error_file_timestamp)
     ck_assert_ptr_nonnull(strstr(text, "host      : hostA"));
     ck_assert_ptr_null(strstr(text, "<NO_OTHER_FAILURES>"));
     free(text);
+    tsp__report_clear(&f[0]);
+    tsp__report_clear(&f[1]);
+}
+END_TEST
+
+/* The failure document: valid JSON whatever the worker's error file held; a malformed one
+ * is quoted as text, never pasted; a long traceback keeps both ends. */
+START_TEST(test_agent_failure_document_quotes_malformed_and_caps)
+{
+    setup();
+    tsp_failure_t f;
+    memset(&f, 0, sizeof f);
+    f.rank = 3;
+    f.time = 5.0;
+    tsp__report_set_status(&f, 9); /* a wait status: killed by SIGKILL */
+    ck_assert_int_eq(f.status, 137);
+    ck_assert_int_eq(f.signal, 9);
+    ck_assert_int_eq(f.exitcode, -9);
+    snprintf(f.error_file, sizeof f.error_file, "%s/bad.json", dir);
+    FILE *ef = fopen(f.error_file, "w");
+    fputs("{\"message\": xyz \"\x01\xff", ef);
+    fclose(ef);
+    tsp__report_read_error_file(&f);
+    ck_assert_int_eq(tsp__report_document(&f, "h\"ost", 2), 0);
+    ck_assert_int_eq(tsp_json_check_object(f.document, strlen(f.document)), 0);
+    char *v = NULL;
+    int type = 0;
+    ck_assert_int_eq(
+        tsp_json_get(f.document, strlen(f.document), "message.extraInfo.py_callstack", &v, &type),
+        0);
+    ck_assert_ptr_nonnull(strstr(v, "{\"message\": xyz"));
+    free(v);
+    ck_assert_int_eq(tsp_json_get(f.document, strlen(f.document), "torchspark.exitcode", &v, &type),
+                     0);
+    ck_assert_str_eq(v, "137");
+    free(v);
+    /* 500 lines: 200 kept, the first and the last */
+    ef = fopen(f.error_file, "w");
+    fputs("{\"message\": {\"message\": \"E: x\", \"extraInfo\": {\"py_callstack\": \"", ef);
+    for (int i = 0; i < 500; i++)
+        fprintf(ef, "line %d\\n", i);
+    fputs("\"}}}", ef);
+    fclose(ef);
+    tsp__report_read_error_file(&f);
+    ck_assert_ptr_nonnull(strstr(f.traceback, "line 0\n"));
+    ck_assert_ptr_nonnull(strstr(f.traceback, "line 99\n... 300 lines left out"));
+    ck_assert_ptr_nonnull(strstr(f.traceback, "line 400\n"));
+    ck_assert_ptr_nonnull(strstr(f.traceback, "line 499"));
+    ck_assert_ptr_null(strstr(f.traceback, "line 100\n"));
+    tsp__report_clear(&f);
 }
 END_TEST
 
@@ -196,8 +247,12 @@ static tsp_agent_t *init_sh_agent(const char *script)
     argv[1] = "-c";
     argv[2] = (char *)script;
     argv[3] = NULL;
-    tsp_agent_opts_t o = {.file = "sh", .argv = argv, .console_out = 1, .console_err = 2,
-                          .log_fd = 2, .shutdown_timeout = 5};
+    tsp_agent_opts_t o = {.file = "sh",
+                          .argv = argv,
+                          .console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .shutdown_timeout = 5};
     tsp_topo_init(&o.topo);
     o.topo.nproc_per_node = 2;
     tsp_agent_t *a;
@@ -224,10 +279,12 @@ START_TEST(test_agent_forwards_usr1_and_kills_term_ignoring_orphans)
     setup();
     char script[512];
     /* each worker records SIGUSR1; rank 0 also leaves an orphan that ignores SIGTERM */
-    snprintf(script, sizeof script,
-             "trap 'echo usr1 > %s/usr1.$LOCAL_RANK; exit 0' USR1; "
-             "if [ $LOCAL_RANK = 0 ]; then (trap '' TERM; setsid sleep 60 & echo $! > %s/orphan); fi; "
-             "while :; do sleep 0.05; done", dir, dir);
+    snprintf(
+        script, sizeof script,
+        "trap 'echo usr1 > %s/usr1.$LOCAL_RANK; exit 0' USR1; "
+        "if [ $LOCAL_RANK = 0 ]; then (trap '' TERM; setsid sleep 60 & echo $! > %s/orphan); fi; "
+        "while :; do sleep 0.05; done",
+        dir, dir);
     tsp_agent_t *a = init_sh_agent(script);
     /* deliver SIGUSR1 to the agent (this process) shortly after start */
     pid_t killer = fork();
@@ -307,8 +364,10 @@ START_TEST(test_agent_sink_backpressure_loses_nothing)
     pthread_t t;
     pthread_create(&t, NULL, unblock, &s);
     tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .sink = &sink};
-    ck_assert_int_eq(run_sh(2, 0, "for i in 1 2 3 4 5; do echo line$i; done; echo err >&2; "
-                                  "printf tail", &o, NULL),
+    ck_assert_int_eq(run_sh(2, 0,
+                            "for i in 1 2 3 4 5; do echo line$i; done; echo err >&2; "
+                            "printf tail",
+                            &o, NULL),
                      0);
     pthread_join(t, NULL);
     ck_assert_int_eq(s.taken, 14); /* 2 ranks x (5 + err + tail) */
@@ -335,8 +394,12 @@ START_TEST(test_agent_exec_error_status)
 {
     setup();
     char *argv[] = {"/nonexistent/prog", NULL};
-    tsp_agent_opts_t o = {.file = argv[0], .argv = argv, .console_out = 1, .console_err = 2,
-                          .log_fd = 2, .shutdown_timeout = 1};
+    tsp_agent_opts_t o = {.file = argv[0],
+                          .argv = argv,
+                          .console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .shutdown_timeout = 1};
     tsp_topo_init(&o.topo);
     o.topo.nproc_per_node = 2;
     tsp_agent_t *a;
@@ -371,18 +434,25 @@ START_TEST(test_agent_on_failure_runs_before_the_grace)
     failure_seen_t fs = {.error_file = ef};
     /* rank 1 fails at once; rank 0 ignores SIGTERM, so the node's own teardown takes the
      * whole 1 s grace: the callback must come before it, once, with the error file written */
-    tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2, .error_file = ef,
-                          .shutdown_timeout = 1.0, .on_failure = on_failure,
+    tsp_agent_opts_t o = {.console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .error_file = ef,
+                          .shutdown_timeout = 1.0,
+                          .on_failure = on_failure,
                           .on_failure_ctx = &fs};
     struct timespec t1;
-    ck_assert_int_eq(run_sh(2, 0, "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; "
-                                  "trap '' TERM; sleep 30", &o, NULL), 3);
+    ck_assert_int_eq(run_sh(2, 0,
+                            "if [ $LOCAL_RANK = 1 ]; then sleep 0.2; exit 3; fi; "
+                            "trap '' TERM; sleep 30",
+                            &o, NULL),
+                     3);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     ck_assert_int_eq(fs.calls, 1);
     ck_assert_int_eq(fs.rank, 1);
     ck_assert_int_eq(fs.error_file_written, 1);
-    double before_end = (double)(t1.tv_sec - fs.when.tv_sec) +
-                        (double)(t1.tv_nsec - fs.when.tv_nsec) / 1e9;
+    double before_end =
+        (double)(t1.tv_sec - fs.when.tv_sec) + (double)(t1.tv_nsec - fs.when.tv_nsec) / 1e9;
     ck_assert_msg(before_end > 0.8, "callback only %.3f s before the end", before_end);
 }
 END_TEST
@@ -396,6 +466,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
     tcase_add_test(tc, test_agent_exits_after_stop_are_not_failures);
     tcase_add_test(tc, test_agent_root_cause_is_earliest_error_file_timestamp);
+    tcase_add_test(tc, test_agent_failure_document_quotes_malformed_and_caps);
     tcase_add_test(tc, test_agent_restart_until_success);
     tcase_add_test(tc, test_agent_stop_signal_stops_workers);
     tcase_add_test(tc, test_agent_forwards_usr1_and_kills_term_ignoring_orphans);

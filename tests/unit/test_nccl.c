@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,7 +45,10 @@ static int free_port(void)
 }
 
 /* Processes (not this one, not zombies) whose environment carries this test's mark. */
-static int marked_processes(void)
+static int quiet;
+
+/* Marked processes; with only_checks, those whose command line is a check process. */
+static int marked_count(int only_checks)
 {
     char needle[128];
     int n = 0, len = snprintf(needle, sizeof needle, "TSP_NCCL_TEST_MARK=%s", mark);
@@ -60,9 +64,23 @@ static int marked_processes(void)
         size_t got = f ? fread(env, 1, sizeof env, f) : 0;
         if (f)
             fclose(f);
+        if (only_checks) {
+            char cmd[512] = "";
+            snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+            f = fopen(path, "r");
+            size_t c = f ? fread(cmd, 1, sizeof cmd - 1, f) : 0;
+            if (f)
+                fclose(f);
+            int is_check = 0;
+            for (size_t i = 0; i < c; i += strlen(cmd + i) + 1)
+                is_check |= strcmp(cmd + i, "--nccl-check-worker") == 0;
+            if (!is_check)
+                continue;
+        }
         for (size_t i = 0; i + (size_t)len <= got; i += strlen(env + i) + 1)
             if (strncmp(env + i, needle, (size_t)len) == 0 && env[i + (size_t)len] == 0) {
-                fprintf(stderr, "left running: pid %d\n", pid);
+                if (!quiet)
+                    fprintf(stderr, "left running: pid %d\n", pid);
                 n++;
                 break;
             }
@@ -70,6 +88,11 @@ static int marked_processes(void)
     if (d)
         closedir(d);
     return n;
+}
+
+static int marked_processes(void)
+{
+    return marked_count(0);
 }
 
 static void setup(void)
@@ -132,6 +155,17 @@ static int run_agent(double *wall, const char *const *extra)
         fclose(f);
     fprintf(stderr, "---- agent output (%.3f s, status %d):\n%s", *wall, WEXITSTATUS(st), output);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* What starting the agent and one check process costs here (more under the sanitizers):
+ * a check that fails at once, on a missing library. */
+static double overhead(void)
+{
+    double wall;
+    const char *args[] = {"--standalone", "--nproc-per-node",          "1", "--nccl-check=10",
+                          "--nccl-lib",   "/nonexistent/libnccl.so.2", NULL};
+    run_agent(&wall, args);
+    return wall;
 }
 
 static int ran(void)
@@ -251,6 +285,7 @@ START_TEST(test_failing_rank_is_the_root_cause_at_once)
     fclose(f);
     unlink(ef);
     ck_assert_ptr_nonnull(strstr(doc, "\"message\": \"torchspark: NCCL check failed before"));
+    ck_assert_ptr_nonnull(strstr(doc, "\"rank\": 1, \"local_rank\": 1"));
     ck_assert_int_eq(marked_processes(), 0);
 }
 END_TEST
@@ -318,6 +353,7 @@ START_TEST(test_missing_rank_ends_at_the_deadline)
                           "--nccl-lib",
                           TSP_STUB_NCCL,
                           NULL};
+    double base = overhead();
     ck_assert_int_eq(run_agent(&wall, args), 1);
     char want[1024];
     snprintf(want, sizeof want,
@@ -326,7 +362,8 @@ START_TEST(test_missing_rank_ends_at_the_deadline)
              "NCCL_DEBUG_SUBSYS=INIT,NET to see the interfaces NCCL chose.",
              host);
     ck_assert_str_eq(line_with("torchspark: NCCL check timed out"), want);
-    ck_assert_msg(wall >= 2.0 && wall <= 2.5, "deadline 2 s, ended after %.3f s", wall);
+    ck_assert_msg(wall >= 2.0 && wall <= 2.5 + base,
+                  "deadline 2 s, ended after %.3f s (start %.3f s)", wall, base);
     ck_assert(!ran());
     ck_assert_int_eq(marked_processes(), 0);
 }
@@ -339,6 +376,7 @@ START_TEST(test_hung_all_reduce_ends_at_the_deadline)
     const char *args[] = {"--standalone",   "--nproc-per-node",   "2",
                           "--nccl-check=2", "--nccl-check-bytes", "4096",
                           "--nccl-lib",     TSP_STUB_NCCL,        NULL};
+    double base = overhead();
     ck_assert_int_eq(run_agent(&wall, args), 1);
     char want[1024];
     snprintf(want, sizeof want,
@@ -347,7 +385,8 @@ START_TEST(test_hung_all_reduce_ends_at_the_deadline)
              "the interfaces NCCL chose.",
              host);
     ck_assert_str_eq(line_with("torchspark: NCCL check timed out"), want);
-    ck_assert_msg(wall >= 2.0 && wall <= 2.5, "deadline 2 s, ended after %.3f s", wall);
+    ck_assert_msg(wall >= 2.0 && wall <= 2.5 + base,
+                  "deadline 2 s, ended after %.3f s (start %.3f s)", wall, base);
     ck_assert(!ran());
     ck_assert_int_eq(marked_processes(), 0);
 }
@@ -372,9 +411,44 @@ START_TEST(test_blocking_init_is_killed_by_the_agent)
              "interfaces NCCL chose.",
              host);
     ck_assert_str_eq(line_with("torchspark: NCCL check timed out"), want);
-    ck_assert_msg(wall >= 6.0 && wall <= 6.5, "kill at 1 + 5 s, ended after %.3f s", wall);
+    ck_assert_msg(wall >= 6.0 && wall <= 6.5 + overhead(), "kill at 1 + 5 s, ended after %.3f s",
+                  wall);
     ck_assert(!ran());
     ck_assert_int_eq(marked_processes(), 0);
+}
+END_TEST
+
+/* The agent killed (SIGKILL) or stopped (SIGTERM) while its check processes wait for a
+ * missing rank: nothing is left, training never starts. */
+START_TEST(test_agent_killed_during_the_check)
+{
+    char port[16], prog[600];
+    snprintf(port, sizeof port, "%d", free_port());
+    snprintf(prog, sizeof prog, "echo ran >> %s", marker_file);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open("/dev/null", O_WRONLY);
+        dup2(fd, 1);
+        dup2(fd, 2);
+        execl(TSP_RUN_BIN, TSP_RUN_BIN, "--nnodes", "2", "--node-rank", "0", "--nproc-per-node",
+              "2", "--master-addr", "127.0.0.1", "--master-port", port, "--nccl-check=30",
+              "--nccl-lib", TSP_STUB_NCCL, "--no-python", "sh", "-c", prog, (char *)NULL);
+        _exit(127);
+    }
+    double t = now();
+    quiet = 1;
+    while (marked_count(1) < 2 && now() - t < 10) /* both check processes are up */
+        usleep(20000);
+    ck_assert_int_eq(marked_count(1), 2);
+    kill(pid, _i == 0 ? SIGKILL : SIGTERM);
+    int st;
+    waitpid(pid, &st, 0);
+    t = now();
+    while (marked_processes() > 0 && now() - t < 5)
+        usleep(20000);
+    quiet = 0;
+    ck_assert_int_eq(marked_processes(), 0);
+    ck_assert(!ran());
 }
 END_TEST
 
@@ -460,6 +534,7 @@ static Suite *nccl_suite(void)
     tcase_add_test(tc, test_missing_rank_ends_at_the_deadline);
     tcase_add_test(tc, test_hung_all_reduce_ends_at_the_deadline);
     tcase_add_test(tc, test_blocking_init_is_killed_by_the_agent);
+    tcase_add_loop_test(tc, test_agent_killed_during_the_check, 0, 2);
     tcase_add_test(tc, test_more_workers_than_visible_gpus);
     tcase_add_loop_test(tc, test_toolkit_stub_libcuda, 0, 2);
     tcase_add_test(tc, test_missing_libnccl);

@@ -164,7 +164,7 @@ static void *hammer(void *arg)
     char *keep[16] = {0};
     for (unsigned i = 0; !atomic_load(&hammer_stop); i++) {
         free(keep[i % 16]);
-        keep[i % 16] = malloc(16 + (i * 37) % 4000);
+        keep[i % 16] = malloc(16 + (i * 37) % 240);
         fprintf(sink, "hammer %u %s\n", i, keep[i % 16] ? "x" : "y");
         printf("%s", ""); /* stdout's lock too */
     }
@@ -190,7 +190,7 @@ START_TEST(test_proc_spawn_while_threads_hold_malloc_and_stdio_locks)
                          .new_session = 1,
                          .stdout_mode = TSP_PROC_PIPE,
                          .stderr_mode = TSP_PROC_PIPE};
-    for (int i = 0; i < 300; i++) {
+    for (int i = 0; i < 150; i++) {
         tsp_proc_t p;
         char err[256] = "";
         ck_assert_msg(tsp_proc_spawn(&p, &o, err, sizeof err) == 0, "spawn %d: %s", i, err);

@@ -1,8 +1,9 @@
 /* torchspark/common.h: what every module of the public C API shares.
  *
  * The public API is what the glue binds (ctypes in spark-glue/python, JNI in jni/):
- * common.h, elect.h (master election), logserver.h (the driver's log server and the
- * receipt of rank 0's output) and output.h (sending that output). Everything else is
+ * common.h, elect.h (master election), gpu.h (GPU inventory and assignment),
+ * logserver.h (the driver's log server and the receipt of rank 0's output) and output.h
+ * (sending that output). Everything else is
  * internal (the headers in native/src) and not exported by libtorchspark.so.
  *
  * Conventions (see docs/architecture.md):

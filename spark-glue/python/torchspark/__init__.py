@@ -1,25 +1,44 @@
 """torchspark: PyTorch distributed training on Spark, natively.
 
 ``from torchspark import TorchDistributor`` is a drop-in for
-``pyspark.ml.torch.distributor.TorchDistributor``; inside a train function given to
-``TorchDistributor.train_on_dataframe``, ``torchspark.get_spark_partition_data_loader``
-and ``torchspark.partition_batches`` read the task's partition (torchspark/data.py).
+``pyspark.ml.torch.distributor.TorchDistributor``, and ``DeepspeedTorchDistributor`` for
+``pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor``; inside a train
+function given to ``TorchDistributor.train_on_dataframe``,
+``torchspark.get_spark_partition_data_loader`` and ``torchspark.partition_batches`` read the
+task's partition (torchspark/data.py).
+
+Everything is imported on first use (PEP 562): the modules that run on executors and in
+training processes (``torchspark._task``, ``torchspark._fn_runner``) import this package
+too, and should not pay for the driver's imports of pyspark.sql, nor for torch and pyarrow
+where the readers are not used.
 """
 from typing import Any
 
 from torchspark._lib import jar_path
-from torchspark._report import TorchDistributorError
-from torchspark.distributor import TorchDistributor
 
 __version__ = "0.1.0"
 _DATA = ("get_spark_partition_data_loader", "partition_batches", "partition_num_rows")
-__all__ = ["TorchDistributor", "TorchDistributorError", "jar_path", "__version__", *_DATA]
+__all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "TorchDistributorError",
+           "jar_path", "__version__", *_DATA]
+
+_LAZY = {
+    "TorchDistributor": "torchspark.distributor",
+    "TorchDistributorError": "torchspark._report",
+    "DeepspeedTorchDistributor": "torchspark.deepspeed_distributor",
+    **{name: "torchspark.data" for name in _DATA},
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The readers import torch and pyarrow: only where they are used (the workers).
-    if name in _DATA:
-        from torchspark import data
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'torchspark' has no attribute {name!r}")
+    import importlib
 
-        return getattr(data, name)
-    raise AttributeError(f"module 'torchspark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> "list[str]":
+    return sorted(list(globals()) + list(_LAZY))

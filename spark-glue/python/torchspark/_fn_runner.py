@@ -74,6 +74,13 @@ def main(argv: "list[str]") -> int:
     from pyspark import cloudpickle
 
     fn_file, out_file = argv[1], argv[2]
+    del sys.argv[1:3]  # the function sees no arguments, as under PySpark's train script
+    marks = None
+    if os.environ.get("TORCHSPARK_TIMING_MARKS") is not None:  # run()'s waterfall
+        from torchspark import _timing
+
+        marks = _timing.task_marks()
+        _timing.WorkerTimer(marks)
     with open(fn_file, "rb") as f:
         fn, args, kwargs = cloudpickle.load(f)
     try:
@@ -81,6 +88,11 @@ def main(argv: "list[str]") -> int:
     except BaseException as e:
         _write_error_file(e)
         raise
+    if marks is not None:
+        import time
+
+        marks["fn_returned"] = time.time()
+        output = _timing.Timed(output, marks)
     if os.environ.get("RANK", "0") == "0":
         tmp = f"{out_file}.tmp.{os.getpid()}"
         with open(tmp, "wb") as f:

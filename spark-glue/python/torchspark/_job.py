@@ -56,13 +56,17 @@ class _Tags:
         if self.remote:
             self.spark.addTag(tag)
         else:
-            self.spark.sparkContext.addJobTag(tag)
+            sc = self.spark.sparkContext
+            sc.addJobTag(tag)
+            sc.setLocalProperty("torchspark.run", tag)  # marks the tasks for TorchSparkPlugin
 
     def remove(self, tag: str) -> None:
         if self.remote:
             self.spark.removeTag(tag)
         else:
-            self.spark.sparkContext.removeJobTag(tag)
+            sc = self.spark.sparkContext
+            sc.removeJobTag(tag)
+            sc.setLocalProperty("torchspark.run", None)
 
     def cancel(self, tag: str) -> None:
         try:
@@ -102,8 +106,6 @@ def run_barrier_job(spark: Any, spec: Dict[str, Any], num_tasks: int, server: An
     def run_job() -> None:
         try:
             tags.add(tag)
-            if not remote:  # marks the tasks for TorchSparkPlugin
-                spark.sparkContext.setLocalProperty("torchspark.run", tag)
             try:
                 box["chunks"] = collect_chunks(spark, spec, num_tasks, remote=remote,
                                                input_df=input_df)

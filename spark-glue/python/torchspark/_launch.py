@@ -38,6 +38,7 @@ def agent_command(
     log_endpoint: Optional[str] = None,
     output_file: Optional[str] = None,
     gpus: Optional[str] = None,
+    nccl_check: float = 0,
 ) -> List[str]:
     """The agent's command line; program is ["-m", module, args...] or [script, args...].
     gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
@@ -49,6 +50,13 @@ def agent_command(
             "--nproc-per-node=gpu" if gpus is not None else f"--nproc-per-node={nproc_per_node}"]
     if gpus is not None:
         cmd.append(f"--gpus={gpus}")
+    if nccl_check > 0:
+        # The NCCL preflight (docs/gpu.md) with the training's own libnccl: the executor's
+        # TORCHSPARK_NCCL_LIB, else the nvidia-nccl wheel of this Python, else the loader's.
+        cmd.append(f"--nccl-check={nccl_check:g}")
+        lib = os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
+        if lib:
+            cmd.append(f"--nccl-lib={lib}")
     if master_addr is not None:
         cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
     if run_id is not None:
@@ -64,6 +72,21 @@ def agent_command(
     if output_file:
         cmd += ["--output-file", output_file]
     return cmd + list(program)
+
+
+def find_libnccl() -> Optional[str]:
+    """libnccl.so.2 of the nvidia-nccl-cu* wheel that torch uses, found without importing
+    torch (or anything from the wheel)."""
+    try:
+        import importlib.util
+        spec = importlib.util.find_spec("nvidia.nccl")
+    except (ImportError, ValueError):
+        return None
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(d, "lib", "libnccl.so.2")
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 @dataclass

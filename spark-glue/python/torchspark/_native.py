@@ -64,6 +64,11 @@ def line_prefix(rank: int, stream: int = STDOUT, fmt: Optional[str] = None,
     return buf.value.decode("utf-8", "replace")
 
 
+def endpoint_text(host: str, port: int) -> str:
+    """``HOST:PORT`` as ``torchspark-run --log-endpoint`` reads it (IPv6 in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _enc(text: Optional[str]) -> Optional[bytes]:
     return None if text is None else text.encode()
 
@@ -125,7 +130,7 @@ class LogServer:
     @property
     def endpoint(self) -> str:
         """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""
-        return ("[%s]:%d" if ":" in self.host else "%s:%d") % (self.host, self.port)
+        return endpoint_text(self.host, self.port)
 
     def agent_env(self) -> Dict[str, str]:
         """The environment an agent needs besides ``--log-endpoint``."""

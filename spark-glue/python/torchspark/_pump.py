@@ -21,6 +21,9 @@ MAX_LINES = 1 << 16
 # arrival; a lone line is still written as soon as it arrives.
 LINGER_S = 0.01
 SMALL_BATCH = 256 << 10
+# How long one pull waits for a first line: stop() is seen within this (the native wait
+# cannot be interrupted), and run() calls stop() before it returns.
+WAIT_MS = 20
 
 
 class _LogPump:
@@ -52,7 +55,7 @@ class _LogPump:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                got = self._drain_once(200)
+                got = self._drain_once(WAIT_MS)
                 if 0 < got < SMALL_BATCH and self.linger_s > 0:
                     self._stop.wait(self.linger_s)
             while self._drain_once(0):

@@ -2,8 +2,9 @@
 
 node_rank = partitionId(), nnodes = len(getTaskInfos()); rank 0 elects the master
 (native elect module: address of its route to the others, interface, port held until its
-agent exits, run id) and one allGather hands the record to every task; then the task
-runs the torchspark-run agent with the topology and waits for it.
+agent exits, run id) and the record reaches every task through the driver
+(_rendezvous.py; one allGather without it); then the task runs the torchspark-run agent
+with the topology and waits for it.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _partition, _report
+from torchspark import _elect, _launch, _partition, _rendezvous, _report
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -65,6 +66,7 @@ def _elect_master(hosts: List[str], driver_host: str):
 def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
     from pyspark import BarrierTaskContext
 
+    timing = _TaskTiming(spec.get("timing_env") or {})
     ctx = BarrierTaskContext.get()
     node_rank = ctx.partitionId()
     hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
@@ -97,12 +99,15 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
             record, packed, reservation = _elect_master(hosts, spec["driver_host"])
         else:
             packed = ""
-        record = _elect.unpack_record(ctx.allGather(packed)[0])
+        record = _elect.unpack_record(
+            _rendezvous.exchange(spec.get("rendezvous"), ctx, node_rank, packed))
+        timing.mark("election_done")
         ifname = record.ifname if node_rank == 0 else _elect.local_ifname(record.master_addr)
         if ifname:
             for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
-        out_file = _run_agent(spec, env, workdir, node_rank, nnodes, nproc, record, gpus)
+        out_file = _run_agent(spec, timing.env(env), workdir, node_rank, nnodes, nproc,
+                              record, gpus)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -119,6 +124,36 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
         if staged is not None:
             staged.close()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+class _TaskTiming:
+    """run()'s waterfall on the task's side (torchspark/_timing.py): the driver's marks,
+    then this task's start and election; handed to the workers in their environment."""
+
+    def __init__(self, timing_env: Dict[str, str]) -> None:
+        self.timing_env = timing_env
+        self.marks: Optional[Dict[str, float]] = None
+        if timing_env:
+            import json
+            import time
+
+            self.marks = dict(json.loads(timing_env.get("TORCHSPARK_TIMING_MARKS", "{}")))
+            self.marks["tasks_started"] = time.time()
+
+    def mark(self, name: str) -> None:
+        if self.marks is not None:
+            import time
+
+            self.marks[name] = time.time()
+
+    def env(self, env: Dict[str, str]) -> Dict[str, str]:
+        """env with the marks so far, "agents started" being now."""
+        if self.marks is None:
+            return env
+        import json
+
+        self.mark("agents_started")
+        return {**env, **self.timing_env, "TORCHSPARK_TIMING_MARKS": json.dumps(self.marks)}
 
 
 def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_rank: int,
@@ -145,7 +180,8 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         master_addr=record.master_addr, master_port=record.master_port,
         run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
         output_file=out_file if ship else None, program=program,
-        gpus=None if gpus is None else ",".join(gpus))
+        gpus=None if gpus is None else ",".join(gpus),
+        nccl_check=spec.get("nccl_check", 0) if gpus is not None else 0)
 
     def echo(line: str) -> None:
         # The executor's own log keeps every line, with or without the channel.

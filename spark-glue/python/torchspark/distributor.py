@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _boot, _job, _launch, _native, _report, _ship
+from torchspark import _boot, _job, _launch, _native, _rendezvous, _report, _ship, _timing
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 
@@ -189,9 +189,16 @@ class TorchDistributor:
         else:
             fn_bytes = cloudpickle.dumps((train_object, args, kwargs))
             script_args = []
+        clock = self._clock = _timing.Clock(_timing.enabled(self.logger))
         if self.local_mode:
-            return self._run_local_training(train_object, fn_bytes, script_args)
-        return self._run_distributed_training(train_object, fn_bytes, script_args)
+            result = self._run_local_training(train_object, fn_bytes, script_args)
+        else:
+            result = self._run_distributed_training(train_object, fn_bytes, script_args)
+        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
+        clock.report("local" if self.local_mode else "distributed")
+        return result
+
+    _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
 
     def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
                            **kwargs: Any) -> Any:
@@ -224,12 +231,23 @@ class TorchDistributor:
             lines = server.tail(rank, _TAIL_FROM_SERVER)
         except Exception:
             return None
-        out = []
-        for ln in lines or []:
-            data = getattr(ln, "data", ln)
-            out.append(data.decode("utf-8", errors="replace").rstrip("\n")
-                       if isinstance(data, bytes) else str(data).rstrip("\n"))
-        return out or None
+        return [ln.decode("utf-8", errors="replace") for ln in lines] or None
+
+    def _nccl_check_timeout(self) -> float:
+        """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off: conf
+        spark.torchspark.ncclCheck (default false) or TORCHSPARK_NCCL_CHECK=1 on the driver;
+        spark.torchspark.ncclCheck.timeout (default 180s)."""
+        env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").lower() in ("1", "true")
+        if not self.use_gpu or not (
+                env or _get_conf_boolean(self.spark, "spark.torchspark.ncclCheck", "false")):
+            return 0
+        raw = _get_conf(self.spark, "spark.torchspark.ncclCheck.timeout", "180s").strip().lower()
+        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
+        if not m or float(m.group(1)) <= 0:
+            raise ValueError(f"spark.torchspark.ncclCheck.timeout is '{raw}': give a duration "
+                             "such as 180s, 3min or 500ms")
+        scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+        return float(m.group(1)) * scale
 
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
@@ -256,14 +274,17 @@ class TorchDistributor:
             endpoint = None
             if server is not None:
                 pump = _LogPump(server)
-                endpoint = f"{server.host}:{server.port}"
+                endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
-                                        program=program, gpus=gpus)
+                                        program=program, gpus=gpus,
+                                        nccl_check=self._nccl_check_timeout() if gpus else 0)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
+            self._clock.mark("agents_started")
+            env.update(self._clock.env())
             res = _launch.Agent(cmd, env, echo=echo).run(error_file)
             if pump is not None:
                 pump.stop()
@@ -284,6 +305,7 @@ class TorchDistributor:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -338,6 +360,10 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
+        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark);
+        # opt-in for now (TORCHSPARK_RENDEZVOUS=1, _rendezvous.py says why).
+        rdv = (_start_rendezvous(bind_host or "127.0.0.1")
+               if server is not None and _rendezvous.enabled() else None)
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
@@ -355,12 +381,17 @@ class TorchDistributor:
             "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
             "driver_cwd": os.getcwd(),
             "script_args": script_args,
-            "log_endpoint": (_host_port(advertised or server.host, server.port)
+            "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
+            "nccl_check": self._nccl_check_timeout(),
+            "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
+            "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
+            "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,
         }
         try:
+            self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
@@ -404,6 +435,7 @@ class TorchDistributor:
                                        "View stdout logs for detailed error message.")
                 try:
                     result = cloudpickle.loads(data)
+                    self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
                         "TorchDistributor failed due to a pickling error. "
@@ -414,6 +446,8 @@ class TorchDistributor:
             # failure every agent was stopped, so a short drain is enough.
             if server is not None:
                 server.close(drain_timeout=5.0 if ok else 1.0)
+            if rdv is not None:
+                rdv.close()
             if pump is not None:
                 pump.stop()
         return result
@@ -529,8 +563,11 @@ def _version() -> str:
     return torchspark.__version__
 
 
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def _start_rendezvous(host: str) -> Optional["_rendezvous.Server"]:
+    try:
+        return _rendezvous.Server(host)
+    except OSError:
+        return None  # every task then uses allGather
 
 
 def _echo_stderr(line: str) -> None:

@@ -41,7 +41,7 @@ final class AgentProcess {
     /** The agent's command line (the same options as the PySpark glue's _launch.py). */
     static List<String> command(String agent, boolean standalone, int nnodes, int nodeRank, int nproc,
             String masterAddr, int masterPort, String runId, String python, String errorFile,
-            String endpoint, String outputFile, boolean noPython, List<String> program) {
+            String endpoint, String outputFile, boolean noPython, String gpus, List<String> program) {
         List<String> c = new ArrayList<>();
         c.add(agent);
         if (standalone) {
@@ -49,7 +49,14 @@ final class AgentProcess {
         }
         c.add("--nnodes=" + nnodes);
         c.add("--node-rank=" + nodeRank);
-        c.add("--nproc-per-node=" + nproc);
+        if (gpus != null) {
+            // Spark's raw addresses: the agent assigns them against its own
+            // CUDA_VISIBLE_DEVICES (rules R0-R8, docs/gpu.md) and runs one worker per GPU.
+            c.add("--nproc-per-node=gpu");
+            c.add("--gpus=" + gpus);
+        } else {
+            c.add("--nproc-per-node=" + nproc);
+        }
         if (masterAddr != null) {
             c.add("--master-addr=" + masterAddr);
             c.add("--master-port=" + masterPort);
@@ -71,7 +78,7 @@ final class AgentProcess {
             c.add(endpoint);
         } else {
             c.add("--tee=3");
-            c.add("--log-line-prefix-template=[rank${rank}]: ");
+            c.add("--log-line-prefix-template=[rank ${rank}] ");
         }
         if (outputFile != null) {
             c.add("--output-file");

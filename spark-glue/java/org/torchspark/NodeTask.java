@@ -69,33 +69,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         }
     }
 
-    /** Spark GPU addresses -> CUDA_VISIBLE_DEVICES entries (PySpark's rule and messages). */
-    static List<String> gpusOwned(String[] addresses, String visible) {
-        for (String a : addresses) {
-            if (!a.matches("0|[1-9][0-9]*")) {
-                throw new IllegalArgumentException("Found GPU addresses " + List.of(addresses)
-                        + " which are not all in the correct format for CUDA_VISIBLE_DEVICES, which "
-                        + "requires integers with no zero padding.");
-            }
-        }
-        if (visible == null) {
-            return List.of(addresses);
-        }
-        String[] mask = visible.split(",");
-        List<String> out = new ArrayList<>();
-        for (String a : addresses) {
-            int i = Integer.parseInt(a);
-            if (i >= mask.length) {
-                throw new IllegalArgumentException("GPU addresses " + List.of(addresses) + " given by "
-                        + "Spark do not fit into CUDA_VISIBLE_DEVICES=" + visible + " on host "
-                        + localHostName() + ": set the executors' CUDA_VISIBLE_DEVICES to all the "
-                        + "GPUs Spark may assign, or unset it");
-            }
-            out.add(mask[i]);
-        }
-        return out;
-    }
-
     @Override
     public scala.collection.Iterator<byte[]> apply(scala.collection.Iterator<Integer> it) {
         while (it.hasNext()) {
@@ -120,17 +93,17 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         int nnodes = hosts.size();
         Map<String, String> env = new HashMap<>(spec.env);
         int nproc = spec.nprocPerNode;
+        String gpus = null;
         if (spec.useGpu) {
             ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
-            if (gpu == null) {
+            if (gpu == null || gpu.addresses().length == 0) {
                 throw new IllegalStateException("torchspark: useGpu is set but this task got no "
                         + "\"gpu\" resource: set spark.task.resource.gpu.amount");
             }
-            List<String> owned = gpusOwned(gpu.addresses(), System.getenv("CUDA_VISIBLE_DEVICES"));
-            env.put("CUDA_VISIBLE_DEVICES", String.join(",", owned));
-            if (nproc <= 0) {
-                nproc = Math.max(1, owned.size());
-            }
+            // Raw addresses: the agent assigns them against the executor's own
+            // CUDA_VISIBLE_DEVICES (--gpus; the same native rules as the PySpark glue).
+            gpus = String.join(",", gpu.addresses());
+            nproc = gpu.addresses().length;
         } else {
             env.put("CUDA_VISIBLE_DEVICES", "");
             nproc = Math.max(1, nproc);
@@ -178,7 +151,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), false, nnodes,
                     nodeRank, nproc, record.masterAddr, record.masterPort, record.runId, python,
                     errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
-                    spec.noPython, program);
+                    spec.noPython, gpus, program);
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(cmd, env, System.err::println);
             agent.start(); // from the task thread: it lives as long as the agent

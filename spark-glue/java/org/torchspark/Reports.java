@@ -40,32 +40,29 @@ final class Reports {
         }
     }
 
-    private static String errorFileMessage(JsonNode ef) {
-        if (ef == null || !ef.has("message")) {
-            return null;
+    /** {message, traceback} of a failure document (torchelastic's layout; the agent's
+     *  error file, native/src/report.h): the one-line error and the whole traceback. */
+    private static String[] errorFileText(JsonNode ef) {
+        JsonNode m = ef == null ? null : ef.get("message");
+        if (m == null || m.isNull()) {
+            return new String[] {null, null};
         }
-        JsonNode m = ef.get("message");
         if (m.isObject()) {
             String text = m.hasNonNull("message") ? m.get("message").asText() : null;
             JsonNode stack = m.path("extraInfo").path("py_callstack");
-            if (stack.isTextual() && (text == null || !stack.asText().contains(text))) {
-                return text == null ? stack.asText() : text + "\n" + stack.asText();
-            }
-            return text;
+            return new String[] {text, stack.isTextual() && !stack.asText().isEmpty() ? stack.asText() : null};
         }
-        return m.isNull() ? null : m.asText();
+        return new String[] {m.asText(), null};
     }
 
     /** A report from one agent's exit status, output tail and error file. */
     static ObjectNode build(int nodeRank, String host, int returncode, List<String> tail,
             JsonNode errorFile, int nprocPerNode) {
         JsonNode ts = errorFile == null ? JSON.createObjectNode() : errorFile.path("torchspark");
-        int exitcode = ts.has("exitcode") ? ts.get("exitcode").asInt()
-                : (returncode >= 0 ? returncode : 128 - returncode);
-        int sig = ts.has("signal") ? ts.get("signal").asInt() : (returncode < 0 ? -returncode : 0);
-        if (sig == 0 && exitcode > 128 && !ts.has("signal")) {
-            sig = exitcode - 128;
-        }
+        // The agent's one rule (tsp_proc_exit_code): the document's exitcode and signal;
+        // without one, the agent's own status (Java reports a signal N as 128 + N).
+        int exitcode = ts.has("exitcode") ? ts.get("exitcode").asInt() : returncode;
+        int sig = ts.has("signal") ? ts.get("signal").asInt() : (returncode > 128 ? returncode - 128 : 0);
         JsonNode rank = ts.get("rank");
         JsonNode localRank = ts.get("local_rank");
         ObjectNode r = JSON.createObjectNode();
@@ -83,10 +80,12 @@ final class Reports {
         r.put("exitcode", exitcode);
         r.put("signal", sig);
         r.set("time", ts.get("time"));
-        r.put("message", errorFileMessage(errorFile));
+        String[] text = errorFileText(errorFile);
+        r.put("message", text[0]);
+        r.put("traceback", text[1]);
         r.put("agent_exitcode", returncode);
         ArrayNode t = r.putArray("tail");
-        String prefix = r.hasNonNull("rank") ? "[rank" + r.get("rank").asInt() + "]: " : null;
+        String prefix = r.hasNonNull("rank") ? "[rank " + r.get("rank").asInt() + "] " : null;
         List<String> mine = new ArrayList<>();
         if (prefix != null) {
             for (String ln : tail) {
@@ -183,8 +182,11 @@ final class Reports {
         StringBuilder m = new StringBuilder("TorchSparkRunner (" + mode + ") failed: " + who(r) + " "
                 + what(r) + ".");
         if (r.hasNonNull("message") && !r.get("message").asText().isEmpty()) {
-            m.append("\nError:");
-            for (String ln : r.get("message").asText().split("\n")) {
+            m.append("\nError: ").append(r.get("message").asText());
+        }
+        if (r.hasNonNull("traceback")) {
+            m.append("\nTraceback (the rank's whole traceback):");
+            for (String ln : r.get("traceback").asText().split("\n")) {
                 m.append("\n  ").append(ln);
             }
         }

@@ -321,8 +321,10 @@ public final class TorchSparkRunner {
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
                     null, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
-                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, prog);
-            AgentProcess agent = new AgentProcess(cmd, penv, null);
+                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, prog);
+            // The workers' lines come through the log server; the agent's own messages (its
+            // stderr) are shown as they are.
+            AgentProcess agent = new AgentProcess(cmd, penv, System.err::println);
             int rc;
             try {
                 agent.start();

@@ -76,6 +76,7 @@ public final class TrainApp {
         int rounds = args.length > 3 ? Integer.parseInt(args[3]) : 1;
         SparkSession spark = SparkSession.builder().appName("torchspark-jvm-e2e").getOrCreate();
         spark.sparkContext().setLogLevel("WARN");
+        System.out.println("APP_ID: " + spark.sparkContext().applicationId());
         try {
             if (mode.equals("train")) {
                 train(spark, python, script);
@@ -149,6 +150,8 @@ public final class TrainApp {
         }
         System.out.println("BEFORE: " + before);
         System.out.println("GONE_MS: " + goneMs);
+        sleep(1000); // the executors' log lines
+        System.out.println("PLUGIN_STOPS: " + pluginStops(spark));
         // Whatever is left (no plugin) would outlive the application: clean up after ourselves.
         for (long pid : marked(mark)) {
             ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
@@ -191,6 +194,7 @@ public final class TrainApp {
         sleep(1000);
         System.out.println("GONE_MS: " + goneMs);
         System.out.println("OTHER_ALIVE: " + marked(b).size());
+        System.out.println("PLUGIN_STOPS: " + pluginStops(spark));
         t0 = System.nanoTime();
         spark.stop();
         long stopMs = -1;
@@ -205,6 +209,33 @@ public final class TrainApp {
         for (long pid : marked(b)) {
             ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
         }
+    }
+
+    /** "torchspark plugin: stopped" lines in this application's executor logs (local-cluster
+     *  workers keep them under java.io.tmpdir/worker-*&#47;APP_ID/N/stderr while it runs). */
+    static int pluginStops(SparkSession spark) {
+        String app = spark.sparkContext().applicationId();
+        int n = 0;
+        try (var workers = Files.newDirectoryStream(Paths.get(System.getProperty("java.io.tmpdir")), "worker-*")) {
+            for (Path w : workers) {
+                Path dir = w.resolve(app);
+                if (!Files.isDirectory(dir)) {
+                    continue;
+                }
+                try (var execs = Files.list(dir)) {
+                    for (Path e : (Iterable<Path>) execs::iterator) {
+                        Path f = e.resolve("stderr");
+                        if (Files.isRegularFile(f)) {
+                            String t = Files.readString(f, StandardCharsets.ISO_8859_1);
+                            n += t.split("torchspark plugin: stopped", -1).length - 1;
+                        }
+                    }
+                }
+            }
+        } catch (IOException e) {
+            return -1;
+        }
+        return n;
     }
 
     private static void sleep(long ms) {

@@ -1,0 +1,89 @@
+"""The barrier job's two Spark APIs side by side on a classic session: the RDD barrier API
+(what torchspark.TorchDistributor uses on classic sessions) against
+DataFrame.mapInArrow(barrier=True) (what it uses under Spark Connect, and what PySpark's
+own TorchDistributor uses everywhere). Alternating, after one warm-up each, medians of N.
+
+    .venv/bin/python bench/job_api_bench.py [--runs 7]
+
+Cases on local-cluster[2,1,1024], 2 tasks: a bare barrier job (one allGather, a 100-byte
+row back), and TorchDistributor.run() of a function that returns a number (no torch
+import) through each API.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import pyspark
+from pyspark.sql import SparkSession
+
+from torchspark import TorchDistributor, _job
+
+
+def bare_rdd_task(_):
+    from pyspark import BarrierTaskContext
+    BarrierTaskContext.get().allGather("x")
+    yield b"r" * 100
+
+
+def bare_arrow_task(batches):
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+    for _ in batches:
+        pass
+    BarrierTaskContext.get().allGather("x")
+    yield pa.RecordBatch.from_pydict({"chunk": [b"r" * 100]})
+
+
+def number():
+    return 42
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=7)
+    a = ap.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    s = (SparkSession.builder.master("local-cluster[2,1,1024]")
+         .config("spark.ui.enabled", "false").config("spark.testing", "true")
+         .config("spark.test.home", os.path.dirname(pyspark.__file__))
+         .config("spark.executor.memory", "1024m").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    sc = s.sparkContext
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+
+    def run_via(arrow):
+        def go():
+            _job.CLASSIC_VIA_ARROW = arrow
+            assert d.run(number) == 42
+        return go
+
+    cases = {
+        "bare job, RDD barrier": lambda: sc.parallelize(range(2), 2).barrier()
+        .mapPartitions(bare_rdd_task).collect(),
+        "bare job, mapInArrow": lambda: s.range(0, 2, 1, 2).mapInArrow(
+            bare_arrow_task, "chunk binary", barrier=True).toArrow(),
+        "run(), RDD barrier": run_via(False),
+        "run(), mapInArrow": run_via(True),
+    }
+    times = {k: [] for k in cases}
+    for f in cases.values():
+        f()  # warm-up
+    load0 = os.getloadavg()[0]
+    for _ in range(a.runs):
+        for k, f in cases.items():
+            t = time.perf_counter()
+            f()
+            times[k].append(time.perf_counter() - t)
+    out = {k: {"median_s": round(statistics.median(v), 3), "min_s": round(min(v), 3),
+               "max_s": round(max(v), 3)} for k, v in times.items()}
+    out["load_avg"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
+    print(json.dumps(out, indent=1))
+    s.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""The NCCL preflight on the stub CUDA driver and stub NCCL (CPU only; design F7): how close
+a missing rank and a hung all_reduce end to the deadline, how fast a failing rank becomes the
+node's root cause, and what the check adds to an agent's start (2 ranks, 64 KiB), beside
+the same agent without the check. Medians of --runs. Needs the build tree (cmake --build
+build). Prints a Markdown table.
+
+    .venv/bin/python bench/nccl_check_bench.py --runs 5
+"""
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build"
+RUN = str(BUILD / "bin" / "torchspark-run")
+STUBS = BUILD / "tests" / "unit"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def once(args, extra_env=None) -> float:
+    env = dict(os.environ, TORCHSPARK_LIBCUDA=str(STUBS / "libcuda_stub.so"),
+               TORCHSPARK_LIBNVML="/nonexistent", STUB_CUDA_DEVICES="0000:3b:00.0,0000:5e:00.0",
+               **(extra_env or {}))
+    t = time.monotonic()
+    subprocess.run([RUN, *args, "--no-python", "true"], env=env, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, check=False)
+    return time.monotonic() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    a = ap.parse_args()
+    lib = ["--nccl-lib", str(STUBS / "libnccl_stub.so"), "--nccl-check-bytes", "65536"]
+    two = ["--standalone", "--nproc-per-node", "2"]
+
+    def missing():
+        return ["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--master-addr",
+                "127.0.0.1", "--master-port", str(free_port())]
+
+    cases = [
+        ("agent start, 2 workers, no check", lambda: once(two)),
+        ("agent start, 2 workers, check passes", lambda: once(two + ["--nccl-check=10"] + lib)),
+        ("one rank fails at init (fail-fast)", lambda: once(
+            two + ["--nccl-check=10"] + lib,
+            {"STUB_NCCL_INIT_FAIL": "1:2:NET/Socket : No usable listening interface found"})),
+        ("missing rank, deadline 2 s", lambda: once(missing() + ["--nccl-check=2"] + lib)),
+        ("hung all_reduce, deadline 2 s", lambda: once(
+            two + ["--nccl-check=2"] + lib, {"STUB_NCCL_ALLREDUCE_HANG": "1"})),
+    ]
+    print("| case | median wall (s) | runs |")
+    print("|---|---|---|")
+    for name, fn in cases:
+        walls = [fn() for _ in range(a.runs)]
+        print(f"| {name} | {statistics.median(walls):.3f} | "
+              f"{', '.join(f'{w:.3f}' for w in walls)} |")
+
+
+if __name__ == "__main__":
+    main()

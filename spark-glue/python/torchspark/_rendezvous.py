@@ -1,0 +1,149 @@
+"""Hands rank 0's election record to the other barrier tasks through the driver, instead of
+BarrierTaskContext.allGather().
+
+Why: Spark's barrier calls wait in whole seconds (BarrierTaskContext.runBarrier polls its
+RPC future with Thread.sleep(1000)), so one allGather() costs at least a second of every
+distributed run() (measured: 1.07 s in each run, docs/benchmarks.md). Here rank 0 PUTs the
+record to a small server on the driver as soon as it has it, and every other task GETs it
+the moment it is there.
+
+Opt-in for now: ``TORCHSPARK_RENDEZVOUS=1`` on the driver (see :func:`enabled`).
+The driver decides for the whole job: the spec carries an endpoint (the tasks use it; a
+task that cannot reach it fails with a message saying so) or none (every task calls
+allGather). Requests are authenticated by a random token in the spec, as the log channel
+is by its secret; one record per run, at most RECORD_MAX bytes.
+
+Wire (one request per connection, lines of UTF-8): ``TOKEN_HEX PUT RECORD\\n`` -> ``OK\\n``;
+``TOKEN_HEX GET\\n`` -> ``RECORD\\n`` once rank 0 put it (``ERR reason\\n`` on a bad token).
+"""
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+import threading
+from typing import Any, Dict, Optional
+
+ENV = "TORCHSPARK_RENDEZVOUS"
+RECORD_MAX = 4096
+GET_TIMEOUT_S = 600.0  # as long as a barrier stage may reasonably wait for rank 0
+CONNECT_TIMEOUT_S = 10.0
+
+
+def enabled() -> bool:
+    """Opt-in (TORCHSPARK_RENDEZVOUS=1) until one open question is settled: with it, when a
+    rank raised, Spark's own barrier abort reached the driver later than _job.SPARK_GRACE_S
+    (tests/e2e/test_distributor_cluster.py::test_rank_failure_raises_fast_and_leaves_nothing
+    [raise], 2 of 2 runs on a loaded machine; it passed without), so the exception lost its
+    Spark cause. run() itself still raised at once with the right root cause."""
+    return os.environ.get(ENV, "") in ("1", "true", "True")
+
+
+class Server:
+    """The driver's end: one listening socket and a thread per request (a handful)."""
+
+    def __init__(self, host: str) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.bind((host, 0))
+        self._sock.listen(64)
+        self.host = host
+        self.port = self._sock.getsockname()[1]
+        self.token = os.urandom(32).hex()
+        self._record: Optional[str] = None
+        self._cv = threading.Condition()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="torchspark-rendezvous").start()
+
+    def spec(self, advertised_host: str) -> Dict[str, Any]:
+        host = advertised_host or self.host
+        return {"host": host, "port": self.port, "token": self.token}
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name="torchspark-rendezvous-conn").start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(CONNECT_TIMEOUT_S)
+            try:
+                req = _read_line(conn)
+                token, _, rest = req.partition(" ")
+                if not hmac.compare_digest(token.encode(), self.token.encode()):
+                    conn.sendall(b"ERR authentication failed\n")
+                    return
+                verb, _, record = rest.partition(" ")
+                if verb == "PUT":
+                    with self._cv:
+                        self._record = record
+                        self._cv.notify_all()
+                    conn.sendall(b"OK\n")
+                elif verb == "GET":
+                    conn.settimeout(None)
+                    with self._cv:
+                        self._cv.wait_for(lambda: self._record is not None or self._closed,
+                                          timeout=GET_TIMEOUT_S)
+                        record = self._record
+                    conn.sendall(b"ERR the run ended\n" if record is None
+                                 else record.encode() + b"\n")
+                else:
+                    conn.sendall(b"ERR unknown request\n")
+            except (OSError, ValueError):
+                return
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+
+def _read_line(conn: socket.socket) -> str:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = conn.recv(RECORD_MAX + 256)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > RECORD_MAX + 256:
+            raise ValueError("request too long")
+    return buf.decode("utf-8").rstrip("\n")
+
+
+def _request(spec: Dict[str, Any], line: str) -> str:
+    host, port = spec["host"], int(spec["port"])
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as conn:
+            conn.settimeout(None if line.endswith(" GET") else CONNECT_TIMEOUT_S)
+            conn.sendall(line.encode() + b"\n")
+            reply = _read_line(conn)
+    except OSError as e:
+        raise RuntimeError(
+            f"torchspark: this barrier task on host {socket.gethostname()} cannot reach the "
+            f"driver at {host}:{port} to learn the master's address ({e}): the executors "
+            "must reach the driver's host (as for Spark itself); check firewalls between "
+            "them, or spark.driver.host / spark.driver.bindAddress") from None
+    if reply.startswith("ERR "):
+        raise RuntimeError(f"torchspark: the driver refused the rendezvous: {reply[4:]}")
+    return reply
+
+
+def exchange(spec: Optional[Dict[str, Any]], ctx: Any, node_rank: int, packed: str) -> str:
+    """Rank 0's packed record, on every task: through the driver when the spec has an
+    endpoint, else through allGather()."""
+    if not spec:
+        return ctx.allGather(packed)[0]
+    if len(packed) > RECORD_MAX or "\n" in packed:
+        raise RuntimeError("torchspark: the election record is too long or not one line")
+    if node_rank == 0:
+        _request(spec, f"{spec['token']} PUT {packed}")
+        return packed
+    return _request(spec, f"{spec['token']} GET")

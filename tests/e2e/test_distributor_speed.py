@@ -1,0 +1,103 @@
+"""The user's path of torchspark.TorchDistributor.run() on local-cluster[2,1,1024]: worker
+lines reach a Python text stream standing in for the driver's sys.stderr in big batches
+with none lost; TORCHSPARK_TIMING=1 prints run()'s waterfall and returns the value intact;
+rank 0's election record reaches the other task without Spark's allGather (which cannot
+take less than a second). Figures are in docs/benchmarks.md; nothing here asserts a rate."""
+import io
+import sys
+import threading
+
+import pytest
+from pyspark import cloudpickle
+
+import tsp_spark
+from torchspark import TorchDistributor, _timing
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+MARK = "@spd@"
+
+
+class Counting(io.TextIOBase):
+    def __init__(self):
+        self.marked = self.writes = 0
+        self.text = []
+        self._lock = threading.Lock()
+
+    def write(self, s):
+        with self._lock:
+            self.writes += 1
+            self.marked += s.count(MARK)
+            if MARK not in s:
+                self.text.append(s)
+        return len(s)
+
+    def writable(self):
+        return True
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = tsp_spark.session("local-cluster[2,1,1024]", {})
+    yield s
+    s.stop()
+
+
+def spam(n):
+    for i in range(n):
+        print(f"{i:09d} @spd@ " + "x" * 50)
+    return n
+
+
+def test_lines_arrive_in_batches_none_lost(spark, monkeypatch):
+    stream = Counting()
+    monkeypatch.setattr(sys, "stderr", stream)
+    n = 50_000
+    assert TorchDistributor(2, False, False).run(spam, n) == n
+    monkeypatch.undo()
+    assert stream.marked == 2 * n
+    # One write() per batch: before the batching pump it was ~2 lines per write().
+    assert stream.marked / stream.writes > 50, (stream.marked, stream.writes)
+
+
+def ddp():
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return {"sum": float(t.item())}
+
+
+def test_timing_waterfall_and_fast_rendezvous(spark, monkeypatch):
+    monkeypatch.setenv("TORCHSPARK_TIMING", "1")
+    monkeypatch.setenv("TORCHSPARK_RENDEZVOUS", "1")  # opt-in (torchspark/_rendezvous.py)
+    err = Counting()
+    monkeypatch.setattr(sys, "stderr", err)
+    d = TorchDistributor(2, False, False)
+    assert d.run(ddp) == {"sum": 2.0}  # the marks do not change the value returned
+    monkeypatch.undo()
+    marks = d._clock.marks
+    assert [k for k, _ in _timing.PHASES if k not in marks] == []
+    text = "".join(err.text)
+    assert "torchspark timing (distributed)" in text
+    for _, label in _timing.PHASES:
+        assert label in text
+    # Every phase after the one before it (one host: one clock; 50 ms of slack for the
+    # granularity of the process start time read from /proc).
+    times = [marks[k] for k, _ in _timing.PHASES]
+    assert all(b >= a - 0.05 for a, b in zip(times[:-1], times[1:], strict=True)), marks
+    # Spark's allGather polls in whole seconds: the driver's rendezvous does not.
+    assert marks["election_done"] - marks["tasks_started"] < 0.95, marks
+
+
+def test_timing_off_by_default(spark, monkeypatch):
+    monkeypatch.delenv("TORCHSPARK_TIMING", raising=False)
+    err = Counting()
+    monkeypatch.setattr(sys, "stderr", err)
+    d = TorchDistributor(2, False, False)
+    assert d.run(ddp) == {"sum": 2.0}
+    monkeypatch.undo()
+    assert "torchspark timing" not in "".join(err.text)
+    assert list(d._clock.marks) == []
