@@ -32,6 +32,8 @@ License: Apache-2.0
 Requires-Python: >=3.10
 Requires-Dist: pyspark>=4.0
 Requires-Dist: cloudpickle
+Requires-Dist: numpy
+Requires-Dist: pyarrow>=11.0
 """
 
 
