@@ -3,8 +3,11 @@ local-cluster[2,1,1024]) and real torch: a Java application trains the DDP examp
 2 executors through TorchSparkRunner; TorchSparkPlugin stops a cancelled job's training
 processes, for TorchSparkRunner and for PySpark's TorchDistributor (the bound here is
 generous for a loaded 2-core machine; the 1 s goal is measured by bench/jvm_cancel_bench.py)."""
+import json
 import re
-import time
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,17 +42,33 @@ def test_plugin_stops_a_cancelled_runner_job():
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
 
 
+# In a fresh interpreter: the plugin's class must be on the driver JVM's classpath when that
+# JVM starts (spark.jars at launch, as `pyspark --jars` or a first session's config gives
+# it); this pytest process's JVM gateway may already be up from an earlier session.
+_PYSPARK_CANCEL = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import jvmutil
+mark = jvmutil.new_mark()
+spark = jvmutil.pyspark_session(plugin=True, mark=mark)
+try:
+    (gone,) = jvmutil.cancel_pyspark(spark, mark)
+    time.sleep(1)  # the executors' log lines
+    stops = jvmutil.plugin_stops(spark.sparkContext.applicationId)
+finally:
+    spark.stop()
+print("RESULT " + json.dumps({"gone": gone, "stops": stops}), flush=True)
+"""
+
+
 def test_plugin_stops_a_cancelled_pyspark_job():
-    mark = jvmutil.new_mark()
-    spark = jvmutil.pyspark_session(plugin=True, mark=mark)
-    try:
-        (gone,) = jvmutil.cancel_pyspark(spark, mark)
-        time.sleep(1)  # the executors' log lines
-        stops = jvmutil.plugin_stops(spark.sparkContext.applicationId)
-    finally:
-        spark.stop()
-    assert 0 <= gone < jvmutil.GONE_BOUND_MS, gone
-    assert stops >= 1, "the executors' logs do not show the plugin stopping the agents"
+    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCEL, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    res = json.loads(lines[-1][len("RESULT "):])
+    assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
+    assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
 
 
 def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
