@@ -830,7 +830,7 @@ int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json
     int rc;
     if (c->control == 0 || (c->control < 0 && c->o.no_control))
         rc = -ENOTSUP;
-    else if (c->control < 0)
+    else if (c->control < 0 || c->early) /* held ones first: events keep their order */
         rc = hold_early_locked(c, kind, rank, json, len);
     else
         rc = append_event_locked(c, kind, rank, json, len);
@@ -870,7 +870,7 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
     notify(c->notify_fd);
     pthread_join(c->thread, NULL);
     int rc = c->result;
-    free_early_locked(c); /* the thread is gone: no lock needed, and none is left anyway */
+    free_early_locked(c); /* a no-op: the sender thread freed what it could not send */
     for (blk_t *b = c->head, *n; b; b = n) {
         n = b->next;
         free(b);
