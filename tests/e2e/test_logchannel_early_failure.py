@@ -84,8 +84,8 @@ class LateAcceptProxy:
 
     def close(self) -> None:
         self.closed.set()
+        self.thread.join(5)  # before the socket closes under its select()
         self.lsock.close()
-        self.thread.join(5)
         for s in self.socks:
             s.close()
 
