@@ -320,7 +320,7 @@ public final class TorchSparkRunner {
             Pump pump = new Pump(server, logToStderr);
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
-                    null, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
+                    null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
                     wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, prog);
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.

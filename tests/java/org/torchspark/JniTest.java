@@ -3,6 +3,7 @@ package org.torchspark;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNotEquals;
 import static org.junit.Assert.assertNotNull;
 import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
@@ -75,6 +76,10 @@ public class JniTest {
             assertEquals("127.0.0.1", r.record.masterAddr);
             assertEquals("lo", r.record.ifname);
             assertEquals(r.reservation.port, r.record.masterPort);
+            // The NCCL check's port, held beside it and carried by the same record.
+            assertEquals(r.reservation.ncclPort, r.record.ncclPort);
+            assertNotEquals(r.record.masterPort, r.record.ncclPort);
+            assertEquals(r.record.ncclPort, Election.Record.unpack(r.packed).ncclPort);
             assertEquals(32, r.record.runId.length());
             assertEquals(r.record.masterAddr, Election.Record.unpack(r.packed).masterAddr);
             // A plain bind (no SO_REUSEADDR) cannot take the held port.
@@ -82,6 +87,13 @@ public class JniTest {
                 s.setReuseAddress(false);
                 s.bind(new InetSocketAddress("127.0.0.1", r.record.masterPort));
                 fail("the reserved port was free");
+            } catch (java.net.BindException expected) {
+                // held
+            }
+            try (ServerSocket s = new ServerSocket()) {
+                s.setReuseAddress(false);
+                s.bind(new InetSocketAddress("127.0.0.1", r.record.ncclPort));
+                fail("the reserved NCCL port was free");
             } catch (java.net.BindException expected) {
                 // held
             }
