@@ -8,6 +8,7 @@ mask already narrowed to them (R3, the spark-rapids case that stock accepts). Or
 empty mask (R2) and the local master's slices run on local[2] in test_distributor_api.py
 (a second local-cluster would cost a minute on the 2-core CI machine)."""
 import os
+import socket
 import sys
 import time
 import uuid
@@ -30,9 +31,33 @@ DEVICES = (f"{UA}@00000000:3B:00.0@Stub H100@0@0;"
            f"{UB}@00000000:5E:00.0@Stub H100@0@0")
 
 
+NODE_ENV = f"/tmp/tsp-gpu-e2e-{MARK_VALUE}.env"  # NODE_ENV.<node rank>: that node's own
+
+
+def _agent_wrapper(directory):
+    """A site's wrapper in front of the agent (TORCHSPARK_RUN), as clusters put in front of
+    their launchers: it records its command line and sources NODE_ENV.<its node rank> when
+    that file exists, so one node's agent (and its workers) gets its own NCCL settings, as
+    a host whose scheduler set NCCL_IB_GID_INDEX differently would."""
+    from torchspark._lib import agent_path
+    path = directory / "agent-wrapper.sh"
+    path.write_text(
+        "#!/bin/sh\n"
+        "node=\n"
+        'for a in "$@"; do case "$a" in --node-rank=*) node=${a#--node-rank=};; esac; done\n'
+        f'echo "$@" > "{NODE_ENV}.$node.argv"\n'
+        f'if [ -f "{NODE_ENV}.$node" ]; then . "{NODE_ENV}.$node"; fi\n'
+        f'exec "{agent_path()}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def _session(tmp_path_factory, addresses, executor_env):
-    script = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), addresses)
+    d = tmp_path_factory.mktemp("gpu")
+    script = tsp_spark.fake_gpu_script(d, addresses)
     conf = {
+        "spark.executorEnv.TORCHSPARK_RUN": _agent_wrapper(d),
+        "spark.executorEnv.NCCL_IB_GID_INDEX": "3",
         "spark.worker.resource.gpu.amount": str(len(addresses)),
         "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": str(len(addresses)),
@@ -104,7 +129,8 @@ def nccl_check(uuid_narrowed, tmp_path):
     yield str(tmp_path / "trained")
     uuid_narrowed.conf.unset("spark.torchspark.ncclCheck")
     uuid_narrowed.conf.unset("spark.torchspark.ncclCheck.timeout")
-    for p in (FAIL_FILE, FAIL_FILE + ".stamp"):
+    for p in (FAIL_FILE, FAIL_FILE + ".stamp", NODE_ENV + ".1", NODE_ENV + ".0.argv",
+              NODE_ENV + ".1.argv"):
         if os.path.exists(p):
             os.unlink(p)
 
@@ -117,6 +143,32 @@ def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, cap
     assert any("ranks 0-1 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
     assert any("ranks 2-3 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
     assert all("all_reduce 32 MiB float32: " in ln for ln in passed), passed
+    # The check's NCCL_COMM_ID port is the election's second port (record key nccl_port),
+    # beside MASTER_PORT, on both nodes.
+    argvs = [open(f"{NODE_ENV}.{n}.argv").read().split() for n in (0, 1)]
+    ports = [{a.split("=", 1)[0]: a.split("=", 1)[1] for a in v if a.startswith("--")
+              and "=" in a} for v in argvs]
+    assert ports[0]["--nccl-comm-port"] == ports[1]["--nccl-comm-port"], ports
+    assert ports[0]["--nccl-comm-port"] != ports[0]["--master-port"], ports
+    # Same NCCL settings everywhere: no warning.
+    assert "differ from rank 0's" not in err
+
+
+def test_nccl_settings_that_differ_on_one_node_get_one_warning(nccl_check, capfd):
+    # Node 1's agent environment says NCCL_IB_GID_INDEX=5 and NCCL_DEBUG=INFO (its site
+    # wrapper); node 0 has the executors' 3 and no NCCL_DEBUG. The check still passes (the
+    # stub NCCL ignores both): the run goes on, with one warning on the driver.
+    with open(NODE_ENV + ".1", "w") as f:
+        f.write("export NCCL_IB_GID_INDEX=5 NCCL_DEBUG=INFO\n")
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    assert d.run(_train, nccl_check) == "trained"
+    err = capfd.readouterr().err
+    warnings = [ln for ln in err.splitlines() if "differ from rank 0's" in ln]
+    host = socket.gethostname()
+    assert warnings == [
+        f"torchspark: WARNING: the NCCL settings of node 1 (host {host}) differ from rank 0's "
+        f"node 0 (host {host}): NCCL_DEBUG is 'INFO' there and unset on node 0; "
+        "NCCL_IB_GID_INDEX is '5' there and '3' on node 0"], err[-3000:]
 
 
 def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(nccl_check):

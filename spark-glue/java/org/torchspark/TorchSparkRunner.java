@@ -501,6 +501,9 @@ public final class TorchSparkRunner {
             if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
                 ObjectNode report = Reports.build(root.path("node_rank").asInt(-1), root.path("host").asText("?"),
                         1, List.of(), root.get("report"), nproc);
+                if (root.hasNonNull("detail")) {
+                    report.put("detail", root.get("detail").asText());
+                }
                 List<String> tail = report.hasNonNull("rank")
                         ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
                 return Reports.exception(report, "distributed", tail, sparkError);
