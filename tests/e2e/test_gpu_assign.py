@@ -6,7 +6,14 @@ no GPU) and the workers (gloo on CPU) get the mask, or the user gets the rule's 
 One local-cluster[2,1,1024] session whose discovery scripts report UUIDs under an executor
 mask already narrowed to them (R3, the spark-rapids case that stock accepts). Ordinals, an
 empty mask (R2) and the local master's slices run on local[2] in test_distributor_api.py
-(a second local-cluster would cost a minute on the 2-core CI machine)."""
+(a second local-cluster would cost a minute on the 2-core CI machine).
+
+The NCCL preflight runs on the stub CUDA driver and NCCL: it passes on its own port (the
+election's nccl_port) with one driver warning for node 1's differing NCCL settings, a
+failing node is raised fast, and a node that starts too late is named as never reported.
+One node's environment differs through a site wrapper in front of the agent
+(TORCHSPARK_RUN), as a host whose scheduler sets NCCL variables of its own would:
+spark.executorEnv is the same for every executor."""
 import os
 import socket
 import sys
@@ -136,6 +143,11 @@ def nccl_check(uuid_narrowed, tmp_path):
 
 
 def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, capfd):
+    # Node 1's agent environment says NCCL_IB_GID_INDEX=5 and NCCL_DEBUG=INFO (its site
+    # wrapper); node 0 has the executors' 3 and no NCCL_DEBUG. The check still passes (the
+    # stub NCCL ignores both): the run goes on, with one warning on the driver.
+    with open(NODE_ENV + ".1", "w") as f:
+        f.write("export NCCL_IB_GID_INDEX=5 NCCL_DEBUG=INFO\n")
     d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
     assert d.run(_train, nccl_check) == "trained"
     err = capfd.readouterr().err
@@ -150,19 +162,6 @@ def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, cap
               and "=" in a} for v in argvs]
     assert ports[0]["--nccl-comm-port"] == ports[1]["--nccl-comm-port"], ports
     assert ports[0]["--nccl-comm-port"] != ports[0]["--master-port"], ports
-    # Same NCCL settings everywhere: no warning.
-    assert "differ from rank 0's" not in err
-
-
-def test_nccl_settings_that_differ_on_one_node_get_one_warning(nccl_check, capfd):
-    # Node 1's agent environment says NCCL_IB_GID_INDEX=5 and NCCL_DEBUG=INFO (its site
-    # wrapper); node 0 has the executors' 3 and no NCCL_DEBUG. The check still passes (the
-    # stub NCCL ignores both): the run goes on, with one warning on the driver.
-    with open(NODE_ENV + ".1", "w") as f:
-        f.write("export NCCL_IB_GID_INDEX=5 NCCL_DEBUG=INFO\n")
-    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
-    assert d.run(_train, nccl_check) == "trained"
-    err = capfd.readouterr().err
     warnings = [ln for ln in err.splitlines() if "differ from rank 0's" in ln]
     host = socket.gethostname()
     assert warnings == [
@@ -196,3 +195,27 @@ def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(n
     assert raised - failed < 10, f"raised {raised - failed:.2f} s after the failure"
     assert not os.path.exists(nccl_check)  # training never started
     assert tsp_spark.wait_gone(MARK_VALUE, 2) == []
+
+
+def test_nccl_check_timeout_names_the_node_that_never_reported(nccl_check):
+    # Node 1's agent starts 5 s late (its site wrapper sleeps): node 0's check gives up at
+    # its 2 s deadline, and the driver names node 1 as never reported (no agent of it had
+    # connected yet); node 1's agent, once up, is stopped at once.
+    with open(NODE_ENV + ".1", "w") as f:
+        f.write("sleep 5\n")
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    d.spark.conf.set("spark.torchspark.ncclCheck.timeout", "2s")
+    t0 = time.monotonic()
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_train, nccl_check)
+    took = time.monotonic() - t0
+    text = str(e.value)
+    assert "torchspark: NCCL check timed out after 2 s before training: rank(s) 0,1 on " in text, \
+        text
+    assert text.rstrip().endswith(
+        "NCCL check across the job: node 1 (no agent connected from it) never reported: its "
+        "check never started, so its ranks never joined and the other nodes waited until the "
+        "deadline; see that node's executor's log."), text
+    print(f"raised after {took:.2f} s")
+    assert not os.path.exists(nccl_check)  # training never started
+    assert tsp_spark.wait_gone(MARK_VALUE, 10) == []

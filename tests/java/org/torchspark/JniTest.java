@@ -70,6 +70,29 @@ public class JniTest {
     }
 
     @Test
+    public void agentCommandCarriesTheElectedNcclPort() {
+        Election.Result r = Election.electMaster("127.0.0.1", null);
+        try {
+            Election.Record rec = Election.Record.unpack(r.packed);
+            List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr,
+                    rec.masterPort, rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null,
+                    false, "0", List.of("train.py"));
+            assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.ncclPort));
+            assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.masterPort));
+            // A record without it (an older rank 0): no option, the agent uses the master port.
+            rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"::1\","
+                    + "\"run_id\":\"r\"}");
+            assertEquals(0, rec.ncclPort);
+            cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr, rec.masterPort,
+                    rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null, false, "0",
+                    List.of("train.py"));
+            assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
+        } finally {
+            r.reservation.close();
+        }
+    }
+
+    @Test
     public void electMasterHoldsThePortUntilClosed() throws Exception {
         Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
