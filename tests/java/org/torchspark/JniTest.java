@@ -229,6 +229,14 @@ public class JniTest {
             assertEquals(Integer.valueOf(3), e.exitCode());
             assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")
                     && e.getMessage().contains("exited with code 3") && e.getMessage().contains("about to fail"));
+            // No NCCL check timed out: no job-wide detail. With one (a check timeout's "who
+            // never reported"), it ends the exception's message.
+            assertTrue(root.get("detail").isNull());
+            com.fasterxml.jackson.databind.node.ObjectNode r = Reports.build(0, "h", 1, List.of(),
+                    root.get("report"), 2);
+            r.put("detail", "NCCL check across the job: node 1 (no agent connected from it) never reported");
+            assertTrue(Reports.exception(r, "distributed", null, null).getMessage()
+                    .endsWith("\nNCCL check across the job: node 1 (no agent connected from it) never reported."));
         }
     }
 
