@@ -6,8 +6,11 @@
  * clients and server on loopback; raw connections through the agents' own dialer. */
 #include <fcntl.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
+#include "json.h"
 #include "logdial.h"
 #include "logtest.h"
 #include "testutil.h"
@@ -324,6 +327,134 @@ START_TEST(test_logcontrol_held_event_without_driver_is_bounded)
 }
 END_TEST
 
+/* A server whose event lines go to a pipe (read end in *rfd). */
+static tsp_logserver_t *event_server(int *rfd)
+{
+    int p[2];
+    ck_assert_int_eq(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.event_fd = p[1];
+    o.lost_grace_ms = 1000;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    *rfd = p[0];
+    return s;
+}
+
+static void send_json(tsp_logclient_t *c, int kind, const char *json)
+{
+    ck_assert_int_eq(tsp_logclient_event(c, kind, -1, json, strlen(json)), 0);
+}
+
+START_TEST(test_logcontrol_nccl_env_differs_from_node_zero)
+{
+    int rfd;
+    tsp_logserver_t *s = event_server(&rfd);
+    stopper_t st[3] = {{0}};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st[0], 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &st[1], 0);
+    tsp_logclient_t *c = ctl_client(s, 2, "host-c", &st[2], 0);
+    /* node 1's comes before node 0's: compared once node 0's arrives; node 2 agrees */
+    send_json(b, TSP_WIRE_EVENT_NODE,
+              "{\"nnodes\": 3, \"nproc\": 1, \"env\": \"NCCL_DEBUG=INFO\\nNCCL_IB_GID_INDEX=5\"}");
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0);
+    const char *same =
+        "{\"nnodes\": 3, \"nproc\": 1, \"env\": \"NCCL_IB_GID_INDEX=3\\nNCCL_NET=IB\"}";
+    send_json(a, TSP_WIRE_EVENT_NODE, same);
+    send_json(a, TSP_WIRE_EVENT_NODE, same); /* a repeated one changes nothing */
+    send_json(c, TSP_WIRE_EVENT_NODE, same);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_shutdown(s, 1000);
+    char out[8192];
+    ssize_t n = read(rfd, out, sizeof out - 1);
+    out[n > 0 ? n : 0] = 0;
+    int warnings = 0;
+    for (const char *p = out; (p = strstr(p, "WARNING")); p++)
+        warnings++;
+    ck_assert_msg(warnings == 1, "%d warnings: %s", warnings, out);
+    ck_assert_msg(strstr(out, "torchspark: WARNING: the NCCL settings of node 1 (host host-b) "
+                              "differ from rank 0's node 0 (host host-a): NCCL_DEBUG is 'INFO' "
+                              "there and unset on node 0; NCCL_IB_GID_INDEX is '5' there and "
+                              "'3' on node 0; NCCL_NET is unset there and 'IB' on node 0\n"),
+                  "%s", out);
+    close(rfd);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* Node 0 times out in the NCCL check; who never reported, job-wide, is in the root cause. */
+static void check_timeout_detail(int started2, int connect2, const char *want)
+{
+    int rfd;
+    tsp_logserver_t *s = event_server(&rfd);
+    stopper_t st[3] = {{0}};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st[0], 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &st[1], 0);
+    tsp_logclient_t *c = connect2 ? ctl_client(s, 2, "host-c", &st[2], 0) : NULL;
+    const char *node = "{\"nnodes\": 3, \"nproc\": 2, \"env\": \"\"}";
+    send_json(b, TSP_WIRE_EVENT_NODE, node);
+    send_json(b, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    if (c && started2) {
+        send_json(c, TSP_WIRE_EVENT_NODE, node);
+        send_json(c, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    }
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0); /* processed before node 0's */
+    send_json(a, TSP_WIRE_EVENT_NODE, node);
+    send_json(a, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    send_json(a, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"timeout\"}");
+    send_json(a, TSP_WIRE_EVENT_FAILURE,
+              "{\"message\": {\"message\": \"torchspark: NCCL check timed out\"}, "
+              "\"torchspark\": {\"rank\": 0, \"exitcode\": 1, \"signal\": 0}}");
+    char buf[8192];
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    char *detail = NULL;
+    int type = 0;
+    ck_assert_int_eq(tsp_json_get(buf, strlen(buf), "detail", &detail, &type), 0);
+    ck_assert_msg(type == TSP_JSON_STRING, "%s", buf);
+    ck_assert_str_eq(detail, want);
+    free(detail);
+    tsp_logclient_close(a, 5000);
+    if (c)
+        tsp_logclient_close(c, 5000);
+    close(rfd);
+    tsp_logserver_free(s);
+}
+
+START_TEST(test_logcontrol_nccl_check_timeout_names_who_never_reported)
+{
+    check_timeout_detail(0, 1,
+                         "NCCL check across the job: node 2 (host host-c) never reported: its "
+                         "check never started, so its ranks never joined and the other nodes "
+                         "waited until the deadline; see that node's executor's log");
+    check_timeout_detail(0, 0,
+                         "NCCL check across the job: node 2 (no agent connected from it) never "
+                         "reported: its check never started, so its ranks never joined and the "
+                         "other nodes waited until the deadline; see that node's executor's log");
+    check_timeout_detail(1, 1,
+                         "NCCL check across the job: all 3 nodes started it and none is missing, "
+                         "so the ranks were stuck inside NCCL (a hang in NCCL or in the network "
+                         "between the nodes)");
+}
+END_TEST
+
+START_TEST(test_logcontrol_failure_without_check_has_no_detail)
+{
+    tsp_logserver_t *s = ctl_server(1000);
+    stopper_t st = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st, 0);
+    send_json(a, TSP_WIRE_EVENT_NODE, "{\"nnodes\": 2, \"nproc\": 1, \"env\": \"\"}");
+    send_json(a, TSP_WIRE_EVENT_FAILURE, "{\"torchspark\": {\"rank\": 0}}");
+    char buf[4096];
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    ck_assert_msg(strstr(buf, "\"detail\": null"), "%s", buf);
+    tsp_logclient_close(a, 5000);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 static Suite *logcontrol_suite(void)
 {
     Suite *s = suite_create("logcontrol");
@@ -335,6 +466,9 @@ static Suite *logcontrol_suite(void)
     tcase_add_test(tc, test_logcontrol_wire_rules);
     tcase_add_test(tc, test_logcontrol_event_before_the_handshake_is_sent_after_it);
     tcase_add_test(tc, test_logcontrol_held_event_without_driver_is_bounded);
+    tcase_add_test(tc, test_logcontrol_nccl_env_differs_from_node_zero);
+    tcase_add_test(tc, test_logcontrol_nccl_check_timeout_names_who_never_reported);
+    tcase_add_test(tc, test_logcontrol_failure_without_check_has_no_detail);
     suite_add_tcase(s, tc);
     return s;
 }
