@@ -5,6 +5,7 @@
  * results through ctl_mu. */
 #include "logctl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,17 +91,19 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     uint64_t seq = tsp_wire_get_u64(p);
     if (seq <= a->seq)
         return 0;
-    a->seq = seq;
     size_t n = h->length - 9;
+    char *report = NULL;
+    /* A failure that cannot be kept is not acknowledged: the connection is refused and
+     * the agent resends the event after it reconnects (protocol 1.7). */
+    if (p[8] == TSP_WIRE_EVENT_FAILURE && !(report = malloc(n + 1)))
+        return -ENOMEM;
+    a->seq = seq;
     if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK) {
         tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
         return 0;
     }
-    if (p[8] != TSP_WIRE_EVENT_FAILURE)
-        return 0; /* a newer agent's kind: ignored, not refused */
-    char *report = malloc(n + 1);
     if (!report)
-        return 0;
+        return 0; /* a newer agent's kind: ignored, not refused */
     memcpy(report, p + 9, n);
     report[n] = 0;
     char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
