@@ -211,6 +211,30 @@ def test_columnar_shuffle_drop_last_and_wrap(partition):
     assert sum(wrapped, []) == list(range(53)) + list(range(7))
 
 
+def test_columnar_in_order_is_every_row_once(partition):
+    """In order, a batch inside one record batch is a plain view; one that spans record
+    batches, wraps around or meets sparse vectors is assembled: either way, sample s of a
+    share [lo, hi) is row lo + s % (hi - lo), with every column's values of that row."""
+    for chunk, n, bs, samples, local in [(7, 23, 5, None, (0, 1)), (20, 61, 4, 130, (1, 2)),
+                                         (16, 64, 8, 64, (0, 1)), (50, 45, 64, None, (2, 3))]:
+        path = partition(table(n), chunk=chunk, local=local)
+        part = data._open(path)
+        lo, hi = n * local[0] // local[1], n * (local[0] + 1) // local[1]
+        total = hi - lo if samples is None else samples
+        for cols in (None, ["id", "x", "a"]):  # sparse vectors in every record batch, or none
+            got = list(data.partition_batches(bs, columns=cols, num_samples=samples))
+            assert [len(b["id"]) for b in got] == [min(bs, total - k) for k in range(0, total, bs)]
+            ids = torch.cat([b["id"] for b in got])
+            assert ids.tolist() == [lo + s % (hi - lo) for s in range(total)], (chunk, n, bs)
+            for col in ["x", "a"] + (["v"] if cols is None else []):
+                one = [b[col] for b in data.partition_batches(1, columns=cols)]
+                assert torch.equal(torch.cat([b[col] for b in got]),
+                                   torch.cat(one * -(-total // (hi - lo)))[:total]), col
+            inside = [b for b in got if part.locate(int(b["id"][0])) ==
+                      part.locate(int(b["id"][-1])) and b["id"][-1] >= b["id"][0]]
+            assert inside and all(part._lo <= b["x"].data_ptr() < part._hi for b in inside)
+
+
 def test_columnar_in_dataloader_workers(partition):
     partition(table(45))
 
@@ -254,7 +278,7 @@ STAGED_READER = textwrap.dedent("""
 """)
 
 
-def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path):
+def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path, monkeypatch):
     """The task's file has no name in the local dir; a child process (as a training
     worker) reads it through the variables, with torchspark's and with PySpark's loader."""
     fds_before = len(os.listdir("/proc/self/fd"))
@@ -268,6 +292,16 @@ def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == "True", out.stderr
     assert len(os.listdir("/proc/self/fd")) == fds_before
+    # Spark's small record batches are joined when written (fewer for the readers to set up).
+    with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+        part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
+        assert [b.num_rows for b in part.batches] == [20]
+        assert part.batches[0].column("id").to_pylist() == list(range(20))
+    monkeypatch.setattr(_partition, "COALESCE_ROWS", 10)
+    with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+        part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
+        assert [b.num_rows for b in part.batches] == [14, 6]
+        del part
     empty = pa.record_batch([pa.array([], pa.int64())], names=["id"])
     for it in ([], [empty]):
         with pytest.raises(ValueError, match="^Empty Spark partition is not allowed in "
