@@ -413,3 +413,52 @@ def test_partition_twice_the_memory_cap(tmp_path):
         assert int(peak_kib) < 1 << 20
     finally:
         path.unlink(missing_ok=True)
+
+
+PLANS = {  # explain(mode="simple") as Spark 4.3 prints it -> the partitions, None: unknown
+    3: """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Project [id#0L, (cast(x#1 as double) + 1.0) AS y#9]
+   +- Exchange RoundRobinPartitioning(3), REPARTITION_BY_NUM, [plan_id=43]
+      +- Project [id#0L, cast(id#0L as float) AS x#1]
+         +- Filter (id#0L > 1)
+            +- Range (0, 10, step=1, splits=2)""",
+    5: """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- MapInArrow <lambda>(id#0L, x#1)#20, [id#21L, x#22], false
+   +- Sample 0.0, 0.5, false, 8130424032598127184
+      +- Exchange hashpartitioning(id#0L, 5), REPARTITION_BY_NUM, [plan_id=60]
+         +- FileScan parquet [id#30L] Batched: true, Location: InMemoryFileIndex(1 paths)""",
+    2: """== Physical Plan ==
+*(1) Project [id#0L, x#1, UDF(cast(array(x#1) as array<double>)) AS v#2]
++- *(1) Project [id#0L, cast(id#0L as float) AS x#1]
+   +- *(1) Range (0, 10, step=1, splits=2)""",
+    1: """== Physical Plan ==
+Coalesce 1
++- *(1) Range (0, 10, step=1, splits=2)""",
+    None: ["""== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Exchange rangepartitioning(id#0L ASC NULLS FIRST, 4), REPARTITION_BY_NUM, [plan_id=76]
+   +- Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- HashAggregate(keys=[], functions=[sum(id#0L)])
+   +- Exchange SinglePartition, ENSURE_REQUIREMENTS, [plan_id=106]
+      +- Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+*(1) Union
+:- *(1) Range (0, 10, step=1, splits=2)
++- *(1) Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+*(1) ColumnarToRow
++- FileScan parquet [id#31L] Batched: true, Location: InMemoryFileIndex(1 paths)""",
+        """== Physical Plan ==
+Coalesce 4
++- Exchange hashpartitioning(id#0L, 200), ENSURE_REQUIREMENTS, [plan_id=6]
+   +- Range (0, 10, step=1, splits=2)"""],
+}
+
+
+def test_partition_count_from_the_plan():
+    """What the driver can tell from the physical plan without running it: explicit
+    repartitions and ranges under narrow operators, coalesce; nothing else."""
+    for n, plans in PLANS.items():
+        for text in plans if isinstance(plans, list) else [plans]:
+            assert _partition.plan_partitions(text) == n, text

@@ -15,6 +15,7 @@ Kept free of torch: this runs in the executor's Python worker.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -193,10 +194,64 @@ def dataframe_spec(dist: Any, df: Any) -> Dict[str, Any]:
 
 
 def _num_partitions(df: Any) -> Optional[int]:
+    """The DataFrame's partition count when it is known without running anything, else
+    None (the tasks check it then). Read from the physical plan, on classic and on Spark
+    Connect (which has no RDD on the client). On classic, ``df.rdd.getNumPartitions()``
+    is exact but executes the plan's shuffles and subqueries first under adaptive query
+    execution (a DataFrame ending in ``repartition(k)``, the usual way to match the
+    tasks, would be computed twice), so it is used only for plans that have none."""
     try:
-        return df.rdd.getNumPartitions()
-    except Exception:  # Spark Connect: no RDD on the client
+        remote = not hasattr(df, "_jdf")
+        if remote:
+            text = df._explain_string(mode="simple")
+        else:
+            jvm = df.sparkSession._jvm
+            text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "simple")
+    except Exception:
         return None
+    n = plan_partitions(text)
+    if n is None and not remote and not re.search(r"Exchange|Subquery", text):
+        try:
+            return df.rdd.getNumPartitions()
+        except Exception:
+            return None
+    return n
+
+
+# Physical operators that keep their child's partitions (one child, row by row or
+# partition by partition), as `explain` prints them.
+_NARROW = frozenset(("AdaptiveSparkPlan", "Project", "Filter", "Sample", "Generate",
+                     "ColumnarToRow", "RowToColumnar", "MapInArrow", "MapInPandas",
+                     "PythonMapInArrow", "ArrowEvalPython", "BatchEvalPython",
+                     "SerializeFromObject", "DeserializeToObject", "MapPartitions",
+                     "MapElements"))
+_REPARTITIONED = re.compile(r"Exchange (?:RoundRobinPartitioning\((\d+)\)|"
+                            r"hashpartitioning\(.*, (\d+)\)), REPARTITION_BY_NUM\b")
+_RANGE = re.compile(r"Range \(.*, splits=(\d+)\)$")
+_COALESCE = re.compile(r"Coalesce (\d+)$")
+
+
+def plan_partitions(text: str) -> Optional[int]:
+    """The partition count of a physical plan (``explain(mode="simple")``'s text) when
+    its root is narrow operators over an explicit ``repartition(n)``/``repartition(n,
+    cols)`` (an exchange adaptive execution never coalesces), a ``range`` with its
+    partitions given, or a ``coalesce``; None otherwise (a scan, a join, an aggregate,
+    a range repartitioning, which may make fewer partitions than asked)."""
+    cap = None
+    for line in text.split("== Physical Plan ==", 1)[-1].strip("\n").splitlines():
+        if line.lstrip().startswith(":"):  # an operator with several children above
+            return None
+        op = re.sub(r"^[\s+-]*(?:\*\(\d+\) )?", "", line)
+        m = _REPARTITIONED.match(op) or _RANGE.match(op)
+        if m:
+            n = int(next(g for g in m.groups() if g is not None))
+            return n if cap is None else min(n, cap)
+        m = _COALESCE.match(op)
+        if m:
+            cap = int(m.group(1)) if cap is None else min(cap, int(m.group(1)))
+        elif op.split(" ", 1)[0] not in _NARROW:
+            return None
+    return None
 
 
 def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],
