@@ -344,10 +344,16 @@ BIG_READER = textwrap.dedent("""
     import torch
     from torchspark import _partition, data
     rows = ids = total = 0
-    for b in data.partition_batches(8192):
+    model = torch.nn.Linear(256, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for b in data.partition_batches(8192, shuffle=True):  # a training step on every batch
         rows += len(b["id"])
         ids += int(b["id"].sum())
         total += float(b["a"][:, -1].sum())  # a float in every 1 KiB row: every page
+        loss = torch.nn.functional.mse_loss(model(b["a"]).squeeze(1), b["id"].float() % 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     n = 0
     for i, a in data.get_spark_partition_data_loader(rows, 8192, num_workers=0):
         n += len(i)
@@ -385,8 +391,9 @@ class _SparseFile(io.RawIOBase):
 
 
 def test_partition_twice_the_memory_cap(tmp_path):
-    """A 2 GiB partition read through both APIs by a process whose anonymous memory is
-    capped at 1 GiB (a watchdog ends it above that): nothing is materialised."""
+    """A 2 GiB partition trained on (a linear model, shuffled batches) and read through
+    PySpark's loader by a process whose anonymous memory is capped at 1 GiB (a watchdog
+    ends it above that): nothing is materialised."""
     width, rows_per_batch, nbatches = 256, 1 << 16, 32  # 1 KiB + 8 B a row, 2.16 GB in all
     arrays = pa.FixedSizeListArray.from_arrays(
         pa.array(np.zeros(rows_per_batch * width, dtype=np.float32)), width)
