@@ -440,9 +440,12 @@ AdaptiveSparkPlan isFinalPlan=false
 *(1) Project [id#0L, x#1, UDF(cast(array(x#1) as array<double>)) AS v#2]
 +- *(1) Project [id#0L, cast(id#0L as float) AS x#1]
    +- *(1) Range (0, 10, step=1, splits=2)""",
-    1: """== Physical Plan ==
+    1: ["""== Physical Plan ==
 Coalesce 1
-+- *(1) Range (0, 10, step=1, splits=2)""",
++- *(1) Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Exchange SinglePartition, REPARTITION_BY_NUM, [plan_id=9]
+   +- Range (0, 10, step=1, splits=2)"""],
     None: ["""== Physical Plan ==
 AdaptiveSparkPlan isFinalPlan=false
 +- Exchange rangepartitioning(id#0L ASC NULLS FIRST, 4), REPARTITION_BY_NUM, [plan_id=76]

@@ -226,7 +226,8 @@ _NARROW = frozenset(("AdaptiveSparkPlan", "Project", "Filter", "Sample", "Genera
                      "SerializeFromObject", "DeserializeToObject", "MapPartitions",
                      "MapElements"))
 _REPARTITIONED = re.compile(r"Exchange (?:RoundRobinPartitioning\((\d+)\)|"
-                            r"hashpartitioning\(.*, (\d+)\)), REPARTITION_BY_NUM\b")
+                            r"hashpartitioning\(.*, (\d+)\)|Single(Partition)), "
+                            r"REPARTITION_BY_NUM\b")
 _RANGE = re.compile(r"Range \(.*, splits=(\d+)\)$")
 _COALESCE = re.compile(r"Coalesce (\d+)$")
 
@@ -244,7 +245,8 @@ def plan_partitions(text: str) -> Optional[int]:
         op = re.sub(r"^[\s+-]*(?:\*\(\d+\) )?", "", line)
         m = _REPARTITIONED.match(op) or _RANGE.match(op)
         if m:
-            n = int(next(g for g in m.groups() if g is not None))
+            n = next(g for g in m.groups() if g is not None)
+            n = 1 if n == "Partition" else int(n)  # repartition(1): SinglePartition
             return n if cap is None else min(n, cap)
         m = _COALESCE.match(op)
         if m:
