@@ -298,10 +298,14 @@ def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path, monkeypatch):
         assert [b.num_rows for b in part.batches] == [20]
         assert part.batches[0].column("id").to_pylist() == list(range(20))
     monkeypatch.setattr(_partition, "COALESCE_ROWS", 10)
-    with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
-        part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
-        assert [b.num_rows for b in part.batches] == [14, 6]
-        del part
+    for old_pyarrow in (False, True):  # with pyarrow's concat_batches, then without (< 19)
+        if old_pyarrow:
+            monkeypatch.delattr(pa, "concat_batches")
+        with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+            part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
+            assert [b.num_rows for b in part.batches] == [14, 6]
+            assert [i for b in part.batches for i in b.column("id").to_pylist()] == list(range(20))
+            del part
     empty = pa.record_batch([pa.array([], pa.int64())], names=["id"])
     for it in ([], [empty]):
         with pytest.raises(ValueError, match="^Empty Spark partition is not allowed in "

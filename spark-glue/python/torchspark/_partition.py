@@ -141,10 +141,16 @@ def write_stream(sink: Any, batches: Iterator[Any], spark_schema_json: str) -> i
 
     def flush() -> None:
         nonlocal pending_rows, pending_bytes
-        if pending:
-            writer.write_batch(pending[0] if len(pending) == 1 else pa.concat_batches(pending))
-            pending.clear()
-            pending_rows = pending_bytes = 0
+        if not pending:
+            return
+        if len(pending) == 1:
+            writer.write_batch(pending[0])
+        elif hasattr(pa, "concat_batches"):  # pyarrow >= 19
+            writer.write_batch(pa.concat_batches(pending))
+        else:
+            writer.write_table(pa.Table.from_batches(pending).combine_chunks())
+        pending.clear()
+        pending_rows = pending_bytes = 0
 
     for batch in batches:
         if writer is None:
