@@ -532,7 +532,9 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
     # reading the batch. Batches that span record batches or wrap around take _plan.
     starts, from_numpy = part.starts, torch.from_numpy
     i, end_i, views = -1, -1, None
-    for j in range(w, nbatches, nw):
+    stride = nw * batch_size  # rows from one of this worker's batches to its next
+    j = w
+    while j < nbatches:
         s0 = j * batch_size
         n = min(total - s0, batch_size)
         a = s0 % m
@@ -542,13 +544,25 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
                 i = part.locate(row)
                 end_i = starts[i + 1]
                 views = _views_of(cols, i)
-            off = row - starts[i]
             if views is not None and row + n <= end_i:
-                stop = off + n
-                yield {name: from_numpy(v[off:stop]) for name, v in views}
+                # This batch and the next ones of this worker that lie in this record
+                # batch, are full and do not wrap around: a run of plain slices.
+                count = 1
+                if n == batch_size:
+                    count += min((min(end_i, lo + m) - row - n) // stride,
+                                 (total - s0 - n) // stride, (nbatches - 1 - j) // nw)
+                first = row - starts[i]
+                for off in range(first, first + count * stride, stride):
+                    stop = off + n
+                    batch = {}
+                    for name, v in views:
+                        batch[name] = from_numpy(v[off:stop])
+                    yield batch
+                j += count * nw
                 continue
         plan = _plan(part, list(_ranges(s0, s0 + n, lo, m)))
         yield {c.name: _tensor(_slice_rows(c, plan)) for c in cols}
+        j += nw
 
 
 def _views_of(cols: List[_Column], i: int) -> Optional[List[Tuple[str, np.ndarray]]]:
