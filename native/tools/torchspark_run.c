@@ -616,9 +616,11 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
     if (!f || !f->document || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
     fr->sent = 1;
+    /* Queued, or held until the first handshake when the driver is not reached yet; the
+     * client's close at the agent's end waits for it (docs/protocol.md 1.7). */
     int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_FAILURE, f->rank, f->document,
                                  strlen(f->document));
-    if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
+    if (rc && rc != -ENOTSUP)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
 }
