@@ -1,7 +1,10 @@
 """Where the seconds of one TorchDistributor.run() go: torchspark's waterfall beside stock's
 run() and beside the floor, all measured in one run on one Spark.
 
-    .venv/bin/python bench/waterfall_bench.py [--runs 5] [--json FILE]
+    .venv/bin/python bench/waterfall_bench.py [--runs 5] [--json FILE] [--no-stock]
+
+(--no-stock: torchspark and the floor only, for a quick check of the phases; the ratio to
+stock is then not reported.)
 
 The case: run() of a small DDP function (import torch, init_process_group("gloo"), one
 all_reduce, return a number) with 2 processes on local-cluster[2,1,1024] (2 tasks).
@@ -121,23 +124,27 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--master", default="local-cluster[2,1,1024]")
     p.add_argument("--json", default=None)
+    p.add_argument("--no-stock", action="store_true")
     a = p.parse_args()
     sc = session(a.master).sparkContext
-    first = {"torchspark": ours_run(), "stock": stock_run()}
+    first = {"torchspark": ours_run()}
+    if not a.no_stock:
+        first["stock"] = stock_run()
     print(json.dumps({"first": first}), flush=True)
     rows = {"torchspark": [], "stock": [], "job": [], "torch": [], "pg": []}
     for i in range(a.runs):
         rows["job"].append(bare_job(sc))
         rows["torch"].append(import_torch())
         rows["pg"].append(init_pg())
-        rows["stock"].append(stock_run())
+        if not a.no_stock:
+            rows["stock"].append(stock_run())
         rows["torchspark"].append(ours_run())
         print(json.dumps({"run": i, **{k: v[-1] for k, v in rows.items()}}), flush=True)
     med = statistics.median
     floor = {k: med(rows[k]) for k in ("job", "torch", "pg")}
     floor_s = sum(floor.values())
     ours = med(r["wall_s"] for r in rows["torchspark"])
-    stock = med(r["wall_s"] for r in rows["stock"])
+    stock = med(r["wall_s"] for r in rows["stock"]) if rows["stock"] else float("nan")
     phases = {k: med(r["phases"][k] for r in rows["torchspark"] if k in r["phases"])
               for k, _ in _timing.PHASES if all(k in r["phases"] for r in rows["torchspark"])}
     summary = {"runs": a.runs, "floor_parts_s": {k: round(v, 3) for k, v in floor.items()},

@@ -2,8 +2,12 @@
 lines reach a Python text stream standing in for the driver's sys.stderr in big batches
 with none lost; TORCHSPARK_TIMING=1 prints run()'s waterfall and returns the value intact;
 rank 0's election record reaches the other task without Spark's allGather (which cannot
-take less than a second). Figures are in docs/benchmarks.md; nothing here asserts a rate."""
+take less than a second), and through allGather when the executors cannot reach it; the
+training process does not import pyspark unless the function does. Figures are in
+docs/benchmarks.md; nothing here asserts a rate."""
 import io
+import logging
+import socket
 import sys
 import threading
 
@@ -11,7 +15,7 @@ import pytest
 from pyspark import cloudpickle
 
 import tsp_spark
-from torchspark import TorchDistributor, _timing
+from torchspark import TorchDistributor, _rendezvous, _timing, distributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -72,7 +76,7 @@ def ddp():
 
 def test_timing_waterfall_and_fast_rendezvous(spark, monkeypatch):
     monkeypatch.setenv("TORCHSPARK_TIMING", "1")
-    monkeypatch.setenv("TORCHSPARK_RENDEZVOUS", "1")  # opt-in (torchspark/_rendezvous.py)
+    monkeypatch.delenv("TORCHSPARK_RENDEZVOUS", raising=False)  # on by default (classic)
     err = Counting()
     monkeypatch.setattr(sys, "stderr", err)
     d = TorchDistributor(2, False, False)
@@ -101,3 +105,47 @@ def test_timing_off_by_default(spark, monkeypatch):
     monkeypatch.undo()
     assert "torchspark timing" not in "".join(err.text)
     assert list(d._clock.marks) == []
+
+
+def test_unreachable_rendezvous_falls_back_to_all_gather_once(spark, monkeypatch, caplog):
+    # The executors are told a port where nothing listens: the job runs again through
+    # allGather, with one warning, and the process keeps to allGather afterwards.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    monkeypatch.setattr(_rendezvous.Server, "spec", lambda self, host: {
+        "host": "127.0.0.1", "port": closed, "token": self.token})
+    monkeypatch.setattr(distributor, "_RENDEZVOUS_UNREACHABLE", [])
+    monkeypatch.delenv("TORCHSPARK_RENDEZVOUS", raising=False)
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(2, False, False)
+    assert d.run(ddp) == {"sum": 2.0}
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "rendezvous" in warned[0] and "allGather" in warned[0], warned
+    assert len(distributor._RENDEZVOUS_UNREACHABLE) == 1
+    caplog.clear()
+    assert d.run(ddp) == {"sum": 2.0}
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def uses_pyspark():
+    # The training process loaded this function without importing pyspark's package
+    # (torchspark/_cloudpickle.py); the function's own imports get the real thing.
+    before = sorted(m for m in sys.modules if m.startswith("pyspark.") and
+                    not m.startswith("pyspark.cloudpickle"))
+    import pyspark
+    from pyspark import SparkConf
+    from pyspark.rdd import RDD
+    from pyspark.sql import Row
+    assert RDD is pyspark.RDD and pyspark.sql.Row is Row
+    return {"before": before, "version": pyspark.__version__, "conf": SparkConf.__name__,
+            "row": Row(a=1, b="x")}
+
+
+def test_function_importing_pyspark_in_the_training_process(spark):
+    import pyspark
+    from pyspark.sql import Row
+
+    got = TorchDistributor(2, False, False).run(uses_pyspark)
+    assert got == {"before": [], "version": pyspark.__version__, "conf": "SparkConf",
+                   "row": Row(a=1, b="x")}

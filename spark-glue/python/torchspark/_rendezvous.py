@@ -7,11 +7,14 @@ distributed run() (measured: 1.07 s in each run, docs/benchmarks.md). Here rank 
 record to a small server on the driver as soon as it has it, and every other task GETs it
 the moment it is there.
 
-Opt-in for now: ``TORCHSPARK_RENDEZVOUS=1`` on the driver (see :func:`enabled`).
-The driver decides for the whole job: the spec carries an endpoint (the tasks use it; a
-task that cannot reach it fails with a message saying so) or none (every task calls
-allGather). Requests are authenticated by a random token in the spec, as the log channel
-is by its secret; one record per run, at most RECORD_MAX bytes.
+On by default for classic sessions, whose executors reach the driver's host anyway;
+``TORCHSPARK_RENDEZVOUS=0`` turns it off, ``=1`` turns it on for Spark Connect too (see
+:func:`enabled`). The driver decides for the whole job: the spec carries an endpoint (every
+task uses it) or none (every task calls allGather). A task that cannot reach the endpoint
+fails before any training starts with an error marked UNREACHABLE; the driver then runs the
+job again with allGather, says so once, and keeps to allGather in that process. Requests
+are authenticated by a random token in the spec, as the log channel is by its secret; one
+record per run, at most RECORD_MAX bytes.
 
 Wire (one request per connection, lines of UTF-8): ``TOKEN_HEX PUT RECORD\\n`` -> ``OK\\n``;
 ``TOKEN_HEX GET\\n`` -> ``RECORD\\n`` once rank 0 put it (``ERR reason\\n`` on a bad token).
@@ -30,13 +33,24 @@ GET_TIMEOUT_S = 600.0  # as long as a barrier stage may reasonably wait for rank
 CONNECT_TIMEOUT_S = 10.0
 
 
-def enabled() -> bool:
-    """Opt-in (TORCHSPARK_RENDEZVOUS=1) until one open question is settled: with it, when a
-    rank raised, Spark's own barrier abort reached the driver later than _job.SPARK_GRACE_S
-    (tests/e2e/test_distributor_cluster.py::test_rank_failure_raises_fast_and_leaves_nothing
-    [raise], 2 of 2 runs on a loaded machine; it passed without), so the exception lost its
-    Spark cause. run() itself still raised at once with the right root cause."""
-    return os.environ.get(ENV, "") in ("1", "true", "True")
+# Marks a task's error when it could not reach the driver's rendezvous (see the module doc).
+UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE"
+
+
+def enabled(remote: bool) -> bool:
+    """TORCHSPARK_RENDEZVOUS=0 / =1 on the driver, else on for classic sessions only: a
+    Spark Connect client is often not reachable from the executors (a laptop), and each
+    such session would pay a failed first attempt.
+
+    (It was opt-in while an e2e test lost Spark's cause of a failed run with it on; the
+    cause was found not to be the rendezvous: Spark's first task failure in a fresh
+    session takes it seconds once, with either path: docs/benchmarks.md.)"""
+    value = os.environ.get(ENV, "").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return False
+    if value in ("1", "true", "yes", "on"):
+        return True
+    return not remote
 
 
 class Server:
@@ -127,10 +141,9 @@ def _request(spec: Dict[str, Any], line: str) -> str:
             reply = _read_line(conn)
     except OSError as e:
         raise RuntimeError(
-            f"torchspark: this barrier task on host {socket.gethostname()} cannot reach the "
-            f"driver at {host}:{port} to learn the master's address ({e}): the executors "
-            "must reach the driver's host (as for Spark itself); check firewalls between "
-            "them, or spark.driver.host / spark.driver.bindAddress") from None
+            f"{UNREACHABLE}: this barrier task on host {socket.gethostname()} cannot reach "
+            f"the driver's rendezvous at {host}:{port} ({e}); the driver runs the job again "
+            "through BarrierTaskContext.allGather") from None
     if reply.startswith("ERR "):
         raise RuntimeError(f"torchspark: the driver refused the rendezvous: {reply[4:]}")
     return reply

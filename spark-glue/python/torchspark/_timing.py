@@ -38,6 +38,7 @@ PHASES: List[Tuple[str, str]] = [
     ("torch_imported", "torch imported"),
     ("pg_up", "process group up"),
     ("fn_returned", "function returned"),
+    ("job_ended", "Spark job ended"),  # distributed mode: the barrier job's collect() returned
     ("result_received", "result received"),
     ("run_returned", "run() returned"),
 ]

@@ -328,6 +328,15 @@ class TorchDistributor:
         ship = _ship.shipped(self.spark, self.is_remote)
         try:
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
+        except _NoRendezvous as e:
+            # Before any training started: the same job through allGather, from now on.
+            _RENDEZVOUS_UNREACHABLE.append(str(e))
+            self.logger.warning(
+                f"The executors could not reach torchspark's rendezvous on the driver ({e}); "
+                "running the job again through BarrierTaskContext.allGather, as every later "
+                "run of this process will (about 1 s slower; TORCHSPARK_RENDEZVOUS=0 skips "
+                "the attempt)")
+            result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         except _NotInstalled as e:
             # Before any training started: ship this driver's package and run again.
             ship = _ship.ship(self.spark, self.is_remote)
@@ -360,10 +369,11 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
-        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark);
-        # opt-in for now (TORCHSPARK_RENDEZVOUS=1, _rendezvous.py says why).
+        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
+        # _rendezvous.py says when.
         rdv = (_start_rendezvous(bind_host or "127.0.0.1")
-               if server is not None and _rendezvous.enabled() else None)
+               if server is not None and not _RENDEZVOUS_UNREACHABLE
+               and _rendezvous.enabled(self.is_remote) else None)
         if server is not None and fn_bytes is not None:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
@@ -397,6 +407,7 @@ class TorchDistributor:
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote,
                                        input_df=dataframe[0] if dataframe else None)
+            self._clock.mark("job_ended")
             if out.spark_error is not None or out.root is not None:
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
             chunks = out.chunks or []
@@ -466,7 +477,11 @@ class TorchDistributor:
     def _distributed_failure(self, out: "_job.Outcome", server: Any,
                              nproc: int) -> Exception:
         root = out.root
-        setup = _setup_error(str(out.spark_error)) if root is None else None
+        # A set-up error (before any training) also when the agent of a task that got
+        # through was then lost to Spark's abort: only a training failure outranks it.
+        setup = (_setup_error(str(out.spark_error))
+                 if out.spark_error is not None
+                 and (root is None or root.get("kind") != "failure") else None)
         if setup is not None:
             return setup
         if root is not None and root.get("kind") == "failure" and root.get("report"):
@@ -542,9 +557,18 @@ class _NotInstalled(Exception):
     """A task could not import the driver's torchspark (_boot.prepare): ship it."""
 
 
+class _NoRendezvous(Exception):
+    """A task could not reach the driver's rendezvous (_rendezvous.py): use allGather."""
+
+
+# Set once a task could not reach the driver's rendezvous: this process uses allGather.
+_RENDEZVOUS_UNREACHABLE: List[str] = []
+
+
 def _setup_error(text: str) -> Optional[Exception]:
     """The error of a task's set-up step (_boot.py), from Spark's error text, or None."""
     for marker, cls in ((_boot.NOT_INSTALLED, _NotInstalled),
+                        (_rendezvous.UNREACHABLE, _NoRendezvous),
                         (_boot.SETUP_ERROR, TorchDistributorError)):
         m = re.search(re.escape(marker) + r": (.*)", text)
         if m:
