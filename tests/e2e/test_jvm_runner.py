@@ -134,7 +134,7 @@ try:
     time.sleep(0.5)  # the executors' log lines
     app = spark.sparkContext.applicationId
     res = {"rounds": rounds, "early": jvmutil.plugin_stops(app, "killed with no agent running"),
-           "late": jvmutil.plugin_stops(app, "late agent"),
+           "late": jvmutil.plugin_stops(app, "(started after the kill)"),
            "errors": jvmutil.plugin_stops(app, "torchspark plugin: stopping a task's processes failed"),
            "after": spark.sparkContext.parallelize(range(4), 2).count()}
 finally:

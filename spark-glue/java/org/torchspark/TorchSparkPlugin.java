@@ -170,7 +170,7 @@ public final class TorchSparkPlugin implements SparkPlugin {
                         if (now - e.getValue() > 0) {
                             watched.remove(e.getKey());
                         } else {
-                            stopTask(e.getKey(), "a late agent of killed task attempt");
+                            stopTask(e.getKey(), "killed task attempt", " (started after the kill)");
                         }
                     }
                 } catch (InterruptedException e) {
@@ -184,18 +184,18 @@ public final class TorchSparkPlugin implements SparkPlugin {
         /** Stops what the attempt runs now, then watches it for an agent started late. */
         private void sweep(Sweep s) {
             boolean seen = watched.put(s.id(), System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(WATCH_MS)) != null;
-            int n = stopTask(s.id(), s.killed() ? "killed task attempt" : "failed task attempt");
+            int n = stopTask(s.id(), s.killed() ? "killed task attempt" : "failed task attempt", "");
             if (n == 0 && s.killed() && !seen) {
                 LOG.info("torchspark plugin: task attempt {} killed with no agent running "
                         + "(not started yet, or already stopped); watching it for {} ms", s.id(), WATCH_MS);
             }
         }
 
-        private int stopTask(String id, String what) {
+        private int stopTask(String id, String what, String note) {
             int n = ProcessTrees.stop(ProcessTrees.tagged(id), graceMs);
             if (n > 0) {
                 killed.addAndGet(n);
-                LOG.info("torchspark plugin: stopped {} agent(s) of {} {}", n, what, id);
+                LOG.info("torchspark plugin: stopped {} agent(s) of {} {}{}", n, what, id, note);
             }
             return n;
         }
