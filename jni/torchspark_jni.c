@@ -98,18 +98,19 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_electMaster(JNIEnv *env, jclas
     int rc = -ENOMEM;
     if (!oom) {
         tsp_elect_record_t rec;
-        tsp_port_reservation_t res = {-1, 0};
-        rc = tsp_elect_master(peer, run, &rec, &res, err, sizeof err);
+        tsp_port_reservation_t res = {-1, 0}, nres = {-1, 0};
+        rc = tsp_elect_master(peer, run, &rec, &res, &nres, err, sizeof err);
         if (rc == 0) {
             char packed[TSP_ELECT_RECORD_MAX + 1];
             int n = tsp_elect_record_pack(&rec, packed, sizeof packed);
             if (n < 0) {
                 tsp_elect_release_port(&res);
+                tsp_elect_release_port(&nres);
                 rc = n;
                 snprintf(err, sizeof err, "cannot pack the election record: %s", tsp_strerror(n));
             } else {
-                jint pair[2] = {res.fd, res.port};
-                (*env)->SetIntArrayRegion(env, jres, 0, 2, pair);
+                jint held[4] = {res.fd, res.port, nres.fd, nres.port};
+                (*env)->SetIntArrayRegion(env, jres, 0, 4, held);
                 set_str(env, msg, 0, packed);
             }
         }
@@ -177,8 +178,8 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_recordUnpack(JNIEnv *env, jcla
         set_str(env, strs, 1, rec.run_id);
         set_str(env, strs, 2, rec.host);
         set_str(env, strs, 3, rec.ifname);
-        jint v[2] = {rec.version, rec.master_port};
-        (*env)->SetIntArrayRegion(env, ints, 0, 2, v);
+        jint v[3] = {rec.version, rec.master_port, rec.nccl_port};
+        (*env)->SetIntArrayRegion(env, ints, 0, 3, v);
     } else {
         set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
     }

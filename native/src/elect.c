@@ -166,11 +166,16 @@ static int random_id(char *out, size_t outlen)
 }
 
 int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *rec,
-                     tsp_port_reservation_t *res, char *err, size_t errlen)
+                     tsp_port_reservation_t *res, tsp_port_reservation_t *nccl_res, char *err,
+                     size_t errlen)
 {
     tsp_elect_record_init(rec);
     res->fd = -1;
     res->port = 0;
+    if (nccl_res) {
+        nccl_res->fd = -1;
+        nccl_res->port = 0;
+    }
     int rc = tsp_elect_route_source(peer, rec->master_addr, sizeof rec->master_addr, err, errlen);
     if (rc != 0)
         return rc;
@@ -194,6 +199,16 @@ int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *r
     if (rc != 0)
         return rc;
     rec->master_port = res->port;
+    if (nccl_res) {
+        /* NCCL forces the port it finds in NCCL_COMM_ID and sets its reuse options then;
+         * both options here let it bind over the reservation whichever it sets. */
+        rc = tsp__port_reserve_ex(any, 0, 1, &nccl_res->fd, &nccl_res->port, err, errlen);
+        if (rc != 0) {
+            tsp_elect_release_port(res);
+            return rc;
+        }
+        rec->nccl_port = nccl_res->port;
+    }
     return 0;
 }
 
@@ -202,7 +217,7 @@ int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *r
 int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, size_t len)
 {
     if (r->version != TSP_ELECT_RECORD_VERSION || r->master_port < 1 || r->master_port > 65535 ||
-        !r->master_addr[0] || !r->run_id[0])
+        r->nccl_port < 0 || r->nccl_port > 65535 || !r->master_addr[0] || !r->run_id[0])
         return -EINVAL;
     if (len == 0)
         return -ENOSPC;
@@ -218,6 +233,10 @@ int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, size_t len)
     tsp_json_int(&w, r->version);
     tsp_json_key(&w, "master_port");
     tsp_json_int(&w, r->master_port);
+    if (r->nccl_port) { /* absent when none: a reader of the first version-1 release */
+        tsp_json_key(&w, "nccl_port");
+        tsp_json_int(&w, r->nccl_port);
+    }
     const char *keys[] = {"master_addr", "run_id", "host", "ifname"};
     const char *vals[] = {r->master_addr, r->run_id, r->host, r->ifname};
     for (size_t i = 0; i < 4; i++) {
@@ -282,8 +301,9 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
         {"run_id", r->run_id, sizeof r->run_id, NULL, 1, 0},
         {"host", r->host, sizeof r->host, NULL, 0, 1},
         {"ifname", r->ifname, sizeof r->ifname, NULL, 0, 1},
+        {"nccl_port", NULL, 0, &r->nccl_port, 0, 0},
     };
-    int missing = 0;
+    int missing = 0, has_nccl = 0;
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         int rc = record_field(buf, len, fields[i].key, fields[i].str, fields[i].len, fields[i].num,
                               fields[i].ascii);
@@ -293,6 +313,7 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
         if (rc == 0 && i == 0)
             return tsp__err(err, errlen, -EINVAL, "election record has no \"version\"");
         missing |= rc == 0 && fields[i].required;
+        has_nccl |= rc == 1 && fields[i].num == &r->nccl_port;
     }
     if (r->version != TSP_ELECT_RECORD_VERSION)
         return tsp__err(err, errlen, -EINVAL,
@@ -306,5 +327,8 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
     if (r->master_port < 1 || r->master_port > 65535)
         return tsp__err(err, errlen, -EINVAL, "election record has master_port %d, not in 1..65535",
                         r->master_port);
+    if (r->nccl_port < 0 || r->nccl_port > 65535 || (has_nccl && r->nccl_port == 0))
+        return tsp__err(err, errlen, -EINVAL, "election record has nccl_port %d, not in 1..65535",
+                        r->nccl_port);
     return 0;
 }

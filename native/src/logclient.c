@@ -43,6 +43,17 @@ typedef struct drop_rec {
     uint64_t count;
 } drop_rec_t;
 
+/* An EVENT queued before the first handshake said whether the driver takes events. It
+ * gets its seq and enters the queue when a handshake grants CONTROL (docs/protocol.md
+ * 1.7), and is discarded when one refuses it. */
+typedef struct early_ev {
+    struct early_ev *next;
+    int kind;
+    int32_t rank;
+    size_t len;
+    char json[];
+} early_ev_t;
+
 struct tsp_logclient {
     tsp_logclient_opts_t o;
     char host[256];
@@ -64,7 +75,9 @@ struct tsp_logclient {
     int drops_dirty;
     int stopping;
     int64_t stop_deadline;
-    int control; /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
+    int64_t event_deadline; /* stopping: when to give up reaching the driver for events */
+    int control;            /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
+    early_ev_t *early, **early_tail; /* events waiting for the first handshake */
     tsp_logclient_stats_t st;
     /* sender thread only */
     int fd;
@@ -87,6 +100,7 @@ void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
     o->reconnect_grace_ms = 10000;
     o->backoff_max_ms = 5000;
     o->stall_ms = 60000;
+    o->event_flush_ms = 5000;
     o->local_out_fd = 1;
     o->local_err_fd = 2;
 }
@@ -237,6 +251,67 @@ static void release_locked(tsp_logclient_t *c)
         c->want_wake = 0;
         notify(c->sink.wake_fd);
     }
+}
+
+/* Appends an EVENT frame behind what is queued, numbered in the lines' sequence. */
+static int append_event_locked(tsp_logclient_t *c, int kind, int32_t rank, const char *json,
+                               size_t len)
+{
+    uint8_t extra[9];
+    tsp_wire_put_u64(extra, c->seq + 1);
+    extra[8] = (uint8_t)kind;
+    tsp_wire_hdr_t h = {
+        .type = TSP_WIRE_EVENT, .rank = rank, .length = (uint32_t)(sizeof(extra) + len)};
+    int rc = reserve(c, TSP_WIRE_HDR_LEN + sizeof(extra) + len);
+    if (rc)
+        return rc;
+    c->seq++;
+    append_frame(c, &h, extra, sizeof(extra), json, len);
+    return 0;
+}
+
+/* Keeps an event that came before the first handshake (whether the driver takes events is
+ * not known yet); flush_early_locked sends or discards it once a handshake has told. */
+static int hold_early_locked(tsp_logclient_t *c, int kind, int32_t rank, const char *json,
+                             size_t len)
+{
+    early_ev_t *e = malloc(sizeof(*e) + len);
+    if (!e)
+        return -ENOMEM;
+    *e = (early_ev_t){.kind = kind, .rank = rank, .len = len};
+    if (len)
+        memcpy(e->json, json, len);
+    *c->early_tail = e;
+    c->early_tail = &e->next;
+    return 0;
+}
+
+/* After a handshake (control >= 0): the held events enter the queue, in the order they
+ * came, behind the lines queued so far (CONTROL granted), or are discarded (refused: such
+ * a driver takes no EVENT frame). Without memory now, the rest wait for the next send. */
+static void flush_early_locked(tsp_logclient_t *c)
+{
+    while (c->early && c->control >= 0) {
+        early_ev_t *e = c->early;
+        if (c->control == 1 && append_event_locked(c, e->kind, e->rank, e->json, e->len))
+            return;
+        if (c->control == 0)
+            c->st.events_unsent++;
+        c->early = e->next;
+        if (!c->early)
+            c->early_tail = &c->early;
+        free(e);
+    }
+}
+
+static void free_early_locked(tsp_logclient_t *c)
+{
+    for (early_ev_t *e = c->early, *n; e; e = n) {
+        n = e->next;
+        free(e);
+    }
+    c->early = NULL;
+    c->early_tail = &c->early;
 }
 
 /* ---- the local fallback ------------------------------------------------------------- */
@@ -391,6 +466,7 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
         c->fd = fd;
         c->progress_at = tsp__now_ms();
         c->sent = resume_offset(c); /* resend what is not acked */
+        flush_early_locked(c);      /* events held for this first handshake */
         c->drops_dirty = c->ndrops > 0;
         c->st.connects++;
         c->st.connected = 1;
@@ -466,6 +542,7 @@ static int send_some(tsp_logclient_t *c)
     struct iovec iov[MAX_IOV];
     int n = 0;
     pthread_mutex_lock(&c->mu);
+    flush_early_locked(c); /* only when holding some failed for want of memory */
     if (c->drops_dirty) {
         for (size_t i = 0; i < c->ndrops; i++) {
             uint8_t cnt[8];
@@ -554,6 +631,20 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
     return 1;
 }
 
+/* Events held for a first handshake that never came: the driver learns of this node's
+ * failure from Spark instead (the task's failure report, docs/protocol.md 3), later. */
+static void warn_unsent(tsp_logclient_t *c, size_t n)
+{
+    char msg[1024];
+    int len = snprintf(msg, sizeof(msg),
+                       "%swarning: %zu failure report(s) could not be sent to the driver's log "
+                       "server at %s:%d from host %s (node rank %d): no connection was "
+                       "established before the agent ended. The driver learns of the failure "
+                       "from Spark's task failure instead.\n",
+                       c->who, n, c->host, c->o.port, c->hostname, c->o.node_rank);
+    warn_local(c, msg, sizeof(msg), len);
+}
+
 static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)
 {
     struct pollfd p[2] = {{.fd = c->notify_fd, .events = POLLIN},
@@ -580,8 +671,13 @@ static void *sender_main(void *arg)
     char err[600];
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        int stopping = c->stopping, empty = !c->head && !c->drops_dirty;
+        int stopping = c->stopping, lines_left = c->head || c->drops_dirty;
+        int empty = !lines_left && !c->early;
         int64_t stop_dl = c->stop_deadline;
+        /* Only events held for a first handshake are left and no driver is reached: they
+         * are worth event_flush_ms more, not the lines' whole flush timeout. */
+        if (!lines_left && c->early && c->fd < 0 && c->event_deadline < stop_dl)
+            stop_dl = c->event_deadline;
         int pending = c->sent < c->appended || c->drops_dirty;
         c->sender_idle = !pending;
         pthread_mutex_unlock(&c->mu);
@@ -647,6 +743,11 @@ static void *sender_main(void *arg)
         conn_lost(c);
     pthread_mutex_lock(&c->mu);
     int left = c->head != NULL;
+    size_t unsent = 0;
+    for (early_ev_t *e = c->early; e; e = e->next)
+        unsent++;
+    c->st.events_unsent += unsent;
+    free_early_locked(c);
     pthread_mutex_unlock(&c->mu);
     if (left) {
         c->result = c->ever_connected ? -ETIMEDOUT : -ENOTCONN;
@@ -655,6 +756,10 @@ static void *sender_main(void *arg)
         spill_all(c);
     } else if (c->st.local) {
         c->result = -ENOTCONN;
+    }
+    if (unsent) {
+        warn_unsent(c, unsent);
+        c->result = c->result ? c->result : -ENOTCONN;
     }
     return NULL;
 }
@@ -683,6 +788,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
         snprintf(c->hostname, sizeof(c->hostname), "?");
     c->fd = -1;
     c->control = -1;
+    c->early_tail = &c->early;
     c->no_control = o->no_control;
     c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -721,18 +827,15 @@ int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json
     if (rank < -1 || rank > TSP_WIRE_MAX_RANK)
         rank = -1;
     pthread_mutex_lock(&c->mu);
-    int rc = c->control < 0 ? -ENOTCONN : c->control == 0 ? -ENOTSUP : 0;
+    int rc;
+    if (c->control == 0 || (c->control < 0 && c->o.no_control))
+        rc = -ENOTSUP;
+    else if (c->control < 0 || c->early) /* held ones first: events keep their order */
+        rc = hold_early_locked(c, kind, rank, json, len);
+    else
+        rc = append_event_locked(c, kind, rank, json, len);
     if (!rc) {
-        uint8_t extra[9];
-        tsp_wire_put_u64(extra, ++c->seq);
-        extra[8] = (uint8_t)kind;
-        tsp_wire_hdr_t h = {
-            .type = TSP_WIRE_EVENT, .rank = rank, .length = (uint32_t)(sizeof(extra) + len)};
-        rc = reserve(c, TSP_WIRE_HDR_LEN + sizeof(extra) + len);
-        if (rc)
-            c->seq--;
-        else
-            append_frame(c, &h, extra, sizeof(extra), json, len);
+        c->st.events++;
         c->sender_idle = 0;
     }
     pthread_mutex_unlock(&c->mu);
@@ -759,11 +862,15 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
         return 0;
     pthread_mutex_lock(&c->mu);
     c->stopping = 1;
-    c->stop_deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 0);
+    int64_t now = tsp__now_ms();
+    c->stop_deadline = now + (timeout_ms > 0 ? timeout_ms : 0);
+    int ev_ms = c->o.event_flush_ms > 0 ? c->o.event_flush_ms : 0;
+    c->event_deadline = now + (ev_ms < timeout_ms ? ev_ms : (timeout_ms > 0 ? timeout_ms : 0));
     pthread_mutex_unlock(&c->mu);
     notify(c->notify_fd);
     pthread_join(c->thread, NULL);
     int rc = c->result;
+    free_early_locked(c); /* a no-op: the sender thread freed what it could not send */
     for (blk_t *b = c->head, *n; b; b = n) {
         n = b->next;
         free(b);

@@ -45,6 +45,10 @@ typedef struct tsp_logclient_opts {
                                writers wait: local fallback as if it were unreachable, then
                                retry after as long again (default 60000; <= 0: never; the
                                CLI reads TORCHSPARK_LOG_STALL_TIMEOUT, seconds) */
+    int event_flush_ms;     /* tsp_logclient_close() with events held for a first handshake
+                               and no driver reached yet: keep trying for at most this long
+                               (default 5000; <= 0: not at all), within close's own timeout
+                               and after a connect attempt already under way ends */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
     const char *log_prefix; /* the client's own warnings start with it (NULL: "torchspark: ";
                                the CLI says "torchspark-run: ") */
@@ -59,12 +63,14 @@ typedef struct tsp_logclient_opts {
 } tsp_logclient_opts_t;
 
 typedef struct tsp_logclient_stats {
-    uint64_t lines;    /* accepted by write_line */
-    uint64_t acked;    /* acknowledged by the driver */
-    uint64_t local;    /* written to the local fallback instead */
-    uint64_t dropped;  /* dropped (drop mode) */
-    uint64_t connects; /* successful handshakes */
-    uint64_t failures; /* failed connection attempts */
+    uint64_t lines;         /* accepted by write_line */
+    uint64_t acked;         /* acknowledged by the driver */
+    uint64_t local;         /* written to the local fallback instead */
+    uint64_t dropped;       /* dropped (drop mode) */
+    uint64_t connects;      /* successful handshakes */
+    uint64_t failures;      /* failed connection attempts */
+    uint64_t events;        /* accepted by tsp_logclient_event */
+    uint64_t events_unsent; /* discarded: the driver refused CONTROL, or none was reached */
     int connected;
 } tsp_logclient_stats_t;
 
@@ -78,12 +84,19 @@ tsp_line_sink_t *tsp_logclient_sink(tsp_logclient_t *c);
 void tsp_logclient_stats(tsp_logclient_t *c, tsp_logclient_stats_t *st);
 /* Queues an EVENT (kind TSP_WIRE_EVENT_*, JSON of at most TSP_WIRE_MAX_EVENT bytes)
  * behind the lines written so far; tsp_logclient_close() flushes it like a line.
- * 0; -ENOTSUP when the driver did not accept the control channel; -ENOTCONN when no
- * driver was reached yet; -EMSGSIZE; -ENOMEM. */
+ * Before the first handshake (the driver not reached yet, or a connect under way) the
+ * event is held and enters the queue right after a handshake that grants CONTROL
+ * (discarded, and counted in events_unsent, when the handshake refuses it); close then
+ * waits for it up to event_flush_ms while no driver is reached (docs/protocol.md 1.7).
+ * 0 (queued or held); -ENOTSUP when the driver did not accept the control channel (or
+ * no_control is set); -EMSGSIZE; -ENOMEM. */
 int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json, size_t len);
 /* Flushes (up to timeout_ms; what is left goes to the local fallback), says CLOSE, stops
- * the thread and frees. 0 when every line reached the driver (or was counted dropped),
- * -ETIMEDOUT or -ENOTCONN when some went to the local fallback instead. */
+ * the thread and frees. Every queued line and event is sent and acknowledged first, or
+ * the bound passes: timeout_ms, and for events held for a first handshake with no
+ * driver reached, event_flush_ms (an event not sent is named in one warning on the local
+ * stderr). 0 when every line and event reached the driver (or was counted dropped),
+ * -ETIMEDOUT or -ENOTCONN when some went to the local fallback or were not sent. */
 int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms);
 
 #endif

@@ -257,8 +257,14 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
             return on_line(s, c, h, p);
         break;
     case TSP_WIRE_EVENT:
-        if (open_logs && c->control)
-            return tsp__on_event(s, c, h, p);
+        if (open_logs && c->control) {
+            int rc = tsp__on_event(s, c, h, p);
+            if (rc == -ENOMEM)
+                snprintf(err, errlen,
+                         "no memory for the agent's failure report (not "
+                         "acknowledged: the agent resends it when it reconnects)");
+            return rc;
+        }
         break;
     case TSP_WIRE_DROPPED:
         if (open_logs) {

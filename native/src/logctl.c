@@ -5,11 +5,13 @@
  * results through ctl_mu. */
 #include "logctl.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "json.h"
+#include "lognodes.h"
 #include "logsend.h"
 #include "util.h"
 
@@ -40,7 +42,8 @@ void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const c
 
 /* Keeps the first failure as the run's root cause (later ones are consequences). */
 static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
-                        const char *peer, const char *message, const char *report)
+                        const char *peer, const char *message, const char *report,
+                        const char *detail)
 {
     char *doc = NULL;
     size_t dl = 0;
@@ -50,8 +53,8 @@ static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, con
     tsp_json_writer_t w;
     tsp_json_writer_init(&w, f);
     tsp_json_begin_object(&w);
-    const char *keys[] = {"kind", "host", "peer", "message", "report"};
-    const char *vals[] = {kind, host, peer, message, report};
+    const char *keys[] = {"kind", "host", "peer", "message", "report", "detail"};
+    const char *vals[] = {kind, host, peer, message, report, detail};
     tsp_json_key(&w, "node_rank");
     tsp_json_int(&w, node_rank);
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
@@ -88,13 +91,19 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     uint64_t seq = tsp_wire_get_u64(p);
     if (seq <= a->seq)
         return 0;
-    a->seq = seq;
-    if (p[8] != TSP_WIRE_EVENT_FAILURE)
-        return 0; /* a newer agent's kind: ignored, not refused */
     size_t n = h->length - 9;
-    char *report = malloc(n + 1);
-    if (!report)
+    char *report = NULL;
+    /* A failure that cannot be kept is not acknowledged: the connection is refused and
+     * the agent resends the event after it reconnects (protocol 1.7). */
+    if (p[8] == TSP_WIRE_EVENT_FAILURE && !(report = malloc(n + 1)))
+        return -ENOMEM;
+    a->seq = seq;
+    if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK) {
+        tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
         return 0;
+    }
+    if (!report)
+        return 0; /* a newer agent's kind: ignored, not refused */
     memcpy(report, p + 9, n);
     report[n] = 0;
     char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
@@ -113,7 +122,9 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     free(rank);
     free(code);
     free(sig);
-    record_root(s, "failure", c->h.node_rank, c->h.host, c->peer, msg, report);
+    char *detail = tsp__nodes_check_detail(s, c->h.node_rank);
+    record_root(s, "failure", c->h.node_rank, c->h.host, c->peer, msg, report, detail);
+    free(detail);
     free(report);
     if (!s->t_stopped)
         tsp__event(s, "torchspark log server: %s; stopping the other nodes", msg);
@@ -191,7 +202,7 @@ int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
         peer_addr(gone.peer, addr, sizeof(addr));
         snprintf(msg, sizeof(msg), "lost connection to node %d (host %s, address %s): %s",
                  gone.node_rank, gone.host, addr, gone.why);
-        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, NULL);
+        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, NULL, NULL);
         if (!s->t_stopped)
             tsp__event(s, "torchspark log server: %s; stopping the other nodes", msg);
         tsp__stop_everyone(s, TSP_WIRE_STOP_LOST, gone.agent_id, msg);

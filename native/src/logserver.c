@@ -7,6 +7,7 @@
 #include "lines.h"
 #include "logconn.h"
 #include "logctl.h"
+#include "lognodes.h"
 #include "logsend.h"
 #include "util.h"
 
@@ -503,6 +504,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
     pthread_cond_destroy(&s->fail_cv);
     free(s->root);
     free(s->lost);
+    tsp__nodes_free(s);
     free(s->agents);
     free(s->sink);
     free(s);

@@ -56,6 +56,16 @@ typedef struct lost_rec {
     char why[120];
 } lost_rec_t;
 
+/* What the NODE and NCCL_CHECK events of one node said (lognodes.c). */
+typedef struct node_rec {
+    int seen;       /* its NODE event arrived */
+    int compared;   /* its NCCL environment was compared with node 0's */
+    int check;      /* NCCL check: 0 never started, 1 started, 2 ended */
+    char state[16]; /* how it ended: passed, failed, timeout, stopped */
+    char *env;      /* "NAME=value\n..." (malloc'ed) */
+    char host[256];
+} node_rec_t;
+
 struct tsp_logserver {
     tsp_logserver_opts_t o;
     char host[256];
@@ -90,6 +100,9 @@ struct tsp_logserver {
     char stop_text[STOP_TEXT_MAX];
     lost_rec_t *lost;
     size_t nlost, lost_cap;
+    node_rec_t *nodes; /* by node rank */
+    size_t nodes_cap;
+    int job_nnodes; /* from NODE events; 0 when none came */
     tsp__logq_t q;
     tsp__outrecv_t out;
 };

@@ -56,7 +56,7 @@ enum { TSP_WIRE_ROLE_LOGS = 1, TSP_WIRE_ROLE_OUTPUT = 2 };
 enum { TSP_WIRE_HELLO_DROP = 1u << 0, TSP_WIRE_HELLO_CONTROL = 1u << 1 };
 /* WELCOME header flags: the driver accepted CONTROL (EVENT may be sent, STOP may come). */
 enum { TSP_WIRE_WELCOME_CONTROL = 1u << 0 };
-enum { TSP_WIRE_EVENT_FAILURE = 1 };
+enum { TSP_WIRE_EVENT_FAILURE = 1, TSP_WIRE_EVENT_NODE = 2, TSP_WIRE_EVENT_NCCL_CHECK = 3 };
 enum { TSP_WIRE_STOP_FAILED = 1, TSP_WIRE_STOP_LOST = 2, TSP_WIRE_STOP_ENDED = 3 };
 
 /* A decoded frame header. */

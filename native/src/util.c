@@ -183,6 +183,12 @@ int tsp__addr_parse(const char *addr, int port, struct sockaddr_storage *ss, soc
 int tsp__port_reserve(const char *addr, int port, int *fd_out, int *got_port, char *err,
                       size_t errlen)
 {
+    return tsp__port_reserve_ex(addr, port, 0, fd_out, got_port, err, errlen);
+}
+
+int tsp__port_reserve_ex(const char *addr, int port, int reuseport, int *fd_out, int *got_port,
+                         char *err, size_t errlen)
+{
     *fd_out = -1;
     *got_port = 0;
     if (port < 0 || port > 65535)
@@ -202,6 +208,7 @@ int tsp__port_reserve(const char *addr, int port, int *fd_out, int *got_port, ch
      * listen while we still hold the port; we never listen, so nothing connects to us. */
     int one = 1;
     if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) ||
         bind(fd, (struct sockaddr *)&ss, sslen) != 0) {
         int e = errno;
         close(fd);

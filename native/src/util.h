@@ -67,5 +67,10 @@ int tsp__addr_parse(const char *addr, int port, struct sockaddr_storage *ss, soc
  * nothing else can. *fd and *got_port receive the socket and the port. 0, or -errno with
  * a sentence in err. */
 int tsp__port_reserve(const char *addr, int port, int *fd, int *got_port, char *err, size_t errlen);
+/* The same with SO_REUSEPORT as well when reuseport is set: for a port that a program
+ * binds with only SO_REUSEPORT (older NCCL ORed both option numbers into one setsockopt,
+ * so only SO_REUSEPORT took effect). */
+int tsp__port_reserve_ex(const char *addr, int port, int reuseport, int *fd, int *got_port,
+                         char *err, size_t errlen);
 
 #endif

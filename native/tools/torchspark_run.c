@@ -236,6 +236,7 @@ static int assigned_gpus = -1;
 typedef struct {
     tsp_logclient_t *logc;
     int sent;
+    int no_events; /* the driver was not reached in time, or takes no events */
 } failure_report_t;
 
 static void send_failure(void *ctx, const tsp_failure_t *f);
@@ -616,9 +617,11 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
     if (!f || !f->document || fr->sent || atomic_load(&stop_wanted))
         return; /* stopped by the driver (or a signal): a consequence, not a root cause */
     fr->sent = 1;
+    /* Queued, or held until the first handshake when the driver is not reached yet; the
+     * client's close at the agent's end waits for it (docs/protocol.md 1.7). */
     int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_FAILURE, f->rank, f->document,
                                  strlen(f->document));
-    if (rc && rc != -ENOTSUP && rc != -ENOTCONN)
+    if (rc && rc != -ENOTSUP)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
 }
@@ -717,6 +720,87 @@ static double nccl_check_timeout(void)
     return t;
 }
 
+/* Sends an EVENT about this node to the driver (docs/protocol.md 1.7). Before the log
+ * client's first handshake the client holds it and sends it after (protocol 1.7); a
+ * driver that refuses events (-ENOTSUP) gets none after the first refusal. */
+static void send_event(failure_report_t *fr, int kind, const char *json)
+{
+    if (!fr || !fr->logc || fr->no_events)
+        return;
+    int rc = tsp_logclient_event(fr->logc, kind, -1, json, strlen(json));
+    fr->no_events = rc == -ENOTSUP;
+}
+
+/* Variables that differ between nodes by design, left out of the NODE event's env. */
+static int nccl_env_per_node(const char *entry)
+{
+    static const char *const own[] = {
+        "NCCL_SOCKET_IFNAME=", "NCCL_COMM_ID=", "NCCL_HOSTID=", "NCCL_DEBUG_FILE="};
+    for (size_t i = 0; i < sizeof own / sizeof own[0]; i++)
+        if (strncmp(entry, own[i], strlen(own[i])) == 0)
+            return 1;
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The NODE event: the job's size and this node's NCCL_* environment, which the driver
+ * compares with rank 0's node's (one warning per node that differs). */
+static void send_node_event(failure_report_t *fr, const tsp_topo_t *t)
+{
+    /* Only where NCCL matters: a GPU run (--gpus) or the NCCL check. */
+    if (!fr->logc || (assigned_gpus < 0 && nccl_check_timeout() <= 0))
+        return;
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    const char **vars = calloc(n + 1, sizeof *vars);
+    char *json = NULL, *env = NULL;
+    size_t jlen = 0, elen = 0;
+    FILE *ef = open_memstream(&env, &elen);
+    if (!vars || !ef) {
+        free(vars);
+        if (ef)
+            fclose(ef);
+        free(env);
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(environ[i], "NCCL_", 5) == 0 && !nccl_env_per_node(environ[i]))
+            vars[k++] = environ[i];
+    qsort(vars, k, sizeof *vars, cmp_str);
+    for (size_t i = 0; i < k; i++)
+        fprintf(ef, "%s%s", i ? "\n" : "", vars[i]);
+    free(vars);
+    FILE *f = fclose(ef) == 0 ? open_memstream(&json, &jlen) : NULL;
+    if (f) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, f);
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "nnodes");
+        tsp_json_int(&w, t->nnodes);
+        tsp_json_key(&w, "nproc");
+        tsp_json_int(&w, t->nproc_per_node);
+        tsp_json_key(&w, "env");
+        tsp_json_str(&w, env);
+        tsp_json_end(&w);
+        if (fclose(f) == 0 && jlen <= TSP_WIRE_MAX_EVENT)
+            send_event(fr, TSP_WIRE_EVENT_NODE, json);
+    }
+    free(json);
+    free(env);
+}
+
+static void send_check_state(failure_report_t *fr, const char *state)
+{
+    char json[64];
+    snprintf(json, sizeof json, "{\"state\": \"%s\"}", state);
+    send_event(fr, TSP_WIRE_EVENT_NCCL_CHECK, json);
+}
+
 /* The preflight before the first worker: 0 to go on; else the exit status, the root cause
  * printed, written to the error file and sent to the driver. */
 static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report_t *fr)
@@ -754,8 +838,15 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .cancel = &stop_wanted,
                                    .log_fd = STDERR_FILENO,
                                    .failed_rank = &failed_rank};
+    send_check_state(fr, "started");
     int rc = tsp_nccl_preflight(&o, msg, sizeof msg);
     fprintf(stderr, "%s\n", msg);
+    /* Before the failure: the driver reads a timeout's root cause with it (who never
+     * reported, job-wide). */
+    send_check_state(fr, rc == 0                         ? "passed"
+                         : rc == -ECANCELED              ? "stopped"
+                         : rc == -EIO && failed_rank < 0 ? "timeout"
+                                                         : "failed");
     if (rc == 0 && fr->logc) {
         /* The node's success line also goes to the driver, as a line of its first rank. */
         tsp_line_sink_t *sink = tsp_logclient_sink(fr->logc);
@@ -904,6 +995,7 @@ int main(int argc, char **argv)
     } else if (val("output-file")) {
         usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
     }
+    send_node_event(&fr, &topo);
     rc = nccl_preflight(&topo, argv[0], &fr);
     if (rc) {
         if (logc)

@@ -5,10 +5,11 @@
 CONFIG names the master, the driver's host name and address, the distributor class
 ("module:Class", e.g. "pyspark.ml.torch.distributor:TorchDistributor" or
 "torchspark:TorchDistributor": the test body is the same for both), extra Spark conf and a
-list of runs (tag, num_processes, training parameters), done one after the other in one Spark
-application (one driver and executor start-up for all). Each run trains a tiny DDP model
-with gloo on CPU and prints one line ``TSP_RESULT <json>`` on stdout: {"tag", "ok",
-"result" (rank 0's return value), "error", "error_type", "elapsed"}. Everything else the driver
+list of runs (tag, num_processes, use_gpu, files to write before the run, training
+parameters), done one after the other in one Spark application (one driver and executor
+start-up for all). Each run trains a tiny DDP model with gloo on CPU and prints one line
+``TSP_RESULT <json>`` on stdout: {"tag", "ok", "result" (rank 0's return value), "error",
+"error_type", "elapsed", "raised_at" (wall clock, on failure)}. Everything else the driver
 prints (the distributor's log lines from the executors included)
 goes to stdout/stderr as usual, for the test to inspect.
 """
@@ -117,9 +118,13 @@ def main() -> int:
     for run in cfg["runs"]:
         t = run["train"]
         out = {"tag": run["tag"], "ok": False, "result": None, "error": None, "error_type": None}
+        for path, text in run.get("files_before", {}).items():
+            with open(path, "w") as f:
+                f.write(text)
         t0 = time.monotonic()
         try:
-            d = Distributor(num_processes=run["num_processes"], local_mode=False, use_gpu=False)
+            d = Distributor(num_processes=run["num_processes"], local_mode=False,
+                            use_gpu=run.get("use_gpu", False))
             out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
                                   t.get("progress_dir"), t.get("fail_rank"))
             out["ok"] = True
@@ -128,6 +133,7 @@ def main() -> int:
             # Keep the head (what happened) and the tail (the root cause of a Java error).
             out["error"] = text if len(text) <= 6000 else text[:3000] + "\n...\n" + text[-3000:]
             out["error_type"] = type(e).__name__
+            out["raised_at"] = time.time()
             all_ok = False
         out["elapsed"] = time.monotonic() - t0
         print("TSP_RESULT " + json.dumps(out), flush=True)

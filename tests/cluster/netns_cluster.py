@@ -273,6 +273,9 @@ class NetnsCluster:
     python: str = str(ROOT / ".venv" / "bin" / "python")
     ready_timeout: float = 120.0
     extra_env: Dict[str, str] = field(default_factory=dict)
+    # Environment of one worker host's daemon (its executors inherit it), by host key:
+    # {"worker2": {...}}, for a test that makes one host differ.
+    worker_env: Dict[str, Dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= 9:
@@ -418,6 +421,7 @@ class NetnsCluster:
                          self.gpus)
         env = self.base_env()
         env["SPARK_LOCAL_DIRS"] = str(Path(h.work_dir) / "local")
+        env.update(self.worker_env.get(key, {}))
         self.procs[key] = self.popen(key, argv, log=h.log, env=env)
 
     def exec_argv(self, key: str, argv: List[str]) -> List[str]:

@@ -6,8 +6,16 @@ no GPU) and the workers (gloo on CPU) get the mask, or the user gets the rule's 
 One local-cluster[2,1,1024] session whose discovery scripts report UUIDs under an executor
 mask already narrowed to them (R3, the spark-rapids case that stock accepts). Ordinals, an
 empty mask (R2) and the local master's slices run on local[2] in test_distributor_api.py
-(a second local-cluster would cost a minute on the 2-core CI machine)."""
+(a second local-cluster would cost a minute on the 2-core CI machine).
+
+The NCCL preflight runs on the stub CUDA driver and NCCL: it passes on its own port (the
+election's nccl_port) with one driver warning for node 1's differing NCCL settings, a
+failing node is raised fast, and a node that starts too late is named as never reported.
+One node's environment differs through a site wrapper in front of the agent
+(TORCHSPARK_RUN), as a host whose scheduler sets NCCL variables of its own would:
+spark.executorEnv is the same for every executor."""
 import os
+import socket
 import sys
 import time
 import uuid
@@ -30,9 +38,33 @@ DEVICES = (f"{UA}@00000000:3B:00.0@Stub H100@0@0;"
            f"{UB}@00000000:5E:00.0@Stub H100@0@0")
 
 
+NODE_ENV = f"/tmp/tsp-gpu-e2e-{MARK_VALUE}.env"  # NODE_ENV.<node rank>: that node's own
+
+
+def _agent_wrapper(directory):
+    """A site's wrapper in front of the agent (TORCHSPARK_RUN), as clusters put in front of
+    their launchers: it records its command line and sources NODE_ENV.<its node rank> when
+    that file exists, so one node's agent (and its workers) gets its own NCCL settings, as
+    a host whose scheduler set NCCL_IB_GID_INDEX differently would."""
+    from torchspark._lib import agent_path
+    path = directory / "agent-wrapper.sh"
+    path.write_text(
+        "#!/bin/sh\n"
+        "node=\n"
+        'for a in "$@"; do case "$a" in --node-rank=*) node=${a#--node-rank=};; esac; done\n'
+        f'echo "$@" > "{NODE_ENV}.$node.argv"\n'
+        f'if [ -f "{NODE_ENV}.$node" ]; then . "{NODE_ENV}.$node"; fi\n'
+        f'exec "{agent_path()}" "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def _session(tmp_path_factory, addresses, executor_env):
-    script = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), addresses)
+    d = tmp_path_factory.mktemp("gpu")
+    script = tsp_spark.fake_gpu_script(d, addresses)
     conf = {
+        "spark.executorEnv.TORCHSPARK_RUN": _agent_wrapper(d),
+        "spark.executorEnv.NCCL_IB_GID_INDEX": "3",
         "spark.worker.resource.gpu.amount": str(len(addresses)),
         "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": str(len(addresses)),
@@ -104,12 +136,18 @@ def nccl_check(uuid_narrowed, tmp_path):
     yield str(tmp_path / "trained")
     uuid_narrowed.conf.unset("spark.torchspark.ncclCheck")
     uuid_narrowed.conf.unset("spark.torchspark.ncclCheck.timeout")
-    for p in (FAIL_FILE, FAIL_FILE + ".stamp"):
+    for p in (FAIL_FILE, FAIL_FILE + ".stamp", NODE_ENV + ".1", NODE_ENV + ".0.argv",
+              NODE_ENV + ".1.argv"):
         if os.path.exists(p):
             os.unlink(p)
 
 
 def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, capfd):
+    # Node 1's agent environment says NCCL_IB_GID_INDEX=5 and NCCL_DEBUG=INFO (its site
+    # wrapper); node 0 has the executors' 3 and no NCCL_DEBUG. The check still passes (the
+    # stub NCCL ignores both): the run goes on, with one warning on the driver.
+    with open(NODE_ENV + ".1", "w") as f:
+        f.write("export NCCL_IB_GID_INDEX=5 NCCL_DEBUG=INFO\n")
     d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
     assert d.run(_train, nccl_check) == "trained"
     err = capfd.readouterr().err
@@ -117,6 +155,19 @@ def test_nccl_preflight_passes_then_trains_and_each_node_says_so(nccl_check, cap
     assert any("ranks 0-1 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
     assert any("ranks 2-3 of 4, NCCL 2.30.7 (" in ln for ln in passed), err[-3000:]
     assert all("all_reduce 32 MiB float32: " in ln for ln in passed), passed
+    # The check's NCCL_COMM_ID port is the election's second port (record key nccl_port),
+    # beside MASTER_PORT, on both nodes.
+    argvs = [open(f"{NODE_ENV}.{n}.argv").read().split() for n in (0, 1)]
+    ports = [{a.split("=", 1)[0]: a.split("=", 1)[1] for a in v if a.startswith("--")
+              and "=" in a} for v in argvs]
+    assert ports[0]["--nccl-comm-port"] == ports[1]["--nccl-comm-port"], ports
+    assert ports[0]["--nccl-comm-port"] != ports[0]["--master-port"], ports
+    warnings = [ln for ln in err.splitlines() if "differ from rank 0's" in ln]
+    host = socket.gethostname()
+    assert warnings == [
+        f"torchspark: WARNING: the NCCL settings of node 1 (host {host}) differ from rank 0's "
+        f"node 0 (host {host}): NCCL_DEBUG is 'INFO' there and unset on node 0; "
+        "NCCL_IB_GID_INDEX is '5' there and '3' on node 0"], err[-3000:]
 
 
 def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(nccl_check):
@@ -144,3 +195,27 @@ def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(n
     assert raised - failed < 10, f"raised {raised - failed:.2f} s after the failure"
     assert not os.path.exists(nccl_check)  # training never started
     assert tsp_spark.wait_gone(MARK_VALUE, 2) == []
+
+
+def test_nccl_check_timeout_names_the_node_that_never_reported(nccl_check):
+    # Node 1's agent starts 5 s late (its site wrapper sleeps): node 0's check gives up at
+    # its 2 s deadline, and the driver names node 1 as never reported (no agent of it had
+    # connected yet); node 1's agent, once up, is stopped at once.
+    with open(NODE_ENV + ".1", "w") as f:
+        f.write("sleep 5\n")
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    d.spark.conf.set("spark.torchspark.ncclCheck.timeout", "2s")
+    t0 = time.monotonic()
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_train, nccl_check)
+    took = time.monotonic() - t0
+    text = str(e.value)
+    assert "torchspark: NCCL check timed out after 2 s before training: rank(s) 0,1 on " in text, \
+        text
+    assert text.rstrip().endswith(
+        "NCCL check across the job: node 1 (no agent connected from it) never reported: its "
+        "check never started, so its ranks never joined and the other nodes waited until the "
+        "deadline; see that node's executor's log."), text
+    print(f"raised after {took:.2f} s")
+    assert not os.path.exists(nccl_check)  # training never started
+    assert tsp_spark.wait_gone(MARK_VALUE, 10) == []

@@ -6,7 +6,8 @@
  * detected" text and ncclInvalidUsage. all_reduce sums float32 through rank 0. With
  * config.blocking = 0, init and collectives run on a thread that reports through
  * ncclCommGetAsyncError; ncclCommAbort stops and joins it. Knobs:
- * STUB_NCCL_INIT_FAIL=rank:code:text, STUB_NCCL_ALLREDUCE_HANG=rank, STUB_NCCL_HOST (the
+ * STUB_NCCL_INIT_FAIL=rank:code:text (rank "*": every rank of the process's host, for a
+ * test that sets it on one host only), STUB_NCCL_ALLREDUCE_HANG=rank, STUB_NCCL_HOST (the
  * host name sent; "@agent": one per agent, for several agents on one host),
  * STUB_NCCL_FAIL_FILE (holds rank:code:text when a test wants the failure; the failing
  * rank writes the wall-clock time of its failure to FILE.stamp),
@@ -225,7 +226,8 @@ static unsigned int do_init(comm_t *c)
         }
         fclose(f);
     }
-    if (fail && atoi(fail) == c->rank && ff) { /* when the failure happened: FILE.stamp */
+    int mine = fail && (fail[0] == '*' || atoi(fail) == c->rank);
+    if (mine && ff) { /* when the failure happened: FILE.stamp */
         char stamp[300];
         snprintf(stamp, sizeof stamp, "%s.stamp", ff);
         FILE *s = fopen(stamp, "w");
@@ -236,7 +238,7 @@ static unsigned int do_init(comm_t *c)
             fclose(s);
         }
     }
-    if (fail && atoi(fail) == c->rank) {
+    if (mine) {
         const char *a = strchr(fail, ':'), *b = a ? strchr(a + 1, ':') : NULL;
         warn(c->rank, "%s", b ? b + 1 : "stub failure");
         return a ? (unsigned int)atoi(a + 1) : 2;

@@ -105,18 +105,37 @@ END_TEST
 START_TEST(test_elect_master_towards_loopback)
 {
     tsp_elect_record_t rec;
-    tsp_port_reservation_t res;
+    tsp_port_reservation_t res, nres;
     char err[256];
-    ck_assert_int_eq(tsp_elect_master("127.0.0.1", NULL, &rec, &res, err, sizeof err), 0);
+    ck_assert_int_eq(tsp_elect_master("127.0.0.1", NULL, &rec, &res, &nres, err, sizeof err), 0);
     ck_assert_str_eq(rec.master_addr, "127.0.0.1");
     ck_assert_str_eq(rec.ifname, "lo");
     ck_assert_int_eq(rec.master_port, res.port);
+    /* The NCCL check's port: a second one, held beside MASTER_PORT, and bindable by a
+     * listener that sets only SO_REUSEPORT (older NCCL) or only SO_REUSEADDR (ours). */
+    ck_assert_int_eq(rec.nccl_port, nres.port);
+    ck_assert_int_ne(rec.nccl_port, rec.master_port);
+    ck_assert_int_ge(nres.fd, 0);
+    static const int opts[] = {SO_REUSEPORT, SO_REUSEADDR};
+    for (size_t i = 0; i < 2; i++) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)nres.port)};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, opts[i], &one, sizeof one), 0);
+        ck_assert_msg(bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "option %d: %s", opts[i],
+                      strerror(errno));
+        ck_assert_int_eq(listen(fd, 1), 0);
+        close(fd);
+    }
+    tsp_elect_release_port(&nres);
     ck_assert_int_eq((int)strlen(rec.run_id), 32);
     ck_assert_int_gt((int)strlen(rec.host), 0);
     tsp_elect_record_t other;
     tsp_port_reservation_t res2;
-    ck_assert_int_eq(tsp_elect_master("127.0.0.1", "fixed-id", &other, &res2, err, sizeof err), 0);
+    ck_assert_int_eq(
+        tsp_elect_master("127.0.0.1", "fixed-id", &other, &res2, NULL, err, sizeof err), 0);
     ck_assert_str_eq(other.run_id, "fixed-id");
+    ck_assert_int_eq(other.nccl_port, 0); /* not asked for: not in the record */
     ck_assert_int_ne(other.master_port, rec.master_port);
     tsp_elect_release_port(&res);
     tsp_elect_release_port(&res2);
@@ -137,9 +156,18 @@ START_TEST(test_elect_record_roundtrip)
     ck_assert_int_gt(n, 0);
     ck_assert_int_eq((int)strlen(buf), n);
     ck_assert_ptr_nonnull(strstr(buf, "\"version\": 1"));
+    ck_assert_ptr_null(strstr(buf, "nccl_port")); /* none: as the first release wrote it */
+    ck_assert_int_eq(tsp_elect_record_unpack(buf, (size_t)n, &back, err, sizeof err), 0);
+    ck_assert_int_eq(memcmp(&r, &back, sizeof r), 0);
+    r.nccl_port = 40124;
+    n = tsp_elect_record_pack(&r, buf, sizeof buf);
+    ck_assert_ptr_nonnull(strstr(buf, "\"nccl_port\": 40124"));
     ck_assert_int_eq(tsp_elect_record_unpack(buf, (size_t)n, &back, err, sizeof err), 0);
     ck_assert_int_eq(memcmp(&r, &back, sizeof r), 0);
     ck_assert_int_eq(tsp_elect_record_pack(&r, buf, 20), -ENOSPC);
+    r.nccl_port = 70000;
+    ck_assert_int_eq(tsp_elect_record_pack(&r, buf, sizeof buf), -EINVAL);
+    r.nccl_port = 0;
     r.master_port = 0;
     ck_assert_int_eq(tsp_elect_record_pack(&r, buf, sizeof buf), -EINVAL);
 }
@@ -182,6 +210,12 @@ START_TEST(test_elect_record_unpack_refusals)
         {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":\"1\",\"run_id\":\"r\"}", "bad value"},
         {"{\"master_addr\":\"\\q\"}", "not a JSON object"},
         {"{\"version\":1,\"master_addr\":[1],\"master_port\":1,\"run_id\":\"r\"}", "bad value"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":0}",
+         "nccl_port 0"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":70000}",
+         "nccl_port 70000"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":\"5\"}",
+         "bad value for \"nccl_port\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         err[0] = '\0';

@@ -1,11 +1,16 @@
 /* test_logcontrol.c: the log channel as a control channel (docs/protocol.md 1.7): a
  * FAILURE event makes the server STOP every other agent and keep the root cause; an agent
  * gone without CLOSE is "lost" unless it is back within the grace; stop_all; an agent that
- * does not ask for CONTROL neither sends events nor gets STOP. Real clients and server on
- * loopback; raw connections through the agents' own dialer. */
+ * does not ask for CONTROL neither sends events nor gets STOP; an event queued before the
+ * first handshake is sent after it, and the client's close waits for it (bounded). Real
+ * clients and server on loopback; raw connections through the agents' own dialer. */
+#include <fcntl.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 
+#include "json.h"
 #include "logdial.h"
 #include "logtest.h"
 #include "testutil.h"
@@ -88,7 +93,8 @@ START_TEST(test_logcontrol_failure_stops_the_others)
     ck_assert_ptr_nonnull(strstr(buf, "\"node_rank\": 1"));
     ck_assert_ptr_nonnull(strstr(buf, "\"host\": \"host-b\""));
     ck_assert_msg(strstr(buf, "node 1 (host host-b, address 127.0.0.1) failed: rank 1 exited "
-                              "with code 3"), "%s", buf);
+                              "with code 3"),
+                  "%s", buf);
     ck_assert_ptr_nonnull(strstr(buf, "\\\"boom\\\"")); /* the report, as a JSON string */
     wait_calls(&sa, 1);
     ck_assert_int_eq(atomic_load(&sa.reason), TSP_WIRE_STOP_FAILED);
@@ -202,6 +208,253 @@ START_TEST(test_logcontrol_wire_rules)
 }
 END_TEST
 
+/* A loopback port that nothing listens on (yet). */
+static int unused_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &al), 0);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+static tsp_logclient_t *early_client(int port, const uint8_t *secret, int err_fd, int flush_ms)
+{
+    tsp_logclient_opts_t o;
+    tsp_logclient_opts_init(&o);
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.node_rank = 1;
+    o.hostname = "host-early";
+    o.local_out_fd = err_fd; /* the fallback's lines too: the test's own stdout stays clean */
+    o.local_err_fd = err_fd;
+    o.event_flush_ms = flush_ms;
+    memcpy(o.secret, secret, sizeof o.secret);
+    char err[256];
+    tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
+    ck_assert_msg(c != NULL, "%s", err);
+    return c;
+}
+
+typedef struct late_server {
+    int port, delay_ms;
+    const uint8_t *secret;
+    tsp_logserver_t *s;
+} late_server_t;
+
+static void *start_late(void *arg)
+{
+    late_server_t *ls = arg;
+    usleep((useconds_t)ls->delay_ms * 1000);
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.port = ls->port;
+    o.secret = ls->secret;
+    o.event_fd = -1;
+    char err[256];
+    ls->s = tsp_logserver_start(&o, err, sizeof err);
+    return NULL;
+}
+
+static const char *const EARLY_REPORT =
+    "{\"message\": {\"message\": \"early\"}, \"torchspark\": {\"rank\": 3, \"exitcode\": 3, "
+    "\"signal\": 0}}";
+
+/* The worker failed before the driver was reached (the failure of the e2e test
+ * test_logchannel_early_failure.py, where the driver accepts late): the event is held
+ * until a handshake grants CONTROL, then sent behind the line printed before it, and the
+ * client's close, called while no driver exists yet, waits for the acknowledgement. */
+START_TEST(test_logcontrol_event_before_the_handshake_is_sent_after_it)
+{
+    uint8_t secret[32];
+    memset(secret, 0x5a, sizeof secret);
+    int errp[2];
+    ck_assert_int_eq(pipe2(errp, O_NONBLOCK), 0);
+    late_server_t ls = {.port = unused_port(), .delay_ms = 400, .secret = secret};
+    tsp_logclient_t *c = early_client(ls.port, secret, errp[1], 5000);
+    sink_put(tsp_logclient_sink(c), 3, 1, "last words", 10);
+    ck_assert_int_eq(
+        tsp_logclient_event(c, TSP_WIRE_EVENT_FAILURE, 3, EARLY_REPORT, strlen(EARLY_REPORT)), 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, start_late, &ls), 0);
+    int64_t t0 = tsp__now_ms();
+    int rc = tsp_logclient_close(c, 10000); /* the driver does not exist yet */
+    pthread_join(th, NULL);
+    ck_assert_ptr_nonnull(ls.s);
+    ck_assert_int_lt(tsp__now_ms() - t0, 6000);
+    char buf[4096];
+    long need = tsp_logserver_failure(ls.s, buf, sizeof buf, 2000);
+    ck_assert_msg(need > 0, "the held event never reached the driver (close: %d)", rc);
+    ck_assert_msg(strstr(buf, "node 1 (host host-early, address 127.0.0.1) failed: rank 3 "
+                              "exited with code 3"),
+                  "%s", buf);
+    /* the line went to the local fallback (the driver was not there when it came) or to
+     * the driver; the event, never to the fallback: it is in the driver's report */
+    ck_assert_ptr_nonnull(strstr(buf, "\\\"early\\\""));
+    tsp_logserver_free(ls.s);
+    close(errp[0]);
+    close(errp[1]);
+}
+END_TEST
+
+/* No driver ever: the held event keeps close() no longer than event_flush_ms, and one
+ * warning says it was not sent. */
+START_TEST(test_logcontrol_held_event_without_driver_is_bounded)
+{
+    uint8_t secret[32];
+    memset(secret, 0x5b, sizeof secret);
+    int errp[2];
+    ck_assert_int_eq(pipe2(errp, O_NONBLOCK), 0);
+    tsp_logclient_t *c = early_client(unused_port(), secret, errp[1], 700);
+    ck_assert_int_eq(
+        tsp_logclient_event(c, TSP_WIRE_EVENT_FAILURE, 3, EARLY_REPORT, strlen(EARLY_REPORT)), 0);
+    int64_t t0 = tsp__now_ms();
+    ck_assert_int_eq(tsp_logclient_close(c, 30000), -ENOTCONN);
+    int64_t took = tsp__now_ms() - t0;
+    ck_assert_msg(took >= 600 && took < 5000, "close took %lld ms", (long long)took);
+    char b[4096];
+    ssize_t n = read(errp[0], b, sizeof b - 1);
+    ck_assert_int_gt(n, 0);
+    b[n] = 0;
+    ck_assert_msg(strstr(b, "warning: 1 failure report(s) could not be sent to the driver's "
+                            "log server"),
+                  "%s", b);
+    close(errp[0]);
+    close(errp[1]);
+}
+END_TEST
+
+/* A server whose event lines go to a pipe (read end in *rfd). */
+static tsp_logserver_t *event_server(int *rfd)
+{
+    int p[2];
+    ck_assert_int_eq(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+    tsp_logserver_opts_t o;
+    tsp_logserver_opts_init(&o);
+    o.event_fd = p[1];
+    o.lost_grace_ms = 1000;
+    char err[256];
+    tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    *rfd = p[0];
+    return s;
+}
+
+static void send_json(tsp_logclient_t *c, int kind, const char *json)
+{
+    ck_assert_int_eq(tsp_logclient_event(c, kind, -1, json, strlen(json)), 0);
+}
+
+START_TEST(test_logcontrol_nccl_env_differs_from_node_zero)
+{
+    int rfd;
+    tsp_logserver_t *s = event_server(&rfd);
+    stopper_t st[3] = {{0}};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st[0], 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &st[1], 0);
+    tsp_logclient_t *c = ctl_client(s, 2, "host-c", &st[2], 0);
+    /* node 1's comes before node 0's: compared once node 0's arrives; node 2 agrees */
+    send_json(b, TSP_WIRE_EVENT_NODE,
+              "{\"nnodes\": 3, \"nproc\": 1, \"env\": \"NCCL_DEBUG=INFO\\nNCCL_IB_GID_INDEX=5\"}");
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0);
+    const char *same =
+        "{\"nnodes\": 3, \"nproc\": 1, \"env\": \"NCCL_IB_GID_INDEX=3\\nNCCL_NET=IB\"}";
+    send_json(a, TSP_WIRE_EVENT_NODE, same);
+    send_json(a, TSP_WIRE_EVENT_NODE, same); /* a repeated one changes nothing */
+    send_json(c, TSP_WIRE_EVENT_NODE, same);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_shutdown(s, 1000);
+    char out[8192];
+    ssize_t n = read(rfd, out, sizeof out - 1);
+    out[n > 0 ? n : 0] = 0;
+    int warnings = 0;
+    for (const char *p = out; (p = strstr(p, "WARNING")); p++)
+        warnings++;
+    ck_assert_msg(warnings == 1, "%d warnings: %s", warnings, out);
+    ck_assert_msg(strstr(out, "torchspark: WARNING: the NCCL settings of node 1 (host host-b) "
+                              "differ from rank 0's node 0 (host host-a): NCCL_DEBUG is 'INFO' "
+                              "there and unset on node 0; NCCL_IB_GID_INDEX is '5' there and "
+                              "'3' on node 0; NCCL_NET is unset there and 'IB' on node 0\n"),
+                  "%s", out);
+    close(rfd);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* Node 0 times out in the NCCL check; who never reported, job-wide, is in the root cause. */
+static void check_timeout_detail(int started2, int connect2, const char *want)
+{
+    int rfd;
+    tsp_logserver_t *s = event_server(&rfd);
+    stopper_t st[3] = {{0}};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st[0], 0);
+    tsp_logclient_t *b = ctl_client(s, 1, "host-b", &st[1], 0);
+    tsp_logclient_t *c = connect2 ? ctl_client(s, 2, "host-c", &st[2], 0) : NULL;
+    const char *node = "{\"nnodes\": 3, \"nproc\": 2, \"env\": \"\"}";
+    send_json(b, TSP_WIRE_EVENT_NODE, node);
+    send_json(b, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    if (c && started2) {
+        send_json(c, TSP_WIRE_EVENT_NODE, node);
+        send_json(c, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    }
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0); /* processed before node 0's */
+    send_json(a, TSP_WIRE_EVENT_NODE, node);
+    send_json(a, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+    send_json(a, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"timeout\"}");
+    send_json(a, TSP_WIRE_EVENT_FAILURE,
+              "{\"message\": {\"message\": \"torchspark: NCCL check timed out\"}, "
+              "\"torchspark\": {\"rank\": 0, \"exitcode\": 1, \"signal\": 0}}");
+    char buf[8192];
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    char *detail = NULL;
+    int type = 0;
+    ck_assert_int_eq(tsp_json_get(buf, strlen(buf), "detail", &detail, &type), 0);
+    ck_assert_msg(type == TSP_JSON_STRING, "%s", buf);
+    ck_assert_str_eq(detail, want);
+    free(detail);
+    tsp_logclient_close(a, 5000);
+    if (c)
+        tsp_logclient_close(c, 5000);
+    close(rfd);
+    tsp_logserver_free(s);
+}
+
+START_TEST(test_logcontrol_nccl_check_timeout_names_who_never_reported)
+{
+    check_timeout_detail(0, 1,
+                         "NCCL check across the job: node 2 (host host-c) never reported: its "
+                         "check never started, so its ranks never joined and the other nodes "
+                         "waited until the deadline; see that node's executor's log");
+    check_timeout_detail(0, 0,
+                         "NCCL check across the job: node 2 (no agent connected from it) never "
+                         "reported: its check never started, so its ranks never joined and the "
+                         "other nodes waited until the deadline; see that node's executor's log");
+    check_timeout_detail(1, 1,
+                         "NCCL check across the job: all 3 nodes started it and none is missing, "
+                         "so the ranks were stuck inside NCCL (a hang in NCCL or in the network "
+                         "between the nodes)");
+}
+END_TEST
+
+START_TEST(test_logcontrol_failure_without_check_has_no_detail)
+{
+    tsp_logserver_t *s = ctl_server(1000);
+    stopper_t st = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &st, 0);
+    send_json(a, TSP_WIRE_EVENT_NODE, "{\"nnodes\": 2, \"nproc\": 1, \"env\": \"\"}");
+    send_json(a, TSP_WIRE_EVENT_FAILURE, "{\"torchspark\": {\"rank\": 0}}");
+    char buf[4096];
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    ck_assert_msg(strstr(buf, "\"detail\": null"), "%s", buf);
+    tsp_logclient_close(a, 5000);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 static Suite *logcontrol_suite(void)
 {
     Suite *s = suite_create("logcontrol");
@@ -211,6 +464,11 @@ static Suite *logcontrol_suite(void)
     tcase_add_test(tc, test_logcontrol_lost_agent_names_its_host);
     tcase_add_test(tc, test_logcontrol_clean_close_and_stop_all);
     tcase_add_test(tc, test_logcontrol_wire_rules);
+    tcase_add_test(tc, test_logcontrol_event_before_the_handshake_is_sent_after_it);
+    tcase_add_test(tc, test_logcontrol_held_event_without_driver_is_bounded);
+    tcase_add_test(tc, test_logcontrol_nccl_env_differs_from_node_zero);
+    tcase_add_test(tc, test_logcontrol_nccl_check_timeout_names_who_never_reported);
+    tcase_add_test(tc, test_logcontrol_failure_without_check_has_no_detail);
     suite_add_tcase(s, tc);
     return s;
 }

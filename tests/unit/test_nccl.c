@@ -20,7 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "json.h"
 #include "testutil.h"
+#include "torchspark/logserver.h"
 
 #define BUSES "0000:3b:00.0,0000:5e:00.0"
 
@@ -369,6 +371,51 @@ START_TEST(test_missing_rank_ends_at_the_deadline)
 }
 END_TEST
 
+/* Job-wide: node 0 of two runs its check against the driver's log server (here, in this
+ * process); node 1's agent never starts. Node 0 ends at its deadline and the driver's root
+ * cause names node 1 as the one that never reported. */
+START_TEST(test_missing_node_is_named_by_the_driver)
+{
+    tsp_logserver_opts_t so;
+    tsp_logserver_opts_init(&so);
+    so.host = "127.0.0.1";
+    so.event_fd = -1;
+    char err[512], endpoint[64], port[16], secret_hex[65];
+    tsp_logserver_t *s = tsp_logserver_start(&so, err, sizeof err);
+    ck_assert_msg(s != NULL, "%s", err);
+    uint8_t secret[32];
+    tsp_logserver_secret(s, secret);
+    for (int i = 0; i < 32; i++)
+        snprintf(secret_hex + 2 * i, 3, "%02x", secret[i]);
+    setenv("TORCHSPARK_LOG_SECRET", secret_hex, 1);
+    snprintf(endpoint, sizeof endpoint, "127.0.0.1:%d", tsp_logserver_port(s));
+    snprintf(port, sizeof port, "%d", free_port());
+    const char *args[] = {"--nnodes",         "2",           "--node-rank",     "0",
+                          "--nproc-per-node", "1",           "--master-addr",   "127.0.0.1",
+                          "--master-port",    port,          "--nccl-check=2",  "--nccl-check-bytes",
+                          "4096",             "--nccl-lib",  TSP_STUB_NCCL,     "--log-endpoint",
+                          endpoint,           NULL};
+    double wall, base = overhead();
+    ck_assert_int_eq(run_agent(&wall, args), 1);
+    unsetenv("TORCHSPARK_LOG_SECRET");
+    ck_assert_msg(wall >= 2.0 && wall <= 2.5 + base, "deadline 2 s, ended after %.3f s", wall);
+    char buf[16384], *detail = NULL;
+    int type = 0;
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    ck_assert_int_eq(tsp_json_get(buf, strlen(buf), "detail", &detail, &type), 0);
+    ck_assert_str_eq(detail, "NCCL check across the job: node 1 (no agent connected from it) "
+                             "never reported: its check never started, so its ranks never "
+                             "joined and the other nodes waited until the deadline; see that "
+                             "node's executor's log");
+    free(detail);
+    ck_assert_msg(strstr(buf, "NCCL check timed out after 2 s before training: rank(s) 0 on "),
+                  "%s", buf);
+    ck_assert(!ran());
+    ck_assert_int_eq(marked_processes(), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_hung_all_reduce_ends_at_the_deadline)
 {
     double wall;
@@ -526,6 +573,7 @@ static Suite *nccl_suite(void)
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_success_then_training);
+    tcase_add_test(tc, test_missing_node_is_named_by_the_driver);
     tcase_add_test(tc, test_world_size_one_has_no_busbw);
     tcase_add_test(tc, test_env_switch_and_old_nccl_fall_back_to_blocking_init);
     tcase_add_test(tc, test_failing_rank_is_the_root_cause_at_once);

@@ -44,6 +44,7 @@ typedef struct tsp_elect_record {
     char run_id[TSP_ELECT_ID_MAX];        /* the rendezvous id shared by all nodes */
     char host[TSP_ELECT_HOST_MAX];        /* rank 0's host name, for messages */
     char ifname[TSP_ELECT_IFNAME_MAX];    /* rank 0's interface carrying master_addr */
+    int nccl_port; /* 1..65535: NCCL_COMM_ID's port for the NCCL check; 0: none (not sent) */
 } tsp_elect_record_t;
 
 TSP_EXTERN void tsp_elect_record_init(tsp_elect_record_t *r);
@@ -69,9 +70,13 @@ TSP_EXTERN int tsp_elect_ifname_of(const char *addr, char *ifname, size_t len);
 /* Rank 0's election: MASTER_ADDR = the route source towards peer (another node's host,
  * or the driver's when every node shares rank 0's host), its interface, a port reserved
  * on the wildcard address of that family (kept in res), a fresh 128-bit run id unless
- * run_id is given, and this host's name. 0, or -errno with a sentence in err. */
+ * run_id is given, and this host's name. With nccl_res, a second port beside it for the
+ * NCCL check's NCCL_COMM_ID (record key nccl_port), reserved with SO_REUSEADDR and
+ * SO_REUSEPORT (kept in nccl_res); NULL leaves nccl_port 0. Both are released on failure.
+ * 0, or -errno with a sentence in err. */
 TSP_EXTERN int tsp_elect_master(const char *peer, const char *run_id, tsp_elect_record_t *rec,
-                                tsp_port_reservation_t *res, char *err, size_t errlen);
+                                tsp_port_reservation_t *res, tsp_port_reservation_t *nccl_res,
+                                char *err, size_t errlen);
 
 /* Packs the record as one line of JSON (no newline). Returns its length, -EINVAL for an
  * invalid record, -ENOSPC when buf (or TSP_ELECT_RECORD_MAX) is too small. */

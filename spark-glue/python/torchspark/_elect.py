@@ -30,13 +30,16 @@ class Record:
     host: str
     ifname: str
     version: int = 1
+    nccl_port: int = 0  # the NCCL check's NCCL_COMM_ID port; 0: none (an older rank 0)
 
 
 class PortReservation:
-    """A port held by a bound, non-listening SO_REUSEADDR socket (close-on-exec)."""
+    """A port held by a bound, non-listening SO_REUSEADDR socket (close-on-exec), and the
+    NCCL check's port beside it (SO_REUSEPORT too) when the election reserved one."""
 
-    def __init__(self, res: _Reservation) -> None:
+    def __init__(self, res: _Reservation, nccl: Optional[_Reservation] = None) -> None:
         self._res = res
+        self._nccl = nccl
 
     @property
     def port(self) -> int:
@@ -46,9 +49,14 @@ class PortReservation:
     def fd(self) -> int:
         return self._res.fd
 
+    @property
+    def nccl_port(self) -> int:
+        return self._nccl.port if self._nccl is not None else 0
+
     def release(self) -> None:
-        if self._res.fd >= 0:
-            load_library().tsp_elect_release_port(ctypes.byref(self._res))
+        for r in (self._res, self._nccl):
+            if r is not None and r.fd >= 0:
+                load_library().tsp_elect_release_port(ctypes.byref(r))
 
     def __enter__(self) -> "PortReservation":
         return self
@@ -66,19 +74,21 @@ class PortReservation:
 def _record_from_c(r: _Record) -> Record:
     return Record(master_addr=r.master_addr.decode(), master_port=r.master_port,
                   run_id=r.run_id.decode(), host=r.host.decode(), ifname=r.ifname.decode(),
-                  version=r.version)
+                  version=r.version, nccl_port=r.nccl_port)
 
 
 def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
-    """Rank 0's election towards peer: returns (record, packed JSON, held port)."""
+    """Rank 0's election towards peer: returns (record, packed JSON, held ports: the
+    master's and the NCCL check's)."""
     lib = load_library()
-    rec, res = _Record(), _Reservation(-1, 0)
+    rec, res, nccl = _Record(), _Reservation(-1, 0), _Reservation(-1, 0)
     err = ctypes.create_string_buffer(_ERR_LEN)
     rc = lib.tsp_elect_master(peer.encode(), run_id.encode() if run_id else None,
-                              ctypes.byref(rec), ctypes.byref(res), err, _ERR_LEN)
+                              ctypes.byref(rec), ctypes.byref(res), ctypes.byref(nccl), err,
+                              _ERR_LEN)
     if rc != 0:
         raise ElectionError(err.value.decode(errors="replace"))
-    reservation = PortReservation(res)
+    reservation = PortReservation(res, nccl)
     buf = ctypes.create_string_buffer(RECORD_MAX + 1)
     n = lib.tsp_elect_record_pack(ctypes.byref(rec), buf, RECORD_MAX + 1)
     if n < 0:

@@ -39,6 +39,7 @@ def agent_command(
     output_file: Optional[str] = None,
     gpus: Optional[str] = None,
     nccl_check: float = 0,
+    nccl_port: int = 0,
 ) -> List[str]:
     """The agent's command line; program is ["-m", module, args...] or [script, args...].
     gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
@@ -57,8 +58,13 @@ def agent_command(
         lib = os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
         if lib:
             cmd.append(f"--nccl-lib={lib}")
+
     if master_addr is not None:
         cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
+    if nccl_port:
+        # The election's second port (record key nccl_port): NCCL_COMM_ID of the check, when
+        # it runs (this option or TORCHSPARK_NCCL_CHECK=1 in the executor's environment).
+        cmd.append(f"--nccl-comm-port={nccl_port}")
     if run_id is not None:
         cmd.append(f"--rdzv-id={run_id}")
     cmd += ["--python", sys.executable, "--error-file", error_file,

@@ -64,6 +64,7 @@ class ElectRecord(ctypes.Structure):
         ("run_id", ctypes.c_char * ELECT_ID_MAX),
         ("host", ctypes.c_char * ELECT_HOST_MAX),
         ("ifname", ctypes.c_char * ELECT_IFNAME_MAX),
+        ("nccl_port", ctypes.c_int),
     ]
 
 
@@ -92,7 +93,8 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_strerror": (c, [i]),
         "tsp_version": (c, []),
         # elect.h
-        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC)] + err),
+        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
+                              P(PortReservationC)] + err),
         "tsp_elect_release_port": (None, [P(PortReservationC)]),
         "tsp_elect_route_source": (i, [c, c, sz] + err),
         "tsp_elect_ifname_of": (i, [c, c, sz]),

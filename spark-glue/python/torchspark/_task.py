@@ -181,7 +181,8 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
         output_file=out_file if ship else None, program=program,
         gpus=None if gpus is None else ",".join(gpus),
-        nccl_check=spec.get("nccl_check", 0) if gpus is not None else 0)
+        nccl_check=spec.get("nccl_check", 0) if gpus is not None else 0,
+        nccl_port=record.nccl_port)
 
     def echo(line: str) -> None:
         # The executor's own log keeps every line, with or without the channel.

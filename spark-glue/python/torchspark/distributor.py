@@ -474,8 +474,12 @@ class TorchDistributor:
                                    host=root.get("host") or "?", returncode=1, tail=[],
                                    error_file=root["report"], nproc_per_node=nproc)
             tail = self._tail_from_server(server, report)
-            return TorchDistributorError(_report.format_message(report, "distributed", tail),
-                                         report)
+            text = _report.format_message(report, "distributed", tail)
+            if root.get("detail"):
+                # The driver's job-wide view (e.g. the nodes whose NCCL check never started).
+                text += "\n" + root["detail"] + "."
+                report["detail"] = root["detail"]
+            return TorchDistributorError(text, report)
         if root is not None:
             return self._lost_node_error(root, server, nproc)
         e = out.spark_error

@@ -40,8 +40,9 @@ final class AgentProcess {
 
     /** The agent's command line (the same options as the PySpark glue's _launch.py). */
     static List<String> command(String agent, boolean standalone, int nnodes, int nodeRank, int nproc,
-            String masterAddr, int masterPort, String runId, String python, String errorFile,
-            String endpoint, String outputFile, boolean noPython, String gpus, List<String> program) {
+            String masterAddr, int masterPort, int ncclPort, String runId, String python,
+            String errorFile, String endpoint, String outputFile, boolean noPython, String gpus,
+            List<String> program) {
         List<String> c = new ArrayList<>();
         c.add(agent);
         if (standalone) {
@@ -60,6 +61,11 @@ final class AgentProcess {
         if (masterAddr != null) {
             c.add("--master-addr=" + masterAddr);
             c.add("--master-port=" + masterPort);
+        }
+        if (ncclPort > 0) {
+            // The election's second port: NCCL_COMM_ID of the NCCL check (TORCHSPARK_NCCL_CHECK=1
+            // in the executors' environment turns the check on).
+            c.add("--nccl-comm-port=" + ncclPort);
         }
         if (runId != null) {
             c.add("--rdzv-id=" + runId);

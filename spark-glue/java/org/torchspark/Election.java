@@ -19,8 +19,13 @@ public final class Election {
         public final String runId;
         public final String host;
         public final String ifname;
+        /** The NCCL check's port (NCCL_COMM_ID), reserved beside masterPort; 0 when the
+         *  record has none (an older rank 0). */
+        public final int ncclPort;
 
-        Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname) {
+        Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname,
+                int ncclPort) {
+            this.ncclPort = ncclPort;
             this.version = version;
             this.masterAddr = masterAddr;
             this.masterPort = masterPort;
@@ -53,24 +58,29 @@ public final class Election {
                 throw new IllegalArgumentException("the election record is null");
             }
             String[] strs = new String[4];
-            int[] ints = new int[2];
+            int[] ints = new int[3];
             String[] msg = new String[1];
             int rc = Native.recordUnpack(text, strs, ints, msg);
             if (rc != 0) {
                 throw new IllegalArgumentException("torchspark: bad election record: " + msg[0]);
             }
-            return new Record(ints[0], strs[0], ints[1], strs[1], strs[2], strs[3]);
+            return new Record(ints[0], strs[0], ints[1], strs[1], strs[2], strs[3], ints[2]);
         }
     }
 
-    /** A port held by a bound, non-listening socket until closed. */
+    /** The ports held by bound, non-listening sockets until closed: MASTER_PORT and the NCCL
+     *  check's port. */
     public static final class Reservation implements AutoCloseable {
         private int fd;
+        private int ncclFd;
         public final int port;
+        public final int ncclPort;
 
-        Reservation(int fd, int port) {
+        Reservation(int fd, int port, int ncclFd, int ncclPort) {
             this.fd = fd;
             this.port = port;
+            this.ncclFd = ncclFd;
+            this.ncclPort = ncclPort;
         }
 
         @Override
@@ -78,6 +88,10 @@ public final class Election {
             if (fd >= 0) {
                 Native.releasePort(fd, port);
                 fd = -1;
+            }
+            if (ncclFd >= 0) {
+                Native.releasePort(ncclFd, ncclPort);
+                ncclFd = -1;
             }
         }
     }
@@ -100,13 +114,13 @@ public final class Election {
         if (peer == null || peer.isEmpty()) {
             throw new IllegalArgumentException("peer must name a host");
         }
-        int[] res = new int[2];
+        int[] res = new int[4];
         String[] msg = new String[1];
         int rc = Native.electMaster(peer, runId, res, msg);
         if (rc != 0) {
             throw new IllegalStateException(msg[0]);
         }
-        Reservation r = new Reservation(res[0], res[1]);
+        Reservation r = new Reservation(res[0], res[1], res[2], res[3]);
         try {
             return new Result(Record.unpack(msg[0]), msg[0], r);
         } catch (RuntimeException e) {

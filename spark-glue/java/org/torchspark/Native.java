@@ -25,8 +25,8 @@ final class Native {
 
     // --- election (torchspark/elect.h) ---
 
-    /** Rank 0's election towards peer. res: {fd, port} of the held port; msg[0]: the packed
-     *  record on success, else the error sentence. */
+    /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held
+     *  ports; msg[0]: the packed record on success, else the error sentence. */
     static native int electMaster(String peer, String runId, int[] res, String[] msg);
 
     static native void releasePort(int fd, int port);
@@ -37,7 +37,8 @@ final class Native {
     /** msg[0]: the interface carrying addr. */
     static native int ifnameOf(String addr, String[] msg);
 
-    /** strs: {master_addr, run_id, host, ifname}; ints: {version, master_port}; msg[0]: error. */
+    /** strs: {master_addr, run_id, host, ifname}; ints: {version, master_port, nccl_port (0:
+     *  none)}; msg[0]: error. */
     static native int recordUnpack(String text, String[] strs, int[] ints, String[] msg);
 
     /** msg[0]: the packed record, or the error sentence. */

@@ -149,7 +149,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             String python = spec.python != null ? spec.python
                     : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3");
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), false, nnodes,
-                    nodeRank, nproc, record.masterAddr, record.masterPort, record.runId, python,
+                    nodeRank, nproc, record.masterAddr, record.masterPort, record.ncclPort, record.runId, python,
                     errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
                     spec.noPython, gpus, program);
             // The executor's own log keeps every line, with or without the channel.

@@ -201,6 +201,10 @@ final class Reports {
         }
         m.append("\nTo fix it: correct the error above in the training code or its inputs and run "
                 + "again; every rank's full output went to the driver's log");
+        if (r.hasNonNull("detail")) {
+            // The driver's job-wide view (e.g. the nodes whose NCCL check never started).
+            m.append("\n").append(r.get("detail").asText()).append(".");
+        }
         Integer exit = r.hasNonNull("exitcode") ? r.get("exitcode").asInt() : null;
         return new TorchSparkException(m.toString(), r.hasNonNull("rank") ? r.get("rank").asInt() : null,
                 r.hasNonNull("node_rank") ? r.get("node_rank").asInt() : null, r.path("host").asText(null),

@@ -320,7 +320,7 @@ public final class TorchSparkRunner {
             Pump pump = new Pump(server, logToStderr);
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
-                    null, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
+                    null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
                     wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, prog);
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
@@ -501,6 +501,9 @@ public final class TorchSparkRunner {
             if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
                 ObjectNode report = Reports.build(root.path("node_rank").asInt(-1), root.path("host").asText("?"),
                         1, List.of(), root.get("report"), nproc);
+                if (root.hasNonNull("detail")) {
+                    report.put("detail", root.get("detail").asText());
+                }
                 List<String> tail = report.hasNonNull("rank")
                         ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
                 return Reports.exception(report, "distributed", tail, sparkError);

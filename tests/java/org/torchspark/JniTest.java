@@ -3,6 +3,7 @@ package org.torchspark;
 import static org.junit.Assert.assertArrayEquals;
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
+import static org.junit.Assert.assertNotEquals;
 import static org.junit.Assert.assertNotNull;
 import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
@@ -69,12 +70,39 @@ public class JniTest {
     }
 
     @Test
+    public void agentCommandCarriesTheElectedNcclPort() {
+        Election.Result r = Election.electMaster("127.0.0.1", null);
+        try {
+            Election.Record rec = Election.Record.unpack(r.packed);
+            List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr,
+                    rec.masterPort, rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null,
+                    false, "0", List.of("train.py"));
+            assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.ncclPort));
+            assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.masterPort));
+            // A record without it (an older rank 0): no option, the agent uses the master port.
+            rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"::1\","
+                    + "\"run_id\":\"r\"}");
+            assertEquals(0, rec.ncclPort);
+            cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr, rec.masterPort,
+                    rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null, false, "0",
+                    List.of("train.py"));
+            assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
+        } finally {
+            r.reservation.close();
+        }
+    }
+
+    @Test
     public void electMasterHoldsThePortUntilClosed() throws Exception {
         Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
             assertEquals("127.0.0.1", r.record.masterAddr);
             assertEquals("lo", r.record.ifname);
             assertEquals(r.reservation.port, r.record.masterPort);
+            // The NCCL check's port, held beside it and carried by the same record.
+            assertEquals(r.reservation.ncclPort, r.record.ncclPort);
+            assertNotEquals(r.record.masterPort, r.record.ncclPort);
+            assertEquals(r.record.ncclPort, Election.Record.unpack(r.packed).ncclPort);
             assertEquals(32, r.record.runId.length());
             assertEquals(r.record.masterAddr, Election.Record.unpack(r.packed).masterAddr);
             // A plain bind (no SO_REUSEADDR) cannot take the held port.
@@ -82,6 +110,13 @@ public class JniTest {
                 s.setReuseAddress(false);
                 s.bind(new InetSocketAddress("127.0.0.1", r.record.masterPort));
                 fail("the reserved port was free");
+            } catch (java.net.BindException expected) {
+                // held
+            }
+            try (ServerSocket s = new ServerSocket()) {
+                s.setReuseAddress(false);
+                s.bind(new InetSocketAddress("127.0.0.1", r.record.ncclPort));
+                fail("the reserved NCCL port was free");
             } catch (java.net.BindException expected) {
                 // held
             }
@@ -173,12 +208,12 @@ public class JniTest {
 
     @Test
     public void failingRankIsTheRootCause() throws Exception {
-        // Rank 1 fails after 1 s, once the agent's channel is up: a worker failing within
-        // milliseconds of the agent's start lost its failure event once in CI (an open
-        // race in the log client, in the session note), which this JNI round trip is not about.
+        // Rank 1 fails at once, usually before its agent's log client has finished the
+        // handshake: the client holds the failure event until the handshake and the agent's
+        // close waits for it (docs/protocol.md 1.7).
         try (LogServer s = new LogServer("127.0.0.1", 0)) {
             int rc = runAgent(s, s.endpoint(null), null,
-                    "if [ \"$RANK\" = 1 ]; then echo 'about to fail'; sleep 1; exit 3; fi; sleep 30");
+                    "if [ \"$RANK\" = 1 ]; then echo 'about to fail'; exit 3; fi; sleep 30");
             assertTrue("the agent fails with its root cause's code: " + rc, rc != 0);
             String json = s.failure(5000);
             assertNotNull(json);
@@ -194,6 +229,14 @@ public class JniTest {
             assertEquals(Integer.valueOf(3), e.exitCode());
             assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")
                     && e.getMessage().contains("exited with code 3") && e.getMessage().contains("about to fail"));
+            // No NCCL check timed out: no job-wide detail. With one (a check timeout's "who
+            // never reported"), it ends the exception's message.
+            assertTrue(root.get("detail").isNull());
+            com.fasterxml.jackson.databind.node.ObjectNode r = Reports.build(0, "h", 1, List.of(),
+                    root.get("report"), 2);
+            r.put("detail", "NCCL check across the job: node 1 (no agent connected from it) never reported");
+            assertTrue(Reports.exception(r, "distributed", null, null).getMessage()
+                    .endsWith("\nNCCL check across the job: node 1 (no agent connected from it) never reported."));
         }
     }
 
