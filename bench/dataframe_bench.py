@@ -2,9 +2,11 @@
 by side in one run on the same Arrow files, medians of N runs (alternating).
 
     .venv/bin/python bench/dataframe_bench.py [--runs 5] [--batch-size 1024] [--workers 1]
+        [--cases a,b,c] [--loaders stock,compat,columnar] [--scale 1.0]
 
-Cases, each an Arrow IPC stream as a barrier task writes it (the Spark schema in its
-metadata, PySpark's schema file beside it):
+Cases, each an Arrow IPC stream written as a barrier task writes it (torchspark's
+_partition.write_stream over the 10,000-row record batches Spark hands a task; the Spark
+schema in its metadata, PySpark's schema file beside it):
   (a) 4 float columns, (b) one array<float> of 128, (c) an ML dense vector of 128.
 Loaders, each in a fresh process (its own imports, page cache already warm):
   stock      pyspark.ml.torch.distributor._get_spark_partition_data_loader
@@ -42,6 +44,7 @@ LOADERS = ("stock", "compat", "columnar")
 def write_case(directory, case, rows):
     import numpy as np
     import pyarrow as pa
+    from torchspark._partition import write_stream
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 
@@ -68,12 +71,11 @@ def write_case(directory, case, rows):
             names=["type", "size", "indices", "values"])]
 
     first = batch(1)
-    schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(spark.fields, first, strict=True)],
-                       metadata={b"torchspark.spark_schema": spark.json()})
+    schema = pa.schema([pa.field(f.name, a.type) for f, a in zip(spark.fields, first, strict=True)])
     path = os.path.join(directory, f"{case}.arrow")
-    with pa.OSFile(path, "wb") as f, pa.ipc.new_stream(f, schema) as w:
-        for start in range(0, rows, chunk):
-            w.write_batch(pa.record_batch(batch(min(chunk, rows - start)), schema=schema))
+    with pa.OSFile(path, "wb") as f:  # as a barrier task writes what mapInArrow hands it
+        write_stream(f, (pa.record_batch(batch(min(chunk, rows - start)), schema=schema)
+                         for start in range(0, rows, chunk)), spark.json())
     with open(os.path.join(directory, f"{case}.schema.json"), "w", encoding="utf-8") as f:
         f.write(spark.json())
     with open(path, "rb") as f:  # warm the page cache: every loader starts from it
@@ -190,20 +192,28 @@ def main():
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers (PySpark's default: 1)")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row count")
+    p.add_argument("--cases", default="a,b,c", help="which cases, by letter (default: a,b,c)")
+    p.add_argument("--loaders", default=",".join(LOADERS),
+                   help=f"which loaders (default: {','.join(LOADERS)}); the vs-stock ratios "
+                        "need stock")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = p.parse_args()
+    loaders = [x for x in LOADERS if x in args.loaders.split(",")]
+    cases = {k: v for k, v in CASES.items() if k[0] in args.cases.split(",")}
+    if not loaders or not cases or set(args.loaders.split(",")) - set(LOADERS):
+        p.error(f"--loaders takes some of {','.join(LOADERS)}; --cases some of a,b,c")
     if args.child:
         loader, path, rows, bs, workers = args.child
         return child(loader, path, int(rows), int(bs), int(workers))
     print(f"# load average at start: {os.getloadavg()}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="tsp-dfbench-", dir="/var/tmp") as d:
-        for case, (rows, stock_rows, row_bytes) in CASES.items():
+        for case, (rows, stock_rows, row_bytes) in cases.items():
             rows, stock_rows = int(rows * args.scale), int(stock_rows * args.scale)
             path = write_case(d, case, rows)
-            runs = {name: [] for name in LOADERS}
+            runs = {name: [] for name in loaders}
             for _ in range(args.runs):
-                for name in LOADERS:
+                for name in loaders:
                     runs[name].append(measure(name, path, stock_rows if name == "stock" else rows, args))
             row = {"case": case, "runs": args.runs, "batch_size": args.batch_size,
                    "workers": args.workers}
@@ -218,7 +228,7 @@ def main():
                              "mb_per_cpu_s": round(n * row_bytes / cpu / 1e6, 1),
                              "anon_mib": round(statistics.median(r["anon_mib"] for r in rs)),
                              "worker_dirty_mib": round(statistics.median(r["worker_dirty_mib"] for r in rs))}
-            for name in LOADERS[1:]:
+            for name in (n for n in loaders if n != "stock" and "stock" in loaders):
                 row[f"{name}_vs_stock"] = round(row[name]["rows_per_s"] / row["stock"]["rows_per_s"], 1)
                 row[f"{name}_vs_stock_cpu"] = round(
                     row[name]["rows_per_cpu_s"] / row["stock"]["rows_per_cpu_s"], 1)

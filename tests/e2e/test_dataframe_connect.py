@@ -1,8 +1,10 @@
 """TorchDistributor.train_on_dataframe from a Spark Connect client (the session-scoped
 local Connect server of conftest.py, executors without torchspark: it ships itself): the
 client's DataFrame is the mapInArrow stage's input as is, both loaders read it, every row
-once; the partition count, unknown to a Connect client, is refused by the tasks."""
+once; a wrong partition count is refused on the driver when the plan tells it, else by
+the tasks."""
 import sys
+import time
 
 import pytest
 from pyspark import cloudpickle
@@ -59,7 +61,20 @@ def test_train_on_dataframe_over_connect(spark):
     assert d.is_remote
     seen = d.train_on_dataframe(_read_all, df, 64)
     assert seen == [list(range(N))] * 2
+
+    # Known from the physical plan: refused on the driver before any job (3 partitions on
+    # the cluster's 2 task slots would otherwise wait for Spark's barrier slot check).
+    t = time.monotonic()
     with pytest.raises(ValueError, match=r"requires setting num_processes equal to input spark "
-                                         r"dataframe partition number\. The DataFrame has 1 "
-                                         r"partitions"):
-        d.train_on_dataframe(_read_all, spark.range(0, 10, numPartitions=1), 64)
+                                         r"dataframe partition number\. The DataFrame has 3 "
+                                         r"partitions.*df.repartition\(2\)") as e:
+        d.train_on_dataframe(_read_all, df.filter("id > 0").repartition(3).select("id"), 64)
+    assert e.value.__cause__ is None and time.monotonic() - t < 60
+    # Not known from the plan (a union): the tasks refuse it, with the same message.
+    two = spark.range(0, 5, numPartitions=1).union(spark.range(5, 10, numPartitions=1))
+    with pytest.raises(ValueError, match=r"requires setting num_processes equal to input spark "
+                                         r"dataframe partition number\. The DataFrame has \d "
+                                         r"partitions, but num_processes=3") as e:
+        TorchDistributor(num_processes=3, local_mode=False, use_gpu=False).train_on_dataframe(
+            _read_all, two, 64)
+    assert e.value.__cause__ is not None

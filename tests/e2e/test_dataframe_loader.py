@@ -211,6 +211,30 @@ def test_columnar_shuffle_drop_last_and_wrap(partition):
     assert sum(wrapped, []) == list(range(53)) + list(range(7))
 
 
+def test_columnar_in_order_is_every_row_once(partition):
+    """In order, a batch inside one record batch is a plain view; one that spans record
+    batches, wraps around or meets sparse vectors is assembled: either way, sample s of a
+    share [lo, hi) is row lo + s % (hi - lo), with every column's values of that row."""
+    for chunk, n, bs, samples, local in [(7, 23, 5, None, (0, 1)), (20, 61, 4, 130, (1, 2)),
+                                         (16, 64, 8, 64, (0, 1)), (50, 45, 64, None, (2, 3))]:
+        path = partition(table(n), chunk=chunk, local=local)
+        part = data._open(path)
+        lo, hi = n * local[0] // local[1], n * (local[0] + 1) // local[1]
+        total = hi - lo if samples is None else samples
+        for cols in (None, ["id", "x", "a"]):  # sparse vectors in every record batch, or none
+            got = list(data.partition_batches(bs, columns=cols, num_samples=samples))
+            assert [len(b["id"]) for b in got] == [min(bs, total - k) for k in range(0, total, bs)]
+            ids = torch.cat([b["id"] for b in got])
+            assert ids.tolist() == [lo + s % (hi - lo) for s in range(total)], (chunk, n, bs)
+            for col in ["x", "a"] + (["v"] if cols is None else []):
+                one = [b[col] for b in data.partition_batches(1, columns=cols)]
+                assert torch.equal(torch.cat([b[col] for b in got]),
+                                   torch.cat(one * -(-total // (hi - lo)))[:total]), col
+            inside = [b for b in got if part.locate(int(b["id"][0])) ==
+                      part.locate(int(b["id"][-1])) and b["id"][-1] >= b["id"][0]]
+            assert inside and all(part._lo <= b["x"].data_ptr() < part._hi for b in inside)
+
+
 def test_columnar_in_dataloader_workers(partition):
     partition(table(45))
 
@@ -254,7 +278,7 @@ STAGED_READER = textwrap.dedent("""
 """)
 
 
-def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path):
+def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path, monkeypatch):
     """The task's file has no name in the local dir; a child process (as a training
     worker) reads it through the variables, with torchspark's and with PySpark's loader."""
     fds_before = len(os.listdir("/proc/self/fd"))
@@ -268,6 +292,20 @@ def test_stage_writes_an_unnamed_stream_for_both_loaders(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == "True", out.stderr
     assert len(os.listdir("/proc/self/fd")) == fds_before
+    # Spark's small record batches are joined when written (fewer for the readers to set up).
+    with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+        part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
+        assert [b.num_rows for b in part.batches] == [20]
+        assert part.batches[0].column("id").to_pylist() == list(range(20))
+    monkeypatch.setattr(_partition, "COALESCE_ROWS", 10)
+    for old_pyarrow in (False, True):  # with pyarrow's concat_batches, then without (< 19)
+        if old_pyarrow:
+            monkeypatch.delattr(pa, "concat_batches")
+        with _partition.stage(iter(batches), SPARK_SCHEMA.json(), directory=str(tmp_path)) as sp:
+            part = data.Partition(sp.env[data.PARTITION_FILE_ENV])
+            assert [b.num_rows for b in part.batches] == [14, 6]
+            assert [i for b in part.batches for i in b.column("id").to_pylist()] == list(range(20))
+            del part
     empty = pa.record_batch([pa.array([], pa.int64())], names=["id"])
     for it in ([], [empty]):
         with pytest.raises(ValueError, match="^Empty Spark partition is not allowed in "
@@ -310,10 +348,16 @@ BIG_READER = textwrap.dedent("""
     import torch
     from torchspark import _partition, data
     rows = ids = total = 0
-    for b in data.partition_batches(8192):
+    model = torch.nn.Linear(256, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for b in data.partition_batches(8192, shuffle=True):  # a training step on every batch
         rows += len(b["id"])
         ids += int(b["id"].sum())
         total += float(b["a"][:, -1].sum())  # a float in every 1 KiB row: every page
+        loss = torch.nn.functional.mse_loss(model(b["a"]).squeeze(1), b["id"].float() % 2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     n = 0
     for i, a in data.get_spark_partition_data_loader(rows, 8192, num_workers=0):
         n += len(i)
@@ -351,8 +395,9 @@ class _SparseFile(io.RawIOBase):
 
 
 def test_partition_twice_the_memory_cap(tmp_path):
-    """A 2 GiB partition read through both APIs by a process whose anonymous memory is
-    capped at 1 GiB (a watchdog ends it above that): nothing is materialised."""
+    """A 2 GiB partition trained on (a linear model, shuffled batches) and read through
+    PySpark's loader by a process whose anonymous memory is capped at 1 GiB (a watchdog
+    ends it above that): nothing is materialised."""
     width, rows_per_batch, nbatches = 256, 1 << 16, 32  # 1 KiB + 8 B a row, 2.16 GB in all
     arrays = pa.FixedSizeListArray.from_arrays(
         pa.array(np.zeros(rows_per_batch * width, dtype=np.float32)), width)
@@ -379,3 +424,55 @@ def test_partition_twice_the_memory_cap(tmp_path):
         assert int(peak_kib) < 1 << 20
     finally:
         path.unlink(missing_ok=True)
+
+
+PLANS = {  # explain(mode="simple") as Spark 4.3 prints it -> the partitions, None: unknown
+    3: """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Project [id#0L, (cast(x#1 as double) + 1.0) AS y#9]
+   +- Exchange RoundRobinPartitioning(3), REPARTITION_BY_NUM, [plan_id=43]
+      +- Project [id#0L, cast(id#0L as float) AS x#1]
+         +- Filter (id#0L > 1)
+            +- Range (0, 10, step=1, splits=2)""",
+    5: """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- MapInArrow <lambda>(id#0L, x#1)#20, [id#21L, x#22], false
+   +- Sample 0.0, 0.5, false, 8130424032598127184
+      +- Exchange hashpartitioning(id#0L, 5), REPARTITION_BY_NUM, [plan_id=60]
+         +- FileScan parquet [id#30L] Batched: true, Location: InMemoryFileIndex(1 paths)""",
+    2: """== Physical Plan ==
+*(1) Project [id#0L, x#1, UDF(cast(array(x#1) as array<double>)) AS v#2]
++- *(1) Project [id#0L, cast(id#0L as float) AS x#1]
+   +- *(1) Range (0, 10, step=1, splits=2)""",
+    1: ["""== Physical Plan ==
+Coalesce 1
++- *(1) Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Exchange SinglePartition, REPARTITION_BY_NUM, [plan_id=9]
+   +- Range (0, 10, step=1, splits=2)"""],
+    None: ["""== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- Exchange rangepartitioning(id#0L ASC NULLS FIRST, 4), REPARTITION_BY_NUM, [plan_id=76]
+   +- Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+AdaptiveSparkPlan isFinalPlan=false
++- HashAggregate(keys=[], functions=[sum(id#0L)])
+   +- Exchange SinglePartition, ENSURE_REQUIREMENTS, [plan_id=106]
+      +- Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+*(1) Union
+:- *(1) Range (0, 10, step=1, splits=2)
++- *(1) Range (0, 10, step=1, splits=2)""", """== Physical Plan ==
+*(1) ColumnarToRow
++- FileScan parquet [id#31L] Batched: true, Location: InMemoryFileIndex(1 paths)""",
+        """== Physical Plan ==
+Coalesce 4
++- Exchange hashpartitioning(id#0L, 200), ENSURE_REQUIREMENTS, [plan_id=6]
+   +- Range (0, 10, step=1, splits=2)"""],
+}
+
+
+def test_partition_count_from_the_plan():
+    """What the driver can tell from the physical plan without running it: explicit
+    repartitions and ranges under narrow operators, coalesce; nothing else."""
+    for n, plans in PLANS.items():
+        for text in plans if isinstance(plans, list) else [plans]:
+            assert _partition.plan_partitions(text) == n, text

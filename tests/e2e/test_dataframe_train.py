@@ -4,6 +4,7 @@ through both loaders, every row seen exactly once per epoch across the ranks (by
 processes per task with use_gpu, PySpark's errors, and no partition file left behind after
 a failure or a cancel (the file has no name; a process holding or mapping it is what keeps
 it, so the test looks for those)."""
+import json
 import os
 import sys
 import threading
@@ -124,6 +125,36 @@ def test_two_processes_per_task_with_fake_gpus(spark):
     assert_each_row_once(out, 4)
     assert out["local_world"] == "2"
     assert all(len(ids) == N // 4 for ids in out["seen"][0])
+
+
+SCRIPT = """
+import json, os, sys
+import torchspark
+out, bs = sys.argv[1], int(sys.argv[2])
+ids = [i for b in torchspark.partition_batches(bs, shuffle=True) for i in b["id"].tolist()]
+n = torchspark.partition_num_rows()
+stock = [i for b in torchspark.get_spark_partition_data_loader(n, bs) for i in b[0].tolist()]
+with open(os.path.join(out, "rank%s.json" % os.environ["RANK"]), "w") as f:
+    json.dump([ids, stock], f)
+"""
+
+
+def test_a_script_on_a_dataframe(spark, tmp_path):
+    """The path of a script, as run() takes one (PySpark's _train_on_dataframe fails on one
+    inside the tasks: it calls the string): its processes read the partition the same way;
+    its args are strings, keyword arguments are refused with PySpark's message."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert d.train_on_dataframe(str(script), frame(spark), str(out), 64) is None
+    per_rank = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert sorted(i for ids, _ in per_rank for i in ids) == list(range(N))
+    assert [sorted(ids) for ids, _ in per_rank] == [stock for _, stock in per_rank]
+    with pytest.raises(ValueError, match="^Running pytorch file does not support key-word type "
+                                         "arguments.$"):
+        d.train_on_dataframe(str(script), frame(spark), str(out), batch_size=64)
 
 
 def test_pyspark_errors(spark):

@@ -15,6 +15,7 @@ Kept free of torch: this runs in the executor's Python worker.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
@@ -104,19 +105,8 @@ def stage(batches: Iterator[Any], spark_schema_json: str, partition_id: int = 0,
     data_fd = unnamed_file(directory)
     schema_fd = -1
     try:
-        rows, writer = 0, None
         with os.fdopen(os.dup(data_fd), "wb") as f:
-            sink = pa.PythonFile(f, mode="w")
-            for batch in batches:
-                if writer is None:
-                    meta = dict(batch.schema.metadata or {})
-                    meta[SPARK_SCHEMA_KEY] = spark_schema_json.encode("utf-8")
-                    writer = pa.ipc.new_stream(sink, batch.schema.with_metadata(meta))
-                if batch.num_rows:
-                    writer.write_batch(batch)
-                    rows += batch.num_rows
-            if writer is not None:
-                writer.close()
+            rows = write_stream(pa.PythonFile(f, mode="w"), batches, spark_schema_json)
             nbytes = f.tell()
         if rows == 0:
             raise ValueError(EMPTY_PARTITION)
@@ -129,6 +119,55 @@ def stage(batches: Iterator[Any], spark_schema_json: str, partition_id: int = 0,
         if schema_fd >= 0:
             os.close(schema_fd)
         raise
+
+
+# Record batches are written at least this large (rows or bytes, whichever comes first):
+# Spark hands a task 10,000 rows at a time (spark.sql.execution.arrow.maxRecordsPerBatch),
+# 160 KB for 4 float columns, and each record batch costs the readers a fixed ~10 us a
+# column to set up and a concatenation for every training batch that spans two of them.
+COALESCE_ROWS = 1 << 16
+COALESCE_BYTES = 4 << 20
+
+
+def write_stream(sink: Any, batches: Iterator[Any], spark_schema_json: str) -> int:
+    """Writes the record batches to sink as an Arrow IPC stream, the Spark schema in its
+    metadata, small batches joined (a copy of at most COALESCE_BYTES and one batch at a
+    time); returns the number of rows."""
+    import pyarrow as pa
+
+    rows, writer = 0, None
+    pending: List[Any] = []
+    pending_rows = pending_bytes = 0
+
+    def flush() -> None:
+        nonlocal pending_rows, pending_bytes
+        if not pending:
+            return
+        if len(pending) == 1:
+            writer.write_batch(pending[0])
+        elif hasattr(pa, "concat_batches"):  # pyarrow >= 19
+            writer.write_batch(pa.concat_batches(pending))
+        else:
+            writer.write_table(pa.Table.from_batches(pending).combine_chunks())
+        pending.clear()
+        pending_rows = pending_bytes = 0
+
+    for batch in batches:
+        if writer is None:
+            meta = dict(batch.schema.metadata or {})
+            meta[SPARK_SCHEMA_KEY] = spark_schema_json.encode("utf-8")
+            writer = pa.ipc.new_stream(sink, batch.schema.with_metadata(meta))
+        if batch.num_rows:
+            pending.append(batch)
+            pending_rows += batch.num_rows
+            pending_bytes += batch.nbytes
+            rows += batch.num_rows
+            if pending_rows >= COALESCE_ROWS or pending_bytes >= COALESCE_BYTES:
+                flush()
+    if writer is not None:
+        flush()
+        writer.close()
+    return rows
 
 
 def check_partitions(num_partitions: int, num_tasks: int, num_processes: int,
@@ -161,10 +200,66 @@ def dataframe_spec(dist: Any, df: Any) -> Dict[str, Any]:
 
 
 def _num_partitions(df: Any) -> Optional[int]:
+    """The DataFrame's partition count when it is known without running anything, else
+    None (the tasks check it then). Read from the physical plan, on classic and on Spark
+    Connect (which has no RDD on the client). On classic, ``df.rdd.getNumPartitions()``
+    is exact but executes the plan's shuffles and subqueries first under adaptive query
+    execution (a DataFrame ending in ``repartition(k)``, the usual way to match the
+    tasks, would be computed twice), so it is used only for plans that have none."""
     try:
-        return df.rdd.getNumPartitions()
-    except Exception:  # Spark Connect: no RDD on the client
+        remote = not hasattr(df, "_jdf")
+        if remote:
+            text = df._explain_string(mode="simple")
+        else:
+            jvm = df.sparkSession._jvm
+            text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), "simple")
+    except Exception:
         return None
+    n = plan_partitions(text)
+    if n is None and not remote and not re.search(r"Exchange|Subquery", text):
+        try:
+            return df.rdd.getNumPartitions()
+        except Exception:
+            return None
+    return n
+
+
+# Physical operators that keep their child's partitions (one child, row by row or
+# partition by partition), as `explain` prints them.
+_NARROW = frozenset(("AdaptiveSparkPlan", "Project", "Filter", "Sample", "Generate",
+                     "ColumnarToRow", "RowToColumnar", "MapInArrow", "MapInPandas",
+                     "PythonMapInArrow", "ArrowEvalPython", "BatchEvalPython",
+                     "SerializeFromObject", "DeserializeToObject", "MapPartitions",
+                     "MapElements"))
+_REPARTITIONED = re.compile(r"Exchange (?:RoundRobinPartitioning\((\d+)\)|"
+                            r"hashpartitioning\(.*, (\d+)\)|Single(Partition)), "
+                            r"REPARTITION_BY_NUM\b")
+_RANGE = re.compile(r"Range \(.*, splits=(\d+)\)$")
+_COALESCE = re.compile(r"Coalesce (\d+)$")
+
+
+def plan_partitions(text: str) -> Optional[int]:
+    """The partition count of a physical plan (``explain(mode="simple")``'s text) when
+    its root is narrow operators over an explicit ``repartition(n)``/``repartition(n,
+    cols)`` (an exchange adaptive execution never coalesces), a ``range`` with its
+    partitions given, or a ``coalesce``; None otherwise (a scan, a join, an aggregate,
+    a range repartitioning, which may make fewer partitions than asked)."""
+    cap = None
+    for line in text.split("== Physical Plan ==", 1)[-1].strip("\n").splitlines():
+        if line.lstrip().startswith(":"):  # an operator with several children above
+            return None
+        op = re.sub(r"^[\s+-]*(?:\*\(\d+\) )?", "", line)
+        m = _REPARTITIONED.match(op) or _RANGE.match(op)
+        if m:
+            n = next(g for g in m.groups() if g is not None)
+            n = 1 if n == "Partition" else int(n)  # repartition(1): SinglePartition
+            return n if cap is None else min(n, cap)
+        m = _COALESCE.match(op)
+        if m:
+            cap = int(m.group(1)) if cap is None else min(cap, int(m.group(1)))
+        elif op.split(" ", 1)[0] not in _NARROW:
+            return None
+    return None
 
 
 def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],

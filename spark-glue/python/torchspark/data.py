@@ -520,14 +520,61 @@ def _batches(path: str, cols: List[_Column], lo: int, m: int, total: int, batch_
              nbatches: int, perm: Optional[np.ndarray]) -> Iterator[Dict[str, Any]]:
     part = _open(path)
     w, nw = _worker()
-    for j in range(w, nbatches, nw):
-        s0, s1 = j * batch_size, min(total, (j + 1) * batch_size)
-        if perm is None:
-            plan = _plan(part, list(_ranges(s0, s1, lo, m)))
-            yield {c.name: _tensor(_slice_rows(c, plan)) for c in cols}
-        else:
-            rows = perm[np.arange(s0, s1) % m]
+    if perm is not None:
+        for j in range(w, nbatches, nw):
+            rows = perm[np.arange(j * batch_size, min(total, (j + 1) * batch_size)) % m]
             yield {c.name: _tensor(_take_rows(part, c, rows)) for c in cols}
+        return
+    # In order, a batch almost always lies inside one record batch; when every column of
+    # that record batch is a view, the batch is one ndarray slice and one from_numpy per
+    # column (~0.6 us each), with the record batch's views looked up once, not per batch:
+    # at 1024 rows of 4 floats the general path's per-batch planning cost as much as
+    # reading the batch. Batches that span record batches or wrap around take _plan.
+    starts, from_numpy = part.starts, torch.from_numpy
+    i, end_i, views = -1, -1, None
+    stride = nw * batch_size  # rows from one of this worker's batches to its next
+    j = w
+    while j < nbatches:
+        s0 = j * batch_size
+        n = min(total - s0, batch_size)
+        a = s0 % m
+        row = lo + a
+        if a + n <= m:
+            if not (i >= 0 and starts[i] <= row < end_i):
+                i = part.locate(row)
+                end_i = starts[i + 1]
+                views = _views_of(cols, i)
+            if views is not None and row + n <= end_i:
+                # This batch and the next ones of this worker that lie in this record
+                # batch, are full and do not wrap around: a run of plain slices.
+                count = 1
+                if n == batch_size:
+                    count += min((min(end_i, lo + m) - row - n) // stride,
+                                 (total - s0 - n) // stride, (nbatches - 1 - j) // nw)
+                first = row - starts[i]
+                for off in range(first, first + count * stride, stride):
+                    stop = off + n
+                    batch = {}
+                    for name, v in views:
+                        batch[name] = from_numpy(v[off:stop])
+                    yield batch
+                j += count * nw
+                continue
+        plan = _plan(part, list(_ranges(s0, s0 + n, lo, m)))
+        yield {c.name: _tensor(_slice_rows(c, plan)) for c in cols}
+        j += nw
+
+
+def _views_of(cols: List[_Column], i: int) -> Optional[List[Tuple[str, np.ndarray]]]:
+    """(name, the view of record batch i) of every column, or None when a column of that
+    record batch needs converting."""
+    views = []
+    for c in cols:
+        p = c.parts[i]
+        if p is None or p.view is None:
+            return None
+        views.append((c.name, p.view))
+    return views
 
 
 class _SparkPartitionDataset(torch.utils.data.IterableDataset):
