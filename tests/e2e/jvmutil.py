@@ -54,13 +54,46 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
     return out, err
 
 
+def stock_processes(mark: str) -> List[int]:
+    """The stock path's training processes carrying mark: per node PySpark's wrapper
+    (python -m pyspark.ml.torch.torch_run_process_wrapper), its torchrun (python -m
+    torch.distributed.run; the two are the agent's counterpart) and the workers."""
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    import tsp_spark
+
+    found = tsp_spark.job_processes(mark)
+    needle = f"{tsp_spark.MARK}={mark}".encode()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) in found:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if b"torch.distributed.run" not in cmd and STOCK_WRAPPER not in cmd:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                    continue
+        except OSError:
+            continue
+        found.append(int(pid))
+    return found
+
+
+STOCK_WRAPPER = b"pyspark.ml.torch.torch_run_process_wrapper"
+NOT_STARTED = -2.0  # a round whose training was not up within start_timeout
+
+
 def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0,
-                   stock: bool = False) -> List[float]:
+                   stock: bool = False, start_timeout: float = 600.0) -> List[float]:
     """Starts a TorchDistributor training (2 processes; torchspark's, or PySpark's own with
-    stock), cancels every job mid-training and returns, per round, the ms until every
-    training process carrying mark is gone (-1: not within gone_timeout; those are killed
-    afterwards so the next round starts clean). Stock: the workers are counted (torchrun
-    itself is not), so 2 processes must be up instead of 4."""
+    stock), cancels every job 3 s after its processes are up (2 agents and 2 workers; stock:
+    2 wrappers, 2 torchruns, 2 workers) and returns, per round, the ms until every one of them is gone (-1: not within
+    gone_timeout; NOT_STARTED: not up within start_timeout, then cancelled anyway). What is
+    left is killed afterwards, so the next round starts clean."""
     if stock:
         from pyspark.ml.torch.distributor import TorchDistributor
     else:
@@ -69,6 +102,8 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
     import tsp_spark
 
+    procs = (lambda: stock_processes(mark)) if stock else (lambda: tsp_spark.job_processes(mark))
+    need = 6 if stock else 4
     times = []
     for _ in range(rounds):
         def train() -> None:
@@ -80,20 +115,22 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
 
         t = threading.Thread(target=train, daemon=True)
         t.start()
-        need = 2 if stock else 4
-        found = tsp_spark.wait_present(mark, need, 600)
-        assert len(found) >= need, f"training did not start: {found}"
-        time.sleep(3)  # mid-training
+        deadline = time.monotonic() + start_timeout
+        while len(procs()) < need and time.monotonic() < deadline:
+            time.sleep(0.1)
+        started = len(procs()) >= need
+        if started:
+            time.sleep(3)  # mid-training
         t0 = time.monotonic()
         spark.sparkContext.cancelAllJobs()
         gone = -1.0
         while time.monotonic() - t0 < gone_timeout:
-            if not tsp_spark.job_processes(mark):
+            if not procs():
                 gone = (time.monotonic() - t0) * 1000
                 break
             time.sleep(0.005)
-        times.append(round(gone, 1))
-        for pid in tsp_spark.job_processes(mark):
+        times.append(round(gone, 1) if started else NOT_STARTED)
+        for pid in procs():
             try:
                 os.kill(pid, 9)
             except OSError:
@@ -116,14 +153,86 @@ def new_mark() -> str:
     return uuid.uuid4().hex
 
 
-GONE_BOUND_MS = 5000  # generous (2 shared cores); the goal (1 s) is measured in the bench
+# Every training process gone within this, from the cancel call: the issue's 1 s (measured
+# 70-140 ms on a loaded 2-core machine; the median goal of 200 ms is measured in the bench).
+GONE_BOUND_MS = 1000
 
 
-def plugin_stops(app_id: str) -> int:
+def plugin_stops(app_id: str, needle: str = "torchspark plugin: stopped") -> int:
     """How many times the executors' TorchSparkPlugin logged stopping a killed task's agents
-    (local-cluster executors write <worker dir>/<app id>/<executor id>/stderr, the worker
-    dirs under java.io.tmpdir)."""
+    (or needle: any line) (local-cluster executors write <worker dir>/<app id>/<executor
+    id>/stderr, the worker dirs under java.io.tmpdir)."""
     n = 0
     for f in Path(tempfile.gettempdir()).glob(f"worker-*/{app_id}/*/stderr"):
-        n += f.read_text(errors="replace").count("torchspark plugin: stopped")
+        n += f.read_text(errors="replace").count(needle)
     return n
+
+
+EARLY_DELAYS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5)
+
+
+def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True) -> List[Tuple]:
+    """Starts a torchspark TorchDistributor training (2 processes) per delay and cancels
+    every job DELAY s after the first of its tasks was launched (seen in the status
+    tracker): before the tasks run, while they elect or wait in the barrier's allGather,
+    or just after the agents started. Returns, per round, (delay, processes up at the
+    cancel, ms until none is left (-1: not in 15 s), the ms when one was first and last
+    seen again in the 3 s after the cancel (a late agent; -1: none), processes alive after
+    that). With until_window, the rounds end once the executors' plugin logged a task
+    killed with no agent running (the status tracker sees a launch late and by a varying
+    margin, so the delay that hits the window varies)."""
+    from torchspark import TorchDistributor
+
+    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+    import tsp_spark
+
+    sc = spark.sparkContext
+    rounds = []
+    for delay in delays:
+        def train() -> None:
+            try:
+                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                    str(DDP), "--steps", "100000000")
+            except Exception:
+                pass
+
+        t = threading.Thread(target=train, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 120
+        tracker = sc.statusTracker()
+        while time.monotonic() < deadline:
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            if any(i is not None and i.numActiveTasks > 0 for i in infos):
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError("no task was launched in 120 s")
+        time.sleep(delay)
+        before = len(tsp_spark.job_processes(mark))
+        t0 = time.monotonic()
+        sc.cancelAllJobs()
+        gone = -1.0
+        while time.monotonic() - t0 < 15:
+            if not tsp_spark.job_processes(mark):
+                gone = (time.monotonic() - t0) * 1000
+                break
+            time.sleep(0.005)
+        # An agent started after the cancel (the task's allGather returned anyway): when a
+        # process of the job was first and last seen again, over 3 s after the cancel.
+        first = last = -1.0
+        while time.monotonic() - t0 < 3:
+            if tsp_spark.job_processes(mark):
+                last = (time.monotonic() - t0) * 1000
+                first = last if first < 0 else first
+            time.sleep(0.01)
+        t.join(30)
+        late = tsp_spark.job_processes(mark)
+        rounds.append((delay, before, round(gone, 1), round(first, 1), round(last, 1), len(late)))
+        for pid in late:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        if until_window and plugin_stops(sc.applicationId, "killed with no agent running"):
+            break
+    return rounds

@@ -1,8 +1,10 @@
 """The JVM half end to end, on real Spark (spark-submit of the pyspark package,
 local-cluster[2,1,1024]) and real torch: a Java application trains the DDP example across
 2 executors through TorchSparkRunner; TorchSparkPlugin stops a cancelled job's training
-processes, for TorchSparkRunner and for PySpark's TorchDistributor (the bound here is
-generous for a loaded 2-core machine; the 1 s goal is measured by bench/jvm_cancel_bench.py)."""
+processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the issue's 1 s
+(jvmutil.GONE_BOUND_MS; measured from the cancel call, printed; the median goal of 200 ms is
+measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
+and the plugin's shutdown() stops what an executor still runs when the executor stops."""
 import json
 import re
 import subprocess
@@ -37,6 +39,7 @@ def test_plugin_stops_a_cancelled_runner_job():
     out, err = jvmutil.spark_submit("cancel", plugin=True)
     assert int(out["BEFORE"][0]) >= 4, out
     gone = int(out["GONE_MS"][0])
+    print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
     assert 0 <= gone < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
     # The plugin itself stopped the agents (the executors' logs say so).
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
@@ -67,16 +70,98 @@ def test_plugin_stops_a_cancelled_pyspark_job():
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     res = json.loads(lines[-1][len("RESULT "):])
+    print(f"PySpark job: every training process gone {res['gone']} ms after cancelAllJobs")
     assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
     assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
 
 
 def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
-    # One executor with 2 cores runs both jobs; then stopping the application stops the other.
+    # One executor with 2 cores runs both jobs; then stopping the application (spark.stop())
+    # stops the other (the failed job's driver tells its agent to stop; the executor's
+    # stop is tested with the plugin's shutdown() alone below).
     out, err = jvmutil.spark_submit("concurrent", plugin=True, master="local-cluster[1,2,1024]")
     a, b = (int(x) for x in out["BEFORE"][0].split())
     assert a >= 2 and b >= 2, out
-    assert 0 <= int(out["GONE_MS"][0]) < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
+    gone = int(out["GONE_MS"][0])
+    print(f"job A: gone {gone} ms after cancelJobGroup; job B: gone "
+          f"{out['STOP_GONE_MS'][0]} ms after spark.stop() was called")
+    assert 0 <= gone < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
     assert int(out["OTHER_ALIVE"][0]) == b, out
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
     assert int(out["STOP_GONE_MS"][0]) >= 0, (out, err[-3000:])
+
+
+def test_plugin_executor_stopped_normally_leaves_nothing():
+    # SparkContext.killExecutor while a runner job's agent runs: the worker sends the executor
+    # JVM SIGTERM, Spark's shutdown hook stops the Executor, which calls the plugin's
+    # shutdown(): it stops every tagged process and waits for them, so they are gone BEFORE
+    # the executor JVM (without the plugin they die after it, by their parent-death signal:
+    # measured 664 ms vs the JVM's 649 ms; with it 283 ms vs 481 ms). The executor's own log
+    # cannot show it: the worker stops copying the executor's output before killing it.
+    out, err = jvmutil.spark_submit("killexec", plugin=True)
+    assert int(out["BEFORE"][0]) >= 2 and int(out["EXECUTOR_PID"][0]) > 1, out
+    assert out["KILLED"] == ["true"], out
+    gone, jvm_gone = int(out["GONE_MS"][0]), int(out["EXECUTOR_GONE_MS"][0])
+    print(f"killExecutor: the job's processes gone after {gone} ms, the executor JVM after {jvm_gone} ms")
+    assert 0 <= gone < jvm_gone, (out, err[-3000:])
+    assert out["LEFT"] == ["0"], out
+
+
+def test_plugin_runner_job_cancelled_while_its_tasks_start():
+    # Cancelled 0-1400 ms after the driver launched the first task: before Task.run, in the
+    # election or the barrier's allGather (>= 1 s: Spark polls it every second), or just
+    # after the agents started. Nothing may be left, then or 2 s later (a late agent).
+    out, err = jvmutil.spark_submit("early", plugin=True)
+    rounds = [[int(x) for x in r.split()] for r in out["ROUND"]]
+    print("rounds (delay ms, processes at the cancel, gone ms, left 2 s later):", rounds)
+    for _delay, _before, gone, left in rounds:
+        assert 0 <= gone < jvmutil.GONE_BOUND_MS, (rounds, err[-3000:])
+        assert left == 0, (rounds, err[-3000:])
+    # The window was hit: the plugin saw a torchspark task killed before its agent existed.
+    assert int(out["EARLY_KILLS"][0]) >= 1, out
+    assert int(out["PLUGIN_ERRORS"][0]) == 0, out
+    assert out["AFTER"] == ["ok"], out  # the executors and the plugin still run a job
+
+
+_PYSPARK_EARLY = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import jvmutil
+mark = jvmutil.new_mark()
+spark = jvmutil.pyspark_session(plugin=True, mark=mark)
+try:
+    rounds = jvmutil.cancel_early_pyspark(spark, mark)
+    time.sleep(0.5)  # the executors' log lines
+    app = spark.sparkContext.applicationId
+    res = {"rounds": rounds, "early": jvmutil.plugin_stops(app, "killed with no agent running"),
+           "late": jvmutil.plugin_stops(app, "(started after the kill)"),
+           "errors": jvmutil.plugin_stops(app, "torchspark plugin: stopping a task's processes failed"),
+           "after": spark.sparkContext.parallelize(range(4), 2).count()}
+finally:
+    spark.stop()
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
+    # PySpark's task cannot see its own kill: a task killed while in the barrier's allGather
+    # (which still returns) starts its agent after the cancel; the plugin watches a killed
+    # attempt and stops such a late agent within its 100 ms sweep, long before PySpark
+    # would kill the Python worker (2 s poll + spark.python.task.killTimeout). Cancels 0,
+    # 0.1, 0.2, ... 1.5 s after the launch, until one lands before an agent existed.
+    r = subprocess.run([sys.executable, "-c", _PYSPARK_EARLY, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=900)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+    res = json.loads(lines[-1][len("RESULT "):])
+    print("rounds (delay s, processes at the cancel, gone ms, a late agent first and last "
+          "seen ms, left):", res)
+    for _delay, _before, gone, first, last, left in res["rounds"]:
+        assert 0 <= gone < jvmutil.GONE_BOUND_MS, res
+        # A late agent (started up to ~1 s after the cancel: allGather's poll) is stopped
+        # within 1 s of its start (the watch sweeps every 100 ms); PySpark alone would
+        # leave it until it kills the Python worker, >= 2 s after the cancel.
+        assert last - first < jvmutil.GONE_BOUND_MS, res
+        assert left == 0, res
+    assert res["early"] >= 1, res  # the window was hit
+    assert res["errors"] == 0 and res["after"] == 4, res

@@ -154,6 +154,9 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     spec.noPython, gpus, program);
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(cmd, env, System.err::println);
+            // Killed while launching, electing or in the barrier: no agent at all (a kill
+            // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
+            ctx.killTaskIfInterrupted();
             agent.start(); // from the task thread: it lives as long as the agent
             int rc = agent.waitFor(ctx);
             if (elected != null) {

@@ -28,7 +28,10 @@ import org.slf4j.LoggerFactory;
  * Spark: a 100 ms poll) hands the task's attempt id to the plugin's thread, which finds the
  * task's processes among this JVM's descendants by the environment tag
  * {@code TORCHSPARK_TASK_ATTEMPT_ID=<id>}, sends SIGTERM, and SIGKILL after the grace
- * ({@value #GRACE_CONF}, default 2000 ms). {@code shutdown()} sweeps every tagged process.
+ * ({@value #GRACE_CONF}, default 2000 ms). A killed task's attempt stays watched for
+ * {@value #WATCH_MS} ms (swept every 100 ms): a task killed before its agent existed (while
+ * it was launching, electing or in its barrier) and that starts the agent anyway gets it
+ * stopped then. {@code shutdown()} sweeps every tagged process.
  * No state is shared with the tasks: Spark Connect runs tasks under other class loaders.
  *
  * <p>Driver side: metrics (runs, agents running, lines received, failures of the
@@ -36,6 +39,8 @@ import org.slf4j.LoggerFactory;
  */
 public final class TorchSparkPlugin implements SparkPlugin {
     public static final String GRACE_CONF = "spark.torchspark.plugin.killGraceMs";
+    /** How long a killed or failed task's attempt id stays watched for a late agent. */
+    static final long WATCH_MS = 30_000;
     static final Logger LOG = LoggerFactory.getLogger(TorchSparkPlugin.class);
 
     @Override
@@ -67,7 +72,12 @@ public final class TorchSparkPlugin implements SparkPlugin {
 
     /** Executor side: tears down the process trees of killed torchspark tasks. */
     static final class Executor implements ExecutorPlugin {
-        private final LinkedBlockingQueue<String> queue = new LinkedBlockingQueue<>();
+        /** A task attempt to sweep: killed (the interrupt listener, the poll) or failed. */
+        private record Sweep(String id, boolean killed) {}
+
+        private final LinkedBlockingQueue<Sweep> queue = new LinkedBlockingQueue<>();
+        /** Attempt id -> System.nanoTime() until which it is swept again every 100 ms. */
+        private final Map<String, Long> watched = new ConcurrentHashMap<>();
         private final Set<TaskContext> polled = ConcurrentHashMap.newKeySet();
         private final ThreadLocal<TaskContext> current = new ThreadLocal<>();
         private final AtomicLong killed = new AtomicLong();
@@ -101,8 +111,13 @@ public final class TorchSparkPlugin implements SparkPlugin {
                     // Runs under Spark's global TaskContext lock: hand off, never block.
                     tc.addTaskInterruptListener((c, reason) -> {
                         interrupts.incrementAndGet();
-                        queue.offer(id);
+                        queue.offer(new Sweep(id, true));
                     });
+                    if (tc.isInterrupted()) {
+                        // Killed before it started (KillTask before Task.run): a second
+                        // sweep, should the listener also run, finds the id watched.
+                        queue.offer(new Sweep(id, true));
+                    }
                     return;
                 } catch (LinkageError e) {
                     listenerMissing = true; // Spark before 4.3: poll instead
@@ -130,24 +145,32 @@ public final class TorchSparkPlugin implements SparkPlugin {
             ended();
             if (tc != null) {
                 // Whatever failed the task, nothing it started may outlive it.
-                queue.offer(Long.toString(tc.taskAttemptId()));
+                queue.offer(new Sweep(Long.toString(tc.taskAttemptId()), false));
             }
         }
 
         private void loop() {
             while (!stopping) {
                 try {
-                    String id = queue.poll(100, TimeUnit.MILLISECONDS);
-                    if (id != null) {
-                        stopTask(id);
+                    Sweep s = queue.poll(100, TimeUnit.MILLISECONDS);
+                    if (s != null) {
+                        sweep(s);
                     }
                     for (TaskContext tc : polled) {
                         if (tc.isInterrupted()) {
                             polled.remove(tc);
                             interrupts.incrementAndGet();
-                            stopTask(Long.toString(tc.taskAttemptId()));
+                            sweep(new Sweep(Long.toString(tc.taskAttemptId()), true));
                         } else if (tc.isCompleted()) {
                             polled.remove(tc);
+                        }
+                    }
+                    long now = System.nanoTime();
+                    for (Map.Entry<String, Long> e : watched.entrySet()) {
+                        if (now - e.getValue() > 0) {
+                            watched.remove(e.getKey());
+                        } else {
+                            stopTask(e.getKey(), "killed task attempt", " (started after the kill)");
                         }
                     }
                 } catch (InterruptedException e) {
@@ -158,12 +181,23 @@ public final class TorchSparkPlugin implements SparkPlugin {
             }
         }
 
-        private void stopTask(String id) {
+        /** Stops what the attempt runs now, then watches it for an agent started late. */
+        private void sweep(Sweep s) {
+            boolean seen = watched.put(s.id(), System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(WATCH_MS)) != null;
+            int n = stopTask(s.id(), s.killed() ? "killed task attempt" : "failed task attempt", "");
+            if (n == 0 && s.killed() && !seen) {
+                LOG.info("torchspark plugin: task attempt {} killed with no agent running "
+                        + "(not started yet, or already stopped); watching it for {} ms", s.id(), WATCH_MS);
+            }
+        }
+
+        private int stopTask(String id, String what, String note) {
             int n = ProcessTrees.stop(ProcessTrees.tagged(id), graceMs);
             if (n > 0) {
                 killed.addAndGet(n);
-                LOG.info("torchspark plugin: stopped {} agent(s) of killed task attempt {}", n, id);
+                LOG.info("torchspark plugin: stopped {} agent(s) of {} {}{}", n, what, id, note);
             }
+            return n;
         }
 
         @Override

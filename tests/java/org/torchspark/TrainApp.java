@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -16,6 +17,9 @@ import org.apache.spark.sql.SparkSession;
  *   train PYTHON SCRIPT   DDP training across 2 executors, then a failing run
  *   cancel PYTHON SCRIPT [N]  cancelAllJobs mid-training (N times); how long until every training process is gone
  *   time PYTHON SCRIPT [N]    wall time of N short trainings
+ *   concurrent                two jobs on one executor: one cancelled, then spark.stop() with the other running
+ *   early                     jobs cancelled while their tasks start (before their agents exist)
+ *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -48,6 +52,16 @@ public final class TrainApp {
             throw new IllegalStateException(e);
         }
         return out;
+    }
+
+    /** Whether pid is a live process (not gone, not a zombie). */
+    static boolean liveProcess(long pid) {
+        try {
+            String stat = Files.readString(Paths.get("/proc/" + pid + "/stat"));
+            return !stat.substring(stat.lastIndexOf(')') + 2).startsWith("Z");
+        } catch (IOException e) {
+            return false;
+        }
     }
 
     private static boolean contains(byte[] env, byte[] needle) {
@@ -83,6 +97,10 @@ public final class TrainApp {
             } else if (mode.equals("concurrent")) {
                 concurrent(spark);
                 return; // concurrent() stops the session itself
+            } else if (mode.equals("killexec")) {
+                killExecutor(spark);
+            } else if (mode.equals("early")) {
+                early(spark);
             } else if (mode.equals("time")) {
                 for (int i = 0; i < rounds; i++) {
                     long t0 = System.nanoTime();
@@ -211,11 +229,16 @@ public final class TrainApp {
         }
     }
 
-    /** "torchspark plugin: stopped" lines in this application's executor logs (local-cluster
-     *  workers keep them under java.io.tmpdir/worker-*&#47;APP_ID/N/stderr while it runs). */
+    /** "torchspark plugin: stopped" lines in this application's executor logs. */
     static int pluginStops(SparkSession spark) {
+        return logCount(spark, "torchspark plugin: stopped");
+    }
+
+    /** This application's executor logs: local-cluster workers keep them under
+     *  java.io.tmpdir/worker-*&#47;APP_ID/N/stderr while it runs. */
+    static List<Path> executorLogs(SparkSession spark) {
         String app = spark.sparkContext().applicationId();
-        int n = 0;
+        List<Path> out = new ArrayList<>();
         try (var workers = Files.newDirectoryStream(Paths.get(System.getProperty("java.io.tmpdir")), "worker-*")) {
             for (Path w : workers) {
                 Path dir = w.resolve(app);
@@ -226,16 +249,164 @@ public final class TrainApp {
                     for (Path e : (Iterable<Path>) execs::iterator) {
                         Path f = e.resolve("stderr");
                         if (Files.isRegularFile(f)) {
-                            String t = Files.readString(f, StandardCharsets.ISO_8859_1);
-                            n += t.split("torchspark plugin: stopped", -1).length - 1;
+                            out.add(f);
                         }
                     }
                 }
             }
         } catch (IOException e) {
-            return -1;
+            throw new UncheckedIOException(e);
+        }
+        return out;
+    }
+
+    /** Occurrences of needle in this application's executor logs. */
+    static int logCount(SparkSession spark, String needle) {
+        int n = 0;
+        for (Path f : executorLogs(spark)) {
+            try {
+                n += count(Files.readString(f, StandardCharsets.ISO_8859_1), needle);
+            } catch (IOException e) {
+                throw new UncheckedIOException(e);
+            }
         }
         return n;
+    }
+
+    static int count(String text, String needle) {
+        return text.split(java.util.regex.Pattern.quote(needle), -1).length - 1;
+    }
+
+    /** An executor stopped normally while its task's agent runs: SparkContext.killExecutor
+     *  (the worker sends the executor JVM SIGTERM; its shutdown hook stops the Executor,
+     *  which calls the plugins' shutdown()). Prints when the job's processes and when the
+     *  executor JVM were gone. */
+    private static void killExecutor(SparkSession spark) {
+        java.util.Set<String> executors = java.util.concurrent.ConcurrentHashMap.newKeySet();
+        spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
+                executors.add(e.taskInfo().executorId());
+            }
+        });
+        String mark = UUID.randomUUID().toString();
+        Thread job = new Thread(() -> {
+            try {
+                TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(1)
+                        .env("TSP_E2E_MARK", mark).run(spark);
+            } catch (RuntimeException e) {
+                System.out.println("JOB: " + e.getClass().getSimpleName());
+            }
+        }, "killexec");
+        job.setDaemon(true);
+        job.start();
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while (marked(mark).size() < 2 && System.nanoTime() < deadline) { // the agent + sleep
+            sleep(100);
+        }
+        System.out.println("BEFORE: " + marked(mark).size());
+        String exec = executors.iterator().next();
+        // The executor's log is cut when its worker kills it (the worker stops copying its
+        // output first): what stopped the agent shows in the order instead. The plugin's
+        // shutdown() waits for the agent's tree before the executor JVM goes on exiting; the
+        // agent's parent-death signal (its only other way to die here) comes after the JVM.
+        long jvm = -1;
+        for (long pid : marked(mark)) {
+            ProcessHandle p = ProcessHandle.of(pid).orElse(null);
+            ProcessHandle parent = p == null ? null : p.parent().orElse(null);
+            if (parent != null && parent.info().command().orElse("").endsWith("/java")) {
+                jvm = parent.pid();
+            }
+        }
+        System.out.println("EXECUTOR_PID: " + jvm);
+        long t0 = System.nanoTime();
+        System.out.println("KILLED: " + spark.sparkContext().killExecutor(exec));
+        long goneMs = -1;
+        long jvmGoneMs = -1;
+        while (System.nanoTime() - t0 < 30_000_000_000L && (goneMs < 0 || jvmGoneMs < 0)) {
+            long now = (System.nanoTime() - t0) / 1_000_000;
+            if (goneMs < 0 && marked(mark).isEmpty()) {
+                goneMs = now;
+            }
+            if (jvmGoneMs < 0 && !liveProcess(jvm)) {
+                jvmGoneMs = now;
+            }
+            sleep(2);
+        }
+        System.out.println("GONE_MS: " + goneMs);
+        System.out.println("EXECUTOR_GONE_MS: " + jvmGoneMs);
+        sleep(1000);
+        System.out.println("LEFT: " + marked(mark).size());
+        for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
+    /** Jobs cancelled while their tasks start: DELAYS ms after the driver launched the
+     *  first task (before Task.run, in the election or the barrier's allGather, or just
+     *  after the agents started). Nothing may be left, at once and 2 s later (a late agent),
+     *  the plugin must log no failure, and the executors must still run a job. */
+    private static void early(SparkSession spark) {
+        long[] delays = {0, 200, 500, 800, 1100, 1400};
+        java.util.concurrent.atomic.AtomicReference<java.util.concurrent.CountDownLatch> launched =
+                new java.util.concurrent.atomic.AtomicReference<>(new java.util.concurrent.CountDownLatch(1));
+        spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
+                launched.get().countDown();
+            }
+        });
+        for (long delay : delays) {
+            String mark = UUID.randomUUID().toString();
+            java.util.concurrent.CountDownLatch latch = new java.util.concurrent.CountDownLatch(1);
+            launched.set(latch);
+            Thread job = new Thread(() -> {
+                try {
+                    TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(2)
+                            .env("TSP_E2E_MARK", mark).run(spark);
+                } catch (RuntimeException e) {
+                    // Cancelled: expected.
+                }
+            }, "early");
+            job.setDaemon(true);
+            job.start();
+            try {
+                if (!latch.await(120, java.util.concurrent.TimeUnit.SECONDS)) {
+                    throw new IllegalStateException("no task launched in 120 s");
+                }
+            } catch (InterruptedException e) {
+                throw new IllegalStateException(e);
+            }
+            sleep(delay);
+            int before = marked(mark).size();
+            long t0 = System.nanoTime();
+            spark.sparkContext().cancelAllJobs();
+            long goneMs = -1;
+            while (System.nanoTime() - t0 < 15_000_000_000L) {
+                if (marked(mark).isEmpty()) {
+                    goneMs = (System.nanoTime() - t0) / 1_000_000;
+                    break;
+                }
+                sleep(5);
+            }
+            try {
+                job.join(30_000);
+            } catch (InterruptedException e) {
+                throw new IllegalStateException(e);
+            }
+            sleep(2000);
+            int late = marked(mark).size();
+            System.out.println("ROUND: " + delay + " " + before + " " + goneMs + " " + late);
+            for (long pid : marked(mark)) {
+                ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+            }
+        }
+        sleep(500); // the executors' log lines
+        System.out.println("EARLY_KILLS: " + logCount(spark, "killed with no agent running"));
+        System.out.println("PLUGIN_STOPS: " + pluginStops(spark));
+        System.out.println("PLUGIN_ERRORS: " + logCount(spark, "torchspark plugin: stopping a task's processes failed"));
+        TorchSparkRunner.command("sh", "-c", "exit 0").numProcesses(2).run(spark);
+        System.out.println("AFTER: ok");
     }
 
     private static void sleep(long ms) {
