@@ -168,7 +168,10 @@ def plugin_stops(app_id: str, needle: str = "torchspark plugin: stopped") -> int
     return n
 
 
-EARLY_DELAYS = (0.0, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5)
+# Fine steps first: on a quiet machine the window between the task's start on the
+# executor and its agent is a few tens of ms (the election goes through the driver's
+# rendezvous); coarse ones after, for a loaded machine.
+EARLY_DELAYS = tuple(i / 100 for i in range(12)) + (0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5)
 
 
 def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True) -> List[Tuple]:

@@ -148,7 +148,8 @@ def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
     # (which still returns) starts its agent after the cancel; the plugin watches a killed
     # attempt and stops such a late agent within its 100 ms sweep, long before PySpark
     # would kill the Python worker (2 s poll + spark.python.task.killTimeout). Cancels 0,
-    # 0.1, 0.2, ... 1.5 s after the launch, until one lands before an agent existed.
+    # 0.01, 0.02, ... 0.11, then 0.15, 0.2, ... 1.5 s after the launch, until one lands
+    # before an agent existed.
     r = subprocess.run([sys.executable, "-c", _PYSPARK_EARLY, str(Path(__file__).parent)],
                        capture_output=True, text=True, timeout=900)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
