@@ -42,7 +42,7 @@ final class AgentProcess {
     static List<String> command(String agent, boolean standalone, int nnodes, int nodeRank, int nproc,
             String masterAddr, int masterPort, int ncclPort, String runId, String python,
             String errorFile, String endpoint, String outputFile, boolean noPython, String gpus,
-            List<String> program) {
+            double ncclCheck, List<String> program) {
         List<String> c = new ArrayList<>();
         c.add(agent);
         if (standalone) {
@@ -63,9 +63,13 @@ final class AgentProcess {
             c.add("--master-port=" + masterPort);
         }
         if (ncclPort > 0) {
-            // The election's second port: NCCL_COMM_ID of the NCCL check (TORCHSPARK_NCCL_CHECK=1
-            // in the executors' environment turns the check on).
+            // The election's second port: NCCL_COMM_ID of the NCCL check.
             c.add("--nccl-comm-port=" + ncclPort);
+        }
+        if (gpus != null && ncclCheck > 0) {
+            // The NCCL preflight with this deadline in seconds (docs/gpu.md); without it,
+            // TORCHSPARK_NCCL_CHECK=1 in the executors' environment still turns it on.
+            c.add("--nccl-check=" + formatSeconds(ncclCheck));
         }
         if (runId != null) {
             c.add("--rdzv-id=" + runId);
@@ -92,6 +96,11 @@ final class AgentProcess {
         }
         c.addAll(program);
         return c;
+    }
+
+    /** Seconds as the agent's option reads them: "180", "0.5". */
+    static String formatSeconds(double s) {
+        return s == Math.rint(s) ? Long.toString((long) s) : Double.toString(s);
     }
 
     void start() throws IOException {

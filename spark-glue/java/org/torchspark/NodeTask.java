@@ -47,6 +47,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         String secretHex;
         String driverHost;
         boolean wantOutput;
+        double ncclCheck; // the NCCL preflight's deadline in seconds, 0: off
     }
 
     private final Spec spec;
@@ -151,7 +152,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), false, nnodes,
                     nodeRank, nproc, record.masterAddr, record.masterPort, record.ncclPort, record.runId, python,
                     errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
-                    spec.noPython, gpus, program);
+                    spec.noPython, gpus, spec.ncclCheck, program);
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(cmd, env, System.err::println);
             // Killed while launching, electing or in the barrier: no agent at all (a kill

@@ -11,12 +11,16 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import java.util.UUID;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.concurrent.atomic.AtomicReference;
+import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -230,6 +234,42 @@ public final class TorchSparkRunner {
         return p;
     }
 
+    /**
+     * The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off: conf
+     * spark.torchspark.ncclCheck (default false) or TORCHSPARK_NCCL_CHECK=1 on the driver;
+     * spark.torchspark.ncclCheck.timeout (default 180s), as in the PySpark glue.
+     */
+    static double ncclCheckTimeout(SparkConf conf, String env) {
+        boolean on = env != null && (env.equals("1") || env.equalsIgnoreCase("true"));
+        String flag = conf.get("spark.torchspark.ncclCheck", "false").trim();
+        if (!on && !flag.equalsIgnoreCase("true")) {
+            if (!flag.equalsIgnoreCase("false")) {
+                throw new IllegalArgumentException("spark.torchspark.ncclCheck is '" + flag
+                        + "': give true or false");
+            }
+            return 0;
+        }
+        String raw = conf.get("spark.torchspark.ncclCheck.timeout", "180s").trim().toLowerCase(Locale.ROOT);
+        Matcher m = Pattern.compile("([0-9]+(?:\\.[0-9]*)?)\\s*(ms|s|m|min|h)?").matcher(raw);
+        double v = m.matches() ? Double.parseDouble(m.group(1)) : 0;
+        if (v <= 0) {
+            throw new IllegalArgumentException("spark.torchspark.ncclCheck.timeout is '" + raw
+                    + "': give a duration such as 180s, 3min or 500ms");
+        }
+        String unit = m.group(2) == null ? "s" : m.group(2);
+        switch (unit) {
+            case "ms":
+                return v / 1000;
+            case "m":
+            case "min":
+                return v * 60;
+            case "h":
+                return v * 3600;
+            default:
+                return v;
+        }
+    }
+
     private int tasks(SparkContext sc) {
         int per = nprocPerNode;
         if (useGpu && per == 0) {
@@ -321,7 +361,7 @@ public final class TorchSparkRunner {
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
                     null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
-                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, prog);
+                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, 0, prog);
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
             AgentProcess agent = new AgentProcess(cmd, penv, System.err::println);
@@ -404,6 +444,7 @@ public final class TorchSparkRunner {
         spec.noPython = kind == Kind.COMMAND;
         spec.nprocPerNode = useGpu ? nprocPerNode : Math.max(1, nprocPerNode);
         spec.useGpu = useGpu;
+        spec.ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK")) : 0;
         spec.python = py;
         spec.env.putAll(env);
         spec.driverHost = driverHost;

@@ -76,7 +76,7 @@ public class JniTest {
             Election.Record rec = Election.Record.unpack(r.packed);
             List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr,
                     rec.masterPort, rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null,
-                    false, "0", List.of("train.py"));
+                    false, "0", 0, List.of("train.py"));
             assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.ncclPort));
             assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.masterPort));
             // A record without it (an older rank 0): no option, the agent uses the master port.
@@ -84,7 +84,7 @@ public class JniTest {
                     + "\"run_id\":\"r\"}");
             assertEquals(0, rec.ncclPort);
             cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr, rec.masterPort,
-                    rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null, false, "0",
+                    rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null, false, "0", 0,
                     List.of("train.py"));
             assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
         } finally {

@@ -9,6 +9,8 @@ import static org.junit.Assert.fail;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.List;
+import org.apache.spark.SparkConf;
 import org.junit.Test;
 
 /** TorchSparkRunner: argument validation and local mode (one agent on this JVM). */
@@ -30,6 +32,39 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertTrue(e.getMessage().contains("localMode"));
         }
+    }
+
+    /** The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md). */
+    @Test
+    public void ncclCheckConfsBecomeTheAgentsOption() {
+        SparkConf conf = new SparkConf(false);
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "1"), 0);
+        conf.set("spark.torchspark.ncclCheck", "true");
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        conf.set("spark.torchspark.ncclCheck.timeout", "3min");
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        conf.set("spark.torchspark.ncclCheck.timeout", "500ms");
+        assertEquals(0.5, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        conf.set("spark.torchspark.ncclCheck.timeout", "soon");
+        try {
+            TorchSparkRunner.ncclCheckTimeout(conf, null);
+            fail("a timeout that is no duration");
+        } catch (IllegalArgumentException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("spark.torchspark.ncclCheck.timeout is 'soon'"));
+        }
+        conf.set("spark.torchspark.ncclCheck", "yes please");
+        JniTest.expectIae(() -> TorchSparkRunner.ncclCheckTimeout(conf, null));
+        List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3",
+                "/tmp/e.json", null, null, false, "0", 0.5, List.of("train.py"));
+        assertTrue(cmd.toString(), cmd.contains("--nccl-check=0.5"));
+        assertTrue(cmd.toString(), cmd.indexOf("--nccl-check=0.5") < cmd.indexOf("train.py"));
+        cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3", "/tmp/e.json",
+                null, null, false, "0", 180, List.of("train.py"));
+        assertTrue(cmd.toString(), cmd.contains("--nccl-check=180"));
+        cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3", "/tmp/e.json",
+                null, null, false, null, 180, List.of("train.py")); // no GPUs: no check
+        assertTrue(cmd.toString(), cmd.stream().noneMatch(a -> a.startsWith("--nccl-check")));
     }
 
     @Test
