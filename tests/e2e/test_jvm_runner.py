@@ -35,6 +35,24 @@ def test_java_application_trains_across_two_executors():
     assert out["LEFT"] == ["0"], out
 
 
+def test_runner_local_mode_uses_the_driver_gpus(tmp_path):
+    # Local mode with useGpu: the first numProcesses of the driver's GPUs (Spark's
+    # addresses from a discovery script; no GPU needed: the agent assigns them against the
+    # driver's mask, docs/gpu.md), never a silent CPU run; too few is an error.
+    disc = tmp_path / "gpus.sh"
+    disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+    disc.chmod(0o755)
+    out, err = jvmutil.spark_submit("localgpu", plugin=False, conf={
+        "spark.driver.resource.gpu.amount": "3",
+        "spark.driver.resource.gpu.discoveryScript": str(disc)})
+    assert out.get("LOCAL_GPU_RUN") == ["ok"], err[-3000:]
+    lines = sorted(ln for ln in err.splitlines() if "GPUS " in ln)
+    assert lines == ["[rank 0] GPUS 0 0,1", "[rank 1] GPUS 1 0,1"], err[-3000:]
+    assert out["TOO_FEW"] == ["torchspark: local mode with useGpu runs 4 process(es), one per GPU, but "
+                              "the driver has 3 GPU(s): [0, 1, 2]; lower numProcesses or raise "
+                              "spark.driver.resource.gpu.amount"], out
+
+
 def test_plugin_stops_a_cancelled_runner_job():
     out, err = jvmutil.spark_submit("cancel", plugin=True)
     assert int(out["BEFORE"][0]) >= 4, out

@@ -8,6 +8,7 @@ import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
@@ -25,6 +26,7 @@ import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.rdd.RDD;
+import org.apache.spark.resource.ResourceInformation;
 import org.apache.spark.sql.SparkSession;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -216,7 +218,7 @@ public final class TorchSparkRunner {
             py = v != null ? v : sc != null ? sc.conf().get("spark.pyspark.python", "python3") : "python3";
         }
         if (localMode) {
-            return runLocal(program, py);
+            return runLocal(sc, program, py);
         }
         if (sc == null) {
             throw new IllegalArgumentException("distributed mode needs a SparkContext (or use localMode)");
@@ -332,7 +334,31 @@ public final class TorchSparkRunner {
         }
     }
 
-    private Result runLocal(List<String> program, String py) {
+    /**
+     * Local mode with useGpu: the first n of the driver's GPUs (Spark's addresses, in order:
+     * deterministic, as the PySpark glue); the agent assigns them against the driver's own
+     * CUDA_VISIBLE_DEVICES. Too few is an error, never a CPU run.
+     */
+    static String driverGpus(SparkContext sc, int n) {
+        if (sc == null) {
+            throw new IllegalArgumentException("torchspark: local mode with useGpu runs on the driver's GPUs, "
+                    + "which come from its SparkContext: pass it to run(), with "
+                    + "spark.driver.resource.gpu.amount and spark.driver.resource.gpu.discoveryScript set");
+        }
+        scala.Option<ResourceInformation> gpu = sc.resources().get("gpu");
+        String[] addresses = gpu.isDefined() ? gpu.get().addresses() : new String[0];
+        if (addresses.length < n) {
+            throw new IllegalArgumentException("torchspark: local mode with useGpu runs " + n
+                    + " process(es), one per GPU, but the driver has " + addresses.length + " GPU(s): "
+                    + Arrays.toString(addresses) + "; lower numProcesses or raise spark.driver.resource.gpu.amount");
+        }
+        return String.join(",", Arrays.copyOf(addresses, n));
+    }
+
+    private Result runLocal(SparkContext sc, List<String> program, String py) {
+        int nproc = nprocPerNode > 0 ? nprocPerNode : numProcesses;
+        String gpus = useGpu ? driverGpus(sc, nproc) : null;
+        double ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK")) : 0;
         Path workdir;
         try {
             workdir = Files.createTempDirectory("torchspark-");
@@ -349,7 +375,6 @@ public final class TorchSparkRunner {
         if (wantOutput) {
             penv.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
         }
-        int nproc = nprocPerNode > 0 ? nprocPerNode : numProcesses;
         Metrics.RUNS.incrementAndGet();
         Metrics.AGENTS.incrementAndGet();
         try (LogServer server = new LogServer("127.0.0.1", 0)) {
@@ -361,7 +386,7 @@ public final class TorchSparkRunner {
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
                     null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
-                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, null, 0, prog);
+                    wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, gpus, ncclCheck, prog);
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
             AgentProcess agent = new AgentProcess(cmd, penv, System.err::println);

@@ -20,6 +20,7 @@ import org.apache.spark.sql.SparkSession;
  *   concurrent                two jobs on one executor: one cancelled, then spark.stop() with the other running
  *   early                     jobs cancelled while their tasks start (before their agents exist)
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
+ *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -101,6 +102,8 @@ public final class TrainApp {
                 killExecutor(spark);
             } else if (mode.equals("early")) {
                 early(spark);
+            } else if (mode.equals("localgpu")) {
+                localGpu(spark);
             } else if (mode.equals("time")) {
                 for (int i = 0; i < rounds; i++) {
                     long t0 = System.nanoTime();
@@ -114,6 +117,19 @@ public final class TrainApp {
             }
         } finally {
             spark.stop();
+        }
+    }
+
+    /** Local mode with useGpu: each worker's CUDA_VISIBLE_DEVICES, then one process too many. */
+    private static void localGpu(SparkSession spark) {
+        TorchSparkRunner.command("sh", "-c", "echo \"GPUS $LOCAL_RANK $CUDA_VISIBLE_DEVICES\"")
+                .numProcesses(2).localMode(true).useGpu(true).logToStderr(true).run(spark);
+        System.out.println("LOCAL_GPU_RUN: ok");
+        try {
+            TorchSparkRunner.command("true").numProcesses(4).localMode(true).useGpu(true).run(spark);
+            System.out.println("TOO_FEW: no error");
+        } catch (IllegalArgumentException e) {
+            System.out.println("TOO_FEW: " + e.getMessage());
         }
     }
 
