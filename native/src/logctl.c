@@ -92,18 +92,18 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     if (seq <= a->seq)
         return 0;
     size_t n = h->length - 9;
-    char *report = NULL;
+    if (p[8] != TSP_WIRE_EVENT_FAILURE) {
+        a->seq = seq;
+        if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK)
+            tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
+        return 0; /* another kind of a newer agent: ignored, not refused */
+    }
     /* A failure that cannot be kept is not acknowledged: the connection is refused and
      * the agent resends the event after it reconnects (protocol 1.7). */
-    if (p[8] == TSP_WIRE_EVENT_FAILURE && !(report = malloc(n + 1)))
+    char *report = malloc(n + 1);
+    if (!report)
         return -ENOMEM;
     a->seq = seq;
-    if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK) {
-        tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
-        return 0;
-    }
-    if (!report)
-        return 0; /* a newer agent's kind: ignored, not refused */
     memcpy(report, p + 9, n);
     report[n] = 0;
     char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
