@@ -182,8 +182,9 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     cancel, ms until none is left (-1: not in 15 s), the ms when one was first and last
     seen again in the 3 s after the cancel (a late agent; -1: none), processes alive after
     that). With until_window, the rounds end once the executors' plugin logged a task
-    killed with no agent running (the status tracker sees a launch late and by a varying
-    margin, so the delay that hits the window varies)."""
+    killed with no agent running, or once a cancel came while none of the job's processes
+    existed yet (the status tracker sees a launch late and by a varying margin, so the
+    delay that hits the window varies)."""
     from torchspark import TorchDistributor
 
     sys.path.insert(0, str(ROOT / "tests" / "e2e"))
@@ -236,6 +237,6 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
                 os.kill(pid, 9)
             except OSError:
                 pass
-        if until_window and plugin_stops(sc.applicationId, "killed with no agent running"):
+        if until_window and (before == 0 or plugin_stops(sc.applicationId, "killed with no agent running")):
             break
     return rounds

@@ -6,6 +6,7 @@ processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the i
 measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
 and the plugin's shutdown() stops what an executor still runs when the executor stops."""
 import json
+import os
 import re
 import subprocess
 import sys
@@ -167,9 +168,13 @@ def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
     # attempt and stops such a late agent within its 100 ms sweep, long before PySpark
     # would kill the Python worker (2 s poll + spark.python.task.killTimeout). Cancels 0,
     # 0.01, 0.02, ... 0.11, then 0.15, 0.2, ... 1.5 s after the launch, until one lands
-    # before an agent existed.
+    # before an agent existed. The election goes through allGather here
+    # (TORCHSPARK_RENDEZVOUS=0, a supported setting): its 1 s poll keeps the tasks
+    # agent-less long enough to land there; with the driver's rendezvous the agents are
+    # up within ~10 ms of the launch on a quiet machine and no delay reliably hits it.
+    env = dict(os.environ, TORCHSPARK_RENDEZVOUS="0")
     r = subprocess.run([sys.executable, "-c", _PYSPARK_EARLY, str(Path(__file__).parent)],
-                       capture_output=True, text=True, timeout=900)
+                       capture_output=True, text=True, timeout=900, env=env)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
     res = json.loads(lines[-1][len("RESULT "):])
@@ -182,5 +187,7 @@ def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
         # leave it until it kills the Python worker, >= 2 s after the cancel.
         assert last - first < jvmutil.GONE_BOUND_MS, res
         assert left == 0, res
-    assert res["early"] >= 1, res  # the window was hit
+    # The window was hit: a cancel came while no process of the job existed yet (the task
+    # killed before it starts), or the plugin saw a killed task with no agent running.
+    assert res["early"] >= 1 or any(rnd[1] == 0 for rnd in res["rounds"]), res
     assert res["errors"] == 0 and res["after"] == 4, res
