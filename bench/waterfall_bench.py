@@ -19,7 +19,9 @@ Floor, measured in the same run, each part alone, medians:
 torchspark runs with TORCHSPARK_TIMING=1: the phases of each run() (torchspark/_timing.py)
 are kept and their medians printed; stock's run() is timed as a whole. Each run() is
 recorded, the first of each implementation apart (a new session's first run starts the
-executors' Python workers), the later ones alternating stock / torchspark.
+executors' Python workers, and torchspark's its warm worker pools), the later ones
+alternating stock / torchspark without the warm pool (TORCHSPARK_WARM=0: a fresh Python
+per training process) / torchspark as users get it (workers forked from the pool).
 """
 from __future__ import annotations
 
@@ -102,11 +104,13 @@ def init_pg() -> float:
     return max(float(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
 
 
-def ours_run() -> dict:
+def ours_run(warm: bool = True) -> dict:
     d = Ours(2, False, False)
+    os.environ["TORCHSPARK_WARM"] = "1" if warm else "0"
     t = time.perf_counter()
     assert d.run(ddp) == 2.0
     wall = time.perf_counter() - t
+    os.environ.pop("TORCHSPARK_WARM")
     marks = d._clock.marks
     t0 = marks["run_called"]
     return {"wall_s": wall, "phases": {k: round(marks[k] - t0, 3) for k, _ in _timing.PHASES
@@ -131,19 +135,23 @@ def main() -> None:
     if not a.no_stock:
         first["stock"] = stock_run()
     print(json.dumps({"first": first}), flush=True)
-    rows = {"torchspark": [], "stock": [], "job": [], "torch": [], "pg": []}
+    first["torchspark_cold"] = ours_run(warm=False)
+    rows = {"torchspark": [], "torchspark_cold": [], "stock": [], "job": [], "torch": [],
+            "pg": []}
     for i in range(a.runs):
         rows["job"].append(bare_job(sc))
         rows["torch"].append(import_torch())
         rows["pg"].append(init_pg())
         if not a.no_stock:
             rows["stock"].append(stock_run())
+        rows["torchspark_cold"].append(ours_run(warm=False))
         rows["torchspark"].append(ours_run())
         print(json.dumps({"run": i, **{k: v[-1] for k, v in rows.items()}}), flush=True)
     med = statistics.median
     floor = {k: med(rows[k]) for k in ("job", "torch", "pg")}
     floor_s = sum(floor.values())
     ours = med(r["wall_s"] for r in rows["torchspark"])
+    cold = med(r["wall_s"] for r in rows["torchspark_cold"])
     stock = med(r["wall_s"] for r in rows["stock"]) if rows["stock"] else float("nan")
     phases = {k: med(r["phases"][k] for r in rows["torchspark"] if k in r["phases"])
               for k, _ in _timing.PHASES if all(k in r["phases"] for r in rows["torchspark"])}
@@ -151,6 +159,9 @@ def main() -> None:
                "floor_s": round(floor_s, 3), "torchspark_s": round(ours, 3),
                "stock_s": round(stock, 3), "torchspark_over_floor": round(ours / floor_s, 2),
                "torchspark_over_stock": round(ours / stock, 3),
+               "torchspark_without_warm_pool_s": round(cold, 3),
+               "without_warm_pool_over_floor": round(cold / floor_s, 2),
+               "without_warm_pool_over_stock": round(cold / stock, 3),
                "first_run_s": {k: round(v["wall_s"], 3) for k, v in first.items()},
                "torchspark_phases_median_s": phases,
                "loadavg": open("/proc/loadavg").read().split()[:3]}
@@ -159,6 +170,8 @@ def main() -> None:
           f"{floor['torch']:.3f} + init_process_group {floor['pg']:.3f}")
     print(f"stock run() {stock:.3f} s; torchspark run() {ours:.3f} s "
           f"({ours / floor_s:.2f}x floor, {ours / stock:.3f}x stock)")
+    print(f"torchspark run() without the warm pool (TORCHSPARK_WARM=0) {cold:.3f} s "
+          f"({cold / floor_s:.2f}x floor, {cold / stock:.3f}x stock)")
     print("torchspark phases (medians, seconds since run() was called):")
     prev = 0.0
     for k, label in _timing.PHASES:

@@ -132,6 +132,8 @@ def training_processes(cluster, hosts: Optional[List[str]] = None) -> List[Dict]
         first = cmd.split(" ", 1)[0]
         if first.endswith("/java") or first == "java" or "pyspark.daemon" in cmd:
             continue
+        if p.get("comm") == "tsp-warm-pool":  # the executor's warm pool (not its workers)
+            continue
         found.append(dict(p, host=host))
     return found
 

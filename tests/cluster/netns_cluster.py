@@ -225,10 +225,12 @@ def marker_processes(marker: str) -> List[Dict]:
                 continue
             cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             netns = os.readlink(d / "ns" / "net")
+            comm = (d / "comm").read_bytes().decode(errors="replace").strip()
         except OSError:
             continue
         if _alive(int(d.name)):
-            found.append({"pid": int(d.name), "cmdline": cmd.strip(), "netns": netns})
+            found.append({"pid": int(d.name), "cmdline": cmd.strip(), "netns": netns,
+                          "comm": comm})
     return found
 
 

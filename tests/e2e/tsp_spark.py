@@ -87,6 +87,20 @@ def python_without_torchspark(directory: Path, other_version: str = "") -> str:
     return python
 
 
+WARM_POOL_COMM = b"tsp-warm-pool"  # torchspark._warm.POOL_COMM
+
+
+def warm_pool_child(pid: int) -> bool:
+    """pid was forked by a warm worker pool (a function-mode training process)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        with open(f"/proc/{ppid}/comm", "rb") as f:
+            return f.read().strip() == WARM_POOL_COMM
+    except (OSError, ValueError, IndexError):
+        return False
+
+
 def job_processes(mark: str) -> List[int]:
     """Training processes (workers: TORCHELASTIC_RUN_ID set; agents: torchspark-run)
     whose environment carries MARK=mark."""
@@ -106,7 +120,10 @@ def job_processes(mark: str) -> List[int]:
             continue
         if needle not in env or state == b"Z":
             continue
-        is_worker = any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env)
+        # A worker forked from a warm pool (torchspark/_warm.py) shows the pool's
+        # environment, without the run's variables: it is known by its parent.
+        is_worker = (any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env)
+                     or warm_pool_child(int(pid)))
         is_agent = b"torchspark-run" in cmd.split(b"\0")[0]
         if is_worker or is_agent:
             found.append(int(pid))

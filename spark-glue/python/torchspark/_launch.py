@@ -40,6 +40,7 @@ def agent_command(
     gpus: Optional[str] = None,
     nccl_check: float = 0,
     nccl_port: int = 0,
+    warm_socket: Optional[str] = None,
 ) -> List[str]:
     """The agent's command line; program is ["-m", module, args...] or [script, args...].
     gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
@@ -77,6 +78,9 @@ def agent_command(
         cmd += ["--tee=3", "--log-line-prefix-template=[rank ${rank}] "]
     if output_file:
         cmd += ["--output-file", output_file]
+    if warm_socket:
+        # Workers forked from the executor's warm pool (torchspark/_warm.py)
+        cmd += ["--warm-socket", warm_socket]
     return cmd + list(program)
 
 

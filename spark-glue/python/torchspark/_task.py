@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _partition, _rendezvous, _report
+from torchspark import _elect, _launch, _partition, _rendezvous, _report, _warm
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
@@ -61,6 +61,17 @@ def _elect_master(hosts: List[str], driver_host: str):
         f"master address reachable from the other nodes ({'; '.join(errors)}): check that "
         "the executors' host names resolve on every executor"
     )
+
+
+def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Optional[str]:
+    """The socket of this executor's warm worker pool (torchspark/_warm.py), started when
+    none lives; None (workers start as usual) when no pool can be had, said on stderr."""
+    try:
+        return _warm.ensure(env, nproc, anchor, idle_s)
+    except Exception as e:  # never a reason to fail a run
+        sys.stderr.write(f"torchspark: no warm worker pool on this executor ({e}); the "
+                         "training processes start a fresh Python\n")
+        return None
 
 
 def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
@@ -175,6 +186,10 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         env["TORCHSPARK_LOG_SECRET"] = spec["log_secret_hex"]
     ship = bool(endpoint and spec["result_via_channel"] and spec["fn_bytes"] is not None
                 and node_rank == 0)
+    warm = None
+    if spec.get("warm_idle_s") and spec["fn_bytes"] is not None:
+        warm = warm_pool(env, nproc if gpus is None else max(1, len(gpus)),
+                         _warm.executor_anchor(), spec["warm_idle_s"])
     cmd = _launch.agent_command(
         standalone=False, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
         master_addr=record.master_addr, master_port=record.master_port,
@@ -182,7 +197,7 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         output_file=out_file if ship else None, program=program,
         gpus=None if gpus is None else ",".join(gpus),
         nccl_check=spec.get("nccl_check", 0) if gpus is not None else 0,
-        nccl_port=record.nccl_port)
+        nccl_port=record.nccl_port, warm_socket=warm)
 
     def echo(line: str) -> None:
         # The executor's own log keeps every line, with or without the channel.

@@ -21,7 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import _boot, _job, _launch, _native, _rendezvous, _report, _ship, _timing
+from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _ship, _task,
+                        _timing, _warm)
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 
@@ -249,6 +250,18 @@ class TorchDistributor:
         scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
         return float(m.group(1)) * scale
 
+    def _warm_idle_s(self) -> float:
+        """How long the executors' warm worker pools (torchspark/_warm.py) outlive their
+        last function-mode run, in seconds; 0 when off: spark.torchspark.warmWorkers
+        (default true) or TORCHSPARK_WARM=0 on the driver, and
+        spark.torchspark.warmWorkers.idleTimeout (default 300s; TORCHSPARK_WARM_IDLE_TIMEOUT
+        on the driver overrides it)."""
+        if os.environ.get("TORCHSPARK_WARM", "").lower() in ("0", "false") or not (
+                _get_conf_boolean(self.spark, "spark.torchspark.warmWorkers", "true")):
+            return 0
+        return _warm.idle_timeout(os.environ.get("TORCHSPARK_WARM_IDLE_TIMEOUT") or _get_conf(
+            self.spark, "spark.torchspark.warmWorkers.idleTimeout", "300s"))
+
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         env = dict(os.environ)  # os.environ itself is never changed
@@ -276,11 +289,15 @@ class TorchDistributor:
                 pump = _LogPump(server)
                 endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
+            idle_s = self._warm_idle_s() if fn_bytes is not None else 0
+            warm = _task.warm_pool(env, self.num_processes, os.getpid(),
+                                   idle_s) if idle_s else None
             cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
                                         program=program, gpus=gpus,
-                                        nccl_check=self._nccl_check_timeout() if gpus else 0)
+                                        nccl_check=self._nccl_check_timeout() if gpus else 0,
+                                        warm_socket=warm)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
             self._clock.mark("agents_started")
@@ -396,6 +413,7 @@ class TorchDistributor:
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
             "nccl_check": self._nccl_check_timeout(),
+            "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
             "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
             "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,

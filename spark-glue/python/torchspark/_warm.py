@@ -1,0 +1,557 @@
+"""The warm worker pool (docs/protocol.md §6): function-mode training processes forked from
+a process that has torch imported already.
+
+Where the time of a small run() goes (docs/benchmarks.md): 1.5 s of 2 s is the training
+process starting Python and importing torch. A pool process per executor (per driver in
+local mode) imports torch, torch.distributed and pyspark's cloudpickle once, then forks one
+training process per request that the agent's shim (``torchspark-run --warm-exec``,
+native/src/warm.c) sends it. The agent supervises the shim as it would the worker: the
+shim hands the pool its standard streams, forwards the agent's signals and exits with the
+worker's status; killing the shim kills the worker. Anything that stops the pool from
+serving a request before the fork (no pool, another environment, a refusal) makes the shim
+run the command itself, exactly as without a pool.
+
+Lifetime: the pool ends when its anchor (the executor JVM, or the driver's Python in local
+mode) ends, when it has had no worker and no request for the idle timeout
+(spark.torchspark.warmWorkers.idleTimeout, default 300 s), or on SIGTERM/SIGINT/SIGHUP,
+SIGKILLing its workers' process groups; each worker also has a parent-death SIGKILL.
+
+Two sides: :func:`ensure` runs in the task (or the driver) and starts a pool when none
+lives for this key; :func:`serve` is the pool process itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import stat
+import struct
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+MAGIC = b"TSPW"
+VERSION = 1
+MAX_PAYLOAD = 8 << 20
+HEADER = struct.Struct(">4sIII")
+REPLY = struct.Struct(">ci")
+FN_RUNNER = "torchspark._fn_runner"
+DEFAULT_IDLE_S = 300.0
+READY_TIMEOUT_S = 10.0
+REQUEST_TIMEOUT_S = 5.0
+
+# The variables that differ between runs or ranks of one pool's life (docs/protocol.md §6):
+# the agent sets them per worker, the glue per job; nothing reads them at `import torch`.
+PER_RUN = frozenset((
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_COMM_ID",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+))
+PER_RUN_PREFIXES = ("TORCHELASTIC_", "TORCHSPARK_")
+
+
+def per_run(name: str) -> bool:
+    return name in PER_RUN or name.startswith(PER_RUN_PREFIXES)
+
+
+def stable_env(env: Dict[str, str]) -> Dict[str, str]:
+    """env without the per-run variables: what a pool's interpreter state depends on."""
+    return {k: v for k, v in env.items() if not per_run(k)}
+
+
+def pool_dir() -> Optional[str]:
+    """${TMPDIR:-/tmp}/torchspark-warm-UID, created 0700; None when it exists but is not a
+    directory of ours that only we can use (then there is no pool, and runs exec)."""
+    base = os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(base, f"torchspark-warm-{os.geteuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def _proc_stat(pid: int) -> Optional[Tuple[int, str]]:
+    """(parent pid, start time in clock ticks) of pid from /proc, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()
+    return int(fields[1]), fields[19].decode()
+
+
+def executor_anchor() -> int:
+    """The executor JVM this task's Python worker runs under (the nearest `java` ancestor),
+    else the worker's parent (PySpark's daemon, which ends with the JVM)."""
+    pid = os.getppid()
+    while pid > 1:
+        try:
+            exe = os.path.basename(os.readlink(f"/proc/{pid}/exe"))
+        except OSError:
+            exe = ""
+        if exe == "java":
+            return pid
+        st = _proc_stat(pid)
+        if st is None:
+            break
+        pid = st[0]
+    return os.getppid()
+
+
+def pool_key(python: str, anchor: int, env: Dict[str, str]) -> str:
+    """What a pool's state depends on, hashed (docs/protocol.md §6)."""
+    st = _proc_stat(anchor)
+    try:
+        netns = str(os.stat("/proc/self/ns/net").st_ino)
+    except OSError:
+        netns = "?"
+    h = hashlib.sha256()
+    for part in (os.path.realpath(python), str(anchor), st[1] if st else "?", netns):
+        h.update(part.encode() + b"\0")
+    for k, v in sorted(stable_env(env).items()):
+        h.update(f"{k}={v}".encode("utf-8", "surrogateescape") + b"\0")
+    return h.hexdigest()[:32]
+
+
+def worker_env(env: Dict[str, str], nproc_per_node: int) -> Dict[str, str]:
+    """env with what the agent adds to every worker and a pool cannot take per request
+    (native/src/topo.c: OMP_NUM_THREADS=1 with more than one process per node, unset)."""
+    if nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
+        return {**env, "OMP_NUM_THREADS": "1"}
+    return env
+
+
+_started: List[object] = []  # the pools this process started (Popen objects, never waited)
+
+
+def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
+           idle_s: float = DEFAULT_IDLE_S) -> Optional[str]:
+    """The socket of the pool for env (the agent's environment), starting one when none
+    lives; None when no pool can be used here (the agent then starts workers as usual).
+    A pool being started by someone else meanwhile is returned too: its shim waits."""
+    import fcntl
+    import subprocess
+
+    d = pool_dir()
+    if d is None:
+        return None
+    wenv = worker_env(env, nproc_per_node)
+    key = pool_key(sys.executable, anchor, wenv)
+    sock = os.path.join(d, key + ".sock")
+    fd = os.open(os.path.join(d, key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    r = w = -1
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return sock  # a pool holds the lock: it lives
+        try:
+            os.unlink(sock)  # a dead pool's
+        except FileNotFoundError:
+            pass
+        r, w = os.pipe()
+        with open(os.path.join(d, key + ".log"), "wb") as log:
+            p = subprocess.Popen(
+                [sys.executable, "-u", "-c", "from torchspark._warm import main; main()",
+                 sock, str(fd), str(w), str(anchor), repr(float(idle_s))],
+                env=stable_env(wenv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=log, pass_fds=(fd, w), start_new_session=True, cwd="/")
+        _started.append(p)
+        os.close(w)
+        w = -1
+        import select
+
+        ready, _, _ = select.select([r], [], [], READY_TIMEOUT_S)
+        if not ready or os.read(r, 1) != b"1":
+            p.kill()
+            return None
+        return sock
+    finally:
+        for x in (fd, r, w):
+            if x >= 0:
+                os.close(x)
+
+
+def idle_timeout(value: Optional[str]) -> float:
+    """spark.torchspark.warmWorkers.idleTimeout ("300s", "5min", "0" = no pool) in seconds;
+    ValueError naming the value otherwise."""
+    import re
+
+    raw = (value or "").strip().lower()
+    if not raw:
+        return DEFAULT_IDLE_S
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
+    if not m:
+        raise ValueError(f"spark.torchspark.warmWorkers.idleTimeout is '{value}': give a "
+                         "duration such as 300s, 5min or 0 (no warm workers)")
+    scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+# ---- the pool process ------------------------------------------------------------------
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("the shim closed the connection mid-request")
+        buf += chunk
+    return buf
+
+
+def read_request(conn: socket.socket) -> Tuple[str, List[str], Dict[str, str], List[int]]:
+    """(cwd, argv, env, [fd0, fd1, fd2]); ValueError for a malformed request (its
+    descriptors closed)."""
+    data, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
+    try:
+        if len(data) < HEADER.size:
+            data += _recv_exact(conn, HEADER.size - len(data))
+        magic, version, length, nfds = HEADER.unpack(data)
+        if magic != MAGIC or version != VERSION or nfds != 3 or len(fds) != 3:
+            raise ValueError(f"bad header {data!r} with {len(fds)} descriptors")
+        if length > MAX_PAYLOAD:
+            raise ValueError(f"payload of {length} bytes")
+        parts = _recv_exact(conn, length).split(b"\0")
+        if parts[-1] != b"" or len(parts) < 3:
+            raise ValueError("payload not NUL-terminated")
+        parts.pop()
+        strs = [p.decode("utf-8", "surrogateescape") for p in parts]
+        cwd, argc = strs[0], int(strs[1])
+        if argc < 1 or 2 + argc > len(strs):
+            raise ValueError(f"argc {argc}")
+        argv = strs[2:2 + argc]
+        env = {}
+        for kv in strs[2 + argc:]:
+            k, sep, v = kv.partition("=")
+            if not sep:
+                raise ValueError(f"environment entry without '=': {kv!r}")
+            env.setdefault(k, v)
+        return cwd, argv, env, fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def refusal(argv: List[str], env: Dict[str, str], base_env: Dict[str, str]) -> Optional[str]:
+    """Why this pool cannot run the request (docs/protocol.md §6), or None."""
+    try:
+        same_python = os.path.samefile(argv[0], sys.executable)
+    except OSError:
+        same_python = False
+    if not same_python:
+        return f"another Python ({argv[0]}; the pool runs {sys.executable})"
+    if len(argv) < 6 or argv[1] != "-u" or argv[2] != "-c" or argv[4:6] != ["-m", FN_RUNNER]:
+        return "not a function-mode worker (python -u -c BOOT -m torchspark._fn_runner ...)"
+    want, got = stable_env(base_env), stable_env(env)
+    for k in sorted(set(want) | set(got)):
+        if want.get(k) != got.get(k):
+            return f"the environment differs in {k}"
+    return None
+
+
+class _Worker:
+    __slots__ = ("pid", "conn", "status")
+
+    def __init__(self, pid: int, conn: Optional[socket.socket]) -> None:
+        self.pid = pid
+        self.conn = conn
+        self.status: Optional[int] = None
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+POOL_COMM = "tsp-warm-pool"  # the pool's /proc/PID/comm; its workers get a fresh one's
+
+
+def _prctl(option: int, arg) -> None:
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
+def _set_comm(name: str) -> None:
+    PR_SET_NAME = 15
+    _prctl(PR_SET_NAME, name.encode()[:15])
+
+
+def _become_worker(cwd: str, argv: List[str], env: Dict[str, str], fds: List[int],
+                   close: List[int], pool_pid: int) -> None:
+    """In the forked child: become `python -u -c BOOT -m torchspark._fn_runner ...` as a
+    fresh interpreter would be, then run BOOT (which never returns)."""
+    import builtins
+    import io
+    import signal
+    import types
+
+    code = 1
+    try:
+        os.setsid()
+        PR_SET_PDEATHSIG = 1
+        _prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != pool_pid:
+            os._exit(128 + signal.SIGKILL)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for fd in close:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+        for fd in fds:
+            if fd > 2:
+                os.close(fd)
+        _set_comm(os.path.basename(argv[0]))  # as the exec of argv[0] would name it
+        os.chdir(cwd)
+        os.environ.clear()
+        os.environ.update(env)
+        # The standard streams as `python -u` makes them: binary layers unbuffered.
+        enc_out, err_out = sys.__stdout__.encoding, sys.__stdout__.errors
+        sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+            encoding=sys.__stdin__.encoding, errors=sys.__stdin__.errors)
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+            io.FileIO(1, "w", closefd=False), encoding=enc_out, errors=err_out,
+            write_through=True)
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), encoding=enc_out, errors="backslashreplace",
+            write_through=True)
+        np = sys.modules.get("numpy")
+        if np is not None:
+            np.random.seed()  # fresh entropy, as a new interpreter's global generator has
+        main_mod = types.ModuleType("__main__")
+        main_mod.__dict__["__builtins__"] = builtins
+        sys.modules["__main__"] = main_mod
+        sys.argv = ["-c", *argv[4:]]
+        sys.orig_argv = list(argv)
+        boot = compile(argv[3], "<string>", "exec")
+        exec(boot, main_mod.__dict__)  # BOOT ends the process itself
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        import traceback
+
+        try:
+            traceback.print_exc()
+            sys.stderr.flush()
+        except BaseException:
+            pass
+    os._exit(code)
+
+
+def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: float) -> None:
+    """The pool process: bind, say ready, import, then fork workers on request."""
+    import selectors
+    import signal
+
+    base_env = dict(os.environ)
+    _set_comm(POOL_COMM)
+    stop = []
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.append(1))
+    try:
+        anchor_fd = os.pidfd_open(anchor)
+    except OSError:
+        os.write(ready_fd, b"0")
+        return
+    old = os.umask(0o077)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock_path)
+    os.umask(old)
+    listener.listen(64)
+    sock_ino = os.stat(sock_path).st_ino
+    os.write(ready_fd, b"1")
+    os.close(ready_fd)
+
+    # What a training process would import first; nothing here may start a thread (the
+    # pool forks) or initialize CUDA (workers initialize their own).
+    import torch  # noqa: F401
+    import torch.distributed  # noqa: F401
+
+    from torchspark import _cloudpickle
+
+    _cloudpickle.load()
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
+    import threading
+
+    if threading.active_count() != 1:
+        sys.stderr.write(f"torchspark warm pool: {threading.active_count()} threads after "
+                         "the imports; a pool must not fork with threads, ending\n")
+        _shutdown(listener, sock_path, sock_ino, {})
+        return
+    # What the imports put in the environment: a fresh worker's imports would too.
+    added = {k: v for k, v in os.environ.items() if base_env.get(k) != v}
+    import gc
+
+    gc.freeze()  # fewer copy-on-write pages in the workers
+
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "wake")
+    sel.register(anchor_fd, selectors.EVENT_READ, "anchor")
+    workers: Dict[int, _Worker] = {}
+    last_busy = time.monotonic()
+    pool_pid = os.getpid()
+    while not stop:
+        timeout = None if workers else max(0.0, last_busy + idle_s - time.monotonic())
+        if not workers and timeout == 0:
+            break
+        events = sel.select(timeout)
+        for sk, _ in events:
+            what = sk.data
+            if what == "wake":
+                try:
+                    while os.read(wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+                _reap(workers, sel)
+            elif what == "anchor":
+                stop.append(1)
+            elif what == "accept":
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    continue
+                conn.set_inheritable(False)
+                close = [listener.fileno(), wake_r, wake_w, anchor_fd, lock_fd, conn.fileno(),
+                         sel.fileno()]
+                close += [w.conn.fileno() for w in workers.values() if w.conn is not None]
+                w = _serve_request(conn, base_env, added, close, pool_pid)
+                if w is not None:
+                    workers[w.pid] = w
+                    sel.register(conn, selectors.EVENT_READ, w)
+                else:
+                    conn.close()
+            else:  # a shim's message: K + signal, or its end
+                w = what
+                try:
+                    msg = w.conn.recv(REPLY.size)
+                except OSError:
+                    msg = b""
+                if 0 < len(msg) < REPLY.size:
+                    try:
+                        msg += _recv_exact(w.conn, REPLY.size - len(msg))
+                    except OSError:
+                        msg = b""
+                if len(msg) == REPLY.size and msg[:1] == b"K":
+                    if w.status is None:
+                        try:
+                            os.killpg(w.pid, REPLY.unpack(msg)[1])
+                        except OSError:
+                            pass
+                    continue
+                sel.unregister(w.conn)
+                w.conn.close()
+                w.conn = None
+                if w.status is None:
+                    try:
+                        os.killpg(w.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+        if workers:
+            last_busy = time.monotonic()
+        _reap(workers, sel)
+    _shutdown(listener, sock_path, sock_ino, workers)
+
+
+def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[str, str],
+                   close: List[int], pool_pid: int) -> Optional[_Worker]:
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    try:
+        if _peer_uid(conn) != os.geteuid():
+            return None
+        cwd, argv, env, fds = read_request(conn)
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"torchspark warm pool: a bad request ({e})\n")
+        return None
+    try:
+        why = refusal(argv, env, base_env)
+        if why is not None:
+            msg = why.encode()
+            conn.sendall(REPLY.pack(b"R", len(msg)) + msg)
+            return None
+        pid = os.fork()
+        if pid == 0:
+            _become_worker(cwd, argv, {**env, **added}, fds, close, pool_pid)
+        conn.sendall(REPLY.pack(b"P", pid))
+        conn.settimeout(None)
+        return _Worker(pid, conn)
+    except OSError as e:
+        sys.stderr.write(f"torchspark warm pool: {e}\n")
+        return None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap(workers: Dict[int, _Worker], sel) -> None:
+    while workers:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        w = workers.pop(pid, None)
+        if w is None or w.conn is None:
+            continue
+        w.status = status
+        try:
+            w.conn.sendall(REPLY.pack(b"X", status))
+        except OSError:
+            pass
+        sel.unregister(w.conn)
+        w.conn.close()
+
+
+def _shutdown(listener: socket.socket, sock_path: str, sock_ino: int,
+              workers: Dict[int, _Worker]) -> None:
+    import signal
+
+    for w in workers.values():
+        try:
+            os.killpg(w.pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        if os.stat(sock_path).st_ino == sock_ino:
+            os.unlink(sock_path)
+    except OSError:
+        pass
+    listener.close()
+
+
+def main() -> None:
+    sock_path, lock_fd, ready_fd, anchor, idle_s = sys.argv[1:6]
+    serve(sock_path, int(lock_fd), int(ready_fd), int(anchor), float(idle_s))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # no finalization (torch's, as in _fn_runner); the lock goes with us

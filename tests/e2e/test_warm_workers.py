@@ -1,0 +1,293 @@
+"""Warm worker pools (torchspark/_warm.py, docs/protocol.md §6): function-mode training
+processes forked from a per-executor process that has torch imported.
+
+Through TorchDistributor.run on local-cluster[2,1,1024]: the workers come from the pool,
+see what a fresh interpreter would, stream their lines, fail and get cancelled as fresh
+workers do; TORCHSPARK_WARM=0 and a changed environment start them fresh. Then the pool
+alone, with the real agent and shim: its lifetime (anchor, idle timeout, SIGTERM), a shim
+SIGKILLed, a pool killed under a running worker, and a socket directory others can use."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from pyspark import cloudpickle
+
+import tsp_spark
+from torchspark import TorchDistributor, TorchDistributorError, _warm
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+MARK_VALUE = uuid.uuid4().hex
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = tsp_spark.session("local-cluster[2,1,1024]", {
+        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
+        "spark.torchspark.warmWorkers.idleTimeout": "60s",
+    })
+    yield s
+    s.stop()
+
+
+def _whoami(tag):
+    """What the function sees of its process."""
+    import random
+    import sys as _sys
+
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1) * (dist.get_rank() + 1)
+    dist.all_reduce(t)
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        parent = f.read().strip()
+    print(f"warm-line {tag} rank {dist.get_rank()}", flush=True)
+    out = {"parent": parent, "pid": os.getpid(), "sum": t.item(),
+           "rank": os.environ["RANK"], "world": os.environ["WORLD_SIZE"],
+           "argv0": os.path.basename(_sys.argv[0]), "main": _sys.modules["__main__"].__name__,
+           "random": random.random(), "np": float(np.random.random()),
+           "unbuffered": not hasattr(_sys.stdout, "buffer") or
+           not hasattr(_sys.stdout.buffer, "raw"),
+           "mark": os.environ.get(tsp_spark.MARK)}
+    dist.destroy_process_group()
+    return out
+
+
+def _run(spark, tag, **env):
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        return TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            _whoami, tag)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_runs_fork_from_the_executors_warm_pool(spark, capfd):
+    first = _run(spark, "a")
+    second = _run(spark, "b")
+    for r in (first, second):
+        assert r["parent"] == _warm.POOL_COMM, r
+        assert r["sum"] == 3.0 and r["rank"] == "0" and r["world"] == "2"
+        assert r["argv0"] == "_fn_runner.py" and r["main"] == "__main__"
+        assert r["mark"] == MARK_VALUE and r["unbuffered"]
+    # A fresh interpreter's generators: no two runs share them.
+    assert first["random"] != second["random"] and first["np"] != second["np"]
+    assert first["pid"] != second["pid"]
+    err = capfd.readouterr().err
+    for tag in "ab":
+        for rank in (0, 1):
+            assert f"warm-line {tag} rank {rank}" in err
+
+
+def test_without_warm_workers_the_workers_start_fresh(spark):
+    r = _run(spark, "c", TORCHSPARK_WARM="0")
+    assert r["parent"] == "torchspark-run" and r["sum"] == 3.0
+
+
+def test_the_pool_key_is_the_environment_without_per_run_variables():
+    env = {"PATH": "/bin", "A": "1"}
+    key = _warm.pool_key(sys.executable, os.getpid(), env)
+    same = {**env, "RANK": "1", "MASTER_PORT": "1234", "TORCHSPARK_TASK_ATTEMPT_ID": "7",
+            "CUDA_VISIBLE_DEVICES": "1", "TORCHELASTIC_RUN_ID": "x"}
+    assert _warm.pool_key(sys.executable, os.getpid(), same) == key
+    assert _warm.pool_key(sys.executable, os.getpid(), {**env, "A": "2"}) != key
+    assert _warm.pool_key(sys.executable, os.getppid(), env) != key
+    assert _warm.worker_env(env, 2)["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in _warm.worker_env(env, 1)
+
+
+def _fails():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("warm rank 1 fails")
+    dist.barrier()
+
+
+def test_a_failing_warm_worker_is_the_root_cause(spark):
+    t0 = time.monotonic()
+    with pytest.raises(TorchDistributorError) as e:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_fails)
+    msg = str(e.value)
+    assert "warm rank 1 fails" in msg and "ValueError" in msg, msg
+    assert "rank 1" in msg, msg
+    assert time.monotonic() - t0 < 60
+    assert tsp_spark.wait_gone(MARK_VALUE, 10) == []
+
+
+def _sleeps():
+    import time as _t
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    print("warm-sleeping", flush=True)
+    _t.sleep(600)
+
+
+def test_a_cancelled_run_leaves_no_warm_worker(spark):
+    tag = "warm-cancel-" + uuid.uuid4().hex[:8]
+    box = {}
+
+    def run():
+        spark.sparkContext.setJobGroup(tag, "warm cancel", interruptOnCancel=True)
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_sleeps)
+        except Exception as e:  # noqa: BLE001 - the cancel's error is what is expected
+            box["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert _wait(lambda: len([p for p in tsp_spark.job_processes(MARK_VALUE)
+                              if tsp_spark.warm_pool_child(p)]) == 2, 120), \
+        tsp_spark.job_processes(MARK_VALUE)
+    time.sleep(1)
+    spark.sparkContext.cancelJobGroup(tag)
+    t.join(60)
+    assert "error" in box
+    assert tsp_spark.wait_gone(MARK_VALUE, 10) == []
+
+
+# ---- the pool alone, with the real agent and shim ----------------------------------------
+
+
+def _wait(cond, timeout):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _fn_files(tmp_path, fn):
+    fn_file = tmp_path / "fn.pickle"
+    fn_file.write_bytes(cloudpickle.dumps((fn, (), {})))
+    return str(fn_file), str(tmp_path / "out.pickle")
+
+
+def _agent(run_bin, sock, fn_file, out_file, env):
+    return subprocess.Popen(
+        [str(run_bin), "--standalone", "--nproc-per-node=1", "--python", sys.executable,
+         "--warm-socket", sock, "-m", "torchspark._fn_runner", fn_file, out_file],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _parent_comm():
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        return f.read().strip()
+
+
+def _report_pid():
+    with open(os.environ["WARM_PID_FILE"], "w") as f:
+        f.write(str(os.getpid()))
+    import time as _t
+
+    _t.sleep(600)
+
+
+@pytest.fixture
+def anchor():
+    p = subprocess.Popen(["sleep", "600"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_the_pool_ends_with_its_anchor_and_takes_its_workers(run_bin, tmp_path, anchor):
+    env = {**os.environ, "WARM_PID_FILE": str(tmp_path / "pid"), "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    assert sock and os.path.exists(sock)
+    agent = _agent(run_bin, sock, *_fn_files(tmp_path, _report_pid), env)
+    assert _wait(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60)
+    worker = int((tmp_path / "pid").read_text())
+    assert tsp_spark.warm_pool_child(worker), "the worker was not forked by a pool"
+    anchor.kill()
+    assert _wait(lambda: not os.path.exists(f"/proc/{worker}/comm")
+                 or _state(worker) == "Z", 5), "the worker outlived its pool's anchor"
+    assert _wait(lambda: not os.path.exists(sock), 5)
+    assert agent.wait(30) != 0  # the shim died with the worker
+    assert "warm worker pool ended" in agent.stdout.read()
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except OSError:
+        return "gone"
+
+
+def test_an_idle_pool_ends_and_the_next_run_starts_another(run_bin, tmp_path, anchor):
+    env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 1.0)
+    fn_file, out_file = _fn_files(tmp_path, _parent_comm)
+    agent = _agent(run_bin, sock, fn_file, out_file, env)
+    assert agent.wait(120) == 0, agent.stdout.read()
+    assert cloudpickle.loads(open(out_file, "rb").read()) == _warm.POOL_COMM
+    assert _wait(lambda: not os.path.exists(sock), 10), "the idle pool did not end"
+    sock2 = _warm.ensure(env, 1, anchor.pid, 1.0)
+    assert sock2 == sock and os.path.exists(sock)
+
+
+def test_a_shim_killed_takes_its_worker(run_bin, tmp_path, anchor):
+    env = {**os.environ, "WARM_PID_FILE": str(tmp_path / "pid"), "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    agent = _agent(run_bin, sock, *_fn_files(tmp_path, _report_pid), env)
+    assert _wait(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60)
+    worker = int((tmp_path / "pid").read_text())
+    agent.send_signal(signal.SIGKILL)  # the shim has a parent-death SIGKILL
+    agent.wait(10)
+    assert _wait(lambda: _state(worker) in ("gone", "Z"), 5), "the worker outlived its shim"
+
+
+def test_a_pool_refusing_the_environment_means_a_fresh_worker(run_bin, tmp_path, anchor):
+    env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    fn_file, out_file = _fn_files(tmp_path, _parent_comm)
+    agent = _agent(run_bin, sock, fn_file, out_file, {**env, "UNIQUE": "other"})
+    assert agent.wait(120) == 0, agent.stdout.read()
+    assert cloudpickle.loads(open(out_file, "rb").read()) == "torchspark-run"
+
+
+def test_a_socket_directory_others_can_use_is_not_used(tmp_path, monkeypatch):
+    d = tmp_path / f"torchspark-warm-{os.geteuid()}"
+    d.mkdir(mode=0o755)
+    d.chmod(0o755)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert _warm.pool_dir() is None
+    assert _warm.ensure(dict(os.environ), 1, os.getpid(), 10) is None
+    d.chmod(0o700)
+    assert _warm.pool_dir() == str(d)
+
+
+def test_the_idle_timeout_conf_is_checked():
+    assert _warm.idle_timeout("5min") == 300 and _warm.idle_timeout("0") == 0
+    assert _warm.idle_timeout(None) == _warm.DEFAULT_IDLE_S
+    with pytest.raises(ValueError, match="idleTimeout is 'soon'"):
+        _warm.idle_timeout("soon")
+
+
+def test_the_pool_refuses_what_it_cannot_run():
+    base = {"PATH": "/bin", "X": "1"}
+    argv = [sys.executable, "-u", "-c", "BOOT", "-m", _warm.FN_RUNNER, "a", "b"]
+    assert _warm.refusal(argv, {**base, "RANK": "3", "TORCHSPARK_Y": "z"}, base) is None
+    assert "differs in X" in _warm.refusal(argv, {**base, "X": "2"}, base)
+    assert "another Python" in _warm.refusal(["/bin/sh", *argv[1:]], base, base)
+    assert "not a function-mode worker" in _warm.refusal(
+        [sys.executable, "-u", "-c", "BOOT", "script.py"], base, base)
+    assert json.dumps(_warm.stable_env({"RANK": "1", "A": "b"})) == '{"A": "b"}'
