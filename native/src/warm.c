@@ -52,9 +52,11 @@ static uint32_t get32(const unsigned char *p)
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | (uint32_t)p[3];
 }
 
+static const unsigned char magic[4] = {'T', 'S', 'P', 'W'};
+
 void tsp_warm_header_pack(unsigned char out[TSP_WARM_HEADER_LEN], uint32_t len)
 {
-    memcpy(out, "TSPW", 4);
+    memcpy(out, magic, sizeof magic);
     put32(out + 4, TSP_WARM_VERSION);
     put32(out + 8, len);
     put32(out + 12, TSP_WARM_NFDS);
@@ -62,7 +64,7 @@ void tsp_warm_header_pack(unsigned char out[TSP_WARM_HEADER_LEN], uint32_t len)
 
 int tsp_warm_header_unpack(const unsigned char in[TSP_WARM_HEADER_LEN], uint32_t *len)
 {
-    if (memcmp(in, "TSPW", 4) != 0)
+    if (memcmp(in, magic, sizeof magic) != 0)
         return -EPROTO;
     if (get32(in + 4) != TSP_WARM_VERSION)
         return -EPROTONOSUPPORT;
