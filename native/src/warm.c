@@ -271,7 +271,8 @@ static int next_signal(const shim_t *s)
 }
 
 /* Waits until the socket is ready for events, before the deadline (-1: none). A signal
- * that comes before the worker exists ends the shim by it. 1 ready, 0 deadline, -errno. */
+ * that comes while the socket is not ready (before the pool's P) ends the shim by it.
+ * 1 ready, 0 deadline, -errno. */
 static int wait_ready(shim_t *s, short events, int64_t deadline)
 {
     for (;;) {
@@ -282,6 +283,10 @@ static int wait_ready(shim_t *s, short events, int64_t deadline)
         int n = poll(p, 2, left < 0 ? -1 : left > INT_MAX ? INT_MAX : (int)left);
         if (n < 0 && errno != EINTR)
             return -errno;
+        /* The socket first: a P already there makes a signal that came with it one to
+         * forward, not one that ends the shim. */
+        if (n > 0 && p[0].revents)
+            return 1;
         if (n > 0 && (p[1].revents & POLLIN)) {
             int sig = next_signal(s);
             if (sig) {
@@ -289,8 +294,6 @@ static int wait_ready(shim_t *s, short events, int64_t deadline)
                 die_by_signal(sig);
             }
         }
-        if (n > 0 && p[0].revents)
-            return 1;
     }
 }
 

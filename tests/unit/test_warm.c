@@ -174,6 +174,8 @@ static void teardown(void)
     unlink(path);
     snprintf(path, sizeof path, "%s/open", dir);
     rmdir(path);
+    snprintf(path, sizeof path, "%s/received", dir);
+    unlink(path);
     unlink(sock_path);
     rmdir(dir);
 }
@@ -315,10 +317,16 @@ static int pool_main(int lfd, const char *mode)
     if (rc)
         return rc;
     if (strcmp(mode, "refuse") == 0) {
-        send_msg(conn, TSP_WARM_REFUSED, 6);
-        return full_io(conn, "differ", 6, 1) == 0 ? POOL_OK : POOL_BAD_REQUEST + 9;
+        /* One write: the shim may close as soon as it has read the tag. */
+        unsigned char m[TSP_WARM_MSG_LEN + 6];
+        tsp_warm_msg_pack(m, TSP_WARM_REFUSED, 6);
+        memcpy(m + TSP_WARM_MSG_LEN, "differ", 6);
+        return full_io(conn, m, sizeof m, 1) == 0 ? POOL_OK : POOL_BAD_REQUEST + 9;
     }
     if (strcmp(mode, "silent") == 0) {
+        char mark[300];
+        snprintf(mark, sizeof mark, "%s/received", dir);
+        close(open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600)); /* the test waits for it */
         char c;
         return read(conn, &c, 1) == 0 ? POOL_OK : POOL_BAD_REQUEST + 10; /* the shim left */
     }
@@ -357,6 +365,7 @@ static pid_t start_pool(const char *path, const char *mode)
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);
         signal(SIGALRM, SIG_DFL);
+        signal(SIGPIPE, SIG_IGN); /* a shim that left is seen as EPIPE */
         _exit(pool_main(lfd, mode));
     }
     close(lfd);
@@ -507,6 +516,28 @@ START_TEST(test_warm_no_answer_in_time_runs_the_command_itself)
 }
 END_TEST
 
+/* A signal while the shim waits for the pool's answer ends it by that signal (the worker,
+ * were it forked meanwhile, dies with the connection). */
+START_TEST(test_warm_signal_before_the_answer_ends_the_shim)
+{
+    shim_env[2] = "TORCHSPARK_WARM_WAIT=30";
+    pid_t pool = start_pool(sock_path, "silent");
+    tsp_proc_t p;
+    start_shim(&p, sock_path, "exit 0");
+    char mark[300];
+    snprintf(mark, sizeof mark, "%s/received", dir);
+    for (int i = 0; i < 2000 && access(mark, F_OK) != 0; i++)
+        usleep(5000);
+    ck_assert_int_eq(access(mark, F_OK), 0);
+    kill(p.pid, SIGTERM);
+    int st = wait_for(p.pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGTERM, "shim status %#x", st);
+    st = wait_for(pool);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == POOL_OK, "pool status %#x", st);
+    tsp_proc_close(&p);
+}
+END_TEST
+
 START_TEST(test_warm_pool_death_kills_the_shim)
 {
     pid_t pool = start_pool(sock_path, "die");
@@ -639,6 +670,7 @@ static Suite *warm_suite(void)
     tcase_add_test(tc, test_warm_refused_runs_the_command_itself);
     tcase_add_test(tc, test_warm_no_pool_or_foreign_dir_runs_the_command_itself);
     tcase_add_test(tc, test_warm_no_answer_in_time_runs_the_command_itself);
+    tcase_add_test(tc, test_warm_signal_before_the_answer_ends_the_shim);
     tcase_add_test(tc, test_warm_pool_death_kills_the_shim);
     tcase_add_test(tc, test_warm_shim_sigkill_ends_the_worker);
     tcase_add_test(tc, test_warm_exec_failure_and_usage);
