@@ -469,6 +469,27 @@ static char **worker_argv(const tsp_agent_t *a, int local_rank)
     return v;
 }
 
+/* Through the warm pool's shim: [shim, --warm-exec, SOCKET, --, FILE, argv...]. Takes
+ * argv's strings (frees only the old array); NULL when out of memory (argv left as is). */
+static char **shim_argv(const tsp_agent_t *a, char **argv)
+{
+    size_t n = 0;
+    while (argv[n])
+        n++;
+    char **v = calloc(n + 6, sizeof(char *));
+    if (!v)
+        return NULL;
+    const char *head[] = {a->o.warm_shim, "--warm-exec", a->o.warm_socket, "--", a->o.file};
+    for (size_t i = 0; i < 5; i++)
+        if (!(v[i] = strdup(head[i]))) {
+            free_argv(v);
+            return NULL;
+        }
+    memcpy(v + 5, argv, n * sizeof(char *));
+    free(argv);
+    return v;
+}
+
 static void free_argv(char **v)
 {
     for (size_t i = 0; v && v[i]; i++)
@@ -511,11 +532,19 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     char **argv = rc ? NULL : worker_argv(a, w->local_rank);
     if (!rc && !argv)
         rc = -ENOMEM;
+    int warm = !rc && a->o.warm_socket && a->o.warm_shim;
+    if (warm) {
+        char **sv = shim_argv(a, argv);
+        if (sv)
+            argv = sv;
+        else
+            rc = -ENOMEM;
+    }
     for (int si = 0; si < 2 && !rc; si++)
         rc = open_redirect(a, w, si, &w->s[si].file_fd);
     if (!rc) {
         tsp_proc_opts_t po = {
-            .file = a->o.file,
+            .file = warm ? a->o.warm_shim : a->o.file,
             .argv = argv,
             .envp = env.vars,
             .stdout_mode = a->capture ? TSP_PROC_PIPE : TSP_PROC_INHERIT,

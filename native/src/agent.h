@@ -52,6 +52,13 @@ typedef struct tsp_agent_opts {
      * this node's own teardown. NULL: none. */
     void (*on_failure)(void *ctx, const tsp_failure_t *root);
     void *on_failure_ctx;
+    /* The warm worker pool (docs/protocol.md section 6). When both are set, each worker is
+     * started through the shim (warm.h): `warm_shim --warm-exec warm_socket -- FILE ARGV...`
+     * (warm_shim: the torchspark-run executable), which has the pool fork the worker, or,
+     * without a pool, execs FILE itself. Everything else about the worker is unchanged.
+     * NULL: workers are exec'ed directly. */
+    const char *warm_socket;
+    const char *warm_shim;
 } tsp_agent_opts_t;
 
 typedef struct tsp_agent tsp_agent_t;

@@ -23,17 +23,17 @@ static void proc_close_fd(int *fd)
     }
 }
 
-/* The paths to try for o->file, built before fork (the child may only make
+/* The paths to try for file, built before fork (the child may only make
  * async-signal-safe calls: no snprintf, no malloc, whose locks another thread may have held
- * at fork time). o->file itself when it holds a '/', else each entry of the PATH in the
+ * at fork time). file itself when it holds a '/', else each entry of the PATH in the
  * child's environment joined with it, in order (an empty entry is the current directory),
  * as execvp does; execvpe() itself would search the parent's PATH. One allocation, NULL
  * terminated; NULL when out of memory. */
-static char **exec_candidates(const tsp_proc_opts_t *o, char *const *envp)
+static char **exec_candidates(const char *file, char *const *envp)
 {
     const char *path = NULL;
-    size_t flen = strlen(o->file), count = 1, bytes = flen + 1;
-    if (!strchr(o->file, '/')) {
+    size_t flen = strlen(file), count = 1, bytes = flen + 1;
+    if (!strchr(file, '/')) {
         path = tsp_env_lookup(envp, "PATH");
         if (!path)
             path = "/usr/local/bin:/usr/bin:/bin";
@@ -46,7 +46,7 @@ static char **exec_candidates(const tsp_proc_opts_t *o, char *const *envp)
         return NULL;
     char *w = (char *)(v + count + 1);
     if (!path) {
-        v[0] = memcpy(w, o->file, flen + 1);
+        v[0] = memcpy(w, file, flen + 1);
         v[1] = NULL;
         return v;
     }
@@ -59,7 +59,7 @@ static char **exec_candidates(const tsp_proc_opts_t *o, char *const *envp)
         w += dlen;
         if (dlen)
             *w++ = '/';
-        memcpy(w, o->file, flen + 1);
+        memcpy(w, file, flen + 1);
         w += flen + 1;
         if (!colon)
             break;
@@ -116,6 +116,16 @@ fail:;
     _exit(127);
 }
 
+int tsp_proc_exec(const char *file, char *const argv[], char *const envp[])
+{
+    char **candidates = exec_candidates(file, envp ? envp : environ);
+    if (!candidates)
+        return -ENOMEM;
+    int e = child_exec(candidates, argv, envp ? envp : environ);
+    free(candidates);
+    return -e;
+}
+
 static int make_pipe(int fds[2])
 {
     if (pipe2(fds, O_CLOEXEC) < 0)
@@ -139,7 +149,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     int err_w = o->stderr_mode == TSP_PROC_PIPE ? errp[1]
                 : o->stderr_mode == TSP_PROC_FD ? o->stderr_fd
                                                 : -1;
-    candidates = exec_candidates(o, o->envp ? o->envp : environ);
+    candidates = exec_candidates(o->file, o->envp ? o->envp : environ);
     if (!candidates) {
         rc = -ENOMEM;
         goto out;

@@ -36,6 +36,9 @@ typedef struct tsp_proc {
  * others from the child's execve; err then holds "cannot run '<file>': <reason>".
  * Pipe read ends are non-blocking and close-on-exec. */
 int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen);
+/* Replaces this process with file (searched in the PATH of envp as tsp_proc_spawn does;
+ * envp NULL: environ). Returns only on failure: -errno (-ENOENT, -EACCES, ...). */
+int tsp_proc_exec(const char *file, char *const argv[], char *const envp[]);
 /* Closes the pipe ends; does not wait or kill. */
 void tsp_proc_close(tsp_proc_t *p);
 

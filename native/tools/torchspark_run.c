@@ -29,6 +29,7 @@
 #include "pyboot.h"
 #include "report.h"
 #include "util.h"
+#include "warm.h"
 
 extern char **environ;
 
@@ -83,6 +84,7 @@ static opt_t opts[] = {
     {"log-endpoint", 0, 1, NULL, 0},
     {"output-file", 0, 1, NULL, 0},
     {"log-drop", 0, 0, NULL, 0},
+    {"warm-socket", 0, 1, NULL, 0}, /* the warm worker pool (docs/protocol.md section 6) */
     /* GPUs (docs/gpu.md) */
     {"gpus", 0, 1, NULL, 0},
     {"nccl-check", 0, ARG_OPTIONAL, NULL, 0},
@@ -101,6 +103,7 @@ static const char *usage_text =
     "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
     "                      [--error-file PATH] [--python PATH]\n"
     "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
+    "                      [--warm-socket PATH]\n"
     "                      [--gpus ADDRESSES] [--nccl-check[=SECONDS]] [--nccl-check-bytes N]\n"
     "                      [--nccl-lib PATH] [--nccl-comm-port P]\n"
     "                      SCRIPT [ARGS...]\n"
@@ -867,8 +870,45 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     return 1;
 }
 
+/* `torchspark-run --warm-exec SOCKET -- FILE ARGV0 [ARGS...]`: the warm pool's shim
+ * (warm.h), one per worker, started by the agent itself with --warm-socket. Never returns. */
+static __attribute__((noreturn)) void warm_exec_main(int argc, char **argv)
+{
+    if (argc < 6 || !argv[2][0] || strcmp(argv[3], "--") != 0) {
+        fputs("torchspark-run: error: --warm-exec needs SOCKET -- FILE ARGV0 [ARGS...] (an "
+              "internal mode: the agent starts it for --warm-socket)\n",
+              stderr);
+        exit(2);
+    }
+    tsp_warm_exec(argv[2], argv[4], argv + 5);
+}
+
+/* The path of this executable, for the shim under --warm-socket: the option is ignored,
+ * with one warning, when it cannot be found. */
+static const char *warm_socket_opt(char *self, size_t len)
+{
+    const char *sock = val("warm-socket");
+    if (!sock)
+        return NULL;
+    if (!*sock)
+        usage_error("--warm-socket needs the path of the warm pool's socket");
+    ssize_t n = readlink("/proc/self/exe", self, len);
+    if (n <= 0 || (size_t)n >= len) {
+        fprintf(stderr,
+                "torchspark-run: WARNING: --warm-socket is ignored: this program's own path "
+                "cannot be read from /proc/self/exe (%s); workers start without the warm "
+                "pool\n",
+                n < 0 ? strerror(errno) : "too long");
+        return NULL;
+    }
+    self[n] = 0;
+    return sock;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "--warm-exec") == 0)
+        warm_exec_main(argc, argv); /* before anything else: it is one worker, not an agent */
     pid_t ppid = getppid();
     int script_at = parse_cli(argc, argv);
     if (flag("nccl-check-worker"))
@@ -975,6 +1015,9 @@ int main(int argc, char **argv)
                                ? val("log-line-prefix-template")
                                : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
     };
+    char self_exe[PATH_MAX];
+    o.warm_socket = warm_socket_opt(self_exe, sizeof self_exe);
+    o.warm_shim = o.warm_socket ? self_exe : NULL;
     char err[512] = "";
     /* The driver's log channel: the secret comes from the environment only, and is taken
      * out of it so that the workers never see it. */

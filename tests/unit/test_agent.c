@@ -410,6 +410,28 @@ START_TEST(test_agent_exec_error_status)
 }
 END_TEST
 
+/* --warm-socket with no pool there: each worker's shim runs the command itself, with the
+ * environment it would have had, and the exit code comes back as without the option. */
+START_TEST(test_agent_warm_socket_without_pool_runs_workers)
+{
+    setup();
+    char sock[512];
+    snprintf(sock, sizeof sock, "%s/no-pool.sock", dir);
+    tsp_agent_opts_t o = {.console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .warm_socket = sock,
+                          .warm_shim = TSP_RUN_BIN};
+    ck_assert_int_eq(run_sh(2, 0,
+                            "[ \"$WORLD_SIZE/$LOCAL_WORLD_SIZE\" = 2/2 ] || exit 9; "
+                            "[ -n \"$TORCHELASTIC_ERROR_FILE\" ] || exit 8; "
+                            "if [ $LOCAL_RANK = 1 ]; then exit 3; fi",
+                            &o, NULL),
+                     3);
+    ck_assert_int_eq(run_sh(2, 0, "exit 0", &o, NULL), 0);
+}
+END_TEST
+
 typedef struct {
     int calls, rank;
     struct timespec when;
@@ -473,6 +495,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_sink_backpressure_loses_nothing);
     tcase_add_test(tc, test_agent_exec_error_status);
     tcase_add_test(tc, test_agent_on_failure_runs_before_the_grace);
+    tcase_add_test(tc, test_agent_warm_socket_without_pool_runs_workers);
     suite_add_tcase(s, tc);
     return s;
 }
