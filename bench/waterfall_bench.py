@@ -146,7 +146,7 @@ def main() -> None:
             rows["stock"].append(stock_run())
         rows["torchspark_cold"].append(ours_run(warm=False))
         rows["torchspark"].append(ours_run())
-        print(json.dumps({"run": i, **{k: v[-1] for k, v in rows.items()}}), flush=True)
+        print(json.dumps({"run": i, **{k: v[-1] for k, v in rows.items() if v}}), flush=True)
     med = statistics.median
     floor = {k: med(rows[k]) for k in ("job", "torch", "pg")}
     floor_s = sum(floor.values())

@@ -23,6 +23,7 @@ from torchspark import TorchDistributor, TorchDistributorError, _warm
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = uuid.uuid4().hex
+MARK_NAME = tsp_spark.MARK
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +57,7 @@ def _whoami(tag):
            "random": random.random(), "np": float(np.random.random()),
            "unbuffered": not hasattr(_sys.stdout, "buffer") or
            not hasattr(_sys.stdout.buffer, "raw"),
-           "mark": os.environ.get(tsp_spark.MARK)}
+           "mark": os.environ.get(MARK_NAME)}
     dist.destroy_process_group()
     return out
 

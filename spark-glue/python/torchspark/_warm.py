@@ -152,10 +152,19 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     fd = os.open(os.path.join(d, key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     r = w = -1
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return sock  # a pool holds the lock: it lives
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # A pool holds the lock: it serves once its socket exists (a starting pool
+                # binds first; an ending one unlinks it, then exits).
+                if os.path.exists(sock):
+                    return sock
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.01)
         try:
             os.unlink(sock)  # a dead pool's
         except FileNotFoundError:
@@ -308,6 +317,7 @@ def _become_worker(cwd: str, argv: List[str], env: Dict[str, str], fds: List[int
         if os.getppid() != pool_pid:
             os._exit(128 + signal.SIGKILL)
         signal.set_wakeup_fd(-1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -367,6 +377,8 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
 
     base_env = dict(os.environ)
     _set_comm(POOL_COMM)
+    PR_SET_CHILD_SUBREAPER = 36  # a worker's orphans come back here, not to init
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
     stop = []
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
@@ -501,19 +513,29 @@ def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[st
         pid = os.fork()
         if pid == 0:
             _become_worker(cwd, argv, {**env, **added}, fds, close, pool_pid)
-        conn.sendall(REPLY.pack(b"P", pid))
-        conn.settimeout(None)
-        return _Worker(pid, conn)
     except OSError as e:
         sys.stderr.write(f"torchspark warm pool: {e}\n")
         return None
     finally:
         for fd in fds:
             os.close(fd)
+    try:
+        conn.sendall(REPLY.pack(b"P", pid))
+        conn.settimeout(None)
+        return _Worker(pid, conn)
+    except OSError:  # the shim is gone (it died by a signal before P): so is its worker
+        import signal
+
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return None  # reaped with the others
 
 
 def _reap(workers: Dict[int, _Worker], sel) -> None:
-    while workers:
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -521,6 +543,10 @@ def _reap(workers: Dict[int, _Worker], sel) -> None:
         if pid == 0:
             return
         w = workers.pop(pid, None)
+        try:  # what the worker left in its process group ends with it, as under the agent
+            os.killpg(pid, 9)
+        except OSError:
+            pass
         if w is None or w.conn is None:
             continue
         w.status = status
@@ -541,6 +567,14 @@ def _shutdown(listener: socket.socket, sock_path: str, sock_ino: int,
             os.killpg(w.pid, signal.SIGKILL)
         except OSError:
             pass
+    me = os.getpid()
+    for name in os.listdir("/proc"):  # and what was left to us as the subreaper
+        st = _proc_stat(int(name)) if name.isdigit() else None
+        if st is not None and st[0] == me:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+            except OSError:
+                pass
     try:
         if os.stat(sock_path).st_ino == sock_ino:
             os.unlink(sock_path)
