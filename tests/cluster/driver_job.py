@@ -72,7 +72,9 @@ def train(tag, steps, sleep, progress_dir, fail_rank=None):
     names = ["MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK",
              "GROUP_RANK", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TSP_TEST_MARKER"]
     info = {k: os.environ.get(k) for k in names}
-    info.update(host=host, pid=os.getpid(), gloo_interfaces=gloo,
+    with open(f"/proc/{os.getppid()}/comm") as f:  # tsp-warm-pool: forked by torchspark's pool
+        parent_comm = f.read().strip()
+    info.update(host=host, pid=os.getpid(), gloo_interfaces=gloo, parent_comm=parent_comm,
                 weight_sum=float(sum(p.detach().sum() for p in model.parameters())))
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, info)

@@ -73,6 +73,8 @@ def test_ddp_across_hosts(cluster, flavor_runs, nhosts, record_property):
         assert r["gloo_interfaces"] and set(r["gloo_interfaces"]) <= {nc.CLUSTER_IF}, r
 
     if flavor == "torchspark":
+        # Function mode: every rank was forked from its executor's warm pool (_warm.py).
+        assert [r["parent_comm"] for r in ranks] == ["tsp-warm-pool"] * nhosts, ranks
         for r in ranks:
             assert r["MASTER_ADDR"] == rank0.addr, \
                 f"rank {r['RANK']} on {r['host']} saw MASTER_ADDR={r['MASTER_ADDR']}, " \

@@ -68,16 +68,20 @@ def test_function_and_script_mode_with_logs_on_the_client(spark, tmp_path, caplo
 
 
 def _where():
+    import os
     import sys
-    return sys.modules["torchspark"].__file__
+
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        return sys.modules["torchspark"].__file__, f.read().strip()
 
 
 def test_driver_only_install_ships_as_a_session_artifact(spark, caplog):
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    where = d.run(_where)
+    where, parent = d.run(_where)
     _, name = _ship.archive()
     assert f"/{name}/torchspark/" in where, where  # the workers used the shipped copy
+    assert parent == "tsp-warm-pool"  # forked from the executor's warm pool (shipped too)
     assert _ship.shipped(spark, True) is not None
     shipped = [r.getMessage() for r in caplog.records if "is not installed" in r.getMessage()]
     assert len(shipped) <= 1  # once per session, whichever test ran first

@@ -93,6 +93,11 @@ def test_runs_fork_from_the_executors_warm_pool(spark, capfd):
             assert f"warm-line {tag} rank {rank}" in err
 
 
+def test_local_mode_forks_from_a_pool_of_the_driver(spark):
+    r = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(_whoami, "l")
+    assert r["parent"] == _warm.POOL_COMM and r["sum"] == 3.0 and r["world"] == "2"
+
+
 def test_without_warm_workers_the_workers_start_fresh(spark):
     r = _run(spark, "c", TORCHSPARK_WARM="0")
     assert r["parent"] == "torchspark-run" and r["sum"] == 3.0
