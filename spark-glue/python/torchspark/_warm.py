@@ -401,6 +401,7 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
 
     # What a training process would import first; nothing here may start a thread (the
     # pool forks) or initialize CUDA (workers initialize their own).
+    t0 = time.monotonic()
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
@@ -423,6 +424,9 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
     import gc
 
     gc.freeze()  # fewer copy-on-write pages in the workers
+    sys.stderr.write(f"torchspark warm pool {os.getpid()}: serving {sock_path} for "
+                     f"{sys.executable}, anchor {anchor}, idle timeout {idle_s:g} s; the "
+                     f"imports took {time.monotonic() - t0:.2f} s\n")
 
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
