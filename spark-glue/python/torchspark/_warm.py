@@ -399,8 +399,11 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
     os.write(ready_fd, b"1")
     os.close(ready_fd)
 
-    # What a training process would import first; nothing here may start a thread (the
-    # pool forks) or initialize CUDA (workers initialize their own).
+    # What a training process would import first; nothing here may start a Python thread
+    # (the pool forks) or initialize CUDA (workers initialize their own). The one native
+    # thread these imports start is numpy's OpenBLAS server, which stops its threads
+    # before a fork and starts them again in the child (its pthread_atfork handlers), as
+    # every forking DataLoader relies on.
     t0 = time.monotonic()
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
