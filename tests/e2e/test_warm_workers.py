@@ -270,7 +270,12 @@ def test_a_pool_refusing_the_environment_means_a_fresh_worker(run_bin, tmp_path,
     assert cloudpickle.loads(open(out_file, "rb").read()) == "torchspark-run"
 
 
-def test_a_socket_directory_others_can_use_is_not_used(tmp_path, monkeypatch):
+def test_a_socket_directory_others_can_use_is_not_used(monkeypatch):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="tw", dir="/tmp"))  # short: a socket's path
     d = tmp_path / f"torchspark-warm-{os.geteuid()}"
     d.mkdir(mode=0o755)
     d.chmod(0o755)
@@ -279,6 +284,14 @@ def test_a_socket_directory_others_can_use_is_not_used(tmp_path, monkeypatch):
     assert _warm.ensure(dict(os.environ), 1, os.getpid(), 10) is None
     d.chmod(0o700)
     assert _warm.pool_dir() == str(d)
+    shutil.rmtree(tmp_path)
+
+
+def test_a_tmpdir_too_long_for_a_socket_path_means_tmp(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    assert _warm.pool_dir() == f"/tmp/torchspark-warm-{os.geteuid()}"
 
 
 def test_the_idle_timeout_conf_is_checked():
