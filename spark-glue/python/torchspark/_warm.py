@@ -147,6 +147,7 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     import fcntl
     import subprocess
 
+    _started[:] = [p for p in _started if p.poll() is None]  # reap the pools that ended
     d = pool_dir()
     if d is None:
         return None
