@@ -103,6 +103,9 @@ def _topology():
     keys = ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
             "CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
     mine = {k: os.environ.get(k) for k in keys}
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        mine["parent"] = f.read().strip()
+    mine["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS")
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     dist.destroy_process_group()
@@ -123,6 +126,10 @@ def test_gpu_tasks_run_one_process_per_gpu(spark):
     from torchspark import _elect
     assert {r["GLOO_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
     assert {r["NCCL_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
+    # Two processes per task, forked from their executor's warm pool, which was started
+    # with torchrun's OMP_NUM_THREADS=1 for more than one process per node.
+    assert {r["parent"] for r in ranks} == {"tsp-warm-pool"}
+    assert {r["OMP_NUM_THREADS"] for r in ranks} == {"1"}
 
 
 def test_one_executor_two_processes_equals_torchrun(spark, tmp_path):

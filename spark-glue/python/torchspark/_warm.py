@@ -42,12 +42,13 @@ SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL e
 REQUEST_TIMEOUT_S = 5.0
 
 # The variables that differ between runs or ranks of one pool's life (docs/protocol.md §6):
-# the agent sets them per worker, the glue per job; nothing reads them at `import torch`.
+# the agent sets them per worker (CUDA_*: with --gpus), the glue per job; nothing reads them
+# at `import torch` (CUDA reads its own at its initialization, in the worker).
 PER_RUN = frozenset((
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_COMM_ID",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
+    "NCCL_COMM_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
 ))
 PER_RUN_PREFIXES = ("TORCHELASTIC_", "TORCHSPARK_")
 
@@ -519,6 +520,7 @@ def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[st
     try:
         why = refusal(argv, env, base_env)
         if why is not None:
+            sys.stderr.write(f"torchspark warm pool: refused a request: {why}\n")
             msg = why.encode()
             conn.sendall(REPLY.pack(b"R", len(msg)) + msg)
             return None
