@@ -11,7 +11,8 @@ public final class JUnitMain {
     private JUnitMain() {}
 
     public static void main(String[] args) {
-        Class<?>[] classes = {NativeLoaderTest.class, JniTest.class, RunnerTest.class, ProcessTreesTest.class};
+        Class<?>[] classes = {NativeLoaderTest.class, JniTest.class, RunnerTest.class, ProcessTreesTest.class,
+            RendezvousTest.class};
         JUnitCore core = new JUnitCore();
         core.addListener(new TextListener(System.out));
         Result r = core.run(classes);
