@@ -1,7 +1,8 @@
 """A Java application (tests/java/org/torchspark/TrainApp.java) submitted with spark-submit
 to the multi-host namespace cluster trains the DDP example across 2 hosts through
-TorchSparkRunner: the election through the driver's rendezvous, rank-tagged lines on the driver, rank 0's output back, a failing rank
-named with its host and exit code, nothing left running."""
+TorchSparkRunner: the election through the driver's rendezvous, rank-tagged lines on the
+driver, rank 0's output back, a failing rank named with its host and exit code, nothing
+left running."""
 import os
 import re
 import sys
