@@ -389,7 +389,7 @@ public final class TrainApp {
     }
 
     /** Jobs cancelled while their tasks start: DELAYS ms after the driver launched the
-     *  first task (before Task.run, in the election or the barrier's allGather, or just
+     *  first task (before Task.run, in the election and its wait for rank 0's record, or just
      *  after the agents started). Nothing may be left, at once and 2 s later (a late agent),
      *  the plugin must log no failure, and the executors must still run a job. */
     private static void early(SparkSession spark) {
