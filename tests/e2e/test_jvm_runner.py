@@ -169,7 +169,8 @@ def test_plugin_executor_stopped_normally_leaves_nothing():
 def test_plugin_runner_job_cancelled_while_its_tasks_start():
     # Cancelled 0-1400 ms after the driver launched the first task: before Task.run, in the
     # election (waiting for rank 0's record in the driver's rendezvous, where a task checks
-    # its kill flag every 100 ms), or just after the agents started. Nothing may be left, then or 2 s later (a late agent).
+    # its kill flag every 100 ms), or just after the agents started. Nothing may be left,
+    # then or 2 s later (a late agent).
     out, err = jvmutil.spark_submit("early", plugin=True)
     rounds = [[int(x) for x in r.split()] for r in out["ROUND"]]
     print("rounds (delay ms, processes at the cancel, gone ms, left 2 s later):", rounds)
