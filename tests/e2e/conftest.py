@@ -30,9 +30,14 @@ def connect_server(tmp_path_factory):
     import tsp_connect
     import tsp_spark
 
+    import jvmutil
+
     python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("connect-venv"))
     server = tsp_connect.ConnectServer(tmp_path_factory.mktemp("connect"), {
         f"spark.executorEnv.{tsp_spark.MARK}": tsp_spark.CONNECT_MARK,
+        # TorchSparkPlugin on the server's executors, under Connect's class loaders: it
+        # finds TorchDistributor's tasks by their job tag (Connect sets no local property).
+        "spark.plugins": jvmutil.PLUGIN, "spark.jars": str(jvmutil.JAR),
     }, env={"PYSPARK_PYTHON": python})
     try:
         server.wait_ready()

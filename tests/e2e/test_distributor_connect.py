@@ -12,6 +12,7 @@ import time
 import pytest
 from pyspark import cloudpickle
 
+import jvmutil
 import tsp_connect
 import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, _ship
@@ -130,6 +131,17 @@ def test_interrupt_all_kills_training_within_5s(spark):
     t.join(60)
     assert left == []
     assert errors and isinstance(errors[0], TorchDistributorError), errors
+    # The executors' TorchSparkPlugin took the killed tasks for torchspark's (their job tag
+    # inside Connect's session tag; before, it ignored Connect's tasks): it stopped their
+    # agents, or logged the kill with no agent left to stop (torchspark's own driver was
+    # first).
+    app = spark.conf.get("spark.app.id")
+    deadline = time.monotonic() + 10
+    while jvmutil.plugin_stops(app, "killed task attempt") + jvmutil.plugin_stops(
+            app, "killed with no agent running") < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert jvmutil.plugin_stops(app, "killed task attempt") + jvmutil.plugin_stops(
+        app, "killed with no agent running") >= 2
 
 
 def _big(n):

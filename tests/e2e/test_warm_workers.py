@@ -270,7 +270,12 @@ def test_a_pool_refusing_the_environment_means_a_fresh_worker(run_bin, tmp_path,
     assert cloudpickle.loads(open(out_file, "rb").read()) == "torchspark-run"
 
 
-def test_a_socket_directory_others_can_use_is_not_used(tmp_path, monkeypatch):
+def test_a_socket_directory_others_can_use_is_not_used(monkeypatch):
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="tw", dir="/tmp"))  # short: a socket's path
     d = tmp_path / f"torchspark-warm-{os.geteuid()}"
     d.mkdir(mode=0o755)
     d.chmod(0o755)
@@ -279,6 +284,14 @@ def test_a_socket_directory_others_can_use_is_not_used(tmp_path, monkeypatch):
     assert _warm.ensure(dict(os.environ), 1, os.getpid(), 10) is None
     d.chmod(0o700)
     assert _warm.pool_dir() == str(d)
+    shutil.rmtree(tmp_path)
+
+
+def test_a_tmpdir_too_long_for_a_socket_path_means_tmp(tmp_path, monkeypatch):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    assert _warm.pool_dir() == f"/tmp/torchspark-warm-{os.geteuid()}"
 
 
 def test_the_idle_timeout_conf_is_checked():
@@ -297,3 +310,61 @@ def test_the_pool_refuses_what_it_cannot_run():
     assert "not a function-mode worker" in _warm.refusal(
         [sys.executable, "-u", "-c", "BOOT", "script.py"], base, base)
     assert json.dumps(_warm.stable_env({"RANK": "1", "A": "b"})) == '{"A": "b"}'
+
+
+def _executor_jvm(app_id, exec_id):
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if (b"org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd
+                and app_id.encode() in cmd
+                and cmd[cmd.index(b"--executor-id") + 1] == exec_id.encode()):
+            return int(pid)
+    return None
+
+
+def _pools_anchored_on(pid):
+    found = []
+    for p in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{p}/comm", "rb") as f:
+                if f.read().strip() != _warm.POOL_COMM.encode():
+                    continue
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if str(pid).encode() in args:  # main()'s arguments: socket, fds, anchor, idle
+            found.append(int(p))
+    return found
+
+
+def test_an_executor_stopped_mid_run_leaves_no_pool_and_no_worker(spark):
+    """Last of the Spark tests here: the session loses an executor. SparkContext's
+    killExecutor while a run's workers (forked from the pools) train: the executor JVM
+    ends; its pool ends with it and takes its worker; the run fails; nothing is left."""
+    sc = spark.sparkContext
+    app = sc.applicationId
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", _run_catching()), daemon=True)
+    t.start()
+    assert _wait(lambda: len([p for p in tsp_spark.job_processes(MARK_VALUE)
+                              if tsp_spark.warm_pool_child(p)]) == 2, 120)
+    jvm = _executor_jvm(app, "0")
+    assert jvm and _pools_anchored_on(jvm), "executor 0 has no warm pool"
+    assert sc._jsc.sc().killExecutor("0")
+    assert _wait(lambda: _state(jvm) in ("gone", "Z"), 60), "the executor did not end"
+    assert _wait(lambda: not _pools_anchored_on(jvm), 5), "the executor's pool outlived it"
+    t.join(120)
+    assert isinstance(box.get("r"), Exception), box
+    assert tsp_spark.wait_gone(MARK_VALUE, 15) == []
+
+
+def _run_catching():
+    try:
+        return TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_sleeps)
+    except Exception as e:  # noqa: BLE001 - the lost executor's error is what is expected
+        return e

@@ -38,6 +38,7 @@ REPLY = struct.Struct(">ci")
 FN_RUNNER = "torchspark._fn_runner"
 DEFAULT_IDLE_S = 300.0
 READY_TIMEOUT_S = 10.0
+SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL excluded)
 REQUEST_TIMEOUT_S = 5.0
 
 # The variables that differ between runs or ranks of one pool's life (docs/protocol.md §6):
@@ -61,10 +62,13 @@ def stable_env(env: Dict[str, str]) -> Dict[str, str]:
 
 
 def pool_dir() -> Optional[str]:
-    """${TMPDIR:-/tmp}/torchspark-warm-UID, created 0700; None when it exists but is not a
-    directory of ours that only we can use (then there is no pool, and runs exec)."""
+    """${TMPDIR:-/tmp}/torchspark-warm-UID (/tmp when TMPDIR is too long for a socket's
+    path), created 0700; None when it exists but is not a directory of ours that only we can
+    use (then there is no pool, and runs exec)."""
     base = os.environ.get("TMPDIR") or "/tmp"
     path = os.path.join(base, f"torchspark-warm-{os.geteuid()}")
+    if len(os.fsencode(path)) + len("/0123456789abcdef0123456789abcdef.sock") > SUN_PATH_MAX:
+        path = f"/tmp/torchspark-warm-{os.geteuid()}"  # a socket's path has 107 bytes
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -143,6 +147,7 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     import fcntl
     import subprocess
 
+    _started[:] = [p for p in _started if p.poll() is None]  # reap the pools that ended
     d = pool_dir()
     if d is None:
         return None

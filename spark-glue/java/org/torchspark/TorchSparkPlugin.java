@@ -8,6 +8,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
+import java.util.regex.Pattern;
 import org.apache.spark.SparkContext;
 import org.apache.spark.TaskContext;
 import org.apache.spark.TaskFailedReason;
@@ -23,7 +24,9 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Executor side: for torchspark's tasks only (those whose job carries the local property
  * {@value TorchSparkRunner#TASK_PROPERTY}, set by TorchSparkRunner and by the PySpark
- * TorchDistributor), a kill of the task (job cancelled, stage aborted) stops the task's
+ * TorchDistributor on a classic session, or the job tag {@code torchspark-<32 hex digits>}
+ * that the PySpark TorchDistributor adds, which Spark Connect passes on inside its own
+ * session tag: see {@link #isTorchsparkTask}), a kill of the task (job cancelled, stage aborted) stops the task's
  * agent and its training processes at once: the interrupt listener (Spark 4.3+; older
  * Spark: a 100 ms poll) hands the task's attempt id to the plugin's thread, which finds the
  * task's processes among this JVM's descendants by the environment tag
@@ -42,6 +45,20 @@ public final class TorchSparkPlugin implements SparkPlugin {
     /** How long a killed or failed task's attempt id stays watched for a late agent. */
     static final long WATCH_MS = 30_000;
     static final Logger LOG = LoggerFactory.getLogger(TorchSparkPlugin.class);
+
+    /** The job tag of a TorchDistributor run, alone (classic) or as the end of Spark
+     *  Connect's session tag ("SparkConnect_SessionTag_User_..._Session_..._Tag_torchspark-..."). */
+    static final Pattern RUN_TAG = Pattern.compile("(?:^|,|_Tag_)torchspark-[0-9a-f]{32}(?=,|$)");
+    /** Spark's local property with the job's tags, comma-separated (SparkContext.SPARK_JOB_TAGS). */
+    static final String JOB_TAGS_PROPERTY = "spark.job.tags";
+
+    /** Whether a task belongs to a torchspark run, from its job's local properties: the
+     *  runner's and the classic TorchDistributor's {@value TorchSparkRunner#TASK_PROPERTY},
+     *  or a TorchDistributor run's tag (the only mark a Connect job can carry: Connect
+     *  sessions set no local properties of their own). */
+    static boolean isTorchsparkTask(String taskProperty, String jobTags) {
+        return taskProperty != null || (jobTags != null && RUN_TAG.matcher(jobTags).find());
+    }
 
     @Override
     public DriverPlugin driverPlugin() {
@@ -101,7 +118,8 @@ public final class TorchSparkPlugin implements SparkPlugin {
         @Override
         public void onTaskStart() {
             TaskContext tc = TaskContext.get();
-            if (tc == null || tc.getLocalProperty(TorchSparkRunner.TASK_PROPERTY) == null) {
+            if (tc == null || !isTorchsparkTask(tc.getLocalProperty(TorchSparkRunner.TASK_PROPERTY),
+                                                tc.getLocalProperty(JOB_TAGS_PROPERTY))) {
                 return;
             }
             current.set(tc);
