@@ -18,7 +18,9 @@ through /proc on the driver's host; -1: still alive after 15 s, then killed by t
 measured). A case that fails outright is reported as such and the others still run.
 
 Wall time (unless --skip-time): one run of ddp_train.py --steps 12, as its caller sees it,
-after one unmeasured warm-up run in the same application (executors and Python workers up).
+after one unmeasured warm-up run in the same application (executors and Python workers up);
+TorchSparkRunner twice, its election through the driver's rendezvous (the default) and
+through allGather (TORCHSPARK_RENDEZVOUS=0 on the driver), one application each.
 """
 import argparse
 import subprocess
@@ -75,8 +77,15 @@ def runner_case(res, args, plugin: bool) -> None:
     out, _ = jvmutil.spark_submit("cancel", plugin=plugin, rounds=args.rounds, timeout=3600)
     res[f"cancel ms, {name}"] = [float(x) for x in out["GONE_MS"]]
     if not plugin and not args.skip_time:
-        out, _ = jvmutil.spark_submit("time", plugin=False, rounds=args.rounds, timeout=3600)
-        res["run wall ms, TorchSparkRunner"] = [float(x) for x in out["RUN_MS"]]
+        # The election through the driver's rendezvous (the default), then through Spark's
+        # allGather (TORCHSPARK_RENDEZVOUS=0), one application each.
+        for key, env in (("", None), (" (allGather)", "0")):
+            out, _ = jvmutil.spark_submit("time", plugin=False, rounds=args.rounds, timeout=3600,
+                                          env={"TORCHSPARK_RENDEZVOUS": env})
+            want = "allGather" if env else "rendezvous"
+            if set(out["ELECTION"]) != {want}:
+                raise RuntimeError(f"the runner's election went through {out['ELECTION']}, not {want}")
+            res["run wall ms, TorchSparkRunner" + key] = [float(x) for x in out["RUN_MS"]]
 
 
 def main() -> None:
@@ -130,6 +139,10 @@ def report(res, failed) -> None:
     print(json.dumps(res, indent=1))
     for k, v in res.items():
         print(f"{k:52s} median {med(v)}  runs {v}")
+    rdv = med(res.get("run wall ms, TorchSparkRunner", []))
+    gather = med(res.get("run wall ms, TorchSparkRunner (allGather)", []))
+    if rdv and gather:
+        print(f"TorchSparkRunner run wall, allGather / rendezvous: {gather / rdv:.2f}x")
     stock = med(res.get("cancel ms, stock pyspark.ml TorchDistributor", []))
     for k in ("cancel ms, TorchSparkRunner, with plugin", "cancel ms, PySpark TorchDistributor, with plugin"):
         m = med(res.get(k, []))

@@ -1,7 +1,8 @@
 """A Java application (tests/java/org/torchspark/TrainApp.java) submitted with spark-submit
 to the multi-host namespace cluster trains the DDP example across 2 hosts through
-TorchSparkRunner: rank-tagged lines on the driver, rank 0's output back, a failing rank
-named with its host and exit code, nothing left running."""
+TorchSparkRunner: the election through the driver's rendezvous, rank-tagged lines on the
+driver, rank 0's output back, a failing rank named with its host and exit code, nothing
+left running."""
 import os
 import re
 import sys
@@ -38,6 +39,8 @@ def test_java_application_trains_across_hosts(cluster):
         if sep and key.isupper():
             out[key] = value
     assert out["OUTPUT"].startswith('{"world_size": 2, "steps": 12'), out
+    # Rank 0's record crossed hosts through the driver's rendezvous (spark.driver.host).
+    assert out["ELECTION"] == "rendezvous", out
     assert re.search(r"\[rank 1\] \[stderr\]|\[rank 0\] step +0 +loss", p.stderr), p.stderr[-3000:]
     workers = {h.name for k, h in cluster.hosts.items() if h.role == "worker"}
     m = re.match(r"rank=1 host=(\S+) exit=5 lines=\[rank one gives up\]", out["FAILURE"])

@@ -28,9 +28,11 @@ def built() -> bool:
 
 
 def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
-                 timeout: float = 600, master: str = MASTER) -> Tuple[Dict[str, List[str]], str]:
+                 timeout: float = 600, master: str = MASTER,
+                 env: Optional[Dict[str, Optional[str]]] = None) -> Tuple[Dict[str, List[str]], str]:
     """Runs TrainApp MODE with the real spark-submit of the pyspark package on
-    local-cluster[2,1,1024]; returns its "KEY: value" lines and its stderr."""
+    local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None);
+    returns its "KEY: value" lines and its stderr."""
     cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", master,
            "--conf", "spark.executor.memory=1024m", "--conf", "spark.ui.enabled=false",
            "--conf", "spark.testing=true", "--conf", f"spark.test.home={SPARK_HOME}",
@@ -40,8 +42,13 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
     for k, v in (conf or {}).items():
         cmd += ["--conf", f"{k}={v}"]
     cmd += ["--class", "org.torchspark.TrainApp", str(TEST_JAR), mode, sys.executable, str(DDP), str(rounds)]
-    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=SPARK_HOME)
-    p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    penv = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=SPARK_HOME)
+    for k, v in (env or {}).items():
+        if v is None:
+            penv.pop(k, None)
+        else:
+            penv[k] = v
+    p = subprocess.run(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        timeout=timeout, cwd=str(BUILD))
     out: Dict[str, List[str]] = {}
     for line in p.stdout.decode(errors="replace").splitlines():

@@ -5,8 +5,9 @@ import java.util.List;
 /**
  * Master election for a job whose nodes are barrier tasks (native elect module,
  * docs/protocol.md section 2): the same record, and the same C code, as the PySpark glue.
- * Rank 0 calls {@link #electMaster}; every task sends the packed record (others: "") through
- * one {@code BarrierTaskContext.allGather} and {@link Record#unpack}s the first element.
+ * Rank 0 calls {@link #electMaster}; the packed record reaches every task through the
+ * driver's rendezvous (Rendezvous) or one {@code BarrierTaskContext.allGather} (others send
+ * "", every task takes the first element), and each {@link Record#unpack}s it.
  */
 public final class Election {
     private Election() {}

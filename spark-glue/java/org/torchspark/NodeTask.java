@@ -25,9 +25,10 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * What each barrier task runs: one node of the job. node_rank = partitionId, nnodes = the
- * number of tasks; rank 0 elects the master and one allGather hands the record to every
- * task (the same record and C code as PySpark); then the task starts the agent from its
- * own thread and waits for it.
+ * number of tasks; rank 0 elects the master and the driver's rendezvous (Rendezvous, when
+ * the spec carries its endpoint) or one allGather hands the record to every task (the same
+ * record and C code as PySpark); then the task starts the agent from its own thread and
+ * waits for it.
  */
 final class NodeTask implements Function1<scala.collection.Iterator<Integer>, scala.collection.Iterator<byte[]>>,
         Serializable {
@@ -48,6 +49,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         String driverHost;
         boolean wantOutput;
         double ncclCheck; // the NCCL preflight's deadline in seconds, 0: off
+        Rendezvous.Endpoint rendezvous; // null: every task calls allGather
     }
 
     private final Spec spec;
@@ -127,7 +129,9 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 elected = Election.electMaster(new ArrayList<>(peers), localHostName());
                 packed = elected.packed;
             }
-            Election.Record record = Election.Record.unpack(ctx.allGather(packed)[0]);
+            // The driver decided for the whole job: every task uses its rendezvous, or none.
+            Election.Record record = Election.Record.unpack(spec.rendezvous == null ? ctx.allGather(packed)[0]
+                    : Rendezvous.exchange(spec.rendezvous, nodeRank, packed, ctx::killTaskIfInterrupted));
             String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);
             if (ifname != null && !ifname.isEmpty()) {
                 env.putIfAbsent("GLOO_SOCKET_IFNAME", ifname);

@@ -184,6 +184,7 @@ public final class TorchSparkRunner {
     public static final class Result {
         private final byte[] output;
         private final Path path;
+        private String election;
 
         Result(byte[] output, Path path) {
             this.output = output;
@@ -198,6 +199,13 @@ public final class TorchSparkRunner {
         /** The file rank 0's output was received into (null when in memory or none). */
         public Path outputPath() {
             return path;
+        }
+
+        /** How rank 0's election record reached the other tasks: "rendezvous" (through the
+         *  driver, docs/protocol.md section 2.1), "allGather" (BarrierTaskContext.allGather),
+         *  or null in local mode (no election). */
+        public String election() {
+            return election;
         }
     }
 
@@ -457,7 +465,72 @@ public final class TorchSparkRunner {
         return outputPath != null ? new Result(null, outputPath) : new Result(server.outputBytes(), null);
     }
 
+    /** The test-only local property that advertises this host:port to the tasks instead of
+     *  the rendezvous' own (e2e: an address the executors cannot connect to). */
+    static final String TEST_RENDEZVOUS_ADDRESS = "torchspark.test.rendezvousAddress";
+
+    /** Set once the executors could not reach the driver's rendezvous: every later run of
+     *  this JVM (of this class loader) goes through allGather. */
+    static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
+
+    /** A task could not reach the driver's rendezvous, before any training started. */
+    private static final class NoRendezvous extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+
+        NoRendezvous(String message, Throwable cause) {
+            super(message, cause);
+        }
+    }
+
     private Result runDistributed(SparkContext sc, List<String> program, String py) {
+        boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null
+                && Rendezvous.enabled(sc.conf(), System.getenv(Rendezvous.ENV));
+        Metrics.RUNS.incrementAndGet();
+        try {
+            return runJob(sc, program, py, rendezvous);
+        } catch (NoRendezvous e) {
+            // Before any training started: the same job through allGather, from now on.
+            if (RENDEZVOUS_UNREACHABLE.compareAndSet(null, e.getMessage())) {
+                LOG.warn("The executors could not reach torchspark's rendezvous on the driver ({}); running "
+                        + "the job again through BarrierTaskContext.allGather, as every later run of this JVM "
+                        + "will (about 1 s slower; spark.torchspark.rendezvous=false or "
+                        + "TORCHSPARK_RENDEZVOUS=0 skips the attempt)", e.getMessage());
+            } else {
+                LOG.info("The executors could not reach torchspark's rendezvous on the driver ({}); running "
+                        + "the job again through BarrierTaskContext.allGather", e.getMessage());
+            }
+            return runJob(sc, program, py, false);
+        }
+    }
+
+    /** The reason in a task's "TORCHSPARK_RENDEZVOUS_UNREACHABLE: reason" anywhere in
+     *  Spark's error (its message or a cause's), or null. */
+    static String rendezvousUnreachable(Throwable sparkError) {
+        Pattern p = Pattern.compile(Pattern.quote(Rendezvous.UNREACHABLE) + ": (.*)");
+        for (Throwable t = sparkError; t != null; t = t.getCause() == t ? null : t.getCause()) {
+            Matcher m = p.matcher(String.valueOf(t.getMessage()));
+            if (m.find()) {
+                return m.group(1).trim();
+            }
+        }
+        return null;
+    }
+
+    /** The endpoint the tasks are told (the test-only local property may replace it). */
+    private static Rendezvous.Endpoint advertise(SparkContext sc, Rendezvous rdv, String driverHost) {
+        Rendezvous.Endpoint ep = rdv.endpoint(driverHost);
+        String test = sc.getLocalProperty(TEST_RENDEZVOUS_ADDRESS);
+        if (test == null || test.isEmpty()) {
+            return ep;
+        }
+        int i = test.lastIndexOf(':');
+        if (i <= 0) {
+            throw new IllegalArgumentException(TEST_RENDEZVOUS_ADDRESS + " is '" + test + "': give host:port");
+        }
+        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token);
+    }
+
+    private Result runJob(SparkContext sc, List<String> program, String py, boolean useRendezvous) {
         int ntasks = tasks(sc);
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
@@ -474,10 +547,20 @@ public final class TorchSparkRunner {
         spec.env.putAll(env);
         spec.driverHost = driverHost;
         spec.wantOutput = wantOutput;
-        Metrics.RUNS.incrementAndGet();
         boolean ok = false;
+        Rendezvous rdv = null;
         try (LogServer server = new LogServer(bind, 0)) {
             spec.endpoint = server.endpoint(driverHost.isEmpty() ? null : driverHost);
+            if (useRendezvous) {
+                // Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
+                try {
+                    rdv = new Rendezvous(bind);
+                    spec.rendezvous = advertise(sc, rdv, driverHost);
+                } catch (IOException e) {
+                    LOG.info("torchspark: cannot listen for the rendezvous on {} ({}); the tasks use "
+                            + "BarrierTaskContext.allGather", bind, e.toString());
+                }
+            }
             spec.secretHex = server.secretHex();
             if (wantOutput) {
                 server.expectOutput(outputPath != null ? outputPath.toString() : null);
@@ -545,16 +628,29 @@ public final class TorchSparkRunner {
                 server.stopAll(err != null ? "the Spark job failed" : "another node failed");
                 server.shutdown(1000);
                 pump.finish();
+                // A task could not reach the rendezvous: only a training failure outranks it
+                // (an agent that got through was then lost to Spark's abort).
+                String unreachable = spec.rendezvous != null && err != null
+                        && (root == null || !"failure".equals(Reports.parseRoot(root).path("kind").asText()))
+                        ? rendezvousUnreachable(err) : null;
+                if (unreachable != null) {
+                    throw new NoRendezvous(unreachable, err);
+                }
                 Metrics.FAILURES.incrementAndGet();
                 throw failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
             }
             Result r = wantOutput ? collect(server, chunks.get()) : new Result(null, null);
+            r.election = spec.rendezvous != null ? "rendezvous" : "allGather";
             server.shutdown(5000);
             pump.finish();
             ok = true;
-            LOG.info("Finished distributed training with {} processes", numProcesses);
+            LOG.info("Finished distributed training with {} processes (election through {})", numProcesses,
+                    r.election);
             return r;
         } finally {
+            if (rdv != null) {
+                rdv.close();
+            }
             if (!ok) {
                 LOG.debug("torchspark run ended with a failure");
             }

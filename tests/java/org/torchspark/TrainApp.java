@@ -16,11 +16,12 @@ import org.apache.spark.sql.SparkSession;
  * spark-submit (tests/e2e/test_jvm_runner.py, bench/jvm_cancel_bench.py):
  *   train PYTHON SCRIPT   DDP training across 2 executors, then a failing run
  *   cancel PYTHON SCRIPT [N]  cancelAllJobs mid-training (N times); how long until every training process is gone
- *   time PYTHON SCRIPT [N]    wall time of N short trainings
+ *   time PYTHON SCRIPT [N]    wall time of N short trainings (after one unmeasured)
  *   concurrent                two jobs on one executor: one cancelled, then spark.stop() with the other running
  *   early                     jobs cancelled while their tasks start (before their agents exist)
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
+ *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -104,11 +105,19 @@ public final class TrainApp {
                 early(spark);
             } else if (mode.equals("localgpu")) {
                 localGpu(spark);
+            } else if (mode.equals("election")) {
+                election(spark);
             } else if (mode.equals("time")) {
-                for (int i = 0; i < rounds; i++) {
+                // One unmeasured warm-up run first (the executors' start), as the bench's
+                // TorchDistributor cases.
+                for (int i = 0; i <= rounds; i++) {
                     long t0 = System.nanoTime();
-                    TorchSparkRunner.script(script, "--steps", "12").numProcesses(2).python(python).run(spark);
-                    System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
+                    TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12").numProcesses(2)
+                            .python(python).run(spark);
+                    if (i > 0) {
+                        System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
+                        System.out.println("ELECTION: " + r.election());
+                    }
                 }
             } else {
                 for (int i = 0; i < rounds; i++) {
@@ -117,6 +126,26 @@ public final class TrainApp {
             }
         } finally {
             spark.stop();
+        }
+    }
+
+    /** Which way rank 0's election record went, 3 runs of 2 tasks whose ranks print what they
+     *  got: as configured; with the tasks told a rendezvous port where nothing listens (the
+     *  test-only local property); then as configured again. */
+    private static void election(SparkSession spark) throws IOException {
+        int closed;
+        try (java.net.ServerSocket s = new java.net.ServerSocket(0, 1, java.net.InetAddress.getByName("127.0.0.1"))) {
+            closed = s.getLocalPort();
+        }
+        for (int i = 0; i < 3; i++) {
+            spark.sparkContext().setLocalProperty(TorchSparkRunner.TEST_RENDEZVOUS_ADDRESS,
+                    i == 1 ? "127.0.0.1:" + closed : null);
+            long t0 = System.nanoTime();
+            TorchSparkRunner.Result r = TorchSparkRunner.command("sh", "-c",
+                    "echo \"ELECT $RANK $MASTER_ADDR $MASTER_PORT $TORCHELASTIC_RUN_ID\"")
+                    .numProcesses(2).logToStderr(true).run(spark);
+            System.out.println("ELECTION: " + r.election());
+            System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
         }
     }
 
@@ -138,6 +167,7 @@ public final class TrainApp {
         TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12", "--out", TorchSparkRunner.OUTPUT)
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).run(spark);
         System.out.println("OUTPUT: " + new String(r.output(), StandardCharsets.UTF_8));
+        System.out.println("ELECTION: " + r.election());
         try {
             TorchSparkRunner.command("sh", "-c", "if [ \"$RANK\" = 1 ]; then echo 'rank one gives up'; exit 5; fi; "
                     + "exec sleep 120").numProcesses(2).env("TSP_E2E_MARK", mark).run(spark);
@@ -359,7 +389,7 @@ public final class TrainApp {
     }
 
     /** Jobs cancelled while their tasks start: DELAYS ms after the driver launched the
-     *  first task (before Task.run, in the election or the barrier's allGather, or just
+     *  first task (before Task.run, in the election and its wait for rank 0's record, or just
      *  after the agents started). Nothing may be left, at once and 2 s later (a late agent),
      *  the plugin must log no failure, and the executors must still run a job. */
     private static void early(SparkSession spark) {
