@@ -533,7 +533,11 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     if (!rc && !argv)
         rc = -ENOMEM;
     int warm = !rc && a->o.warm_socket && a->o.warm_shim;
-    if (warm) {
+    /* The shim execs the program only later, and perhaps never (the pool forks it): a
+     * program that cannot run is refused here, as tsp_proc_spawn would refuse it. */
+    if (warm && (rc = tsp_proc_find(a->o.file, env.vars)) != 0)
+        snprintf(err, errlen, "cannot run '%s': %s", a->o.file, strerror(-rc));
+    if (warm && !rc) {
         char **sv = shim_argv(a, argv);
         if (sv)
             argv = sv;

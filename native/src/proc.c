@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -124,6 +125,27 @@ int tsp_proc_exec(const char *file, char *const argv[], char *const envp[])
     int e = child_exec(candidates, argv, envp ? envp : environ);
     free(candidates);
     return -e;
+}
+
+int tsp_proc_find(const char *file, char *const envp[])
+{
+    char **candidates = exec_candidates(file, envp ? envp : environ);
+    if (!candidates)
+        return -ENOMEM;
+    int rc = -ENOENT;
+    for (size_t i = 0; candidates[i] && rc; i++) {
+        struct stat st;
+        if (stat(candidates[i], &st) < 0) {
+            if (errno != ENOENT && errno != ENOTDIR)
+                rc = -errno;
+        } else if (S_ISREG(st.st_mode) && access(candidates[i], X_OK) == 0) {
+            rc = 0;
+        } else {
+            rc = -EACCES; /* like execvp: remember, keep looking */
+        }
+    }
+    free(candidates);
+    return rc;
 }
 
 static int make_pipe(int fds[2])

@@ -39,6 +39,10 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
 /* Replaces this process with file (searched in the PATH of envp as tsp_proc_spawn does;
  * envp NULL: environ). Returns only on failure: -errno (-ENOENT, -EACCES, ...). */
 int tsp_proc_exec(const char *file, char *const argv[], char *const envp[]);
+/* Whether file (searched as tsp_proc_exec does) names an executable regular file: 0, or
+ * the errno exec would most likely fail with (-ENOENT, -EACCES, ...). For a caller that
+ * execs it later in another process and must report a failure before (the warm shim). */
+int tsp_proc_find(const char *file, char *const envp[]);
 /* Closes the pipe ends; does not wait or kill. */
 void tsp_proc_close(tsp_proc_t *p);
 

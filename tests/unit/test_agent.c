@@ -429,6 +429,20 @@ START_TEST(test_agent_warm_socket_without_pool_runs_workers)
                             &o, NULL),
                      3);
     ck_assert_int_eq(run_sh(2, 0, "exit 0", &o, NULL), 0);
+    /* a program that cannot run is the agent's refusal, as without the option: no restart */
+    char *argv[] = {"/nonexistent/prog", NULL};
+    o.file = argv[0];
+    o.argv = argv;
+    o.shutdown_timeout = 1;
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 2;
+    o.topo.max_restarts = 3;
+    tsp_agent_t *a;
+    char err[256];
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    ck_assert_int_eq(tsp_agent_run(a), 127);
+    ck_assert_ptr_null(tsp_agent_root_cause(a)); /* no worker ran, so none failed */
+    tsp_agent_close(a);
 }
 END_TEST
 

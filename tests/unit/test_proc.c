@@ -225,6 +225,20 @@ START_TEST(test_proc_path_search_order_and_errors)
 }
 END_TEST
 
+START_TEST(test_proc_find_as_exec_would)
+{
+    char *path_env[] = {"PATH=/nonexistent:/usr/bin:/bin", NULL};
+    ck_assert_int_eq(tsp_proc_find("sh", path_env), 0);
+    ck_assert_int_eq(tsp_proc_find("/bin/sh", NULL), 0);
+    ck_assert_int_eq(tsp_proc_find("no-such-prog-xyz", path_env), -ENOENT);
+    ck_assert_int_eq(tsp_proc_find("/nonexistent/prog", NULL), -ENOENT);
+    ck_assert_int_eq(tsp_proc_find("/etc/passwd", NULL), -EACCES); /* not executable */
+    ck_assert_int_eq(tsp_proc_find("/tmp", NULL), -EACCES);        /* a directory */
+    char *nopath[] = {"PATH=/nonexistent", NULL};
+    ck_assert_int_eq(tsp_proc_find("sh", nopath), -ENOENT); /* the given PATH, not ours */
+}
+END_TEST
+
 static Suite *proc_suite(void)
 {
     Suite *s = suite_create("proc");
@@ -232,6 +246,7 @@ static Suite *proc_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_proc_spawn_pipes_and_env);
     tcase_add_test(tc, test_proc_exec_errors_come_back);
+    tcase_add_test(tc, test_proc_find_as_exec_would);
     tcase_add_test(tc, test_proc_new_session_and_signal_mask_reset);
     tcase_add_test(tc, test_proc_pdeathsig_kills_child_with_parent);
     tcase_add_test(tc, test_proc_signal_descendants_reaches_grandchildren);

@@ -656,6 +656,51 @@ START_TEST(test_warm_agent_runs_its_worker_through_the_pool)
 }
 END_TEST
 
+/* The same through the CLI: torchspark-run --warm-socket starts its own executable as the
+ * shim. */
+START_TEST(test_warm_cli_warm_socket_option)
+{
+    pid_t pool = start_pool(sock_path, "agent");
+    char *argv[] = {TSP_RUN_BIN,
+                    "--nproc-per-node",
+                    "1",
+                    "--no-python",
+                    "--warm-socket",
+                    sock_path,
+                    "sh",
+                    "-c",
+                    "echo hello from $RANK; exit 3",
+                    NULL};
+    tsp_proc_opts_t o = {.file = TSP_RUN_BIN,
+                         .argv = argv,
+                         .envp = shim_env,
+                         .stdout_mode = TSP_PROC_PIPE,
+                         .stderr_mode = TSP_PROC_PIPE};
+    tsp_proc_t p;
+    char err[256] = "", out[256], errs[4096];
+    ck_assert_msg(tsp_proc_spawn(&p, &o, err, sizeof err) == 0, "%s", err);
+    size_t no = 0, ne = 0;
+    read_until(p.out_fd, out, sizeof out, &no, NULL);
+    read_until(p.err_fd, errs, sizeof errs, &ne, NULL);
+    int st = wait_for(p.pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "agent status %#x: %s", st, errs);
+    ck_assert_str_eq(out, "hello from 0\n");
+    st = wait_for(pool);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == POOL_OK, "pool status %#x", st);
+    tsp_proc_close(&p);
+    /* no pool there: the same run, the shim runs the command itself */
+    argv[5] = "/nonexistent/pool.sock";
+    ck_assert_msg(tsp_proc_spawn(&p, &o, err, sizeof err) == 0, "%s", err);
+    no = ne = 0;
+    read_until(p.out_fd, out, sizeof out, &no, NULL);
+    read_until(p.err_fd, errs, sizeof errs, &ne, NULL);
+    st = wait_for(p.pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 3, "agent status %#x: %s", st, errs);
+    ck_assert_str_eq(out, "hello from 0\n");
+    tsp_proc_close(&p);
+}
+END_TEST
+
 static Suite *warm_suite(void)
 {
     Suite *s = suite_create("warm");
@@ -675,6 +720,7 @@ static Suite *warm_suite(void)
     tcase_add_test(tc, test_warm_shim_sigkill_ends_the_worker);
     tcase_add_test(tc, test_warm_exec_failure_and_usage);
     tcase_add_test(tc, test_warm_agent_runs_its_worker_through_the_pool);
+    tcase_add_test(tc, test_warm_cli_warm_socket_option);
     suite_add_tcase(s, tc);
     return s;
 }
