@@ -31,8 +31,11 @@ def _run_two_nodes(tmp_path, i: int, marker: str) -> list[tuple[int, str, str]]:
                       str(tmp_path / f"out{i}.{node}")])
 
 
-def _launch_two_nodes(env: dict[str, str], target) -> list[tuple[int, str, str]]:
-    """Node 0 and node 1 (one worker each) running target(node); (status, stdout, stderr)."""
+def _launch_two_nodes(env: dict[str, str], target,
+                      allow_timeout: bool = False) -> list[tuple[int, str, str]]:
+    """Node 0 and node 1 (one worker each) running target(node); (status, stdout, stderr).
+    With allow_timeout, a run still going after 90 s is stopped (SIGTERM to the agents,
+    which stop their workers; SIGKILL after 15 s) and reported with status None."""
     port = str(free_port())
     procs = [subprocess.Popen(
         tsr_cmd("--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
@@ -41,7 +44,20 @@ def _launch_two_nodes(env: dict[str, str], target) -> list[tuple[int, str, str]]
         for node in (0, 1)]
     results = []
     for p in procs:
-        out, err = p.communicate(timeout=90)
+        try:
+            out, err = p.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            if not allow_timeout:
+                raise
+            for q in procs:
+                q.terminate()
+            for q in procs:
+                try:
+                    q.communicate(timeout=15)
+                except subprocess.TimeoutExpired:
+                    q.kill()
+                    q.communicate()
+            return [(None, "", "timed out")] * len(procs)
         results.append((p.returncode, out, err))
     return results
 
@@ -67,12 +83,15 @@ def _aborted(results) -> bool:
 
 
 def test_script_mode_aborts_when_the_interpreter_finalizes():
-    """The opt-out (plain `python -u SCRIPT`) proves that the window is open: a rank aborts."""
+    """The opt-out (plain `python -u SCRIPT`) proves that the window is open: a rank aborts.
+    On a loaded machine a starved finalization can also hang past the bound instead (seen
+    once in CI): such a run is stopped and another one tried."""
     marker = new_marker()
     env = base_env(marker, TORCHSPARK_PYTHON_EXIT="finalize")
     seen = []
-    for _ in range(3):  # 3 runs out of 3 aborted when measured; one is enough
-        seen.append(_launch_two_nodes(env, lambda node: [str(SCRIPTS / "late_gloo.py"), "4"]))
+    for _ in range(4):  # 3 runs out of 3 aborted when measured; one is enough
+        seen.append(_launch_two_nodes(env, lambda node: [str(SCRIPTS / "late_gloo.py"), "4"],
+                                      allow_timeout=True))
         if _aborted(seen[-1]):
             break
     assert _aborted(seen[-1]), f"no SIGABRT in {len(seen)} runs: {seen}"
