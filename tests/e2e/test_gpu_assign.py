@@ -116,6 +116,39 @@ def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed):
     assert {r[3] for r in ranks} == {None}  # UUIDs need no device order
 
 
+def _from_where():
+    import torch
+    import torch.distributed as dist
+    mine = {"rank": os.environ["RANK"], "mask": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "cuda_initialized": torch.cuda.is_initialized(),
+            "bad_fork": torch.cuda._is_in_bad_fork()}
+    with open(f"/proc/{os.getppid()}/comm") as f:
+        mine["parent"] = f.read().strip()
+    dist.init_process_group("gloo")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    dist.destroy_process_group()
+    return everyone
+
+
+def test_gpu_function_runs_fork_from_the_warm_pool_and_end(uuid_narrowed, capfd):
+    """Issue 18: on an H200 a GPU function-mode run through the warm pool never ended (the
+    agent lost its shim's exit to the CUDA driver's thread). Here the stub NVML and CUDA
+    start such a thread too; every run must end promptly, with every rank forked from its
+    executor's pool, CUDA not initialized there, and no fallback."""
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+    for _ in range(3):
+        t0 = time.monotonic()
+        ranks = d.run(_from_where)
+        took = time.monotonic() - t0
+        assert took < 60, f"a GPU function run took {took:.1f} s"
+        assert [r["rank"] for r in ranks] == ["0", "1", "2", "3"]
+        assert {r["mask"] for r in ranks} == {f"{UB},{UA}"}
+        assert {r["parent"] for r in ranks} == {"tsp-warm-pool"}, ranks
+        assert {(r["cuda_initialized"], r["bad_fork"]) for r in ranks} == {(False, False)}
+    assert "did not start this worker" not in capfd.readouterr().err
+
+
 def test_uuid_addresses_in_a_cpu_run_hide_the_gpus(uuid_narrowed):
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert {r[2] for r in d.run(_masks)} == {""}

@@ -107,7 +107,9 @@ def test_the_pool_key_is_the_environment_without_per_run_variables():
     env = {"PATH": "/bin", "A": "1"}
     key = _warm.pool_key(sys.executable, os.getpid(), env)
     same = {**env, "RANK": "1", "MASTER_PORT": "1234", "TORCHSPARK_TASK_ATTEMPT_ID": "7",
-            "CUDA_VISIBLE_DEVICES": "1", "TORCHELASTIC_RUN_ID": "x"}
+            "CUDA_VISIBLE_DEVICES": "1", "TORCHELASTIC_RUN_ID": "x",
+            # a wrapper script in front of the agent (TORCHSPARK_RUN) is a shell
+            "PWD": "/elsewhere", "OLDPWD": "/", "SHLVL": "2", "_": "/bin/sh"}
     assert _warm.pool_key(sys.executable, os.getpid(), same) == key
     assert _warm.pool_key(sys.executable, os.getpid(), {**env, "A": "2"}) != key
     assert _warm.pool_key(sys.executable, os.getppid(), env) != key

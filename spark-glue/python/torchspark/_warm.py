@@ -42,13 +42,15 @@ SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL e
 REQUEST_TIMEOUT_S = 5.0
 
 # The variables that differ between runs or ranks of one pool's life (docs/protocol.md §6):
-# the agent sets them per worker (CUDA_*: with --gpus), the glue per job; nothing reads them
-# at `import torch` (CUDA reads its own at its initialization, in the worker).
+# the agent sets them per worker (CUDA_*: with --gpus), the glue per job, a shell in front
+# of the agent (a site's wrapper script: TORCHSPARK_RUN) its own bookkeeping (PWD, OLDPWD,
+# SHLVL, _; the request carries the working directory itself); nothing reads them at
+# `import torch` (CUDA reads its own at its initialization, in the worker).
 PER_RUN = frozenset((
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
     "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
-    "NCCL_COMM_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_COMM_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PWD", "OLDPWD", "SHLVL", "_",
 ))
 PER_RUN_PREFIXES = ("TORCHELASTIC_", "TORCHSPARK_")
 
