@@ -45,6 +45,8 @@ if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
 fi
 
 step "GPU checks (tests/gpu: skipped with one line without an NVIDIA GPU)"
+# Its Python helpers compile here even where the checks skip (ruff lints them above).
+.venv/bin/python -m py_compile tests/gpu/*.py || status=1
 bash tests/gpu/run.sh || status=1
 
 step "end-to-end tests (pytest on real torch and Spark)"
