@@ -2,15 +2,15 @@
 # The project's device check (docs/gpu.md, "Running the device check on a GPU machine"):
 # H1-H10 of docs/gpu.md (tests/gpu/checks.py), function-mode DDP with NCCL through the warm
 # pool by the PySpark glue's own path without Spark, and a DataFrame partition loaded onto
-# the GPU (tests/gpu/warm_ddp.py). At most 6 minutes on one GPU (TSP_GPU_BUDGET seconds);
-# each check runs in its own process under its own timeout, and anything it leaves running
-# is a failure. The run ends with the figures (a table for docs/benchmarks.md), one line
+# the GPU (tests/gpu/warm_ddp.py). At most 6 minutes on one GPU (TSP_GPU_BUDGET, 340 s,
+# plus at most 10 s of kill grace); each check runs in its own process under its own
+# timeout, and anything it leaves running is a failure. The run ends with the figures (a table for docs/benchmarks.md), one line
 # per check (PASS/FAIL/SKIP, name, seconds) and "N passed, N failed, N skipped"; exit 1
 # when a check failed. Where there is no NVIDIA GPU it says so in one line and exits 0.
 #
 # Usage: bash tests/gpu/run.sh [CHECK...]   (default: all, in order; e.g. `h5 warm`)
 # Environment: PYTHON (default .venv/bin/python when it has torch, else python3),
-# TSP_GPU_BUDGET (360), TSP_GPU_LOG_DIR (keep each check's log there), NCCL_TESTS_BIN (H10).
+# TSP_GPU_BUDGET (340), TSP_GPU_LOG_DIR (keep each check's log there), NCCL_TESTS_BIN (H10).
 #
 # Everything runs from main, called on the last line: bash parses the whole file before
 # the first command, so a syntax error anywhere fails the run, even where it would skip.
@@ -117,7 +117,7 @@ main() {
   ROOT=$(cd "$HERE/../.." && pwd)
   cd "$ROOT" || return 1
   PY=$(pick_python)
-  BUDGET=${TSP_GPU_BUDGET:-360}
+  BUDGET=${TSP_GPU_BUDGET:-340}
   MARK=tsp-gpu-$$-$RANDOM$RANDOM
   LOGS=${TSP_GPU_LOG_DIR:-$(mktemp -d)}
   mkdir -p "$LOGS"
