@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: sets the machine up (tests/setup.sh), builds everything, and runs
-# every test: the Check unit tests (plain, under ASan+UBSan and under TSan), the fuzz targets for a
-# bounded time, and the end-to-end pytest suites on real Spark and real torch.
+# every test: bash -n and shellcheck on every shell script, the Check unit tests (plain,
+# under ASan+UBSan and under TSan), the fuzz targets for a bounded time, the device check
+# (tests/gpu: one line where there is no GPU), and the end-to-end pytest suites on real
+# Spark and real torch.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -10,14 +12,34 @@ jobs=$(nproc)
 status=0
 step() { printf '\n===== %s =====\n' "$*"; }
 
+step "shell scripts (bash -n and shellcheck on every one: a parse error never hides behind a skip)"
+# Every tracked *.sh and every tracked file whose first line is a sh or bash shebang (.ci/run).
+sh_files=()
+while IFS= read -r -d '' f; do
+  [ -f "$f" ] || continue
+  case $f in
+    *.sh) sh_files+=("$f") ;;
+    *) if head -c 128 "$f" | head -n 1 | grep -qE '^#!.*[/ ](ba)?sh( |$)'; then sh_files+=("$f"); fi ;;
+  esac
+done < <(git ls-files -z)
+for f in "${sh_files[@]}"; do
+  bash -n "$f" || { echo "bash -n: $f does not parse"; status=1; }
+done
+shellcheck "${sh_files[@]}" || status=1
+echo "checked ${#sh_files[@]} shell scripts: ${sh_files[*]}"
+
 step "unit tests (ctest)"
 ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 
 step "static analysis (cppcheck, clang-tidy)"
 cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
   -I native/include -I native/src native/src native/tools || status=1
-clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
-  native/src/*.c native/tools/*.c 2>&1 | grep -E '^/|error:' && status=1 || true
+# Its findings are the lines that name a file or an error, whatever its exit status.
+tidy=$(clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
+  native/src/*.c native/tools/*.c 2>&1) || true
+if grep -E '^/|error:' <<< "$tidy"; then
+  status=1
+fi
 echo "static analysis done"
 
 step "format and lint (clang-format on native/ and jni/, ruff on spark-glue/, tests/, bench/)"
@@ -45,6 +67,8 @@ if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
 fi
 
 step "GPU checks (tests/gpu: skipped with one line without an NVIDIA GPU)"
+# Its Python helpers compile here even where the checks skip (ruff lints them above).
+.venv/bin/python -m py_compile tests/gpu/*.py || status=1
 bash tests/gpu/run.sh || status=1
 
 step "end-to-end tests (pytest on real torch and Spark)"

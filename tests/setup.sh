@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a machine for torchspark, idempotently, and fast when all is already there:
 #  1. Debian packages (compiler, Check, OpenSSL, clang's libFuzzer, JDK, JUnit, iproute2,
-#     shellcheck and docker-compose 1.29 to lint docker/ without an engine);
+#     ShellCheck and docker-compose 1.29 to lint docker/ without an engine);
 #  2. a dependency venv with torch, pyspark & co, installed once per machine under
 #     ~/.cache/torchspark (torch is large; every checkout reuses it);
 #  3. the checkout's own .venv, which sees those packages through a .pth file;
@@ -78,6 +78,8 @@ if [ "$(cat .venv/.torchspark-pkg 2>/dev/null)" != "$pkg_key" ] || \
 fi
 # pip installs the torchspark-run command itself (the wheel's scripts), beside .venv's
 # python, its default interpreter.
-[ -x .venv/bin/torchspark-run ] && [ ! -L .venv/bin/torchspark-run ] || \
-  { log "the torchspark package did not install .venv/bin/torchspark-run"; exit 1; }
+if [ ! -x .venv/bin/torchspark-run ] || [ -L .venv/bin/torchspark-run ]; then
+  log "the torchspark package did not install .venv/bin/torchspark-run"
+  exit 1
+fi
 log "ready: .venv/bin/torchspark-run $(.venv/bin/torchspark-run --version 2>/dev/null || echo '?')"

@@ -32,6 +32,9 @@ def spark(tmp_path_factory):
         "spark.executor.resource.gpu.amount": "2",
         "spark.task.resource.gpu.amount": "2",
         "spark.local.dir": str(local),
+        # Fake GPUs: no CUDA driver or NCCL to check (the check, on by default for a GPU
+        # job of more than one node, runs on the stubs in test_gpu_assign.py).
+        "spark.torchspark.ncclCheck": "false",
     })
     s.conf.set("torchspark.test.localDir", str(local))
     yield s

@@ -237,6 +237,8 @@ def _mask_of_each_rank():
 
 def test_local_master_slices_the_driver_gpus(spark, conf, mark):
     conf("spark.task.resource.gpu.amount", "1")
+    # Two tasks: the NCCL check would be on by default, and these GPUs are fake.
+    conf("spark.torchspark.ncclCheck", "false")
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=True)
     assert d.run(_mask_of_each_rank) == ["0", "1"]  # task i takes driver GPU i
 

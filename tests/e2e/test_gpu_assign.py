@@ -106,7 +106,19 @@ def uuid_narrowed(tmp_path_factory):
     s.stop()
 
 
-def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed):
+def _agent_argvs():
+    """Each node's agent command line of the last run (recorded by the site wrapper), then
+    removed."""
+    argvs = []
+    for n in (0, 1):
+        path = f"{NODE_ENV}.{n}.argv"
+        with open(path) as f:
+            argvs.append(f.read().split())
+        os.unlink(path)
+    return argvs
+
+
+def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed, capfd):
     d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
     assert d.num_tasks == 2
     ranks = d.run(_masks)
@@ -114,6 +126,25 @@ def test_uuid_addresses_under_a_narrowed_mask_reach_the_workers(uuid_narrowed):
     assert [r[1] for r in ranks] == ["0", "1", "0", "1"]
     assert {r[2] for r in ranks} == {f"{UB},{UA}"}
     assert {r[3] for r in ranks} == {None}  # UUIDs need no device order
+    # No spark.torchspark.ncclCheck: a GPU job of two nodes gets the NCCL check by default
+    # (docs/gpu.md), with the default deadline, and it ran on both nodes.
+    for argv in _agent_argvs():
+        assert "--nccl-check=180" in argv, argv
+    passed = [ln for ln in capfd.readouterr().err.splitlines()
+              if "torchspark: NCCL check passed in " in ln]
+    assert len(passed) == 2, passed
+
+
+def test_the_default_nccl_check_is_turned_off_by_the_conf(uuid_narrowed, capfd):
+    uuid_narrowed.conf.set("spark.torchspark.ncclCheck", "false")
+    try:
+        d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+        assert {r[2] for r in d.run(_masks)} == {f"{UB},{UA}"}
+    finally:
+        uuid_narrowed.conf.unset("spark.torchspark.ncclCheck")
+    for argv in _agent_argvs():
+        assert not [a for a in argv if a.startswith("--nccl-check")], argv
+    assert "NCCL check" not in capfd.readouterr().err
 
 
 def _from_where():
@@ -152,6 +183,8 @@ def test_gpu_function_runs_fork_from_the_warm_pool_and_end(uuid_narrowed, capfd)
 def test_uuid_addresses_in_a_cpu_run_hide_the_gpus(uuid_narrowed):
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert {r[2] for r in d.run(_masks)} == {""}
+    for argv in _agent_argvs():  # no GPUs: no check
+        assert not [a for a in argv if a.startswith("--nccl-check")], argv
 
 
 def _train(stamp):

@@ -234,13 +234,26 @@ class TorchDistributor:
             return None
         return [ln.decode("utf-8", errors="replace") for ln in lines] or None
 
-    def _nccl_check_timeout(self) -> float:
-        """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off: conf
-        spark.torchspark.ncclCheck (default false) or TORCHSPARK_NCCL_CHECK=1 on the driver;
+    def _nccl_check_timeout(self, nnodes: int) -> float:
+        """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off. On by default
+        for a GPU job of more than one node (nnodes agents; it costs 0.64 s on an H200:
+        F1 in docs/benchmarks.md), off for one node. spark.torchspark.ncclCheck=true|false
+        decides otherwise; TORCHSPARK_NCCL_CHECK=1|0 on the driver overrides both;
         spark.torchspark.ncclCheck.timeout (default 180s)."""
-        env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").lower() in ("1", "true")
-        if not self.use_gpu or not (
-                env or _get_conf_boolean(self.spark, "spark.torchspark.ncclCheck", "false")):
+        if not self.use_gpu:
+            return 0
+        env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").strip().lower()
+        given = _get_conf(self.spark, "spark.torchspark.ncclCheck", "").strip()
+        flag = given.lower()
+        if flag not in ("", "true", "false"):
+            raise ValueError(f"spark.torchspark.ncclCheck is '{given}': give true or false")
+        if env in ("1", "true"):
+            on = True
+        elif env in ("0", "false"):
+            on = False
+        else:
+            on = flag == "true" or (flag == "" and nnodes > 1)
+        if not on:
             return 0
         raw = _get_conf(self.spark, "spark.torchspark.ncclCheck.timeout", "180s").strip().lower()
         m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
@@ -296,7 +309,7 @@ class TorchDistributor:
                                         nproc_per_node=self.num_processes,
                                         error_file=error_file, log_endpoint=endpoint,
                                         program=program, gpus=gpus,
-                                        nccl_check=self._nccl_check_timeout() if gpus else 0,
+                                        nccl_check=self._nccl_check_timeout(1) if gpus else 0,
                                         warm_socket=warm)
             echo = None if server is not None else _echo_stderr
             self.logger.info(f"Started local training with {self.num_processes} processes")
@@ -412,7 +425,7 @@ class TorchDistributor:
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
-            "nccl_check": self._nccl_check_timeout(),
+            "nccl_check": self._nccl_check_timeout(self.num_tasks),
             "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
             "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on

@@ -245,18 +245,28 @@ public final class TorchSparkRunner {
     }
 
     /**
-     * The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off: conf
-     * spark.torchspark.ncclCheck (default false) or TORCHSPARK_NCCL_CHECK=1 on the driver;
-     * spark.torchspark.ncclCheck.timeout (default 180s), as in the PySpark glue.
+     * The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off, as in the PySpark
+     * glue: on by default for a GPU job of more than one node (nnodes agents; it costs 0.64 s
+     * on an H200, F1 in docs/benchmarks.md), off for one node; spark.torchspark.ncclCheck=true|false
+     * decides otherwise; TORCHSPARK_NCCL_CHECK=1|0 on the driver (env) overrides both;
+     * spark.torchspark.ncclCheck.timeout (default 180s).
      */
-    static double ncclCheckTimeout(SparkConf conf, String env) {
-        boolean on = env != null && (env.equals("1") || env.equalsIgnoreCase("true"));
-        String flag = conf.get("spark.torchspark.ncclCheck", "false").trim();
-        if (!on && !flag.equalsIgnoreCase("true")) {
-            if (!flag.equalsIgnoreCase("false")) {
-                throw new IllegalArgumentException("spark.torchspark.ncclCheck is '" + flag
-                        + "': give true or false");
-            }
+    static double ncclCheckTimeout(SparkConf conf, String env, int nnodes) {
+        String flag = conf.get("spark.torchspark.ncclCheck", "").trim();
+        if (!flag.isEmpty() && !flag.equalsIgnoreCase("true") && !flag.equalsIgnoreCase("false")) {
+            throw new IllegalArgumentException("spark.torchspark.ncclCheck is '" + flag
+                    + "': give true or false");
+        }
+        String e = env == null ? "" : env.trim();
+        boolean on;
+        if (e.equals("1") || e.equalsIgnoreCase("true")) {
+            on = true;
+        } else if (e.equals("0") || e.equalsIgnoreCase("false")) {
+            on = false;
+        } else {
+            on = flag.equalsIgnoreCase("true") || (flag.isEmpty() && nnodes > 1);
+        }
+        if (!on) {
             return 0;
         }
         String raw = conf.get("spark.torchspark.ncclCheck.timeout", "180s").trim().toLowerCase(Locale.ROOT);
@@ -366,7 +376,7 @@ public final class TorchSparkRunner {
     private Result runLocal(SparkContext sc, List<String> program, String py) {
         int nproc = nprocPerNode > 0 ? nprocPerNode : numProcesses;
         String gpus = useGpu ? driverGpus(sc, nproc) : null;
-        double ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK")) : 0;
+        double ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK"), 1) : 0;
         Path workdir;
         try {
             workdir = Files.createTempDirectory("torchspark-");
@@ -542,7 +552,7 @@ public final class TorchSparkRunner {
         spec.noPython = kind == Kind.COMMAND;
         spec.nprocPerNode = useGpu ? nprocPerNode : Math.max(1, nprocPerNode);
         spec.useGpu = useGpu;
-        spec.ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK")) : 0;
+        spec.ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK"), ntasks) : 0;
         spec.python = py;
         spec.env.putAll(env);
         spec.driverHost = driverHost;

@@ -34,27 +34,43 @@ public class RunnerTest {
         }
     }
 
-    /** The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md). */
+    /**
+     * The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md): on by
+     * default for more than one node, off for one; the conf and the driver's variable decide
+     * otherwise.
+     */
     @Test
     public void ncclCheckConfsBecomeTheAgentsOption() {
         SparkConf conf = new SparkConf(false);
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "1"), 0);
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 2), 0); // default on
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "1", 1), 0);
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "0", 2), 0);
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "", 1), 0);
+        conf.set("spark.torchspark.ncclCheck", "false");
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null, 2), 0); // turned off
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "true", 2), 0);
         conf.set("spark.torchspark.ncclCheck", "true");
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
+        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "false", 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "3min");
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "500ms");
-        assertEquals(0.5, TorchSparkRunner.ncclCheckTimeout(conf, null), 0);
+        assertEquals(0.5, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "soon");
         try {
-            TorchSparkRunner.ncclCheckTimeout(conf, null);
+            TorchSparkRunner.ncclCheckTimeout(conf, null, 1);
             fail("a timeout that is no duration");
         } catch (IllegalArgumentException e) {
             assertTrue(e.getMessage(), e.getMessage().contains("spark.torchspark.ncclCheck.timeout is 'soon'"));
         }
         conf.set("spark.torchspark.ncclCheck", "yes please");
-        JniTest.expectIae(() -> TorchSparkRunner.ncclCheckTimeout(conf, null));
+        try {
+            TorchSparkRunner.ncclCheckTimeout(conf, null, 2);
+            fail("a flag that is no boolean");
+        } catch (IllegalArgumentException e) {
+            assertEquals("spark.torchspark.ncclCheck is 'yes please': give true or false", e.getMessage());
+        }
         List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3",
                 "/tmp/e.json", null, null, false, "0", 0.5, List.of("train.py"));
         assertTrue(cmd.toString(), cmd.contains("--nccl-check=0.5"));
