@@ -109,7 +109,10 @@ def test_the_pool_key_is_the_environment_without_per_run_variables():
     same = {**env, "RANK": "1", "MASTER_PORT": "1234", "TORCHSPARK_TASK_ATTEMPT_ID": "7",
             "CUDA_VISIBLE_DEVICES": "1", "TORCHELASTIC_RUN_ID": "x",
             # a wrapper script in front of the agent (TORCHSPARK_RUN) is a shell
-            "PWD": "/elsewhere", "OLDPWD": "/", "SHLVL": "2", "_": "/bin/sh"}
+            "PWD": "/elsewhere", "OLDPWD": "/", "SHLVL": "2", "_": "/bin/sh",
+            # train_on_dataframe's partition files differ per task
+            "SPARK_PARTITION_ARROW_DATA_FILE": "/proc/1/fd/5",
+            "SPARK_DATAFRAME_SCHEMA_FILE": "/proc/1/fd/6"}
     assert _warm.pool_key(sys.executable, os.getpid(), same) == key
     assert _warm.pool_key(sys.executable, os.getpid(), {**env, "A": "2"}) != key
     assert _warm.pool_key(sys.executable, os.getppid(), env) != key
