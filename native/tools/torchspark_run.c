@@ -1,241 +1,33 @@
 /* torchspark_run.c: the torchspark-run CLI, a drop-in for torchrun's static rendezvous.
- * Parses torchrun's options (dashes or underscores, unambiguous prefixes, PET_* variables),
- * derives the node from SLURM / Open MPI / PMI when run one per node by srun or mpirun,
- * and runs the agent. Usage errors exit 2 with one line naming the problem. */
+ * run_config.c reads what this invocation is asked to do (options, PET_* variables, the
+ * environment) into one run_config_t; this file runs it: the process's supervision, the
+ * driver's log channel (failures, node events, STOP), the NCCL preflight, the agent, and
+ * rank 0's output after success. */
 #include <errno.h>
-#include <stdarg.h>
 #include <limits.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "agent.h"
-#include "torchspark/common.h"
-#include "torchspark/gpu.h"
 #include "json.h"
 #include "logclient.h"
 #include "nccl.h"
-#include "torchspark/output.h"
 #include "proc.h"
-#include "pyboot.h"
 #include "report.h"
+#include "run_config.h"
+#include "torchspark/common.h"
+#include "torchspark/output.h"
 #include "util.h"
 #include "warm.h"
 
 extern char **environ;
 
-enum { ARG_NONE = 0, ARG_REQUIRED = 1, ARG_OPTIONAL = 2 /* only as --name=VALUE */ };
-
-typedef struct {
-    const char *name; /* canonical, with dashes */
-    char shortname;
-    int has_arg;
-    const char *value; /* set when given (flags: "1") */
-    int from_cli;
-} opt_t;
-
-/* torchrun's options, ours, and those accepted as no-ops (documented in docs/cli.md). */
-static opt_t opts[] = {
-    {"nnodes", 0, 1, NULL, 0},
-    {"nproc-per-node", 0, 1, NULL, 0},
-    {"node-rank", 0, 1, NULL, 0},
-    {"master-addr", 0, 1, NULL, 0},
-    {"master-port", 0, 1, NULL, 0},
-    {"rdzv-endpoint", 0, 1, NULL, 0},
-    {"rdzv-id", 0, 1, NULL, 0},
-    {"rdzv-backend", 0, 1, NULL, 0},
-    {"rdzv-conf", 0, 1, NULL, 0},
-    {"standalone", 0, 0, NULL, 0},
-    {"max-restarts", 0, 1, NULL, 0},
-    {"monitor-interval", 0, 1, NULL, 0},
-    {"start-method", 0, 1, NULL, 0},
-    {"role", 0, 1, NULL, 0},
-    {"module", 'm', 0, NULL, 0},
-    {"no-python", 0, 0, NULL, 0},
-    {"run-path", 0, 0, NULL, 0},
-    {"log-dir", 0, 1, NULL, 0},
-    {"redirects", 'r', 1, NULL, 0},
-    {"tee", 't', 1, NULL, 0},
-    {"local-ranks-filter", 0, 1, NULL, 0},
-    {"local-addr", 0, 1, NULL, 0},
-    {"logs-specs", 0, 1, NULL, 0},
-    {"signals-to-handle", 0, 1, NULL, 0},
-    {"event-log-handler", 0, 1, NULL, 0},
-    {"numa-binding", 0, 1, NULL, 0},
-    {"virtual-local-rank", 0, 0, NULL, 0},
-    {"log-line-prefix-template", 0, 1, NULL, 0},
-    {"duplicate-stdout-filters", 0, 1, NULL, 0},
-    {"duplicate-stderr-filters", 0, 1, NULL, 0},
-    {"print-completion", 0, 1, NULL, 0},
-    {"shutdown-timeout", 0, 1, NULL, 0},
-    {"error-file", 0, 1, NULL, 0},
-    {"python", 0, 1, NULL, 0},
-    {"help", 'h', 0, NULL, 0},
-    {"version", 0, 0, NULL, 0},
-    {"log-endpoint", 0, 1, NULL, 0},
-    {"output-file", 0, 1, NULL, 0},
-    {"log-drop", 0, 0, NULL, 0},
-    {"warm-socket", 0, 1, NULL, 0}, /* the warm worker pool (docs/protocol.md section 6) */
-    /* GPUs (docs/gpu.md) */
-    {"gpus", 0, 1, NULL, 0},
-    {"nccl-check", 0, ARG_OPTIONAL, NULL, 0},
-    {"nccl-check-bytes", 0, 1, NULL, 0},
-    {"nccl-lib", 0, 1, NULL, 0},
-    {"nccl-comm-port", 0, 1, NULL, 0},
-    {"nccl-check-worker", 0, 0, NULL, 0}, /* hidden: one preflight check process */
-};
-#define NOPTS (sizeof opts / sizeof opts[0])
-
-static const char *usage_text =
-    "usage: torchspark-run [--nnodes N] [--nproc-per-node N|cpu|gpu|auto] [--node-rank R]\n"
-    "                      [--master-addr A] [--master-port P] [--rdzv-endpoint HOST:PORT]\n"
-    "                      [--rdzv-id ID] [--standalone] [--max-restarts N] [--role NAME]\n"
-    "                      [-m] [--no-python] [--log-dir DIR] [-r SPEC] [-t SPEC]\n"
-    "                      [--local-ranks-filter R,...] [--shutdown-timeout SECONDS]\n"
-    "                      [--error-file PATH] [--python PATH]\n"
-    "                      [--log-endpoint HOST:PORT [--log-drop]] [--output-file PATH]\n"
-    "                      [--warm-socket PATH]\n"
-    "                      [--gpus ADDRESSES] [--nccl-check[=SECONDS]] [--nccl-check-bytes N]\n"
-    "                      [--nccl-lib PATH] [--nccl-comm-port P]\n"
-    "                      SCRIPT [ARGS...]\n"
-    "A native drop-in for torchrun (static rendezvous). See docs/cli.md.\n";
-
-static __attribute__((noreturn, format(printf, 1, 2))) void usage_error(const char *fmt, ...)
-{
-    va_list ap;
-    fputs("torchspark-run: error: ", stderr);
-    va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fputs(" (see torchspark-run --help)\n", stderr);
-    exit(2);
-}
-
-static opt_t *find_opt(const char *given, size_t len)
-{
-    char norm[64];
-    if (len >= sizeof norm)
-        return NULL;
-    for (size_t i = 0; i < len; i++)
-        norm[i] = given[i] == '_' ? '-' : given[i];
-    norm[len] = 0;
-    opt_t *match = NULL;
-    int nmatch = 0;
-    for (size_t i = 0; i < NOPTS; i++) {
-        if (strcmp(opts[i].name, norm) == 0)
-            return &opts[i];
-        if (strncmp(opts[i].name, norm, len) == 0) {
-            match = &opts[i];
-            nmatch++;
-        }
-    }
-    if (nmatch > 1)
-        usage_error("option '--%s' is ambiguous", norm);
-    return match;
-}
-
-static opt_t *opt(const char *name)
-{
-    for (size_t i = 0; i < NOPTS; i++)
-        if (strcmp(opts[i].name, name) == 0)
-            return &opts[i];
-    return NULL;
-}
-
-static const char *val(const char *name)
-{
-    return opt(name)->value;
-}
-
-static int flag(const char *name)
-{
-    const char *v = val(name);
-    return v && (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
-}
-
-/* Parses options up to the script; returns the index of the script in argv. */
-static int parse_cli(int argc, char **argv)
-{
-    int i = 1;
-    for (; i < argc; i++) {
-        char *a = argv[i];
-        if (strcmp(a, "--") == 0)
-            return i + 1;
-        if (a[0] != '-' || a[1] == 0)
-            break;
-        opt_t *o = NULL;
-        const char *inline_val = NULL;
-        if (a[1] == '-') {
-            const char *eq = strchr(a + 2, '=');
-            size_t len = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-            o = find_opt(a + 2, len);
-            inline_val = eq ? eq + 1 : NULL;
-        } else {
-            for (size_t k = 0; k < NOPTS && !o; k++)
-                if (opts[k].shortname == a[1])
-                    o = &opts[k];
-            if (o && a[2])
-                inline_val = a[2] == '=' ? a + 3 : a + 2;
-        }
-        if (!o)
-            usage_error("unknown option '%s'", a);
-        if (o->has_arg == ARG_OPTIONAL) {
-            o->value = inline_val ? inline_val : "";
-        } else if (o->has_arg) {
-            if (!inline_val) {
-                if (i + 1 >= argc)
-                    usage_error("option '--%s' needs a value", o->name);
-                inline_val = argv[++i];
-            }
-            o->value = inline_val;
-        } else {
-            if (inline_val)
-                usage_error("option '--%s' takes no value", o->name);
-            o->value = "1";
-        }
-        o->from_cli = 1;
-    }
-    /* PET_<NAME> supplies what the command line did not. */
-    for (size_t k = 0; k < NOPTS; k++) {
-        if (opts[k].from_cli)
-            continue;
-        char env[80] = "PET_";
-        size_t j = 4;
-        for (const char *p = opts[k].name; *p && j < sizeof env - 1; p++)
-            env[j++] = *p == '-' ? '_' : (char)(*p >= 'a' && *p <= 'z' ? *p - 32 : *p);
-        env[j] = 0;
-        if (getenv(env))
-            opts[k].value = getenv(env);
-    }
-    return i;
-}
-
-static int int_opt(const char *name, int dflt, int min)
-{
-    const char *v = val(name);
-    if (!v)
-        return dflt;
-    int out;
-    if (tsp__parse_int(v, &out) != 0 || out < min)
-        usage_error("--%s must be a whole number >= %d, not '%s'", name, min, v);
-    return out;
-}
-
-static int gpu_count(void);
-
-/* --gpus: Spark's addresses for this node's task; assigned against the executor's mask
- * (tsp_gpu_assign, rules R0-R8) before anything else starts; -1 when not given. */
-static int assigned_gpus = -1;
+static run_config_t cfg;
 
 typedef struct {
     tsp_logclient_t *logc;
@@ -263,383 +55,12 @@ static void setup_failure(const char *msg, int node_rank, int rank, int local_ra
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     if (tsp__report_document(&f, host, node_rank) == 0) {
-        if (val("error-file") && tsp__report_write_file(val("error-file"), &f) != 0)
-            fprintf(stderr, "torchspark-run: cannot write the error file %s\n", val("error-file"));
+        if (cfg.error_file && tsp__report_write_file(cfg.error_file, &f) != 0)
+            fprintf(stderr, "torchspark-run: cannot write the error file %s\n", cfg.error_file);
         if (fr && fr->logc)
             send_failure(fr, &f);
     }
     tsp__report_clear(&f);
-}
-
-/* The GPU libraries (NVML, the CUDA driver) are loaded only in a short-lived child of the
- * agent (tsp_proc_isolate), never in the agent itself: the threads they start would take
- * the SIGCHLD that the agent reads through its signalfd, and they would stay resident
- * (10-22 MiB measured on an H200) for the whole job (docs/architecture.md, "Signals"). */
-enum { GPU_PROBE_TIMEOUT_MS = 120000 };
-
-typedef struct {
-    int rc;
-    tsp_gpu_assignment_t out;
-    char err[4096];
-} assign_answer_t;
-
-static int assign_in_child(void *ctx, void *out, size_t len)
-{
-    (void)len;
-    assign_answer_t *a = out;
-    a->rc = tsp_gpu_assign(ctx, &a->out, a->err, sizeof a->err);
-    return 0;
-}
-
-typedef struct {
-    int rc, count;
-    char err[512];
-} count_answer_t;
-
-static int count_in_child(void *ctx, void *out, size_t len)
-{
-    (void)ctx;
-    (void)len;
-    count_answer_t *a = out;
-    a->rc = tsp_gpu_count(&a->count, a->err, sizeof a->err);
-    return 0;
-}
-
-/* Runs fn in the probe child. 0 with the answer in out, or -errno with err set. */
-static int gpu_probe(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, char *err,
-                     size_t errlen)
-{
-    int status = 0;
-    int rc = tsp_proc_isolate(fn, ctx, out, len, GPU_PROBE_TIMEOUT_MS, &status);
-    if (rc == -ETIMEDOUT)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) did not answer within %d s on "
-                 "this host; check the driver with nvidia-smi",
-                 GPU_PROBE_TIMEOUT_MS / 1000);
-    else if (rc == -ECHILD)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) crashed this host's GPU probe "
-                 "(%s %d); check the driver with nvidia-smi",
-                 WIFSIGNALED(status) ? "signal" : "exit status",
-                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    else if (rc)
-        snprintf(err, errlen, "torchspark: cannot start the GPU probe: %s", strerror(-rc));
-    return rc;
-}
-
-static void assign_gpus(void)
-{
-    const char *g = val("gpus");
-    if (!g)
-        return;
-    int node_rank = 0;
-    if (val("node-rank"))
-        tsp__parse_int(val("node-rank"), &node_rank);
-    char task[32], err[4096] = "";
-    snprintf(task, sizeof task, "%d", node_rank);
-    tsp_gpu_request_t req = {.addrs = g, .mask = getenv("CUDA_VISIBLE_DEVICES"), .task = task};
-    assign_answer_t *ans = calloc(1, sizeof *ans);
-    if (!ans)
-        exit(1);
-    tsp_gpu_assignment_t *out = &ans->out;
-    int rc = gpu_probe(assign_in_child, &req, ans, sizeof *ans, err, sizeof err);
-    if (!rc && (rc = ans->rc) != 0)
-        snprintf(err, sizeof err, "%s", ans->err);
-    if (rc) {
-        if (strncmp(err, "torchspark: ", 12) == 0)
-            fprintf(stderr, "%s\n", err);
-        else
-            fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        setup_failure(err, node_rank, -1, -1, 2, NULL);
-        exit(2);
-    }
-    fputs(out->warnings, stderr);
-    /* The workers' mask; integers index the host's GPUs in PCI bus order (as nvidia-smi and
-     * Spark's discovery script number them), not CUDA's default fastest-first order. */
-    setenv("CUDA_VISIBLE_DEVICES", out->mask, 1);
-    if (out->integers)
-        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
-    assigned_gpus = out->count;
-    free(ans);
-}
-
-static int parse_nproc(void)
-{
-    const char *v = val("nproc-per-node");
-    if (assigned_gpus >= 0) {
-        int n = assigned_gpus;
-        if (v && strcmp(v, "gpu") != 0 && strcmp(v, "auto") != 0 &&
-            (tsp__parse_int(v, &n) != 0 || n != assigned_gpus))
-            usage_error("--nproc-per-node %s does not match the %d GPU(s) of --gpus %s: one "
-                        "worker runs per GPU (give --nproc-per-node gpu)",
-                        v, assigned_gpus, val("gpus"));
-        return assigned_gpus;
-    }
-    if (!v)
-        return 1;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (strcmp(v, "cpu") == 0)
-        return (int)(cpus > 0 ? cpus : 1);
-    if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
-        int g = gpu_count();
-        if (g > 0)
-            return g;
-        if (strcmp(v, "gpu") == 0)
-            usage_error("--nproc-per-node gpu: no CUDA device was found on this host");
-        return (int)(cpus > 0 ? cpus : 1);
-    }
-    int n;
-    if (tsp__parse_int(v, &n) != 0 || n < 1)
-        usage_error("--nproc-per-node must be a number >= 1, cpu, gpu or auto, not '%s'", v);
-    return n;
-}
-
-/* CUDA devices this process can use, as torch.cuda.device_count() would say. */
-static int gpu_count(void)
-{
-    count_answer_t ans;
-    char err[512] = "";
-    if (gpu_probe(count_in_child, NULL, &ans, sizeof ans, err, sizeof err) != 0) {
-        fprintf(stderr, "torchspark-run: WARNING: %s\n", err);
-        return 0;
-    }
-    if (ans.rc != 0)
-        fprintf(stderr, "torchspark-run: WARNING: %s\n", ans.err);
-    return ans.rc == 0 ? ans.count : 0;
-}
-
-static void parse_nnodes(tsp_topo_t *t)
-{
-    const char *v = val("nnodes");
-    if (!v)
-        return;
-    const char *colon = strchr(v, ':');
-    int lo, hi;
-    if (colon) {
-        char a[32];
-        snprintf(a, sizeof a, "%.*s", (int)(colon - v), v);
-        if (tsp__parse_int(a, &lo) || tsp__parse_int(colon + 1, &hi) || lo < 1 || hi < lo)
-            usage_error("--nnodes must be N or MIN:MAX, not '%s'", v);
-        if (lo != hi)
-            usage_error("--nnodes %s: an elastic range needs a dynamic rendezvous; "
-                        "torchspark-run uses the static one: give one number",
-                        v);
-    } else if (tsp__parse_int(v, &lo) || lo < 1) {
-        usage_error("--nnodes must be a number >= 1, not '%s'", v);
-    }
-    t->nnodes = lo;
-}
-
-static void parse_endpoint(tsp_topo_t *t, const char *ep)
-{
-    /* torchrun's default rendezvous port when the endpoint has none. */
-    if (tsp__endpoint_parse(ep, t->master_addr, sizeof t->master_addr, &t->master_port, 29400))
-        usage_error("--rdzv-endpoint must be HOST, HOST:PORT or [IPV6]:PORT with a port in "
-                    "1-65535, not '%s'",
-                    ep);
-}
-
-/* Masks for -r/-t: "3" for every rank, or "0:1,1:2" per local rank. */
-static unsigned char *parse_std(const char *name, int n)
-{
-    const char *v = val(name);
-    if (!v)
-        return NULL;
-    unsigned char *m = calloc((size_t)n, 1);
-    if (!m)
-        exit(1);
-    int all;
-    if (tsp__parse_int(v, &all) == 0) {
-        if (all > 3)
-            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        memset(m, all, (size_t)n);
-        return m;
-    }
-    char *copy = strdup(v), *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *colon = strchr(tok, ':');
-        int r, x;
-        if (!colon)
-            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        *colon = 0;
-        if (tsp__parse_int(tok, &r) || tsp__parse_int(colon + 1, &x) || x > 3)
-            usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        if (r < n)
-            m[r] = (unsigned char)x;
-    }
-    free(copy);
-    return m;
-}
-
-static unsigned char *parse_filter(int n)
-{
-    const char *v = val("local-ranks-filter");
-    if (!v || !*v)
-        return NULL;
-    unsigned char *m = calloc((size_t)n, 1);
-    char *copy = strdup(v), *save = NULL;
-    if (!m || !copy)
-        exit(1);
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r;
-        if (tsp__parse_int(tok, &r))
-            usage_error("--local-ranks-filter must be local ranks like 0,2, not '%s'", v);
-        if (r < n)
-            m[r] = 1;
-    }
-    free(copy);
-    return m;
-}
-
-/* Binds host:port the way torch's store will (SO_REUSEADDR): EADDRINUSE means a listener
- * holds it. An address that is not local cannot be checked here and is skipped. */
-static void check_port_free(const char *host, int port)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0)
-        return;
-    int in_use = 0;
-    for (struct addrinfo *ai = res; ai && !in_use; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno == EADDRINUSE)
-            in_use = 1;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (in_use)
-        usage_error("master port %d on %s is already in use: choose another --master-port, "
-                    "or use --standalone to pick a free one",
-                    port, host);
-}
-
-/* Reserves a free port on 127.0.0.1 for --standalone, held for the whole run (util.h:
- * bound with SO_REUSEADDR, never listening, close-on-exec), so that no other process's
- * connect() or bind() can take it before rank 0's TCPStore binds it. */
-static int reserve_port(int *fd_out)
-{
-    char err[256];
-    int port;
-    if (tsp__port_reserve("127.0.0.1", 0, fd_out, &port, err, sizeof err) != 0) {
-        fprintf(stderr, "torchspark-run: %s\n", err);
-        exit(1);
-    }
-    return port;
-}
-
-/* A random run id in the UUID layout that torchrun's --standalone uses. */
-static void random_id(char *out, size_t len)
-{
-    unsigned char b[16];
-    char hex[33];
-    int rc = tsp__random_bytes(b, sizeof b);
-    if (rc != 0) {
-        fprintf(stderr, "torchspark-run: no random bytes for the run id: %s\n", tsp_strerror(rc));
-        exit(1);
-    }
-    tsp__hex_encode(b, sizeof b, hex);
-    snprintf(out, len, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
-}
-
-/* An executable `python` or `python3` in dir (written to buf), or NULL. */
-static const char *python_in(const char *dir, int dirlen, char *buf, size_t len)
-{
-    static const char *const names[] = {"python", "python3"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(buf, len, "%.*s/%s", dirlen, dir, names[i]);
-        if (access(buf, X_OK) == 0)
-            return buf;
-    }
-    return NULL;
-}
-
-/* The interpreter for workers: --python, else the `python` (or `python3`) beside this
- * binary as invoked, then beside its resolved path (pip installs the command into the
- * environment's bin/, beside its interpreter: a venv, conda, a system prefix; torchrun
- * likewise uses its own sys.executable), else python3 in PATH. */
-static const char *find_python(const char *argv0)
-{
-    if (val("python"))
-        return val("python");
-    static char buf[PATH_MAX];
-    char self[PATH_MAX];
-    const char *slash = strrchr(argv0, '/');
-    if (slash && python_in(argv0, (int)(slash - argv0), buf, sizeof buf))
-        return buf;
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n > 0) {
-        self[n] = 0;
-        char *s = strrchr(self, '/');
-        if (s && python_in(self, (int)(s - self), buf, sizeof buf))
-            return buf;
-    }
-    return "python3";
-}
-
-static int standalone_port_fd = -1;
-
-static void build_topology(tsp_topo_t *t)
-{
-    char src[64], err[256];
-    tsp_topo_init(t);
-    parse_nnodes(t);
-    t->nproc_per_node = parse_nproc();
-    t->max_restarts = int_opt("max-restarts", 0, 0);
-    if (val("role"))
-        snprintf(t->role, sizeof t->role, "%s", val("role"));
-    if (val("rdzv-id"))
-        snprintf(t->run_id, sizeof t->run_id, "%s", val("rdzv-id"));
-    const char *backend = val("rdzv-backend");
-    int have_endpoint = val("rdzv-endpoint") && *val("rdzv-endpoint");
-    int launcher_rank = -1, launcher_nodes = 0;
-    if (!val("node-rank")) {
-        int rc = tsp_topo_from_launcher(environ, &launcher_rank, &launcher_nodes, src, sizeof src,
-                                        err, sizeof err);
-        if (rc == -EINVAL)
-            usage_error("%s", err);
-        if (rc == 0 && val("nnodes") && launcher_nodes != t->nnodes)
-            usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src, launcher_nodes);
-        if (rc != 0)
-            launcher_rank = -1;
-    }
-    /* --standalone, and (as torchrun 2.15 does) one node with the static backend and no
-     * port or endpoint: localhost, a free port held for the run, a random run id. */
-    int one_node = launcher_rank < 0 ? t->nnodes == 1 : launcher_nodes == 1;
-    if (flag("standalone") || (one_node && !val("master-port") && !have_endpoint &&
-                               (!backend || strcmp(backend, "static") == 0))) {
-        t->nnodes = 1;
-        t->node_rank = 0;
-        snprintf(t->master_addr, sizeof t->master_addr, "localhost");
-        t->master_port = reserve_port(&standalone_port_fd);
-        random_id(t->run_id, sizeof t->run_id);
-        return;
-    }
-    if (backend && strcmp(backend, "static") != 0 && t->nnodes > 1)
-        usage_error("--rdzv-backend %s is not supported: torchspark-run uses the static "
-                    "rendezvous; give each node --node-rank (or run it under srun/mpirun)",
-                    backend);
-    if (val("master-addr"))
-        snprintf(t->master_addr, sizeof t->master_addr, "%s", val("master-addr"));
-    if (val("master-port") && (tsp__parse_int(val("master-port"), &t->master_port) ||
-                               t->master_port < 1 || t->master_port > 65535))
-        usage_error("--master-port must be a port number (1-65535), not '%s'", val("master-port"));
-    if (val("rdzv-endpoint") && *val("rdzv-endpoint"))
-        parse_endpoint(t, val("rdzv-endpoint"));
-    if (val("node-rank")) {
-        t->node_rank = int_opt("node-rank", 0, 0);
-    } else if (launcher_rank >= 0) {
-        t->nnodes = launcher_nodes;
-        t->node_rank = launcher_rank;
-        fprintf(stderr, "torchspark-run: node rank %d of %d nodes from %s\n", launcher_rank,
-                launcher_nodes, src);
-    }
-    if (tsp_topo_validate(t, err, sizeof err))
-        usage_error("%s", err);
 }
 
 /* STOP from the driver (docs/protocol.md 1.7) arrives on the log client's sender thread,
@@ -696,35 +117,29 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
  * environment (64 hex digits), TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) for the
  * stall rule; the client's defaults otherwise. Exits with a usage error on bad input. */
-static tsp_logclient_t *start_log_client(const char *endpoint, const char *secret_hex,
-                                         int node_rank, int drop)
+static tsp_logclient_t *start_log_client(const run_config_t *c)
 {
     tsp_logclient_opts_t o;
     char host[256], err[512];
     tsp_logclient_opts_init(&o);
-    const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
-    if (stall && *stall) {
-        char *end;
-        double sec = strtod(stall, &end);
-        if (*end || sec < 0 || sec > 86400)
-            usage_error("TORCHSPARK_LOG_STALL_TIMEOUT must be seconds (0: never), not '%s'", stall);
-        o.stall_ms = sec > 0 ? (int)(sec * 1000) : -1;
-    }
-    if (tsp__endpoint_parse(endpoint, host, sizeof host, &o.port, -1))
-        usage_error("--log-endpoint must be HOST:PORT, not '%s'", endpoint);
-    if (tsp__hex_decode(secret_hex, o.secret, sizeof o.secret))
-        usage_error("--log-endpoint needs the run's secret in the environment variable "
-                    "TORCHSPARK_LOG_SECRET (64 hex digits)%s",
-                    secret_hex ? "; the value there is not 64 hex digits" : "; it is not set");
+    if (c->stall_timeout >= 0)
+        o.stall_ms = c->stall_timeout > 0 ? (int)(c->stall_timeout * 1000) : -1;
+    if (tsp__endpoint_parse(c->log_endpoint, host, sizeof host, &o.port, -1))
+        run_usage_error("--log-endpoint must be HOST:PORT, not '%s'", c->log_endpoint);
+    if (tsp__hex_decode(c->has_secret ? c->secret_hex : NULL, o.secret, sizeof o.secret))
+        run_usage_error("--log-endpoint needs the run's secret in the environment variable "
+                        "TORCHSPARK_LOG_SECRET (64 hex digits)%s",
+                        c->has_secret ? "; the value there is not 64 hex digits"
+                                      : "; it is not set");
     o.host = host;
-    o.node_rank = node_rank;
-    o.drop = drop;
+    o.node_rank = c->topo.node_rank;
+    o.drop = c->log_drop;
     o.on_stop = on_driver_stop;
     o.log_prefix = "torchspark-run: ";
-    tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
-    if (!c)
-        usage_error("%s", err);
-    return c;
+    tsp_logclient_t *logc = tsp_logclient_start(&o, err, sizeof err);
+    if (!logc)
+        run_usage_error("%s", err);
+    return logc;
 }
 
 /* After success, node 0 ships rank 0's output file to the driver. A failure is loud but
@@ -769,24 +184,6 @@ static int nccl_check_worker(void)
     return tsp_nccl_check_run(&o);
 }
 
-/* --nccl-check[=SECONDS] (or TORCHSPARK_NCCL_CHECK=1): the deadline, 0 when off. */
-static double nccl_check_timeout(void)
-{
-    const char *v = val("nccl-check");
-    const char *env = getenv("TORCHSPARK_NCCL_CHECK");
-    if (!v && env && (strcmp(env, "1") == 0 || strcasecmp(env, "true") == 0))
-        v = "";
-    if (!v || strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0)
-        return 0;
-    if (!*v || strcasecmp(v, "true") == 0) /* a number is the deadline in seconds */
-        return TSP_NCCL_CHECK_TIMEOUT;
-    char *end;
-    double t = strtod(v, &end);
-    if (*end || !(t > 0))
-        usage_error("--nccl-check=SECONDS needs a number of seconds > 0, not '%s'", v);
-    return t;
-}
-
 /* Sends an EVENT about this node to the driver (docs/protocol.md 1.7). Before the log
  * client's first handshake the client holds it and sends it after (protocol 1.7); a
  * driver that refuses events (-ENOTSUP) gets none after the first refusal. */
@@ -819,7 +216,7 @@ static int cmp_str(const void *a, const void *b)
 static void send_node_event(failure_report_t *fr, const tsp_topo_t *t)
 {
     /* Only where NCCL matters: a GPU run (--gpus) or the NCCL check. */
-    if (!fr->logc || (assigned_gpus < 0 && nccl_check_timeout() <= 0))
+    if (!fr->logc || (cfg.assigned_gpus < 0 && cfg.nccl_check <= 0))
         return;
     size_t n = 0, k = 0;
     while (environ[n])
@@ -872,17 +269,11 @@ static void send_check_state(failure_report_t *fr, const char *state)
  * printed, written to the error file and sent to the driver. */
 static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report_t *fr)
 {
-    double timeout = nccl_check_timeout();
+    double timeout = cfg.nccl_check;
     if (timeout <= 0)
         return 0;
-    int port = t->master_port, bytes = (int)TSP_NCCL_CHECK_BYTES;
-    if (val("nccl-comm-port") &&
-        (tsp__parse_int(val("nccl-comm-port"), &port) || port < 1 || port > 65535))
-        usage_error("--nccl-comm-port must be a port number (1-65535), not '%s'",
-                    val("nccl-comm-port"));
-    if (val("nccl-check-bytes") && (tsp__parse_int(val("nccl-check-bytes"), &bytes) || bytes < 4))
-        usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
-                    val("nccl-check-bytes"));
+    int port = cfg.nccl_comm_port ? cfg.nccl_comm_port : t->master_port;
+    int bytes = cfg.nccl_check_bytes;
     char comm_id[128], exe[PATH_MAX], msg[4096];
     int failed_rank = -1;
     snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
@@ -893,10 +284,9 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     else
         exe[n] = 0;
     tsp_nccl_preflight_opts_t o = {.exe = exe,
-                                   .lib = val("nccl-lib") ? val("nccl-lib")
-                                                          : getenv("TORCHSPARK_NCCL_LIB"),
+                                   .lib = cfg.nccl_lib,
                                    .comm_id = comm_id,
-                                   .ifname = getenv("NCCL_SOCKET_IFNAME"),
+                                   .ifname = cfg.nccl_ifname,
                                    .nproc = t->nproc_per_node,
                                    .first_rank = t->node_rank * t->nproc_per_node,
                                    .world_size = t->nnodes * t->nproc_per_node,
@@ -947,26 +337,79 @@ static __attribute__((noreturn)) void warm_exec_main(int argc, char **argv)
     tsp_warm_exec(argv[2], argv[4], argv + 5);
 }
 
-/* The path of this executable, for the shim under --warm-socket: the option is ignored,
- * with one warning, when it cannot be found. */
-static const char *warm_socket_opt(char *self, size_t len)
+/* The node's run after the process is set up: the log channel, the node event, the NCCL
+ * preflight, the agent, then rank 0's output. The exit status. */
+static int run_node(const char *argv0)
 {
-    const char *sock = val("warm-socket");
-    if (!sock)
-        return NULL;
-    if (!*sock)
-        usage_error("--warm-socket needs the path of the warm pool's socket");
-    ssize_t n = readlink("/proc/self/exe", self, len);
-    if (n <= 0 || (size_t)n >= len) {
-        fprintf(stderr,
-                "torchspark-run: WARNING: --warm-socket is ignored: this program's own path "
-                "cannot be read from /proc/self/exe (%s); workers start without the warm "
-                "pool\n",
-                n < 0 ? strerror(errno) : "too long");
-        return NULL;
+    const char *file;
+    char **wargv = run_config_worker(&cfg, &file);
+    const tsp_topo_t *topo = &cfg.topo;
+    if (tsp_topo_sets_omp(topo, environ))
+        fprintf(stderr, "torchspark-run: WARNING: *****************************************\n"
+                        "Setting OMP_NUM_THREADS environment variable for each process to be 1 "
+                        "in default, to avoid your system being overloaded, please further tune "
+                        "the variable for optimal performance in your application as needed.\n"
+                        "*****************************************\n");
+    tsp_agent_opts_t o = {
+        .topo = *topo,
+        .file = file,
+        .argv = wargv,
+        .name = cfg.script,
+        .log_dir = cfg.log_dir,
+        .shutdown_timeout = cfg.grace,
+        .error_file = cfg.error_file,
+        .redirects = cfg.redirects,
+        .tee = cfg.tee,
+        .show = cfg.show,
+        .console_out = STDOUT_FILENO,
+        .console_err = STDERR_FILENO,
+        .log_fd = STDERR_FILENO,
+        .log_prefix = "torchspark-run: ",
+        .prefix_template = cfg.prefix_template,
+        .warm_socket = cfg.warm_socket,
+        .warm_shim = cfg.warm_socket ? cfg.self_exe : NULL,
+    };
+    failure_report_t fr = {0};
+    if (cfg.log_endpoint) {
+        fr.logc = start_log_client(&cfg);
+        o.sink = tsp_logclient_sink(fr.logc);
+        o.on_failure = send_failure;
+        o.on_failure_ctx = &fr;
     }
-    self[n] = 0;
-    return sock;
+    send_node_event(&fr, topo);
+    int rc = nccl_preflight(topo, argv0, &fr);
+    if (rc) {
+        if (fr.logc)
+            tsp_logclient_close(fr.logc, 30000);
+        free(wargv);
+        return rc;
+    }
+    tsp_agent_t *agent;
+    char err[512] = "";
+    rc = tsp_agent_init(&agent, &o, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
+        free(wargv);
+        return rc == -EINVAL ? 2 : 1;
+    }
+    atomic_store(&stop_agent, agent);
+    stop_once(); /* a STOP that came before the agent existed */
+    int status = tsp_agent_run(agent);
+    if (fr.logc) {       /* flush what the workers printed last; falls back to our stdout/stderr */
+        if (status != 0) /* sent already when the failure was seen; a no-op then */
+            send_failure(&fr, tsp_agent_root_cause(agent));
+        tsp_logclient_close(fr.logc, 30000); /* no STOP callback runs after this */
+    }
+    atomic_store(&stop_agent, NULL);
+    tsp_agent_close(agent);
+    if (status == 0 && cfg.output_file && topo->node_rank == 0)
+        ship_output(cfg.log_endpoint, cfg.secret_hex, cfg.output_file);
+    free(wargv);
+    if (status < 0) {
+        fprintf(stderr, "torchspark-run: supervision failed: %s\n", tsp_strerror(status));
+        return 1;
+    }
+    return status;
 }
 
 int main(int argc, char **argv)
@@ -980,33 +423,26 @@ int main(int argc, char **argv)
         return 1;
     }
     pid_t ppid = getppid();
-    int script_at = parse_cli(argc, argv);
-    if (flag("nccl-check-worker"))
+    run_config_parse(&cfg, argc, argv);
+    if (cfg.nccl_check_worker)
         return nccl_check_worker();
-    if (flag("help")) {
-        fputs(usage_text, stdout);
+    if (cfg.help || cfg.version) {
+        if (cfg.help)
+            fputs(run_usage_text, stdout);
+        else
+            printf("torchspark-run %s\n", tsp_version());
         return 0;
     }
-    if (flag("version")) {
-        printf("torchspark-run %s\n", tsp_version());
-        return 0;
+    char err[4096];
+    if (run_config_node(&cfg, err, sizeof err)) {
+        if (strncmp(err, "torchspark: ", 12) == 0)
+            fprintf(stderr, "%s\n", err);
+        else
+            fprintf(stderr, "torchspark-run: error: %s\n", err);
+        setup_failure(err, cfg.topo.node_rank, -1, -1, 2, NULL);
+        return 2;
     }
-    if (script_at >= argc)
-        usage_error("the training script is missing");
-    const char *script = argv[script_at];
-    int module = flag("module"), no_python = flag("no-python");
-    if (module && no_python)
-        usage_error("-m and --no-python cannot be used together");
-
-    assign_gpus();
-    tsp_topo_t topo;
-    build_topology(&topo);
-    if (topo.node_rank == 0 && standalone_port_fd < 0)
-        check_port_free(topo.master_addr, topo.master_port);
-
-    const char *parent = getenv("TORCHSPARK_PARENT_PID");
-    int expected = 0;
-    if (parent && tsp__parse_int(parent, &expected) == 0 && expected != (int)ppid)
+    if (cfg.expected_parent && cfg.expected_parent != ppid)
         return tsp_proc_signal_status(SIGTERM); /* the parent that started us is already gone */
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
@@ -1017,135 +453,7 @@ int main(int argc, char **argv)
                 tsp_strerror(rc));
         return 1;
     }
-    /* The worker command line: python -u -c BOOT [-m] script args... (pyboot.c: ends
-     * without interpreter finalization), python -u [-m] script args... when
-     * TORCHSPARK_PYTHON_EXIT=finalize, or the program itself. */
-    const char *exit_mode = getenv("TORCHSPARK_PYTHON_EXIT");
-    int finalize = exit_mode && strcmp(exit_mode, "finalize") == 0;
-    if (exit_mode && *exit_mode && !finalize && strcmp(exit_mode, "fast") != 0)
-        usage_error("TORCHSPARK_PYTHON_EXIT must be 'fast' (the default) or 'finalize', not '%s'",
-                    exit_mode);
-    int nargs = argc - script_at;
-    char **wargv = calloc((size_t)nargs + 6, sizeof(char *));
-    if (!wargv)
-        return 1;
-    const char *file;
-    int k = 0;
-    if (no_python) {
-        file = script;
-    } else {
-        file = find_python(argv[0]);
-        wargv[k++] = (char *)file;
-        wargv[k++] = "-u";
-        if (!finalize) {
-            wargv[k++] = "-c";
-            wargv[k++] = (char *)(module ? tsp__pyboot_module : tsp__pyboot_script);
-        }
-        if (module)
-            wargv[k++] = "-m";
-        struct stat st;
-        if (!module && stat(script, &st) != 0)
-            usage_error("the training script '%s' does not exist", script);
-    }
-    for (int i = script_at; i < argc; i++)
-        wargv[k++] = argv[i];
-
-    double grace = 30;
-    const char *gv = val("shutdown-timeout") ? val("shutdown-timeout")
-                                             : getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
-    if (gv) {
-        char *end;
-        grace = strtod(gv, &end);
-        if (!*gv || *end || grace < 0)
-            usage_error("--shutdown-timeout must be a number of seconds >= 0, not '%s'", gv);
-    }
-    if (tsp_topo_sets_omp(&topo, environ))
-        fprintf(stderr, "torchspark-run: WARNING: *****************************************\n"
-                        "Setting OMP_NUM_THREADS environment variable for each process to be 1 "
-                        "in default, to avoid your system being overloaded, please further tune "
-                        "the variable for optimal performance in your application as needed.\n"
-                        "*****************************************\n");
-
-    tsp_agent_opts_t o = {
-        .topo = topo,
-        .file = file,
-        .argv = wargv,
-        .name = script,
-        .log_dir = val("log-dir"),
-        .shutdown_timeout = grace,
-        .error_file = val("error-file"),
-        .redirects = parse_std("redirects", topo.nproc_per_node),
-        .tee = parse_std("tee", topo.nproc_per_node),
-        .show = parse_filter(topo.nproc_per_node),
-        .console_out = STDOUT_FILENO,
-        .console_err = STDERR_FILENO,
-        .log_fd = STDERR_FILENO,
-        .log_prefix = "torchspark-run: ",
-        .prefix_template = val("log-line-prefix-template")
-                               ? val("log-line-prefix-template")
-                               : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
-    };
-    char self_exe[PATH_MAX];
-    o.warm_socket = warm_socket_opt(self_exe, sizeof self_exe);
-    o.warm_shim = o.warm_socket ? self_exe : NULL;
-    char err[512] = "";
-    /* The driver's log channel: the secret comes from the environment only, and is taken
-     * out of it so that the workers never see it. */
-    tsp_logclient_t *logc = NULL;
-    failure_report_t fr = {0};
-    char secret_hex[80] = "";
-    const char *sv = getenv("TORCHSPARK_LOG_SECRET");
-    if (sv)
-        snprintf(secret_hex, sizeof secret_hex, "%s", sv);
-    unsetenv("TORCHSPARK_LOG_SECRET");
-    if (val("log-endpoint")) {
-        logc = start_log_client(val("log-endpoint"), sv ? secret_hex : NULL, topo.node_rank,
-                                flag("log-drop"));
-        o.sink = tsp_logclient_sink(logc);
-        fr.logc = logc;
-        o.on_failure = send_failure;
-        o.on_failure_ctx = &fr;
-    } else if (val("output-file")) {
-        usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
-    }
-    send_node_event(&fr, &topo);
-    rc = nccl_preflight(&topo, argv[0], &fr);
-    if (rc) {
-        if (logc)
-            tsp_logclient_close(logc, 30000);
-        free((void *)o.redirects);
-        free((void *)o.tee);
-        free((void *)o.show);
-        free(wargv);
-        return rc;
-    }
-    tsp_agent_t *agent;
-    rc = tsp_agent_init(&agent, &o, err, sizeof err);
-    if (rc) {
-        fprintf(stderr, "torchspark-run: error: %s\n", err[0] ? err : tsp_strerror(rc));
-        return rc == -EINVAL ? 2 : 1;
-    }
-    atomic_store(&stop_agent, agent);
-    stop_once(); /* a STOP that came before the agent existed */
-    int status = tsp_agent_run(agent);
-    if (standalone_port_fd >= 0)
-        close(standalone_port_fd);
-    if (logc) {          /* flush what the workers printed last; falls back to our stdout/stderr */
-        if (status != 0) /* sent already when the failure was seen; a no-op then */
-            send_failure(&fr, tsp_agent_root_cause(agent));
-        tsp_logclient_close(logc, 30000); /* no STOP callback runs after this */
-    }
-    atomic_store(&stop_agent, NULL);
-    tsp_agent_close(agent);
-    if (status == 0 && val("output-file") && topo.node_rank == 0)
-        ship_output(val("log-endpoint"), secret_hex, val("output-file"));
-    free((void *)o.redirects);
-    free((void *)o.tee);
-    free((void *)o.show);
-    free(wargv);
-    if (status < 0) {
-        fprintf(stderr, "torchspark-run: supervision failed: %s\n", tsp_strerror(status));
-        return 1;
-    }
+    int status = run_node(argv[0]);
+    run_config_free(&cfg);
     return status;
 }
