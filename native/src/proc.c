@@ -1,10 +1,12 @@
 /* proc.c: fork/exec of one worker, and signalling whole process trees. */
 #include "proc.h"
 #include "env.h"
+#include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,4 +347,80 @@ int tsp_proc_exit_code(int wstatus)
 int tsp_proc_exec_status(int neg_errno)
 {
     return neg_errno == -ENOENT || neg_errno == -ENOTDIR ? 127 : 126;
+}
+
+/* ---- a call in a child process ------------------------------------------------------ */
+
+/* In the child: the answer is the status, then out, in one write (a pipe takes up to
+ * PIPE_BUF atomically; longer answers are written in pieces, read whole by the parent). */
+static __attribute__((noreturn)) void isolated_child(tsp_proc_isolated_fn fn, void *ctx, void *out,
+                                                     size_t len, int fd)
+{
+    memset(out, 0, len);
+    int st = fn(ctx, out, len);
+    const char *parts[2] = {(const char *)&st, out};
+    size_t lens[2] = {sizeof st, len};
+    for (int i = 0; i < 2; i++)
+        for (size_t off = 0; off < lens[i];) {
+            ssize_t n = write(fd, parts[i] + off, lens[i] - off);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                _exit(1);
+            off += (size_t)n;
+        }
+    _exit(0);
+}
+
+int tsp_proc_isolate(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, int timeout_ms,
+                     int *status)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0)
+        return -errno;
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]);
+        close(p[1]);
+        return -e;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        isolated_child(fn, ctx, out, len, p[1]);
+    }
+    close(p[1]);
+    int st = 0, rc = 0;
+    size_t want = sizeof st + len, got = 0;
+    int64_t deadline = tsp__now_ms() + timeout_ms;
+    while (got < want) {
+        int64_t left = deadline - tsp__now_ms();
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int n = left > 0 ? poll(&pf, 1, left > 60000 ? 60000 : (int)left) : 0;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 && left <= 0) {
+            rc = -ETIMEDOUT;
+            kill(pid, SIGKILL);
+            break;
+        }
+        if (n <= 0)
+            continue;
+        char *dst = got < sizeof st ? (char *)&st + got : (char *)out + (got - sizeof st);
+        size_t room = got < sizeof st ? sizeof st - got : want - got;
+        ssize_t r = read(p[0], dst, room);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = -ECHILD; /* the child ended without its whole answer */
+            break;
+        }
+        got += (size_t)r;
+    }
+    close(p[0]);
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
+        ;
+    *status = rc == -ECHILD ? ws : st;
+    return rc;
 }

@@ -56,4 +56,16 @@ int tsp_proc_exit_code(int wstatus);
 /* The shell's status for an exec errno: 127 for not found, 126 otherwise. */
 int tsp_proc_exec_status(int neg_errno);
 
+/* What tsp_proc_isolate runs in its child: fills out (len bytes, zeroed) and returns a
+ * status that comes back to the caller. */
+typedef int (*tsp_proc_isolated_fn)(void *ctx, void *out, size_t len);
+/* Runs fn in a forked child (no exec) and copies its out and status back, so that what fn
+ * loads (the NVML or CUDA driver library, with the threads and memory it keeps) never enters
+ * this process. Only for a single-threaded caller (the agent before its log channel and
+ * sentinel start). 0 with *status set; -ETIMEDOUT when the child does not answer within
+ * timeout_ms (it is then SIGKILLed and reaped); -ECHILD when it died without answering
+ * (*status is then its wait status); -errno for fork and pipe failures. */
+int tsp_proc_isolate(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, int timeout_ms,
+                     int *status);
+
 #endif

@@ -438,9 +438,15 @@ static int read_msg(shim_t *s, int64_t deadline, int *tag, int32_t *value)
     return tsp_warm_msg_unpack(m, tag, value);
 }
 
-/* The exec the shim falls back to: the same process becomes the worker. */
-__attribute__((noreturn)) static void fallback(shim_t *s, const char *file, char *const argv[])
+/* The exec the shim falls back to: the same process becomes the worker, after one line on
+ * its stderr (the worker's, which reaches the driver) saying why the pool did not serve it. */
+__attribute__((noreturn)) static void fallback(shim_t *s, const char *file, char *const argv[],
+                                               const char *why)
 {
+    dprintf(STDERR_FILENO,
+            "torchspark: the warm worker pool did not start this worker (%s): starting a "
+            "fresh process\n",
+            why);
     close_fd(&s->sock);
     close_fd(&s->sigfd);
     sigprocmask(SIG_SETMASK, &s->old_mask, NULL);
@@ -516,6 +522,29 @@ __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
     }
 }
 
+/* R's reason (len bytes after the message), shortened to fit, within the deadline. */
+static void refusal_text(shim_t *s, int32_t len, char *out, size_t outlen)
+{
+    size_t got = 0, want = (size_t)len < outlen - 16 ? (size_t)len : outlen - 16;
+    int n = snprintf(out, outlen, "refused: ");
+    char *text = out + n;
+    while (got < want) {
+        ssize_t r = recv(s->sock, text + got, want - got, 0);
+        if (r > 0) {
+            got += (size_t)r;
+            continue;
+        }
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == EAGAIN && wait_ready(s, POLLIN, s->deadline) > 0)
+            continue;
+        break;
+    }
+    text[got] = 0;
+    if (!got)
+        snprintf(text, outlen - (size_t)n, "no reason given");
+}
+
 void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[])
 {
     shim_t s = {.sock = -1, .sigfd = -1};
@@ -524,15 +553,36 @@ void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[]
     sigemptyset(&set);
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaddset(&set, forwarded[i]);
+    char why[512];
     if (sigprocmask(SIG_BLOCK, &set, &s.old_mask) < 0)
-        fallback(&s, file, argv);
+        fallback(&s, file, argv, "cannot block signals");
     s.deadline = mono_ms() + wait_ms();
-    if ((s.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
-        shim_connect(&s, socket_path) != 0 || shim_send(&s, argv) != 0)
-        fallback(&s, file, argv);
+    if ((s.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
+        fallback(&s, file, argv, "cannot create a signalfd");
+    int rc = shim_connect(&s, socket_path);
+    if (rc) {
+        snprintf(why, sizeof why, "%s at %s: %s",
+                 rc == -EPERM ? "the socket's directory or its owner is not ours"
+                              : "no pool answers",
+                 socket_path, strerror(-rc));
+        fallback(&s, file, argv, why);
+    }
+    if ((rc = shim_send(&s, argv)) != 0) {
+        snprintf(why, sizeof why, "cannot send the request: %s", strerror(-rc));
+        fallback(&s, file, argv, why);
+    }
     int tag;
     int32_t value;
-    if (read_msg(&s, s.deadline, &tag, &value) != 0 || tag != TSP_WARM_PID)
-        fallback(&s, file, argv); /* no answer in time, R, or nonsense */
-    shim_run(&s, value);
+    rc = read_msg(&s, s.deadline, &tag, &value);
+    if (rc == 0 && tag == TSP_WARM_PID)
+        shim_run(&s, value);
+    if (rc == -ETIMEDOUT)
+        snprintf(why, sizeof why, "no answer within TORCHSPARK_WARM_WAIT=%.1f s",
+                 (double)wait_ms() / 1000);
+    else if (rc == 0 && tag == TSP_WARM_REFUSED)
+        refusal_text(&s, value, why, sizeof why);
+    else
+        snprintf(why, sizeof why, "a broken answer: %s",
+                 rc ? strerror(-rc) : "an unexpected message");
+    fallback(&s, file, argv, why);
 }
