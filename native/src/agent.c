@@ -28,7 +28,6 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -43,8 +42,6 @@ enum { W_IDLE, W_RUNNING, W_EXITED };
 
 /* epoll tags: small integers for the agent's own fds, worker streams above them. */
 enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_STREAM0 = 16 };
-/* A worker's pidfd: TAG_PIDFD0 + local rank, above every stream tag. */
-#define TAG_PIDFD0 ((uint64_t)1 << 40)
 
 typedef struct {
     int fd;      /* pipe read end, -1 when closed or not captured */
@@ -60,7 +57,6 @@ typedef struct {
     pid_t pid;
     int wstatus;
     double exit_time;
-    int pidfd; /* readable once the worker has exited; -1 when none (or no pidfd_open) */
     stream_t s[2];
     char error_file[512];
 } worker_t;
@@ -139,30 +135,18 @@ static int write_all(int fd, const struct iovec *iov, int cnt)
     return 0;
 }
 
-/* The signals the agent reads through its signalfd. */
-static void agent_signals(sigset_t *set)
-{
-    sigemptyset(set);
-    int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
-    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
-        sigaddset(set, sigs[i]);
-}
-
-int tsp_agent_block_signals(void)
-{
-    sigset_t set;
-    agent_signals(&set);
-    return sigprocmask(SIG_BLOCK, &set, NULL) < 0 ? -errno : 0;
-}
-
 int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid)
 {
     /* First, before we are a subreaper: a job without its sentinel still runs (a process
      * left behind by an agent SIGKILL is then possible), so a failure here is not fatal. */
     tsp__sentinel_start();
-    int brc = tsp_agent_block_signals();
-    if (brc)
-        return brc;
+    sigset_t set;
+    sigemptyset(&set);
+    int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&set, sigs[i]);
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return -errno;
     signal(SIGPIPE, SIG_IGN);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) < 0)
         return -errno;
@@ -527,21 +511,6 @@ static int open_redirect(const tsp_agent_t *a, const worker_t *w, int si, int *f
     return *fd < 0 ? -errno : 0;
 }
 
-/* The worker's exit as an event of its own, besides SIGCHLD: a thread that a library
- * started before the agent blocked its signals may take (and discard) the SIGCHLD, but not
- * the pidfd's readiness. Without pidfd_open (Linux < 5.3) SIGCHLD alone remains. */
-static void watch_exit(tsp_agent_t *a, worker_t *w)
-{
-    w->pidfd = (int)syscall(SYS_pidfd_open, w->pid, 0); /* close-on-exec by definition */
-    if (w->pidfd < 0)
-        return;
-    struct epoll_event ev = {.events = EPOLLIN, .data.u64 = TAG_PIDFD0 + (uint64_t)w->local_rank};
-    if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, w->pidfd, &ev) < 0) {
-        close(w->pidfd);
-        w->pidfd = -1;
-    }
-}
-
 static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
 {
     char dir[PATH_MAX];
@@ -592,7 +561,6 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
         if (rc == 0) {
             w->pid = p.pid;
             w->state = W_RUNNING;
-            watch_exit(a, w);
             for (int si = 0; si < 2; si++) {
                 w->s[si].fd = si == 0 ? p.out_fd : p.err_fd;
                 w->s[si].paused = 0;
@@ -677,10 +645,6 @@ static void on_worker_exit(tsp_agent_t *a, worker_t *w, int wstatus)
 {
     w->state = W_EXITED;
     w->wstatus = wstatus;
-    if (w->pidfd >= 0) { /* closing it takes it out of the epoll set */
-        close(w->pidfd);
-        w->pidfd = -1;
-    }
     w->exit_time = now_real();
     int failed = !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
     /* Exits caused by our own stopping are consequences, not failures. */
@@ -764,8 +728,6 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
             on_signal(a, (int)(v & 0xff));
     } else if (tag == TAG_WAKE) {
         resume_paused(a);
-    } else if (tag >= TAG_PIDFD0) {
-        reap(a); /* closes the pidfd of the worker that exited */
     } else {
         on_stream_event(a, tag);
     }
@@ -953,7 +915,6 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
     for (int i = 0; i < a->n; i++) {
         a->w[i].local_rank = i;
         a->w[i].s[0].fd = a->w[i].s[1].fd = -1;
-        a->w[i].pidfd = -1;
         a->w[i].s[0].file_fd = a->w[i].s[1].file_fd = -1;
     }
     /* Worker output always goes through the agent: a worker that wrote to the console
@@ -963,7 +924,10 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
     if (gethostname(a->host, sizeof a->host - 1) < 0)
         snprintf(a->host, sizeof a->host, "localhost");
     sigset_t set;
-    agent_signals(&set);
+    sigemptyset(&set);
+    int sigs[] = {SIGCHLD, SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        sigaddset(&set, sigs[i]);
     if ((a->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
         (a->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
         (a->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0 ||
@@ -1008,9 +972,7 @@ void tsp_agent_close(tsp_agent_t *a)
 {
     if (!a)
         return;
-    for (int i = 0; a->w && i < a->n; i++) {
-        if (a->w[i].pidfd >= 0)
-            close(a->w[i].pidfd);
+    for (int i = 0; a->w && i < a->n; i++)
         for (int si = 0; si < 2; si++) {
             if (a->w[i].s[si].fd >= 0)
                 close(a->w[i].s[si].fd);
@@ -1018,7 +980,6 @@ void tsp_agent_close(tsp_agent_t *a)
                 close(a->w[i].s[si].file_fd);
             tsp_lines_close(&a->w[i].s[si].lines);
         }
-    }
     int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd};
     for (size_t i = 0; i < 4; i++)
         if (fds[i] >= 0)

@@ -72,16 +72,6 @@ typedef struct tsp_agent tsp_agent_t;
  * parent dies. Returns -ESRCH when the parent already died (expected_ppid given). */
 int tsp_agent_setup_process(int pdeathsig, pid_t expected_ppid);
 
-/* Blocks, in the calling thread, the signals the agent reads through its signalfd. A
- * process-directed SIGCHLD goes to any thread that does not block it, and a thread that
- * takes it discards it (its disposition is the default): the signalfd never sees it. Every
- * thread inherits its creator's mask, so a program that runs an agent calls this first
- * thing in main, before any library can start a thread (the CUDA driver starts one in
- * cuInit, NCCL several); tsp_agent_setup_process calls it again. 0 or -errno.
- * The agent also watches each worker through a pidfd, so a worker's exit is seen even when
- * a thread started before this call took its SIGCHLD (docs/architecture.md, "Signals"). */
-int tsp_agent_block_signals(void);
-
 /* Allocates and validates. 0, or -errno with a sentence in err. */
 int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err, size_t errlen);
 /* Starts the workers and supervises them until every process is gone. Returns the exit

@@ -1,12 +1,10 @@
 /* proc.c: fork/exec of one worker, and signalling whole process trees. */
 #include "proc.h"
 #include "env.h"
-#include "util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,9 +85,11 @@ static int child_exec(char *const *candidates, char *const *argv, char *const *e
 }
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int out_w, int err_w,
-                        int report_fd, pid_t parent)
+static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int in_r, int out_w,
+                        int err_w, int report_fd, pid_t parent)
 {
+    if (o->fd3 > 0 && report_fd == 3) /* the report pipe must outlive the dup2 onto fd 3 */
+        report_fd = fcntl(report_fd, F_DUPFD_CLOEXEC, 4);
     sigset_t none;
     sigemptyset(&none);
     for (int s = 1; s < NSIG; s++)
@@ -103,9 +103,13 @@ static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int o
         if (getppid() != parent) /* the parent died before prctl took effect */
             _exit(tsp_proc_signal_status(o->pdeathsig));
     }
+    if (in_r >= 0 && dup2(in_r, STDIN_FILENO) < 0)
+        goto fail;
     if (out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0)
         goto fail;
     if (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0)
+        goto fail;
+    if (o->fd3 == 3 ? fcntl(3, F_SETFD, 0) < 0 : o->fd3 > 0 && dup2(o->fd3, 3) < 0)
         goto fail;
     if (o->cwd && chdir(o->cwd) < 0)
         goto fail;
@@ -159,7 +163,7 @@ static int make_pipe(int fds[2])
 
 int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen)
 {
-    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1}, in_r = -1;
     int rc = 0;
     char **candidates = NULL;
     p->pid = 0;
@@ -167,6 +171,10 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     if ((o->stdout_mode == TSP_PROC_PIPE && (rc = make_pipe(outp))) ||
         (o->stderr_mode == TSP_PROC_PIPE && (rc = make_pipe(errp))) || (rc = make_pipe(rep)))
         goto out;
+    if (o->stdin_mode == TSP_PROC_NULL && (in_r = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        goto out;
+    }
     int out_w = o->stdout_mode == TSP_PROC_PIPE ? outp[1]
                 : o->stdout_mode == TSP_PROC_FD ? o->stdout_fd
                                                 : -1;
@@ -185,7 +193,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         goto out;
     }
     if (pid == 0)
-        child_setup(o, candidates, out_w, err_w, rep[1], parent);
+        child_setup(o, candidates, in_r, out_w, err_w, rep[1], parent);
     proc_close_fd(&rep[1]);
     int child_errno = 0;
     ssize_t n;
@@ -214,6 +222,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     }
 out:
     free(candidates);
+    proc_close_fd(&in_r);
     proc_close_fd(&outp[0]);
     proc_close_fd(&outp[1]);
     proc_close_fd(&errp[0]);
@@ -347,80 +356,4 @@ int tsp_proc_exit_code(int wstatus)
 int tsp_proc_exec_status(int neg_errno)
 {
     return neg_errno == -ENOENT || neg_errno == -ENOTDIR ? 127 : 126;
-}
-
-/* ---- a call in a child process ------------------------------------------------------ */
-
-/* In the child: the answer is the status, then out, in one write (a pipe takes up to
- * PIPE_BUF atomically; longer answers are written in pieces, read whole by the parent). */
-static __attribute__((noreturn)) void isolated_child(tsp_proc_isolated_fn fn, void *ctx, void *out,
-                                                     size_t len, int fd)
-{
-    memset(out, 0, len);
-    int st = fn(ctx, out, len);
-    const char *parts[2] = {(const char *)&st, out};
-    size_t lens[2] = {sizeof st, len};
-    for (int i = 0; i < 2; i++)
-        for (size_t off = 0; off < lens[i];) {
-            ssize_t n = write(fd, parts[i] + off, lens[i] - off);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                _exit(1);
-            off += (size_t)n;
-        }
-    _exit(0);
-}
-
-int tsp_proc_isolate(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, int timeout_ms,
-                     int *status)
-{
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0)
-        return -errno;
-    pid_t pid = fork();
-    if (pid < 0) {
-        int e = errno;
-        close(p[0]);
-        close(p[1]);
-        return -e;
-    }
-    if (pid == 0) {
-        close(p[0]);
-        isolated_child(fn, ctx, out, len, p[1]);
-    }
-    close(p[1]);
-    int st = 0, rc = 0;
-    size_t want = sizeof st + len, got = 0;
-    int64_t deadline = tsp__now_ms() + timeout_ms;
-    while (got < want) {
-        int64_t left = deadline - tsp__now_ms();
-        struct pollfd pf = {p[0], POLLIN, 0};
-        int n = left > 0 ? poll(&pf, 1, left > 60000 ? 60000 : (int)left) : 0;
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0 && left <= 0) {
-            rc = -ETIMEDOUT;
-            kill(pid, SIGKILL);
-            break;
-        }
-        if (n <= 0)
-            continue;
-        char *dst = got < sizeof st ? (char *)&st + got : (char *)out + (got - sizeof st);
-        size_t room = got < sizeof st ? sizeof st - got : want - got;
-        ssize_t r = read(p[0], dst, room);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0) {
-            rc = -ECHILD; /* the child ended without its whole answer */
-            break;
-        }
-        got += (size_t)r;
-    }
-    close(p[0]);
-    int ws = 0;
-    while (waitpid(pid, &ws, 0) < 0 && errno == EINTR)
-        ;
-    *status = rc == -ECHILD ? ws : st;
-    return rc;
 }

@@ -11,19 +11,21 @@
 #include <sys/types.h>
 #include "torchspark/common.h"
 
-enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2 };
+enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2, TSP_PROC_NULL = 3 };
 
 typedef struct tsp_proc_opts {
     const char *file;  /* program; searched in PATH (of envp) when it has no '/' */
     char *const *argv; /* NULL-terminated */
     char *const *envp; /* NULL-terminated; NULL: the caller's environ */
     const char *cwd;   /* NULL: unchanged */
-    int stdout_mode;   /* TSP_PROC_* */
+    int stdin_mode;    /* TSP_PROC_INHERIT or TSP_PROC_NULL (/dev/null) */
+    int stdout_mode;   /* TSP_PROC_* but TSP_PROC_NULL */
     int stderr_mode;
     int stdout_fd; /* with TSP_PROC_FD */
     int stderr_fd;
     int pdeathsig;   /* 0: none */
     int new_session; /* 1: setsid() in the child */
+    int fd3;         /* > 0: this fd becomes the child's fd 3, open across exec; 0: none */
 } tsp_proc_opts_t;
 
 typedef struct tsp_proc {
@@ -55,17 +57,5 @@ int tsp_proc_signal_status(int sig);
 int tsp_proc_exit_code(int wstatus);
 /* The shell's status for an exec errno: 127 for not found, 126 otherwise. */
 int tsp_proc_exec_status(int neg_errno);
-
-/* What tsp_proc_isolate runs in its child: fills out (len bytes, zeroed) and returns a
- * status that comes back to the caller. */
-typedef int (*tsp_proc_isolated_fn)(void *ctx, void *out, size_t len);
-/* Runs fn in a forked child (no exec) and copies its out and status back, so that what fn
- * loads (the NVML or CUDA driver library, with the threads and memory it keeps) never enters
- * this process. Only for a single-threaded caller (the agent before its log channel and
- * sentinel start). 0 with *status set; -ETIMEDOUT when the child does not answer within
- * timeout_ms (it is then SIGKILLed and reaped); -ECHILD when it died without answering
- * (*status is then its wait status); -errno for fork and pipe failures. */
-int tsp_proc_isolate(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, int timeout_ms,
-                     int *status);
 
 #endif

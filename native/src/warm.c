@@ -17,6 +17,7 @@
  */
 #include "warm.h"
 #include "proc.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -215,15 +216,8 @@ typedef struct {
     int sock;
     int sigfd;
     sigset_t old_mask;
-    int64_t deadline; /* CLOCK_MONOTONIC ms for P or R */
+    int64_t deadline; /* tsp__now_ms() for P or R */
 } shim_t;
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* TORCHSPARK_WARM_WAIT in ms: a number of seconds >= 0; anything else is the default. */
 static int64_t wait_ms(void)
@@ -276,7 +270,7 @@ static int next_signal(const shim_t *s)
 static int wait_ready(shim_t *s, short events, int64_t deadline)
 {
     for (;;) {
-        int64_t left = deadline < 0 ? -1 : deadline - mono_ms();
+        int64_t left = deadline < 0 ? -1 : deadline - tsp__now_ms();
         if (deadline >= 0 && left <= 0)
             return 0;
         struct pollfd p[2] = {{s->sock, events, 0}, {s->sigfd, POLLIN, 0}};
@@ -337,7 +331,7 @@ static int shim_connect(shim_t *s, const char *path)
             break;
         rc = -errno;
         close_fd(&s->sock);
-        if (rc != -EAGAIN || mono_ms() >= s->deadline)
+        if (rc != -EAGAIN || tsp__now_ms() >= s->deadline)
             return rc;
         struct pollfd p = {s->sigfd, POLLIN, 0};
         if (poll(&p, 1, 10) > 0 && (p.revents & POLLIN)) {
@@ -438,15 +432,9 @@ static int read_msg(shim_t *s, int64_t deadline, int *tag, int32_t *value)
     return tsp_warm_msg_unpack(m, tag, value);
 }
 
-/* The exec the shim falls back to: the same process becomes the worker, after one line on
- * its stderr (the worker's, which reaches the driver) saying why the pool did not serve it. */
-__attribute__((noreturn)) static void fallback(shim_t *s, const char *file, char *const argv[],
-                                               const char *why)
+/* The exec the shim falls back to: the same process becomes the worker. */
+__attribute__((noreturn)) static void fallback(shim_t *s, const char *file, char *const argv[])
 {
-    dprintf(STDERR_FILENO,
-            "torchspark: the warm worker pool did not start this worker (%s): starting a "
-            "fresh process\n",
-            why);
     close_fd(&s->sock);
     close_fd(&s->sigfd);
     sigprocmask(SIG_SETMASK, &s->old_mask, NULL);
@@ -473,8 +461,8 @@ static void send_kill(const shim_t *s, int sig)
     unsigned char k[TSP_WARM_MSG_LEN];
     tsp_warm_msg_pack(k, TSP_WARM_KILL, sig);
     size_t sent = 0;
-    int64_t deadline = mono_ms() + 5000;
-    while (sent < sizeof k && mono_ms() < deadline) {
+    int64_t deadline = tsp__now_ms() + 5000;
+    while (sent < sizeof k && tsp__now_ms() < deadline) {
         ssize_t n = send(s->sock, k + sent, sizeof k - sent, MSG_NOSIGNAL);
         if (n > 0) {
             sent += (size_t)n;
@@ -522,29 +510,6 @@ __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
     }
 }
 
-/* R's reason (len bytes after the message), shortened to fit, within the deadline. */
-static void refusal_text(shim_t *s, int32_t len, char *out, size_t outlen)
-{
-    size_t got = 0, want = (size_t)len < outlen - 16 ? (size_t)len : outlen - 16;
-    int n = snprintf(out, outlen, "refused: ");
-    char *text = out + n;
-    while (got < want) {
-        ssize_t r = recv(s->sock, text + got, want - got, 0);
-        if (r > 0) {
-            got += (size_t)r;
-            continue;
-        }
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && errno == EAGAIN && wait_ready(s, POLLIN, s->deadline) > 0)
-            continue;
-        break;
-    }
-    text[got] = 0;
-    if (!got)
-        snprintf(text, outlen - (size_t)n, "no reason given");
-}
-
 void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[])
 {
     shim_t s = {.sock = -1, .sigfd = -1};
@@ -553,36 +518,15 @@ void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[]
     sigemptyset(&set);
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaddset(&set, forwarded[i]);
-    char why[512];
     if (sigprocmask(SIG_BLOCK, &set, &s.old_mask) < 0)
-        fallback(&s, file, argv, "cannot block signals");
-    s.deadline = mono_ms() + wait_ms();
-    if ((s.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
-        fallback(&s, file, argv, "cannot create a signalfd");
-    int rc = shim_connect(&s, socket_path);
-    if (rc) {
-        snprintf(why, sizeof why, "%s at %s: %s",
-                 rc == -EPERM ? "the socket's directory or its owner is not ours"
-                              : "no pool answers",
-                 socket_path, strerror(-rc));
-        fallback(&s, file, argv, why);
-    }
-    if ((rc = shim_send(&s, argv)) != 0) {
-        snprintf(why, sizeof why, "cannot send the request: %s", strerror(-rc));
-        fallback(&s, file, argv, why);
-    }
+        fallback(&s, file, argv);
+    s.deadline = tsp__now_ms() + wait_ms();
+    if ((s.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
+        shim_connect(&s, socket_path) != 0 || shim_send(&s, argv) != 0)
+        fallback(&s, file, argv);
     int tag;
     int32_t value;
-    rc = read_msg(&s, s.deadline, &tag, &value);
-    if (rc == 0 && tag == TSP_WARM_PID)
-        shim_run(&s, value);
-    if (rc == -ETIMEDOUT)
-        snprintf(why, sizeof why, "no answer within TORCHSPARK_WARM_WAIT=%.1f s",
-                 (double)wait_ms() / 1000);
-    else if (rc == 0 && tag == TSP_WARM_REFUSED)
-        refusal_text(&s, value, why, sizeof why);
-    else
-        snprintf(why, sizeof why, "a broken answer: %s",
-                 rc ? strerror(-rc) : "an unexpected message");
-    fallback(&s, file, argv, why);
+    if (read_msg(&s, s.deadline, &tag, &value) != 0 || tag != TSP_WARM_PID)
+        fallback(&s, file, argv); /* no answer in time, R, or nonsense */
+    shim_run(&s, value);
 }

@@ -15,7 +15,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -271,62 +270,6 @@ static void setup_failure(const char *msg, int node_rank, int rank, int local_ra
     tsp__report_clear(&f);
 }
 
-/* The GPU libraries (NVML, the CUDA driver) are loaded only in a short-lived child of the
- * agent (tsp_proc_isolate), never in the agent itself: the threads they start would take
- * the SIGCHLD that the agent reads through its signalfd, and they would stay resident
- * (10-22 MiB measured on an H200) for the whole job (docs/architecture.md, "Signals"). */
-enum { GPU_PROBE_TIMEOUT_MS = 120000 };
-
-typedef struct {
-    int rc;
-    tsp_gpu_assignment_t out;
-    char err[4096];
-} assign_answer_t;
-
-static int assign_in_child(void *ctx, void *out, size_t len)
-{
-    (void)len;
-    assign_answer_t *a = out;
-    a->rc = tsp_gpu_assign(ctx, &a->out, a->err, sizeof a->err);
-    return 0;
-}
-
-typedef struct {
-    int rc, count;
-    char err[512];
-} count_answer_t;
-
-static int count_in_child(void *ctx, void *out, size_t len)
-{
-    (void)ctx;
-    (void)len;
-    count_answer_t *a = out;
-    a->rc = tsp_gpu_count(&a->count, a->err, sizeof a->err);
-    return 0;
-}
-
-/* Runs fn in the probe child. 0 with the answer in out, or -errno with err set. */
-static int gpu_probe(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, char *err,
-                     size_t errlen)
-{
-    int status = 0;
-    int rc = tsp_proc_isolate(fn, ctx, out, len, GPU_PROBE_TIMEOUT_MS, &status);
-    if (rc == -ETIMEDOUT)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) did not answer within %d s on "
-                 "this host; check the driver with nvidia-smi",
-                 GPU_PROBE_TIMEOUT_MS / 1000);
-    else if (rc == -ECHILD)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) crashed this host's GPU probe "
-                 "(%s %d); check the driver with nvidia-smi",
-                 WIFSIGNALED(status) ? "signal" : "exit status",
-                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    else if (rc)
-        snprintf(err, errlen, "torchspark: cannot start the GPU probe: %s", strerror(-rc));
-    return rc;
-}
-
 static void assign_gpus(void)
 {
     const char *g = val("gpus");
@@ -338,13 +281,10 @@ static void assign_gpus(void)
     char task[32], err[4096] = "";
     snprintf(task, sizeof task, "%d", node_rank);
     tsp_gpu_request_t req = {.addrs = g, .mask = getenv("CUDA_VISIBLE_DEVICES"), .task = task};
-    assign_answer_t *ans = calloc(1, sizeof *ans);
-    if (!ans)
+    tsp_gpu_assignment_t *out = calloc(1, sizeof *out);
+    if (!out)
         exit(1);
-    tsp_gpu_assignment_t *out = &ans->out;
-    int rc = gpu_probe(assign_in_child, &req, ans, sizeof *ans, err, sizeof err);
-    if (!rc && (rc = ans->rc) != 0)
-        snprintf(err, sizeof err, "%s", ans->err);
+    int rc = tsp_gpu_assign(&req, out, err, sizeof err);
     if (rc) {
         if (strncmp(err, "torchspark: ", 12) == 0)
             fprintf(stderr, "%s\n", err);
@@ -360,7 +300,7 @@ static void assign_gpus(void)
     if (out->integers)
         setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
     assigned_gpus = out->count;
-    free(ans);
+    free(out);
 }
 
 static int parse_nproc(void)
@@ -397,15 +337,11 @@ static int parse_nproc(void)
 /* CUDA devices this process can use, as torch.cuda.device_count() would say. */
 static int gpu_count(void)
 {
-    count_answer_t ans;
-    char err[512] = "";
-    if (gpu_probe(count_in_child, NULL, &ans, sizeof ans, err, sizeof err) != 0) {
+    int n = 0;
+    char err[256] = "";
+    if (tsp_gpu_count(&n, err, sizeof err) != 0)
         fprintf(stderr, "torchspark-run: WARNING: %s\n", err);
-        return 0;
-    }
-    if (ans.rc != 0)
-        fprintf(stderr, "torchspark-run: WARNING: %s\n", ans.err);
-    return ans.rc == 0 ? ans.count : 0;
+    return n;
 }
 
 static void parse_nnodes(tsp_topo_t *t)
@@ -973,12 +909,6 @@ int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "--warm-exec") == 0)
         warm_exec_main(argc, argv); /* before anything else: it is one worker, not an agent */
-    /* Before anything can start a thread: every later thread inherits this mask, and one
-     * that did not block SIGCHLD could take a worker's exit away from the agent. */
-    if (tsp_agent_block_signals() != 0) {
-        fprintf(stderr, "torchspark-run: cannot block signals: %s\n", strerror(errno));
-        return 1;
-    }
     pid_t ppid = getppid();
     int script_at = parse_cli(argc, argv);
     if (flag("nccl-check-worker"))

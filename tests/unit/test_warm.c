@@ -461,31 +461,24 @@ START_TEST(test_warm_signals_are_forwarded_and_death_passes_through)
 END_TEST
 
 /* The command runs in the shim's own process: $$ is the shim's pid. */
-/* The shim ran the command itself, after exactly one line on stderr that says why. */
-static void expect_ran_itself(const char *path, const char *why)
+static void expect_ran_itself(const char *path)
 {
     tsp_proc_t p;
     start_shim(&p, path, "echo pid $$; exit 5");
-    char out[256], errs[1024];
-    size_t no = 0, ne = 0;
+    char out[256];
+    size_t no = 0;
     read_until(p.out_fd, out, sizeof out, &no, NULL);
-    read_until(p.err_fd, errs, sizeof errs, &ne, NULL);
     int st = wait_for(p.pid), pid = 0;
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 5, "shim status %#x", st);
     ck_assert_int_eq(sscanf(out, "pid %d", &pid), 1);
     ck_assert_int_eq(pid, p.pid);
-    const char *head = "torchspark: the warm worker pool did not start this worker (";
-    ck_assert_msg(strncmp(errs, head, strlen(head)) == 0 && strstr(errs, why) &&
-                      strstr(errs, "): starting a fresh process\n") &&
-                      strchr(errs, '\n') == errs + strlen(errs) - 1,
-                  "stderr: '%s' (want one line with '%s')", errs, why);
     tsp_proc_close(&p);
 }
 
 START_TEST(test_warm_refused_runs_the_command_itself)
 {
     pid_t pool = start_pool(sock_path, "refuse");
-    expect_ran_itself(sock_path, "refused: differ");
+    expect_ran_itself(sock_path);
     int st = wait_for(pool);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == POOL_OK, "pool status %#x", st);
 }
@@ -493,15 +486,15 @@ END_TEST
 
 START_TEST(test_warm_no_pool_or_foreign_dir_runs_the_command_itself)
 {
-    expect_ran_itself(sock_path, "no pool answers at ");                   /* nothing there */
-    expect_ran_itself("/nonexistent/x.sock", "No such file or directory"); /* no directory */
+    expect_ran_itself(sock_path);             /* nothing there */
+    expect_ran_itself("/nonexistent/x.sock"); /* no such directory */
     /* A listening pool in a directory others can enter is not trusted: never connected. */
     char open_dir[300], path[320];
     snprintf(open_dir, sizeof open_dir, "%s/open", dir);
     ck_assert_int_eq(mkdir(open_dir, 0755), 0);
     snprintf(path, sizeof path, "%s/pool.sock", open_dir);
     pid_t pool = start_pool(path, "run");
-    expect_ran_itself(path, "the socket's directory or its owner is not ours");
+    expect_ran_itself(path);
     kill(pool, SIGKILL); /* still waiting for a connection */
     int st = wait_for(pool);
     ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "pool status %#x", st);
@@ -514,7 +507,7 @@ START_TEST(test_warm_no_answer_in_time_runs_the_command_itself)
     pid_t pool = start_pool(sock_path, "silent");
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    expect_ran_itself(sock_path, "no answer within TORCHSPARK_WARM_WAIT=0.3 s");
+    expect_ran_itself(sock_path);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     ck_assert_msg(took >= 0.3 && took < 15, "fell back after %.3f s", took);
@@ -603,10 +596,7 @@ START_TEST(test_warm_exec_failure_and_usage)
     char *missing[] = {TSP_RUN_BIN,         "--warm-exec", sock_path, "--",
                        "/nonexistent/prog", "prog",        NULL};
     ck_assert_int_eq(run_cli(missing, errs, sizeof errs), 127);
-    const char *cannot = "cannot run '/nonexistent/prog': No such file or directory\n";
-    ck_assert_msg(strlen(errs) > strlen(cannot) &&
-                      strcmp(errs + strlen(errs) - strlen(cannot), cannot) == 0,
-                  "stderr: %s", errs);
+    ck_assert_str_eq(errs, "cannot run '/nonexistent/prog': No such file or directory\n");
     char *not_found[] = {TSP_RUN_BIN,        "--warm-exec", sock_path, "--",
                          "no-such-prog-xyz", "x",           NULL};
     ck_assert_int_eq(run_cli(not_found, errs, sizeof errs), 127);
