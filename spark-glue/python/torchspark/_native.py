@@ -278,12 +278,8 @@ class LogServer:
             buf = ctypes.create_string_buffer(need + 1)
             need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), 0)
         doc = json.loads(buf.value.decode("utf-8", errors="replace"))
-        report = doc.get("report")
-        if isinstance(report, str):
-            try:
-                doc["report"] = json.loads(report)
-            except ValueError:
-                doc["report"] = None
+        if not isinstance(doc.get("report"), dict):  # embedded as an object, or null
+            doc["report"] = None
         return doc
 
     def lost_pending(self) -> int:
