@@ -1,46 +1,232 @@
 #!/usr/bin/env python3
-"""Fails when the modules of native/src depend on each other in a cycle.
+"""Checks the rules of docs/architecture.md ("The rules, checked") on the native sources.
 
-A module is a stem of native/src: x.c and x.h are one module "x" (a header without a .c,
-such as logstate.h, is a module of its own). Two graphs are derived and each must be
-acyclic:
+The rules, each named in every finding as `FILE:LINE: RULE: what and what to do`:
 
-- includes: module x -> y when x.c or x.h includes "y.h". A public header
-  (native/include/torchspark/y.h) is the API contract, a node of its own
-  ("torchspark/y.h"), included for its types and declarations;
-- calls (with --objects DIR, the directory of the library's object files, x.c.o): module
-  x -> y when x's object file uses a symbol that y's defines. This catches a call back up
-  through a public header, which the include graph cannot see.
+- cycle: the modules of native/src depend on each other without a cycle. A module is a
+  stem of native/src: x.c and x.h are one module "x" (a header without a .c, such as
+  logstate.h, is a module of its own). Two graphs are derived: includes (module x -> y
+  when x.c or x.h includes "y.h"; a public header native/include/torchspark/y.h is a node
+  of its own, "torchspark/y.h", the API contract) and, with --objects DIR (the library's
+  x.c.o files), calls (x -> y when x's object uses a symbol that y's defines: a call back
+  up through a public header, which the include graph cannot see).
+- layer-map: every module of native/src has a place in LAYERS (its side and level).
+- layer-side: an include or call goes only to a side that the module's side may use
+  (SIDE_USES): the driver side and the agent side never reach each other, the shared
+  modules reach only shared ones, the CLI (native/tools) reaches the agent side and the
+  shared modules, the JNI layer (jni/) only the public headers.
+- layer-down: within native/src, an include or call goes to a strictly lower level.
+- owner-clock: the monotonic clock is read (clock_gettime(CLOCK_MONOTONIC...),
+  pthread_condattr_setclock) only in util.c: everyone else calls tsp__now_ms(),
+  tsp__now_s() or tsp__cond_init_mono(). A timerfd on CLOCK_MONOTONIC is a timer, not a
+  read of the clock, and is not counted.
+- owner-spawn: fork, vfork, clone, posix_spawn, the exec family, system and popen only in
+  proc.c (starting a process) and sentinel.c (the double-forked sweeper, which must not
+  depend on anything that allocates).
+- owner-getenv: getenv only where configuration is read (GETENV_OWNERS, with the reason
+  for each).
+- function-length: no C function in native/ or jni/ is over MAX_FUNCTION_LINES lines,
+  counted from the line of its name to its closing brace.
 
-Usage: check_deps.py [--root REPO] [--objects DIR]; exit status 1 with the cycle printed.
+A finding listed in ALLOWED (rule, file, reason) is printed as allowed and does not fail
+the check; each entry is temporary and names why it is there.
+
+Usage: check_deps.py [--root REPO] [--objects DIR] [--self-test]; exit status 1 with the
+findings printed. --self-test plants one violation of each rule in a temporary copy of the
+sources and asserts that the checker fails on it, naming the file, the line and the rule.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
-from typing import Dict, List, Optional, Set
+import tempfile
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+MAX_FUNCTION_LINES = 120
+
+# The layer map of docs/architecture.md as data: module -> (side, level). An include or a
+# call within native/src goes to a strictly lower level (layer-down) of a side that the
+# module's side may use (layer-side).
+LAYERS: Dict[str, Tuple[str, int]] = {
+    # shared by both sides
+    "util": ("shared", 0), "common": ("shared", 0),
+    "lines": ("shared", 1), "logwire": ("shared", 1), "logtail": ("shared", 1),
+    "json": ("shared", 1),
+    # driver side (libtorchspark.so's log server)
+    "logqueue": ("driver", 2), "outrecv": ("driver", 2),
+    "logstate": ("driver", 3),
+    "logsend": ("driver", 4),
+    "lognodes": ("driver", 5),
+    "logctl": ("driver", 6),
+    "logconn": ("driver", 7),
+    "logserver": ("driver", 8),
+    # agent side (torchspark-run, and what the executor's glue binds: elect, gpu, output)
+    "env": ("agent", 2), "pyboot": ("agent", 2), "cudaapi": ("agent", 2),
+    "ncclapi": ("agent", 2),
+    "proc": ("agent", 3), "topo": ("agent", 3), "sentinel": ("agent", 3), "gpu": ("agent", 3),
+    "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
+    "elect": ("agent", 4), "warm": ("agent", 4),
+    "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
+}
+# The sides each side may reach (the public headers, torchspark/*.h, are open to all).
+SIDE_USES: Dict[str, Set[str]] = {
+    "shared": {"shared"},
+    "driver": {"driver", "shared"},
+    "agent": {"agent", "shared"},
+    "cli": {"agent", "shared"},  # native/tools: the torchspark-run CLI
+    "jni": set(),  # jni/: one thin function per public C function
+}
+# Where a file outside native/src sits; its includes of native/src headers are checked.
+FILE_SIDES: Dict[str, str] = {"native/tools": "cli", "jni": "jni"}
+# Local headers that are not ours to place: generated at build time.
+GENERATED = {"org_torchspark_Native.h"}
+
+CLOCK = re.compile(r"\bclock_gettime\s*\(\s*CLOCK_(MONOTONIC|BOOTTIME)\w*|"
+                   r"\bpthread_condattr_setclock\s*\(")
+SPAWN = re.compile(r"\b(fork|vfork|clone|clone3|posix_spawnp?|execve|execv|execvp|execvpe|"
+                   r"execl|execlp|execle|fexecve|system|popen)\s*\(")
+GETENV = re.compile(r"\b(secure_getenv|getenv)\s*\(")
+
+CLOCK_OWNERS = {"native/src/util.c"}
+SPAWN_OWNERS = {"native/src/proc.c", "native/src/sentinel.c"}
+# Where configuration is read from the environment, and why there.
+GETENV_OWNERS: Dict[str, str] = {
+    "native/tools/run_config.c": "the CLI: torchrun's and torchspark's variables, PET_*, read"
+                                 " once into a run_config_t",
+    "native/src/gpu.c": "the library's dlopen overrides (TORCHSPARK_LIBNVML, TORCHSPARK_LIBCUDA)"
+                        " and the executor's CUDA_VISIBLE_DEVICES, read when the glue calls"
+                        " the public gpu.h without a CLI",
+    "native/src/nccl.c": "the check worker's environment, which the preflight writes for it"
+                         " (child_env) and the worker reads back: a contract private to nccl.c",
+    "native/src/warm.c": "TORCHSPARK_WARM_WAIT, the one setting of the shim process"
+                         " (torchspark-run --warm-exec)",
+}
+
+# Temporary exceptions: (rule, file, reason). Each is printed on every run.
+ISSUE18 = "being moved by issue 18 work"
+ALLOWED: List[Tuple[str, str, str]] = [
+    ("function-length", "native/src/gpu.c", ISSUE18),
+]
+
+
+class Finding(NamedTuple):
+    path: str  # relative to the root
+    line: int  # 0: none (a call edge)
+    rule: str
+    text: str
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.line}" if self.line else self.path
+        return f"{where}: {self.rule}: {self.text}"
+
+
+LEXEMES = re.compile(r'/\*.*?\*/|//[^\n]*|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+DIRECTIVE = re.compile(r"^[ \t]*#(?:[^\n]*\\\n)*[^\n]*", re.M)
+
+
+def _blank(m: "re.Match[str]") -> str:
+    """The match with every character but a newline made a space; a literal keeps its
+    quotes."""
+    t = m.group(0)
+    body = re.sub(r"[^\n]", " ", t)
+    return t[0] + body[1:-1] + t[-1] if t[0] in "\"'" else body
+
+
+def strip_c(text: str, keep_preprocessor: bool = True) -> str:
+    """The text with comments, string and character literals (and, unless
+    keep_preprocessor, preprocessor lines) blanked out; newlines kept, so line numbers
+    stay."""
+    text = LEXEMES.sub(_blank, text)
+    return text if keep_preprocessor else DIRECTIVE.sub(_blank, text)
+
+
+def functions(text: str) -> List[Tuple[str, int, int]]:
+    """(name, first line, last line) of each function definition in C text: a brace at
+    file level right after a closing parenthesis."""
+    s = strip_c(text, keep_preprocessor=False)
+    found: List[Tuple[str, int, int]] = []
+    depth = 0
+    start = -1
+    name = ""
+    for brace in re.finditer(r"[{}]", s):
+        i = brace.start()
+        if s[i] == "{":
+            if depth == 0:
+                k = i - 1
+                while k >= 0 and s[k].isspace():
+                    k -= 1
+                start = -1
+                if k >= 0 and s[k] == ")":
+                    level, j = 0, k
+                    while j >= 0:  # back to the parameter list's '('
+                        level += {")": 1, "(": -1}.get(s[j], 0)
+                        if level == 0:
+                            break
+                        j -= 1
+                    lo = max(0, j - 200)
+                    m = re.search(r"(\w+)\s*$", s[lo:j])
+                    name = m.group(1) if m else "?"
+                    start = s.count("\n", 0, lo + m.start(1) if m else j) + 1
+            depth += 1
+        elif depth > 0:
+            depth -= 1
+            if depth == 0 and start > 0:
+                found.append((name, start, s.count("\n", 0, i) + 1))
+                start = -1
+    return found
+
+
+def c_files(root: str) -> List[str]:
+    """The C sources the rules cover, relative to root."""
+    out = []
+    for d in ("native/src", "native/include/torchspark", "native/tools", "native/abi", "jni"):
+        full = os.path.join(root, d)
+        if os.path.isdir(full):
+            out += [f"{d}/{f}" for f in sorted(os.listdir(full)) if f.endswith((".c", ".h"))]
+    return out
+
+
+def node_of(rel: str) -> str:
+    """The graph node of a file: a module of native/src, a public header, or the file."""
+    d, f = os.path.split(rel)
+    if d == "native/src":
+        return os.path.splitext(f)[0]
+    if d == "native/include/torchspark":
+        return "torchspark/" + f
+    return rel
+
+
+def includes(root: str) -> List[Tuple[str, int, str]]:
+    """(file, line, included node) for each local include."""
+    out = []
+    for rel in c_files(root):
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            for no, line in enumerate(f, 1):
+                m = INCLUDE.match(line)
+                if m:
+                    inc = m.group(1)
+                    base = os.path.basename(inc)
+                    if inc.startswith("torchspark/"):
+                        out.append((rel, no, inc))
+                    elif base not in GENERATED:
+                        out.append((rel, no, os.path.splitext(base)[0]))
+    return out
 
 
 def include_graph(root: str) -> Dict[str, Set[str]]:
-    src = os.path.join(root, "native", "src")
-    pub = os.path.join(root, "native", "include", "torchspark")
     graph: Dict[str, Set[str]] = {}
-    files = [(os.path.join(src, f), os.path.splitext(f)[0]) for f in os.listdir(src)
-             if f.endswith((".c", ".h"))]
-    files += [(os.path.join(pub, f), "torchspark/" + f) for f in os.listdir(pub)
-              if f.endswith(".h")]
-    for path, node in files:
-        deps = graph.setdefault(node, set())
-        with open(path, encoding="utf-8") as f:
-            for inc in INCLUDE.findall(f.read()):
-                dep = inc if inc.startswith("torchspark/") else os.path.splitext(inc)[0]
-                if dep != node:
-                    deps.add(dep)
+    for rel in c_files(root):
+        if rel.startswith(("native/src/", "native/include/")):
+            graph.setdefault(node_of(rel), set())
+    for rel, _, dep in includes(root):
+        node = node_of(rel)
+        if node in graph and dep != node:
+            graph[node].add(dep)
     return graph
 
 
@@ -90,11 +276,131 @@ def find_cycle(graph: Dict[str, Set[str]]) -> Optional[List[str]]:
     return None
 
 
-def self_test() -> None:
-    """The checker itself: a two-file include cycle and a three-module call cycle are found,
-    a chain is not."""
-    import tempfile
+def side_of(rel: str) -> Optional[str]:
+    if rel.startswith("native/src/"):
+        place = LAYERS.get(node_of(rel))
+        return place[0] if place else None
+    return FILE_SIDES.get(os.path.dirname(rel))
 
+
+def edge_finding(path: str, line: int, node: str, side: Optional[str], dep: str,
+                 how: str) -> Optional[Finding]:
+    """The layer rule an edge node -> dep (of a file on side) breaks, if any."""
+    if dep.startswith("torchspark/") or side is None or dep == node:
+        return None
+    if dep not in LAYERS:
+        return None  # layer-map reports the module itself
+    dep_side, dep_level = LAYERS[dep]
+    if dep_side not in SIDE_USES[side]:
+        return Finding(path, line, "layer-side",
+                       f"{node} ({side} side) {how} {dep} ({dep_side} side); the {side} side "
+                       f"may use {sorted(SIDE_USES[side]) or 'only the public headers'}")
+    if node in LAYERS and dep_level >= LAYERS[node][1]:
+        return Finding(path, line, "layer-down",
+                       f"{node} (level {LAYERS[node][1]}) {how} {dep} (level {dep_level}): "
+                       "arrows run downwards only; move the shared part down")
+    return None
+
+
+def layer_findings(root: str, calls: Optional[Dict[str, Set[str]]]) -> List[Finding]:
+    out = []
+    for rel in c_files(root):
+        if rel.startswith("native/src/") and node_of(rel) not in LAYERS:
+            out.append(Finding(rel, 1, "layer-map",
+                               f"module {node_of(rel)} has no place in the layer map: add it "
+                               "to LAYERS in tests/check_deps.py and to docs/architecture.md"))
+    for rel, line, dep in includes(root):
+        if rel.startswith("native/abi/"):
+            continue  # the vendor ABI check reads the local declarations by path
+        f = edge_finding(rel, line, node_of(rel), side_of(rel), dep, "includes")
+        if f:
+            out.append(f)
+    for node, deps in sorted((calls or {}).items()):
+        side = LAYERS.get(node, ("", 0))[0] or None
+        for dep in sorted(deps):
+            f = edge_finding(f"native/src/{node}.c", 0, node, side, dep, "calls")
+            if f:
+                out.append(f)
+    return out
+
+
+def owner_findings(root: str) -> List[Finding]:
+    rules = [("owner-clock", CLOCK, CLOCK_OWNERS,
+              "reads the monotonic clock outside util.c: call tsp__now_ms() or tsp__now_s()"),
+             ("owner-spawn", SPAWN, SPAWN_OWNERS,
+              "starts a process outside proc.c and sentinel.c: use tsp_proc_spawn()"),
+             ("owner-getenv", GETENV, set(GETENV_OWNERS),
+              "reads the environment outside the configuration readers (GETENV_OWNERS in "
+              "tests/check_deps.py): take the value as an option from the caller")]
+    out = []
+    for rel in c_files(root):
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            lines = strip_c(f.read()).split("\n")
+        for rule, pattern, owners, text in rules:
+            if rel in owners:
+                continue
+            for no, line in enumerate(lines, 1):
+                m = pattern.search(line)
+                if m:
+                    out.append(Finding(rel, no, rule, f"{m.group(0).rstrip('( ')}: {text}"))
+    return out
+
+
+def length_findings(root: str) -> List[Finding]:
+    out = []
+    for rel in c_files(root):
+        if not rel.endswith(".c"):
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            for name, first, last in functions(f.read()):
+                if last - first + 1 > MAX_FUNCTION_LINES:
+                    out.append(Finding(rel, first, "function-length",
+                                       f"{name} is {last - first + 1} lines (at most "
+                                       f"{MAX_FUNCTION_LINES}): split it into named steps"))
+    return out
+
+
+def check(root: str, objects: Optional[str]) -> Tuple[List[Finding], List[str]]:
+    """The findings that fail the check, and the lines to print besides."""
+    notes: List[str] = []
+    findings: List[Finding] = []
+    graphs = {"include": include_graph(root)}
+    if objects:
+        graphs["call"] = call_graph(objects)
+    for name, graph in graphs.items():
+        cycle = find_cycle(graph)
+        edges = sum(len(v) for v in graph.values())
+        if len(graph) < 10 or edges < 10:  # the sources or objects were not found
+            findings.append(Finding("native/src", 0, "cycle",
+                                    f"{name} graph: only {len(graph)} modules and {edges} "
+                                    "edges: wrong --root or --objects?"))
+        elif cycle:
+            findings.append(Finding("native/src", 0, "cycle",
+                                    f"{name} graph has a cycle: {' -> '.join(cycle)}"))
+        else:
+            notes.append(f"native/src {name} graph: {len(graph)} modules, {edges} edges, "
+                         "no cycle")
+    findings += layer_findings(root, graphs.get("call"))
+    findings += owner_findings(root)
+    findings += length_findings(root)
+    failing: List[Finding] = []
+    used: Set[Tuple[str, str]] = set()
+    for f in findings:
+        reason = next((r for rule, path, r in ALLOWED if (rule, path) == (f.rule, f.path)), None)
+        if reason:
+            used.add((f.rule, f.path))
+            notes.append(f"allowed (temporary, {reason}): {f}")
+        else:
+            failing.append(f)
+    for rule, path, _reason in ALLOWED:
+        if (rule, path) not in used:
+            notes.append(f"allow-list entry ({rule}, {path}) matches nothing now: remove it")
+    return failing, notes
+
+
+def self_test() -> None:
+    """The graph walk itself: a two-file include cycle and a three-module call cycle are
+    found, a chain is not."""
     with tempfile.TemporaryDirectory() as root:
         src = os.path.join(root, "native", "src")
         os.makedirs(src)
@@ -109,31 +415,94 @@ def self_test() -> None:
             f.write('#include "a.h"\n')
         assert find_cycle(include_graph(root)) == ["a", "b", "a"], include_graph(root)
     assert find_cycle({"x": {"y"}, "y": {"z"}, "z": {"x"}}) == ["x", "y", "z", "x"]
+    text = "int f(void)\n{\n    if (x) {\n        y(\"}\");\n    }\n}\n#define G() { }\n"
+    assert functions(text) == [("f", 1, 6)], functions(text)
+
+
+# One planted violation per rule: (rule, file, text appended to it). The checker must
+# fail naming the file, the first appended line and the rule.
+PLANTS: List[Tuple[str, str, str]] = [
+    ("owner-clock", "native/src/logsend.c",
+     "static long planted(struct timespec *ts) { return clock_gettime(CLOCK_MONOTONIC, ts); }\n"),
+    ("owner-spawn", "native/src/topo.c", "static int planted(void) { return fork(); }\n"),
+    ("owner-getenv", "native/src/lines.c",
+     "static const char *planted(void) { return getenv(\"HOME\"); }\n"),
+    ("function-length", "native/src/env.c",
+     "static int planted(int x)\n{\n" + "    x += 1;\n" * 130 + "    return x;\n}\n"),
+    ("layer-side", "native/src/logqueue.c", '#include "agent.h"\n'),
+    ("layer-side", "native/tools/torchspark_run.c", '#include "logctl.h"\n'),
+    ("layer-side", "jni/torchspark_jni.c", '#include "util.h"\n'),
+    ("layer-down", "native/src/topo.c", '#include "report.h"\n'),
+    ("layer-map", "native/src/planted.c", "int tsp__planted;\n"),
+]
+
+
+def self_test_rules(root: str) -> int:
+    """Plants each violation of PLANTS in a copy of root's sources and runs the checker
+    on it: it must fail, naming the file, the line and the rule. Also checks that the
+    copy without a plant passes. Returns the number of failed plants."""
+    me = os.path.abspath(__file__)
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for d in ("native", "jni"):
+            shutil.copytree(os.path.join(root, d), os.path.join(tmp, d),
+                            ignore=shutil.ignore_patterns("*.o", "build*"))
+        clean = subprocess.run([sys.executable, me, "--root", tmp], capture_output=True,
+                               text=True)
+        if clean.returncode != 0:
+            print(f"self-test: the unplanted copy fails:\n{clean.stdout}")
+            return 1
+        for rule, rel, text in PLANTS:
+            path = os.path.join(tmp, rel)
+            before = open(path).read() if os.path.exists(path) else ""
+            line = before.count("\n") + 1
+            with open(path, "w") as f:
+                f.write(before + text)
+            r = subprocess.run([sys.executable, me, "--root", tmp], capture_output=True,
+                               text=True)
+            want = f"{rel}:{line}: {rule}:"
+            if r.returncode == 1 and any(x.startswith(want) for x in r.stdout.splitlines()):
+                print(f"self-test: planted {rule} in {rel}: found ({want})")
+            else:
+                print(f"self-test: planted {rule} in {rel}: NOT found as '{want}' "
+                      f"(exit {r.returncode}):\n{r.stdout}")
+                bad += 1
+            if before:
+                with open(path, "w") as f:
+                    f.write(before)
+            else:
+                os.unlink(path)
+    # The call graph's edges are checked by the same rule as the includes.
+    calls = {"logqueue": {"agent"}, "proc": {"agent"}}
+    got = [str(f) for f in layer_findings(root, calls) if f.line == 0]
+    for want in ("native/src/logqueue.c: layer-side:", "native/src/proc.c: layer-down:"):
+        if not any(g.startswith(want) for g in got):
+            print(f"self-test: call edge not found as '{want}': {got}")
+            bad += 1
+    return bad
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
     ap.add_argument("--objects", help="directory of the library's x.c.o object files")
+    ap.add_argument("--self-test", action="store_true",
+                    help="plant one violation of each rule in a copy and expect each found")
     args = ap.parse_args()
+    root = os.path.abspath(args.root)
     self_test()
-    graphs = {"include": include_graph(os.path.abspath(args.root))}
-    if args.objects:
-        graphs["call"] = call_graph(args.objects)
-    status = 0
-    for name, graph in graphs.items():
-        cycle = find_cycle(graph)
-        edges = sum(len(v) for v in graph.values())
-        if len(graph) < 10 or edges < 10:  # the sources or objects were not found
-            print(f"native/src {name} graph: only {len(graph)} modules and {edges} edges: "
-                  "wrong --root or --objects?")
-            status = 1
-        elif cycle:
-            print(f"native/src {name} graph has a cycle: {' -> '.join(cycle)}")
-            status = 1
-        else:
-            print(f"native/src {name} graph: {len(graph)} modules, {edges} edges, no cycle")
-    return status
+    if args.self_test:
+        bad = self_test_rules(root)
+        print(f"self-test: {len(PLANTS) + 2 - bad} of {len(PLANTS) + 2} planted violations "
+              "found")
+        return 1 if bad else 0
+    failing, notes = check(root, args.objects)
+    for line in notes:
+        print(line)
+    for f in failing:
+        print(f)
+    print(f"{len(failing)} finding(s)" if failing else "architecture rules: all pass")
+    return 1 if failing else 0
 
 
 if __name__ == "__main__":

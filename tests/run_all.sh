@@ -42,10 +42,12 @@ if grep -E '^/|error:' <<< "$tidy"; then
 fi
 echo "static analysis done"
 
-step "format and lint (clang-format on native/ and jni/, ruff on spark-glue/, tests/, bench/)"
+step "format, lint and types (clang-format on native/ and jni/, ruff on spark-glue/, tests/, bench/, mypy on spark-glue/python)"
 mapfile -t c_files < <(git ls-files 'native/*.c' 'native/*.h' 'jni/*.c' 'jni/*.h')
 clang-format --dry-run -Werror "${c_files[@]}" || status=1
 .venv/bin/python -m ruff check --no-cache spark-glue tests bench || status=1
+.venv/bin/python -m mypy --config-file spark-glue/python/pyproject.toml spark-glue/python/torchspark \
+  || status=1
 
 step "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTSP_SANITIZE=ON > /dev/null

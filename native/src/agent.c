@@ -14,6 +14,7 @@
 #include "proc.h"
 #include "report.h"
 #include "sentinel.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -308,13 +309,6 @@ static int drain_stream(tsp_agent_t *a, worker_t *w, int si)
     return 0;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* After a wake-up that emptied a worker's pipe, the stream leaves epoll for LINGER_MS.
  * Why: a Python worker under -u makes a write() per print() (two: the text, then the
  * newline); reading each as it comes costs the agent a wake-up, a read and the sink's work
@@ -334,7 +328,7 @@ static void linger_start(tsp_agent_t *a, stream_t *s, worker_t *w, int si)
     s->linger = 1;
     stream_watch(a, w, si, 0);
     if (!a->linger_until)
-        a->linger_until = mono_ms() + LINGER_MS;
+        a->linger_until = tsp__now_ms() + LINGER_MS;
 }
 
 /* The linger deadline passed: every lingering stream goes back into epoll. */
@@ -357,7 +351,7 @@ static int wait_timeout(const tsp_agent_t *a, int timeout)
 {
     if (!a->linger_until)
         return timeout;
-    int64_t left = a->linger_until - mono_ms();
+    int64_t left = a->linger_until - tsp__now_ms();
     int ms = left <= 0 ? 0 : (int)left;
     return timeout < 0 || ms < timeout ? ms : timeout;
 }
@@ -872,7 +866,7 @@ int tsp_agent_run(tsp_agent_t *a)
         }
         for (int i = 0; i < n; i++)
             handle_event(a, evs[i].data.u64);
-        if (a->linger_until && mono_ms() >= a->linger_until)
+        if (a->linger_until && tsp__now_ms() >= a->linger_until)
             linger_end(a);
     }
     if (a->exec_status)
@@ -907,9 +901,7 @@ static int make_log_dir(tsp_agent_t *a)
 {
     const char *base = a->o.log_dir;
     if (!base) {
-        base = getenv("TMPDIR");
-        if (!base || !*base)
-            base = "/tmp";
+        base = a->o.tmp_dir && *a->o.tmp_dir ? a->o.tmp_dir : "/tmp";
         a->own_log_dir = 1;
     } else {
         int rc = mkdirs(base);

@@ -16,11 +16,16 @@
 #define TSP_LINES_DEFAULT_CAP (1u << 20) /* 1 MiB: the documented line cap */
 #define TSP_LINES_MIN_CAP 16u
 
-/* The log server also queues its own messages as lines of stream TSP_STREAM_EVENT. */
-enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2, TSP_STREAM_EVENT = 3 };
+/* The internal names of common.h's streams and flags (their one definition). The log
+ * server also queues its own messages as lines of stream TSP_STREAM_EVENT. */
 enum {
-    TSP_LINE_CONTINUED = 1u << 0, /* a piece of a longer line; more of it follows */
-    TSP_LINE_NO_EOL = 1u << 1,    /* the stream ended without '\n' after this text */
+    TSP_STREAM_STDOUT = TSP_LOG_STREAM_STDOUT,
+    TSP_STREAM_STDERR = TSP_LOG_STREAM_STDERR,
+    TSP_STREAM_EVENT = TSP_LOG_STREAM_EVENT
+};
+enum {
+    TSP_LINE_CONTINUED = TSP_LOG_LINE_CONTINUED, /* a piece of a longer line; more follows */
+    TSP_LINE_NO_EOL = TSP_LOG_LINE_NO_EOL,       /* the stream ended without '\n' after this text */
 };
 
 /* One line as handed to a sink. data is not NUL-terminated and may hold any bytes. */

@@ -53,14 +53,19 @@ static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, con
     tsp_json_writer_t w;
     tsp_json_writer_init(&w, f);
     tsp_json_begin_object(&w);
-    const char *keys[] = {"kind", "host", "peer", "message", "report", "detail"};
-    const char *vals[] = {kind, host, peer, message, report, detail};
+    const char *keys[] = {"kind", "host", "peer", "message", "detail"};
+    const char *vals[] = {kind, host, peer, message, detail};
     tsp_json_key(&w, "node_rank");
     tsp_json_int(&w, node_rank);
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         tsp_json_key(&w, keys[i]);
         tsp_json_str(&w, vals[i]);
     }
+    /* The agent's failure document, embedded as the JSON object it is (both glues read it
+     * as one); null when there is none or it is not well formed. */
+    tsp_json_key(&w, "report");
+    if (!report || tsp_json_value(&w, report, strlen(report)) != 0)
+        tsp_json_null(&w);
     tsp_json_end(&w);
     if (fclose(f) != 0) {
         free(doc);

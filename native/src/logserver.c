@@ -28,12 +28,6 @@
 
 /* The public header repeats the channel's constants without the internal headers. */
 _Static_assert(TSP_WIRE_MAX_LINE == TSP_LOG_MAX_LINE, "line cap");
-_Static_assert(TSP_STREAM_STDOUT == TSP_LOG_STREAM_STDOUT &&
-                   TSP_STREAM_STDERR == TSP_LOG_STREAM_STDERR,
-               "streams");
-_Static_assert(TSP_LINE_CONTINUED == TSP_LOG_LINE_CONTINUED &&
-                   TSP_LINE_NO_EOL == TSP_LOG_LINE_NO_EOL,
-               "flags");
 
 void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 {

@@ -26,15 +26,9 @@
 #include "util.h"
 #include "ncclapi.h"
 #include "json.h"
+#include "proc.h"
 
 extern char **environ;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void nap_ms(long ms)
 {
@@ -57,7 +51,7 @@ typedef struct {
     int version;
     char path[512], bus[64];
     double us, algbw, busbw, t_cuda, t_init, t_allreduce;
-    double at; /* CLOCK_MONOTONIC (one clock for every process of the host) when it ended */
+    double at; /* tsp__now_s() (one clock for every process of the host) when it ended */
 } result_t;
 
 typedef struct {
@@ -86,7 +80,7 @@ static void mask_repr(const char *mask, char *out, size_t len)
 static int fail_cuda(worker_t *w, const char *fn, tsp_cu_result rc)
 {
     char m[600];
-    w->r.at = now();
+    w->r.at = tsp__now_s();
     mask_repr(w->mask, m, sizeof m);
     w->r.step = "cuda";
     if (rc == TSP_CUDA_ERROR_STUB_LIBRARY) { /* L1 */
@@ -146,7 +140,7 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 {
     const char *said = n->last_error ? n->last_error(NULL) : NULL;
     char h[512], what[128];
-    w->r.at = now();
+    w->r.at = tsp__now_s();
     if (!said || !*said)
         said = "nothing more (no WARN line)";
     if (in_allreduce)
@@ -164,11 +158,11 @@ static int fail_nccl(worker_t *w, const nccl_api_t *n, const char *fn, tsp_nccl_
 
 static int timed_out(worker_t *w, const char *step)
 {
-    w->r.at = now(); /* before the abort, which the peers may see as a failure */
+    w->r.at = tsp__now_s(); /* before the abort, which the peers may see as a failure */
     w->r.timeout = 1;
     w->r.step = step;
     snprintf(w->r.message, sizeof w->r.message, "timeout step=%s after=%.1fs", step,
-             now() - w->start);
+             tsp__now_s() - w->start);
     return 1;
 }
 
@@ -192,7 +186,7 @@ static int wait_comm(worker_t *w, const nccl_api_t *n, const tsp_cuda_api_t *cu,
         }
         if (a == TSP_NCCL_SUCCESS && q == TSP_CUDA_SUCCESS)
             return 0;
-        if (now() >= w->deadline) {
+        if (tsp__now_s() >= w->deadline) {
             timed_out(w, in_allreduce ? "allreduce" : "init");
             return 2;
         }
@@ -241,7 +235,7 @@ static int check_values(worker_t *w, tsp_cu_deviceptr buf, size_t count, float *
         return fail_cuda(w, "cuMemcpyDtoH_v2", rc);
     for (size_t i = 0; i < count; i++)
         if (host[i] != (float)w->o->world_size) {
-            w->r.at = now();
+            w->r.at = tsp__now_s();
             w->r.step = "check";
             snprintf(w->r.message, sizeof w->r.message,
                      "torchspark: NCCL check failed before training: all_reduce on rank %d (host "
@@ -261,7 +255,7 @@ static int run_check(worker_t *w)
     const tsp_cuda_api_t *cu = tsp__cuda_api();
     if (!cu || !cu->complete)
         return fail_cuda(w, "dlopen(libcuda.so.1)", (tsp_cu_result)-1);
-    double t = now();
+    double t = tsp__now_s();
     tsp_cu_result rc;
     tsp_cu_device dev;
     tsp_cu_context ctx;
@@ -290,9 +284,9 @@ static int run_check(worker_t *w)
     if ((rc = cu->stream_create(&w->stream, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuStreamCreate", rc);
     tsp_cu_stream s = w->stream;
-    w->r.t_cuda = now() - t;
+    w->r.t_cuda = tsp__now_s() - t;
 
-    t = now();
+    t = tsp__now_s();
     tsp_nccl_unique_id id;
     tsp_nccl_result nr = n.get_unique_id(&id);
     if (nr != TSP_NCCL_SUCCESS)
@@ -325,9 +319,9 @@ static int run_check(worker_t *w)
         n.abort(comm);
         return 1;
     }
-    w->r.t_init = now() - t;
+    w->r.t_init = tsp__now_s() - t;
 
-    t = now();
+    t = tsp__now_s();
     float *host = malloc(bytes);
     if (!host) {
         n.abort(comm);
@@ -336,7 +330,7 @@ static int run_check(worker_t *w)
     int bad = 0;
     for (int i = 0; i < 26 && !bad; i++) { /* 1 checked, 5 warm-up, 20 timed */
         if (i == 6)
-            t = now();
+            t = tsp__now_s();
         nr = n.all_reduce((const void *)(uintptr_t)sendb, (void *)(uintptr_t)recvb, count,
                           TSP_NCCL_FLOAT32, TSP_NCCL_SUM, comm, s);
         if (nr == TSP_NCCL_IN_PROGRESS)
@@ -354,7 +348,7 @@ static int run_check(worker_t *w)
         n.abort(comm);
         return 1;
     }
-    double per = (now() - t) / 20;
+    double per = (tsp__now_s() - t) / 20;
     w->r.t_allreduce = per;
     w->r.us = per * 1e6;
     w->r.algbw = per > 0 ? (double)bytes / 1e9 / per : 0;
@@ -372,7 +366,7 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
     worker_t w;
     memset(&w, 0, sizeof w);
     w.o = o;
-    w.start = now();
+    w.start = tsp__now_s();
     w.deadline = w.start + o->timeout;
     w.mask = getenv("CUDA_VISIBLE_DEVICES");
     gethostname(w.host, sizeof w.host - 1);
@@ -400,9 +394,14 @@ int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o)
         }
         const char *dkeys[] = {"us",     "algbw",       "busbw", "t_cuda",
                                "t_init", "t_allreduce", "after", "at"};
-        const double dvals[] = {
-            w.r.us,     w.r.algbw,       w.r.busbw,       w.r.t_cuda,
-            w.r.t_init, w.r.t_allreduce, now() - w.start, w.r.at > 0 ? w.r.at : now()};
+        const double dvals[] = {w.r.us,
+                                w.r.algbw,
+                                w.r.busbw,
+                                w.r.t_cuda,
+                                w.r.t_init,
+                                w.r.t_allreduce,
+                                tsp__now_s() - w.start,
+                                w.r.at > 0 ? w.r.at : tsp__now_s()};
         const int digits[] = {3, 4, 4, 4, 4, 6, 3, 6};
         for (size_t i = 0; i < sizeof dkeys / sizeof dkeys[0]; i++) {
             tsp_json_key(&jw, dkeys[i]);
@@ -526,156 +525,163 @@ static double jdbl(const char *doc, size_t len, const char *key)
     return x;
 }
 
-int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen)
+/* The preflight's state: one child per local rank, the deadline, what was seen. */
+typedef struct {
+    const tsp_nccl_preflight_opts_t *o;
+    child_t *ch;
+    char host[256];
+    double t0, kill_at;
+    int cancelled, started, failed;
+} preflight_t;
+
+/* Starts one check worker per local rank through proc.c: stdin /dev/null, stdout and
+ * stderr into one pipe (its lines are relayed with a prefix), the result pipe as fd 3,
+ * and SIGKILL when the agent dies (a check process never outlives its agent, SIGKILLed
+ * agent included). Stops at the first that cannot start. */
+static void spawn_checks(preflight_t *p)
 {
-    double t0 = now();
-    double kill_at = t0 + o->timeout + TSP_NCCL_KILL_GRACE;
-    child_t *ch = calloc((size_t)o->nproc, sizeof *ch);
-    char host[256] = "?";
-    gethostname(host, sizeof host - 1);
-    msg[0] = 0;
-    if (o->failed_rank)
-        *o->failed_rank = -1;
-    if (!ch)
-        return -ENOMEM;
-    int cancelled = 0, started = 0, failed = 0;
+    const tsp_nccl_preflight_opts_t *o = p->o;
     for (int i = 0; i < o->nproc; i++) {
         int rp[2], ep[2];
-        ch[i].pid = -1;
-        ch[i].res_fd = ch[i].err_fd = -1;
         if (pipe2(rp, O_CLOEXEC) != 0)
-            break;
+            return;
         if (pipe2(ep, O_CLOEXEC) != 0) {
             close(rp[0]);
             close(rp[1]);
-            break;
+            return;
         }
         char **env = child_env(o, i, 3);
         char *argv[] = {(char *)o->exe, "--nccl-check-worker", NULL};
-        pid_t parent = getpid();
-        pid_t pid = env ? fork() : -1;
-        if (pid == 0) { /* only async-signal-safe calls until exec */
-            /* A check process never outlives its agent (SIGKILLed agent included). */
-            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-                _exit(127);
-            int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
-            if (devnull >= 0)
-                dup2(devnull, 0);
-            dup2(ep[1], 1);
-            dup2(ep[1], 2);
-            if (rp[1] == 3)
-                fcntl(3, F_SETFD, 0);
-            else
-                dup2(rp[1], 3);
-            execve(o->exe, argv, env);
-            _exit(127);
-        }
+        tsp_proc_opts_t po = {.file = o->exe,
+                              .argv = argv,
+                              .envp = env,
+                              .stdin_mode = TSP_PROC_NULL,
+                              .stdout_mode = TSP_PROC_FD,
+                              .stdout_fd = ep[1],
+                              .stderr_mode = TSP_PROC_FD,
+                              .stderr_fd = ep[1],
+                              .pdeathsig = SIGKILL,
+                              .fd3 = rp[1]};
+        tsp_proc_t proc;
+        int rc = env ? tsp_proc_spawn(&proc, &po, NULL, 0) : -ENOMEM;
         free_env(env);
         close(rp[1]);
         close(ep[1]);
-        ch[i].res_fd = rp[0];
-        ch[i].err_fd = ep[0];
-        ch[i].pid = pid;
-        if (pid < 0) {
+        if (rc != 0) {
             close(rp[0]);
             close(ep[0]);
-            ch[i].res_fd = ch[i].err_fd = -1;
-            ch[i].exited = 1;
-            break;
+            return;
         }
-        started++;
+        p->ch[i].res_fd = rp[0];
+        p->ch[i].err_fd = ep[0];
+        p->ch[i].pid = proc.pid;
+        p->started++;
     }
+}
+
+/* Reads what fd j of child c has: its result (JSON) or its output lines. */
+static void read_child(preflight_t *p, child_t *c, int rank, int is_err)
+{
+    int *fd = is_err ? &c->err_fd : &c->res_fd;
+    char tmp[4096];
+    char *dst = is_err ? c->line + c->line_len : c->res + c->res_len;
+    size_t room = is_err ? sizeof c->line - c->line_len : sizeof c->res - 1 - c->res_len;
+    ssize_t k = read(*fd, room ? dst : tmp, room ? room : sizeof tmp);
+    if (k < 0 && errno == EINTR)
+        return;
+    if (k <= 0) {
+        close(*fd);
+        *fd = -1;
+        if (is_err)
+            drain_err(c, rank, p->o->log_fd, 1);
+        return;
+    }
+    if (!room)
+        return;
+    if (is_err) {
+        c->line_len += (size_t)k;
+        drain_err(c, rank, p->o->log_fd, 0);
+    } else {
+        c->res_len += (size_t)k;
+        c->res[c->res_len] = 0;
+    }
+}
+
+/* A real failure on one rank ends the others at once: they would only wait for it until
+ * the deadline (the peers on other nodes are stopped by the driver). A short grace lets
+ * the others' results in: a failure caused by a peer's abort at its deadline ("peer
+ * closed") must not hide that peer's timeout. Past the deadline or when cancelled, every
+ * child still running is killed. */
+static void enforce_deadline(preflight_t *p)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
+    if (!p->cancelled && o->cancel && atomic_load(o->cancel))
+        p->cancelled = 1;
+    for (int i = 0; i < o->nproc && !p->failed; i++) {
+        const child_t *c = &p->ch[i];
+        if (c->res_len && memchr(c->res, '\n', c->res_len) && !jint(c->res, c->res_len, "ok") &&
+            !jint(c->res, c->res_len, "timeout")) {
+            p->failed = 1;
+            if (tsp__now_s() + 0.25 < p->kill_at)
+                p->kill_at = tsp__now_s() + 0.25;
+        }
+    }
+    if (p->cancelled || tsp__now_s() >= p->kill_at)
+        for (int i = 0; i < o->nproc; i++)
+            if (p->ch[i].pid > 0 && !p->ch[i].exited)
+                kill(p->ch[i].pid, SIGKILL);
+}
+
+/* Polls the children's pipes until every child has exited and every pipe is closed. */
+static void supervise(preflight_t *p)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
     for (;;) {
-        struct pollfd p[128];
+        struct pollfd pf[128];
         int map[128], np = 0, alive = 0;
         for (int i = 0; i < o->nproc && np < 126; i++) {
-            if (ch[i].res_fd >= 0) {
-                p[np] = (struct pollfd){.fd = ch[i].res_fd, .events = POLLIN};
+            child_t *c = &p->ch[i];
+            if (c->res_fd >= 0) {
+                pf[np] = (struct pollfd){.fd = c->res_fd, .events = POLLIN};
                 map[np++] = i * 2;
             }
-            if (ch[i].err_fd >= 0) {
-                p[np] = (struct pollfd){.fd = ch[i].err_fd, .events = POLLIN};
+            if (c->err_fd >= 0) {
+                pf[np] = (struct pollfd){.fd = c->err_fd, .events = POLLIN};
                 map[np++] = i * 2 + 1;
             }
-            if (ch[i].pid > 0 && !ch[i].exited) {
+            if (c->pid > 0 && !c->exited) {
                 int st;
-                if (waitpid(ch[i].pid, &st, WNOHANG) == ch[i].pid)
-                    ch[i].exited = 1;
+                if (waitpid(c->pid, &st, WNOHANG) == c->pid)
+                    c->exited = 1;
                 else
                     alive++;
             }
         }
         if (!alive && np == 0)
-            break;
-        if (!cancelled && o->cancel && atomic_load(o->cancel))
-            cancelled = 1;
-        /* A real failure on one rank ends the others at once: they would only wait for it
-         * until the deadline (the peers on other nodes are stopped by the driver). A short
-         * grace lets the others' results in: a failure caused by a peer's abort at its
-         * deadline ("peer closed") must not hide that peer's timeout. */
-        for (int i = 0; i < o->nproc && !failed; i++)
-            if (ch[i].res_len && memchr(ch[i].res, '\n', ch[i].res_len) &&
-                !jint(ch[i].res, ch[i].res_len, "ok") &&
-                !jint(ch[i].res, ch[i].res_len, "timeout")) {
-                failed = 1;
-                if (now() + 0.25 < kill_at)
-                    kill_at = now() + 0.25;
-            }
-        if (cancelled || now() >= kill_at)
-            for (int i = 0; i < o->nproc; i++)
-                if (ch[i].pid > 0 && !ch[i].exited)
-                    kill(ch[i].pid, SIGKILL);
-        int r = poll(p, (nfds_t)np, np ? 20 : 0);
+            return;
+        enforce_deadline(p);
+        int r = poll(pf, (nfds_t)np, np ? 20 : 0);
         if (np == 0)
             nap_ms(5);
-        for (int j = 0; r > 0 && j < np; j++) {
-            if (!p[j].revents)
-                continue;
-            child_t *c = &ch[map[j] / 2];
-            int is_err = map[j] % 2;
-            char tmp[4096];
-            char *dst = is_err ? c->line + c->line_len : c->res + c->res_len;
-            size_t room = is_err ? sizeof c->line - c->line_len : sizeof c->res - 1 - c->res_len;
-            ssize_t k = read(p[j].fd, room ? dst : tmp, room ? room : sizeof tmp);
-            if (k < 0 && errno == EINTR)
-                continue;
-            if (k <= 0) {
-                close(p[j].fd);
-                if (is_err) {
-                    drain_err(c, o->first_rank + map[j] / 2, o->log_fd, 1);
-                    c->err_fd = -1;
-                } else {
-                    c->res_fd = -1;
-                }
-                continue;
-            }
-            if (!room)
-                continue;
-            if (is_err) {
-                c->line_len += (size_t)k;
-                drain_err(c, o->first_rank + map[j] / 2, o->log_fd, 0);
-            } else {
-                c->res_len += (size_t)k;
-                c->res[c->res_len] = 0;
-            }
-        }
+        for (int j = 0; r > 0 && j < np; j++)
+            if (pf[j].revents)
+                read_child(p, &p->ch[map[j] / 2], o->first_rank + map[j] / 2, map[j] % 2);
     }
-    double wall = now() - t0;
-    int rc = 0;
-    if (cancelled) {
-        snprintf(msg, msglen, "torchspark: NCCL check stopped: the run was stopped");
-        rc = -ECANCELED;
-        goto out;
-    }
-    /* The first real failure wins; then timeouts and silent ranks; else success. A failure
-     * that came as late as a timeout of another rank (its abort closed the connections) is
-     * a consequence of that timeout. */
+}
+
+/* The first real failure wins. A failure that came as late as a timeout of another rank
+ * (its abort closed the connections) is a consequence of that timeout. -EIO with its
+ * message, or 0 when no rank failed so. */
+static int first_failure(const preflight_t *p, char *msg, size_t msglen)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
+    const child_t *ch = p->ch;
     double first_timeout = 1e300;
     for (int i = 0; i < o->nproc; i++)
         if (ch[i].res_len && jint(ch[i].res, ch[i].res_len, "timeout") &&
             jdbl(ch[i].res, ch[i].res_len, "at") < first_timeout)
             first_timeout = jdbl(ch[i].res, ch[i].res_len, "at");
-    for (int i = 0; i < o->nproc && !rc; i++) {
+    for (int i = 0; i < o->nproc; i++) {
         if (!ch[i].res_len || jint(ch[i].res, ch[i].res_len, "ok") ||
             jint(ch[i].res, ch[i].res_len, "timeout") ||
             jdbl(ch[i].res, ch[i].res_len, "at") >= first_timeout)
@@ -685,10 +691,17 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         free(m);
         if (o->failed_rank)
             *o->failed_rank = o->first_rank + i;
-        rc = -EIO;
+        return -EIO;
     }
-    if (rc)
-        goto out;
+    return 0;
+}
+
+/* Then timeouts and silent ranks: -EIO with the message naming them, or 0 when every rank
+ * reported success. */
+static int timeouts(const preflight_t *p, char *msg, size_t msglen)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
+    const child_t *ch = p->ch;
     char late[512] = "", silent[512] = "";
     int nlate = 0, nsilent = 0, in_ar = 0;
     for (int i = 0; i < o->nproc; i++) {
@@ -701,22 +714,27 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
             tsp__err_append(late, sizeof late, "%s%d", nlate++ ? "," : "", o->first_rank + i);
         }
     }
-    if (nlate || nsilent || started < o->nproc) {
-        snprintf(msg, msglen,
-                 "torchspark: NCCL check timed out after %.0f s before training: ", o->timeout);
-        if (nlate)
-            tsp__err_append(msg, msglen, "rank(s) %s on %s were still %s", late, host,
-                            in_ar ? "in all_reduce" : "initializing the communicator");
-        if (nsilent)
-            tsp__err_append(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "",
-                            silent, host);
-        tsp__err_append(
-            msg, msglen,
-            ". Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the interfaces NCCL "
-            "chose.");
-        rc = -EIO;
-        goto out;
-    }
+    if (!nlate && !nsilent && p->started == o->nproc)
+        return 0;
+    snprintf(msg, msglen,
+             "torchspark: NCCL check timed out after %.0f s before training: ", o->timeout);
+    if (nlate)
+        tsp__err_append(msg, msglen, "rank(s) %s on %s were still %s", late, p->host,
+                        in_ar ? "in all_reduce" : "initializing the communicator");
+    if (nsilent)
+        tsp__err_append(msg, msglen, "%srank(s) %s on %s never reported", nlate ? "; " : "", silent,
+                        p->host);
+    tsp__err_append(msg, msglen,
+                    ". Rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET to see the "
+                    "interfaces NCCL chose.");
+    return -EIO;
+}
+
+/* The node's success line: the ranks' mean times and bandwidths. */
+static void success(const preflight_t *p, double wall, char *msg, size_t msglen)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
+    const child_t *ch = p->ch;
     double us = 0, algbw = 0, busbw = 0;
     for (int i = 0; i < o->nproc; i++) {
         us += jdbl(ch[i].res, ch[i].res_len, "us") / o->nproc;
@@ -729,7 +747,7 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         msg, msglen,
         "torchspark: NCCL check passed in %.2f s on %s: ranks %d-%d of %d, NCCL %d.%d.%d (%s), "
         "interface %s; all_reduce %g MiB float32: %.0f us, algbw %.2f GB/s, ",
-        wall, host, o->first_rank, o->first_rank + o->nproc - 1, o->world_size, v / 10000,
+        wall, p->host, o->first_rank, o->first_rank + o->nproc - 1, o->world_size, v / 10000,
         (v % 10000) / 100, v % 100, path ? path : "?",
         o->ifname && *o->ifname ? o->ifname : "(NCCL's choice)", (double)o->bytes / (1 << 20), us,
         algbw);
@@ -738,17 +756,63 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
         tsp__err_append(msg, msglen, "busbw %.2f GB/s", busbw);
     else
         tsp__err_append(msg, msglen, "busbw n/a (1 rank)");
-out:
+}
+
+int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen)
+{
+    preflight_t p = {.o = o, .host = "?"};
+    p.t0 = tsp__now_s();
+    p.kill_at = p.t0 + o->timeout + TSP_NCCL_KILL_GRACE;
+    gethostname(p.host, sizeof p.host - 1);
+    msg[0] = 0;
+    if (o->failed_rank)
+        *o->failed_rank = -1;
+    if (!(p.ch = calloc((size_t)o->nproc, sizeof *p.ch)))
+        return -ENOMEM;
     for (int i = 0; i < o->nproc; i++) {
-        if (ch[i].pid > 0 && !ch[i].exited) {
-            kill(ch[i].pid, SIGKILL);
-            waitpid(ch[i].pid, NULL, 0);
-        }
-        if (ch[i].res_fd >= 0)
-            close(ch[i].res_fd);
-        if (ch[i].err_fd >= 0)
-            close(ch[i].err_fd);
+        p.ch[i].pid = -1;
+        p.ch[i].res_fd = p.ch[i].err_fd = -1;
     }
-    free(ch);
+    spawn_checks(&p);
+    supervise(&p);
+    int rc = 0;
+    if (p.cancelled) {
+        snprintf(msg, msglen, "torchspark: NCCL check stopped: the run was stopped");
+        rc = -ECANCELED;
+    } else if (!(rc = first_failure(&p, msg, msglen)) && !(rc = timeouts(&p, msg, msglen))) {
+        success(&p, tsp__now_s() - p.t0, msg, msglen);
+    }
+    for (int i = 0; i < o->nproc; i++) {
+        if (p.ch[i].pid > 0 && !p.ch[i].exited) {
+            kill(p.ch[i].pid, SIGKILL);
+            waitpid(p.ch[i].pid, NULL, 0);
+        }
+        if (p.ch[i].res_fd >= 0)
+            close(p.ch[i].res_fd);
+        if (p.ch[i].err_fd >= 0)
+            close(p.ch[i].err_fd);
+    }
+    free(p.ch);
     return rc;
+}
+
+/* --nccl-check-worker: one check process, configured by the node's agent through the
+ * environment (nccl.c). */
+int tsp_nccl_check_worker(void)
+{
+    tsp_nccl_check_opts_t o = {.lib = getenv("TORCHSPARK_NCCL_LIB"), .result_fd = 3};
+    const char *v;
+    o.timeout =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_TIMEOUT")) ? strtod(v, NULL) : TSP_NCCL_CHECK_TIMEOUT;
+    o.bytes =
+        (v = getenv("TORCHSPARK_NCCL_CHECK_BYTES")) ? strtoull(v, NULL, 10) : TSP_NCCL_CHECK_BYTES;
+    if ((v = getenv("TORCHSPARK_NCCL_RESULT_FD")))
+        tsp__parse_int(v, &o.result_fd);
+    if (tsp__parse_int(getenv("RANK") ? getenv("RANK") : "", &o.rank) ||
+        tsp__parse_int(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "", &o.local_rank) ||
+        tsp__parse_int(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "", &o.world_size)) {
+        fprintf(stderr, "torchspark-run: --nccl-check-worker is started by the agent only\n");
+        return 2;
+    }
+    return tsp_nccl_check_run(&o);
 }

@@ -27,6 +27,11 @@ typedef struct {
 } tsp_nccl_check_opts_t;
 
 int tsp_nccl_check_run(const tsp_nccl_check_opts_t *o);
+/* `torchspark-run --nccl-check-worker`: the check process's options from the environment
+ * that the preflight wrote for it (TORCHSPARK_NCCL_LIB, _CHECK_TIMEOUT, _CHECK_BYTES,
+ * _RESULT_FD, RANK, LOCAL_RANK, WORLD_SIZE), then tsp_nccl_check_run. 2 when started by
+ * anything but the agent. */
+int tsp_nccl_check_worker(void);
 
 /* The node's side: starts nproc check workers (exe --nccl-check-worker, with RANK,
  * LOCAL_RANK, WORLD_SIZE, NCCL_COMM_ID and NCCL_DEBUG=WARN unless set, added to the

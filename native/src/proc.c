@@ -87,9 +87,11 @@ static int child_exec(char *const *candidates, char *const *argv, char *const *e
 }
 
 /* Runs in the child between fork and exec: only async-signal-safe calls. */
-static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int out_w, int err_w,
-                        int report_fd, pid_t parent)
+static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int in_r, int out_w,
+                        int err_w, int report_fd, pid_t parent)
 {
+    if (o->fd3 > 0 && report_fd == 3) /* the report pipe must outlive the dup2 onto fd 3 */
+        report_fd = fcntl(report_fd, F_DUPFD_CLOEXEC, 4);
     sigset_t none;
     sigemptyset(&none);
     for (int s = 1; s < NSIG; s++)
@@ -103,9 +105,13 @@ static void child_setup(const tsp_proc_opts_t *o, char *const *candidates, int o
         if (getppid() != parent) /* the parent died before prctl took effect */
             _exit(tsp_proc_signal_status(o->pdeathsig));
     }
+    if (in_r >= 0 && dup2(in_r, STDIN_FILENO) < 0)
+        goto fail;
     if (out_w >= 0 && dup2(out_w, STDOUT_FILENO) < 0)
         goto fail;
     if (err_w >= 0 && dup2(err_w, STDERR_FILENO) < 0)
+        goto fail;
+    if (o->fd3 == 3 ? fcntl(3, F_SETFD, 0) < 0 : o->fd3 > 0 && dup2(o->fd3, 3) < 0)
         goto fail;
     if (o->cwd && chdir(o->cwd) < 0)
         goto fail;
@@ -159,7 +165,7 @@ static int make_pipe(int fds[2])
 
 int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t errlen)
 {
-    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1};
+    int outp[2] = {-1, -1}, errp[2] = {-1, -1}, rep[2] = {-1, -1}, in_r = -1;
     int rc = 0;
     char **candidates = NULL;
     p->pid = 0;
@@ -167,6 +173,10 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     if ((o->stdout_mode == TSP_PROC_PIPE && (rc = make_pipe(outp))) ||
         (o->stderr_mode == TSP_PROC_PIPE && (rc = make_pipe(errp))) || (rc = make_pipe(rep)))
         goto out;
+    if (o->stdin_mode == TSP_PROC_NULL && (in_r = open("/dev/null", O_RDONLY | O_CLOEXEC)) < 0) {
+        rc = -errno;
+        goto out;
+    }
     int out_w = o->stdout_mode == TSP_PROC_PIPE ? outp[1]
                 : o->stdout_mode == TSP_PROC_FD ? o->stdout_fd
                                                 : -1;
@@ -185,7 +195,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         goto out;
     }
     if (pid == 0)
-        child_setup(o, candidates, out_w, err_w, rep[1], parent);
+        child_setup(o, candidates, in_r, out_w, err_w, rep[1], parent);
     proc_close_fd(&rep[1]);
     int child_errno = 0;
     ssize_t n;
@@ -214,6 +224,7 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
     }
 out:
     free(candidates);
+    proc_close_fd(&in_r);
     proc_close_fd(&outp[0]);
     proc_close_fd(&outp[1]);
     proc_close_fd(&errp[0]);

@@ -11,19 +11,21 @@
 #include <sys/types.h>
 #include "torchspark/common.h"
 
-enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2 };
+enum { TSP_PROC_INHERIT = 0, TSP_PROC_PIPE = 1, TSP_PROC_FD = 2, TSP_PROC_NULL = 3 };
 
 typedef struct tsp_proc_opts {
     const char *file;  /* program; searched in PATH (of envp) when it has no '/' */
     char *const *argv; /* NULL-terminated */
     char *const *envp; /* NULL-terminated; NULL: the caller's environ */
     const char *cwd;   /* NULL: unchanged */
-    int stdout_mode;   /* TSP_PROC_* */
+    int stdin_mode;    /* TSP_PROC_INHERIT or TSP_PROC_NULL (/dev/null) */
+    int stdout_mode;   /* TSP_PROC_* but TSP_PROC_NULL */
     int stderr_mode;
     int stdout_fd; /* with TSP_PROC_FD */
     int stderr_fd;
     int pdeathsig;   /* 0: none */
     int new_session; /* 1: setsid() in the child */
+    int fd3;         /* > 0: this fd becomes the child's fd 3, open across exec; 0: none */
 } tsp_proc_opts_t;
 
 typedef struct tsp_proc {

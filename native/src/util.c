@@ -21,6 +21,13 @@ int64_t tsp__now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+double tsp__now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 void tsp__deadline_in(struct timespec *ts, int timeout_ms)
 {
     clock_gettime(CLOCK_MONOTONIC, ts);

@@ -17,6 +17,9 @@
 
 /* Milliseconds on the monotonic clock (for deadlines and timeouts, never for dates). */
 int64_t tsp__now_ms(void);
+/* Seconds on the monotonic clock, to the nanosecond (for timing short operations; one
+ * clock for every process of the host, so times from two processes compare). */
+double tsp__now_s(void);
 /* The absolute monotonic time timeout_ms ahead, for pthread_cond_timedwait on a
  * condition variable made by tsp__cond_init_mono. */
 void tsp__deadline_in(struct timespec *ts, int timeout_ms);

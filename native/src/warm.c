@@ -17,6 +17,7 @@
  */
 #include "warm.h"
 #include "proc.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -215,15 +216,8 @@ typedef struct {
     int sock;
     int sigfd;
     sigset_t old_mask;
-    int64_t deadline; /* CLOCK_MONOTONIC ms for P or R */
+    int64_t deadline; /* tsp__now_ms() for P or R */
 } shim_t;
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* TORCHSPARK_WARM_WAIT in ms: a number of seconds >= 0; anything else is the default. */
 static int64_t wait_ms(void)
@@ -276,7 +270,7 @@ static int next_signal(const shim_t *s)
 static int wait_ready(shim_t *s, short events, int64_t deadline)
 {
     for (;;) {
-        int64_t left = deadline < 0 ? -1 : deadline - mono_ms();
+        int64_t left = deadline < 0 ? -1 : deadline - tsp__now_ms();
         if (deadline >= 0 && left <= 0)
             return 0;
         struct pollfd p[2] = {{s->sock, events, 0}, {s->sigfd, POLLIN, 0}};
@@ -337,7 +331,7 @@ static int shim_connect(shim_t *s, const char *path)
             break;
         rc = -errno;
         close_fd(&s->sock);
-        if (rc != -EAGAIN || mono_ms() >= s->deadline)
+        if (rc != -EAGAIN || tsp__now_ms() >= s->deadline)
             return rc;
         struct pollfd p = {s->sigfd, POLLIN, 0};
         if (poll(&p, 1, 10) > 0 && (p.revents & POLLIN)) {
@@ -473,8 +467,8 @@ static void send_kill(const shim_t *s, int sig)
     unsigned char k[TSP_WARM_MSG_LEN];
     tsp_warm_msg_pack(k, TSP_WARM_KILL, sig);
     size_t sent = 0;
-    int64_t deadline = mono_ms() + 5000;
-    while (sent < sizeof k && mono_ms() < deadline) {
+    int64_t deadline = tsp__now_ms() + 5000;
+    while (sent < sizeof k && tsp__now_ms() < deadline) {
         ssize_t n = send(s->sock, k + sent, sizeof k - sent, MSG_NOSIGNAL);
         if (n > 0) {
             sent += (size_t)n;
@@ -556,7 +550,7 @@ void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[]
     char why[512];
     if (sigprocmask(SIG_BLOCK, &set, &s.old_mask) < 0)
         fallback(&s, file, argv, "cannot block signals");
-    s.deadline = mono_ms() + wait_ms();
+    s.deadline = tsp__now_ms() + wait_ms();
     if ((s.sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0)
         fallback(&s, file, argv, "cannot create a signalfd");
     int rc = shim_connect(&s, socket_path);

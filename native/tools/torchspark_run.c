@@ -163,27 +163,6 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
         unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
 }
 
-/* --nccl-check-worker: one check process, configured by the node's agent through the
- * environment (nccl.c). */
-static int nccl_check_worker(void)
-{
-    tsp_nccl_check_opts_t o = {.lib = getenv("TORCHSPARK_NCCL_LIB"), .result_fd = 3};
-    const char *v;
-    o.timeout =
-        (v = getenv("TORCHSPARK_NCCL_CHECK_TIMEOUT")) ? strtod(v, NULL) : TSP_NCCL_CHECK_TIMEOUT;
-    o.bytes =
-        (v = getenv("TORCHSPARK_NCCL_CHECK_BYTES")) ? strtoull(v, NULL, 10) : TSP_NCCL_CHECK_BYTES;
-    if ((v = getenv("TORCHSPARK_NCCL_RESULT_FD")))
-        tsp__parse_int(v, &o.result_fd);
-    if (tsp__parse_int(getenv("RANK") ? getenv("RANK") : "", &o.rank) ||
-        tsp__parse_int(getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "", &o.local_rank) ||
-        tsp__parse_int(getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "", &o.world_size)) {
-        fprintf(stderr, "torchspark-run: --nccl-check-worker is started by the agent only\n");
-        return 2;
-    }
-    return tsp_nccl_check_run(&o);
-}
-
 /* Sends an EVENT about this node to the driver (docs/protocol.md 1.7). Before the log
  * client's first handshake the client holds it and sends it after (protocol 1.7); a
  * driver that refuses events (-ENOTSUP) gets none after the first refusal. */
@@ -356,6 +335,7 @@ static int run_node(const char *argv0)
         .argv = wargv,
         .name = cfg.script,
         .log_dir = cfg.log_dir,
+        .tmp_dir = cfg.tmp_dir,
         .shutdown_timeout = cfg.grace,
         .error_file = cfg.error_file,
         .redirects = cfg.redirects,
@@ -425,7 +405,7 @@ int main(int argc, char **argv)
     pid_t ppid = getppid();
     run_config_parse(&cfg, argc, argv);
     if (cfg.nccl_check_worker)
-        return nccl_check_worker();
+        return tsp_nccl_check_worker();
     if (cfg.help || cfg.version) {
         if (cfg.help)
             fputs(run_usage_text, stdout);

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -82,8 +83,13 @@ def partition(tmp_path, monkeypatch):
 
 
 def stock_batches(path, num_samples, batch_size):
+    """PySpark's own dataset, the reference. Its numpy rows are read-only, so torch's collate
+    warns "The given NumPy array is not writable" (PySpark's warning, not ours: ours is
+    test_no_warning_reaches_the_user); kept out of the test output here."""
     ds = _SparkPartitionTorchDataset(path, SPARK_SCHEMA, num_samples)
-    return list(DataLoader(ds, batch_size, num_workers=0))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable", UserWarning)
+        return list(DataLoader(ds, batch_size, num_workers=0))
 
 
 def assert_same_batches(ours, ref):
@@ -104,6 +110,46 @@ def test_stock_loader_matches_pyspark_dataset(partition, num_samples):
     ours = list(data.get_spark_partition_data_loader(num_samples, 4, num_workers=0))
     assert_same_batches(ours, ref)
     assert len(data.get_spark_partition_data_loader(num_samples, 4, num_workers=0)) == len(ref)
+
+
+NO_WARNING = textwrap.dedent("""
+    import os, sys, warnings
+    warnings.simplefilter("error")  # any warning, torch's "not writable" included, fails
+    import pyarrow as pa
+    sys.path.insert(0, sys.argv[1])
+    import test_dataframe_loader as t
+    from torchspark import data
+    d = sys.argv[2]
+    os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    tbl = t.table(50)
+    for name, opts in [("stream", {}), ("file", {"stream": False})]:
+        os.environ[data.PARTITION_FILE_ENV] = t.write(os.path.join(d, name), tbl, **opts)
+        for workers in (0, 2):
+            assert len(list(data.get_spark_partition_data_loader(101, 8, num_workers=workers)))
+        for kw in ({}, {"shuffle": True}, {"num_samples": 77}):
+            assert sum(1 for _ in data.partition_batches(8, **kw))
+    path = os.path.join(d, "zstd")  # decompressed buffers live outside the mapping
+    with pa.OSFile(path, "wb") as f:
+        schema = tbl.schema.with_metadata({data.SPARK_SCHEMA_KEY: t.SPARK_SCHEMA.json()})
+        w = pa.ipc.new_stream(f, schema, options=pa.ipc.IpcWriteOptions(compression="zstd"))
+        w.write_table(tbl.cast(schema), max_chunksize=7)
+        w.close()
+    os.environ[data.PARTITION_FILE_ENV] = path
+    assert len(list(data.get_spark_partition_data_loader(101, 8, num_workers=0)))
+    assert sum(1 for _ in data.partition_batches(8, shuffle=True))
+    print("no warning")
+""")
+
+
+def test_no_warning_reaches_the_user(tmp_path, monkeypatch):
+    """Both loaders give torch writable memory: no warning (torch's "The given NumPy array
+    is not writable" warns once per process, so a fresh one runs every path with warnings
+    as errors): stream and file, DataLoader workers, shuffled, wrapped, decompressed."""
+    monkeypatch.delenv(data.STOCK_FILE_ENV, raising=False)
+    r = subprocess.run([sys.executable, "-c", NO_WARNING, os.path.dirname(__file__),
+                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "no warning" in r.stdout, r.stderr[-3000:]
+    assert "Warning" not in r.stderr, r.stderr[-3000:]
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +51,39 @@ START_TEST(test_proc_spawn_pipes_and_env)
     ck_assert_str_eq(errs, "err\n");
     ck_assert_int_eq(tsp_proc_exit_code(st), 5);
     tsp_proc_close(&p);
+}
+END_TEST
+
+START_TEST(test_proc_stdin_null_and_fd3)
+{
+    /* stdin is /dev/null (cat ends at once), stdout and stderr share one fd, and the
+     * caller's pipe is the child's fd 3 (the NCCL check worker's result pipe). */
+    int res[2], outp[2];
+    ck_assert_int_eq(pipe2(res, O_CLOEXEC), 0);
+    ck_assert_int_eq(pipe2(outp, O_CLOEXEC), 0);
+    char *argv[] = {"sh", "-c", "cat; echo out; echo err >&2; echo result >&3", NULL};
+    tsp_proc_opts_t o = {.file = "sh",
+                         .argv = argv,
+                         .stdin_mode = TSP_PROC_NULL,
+                         .stdout_mode = TSP_PROC_FD,
+                         .stdout_fd = outp[1],
+                         .stderr_mode = TSP_PROC_FD,
+                         .stderr_fd = outp[1],
+                         .fd3 = res[1]};
+    tsp_proc_t p;
+    char err[256] = "", out[256], got[256];
+    ck_assert_int_eq(tsp_proc_spawn(&p, &o, err, sizeof err), 0);
+    close(res[1]);
+    close(outp[1]);
+    read_all(outp[0], out, sizeof out);
+    read_all(res[0], got, sizeof got);
+    int st;
+    ck_assert_int_eq(waitpid(p.pid, &st, 0), p.pid);
+    ck_assert_str_eq(out, "out\nerr\n");
+    ck_assert_str_eq(got, "result\n");
+    ck_assert_int_eq(tsp_proc_exit_code(st), 0);
+    close(res[0]);
+    close(outp[0]);
 }
 END_TEST
 
@@ -245,6 +279,7 @@ static Suite *proc_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_proc_spawn_pipes_and_env);
+    tcase_add_test(tc, test_proc_stdin_null_and_fd3);
     tcase_add_test(tc, test_proc_exec_errors_come_back);
     tcase_add_test(tc, test_proc_find_as_exec_would);
     tcase_add_test(tc, test_proc_new_session_and_signal_mask_reset);

@@ -34,6 +34,19 @@ extern "C" {
  * shared by the driver's log server (logserver.h) and an output sender (output.h). */
 #define TSP_SECRET_LEN 32u
 
+/* The streams and flags of a worker's line, written once for every side: the agent's
+ * lines (lines.h: TSP_STREAM_*, TSP_LINE_*), the log channel's frames (docs/protocol.md
+ * 1.5), the lines the driver's log server delivers (logserver.h) and the glue
+ * (torchspark._native, checked against this header by tests/e2e/test_constants.py). Server
+ * events (dropped connections and why) are lines of stream TSP_LOG_STREAM_EVENT. */
+#define TSP_LOG_STREAM_STDOUT 1
+#define TSP_LOG_STREAM_STDERR 2
+#define TSP_LOG_STREAM_EVENT 3
+/* A piece of a longer line (more follows), and the last bytes of a stream that did not
+ * end with a newline. */
+#define TSP_LOG_LINE_CONTINUED 1u
+#define TSP_LOG_LINE_NO_EOL 2u
+
 /* Text for a 0 / -errno return code ("success" for 0). Never NULL, thread-safe. */
 TSP_EXTERN const char *tsp_strerror(int code);
 

@@ -33,17 +33,10 @@
 extern "C" {
 #endif
 
-/* The streams of a delivered line; server events (dropped connections and why) are also
- * queued as lines of rank TSP_LOG_RANK_SERVER and stream TSP_LOG_STREAM_EVENT when
- * opts.events_to_queue is set. */
-#define TSP_LOG_STREAM_STDOUT 1
-#define TSP_LOG_STREAM_STDERR 2
-#define TSP_LOG_STREAM_EVENT 3
+/* The streams (TSP_LOG_STREAM_*) and flags (TSP_LOG_LINE_*) of a delivered line are in
+ * common.h; server events (dropped connections and why) are also queued as lines of rank
+ * TSP_LOG_RANK_SERVER and stream TSP_LOG_STREAM_EVENT when opts.events_to_queue is set. */
 #define TSP_LOG_RANK_SERVER (-1)
-/* The flags of a delivered line: a piece of a longer line (more follows), and the last
- * bytes of a stream that did not end with a newline. */
-#define TSP_LOG_LINE_CONTINUED 1u
-#define TSP_LOG_LINE_NO_EOL 2u
 /* The longest line (or piece of a line) the channel carries, in bytes. */
 #define TSP_LOG_MAX_LINE (1u << 20)
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Dict, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from pyspark import cloudpickle
+
+if TYPE_CHECKING:  # only the type checker imports it: this module runs before torchspark
+    from torchspark._spec import NodeSpec, ShipSpec
 
 # Marks the error of a task that cannot import the driver's torchspark, so that the driver
 # can ship its package and run the job again (docs: "Driver-only installs").
@@ -45,7 +48,7 @@ def _forget_torchspark() -> None:
         del sys.modules[name]
 
 
-def _use_shipped(ship: Dict[str, Any]) -> None:
+def _use_shipped(ship: ShipSpec) -> None:
     """Puts the driver's shipped package first on this worker's path (and its children's)."""
     from pyspark import SparkFiles
 
@@ -85,7 +88,7 @@ def _use_shipped(ship: Dict[str, Any]) -> None:
     _forget_torchspark()
 
 
-def prepare(ship: Optional[Dict[str, Any]], want: str) -> None:
+def prepare(ship: Optional[ShipSpec], want: str) -> None:
     """Makes `import torchspark` give the driver's version (want), or raises; a raise
     whose text starts with NOT_INSTALLED asks the driver to ship its package."""
     version, where = _installed_version()
@@ -103,11 +106,11 @@ def prepare(ship: Optional[Dict[str, Any]], want: str) -> None:
                            f"on the executor ({_executor_identity()}): {where}")
 
 
-def _place_script(spec: Dict[str, Any]) -> "tuple[Dict[str, Any], Optional[str]]":
+def _place_script(spec: NodeSpec) -> "tuple[NodeSpec, Optional[str]]":
     """Script mode: the executor's own file at that path if there is one (as stock), else
     the driver's copy that came with the job, written to a directory of this task."""
     script = spec["script"]
-    if os.path.exists(script):
+    if script is None or os.path.exists(script):
         return spec, None
     shipped = spec.get("script_file")
     if shipped is None:
@@ -124,10 +127,12 @@ def _place_script(spec: Dict[str, Any]) -> "tuple[Dict[str, Any], Optional[str]]
     path = os.path.join(tmp, shipped["name"])
     with open(path, "wb") as f:
         f.write(shipped["data"])
-    return dict(spec, script=path), tmp
+    placed = spec.copy()
+    placed["script"] = path
+    return placed, tmp
 
 
-def node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
+def node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     """One node of the job (an RDD barrier partition): yields rank 0's result chunks."""
     prepare(spec.get("ship"), spec["version"])
     from torchspark._task import run_node
@@ -144,7 +149,7 @@ def node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def arrow_node(spec: Dict[str, Any], batches: Iterator[Any]) -> Iterator[Any]:
+def arrow_node(spec: NodeSpec, batches: Iterator[Any]) -> Iterator[Any]:
     """The same through DataFrame.mapInArrow(schema "chunk binary", barrier=True)."""
     import pyarrow as pa
 

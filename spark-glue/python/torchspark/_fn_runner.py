@@ -83,7 +83,8 @@ def main(argv: "list[str]") -> int:
         from torchspark import _timing
 
         marks = _timing.task_marks()
-        _timing.WorkerTimer(marks)
+        if marks is not None:
+            _timing.WorkerTimer(marks)
     with open(fn_file, "rb") as f:
         fn, args, kwargs = cloudpickle.load(f)
     try:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 from torchspark import _boot
+from torchspark._spec import NodeSpec
 
 # After the root cause is known: how long to wait for Spark's own failure (the cause of
 # our exception), then for the cancelled job to end.
@@ -78,7 +79,7 @@ class _Tags:
             pass
 
 
-def collect_chunks(spark: Any, spec: Dict[str, Any], num_tasks: int, *, remote: bool,
+def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
                    input_df: Any = None) -> List[bytes]:
     """Runs the barrier stage (num_tasks tasks, or one per partition of input_df) and
     returns what the tasks yielded, in partition order: rank 0's result chunks or none."""
@@ -93,7 +94,7 @@ def collect_chunks(spark: Any, spec: Dict[str, Any], num_tasks: int, *, remote: 
     return [v.as_py() for v in table.column("chunk")]
 
 
-def run_barrier_job(spark: Any, spec: Dict[str, Any], num_tasks: int, server: Any, *,
+def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                     remote: bool, input_df: Any = None) -> Outcome:
     """Runs the job (see collect_chunks) and returns how it ended."""
     from pyspark.util import InheritableThread

@@ -34,6 +34,7 @@ from torchspark._lib import load_library
 __all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
 
+# Line.stream and Line.flags: common.h defines them (tests/e2e/test_constants.py compares).
 STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
 CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline
 SECRET_ENV = "TORCHSPARK_LOG_SECRET"
@@ -277,12 +278,8 @@ class LogServer:
             buf = ctypes.create_string_buffer(need + 1)
             need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), 0)
         doc = json.loads(buf.value.decode("utf-8", errors="replace"))
-        report = doc.get("report")
-        if isinstance(report, str):
-            try:
-                doc["report"] = json.loads(report)
-            except ValueError:
-                doc["report"] = None
+        if not isinstance(doc.get("report"), dict):  # embedded as an object, or null
+            doc["report"] = None
         return doc
 
     def lost_pending(self) -> int:

@@ -19,6 +19,8 @@ import re
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
+from torchspark._spec import DataFrameSpec, NodeSpec
+
 PARTITION_FILE_ENV = "TORCHSPARK_PARTITION_FILE"
 # PySpark's variables, pointing at the same stream and a schema file: PySpark's own
 # _get_spark_partition_data_loader works inside torchspark's train_on_dataframe too.
@@ -135,7 +137,7 @@ def write_stream(sink: Any, batches: Iterator[Any], spark_schema_json: str) -> i
     time); returns the number of rows."""
     import pyarrow as pa
 
-    rows, writer = 0, None
+    rows, writer = 0, None  # type: int, Any
     pending: List[Any] = []
     pending_rows = pending_bytes = 0
 
@@ -185,7 +187,7 @@ def check_partitions(num_partitions: int, num_tasks: int, num_processes: int,
 
 # ---- the hooks: driver (TorchDistributor.train_on_dataframe) and task (run_node) -------------
 
-def dataframe_spec(dist: Any, df: Any) -> Dict[str, Any]:
+def dataframe_spec(dist: Any, df: Any) -> DataFrameSpec:
     """Checks a train_on_dataframe call on the driver; what every task needs to stage its
     partition (spec["dataframe"])."""
     if dist.local_mode:
@@ -262,7 +264,7 @@ def plan_partitions(text: str) -> Optional[int]:
     return None
 
 
-def stage_task_input(spec: Dict[str, Any], iterator: Iterator[Any],
+def stage_task_input(spec: NodeSpec, iterator: Iterator[Any],
                      ctx: Any) -> Optional[StagedPartition]:
     """In a barrier task: the DataFrame's partition staged for the node's processes
     (their environment in .env; close() when the node is done), or None for run(),

@@ -25,7 +25,9 @@ import hmac
 import os
 import socket
 import threading
-from typing import Any, Dict, Optional
+from typing import Any, Optional
+
+from torchspark._spec import RendezvousSpec
 
 ENV = "TORCHSPARK_RENDEZVOUS"
 RECORD_MAX = 4096
@@ -69,7 +71,7 @@ class Server:
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name="torchspark-rendezvous").start()
 
-    def spec(self, advertised_host: str) -> Dict[str, Any]:
+    def spec(self, advertised_host: str) -> RendezvousSpec:
         host = advertised_host or self.host
         return {"host": host, "port": self.port, "token": self.token}
 
@@ -102,9 +104,9 @@ class Server:
                     with self._cv:
                         self._cv.wait_for(lambda: self._record is not None or self._closed,
                                           timeout=GET_TIMEOUT_S)
-                        record = self._record
-                    conn.sendall(b"ERR the run ended\n" if record is None
-                                 else record.encode() + b"\n")
+                        got = self._record
+                    conn.sendall(b"ERR the run ended\n" if got is None
+                                 else got.encode() + b"\n")
                 else:
                     conn.sendall(b"ERR unknown request\n")
             except (OSError, ValueError):
@@ -132,7 +134,7 @@ def _read_line(conn: socket.socket) -> str:
     return buf.decode("utf-8").rstrip("\n")
 
 
-def _request(spec: Dict[str, Any], line: str) -> str:
+def _request(spec: RendezvousSpec, line: str) -> str:
     host, port = spec["host"], int(spec["port"])
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as conn:
@@ -149,7 +151,7 @@ def _request(spec: Dict[str, Any], line: str) -> str:
     return reply
 
 
-def exchange(spec: Optional[Dict[str, Any]], ctx: Any, node_rank: int, packed: str) -> str:
+def exchange(spec: Optional[RendezvousSpec], ctx: Any, node_rank: int, packed: str) -> str:
     """Rank 0's packed record, on every task: through the driver when the spec has an
     endpoint, else through allGather()."""
     if not spec:

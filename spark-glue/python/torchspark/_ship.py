@@ -24,6 +24,8 @@ import threading
 import zipfile
 from typing import Any, Dict, Optional, Set, Tuple
 
+from torchspark._spec import ShipSpec
+
 PLATFORM = f"{os.uname().sysname}-{os.uname().machine}"
 
 _lock = threading.Lock()
@@ -84,14 +86,14 @@ def _session_key(spark: Any, remote: bool) -> str:
     return "classic:" + spark.sparkContext.applicationId
 
 
-def info(name: str) -> Dict[str, Any]:
+def info(name: str) -> ShipSpec:
     """What a task needs to find and check the shipped package (spec["ship"])."""
     import torchspark
 
     return {"name": name, "version": torchspark.__version__, "platform": PLATFORM}
 
 
-def shipped(spark: Any, remote: bool) -> Optional[Dict[str, Any]]:
+def shipped(spark: Any, remote: bool) -> Optional[ShipSpec]:
     """spec["ship"] when this session already has the package, else None."""
     with _lock:
         if _archive is None or _session_key(spark, remote) not in _shipped:
@@ -99,7 +101,7 @@ def shipped(spark: Any, remote: bool) -> Optional[Dict[str, Any]]:
         return info(_archive[1])
 
 
-def ship(spark: Any, remote: bool) -> Dict[str, Any]:
+def ship(spark: Any, remote: bool) -> ShipSpec:
     """Adds the package archive to this session (once) and returns spec["ship"]."""
     path, name = archive()
     key = _session_key(spark, remote)

@@ -18,6 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from torchspark import _elect, _launch, _partition, _rendezvous, _report, _warm
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
+from torchspark._spec import NodeSpec
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -74,10 +75,10 @@ def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Op
         return None
 
 
-def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
+def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     from pyspark import BarrierTaskContext
 
-    timing = _TaskTiming(spec.get("timing_env") or {})
+    timing = _TaskTiming(spec["timing_env"])
     ctx = BarrierTaskContext.get()
     node_rank = ctx.partitionId()
     hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
@@ -93,7 +94,7 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
             k = spec["gpus_per_task"]  # the driver checked that every slice is whole (G11)
             gpus = spec["driver_gpus"][node_rank * k:(node_rank + 1) * k]
         else:
-            res = ctx.resources().get(spec.get("gpu_resource", "gpu"))
+            res = ctx.resources().get(spec["gpu_resource"])
             gpus = list(res.addresses) if res is not None else []
         nproc = max(1, len(gpus))
     else:
@@ -111,7 +112,7 @@ def run_node(spec: Dict[str, Any], iterator: Iterator[Any]) -> Iterator[bytes]:
         else:
             packed = ""
         record = _elect.unpack_record(
-            _rendezvous.exchange(spec.get("rendezvous"), ctx, node_rank, packed))
+            _rendezvous.exchange(spec["rendezvous"], ctx, node_rank, packed))
         timing.mark("election_done")
         ifname = record.ifname if node_rank == 0 else _elect.local_ifname(record.master_addr)
         if ifname:
@@ -167,7 +168,7 @@ class _TaskTiming:
         return {**env, **self.timing_env, "TORCHSPARK_TIMING_MARKS": json.dumps(self.marks)}
 
 
-def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_rank: int,
+def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
                nnodes: int, nproc: int, record: "_elect.Record",
                gpus: Optional[List[str]] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
@@ -179,15 +180,17 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         with open(fn_file, "wb") as f:
             f.write(spec["fn_bytes"])
         program = ["-m", "torchspark._fn_runner", fn_file, out_file]
-    else:
+    elif spec["script"] is not None:
         program = [spec["script"], *spec["script_args"]]
-    endpoint = spec["log_endpoint"]
-    if endpoint:
-        env["TORCHSPARK_LOG_SECRET"] = spec["log_secret_hex"]
+    else:
+        raise RuntimeError("torchspark: the job gave this task neither a function nor a script")
+    endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]
+    if endpoint and secret:
+        env["TORCHSPARK_LOG_SECRET"] = secret
     ship = bool(endpoint and spec["result_via_channel"] and spec["fn_bytes"] is not None
                 and node_rank == 0)
     warm = None
-    if spec.get("warm_idle_s") and spec["fn_bytes"] is not None:
+    if spec["warm_idle_s"] and spec["fn_bytes"] is not None:
         warm = warm_pool(env, nproc if gpus is None else max(1, len(gpus)),
                          _warm.executor_anchor(), spec["warm_idle_s"])
     cmd = _launch.agent_command(
@@ -196,7 +199,7 @@ def _run_agent(spec: Dict[str, Any], env: Dict[str, str], workdir: str, node_ran
         run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
         output_file=out_file if ship else None, program=program,
         gpus=None if gpus is None else ",".join(gpus),
-        nccl_check=spec.get("nccl_check", 0) if gpus is not None else 0,
+        nccl_check=spec["nccl_check"] if gpus is not None else 0,
         nccl_port=record.nccl_port, warm_socket=warm)
 
     def echo(line: str) -> None:

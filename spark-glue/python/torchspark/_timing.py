@@ -166,6 +166,8 @@ class WorkerTimer:
         if dist is None:
             return
         for mod in (dist, getattr(dist, "distributed_c10d", None)):
+            if mod is None:
+                continue
             fn = getattr(mod, "init_process_group", None)
             if fn is None or getattr(fn, "_torchspark_timed", False):
                 continue

@@ -25,6 +25,7 @@ from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _sh
                         _timing, _warm)
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
+from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -381,7 +382,7 @@ class TorchDistributor:
 
     def _run_distributed_job(self, train_object: Union[Callable, str],
                              fn_bytes: Optional[bytes], script_args: List[str],
-                             ship: Optional[Dict[str, Any]],
+                             ship: Optional[ShipSpec],
                              dataframe: Optional[tuple] = None) -> Optional[Any]:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus: List[str] = []
@@ -408,7 +409,7 @@ class TorchDistributor:
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
         ok = False
-        spec = {
+        spec: NodeSpec = {
             "version": _version(),
             "ship": ship,
             "use_gpu": self.use_gpu,
@@ -573,7 +574,7 @@ class TorchDistributor:
 SCRIPT_SHIP_MAX = 16 << 20
 
 
-def _script_file(path: str) -> Optional[Dict[str, Any]]:
+def _script_file(path: str) -> Optional[ScriptFile]:
     """{"name", "data"} of a script file on the driver, to ship with the job, or None."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > SCRIPT_SHIP_MAX:

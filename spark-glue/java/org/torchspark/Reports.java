@@ -100,8 +100,8 @@ final class Reports {
         return r;
     }
 
-    /** The log server's root cause JSON, its "report" (the agent's error file, carried as a
-     *  string) parsed into an object (null when absent or unreadable). */
+    /** The log server's root cause JSON as an object; its "report" (the agent's failure
+     *  document, embedded as an object) is null when absent. */
     static ObjectNode parseRoot(String json) {
         ObjectNode root;
         try {
@@ -111,14 +111,8 @@ final class Reports {
             return JSON.createObjectNode();
         }
         JsonNode rep = root.get("report");
-        if (rep != null && rep.isTextual()) {
-            try {
-                JsonNode parsed = JSON.readTree(rep.asText());
-                root.set("report", parsed != null && parsed.isObject() ? parsed : null);
-            } catch (IOException e) {
-                root.putNull("report");
-            }
-        }
+        if (rep == null || !rep.isObject())
+            root.putNull("report");
         return root;
     }
 
