@@ -506,179 +506,227 @@ static int same_set(const list_t *a, const list_t *b)
     return 1;
 }
 
+/* What every step of an assignment names in its messages; e collects the message. */
+typedef struct {
+    const char *task, *host, *mask;
+    char e[4096];
+} assign_ctx_t;
+
+/* R0-R2: Spark's addresses and the executor's mask can be used at all. */
+static int check_addresses(assign_ctx_t *c, const list_t *a, const list_t *m)
+{
+    const char *task = c->task, *host = c->host;
+    char *e = c->e;
+    /* R0 */
+    if (a->n == 0) {
+        snprintf(e, sizeof c->e,
+                 "torchspark: task %s on host %s has no 'gpu' resource from Spark, but "
+                 "use_gpu=True: set spark.executor.resource.gpu.amount and "
+                 "spark.task.resource.gpu.amount (and a discovery script), or pass use_gpu=False",
+                 task, host);
+        return -EINVAL;
+    }
+    /* R1 */
+    for (int i = 0; i < a->n; i++)
+        if (addr_kind(a->s[i], a->len[i]) == ADDR_BAD) {
+            tsp__err_append(e, sizeof c->e, "Found GPU addresses ");
+            cat_list(e, sizeof c->e, a);
+            tsp__err_append(
+                e, sizeof c->e,
+                " which are not all in the correct format for CUDA_VISIBLE_DEVICES, which "
+                "requires integers with no zero padding.");
+            return -EINVAL;
+        }
+    if (c->mask && m->n == 0) { /* R2 */
+        snprintf(e, sizeof c->e,
+                 "torchspark: CUDA_VISIBLE_DEVICES is set to an empty string for the executor on "
+                 "host %s, which hides every GPU, but Spark gave task %s GPU addresses ",
+                 host, task);
+        cat_list(e, sizeof c->e, a);
+        tsp__err_append(
+            e, sizeof c->e,
+            ": unset it (spark.executorEnv.CUDA_VISIBLE_DEVICES or the executor's environment)");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* R3-R5: the workers' entries w from Spark's addresses a under the executor's mask m. */
+static int narrow(assign_ctx_t *c, const list_t *a, const list_t *m, list_t *w)
+{
+    char *e = c->e;
+    if (!c->mask) { /* R5 */
+        *w = *a;
+        return 0;
+    }
+    if (same_set(a, m)) { /* R3: already narrowed to the task's GPUs */
+        *w = *m;
+        return 0;
+    }
+    /* R4: indices into the mask (a UUID must be one of its entries) */
+    w->n = a->n;
+    for (int i = 0; i < a->n; i++) {
+        int hit = -1;
+        if (addr_kind(a->s[i], a->len[i]) == ADDR_INT) {
+            int idx = atoi(a->s[i]);
+            hit = idx < m->n ? idx : -1;
+        } else {
+            for (int j = 0; j < m->n && hit < 0; j++)
+                if (m->len[j] == a->len[i] && strncmp(m->s[j], a->s[i], a->len[i]) == 0)
+                    hit = j;
+        }
+        if (hit < 0) {
+            tsp__err_append(e, sizeof c->e, "GPU addresses ");
+            cat_list(e, sizeof c->e, a);
+            tsp__err_append(e, sizeof c->e,
+                            " given by Spark do not fit into CUDA_VISIBLE_DEVICES=");
+            cat_mask(e, sizeof c->e, c->mask);
+            tsp__err_append(
+                e, sizeof c->e,
+                " on host %s: set the executors' CUDA_VISIBLE_DEVICES to all the GPUs Spark "
+                "may assign, or unset it",
+                c->host);
+            return -EINVAL;
+        }
+        w->s[i] = m->s[hit];
+        w->len[i] = m->len[hit];
+    }
+    return 0;
+}
+
+/* R6 for entry i of w, resolved to (dev, mig): not a second worker on one GPU, not a MIG
+ * GPU by index; R7: a GPU already busy is a warning in out. */
+static int check_resolved(assign_ctx_t *c, const tsp_gpu_inventory_t *inv, const list_t *w,
+                          const int *dev, const int *mig, int i, tsp_gpu_assignment_t *out)
+{
+    char *e = c->e, entry[TSP_GPU_UUID_MAX];
+    copy_entry(entry, sizeof entry, w->s[i], w->len[i]);
+    const tsp_gpu_info_t *g = &inv->dev[dev[i]];
+    char u[32];
+    uuid8(mig[i] >= 0 ? g->mig[mig[i]] : g->uuid, u, sizeof u);
+    for (int j = 0; j < i; j++) {
+        if (dev[j] != dev[i] || mig[j] != mig[i])
+            continue;
+        char other[TSP_GPU_UUID_MAX];
+        copy_entry(other, sizeof other, w->s[j], w->len[j]);
+        list_t pair = {.n = 2, .s = {other, entry}, .len = {strlen(other), strlen(entry)}};
+        snprintf(e, sizeof c->e,
+                 "torchspark: task %s on host %s would put two workers on one GPU: ", c->task,
+                 c->host);
+        cat_list(e, sizeof c->e, &pair);
+        tsp__err_append(e, sizeof c->e, " with CUDA_VISIBLE_DEVICES=");
+        cat_mask(e, sizeof c->e, c->mask);
+        tsp__err_append(e, sizeof c->e,
+                        " both resolve to %s (%s); NCCL refuses that (\"Duplicate GPU detected\")",
+                        g->bus, u);
+        return -EINVAL;
+    }
+    if (mig[i] < 0 && g->mig_mode) {
+        snprintf(e, sizeof c->e,
+                 "torchspark: GPU %s (%s) on host %s is in MIG mode, so CUDA cannot use it "
+                 "by index: have the discovery script report MIG device UUIDs (MIG-…), and "
+                 "note that NCCL does not run over MIG devices (NVIDIA/nccl#1716): train "
+                 "with backend gloo there",
+                 entry, u, c->host);
+        return -EINVAL;
+    }
+    if (mig[i] < 0 && g->nprocs > 0)
+        tsp__err_append(
+            out->warnings, sizeof out->warnings,
+            "torchspark: WARNING: GPU %s (%s) on host %s already runs %d compute "
+            "process(es) using %.1f GiB: another task or a leftover process shares it%s\n",
+            entry, u, c->host, g->nprocs, (double)g->procs_mem / (1024.0 * 1024 * 1024),
+            g->compute_mode == 3 ? " (and it is in exclusive-process mode: the workers "
+                                   "will not get a CUDA context on it)"
+                                 : "");
+    return 0;
+}
+
+/* R6: every entry of w on the host's inventory; R7: warnings. */
+static int resolve_all(assign_ctx_t *c, const tsp_gpu_inventory_t *inv, const list_t *w,
+                       tsp_gpu_assignment_t *out)
+{
+    char invtext[1024];
+    tsp__gpu_inventory_text(inv, invtext, sizeof invtext);
+    int dev[MAX_ENTRIES], mig[MAX_ENTRIES];
+    for (int i = 0; i < w->n; i++) {
+        char entry[TSP_GPU_UUID_MAX];
+        copy_entry(entry, sizeof entry, w->s[i], w->len[i]);
+        int r = resolve(inv, w->s[i], w->len[i], &dev[i], &mig[i]);
+        if (r != 0 && addr_kind(w->s[i], w->len[i]) == ADDR_INT) {
+            snprintf(c->e, sizeof c->e,
+                     "torchspark: Spark gave task %s GPU %s, but host %s has %d GPU(s) (%s): "
+                     "check spark.executor.resource.gpu.discoveryScript on this host",
+                     c->task, entry, c->host, inv->ndev, invtext);
+            return -EINVAL;
+        }
+        if (r != 0) {
+            snprintf(c->e, sizeof c->e,
+                     "torchspark: Spark gave task %s GPU %s, which is not a GPU of host %s (%s)",
+                     c->task, entry, c->host, invtext);
+            return -EINVAL;
+        }
+        int rc = check_resolved(c, inv, w, dev, mig, i, out);
+        if (rc)
+            return rc;
+    }
+    out->checked = 1;
+    return 0;
+}
+
+/* R8: one MIG device per process; per-worker masks are not built yet. */
+static int check_mig_count(assign_ctx_t *c, const list_t *w)
+{
+    int nmig = 0;
+    for (int i = 0; i < w->n; i++)
+        nmig += addr_kind(w->s[i], w->len[i]) == ADDR_MIG;
+    if (nmig <= 1)
+        return 0;
+    snprintf(c->e, sizeof c->e,
+             "torchspark: task %s on host %s has %d MIG devices, but a process can use only "
+             "one MIG device; run one task per MIG device (spark.task.resource.gpu.amount=1)",
+             c->task, c->host, nmig);
+    return -EINVAL;
+}
+
 int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t *inv,
                          tsp_gpu_assignment_t *out, char *err, size_t errlen)
 {
-    char hbuf[256], e[4096] = "";
-    const char *host = host_or_self(req->host, hbuf, sizeof hbuf);
-    const char *task = req->task && *req->task ? req->task : "?";
-    const char *mask = req->mask;
+    char hbuf[256];
+    assign_ctx_t *c = calloc(1, sizeof *c);
+    if (!c)
+        return -ENOMEM;
+    c->host = host_or_self(req->host, hbuf, sizeof hbuf);
+    c->task = req->task && *req->task ? req->task : "?";
+    c->mask = req->mask;
     memset(out, 0, sizeof *out);
     if (err && errlen)
         err[0] = 0;
     int rc = -EINVAL;
     list_t a, m, w; /* Spark's addresses, the executor's mask, the workers' entries */
-    if (split(req->addrs, &a) || split(mask, &m)) {
-        snprintf(e, sizeof e, "torchspark: task %s on host %s: more than %d GPU entries", task,
-                 host, MAX_ENTRIES);
-        goto fail;
-    }
-    /* R0 */
-    if (a.n == 0) {
-        snprintf(e, sizeof e,
-                 "torchspark: task %s on host %s has no 'gpu' resource from Spark, but "
-                 "use_gpu=True: set spark.executor.resource.gpu.amount and "
-                 "spark.task.resource.gpu.amount (and a discovery script), or pass use_gpu=False",
-                 task, host);
-        goto fail;
-    }
-    /* R1 */
-    for (int i = 0; i < a.n; i++)
-        if (addr_kind(a.s[i], a.len[i]) == ADDR_BAD) {
-            tsp__err_append(e, sizeof e, "Found GPU addresses ");
-            cat_list(e, sizeof e, &a);
-            tsp__err_append(
-                e, sizeof e,
-                " which are not all in the correct format for CUDA_VISIBLE_DEVICES, which "
-                "requires integers with no zero padding.");
-            goto fail;
-        }
-    if (mask && m.n == 0) { /* R2 */
-        snprintf(e, sizeof e,
-                 "torchspark: CUDA_VISIBLE_DEVICES is set to an empty string for the executor on "
-                 "host %s, which hides every GPU, but Spark gave task %s GPU addresses ",
-                 host, task);
-        cat_list(e, sizeof e, &a);
-        tsp__err_append(
-            e, sizeof e,
-            ": unset it (spark.executorEnv.CUDA_VISIBLE_DEVICES or the executor's environment)");
-        goto fail;
-    }
-    if (!mask) { /* R5 */
-        w = a;
-    } else if (same_set(&a, &m)) { /* R3: already narrowed to the task's GPUs */
-        w = m;
-    } else { /* R4: indices into the mask (a UUID must be one of its entries) */
-        w.n = a.n;
-        for (int i = 0; i < a.n; i++) {
-            int hit = -1;
-            if (addr_kind(a.s[i], a.len[i]) == ADDR_INT) {
-                int idx = atoi(a.s[i]);
-                hit = idx < m.n ? idx : -1;
-            } else {
-                for (int j = 0; j < m.n && hit < 0; j++)
-                    if (m.len[j] == a.len[i] && strncmp(m.s[j], a.s[i], a.len[i]) == 0)
-                        hit = j;
-            }
-            if (hit < 0) {
-                tsp__err_append(e, sizeof e, "GPU addresses ");
-                cat_list(e, sizeof e, &a);
-                tsp__err_append(e, sizeof e,
-                                " given by Spark do not fit into CUDA_VISIBLE_DEVICES=");
-                cat_mask(e, sizeof e, mask);
-                tsp__err_append(
-                    e, sizeof e,
-                    " on host %s: set the executors' CUDA_VISIBLE_DEVICES to all the GPUs Spark "
-                    "may assign, or unset it",
-                    host);
-                goto fail;
-            }
-            w.s[i] = m.s[hit];
-            w.len[i] = m.len[hit];
-        }
-    }
-    /* R8: one MIG device per process; per-worker masks are not built yet. */
-    int nmig = 0;
-    for (int i = 0; i < w.n; i++)
-        nmig += addr_kind(w.s[i], w.len[i]) == ADDR_MIG;
-    if (nmig > 1) {
-        snprintf(e, sizeof e,
-                 "torchspark: task %s on host %s has %d MIG devices, but a process can use only "
-                 "one MIG device; run one task per MIG device (spark.task.resource.gpu.amount=1)",
-                 task, host, nmig);
-        goto fail;
-    }
-    /* R6: resolve every entry on the host; R7: warnings. */
-    if (inv) {
-        char invtext[1024];
-        tsp__gpu_inventory_text(inv, invtext, sizeof invtext);
-        int dev[MAX_ENTRIES], mig[MAX_ENTRIES];
-        for (int i = 0; i < w.n; i++) {
-            char entry[TSP_GPU_UUID_MAX];
-            copy_entry(entry, sizeof entry, w.s[i], w.len[i]);
-            int r = resolve(inv, w.s[i], w.len[i], &dev[i], &mig[i]);
-            if (r != 0 && addr_kind(w.s[i], w.len[i]) == ADDR_INT) {
-                snprintf(e, sizeof e,
-                         "torchspark: Spark gave task %s GPU %s, but host %s has %d GPU(s) (%s): "
-                         "check spark.executor.resource.gpu.discoveryScript on this host",
-                         task, entry, host, inv->ndev, invtext);
-                goto fail;
-            }
-            if (r != 0) {
-                snprintf(
-                    e, sizeof e,
-                    "torchspark: Spark gave task %s GPU %s, which is not a GPU of host %s (%s)",
-                    task, entry, host, invtext);
-                goto fail;
-            }
-            const tsp_gpu_info_t *g = &inv->dev[dev[i]];
-            char u[32];
-            uuid8(mig[i] >= 0 ? g->mig[mig[i]] : g->uuid, u, sizeof u);
-            for (int j = 0; j < i; j++) {
-                if (dev[j] != dev[i] || mig[j] != mig[i])
-                    continue;
-                char other[TSP_GPU_UUID_MAX];
-                copy_entry(other, sizeof other, w.s[j], w.len[j]);
-                list_t pair = {.n = 2, .s = {other, entry}, .len = {strlen(other), strlen(entry)}};
-                snprintf(e, sizeof e,
-                         "torchspark: task %s on host %s would put two workers on one GPU: ", task,
-                         host);
-                cat_list(e, sizeof e, &pair);
-                tsp__err_append(e, sizeof e, " with CUDA_VISIBLE_DEVICES=");
-                cat_mask(e, sizeof e, mask);
-                tsp__err_append(
-                    e, sizeof e,
-                    " both resolve to %s (%s); NCCL refuses that (\"Duplicate GPU detected\")",
-                    g->bus, u);
-                goto fail;
-            }
-            if (mig[i] < 0 && g->mig_mode) {
-                snprintf(e, sizeof e,
-                         "torchspark: GPU %s (%s) on host %s is in MIG mode, so CUDA cannot use it "
-                         "by index: have the discovery script report MIG device UUIDs (MIG-…), and "
-                         "note that NCCL does not run over MIG devices (NVIDIA/nccl#1716): train "
-                         "with backend gloo there",
-                         entry, u, host);
-                goto fail;
-            }
-            if (mig[i] < 0 && g->nprocs > 0) {
-                tsp__err_append(
-                    out->warnings, sizeof out->warnings,
-                    "torchspark: WARNING: GPU %s (%s) on host %s already runs %d compute "
-                    "process(es) using %.1f GiB: another task or a leftover process shares it%s\n",
-                    entry, u, host, g->nprocs, (double)g->procs_mem / (1024.0 * 1024 * 1024),
-                    g->compute_mode == 3 ? " (and it is in exclusive-process mode: the workers "
-                                           "will not get a CUDA context on it)"
-                                         : "");
-            }
-        }
-        out->checked = 1;
-    } else {
+    if (split(req->addrs, &a) || split(c->mask, &m))
+        snprintf(c->e, sizeof c->e, "torchspark: task %s on host %s: more than %d GPU entries",
+                 c->task, c->host, MAX_ENTRIES);
+    else if ((rc = check_addresses(c, &a, &m)) == 0 && (rc = narrow(c, &a, &m, &w)) == 0 &&
+             (rc = check_mig_count(c, &w)) == 0 && inv)
+        rc = resolve_all(c, inv, &w, out);
+    if (rc == 0 && !inv)
         tsp__err_append(
             out->warnings, sizeof out->warnings,
             "torchspark: WARNING: NVML (libnvidia-ml.so.1) is not available on host %s, so task "
             "%s's GPUs were not checked against the host's devices\n",
-            host, task);
+            c->host, c->task);
+    if (rc == 0) {
+        for (int i = 0; i < w.n; i++) {
+            tsp__err_append(out->mask, sizeof out->mask, "%s%.*s", i ? "," : "", (int)w.len[i],
+                            w.s[i]);
+            out->integers |= addr_kind(w.s[i], w.len[i]) == ADDR_INT;
+        }
+        out->count = w.n;
+    } else if (err && errlen) {
+        snprintf(err, errlen, "%s", c->e);
     }
-    for (int i = 0; i < w.n; i++) {
-        tsp__err_append(out->mask, sizeof out->mask, "%s%.*s", i ? "," : "", (int)w.len[i], w.s[i]);
-        out->integers |= addr_kind(w.s[i], w.len[i]) == ADDR_INT;
-    }
-    out->count = w.n;
-    return 0;
-fail:
-    if (err && errlen)
-        snprintf(err, errlen, "%s", e);
+    free(c);
     return rc;
 }
 
