@@ -19,6 +19,7 @@
 #include "torchspark/common.h"
 #include "torchspark/elect.h"
 #include "torchspark/logserver.h"
+#include "torchspark/plan.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -228,6 +229,37 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_recordPack(JNIEnv *env, jclass
     str_release(env, jrun, run);
     str_release(env, jhost, host);
     str_release(env, jif, ifn);
+    return rc;
+}
+
+/* ---- the node plan ---- */
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_planArgv(JNIEnv *env, jclass cls, jstring jplan,
+                                                           jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *plan = str_get(env, jplan, &oom);
+    int rc = -ENOMEM;
+    if (!oom && plan) {
+        char err[512] = "";
+        size_t need = 4096;
+        char *out = NULL;
+        for (int tries = 0; tries < 2; tries++) {
+            char *grown = realloc(out, need);
+            if (!grown) {
+                rc = -ENOMEM;
+                break;
+            }
+            out = grown;
+            rc = tsp_plan_argv(plan, strlen(plan), out, need, &need, err, sizeof err);
+            if (rc != -ENOSPC)
+                break;
+        }
+        set_str(env, msg, 0, rc == 0 ? out : err[0] ? err : tsp_strerror(rc));
+        free(out);
+    }
+    str_release(env, jplan, plan);
     return rc;
 }
 

@@ -24,6 +24,30 @@ TAIL_LINES = 100
 SHUTDOWN_TIMEOUT_S = 5
 
 
+def plan_argv(plan: Dict[str, object]) -> List[str]:
+    """The agent's options for a node plan (docs/protocol.md §7), built by the C core
+    (torchspark/plan.h) for both glues; the golden cases of tests/contracts/plan_argv.json
+    hold the contract."""
+    import ctypes
+
+    from torchspark._lib import load_library
+
+    lib = load_library()
+    doc = json.dumps(plan).encode()
+    err = ctypes.create_string_buffer(512)
+    size = 4096
+    for _ in range(2):
+        out = ctypes.create_string_buffer(size)
+        needed = ctypes.c_size_t(0)
+        rc = lib.tsp_plan_argv(doc, len(doc), out, size, ctypes.byref(needed), err, len(err))
+        if rc == 0:
+            return list(json.loads(out.value.decode()))
+        if rc != -28:  # -ENOSPC: once more with the size the library asked for
+            break
+        size = needed.value
+    raise ValueError(err.value.decode(errors="replace") or f"tsp_plan_argv failed ({rc})")
+
+
 def agent_command(
     *,
     standalone: bool,
@@ -44,44 +68,21 @@ def agent_command(
 ) -> List[str]:
     """The agent's command line; program is ["-m", module, args...] or [script, args...].
     gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
-    CUDA_VISIBLE_DEVICES and runs one worker per GPU."""
-    cmd = [agent_path()]
-    if standalone:
-        cmd.append("--standalone")
-    cmd += [f"--nnodes={nnodes}", f"--node-rank={node_rank}",
-            "--nproc-per-node=gpu" if gpus is not None else f"--nproc-per-node={nproc_per_node}"]
-    if gpus is not None:
-        cmd.append(f"--gpus={gpus}")
+    CUDA_VISIBLE_DEVICES and runs one worker per GPU. The node plan's environment-dependent
+    values are resolved here: this Python for the workers, and the training's own libnccl
+    for the NCCL preflight (the executor's TORCHSPARK_NCCL_LIB, else the nvidia-nccl wheel
+    of this Python, else the loader's)."""
+    plan: Dict[str, object] = {
+        "agent": agent_path(), "standalone": standalone, "nnodes": nnodes,
+        "node_rank": node_rank, "nproc_per_node": nproc_per_node, "gpus": gpus,
+        "nccl_check": nccl_check, "nccl_port": nccl_port, "master_addr": master_addr,
+        "master_port": master_port, "run_id": run_id, "python": sys.executable,
+        "error_file": error_file, "shutdown_timeout": SHUTDOWN_TIMEOUT_S,
+        "log_endpoint": log_endpoint, "output_file": output_file, "warm_socket": warm_socket,
+    }
     if nccl_check > 0:
-        # The NCCL preflight (docs/gpu.md) with the training's own libnccl: the executor's
-        # TORCHSPARK_NCCL_LIB, else the nvidia-nccl wheel of this Python, else the loader's.
-        cmd.append(f"--nccl-check={nccl_check:g}")
-        lib = os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
-        if lib:
-            cmd.append(f"--nccl-lib={lib}")
-
-    if master_addr is not None:
-        cmd += [f"--master-addr={master_addr}", f"--master-port={master_port}"]
-    if nccl_port:
-        # The election's second port (record key nccl_port): NCCL_COMM_ID of the check, when
-        # it runs (this option or TORCHSPARK_NCCL_CHECK=1 in the executor's environment).
-        cmd.append(f"--nccl-comm-port={nccl_port}")
-    if run_id is not None:
-        cmd.append(f"--rdzv-id={run_id}")
-    cmd += ["--python", sys.executable, "--error-file", error_file,
-            f"--shutdown-timeout={SHUTDOWN_TIMEOUT_S}"]
-    if log_endpoint:
-        cmd += ["--log-endpoint", log_endpoint]
-    else:
-        # No channel: the agent's own output carries the lines with the users' one prefix,
-        # "[rank N] " (_native.line_prefix), through torchrun's template option.
-        cmd += ["--tee=3", "--log-line-prefix-template=[rank ${rank}] "]
-    if output_file:
-        cmd += ["--output-file", output_file]
-    if warm_socket:
-        # Workers forked from the executor's warm pool (torchspark/_warm.py)
-        cmd += ["--warm-socket", warm_socket]
-    return cmd + list(program)
+        plan["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
+    return plan_argv(plan) + list(program)
 
 
 def find_libnccl() -> Optional[str]:

@@ -122,6 +122,8 @@ def _signatures() -> Dict[str, Tuple[object, List[object]]]:
         "tsp_logserver_free": (None, [vp]),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
+        # plan.h
+        "tsp_plan_argv": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),

@@ -1,5 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStream;
@@ -38,69 +41,57 @@ final class AgentProcess {
         this.echo = echo;
     }
 
-    /** The agent's command line (the same options as the PySpark glue's _launch.py). */
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    /** The agent's command line: the node plan's options, built by the C core for both glues
+     *  (torchspark/plan.h, docs/protocol.md section 7; the golden cases of
+     *  tests/contracts/plan_argv.json), then the program. The NCCL check only with GPUs. */
     static List<String> command(String agent, boolean standalone, int nnodes, int nodeRank, int nproc,
             String masterAddr, int masterPort, int ncclPort, String runId, String python,
             String errorFile, String endpoint, String outputFile, boolean noPython, String gpus,
             double ncclCheck, List<String> program) {
-        List<String> c = new ArrayList<>();
-        c.add(agent);
-        if (standalone) {
-            c.add("--standalone");
-        }
-        c.add("--nnodes=" + nnodes);
-        c.add("--node-rank=" + nodeRank);
-        if (gpus != null) {
-            // Spark's raw addresses: the agent assigns them against its own
-            // CUDA_VISIBLE_DEVICES (rules R0-R8, docs/gpu.md) and runs one worker per GPU.
-            c.add("--nproc-per-node=gpu");
-            c.add("--gpus=" + gpus);
-        } else {
-            c.add("--nproc-per-node=" + nproc);
-        }
+        ObjectNode plan = JSON.createObjectNode();
+        plan.put("agent", agent);
+        plan.put("standalone", standalone);
+        plan.put("nnodes", nnodes);
+        plan.put("node_rank", nodeRank);
+        plan.put("nproc_per_node", nproc);
+        plan.put("gpus", gpus);
+        plan.put("nccl_check", gpus != null ? ncclCheck : 0);
+        plan.put("nccl_port", ncclPort);
+        plan.put("master_addr", masterAddr);
         if (masterAddr != null) {
-            c.add("--master-addr=" + masterAddr);
-            c.add("--master-port=" + masterPort);
+            plan.put("master_port", masterPort);
         }
-        if (ncclPort > 0) {
-            // The election's second port: NCCL_COMM_ID of the NCCL check.
-            c.add("--nccl-comm-port=" + ncclPort);
-        }
-        if (gpus != null && ncclCheck > 0) {
-            // The NCCL preflight with this deadline in seconds (docs/gpu.md); without it,
-            // TORCHSPARK_NCCL_CHECK=1 in the executors' environment still turns it on.
-            c.add("--nccl-check=" + formatSeconds(ncclCheck));
-        }
-        if (runId != null) {
-            c.add("--rdzv-id=" + runId);
-        }
-        if (noPython) {
-            c.add("--no-python");
-        } else {
-            c.add("--python");
-            c.add(python);
-        }
-        c.add("--error-file");
-        c.add(errorFile);
-        c.add("--shutdown-timeout=" + SHUTDOWN_TIMEOUT_S);
-        if (endpoint != null) {
-            c.add("--log-endpoint");
-            c.add(endpoint);
-        } else {
-            c.add("--tee=3");
-            c.add("--log-line-prefix-template=[rank ${rank}] ");
-        }
-        if (outputFile != null) {
-            c.add("--output-file");
-            c.add(outputFile);
-        }
+        plan.put("run_id", runId);
+        plan.put("no_python", noPython);
+        plan.put("python", noPython ? null : python);
+        plan.put("error_file", errorFile);
+        plan.put("shutdown_timeout", SHUTDOWN_TIMEOUT_S);
+        plan.put("log_endpoint", endpoint);
+        plan.put("output_file", outputFile);
+        List<String> c = planArgv(plan.toString());
         c.addAll(program);
         return c;
     }
 
-    /** Seconds as the agent's option reads them: "180", "0.5". */
-    static String formatSeconds(double s) {
-        return s == Math.rint(s) ? Long.toString((long) s) : Double.toString(s);
+    /** The node plan (JSON) -> the agent's options; IllegalArgumentException naming the key
+     *  when the plan is malformed. */
+    static List<String> planArgv(String plan) {
+        String[] msg = new String[1];
+        int rc = Native.planArgv(plan, msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        }
+        try {
+            List<String> argv = new ArrayList<>();
+            for (JsonNode a : JSON.readTree(msg[0])) {
+                argv.add(a.asText());
+            }
+            return argv;
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the node plan's argv is not JSON: " + msg[0], e);
+        }
     }
 
     void start() throws IOException {

@@ -23,6 +23,12 @@ final class Native {
     /** Bytes a pullText buffer needs at least (TSP_LOGSERVER_TEXT_MIN). */
     static native int textBufferMin();
 
+    // --- the node plan (torchspark/plan.h) ---
+
+    /** msg[0]: the agent's options for the node plan (JSON) as a JSON array of strings, or
+     *  the error sentence naming the key that is wrong. */
+    static native int planArgv(String plan, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -1,0 +1,57 @@
+package org.torchspark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.ArrayList;
+import java.util.List;
+import org.junit.Test;
+
+/** The golden contract files (tests/contracts/*.json) through JNI: the same cases as
+ *  pytest's tests/e2e/test_contracts.py, one C transform behind both glues. */
+public class ContractTest {
+    private static JsonNode cases(String file) throws IOException {
+        Path root = Paths.get(System.getProperty("torchspark.test.root", "."));
+        return new ObjectMapper().readTree(root.resolve("tests/contracts").resolve(file).toFile())
+                .get("cases");
+    }
+
+    @Test
+    public void planArgvGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("plan_argv.json")) {
+            String name = c.get("name").asText();
+            if (c.has("argv")) {
+                List<String> want = new ArrayList<>();
+                c.get("argv").forEach(a -> want.add(a.asText()));
+                assertEquals(name, want, AgentProcess.planArgv(c.get("plan").toString()));
+            } else {
+                try {
+                    AgentProcess.planArgv(c.get("plan").toString());
+                    fail(name + ": a refused plan was accepted");
+                } catch (IllegalArgumentException e) {
+                    String part = c.get("error").asText();
+                    assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(part));
+                }
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 10);
+    }
+
+    @Test
+    public void commandIsThePlanThenTheProgram() {
+        List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,
+                null, false, null, 180, List.of("train.py", "--x"));
+        assertEquals(List.of("a", "--nnodes=2", "--node-rank=1", "--nproc-per-node=1", "--master-addr=h",
+                "--master-port=5", "--rdzv-id=r", "--python", "py", "--error-file", "e",
+                "--shutdown-timeout=5", "--tee=3", "--log-line-prefix-template=[rank ${rank}] ",
+                "train.py", "--x"), cmd); // no GPUs: no NCCL check
+    }
+}
