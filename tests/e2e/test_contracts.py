@@ -3,13 +3,15 @@ JUnit's ContractTest reproduces the same cases through JNI: one C transform, two
 no twins (docs/architecture.md, "One contract")."""
 import json
 import pathlib
+import socket
 
 import pytest
 
-from torchspark import _launch
+from torchspark import _launch, _rendezvous
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
+RDV_CASES = json.loads((CONTRACTS / "rendezvous.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -36,3 +38,26 @@ def test_a_bad_plan_names_the_key():
         _launch.plan_argv({"agent": "a", "python": "p", "error_file": "e", "nnodes": 0})
     with pytest.raises(ValueError, match="not a JSON object"):
         _launch.plan_argv([])  # type: ignore[arg-type]
+
+
+def _raw(port: int, line: bytes) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(line)
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.decode().rstrip("\n")
+
+
+@pytest.mark.parametrize("case", RDV_CASES, ids=[c["name"] for c in RDV_CASES])
+def test_rendezvous_golden(case):
+    server = _rendezvous.Server("127.0.0.1")
+    try:
+        for step in case["steps"]:
+            line = step["send"].replace("{token}", server.token) + "x" * step.get("pad", 0)
+            assert _raw(server.port, line.encode() + b"\n") == step["reply"], step
+    finally:
+        server.close()

@@ -88,18 +88,22 @@ class Server:
         with conn:
             conn.settimeout(CONNECT_TIMEOUT_S)
             try:
-                req = _read_line(conn)
+                try:
+                    req = _read_line(conn)
+                except ValueError as e:  # over the line limit, or not UTF-8
+                    conn.sendall(f"ERR {e}\n".encode())
+                    return
                 token, _, rest = req.partition(" ")
                 if not hmac.compare_digest(token.encode(), self.token.encode()):
                     conn.sendall(b"ERR authentication failed\n")
                     return
                 verb, _, record = rest.partition(" ")
-                if verb == "PUT":
+                if verb == "PUT" and record:
                     with self._cv:
                         self._record = record
                         self._cv.notify_all()
                     conn.sendall(b"OK\n")
-                elif verb == "GET":
+                elif rest == "GET":
                     conn.settimeout(None)
                     with self._cv:
                         self._cv.wait_for(lambda: self._record is not None or self._closed,

@@ -46,6 +46,24 @@ public class ContractTest {
     }
 
     @Test
+    public void rendezvousGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("rendezvous.json")) {
+            try (Rendezvous r = new Rendezvous("127.0.0.1")) {
+                String token = r.endpoint("127.0.0.1").token;
+                for (JsonNode step : c.get("steps")) {
+                    String line = step.get("send").asText().replace("{token}", token)
+                            + "x".repeat(step.has("pad") ? step.get("pad").asInt() : 0);
+                    assertEquals(c.get("name").asText() + ": " + step, step.get("reply").asText(),
+                            RendezvousTest.raw(r.port(), line + "\n"));
+                }
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 8);
+    }
+
+    @Test
     public void commandIsThePlanThenTheProgram() {
         List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,
                 null, false, null, 180, List.of("train.py", "--x"));
