@@ -295,7 +295,7 @@ def _peer_uid(conn: socket.socket) -> int:
 POOL_COMM = "tsp-warm-pool"  # the pool's /proc/PID/comm; its workers get a fresh one's
 
 
-def _prctl(option: int, arg) -> None:
+def _prctl(option: int, arg: Any) -> None:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
@@ -549,7 +549,7 @@ def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[st
         return None  # reaped with the others
 
 
-def _reap(workers: Dict[int, _Worker], sel) -> None:
+def _reap(workers: Dict[int, _Worker], sel: Any) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
