@@ -340,7 +340,7 @@ def owner_findings(root: str) -> List[Finding]:
             for no, line in enumerate(lines, 1):
                 m = pattern.search(line)
                 if m:
-                    out.append(Finding(rel, no, rule, f"{m.group(0).rstrip('( ')}: {text}"))
+                    out.append(Finding(rel, no, rule, f"{m.group(0).split('(')[0].strip()}(): {text}"))
     return out
 
 

@@ -132,7 +132,7 @@ class _Existing:
             return None
         self.module = sys.modules[fullname]
         self.spec = self.module.__spec__
-        return importlib.util.spec_from_loader(fullname, self)
+        return importlib.util.spec_from_loader(fullname, self)  # type: ignore[arg-type]
 
     def create_module(self, spec: Any) -> Optional[ModuleType]:
         return self.module

@@ -15,7 +15,7 @@ import ctypes
 import os
 import shutil
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 _BIN_DIR = os.path.join(_PKG_DIR, "_bin")
@@ -83,11 +83,11 @@ class GpuAssignment(ctypes.Structure):
                 ("warnings", ctypes.c_char * 2048)]
 
 
-def _signatures() -> Dict[str, Tuple[object, List[object]]]:
+def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     """name -> (restype, argtypes) of every C function the glue calls."""
     vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
     sz, lng, P = ctypes.c_size_t, ctypes.c_long, ctypes.POINTER
-    err = [c, sz]  # a caller's buffer for the error sentence
+    err: List[Any] = [c, sz]  # a caller's buffer for the error sentence
     return {
         # common.h
         "tsp_strerror": (c, [i]),

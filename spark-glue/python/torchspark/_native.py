@@ -114,7 +114,7 @@ class LogServer:
         self._closed = False
         self._pull_lock = threading.Lock()
         self._arr_len = 0
-        self._arr = None
+        self._arr: Optional[ctypes.Array[_LogLine]] = None
         self._text: Optional[ctypes.Array] = None
         self.host: str = self._lib.tsp_logserver_host(h).decode()
         self.port: int = self._lib.tsp_logserver_port(h)
@@ -144,13 +144,13 @@ class LogServer:
         :meth:`close`, once everything was pulled. One puller at a time.
         """
         with self._pull_lock:
-            if self._arr_len < max_lines:
-                self._arr = (_LogLine * max_lines)()
+            arr = self._arr
+            if arr is None or self._arr_len < max_lines:
+                arr = self._arr = (_LogLine * max_lines)()
                 self._arr_len = max_lines
-            n = self._lib.tsp_logserver_pull(self._h, self._arr, max_lines, timeout_ms)
+            n = self._lib.tsp_logserver_pull(self._h, arr, max_lines, timeout_ms)
             if n <= 0:
                 return []
-            arr = self._arr
             first = arr[0].data
             lens = [arr[i].len for i in range(n)]
             blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
@@ -213,7 +213,7 @@ class LogServer:
         """Counters: accepted, authenticated, rejected, lines, bytes, duplicates, ..."""
         st = _Stats()
         self._lib.tsp_logserver_stats(self._h, ctypes.byref(st))
-        return {name: getattr(st, name) for name, _ in _Stats._fields_}
+        return {f[0]: getattr(st, f[0]) for f in _Stats._fields_}
 
     def expect_output(self, path: Optional[str] = None) -> None:
         """Accept rank 0's output, written to ``path`` (0600) or kept in memory (None)."""
@@ -244,10 +244,10 @@ class LogServer:
             return memoryview(Path(self.output_path).read_bytes())
         data, size = ctypes.c_void_p(), ctypes.c_uint64()
         self._lib.tsp_logserver_output_data(self._h, ctypes.byref(data), ctypes.byref(size))
-        if not size.value:
+        if not size.value or not data.value:
             return memoryview(b"")
         buf = (ctypes.c_char * size.value).from_address(data.value)
-        buf.owner = self  # the buffer is freed with the server: not before the view
+        buf.owner = self  # type: ignore[attr-defined]  # freed with the server: not before the view
         return memoryview(buf).cast("B")
 
     def output_bytes(self) -> Optional[bytes]:
@@ -258,7 +258,7 @@ class LogServer:
         self._lib.tsp_logserver_output_data(self._h, ctypes.byref(data), ctypes.byref(size))
         if self.output_path is not None:
             return Path(self.output_path).read_bytes()
-        return ctypes.string_at(data.value, size.value) if size.value else b""
+        return ctypes.string_at(data.value, size.value) if size.value and data.value else b""
 
     def failure(self, timeout: Optional[float] = 0) -> Optional[Dict]:
         """The run's root cause (docs/protocol.md 1.7), waiting up to ``timeout`` s for it
@@ -304,7 +304,7 @@ class LogServer:
     def __enter__(self) -> "LogServer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

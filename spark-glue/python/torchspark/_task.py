@@ -47,7 +47,8 @@ def _host_of(address: str) -> str:
     return host.strip("[]")
 
 
-def _elect_master(hosts: List[str], driver_host: str):
+def _elect_master(hosts: List[str],
+                  driver_host: str) -> "tuple[_elect.Record, str, _elect.PortReservation]":
     """Rank 0: elect towards another node's host, else towards the driver."""
     peers = [h for h in dict.fromkeys(hosts[1:]) if h and h != hosts[0]]
     peers += [h for h in (driver_host, hosts[0]) if h]

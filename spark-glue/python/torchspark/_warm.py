@@ -28,7 +28,7 @@ import stat
 import struct
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 MAGIC = b"TSPW"
 VERSION = 1
@@ -141,7 +141,7 @@ def worker_env(env: Dict[str, str], nproc_per_node: int) -> Dict[str, str]:
     return env
 
 
-_started: List[object] = []  # the pools this process started (Popen objects, never waited)
+_started: List[Any] = []  # the pools this process started (Popen objects, never waited)
 
 
 def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
@@ -252,7 +252,7 @@ def read_request(conn: socket.socket) -> Tuple[str, List[str], Dict[str, str], L
         if argc < 1 or 2 + argc > len(strs):
             raise ValueError(f"argc {argc}")
         argv = strs[2:2 + argc]
-        env = {}
+        env: Dict[str, str] = {}
         for kv in strs[2 + argc:]:
             k, sep, v = kv.partition("=")
             if not sep:
@@ -299,7 +299,7 @@ def _peer_uid(conn: socket.socket) -> int:
 POOL_COMM = "tsp-warm-pool"  # the pool's /proc/PID/comm; its workers get a fresh one's
 
 
-def _prctl(option: int, arg) -> None:
+def _prctl(option: int, arg: Any) -> None:
     import ctypes
 
     ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
@@ -346,14 +346,15 @@ def _become_worker(cwd: str, argv: List[str], env: Dict[str, str], fds: List[int
         os.environ.clear()
         os.environ.update(env)
         # The standard streams as `python -u` makes them: binary layers unbuffered.
-        enc_out, err_out = sys.__stdout__.encoding, sys.__stdout__.errors
-        sys.stdin = sys.__stdin__ = io.TextIOWrapper(
+        # (typeshed: sys.__std*__ are Final and may be None; a pool has all three.)
+        enc_out, err_out = sys.__stdout__.encoding, sys.__stdout__.errors  # type: ignore[union-attr]
+        sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
             io.BufferedReader(io.FileIO(0, "r", closefd=False)),
-            encoding=sys.__stdin__.encoding, errors=sys.__stdin__.errors)
-        sys.stdout = sys.__stdout__ = io.TextIOWrapper(
+            encoding=sys.__stdin__.encoding, errors=sys.__stdin__.errors)  # type: ignore[union-attr]
+        sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
             io.FileIO(1, "w", closefd=False), encoding=enc_out, errors=err_out,
             write_through=True)
-        sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
             io.FileIO(2, "w", closefd=False), encoding=enc_out, errors="backslashreplace",
             write_through=True)
         np = sys.modules.get("numpy")
@@ -552,7 +553,7 @@ def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[st
         return None  # reaped with the others
 
 
-def _reap(workers: Dict[int, _Worker], sel) -> None:
+def _reap(workers: Dict[int, _Worker], sel: Any) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
