@@ -16,8 +16,9 @@
 #define TSP_LINES_DEFAULT_CAP (1u << 20) /* 1 MiB: the documented line cap */
 #define TSP_LINES_MIN_CAP 16u
 
-/* The log server also queues its own messages as lines of stream TSP_STREAM_EVENT. */
-enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2, TSP_STREAM_EVENT = 3 };
+/* The log server also queues its own messages as lines of stream TSP_STREAM_EVENT;
+ * TSP_STREAM_REPORT carries a worker's torchspark.report() records (docs/protocol.md 1.8). */
+enum { TSP_STREAM_STDOUT = 1, TSP_STREAM_STDERR = 2, TSP_STREAM_EVENT = 3, TSP_STREAM_REPORT = 4 };
 enum {
     TSP_LINE_CONTINUED = 1u << 0, /* a piece of a longer line; more of it follows */
     TSP_LINE_NO_EOL = 1u << 1,    /* the stream ended without '\n' after this text */
@@ -51,6 +52,7 @@ typedef struct tsp_line_sink {
  * sink), the agent's local fallback and, through tsp_logserver_format_prefix, Python. */
 #define TSP_LINES_PREFIX "[rank {rank}] "
 #define TSP_LINES_STDERR_MARKER "[stderr] "
+#define TSP_LINES_REPORT_MARKER "[report] "
 #define TSP_LINES_EVENT_PREFIX "[torchspark] "
 /* Writes the prefix into out (NUL-terminated, truncated to outlen) and returns the length
  * of the whole prefix. */
