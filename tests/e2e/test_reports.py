@@ -136,3 +136,76 @@ def test_outside_a_run_report_is_a_no_op_with_one_warning():
                        timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("1 RuntimeWarning torchspark.report() outside a torchspark run")
+
+
+TOKEN = "tsp-secret-token-" + os.urandom(4).hex()
+
+
+def _train_env(steps):
+    import torch.distributed as dist
+
+    import torchspark
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for step in range(steps):
+        torchspark.report({"loss": 1.0 / (step + 1) + rank, "acc": step / steps}, step=step)
+    leaks = sorted(k for k, v in os.environ.items()
+                   if k.startswith("MLFLOW") or TOKEN in v or "mlruns" in v)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, leaks)
+    dist.destroy_process_group()
+    return everyone
+
+
+def _history(client, run_id, key):
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_mlflow_active_run_gets_every_metric_and_executors_get_no_credential(
+        spark, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    # Set after the executors started: what reaches them now comes from torchspark.
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", TOKEN)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file://" + str(tmp_path / "mlruns"))
+    with mlflow.start_run() as run:
+        d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, progress=False)
+        leaks = d.run(_train_env, STEPS)
+    assert leaks == [[], []]
+    client = MlflowClient()
+    for rank, prefix in ((0, ""), (1, "rank1/")):
+        assert _history(client, run.info.run_id, prefix + "loss") == [
+            (s, 1.0 / (s + 1) + rank) for s in range(STEPS)]
+        assert _history(client, run.info.run_id, prefix + "acc") == [
+            (s, s / STEPS) for s in range(STEPS)]
+    assert set(client.get_run(run.info.run_id).data.metrics) == {
+        "loss", "acc", "rank1/loss", "rank1/acc"}
+
+
+def test_mlflow_conf_starts_and_ends_a_run_of_its_own(spark, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file://" + str(tmp_path / "mlruns"))
+    assert mlflow.active_run() is None
+    spark.conf.set("spark.torchspark.mlflow", "true")
+    try:
+        d = TorchDistributor(num_processes=1, local_mode=True, use_gpu=False, progress=False)
+        d.run(_script_file(tmp_path), 5)
+    finally:
+        spark.conf.unset("spark.torchspark.mlflow")
+    assert mlflow.active_run() is None  # ended with the job
+    client = MlflowClient()
+    runs = client.search_runs(["0"])
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert _history(client, runs[0].info.run_id, "step_sq") == [(s, s * s) for s in range(5)]
+
+
+def _script_file(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return str(path)

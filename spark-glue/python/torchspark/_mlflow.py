@@ -3,7 +3,7 @@
 When ``mlflow`` is importable on the driver and a run is active there (or
 ``spark.torchspark.mlflow=true`` starts one for the job), each report is logged from the
 driver, by step: rank 0's metrics under their own names, another rank's as
-``name/rank<R>``. Nothing of MLflow (tracking URI, token) goes to the executors: the ranks
+``rank<R>/name``. Nothing of MLflow (tracking URI, token) goes to the executors: the ranks
 only talk to their agent, the agent to the driver's log server.
 """
 from __future__ import annotations
@@ -57,7 +57,8 @@ class MlflowLogger:
 
     @staticmethod
     def key(name: str, rank: int) -> str:
-        return name if rank == 0 else f"{name}/rank{rank}"
+        # A prefix, not a suffix: "loss" and "loss/rank1" cannot both be files of a store.
+        return name if rank == 0 else f"rank{rank}/{name}"
 
     def log(self, rep: Any) -> None:
         from mlflow.entities import Metric
