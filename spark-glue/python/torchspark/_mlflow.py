@@ -8,6 +8,7 @@ only talk to their agent, the agent to the driver's log server.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, List, Optional
 
@@ -28,10 +29,18 @@ def _conf_true(dist: Any) -> bool:
 def logger_for(dist: Any) -> Optional["MlflowLogger"]:
     """The run's logger, or None (mlflow not importable, or no active run and the conf
     does not ask for one)."""
-    try:
-        import mlflow
-    except ImportError:
-        return None
+    # A run can only be active where the driver imported mlflow: no import (seconds) for
+    # everyone else, unless the conf asks for a run.
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        if not _conf_true(dist):
+            return None
+        try:
+            import mlflow
+        except ImportError:
+            raise RuntimeError("spark.torchspark.mlflow is true but mlflow cannot be imported "
+                               "on the driver: pip install mlflow (or mlflow-skinny), or unset "
+                               "the conf") from None
     run = mlflow.active_run()
     started = False
     if run is None:
