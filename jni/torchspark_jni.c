@@ -349,6 +349,46 @@ JNIEXPORT jlong JNICALL Java_org_torchspark_Native_logServerPullText(
     return (jlong)n;
 }
 
+/* The workers' reports (docs/protocol.md 1.8) as one string of "RANK\tRECORD\n" lines (a
+ * record is JSON: no raw newline); "" on timeout, NULL once the server stopped and all was
+ * pulled. */
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerPullReports(JNIEnv *env, jclass cls,
+                                                                          jlong h, jint max,
+                                                                          jint timeout_ms)
+{
+    (void)cls;
+    if (max <= 0 || max > 4096)
+        max = 4096;
+    tsp_logline_t *recs = malloc((size_t)max * sizeof *recs);
+    if (recs == NULL)
+        return (*env)->NewStringUTF(env, ""); /* no memory now: the next pull retries */
+    int n = tsp_logserver_pull_reports(server_of(h), recs, max, timeout_ms);
+    if (n == -EPIPE) {
+        free(recs);
+        return NULL;
+    }
+    size_t need = 1;
+    for (int i = 0; i < n; i++)
+        need += recs[i].len + 16;
+    char *buf = malloc(need);
+    if (buf == NULL) { /* the records were taken: they cannot be handed back */
+        free(recs);
+        return NULL;
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        off += (size_t)snprintf(buf + off, need - off, "%d\t", (int)recs[i].rank);
+        for (uint32_t k = 0; k < recs[i].len; k++) /* NewStringUTF: no NUL inside */
+            buf[off++] = recs[i].data[k] ? recs[i].data[k] : ' ';
+        buf[off++] = '\n';
+    }
+    buf[off] = 0;
+    free(recs);
+    jstring out = (*env)->NewStringUTF(env, buf);
+    free(buf);
+    return out;
+}
+
 JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerTail(JNIEnv *env, jclass cls,
                                                                       jlong h, jint rank, jint n)
 {

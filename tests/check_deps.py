@@ -71,7 +71,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "ncclapi": ("agent", 2),
     "proc": ("agent", 3), "topo": ("agent", 3), "sentinel": ("agent", 3), "gpu": ("agent", 3),
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
-    "elect": ("agent", 4), "warm": ("agent", 4),
+    "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
 }
 # The sides each side may reach (the public headers, torchspark/*.h, are open to all).

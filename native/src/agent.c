@@ -13,6 +13,7 @@
 #include "agent.h"
 #include "proc.h"
 #include "report.h"
+#include "reportsock.h"
 #include "sentinel.h"
 #include "util.h"
 
@@ -44,7 +45,8 @@ enum { W_IDLE, W_RUNNING, W_EXITED };
 
 /* epoll tags: small integers for the agent's own fds, worker streams above them. */
 enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_STREAM0 = 16 };
-/* A worker's pidfd: TAG_PIDFD0 + local rank, above every stream tag. */
+#define TAG_REPORTS (1ull << 32) /* the report socket and its connections (reportsock.h) */
+/* A worker's pidfd: TAG_PIDFD0 + local rank, above the reports' tags. */
 #define TAG_PIDFD0 ((uint64_t)1 << 40)
 
 typedef struct {
@@ -86,6 +88,8 @@ struct tsp_agent {
     int nfails;
     int root;
     int reported; /* the root cause was written and handed to on_failure */
+    /* the workers' torchspark.report() socket (reportsock.h); NULL without a sink */
+    tsp_reports_t *reports;
 };
 
 static double now_real(void)
@@ -379,7 +383,7 @@ static void read_stream(tsp_agent_t *a, worker_t *w, int si)
 
 static void resume_paused(tsp_agent_t *a)
 {
-    int still = 0;
+    int still = tsp_reports_resume(a->reports) == -EAGAIN;
     for (int i = 0; i < a->n; i++)
         for (int si = 0; si < 2; si++)
             if (a->w[i].s[si].paused && drain_stream(a, &a->w[i], si) == -EAGAIN)
@@ -394,7 +398,7 @@ static int output_pending(const tsp_agent_t *a)
         for (int si = 0; si < 2; si++)
             if (a->w[i].s[si].fd >= 0 || a->w[i].s[si].paused)
                 return 1;
-    return 0;
+    return tsp_reports_pending(a->reports);
 }
 
 /* ---- spawning ---------------------------------------------------------------------- */
@@ -554,6 +558,8 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     /* The job's token: what the sentinel sweeps after an agent SIGKILL (sentinel.h). */
     if (!rc && tsp__sentinel_token())
         rc = tsp_env_set(&env, TSP_SENTINEL_VAR, tsp__sentinel_token());
+    if (!rc && a->reports)
+        rc = tsp_env_set(&env, TSP_REPORTS_ENV, tsp_reports_path(a->reports));
     char **argv = rc ? NULL : worker_argv(a, w->local_rank);
     if (!rc && !argv)
         rc = -ENOMEM;
@@ -760,6 +766,9 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
         resume_paused(a);
     } else if (tag >= TAG_PIDFD0) {
         reap(a); /* closes the pidfd of the worker that exited */
+    } else if (tsp_reports_owns(a->reports, tag)) {
+        if (tsp_reports_event(a->reports, tag) == -EAGAIN)
+            watch_wake(a, 1);
     } else {
         on_stream_event(a, tag);
     }
@@ -980,6 +989,10 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
                  o->log_dir ? o->log_dir : "$TMPDIR", strerror(-rc));
         goto fail;
     }
+    /* torchspark.report() needs the channel; without its socket training still runs. */
+    if (o->sink && tsp_reports_open(&a->reports, a->epfd, TAG_REPORTS, o->sink, &a->o.topo,
+                                    o->tmp_dir, o->log_fd, err, errlen) != 0)
+        agent_log(a, "%s: torchspark.report() is off in this run", err);
     *out = a;
     return 0;
 fail:
@@ -1011,6 +1024,7 @@ void tsp_agent_close(tsp_agent_t *a)
             tsp_lines_close(&a->w[i].s[si].lines);
         }
     }
+    tsp_reports_close(a->reports);
     int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd};
     for (size_t i = 0; i < 4; i++)
         if (fds[i] >= 0)

@@ -161,7 +161,9 @@ size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *
             n++;
         }
     }
-    if (stream == TSP_STREAM_STDERR)
+    if (stream == TSP_STREAM_REPORT)
+        marker = TSP_LINES_REPORT_MARKER;
+    if (stream == TSP_STREAM_STDERR || stream == TSP_STREAM_REPORT)
         for (const char *m = marker ? marker : TSP_LINES_STDERR_MARKER; *m; m++, n++)
             if (n + 1 < outlen)
                 out[n] = *m;

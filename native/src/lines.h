@@ -21,7 +21,8 @@
 enum {
     TSP_STREAM_STDOUT = TSP_LOG_STREAM_STDOUT,
     TSP_STREAM_STDERR = TSP_LOG_STREAM_STDERR,
-    TSP_STREAM_EVENT = TSP_LOG_STREAM_EVENT
+    TSP_STREAM_EVENT = TSP_LOG_STREAM_EVENT,
+    TSP_STREAM_REPORT = TSP_LOG_STREAM_REPORT /* torchspark.report() records (protocol 1.8) */
 };
 enum {
     TSP_LINE_CONTINUED = TSP_LOG_LINE_CONTINUED, /* a piece of a longer line; more follows */
@@ -56,6 +57,7 @@ typedef struct tsp_line_sink {
  * sink), the agent's local fallback and, through tsp_logserver_format_prefix, Python. */
 #define TSP_LINES_PREFIX "[rank {rank}] "
 #define TSP_LINES_STDERR_MARKER "[stderr] "
+#define TSP_LINES_REPORT_MARKER "[report] "
 #define TSP_LINES_EVENT_PREFIX "[torchspark] "
 /* Writes the prefix into out (NUL-terminated, truncated to outlen) and returns the length
  * of the whole prefix. */

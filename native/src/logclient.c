@@ -179,7 +179,8 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
 {
     tsp_logclient_t *c = ctx;
     if (line->rank < 0 || line->rank > TSP_WIRE_MAX_RANK ||
-        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR))
+        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR &&
+         line->stream != TSP_STREAM_REPORT))
         return -EINVAL;
     size_t pieces = line->len ? (line->len + TSP_WIRE_MAX_LINE - 1) / TSP_WIRE_MAX_LINE : 1;
     size_t need = line->len + pieces * FRAME_OVERHEAD;
@@ -339,10 +340,10 @@ static void spill_block(tsp_logclient_t *c, const blk_t *b, uint64_t *lines)
             return;
         const char *p = b->data + off + TSP_WIRE_HDR_LEN;
         if (h.type == TSP_WIRE_LINE) {
-            /* Each stream to its own fd: no stderr marker. */
+            /* Each stream to its own fd: no stderr marker; reports to stderr, marked. */
             char pre[64];
             size_t pl = tsp_lines_prefix(pre, sizeof(pre), NULL, "", h.rank, h.stream);
-            int fd = h.stream == TSP_STREAM_STDERR ? c->o.local_err_fd : c->o.local_out_fd;
+            int fd = h.stream == TSP_STREAM_STDOUT ? c->o.local_out_fd : c->o.local_err_fd;
             struct iovec iov[3] = {
                 {pre, (size_t)pl}, {(void *)(p + 8), h.length - 8}, {(void *)"\n", 1}};
             int cnt = (h.flags & TSP_LINE_CONTINUED) ? 2 : 3;

@@ -184,6 +184,29 @@ void tsp__sink_flush(tsp_logserver_t *s)
     s->sink_len = 0;
 }
 
+/* Under q.mu: a report (protocol 1.8) into its own queue (rq.mu nests inside q.mu; nothing
+ * takes q.mu while holding rq.mu). Same rules as a line: 0, or -EAGAIN when full. */
+static int report_locked(tsp_logserver_t *s, agent_rec_t *a, const tsp_wire_hdr_t *h,
+                         const uint8_t *p, uint64_t seq)
+{
+    size_t n = h->length - 8;
+    pthread_mutex_lock(&s->rq.mu);
+    int rc = 0;
+    if (tsp__logq_full_locked(&s->rq)) {
+        s->rq.paused = 1;
+        rc = -EAGAIN;
+    } else if (tsp__logq_push_locked(&s->rq, h->rank, h->stream, h->flags, p + 8, n, 1)) {
+        rc = -EAGAIN;
+    }
+    pthread_mutex_unlock(&s->rq.mu);
+    if (rc)
+        return rc;
+    s->q.st.lines++;
+    s->q.st.bytes += n;
+    a->seq = seq;
+    return 0;
+}
+
 /* Under q.mu: a LINE frame delivered once per (agent, seq): into the pull queue, or only
  * the tail in sink mode. 0 delivered, 1 a duplicate, -EAGAIN the queue is full (the frame
  * stays buffered and the connection pauses). */
@@ -196,6 +219,8 @@ static int line_locked(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, c
         s->q.st.duplicates++;
         return 1;
     }
+    if (h->stream == TSP_STREAM_REPORT)
+        return report_locked(s, a, h, p, seq);
     int to_queue = s->o.sink_fd < 0;
     if (to_queue && tsp__logq_full_locked(&s->q)) {
         s->q.paused = 1;
@@ -215,7 +240,7 @@ static int on_line(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const
     pthread_mutex_lock(&s->q.mu);
     int rc = line_locked(s, c, h, p);
     pthread_mutex_unlock(&s->q.mu);
-    if (rc == 0 && s->o.sink_fd >= 0) {
+    if (rc == 0 && s->o.sink_fd >= 0 && h->stream != TSP_STREAM_REPORT) {
         sink_line(s, h, p + 8, h->length - 8);
         if (s->sink_len >= SINK_FLUSH)
             tsp__sink_flush(s);

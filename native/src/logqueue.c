@@ -93,7 +93,7 @@ static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank)
 int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigned flags,
                           const void *data, size_t len, int to_queue)
 {
-    if (rank >= 0) {
+    if (rank >= 0 && q->tail_lines) { /* the reports' queue keeps no tails */
         tsp__rank_t *r = rank_get(q, rank);
         if (!r)
             return -ENOMEM;

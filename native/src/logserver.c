@@ -28,6 +28,13 @@
 
 /* The public header repeats the channel's constants without the internal headers. */
 _Static_assert(TSP_WIRE_MAX_LINE == TSP_LOG_MAX_LINE, "line cap");
+_Static_assert(TSP_STREAM_STDOUT == TSP_LOG_STREAM_STDOUT &&
+                   TSP_STREAM_STDERR == TSP_LOG_STREAM_STDERR &&
+                   TSP_STREAM_REPORT == TSP_LOG_STREAM_REPORT,
+               "streams");
+_Static_assert(TSP_LINE_CONTINUED == TSP_LOG_LINE_CONTINUED &&
+                   TSP_LINE_NO_EOL == TSP_LOG_LINE_NO_EOL,
+               "flags");
 
 void tsp_logserver_opts_init(tsp_logserver_opts_t *o)
 {
@@ -202,6 +209,7 @@ static void *server_main(void *arg)
     while (s->conns)
         tsp__conn_free(s, s->conns);
     tsp__logq_end(&s->q);
+    tsp__logq_end(&s->rq);
     pthread_mutex_lock(&s->ctl_mu);
     s->ended = 1;
     pthread_cond_broadcast(&s->fail_cv);
@@ -282,6 +290,7 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     size_t qb = o->queue_bytes ? o->queue_bytes : (8u << 20);
     if ((rc = tsp__logq_init(&s->q, qb, o->tail_lines, o->tail_bytes ? o->tail_bytes : 65536,
                              s->wake_fd)) ||
+        (rc = tsp__logq_init(&s->rq, qb, 0, 0, s->wake_fd)) ||
         (rc = tsp__outrecv_init(&s->out, s->wake_fd)))
         return tsp__err(err, errlen, rc, "cannot init the log server: %s", tsp_strerror(rc));
     pthread_mutex_init(&s->ctl_mu, NULL);
@@ -346,6 +355,12 @@ const char *tsp_logserver_host(const tsp_logserver_t *s)
 void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_LEN])
 {
     memcpy(out, s->secret, TSP_WIRE_SECRET_LEN);
+}
+
+int tsp_logserver_pull_reports(tsp_logserver_t *s, tsp_logline_t *out, int max_reports,
+                               int timeout_ms)
+{
+    return max_reports <= 0 ? -EINVAL : tsp__logq_pull(&s->rq, out, max_reports, timeout_ms);
 }
 
 int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines, int timeout_ms)
@@ -493,6 +508,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
     close(s->efd);
     close(s->wake_fd);
     tsp__logq_close(&s->q);
+    tsp__logq_close(&s->rq);
     tsp__outrecv_close(&s->out);
     pthread_mutex_destroy(&s->ctl_mu);
     pthread_cond_destroy(&s->fail_cv);

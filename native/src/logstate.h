@@ -104,6 +104,7 @@ struct tsp_logserver {
     size_t nodes_cap;
     int job_nnodes; /* from NODE events; 0 when none came */
     tsp__logq_t q;
+    tsp__logq_t rq; /* torchspark.report() records (protocol 1.8): never to the sink */
     tsp__outrecv_t out;
 };
 

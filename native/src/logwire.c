@@ -162,7 +162,7 @@ int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint3
         return tsp__err(err, errlen, -EBADMSG, "%s frame of %u bytes is too short (%u expected)",
                         tsp_wire_type_name(h->type), h->length, min);
     if (h->type == TSP_WIRE_LINE) {
-        if (h->stream != 1 && h->stream != 2)
+        if (h->stream != 1 && h->stream != 2 && h->stream != 4) /* 4: REPORT (1.8) */
             return tsp__err(err, errlen, -EBADMSG, "LINE frame with unknown stream %u", h->stream);
         if (h->flags & ~3u)
             return tsp__err(err, errlen, -EBADMSG, "LINE frame with unknown flags 0x%02x",

@@ -24,6 +24,10 @@ What BOOT reproduces of `python SCRIPT` (checked side by side in tests/e2e/test_
     (finalization would have closed them), stdout/stderr flushed, C stdio flushed (exit()
     would have; through ctypes when the interpreter has it; not after KeyboardInterrupt,
     where CPython dies by SIGINT without exit()), os._exit.
+Beyond `python SCRIPT`, BOOT registers faulthandler on SIGRTMIN+8 (all threads, to fd 2):
+that signal makes the worker print every thread's Python stack on its stderr and go on
+(the hang doctor's dump, docs/cli.md); it is not a Python-level handler, so
+signal.getsignal() and faulthandler.is_enabled() look as under `python SCRIPT`.
 It imports nothing of torchspark (--python may name an interpreter without it) and contains
 no '$', because every worker argument goes through torchrun's $local_rank substitution. */
 #include "pyboot.h"
@@ -36,6 +40,8 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     " o=getattr(sys,'orig_argv',None)\n"                                                           \
     " if o and '-c' in o:i=o.index('-c');del o[i:i+2]\n"                                           \
     " sp=not getattr(sys.flags,'safe_path',0);fl=ki=st=0\n"                                        \
+    " try:import faulthandler as H,signal as Q;H.register(Q.SIGRTMIN+8,all_threads=True)\n"        \
+    " except Exception:pass\n"                                                                     \
     " try:\n"                                                                                      \
     "  if m:\n"                                                                                    \
     "   n=a.pop(1)\n"                                                                              \

@@ -76,6 +76,25 @@ def _where():
         return sys.modules["torchspark"].__file__, f.read().strip()
 
 
+def _reporting(steps):
+    import torchspark
+    for s in range(steps):
+        torchspark.report({"v": s * 2}, step=s)
+    return int(os.environ["RANK"])
+
+
+def test_reports_reach_the_client(spark):
+    """torchspark.report() under Connect: over the channel to this client's log server."""
+    seen = []
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                         on_report=seen.append, progress=False)
+    assert d.run(_reporting, 20) == 0
+    for rank in (0, 1):
+        assert [(r.step, r.metrics) for r in d.reports if r.rank == rank] == [
+            (s, {"v": 2 * s}) for s in range(20)]
+    assert seen == d.reports and len(seen) == 40
+
+
 def test_driver_only_install_ships_as_a_session_artifact(spark, caplog):
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)

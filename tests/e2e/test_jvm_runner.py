@@ -30,6 +30,11 @@ def test_java_application_trains_across_two_executors():
     # Every line reached the driver rank-tagged (the log, or stderr when the app's log is WARN).
     assert re.search(r"\[rank 0\] step +0 +loss", err), err[-3000:]
     assert re.search(r"\[rank 0\] rank 0 done: \{\"world_size\": 2", err), err[-3000:]
+    # torchspark.report() of Python ranks reaches onReport and reports(), whole, in order.
+    assert out["REPORTS"] == ["60 60 0.0"], out
+    got = out["REPORT_STEPS"][0].rstrip(",").split(",")
+    for rank in (0, 1):
+        assert [int(x.split(":")[1]) for x in got if x.startswith(f"{rank}:")] == list(range(30))
     # A failing rank throws one exception naming rank, host and exit code, with its lines.
     fail = out["FAILURE"][0]
     assert re.match(r"rank=1 host=\S+ exit=5 lines=\[rank one gives up\]", fail), fail

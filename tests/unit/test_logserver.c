@@ -628,6 +628,45 @@ START_TEST(test_logserver_tail_bounds_and_wrap)
 }
 END_TEST
 
+/* Reports (protocol 1.8) go to their own queue, in order, once: not to the lines' queue,
+ * the text pull or the tail; lines around them are unaffected. */
+START_TEST(test_logserver_reports_have_their_own_queue)
+{
+    tsp_logserver_t *s = tail_server(100, 65536);
+    tsp_logclient_t *c = client_for(s, tsp_logserver_port(s), 0);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    sink_put(k, 0, TSP_LOG_STREAM_STDOUT, "before", 6);
+    char rec[64];
+    for (int i = 0; i < 1000; i++) {
+        int n = snprintf(rec, sizeof rec, "{\"step\": %d}", i);
+        sink_put(k, 3, TSP_LOG_STREAM_REPORT, rec, (size_t)n);
+    }
+    sink_put(k, 0, TSP_LOG_STREAM_STDOUT, "after", 5);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logline_t out[4096];
+    int got = 0;
+    while (got < 1000) {
+        int n = tsp_logserver_pull_reports(s, out, 300, 2000);
+        ck_assert_int_gt(n, 0);
+        for (int i = 0; i < n; i++, got++) {
+            int m = snprintf(rec, sizeof rec, "{\"step\": %d}", got);
+            ck_assert_int_eq(out[i].rank, 3);
+            ck_assert_int_eq(out[i].stream, TSP_LOG_STREAM_REPORT);
+            ck_assert_int_eq(out[i].len, m);
+            ck_assert_int_eq(memcmp(out[i].data, rec, (size_t)m), 0);
+        }
+    }
+    ck_assert_int_eq(tsp_logserver_pull_reports(s, out, 10, 0), 0);
+    int n = tsp_logserver_pull(s, out, 10, 2000);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(memcmp(out[0].data, "before", 6), 0);
+    ck_assert_int_eq(memcmp(out[1].data, "after", 5), 0);
+    char buf[256];
+    ck_assert_int_eq(tsp_logserver_tail(s, 3, 100, buf, sizeof buf), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_logserver_bind_refuses_bad_host)
 {
     char err[256];
@@ -655,6 +694,7 @@ int main(void)
     tcase_add_test(tc, test_logserver_tail_bounds_and_wrap);
     tcase_add_test(tc, test_logserver_format_prefix);
     tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
+    tcase_add_test(tc, test_logserver_reports_have_their_own_queue);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

@@ -77,6 +77,14 @@ START_TEST(test_logwire_hdr_rejections)
     h.stream = 3;
     tsp_wire_hdr_pack(b, &h);
     ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    h.stream = 5;
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_ptr_nonnull(strstr(err, "unknown stream 5"));
+    h.stream = 4; /* REPORT (protocol 1.8) */
+    tsp_wire_hdr_pack(b, &h);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), 0);
+    ck_assert_int_eq(g.stream, 4);
     h.stream = 1;
     h.flags = 4;
     tsp_wire_hdr_pack(b, &h);

@@ -42,6 +42,9 @@ extern "C" {
 #define TSP_LOG_STREAM_STDOUT 1
 #define TSP_LOG_STREAM_STDERR 2
 #define TSP_LOG_STREAM_EVENT 3
+/* torchspark.report() records (docs/protocol.md 1.8): never in the line queue, the fd sink
+ * or the tails; pulled with tsp_logserver_pull_reports. */
+#define TSP_LOG_STREAM_REPORT 4
 /* A piece of a longer line (more follows), and the last bytes of a stream that did not
  * end with a newline. */
 #define TSP_LOG_LINE_CONTINUED 1u

@@ -95,6 +95,12 @@ TSP_EXTERN void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_S
  * Returns the count (0 on timeout), or -EPIPE once the server stopped and all was pulled. */
 TSP_EXTERN int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines,
                                   int timeout_ms);
+/* Like pull, for the workers' reports (docs/protocol.md 1.8): each one a JSON record as
+ * the worker sent it, with its global rank, stream TSP_LOG_STREAM_REPORT, in order per
+ * rank, exactly once. Their queue is bounded like the lines' (the server stops reading an
+ * agent while it is full): pull them while the run goes on. */
+TSP_EXTERN int tsp_logserver_pull_reports(tsp_logserver_t *s, tsp_logline_t *out, int max_reports,
+                                          int timeout_ms);
 /* Like pull, but the lines come formatted as the fd sink writes them, ready for a text
  * stream: prefix ({rank} expands; NULL: "[rank {rank}] "), then stderr_marker for stderr
  * lines (NULL: "[stderr] "), "[torchspark] " for server events, the text, and '\n'

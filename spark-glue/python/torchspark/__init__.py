@@ -5,7 +5,8 @@
 ``pyspark.ml.deepspeed.deepspeed_distributor.DeepspeedTorchDistributor``; inside a train
 function given to ``TorchDistributor.train_on_dataframe``,
 ``torchspark.get_spark_partition_data_loader`` and ``torchspark.partition_batches`` read the
-task's partition (torchspark/data.py).
+task's partition (torchspark/data.py); ``torchspark.report(metrics, step)`` sends a rank's
+metrics to the driver (torchspark/_metrics.py, docs/distributor.md).
 
 Everything is imported on first use (PEP 562): the modules that run on executors and in
 training processes (``torchspark._task``, ``torchspark._fn_runner``) import this package
@@ -19,12 +20,14 @@ from torchspark._lib import jar_path
 __version__ = "0.1.0"
 _DATA = ("get_spark_partition_data_loader", "partition_batches", "partition_num_rows")
 __all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "TorchDistributorError",
-           "jar_path", "__version__", *_DATA]
+           "jar_path", "report", "Report", "__version__", *_DATA]
 
 _LAZY = {
     "TorchDistributor": "torchspark.distributor",
     "TorchDistributorError": "torchspark._report",
     "DeepspeedTorchDistributor": "torchspark.deepspeed_distributor",
+    "report": "torchspark._metrics",
+    "Report": "torchspark._progress",
     **{name: "torchspark.data" for name in _DATA},
 }
 

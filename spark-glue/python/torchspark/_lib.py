@@ -106,6 +106,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_host": (c, [vp]),
         "tsp_logserver_secret": (None, [vp, c]),
         "tsp_logserver_pull": (i, [vp, P(LogLine), i, i]),
+        "tsp_logserver_pull_reports": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
         "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),

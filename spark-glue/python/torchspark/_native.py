@@ -32,10 +32,11 @@ from torchspark._lib import LogStats as _Stats
 from torchspark._lib import load_library
 
 __all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
-           "STDERR", "EVENT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
+           "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
 
 # Line.stream and Line.flags: common.h defines them (tests/e2e/test_constants.py compares).
 STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
+REPORT = 4  # Line.stream of pull_reports(): torchspark.report() records (protocol 1.8)
 CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline
 SECRET_ENV = "TORCHSPARK_LOG_SECRET"
 
@@ -115,6 +116,9 @@ class LogServer:
         self._pull_lock = threading.Lock()
         self._arr_len = 0
         self._arr: Optional[ctypes.Array[_LogLine]] = None
+        self._report_lock = threading.Lock()
+        self._rarr_len = 0
+        self._rarr: Optional[ctypes.Array[_LogLine]] = None
         self._text: Optional[ctypes.Array] = None
         self.host: str = self._lib.tsp_logserver_host(h).decode()
         self.port: int = self._lib.tsp_logserver_port(h)
@@ -149,18 +153,35 @@ class LogServer:
                 arr = self._arr = (_LogLine * max_lines)()
                 self._arr_len = max_lines
             n = self._lib.tsp_logserver_pull(self._h, arr, max_lines, timeout_ms)
-            if n <= 0:
-                return []
-            first = arr[0].data
-            lens = [arr[i].len for i in range(n)]
-            blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
-            out, off = [], 0
-            for i in range(n):
-                rec = arr[i]
-                end = off + lens[i]
-                out.append(Line(rec.rank, rec.stream, rec.flags, blob[off:end]))
-                off = end
-            return out
+            return self._lines(arr, n)
+
+    def pull_reports(self, max_reports: int = 4096, timeout_ms: int = 200) -> List[Line]:
+        """Up to ``max_reports`` of the workers' ``torchspark.report()`` records (stream
+        REPORT, data: the JSON record as sent; docs/protocol.md 1.8), in order per rank,
+        each once; [] on timeout. Their queue is separate from the lines' (one puller
+        each) and bounded: a run whose reports are not pulled slows down."""
+        with self._report_lock:
+            rarr = self._rarr
+            if rarr is None or self._rarr_len < max_reports:
+                rarr = self._rarr = (_LogLine * max_reports)()
+                self._rarr_len = max_reports
+            n = self._lib.tsp_logserver_pull_reports(self._h, rarr, max_reports, timeout_ms)
+            return self._lines(rarr, n)
+
+    @staticmethod
+    def _lines(arr: "ctypes.Array[_LogLine]", n: int) -> List[Line]:
+        if n <= 0:
+            return []
+        first = arr[0].data
+        lens = [arr[i].len for i in range(n)]
+        blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
+        out, off = [], 0
+        for i in range(n):
+            rec = arr[i]
+            end = off + lens[i]
+            out.append(Line(rec.rank, rec.stream, rec.flags, blob[off:end]))
+            off = end
+        return out
 
     def read_text(self, max_lines: int = 4096, timeout_ms: int = 200,
                   fmt: Optional[str] = None, stderr_marker: Optional[str] = None) -> str:

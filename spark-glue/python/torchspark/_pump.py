@@ -32,6 +32,9 @@ class _LogPump:
     batch is formatted natively into one buffer and written with one write() call."""
 
     _print_lock = threading.Lock()
+    # A progress line (torchspark/_progress.py) is drawn on a terminal, without a newline:
+    # the next write clears it first. Guarded by _print_lock.
+    status_shown = False
 
     def __init__(self, server: Any, linger_s: float = LINGER_S) -> None:
         self.server = server
@@ -47,6 +50,9 @@ class _LogPump:
         text = self.server.read_text(MAX_LINES, timeout_ms)
         if text:
             with self._print_lock:
+                if _LogPump.status_shown:
+                    sys.stderr.write("\r\x1b[K")
+                    _LogPump.status_shown = False
                 sys.stderr.write(text)
                 sys.stderr.flush()
             self.writes += 1

@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _ship, _task,
                         _timing, _warm)
+from torchspark import _progress
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
@@ -72,12 +73,21 @@ class TorchDistributor:
         task per node on the executors.
     use_gpu : bool, optional
         Whether training uses GPUs; a distributed task holding k GPUs runs k processes.
+    on_report : callable, optional (torchspark extension, keyword only)
+        Called on the driver, from one thread, with each ``torchspark.report()`` of any
+        rank as a ``torchspark.Report`` (rank, step, time, metrics, received), in order per
+        rank, while the run goes on. ``distributor.reports`` holds them all after run().
+    progress : bool, optional (torchspark extension, keyword only)
+        One live progress line on the driver's stderr (default: conf
+        ``spark.torchspark.progress``, true).
     """
 
     _TORCH_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
 
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
-                 _ssl_conf: str = _TORCH_SSL_CONF) -> None:
+                 _ssl_conf: str = _TORCH_SSL_CONF, *,
+                 on_report: Optional[Callable[[Any], Any]] = None,
+                 progress: Optional[bool] = None) -> None:
         from pyspark.sql.utils import is_remote
 
         self.is_remote = is_remote()
@@ -93,6 +103,7 @@ class TorchDistributor:
         self.ssl_conf = _ssl_conf
         self._validate_input_params()
         self.input_params = self._create_input_params()
+        _progress.configure(self, on_report, progress)  # torchspark.report() (_progress.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
@@ -286,7 +297,7 @@ class TorchDistributor:
             owned = list(_get_resources(self.spark)["gpu"].addresses)
             gpus = ",".join(owned[: self.num_processes])
         workdir = tempfile.mkdtemp(prefix="torchspark-")
-        server = pump = None
+        server = pump = hub = None
         try:
             error_file = os.path.join(workdir, "error.json")
             out_file = os.path.join(workdir, "output.pickle")
@@ -301,6 +312,7 @@ class TorchDistributor:
             endpoint = None
             if server is not None:
                 pump = _LogPump(server)
+                hub = _progress.start(self, server)
                 endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
             idle_s = self._warm_idle_s() if fn_bytes is not None else 0
@@ -348,6 +360,8 @@ class TorchDistributor:
                 pump.stop()
             if server is not None:
                 server.close()
+            if hub is not None:
+                hub.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
@@ -400,6 +414,7 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
         pump = _LogPump(server) if server is not None else None
+        hub = _progress.start(self, server) if server is not None else None
         # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
         # _rendezvous.py says when.
         rdv = (_start_rendezvous(bind_host or "127.0.0.1")
@@ -493,6 +508,8 @@ class TorchDistributor:
                 rdv.close()
             if pump is not None:
                 pump.stop()
+            if hub is not None:
+                hub.stop()
         return result
 
     def _log_server_host(self, driver_host: str) -> "tuple[str, str]":

@@ -2,10 +2,12 @@ package org.torchspark;
 
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.util.AbstractMap;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
 
 /**
@@ -141,6 +143,35 @@ public final class LogServer implements AutoCloseable {
                 }
                 return out;
             }
+        } finally {
+            release();
+        }
+    }
+
+    /**
+     * Waits up to timeoutMs for the workers' torchspark.report() records (docs/protocol.md
+     * 1.8) and returns them as {rank, JSON record} pairs, in order per rank, each once; an
+     * empty list on timeout; null once the server has stopped and everything was pulled.
+     * Pull them while a run goes on: their queue is bounded, and a full one makes the
+     * reporting ranks wait.
+     */
+    public List<Map.Entry<Integer, String>> pullReports(int max, int timeoutMs) {
+        long h = acquire();
+        try {
+            String s = Native.logServerPullReports(h, max, timeoutMs);
+            if (s == null) {
+                return null;
+            }
+            List<Map.Entry<Integer, String>> out = new ArrayList<>();
+            int start = 0;
+            while (start < s.length()) {
+                int nl = s.indexOf('\n', start);
+                int tab = s.indexOf('\t', start);
+                out.add(new AbstractMap.SimpleImmutableEntry<>(
+                        Integer.parseInt(s.substring(start, tab)), s.substring(tab + 1, nl)));
+                start = nl + 1;
+            }
+            return out;
         } finally {
             release();
         }

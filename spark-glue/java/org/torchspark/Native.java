@@ -69,6 +69,9 @@ final class Native {
 
     static native byte[] logServerTail(long h, int rank, int n);
 
+    /** The workers' reports as "RANK\tRECORD\n" lines: "" on timeout, null at the end. */
+    static native String logServerPullReports(long h, int max, int timeoutMs);
+
     /** The root cause JSON, or null when none came within timeoutMs. */
     static native String logServerFailure(long h, int timeoutMs);
 

@@ -69,6 +69,8 @@ public final class TorchSparkRunner {
     private boolean useGpu;
     private boolean localMode;
     private boolean logToStderr;
+    private java.util.function.Consumer<Report> onReport;
+    private volatile List<Report> reports = Collections.emptyList();
     private boolean wantOutput;
     private Path outputPath;
     private String python;
@@ -139,6 +141,59 @@ public final class TorchSparkRunner {
     public TorchSparkRunner logToStderr(boolean on) {
         logToStderr = on;
         return this;
+    }
+
+    /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
+     *  run goes on (docs/distributor.md); {@link #reports()} holds them all after it. */
+    public TorchSparkRunner onReport(java.util.function.Consumer<Report> callback) {
+        onReport = callback;
+        return this;
+    }
+
+    /** Every torchspark.report() of the last run, in arrival order (in order per rank). */
+    public List<Report> reports() {
+        return reports;
+    }
+
+    /** One torchspark.report() call: the rank, the record as the rank sent it (JSON:
+     *  {"step": int or null, "time": seconds since the epoch, "metrics": {name: number}}),
+     *  and the driver's time of arrival (ms since the epoch). */
+    public static final class Report {
+        private final int rank;
+        private final String json;
+        private final long receivedMillis;
+
+        Report(int rank, String json, long receivedMillis) {
+            this.rank = rank;
+            this.json = json;
+            this.receivedMillis = receivedMillis;
+        }
+
+        public int rank() {
+            return rank;
+        }
+
+        public String json() {
+            return json;
+        }
+
+        public long receivedMillis() {
+            return receivedMillis;
+        }
+
+        /** The record parsed (Jackson). */
+        public JsonNode record() {
+            try {
+                return new com.fasterxml.jackson.databind.ObjectMapper().readTree(json);
+            } catch (IOException e) {
+                throw new UncheckedIOException("torchspark: a report of rank " + rank + " is not JSON", e);
+            }
+        }
+
+        @Override
+        public String toString() {
+            return "Report(rank=" + rank + ", " + json + ")";
+        }
     }
 
     /** Bring rank 0's output file back (implied by {@link #OUTPUT} in the arguments). */
@@ -310,11 +365,23 @@ public final class TorchSparkRunner {
         private final boolean toStderr;
         private volatile boolean stopping;
 
-        Pump(LogServer server, boolean toStderr) {
+        private final ReportPump reportPump;
+        private final TorchSparkRunner owner;
+
+        Pump(LogServer server, boolean toStderr, TorchSparkRunner owner) {
             super("torchspark-log-pump");
             setDaemon(true);
             this.server = server;
             this.toStderr = toStderr;
+            this.owner = owner;
+            this.reportPump = new ReportPump(server, owner.onReport);
+            owner.reports = Collections.emptyList();
+        }
+
+        @Override
+        public synchronized void start() {
+            super.start();
+            reportPump.start(); // torchspark.report() (ReportPump.java)
         }
 
         @Override
@@ -343,6 +410,7 @@ public final class TorchSparkRunner {
 
         /** Drains what is queued (the server was shut down first), then ends. */
         void finish() {
+            owner.reports = Collections.unmodifiableList(reportPump.finish());
             stopping = true;
             try {
                 join(10_000);
@@ -400,7 +468,7 @@ public final class TorchSparkRunner {
             if (wantOutput) {
                 server.expectOutput(outputPath != null ? outputPath.toString() : null);
             }
-            Pump pump = new Pump(server, logToStderr);
+            Pump pump = new Pump(server, logToStderr, this);
             pump.start();
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
                     null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
@@ -575,7 +643,7 @@ public final class TorchSparkRunner {
             if (wantOutput) {
                 server.expectOutput(outputPath != null ? outputPath.toString() : null);
             }
-            Pump pump = new Pump(server, logToStderr);
+            Pump pump = new Pump(server, logToStderr, this);
             pump.start();
             String tag = "torchspark-" + UUID.randomUUID();
             CountDownLatch done = new CountDownLatch(1);

@@ -168,6 +168,19 @@ public final class TrainApp {
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).run(spark);
         System.out.println("OUTPUT: " + new String(r.output(), StandardCharsets.UTF_8));
         System.out.println("ELECTION: " + r.election());
+        // torchspark.report() from Python ranks under the JVM runner: onReport and reports().
+        java.util.List<TorchSparkRunner.Report> seen = java.util.Collections.synchronizedList(new ArrayList<>());
+        TorchSparkRunner rep = TorchSparkRunner.command(python, "-c", "import os, torchspark\n"
+                + "for i in range(30): torchspark.report({'x': i * 0.5, 'rank': int(os.environ['RANK'])}, step=i)")
+                .numProcesses(2).python(python).onReport(seen::add);
+        rep.run(spark);
+        StringBuilder steps = new StringBuilder();
+        for (TorchSparkRunner.Report x : rep.reports()) {
+            steps.append(x.rank()).append(':').append(x.record().get("step").asInt()).append(',');
+        }
+        System.out.println("REPORTS: " + seen.size() + " " + rep.reports().size() + " "
+                + rep.reports().get(0).record().get("metrics").get("x").asDouble());
+        System.out.println("REPORT_STEPS: " + steps);
         try {
             TorchSparkRunner.command("sh", "-c", "if [ \"$RANK\" = 1 ]; then echo 'rank one gives up'; exit 5; fi; "
                     + "exec sleep 120").numProcesses(2).env("TSP_E2E_MARK", mark).run(spark);

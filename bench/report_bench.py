@@ -1,0 +1,99 @@
+"""torchspark.report(): the cost to a step loop, and report() -> on_report latency, through
+TorchDistributor.run() on local-cluster[2,1,1024] (2 ranks, one per executor).
+
+    .venv/bin/python bench/report_bench.py [--runs 5] [--steps 1000]
+
+Each run trains nothing but does a fixed amount of work per step (a CPU matmul of about
+10 ms on one thread), so the step loop runs at ~100 steps/s per rank. The same function
+runs alternately with report() on every step (100 calls/s per rank) and without it; the
+loop's time on each rank is measured inside the worker (perf_counter around the loop).
+Latency: the driver's wall time when on_report got the report minus the worker's wall
+time at report() (one host, one clock), over every report of every "with" run.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import pyspark
+from pyspark import cloudpickle
+from pyspark.sql import SparkSession
+
+from torchspark import TorchDistributor
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def loop(steps, reporting):
+    import torch
+    import torch.distributed as dist
+
+    import torchspark
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    a = torch.rand(160, 160)
+    b = torch.rand(160, 160)
+    for _ in range(20):  # warm-up
+        a @ b
+    dist.barrier()
+    t0 = time.perf_counter()
+    for step in range(steps):
+        for _ in range(12):
+            c = a @ b
+        if reporting:
+            torchspark.report({"loss": float(c[0, 0]), "lr": 0.001, "step_time": 0.01},
+                              step=step)
+    took = time.perf_counter() - t0
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, took)
+    dist.destroy_process_group()
+    return everyone
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=1000)
+    args = ap.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    s = (SparkSession.builder.master("local-cluster[2,1,1024]")
+         .config("spark.ui.enabled", "false").config("spark.testing", "true")
+         .config("spark.test.home", os.path.dirname(pyspark.__file__))
+         .config("spark.executor.memory", "1024m").getOrCreate())
+    s.sparkContext.setLogLevel("ERROR")
+    latencies, times = [], {True: [], False: []}
+    TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(loop, 50, True)
+    for i in range(args.runs):
+        for reporting in (False, True) if i % 2 == 0 else (True, False):
+            got = []
+            d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                 on_report=got.append, progress=False)
+            took = d.run(loop, args.steps, reporting)
+            times[reporting].append(statistics.median(took))
+            if reporting:
+                assert len(got) == 2 * args.steps, len(got)
+                latencies += [r.received - r.time for r in got]
+    latencies.sort()
+    base, rep = statistics.median(times[False]), statistics.median(times[True])
+    out = {
+        "steps": args.steps, "runs": args.runs,
+        "loop_s_without": round(base, 4), "loop_s_with": round(rep, 4),
+        "overhead_pct": round(100 * (rep - base) / base, 2),
+        "step_rate_per_rank": round(args.steps / base, 1),
+        "runs_without": [round(t, 4) for t in times[False]],
+        "runs_with": [round(t, 4) for t in times[True]],
+        "latency_ms_p50": round(1000 * latencies[len(latencies) // 2], 2),
+        "latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2),
+        "latency_ms_max": round(1000 * latencies[-1], 2),
+        "reports": len(latencies),
+        "loadavg": os.getloadavg(),
+    }
+    print(json.dumps(out, indent=1))
+    s.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The driver's end of ``torchspark.report()`` (docs/protocol.md 1.8, docs/distributor.md).
+
+One thread pulls the workers' report records from the native log server (their own queue,
+beside the lines'), keeps the history (``TorchDistributor.reports``), calls the user's
+``on_report`` callback, hands each report to the MLflow logger when there is one, and keeps
+one live progress line on the driver's stderr: rewritten in place where stderr is a
+terminal, a plain line at most every ``PLAIN_EVERY_S`` seconds elsewhere (a log file, a
+notebook's captured stream), and a last one when the run ends.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
+
+from torchspark._pump import _LogPump
+
+__all__ = ["Report", "ReportHub", "configure", "start"]
+
+TTY_EVERY_S = 0.5  # in-place redraws of the progress line on a terminal
+PLAIN_EVERY_S = 10.0  # a plain progress line at most this often elsewhere
+WAIT_MS = 20  # one pull's wait: stop() is seen within it
+
+
+class Report(NamedTuple):
+    """One ``torchspark.report()`` call: the reporting rank, its step (None when not
+    given), the worker's wall time of the call (``time.time()``), the metrics, and the
+    driver's wall time when the report arrived."""
+
+    rank: int
+    step: Optional[int]
+    time: float
+    metrics: Dict[str, Any]
+    received: float
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+class ReportHub:
+    """Pulls reports from ``server`` until :meth:`stop`; see the module's doc."""
+
+    def __init__(self, server: Any, on_report: Optional[Callable[[Report], Any]] = None,
+                 progress: bool = True, sinks: Optional[List[Any]] = None,
+                 logger: Any = None) -> None:
+        self.server = server
+        self.on_report = on_report
+        self.progress = progress
+        self.sinks = list(sinks or [])  # objects with .log(report) (the MLflow logger)
+        self.logger = logger
+        self.reports: List[Report] = []
+        self._pieces: Dict[int, bytes] = {}  # a record split in CONTINUED pieces, by rank
+        self._latest: Dict[int, Report] = {}
+        self._shown_at = 0.0
+        self._shown_count = 0
+        self._tty = False
+        self._warned: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="torchspark-reports")
+        self._thread.start()
+
+    # ---- the thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._take(self.server.pull_reports(4096, WAIT_MS))
+                self._show(final=False)
+            while True:
+                batch = self.server.pull_reports(4096, 0)
+                if not batch:
+                    break
+                self._take(batch)
+        except Exception as e:  # never fail training because of a report
+            self._warn("thread", f"torchspark: the report reader stopped: {e!r}")
+
+    def _take(self, lines: List[Any]) -> None:
+        now = time.time()
+        for ln in lines:
+            data = self._pieces.pop(ln.rank, b"") + ln.data
+            if ln.flags & 1:  # CONTINUED: more of this record follows
+                self._pieces[ln.rank] = data
+                continue
+            try:
+                doc = json.loads(data)
+                step = doc.get("step")
+                rep = Report(ln.rank, None if step is None else int(step), float(doc["time"]),
+                             dict(doc["metrics"]), now)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                self._warn("bad", f"torchspark: WARNING: a report of rank {ln.rank} is not "
+                                  f"a torchspark report record ({e}); skipped: {data[:80]!r}")
+                continue
+            self.reports.append(rep)
+            self._latest[ln.rank] = rep
+            if self.on_report is not None:
+                try:
+                    self.on_report(rep)
+                except Exception as e:
+                    self._warn("callback", f"torchspark: WARNING: on_report raised {e!r} "
+                                           "(further errors of the callback are not shown)")
+            for sink in self.sinks:
+                try:
+                    sink.log(rep)
+                except Exception as e:
+                    self._warn(id(sink), f"torchspark: WARNING: {type(sink).__name__} could "
+                                         f"not log a report: {e!r} (not shown again)")
+
+    def _warn(self, key: Any, text: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        self._write(text + "\n")
+
+    # ---- the progress line --------------------------------------------------------------
+
+    def progress_text(self) -> str:
+        """``step S · rank R: name=value ... · N rank(s) reporting`` from the latest reports:
+        the highest step of any rank, and rank 0's metrics (the lowest reporting rank's
+        when rank 0 has not reported)."""
+        if not self._latest:
+            return ""
+        steps = [r.step for r in self._latest.values() if r.step is not None]
+        head = min(self._latest)
+        shown = self._latest[head]
+        metrics = " ".join(f"{k}={_fmt(v)}" for k, v in shown.metrics.items())
+        step = f"step {max(steps)} \u00b7 " if steps else ""
+        return (f"torchspark: {step}rank {head}: {metrics} \u00b7 "
+                f"{len(self._latest)} rank(s) reporting, {len(self.reports)} report(s)")
+
+    def _show(self, final: bool) -> None:
+        if not self.progress or len(self.reports) == self._shown_count:
+            return
+        now = time.monotonic()
+        stream = sys.stderr
+        self._tty = bool(getattr(stream, "isatty", lambda: False)())
+        every = TTY_EVERY_S if self._tty else PLAIN_EVERY_S
+        if not final and self._shown_at and now - self._shown_at < every:
+            return
+        if not final and not self._shown_at and not self._tty:
+            self._shown_at = now  # the first plain line after a full interval, not at once
+            return
+        self._shown_at = now
+        self._shown_count = len(self.reports)
+        text = self.progress_text()
+        if self._tty:
+            with _LogPump._print_lock:
+                stream.write("\r\x1b[K" + text + ("\n" if final else ""))
+                stream.flush()
+                _LogPump.status_shown = not final
+        else:
+            self._write(text + "\n")
+
+    def _write(self, text: str) -> None:
+        with _LogPump._print_lock:
+            if _LogPump.status_shown:
+                sys.stderr.write("\r\x1b[K")
+                _LogPump.status_shown = False
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    def stop(self) -> List[Report]:
+        """Takes what is left (call after the log server closed: the agents drained), shows
+        the last progress line, and returns the history."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                self._warn(id(sink), f"torchspark: WARNING: {type(sink).__name__} could not "
+                                     f"finish: {e!r}")
+        try:
+            self._show(final=True)
+        except Exception:
+            pass
+        return self.reports
+
+
+def configure(dist: Any, on_report: Optional[Callable[[Report], Any]],
+              progress: Optional[bool]) -> None:
+    """The constructor's part: checks and keeps the extension arguments."""
+    if on_report is not None and not callable(on_report):
+        raise TypeError(f"on_report must be a callable taking a torchspark.Report, not "
+                        f"{type(on_report).__name__}")
+    if progress is None:
+        try:
+            raw = dist.spark.conf.get("spark.torchspark.progress", "true")
+        except Exception:
+            raw = "true"
+        progress = str(raw).strip().lower() not in ("false", "0", "no", "off")
+    dist.on_report = on_report
+    dist.progress = bool(progress)
+    dist.reports = []
+
+
+def start(dist: Any, server: Any) -> ReportHub:
+    """A run's hub: ``dist.reports`` is its (live) history from now on."""
+    from torchspark import _mlflow
+
+    sinks = [s for s in (_mlflow.logger_for(dist),) if s is not None]
+    hub = ReportHub(server, getattr(dist, "on_report", None), getattr(dist, "progress", True),
+                    sinks, getattr(dist, "logger", None))
+    dist.reports = hub.reports
+    return hub
