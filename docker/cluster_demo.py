@@ -42,7 +42,7 @@ def train(steps):
     hosts = [None] * dist.get_world_size()
     dist.all_gather_object(hosts, socket.gethostname())
     dist.destroy_process_group()
-    return {"world_size": len(hosts), "hosts": hosts, "final_loss": float(loss)} if rank == 0 else None
+    return {"world_size": len(hosts), "hosts": hosts, "final_loss": loss.item()} if rank == 0 else None
 
 
 def wait_workers(master_url: str, n: int, timeout: float) -> None:
