@@ -70,6 +70,8 @@ def main() -> None:
              .config("spark.ui.enabled", "false")
              .config("spark.scheduler.minRegisteredResourcesRatio", "1.0")
              .config("spark.scheduler.maxRegisteredResourcesWaitingTime", "180s")
+             .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+             .config("spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
              .getOrCreate())
     run("fail", TorchDistributor, 1, 3, 0.0)
 

@@ -425,7 +425,8 @@ def test_failing_rank_and_cancelled_run(compose):
     results = {r["tag"]: r for r in _result(out, "COMPOSE_RESULT ")}
     assert "fail" in results, out[-5000:]
     fail = results["fail"]
-    hosts = dict(re.findall(r"COMPOSE_TRAIN rank (\d) on (\S+)", out))
+    # Where each rank of the failing run (the first) ran: its lines come before its result.
+    hosts = dict(re.findall(r"COMPOSE_TRAIN rank (\d) on (\S+)", out.split("COMPOSE_RESULT ", 1)[0]))
     assert fail["error_type"] == "TorchDistributorError", fail
     assert fail["rank"] == 1 and fail["host"] == hosts.get("1") and fail["host"] in WORKERS, (fail, hosts)
     assert "rank 1" in fail["message"] and fail["host"] in fail["message"], fail["message"]
