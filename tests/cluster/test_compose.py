@@ -315,6 +315,29 @@ class Compose:
         return left
 
 
+STALE = re.compile(r"^tsp[0-9a-f]{6}(_|$)")
+
+
+def remove_stale_projects(engine):
+    """Containers and networks of this test's projects (tsp + 6 hex digits) that a killed run
+    left: only called under the machine-wide lock, so no live run owns one. A stale master
+    would keep 127.0.0.1:8080 and fail every later `up`."""
+    removed = []
+    r = _run([engine, "ps", "-a", "--format", '{{.ID}} {{index .Labels "com.docker.compose.project"}}'],
+             check=False)
+    ids = [line.split()[0] for line in r.stdout.splitlines()
+           if len(line.split()) == 2 and STALE.match(line.split()[1])]
+    if ids:
+        _run([engine, "rm", "-f", *ids], check=False)
+        removed.append(f"containers {ids}")
+    nets = [n for n in _run([engine, "network", "ls", "--format", "{{.Name}}"], check=False).stdout.split()
+            if STALE.match(n)]
+    if nets:
+        _run([engine, "network", "rm", "-f", *nets], check=False)
+        removed.append(f"networks {nets}")
+    return removed
+
+
 def _sigterm_to_interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -331,7 +354,9 @@ def compose(tmp_path_factory):
     import fcntl
     with open(cache / "compose-test.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one compose cluster at a time per machine
+        stale = remove_stale_projects("docker" if _docker_works() else "podman")
         c = Compose(tmp_path_factory.mktemp("compose"))
+        c.cleaned.extend(f"stale {x}" for x in stale)
         try:
             c.build_image()
             c.up()
