@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up a machine for torchspark, idempotently, and fast when all is already there:
 #  1. Debian packages (compiler, Check, OpenSSL, clang's libFuzzer, JDK, JUnit, iproute2,
-#     ShellCheck and docker-compose 1.29 to lint docker/ without an engine);
+#     ShellCheck and docker-compose 1.29 to lint docker/ without an engine; podman, runc,
+#     netavark, mmdebstrap and iptables to run docker/compose.yaml in tests/cluster/test_compose.py
+#     with an image built from Debian packages; podman-compose comes from tests/requirements.txt);
 #  2. a dependency venv with torch, pyspark & co, installed once per machine under
 #     ~/.cache/torchspark (torch is large; every checkout reuses it);
 #  3. the checkout's own .venv, which sees those packages through a .pth file;
@@ -14,7 +16,8 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 apt_pkgs=(build-essential cmake pkg-config check libssl-dev clang-14 libfuzzer-14-dev
           libclang-rt-14-dev openjdk-17-jdk-headless junit4 iproute2 procps python3-venv
-          cppcheck clang-tidy shellcheck docker-compose util-linux)
+          cppcheck clang-tidy shellcheck docker-compose util-linux
+          podman runc netavark aardvark-dns mmdebstrap iptables)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
