@@ -74,6 +74,7 @@ struct tsp_logclient {
     size_t ndrops;
     int drops_dirty;
     int stopping;
+    int close_ms; /* stopping: close's timeout_ms, for the warning */
     int64_t stop_deadline;
     int64_t event_deadline; /* stopping: when to give up reaching the driver for events */
     int control;            /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
@@ -407,6 +408,21 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
                      "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
                      "retrying in the background.\n",
                      c->who, c->host, c->o.port, c->hostname, c->o.node_rank, why);
+    warn_local(c, msg, sizeof(msg), n);
+}
+
+/* close's bound passed with lines the driver, reached before, did not acknowledge: a
+ * driver frozen or cut off, or a stop that leaves no time (the task kill path). */
+static void warn_unacked(tsp_logclient_t *c)
+{
+    c->warned = 1;
+    char msg[1024];
+    int n = snprintf(msg, sizeof(msg),
+                     "%swarning: the driver's log server at %s:%d did not acknowledge the last "
+                     "lines of host %s (node rank %d) within %d ms of the agent's end (the "
+                     "driver is frozen, overloaded or cut off); they follow on this executor's "
+                     "own stdout/stderr, and may also reach the driver.\n",
+                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, c->close_ms);
     warn_local(c, msg, sizeof(msg), n);
 }
 
@@ -751,7 +767,9 @@ static void *sender_main(void *arg)
     pthread_mutex_unlock(&c->mu);
     if (left) {
         c->result = c->ever_connected ? -ETIMEDOUT : -ENOTCONN;
-        if (!c->warned)
+        if (!c->warned && c->ever_connected)
+            warn_unacked(c);
+        else if (!c->warned)
             warn_fallback(c, "the remaining lines could not be delivered before the agent ended");
         spill_all(c);
     } else if (c->st.local) {
@@ -862,6 +880,7 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
         return 0;
     pthread_mutex_lock(&c->mu);
     c->stopping = 1;
+    c->close_ms = timeout_ms > 0 ? timeout_ms : 0;
     int64_t now = tsp__now_ms();
     c->stop_deadline = now + (timeout_ms > 0 ? timeout_ms : 0);
     int ev_ms = c->o.event_flush_ms > 0 ? c->o.event_flush_ms : 0;
