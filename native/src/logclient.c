@@ -601,7 +601,16 @@ static void say_goodbye(tsp_logclient_t *c)
     uint8_t b[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT];
     tsp_wire_hdr_t h = {.type = TSP_WIRE_CLOSE, .rank = -1, .length = 0};
     tsp_wire_hdr_pack(b, &h);
-    int64_t dl = tsp__now_ms() + 1000;
+    /* Up to 1 s for the driver's answer, but within close's bound (at least 20 ms to
+     * write CLOSE): a frozen driver must not hold an agent told to stop at once. */
+    int64_t now = tsp__now_ms(), dl = now + 1000;
+    pthread_mutex_lock(&c->mu);
+    int64_t stop_dl = c->stopping ? c->stop_deadline : dl;
+    pthread_mutex_unlock(&c->mu);
+    if (stop_dl < now + 20)
+        stop_dl = now + 20;
+    if (stop_dl < dl)
+        dl = stop_dl;
     if (tsp__sock_write_all(c->fd, b, TSP_WIRE_HDR_LEN, dl) == 0) {
         char err[64];
         while (tsp__sock_read_frame(c->fd, &h, b, TSP_WIRE_MAX_TEXT, dl, err, sizeof(err)) == 0 &&

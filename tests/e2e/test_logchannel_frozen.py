@@ -39,23 +39,27 @@ print(json.dumps(got), flush=True)
 srv.close(0.2)
 """
 
-# A worker: a numbered line every 5 ms; on SIGTERM one last line, then exit.
+# A worker: a numbered line every 5 ms; on SIGTERM one last line, then exit. QUIET=1:
+# 20 lines, then silence (every line acknowledged before the freeze), and a silent exit.
 _WORKER = r"""
 import os, signal, sys, time
 rank = os.environ["RANK"]
+quiet = os.environ.get("QUIET") == "1"
 def term(*_):
-    print(f"LAST {rank}", flush=True)
+    if not quiet:
+        print(f"LAST {rank}", flush=True)
     os._exit(0)
 signal.signal(signal.SIGTERM, term)
 i = 0
 while True:
-    print(f"line {rank} {i}", flush=True)
+    if not quiet or i < 20:
+        print(f"line {rank} {i}", flush=True)
     i += 1
     time.sleep(0.005)
 """
 
 
-def _round(freeze: bool):
+def _round(freeze: bool, quiet: bool = False):
     """Runs driver + agent (2 workers), optionally freezes the driver, stops the agent with
     SIGTERM; returns (seconds from the signal to the agent's exit, its exit status, its
     stdout, its stderr, the lines the driver got)."""
@@ -64,7 +68,7 @@ def _round(freeze: bool):
     agent = None
     try:
         hello = json.loads(drv.stdout.readline())
-        env = dict(os.environ, **hello["env"])
+        env = dict(os.environ, **hello["env"], QUIET="1" if quiet else "0")
         agent = subprocess.Popen(
             [str(RUN_BIN), "--log-endpoint", hello["endpoint"], "--nproc-per-node", "2",
              "--shutdown-timeout", "3", "--no-python", sys.executable, "-c", _WORKER],
@@ -92,9 +96,10 @@ def _round(freeze: bool):
                 p.wait()
 
 
-def _every_line_once_or_twice(got, out):
+def _every_line_once_or_twice(got, out, last=True):
     """Per rank, the lines the driver got plus those on the agent's stdout are 0..n and
     the last line, none missing (a line may be in both: sent, not acknowledged)."""
+    want_last = last
     seen = {0: set(), 1: set()}
     last = {0: False, 1: False}
     texts = [t for _, t in got] + [re.sub(r"^\[rank \d+\] ", "", ln) for ln in out.splitlines()]
@@ -107,7 +112,7 @@ def _every_line_once_or_twice(got, out):
             last[int(m.group(1))] = True
     for r in (0, 1):
         assert seen[r] and seen[r] == set(range(max(seen[r]) + 1)), (r, sorted(seen[r])[-5:])
-        assert last[r], r
+        assert last[r] or not want_last, r
 
 
 def test_stopped_agent_does_not_wait_for_a_frozen_driver():
@@ -132,3 +137,16 @@ def test_stopped_agent_with_a_live_driver_delivers_everything():
     assert "warning" not in err, err[-2000:]
     assert out == "", out[-2000:]  # every line went to the driver
     _every_line_once_or_twice(got, out)
+
+
+def test_stopped_agent_does_not_wait_for_a_frozen_drivers_goodbye():
+    """Every line was acknowledged before the freeze: the agent says CLOSE and used to wait
+    1 s for the driver's answer (the 1.02-1.04 s measured with the plugin); now only
+    within the stop's bound, and nothing is written locally."""
+    took, rc, out, err, got = _round(freeze=True, quiet=True)
+    print(f"frozen driver, all lines acknowledged: the agent ended {took * 1000:.0f} ms "
+          "after SIGTERM")
+    assert rc == 128 + signal.SIGTERM, err[-2000:]
+    assert took < STOP_BOUND_S, (took, err[-2000:])
+    assert "warning" not in err and out == "", (out[-1000:], err[-2000:])
+    _every_line_once_or_twice(got, out, last=False)
