@@ -51,19 +51,26 @@ def _ppid(pid: int) -> int:
         return int(f.read().rsplit(b")", 1)[1].split()[1])
 
 
+def executor_of(pid: int) -> int:
+    """The executor JVM that pid descends from (0: none). Only this test's executors are
+    ever killed: other sessions may run Spark on the same machine."""
+    p = pid
+    while p > 1:
+        if any(b"CoarseGrainedExecutorBackend" in a for a in _cmdline(p)):
+            return p
+        try:
+            p = _ppid(p)
+        except OSError:
+            return 0
+    return 0
+
+
 def executor_of_node(node_rank: int) -> int:
     """The pid of the executor JVM whose task runs node node_rank's agent (0: none)."""
     for pid in tsp_spark.job_processes(MARK_VALUE):
         cmd = _cmdline(pid)
         if cmd and b"torchspark-run" in cmd[0] and f"--node-rank={node_rank}".encode() in cmd:
-            p = pid
-            while p > 1:
-                if any(b"CoarseGrainedExecutorBackend" in a for a in _cmdline(p)):
-                    return p
-                try:
-                    p = _ppid(p)
-                except OSError:
-                    break
+            return executor_of(pid)
     return 0
 
 
@@ -87,9 +94,11 @@ def _train(tmp: Path, name: str, steps: int, distributor) -> dict:
     return files
 
 
-def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: int):
+def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: int,
+                   after: list = ()):
     """Runs resume_train.py with restarts and SIGKILLs the executor of node kills[i] once
-    attempt i has run STEPS_PER_ATTEMPT steps; returns (files, kill times, error)."""
+    attempt i has run after[i] steps (default STEPS_PER_ATTEMPT); returns (files, [(kill
+    time, newest checkpoint step then)], error)."""
     box = {}
     files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out")}
 
@@ -107,7 +116,7 @@ def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: 
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and t.is_alive():
             done = [s for a, s, _ in _steplog(files["steplog"]) if a == str(i)]
-            if len(done) >= STEPS_PER_ATTEMPT:
+            if len(done) >= (after[i] if i < len(after) else STEPS_PER_ATTEMPT):
                 break
             time.sleep(0.02)
         pid = executor_of_node(node)
@@ -117,6 +126,26 @@ def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: 
     t.join(600)
     assert not t.is_alive(), "the run did not end in 600 s"
     return files, killed, box.get("error")
+
+
+def check_resumed(log: list, killed: list, nkills: int, steps: int) -> list:
+    """Checks rank 0's step log of a run killed nkills times: one attempt after each kill,
+    each resumed right after a checkpoint its predecessor reached (no step skipped, at most
+    the steps since that checkpoint done twice), each step once from there, up to the last.
+    Returns the recovery times: kill -> the next attempt's first step, in seconds."""
+    attempts = [str(i) for i in range(nkills + 1)]
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == attempts, log
+    recovery = []
+    for i in range(1, len(attempts)):
+        prev = [s for a, s, _ in log if a == attempts[i - 1]]
+        mine = [(s, ts) for a, s, ts in log if a == attempts[i]]
+        start = mine[0][0]
+        assert (start - 1) % EVERY == 0 and start - 1 <= prev[-1], (i, start, prev[-3:])
+        assert prev[-1] - (start - 1) <= EVERY + 1, (i, start, prev[-3:])
+        assert [s for s, _ in mine] == list(range(start, start + len(mine))), mine
+        recovery.append(mine[0][1] - killed[i - 1][0])
+    assert log[-1][1] == steps - 1
+    return recovery
 
 
 def test_killed_executors_resume_from_the_last_checkpoint_bit_identical(spark, tmp_path):
@@ -130,22 +159,7 @@ def test_killed_executors_resume_from_the_last_checkpoint_bit_identical(spark, t
 
     files, killed, error = run_with_kills(tmp_path, "killed", kills, steps, len(kills))
     assert error is None, f"the run failed: {error!r}"
-    log = _steplog(files["steplog"])
-    attempts = [str(i) for i in range(len(kills) + 1)]
-    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == attempts, log
-    recovery = []
-    for i in range(1, len(attempts)):
-        prev = [s for a, s, _ in log if a == attempts[i - 1]]
-        mine = [(s, ts) for a, s, ts in log if a == attempts[i]]
-        start = mine[0][0]
-        # Resumed right after a checkpoint the previous attempt had reached: no step
-        # skipped, and at most the steps since that checkpoint done twice.
-        assert (start - 1) % EVERY == 0 and start - 1 <= prev[-1], (i, start, prev[-3:])
-        assert prev[-1] - (start - 1) <= EVERY + 1, (i, start, prev[-3:])
-        assert [s for s, _ in mine] == list(range(start, start + len(mine))), mine
-        recovery.append(mine[0][1] - killed[i - 1][0])
-    # After the last checkpoint each step once, up to the end.
-    assert log[-1][1] == steps - 1
+    recovery = check_resumed(_steplog(files["steplog"]), killed, len(kills), steps)
     assert files["out"].read_text() == ref_hash, "the resumed run's weights differ"
     left = tsp_spark.wait_gone(MARK_VALUE, 15)
     assert left == [], left
@@ -189,12 +203,9 @@ def test_stock_fails_on_the_same_kill(spark, tmp_path):
     deadline = time.monotonic() + 300
     while len(_steplog(steplog)) < STEPS_PER_ATTEMPT and time.monotonic() < deadline:
         time.sleep(0.05)
-    pid = 0
-    for p in os.listdir("/proc"):
-        if p.isdigit() and any(b"CoarseGrainedExecutorBackend" in a for a in _cmdline(int(p))):
-            pid = int(p)
-            break
-    assert pid
+    # A training process of this job (stock's workers carry the mark too): its executor.
+    pid = next((e for e in map(executor_of, tsp_spark.job_processes(MARK_VALUE)) if e), 0)
+    assert pid, "no executor of this job found"
     os.kill(pid, signal.SIGKILL)
     t.join(600)
     for p in tsp_spark.job_processes(MARK_VALUE):  # stock leaves its other node's processes

@@ -62,8 +62,17 @@ def attempt_env(attempt: int, limit: int, cause: Optional[str]) -> dict:
     return env
 
 
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?: Reason: ([^\n]*))?")
+
+
 def root_cause(e: BaseException) -> str:
-    """One line naming an attempt's root cause."""
+    """One line naming an attempt's root cause: a lost executor when Spark says so (the
+    other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
+    else the first line of the error."""
+    lost = _EXECUTOR_LOST.search(str(e.__cause__ or ""))
+    if lost:
+        reason = f": {lost.group(2).strip()}" if lost.group(2) else ""
+        return f"{lost.group(1)}{reason} (ExecutorLostFailure)"[:500]
     text = str(e).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     first = re.sub(r"^TorchDistributor \(distributed\) failed: ", "", first)
