@@ -898,6 +898,11 @@ const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *a)
     return a->nfails > 0 ? &a->fails[a->root] : NULL;
 }
 
+int tsp_agent_stop_signal(const tsp_agent_t *a)
+{
+    return a->stop_signal;
+}
+
 int tsp_agent_stop(tsp_agent_t *a, int sig)
 {
     uint64_t v = (uint64_t)(sig & 0xff);

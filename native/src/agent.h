@@ -94,6 +94,9 @@ int tsp_agent_run(tsp_agent_t *agent);
 int tsp_agent_stop(tsp_agent_t *agent, int sig);
 /* The root cause after a failed run, or NULL. */
 const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
+/* The signal that stopped the run (received, or asked for with tsp_agent_stop), 0 when
+ * none did. */
+int tsp_agent_stop_signal(const tsp_agent_t *agent);
 void tsp_agent_close(tsp_agent_t *agent);
 
 #endif

@@ -74,6 +74,7 @@ struct tsp_logclient {
     size_t ndrops;
     int drops_dirty;
     int stopping;
+    int close_ms; /* stopping: close's timeout_ms, for the warning */
     int64_t stop_deadline;
     int64_t event_deadline; /* stopping: when to give up reaching the driver for events */
     int control;            /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
@@ -411,6 +412,21 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
     warn_local(c, msg, sizeof(msg), n);
 }
 
+/* close's bound passed with lines the driver, reached before, did not acknowledge: a
+ * driver frozen or cut off, or a stop that leaves no time (the task kill path). */
+static void warn_unacked(tsp_logclient_t *c)
+{
+    c->warned = 1;
+    char msg[1024];
+    int n = snprintf(msg, sizeof(msg),
+                     "%swarning: the driver's log server at %s:%d did not acknowledge the last "
+                     "lines of host %s (node rank %d) within %d ms of the agent's end (the "
+                     "driver is frozen, overloaded or cut off); they follow on this executor's "
+                     "own stdout/stderr, and may also reach the driver.\n",
+                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, c->close_ms);
+    warn_local(c, msg, sizeof(msg), n);
+}
+
 /* ---- the sender thread ------------------------------------------------------------- */
 
 static void conn_lost(tsp_logclient_t *c)
@@ -586,7 +602,16 @@ static void say_goodbye(tsp_logclient_t *c)
     uint8_t b[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_TEXT];
     tsp_wire_hdr_t h = {.type = TSP_WIRE_CLOSE, .rank = -1, .length = 0};
     tsp_wire_hdr_pack(b, &h);
-    int64_t dl = tsp__now_ms() + 1000;
+    /* Up to 1 s for the driver's answer, but within close's bound (at least 20 ms to
+     * write CLOSE): a frozen driver must not hold an agent told to stop at once. */
+    int64_t now = tsp__now_ms(), dl = now + 1000;
+    pthread_mutex_lock(&c->mu);
+    int64_t stop_dl = c->stopping ? c->stop_deadline : dl;
+    pthread_mutex_unlock(&c->mu);
+    if (stop_dl < now + 20)
+        stop_dl = now + 20;
+    if (stop_dl < dl)
+        dl = stop_dl;
     if (tsp__sock_write_all(c->fd, b, TSP_WIRE_HDR_LEN, dl) == 0) {
         char err[64];
         while (tsp__sock_read_frame(c->fd, &h, b, TSP_WIRE_MAX_TEXT, dl, err, sizeof(err)) == 0 &&
@@ -752,7 +777,9 @@ static void *sender_main(void *arg)
     pthread_mutex_unlock(&c->mu);
     if (left) {
         c->result = c->ever_connected ? -ETIMEDOUT : -ENOTCONN;
-        if (!c->warned)
+        if (!c->warned && c->ever_connected)
+            warn_unacked(c);
+        else if (!c->warned)
             warn_fallback(c, "the remaining lines could not be delivered before the agent ended");
         spill_all(c);
     } else if (c->st.local) {
@@ -863,6 +890,7 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
         return 0;
     pthread_mutex_lock(&c->mu);
     c->stopping = 1;
+    c->close_ms = timeout_ms > 0 ? timeout_ms : 0;
     int64_t now = tsp__now_ms();
     c->stop_deadline = now + (timeout_ms > 0 ? timeout_ms : 0);
     int ev_ms = c->o.event_flush_ms > 0 ? c->o.event_flush_ms : 0;

@@ -93,6 +93,20 @@ static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
     stop_once();
 }
 
+/* How long the agent's end waits for the driver to acknowledge the last lines: a stop
+ * signal from outside (the task kill path: TorchSparkPlugin, a cancelled task's Python
+ * worker, Ctrl-C) must end the agent at once, even when the driver cannot answer; what is
+ * not acknowledged by then goes to the agent's own stdout/stderr with one warning
+ * (docs/cli.md). A run that ended by itself or by the driver's STOP flushes for longer. */
+#define TSP_RUN_FLUSH_MS 30000
+#define TSP_RUN_KILL_FLUSH_MS 100
+
+static int flush_ms(const tsp_agent_t *a)
+{
+    return tsp_agent_stop_signal(a) && !atomic_load(&stop_wanted) ? TSP_RUN_KILL_FLUSH_MS
+                                                                  : TSP_RUN_FLUSH_MS;
+}
+
 /* Tells the driver the root cause before anything else happens on this node: the error
  * file's JSON when there is one, else what the agent knows. */
 /* The agent's on_failure callback: runs on the agent's loop, once, as soon as this node's
@@ -378,7 +392,7 @@ static int run_node(const char *argv0)
     if (fr.logc) {       /* flush what the workers printed last; falls back to our stdout/stderr */
         if (status != 0) /* sent already when the failure was seen; a no-op then */
             send_failure(&fr, tsp_agent_root_cause(agent));
-        tsp_logclient_close(fr.logc, 30000); /* no STOP callback runs after this */
+        tsp_logclient_close(fr.logc, flush_ms(agent)); /* no STOP callback runs after this */
     }
     atomic_store(&stop_agent, NULL);
     tsp_agent_close(agent);

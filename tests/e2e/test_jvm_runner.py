@@ -9,8 +9,10 @@ and the plugin's shutdown() stops what an executor still runs when the executor 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,6 +139,82 @@ def test_plugin_stops_a_cancelled_pyspark_job():
     print(f"PySpark job: every training process gone {res['gone']} ms after cancelAllJobs")
     assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
     assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
+
+
+# The driver freezes (SIGSTOP) right after cancelAllJobs: its log server, in this Python
+# process, can no longer acknowledge the agents' last lines. The parent test times the
+# job's processes from the freeze, then thaws it.
+_PYSPARK_FROZEN = """
+import json, os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import jvmutil, tsp_spark
+mark, script = sys.argv[2], sys.argv[3]
+spark = jvmutil.pyspark_session(plugin=True, mark=mark)
+from torchspark import TorchDistributor
+def train():
+    try:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(script)
+    except Exception:
+        pass
+t = threading.Thread(target=train, daemon=True)
+t.start()
+deadline = time.monotonic() + 600
+while len(tsp_spark.job_processes(mark)) < 4 and time.monotonic() < deadline:
+    time.sleep(0.1)
+time.sleep(3)  # mid-training: lines flowing
+spark.sparkContext.cancelAllJobs()
+print("FROZEN", flush=True)
+os.kill(os.getpid(), signal.SIGSTOP)
+time.sleep(1)  # thawed: the executors' log lines
+app = spark.sparkContext.applicationId
+res = {"stops": jvmutil.plugin_stops(app),
+       "warnings": jvmutil.plugin_stops(app, "did not acknowledge the last lines")}
+t.join(30)
+spark.stop()
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+# Every rank prints a line every 2 ms: lines are in flight when the driver freezes.
+_STEADY = "import itertools, time\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.002)\n"
+
+
+def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(tmp_path):
+    # Issue 20: the agents lived 1.02-1.04 s here, waiting for the frozen driver to
+    # acknowledge their last lines until the plugin's SIGKILL; now they give up after
+    # 100 ms and write those lines to the executor's log with one warning.
+    import tsp_spark
+
+    mark = jvmutil.new_mark()
+    script = tmp_path / "steady.py"
+    script.write_text(_STEADY)
+    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN, str(Path(__file__).parent), mark,
+                          str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    gone = -1.0
+    try:
+        for line in p.stdout:
+            if line.startswith("FROZEN"):
+                break
+        else:
+            raise AssertionError(p.stderr.read()[-3000:])
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 15:
+            if not tsp_spark.job_processes(mark):
+                gone = (time.monotonic() - t0) * 1000
+                break
+            time.sleep(0.005)
+    finally:
+        p.send_signal(signal.SIGCONT)
+    out, err = p.communicate(timeout=300)
+    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, (p.returncode, out[-2000:], err[-3000:])
+    res = json.loads(lines[-1][len("RESULT "):])
+    print(f"frozen driver: every training process and agent gone {gone:.0f} ms after the "
+          f"freeze (right after cancelAllJobs); {res}")
+    assert 0 <= gone < jvmutil.GONE_BOUND_MS, (gone, res)
+    assert res["stops"] >= 1, res  # the plugin's kill path did it
+    assert res["warnings"] >= 1, res  # and the agents did not wait for the driver
 
 
 def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():

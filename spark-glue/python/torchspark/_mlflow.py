@@ -8,6 +8,7 @@ only talk to their agent, the agent to the driver's log server.
 """
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from typing import Any, List, Optional
@@ -36,7 +37,7 @@ def logger_for(dist: Any) -> Optional["MlflowLogger"]:
         if not _conf_true(dist):
             return None
         try:
-            import mlflow
+            mlflow = importlib.import_module("mlflow")
         except ImportError:
             raise RuntimeError("spark.torchspark.mlflow is true but mlflow cannot be imported "
                                "on the driver: pip install mlflow (or mlflow-skinny), or unset "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["_LogPump"]
 
@@ -36,8 +36,10 @@ class _LogPump:
     # the next write clears it first. Guarded by _print_lock.
     status_shown = False
 
-    def __init__(self, server: Any, linger_s: float = LINGER_S) -> None:
+    def __init__(self, server: Any, linger_s: float = LINGER_S,
+                 fmt: Optional[str] = None) -> None:
         self.server = server
+        self.fmt = fmt  # the line prefix (_native.line_prefix); None: "[rank N] "
         self.linger_s = linger_s
         self.writes = 0  # write() calls made (the benchmark reads it)
         self._stop = threading.Event()
@@ -47,7 +49,7 @@ class _LogPump:
 
     def _drain_once(self, timeout_ms: int) -> int:
         # Formatted natively (one prefix format, lines.c): no Python work per line.
-        text = self.server.read_text(MAX_LINES, timeout_ms)
+        text = self.server.read_text(MAX_LINES, timeout_ms, self.fmt)
         if text:
             with self._print_lock:
                 if _LogPump.status_shown:

@@ -66,6 +66,7 @@ class _NodeSpecRequired(TypedDict):
     gpu_resource: str  # the Spark resource name of GPUs
     timing_env: Dict[str, str]  # run()'s waterfall: {} unless TORCHSPARK_TIMING is on
     rendezvous: Optional[RendezvousSpec]  # None: allGather
+    attempt_env: Dict[str, str]  # a restarted run's TORCHSPARK_ATTEMPT etc. (_restart.py)
 
 
 class NodeSpec(_NodeSpecRequired, total=False):

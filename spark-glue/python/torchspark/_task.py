@@ -86,6 +86,7 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     nnodes = len(hosts)
     env = dict(os.environ)
     env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
+    env.update(spec["attempt_env"])  # a restarted run's attempt (_restart.py)
 
     gpus: Optional[List[str]] = None
     if spec["use_gpu"]:

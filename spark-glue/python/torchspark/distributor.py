@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _ship, _task,
-                        _timing, _warm)
+from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _restart, _ship,
+                        _task, _timing, _warm)
 from torchspark import _progress
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
@@ -80,6 +80,10 @@ class TorchDistributor:
     progress : bool, optional (torchspark extension, keyword only)
         One live progress line on the driver's stderr (default: conf
         ``spark.torchspark.progress``, true).
+    max_restarts : int, optional
+        A torchspark extension (keyword only): how many times a failed distributed run is
+        submitted again (default: spark.torchspark.job.maxRestarts, else 0); see
+        docs/distributor.md, "Restarts".
     """
 
     _TORCH_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
@@ -87,7 +91,8 @@ class TorchDistributor:
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
                  _ssl_conf: str = _TORCH_SSL_CONF, *,
                  on_report: Optional[Callable[[Any], Any]] = None,
-                 progress: Optional[bool] = None) -> None:
+                 progress: Optional[bool] = None,
+                 max_restarts: Optional[int] = None) -> None:
         from pyspark.sql.utils import is_remote
 
         self.is_remote = is_remote()
@@ -104,6 +109,8 @@ class TorchDistributor:
         self._validate_input_params()
         self.input_params = self._create_input_params()
         _progress.configure(self, on_report, progress)  # torchspark.report() (_progress.py)
+        self.max_restarts = _restart.max_restarts(
+            max_restarts, self.spark.conf.get(_restart.MAX_RESTARTS_CONF, None))
 
     def _create_input_params(self) -> Dict[str, Any]:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
@@ -206,7 +213,7 @@ class TorchDistributor:
         if self.local_mode:
             result = self._run_local_training(train_object, fn_bytes, script_args)
         else:
-            result = self._run_distributed_training(train_object, fn_bytes, script_args)
+            result = self._run_distributed_with_restarts(train_object, fn_bytes, script_args)
         result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
         clock.report("local" if self.local_mode else "distributed")
         return result
@@ -364,6 +371,32 @@ class TorchDistributor:
                 hub.stop()
             shutil.rmtree(workdir, ignore_errors=True)
 
+    # Per attempt of a run with restarts (torchspark/_restart.py): the training processes'
+    # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
+    _attempt_env: Dict[str, str] = {}
+    _log_fmt: Optional[str] = None
+
+    def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
+                                       fn_bytes: Optional[bytes],
+                                       script_args: List[str]) -> Optional[Any]:
+        if not self.max_restarts:
+            return self._run_distributed_training(train_object, fn_bytes, script_args)
+
+        def attempt(n: int, cause: Optional[str]) -> Optional[Any]:
+            self._attempt_env = _restart.attempt_env(n, self.max_restarts, cause)
+            self._log_fmt = f"[attempt {n}] [rank {{rank}}] "
+            return self._run_distributed_training(train_object, fn_bytes, script_args)
+
+        timeout = _restart.duration_s(
+            _get_conf(self.spark, _restart.REPLACEMENT_TIMEOUT_CONF,
+                      _restart.DEFAULT_REPLACEMENT_TIMEOUT), _restart.REPLACEMENT_TIMEOUT_CONF)
+        try:
+            return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
+                                need_slots=self.num_tasks, replacement_timeout_s=timeout,
+                                remote=self.is_remote, logger=self.logger)
+        finally:
+            self._attempt_env, self._log_fmt = {}, None
+
     def _run_distributed_training(self, train_object: Union[Callable, str],
                                   fn_bytes: Optional[bytes], script_args: List[str],
                                   dataframe: Optional[tuple] = None) -> Optional[Any]:
@@ -413,7 +446,7 @@ class TorchDistributor:
                     "spark.driver.resource.gpu.amount")
         bind_host, advertised = self._log_server_host(driver_host)
         server = self._start_log_server(bind_host)
-        pump = _LogPump(server) if server is not None else None
+        pump = _LogPump(server, fmt=self._log_fmt) if server is not None else None
         hub = _progress.start(self, server) if server is not None else None
         # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
         # _rendezvous.py says when.
@@ -446,6 +479,7 @@ class TorchDistributor:
             "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
             "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,
+            "attempt_env": self._attempt_env,  # restarts (torchspark/_restart.py)
         }
         try:
             self._clock.mark("job_submitted")

@@ -1,0 +1,149 @@
+"""The driver's restart policy for distributed runs (docs/distributor.md, "Restarts").
+
+Spark never retries a failed barrier ResultStage (SPARK-25161): the job aborts on the first
+task failure, executor loss included. So the driver does: when an attempt fails and
+restarts are left, it waits until the cluster has a slot for every task again (Spark's
+standalone master replaces a lost executor at once; a replacement is waited for up to
+spark.torchspark.job.replacementTimeout) and submits a new barrier job. Each attempt is a
+new job: its tasks re-elect the master (so losing rank 0's executor is covered), its
+training processes learn the attempt from TORCHSPARK_ATTEMPT and the previous attempt's
+root cause from TORCHSPARK_RESTART_CAUSE, and its log lines carry "[attempt N] ". Users
+resume from their own checkpoints (torchspark.checkpoint); without one, an attempt starts
+from step 0. The final exception lists each attempt's root cause, in order.
+"""
+from __future__ import annotations
+
+import re
+import time
+from typing import Dict, Any, Callable, List, Optional
+
+from torchspark._report import TorchDistributorError
+
+MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
+REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
+DEFAULT_REPLACEMENT_TIMEOUT = "30s"
+ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
+CAUSE_ENV = "TORCHSPARK_RESTART_CAUSE"
+MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
+CAUSE_MAX = 1000  # characters of a cause handed to the next attempt
+
+
+def max_restarts(value: Any, conf_value: Optional[str]) -> int:
+    """The constructor's max_restarts, else the conf's, else 0; a clear error otherwise."""
+    if value is None:
+        if conf_value is None or conf_value.strip() == "":
+            return 0
+        try:
+            value = int(conf_value.strip())
+        except ValueError:
+            raise ValueError(f"{MAX_RESTARTS_CONF} is '{conf_value}': give a whole number of "
+                             "restarts >= 0") from None
+        if value < 0:
+            raise ValueError(f"{MAX_RESTARTS_CONF} is {value}: give a whole number of "
+                             "restarts >= 0")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"max_restarts must be a whole number >= 0, not {value!r}")
+    return value
+
+
+def duration_s(raw: str, key: str) -> float:
+    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw.strip().lower())
+    if not m:
+        raise ValueError(f"{key} is '{raw}': give a duration such as 30s, 2min or 500ms")
+    scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def attempt_env(attempt: int, limit: int, cause: Optional[str]) -> Dict[str, str]:
+    env = {ATTEMPT_ENV: str(attempt), MAX_RESTARTS_ENV: str(limit)}
+    if cause:
+        env[CAUSE_ENV] = cause[:CAUSE_MAX]
+    return env
+
+
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?: Reason: ([^\n]*))?")
+
+
+def root_cause(e: BaseException) -> str:
+    """One line naming an attempt's root cause: a lost executor when Spark says so (the
+    other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
+    else the first line of the error."""
+    lost = _EXECUTOR_LOST.search(str(e.__cause__ or ""))
+    if lost:
+        reason = f": {lost.group(2).strip()}" if lost.group(2) else ""
+        return f"{lost.group(1)}{reason} (ExecutorLostFailure)"[:500]
+    text = str(e).strip()
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    first = re.sub(r"^TorchDistributor \(distributed\) failed: ", "", first)
+    return first[:500]
+
+
+def free_slots(spark: Any) -> int:
+    """How many barrier tasks the cluster can run at once now (active executors' slots)."""
+    jsc = spark.sparkContext._jsc.sc()
+    try:
+        rp = jsc.resourceProfileManager().defaultResourceProfile()
+        return int(jsc.maxNumConcurrentTasks(rp))
+    except Exception:
+        # Executors (the driver's entry excluded) x their cores / spark.task.cpus.
+        infos = jsc.statusTracker().getExecutorInfos()
+        cpus = int(spark.conf.get("spark.task.cpus", "1"))
+        return sum(max(0, int(i.totalCores()) // cpus) for i in infos
+                   if i.port() > 0 and str(i.host()) != "" and int(i.totalCores()) > 0)
+
+
+def wait_for_slots(spark: Any, need: int, timeout_s: float, remote: bool,
+                   poll_s: float = 0.1) -> int:
+    """Waits until the cluster can run `need` barrier tasks (a replacement executor
+    registered), up to timeout_s; returns the slots seen last. On Spark Connect the client
+    cannot see the executors: Spark's own barrier slot check waits instead."""
+    if remote:
+        return need
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            slots = free_slots(spark)
+        except Exception:
+            return need  # cannot tell: let Spark's own check decide
+        if slots >= need or time.monotonic() >= deadline:
+            return slots
+        time.sleep(poll_s)
+
+
+def history_message(causes: List[str], limit: int, last: str) -> str:
+    lines = [f"TorchDistributor (distributed) failed after {len(causes)} attempt(s) "
+             f"(max_restarts={limit}): {last}", "Root cause of each attempt, in order:"]
+    lines += [f"  attempt {i}: {c}" for i, c in enumerate(causes)]
+    return "\n".join(lines)
+
+
+def run(run_once: Callable[[int, Optional[str]], Any], *, limit: int, spark: Any,
+        need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any) -> Any:
+    """Calls run_once(attempt, cause) until it returns or limit restarts are used up."""
+    causes: List[str] = []
+    cause: Optional[str] = None
+    for attempt in range(limit + 1):
+        try:
+            return run_once(attempt, cause)
+        except TorchDistributorError as e:
+            cause = root_cause(e)
+            causes.append(cause)
+            if attempt == limit:
+                if limit == 0:
+                    raise
+                raise TorchDistributorError(history_message(causes, limit, str(e)),
+                                            {**(e.report or {}), "attempts": causes}) from e
+            t0 = time.monotonic()
+            slots = wait_for_slots(spark, need_slots, replacement_timeout_s, remote)
+            if slots < need_slots:
+                causes.append(f"no restart: {need_slots} task slot(s) needed, {slots} "
+                              f"available after waiting {replacement_timeout_s:g}s for a "
+                              f"replacement executor ({REPLACEMENT_TIMEOUT_CONF})")
+                raise TorchDistributorError(history_message(causes, limit, str(e)),
+                                            {**(e.report or {}), "attempts": causes}) from e
+            logger.warning(
+                f"TorchDistributor attempt {attempt} failed: {cause}; restarting as attempt "
+                f"{attempt + 1} of {limit + 1} ({need_slots} slot(s) available after "
+                f"{time.monotonic() - t0:.1f}s)")
+    raise AssertionError("unreachable")

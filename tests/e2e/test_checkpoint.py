@@ -1,0 +1,135 @@
+"""torchspark.checkpoint: atomic saves, the newest complete checkpoint, sharded state on
+every rank of a real gloo process group (real torch, real processes; no Spark)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from logchannel_harness import ROOT, RUN_BIN
+from torchspark import checkpoint
+
+
+def test_nothing_saved_yet_is_none(tmp_path):
+    assert checkpoint.load_latest(str(tmp_path / "none")) is None
+    assert checkpoint.latest_step(str(tmp_path)) is None
+
+
+def test_newest_complete_checkpoint_wins(tmp_path):
+    d = str(tmp_path)
+    for step in (3, 10, 7):
+        checkpoint.save({"w": torch.full((2,), float(step)), "step": step}, step, dir=d, keep=5)
+    ck = checkpoint.load_latest(d)
+    assert ck.step == 10 and ck.state["step"] == 10
+    assert torch.equal(ck.state["w"], torch.full((2,), 10.0))
+    # A newer save that was killed before its COMPLETE marker: skipped.
+    (tmp_path / "step-000000000011").mkdir()
+    (tmp_path / "step-000000000011" / "state.pt").write_bytes(b"half a file")
+    assert checkpoint.load_latest(d).step == 10
+    assert checkpoint.latest_step(d) == 10
+
+
+def test_keep_prunes_older_checkpoints_and_torn_ones(tmp_path):
+    d = str(tmp_path)
+    (tmp_path / "step-000000000000").mkdir(parents=True)  # torn, older than all
+    for step in range(1, 6):
+        checkpoint.save({"s": step}, step, dir=d, keep=2)
+    assert sorted(os.listdir(d)) == ["step-000000000004", "step-000000000005"]
+
+
+def test_environment_names_the_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv(checkpoint.DIR_ENV, str(tmp_path))
+    checkpoint.save([1, 2], 0)
+    assert checkpoint.load_latest().state == [1, 2]
+
+
+def test_bad_input_is_named(tmp_path, monkeypatch):
+    monkeypatch.delenv(checkpoint.DIR_ENV, raising=False)
+    with pytest.raises(ValueError, match="TORCHSPARK_CHECKPOINT_DIR"):
+        checkpoint.save({}, 1)
+    with pytest.raises(ValueError, match="step must be an int >= 0"):
+        checkpoint.save({}, -1, dir=str(tmp_path))
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        checkpoint.save({}, 1, dir=str(tmp_path), keep=0)
+
+
+def test_non_zero_ranks_write_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert checkpoint.save({"x": 1}, 4, dir=str(tmp_path)) is None
+    assert os.listdir(tmp_path) == []
+
+
+_SLOW_SAVE = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[2])
+from torchspark import checkpoint
+checkpoint.save({"w": torch.zeros(4)}, 1, dir=sys.argv[1])
+print("saved 1", flush=True)
+checkpoint.save({"w": torch.ones(64 << 20)}, 2, dir=sys.argv[1])  # 256 MiB: killed in it
+print("saved 2", flush=True)
+"""
+
+
+def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(tmp_path),
+                          str(ROOT / "spark-glue" / "python")], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "saved 1"
+    step2 = tmp_path / "step-000000000002"
+    deadline = time.monotonic() + 60
+    while not step2.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert step2.exists() and not (step2 / "COMPLETE").exists()
+    ck = checkpoint.load_latest(str(tmp_path))
+    assert ck.step == 1 and torch.equal(ck.state["w"], torch.zeros(4))
+
+
+_SHARDED = r"""
+import os, sys, torch, torch.distributed as dist
+from torchspark import checkpoint
+dist.init_process_group("gloo")
+r = dist.get_rank()
+d = sys.argv[1]
+assert checkpoint.load_latest(d) is None
+for step in (5, 6):
+    checkpoint.save({"rank": r, "t": torch.full((3,), float(r * 100 + step))}, step, dir=d,
+                    sharded=True)
+ck = checkpoint.load_latest(d)
+assert ck.step == 6 and ck.state["rank"] == r, ck
+assert torch.equal(ck.state["t"], torch.full((3,), float(r * 100 + 6)))
+print(f"OK rank {r}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_sharded_checkpoint_on_every_rank_of_a_gloo_group(tmp_path):
+    ckdir = tmp_path / "ck"
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "spark-glue" / "python"))
+    script = tmp_path / "sharded.py"
+    script.write_text(_SHARDED)
+    r = subprocess.run([str(RUN_BIN), "--standalone", "--nproc-per-node", "3", "--python",
+                        sys.executable, str(script), str(ckdir)],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
+    assert sorted(os.listdir(ckdir / "step-000000000006")) == [
+        "COMPLETE", "rank-00000.pt", "rank-00001.pt", "rank-00002.pt"]
+    assert r.stdout.count("OK rank") == 3, r.stdout
+    # Loaded with another world size: named.
+    with pytest.raises(ValueError, match="saved sharded by 3 ranks"):
+        checkpoint.load_latest(str(ckdir))
+
+
+def test_fsspec_url(tmp_path):
+    fsspec = pytest.importorskip("fsspec")
+    url = "memory://tsp-ck-" + Path(tmp_path).name
+    checkpoint.save({"a": 1}, 3, dir=url)
+    checkpoint.save({"a": 2}, 4, dir=url)
+    ck = checkpoint.load_latest(url)
+    assert ck.step == 4 and ck.state == {"a": 2}
+    fsspec.filesystem("memory").rm(url.split("://")[1], recursive=True)

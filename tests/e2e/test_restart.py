@@ -1,0 +1,217 @@
+"""Restarts on the driver (issue 20): a run survives losing an executor JVM (SIGKILL)
+mid-training, resumes from its last torchspark.checkpoint, and ends with weights
+bit-identical to an uninterrupted run's (CPU, gloo, fixed seeds and data order).
+
+local-cluster[2,1,1024]: two workers with one core each, so each task owns an executor and
+a killed executor is replaced by its worker at once (Spark's standalone master), as on a
+real standalone cluster. Stock TorchDistributor on the same kill: the job fails (the
+barrier ResultStage is never retried, SPARK-25161)."""
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
+
+import tsp_spark
+from torchspark import TorchDistributor, TorchDistributorError, checkpoint
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = str(HERE / "agent_scripts" / "resume_train.py")
+MARK_VALUE = uuid.uuid4().hex
+EVERY = 5  # steps between checkpoints
+STEPS_PER_ATTEMPT = 8  # steps an attempt runs (after its resume) before the next kill
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = tsp_spark.session("local-cluster[2,1,1024]", {
+        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
+        # A replacement executor JVM starts in seconds on a quiet machine, but can take
+        # a minute on a loaded 2-core CI runner.
+        "spark.torchspark.job.replacementTimeout": "180s",
+    })
+    yield s
+    s.stop()
+
+
+def _cmdline(pid: int) -> list:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[1])
+
+
+def executor_of(pid: int) -> int:
+    """The executor JVM that pid descends from (0: none). Only this test's executors are
+    ever killed: other sessions may run Spark on the same machine."""
+    p = pid
+    while p > 1:
+        if any(b"CoarseGrainedExecutorBackend" in a for a in _cmdline(p)):
+            return p
+        try:
+            p = _ppid(p)
+        except OSError:
+            return 0
+    return 0
+
+
+def executor_of_node(node_rank: int) -> int:
+    """The pid of the executor JVM whose task runs node node_rank's agent (0: none)."""
+    for pid in tsp_spark.job_processes(MARK_VALUE):
+        cmd = _cmdline(pid)
+        if cmd and b"torchspark-run" in cmd[0] and f"--node-rank={node_rank}".encode() in cmd:
+            return executor_of(pid)
+    return 0
+
+
+def _steplog(path: Path) -> list:
+    """[(attempt, step, time)] rank 0 wrote, in order."""
+    if not path.exists():
+        return []
+    out = []
+    for ln in path.read_text().splitlines():
+        parts = ln.split()
+        if len(parts) == 3:
+            out.append((parts[0], int(parts[1]), float(parts[2])))
+    return out
+
+
+def _train(tmp: Path, name: str, steps: int, distributor) -> dict:
+    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out")}
+    distributor.run(SCRIPT, "--ckpt", str(files["ckpt"]), "--steps", str(steps), "--every",
+                    str(EVERY), "--sleep", "0.1", "--steplog", str(files["steplog"]),
+                    "--out", str(files["out"]))
+    return files
+
+
+def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: int,
+                   after: list = ()):
+    """Runs resume_train.py with restarts and SIGKILLs the executor of node kills[i] once
+    attempt i has run after[i] steps (default STEPS_PER_ATTEMPT); returns (files, [(kill
+    time, newest checkpoint step then)], error)."""
+    box = {}
+    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out")}
+
+    def train():
+        try:
+            _train(tmp, name, steps, TorchDistributor(
+                num_processes=2, local_mode=False, use_gpu=False, max_restarts=max_restarts))
+        except BaseException as e:  # noqa: B902 - checked by the caller
+            box["error"] = e
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    killed = []
+    for i, node in enumerate(kills):
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and t.is_alive():
+            done = [s for a, s, _ in _steplog(files["steplog"]) if a == str(i)]
+            if len(done) >= (after[i] if i < len(after) else STEPS_PER_ATTEMPT):
+                break
+            time.sleep(0.02)
+        pid = executor_of_node(node)
+        assert pid, f"kill {i}: no executor runs node {node} (run ended: {box})"
+        os.kill(pid, signal.SIGKILL)
+        killed.append((time.time(), checkpoint.latest_step(str(files["ckpt"]))))
+    t.join(600)
+    assert not t.is_alive(), "the run did not end in 600 s"
+    return files, killed, box.get("error")
+
+
+def check_resumed(log: list, killed: list, nkills: int, steps: int) -> list:
+    """Checks rank 0's step log of a run killed nkills times: one attempt after each kill,
+    each resumed right after a checkpoint its predecessor reached (no step skipped, at most
+    the steps since that checkpoint done twice), each step once from there, up to the last.
+    Returns the recovery times: kill -> the next attempt's first step, in seconds."""
+    attempts = [str(i) for i in range(nkills + 1)]
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == attempts, log
+    recovery = []
+    for i in range(1, len(attempts)):
+        prev = [s for a, s, _ in log if a == attempts[i - 1]]
+        mine = [(s, ts) for a, s, ts in log if a == attempts[i]]
+        start = mine[0][0]
+        assert (start - 1) % EVERY == 0 and start - 1 <= prev[-1], (i, start, prev[-3:])
+        assert prev[-1] - (start - 1) <= EVERY + 1, (i, start, prev[-3:])
+        assert [s for s, _ in mine] == list(range(start, start + len(mine))), mine
+        recovery.append(mine[0][1] - killed[i - 1][0])
+    assert log[-1][1] == steps - 1
+    return recovery
+
+
+def test_killed_executors_resume_from_the_last_checkpoint_bit_identical(spark, tmp_path):
+    # 3 kills of a non-rank-0 executor, 3 of rank 0's (TSP_RESTART_KILLS: another list).
+    kills = [int(k) for k in os.environ.get("TSP_RESTART_KILLS", "1,0,1,0,1,0").split(",")]
+    steps = STEPS_PER_ATTEMPT * (len(kills) + 1)
+    ref = _train(tmp_path, "ref", steps,
+                 TorchDistributor(num_processes=2, local_mode=False, use_gpu=False))
+    ref_hash = ref["out"].read_text()
+    assert [s for _, s, _ in _steplog(ref["steplog"])] == list(range(steps))
+
+    files, killed, error = run_with_kills(tmp_path, "killed", kills, steps, len(kills))
+    assert error is None, f"the run failed: {error!r}"
+    recovery = check_resumed(_steplog(files["steplog"]), killed, len(kills), steps)
+    assert files["out"].read_text() == ref_hash, "the resumed run's weights differ"
+    left = tsp_spark.wait_gone(MARK_VALUE, 15)
+    assert left == [], left
+    print("recovery (kill -> first resumed step), s, kills of nodes "
+          f"{kills}: {[round(r, 2) for r in recovery]}")
+
+
+def test_restarts_used_up_list_each_attempts_root_cause(spark, tmp_path):
+    bad = tmp_path / "fail.py"
+    bad.write_text("import os, sys\n"
+                   "if os.environ['RANK'] == '1':\n"
+                   "    raise SystemExit(f\"boom in attempt {os.environ['TORCHSPARK_ATTEMPT']} "
+                   "after {os.environ.get('TORCHSPARK_RESTART_CAUSE', 'nothing')[:20]}\")\n")
+    with pytest.raises(TorchDistributorError) as ei:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                         max_restarts=2).run(str(bad))
+    text = str(ei.value)
+    assert "failed after 3 attempt(s) (max_restarts=2)" in text, text
+    for i in range(3):
+        assert f"  attempt {i}: " in text, text
+    assert len(ei.value.report["attempts"]) == 3
+    assert tsp_spark.wait_gone(MARK_VALUE, 15) == []
+
+
+def test_stock_fails_on_the_same_kill(spark, tmp_path):
+    box = {}
+    steplog = tmp_path / "stock.steplog"
+
+    def train():
+        try:
+            StockDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                SCRIPT, "--ckpt", str(tmp_path / "stock.ckpt"), "--steps", "400", "--every",
+                str(EVERY), "--sleep", "0.1", "--steplog", str(steplog), "--out",
+                str(tmp_path / "stock.out"))
+            box["ok"] = True
+        except BaseException as e:  # noqa: B902
+            box["error"] = e
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 300
+    while len(_steplog(steplog)) < STEPS_PER_ATTEMPT and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # A training process of this job (stock's workers carry the mark too): its executor.
+    pid = next((e for e in map(executor_of, tsp_spark.job_processes(MARK_VALUE)) if e), 0)
+    assert pid, "no executor of this job found"
+    os.kill(pid, signal.SIGKILL)
+    t.join(600)
+    for p in tsp_spark.job_processes(MARK_VALUE):  # stock leaves its other node's processes
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+    assert "error" in box, box
+    assert "barrier" in str(box["error"]).lower() or "lost" in str(box["error"]).lower(), box

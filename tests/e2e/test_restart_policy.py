@@ -1,0 +1,96 @@
+"""The driver's restart policy without Spark (torchspark/_restart.py): the knobs' checks,
+the cause each attempt hands on, the final message. The policy on a real cluster, with
+executors killed, is tests/e2e/test_restart.py."""
+import logging
+
+import pytest
+
+from torchspark import _restart
+from torchspark._report import TorchDistributorError
+
+
+def test_max_restarts_from_the_constructor_or_the_conf():
+    assert _restart.max_restarts(None, None) == 0
+    assert _restart.max_restarts(None, " 3 ") == 3
+    assert _restart.max_restarts(2, "5") == 2  # the constructor wins
+    with pytest.raises(ValueError, match="spark.torchspark.job.maxRestarts is 'x'"):
+        _restart.max_restarts(None, "x")
+    with pytest.raises(ValueError, match="spark.torchspark.job.maxRestarts is -1"):
+        _restart.max_restarts(None, "-1")
+    for bad in (-1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
+            _restart.max_restarts(bad, None)
+
+
+def test_replacement_timeout_durations():
+    assert _restart.duration_s("30s", "k") == 30
+    assert _restart.duration_s("2min", "k") == 120
+    assert _restart.duration_s("500ms", "k") == 0.5
+    with pytest.raises(ValueError, match="k is 'soon'"):
+        _restart.duration_s("soon", "k")
+
+
+def test_a_lost_executor_is_the_cause_not_the_survivors_error():
+    try:
+        try:
+            raise RuntimeError(
+                "Job aborted due to stage failure: Could not recover from a failed barrier "
+                "ResultStage. Most recent failure reason: Stage failed because barrier task "
+                "ResultTask(1, 1) finished unsuccessfully.\nExecutorLostFailure (executor 1 "
+                "exited caused by one of the running tasks) Reason: Command exited with code "
+                "137\n\tat ...")
+        except RuntimeError as spark_error:
+            raise TorchDistributorError(
+                "TorchDistributor (distributed) failed: rank 0 (node 0, local rank 0) on host h "
+                "exited with code 1.\nError: gloo Connection reset by peer") from spark_error
+    except TorchDistributorError as e:
+        cause = _restart.root_cause(e)
+    assert cause == ("executor 1 exited caused by one of the running tasks: Command exited "
+                     "with code 137 (ExecutorLostFailure)")
+    plain = TorchDistributorError("TorchDistributor (distributed) failed: rank 1 exited.\nx")
+    assert _restart.root_cause(plain) == "rank 1 exited."
+
+
+def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
+    seen = []
+
+    def once(attempt, cause):
+        seen.append((attempt, cause, _restart.attempt_env(attempt, 2, cause)))
+        raise TorchDistributorError(f"TorchDistributor (distributed) failed: boom {attempt}",
+                                    {"rank": attempt})
+
+    with pytest.raises(TorchDistributorError) as ei:
+        _restart.run(once, limit=2, spark=None, need_slots=2, replacement_timeout_s=0,
+                     remote=True, logger=logging.getLogger("t"))
+    assert [(a, c) for a, c, _ in seen] == [(0, None), (1, "boom 0"), (2, "boom 1")]
+    assert seen[0][2] == {"TORCHSPARK_ATTEMPT": "0", "TORCHSPARK_MAX_RESTARTS": "2"}
+    assert seen[2][2]["TORCHSPARK_RESTART_CAUSE"] == "boom 1"
+    text = str(ei.value)
+    assert text.startswith("TorchDistributor (distributed) failed after 3 attempt(s) "
+                           "(max_restarts=2)"), text
+    assert "  attempt 0: boom 0\n  attempt 1: boom 1\n  attempt 2: boom 2" in text, text
+    assert ei.value.report["attempts"] == ["boom 0", "boom 1", "boom 2"]
+    assert str(ei.value.__cause__).endswith("boom 2")
+
+
+def test_success_after_a_restart_returns_its_result():
+    calls = []
+
+    def once(attempt, cause):
+        calls.append(attempt)
+        if attempt == 0:
+            raise TorchDistributorError("TorchDistributor (distributed) failed: lost")
+        return "result"
+
+    assert _restart.run(once, limit=3, spark=None, need_slots=1, replacement_timeout_s=0,
+                        remote=True, logger=logging.getLogger("t")) == "result"
+    assert calls == [0, 1]
+
+
+def test_other_errors_are_not_retried():
+    def once(attempt, cause):
+        raise ValueError("bad input")
+
+    with pytest.raises(ValueError):
+        _restart.run(once, limit=3, spark=None, need_slots=1, replacement_timeout_s=0,
+                     remote=True, logger=logging.getLogger("t"))
