@@ -8,11 +8,12 @@
  * contexts record their device; device memory is host memory; STUB_CUDA_STREAM_HANG=1 makes
  * cuStreamQuery answer 600 (CUDA_ERROR_NOT_READY) for ever. */
 #include <stdint.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "stub_thread.h"
 
 #define MAXDEV 16
 
@@ -92,40 +93,9 @@ static void discover(void)
     free(copy);
 }
 
-/* As the real driver does in cuInit: one thread that lives as long as the process, started
- * with the caller's signal mask (pthread_create keeps it). A process-directed signal that
- * the caller blocks but this thread does not (SIGCHLD to an agent that blocked it too late)
- * is delivered here and discarded, as with the real driver's thread: what the CPU tests
- * must be able to see. STUB_GPU_NO_THREAD=1 leaves it out. */
-static void *driver_thread(void *arg)
-{
-    (void)arg;
-    for (;;)
-        pause();
-    return NULL;
-}
-
-static void start_driver_thread_once(void)
-{
-    const char *off = getenv("STUB_GPU_NO_THREAD");
-    if (off && strcmp(off, "1") == 0)
-        return;
-    pthread_t t;
-    if (pthread_create(&t, NULL, driver_thread, NULL) == 0) {
-        pthread_setname_np(t, "cuda-stub-drv");
-        pthread_detach(t);
-    }
-}
-
-static void start_driver_thread(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, start_driver_thread_once);
-}
-
 unsigned int cuInit(unsigned int flags)
 {
-    start_driver_thread();
+    stub_thread_start("cuda-stub-drv");
     (void)flags;
     const char *rc = getenv("STUB_CUDA_INIT_RC");
     if (rc && *rc)

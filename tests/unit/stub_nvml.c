@@ -6,11 +6,12 @@
  * (0 default, 3 exclusive-process). Knobs: STUB_NVML_INIT_RC (e.g. 9, DRIVER_NOT_LOADED),
  * STUB_NVML_HANDLE_RC (returned by nvmlDeviceGetHandleByIndex_v2, e.g. 4, NO_PERMISSION),
  * STUB_NVML_LOST=i (device i answers GPU_IS_LOST, 15). */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include "stub_thread.h"
 
 #define MAXDEV 16
 #define MAXMIG 8
@@ -119,40 +120,9 @@ static int lost(nvmlDevice_t d)
     return i >= 0 && i < ndev && (d == &devs[i] || d->parent == &devs[i]);
 }
 
-/* As the real driver does in nvmlInit_v2: one thread that lives as long as the process, started
- * with the caller's signal mask (pthread_create keeps it). A process-directed signal that
- * the caller blocks but this thread does not (SIGCHLD to an agent that blocked it too late)
- * is delivered here and discarded, as with the real driver's thread: what the CPU tests
- * must be able to see. STUB_GPU_NO_THREAD=1 leaves it out. */
-static void *driver_thread(void *arg)
-{
-    (void)arg;
-    for (;;)
-        pause();
-    return NULL;
-}
-
-static void start_driver_thread_once(void)
-{
-    const char *off = getenv("STUB_GPU_NO_THREAD");
-    if (off && strcmp(off, "1") == 0)
-        return;
-    pthread_t t;
-    if (pthread_create(&t, NULL, driver_thread, NULL) == 0) {
-        pthread_setname_np(t, "nvml-stub-drv");
-        pthread_detach(t);
-    }
-}
-
-static void start_driver_thread(void)
-{
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, start_driver_thread_once);
-}
-
 unsigned int nvmlInit_v2(void)
 {
-    start_driver_thread();
+    stub_thread_start("nvml-stub-drv");
     int rc = env_int("STUB_NVML_INIT_RC", 0);
     if (rc)
         return (unsigned int)rc;
