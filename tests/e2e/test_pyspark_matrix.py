@@ -110,3 +110,17 @@ def test_java_sources_compile_against_this_spark(matrix_python, tmp_path):
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert (tmp_path / "org" / "torchspark" / "TorchSparkPlugin.class").is_file()
+
+
+@pytest.mark.parametrize("old", ["3.4.4", "3.3.0", "2.4.8"])
+def test_an_older_pyspark_is_one_clear_error(old):
+    from torchspark import _spark
+
+    with pytest.raises(RuntimeError) as e:
+        _spark.check(old)
+    msg = str(e.value)
+    assert f"needs pyspark 3.5 or newer, but this is pyspark {old}" in msg
+    for lacking in ("mapInArrow(barrier=True)", "addJobTag", "interruptTag"):
+        assert lacking in msg
+    _spark.check("3.5.0")
+    _spark.check("4.3.0")

@@ -63,17 +63,19 @@ def check(text: Optional[str] = None) -> None:
 
 def inheritable_thread(target: Callable[[], None], name: str, session: Any) -> Any:
     """A daemon pyspark InheritableThread; session (a Connect session, or None) is passed
-    where PySpark takes it (4.0+)."""
+    where PySpark takes it (4.0+; asked of the signature, not the version)."""
+    import inspect
+
     from pyspark.util import InheritableThread
 
-    if version() >= (4, 0):
+    if "session" in inspect.signature(InheritableThread.__init__).parameters:
         return InheritableThread(target, daemon=True, name=name, session=session)
     return InheritableThread(target, daemon=True, name=name)
 
 
 def collect_binary(df: Any, column: str) -> List[bytes]:
-    """The values of df's BinaryType column, in order: through Arrow on 4.0+ (toArrow),
-    as rows on 3.5 (which has no toArrow)."""
-    if version() >= (4, 0):
+    """The values of df's BinaryType column, in order: through Arrow where the DataFrame
+    has toArrow (4.0+), as rows on 3.5."""
+    if hasattr(df, "toArrow"):
         return [v.as_py() for v in df.toArrow().column(column)]
     return [bytes(row[column]) for row in df.collect()]
