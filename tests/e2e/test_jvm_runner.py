@@ -137,7 +137,7 @@ def test_plugin_stops_a_cancelled_pyspark_job():
 
 # The driver frozen right after the cancel (SIGSTOP, as a driver stuck in a long GC pause or
 # a debugger): its log server tells no agent to stop, so only the executors' plugin can
-# (the interrupt listener on Spark 4.3+, the 100 ms poll before).
+# (the interrupt listener on Spark 4.3+, the 20 ms poll before).
 _PYSPARK_FROZEN = """
 import os, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
@@ -215,7 +215,7 @@ def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(tmp_pat
         frozen_at_gone = _state(p.pid) == "T"
         time.sleep(0.5)  # the executors' log lines
         stops = jvmutil.plugin_stops(app)
-        polls = jvmutil.plugin_stops(app, "found by polling every 100 ms")
+        polls = jvmutil.plugin_stops(app, "found by polling every 20 ms")
     finally:
         os.kill(p.pid, signal.SIGCONT)
         out, _ = p.communicate(timeout=300)

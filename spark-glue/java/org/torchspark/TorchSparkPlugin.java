@@ -30,7 +30,7 @@ import org.slf4j.LoggerFactory;
  * that the PySpark TorchDistributor adds, which Spark Connect passes on inside its own
  * session tag: see {@link #isTorchsparkTask}), a kill of the task (job cancelled, stage aborted) stops the task's
  * agent and its training processes at once: the interrupt listener (Spark 4.3+, found by
- * reflection so that one jar loads on every supported Spark; older Spark: a 100 ms poll of
+ * reflection so that one jar loads on every supported Spark; older Spark: a 20 ms poll of
  * {@code TaskContext.isInterrupted}) hands the task's attempt id to the plugin's thread, which finds the
  * task's processes among this JVM's descendants by the environment tag
  * {@code TORCHSPARK_TASK_ATTEMPT_ID=<id>}, sends SIGTERM, and SIGKILL after the grace
@@ -47,6 +47,9 @@ public final class TorchSparkPlugin implements SparkPlugin {
     public static final String GRACE_CONF = "spark.torchspark.plugin.killGraceMs";
     /** How long a killed or failed task's attempt id stays watched for a late agent. */
     static final long WATCH_MS = 30_000;
+    /** How often the plugin polls its running tasks' isInterrupted() on Spark before 4.3
+     *  (a volatile read per task; the listener needs none). */
+    static final long POLL_MS = 20;
     static final Logger LOG = LoggerFactory.getLogger(TorchSparkPlugin.class);
 
     /** The job tag of a TorchDistributor run, alone (classic) or as the end of Spark
@@ -151,7 +154,7 @@ public final class TorchSparkPlugin implements SparkPlugin {
             listenerMissing = ADD_INTERRUPT_LISTENER == null;
             LOG.info(listenerMissing
                     ? "torchspark plugin: Spark " + org.apache.spark.package$.MODULE$.SPARK_VERSION()
-                      + " has no task interrupt listener (new in 4.3): killed tasks are found by polling every 100 ms"
+                      + " has no task interrupt listener (new in 4.3): killed tasks are found by polling every " + POLL_MS + " ms"
                     : "torchspark plugin: killed tasks are found through their interrupt listener");
             worker = new Thread(this::loop, "torchspark-plugin-killer");
             worker.setDaemon(true);
@@ -212,9 +215,11 @@ public final class TorchSparkPlugin implements SparkPlugin {
         }
 
         private void loop() {
+            long nextWatch = System.nanoTime();
             while (!stopping) {
                 try {
-                    Sweep s = queue.poll(100, TimeUnit.MILLISECONDS);
+                    // The watch every 100 ms; the poll of running tasks (Spark < 4.3) more often.
+                    Sweep s = queue.poll(polled.isEmpty() ? 100 : POLL_MS, TimeUnit.MILLISECONDS);
                     if (s != null) {
                         sweep(s);
                     }
@@ -228,6 +233,10 @@ public final class TorchSparkPlugin implements SparkPlugin {
                         }
                     }
                     long now = System.nanoTime();
+                    if (now - nextWatch < 0) {
+                        continue; // the watch (a /proc scan per attempt) stays at 100 ms
+                    }
+                    nextWatch = now + TimeUnit.MILLISECONDS.toNanos(100);
                     for (Map.Entry<String, Long> e : watched.entrySet()) {
                         if (now - e.getValue() > 0) {
                             watched.remove(e.getKey());
