@@ -20,6 +20,9 @@ ver=${1:-3.5.9}
 [ -x .venv/bin/python ] || { log ".venv is missing: run bash tests/setup.sh first"; exit 1; }
 
 py=${PYTHON:-python3}
+deps_site=$(sed -n 1p "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_torchspark_deps.pth")
+# pip from tests/setup.sh's dependency venv (a Debian python3 may have none of its own).
+deps_py=$(cd "$deps_site/../../.." && pwd)/bin/python
 key=$( (echo "pyspark==$ver"; "$py" -c 'import sys; print(sys.version)') | sha256sum | cut -c1-12)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/torchspark
 dir=$cache/pyspark-$ver-$key
@@ -31,14 +34,13 @@ if [ ! -f "$dir/.complete" ]; then
     log "installing pyspark $ver (with its Spark jars, about 320 MB) into $dir, once per machine"
     rm -rf "$dir"
     # Only pyspark and py4j: everything else comes from the dependency venv.
-    "$py" -m pip install -q --disable-pip-version-check --no-compile --target "$dir" \
+    "$deps_py" -m pip install -q --disable-pip-version-check --no-compile --target "$dir" \
       "pyspark==$ver"
     touch "$dir/.complete"
   fi
   flock -u 9
 fi
 
-deps_site=$(sed -n 1p "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_torchspark_deps.pth")
 venv=.venv-pyspark-$ver
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
