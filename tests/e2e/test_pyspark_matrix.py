@@ -5,7 +5,7 @@ from PyPI, cached per machine; torch and the rest through the dependency venv's 
 torchspark goes in with the user's own command, and a selection of the suite runs there
 in its own pytest: the stock contract battery (test_distributor_api.py), DDP in function
 and script mode on local-cluster, TorchSparkRunner and the JVM plugin's cancel tests (its
-pre-4.3 polling path: a runner job, and a PySpark job with its driver frozen). Spark
+pre-4.3 polling path: a runner job, a PySpark job, one with its driver frozen). Spark
 Connect is not in it: Spark 3.5's Connect server is a separate Maven artifact
 (spark-connect_2.12), not in pyspark 3.5's jars (docs/distributor.md, supported
 versions)."""
@@ -90,12 +90,11 @@ def test_ddp_function_and_script_mode_on_local_cluster(matrix_python):
 def test_jar_built_here_runs_on_this_spark(matrix_python):
     # The one jar (compiled against the newest Spark's jars) under this Spark's own
     # spark-submit: TorchSparkRunner trains; the plugin, through its poll (no interrupt
-    # listener before 4.3), stops a cancelled runner job within 1 s, and a PySpark job's
-    # training processes within 1 s while its driver is frozen. Not here: the PySpark
-    # job cancelled with a live driver (test_plugin_stops_a_cancelled_pyspark_job), which
-    # took 1.2-1.6 s on 3.5.9 at a load of 22-27 on 2 cores (docs/distributor.md).
+    # listener before 4.3), stops a cancelled runner job and a cancelled PySpark job within
+    # 1 s, and a PySpark job's training processes within 1 s while its driver is frozen.
     _suite(matrix_python, "tests/e2e/test_jvm_runner.py", "-k",
-           "trains_across_two_executors or stops_a_cancelled_runner_job or driver_is_frozen")
+           "trains_across_two_executors or stops_a_cancelled_runner_job "
+           "or stops_a_cancelled_pyspark_job")
 
 
 @pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
