@@ -30,7 +30,7 @@ Version: {VERSION}
 Summary: PyTorch distributed training on Apache Spark with a native agent and log channel
 License: Apache-2.0
 Requires-Python: >=3.10
-Requires-Dist: pyspark>=4.0
+Requires-Dist: pyspark>=3.5
 Requires-Dist: cloudpickle
 Requires-Dist: numpy
 Requires-Dist: pyarrow>=11.0

@@ -217,6 +217,109 @@ def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(tmp_path):
     assert res["warnings"] >= 1, res  # and the agents did not wait for the driver
 
 
+# The driver frozen right after the cancel (SIGSTOP, as a driver stuck in a long GC pause or
+# a debugger): its log server tells no agent to stop, so only the executors' plugin can
+# (the interrupt listener on Spark 4.3+, the 20 ms poll before).
+_PYSPARK_FROZEN_DDP = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+import jvmutil, tsp_spark
+from torchspark import TorchDistributor
+mark = sys.argv[2]
+spark = jvmutil.pyspark_session(plugin=True, mark=mark)
+def train():
+    try:
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            str(jvmutil.DDP), "--steps", "100000000")
+    except Exception:
+        pass
+threading.Thread(target=train, daemon=True).start()
+deadline = time.monotonic() + 600
+while len(tsp_spark.job_processes(mark)) < 4 and time.monotonic() < deadline:
+    time.sleep(0.1)
+time.sleep(3)  # mid-training
+print("APP " + spark.sparkContext.applicationId, flush=True)
+t0 = time.monotonic()
+spark.sparkContext.cancelAllJobs()
+os.kill(os.getpid(), signal.SIGSTOP)
+print(f"CANCELLED {t0}", flush=True)  # once thawed; CLOCK_MONOTONIC, as the test's
+time.sleep(1)
+spark.stop()
+"""
+
+
+def _state(pid):
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0].decode()
+
+
+def _workers(pids):
+    """The training processes among pids (not the torchspark-run agents)."""
+    out = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"torchspark-run" not in f.read().split(b"\0")[0]:
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(tmp_path):
+    import signal
+    import time
+
+    import pyspark
+    import tsp_spark
+
+    mark = jvmutil.new_mark()
+    err = open(tmp_path / "driver.err", "w")
+    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN_DDP, str(Path(__file__).parent), mark],
+                         stdout=subprocess.PIPE, stderr=err, text=True)
+    workers_gone = gone = -1.0
+    try:
+        app = p.stdout.readline().strip()
+        assert app.startswith("APP "), (app, (tmp_path / "driver.err").read_text()[-3000:])
+        app = app[len("APP "):]
+        deadline = time.monotonic() + 60
+        while _state(p.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert _state(p.pid) == "T", "the driver did not freeze"
+        while time.monotonic() < deadline:
+            left = tsp_spark.job_processes(mark)
+            if workers_gone < 0 and not _workers(left):
+                workers_gone = time.monotonic()
+            if not left:
+                gone = time.monotonic()
+                break
+            time.sleep(0.005)
+        frozen_at_gone = _state(p.pid) == "T"
+        time.sleep(0.5)  # the executors' log lines
+        stops = jvmutil.plugin_stops(app)
+        polls = jvmutil.plugin_stops(app, "found by polling every 20 ms")
+    finally:
+        os.kill(p.pid, signal.SIGCONT)
+        out, _ = p.communicate(timeout=300)
+        err.close()
+        for pid in tsp_spark.job_processes(mark):
+            os.kill(pid, signal.SIGKILL)
+    t0 = float(out.split("CANCELLED ", 1)[1].split()[0])
+    workers_ms, gone_ms = ((t - t0) * 1000 if t > 0 else -1 for t in (workers_gone, gone))
+    print(f"PySpark {pyspark.__version__}, driver frozen: training processes gone {workers_ms:.0f} "
+          f"ms, agents {gone_ms:.0f} ms after cancelAllJobs (plugin stops: {stops}, polling "
+          f"executors: {polls})")
+    assert frozen_at_gone, "the driver thawed before the processes were gone"
+    assert 0 <= workers_ms < jvmutil.GONE_BOUND_MS, (workers_ms, gone_ms)
+    # The agents outlive their workers here: at exit an agent waits for the log server's
+    # acknowledgement of its last events (up to 5 s; docs/jvm.md), which a frozen driver
+    # never sends; the plugin's SIGKILL after its grace (2 s by default) ends them.
+    assert 0 <= gone_ms < 2000 + jvmutil.GONE_BOUND_MS, (workers_ms, gone_ms)
+    assert stops >= 1, "the executors' logs do not show the plugin stopping the agents"
+    # Spark before 4.3 has no interrupt listener: the plugin's poll found the kill.
+    old = tuple(int(x) for x in pyspark.__version__.split(".")[:2]) < (4, 3)
+    assert (polls > 0) == old, polls
+
 def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
     # One executor with 2 cores runs both jobs; then stopping the application (spark.stop())
     # stops the other (the failed job's driver tells its agent to stop; the executor's

@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from torchspark import _boot
+from torchspark import _boot, _spark
 from torchspark._spec import NodeSpec
 
 # After the root cause is known: how long to wait for Spark's own failure (the cause of
@@ -89,16 +89,13 @@ def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
         # torchspark on the executor before _boot.node could choose which copy.
         return rdd.barrier().mapPartitions(functools.partial(_boot.node, spec)).collect()
     df = input_df if input_df is not None else spark.range(0, num_tasks, 1, num_tasks)
-    table = df.mapInArrow(functools.partial(_boot.arrow_node, spec), "chunk binary",
-                          barrier=True).toArrow()
-    return [v.as_py() for v in table.column("chunk")]
+    return _spark.collect_binary(df.mapInArrow(functools.partial(_boot.arrow_node, spec),
+                                               "chunk binary", barrier=True), "chunk")
 
 
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                     remote: bool, input_df: Any = None) -> Outcome:
     """Runs the job (see collect_chunks) and returns how it ended."""
-    from pyspark.util import InheritableThread
-
     tags = _Tags(spark, remote)
     tag = f"torchspark-{uuid.uuid4().hex}"
     done, wake = threading.Event(), threading.Event()
@@ -126,8 +123,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 wake.set()
                 return
 
-    InheritableThread(run_job, daemon=True, name="torchspark-barrier-job",
-                      session=spark if remote else None).start()
+    _spark.inheritable_thread(run_job, "torchspark-barrier-job",
+                              spark if remote else None).start()
     if server is not None:
         threading.Thread(target=watch, daemon=True, name="torchspark-failure-watch").start()
     try:

@@ -93,6 +93,9 @@ class TorchDistributor:
                  on_report: Optional[Callable[[Any], Any]] = None,
                  progress: Optional[bool] = None,
                  max_restarts: Optional[int] = None) -> None:
+        from torchspark import _spark
+
+        _spark.check()  # pyspark 3.5+: a clear error naming what an older one lacks
         from pyspark.sql.utils import is_remote
 
         self.is_remote = is_remote()
@@ -159,7 +162,9 @@ class TorchDistributor:
 
     def _validate_input_params(self) -> None:
         if self.num_processes <= 0:
-            raise ValueError("num_processes has to be a positive integer")
+            from torchspark import _spark
+
+            raise ValueError(_spark.NUM_PROCESSES_ERROR[_spark.version() >= (4, 0)])
 
     def _check_encryption(self) -> None:
         is_ssl_enabled = _get_conf_boolean(self.spark, "spark.ssl.enabled", "false")

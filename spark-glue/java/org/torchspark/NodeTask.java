@@ -12,6 +12,7 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Comparator;
 import java.util.HashMap;
+import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
@@ -21,7 +22,6 @@ import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
 import org.apache.spark.resource.ResourceInformation;
 import scala.Function1;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * What each barrier task runs: one node of the job. node_rank = partitionId, nnodes = the
@@ -78,13 +78,30 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             it.next(); // the input rows carry nothing
         }
         try {
-            return CollectionConverters.asScala(run(BarrierTaskContext.get()).iterator());
+            return scalaIterator(run(BarrierTaskContext.get()).iterator());
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             throw new IllegalStateException("torchspark: the task was interrupted", e);
         }
+    }
+
+    /** A Scala iterator over a Java one, through scala.collection.AbstractIterator: the
+     *  same class in Scala 2.12 (Spark 3.5) and 2.13 (Spark 4), where each has its own
+     *  converters (scala.jdk.javaapi is 2.13's). */
+    static <T> scala.collection.Iterator<T> scalaIterator(Iterator<T> it) {
+        return new scala.collection.AbstractIterator<T>() {
+            @Override
+            public boolean hasNext() {
+                return it.hasNext();
+            }
+
+            @Override
+            public T next() {
+                return it.next();
+            }
+        };
     }
 
     private List<byte[]> run(BarrierTaskContext ctx) throws IOException, InterruptedException {

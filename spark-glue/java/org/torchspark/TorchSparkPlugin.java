@@ -2,6 +2,8 @@ package org.torchspark;
 
 import com.codahale.metrics.Gauge;
 import com.codahale.metrics.MetricRegistry;
+import java.lang.reflect.Method;
+import java.lang.reflect.Proxy;
 import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
@@ -27,8 +29,9 @@ import org.slf4j.LoggerFactory;
  * TorchDistributor on a classic session, or the job tag {@code torchspark-<32 hex digits>}
  * that the PySpark TorchDistributor adds, which Spark Connect passes on inside its own
  * session tag: see {@link #isTorchsparkTask}), a kill of the task (job cancelled, stage aborted) stops the task's
- * agent and its training processes at once: the interrupt listener (Spark 4.3+; older
- * Spark: a 100 ms poll) hands the task's attempt id to the plugin's thread, which finds the
+ * agent and its training processes at once: the interrupt listener (Spark 4.3+, found by
+ * reflection so that one jar loads on every supported Spark; older Spark: a 20 ms poll of
+ * {@code TaskContext.isInterrupted}) hands the task's attempt id to the plugin's thread, which finds the
  * task's processes among this JVM's descendants by the environment tag
  * {@code TORCHSPARK_TASK_ATTEMPT_ID=<id>}, sends SIGTERM, and SIGKILL after the grace
  * ({@value #GRACE_CONF}, default 2000 ms). A killed task's attempt stays watched for
@@ -44,6 +47,9 @@ public final class TorchSparkPlugin implements SparkPlugin {
     public static final String GRACE_CONF = "spark.torchspark.plugin.killGraceMs";
     /** How long a killed or failed task's attempt id stays watched for a late agent. */
     static final long WATCH_MS = 30_000;
+    /** How often the plugin polls its running tasks' isInterrupted() on Spark before 4.3
+     *  (a volatile read per task; the listener needs none). */
+    static final long POLL_MS = 20;
     static final Logger LOG = LoggerFactory.getLogger(TorchSparkPlugin.class);
 
     /** The job tag of a TorchDistributor run, alone (classic) or as the end of Spark
@@ -87,6 +93,41 @@ public final class TorchSparkPlugin implements SparkPlugin {
         }
     }
 
+    /** {@code org.apache.spark.util.TaskInterruptListener} and
+     *  {@code TaskContext.addTaskInterruptListener(TaskInterruptListener)}, new in Spark 4.3;
+     *  null on older Spark, where the plugin polls. Looked up by reflection: the jar is
+     *  compiled against one Spark and loads on 3.5 and every 4.x (docs/jvm.md). */
+    static final Class<?> INTERRUPT_LISTENER;
+    static final Method ADD_INTERRUPT_LISTENER;
+
+    static {
+        Class<?> c = null;
+        Method m = null;
+        try {
+            c = Class.forName("org.apache.spark.util.TaskInterruptListener", false,
+                              TaskContext.class.getClassLoader());
+            m = TaskContext.class.getMethod("addTaskInterruptListener", c);
+        } catch (ReflectiveOperationException | LinkageError e) {
+            c = null; // Spark before 4.3
+        }
+        INTERRUPT_LISTENER = c;
+        ADD_INTERRUPT_LISTENER = c == null ? null : m;
+    }
+
+    /** An interrupt listener (a proxy of INTERRUPT_LISTENER) that runs onInterrupt. */
+    static Object interruptListener(Runnable onInterrupt) {
+        return Proxy.newProxyInstance(INTERRUPT_LISTENER.getClassLoader(), new Class<?>[] {INTERRUPT_LISTENER},
+                (proxy, method, args) -> switch (method.getName()) {
+                    case "onTaskInterrupted" -> {
+                        onInterrupt.run();
+                        yield null;
+                    }
+                    case "hashCode" -> System.identityHashCode(proxy);
+                    case "equals" -> proxy == args[0];
+                    default -> "torchspark interrupt listener";
+                });
+    }
+
     /** Executor side: tears down the process trees of killed torchspark tasks. */
     static final class Executor implements ExecutorPlugin {
         /** A task attempt to sweep: killed (the interrupt listener, the poll) or failed. */
@@ -110,6 +151,11 @@ public final class TorchSparkPlugin implements SparkPlugin {
             MetricRegistry reg = ctx.metricRegistry();
             reg.register("interrupts", (Gauge<Long>) interrupts::get);
             reg.register("treesStopped", (Gauge<Long>) killed::get);
+            listenerMissing = ADD_INTERRUPT_LISTENER == null;
+            LOG.info(listenerMissing
+                    ? "torchspark plugin: Spark " + org.apache.spark.package$.MODULE$.SPARK_VERSION()
+                      + " has no task interrupt listener (new in 4.3): killed tasks are found by polling every " + POLL_MS + " ms"
+                    : "torchspark plugin: killed tasks are found through their interrupt listener");
             worker = new Thread(this::loop, "torchspark-plugin-killer");
             worker.setDaemon(true);
             worker.start();
@@ -127,18 +173,19 @@ public final class TorchSparkPlugin implements SparkPlugin {
             if (!listenerMissing) {
                 try {
                     // Runs under Spark's global TaskContext lock: hand off, never block.
-                    tc.addTaskInterruptListener((c, reason) -> {
+                    ADD_INTERRUPT_LISTENER.invoke(tc, interruptListener(() -> {
                         interrupts.incrementAndGet();
                         queue.offer(new Sweep(id, true));
-                    });
+                    }));
                     if (tc.isInterrupted()) {
                         // Killed before it started (KillTask before Task.run): a second
                         // sweep, should the listener also run, finds the id watched.
                         queue.offer(new Sweep(id, true));
                     }
                     return;
-                } catch (LinkageError e) {
-                    listenerMissing = true; // Spark before 4.3: poll instead
+                } catch (ReflectiveOperationException | RuntimeException e) {
+                    LOG.warn("torchspark plugin: adding a task interrupt listener failed: polling instead", e);
+                    listenerMissing = true;
                 }
             }
             polled.add(tc);
@@ -168,9 +215,11 @@ public final class TorchSparkPlugin implements SparkPlugin {
         }
 
         private void loop() {
+            long nextWatch = System.nanoTime();
             while (!stopping) {
                 try {
-                    Sweep s = queue.poll(100, TimeUnit.MILLISECONDS);
+                    // The watch every 100 ms; the poll of running tasks (Spark < 4.3) more often.
+                    Sweep s = queue.poll(polled.isEmpty() ? 100 : POLL_MS, TimeUnit.MILLISECONDS);
                     if (s != null) {
                         sweep(s);
                     }
@@ -184,6 +233,10 @@ public final class TorchSparkPlugin implements SparkPlugin {
                         }
                     }
                     long now = System.nanoTime();
+                    if (now - nextWatch < 0) {
+                        continue; // the watch (a /proc scan per attempt) stays at 100 ms
+                    }
+                    nextWatch = now + TimeUnit.MILLISECONDS.toNanos(100);
                     for (Map.Entry<String, Long> e : watched.entrySet()) {
                         if (now - e.getValue() > 0) {
                             watched.remove(e.getKey());
