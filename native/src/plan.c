@@ -28,8 +28,10 @@ static int get(const plan_t *p, const char *key, int want, const char *what, cha
     int rc = tsp_json_get(p->doc, p->len, key, out, &type);
     if (rc == -ENOENT)
         return 0;
-    if (rc)
-        return tsp__err(p->err, p->errlen, rc, "the node plan is not a JSON object");
+    if (rc) {
+        (void)tsp__err(p->err, p->errlen, rc, "the node plan is not a JSON object");
+        return rc < 0 ? rc : -EINVAL;
+    }
     if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
         free(*out);
         *out = NULL;
@@ -38,9 +40,10 @@ static int get(const plan_t *p, const char *key, int want, const char *what, cha
     if (type != want) {
         free(*out);
         *out = NULL;
-        return tsp__err(p->err, p->errlen, -EINVAL, "the node plan's \"%s\" must be %s", key, what);
+        (void)tsp__err(p->err, p->errlen, -EINVAL, "the node plan's \"%s\" must be %s", key, what);
+        return -EINVAL;
     }
-    return 1;
+    return *out ? 1 : -ENOMEM;
 }
 
 static int get_str(const plan_t *p, const char *key, int required, char **out)
