@@ -79,7 +79,8 @@ step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
 for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
-.venv/bin/python -m pytest -ra "${suites[@]}" "$@"
+# --durations: the 30 slowest tests, so that the run's cost is visible where it grows.
+.venv/bin/python -m pytest -ra --durations=30 "${suites[@]}" "$@"
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1
