@@ -86,26 +86,43 @@ def _steplog(path: Path) -> list:
     return out
 
 
-def _train(tmp: Path, name: str, steps: int, distributor) -> dict:
-    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out")}
-    distributor.run(SCRIPT, "--ckpt", str(files["ckpt"]), "--steps", str(steps), "--every",
-                    str(EVERY), "--sleep", "0.1", "--steplog", str(files["steplog"]),
-                    "--out", str(files["out"]))
+# Function mode (warm worker pools: torch already imported): the script run by runpy in
+# the training process. Defined in a "__main__" namespace so that cloudpickle ships it by
+# value (this test module is not importable on the executors).
+_NS = {"__name__": "__main__"}
+exec("def run_script(argv):\n"
+     "    import runpy, sys\n"
+     "    sys.argv = list(argv)\n"
+     "    runpy.run_path(argv[0], run_name='__main__')\n", _NS)
+run_script = _NS["run_script"]
+
+
+def _train(tmp: Path, name: str, steps: int, distributor, fn: bool = False) -> dict:
+    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out", "phases")}
+    argv = [SCRIPT, "--ckpt", str(files["ckpt"]), "--steps", str(steps), "--every",
+            str(EVERY), "--sleep", "0.1", "--steplog", str(files["steplog"]), "--out",
+            str(files["out"]), "--phases", str(files["phases"])]
+    if fn:
+        distributor.run(run_script, argv)
+    else:
+        distributor.run(*argv)
     return files
 
 
 def run_with_kills(tmp: Path, name: str, kills: list, steps: int, max_restarts: int,
-                   after: list = ()):
+                   after: list = (), box: dict = None, fn: bool = False, **extra):
     """Runs resume_train.py with restarts and SIGKILLs the executor of node kills[i] once
     attempt i has run after[i] steps (default STEPS_PER_ATTEMPT); returns (files, [(kill
-    time, newest checkpoint step then)], error)."""
-    box = {}
-    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out")}
+    time, newest checkpoint step then)], error). box gets the distributor ("dist");
+    fn: function mode (_train); extra goes to its constructor."""
+    box = {} if box is None else box
+    files = {k: tmp / f"{name}.{k}" for k in ("ckpt", "steplog", "out", "phases")}
 
     def train():
         try:
-            _train(tmp, name, steps, TorchDistributor(
-                num_processes=2, local_mode=False, use_gpu=False, max_restarts=max_restarts))
+            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                           max_restarts=max_restarts, **extra)
+            _train(tmp, name, steps, box["dist"], fn)
         except BaseException as e:  # noqa: B902 - checked by the caller
             box["error"] = e
 
@@ -215,3 +232,94 @@ def test_stock_fails_on_the_same_kill(spark, tmp_path):
             pass
     assert "error" in box, box
     assert "barrier" in str(box["error"]).lower() or "lost" in str(box["error"]).lower(), box
+
+
+def test_survivors_go_on_at_once_with_min_nodes(spark, tmp_path):
+    """Elastic: with min_nodes=1 the next attempt starts at once on the surviving executor
+    (1 node, world size 1) instead of waiting for the replacement executor."""
+    steps = STEPS_PER_ATTEMPT + 10
+    box = {}
+    files, killed, error = run_with_kills(tmp_path, "elastic", [1], steps, 1, box=box,
+                                          min_nodes=1)
+    assert error is None, f"the run failed: {error!r}"
+    recovery = check_resumed(_steplog(files["steplog"]), killed, 1, steps)
+    att = box["dist"].attempts
+    assert [a["nodes"] for a in att] == [2, 1], att
+    assert att[0]["cause"] and att[1]["cause"] is None, att
+    # No wait for a replacement: the next job follows the failure at once (a replacement
+    # executor JVM takes 10 s or more to register on this machine).
+    assert att[1]["started"] - att[0]["ended"] < 2.0, att
+    assert box["dist"].num_tasks == 2 and box["dist"].num_processes == 2  # restored
+    assert tsp_spark.wait_gone(MARK_VALUE, 15) == []
+    print(f"recovery on the survivor (kill -> first resumed step): {recovery[0]:.2f} s")
+
+
+def _tree(root: int) -> list:
+    """root and every process descending from it (by /proc's parent links)."""
+    children = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                children.setdefault(_ppid(int(p)), []).append(int(p))
+            except (OSError, IndexError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
+    """A frozen host: node 1's executor JVM, its Python workers, agent and training
+    processes all SIGSTOPped (the kernel still answers TCP keepalives). The driver notices
+    it through the log channel's PINGs (docs/protocol.md 1.7: 5 s + the 1 s lost grace),
+    cancels the attempt itself (Spark would wait for its 120 s heartbeat timeout), and
+    goes on on the other executor (min_nodes=1)."""
+    steps = STEPS_PER_ATTEMPT + 10
+    box, files = {}, {k: tmp_path / f"silent.{k}" for k in ("steplog",)}
+
+    def train():
+        try:
+            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                           max_restarts=1, min_nodes=1)
+            _train(tmp_path, "silent", steps, box["dist"])
+        except BaseException as e:  # noqa: B902 - checked below
+            box["error"] = e
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 300
+    while len(_steplog(files["steplog"])) < STEPS_PER_ATTEMPT and time.monotonic() < deadline:
+        time.sleep(0.02)
+    jvm = executor_of_node(1)
+    assert jvm, f"no executor runs node 1 ({box})"
+    frozen = _tree(jvm)
+    for p in frozen:
+        os.kill(p, signal.SIGSTOP)
+    stopped = time.time()
+    try:
+        t.join(300)
+    finally:
+        for p in frozen:  # the standalone worker replaces the executor it lost
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+    assert not t.is_alive(), "the run did not end in 300 s"
+    assert "error" not in box, f"the run failed: {box['error']!r}"
+    att = box["dist"].attempts
+    assert [a["nodes"] for a in att] == [2, 1], att
+    noticed = att[0]["root_at"] - stopped
+    assert att[0].get("silent_node") == 1, att
+    assert "went silent" in att[0]["cause"] and "node 1" in att[0]["cause"], att
+    # The documented bound: 5 s of silence + 1 s lost grace (+ a sweep), with slack for a
+    # loaded 2-core machine.
+    assert noticed <= 10.0, f"noticed after {noticed:.2f} s"
+    log = _steplog(files["steplog"])
+    assert log[-1][1] == steps - 1 and [a for a, _, _ in log][-1] == "1", log[-3:]
+    assert tsp_spark.wait_gone(MARK_VALUE, 15) == []
+    print(f"silent node noticed {noticed:.2f} s after the SIGSTOP; next attempt submitted "
+          f"{att[1]['started'] - stopped:.2f} s after; first step of attempt 1 "
+          f"{next(ts for a, _, ts in log if a == '1') - stopped:.2f} s after")

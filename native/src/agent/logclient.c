@@ -87,6 +87,7 @@ struct tsp_logclient {
     int stop_seen;
     int64_t lost_at;
     int64_t progress_at; /* the driver last took bytes or acknowledged lines */
+    int64_t tx_at;       /* keepalive: when a frame was last written (ms) */
     int warned_stall;
     uint64_t agent_id;
     int result;
@@ -465,12 +466,12 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
 {
     int wflags = 0, fd;
     for (;;) {
-        int hflags =
-            (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) | (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL);
+        int hflags = (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) |
+                     (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL | TSP_WIRE_HELLO_KEEPALIVE);
         fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS, hflags, c->agent_id,
                           c->o.node_rank, c->hostname, timeout_ms, &wflags, err, errlen);
-        /* A driver of the first version-1 release refuses the CONTROL flag (1.7): go on
-         * without the control channel. */
+        /* A driver of the first version-1 release refuses the CONTROL flag (1.7), one
+         * before KEEPALIVE that flag: go on without the control channel and PINGs. */
         if (fd == -EACCES && !c->no_control && strstr(err, "unknown HELLO flags")) {
             c->no_control = 1;
             continue;
@@ -481,7 +482,7 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
     if (fd >= 0) {
         c->control = (wflags & TSP_WIRE_WELCOME_CONTROL) ? 1 : 0;
         c->fd = fd;
-        c->progress_at = tsp__now_ms();
+        c->progress_at = c->tx_at = tsp__now_ms();
         c->sent = resume_offset(c); /* resend what is not acked */
         flush_early_locked(c);      /* events held for this first handshake */
         c->drops_dirty = c->ndrops > 0;
@@ -588,7 +589,7 @@ static int send_some(tsp_logclient_t *c)
     while (w < 0 && errno == EINTR);
     if (w < 0)
         return errno == EAGAIN ? 0 : -1;
-    c->progress_at = tsp__now_ms();
+    c->progress_at = c->tx_at = tsp__now_ms();
     pthread_mutex_lock(&c->mu);
     c->sent += (uint64_t)w;
     release_locked(c);
@@ -687,6 +688,31 @@ static int time_left(int64_t deadline, int cap)
     return left < 0 ? 0 : left > cap ? cap : (int)left;
 }
 
+/* Keepalive (protocol 1.7, "Silent agents"): with CONTROL granted (the driver took the
+ * KEEPALIVE flag with it), a PING whenever nothing was written for TSP_WIRE_PING_MS, so
+ * that the driver can tell a frozen host from an idle one. Only between frames (nothing
+ * pending); a full socket skips it (the driver then has bytes to read anyway). Returns
+ * the wait until the next PING is due, at most cap. */
+static int keep_alive(tsp_logclient_t *c, int pending, int cap)
+{
+    if (c->fd < 0 || c->control != 1)
+        return cap;
+    int64_t now = tsp__now_ms();
+    if (!pending && now - c->tx_at >= TSP_WIRE_PING_MS) {
+        uint8_t b[TSP_WIRE_HDR_LEN];
+        tsp_wire_hdr_t h = {.type = TSP_WIRE_PING, .rank = -1, .length = 0};
+        tsp_wire_hdr_pack(b, &h);
+        ssize_t w;
+        do
+            w = send(c->fd, b, sizeof(b), MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (w < 0 && errno == EINTR);
+        c->tx_at = now; /* sent, or the socket is full: the next one in TSP_WIRE_PING_MS */
+        if (w > 0 && w < (ssize_t)sizeof(b)) /* a partial header cannot be taken back */
+            conn_lost(c);
+    }
+    return time_left(c->tx_at + TSP_WIRE_PING_MS, cap);
+}
+
 static void *sender_main(void *arg)
 {
     tsp_logclient_t *c = arg;
@@ -752,7 +778,10 @@ static void *sender_main(void *arg)
             next_try = now + c->o.stall_ms; /* let the workers run before trying again */
             continue;
         }
-        int ev = wait_events(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
+        int wait = keep_alive(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
+        if (c->fd < 0)
+            continue;
+        int ev = wait_events(c, pending, wait);
         if ((ev & (POLLIN | POLLHUP | POLLERR)) && read_acks(c, rbuf, &rlen, sizeof(rbuf))) {
             conn_lost(c);
             continue;

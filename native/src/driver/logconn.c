@@ -131,6 +131,8 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     c->acked = a->seq;
     c->state = C_OPEN;
     c->control = c->h.role == TSP_WIRE_ROLE_LOGS && (c->h.hflags & TSP_WIRE_HELLO_CONTROL);
+    c->keepalive = c->control && (c->h.hflags & TSP_WIRE_HELLO_KEEPALIVE);
+    c->rx_at = tsp__now_ms();
     tsp__lost_forget(s, c->h.agent_id); /* it is back */
     pthread_mutex_lock(&s->q.mu);
     s->q.st.authenticated++;
@@ -304,6 +306,10 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
     case TSP_WIRE_OUT_END:
         if (open_out)
             return on_output(s, c, h, p, err, errlen);
+        break;
+    case TSP_WIRE_PING: /* nothing but proof of life: rx_at was updated by the read */
+        if (open_logs && c->keepalive)
+            return 0;
         break;
     case TSP_WIRE_CLOSE:
         if (c->state == C_OPEN) {
@@ -512,6 +518,7 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
             continue;
         }
         c->len += (size_t)n;
+        c->rx_at = tsp__now_ms();
         int rc = conn_parse(s, c);
         if (rc == -EAGAIN) {
             conn_ack(s, c);

@@ -216,3 +216,33 @@ int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
         lost_publish(s);
     return next;
 }
+
+/* A frozen host (SIGSTOP, a cgroup freezer) still answers TCP keepalives: only the agent's
+ * PINGs tell that it runs (protocol 1.7, "Silent agents"). The clock does not run while
+ * the connection is paused (the server holds its reads back, backpressure). */
+int64_t tsp__silent_sweep(tsp_logserver_t *s, int64_t now)
+{
+    int64_t next = -1;
+    if (s->t_draining)
+        return next;
+    for (conn_t *c = s->conns, *n; c; c = n) {
+        n = c->next;
+        if (c->state != C_OPEN || !c->keepalive)
+            continue;
+        if (c->paused) {
+            c->rx_at = now;
+            continue;
+        }
+        int64_t due = c->rx_at + TSP_WIRE_SILENT_MS;
+        if (now >= due) {
+            tsp__lost_add(s, c,
+                          "it went silent: nothing for 5 s, keepalives included (its executor, "
+                          "host or network is frozen or cut)");
+            tsp__conn_free(s, c);
+            continue;
+        }
+        if (next < 0 || due < next)
+            next = due;
+    }
+    return next;
+}

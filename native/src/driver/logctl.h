@@ -19,5 +19,8 @@ void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why);
 void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id);
 /* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
 int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now);
+/* KEEPALIVE connections that read nothing for TSP_WIRE_SILENT_MS are closed and handed to
+ * the lost bookkeeping ("went silent"); returns the next deadline (-1: none). */
+int64_t tsp__silent_sweep(tsp_logserver_t *s, int64_t now);
 
 #endif

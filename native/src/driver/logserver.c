@@ -147,6 +147,9 @@ static int sweep(tsp_logserver_t *s, int draining, int64_t drain_deadline)
     }
     if (draining && !drain_over && (next < 0 || drain_deadline < next))
         next = drain_deadline;
+    int64_t silent_next = tsp__silent_sweep(s, now);
+    if (silent_next >= 0 && (next < 0 || silent_next < next))
+        next = silent_next;
     int64_t lost_next = tsp__lost_sweep(s, now);
     if (lost_next >= 0 && (next < 0 || lost_next < next))
         next = lost_next;

@@ -42,6 +42,8 @@ typedef struct conn {
     uint64_t acked;
     int64_t deadline; /* handshake or linger deadline (ms, monotonic) */
     int control;      /* CONTROL granted (protocol 1.7) */
+    int keepalive;    /* KEEPALIVE: the agent PINGs when idle (protocol 1.7) */
+    int64_t rx_at;    /* keepalive: when a frame last arrived, or reading last resumed (ms) */
     int stop_sent;
     char peer[80];
 } conn_t;

@@ -57,6 +57,8 @@ const char *tsp_wire_type_name(unsigned type)
         return "EVENT";
     case TSP_WIRE_STOP:
         return "STOP";
+    case TSP_WIRE_PING:
+        return "PING";
     case TSP_WIRE_OUT_BEGIN:
         return "OUT_BEGIN";
     case TSP_WIRE_OUT_CHUNK:
@@ -125,6 +127,7 @@ static int payload_rule(unsigned type, uint32_t *min, uint32_t *max)
         *min = *max = TSP_WIRE_DIGEST_LEN;
         return 0;
     case TSP_WIRE_CLOSE:
+    case TSP_WIRE_PING:
         *min = *max = 0;
         return 0;
     case TSP_WIRE_ERROR:
@@ -221,7 +224,8 @@ int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, cha
     h->hflags = p[7];
     if (h->role != TSP_WIRE_ROLE_LOGS && h->role != TSP_WIRE_ROLE_OUTPUT)
         return tsp__err(err, errlen, -EBADMSG, "unknown role %u", h->role);
-    if (h->hflags & ~(unsigned)(TSP_WIRE_HELLO_DROP | TSP_WIRE_HELLO_CONTROL))
+    if (h->hflags &
+        ~(unsigned)(TSP_WIRE_HELLO_DROP | TSP_WIRE_HELLO_CONTROL | TSP_WIRE_HELLO_KEEPALIVE))
         return tsp__err(err, errlen, -EBADMSG, "unknown HELLO flags 0x%02x", h->hflags);
     for (int i = 68; i < 76; i++)
         if (p[i])

@@ -31,6 +31,11 @@
 #define TSP_WIRE_KEEPINTVL_S 1
 #define TSP_WIRE_KEEPCNT 3
 #define TSP_WIRE_USER_TIMEOUT_MS 5000u
+/* Application keepalive (protocol 1.7, "Silent agents"): a KEEPALIVE agent sends PING
+ * after this long without sending a frame; the driver declares an agent silent after
+ * TSP_WIRE_SILENT_MS without reading one. */
+#define TSP_WIRE_PING_MS 1000
+#define TSP_WIRE_SILENT_MS 5000
 /* The largest payload of any frame type after the handshake: a LINE (seq + text). */
 #define TSP_WIRE_MAX_PAYLOAD (8u + TSP_WIRE_MAX_LINE)
 
@@ -44,6 +49,7 @@ enum tsp_wire_type {
     TSP_WIRE_ACK = 0x12,
     TSP_WIRE_EVENT = 0x13, /* control (protocol 1.7): u64 seq, u8 kind, JSON */
     TSP_WIRE_STOP = 0x14,  /* control: u8 reason, text */
+    TSP_WIRE_PING = 0x16,  /* keepalive (protocol 1.7): empty */
     TSP_WIRE_OUT_BEGIN = 0x20,
     TSP_WIRE_OUT_CHUNK = 0x21,
     TSP_WIRE_OUT_END = 0x22,
@@ -53,7 +59,11 @@ enum tsp_wire_type {
 };
 
 enum { TSP_WIRE_ROLE_LOGS = 1, TSP_WIRE_ROLE_OUTPUT = 2 };
-enum { TSP_WIRE_HELLO_DROP = 1u << 0, TSP_WIRE_HELLO_CONTROL = 1u << 1 };
+enum {
+    TSP_WIRE_HELLO_DROP = 1u << 0,
+    TSP_WIRE_HELLO_CONTROL = 1u << 1,
+    TSP_WIRE_HELLO_KEEPALIVE = 1u << 2 /* with CONTROL: PING when idle (protocol 1.7) */
+};
 /* WELCOME header flags: the driver accepted CONTROL (EVENT may be sent, STOP may come). */
 enum { TSP_WIRE_WELCOME_CONTROL = 1u << 0 };
 enum { TSP_WIRE_EVENT_FAILURE = 1, TSP_WIRE_EVENT_NODE = 2, TSP_WIRE_EVENT_NCCL_CHECK = 3 };

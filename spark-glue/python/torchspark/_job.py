@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -45,6 +46,10 @@ class Outcome:
     chunks: Optional[List[bytes]]  # the job's result (None when it failed)
     spark_error: Optional[BaseException]  # Spark's exception, when it came
     root: Optional[Dict[str, Any]]  # the log server's root cause (LogServer.failure())
+    # When (time.time()) the log server named the root cause, and when Spark's job ended:
+    # a restart's timeline (distributor.attempts).
+    root_at: Optional[float] = None
+    ended_at: Optional[float] = None
 
 
 class _Tags:
@@ -93,6 +98,15 @@ def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
                                                "chunk binary", barrier=True), "chunk")
 
 
+SILENT = "went silent"  # in the log server's root cause of a silent agent (protocol 1.7)
+
+
+def silent(root: Optional[Dict[str, Any]]) -> bool:
+    """True when the root cause is a node that went silent (frozen host, cut network)."""
+    return (root is not None and root.get("kind") == "lost"
+            and SILENT in str(root.get("message")))
+
+
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                     remote: bool, input_df: Any = None) -> Outcome:
     """Runs the job (see collect_chunks) and returns how it ended."""
@@ -112,6 +126,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         except BaseException as e:  # noqa: B902 - handed to the caller
             box["error"] = e
         finally:
+            box["ended_at"] = time.time()
             done.set()
             wake.set()
 
@@ -119,7 +134,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         while not done.is_set():
             root = server.failure(0.25)
             if root is not None:
-                box["root"] = root
+                box["root"], box["root_at"] = root, time.time()
                 wake.set()
                 return
 
@@ -131,7 +146,9 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         while not wake.wait(0.5):
             pass
         if "root" in box and not done.is_set():
-            if not done.wait(SPARK_GRACE_S):
+            # A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
+            # spark.network.timeout, so its failure is not waited for.
+            if not done.wait(0 if silent(box["root"]) else SPARK_GRACE_S):
                 tags.cancel(tag)
                 done.wait(CANCEL_WAIT_S)
     except BaseException:  # KeyboardInterrupt: stop everything now, then re-raise
@@ -146,6 +163,9 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         # already if there is one; whatever else ended the job, stop every agent now.
         # A host that died is seen by Spark at once but by the server only after the
         # lost grace: wait for it then, to name the host.
-        root = root or server.failure(LOST_WAIT_S if server.lost_pending() else 0)
+        if root is None:
+            root = server.failure(LOST_WAIT_S if server.lost_pending() else 0)
+            box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
-    return Outcome(box.get("chunks") if error is None else None, error, root)
+    return Outcome(box.get("chunks") if error is None else None, error, root,
+                   box.get("root_at"), box.get("ended_at"))

@@ -21,6 +21,7 @@ from torchspark._report import TorchDistributorError
 
 MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
+MIN_NODES_CONF = "spark.torchspark.job.minNodes"
 DEFAULT_REPLACEMENT_TIMEOUT = "30s"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 CAUSE_ENV = "TORCHSPARK_RESTART_CAUSE"
@@ -111,6 +112,25 @@ def wait_for_slots(spark: Any, need: int, timeout_s: float, remote: bool,
         time.sleep(poll_s)
 
 
+def min_nodes(value: Any, conf_value: Optional[str], num_tasks: int) -> int:
+    """The constructor's min_nodes, else the conf's, else num_tasks (not elastic); a clear
+    error otherwise."""
+    key = "min_nodes"
+    if value is None:
+        if conf_value is None or conf_value.strip() == "":
+            return num_tasks
+        key = MIN_NODES_CONF
+        try:
+            value = int(conf_value.strip())
+        except ValueError:
+            raise ValueError(f"{MIN_NODES_CONF} is '{conf_value}': give a whole number of "
+                             f"nodes from 1 to the run's {num_tasks}") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= num_tasks:
+        raise ValueError(f"{key} is {value!r}: give a whole number of nodes (barrier tasks) "
+                         f"from 1 to the run's {num_tasks}")
+    return value
+
+
 def history_message(causes: List[str], limit: int, last: str) -> str:
     lines = [f"TorchDistributor (distributed) failed after {len(causes)} attempt(s) "
              f"(max_restarts={limit}): {last}", "Root cause of each attempt, in order:"]
@@ -118,16 +138,55 @@ def history_message(causes: List[str], limit: int, last: str) -> str:
     return "\n".join(lines)
 
 
-def run(run_once: Callable[[int, Optional[str]], Any], *, limit: int, spark: Any,
-        need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any) -> Any:
-    """Calls run_once(attempt, cause) until it returns or limit restarts are used up."""
+def next_nodes(spark: Any, need: int, least: int, timeout_s: float, remote: bool,
+               unusable: int = 0) -> int:
+    """How many nodes the next attempt runs on: need when the cluster has a slot for each
+    now; else, elastic (least < need), the slots there are when they are >= least, at once;
+    else need once a replacement executor came within timeout_s; else the slots seen
+    last (< least: no restart). unusable: slots Spark still counts that are not (the
+    executor of a node that went silent, until Spark's heartbeat timeout removes it)."""
+    if remote:
+        return need
+    try:
+        slots = free_slots(spark) - unusable
+    except Exception:
+        return need
+    if slots >= need:
+        return need
+    if least <= slots:
+        return slots
+    slots = wait_for_slots(spark, least + unusable, timeout_s, remote) - unusable
+    return min(slots, need) if slots >= least else slots
+
+
+def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark: Any,
+        need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
+        least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
+        times: Optional[Dict[str, Optional[float]]] = None) -> Any:
+    """Calls run_once(attempt, cause, nodes) until it returns or limit restarts are used up.
+    record, when given, gets one dict per attempt (distributor.attempts); times is where
+    run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)."""
     causes: List[str] = []
     cause: Optional[str] = None
+    least = need_slots if least_slots is None else least_slots
+    nodes = need_slots
+    rec: List[Dict[str, Any]] = record if record is not None else []
     for attempt in range(limit + 1):
+        entry: Dict[str, Any] = {"attempt": attempt, "nodes": nodes, "started": time.time(),
+                                 "ended": None, "cause": None}
+        rec.append(entry)
+        if times is not None:
+            times.clear()
         try:
-            return run_once(attempt, cause)
+            result = run_once(attempt, cause, nodes)
+            entry["ended"] = time.time()
+            return result
         except TorchDistributorError as e:
+            entry["ended"] = time.time()
             cause = root_cause(e)
+            entry["cause"] = cause
+            if times:
+                entry.update({k: v for k, v in times.items() if v is not None})
             causes.append(cause)
             if attempt == limit:
                 if limit == 0:
@@ -135,15 +194,22 @@ def run(run_once: Callable[[int, Optional[str]], Any], *, limit: int, spark: Any
                 raise TorchDistributorError(history_message(causes, limit, str(e)),
                                             {**(e.report or {}), "attempts": causes}) from e
             t0 = time.monotonic()
-            slots = wait_for_slots(spark, need_slots, replacement_timeout_s, remote)
-            if slots < need_slots:
-                causes.append(f"no restart: {need_slots} task slot(s) needed, {slots} "
+            unusable = 1 if entry.get("silent_node") is not None else 0
+            slots = next_nodes(spark, need_slots, least, replacement_timeout_s, remote,
+                               unusable)
+            if slots < least:
+                want = (f"{need_slots}" if least == need_slots
+                        else f"at least {least} (min_nodes)")
+                causes.append(f"no restart: {want} task slot(s) needed, {slots} "
                               f"available after waiting {replacement_timeout_s:g}s for a "
                               f"replacement executor ({REPLACEMENT_TIMEOUT_CONF})")
                 raise TorchDistributorError(history_message(causes, limit, str(e)),
                                             {**(e.report or {}), "attempts": causes}) from e
+            nodes = slots
+            fewer = (f"; on {nodes} of {need_slots} nodes (min_nodes={least})"
+                     if nodes < need_slots else "")
             logger.warning(
                 f"TorchDistributor attempt {attempt} failed: {cause}; restarting as attempt "
-                f"{attempt + 1} of {limit + 1} ({need_slots} slot(s) available after "
-                f"{time.monotonic() - t0:.1f}s)")
+                f"{attempt + 1} of {limit + 1} ({slots} slot(s) available after "
+                f"{time.monotonic() - t0:.1f}s{fewer})")
     raise AssertionError("unreachable")

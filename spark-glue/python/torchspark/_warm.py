@@ -419,6 +419,13 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
     import torch  # noqa: F401
     import torch.distributed  # noqa: F401
 
+    try:
+        # The first optimizer a training process makes imports torch._dynamo (through
+        # torch._disable_dynamo): measured 1-8 s by itself on the 2-core test machine,
+        # as long as `import torch` again; a restarted attempt pays it at every restart.
+        import torch._dynamo  # noqa: F401
+    except Exception:  # an older or trimmed torch: the worker imports what it needs
+        pass
     from torchspark import _cloudpickle
 
     _cloudpickle.load()

@@ -84,6 +84,13 @@ class TorchDistributor:
         A torchspark extension (keyword only): how many times a failed distributed run is
         submitted again (default: spark.torchspark.job.maxRestarts, else 0); see
         docs/distributor.md, "Restarts".
+    min_nodes : int, optional
+        A torchspark extension (keyword only), with max_restarts: the fewest nodes (barrier
+        tasks) a restarted attempt may run on (default: spark.torchspark.job.minNodes,
+        else all of them). When fewer executors than the run's nodes are left but at least
+        min_nodes, the next attempt starts at once on those, with a smaller world size,
+        instead of waiting for a replacement executor (elastic, as torchrun's
+        ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt.
     """
 
     _TORCH_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
@@ -92,7 +99,8 @@ class TorchDistributor:
                  _ssl_conf: str = _TORCH_SSL_CONF, *,
                  on_report: Optional[Callable[[Any], Any]] = None,
                  progress: Optional[bool] = None,
-                 max_restarts: Optional[int] = None) -> None:
+                 max_restarts: Optional[int] = None,
+                 min_nodes: Optional[int] = None) -> None:
         from torchspark import _spark
 
         _spark.check()  # pyspark 3.5+: a clear error naming what an older one lacks
@@ -114,6 +122,11 @@ class TorchDistributor:
         _progress.configure(self, on_report, progress)  # torchspark.report() (_progress.py)
         self.max_restarts = _restart.max_restarts(
             max_restarts, self.spark.conf.get(_restart.MAX_RESTARTS_CONF, None))
+        self.min_nodes = _restart.min_nodes(
+            min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
+        # One dict per attempt of the last distributed run() with restarts (_restart.run).
+        self.attempts: List[Dict[str, Any]] = []
+        self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
 
     def _create_input_params(self) -> Dict[str, Any]:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
@@ -387,20 +400,29 @@ class TorchDistributor:
         if not self.max_restarts:
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
-        def attempt(n: int, cause: Optional[str]) -> Optional[Any]:
+        full = (self.num_tasks, self.num_processes)
+        per_task = self.num_processes // self.num_tasks
+
+        def attempt(n: int, cause: Optional[str], nodes: int) -> Optional[Any]:
             self._attempt_env = _restart.attempt_env(n, self.max_restarts, cause)
             self._log_fmt = f"[attempt {n}] [rank {{rank}}] "
+            # Elastic (min_nodes): this attempt's nodes, each with its processes.
+            self.num_tasks, self.num_processes = nodes, nodes * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
         timeout = _restart.duration_s(
             _get_conf(self.spark, _restart.REPLACEMENT_TIMEOUT_CONF,
                       _restart.DEFAULT_REPLACEMENT_TIMEOUT), _restart.REPLACEMENT_TIMEOUT_CONF)
+        self.attempts = []
         try:
             return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
-                                need_slots=self.num_tasks, replacement_timeout_s=timeout,
-                                remote=self.is_remote, logger=self.logger)
+                                need_slots=self.num_tasks, least_slots=self.min_nodes,
+                                replacement_timeout_s=timeout, remote=self.is_remote,
+                                logger=self.logger, record=self.attempts,
+                                times=self._failure_times)
         finally:
             self._attempt_env, self._log_fmt = {}, None
+            self.num_tasks, self.num_processes = full
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
                                   fn_bytes: Optional[bytes], script_args: List[str],
@@ -494,6 +516,9 @@ class TorchDistributor:
                                        remote=self.is_remote,
                                        input_df=dataframe[0] if dataframe else None)
             self._clock.mark("job_ended")
+            self._failure_times.update(
+                root_at=out.root_at, ended_at=out.ended_at,
+                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
             if out.spark_error is not None or out.root is not None:
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
             chunks = out.chunks or []

@@ -6,16 +6,24 @@ its last checkpoint ends with bit-identical weights to an uninterrupted one. Ran
 final weights to --out.
 
     resume_train.py --ckpt DIR --steps N --every K --sleep S --steplog FILE --out FILE
+                    [--phases FILE]
+
+--phases: every rank appends "ATTEMPT RANK PHASE TIME" for its start (before importing
+torch), torch imported, process group up and checkpoint loaded (bench/restart_bench.py's
+breakdown of a recovery).
 """
-import argparse
-import hashlib
-import os
 import time
 
-import torch
-import torch.distributed as dist
+T_START = time.time()
 
-from torchspark import checkpoint
+import argparse  # noqa: E402
+import hashlib  # noqa: E402
+import os  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from torchspark import checkpoint  # noqa: E402
 
 p = argparse.ArgumentParser()
 p.add_argument("--ckpt", required=True)
@@ -24,11 +32,13 @@ p.add_argument("--every", type=int, default=5)
 p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--steplog", required=True)
 p.add_argument("--out", required=True)
+p.add_argument("--phases")
 a = p.parse_args()
-
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
 attempt = os.environ.get("TORCHSPARK_ATTEMPT", "-")
+marks = [("start", T_START), ("torch", time.time())]
+dist.init_process_group("gloo")
+marks.append(("pg", time.time()))
+rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -38,6 +48,10 @@ if ck is not None:
     model.load_state_dict(ck.state["model"])
     opt.load_state_dict(ck.state["opt"])
     start = ck.step + 1
+marks.append(("ckpt", time.time()))
+if a.phases:
+    with open(a.phases, "a") as f:
+        f.write("".join(f"{attempt} {rank} {k} {t:.6f}\n" for k, t in marks))
 print(f"attempt {attempt} rank {rank}: starting at step {start} "
       f"(cause: {os.environ.get('TORCHSPARK_RESTART_CAUSE', '-')})", flush=True)
 for step in range(start, a.steps):

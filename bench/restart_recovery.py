@@ -1,0 +1,186 @@
+"""Where the recovery time of a killed executor goes, and how fast each restart path is
+(issue 20): runs of resume_train.py on local-cluster[2,1,1024], each with one SIGKILL of an
+executor JVM (rank 0's node or the other's) after 8 steps and max_restarts=1, in two modes:
+
+- replacement: the next attempt waits for the standalone worker's replacement executor
+  (all 2 nodes again);
+- survivors: min_nodes=1, the next attempt starts at once on the surviving executor;
+- either with "-fn": function mode (the same script run by runpy in the training
+  process), whose workers fork from the executors' warm pools (torch imported already).
+
+Per kill, from the driver's process (one clock): the kill; Spark's view (the executor
+gone from the driver's executor list, a replacement registered; polled every 20 ms);
+the driver's (the log channel naming the root cause, Spark's job ending, the next
+attempt's barrier job submitted); the workers' (resume_train.py --phases: process start,
+torch imported, gloo process group up, checkpoint loaded) and the first resumed step.
+Stock PySpark TorchDistributor on the same kill fails (test_restart's stock test).
+
+    .venv/bin/python bench/restart_recovery.py [RUNS_PER_CASE=3] \
+        [MODES=replacement,survivors,replacement-fn,survivors-fn]
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+
+import test_restart as tr  # noqa: E402
+import tsp_spark  # noqa: E402
+
+
+class ExecutorWatch:
+    """Polls the driver's executor list and stages: [(time, "removed"|"added", executor)]
+    and [(time, "running", stage id)] when a stage first has a running task."""
+
+    def __init__(self, spark):
+        self.sc = spark.sparkContext._jsc.sc()
+        self.tracker = spark.sparkContext.statusTracker()
+        self.events, self.stop = [], threading.Event()
+        self.stages = set()
+        self.known = self._ids()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _ids(self):
+        infos = self.sc.statusTracker().getExecutorInfos()
+        return {f"{i.host()}:{i.port()}" for i in infos if int(i.port()) > 0}
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                now = self._ids()
+            except Exception:
+                return
+            t = time.time()
+            self.events += [(t, "removed", x) for x in self.known - now]
+            self.events += [(t, "added", x) for x in now - self.known]
+            self.known = now
+            try:
+                for sid in self.tracker.getActiveStageIds():
+                    info = self.tracker.getStageInfo(sid)
+                    if sid not in self.stages and info and info.numActiveTasks > 0:
+                        self.stages.add(sid)
+                        self.events.append((time.time(), "running", sid))
+            except Exception:
+                pass
+            time.sleep(0.02)
+
+    def first(self, what, after):
+        return next((t for t, w, _ in self.events if w == what and t >= after), None)
+
+
+def _phases(path: Path, attempt: str):
+    """{phase: (earliest over ranks, latest over ranks)} of one attempt."""
+    out = {}
+    if not path.exists():
+        return out
+    for ln in path.read_text().splitlines():
+        a, _rank, k, t = ln.split()
+        if a == attempt:
+            lo, hi = out.get(k, (float("inf"), 0.0))
+            out[k] = (min(lo, float(t)), max(hi, float(t)))
+    return out
+
+
+def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn):
+    steps = tr.STEPS_PER_ATTEMPT + 12
+    extra = {} if min_nodes is None else {"min_nodes": min_nodes}
+    box = {}
+    files, killed, error = tr.run_with_kills(tmp, name, [node], steps, 1, box=box, fn=fn,
+                                             **extra)
+    assert error is None, f"the run failed: {error!r}"
+    recovery = tr.check_resumed(tr._steplog(files["steplog"]), killed, 1, steps)[0]
+    kill = killed[0][0]
+    att = box["dist"].attempts
+    ph = _phases(files["phases"], "1")
+    first_step = next(ts for a, _, ts in tr._steplog(files["steplog"]) if a == "1")
+    noticed = [t for t in (att[0].get("root_at"), att[0].get("ended_at")) if t]
+
+    def rel(t):
+        return None if t is None else round(t - kill, 2)
+
+    row = {
+        "node": node, "nodes_after": att[1]["nodes"], "recovery_s": round(recovery, 2),
+        "spark_executor_removed": rel(watch.first("removed", kill)),
+        "channel_root_cause": rel(att[0].get("root_at")),
+        "driver_noticed": rel(min(noticed) if noticed else None),
+        "spark_job_ended": rel(att[0].get("ended_at")),
+        "replacement_registered": rel(watch.first("added", kill)),
+        "next_job_submitted": rel(att[1]["started"]),
+        "spark_task_running": rel(watch.first("running", kill)),
+        "workers_started": rel(ph.get("start", (None,))[0]),
+        "torch_imported": rel(ph.get("torch", (None, None))[1]),
+        "process_group_up": rel(ph.get("pg", (None, None))[1]),
+        "checkpoint_loaded": rel(ph.get("ckpt", (None, None))[1]),
+        "first_step": rel(first_step),
+    }
+    # Function mode with TORCHSPARK_TIMING=1: the resumed attempt's task-side marks
+    # (rank 0's task, from torchspark/_timing.py).
+    marks = box["dist"]._clock.marks
+    for k in ("tasks_started", "election_done", "agents_started", "worker_exec"):
+        if k in marks:
+            row[k] = rel(marks[k])
+    assert tsp_spark.wait_gone(tr.MARK_VALUE, 15) == []
+    return row
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    modes = (sys.argv[2] if len(sys.argv) > 2
+             else "replacement,survivors,replacement-fn,survivors-fn").split(",")
+    os.environ["TORCHSPARK_TIMING"] = "1"  # the task-side marks of function mode
+    spark = tsp_spark.session("local-cluster[2,1,1024]", {
+        f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
+        "spark.torchspark.job.replacementTimeout": "180s",
+    })
+    tmp = Path(tempfile.mkdtemp(prefix="restart-recovery-"))
+    watch = ExecutorWatch(spark)
+    rows = {}
+    try:
+        for mode in modes:
+            for node in (1, 0):
+                for i in range(runs):
+                    # Both executors up again before each run (a replacement may be late).
+                    tr_slots = 0
+                    deadline = time.monotonic() + 180
+                    while time.monotonic() < deadline:
+                        from torchspark import _restart
+
+                        tr_slots = _restart.free_slots(spark)
+                        if tr_slots >= 2:
+                            break
+                        time.sleep(0.2)
+                    row = one_run(tmp, f"{mode}-{node}-{i}", node, watch,
+                                  1 if mode.startswith("survivors") else None,
+                                  mode.endswith("-fn"))
+                    print(json.dumps({"mode": mode, **row}), flush=True)
+                    rows.setdefault((mode, node), []).append(row)
+        t0 = time.time()
+        stock = "did not fail"
+        try:
+            tr.test_stock_fails_on_the_same_kill(spark, tmp)
+            stock = "the job failed (barrier ResultStage aborted)"
+        except AssertionError as e:
+            stock = f"unexpected: {e}"
+        stock_s = time.time() - t0
+    finally:
+        watch.stop.set()
+        spark.stop()
+    print(f"load average at the end: {os.getloadavg()}")
+    for (mode, node), rs in rows.items():
+        med = {k: statistics.median(r[k] for r in rs if r[k] is not None)
+               for k in rs[0] if k not in ("node",) and any(r[k] is not None for r in rs)}
+        print(json.dumps({"mode": mode, "node": node, "runs": len(rs),
+                          "recovery_s": [r["recovery_s"] for r in rs],
+                          "median": {k: round(v, 2) for k, v in med.items()}}))
+    print(json.dumps({"stock": stock, "stock_s": round(stock_s, 1)}))
+
+
+if __name__ == "__main__":
+    main()
