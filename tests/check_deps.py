@@ -4,13 +4,16 @@
 The rules, each named in every finding as `FILE:LINE: RULE: what and what to do`:
 
 - cycle: the modules of native/src depend on each other without a cycle. A module is a
-  stem of native/src: x.c and x.h are one module "x" (a header without a .c, such as
+  stem of native/src/<room>/: x.c and x.h are one module "x" (a header without a .c, such as
   logstate.h, is a module of its own). Two graphs are derived: includes (module x -> y
   when x.c or x.h includes "y.h"; a public header native/include/torchspark/y.h is a node
   of its own, "torchspark/y.h", the API contract) and, with --objects DIR (the library's
   x.c.o files), calls (x -> y when x's object uses a symbol that y's defines: a call back
   up through a public header, which the include graph cannot see).
 - layer-map: every module of native/src has a place in LAYERS (its side and level).
+- layer-room: every module lives in the folder of its side (ROOMS: native/src/shared,
+  driver, agent, and gpu for the agent's GPU modules), so that a file's folder says its
+  side; module names are unique across the folders.
 - layer-side: an include or call goes only to a side that the module's side may use
   (SIDE_USES): the driver side and the agent side never reach each other, the shared
   modules reach only shared ones, the CLI (native/tools) reaches the agent side and the
@@ -82,6 +85,10 @@ SIDE_USES: Dict[str, Set[str]] = {
     "cli": {"agent", "shared"},  # native/tools: the torchspark-run CLI
     "jni": set(),  # jni/: one thin function per public C function
 }
+# The folder of each side: native/src/<room> holds the modules of one side (gpu: the agent's
+# GPU and NCCL modules, a room of the agent side).
+ROOMS: Dict[str, str] = {"shared": "shared", "driver": "driver", "agent": "agent",
+                         "gpu": "agent"}
 # Where a file outside native/src sits; its includes of native/src headers are checked.
 FILE_SIDES: Dict[str, str] = {"native/tools": "cli", "jni": "jni"}
 # Local headers that are not ours to place: generated at build time.
@@ -93,18 +100,18 @@ SPAWN = re.compile(r"\b(fork|vfork|clone|clone3|posix_spawnp?|execve|execv|execv
                    r"execl|execlp|execle|fexecve|system|popen)\s*\(")
 GETENV = re.compile(r"\b(secure_getenv|getenv)\s*\(")
 
-CLOCK_OWNERS = {"native/src/util.c"}
-SPAWN_OWNERS = {"native/src/proc.c", "native/src/sentinel.c"}
+CLOCK_OWNERS = {"native/src/shared/util.c"}
+SPAWN_OWNERS = {"native/src/agent/proc.c", "native/src/agent/sentinel.c"}
 # Where configuration is read from the environment, and why there.
 GETENV_OWNERS: Dict[str, str] = {
     "native/tools/run_config.c": "the CLI: torchrun's and torchspark's variables, PET_*, read"
                                  " once into a run_config_t",
-    "native/src/gpu.c": "the library's dlopen overrides (TORCHSPARK_LIBNVML, TORCHSPARK_LIBCUDA)"
+    "native/src/gpu/gpu.c": "the library's dlopen overrides (TORCHSPARK_LIBNVML, TORCHSPARK_LIBCUDA)"
                         " and the executor's CUDA_VISIBLE_DEVICES, read when the glue calls"
                         " the public gpu.h without a CLI",
-    "native/src/nccl.c": "the check worker's environment, which the preflight writes for it"
+    "native/src/gpu/nccl.c": "the check worker's environment, which the preflight writes for it"
                          " (child_env) and the worker reads back: a contract private to nccl.c",
-    "native/src/warm.c": "TORCHSPARK_WARM_WAIT, the one setting of the shim process"
+    "native/src/agent/warm.c": "TORCHSPARK_WARM_WAIT, the one setting of the shim process"
                          " (torchspark-run --warm-exec)",
 }
 
@@ -182,7 +189,12 @@ def functions(text: str) -> List[Tuple[str, int, int]]:
 def c_files(root: str) -> List[str]:
     """The C sources the rules cover, relative to root."""
     out = []
-    for d in ("native/src", "native/include/torchspark", "native/tools", "native/abi", "jni"):
+    src = os.path.join(root, "native", "src")
+    for base, dirs, files in os.walk(src):
+        dirs.sort()
+        rel = os.path.relpath(base, root)
+        out += [f"{rel}/{f}" for f in sorted(files) if f.endswith((".c", ".h"))]
+    for d in ("native/include/torchspark", "native/tools", "native/abi", "jni"):
         full = os.path.join(root, d)
         if os.path.isdir(full):
             out += [f"{d}/{f}" for f in sorted(os.listdir(full)) if f.endswith((".c", ".h"))]
@@ -192,7 +204,7 @@ def c_files(root: str) -> List[str]:
 def node_of(rel: str) -> str:
     """The graph node of a file: a module of native/src, a public header, or the file."""
     d, f = os.path.split(rel)
-    if d == "native/src":
+    if d == "native/src" or d.startswith("native/src/"):
         return os.path.splitext(f)[0]
     if d == "native/include/torchspark":
         return "torchspark/" + f
@@ -231,12 +243,11 @@ def include_graph(root: str) -> Dict[str, Set[str]]:
 def call_graph(objdir: str) -> Dict[str, Set[str]]:
     defined: Dict[str, str] = {}
     used: Dict[str, Set[str]] = {}
-    for f in sorted(os.listdir(objdir)):
-        if not f.endswith(".c.o"):
-            continue
+    objects = sorted((f, os.path.join(base, f)) for base, _, files in os.walk(objdir)
+                     for f in files if f.endswith(".c.o"))
+    for f, path in objects:
         node = f[: -len(".c.o")]
-        out = subprocess.run(["nm", os.path.join(objdir, f)], check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(["nm", path], check=True, capture_output=True, text=True).stdout
         used[node] = set()
         for line in out.splitlines():
             parts = line.split()
@@ -300,6 +311,27 @@ def edge_finding(path: str, line: int, node: str, side: Optional[str], dep: str,
     return None
 
 
+def room_findings(root: str) -> List[Finding]:
+    """layer-room: each module of native/src in the folder of its side, once."""
+    out = []
+    rooms: Dict[str, str] = {}
+    for rel in c_files(root):
+        if not rel.startswith("native/src/") or node_of(rel) not in LAYERS:
+            continue
+        node, room = node_of(rel), os.path.dirname(rel)[len("native/src/"):]
+        side = LAYERS[node][0]
+        if ROOMS.get(room) != side:
+            want = sorted(f"native/src/{r}" for r, s in ROOMS.items() if s == side)
+            out.append(Finding(rel, 1, "layer-room",
+                               f"module {node} ({side} side) is in native/src/{room or '.'}: "
+                               f"move it to {' or '.join(want)}"))
+        elif rooms.setdefault(node, room) != room:
+            out.append(Finding(rel, 1, "layer-room",
+                               f"module {node} is also in native/src/{rooms[node]}: a module "
+                               "name is unique across the folders"))
+    return out
+
+
 def layer_findings(root: str, calls: Optional[Dict[str, Set[str]]]) -> List[Finding]:
     out = []
     for rel in c_files(root):
@@ -307,6 +339,9 @@ def layer_findings(root: str, calls: Optional[Dict[str, Set[str]]]) -> List[Find
             out.append(Finding(rel, 1, "layer-map",
                                f"module {node_of(rel)} has no place in the layer map: add it "
                                "to LAYERS in tests/check_deps.py and to docs/architecture.md"))
+    out += room_findings(root)
+    sources = {node_of(rel): rel for rel in c_files(root)
+               if rel.startswith("native/src/") and rel.endswith(".c")}
     for rel, line, dep in includes(root):
         if rel.startswith("native/abi/"):
             continue  # the vendor ABI check reads the local declarations by path
@@ -316,7 +351,8 @@ def layer_findings(root: str, calls: Optional[Dict[str, Set[str]]]) -> List[Find
     for node, deps in sorted((calls or {}).items()):
         side = LAYERS.get(node, ("", 0))[0] or None
         for dep in sorted(deps):
-            f = edge_finding(f"native/src/{node}.c", 0, node, side, dep, "calls")
+            f = edge_finding(sources.get(node, f"native/src/{node}.c"), 0, node, side, dep,
+                             "calls")
             if f:
                 out.append(f)
     return out
@@ -420,18 +456,20 @@ def self_test() -> None:
 # One planted violation per rule: (rule, file, text appended to it). The checker must
 # fail naming the file, the first appended line and the rule.
 PLANTS: List[Tuple[str, str, str]] = [
-    ("owner-clock", "native/src/logsend.c",
+    ("owner-clock", "native/src/driver/logsend.c",
      "static long planted(struct timespec *ts) { return clock_gettime(CLOCK_MONOTONIC, ts); }\n"),
-    ("owner-spawn", "native/src/topo.c", "static int planted(void) { return fork(); }\n"),
-    ("owner-getenv", "native/src/lines.c",
+    ("owner-spawn", "native/src/agent/topo.c", "static int planted(void) { return fork(); }\n"),
+    ("owner-getenv", "native/src/shared/lines.c",
      "static const char *planted(void) { return getenv(\"HOME\"); }\n"),
-    ("function-length", "native/src/env.c",
+    ("function-length", "native/src/agent/env.c",
      "static int planted(int x)\n{\n" + "    x += 1;\n" * 130 + "    return x;\n}\n"),
-    ("layer-side", "native/src/logqueue.c", '#include "agent.h"\n'),
+    ("layer-side", "native/src/driver/logqueue.c", '#include "agent.h"\n'),
     ("layer-side", "native/tools/torchspark_run.c", '#include "logctl.h"\n'),
     ("layer-side", "jni/torchspark_jni.c", '#include "util.h"\n'),
-    ("layer-down", "native/src/topo.c", '#include "report.h"\n'),
-    ("layer-map", "native/src/planted.c", "int tsp__planted;\n"),
+    ("layer-down", "native/src/agent/topo.c", '#include "report.h"\n'),
+    ("layer-map", "native/src/agent/planted.c", "int tsp__planted;\n"),
+    ("layer-room", "native/src/driver/sentinel.h", "int tsp__planted;\n"),
+    ("layer-room", "native/src/warm.h", "int tsp__planted;\n"),
 ]
 
 
@@ -473,7 +511,8 @@ def self_test_rules(root: str) -> int:
     # The call graph's edges are checked by the same rule as the includes.
     calls = {"logqueue": {"agent"}, "proc": {"agent"}}
     got = [str(f) for f in layer_findings(root, calls) if f.line == 0]
-    for want in ("native/src/logqueue.c: layer-side:", "native/src/proc.c: layer-down:"):
+    for want in ("native/src/driver/logqueue.c: layer-side:",
+                 "native/src/agent/proc.c: layer-down:"):
         if not any(g.startswith(want) for g in got):
             print(f"self-test: call edge not found as '{want}': {got}")
             bad += 1

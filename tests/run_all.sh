@@ -33,10 +33,10 @@ ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 
 step "static analysis (cppcheck, clang-tidy)"
 cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
-  -I native/include -I native/src native/src native/tools || status=1
+  -I native/include $(printf -- '-I %s ' native/src/*/) native/src native/tools || status=1
 # Its findings are the lines that name a file or an error, whatever its exit status.
 tidy=$(clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
-  native/src/*.c native/tools/*.c 2>&1) || true
+  native/src/*/*.c native/tools/*.c 2>&1) || true
 if grep -E '^/|error:' <<< "$tidy"; then
   status=1
 fi
@@ -79,7 +79,8 @@ step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
 for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
-.venv/bin/python -m pytest -ra "${suites[@]}" "$@"
+# --durations: the 30 slowest tests, so that the run's cost is visible where it grows.
+.venv/bin/python -m pytest -ra --durations=30 "${suites[@]}" "$@"
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1

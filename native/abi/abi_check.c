@@ -1,5 +1,5 @@
 /* abi_check.c: built only when CMake finds the vendor headers (cuda.h, and nvml.h through
- * TSP_NVML_INCLUDE): compares torchspark's local declarations (native/src/cudaapi.h) with
+ * TSP_NVML_INCLUDE): compares torchspark's local declarations (native/src/gpu/cudaapi.h) with
  * them, so that a mismatch fails the build. It produces no code that anything uses; the
  * program it links into prints what it checked (ctest abi_headers). */
 #include <stddef.h>
@@ -14,9 +14,9 @@
 #endif
 
 #define TSP_ABI_CHECK 1
-#include "../src/cudaapi.h" /* by path: native/src/nccl.h must not shadow <nccl.h> */
+#include "../src/gpu/cudaapi.h" /* by path: native/src/gpu/nccl.h must not shadow <nccl.h> */
 #ifdef TSP_ABI_CHECK_NCCL
-#include "../src/ncclapi.h"
+#include "../src/gpu/ncclapi.h"
 #endif
 
 #define SAME_FN(field, sym, ret, params)                                                           \

@@ -1,4 +1,4 @@
-"""Script workers run through torchspark-run's bootstrap (native/src/pyboot.c) behave as under
+"""Script workers run through torchspark-run's bootstrap (native/src/agent/pyboot.c) behave as under
 `python -u SCRIPT`: each case runs tests/e2e/agent_scripts/script_probe.py both ways, side by
 side, and compares what the script saw, its stdout and stderr, its files and its exit status.
 The bootstrap must differ only in skipping interpreter finalization (docs/cli.md)."""

@@ -1,5 +1,5 @@
 """The hang doctor's first piece: every Python worker that torchspark-run starts through its
-bootstrap (native/src/pyboot.c) prints every thread's Python stack on its stderr when it gets
+bootstrap (native/src/agent/pyboot.c) prints every thread's Python stack on its stderr when it gets
 SIGRTMIN+8, and goes on; user code sees no handler (signal.getsignal, faulthandler)."""
 import os
 import re

@@ -250,7 +250,7 @@ def first_gpu() -> Tuple[int, str, str]:
 def check_worker(rank: int, world: int, local_rank: int, comm_id: str, mask: str,
                  deadline: float) -> Tuple[subprocess.Popen, int]:
     """One NCCL check process (`torchspark-run --nccl-check-worker`) started as the agent
-    starts it (native/src/nccl.c), its result line on the returned descriptor."""
+    starts it (native/src/gpu/nccl.c), its result line on the returned descriptor."""
     r, w = os.pipe()
     env = env_with(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local_rank),
                    NCCL_COMM_ID=comm_id, CUDA_VISIBLE_DEVICES=mask,

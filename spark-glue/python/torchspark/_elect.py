@@ -1,4 +1,4 @@
-"""The native election module (native/src/elect.c, torchspark/elect.h) for the tasks; the
+"""The native election module (native/src/agent/elect.c, torchspark/elect.h) for the tasks; the
 signatures are declared once, in :mod:`torchspark._lib`.
 
 Rank 0's barrier task calls :func:`elect_master` (address, interface, held port, run id,

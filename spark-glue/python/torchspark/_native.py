@@ -14,7 +14,7 @@ notebook)::
     srv.write_to(sys.stderr, timeout_ms=0)
 
 Lines reach users with one prefix, formatted by the library (``tsp_lines_prefix`` in
-native/src/lines.c, the same code as the agent's local fallback): ``[rank N] text``, and
+native/src/shared/lines.c, the same code as the agent's local fallback): ``[rank N] text``, and
 ``[rank N] [stderr] text`` for stderr lines where both streams go to one place; the log
 server's own messages read ``[torchspark] text``. The library is found and loaded by
 :mod:`torchspark._lib`.

@@ -3,7 +3,7 @@ and whole traceback, the last lines of output), carried from a barrier task to t
 inside the task's exception text, and turned into one readable message.
 
 It is built from the agent's failure document (its --error-file JSON, the same text the
-agent sends the driver; native/src/report.h owns it): the traceback there is the worker's
+agent sends the driver; native/src/agent/report.h owns it): the traceback there is the worker's
 whole traceback, chained causes included, already capped by the agent (200 lines: the
 first and last 100; docs/cli.md), and shown here as it is. The exit status follows the
 agent's one rule: the document's "exitcode"/"signal"; without a document, the agent's own

@@ -28,7 +28,7 @@ RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
 def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
                host: Optional[str] = None) -> List[str]:
     """Spark GPU addresses + the CUDA_VISIBLE_DEVICES they were given under -> the workers'
-    entries, by the native rules R0-R8 (native/src/gpu.c, docs/gpu.md): the agent applies
+    entries, by the native rules R0-R8 (native/src/gpu/gpu.c, docs/gpu.md): the agent applies
     the same function to its --gpus. ValueError with the rule's message on a refusal (the
     stock text for malformed addresses)."""
     req = GpuRequest(",".join(addresses).encode(),

@@ -5,7 +5,7 @@ Where the time of a small run() goes (docs/benchmarks.md): 1.5 s of 2 s is the t
 process starting Python and importing torch. A pool process per executor (per driver in
 local mode) imports torch, torch.distributed and pyspark's cloudpickle once, then forks one
 training process per request that the agent's shim (``torchspark-run --warm-exec``,
-native/src/warm.c) sends it. The agent supervises the shim as it would the worker: the
+native/src/agent/warm.c) sends it. The agent supervises the shim as it would the worker: the
 shim hands the pool its standard streams, forwards the agent's signals and exits with the
 worker's status; killing the shim kills the worker. Anything that stops the pool from
 serving a request before the fork (no pool, another environment, a refusal) makes the shim
@@ -135,7 +135,7 @@ def pool_key(python: str, anchor: int, env: Dict[str, str]) -> str:
 
 def worker_env(env: Dict[str, str], nproc_per_node: int) -> Dict[str, str]:
     """env with what the agent adds to every worker and a pool cannot take per request
-    (native/src/topo.c: OMP_NUM_THREADS=1 with more than one process per node, unset)."""
+    (native/src/agent/topo.c: OMP_NUM_THREADS=1 with more than one process per node, unset)."""
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in env:
         return {**env, "OMP_NUM_THREADS": "1"}
     return env

@@ -41,7 +41,7 @@ final class Reports {
     }
 
     /** {message, traceback} of a failure document (torchelastic's layout; the agent's
-     *  error file, native/src/report.h): the one-line error and the whole traceback. */
+     *  error file, native/src/agent/report.h): the one-line error and the whole traceback. */
     private static String[] errorFileText(JsonNode ef) {
         JsonNode m = ef == null ? null : ef.get("message");
         if (m == null || m.isNull()) {

@@ -1,5 +1,6 @@
 /* reportsock.c: the agent's report socket (docs/protocol.md 1.8; reportsock.h). */
 #include "reportsock.h"
+#include "util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -35,18 +36,10 @@ struct tsp_reports {
 static void say(const tsp_reports_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(const tsp_reports_t *r, const char *fmt, ...)
 {
-    char buf[512];
-    int off = snprintf(buf, sizeof buf, "torchspark: report socket: ");
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
+    tsp__log_linev(r->log_fd, "torchspark: report socket: ", fmt, ap);
     va_end(ap);
-    size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
-    if (len > sizeof buf - 2)
-        len = sizeof buf - 2;
-    buf[len++] = '\n';
-    ssize_t w = write(r->log_fd, buf, len);
-    (void)w;
 }
 
 /* A directory of our own: TMP_DIR/tspr-XXXXXX, /tmp when there is none or it would not fit. */

@@ -65,7 +65,7 @@ typedef struct tsp_agent_opts {
 typedef struct tsp_agent tsp_agent_t;
 
 /* Process-wide state that an agent needs, set in this one place: starts the process's
- * sentinel (native/src/sentinel.h: after this process exits, however it ends, every process
+ * sentinel (native/src/agent/sentinel.h: after this process exits, however it ends, every process
  * of its jobs is killed; workers carry TORCHSPARK_JOB_TOKEN for it), blocks the signals the
  * agent receives through signalfd (CHLD, TERM, INT, HUP, QUIT, USR1, USR2), ignores
  * SIGPIPE, makes the process a child subreaper (orphaned grandchildren come back to us

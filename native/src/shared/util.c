@@ -105,6 +105,25 @@ int tsp__err(char *err, size_t errlen, int code, const char *fmt, ...)
     return code;
 }
 
+void tsp__log_linev(int fd, const char *prefix, const char *fmt, va_list ap)
+{
+    char buf[2048];
+    int off = snprintf(buf, sizeof buf, "%s", prefix);
+    if (off < 0)
+        off = 0;
+    if ((size_t)off > sizeof buf - 2)
+        off = (int)(sizeof buf - 2);
+    int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
+    size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
+    if (len > sizeof buf - 2)
+        len = sizeof buf - 2;
+    buf[len++] = '\n';
+    ssize_t w;
+    do
+        w = write(fd, buf, len);
+    while (w < 0 && errno == EINTR);
+}
+
 void tsp__err_append(char *buf, size_t len, const char *fmt, ...)
 {
     size_t used = strnlen(buf, len);

@@ -8,6 +8,7 @@
 #define TSP_UTIL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -44,6 +45,12 @@ int tsp__endpoint_parse(const char *ep, char *host, size_t hostlen, int *port, i
  * that a failure is one line: `return tsp__err(err, errlen, -EIO, "...", ...);`. */
 __attribute__((format(printf, 4, 5))) int tsp__err(char *err, size_t errlen, int code,
                                                    const char *fmt, ...);
+
+/* Writes one diagnostic line, prefix + formatted text + '\n', to fd with a single write()
+ * (so that lines from several processes sharing fd never interleave), at most 2 KiB, cut
+ * to fit; EINTR is retried, other errors are ignored (a diagnostic has nowhere else to go). */
+__attribute__((format(printf, 3, 0))) void tsp__log_linev(int fd, const char *prefix,
+                                                          const char *fmt, va_list ap);
 
 /* Appends a formatted sentence to the NUL-terminated text in buf (len bytes in all): never
  * overflows, always terminated; a full buffer keeps what it holds. */

@@ -103,20 +103,10 @@ static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void agent_log(const tsp_agent_t *a, const char *fmt, ...)
 {
-    char buf[2048];
-    int off = snprintf(buf, sizeof buf, "%s", a->o.log_prefix ? a->o.log_prefix : "torchspark: ");
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(buf + off, sizeof buf - (size_t)off - 1, fmt, ap);
+    tsp__log_linev(a->o.log_fd, a->o.log_prefix ? a->o.log_prefix : "torchspark: ", fmt, ap);
     va_end(ap);
-    size_t len = (size_t)off + (n < 0 ? 0 : (size_t)n);
-    if (len > sizeof buf - 2)
-        len = sizeof buf - 2;
-    buf[len++] = '\n';
-    ssize_t w;
-    do
-        w = write(a->o.log_fd, buf, len);
-    while (w < 0 && errno == EINTR);
 }
 
 static int write_all(int fd, const struct iovec *iov, int cnt)
