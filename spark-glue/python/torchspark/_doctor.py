@@ -1,6 +1,7 @@
 """The hang doctor's watchdog on the driver (docs/distributor.md, "The hang doctor").
 
-When no rank has printed a line or reported for ``hang_timeout`` seconds, it asks every
+When no rank has printed a line or reported for ``hang_timeout`` seconds (counted from
+the first line or report of the run), it asks every
 agent for its workers' Python stacks (DUMP, docs/protocol.md 1.9), collects each rank's
 dump from the log server's per-rank tail, prints one line naming the culprit
 (:mod:`torchspark._hang`), and with ``hang_action="cancel"`` stops the run, keeping the
@@ -77,17 +78,17 @@ class HangDoctor:
         self._thread.start()
 
     def _last_activity(self) -> float:
-        times = [getattr(x, "last_activity", 0.0) for x in (self.pump, self.hub) if x]
-        return max(times + [self._started])
-
-    _started = 0.0
+        """When a rank last printed or reported; 0 before the first (the clock starts
+        there, so a job's start, where a rank may import torch for seconds, is not
+        mistaken for a hang)."""
+        return max([getattr(x, "last_activity", 0.0) for x in (self.pump, self.hub) if x]
+                   + [0.0])
 
     def _run(self) -> None:
-        self._started = time.monotonic()
         try:
             while not self._stop.wait(TICK_S):
                 last = self._last_activity()
-                if self._request and last <= self._armed_after:
+                if not last or (self._request and last <= self._armed_after):
                     continue  # nothing printed since the last dump: one dump per hang
                 if time.monotonic() - last >= self.timeout:
                     self._doctor()
@@ -97,7 +98,8 @@ class HangDoctor:
             self._say(f"torchspark: the hang doctor stopped: {e!r}")
 
     def _doctor(self) -> None:
-        silent_s = time.monotonic() - self._last_activity()
+        last = self._last_activity()
+        silent_s = time.monotonic() - last
         n = self.server.dump_all()
         if n <= 0:
             self._say("torchspark: hang doctor: no rank printed or reported for "
@@ -110,6 +112,7 @@ class HangDoctor:
         dumps = self._collect(n)
         diag = _hang.diagnose(dumps, self.world)
         self._armed_after = time.monotonic()
+        diag.after_s = self._armed_after - last
         self.diagnoses.append(diag)
         head = (f"torchspark: hang doctor: no rank printed or reported for {silent_s:.0f}s; "
                 + diag.line)

@@ -78,6 +78,8 @@ class Diagnosis:
     culprits: List[int]
     waiting: Dict[str, List[int]]  # collective -> ranks waiting in it
     dumps: Dict[int, RankDump]
+    # set by the driver's watchdog: seconds from the ranks' last line or report to this line
+    after_s: float = 0.0
 
     def stacks_text(self) -> str:
         """Every rank's dump, rank-prefixed, for the log and the exception."""

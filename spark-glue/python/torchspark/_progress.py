@@ -58,7 +58,7 @@ class ReportHub:
         self._shown_count = 0
         self._tty = False
         self._warned: set = set()
-        self.last_activity = time.monotonic()  # when a report last came (the hang doctor)
+        self.last_activity = 0.0  # time.monotonic() of the last report (the hang doctor)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-reports")

@@ -43,7 +43,7 @@ class _LogPump:
         self.fmt = fmt  # the line prefix (_native.line_prefix); None: "[rank N] "
         self.linger_s = linger_s
         self.writes = 0  # write() calls made (the benchmark reads it)
-        self.last_activity = time.monotonic()  # when a line last came (the hang doctor)
+        self.last_activity = 0.0  # time.monotonic() of the last line (the hang doctor)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-log-pump")

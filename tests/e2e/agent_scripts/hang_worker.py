@@ -5,8 +5,8 @@
 Every rank joins a gloo group and does one all_reduce that works; then rank VICTIM hangs
 (KIND: sleep before the collective, sigstop itself, deadlock on a Python lock, spin in an
 endless loop) while the others enter the next all_reduce and wait for it. With PIDDIR each
-rank writes its pid there. Also imported: train(kind, victim) is the same in function
-mode.
+rank writes its pid there. Also imported: train(kind, victim, piddir, hold) is the same
+in function mode (hold: how long the sleeper sleeps, default an hour).
 """
 import os
 import sys
@@ -14,24 +14,24 @@ import threading
 import time
 
 
-def sleeps_before_the_collective():
-    time.sleep(3600)  # HANG-SLEEP
+def sleeps_before_the_collective(hold):
+    time.sleep(hold)  # HANG-SLEEP
 
 
-def deadlocks_on_a_lock():
+def deadlocks_on_a_lock(hold):
     lock = threading.Lock()
     lock.acquire()
     threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
     lock.acquire()  # HANG-LOCK
 
 
-def spins_forever():
+def spins_forever(hold):
     x = 0
     while x >= 0:  # HANG-LOOP
         x = (x + 1) % 1000
 
 
-def stops_itself():
+def stops_itself(hold):
     import signal
 
     os.kill(os.getpid(), signal.SIGSTOP)  # HANG-SIGSTOP
@@ -41,7 +41,7 @@ KINDS = {"sleep": sleeps_before_the_collective, "lock": deadlocks_on_a_lock,
          "loop": spins_forever, "sigstop": stops_itself}
 
 
-def train(kind, victim, piddir=None):
+def train(kind, victim, piddir=None, hold=3600):
     import torch
     import torch.distributed as dist
 
@@ -54,7 +54,7 @@ def train(kind, victim, piddir=None):
     dist.all_reduce(t)  # a collective that works: every rank is in
     print(f"rank {rank} passed the first all_reduce", flush=True)
     if rank == victim:
-        KINDS[kind]()
+        KINDS[kind](hold)
     dist.all_reduce(t)  # HANG-WAIT
     dist.destroy_process_group()
     return rank
