@@ -76,6 +76,16 @@ static void stop_once(void)
         tsp_agent_stop(a, SIGTERM);
 }
 
+/* DUMP from the driver (docs/protocol.md 1.9): for the agent's workers; none yet, none to
+ * dump. */
+static void on_driver_dump(void *ctx, unsigned request)
+{
+    (void)ctx;
+    tsp_agent_t *a = atomic_load(&stop_agent);
+    if (a)
+        tsp_agent_dump(a, request);
+}
+
 static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
 {
     (void)ctx;
@@ -149,6 +159,7 @@ static tsp_logclient_t *start_log_client(const run_config_t *c)
     o.node_rank = c->topo.node_rank;
     o.drop = c->log_drop;
     o.on_stop = on_driver_stop;
+    o.on_dump = on_driver_dump;
     o.log_prefix = "torchspark-run: ";
     tsp_logclient_t *logc = tsp_logclient_start(&o, err, sizeof err);
     if (!logc)

@@ -29,6 +29,21 @@ static void on_stop(void *ctx, int reason, const char *text, size_t len)
     atomic_fetch_add(&st->calls, 1);
 }
 
+/* The hang doctor's DUMP (protocol 1.9), as a client reports it. */
+typedef struct dumper {
+    atomic_int calls;
+    atomic_uint last;
+} dumper_t;
+
+static void on_dump(void *ctx, unsigned request)
+{
+    dumper_t *d = ctx;
+    atomic_store(&d->last, request);
+    atomic_fetch_add(&d->calls, 1);
+}
+
+static dumper_t *next_dumper; /* the next ctl_client's on_dump context, when set */
+
 static tsp_logserver_t *ctl_server(int lost_grace_ms)
 {
     tsp_logserver_opts_t o;
@@ -53,6 +68,11 @@ static tsp_logclient_t *ctl_client(tsp_logserver_t *srv, int node_rank, const ch
     o.on_stop = on_stop;
     o.on_stop_ctx = st;
     o.no_control = no_control;
+    if (next_dumper) {
+        o.on_dump = on_dump;
+        o.on_dump_ctx = next_dumper;
+        next_dumper = NULL;
+    }
     tsp_logserver_secret(srv, o.secret);
     char err[256];
     tsp_logclient_t *c = tsp_logclient_start(&o, err, sizeof err);
@@ -185,6 +205,40 @@ START_TEST(test_logcontrol_clean_close_and_stop_all)
     tsp_logserver_shutdown(s, 0);
     ck_assert_int_eq(tsp_logserver_failure(s, buf, sizeof buf, -1), 0); /* ended: no hang */
     ck_assert_int_eq(tsp_logserver_stop_all(s, NULL), -EPIPE);
+    tsp_logserver_free(s);
+}
+END_TEST
+
+/* Each DUMP reaches every control agent once, in order, with its number; an agent
+ * without CONTROL gets none, nor one that was told to stop. */
+START_TEST(test_logcontrol_dump_reaches_the_control_agents)
+{
+    tsp_logserver_t *s = ctl_server(100);
+    stopper_t sa = {0}, sn = {0};
+    dumper_t da = {0}, dn = {0};
+    next_dumper = &da;
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &sa, 0);
+    next_dumper = &dn;
+    tsp_logclient_t *n = ctl_client(s, 1, "host-old", &sn, 1); /* no CONTROL asked */
+    ck_assert_int_eq(tsp_logserver_dump_all(s), 1);
+    for (int i = 0; i < 500 && atomic_load(&da.calls) < 1; i++)
+        usleep(10 * 1000);
+    ck_assert_int_eq(atomic_load(&da.calls), 1);
+    ck_assert_uint_eq(atomic_load(&da.last), 1);
+    ck_assert_int_eq(tsp_logserver_dump_all(s), 2);
+    for (int i = 0; i < 500 && atomic_load(&da.calls) < 2; i++)
+        usleep(10 * 1000);
+    ck_assert_uint_eq(atomic_load(&da.last), 2);
+    ck_assert_int_eq(tsp_logserver_stop_all(s, "cancelled"), 0);
+    wait_calls(&sa, 1);
+    ck_assert_int_eq(tsp_logserver_dump_all(s), 3); /* asked, but nobody is to get it */
+    usleep(200 * 1000);
+    ck_assert_int_eq(atomic_load(&da.calls), 2);
+    ck_assert_int_eq(atomic_load(&dn.calls), 0);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(n, 5000), 0);
+    tsp_logserver_shutdown(s, 0);
+    ck_assert_int_eq(tsp_logserver_dump_all(s), -EPIPE);
     tsp_logserver_free(s);
 }
 END_TEST
@@ -474,6 +528,7 @@ static Suite *logcontrol_suite(void)
     tcase_add_test(tc, test_logcontrol_lost_agent_names_its_host);
     tcase_add_test(tc, test_logcontrol_clean_close_and_stop_all);
     tcase_add_test(tc, test_logcontrol_wire_rules);
+    tcase_add_test(tc, test_logcontrol_dump_reaches_the_control_agents);
     tcase_add_test(tc, test_logcontrol_event_before_the_handshake_is_sent_after_it);
     tcase_add_test(tc, test_logcontrol_held_event_without_driver_is_bounded);
     tcase_add_test(tc, test_logcontrol_nccl_env_differs_from_node_zero);

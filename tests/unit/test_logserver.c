@@ -131,9 +131,9 @@ START_TEST(test_logserver_rejections)
     expect_refused(fd, "bad magic");
 
     fd = raw_connect(port); /* another version */
-    hl = make_hello(hello, secret, 2);
+    hl = make_hello(hello, secret, 3);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
-    expect_refused(fd, "version 2 not supported");
+    expect_refused(fd, "version 3 not supported");
 
     fd = raw_connect(port); /* no secret: another run id */
     hl = make_hello(hello, wrong, 1);
@@ -535,8 +535,8 @@ START_TEST(test_logserver_pull_text)
     tsp_line_sink_t *k = tsp_logclient_sink(c);
     sink_put(k, 3, 1, "out", 3);
     sink_put(k, 3, 2, "err", 3);
-    tsp_line_t piece = {.rank = 5, .stream = 1, .flags = TSP_LINE_CONTINUED, .data = "ab",
-                        .len = 2};
+    tsp_line_t piece = {
+        .rank = 5, .stream = 1, .flags = TSP_LINE_CONTINUED, .data = "ab", .len = 2};
     ck_assert_int_eq(k->write_line(k->ctx, &piece), 0);
     sink_put(k, 5, 1, "cd\r", 3);
     char *big = malloc(TSP_WIRE_MAX_LINE);

@@ -8,8 +8,10 @@
 
 static tsp_wire_hello_t sample_hello(void)
 {
-    tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION, .role = TSP_WIRE_ROLE_LOGS,
-                          .hflags = TSP_WIRE_HELLO_DROP, .agent_id = 0x0102030405060708ull,
+    tsp_wire_hello_t h = {.version = TSP_WIRE_VERSION,
+                          .role = TSP_WIRE_ROLE_LOGS,
+                          .hflags = TSP_WIRE_HELLO_DROP,
+                          .agent_id = 0x0102030405060708ull,
                           .node_rank = 7};
     memset(h.run_id, 0xab, sizeof(h.run_id));
     memset(h.nonce, 0x5a, sizeof(h.nonce));
@@ -19,8 +21,12 @@ static tsp_wire_hello_t sample_hello(void)
 
 START_TEST(test_logwire_hdr_round_trip)
 {
-    tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE, .flags = 3, .stream = 2, .rank = 123456,
-                        .length = 8 + TSP_WIRE_MAX_LINE}, g;
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE,
+                        .flags = 3,
+                        .stream = 2,
+                        .rank = 123456,
+                        .length = 8 + TSP_WIRE_MAX_LINE},
+                   g;
     uint8_t b[TSP_WIRE_HDR_LEN];
     tsp_wire_hdr_pack(b, &h);
     ck_assert_uint_eq(b[0], 0x10);
@@ -53,33 +59,41 @@ START_TEST(test_logwire_hdr_rejections)
     /* over the cap: per type, and before authentication */
     h.length = 8 + TSP_WIRE_MAX_LINE + 1;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EMSGSIZE);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EMSGSIZE);
     ck_assert_ptr_nonnull(strstr(err, "over the cap"));
     h.length = 2000;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_HANDSHAKE, err, sizeof err), -EMSGSIZE);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_HANDSHAKE, err, sizeof err),
+                     -EMSGSIZE);
     h.length = 0xffffffffu;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EMSGSIZE);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EMSGSIZE);
     /* too short for the type */
     h.length = 7;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     /* unknown type, reserved byte, bad stream, bad flags, bad rank */
     h.length = 8;
     tsp_wire_hdr_pack(b, &h);
     b[0] = 0x7f;
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     ck_assert_ptr_nonnull(strstr(err, "unknown frame type"));
     tsp_wire_hdr_pack(b, &h);
     b[3] = 1;
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     h.stream = 3;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     h.stream = 5;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     ck_assert_ptr_nonnull(strstr(err, "unknown stream 5"));
     h.stream = 4; /* REPORT (protocol 1.8) */
     tsp_wire_hdr_pack(b, &h);
@@ -88,14 +102,17 @@ START_TEST(test_logwire_hdr_rejections)
     h.stream = 1;
     h.flags = 4;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     h.flags = 0;
     h.rank = -1;
     tsp_wire_hdr_pack(b, &h);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
     tsp_wire_hdr_t ack = {.type = TSP_WIRE_ACK, .stream = 1, .rank = -1, .length = 8};
     tsp_wire_hdr_pack(b, &ack);
-    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), -EBADMSG);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
 }
 END_TEST
 
@@ -107,7 +124,7 @@ START_TEST(test_logwire_hello_round_trip)
     ck_assert_int_eq(n, (int)(TSP_WIRE_HELLO_FIXED + strlen(h.host)));
     ck_assert_int_eq(memcmp(b, "TSPL", 4), 0);
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, NULL, 0), 0);
-    ck_assert_uint_eq(g.version, 1);
+    ck_assert_uint_eq(g.version, TSP_WIRE_VERSION);
     ck_assert_uint_eq(g.role, h.role);
     ck_assert_uint_eq(g.hflags, h.hflags);
     ck_assert_uint_eq(g.agent_id, h.agent_id);
@@ -117,10 +134,10 @@ START_TEST(test_logwire_hello_round_trip)
     ck_assert_int_eq(memcmp(g.nonce, h.nonce, 32), 0);
     uint8_t ch[TSP_WIRE_CHALLENGE_LEN], nonce[32];
     uint16_t ver;
-    tsp_wire_challenge_pack(ch, h.nonce);
+    tsp_wire_challenge_pack(ch, TSP_WIRE_VERSION, h.nonce);
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, sizeof ch), 0);
     ck_assert_int_eq(memcmp(nonce, h.nonce, 32), 0);
-    ch[1] = 2;
+    ch[1] = 3;
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, sizeof ch), -EPROTONOSUPPORT);
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, 33), -EBADMSG);
 }
@@ -136,10 +153,14 @@ START_TEST(test_logwire_hello_rejections)
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTO);
     ck_assert_ptr_nonnull(strstr(err, "magic"));
     b[0] = 'T';
-    b[5] = 2; /* another version */
+    b[5] = 3; /* another version */
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTONOSUPPORT);
-    ck_assert_ptr_nonnull(strstr(err, "version 2 not supported"));
-    b[5] = 1;
+    ck_assert_ptr_nonnull(strstr(err, "version 3 not supported; this driver speaks 2"));
+    b[5] = 0;
+    ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTONOSUPPORT);
+    b[5] = 1; /* version 1 (before DUMP, protocol 1.9) is still accepted */
+    ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), 0);
+    ck_assert_uint_eq(g.version, 1);
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n - 1, err, sizeof err), -EBADMSG);
     b[6] = 9; /* role */
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EBADMSG);

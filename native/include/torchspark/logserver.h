@@ -144,6 +144,11 @@ TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
 /* Sends STOP (reason "ended", with text) to every control agent, now and on
  * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
 TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
+/* The hang doctor (docs/protocol.md 1.9): asks every connected control agent of version 2
+ * for its workers' Python stacks, which come back as lines of each rank after a marker
+ * line naming the request. Returns the request's number (1, 2, ...), or -EPIPE when the
+ * server has already shut down. */
+TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
 
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */

@@ -11,6 +11,7 @@
  * dead workers and get SIGKILL at once: there is nothing left for them to finish.
  */
 #include "agent.h"
+#include "dump.h"
 #include "proc.h"
 #include "report.h"
 #include "reportsock.h"
@@ -22,6 +23,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +46,7 @@ enum { ST_RUNNING, ST_STOPPING, ST_RESTART, ST_FINISHING };
 enum { W_IDLE, W_RUNNING, W_EXITED };
 
 /* epoll tags: small integers for the agent's own fds, worker streams above them. */
-enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_STREAM0 = 16 };
+enum { TAG_SIGNAL = 1, TAG_TIMER, TAG_STOP, TAG_WAKE, TAG_DUMP, TAG_STREAM0 = 16 };
 #define TAG_REPORTS (1ull << 32) /* the report socket and its connections (reportsock.h) */
 /* A worker's pidfd: TAG_PIDFD0 + local rank, above the reports' tags. */
 #define TAG_PIDFD0 ((uint64_t)1 << 40)
@@ -73,6 +75,8 @@ struct tsp_agent {
     int n;
     worker_t *w;
     int epfd, sigfd, timerfd, stopfd;
+    int dumpfd;               /* tsp_agent_dump() wakes the loop through it */
+    atomic_uint dump_request; /* the latest DUMP number */
     int state;
     int capture;
     int restart_count;
@@ -603,6 +607,35 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
     return rc;
 }
 
+/* ---- the hang doctor's DUMP (docs/protocol.md 1.9) ---------------------------------- */
+
+/* A marker line on each running worker's stderr, then the dump signal to each that can
+ * answer: faulthandler (the bootstrap's) writes its stacks after the marker. A worker
+ * without the bootstrap's handler gets no signal: its default action would end it. */
+static void dump_workers(tsp_agent_t *a, unsigned request)
+{
+    if (a->state != ST_RUNNING)
+        return;
+    for (int i = 0; i < a->n; i++) {
+        worker_t *w = &a->w[i];
+        if (w->state != W_RUNNING)
+            continue;
+        char state = '?';
+        const char *what = "unknown";
+        const char *why = tsp_dump_state(w->pid, &state, &what) ? "its state cannot be read"
+                                                                : tsp_dump_cannot_answer(state);
+        if (!why && tsp_dump_handled(w->pid) != 1)
+            why = "it has no stack dump handler (not started through torchspark's bootstrap)";
+        char line[700];
+        size_t len = tsp_dump_marker(line, sizeof line, request,
+                                     tsp_topo_global_rank(&a->o.topo, w->local_rank), a->host,
+                                     w->pid, state, what, why);
+        (void)deliver_line(a, w, 1, line, len, 0); /* a full queue loses it: "no marker" */
+        if (!why)
+            kill(w->pid, tsp_dump_signal());
+    }
+}
+
 /* ---- signals and stopping ---------------------------------------------------------- */
 
 static void signal_workers(tsp_agent_t *a, int sig)
@@ -752,6 +785,10 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
         uint64_t v;
         if (read(a->stopfd, &v, sizeof v) == (ssize_t)sizeof v)
             on_signal(a, (int)(v & 0xff));
+    } else if (tag == TAG_DUMP) {
+        uint64_t v;
+        if (read(a->dumpfd, &v, sizeof v) == (ssize_t)sizeof v)
+            dump_workers(a, atomic_load(&a->dump_request));
     } else if (tag == TAG_WAKE) {
         resume_paused(a);
     } else if (tag >= TAG_PIDFD0) {
@@ -893,6 +930,13 @@ int tsp_agent_stop_signal(const tsp_agent_t *a)
     return a->stop_signal;
 }
 
+int tsp_agent_dump(tsp_agent_t *a, unsigned request)
+{
+    atomic_store(&a->dump_request, request);
+    uint64_t one = 1;
+    return write(a->dumpfd, &one, sizeof one) == (ssize_t)sizeof one ? 0 : -errno;
+}
+
 int tsp_agent_stop(tsp_agent_t *a, int sig)
 {
     uint64_t v = (uint64_t)(sig & 0xff);
@@ -937,7 +981,7 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
         return -ENOMEM;
     a->o = *o;
     a->n = o->topo.nproc_per_node;
-    a->epfd = a->sigfd = a->timerfd = a->stopfd = -1;
+    a->epfd = a->sigfd = a->timerfd = a->stopfd = a->dumpfd = -1;
     if (a->o.shutdown_timeout < 0)
         a->o.shutdown_timeout = 30;
     a->w = calloc((size_t)a->n, sizeof *a->w);
@@ -963,7 +1007,8 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
     if ((a->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
         (a->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC)) < 0 ||
         (a->timerfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)) < 0 ||
-        (a->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        (a->stopfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0 ||
+        (a->dumpfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         rc = -errno;
         snprintf(err, errlen, "cannot set up the event loop: %s", strerror(errno));
         goto fail;
@@ -971,8 +1016,11 @@ int tsp_agent_init(tsp_agent_t **out, const tsp_agent_opts_t *o, char *err, size
     struct {
         int fd;
         uint64_t tag;
-    } regs[] = {{a->sigfd, TAG_SIGNAL}, {a->timerfd, TAG_TIMER}, {a->stopfd, TAG_STOP}};
-    for (size_t i = 0; i < 3; i++) {
+    } regs[] = {{a->sigfd, TAG_SIGNAL},
+                {a->timerfd, TAG_TIMER},
+                {a->stopfd, TAG_STOP},
+                {a->dumpfd, TAG_DUMP}};
+    for (size_t i = 0; i < sizeof regs / sizeof regs[0]; i++) {
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = regs[i].tag};
         if (epoll_ctl(a->epfd, EPOLL_CTL_ADD, regs[i].fd, &ev) < 0) {
             rc = -errno;
@@ -1020,8 +1068,8 @@ void tsp_agent_close(tsp_agent_t *a)
         }
     }
     tsp_reports_close(a->reports);
-    int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd};
-    for (size_t i = 0; i < 4; i++)
+    int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd, a->dumpfd};
+    for (size_t i = 0; i < sizeof fds / sizeof fds[0]; i++)
         if (fds[i] >= 0)
             close(fds[i]);
     if (a->own_log_dir && a->log_dir[0])

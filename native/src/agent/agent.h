@@ -92,6 +92,10 @@ int tsp_agent_init(tsp_agent_t **agent, const tsp_agent_opts_t *opts, char *err,
 int tsp_agent_run(tsp_agent_t *agent);
 /* Asks a running agent to stop its workers (as if it received sig). Async-signal-safe. */
 int tsp_agent_stop(tsp_agent_t *agent, int sig);
+/* Asks a running agent for its workers' Python stacks (the hang doctor's DUMP number
+ * request, docs/protocol.md 1.9): a marker line per running worker, then SIGRTMIN+8 to each
+ * that can answer. From any thread; async-signal-safe. */
+int tsp_agent_dump(tsp_agent_t *agent, unsigned request);
 /* The root cause after a failed run, or NULL. */
 const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
 /* The signal that stopped the run (received, or asked for with tsp_agent_stop), 0 when

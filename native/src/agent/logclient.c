@@ -536,6 +536,10 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
                 c->stop_seen = 1;
                 c->o.on_stop(c->o.on_stop_ctx, p[0], (const char *)p + 1, h.length - 1);
             }
+        } else if (h.type == TSP_WIRE_DUMP) {
+            if (c->o.on_dump)
+                c->o.on_dump(c->o.on_dump_ctx, (unsigned)p[0] << 24 | (unsigned)p[1] << 16 |
+                                                   (unsigned)p[2] << 8 | p[3]);
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
             int n = snprintf(msg, sizeof(msg),

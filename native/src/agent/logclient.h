@@ -60,6 +60,10 @@ typedef struct tsp_logclient_opts {
     int no_control;
     void (*on_stop)(void *ctx, int reason, const char *text, size_t len);
     void *on_stop_ctx;
+    /* on_dump is called from the sender thread for each DUMP (protocol 1.9), with its
+     * request number; the same rules as on_stop (tsp_agent_dump() is the intended use). */
+    void (*on_dump)(void *ctx, unsigned request);
+    void *on_dump_ctx;
 } tsp_logclient_opts_t;
 
 typedef struct tsp_logclient_stats {

@@ -16,6 +16,7 @@
  * reaches the command). The shim ends with _exit: it owns no stdio buffer worth flushing.
  */
 #include "warm.h"
+#include "dump.h"
 #include "proc.h"
 #include "util.h"
 
@@ -283,8 +284,8 @@ static int wait_ready(shim_t *s, short events, int64_t deadline)
             return 1;
         if (n > 0 && (p[1].revents & POLLIN)) {
             int sig = next_signal(s);
-            if (sig) {
-                close_fd(&s->sock); /* the pool kills whatever it forked for us */
+            if (sig && sig != tsp_dump_signal()) { /* a dump before P: nothing to dump */
+                close_fd(&s->sock);                /* the pool kills whatever it forked for us */
                 die_by_signal(sig);
             }
         }
@@ -481,6 +482,22 @@ static void send_kill(const shim_t *s, int sig)
     }
 }
 
+/* The dump signal (docs/protocol.md 1.9): one line about the forked worker on its
+ * stderr (the shim's), then forwarded as K unless the worker cannot answer. */
+static void shim_dump(shim_t *s, int32_t pid)
+{
+    char state = '?', line[300];
+    const char *what = "unknown";
+    const char *why = tsp_dump_state((pid_t)pid, &state, &what) ? "its state cannot be read"
+                                                                : tsp_dump_cannot_answer(state);
+    size_t len = tsp_dump_marker(line, sizeof line - 1, 0, -1, NULL, (pid_t)pid, state, what, why);
+    line[len++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, len);
+    (void)w;
+    if (!why)
+        send_kill(s, tsp_dump_signal());
+}
+
 /* RUN: forwards signals as K until X; never returns. */
 __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
 {
@@ -511,7 +528,9 @@ __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
             }
         }
         int sig = (p[1].revents & POLLIN) ? next_signal(s) : 0;
-        if (sig)
+        if (sig == tsp_dump_signal())
+            shim_dump(s, pid);
+        else if (sig)
             send_kill(s, sig);
     }
 }
@@ -547,6 +566,7 @@ void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[]
     sigemptyset(&set);
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaddset(&set, forwarded[i]);
+    sigaddset(&set, tsp_dump_signal());
     char why[512];
     if (sigprocmask(SIG_BLOCK, &set, &s.old_mask) < 0)
         fallback(&s, file, argv, "cannot block signals");

@@ -108,7 +108,7 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
     if (tsp__random_bytes(c->nonce_s, sizeof(c->nonce_s))) {
         return tsp__err(err, errlen, -EIO, "no random bytes for the challenge");
     }
-    tsp_wire_challenge_pack(ch, c->nonce_s);
+    tsp_wire_challenge_pack(ch, c->h.version, c->nonce_s);
     c->state = C_AUTH;
     return tsp__conn_send(s, c, TSP_WIRE_CHALLENGE, ch, sizeof(ch));
 }

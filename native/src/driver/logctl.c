@@ -40,6 +40,17 @@ void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const c
             tsp__conn_stop(s, c);
 }
 
+/* The hang doctor's request (protocol 1.9): never to an agent that was told to stop, nor
+ * to a version-1 agent (it would refuse the frame). */
+void tsp__dump_everyone(tsp_logserver_t *s, uint32_t request)
+{
+    uint8_t p[4] = {(uint8_t)(request >> 24), (uint8_t)(request >> 16), (uint8_t)(request >> 8),
+                    (uint8_t)request};
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (c->state == C_OPEN && c->control && !c->stop_sent && c->h.version >= 2)
+            tsp__conn_send(s, c, TSP_WIRE_DUMP, p, sizeof p);
+}
+
 /* Keeps the first failure as the run's root cause (later ones are consequences). */
 static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
                         const char *peer, const char *message, const char *report,

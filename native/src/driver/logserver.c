@@ -180,9 +180,13 @@ static void *server_main(void *arg)
                 char text[STOP_TEXT_MAX];
                 memcpy(text, s->stop_req_text, sizeof(text));
                 s->stop_req = 0;
+                uint32_t dump = s->dump_req;
+                s->dump_req = 0;
                 pthread_mutex_unlock(&s->ctl_mu);
                 if (stop)
                     tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
+                if (dump)
+                    tsp__dump_everyone(s, dump);
             } else {
                 conn_t *c = p;
                 if ((evs[i].events & EPOLLOUT) && c->wlen)
@@ -481,6 +485,22 @@ int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text)
     ssize_t w = write(s->wake_fd, &one, sizeof(one));
     (void)w;
     return 0;
+}
+
+int tsp_logserver_dump_all(tsp_logserver_t *s)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    int ended = s->ended || s->joined;
+    uint32_t request = 0;
+    if (!ended)
+        request = s->dump_req = ++s->dump_seq;
+    pthread_mutex_unlock(&s->ctl_mu);
+    if (ended)
+        return -EPIPE;
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof(one));
+    (void)w;
+    return (int)request;
 }
 
 int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms)

@@ -94,6 +94,8 @@ struct tsp_logserver {
     int lost_pending; /* copy of nlost for the host */
     int stop_req;     /* the host asked for STOP to everyone */
     char stop_req_text[STOP_TEXT_MAX];
+    /* the hang doctor's DUMP (protocol 1.9): the number asked for (0: none), the last given */
+    uint32_t dump_req, dump_seq;
     /* control, thread only */
     int t_draining;
     int t_stopped;

@@ -57,6 +57,8 @@ const char *tsp_wire_type_name(unsigned type)
         return "EVENT";
     case TSP_WIRE_STOP:
         return "STOP";
+    case TSP_WIRE_DUMP:
+        return "DUMP";
     case TSP_WIRE_PING:
         return "PING";
     case TSP_WIRE_OUT_BEGIN:
@@ -112,6 +114,9 @@ static int payload_rule(unsigned type, uint32_t *min, uint32_t *max)
     case TSP_WIRE_STOP:
         *min = 1;
         *max = 1 + TSP_WIRE_MAX_TEXT;
+        return 0;
+    case TSP_WIRE_DUMP:
+        *min = *max = 4;
         return 0;
     case TSP_WIRE_DROPPED:
     case TSP_WIRE_ACK:
@@ -213,7 +218,7 @@ int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, cha
     if (len < 6 || memcmp(p, wire_magic, 4) != 0)
         return tsp__err(err, errlen, -EPROTO, "bad magic: not a torchspark log client");
     h->version = (uint16_t)(p[4] << 8 | p[5]);
-    if (h->version != TSP_WIRE_VERSION)
+    if (h->version < TSP_WIRE_VERSION_MIN || h->version > TSP_WIRE_VERSION)
         return tsp__err(err, errlen, -EPROTONOSUPPORT,
                         "protocol version %u not supported; this driver speaks %u", h->version,
                         TSP_WIRE_VERSION);
@@ -242,11 +247,11 @@ int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, cha
     return 0;
 }
 
-void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN],
+void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN], unsigned version,
                              const uint8_t nonce[TSP_WIRE_NONCE_LEN])
 {
-    out[0] = 0;
-    out[1] = TSP_WIRE_VERSION;
+    out[0] = (uint8_t)(version >> 8);
+    out[1] = (uint8_t)version;
     memcpy(out + 2, nonce, TSP_WIRE_NONCE_LEN);
 }
 

@@ -9,7 +9,8 @@
 #include <stdint.h>
 #include "torchspark/common.h"
 
-#define TSP_WIRE_VERSION 1
+#define TSP_WIRE_VERSION 2     /* this agent and driver (docs/protocol.md 1.9) */
+#define TSP_WIRE_VERSION_MIN 1 /* the oldest the driver accepts (no DUMP) */
 #define TSP_WIRE_HDR_LEN 12u
 #define TSP_WIRE_MAX_HANDSHAKE 1024u
 #define TSP_WIRE_MAX_LINE (1u << 20)
@@ -49,6 +50,7 @@ enum tsp_wire_type {
     TSP_WIRE_ACK = 0x12,
     TSP_WIRE_EVENT = 0x13, /* control (protocol 1.7): u64 seq, u8 kind, JSON */
     TSP_WIRE_STOP = 0x14,  /* control: u8 reason, text */
+    TSP_WIRE_DUMP = 0x15,  /* control, version 2: u32 request (the hang doctor, 1.9) */
     TSP_WIRE_PING = 0x16,  /* keepalive (protocol 1.7): empty */
     TSP_WIRE_OUT_BEGIN = 0x20,
     TSP_WIRE_OUT_CHUNK = 0x21,
@@ -105,7 +107,8 @@ int tsp_wire_hello_pack(uint8_t *out, size_t outlen, const tsp_wire_hello_t *h);
  * or field errors. */
 int tsp_wire_hello_unpack(tsp_wire_hello_t *h, const uint8_t *p, size_t len, char *err,
                           size_t errlen);
-void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN],
+/* version: the agent's own (protocol 1.9: a version-2 driver answers a version-1 agent in 1). */
+void tsp_wire_challenge_pack(uint8_t out[TSP_WIRE_CHALLENGE_LEN], unsigned version,
                              const uint8_t nonce[TSP_WIRE_NONCE_LEN]);
 /* 0, -EBADMSG (size), -EPROTONOSUPPORT (the driver speaks another version). */
 int tsp_wire_challenge_unpack(uint16_t *version, uint8_t nonce[TSP_WIRE_NONCE_LEN],

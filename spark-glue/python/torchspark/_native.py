@@ -312,6 +312,13 @@ class LogServer:
         now. False when the server has already shut down."""
         return self._lib.tsp_logserver_stop_all(self._h, text.encode()[:390]) == 0
 
+    def dump_all(self) -> int:
+        """Asks every connected agent for its workers' Python stacks (the hang doctor's
+        DUMP, docs/protocol.md 1.9); they come back as lines of each rank after a marker
+        line naming the request. The request's number (1, 2, ...), or -1 when the server
+        has already shut down."""
+        return int(self._lib.tsp_logserver_dump_all(self._h))
+
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.
 

@@ -58,6 +58,7 @@ class ReportHub:
         self._shown_count = 0
         self._tty = False
         self._warned: set = set()
+        self.last_activity = 0.0  # time.monotonic() of the last report (the hang doctor)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-reports")
@@ -80,6 +81,8 @@ class ReportHub:
 
     def _take(self, lines: List[Any]) -> None:
         now = time.time()
+        if lines:
+            self.last_activity = time.monotonic()
         for ln in lines:
             data = self._pieces.pop(ln.rank, b"") + ln.data
             if ln.flags & 1:  # CONTINUED: more of this record follows

@@ -21,8 +21,8 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _job, _launch, _native, _rendezvous, _report, _restart, _ship,
-                        _task, _timing, _warm)
+from torchspark import (_boot, _doctor, _job, _launch, _native, _rendezvous, _report,
+                        _restart, _ship, _task, _timing, _warm)
 from torchspark import _progress
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
@@ -91,6 +91,17 @@ class TorchDistributor:
         min_nodes, the next attempt starts at once on those, with a smaller world size,
         instead of waiting for a replacement executor (elastic, as torchrun's
         ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt.
+    hang_timeout : float or str, optional
+        A torchspark extension (keyword only): the hang doctor. When no rank has printed a
+        line or reported for this long (seconds, or a Spark duration such as ``"30min"``;
+        default: conf ``spark.torchspark.hangTimeout``, unset: off), the driver asks every
+        rank for its Python stacks and prints one line naming the stuck rank and where it
+        is (docs/distributor.md, "The hang doctor").
+    hang_action : str, optional
+        What the hang doctor does after naming the stuck rank: ``"report"`` (default; the
+        run goes on) or ``"cancel"`` (the run is stopped and run() raises a
+        TorchDistributorError holding every rank's stacks); conf
+        ``spark.torchspark.hangAction``.
     """
 
     _TORCH_SSL_CONF = "pytorch.spark.distributor.ignoreSsl"
@@ -100,7 +111,9 @@ class TorchDistributor:
                  on_report: Optional[Callable[[Any], Any]] = None,
                  progress: Optional[bool] = None,
                  max_restarts: Optional[int] = None,
-                 min_nodes: Optional[int] = None) -> None:
+                 min_nodes: Optional[int] = None,
+                 hang_timeout: Optional[Union[float, str]] = None,
+                 hang_action: Optional[str] = None) -> None:
         from torchspark import _spark
 
         _spark.check()  # pyspark 3.5+: a clear error naming what an older one lacks
@@ -127,6 +140,7 @@ class TorchDistributor:
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
         self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
+        _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
@@ -253,13 +267,39 @@ class TorchDistributor:
         """The native log server bound to host, or None (with a WARNING) when it cannot
         start."""
         try:
-            return _native.LogServer(host=host, port=0)
+            tail = _doctor.TAIL_LINES if self.hang_timeout else 100
+            return _native.LogServer(host=host, port=0, tail_lines=tail)
         except Exception as e:
             self.logger.warning(
                 f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
                 "goes to the executors' logs and rank 0's result travels through "
                 "collect() (bounded by spark.driver.maxResultSize)")
             return None
+
+    hang_timeout: Optional[float] = None
+    hang_action = "report"
+
+    def _start_doctor(self, server: Any, pump: Any, hub: Any) -> Optional[_doctor.HangDoctor]:
+        if server is None or not self.hang_timeout:
+            return None
+        self.hang_reports: List[Any] = []
+        return _doctor.HangDoctor(server, pump, hub, self.hang_timeout, self.hang_action,
+                                  self.num_processes, self.logger, self.hang_reports)
+
+    def _hang_error(self, doctor: Optional[_doctor.HangDoctor],
+                    mode: str) -> Optional[TorchDistributorError]:
+        """The error of a run the hang doctor cancelled, or None."""
+        if doctor is None:
+            return None
+        doctor.stop()
+        diag = doctor.cancelled
+        if diag is None:
+            return None
+        report = {"version": 1, "kind": "hang", "culprits": diag.culprits,
+                  "message": diag.line, "waiting": diag.waiting,
+                  "stacks": {r: d.lines for r, d in diag.dumps.items()}}
+        return TorchDistributorError(
+            _doctor.cancel_message(diag, self.hang_timeout or 0, mode), report)
 
     def _tail_from_server(self, server: Any, report: Dict) -> Optional[List[str]]:
         rank = report.get("rank")
@@ -322,7 +362,7 @@ class TorchDistributor:
             owned = list(_get_resources(self.spark)["gpu"].addresses)
             gpus = ",".join(owned[: self.num_processes])
         workdir = tempfile.mkdtemp(prefix="torchspark-")
-        server = pump = hub = None
+        server = pump = hub = doctor = None
         try:
             error_file = os.path.join(workdir, "error.json")
             out_file = os.path.join(workdir, "output.pickle")
@@ -338,6 +378,7 @@ class TorchDistributor:
             if server is not None:
                 pump = _LogPump(server)
                 hub = _progress.start(self, server)
+                doctor = self._start_doctor(server, pump, hub)
                 endpoint = server.endpoint
                 env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
             idle_s = self._warm_idle_s() if fn_bytes is not None else 0
@@ -358,6 +399,9 @@ class TorchDistributor:
                 pump.stop()
                 pump = None
             if res.returncode != 0:
+                hang = self._hang_error(doctor, "local")
+                if hang is not None:
+                    raise hang
                 report = _report.build(node_rank=0, host=socket.gethostname(),
                                        returncode=res.returncode, tail=res.tail,
                                        error_file=res.report,
@@ -381,6 +425,8 @@ class TorchDistributor:
             self.logger.info(f"Finished local training with {self.num_processes} processes")
             return output
         finally:
+            if doctor is not None:
+                doctor.stop()
             if pump is not None:
                 pump.stop()
             if server is not None:
@@ -475,6 +521,7 @@ class TorchDistributor:
         server = self._start_log_server(bind_host)
         pump = _LogPump(server, fmt=self._log_fmt) if server is not None else None
         hub = _progress.start(self, server) if server is not None else None
+        doctor = self._start_doctor(server, pump, hub)
         # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
         # _rendezvous.py says when.
         rdv = (_start_rendezvous(bind_host or "127.0.0.1")
@@ -520,6 +567,9 @@ class TorchDistributor:
                 root_at=out.root_at, ended_at=out.ended_at,
                 silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
             if out.spark_error is not None or out.root is not None:
+                hang = self._hang_error(doctor, "distributed")
+                if hang is not None:
+                    raise hang from out.spark_error
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
             chunks = out.chunks or []
             if pump is not None:
@@ -566,6 +616,8 @@ class TorchDistributor:
         finally:
             # Drain while the pump still runs, so the agents' last lines are shown; after a
             # failure every agent was stopped, so a short drain is enough.
+            if doctor is not None:
+                doctor.stop()
             if server is not None:
                 server.close(drain_timeout=5.0 if ok else 1.0)
             if rdv is not None:

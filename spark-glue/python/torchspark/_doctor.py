@@ -1,0 +1,170 @@
+"""The hang doctor's watchdog on the driver (docs/distributor.md, "The hang doctor").
+
+When no rank has printed a line or reported for ``hang_timeout`` seconds (counted from
+the first line or report of the run), it asks every
+agent for its workers' Python stacks (DUMP, docs/protocol.md 1.9), collects each rank's
+dump from the log server's per-rank tail, prints one line naming the culprit
+(:mod:`torchspark._hang`), and with ``hang_action="cancel"`` stops the run, keeping the
+diagnosis for run()'s TorchDistributorError. One dump per hang: it asks again only after
+the ranks printed something since the last one.
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional
+
+from torchspark import _hang
+from torchspark._pump import _LogPump
+
+__all__ = ["HangDoctor", "configure", "TIMEOUT_CONF", "ACTION_CONF", "TAIL_LINES"]
+
+TIMEOUT_CONF = "spark.torchspark.hangTimeout"
+ACTION_CONF = "spark.torchspark.hangAction"
+ACTIONS = ("report", "cancel")
+# Lines kept per rank by the log server when the doctor is on: a dump of a few threads
+# with deep stacks (faulthandler prints at most 100 frames a thread) fits.
+TAIL_LINES = 2000
+QUIET_S = 0.5  # a dump is complete once its ranks' lines were quiet this long ...
+COLLECT_MAX_S = 5.0  # ... or after this
+TICK_S = 0.1
+
+
+def configure(dist: Any, hang_timeout: Any, hang_action: Optional[str]) -> None:
+    """The constructor's part: ``dist.hang_timeout`` (seconds, None when off) and
+    ``dist.hang_action`` from the arguments, else the Spark conf."""
+    conf = dist.spark.conf
+    if hang_timeout is None:
+        raw = conf.get(TIMEOUT_CONF, None)
+        timeout = _hang.spark_duration_s(raw, TIMEOUT_CONF) if raw not in (None, "") else None
+    elif isinstance(hang_timeout, str):
+        timeout = _hang.spark_duration_s(hang_timeout, "hang_timeout")
+    elif isinstance(hang_timeout, (int, float)) and not isinstance(hang_timeout, bool):
+        if hang_timeout <= 0:
+            raise ValueError(f"hang_timeout is {hang_timeout}: give a positive number of "
+                             "seconds, or a duration such as '30min'")
+        timeout = float(hang_timeout)
+    else:
+        raise TypeError(f"hang_timeout must be seconds or a duration such as '30min', not "
+                        f"{type(hang_timeout).__name__}")
+    action = hang_action if hang_action is not None else conf.get(ACTION_CONF, "report")
+    action = str(action).strip().lower()
+    if action not in ACTIONS:
+        key = "hang_action" if hang_action is not None else ACTION_CONF
+        raise ValueError(f"{key} is '{action}': give 'report' (name the stuck rank and go on "
+                         "waiting) or 'cancel' (name it and stop the run)")
+    dist.hang_timeout = timeout
+    dist.hang_action = action
+    dist.hang_reports = []
+
+
+class HangDoctor:
+    """Watches ``pump`` and ``hub`` (their ``last_activity``) for ``timeout`` seconds of
+    silence; see the module's doc. ``world``: the number of ranks."""
+
+    def __init__(self, server: Any, pump: Any, hub: Any, timeout: float, action: str,
+                 world: int, logger: Any = None, reports: Optional[List[Any]] = None) -> None:
+        self.server, self.pump, self.hub = server, pump, hub
+        self.timeout, self.action, self.world = timeout, action, world
+        self.logger = logger
+        self.diagnoses: List[_hang.Diagnosis] = reports if reports is not None else []
+        self.cancelled: Optional[_hang.Diagnosis] = None
+        self._request = 0
+        self._armed_after = time.monotonic()  # a dump needs activity after this
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name="torchspark-hang-doctor")
+        self._thread.start()
+
+    def _last_activity(self) -> float:
+        """When a rank last printed or reported; 0 before the first (the clock starts
+        there, so a job's start, where a rank may import torch for seconds, is not
+        mistaken for a hang)."""
+        return max([getattr(x, "last_activity", 0.0) for x in (self.pump, self.hub) if x]
+                   + [0.0])
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(TICK_S):
+                last = self._last_activity()
+                if not last or (self._request and last <= self._armed_after):
+                    continue  # nothing printed since the last dump: one dump per hang
+                if time.monotonic() - last >= self.timeout:
+                    self._doctor()
+                    if self.cancelled is not None:
+                        return
+        except Exception as e:  # never fail training because of the doctor
+            self._say(f"torchspark: the hang doctor stopped: {e!r}")
+
+    def _doctor(self) -> None:
+        last = self._last_activity()
+        silent_s = time.monotonic() - last
+        n = self.server.dump_all()
+        if n <= 0:
+            self._say("torchspark: hang doctor: no rank printed or reported for "
+                      f"{silent_s:.0f}s, but the agents cannot be asked for their stacks "
+                      "(the log server stopped)")
+            self._request = -1
+            self._armed_after = time.monotonic()
+            return
+        self._request = n
+        dumps = self._collect(n)
+        diag = _hang.diagnose(dumps, self.world)
+        self._armed_after = time.monotonic()
+        diag.after_s = self._armed_after - last
+        self.diagnoses.append(diag)
+        head = (f"torchspark: hang doctor: no rank printed or reported for {silent_s:.0f}s; "
+                + diag.line)
+        self._say(head)
+        if self.logger is not None:
+            try:
+                self.logger.warning(head + "\n" + diag.stacks_text())
+            except Exception:
+                pass
+        if self.action == "cancel":
+            self.cancelled = diag
+            self.server.stop_all(("the hang doctor cancelled the run: " + diag.line)[:390])
+
+    def _collect(self, request: int) -> Dict[int, Optional[_hang.RankDump]]:
+        deadline = time.monotonic() + COLLECT_MAX_S
+        seen: Dict[int, List[str]] = {}
+        quiet_since = time.monotonic()
+        while True:
+            now = time.monotonic()
+            got = {r: self._section(r, request) for r in range(self.world)}
+            if got != seen:
+                seen, quiet_since = got, now
+            complete = all(seen[r] for r in seen)
+            if (complete and now - quiet_since >= QUIET_S) or now >= deadline:
+                break
+            time.sleep(TICK_S)
+        return {r: _hang.parse(r, lines, request) if lines else None
+                for r, lines in seen.items()}
+
+    def _section(self, rank: int, request: int) -> List[str]:
+        lines = [b.decode("utf-8", "replace") for b in self.server.tail(rank)]
+        tag = f"torchspark: stack dump #{request} of rank {rank} "
+        for i in range(len(lines) - 1, -1, -1):
+            if lines[i].startswith(tag):
+                return lines[i:]
+        return []
+
+    def _say(self, text: str) -> None:
+        with _LogPump._print_lock:
+            if _LogPump.status_shown:
+                sys.stderr.write("\r\x1b[K")
+                _LogPump.status_shown = False
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=COLLECT_MAX_S + 5)
+
+
+def cancel_message(diag: _hang.Diagnosis, timeout: float, mode: str) -> str:
+    """The TorchDistributorError's text of a run the doctor cancelled."""
+    return (f"TorchDistributor ({mode}) was cancelled by the hang doctor: no rank printed "
+            f"or reported for {timeout:g}s (spark.torchspark.hangTimeout); {diag.line}.\n"
+            "Every rank's Python stacks:\n" + diag.stacks_text())

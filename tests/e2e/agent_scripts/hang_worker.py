@@ -1,0 +1,64 @@
+"""A gloo job where one rank hangs (the hang doctor's tests and bench/hang_bench.py).
+
+    hang_worker.py KIND VICTIM [PIDDIR]
+
+Every rank joins a gloo group and does one all_reduce that works; then rank VICTIM hangs
+(KIND: sleep before the collective, sigstop itself, deadlock on a Python lock, spin in an
+endless loop) while the others enter the next all_reduce and wait for it. With PIDDIR each
+rank writes its pid there. Also imported: train(kind, victim, piddir, hold) is the same
+in function mode (hold: how long the sleeper sleeps, default an hour).
+"""
+import os
+import sys
+import threading
+import time
+
+
+def sleeps_before_the_collective(hold):
+    time.sleep(hold)  # HANG-SLEEP
+
+
+def deadlocks_on_a_lock(hold):
+    lock = threading.Lock()
+    lock.acquire()
+    threading.Thread(target=lambda: time.sleep(3600), daemon=True).start()
+    lock.acquire()  # HANG-LOCK
+
+
+def spins_forever(hold):
+    x = 0
+    while x >= 0:  # HANG-LOOP
+        x = (x + 1) % 1000
+
+
+def stops_itself(hold):
+    import signal
+
+    os.kill(os.getpid(), signal.SIGSTOP)  # HANG-SIGSTOP
+
+
+KINDS = {"sleep": sleeps_before_the_collective, "lock": deadlocks_on_a_lock,
+         "loop": spins_forever, "sigstop": stops_itself}
+
+
+def train(kind, victim, piddir=None, hold=3600):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if piddir:
+        with open(os.path.join(piddir, f"rank{rank}"), "w") as f:
+            f.write(str(os.getpid()))
+    t = torch.ones(4)
+    dist.all_reduce(t)  # a collective that works: every rank is in
+    print(f"rank {rank} passed the first all_reduce", flush=True)
+    if rank == victim:
+        KINDS[kind](hold)
+    dist.all_reduce(t)  # HANG-WAIT
+    dist.destroy_process_group()
+    return rank
+
+
+if __name__ == "__main__":
+    train(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

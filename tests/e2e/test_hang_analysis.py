@@ -1,0 +1,142 @@
+"""The hang doctor's analysis (torchspark/_hang.py) on recorded dumps: real faulthandler
+output of 4 gloo ranks under torchspark-run (tests/e2e/hang_dumps/, recorded from
+agent_scripts/hang_worker.py, paths of the job's script rewritten), one per kind of hang,
+plus the cases a recording cannot show cheaply; and spark.torchspark.hangTimeout's
+duration syntax."""
+import re
+from pathlib import Path
+
+import pytest
+
+from torchspark import _hang
+
+DUMPS = Path(__file__).resolve().parent / "hang_dumps"
+
+
+def _load(name, text=None):
+    by_rank = {}
+    for ln in (text if text is not None else (DUMPS / name).read_text()).splitlines():
+        m = re.match(r"\[rank (\d+)\] (?:\[stderr\] )?(.*)$", ln)
+        assert m, ln
+        by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
+    return by_rank
+
+
+def _diagnose(by_rank, world=4, request=None):
+    return _hang.diagnose({r: _hang.parse(r, lines, request) for r, lines in by_rank.items()},
+                          world)
+
+
+@pytest.mark.parametrize("kind,victim,frame", [
+    ("sleep", 2, "hang_worker.py:18 (sleeps_before_the_collective)"),
+    ("lock", 2, "hang_worker.py:25 (deadlocks_on_a_lock)"),
+    ("loop", 1, "(spins_forever)"),
+])
+def test_a_busy_rank_is_named_with_its_frame_and_the_others_wait_in_all_reduce(
+        kind, victim, frame):
+    d = _diagnose(_load(f"{kind}.txt"))
+    assert d.culprits == [victim]
+    others = [r for r in range(4) if r != victim]
+    assert d.waiting == {"all_reduce": others}
+    assert d.line.startswith(f"rank {victim} (host vm, pid ")
+    assert frame in d.line
+    assert d.line.endswith(f"{_hang.ranges(others)} wait in all_reduce for it")
+    # The helper thread of the lock case does not confuse it: the main thread decides.
+    assert "<lambda>" not in d.line
+
+
+def test_a_stopped_rank_cannot_answer_and_is_the_culprit():
+    d = _diagnose(_load("sigstop.txt"))
+    assert d.culprits == [1]
+    assert d.line == ("rank 1 (host vm, pid 19119) is stopped (SIGSTOP) and cannot answer; "
+                      "ranks 0, 2-3 wait in all_reduce for it")
+    assert "[rank 1] torchspark: stack dump #1 of rank 1" in d.stacks_text()
+
+
+def test_the_source_line_is_shown_when_the_driver_has_the_file(tmp_path):
+    src = tmp_path / "train.py"
+    src.write_text("import time\n\ndef step():\n    loss.backward()\n")
+    text = (DUMPS / "sleep.txt").read_text().replace(
+        '"/home/user/jobs/hang_worker.py", line 18 in sleeps_before_the_collective',
+        f'"{src}", line 4 in step')
+    d = _diagnose(_load("", text))
+    assert d.culprits == [2]
+    assert "is in train.py:4 `loss.backward()` (step);" in d.line
+
+
+def test_a_rank_without_a_marker_did_not_answer_and_an_older_request_is_ignored():
+    by_rank = _load("sleep.txt")
+    del by_rank[3]
+    d = _diagnose(by_rank)
+    assert d.culprits == [2, 3]
+    assert "rank 3 did not answer the dump" in d.line
+    # rank 1's lines hold request #1, then #2 (which found it elsewhere): each is read alone
+    second = _load("sleep.txt")
+    second[1] = second[1] + [second[1][0].replace("#1 ", "#2 ")] + second[2][1:]
+    d2 = _hang.parse(1, second[1], 2)
+    assert d2 is not None and d2.main[0].func == "sleeps_before_the_collective"
+    assert _hang.parse(1, second[1], 1).main[0].func == "all_reduce"
+    assert _hang.parse(1, second[1], 3) is None
+
+
+def test_every_rank_in_a_collective_says_the_hang_is_inside_it_or_a_mismatch():
+    same = _load("sleep.txt")
+    same[2] = [same[2][0]] + same[0][1:]  # rank 2 waits like the others
+    d = _diagnose(same)
+    assert d.culprits == [] and d.waiting == {"all_reduce": [0, 1, 2, 3]}
+    assert d.line.startswith("every rank waits in the same collective (ranks 0-3 wait in "
+                             "all_reduce)")
+    mixed = _load("sleep.txt")
+    mixed[2] = [mixed[2][0]] + [ln.replace(" in all_reduce", " in barrier")
+                                for ln in mixed[0][1:]]
+    d = _diagnose(mixed)
+    assert d.waiting == {"all_reduce": [0, 1, 3], "barrier": [2]}
+    assert d.line.startswith("every rank waits in a collective, but not the same one")
+
+
+def test_a_zombie_and_a_warm_pool_worker_stopped_behind_its_shim():
+    by_rank = _load("sigstop.txt")
+    by_rank[1] = [by_rank[1][0].replace(": state T (stopped): cannot answer: stopped (SIGSTOP)",
+                                        ": state S (sleeping)"),
+                  "torchspark: stack dump: worker pid 4242: state T (stopped): cannot "
+                  "answer: stopped (SIGSTOP)"]
+    d = _diagnose(by_rank)
+    assert d.culprits == [1]
+    assert d.line.startswith("rank 1 (host vm, pid 4242) is stopped (SIGSTOP) and cannot "
+                             "answer;")
+    z = _load("sigstop.txt")
+    z[1] = [z[1][0].replace("state T (stopped): cannot answer: stopped (SIGSTOP)",
+                            "state Z (zombie): cannot answer: exited, not yet reaped")]
+    assert "is exited, not yet reaped and cannot answer" in _diagnose(z).line
+
+
+def test_ranks_that_all_stand_at_one_place_outside_collectives_wait_for_the_odd_one():
+    """DDP waits inside backward (its all-reduce is C++): no collective frame; the rank
+    that is elsewhere is the culprit."""
+    by_rank = _load("sleep.txt")
+    for r in (0, 1, 3):
+        by_rank[r] = [ln for ln in by_rank[r] if "/torch/distributed/" not in ln]
+    d = _diagnose(by_rank)
+    assert d.culprits == [2]
+    assert "ranks 0-1, 3 wait in hang_worker.py:58 (train) for it" in d.line
+
+
+def test_ranges():
+    assert _hang.ranges([3]) == "rank 3"
+    assert _hang.ranges([2, 0, 1]) == "ranks 0-2"
+    assert _hang.ranges([0, 2, 3, 5]) == "ranks 0, 2-3, 5"
+
+
+@pytest.mark.parametrize("raw,seconds", [("5s", 5), ("30min", 1800), ("2m", 120), ("1h", 3600),
+                                          ("1d", 86400), ("1500ms", 1.5), ("90", 90),
+                                          (" 10S ", 10)])
+def test_hang_timeout_takes_sparks_duration_syntax(raw, seconds):
+    assert _hang.spark_duration_s(raw, "spark.torchspark.hangTimeout") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("raw", ["5 sec", "1.5s", "abc", "", "-3s", "0", "5x"])
+def test_a_bad_hang_timeout_names_the_key_and_an_example(raw):
+    with pytest.raises(ValueError) as e:
+        _hang.spark_duration_s(raw, "spark.torchspark.hangTimeout")
+    assert str(e.value).startswith(f"spark.torchspark.hangTimeout is '{raw}': give a")
+    assert "30" in str(e.value)

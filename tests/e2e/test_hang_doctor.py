@@ -1,0 +1,106 @@
+"""The hang doctor end to end (docs/distributor.md, docs/protocol.md 1.9): real Spark
+(local-cluster, 2 executors of 2 cores), 4 gloo ranks over them (function mode: warm-pool
+workers behind the agents' shims), one rank hung four ways: asleep before a collective,
+SIGSTOPped, deadlocked on a Python lock, spinning in an endless loop. The driver asks every
+agent for a dump after hangTimeout (3 s) of silence and must name the right rank and its
+frame; hangAction=cancel stops the run with the stacks in the exception, report lets it go
+on. bench/hang_bench.py runs the 10-of-each series."""
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark import cloudpickle
+
+import tsp_spark
+from torchspark import TorchDistributor, TorchDistributorError
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "agent_scripts"))
+import hang_worker  # noqa: E402
+
+cloudpickle.register_pickle_by_value(hang_worker)
+
+TIMEOUT_S = 3
+
+
+@pytest.fixture(scope="module")
+def spark():
+    s = tsp_spark.session("local-cluster[2,2,1024]", {"spark.driver.memory": "1g"})
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("kind,victim,func", [
+    ("sleep", 3, "sleeps_before_the_collective"),
+    ("sigstop", 1, None),
+    ("lock", 2, "deadlocks_on_a_lock"),
+    ("loop", 0, "spins_forever"),
+])
+def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys, kind,
+                                                                    victim, func):
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=False,
+                         hang_timeout=f"{TIMEOUT_S}s", hang_action="cancel")
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(hang_worker.train, kind, victim)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("torchspark: hang doctor: ")]
+    assert len(lines) == 1, err[-4000:]
+    line = lines[0]
+    others = ", ".join(str(r) for r in range(4) if r != victim)
+    assert e.value.report["kind"] == "hang"
+    assert e.value.report["culprits"] == [victim], line
+    assert f"; rank {victim} (host " in line
+    if func is None:
+        assert "is stopped (SIGSTOP) and cannot answer" in line
+    else:
+        src = Path(hang_worker.__file__).read_text().splitlines()
+        tag = {"sleep": "HANG-SLEEP", "lock": "HANG-LOCK", "loop": "HANG-LOOP"}[kind]
+        lineno = next(i + 1 for i, s in enumerate(src) if tag in s)
+        near = (f"hang_worker.py:{lineno} ", f"hang_worker.py:{lineno + 1} ")
+        assert any(n in line for n in near) and f"({func})" in line, line
+    assert "wait in all_reduce for it" in line
+    assert [int(r) for r in e.value.report["waiting"]["all_reduce"]] == [
+        int(x) for x in others.split(", ")]
+    # the stacks: in the exception, and on the driver's stderr as the ranks' lines
+    text = str(e.value)
+    assert text.startswith("TorchDistributor (distributed) was cancelled by the hang doctor")
+    for r in range(4):
+        assert f"[rank {r}] torchspark: stack dump #1 of rank {r} (host " in text
+    assert text.count("in all_reduce") >= 3
+    assert "[stderr] Current thread 0x" in err
+    assert d.hang_reports and d.hang_reports[0].culprits == [victim]
+    # named within hangTimeout + 10 s of the ranks' last line (the stuck rank's, right
+    # before it hung)
+    assert TIMEOUT_S <= d.hang_reports[0].after_s < TIMEOUT_S + 10
+
+
+def test_report_mode_names_the_sleeper_and_the_run_goes_on(spark, capsys):
+    """hang_action=report: the dump does not disturb the waiting ranks, the sleeper wakes
+    up after 8 s and the run ends normally, with one diagnosis."""
+    d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=False,
+                         hang_timeout=TIMEOUT_S)
+    assert d.run(hang_worker.train, "sleep", 2, None, 8) == 0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("torchspark: hang doctor: ")]
+    assert len(lines) == 1, err[-4000:]
+    assert "; rank 2 (host " in lines[0] and "(sleeps_before_the_collective)" in lines[0]
+    assert [x.culprits for x in d.hang_reports] == [[2]]
+
+
+def test_bad_settings_are_refused_by_the_constructor(spark):
+    with pytest.raises(ValueError, match=r"hang_action is 'kill': give 'report'"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, hang_timeout=5,
+                         hang_action="kill")
+    spark.conf.set("spark.torchspark.hangTimeout", "5 minutes")
+    try:
+        with pytest.raises(ValueError, match=r"spark.torchspark.hangTimeout is '5 minutes': "
+                                             r"give a duration as Spark takes it, such as 30s"):
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        spark.conf.set("spark.torchspark.hangTimeout", "2min")
+        spark.conf.set("spark.torchspark.hangAction", "cancel")
+        d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+        assert (d.hang_timeout, d.hang_action) == (120, "cancel")
+    finally:
+        spark.conf.unset("spark.torchspark.hangTimeout")
+        spark.conf.unset("spark.torchspark.hangAction")
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert (d.hang_timeout, d.hang_action) == (None, "report")
