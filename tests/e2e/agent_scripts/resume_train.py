@@ -5,7 +5,10 @@ its last checkpoint ends with bit-identical weights to an uninterrupted one. Ran
 "ATTEMPT STEP TIME" to --steplog for every step it finishes, and writes the SHA-256 of the
 final weights to --out.
 
-    resume_train.py --ckpt DIR --steps N --every K --sleep S --steplog FILE --out FILE
+    resume_train.py --ckpt DIR --steps N --every K --sleep S --steplog FILE --out FILE [--on-request]
+
+With --on-request it also checkpoints when torchspark.checkpoint.requested() says so (a
+decommission notice), the one line docs/distributor.md shows.
 """
 import argparse
 import hashlib
@@ -24,6 +27,7 @@ p.add_argument("--every", type=int, default=5)
 p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--steplog", required=True)
 p.add_argument("--out", required=True)
+p.add_argument("--on-request", action="store_true")
 a = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -53,7 +57,7 @@ for step in range(start, a.steps):
     if rank == 0:
         with open(a.steplog, "a") as f:
             f.write(f"{attempt} {step} {time.time():.6f}\n")
-    if step % a.every == 0:
+    if step % a.every == 0 or (a.on_request and checkpoint.requested()):
         checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict()}, step,
                         dir=a.ckpt)
     time.sleep(a.sleep)
