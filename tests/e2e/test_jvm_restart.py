@@ -147,3 +147,45 @@ def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
     assert out["LEFT"] == ["0"], out
     print(f"decommission notice -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost")
 
+
+def test_decommission_of_a_pyspark_run(tmp_path):
+    # The same through PySpark's TorchDistributor (its task sets the request file too).
+    import threading
+
+    from torchspark import TorchDistributor
+
+    mark = uuid.uuid4().hex
+    spark = tsp_spark.session(jvmutil.MASTER, dict(CONF, **{
+        "spark.jars": str(jvmutil.JAR), "spark.plugins": jvmutil.PLUGIN,
+        "spark.decommission.enabled": "true", f"spark.executorEnv.{tsp_spark.MARK}": mark}))
+    box: dict = {}
+    steplog = tmp_path / "steplog"
+
+    def train():
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--steps", "24", "--every", "5",
+                "--sleep", "0.1", "--steplog", str(steplog), "--out", str(tmp_path / "out"),
+                "--on-request")
+        except BaseException as e:  # noqa: B902 - checked below
+            box["error"] = e
+
+    t = threading.Thread(target=train, daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 300
+        while len(_steplog(steplog)) < 8 and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.02)
+        pid = _node_executor(mark, 1)
+        assert pid, f"no executor runs node 1 ({box})"
+        os.kill(pid, signal.SIGPWR)
+        t.join(600)
+        assert "error" not in box, box.get("error")
+        log = _steplog(steplog)
+        first = [s for a, s, _ in log if a == "0"]
+        second = [s for a, s, _ in log if a == "1"]
+        assert first == list(range(len(first))) and second == list(range(first[-1] + 1, 24)), log
+        assert jvmutil.plugin_stops(spark.sparkContext.applicationId, "checkpointed on request") >= 1
+        assert tsp_spark.wait_gone(mark, 15) == []
+    finally:
+        spark.stop()
