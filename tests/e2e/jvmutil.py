@@ -27,12 +27,11 @@ def built() -> bool:
     return JAR.is_file() and TEST_JAR.is_file()
 
 
-def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
-                 timeout: float = 600, master: str = MASTER,
-                 env: Optional[Dict[str, Optional[str]]] = None) -> Tuple[Dict[str, List[str]], str]:
-    """Runs TrainApp MODE with the real spark-submit of the pyspark package on
-    local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None);
-    returns its "KEY: value" lines and its stderr."""
+def submit_command(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
+                   master: str = MASTER, app_args: Optional[List[str]] = None,
+                   env: Optional[Dict[str, Optional[str]]] = None) -> Tuple[List[str], Dict[str, str]]:
+    """spark-submit's command line and environment for TrainApp MODE PYTHON DDP APP_ARGS
+    (env: the driver's variables to set, or to unset with None)."""
     cmd = [os.path.join(SPARK_HOME, "bin", "spark-submit"), "--master", master,
            "--conf", "spark.executor.memory=1024m", "--conf", "spark.ui.enabled=false",
            "--conf", "spark.testing=true", "--conf", f"spark.test.home={SPARK_HOME}",
@@ -41,20 +40,37 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
         cmd += ["--conf", f"spark.plugins={PLUGIN}"]
     for k, v in (conf or {}).items():
         cmd += ["--conf", f"{k}={v}"]
-    cmd += ["--class", "org.torchspark.TrainApp", str(TEST_JAR), mode, sys.executable, str(DDP), str(rounds)]
+    cmd += ["--class", "org.torchspark.TrainApp", str(TEST_JAR), mode, sys.executable, str(DDP)]
+    cmd += app_args or []
     penv = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_HOME=SPARK_HOME)
     for k, v in (env or {}).items():
         if v is None:
             penv.pop(k, None)
         else:
             penv[k] = v
-    p = subprocess.run(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=timeout, cwd=str(BUILD))
+    return cmd, penv
+
+
+def parse_output(stdout: str) -> Dict[str, List[str]]:
+    """TrainApp's "KEY: value" lines."""
     out: Dict[str, List[str]] = {}
-    for line in p.stdout.decode(errors="replace").splitlines():
+    for line in stdout.splitlines():
         key, sep, value = line.partition(": ")
         if sep and key.isupper():
             out.setdefault(key, []).append(value)
+    return out
+
+
+def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
+                 timeout: float = 600, master: str = MASTER,
+                 env: Optional[Dict[str, Optional[str]]] = None) -> Tuple[Dict[str, List[str]], str]:
+    """Runs TrainApp MODE with the real spark-submit of the pyspark package on
+    local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None);
+    returns its "KEY: value" lines and its stderr."""
+    cmd, penv = submit_command(mode, plugin, conf, master, [str(rounds)], env)
+    p = subprocess.run(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       timeout=timeout, cwd=str(BUILD))
+    out = parse_output(p.stdout.decode(errors="replace"))
     err = p.stderr.decode(errors="replace")
     if p.returncode != 0:
         raise AssertionError(f"spark-submit exited {p.returncode}:\n{err[-4000:]}")

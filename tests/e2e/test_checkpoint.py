@@ -133,3 +133,24 @@ def test_fsspec_url(tmp_path):
     ck = checkpoint.load_latest(url)
     assert ck.step == 4 and ck.state == {"a": 2}
     fsspec.filesystem("memory").rm(url.split("://")[1], recursive=True)
+
+
+def test_checkpoint_on_request_acknowledges_and_waits(tmp_path, monkeypatch):
+    # The request file TorchSparkPlugin creates on a decommission notice (Decommission.java).
+    monkeypatch.delenv("RANK", raising=False)
+    req = tmp_path / "checkpoint-request"
+    assert not checkpoint.requested()  # outside a torchspark run
+    monkeypatch.setenv(checkpoint.REQUEST_ENV, str(req))
+    assert not checkpoint.requested()  # nobody asked
+    checkpoint.save({"w": 1}, 4, dir=str(tmp_path / "ck"))  # an ordinary save returns
+    req.write_text("1\n")
+    assert checkpoint.requested()
+    t0 = time.monotonic()
+    monkeypatch.setattr(checkpoint, "STOP_WAIT_S", 0.3)
+    with pytest.raises(RuntimeError, match=r"checkpoint asked for by the decommission notice was "
+                       r"taken \(step 7\), but the node was not stopped within 0.3s"):
+        checkpoint.save({"w": 2}, 7, dir=str(tmp_path / "ck"), keep=5)
+    assert time.monotonic() - t0 >= 0.3
+    # The checkpoint was complete before the acknowledgement (its step in it).
+    assert checkpoint.latest_step(str(tmp_path / "ck")) == 7
+    assert (tmp_path / "checkpoint-request.done").read_text() == "7\n"

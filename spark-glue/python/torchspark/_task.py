@@ -105,6 +105,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
 
     reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-")
+    # Created by TorchSparkPlugin on a decommission notice (torchspark.checkpoint.requested).
+    env["TORCHSPARK_CHECKPOINT_REQUEST"] = os.path.join(workdir, "checkpoint-request")
     try:
         # train_on_dataframe: the partition staged for the node's processes; run(): nothing.
         staged = _partition.stage_task_input(spec, iterator, ctx)

@@ -20,6 +20,20 @@ fsspec URL such as ``s3://`` or ``hdfs://`` where fsspec is installed)::
     step-000000000120/rank-00003.pt      each rank's own state (sharded=True)
     step-000000000120/COMPLETE           written last: {"step", "world_size", "sharded"}
 
+A checkpoint on request (docs/distributor.md, "Decommission"): where Spark decommissions an
+executor gracefully (``spark.decommission.enabled`` with ``spark.plugins=org.torchspark.TorchSparkPlugin``),
+the plugin asks that node's training processes to checkpoint now. :func:`requested` says so,
+on every rank at the same step (it is collective); :func:`save` of a checkpoint taken then
+acknowledges it and waits, as the attempt's last step, for the plugin to stop the node: the
+driver's restart policy (``max_restarts``) resumes from it without that executor, losing 0
+steps. One line in a training loop::
+
+    if step % 100 == 0 or checkpoint.requested():
+        checkpoint.save(state, step)
+
+Loops that save through their own code (Lightning, HF Trainer) call
+:func:`acknowledge_request` after their save.
+
 Every file is written under a temporary name and renamed into place, and ``COMPLETE`` is
 written only after every file of the checkpoint is in place (sharded: after a barrier of
 the default process group), so a run killed in the middle of a save leaves an incomplete
@@ -35,13 +49,18 @@ import pickle
 import posixpath
 import re
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-__all__ = ["Checkpoint", "save", "load_latest", "latest_step", "DIR_ENV"]
+__all__ = ["Checkpoint", "save", "load_latest", "latest_step", "requested", "acknowledge_request",
+           "DIR_ENV", "REQUEST_ENV"]
 
 DIR_ENV = "TORCHSPARK_CHECKPOINT_DIR"
+REQUEST_ENV = "TORCHSPARK_CHECKPOINT_REQUEST"  # the file TorchSparkPlugin creates (Decommission.java)
+ACK_SUFFIX = ".done"
+STOP_WAIT_S = 120.0  # how long a checkpoint taken on request waits to be stopped
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"step-(\d{12})$")
 
@@ -174,6 +193,13 @@ def save(state: Any, step: int, *, dir: Optional[str] = None, sharded: bool = Fa
     rank's file). keep: how many complete checkpoints to keep (>= 1)."""
     if keep < 1:
         raise ValueError(f"torchspark.checkpoint: keep must be >= 1, not {keep}")
+    path = _save(state, step, dir, sharded, keep)
+    if _pending:
+        acknowledge_request(step)
+    return path
+
+
+def _save(state: Any, step: int, dir: Optional[str], sharded: bool, keep: int) -> Optional[str]:
     fs = _Fs(_dir(dir))
     path = fs.join(fs.root, _step_name(step))
     rank, world, dist = _dist()
@@ -241,3 +267,63 @@ def load_latest(dir: Optional[str] = None, *, map_location: Any = "cpu") -> Opti
             name = "state.pt"
         return Checkpoint(step, _loads(fs.read(fs.join(path, name)), map_location), path)
     return None
+
+
+_pending = False  # requested() said True: the next save() acknowledges
+
+
+def _request_file() -> Optional[str]:
+    return os.environ.get(REQUEST_ENV) or None
+
+
+def requested() -> bool:
+    """Whether the node of any rank was asked to checkpoint now (its executor is being
+    decommissioned). Collective: call it on every rank at the same step (an all-reduce of one
+    number over the default process group, when there is one); it then says the same on
+    every rank. False outside a torchspark run or without TorchSparkPlugin."""
+    global _pending
+    path = _request_file()
+    local = path is not None and os.path.exists(path)
+    rank, world, dist = _dist()
+    flag = local
+    if dist is not None and world > 1:
+        import torch
+
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else torch.device("cpu"))
+        t = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        flag = bool(t.item())
+    _pending = _pending or flag
+    return flag
+
+
+def acknowledge_request(step: int, stop_wait_s: Optional[float] = None) -> None:
+    """After the checkpoint of step was saved because requested() said so: tells the plugin
+    (every node that was asked writes its acknowledgement), then waits to be stopped, so no
+    step runs after it; raises RuntimeError when nothing stopped it within stop_wait_s.
+    Collective like requested(). save() calls it itself."""
+    global _pending
+    _pending = False
+    stop_wait_s = STOP_WAIT_S if stop_wait_s is None else stop_wait_s
+    rank, world, dist = _dist()
+    if dist is not None and world > 1:
+        dist.barrier()  # rank 0's COMPLETE is in place on every node's view
+    path = _request_file()
+    if path is None or not os.path.exists(path):
+        if dist is None or world == 1:
+            return  # nobody asked (a test, or a run without the plugin)
+    else:
+        tmp = f"{path}{ACK_SUFFIX}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(f"{step}\n")
+        os.replace(tmp, path + ACK_SUFFIX)
+    print(f"torchspark.checkpoint: step {step} checkpointed on request (executor decommission); "
+          "waiting to be stopped", flush=True)
+    deadline = time.monotonic() + stop_wait_s
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    raise RuntimeError(
+        "torchspark.checkpoint: the checkpoint asked for by the decommission notice was taken "
+        f"(step {step}), but the node was not stopped within {stop_wait_s:g}s; is "
+        "org.torchspark.TorchSparkPlugin in spark.plugins?")

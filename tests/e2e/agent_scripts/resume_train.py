@@ -6,11 +6,14 @@ its last checkpoint ends with bit-identical weights to an uninterrupted one. Ran
 final weights to --out.
 
     resume_train.py --ckpt DIR --steps N --every K --sleep S --steplog FILE --out FILE
-                    [--phases FILE]
+                    [--phases FILE] [--on-request]
 
 --phases: every rank appends "ATTEMPT RANK PHASE TIME" for its start (before importing
 torch), torch imported, process group up and checkpoint loaded (bench/restart_bench.py's
 breakdown of a recovery).
+
+With --on-request it also checkpoints when torchspark.checkpoint.requested() says so (a
+decommission notice), the one line docs/distributor.md shows.
 """
 import time
 
@@ -33,6 +36,7 @@ p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--steplog", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--phases")
+p.add_argument("--on-request", action="store_true")
 a = p.parse_args()
 attempt = os.environ.get("TORCHSPARK_ATTEMPT", "-")
 marks = [("start", T_START), ("torch", time.time())]
@@ -67,7 +71,7 @@ for step in range(start, a.steps):
     if rank == 0:
         with open(a.steplog, "a") as f:
             f.write(f"{attempt} {step} {time.time():.6f}\n")
-    if step % a.every == 0:
+    if step % a.every == 0 or (a.on_request and checkpoint.requested()):
         checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict()}, step,
                         dir=a.ckpt)
     time.sleep(a.sleep)

@@ -111,13 +111,19 @@ public final class LogServer implements AutoCloseable {
      * stopped and everything was pulled.
      */
     public List<String> pullText(int maxLines, int timeoutMs) {
+        return pullText(maxLines, timeoutMs, null);
+    }
+
+    /** As {@link #pullText(int, int)}, each line prefixed by prefix with "{rank}" expanded
+     *  (null: {@value #PREFIX}), e.g. "[attempt 1] [rank {rank}] " for a restarted run. */
+    public List<String> pullText(int maxLines, int timeoutMs, String prefix) {
         if (maxLines <= 0) {
             throw new IllegalArgumentException("maxLines must be > 0, got " + maxLines);
         }
         long h = acquire();
         try {
             synchronized (buf) {
-                long n = Native.logServerPullText(h, buf, maxLines, timeoutMs, null, null, nlines);
+                long n = Native.logServerPullText(h, buf, maxLines, timeoutMs, prefix, null, nlines);
                 if (n == -32 /* EPIPE */) {
                     return null;
                 }

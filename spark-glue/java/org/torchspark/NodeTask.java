@@ -167,6 +167,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 env.put("TORCHSPARK_LOG_SECRET", spec.secretHex);
             }
             env.put(AgentProcess.TASK_TAG, Long.toString(ctx.taskAttemptId()));
+            // Created by TorchSparkPlugin on a decommission notice (Decommission.java).
+            env.put(Decommission.REQUEST_ENV, workdir.resolve(Decommission.REQUEST_FILE).toString());
             boolean ship = spec.wantOutput && spec.endpoint != null && nodeRank == 0;
             String python = spec.python != null ? spec.python
                     : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3");

@@ -22,13 +22,18 @@ final class ProcessTrees {
 
     /** The tag value of a process (null when untagged or unreadable). */
     static String tagOf(long pid) {
+        return envOf(pid, AgentProcess.TASK_TAG);
+    }
+
+    /** The value of the variable name in a process's environment (null when unset or unreadable). */
+    static String envOf(long pid, String name) {
         byte[] env;
         try {
             env = Files.readAllBytes(Paths.get("/proc/" + pid + "/environ"));
         } catch (IOException | SecurityException e) {
             return null;
         }
-        byte[] key = (AgentProcess.TASK_TAG + "=").getBytes(StandardCharsets.US_ASCII);
+        byte[] key = (name + "=").getBytes(StandardCharsets.US_ASCII);
         int start = 0;
         for (int i = 0; i <= env.length; i++) {
             if (i == env.length || env[i] == 0) {
@@ -63,23 +68,27 @@ final class ProcessTrees {
         return out;
     }
 
+    /** The roots (agents) among tagged processes: their parent is not itself tagged. */
+    static List<ProcessHandle> roots(List<ProcessHandle> procs) {
+        Set<Long> pids = new HashSet<>();
+        for (ProcessHandle p : procs) {
+            pids.add(p.pid());
+        }
+        List<ProcessHandle> roots = new ArrayList<>();
+        for (ProcessHandle p : procs) {
+            if (!p.parent().map(q -> pids.contains(q.pid())).orElse(false)) {
+                roots.add(p);
+            }
+        }
+        return roots;
+    }
+
     /** Stops the given tagged processes; returns how many were signalled. */
     static int stop(List<ProcessHandle> procs, long graceMs) {
         if (procs.isEmpty()) {
             return 0;
         }
-        Set<Long> pids = new HashSet<>();
-        for (ProcessHandle p : procs) {
-            pids.add(p.pid());
-        }
-        // The roots (agents): their parent is not itself tagged. Their workers follow them.
-        List<ProcessHandle> roots = new ArrayList<>();
-        for (ProcessHandle p : procs) {
-            boolean parentTagged = p.parent().map(q -> pids.contains(q.pid())).orElse(false);
-            if (!parentTagged) {
-                roots.add(p);
-            }
-        }
+        List<ProcessHandle> roots = roots(procs);
         for (ProcessHandle p : roots) {
             p.destroy();
         }

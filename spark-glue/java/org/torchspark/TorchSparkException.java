@@ -18,10 +18,19 @@ public class TorchSparkException extends RuntimeException {
     private final int signal;
     private final List<String> lastLines;
     private final String reportJson;
+    private final List<String> attempts;
 
     public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
             Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause) {
+        this(message, rank, nodeRank, host, exitCode, signal, lastLines, reportJson, cause, null);
+    }
+
+    /** attempts: with restarts (TorchSparkRunner.maxRestarts), each attempt's root cause. */
+    public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
+            Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause,
+            List<String> attempts) {
         super(message, cause);
+        this.attempts = attempts == null ? List.of() : List.copyOf(attempts);
         this.rank = rank;
         this.nodeRank = nodeRank;
         this.host = host;
@@ -61,5 +70,11 @@ public class TorchSparkException extends RuntimeException {
     /** The whole failure report as JSON (the PySpark glue's layout), or null. */
     public String reportJson() {
         return reportJson;
+    }
+
+    /** With restarts (TorchSparkRunner.maxRestarts) used up: each attempt's root cause, in
+     *  order (the last attempt's failure is this exception's cause); else empty. */
+    public List<String> attempts() {
+        return attempts;
     }
 }

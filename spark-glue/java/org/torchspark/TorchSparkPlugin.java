@@ -37,7 +37,9 @@ import org.slf4j.LoggerFactory;
  * ({@value #GRACE_CONF}, default 2000 ms). A killed task's attempt stays watched for
  * {@value #WATCH_MS} ms (swept every 100 ms): a task killed before its agent existed (while
  * it was launching, electing or in its barrier) and that starts the agent anyway gets it
- * stopped then. {@code shutdown()} sweeps every tagged process.
+ * stopped then. {@code shutdown()} sweeps every tagged process. With
+ * {@code spark.decommission.enabled}, the executor's decommission notice asks its training
+ * processes to checkpoint now and stops them once they did (Decommission.java, docs/jvm.md).
  * No state is shared with the tasks: Spark Connect runs tasks under other class loaders.
  *
  * <p>Driver side: metrics (runs, agents running, lines received, failures of the
@@ -144,10 +146,13 @@ public final class TorchSparkPlugin implements SparkPlugin {
         private volatile boolean listenerMissing;
         private long graceMs = 2000;
         private Thread worker;
+        /** With spark.decommission.enabled: the notice's watch (Decommission.java). */
+        private Decommission decommission;
 
         @Override
         public void init(PluginContext ctx, Map<String, String> extraConf) {
             graceMs = ctx.conf().getLong(GRACE_CONF, 2000);
+            decommission = ctx.conf().getBoolean("spark.decommission.enabled", false) ? new Decommission() : null;
             MetricRegistry reg = ctx.metricRegistry();
             reg.register("interrupts", (Gauge<Long>) interrupts::get);
             reg.register("treesStopped", (Gauge<Long>) killed::get);
@@ -237,6 +242,9 @@ public final class TorchSparkPlugin implements SparkPlugin {
                         continue; // the watch (a /proc scan per attempt) stays at 100 ms
                     }
                     nextWatch = now + TimeUnit.MILLISECONDS.toNanos(100);
+                    if (decommission != null) {
+                        killed.addAndGet(decommission.poll(graceMs));
+                    }
                     for (Map.Entry<String, Long> e : watched.entrySet()) {
                         if (now - e.getValue() > 0) {
                             watched.remove(e.getKey());

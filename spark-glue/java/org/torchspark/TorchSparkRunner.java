@@ -75,6 +75,11 @@ public final class TorchSparkRunner {
     private Path outputPath;
     private String python;
     private final Map<String, String> env = new HashMap<>();
+    private Integer maxRestarts;
+    // Per attempt of a run with restarts (RestartPolicy.java): the training processes'
+    // TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
+    private Map<String, String> attemptEnv = Map.of();
+    private String linePrefix;
 
     private TorchSparkRunner(Kind kind, String target, String[] args) {
         if (target == null || target.isEmpty()) {
@@ -121,6 +126,23 @@ public final class TorchSparkRunner {
             throw new IllegalArgumentException("nprocPerNode must be > 0, got " + n);
         }
         nprocPerNode = n;
+        return this;
+    }
+
+    /**
+     * How many times a failed distributed run is started again as a new barrier job on the
+     * executors alive then (default: {@value RestartPolicy#MAX_RESTARTS_CONF}, else 0), as
+     * TorchDistributor's max_restarts (docs/distributor.md, "Restarts"): each attempt
+     * re-elects the master; its processes get TORCHSPARK_ATTEMPT, TORCHSPARK_MAX_RESTARTS and
+     * TORCHSPARK_RESTART_CAUSE; its lines carry "[attempt N] "; when every attempt failed,
+     * the {@link TorchSparkException} lists each attempt's root cause ({@link
+     * TorchSparkException#attempts()}). Resuming is the program's part (torchspark.checkpoint).
+     */
+    public TorchSparkRunner maxRestarts(int n) {
+        if (n < 0) {
+            throw new IllegalArgumentException("maxRestarts must be a whole number >= 0, got " + n);
+        }
+        maxRestarts = n;
         return this;
     }
 
@@ -367,6 +389,7 @@ public final class TorchSparkRunner {
 
         private final ReportPump reportPump;
         private final TorchSparkRunner owner;
+        private final String prefix;
 
         Pump(LogServer server, boolean toStderr, TorchSparkRunner owner) {
             super("torchspark-log-pump");
@@ -374,6 +397,7 @@ public final class TorchSparkRunner {
             this.server = server;
             this.toStderr = toStderr;
             this.owner = owner;
+            this.prefix = owner.linePrefix;
             this.reportPump = new ReportPump(server, owner.onReport);
             owner.reports = Collections.emptyList();
         }
@@ -390,7 +414,7 @@ public final class TorchSparkRunner {
             // Never drop a line silently: when the log would (INFO disabled), use stderr.
             boolean stderr = toStderr || !LOG.isInfoEnabled();
             while (true) {
-                List<String> lines = server.pullText(1024, 200);
+                List<String> lines = server.pullText(1024, 200, prefix);
                 if (lines == null) {
                     return; // stopped and drained
                 }
@@ -561,9 +585,28 @@ public final class TorchSparkRunner {
     }
 
     private Result runDistributed(SparkContext sc, List<String> program, String py) {
+        int limit = RestartPolicy.maxRestarts(maxRestarts, sc.conf().get(RestartPolicy.MAX_RESTARTS_CONF, ""));
+        Metrics.RUNS.incrementAndGet();
+        if (limit == 0) {
+            return runElecting(sc, program, py);
+        }
+        int ntasks = tasks(sc);
+        try {
+            return RestartPolicy.run((n, cause) -> {
+                attemptEnv = RestartPolicy.attemptEnv(n, limit, cause);
+                linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
+                return runElecting(sc, program, py);
+            }, limit, sc, ntasks);
+        } finally {
+            attemptEnv = Map.of();
+            linePrefix = null;
+        }
+    }
+
+    /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
+    private Result runElecting(SparkContext sc, List<String> program, String py) {
         boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null
                 && Rendezvous.enabled(sc.conf(), System.getenv(Rendezvous.ENV));
-        Metrics.RUNS.incrementAndGet();
         try {
             return runJob(sc, program, py, rendezvous);
         } catch (NoRendezvous e) {
@@ -623,6 +666,7 @@ public final class TorchSparkRunner {
         spec.ncclCheck = useGpu ? ncclCheckTimeout(sc.conf(), System.getenv("TORCHSPARK_NCCL_CHECK"), ntasks) : 0;
         spec.python = py;
         spec.env.putAll(env);
+        spec.env.putAll(attemptEnv);
         spec.driverHost = driverHost;
         spec.wantOutput = wantOutput;
         boolean ok = false;

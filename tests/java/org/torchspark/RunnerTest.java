@@ -34,6 +34,52 @@ public class RunnerTest {
         }
     }
 
+    /** Restarts (RestartPolicy.java): the builder's and the conf's value checked as the
+     *  PySpark glue's max_restarts, each attempt's variables, its root cause, the history. */
+    @Test
+    public void restartPolicyInputsAndHistory() {
+        try {
+            TorchSparkRunner.script("t.py").maxRestarts(-1);
+            fail("maxRestarts(-1)");
+        } catch (IllegalArgumentException e) {
+            assertEquals("maxRestarts must be a whole number >= 0, got -1", e.getMessage());
+        }
+        assertEquals(0, RestartPolicy.maxRestarts(null, ""));
+        assertEquals(3, RestartPolicy.maxRestarts(null, " 3 "));
+        assertEquals(0, RestartPolicy.maxRestarts(0, "3")); // the builder wins
+        for (String bad : new String[] {"-1", "two", "1.5"}) {
+            try {
+                RestartPolicy.maxRestarts(null, bad);
+                fail(bad);
+            } catch (IllegalArgumentException e) {
+                assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.job.maxRestarts is ")
+                        && e.getMessage().endsWith("give a whole number of restarts >= 0"));
+            }
+        }
+        assertEquals(90, RestartPolicy.durationS("1.5min", "k"), 0);
+        assertEquals(0.5, RestartPolicy.durationS("500ms", "k"), 0);
+        JniTest.expectIae(() -> RestartPolicy.durationS("soon", "k"));
+        assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "2"),
+                RestartPolicy.attemptEnv(0, 2, null));
+        assertEquals("x".repeat(1000), RestartPolicy.attemptEnv(1, 2, "x".repeat(5000)).get("TORCHSPARK_RESTART_CAUSE"));
+        // A lost executor is the root cause, whatever the other ranks said.
+        RuntimeException spark = new RuntimeException("Job aborted: Task 1 in stage 0.0 failed: "
+                + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: "
+                + "Command exited with code 137\nmore");
+        TorchSparkException lost = new TorchSparkException("TorchSparkRunner (distributed) failed: "
+                + "rank 0 (node 0) exited with code 1\n  gloo: Connection reset by peer", 0, 0, "h", 1, 0,
+                null, null, new RuntimeException("wrapped", spark));
+        assertEquals("executor 1 exited caused by one of the running tasks: Command exited with code 137 "
+                + "(ExecutorLostFailure)", RestartPolicy.rootCause(lost));
+        TorchSparkException plain = new TorchSparkException("TorchSparkRunner (distributed) failed: "
+                + "rank 1 exited with code 5\n  tail", 1, 1, "h", 5, 0, null, null, null);
+        assertEquals("rank 1 exited with code 5", RestartPolicy.rootCause(plain));
+        assertEquals("TorchSparkRunner (distributed) failed after 2 attempt(s) (maxRestarts=1): last\n"
+                + "Root cause of each attempt, in order:\n  attempt 0: a\n  attempt 1: b",
+                RestartPolicy.historyMessage(List.of("a", "b"), 1, "last"));
+        assertEquals(List.of(), plain.attempts());
+    }
+
     /**
      * The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md): on by
      * default for more than one node, off for one; the conf and the driver's variable decide

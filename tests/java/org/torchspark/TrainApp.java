@@ -22,6 +22,9 @@ import org.apache.spark.sql.SparkSession;
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
+ *   restart PYTHON SCRIPT MARK DIR STEPS MAX [OPTS]  resume_train.py with maxRestarts(MAX) (-1: the conf's),
+ *                             killed or decommissioned by the test; OPTS: "onrequest" (--on-request),
+ *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -89,12 +92,14 @@ public final class TrainApp {
         String mode = args[0];
         String python = args[1];
         String script = args[2];
-        int rounds = args.length > 3 ? Integer.parseInt(args[3]) : 1;
+        int rounds = args.length > 3 && !mode.equals("restart") ? Integer.parseInt(args[3]) : 1;
         SparkSession spark = SparkSession.builder().appName("torchspark-jvm-e2e").getOrCreate();
         spark.sparkContext().setLogLevel("WARN");
         System.out.println("APP_ID: " + spark.sparkContext().applicationId());
         try {
-            if (mode.equals("train")) {
+            if (mode.equals("restart")) {
+                restart(spark, python, script, args);
+            } else if (mode.equals("train")) {
                 train(spark, python, script);
             } else if (mode.equals("concurrent")) {
                 concurrent(spark);
@@ -127,6 +132,53 @@ public final class TrainApp {
         } finally {
             spark.stop();
         }
+    }
+
+    /** resume_train.py (tests/e2e/agent_scripts) under DIR with maxRestarts MAX (-1: left to
+     *  spark.torchspark.job.maxRestarts); the test kills or decommissions executors meanwhile.
+     *  Options (comma-separated): onrequest (the script checkpoints on request too), fail (then
+     *  a run whose rank 1 fails in every attempt, maxRestarts 1). */
+    private static void restart(SparkSession spark, String python, String script, String[] a) {
+        String mark = a[3];
+        String dir = a[4];
+        int max = Integer.parseInt(a[6]);
+        List<String> opts = List.of(a.length > 7 ? a[7].split(",") : new String[0]);
+        List<String> sargs = new ArrayList<>(List.of("--ckpt", dir + "/ckpt", "--steps", a[5], "--every", "5",
+                "--sleep", "0.1", "--steplog", dir + "/steplog", "--out", dir + "/out"));
+        if (opts.contains("onrequest")) {
+            sargs.add("--on-request");
+        }
+        TorchSparkRunner r = TorchSparkRunner.script(script, sargs.toArray(new String[0]))
+                .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).logToStderr(true);
+        if (max >= 0) {
+            r.maxRestarts(max);
+        }
+        try {
+            r.run(spark);
+            System.out.println("RESTART: ok");
+        } catch (TorchSparkException e) {
+            System.out.println("RESTART: failed");
+            System.out.println("ATTEMPTS: " + e.attempts().size());
+            System.out.println("MESSAGE: " + e.getMessage().replace('\n', '|'));
+        }
+        if (opts.contains("fail")) {
+            try {
+                TorchSparkRunner.command("sh", "-c", "echo \"attempt $TORCHSPARK_ATTEMPT of $TORCHSPARK_MAX_RESTARTS "
+                        + "after: ${TORCHSPARK_RESTART_CAUSE:-nothing}\"; [ \"$RANK\" = 1 ] && exit 7; exec sleep 60")
+                        .numProcesses(2).env("TSP_E2E_MARK", mark).logToStderr(true).maxRestarts(1).run(spark);
+                System.out.println("FAIL_RUN: no error");
+            } catch (TorchSparkException e) {
+                System.out.println("FAIL_ATTEMPTS: " + String.join("|", e.attempts()));
+                System.out.println("FAIL_MESSAGE: " + e.getMessage().replace('\n', '|'));
+            }
+        }
+        long deadline = System.nanoTime() + 15_000_000_000L;
+        while (!marked(mark).isEmpty() && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("LEFT: " + marked(mark).size());
+        // The plugin's stops after a checkpoint on request (the executors' logs go with the app).
+        System.out.println("PLUGIN_ACKS: " + logCount(spark, "checkpointed on request"));
     }
 
     /** Which way rank 0's election record went, 3 runs of 2 tasks whose ranks print what they

@@ -1,0 +1,191 @@
+"""Restarts of the JVM runner (issue 20): a Java application (spark-submit of TrainApp on
+local-cluster[2,1,1024], real torch) trains resume_train.py through TorchSparkRunner; the
+test SIGKILLs the executor JVM of node 1 mid-training. With spark.torchspark.job.maxRestarts
+the run resumes from its last torchspark.checkpoint as a new barrier job (attempt 1, its
+lines tagged "[attempt 1] ") and finishes, leaving no process; a run whose attempts all fail
+lists each attempt's root cause. With maxRestarts(0) the same kill fails the run, as before.
+Each worker of local-cluster[2,1,1024] has one core: a killed executor is replaced by its
+worker, as on a standalone cluster."""
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import jvmutil
+from test_restart import _steplog, check_resumed, executor_of
+
+import tsp_spark
+
+pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
+                                "(needs javac 17 and junit4: bash tests/setup.sh)")
+
+SCRIPT = str(jvmutil.ROOT / "tests" / "e2e" / "agent_scripts" / "resume_train.py")
+CONF = {"spark.torchspark.job.maxRestarts": "2",
+        # A replacement executor starts in seconds on a quiet machine, a minute on a loaded one.
+        "spark.torchspark.job.replacementTimeout": "180s"}
+
+
+def _node_executor(mark: str, node: int) -> int:
+    for pid in tsp_spark.job_processes(mark):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"torchspark-run" in cmd[0] and f"--node-rank={node}".encode() in cmd:
+            return executor_of(pid)
+    return 0
+
+
+def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run: bool,
+                  sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF):
+    """TrainApp restart; sends sig (SIGKILL) to node 1's executor once attempt 0 ran `after`
+    steps. Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)])."""
+    mark = uuid.uuid4().hex
+    opts = opts + (("fail",) if fail_run else ())
+    args = [mark, str(tmp_path), str(steps), str(max_restarts)] + ([",".join(opts)] if opts else [])
+    cmd, env = jvmutil.submit_command("restart", plugin=sig != signal.SIGKILL, conf=conf,
+                                      app_args=args)
+    cmd[cmd.index(str(jvmutil.DDP))] = SCRIPT
+    # Files, not pipes: nobody reads a pipe while the run goes on.
+    stdout_f = open(tmp_path / "app.out", "w+b")
+    stderr_f = open(tmp_path / "app.err", "w+b")
+    p = subprocess.Popen(cmd, env=env, stdout=stdout_f, stderr=stderr_f, cwd=str(jvmutil.BUILD))
+    killed: list = []
+    seen: dict = {}
+    try:
+        steplog = tmp_path / "steplog"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and p.poll() is None:
+            if len(_steplog(steplog)) >= after:
+                break
+            time.sleep(0.02)
+        pid = _node_executor(mark, 1)
+        assert pid, f"no executor runs node 1 (TrainApp: {p.poll()})"
+        os.kill(pid, sig)
+        from torchspark import checkpoint
+        killed.append((time.time(), checkpoint.latest_step(str(tmp_path / "ckpt"))))
+        # When each checkpoint is complete (first seen, 10 ms polls) for 30 s after the
+        # signal (older ones are pruned by later saves).
+        while time.time() - killed[0][0] < 30 and p.poll() is None:
+            for c in (tmp_path / "ckpt").glob("step-*/COMPLETE"):
+                seen.setdefault(int(c.parent.name[5:]), time.time())
+            time.sleep(0.01)
+        p.wait(timeout=600)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        stdout_f.close()
+        stderr_f.close()
+    err = (tmp_path / "app.err").read_text(errors="replace")
+    assert p.returncode == 0, err[-4000:]
+    return jvmutil.parse_output((tmp_path / "app.out").read_text(errors="replace")), err, killed + [seen]
+
+
+def test_runner_resumes_after_an_executor_is_killed(tmp_path):
+    steps = 16
+    out, err, killed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=True)
+    killed = killed[:1]
+    assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    recovery = check_resumed(_steplog(tmp_path / "steplog"), killed, 1, steps)
+    # Attempt 1 learnt its number and attempt 0's root cause (the lost executor); its lines
+    # carry the attempt.
+    m = re.search(r"^\[attempt 1\] \[rank 0\] attempt 1 rank 0: starting at step (\d+) \(cause: (.*)\)$",
+                  err, re.M)
+    assert m, err[-4000:]
+    assert "ExecutorLostFailure" in m.group(2), m.group(0)
+    assert re.search(r"^\[attempt 0\] \[rank 1\] attempt 0 rank 1: starting at step 0 ", err, re.M)
+    # Restarts used up: each attempt's root cause, in order.
+    causes = out["FAIL_ATTEMPTS"][0].split("|")
+    assert len(causes) == 2 and all("exited with code 7" in c for c in causes), causes
+    msg = out["FAIL_MESSAGE"][0]
+    assert "failed after 2 attempt(s) (maxRestarts=1)" in msg and "|  attempt 1: " in msg, msg
+    assert re.search(r"^\[attempt 1\] \[rank 1\] attempt 1 of 1 after: .*exited with code 7", err, re.M)
+    assert out["LEFT"] == ["0"], out
+    print(f"JVM runner recovery (kill -> first resumed step), s: {[round(r, 2) for r in recovery]}")
+
+
+def test_runner_without_restarts_fails_on_the_same_kill(tmp_path):
+    # maxRestarts(0) on the builder wins over the conf's 2: the kill ends the run.
+    out, err, _ = _run_and_kill(tmp_path, 0, 400, 4, fail_run=False)
+    assert out["RESTART"] == ["failed"], out
+    assert out["ATTEMPTS"] == ["0"], out
+    assert "attempt(s)" not in out["MESSAGE"][0] and "[attempt " not in err, out
+    assert {a for a, _, _ in _steplog(tmp_path / "steplog")} == {"-"}
+    assert out["LEFT"] == ["0"], out
+
+
+def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
+    # spark.decommission.enabled: SIGPWR to node 1's executor JVM is its decommission notice
+    # (Spark's Kubernetes path). The plugin asks the node to checkpoint now; every rank's
+    # checkpoint.requested() says so at the same step; save() acknowledges; the plugin stops
+    # the node; the driver resumes from that checkpoint on a replacement executor.
+    steps = 24
+    conf = dict(CONF, **{"spark.decommission.enabled": "true"})
+    out, err, noticed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=False, sig=signal.SIGPWR,
+                                      opts=("onrequest",), conf=conf)
+    assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    log = _steplog(tmp_path / "steplog")
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1"], log
+    first = [s for a, s, _ in log if a == "0"]
+    second = [s for a, s, _ in log if a == "1"]
+    # The checkpoint taken on request is attempt 0's last step; attempt 1 starts right after
+    # it: 0 steps lost, none skipped, each once.
+    ckpt = int(re.search(r"step (\d+) checkpointed on request", err).group(1))
+    assert ckpt == first[-1] and second[0] == ckpt + 1, (ckpt, first[-3:], second[:3])
+    assert second == list(range(ckpt + 1, steps)), second
+    assert first == list(range(ckpt + 1)), first
+    # Complete within 2 s of the notice.
+    took = noticed[1][ckpt] - noticed[0][0]
+    assert 0 < took <= 2.0, took
+    assert out["PLUGIN_ACKS"] == ["1"], out
+    assert out["LEFT"] == ["0"], out
+    print(f"decommission notice -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost")
+
+
+def test_decommission_of_a_pyspark_run(tmp_path):
+    # The same through PySpark's TorchDistributor (its task sets the request file too).
+    import threading
+
+    from torchspark import TorchDistributor
+
+    mark = uuid.uuid4().hex
+    spark = tsp_spark.session(jvmutil.MASTER, dict(CONF, **{
+        "spark.jars": str(jvmutil.JAR), "spark.plugins": jvmutil.PLUGIN,
+        "spark.decommission.enabled": "true", f"spark.executorEnv.{tsp_spark.MARK}": mark}))
+    box: dict = {}
+    steplog = tmp_path / "steplog"
+
+    def train():
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--steps", "24", "--every", "5",
+                "--sleep", "0.1", "--steplog", str(steplog), "--out", str(tmp_path / "out"),
+                "--on-request")
+        except BaseException as e:  # noqa: B902 - checked below
+            box["error"] = e
+
+    t = threading.Thread(target=train, daemon=True)
+    try:
+        t.start()
+        deadline = time.monotonic() + 300
+        while len(_steplog(steplog)) < 8 and time.monotonic() < deadline and t.is_alive():
+            time.sleep(0.02)
+        pid = _node_executor(mark, 1)
+        assert pid, f"no executor runs node 1 ({box})"
+        os.kill(pid, signal.SIGPWR)
+        t.join(600)
+        assert "error" not in box, box.get("error")
+        log = _steplog(steplog)
+        first = [s for a, s, _ in log if a == "0"]
+        second = [s for a, s, _ in log if a == "1"]
+        assert first == list(range(len(first))) and second == list(range(first[-1] + 1, 24)), log
+        assert jvmutil.plugin_stops(spark.sparkContext.applicationId, "checkpointed on request") >= 1
+        assert tsp_spark.wait_gone(mark, 15) == []
+    finally:
+        spark.stop()
