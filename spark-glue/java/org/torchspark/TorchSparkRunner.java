@@ -1,7 +1,6 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.io.UncheckedIOException;
@@ -491,11 +490,9 @@ public final class TorchSparkRunner {
             }
             if (rc != 0) {
                 Metrics.FAILURES.incrementAndGet();
-                ObjectNode report = Reports.build(0, NodeTask.localHostName(), rc, agent.tail(),
-                        Reports.readErrorFile(errorFile), nproc);
-                List<String> tail = report.hasNonNull("rank") ? server.tail(report.get("rank").asInt(),
-                        Reports.TAIL_IN_MESSAGE) : null;
-                throw Reports.exception(report, "local", tail, null);
+                Failure failure = Failure.fromDocument(Failure.readErrorFile(errorFile), rc, 0,
+                        NodeTask.localHostName(), nproc, agent.tail());
+                throw failure.exception("local", rankTail(server, failure), null, null);
             }
             return wantOutput ? collect(server, Collections.emptyList()) : new Result(null, null);
         } finally {
@@ -709,7 +706,7 @@ public final class TorchSparkRunner {
                 // A task could not reach the rendezvous: only a training failure outranks it
                 // (an agent that got through was then lost to Spark's abort).
                 String unreachable = spec.rendezvous != null && err != null
-                        && (root == null || !"failure".equals(Reports.parseRoot(root).path("kind").asText()))
+                        && (root == null || !"failure".equals(Failure.parseRoot(root).path("kind").asText()))
                         ? rendezvousUnreachable(err) : null;
                 if (unreachable != null) {
                     throw new NoRendezvous(unreachable, err);
@@ -735,24 +732,27 @@ public final class TorchSparkRunner {
         }
     }
 
+    /** The driver's last lines of the failure's rank, or null when no rank failed. */
+    private static List<String> rankTail(LogServer server, Failure failure) {
+        return failure.rank() != null ? server.tail(failure.rank(), Failure.TAIL_IN_MESSAGE) : null;
+    }
+
+    /** The run's exception: from the channel's structured root record first, from Spark's
+     *  error text (a task's carried failure document) only as a fallback. */
     private static TorchSparkException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
         if (rootJson != null) {
-            JsonNode root = Reports.parseRoot(rootJson);
+            JsonNode root = Failure.parseRoot(rootJson);
             if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
-                ObjectNode report = Reports.build(root.path("node_rank").asInt(-1), root.path("host").asText("?"),
-                        1, List.of(), root.get("report"), nproc);
-                if (root.hasNonNull("detail")) {
-                    report.put("detail", root.get("detail").asText());
-                }
-                List<String> tail = report.hasNonNull("rank")
-                        ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
-                return Reports.exception(report, "distributed", tail, sparkError);
+                Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
+                        root.path("host").asText("?"), nproc, null);
+                return failure.exception("distributed", rankTail(server, failure),
+                        root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
             }
             int node = root.path("node_rank").asInt(-1);
             String host = root.path("host").asText("?");
             List<String> tail = new ArrayList<>();
             for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
-                for (String ln : server.tail(r, Reports.TAIL_IN_MESSAGE)) {
+                for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
                     tail.add(ln);
                 }
             }
@@ -764,11 +764,9 @@ public final class TorchSparkRunner {
             }
             return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
         }
-        ObjectNode report = Reports.find(sparkError);
-        if (report != null) {
-            List<String> tail = report.hasNonNull("rank")
-                    ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
-            return Reports.exception(report, "distributed", tail, sparkError);
+        Failure carried = Failure.find(sparkError);
+        if (carried != null) {
+            return carried.exception("distributed", rankTail(server, carried), null, sparkError);
         }
         String text = String.valueOf(sparkError.getMessage());
         String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
