@@ -703,16 +703,11 @@ public final class TorchSparkRunner {
                 server.stopAll(err != null ? "the Spark job failed" : "another node failed");
                 server.shutdown(1000);
                 pump.finish();
-                // A task could not reach the rendezvous: only a training failure outranks it
-                // (an agent that got through was then lost to Spark's abort).
-                String unreachable = spec.rendezvous != null && err != null
-                        && (root == null || !"failure".equals(Failure.parseRoot(root).path("kind").asText()))
-                        ? rendezvousUnreachable(err) : null;
-                if (unreachable != null) {
-                    throw new NoRendezvous(unreachable, err);
+                RuntimeException failed = failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+                if (!(failed instanceof NoRendezvous)) {
+                    Metrics.FAILURES.incrementAndGet();
                 }
-                Metrics.FAILURES.incrementAndGet();
-                throw failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+                throw failed;
             }
             Result r = wantOutput ? collect(server, chunks.get()) : new Result(null, null);
             r.election = spec.rendezvous != null ? "rendezvous" : "allGather";
@@ -737,36 +732,48 @@ public final class TorchSparkRunner {
         return failure.rank() != null ? server.tail(failure.rank(), Failure.TAIL_IN_MESSAGE) : null;
     }
 
+    /** Reads Spark's error text (its causes included) for one marker. */
+    private interface FromText {
+        RuntimeException make(Throwable sparkError, LogServer server);
+    }
+
+    /** Spark's error text, read only where the channel recorded no failed rank: one ordered
+     *  table of (marker, constructor), the first found wins (as distributor._SPARK_TEXT). A
+     *  task that could not reach the rendezvous: before any training, the job runs again
+     *  through allGather. A task's carried failure document. */
+    private static final List<Map.Entry<String, FromText>> SPARK_TEXT = List.of(
+            Map.entry(Rendezvous.UNREACHABLE, (err, server) -> {
+                String why = rendezvousUnreachable(err);
+                return why == null ? null : new NoRendezvous(why, err);
+            }),
+            Map.entry(Failure.MARKER, (err, server) -> {
+                Failure carried = Failure.find(err);
+                return carried == null ? null : carried.exception("distributed", rankTail(server, carried), null, err);
+            }));
+
     /** The run's exception: from the channel's structured root record first, from Spark's
-     *  error text (a task's carried failure document) only as a fallback. */
-    private static TorchSparkException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
-        if (rootJson != null) {
-            JsonNode root = Failure.parseRoot(rootJson);
-            if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
-                Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
-                        root.path("host").asText("?"), nproc, null);
-                return failure.exception("distributed", rankTail(server, failure),
-                        root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
-            }
-            int node = root.path("node_rank").asInt(-1);
-            String host = root.path("host").asText("?");
-            List<String> tail = new ArrayList<>();
-            for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
-                for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
-                    tail.add(ln);
-                }
-            }
-            StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
-                    + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
-                    + ", that host, or the network to it failed; the other nodes were stopped.");
-            for (String ln : tail) {
-                m.append("\n  ").append(ln);
-            }
-            return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
+     *  error text (SPARK_TEXT, in order) only as a fallback. */
+    private static RuntimeException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
+        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
+        if (root != null && "failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
+            Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
+                    root.path("host").asText("?"), nproc, null);
+            return failure.exception("distributed", rankTail(server, failure),
+                    root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
         }
-        Failure carried = Failure.find(sparkError);
-        if (carried != null) {
-            return carried.exception("distributed", rankTail(server, carried), null, sparkError);
+        for (Map.Entry<String, FromText> t : SPARK_TEXT) {
+            if (t.getKey().equals(Failure.MARKER) && root != null) {
+                // The channel's other record, a node lost, outranks what a task carried (but
+                // not an unreachable rendezvous: that node was lost to Spark's abort).
+                return lostNode(root, rootJson, sparkError, server, nproc);
+            }
+            RuntimeException e = t.getValue().make(sparkError, server);
+            if (e != null) {
+                return e;
+            }
+        }
+        if (root != null) {
+            return lostNode(root, rootJson, sparkError, server, nproc);
         }
         String text = String.valueOf(sparkError.getMessage());
         String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
@@ -776,6 +783,26 @@ public final class TorchSparkRunner {
                 + first.substring(0, Math.min(500, first.length()))
                 + "\nSee the exception's cause (Spark's error) and the executors' logs.",
                 null, null, null, null, 0, null, null, sparkError);
+    }
+
+    /** A node whose agent vanished (host or executor died, network cut). */
+    private static TorchSparkException lostNode(JsonNode root, String rootJson, Throwable sparkError,
+            LogServer server, int nproc) {
+        int node = root.path("node_rank").asInt(-1);
+        String host = root.path("host").asText("?");
+        List<String> tail = new ArrayList<>();
+        for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
+            for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
+                tail.add(ln);
+            }
+        }
+        StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
+                + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
+                + ", that host, or the network to it failed; the other nodes were stopped.");
+        for (String ln : tail) {
+            m.append("\n  ").append(ln);
+        }
+        return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */
