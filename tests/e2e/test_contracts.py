@@ -7,11 +7,12 @@ import socket
 
 import pytest
 
-from torchspark import _launch, _rendezvous
+from torchspark import _launch, _lib, _rendezvous, _report
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
 RDV_CASES = json.loads((CONTRACTS / "rendezvous.json").read_text())["cases"]
+FAILURE_CASES = json.loads((CONTRACTS / "failure.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -61,3 +62,33 @@ def test_rendezvous_golden(case):
             assert _raw(server.port, line.encode() + b"\n") == step["reply"], step
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("case", FAILURE_CASES, ids=[c["name"] for c in FAILURE_CASES])
+def test_failure_golden(case):
+    """error file + exit status + tail -> the finished document -> the exception's message,
+    through Failure.from_document, the one way in for both carriers."""
+    failure = _report.Failure.from_document(
+        case["error_file"], status=case["status"], node_rank=case["node_rank"],
+        host=case["host"], nproc_per_node=case["nproc_per_node"], tail=case["tail"])
+    for key, want in case["document"].items():
+        assert failure.fields[key] == want, key
+    # The task's carrier: the document crosses Spark's exception text whole.
+    carried = _report.find(f"Job aborted.\n{failure.encode()}\n")
+    assert carried == [failure.document]
+    err = _report.Failure.from_document(carried[0]).error(
+        case["mode"], case["shown_tail"], case["detail"])
+    want = case["message"].replace("{product}", "TorchDistributor").replace(
+        "{output_went}", _report._OUTPUT_WENT[case["mode"]])
+    assert str(err) == want
+    assert err.rank == case["document"]["rank"] and err.exitcode == case["document"]["exitcode"]
+    assert err.signal == case["document"]["signal"]
+
+
+def test_a_bad_failure_request_names_the_key():
+    with pytest.raises(ValueError, match='"status" must be a whole number'):
+        _lib.json_call("tsp_failure_report", {"status": "x"})
+    with pytest.raises(ValueError, match='"document" must be the failure document'):
+        _lib.json_call("tsp_failure_report", {"document": [1]})
+    with pytest.raises(ValueError, match="not a JSON object"):
+        _lib.json_call("tsp_failure_report", [])

@@ -203,6 +203,11 @@ START_TEST(test_agent_failure_document_quotes_malformed_and_caps)
                      0);
     ck_assert_str_eq(v, "137");
     free(v);
+    /* the one sentence, written here only (report.c) */
+    ck_assert_int_eq(tsp_json_get(f.document, strlen(f.document), "torchspark.summary", &v, &type),
+                     0);
+    ck_assert_str_eq(v, "rank 3 (node 2, local rank 0) on host h\"ost was killed by SIGKILL (9)");
+    free(v);
     /* 500 lines: 200 kept, the first and the last */
     ef = fopen(f.error_file, "w");
     fputs("{\"message\": {\"message\": \"E: x\", \"extraInfo\": {\"py_callstack\": \"", ef);

@@ -3,7 +3,10 @@
  * error-file JSON with a "torchspark" object of our own (docs/cli.md). */
 #include "report.h"
 #include "json.h"
+#include "lines.h"
 #include "proc.h"
+#include "torchspark/failure.h"
+#include "util.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -301,11 +304,14 @@ int tsp__report_document(tsp_failure_t *root, const char *host, int node_rank)
 
 static int build_document(tsp_failure_t *root, const char *host, int node_rank)
 {
+    char *summary = tsp__report_summary(root, host, node_rank);
     char *text = NULL;
     size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    if (!f)
+    FILE *f = summary ? open_memstream(&text, &len) : NULL;
+    if (!f) {
+        free(summary);
         return -ENOMEM;
+    }
     char ts[32];
     snprintf(ts, sizeof ts, "%lld", (long long)root->time);
     tsp_json_writer_t w;
@@ -315,11 +321,11 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
     tsp_json_key(&w, "message");
     tsp_json_begin_object(&w);
     tsp_json_key(&w, "message");
-    tsp_json_str(&w, root->message ? root->message : "<N/A>");
+    tsp_json_str(&w, root->message); /* null only where a glue finished a missing document */
     tsp_json_key(&w, "extraInfo");
     tsp_json_begin_object(&w);
     tsp_json_key(&w, "py_callstack");
-    tsp_json_str(&w, shown_text(root));
+    tsp_json_str(&w, root->traceback ? root->traceback : root->message);
     tsp_json_key(&w, "timestamp");
     tsp_json_str(&w, ts);
     tsp_json_end(&w);
@@ -331,20 +337,32 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
                                root->status, root->signal,     (long long)root->pid};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++) {
         tsp_json_key(&w, ikeys[i]);
-        if (i < 2 && ivals[i] < 0)
-            tsp_json_null(&w); /* a node's own failure (setup): no rank failed */
+        if ((i < 2 && ivals[i] < 0) || (i == 5 && ivals[i] == 0))
+            tsp_json_null(&w); /* a node's own failure (setup): no rank failed; no pid known */
         else
             tsp_json_int(&w, ivals[i]);
     }
     tsp_json_key(&w, "host");
     tsp_json_str(&w, host);
     tsp_json_key(&w, "time");
-    tsp_json_fixed(&w, root->time, 3);
+    if (root->time > 0)
+        tsp_json_fixed(&w, root->time, 3);
+    else
+        tsp_json_null(&w); /* not known: the agent left no document */
     tsp_json_key(&w, "error_file");
     tsp_json_str(&w, root->has_error_file ? root->error_file : NULL);
+    tsp_json_key(&w, "summary");
+    tsp_json_str(&w, summary);
+    if (root->tail) { /* finished by a glue (tsp_failure_report) */
+        tsp_json_key(&w, "tail");
+        tsp_json_str(&w, root->tail);
+        tsp_json_key(&w, "agent_exitcode");
+        tsp_json_int(&w, root->agent_status);
+    }
     tsp_json_end(&w);
     tsp_json_end(&w);
     fputc('\n', f);
+    free(summary);
     if (fclose(f) != 0) {
         free(text);
         return -ENOMEM;
@@ -378,6 +396,369 @@ void tsp__report_clear(tsp_failure_t *f)
     free(f->message);
     free(f->traceback);
     free((void *)f->document);
-    f->message = f->traceback = NULL;
+    free(f->tail);
+    f->message = f->traceback = f->tail = NULL;
     f->document = NULL;
+}
+
+char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_rank)
+{
+    char who[32] = "a worker", local[48] = "", what[96];
+    if (f->rank >= 0)
+        snprintf(who, sizeof who, "rank %d", f->rank);
+    if (f->local_rank >= 0)
+        snprintf(local, sizeof local, ", local rank %d", f->local_rank);
+    const char *abbrev = f->signal ? sigabbrev_np(f->signal) : NULL;
+    if (abbrev)
+        snprintf(what, sizeof what, "was killed by SIG%s (%d)", abbrev, f->signal);
+    else if (f->signal)
+        snprintf(what, sizeof what, "was killed by signal %d (%d)", f->signal, f->signal);
+    else
+        snprintf(what, sizeof what, "exited with code %d", f->status);
+    char *s = NULL;
+    if (asprintf(&s, "%s (node %d%s) on host %s %s", who, node_rank, local, host ? host : "?",
+                 what) < 0)
+        return NULL;
+    return s;
+}
+
+/* ---- the glues' finish (torchspark/failure.h, docs/protocol.md §8) ---- */
+
+typedef struct {
+    const char *doc;
+    size_t len;
+    char *err;
+    size_t errlen;
+} request_t;
+
+/* The request's value at key: 1 with *out (malloc'ed) when present and not null, 0 when
+ * absent or null, -EINVAL (err set) when its kind is not want. */
+static int req_get(const request_t *r, const char *key, int want, const char *what, char **out)
+{
+    int type = 0;
+    *out = NULL;
+    int rc = tsp_json_get(r->doc, r->len, key, out, &type);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc == -ENOMEM)
+        return rc;
+    if (rc)
+        return tsp__err(r->err, r->errlen, -EINVAL, "the failure request is not a JSON object");
+    if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
+        free(*out);
+        *out = NULL;
+        return 0;
+    }
+    if (type != want) {
+        free(*out);
+        *out = NULL;
+        (void)tsp__err(r->err, r->errlen, -EINVAL, "the failure request's \"%s\" must be %s", key,
+                       what);
+        return -EINVAL;
+    }
+    return 1;
+}
+
+/* A whole number, negative ones too (a Popen returncode -9, a node_rank of -1). */
+static int parse_signed(const char *s, int *v)
+{
+    if (!s)
+        return -EINVAL;
+    int neg = *s == '-';
+    int rc = tsp__parse_int(s + neg, v);
+    if (!rc && neg)
+        *v = -*v;
+    return rc;
+}
+
+static int req_int(const request_t *r, const char *key, int *v)
+{
+    char *s;
+    int rc = req_get(r, key, TSP_JSON_NUMBER, "a whole number", &s);
+    if (rc <= 0)
+        return rc;
+    rc = parse_signed(s, v);
+    free(s);
+    return rc ? tsp__err(r->err, r->errlen, -EINVAL,
+                         "the failure request's \"%s\" must be a whole number", key)
+              : 0;
+}
+
+/* A whole number of the document at path, dflt when absent, null or not a whole number. */
+static int doc_int(const char *doc, size_t len, const char *path, int dflt)
+{
+    char *s = NULL;
+    int type = 0, v = dflt, got = 0;
+    if (tsp_json_get(doc, len, path, &s, &type) == 0 && type == TSP_JSON_NUMBER &&
+        parse_signed(s, &got) == 0)
+        v = got;
+    free(s);
+    return v;
+}
+
+/* The failure a document describes (the agent's, or one finished before). */
+static void from_document(tsp_failure_t *f, const char *doc, size_t len, int *node_rank,
+                          char **host)
+{
+    f->rank = doc_int(doc, len, "torchspark.rank", -1);
+    f->local_rank = doc_int(doc, len, "torchspark.local_rank", -1);
+    *node_rank = doc_int(doc, len, "torchspark.node_rank", *node_rank);
+    f->status = doc_int(doc, len, "torchspark.exitcode", f->status);
+    f->signal = doc_int(doc, len, "torchspark.signal", f->signal);
+    f->exitcode = f->signal ? -f->signal : f->status;
+    f->pid = (pid_t)doc_int(doc, len, "torchspark.pid", 0);
+    f->agent_status = doc_int(doc, len, "torchspark.agent_exitcode", f->agent_status);
+    char *t = NULL;
+    int type = 0;
+    if (tsp_json_get(doc, len, "torchspark.time", &t, &type) == 0 && type == TSP_JSON_NUMBER)
+        f->time = strtod(t, NULL);
+    free(t);
+    char *ef = json_string_at(doc, len, "torchspark.error_file");
+    if (ef) {
+        f->has_error_file = 1;
+        snprintf(f->error_file, sizeof f->error_file, "%s", ef);
+        free(ef);
+    }
+    f->message = json_string_at(doc, len, "message.message");
+    if (!f->message)
+        f->message = json_string_at(doc, len, "message"); /* the old flat layout */
+    f->traceback = json_string_at(doc, len, "message.extraInfo.py_callstack");
+    if (f->traceback && !*f->traceback) {
+        free(f->traceback);
+        f->traceback = NULL;
+    }
+    char *h = json_string_at(doc, len, "torchspark.host");
+    if (h && *h) {
+        free(*host);
+        *host = h;
+    } else {
+        free(h);
+    }
+    f->tail = json_string_at(doc, len, "torchspark.tail");
+}
+
+/* The lines of rank among tail (by their "[rank R] " prefix), else all of them. */
+static char *rank_lines(const char *tail, int rank)
+{
+    char prefix[64];
+    if (rank < 0)
+        return strdup(tail);
+    size_t plen = tsp_lines_prefix(prefix, sizeof prefix, NULL, NULL, rank, TSP_STREAM_STDOUT);
+    char *out = NULL;
+    size_t olen = 0;
+    FILE *m = open_memstream(&out, &olen);
+    if (!m)
+        return NULL;
+    int n = 0;
+    for (const char *p = tail; *p;) {
+        const char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        if (l >= plen && strncmp(p, prefix, plen) == 0) {
+            fprintf(m, "%s%.*s", n++ ? "\n" : "", (int)l, p);
+        }
+        p += l + (nl != NULL);
+    }
+    if (fclose(m) != 0) {
+        free(out);
+        return NULL;
+    }
+    if (n)
+        return out;
+    free(out);
+    return strdup(tail);
+}
+
+/* Writes text's lines, each behind two spaces; at most the last `last` lines (0: all).
+ * Python's splitlines: "\n", "\r\n" and "\r" end a line. Returns the lines written. */
+static int indented(FILE *m, const char *text, int last)
+{
+    size_t len = strlen(text);
+    int total = 0;
+    for (size_t i = 0; i < len; i++)
+        total += text[i] == '\n' || (text[i] == '\r' && text[i + 1] != '\n');
+    if (len && text[len - 1] != '\n' && text[len - 1] != '\r')
+        total++;
+    int skip = last && total > last ? total - last : 0, n = 0;
+    for (const char *p = text; *p;) {
+        size_t l = strcspn(p, "\r\n");
+        if (n++ >= skip)
+            fprintf(m, "\n  %.*s", (int)l, p);
+        p += l;
+        p += *p == '\r' && p[1] == '\n' ? 2 : *p ? 1 : 0;
+    }
+    return total - skip;
+}
+
+typedef struct {
+    char *product, *mode, *went, *shown_tail, *detail;
+} message_opts_t;
+
+/* The exception's message (docs/protocol.md §8): the summary, the error, the rank's last
+ * lines and what to do, in the words both glues show. */
+static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const char *summary,
+                          const message_opts_t *o)
+{
+    fprintf(m, "%s (%s) failed: %s.", o->product, o->mode ? o->mode : "distributed", summary);
+    const char *text = f->traceback ? f->traceback : f->message;
+    if (text) {
+        size_t l = strlen(text);
+        while (l > 0 && strchr(" \t\n\r\v\f", text[l - 1]))
+            l--;
+        char *trimmed = copy_cut(text, l, l);
+        if (trimmed && *trimmed) {
+            fputs("\nError:", m);
+            indented(m, trimmed, 0);
+        }
+        free(trimmed);
+    }
+    const char *tail = o->shown_tail && *o->shown_tail ? o->shown_tail : f->tail ? f->tail : "";
+    char who[48];
+    if (f->rank >= 0)
+        snprintf(who, sizeof who, "rank %d", f->rank);
+    else
+        snprintf(who, sizeof who, "node %d", node_rank);
+    if (*tail) {
+        char *lines = NULL;
+        size_t llen = 0;
+        FILE *t = open_memstream(&lines, &llen);
+        int n = t ? indented(t, tail, TSP_REPORT_TAIL_IN_MESSAGE) : 0;
+        if (t && fclose(t) == 0)
+            fprintf(m, "\nLast %d lines of %s's output:%s", n, who, lines);
+        free(lines);
+    } else {
+        fprintf(m, "\n%s printed nothing.", who);
+    }
+    fprintf(m,
+            "\nTo fix it: correct the error above in the training code or its inputs and run "
+            "again; every rank's full output went to %s.",
+            o->went ? o->went : "the driver's stderr");
+    if (o->detail) /* the driver's job-wide view (e.g. the nodes whose NCCL check never started) */
+        fprintf(m, "\n%s.", o->detail);
+}
+
+typedef struct {
+    char *document, *host, *tail;
+    int status, node_rank, nproc;
+    message_opts_t msg;
+} request_fields_t;
+
+static void request_free(request_fields_t *q)
+{
+    char **s[] = {&q->document, &q->host,     &q->tail,           &q->msg.product,
+                  &q->msg.mode, &q->msg.went, &q->msg.shown_tail, &q->msg.detail};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
+        free(*s[i]);
+        *s[i] = NULL;
+    }
+}
+
+static int read_request(const request_t *r, request_fields_t *q)
+{
+    int rc;
+    q->status = 1;
+    q->node_rank = -1;
+    if (tsp_json_check_object(r->doc, r->len) != 0)
+        return tsp__err(r->err, r->errlen, -EINVAL, "the failure request is not a JSON object");
+    const struct {
+        const char *key;
+        char **out;
+    } strs[] = {{"host", &q->host},
+                {"tail", &q->tail},
+                {"product", &q->msg.product},
+                {"mode", &q->msg.mode},
+                {"output_went", &q->msg.went},
+                {"shown_tail", &q->msg.shown_tail},
+                {"detail", &q->msg.detail}};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
+        if ((rc = req_get(r, strs[i].key, TSP_JSON_STRING, "a string", strs[i].out)) < 0)
+            return rc;
+    if ((rc = req_get(r, "document", TSP_JSON_OBJECT, "the failure document (an object)",
+                      &q->document)) < 0 ||
+        (rc = req_int(r, "status", &q->status)) || (rc = req_int(r, "node_rank", &q->node_rank)) ||
+        (rc = req_int(r, "nproc_per_node", &q->nproc)))
+        return rc;
+    return 0;
+}
+
+/* The finished failure of a request: the document's, else the agent's exit status. */
+static int finish(request_fields_t *q, tsp_failure_t *f, int *node_rank, char **host)
+{
+    f->rank = f->local_rank = -1;
+    f->agent_status = q->status;
+    f->signal = q->status < 0 ? -q->status : 0; /* a Popen returncode -N: killed by signal N */
+    f->status = f->signal ? 128 + f->signal : q->status;
+    f->exitcode = f->signal ? -f->signal : f->status;
+    *node_rank = q->node_rank;
+    *host = strdup(q->host ? q->host : "?");
+    if (!*host)
+        return -ENOMEM;
+    if (q->document)
+        from_document(f, q->document, strlen(q->document), node_rank, host);
+    if (f->rank < 0 && q->nproc == 1) { /* one worker per node: its rank is the node's */
+        f->rank = *node_rank;
+        f->local_rank = 0;
+    }
+    if (q->tail) { /* the agent's output as the glue kept it */
+        free(f->tail);
+        f->tail = rank_lines(q->tail, f->rank);
+    } else if (!f->tail) {
+        f->tail = strdup("");
+    }
+    return f->tail ? build_document(f, *host, *node_rank) : -ENOMEM;
+}
+
+int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                       char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    request_t r = {request, len, err, errlen};
+    request_fields_t q = {0};
+    tsp_failure_t f = {0};
+    char *host = NULL, *text = NULL, *summary = NULL;
+    size_t tlen = 0;
+    int node_rank = -1;
+    int rc = read_request(&r, &q);
+    if (!rc)
+        rc = finish(&q, &f, &node_rank, &host);
+    if (!rc && !(summary = tsp__report_summary(&f, host, node_rank)))
+        rc = -ENOMEM;
+    FILE *m = rc ? NULL : open_memstream(&text, &tlen);
+    if (!rc && !m)
+        rc = -ENOMEM;
+    if (m) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, m);
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "document");
+        (void)tsp_json_value(&w, f.document, strlen(f.document));
+        tsp_json_key(&w, "message");
+        if (q.msg.product) {
+            char *msg = NULL;
+            size_t mlen = 0;
+            FILE *mm = open_memstream(&msg, &mlen);
+            if (mm)
+                write_message(mm, &f, node_rank, summary, &q.msg);
+            tsp_json_str(&w, mm && fclose(mm) == 0 ? msg : NULL);
+            free(msg);
+        } else {
+            tsp_json_null(&w);
+        }
+        tsp_json_end(&w);
+        rc = fclose(m) == 0 ? 0 : -ENOMEM;
+    }
+    if (!rc) {
+        if (needed)
+            *needed = tlen + 1;
+        if (tlen + 1 > outlen)
+            rc = -ENOSPC;
+        else
+            memcpy(out, text, tlen + 1);
+    }
+    free(text);
+    free(summary);
+    free(host);
+    tsp__report_clear(&f);
+    request_free(&q);
+    return rc;
 }

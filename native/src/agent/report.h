@@ -31,6 +31,9 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
     char *message;        /* one line: the worker's error, or what happened to it */
     char *traceback;      /* the worker's whole traceback (capped), or NULL */
     const char *document; /* the failure document (JSON, docs/cli.md) of the root cause */
+    /* What a glue adds when it finishes the document (tsp_failure_report): */
+    char *tail;       /* the failing rank's last lines, one per line; NULL: not finished */
+    int agent_status; /* the agent's exit status as the glue saw it (-N: signal N) */
 } tsp_failure_t;
 
 /* A traceback keeps at most this many lines: the first and the last half of them, with
@@ -41,6 +44,8 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
 #define TSP_REPORT_MESSAGE_BYTES (4u << 10)
 /* The whole document stays below an EVENT frame's cap (TSP_WIRE_MAX_EVENT, 64 KiB). */
 #define TSP_REPORT_DOCUMENT_MAX (60u << 10)
+/* The lines of the failing rank a message shows (the last ones). */
+#define TSP_REPORT_TAIL_IN_MESSAGE 20
 
 /* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */
 void tsp__report_set_status(tsp_failure_t *f, int wstatus);
@@ -57,6 +62,10 @@ int tsp__report_write_file(const char *path, const tsp_failure_t *root);
 /* Prints torchrun's ChildFailedError block. */
 void tsp__report_print(FILE *out, const char *name, const char *host, const tsp_failure_t *fails,
                        int n, int root);
-/* Frees what a failure owns (message, traceback, document). */
+/* The one-line summary of a failure: "rank 1 (node 0, local rank 1) on host h exited with
+ * code 1" or "... was killed by SIGKILL (9)"; the only writer of that sentence (malloc'ed,
+ * NULL on ENOMEM). */
+char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_rank);
+/* Frees what a failure owns (message, traceback, document, tail). */
 void tsp__report_clear(tsp_failure_t *f);
 #endif

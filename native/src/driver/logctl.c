@@ -122,22 +122,21 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
     a->seq = seq;
     memcpy(report, p + 9, n);
     report[n] = 0;
-    char *rank = NULL, *code = NULL, *sig = NULL, addr[80];
-    int t;
-    tsp_json_get(report, n, "torchspark.rank", &rank, &t);
-    tsp_json_get(report, n, "torchspark.exitcode", &code, &t);
-    tsp_json_get(report, n, "torchspark.signal", &sig, &t);
+    /* The sentence is the agent's (report.c writes every failure's summary once). */
+    char *summary = NULL, addr[80];
+    int t = 0;
+    if (tsp_json_get(report, n, "torchspark.summary", &summary, &t) != 0 || t != TSP_JSON_STRING) {
+        free(summary);
+        summary = NULL;
+    }
     peer_addr(c->peer, addr, sizeof(addr));
     char msg[STOP_TEXT_MAX];
-    snprintf(msg, sizeof(msg), "node %d (host %s, address %s) failed: rank %s %s %s",
-             c->h.node_rank, c->h.host, addr, rank ? rank : "?",
-             sig && strcmp(sig, "0") != 0 ? "was killed by signal" : "exited with code",
-             sig && strcmp(sig, "0") != 0 ? sig
-             : code                       ? code
-                                          : "?");
-    free(rank);
-    free(code);
-    free(sig);
+    if (summary)
+        snprintf(msg, sizeof(msg), "%s (address %s)", summary, addr);
+    else /* a document without its summary: what the driver knows of the node */
+        snprintf(msg, sizeof(msg), "node %d (host %s, address %s) failed", c->h.node_rank,
+                 c->h.host, addr);
+    free(summary);
     char *detail = tsp__nodes_check_detail(s, c->h.node_rank);
     record_root(s, "failure", c->h.node_rank, c->h.host, c->peer, msg, report, detail);
     free(detail);

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO, Callable, Deque, Dict, List, Optional, Sequence
 
-from torchspark._lib import agent_path
+from torchspark._lib import agent_path, json_call
 
 TAIL_LINES = 100
 SHUTDOWN_TIMEOUT_S = 5
@@ -28,24 +28,7 @@ def plan_argv(plan: Dict[str, object]) -> List[str]:
     """The agent's options for a node plan (docs/protocol.md §7), built by the C core
     (torchspark/plan.h) for both glues; the golden cases of tests/contracts/plan_argv.json
     hold the contract."""
-    import ctypes
-
-    from torchspark._lib import load_library
-
-    lib = load_library()
-    doc = json.dumps(plan).encode()
-    err = ctypes.create_string_buffer(512)
-    size = 4096
-    for _ in range(2):
-        out = ctypes.create_string_buffer(size)
-        needed = ctypes.c_size_t(0)
-        rc = lib.tsp_plan_argv(doc, len(doc), out, size, ctypes.byref(needed), err, len(err))
-        if rc == 0:
-            return list(json.loads(out.value.decode()))
-        if rc != -28:  # -ENOSPC: once more with the size the library asked for
-            break
-        size = needed.value
-    raise ValueError(err.value.decode(errors="replace") or f"tsp_plan_argv failed ({rc})")
+    return list(json_call("tsp_plan_argv", plan))
 
 
 def agent_command(

@@ -7,11 +7,13 @@ a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_
 names another), then PATH for the agent.
 
 The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
-logserver.h, output.h, gpu.h). Every other module calls the library through :func:`load_library`.
+logserver.h, output.h, gpu.h, plan.h, failure.h). Every other module calls the library through :func:`load_library`.
 """
 from __future__ import annotations
 
 import ctypes
+import errno
+import json
 import os
 import shutil
 import threading
@@ -126,6 +128,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h
         "tsp_plan_argv": (i, [c, sz, c, sz, P(sz)] + err),
+        # failure.h
+        "tsp_failure_report": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
@@ -202,3 +206,23 @@ def load_library() -> ctypes.CDLL:
                 fn.restype, fn.argtypes = res, args
             _lib = lib
         return _lib
+
+
+def json_call(name: str, request: Any) -> Any:
+    """One of the C core's JSON transforms (plan.h's tsp_plan_argv, failure.h's
+    tsp_failure_report): request -> its reply, decoded; the library's sentence naming what
+    is wrong as a ValueError when it refuses the request."""
+    lib = load_library()
+    doc = json.dumps(request).encode()
+    err = ctypes.create_string_buffer(512)
+    size, rc = 16384, 0
+    for _ in range(2):
+        out = ctypes.create_string_buffer(size)
+        needed = ctypes.c_size_t(0)
+        rc = getattr(lib, name)(doc, len(doc), out, size, ctypes.byref(needed), err, len(err))
+        if rc == 0:
+            return json.loads(out.value.decode())
+        if rc != -errno.ENOSPC:  # else once more with the size the library asked for
+            break
+        size = needed.value
+    raise ValueError(err.value.decode(errors="replace") or f"{name} failed ({rc})")

@@ -1,31 +1,29 @@
-"""The failure report: what failed (rank, host, exit code or signal, the worker's error
-and whole traceback, the last lines of output), carried from a barrier task to the driver
-inside the task's exception text, and turned into one readable message.
+"""The failure, read: the C core writes it (torchspark/failure.h, docs/protocol.md §8), this
+module only carries it and raises it.
 
-It is built from the agent's failure document (its --error-file JSON, the same text the
-agent sends the driver; native/src/agent/report.h owns it): the traceback there is the worker's
-whole traceback, chained causes included, already capped by the agent (200 lines: the
-first and last 100; docs/cli.md), and shown here as it is. The exit status follows the
-agent's one rule: the document's "exitcode"/"signal"; without a document, the agent's own
-status, 128 + signal when it was killed (:func:`exit_status`).
-
-Carrier: a line ``TORCHSPARK-FAILURE-REPORT-V1:<base64 JSON>`` in the task's exception
-message; Spark copies that message into the job's failure, where the driver finds it.
-(docs/protocol.md, "Failure report")
+The agent's failure document (its --error-file JSON, the same text it sends the driver
+over the log channel) is finished by ``tsp_failure_report``: the agent's exit status when
+it left no document, the failing rank's last lines, the one-line summary, and the
+exception's message. :meth:`Failure.from_document` is the one way in, for both carriers:
+the log server's root record and a task's exception text, where a task carries its
+finished document as ``TORCHSPARK-FAILURE-REPORT-V2:<base64 JSON>`` (Spark copies that
+message into the job's failure, where the driver finds it).
 """
 from __future__ import annotations
 
 import base64
 import json
 import re
-import signal as _signal
-from typing import Dict, Iterable, List, Optional
+from typing import Any, Dict, List, Optional
 
-from torchspark import _native
+from torchspark._lib import json_call
 
-MARKER = "TORCHSPARK-FAILURE-REPORT-V1:"
+MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"
 _MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")
-TAIL_IN_MESSAGE = 20
+TAIL_IN_MESSAGE = 20  # TSP_REPORT_TAIL_IN_MESSAGE: the lines a message shows
+# Where every rank's output went, by mode, for the message's last sentence.
+_OUTPUT_WENT = {"local": "the driver's stderr",
+                "distributed": "the driver's stderr and the executors' logs"}
 
 
 class TorchDistributorError(RuntimeError):
@@ -53,120 +51,73 @@ class TorchDistributorError(RuntimeError):
         self.output_tail: List[str] = list(report.get("tail") or [])
 
 
-def _error_file_text(data: Optional[Dict]) -> "tuple[Optional[str], Optional[str]]":
-    """(message, traceback) of a failure document (torchelastic's layout)."""
-    msg = (data or {}).get("message")
-    if isinstance(msg, dict):
-        extra = msg.get("extraInfo")
+class Failure:
+    """A finished failure document and, when asked for, its message."""
+
+    def __init__(self, document: Dict[str, Any], message: Optional[str]) -> None:
+        self.document = document
+        self.message = message
+        self.fields: Dict[str, Any] = dict(document.get("torchspark") or {})
+
+    @classmethod
+    def from_document(cls, document: Optional[Dict[str, Any]], *, status: int = 1,
+                      node_rank: int = -1, host: str = "?", nproc_per_node: int = 0,
+                      tail: Optional[List[str]] = None, mode: Optional[str] = None,
+                      shown_tail: Optional[List[str]] = None,
+                      detail: Optional[str] = None) -> "Failure":
+        """The agent's document (None: it left none; status is then the agent's Popen
+        returncode) finished by the C core with what this side knows: the agent's output
+        ``tail`` (the failing rank's lines are kept), and, with ``mode``, the message
+        showing ``shown_tail`` (the driver's lines of that rank) or the document's."""
+        request: Dict[str, Any] = {
+            "document": document, "status": status, "node_rank": node_rank, "host": host,
+            "nproc_per_node": nproc_per_node,
+            "tail": None if tail is None else "\n".join(tail)}
+        if mode is not None:
+            request.update(product="TorchDistributor", mode=mode, output_went=_OUTPUT_WENT[mode],
+                           shown_tail=None if shown_tail is None else "\n".join(shown_tail),
+                           detail=detail)
+        reply = json_call("tsp_failure_report", request)
+        return cls(reply["document"], reply["message"])
+
+    def error(self, mode: str, shown_tail: Optional[List[str]] = None,
+              detail: Optional[str] = None) -> TorchDistributorError:
+        """The exception: the C core's message for this mode ("local" or "distributed"),
+        showing ``shown_tail`` (the driver's lines of the rank) or the document's tail, and
+        ``detail`` (the driver's job-wide view); the document's fields as attributes."""
+        message = Failure.from_document(self.document, mode=mode, shown_tail=shown_tail,
+                                        detail=detail).message
+        msg = self.document.get("message")
+        extra = msg.get("extraInfo") if isinstance(msg, dict) else None
         stack = extra.get("py_callstack") if isinstance(extra, dict) else None
-        text = msg.get("message")
-        return (str(text) if text is not None else None,
-                stack if isinstance(stack, str) and stack else None)
-    return (str(msg) if msg is not None else None), None
+        ts = self.fields
+        report = {**ts, "version": 2,
+                  "message": msg.get("message") if isinstance(msg, dict) else msg,
+                  "traceback": stack or None,
+                  "tail": ts["tail"].split("\n") if ts.get("tail") else []}
+        if detail:
+            report["detail"] = detail
+        return TorchDistributorError(str(message), report)
+
+    def encode(self) -> str:
+        """The task's carrier: one line of its exception text."""
+        return MARKER + base64.b64encode(json.dumps(self.document).encode()).decode()
 
 
-def exit_status(returncode: int) -> "tuple[int, int]":
-    """(exit status, signal) as the shell reports a process's end, the agent's rule
-    (tsp_proc_exit_code): the exit code, or 128 + signal for a Popen returncode of -signal."""
-    if returncode < 0:
-        return 128 - returncode, -returncode
-    return returncode, 0
-
-
-def rank_tail(lines: List[str], rank: Optional[int]) -> List[str]:
-    """The lines of one rank (by their "[rank R] " prefix), else all of them."""
-    if rank is None:
-        return lines
-    prefix = _native.line_prefix(rank)
-    mine = [ln for ln in lines if ln.startswith(prefix)]
-    return mine or lines
-
-
-def build(*, node_rank: int, host: str, returncode: int, tail: Iterable[str],
-          error_file: Optional[Dict], nproc_per_node: int) -> Dict:
-    """A report from one agent's exit status, output tail and --error-file JSON."""
-    ts = (error_file or {}).get("torchspark") or {}
-    status, sig = exit_status(returncode)
-    exitcode = ts.get("exitcode", status)
-    sig = ts.get("signal", sig)
-    local_rank = ts.get("local_rank")
-    rank = ts.get("rank")
-    if rank is None and nproc_per_node == 1:
-        rank, local_rank = node_rank, 0
-    tail = rank_tail(list(tail), rank)
-    message, traceback = _error_file_text(error_file)
-    return {
-        "version": 1,
-        "node_rank": ts.get("node_rank", node_rank),
-        "rank": rank,
-        "local_rank": local_rank,
-        "host": ts.get("host") or host,
-        "pid": ts.get("pid"),
-        "exitcode": exitcode,
-        "signal": sig or 0,
-        "time": ts.get("time"),
-        "message": message,
-        "traceback": traceback,
-        "agent_exitcode": returncode,
-        "tail": list(tail),
-    }
-
-
-def encode(report: Dict) -> str:
-    return MARKER + base64.b64encode(json.dumps(report).encode()).decode()
-
-
-def find(text: str) -> List[Dict]:
-    """Every report carried in text (a Spark failure message), oldest root cause first."""
+def find(text: str) -> List[Dict[str, Any]]:
+    """Every document carried in text (a Spark failure message), oldest root cause first."""
     found = []
     for m in _MARKER_RE.finditer(text):
         try:
             found.append(json.loads(base64.b64decode(m.group(1))))
         except ValueError:
             continue
-    # The same report may appear twice (task message + chained cause): keep one.
-    unique = list({json.dumps(r, sort_keys=True): r for r in found}.values())
-    unique.sort(key=lambda r: (r.get("time") or "~"))
+    # The same document may appear twice (task message + chained cause): keep one.
+    unique = list({json.dumps(d, sort_keys=True): d for d in found}.values())
+    unique.sort(key=lambda d: (_time(d) is None, _time(d) or 0.0))
     return unique
 
 
-def _what(report: Dict) -> str:
-    sig = report.get("signal") or 0
-    if sig:
-        try:
-            name = _signal.Signals(sig).name
-        except ValueError:
-            name = f"signal {sig}"
-        return f"was killed by {name} ({sig})"
-    return f"exited with code {report.get('exitcode')}"
-
-
-def _who(report: Dict) -> str:
-    rank = report.get("rank")
-    parts = [f"rank {rank}" if rank is not None else "a worker"]
-    inner = [f"node {report.get('node_rank')}"]
-    if report.get("local_rank") is not None:
-        inner.append(f"local rank {report.get('local_rank')}")
-    return f"{parts[0]} ({', '.join(inner)}) on host {report.get('host')}"
-
-
-def format_message(report: Dict, mode: str, tail: Optional[List[str]] = None) -> str:
-    """One message naming the root cause; tail overrides the report's own tail."""
-    lines = [f"TorchDistributor ({mode}) failed: {_who(report)} {_what(report)}."]
-    text = report.get("traceback") or report.get("message")
-    if text:
-        lines.append("Error:")
-        lines += ["  " + ln for ln in str(text).rstrip().splitlines()]
-    out = tail if tail is not None else list(report.get("tail") or [])
-    out = out[-TAIL_IN_MESSAGE:]
-    rank = report.get("rank")
-    who = f"rank {rank}" if rank is not None else f"node {report.get('node_rank')}"
-    if out:
-        lines.append(f"Last {len(out)} lines of {who}'s output:")
-        lines += ["  " + ln for ln in out]
-    else:
-        lines.append(f"{who} printed nothing.")
-    lines.append("To fix it: correct the error above in the training code or its inputs and "
-                 "run again; every rank's full output went to the driver's stderr"
-                 + (" and the executors' logs." if mode == "distributed" else "."))
-    return "\n".join(lines)
+def _time(document: Dict[str, Any]) -> Optional[float]:
+    t = (document.get("torchspark") or {}).get("time")
+    return float(t) if isinstance(t, (int, float)) else None

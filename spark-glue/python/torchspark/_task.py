@@ -213,10 +213,11 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
     res = _launch.Agent(cmd, env, echo=echo).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
-        report = _report.build(node_rank=node_rank, host=host, returncode=res.returncode,
-                               tail=res.tail, error_file=res.report, nproc_per_node=nproc)
+        failure = _report.Failure.from_document(res.report, status=res.returncode,
+                                                node_rank=node_rank, host=host,
+                                                nproc_per_node=nproc, tail=res.tail)
         raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
-                           f"with status {res.returncode}\n{_report.encode(report)}\n")
+                           f"with status {res.returncode}\n{failure.encode()}\n")
     if ship and os.path.exists(out_file):
         # The agent removes the file once the driver confirmed it: shipping failed (the
         # agent said why on its stderr), so the result takes the collect() path instead.

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import textwrap
 import shutil
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
@@ -402,13 +402,11 @@ class TorchDistributor:
                 hang = self._hang_error(doctor, "local")
                 if hang is not None:
                     raise hang
-                report = _report.build(node_rank=0, host=socket.gethostname(),
-                                       returncode=res.returncode, tail=res.tail,
-                                       error_file=res.report,
-                                       nproc_per_node=self.num_processes)
-                tail = self._tail_from_server(server, report)
-                raise TorchDistributorError(_report.format_message(report, "local", tail),
-                                            report)
+                failure = _report.Failure.from_document(
+                    res.report, status=res.returncode, node_rank=0,
+                    host=socket.gethostname(), nproc_per_node=self.num_processes,
+                    tail=res.tail)
+                raise failure.error("local", self._tail_from_server(server, failure.fields))
             output = None
             if fn_bytes is not None:
                 if not os.path.exists(out_file):
@@ -641,35 +639,29 @@ class TorchDistributor:
 
     def _distributed_failure(self, out: "_job.Outcome", server: Any,
                              nproc: int) -> Exception:
+        """The run's exception: from the channel's structured root record first, from
+        Spark's error text (_SPARK_TEXT, in order) only as a fallback."""
         root = out.root
-        # A set-up error (before any training) also when the agent of a task that got
-        # through was then lost to Spark's abort: only a training failure outranks it.
-        setup = (_setup_error(str(out.spark_error))
-                 if out.spark_error is not None
-                 and (root is None or root.get("kind") != "failure") else None)
-        if setup is not None:
-            return setup
         if root is not None and root.get("kind") == "failure" and root.get("report"):
-            report = _report.build(node_rank=root.get("node_rank", -1),
-                                   host=root.get("host") or "?", returncode=1, tail=[],
-                                   error_file=root["report"], nproc_per_node=nproc)
-            tail = self._tail_from_server(server, report)
-            text = _report.format_message(report, "distributed", tail)
-            if root.get("detail"):
-                # The driver's job-wide view (e.g. the nodes whose NCCL check never started).
-                text += "\n" + root["detail"] + "."
-                report["detail"] = root["detail"]
-            return TorchDistributorError(text, report)
+            failure = _report.Failure.from_document(
+                root["report"], node_rank=root.get("node_rank", -1),
+                host=root.get("host") or "?", nproc_per_node=nproc)
+            return failure.error("distributed", self._tail_from_server(server, failure.fields),
+                                 root.get("detail"))
+        text = str(out.spark_error) if out.spark_error is not None else ""
+        for marker, make in _SPARK_TEXT:
+            if marker == _report.MARKER and root is not None:
+                # The channel's other record, a node lost, outranks what a task carried
+                # (but not a set-up error: that node was lost to Spark's abort).
+                return self._lost_node_error(root, server, nproc)
+            found = make(text)
+            if isinstance(found, _report.Failure):
+                return found.error("distributed", self._tail_from_server(server, found.fields))
+            if found is not None:
+                return found
         if root is not None:
             return self._lost_node_error(root, server, nproc)
         e = out.spark_error
-        text = str(e)
-        reports = _report.find(text)
-        if reports:
-            report = reports[0]
-            tail = self._tail_from_server(server, report)
-            return TorchDistributorError(_report.format_message(report, "distributed", tail),
-                                         report)
         first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
         if "cancel" in text.lower():
             what = "the Spark job was cancelled"
@@ -730,15 +722,29 @@ class _NoRendezvous(Exception):
 _RENDEZVOUS_UNREACHABLE: List[str] = []
 
 
-def _setup_error(text: str) -> Optional[Exception]:
-    """The error of a task's set-up step (_boot.py), from Spark's error text, or None."""
-    for marker, cls in ((_boot.NOT_INSTALLED, _NotInstalled),
-                        (_rendezvous.UNREACHABLE, _NoRendezvous),
-                        (_boot.SETUP_ERROR, TorchDistributorError)):
+def _after(marker: str, make: Callable[[str], Exception]) -> Callable[[str], Optional[Exception]]:
+    """A task's set-up error (_boot.py): ``marker: text`` in Spark's error text."""
+    def read(text: str) -> Optional[Exception]:
         m = re.search(re.escape(marker) + r": (.*)", text)
-        if m:
-            return cls(m.group(1).strip())
-    return None
+        return make(m.group(1).strip()) if m else None
+    return read
+
+
+def _carried(text: str) -> Optional[_report.Failure]:
+    """The oldest failure document a task carried in Spark's error text."""
+    documents = _report.find(text)
+    return _report.Failure.from_document(documents[0]) if documents else None
+
+
+# Spark's error text, read only where the channel recorded no failed rank: one ordered
+# table of (marker, constructor), the first found wins.
+_Found = Optional[Union[Exception, _report.Failure]]
+_SPARK_TEXT: Tuple[Tuple[str, Callable[[str], _Found]], ...] = (
+    (_boot.NOT_INSTALLED, _after(_boot.NOT_INSTALLED, _NotInstalled)),
+    (_rendezvous.UNREACHABLE, _after(_rendezvous.UNREACHABLE, _NoRendezvous)),
+    (_boot.SETUP_ERROR, _after(_boot.SETUP_ERROR, TorchDistributorError)),
+    (_report.MARKER, _carried),
+)
 
 
 def _never_reached(server: Any) -> bool:

@@ -29,6 +29,12 @@ final class Native {
      *  the error sentence naming the key that is wrong. */
     static native int planArgv(String plan, String[] msg);
 
+    // --- the failure (torchspark/failure.h) ---
+
+    /** msg[0]: {"document": the finished failure document, "message": the exception's
+     *  message or null} for the request (JSON), or the error sentence naming the key. */
+    static native int failureReport(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -1,6 +1,5 @@
 package org.torchspark;
 
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.Serializable;
@@ -188,10 +187,10 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
             if (rc != 0) {
                 String host = localHostName();
-                ObjectNode report = Reports.build(nodeRank, host, rc, agent.tail(),
-                        Reports.readErrorFile(errorFile), nproc);
+                Failure failure = Failure.fromDocument(Failure.readErrorFile(errorFile), rc, nodeRank, host,
+                        nproc, agent.tail());
                 throw new IllegalStateException("torchspark node " + nodeRank + " on host " + host
-                        + ": the agent exited with status " + rc + "\n" + Reports.encode(report) + "\n");
+                        + ": the agent exited with status " + rc + "\n" + failure.encode() + "\n");
             }
             if (ship && Files.exists(outFile)) {
                 // The agent removes the file once the driver confirmed it: shipping failed

@@ -1,7 +1,6 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.io.UncheckedIOException;
@@ -515,11 +514,9 @@ public final class TorchSparkRunner {
             }
             if (rc != 0) {
                 Metrics.FAILURES.incrementAndGet();
-                ObjectNode report = Reports.build(0, NodeTask.localHostName(), rc, agent.tail(),
-                        Reports.readErrorFile(errorFile), nproc);
-                List<String> tail = report.hasNonNull("rank") ? server.tail(report.get("rank").asInt(),
-                        Reports.TAIL_IN_MESSAGE) : null;
-                throw Reports.exception(report, "local", tail, null);
+                Failure failure = Failure.fromDocument(Failure.readErrorFile(errorFile), rc, 0,
+                        NodeTask.localHostName(), nproc, agent.tail());
+                throw failure.exception("local", rankTail(server, failure), null, null);
             }
             return wantOutput ? collect(server, Collections.emptyList()) : new Result(null, null);
         } finally {
@@ -750,16 +747,11 @@ public final class TorchSparkRunner {
                 server.stopAll(err != null ? "the Spark job failed" : "another node failed");
                 server.shutdown(1000);
                 pump.finish();
-                // A task could not reach the rendezvous: only a training failure outranks it
-                // (an agent that got through was then lost to Spark's abort).
-                String unreachable = spec.rendezvous != null && err != null
-                        && (root == null || !"failure".equals(Reports.parseRoot(root).path("kind").asText()))
-                        ? rendezvousUnreachable(err) : null;
-                if (unreachable != null) {
-                    throw new NoRendezvous(unreachable, err);
+                RuntimeException failed = failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+                if (!(failed instanceof NoRendezvous)) {
+                    Metrics.FAILURES.incrementAndGet();
                 }
-                Metrics.FAILURES.incrementAndGet();
-                throw failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+                throw failed;
             }
             Result r = wantOutput ? collect(server, chunks.get()) : new Result(null, null);
             r.election = spec.rendezvous != null ? "rendezvous" : "allGather";
@@ -779,40 +771,53 @@ public final class TorchSparkRunner {
         }
     }
 
-    private static TorchSparkException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
-        if (rootJson != null) {
-            JsonNode root = Reports.parseRoot(rootJson);
-            if ("failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
-                ObjectNode report = Reports.build(root.path("node_rank").asInt(-1), root.path("host").asText("?"),
-                        1, List.of(), root.get("report"), nproc);
-                if (root.hasNonNull("detail")) {
-                    report.put("detail", root.get("detail").asText());
-                }
-                List<String> tail = report.hasNonNull("rank")
-                        ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
-                return Reports.exception(report, "distributed", tail, sparkError);
-            }
-            int node = root.path("node_rank").asInt(-1);
-            String host = root.path("host").asText("?");
-            List<String> tail = new ArrayList<>();
-            for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
-                for (String ln : server.tail(r, Reports.TAIL_IN_MESSAGE)) {
-                    tail.add(ln);
-                }
-            }
-            StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
-                    + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
-                    + ", that host, or the network to it failed; the other nodes were stopped.");
-            for (String ln : tail) {
-                m.append("\n  ").append(ln);
-            }
-            return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
+    /** The driver's last lines of the failure's rank, or null when no rank failed. */
+    private static List<String> rankTail(LogServer server, Failure failure) {
+        return failure.rank() != null ? server.tail(failure.rank(), Failure.TAIL_IN_MESSAGE) : null;
+    }
+
+    /** Reads Spark's error text (its causes included) for one marker. */
+    private interface FromText {
+        RuntimeException make(Throwable sparkError, LogServer server);
+    }
+
+    /** Spark's error text, read only where the channel recorded no failed rank: one ordered
+     *  table of (marker, constructor), the first found wins (as distributor._SPARK_TEXT). A
+     *  task that could not reach the rendezvous: before any training, the job runs again
+     *  through allGather. A task's carried failure document. */
+    private static final List<Map.Entry<String, FromText>> SPARK_TEXT = List.of(
+            Map.entry(Rendezvous.UNREACHABLE, (err, server) -> {
+                String why = rendezvousUnreachable(err);
+                return why == null ? null : new NoRendezvous(why, err);
+            }),
+            Map.entry(Failure.MARKER, (err, server) -> {
+                Failure carried = Failure.find(err);
+                return carried == null ? null : carried.exception("distributed", rankTail(server, carried), null, err);
+            }));
+
+    /** The run's exception: from the channel's structured root record first, from Spark's
+     *  error text (SPARK_TEXT, in order) only as a fallback. */
+    private static RuntimeException failure(String rootJson, Throwable sparkError, LogServer server, int nproc) {
+        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
+        if (root != null && "failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
+            Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
+                    root.path("host").asText("?"), nproc, null);
+            return failure.exception("distributed", rankTail(server, failure),
+                    root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
         }
-        ObjectNode report = Reports.find(sparkError);
-        if (report != null) {
-            List<String> tail = report.hasNonNull("rank")
-                    ? server.tail(report.get("rank").asInt(), Reports.TAIL_IN_MESSAGE) : null;
-            return Reports.exception(report, "distributed", tail, sparkError);
+        for (Map.Entry<String, FromText> t : SPARK_TEXT) {
+            if (t.getKey().equals(Failure.MARKER) && root != null) {
+                // The channel's other record, a node lost, outranks what a task carried (but
+                // not an unreachable rendezvous: that node was lost to Spark's abort).
+                return lostNode(root, rootJson, sparkError, server, nproc);
+            }
+            RuntimeException e = t.getValue().make(sparkError, server);
+            if (e != null) {
+                return e;
+            }
+        }
+        if (root != null) {
+            return lostNode(root, rootJson, sparkError, server, nproc);
         }
         String text = String.valueOf(sparkError.getMessage());
         String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
@@ -822,6 +827,26 @@ public final class TorchSparkRunner {
                 + first.substring(0, Math.min(500, first.length()))
                 + "\nSee the exception's cause (Spark's error) and the executors' logs.",
                 null, null, null, null, 0, null, null, sparkError);
+    }
+
+    /** A node whose agent vanished (host or executor died, network cut). */
+    private static TorchSparkException lostNode(JsonNode root, String rootJson, Throwable sparkError,
+            LogServer server, int nproc) {
+        int node = root.path("node_rank").asInt(-1);
+        String host = root.path("host").asText("?");
+        List<String> tail = new ArrayList<>();
+        for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
+            for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
+                tail.add(ln);
+            }
+        }
+        StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
+                + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
+                + ", that host, or the network to it failed; the other nodes were stopped.");
+        for (String ln : tail) {
+            m.append("\n  ").append(ln);
+        }
+        return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */

@@ -64,6 +64,42 @@ public class ContractTest {
     }
 
     @Test
+    public void failureGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("failure.json")) {
+            String name = c.get("name").asText();
+            List<String> tail = new ArrayList<>();
+            c.get("tail").forEach(a -> tail.add(a.asText()));
+            int status = c.get("status").asInt(); // as Java reports it: 128 + N for a signal N
+            Failure f = Failure.fromDocument(c.get("error_file").isNull() ? null : c.get("error_file"),
+                    status < 0 ? 128 - status : status, c.get("node_rank").asInt(), c.get("host").asText(),
+                    c.get("nproc_per_node").asInt(), tail);
+            for (java.util.Map.Entry<String, JsonNode> e : c.get("document").properties()) {
+                assertEquals(name + ": " + e.getKey(), e.getValue(), f.fields.get(e.getKey()));
+            }
+            // The task's carrier: the document crosses Spark's exception text whole.
+            Failure carried = Failure.find(new IllegalStateException("Job aborted.\n" + f.encode()));
+            assertEquals(name, f.document, carried.document);
+            List<String> shown = null;
+            if (!c.get("shown_tail").isNull()) {
+                shown = new ArrayList<>();
+                for (JsonNode ln : c.get("shown_tail")) {
+                    shown.add(ln.asText());
+                }
+            }
+            TorchSparkException e = carried.exception(c.get("mode").asText(), shown,
+                    c.get("detail").isNull() ? null : c.get("detail").asText(), null);
+            assertEquals(name, c.get("message").asText().replace("{product}", "TorchSparkRunner")
+                    .replace("{output_went}", "the driver's log"), e.getMessage());
+            assertEquals(name, c.get("document").get("rank").isNull() ? null
+                    : Integer.valueOf(c.get("document").get("rank").asInt()), e.rank());
+            assertEquals(name, c.get("document").get("signal").asInt(), e.signal());
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 8);
+    }
+
+    @Test
     public void commandIsThePlanThenTheProgram() {
         List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,
                 null, false, null, 180, List.of("train.py", "--x"));

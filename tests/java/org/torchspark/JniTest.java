@@ -217,14 +217,14 @@ public class JniTest {
             assertTrue("the agent fails with its root cause's code: " + rc, rc != 0);
             String json = s.failure(5000);
             assertNotNull(json);
-            JsonNode root = Reports.parseRoot(json);
+            JsonNode root = Failure.parseRoot(json);
             assertEquals("failure", root.get("kind").asText());
             assertEquals(0, root.get("node_rank").asInt());
             JsonNode ts = root.path("report").path("torchspark");
             assertEquals(1, ts.path("rank").asInt());
             assertEquals(3, ts.path("exitcode").asInt());
-            TorchSparkException e = Reports.exception(Reports.build(0, "h", 1, List.of(), root.get("report"), 2),
-                    "distributed", s.tail(1, 20), null);
+            Failure failure = Failure.fromDocument(root.get("report"), 1, 0, "h", 2, null);
+            TorchSparkException e = failure.exception("distributed", s.tail(1, 20), null, null);
             assertEquals(Integer.valueOf(1), e.rank());
             assertEquals(Integer.valueOf(3), e.exitCode());
             assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")
@@ -232,10 +232,8 @@ public class JniTest {
             // No NCCL check timed out: no job-wide detail. With one (a check timeout's "who
             // never reported"), it ends the exception's message.
             assertTrue(root.get("detail").isNull());
-            com.fasterxml.jackson.databind.node.ObjectNode r = Reports.build(0, "h", 1, List.of(),
-                    root.get("report"), 2);
-            r.put("detail", "NCCL check across the job: node 1 (no agent connected from it) never reported");
-            assertTrue(Reports.exception(r, "distributed", null, null).getMessage()
+            assertTrue(failure.exception("distributed", null,
+                    "NCCL check across the job: node 1 (no agent connected from it) never reported", null).getMessage()
                     .endsWith("\nNCCL check across the job: node 1 (no agent connected from it) never reported."));
         }
     }

@@ -1,0 +1,152 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
+import java.util.List;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+/**
+ * The failure, read (docs/protocol.md section 8): the C core writes it (torchspark/failure.h,
+ * through JNI), this class only carries it and raises it, as the PySpark glue's _report.py
+ * does. {@link #fromDocument} is the one way in, for both carriers: the log server's root
+ * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;").
+ */
+final class Failure {
+    static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:";
+    private static final Pattern MARKER_RE = Pattern.compile(Pattern.quote(MARKER) + "([A-Za-z0-9+/=]+)");
+    static final int TAIL_IN_MESSAGE = 20; // TSP_REPORT_TAIL_IN_MESSAGE
+    static final ObjectMapper JSON = new ObjectMapper();
+
+    final JsonNode document;
+    final JsonNode fields; // the document's "torchspark" object
+    final String message;
+
+    private Failure(JsonNode reply) {
+        document = reply.path("document");
+        fields = document.path("torchspark");
+        message = reply.path("message").isTextual() ? reply.get("message").asText() : null;
+    }
+
+    /** The agent's document (null: it left none; status is then the agent's exit status,
+     *  128 + N for a signal N as Java reports it) finished by the C core with this side's
+     *  view: the agent's output tail (the failing rank's lines are kept). */
+    static Failure fromDocument(JsonNode document, int status, int nodeRank, String host, int nproc,
+            List<String> tail) {
+        ObjectNode req = JSON.createObjectNode();
+        req.set("document", document != null && document.isObject() ? document : null);
+        req.put("status", status > 128 ? -(status - 128) : status); // the C rule: -N is signal N
+        req.put("node_rank", nodeRank);
+        req.put("host", host);
+        req.put("nproc_per_node", nproc);
+        req.put("tail", tail == null ? null : String.join("\n", tail));
+        return call(req);
+    }
+
+    /** A document finished before (carried by a task). */
+    static Failure fromDocument(JsonNode document) {
+        return fromDocument(document, 1, -1, "?", 0, null);
+    }
+
+    private static Failure call(ObjectNode req) {
+        String[] msg = new String[1];
+        int rc = Native.failureReport(req.toString(), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        }
+        try {
+            return new Failure(JSON.readTree(msg[0]));
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the failure reply is not JSON: " + msg[0], e);
+        }
+    }
+
+    Integer rank() {
+        return fields.hasNonNull("rank") ? fields.get("rank").asInt() : null;
+    }
+
+    /** The exception: the C core's message for this mode, showing shownTail (the driver's
+     *  lines of the rank) or the document's tail, and detail (the driver's job-wide view). */
+    TorchSparkException exception(String mode, List<String> shownTail, String detail, Throwable cause) {
+        ObjectNode req = JSON.createObjectNode();
+        req.set("document", document);
+        req.put("product", "TorchSparkRunner");
+        req.put("mode", mode);
+        req.put("output_went", "the driver's log");
+        boolean shown = shownTail != null && !shownTail.isEmpty();
+        req.put("shown_tail", shown ? String.join("\n", shownTail) : null);
+        req.put("detail", detail);
+        List<String> out = shown ? shownTail
+                : fields.path("tail").asText("").isEmpty() ? List.of()
+                : Arrays.asList(fields.path("tail").asText().split("\n", -1));
+        List<String> last = new ArrayList<>(out.subList(Math.max(0, out.size() - TAIL_IN_MESSAGE), out.size()));
+        return new TorchSparkException(call(req).message, rank(),
+                fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
+                fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,
+                fields.path("signal").asInt(0), last, document.toString(), cause);
+    }
+
+    /** The task's carrier: one line of its exception text. */
+    String encode() {
+        return MARKER + Base64.getEncoder().encodeToString(document.toString().getBytes(StandardCharsets.UTF_8));
+    }
+
+    /** The first document carried in a throwable's messages (its causes included), or null. */
+    static Failure find(Throwable t) {
+        for (Throwable c = t; c != null; c = c.getCause()) {
+            Matcher m = MARKER_RE.matcher(String.valueOf(c.getMessage()));
+            while (m.find()) {
+                try {
+                    JsonNode n = JSON.readTree(Base64.getDecoder().decode(m.group(1)));
+                    if (n != null && n.isObject()) {
+                        return fromDocument(n);
+                    }
+                } catch (IOException | IllegalArgumentException e) {
+                    // Not ours, or cut: look further.
+                }
+            }
+            if (c.getCause() == c) {
+                break;
+            }
+        }
+        return null;
+    }
+
+    /** The agent's --error-file (its failure document), or null. */
+    static JsonNode readErrorFile(Path p) {
+        try {
+            if (p == null || !Files.isRegularFile(p)) {
+                return null;
+            }
+            JsonNode n = JSON.readTree(Files.readAllBytes(p));
+            return n != null && n.isObject() ? n : null;
+        } catch (IOException e) {
+            return null;
+        }
+    }
+
+    /** The log server's root record as an object; its "report" (the agent's failure
+     *  document, embedded as an object) is null when absent. */
+    static ObjectNode parseRoot(String json) {
+        ObjectNode root;
+        try {
+            JsonNode n = JSON.readTree(json);
+            root = n != null && n.isObject() ? (ObjectNode) n : JSON.createObjectNode();
+        } catch (IOException e) {
+            return JSON.createObjectNode();
+        }
+        JsonNode rep = root.get("report");
+        if (rep == null || !rep.isObject()) {
+            root.putNull("report");
+        }
+        return root;
+    }
+}
