@@ -126,9 +126,12 @@ def main() -> int:
         t0 = time.monotonic()
         try:
             d = Distributor(num_processes=run["num_processes"], local_mode=False,
-                            use_gpu=run.get("use_gpu", False))
-            out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
-                                  t.get("progress_dir"), t.get("fail_rank"))
+                            use_gpu=run.get("use_gpu", False), **run.get("kw", {}))
+            try:
+                out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
+                                      t.get("progress_dir"), t.get("fail_rank"))
+            finally:  # torchspark's restarts (docs/distributor.md): each attempt's record
+                out["attempts"] = getattr(d, "attempts", None)
             out["ok"] = True
         except BaseException as e:  # noqa: B902 - the test wants to see whatever run() raised
             text = "".join(traceback.format_exception_only(type(e), e))

@@ -124,3 +124,58 @@ def test_worker_host_fault(make_cluster, flavor, fault, record_property):
         h = c.hosts[victim]
         assert h.name in res["error"] or h.addr in res["error"], \
             f"run()'s error does not name the lost host {h.name} ({h.addr}): {res['error']}"
+
+
+def test_link_cut_restarts_on_the_survivor(make_cluster, record_property):
+    """Issue 20 on the namespace cluster: a worker host's link is cut mid-training in a run
+    with max_restarts=1 and min_nodes=1. The driver notices it through the log channel
+    (TCP keepalive or the agents' PINGs: about 6 s, docs/protocol.md 1.7), well before
+    Spark's heartbeat timeout (20 s under FAULT_CONF), cancels the attempt and runs the next
+    one at once on the other host; run() returns. Stock has no restart: it fails
+    (test_worker_host_fault above)."""
+    if torchspark_unavailable():
+        pytest.skip(torchspark_unavailable())
+    c = make_cluster(workers=NHOSTS)
+    progress = Path(c.run_dir) / "progress"
+    progress.mkdir()
+    run = {"tag": "restart", "num_processes": NHOSTS, "kw": {"max_restarts": 1, "min_nodes": 1},
+           "train": {"steps": 60, "sleep": 0.1, "progress_dir": str(progress)}}
+    cfg = write_config(c, "torchspark", [run], conf=FAULT_CONF, tag="restart")
+    t0 = time.monotonic()
+    p = start_driver(c, cfg)
+    try:
+        deadline = t0 + START_TIMEOUT
+        while True:
+            prog = _progress(progress)
+            if len(prog) == NHOSTS and all(r["step"] >= 2 for r in prog.values()):
+                break
+            if p.poll() is not None or time.monotonic() > deadline:
+                r = finish_driver(cfg, p, t0, 1)
+                pytest.fail(f"training did not get going (progress {prog}): "
+                            f"{r.result('restart')['error']}\n{r.stderr[-3000:]}")
+            time.sleep(0.2)
+        victim = next(k for k, h in c.hosts.items() if h.name == prog[1]["host"])
+        t_cut = time.time()
+        c.cut_link(victim)
+        r = finish_driver(cfg, p, t0, (time.monotonic() - t0) + 120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    res = r.result("restart")
+    att = res.get("attempts") or []
+    observed = {"victim": c.hosts[victim].name, "ok": res["ok"],
+                "nodes": [a["nodes"] for a in att],
+                "noticed_after_s": round(att[0]["root_at"] - t_cut, 2) if att and
+                att[0].get("root_at") else None,
+                "next_attempt_after_s": round(att[1]["started"] - t_cut, 2)
+                if len(att) > 1 else None,
+                "cause": att[0]["cause"] if att else None, "error": (res["error"] or "")[:300]}
+    record_property("observed", json.dumps(observed))
+    print("OBSERVED " + json.dumps(observed))
+    assert res["ok"], f"run() failed after the link cut: {res['error']}\n{r.stderr[-3000:]}"
+    assert [a["nodes"] for a in att] == [2, 1], att
+    h = c.hosts[victim]
+    assert h.name in att[0]["cause"] or h.addr in att[0]["cause"], att[0]["cause"]
+    assert observed["noticed_after_s"] is not None and observed["noticed_after_s"] <= 10, observed
+    assert len(res["result"]["ranks"]) == 1  # the second attempt ran on the survivor alone

@@ -98,13 +98,16 @@ def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
                                                "chunk binary", barrier=True), "chunk")
 
 
-SILENT = "went silent"  # in the log server's root cause of a silent agent (protocol 1.7)
+# In the log server's root cause of a node that is unreachable but not gone (protocol
+# 1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it (a network
+# cut). Spark learns of such a host only after spark.network.timeout.
+SILENT = ("went silent", "no answer for about")
 
 
 def silent(root: Optional[Dict[str, Any]]) -> bool:
     """True when the root cause is a node that went silent (frozen host, cut network)."""
     return (root is not None and root.get("kind") == "lost"
-            and SILENT in str(root.get("message")))
+            and any(m in str(root.get("message")) for m in SILENT))
 
 
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
