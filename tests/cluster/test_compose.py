@@ -173,6 +173,7 @@ class Compose:
                         TSP_DEPS_VENV=self._deps_venv())
         self.before = self._host_state()
         self.timings = {}
+        self.names = {}
         self.cleaned = []
         self.is_down = False
 
@@ -199,11 +200,14 @@ class Compose:
                 *files, *args]
 
     def container(self, service):
+        if service in self.names:  # one lookup per service: every `podman ps` costs CPU here
+            return self.names[service]
         r = _run(self.engine_cmd("ps", "-a", "--filter", f"label=com.docker.compose.project={self.project}",
                                  "--filter", f"label=com.docker.compose.service={service}",
                                  "--format", "{{.Names}}"))
         names = r.stdout.split()
         assert names, f"no container of service {service} in project {self.project}"
+        self.names[service] = names[0]
         return names[0]
 
     def build_image(self):
@@ -383,19 +387,23 @@ def test_demo_trains_across_the_two_worker_containers(compose):
     # Every rank's own line, through torchspark's log channel: MASTER_ADDR is a worker's address.
     ranks = re.findall(r"rank (\d) on (\S+): MASTER_ADDR=(\S+) GLOO_SOCKET_IFNAME=(\S+)", out)
     assert sorted(x[0] for x in ranks) == ["0", "1"], out[-4000:]
-    addrs = {}
-    for w in WORKERS:
-        addrs[w] = compose.exec(w, "sh", "-c", "hostname -I").stdout.split()
+    t0 = time.monotonic()
+    seen = {}
+    for service in ("spark-master", *WORKERS):
+        # One `exec` per container (each costs about 0.5 s of CPU on these machines).
+        out = compose.exec(service, "sh", "-c", "id -u; hostname; hostname -I; cat /proc/net/route").stdout
+        uid, hostname, addrs, *routes = out.splitlines()
+        seen[service] = {"uid": uid, "hostname": hostname, "addrs": addrs.split(), "routes": routes[1:]}
     rank0_host = dict((x[0], x[1]) for x in ranks)["0"]
     for _, host, master_addr, ifname in ranks:
         assert host in WORKERS and ifname == "eth0", ranks
-        assert master_addr in addrs[rank0_host], (master_addr, rank0_host, addrs)
-    for service in ("spark-master", *WORKERS):
+        assert master_addr in seen[rank0_host]["addrs"], (master_addr, rank0_host, seen)
+    for service, got in seen.items():
         # Spark as uid 185, the host name its service name, no route out of the internal network.
-        assert compose.exec(service, "id", "-u").stdout.strip() == "185"
-        assert compose.exec(service, "hostname").stdout.strip() == service
-        routes = compose.exec(service, "cat", "/proc/net/route").stdout.splitlines()[1:]
-        assert not [r for r in routes if r.split()[1] == "00000000"], routes
+        assert got["uid"] == "185", (service, got)
+        assert got["hostname"] == service, (service, got)
+        assert got["routes"] and not [r for r in got["routes"] if r.split()[1] == "00000000"], (service, got)
+    compose.timings["demo_checks"] = time.monotonic() - t0
     print("OBSERVED " + json.dumps({"demo": r, "ranks": ranks, "timings": compose.timings}))
 
 
@@ -415,10 +423,18 @@ def test_failing_rank_and_cancelled_run(compose):
                             "--driver-host", "spark-driver"),
         env=compose.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
-    reader.start()
+    lines, stamps = [], {}
     t0 = time.monotonic()
+
+    def read():
+        for line in job.stdout:
+            lines.append(line)
+            for mark in ("COMPOSE_TRAIN", "COMPOSE_RESULT", "COMPOSE_CANCEL"):
+                if mark in line:
+                    stamps.setdefault(mark, []).append(round(time.monotonic() - t0, 1))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     cancelled_at = gone_after = None
     left = seen = {}
     try:
@@ -477,6 +493,7 @@ def test_failing_rank_and_cancelled_run(compose):
     print("OBSERVED " + json.dumps({"fail": {k: fail[k] for k in ("rank", "host")},
                                     "training_before_cancel": seen,
                                     "cancel_to_gone_s": round(gone_after, 2),
+                                    "job_marks_s": stamps,
                                     "job_wall_s": round(time.monotonic() - t0, 1)}))
 
 
