@@ -3,7 +3,8 @@ local-cluster[2,1,1024], real torch) trains resume_train.py through TorchSparkRu
 test SIGKILLs the executor JVM of node 1 mid-training. With spark.torchspark.job.maxRestarts
 the run resumes from its last torchspark.checkpoint as a new barrier job (attempt 1, its
 lines tagged "[attempt 1] ") and finishes, leaving no process; a run whose attempts all fail
-lists each attempt's root cause. With maxRestarts(0) the same kill fails the run, as before.
+lists each attempt's root cause. With maxRestarts(0) the same kill fails the run, as before
+(in the same application, to keep the suite's cost down).
 Each worker of local-cluster[2,1,1024] has one core: a killed executor is replaced by its
 worker, as on a standalone cluster."""
 import os
@@ -44,37 +45,41 @@ def _node_executor(mark: str, node: int) -> int:
 def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run: bool,
                   sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF):
     """TrainApp restart; sends sig (SIGKILL) to node 1's executor once attempt 0 ran `after`
-    steps. Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)])."""
+    steps (with the option "zero", SIGKILL again once the maxRestarts(0) run ran 4 steps).
+    Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)...,
+    {checkpoint step: when first seen complete, after a SIGPWR}])."""
     mark = uuid.uuid4().hex
     opts = opts + (("fail",) if fail_run else ())
     args = [mark, str(tmp_path), str(steps), str(max_restarts)] + ([",".join(opts)] if opts else [])
     cmd, env = jvmutil.submit_command("restart", plugin=sig != signal.SIGKILL, conf=conf,
                                       app_args=args)
     cmd[cmd.index(str(jvmutil.DDP))] = SCRIPT
+    kills = [(tmp_path, after, sig)] + ([(tmp_path / "zero", 4, signal.SIGKILL)] if "zero" in opts else [])
     # Files, not pipes: nobody reads a pipe while the run goes on.
     stdout_f = open(tmp_path / "app.out", "w+b")
     stderr_f = open(tmp_path / "app.err", "w+b")
     p = subprocess.Popen(cmd, env=env, stdout=stdout_f, stderr=stderr_f, cwd=str(jvmutil.BUILD))
     killed: list = []
     seen: dict = {}
+    from torchspark import checkpoint
     try:
-        steplog = tmp_path / "steplog"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and p.poll() is None:
-            if len(_steplog(steplog)) >= after:
-                break
-            time.sleep(0.02)
-        pid = _node_executor(mark, 1)
-        assert pid, f"no executor runs node 1 (TrainApp: {p.poll()})"
-        os.kill(pid, sig)
-        from torchspark import checkpoint
-        killed.append((time.time(), checkpoint.latest_step(str(tmp_path / "ckpt"))))
-        # When each checkpoint is complete (first seen, 10 ms polls) for 30 s after the
-        # signal (older ones are pruned by later saves).
-        while time.time() - killed[0][0] < 30 and p.poll() is None:
-            for c in (tmp_path / "ckpt").glob("step-*/COMPLETE"):
-                seen.setdefault(int(c.parent.name[5:]), time.time())
-            time.sleep(0.01)
+        for d, n, s in kills:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and p.poll() is None:
+                if len(_steplog(d / "steplog")) >= n:
+                    break
+                time.sleep(0.02)
+            pid = _node_executor(mark, 1)
+            assert pid, f"no executor runs node 1 (TrainApp: {p.poll()})"
+            os.kill(pid, s)
+            t0 = time.time()
+            killed.append((t0, checkpoint.latest_step(str(d / "ckpt"))))
+            # When each checkpoint is complete (first seen, 10 ms polls) for 30 s after
+            # the notice (older ones are pruned by later saves).
+            while s == signal.SIGPWR and time.time() - t0 < 30 and p.poll() is None:
+                for c in (d / "ckpt").glob("step-*/COMPLETE"):
+                    seen.setdefault(int(c.parent.name[5:]), time.time())
+                time.sleep(0.01)
         p.wait(timeout=600)
     finally:
         if p.poll() is None:
@@ -89,7 +94,7 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
 
 def test_runner_resumes_after_an_executor_is_killed(tmp_path):
     steps = 16
-    out, err, killed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=True)
+    out, err, killed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=True, opts=("zero",))
     killed = killed[:1]
     assert out["RESTART"] == ["ok"], (out, err[-4000:])
     recovery = check_resumed(_steplog(tmp_path / "steplog"), killed, 1, steps)
@@ -106,18 +111,15 @@ def test_runner_resumes_after_an_executor_is_killed(tmp_path):
     msg = out["FAIL_MESSAGE"][0]
     assert "failed after 2 attempt(s) (maxRestarts=1)" in msg and "|  attempt 1: " in msg, msg
     assert re.search(r"^\[attempt 1\] \[rank 1\] attempt 1 of 1 after: .*exited with code 7", err, re.M)
+    # maxRestarts(0) on the builder wins over the conf's 2: the same kill ends the run, as
+    # without restarts (no history, no attempt prefix, TORCHSPARK_ATTEMPT unset).
+    assert out["ZERO"] == ["failed"] and out["ZERO_ATTEMPTS"] == ["0"], out
+    assert "attempt(s)" not in out["ZERO_MESSAGE"][0], out
+    assert {a for a, _, _ in _steplog(tmp_path / "zero" / "steplog")} == {"-"}
+    assert re.search(r"^\[rank 0\] attempt - rank 0: starting at step 0 ", err, re.M), err[-3000:]
+    assert not re.search(r"^\[attempt \d\] \[rank \d\] attempt - ", err, re.M)
     assert out["LEFT"] == ["0"], out
     print(f"JVM runner recovery (kill -> first resumed step), s: {[round(r, 2) for r in recovery]}")
-
-
-def test_runner_without_restarts_fails_on_the_same_kill(tmp_path):
-    # maxRestarts(0) on the builder wins over the conf's 2: the kill ends the run.
-    out, err, _ = _run_and_kill(tmp_path, 0, 400, 4, fail_run=False)
-    assert out["RESTART"] == ["failed"], out
-    assert out["ATTEMPTS"] == ["0"], out
-    assert "attempt(s)" not in out["MESSAGE"][0] and "[attempt " not in err, out
-    assert {a for a, _, _ in _steplog(tmp_path / "steplog")} == {"-"}
-    assert out["LEFT"] == ["0"], out
 
 
 def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
@@ -144,6 +146,11 @@ def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
     took = noticed[1][ckpt] - noticed[0][0]
     assert 0 < took <= 2.0, took
     assert out["PLUGIN_ACKS"] == ["1"], out
+    # The restart names the decommissioning as attempt 0's root cause: the checkpoint on
+    # request (the rank's last line), or Spark's "Executor 1 is decommissioned" when the
+    # executor's exit reached the driver first.
+    assert re.search(r"attempt 0 failed: [^\n]*(node 1's executor is being decommissioned: step "
+                     rf"{ckpt} was checkpointed on request|Executor 1 is decommissioned)", err), err[-3000:]
     assert out["LEFT"] == ["0"], out
     print(f"decommission notice -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost")
 

@@ -93,6 +93,9 @@ final class RestartPolicy {
         return env;
     }
 
+    /** The line torchspark.checkpoint prints after a checkpoint on request. */
+    private static final Pattern ON_REQUEST = Pattern.compile(
+            "torchspark\\.checkpoint: step (\\d+) checkpointed on request \\(executor decommission\\)");
     private static final Pattern EXECUTOR_LOST =
             Pattern.compile("ExecutorLostFailure \\(([^)]*)\\)(?: Reason: ([^\\n]*))?");
 
@@ -100,6 +103,16 @@ final class RestartPolicy {
      *  other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
      *  else the first line of the error. */
     static String rootCause(RuntimeException e) {
+        if (e instanceof TorchSparkException) {
+            // A node stopped by the plugin after its checkpoint on request (Decommission.java).
+            for (String ln : ((TorchSparkException) e).lastLines()) {
+                Matcher m = ON_REQUEST.matcher(ln);
+                if (m.find()) {
+                    return "node " + ((TorchSparkException) e).nodeRank() + "'s executor is being decommissioned: "
+                            + "step " + m.group(1) + " was checkpointed on request and the node stopped";
+                }
+            }
+        }
         for (Throwable t = e.getCause(); t != null; t = t.getCause() == t ? null : t.getCause()) {
             Matcher m = EXECUTOR_LOST.matcher(String.valueOf(t.getMessage()));
             if (m.find()) {

@@ -78,6 +78,12 @@ public class RunnerTest {
                 + "Root cause of each attempt, in order:\n  attempt 0: a\n  attempt 1: b",
                 RestartPolicy.historyMessage(List.of("a", "b"), 1, "last"));
         assertEquals(List.of(), plain.attempts());
+        TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
+                + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5",
+                "torchspark.checkpoint: step 12 checkpointed on request (executor decommission); waiting to be "
+                + "stopped"), null, null);
+        assertEquals("node 1's executor is being decommissioned: step 12 was checkpointed on request and the "
+                + "node stopped", RestartPolicy.rootCause(decommissioned));
     }
 
     /**

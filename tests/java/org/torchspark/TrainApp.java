@@ -24,7 +24,8 @@ import org.apache.spark.sql.SparkSession;
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
  *   restart PYTHON SCRIPT MARK DIR STEPS MAX [OPTS]  resume_train.py with maxRestarts(MAX) (-1: the conf's),
  *                             killed or decommissioned by the test; OPTS: "onrequest" (--on-request),
- *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1)
+ *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1), "zero" (then
+ *                             the training again with maxRestarts(0), killed by the test)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -137,7 +138,8 @@ public final class TrainApp {
     /** resume_train.py (tests/e2e/agent_scripts) under DIR with maxRestarts MAX (-1: left to
      *  spark.torchspark.job.maxRestarts); the test kills or decommissions executors meanwhile.
      *  Options (comma-separated): onrequest (the script checkpoints on request too), fail (then
-     *  a run whose rank 1 fails in every attempt, maxRestarts 1). */
+     *  a run whose rank 1 fails in every attempt, maxRestarts 1), zero (then the training with
+     *  maxRestarts(0) over the conf's value, which the test kills too). */
     private static void restart(SparkSession spark, String python, String script, String[] a) {
         String mark = a[3];
         String dir = a[4];
@@ -170,6 +172,23 @@ public final class TrainApp {
             } catch (TorchSparkException e) {
                 System.out.println("FAIL_ATTEMPTS: " + String.join("|", e.attempts()));
                 System.out.println("FAIL_MESSAGE: " + e.getMessage().replace('\n', '|'));
+            }
+        }
+        if (opts.contains("zero")) {
+            // The same training, maxRestarts(0) winning over the conf: the test kills it too.
+            try {
+                Files.createDirectories(Paths.get(dir, "zero"));
+                TorchSparkRunner.script(script, "--ckpt", dir + "/zero/ckpt", "--steps", "400", "--every", "5",
+                        "--sleep", "0.1", "--steplog", dir + "/zero/steplog", "--out", dir + "/zero/out")
+                        .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).logToStderr(true).maxRestarts(0)
+                        .run(spark);
+                System.out.println("ZERO: ok");
+            } catch (TorchSparkException e) {
+                System.out.println("ZERO: failed");
+                System.out.println("ZERO_ATTEMPTS: " + e.attempts().size());
+                System.out.println("ZERO_MESSAGE: " + e.getMessage().replace('\n', '|'));
+            } catch (IOException e) {
+                throw new UncheckedIOException(e);
             }
         }
         long deadline = System.nanoTime() + 15_000_000_000L;
