@@ -104,3 +104,16 @@ def test_bad_settings_are_refused_by_the_constructor(spark):
         spark.conf.unset("spark.torchspark.hangAction")
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert (d.hang_timeout, d.hang_action) == (None, "report")
+
+
+def test_local_mode_names_the_deadlocked_rank(spark, capsys):
+    """local_mode=True: one agent on the driver, the same doctor."""
+    d = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False,
+                         hang_timeout=TIMEOUT_S, hang_action="cancel")
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(hang_worker.train, "lock", 1)
+    assert e.value.report["culprits"] == [1]
+    assert str(e.value).startswith("TorchDistributor (local) was cancelled by the hang doctor")
+    lines = [ln for ln in capsys.readouterr().err.splitlines()
+             if ln.startswith("torchspark: hang doctor: ")]
+    assert len(lines) == 1 and "(deadlocks_on_a_lock); rank 0 waits in all_reduce for it" in lines[0]

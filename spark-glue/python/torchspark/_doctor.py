@@ -117,9 +117,9 @@ class HangDoctor:
         head = (f"torchspark: hang doctor: no rank printed or reported for {silent_s:.0f}s; "
                 + diag.line)
         self._say(head)
-        if self.logger is not None:
+        if self.logger is not None:  # DEBUG: the line and the stacks are on stderr already
             try:
-                self.logger.warning(head + "\n" + diag.stacks_text())
+                self.logger.debug(head + "\n" + diag.stacks_text())
             except Exception:
                 pass
         if self.action == "cancel":
