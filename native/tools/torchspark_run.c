@@ -168,13 +168,20 @@ static tsp_logclient_t *start_log_client(const run_config_t *c)
     return logc;
 }
 
+/* PATH.status, where the outcome of shipping PATH is written: -ENAMETOOLONG if it does not fit. */
+static int output_status_path(char *dst, size_t n, const char *path)
+{
+    return snprintf(dst, n, "%s.status", path) >= (int)n ? -ENAMETOOLONG : 0;
+}
+
 /* Writes PATH.status (docs/cli.md --output-file): {"output": "delivered"|"failed",
- * "bytes": N, "error": "..."|null}, atomically (a temporary file, then rename), so that a
- * caller reads the outcome, never half a document. */
-static void write_output_status(const char *path, int delivered, long long bytes, const char *error)
+ * "bytes": N, "sha256": "<hex>"|null, "error": "..."|null}, atomically (a temporary file, then
+ * rename), so that a caller reads the outcome, never half a document. */
+static void write_output_status(const char *path, long long bytes, const char *sha256,
+                                const char *error)
 {
     char dst[PATH_MAX], tmp[PATH_MAX + 32];
-    if (snprintf(dst, sizeof dst, "%s.status", path) >= (int)sizeof dst ||
+    if (output_status_path(dst, sizeof dst, path) ||
         snprintf(tmp, sizeof tmp, "%s.tmp%d", dst, (int)getpid()) >= (int)sizeof tmp) {
         fprintf(stderr, "torchspark-run: error: the output status path %s.status is too long\n",
                 path);
@@ -186,9 +193,11 @@ static void write_output_status(const char *path, int delivered, long long bytes
         tsp_json_writer_init(&w, f);
         tsp_json_begin_object(&w);
         tsp_json_key(&w, "output");
-        tsp_json_str(&w, delivered ? "delivered" : "failed");
+        tsp_json_str(&w, sha256 ? "delivered" : "failed");
         tsp_json_key(&w, "bytes");
         tsp_json_int(&w, bytes);
+        tsp_json_key(&w, "sha256");
+        tsp_json_str(&w, sha256);
         tsp_json_key(&w, "error");
         tsp_json_str(&w, error);
         tsp_json_end(&w);
@@ -207,7 +216,8 @@ static void write_output_status(const char *path, int delivered, long long bytes
 static void ship_output(const char *endpoint, const char *secret_hex, const char *path)
 {
     tsp_output_opts_t oo;
-    char host[256], err[700];
+    char host[256], err[700], hex[2 * 32 + 1];
+    uint8_t digest[32];
     struct stat st;
     long long bytes = stat(path, &st) == 0 ? (long long)st.st_size : -1;
     tsp_output_opts_init(&oo);
@@ -215,14 +225,16 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     tsp__endpoint_parse(endpoint, host, sizeof host, &oo.port, -1);
     tsp__hex_decode(secret_hex, oo.secret, sizeof oo.secret);
     oo.host = host;
+    oo.digest_out = digest;
     if (tsp_output_send(&oo, path, err, sizeof err) != 0) {
         fprintf(stderr,
                 "torchspark-run: error: training succeeded, but its output %s did not "
                 "reach the driver: %s\n",
                 path, err);
-        write_output_status(path, 0, bytes, err);
+        write_output_status(path, bytes, NULL, err);
     } else {
-        write_output_status(path, 1, bytes, NULL);
+        tsp__hex_encode(digest, sizeof digest, hex);
+        write_output_status(path, bytes, hex, NULL);
         unlink(path); /* delivered, as PATH.status says: the driver holds it now */
     }
 }
@@ -436,6 +448,10 @@ static int run_node(const char *argv0)
         free(wargv);
         return rc == -EINVAL ? 2 : 1;
     }
+    char stale[PATH_MAX]; /* an earlier run's outcome must not stand for this one's */
+    if (cfg.output_file && topo->node_rank == 0 &&
+        output_status_path(stale, sizeof stale, cfg.output_file) == 0)
+        unlink(stale);
     atomic_store(&stop_agent, agent);
     stop_once(); /* a STOP that came before the agent existed */
     int status = tsp_agent_run(agent);

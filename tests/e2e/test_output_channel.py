@@ -6,7 +6,7 @@ byte-identical and keeps its buffer alive after the server object is dropped, an
 that is missing when the worker is done is reported by the agent with its path.
 
 The outcome is explicit: the agent writes `PATH.status` ({"output": "delivered"|"failed",
-"bytes", "error"}, docs/cli.md), and the task glue (torchspark._task.result_file) decides
+"bytes", "sha256", "error"}, docs/cli.md), and the task glue (torchspark._task.result_file) decides
 from it alone whether rank 0's result goes back through collect()."""
 import gc
 import hashlib
@@ -79,7 +79,8 @@ def test_output_arrives_whole_and_the_file_is_removed(tmp_path, size):
         assert srv.output_bytes() == bytes(view)
         assert not out.exists(), "the agent keeps the file only when the transfer failed"
         status = json.loads((tmp_path / "result.bin.status").read_text())
-        assert status == {"output": "delivered", "bytes": size, "error": None}
+        assert status == {"output": "delivered", "bytes": size, "sha256": _expected_sha(size),
+                          "error": None}
         # delivered: the task sends nothing through collect()
         assert _task.result_file(True, str(out), True) is None
     finally:
@@ -149,6 +150,7 @@ def test_refused_transfer_is_a_failed_status_and_the_glue_falls_back(tmp_path, c
         assert p.returncode == 0, p.stderr
         status = json.loads((tmp_path / "result.bin.status").read_text())
         assert status["output"] == "failed" and status["bytes"] == 12345, status
+        assert status["sha256"] is None, "no digest was confirmed"
         assert "does not expect an output" in status["error"], status
         assert out.stat().st_size == 12345
         assert _task.result_file(True, str(out), True) == str(out)
@@ -206,3 +208,23 @@ def test_missing_or_unreadable_status_is_not_delivered(tmp_path, capsys, text):
     assert _task.result_file(True, str(out), True) == str(out)
     err = capsys.readouterr().err
     assert str(status) in err and "not delivered" in err, err
+
+
+def test_failed_training_leaves_no_status(tmp_path):
+    """Training fails: the agent ships nothing and writes no status, and an earlier run's
+    status at the same path is removed, so it cannot stand for this run's."""
+    srv = LogServer()
+    try:
+        srv.expect_output(None)
+        out, status = tmp_path / "result.bin", tmp_path / "result.bin.status"
+        status.write_text('{"output": "delivered"}')
+        script = tmp_path / "fail.py"
+        script.write_text("raise SystemExit(3)\n")
+        cmd = [str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+               "--log-endpoint", srv.endpoint, "--output-file", str(out), str(script)]
+        p = subprocess.run(cmd, env=dict(os.environ, **srv.agent_env()), capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode != 0, p.stderr
+        assert not status.exists()
+    finally:
+        srv.close()

@@ -16,6 +16,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.junit.Test;
@@ -178,6 +179,8 @@ public class JniTest {
             JsonNode doc = Failure.JSON.readTree(status.toFile());
             assertEquals("delivered", doc.get("output").asText());
             assertEquals(13, doc.get("bytes").asLong());
+            assertEquals(HexFormat.of().formatHex(java.security.MessageDigest.getInstance("SHA-256")
+                    .digest("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1))), doc.get("sha256").asText());
             assertTrue(doc.get("error").isNull());
             assertTrue("the glue reads delivered from the status", NodeTask.outputDelivered(status));
             List<String> lines = pullAll(s);
@@ -224,6 +227,7 @@ public class JniTest {
             JsonNode doc = Failure.JSON.readTree(status.toFile());
             assertEquals("failed", doc.get("output").asText());
             assertEquals(3, doc.get("bytes").asLong());
+            assertTrue(doc.get("sha256").isNull());
             assertTrue(doc.toString(), doc.get("error").asText().contains("does not expect an output"));
             assertTrue("the file stays for the collect() path", Files.exists(out));
             assertFalse(NodeTask.outputDelivered(status));
