@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -167,25 +168,75 @@ static tsp_logclient_t *start_log_client(const run_config_t *c)
     return logc;
 }
 
-/* After success, node 0 ships rank 0's output file to the driver. A failure is loud but
- * does not change the exit status: training did succeed, and the driver, which sees no
- * output arrive, can fall back to reading the file another way. */
+/* PATH.status, where the outcome of shipping PATH is written: -ENAMETOOLONG if it does not fit. */
+static int output_status_path(char *dst, size_t n, const char *path)
+{
+    return snprintf(dst, n, "%s.status", path) >= (int)n ? -ENAMETOOLONG : 0;
+}
+
+/* Writes PATH.status (docs/cli.md --output-file): {"output": "delivered"|"failed",
+ * "bytes": N, "sha256": "<hex>"|null, "error": "..."|null}, atomically (a temporary file, then
+ * rename), so that a caller reads the outcome, never half a document. */
+static void write_output_status(const char *path, long long bytes, const char *sha256,
+                                const char *error)
+{
+    char dst[PATH_MAX], tmp[PATH_MAX + 32];
+    if (output_status_path(dst, sizeof dst, path) ||
+        snprintf(tmp, sizeof tmp, "%s.tmp%d", dst, (int)getpid()) >= (int)sizeof tmp) {
+        fprintf(stderr, "torchspark-run: error: the output status path %s.status is too long\n",
+                path);
+        return;
+    }
+    FILE *f = fopen(tmp, "we");
+    if (f) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, f);
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "output");
+        tsp_json_str(&w, sha256 ? "delivered" : "failed");
+        tsp_json_key(&w, "bytes");
+        tsp_json_int(&w, bytes);
+        tsp_json_key(&w, "sha256");
+        tsp_json_str(&w, sha256);
+        tsp_json_key(&w, "error");
+        tsp_json_str(&w, error);
+        tsp_json_end(&w);
+        fputc('\n', f);
+    }
+    if (!f || fclose(f) != 0 || rename(tmp, dst) != 0) {
+        fprintf(stderr, "torchspark-run: error: cannot write the output status %s: %s\n", dst,
+                strerror(errno));
+        unlink(tmp);
+    }
+}
+
+/* After success, node 0 ships rank 0's output file to the driver and states the outcome in
+ * PATH.status. A failure is loud but does not change the exit status: training did succeed,
+ * and the caller, whose status says "failed", sends the file another way (collect()). */
 static void ship_output(const char *endpoint, const char *secret_hex, const char *path)
 {
     tsp_output_opts_t oo;
-    char host[256], err[700];
+    char host[256], err[700], hex[2 * 32 + 1];
+    uint8_t digest[32];
+    struct stat st;
+    long long bytes = stat(path, &st) == 0 ? (long long)st.st_size : -1;
     tsp_output_opts_init(&oo);
     /* Both were checked when the log client started. */
     tsp__endpoint_parse(endpoint, host, sizeof host, &oo.port, -1);
     tsp__hex_decode(secret_hex, oo.secret, sizeof oo.secret);
     oo.host = host;
-    if (tsp_output_send(&oo, path, err, sizeof err) != 0)
+    oo.digest_out = digest;
+    if (tsp_output_send(&oo, path, err, sizeof err) != 0) {
         fprintf(stderr,
                 "torchspark-run: error: training succeeded, but its output %s did not "
                 "reach the driver: %s\n",
                 path, err);
-    else
-        unlink(path); /* delivered: its absence tells the caller so (docs/cli.md) */
+        write_output_status(path, bytes, NULL, err);
+    } else {
+        tsp__hex_encode(digest, sizeof digest, hex);
+        write_output_status(path, bytes, hex, NULL);
+        unlink(path); /* delivered, as PATH.status says: the driver holds it now */
+    }
 }
 
 /* Sends an EVENT about this node to the driver (docs/protocol.md 1.7). Before the log
@@ -397,6 +448,10 @@ static int run_node(const char *argv0)
         free(wargv);
         return rc == -EINVAL ? 2 : 1;
     }
+    char stale[PATH_MAX]; /* an earlier run's outcome must not stand for this one's */
+    if (cfg.output_file && topo->node_rank == 0 &&
+        output_status_path(stale, sizeof stale, cfg.output_file) == 0)
+        unlink(stale);
     atomic_store(&stop_agent, agent);
     stop_once(); /* a STOP that came before the agent existed */
     int status = tsp_agent_run(agent);

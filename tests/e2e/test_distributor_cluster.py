@@ -175,6 +175,20 @@ def test_without_the_channel_results_fall_back_to_collect_with_a_warning(spark, 
     assert len(warned) == 1 and "collect()" in warned[0], warned
 
 
+def test_refused_output_falls_back_to_collect_from_the_agents_status(spark, caplog,
+                                                                     monkeypatch):
+    """The channel works but the driver refuses rank 0's output (it was never told to expect
+    one): the agent's status says "failed", and the task, reading it, sends the result
+    through collect() (docs/cli.md --output-file)."""
+    from torchspark import _native
+    monkeypatch.setattr(_native.LogServer, "expect_output", lambda self, path=None: None)
+    caplog.set_level(logging.INFO)
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    assert d.run(lambda: "w" * (28 * 1024)) == "w" * (28 * 1024)
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "came through collect() instead" in warned[0], warned
+
+
 def test_no_driver_gpu_message_matches_stock(spark):
     with pytest.raises(RuntimeError) as stock:
         StockDistributor(num_processes=1, local_mode=True, use_gpu=True)

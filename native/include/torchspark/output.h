@@ -23,6 +23,7 @@ typedef struct tsp_output_opts {
     const char *hostname; /* NULL: gethostname() */
     int timeout_ms;       /* no progress for this long fails an attempt (default 30000) */
     int attempts;         /* connection attempts (default 3) */
+    uint8_t *digest_out;  /* NULL, or 32 bytes: the SHA-256 the driver confirmed */
 } tsp_output_opts_t;
 
 TSP_EXTERN void tsp_output_opts_init(tsp_output_opts_t *o);

@@ -134,8 +134,8 @@ static void *hash_main(void *arg)
 }
 
 /* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR. */
-static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms, char *err,
-                size_t errlen)
+static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms,
+                uint8_t *digest_out, char *err, size_t errlen)
 {
     uint8_t v[8];
     tsp_wire_put_u64(v, total);
@@ -193,6 +193,8 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
         CRYPTO_memcmp(buf, j.digest, TSP_WIRE_DIGEST_LEN) != 0) {
         return tsp__err(err, errlen, -EBADMSG, "the driver did not confirm the output's digest");
     }
+    if (digest_out)
+        memcpy(digest_out, j.digest, TSP_WIRE_DIGEST_LEN);
     return 0;
 }
 
@@ -232,7 +234,7 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
                      o->port, derr);
         } else {
             err[0] = 0;
-            rc = ship(sock, file, (uint64_t)st.st_size, buf, timeout, err, errlen);
+            rc = ship(sock, file, (uint64_t)st.st_size, buf, timeout, o->digest_out, err, errlen);
             close(sock);
         }
         close(file);

@@ -9,6 +9,7 @@ with the topology and waits for it.
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
 import socket
@@ -172,6 +173,31 @@ class _TaskTiming:
         return {**env, **self.timing_env, "TORCHSPARK_TIMING_MARKS": json.dumps(self.marks)}
 
 
+def output_delivered(status_path: str) -> bool:
+    """Whether the agent delivered rank 0's output to the driver, from the status document
+    it writes after the transfer (`--output-file PATH` -> `PATH.status`, docs/cli.md):
+    True only for {"output": "delivered"}. "failed", and a status that is missing or
+    unreadable, are not delivered; the sentence on stderr names the file and the reason."""
+    try:
+        with open(status_path, "rb") as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.stderr.write(f"torchspark: the output status {status_path} cannot be read "
+                         f"({e}): rank 0's result counts as not delivered\n")
+        return False
+    outcome = doc.get("output") if isinstance(doc, dict) else None
+    if outcome == "delivered":
+        return True
+    if outcome == "failed":
+        sys.stderr.write(f"torchspark: the output status {status_path} says the transfer "
+                         f"failed: {doc.get('error')}\n")
+    else:
+        sys.stderr.write(f"torchspark: the output status {status_path} holds no outcome "
+                         f"(\"output\": \"delivered\" or \"failed\"): rank 0's result counts "
+                         "as not delivered\n")
+    return False
+
+
 def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
                nnodes: int, nproc: int, record: "_elect.Record",
                gpus: Optional[List[str]] = None) -> Optional[str]:
@@ -218,13 +244,22 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
                                                 nproc_per_node=nproc, tail=res.tail)
         raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
                            f"with status {res.returncode}\n{failure.encode()}\n")
-    if ship and os.path.exists(out_file):
-        # The agent removes the file once the driver confirmed it: shipping failed (the
-        # agent said why on its stderr), so the result takes the collect() path instead.
+    return result_file(ship, out_file, node_rank == 0 and spec["fn_bytes"] is not None)
+
+
+def result_file(ship: bool, out_file: str, rank0_fn: bool) -> Optional[str]:
+    """After the agent succeeded: the file this task sends through collect() (rank 0's
+    result), or None. ship: the agent was asked to send out_file over the output channel;
+    its status document (output_delivered) decides whether the driver has it already."""
+    if ship:
+        if output_delivered(out_file + ".status"):
+            return None
+        # Not delivered (output_delivered said why): the result takes the collect() path;
+        # with no file at all, the driver, which got neither, says so.
         sys.stderr.write("torchspark: rank 0's result did not reach the driver over the "
                          "output channel; sending it through collect() instead\n")
-        return out_file
-    if node_rank != 0 or spec["fn_bytes"] is None or ship:
+        return out_file if os.path.exists(out_file) else None
+    if not rank0_fn:
         return None
     if not os.path.exists(out_file):
         raise RuntimeError("TorchDistributor failed during training."

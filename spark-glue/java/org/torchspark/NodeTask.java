@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.Serializable;
@@ -7,6 +8,7 @@ import java.io.UncheckedIOException;
 import java.net.InetAddress;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Comparator;
@@ -192,12 +194,13 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 throw new IllegalStateException("torchspark node " + nodeRank + " on host " + host
                         + ": the agent exited with status " + rc + "\n" + failure.encode() + "\n");
             }
-            if (ship && Files.exists(outFile)) {
-                // The agent removes the file once the driver confirmed it: shipping failed
-                // (the agent said why), so the result takes the collect() path instead.
+            if (ship && !outputDelivered(Paths.get(outFile + ".status"))) {
+                // The status said "failed" (or could not be read: outputDelivered said why),
+                // so the result takes the collect() path instead; with no file at all, the
+                // driver, which got neither, says so.
                 System.err.println("torchspark: rank 0's output did not reach the driver over the "
                         + "output channel; sending it through collect() instead");
-                return chunks(outFile);
+                return Files.exists(outFile) ? chunks(outFile) : Collections.emptyList();
             }
             return Collections.emptyList();
         } finally {
@@ -206,6 +209,34 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
             deleteTree(workdir);
         }
+    }
+
+    /** Whether the agent delivered rank 0's output to the driver, from the status document it
+     *  writes after the transfer ({@code --output-file PATH} -> {@code PATH.status},
+     *  docs/cli.md): true only for {"output": "delivered"}. "failed", and a status that is
+     *  missing or unreadable, are not delivered; the sentence on stderr names the file and the
+     *  reason. */
+    static boolean outputDelivered(Path status) {
+        JsonNode doc;
+        try {
+            doc = Failure.JSON.readTree(Files.readAllBytes(status));
+        } catch (IOException e) {
+            System.err.println("torchspark: the output status " + status + " cannot be read (" + e
+                    + "): rank 0's result counts as not delivered");
+            return false;
+        }
+        String outcome = doc != null && doc.isObject() ? doc.path("output").asText("") : "";
+        if (outcome.equals("delivered")) {
+            return true;
+        }
+        if (outcome.equals("failed")) {
+            System.err.println("torchspark: the output status " + status + " says the transfer failed: "
+                    + doc.path("error").asText(""));
+        } else {
+            System.err.println("torchspark: the output status " + status + " holds no outcome "
+                    + "(\"output\": \"delivered\" or \"failed\"): rank 0's result counts as not delivered");
+        }
+        return false;
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

@@ -16,6 +16,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.HexFormat;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import org.junit.Test;
@@ -174,6 +175,14 @@ public class JniTest {
             assertArrayEquals("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1), s.outputBytes());
             assertEquals(13, s.outputLength());
             assertFalse("the agent removes the file once the driver confirmed it", Files.exists(out));
+            Path status = dir.resolve("result.bin.status");
+            JsonNode doc = Failure.JSON.readTree(status.toFile());
+            assertEquals("delivered", doc.get("output").asText());
+            assertEquals(13, doc.get("bytes").asLong());
+            assertEquals(HexFormat.of().formatHex(java.security.MessageDigest.getInstance("SHA-256")
+                    .digest("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1))), doc.get("sha256").asText());
+            assertTrue(doc.get("error").isNull());
+            assertTrue("the glue reads delivered from the status", NodeTask.outputDelivered(status));
             List<String> lines = pullAll(s);
             assertTrue(lines.toString(), lines.contains("[rank 0] hello from 0"));
             assertTrue(lines.toString(), lines.contains("[rank 1] hello from 1"));
@@ -201,6 +210,33 @@ public class JniTest {
             assertEquals(3000000, Files.size(dst));
             assertEquals(3000000, s.outputLength());
             assertNull("file mode keeps nothing in memory", s.outputBytes());
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
+    public void refusedOutputIsAFailedStatusAndTheGlueFallsBack() throws Exception {
+        Path dir = Files.createTempDirectory("tsp-jni-");
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            // No expectOutput: the driver refuses the transfer after training succeeded.
+            Path out = dir.resolve("result.bin");
+            assertEquals(0, runAgent(s, s.endpoint(null), out,
+                    "[ \"$RANK\" = 0 ] && printf abc > " + out + "; true"));
+            Path status = dir.resolve("result.bin.status");
+            JsonNode doc = Failure.JSON.readTree(status.toFile());
+            assertEquals("failed", doc.get("output").asText());
+            assertEquals(3, doc.get("bytes").asLong());
+            assertTrue(doc.get("sha256").isNull());
+            assertTrue(doc.toString(), doc.get("error").asText().contains("does not expect an output"));
+            assertTrue("the file stays for the collect() path", Files.exists(out));
+            assertFalse(NodeTask.outputDelivered(status));
+            // No status at all (or not a status) is not delivered either, never a silent success.
+            assertFalse(NodeTask.outputDelivered(dir.resolve("missing.status")));
+            Files.writeString(dir.resolve("bad.status"), "{\"output\": 1");
+            assertFalse(NodeTask.outputDelivered(dir.resolve("bad.status")));
+            Files.writeString(dir.resolve("odd.status"), "{\"output\": \"maybe\"}");
+            assertFalse(NodeTask.outputDelivered(dir.resolve("odd.status")));
         } finally {
             TestEnv.deleteTree(dir);
         }
