@@ -7,16 +7,23 @@
 #     venv (the Python version; here the pyspark pin);
 #  2. .venv-pyspark-<version> in the checkout, which sees that pyspark first and then the
 #     dependency venv of tests/setup.sh (torch, numpy, pyarrow, pytest...) through one .pth
-#     file: torch is not downloaded again.
+#     file: torch is not downloaded again;
+#  3. with a torch version too, .venv-pyspark-<version>-torch-<torch> instead, which sees
+#     that torch (tests/setup_torch.sh: once per machine, with its CUDA wheels) between the
+#     two: the oldest pyspark beside the oldest torch that torchspark states.
 # torchspark itself is installed into it by the matrix test, with the user's command
 # (pip install ./spark-glue/python), which must keep this pyspark.
-# Usage: tests/setup_pyspark.sh [VERSION]; prints the venv's python. Run tests/setup.sh first.
+# Usage: tests/setup_pyspark.sh [VERSION [TORCH_VERSION]]; prints the venv's python. Run
+# tests/setup.sh first.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 log() { printf '[setup_pyspark] %s\n' "$*" >&2; }
 ver=${1:-3.5.9}
+torch_ver=${2:-}
 [[ $ver =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { log "'$ver' is not a pyspark version such as 3.5.9"; exit 2; }
+torch_dir=
+[ -z "$torch_ver" ] || torch_dir=$(bash tests/setup_torch.sh "$torch_ver")
 [ -x .venv/bin/python ] || { log ".venv is missing: run bash tests/setup.sh first"; exit 1; }
 
 py=${PYTHON:-python3}
@@ -41,11 +48,16 @@ if [ ! -f "$dir/.complete" ]; then
   flock -u 9
 fi
 
-venv=.venv-pyspark-$ver
+venv=.venv-pyspark-$ver${torch_ver:+-torch-$torch_ver}
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-# This pyspark before the dependency venv (which holds the newest pyspark).
-printf '%s\n%s\n' "$dir" "$deps_site" > "$site/_torchspark_deps.pth"
+# This pyspark (and torch) before the dependency venv (which holds the newest of both).
+printf '%s\n' "$dir" ${torch_dir:+"$torch_dir"} "$deps_site" > "$site/_torchspark_deps.pth"
 got=$("$venv/bin/python" -c 'import pyspark; print(pyspark.__version__)')
 [ "$got" = "$ver" ] || { log "$venv imports pyspark $got, not $ver"; exit 1; }
+if [ -n "$torch_ver" ]; then
+  # Its version without the local part: 2.4.1 for 2.4.1+cu121.
+  got=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))')
+  [ "${got%%+*}" = "$torch_ver" ] || { log "$venv has torch $got, not $torch_ver"; exit 1; }
+fi
 echo "$root/$venv/bin/python"

@@ -34,6 +34,8 @@ Requires-Dist: pyspark>=3.5
 Requires-Dist: cloudpickle
 Requires-Dist: numpy
 Requires-Dist: pyarrow>=11.0
+Provides-Extra: torch
+Requires-Dist: torch>=2.4; extra == "torch"
 """
 
 

@@ -11,13 +11,17 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_BIN = ROOT / ".venv" / "bin"
+# The checkout's .venv; in the version matrix's own pytest (tests/e2e/test_pyspark_matrix.py)
+# the matrix venv that runs it, with its torch (torchrun) and its torchspark-run.
+VENV_BIN = (Path(sys.executable).parent if os.environ.get("TORCHSPARK_MATRIX_INNER") == "1"
+            else ROOT / ".venv" / "bin")
 PY = str(VENV_BIN / "python")
 TSR = os.environ.get("TORCHSPARK_RUN", str(VENV_BIN / "torchspark-run"))
 SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"

@@ -9,6 +9,7 @@ missing or extra variable fails the test.
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,14 @@ OURS_ONLY = {
         "the job's random token: what the agent's sentinel sweeps after an agent SIGKILL "
         "(docs/cli.md, \"Processes left behind\")"),
 }
+# torchrun exports its signal set since torch 2.9 (pytorch#160690); torchspark-run sets
+# torchrun 2.9's default whatever the torch. With an older torch (the version matrix's
+# floor, tests/e2e/test_pyspark_matrix.py) only ours has it, and nothing in that torch
+# reads it.
+if tuple(int(x) for x in re.findall(r"\d+", metadata.version("torch"))[:2]) < (2, 9):
+    OURS_ONLY["TORCHELASTIC_SIGNALS_TO_HANDLE"] = (
+        lambda v: v == "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        "torchrun 2.9's default; torchrun before 2.9 exports no signal set")
 
 
 def _dump(cmds: list[list[str]], env: dict, outdir: Path, marker: str) -> tuple[dict, list]:

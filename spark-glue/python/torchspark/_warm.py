@@ -433,6 +433,9 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
         import numpy  # noqa: F401
     except ImportError:
         pass
+    # torch 2.4 names the thread that imports it pt_main_thread (pytorch#121170, undone in
+    # 2.5), which on the main thread is the process's comm: the pool's name again.
+    _set_comm(POOL_COMM)
     import threading
 
     if threading.active_count() != 1:
