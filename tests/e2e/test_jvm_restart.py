@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
@@ -155,8 +156,22 @@ def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
     print(f"decommission notice -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost")
 
 
+_FRESH = "TSP_TEST_FRESH_JVM"  # set in the test's own pytest process
+
+
 def test_decommission_of_a_pyspark_run(tmp_path):
     # The same through PySpark's TorchDistributor (its task sets the request file too).
+    # The plugin's class must be on the driver JVM's classpath when that JVM starts
+    # (spark.jars at launch, as `pyspark --jars` gives it): this pytest process's JVM
+    # gateway may already be up from an earlier module's session, so the test runs in a
+    # fresh pytest process of its own.
+    if os.environ.get(_FRESH) != "1":
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"{__file__}::test_decommission_of_a_pyspark_run"],
+                           env=dict(os.environ, **{_FRESH: "1"}), capture_output=True,
+                           text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-8000:] + r.stderr[-3000:]
+        return
     import threading
 
     from torchspark import TorchDistributor

@@ -54,7 +54,8 @@ def test_a_lost_executor_is_the_cause_not_the_survivors_error():
 def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
     seen = []
 
-    def once(attempt, cause):
+    def once(attempt, cause, nodes):
+        assert nodes == 2  # no survivors rule (min_nodes): every attempt on all the nodes
         seen.append((attempt, cause, _restart.attempt_env(attempt, 2, cause)))
         raise TorchDistributorError(f"TorchDistributor (distributed) failed: boom {attempt}",
                                     {"rank": attempt})
@@ -76,7 +77,7 @@ def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
 def test_success_after_a_restart_returns_its_result():
     calls = []
 
-    def once(attempt, cause):
+    def once(attempt, cause, nodes):
         calls.append(attempt)
         if attempt == 0:
             raise TorchDistributorError("TorchDistributor (distributed) failed: lost")
@@ -88,7 +89,7 @@ def test_success_after_a_restart_returns_its_result():
 
 
 def test_other_errors_are_not_retried():
-    def once(attempt, cause):
+    def once(attempt, cause, nodes):
         raise ValueError("bad input")
 
     with pytest.raises(ValueError):
