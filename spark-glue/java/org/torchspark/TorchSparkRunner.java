@@ -11,7 +11,6 @@ import java.util.Arrays;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.UUID;
 import java.util.regex.Matcher;
@@ -345,25 +344,19 @@ public final class TorchSparkRunner {
         if (!on) {
             return 0;
         }
-        String raw = conf.get("spark.torchspark.ncclCheck.timeout", "180s").trim().toLowerCase(Locale.ROOT);
-        Matcher m = Pattern.compile("([0-9]+(?:\\.[0-9]*)?)\\s*(ms|s|m|min|h)?").matcher(raw);
-        double v = m.matches() ? Double.parseDouble(m.group(1)) : 0;
+        String key = "spark.torchspark.ncclCheck.timeout";
+        String raw = conf.get(key, "180s");
+        double v;
+        try {
+            v = RestartPolicy.durationS(raw, key);
+        } catch (IllegalArgumentException bad) {
+            v = 0;
+        }
         if (v <= 0) {
-            throw new IllegalArgumentException("spark.torchspark.ncclCheck.timeout is '" + raw
+            throw new IllegalArgumentException(key + " is '" + raw.trim()
                     + "': give a duration such as 180s, 3min or 500ms");
         }
-        String unit = m.group(2) == null ? "s" : m.group(2);
-        switch (unit) {
-            case "ms":
-                return v / 1000;
-            case "m":
-            case "min":
-                return v * 60;
-            case "h":
-                return v * 3600;
-            default:
-                return v;
-        }
+        return v;
     }
 
     private int tasks(SparkContext sc) {
