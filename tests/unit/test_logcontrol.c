@@ -465,6 +465,11 @@ static void check_timeout_detail(int started2, int connect2, const char *want)
     if (c && started2) {
         send_json(c, TSP_WIRE_EVENT_NODE, node);
         send_json(c, TSP_WIRE_EVENT_NCCL_CHECK, "{\"state\": \"started\"}");
+        /* Processed before node 0's, as b's below: each client has its own connection, so
+         * nothing else orders its events before node 0's failure (a slow sender thread,
+         * under TSan, lost that race). */
+        ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+        c = NULL;
     }
     ck_assert_int_eq(tsp_logclient_close(b, 5000), 0); /* processed before node 0's */
     send_json(a, TSP_WIRE_EVENT_NODE, node);
