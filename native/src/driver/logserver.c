@@ -469,6 +469,14 @@ int tsp_logserver_lost_pending(tsp_logserver_t *s)
     return n;
 }
 
+/* Wakes the epoll thread to look at what a caller changed under ctl_mu. */
+static void wake_loop(tsp_logserver_t *s)
+{
+    uint64_t one = 1;
+    ssize_t w = write(s->wake_fd, &one, sizeof(one));
+    (void)w;
+}
+
 int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text)
 {
     pthread_mutex_lock(&s->ctl_mu);
@@ -481,9 +489,7 @@ int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text)
     pthread_mutex_unlock(&s->ctl_mu);
     if (ended)
         return -EPIPE;
-    uint64_t one = 1;
-    ssize_t w = write(s->wake_fd, &one, sizeof(one));
-    (void)w;
+    wake_loop(s);
     return 0;
 }
 
@@ -497,9 +503,7 @@ int tsp_logserver_dump_all(tsp_logserver_t *s)
     pthread_mutex_unlock(&s->ctl_mu);
     if (ended)
         return -EPIPE;
-    uint64_t one = 1;
-    ssize_t w = write(s->wake_fd, &one, sizeof(one));
-    (void)w;
+    wake_loop(s);
     return (int)request;
 }
 
@@ -513,9 +517,7 @@ int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms)
         s->drain_deadline = tsp__now_ms() + (drain_timeout_ms > 0 ? drain_timeout_ms : 0);
     }
     pthread_mutex_unlock(&s->ctl_mu);
-    uint64_t one = 1;
-    ssize_t w = write(s->wake_fd, &one, sizeof(one));
-    (void)w;
+    wake_loop(s);
     pthread_join(s->thread, NULL);
     s->joined = 1;
     return 0;
