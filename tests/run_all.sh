@@ -32,8 +32,10 @@ step "unit tests (ctest)"
 ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 
 step "static analysis (cppcheck, clang-tidy)"
+layer_includes=()
+for d in native/src/*/; do layer_includes+=(-I "$d"); done
 cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
-  -I native/include $(printf -- '-I %s ' native/src/*/) native/src native/tools || status=1
+  -I native/include "${layer_includes[@]}" native/src native/tools || status=1
 # Its findings are the lines that name a file or an error, whatever its exit status.
 tidy=$(clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
   native/src/*/*.c native/tools/*.c 2>&1) || true
