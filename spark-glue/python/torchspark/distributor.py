@@ -246,11 +246,18 @@ class TorchDistributor:
             result = self._run_local_training(train_object, fn_bytes, script_args)
         else:
             result = self._run_distributed_with_restarts(train_object, fn_bytes, script_args)
-        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
         clock.report("local" if self.local_mode else "distributed")
         return result
 
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
+
+    def _timing_from(self, data: Any) -> memoryview:
+        """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
+        which travels beside the value, join run()'s waterfall."""
+        value, marks = _timing.split_result(data)
+        if marks is not None:
+            self._clock.marks.update(marks)
+        return value
 
     def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
                            **kwargs: Any) -> Any:
@@ -415,6 +422,7 @@ class TorchDistributor:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                        self._timing_from(f.read())  # the trailer after the value
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
@@ -604,7 +612,7 @@ class TorchDistributor:
                     raise RuntimeError("TorchDistributor failed during training."
                                        "View stdout logs for detailed error message.")
                 try:
-                    result = cloudpickle.loads(data)
+                    result = cloudpickle.loads(self._timing_from(data))
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
