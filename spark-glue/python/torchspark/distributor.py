@@ -680,26 +680,17 @@ class TorchDistributor:
             "See the exception's cause (Spark's error) and the executors' logs.")
 
     def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
-        """A node whose agent vanished (host or executor died, network cut)."""
+        """A node whose agent vanished (host or executor died, network cut): the log
+        server's document of it (docs/protocol.md 1.7), finished with the node's last lines
+        by the C core, which writes the message."""
         node = int(root.get("node_rank", -1))
-        lines = [f"TorchDistributor (distributed) failed: {root.get('message')}.",
-                 f"The executor of node {node} on host {root.get('host')}, that host, or the "
-                 "network to it failed; the other nodes were stopped."]
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
             tail += [_native.line_prefix(rank) + ln for ln in got]
-        if tail:
-            lines.append(f"Last {len(tail)} lines of node {node}'s output:")
-            lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
-        else:
-            lines.append(f"node {node} printed nothing.")
-        lines.append(f"To fix it: check host {root.get('host')} (its executor's log, memory, "
-                     "network) and run again.")
-        report = {"version": 1, "kind": "lost", "node_rank": node, "rank": None,
-                  "host": root.get("host"), "peer": root.get("peer"),
-                  "message": root.get("message"), "tail": tail}
-        return TorchDistributorError("\n".join(lines), report)
+        failure = _report.Failure.from_document(
+            root.get("report"), node_rank=node, host=root.get("host") or "?", tail=tail)
+        return failure.error("distributed")
 
 
 # A script that exists on the driver travels with the job (inside the task's closure)
