@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import tempfile
 import textwrap
@@ -371,15 +370,10 @@ class TorchDistributor:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = hub = doctor = None
         try:
-            error_file = os.path.join(workdir, "error.json")
-            out_file = os.path.join(workdir, "output.pickle")
-            if fn_bytes is not None:
-                fn_file = os.path.join(workdir, "fn.pickle")
-                with open(fn_file, "wb") as f:
-                    f.write(fn_bytes)
-                program = ["-m", "torchspark._fn_runner", fn_file, out_file]
-            else:
-                program = [str(train_object), *script_args]
+            # The node's steps of a barrier task (_task.py), for the one node of this run.
+            program, error_file, out_file = _task.node_program(
+                workdir, fn_bytes, None if fn_bytes is not None else
+                [str(train_object), *script_args])
             server = self._start_log_server("127.0.0.1")
             endpoint = None
             if server is not None:
@@ -409,10 +403,7 @@ class TorchDistributor:
                 hang = self._hang_error(doctor, "local")
                 if hang is not None:
                     raise hang
-                failure = _report.Failure.from_document(
-                    res.report, status=res.returncode, node_rank=0,
-                    host=socket.gethostname(), nproc_per_node=self.num_processes,
-                    tail=res.tail)
+                failure = _task.node_failure(res, 0, self.num_processes)
                 raise failure.error("local", self._tail_from_server(server, failure.fields))
             output = None
             if fn_bytes is not None:
