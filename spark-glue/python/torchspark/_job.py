@@ -50,6 +50,8 @@ class Outcome:
     # a restart's timeline (distributor.attempts).
     root_at: Optional[float] = None
     ended_at: Optional[float] = None
+    # The executor id of a node that went silent (task_executor), None when not known.
+    silent_executor: Optional[str] = None
 
 
 class _Tags:
@@ -108,6 +110,27 @@ def silent(root: Optional[Dict[str, Any]]) -> bool:
     """True when the root cause is a node that went silent (frozen host, cut network)."""
     return (root is not None and root.get("kind") == "lost"
             and any(m in str(root.get("message")) for m in SILENT))
+
+
+def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
+    """The id of the executor that ran (or runs) the task of partition `partition` in the
+    job tagged `tag`, from Spark's status store (classic sessions only); None when Spark
+    does not know it. The task of a node is its partition (node_rank = partitionId())."""
+    try:
+        sc = spark.sparkContext._jsc.sc()
+        store = sc.statusStore()
+        for job in sc.statusTracker().getJobIdsForTag(tag):
+            stages = store.job(job).stageIds()
+            for i in range(stages.size()):
+                # A barrier stage is never retried (SPARK-25161): its only attempt is 0.
+                tasks = store.taskList(int(stages.apply(i)), 0, 1 << 20)
+                for j in range(tasks.size()):
+                    t = tasks.apply(j)
+                    if int(t.index()) == partition:
+                        return str(t.executorId())
+    except Exception:  # an older Spark, or the session is gone: not known
+        return None
+    return None
 
 
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
@@ -170,5 +193,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             root = server.failure(LOST_WAIT_S if server.lost_pending() else 0)
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
+    lost = None
+    if silent(root) and not remote and root.get("node_rank") is not None:
+        lost = task_executor(spark, tag, int(root["node_rank"]))
     return Outcome(box.get("chunks") if error is None else None, error, root,
-                   box.get("root_at"), box.get("ended_at"))
+                   box.get("root_at"), box.get("ended_at"), lost)

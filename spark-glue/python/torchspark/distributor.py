@@ -563,7 +563,8 @@ class TorchDistributor:
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
-                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
+                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
+                silent_executor=out.silent_executor)
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:
