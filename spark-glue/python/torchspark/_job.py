@@ -32,6 +32,9 @@ from torchspark._spec import NodeSpec
 # After the root cause is known: how long to wait for Spark's own failure (the cause of
 # our exception), then for the cancelled job to end.
 SPARK_GRACE_S = 3.0
+# The same wait when a restart follows: none, the next attempt is submitted at once
+# (bench/restart_recovery.py sets it to SPARK_GRACE_S for the side-by-side "before").
+RESTART_GRACE_S = 0.0
 CANCEL_WAIT_S = 1.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
 
@@ -134,8 +137,11 @@ def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
 
 
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
-                    remote: bool, input_df: Any = None) -> Outcome:
-    """Runs the job (see collect_chunks) and returns how it ended."""
+                    remote: bool, input_df: Any = None,
+                    spark_grace_s: float = SPARK_GRACE_S) -> Outcome:
+    """Runs the job (see collect_chunks) and returns how it ended. spark_grace_s: how long
+    to wait for Spark's own failure once the root cause is known (0 when a restart follows:
+    the next attempt is submitted at once, the log server's root cause naming the node)."""
     tags = _Tags(spark, remote)
     tag = f"torchspark-{uuid.uuid4().hex}"
     done, wake = threading.Event(), threading.Event()
@@ -174,7 +180,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         if "root" in box and not done.is_set():
             # A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
             # spark.network.timeout, so its failure is not waited for.
-            if not done.wait(0 if silent(box["root"]) else SPARK_GRACE_S):
+            if not done.wait(0 if silent(box["root"]) else spark_grace_s):
                 tags.cancel(tag)
                 done.wait(CANCEL_WAIT_S)
     except BaseException:  # KeyboardInterrupt: stop everything now, then re-raise
