@@ -556,13 +556,20 @@ class TorchDistributor:
             self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
+            # Restarts left: the next attempt starts at once on the root cause, without
+            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
+            last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
+                _restart.MAX_RESTARTS_ENV)
+            grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote,
-                                       input_df=dataframe[0] if dataframe else None)
+                                       input_df=dataframe[0] if dataframe else None,
+                                       spark_grace_s=grace)
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
-                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
+                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
+                silent_executor=out.silent_executor)
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:
