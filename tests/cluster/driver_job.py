@@ -22,8 +22,12 @@ import time
 import traceback
 
 
-def train(tag, steps, sleep, progress_dir, fail_rank=None):
-    """Runs on every rank. Returns (on rank 0) what every rank saw, gathered over gloo."""
+def train(tag, steps, sleep, progress_dir, fail_rank=None, lines=False):
+    """Runs on every rank. Returns (on rank 0) what every rank saw, gathered over gloo.
+
+    lines: each step prints ``TSPLINE a=<attempt> r=<rank> n=<step>``, then appends
+    ``<step> <time.time()> <host>`` to progress_dir/lines-a<attempt>-r<rank>: the record of
+    what the rank printed, which the driver's output must hold (kill_series.py)."""
     import os
     import socket
 
@@ -32,12 +36,19 @@ def train(tag, steps, sleep, progress_dir, fail_rank=None):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    attempt = int(os.environ.get("TORCHSPARK_ATTEMPT", "0"))
+
     def write_progress(step):
         if progress_dir:
             p = os.path.join(progress_dir, f"rank{rank}.json")
             with open(p + ".tmp", "w") as f:
-                json.dump({"rank": rank, "step": step, "host": host, "pid": os.getpid()}, f)
+                json.dump({"rank": rank, "step": step, "host": host, "pid": os.getpid(),
+                           "attempt": attempt}, f)
             os.replace(p + ".tmp", p)
+        if lines and step >= 0:  # printed first: a rank killed in between is not "lost"
+            print(f"TSPLINE a={attempt} r={rank} n={step}", flush=True)
+            with open(os.path.join(progress_dir, f"lines-a{attempt}-r{rank}"), "a") as f:
+                f.write(f"{step} {time.time():.3f} {host}\n")
 
     host = socket.gethostname()
     rank = int(os.environ["RANK"])
@@ -129,7 +140,8 @@ def main() -> int:
                             use_gpu=run.get("use_gpu", False), **run.get("kw", {}))
             try:
                 out["result"] = d.run(train, run["tag"], t["steps"], t.get("sleep", 0.0),
-                                      t.get("progress_dir"), t.get("fail_rank"))
+                                      t.get("progress_dir"), t.get("fail_rank"),
+                                      t.get("lines", False))
             finally:  # torchspark's restarts (docs/distributor.md): each attempt's record
                 out["attempts"] = getattr(d, "attempts", None)
             out["ok"] = True
