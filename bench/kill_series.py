@@ -1,0 +1,120 @@
+"""Issue 20's series: N faults (default 20) on the network-namespace multi-host cluster
+(tests/cluster/netns_cluster.py: needs root and network namespaces, as tests/cluster does),
+each at a random time, cycling the three kinds: SIGKILL of a non-rank-0 executor JVM
+(exec_kill), a host's link taken down (link_cut), SIGKILL of rank 0's executor JVM
+(rank0_kill). The faults run in rounds of (by default) 3: each round is a fresh 3-worker
+cluster and one torchspark job with max_restarts = the round's faults and min_nodes=1, which
+must recover from each of them (tests/cluster/kill_series.py, the same code as the CI test
+test_faults.py::test_three_faults_restart_in_one_job). A cut host stays gone for the round.
+
+Per fault: kind, victim host (and its ranks), the time from the fault to the first step of
+the next attempt (the ranks' own clocks: time.time() on one machine), the time the driver
+named the root cause; per round: the training processes left on any host after the run (the
+marker census) and the lines lost: every ``TSPLINE`` line a rank printed (and recorded in its
+file) must be in the driver's output, prefixed ``[attempt k] [rank r]`` with its own attempt
+k. Lines the victim's ranks printed after the fault (their executor or network gone) are
+counted apart as undeliverable. Prints a table and the totals.
+
+    sudo .venv/bin/python bench/kill_series.py [KILLS=20] [PER_ROUND=3] [MAX_DELAY_S=4] [SEED]
+"""
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+
+import kill_series as ks  # noqa: E402
+import netns_cluster as nc  # noqa: E402
+
+
+def main() -> int:
+    kills = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+    per_round = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    max_delay = float(sys.argv[3]) if len(sys.argv) > 3 else 4.0
+    seed = int(sys.argv[4]) if len(sys.argv) > 4 else int(time.time())
+    why = nc.namespaces_supported()
+    if why:
+        print(f"kill_series: the namespace cluster is unavailable: {why}", file=sys.stderr)
+        return 2
+    kinds = [ks.KINDS[i % len(ks.KINDS)] for i in range(kills)]
+    rows, rounds = [], []
+    t_start = time.monotonic()
+    load0 = os.getloadavg()
+    for rnd, i in enumerate(range(0, kills, per_round)):
+        part = kinds[i:i + per_round]
+        c = nc.NetnsCluster(workers=3, run_dir=tempfile.mkdtemp(prefix="tsp-kills-"))
+        try:
+            c.start()
+            t0 = time.monotonic()
+            try:
+                s = ks.run_series(c, part, steps=150, sleep=0.1, max_delay=max_delay,
+                                  seed=seed + rnd, tag=f"round{rnd}",
+                                  log=lambda m, r=rnd: print(f"  round {r}: {m}", flush=True))
+                err = None if s["result"]["ok"] else s["result"]["error"]
+            except AssertionError as e:
+                s, err = None, str(e)
+            wall = time.monotonic() - t0
+        finally:
+            c.stop()
+            left_after_stop = c.leftovers()
+        if s is None:
+            rounds.append({"round": rnd, "ok": False, "error": err[:2000], "wall": wall})
+            print(f"round {rnd}: FAILED: {err[:2000]}", flush=True)
+            continue
+        for f in s["faults"]:
+            rows.append(dict(f, round=rnd, ok=s["result"]["ok"]))
+        rounds.append({"round": rnd, "ok": s["result"]["ok"], "error": err, "wall": wall,
+                       "nodes": [a["nodes"] for a in s["attempts"]], "left": s["left"],
+                       "written": s["written"], "lost": s["lost"],
+                       "undeliverable": s["undeliverable"], "wrong": s["wrong_prefix"],
+                       "teardown_left": left_after_stop})
+        rr = rounds[-1]
+        print(f"round {rnd}: ok={rr['ok']} attempts' nodes {rr['nodes']} lines "
+              f"{rr['written']} lost {len(rr['lost'])} undeliverable {len(rr['undeliverable'])}"
+              f" wrong-prefix {len(rr['wrong'])} processes left {len(rr['left'])} "
+              f"wall {wall:.0f}s" + (f" error {err[:300]}" if err else ""), flush=True)
+
+    print()
+    print(f"{'#':>3} {'round':>5} {'kind':<11} {'victim':<12} {'ranks':<7} {'step':>4} "
+          f"{'noticed_s':>9} {'resumed_s':>9} recovered")
+    for n, f in enumerate(rows):
+        print(f"{n:>3} {f['round']:>5} {f['kind']:<11} {f['victim']:<12} "
+              f"{','.join(map(str, f['victim_ranks'])):<7} {f['step_at_fault']:>4} "
+              f"{f['noticed_after_s'] if f['noticed_after_s'] is not None else '-':>9} "
+              f"{f['resumed_after_s'] if f['resumed_after_s'] is not None else '-':>9} "
+              f"{'yes' if f['resumed_after_s'] is not None and f['ok'] else 'NO'}")
+    recovered = sum(1 for f in rows if f["resumed_after_s"] is not None and f["ok"])
+    failed_rounds = [r for r in rounds if not r["ok"]]
+    print()
+    print(f"faults: {kills} asked, {len(rows)} injected, {recovered} recovered; rounds "
+          f"{len(rounds)}, failed {len(failed_rounds)}")
+    for kind in ks.KINDS:
+        v = [f["resumed_after_s"] for f in rows if f["kind"] == kind
+             and f["resumed_after_s"] is not None]
+        if v:
+            print(f"  {kind:<11} fault -> first resumed step: median {statistics.median(v):.1f} s"
+                  f" (min {min(v):.1f}, max {max(v):.1f}, n={len(v)})")
+    ok = [r for r in rounds if "left" in r]
+    print(f"processes left on any host after the runs: {sum(len(r['left']) for r in ok)}; "
+          f"after teardown: {sum(len(r['teardown_left']) for r in ok)}")
+    print(f"lines: {sum(r['written'] for r in ok)} printed by the ranks, "
+          f"{sum(len(r['lost']) for r in ok)} lost, "
+          f"{sum(len(r['wrong']) for r in ok)} with a wrong attempt prefix, "
+          f"{sum(len(r['undeliverable']) for r in ok)} undeliverable (victim, after the fault)")
+    for r in ok:
+        if r["lost"]:
+            print(f"  round {r['round']} lost (attempt, rank, step): {r['lost'][:20]}")
+    load1 = os.getloadavg()
+    print(f"wall {time.monotonic() - t_start:.0f} s; load average (1 min) {load0[0]:.1f} at "
+          f"start, {load1[0]:.1f} at the end; {os.cpu_count()} CPUs")
+    return 0 if recovered == kills and not failed_rounds and all(
+        not r["lost"] and not r["left"] for r in ok) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
