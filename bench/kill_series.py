@@ -78,6 +78,10 @@ def main() -> int:
               f"{rr['written']} lost {len(rr['lost'])} undeliverable {len(rr['undeliverable'])}"
               f" wrong-prefix {len(rr['wrong'])} processes left {len(rr['left'])} "
               f"wall {wall:.0f}s" + (f" error {err[:300]}" if err else ""), flush=True)
+        for f in s["faults"]:
+            print(f"  round {rnd}: {f['kind']} on {f['victim']} (ranks {f['victim_ranks']}): "
+                  f"named after {f['noticed_after_s']} s, resumed after "
+                  f"{f['resumed_after_s']} s", flush=True)
 
     print()
     print(f"{'#':>3} {'round':>5} {'kind':<11} {'victim':<12} {'ranks':<7} {'step':>4} "
