@@ -9,6 +9,9 @@ The Spark conf of these runs (harness.FAULT_CONF) makes Spark notice a silent ex
 
 Run for torchspark (asserted) and for stock PySpark (run() raising is asserted; surviving
 training processes are the known stock defect and reported as xfail with the list).
+
+With restarts (torchspark, issue 20): one job survives three faults in sequence
+(kill_series.py; the long series is bench/kill_series.py).
 """
 
 import json
