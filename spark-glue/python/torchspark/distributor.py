@@ -138,7 +138,7 @@ class TorchDistributor:
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
-        self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
+        self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
         _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
