@@ -145,13 +145,20 @@ def _train_env(steps):
     import torch.distributed as dist
 
     import torchspark
+    from torchspark import mlflow
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    mlflow.log_params({"lr": 0.1, "seed": rank})  # the same on every rank, and not
     for step in range(steps):
         torchspark.report({"loss": 1.0 / (step + 1) + rank, "acc": step / steps}, step=step)
+        mlflow.log_metric("fwd", step * 10.0 + rank, step=step)  # MLflow's own calls
+        mlflow.log_metrics({"fwd2": -step, "fwd3": rank}, step=step)
+    mlflow.log_param("tail", "x")
     leaks = sorted(k for k, v in os.environ.items()
                    if k.startswith("MLFLOW") or TOKEN in v or "mlruns" in v)
+    if "mlflow" in sys.modules:  # the rank never used the mlflow package itself
+        leaks.append("the mlflow package was imported on the rank")
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, leaks)
     dist.destroy_process_group()
@@ -181,8 +188,18 @@ def test_mlflow_active_run_gets_every_metric_and_executors_get_no_credential(
             (s, 1.0 / (s + 1) + rank) for s in range(STEPS)]
         assert _history(client, run.info.run_id, prefix + "acc") == [
             (s, s / STEPS) for s in range(STEPS)]
-    assert set(client.get_run(run.info.run_id).data.metrics) == {
-        "loss", "acc", "rank1/loss", "rank1/acc"}
+        # A rank's torchspark.mlflow.log_metric(s): into the same run, every step.
+        assert _history(client, run.info.run_id, prefix + "fwd") == [
+            (s, s * 10.0 + rank) for s in range(STEPS)]
+        assert _history(client, run.info.run_id, prefix + "fwd2") == [
+            (s, -s) for s in range(STEPS)]
+        assert _history(client, run.info.run_id, prefix + "fwd3") == [
+            (s, rank) for s in range(STEPS)]
+    data = client.get_run(run.info.run_id).data
+    assert set(data.metrics) == {"loss", "acc", "fwd", "fwd2", "fwd3", "rank1/loss",
+                                 "rank1/acc", "rank1/fwd", "rank1/fwd2", "rank1/fwd3"}
+    # A param every rank logs alike once; one whose value differs, with the rank in its key.
+    assert data.params == {"lr": "0.1", "seed": "0", "rank1/seed": "1", "tail": "x"}
 
 
 def test_mlflow_conf_starts_and_ends_a_run_of_its_own(spark, tmp_path, monkeypatch):
