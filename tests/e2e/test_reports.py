@@ -226,3 +226,52 @@ def _script_file(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
     return str(path)
+
+
+TTY_DRIVER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import logproto
+from torchspark._native import LogServer
+from torchspark._progress import ReportHub
+srv = LogServer()
+hub = ReportHub(srv)
+agent = logproto.RawAgent(srv.host, srv.port, srv.secret)
+assert agent.ok, agent.result
+for step in range(3):
+    rec = {"step": step, "time": time.time(), "metrics": {"loss": 1.0 / (step + 1)}}
+    agent.line(0, json.dumps(rec).encode(), stream=4)
+    time.sleep(0.7)  # over the terminal's redraw interval: each report is shown
+agent.close()
+srv.close(1.0)
+hub.stop()
+"""
+
+
+def test_progress_line_on_a_terminal_is_redrawn_in_place():
+    """The driver's hub under a real terminal (a pty as stderr), fed over the real native
+    log server by a client of the protocol: one line, rewritten in place, ended once."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER, os.path.dirname(__file__)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    os.close(master)
+    assert p.wait(timeout=60) == 0, out[-2000:]
+    text = out.decode()
+    shown = [f"torchspark: step {s} \u00b7 rank 0: loss={1.0 / (s + 1):.4g} \u00b7 1 rank(s) "
+             f"reporting, {s + 1} report(s)" for s in range(3)]
+    for line in shown:
+        assert "\r\x1b[K" + line in text, text
+    assert text.endswith("\r\x1b[K" + shown[-1] + "\r\n"), text  # ended once (\n: \r\n)
+    assert text.count("\n") == 1, text

@@ -163,7 +163,14 @@ class ReportHub:
                 f"{len(self._latest)} rank(s) reporting, {len(self.reports)} report(s)")
 
     def _show(self, final: bool) -> None:
-        if not self.progress or len(self.reports) == self._shown_count:
+        if not self.progress:
+            return
+        if len(self.reports) == self._shown_count:
+            if final and self._tty and _LogPump.status_shown:
+                with _LogPump._print_lock:  # the line in place is the last: end it
+                    sys.stderr.write("\n")
+                    sys.stderr.flush()
+                    _LogPump.status_shown = False
             return
         now = time.monotonic()
         stream = sys.stderr
