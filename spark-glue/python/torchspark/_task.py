@@ -17,7 +17,8 @@ import sys
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _partition, _rendezvous, _report, _warm
+from torchspark import (_elect, _launch, _partition, _rendezvous, _report, _report_rows,
+                        _warm)
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 from torchspark._spec import NodeSpec
 
@@ -123,8 +124,11 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         if ifname:
             for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
+        # Reports the channel could not deliver come back as rows (_report_rows.py).
+        tag = spec.get("report_rows")
+        spill = _report_rows.Spill(tag, workdir) if tag else None
         out_file = _run_agent(spec, timing.env(env), workdir, node_rank, nnodes, nproc,
-                              record, gpus)
+                              record, gpus, spill)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -135,6 +139,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
                     if not chunk:
                         break
                     yield chunk
+        if spill is not None:
+            yield from spill.rows()
     finally:
         if reservation is not None:
             reservation.release()
@@ -225,7 +231,8 @@ def node_failure(res: "_launch.AgentResult", node_rank: int, nproc: int) -> _rep
 
 def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
                nnodes: int, nproc: int, record: "_elect.Record",
-               gpus: Optional[List[str]] = None) -> Optional[str]:
+               gpus: Optional[List[str]] = None,
+               spill: Optional[_report_rows.Spill] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
     the result file to send through collect(), or None; raises with a failure report."""
     program, error_file, out_file = node_program(
@@ -253,7 +260,8 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
         # The executor's own log keeps every line, with or without the channel.
         sys.stderr.write(line + "\n")
 
-    res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+    res = _launch.Agent(cmd, env, echo=echo,
+                        on_stderr=spill.stderr_line if spill else None).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
         failure = node_failure(res, node_rank, nproc)

@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from torchspark import (_boot, _doctor, _job, _launch, _native, _rendezvous, _report,
                         _restart, _ship, _task, _timing, _warm)
-from torchspark import _progress
+from torchspark import _progress, _report_rows
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
@@ -556,6 +556,8 @@ class TorchDistributor:
             self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
+            if hub is not None:  # reports spilled by agents come back as rows
+                spec["report_rows"] = _report_rows.new_tag()
             # Restarts left: the next attempt starts at once on the root cause, without
             # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
             last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
@@ -575,7 +577,9 @@ class TorchDistributor:
                 if hang is not None:
                     raise hang from out.spark_error
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
-            chunks = out.chunks or []
+            chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
+            if hub is not None:
+                hub.add(spilled)
             if pump is not None:
                 pump.stop()
                 pump = None
@@ -584,7 +588,8 @@ class TorchDistributor:
                 self.logger.warning(
                     f"The executors could not reach torchspark's log server at "
                     f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
-                    "logs and rank 0's result came back as collected rows (bounded by "
+                    "logs, and rank 0's result and the workers' reports came back as collected "
+                    "rows (bounded by "
                     "spark.driver.maxResultSize). "
                     + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
                        "the executors can reach." if self.is_remote else
