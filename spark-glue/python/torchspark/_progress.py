@@ -158,12 +158,7 @@ class ReportHub:
             self._write(text + "\n")
 
     def _write(self, text: str) -> None:
-        with _LogPump._print_lock:
-            if _LogPump.status_shown:
-                sys.stderr.write("\r\x1b[K")
-                _LogPump.status_shown = False
-            sys.stderr.write(text)
-            sys.stderr.flush()
+        _LogPump.write(text)
 
     def stop(self) -> List[Report]:
         """Takes what is left (call after the log server closed: the agents drained), shows

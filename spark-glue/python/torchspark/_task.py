@@ -198,22 +198,39 @@ def output_delivered(status_path: str) -> bool:
     return False
 
 
+def node_program(workdir: str, fn_bytes: Optional[bytes],
+                 script_argv: Optional[List[str]]) -> "tuple[List[str], str, str]":
+    """What one node's agent runs, the same in a barrier task and in local mode (a one-node
+    run): (program, error file, rank 0's output file) under workdir; a function is written
+    to fn.pickle and run by torchspark._fn_runner, else the script with its arguments."""
+    error_file = os.path.join(workdir, "error.json")
+    out_file = os.path.join(workdir, "output.pickle")
+    if fn_bytes is not None:
+        fn_file = os.path.join(workdir, "fn.pickle")
+        with open(fn_file, "wb") as f:
+            f.write(fn_bytes)
+        return ["-m", "torchspark._fn_runner", fn_file, out_file], error_file, out_file
+    if script_argv is None:
+        raise RuntimeError("torchspark: the job gave this task neither a function nor a script")
+    return script_argv, error_file, out_file
+
+
+def node_failure(res: "_launch.AgentResult", node_rank: int, nproc: int) -> _report.Failure:
+    """A node's agent that failed: its document finished by the C core with what this
+    side saw (exit status, output tail), in a barrier task and in local mode alike."""
+    return _report.Failure.from_document(res.report, status=res.returncode,
+                                         node_rank=node_rank, host=socket.gethostname(),
+                                         nproc_per_node=nproc, tail=res.tail)
+
+
 def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
                nnodes: int, nproc: int, record: "_elect.Record",
                gpus: Optional[List[str]] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
     the result file to send through collect(), or None; raises with a failure report."""
-    error_file = os.path.join(workdir, "error.json")
-    out_file = os.path.join(workdir, "output.pickle")
-    if spec["fn_bytes"] is not None:
-        fn_file = os.path.join(workdir, "fn.pickle")
-        with open(fn_file, "wb") as f:
-            f.write(spec["fn_bytes"])
-        program = ["-m", "torchspark._fn_runner", fn_file, out_file]
-    elif spec["script"] is not None:
-        program = [spec["script"], *spec["script_args"]]
-    else:
-        raise RuntimeError("torchspark: the job gave this task neither a function nor a script")
+    program, error_file, out_file = node_program(
+        workdir, spec["fn_bytes"],
+        None if spec["script"] is None else [spec["script"], *spec["script_args"]])
     endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]
     if endpoint and secret:
         env["TORCHSPARK_LOG_SECRET"] = secret
@@ -239,9 +256,7 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
     res = _launch.Agent(cmd, env, echo=echo).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
-        failure = _report.Failure.from_document(res.report, status=res.returncode,
-                                                node_rank=node_rank, host=host,
-                                                nproc_per_node=nproc, tail=res.tail)
+        failure = node_failure(res, node_rank, nproc)
         raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
                            f"with status {res.returncode}\n{failure.encode()}\n")
     return result_file(ship, out_file, node_rank == 0 and spec["fn_bytes"] is not None)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import tempfile
 import textwrap
@@ -246,11 +245,18 @@ class TorchDistributor:
             result = self._run_local_training(train_object, fn_bytes, script_args)
         else:
             result = self._run_distributed_with_restarts(train_object, fn_bytes, script_args)
-        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
         clock.report("local" if self.local_mode else "distributed")
         return result
 
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
+
+    def _timing_from(self, data: Any) -> memoryview:
+        """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
+        which travels beside the value, join run()'s waterfall."""
+        value, marks = _timing.split_result(data)
+        if marks is not None:
+            self._clock.marks.update(marks)
+        return value
 
     def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
                            **kwargs: Any) -> Any:
@@ -364,15 +370,10 @@ class TorchDistributor:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = hub = doctor = None
         try:
-            error_file = os.path.join(workdir, "error.json")
-            out_file = os.path.join(workdir, "output.pickle")
-            if fn_bytes is not None:
-                fn_file = os.path.join(workdir, "fn.pickle")
-                with open(fn_file, "wb") as f:
-                    f.write(fn_bytes)
-                program = ["-m", "torchspark._fn_runner", fn_file, out_file]
-            else:
-                program = [str(train_object), *script_args]
+            # The node's steps of a barrier task (_task.py), for the one node of this run.
+            program, error_file, out_file = _task.node_program(
+                workdir, fn_bytes, None if fn_bytes is not None else
+                [str(train_object), *script_args])
             server = self._start_log_server("127.0.0.1")
             endpoint = None
             if server is not None:
@@ -402,10 +403,7 @@ class TorchDistributor:
                 hang = self._hang_error(doctor, "local")
                 if hang is not None:
                     raise hang
-                failure = _report.Failure.from_document(
-                    res.report, status=res.returncode, node_rank=0,
-                    host=socket.gethostname(), nproc_per_node=self.num_processes,
-                    tail=res.tail)
+                failure = _task.node_failure(res, 0, self.num_processes)
                 raise failure.error("local", self._tail_from_server(server, failure.fields))
             output = None
             if fn_bytes is not None:
@@ -415,6 +413,7 @@ class TorchDistributor:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                        self._timing_from(f.read())  # the trailer after the value
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
@@ -604,7 +603,7 @@ class TorchDistributor:
                     raise RuntimeError("TorchDistributor failed during training."
                                        "View stdout logs for detailed error message.")
                 try:
-                    result = cloudpickle.loads(data)
+                    result = cloudpickle.loads(self._timing_from(data))
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
@@ -672,26 +671,17 @@ class TorchDistributor:
             "See the exception's cause (Spark's error) and the executors' logs.")
 
     def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
-        """A node whose agent vanished (host or executor died, network cut)."""
+        """A node whose agent vanished (host or executor died, network cut): the log
+        server's document of it (docs/protocol.md 1.7), finished with the node's last lines
+        by the C core, which writes the message."""
         node = int(root.get("node_rank", -1))
-        lines = [f"TorchDistributor (distributed) failed: {root.get('message')}.",
-                 f"The executor of node {node} on host {root.get('host')}, that host, or the "
-                 "network to it failed; the other nodes were stopped."]
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
             tail += [_native.line_prefix(rank) + ln for ln in got]
-        if tail:
-            lines.append(f"Last {len(tail)} lines of node {node}'s output:")
-            lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
-        else:
-            lines.append(f"node {node} printed nothing.")
-        lines.append(f"To fix it: check host {root.get('host')} (its executor's log, memory, "
-                     "network) and run again.")
-        report = {"version": 1, "kind": "lost", "node_rank": node, "rank": None,
-                  "host": root.get("host"), "peer": root.get("peer"),
-                  "message": root.get("message"), "tail": tail}
-        return TorchDistributorError("\n".join(lines), report)
+        failure = _report.Failure.from_document(
+            root.get("report"), node_rank=node, host=root.get("host") or "?", tail=tail)
+        return failure.error("distributed")
 
 
 # A script that exists on the driver travels with the job (inside the task's closure)

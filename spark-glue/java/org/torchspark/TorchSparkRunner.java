@@ -916,7 +916,7 @@ public final class TorchSparkRunner {
             if (t.getKey().equals(Failure.MARKER) && root != null) {
                 // The channel's other record, a node lost, outranks what a task carried (but
                 // not an unreachable rendezvous: that node was lost to Spark's abort).
-                return lostNode(root, rootJson, sparkError, server, nproc);
+                return lostNode(root, sparkError, server, nproc);
             }
             RuntimeException e = t.getValue().make(sparkError, server);
             if (e != null) {
@@ -924,7 +924,7 @@ public final class TorchSparkRunner {
             }
         }
         if (root != null) {
-            return lostNode(root, rootJson, sparkError, server, nproc);
+            return lostNode(root, sparkError, server, nproc);
         }
         String text = String.valueOf(sparkError.getMessage());
         String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
@@ -936,24 +936,21 @@ public final class TorchSparkRunner {
                 null, null, null, null, 0, null, null, sparkError);
     }
 
-    /** A node whose agent vanished (host or executor died, network cut). */
-    private static TorchSparkException lostNode(JsonNode root, String rootJson, Throwable sparkError,
-            LogServer server, int nproc) {
+    /** A node whose agent vanished (host or executor died, network cut): the log server's
+     *  document of it (docs/protocol.md 1.7), finished with the node's last lines by the C
+     *  core, which writes the message. */
+    private static TorchSparkException lostNode(JsonNode root, Throwable sparkError, LogServer server,
+            int nproc) {
         int node = root.path("node_rank").asInt(-1);
-        String host = root.path("host").asText("?");
         List<String> tail = new ArrayList<>();
         for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
+            String prefix = LogServer.PREFIX.replace("{rank}", Integer.toString(r));
             for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
-                tail.add(ln);
+                tail.add(prefix + ln);
             }
         }
-        StringBuilder m = new StringBuilder("TorchSparkRunner (distributed) failed: "
-                + root.path("message").asText() + ".\nThe executor of node " + node + " on host " + host
-                + ", that host, or the network to it failed; the other nodes were stopped.");
-        for (String ln : tail) {
-            m.append("\n  ").append(ln);
-        }
-        return new TorchSparkException(m.toString(), null, node, host, null, 0, tail, rootJson, sparkError);
+        return Failure.fromDocument(root.get("report"), 1, node, root.path("host").asText("?"), nproc, tail)
+                .exception("distributed", null, null, sparkError);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */
