@@ -493,7 +493,10 @@ final class HangDoctor extends Thread {
                 Diagnosis d = diagnose(collect(request), world);
                 armedAfter = System.nanoTime();
                 diagnoses.add(d);
-                say.accept("torchspark: hang doctor: no rank printed or reported for " + silentS + "s; " + d.line);
+                String head = "torchspark: hang doctor: no rank printed or reported for " + silentS + "s; " + d.line;
+                say.accept(head);
+                // DEBUG: the line and the stacks are on stderr already (as the PySpark glue)
+                TorchSparkRunner.LOG.debug("{}\n{}", head, d.stacksText());
                 if (action.equals("cancel")) {
                     cancelled = d;
                     String why = "the hang doctor cancelled the run: " + d.line;

@@ -217,10 +217,7 @@ public final class TorchSparkRunner {
             return null;
         }
         HangDoctor d = new HangDoctor(server, pump::lastActivity, hang.timeoutS(), hang.action(), world,
-                line -> {
-                    System.err.println(line);
-                    LOG.warn(line);
-                });
+                System.err::println);
         d.start();
         return d;
     }
