@@ -610,7 +610,9 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
 /* ---- the hang doctor's DUMP (docs/protocol.md 1.9) ---------------------------------- */
 
 /* A marker line on each running worker's stderr, then the dump signal to each that can
- * answer: faulthandler (the bootstrap's) writes its stacks after the marker. A worker
+ * answer: faulthandler (the bootstrap's) writes its stacks after the marker; then the
+ * recorder signal to each that blocks it: the bootstrap's thread writes torch's flight
+ * recorder's last collectives. A worker
  * without the bootstrap's handler gets no signal: its default action would end it. */
 static void dump_workers(tsp_agent_t *a, unsigned request)
 {
@@ -631,8 +633,12 @@ static void dump_workers(tsp_agent_t *a, unsigned request)
                                      tsp_topo_global_rank(&a->o.topo, w->local_rank), a->host,
                                      w->pid, state, what, why);
         (void)deliver_line(a, w, 1, line, len, 0); /* a full queue loses it: "no marker" */
-        if (!why)
-            kill(w->pid, tsp_dump_signal());
+        if (why)
+            continue;
+        kill(w->pid, tsp_dump_signal());
+        /* the bootstrap's flight-recorder thread (or the shim, which forwards it) */
+        if (tsp_dump_recorder_blocked(w->pid) == 1)
+            kill(w->pid, tsp_dump_recorder_signal());
     }
 }
 
