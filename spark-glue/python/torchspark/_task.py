@@ -17,7 +17,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _partition, _rendezvous, _report, _warm
+from torchspark import (_elect, _launch, _partition, _rendezvous, _report, _report_rows,
+                        _warm)
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 from torchspark._spec import NodeSpec
 
@@ -123,8 +124,11 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         if ifname:
             for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
+        # Reports the channel could not deliver come back as rows (_report_rows.py).
+        tag = spec.get("report_rows")
+        spill = _report_rows.Spill(tag, workdir) if tag else None
         out_file = _run_agent(spec, timing.env(env), workdir, node_rank, nnodes, nproc,
-                              record, gpus)
+                              record, gpus, spill)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -135,6 +139,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
                     if not chunk:
                         break
                     yield chunk
+        if spill is not None:
+            yield from spill.rows()
     finally:
         if reservation is not None:
             reservation.release()
@@ -241,6 +247,7 @@ def _echo(line: str) -> None:
 def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
                nnodes: int, nproc: int, record: Optional["_elect.Record"],
                gpus: Optional[List[str]] = None,
+               spill: Optional[_report_rows.Spill] = None,
                echo: Optional[Callable[[str], None]] = _echo,
                warm_anchor: Optional[int] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
@@ -269,7 +276,8 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
         gpus=None if gpus is None else ",".join(gpus),
         nccl_check=spec["nccl_check"] if gpus is not None else 0,
         nccl_port=record.nccl_port if record else 0, warm_socket=warm)
-    res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+    res = _launch.Agent(cmd, env, echo=echo,
+                        on_stderr=spill.stderr_line if spill else None).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
         failure = node_failure(res, node_rank, nproc)

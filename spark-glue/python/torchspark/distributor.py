@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 
 from torchspark import (_boot, _doctor, _job, _native, _rendezvous, _report,
                         _restart, _ship, _task, _timing, _warm)
-from torchspark import _progress
+from torchspark import _progress, _report_rows
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
@@ -138,7 +138,7 @@ class TorchDistributor:
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
-        self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
+        self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
         _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
@@ -563,19 +563,30 @@ class TorchDistributor:
             self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
+            if hub is not None:  # reports spilled by agents come back as rows
+                spec["report_rows"] = _report_rows.new_tag()
+            # Restarts left: the next attempt starts at once on the root cause, without
+            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
+            last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
+                _restart.MAX_RESTARTS_ENV)
+            grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote,
-                                       input_df=dataframe[0] if dataframe else None)
+                                       input_df=dataframe[0] if dataframe else None,
+                                       spark_grace_s=grace)
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
-                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
+                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
+                silent_executor=out.silent_executor)
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:
                     raise hang from out.spark_error
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
-            chunks = out.chunks or []
+            chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
+            if hub is not None:
+                hub.add(spilled)
             if pump is not None:
                 pump.stop()
                 pump = None
@@ -584,7 +595,8 @@ class TorchDistributor:
                 self.logger.warning(
                     f"The executors could not reach torchspark's log server at "
                     f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
-                    "logs and rank 0's result came back as collected rows (bounded by "
+                    "logs, and rank 0's result and the workers' reports came back as collected "
+                    "rows (bounded by "
                     "spark.driver.maxResultSize). "
                     + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
                        "the executors can reach." if self.is_remote else
