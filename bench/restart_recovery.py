@@ -6,7 +6,12 @@ executor JVM (rank 0's node or the other's) after 8 steps and max_restarts=1, in
   (all 2 nodes again);
 - survivors: min_nodes=1, the next attempt starts at once on the surviving executor;
 - either with "-fn": function mode (the same script run by runpy in the training
-  process), whose workers fork from the executors' warm pools (torch imported already).
+  process), whose workers fork from the executors' warm pools (torch imported already);
+- any with "+grace": the driver waits, as before, up to 3 s for Spark's own failure
+  (the barrier abort) after the log channel named the root cause, instead of submitting
+  the next attempt at once (torchspark._job.RESTART_GRACE_S, the side-by-side "before").
+
+The runs are interleaved (node, run, mode) so that the modes share the machine's load.
 
 Per kill, from the driver's process (one clock): the kill; Spark's view (the executor
 gone from the driver's executor list, a replacement registered; polled every 20 ms);
@@ -17,6 +22,7 @@ Stock PySpark TorchDistributor on the same kill fails (test_restart's stock test
 
     .venv/bin/python bench/restart_recovery.py [RUNS_PER_CASE=3] \
         [MODES=replacement,survivors,replacement-fn,survivors-fn]
+    e.g. .venv/bin/python bench/restart_recovery.py 3 survivors-fn,survivors-fn+grace
 """
 import json
 import os
@@ -88,7 +94,11 @@ def _phases(path: Path, attempt: str):
     return out
 
 
-def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn):
+def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn,
+            grace: bool = False):
+    from torchspark import _job
+
+    _job.RESTART_GRACE_S = _job.SPARK_GRACE_S if grace else 0.0
     steps = tr.STEPS_PER_ATTEMPT + 12
     extra = {} if min_nodes is None else {"min_nodes": min_nodes}
     box = {}
@@ -143,9 +153,9 @@ def main() -> None:
     watch = ExecutorWatch(spark)
     rows = {}
     try:
-        for mode in modes:
-            for node in (1, 0):
-                for i in range(runs):
+        for node in (1, 0):
+            for i in range(runs):
+                for mode in modes:
                     # Both executors up again before each run (a replacement may be late).
                     tr_slots = 0
                     deadline = time.monotonic() + 180
@@ -156,9 +166,10 @@ def main() -> None:
                         if tr_slots >= 2:
                             break
                         time.sleep(0.2)
+                    base, grace = mode.split("+")[0], "+grace" in mode
                     row = one_run(tmp, f"{mode}-{node}-{i}", node, watch,
-                                  1 if mode.startswith("survivors") else None,
-                                  mode.endswith("-fn"))
+                                  1 if base.startswith("survivors") else None,
+                                  base.endswith("-fn"), grace)
                     print(json.dumps({"mode": mode, **row}), flush=True)
                     rows.setdefault((mode, node), []).append(row)
         t0 = time.time()

@@ -36,9 +36,18 @@ layer_includes=()
 for d in native/src/*/; do layer_includes+=(-I "$d"); done
 cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
   -I native/include "${layer_includes[@]}" native/src native/tools || status=1
-# Its findings are the lines that name a file or an error, whatever its exit status.
-tidy=$(clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option \
-  native/src/*/*.c native/tools/*.c 2>&1) || true
+# Its findings are the lines that name a file or an error, whatever its exit status. One
+# clang-tidy per file, $jobs at a time (one process over all files took 2.5 CPU minutes),
+# each file's output kept whole.
+tidy_dir=$(mktemp -d)
+for f in native/src/*/*.c native/tools/*.c; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option "$f" \
+    > "$tidy_dir/${f//\//_}.log" 2>&1 &
+done
+wait || true
+tidy=$(cat "$tidy_dir"/*.log)
+rm -rf "$tidy_dir"
 if grep -E '^/|error:' <<< "$tidy"; then
   status=1
 fi

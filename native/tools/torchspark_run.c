@@ -331,6 +331,13 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     int bytes = cfg.nccl_check_bytes;
     char comm_id[128], exe[PATH_MAX], msg[4096];
     int failed_rank = -1;
+    /* A stop signal from outside (the task kill path) ends the check at once: the agent
+     * that would take it from the blocked set does not exist yet. */
+    sigset_t stops;
+    sigemptyset(&stops);
+    const int stop_sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+    for (size_t i = 0; i < sizeof stop_sigs / sizeof stop_sigs[0]; i++)
+        sigaddset(&stops, stop_sigs[i]);
     snprintf(comm_id, sizeof comm_id, strchr(t->master_addr, ':') ? "[%s]:%d" : "%s:%d",
              t->master_addr, port);
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
@@ -348,6 +355,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                                    .timeout = timeout,
                                    .bytes = (size_t)bytes,
                                    .cancel = &stop_wanted,
+                                   .stop_signals = &stops,
                                    .log_fd = STDERR_FILENO,
                                    .failed_rank = &failed_rank};
     send_check_state(fr, "started");
@@ -372,8 +380,17 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     }
     if (rc == 0)
         return 0;
-    if (rc == -ECANCELED)
-        return tsp_proc_signal_status(SIGTERM);
+    if (rc == -ECANCELED) {
+        sigset_t pending;
+        int sig = SIGTERM; /* the driver's STOP, or the pending signal's own status */
+        if (!atomic_load(&stop_wanted) && sigpending(&pending) == 0)
+            for (size_t i = 0; i < sizeof stop_sigs / sizeof stop_sigs[0]; i++)
+                if (sigismember(&pending, stop_sigs[i]) == 1) {
+                    sig = stop_sigs[i];
+                    break;
+                }
+        return tsp_proc_signal_status(sig);
+    }
     setup_failure(msg, t->node_rank, failed_rank >= 0 ? failed_rank : o.first_rank,
                   failed_rank >= 0 ? failed_rank - o.first_rank : 0, 1, fr);
     return 1;

@@ -8,6 +8,7 @@ reach the driver labelled with their rank, rank 0's result comes back).
 """
 
 import json
+import os
 import re
 
 import pytest
@@ -24,6 +25,9 @@ NHOSTS = (2, 3)
 @pytest.fixture(scope="module", params=["stock", "torchspark"])
 def flavor_runs(request, cluster):
     flavor = request.param
+    # CI budget: stock's runs are the comparison recorded in docs/cluster.md (~80 s).
+    if flavor == "stock" and os.environ.get("TSP_CLUSTER_FULL") != "1":
+        pytest.skip("stock comparison run; set TSP_CLUSTER_FULL=1 to run it (~1.5 min)")
     if flavor == "torchspark" and torchspark_unavailable():
         pytest.skip(torchspark_unavailable())
     usable = [n for n in NHOSTS if n <= len(cluster.worker_names)]

@@ -85,6 +85,20 @@ def test_failure_golden(case):
     assert err.signal == case["document"]["signal"]
 
 
+def test_the_agent_lines_win_over_a_request_tail_unless_empty():
+    """The C rule under both glues: a document with the agent's own (non-empty) lines of
+    the rank keeps them whatever tail a request sends; without them, the request's."""
+    doc = FAILURE_CASES[0]["error_file"]
+    glue = "[rank 1] the glue's copy"
+    for agent, want in (("[rank 1] the agent's line", "[rank 1] the agent's line"),
+                        ("", glue)):
+        document = {**doc, "torchspark": {**doc["torchspark"], "tail": agent}}
+        reply = _lib.json_call("tsp_failure_report", {"document": document, "status": 1,
+                                                      "tail": glue})
+        assert reply["document"]["torchspark"]["tail"] == want
+        assert reply["document"]["torchspark"]["agent_exitcode"] == 1
+
+
 def test_a_bad_failure_request_names_the_key():
     with pytest.raises(ValueError, match='"status" must be a whole number'):
         _lib.json_call("tsp_failure_report", {"status": "x"})
@@ -92,3 +106,45 @@ def test_a_bad_failure_request_names_the_key():
         _lib.json_call("tsp_failure_report", {"document": [1]})
     with pytest.raises(ValueError, match="not a JSON object"):
         _lib.json_call("tsp_failure_report", [])
+
+
+def test_a_lost_node_is_finished_by_the_core():
+    """A real agent SIGKILLed under a real log server: the server's document of the lost
+    node (docs/protocol.md 1.7), finished by the C core through Failure.from_document with
+    the node's lines, is the message of the golden "a node lost" cases."""
+    import subprocess
+    import time
+
+    from agentutil import base_env, free_port, new_marker, survivors
+    from logchannel_harness import RUN_BIN
+    from torchspark._native import LogServer, line_prefix
+
+    srv, marker = LogServer(), new_marker()
+    try:
+        p = subprocess.Popen(
+            [str(RUN_BIN), "--nproc-per-node", "1", "--master-port", str(free_port()),
+             "--log-endpoint", f"127.0.0.1:{srv.port}", "--no-python", "/bin/sh", "-c",
+             "echo ready; exec sleep 60"], env=base_env(marker, **srv.agent_env()),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not srv.tail(0, 5) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        p.kill()  # no CLOSE: the server declares the node lost after its grace
+        p.wait(10)
+        root = srv.failure(15.0)
+        tail = [line_prefix(0) + ln.decode() for ln in srv.tail(0, 5)]
+    finally:
+        srv.close(0.5)
+    assert survivors(marker) == []
+    assert root is not None and root["kind"] == "lost", root
+    doc = root["report"]["torchspark"]
+    assert (doc["kind"], doc["node_rank"], doc["summary"]) == ("lost", 0, root["message"])
+    err = _report.Failure.from_document(root["report"], node_rank=0, host=root["host"],
+                                        tail=tail).error("distributed")
+    host = root["host"]
+    assert str(err) == (
+        f"TorchDistributor (distributed) failed: {root['message']}.\n"
+        f"The executor of node 0 on host {host}, that host, or the network to it failed; the "
+        "other nodes were stopped.\nLast 1 lines of node 0's output:\n  [rank 0] ready\n"
+        f"To fix it: check host {host} (its executor's log, memory, network) and run again.")
+    assert (err.rank, err.node_rank, err.host, err.output_tail) == (None, 0, host, tail)

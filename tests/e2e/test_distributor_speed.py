@@ -96,6 +96,25 @@ def test_timing_waterfall_and_fast_rendezvous(spark, monkeypatch):
     assert marks["election_done"] - marks["tasks_started"] < 0.95, marks
 
 
+def test_timing_trailer_travels_beside_the_value():
+    """The marks follow rank 0's pickled value and are cut off before it is unpickled:
+    the value is never wrapped, and an output without a trailer (timing off, or a value
+    that itself holds the magic) is the value as it is."""
+    import io
+    import pickle
+
+    for value in ({"sum": 2.0}, _timing.TRAILER_MAGIC, b"x" * 100):
+        f = io.BytesIO()
+        pickle.dump(value, f)
+        plain = f.getvalue()
+        _timing.write_trailer(f, {"fn_returned": 1.5})
+        data, marks = _timing.split_result(f.getvalue())
+        assert bytes(data) == plain and marks == {"fn_returned": 1.5}
+        data, marks = _timing.split_result(plain)
+        assert bytes(data) == plain and marks is None
+        assert pickle.loads(data) == value
+
+
 def test_timing_off_by_default(spark, monkeypatch):
     monkeypatch.delenv("TORCHSPARK_TIMING", raising=False)
     err = Counting()

@@ -185,7 +185,8 @@ def test_decommission_of_a_pyspark_run(tmp_path):
 
     def train():
         try:
-            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+            box["dist"].run(
                 SCRIPT, "--ckpt", str(tmp_path / "ckpt"), "--steps", "24", "--every", "5",
                 "--sleep", "0.1", "--steplog", str(steplog), "--out", str(tmp_path / "out"),
                 "--on-request")
@@ -208,6 +209,11 @@ def test_decommission_of_a_pyspark_run(tmp_path):
         second = [s for a, s, _ in log if a == "1"]
         assert first == list(range(len(first))) and second == list(range(first[-1] + 1, 24)), log
         assert jvmutil.plugin_stops(spark.sparkContext.applicationId, "checkpointed on request") >= 1
+        # The restart names the decommissioning (as the JVM runner's test above).
+        cause = box["dist"].attempts[0]["cause"]
+        assert re.search(r"node 1's executor is being decommissioned: step "
+                         rf"{first[-1]} was checkpointed on request|Executor 1 is decommissioned",
+                         cause), cause
         assert tsp_spark.wait_gone(mark, 15) == []
     finally:
         spark.stop()

@@ -5,7 +5,8 @@ rendezvous (allGather when it is off or unreachable); TorchSparkPlugin stops a c
 processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the issue's 1 s
 (jvmutil.GONE_BOUND_MS; measured from the cancel call, printed; the median goal of 200 ms is
 measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
-and the plugin's shutdown() stops what an executor still runs when the executor stops."""
+and the plugin's shutdown() stops what an executor still runs when the executor stops; the
+hang doctor (hangTimeout, hangAction=cancel) names a sleeping rank and cancels the run."""
 import json
 import os
 import re
@@ -42,6 +43,21 @@ def test_java_application_trains_across_two_executors():
     assert re.match(r"rank=1 host=\S+ exit=5 lines=\[rank one gives up\]", fail), fail
     assert "rank 1 (node 1, local rank 0) on host" in out["MESSAGE"][0]
     assert "exited with code 5" in out["MESSAGE"][0]
+    # The hang doctor (spark.torchspark.hangTimeout 3s, cancel): rank 1 asleep before the
+    # second all_reduce is named with its frame, rank 0 waits in all_reduce #2 (its flight
+    # recorder), and the exception carries the line and every rank's stacks.
+    assert out["HANG"][0].startswith("rank=1 host="), out
+    line = out["HANG_LINES"][0]
+    assert re.fullmatch(r"rank 1 \(host \S+, pid \d+\) is in hang_worker\.py:18 `time\.sleep\(hold\)  "
+                        r"# HANG-SLEEP` \(sleeps_before_the_collective\), its last collective "
+                        r"all_reduce #1; rank 0 waits in all_reduce #2 for it", line), line
+    msg = out["HANG_MESSAGE"][0]
+    assert msg.startswith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
+                          "printed or reported for 3s (spark.torchspark.hangTimeout); " + line), msg
+    assert "|[rank 1] torchspark: stack dump #1 of rank 1 (host " in msg, msg
+    assert "[rank 0] torchspark: flight recorder: pg 0 (default_pg): all_reduce #2: not completed" in msg
+    assert f"torchspark: hang doctor: no rank printed or reported for 3s; {line}" in err
+    print("JVM hang doctor: cancelled after", out["HANG_MS"][0], "ms of the run (hangTimeout 3s)")
     # Nothing left running: rank 0's sleeping node was stopped through the control channel.
     assert out["LEFT"] == ["0"], out
 
@@ -113,29 +129,46 @@ def test_plugin_stops_a_cancelled_runner_job():
 
 # In a fresh interpreter: the plugin's class must be on the driver JVM's classpath when that
 # JVM starts (spark.jars at launch, as `pyspark --jars` or a first session's config gives
-# it); this pytest process's JVM gateway may already be up from an earlier session.
-_PYSPARK_CANCEL = """
-import json, sys, time
+# it); this pytest process's JVM gateway may already be up from an earlier session. One
+# application (CI budget) runs both PySpark cancel tests: a cancelled running job, then
+# jobs cancelled while their tasks start (TORCHSPARK_RENDEZVOUS is read at each run()).
+_PYSPARK_CANCELS = """
+import json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import jvmutil
 mark = jvmutil.new_mark()
 spark = jvmutil.pyspark_session(plugin=True, mark=mark)
 try:
+    app = spark.sparkContext.applicationId
     (gone,) = jvmutil.cancel_pyspark(spark, mark)
     time.sleep(1)  # the executors' log lines
-    stops = jvmutil.plugin_stops(spark.sparkContext.applicationId)
+    res = {"cancel": {"gone": gone, "stops": jvmutil.plugin_stops(app)}}
+    os.environ["TORCHSPARK_RENDEZVOUS"] = "0"
+    rounds = jvmutil.cancel_early_pyspark(spark, mark)
+    time.sleep(0.5)  # the executors' log lines
+    res["early"] = {"rounds": rounds,
+                    "early": jvmutil.plugin_stops(app, "killed with no agent running"),
+                    "late": jvmutil.plugin_stops(app, "(started after the kill)"),
+                    "errors": jvmutil.plugin_stops(app, "torchspark plugin: stopping a task's "
+                                                        "processes failed"),
+                    "after": spark.sparkContext.parallelize(range(4), 2).count()}
 finally:
     spark.stop()
-print("RESULT " + json.dumps({"gone": gone, "stops": stops}), flush=True)
+print("RESULT " + json.dumps(res), flush=True)
 """
 
 
-def test_plugin_stops_a_cancelled_pyspark_job():
-    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCEL, str(Path(__file__).parent)],
-                       capture_output=True, text=True, timeout=900)
+@pytest.fixture(scope="module")
+def pyspark_cancels():
+    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCELS, str(Path(__file__).parent)],
+                       capture_output=True, text=True, timeout=1200)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    res = json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_plugin_stops_a_cancelled_pyspark_job(pyspark_cancels):
+    res = pyspark_cancels["cancel"]
     print(f"PySpark job: every training process gone {res['gone']} ms after cancelAllJobs")
     assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
     assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
@@ -369,27 +402,7 @@ def test_plugin_runner_job_cancelled_while_its_tasks_start():
     assert out["AFTER"] == ["ok"], out  # the executors and the plugin still run a job
 
 
-_PYSPARK_EARLY = """
-import json, sys, time
-sys.path.insert(0, sys.argv[1])
-import jvmutil
-mark = jvmutil.new_mark()
-spark = jvmutil.pyspark_session(plugin=True, mark=mark)
-try:
-    rounds = jvmutil.cancel_early_pyspark(spark, mark)
-    time.sleep(0.5)  # the executors' log lines
-    app = spark.sparkContext.applicationId
-    res = {"rounds": rounds, "early": jvmutil.plugin_stops(app, "killed with no agent running"),
-           "late": jvmutil.plugin_stops(app, "(started after the kill)"),
-           "errors": jvmutil.plugin_stops(app, "torchspark plugin: stopping a task's processes failed"),
-           "after": spark.sparkContext.parallelize(range(4), 2).count()}
-finally:
-    spark.stop()
-print("RESULT " + json.dumps(res), flush=True)
-"""
-
-
-def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
+def test_plugin_pyspark_job_cancelled_while_its_tasks_start(pyspark_cancels):
     # PySpark's task cannot see its own kill: a task killed while in the barrier's allGather
     # (which still returns) starts its agent after the cancel; the plugin watches a killed
     # attempt and stops such a late agent within its 100 ms sweep, long before PySpark
@@ -399,12 +412,7 @@ def test_plugin_pyspark_job_cancelled_while_its_tasks_start():
     # (TORCHSPARK_RENDEZVOUS=0, a supported setting): its 1 s poll keeps the tasks
     # agent-less long enough to land there; with the driver's rendezvous the agents are
     # up within ~10 ms of the launch on a quiet machine and no delay reliably hits it.
-    env = dict(os.environ, TORCHSPARK_RENDEZVOUS="0")
-    r = subprocess.run([sys.executable, "-c", _PYSPARK_EARLY, str(Path(__file__).parent)],
-                       capture_output=True, text=True, timeout=900, env=env)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    res = json.loads(lines[-1][len("RESULT "):])
+    res = pyspark_cancels["early"]
     print("rounds (delay s, processes at the cancel, gone ms, a late agent first and last "
           "seen ms, left):", res)
     for _delay, _before, gone, first, last, left in res["rounds"]:

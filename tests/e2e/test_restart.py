@@ -276,7 +276,9 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     processes all SIGSTOPped (the kernel still answers TCP keepalives). The driver notices
     it through the log channel's PINGs (docs/protocol.md 1.7: 5 s + the 1 s lost grace),
     cancels the attempt itself (Spark would wait for its 120 s heartbeat timeout), and
-    goes on on the other executor (min_nodes=1)."""
+    goes on on the other executor (min_nodes=1). The silent executor is excluded by its
+    id (SparkContext.killAndReplaceExecutor), not only left out of the slot count: Spark
+    stops scheduling on it at once, long before its heartbeat timeout."""
     steps = STEPS_PER_ATTEMPT + 10
     box, files = {}, {k: tmp_path / f"silent.{k}" for k in ("steplog",)}
 
@@ -295,12 +297,18 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
         time.sleep(0.02)
     jvm = executor_of_node(1)
     assert jvm, f"no executor runs node 1 ({box})"
+    cmd = _cmdline(jvm)
+    executor_id = cmd[cmd.index(b"--executor-id") + 1].decode()
+    backend = spark.sparkContext._jsc.sc().schedulerBackend()
+    assert backend.isExecutorActive(executor_id)
     frozen = _tree(jvm)
     for p in frozen:
         os.kill(p, signal.SIGSTOP)
     stopped = time.time()
     try:
         t.join(300)
+        # Still frozen (Spark's heartbeat timeout is 120 s): inactive only by our exclusion.
+        active_after = backend.isExecutorActive(executor_id)
     finally:
         for p in frozen:  # the standalone worker replaces the executor it lost
             try:
@@ -314,6 +322,7 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     noticed = att[0]["root_at"] - stopped
     assert att[0].get("silent_node") == 1, att
     assert "went silent" in att[0]["cause"] and "node 1" in att[0]["cause"], att
+    assert att[0].get("excluded_executor") == executor_id and not active_after, att
     # The documented bound: 5 s of silence + 1 s lost grace (+ a sweep), with slack for a
     # loaded 2-core machine.
     assert noticed <= 10.0, f"noticed after {noticed:.2f} s"

@@ -51,6 +51,26 @@ def test_a_lost_executor_is_the_cause_not_the_survivors_error():
     assert _restart.root_cause(plain) == "rank 1 exited."
 
 
+def test_a_decommissioned_node_is_the_cause():
+    # The node's rank printed torchspark.checkpoint's line after a checkpoint on request
+    # (the plugin's decommission notice), then was stopped: RestartPolicy.java's wording.
+    e = TorchDistributorError(
+        "TorchDistributor (distributed) failed: rank 1 (node 1, local rank 0) on host h "
+        "was terminated by signal 15.", {"node_rank": 1, "tail": [
+            "step 11", "torchspark.checkpoint: step 12 checkpointed on request (executor "
+            "decommission); waiting to be stopped"]})
+    assert _restart.root_cause(e) == ("node 1's executor is being decommissioned: step 12 "
+                                      "was checkpointed on request and the node stopped")
+    # The line only in the lines the message shows (the driver's), not in the report's.
+    shown = TorchDistributorError(
+        "TorchDistributor (distributed) failed: rank 1 (node 1, local rank 0) on host h "
+        "exited with code 143.\nLast 2 lines of rank 1's output:\n  [rank 1] step 11\n"
+        "  [rank 1] torchspark.checkpoint: step 11 checkpointed on request (executor "
+        "decommission); waiting to be stopped", {"node_rank": 1, "tail": []})
+    assert _restart.root_cause(shown).startswith("node 1's executor is being decommissioned: "
+                                                 "step 11 was checkpointed")
+
+
 def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
     seen = []
 

@@ -34,10 +34,12 @@ static int is_zombie_or_gone(pid_t pid)
 
 int tsp_test_gone(pid_t pid, int timeout_ms)
 {
-    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+    /* No sleep after the last look: callers scanning /proc pass 0 for every process. */
+    for (int waited = 0;; waited += 5) {
         if (is_zombie_or_gone(pid))
             return 1;
+        if (waited >= timeout_ms)
+            return 0;
         usleep(5000);
     }
-    return 0;
 }

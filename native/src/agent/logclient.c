@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,10 +392,17 @@ static void spill_all(tsp_logclient_t *c)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Writes a warning formatted by snprintf into msg (n as it returned) to the local stderr. */
-static void warn_local(tsp_logclient_t *c, const char *msg, size_t cap, int n)
+/* One warning on the agent's own stderr, written whole (at most 1 KiB). */
+__attribute__((format(printf, 2, 3))) static void warn_local(tsp_logclient_t *c, const char *fmt,
+                                                             ...)
 {
-    write_local(c->o.local_err_fd, msg, n > 0 && (size_t)n < cap ? (size_t)n : cap - 1);
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    write_local(c->o.local_err_fd, msg,
+                n > 0 && (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
 }
 
 static void warn_fallback(tsp_logclient_t *c, const char *why)
@@ -402,15 +410,13 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
     if (c->warned)
         return;
     c->warned = 1;
-    char msg[1024];
-    int n = snprintf(msg, sizeof(msg),
-                     "%swarning: cannot reach the driver's log server at %s:%d "
-                     "from host %s (node rank %d): %s. Worker output goes to this executor's "
-                     "own stdout/stderr instead; training continues. Check that the driver "
-                     "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
-                     "retrying in the background.\n",
-                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, why);
-    warn_local(c, msg, sizeof(msg), n);
+    warn_local(c,
+               "%swarning: cannot reach the driver's log server at %s:%d "
+               "from host %s (node rank %d): %s. Worker output goes to this executor's "
+               "own stdout/stderr instead; training continues. Check that the driver "
+               "is reachable from the executors and that TORCHSPARK_LOG_SECRET matches; "
+               "retrying in the background.\n",
+               c->who, c->host, c->o.port, c->hostname, c->o.node_rank, why);
 }
 
 /* close's bound passed with lines the driver, reached before, did not acknowledge: a
@@ -418,14 +424,12 @@ static void warn_fallback(tsp_logclient_t *c, const char *why)
 static void warn_unacked(tsp_logclient_t *c)
 {
     c->warned = 1;
-    char msg[1024];
-    int n = snprintf(msg, sizeof(msg),
-                     "%swarning: the driver's log server at %s:%d did not acknowledge the last "
-                     "lines of host %s (node rank %d) within %d ms of the agent's end (the "
-                     "driver is frozen, overloaded or cut off); they follow on this executor's "
-                     "own stdout/stderr, and may also reach the driver.\n",
-                     c->who, c->host, c->o.port, c->hostname, c->o.node_rank, c->close_ms);
-    warn_local(c, msg, sizeof(msg), n);
+    warn_local(c,
+               "%swarning: the driver's log server at %s:%d did not acknowledge the last "
+               "lines of host %s (node rank %d) within %d ms of the agent's end (the "
+               "driver is frozen, overloaded or cut off); they follow on this executor's "
+               "own stdout/stderr, and may also reach the driver.\n",
+               c->who, c->host, c->o.port, c->hostname, c->o.node_rank, c->close_ms);
 }
 
 /* ---- the sender thread ------------------------------------------------------------- */
@@ -645,16 +649,13 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
         return 0;
     if (!c->warned_stall) {
         c->warned_stall = 1;
-        char msg[1024];
-        int n =
-            snprintf(msg, sizeof(msg),
-                     "%swarning: the driver's log server at %s:%d has taken "
-                     "no lines for %d s while the workers on host %s (node rank %d) wait "
-                     "to print. Their output goes to this executor's own stdout/stderr "
-                     "instead, so that training is not held up; check that the driver "
-                     "process is responsive. The channel is retried in the background.\n",
-                     c->who, c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
-        warn_local(c, msg, sizeof(msg), n);
+        warn_local(c,
+                   "%swarning: the driver's log server at %s:%d has taken "
+                   "no lines for %d s while the workers on host %s (node rank %d) wait "
+                   "to print. Their output goes to this executor's own stdout/stderr "
+                   "instead, so that training is not held up; check that the driver "
+                   "process is responsive. The channel is retried in the background.\n",
+                   c->who, c->host, c->o.port, c->o.stall_ms / 1000, c->hostname, c->o.node_rank);
     }
     c->warned = 1; /* the stall warning stands for the fallback warning */
     conn_lost(c);
@@ -666,14 +667,12 @@ static int give_up_stalled(tsp_logclient_t *c, int64_t now)
  * failure from Spark instead (the task's failure report, docs/protocol.md 3), later. */
 static void warn_unsent(tsp_logclient_t *c, size_t n)
 {
-    char msg[1024];
-    int len = snprintf(msg, sizeof(msg),
-                       "%swarning: %zu failure report(s) could not be sent to the driver's log "
-                       "server at %s:%d from host %s (node rank %d): no connection was "
-                       "established before the agent ended. The driver learns of the failure "
-                       "from Spark's task failure instead.\n",
-                       c->who, n, c->host, c->o.port, c->hostname, c->o.node_rank);
-    warn_local(c, msg, sizeof(msg), len);
+    warn_local(c,
+               "%swarning: %zu failure report(s) could not be sent to the driver's log "
+               "server at %s:%d from host %s (node rank %d): no connection was "
+               "established before the agent ended. The driver learns of the failure "
+               "from Spark's task failure instead.\n",
+               c->who, n, c->host, c->o.port, c->hostname, c->o.node_rank);
 }
 
 static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)

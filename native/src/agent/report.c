@@ -297,6 +297,12 @@ int tsp__report_document(tsp_failure_t *root, const char *host, int node_rank)
             return -ENOMEM;
         free(root->traceback);
         root->traceback = cut;
+        if (root->tail && strlen(root->tail) > 1024) { /* its last lines are the ones to keep */
+            size_t tl = strlen(root->tail), from = tl / 2;
+            while (from < tl && root->tail[from - 1] != '\n')
+                from++;
+            memmove(root->tail, root->tail + from, tl - from + 1);
+        }
         if (root->message && strlen(root->message) > 256)
             root->message[256] = 0; /* (a cut inside UTF-8 becomes U+FFFD in JSON) */
     }
@@ -353,9 +359,11 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
     tsp_json_str(&w, root->has_error_file ? root->error_file : NULL);
     tsp_json_key(&w, "summary");
     tsp_json_str(&w, summary);
-    if (root->tail) { /* finished by a glue (tsp_failure_report) */
+    if (root->tail) { /* the agent's lines, or a glue's (tsp_failure_report) */
         tsp_json_key(&w, "tail");
         tsp_json_str(&w, root->tail);
+    }
+    if (root->finished) {
         tsp_json_key(&w, "agent_exitcode");
         tsp_json_int(&w, root->agent_status);
     }
@@ -593,6 +601,24 @@ typedef struct {
     char *product, *mode, *went, *shown_tail, *detail;
 } message_opts_t;
 
+/* who's last lines (the driver's shown ones, else the document's), at most
+ * TSP_REPORT_TAIL_IN_MESSAGE, or that who printed nothing. */
+static void write_tail(FILE *m, const char *who, const char *shown, const char *own)
+{
+    const char *tail = shown && *shown ? shown : own ? own : "";
+    if (!*tail) {
+        fprintf(m, "\n%s printed nothing.", who);
+        return;
+    }
+    char *lines = NULL;
+    size_t llen = 0;
+    FILE *t = open_memstream(&lines, &llen);
+    int n = t ? indented(t, tail, TSP_REPORT_TAIL_IN_MESSAGE) : 0;
+    if (t && fclose(t) == 0)
+        fprintf(m, "\nLast %d lines of %s's output:%s", n, who, lines);
+    free(lines);
+}
+
 /* The exception's message (docs/protocol.md §8): the summary, the error, the rank's last
  * lines and what to do, in the words both glues show. */
 static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const char *summary,
@@ -611,23 +637,12 @@ static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const 
         }
         free(trimmed);
     }
-    const char *tail = o->shown_tail && *o->shown_tail ? o->shown_tail : f->tail ? f->tail : "";
     char who[48];
     if (f->rank >= 0)
         snprintf(who, sizeof who, "rank %d", f->rank);
     else
         snprintf(who, sizeof who, "node %d", node_rank);
-    if (*tail) {
-        char *lines = NULL;
-        size_t llen = 0;
-        FILE *t = open_memstream(&lines, &llen);
-        int n = t ? indented(t, tail, TSP_REPORT_TAIL_IN_MESSAGE) : 0;
-        if (t && fclose(t) == 0)
-            fprintf(m, "\nLast %d lines of %s's output:%s", n, who, lines);
-        free(lines);
-    } else {
-        fprintf(m, "\n%s printed nothing.", who);
-    }
+    write_tail(m, who, o->shown_tail, f->tail);
     fprintf(m,
             "\nTo fix it: correct the error above in the training code or its inputs and run "
             "again; every rank's full output went to %s.",
@@ -698,13 +713,119 @@ static int finish(request_fields_t *q, tsp_failure_t *f, int *node_rank, char **
         f->rank = *node_rank;
         f->local_rank = 0;
     }
-    if (q->tail) { /* the agent's output as the glue kept it */
+    f->finished = 1;
+    if (q->tail && (!f->tail || !*f->tail)) { /* the agent kept none: the glue's copy */
         free(f->tail);
         f->tail = rank_lines(q->tail, f->rank);
     } else if (!f->tail) {
         f->tail = strdup("");
     }
     return f->tail ? build_document(f, *host, *node_rank) : -ENOMEM;
+}
+
+/* A rank's (or a node's own) failure: the finished document and, with a product, its
+ * message. */
+static int rank_finish(request_fields_t *q, char **doc, char **msg)
+{
+    tsp_failure_t f = {0};
+    char *host = NULL, *summary = NULL;
+    int node_rank = -1;
+    int rc = finish(q, &f, &node_rank, &host);
+    if (!rc &&
+        (!(summary = tsp__report_summary(&f, host, node_rank)) || !(*doc = strdup(f.document))))
+        rc = -ENOMEM;
+    if (!rc && q->msg.product) {
+        size_t mlen = 0;
+        FILE *mm = open_memstream(msg, &mlen);
+        if (mm)
+            write_message(mm, &f, node_rank, summary, &q->msg);
+        if (!mm || fclose(mm) != 0)
+            rc = -ENOMEM;
+    }
+    free(summary);
+    free(host);
+    tsp__report_clear(&f);
+    return rc;
+}
+
+/* ---- a node lost: the log server's document (docs/protocol.md 1.7, section 8) ---- */
+
+static int is_lost(const char *doc)
+{
+    char *kind = json_string_at(doc, strlen(doc), "torchspark.kind");
+    int lost = kind && strcmp(kind, "lost") == 0;
+    free(kind);
+    return lost;
+}
+
+/* The log server's lost-node document finished with the node's last lines (the request's
+ * tail, else the document's), and its message: the node, what may have failed, what to
+ * do, in the words both glues show. */
+static int lost_finish(request_fields_t *q, char **doc, char **msg)
+{
+    size_t len = strlen(q->document), dl = 0, ml = 0;
+    int node = doc_int(q->document, len, "torchspark.node_rank", q->node_rank);
+    char *host = json_string_at(q->document, len, "torchspark.host");
+    char *peer = json_string_at(q->document, len, "torchspark.peer");
+    char *summary = json_string_at(q->document, len, "torchspark.summary");
+    char *tail = q->tail ? strdup(q->tail) : json_string_at(q->document, len, "torchspark.tail");
+    const char *h = host ? host : q->host ? q->host : "?";
+    int rc = -ENOMEM;
+    FILE *m = open_memstream(doc, &dl);
+    if (m) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, m);
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "message");
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "message");
+        tsp_json_str(&w, summary);
+        tsp_json_end(&w);
+        tsp_json_key(&w, "torchspark");
+        tsp_json_begin_object(&w);
+        const char *nulls[] = {"rank", "local_rank", "exitcode"};
+        for (size_t i = 0; i < sizeof nulls / sizeof nulls[0]; i++) {
+            tsp_json_key(&w, nulls[i]);
+            tsp_json_null(&w);
+        }
+        tsp_json_key(&w, "signal");
+        tsp_json_int(&w, 0);
+        tsp_json_key(&w, "node_rank");
+        tsp_json_int(&w, node);
+        const char *keys[] = {"kind", "host", "peer", "summary", "tail"};
+        const char *vals[] = {"lost", h, peer, summary, tail ? tail : ""};
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+            tsp_json_key(&w, keys[i]);
+            tsp_json_str(&w, vals[i]);
+        }
+        tsp_json_end(&w);
+        tsp_json_end(&w);
+        rc = fclose(m) == 0 ? 0 : -ENOMEM;
+    }
+    FILE *mm = !rc && q->msg.product ? open_memstream(msg, &ml) : NULL;
+    if (mm) {
+        char who[32];
+        snprintf(who, sizeof who, "node %d", node);
+        fprintf(mm,
+                "%s (%s) failed: %s.\nThe executor of node %d on host %s, that host, or the "
+                "network to it failed; the other nodes were stopped.",
+                q->msg.product, q->msg.mode ? q->msg.mode : "distributed",
+                summary ? summary : "a node was lost", node, h);
+        write_tail(mm, who, q->msg.shown_tail, tail);
+        fprintf(mm,
+                "\nTo fix it: check host %s (its executor's log, memory, network) and run again.",
+                h);
+        if (q->msg.detail)
+            fprintf(mm, "\n%s.", q->msg.detail);
+        rc = fclose(mm) == 0 ? 0 : -ENOMEM;
+    } else if (!rc && q->msg.product) {
+        rc = -ENOMEM;
+    }
+    free(host);
+    free(peer);
+    free(summary);
+    free(tail);
+    return rc;
 }
 
 int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
@@ -714,15 +835,12 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         err[0] = 0;
     request_t r = {request, len, err, errlen};
     request_fields_t q = {0};
-    tsp_failure_t f = {0};
-    char *host = NULL, *text = NULL, *summary = NULL;
+    char *doc = NULL, *msg = NULL, *text = NULL;
     size_t tlen = 0;
-    int node_rank = -1;
     int rc = read_request(&r, &q);
     if (!rc)
-        rc = finish(&q, &f, &node_rank, &host);
-    if (!rc && !(summary = tsp__report_summary(&f, host, node_rank)))
-        rc = -ENOMEM;
+        rc = q.document && is_lost(q.document) ? lost_finish(&q, &doc, &msg)
+                                               : rank_finish(&q, &doc, &msg);
     FILE *m = rc ? NULL : open_memstream(&text, &tlen);
     if (!rc && !m)
         rc = -ENOMEM;
@@ -731,19 +849,9 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         tsp_json_writer_init(&w, m);
         tsp_json_begin_object(&w);
         tsp_json_key(&w, "document");
-        (void)tsp_json_value(&w, f.document, strlen(f.document));
+        (void)tsp_json_value(&w, doc, strlen(doc));
         tsp_json_key(&w, "message");
-        if (q.msg.product) {
-            char *msg = NULL;
-            size_t mlen = 0;
-            FILE *mm = open_memstream(&msg, &mlen);
-            if (mm)
-                write_message(mm, &f, node_rank, summary, &q.msg);
-            tsp_json_str(&w, mm && fclose(mm) == 0 ? msg : NULL);
-            free(msg);
-        } else {
-            tsp_json_null(&w);
-        }
+        tsp_json_str(&w, msg); /* null without a product */
         tsp_json_end(&w);
         rc = fclose(m) == 0 ? 0 : -ENOMEM;
     }
@@ -756,9 +864,8 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
             memcpy(out, text, tlen + 1);
     }
     free(text);
-    free(summary);
-    free(host);
-    tsp__report_clear(&f);
+    free(doc);
+    free(msg);
     request_free(&q);
     return rc;
 }

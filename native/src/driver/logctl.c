@@ -191,6 +191,37 @@ void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id)
         lost_publish(s);
 }
 
+/* A lost node's failure document (docs/protocol.md 1.7, section 8), built once here where
+ * the node is declared lost: tsp_failure_report finishes it for both glues. */
+static char *lost_document(const lost_rec_t *l, const char *msg)
+{
+    char *doc = NULL;
+    size_t dl = 0;
+    FILE *f = open_memstream(&doc, &dl);
+    if (!f)
+        return NULL;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "torchspark");
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "node_rank");
+    tsp_json_int(&w, l->node_rank);
+    const char *keys[] = {"kind", "host", "peer", "summary"};
+    const char *vals[] = {"lost", l->host, l->peer, msg};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        tsp_json_key(&w, keys[i]);
+        tsp_json_str(&w, vals[i]);
+    }
+    tsp_json_end(&w);
+    tsp_json_end(&w);
+    if (fclose(f) != 0) {
+        free(doc);
+        return NULL;
+    }
+    return doc;
+}
+
 /* Declares agents lost whose grace is over; returns the next deadline (-1: none). */
 int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
 {
@@ -217,7 +248,9 @@ int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
         peer_addr(gone.peer, addr, sizeof(addr));
         snprintf(msg, sizeof(msg), "lost connection to node %d (host %s, address %s): %s",
                  gone.node_rank, gone.host, addr, gone.why);
-        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, NULL, NULL);
+        char *doc = lost_document(&gone, msg);
+        record_root(s, "lost", gone.node_rank, gone.host, gone.peer, msg, doc, NULL);
+        free(doc);
         if (!s->t_stopped)
             tsp__event(s, "torchspark log server: %s; stopping the other nodes", msg);
         tsp__stop_everyone(s, TSP_WIRE_STOP_LOST, gone.agent_id, msg);

@@ -617,6 +617,10 @@ static void enforce_deadline(preflight_t *p)
     const tsp_nccl_preflight_opts_t *o = p->o;
     if (!p->cancelled && o->cancel && atomic_load(o->cancel))
         p->cancelled = 1;
+    sigset_t pending;
+    if (!p->cancelled && o->stop_signals && sigpending(&pending) == 0)
+        for (int s = 1; s < NSIG && !p->cancelled; s++)
+            p->cancelled = sigismember(o->stop_signals, s) == 1 && sigismember(&pending, s) == 1;
     for (int i = 0; i < o->nproc && !p->failed; i++) {
         const child_t *c = &p->ch[i];
         if (c->res_len && memchr(c->res, '\n', c->res_len) && !jint(c->res, c->res_len, "ok") &&

@@ -7,6 +7,7 @@
 #ifndef TSP_NCCL_H
 #define TSP_NCCL_H
 
+#include <signal.h>
 #include <stdatomic.h>
 
 #include "torchspark/common.h"
@@ -37,8 +38,8 @@ int tsp_nccl_check_worker(void);
  * LOCAL_RANK, WORLD_SIZE, NCCL_COMM_ID and NCCL_DEBUG=WARN unless set, added to the
  * caller's environment), prefixes their stderr "[nccl-check rank N]: ", reads their
  * results, kills what is left at deadline + TSP_NCCL_KILL_GRACE (or when *cancel becomes
- * nonzero) and reaps everything. 0 with the node's success line in msg; -EIO with the
- * root cause in msg (messages N1-N5); -ECANCELED when cancelled. */
+ * nonzero, or one of stop_signals is pending) and reaps everything. 0 with the node's success line
+ * in msg; -EIO with the root cause in msg (messages N1-N5); -ECANCELED when cancelled. */
 typedef struct {
     const char *exe;     /* the torchspark-run binary */
     const char *lib;     /* --nccl-lib, or NULL */
@@ -47,9 +48,10 @@ typedef struct {
     int nproc, first_rank, world_size;
     double timeout;
     size_t bytes;
-    atomic_int *cancel; /* may be NULL */
-    int log_fd;         /* where the workers' prefixed stderr goes */
-    int *failed_rank;   /* may be NULL: set to the root cause's global rank, or -1 */
+    atomic_int *cancel;           /* may be NULL */
+    const sigset_t *stop_signals; /* may be NULL: one of these pending (blocked) cancels too */
+    int log_fd;                   /* where the workers' prefixed stderr goes */
+    int *failed_rank;             /* may be NULL: set to the root cause's global rank, or -1 */
 } tsp_nccl_preflight_opts_t;
 
 int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen);

@@ -32,6 +32,9 @@ from torchspark._spec import NodeSpec
 # After the root cause is known: how long to wait for Spark's own failure (the cause of
 # our exception), then for the cancelled job to end.
 SPARK_GRACE_S = 3.0
+# The same wait when a restart follows: none, the next attempt is submitted at once
+# (bench/restart_recovery.py sets it to SPARK_GRACE_S for the side-by-side "before").
+RESTART_GRACE_S = 0.0
 CANCEL_WAIT_S = 1.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
 
@@ -50,6 +53,8 @@ class Outcome:
     # a restart's timeline (distributor.attempts).
     root_at: Optional[float] = None
     ended_at: Optional[float] = None
+    # The executor id of a node that went silent (task_executor), None when not known.
+    silent_executor: Optional[str] = None
 
 
 class _Tags:
@@ -110,9 +115,33 @@ def silent(root: Optional[Dict[str, Any]]) -> bool:
             and any(m in str(root.get("message")) for m in SILENT))
 
 
+def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
+    """The id of the executor that ran (or runs) the task of partition `partition` in the
+    job tagged `tag`, from Spark's status store (classic sessions only); None when Spark
+    does not know it. The task of a node is its partition (node_rank = partitionId())."""
+    try:
+        sc = spark.sparkContext._jsc.sc()
+        store = sc.statusStore()
+        for job in sc.statusTracker().getJobIdsForTag(tag):
+            stages = store.job(job).stageIds()
+            for i in range(stages.size()):
+                # A barrier stage is never retried (SPARK-25161): its only attempt is 0.
+                tasks = store.taskList(int(stages.apply(i)), 0, 1 << 20)
+                for j in range(tasks.size()):
+                    t = tasks.apply(j)
+                    if int(t.index()) == partition:
+                        return str(t.executorId())
+    except Exception:  # an older Spark, or the session is gone: not known
+        return None
+    return None
+
+
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
-                    remote: bool, input_df: Any = None) -> Outcome:
-    """Runs the job (see collect_chunks) and returns how it ended."""
+                    remote: bool, input_df: Any = None,
+                    spark_grace_s: float = SPARK_GRACE_S) -> Outcome:
+    """Runs the job (see collect_chunks) and returns how it ended. spark_grace_s: how long
+    to wait for Spark's own failure once the root cause is known (0 when a restart follows:
+    the next attempt is submitted at once, the log server's root cause naming the node)."""
     tags = _Tags(spark, remote)
     tag = f"torchspark-{uuid.uuid4().hex}"
     done, wake = threading.Event(), threading.Event()
@@ -151,7 +180,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
         if "root" in box and not done.is_set():
             # A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
             # spark.network.timeout, so its failure is not waited for.
-            if not done.wait(0 if silent(box["root"]) else SPARK_GRACE_S):
+            if not done.wait(0 if silent(box["root"]) else spark_grace_s):
                 tags.cancel(tag)
                 done.wait(CANCEL_WAIT_S)
     except BaseException:  # KeyboardInterrupt: stop everything now, then re-raise
@@ -170,5 +199,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             root = server.failure(LOST_WAIT_S if server.lost_pending() else 0)
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
+    lost = None
+    if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
+        lost = task_executor(spark, tag, int(root["node_rank"]))
     return Outcome(box.get("chunks") if error is None else None, error, root,
-                   box.get("root_at"), box.get("ended_at"))
+                   box.get("root_at"), box.get("ended_at"), lost)

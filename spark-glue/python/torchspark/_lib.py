@@ -151,15 +151,19 @@ def _candidates(env_var: str, name: str, build_sub: str) -> "list[str]":
     return [c for c in found if c]
 
 
-def library_path() -> str:
-    candidates = _candidates("TORCHSPARK_LIB", LIB_NAME, "lib")
+def _first_file(env_var: str, name: str, build_sub: str, what_to_do: str) -> str:
+    """The first of name's candidates that is a file; else FileNotFoundError naming them."""
+    candidates = _candidates(env_var, name, build_sub)
     for c in candidates:
         if os.path.isfile(c):
             return c
     raise FileNotFoundError(
-        f"{LIB_NAME} was not found (looked at: {', '.join(candidates)}): install torchspark "
-        "with `pip install ./spark-glue/python` or set TORCHSPARK_LIB"
-    )
+        f"{name} was not found (looked at: {', '.join(candidates)}): {what_to_do}")
+
+
+def library_path() -> str:
+    return _first_file("TORCHSPARK_LIB", LIB_NAME, "lib", "install torchspark with "
+                       "`pip install ./spark-glue/python` or set TORCHSPARK_LIB")
 
 
 def agent_path() -> str:
@@ -181,14 +185,8 @@ def jar_path() -> str:
     """torchspark.jar (the JVM classes, TorchSparkPlugin included, with the native files for
     linux-x86_64), for ``spark.jars``: $TORCHSPARK_JAR, the copy in this wheel, or a
     checkout's build/java."""
-    candidates = _candidates("TORCHSPARK_JAR", JAR_NAME, "java")
-    for c in candidates:
-        if os.path.isfile(c):
-            return c
-    raise FileNotFoundError(
-        f"{JAR_NAME} was not found (looked at: {', '.join(candidates)}): build it with CMake "
-        "(needs javac 17 and the pyspark package; see docs/jvm.md) and reinstall torchspark"
-    )
+    return _first_file("TORCHSPARK_JAR", JAR_NAME, "java", "build it with CMake (needs javac "
+                       "17 and the pyspark package; see docs/jvm.md) and reinstall torchspark")
 
 
 _lib: Optional[ctypes.CDLL] = None

@@ -54,14 +54,19 @@ class _LogPump:
         text = self.server.read_text(MAX_LINES, timeout_ms, self.fmt)
         if text:
             self.last_activity = time.monotonic()
-            with self._print_lock:
-                if _LogPump.status_shown:
-                    sys.stderr.write("\r\x1b[K")
-                    _LogPump.status_shown = False
-                sys.stderr.write(text)
-                sys.stderr.flush()
+            _LogPump.write(text)
             self.writes += 1
         return len(text)
+
+    @staticmethod
+    def write(text: str) -> None:
+        """text on the driver's stderr in one write(), after clearing a progress line."""
+        with _LogPump._print_lock:
+            if _LogPump.status_shown:
+                sys.stderr.write("\r\x1b[K")
+                _LogPump.status_shown = False
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
     def _run(self) -> None:
         try:

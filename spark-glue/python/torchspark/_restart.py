@@ -64,12 +64,27 @@ def attempt_env(attempt: int, limit: int, cause: Optional[str]) -> Dict[str, str
 
 
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?: Reason: ([^\n]*))?")
+# The line torchspark.checkpoint prints after a checkpoint on request (a decommission
+# notice: checkpoint.py); RestartPolicy.java reads the same line.
+_ON_REQUEST = re.compile(r"torchspark\.checkpoint: step (\d+) checkpointed on request "
+                         r"\(executor decommission\)")
 
 
 def root_cause(e: BaseException) -> str:
-    """One line naming an attempt's root cause: a lost executor when Spark says so (the
-    other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
-    else the first line of the error."""
+    """One line naming an attempt's root cause: a node whose executor is being
+    decommissioned when its rank's last lines say it checkpointed on request; a lost
+    executor when Spark says so (the other ranks' errors, e.g. gloo's "Connection reset by
+    peer", are its consequences); else the first line of the error."""
+    # The rank's last lines: its report's, and those its message shows (the driver's).
+    tail = getattr(e, "output_tail", None) or []
+    lines = (tail.splitlines() if isinstance(tail, str) else list(tail)) + str(e).splitlines()
+    for ln in reversed(lines):
+        m = _ON_REQUEST.search(str(ln))
+        if m:
+            node = getattr(e, "node_rank", None)
+            who = f"node {node}'s executor" if node is not None else "an executor"
+            return (f"{who} is being decommissioned: step {m.group(1)} was checkpointed on "
+                    "request and the node stopped")
     lost = _EXECUTOR_LOST.search(str(e.__cause__ or ""))
     if lost:
         reason = f": {lost.group(2).strip()}" if lost.group(2) else ""
@@ -110,6 +125,19 @@ def wait_for_slots(spark: Any, need: int, timeout_s: float, remote: bool,
         if slots >= need or time.monotonic() >= deadline:
             return slots
         time.sleep(poll_s)
+
+
+def exclude_executor(spark: Any, executor_id: str) -> bool:
+    """Takes a silent node's executor out of scheduling by its id: Spark would keep
+    offering it until its heartbeat timeout (spark.network.timeout, 120 s by default).
+    SparkContext.killAndReplaceExecutor marks it pending removal at once (no task is placed
+    on it, its slots no longer count) and asks the cluster manager to kill it and start a
+    replacement (the application's executor target is kept). False when that is not
+    possible (Spark Connect, a scheduler without executor allocation)."""
+    try:
+        return bool(spark.sparkContext._jsc.sc().killAndReplaceExecutor(executor_id))
+    except Exception:
+        return False
 
 
 def min_nodes(value: Any, conf_value: Optional[str], num_tasks: int) -> int:
@@ -162,7 +190,7 @@ def next_nodes(spark: Any, need: int, least: int, timeout_s: float, remote: bool
 def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
-        times: Optional[Dict[str, Optional[float]]] = None) -> Any:
+        times: Optional[Dict[str, Any]] = None) -> Any:
     """Calls run_once(attempt, cause, nodes) until it returns or limit restarts are used up.
     record, when given, gets one dict per attempt (distributor.attempts); times is where
     run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)."""
@@ -195,6 +223,16 @@ def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark
                                             {**(e.report or {}), "attempts": causes}) from e
             t0 = time.monotonic()
             unusable = 1 if entry.get("silent_node") is not None else 0
+            lost = entry.get("silent_executor")
+            if unusable and lost is not None and not remote and exclude_executor(spark, lost):
+                # Excluded by id: its slots are no longer counted, and a replacement
+                # executor may come for it.
+                entry["excluded_executor"] = lost
+                unusable = 0
+                logger.warning(
+                    f"TorchDistributor: executor {lost} (node {entry['silent_node']}, silent) "
+                    "is excluded from the next attempt: SparkContext.killAndReplaceExecutor "
+                    "asked the cluster manager to replace it")
             slots = next_nodes(spark, need_slots, least, replacement_timeout_s, remote,
                                unusable)
             if slots < least:

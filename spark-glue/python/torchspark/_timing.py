@@ -9,8 +9,10 @@ logger at DEBUG. Each phase is a wall-clock time (``time.time()``) taken where i
              process group up (init_process_group returned), function returned
 
 The task's marks travel to its workers in the environment (TORCHSPARK_TIMING_MARKS, JSON);
-rank 0's worker sends every mark back with the result: the cloudpickled value becomes a
-:class:`Timed` (value, marks) that the driver unwraps. Function mode only: a script's
+rank 0's worker sends every mark back beside the result, never inside it: the output file
+holds the user's value pickled as it is, then a timing trailer (:func:`write_trailer`: the
+marks as JSON, their length, a magic) that the driver cuts off before it unpickles the
+value (:func:`split_result`). Function mode only: a script's
 phases are not timed beyond the driver's. The driver prints the waterfall on its stderr
 (one line per phase: time since run() was called, time since the phase before). Executors
 on other hosts have their own clocks: there, a phase is off by the clock skew.
@@ -22,7 +24,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, BinaryIO, Dict, List, Optional, Tuple
 
 ENV = "TORCHSPARK_TIMING"
 MARKS_ENV = "TORCHSPARK_TIMING_MARKS"
@@ -51,21 +53,35 @@ def enabled(logger: Optional[logging.Logger] = None) -> bool:
     return logger is not None and logger.isEnabledFor(logging.DEBUG)
 
 
-class Timed:
-    """Rank 0's return value with the marks of the run, as it travels to the driver."""
+# The timing trailer after rank 0's pickled value: JSON marks, their length (8 bytes,
+# big-endian), this magic. A pickle's last byte is its STOP opcode ".", which ends no
+# trailer: an output without one is never read as one.
+TRAILER_MAGIC = b"TSPTIMING1"
+_LEN = 8
 
-    def __init__(self, value: Any, marks: Dict[str, float]) -> None:
-        self.value = value
-        self.marks = marks
+
+def write_trailer(f: BinaryIO, marks: Dict[str, float]) -> None:
+    """Appends the marks beside the value just pickled into f."""
+    data = json.dumps(marks).encode()
+    f.write(data + len(data).to_bytes(_LEN, "big") + TRAILER_MAGIC)
 
 
-def unwrap(result: Any, marks: Optional[Dict[str, float]]) -> Any:
-    """The user's value; the marks a Timed carried go into ``marks``."""
-    if isinstance(result, Timed):
-        if marks is not None:
-            marks.update(result.marks)
-        return result.value
-    return result
+def split_result(data: Any) -> "Tuple[memoryview, Optional[Dict[str, float]]]":
+    """rank 0's output bytes -> (the user's pickled value, without a copy; the marks of its
+    timing trailer, or None when it has none)."""
+    view = memoryview(data)
+    m = len(TRAILER_MAGIC)
+    if len(view) < m + _LEN or view[-m:] != TRAILER_MAGIC:
+        return view, None
+    size = int.from_bytes(view[-m - _LEN:-m], "big")
+    end = len(view) - m - _LEN - size
+    if end < 0:
+        return view, None
+    try:
+        marks = json.loads(bytes(view[end:-m - _LEN]))
+    except ValueError:
+        return view, None
+    return view[:end], dict(marks) if isinstance(marks, dict) else None
 
 
 class Clock:

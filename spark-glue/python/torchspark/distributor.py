@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import socket
 import sys
 import tempfile
 import textwrap
@@ -21,9 +20,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _doctor, _job, _launch, _native, _rendezvous, _report,
+from torchspark import (_boot, _doctor, _job, _native, _rendezvous, _report,
                         _restart, _ship, _task, _timing, _warm)
-from torchspark import _progress
+from torchspark import _progress, _report_rows
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
@@ -139,7 +138,7 @@ class TorchDistributor:
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
-        self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
+        self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
         _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
@@ -246,11 +245,18 @@ class TorchDistributor:
             result = self._run_local_training(train_object, fn_bytes, script_args)
         else:
             result = self._run_distributed_with_restarts(train_object, fn_bytes, script_args)
-        result = _timing.unwrap(result, clock.marks)  # rank 0's marks ride on its result
         clock.report("local" if self.local_mode else "distributed")
         return result
 
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
+
+    def _timing_from(self, data: Any) -> memoryview:
+        """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
+        which travels beside the value, join run()'s waterfall."""
+        value, marks = _timing.split_result(data)
+        if marks is not None:
+            self._clock.marks.update(marks)
+        return value
 
     def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
                            **kwargs: Any) -> Any:
@@ -364,57 +370,40 @@ class TorchDistributor:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = hub = doctor = None
         try:
-            error_file = os.path.join(workdir, "error.json")
-            out_file = os.path.join(workdir, "output.pickle")
-            if fn_bytes is not None:
-                fn_file = os.path.join(workdir, "fn.pickle")
-                with open(fn_file, "wb") as f:
-                    f.write(fn_bytes)
-                program = ["-m", "torchspark._fn_runner", fn_file, out_file]
-            else:
-                program = [str(train_object), *script_args]
             server = self._start_log_server("127.0.0.1")
-            endpoint = None
             if server is not None:
                 pump = _LogPump(server)
                 hub = _progress.start(self, server)
                 doctor = self._start_doctor(server, pump, hub)
-                endpoint = server.endpoint
-                env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
-            idle_s = self._warm_idle_s() if fn_bytes is not None else 0
-            warm = _task.warm_pool(env, self.num_processes, os.getpid(),
-                                   idle_s) if idle_s else None
-            cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
-                                        nproc_per_node=self.num_processes,
-                                        error_file=error_file, log_endpoint=endpoint,
-                                        program=program, gpus=gpus,
-                                        nccl_check=self._nccl_check_timeout(1) if gpus else 0,
-                                        warm_socket=warm)
-            echo = None if server is not None else _echo_stderr
+            # One node of a barrier task's steps (_task._run_agent), standalone: no election,
+            # rendezvous or staging; rank 0's result read from its file here.
+            spec = self._local_spec(train_object, fn_bytes, script_args, server)
             self.logger.info(f"Started local training with {self.num_processes} processes")
             self._clock.mark("agents_started")
             env.update(self._clock.env())
-            res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+            try:
+                out_file = _task._run_agent(
+                    spec, env, workdir, 0, 1, self.num_processes, None,
+                    gpus.split(",") if gpus else None,
+                    echo=None if server is not None else _echo_stderr, warm_anchor=os.getpid())
+            except _task.NodeFailed as e:
+                if pump is not None:
+                    pump.stop()
+                    pump = None
+                hang = self._hang_error(doctor, "local")
+                if hang is not None:
+                    raise hang from None
+                raise e.failure.error("local", self._tail_from_server(
+                    server, e.failure.fields)) from None
             if pump is not None:
                 pump.stop()
                 pump = None
-            if res.returncode != 0:
-                hang = self._hang_error(doctor, "local")
-                if hang is not None:
-                    raise hang
-                failure = _report.Failure.from_document(
-                    res.report, status=res.returncode, node_rank=0,
-                    host=socket.gethostname(), nproc_per_node=self.num_processes,
-                    tail=res.tail)
-                raise failure.error("local", self._tail_from_server(server, failure.fields))
             output = None
-            if fn_bytes is not None:
-                if not os.path.exists(out_file):
-                    raise RuntimeError("TorchDistributor failed during training."
-                                       "View stdout logs for detailed error message.")
+            if out_file is not None:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
+                        self._timing_from(f.read())  # the trailer after the value
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
@@ -432,6 +421,23 @@ class TorchDistributor:
             if hub is not None:
                 hub.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+
+    def _local_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
+                    script_args: List[str], server: Any) -> NodeSpec:
+        """The node spec of local mode's one node: the keys _task._run_agent reads (the
+        channel, the NCCL check, the warm pool); no ship, rendezvous or staging."""
+        return {
+            "version": _version(), "ship": None, "use_gpu": self.use_gpu,
+            "gpus_per_task": self.num_processes, "local_master": True, "driver_gpus": [],
+            "driver_host": "127.0.0.1", "fn_bytes": fn_bytes,
+            "script": None if fn_bytes is not None else str(train_object),
+            "script_file": None, "driver_cwd": os.getcwd(), "script_args": script_args,
+            "log_endpoint": server.endpoint if server is not None else None,
+            "log_secret_hex": server.secret_hex if server is not None else None,
+            "result_via_channel": False, "nccl_check": self._nccl_check_timeout(1),
+            "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
+            "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
+        }
 
     # Per attempt of a run with restarts (torchspark/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
@@ -557,19 +563,30 @@ class TorchDistributor:
             self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
+            if hub is not None:  # reports spilled by agents come back as rows
+                spec["report_rows"] = _report_rows.new_tag()
+            # Restarts left: the next attempt starts at once on the root cause, without
+            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
+            last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
+                _restart.MAX_RESTARTS_ENV)
+            grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote,
-                                       input_df=dataframe[0] if dataframe else None)
+                                       input_df=dataframe[0] if dataframe else None,
+                                       spark_grace_s=grace)
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
-                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None)
+                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
+                silent_executor=out.silent_executor)
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:
                     raise hang from out.spark_error
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
-            chunks = out.chunks or []
+            chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
+            if hub is not None:
+                hub.add(spilled)
             if pump is not None:
                 pump.stop()
                 pump = None
@@ -578,7 +595,8 @@ class TorchDistributor:
                 self.logger.warning(
                     f"The executors could not reach torchspark's log server at "
                     f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
-                    "logs and rank 0's result came back as collected rows (bounded by "
+                    "logs, and rank 0's result and the workers' reports came back as collected "
+                    "rows (bounded by "
                     "spark.driver.maxResultSize). "
                     + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
                        "the executors can reach." if self.is_remote else
@@ -604,7 +622,7 @@ class TorchDistributor:
                     raise RuntimeError("TorchDistributor failed during training."
                                        "View stdout logs for detailed error message.")
                 try:
-                    result = cloudpickle.loads(data)
+                    result = cloudpickle.loads(self._timing_from(data))
                     self._clock.mark("result_received")
                 except Exception as e:
                     raise RuntimeError(
@@ -672,26 +690,17 @@ class TorchDistributor:
             "See the exception's cause (Spark's error) and the executors' logs.")
 
     def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
-        """A node whose agent vanished (host or executor died, network cut)."""
+        """A node whose agent vanished (host or executor died, network cut): the log
+        server's document of it (docs/protocol.md 1.7), finished with the node's last lines
+        by the C core, which writes the message."""
         node = int(root.get("node_rank", -1))
-        lines = [f"TorchDistributor (distributed) failed: {root.get('message')}.",
-                 f"The executor of node {node} on host {root.get('host')}, that host, or the "
-                 "network to it failed; the other nodes were stopped."]
         tail: List[str] = []
         for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
             got = self._tail_from_server(server, {"rank": rank}) or []
             tail += [_native.line_prefix(rank) + ln for ln in got]
-        if tail:
-            lines.append(f"Last {len(tail)} lines of node {node}'s output:")
-            lines += ["  " + ln for ln in tail[-_report.TAIL_IN_MESSAGE:]]
-        else:
-            lines.append(f"node {node} printed nothing.")
-        lines.append(f"To fix it: check host {root.get('host')} (its executor's log, memory, "
-                     "network) and run again.")
-        report = {"version": 1, "kind": "lost", "node_rank": node, "rank": None,
-                  "host": root.get("host"), "peer": root.get("peer"),
-                  "message": root.get("message"), "tail": tail}
-        return TorchDistributorError("\n".join(lines), report)
+        failure = _report.Failure.from_document(
+            root.get("report"), node_rank=node, host=root.get("host") or "?", tail=tail)
+        return failure.error("distributed")
 
 
 # A script that exists on the driver travels with the job (inside the task's closure)
