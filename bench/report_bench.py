@@ -7,6 +7,9 @@ Each run trains nothing but does a fixed amount of work per step (a CPU matmul o
 10 ms on one thread), so the step loop runs at ~100 steps/s per rank. The same function
 runs alternately with report() on every step (100 calls/s per rank) and without it; the
 loop's time on each rank is measured inside the worker (perf_counter around the loop).
+The process's CPU time over the loop (time.process_time: every thread, the report
+sender's included, until what report() queued is sent) is measured beside it: on a shared,
+loaded machine the wall time varies by +-25 % between runs, the CPU time much less.
 Latency: the driver's wall time when on_report got the report minus the worker's wall
 time at report() (one host, one clock), over every report of every "with" run.
 """
@@ -39,6 +42,7 @@ def loop(steps, reporting):
     for _ in range(20):  # warm-up
         a @ b
     dist.barrier()
+    c0 = time.process_time()  # this process's CPU, every thread (the report sender's too)
     t0 = time.perf_counter()
     for step in range(steps):
         for _ in range(12):
@@ -47,8 +51,14 @@ def loop(steps, reporting):
             torchspark.report({"loss": float(c[0, 0]), "lr": 0.001, "step_time": 0.01},
                               step=step)
     took = time.perf_counter() - t0
+    if reporting:  # what report() queued is sent (the sender's CPU counts)
+        import torchspark._metrics as m
+        if m._sender is not None:
+            m._sender.close()
+            m._sender = None
+    cpu = time.process_time() - c0
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, took)
+    dist.all_gather_object(everyone, (took, cpu))
     dist.destroy_process_group()
     return everyone
 
@@ -64,7 +74,8 @@ def main():
          .config("spark.test.home", os.path.dirname(pyspark.__file__))
          .config("spark.executor.memory", "1024m").getOrCreate())
     s.sparkContext.setLogLevel("ERROR")
-    latencies, times = [], {True: [], False: []}
+    load_at_start = os.getloadavg()
+    latencies, times, cpus = [], {True: [], False: []}, {True: [], False: []}
     TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(loop, 50, True)
     for i in range(args.runs):
         for reporting in (False, True) if i % 2 == 0 else (True, False):
@@ -72,23 +83,33 @@ def main():
             d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                                  on_report=got.append, progress=False)
             took = d.run(loop, args.steps, reporting)
-            times[reporting].append(statistics.median(took))
+            times[reporting].append(statistics.median(t for t, _ in took))
+            cpus[reporting].append(statistics.median(c for _, c in took))
             if reporting:
                 assert len(got) == 2 * args.steps, len(got)
                 latencies += [r.received - r.time for r in got]
     latencies.sort()
     base, rep = statistics.median(times[False]), statistics.median(times[True])
+    cbase, crep = statistics.median(cpus[False]), statistics.median(cpus[True])
+    pairs = [100 * (w - wo) / wo for w, wo in zip(times[True], times[False], strict=True)]
+    cpu_pairs = [100 * (w - wo) / wo for w, wo in zip(cpus[True], cpus[False], strict=True)]
     out = {
         "steps": args.steps, "runs": args.runs,
         "loop_s_without": round(base, 4), "loop_s_with": round(rep, 4),
         "overhead_pct": round(100 * (rep - base) / base, 2),
         "step_rate_per_rank": round(args.steps / base, 1),
+        "pair_overhead_pct": [round(x, 2) for x in pairs],
+        "pair_overhead_pct_median": round(statistics.median(pairs), 2),
+        "cpu_s_without": round(cbase, 4), "cpu_s_with": round(crep, 4),
+        "cpu_overhead_pct": round(100 * (crep - cbase) / cbase, 2),
+        "cpu_pair_overhead_pct": [round(x, 2) for x in cpu_pairs],
         "runs_without": [round(t, 4) for t in times[False]],
         "runs_with": [round(t, 4) for t in times[True]],
         "latency_ms_p50": round(1000 * latencies[len(latencies) // 2], 2),
         "latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2),
         "latency_ms_max": round(1000 * latencies[-1], 2),
         "reports": len(latencies),
+        "loadavg_start": load_at_start,
         "loadavg": os.getloadavg(),
     }
     print(json.dumps(out, indent=1))

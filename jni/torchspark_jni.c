@@ -467,6 +467,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerStopAll(JNIEnv *env, 
     return rc;
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerDumpAll(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)env;
+    (void)cls;
+    return tsp_logserver_dump_all(server_of(h));
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *env, jclass cls,
                                                                         jlong h, jstring jpath)
 {

@@ -85,6 +85,20 @@ def test_failure_golden(case):
     assert err.signal == case["document"]["signal"]
 
 
+def test_the_agent_lines_win_over_a_request_tail_unless_empty():
+    """The C rule under both glues: a document with the agent's own (non-empty) lines of
+    the rank keeps them whatever tail a request sends; without them, the request's."""
+    doc = FAILURE_CASES[0]["error_file"]
+    glue = "[rank 1] the glue's copy"
+    for agent, want in (("[rank 1] the agent's line", "[rank 1] the agent's line"),
+                        ("", glue)):
+        document = {**doc, "torchspark": {**doc["torchspark"], "tail": agent}}
+        reply = _lib.json_call("tsp_failure_report", {"document": document, "status": 1,
+                                                      "tail": glue})
+        assert reply["document"]["torchspark"]["tail"] == want
+        assert reply["document"]["torchspark"]["agent_exitcode"] == 1
+
+
 def test_a_bad_failure_request_names_the_key():
     with pytest.raises(ValueError, match='"status" must be a whole number'):
         _lib.json_call("tsp_failure_report", {"status": "x"})

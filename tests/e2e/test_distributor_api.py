@@ -241,7 +241,11 @@ def _mask_of_each_rank():
     dist.init_process_group("gloo")
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    dist.destroy_process_group()
+    # No destroy_process_group() right after a gloo all_gather_object: before torch 2.8 it
+    # can deadlock in torch itself (pytorch#154976: ~ProcessGroupGloo joins its worker
+    # threads holding the GIL while a worker frees the collective's tensors, which takes
+    # the GIL). Seen on torch 2.4.1 in the version matrix, and with two plain processes
+    # (docs/distributor.md, supported versions). The process ends with the function.
     return everyone
 
 

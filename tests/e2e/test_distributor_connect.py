@@ -2,7 +2,8 @@
 (local-cluster[2,1,1024], conftest.connect_server) whose executors lack torchspark (it
 ships itself as a session artifact): function and script mode, logs on the client, a
 failure, a cancellation through the session, a result larger than a gRPC message over the
-output channel, and the collected-rows path when the executors cannot reach the client."""
+output channel, and the collected-rows path (result and reports) when the executors cannot
+reach the client."""
 import logging
 import os
 import sys
@@ -176,13 +177,26 @@ def test_result_larger_than_a_grpc_message_comes_over_the_channel(spark, caplog)
     assert _warnings(caplog) == []
 
 
-def test_unreachable_client_result_as_rows_and_one_warning(spark, caplog, monkeypatch):
+def _big_reporting(n, steps):
+    _reporting(steps)
+    return _big(n)
+
+
+def test_unreachable_client_result_and_reports_as_rows_and_one_warning(spark, caplog,
+                                                                       monkeypatch):
     # 127.0.0.2 is this host, but the log server listens on 127.0.0.1 only: refused.
     monkeypatch.setenv("TORCHSPARK_CLIENT_ADDRESS", "127.0.0.2")
     caplog.set_level(logging.INFO)
-    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    seen = []
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                         on_report=seen.append, progress=False)
     n = 24 * 1024 * 1024 + 16  # several rows, the last one short
-    big = d.run(_big, n)
+    big = d.run(_big_reporting, n, 20)
     assert len(big) == n and big[:16] * (n // 16) == big
     warned = _warnings(caplog)
     assert len(warned) == 1 and "127.0.0.2" in warned[0], warned
+    # The agents wrote the reports to their stderr; they came back with the result.
+    for rank in range(2):
+        assert [(r.step, r.metrics) for r in d.reports if r.rank == rank] == [
+            (s, {"v": s * 2}) for s in range(20)]
+    assert seen == d.reports and len(seen) == 40

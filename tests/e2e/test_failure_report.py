@@ -43,6 +43,10 @@ def test_chained_exception_whole_in_error_file_and_block(tmp_path, marker):
     assert doc["message"]["message"] == f"RuntimeError: outer-{tag}"
     ts = doc["torchspark"]
     assert (ts["rank"], ts["exitcode"], ts["signal"]) == (1, 1, 0), ts
+    # the agent's own last lines of rank 1, read to the end of its pipes: Python's print of
+    # the uncaught exception is the last of them; no other rank's line
+    assert ts["tail"].split("\n")[-1] == f"[rank 1] [stderr] RuntimeError: outer-{tag}", ts
+    assert "[rank 0]" not in ts["tail"], ts
     block = "\n".join(failure_block(r.stderr))
     assert f"ValueError: root-{tag}" in block and f"RuntimeError: outer-{tag}" in block
     assert survivors(marker) == []

@@ -121,6 +121,69 @@ def test_ranks_that_all_stand_at_one_place_outside_collectives_wait_for_the_odd_
     assert "ranks 0-1, 3 wait in hang_worker.py:58 (train) for it" in d.line
 
 
+def _recorded(by_rank, pending, done=1, recorder_of=()):
+    """Each rank's flight-recorder lines after its stacks, in the form the bootstrap
+    writes them (pyboot.c): collectives #1..done completed, then #pending[r] not completed
+    where pending names one; ranks in recorder_of say why they have none instead."""
+    for r, lines in by_rank.items():
+        if r in recorder_of:
+            lines.append("torchspark: flight recorder: not available (this torch has no "
+                         "flight recorder)")
+            continue
+        for q in range(1, done + 1):
+            lines.append(f"torchspark: flight recorder: pg 0 (default_pg): all_reduce #{q}: "
+                         "completed")
+        if pending.get(r):
+            lines.append(f"torchspark: flight recorder: pg 0 (default_pg): all_reduce "
+                         f"#{pending[r]}: not completed (scheduled)")
+    return by_rank
+
+
+def test_the_flight_recorder_numbers_the_collective_the_others_wait_in():
+    by_rank = _recorded(_load("sleep.txt"), {0: 1523, 1: 1523, 3: 1523}, done=1522)
+    d = _diagnose(by_rank)
+    assert d.culprits == [2] and d.waiting == {"all_reduce": [0, 1, 3]}
+    assert "(sleeps_before_the_collective), its last collective all_reduce #1522; " in d.line
+    assert d.line.endswith("ranks 0-1, 3 wait in all_reduce #1523 for it")
+    got = _hang.parse(0, by_rank[0])
+    assert got.pending() == _hang.Collective("0", "all_reduce", 1523, False)
+    assert got.main[0].func == "all_reduce"  # the recorder's lines end no thread
+    # ranks that disagree on the number: each number with its ranks
+    d = _diagnose(_recorded(_load("sleep.txt"), {0: 7, 1: 8, 3: 7}, done=6))
+    assert d.line.endswith("ranks 0-1, 3 wait in all_reduce (#7 on ranks 0, 3, #8 on rank 1) "
+                           "for it")
+
+
+def test_a_rank_outside_collectives_with_one_not_completed_waits_in_it():
+    """NCCL: all_reduce returns at once, the rank then waits in a synchronize; its flight
+    recorder says in what. The one whose recorder has every collective completed is the
+    culprit, wherever it is."""
+    by_rank = _recorded(_load("sleep.txt"), {0: 2, 1: 2, 3: 2})
+    for r in (0, 1, 3):  # torch.cuda.synchronize: no torch.distributed frame
+        by_rank[r] = [ln.replace("/torch/distributed/distributed_c10d.py", "/torch/cuda/__init__.py")
+                      .replace(" in all_reduce", " in synchronize")
+                      for ln in by_rank[r] if "c10d_logger.py" not in ln]
+    d = _diagnose(by_rank)
+    assert d.culprits == [2] and d.waiting == {"all_reduce": [0, 1, 3]}
+    assert d.line.endswith("its last collective all_reduce #1; ranks 0-1, 3 wait in all_reduce "
+                           "#2 for it"), d.line
+    # one NCCL rank alone, its collective never completes: the hang is inside it
+    d = _diagnose({0: by_rank[0]}, world=1)
+    assert d.line == ("every rank waits in the same collective (rank 0 waits in all_reduce #2): "
+                      "the hang is inside it (the network, or a peer outside this group)")
+
+
+def test_without_a_flight_recorder_the_line_has_no_numbers_and_a_stopped_rank_says_so():
+    d = _diagnose(_recorded(_load("sleep.txt"), {0: 2, 1: 2}, recorder_of=(3,)))
+    assert d.line.endswith("ranks 0-1, 3 wait in all_reduce for it")  # rank 3 has none
+    assert _hang.parse(3, _load("sleep.txt")[3] + [
+        "torchspark: flight recorder: not available (torch.distributed is not "
+        "initialized)"]).recorder == "not available (torch.distributed is not initialized)"
+    d = _diagnose(_recorded(_load("sigstop.txt"), {0: 2, 2: 2, 3: 2}))
+    assert d.line == ("rank 1 (host vm, pid 19119) is stopped (SIGSTOP) and cannot answer "
+                      "(nor can its flight recorder); ranks 0, 2-3 wait in all_reduce #2 for it")
+
+
 def test_ranges():
     assert _hang.ranges([3]) == "rank 3"
     assert _hang.ranges([2, 0, 1]) == "ranks 0-2"

@@ -3,8 +3,8 @@
 workers behind the agents' shims), one rank hung four ways: asleep before a collective,
 SIGSTOPped, deadlocked on a Python lock, spinning in an endless loop. The driver asks every
 agent for a dump after hangTimeout (3 s) of silence and must name the right rank and its
-frame; hangAction=cancel stops the run with the stacks in the exception, report lets it go
-on. bench/hang_bench.py runs the 10-of-each series."""
+frame, and number the collective from torch's flight recorder; hangAction=cancel stops
+the run with the stacks in the exception, report lets it go on. bench/hang_bench.py runs the 10-of-each series."""
 import sys
 from pathlib import Path
 
@@ -50,14 +50,18 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     assert e.value.report["culprits"] == [victim], line
     assert f"; rank {victim} (host " in line
     if func is None:
-        assert "is stopped (SIGSTOP) and cannot answer" in line
+        assert "is stopped (SIGSTOP) and cannot answer (nor can its flight recorder);" in line
     else:
         src = Path(hang_worker.__file__).read_text().splitlines()
         tag = {"sleep": "HANG-SLEEP", "lock": "HANG-LOCK", "loop": "HANG-LOOP"}[kind]
         lineno = next(i + 1 for i, s in enumerate(src) if tag in s)
         near = (f"hang_worker.py:{lineno} ", f"hang_worker.py:{lineno + 1} ")
-        assert any(n in line for n in near) and f"({func})" in line, line
-    assert "wait in all_reduce for it" in line
+        assert any(n in line for n in near), line
+        # torch's flight recorder (gloo): the victim's last collective is the first
+        # all_reduce, even while it spins holding the GIL (the recorder's thread gets it)
+        assert f"({func}), its last collective all_reduce #1;" in line, str(e.value)[-6000:]
+    # the others wait in the second all_reduce, numbered by their flight recorders
+    assert line.endswith(" wait in all_reduce #2 for it"), line
     assert [int(r) for r in e.value.report["waiting"]["all_reduce"]] == [
         int(x) for x in others.split(", ")]
     # the stacks: in the exception, and on the driver's stderr as the ranks' lines
@@ -66,6 +70,10 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     for r in range(4):
         assert f"[rank {r}] torchspark: stack dump #1 of rank {r} (host " in text
     assert text.count("in all_reduce") >= 3
+    for r in range(4):
+        if r != victim:
+            assert (f"[rank {r}] torchspark: flight recorder: pg 0 (default_pg): all_reduce "
+                    "#2: not completed (scheduled)") in text
     assert "[stderr] Current thread 0x" in err
     assert d.hang_reports and d.hang_reports[0].culprits == [victim]
     # named within hangTimeout + 10 s of the ranks' last line (the stuck rank's, right
@@ -116,4 +124,5 @@ def test_local_mode_names_the_deadlocked_rank(spark, capsys):
     assert str(e.value).startswith("TorchDistributor (local) was cancelled by the hang doctor")
     lines = [ln for ln in capsys.readouterr().err.splitlines()
              if ln.startswith("torchspark: hang doctor: ")]
-    assert len(lines) == 1 and "(deadlocks_on_a_lock); rank 0 waits in all_reduce for it" in lines[0]
+    assert len(lines) == 1 and ("(deadlocks_on_a_lock), its last collective all_reduce #1; rank 0 waits in "
+                                 "all_reduce #2 for it") in lines[0], lines

@@ -5,7 +5,8 @@ rendezvous (allGather when it is off or unreachable); TorchSparkPlugin stops a c
 processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the issue's 1 s
 (jvmutil.GONE_BOUND_MS; measured from the cancel call, printed; the median goal of 200 ms is
 measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
-and the plugin's shutdown() stops what an executor still runs when the executor stops."""
+and the plugin's shutdown() stops what an executor still runs when the executor stops; the
+hang doctor (hangTimeout, hangAction=cancel) names a sleeping rank and cancels the run."""
 import json
 import os
 import re
@@ -42,6 +43,21 @@ def test_java_application_trains_across_two_executors():
     assert re.match(r"rank=1 host=\S+ exit=5 lines=\[rank one gives up\]", fail), fail
     assert "rank 1 (node 1, local rank 0) on host" in out["MESSAGE"][0]
     assert "exited with code 5" in out["MESSAGE"][0]
+    # The hang doctor (spark.torchspark.hangTimeout 3s, cancel): rank 1 asleep before the
+    # second all_reduce is named with its frame, rank 0 waits in all_reduce #2 (its flight
+    # recorder), and the exception carries the line and every rank's stacks.
+    assert out["HANG"][0].startswith("rank=1 host="), out
+    line = out["HANG_LINES"][0]
+    assert re.fullmatch(r"rank 1 \(host \S+, pid \d+\) is in hang_worker\.py:18 `time\.sleep\(hold\)  "
+                        r"# HANG-SLEEP` \(sleeps_before_the_collective\), its last collective "
+                        r"all_reduce #1; rank 0 waits in all_reduce #2 for it", line), line
+    msg = out["HANG_MESSAGE"][0]
+    assert msg.startswith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
+                          "printed or reported for 3s (spark.torchspark.hangTimeout); " + line), msg
+    assert "|[rank 1] torchspark: stack dump #1 of rank 1 (host " in msg, msg
+    assert "[rank 0] torchspark: flight recorder: pg 0 (default_pg): all_reduce #2: not completed" in msg
+    assert f"torchspark: hang doctor: no rank printed or reported for 3s; {line}" in err
+    print("JVM hang doctor: cancelled after", out["HANG_MS"][0], "ms of the run (hangTimeout 3s)")
     # Nothing left running: rank 0's sleeping node was stopped through the control channel.
     assert out["LEFT"] == ["0"], out
 

@@ -145,13 +145,20 @@ def _train_env(steps):
     import torch.distributed as dist
 
     import torchspark
+    from torchspark import mlflow
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    mlflow.log_params({"lr": 0.1, "seed": rank})  # the same on every rank, and not
     for step in range(steps):
         torchspark.report({"loss": 1.0 / (step + 1) + rank, "acc": step / steps}, step=step)
+        mlflow.log_metric("fwd", step * 10.0 + rank, step=step)  # MLflow's own calls
+        mlflow.log_metrics({"fwd2": -step, "fwd3": rank}, step=step)
+    mlflow.log_param("tail", "x")
     leaks = sorted(k for k, v in os.environ.items()
                    if k.startswith("MLFLOW") or TOKEN in v or "mlruns" in v)
+    if "mlflow" in sys.modules:  # the rank never used the mlflow package itself
+        leaks.append("the mlflow package was imported on the rank")
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, leaks)
     dist.destroy_process_group()
@@ -181,8 +188,18 @@ def test_mlflow_active_run_gets_every_metric_and_executors_get_no_credential(
             (s, 1.0 / (s + 1) + rank) for s in range(STEPS)]
         assert _history(client, run.info.run_id, prefix + "acc") == [
             (s, s / STEPS) for s in range(STEPS)]
-    assert set(client.get_run(run.info.run_id).data.metrics) == {
-        "loss", "acc", "rank1/loss", "rank1/acc"}
+        # A rank's torchspark.mlflow.log_metric(s): into the same run, every step.
+        assert _history(client, run.info.run_id, prefix + "fwd") == [
+            (s, s * 10.0 + rank) for s in range(STEPS)]
+        assert _history(client, run.info.run_id, prefix + "fwd2") == [
+            (s, -s) for s in range(STEPS)]
+        assert _history(client, run.info.run_id, prefix + "fwd3") == [
+            (s, rank) for s in range(STEPS)]
+    data = client.get_run(run.info.run_id).data
+    assert set(data.metrics) == {"loss", "acc", "fwd", "fwd2", "fwd3", "rank1/loss",
+                                 "rank1/acc", "rank1/fwd", "rank1/fwd2", "rank1/fwd3"}
+    # A param every rank logs alike once; one whose value differs, with the rank in its key.
+    assert data.params == {"lr": "0.1", "seed": "0", "rank1/seed": "1", "tail": "x"}
 
 
 def test_mlflow_conf_starts_and_ends_a_run_of_its_own(spark, tmp_path, monkeypatch):
@@ -209,3 +226,52 @@ def _script_file(tmp_path):
     path = tmp_path / "train.py"
     path.write_text(SCRIPT)
     return str(path)
+
+
+TTY_DRIVER = """
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+import logproto
+from torchspark._native import LogServer
+from torchspark._progress import ReportHub
+srv = LogServer()
+hub = ReportHub(srv)
+agent = logproto.RawAgent(srv.host, srv.port, srv.secret)
+assert agent.ok, agent.result
+for step in range(3):
+    rec = {"step": step, "time": time.time(), "metrics": {"loss": 1.0 / (step + 1)}}
+    agent.line(0, json.dumps(rec).encode(), stream=4)
+    time.sleep(0.7)  # over the terminal's redraw interval: each report is shown
+agent.close()
+srv.close(1.0)
+hub.stop()
+"""
+
+
+def test_progress_line_on_a_terminal_is_redrawn_in_place():
+    """The driver's hub under a real terminal (a pty as stderr), fed over the real native
+    log server by a client of the protocol: one line, rewritten in place, ended once."""
+    import pty
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER, os.path.dirname(__file__)],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        out += data
+    os.close(master)
+    assert p.wait(timeout=60) == 0, out[-2000:]
+    text = out.decode()
+    shown = [f"torchspark: step {s} \u00b7 rank 0: loss={1.0 / (s + 1):.4g} \u00b7 1 rank(s) "
+             f"reporting, {s + 1} report(s)" for s in range(3)]
+    for line in shown:
+        assert "\r\x1b[K" + line in text, text
+    assert text.endswith("\r\x1b[K" + shown[-1] + "\r\n"), text  # ended once (\n: \r\n)
+    assert text.count("\n") == 1, text

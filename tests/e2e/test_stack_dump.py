@@ -1,6 +1,8 @@
 """The hang doctor's first piece: every Python worker that torchspark-run starts through its
 bootstrap (native/src/agent/pyboot.c) prints every thread's Python stack on its stderr when it gets
-SIGRTMIN+8, and goes on; user code sees no handler (signal.getsignal, faulthandler)."""
+SIGRTMIN+8, and goes on; user code sees no handler (signal.getsignal, faulthandler). On
+SIGRTMIN+9 the bootstrap's thread writes torch's flight recorder's collectives (or why
+there are none) and the worker goes on."""
 import os
 import re
 import signal
@@ -47,6 +49,12 @@ def test_sigrtmin8_dumps_all_threads_and_the_worker_goes_on(tmp_path):
     time.sleep(0.3)  # both threads are in their waits
     for pid in pids:
         os.kill(pid, signal.SIGRTMIN + 8)
+    # the flight-recorder signal: blocked, and answered by the bootstrap's thread (this
+    # worker has no torch.distributed: it says so); the worker goes on
+    with open(f"/proc/{pids[0]}/status") as f:
+        blk = int(next(ln for ln in f if ln.startswith("SigBlk:")).split()[1], 16)
+    assert blk >> (signal.SIGRTMIN + 8) & 1, hex(blk)
+    os.kill(pids[0], signal.SIGRTMIN + 9)
     r = finish(p, timeout=60)
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
@@ -56,4 +64,6 @@ def test_sigrtmin8_dumps_all_threads_and_the_worker_goes_on(tmp_path):
     assert len(re.findall(r'File ".*w\.py", line \d+ in stuck_in_a_sleep', out)) == 2, out
     assert len(re.findall(r'File ".*w\.py", line \d+ in helper_waits_on_the_lock', out)) == 2, out
     assert len(re.findall(r"Current thread 0x[0-9a-f]+ \(most recent call first\)", out)) == 2
+    assert out.count("torchspark: flight recorder: not available (torch.distributed is not "
+                     "initialized)") == 1, out[-3000:]
     assert survivors(marker) == []

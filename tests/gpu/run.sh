@@ -2,7 +2,8 @@
 # The project's device check (docs/gpu.md, "Running the device check on a GPU machine"):
 # H1-H10 of docs/gpu.md (tests/gpu/checks.py), function-mode DDP with NCCL through the warm
 # pool by the PySpark glue's own path without Spark, and a DataFrame partition loaded onto
-# the GPU (tests/gpu/warm_ddp.py). At most 6 minutes on one GPU (TSP_GPU_BUDGET, 340 s,
+# the GPU (tests/gpu/warm_ddp.py), and the hang doctor on an NCCL hang with torch's flight
+# recorder (tests/gpu/nccl_hang.py). At most 6 minutes on one GPU (TSP_GPU_BUDGET, 340 s,
 # plus at most 10 s of kill grace); each check runs in its own process under its own
 # timeout, and anything it leaves running is a failure. The run ends with the figures (a table for docs/benchmarks.md), one line
 # per check (PASS/FAIL/SKIP, name, seconds) and "N passed, N failed, N skipped"; exit 1
@@ -31,6 +32,7 @@ CHECKS=(
   "h10 60 checks.py h10"
   "warm 150 warm_ddp.py"
   "dataframe 90 warm_ddp.py --dataframe"
+  "nccl-hang 90 nccl_hang.py"
 )
 
 now() { date +%s.%N; }

@@ -451,6 +451,43 @@ START_TEST(test_agent_warm_socket_without_pool_runs_workers)
 }
 END_TEST
 
+/* The document carries the failing rank's last lines, read to the end of its pipes: a line
+ * written after the worker's exit by a child holding its stdout still arrives (the agent
+ * builds the document the moment the exit is seen), the other ranks' lines do not, and
+ * only the last TSP_REPORT_TAIL_LINES are kept. */
+START_TEST(test_agent_failure_document_has_the_rank_last_lines)
+{
+    setup();
+    char ef[600];
+    snprintf(ef, sizeof ef, "%s/tail.json", dir);
+    tsp_agent_opts_t o = {.console_out = -1, .console_err = -1, .log_fd = 2, .error_file = ef};
+    const char *script =
+        "if [ $LOCAL_RANK = 1 ]; then i=0; while [ $i -lt 150 ]; do echo line $i; i=$((i+1)); "
+        "done; echo oops >&2; (sleep 0.05; echo late) & exit 3; fi; echo other; exec sleep 60";
+    ck_assert_int_eq(run_sh(2, 0, script, &o, NULL), 3);
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    static char doc[65536];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.tail", &v, &type), 0);
+    ck_assert_int_eq(type, TSP_JSON_STRING);
+    ck_assert_msg(strncmp(v, "[rank 1] line 52\n[rank 1] line 53\n", 34) == 0, "tail: %s", v);
+    ck_assert_ptr_nonnull(strstr(v, "[rank 1] line 149\n[rank 1] [stderr] oops\n"));
+    const char *end = "\n[rank 1] late";
+    ck_assert_str_eq(v + strlen(v) - strlen(end), end);
+    ck_assert_ptr_null(strstr(v, "other"));
+    int lines = 1;
+    for (const char *p = v; *p; p++)
+        lines += *p == '\n';
+    ck_assert_int_eq(lines, TSP_REPORT_TAIL_LINES);
+    free(v);
+    ck_assert_int_ne(tsp_json_get(doc, n, "torchspark.agent_exitcode", &v, &type), 0);
+}
+END_TEST
+
 typedef struct {
     int calls, rank;
     struct timespec when;
@@ -514,6 +551,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_sink_backpressure_loses_nothing);
     tcase_add_test(tc, test_agent_exec_error_status);
     tcase_add_test(tc, test_agent_on_failure_runs_before_the_grace);
+    tcase_add_test(tc, test_agent_failure_document_has_the_rank_last_lines);
     tcase_add_test(tc, test_agent_warm_socket_without_pool_runs_workers);
     suite_add_tcase(s, tc);
     return s;

@@ -89,6 +89,24 @@ START_TEST(test_dump_handled_only_where_the_signal_is_caught_blocked_or_ignored)
 }
 END_TEST
 
+START_TEST(test_dump_recorder_signal_only_to_a_process_that_blocks_it)
+{
+    int sig = tsp_dump_recorder_signal();
+    ck_assert_int_eq(sig, SIGRTMIN + 9);
+    ck_assert_int_eq(tsp_dump_recorder_blocked(getpid()), 0);
+    signal(sig, SIG_IGN); /* caught or ignored is not enough: the bootstrap's thread waits */
+    ck_assert_int_eq(tsp_dump_recorder_blocked(getpid()), 0);
+    signal(sig, SIG_DFL);
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, sig);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    ck_assert_int_eq(tsp_dump_recorder_blocked(getpid()), 1);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    ck_assert_int_eq(tsp_dump_recorder_blocked(999999999), -ESRCH);
+}
+END_TEST
+
 START_TEST(test_dump_marker_lines_as_the_protocol_spells_them)
 {
     char b[300];
@@ -114,6 +132,7 @@ int main(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_dump_state_of_a_sleeping_stopped_and_zombie_child);
     tcase_add_test(tc, test_dump_handled_only_where_the_signal_is_caught_blocked_or_ignored);
+    tcase_add_test(tc, test_dump_recorder_signal_only_to_a_process_that_blocks_it);
     tcase_add_test(tc, test_dump_marker_lines_as_the_protocol_spells_them);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);

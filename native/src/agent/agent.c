@@ -12,6 +12,7 @@
  */
 #include "agent.h"
 #include "dump.h"
+#include "logtail.h"
 #include "proc.h"
 #include "report.h"
 #include "reportsock.h"
@@ -21,6 +22,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -56,6 +58,7 @@ typedef struct {
     int file_fd; /* redirect file, -1 when none */
     int paused;  /* the sink was full: not in epoll until it wakes us */
     int linger;  /* emptied a moment ago: not in epoll until the linger deadline */
+    int in_long; /* the last piece kept for the tail was TSP_LINE_CONTINUED */
     tsp_lines_t lines;
 } stream_t;
 
@@ -67,6 +70,7 @@ typedef struct {
     double exit_time;
     int pidfd; /* readable once the worker has exited; -1 when none (or no pidfd_open) */
     stream_t s[2];
+    tsp__tail_t tail; /* its last lines, prefixed, for the failure document (report_root) */
     char error_file[512];
 } worker_t;
 
@@ -212,6 +216,29 @@ static void expand_prefix(const tsp_agent_t *a, const worker_t *w, char *out, si
     out[o] = 0;
 }
 
+/* Keeps a delivered line in the worker's tail as the glues' console shows it ("[rank R] ",
+ * "[stderr] "): a long line's first piece only, cut at TAIL_LINE_MAX bytes. */
+#define TAIL_LINE_MAX 2048
+static void keep_line(tsp_agent_t *a, worker_t *w, int si, const char *data, size_t len,
+                      unsigned flags)
+{
+    stream_t *s = &w->s[si];
+    int skip = s->in_long;
+    s->in_long = (flags & TSP_LINE_CONTINUED) != 0;
+    if (skip)
+        return;
+    char buf[128 + TAIL_LINE_MAX];
+    size_t n =
+        tsp_lines_prefix(buf, 128, NULL, NULL, tsp_topo_global_rank(&a->o.topo, w->local_rank),
+                         si == 0 ? TSP_STREAM_STDOUT : TSP_STREAM_STDERR);
+    if (n > 127)
+        n = 127;
+    if (len > TAIL_LINE_MAX)
+        len = TAIL_LINE_MAX;
+    memcpy(buf + n, data, len);
+    tsp__tail_add(&w->tail, TSP_REPORT_TAIL_LINES, TSP_REPORT_TAIL_BYTES, buf, n + len);
+}
+
 /* Hands one line to the console, the redirect file and the sink. Returns -EAGAIN when
  * the sink is full (then nothing was written anywhere, so the retry writes it once). */
 static int deliver_line(tsp_agent_t *a, worker_t *w, int si, const char *data, size_t len,
@@ -232,6 +259,7 @@ static int deliver_line(tsp_agent_t *a, worker_t *w, int si, const char *data, s
         if (rc == -EAGAIN)
             return rc;
     }
+    keep_line(a, w, si, data, len, flags);
     int eol = !(flags & (TSP_LINE_CONTINUED | TSP_LINE_NO_EOL));
     struct iovec iov[3] = {{NULL, 0}, {(void *)data, len}, {"\n", (size_t)eol}};
     if (s->file_fd >= 0)
@@ -582,6 +610,7 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
             .new_session = 1,
         };
         tsp_proc_t p;
+        tsp__tail_free(&w->tail); /* this attempt's lines only */
         rc = tsp_proc_spawn(&p, &po, err, errlen);
         if (rc == 0) {
             w->pid = p.pid;
@@ -591,6 +620,7 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
                 w->s[si].fd = si == 0 ? p.out_fd : p.err_fd;
                 w->s[si].paused = 0;
                 w->s[si].linger = 0;
+                w->s[si].in_long = 0;
                 if (w->s[si].fd >= 0) {
                     /* Room for LINGER_MS of a busy worker's output; best effort (the
                      * system's pipe-max-size or the user's pipe quota may refuse). */
@@ -610,7 +640,9 @@ static int spawn_worker(tsp_agent_t *a, worker_t *w, char *err, size_t errlen)
 /* ---- the hang doctor's DUMP (docs/protocol.md 1.9) ---------------------------------- */
 
 /* A marker line on each running worker's stderr, then the dump signal to each that can
- * answer: faulthandler (the bootstrap's) writes its stacks after the marker. A worker
+ * answer: faulthandler (the bootstrap's) writes its stacks after the marker; then the
+ * recorder signal to each that blocks it: the bootstrap's thread writes torch's flight
+ * recorder's last collectives. A worker
  * without the bootstrap's handler gets no signal: its default action would end it. */
 static void dump_workers(tsp_agent_t *a, unsigned request)
 {
@@ -631,8 +663,12 @@ static void dump_workers(tsp_agent_t *a, unsigned request)
                                      tsp_topo_global_rank(&a->o.topo, w->local_rank), a->host,
                                      w->pid, state, what, why);
         (void)deliver_line(a, w, 1, line, len, 0); /* a full queue loses it: "no marker" */
-        if (!why)
-            kill(w->pid, tsp_dump_signal());
+        if (why)
+            continue;
+        kill(w->pid, tsp_dump_signal());
+        /* the bootstrap's flight-recorder thread (or the shim, which forwards it) */
+        if (tsp_dump_recorder_blocked(w->pid) == 1)
+            kill(w->pid, tsp_dump_recorder_signal());
     }
 }
 
@@ -801,6 +837,51 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
     }
 }
 
+/* Reads a worker's pipes until their end (EOF: the worker and whatever inherited them are
+ * gone), the sink pauses them, or ms have passed: a failed worker's last lines are often
+ * still in its pipes when its exit is seen. */
+static void read_to_end(tsp_agent_t *a, worker_t *w, int ms)
+{
+    int64_t until = tsp__now_ms() + ms;
+    for (;;) {
+        struct pollfd p[2];
+        int n = 0, si_of[2];
+        for (int si = 0; si < 2; si++)
+            if (w->s[si].fd >= 0 && !w->s[si].paused) {
+                p[n] = (struct pollfd){.fd = w->s[si].fd, .events = POLLIN};
+                si_of[n++] = si;
+            }
+        int64_t left = until - tsp__now_ms();
+        if (n == 0 || left <= 0 || poll(p, (nfds_t)n, (int)left) <= 0)
+            return;
+        for (int i = 0; i < n; i++)
+            if (p[i].revents)
+                read_stream(a, w, si_of[i]);
+    }
+}
+
+/* The root cause's last lines: its worker's tail, "\n"-separated. */
+static char *root_tail(tsp_agent_t *a, const tsp_failure_t *root)
+{
+    for (int i = 0; i < a->n; i++) {
+        worker_t *w = &a->w[i];
+        if (w->local_rank != root->local_rank)
+            continue;
+        read_to_end(a, w, 100);
+        size_t need =
+            tsp__tail_copy(&w->tail, TSP_REPORT_TAIL_LINES, TSP_REPORT_TAIL_LINES, NULL, 0);
+        char *t = malloc(need + 1);
+        if (t) {
+            tsp__tail_copy(&w->tail, TSP_REPORT_TAIL_LINES, TSP_REPORT_TAIL_LINES, t, need + 1);
+            t[need] = 0;
+            if (need && t[need - 1] == '\n')
+                t[need - 1] = 0;
+        }
+        return t;
+    }
+    return NULL;
+}
+
 /* The run has failed for good: settle the root cause, write the error file and tell the
  * caller, before this node's own teardown (which may take the whole grace period). */
 static void report_root(tsp_agent_t *a)
@@ -810,6 +891,8 @@ static void report_root(tsp_agent_t *a)
     a->reported = 1;
     a->root = tsp__report_root(a->fails, a->nfails);
     tsp_failure_t *root = &a->fails[a->root];
+    if (a->capture && !root->tail)
+        root->tail = root_tail(a, root);
     int rc = tsp__report_document(root, a->host, a->o.topo.node_rank);
     if (rc)
         agent_log(a, "cannot build the failure report: %s", strerror(-rc));
@@ -1066,6 +1149,7 @@ void tsp_agent_close(tsp_agent_t *a)
                 close(a->w[i].s[si].file_fd);
             tsp_lines_close(&a->w[i].s[si].lines);
         }
+        tsp__tail_free(&a->w[i].tail);
     }
     tsp_reports_close(a->reports);
     int fds[] = {a->epfd, a->sigfd, a->timerfd, a->stopfd, a->dumpfd};

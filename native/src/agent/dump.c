@@ -15,6 +15,11 @@ int tsp_dump_signal(void)
     return SIGRTMIN + 8;
 }
 
+int tsp_dump_recorder_signal(void)
+{
+    return SIGRTMIN + 9;
+}
+
 static ssize_t read_proc(pid_t pid, const char *name, char *buf, size_t n)
 {
     char path[64];
@@ -112,6 +117,15 @@ int tsp_dump_handled(pid_t pid)
             return rc;
     }
     return 0;
+}
+
+int tsp_dump_recorder_blocked(pid_t pid)
+{
+    char buf[4096];
+    ssize_t n = read_proc(pid, "status", buf, sizeof buf);
+    if (n < 0)
+        return (int)n;
+    return mask_has(buf, "\nSigBlk:", tsp_dump_recorder_signal());
 }
 
 size_t tsp_dump_marker(char *buf, size_t n, unsigned request, int rank, const char *host, pid_t pid,

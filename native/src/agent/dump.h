@@ -18,6 +18,12 @@ const char *tsp_dump_cannot_answer(char state);
 /* 1 when pid catches, blocks or ignores the dump signal (so sending it cannot kill a
  * process without the bootstrap's handler), 0 when not, -errno when unknown. */
 int tsp_dump_handled(pid_t pid);
+/* SIGRTMIN+9: the signal the bootstrap's flight-recorder thread waits for (sigwait), blocked
+ * in every thread of a bootstrapped worker (and in the shim, which forwards it). */
+int tsp_dump_recorder_signal(void);
+/* 1 when pid blocks the recorder signal (so it waits for it, or forwards it: sending it
+ * cannot kill it), 0 when not, -errno when unknown. */
+int tsp_dump_recorder_blocked(pid_t pid);
 /* The marker line (no newline) into buf, as protocol 1.9 spells it: with rank >= 0 the
  * agent's ("torchspark: stack dump #REQ of rank R (host H, pid P): state S (WHAT)"), with
  * rank < 0 the shim's ("torchspark: stack dump: worker pid P: state S (WHAT)"); then

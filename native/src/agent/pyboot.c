@@ -27,7 +27,11 @@ What BOOT reproduces of `python SCRIPT` (checked side by side in tests/e2e/test_
 Beyond `python SCRIPT`, BOOT registers faulthandler on SIGRTMIN+8 (all threads, to fd 2):
 that signal makes the worker print every thread's Python stack on its stderr and go on
 (the hang doctor's dump, docs/cli.md); it is not a Python-level handler, so
-signal.getsignal() and faulthandler.is_enabled() look as under `python SCRIPT`.
+signal.getsignal() and faulthandler.is_enabled() look as under `python SCRIPT`. It also blocks
+SIGRTMIN+9 (the signal mask, inherited by threads and child processes) and starts one thread
+(_thread, not in threading.enumerate()) that waits for it with sigwait and then writes torch's
+flight recorder's last collectives on fd 2, one "torchspark: flight recorder: ..." line each
+(docs/protocol.md 1.9): that needs the GIL, which a rank blocked in a collective released.
 It imports nothing of torchspark (--python may name an interpreter without it) and contains
 no '$', because every worker argument goes through torchrun's $local_rank substitution. */
 #include "pyboot.h"
@@ -40,7 +44,41 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     " o=getattr(sys,'orig_argv',None)\n"                                                           \
     " if o and '-c' in o:i=o.index('-c');del o[i:i+2]\n"                                           \
     " sp=not getattr(sys.flags,'safe_path',0);fl=ki=st=0\n"                                        \
+    " def fq(C,json):\n"                                                                           \
+    "  E=[];N=0\n"                                                                                 \
+    "  for b,f in('gloo','_dump_fr_trace_json'),('nccl','_dump_nccl_trace_json'):\n"               \
+    "   f=getattr(C,f,None);N+=f is None\n"                                                        \
+    "   try:E+=json.loads(f(backend=b)if b=='gloo'else f()).get('entries')or[]\n"                  \
+    "   except Exception:pass\n"                                                                   \
+    "  if N==2:return['not available (this torch has no flight recorder)']\n"                      \
+    "  G={}\n"                                                                                     \
+    "  for e in sorted(E,key=lambda e:e.get('record_id',0)):\n"                                    \
+    "   G.setdefault(tuple(e.get('process_group')or('?','?')),[]).append(e)\n"                     \
+    "  L=[]\n"                                                                                     \
+    "  for g,v in list(G.items())[:8]:\n"                                                          \
+    "   for e in v[-3:]:\n"                                                                        \
+    "    n=str(e.get('profiling_name','?')).split(':',1)[-1];t=e.get('state')\n"                   \
+    "    c='completed'if e.get('retired')or t=='completed'else'not completed (%s)'%t\n"            \
+    "    q=e.get('p2p_seq_id'if e.get('is_p2p')else'collective_seq_id')\n"                         \
+    "    L.append('pg %s (%s): %s #%s: %s'%(g[0],g[-1],n,q,c))\n"                                  \
+    "  return L or['no collective recorded (TORCH_FR_BUFFER_SIZE=0, or none ran yet)']\n"          \
+    " def fw(Q,R):\n"                                                                              \
+    "  while 1:\n"                                                                                 \
+    "   Q.sigwait([R])\n"                                                                          \
+    "   try:\n"                                                                                    \
+    "    d=sys.modules.get('torch.distributed')\n"                                                 \
+    "    if d and d.is_available()and d.is_initialized():\n"                                       \
+    "     import json;L=fq(sys.modules.get('torch._C._distributed_c10d'),json)\n"                  \
+    "    else:L=['not available (torch.distributed is not initialized)']\n"                        \
+    "   except Exception as e:L=['not available (%r)'%e]\n"                                        \
+    "   L=''.join('torchspark: flight recorder: %s\\n'%x for x in L)\n"                            \
+    "   try:os.write(2,L.encode('utf-8','replace'))\n"                                             \
+    "   except Exception:pass\n"                                                                   \
     " try:import faulthandler as H,signal as Q;H.register(Q.SIGRTMIN+8,all_threads=True)\n"        \
+    " except Exception:pass\n"                                                                     \
+    " try:\n"                                                                                      \
+    "  import _thread;R=Q.SIGRTMIN+9\n"                                                            \
+    "  Q.pthread_sigmask(Q.SIG_BLOCK,[R]);_thread.start_new_thread(fw,(Q,R))\n"                    \
     " except Exception:pass\n"                                                                     \
     " try:\n"                                                                                      \
     "  if m:\n"                                                                                    \

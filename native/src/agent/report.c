@@ -297,6 +297,12 @@ int tsp__report_document(tsp_failure_t *root, const char *host, int node_rank)
             return -ENOMEM;
         free(root->traceback);
         root->traceback = cut;
+        if (root->tail && strlen(root->tail) > 1024) { /* its last lines are the ones to keep */
+            size_t tl = strlen(root->tail), from = tl / 2;
+            while (from < tl && root->tail[from - 1] != '\n')
+                from++;
+            memmove(root->tail, root->tail + from, tl - from + 1);
+        }
         if (root->message && strlen(root->message) > 256)
             root->message[256] = 0; /* (a cut inside UTF-8 becomes U+FFFD in JSON) */
     }
@@ -353,9 +359,11 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
     tsp_json_str(&w, root->has_error_file ? root->error_file : NULL);
     tsp_json_key(&w, "summary");
     tsp_json_str(&w, summary);
-    if (root->tail) { /* finished by a glue (tsp_failure_report) */
+    if (root->tail) { /* the agent's lines, or a glue's (tsp_failure_report) */
         tsp_json_key(&w, "tail");
         tsp_json_str(&w, root->tail);
+    }
+    if (root->finished) {
         tsp_json_key(&w, "agent_exitcode");
         tsp_json_int(&w, root->agent_status);
     }
@@ -705,7 +713,8 @@ static int finish(request_fields_t *q, tsp_failure_t *f, int *node_rank, char **
         f->rank = *node_rank;
         f->local_rank = 0;
     }
-    if (q->tail) { /* the agent's output as the glue kept it */
+    f->finished = 1;
+    if (q->tail && (!f->tail || !*f->tail)) { /* the agent kept none: the glue's copy */
         free(f->tail);
         f->tail = rank_lines(q->tail, f->rank);
     } else if (!f->tail) {

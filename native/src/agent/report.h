@@ -31,8 +31,10 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
     char *message;        /* one line: the worker's error, or what happened to it */
     char *traceback;      /* the worker's whole traceback (capped), or NULL */
     const char *document; /* the failure document (JSON, docs/cli.md) of the root cause */
-    /* What a glue adds when it finishes the document (tsp_failure_report): */
-    char *tail;       /* the failing rank's last lines, one per line; NULL: not finished */
+    /* The failing rank's last lines, one per line (NULL: none kept): the agent's
+     * worker tail (agent.c, report_root), else what a glue adds when it finishes the document: */
+    char *tail;
+    int finished;     /* finished by a glue (tsp_failure_report): agent_status is set */
     int agent_status; /* the agent's exit status as the glue saw it (-N: signal N) */
 } tsp_failure_t;
 
@@ -46,6 +48,10 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
 #define TSP_REPORT_DOCUMENT_MAX (60u << 10)
 /* The lines of the failing rank a message shows (the last ones). */
 #define TSP_REPORT_TAIL_IN_MESSAGE 20
+/* The lines of each worker the agent keeps for its document (the glues' TAIL_LINES), and
+ * their bytes at most. */
+#define TSP_REPORT_TAIL_LINES 100
+#define TSP_REPORT_TAIL_BYTES (8u << 10)
 
 /* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */
 void tsp__report_set_status(tsp_failure_t *f, int wstatus);

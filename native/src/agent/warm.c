@@ -284,8 +284,9 @@ static int wait_ready(shim_t *s, short events, int64_t deadline)
             return 1;
         if (n > 0 && (p[1].revents & POLLIN)) {
             int sig = next_signal(s);
-            if (sig && sig != tsp_dump_signal()) { /* a dump before P: nothing to dump */
-                close_fd(&s->sock);                /* the pool kills whatever it forked for us */
+            if (sig && sig != tsp_dump_signal() &&
+                sig != tsp_dump_recorder_signal()) { /* a dump before P: nothing to dump */
+                close_fd(&s->sock);                  /* the pool kills whatever it forked for us */
                 die_by_signal(sig);
             }
         }
@@ -498,6 +499,15 @@ static void shim_dump(shim_t *s, int32_t pid)
         send_kill(s, tsp_dump_signal());
 }
 
+/* The recorder signal: forwarded as K unless the worker cannot answer (shim_dump said why). */
+static void shim_recorder(shim_t *s, int32_t pid)
+{
+    char state = '?';
+    const char *what = "unknown";
+    if (!tsp_dump_state((pid_t)pid, &state, &what) && !tsp_dump_cannot_answer(state))
+        send_kill(s, tsp_dump_recorder_signal());
+}
+
 /* RUN: forwards signals as K until X; never returns. */
 __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
 {
@@ -530,6 +540,8 @@ __attribute__((noreturn)) static void shim_run(shim_t *s, int32_t pid)
         int sig = (p[1].revents & POLLIN) ? next_signal(s) : 0;
         if (sig == tsp_dump_signal())
             shim_dump(s, pid);
+        else if (sig == tsp_dump_recorder_signal())
+            shim_recorder(s, pid);
         else if (sig)
             send_kill(s, sig);
     }
@@ -567,6 +579,7 @@ void tsp_warm_exec(const char *socket_path, const char *file, char *const argv[]
     for (size_t i = 0; i < sizeof forwarded / sizeof forwarded[0]; i++)
         sigaddset(&set, forwarded[i]);
     sigaddset(&set, tsp_dump_signal());
+    sigaddset(&set, tsp_dump_recorder_signal());
     char why[512];
     if (sigprocmask(SIG_BLOCK, &set, &s.old_mask) < 0)
         fallback(&s, file, argv, "cannot block signals");

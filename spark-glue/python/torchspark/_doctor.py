@@ -26,7 +26,7 @@ ACTIONS = ("report", "cancel")
 # Lines kept per rank by the log server when the doctor is on: a dump of a few threads
 # with deep stacks (faulthandler prints at most 100 frames a thread) fits.
 TAIL_LINES = 2000
-QUIET_S = 0.5  # a dump is complete once its ranks' lines were quiet this long ...
+QUIET_S = 0.5  # a dump is complete once every rank answered and the lines were quiet this long ...
 COLLECT_MAX_S = 5.0  # ... or after this
 TICK_S = 0.1
 
@@ -135,7 +135,7 @@ class HangDoctor:
             got = {r: self._section(r, request) for r in range(self.world)}
             if got != seen:
                 seen, quiet_since = got, now
-            complete = all(seen[r] for r in seen)
+            complete = all(_answered(seen[r]) for r in seen)
             if (complete and now - quiet_since >= QUIET_S) or now >= deadline:
                 break
             time.sleep(TICK_S)
@@ -161,6 +161,17 @@ class HangDoctor:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=COLLECT_MAX_S + 5)
+
+
+def _answered(lines: List[str]) -> bool:
+    """A rank's dump is complete once its marker came and either says it cannot answer or
+    its flight-recorder thread wrote (it always writes at least one line, docs/protocol.md
+    1.9); a thread that cannot get the GIL leaves it to COLLECT_MAX_S."""
+    return bool(lines) and (any(": cannot answer: " in ln for ln in lines[:2]) or any(
+        ln.startswith(_RECORDER) for ln in lines))
+
+
+_RECORDER = "torchspark: flight recorder: "
 
 
 def cancel_message(diag: _hang.Diagnosis, timeout: float, mode: str) -> str:

@@ -15,10 +15,19 @@ driver's ``[rank N]`` prefixes)::
       File "/home/u/train.py", line 57 in train
       File "/home/u/train.py", line 80 in <module>
 
+Where the rank's bootstrap could read torch's flight recorder (docs/protocol.md 1.9),
+the dump also holds its last collectives, after the stacks::
+
+    torchspark: flight recorder: pg 0 (default_pg): all_reduce #1522: completed
+    torchspark: flight recorder: pg 0 (default_pg): all_reduce #1523: not completed (scheduled)
+
 Output: a :class:`Diagnosis` whose ``line`` names the culprit, e.g. ``rank 3 (host h2,
-pid 1234) is in train.py:57 `loss.backward()` (train); ranks 0-2 wait in all_reduce for
-it``. A rank *waits* when its main thread's stack is inside a ``torch.distributed``
-collective or barrier; a rank that cannot answer (stopped, a zombie), sent no stack, or is
+pid 1234) is in train.py:57 `loss.backward()` (train), its last collective all_reduce
+#1522; ranks 0-2 wait in all_reduce #1523 for it`` (without the numbers where no flight
+recorder answered). A rank *waits* when its main thread's stack is inside a
+``torch.distributed`` collective or barrier, or when its flight recorder has a collective
+not completed (NCCL's return at once: the rank then waits in a synchronize); a rank that
+cannot answer (stopped, a zombie), sent no stack, or is
 anywhere else is a *culprit*.
 """
 from __future__ import annotations
@@ -41,6 +50,10 @@ _SHIM = re.compile(r"torchspark: stack dump: worker pid (\d+): state (\S) \(([^)
                    r"(?:: cannot answer: (.*))?$")
 _THREAD = re.compile(r"(Current thread|Thread) (0x[0-9a-fA-F]+)\b.*\(most recent call first\):")
 _FRAME = re.compile(r'\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
+# The bootstrap's flight-recorder thread (docs/protocol.md 1.9): one line per collective,
+# oldest first, or one line saying why there is none.
+_RECORDER = re.compile(r"torchspark: flight recorder: (?:pg (\S+) \((.*)\): (\S+) #(-?\d+): "
+                       r"(completed|not completed.*)|(.*))$")
 
 
 @dataclass
@@ -54,6 +67,19 @@ class Frame:
 
 
 @dataclass
+class Collective:
+    """One entry of torch's flight recorder, as the rank's bootstrap wrote it."""
+
+    pg: str
+    op: str
+    seq: int
+    completed: bool
+
+    def name(self) -> str:
+        return f"{self.op} #{self.seq}"
+
+
+@dataclass
 class RankDump:
     """What one rank sent for one request."""
 
@@ -64,6 +90,17 @@ class RankDump:
     cannot_answer: Optional[str] = None  # why it cannot dump (stopped, zombie)
     threads: List[Tuple[str, List[Frame]]] = field(default_factory=list)  # (header, frames)
     lines: List[str] = field(default_factory=list)  # the dump as it came
+    # torch's flight recorder: its last collectives (per process group, oldest first), or
+    # why it has none (recorder set, collectives empty); both empty when it did not answer
+    collectives: List[Collective] = field(default_factory=list)
+    recorder: Optional[str] = None
+
+    def pending(self) -> Optional[Collective]:
+        """The newest collective the recorder has not seen complete."""
+        return next((c for c in reversed(self.collectives) if not c.completed), None)
+
+    def last_done(self) -> Optional[Collective]:
+        return next((c for c in reversed(self.collectives) if c.completed), None)
 
     @property
     def main(self) -> List[Frame]:
@@ -114,6 +151,14 @@ def parse(rank: int, lines: Iterable[str], request: Optional[int] = None) -> Opt
         if s:  # a warm-pool worker: the shim speaks for the forked process
             d.pid, d.state = int(s.group(1)), f"{s.group(2)} ({s.group(3)})"
             d.cannot_answer = s.group(4) or d.cannot_answer
+            continue
+        fr = _RECORDER.match(ln)
+        if fr:
+            if fr.group(3):
+                d.collectives.append(Collective(fr.group(1), fr.group(3), int(fr.group(4)),
+                                                fr.group(5) == "completed"))
+            else:
+                d.recorder = fr.group(6)
             continue
         t = _THREAD.match(ln)
         if t:
@@ -195,6 +240,33 @@ def _who(d: RankDump) -> str:
     return f"rank {d.rank} (host {d.host}, pid {d.pid})"
 
 
+def _last_collective(d: RankDump) -> str:
+    """', its last collective all_reduce #3' from the culprit's flight recorder, or ''."""
+    p = d.pending()
+    if p is not None:
+        return f", in {p.name()} (not completed)"
+    c = d.last_done()
+    return f", its last collective {c.name()}" if c is not None else ""
+
+
+def _numbered(name: str, ranks: List[int], got: Dict[int, RankDump]) -> str:
+    """The collective ``name`` that ``ranks`` wait in, with the flight recorder's number
+    when theirs tell it: 'all_reduce #1523', 'all_reduce (#7 on ranks 0-1, #8 on rank
+    2)' when they differ, else 'all_reduce'."""
+    if not name.isidentifier():  # a place in the user's code (DDP's backward): kept
+        return name
+    by_seq: Dict[int, List[int]] = {}
+    for r in ranks:
+        p = got[r].pending()
+        if p is None:
+            return name
+        by_seq.setdefault(p.seq, []).append(r)
+    op = got[ranks[0]].pending().op  # type: ignore[union-attr]
+    if len(by_seq) == 1:
+        return f"{op} #{next(iter(by_seq))}"
+    return op + " (" + ", ".join(f"#{q} on {ranges(rs)}" for q, rs in sorted(by_seq.items())) + ")"
+
+
 # ---- the diagnosis -----------------------------------------------------------------------
 
 def diagnose(dumps: Dict[int, Optional[RankDump]], world: Optional[int] = None) -> Diagnosis:
@@ -219,8 +291,13 @@ def diagnose(dumps: Dict[int, Optional[RankDump]], world: Optional[int] = None) 
             nostack.append(d)
         else:
             coll = _collective(d.main[:_prefix_len(d.main)])
+            pending = d.pending()
             if coll is not None:
                 waiting.setdefault(coll, []).append(r)
+            elif pending is not None:
+                # NCCL's collectives (and DDP's, from C++) return before they complete: the
+                # rank waits later (a synchronize, .item()); its flight recorder says in what
+                waiting.setdefault(pending.op, []).append(r)
             else:
                 busy.append(d)
     # No rank in a collective, but most at the same place (DDP waits inside backward):
@@ -236,17 +313,19 @@ def diagnose(dumps: Dict[int, Optional[RankDump]], world: Optional[int] = None) 
             waiting[f"{_where(f)}"] = [d.rank for d in most]
             busy = [d for d in busy if d not in most]
     parts: List[str] = []
+    recorder = any(d.collectives for d in got.values())
     for d in unable:
-        parts.append(f"{_who(d)} is {d.cannot_answer} and cannot answer")
+        parts.append(f"{_who(d)} is {d.cannot_answer} and cannot answer"
+                     + (" (nor can its flight recorder)" if recorder else ""))
     for d in busy:
-        parts.append(f"{_who(d)} is in {_where(_user_frame(d.main))}")
+        parts.append(f"{_who(d)} is in {_where(_user_frame(d.main))}{_last_collective(d)}")
     for d in nostack:
         parts.append(f"{_who(d)} sent no stack (state {d.state}: blocked in the kernel?)")
     if silent:
         parts.append(f"{ranges(silent)} did not answer the dump (no marker came: is its "
                      "agent alive?)")
     culprits = sorted([d.rank for d in unable + busy + nostack] + silent)
-    waits = [f"{ranges(rs)} wait{'s' if len(rs) == 1 else ''} in {name}"
+    waits = [f"{ranges(rs)} wait{'s' if len(rs) == 1 else ''} in {_numbered(name, rs, got)}"
              for name, rs in sorted(waiting.items(), key=lambda kv: min(kv[1]))]
     if culprits:
         line = "; ".join(parts)

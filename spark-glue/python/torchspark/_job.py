@@ -200,7 +200,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
     lost = None
-    if silent(root) and not remote and root.get("node_rank") is not None:
+    if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
     return Outcome(box.get("chunks") if error is None else None, error, root,
                    box.get("root_at"), box.get("ended_at"), lost)

@@ -91,13 +91,16 @@ class AgentResult:
 
 
 class Agent:
-    """One running agent. echo(line) receives every line it prints (stdout and stderr)."""
+    """One running agent. echo(line) receives every line it prints (stdout and stderr),
+    on_stderr(line) those of its stderr only (after echo)."""
 
     def __init__(self, cmd: List[str], env: Dict[str, str],
-                 echo: Optional[Callable[[str], None]] = None) -> None:
+                 echo: Optional[Callable[[str], None]] = None,
+                 on_stderr: Optional[Callable[[str], None]] = None) -> None:
         self.cmd = cmd
         self.env = env
         self.echo = echo
+        self.on_stderr = on_stderr
         self.proc: Optional[subprocess.Popen] = None
         self._tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._tail_lock = threading.Lock()
@@ -113,21 +116,24 @@ class Agent:
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      close_fds=True)
         for stream in (self.proc.stdout, self.proc.stderr):
-            t = threading.Thread(target=self._drain, args=(stream,), daemon=True,
+            hook = self.on_stderr if stream is self.proc.stderr else None
+            t = threading.Thread(target=self._drain, args=(stream, hook), daemon=True,
                                  name="torchspark-agent-output")
             t.start()
             self._readers.append(t)
 
-    def _drain(self, stream: IO[bytes]) -> None:
+    def _drain(self, stream: IO[bytes],
+               hook: Optional[Callable[[str], None]] = None) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
             with self._tail_lock:
                 self._tail.append(line)
-            if self.echo is not None:
-                try:
-                    self.echo(line)
-                except Exception:
-                    pass
+            for fn in (self.echo, hook):
+                if fn is not None:
+                    try:
+                        fn(line)
+                    except Exception:
+                        pass
         stream.close()
 
     def wait(self) -> int:

@@ -24,7 +24,7 @@ import time
 import warnings
 from typing import Any, Dict, List, Mapping, Optional
 
-__all__ = ["report", "SOCKET_ENV"]
+__all__ = ["report", "in_run", "SOCKET_ENV"]
 
 SOCKET_ENV = "TORCHSPARK_REPORT_SOCKET"
 MAX_RECORD = (1 << 20) - 1  # TSP_WIRE_MAX_LINE - 1: one record is one line on the wire
@@ -32,6 +32,8 @@ MAX_RECORD = (1 << 20) - 1  # TSP_WIRE_MAX_LINE - 1: one record is one line on t
 BATCH_S = 0.05  # the most a record waits in the process before it is sent
 MAX_PENDING = 4 << 20  # bytes queued in the process before report() waits
 
+# One encoder for every record: json.dumps(separators=...) builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), check_circular=False)
 _lock = threading.Lock()
 _sender: Optional["_Sender"] = None
 _warned = False
@@ -54,11 +56,13 @@ def _number(key: str, value: Any) -> Any:
                     f"{value!r:.60}; give a number (int, float, or a one-element tensor)")
 
 
-def _record(metrics: Mapping[str, Any], step: Optional[int]) -> bytes:
-    if not isinstance(metrics, Mapping):
+def _record(metrics: Mapping[str, Any], step: Optional[int],
+            params: Optional[Mapping[str, Any]] = None) -> bytes:
+    # type() before isinstance(): the ABCs' checks cost more than the rest of the call.
+    if type(metrics) is not dict and not isinstance(metrics, Mapping):
         raise TypeError("torchspark.report(metrics, step=None): metrics must be a dict of "
                         f"name -> number, not {type(metrics).__name__}")
-    if step is not None:
+    if step is not None and type(step) is not int:
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):
             raise TypeError(f"torchspark.report(): step must be an int or None, not "
                             f"{type(step).__name__} {step!r:.40}")
@@ -70,8 +74,10 @@ def _record(metrics: Mapping[str, Any], step: Optional[int]) -> bytes:
                             f"{type(k).__name__} {k!r:.40}")
         t = type(v)
         clean[k] = v if t is float or t is int else _number(k, v)  # the common case first
-    data = json.dumps({"step": step, "time": time.time(), "metrics": clean},
-                      separators=(",", ":")).encode()
+    doc: Dict[str, Any] = {"step": step, "time": time.time(), "metrics": clean}
+    if params:  # torchspark.mlflow.log_param(s): MLflow params, as strings (protocol 1.8)
+        doc["params"] = {str(k): str(v) for k, v in params.items()}
+    data = _ENCODER.encode(doc).encode()
     if len(data) > MAX_RECORD:
         raise ValueError(f"torchspark.report(): the record is {len(data)} bytes, over the "
                          f"channel's {MAX_RECORD}-byte line cap; report fewer metrics per call")
@@ -174,14 +180,22 @@ def report(metrics: Mapping[str, Any], step: Optional[int] = None) -> None:
     any rank, in function and script mode, from any thread. Outside a torchspark run it
     does nothing (one warning), so the same script runs under torchrun.
     """
+    _send(_record(metrics, step))  # bad input is refused everywhere, in or out of a run
+
+
+def in_run() -> bool:
+    """Whether this process runs inside a torchspark run (its agent's report socket)."""
+    return bool(os.environ.get(SOCKET_ENV))
+
+
+def _send(data: bytes) -> None:
     global _sender, _warned
     path = os.environ.get(SOCKET_ENV)
-    data = _record(metrics, step)  # bad input is refused everywhere, in or out of a run
     if not path:
         if not _warned:
             _warned = True
             warnings.warn("torchspark.report() outside a torchspark run does nothing "
-                          f"({SOCKET_ENV} is not set)", RuntimeWarning, stacklevel=2)
+                          f"({SOCKET_ENV} is not set)", RuntimeWarning, stacklevel=3)
         return
     sender = _sender
     if sender is None or sender.pid != os.getpid():  # a forked child sends on its own

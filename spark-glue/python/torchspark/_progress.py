@@ -26,14 +26,16 @@ WAIT_MS = 20  # one pull's wait: stop() is seen within it
 
 class Report(NamedTuple):
     """One ``torchspark.report()`` call: the reporting rank, its step (None when not
-    given), the worker's wall time of the call (``time.time()``), the metrics, and the
-    driver's wall time when the report arrived."""
+    given), the worker's wall time of the call (``time.time()``), the metrics, the
+    driver's wall time when the report arrived, and the MLflow params a rank logged
+    through ``torchspark.mlflow`` (None when the record has none)."""
 
     rank: int
     step: Optional[int]
     time: float
     metrics: Dict[str, Any]
     received: float
+    params: Optional[Dict[str, str]] = None
 
 
 def _fmt(v: Any) -> str:
@@ -59,6 +61,7 @@ class ReportHub:
         self._tty = False
         self._warned: set = set()
         self.last_activity = 0.0  # time.monotonic() of the last report (the hang doctor)
+        self._spilled: List[Any] = []  # records back with the result (_report_rows.py)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-reports")
@@ -91,14 +94,18 @@ class ReportHub:
             try:
                 doc = json.loads(data)
                 step = doc.get("step")
+                params = doc.get("params")
                 rep = Report(ln.rank, None if step is None else int(step), float(doc["time"]),
-                             dict(doc["metrics"]), now)
+                             dict(doc["metrics"]), now,
+                             None if params is None else {str(k): str(v)
+                                                          for k, v in params.items()})
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 self._warn("bad", f"torchspark: WARNING: a report of rank {ln.rank} is not "
                                   f"a torchspark report record ({e}); skipped: {data[:80]!r}")
                 continue
             self.reports.append(rep)
-            self._latest[ln.rank] = rep
+            if rep.metrics:  # a params-only record leaves the progress line as it is
+                self._latest[ln.rank] = rep
             if self.on_report is not None:
                 try:
                     self.on_report(rep)
@@ -111,6 +118,27 @@ class ReportHub:
                 except Exception as e:
                     self._warn(id(sink), f"torchspark: WARNING: {type(sink).__name__} could "
                                          f"not log a report: {e!r} (not shown again)")
+
+    def add(self, records: List[Any]) -> None:
+        """Records the agents could not send over the channel, back with the job's result
+        (_report_rows.py): taken by :meth:`stop`, after what the channel delivered."""
+        self._spilled.extend(records)
+
+    def _take_spilled(self) -> None:
+        # A record is one report() call: its rank, time and step name it. One that reached
+        # the driver before its agent lost the channel is not taken twice.
+        seen = {(r.rank, r.time, r.step) for r in self.reports}
+        fresh = []
+        for rec in self._spilled:
+            try:
+                doc = json.loads(rec.data)
+                key = (rec.rank, float(doc["time"]), doc.get("step"))
+            except (ValueError, KeyError, TypeError, AttributeError):
+                key = None  # _take says what is wrong with it
+            if key not in seen:
+                fresh.append(rec)
+        self._spilled = []
+        self._take(fresh)
 
     def _warn(self, key: Any, text: str) -> None:
         if key in self._warned:
@@ -135,7 +163,14 @@ class ReportHub:
                 f"{len(self._latest)} rank(s) reporting, {len(self.reports)} report(s)")
 
     def _show(self, final: bool) -> None:
-        if not self.progress or len(self.reports) == self._shown_count:
+        if not self.progress:
+            return
+        if len(self.reports) == self._shown_count:
+            if final and self._tty and _LogPump.status_shown:
+                with _LogPump._print_lock:  # the line in place is the last: end it
+                    sys.stderr.write("\n")
+                    sys.stderr.flush()
+                    _LogPump.status_shown = False
             return
         now = time.monotonic()
         stream = sys.stderr
@@ -165,6 +200,8 @@ class ReportHub:
         the last progress line, and returns the history."""
         self._stop.set()
         self._thread.join(timeout=10)
+        if self._spilled:
+            self._take_spilled()
         for sink in self.sinks:
             try:
                 sink.close()

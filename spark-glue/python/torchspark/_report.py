@@ -68,7 +68,11 @@ class Failure:
         """The agent's document (None: it left none; status is then the agent's Popen
         returncode) finished by the C core with what this side knows: the agent's output
         ``tail`` (the failing rank's lines are kept), and, with ``mode``, the message
-        showing ``shown_tail`` (the driver's lines of that rank) or the document's."""
+        showing ``shown_tail`` (the driver's lines of that rank) or the document's.
+        A document with the agent's own lines of the rank keeps them: ``tail`` is then
+        not sent (docs/protocol.md section 8)."""
+        if tail is not None and ((document or {}).get("torchspark") or {}).get("tail"):
+            tail = None
         request: Dict[str, Any] = {
             "document": document, "status": status, "node_rank": node_rank, "host": host,
             "nproc_per_node": nproc_per_node,

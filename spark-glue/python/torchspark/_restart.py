@@ -190,7 +190,7 @@ def next_nodes(spark: Any, need: int, least: int, timeout_s: float, remote: bool
 def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
-        times: Optional[Dict[str, Optional[float]]] = None) -> Any:
+        times: Optional[Dict[str, Any]] = None) -> Any:
     """Calls run_once(attempt, cause, nodes) until it returns or limit restarts are used up.
     record, when given, gets one dict per attempt (distributor.attempts); times is where
     run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)."""

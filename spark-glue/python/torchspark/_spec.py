@@ -70,6 +70,8 @@ class _NodeSpecRequired(TypedDict):
 
 
 class NodeSpec(_NodeSpecRequired, total=False):
-    """The whole contract: the keys above always, dataframe under train_on_dataframe."""
+    """The whole contract: the keys above always, dataframe under train_on_dataframe,
+    report_rows when the job has a log channel."""
 
     dataframe: DataFrameSpec
+    report_rows: str  # the run's tag of report rows, hex (_report_rows.py); absent: none

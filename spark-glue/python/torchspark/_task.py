@@ -15,9 +15,10 @@ import shutil
 import socket
 import sys
 import tempfile
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from torchspark import _elect, _launch, _partition, _rendezvous, _report, _warm
+from torchspark import (_elect, _launch, _partition, _rendezvous, _report, _report_rows,
+                        _warm)
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 from torchspark._spec import NodeSpec
 
@@ -123,8 +124,11 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         if ifname:
             for var in IFNAME_VARS:
                 env.setdefault(var, ifname)
+        # Reports the channel could not deliver come back as rows (_report_rows.py).
+        tag = spec.get("report_rows")
+        spill = _report_rows.Spill(tag, workdir) if tag else None
         out_file = _run_agent(spec, timing.env(env), workdir, node_rank, nnodes, nproc,
-                              record, gpus)
+                              record, gpus, spill)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -135,6 +139,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
                     if not chunk:
                         break
                     yield chunk
+        if spill is not None:
+            yield from spill.rows()
     finally:
         if reservation is not None:
             reservation.release()
@@ -223,11 +229,31 @@ def node_failure(res: "_launch.AgentResult", node_rank: int, nproc: int) -> _rep
                                          nproc_per_node=nproc, tail=res.tail)
 
 
+class NodeFailed(RuntimeError):
+    """A node's agent failed: the message carries its finished document (the task's
+    carrier, docs/protocol.md section 3); ``failure`` and ``result`` for local mode."""
+
+    def __init__(self, message: str, failure: _report.Failure,
+                 result: "_launch.AgentResult") -> None:
+        super().__init__(message)
+        self.failure, self.result = failure, result
+
+
+def _echo(line: str) -> None:
+    # The executor's own log keeps every line, with or without the channel.
+    sys.stderr.write(line + "\n")
+
+
 def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
-               nnodes: int, nproc: int, record: "_elect.Record",
-               gpus: Optional[List[str]] = None) -> Optional[str]:
+               nnodes: int, nproc: int, record: Optional["_elect.Record"],
+               gpus: Optional[List[str]] = None,
+               spill: Optional[_report_rows.Spill] = None,
+               echo: Optional[Callable[[str], None]] = _echo,
+               warm_anchor: Optional[int] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile); returns
-    the result file to send through collect(), or None; raises with a failure report."""
+    the result file to send through collect(), or None; raises NodeFailed with a failure
+    report. record None: local mode, the one node of a standalone run (no election, no
+    rendezvous, no staging), its warm pool anchored at warm_anchor (the driver)."""
     program, error_file, out_file = node_program(
         workdir, spec["fn_bytes"],
         None if spec["script"] is None else [spec["script"], *spec["script_args"]])
@@ -238,27 +264,25 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
                 and node_rank == 0)
     warm = None
     if spec["warm_idle_s"] and spec["fn_bytes"] is not None:
-        warm = warm_pool(env, nproc if gpus is None else max(1, len(gpus)),
-                         _warm.executor_anchor(), spec["warm_idle_s"])
+        warm = warm_pool(env, nproc if record is None or gpus is None else max(1, len(gpus)),
+                         _warm.executor_anchor() if warm_anchor is None else warm_anchor,
+                         spec["warm_idle_s"])
     cmd = _launch.agent_command(
-        standalone=False, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
-        master_addr=record.master_addr, master_port=record.master_port,
-        run_id=record.run_id, error_file=error_file, log_endpoint=endpoint,
+        standalone=record is None, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
+        master_addr=record.master_addr if record else None,
+        master_port=record.master_port if record else None,
+        run_id=record.run_id if record else None, error_file=error_file, log_endpoint=endpoint,
         output_file=out_file if ship else None, program=program,
         gpus=None if gpus is None else ",".join(gpus),
         nccl_check=spec["nccl_check"] if gpus is not None else 0,
-        nccl_port=record.nccl_port, warm_socket=warm)
-
-    def echo(line: str) -> None:
-        # The executor's own log keeps every line, with or without the channel.
-        sys.stderr.write(line + "\n")
-
-    res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+        nccl_port=record.nccl_port if record else 0, warm_socket=warm)
+    res = _launch.Agent(cmd, env, echo=echo,
+                        on_stderr=spill.stderr_line if spill else None).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
         failure = node_failure(res, node_rank, nproc)
-        raise RuntimeError(f"torchspark node {node_rank} on host {host}: the agent exited "
-                           f"with status {res.returncode}\n{failure.encode()}\n")
+        raise NodeFailed(f"torchspark node {node_rank} on host {host}: the agent exited "
+                         f"with status {res.returncode}\n{failure.encode()}\n", failure, res)
     return result_file(ship, out_file, node_rank == 0 and spec["fn_bytes"] is not None)
 
 

@@ -502,9 +502,10 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
                     except OSError:
                         msg = b""
                 if len(msg) == REPLY.size and msg[:1] == b"K":
-                    if w.status is None:
+                    sig = REPLY.unpack(msg)[1]
+                    if w.status is None and _can_take(w.pid, sig):
                         try:
-                            os.killpg(w.pid, REPLY.unpack(msg)[1])
+                            os.killpg(w.pid, sig)
                         except OSError:
                             pass
                     continue
@@ -520,6 +521,21 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
             last_busy = time.monotonic()
         _reap(workers, sel)
     _shutdown(listener, sock_path, sock_ino, workers)
+
+
+def _can_take(pid: int, sig: int) -> bool:
+    """False for the flight-recorder signal (SIGRTMIN+9, docs/protocol.md 1.9) to a worker
+    that does not block it yet (its bootstrap has not run): its default action would end
+    it. Every other signal: True."""
+    import signal
+    if sig != signal.SIGRTMIN + 9:
+        return True
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            blk = next(ln for ln in f if ln.startswith("SigBlk:"))
+        return bool(int(blk.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, StopIteration, ValueError):
+        return False
 
 
 def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[str, str],

@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _doctor, _job, _launch, _native, _rendezvous, _report,
+from torchspark import (_boot, _doctor, _job, _native, _rendezvous, _report,
                         _restart, _ship, _task, _timing, _warm)
-from torchspark import _progress
+from torchspark import _progress, _report_rows
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
@@ -138,7 +138,7 @@ class TorchDistributor:
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
-        self._failure_times: Dict[str, Optional[float]] = {}  # the last job's (_job.Outcome)
+        self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
         _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
 
     def _create_input_params(self) -> Dict[str, Any]:
@@ -370,46 +370,36 @@ class TorchDistributor:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         server = pump = hub = doctor = None
         try:
-            # The node's steps of a barrier task (_task.py), for the one node of this run.
-            program, error_file, out_file = _task.node_program(
-                workdir, fn_bytes, None if fn_bytes is not None else
-                [str(train_object), *script_args])
             server = self._start_log_server("127.0.0.1")
-            endpoint = None
             if server is not None:
                 pump = _LogPump(server)
                 hub = _progress.start(self, server)
                 doctor = self._start_doctor(server, pump, hub)
-                endpoint = server.endpoint
-                env["TORCHSPARK_LOG_SECRET"] = server.secret_hex
-            idle_s = self._warm_idle_s() if fn_bytes is not None else 0
-            warm = _task.warm_pool(env, self.num_processes, os.getpid(),
-                                   idle_s) if idle_s else None
-            cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0,
-                                        nproc_per_node=self.num_processes,
-                                        error_file=error_file, log_endpoint=endpoint,
-                                        program=program, gpus=gpus,
-                                        nccl_check=self._nccl_check_timeout(1) if gpus else 0,
-                                        warm_socket=warm)
-            echo = None if server is not None else _echo_stderr
+            # One node of a barrier task's steps (_task._run_agent), standalone: no election,
+            # rendezvous or staging; rank 0's result read from its file here.
+            spec = self._local_spec(train_object, fn_bytes, script_args, server)
             self.logger.info(f"Started local training with {self.num_processes} processes")
             self._clock.mark("agents_started")
             env.update(self._clock.env())
-            res = _launch.Agent(cmd, env, echo=echo).run(error_file)
+            try:
+                out_file = _task._run_agent(
+                    spec, env, workdir, 0, 1, self.num_processes, None,
+                    gpus.split(",") if gpus else None,
+                    echo=None if server is not None else _echo_stderr, warm_anchor=os.getpid())
+            except _task.NodeFailed as e:
+                if pump is not None:
+                    pump.stop()
+                    pump = None
+                hang = self._hang_error(doctor, "local")
+                if hang is not None:
+                    raise hang from None
+                raise e.failure.error("local", self._tail_from_server(
+                    server, e.failure.fields)) from None
             if pump is not None:
                 pump.stop()
                 pump = None
-            if res.returncode != 0:
-                hang = self._hang_error(doctor, "local")
-                if hang is not None:
-                    raise hang
-                failure = _task.node_failure(res, 0, self.num_processes)
-                raise failure.error("local", self._tail_from_server(server, failure.fields))
             output = None
-            if fn_bytes is not None:
-                if not os.path.exists(out_file):
-                    raise RuntimeError("TorchDistributor failed during training."
-                                       "View stdout logs for detailed error message.")
+            if out_file is not None:
                 try:
                     with open(out_file, "rb") as f:
                         output = cloudpickle.load(f)
@@ -431,6 +421,23 @@ class TorchDistributor:
             if hub is not None:
                 hub.stop()
             shutil.rmtree(workdir, ignore_errors=True)
+
+    def _local_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
+                    script_args: List[str], server: Any) -> NodeSpec:
+        """The node spec of local mode's one node: the keys _task._run_agent reads (the
+        channel, the NCCL check, the warm pool); no ship, rendezvous or staging."""
+        return {
+            "version": _version(), "ship": None, "use_gpu": self.use_gpu,
+            "gpus_per_task": self.num_processes, "local_master": True, "driver_gpus": [],
+            "driver_host": "127.0.0.1", "fn_bytes": fn_bytes,
+            "script": None if fn_bytes is not None else str(train_object),
+            "script_file": None, "driver_cwd": os.getcwd(), "script_args": script_args,
+            "log_endpoint": server.endpoint if server is not None else None,
+            "log_secret_hex": server.secret_hex if server is not None else None,
+            "result_via_channel": False, "nccl_check": self._nccl_check_timeout(1),
+            "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
+            "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
+        }
 
     # Per attempt of a run with restarts (torchspark/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
@@ -556,6 +563,8 @@ class TorchDistributor:
             self._clock.mark("job_submitted")
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
+            if hub is not None:  # reports spilled by agents come back as rows
+                spec["report_rows"] = _report_rows.new_tag()
             # Restarts left: the next attempt starts at once on the root cause, without
             # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
             last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
@@ -575,7 +584,9 @@ class TorchDistributor:
                 if hang is not None:
                     raise hang from out.spark_error
                 raise self._distributed_failure(out, server, nproc) from out.spark_error
-            chunks = out.chunks or []
+            chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
+            if hub is not None:
+                hub.add(spilled)
             if pump is not None:
                 pump.stop()
                 pump = None
@@ -584,7 +595,8 @@ class TorchDistributor:
                 self.logger.warning(
                     f"The executors could not reach torchspark's log server at "
                     f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
-                    "logs and rank 0's result came back as collected rows (bounded by "
+                    "logs, and rank 0's result and the workers' reports came back as collected "
+                    "rows (bounded by "
                     "spark.driver.maxResultSize). "
                     + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
                        "the executors can reach." if self.is_remote else

@@ -47,7 +47,9 @@ final class Failure {
         req.put("node_rank", nodeRank);
         req.put("host", host);
         req.put("nproc_per_node", nproc);
-        req.put("tail", tail == null ? null : String.join("\n", tail));
+        // A document with the agent's own lines of the rank keeps them (docs/protocol.md 8).
+        boolean agentLines = document != null && !document.path("torchspark").path("tail").asText("").isEmpty();
+        req.put("tail", tail == null || agentLines ? null : String.join("\n", tail));
         return call(req);
     }
 

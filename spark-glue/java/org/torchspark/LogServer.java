@@ -238,6 +238,22 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /**
+     * Asks every agent for its workers' Python stacks and flight recorders (the hang
+     * doctor's DUMP, docs/protocol.md 1.9); they come back as each rank's lines after a
+     * marker naming the request. Returns the request's number (1, 2, ...), or -1 once the
+     * server has ended.
+     */
+    public int dumpAll() {
+        long h = acquire();
+        try {
+            int n = Native.logServerDumpAll(h);
+            return n > 0 ? n : -1;
+        } finally {
+            release();
+        }
+    }
+
     /** Accepts one output transfer into path (created 0600), or into memory when null. */
     public void expectOutput(String path) {
         long h = acquire();

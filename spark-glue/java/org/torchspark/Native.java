@@ -85,6 +85,10 @@ final class Native {
 
     static native int logServerStopAll(long h, String text);
 
+    /** The hang doctor's DUMP to every agent (docs/protocol.md 1.9): the request's number
+     *  (1, 2, ...), or -EPIPE once the server ended. */
+    static native int logServerDumpAll(long h);
+
     static native int logServerExpectOutput(long h, String path);
 
     static native int logServerOutputWait(long h, int timeoutMs);

@@ -78,6 +78,10 @@ public final class TorchSparkRunner {
     // TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
     private Map<String, String> attemptEnv = Map.of();
     private String linePrefix;
+    // The hang doctor (HangDoctor.java): null where the conf decides.
+    private String hangTimeout;
+    private String hangAction;
+    private volatile List<String> hangReports = Collections.emptyList();
 
     private TorchSparkRunner(Kind kind, String target, String[] args) {
         if (target == null || target.isEmpty()) {
@@ -161,6 +165,83 @@ public final class TorchSparkRunner {
     public TorchSparkRunner logToStderr(boolean on) {
         logToStderr = on;
         return this;
+    }
+
+    /**
+     * The hang doctor: when no rank has printed a line or reported for this long (Spark's
+     * duration syntax, such as 30s or 30min; a number alone is seconds), the driver asks
+     * every agent for its workers' Python stacks and flight recorders and prints one line
+     * naming the stuck rank (docs/jvm.md). Off by default; overrides
+     * spark.torchspark.hangTimeout.
+     */
+    public TorchSparkRunner hangTimeout(String duration) {
+        HangDoctor.durationS(duration, "hangTimeout");
+        hangTimeout = duration;
+        return this;
+    }
+
+    /** "report" (the default: name the stuck rank and go on waiting) or "cancel" (name it and
+     *  stop the run: run() throws the line and every rank's stacks); overrides
+     *  spark.torchspark.hangAction. */
+    public TorchSparkRunner hangAction(String action) {
+        hangAction = HangDoctor.action(action, "hangAction");
+        return this;
+    }
+
+    /** The hang doctor's lines of the last run, one per diagnosis. */
+    public List<String> hangReports() {
+        return hangReports;
+    }
+
+    /** The doctor's settings from this runner's values, else the conf (which may be null in
+     *  local mode). */
+    static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
+        String t = timeout;
+        String key = "hangTimeout";
+        if (t == null && conf != null) {
+            t = conf.get(HangDoctor.TIMEOUT_CONF, "");
+            key = HangDoctor.TIMEOUT_CONF;
+        }
+        double s = t == null || t.isBlank() ? 0 : HangDoctor.durationS(t, key);
+        String a = action;
+        if (a == null) {
+            a = HangDoctor.action(conf == null ? "report" : conf.get(HangDoctor.ACTION_CONF, "report"),
+                    HangDoctor.ACTION_CONF);
+        }
+        return new HangDoctor.Settings(s, a);
+    }
+
+    /** The doctor of a run, started, or null when it is off. */
+    private HangDoctor startDoctor(LogServer server, Pump pump, HangDoctor.Settings hang, int world) {
+        if (hang.timeoutS() <= 0) {
+            return null;
+        }
+        HangDoctor d = new HangDoctor(server, pump::lastActivity, hang.timeoutS(), hang.action(), world,
+                System.err::println);
+        d.start();
+        return d;
+    }
+
+    /** Ends the doctor (before the server closes) and keeps its lines; the exception of a
+     *  run it cancelled, or null. */
+    private TorchSparkException endDoctor(HangDoctor d, HangDoctor.Settings hang, String mode, Throwable cause) {
+        if (d == null) {
+            return null;
+        }
+        d.finish();
+        List<String> lines = new ArrayList<>();
+        for (HangDoctor.Diagnosis x : d.diagnoses()) {
+            lines.add(x.line);
+        }
+        hangReports = Collections.unmodifiableList(lines);
+        HangDoctor.Diagnosis c = d.cancelled();
+        if (c == null) {
+            return null;
+        }
+        Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
+        HangDoctor.RankDump dump = rank == null ? null : c.dumps.get(rank);
+        return new TorchSparkException(HangDoctor.cancelMessage(c, hang.timeoutS(), mode), rank, null,
+                dump == null ? null : dump.host, null, 0, List.of(c.stacksText().split("\n")), null, cause);
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
@@ -382,6 +463,7 @@ public final class TorchSparkRunner {
         private final ReportPump reportPump;
         private final TorchSparkRunner owner;
         private final String prefix;
+        private volatile long lastLine; // System.nanoTime() of the last line, 0 before the first
 
         Pump(LogServer server, boolean toStderr, TorchSparkRunner owner) {
             super("torchspark-log-pump");
@@ -414,6 +496,9 @@ public final class TorchSparkRunner {
                     return;
                 }
                 Metrics.LINES.addAndGet(lines.size());
+                if (!lines.isEmpty()) {
+                    lastLine = System.nanoTime() | 1;
+                }
                 for (String ln : lines) {
                     if (stderr) {
                         err.println(ln);
@@ -422,6 +507,13 @@ public final class TorchSparkRunner {
                     }
                 }
             }
+        }
+
+        /** When a rank last printed or reported (System.nanoTime()), 0 before the first. */
+        long lastActivity() {
+            long a = lastLine;
+            long b = reportPump.lastActivity();
+            return a == 0 ? b : b == 0 ? a : a - b > 0 ? a : b;
         }
 
         /** Drains what is queued (the server was shut down first), then ends. */
@@ -477,15 +569,18 @@ public final class TorchSparkRunner {
         if (wantOutput) {
             penv.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
         }
+        HangDoctor.Settings hang = hangSettings(hangTimeout, hangAction, sc == null ? null : sc.conf());
         Metrics.RUNS.incrementAndGet();
         Metrics.AGENTS.incrementAndGet();
-        try (LogServer server = new LogServer("127.0.0.1", 0)) {
+        try (LogServer server = new LogServer("127.0.0.1", 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0)) {
             penv.put("TORCHSPARK_LOG_SECRET", server.secretHex());
             if (wantOutput) {
                 server.expectOutput(outputPath != null ? outputPath.toString() : null);
             }
             Pump pump = new Pump(server, logToStderr, this);
             pump.start();
+            HangDoctor doctor = startDoctor(server, pump, hang, nproc);
+            TorchSparkException hung = null;
             List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
                     null, 0, 0, null, py, errorFile.toString(), server.endpoint("127.0.0.1"),
                     wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, gpus, ncclCheck, prog);
@@ -502,8 +597,13 @@ public final class TorchSparkRunner {
                 Thread.currentThread().interrupt();
                 throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
             } finally {
+                hung = endDoctor(doctor, hang, "local", null);
                 server.shutdown(rcDrain(agent));
                 pump.finish();
+            }
+            if (hung != null) {
+                Metrics.FAILURES.incrementAndGet();
+                throw hung;
             }
             if (rc != 0) {
                 Metrics.FAILURES.incrementAndGet();
@@ -661,7 +761,8 @@ public final class TorchSparkRunner {
         spec.wantOutput = wantOutput;
         boolean ok = false;
         Rendezvous rdv = null;
-        try (LogServer server = new LogServer(bind, 0)) {
+        HangDoctor.Settings hang = hangSettings(hangTimeout, hangAction, sc.conf());
+        try (LogServer server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0)) {
             spec.endpoint = server.endpoint(driverHost.isEmpty() ? null : driverHost);
             if (useRendezvous) {
                 // Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
@@ -679,6 +780,7 @@ public final class TorchSparkRunner {
             }
             Pump pump = new Pump(server, logToStderr, this);
             pump.start();
+            HangDoctor doctor = startDoctor(server, pump, hang, numProcesses);
             String tag = "torchspark-" + UUID.randomUUID();
             CountDownLatch done = new CountDownLatch(1);
             AtomicReference<List<byte[]>> chunks = new AtomicReference<>();
@@ -725,6 +827,7 @@ public final class TorchSparkRunner {
                     }
                 }
             } catch (InterruptedException e) {
+                endDoctor(doctor, hang, "distributed", null);
                 server.stopAll("the driver was interrupted");
                 sc.cancelJobsWithTag(tag);
                 Thread.currentThread().interrupt();
@@ -733,6 +836,14 @@ public final class TorchSparkRunner {
                 Metrics.AGENTS.addAndGet(-ntasks);
             }
             Throwable err = error.get();
+            TorchSparkException hung = endDoctor(doctor, hang, "distributed", err);
+            if (hung != null) {
+                server.stopAll("the hang doctor cancelled the run");
+                server.shutdown(1000);
+                pump.finish();
+                Metrics.FAILURES.incrementAndGet();
+                throw hung;
+            }
             if (err != null || root != null) {
                 if (root == null) {
                     root = server.failure(server.lostPending() > 0 ? 2000 : 0);

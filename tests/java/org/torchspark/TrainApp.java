@@ -261,11 +261,31 @@ public final class TrainApp {
                     + " lines=" + e.lastLines());
             System.out.println("MESSAGE: " + e.getMessage().replace('\n', '|'));
         }
+        hang(spark, python, script, mark);
         long deadline = System.nanoTime() + 10_000_000_000L;
         while (!marked(mark).isEmpty() && System.nanoTime() < deadline) {
             sleep(100);
         }
         System.out.println("LEFT: " + marked(mark).size());
+    }
+
+    /** The hang doctor (HangDoctor.java): tests/e2e/agent_scripts/hang_worker.py, rank 1
+     *  asleep before the second all_reduce; hangTimeout 3s, cancel. */
+    private static void hang(SparkSession spark, String python, String script, String mark) {
+        String worker = Paths.get(script).toAbsolutePath().getParent().getParent().getParent().getParent()
+                .resolve("tests/e2e/agent_scripts/hang_worker.py").toString();
+        TorchSparkRunner r = TorchSparkRunner.script(worker, "sleep", "1").numProcesses(2).python(python)
+                .env("TSP_E2E_MARK", mark).hangTimeout("3s").hangAction("cancel");
+        long t0 = System.nanoTime();
+        try {
+            r.run(spark);
+            System.out.println("HANG: not cancelled");
+        } catch (TorchSparkException e) {
+            System.out.println("HANG_MS: " + (System.nanoTime() - t0) / 1_000_000);
+            System.out.println("HANG: rank=" + e.rank() + " host=" + e.host());
+            System.out.println("HANG_LINES: " + String.join("|", r.hangReports()));
+            System.out.println("HANG_MESSAGE: " + e.getMessage().replace('\n', '|'));
+        }
     }
 
     private static void cancel(SparkSession spark, String python, String script) {

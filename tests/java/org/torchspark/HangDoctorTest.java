@@ -1,0 +1,128 @@
+package org.torchspark;
+
+import static org.junit.Assert.assertEquals;
+import static org.junit.Assert.assertNull;
+import static org.junit.Assert.assertTrue;
+import static org.junit.Assert.fail;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+import org.apache.spark.SparkConf;
+import org.junit.Test;
+
+/** The JVM runner's hang doctor (HangDoctor.java): its settings and their messages (the
+ *  PySpark glue's words), and its analysis of a recorded dump (tests/e2e/hang_dumps: real
+ *  faulthandler output of 4 gloo ranks) with the flight recorder's lines as the bootstrap
+ *  writes them; the same cases as tests/e2e/test_hang_analysis.py. */
+public class HangDoctorTest {
+    private static String refused(Runnable r) {
+        try {
+            r.run();
+        } catch (IllegalArgumentException e) {
+            return e.getMessage();
+        }
+        fail("not refused");
+        return null;
+    }
+
+    @Test
+    public void settingsTakeSparksDurationSyntaxAndRefuseBadValuesByName() {
+        assertEquals(1800.0, HangDoctor.durationS("30min", "k"), 0);
+        assertEquals(5.0, HangDoctor.durationS(" 5s ", "k"), 0);
+        assertEquals(7.0, HangDoctor.durationS("7", "k"), 0);
+        assertEquals(0.5, HangDoctor.durationS("500ms", "k"), 0);
+        assertEquals(3600.0, HangDoctor.durationS("1h", "k"), 0);
+        assertTrue(refused(() -> HangDoctor.durationS("5 minutes", HangDoctor.TIMEOUT_CONF)).startsWith(
+                "spark.torchspark.hangTimeout is '5 minutes': give a duration as Spark takes it, such as 30s"));
+        assertTrue(refused(() -> HangDoctor.durationS("0s", "hangTimeout")).startsWith(
+                "hangTimeout is '0s': give a positive duration such as 30min, or leave it unset"));
+        assertTrue(refused(() -> HangDoctor.durationS("1.5s", "k")).contains("a whole number"));
+        assertTrue(refused(() -> TorchSparkRunner.script("t.py").hangAction("kill")).startsWith(
+                "hangAction is 'kill': give 'report' (name the stuck rank and go on waiting) or 'cancel'"));
+        refused(() -> TorchSparkRunner.script("t.py").hangTimeout("soon"));
+        // The runner's values win over the conf's; the conf decides otherwise; off by default.
+        SparkConf conf = new SparkConf(false);
+        assertEquals(new HangDoctor.Settings(0, "report"), TorchSparkRunner.hangSettings(null, null, conf));
+        assertEquals(new HangDoctor.Settings(0, "report"), TorchSparkRunner.hangSettings(null, null, null));
+        conf.set(HangDoctor.TIMEOUT_CONF, "2min").set(HangDoctor.ACTION_CONF, "Cancel");
+        assertEquals(new HangDoctor.Settings(120, "cancel"), TorchSparkRunner.hangSettings(null, null, conf));
+        assertEquals(new HangDoctor.Settings(3, "report"), TorchSparkRunner.hangSettings("3s", "report", conf));
+        conf.set(HangDoctor.ACTION_CONF, "later");
+        assertTrue(refused(() -> TorchSparkRunner.hangSettings("3s", null, conf)).startsWith(
+                "spark.torchspark.hangAction is 'later': give 'report'"));
+    }
+
+    private static Map<Integer, List<String>> load(String name) throws IOException {
+        Map<Integer, List<String>> byRank = new TreeMap<>();
+        Pattern p = Pattern.compile("\\[rank (\\d+)\\] (?:\\[stderr\\] )?(.*)$");
+        for (String ln : Files.readAllLines(TestEnv.root().resolve("tests/e2e/hang_dumps/" + name))) {
+            Matcher m = p.matcher(ln);
+            assertTrue(ln, m.matches());
+            byRank.computeIfAbsent(Integer.parseInt(m.group(1)), k -> new ArrayList<>()).add(m.group(2));
+        }
+        return byRank;
+    }
+
+    /** Collectives #1..done completed on every rank, then #pending not completed on those
+     *  named (tests/e2e/test_hang_analysis.py's _recorded). */
+    private static HangDoctor.Diagnosis diagnose(Map<Integer, List<String>> byRank, long done, long pending,
+            int... waiting) {
+        Map<Integer, HangDoctor.RankDump> dumps = new TreeMap<>();
+        for (Map.Entry<Integer, List<String>> e : byRank.entrySet()) {
+            List<String> lines = new ArrayList<>(e.getValue());
+            for (long q = 1; q <= done; q++) {
+                lines.add("torchspark: flight recorder: pg 0 (default_pg): all_reduce #" + q + ": completed");
+            }
+            for (int r : waiting) {
+                if (r == e.getKey()) {
+                    lines.add("torchspark: flight recorder: pg 0 (default_pg): all_reduce #" + pending
+                            + ": not completed (scheduled)");
+                }
+            }
+            dumps.put(e.getKey(), HangDoctor.parse(e.getKey(), lines, 0));
+        }
+        return HangDoctor.diagnose(dumps, 4);
+    }
+
+    @Test
+    public void aSleepingRankIsNamedWithItsFrameAndTheOthersWaitInTheNumberedCollective() throws IOException {
+        HangDoctor.Diagnosis plain = diagnose(load("sleep.txt"), 0, 0);
+        assertEquals(List.of(2), plain.culprits);
+        assertEquals(Map.of("all_reduce", List.of(0, 1, 3)), plain.waiting);
+        assertTrue(plain.line, plain.line.startsWith("rank 2 (host vm, pid "));
+        assertTrue(plain.line, plain.line.contains("hang_worker.py:18 (sleeps_before_the_collective)"));
+        assertTrue(plain.line, plain.line.endsWith("ranks 0-1, 3 wait in all_reduce for it"));
+        HangDoctor.Diagnosis fr = diagnose(load("sleep.txt"), 1522, 1523, 0, 1, 3);
+        assertTrue(fr.line, fr.line.contains(
+                "(sleeps_before_the_collective), its last collective all_reduce #1522; "));
+        assertTrue(fr.line, fr.line.endsWith("ranks 0-1, 3 wait in all_reduce #1523 for it"));
+        assertTrue(fr.stacksText().startsWith("[rank 0] torchspark: stack dump #1 of rank 0 (host vm"));
+        assertTrue(fr.stacksText().contains(
+                "[rank 3] torchspark: flight recorder: pg 0 (default_pg): all_reduce #1523: not completed"));
+    }
+
+    @Test
+    public void aStoppedRankCannotAnswerNorCanItsFlightRecorder() throws IOException {
+        HangDoctor.Diagnosis d = diagnose(load("sigstop.txt"), 1, 2, 0, 2, 3);
+        assertEquals(List.of(1), d.culprits);
+        assertEquals("rank 1 (host vm, pid 19119) is stopped (SIGSTOP) and cannot answer (nor can its flight "
+                + "recorder); ranks 0, 2-3 wait in all_reduce #2 for it", d.line);
+        Map<Integer, List<String>> missing = load("sleep.txt");
+        missing.remove(3);
+        HangDoctor.Diagnosis m = diagnose(missing, 0, 0);
+        assertEquals(List.of(2, 3), m.culprits);
+        assertTrue(m.line, m.line.contains("rank 3 did not answer the dump"));
+        assertNull(HangDoctor.parse(1, load("sleep.txt").get(1), 2)); // another request's
+        assertEquals("ranks 0, 2-3", HangDoctor.ranges(List.of(3, 0, 2)));
+        String msg = HangDoctor.cancelMessage(d, 3, "distributed");
+        assertTrue(msg, msg.startsWith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
+                + "printed or reported for 3s (spark.torchspark.hangTimeout); rank 1 (host vm"));
+        assertTrue(msg.contains("\nEvery rank's Python stacks:\n[rank 0] torchspark: stack dump #1 of rank 0"));
+    }
+}
