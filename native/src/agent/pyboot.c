@@ -45,9 +45,9 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     " if o and '-c' in o:i=o.index('-c');del o[i:i+2]\n"                                           \
     " sp=not getattr(sys.flags,'safe_path',0);fl=ki=st=0\n"                                        \
     " def fq(C,json):\n"                                                                           \
-    "  E=[];N=0\n"                                                                                 \
+    "  E=[];N=X=0\n"                                                                               \
     "  for b,f in('gloo','_dump_fr_trace_json'),('nccl','_dump_nccl_trace_json'):\n"               \
-    "   f=getattr(C,f,None);N+=f is None\n"                                                        \
+    "   f=getattr(C,f,None);N+=f is None;X=X or(f is None and b=='gloo')\n"                        \
     "   try:E+=json.loads(f(backend=b)if b=='gloo'else f()).get('entries')or[]\n"                  \
     "   except Exception:pass\n"                                                                   \
     "  if N==2:return['not available (this torch has no flight recorder)']\n"                      \
@@ -61,7 +61,8 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     "    c='completed'if e.get('retired')or t=='completed'else'not completed (%s)'%t\n"            \
     "    q=e.get('p2p_seq_id'if e.get('is_p2p')else'collective_seq_id')\n"                         \
     "    L.append('pg %s (%s): %s #%s: %s'%(g[0],g[-1],n,q,c))\n"                                  \
-    "  return L or['no collective recorded (TORCH_FR_BUFFER_SIZE=0, or none ran yet)']\n"          \
+    "  return L or['no collective recorded (%s)'%('this torch records NCCL\\'s only'if X else\n"   \
+    "   'TORCH_FR_BUFFER_SIZE=0, or none ran yet')]\n"                                             \
     " def fw(Q,R):\n"                                                                              \
     "  while 1:\n"                                                                                 \
     "   Q.sigwait([R])\n"                                                                          \
