@@ -37,7 +37,8 @@ RECOVER_TIMEOUT = 150  # the next attempt has every rank past step 2
 LINE_RE = re.compile(r"\[attempt (\d+)\] \[rank (\d+)\] TSPLINE a=(\d+) r=(\d+) n=(\d+)")
 
 
-def _progress(d: Path) -> Dict[int, Dict]:
+def progress(d: Path) -> Dict[int, Dict]:
+    """Each rank's last progress record (rank*.json that the training writes), by rank."""
     out = {}
     for p in d.glob("rank*.json"):
         try:
@@ -94,7 +95,7 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
         for i, kind in enumerate(kinds):
             deadline = time.monotonic() + (START_TIMEOUT if i == 0 else RECOVER_TIMEOUT)
             while True:  # the current attempt (i) has every one of its ranks past step 2
-                prog = {r: x for r, x in _progress(progress).items() if x.get("attempt") == i}
+                prog = {r: x for r, x in progress(progress).items() if x.get("attempt") == i}
                 # DDP steps in lockstep: one rank past step 2 means every rank has joined.
                 if 0 in prog and all(x["step"] >= 2 for x in prog.values()):
                     break
@@ -105,7 +106,7 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
                         f"{prog}: {r.result(tag)['error']}\n{r.output[-4000:]}")
                 time.sleep(0.1)
             time.sleep(rng.uniform(0, max_delay))
-            prog = {r: x for r, x in _progress(progress).items() if x.get("attempt") == i}
+            prog = {r: x for r, x in progress(progress).items() if x.get("attempt") == i}
             by_host = {}
             for r, x in prog.items():
                 by_host.setdefault(x["host"], []).append(r)

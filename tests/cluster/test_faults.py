@@ -23,7 +23,7 @@ import pytest
 
 from harness import (FAULT_CONF, finish_driver, start_driver, torchspark_unavailable,
                      training_processes, wait_no_training_processes, write_config)
-from kill_series import run_series
+from kill_series import progress as _progress, run_series
 
 START_TIMEOUT = 240  # driver + executors up and every rank past step 2
 FAULT_BOUND = 60  # run() raises within this many seconds of the fault
@@ -49,17 +49,6 @@ def _budget_skip(flavor, fault):
     if flavor == "stock" and os.environ.get("TSP_CLUSTER_FULL") != "1":
         pytest.skip(f"stock comparison run ({fault}); set TSP_CLUSTER_FULL=1 to run it "
                     "(~1.5 min each)")
-
-
-def _progress(d: Path):
-    out = {}
-    for p in d.glob("rank*.json"):
-        try:
-            r = json.loads(p.read_text())
-        except ValueError:
-            continue
-        out[r["rank"]] = r
-    return out
 
 
 @pytest.mark.parametrize("fault", ["link_cut", "host_killed"])
