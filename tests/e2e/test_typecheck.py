@@ -20,8 +20,8 @@ PLANTS = [
     ("_task.py", 'endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]',
      'endpoint, secret = spec["log_endpont"], spec["log_secret_hex"]', "log_endpont",
      "endpoint, secret ="),
-    ("distributor.py", '"warm_idle_s": self._warm_idle_s()',
-     '"warm_idle": self._warm_idle_s()', "warm_idle", "spec: NodeSpec = {"),
+    ("distributor.py", '"gpu_resource": _get_conf(', '"gpu_resourc": _get_conf(', "gpu_resourc",
+     "spec: NodeSpec = {"),
 ]
 
 
