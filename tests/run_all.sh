@@ -46,13 +46,16 @@ cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exit
 # Its findings are the lines that name a file or an error, whatever its exit status. One
 # clang-tidy per file, $jobs at a time (one process over all files took 2.5 CPU minutes),
 # each file's output kept whole.
+# In a subshell: its waits see its own jobs only, not the background torch download above.
 tidy_dir=$(mktemp -d)
-for f in native/src/*/*.c native/tools/*.c; do
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-  clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option "$f" \
-    > "$tidy_dir/${f//\//_}.log" 2>&1 &
-done
-wait || true
+(
+  for f in native/src/*/*.c native/tools/*.c; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+    clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option "$f" \
+      > "$tidy_dir/${f//\//_}.log" 2>&1 &
+  done
+  wait || true
+) || true
 tidy=$(cat "$tidy_dir"/*.log)
 rm -rf "$tidy_dir"
 if grep -E '^/|error:' <<< "$tidy"; then
