@@ -78,12 +78,12 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
     "lost", "undeliverable", "wrong_prefix", "driver"}. Raises AssertionError with the
     driver's output when the job does not get going or an attempt does not start."""
     rng = random.Random(seed)
-    progress = Path(cluster.run_dir) / f"progress-{tag}"
-    progress.mkdir()
+    pdir = Path(cluster.run_dir) / f"progress-{tag}"
+    pdir.mkdir()
     nworkers = len(cluster.worker_names)
     run = {"tag": tag, "num_processes": nworkers,
            "kw": {"max_restarts": len(kinds), "min_nodes": 1},
-           "train": {"steps": steps, "sleep": sleep, "progress_dir": str(progress),
+           "train": {"steps": steps, "sleep": sleep, "progress_dir": str(pdir),
                      "lines": True}}
     conf = dict(FAULT_CONF, **{"spark.torchspark.job.replacementTimeout": "90s"})
     cfg = write_config(cluster, "torchspark", [run], conf=conf, tag=tag)
@@ -95,7 +95,7 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
         for i, kind in enumerate(kinds):
             deadline = time.monotonic() + (START_TIMEOUT if i == 0 else RECOVER_TIMEOUT)
             while True:  # the current attempt (i) has every one of its ranks past step 2
-                prog = {r: x for r, x in progress(progress).items() if x.get("attempt") == i}
+                prog = {r: x for r, x in progress(pdir).items() if x.get("attempt") == i}
                 # DDP steps in lockstep: one rank past step 2 means every rank has joined.
                 if 0 in prog and all(x["step"] >= 2 for x in prog.values()):
                     break
@@ -106,7 +106,7 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
                         f"{prog}: {r.result(tag)['error']}\n{r.output[-4000:]}")
                 time.sleep(0.1)
             time.sleep(rng.uniform(0, max_delay))
-            prog = {r: x for r, x in progress(progress).items() if x.get("attempt") == i}
+            prog = {r: x for r, x in progress(pdir).items() if x.get("attempt") == i}
             by_host = {}
             for r, x in prog.items():
                 by_host.setdefault(x["host"], []).append(r)
@@ -144,7 +144,7 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
     att = res.get("attempts") or []
     # Processes: the cut hosts' executors give up after FAULT_CONF's failed heartbeats.
     left = wait_no_training_processes(cluster, 60)
-    w = _written(progress)
+    w = _written(pdir)
     for f in faults:
         nxt = [t for (a, _r), rows in w.items() if a == f["n"] + 1 for (s, t, _h) in rows
                if s == 0]
