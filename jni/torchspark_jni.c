@@ -1,12 +1,13 @@
 /* jni/torchspark_jni.c: the JNI face of libtorchspark for org.torchspark.Native.
  *
  * Each function unpacks its Java arguments, calls one function of the public C API
- * (torchspark/common.h, elect.h, logserver.h) and returns: 0 (or a count) or a negative
- * errno, with a sentence in msg[0] where the C API gives one. Nothing here throws on
+ * (torchspark/common.h, elect.h, logserver.h, rendezvous.h, ...) and returns: 0 (or a count) or a
+ * negative errno, with a sentence in msg[0] where the C API gives one. Nothing here throws on
  * purpose: the Java side validates arguments first and turns codes into exceptions. The
  * only exceptions that can escape are the JVM's own (OutOfMemoryError from a string or
  * array allocation), after which each function releases what it took and returns.
- * No Java object is kept across calls; a log server is an opaque jlong handle.
+ * No Java object is kept across calls; a log server, a rendezvous and a rendezvous call
+ * are opaque jlong handles.
  */
 #include <errno.h>
 #include <jni.h>
@@ -21,6 +22,7 @@
 #include "torchspark/failure.h"
 #include "torchspark/logserver.h"
 #include "torchspark/plan.h"
+#include "torchspark/rendezvous.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -553,4 +555,112 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_logServerFree(JNIEnv *env, jcl
     (void)env;
     (void)cls;
     tsp_logserver_free(server_of(h));
+}
+
+/* ---- the driver's rendezvous (docs/protocol.md 2.1) ---- */
+
+static tsp_rdv_t *rdv_of(jlong h)
+{
+    return (tsp_rdv_t *)(intptr_t)h;
+}
+
+JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
+                                                            jint get_timeout_ms, jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *host = str_get(env, jhost, &oom);
+    if (oom)
+        return 0;
+    char err[ERR_LEN] = "";
+    tsp_rdv_t *r = tsp_rdv_start(host, get_timeout_ms, err, sizeof err);
+    if (r == NULL)
+        set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
+    str_release(env, jhost, host);
+    return (jlong)(intptr_t)r;
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvPort(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)env;
+    (void)cls;
+    return tsp_rdv_port(rdv_of(h));
+}
+
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvHost(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)cls;
+    return (*env)->NewStringUTF(env, tsp_rdv_host(rdv_of(h)));
+}
+
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvToken(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)cls;
+    return (*env)->NewStringUTF(env, tsp_rdv_token(rdv_of(h)));
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCounts(JNIEnv *env, jclass cls, jlong h,
+                                                            jintArray jout)
+{
+    (void)cls;
+    int puts = 0, gets = 0;
+    tsp_rdv_counts(rdv_of(h), &puts, &gets);
+    jint v[2] = {puts, gets};
+    (*env)->SetIntArrayRegion(env, jout, 0, 2, v);
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)env;
+    (void)cls;
+    tsp_rdv_free(rdv_of(h));
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
+                                                               jstring jhost, jint port,
+                                                               jstring jtoken, jstring jrecord,
+                                                               jlongArray jcall, jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *host = str_get(env, jhost, &oom);
+    const char *token = str_get(env, jtoken, &oom);
+    const char *record = str_get(env, jrecord, &oom);
+    int rc = -ENOMEM;
+    if (!oom) {
+        char err[ERR_LEN] = "";
+        tsp_rdv_call_t *c = NULL;
+        rc = tsp_rdv_call_start(host, port, token, record, &c, err, sizeof err);
+        if (rc == 0) {
+            jlong v = (jlong)(intptr_t)c;
+            (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
+        } else {
+            set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+        }
+    }
+    str_release(env, jrecord, record);
+    str_release(env, jtoken, token);
+    str_release(env, jhost, host);
+    return rc;
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallWait(JNIEnv *env, jclass cls, jlong call,
+                                                              jint timeout_ms, jobjectArray msg)
+{
+    (void)cls;
+    char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
+    int rc = tsp_rdv_call_wait((tsp_rdv_call_t *)(intptr_t)call, timeout_ms, reply, sizeof reply,
+                               err, sizeof err);
+    if (rc == 0)
+        set_str(env, msg, 0, reply);
+    else if (rc != TSP_RDV_PENDING)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    return rc;
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCallFree(JNIEnv *env, jclass cls, jlong call)
+{
+    (void)env;
+    (void)cls;
+    tsp_rdv_call_free((tsp_rdv_call_t *)(intptr_t)call);
 }
