@@ -564,39 +564,27 @@ static tsp_rdv_t *rdv_of(jlong h)
     return (tsp_rdv_t *)(intptr_t)h;
 }
 
+/* On success port[0] and msg = {host, token}: what the tasks are told. */
 JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
-                                                            jint get_timeout_ms, jobjectArray msg)
+                                                            jint get_timeout_ms, jintArray jport,
+                                                            jobjectArray msg)
 {
     (void)cls;
     int oom = 0;
     const char *host = str_get(env, jhost, &oom);
-    if (oom)
-        return 0;
     char err[ERR_LEN] = "";
-    tsp_rdv_t *r = tsp_rdv_start(host, get_timeout_ms, err, sizeof err);
-    if (r == NULL)
-        set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
+    tsp_rdv_t *r = oom ? NULL : tsp_rdv_start(host, get_timeout_ms, err, sizeof err);
     str_release(env, jhost, host);
+    if (r == NULL) {
+        if (!oom)
+            set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
+        return 0;
+    }
+    jint port = tsp_rdv_port(r);
+    (*env)->SetIntArrayRegion(env, jport, 0, 1, &port);
+    set_str(env, msg, 0, tsp_rdv_host(r));
+    set_str(env, msg, 1, tsp_rdv_token(r));
     return (jlong)(intptr_t)r;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvPort(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)env;
-    (void)cls;
-    return tsp_rdv_port(rdv_of(h));
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvHost(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)cls;
-    return (*env)->NewStringUTF(env, tsp_rdv_host(rdv_of(h)));
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvToken(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)cls;
-    return (*env)->NewStringUTF(env, tsp_rdv_token(rdv_of(h)));
 }
 
 JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCounts(JNIEnv *env, jclass cls, jlong h,
@@ -622,25 +610,22 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jcla
                                                                jlongArray jcall, jobjectArray msg)
 {
     (void)cls;
+    jstring js[3] = {jhost, jtoken, jrecord}; /* the record: null for a GET */
+    const char *c_str[3] = {NULL, NULL, NULL};
     int oom = 0;
-    const char *host = str_get(env, jhost, &oom);
-    const char *token = str_get(env, jtoken, &oom);
-    const char *record = str_get(env, jrecord, &oom);
-    int rc = -ENOMEM;
-    if (!oom) {
-        char err[ERR_LEN] = "";
-        tsp_rdv_call_t *c = NULL;
-        rc = tsp_rdv_call_start(host, port, token, record, &c, err, sizeof err);
-        if (rc == 0) {
-            jlong v = (jlong)(intptr_t)c;
-            (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
-        } else {
-            set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-        }
-    }
-    str_release(env, jrecord, record);
-    str_release(env, jtoken, token);
-    str_release(env, jhost, host);
+    for (int i = 0; i < 3; i++)
+        c_str[i] = str_get(env, js[i], &oom);
+    char err[ERR_LEN] = "";
+    tsp_rdv_call_t *c = NULL;
+    int rc =
+        oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
+    jlong v = (jlong)(intptr_t)c;
+    if (rc == 0)
+        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
+    else if (!oom)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    for (int i = 0; i < 3; i++)
+        str_release(env, js[i], c_str[i]);
     return rc;
 }
 

@@ -59,14 +59,9 @@ final class Native {
 
     // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
 
-    /** A handle, or 0 with the error sentence in msg[0]. getTimeoutMs <= 0: the default. */
-    static native long rdvStart(String host, int getTimeoutMs, String[] msg);
-
-    static native int rdvPort(long h);
-
-    static native String rdvHost(long h);
-
-    static native String rdvToken(long h);
+    /** A handle, or 0 with the error sentence in msg[0]; on success port[0] is its port and
+     *  msg = {host, token} (msg has room for 2). getTimeoutMs <= 0: the default. */
+    static native long rdvStart(String host, int getTimeoutMs, int[] port, String[] msg);
 
     /** out: records put, records handed to GETs. */
     static native void rdvCounts(long h, int[] out);

@@ -74,16 +74,17 @@ final class Rendezvous implements AutoCloseable {
 
     /** getTimeoutMs: how long a GET waits for rank 0's record (<= 0: 600 s). */
     Rendezvous(String host, long getTimeoutMs) throws IOException {
-        String[] msg = new String[1];
+        String[] msg = new String[2];
+        int[] bound = new int[1];
         long h = Native.rdvStart(host == null || host.isEmpty() ? "127.0.0.1" : host,
-                (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), msg);
+                (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), bound, msg);
         if (h == 0) {
             throw new IOException(msg[0]);
         }
         handle = h;
-        this.host = Native.rdvHost(h);
-        this.port = Native.rdvPort(h);
-        this.token = Native.rdvToken(h);
+        this.host = msg[0];
+        this.port = bound[0];
+        this.token = msg[1];
     }
 
     /** The endpoint the tasks are told: the advertised host (the bound one when empty). */
