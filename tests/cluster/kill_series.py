@@ -69,7 +69,7 @@ PHASES = (
     ("root_at", "the driver names the root cause (log channel)"),
     ("job_ended", "Spark's job of the attempt ended"),
     ("attempt_failed", "the driver's attempt ended (run_once raised)"),
-    ("old_tasks_ended", "the old attempt's last task ended (cores free)"),
+    ("old_tasks_ended", "the old attempt's survivors' tasks ended (cores free)"),
     ("next_submitted", "next barrier job submitted (Spark)"),
     ("tasks_launched", "its last task launched (Spark)"),
     ("tasks_started", "its last task's run_node started (Python worker up)"),
@@ -99,8 +99,8 @@ def phases(f: Dict, att: List[Dict], spark: Dict, pdir: Path, written: Dict) -> 
                if e.get("removed") and e["removed"] >= t - 1]
     put("executor_removed", min(removed) if removed else None)
     jobs = sorted(spark.get("jobs", []), key=lambda j: j["id"])
-    if len(jobs) > n + 1:
-        old = [x["ended"] for x in jobs[n]["tasks"] if x["ended"]]
+    if len(jobs) > n + 1:  # the survivors' tasks: a cut host's ends when Spark gives up on it
+        old = [x["ended"] for x in jobs[n]["tasks"] if x["ended"] and x["host"] != f["victim"]]
         put("old_tasks_ended", max(old) if old else None)
         put("next_submitted", jobs[n + 1]["submitted"])
         new = [x["launched"] for x in jobs[n + 1]["tasks"]]
