@@ -16,6 +16,13 @@ k. Lines the victim's ranks printed after the fault (their executor or network g
 counted apart as undeliverable. Prints a table and the totals.
 
     sudo .venv/bin/python bench/kill_series.py [KILLS=20] [PER_ROUND=3] [MAX_DELAY_S=4] [SEED]
+        [--kinds=exec_kill,rank0_kill,link_cut] [--phases] [--no-revive]
+
+--kinds: the kinds to cycle, in this order (default: the three). --phases: each fault's
+timeline too (kill_series.PHASES: Spark's status store, the task's TORCHSPARK_TIMING marks,
+the training processes' own), and the median of each phase by kind. --no-revive: the
+driver does not ask Spark for offers while a restarted attempt's tasks wait for cores
+(torchspark._job.REVIVE_ON_RESTART off: the side-by-side "before").
 """
 
 import os
@@ -33,15 +40,36 @@ import netns_cluster as nc  # noqa: E402
 
 
 def main() -> int:
-    kills = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    per_round = int(sys.argv[2]) if len(sys.argv) > 2 else 3
-    max_delay = float(sys.argv[3]) if len(sys.argv) > 3 else 4.0
-    seed = int(sys.argv[4]) if len(sys.argv) > 4 else int(time.time())
+    flags = [a for a in sys.argv[1:] if a.startswith("--")]
+    argv = [sys.argv[0]] + [a for a in sys.argv[1:] if not a.startswith("--")]
+    kills = int(argv[1]) if len(argv) > 1 else 20
+    per_round = int(argv[2]) if len(argv) > 2 else 3
+    max_delay = float(argv[3]) if len(argv) > 3 else 4.0
+    seed = int(argv[4]) if len(argv) > 4 else int(time.time())
+    cycle = list(ks.KINDS)
+    timeline = False
+    patch = None
+    for a in flags:
+        if a.startswith("--kinds="):
+            cycle = a.split("=", 1)[1].split(",")
+            bad = [k for k in cycle if k not in ks.KINDS]
+            if bad or not cycle:
+                print(f"kill_series: --kinds={a.split('=', 1)[1]}: give kinds among "
+                      f"{','.join(ks.KINDS)}", file=sys.stderr)
+                return 2
+        elif a == "--phases":
+            timeline = True
+        elif a == "--no-revive":
+            patch = {"torchspark._job": {"REVIVE_ON_RESTART": False}}
+        else:
+            print(f"kill_series: unknown option {a} (--kinds=..., --phases, --no-revive)",
+                  file=sys.stderr)
+            return 2
     why = nc.namespaces_supported()
     if why:
         print(f"kill_series: the namespace cluster is unavailable: {why}", file=sys.stderr)
         return 2
-    kinds = [ks.KINDS[i % len(ks.KINDS)] for i in range(kills)]
+    kinds = [cycle[i % len(cycle)] for i in range(kills)]
     rows, rounds = [], []
     t_start = time.monotonic()
     load0 = os.getloadavg()
@@ -53,7 +81,8 @@ def main() -> int:
             t0 = time.monotonic()
             try:
                 s = ks.run_series(c, part, steps=150, sleep=0.1, max_delay=max_delay,
-                                  seed=seed + rnd, tag=f"round{rnd}",
+                                  seed=seed + rnd, tag=f"round{rnd}", timeline=timeline,
+                                  patch=patch,
                                   log=lambda m, r=rnd: print(f"  round {r}: {m}", flush=True))
                 err = None if s["result"]["ok"] else s["result"]["error"]
             except AssertionError as e:
@@ -82,6 +111,8 @@ def main() -> int:
             print(f"  round {rnd}: {f['kind']} on {f['victim']} (ranks {f['victim_ranks']}): "
                   f"named after {f['noticed_after_s']} s, resumed after "
                   f"{f['resumed_after_s']} s", flush=True)
+            if timeline:
+                print(f"    phases (s after the fault): {f['phases']}", flush=True)
 
     print()
     print(f"{'#':>3} {'round':>5} {'kind':<11} {'victim':<12} {'ranks':<7} {'step':>4} "
@@ -103,6 +134,17 @@ def main() -> int:
         if v:
             print(f"  {kind:<11} fault -> first resumed step: median {statistics.median(v):.1f} s"
                   f" (min {min(v):.1f}, max {max(v):.1f}, n={len(v)})")
+    if timeline:
+        print("median phases, seconds after the fault (kind: n):")
+        used = [k for k in ks.KINDS if any(f["kind"] == k for f in rows)]
+        print(f"  {'phase':<52} " + " ".join(f"{k:>10}" for k in used))
+        for key, what in ks.PHASES:
+            cells = []
+            for k in used:
+                v = [f["phases"][key] for f in rows if f["kind"] == k
+                     and f.get("phases", {}).get(key) is not None]
+                cells.append(f"{statistics.median(v):>10.2f}" if v else f"{'-':>10}")
+            print(f"  {what:<52} " + " ".join(cells))
     ok = [r for r in rounds if "left" in r]
     print(f"processes left on any host after the runs: {sum(len(r['left']) for r in ok)}; "
           f"after teardown: {sum(len(r['teardown_left']) for r in ok)}")

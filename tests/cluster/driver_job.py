@@ -54,7 +54,18 @@ def train(tag, steps, sleep, progress_dir, fail_rank=None, lines=False):
     rank = int(os.environ["RANK"])
     print(f"TSPLOG run={tag} rank={rank} host={host} starting", flush=True)
     write_progress(-1)
+    phases = {"fn_called": time.time()}
     dist.init_process_group("gloo")
+    phases["pg_up"] = time.time()
+    if lines:  # a restart's timeline (kill_series.py): the task's marks, then the worker's
+        with open(f"/proc/{os.getpid()}/stat") as f:  # field 22: start, in clock ticks
+            start = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            boot = time.time() - float(f.read().split()[0])
+        phases["worker_start"] = boot + start / os.sysconf("SC_CLK_TCK")
+        phases.update(json.loads(os.environ.get("TORCHSPARK_TIMING_MARKS", "{}")))
+        with open(os.path.join(progress_dir, f"phases-a{attempt}-r{rank}.json"), "w") as f:
+            json.dump(phases, f)
     torch.manual_seed(rank)
     model = DDP(torch.nn.Linear(10, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
@@ -96,8 +107,41 @@ def train(tag, steps, sleep, progress_dir, fail_rank=None, lines=False):
     return None
 
 
+def spark_timeline(sc):
+    """Spark's own view of the application, from the driver's status store (ms clocks):
+    jobs (submitted, completed), their barrier tasks (launched, ended, executor) and the
+    executors (added, removed). A restart's timeline (kill_series.py)."""
+    store = sc._jsc.sc().statusStore()
+
+    def seq(s):
+        return [s.apply(i) for i in range(s.size())]
+
+    def ms(opt):
+        return opt.get().getTime() / 1000.0 if opt.isDefined() else None
+
+    jobs = []
+    for j in seq(store.jobsList(None)):
+        tasks = []
+        for sid in seq(j.stageIds()):
+            for t in seq(store.taskList(int(sid), 0, 1 << 20)):
+                d = t.duration()
+                launch = t.launchTime().getTime() / 1000.0
+                tasks.append({"index": int(t.index()), "executor": str(t.executorId()),
+                              "host": str(t.host()), "status": str(t.status()),
+                              "launched": launch,
+                              "ended": launch + int(d.get()) / 1000.0 if d.isDefined()
+                              else None})
+        jobs.append({"id": int(j.jobId()), "submitted": ms(j.submissionTime()),
+                     "completed": ms(j.completionTime()), "status": str(j.status()),
+                     "tasks": tasks})
+    execs = [{"id": str(e.id()), "host": str(e.hostPort()), "added": e.addTime().getTime()
+              / 1000.0, "removed": ms(e.removeTime())} for e in seq(store.executorList(False))]
+    return {"jobs": jobs, "executors": execs}
+
+
 def main() -> int:
     cfg = json.load(open(sys.argv[1]))
+    os.environ.update(cfg.get("env", {}))  # e.g. TORCHSPARK_TIMING=1 (the task's marks)
     for p in cfg.get("sys_path", []):
         sys.path.insert(0, p)
     from pyspark.sql import SparkSession
@@ -127,6 +171,13 @@ def main() -> int:
     spark.sparkContext.setLogLevel("WARN")
     mod, _, cls = cfg["distributor"].partition(":")
     Distributor = getattr(importlib.import_module(mod), cls)
+    # A bench's side-by-side "before": {"module": {"NAME": value}} set on those modules.
+    for name, attrs in cfg.get("patch", {}).items():
+        m = importlib.import_module(name)
+        for k, v in attrs.items():
+            if not hasattr(m, k):
+                raise SystemExit(f"driver_job: {name} has no {k} to patch")
+            setattr(m, k, v)
     all_ok = True
     for run in cfg["runs"]:
         t = run["train"]
@@ -153,6 +204,11 @@ def main() -> int:
             out["raised_at"] = time.time()
             all_ok = False
         out["elapsed"] = time.monotonic() - t0
+        if cfg.get("spark_timeline"):
+            try:
+                out["spark"] = spark_timeline(spark.sparkContext)
+            except Exception as e:  # noqa: B902 - a timeline is a bench's extra
+                out["spark"] = {"error": repr(e)}
         print("TSP_RESULT " + json.dumps(out), flush=True)
     if all_ok:
         spark.stop()

@@ -63,8 +63,9 @@ class DriverRun:
 
 
 def write_config(cluster, flavor: str, runs: List[Dict], conf: Optional[Dict] = None,
-                 tag: str = "job") -> Path:
-    """runs: [{"tag", "num_processes", "train": {...}}], done in order in one application."""
+                 tag: str = "job", extra: Optional[Dict] = None) -> Path:
+    """runs: [{"tag", "num_processes", "train": {...}}], done in order in one application.
+    extra: more of driver_job.py's keys ("env", "spark_timeline")."""
     d = cluster.hosts["driver"]
     cfg = {
         "master_url": cluster.master_url,
@@ -75,6 +76,7 @@ def write_config(cluster, flavor: str, runs: List[Dict], conf: Optional[Dict] = 
         # Exactly one executor (1 core) per host: N tasks land on N different hosts.
         "conf": {"spark.cores.max": str(max(r["num_processes"] for r in runs)), **(conf or {})},
         "runs": runs,
+        **(extra or {}),
     }
     p = Path(cluster.run_dir) / f"{tag}-{flavor}-{time.monotonic_ns()}.json"
     p.write_text(json.dumps(cfg))

@@ -63,6 +63,63 @@ def _written(d: Path) -> Dict[tuple, List]:
     return out
 
 
+# A restart's timeline: (key, what) in the order they happen; each a time after the fault.
+PHASES = (
+    ("executor_removed", "Spark removes the victim's executor"),
+    ("root_at", "the driver names the root cause (log channel)"),
+    ("job_ended", "Spark's job of the attempt ended"),
+    ("attempt_failed", "the driver's attempt ended (run_once raised)"),
+    ("old_tasks_ended", "the old attempt's survivors' tasks ended (cores free)"),
+    ("next_submitted", "next barrier job submitted (Spark)"),
+    ("tasks_launched", "its last task launched (Spark)"),
+    ("tasks_started", "its last task's run_node started (Python worker up)"),
+    ("election_done", "election + rendezvous done"),
+    ("agents_started", "agents started"),
+    ("worker_start", "training process started (warm pool fork)"),
+    ("fn_called", "training function called"),
+    ("pg_up", "process group up"),
+    ("first_step", "first step (slowest rank)"),
+)
+
+
+def phases(f: Dict, att: List[Dict], spark: Dict, pdir: Path, written: Dict) -> Dict:
+    """Fault f's timeline: each PHASES key -> seconds after the fault (None when not
+    known). Across ranks or tasks, the last one (the attempt waits for its slowest)."""
+    t, n = f["t_fault"], f["n"]
+    out: Dict[str, Optional[float]] = {}
+
+    def put(key, v):
+        out[key] = round(v - t, 2) if v is not None else None
+
+    a = att[n] if len(att) > n else {}
+    put("root_at", a.get("root_at"))
+    put("job_ended", a.get("ended_at"))
+    put("attempt_failed", a.get("ended"))
+    removed = [e["removed"] for e in spark.get("executors", [])
+               if e.get("removed") and e["removed"] >= t - 1]
+    put("executor_removed", min(removed) if removed else None)
+    jobs = sorted(spark.get("jobs", []), key=lambda j: j["id"])
+    if len(jobs) > n + 1:  # the survivors' tasks: a cut host's ends when Spark gives up on it
+        old = [x["ended"] for x in jobs[n]["tasks"] if x["ended"] and x["host"] != f["victim"]]
+        put("old_tasks_ended", max(old) if old else None)
+        put("next_submitted", jobs[n + 1]["submitted"])
+        new = [x["launched"] for x in jobs[n + 1]["tasks"]]
+        put("tasks_launched", max(new) if new else None)
+    marks = []
+    for p in pdir.glob(f"phases-a{n + 1}-r*.json"):
+        try:
+            marks.append(json.loads(p.read_text()))
+        except ValueError:
+            pass
+    for key in ("tasks_started", "election_done", "agents_started", "worker_start",
+                "fn_called", "pg_up"):
+        v = [m[key] for m in marks if key in m]
+        put(key, max(v) if v else None)
+    first = [rows[0][1] for (att_n, _r), rows in written.items() if att_n == n + 1 and rows]
+    put("first_step", max(first) if first else None)
+    return out
+
+
 def executor_jvms(cluster, key: str) -> List[int]:
     """The pids of the executor JVMs (CoarseGrainedExecutorBackend) on host `key`."""
     import netns_cluster as nc
@@ -73,9 +130,11 @@ def executor_jvms(cluster, key: str) -> List[int]:
 
 def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
                max_delay: float = 1.0, seed: Optional[int] = None, tag: str = "series",
-               log=print) -> Dict:
+               log=print, timeline: bool = False, patch: Optional[Dict] = None) -> Dict:
     """Runs one job with len(kinds) faults; returns {"faults": [...], "result", "left",
-    "lost", "undeliverable", "wrong_prefix", "driver"}. Raises AssertionError with the
+    "lost", "undeliverable", "wrong_prefix", "driver"}. timeline: each fault gets
+    "phases" (see phases()), from the task's marks (TORCHSPARK_TIMING=1) and Spark's
+    status store. patch: driver_job.py's "patch" (a bench's side-by-side "before"). Raises AssertionError with the
     driver's output when the job does not get going or an attempt does not start."""
     rng = random.Random(seed)
     pdir = Path(cluster.run_dir) / f"progress-{tag}"
@@ -86,7 +145,10 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
            "train": {"steps": steps, "sleep": sleep, "progress_dir": str(pdir),
                      "lines": True}}
     conf = dict(FAULT_CONF, **{"spark.torchspark.job.replacementTimeout": "90s"})
-    cfg = write_config(cluster, "torchspark", [run], conf=conf, tag=tag)
+    extra = {"env": {"TORCHSPARK_TIMING": "1"}, "spark_timeline": True} if timeline else {}
+    if patch:
+        extra["patch"] = patch
+    cfg = write_config(cluster, "torchspark", [run], conf=conf, tag=tag, extra=extra)
     t0 = time.monotonic()
     p = start_driver(cluster, cfg)
     faults = []
@@ -154,6 +216,8 @@ def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
             else None
         f["cause"] = a.get("cause")
         f["excluded_executor"] = a.get("excluded_executor")
+        if timeline:
+            f["phases"] = phases(f, att, res.get("spark") or {}, pdir, w)
     printed = {}
     wrong = []
     for m in LINE_RE.finditer(r.output):

@@ -342,3 +342,48 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     print(f"silent node noticed {noticed:.2f} s after the SIGSTOP; next attempt submitted "
           f"{att[1]['started'] - stopped:.2f} s after; first step of attempt 1 "
           f"{next(ts for a, _, ts in log if a == '1') - stopped:.2f} s after")
+
+
+def test_restarted_job_asks_for_offers_until_its_tasks_run(spark):
+    """A restarted attempt's barrier job waits for cores that the failed attempt's tasks
+    give back one executor at a time; the driver asks Spark for an offer of every executor
+    (reviveOffers) until its tasks run, then stops asking (torchspark._job)."""
+    from torchspark import _job
+
+    sc = spark.sparkContext
+    tag = f"torchspark-{uuid.uuid4().hex}"
+    held = threading.Event()
+
+    def hold(_it):  # defined here: pickled by value (the executors cannot import tests)
+        import time
+        time.sleep(2)
+        yield 0
+
+    def blocker():  # one executor's core busy, as a failed attempt's task being killed
+        held.set()
+        sc.parallelize([0], 1).mapPartitions(hold).collect()
+
+    b = threading.Thread(target=blocker)
+    b.start()
+    held.wait(10)
+    time.sleep(0.5)  # the blocker's task is running
+    done, box = threading.Event(), {}
+
+    def revive():
+        box["asked"] = _job.revive_until_running(spark, tag, done, 0.1, 60)
+        box["done_then"] = done.is_set()
+
+    r = threading.Thread(target=revive)
+    r.start()
+    sc.addJobTag(tag)
+    try:
+        assert sc.parallelize(range(2), 2).barrier().mapPartitions(
+            lambda it: [1]).collect() == [1, 1]
+    finally:
+        sc.removeJobTag(tag)
+        done.set()
+    r.join(10)
+    b.join(30)
+    # It asked while the barrier stage waited for the blocker's core, and stopped on
+    # seeing the stage's tasks running, before the job ended.
+    assert box.get("asked", 0) >= 1 and box.get("done_then") is False, box

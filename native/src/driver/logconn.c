@@ -499,12 +499,15 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
             break;
         if (n <= 0) {
             if (c->state == C_OPEN || c->state == C_LINGER) {
+                /* TCP gave up after 5 s without an answer (TCP_USER_TIMEOUT): like a silent
+                 * agent (logctl.c), no lost grace on top. */
+                int timedout = n < 0 && errno == ETIMEDOUT;
                 tsp__lost_add(s, c,
                               n == 0 ? "it closed without saying goodbye (the agent or its host "
                                        "died)"
-                              : errno == ETIMEDOUT
-                                  ? "no answer for about 5 s (host down or network cut)"
-                                  : strerror(errno));
+                              : timedout ? "no answer for about 5 s (host down or network cut)"
+                                         : strerror(errno),
+                              timedout ? 0 : s->o.lost_grace_ms);
                 tsp__conn_free(s, c);
             } else {
                 tsp__conn_reject(s, c,

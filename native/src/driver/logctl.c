@@ -155,8 +155,8 @@ static void lost_publish(tsp_logserver_t *s)
 }
 
 /* A LOGS connection ended without CLOSE: remember it; sweep() declares it lost when its
- * agent has not reconnected within the grace. */
-void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
+ * agent has not reconnected within grace_ms. */
+void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t grace_ms)
 {
     if (s->t_draining || c->state != C_OPEN || c->h.role != TSP_WIRE_ROLE_LOGS)
         return;
@@ -172,7 +172,7 @@ void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why)
     memset(l, 0, sizeof(*l));
     l->agent_id = c->h.agent_id;
     l->node_rank = c->h.node_rank;
-    l->deadline = tsp__now_ms() + s->o.lost_grace_ms;
+    l->deadline = tsp__now_ms() + grace_ms;
     snprintf(l->host, sizeof(l->host), "%s", c->h.host);
     snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
     snprintf(l->why, sizeof(l->why), "%s", why);
@@ -262,7 +262,8 @@ int64_t tsp__lost_sweep(tsp_logserver_t *s, int64_t now)
 
 /* A frozen host (SIGSTOP, a cgroup freezer) still answers TCP keepalives: only the agent's
  * PINGs tell that it runs (protocol 1.7, "Silent agents"). The clock does not run while
- * the connection is paused (the server holds its reads back, backpressure). */
+ * the connection is paused (the server holds its reads back, backpressure). A silent agent
+ * gets no lost grace on top: it had TSP_WIRE_SILENT_MS, five pings, to show it runs. */
 int64_t tsp__silent_sweep(tsp_logserver_t *s, int64_t now)
 {
     int64_t next = -1;
@@ -280,7 +281,8 @@ int64_t tsp__silent_sweep(tsp_logserver_t *s, int64_t now)
         if (now >= due) {
             tsp__lost_add(s, c,
                           "it went silent: nothing for 5 s, keepalives included (its executor, "
-                          "host or network is frozen or cut)");
+                          "host or network is frozen or cut)",
+                          0);
             tsp__conn_free(s, c);
             continue;
         }

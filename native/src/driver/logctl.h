@@ -16,7 +16,7 @@ void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const c
 /* An EVENT frame (a failure report): the root cause, then STOP to the others. */
 int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p);
 /* A LOGS connection ended without CLOSE: lost unless its agent is back within the grace. */
-void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why);
+void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t grace_ms);
 /* The agent authenticated again: no longer pending as lost. */
 void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id);
 /* Declares agents lost whose grace is over; returns the next deadline (-1: none). */

@@ -37,6 +37,15 @@ SPARK_GRACE_S = 3.0
 RESTART_GRACE_S = 0.0
 CANCEL_WAIT_S = 1.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
+# A restarted attempt's job waits for the failed attempt's tasks to give their cores back.
+# Spark offers a core freed by a task's end to the waiting task sets for that executor
+# alone, which a barrier stage of several tasks cannot use: it launches at the scheduler's
+# next offer of every executor (spark.scheduler.revive.interval, 1 s). Until its tasks are
+# running, the driver asks for that offer itself every REVIVE_EVERY_S (what Spark does on
+# each job submission), for at most REVIVE_FOR_S.
+REVIVE_EVERY_S = 0.1
+REVIVE_FOR_S = 60.0
+REVIVE_ON_RESTART = True  # bench/kill_series.py --no-revive: the side-by-side "before"
 
 
 # Classic sessions without an input DataFrame use the RDD barrier API: measured side by
@@ -136,12 +145,48 @@ def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
     return None
 
 
+def revive_until_running(spark: Any, tag: str, done: threading.Event,
+                         every_s: float = REVIVE_EVERY_S, for_s: float = REVIVE_FOR_S) -> int:
+    """Asks Spark's scheduler to offer every executor's free cores (reviveOffers, what it
+    does on a job submission and every spark.scheduler.revive.interval) every every_s, until
+    the job tagged `tag` has a task running (a barrier stage's tasks are launched together,
+    all or none: Spark's status store, whose counts may lag behind by a task, says at least
+    one), it ended (done), or for_s passed. Returns how many times it asked (0: not
+    possible here, e.g. no such method)."""
+    try:
+        jsc = spark.sparkContext._jsc
+        backend, ids, tracker = jsc.sc().schedulerBackend(), jsc.sc().statusTracker(), \
+            jsc.statusTracker()
+    except Exception:
+        return 0
+    asked = 0
+    deadline = time.monotonic() + for_s
+    while not done.wait(every_s) and time.monotonic() < deadline:
+        try:
+            running = 0
+            for job in ids.getJobIdsForTag(tag):
+                info = tracker.getJobInfo(int(job))
+                for sid in (info.stageIds() if info is not None else []):
+                    st = tracker.getStageInfo(int(sid))
+                    if st is not None:
+                        running += st.numActiveTasks() + st.numCompletedTasks()
+            if running > 0:
+                return asked
+            backend.reviveOffers()
+            asked += 1
+        except Exception:  # the session is gone, or an older Spark: leave it to Spark
+            return asked
+    return asked
+
+
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                     remote: bool, input_df: Any = None,
-                    spark_grace_s: float = SPARK_GRACE_S) -> Outcome:
+                    spark_grace_s: float = SPARK_GRACE_S, revive: bool = False) -> Outcome:
     """Runs the job (see collect_chunks) and returns how it ended. spark_grace_s: how long
     to wait for Spark's own failure once the root cause is known (0 when a restart follows:
-    the next attempt is submitted at once, the log server's root cause naming the node)."""
+    the next attempt is submitted at once, the log server's root cause naming the node).
+    revive: a restarted attempt's job, which waits for the failed attempt's cores: ask for
+    Spark's offers until its tasks run (revive_until_running; classic sessions only)."""
     tags = _Tags(spark, remote)
     tag = f"torchspark-{uuid.uuid4().hex}"
     done, wake = threading.Event(), threading.Event()
@@ -174,6 +219,9 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                               spark if remote else None).start()
     if server is not None:
         threading.Thread(target=watch, daemon=True, name="torchspark-failure-watch").start()
+    if revive and not remote:
+        threading.Thread(target=revive_until_running, args=(spark, tag, done),
+                         daemon=True, name="torchspark-revive").start()
     try:
         while not wake.wait(0.5):
             pass

@@ -570,10 +570,12 @@ class TorchDistributor:
             last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
                 _restart.MAX_RESTARTS_ENV)
             grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S
+            restarted = self._attempt_env.get(_restart.ATTEMPT_ENV, "0") != "0"
             out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                        remote=self.is_remote,
                                        input_df=dataframe[0] if dataframe else None,
-                                       spark_grace_s=grace)
+                                       spark_grace_s=grace,
+                                       revive=restarted and _job.REVIVE_ON_RESTART)
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
