@@ -1,12 +1,13 @@
 /* jni/torchspark_jni.c: the JNI face of libtorchspark for org.torchspark.Native.
  *
  * Each function unpacks its Java arguments, calls one function of the public C API
- * (torchspark/common.h, elect.h, logserver.h) and returns: 0 (or a count) or a negative
- * errno, with a sentence in msg[0] where the C API gives one. Nothing here throws on
+ * (torchspark/common.h, elect.h, logserver.h, rendezvous.h, ...) and returns: 0 (or a count) or a
+ * negative errno, with a sentence in msg[0] where the C API gives one. Nothing here throws on
  * purpose: the Java side validates arguments first and turns codes into exceptions. The
  * only exceptions that can escape are the JVM's own (OutOfMemoryError from a string or
  * array allocation), after which each function releases what it took and returns.
- * No Java object is kept across calls; a log server is an opaque jlong handle.
+ * No Java object is kept across calls; a log server, a rendezvous and a rendezvous call
+ * are opaque jlong handles.
  */
 #include <errno.h>
 #include <jni.h>
@@ -21,6 +22,7 @@
 #include "torchspark/failure.h"
 #include "torchspark/logserver.h"
 #include "torchspark/plan.h"
+#include "torchspark/rendezvous.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -553,4 +555,97 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_logServerFree(JNIEnv *env, jcl
     (void)env;
     (void)cls;
     tsp_logserver_free(server_of(h));
+}
+
+/* ---- the driver's rendezvous (docs/protocol.md 2.1) ---- */
+
+static tsp_rdv_t *rdv_of(jlong h)
+{
+    return (tsp_rdv_t *)(intptr_t)h;
+}
+
+/* On success port[0] and msg = {host, token}: what the tasks are told. */
+JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
+                                                            jint get_timeout_ms, jintArray jport,
+                                                            jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *host = str_get(env, jhost, &oom);
+    char err[ERR_LEN] = "";
+    tsp_rdv_t *r = oom ? NULL : tsp_rdv_start(host, get_timeout_ms, err, sizeof err);
+    str_release(env, jhost, host);
+    if (r == NULL) {
+        if (!oom)
+            set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
+        return 0;
+    }
+    jint port = tsp_rdv_port(r);
+    (*env)->SetIntArrayRegion(env, jport, 0, 1, &port);
+    set_str(env, msg, 0, tsp_rdv_host(r));
+    set_str(env, msg, 1, tsp_rdv_token(r));
+    return (jlong)(intptr_t)r;
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCounts(JNIEnv *env, jclass cls, jlong h,
+                                                            jintArray jout)
+{
+    (void)cls;
+    int puts = 0, gets = 0;
+    tsp_rdv_counts(rdv_of(h), &puts, &gets);
+    jint v[2] = {puts, gets};
+    (*env)->SetIntArrayRegion(env, jout, 0, 2, v);
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cls, jlong h)
+{
+    (void)env;
+    (void)cls;
+    tsp_rdv_free(rdv_of(h));
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
+                                                               jstring jhost, jint port,
+                                                               jstring jtoken, jstring jrecord,
+                                                               jlongArray jcall, jobjectArray msg)
+{
+    (void)cls;
+    jstring js[3] = {jhost, jtoken, jrecord}; /* the record: null for a GET */
+    const char *c_str[3] = {NULL, NULL, NULL};
+    int oom = 0;
+    for (int i = 0; i < 3; i++)
+        c_str[i] = str_get(env, js[i], &oom);
+    char err[ERR_LEN] = "";
+    tsp_rdv_call_t *c = NULL;
+    int rc =
+        oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
+    jlong v = (jlong)(intptr_t)c;
+    if (rc == 0)
+        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
+    else if (!oom)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    for (int i = 0; i < 3; i++)
+        str_release(env, js[i], c_str[i]);
+    return rc;
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallWait(JNIEnv *env, jclass cls, jlong call,
+                                                              jint timeout_ms, jobjectArray msg)
+{
+    (void)cls;
+    char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
+    int rc = tsp_rdv_call_wait((tsp_rdv_call_t *)(intptr_t)call, timeout_ms, reply, sizeof reply,
+                               err, sizeof err);
+    if (rc == 0)
+        set_str(env, msg, 0, reply);
+    else if (rc != TSP_RDV_PENDING)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    return rc;
+}
+
+JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCallFree(JNIEnv *env, jclass cls, jlong call)
+{
+    (void)env;
+    (void)cls;
+    tsp_rdv_call_free((tsp_rdv_call_t *)(intptr_t)call);
 }

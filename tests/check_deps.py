@@ -63,6 +63,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
+    "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),
@@ -77,6 +78,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
+    "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
 }
 # The sides each side may reach (the public headers, torchspark/*.h, are open to all).
 SIDE_USES: Dict[str, Set[str]] = {

@@ -148,3 +148,25 @@ def test_a_lost_node_is_finished_by_the_core():
         "other nodes were stopped.\nLast 1 lines of node 0's output:\n  [rank 0] ready\n"
         f"To fix it: check host {host} (its executor's log, memory, network) and run again.")
     assert (err.rank, err.node_rank, err.host, err.output_tail) == (None, 0, host, tail)
+
+
+def test_rendezvous_exchange_and_its_sentences():
+    """The task's side through the library: rank 0's PUT, another rank's GET, the driver's
+    refusal and an unreachable driver, raised with the library's sentences."""
+    server = _rendezvous.Server("127.0.0.1")
+    spec = server.spec("")
+    try:
+        record = '{"version": 1, "master_port": 40123}'
+        assert _rendezvous.exchange(spec, None, 0, record) == record
+        assert _rendezvous.exchange(spec, None, 1, "") == record
+        with pytest.raises(RuntimeError, match="^torchspark: the driver refused the rendezvous: "
+                                               "authentication failed$"):
+            _rendezvous.exchange({**spec, "token": "ab" * 32}, None, 1, "")
+        with pytest.raises(RuntimeError, match="too long"):
+            _rendezvous.exchange(spec, None, 0, "x" * (_rendezvous.RECORD_MAX + 1))
+    finally:
+        server.close()
+    with pytest.raises(RuntimeError) as e:
+        _rendezvous.exchange(spec, None, 1, "")  # closed: nothing listens there now
+    assert str(e.value).startswith(f"{_rendezvous.UNREACHABLE}: this barrier task on host "), e
+    assert f"the driver's rendezvous at 127.0.0.1:{spec['port']} (" in str(e.value)

@@ -271,6 +271,21 @@ def _tree(root: int) -> list:
     return out
 
 
+def executor_id(jvm: int) -> str:
+    """The executor id of an executor JVM (its --executor-id)."""
+    cmd = _cmdline(jvm)
+    return cmd[cmd.index(b"--executor-id") + 1].decode()
+
+
+def kill_all(pids: list) -> None:
+    """SIGKILLs each of pids (a frozen one too); those gone already are skipped."""
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     """A frozen host: node 1's executor JVM, its Python workers, agent and training
     processes all SIGSTOPped (the kernel still answers TCP keepalives). The driver notices
@@ -297,10 +312,9 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
         time.sleep(0.02)
     jvm = executor_of_node(1)
     assert jvm, f"no executor runs node 1 ({box})"
-    cmd = _cmdline(jvm)
-    executor_id = cmd[cmd.index(b"--executor-id") + 1].decode()
+    eid = executor_id(jvm)
     backend = spark.sparkContext._jsc.sc().schedulerBackend()
-    assert backend.isExecutorActive(executor_id)
+    assert backend.isExecutorActive(eid)
     frozen = _tree(jvm)
     for p in frozen:
         os.kill(p, signal.SIGSTOP)
@@ -308,13 +322,9 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     try:
         t.join(300)
         # Still frozen (Spark's heartbeat timeout is 120 s): inactive only by our exclusion.
-        active_after = backend.isExecutorActive(executor_id)
+        active_after = backend.isExecutorActive(eid)
     finally:
-        for p in frozen:  # the standalone worker replaces the executor it lost
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_all(frozen)  # the standalone worker replaces the executor it lost
     assert not t.is_alive(), "the run did not end in 300 s"
     assert "error" not in box, f"the run failed: {box['error']!r}"
     att = box["dist"].attempts
@@ -322,7 +332,7 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
     noticed = att[0]["root_at"] - stopped
     assert att[0].get("silent_node") == 1, att
     assert "went silent" in att[0]["cause"] and "node 1" in att[0]["cause"], att
-    assert att[0].get("excluded_executor") == executor_id and not active_after, att
+    assert att[0].get("excluded_executor") == eid and not active_after, att
     # The documented bound: 5 s of silence + 1 s lost grace (+ a sweep), with slack for a
     # loaded 2-core machine.
     assert noticed <= 10.0, f"noticed after {noticed:.2f} s"

@@ -2,9 +2,10 @@
  *
  * The public API is what the glue binds (ctypes in spark-glue/python, JNI in jni/):
  * common.h, elect.h (master election), gpu.h (GPU inventory and assignment),
- * logserver.h (the driver's log server and the receipt of rank 0's output) and output.h
- * (sending that output). Everything else is
- * internal (the headers in native/src) and not exported by libtorchspark.so.
+ * logserver.h (the driver's log server and the receipt of rank 0's output), output.h
+ * (sending that output), rendezvous.h (the driver's rendezvous, both ends), plan.h (the node
+ * plan) and failure.h (the failure document). Everything else is internal (the headers in
+ * native/src) and not exported by libtorchspark.so.
  *
  * Conventions (see docs/architecture.md):
  *  - public functions are tsp_<module>_<verb>, types tsp_<noun>_t, macros TSP_;

@@ -96,7 +96,7 @@ int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t ca
     return 0;
 }
 
-static int dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen)
+int tsp__dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
@@ -201,7 +201,7 @@ int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, in
                  int *welcome_flags, char *err, size_t errlen)
 {
     int64_t deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 5000);
-    int fd = dial_tcp(host, port, deadline, err, errlen);
+    int fd = tsp__dial_tcp(host, port, deadline, err, errlen);
     if (fd < 0)
         return fd;
     int rc = handshake(fd, secret, role, hflags, agent_id, node_rank, hostname, deadline,

@@ -1,5 +1,6 @@
 /* logdial.h: the agent side's connection to the driver (connect + authenticated
- * handshake) and deadline-bounded socket I/O, shared by logclient.c and output.c. */
+ * handshake) and deadline-bounded socket I/O, shared by logclient.c and output.c; the
+ * plain connect also serves the rendezvous client (rdvclient.c). */
 #ifndef TSP_LOGDIAL_H
 #define TSP_LOGDIAL_H
 
@@ -13,6 +14,10 @@
 int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
                  uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
                  int *welcome_flags, char *err, size_t errlen);
+/* Connects to host:port (a name or numeric address) before deadline (ms on the monotonic
+ * clock). A connected non-blocking socket (CLOEXEC, TCP_NODELAY), or -errno with a sentence
+ * in err ("cannot connect to HOST:PORT: why", "cannot resolve HOST: why"). */
+int tsp__dial_tcp(const char *host, int port, int64_t deadline, char *err, size_t errlen);
 /* Sends all n bytes / reads exactly n bytes before deadline (ms on the monotonic clock,
  * -1: none). 0, -ETIMEDOUT, -ECONNRESET at EOF, or -errno. */
 int tsp__sock_write_all(int fd, const void *p, size_t n, int64_t deadline);

@@ -7,7 +7,8 @@ a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_
 names another), then PATH for the agent.
 
 The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
-logserver.h, output.h, gpu.h, plan.h, failure.h). Every other module calls the library through :func:`load_library`.
+logserver.h, output.h, gpu.h, plan.h, failure.h, rendezvous.h). Every other module calls
+the library through :func:`load_library`.
 """
 from __future__ import annotations
 
@@ -124,6 +125,15 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
+        # rendezvous.h (docs/protocol.md 2.1)
+        "tsp_rdv_start": (vp, [c, i] + err),
+        "tsp_rdv_port": (i, [vp]),
+        "tsp_rdv_host": (c, [vp]),
+        "tsp_rdv_token": (c, [vp]),
+        "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
+        "tsp_rdv_close": (None, [vp]),
+        "tsp_rdv_free": (None, [vp]),
+        "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h

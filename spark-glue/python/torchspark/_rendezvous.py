@@ -12,30 +12,27 @@ On by default for classic sessions, whose executors reach the driver's host anyw
 :func:`enabled`). The driver decides for the whole job: the spec carries an endpoint (every
 task uses it) or none (every task calls allGather). A task that cannot reach the endpoint
 fails before any training starts with an error marked UNREACHABLE; the driver then runs the
-job again with allGather, says so once, and keeps to allGather in that process. Requests
-are authenticated by a random token in the spec, as the log channel is by its secret; one
-record per run, at most RECORD_MAX bytes.
+job again with allGather, says so once, and keeps to allGather in that process.
 
-Wire (one request per connection, lines of UTF-8): ``TOKEN_HEX PUT RECORD\\n`` -> ``OK\\n``;
-``TOKEN_HEX GET\\n`` -> ``RECORD\\n`` once rank 0 put it (``ERR reason\\n`` on a bad token).
+The server and the task's requests are the C core's (native/include/torchspark/rendezvous.h,
+the wire of docs/protocol.md 2.1), the same code as the JVM glue's: this module only binds
+them and keeps the switch.
 """
 from __future__ import annotations
 
-import hmac
+import ctypes
 import os
-import socket
-import threading
 from typing import Any, Optional
 
+from torchspark._lib import load_library
 from torchspark._spec import RendezvousSpec
 
 ENV = "TORCHSPARK_RENDEZVOUS"
-RECORD_MAX = 4096
-GET_TIMEOUT_S = 600.0  # as long as a barrier stage may reasonably wait for rank 0
-CONNECT_TIMEOUT_S = 10.0
+RECORD_MAX = 4096  # TSP_RDV_RECORD_MAX
+_LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply
 
-
-# Marks a task's error when it could not reach the driver's rendezvous (see the module doc).
+# Marks a task's error when it could not reach the driver's rendezvous (see the module doc);
+# TSP_RDV_UNREACHABLE, which begins the library's sentence.
 UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE"
 
 
@@ -56,103 +53,31 @@ def enabled(remote: bool) -> bool:
 
 
 class Server:
-    """The driver's end: one listening socket and a thread per request (a handful)."""
+    """The driver's end (tsp_rdv_start): its port and one native thread, until close()."""
 
     def __init__(self, host: str) -> None:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.bind((host, 0))
-        self._sock.listen(64)
-        self.host = host
-        self.port = self._sock.getsockname()[1]
-        self.token = os.urandom(32).hex()
-        self._record: Optional[str] = None
-        self._cv = threading.Condition()
-        self._closed = False
-        threading.Thread(target=self._accept, daemon=True, name="torchspark-rendezvous").start()
+        self._lib = load_library()
+        err = ctypes.create_string_buffer(512)
+        h = self._lib.tsp_rdv_start(host.encode(), 0, err, len(err))
+        if not h:
+            raise OSError(err.value.decode(errors="replace"))
+        self._h: Optional[int] = h
+        self.host: str = self._lib.tsp_rdv_host(h).decode()
+        self.port: int = self._lib.tsp_rdv_port(h)
+        self.token: str = self._lib.tsp_rdv_token(h).decode()
 
     def spec(self, advertised_host: str) -> RendezvousSpec:
         host = advertised_host or self.host
         return {"host": host, "port": self.port, "token": self.token}
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name="torchspark-rendezvous-conn").start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        with conn:
-            conn.settimeout(CONNECT_TIMEOUT_S)
-            try:
-                try:
-                    req = _read_line(conn)
-                except ValueError as e:  # over the line limit, or not UTF-8
-                    conn.sendall(f"ERR {e}\n".encode())
-                    return
-                token, _, rest = req.partition(" ")
-                if not hmac.compare_digest(token.encode(), self.token.encode()):
-                    conn.sendall(b"ERR authentication failed\n")
-                    return
-                verb, _, record = rest.partition(" ")
-                if verb == "PUT" and record:
-                    with self._cv:
-                        self._record = record
-                        self._cv.notify_all()
-                    conn.sendall(b"OK\n")
-                elif rest == "GET":
-                    conn.settimeout(None)
-                    with self._cv:
-                        self._cv.wait_for(lambda: self._record is not None or self._closed,
-                                          timeout=GET_TIMEOUT_S)
-                        got = self._record
-                    conn.sendall(b"ERR the run ended\n" if got is None
-                                 else got.encode() + b"\n")
-                else:
-                    conn.sendall(b"ERR unknown request\n")
-            except (OSError, ValueError):
-                return
-
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        """Ends the run: waiting GETs get ``ERR the run ended``."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            self._lib.tsp_rdv_free(h)
 
-
-def _read_line(conn: socket.socket) -> str:
-    buf = b""
-    while not buf.endswith(b"\n"):
-        chunk = conn.recv(RECORD_MAX + 256)
-        if not chunk:
-            break
-        buf += chunk
-        if len(buf) > RECORD_MAX + 256:
-            raise ValueError("request too long")
-    return buf.decode("utf-8").rstrip("\n")
-
-
-def _request(spec: RendezvousSpec, line: str) -> str:
-    host, port = spec["host"], int(spec["port"])
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as conn:
-            conn.settimeout(None if line.endswith(" GET") else CONNECT_TIMEOUT_S)
-            conn.sendall(line.encode() + b"\n")
-            reply = _read_line(conn)
-    except OSError as e:
-        raise RuntimeError(
-            f"{UNREACHABLE}: this barrier task on host {socket.gethostname()} cannot reach "
-            f"the driver's rendezvous at {host}:{port} ({e}); the driver runs the job again "
-            "through BarrierTaskContext.allGather") from None
-    if reply.startswith("ERR "):
-        raise RuntimeError(f"torchspark: the driver refused the rendezvous: {reply[4:]}")
-    return reply
+    def __del__(self) -> None:
+        self.close()
 
 
 def exchange(spec: Optional[RendezvousSpec], ctx: Any, node_rank: int, packed: str) -> str:
@@ -160,9 +85,12 @@ def exchange(spec: Optional[RendezvousSpec], ctx: Any, node_rank: int, packed: s
     endpoint, else through allGather()."""
     if not spec:
         return ctx.allGather(packed)[0]
-    if len(packed) > RECORD_MAX or "\n" in packed:
-        raise RuntimeError("torchspark: the election record is too long or not one line")
-    if node_rank == 0:
-        _request(spec, f"{spec['token']} PUT {packed}")
-        return packed
-    return _request(spec, f"{spec['token']} GET")
+    lib = load_library()
+    reply = ctypes.create_string_buffer(_LINE_MAX + 2)
+    err = ctypes.create_string_buffer(1024)
+    record = packed.encode() if node_rank == 0 else None
+    rc = lib.tsp_rdv_exchange(spec["host"].encode(), int(spec["port"]), spec["token"].encode(),
+                              record, reply, len(reply), err, len(err))
+    if rc != 0:
+        raise RuntimeError(err.value.decode(errors="replace"))
+    return packed if node_rank == 0 else reply.value.decode()

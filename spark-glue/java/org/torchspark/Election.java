@@ -97,17 +97,8 @@ public final class Election {
         }
     }
 
-    /** Rank 0's election: the record, its packed form and the held port. */
-    public static final class Result {
-        public final Record record;
-        public final String packed;
-        public final Reservation reservation;
-
-        Result(Record record, String packed, Reservation reservation) {
-            this.record = record;
-            this.packed = packed;
-            this.reservation = reservation;
-        }
+    /** Rank 0's election: the record, its packed form and the held port (a value: a Java record). */
+    public record Result(Record record, String packed, Reservation reservation) {
     }
 
     /** Elects towards peer (another node's host, or the driver's). */

@@ -57,6 +57,29 @@ final class Native {
     static native int recordPack(String masterAddr, int masterPort, String runId, String host,
             String ifname, String[] msg);
 
+    // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
+
+    /** A handle, or 0 with the error sentence in msg[0]; on success port[0] is its port and
+     *  msg = {host, token} (msg has room for 2). getTimeoutMs <= 0: the default. */
+    static native long rdvStart(String host, int getTimeoutMs, int[] port, String[] msg);
+
+    /** out: records put, records handed to GETs. */
+    static native void rdvCounts(long h, int[] out);
+
+    /** Ends the run (waiting GETs get "ERR the run ended") and frees the handle. */
+    static native void rdvFree(long h);
+
+    /** A task's request: rank 0's PUT of record, or a GET (record null). 0 with call[0] set,
+     *  or a code with the sentence to raise in msg[0]. */
+    static native int rdvCallStart(String host, int port, String token, String record, long[] call,
+            String[] msg);
+
+    /** 0: msg[0] is the reply; 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the
+     *  sentence to raise in msg[0]. */
+    static native int rdvCallWait(long call, int timeoutMs, String[] msg);
+
+    static native void rdvCallFree(long call);
+
     // --- the driver's log server (torchspark/logserver.h) ---
 
     /** A handle, or 0 with the error sentence in msg[0]. secret: 32 bytes or null. */

@@ -145,7 +145,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 }
                 peers.add(hosts.get(0));
                 elected = Election.electMaster(new ArrayList<>(peers), localHostName());
-                packed = elected.packed;
+                packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
             Election.Record record = Election.Record.unpack(spec.rendezvous == null ? ctx.allGather(packed)[0]
@@ -185,7 +185,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             agent.start(); // from the task thread: it lives as long as the agent
             int rc = agent.waitFor(ctx);
             if (elected != null) {
-                elected.reservation.close();
+                elected.reservation().close();
             }
             if (rc != 0) {
                 String host = localHostName();
@@ -205,7 +205,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             return Collections.emptyList();
         } finally {
             if (elected != null) {
-                elected.reservation.close();
+                elected.reservation().close();
             }
             deleteTree(workdir);
         }

@@ -1,5 +1,7 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import java.lang.reflect.Method;
 import java.util.ArrayList;
 import java.util.HashMap;
 import java.util.List;
@@ -9,6 +11,8 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
+import org.apache.spark.status.AppStatusStore;
+import org.apache.spark.status.api.v1.TaskData;
 
 /**
  * The driver's restart policy of {@link TorchSparkRunner}, the JVM twin of the PySpark
@@ -21,19 +25,33 @@ import org.apache.spark.SparkContext;
  * job. Each attempt re-elects the master; its training processes learn the attempt from
  * {@value #ATTEMPT_ENV} and the previous attempt's root cause from {@value #CAUSE_ENV}; its
  * lines carry "[attempt N] ". The final exception lists each attempt's root cause in order.
+ *
+ * <p>Elastic ({@value #MIN_NODES_CONF}, {@code minNodes(m)}): when fewer slots than the run's
+ * nodes are left but at least m, the next attempt starts at once on those. A node that went
+ * silent (the native log server's root cause, docs/protocol.md 1.7 "Silent agents") has its
+ * executor excluded by id ({@code SparkContext.killAndReplaceExecutor}) before the slots are
+ * counted, since Spark would offer it until its heartbeat timeout.
  */
 final class RestartPolicy {
     static final String MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts";
     static final String REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout";
+    static final String MIN_NODES_CONF = "spark.torchspark.job.minNodes";
     static final String DEFAULT_REPLACEMENT_TIMEOUT = "30s";
     static final String ATTEMPT_ENV = "TORCHSPARK_ATTEMPT";
     static final String CAUSE_ENV = "TORCHSPARK_RESTART_CAUSE";
     static final String MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS";
     static final int CAUSE_MAX = 1000; // characters of a cause handed to the next attempt
 
-    /** One attempt: returns the run's result or throws its TorchSparkException. */
-    interface Attempt<T> {
-        T run(int attempt, String previousCause);
+    /** One attempt on `nodes` barrier tasks: returns the run's result or throws its
+     *  TorchSparkException; it notes on `record` when the failure was noticed and which node
+     *  went silent (TorchSparkRunner.Attempt). */
+    interface Body<T> {
+        T run(int attempt, String previousCause, int nodes, TorchSparkRunner.Attempt record);
+    }
+
+    /** The cluster's barrier task slots now; it may throw (Spark cannot tell). */
+    interface Slots {
+        int now();
     }
 
     private RestartPolicy() {}
@@ -56,6 +74,31 @@ final class RestartPolicy {
         if (v < 0) {
             throw new IllegalArgumentException(MAX_RESTARTS_CONF + " is " + v
                     + ": give a whole number of restarts >= 0");
+        }
+        return v;
+    }
+
+    /** The builder's minNodes (null: not set), else the conf's, else numTasks (not elastic);
+     *  a clear error otherwise (as the PySpark glue's min_nodes). */
+    static int minNodes(Integer set, String confValue, int numTasks) {
+        String key = "minNodes";
+        int v;
+        if (set != null) {
+            v = set;
+        } else if (confValue == null || confValue.isBlank()) {
+            return numTasks;
+        } else {
+            key = MIN_NODES_CONF;
+            try {
+                v = Integer.parseInt(confValue.trim());
+            } catch (NumberFormatException e) {
+                throw new IllegalArgumentException(MIN_NODES_CONF + " is '" + confValue + "': give a whole number "
+                        + "of nodes from 1 to the run's " + numTasks);
+            }
+        }
+        if (v < 1 || v > numTasks) {
+            throw new IllegalArgumentException(key + " is " + v + ": give a whole number of nodes (barrier tasks) "
+                    + "from 1 to the run's " + numTasks);
         }
         return v;
     }
@@ -137,19 +180,105 @@ final class RestartPolicy {
 
     /** Waits until the cluster can run need barrier tasks (a replacement executor
      *  registered), up to timeoutS; returns the slots seen last. */
-    static int waitForSlots(SparkContext sc, int need, double timeoutS) throws InterruptedException {
+    static int waitForSlots(Slots slots, int need, double timeoutS) throws InterruptedException {
         long deadline = System.nanoTime() + (long) (timeoutS * 1e9);
         while (true) {
-            int slots;
+            int n;
             try {
-                slots = freeSlots(sc);
+                n = slots.now();
             } catch (RuntimeException | LinkageError e) {
                 return need; // cannot tell: Spark's own barrier slot check decides
             }
-            if (slots >= need || System.nanoTime() - deadline >= 0) {
-                return slots;
+            if (n >= need || System.nanoTime() - deadline >= 0) {
+                return n;
             }
             Thread.sleep(100);
+        }
+    }
+
+    /** How many nodes the next attempt runs on (as _restart.next_nodes): need when the
+     *  cluster has a slot for each now; else, elastic (least < need), the slots there are
+     *  when they are >= least, at once; else need once a replacement executor came within
+     *  timeoutS; else the slots seen last (< least: no restart). unusable: slots Spark still
+     *  counts that are not (a silent node's executor that could not be excluded by id). */
+    static int nextNodes(Slots slots, int need, int least, double timeoutS, int unusable)
+            throws InterruptedException {
+        int n;
+        try {
+            n = slots.now() - unusable;
+        } catch (RuntimeException | LinkageError e) {
+            return need;
+        }
+        if (n >= need) {
+            return need;
+        }
+        if (least <= n) {
+            return n;
+        }
+        n = waitForSlots(slots, least + unusable, timeoutS) - unusable;
+        return n >= least ? Math.min(n, need) : n;
+    }
+
+    /** In the log server's root cause of a node that is unreachable but not gone (docs/protocol.md
+     *  1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it (a network cut).
+     *  Spark learns of such a host only after spark.network.timeout. */
+    private static final String[] SILENT = {"went silent", "no answer for about"};
+
+    /** True when the root cause (LogServer.failure()) is a node that went silent. */
+    static boolean silent(JsonNode root) {
+        if (root == null || !"lost".equals(root.path("kind").asText())) {
+            return false;
+        }
+        String message = root.path("message").asText();
+        for (String m : SILENT) {
+            if (message.contains(m)) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    /** The id of the executor that ran (or runs) the task of partition `partition` (a
+     *  node's task: node_rank = partitionId) in the job tagged `tag`, from Spark's status
+     *  store; null when Spark does not know it. The store's taskList returns a Scala Seq
+     *  whose class differs between Scala 2.12 and 2.13: it is called by reflection and walked
+     *  as a scala.collection.Iterable, so one jar serves Spark 3.5 and 4.x. */
+    static String taskExecutor(SparkContext sc, String tag, int partition) {
+        try {
+            AppStatusStore store = sc.statusStore();
+            Method taskList = AppStatusStore.class.getMethod("taskList", int.class, int.class, int.class);
+            for (int job : sc.statusTracker().getJobIdsForTag(tag)) {
+                scala.collection.Iterator<?> stages = store.job(job).stageIds().iterator();
+                while (stages.hasNext()) {
+                    int stage = ((Number) stages.next()).intValue();
+                    // A barrier stage is never retried (SPARK-25161): its only attempt is 0.
+                    Object tasks = taskList.invoke(store, stage, 0, 1 << 20);
+                    scala.collection.Iterator<?> it = ((scala.collection.Iterable<?>) tasks).iterator();
+                    while (it.hasNext()) {
+                        TaskData t = (TaskData) it.next();
+                        if (t.index() == partition) {
+                            return t.executorId();
+                        }
+                    }
+                }
+            }
+        } catch (ReflectiveOperationException | RuntimeException | LinkageError e) {
+            return null; // an older Spark, or the context is stopping: not known
+        }
+        return null;
+    }
+
+    /** Takes a silent node's executor out of scheduling by its id: Spark would keep offering
+     *  it until its heartbeat timeout (spark.network.timeout, 120 s by default).
+     *  SparkContext.killAndReplaceExecutor marks it pending removal at once (no task is placed
+     *  on it, its slots no longer count) and asks the cluster manager to kill it and start a
+     *  replacement (the application's executor target is kept). False when that is not
+     *  possible (a scheduler without executor allocation). */
+    static boolean excludeExecutor(SparkContext sc, String executorId) {
+        try {
+            return sc.killAndReplaceExecutor(executorId);
+        } catch (RuntimeException | LinkageError e) {
+            return false;
         }
     }
 
@@ -168,39 +297,71 @@ final class RestartPolicy {
                 e.host(), e.exitCode(), e.signal(), e.lastLines(), e.reportJson(), e, causes);
     }
 
-    /** Calls attempt.run(n, cause) until it returns or limit restarts are used up. */
-    static <T> T run(Attempt<T> attempt, int limit, SparkContext sc, int needSlots) {
+    /** Calls body.run(n, cause, nodes, record) until it returns or limit restarts are used
+     *  up; record gets one Attempt per attempt (TorchSparkRunner.attempts()). needSlots: the
+     *  run's nodes; leastSlots: its minNodes (needSlots: not elastic). */
+    static <T> T run(Body<T> body, int limit, SparkContext sc, int needSlots, int leastSlots,
+            List<TorchSparkRunner.Attempt> record) {
         SparkConf conf = sc.conf();
-        double timeoutS = durationS(conf.get(REPLACEMENT_TIMEOUT_CONF, DEFAULT_REPLACEMENT_TIMEOUT),
-                REPLACEMENT_TIMEOUT_CONF);
+        String timeoutRaw = conf.get(REPLACEMENT_TIMEOUT_CONF, DEFAULT_REPLACEMENT_TIMEOUT);
+        double timeoutS = durationS(timeoutRaw, REPLACEMENT_TIMEOUT_CONF);
+        return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
+                timeoutS, timeoutRaw, record);
+    }
+
+    /** The policy with Spark's two calls given (slots, exclude): see run(Body, ...). */
+    static <T> T run(Body<T> body, int limit, Slots slots, java.util.function.Predicate<String> exclude,
+            int needSlots, int leastSlots, double timeoutS, String timeoutRaw, List<TorchSparkRunner.Attempt> record) {
         List<String> causes = new ArrayList<>();
         String cause = null;
+        int nodes = needSlots;
         for (int n = 0; ; n++) {
+            TorchSparkRunner.Attempt entry = new TorchSparkRunner.Attempt(n, nodes);
+            record.add(entry);
             try {
-                return attempt.run(n, cause);
+                T result = body.run(n, cause, nodes, entry);
+                entry.ended = System.currentTimeMillis();
+                return result;
             } catch (TorchSparkException e) {
+                entry.ended = System.currentTimeMillis();
                 cause = rootCause(e);
+                entry.cause = cause;
                 causes.add(cause);
                 if (n == limit) {
                     throw exhausted(e, causes, limit);
                 }
                 long t0 = System.nanoTime();
-                int slots;
+                int unusable = entry.silentNode != null ? 1 : 0;
+                String lost = entry.silentExecutor;
+                if (unusable == 1 && lost != null && exclude.test(lost)) {
+                    // Excluded by id: its slots are no longer counted, and a replacement
+                    // executor may come for it.
+                    entry.excludedExecutor = lost;
+                    unusable = 0;
+                    TorchSparkRunner.LOG.warn("TorchSparkRunner: executor {} (node {}, silent) is excluded from the "
+                            + "next attempt: SparkContext.killAndReplaceExecutor asked the cluster manager to "
+                            + "replace it", lost, entry.silentNode);
+                }
+                int free;
                 try {
-                    slots = waitForSlots(sc, needSlots, timeoutS);
+                    free = nextNodes(slots, needSlots, leastSlots, timeoutS, unusable);
                 } catch (InterruptedException ie) {
                     Thread.currentThread().interrupt();
                     throw new IllegalStateException("torchspark: interrupted while waiting to restart", ie);
                 }
-                if (slots < needSlots) {
-                    causes.add("no restart: " + needSlots + " task slot(s) needed, " + slots + " available after "
-                            + "waiting " + conf.get(REPLACEMENT_TIMEOUT_CONF, DEFAULT_REPLACEMENT_TIMEOUT)
-                            + " for a replacement executor (" + REPLACEMENT_TIMEOUT_CONF + ")");
+                if (free < leastSlots) {
+                    String want = leastSlots == needSlots ? Integer.toString(needSlots)
+                            : "at least " + leastSlots + " (minNodes)";
+                    causes.add("no restart: " + want + " task slot(s) needed, " + free + " available after "
+                            + "waiting " + timeoutRaw + " for a replacement executor (" + REPLACEMENT_TIMEOUT_CONF + ")");
                     throw exhausted(e, causes, limit);
                 }
+                nodes = free;
+                String fewer = nodes < needSlots
+                        ? "; on " + nodes + " of " + needSlots + " nodes (minNodes=" + leastSlots + ")" : "";
                 TorchSparkRunner.LOG.warn("TorchSparkRunner attempt {} failed: {}; restarting as attempt {} of {} "
-                        + "({} slot(s) available after {} s)", n, cause, n + 1, limit + 1, slots,
-                        String.format(Locale.ROOT, "%.1f", (System.nanoTime() - t0) / 1e9));
+                        + "({} slot(s) available after {} s{})", n, cause, n + 1, limit + 1, free,
+                        String.format(Locale.ROOT, "%.1f", (System.nanoTime() - t0) / 1e9), fewer);
             }
         }
     }

@@ -55,7 +55,12 @@ public final class TorchSparkRunner {
     public static final String TASK_PROPERTY = "torchspark.run";
 
     static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
+    // After the root cause is known: how long to wait for Spark's own failure (the cause of
+    // the exception) before cancelling the job; none when a restart follows (the next
+    // attempt is submitted at once, the log server's root cause naming the node) or when
+    // the node went silent (Spark notices that only after spark.network.timeout).
     static final double SPARK_GRACE_S = 3.0;
+    static final double RESTART_GRACE_S = 0.0;
 
     private enum Kind { SCRIPT, MODULE, COMMAND }
 
@@ -74,10 +79,13 @@ public final class TorchSparkRunner {
     private String python;
     private final Map<String, String> env = new HashMap<>();
     private Integer maxRestarts;
+    private Integer minNodes;
+    private volatile List<Attempt> attempts = Collections.emptyList();
     // Per attempt of a run with restarts (RestartPolicy.java): the training processes'
     // TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
     private Map<String, String> attemptEnv = Map.of();
     private String linePrefix;
+    private boolean lastAttempt = true; // no restart follows a failure of this attempt
     // The hang doctor (HangDoctor.java): null where the conf decides.
     private String hangTimeout;
     private String hangAction;
@@ -146,6 +154,106 @@ public final class TorchSparkRunner {
         }
         maxRestarts = n;
         return this;
+    }
+
+    /**
+     * Elastic restarts, with {@link #maxRestarts}: the fewest nodes (barrier tasks) a
+     * restarted attempt may run on (default: {@value RestartPolicy#MIN_NODES_CONF}, else all
+     * of them: not elastic), as TorchDistributor's min_nodes (docs/distributor.md,
+     * "Restarts"). When fewer executors than the run's nodes are left but at least m, the
+     * next attempt starts at once on those, each node with its processes, so with a smaller
+     * world size, instead of waiting for a replacement executor (as torchrun's
+     * {@code --nnodes=MIN:MAX}); {@link #attempts()} records each attempt. From 1 to the
+     * run's nodes (checked when it runs).
+     */
+    public TorchSparkRunner minNodes(int m) {
+        if (m < 1) {
+            throw new IllegalArgumentException("minNodes must be a whole number >= 1, got " + m);
+        }
+        minNodes = m;
+        return this;
+    }
+
+    /** One entry per attempt of the last distributed run with restarts (empty without
+     *  restarts), as TorchDistributor's {@code attempts}. */
+    public List<Attempt> attempts() {
+        return attempts;
+    }
+
+    /**
+     * One attempt of a run with restarts: its number, its nodes (fewer than the run's with
+     * {@link #minNodes}), when it started and ended (ms since the epoch), its root cause (null
+     * for the last, successful one), when the log channel named that cause and when Spark's
+     * job ended (ms, null when not known), the node that went silent (docs/protocol.md 1.7),
+     * its executor id when Spark's status store knew it, and that id again when Spark excluded
+     * it (SparkContext.killAndReplaceExecutor).
+     */
+    public static final class Attempt {
+        private final int attempt;
+        private final int nodes;
+        private final long started = System.currentTimeMillis();
+        volatile Long ended;
+        volatile String cause;
+        volatile Long rootAt;
+        volatile Long endedAt;
+        volatile Integer silentNode;
+        volatile String silentExecutor;
+        volatile String excludedExecutor;
+
+        Attempt(int attempt, int nodes) {
+            this.attempt = attempt;
+            this.nodes = nodes;
+        }
+
+        public int attempt() {
+            return attempt;
+        }
+
+        public int nodes() {
+            return nodes;
+        }
+
+        public long started() {
+            return started;
+        }
+
+        public Long ended() {
+            return ended;
+        }
+
+        public String cause() {
+            return cause;
+        }
+
+        /** When the log channel named the root cause (ms since the epoch), or null. */
+        public Long rootAt() {
+            return rootAt;
+        }
+
+        /** When Spark's job of this attempt ended (ms since the epoch), or null. */
+        public Long endedAt() {
+            return endedAt;
+        }
+
+        /** The node that went silent (its host frozen or its network cut), or null. */
+        public Integer silentNode() {
+            return silentNode;
+        }
+
+        /** The executor id of the silent node's task, or null when not known. */
+        public String silentExecutor() {
+            return silentExecutor;
+        }
+
+        /** That executor id when Spark excluded it from the next attempt, else null. */
+        public String excludedExecutor() {
+            return excludedExecutor;
+        }
+
+        @Override
+        public String toString() {
+            return "Attempt(" + attempt + ", nodes=" + nodes + ", cause=" + cause + ")";
+        }
     }
 
     /** One process per GPU of each task (spark.task.resource.gpu.amount). */
@@ -676,29 +784,35 @@ public final class TorchSparkRunner {
 
     private Result runDistributed(SparkContext sc, List<String> program, String py) {
         int limit = RestartPolicy.maxRestarts(maxRestarts, sc.conf().get(RestartPolicy.MAX_RESTARTS_CONF, ""));
+        int ntasks = tasks(sc);
+        int least = RestartPolicy.minNodes(minNodes, sc.conf().get(RestartPolicy.MIN_NODES_CONF, ""), ntasks);
         Metrics.RUNS.incrementAndGet();
         if (limit == 0) {
-            return runElecting(sc, program, py);
+            attempts = Collections.emptyList();
+            return runElecting(sc, program, py, ntasks, null);
         }
-        int ntasks = tasks(sc);
+        List<Attempt> record = Collections.synchronizedList(new ArrayList<>());
+        attempts = Collections.unmodifiableList(record);
         try {
-            return RestartPolicy.run((n, cause) -> {
+            return RestartPolicy.run((n, cause, nodes, entry) -> {
                 attemptEnv = RestartPolicy.attemptEnv(n, limit, cause);
                 linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
-                return runElecting(sc, program, py);
-            }, limit, sc, ntasks);
+                lastAttempt = n == limit;
+                return runElecting(sc, program, py, nodes, entry);
+            }, limit, sc, ntasks, least, record);
         } finally {
             attemptEnv = Map.of();
             linePrefix = null;
+            lastAttempt = true;
         }
     }
 
     /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
-    private Result runElecting(SparkContext sc, List<String> program, String py) {
+    private Result runElecting(SparkContext sc, List<String> program, String py, int ntasks, Attempt entry) {
         boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null
                 && Rendezvous.enabled(sc.conf(), System.getenv(Rendezvous.ENV));
         try {
-            return runJob(sc, program, py, rendezvous);
+            return runJob(sc, program, py, rendezvous, ntasks, entry);
         } catch (NoRendezvous e) {
             // Before any training started: the same job through allGather, from now on.
             if (RENDEZVOUS_UNREACHABLE.compareAndSet(null, e.getMessage())) {
@@ -710,7 +824,7 @@ public final class TorchSparkRunner {
                 LOG.info("The executors could not reach torchspark's rendezvous on the driver ({}); running "
                         + "the job again through BarrierTaskContext.allGather", e.getMessage());
             }
-            return runJob(sc, program, py, false);
+            return runJob(sc, program, py, false, ntasks, entry);
         }
     }
 
@@ -741,8 +855,11 @@ public final class TorchSparkRunner {
         return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token);
     }
 
-    private Result runJob(SparkContext sc, List<String> program, String py, boolean useRendezvous) {
-        int ntasks = tasks(sc);
+    /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
+     *  node with its processes); entry (null without restarts) gets its timeline. */
+    private Result runJob(SparkContext sc, List<String> program, String py, boolean useRendezvous, int ntasks,
+            Attempt entry) {
+        int world = ntasks * (numProcesses / tasks(sc));
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         if (bind.isEmpty()) {
@@ -780,7 +897,7 @@ public final class TorchSparkRunner {
             }
             Pump pump = new Pump(server, logToStderr, this);
             pump.start();
-            HangDoctor doctor = startDoctor(server, pump, hang, numProcesses);
+            HangDoctor doctor = startDoctor(server, pump, hang, world);
             String tag = "torchspark-" + UUID.randomUUID();
             CountDownLatch done = new CountDownLatch(1);
             AtomicReference<List<byte[]>> chunks = new AtomicReference<>();
@@ -807,19 +924,28 @@ public final class TorchSparkRunner {
                 } catch (Throwable t) {
                     error.set(t);
                 } finally {
+                    if (entry != null) {
+                        entry.endedAt = System.currentTimeMillis();
+                    }
                     done.countDown();
                 }
             }, "torchspark-barrier-job");
             job.setDaemon(true);
             Metrics.AGENTS.addAndGet(ntasks);
-            LOG.info("Started distributed training with {} processes in {} barrier tasks", numProcesses, ntasks);
+            LOG.info("Started distributed training with {} processes in {} barrier tasks", world, ntasks);
             String root = null;
+            Long rootAt = null;
             try {
                 job.start();
                 while (!done.await(0, TimeUnit.MILLISECONDS)) {
                     root = server.failure(250);
                     if (root != null) {
-                        if (!done.await((long) (SPARK_GRACE_S * 1000), TimeUnit.MILLISECONDS)) {
+                        rootAt = System.currentTimeMillis();
+                        // A silent node (docs/protocol.md 1.7, PING): Spark notices it only
+                        // after spark.network.timeout, so its failure is not waited for.
+                        double grace = RestartPolicy.silent(Failure.parseRoot(root)) ? 0
+                                : lastAttempt ? SPARK_GRACE_S : RESTART_GRACE_S;
+                        if (!done.await((long) (grace * 1000), TimeUnit.MILLISECONDS)) {
                             sc.cancelJobsWithTag(tag);
                             done.await(1, TimeUnit.SECONDS);
                         }
@@ -847,8 +973,12 @@ public final class TorchSparkRunner {
             if (err != null || root != null) {
                 if (root == null) {
                     root = server.failure(server.lostPending() > 0 ? 2000 : 0);
+                    rootAt = root != null ? System.currentTimeMillis() : null;
                 }
                 server.stopAll(err != null ? "the Spark job failed" : "another node failed");
+                if (entry != null) {
+                    noteSilent(sc, entry, root, rootAt, tag);
+                }
                 server.shutdown(1000);
                 pump.finish();
                 RuntimeException failed = failure(root, err, server, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
@@ -862,7 +992,7 @@ public final class TorchSparkRunner {
             server.shutdown(5000);
             pump.finish();
             ok = true;
-            LOG.info("Finished distributed training with {} processes (election through {})", numProcesses,
+            LOG.info("Finished distributed training with {} processes (election through {})", world,
                     r.election);
             return r;
         } finally {
@@ -872,6 +1002,19 @@ public final class TorchSparkRunner {
             if (!ok) {
                 LOG.debug("torchspark run ended with a failure");
             }
+        }
+    }
+
+    /** Notes on an attempt's entry when the root cause came and, for a node that went
+     *  silent, the node and its executor's id (from Spark's status store: the job's tag, the
+     *  task of that partition), which the restart policy excludes. */
+    private static void noteSilent(SparkContext sc, Attempt entry, String rootJson, Long rootAt, String tag) {
+        entry.rootAt = rootAt;
+        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
+        if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
+            int node = root.get("node_rank").asInt();
+            entry.silentNode = node;
+            entry.silentExecutor = RestartPolicy.taskExecutor(sc, tag, node);
         }
     }
 

@@ -74,7 +74,7 @@ public class JniTest {
     public void agentCommandCarriesTheElectedNcclPort() {
         Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
-            Election.Record rec = Election.Record.unpack(r.packed);
+            Election.Record rec = Election.Record.unpack(r.packed());
             List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr,
                     rec.masterPort, rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null,
                     false, "0", 0, List.of("train.py"));
@@ -89,7 +89,7 @@ public class JniTest {
                     List.of("train.py"));
             assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
         } finally {
-            r.reservation.close();
+            r.reservation().close();
         }
     }
 
@@ -97,32 +97,32 @@ public class JniTest {
     public void electMasterHoldsThePortUntilClosed() throws Exception {
         Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
-            assertEquals("127.0.0.1", r.record.masterAddr);
-            assertEquals("lo", r.record.ifname);
-            assertEquals(r.reservation.port, r.record.masterPort);
+            assertEquals("127.0.0.1", r.record().masterAddr);
+            assertEquals("lo", r.record().ifname);
+            assertEquals(r.reservation().port, r.record().masterPort);
             // The NCCL check's port, held beside it and carried by the same record.
-            assertEquals(r.reservation.ncclPort, r.record.ncclPort);
-            assertNotEquals(r.record.masterPort, r.record.ncclPort);
-            assertEquals(r.record.ncclPort, Election.Record.unpack(r.packed).ncclPort);
-            assertEquals(32, r.record.runId.length());
-            assertEquals(r.record.masterAddr, Election.Record.unpack(r.packed).masterAddr);
+            assertEquals(r.reservation().ncclPort, r.record().ncclPort);
+            assertNotEquals(r.record().masterPort, r.record().ncclPort);
+            assertEquals(r.record().ncclPort, Election.Record.unpack(r.packed()).ncclPort);
+            assertEquals(32, r.record().runId.length());
+            assertEquals(r.record().masterAddr, Election.Record.unpack(r.packed()).masterAddr);
             // A plain bind (no SO_REUSEADDR) cannot take the held port.
             try (ServerSocket s = new ServerSocket()) {
                 s.setReuseAddress(false);
-                s.bind(new InetSocketAddress("127.0.0.1", r.record.masterPort));
+                s.bind(new InetSocketAddress("127.0.0.1", r.record().masterPort));
                 fail("the reserved port was free");
             } catch (java.net.BindException expected) {
                 // held
             }
             try (ServerSocket s = new ServerSocket()) {
                 s.setReuseAddress(false);
-                s.bind(new InetSocketAddress("127.0.0.1", r.record.ncclPort));
+                s.bind(new InetSocketAddress("127.0.0.1", r.record().ncclPort));
                 fail("the reserved NCCL port was free");
             } catch (java.net.BindException expected) {
                 // held
             }
         } finally {
-            r.reservation.close();
+            r.reservation().close();
         }
         assertEquals("lo", Election.localIfname("127.0.0.1"));
         try {

@@ -86,6 +86,142 @@ public class RunnerTest {
                 + "node stopped", RestartPolicy.rootCause(decommissioned));
     }
 
+    /** Elastic restarts (RestartPolicy.java, as _restart.py): minNodes from the builder or
+     *  the conf, checked against the run's nodes; the next attempt's node count. */
+    @Test
+    public void minNodesAndTheNextAttemptsNodes() throws InterruptedException {
+        try {
+            TorchSparkRunner.script("t.py").minNodes(0);
+            fail("minNodes(0)");
+        } catch (IllegalArgumentException e) {
+            assertEquals("minNodes must be a whole number >= 1, got 0", e.getMessage());
+        }
+        assertEquals(4, RestartPolicy.minNodes(null, "", 4)); // not elastic
+        assertEquals(2, RestartPolicy.minNodes(null, " 2 ", 4));
+        assertEquals(1, RestartPolicy.minNodes(1, "3", 4)); // the builder wins
+        try {
+            RestartPolicy.minNodes(5, null, 4);
+            fail("more than the run's nodes");
+        } catch (IllegalArgumentException e) {
+            assertEquals("minNodes is 5: give a whole number of nodes (barrier tasks) from 1 to the run's 4",
+                    e.getMessage());
+        }
+        for (String bad : new String[] {"0", "two", "9"}) {
+            try {
+                RestartPolicy.minNodes(null, bad, 4);
+                fail(bad);
+            } catch (IllegalArgumentException e) {
+                assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.job.minNodes is ")
+                        && e.getMessage().contains("from 1 to the run's 4"));
+            }
+        }
+        // Enough slots: the full size. Elastic: the slots there are, at once (no wait).
+        assertEquals(4, RestartPolicy.nextNodes(() -> 5, 4, 2, 60, 0));
+        long t0 = System.nanoTime();
+        assertEquals(3, RestartPolicy.nextNodes(() -> 3, 4, 2, 60, 0));
+        assertTrue((System.nanoTime() - t0) < 1_000_000_000L);
+        // A slot Spark still counts but that is not usable (a silent node not excluded).
+        assertEquals(2, RestartPolicy.nextNodes(() -> 3, 4, 2, 60, 1));
+        // Not elastic: waits for the replacement (here the 3rd look sees it), or gives up.
+        int[] looks = {0};
+        assertEquals(2, RestartPolicy.nextNodes(() -> ++looks[0] >= 3 ? 2 : 1, 2, 2, 60, 0));
+        assertEquals(3, looks[0]);
+        assertEquals(1, RestartPolicy.nextNodes(() -> 1, 2, 2, 0.2, 0));
+        // Below minNodes: waits for minNodes, then runs on what there is (<= need).
+        int[] later = {0};
+        assertEquals(2, RestartPolicy.nextNodes(() -> ++later[0] >= 2 ? 2 : 0, 4, 2, 60, 0));
+        // Spark cannot tell: its own barrier slot check decides.
+        assertEquals(4, RestartPolicy.nextNodes(() -> {
+            throw new IllegalStateException("stopped");
+        }, 4, 2, 60, 0));
+    }
+
+    /** A silent node is the log server's "lost" root cause saying so (docs/protocol.md 1.7). */
+    @Test
+    public void silentNodesAreTheLostOnesThatWentSilent() {
+        assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"node_rank\":1,\"message\":"
+                + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\"}")));
+        assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+                + "to node 1 (host h, address a): no answer for about 5 s\"}")));
+        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+                + "to node 1 (host h, address a): connection reset\"}")));
+        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"failure\",\"message\":\"it went silent\"}")));
+        assertTrue(!RestartPolicy.silent(null));
+    }
+
+    private static TorchSparkException rankFailed(String text) {
+        return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
+                null, null);
+    }
+
+    /** The policy's loop with the cluster's slots and exclusion given: a silent node's
+     *  executor is excluded by id and the next attempt runs on the survivors (minNodes);
+     *  one that cannot be excluded is counted out; too few slots end the run with the
+     *  history. */
+    @Test
+    public void restartsGoOnOnTheSurvivorsAndExcludeASilentExecutor() {
+        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        List<String> excluded = new java.util.ArrayList<>();
+        int[] slots = {2}; // the silent executor's slot still counted, as Spark does
+        String out = RestartPolicy.run((n, cause, nodes, entry) -> {
+            if (n == 0) {
+                entry.silentNode = 1;
+                entry.silentExecutor = "7";
+                throw rankFailed("lost connection to node 1 (host h, address a): it went silent: x");
+            }
+            return "ok on " + nodes + " after " + cause;
+        }, 2, () -> slots[0], id -> {
+            excluded.add(id);
+            slots[0]--; // pending removal: no longer counted
+            return true;
+        }, 2, 1, 60, "60s", rec);
+        assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
+        assertEquals(List.of("7"), excluded);
+        assertEquals(2, rec.size());
+        assertEquals(2, rec.get(0).nodes());
+        assertEquals(1, rec.get(1).nodes());
+        assertEquals("7", rec.get(0).excludedExecutor());
+        assertNull(rec.get(1).cause());
+        assertTrue(rec.get(0).ended() >= rec.get(0).started());
+
+        // Exclusion refused: the silent node's slot is not counted.
+        rec.clear();
+        RestartPolicy.run((n, cause, nodes, entry) -> {
+            if (n == 0) {
+                entry.silentNode = 0;
+                entry.silentExecutor = "3";
+                throw rankFailed("went silent");
+            }
+            return nodes;
+        }, 1, () -> 2, id -> false, 2, 1, 60, "60s", rec);
+        assertEquals(1, rec.get(1).nodes());
+        assertNull(rec.get(0).excludedExecutor());
+
+        // Not elastic, no replacement: the run ends with each attempt's cause and why.
+        rec.clear();
+        try {
+            RestartPolicy.run((n, cause, nodes, entry) -> {
+                throw rankFailed("rank 1 exited with code 9");
+            }, 3, () -> 1, id -> true, 2, 2, 0.1, "100ms", rec);
+            fail("no restart without slots");
+        } catch (TorchSparkException e) {
+            assertEquals(List.of("rank 1 exited with code 9", "no restart: 2 task slot(s) needed, 1 available after "
+                    + "waiting 100ms for a replacement executor (spark.torchspark.job.replacementTimeout)"),
+                    e.attempts());
+            assertEquals(1, rec.size());
+        }
+        rec.clear();
+        try {
+            RestartPolicy.run((n, cause, nodes, entry) -> {
+                throw rankFailed("rank 1 exited with code 9");
+            }, 3, () -> 1, id -> true, 4, 2, 0.1, "100ms", rec);
+            fail("no restart below minNodes");
+        } catch (TorchSparkException e) {
+            assertTrue(e.attempts().get(1), e.attempts().get(1).startsWith("no restart: at least 2 (minNodes) task "
+                    + "slot(s) needed, 1 available"));
+        }
+    }
+
     /**
      * The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md): on by
      * default for more than one node, off for one; the conf and the driver's variable decide

@@ -25,7 +25,9 @@ import org.apache.spark.sql.SparkSession;
  *   restart PYTHON SCRIPT MARK DIR STEPS MAX [OPTS]  resume_train.py with maxRestarts(MAX) (-1: the conf's),
  *                             killed or decommissioned by the test; OPTS: "onrequest" (--on-request),
  *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1), "zero" (then
- *                             the training again with maxRestarts(0), killed by the test)
+ *                             the training again with maxRestarts(0), killed by the test), "elastic"
+ *                             (minNodes(1); then each attempt as an ATTEMPT line, and whether the
+ *                             executors it excluded are still active)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -155,6 +157,9 @@ public final class TrainApp {
         if (max >= 0) {
             r.maxRestarts(max);
         }
+        if (opts.contains("elastic")) {
+            r.minNodes(1);
+        }
         try {
             r.run(spark);
             System.out.println("RESTART: ok");
@@ -162,6 +167,9 @@ public final class TrainApp {
             System.out.println("RESTART: failed");
             System.out.println("ATTEMPTS: " + e.attempts().size());
             System.out.println("MESSAGE: " + e.getMessage().replace('\n', '|'));
+        }
+        if (opts.contains("elastic")) {
+            printAttempts(spark, r.attempts());
         }
         if (opts.contains("fail")) {
             try {
@@ -198,6 +206,39 @@ public final class TrainApp {
         System.out.println("LEFT: " + marked(mark).size());
         // The plugin's stops after a checkpoint on request (the executors' logs go with the app).
         System.out.println("PLUGIN_ACKS: " + logCount(spark, "checkpointed on request"));
+    }
+
+    /** Each attempt of the last run as "ATTEMPT: json", then, per executor it excluded,
+     *  "EXCLUDED_ACTIVE: id true|false" (Spark's scheduler: still offered tasks), then
+     *  "ATTEMPTS_DONE: n" (the test then ends what it froze). */
+    private static void printAttempts(SparkSession spark, List<TorchSparkRunner.Attempt> attempts) {
+        com.fasterxml.jackson.databind.ObjectMapper json = new com.fasterxml.jackson.databind.ObjectMapper();
+        for (TorchSparkRunner.Attempt a : attempts) {
+            java.util.Map<String, Object> m = new java.util.LinkedHashMap<>();
+            m.put("attempt", a.attempt());
+            m.put("nodes", a.nodes());
+            m.put("started", a.started());
+            m.put("ended", a.ended());
+            m.put("cause", a.cause());
+            m.put("root_at", a.rootAt());
+            m.put("ended_at", a.endedAt());
+            m.put("silent_node", a.silentNode());
+            m.put("silent_executor", a.silentExecutor());
+            m.put("excluded_executor", a.excludedExecutor());
+            try {
+                System.out.println("ATTEMPT: " + json.writeValueAsString(m));
+            } catch (com.fasterxml.jackson.core.JsonProcessingException e) {
+                throw new IllegalStateException(e);
+            }
+            if (a.excludedExecutor() != null) {
+                org.apache.spark.ExecutorAllocationClient backend =
+                        (org.apache.spark.ExecutorAllocationClient) spark.sparkContext().schedulerBackend();
+                System.out.println("EXCLUDED_ACTIVE: " + a.excludedExecutor() + " "
+                        + backend.isExecutorActive(a.excludedExecutor()));
+            }
+        }
+        System.out.println("ATTEMPTS_DONE: " + attempts.size());
+        System.out.flush();
     }
 
     /** Which way rank 0's election record went, 3 runs of 2 tasks whose ranks print what they

@@ -1,0 +1,94 @@
+/* torchspark/rendezvous.h: the driver's rendezvous (docs/protocol.md 2.1), both ends.
+ *
+ * Hands rank 0's election record to the other barrier tasks through the driver instead of
+ * BarrierTaskContext.allGather (which costs at least a second: Spark polls its barrier RPC
+ * with Thread.sleep(1000)). The driver starts a server for the run and gives the tasks its
+ * host, port and token; rank 0's task PUTs the record, every other task GETs it. One
+ * request per connection, one line each way:
+ *
+ *   TOKEN PUT RECORD\n -> OK\n;   TOKEN GET\n -> RECORD\n (once put);   ERR reason\n
+ *
+ * Both glues bind this one implementation (ctypes: torchspark._rendezvous; JNI:
+ * org.torchspark.Rendezvous); only the switch (on, off, fallback to allGather) is theirs.
+ *
+ * Lifecycle of a tsp_rdv_t: tsp_rdv_start() (allocated, listening, its thread running),
+ * tsp_rdv_close() (stops: waiting GETs are answered "ERR the run ended", the thread is
+ * joined; idempotent), tsp_rdv_free() (closes if needed, frees). Of a tsp_rdv_call_t:
+ * tsp_rdv_call_start() (connected, request sent), tsp_rdv_call_wait() until it returns
+ * anything but TSP_RDV_PENDING, tsp_rdv_call_free() (closes the connection).
+ */
+#ifndef TORCHSPARK_RENDEZVOUS_H
+#define TORCHSPARK_RENDEZVOUS_H
+
+#include "torchspark/common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TSP_RDV_RECORD_MAX 4096 /* bytes of record a task sends at most */
+/* Bytes of a request or reply line (its newline not counted) that a reader takes; beyond
+ * it the server answers "ERR request too long". */
+#define TSP_RDV_LINE_MAX (TSP_RDV_RECORD_MAX + 256)
+#define TSP_RDV_TOKEN_HEX 64             /* 32 random bytes as lowercase hex digits */
+#define TSP_RDV_GET_TIMEOUT_MS 600000    /* a GET waits this long for rank 0's PUT */
+#define TSP_RDV_CONNECT_TIMEOUT_MS 10000 /* connect, send a request, read a PUT's reply */
+/* Begins the sentence of a task that could not reach the driver's rendezvous: the driver
+ * finds it in Spark's error and runs the job again through allGather. */
+#define TSP_RDV_UNREACHABLE "TORCHSPARK_RENDEZVOUS_UNREACHABLE"
+
+/* tsp_rdv_call_wait's results besides 0 and -errno. */
+#define TSP_RDV_PENDING 1 /* no reply yet within the wait: wait again */
+#define TSP_RDV_REFUSED 2 /* the driver answered ERR (or a PUT not OK): err says why */
+
+/* ---- the driver's end --------------------------------------------------------------- */
+
+typedef struct tsp_rdv tsp_rdv_t;
+
+/* Listens on host (a name or numeric address; NULL or "" is 127.0.0.1), a port the kernel
+ * picks, with a fresh token, and starts the server's thread. get_timeout_ms: how long a GET
+ * waits for the PUT (<= 0: TSP_RDV_GET_TIMEOUT_MS). NULL with a sentence in err. */
+TSP_EXTERN tsp_rdv_t *tsp_rdv_start(const char *host, int get_timeout_ms, char *err, size_t errlen);
+TSP_EXTERN int tsp_rdv_port(const tsp_rdv_t *r);
+/* The numeric address it listens on. */
+TSP_EXTERN const char *tsp_rdv_host(const tsp_rdv_t *r);
+/* The run's token, TSP_RDV_TOKEN_HEX hex digits. */
+TSP_EXTERN const char *tsp_rdv_token(const tsp_rdv_t *r);
+/* Records put, and records handed to GETs, so far. Either pointer may be NULL. */
+TSP_EXTERN void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets);
+/* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
+ * thread ends (within a second). Idempotent. */
+TSP_EXTERN void tsp_rdv_close(tsp_rdv_t *r);
+TSP_EXTERN void tsp_rdv_free(tsp_rdv_t *r);
+
+/* ---- a task's end ------------------------------------------------------------------- */
+
+typedef struct tsp_rdv_call tsp_rdv_call_t;
+
+/* Connects to the driver's rendezvous at host:port (TSP_RDV_CONNECT_TIMEOUT_MS) and sends
+ * rank 0's PUT of record, or a GET when record is NULL. 0 with *out set; otherwise a code
+ * and, in err, the sentence to raise as it is: -EINVAL for a bad argument (a record that is
+ * empty, over TSP_RDV_RECORD_MAX bytes or not one line; a token that is not 64 hex digits),
+ * any other -errno when the driver cannot be reached (the sentence begins
+ * TSP_RDV_UNREACHABLE ": this barrier task on host H cannot reach the driver's
+ * rendezvous at ..."). */
+TSP_EXTERN int tsp_rdv_call_start(const char *host, int port, const char *token, const char *record,
+                                  tsp_rdv_call_t **out, char *err, size_t errlen);
+/* Waits up to timeout_ms (< 0: until the call's own deadline: a PUT's reply
+ * TSP_RDV_CONNECT_TIMEOUT_MS, a GET's TSP_RDV_GET_TIMEOUT_MS and a minute more) for the
+ * reply. 0: reply (len bytes) holds the record (a GET) or "OK" (a PUT); TSP_RDV_PENDING:
+ * nothing yet, call again; TSP_RDV_REFUSED: the driver refused, err says why ("torchspark:
+ * the driver refused the rendezvous: REASON"); -ENOSPC: reply is too small; another -errno:
+ * the connection failed, err holds the TSP_RDV_UNREACHABLE sentence. */
+TSP_EXTERN int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply, size_t len,
+                                 char *err, size_t errlen);
+TSP_EXTERN void tsp_rdv_call_free(tsp_rdv_call_t *c);
+
+/* One whole call: start, wait until its deadline, free. The codes of the two above. */
+TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *token, const char *record,
+                                char *reply, size_t len, char *err, size_t errlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

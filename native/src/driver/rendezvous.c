@@ -1,0 +1,454 @@
+/* rendezvous.c: the driver's end of the rendezvous (docs/protocol.md 2.1): one listening
+ * socket and one poll thread for every task's connection. A connection is read until its
+ * line, then answered: at once (OK, ERR) or, for a GET, once rank 0's PUT came, the GET's
+ * time ran out or the run ended; after its reply it is closed. The record and the
+ * connections belong to the thread; the caller's side only reads the counters and asks
+ * it to stop through an eventfd. */
+#include "torchspark/rendezvous.h"
+
+#include "util.h"
+
+#include <errno.h>
+#include <netdb.h>
+#include <openssl/crypto.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define DRAIN_MS 1000 /* after close, how long replies may take to leave */
+
+enum conn_state { READING, WAITING, WRITING };
+
+typedef struct rdv_conn {
+    int fd;
+    enum conn_state state;
+    int64_t deadline; /* READING: the request's; WAITING: the GET's; WRITING: the reply's */
+    size_t len, off;  /* READING: bytes in buf; WRITING: reply length and bytes sent */
+    char buf[TSP_RDV_LINE_MAX + 2];
+} rdv_conn_t;
+
+struct tsp_rdv {
+    int lfd, wake_fd, port, get_timeout_ms;
+    char host[64];
+    char token[TSP_RDV_TOKEN_HEX + 1];
+    pthread_t thread;
+    pthread_mutex_t mu; /* guards closing, puts, gets */
+    int closing, puts, gets;
+    /* the thread's own */
+    char *record;
+    size_t record_len;
+    rdv_conn_t **conns;
+    size_t nconns, cap;
+    struct pollfd *pfds;
+};
+
+/* ---- connections ------------------------------------------------------------------- */
+
+static void conn_drop(tsp_rdv_t *r, size_t i)
+{
+    close(r->conns[i]->fd);
+    free(r->conns[i]);
+    r->conns[i] = r->conns[--r->nconns];
+}
+
+/* Queues line + '\n' as the connection's reply. */
+static void conn_reply(rdv_conn_t *c, const char *line, size_t n)
+{
+    if (n > sizeof(c->buf) - 1)
+        n = sizeof(c->buf) - 1;
+    memmove(c->buf, line, n);
+    c->buf[n] = '\n';
+    c->len = n + 1;
+    c->off = 0;
+    c->state = WRITING;
+    c->deadline = tsp__now_ms() + TSP_RDV_CONNECT_TIMEOUT_MS;
+}
+
+static void conn_reply_str(rdv_conn_t *c, const char *line)
+{
+    conn_reply(c, line, strlen(line));
+}
+
+static void count(tsp_rdv_t *r, int *counter)
+{
+    pthread_mutex_lock(&r->mu);
+    (*counter)++;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* Answers every waiting GET with the record. */
+static void answer_waiting(tsp_rdv_t *r)
+{
+    for (size_t i = 0; i < r->nconns; i++) {
+        if (r->conns[i]->state == WAITING) {
+            conn_reply(r->conns[i], r->record, r->record_len);
+            count(r, &r->gets);
+        }
+    }
+}
+
+static int token_ok(const tsp_rdv_t *r, const char *tok, size_t n)
+{
+    return n == TSP_RDV_TOKEN_HEX && CRYPTO_memcmp(tok, r->token, TSP_RDV_TOKEN_HEX) == 0;
+}
+
+/* One whole request line (n bytes, no newline) of c. */
+static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
+{
+    const char *line = c->buf;
+    const char *sp = memchr(line, ' ', n);
+    size_t toklen = sp ? (size_t)(sp - line) : n;
+    if (!token_ok(r, line, toklen)) {
+        conn_reply_str(c, "ERR authentication failed");
+        return;
+    }
+    const char *rest = sp ? sp + 1 : line + n;
+    size_t restlen = (size_t)(line + n - rest);
+    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
+        char *rec = malloc(restlen - 4);
+        if (!rec) {
+            conn_reply_str(c, "ERR out of memory");
+            return;
+        }
+        memcpy(rec, rest + 4, restlen - 4);
+        free(r->record);
+        r->record = rec;
+        r->record_len = restlen - 4;
+        count(r, &r->puts);
+        conn_reply_str(c, "OK");
+        answer_waiting(r);
+    } else if (restlen == 3 && memcmp(rest, "GET", 3) == 0) {
+        if (r->record) {
+            conn_reply(c, r->record, r->record_len);
+            count(r, &r->gets);
+        } else {
+            c->state = WAITING;
+            c->deadline = tsp__now_ms() + r->get_timeout_ms;
+        }
+    } else {
+        conn_reply_str(c, "ERR unknown request");
+    }
+}
+
+/* Reads what c has; 0 to keep it, -1 to drop it. */
+static int conn_read(tsp_rdv_t *r, rdv_conn_t *c)
+{
+    for (;;) {
+        char scratch[256];
+        int reading = c->state == READING;
+        char *to = reading ? c->buf + c->len : scratch;
+        size_t room = reading ? sizeof(c->buf) - c->len : sizeof(scratch);
+        ssize_t got = recv(c->fd, to, room, MSG_DONTWAIT);
+        if (got == 0)
+            return -1; /* gone: a half-sent request, or a GET that gave up */
+        if (got < 0)
+            return errno == EINTR ? 0 : errno == EAGAIN ? 0 : -1;
+        if (!reading)
+            continue; /* nothing more is expected of a waiting GET: ignored */
+        char *nl = memchr(to, '\n', (size_t)got);
+        c->len += (size_t)got;
+        if (nl) {
+            handle_line(r, c, (size_t)(nl - c->buf));
+            return 0;
+        }
+        if (c->len > TSP_RDV_LINE_MAX) {
+            conn_reply_str(c, "ERR request too long");
+            return 0;
+        }
+    }
+}
+
+/* Sends what is left of c's reply; 0 to keep it, -1 when done or failed. */
+static int conn_write(rdv_conn_t *c)
+{
+    while (c->off < c->len) {
+        ssize_t w = send(c->fd, c->buf + c->off, c->len - c->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0)
+            return errno == EINTR || errno == EAGAIN ? 0 : -1;
+        c->off += (size_t)w;
+    }
+    return -1;
+}
+
+/* ---- the thread -------------------------------------------------------------------- */
+
+static void do_accept(tsp_rdv_t *r)
+{
+    for (;;) {
+        int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or out of descriptors: the next round tries again */
+        if (r->nconns == r->cap) {
+            size_t cap = r->cap ? r->cap * 2 : 16;
+            /* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
+            rdv_conn_t **cs = realloc(r->conns, cap * sizeof(rdv_conn_t *));
+            struct pollfd *ps = cs ? realloc(r->pfds, (cap + 2) * sizeof(*ps)) : NULL;
+            if (cs)
+                r->conns = cs;
+            if (!cs || !ps) {
+                close(fd);
+                return;
+            }
+            r->pfds = ps;
+            r->cap = cap;
+        }
+        rdv_conn_t *c = malloc(sizeof(*c));
+        if (!c) {
+            close(fd);
+            return;
+        }
+        c->fd = fd;
+        c->state = READING;
+        c->len = c->off = 0;
+        c->deadline = tsp__now_ms() + TSP_RDV_CONNECT_TIMEOUT_MS;
+        r->conns[r->nconns++] = c;
+    }
+}
+
+/* The run ended: waiting GETs are told so, half-read requests dropped. */
+static void end_run(tsp_rdv_t *r)
+{
+    close(r->lfd);
+    r->lfd = -1;
+    for (size_t i = r->nconns; i-- > 0;) {
+        rdv_conn_t *c = r->conns[i];
+        if (c->state == WAITING)
+            conn_reply_str(c, "ERR the run ended");
+        else if (c->state == READING)
+            conn_drop(r, i);
+    }
+}
+
+/* Deadlines: a request not sent in time or a reply not taken is dropped; a GET whose
+ * time ran out is answered. The poll timeout until the next one. */
+static int sweep(tsp_rdv_t *r)
+{
+    int64_t now = tsp__now_ms(), next = -1;
+    for (size_t i = r->nconns; i-- > 0;) {
+        rdv_conn_t *c = r->conns[i];
+        if (c->deadline <= now) {
+            if (c->state != WAITING) {
+                conn_drop(r, i);
+                continue;
+            }
+            char why[96];
+            int ms = r->get_timeout_ms;
+            snprintf(why, sizeof why, "ERR rank 0 sent no election record within %d %s",
+                     ms >= 1000 ? ms / 1000 : ms, ms >= 1000 ? "s" : "ms");
+            conn_reply_str(c, why);
+        }
+        if (next < 0 || c->deadline < next)
+            next = c->deadline;
+    }
+    return next < 0 ? -1 : (int)(next - now + 1);
+}
+
+static void serve_ready(tsp_rdv_t *r, size_t npfds)
+{
+    /* pfds[2 + i] is conns[i] as it was when polled; a drop moves the last one into i,
+     * so walk backwards. */
+    for (size_t k = npfds; k-- > 2;) {
+        size_t i = k - 2;
+        short ev = r->pfds[k].revents;
+        if (!ev || i >= r->nconns)
+            continue;
+        rdv_conn_t *c = r->conns[i];
+        int drop = 0;
+        if (c->state != WRITING && (ev & (POLLIN | POLLHUP | POLLERR)))
+            drop = conn_read(r, c);
+        if (!drop && c->state == WRITING)
+            drop = conn_write(c);
+        if (drop)
+            conn_drop(r, i);
+    }
+}
+
+static void *rdv_main(void *arg)
+{
+    tsp_rdv_t *r = arg;
+    int ending = 0;
+    int64_t drain_until = 0;
+    for (;;) {
+        int timeout = sweep(r);
+        if (ending) {
+            int64_t left = drain_until - tsp__now_ms();
+            if (!r->nconns || left <= 0)
+                break;
+            if (timeout < 0 || timeout > left)
+                timeout = (int)left;
+        }
+        r->pfds[0] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
+        r->pfds[1] = (struct pollfd){.fd = r->lfd, .events = POLLIN}; /* -1 once ended */
+        for (size_t i = 0; i < r->nconns; i++) {
+            rdv_conn_t *c = r->conns[i];
+            r->pfds[2 + i] = (struct pollfd){
+                .fd = c->fd, .events = (short)(c->state == WRITING ? POLLOUT : POLLIN)};
+        }
+        size_t npfds = 2 + r->nconns;
+        int n = poll(r->pfds, npfds, timeout);
+        if (n < 0 && errno != EINTR)
+            break;
+        if (n <= 0)
+            continue;
+        serve_ready(r, npfds);
+        if (r->pfds[0].revents) {
+            uint64_t v;
+            ssize_t got = read(r->wake_fd, &v, sizeof v);
+            (void)got; /* only resets the eventfd */
+            pthread_mutex_lock(&r->mu);
+            int closing = r->closing;
+            pthread_mutex_unlock(&r->mu);
+            if (closing && !ending) {
+                ending = 1;
+                drain_until = tsp__now_ms() + DRAIN_MS;
+                end_run(r);
+            }
+        }
+        if (!ending && r->pfds[1].revents)
+            do_accept(r);
+    }
+    while (r->nconns)
+        conn_drop(r, r->nconns - 1);
+    return NULL;
+}
+
+/* ---- setup and the API ------------------------------------------------------------- */
+
+static int bind_listen(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV},
+                    *res = NULL;
+    int rc = getaddrinfo(host, "0", &hints, &res);
+    if (rc)
+        return tsp__err(err, errlen, -EADDRNOTAVAIL, "cannot resolve the rendezvous address %s: %s",
+                        host, gai_strerror(rc));
+    int e = EADDRNOTAVAIL;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+        if (fd < 0) {
+            e = errno;
+            continue;
+        }
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        char port[16];
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0 &&
+            getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+            getnameinfo((struct sockaddr *)&ss, sl, r->host, sizeof r->host, port, sizeof port,
+                        NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+            r->lfd = fd;
+            r->port = atoi(port);
+            freeaddrinfo(res);
+            return 0;
+        }
+        e = errno;
+        close(fd);
+    }
+    freeaddrinfo(res);
+    return tsp__err(err, errlen, -e, "cannot listen on %s for the rendezvous: %s", host,
+                    strerror(e));
+}
+
+static int rdv_setup(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
+{
+    uint8_t raw[TSP_RDV_TOKEN_HEX / 2];
+    if (tsp__random_bytes(raw, sizeof raw))
+        return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous token");
+    tsp__hex_encode(raw, sizeof raw, r->token);
+    int rc = bind_listen(r, host && *host ? host : "127.0.0.1", err, errlen);
+    if (rc)
+        return rc;
+    r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    r->pfds = malloc(2 * sizeof(*r->pfds));
+    if (r->wake_fd < 0 || !r->pfds)
+        return tsp__err(err, errlen, -ENOMEM, "cannot set up the rendezvous: %s", strerror(errno));
+    if ((rc = pthread_create(&r->thread, NULL, rdv_main, r)))
+        return tsp__err(err, errlen, -rc, "cannot start the rendezvous thread: %s", strerror(rc));
+    return 0;
+}
+
+tsp_rdv_t *tsp_rdv_start(const char *host, int get_timeout_ms, char *err, size_t errlen)
+{
+    tsp_rdv_t *r = calloc(1, sizeof(*r));
+    if (!r) {
+        tsp__err(err, errlen, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    r->lfd = r->wake_fd = -1;
+    r->get_timeout_ms = get_timeout_ms > 0 ? get_timeout_ms : TSP_RDV_GET_TIMEOUT_MS;
+    pthread_mutex_init(&r->mu, NULL);
+    if (rdv_setup(r, host, err, errlen)) {
+        if (r->lfd >= 0)
+            close(r->lfd);
+        if (r->wake_fd >= 0)
+            close(r->wake_fd);
+        pthread_mutex_destroy(&r->mu);
+        free(r->pfds);
+        free(r);
+        return NULL;
+    }
+    return r;
+}
+
+int tsp_rdv_port(const tsp_rdv_t *r)
+{
+    return r->port;
+}
+
+const char *tsp_rdv_host(const tsp_rdv_t *r)
+{
+    return r->host;
+}
+
+const char *tsp_rdv_token(const tsp_rdv_t *r)
+{
+    return r->token;
+}
+
+void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets)
+{
+    pthread_mutex_lock(&r->mu);
+    if (puts)
+        *puts = r->puts;
+    if (gets)
+        *gets = r->gets;
+    pthread_mutex_unlock(&r->mu);
+}
+
+void tsp_rdv_close(tsp_rdv_t *r)
+{
+    if (!r)
+        return;
+    pthread_mutex_lock(&r->mu);
+    int was = r->closing;
+    r->closing = 1;
+    pthread_mutex_unlock(&r->mu);
+    if (was)
+        return;
+    uint64_t one = 1;
+    ssize_t w = write(r->wake_fd, &one, sizeof one);
+    (void)w; /* an eventfd write only fails when the counter is saturated: still awake */
+    pthread_join(r->thread, NULL);
+}
+
+void tsp_rdv_free(tsp_rdv_t *r)
+{
+    if (!r)
+        return;
+    tsp_rdv_close(r);
+    if (r->lfd >= 0)
+        close(r->lfd);
+    close(r->wake_fd);
+    pthread_mutex_destroy(&r->mu);
+    free(r->record);
+    free(r->conns);
+    free(r->pfds);
+    free(r);
+}

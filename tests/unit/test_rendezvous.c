@@ -1,0 +1,320 @@
+/* test_rendezvous.c: the driver's rendezvous (docs/protocol.md 2.1) over real sockets on
+ * 127.0.0.1: the server (rendezvous.c) against raw lines and against the task's client
+ * (rdvclient.c): put then get, a bad token, a request over the line limit, a GET before
+ * the PUT, a GET whose time runs out, the run's end while a GET waits, an unreachable
+ * driver and a waiting call polled in slices, as the JVM's kill check does. */
+#include <check.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "testutil.h"
+#include "torchspark/rendezvous.h"
+
+#define RECORD "{\"version\": 1, \"master_port\": 40123}"
+
+/* One raw request (line as given, newline included by the caller) -> the reply line
+ * without its newline, in out. */
+static void raw(int port, const char *line, size_t n, char *out, size_t outlen)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    for (size_t off = 0; off < n;) {
+        ssize_t w = send(fd, line + off, n - off, MSG_NOSIGNAL);
+        if (w <= 0)
+            break; /* the server may answer (and close) before it read everything */
+        off += (size_t)w;
+    }
+    size_t len = 0;
+    out[0] = '\0';
+    while (len + 1 < outlen) {
+        ssize_t r = recv(fd, out + len, outlen - 1 - len, 0);
+        if (r <= 0)
+            break;
+        len += (size_t)r;
+        out[len] = '\0';
+        if (memchr(out, '\n', len))
+            break;
+    }
+    char *nl = strchr(out, '\n');
+    if (nl)
+        *nl = '\0';
+    close(fd);
+}
+
+static void raw_str(int port, const char *line, char *out, size_t outlen)
+{
+    raw(port, line, strlen(line), out, outlen);
+}
+
+typedef struct {
+    int port;
+    const char *token;
+    int rc;
+    char reply[TSP_RDV_LINE_MAX + 2];
+    char err[1024];
+} get_job_t;
+
+static void *get_main(void *arg)
+{
+    get_job_t *j = arg;
+    j->rc = tsp_rdv_exchange("127.0.0.1", j->port, j->token, NULL, j->reply, sizeof j->reply,
+                             j->err, sizeof j->err);
+    return NULL;
+}
+
+static long ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+START_TEST(test_rdv_put_then_get)
+{
+    char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    const char *tok = tsp_rdv_token(r);
+    ck_assert_uint_eq(strlen(tok), TSP_RDV_TOKEN_HEX);
+    ck_assert_str_eq(tsp_rdv_host(r), "127.0.0.1");
+    int port = tsp_rdv_port(r);
+    ck_assert_int_gt(port, 0);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, RECORD, reply, sizeof reply, err, sizeof err), 0);
+    ck_assert_str_eq(reply, "OK");
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(
+            tsp_rdv_exchange("127.0.0.1", port, tok, NULL, reply, sizeof reply, err, sizeof err),
+            0);
+        ck_assert_str_eq(reply, RECORD);
+    }
+    snprintf(line, sizeof line, "%s GET\n", tok); /* the raw wire: the same answer */
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, RECORD);
+    int puts = -1, gets = -1;
+    tsp_rdv_counts(r, &puts, &gets);
+    ck_assert_int_eq(puts, 1);
+    ck_assert_int_eq(gets, 3);
+    /* A reply buffer too small for the record. */
+    char small[4];
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, NULL, small, sizeof small, err, sizeof err),
+        -ENOSPC);
+    tsp_rdv_free(r);
+}
+END_TEST
+
+START_TEST(test_rdv_refusals)
+{
+    char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
+    tsp_rdv_t *r = tsp_rdv_start(NULL, 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int port = tsp_rdv_port(r);
+    const char *tok = tsp_rdv_token(r);
+    /* A wrong token through the client: the driver's reason, as the glues raise it. */
+    char wrong[TSP_RDV_TOKEN_HEX + 1];
+    memset(wrong, 'a', TSP_RDV_TOKEN_HEX);
+    wrong[TSP_RDV_TOKEN_HEX] = '\0';
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, wrong, NULL, reply, sizeof reply, err, sizeof err),
+        TSP_RDV_REFUSED);
+    ck_assert_str_eq(err, "torchspark: the driver refused the rendezvous: authentication failed");
+    raw_str(port, "00ff GET\n", reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR authentication failed");
+    raw_str(port, "\n", reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR authentication failed");
+    snprintf(line, sizeof line, "%sx GET\n", tok); /* the token and one byte more */
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR authentication failed");
+    snprintf(line, sizeof line, "%s PUT\n", tok);
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR unknown request");
+    snprintf(line, sizeof line, "%s POST x\n", tok);
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR unknown request");
+    /* Over the line limit, with and without a newline at its end. */
+    int n = snprintf(line, sizeof line, "%s PUT ", tok);
+    memset(line + n, 'x', 6000);
+    line[n + 6000] = '\n';
+    raw(port, line, (size_t)n + 6001, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR request too long");
+    raw(port, line, (size_t)n + 6000, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR request too long");
+    int puts = -1;
+    tsp_rdv_counts(r, &puts, NULL);
+    ck_assert_int_eq(puts, 0); /* nothing of it was taken as a record */
+    /* The client refuses what it must not send. */
+    char big[TSP_RDV_RECORD_MAX + 2];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, big, reply, sizeof reply, err, sizeof err),
+        -EINVAL);
+    ck_assert_msg(strstr(err, "too long (over 4096 bytes)") != NULL, "%s", err);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, "a\nb", reply, sizeof reply, err, sizeof err),
+        -EINVAL);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, "", reply, sizeof reply, err, sizeof err),
+        -EINVAL);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, "not hex", NULL, reply, sizeof reply, err, sizeof err),
+        -EINVAL);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", 0, tok, NULL, reply, sizeof reply, err, sizeof err), -EINVAL);
+    tsp_rdv_free(r);
+    /* A host that does not resolve: nothing starts. */
+    ck_assert_ptr_null(tsp_rdv_start("no-such-host.invalid", 0, err, sizeof err));
+    ck_assert_msg(strstr(err, "no-such-host.invalid") != NULL, "%s", err);
+}
+END_TEST
+
+START_TEST(test_rdv_get_before_put_waits)
+{
+    char err[512] = "", reply[64];
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    get_job_t b = a;
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, get_main, &a);
+    pthread_create(&tb, NULL, get_main, &b);
+    usleep(300 * 1000);
+    int gets = -1;
+    tsp_rdv_counts(r, NULL, &gets);
+    ck_assert_int_eq(gets, 0); /* both still waiting */
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", a.port, a.token, RECORD, reply, sizeof reply,
+                                      err, sizeof err),
+                     0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    ck_assert_msg(a.rc == 0, "%s", a.err);
+    ck_assert_str_eq(a.reply, RECORD);
+    ck_assert_msg(b.rc == 0, "%s", b.err);
+    ck_assert_str_eq(b.reply, RECORD);
+    tsp_rdv_free(r);
+}
+END_TEST
+
+START_TEST(test_rdv_close_answers_waiting_gets)
+{
+    char err[512] = "";
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    pthread_t ta;
+    pthread_create(&ta, NULL, get_main, &a);
+    usleep(200 * 1000);
+    struct timespec t0;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    tsp_rdv_close(r);
+    tsp_rdv_close(r); /* idempotent */
+    pthread_join(ta, NULL);
+    ck_assert_int_lt(ms_since(&t0), 2000);
+    ck_assert_int_eq(a.rc, TSP_RDV_REFUSED);
+    ck_assert_str_eq(a.err, "torchspark: the driver refused the rendezvous: the run ended");
+    tsp_rdv_free(r);
+    /* A GET whose time runs out is told so. */
+    r = tsp_rdv_start("127.0.0.1", 100, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    a = (get_job_t){.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    get_main(&a);
+    ck_assert_int_eq(a.rc, TSP_RDV_REFUSED);
+    ck_assert_str_eq(a.err, "torchspark: the driver refused the rendezvous: rank 0 sent no "
+                            "election record within 100 ms");
+    tsp_rdv_free(r);
+}
+END_TEST
+
+START_TEST(test_rdv_call_waits_in_slices)
+{
+    char err[512] = "", reply[64];
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    tsp_rdv_call_t *c = NULL;
+    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), NULL, &c,
+                                        err, sizeof err),
+                     0);
+    for (int i = 0; i < 3; i++) /* what the JVM's kill check does between slices */
+        ck_assert_int_eq(tsp_rdv_call_wait(c, 50, reply, sizeof reply, err, sizeof err),
+                         TSP_RDV_PENDING);
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), RECORD, reply,
+                                      sizeof reply, err, sizeof err),
+                     0);
+    ck_assert_int_eq(tsp_rdv_call_wait(c, 5000, reply, sizeof reply, err, sizeof err), 0);
+    ck_assert_str_eq(reply, RECORD);
+    tsp_rdv_call_free(c);
+    /* A call given up while waiting (the task was killed): the server drops it. */
+    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), NULL, &c,
+                                        err, sizeof err),
+                     0);
+    tsp_rdv_call_free(c);
+    tsp_rdv_free(r);
+}
+END_TEST
+
+START_TEST(test_rdv_unreachable_driver_is_marked)
+{
+    char err[1024] = "", reply[64];
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t sl = sizeof sa;
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    getsockname(fd, (struct sockaddr *)&sa, &sl);
+    int port = ntohs(sa.sin_port);
+    close(fd); /* nothing listens there now */
+    char tok[TSP_RDV_TOKEN_HEX + 1];
+    memset(tok, 'b', TSP_RDV_TOKEN_HEX);
+    tok[TSP_RDV_TOKEN_HEX] = '\0';
+    char want[128];
+    snprintf(want, sizeof want, "the driver's rendezvous at 127.0.0.1:%d (Connection refused); ",
+             port);
+    for (int put = 0; put < 2; put++) {
+        int rc = tsp_rdv_exchange("127.0.0.1", port, tok, put ? RECORD : NULL, reply, sizeof reply,
+                                  err, sizeof err);
+        ck_assert_int_eq(rc, -ECONNREFUSED);
+        const char *begin = TSP_RDV_UNREACHABLE ": this barrier task on host ";
+        ck_assert_msg(strncmp(err, begin, strlen(begin)) == 0, "%s", err);
+        ck_assert_msg(strstr(err, want) != NULL, "%s", err);
+        ck_assert_msg(strstr(err, "; the driver runs the job again through "
+                                  "BarrierTaskContext.allGather") != NULL,
+                      "%s", err);
+    }
+    /* An IPv6 endpoint is shown in brackets. */
+    tsp_rdv_exchange("[::1]", port, tok, NULL, reply, sizeof reply, err, sizeof err);
+    snprintf(want, sizeof want, "rendezvous at [::1]:%d (", port);
+    ck_assert_msg(strstr(err, want) != NULL, "%s", err);
+}
+END_TEST
+
+static Suite *rendezvous_suite(void)
+{
+    Suite *s = suite_create("rendezvous");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, test_rdv_put_then_get);
+    tcase_add_test(tc, test_rdv_refusals);
+    tcase_add_test(tc, test_rdv_get_before_put_waits);
+    tcase_add_test(tc, test_rdv_close_answers_waiting_gets);
+    tcase_add_test(tc, test_rdv_call_waits_in_slices);
+    tcase_add_test(tc, test_rdv_unreachable_driver_is_marked);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return tsp_test_main(rendezvous_suite());
+}
