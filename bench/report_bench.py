@@ -3,10 +3,12 @@ TorchDistributor.run() on local-cluster[2,1,1024] (2 ranks, one per executor).
 
     .venv/bin/python bench/report_bench.py [--runs 5] [--steps 1000]
 
-Each run trains nothing but does a fixed amount of work per step (a CPU matmul of about
-10 ms on one thread), so the step loop runs at ~100 steps/s per rank. The same function
-runs alternately with report() on every step (100 calls/s per rank) and without it; the
-loop's time on each rank is measured inside the worker (perf_counter around the loop).
+Each run trains nothing but does a fixed amount of work per step (12 CPU matmuls of
+160x160 on one thread: 3.2 ms of CPU on the shared 2-core VM of docs/benchmarks.md), then
+computes a metric from it. The same function runs alternately with report() of that
+metric and two constants on every step and without it (the loops differ by the report()
+call only); the loop's time on each rank is measured inside the worker (perf_counter
+around the loop).
 The process's CPU time over the loop (time.process_time: every thread, the report
 sender's included, until what report() queued is sent) is measured beside it: on a shared,
 loaded machine the wall time varies by +-25 % between runs, the CPU time much less.
@@ -47,9 +49,9 @@ def loop(steps, reporting):
     for step in range(steps):
         for _ in range(12):
             c = a @ b
+        loss = float(c[0, 0])  # both loops compute the metric: they differ by report() only
         if reporting:
-            torchspark.report({"loss": float(c[0, 0]), "lr": 0.001, "step_time": 0.01},
-                              step=step)
+            torchspark.report({"loss": loss, "lr": 0.001, "step_time": 0.01}, step=step)
     took = time.perf_counter() - t0
     if reporting:  # what report() queued is sent (the sender's CPU counts)
         import torchspark._metrics as m
@@ -103,6 +105,11 @@ def main():
         "cpu_s_without": round(cbase, 4), "cpu_s_with": round(crep, 4),
         "cpu_overhead_pct": round(100 * (crep - cbase) / cbase, 2),
         "cpu_pair_overhead_pct": [round(x, 2) for x in cpu_pairs],
+        "cpu_pair_overhead_pct_median": round(statistics.median(cpu_pairs), 2),
+        "cpu_us_per_report_median": round(statistics.median(
+            1e6 * (w - wo) / args.steps for w, wo in zip(cpus[True], cpus[False], strict=True)), 1),
+        "cpus_without": [round(t, 4) for t in cpus[False]],
+        "cpus_with": [round(t, 4) for t in cpus[True]],
         "runs_without": [round(t, 4) for t in times[False]],
         "runs_with": [round(t, 4) for t in times[True]],
         "latency_ms_p50": round(1000 * latencies[len(latencies) // 2], 2),
