@@ -1,11 +1,12 @@
 """torchspark.report(): the cost to a step loop, and report() -> on_report latency, through
 TorchDistributor.run() on local-cluster[2,1,1024] (2 ranks, one per executor).
 
-    .venv/bin/python bench/report_bench.py [--runs 5] [--steps 1000]
+    .venv/bin/python bench/report_bench.py [--runs 5] [--steps 1000] [--matmuls 12]
 
 Each run trains nothing but does a fixed amount of work per step (12 CPU matmuls of
 160x160 on one thread: 3.2 ms of CPU on the shared 2-core VM of docs/benchmarks.md), then
-computes a metric from it. The same function runs alternately with report() of that
+computes a metric from it. --matmuls 36 makes the step ~10 ms of CPU: report() on every
+step is then the issue's rate, 100 calls/s per rank. The same function runs alternately with report() of that
 metric and two constants on every step and without it (the loops differ by the report()
 call only); the loop's time on each rank is measured inside the worker (perf_counter
 around the loop).
@@ -31,7 +32,7 @@ from torchspark import TorchDistributor
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
-def loop(steps, reporting):
+def loop(steps, reporting, matmuls=12):
     import torch
     import torch.distributed as dist
 
@@ -47,7 +48,7 @@ def loop(steps, reporting):
     c0 = time.process_time()  # this process's CPU, every thread (the report sender's too)
     t0 = time.perf_counter()
     for step in range(steps):
-        for _ in range(12):
+        for _ in range(matmuls):
             c = a @ b
         loss = float(c[0, 0])  # both loops compute the metric: they differ by report() only
         if reporting:
@@ -69,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=1000)
+    ap.add_argument("--matmuls", type=int, default=12, help="160x160 matmuls per step")
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     s = (SparkSession.builder.master("local-cluster[2,1,1024]")
@@ -84,7 +86,7 @@ def main():
             got = []
             d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                                  on_report=got.append, progress=False)
-            took = d.run(loop, args.steps, reporting)
+            took = d.run(loop, args.steps, reporting, args.matmuls)
             times[reporting].append(statistics.median(t for t, _ in took))
             cpus[reporting].append(statistics.median(c for _, c in took))
             if reporting:
@@ -96,7 +98,7 @@ def main():
     pairs = [100 * (w - wo) / wo for w, wo in zip(times[True], times[False], strict=True)]
     cpu_pairs = [100 * (w - wo) / wo for w, wo in zip(cpus[True], cpus[False], strict=True)]
     out = {
-        "steps": args.steps, "runs": args.runs,
+        "steps": args.steps, "runs": args.runs, "matmuls": args.matmuls,
         "loop_s_without": round(base, 4), "loop_s_with": round(rep, 4),
         "overhead_pct": round(100 * (rep - base) / base, 2),
         "step_rate_per_rank": round(args.steps / base, 1),
