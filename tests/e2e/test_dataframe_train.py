@@ -194,6 +194,22 @@ def partition_files(local_dir):
     return found
 
 
+def holders(local_dir):
+    """Who holds what (for a failure's message): each pid's command line and files."""
+    by_pid = {}
+    for pid, target in partition_files(local_dir):
+        by_pid.setdefault(pid, set()).add(target.rsplit("/", 1)[-1])
+    out = []
+    for pid, files in sorted(by_pid.items()):
+        try:
+            with open(f"/proc/{pid}/cmdline") as f:
+                cmd = f.read().replace("\0", " ")[:160]
+        except OSError:
+            cmd = "(gone)"
+        out.append(f"{pid} {cmd}: {sorted(files)}")
+    return "\n".join(out) or "no process holds a file"
+
+
 def wait_for(cond, timeout):
     deadline = time.monotonic() + timeout
     while not cond() and time.monotonic() < deadline:
@@ -232,7 +248,7 @@ def test_failure_and_cancel_leave_no_partition_file(spark):
     t.start()
     # Both tasks' files are held (the tasks) and mapped (the training processes).
     assert wait_for(lambda: len({p for p, _ in partition_files(local_dir)}) >= 4, 120), \
-        partition_files(local_dir)
+        holders(local_dir)
     spark.sparkContext.cancelAllJobs()
     t.join(60)
     assert not t.is_alive() and "error" in box
