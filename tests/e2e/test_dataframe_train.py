@@ -211,10 +211,23 @@ def holders(local_dir):
 
 
 def wait_for(cond, timeout):
+    """True once cond() is (evaluated once per round: a state seen is not lost to a second
+    look), False when timeout passed without it."""
     deadline = time.monotonic() + timeout
-    while not cond() and time.monotonic() < deadline:
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.1)
-    return cond()
+
+
+def steady_holders(local_dir):
+    """The pids that hold or map a partition file in two looks 0.2 s apart: a process that
+    holds one for an instant (a task's child between its fork and its exec) is not one."""
+    first = {p for p, _ in partition_files(local_dir)}
+    time.sleep(0.2)
+    return first & {p for p, _ in partition_files(local_dir)}
 
 
 def _read_then(action):
@@ -247,7 +260,7 @@ def test_failure_and_cancel_leave_no_partition_file(spark):
     t = threading.Thread(target=run)
     t.start()
     # Both tasks' files are held (the tasks) and mapped (the training processes).
-    assert wait_for(lambda: len({p for p, _ in partition_files(local_dir)}) >= 4, 120), \
+    assert wait_for(lambda: len(steady_holders(local_dir)) >= 4, 120), \
         holders(local_dir)
     spark.sparkContext.cancelAllJobs()
     t.join(60)
