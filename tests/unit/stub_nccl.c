@@ -54,7 +54,7 @@ typedef struct ncclComm {
     const float *send;
     float *recv;
     size_t count;
-    int op;       /* 0 init, 1 all_reduce */
+    int op;       /* 0 init, 1 all_reduce, 2 finalize */
     char bus[32]; /* the device current to the caller at init (as NCCL reads it) */
 } comm_t;
 
@@ -367,11 +367,23 @@ static unsigned int do_allreduce(comm_t *c)
     return rc;
 }
 
+/* Finalize flushes the communicator's work; non-blocking, it reports through the async state. */
+static unsigned int do_finalize(comm_t *c)
+{
+    (void)c;
+    usleep(2000);
+    return 0;
+}
+
+static unsigned int run_op(comm_t *c)
+{
+    return c->op == 0 ? do_init(c) : c->op == 1 ? do_allreduce(c) : do_finalize(c);
+}
+
 static void *runner(void *arg)
 {
     comm_t *c = arg;
-    unsigned int rc = c->op == 0 ? do_init(c) : do_allreduce(c);
-    atomic_store(&c->async, (int)rc);
+    atomic_store(&c->async, (int)run_op(c));
     return NULL;
 }
 
@@ -388,14 +400,14 @@ static unsigned int start(comm_t *c, int op)
     join(c);
     c->op = op;
     if (c->blocking) {
-        unsigned int rc = op == 0 ? do_init(c) : do_allreduce(c);
+        unsigned int rc = run_op(c);
         atomic_store(&c->async, (int)rc);
         return rc;
     }
     atomic_store(&c->async, 7);
     pthread_create(&c->th, NULL, runner, c);
     c->has_thread = 1;
-    return op == 0 ? 7 : 0;
+    return op == 1 ? 0 : 7; /* init and finalize say ncclInProgress, as NCCL's do */
 }
 
 static unsigned int init(ncclComm_t *out, int n, ncclUniqueId id, int rank, int blocking)
@@ -460,18 +472,24 @@ unsigned int ncclCommAbort(ncclComm_t c)
     return 0;
 }
 
+/* As NCCL's ncclCommEnsureReady: a communicator whose last operation has not returned
+ * ncclSuccess is refused with its WARN line and ncclInvalidArgument, and stays allocated. */
 unsigned int ncclCommDestroy(ncclComm_t c)
 {
-    if (c)
-        release(c);
+    if (!c)
+        return 0;
+    if (atomic_load(&c->async) != 0) {
+        warn(c->rank, "Attempt to use communicator before the previous operation returned "
+                      "ncclSuccess");
+        return 4;
+    }
+    release(c);
     return 0;
 }
 
 unsigned int ncclCommFinalize(ncclComm_t c)
 {
-    if (c)
-        join(c);
-    return 0;
+    return c ? start(c, 2) : 4;
 }
 
 unsigned int ncclAllReduce(const void *s, void *r, size_t n, unsigned int dt, unsigned int op,
