@@ -5,7 +5,8 @@ stuck rank going round 0..3.
     .venv/bin/python bench/hang_bench.py [--per-kind 10] [--timeout 3s] [--kinds sleep,...]
 
 A run counts as correct when the doctor's one line names exactly the stuck rank and, but
-for SIGSTOP, its function (tests/e2e/agent_scripts/hang_worker.py). "named after" is the
+for SIGSTOP, its function (tests/e2e/agent_scripts/hang_worker.py), and every other rank
+waits in all_reduce (a miss prints every rank's stacks on stderr). "named after" is the
 driver's time from the ranks' last line (the stuck rank prints one right before it hangs)
 to the line naming the culprit: the goal is within hangTimeout + 10 s. Prints one JSON
 line per run and a summary per kind.
@@ -45,8 +46,13 @@ def one(kind, victim, timeout):
     wall = time.monotonic() - t0
     diag = d.hang_reports[0] if d.hang_reports else None
     func = FUNCS[kind]
+    others = [r for r in range(4) if r != victim]
     ok = (error is None and diag is not None and diag.culprits == [victim]
-          and (f"({func})" in diag.line if func else "stopped (SIGSTOP)" in diag.line))
+          and (f"({func})" in diag.line if func else "stopped (SIGSTOP)" in diag.line)
+          and diag.waiting == {"all_reduce": others})
+    if diag is not None and not ok:  # a miss explains itself: every rank's stacks
+        print(f"--- {kind} victim {victim}: {diag.line}\n{diag.stacks_text()}",
+              file=sys.stderr, flush=True)
     return {"kind": kind, "victim": victim, "correct": ok,
             "named_after_s": round(diag.after_s, 2) if diag else None,
             "run_s": round(wall, 1), "line": diag.line if diag else None, "error": error}

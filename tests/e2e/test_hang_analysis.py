@@ -203,3 +203,62 @@ def test_a_bad_hang_timeout_names_the_key_and_an_example(raw):
         _hang.spark_duration_s(raw, "spark.torchspark.hangTimeout")
     assert str(e.value).startswith(f"spark.torchspark.hangTimeout is '{raw}': give a")
     assert "30" in str(e.value)
+
+
+def _cut_by_recorder(lines, after):
+    """The rank's dump as it comes when its flight recorder's thread writes (one write, all
+    its lines) while faulthandler, in the signal handler, is still writing the line that
+    holds ``after``: the recorder's lines start right after ``after``, and the rest of that
+    line follows them (the race of pyboot.c's two writers on fd 2, seen about once in a
+    hundred dumps)."""
+    recorder = [ln for ln in lines if ln.startswith(_hang.RECORDER_PREFIX)]
+    stacks = [ln for ln in lines if not ln.startswith(_hang.RECORDER_PREFIX)]
+    i = next(i for i, ln in enumerate(stacks) if after in ln)
+    cut = stacks[i].index(after) + len(after)
+    return (stacks[:i] + [stacks[i][:cut] + recorder[0]] + recorder[1:] + [stacks[i][cut:]]
+            + stacks[i + 1:])
+
+
+@pytest.mark.parametrize("after", [
+    "line 4181 in all_r",  # the CI failure: rank 0 'waited in all_rtorchspark: ...'
+    "distributed_c10d.py",  # the frame lost: rank 0 counted by its recorder alone
+    "line 4181 in all_reduce",  # at the line's end: the rest is an empty line
+    "Current thr",  # a thread's header: its frames would join the thread before
+])
+def test_a_line_that_the_flight_recorder_cut_in_two_is_made_whole(after):
+    """CI once reported 'rank 0 waits in <something>, ranks 1-2 wait in all_reduce #2 for
+    it' with rank 0 in the same all_reduce: its recorder's lines had landed inside the
+    line of its all_reduce frame."""
+    by_rank = _recorded(_load("sleep.txt"), {0: 2, 1: 2, 3: 2})
+    whole = list(by_rank[0])
+    by_rank[0] = _cut_by_recorder(by_rank[0], after)
+    assert by_rank[0] != whole and not any(ln.startswith("educe") for ln in whole)
+    d = _diagnose(by_rank)
+    assert d.culprits == [2] and d.waiting == {"all_reduce": [0, 1, 3]}, d.line
+    assert d.line.endswith("its last collective all_reduce #1; ranks 0-1, 3 wait in "
+                           "all_reduce #2 for it"), d.line
+    # the stacks shown are whole again: each line as faulthandler wrote it, then the
+    # recorder's lines
+    got = _hang.parse(0, by_rank[0])
+    stacks = [ln for ln in whole if not ln.startswith(_hang.RECORDER_PREFIX)]
+    assert [ln for ln in got.lines if not ln.startswith(_hang.RECORDER_PREFIX)] == stacks
+    assert got.main[0].func == "all_reduce" and got.pending().seq == 2
+    assert len(got.threads) == len(_hang.parse(0, whole).threads)
+
+
+def test_rejoin_leaves_whole_lines_alone_and_mends_a_cut_at_the_dumps_end():
+    lines = ["a", "torchspark: flight recorder: x", "  File \"p\", line 1 in f"]
+    assert _hang.rejoin(lines) == lines
+    # the recorder's write came last, into faulthandler's last line, whose rest is not
+    # there yet: the line stays cut, the recorder's lines are read
+    assert _hang.rejoin(["  File \"p\", litorchspark: flight recorder: x"]) == [
+        "  File \"p\", li", "torchspark: flight recorder: x"]
+
+
+def test_the_doctor_counts_a_recorder_line_inside_a_stack_line_as_its_answer():
+    from torchspark._doctor import _answered
+
+    marker = "torchspark: stack dump #1 of rank 0 (host h, pid 1): state S (sleeping)"
+    assert not _answered([marker, "  File \"p\", line 1 in f"])
+    assert _answered([marker, "  File \"p\", litorchspark: flight recorder: not available (x)"])
+    assert _answered([marker + ": cannot answer: stopped (SIGSTOP)"])

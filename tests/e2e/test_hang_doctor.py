@@ -12,7 +12,7 @@ import pytest
 from pyspark import cloudpickle
 
 import tsp_spark
-from torchspark import TorchDistributor, TorchDistributorError
+from torchspark import TorchDistributor, TorchDistributorError, _hang
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "agent_scripts"))
 import hang_worker  # noqa: E402
@@ -45,40 +45,47 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     lines = [ln for ln in err.splitlines() if ln.startswith("torchspark: hang doctor: ")]
     assert len(lines) == 1, err[-4000:]
     line = lines[0]
+    # every later assertion shows the doctor's line and the stacks it read: a failure
+    # explains itself
+    why = line + "\n" + str(e.value)[-6000:]
     others = ", ".join(str(r) for r in range(4) if r != victim)
-    assert e.value.report["kind"] == "hang"
-    assert e.value.report["culprits"] == [victim], line
-    assert f"; rank {victim} (host " in line
+    assert e.value.report["kind"] == "hang", why
+    assert e.value.report["culprits"] == [victim], why
+    assert f"; rank {victim} (host " in line, why
     if func is None:
-        assert "is stopped (SIGSTOP) and cannot answer (nor can its flight recorder);" in line
+        assert "is stopped (SIGSTOP) and cannot answer (nor can its flight recorder);" in line, \
+            why
     else:
         src = Path(hang_worker.__file__).read_text().splitlines()
         tag = {"sleep": "HANG-SLEEP", "lock": "HANG-LOCK", "loop": "HANG-LOOP"}[kind]
         lineno = next(i + 1 for i, s in enumerate(src) if tag in s)
         near = (f"hang_worker.py:{lineno} ", f"hang_worker.py:{lineno + 1} ")
-        assert any(n in line for n in near), line
+        assert any(n in line for n in near), why
         # torch's flight recorder (gloo): the victim's last collective is the first
         # all_reduce, even while it spins holding the GIL (the recorder's thread gets it)
-        assert f"({func}), its last collective all_reduce #1;" in line, str(e.value)[-6000:]
+        assert f"({func}), its last collective all_reduce #1;" in line, why
     # the others wait in the second all_reduce, numbered by their flight recorders
-    assert line.endswith(" wait in all_reduce #2 for it"), line
-    assert [int(r) for r in e.value.report["waiting"]["all_reduce"]] == [
-        int(x) for x in others.split(", ")]
+    assert line.endswith(f"{_hang.ranges(int(x) for x in others.split(', '))} wait in "
+                         "all_reduce #2 for it"), why
+    waiting = {k: [int(r) for r in v] for k, v in e.value.report["waiting"].items()}
+    assert waiting == {"all_reduce": [int(x) for x in others.split(", ")]}, why
     # the stacks: in the exception, and on the driver's stderr as the ranks' lines
     text = str(e.value)
-    assert text.startswith("TorchDistributor (distributed) was cancelled by the hang doctor")
+    assert text.startswith("TorchDistributor (distributed) was cancelled by the hang doctor"), \
+        why
     for r in range(4):
-        assert f"[rank {r}] torchspark: stack dump #1 of rank {r} (host " in text
-    assert text.count("in all_reduce") >= 3
+        assert f"[rank {r}] torchspark: stack dump #1 of rank {r} (host " in text, why
+    assert text.count("in all_reduce") >= 3, why
     for r in range(4):
         if r != victim:
             assert (f"[rank {r}] torchspark: flight recorder: pg 0 (default_pg): all_reduce "
-                    "#2: not completed (scheduled)") in text
-    assert "[stderr] Current thread 0x" in err
-    assert d.hang_reports and d.hang_reports[0].culprits == [victim]
+                    "#2: not completed (scheduled)") in text, why
+    assert "[stderr] Current thread 0x" in err, why
+    assert d.hang_reports and d.hang_reports[0].culprits == [victim], why
     # named within hangTimeout + 10 s of the ranks' last line (the stuck rank's, right
     # before it hung)
-    assert TIMEOUT_S <= d.hang_reports[0].after_s < TIMEOUT_S + 10
+    assert TIMEOUT_S <= d.hang_reports[0].after_s < TIMEOUT_S + 10, (d.hang_reports[0].after_s,
+                                                                       why)
 
 
 def test_report_mode_names_the_sleeper_and_the_run_goes_on(spark, capsys):

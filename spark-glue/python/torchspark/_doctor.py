@@ -166,12 +166,10 @@ class HangDoctor:
 def _answered(lines: List[str]) -> bool:
     """A rank's dump is complete once its marker came and either says it cannot answer or
     its flight-recorder thread wrote (it always writes at least one line, docs/protocol.md
-    1.9); a thread that cannot get the GIL leaves it to COLLECT_MAX_S."""
+    1.9; maybe inside a line of faulthandler's, which _hang.rejoin mends); a thread that
+    cannot get the GIL leaves it to COLLECT_MAX_S."""
     return bool(lines) and (any(": cannot answer: " in ln for ln in lines[:2]) or any(
-        ln.startswith(_RECORDER) for ln in lines))
-
-
-_RECORDER = "torchspark: flight recorder: "
+        _hang.RECORDER_PREFIX in ln for ln in lines[1:]))
 
 
 def cancel_message(diag: _hang.Diagnosis, timeout: float, mode: str) -> str:

@@ -40,8 +40,8 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-__all__ = ["Frame", "RankDump", "Diagnosis", "parse", "diagnose", "ranges",
-           "spark_duration_s", "MARKER"]
+__all__ = ["Frame", "RankDump", "Diagnosis", "parse", "diagnose", "ranges", "rejoin",
+           "spark_duration_s", "MARKER", "RECORDER_PREFIX"]
 
 MARKER = re.compile(
     r"torchspark: stack dump #(\d+) of rank (\d+) \(host ([^,]*), pid (\d+)\): "
@@ -54,6 +54,7 @@ _FRAME = re.compile(r'\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 # oldest first, or one line saying why there is none.
 _RECORDER = re.compile(r"torchspark: flight recorder: (?:pg (\S+) \((.*)\): (\S+) #(-?\d+): "
                        r"(completed|not completed.*)|(.*))$")
+RECORDER_PREFIX = "torchspark: flight recorder: "
 
 
 @dataclass
@@ -142,10 +143,9 @@ def parse(rank: int, lines: Iterable[str], request: Optional[int] = None) -> Opt
     assert m is not None
     d = RankDump(rank, host=m.group(3), pid=int(m.group(4)),
                  state=f"{m.group(5)} ({m.group(6)})", cannot_answer=m.group(7))
+    end = next((i for i in range(start + 1, len(lines)) if MARKER.match(lines[i])), len(lines))
     frames: Optional[List[Frame]] = None
-    for ln in lines[start:]:
-        if ln is not lines[start] and MARKER.match(ln):
-            break  # a later request's marker
+    for ln in rejoin(lines[start:end]):  # up to a later request's marker
         d.lines.append(ln)
         s = _SHIM.match(ln)
         if s:  # a warm-pool worker: the shim speaks for the forked process
@@ -170,6 +170,40 @@ def parse(rank: int, lines: Iterable[str], request: Optional[int] = None) -> Opt
             frames.append(Frame(f.group(1), int(f.group(2)) if f.group(2).isdigit() else 0,
                                 f.group(3).strip()))
     return d
+
+
+def rejoin(lines: Sequence[str]) -> List[str]:
+    """The dump's lines with every line that the flight recorder's write cut in two made
+    whole again (docs/protocol.md 1.9).
+
+    faulthandler writes a stack from its signal handler in many small writes (``  File "``,
+    the path, ``", line ``, the number, ...), without the GIL; the recorder's thread writes
+    its lines in one write (under PIPE_BUF, so in one piece) as soon as it has the GIL,
+    which may be while faulthandler is still writing. Its lines then land inside one of
+    faulthandler's: ``  File "/x/distributed_c10d.py", line 2806 in all_rtorchspark: flight
+    recorder: ...`` and, after the recorder's last line, the rest ``educe``. Read as they
+    came, that frame's function is ``all_rtorchspark: ...`` (a rank waiting in all_reduce
+    reported as waiting in something else, or a user frame lost). Here the cut line comes
+    back whole, followed by the recorder's lines."""
+    out: List[str] = []
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        cut = ln.find(RECORDER_PREFIX)
+        i += 1
+        if cut <= 0:
+            out.append(ln)
+            continue
+        recorder = [ln[cut:]]
+        while i < len(lines) and lines[i].startswith(RECORDER_PREFIX):
+            recorder.append(lines[i])
+            i += 1
+        rest = ""
+        if i < len(lines):  # the rest of the cut line (empty where the cut was at its end)
+            rest = lines[i]
+            i += 1
+        out += [ln[:cut] + rest] + recorder
+    return out
 
 
 # ---- frames ------------------------------------------------------------------------------
