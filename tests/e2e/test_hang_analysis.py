@@ -262,3 +262,21 @@ def test_the_doctor_counts_a_recorder_line_inside_a_stack_line_as_its_answer():
     assert not _answered([marker, "  File \"p\", line 1 in f"])
     assert _answered([marker, "  File \"p\", litorchspark: flight recorder: not available (x)"])
     assert _answered([marker + ": cannot answer: stopped (SIGSTOP)"])
+
+
+def test_a_recorded_cut_dump_is_read_whole():
+    """hang_dumps/cut.txt: a real dump with a cut line, from a torchspark-run rank waiting
+    in gloo's all_reduce #2 (its peer asleep) signalled SIGRTMIN+8 and SIGRTMIN+9 as the
+    agent does, under CPU contention (1 of 400 dumps cut there; 32 of 400 with a rank
+    blocked on a Python lock): the recorder's lines landed inside a thread's header."""
+    lines = _load("cut.txt")[0]
+    assert any(ln.startswith("Thread 0xtorchspark: flight recorder: ") for ln in lines)
+    d = _hang.parse(0, lines)
+    assert d.lines[1] == "Thread 0x00007fa5a0e1d6c0 (most recent call first):"
+    assert all(ln == "" or ln.startswith(_hang.RECORDER_PREFIX) or _hang._THREAD.match(ln)
+               or _hang._FRAME.match(ln) for ln in d.lines[1:]), d.lines
+    assert [len(fr) for _, fr in d.threads] == [2, 5] and d.main[0].func == "all_reduce"
+    assert d.pending() == _hang.Collective("0", "all_reduce", 2, False)
+    assert _hang.diagnose({0: d}, 1).line == (
+        "every rank waits in the same collective (rank 0 waits in all_reduce #2): the hang is "
+        "inside it (the network, or a peer outside this group)")
