@@ -163,6 +163,35 @@ final class HangDoctor extends Thread {
         }
     }
 
+    static final String RECORDER_PREFIX = "torchspark: flight recorder: ";
+
+    /** The dump's lines with every line that the flight recorder's write cut in two made whole
+     *  again (docs/protocol.md 1.9, "Two writers on one stderr"; _hang.rejoin): faulthandler
+     *  writes a stack in many small writes from its signal handler, the recorder's thread its
+     *  lines in one write that may land inside one of them; the rest of the cut line follows
+     *  the recorder's last line. */
+    static List<String> rejoin(List<String> lines) {
+        List<String> out = new ArrayList<>();
+        int i = 0;
+        while (i < lines.size()) {
+            String ln = lines.get(i++);
+            int cut = ln.indexOf(RECORDER_PREFIX);
+            if (cut <= 0) {
+                out.add(ln);
+                continue;
+            }
+            List<String> recorder = new ArrayList<>();
+            recorder.add(ln.substring(cut));
+            while (i < lines.size() && lines.get(i).startsWith(RECORDER_PREFIX)) {
+                recorder.add(lines.get(i++));
+            }
+            String rest = i < lines.size() ? lines.get(i++) : ""; // empty: the cut was at its end
+            out.add(ln.substring(0, cut) + rest);
+            out.addAll(recorder);
+        }
+        return out;
+    }
+
     /** The dump of rank in lines (that of request, or the last when request <= 0), or null. */
     static RankDump parse(int rank, List<String> lines, int request) {
         int start = -1;
@@ -183,12 +212,12 @@ final class HangDoctor extends Thread {
         d.pid = Long.parseLong(m.group(4));
         d.state = m.group(5) + " (" + m.group(6) + ")";
         d.cannotAnswer = m.group(7);
+        int end = start + 1;
+        while (end < lines.size() && !MARKER.matcher(lines.get(end)).matches()) {
+            end++; // up to a later request's marker
+        }
         List<Frame> frames = null;
-        for (int i = start; i < lines.size(); i++) {
-            String ln = lines.get(i);
-            if (i > start && MARKER.matcher(ln).matches()) {
-                break; // a later request's marker
-            }
+        for (String ln : rejoin(lines.subList(start, end))) {
             d.lines.add(ln);
             Matcher s = SHIM.matcher(ln);
             if (s.matches()) { // a warm-pool worker: the shim speaks for the forked process
@@ -539,12 +568,13 @@ final class HangDoctor extends Thread {
     }
 
     /** A rank's dump is complete once its marker came and either says it cannot answer or
-     *  its flight-recorder thread wrote (at least one line, always); one that cannot get the
-     *  GIL leaves it to COLLECT_MAX_NS. */
+     *  its flight-recorder thread wrote (at least one line, always; maybe inside a line of
+     *  faulthandler's, which rejoin mends); one that cannot get the GIL leaves it to
+     *  COLLECT_MAX_NS. */
     static boolean answered(List<String> lines) {
         for (int i = 0; i < lines.size(); i++) {
             if ((i < 2 && lines.get(i).contains(": cannot answer: "))
-                    || lines.get(i).startsWith("torchspark: flight recorder: ")) {
+                    || (i > 0 && lines.get(i).contains(RECORDER_PREFIX))) {
                 return true;
             }
         }

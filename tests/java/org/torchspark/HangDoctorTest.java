@@ -125,4 +125,27 @@ public class HangDoctorTest {
                 + "printed or reported for 3s (spark.torchspark.hangTimeout); rank 1 (host vm"));
         assertTrue(msg.contains("\nEvery rank's Python stacks:\n[rank 0] torchspark: stack dump #1 of rank 0"));
     }
+
+    /** hang_dumps/cut.txt (test_hang_analysis.py's twin): a real dump whose recorder lines landed
+     *  inside a thread's header; and the CI's shape, a cut inside a collective's name. */
+    @Test
+    public void aLineTheFlightRecorderCutInTwoIsReadWhole() throws IOException {
+        List<String> lines = load("cut.txt").get(0);
+        assertTrue(lines.stream().anyMatch(ln -> ln.startsWith("Thread 0xtorchspark: flight recorder: ")));
+        assertTrue(HangDoctor.answered(lines));
+        HangDoctor.RankDump d = HangDoctor.parse(0, lines, 0);
+        assertEquals("Thread 0x00007fa5a0e1d6c0 (most recent call first):", d.lines.get(1));
+        assertEquals("every rank waits in the same collective (rank 0 waits in all_reduce #2): the hang is "
+                + "inside it (the network, or a peer outside this group)",
+                HangDoctor.diagnose(Map.of(0, d), 1).line);
+        List<String> cut = List.of("  File \"/x/torch/distributed/distributed_c10d.py\", line 2806 in all_r"
+                + "torchspark: flight recorder: pg 0 (default_pg): all_reduce #1: completed",
+                "torchspark: flight recorder: pg 0 (default_pg): all_reduce #2: not completed (scheduled)",
+                "educe", "  File \"/w/train.py\", line 9 in <module>");
+        assertEquals(List.of("  File \"/x/torch/distributed/distributed_c10d.py\", line 2806 in all_reduce",
+                "torchspark: flight recorder: pg 0 (default_pg): all_reduce #1: completed",
+                "torchspark: flight recorder: pg 0 (default_pg): all_reduce #2: not completed (scheduled)",
+                "  File \"/w/train.py\", line 9 in <module>"), HangDoctor.rejoin(cut));
+        assertEquals(List.of("a", "b"), HangDoctor.rejoin(List.of("a", "b")));
+    }
 }
