@@ -253,6 +253,48 @@ static int check_values(worker_t *w, tsp_cu_deviceptr buf, size_t count, float *
     return 0;
 }
 
+/* One checked all_reduce of count floats, 5 warm-ups, 20 timed (their mean in w->r) and the
+ * last one checked. 0, or 1 with the failure in w->r. */
+static int timed_allreduces(worker_t *w, const nccl_api_t *n, tsp_nccl_comm comm, tsp_cu_stream s,
+                            size_t count)
+{
+    const tsp_cuda_api_t *cu = w->cu;
+    size_t bytes = count * sizeof(float);
+    float *host = malloc(bytes);
+    if (!host)
+        return fail_cuda(w, "malloc", 2);
+    int bad = 0;
+    double t = tsp__now_s(), end = t;
+    for (int i = 0; i < 26 && !bad; i++) { /* 1 checked, 5 warm-up, 20 timed */
+        if (i == 6)
+            t = tsp__now_s();
+        tsp_nccl_result nr =
+            n->all_reduce((const void *)(uintptr_t)w->sendb, (void *)(uintptr_t)w->recvb, count,
+                          TSP_NCCL_FLOAT32, TSP_NCCL_SUM, comm, s);
+        if (nr == TSP_NCCL_IN_PROGRESS)
+            nr = TSP_NCCL_SUCCESS; /* non-blocking communicators may say so: poll below */
+        if (nr != TSP_NCCL_SUCCESS) {
+            bad = fail_nccl(w, n, "ncclAllReduce", nr, 1);
+            break;
+        }
+        if (i == 0 || i == 25 || i < 6) /* the checked one, the warm-ups, the last */
+            bad = wait_comm(w, n, cu, comm, s, "ncclAllReduce", 1) != 0;
+        if (i == 25) /* the clock stops at the stream's end, before the copy to the host */
+            end = tsp__now_s();
+        if (!bad && (i == 0 || i == 25))
+            bad = check_values(w, w->recvb, count, host, cu);
+    }
+    free(host);
+    if (bad)
+        return 1;
+    double per = (end - t) / 20;
+    w->r.t_allreduce = per;
+    w->r.us = per * 1e6;
+    w->r.algbw = per > 0 ? (double)bytes / 1e9 / per : 0;
+    w->r.busbw = w->r.algbw * 2.0 * (w->o->world_size - 1) / w->o->world_size;
+    return 0;
+}
+
 /* The passed check's communicator, left to the process's exit (run_check). */
 static tsp_nccl_comm kept_comm;
 
@@ -288,8 +330,7 @@ static int run_check(worker_t *w)
     if ((rc = cu->mem_alloc(&w->sendb, bytes)) != TSP_CUDA_SUCCESS ||
         (rc = cu->mem_alloc(&w->recvb, bytes)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemAlloc_v2", rc);
-    tsp_cu_deviceptr sendb = w->sendb, recvb = w->recvb;
-    if ((rc = cu->memset_d32(sendb, 0x3f800000u, count)) != TSP_CUDA_SUCCESS)
+    if ((rc = cu->memset_d32(w->sendb, 0x3f800000u, count)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuMemsetD32_v2", rc);
     if ((rc = cu->stream_create(&w->stream, TSP_CU_STREAM_NON_BLOCKING)) != TSP_CUDA_SUCCESS)
         return fail_cuda(w, "cuStreamCreate", rc);
@@ -331,42 +372,10 @@ static int run_check(worker_t *w)
     }
     w->r.t_init = tsp__now_s() - t;
 
-    t = tsp__now_s();
-    float *host = malloc(bytes);
-    if (!host) {
-        n.abort(comm);
-        return fail_cuda(w, "malloc", 2);
-    }
-    int bad = 0;
-    double end = t;
-    for (int i = 0; i < 26 && !bad; i++) { /* 1 checked, 5 warm-up, 20 timed */
-        if (i == 6)
-            t = tsp__now_s();
-        nr = n.all_reduce((const void *)(uintptr_t)sendb, (void *)(uintptr_t)recvb, count,
-                          TSP_NCCL_FLOAT32, TSP_NCCL_SUM, comm, s);
-        if (nr == TSP_NCCL_IN_PROGRESS)
-            nr = TSP_NCCL_SUCCESS; /* non-blocking communicators may say so: poll below */
-        if (nr != TSP_NCCL_SUCCESS) {
-            bad = fail_nccl(w, &n, "ncclAllReduce", nr, 1);
-            break;
-        }
-        if (i == 0 || i == 25 || i < 6) /* the checked one, the warm-ups, the last */
-            bad = wait_comm(w, &n, cu, comm, s, "ncclAllReduce", 1) != 0;
-        if (i == 25) /* the clock stops at the stream's end, before the copy to the host */
-            end = tsp__now_s();
-        if (!bad && (i == 0 || i == 25))
-            bad = check_values(w, recvb, count, host, cu);
-    }
-    free(host);
-    if (bad) {
+    if (timed_allreduces(w, &n, comm, s, count)) {
         n.abort(comm);
         return 1;
     }
-    double per = (end - t) / 20;
-    w->r.t_allreduce = per;
-    w->r.us = per * 1e6;
-    w->r.algbw = per > 0 ? (double)bytes / 1e9 / per : 0;
-    w->r.busbw = w->r.algbw * 2.0 * (o->world_size - 1) / o->world_size;
     /* The check has passed: the communicator is left to the process's exit, which returns
      * every byte of GPU memory (+0 MiB after it, through NVML). Measured on an H200 (NCCL
      * 2.28.9, docs/benchmarks.md), the agent's wall with the check, medians of 5, twice:
