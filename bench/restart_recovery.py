@@ -9,7 +9,13 @@ executor JVM (rank 0's node or the other's) after 8 steps and max_restarts=1, in
   process), whose workers fork from the executors' warm pools (torch imported already);
 - any with "+grace": the driver waits, as before, up to 3 s for Spark's own failure
   (the barrier abort) after the log channel named the root cause, instead of submitting
-  the next attempt at once (torchspark._job.RESTART_GRACE_S, the side-by-side "before").
+  the next attempt at once (torchspark._job.RESTART_GRACE_S, the side-by-side "before");
+- jvm, jvm-survivors: the JVM runner instead (TorchSparkRunner.script, maxRestarts(1);
+  minNodes(1) for jvm-survivors), the same script and kill: a Java application of its
+  own (spark-submit of tests/java's TrainApp "restart" on its own local-cluster[2,1,1024],
+  through tests/e2e/test_jvm_restart.py), one per run, while the PySpark session's
+  executors stay up and idle. Its driver's attempts come from the application's ATTEMPT
+  lines; Spark's view of its executors is not polled (another process).
 
 The runs are interleaved (node, run, mode) so that the modes share the machine's load.
 
@@ -18,11 +24,13 @@ gone from the driver's executor list, a replacement registered; polled every 20 
 the driver's (the log channel naming the root cause, Spark's job ending, the next
 attempt's barrier job submitted); the workers' (resume_train.py --phases: process start,
 torch imported, gloo process group up, checkpoint loaded) and the first resumed step.
-Stock PySpark TorchDistributor on the same kill fails (test_restart's stock test).
+Stock PySpark TorchDistributor on the same kill fails (test_restart's stock test, run
+at the end in the same session).
 
     .venv/bin/python bench/restart_recovery.py [RUNS_PER_CASE=3] \
         [MODES=replacement,survivors,replacement-fn,survivors-fn]
     e.g. .venv/bin/python bench/restart_recovery.py 3 survivors-fn,survivors-fn+grace
+         .venv/bin/python bench/restart_recovery.py 3 jvm,replacement,jvm-survivors,survivors
 """
 import json
 import os
@@ -36,6 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "e2e"))
 
+import test_jvm_restart as tjr  # noqa: E402
 import test_restart as tr  # noqa: E402
 import tsp_spark  # noqa: E402
 
@@ -94,6 +103,14 @@ def _phases(path: Path, attempt: str):
     return out
 
 
+def _worker_phases(ph: dict, rel) -> dict:
+    """The resumed attempt's worker phases (_phases) as times after the kill (rel): the
+    first rank's start, the last rank's torch import, process group and checkpoint."""
+    return {k: rel(ph[p][i]) if p in ph else None
+            for k, p, i in (("workers_started", "start", 0), ("torch_imported", "torch", 1),
+                            ("process_group_up", "pg", 1), ("checkpoint_loaded", "ckpt", 1))}
+
+
 def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn,
             grace: bool = False):
     from torchspark import _job
@@ -124,11 +141,7 @@ def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn
         "replacement_registered": rel(watch.first("added", kill)),
         "next_job_submitted": rel(att[1]["started"]),
         "spark_task_running": rel(watch.first("running", kill)),
-        "workers_started": rel(ph.get("start", (None,))[0]),
-        "torch_imported": rel(ph.get("torch", (None, None))[1]),
-        "process_group_up": rel(ph.get("pg", (None, None))[1]),
-        "checkpoint_loaded": rel(ph.get("ckpt", (None, None))[1]),
-        "first_step": rel(first_step),
+        **_worker_phases(ph, rel), "first_step": rel(first_step),
     }
     # Function mode with TORCHSPARK_TIMING=1: the resumed attempt's task-side marks
     # (rank 0's task, from torchspark/_timing.py).
@@ -140,10 +153,50 @@ def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn
     return row
 
 
+def one_run_jvm(tmp: Path, name: str, node: int, survivors: bool):
+    """The same run through the JVM runner (TrainApp restart, maxRestarts(1))."""
+    d = tmp / name
+    d.mkdir()
+    steps = tr.STEPS_PER_ATTEMPT + 12
+    opts = ("phases", "elastic" if survivors else "attempts")
+    out, err, killed = tjr._run_and_kill(d, 1, steps, tr.STEPS_PER_ATTEMPT, fail_run=False,
+                                         opts=opts, node=node)
+    assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    assert out["LEFT"] == ["0"], out
+    log = tr._steplog(d / "steplog")
+    recovery = tr.check_resumed(log, killed[:1], 1, steps)[0]
+    kill = killed[0][0]
+    att = [json.loads(a) for a in out["ATTEMPT"]]
+    ph = _phases(d / "phases", "1")
+
+    def rel(t):
+        return None if t is None else round(t - kill, 2)
+
+    def ms(k):  # the runner's times are ms since the epoch
+        return None if att[0][k] is None else att[0][k] / 1000
+
+    noticed = [t for t in (ms("root_at"), ms("ended_at")) if t]
+    return {
+        "node": node, "nodes_after": att[1]["nodes"], "recovery_s": round(recovery, 2),
+        "channel_root_cause": rel(ms("root_at")),
+        "driver_noticed": rel(min(noticed) if noticed else None),
+        "spark_job_ended": rel(ms("ended_at")),
+        "next_job_submitted": rel(att[1]["started"] / 1000),
+        **_worker_phases(ph, rel), "first_step": rel(next(ts for a, _, ts in log if a == "1")),
+    }
+
+
 def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     modes = (sys.argv[2] if len(sys.argv) > 2
              else "replacement,survivors,replacement-fn,survivors-fn").split(",")
+    known = {"replacement", "survivors", "replacement-fn", "survivors-fn"}
+    known |= {m + "+grace" for m in known} | {"jvm", "jvm-survivors"}
+    bad = [m for m in modes if m not in known]
+    if bad:
+        sys.exit(f"unknown mode(s) {bad}: use some of {sorted(known)}, comma-separated")
+    if any(m.startswith("jvm") for m in modes) and not tjr.jvmutil.built():
+        sys.exit("the jvm modes need the JVM part built (javac 17 and junit4: bash tests/setup.sh)")
     os.environ["TORCHSPARK_TIMING"] = "1"  # the task-side marks of function mode
     spark = tsp_spark.session("local-cluster[2,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
@@ -151,7 +204,8 @@ def main() -> None:
     })
     tmp = Path(tempfile.mkdtemp(prefix="restart-recovery-"))
     watch = ExecutorWatch(spark)
-    rows = {}
+    rows, failed = {}, {}
+    print(f"load average at the start: {os.getloadavg()}", flush=True)
     try:
         for node in (1, 0):
             for i in range(runs):
@@ -167,9 +221,19 @@ def main() -> None:
                             break
                         time.sleep(0.2)
                     base, grace = mode.split("+")[0], "+grace" in mode
-                    row = one_run(tmp, f"{mode}-{node}-{i}", node, watch,
-                                  1 if base.startswith("survivors") else None,
-                                  base.endswith("-fn"), grace)
+                    try:
+                        if base.startswith("jvm"):
+                            row = one_run_jvm(tmp, f"{mode}-{node}-{i}", node,
+                                              base == "jvm-survivors")
+                        else:
+                            row = one_run(tmp, f"{mode}-{node}-{i}", node, watch,
+                                          1 if base.startswith("survivors") else None,
+                                          base.endswith("-fn"), grace)
+                    except Exception as e:  # a failed run is a result too: counted, shown
+                        print(json.dumps({"mode": mode, "node": node, "failed": repr(e)[:2000]}),
+                              flush=True)
+                        failed[(mode, node)] = failed.get((mode, node), 0) + 1
+                        continue
                     print(json.dumps({"mode": mode, **row}), flush=True)
                     rows.setdefault((mode, node), []).append(row)
         t0 = time.time()
@@ -185,12 +249,23 @@ def main() -> None:
         spark.stop()
     print(f"load average at the end: {os.getloadavg()}")
     for (mode, node), rs in rows.items():
-        med = {k: statistics.median(r[k] for r in rs if r[k] is not None)
-               for k in rs[0] if k not in ("node",) and any(r[k] is not None for r in rs)}
+        med = {k: statistics.median(r[k] for r in rs if r.get(k) is not None)
+               for k in rs[0] if k not in ("node",) and any(r.get(k) is not None for r in rs)}
         print(json.dumps({"mode": mode, "node": node, "runs": len(rs),
+                          "failed": failed.get((mode, node), 0),
                           "recovery_s": [r["recovery_s"] for r in rs],
                           "median": {k: round(v, 2) for k, v in med.items()}}))
     print(json.dumps({"stock": stock, "stock_s": round(stock_s, 1)}))
+    # Recovery side by side: per mode, node 1's kill and node 0's (median [runs]).
+    print("| mode | node 1's executor | node 0's executor (rank 0's) |\n|---|---|---|")
+    for mode in modes:
+        cells = []
+        for node in (1, 0):
+            r = [x["recovery_s"] for x in rows.get((mode, node), [])]
+            n = failed.get((mode, node), 0)
+            cells.append((f"{statistics.median(r):.2f} {r}" if r else "-")
+                         + (f", {n} failed" if n else ""))
+        print(f"| {mode} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -76,9 +76,9 @@ def _finish(tmp_path, p, files) -> tuple:
 
 
 def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run: bool,
-                  sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF):
-    """TrainApp restart; sends sig (SIGKILL) to node 1's executor once attempt 0 ran `after`
-    steps (with the option "zero", SIGKILL again once the maxRestarts(0) run ran 4 steps).
+                  sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF, node: int = 1):
+    """TrainApp restart; sends sig (SIGKILL) to node `node`'s (1's) executor once attempt 0 ran
+    `after` steps (with the option "zero", SIGKILL again once the maxRestarts(0) run ran 4 steps).
     Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)...,
     {checkpoint step: when first seen complete, after a SIGPWR}])."""
     opts = opts + (("fail",) if fail_run else ())
@@ -94,8 +94,8 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
                 if len(_steplog(d / "steplog")) >= n:
                     break
                 time.sleep(0.02)
-            pid = _node_executor(mark, 1)
-            assert pid, f"no executor runs node 1 (TrainApp: {p.poll()})"
+            pid = _node_executor(mark, node)
+            assert pid, f"no executor runs node {node} (TrainApp: {p.poll()})"
             os.kill(pid, s)
             t0 = time.time()
             killed.append((t0, checkpoint.latest_step(str(d / "ckpt"))))

@@ -27,7 +27,8 @@ import org.apache.spark.sql.SparkSession;
  *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1), "zero" (then
  *                             the training again with maxRestarts(0), killed by the test), "elastic"
  *                             (minNodes(1); then each attempt as an ATTEMPT line, and whether the
- *                             executors it excluded are still active)
+ *                             executors it excluded are still active), "attempts" (the ATTEMPT lines
+ *                             without minNodes), "phases" (--phases DIR/phases: bench/restart_recovery.py)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -141,7 +142,8 @@ public final class TrainApp {
      *  spark.torchspark.job.maxRestarts); the test kills or decommissions executors meanwhile.
      *  Options (comma-separated): onrequest (the script checkpoints on request too), fail (then
      *  a run whose rank 1 fails in every attempt, maxRestarts 1), zero (then the training with
-     *  maxRestarts(0) over the conf's value, which the test kills too). */
+     *  maxRestarts(0) over the conf's value, which the test kills too), elastic (minNodes(1),
+     *  then the ATTEMPT lines), attempts (the ATTEMPT lines), phases (the script's --phases). */
     private static void restart(SparkSession spark, String python, String script, String[] a) {
         String mark = a[3];
         String dir = a[4];
@@ -151,6 +153,9 @@ public final class TrainApp {
                 "--sleep", "0.1", "--steplog", dir + "/steplog", "--out", dir + "/out"));
         if (opts.contains("onrequest")) {
             sargs.add("--on-request");
+        }
+        if (opts.contains("phases")) {
+            sargs.addAll(List.of("--phases", dir + "/phases"));
         }
         TorchSparkRunner r = TorchSparkRunner.script(script, sargs.toArray(new String[0]))
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).logToStderr(true);
@@ -168,7 +173,7 @@ public final class TrainApp {
             System.out.println("ATTEMPTS: " + e.attempts().size());
             System.out.println("MESSAGE: " + e.getMessage().replace('\n', '|'));
         }
-        if (opts.contains("elastic")) {
+        if (opts.contains("elastic") || opts.contains("attempts")) {
             printAttempts(spark, r.attempts());
         }
         if (opts.contains("fail")) {
