@@ -65,9 +65,10 @@ def executor_of(pid: int) -> int:
     return 0
 
 
-def executor_of_node(node_rank: int) -> int:
-    """The pid of the executor JVM whose task runs node node_rank's agent (0: none)."""
-    for pid in tsp_spark.job_processes(MARK_VALUE):
+def executor_of_node(node_rank: int, mark: str = MARK_VALUE) -> int:
+    """The pid of the executor JVM whose task runs node node_rank's agent (0: none), among
+    the processes of the job marked mark (tsp_spark.MARK)."""
+    for pid in tsp_spark.job_processes(mark):
         cmd = _cmdline(pid)
         if cmd and b"torchspark-run" in cmd[0] and f"--node-rank={node_rank}".encode() in cmd:
             return executor_of(pid)

@@ -115,3 +115,12 @@ def test_other_errors_are_not_retried():
     with pytest.raises(ValueError):
         _restart.run(once, limit=3, spark=None, need_slots=1, replacement_timeout_s=0,
                      remote=True, logger=logging.getLogger("t"))
+
+
+def test_min_nodes_on_spark_connect_says_it_has_no_effect():
+    # The Connect client cannot see the executors: a restart asks for every node.
+    assert _restart.next_nodes(None, 2, 1, 0, remote=True, unusable=1) == 2
+    note = _restart.remote_min_nodes(1, 2, 1)
+    assert "min_nodes=1 has no effect on Spark Connect" in note and "all 2 nodes" in note
+    assert _restart.remote_min_nodes(2, 2, 1) is None  # not elastic: nothing to say
+    assert _restart.remote_min_nodes(1, 2, 0) is None  # no restarts

@@ -159,6 +159,19 @@ def min_nodes(value: Any, conf_value: Optional[str], num_tasks: int) -> int:
     return value
 
 
+def remote_min_nodes(least: int, need: int, limit: int) -> Optional[str]:
+    """On Spark Connect the client cannot see the executors, so it cannot tell how many
+    slots are left after a failure: a restarted attempt always asks for every node, and
+    Spark's barrier slot check waits for them. The warning saying so when min_nodes asks
+    for less (None when it does not)."""
+    if limit == 0 or least >= need:
+        return None
+    return (f"TorchDistributor: min_nodes={least} has no effect on Spark Connect: the client "
+            f"cannot see the executors, so a restarted attempt runs on all {need} nodes and "
+            "waits for a replacement executor through Spark's barrier slot check "
+            "(spark.scheduler.barrier.maxConcurrentTasksCheck.interval on the server)")
+
+
 def history_message(causes: List[str], limit: int, last: str) -> str:
     lines = [f"TorchDistributor (distributed) failed after {len(causes)} attempt(s) "
              f"(max_restarts={limit}): {last}", "Root cause of each attempt, in order:"]

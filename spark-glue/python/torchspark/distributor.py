@@ -136,6 +136,10 @@ class TorchDistributor:
             max_restarts, self.spark.conf.get(_restart.MAX_RESTARTS_CONF, None))
         self.min_nodes = _restart.min_nodes(
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
+        note = (_restart.remote_min_nodes(self.min_nodes, self.num_tasks, self.max_restarts)
+                if self.is_remote else None)
+        if note:
+            self.logger.warning(note)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
         self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
