@@ -41,11 +41,6 @@ def connect_server(tmp_path_factory):
         # A decommission notice (SIGPWR) asks the plugin for a checkpoint on request
         # (test_distributor_connect.py); nothing changes for executors that get none.
         "spark.decommission.enabled": "true",
-        # A restarted attempt waits for its replacement executor through Spark's barrier
-        # slot check (the Connect client cannot see the executors): every second rather
-        # than every 15 s, for as long as the default (40 x 15 s).
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
-        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "600",
     }, env={"PYSPARK_PYTHON": python})
     try:
         server.wait_ready()

@@ -89,7 +89,10 @@ class TorchDistributor:
         else all of them). When fewer executors than the run's nodes are left but at least
         min_nodes, the next attempt starts at once on those, with a smaller world size,
         instead of waiting for a replacement executor (elastic, as torchrun's
-        ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt.
+        ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt. Under Spark
+        Connect, whose client cannot see the executors, the next attempt leaves out the
+        node whose executor was lost, decommissioned or went silent (docs/distributor.md,
+        "Limits").
     hang_timeout : float or str, optional
         A torchspark extension (keyword only): the hang doctor. When no rank has printed a
         line or reported for this long (seconds, or a Spark duration such as ``"30min"``;
@@ -136,10 +139,6 @@ class TorchDistributor:
             max_restarts, self.spark.conf.get(_restart.MAX_RESTARTS_CONF, None))
         self.min_nodes = _restart.min_nodes(
             min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
-        note = (_restart.remote_min_nodes(self.min_nodes, self.num_tasks, self.max_restarts)
-                if self.is_remote else None)
-        if note:
-            self.logger.warning(note)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
         self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
