@@ -5,7 +5,8 @@ each at a random time, cycling the three kinds: SIGKILL of a non-rank-0 executor
 (rank0_kill). The faults run in rounds of (by default) 3: each round is a fresh 3-worker
 cluster and one torchspark job with max_restarts = the round's faults and min_nodes=1, which
 must recover from each of them (tests/cluster/kill_series.py, the same code as the CI test
-test_faults.py::test_three_faults_restart_in_one_job). A cut host stays gone for the round.
+test_faults.py::test_three_faults_restart_in_one_job, 3 rounds of 3). A cut host stays gone for
+the round.
 
 Per fault: kind, victim host (and its ranks), the time from the fault to the first step of
 the next attempt (the ranks' own clocks: time.time() on one machine), the time the driver
@@ -16,13 +17,16 @@ k. Lines the victim's ranks printed after the fault (their executor or network g
 counted apart as undeliverable. Prints a table and the totals.
 
     sudo .venv/bin/python bench/kill_series.py [KILLS=20] [PER_ROUND=3] [MAX_DELAY_S=4] [SEED]
-        [--kinds=exec_kill,rank0_kill,link_cut] [--phases] [--no-revive]
+        [--kinds=exec_kill,rank0_kill,link_cut] [--phases] [--no-revive] [--replacement]
 
 --kinds: the kinds to cycle, in this order (default: the three). --phases: each fault's
 timeline too (kill_series.PHASES: Spark's status store, the task's TORCHSPARK_TIMING marks,
 the training processes' own), and the median of each phase by kind. --no-revive: the
 driver does not ask Spark for offers while a restarted attempt's tasks wait for cores
-(torchspark._job.REVIVE_ON_RESTART off: the side-by-side "before").
+(torchspark._job.REVIVE_ON_RESTART off: the side-by-side "before"). --replacement: no
+min_nodes, so each next attempt waits for the killed executor's replacement (the standalone
+worker starts a new executor JVM) and runs on every worker again: the replacement path
+(with --kinds=exec_kill,rank0_kill; a cut host has no replacement).
 """
 
 import os
@@ -49,6 +53,7 @@ def main() -> int:
     cycle = list(ks.KINDS)
     timeline = False
     patch = None
+    min_nodes = 1
     for a in flags:
         if a.startswith("--kinds="):
             cycle = a.split("=", 1)[1].split(",")
@@ -59,10 +64,13 @@ def main() -> int:
                 return 2
         elif a == "--phases":
             timeline = True
+        elif a == "--replacement":
+            min_nodes = None
         elif a == "--no-revive":
             patch = {"torchspark._job": {"REVIVE_ON_RESTART": False}}
         else:
-            print(f"kill_series: unknown option {a} (--kinds=..., --phases, --no-revive)",
+            print(f"kill_series: unknown option {a} (--kinds=..., --phases, --no-revive, "
+                  "--replacement)",
                   file=sys.stderr)
             return 2
     why = nc.namespaces_supported()
@@ -82,7 +90,7 @@ def main() -> int:
             try:
                 s = ks.run_series(c, part, steps=150, sleep=0.1, max_delay=max_delay,
                                   seed=seed + rnd, tag=f"round{rnd}", timeline=timeline,
-                                  patch=patch,
+                                  patch=patch, min_nodes=min_nodes,
                                   log=lambda m, r=rnd: print(f"  round {r}: {m}", flush=True))
                 err = None if s["result"]["ok"] else s["result"]["error"]
             except AssertionError as e:

@@ -130,18 +130,22 @@ def executor_jvms(cluster, key: str) -> List[int]:
 
 def run_series(cluster, kinds: List[str], steps: int = 80, sleep: float = 0.1,
                max_delay: float = 1.0, seed: Optional[int] = None, tag: str = "series",
-               log=print, timeline: bool = False, patch: Optional[Dict] = None) -> Dict:
+               log=print, timeline: bool = False, patch: Optional[Dict] = None,
+               min_nodes: Optional[int] = 1) -> Dict:
     """Runs one job with len(kinds) faults; returns {"faults": [...], "result", "left",
     "lost", "undeliverable", "wrong_prefix", "driver"}. timeline: each fault gets
     "phases" (see phases()), from the task's marks (TORCHSPARK_TIMING=1) and Spark's
-    status store. patch: driver_job.py's "patch" (a bench's side-by-side "before"). Raises AssertionError with the
-    driver's output when the job does not get going or an attempt does not start."""
+    status store. patch: driver_job.py's "patch" (a bench's side-by-side "before"). min_nodes:
+    the run's min_nodes (None: every attempt waits for all its nodes, a killed executor's
+    replacement included, up to replacementTimeout). Raises AssertionError with the driver's
+    output when the job does not get going or an attempt does not start."""
     rng = random.Random(seed)
     pdir = Path(cluster.run_dir) / f"progress-{tag}"
     pdir.mkdir()
     nworkers = len(cluster.worker_names)
     run = {"tag": tag, "num_processes": nworkers,
-           "kw": {"max_restarts": len(kinds), "min_nodes": 1},
+           "kw": dict({"max_restarts": len(kinds)},
+                      **({"min_nodes": min_nodes} if min_nodes is not None else {})),
            "train": {"steps": steps, "sleep": sleep, "progress_dir": str(pdir),
                      "lines": True}}
     conf = dict(FAULT_CONF, **{"spark.torchspark.job.replacementTimeout": "90s"})

@@ -38,6 +38,9 @@ def connect_server(tmp_path_factory):
         # TorchSparkPlugin on the server's executors, under Connect's class loaders: it
         # finds TorchDistributor's tasks by their job tag (Connect sets no local property).
         "spark.plugins": jvmutil.PLUGIN, "spark.jars": str(jvmutil.JAR),
+        # A decommission notice (SIGPWR) asks the plugin for a checkpoint on request
+        # (test_distributor_connect.py); nothing changes for executors that get none.
+        "spark.decommission.enabled": "true",
     }, env={"PYSPARK_PYTHON": python})
     try:
         server.wait_ready()

@@ -2,13 +2,17 @@
 (local-cluster[2,1,1024], conftest.connect_server) whose executors lack torchspark (it
 ships itself as a session artifact): function and script mode, logs on the client, a
 failure, a cancellation through the session, a result larger than a gRPC message over the
-output channel, and the collected-rows path (result and reports) when the executors cannot
-reach the client."""
+output channel, the collected-rows path (result and reports) when the executors cannot
+reach the client, and a decommissioned executor's checkpoint on request and restart (last:
+the server has its two executors again when it ends)."""
 import logging
 import os
+import re
+import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
@@ -16,6 +20,7 @@ from pyspark import cloudpickle
 import jvmutil
 import tsp_connect
 import tsp_spark
+from test_restart import _steplog, executor_of_node
 from torchspark import TorchDistributor, TorchDistributorError, _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -200,3 +205,144 @@ def test_unreachable_client_result_and_reports_as_rows_and_one_warning(spark, ca
         assert [(r.step, r.metrics) for r in d.reports if r.rank == rank] == [
             (s, {"v": s * 2}) for s in range(20)]
     assert seen == d.reports and len(seen) == 40
+
+
+def _train_on_request(ckpt, steplog, steps, every):
+    """Function mode (forked from the executors' warm pools): a gloo training that resumes
+    from torchspark.checkpoint, saves every `every` steps and when
+    checkpoint.requested() says so (a decommission notice: docs/distributor.md). Rank 0
+    appends "ATTEMPT STEP TIME" to steplog after each step."""
+    import torch
+    import torch.distributed as dist
+
+    from torchspark import checkpoint
+
+    attempt = os.environ.get("TORCHSPARK_ATTEMPT", "-")
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ck = checkpoint.load_latest(ckpt)
+    start = 0 if ck is None else ck.step + 1
+    if ck is not None:
+        model.load_state_dict(ck.state["model"])
+        opt.load_state_dict(ck.state["opt"])
+    for step in range(start, steps):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step * 100 + rank))
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+        if rank == 0:
+            with open(steplog, "a") as f:
+                f.write(f"{attempt} {step} {time.time():.6f}\n")
+        if step % every == 0 or checkpoint.requested():
+            checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict()}, step,
+                            dir=ckpt)
+        time.sleep(0.1)
+    return {"attempt": attempt, "start": start,
+            "cause": os.environ.get("TORCHSPARK_RESTART_CAUSE")}
+
+
+def _executors() -> set:
+    """The Connect server's executor JVMs (their environment carries its mark)."""
+    needle = f"{tsp_spark.MARK}={tsp_spark.CONNECT_MARK}".encode()
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"CoarseGrainedExecutorBackend" in cmd and needle in env:
+            found.add(int(pid))
+    return found
+
+
+def _registered(server) -> set:
+    """The executor ids the Connect server's driver registered so far (its log)."""
+    return set(re.findall(r"Registered executor .* with ID (\d+)",
+                          server.log_path.read_text(errors="replace")))
+
+
+def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_server,
+                                                                 tmp_path):
+    """Spark Connect and function mode at once: SIGPWR to node 1's executor JVM
+    (spark.decommission.enabled on the server: Spark's Kubernetes path) while the
+    function trains. The plugin creates the node's request file, every rank's
+    checkpoint.requested() says so at the same step, save() checkpoints and acknowledges,
+    the plugin stops the node, and attempt 1 resumes right after that step. min_nodes=1:
+    the client cannot see the executors, but knows the node it lost, so attempt 1 starts
+    at once on the other one rather than waiting for the replacement executor (which the
+    test then waits for, so the server has its two executors again)."""
+    steps, every = 24, 5
+    ckpt, steplog = str(tmp_path / "ckpt"), tmp_path / "steplog"
+    before, registered = _executors(), _registered(connect_server)
+    assert len(before) == 2, before
+    box: dict = {}
+
+    def go():
+        try:
+            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                           max_restarts=1, min_nodes=1)
+            box["result"] = box["dist"].run(_train_on_request, ckpt, str(steplog), steps, every)
+        except BaseException as e:  # noqa: B902 - checked below
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(_steplog(steplog)) < 8 and time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.02)
+    jvm = executor_of_node(1, tsp_spark.CONNECT_MARK)
+    assert jvm in before, (jvm, before, box)
+    os.kill(jvm, signal.SIGPWR)
+    noticed = time.time()
+    # When each checkpoint is first seen complete (10 ms polls), until attempt 1's first step.
+    seen: dict = {}
+    while time.time() - noticed < 30 and t.is_alive():
+        for c in Path(ckpt).glob("step-*/COMPLETE"):
+            seen.setdefault(int(c.parent.name[5:]), time.time())
+        if any(a == "1" for a, _, _ in _steplog(steplog)):
+            break
+        time.sleep(0.01)
+    t.join(120)
+    assert not t.is_alive() and "error" not in box, box
+    log = _steplog(steplog)
+    first = [s for a, s, _ in log if a == "0"]
+    second = [s for a, s, _ in log if a == "1"]
+    # The checkpoint on request is attempt 0's last step; attempt 1 starts right after it:
+    # 0 steps lost, none repeated or skipped.
+    ckpt_step = first[-1]
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1"], log
+    assert first == list(range(ckpt_step + 1)) and second == list(range(ckpt_step + 1, steps)), log
+    took = seen[ckpt_step] - noticed
+    assert 0 < took <= 2.0, (took, ckpt_step, seen)
+    cause = box["dist"].attempts[0]["cause"]
+    assert re.search(rf"node 1's executor is being decommissioned: step {ckpt_step} was "
+                     r"checkpointed on request|Executor \d+ is decommissioned", cause), cause
+    assert box["result"] == {"attempt": "1", "start": ckpt_step + 1, "cause": cause}, box
+    assert [a["nodes"] for a in box["dist"].attempts] == [2, 1]
+    restart = box["dist"].attempts[1]["started"] - noticed
+    app = spark.conf.get("spark.app.id")
+    assert jvmutil.plugin_stops(app, "checkpointed on request") >= 1
+    assert tsp_spark.wait_gone(tsp_spark.CONNECT_MARK, TEARDOWN_S) == []
+    # The server has its 2 executors again for the suites after this one: the survivor
+    # and the standalone master's replacement, registered with the driver; the
+    # decommissioned JVM exited by itself.
+    deadline = time.monotonic() + 180
+    while ((jvm in _executors() or not _registered(connect_server) - registered)
+           and time.monotonic() < deadline):
+        time.sleep(0.1)
+    after = _executors()
+    assert len(after) == 2 and jvm not in after, (jvm, before, after)
+    assert len(_registered(connect_server) - registered) == 1, registered
+    print(f"Connect, function mode: decommission notice -> checkpoint complete {took:.2f} s "
+          f"(step {ckpt_step}); restart {restart:.1f} s after the notice, replacement "
+          f"registered {time.time() - noticed:.1f} s after; 0 steps lost; attempt 0's cause: {cause}")

@@ -22,7 +22,7 @@ import pytest
 
 import jvmutil
 from test_restart import (_cmdline, _steplog, _tree, check_resumed, executor_id, executor_of,
-                          kill_all)
+                          executor_of_node, kill_all)
 
 import tsp_spark
 
@@ -33,18 +33,6 @@ SCRIPT = str(jvmutil.ROOT / "tests" / "e2e" / "agent_scripts" / "resume_train.py
 CONF = {"spark.torchspark.job.maxRestarts": "2",
         # A replacement executor starts in seconds on a quiet machine, a minute on a loaded one.
         "spark.torchspark.job.replacementTimeout": "180s"}
-
-
-def _node_executor(mark: str, node: int) -> int:
-    for pid in tsp_spark.job_processes(mark):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"torchspark-run" in cmd[0] and f"--node-rank={node}".encode() in cmd:
-            return executor_of(pid)
-    return 0
 
 
 def _start(tmp_path, max_restarts: int, steps: int, opts: tuple, conf: dict, plugin: bool):
@@ -94,7 +82,7 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
                 if len(_steplog(d / "steplog")) >= n:
                     break
                 time.sleep(0.02)
-            pid = _node_executor(mark, node)
+            pid = executor_of_node(node, mark)
             assert pid, f"no executor runs node {node} (TrainApp: {p.poll()})"
             os.kill(pid, s)
             t0 = time.time()
@@ -216,7 +204,7 @@ def test_decommission_of_a_pyspark_run(tmp_path):
         deadline = time.monotonic() + 300
         while len(_steplog(steplog)) < 8 and time.monotonic() < deadline and t.is_alive():
             time.sleep(0.02)
-        pid = _node_executor(mark, 1)
+        pid = executor_of_node(1, mark)
         assert pid, f"no executor runs node 1 ({box})"
         os.kill(pid, signal.SIGPWR)
         t.join(600)
@@ -263,12 +251,12 @@ def test_runner_goes_on_on_the_survivors_and_excludes_a_silent_executor(tmp_path
     from torchspark import checkpoint
     try:
         _wait_steps(p, steplog, "0", 7)  # checkpoint 5 complete: attempt 1 resumes at 6
-        pid = _node_executor(mark, 1)
+        pid = executor_of_node(1, mark)
         assert pid, f"no executor runs node 1 (TrainApp: {p.poll()})"
         os.kill(pid, signal.SIGKILL)
         killed = [(time.time(), checkpoint.latest_step(str(tmp_path / "ckpt")))]
         _wait_steps(p, steplog, "1", 7)  # 6..12: attempt 2 resumes at 11
-        jvm = _node_executor(mark, 0)
+        jvm = executor_of_node(0, mark)
         assert jvm, f"no executor runs node 0 (TrainApp: {p.poll()})"
         eid = executor_id(jvm)
         frozen = _tree(jvm)

@@ -115,3 +115,36 @@ def test_other_errors_are_not_retried():
     with pytest.raises(ValueError):
         _restart.run(once, limit=3, spark=None, need_slots=1, replacement_timeout_s=0,
                      remote=True, logger=logging.getLogger("t"))
+
+
+def test_min_nodes_on_spark_connect_leaves_out_the_lost_node():
+    # The Connect client cannot count slots: the next attempt runs without the nodes the
+    # last one lost with their executors, when min_nodes allows; else on all of them.
+    lost = {"cause": "executor 1 exited caused by one of the running tasks: Command exited "
+                     "with code 137 (ExecutorLostFailure)"}
+    gone = {"cause": "node 1's executor is being decommissioned: step 8 was checkpointed on "
+                     "request and the node stopped"}
+    silent = {"cause": "lost connection to node 1 (host h, address a): it went silent",
+              "silent_node": 1}
+    failed = {"cause": "rank 1 (node 1, local rank 0) on host h exited with code 1"}
+    assert [_restart.lost_nodes(e) for e in (lost, gone, silent, failed, {})] == [1, 1, 1, 0, 0]
+    assert _restart.next_nodes(None, 3, 1, 0, remote=True, lost=1) == 2
+    assert _restart.next_nodes(None, 2, 2, 0, remote=True, lost=1) == 2  # not elastic
+    assert _restart.next_nodes(None, 2, 1, 0, remote=True, lost=0) == 2
+    seen = []
+
+    def once(attempt, cause, nodes):
+        seen.append(nodes)
+        if attempt == 0:
+            raise TorchDistributorError("TorchDistributor (distributed) failed: rank 1 (node "
+                                        "1, local rank 0) on host h was terminated by signal "
+                                        "15.", {"node_rank": 1, "tail": [
+                                            "torchspark.checkpoint: step 8 checkpointed on "
+                                            "request (executor decommission); waiting to be "
+                                            "stopped"]})
+        return "done"
+
+    assert _restart.run(once, limit=1, spark=None, need_slots=2, least_slots=1,
+                        replacement_timeout_s=0, remote=True,
+                        logger=logging.getLogger("t")) == "done"
+    assert seen == [2, 1]

@@ -159,6 +159,17 @@ def min_nodes(value: Any, conf_value: Optional[str], num_tasks: int) -> int:
     return value
 
 
+def lost_nodes(entry: Dict[str, Any]) -> int:
+    """How many of an attempt's nodes went with their executor, from its record (what a
+    Spark Connect client can know, as it cannot see the executors): 1 when its root cause
+    is a lost, decommissioned or silent node, else 0."""
+    cause = entry.get("cause") or ""
+    if (entry.get("silent_node") is not None or cause.endswith("(ExecutorLostFailure)")
+            or " is being decommissioned: " in cause):
+        return 1
+    return 0
+
+
 def history_message(causes: List[str], limit: int, last: str) -> str:
     lines = [f"TorchDistributor (distributed) failed after {len(causes)} attempt(s) "
              f"(max_restarts={limit}): {last}", "Root cause of each attempt, in order:"]
@@ -167,14 +178,17 @@ def history_message(causes: List[str], limit: int, last: str) -> str:
 
 
 def next_nodes(spark: Any, need: int, least: int, timeout_s: float, remote: bool,
-               unusable: int = 0) -> int:
+               unusable: int = 0, lost: int = 0) -> int:
     """How many nodes the next attempt runs on: need when the cluster has a slot for each
     now; else, elastic (least < need), the slots there are when they are >= least, at once;
     else need once a replacement executor came within timeout_s; else the slots seen
     last (< least: no restart). unusable: slots Spark still counts that are not (the
-    executor of a node that went silent, until Spark's heartbeat timeout removes it)."""
+    executor of a node that went silent, until Spark's heartbeat timeout removes it).
+    On Spark Connect the client cannot count slots: need less the nodes the attempt lost
+    with their executors (lost), at least least (elastic), else need; Spark's barrier slot
+    check waits for them."""
     if remote:
-        return need
+        return max(least, need - lost)
     try:
         slots = free_slots(spark) - unusable
     except Exception:
@@ -234,7 +248,7 @@ def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark
                     "is excluded from the next attempt: SparkContext.killAndReplaceExecutor "
                     "asked the cluster manager to replace it")
             slots = next_nodes(spark, need_slots, least, replacement_timeout_s, remote,
-                               unusable)
+                               unusable, lost_nodes(entry) if remote else 0)
             if slots < least:
                 want = (f"{need_slots}" if least == need_slots
                         else f"at least {least} (min_nodes)")
@@ -246,8 +260,9 @@ def run(run_once: Callable[[int, Optional[str], int], Any], *, limit: int, spark
             nodes = slots
             fewer = (f"; on {nodes} of {need_slots} nodes (min_nodes={least})"
                      if nodes < need_slots else "")
+            seen = ("Spark Connect: Spark's barrier slot check waits for the slots" if remote
+                    else f"{slots} slot(s) available after {time.monotonic() - t0:.1f}s")
             logger.warning(
                 f"TorchDistributor attempt {attempt} failed: {cause}; restarting as attempt "
-                f"{attempt + 1} of {limit + 1} ({slots} slot(s) available after "
-                f"{time.monotonic() - t0:.1f}s{fewer})")
+                f"{attempt + 1} of {limit + 1} ({seen}{fewer})")
     raise AssertionError("unreachable")

@@ -89,7 +89,10 @@ class TorchDistributor:
         else all of them). When fewer executors than the run's nodes are left but at least
         min_nodes, the next attempt starts at once on those, with a smaller world size,
         instead of waiting for a replacement executor (elastic, as torchrun's
-        ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt.
+        ``--nnodes=MIN:MAX``); ``distributor.attempts`` records each attempt. Under Spark
+        Connect, whose client cannot see the executors, the next attempt leaves out the
+        node whose executor was lost, decommissioned or went silent (docs/distributor.md,
+        "Limits").
     hang_timeout : float or str, optional
         A torchspark extension (keyword only): the hang doctor. When no rank has printed a
         line or reported for this long (seconds, or a Spark duration such as ``"30min"``;
