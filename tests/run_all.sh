@@ -4,11 +4,52 @@
 # under ASan+UBSan and under TSan), the fuzz targets for a bounded time, the device check
 # (tests/gpu: one line where there is no GPU), and the end-to-end pytest suites on real
 # Spark and real torch.
+# Every run writes what each step and each test cost to build/test-times/ (steps.tsv,
+# pytest.xml, summary.md; docs/testing.md).
+#
+# Usage: tests/run_all.sh [--quick] [PYTEST_ARGS...]
+#   --quick: the iteration tier (docs/testing.md): the plain unit tests (ctest), the pure
+#   Python unit and contract tests, and one end-to-end smoke run on real Spark and torch,
+#   in a few minutes. CI runs the whole suite (no --quick).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+quick=0
+if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 bash tests/setup.sh
 jobs=$(nproc)
+times=build/test-times
+rm -rf "$times"
+mkdir -p "$times"
+printf 'step\tseconds\n' > "$times/steps.tsv"
+step_name=""
+step_start=0
+step_end() {
+  [ -n "$step_name" ] && printf '%s\t%s\n' "$step_name" $((SECONDS - step_start)) >> "$times/steps.tsv"
+  step_name=""
+}
+step() {
+  step_end
+  step_name=$1
+  step_start=$SECONDS
+  printf '\n===== %s =====\n' "$*"
+}
+# shellcheck disable=SC2317  # called by the EXIT trap
+summarize() {
+  step_end
+  .venv/bin/python tests/suite_times.py "$times" || true
+}
+trap summarize EXIT
+
+if [ "$quick" = 1 ]; then
+  status=0
+  step "unit tests (ctest, plain build)"
+  ctest --test-dir build --output-on-failure -j"$jobs" || status=1
+  step "quick pytest tier (pure unit and contract tests, one end-to-end smoke run)"
+  mapfile -t quick_tests < <(grep -vE '^[[:space:]]*(#|$)' tests/quick.txt)
+  .venv/bin/python -m pytest -ra --junitxml="$times/pytest.xml" "${quick_tests[@]}" "$@" || status=1
+  exit $status
+fi
 # The version matrix's oldest torch (tests/setup_torch.sh: 2.8 GB, once per machine, under a
 # lock the matrix test waits on) downloads while the native steps below use the CPUs.
 matrix_torch=${TORCHSPARK_MATRIX_TORCH-2.4.1}
@@ -17,7 +58,6 @@ if [ -n "$matrix_torch" ]; then
   matrix_torch_pid=$!
 fi
 status=0
-step() { printf '\n===== %s =====\n' "$*"; }
 
 step "shell scripts (bash -n and shellcheck on every one: a parse error never hides behind a skip)"
 # Every tracked *.sh and every tracked file whose first line is a sh or bash shebang (.ci/run).
@@ -100,8 +140,9 @@ step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
 for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
-# --durations: the 30 slowest tests, so that the run's cost is visible where it grows.
-.venv/bin/python -m pytest -ra --durations=30 "${suites[@]}" "$@"
+# --durations: the 30 slowest tests, so that the run's cost is visible where it grows; every
+# test's time is kept in build/test-times/pytest.xml (and summary.md, written at exit).
+.venv/bin/python -m pytest -ra --durations=30 --junitxml="$times/pytest.xml" "${suites[@]}" "$@"
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1
