@@ -5,7 +5,7 @@ written to a JSON file where they run), in local and distributed mode, function 
 
 The training side is a script or function that records the arguments and the config file it
 receives; the real `deepspeed` package is exercised by the last test when it is installed
-(it is not in tests/requirements.txt: see README.md).
+(it is not in tests/requirements.txt: see docs/distributor.md, "DeepspeedTorchDistributor").
 """
 import json
 import sys
