@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""torchspark-run against torchrun, side by side in one run (docs/benchmarks.md).
+"""torchspark-run against torchrun, side by side in one run (docs/benchmarks.md, "torchspark-run
+against torchrun").
 
   .venv/bin/python bench/agent_bench.py [--runs 10] [--svg docs/img/agent_bench.svg]
 

@@ -3,7 +3,7 @@
 # worker runs: the GPU count through NVML, through cuInit (NVML hidden), the assignment of
 # --gpus, and no GPU at all. On a machine without a GPU the stub libraries of the build stand
 # in (their threads included); on a GPU host set GPU_REAL=1 to use the real driver.
-# Usage: bench/agent_vmhwm.sh [TORCHSPARK-RUN] (docs/benchmarks.md)
+# Usage: bench/agent_vmhwm.sh [TORCHSPARK-RUN] (docs/benchmarks.md, "The agent's memory in each GPU mode")
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=${1:-$root/build/bin/torchspark-run}

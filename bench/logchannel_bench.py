@@ -21,7 +21,8 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
    the bytes): what each end sustains when they run on different machines. Beside it,
    stock's collect-style transfer of 1 GiB in 4 KiB chunks, EMULATED with the pattern in
    Python over a loopback socket (a real Spark collect() of 1 GiB exceeds the default
-   spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md).
+   spark.driver.maxResultSize=1g and needs a cluster; see docs/benchmarks.md, "Small
+   functions and a 1 GiB result").
 3. memory: one agent with 8 workers printing as fast as they can while the driver pulls
    slowly (agent RSS); 64 agents connected and streaming to one server (driver RSS);
    drops and local fallbacks counted (default mode: both must be 0).

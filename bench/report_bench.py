@@ -4,7 +4,8 @@ TorchDistributor.run() on local-cluster[2,1,1024] (2 ranks, one per executor).
     .venv/bin/python bench/report_bench.py [--runs 5] [--steps 1000] [--matmuls 12]
 
 Each run trains nothing but does a fixed amount of work per step (12 CPU matmuls of
-160x160 on one thread: 3.2 ms of CPU on the shared 2-core VM of docs/benchmarks.md), then
+160x160 on one thread: 3.2 ms of CPU on the shared 2-core VM of docs/benchmarks.md,
+"torchspark.report(): cost to the step loop and latency"), then
 computes a metric from it. --matmuls 36 makes the step ~10 ms of CPU: report() on every
 step is then the issue's rate, 100 calls/s per rank. The same function runs alternately with report() of that
 metric and two constants on every step and without it (the loops differ by the report()

@@ -4,7 +4,8 @@ with none lost; TORCHSPARK_TIMING=1 prints run()'s waterfall and returns the val
 rank 0's election record reaches the other task without Spark's allGather (which cannot
 take less than a second), and through allGather when the executors cannot reach it; the
 training process does not import pyspark unless the function does. Figures are in
-docs/benchmarks.md; nothing here asserts a rate."""
+docs/benchmarks.md ("Worker lines through TorchDistributor.run()", "run(): launch to return, against stock
+and the floor"); nothing here asserts a rate."""
 import io
 import logging
 import socket

@@ -75,7 +75,7 @@ def test_checks_run_each_under_its_timeout_and_end_with_the_summary(tmp_path):
         ["PASS", "h3"], ["FAIL", "h6"], ["PASS", "h8"], ["SKIP", "h10"]], summary
     assert all(float(ln.split()[2]) >= 0 for ln in summary[:-1])
     assert summary[-1] == "2 passed, 1 failed, 1 skipped"
-    # The figures, as a table for docs/benchmarks.md, before the summary.
+    # The figures, as a table for docs/benchmarks.md ("GPUs and the NCCL preflight"), before the summary.
     table = lines[lines.index("| id | figure | value | runs |"):]
     assert any(ln.startswith("| F3 | two agents, one GPU, the check: NCCL's 'Duplicate GPU "
                              "detected' after | ") for ln in table), table

@@ -5,7 +5,8 @@ order, byte-identical (count and SHA-256 on both ends); the same with the driver
 restarted mid-run; and a worker that prints and crashes at once.
 
 Sizes: the test runs 8 x 12,000 lines (about 400 MB); the full 8 x 250,000 run is
-`bench/logchannel_bench.py --loss-full` (docs/benchmarks.md). LC_TEST_LINES overrides."""
+`bench/logchannel_bench.py --loss-full` (docs/benchmarks.md, "Driver log channel and output
+shipping"). LC_TEST_LINES overrides."""
 import os
 import time
 

@@ -4,7 +4,8 @@ subcommand per check, each run by tests/gpu/run.sh in its own process under its 
     python tests/gpu/checks.py env|h1|h2|...|h10
 
 Exit status: 0 passed, 1 failed, 77 skipped (the reason on the last line). Lines that start
-with "FIGURE | " are the figures run.sh gathers into one table for docs/benchmarks.md.
+with "FIGURE | " are the figures run.sh gathers into one table for docs/benchmarks.md ("GPUs and the NCCL
+preflight").
 Needs nvidia-smi, torch with CUDA, the build (torchspark-run, libtorchspark.so) and
 spark-glue/python on PYTHONPATH (run.sh sets it up; docs/gpu.md, "Running the device check
 on a GPU machine"). Every process started here is killed with its session on a timeout;
@@ -29,7 +30,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SKIP = 77
-HWM_GOAL_KIB = 8 * 1024  # the agent's memory goal (docs/benchmarks.md, issue 18)
+HWM_GOAL_KIB = 8 * 1024  # the agent's memory goal (docs/benchmarks.md, "The agent's memory in each GPU mode")
 
 
 # ---- helpers ---------------------------------------------------------------------------
@@ -291,7 +292,8 @@ def worker_result(p: subprocess.Popen, r: int, timeout: float) -> Tuple[Optional
 # ---- the checks ------------------------------------------------------------------------
 
 def check_env() -> int:
-    """What this machine is: the lines docs/benchmarks.md records beside the figures."""
+    """What this machine is: the lines docs/benchmarks.md ("The device check on an H200") records
+    beside the figures."""
     gpus = smi("index,name,uuid,pci.bus_id,driver_version,memory.total")
     for g in gpus:
         say("GPU", ", ".join(g))

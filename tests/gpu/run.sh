@@ -5,7 +5,8 @@
 # the GPU (tests/gpu/warm_ddp.py), and the hang doctor on an NCCL hang with torch's flight
 # recorder (tests/gpu/nccl_hang.py). At most 6 minutes on one GPU (TSP_GPU_BUDGET, 340 s,
 # plus at most 10 s of kill grace); each check runs in its own process under its own
-# timeout, and anything it leaves running is a failure. The run ends with the figures (a table for docs/benchmarks.md), one line
+# timeout, and anything it leaves running is a failure. The run ends with the figures (a table
+# for docs/benchmarks.md, "GPUs and the NCCL preflight"), one line
 # per check (PASS/FAIL/SKIP, name, seconds) and "N passed, N failed, N skipped"; exit 1
 # when a check failed. Where there is no NVIDIA GPU it says so in one line and exits 0.
 #
@@ -147,7 +148,7 @@ main() {
   apps=$(nvidia-smi --query-compute-apps=pid,process_name --format=csv,noheader 2> /dev/null)
   [ -n "$apps" ] && printf '\nstill on the GPU after the checks:\n%s\n' "$apps"
 
-  printf '\n== figures (docs/benchmarks.md: paste with this command, the date and the GPU)\n'
+  printf '\n== figures (docs/benchmarks.md, "GPUs and the NCCL preflight": paste with this command, the date and the GPU)\n'
   echo "| id | figure | value | runs |"
   echo "|---|---|---|---|"
   cat "$FIGURES"

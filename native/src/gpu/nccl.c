@@ -378,7 +378,8 @@ static int run_check(worker_t *w)
     }
     /* The check has passed: the communicator is left to the process's exit, which returns
      * every byte of GPU memory (+0 MiB after it, through NVML). Measured on an H200 (NCCL
-     * 2.28.9, docs/benchmarks.md), the agent's wall with the check, medians of 5, twice:
+     * 2.28.9, docs/benchmarks.md, "The device check on an H200"), the agent's wall with the
+     * check, medians of 5, twice:
      * 0.68/0.77 s so, 1.13/1.16 s with ncclCommFinalize + ncclCommDestroy (the destroy must
      * also wait for the non-blocking finalize, or NCCL warns "Attempt to use communicator
      * before the previous operation returned ncclSuccess"), 1.61/1.71 s with ncclCommAbort.

@@ -4,7 +4,8 @@ Why: the function of run() is pickled on the driver with ``pyspark.cloudpickle``
 does), so its pickle names ``pyspark.cloudpickle.cloudpickle``; importing that the usual
 way runs ``pyspark/__init__`` first, which imports most of PySpark (pyspark.sql, the
 errors' catalogue, py4j...): 0.2-0.3 s of every run() on a quiet machine, 1.5-1.9 s on a
-loaded one (docs/benchmarks.md), before the user's function even starts. cloudpickle itself
+loaded one (docs/benchmarks.md, "The driver's rendezvous, pyspark's import and Spark's first
+failure"), before the user's function even starts. cloudpickle itself
 needs only the standard library.
 
 How: :func:`load` puts a *deferred* ``pyspark`` package in sys.modules (the real package's

@@ -18,8 +18,9 @@ MAX_LINES = 1 << 16
 # before the next pull, so that lines accumulate: a pull per line costs the driver a wake-up,
 # a ctypes call and a write() on a Python stream per line, and at a million lines per
 # second that alone keeps a core busy (it did: ~2 lines per write(), 44k lines/s through
-# run(), docs/benchmarks.md). LINGER_S is the most a line waits on the driver beyond its
-# arrival; a lone line is still written as soon as it arrives.
+# run(), docs/benchmarks.md, "Worker lines through TorchDistributor.run()"). LINGER_S is the
+# most a line waits on the driver beyond its arrival; a lone line is still written as soon as
+# it arrives.
 LINGER_S = 0.01
 SMALL_BATCH = 256 << 10
 # How long one pull waits for a first line: stop() is seen within this (the native wait

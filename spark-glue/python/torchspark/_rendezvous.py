@@ -3,7 +3,8 @@ BarrierTaskContext.allGather().
 
 Why: Spark's barrier calls wait in whole seconds (BarrierTaskContext.runBarrier polls its
 RPC future with Thread.sleep(1000)), so one allGather() costs at least a second of every
-distributed run() (measured: 1.07 s in each run, docs/benchmarks.md). Here rank 0 PUTs the
+distributed run() (measured: 1.07 s in each run, docs/benchmarks.md, "The driver's rendezvous,
+pyspark's import and Spark's first failure"). Here rank 0 PUTs the
 record to a small server on the driver as soon as it has it, and every other task GETs it
 the moment it is there.
 
@@ -43,7 +44,8 @@ def enabled(remote: bool) -> bool:
 
     (It was opt-in while an e2e test lost Spark's cause of a failed run with it on; the
     cause was found not to be the rendezvous: Spark's first task failure in a fresh
-    session takes it seconds once, with either path: docs/benchmarks.md.)"""
+    session takes it seconds once, with either path: docs/benchmarks.md, "The driver's
+    rendezvous, pyspark's import and Spark's first failure".)"""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("0", "false", "no", "off"):
         return False

@@ -1,7 +1,8 @@
 """The warm worker pool (docs/protocol.md §6): function-mode training processes forked from
 a process that has torch imported already.
 
-Where the time of a small run() goes (docs/benchmarks.md): 1.5 s of 2 s is the training
+Where the time of a small run() goes (docs/benchmarks.md, "run(): launch to return, against stock
+and the floor"): 1.5 s of 2 s is the training
 process starting Python and importing torch. A pool process per executor (per driver in
 local mode) imports torch, torch.distributed and pyspark's cloudpickle once, then forks one
 training process per request that the agent's shim (``torchspark-run --warm-exec``,

@@ -322,8 +322,9 @@ class TorchDistributor:
 
     def _nccl_check_timeout(self, nnodes: int) -> float:
         """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off. On by default
-        for a GPU job of more than one node (nnodes agents; it costs 0.64 s on an H200:
-        F1 in docs/benchmarks.md), off for one node. spark.torchspark.ncclCheck=true|false
+        for a GPU job of more than one node (nnodes agents; it costs 0.73 s on an H200:
+        F1 in docs/benchmarks.md, "The device check on an H200"), off for one node.
+        spark.torchspark.ncclCheck=true|false
         decides otherwise; TORCHSPARK_NCCL_CHECK=1|0 on the driver overrides both;
         spark.torchspark.ncclCheck.timeout (default 180s)."""
         if not self.use_gpu:
@@ -569,7 +570,8 @@ class TorchDistributor:
             if hub is not None:  # reports spilled by agents come back as rows
                 spec["report_rows"] = _report_rows.new_tag()
             # Restarts left: the next attempt starts at once on the root cause, without
-            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md).
+            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
+            # "Recovery on local-cluster").
             last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
                 _restart.MAX_RESTARTS_ENV)
             grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S

@@ -510,8 +510,9 @@ public final class TorchSparkRunner {
 
     /**
      * The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off, as in the PySpark
-     * glue: on by default for a GPU job of more than one node (nnodes agents; it costs 0.64 s
-     * on an H200, F1 in docs/benchmarks.md), off for one node; spark.torchspark.ncclCheck=true|false
+     * glue: on by default for a GPU job of more than one node (nnodes agents; it costs 0.73 s
+     * on an H200, F1 in docs/benchmarks.md, "The device check on an H200"), off for one node;
+     * spark.torchspark.ncclCheck=true|false
      * decides otherwise; TORCHSPARK_NCCL_CHECK=1|0 on the driver (env) overrides both;
      * spark.torchspark.ncclCheck.timeout (default 180s).
      */
