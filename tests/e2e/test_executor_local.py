@@ -3,8 +3,11 @@ executor host"): each attack made by a real process through a real socket or /pr
 
 - The secret given by hand in TORCHSPARK_LOG_SECRET is overwritten in the agent's initial
   environment block (what /proc/<pid>/environ shows); TORCHSPARK_LOG_SECRET_FD (the glues)
-  reads it from a descriptor and says what is wrong with a bad one."""
+  reads it from a descriptor and says what is wrong with a bad one.
+- A process that connects to the agent's report socket and stays idle does not keep the
+  agent alive once its workers ended (a grace, then one warning line)."""
 import os
+import socket
 import subprocess
 import time
 
@@ -83,3 +86,24 @@ def test_a_bad_secret_descriptor_is_a_clear_error(tmp_path):
         assert p.wait(30) == 2
         assert b"TORCHSPARK_LOG_SECRET_FD 57 cannot be read" in p.stderr.read()
 
+
+def test_an_idle_report_connection_does_not_keep_the_agent_alive(tmp_path):
+    with LogServer() as srv:
+        flag = str(tmp_path / "w")
+        p = _agent(srv, flag, base_env(new_marker(), **srv.agent_env()))
+        idle = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            idle.connect(_wait_file(flag + ".sock"))  # from outside the job, then silence
+            time.sleep(0.2)  # accepted while the worker runs
+            open(flag + ".go", "w").close()
+            t0 = time.monotonic()
+            rc = p.wait(15)
+            took = time.monotonic() - t0
+        finally:
+            if p.poll() is None:
+                p.kill()
+            idle.close()
+        err = p.stderr.read().decode()
+        assert rc == 0, err
+        assert took < 2.0 + 3.0, took  # the 2 s grace, and this host's load
+        assert err.count("still open 2000 ms after this agent's last worker ended") == 1, err
