@@ -56,23 +56,30 @@ static void serve(int ep, tsp_reports_t *r, rec_sink_t *s, int want)
     }
 }
 
+/* A report socket of node node_rank of 2, nproc workers each, its messages to pipefd[1]. */
+static tsp_reports_t *open_reports(int ep, tsp_line_sink_t *sink, tsp_topo_t *topo, int node_rank,
+                                   int nproc, int pipefd[2])
+{
+    tsp_topo_init(topo);
+    topo->nnodes = 2;
+    topo->node_rank = node_rank;
+    topo->nproc_per_node = nproc;
+    ck_assert_int_eq(pipe(pipefd), 0);
+    char err[256] = "";
+    tsp_reports_t *r = NULL;
+    ck_assert_msg(tsp_reports_open(&r, ep, 1000, sink, topo, NULL, pipefd[1], err, sizeof err) == 0,
+                  "%s", err);
+    return r;
+}
+
 START_TEST(test_reportsock_records_by_rank_bad_hello_closed_pause_resume)
 {
     int ep = epoll_create1(EPOLL_CLOEXEC);
     rec_sink_t rs = {0};
     tsp_line_sink_t sink = {.ctx = &rs, .write_line = rec_write, .wake_fd = -1};
     tsp_topo_t topo;
-    tsp_topo_init(&topo);
-    topo.nnodes = 2;
-    topo.node_rank = 1;
-    topo.nproc_per_node = 2;
     int pipefd[2];
-    ck_assert_int_eq(pipe(pipefd), 0);
-    char err[256] = "";
-    tsp_reports_t *r = NULL;
-    ck_assert_msg(tsp_reports_open(&r, ep, 1000, &sink, &topo, NULL, pipefd[1], err, sizeof err) ==
-                      0,
-                  "%s", err);
+    tsp_reports_t *r = open_reports(ep, &sink, &topo, 1, 2, pipefd);
     struct stat st;
     char dir[108];
     snprintf(dir, sizeof dir, "%s", tsp_reports_path(r));
@@ -133,14 +140,8 @@ START_TEST(test_reportsock_close_idle_keeps_paused_warns_once)
     rec_sink_t rs = {0};
     tsp_line_sink_t sink = {.ctx = &rs, .write_line = rec_write, .wake_fd = -1};
     tsp_topo_t topo;
-    tsp_topo_init(&topo);
-    topo.nproc_per_node = 1;
     int pipefd[2];
-    ck_assert_int_eq(pipe(pipefd), 0);
-    char err[256] = "";
-    tsp_reports_t *r = NULL;
-    ck_assert_int_eq(tsp_reports_open(&r, ep, 1000, &sink, &topo, NULL, pipefd[1], err, sizeof err),
-                     0);
+    tsp_reports_t *r = open_reports(ep, &sink, &topo, 0, 1, pipefd);
     /* a silent peer (connected, nothing sent) and a worker paused on a full sink */
     int idle = dial(tsp_reports_path(r), "");
     rs.full = 1;
