@@ -6,7 +6,9 @@
 #include "run_config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -653,6 +655,73 @@ static double seconds(const char *v, const char *what, double dflt)
     return s;
 }
 
+/* Reads the secret from fd: at most sizeof c->secret_hex - 1 bytes up to end of file or a
+ * newline, waiting 10 s at most for the writer (the glue writes it before anything else). */
+static void read_secret_fd(run_config_t *c, int fd)
+{
+    size_t got = 0, cap = sizeof c->secret_hex - 1;
+    while (got < cap && !memchr(c->secret_hex, '\n', got)) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr = poll(&p, 1, 10000);
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr == 0)
+            run_usage_error("TORCHSPARK_LOG_SECRET_FD %d: nothing came in 10 s (the process "
+                            "that starts the agent writes the secret there, then closes it)",
+                            fd);
+        ssize_t n = pr < 0 ? -1 : read(fd, c->secret_hex + got, cap - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            run_usage_error("TORCHSPARK_LOG_SECRET_FD %d cannot be read: %s (it must name a "
+                            "descriptor open for reading, such as a pipe on standard input)",
+                            fd, strerror(errno));
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    c->secret_hex[got] = 0;
+    c->secret_hex[strcspn(c->secret_hex, "\r\n")] = 0;
+}
+
+/* The driver's log channel's secret (docs/protocol.md 1.1), taken so that no other process
+ * of this user can read it in /proc/<pid>/environ, which shows the initial environment
+ * block whatever unsetenv does: from the descriptor that TORCHSPARK_LOG_SECRET_FD names (the
+ * glues: a pipe on standard input, which is then /dev/null for the workers), else from
+ * TORCHSPARK_LOG_SECRET (by hand), whose bytes are overwritten in place at once. Both
+ * variables leave the environment: the workers never see the secret. This runs first thing
+ * in main, before the sentinel is forked (it keeps a copy of this memory) or a worker runs. */
+static void take_secret(run_config_t *c)
+{
+    char *sv = getenv("TORCHSPARK_LOG_SECRET");
+    const char *fdv = getenv("TORCHSPARK_LOG_SECRET_FD");
+    c->has_secret = sv != NULL || fdv != NULL;
+    if (sv) {
+        snprintf(c->secret_hex, sizeof c->secret_hex, "%s", sv);
+        explicit_bzero(sv, strlen(sv));
+    }
+    unsetenv("TORCHSPARK_LOG_SECRET");
+    if (fdv) {
+        int fd = -1;
+        if (tsp__parse_int(fdv, &fd) || fd < 0)
+            run_usage_error("TORCHSPARK_LOG_SECRET_FD must be a descriptor number, not '%s'", fdv);
+        memset(c->secret_hex, 0, sizeof c->secret_hex);
+        read_secret_fd(c, fd);
+        close(fd);
+        if (fd == STDIN_FILENO) {
+            /* Not close-on-exec: the workers' standard input (fd 0 is free: it comes back). */
+            int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            if (nul == STDIN_FILENO)
+                fcntl(nul, F_SETFD, 0);
+            else if (nul > 0) {
+                dup2(nul, STDIN_FILENO);
+                close(nul);
+            }
+        }
+        unsetenv("TORCHSPARK_LOG_SECRET_FD");
+    }
+}
+
 void run_config_parse(run_config_t *c, int argc, char **argv)
 {
     memset(c, 0, sizeof *c);
@@ -699,13 +768,7 @@ void run_config_parse(run_config_t *c, int argc, char **argv)
                              ? val("log-line-prefix-template")
                              : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
     c->warm_socket = warm_socket_opt(c->self_exe, sizeof c->self_exe);
-    /* The driver's log channel: the secret comes from the environment only, and is taken
-     * out of it so that the workers never see it. */
-    const char *sv = getenv("TORCHSPARK_LOG_SECRET");
-    c->has_secret = sv != NULL;
-    if (sv)
-        snprintf(c->secret_hex, sizeof c->secret_hex, "%s", sv);
-    unsetenv("TORCHSPARK_LOG_SECRET");
+    take_secret(c);
     c->log_endpoint = val("log-endpoint");
     c->log_drop = flag("log-drop");
     c->output_file = val("output-file");

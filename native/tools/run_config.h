@@ -47,7 +47,7 @@ typedef struct {
     /* the driver's channel */
     const char *log_endpoint, *output_file;
     int log_drop;
-    int has_secret;       /* TORCHSPARK_LOG_SECRET was set (taken out of the environment) */
+    int has_secret;       /* TORCHSPARK_LOG_SECRET(_FD) was set (taken out of the environment) */
     char secret_hex[80];  /* its value */
     double stall_timeout; /* TORCHSPARK_LOG_STALL_TIMEOUT seconds, 0: never, -1: default */
     /* the NCCL preflight */

@@ -1,7 +1,11 @@
 """torchspark.checkpoint: atomic saves, the newest complete checkpoint, sharded state on
 every rank of a real gloo process group (real torch, real processes; no Spark)."""
+import json
 import os
+import pickle
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -154,3 +158,112 @@ def test_checkpoint_on_request_acknowledges_and_waits(tmp_path, monkeypatch):
     # The checkpoint was complete before the acknowledgement (its step in it).
     assert checkpoint.latest_step(str(tmp_path / "ck")) == 7
     assert (tmp_path / "checkpoint-request.done").read_text() == "7\n"
+
+
+# ---- other users of the hosts (docs/security.md, "The executor host") ----------------------
+
+class _Planted:
+    """What another user would plant: unpickling it runs a command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(ckdir, step, marker):
+    d = ckdir / f"step-{step:012d}"
+    d.mkdir(mode=0o700)
+    torch.save({"model": _Planted(marker)}, d / "state.pt")
+    (d / "COMPLETE").write_text(json.dumps({"step": step, "world_size": 1, "sharded": False}))
+
+
+def test_a_planted_pickle_is_not_executed(tmp_path):
+    ckdir, marker = tmp_path / "ck", tmp_path / "pwned"
+    checkpoint.save({"w": torch.ones(2)}, 1, dir=str(ckdir))
+    _plant(ckdir, 2, marker)
+    with pytest.warns(RuntimeWarning, match="cannot load the checkpoint of step 2"):
+        ck = checkpoint.load_latest(str(ckdir))
+    assert not marker.exists(), "load_latest ran the code of a planted pickle"
+    assert ck.step == 1 and torch.equal(ck.state["w"], torch.ones(2))
+    # Only the newest, planted: refused, with what to do about a trusted one.
+    shutil.rmtree(ckdir / "step-000000000001")
+    with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="weights_only=False"):
+        checkpoint.load_latest(str(ckdir))
+    assert not marker.exists()
+    # The explicit opt-out loads any object (here: runs the command).
+    checkpoint.load_latest(str(ckdir), weights_only=False)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("mode,who", [(0o777, "its group and others"), (0o775, "its group"),
+                                      (0o757, "others")])
+def test_a_directory_others_can_write_is_refused(tmp_path, mode, who):
+    ckdir = tmp_path / "ck"
+    checkpoint.save({"w": 1}, 1, dir=str(ckdir))
+    ckdir.chmod(mode)
+    msg = (rf"refusing the checkpoint directory '{ckdir}': it is writable by {who} "
+           rf"\(mode {mode:04o}\).*chmod go-w {ckdir}")
+    with pytest.raises(ValueError, match=msg):
+        checkpoint.save({"w": 2}, 2, dir=str(ckdir))
+    with pytest.raises(ValueError, match=msg):
+        checkpoint.load_latest(str(ckdir))
+    with pytest.raises(ValueError, match=msg):
+        checkpoint.latest_step(str(ckdir))
+    assert sorted(os.listdir(ckdir)) == ["step-000000000001"]
+
+
+def test_a_directory_of_another_user_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    ckdir = tmp_path / "ck"
+    checkpoint.save({"w": 1}, 1, dir=str(ckdir))
+    os.chown(ckdir, 65534, 65534)
+    with pytest.raises(ValueError, match=r"is owned by uid 65534, not by this user \(uid 0\)"):
+        checkpoint.load_latest(str(ckdir))
+
+
+def test_new_directories_are_0700_and_files_0600(tmp_path):
+    ckdir = tmp_path / "new" / "ck"
+    checkpoint.save({"w": 1}, 3, dir=str(ckdir))
+    for d in (ckdir, ckdir / "step-000000000003"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
+    for f in ("state.pt", "COMPLETE"):
+        assert stat.S_IMODE((ckdir / "step-000000000003" / f).stat().st_mode) == 0o600, f
+
+
+def test_a_corrupted_newest_falls_back_to_the_previous_complete_one(tmp_path):
+    d = str(tmp_path / "ck")
+    for step in (1, 2):
+        checkpoint.save({"w": torch.full((2,), float(step))}, step, dir=d)
+    (tmp_path / "ck" / "step-000000000002" / "state.pt").write_bytes(b"\x80\x04garbage")
+    with pytest.warns(RuntimeWarning, match="cannot load the checkpoint of step 2"):
+        ck = checkpoint.load_latest(d)
+    assert ck.step == 1 and torch.equal(ck.state["w"], torch.ones(2))
+
+
+_FAILED_SAVE = r"""
+import os, resource, signal, sys, torch
+sys.path.insert(0, sys.argv[2])
+from torchspark import checkpoint
+checkpoint.save({"w": torch.zeros(4)}, 1, dir=sys.argv[1])
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk, as write() sees it: EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+try:
+    checkpoint.save({"w": torch.ones(4 << 20)}, 2, dir=sys.argv[1])  # 16 MiB
+except OSError as e:
+    print("failed", e.errno, flush=True)
+"""
+
+
+def test_a_failed_save_removes_its_partial_files(tmp_path):
+    ckdir = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-c", _FAILED_SAVE, str(ckdir),
+                        str(ROOT / "spark-glue" / "python")], capture_output=True, text=True,
+                       timeout=120)
+    assert r.stdout.startswith("failed"), (r.stdout, r.stderr[-2000:])
+    assert sorted(os.listdir(ckdir)) == ["step-000000000001"]  # no step 2, no temporary file
+    with pytest.raises((pickle.PicklingError, AttributeError)):  # a local object: not picklable
+        checkpoint.save({"f": lambda: 0}, 3, dir=str(ckdir))
+    assert sorted(os.listdir(ckdir)) == ["step-000000000001"]

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
@@ -221,7 +222,7 @@ def anchor():
 
 def test_the_pool_ends_with_its_anchor_and_takes_its_workers(run_bin, tmp_path, anchor):
     env = {**os.environ, "WARM_PID_FILE": str(tmp_path / "pid"), "UNIQUE": uuid.uuid4().hex}
-    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
     assert sock and os.path.exists(sock)
     agent = _agent(run_bin, sock, *_fn_files(tmp_path, _report_pid), env)
     assert _wait(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60)
@@ -245,19 +246,19 @@ def _state(pid):
 
 def test_an_idle_pool_ends_and_the_next_run_starts_another(run_bin, tmp_path, anchor):
     env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
-    sock = _warm.ensure(env, 1, anchor.pid, 1.0)
+    sock = _warm.ensure(env, 1, anchor.pid, 1.0, clients=os.getpid())
     fn_file, out_file = _fn_files(tmp_path, _parent_comm)
     agent = _agent(run_bin, sock, fn_file, out_file, env)
     assert agent.wait(120) == 0, agent.stdout.read()
     assert cloudpickle.loads(open(out_file, "rb").read()) == _warm.POOL_COMM
     assert _wait(lambda: not os.path.exists(sock), 10), "the idle pool did not end"
-    sock2 = _warm.ensure(env, 1, anchor.pid, 1.0)
+    sock2 = _warm.ensure(env, 1, anchor.pid, 1.0, clients=os.getpid())
     assert sock2 == sock and os.path.exists(sock)
 
 
 def test_a_shim_killed_takes_its_worker(run_bin, tmp_path, anchor):
     env = {**os.environ, "WARM_PID_FILE": str(tmp_path / "pid"), "UNIQUE": uuid.uuid4().hex}
-    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
     agent = _agent(run_bin, sock, *_fn_files(tmp_path, _report_pid), env)
     assert _wait(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60)
     worker = int((tmp_path / "pid").read_text())
@@ -268,11 +269,110 @@ def test_a_shim_killed_takes_its_worker(run_bin, tmp_path, anchor):
 
 def test_a_pool_refusing_the_environment_means_a_fresh_worker(run_bin, tmp_path, anchor):
     env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
-    sock = _warm.ensure(env, 1, anchor.pid, 600)
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
     fn_file, out_file = _fn_files(tmp_path, _parent_comm)
     agent = _agent(run_bin, sock, fn_file, out_file, {**env, "UNIQUE": "other"})
     assert agent.wait(120) == 0, agent.stdout.read()
     assert cloudpickle.loads(open(out_file, "rb").read()) == "torchspark-run"
+
+
+# ---- other processes of the same user (docs/security.md, "The executor host") -------------
+
+_REQUEST = r"""
+import os, socket, struct, sys, time
+sock, boot, fn_file, out_file, result = sys.argv[1:6]
+drip = float(os.environ.get("DRIP", "0"))
+argv = [sys.executable, "-u", "-c", boot, "-m", "torchspark._fn_runner", fn_file, out_file]
+parts = ["/", str(len(argv)), *argv, *(f"{k}={v}" for k, v in os.environ.items())]
+payload = b"".join(p.encode() + b"\0" for p in parts)
+head = struct.pack(">4sIII", b"TSPW", 1, len(payload), 3)
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(sock)
+if drip:
+    open(result + ".connected", "w").close()
+    for b in (head + payload)[:30]:  # one byte per drip, never a whole request
+        try:
+            c.send(bytes([b]))
+        except OSError:
+            break
+        time.sleep(drip)
+    sys.exit(0)
+socket.send_fds(c, [head], [0, 1, 2])
+c.sendall(payload)
+tag = c.recv(1)
+open(result, "w").write(tag.decode() + (c.recv(4096)[4:].decode(errors="replace") if tag else ""))
+"""
+
+
+def _agent_boot(run_bin):
+    data = Path(run_bin).read_bytes()
+    i = data.index(b"def _tsp_boot(m):")
+    return data[i:data.index(b"\0", i)].decode()
+
+
+def _request(env, sock, boot, fn_file, out_file, result, detach=False):
+    cmd = [sys.executable, "-c", _REQUEST, sock, boot, fn_file, out_file, str(result)]
+    # setsid -f: the requester's parent exits at once, so it descends from nobody of ours.
+    return subprocess.Popen(["setsid", "-f", *cmd] if detach else cmd, env=env)
+
+
+def _touch_marker():
+    open(os.environ["MARKER"], "w").close()
+
+
+def test_a_process_not_descending_from_the_agents_is_refused(run_bin, tmp_path, anchor):
+    # The real bootstrap and a function file: everything a shim sends, but from a process
+    # that another application's task could be (same user, not under the executor).
+    env = {**os.environ, "UNIQUE": uuid.uuid4().hex, "MARKER": str(tmp_path / "ran")}
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
+    fn_file, out_file = _fn_files(tmp_path, _touch_marker)
+    result = tmp_path / "reply"
+    _request(env, sock, _agent_boot(run_bin), fn_file, out_file, result, detach=True).wait(10)
+    assert _wait(lambda: result.exists() and result.read_text(), 60), "no reply"
+    assert result.read_text().startswith("R") and "does not descend" in result.read_text()
+    time.sleep(1)
+    assert not (tmp_path / "ran").exists(), "the pool ran a stranger's request"
+    # The same function through the agent, a descendant: served (the check above refused).
+    agent = _agent(run_bin, sock, fn_file, out_file, env)
+    assert agent.wait(120) == 0, agent.stdout.read()
+    assert (tmp_path / "ran").exists()
+
+
+def test_a_bootstrap_other_than_the_agents_is_refused(run_bin, tmp_path, anchor):
+    env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
+    marker = tmp_path / "ran"
+    boot = f"open({str(marker)!r}, 'w').close()  # " + "x" * 80
+    fn_file, out_file = _fn_files(tmp_path, _parent_comm)
+    result = tmp_path / "reply"
+    _request(env, sock, boot, fn_file, out_file, result).wait(60)
+    assert result.read_text().startswith("R"), result.read_text()
+    assert "BOOT is not the bootstrap of the agent's own executable" in result.read_text()
+    time.sleep(1)
+    assert not marker.exists(), "the pool ran a BOOT that is not the agent's"
+
+
+def test_a_peer_dripping_bytes_does_not_stall_the_pool(run_bin, tmp_path, anchor):
+    env = {**os.environ, "UNIQUE": uuid.uuid4().hex}
+    sock = _warm.ensure(env, 1, anchor.pid, 600, clients=os.getpid())
+    fn_file, out_file = _fn_files(tmp_path, _parent_comm)
+    agent = _agent(run_bin, sock, fn_file, out_file, env)  # the pool is warm after this
+    assert agent.wait(120) == 0, agent.stdout.read()
+    result = tmp_path / "drip"
+    dripper = _request({**env, "DRIP": "1"}, sock, "x", fn_file, out_file, result)
+    try:
+        assert _wait(lambda: Path(f"{result}.connected").exists(), 30)
+        time.sleep(0.3)  # accepted first: the pool reads its request now
+        os.unlink(out_file)
+        t0 = time.monotonic()
+        agent = _agent(run_bin, sock, fn_file, out_file, env)
+        assert agent.wait(60) == 0, agent.stdout.read()
+        took = time.monotonic() - t0
+    finally:
+        dripper.kill()
+        dripper.wait()
+    assert cloudpickle.loads(open(out_file, "rb").read()) == _warm.POOL_COMM
+    assert took < _warm.REQUEST_TIMEOUT_S + 4, took  # the deadline, and this host's load
 
 
 def test_a_socket_directory_others_can_use_is_not_used(monkeypatch):

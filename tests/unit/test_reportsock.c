@@ -56,23 +56,30 @@ static void serve(int ep, tsp_reports_t *r, rec_sink_t *s, int want)
     }
 }
 
+/* A report socket of node node_rank of 2, nproc workers each, its messages to pipefd[1]. */
+static tsp_reports_t *open_reports(int ep, tsp_line_sink_t *sink, tsp_topo_t *topo, int node_rank,
+                                   int nproc, int pipefd[2])
+{
+    tsp_topo_init(topo);
+    topo->nnodes = 2;
+    topo->node_rank = node_rank;
+    topo->nproc_per_node = nproc;
+    ck_assert_int_eq(pipe(pipefd), 0);
+    char err[256] = "";
+    tsp_reports_t *r = NULL;
+    ck_assert_msg(tsp_reports_open(&r, ep, 1000, sink, topo, NULL, pipefd[1], err, sizeof err) == 0,
+                  "%s", err);
+    return r;
+}
+
 START_TEST(test_reportsock_records_by_rank_bad_hello_closed_pause_resume)
 {
     int ep = epoll_create1(EPOLL_CLOEXEC);
     rec_sink_t rs = {0};
     tsp_line_sink_t sink = {.ctx = &rs, .write_line = rec_write, .wake_fd = -1};
     tsp_topo_t topo;
-    tsp_topo_init(&topo);
-    topo.nnodes = 2;
-    topo.node_rank = 1;
-    topo.nproc_per_node = 2;
     int pipefd[2];
-    ck_assert_int_eq(pipe(pipefd), 0);
-    char err[256] = "";
-    tsp_reports_t *r = NULL;
-    ck_assert_msg(tsp_reports_open(&r, ep, 1000, &sink, &topo, NULL, pipefd[1], err, sizeof err) ==
-                      0,
-                  "%s", err);
+    tsp_reports_t *r = open_reports(ep, &sink, &topo, 1, 2, pipefd);
     struct stat st;
     char dir[108];
     snprintf(dir, sizeof dir, "%s", tsp_reports_path(r));
@@ -127,12 +134,53 @@ START_TEST(test_reportsock_records_by_rank_bad_hello_closed_pause_resume)
 }
 END_TEST
 
+START_TEST(test_reportsock_close_idle_keeps_paused_warns_once)
+{
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    rec_sink_t rs = {0};
+    tsp_line_sink_t sink = {.ctx = &rs, .write_line = rec_write, .wake_fd = -1};
+    tsp_topo_t topo;
+    int pipefd[2];
+    tsp_reports_t *r = open_reports(ep, &sink, &topo, 0, 1, pipefd);
+    /* a silent peer (connected, nothing sent) and a worker paused on a full sink */
+    int idle = dial(tsp_reports_path(r), "");
+    rs.full = 1;
+    int busy = dial(tsp_reports_path(r), "TSPR1 0\n{\"step\":0}\n");
+    for (int i = 0; i < 10; i++) {
+        struct epoll_event ev;
+        if (epoll_wait(ep, &ev, 1, 100) == 1)
+            tsp_reports_event(r, ev.data.u64);
+    }
+    ck_assert_int_eq(tsp_reports_close_idle(r, 2000), 1); /* the silent one only */
+    char buf[16];
+    ck_assert_int_eq(read(idle, buf, sizeof buf), 0);
+    char msg[512] = "";
+    ck_assert_int_gt(read(pipefd[0], msg, sizeof msg - 1), 0);
+    ck_assert_ptr_nonnull(strstr(msg, "1 connection(s) still open 2000 ms after this agent's last "
+                                      "worker ended"));
+    ck_assert_int_eq(tsp_reports_pending(r), 1); /* the paused record is not dropped */
+    rs.full = 0;
+    ck_assert_int_eq(tsp_reports_resume(r), 0);
+    ck_assert_int_eq(rs.n, 1);
+    ck_assert_int_eq(tsp_reports_close_idle(r, 2000), 1); /* now idle: closed, no 2nd line */
+    ck_assert_int_eq(tsp_reports_pending(r), 0);
+    tsp_reports_close(r);
+    close(idle);
+    close(busy);
+    ck_assert_int_eq(close(pipefd[1]), 0);
+    ck_assert_int_eq(read(pipefd[0], msg, sizeof msg - 1), 0); /* one warning in all */
+    close(pipefd[0]);
+    close(ep);
+}
+END_TEST
+
 static Suite *reportsock_suite(void)
 {
     Suite *s = suite_create("reportsock");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, test_reportsock_records_by_rank_bad_hello_closed_pause_resume);
+    tcase_add_test(tc, test_reportsock_close_idle_keeps_paused_warns_once);
     suite_add_tcase(s, tc);
     return s;
 }

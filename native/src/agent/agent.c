@@ -88,7 +88,8 @@ struct tsp_agent {
     int killed;      /* SIGKILL already sent in this attempt */
     int exec_status; /* 127/126 when the program could not be started */
     int wake_watched;
-    int64_t linger_until; /* CLOCK_MONOTONIC ms when lingering streams are read again; 0: none */
+    int64_t linger_until;  /* CLOCK_MONOTONIC ms when lingering streams are read again; 0: none */
+    int64_t reports_until; /* ms when idle report connections are closed (no worker left); 0 */
     char host[256];
     char log_dir[PATH_MAX];
     int own_log_dir;
@@ -379,6 +380,17 @@ static int wait_timeout(const tsp_agent_t *a, int timeout)
         return timeout;
     int64_t left = a->linger_until - tsp__now_ms();
     int ms = left <= 0 ? 0 : (int)left;
+    return timeout < 0 || ms < timeout ? ms : timeout;
+}
+
+/* The same, shortened to the end of the report connections' grace (attempt_over); once it
+ * passed, the stopping loop's tick looks again (paused connections may stay). */
+static int reports_timeout(const tsp_agent_t *a, int timeout)
+{
+    int64_t left = a->reports_until - tsp__now_ms();
+    if (!a->reports_until || left <= 0)
+        return timeout;
+    int ms = (int)left + 1;
     return timeout < 0 || ms < timeout ? ms : timeout;
 }
 
@@ -930,9 +942,25 @@ static void evaluate(tsp_agent_t *a)
         tsp_proc_signal_descendants(getpid(), SIGKILL);
 }
 
-static int attempt_over(const tsp_agent_t *a)
+/* How long report connections stay open once no worker is left: a worker's last records
+ * are in flight for a moment at most (its own socket closes when it exits); what is still
+ * open then is another process that must not keep the agent, and the task, alive. */
+#define REPORTS_GRACE_MS 2000
+
+static int attempt_over(tsp_agent_t *a)
 {
-    return a->state != ST_RUNNING && live_workers(a) == 0 && !have_children() && !output_pending(a);
+    if (a->state == ST_RUNNING || live_workers(a) > 0 || have_children()) {
+        a->reports_until = 0;
+        return 0;
+    }
+    if (tsp_reports_pending(a->reports)) {
+        int64_t now = tsp__now_ms();
+        if (!a->reports_until)
+            a->reports_until = now + REPORTS_GRACE_MS;
+        else if (now >= a->reports_until)
+            tsp_reports_close_idle(a->reports, REPORTS_GRACE_MS);
+    }
+    return !output_pending(a);
 }
 
 static int start_workers(tsp_agent_t *a)
@@ -976,7 +1004,7 @@ int tsp_agent_run(tsp_agent_t *a)
          * retries paused output, so that no lost wake-up can keep a dead job's agent
          * alive: shutdown must always end. */
         int idle = a->state == ST_RUNNING ? -1 : 1000;
-        int n = epoll_wait(a->epfd, evs, 32, wait_timeout(a, idle));
+        int n = epoll_wait(a->epfd, evs, 32, reports_timeout(a, wait_timeout(a, idle)));
         if (n < 0 && errno != EINTR)
             return -errno;
         if (n == 0) {

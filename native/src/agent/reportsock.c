@@ -29,6 +29,7 @@ struct tsp_reports {
     const tsp_topo_t *topo;
     rconn_t *c;
     size_t nc;
+    int warned_idle; /* tsp_reports_close_idle said so once */
     char dir[108];
     char path[108];
 };
@@ -253,6 +254,25 @@ int tsp_reports_pending(const tsp_reports_t *r)
         if (r->c[i].fd >= 0)
             return 1;
     return 0;
+}
+
+int tsp_reports_close_idle(tsp_reports_t *r, int grace_ms)
+{
+    int n = 0;
+    for (size_t i = 0; r && i < r->nc; i++)
+        if (r->c[i].fd >= 0 && !r->c[i].paused) {
+            conn_close(r, &r->c[i]);
+            n++;
+        }
+    if (n && !r->warned_idle) {
+        r->warned_idle = 1;
+        say(r,
+            "%d connection(s) still open %d ms after this agent's last worker ended (a process "
+            "that is not one of its workers, or one that outlived them): closed, so that the "
+            "agent can exit",
+            n, grace_ms);
+    }
+    return n;
 }
 
 void tsp_reports_close(tsp_reports_t *r)

@@ -38,6 +38,10 @@ int tsp_reports_event(tsp_reports_t *r, uint64_t tag);
 int tsp_reports_resume(tsp_reports_t *r);
 /* 1 while a connection is open or holds records not handed on. */
 int tsp_reports_pending(const tsp_reports_t *r);
+/* Once no worker is left: closes every connection that holds no paused record (the first
+ * time with one warning line naming grace_ms, the grace it had), so that a process that
+ * connected and stays idle cannot keep the agent alive. The count closed. */
+int tsp_reports_close_idle(tsp_reports_t *r, int grace_ms);
 /* Closes every connection and the socket, removes the directory. NULL is fine. */
 void tsp_reports_close(tsp_reports_t *r);
 

@@ -92,13 +92,17 @@ class AgentResult:
 
 class Agent:
     """One running agent. echo(line) receives every line it prints (stdout and stderr),
-    on_stderr(line) those of its stderr only (after echo)."""
+    on_stderr(line) those of its stderr only (after echo). secret: the driver channel's
+    secret (64 hex digits), handed over on the agent's standard input, never in its
+    environment (docs/protocol.md 1.1)."""
 
     def __init__(self, cmd: List[str], env: Dict[str, str],
                  echo: Optional[Callable[[str], None]] = None,
-                 on_stderr: Optional[Callable[[str], None]] = None) -> None:
+                 on_stderr: Optional[Callable[[str], None]] = None,
+                 secret: Optional[str] = None) -> None:
         self.cmd = cmd
         self.env = env
+        self.secret = secret
         self.echo = echo
         self.on_stderr = on_stderr
         self.proc: Optional[subprocess.Popen] = None
@@ -110,11 +114,25 @@ class Agent:
         # Lets the agent notice a parent that died before it could ask for a
         # parent-death signal.
         self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
+        # The secret on a pipe: /proc/<pid>/environ would show it to every process of this
+        # user for the agent's whole life (the agent reads it first thing, then stdin is
+        # /dev/null again).
+        self.env.pop("TORCHSPARK_LOG_SECRET", None)
+        if self.secret:
+            self.env["TORCHSPARK_LOG_SECRET_FD"] = "0"
         # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
         # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
-        self.proc = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(self.cmd, env=self.env,
+                                     stdin=subprocess.PIPE if self.secret else subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      close_fds=True)
+        if self.secret:
+            assert self.proc.stdin is not None
+            try:  # 65 bytes: within any pipe's buffer, so this never waits on the agent
+                self.proc.stdin.write(self.secret.encode() + b"\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass  # the agent died at once: its status says why
         for stream in (self.proc.stdout, self.proc.stderr):
             hook = self.on_stderr if stream is self.proc.stderr else None
             t = threading.Thread(target=self._drain, args=(stream, hook), daemon=True,

@@ -1,8 +1,9 @@
 """ctypes binding of libtorchspark's driver-side log server (docs/protocol.md, part 1).
 
 The driver starts a :class:`LogServer`, hands ``server.endpoint`` and ``server.secret_hex``
-to the agents (``torchspark-run --log-endpoint HOST:PORT`` with the secret in the
-environment variable ``TORCHSPARK_LOG_SECRET``, never on a command line), and a thread
+to the agents (``torchspark-run --log-endpoint HOST:PORT`` with the secret on a pipe that
+``TORCHSPARK_LOG_SECRET_FD`` names, or by hand in ``TORCHSPARK_LOG_SECRET``, which the agent
+overwrites in place; never on a command line: docs/protocol.md 1.1), and a thread
 pulls batches of lines and writes them where the user looks (``sys.stderr`` in a
 notebook)::
 

@@ -258,8 +258,6 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
         workdir, spec["fn_bytes"],
         None if spec["script"] is None else [spec["script"], *spec["script_args"]])
     endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]
-    if endpoint and secret:
-        env["TORCHSPARK_LOG_SECRET"] = secret
     ship = bool(endpoint and spec["result_via_channel"] and spec["fn_bytes"] is not None
                 and node_rank == 0)
     warm = None
@@ -276,8 +274,8 @@ def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int
         gpus=None if gpus is None else ",".join(gpus),
         nccl_check=spec["nccl_check"] if gpus is not None else 0,
         nccl_port=record.nccl_port if record else 0, warm_socket=warm)
-    res = _launch.Agent(cmd, env, echo=echo,
-                        on_stderr=spill.stderr_line if spill else None).run(error_file)
+    res = _launch.Agent(cmd, env, echo=echo, on_stderr=spill.stderr_line if spill else None,
+                        secret=secret if endpoint else None).run(error_file)
     if res.returncode != 0:
         host = socket.gethostname()
         failure = node_failure(res, node_rank, nproc)

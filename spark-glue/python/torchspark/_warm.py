@@ -40,7 +40,8 @@ FN_RUNNER = "torchspark._fn_runner"
 DEFAULT_IDLE_S = 300.0
 READY_TIMEOUT_S = 10.0
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL excluded)
-REQUEST_TIMEOUT_S = 5.0
+REQUEST_TIMEOUT_S = 2.0  # for a whole request: a shim sends it in one go on connecting
+SO_PEERPIDFD = 77  # Linux 6.5: a pidfd of the process that connected (no pid reuse race)
 
 # The variables that differ between runs or ranks of one pool's life (docs/protocol.md §6):
 # the agent sets them per worker (CUDA_*: with --gpus), the glue per job, a shell in front
@@ -146,10 +147,12 @@ _started: List[Any] = []  # the pools this process started (Popen objects, never
 
 
 def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
-           idle_s: float = DEFAULT_IDLE_S) -> Optional[str]:
+           idle_s: float = DEFAULT_IDLE_S, clients: Optional[int] = None) -> Optional[str]:
     """The socket of the pool for env (the agent's environment), starting one when none
     lives; None when no pool can be used here (the agent then starts workers as usual).
-    A pool being started by someone else meanwhile is returned too: its shim waits."""
+    A pool being started by someone else meanwhile is returned too: its shim waits.
+    clients: the process whose descendants the pool serves (default: the anchor, whose
+    descendants the executor's agents are; a test's own process for a pool alone)."""
     import fcntl
     import subprocess
 
@@ -184,7 +187,8 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
         with open(os.path.join(d, key + ".log"), "wb") as log:
             p = subprocess.Popen(
                 [sys.executable, "-u", "-c", "from torchspark._warm import main; main()",
-                 sock, str(fd), str(w), str(anchor), repr(float(idle_s))],
+                 sock, str(fd), str(w), str(anchor), repr(float(idle_s)),
+                 str(anchor if clients is None else clients)],
                 env=stable_env(wenv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=log, pass_fds=(fd, w), start_new_session=True, cwd="/")
         _started.append(p)
@@ -222,9 +226,19 @@ def idle_timeout(value: Optional[str]) -> float:
 # ---- the pool process ------------------------------------------------------------------
 
 
-def _recv_exact(conn: socket.socket, n: int) -> bytes:
+def _until(conn: socket.socket, deadline: Optional[float]) -> None:
+    """The socket's timeout: what is left of deadline (socket.timeout once it passed)."""
+    if deadline is not None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout(f"no whole request within {REQUEST_TIMEOUT_S:g} s")
+        conn.settimeout(left)
+
+
+def _recv_exact(conn: socket.socket, n: int, deadline: Optional[float] = None) -> bytes:
     buf = b""
     while len(buf) < n:
+        _until(conn, deadline)
         chunk = conn.recv(n - len(buf))
         if not chunk:
             raise ConnectionError("the shim closed the connection mid-request")
@@ -232,19 +246,22 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return buf
 
 
-def read_request(conn: socket.socket) -> Tuple[str, List[str], Dict[str, str], List[int]]:
+def read_request(conn: socket.socket, deadline: Optional[float] = None
+                 ) -> Tuple[str, List[str], Dict[str, str], List[int]]:
     """(cwd, argv, env, [fd0, fd1, fd2]); ValueError for a malformed request (its
-    descriptors closed)."""
+    descriptors closed). deadline (time.monotonic()): for the whole request, so that a peer
+    that drips bytes holds the single-threaded pool that long at most."""
+    _until(conn, deadline)
     data, fds, _, _ = socket.recv_fds(conn, HEADER.size, 3)
     try:
         if len(data) < HEADER.size:
-            data += _recv_exact(conn, HEADER.size - len(data))
+            data += _recv_exact(conn, HEADER.size - len(data), deadline)
         magic, version, length, nfds = HEADER.unpack(data)
         if magic != MAGIC or version != VERSION or nfds != 3 or len(fds) != 3:
             raise ValueError(f"bad header {data!r} with {len(fds)} descriptors")
         if length > MAX_PAYLOAD:
             raise ValueError(f"payload of {length} bytes")
-        parts = _recv_exact(conn, length).split(b"\0")
+        parts = _recv_exact(conn, length, deadline).split(b"\0")
         if parts[-1] != b"" or len(parts) < 3:
             raise ValueError("payload not NUL-terminated")
         parts.pop()
@@ -266,8 +283,29 @@ def read_request(conn: socket.socket) -> Tuple[str, List[str], Dict[str, str], L
         raise
 
 
-def refusal(argv: List[str], env: Dict[str, str], base_env: Dict[str, str]) -> Optional[str]:
-    """Why this pool cannot run the request (docs/protocol.md §6), or None."""
+_boot_cache: Dict[Tuple[int, int, int], bytes] = {}
+
+
+def _agent_boot(exe: str, boot: str) -> bool:
+    """Whether boot is one of the bootstraps compiled into exe (the shim's executable,
+    torchspark-run: native/src/agent/pyboot.c), as a whole C string."""
+    try:
+        with open(exe, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = (st.st_dev, st.st_ino, st.st_mtime_ns)
+            if key not in _boot_cache:
+                _boot_cache.clear()
+                _boot_cache[key] = f.read(64 << 20)
+    except OSError:
+        return False
+    needle = b"\0" + boot.encode("utf-8", "surrogateescape") + b"\0"
+    return len(needle) > 64 and needle in _boot_cache[key]
+
+
+def refusal(argv: List[str], env: Dict[str, str], base_env: Dict[str, str],
+            agent_exe: Optional[str] = None) -> Optional[str]:
+    """Why this pool cannot run the request (docs/protocol.md §6), or None. agent_exe: the
+    peer's executable (/proc/PID/exe), which must hold BOOT; None: not checked."""
     try:
         same_python = os.path.samefile(argv[0], sys.executable)
     except OSError:
@@ -276,6 +314,8 @@ def refusal(argv: List[str], env: Dict[str, str], base_env: Dict[str, str]) -> O
         return f"another Python ({argv[0]}; the pool runs {sys.executable})"
     if len(argv) < 6 or argv[1] != "-u" or argv[2] != "-c" or argv[4:6] != ["-m", FN_RUNNER]:
         return "not a function-mode worker (python -u -c BOOT -m torchspark._fn_runner ...)"
+    if agent_exe is not None and not _agent_boot(agent_exe, argv[3]):
+        return "BOOT is not the bootstrap of the agent's own executable"
     want, got = stable_env(base_env), stable_env(env)
     for k in sorted(set(want) | set(got)):
         if want.get(k) != got.get(k):
@@ -295,6 +335,66 @@ class _Worker:
 def _peer_uid(conn: socket.socket) -> int:
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
+
+
+def _peer_pidfd(conn: socket.socket) -> int:
+    """A pidfd of the process that connected: SO_PEERPIDFD (Linux 6.5+) names exactly that
+    process; older kernels: pidfd_open of SO_PEERCRED's pid, which a peer that exited at
+    once could leave to a new process (the residual race, docs/protocol.md §6)."""
+    try:
+        return conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return os.pidfd_open(struct.unpack("3i", creds)[0])
+
+
+def _pidfd_pid(fd: int) -> int:
+    """The pid a pidfd refers to; -1 once that process has exited."""
+    with open(f"/proc/self/fdinfo/{fd}") as f:
+        for ln in f:
+            if ln.startswith("Pid:"):
+                return int(ln.split()[1])
+    return -1
+
+
+def _descends(pid: int, root: int, root_start: Optional[str]) -> bool:
+    """Whether pid is root or below it (parents from /proc/PID/stat; root by its start
+    time, so that a reused pid is not it)."""
+    for _ in range(4096):
+        st = _proc_stat(pid)
+        if st is None:
+            return False
+        if pid == root:
+            return st[1] == root_start
+        if pid <= 1:
+            return False
+        pid = st[0]
+    return False
+
+
+def peer_refusal(conn: socket.socket, root: int, root_start: Optional[str]
+                 ) -> Tuple[Optional[str], Optional[str]]:
+    """(why the peer may not use this pool or None, its executable): it must run as our
+    user and descend from root (the pool's clients: the executor's agents). The peer is
+    held by a pidfd across the check: still alive after it, the /proc entries read were its
+    own."""
+    if _peer_uid(conn) != os.geteuid():
+        return "another user", None
+    fd = _peer_pidfd(conn)
+    try:
+        pid = _pidfd_pid(fd)
+        ok = pid > 0 and _descends(pid, root, root_start)
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            exe = None
+        if _pidfd_pid(fd) != pid:
+            return "a peer that exited during the check", None
+        if not ok:
+            return f"pid {pid} does not descend from the pool's clients (pid {root})", None
+        return None, exe
+    finally:
+        os.close(fd)
 
 
 POOL_COMM = "tsp-warm-pool"  # the pool's /proc/PID/comm; its workers get a fresh one's
@@ -382,8 +482,10 @@ def _become_worker(cwd: str, argv: List[str], env: Dict[str, str], fds: List[int
     os._exit(code)
 
 
-def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: float) -> None:
-    """The pool process: bind, say ready, import, then fork workers on request."""
+def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: float,
+          clients: Optional[int] = None) -> None:
+    """The pool process: bind, say ready, import, then fork workers on request (to peers
+    that descend from clients, by default the anchor)."""
     import selectors
     import signal
 
@@ -397,6 +499,9 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
     signal.signal(signal.SIGCHLD, lambda *_: None)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.append(1))
+    root = anchor if clients is None else clients
+    root_stat = _proc_stat(root)
+    client_root = (root, root_stat[1] if root_stat else None)
     try:
         anchor_fd = os.pidfd_open(anchor)
     except OSError:
@@ -485,7 +590,7 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
                 close = [listener.fileno(), wake_r, wake_w, anchor_fd, lock_fd, conn.fileno(),
                          sel.fileno()]
                 close += [w.conn.fileno() for w in workers.values() if w.conn is not None]
-                w = _serve_request(conn, base_env, added, close, pool_pid)
+                w = _serve_request(conn, base_env, added, close, pool_pid, client_root)
                 if w is not None:
                     workers[w.pid] = w
                     sel.register(conn, selectors.EVENT_READ, w)
@@ -539,22 +644,32 @@ def _can_take(pid: int, sig: int) -> bool:
         return False
 
 
-def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[str, str],
-                   close: List[int], pool_pid: int) -> Optional[_Worker]:
-    conn.settimeout(REQUEST_TIMEOUT_S)
+def _refuse(conn: socket.socket, why: str) -> None:
+    sys.stderr.write(f"torchspark warm pool: refused a request: {why}\n")
+    msg = why.encode()
     try:
-        if _peer_uid(conn) != os.geteuid():
+        conn.sendall(REPLY.pack(b"R", len(msg)) + msg)
+    except OSError:
+        pass
+
+
+def _serve_request(conn: socket.socket, base_env: Dict[str, str], added: Dict[str, str],
+                   close: List[int], pool_pid: int, clients: Tuple[int, Optional[str]]
+                   ) -> Optional[_Worker]:
+    deadline = time.monotonic() + REQUEST_TIMEOUT_S
+    try:
+        why, exe = peer_refusal(conn, *clients)
+        if why is not None:  # before reading a byte of what it sends
+            _refuse(conn, why)
             return None
-        cwd, argv, env, fds = read_request(conn)
+        cwd, argv, env, fds = read_request(conn, deadline)
     except (OSError, ValueError) as e:
         sys.stderr.write(f"torchspark warm pool: a bad request ({e})\n")
         return None
     try:
-        why = refusal(argv, env, base_env)
+        why = refusal(argv, env, base_env, exe or "")
         if why is not None:
-            sys.stderr.write(f"torchspark warm pool: refused a request: {why}\n")
-            msg = why.encode()
-            conn.sendall(REPLY.pack(b"R", len(msg)) + msg)
+            _refuse(conn, why)
             return None
         pid = os.fork()
         if pid == 0:
@@ -631,7 +746,8 @@ def _shutdown(listener: socket.socket, sock_path: str, sock_ino: int,
 
 def main() -> None:
     sock_path, lock_fd, ready_fd, anchor, idle_s = sys.argv[1:6]
-    serve(sock_path, int(lock_fd), int(ready_fd), int(anchor), float(idle_s))
+    clients = int(sys.argv[6]) if len(sys.argv) > 6 else None
+    serve(sock_path, int(lock_fd), int(ready_fd), int(anchor), float(idle_s), clients)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # no finalization (torch's, as in _fn_runner); the lock goes with us

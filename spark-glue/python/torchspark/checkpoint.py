@@ -34,11 +34,21 @@ steps. One line in a training loop::
 Loops that save through their own code (Lightning, HF Trainer) call
 :func:`acknowledge_request` after their save.
 
-Every file is written under a temporary name and renamed into place, and ``COMPLETE`` is
-written only after every file of the checkpoint is in place (sharded: after a barrier of
-the default process group), so a run killed in the middle of a save leaves an incomplete
-directory that :func:`load_latest` skips. ``keep`` (default 2) complete checkpoints are kept;
-older ones are removed by rank 0 after a save completes.
+Every file is written under a temporary name, fsynced and renamed into place (the directory
+fsynced after the rename), and ``COMPLETE`` is written only after every file of the checkpoint
+is in place (sharded: after a barrier of the default process group), so a run killed in the
+middle of a save leaves an incomplete directory that :func:`load_latest` skips; a save that
+fails (an error, a full disk) removes what it wrote. ``keep`` (default 2) complete
+checkpoints are kept; older ones are removed by rank 0 after a save completes.
+
+Other users of the hosts (docs/security.md, "The executor host"): a local checkpoint
+directory must be owned by the user that runs training and writable by nobody else (it is
+created mode 0700; files are 0600): another user who can write there could plant a
+checkpoint that the next attempt loads. :func:`load_latest` loads with
+``torch.load(weights_only=True)`` (torch's own default), which runs no code from the file;
+``weights_only=False`` is an explicit opt-out for states that hold other objects. A newest
+checkpoint that cannot be loaded (corrupted, or refused by ``weights_only``) is passed over
+with a warning for the previous complete one.
 """
 from __future__ import annotations
 
@@ -49,8 +59,10 @@ import pickle
 import posixpath
 import re
 import shutil
+import stat
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -104,20 +116,68 @@ class _Fs:
         if self.fs is not None:
             self.fs.makedirs(path, exist_ok=True)
         else:
-            os.makedirs(path, exist_ok=True)
+            os.makedirs(path, mode=0o700, exist_ok=True)
+
+    def check_root(self) -> bool:
+        """Refuses a local root that another user owns or can write (ValueError with what
+        to do); False when it does not exist. A URL's permissions are its store's."""
+        if self.fs is not None:
+            return True
+        try:
+            st = os.stat(self.root)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError(f"torchspark.checkpoint: {self.root!r} is not a directory")
+        uid, mode = os.geteuid(), stat.S_IMODE(st.st_mode)
+        who = {0o022: "its group and others", 0o020: "its group", 0o002: "others"}
+        problem = (f"is owned by uid {st.st_uid}, not by this user (uid {uid})"
+                   if st.st_uid != uid else
+                   f"is writable by {who[mode & 0o022]} (mode {mode:04o})" if mode & 0o022
+                   else None)
+        if problem:
+            raise ValueError(
+                f"torchspark.checkpoint: refusing the checkpoint directory {self.root!r}: it "
+                f"{problem}, so another user could plant a checkpoint there that this run "
+                "would load. Use a directory that this user owns and only it can write: "
+                f"`chmod go-w {self.root}` if it is yours, or a new one (torchspark creates "
+                "a missing directory with mode 0700)")
+        return True
 
     def write_atomic(self, path: str, data: bytes) -> None:
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        if self.fs is not None:
-            with self.fs.open(tmp, "wb") as f:
+        try:
+            if self.fs is not None:
+                with self.fs.open(tmp, "wb") as f:
+                    f.write(data)
+                self.fs.mv(tmp, path)
+                return
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            self.fs.mv(tmp, path)
-            return
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            self.remove(tmp)  # a failed save leaves no partial file
+            raise
+        # The rename itself survives a crash only once its directory is on disk.
+        dfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def remove(self, path: str) -> None:
+        try:
+            if self.fs is not None:
+                if self.fs.exists(path):
+                    self.fs.rm(path)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
 
     def read(self, path: str) -> bytes:
         if self.fs is not None:
@@ -168,12 +228,25 @@ def _dumps(state: Any) -> bytes:
     return buf.getvalue()
 
 
-def _loads(data: bytes, map_location: Any) -> Any:
+class _PlainUnpickler(pickle.Unpickler):
+    """weights_only without torch: containers and scalars only, no class is imported."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("collections", "OrderedDict"):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(
+            f"weights_only load refuses {module}.{name} (pass weights_only=False for a "
+            "checkpoint you trust)")
+
+
+def _loads(data: bytes, map_location: Any, weights_only: bool) -> Any:
     try:
         import torch
     except ImportError:
+        if weights_only:
+            return _PlainUnpickler(io.BytesIO(data)).load()
         return pickle.loads(data)
-    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=False)
+    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
 
 
 def _step_name(step: int) -> str:
@@ -205,9 +278,18 @@ def _save(state: Any, step: int, dir: Optional[str], sharded: bool, keep: int) -
     rank, world, dist = _dist()
     if not sharded and rank != 0:
         return None
+    if not fs.check_root():
+        fs.makedirs(fs.root)
+        fs.check_root()  # an existing parent's ACLs or a umask cannot loosen it unseen
+    created = not fs.exists(path)
     fs.makedirs(path)
     name = f"rank-{rank:05d}.pt" if sharded else "state.pt"
-    fs.write_atomic(fs.join(path, name), _dumps(state))
+    try:
+        fs.write_atomic(fs.join(path, name), _dumps(state))
+    except BaseException:
+        if created and not sharded:
+            fs.rmtree(path)  # nothing of this save stays behind
+        raise
     if sharded and dist is not None:
         dist.barrier()
     if rank == 0:
@@ -243,30 +325,93 @@ def _prune(fs: _Fs, keep: int) -> None:
 
 def latest_step(dir: Optional[str] = None) -> Optional[int]:
     """The step of the newest complete checkpoint, or None."""
-    steps = _complete_steps(_Fs(_dir(dir)))
+    fs = _Fs(_dir(dir))
+    steps = _complete_steps(fs) if fs.check_root() else []
     return steps[0] if steps else None
 
 
-def load_latest(dir: Optional[str] = None, *, map_location: Any = "cpu") -> Optional[Checkpoint]:
+def _load_step(fs: _Fs, step: int, rank: int, world: int, map_location: Any,
+               weights_only: bool) -> Checkpoint:
+    path = fs.join(fs.root, _step_name(step))
+    meta = json.loads(fs.read(fs.join(path, COMPLETE)))
+    if meta.get("sharded"):
+        if meta.get("world_size") != world:
+            raise _WorldMismatch(
+                f"torchspark.checkpoint: {path} was saved sharded by "
+                f"{meta.get('world_size')} ranks, but this run has {world}: load it with "
+                "the same number of processes")
+        name = f"rank-{rank:05d}.pt"
+    else:
+        name = "state.pt"
+    return Checkpoint(step, _loads(fs.read(fs.join(path, name)), map_location, weights_only),
+                      path)
+
+
+class _WorldMismatch(ValueError):
+    pass
+
+
+def load_latest(dir: Optional[str] = None, *, map_location: Any = "cpu",
+                weights_only: bool = True) -> Optional[Checkpoint]:
     """The newest complete checkpoint (rank 0's state; sharded: this rank's own), or None
     when there is none. Checkpoints without their COMPLETE marker (a save that was
-    killed) are skipped."""
+    killed) are skipped; one that cannot be loaded is passed over for the previous complete
+    one with a warning (all ranks agree on the step where a process group is up), and when
+    none can be, the newest one's error is raised.
+
+    weights_only=True (the default, as torch.load's): tensors, containers and scalars only,
+    no code from the file runs. weights_only=False loads any pickled object, which runs
+    whatever code the file holds: only for a directory that nobody else can write."""
     fs = _Fs(_dir(dir))
-    rank, world, _ = _dist()
-    for step in _complete_steps(fs):
-        path = fs.join(fs.root, _step_name(step))
-        meta = json.loads(fs.read(fs.join(path, COMPLETE)))
-        if meta.get("sharded"):
-            if meta.get("world_size") != world:
-                raise ValueError(
-                    f"torchspark.checkpoint: {path} was saved sharded by "
-                    f"{meta.get('world_size')} ranks, but this run has {world}: load it with "
-                    "the same number of processes")
-            name = f"rank-{rank:05d}.pt"
-        else:
-            name = "state.pt"
-        return Checkpoint(step, _loads(fs.read(fs.join(path, name)), map_location), path)
+    rank, world, dist = _dist()
+    steps = _complete_steps(fs) if fs.check_root() else []
+    first_error: Optional[BaseException] = None
+    for step in steps:
+        ck: Optional[Checkpoint] = None
+        sharded = False  # COMPLETE unreadable: every rank reads the same file alike
+        try:
+            sharded = _is_sharded(fs, step)
+            ck = _load_step(fs, step, rank, world, map_location, weights_only)
+        except _WorldMismatch:
+            raise
+        except Exception as e:  # corrupted, truncated, refused by weights_only
+            first_error = first_error or e
+            warnings.warn(f"torchspark.checkpoint: cannot load the checkpoint of step {step} "
+                          f"({type(e).__name__}: {e}); trying the previous complete one",
+                          RuntimeWarning, stacklevel=2)
+        # A sharded checkpoint is loaded by every rank together: one rank that cannot load
+        # its shard sends them all to the previous step. (Rank 0's state is one file that
+        # every rank reads alike, and may be loaded on rank 0 only: no collective then.)
+        if sharded and dist is not None and world > 1:
+            if _all_reduce(0 if ck is None else 1, dist, dist.ReduceOp.MIN) == 0:
+                continue
+        if ck is not None:
+            return ck
+    if first_error is not None:
+        hint = (" (weights_only=True refuses objects other than tensors, containers and "
+                "scalars: pass weights_only=False only for a checkpoint you trust)"
+                if weights_only else "")
+        raise RuntimeError(f"torchspark.checkpoint: no complete checkpoint under "
+                           f"{fs.root!r} could be loaded{hint}") from first_error
     return None
+
+
+def _is_sharded(fs: _Fs, step: int) -> bool:
+    meta = json.loads(fs.read(fs.join(fs.root, _step_name(step), COMPLETE)))
+    return bool(meta.get("sharded"))
+
+
+def _all_reduce(value: int, dist: Any, op: Any) -> int:
+    """value reduced over the default process group (on the backend's device)."""
+    import torch
+
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend() == "nccl" else torch.device("cpu"))
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=op)
+    return int(t.item())
+
+
 
 
 _pending = False  # requested() said True: the next save() acknowledges
@@ -287,13 +432,7 @@ def requested() -> bool:
     rank, world, dist = _dist()
     flag = local
     if dist is not None and world > 1:
-        import torch
-
-        device = (torch.device("cuda", torch.cuda.current_device())
-                  if dist.get_backend() == "nccl" else torch.device("cpu"))
-        t = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        flag = bool(t.item())
+        flag = bool(_all_reduce(1 if local else 0, dist, dist.ReduceOp.MAX))
     _pending = _pending or flag
     return flag
 

@@ -33,12 +33,21 @@ final class AgentProcess {
     private final Consumer<String> echo;
     private final Deque<String> tail = new ArrayDeque<>();
     private final List<Thread> readers = new ArrayList<>();
+    private final String secretHex;
     private Process proc;
 
     AgentProcess(List<String> cmd, Map<String, String> env, Consumer<String> echo) {
+        this(cmd, env, echo, null);
+    }
+
+    /** secretHex: the driver channel's secret, handed over on the agent's standard input
+     *  (TORCHSPARK_LOG_SECRET_FD=0), never in its environment, which /proc/PID/environ shows
+     *  to every process of this user (docs/protocol.md 1.1); null: no channel. */
+    AgentProcess(List<String> cmd, Map<String, String> env, Consumer<String> echo, String secretHex) {
         this.cmd = cmd;
         this.env = env;
         this.echo = echo;
+        this.secretHex = secretHex;
     }
 
     private static final ObjectMapper JSON = new ObjectMapper();
@@ -99,8 +108,22 @@ final class AgentProcess {
         pb.environment().putAll(env);
         // Lets the agent notice a parent that died before it asked for its death signal.
         pb.environment().put("TORCHSPARK_PARENT_PID", Long.toString(ProcessHandle.current().pid()));
-        pb.redirectInput(ProcessBuilder.Redirect.from(new java.io.File("/dev/null")));
+        pb.environment().remove("TORCHSPARK_LOG_SECRET");
+        if (secretHex != null) {
+            pb.environment().put("TORCHSPARK_LOG_SECRET_FD", "0");
+            pb.redirectInput(ProcessBuilder.Redirect.PIPE);
+        } else {
+            pb.redirectInput(ProcessBuilder.Redirect.from(new java.io.File("/dev/null")));
+        }
         proc = pb.start();
+        if (secretHex != null) {
+            // 65 bytes: within any pipe's buffer, so this never waits on the agent.
+            try (java.io.OutputStream in = proc.getOutputStream()) {
+                in.write((secretHex + "\n").getBytes(StandardCharsets.US_ASCII));
+            } catch (IOException e) {
+                // The agent died at once: its exit status says why.
+            }
+        }
         drain(proc.getInputStream());
         drain(proc.getErrorStream());
     }

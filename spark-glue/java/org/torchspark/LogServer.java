@@ -85,7 +85,7 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
-    /** The run's secret as 64 hex digits (TORCHSPARK_LOG_SECRET for the agents). */
+    /** The run's secret as 64 hex digits (for the agents: on their standard input, AgentProcess). */
     public String secretHex() {
         long h = acquire();
         try {

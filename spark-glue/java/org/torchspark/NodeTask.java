@@ -164,9 +164,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             if (spec.wantOutput) {
                 env.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
             }
-            if (spec.endpoint != null) {
-                env.put("TORCHSPARK_LOG_SECRET", spec.secretHex);
-            }
             env.put(AgentProcess.TASK_TAG, Long.toString(ctx.taskAttemptId()));
             // Created by TorchSparkPlugin on a decommission notice (Decommission.java).
             env.put(Decommission.REQUEST_ENV, workdir.resolve(Decommission.REQUEST_FILE).toString());
@@ -178,7 +175,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
                     spec.noPython, gpus, spec.ncclCheck, program);
             // The executor's own log keeps every line, with or without the channel.
-            AgentProcess agent = new AgentProcess(cmd, env, System.err::println);
+            AgentProcess agent = new AgentProcess(cmd, env, System.err::println,
+                    spec.endpoint != null ? spec.secretHex : null);
             // Killed while launching, electing or in the barrier: no agent at all (a kill
             // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
             ctx.killTaskIfInterrupted();

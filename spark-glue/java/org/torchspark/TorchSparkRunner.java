@@ -682,7 +682,6 @@ public final class TorchSparkRunner {
         Metrics.RUNS.incrementAndGet();
         Metrics.AGENTS.incrementAndGet();
         try (LogServer server = new LogServer("127.0.0.1", 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0)) {
-            penv.put("TORCHSPARK_LOG_SECRET", server.secretHex());
             if (wantOutput) {
                 server.expectOutput(outputPath != null ? outputPath.toString() : null);
             }
@@ -695,7 +694,7 @@ public final class TorchSparkRunner {
                     wantOutput ? outFile.toString() : null, kind == Kind.COMMAND, gpus, ncclCheck, prog);
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
-            AgentProcess agent = new AgentProcess(cmd, penv, System.err::println);
+            AgentProcess agent = new AgentProcess(cmd, penv, System.err::println, server.secretHex());
             int rc;
             try {
                 agent.start();
