@@ -55,6 +55,13 @@ START_TEST(test_conf_one_sentence_per_bad_value)
                           " \"value\": [1]}}}"),
                      -EINVAL);
     ck_assert_str_eq(err, "hang_action=[1] is not one of the values: use report or cancel");
+    /* An argument without its name would be refused under no name: the request is wrong. */
+    ck_assert_int_eq(conf("{\"args\": {\"spark.torchspark.hangTimeout\": {\"value\": 1e308}}}"),
+                     -EINVAL);
+    ck_assert_str_eq(err,
+                     "the settings request's argument spark.torchspark.hangTimeout must have a "
+                     "string \"name\"");
+    ck_assert_int_eq(conf("{\"args\": {\"spark.torchspark.hangTimeout\": {\"name\": \"t\"}}}"), 0);
     ck_assert_int_eq(conf("[]"), -EINVAL);
     ck_assert_int_eq(conf("{\"conf\": 3}"), -EINVAL);
     ck_assert_str_eq(err, "the settings request's \"conf\" must be an object");

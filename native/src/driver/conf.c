@@ -399,12 +399,15 @@ static int arg_member(void *ctx, const char *key, const char *value, int type)
     int nt = 0, vt = 0;
     size_t len = strlen(value);
     int rc = tsp_json_get(value, len, "name", &name, &nt);
-    if (rc == 0 && nt != TSP_JSON_STRING)
-        rc = -EINVAL;
-    if (rc == 0)
+    if (rc == -ENOENT || (rc == 0 && nt != TSP_JSON_STRING))
+        rc = -EINVAL; /* the sentence names the argument by its name: it must have one */
+    if (rc == 0) {
         rc = tsp_json_get(value, len, "value", &v, &vt);
-    if (rc == -ENOENT || (rc == 0 && vt == TSP_JSON_LITERAL && strcmp(v, "null") == 0)) {
-        rc = 0; /* not given */
+        if (rc == -ENOENT || (rc == 0 && vt == TSP_JSON_LITERAL && strcmp(v, "null") == 0))
+            rc = 1; /* not given */
+    }
+    if (rc == 1) {
+        rc = 0;
     } else if (rc == 0) {
         r->from_args = 1;
         r->name = name;
