@@ -64,6 +64,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
     "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
+    "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),

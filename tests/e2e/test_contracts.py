@@ -13,6 +13,7 @@ CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
 RDV_CASES = json.loads((CONTRACTS / "rendezvous.json").read_text())["cases"]
 FAILURE_CASES = json.loads((CONTRACTS / "failure.json").read_text())["cases"]
+CONF_CASES = json.loads((CONTRACTS / "conf.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -23,6 +24,19 @@ def test_plan_argv_golden(case):
         with pytest.raises(ValueError) as e:
             _launch.plan_argv(case["plan"])
         assert case["error"] in str(e.value)
+
+
+@pytest.mark.parametrize("case", CONF_CASES, ids=[c["name"] for c in CONF_CASES])
+def test_conf_golden(case):
+    """Every spark.torchspark.* setting through the one key table (torchspark/conf.h)."""
+    if "error" in case:
+        with pytest.raises(ValueError) as e:
+            _lib.json_call("tsp_conf_read", case["request"])
+        assert str(e.value) == case["error"]
+    else:
+        got = _lib.json_call("tsp_conf_read", case["request"])
+        assert {k: got["values"][k] for k in case["values"]} == case["values"]
+        assert got["unknown"] == case["unknown"]
 
 
 def test_agent_command_is_the_plan_plus_the_program(monkeypatch):

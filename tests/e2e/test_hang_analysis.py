@@ -190,21 +190,6 @@ def test_ranges():
     assert _hang.ranges([0, 2, 3, 5]) == "ranks 0, 2-3, 5"
 
 
-@pytest.mark.parametrize("raw,seconds", [("5s", 5), ("30min", 1800), ("2m", 120), ("1h", 3600),
-                                          ("1d", 86400), ("1500ms", 1.5), ("90", 90),
-                                          (" 10S ", 10)])
-def test_hang_timeout_takes_sparks_duration_syntax(raw, seconds):
-    assert _hang.spark_duration_s(raw, "spark.torchspark.hangTimeout") == pytest.approx(seconds)
-
-
-@pytest.mark.parametrize("raw", ["5 sec", "1.5s", "abc", "", "-3s", "0", "5x"])
-def test_a_bad_hang_timeout_names_the_key_and_an_example(raw):
-    with pytest.raises(ValueError) as e:
-        _hang.spark_duration_s(raw, "spark.torchspark.hangTimeout")
-    assert str(e.value).startswith(f"spark.torchspark.hangTimeout is '{raw}': give a")
-    assert "30" in str(e.value)
-
-
 def _cut_by_recorder(lines, after):
     """The rank's dump as it comes when its flight recorder's thread writes (one write, all
     its lines) while faulthandler, in the signal handler, is still writing the line that

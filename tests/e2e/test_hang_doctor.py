@@ -102,13 +102,14 @@ def test_report_mode_names_the_sleeper_and_the_run_goes_on(spark, capsys):
 
 
 def test_bad_settings_are_refused_by_the_constructor(spark):
-    with pytest.raises(ValueError, match=r"hang_action is 'kill': give 'report'"):
+    with pytest.raises(ValueError, match=r"^hang_action='kill' is not one of the values: use "
+                                         r"report or cancel$"):
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False, hang_timeout=5,
                          hang_action="kill")
     spark.conf.set("spark.torchspark.hangTimeout", "5 minutes")
     try:
-        with pytest.raises(ValueError, match=r"spark.torchspark.hangTimeout is '5 minutes': "
-                                             r"give a duration as Spark takes it, such as 30s"):
+        with pytest.raises(ValueError, match=r"^spark.torchspark.hangTimeout='5 minutes' is not "
+                                             r"a duration: use a whole number and a unit"):
             TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
         spark.conf.set("spark.torchspark.hangTimeout", "2min")
         spark.conf.set("spark.torchspark.hangAction", "cancel")

@@ -9,27 +9,6 @@ from torchspark import _restart
 from torchspark._report import TorchDistributorError
 
 
-def test_max_restarts_from_the_constructor_or_the_conf():
-    assert _restart.max_restarts(None, None) == 0
-    assert _restart.max_restarts(None, " 3 ") == 3
-    assert _restart.max_restarts(2, "5") == 2  # the constructor wins
-    with pytest.raises(ValueError, match="spark.torchspark.job.maxRestarts is 'x'"):
-        _restart.max_restarts(None, "x")
-    with pytest.raises(ValueError, match="spark.torchspark.job.maxRestarts is -1"):
-        _restart.max_restarts(None, "-1")
-    for bad in (-1, 1.5, True, "2"):
-        with pytest.raises(ValueError, match="max_restarts must be a whole number >= 0"):
-            _restart.max_restarts(bad, None)
-
-
-def test_replacement_timeout_durations():
-    assert _restart.duration_s("30s", "k") == 30
-    assert _restart.duration_s("2min", "k") == 120
-    assert _restart.duration_s("500ms", "k") == 0.5
-    with pytest.raises(ValueError, match="k is 'soon'"):
-        _restart.duration_s("soon", "k")
-
-
 def test_a_lost_executor_is_the_cause_not_the_survivors_error():
     try:
         try:

@@ -399,13 +399,6 @@ def test_a_tmpdir_too_long_for_a_socket_path_means_tmp(tmp_path, monkeypatch):
     assert _warm.pool_dir() == f"/tmp/torchspark-warm-{os.geteuid()}"
 
 
-def test_the_idle_timeout_conf_is_checked():
-    assert _warm.idle_timeout("5min") == 300 and _warm.idle_timeout("0") == 0
-    assert _warm.idle_timeout(None) == _warm.DEFAULT_IDLE_S
-    with pytest.raises(ValueError, match="idleTimeout is 'soon'"):
-        _warm.idle_timeout("soon")
-
-
 def test_the_pool_refuses_what_it_cannot_run():
     base = {"PATH": "/bin", "X": "1"}
     argv = [sys.executable, "-u", "-c", "BOOT", "-m", _warm.FN_RUNNER, "a", "b"]

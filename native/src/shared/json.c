@@ -405,6 +405,24 @@ static int find_member(json_cur_t *c, const char *key, size_t klen)
     return 0;
 }
 
+/* The value at c->p as tsp_json_get hands it out: a string decoded, else its JSON text. */
+static int take_value(json_cur_t *c, char **out, int *type)
+{
+    *type = value_type(*c->p);
+    if (*type == TSP_JSON_STRING)
+        return parse_string(c, out, NULL);
+    const unsigned char *s = c->p;
+    int rc = parse_value(c, 1);
+    if (rc)
+        return rc;
+    size_t n = (size_t)(c->p - s);
+    if (!(*out = malloc(n + 1)))
+        return -ENOMEM;
+    memcpy(*out, s, n);
+    (*out)[n] = 0;
+    return 0;
+}
+
 int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type)
 {
     int rc = tsp_json_check(doc, len);
@@ -423,18 +441,37 @@ int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int 
             break;
         seg = dot + 1;
     }
-    *type = value_type(*c.p);
-    if (*type == TSP_JSON_STRING)
-        return parse_string(&c, out, NULL);
-    const unsigned char *s = c.p;
-    if ((rc = parse_value(&c, 1)) != 0)
+    return take_value(&c, out, type);
+}
+
+int tsp_json_each(const char *doc, size_t len, tsp_json_member_fn each, void *ctx)
+{
+    int rc = tsp_json_check_object(doc, len);
+    if (rc)
         return rc;
-    size_t n = (size_t)(c.p - s);
-    if (!(*out = malloc(n + 1)))
-        return -ENOMEM;
-    memcpy(*out, s, n);
-    (*out)[n] = 0;
-    return 0;
+    json_cur_t c = {(const unsigned char *)doc, (const unsigned char *)doc + len, NULL};
+    ws(&c);
+    c.p++; /* '{' */
+    ws(&c);
+    while (rc == 0 && c.p < c.end && *c.p != '}') {
+        char *k = NULL, *v = NULL;
+        int type = 0;
+        rc = parse_string(&c, &k, NULL);
+        ws(&c);
+        c.p++; /* ':' */
+        ws(&c);
+        if (rc == 0)
+            rc = take_value(&c, &v, &type);
+        if (rc == 0)
+            rc = each(ctx, k, v, type);
+        free(k);
+        free(v);
+        ws(&c);
+        if (c.p < c.end && *c.p == ',')
+            c.p++;
+        ws(&c);
+    }
+    return rc;
 }
 
 /* ---- the writer ---------------------------------------------------------------------- */

@@ -33,6 +33,13 @@ int tsp_json_check_object(const char *doc, size_t len);
  * kind. -ENOENT when absent, -EINVAL when the document is malformed, -ENOMEM. */
 int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
 
+/* Calls each(ctx, key, value, type) for every member of doc's object, in order: key
+ * decoded, value as tsp_json_get gives it (both NUL-terminated, freed after the call). Stops
+ * at the first non-zero return of each and returns it; -EINVAL when doc is malformed or not
+ * an object, -ENOMEM. */
+typedef int (*tsp_json_member_fn)(void *ctx, const char *key, const char *value, int type);
+int tsp_json_each(const char *doc, size_t len, tsp_json_member_fn each, void *ctx);
+
 /* Writes doc's value in canonical form: the writer's separators (", " and ": ", as Python's
  * json.dumps) and no other white space, strings re-escaped by the writer
  * below, numbers and members as they are. 0, or -EINVAL (nothing written) when doc is

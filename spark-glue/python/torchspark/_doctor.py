@@ -22,7 +22,6 @@ __all__ = ["HangDoctor", "configure", "TIMEOUT_CONF", "ACTION_CONF", "TAIL_LINES
 
 TIMEOUT_CONF = "spark.torchspark.hangTimeout"
 ACTION_CONF = "spark.torchspark.hangAction"
-ACTIONS = ("report", "cancel")
 # Lines kept per rank by the log server when the doctor is on: a dump of a few threads
 # with deep stacks (faulthandler prints at most 100 frames a thread) fits.
 TAIL_LINES = 2000
@@ -31,29 +30,11 @@ COLLECT_MAX_S = 5.0  # ... or after this
 TICK_S = 0.1
 
 
-def configure(dist: Any, hang_timeout: Any, hang_action: Optional[str]) -> None:
+def configure(dist: Any, hang_timeout_ms: Optional[int], hang_action: str) -> None:
     """The constructor's part: ``dist.hang_timeout`` (seconds, None when off) and
-    ``dist.hang_action`` from the arguments, else the Spark conf."""
-    conf = dist.spark.conf
-    if hang_timeout is None:
-        raw = conf.get(TIMEOUT_CONF, None)
-        timeout = _hang.spark_duration_s(raw, TIMEOUT_CONF) if raw not in (None, "") else None
-    elif isinstance(hang_timeout, str):
-        timeout = _hang.spark_duration_s(hang_timeout, "hang_timeout")
-    elif isinstance(hang_timeout, (int, float)) and not isinstance(hang_timeout, bool):
-        if hang_timeout <= 0:
-            raise ValueError(f"hang_timeout is {hang_timeout}: give a positive number of "
-                             "seconds, or a duration such as '30min'")
-        timeout = float(hang_timeout)
-    else:
-        raise TypeError(f"hang_timeout must be seconds or a duration such as '30min', not "
-                        f"{type(hang_timeout).__name__}")
-    action = hang_action if hang_action is not None else conf.get(ACTION_CONF, "report")
-    action = str(action).strip().lower()
-    if action not in ACTIONS:
-        key = "hang_action" if hang_action is not None else ACTION_CONF
-        raise ValueError(f"{key} is '{action}': give 'report' (name the stuck rank and go on "
-                         "waiting) or 'cancel' (name it and stop the run)")
+    ``dist.hang_action`` from the settings (the arguments, else the Spark conf: _conf.py)."""
+    timeout = None if hang_timeout_ms is None else hang_timeout_ms / 1000
+    action = hang_action
     dist.hang_timeout = timeout
     dist.hang_action = action
     dist.hang_reports = []

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = ["Frame", "RankDump", "Diagnosis", "parse", "diagnose", "ranges", "rejoin",
-           "spark_duration_s", "MARKER", "RECORDER_PREFIX"]
+           "MARKER", "RECORDER_PREFIX"]
 
 MARKER = re.compile(
     r"torchspark: stack dump #(\d+) of rank (\d+) \(host ([^,]*), pid (\d+)\): "
@@ -383,29 +383,6 @@ def _prefix_len(frames: Sequence[Frame]) -> int:
         if not _is_library(f.path):
             return i
     return len(frames)
-
-
-# ---- spark.torchspark.hangTimeout --------------------------------------------------------
-
-_UNITS_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
-            "d": 86400.0}
-
-
-def spark_duration_s(raw: str, key: str) -> float:
-    """A duration as Spark reads spark.network.timeout (JavaUtils.timeStringAs in
-    seconds): an integer and a unit of us, ms, s, m, min, h, d; no unit means seconds.
-    Must be positive."""
-    text = str(raw).strip().lower()
-    m = re.fullmatch(r"(-?[0-9]+)([a-z]+)?", text)
-    if not m or (m.group(2) or "s") not in _UNITS_S:
-        raise ValueError(f"{key} is '{raw}': give a duration as Spark takes it, such as 30s, "
-                         "5min or 1h (a whole number with a unit of ms, s, m, min, h or d; "
-                         "no unit means seconds)")
-    value = int(m.group(1)) * _UNITS_S[m.group(2) or "s"]
-    if value <= 0:
-        raise ValueError(f"{key} is '{raw}': give a positive duration such as 30min, or leave "
-                         "it unset to turn the hang doctor off")
-    return value
 
 
 def _main() -> None:  # pragma: no cover - a helper for recorded dumps

@@ -140,6 +140,9 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_plan_argv": (i, [c, sz, c, sz, P(sz)] + err),
         # failure.h
         "tsp_failure_report": (i, [c, sz, c, sz, P(sz)] + err),
+        # conf.h (docs/protocol.md 9)
+        "tsp_conf_read": (i, [c, sz, c, sz, P(sz)] + err),
+        "tsp_conf_table": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),

@@ -22,11 +22,9 @@ FLUSH_AT = 900  # metrics per log_batch call (MLflow's own cap is 1000)
 
 
 def _conf_true(dist: Any) -> bool:
-    try:
-        raw = dist.spark.conf.get("spark.torchspark.mlflow", "false")
-    except Exception:
-        return False
-    return str(raw).strip().lower() in ("true", "1", "yes", "on")
+    from torchspark import _conf
+
+    return bool(_conf.read(dist.spark, warn=False)["mlflow"])
 
 
 def logger_for(dist: Any) -> Optional["MlflowLogger"]:

@@ -215,18 +215,12 @@ class ReportHub:
         return self.reports
 
 
-def configure(dist: Any, on_report: Optional[Callable[[Report], Any]],
-              progress: Optional[bool]) -> None:
-    """The constructor's part: checks and keeps the extension arguments."""
+def configure(dist: Any, on_report: Optional[Callable[[Report], Any]], progress: bool) -> None:
+    """The constructor's part: checks and keeps the extension arguments (progress: the
+    keyword's, else spark.torchspark.progress, read by _conf)."""
     if on_report is not None and not callable(on_report):
         raise TypeError(f"on_report must be a callable taking a torchspark.Report, not "
                         f"{type(on_report).__name__}")
-    if progress is None:
-        try:
-            raw = dist.spark.conf.get("spark.torchspark.progress", "true")
-        except Exception:
-            raw = "true"
-        progress = str(raw).strip().lower() not in ("false", "0", "no", "off")
     dist.on_report = on_report
     dist.progress = bool(progress)
     dist.reports = []

@@ -22,38 +22,10 @@ from torchspark._report import TorchDistributorError
 MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
 MIN_NODES_CONF = "spark.torchspark.job.minNodes"
-DEFAULT_REPLACEMENT_TIMEOUT = "30s"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 CAUSE_ENV = "TORCHSPARK_RESTART_CAUSE"
 MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
 CAUSE_MAX = 1000  # characters of a cause handed to the next attempt
-
-
-def max_restarts(value: Any, conf_value: Optional[str]) -> int:
-    """The constructor's max_restarts, else the conf's, else 0; a clear error otherwise."""
-    if value is None:
-        if conf_value is None or conf_value.strip() == "":
-            return 0
-        try:
-            value = int(conf_value.strip())
-        except ValueError:
-            raise ValueError(f"{MAX_RESTARTS_CONF} is '{conf_value}': give a whole number of "
-                             "restarts >= 0") from None
-        if value < 0:
-            raise ValueError(f"{MAX_RESTARTS_CONF} is {value}: give a whole number of "
-                             "restarts >= 0")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"max_restarts must be a whole number >= 0, not {value!r}")
-    return value
-
-
-def duration_s(raw: str, key: str) -> float:
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw.strip().lower())
-    if not m:
-        raise ValueError(f"{key} is '{raw}': give a duration such as 30s, 2min or 500ms")
-    scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
-    return float(m.group(1)) * scale
 
 
 def attempt_env(attempt: int, limit: int, cause: Optional[str]) -> Dict[str, str]:
@@ -140,21 +112,13 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
         return False
 
 
-def min_nodes(value: Any, conf_value: Optional[str], num_tasks: int) -> int:
-    """The constructor's min_nodes, else the conf's, else num_tasks (not elastic); a clear
-    error otherwise."""
-    key = "min_nodes"
+def min_nodes(value: Optional[int], num_tasks: int) -> int:
+    """min_nodes (the keyword's or the conf's, read by _conf), else num_tasks (not
+    elastic); at most the run's nodes."""
     if value is None:
-        if conf_value is None or conf_value.strip() == "":
-            return num_tasks
-        key = MIN_NODES_CONF
-        try:
-            value = int(conf_value.strip())
-        except ValueError:
-            raise ValueError(f"{MIN_NODES_CONF} is '{conf_value}': give a whole number of "
-                             f"nodes from 1 to the run's {num_tasks}") from None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= num_tasks:
-        raise ValueError(f"{key} is {value!r}: give a whole number of nodes (barrier tasks) "
+        return num_tasks
+    if value > num_tasks:
+        raise ValueError(f"min_nodes is {value}: give a whole number of nodes (barrier tasks) "
                          f"from 1 to the run's {num_tasks}")
     return value
 

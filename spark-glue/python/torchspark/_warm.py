@@ -207,22 +207,6 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
                 os.close(x)
 
 
-def idle_timeout(value: Optional[str]) -> float:
-    """spark.torchspark.warmWorkers.idleTimeout ("300s", "5min", "0" = no pool) in seconds;
-    ValueError naming the value otherwise."""
-    import re
-
-    raw = (value or "").strip().lower()
-    if not raw:
-        return DEFAULT_IDLE_S
-    m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
-    if not m:
-        raise ValueError(f"spark.torchspark.warmWorkers.idleTimeout is '{value}': give a "
-                         "duration such as 300s, 5min or 0 (no warm workers)")
-    scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
-    return float(m.group(1)) * scale
-
-
 # ---- the pool process ------------------------------------------------------------------
 
 

@@ -21,7 +21,8 @@ from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
 from torchspark import (_boot, _doctor, _job, _native, _rendezvous, _report,
-                        _restart, _ship, _task, _timing, _warm)
+                        _restart, _ship, _task, _timing)
+from torchspark import _conf
 from torchspark import _progress, _report_rows
 from torchspark._pump import _LogPump
 from torchspark._report import TorchDistributorError
@@ -134,15 +135,19 @@ class TorchDistributor:
         self.ssl_conf = _ssl_conf
         self._validate_input_params()
         self.input_params = self._create_input_params()
-        _progress.configure(self, on_report, progress)  # torchspark.report() (_progress.py)
-        self.max_restarts = _restart.max_restarts(
-            max_restarts, self.spark.conf.get(_restart.MAX_RESTARTS_CONF, None))
-        self.min_nodes = _restart.min_nodes(
-            min_nodes, self.spark.conf.get(_restart.MIN_NODES_CONF, None), self.num_tasks)
+        # Every spark.torchspark.* setting and the keyword arguments standing for them, read
+        # by the C core's one key table (_conf.py, docs/protocol.md 9).
+        settings = _conf.read(self.spark, {
+            "progress": ("progress", progress), "job.maxRestarts": ("max_restarts", max_restarts),
+            "job.minNodes": ("min_nodes", min_nodes), "hangTimeout": ("hang_timeout", hang_timeout),
+            "hangAction": ("hang_action", hang_action)}, self.logger)
+        _progress.configure(self, on_report, settings["progress"])  # torchspark.report()
+        self.max_restarts = settings["job.maxRestarts"]
+        self.min_nodes = _restart.min_nodes(settings["job.minNodes"], self.num_tasks)
         # One dict per attempt of the last distributed run() with restarts (_restart.run).
         self.attempts: List[Dict[str, Any]] = []
         self._failure_times: Dict[str, Any] = {}  # the last job's (_job.Outcome)
-        _doctor.configure(self, hang_timeout, hang_action)  # the hang doctor (_doctor.py)
+        _doctor.configure(self, settings["hangTimeout"], settings["hangAction"])  # _doctor.py
 
     def _create_input_params(self) -> Dict[str, Any]:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
@@ -330,25 +335,15 @@ class TorchDistributor:
         if not self.use_gpu:
             return 0
         env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").strip().lower()
-        given = _get_conf(self.spark, "spark.torchspark.ncclCheck", "").strip()
-        flag = given.lower()
-        if flag not in ("", "true", "false"):
-            raise ValueError(f"spark.torchspark.ncclCheck is '{given}': give true or false")
+        settings = _conf.read(self.spark, warn=False)
+        flag = settings["ncclCheck"]
         if env in ("1", "true"):
             on = True
         elif env in ("0", "false"):
             on = False
         else:
-            on = flag == "true" or (flag == "" and nnodes > 1)
-        if not on:
-            return 0
-        raw = _get_conf(self.spark, "spark.torchspark.ncclCheck.timeout", "180s").strip().lower()
-        m = re.fullmatch(r"([0-9]+(?:\.[0-9]*)?)\s*(ms|s|m|min|h)?", raw)
-        if not m or float(m.group(1)) <= 0:
-            raise ValueError(f"spark.torchspark.ncclCheck.timeout is '{raw}': give a duration "
-                             "such as 180s, 3min or 500ms")
-        scale = {"ms": 0.001, "s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
-        return float(m.group(1)) * scale
+            on = flag is True or (flag is None and nnodes > 1)
+        return settings["ncclCheck.timeout"] / 1000 if on else 0
 
     def _warm_idle_s(self) -> float:
         """How long the executors' warm worker pools (torchspark/_warm.py) outlive their
@@ -356,11 +351,13 @@ class TorchDistributor:
         (default true) or TORCHSPARK_WARM=0 on the driver, and
         spark.torchspark.warmWorkers.idleTimeout (default 300s; TORCHSPARK_WARM_IDLE_TIMEOUT
         on the driver overrides it)."""
+        env = os.environ.get("TORCHSPARK_WARM_IDLE_TIMEOUT") or None
+        settings = _conf.read(self.spark, {"warmWorkers.idleTimeout": (
+            "TORCHSPARK_WARM_IDLE_TIMEOUT", env)}, warn=False)
         if os.environ.get("TORCHSPARK_WARM", "").lower() in ("0", "false") or not (
-                _get_conf_boolean(self.spark, "spark.torchspark.warmWorkers", "true")):
+                settings["warmWorkers"]):
             return 0
-        return _warm.idle_timeout(os.environ.get("TORCHSPARK_WARM_IDLE_TIMEOUT") or _get_conf(
-            self.spark, "spark.torchspark.warmWorkers.idleTimeout", "300s"))
+        return settings["warmWorkers.idleTimeout"] / 1000
 
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
@@ -464,9 +461,7 @@ class TorchDistributor:
             self.num_tasks, self.num_processes = nodes, nodes * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
-        timeout = _restart.duration_s(
-            _get_conf(self.spark, _restart.REPLACEMENT_TIMEOUT_CONF,
-                      _restart.DEFAULT_REPLACEMENT_TIMEOUT), _restart.REPLACEMENT_TIMEOUT_CONF)
+        timeout = _conf.read(self.spark, warn=False)["job.replacementTimeout"] / 1000
         self.attempts = []
         try:
             return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
@@ -558,7 +553,7 @@ class TorchDistributor:
             "result_via_channel": server is not None,
             "nccl_check": self._nccl_check_timeout(self.num_tasks),
             "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
-            "gpu_resource": _get_conf(self.spark, "spark.torchspark.gpuResource", "gpu"),
+            "gpu_resource": _conf.read(self.spark, warn=False)["gpuResource"],
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
             "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,
             "attempt_env": self._attempt_env,  # restarts (torchspark/_restart.py)

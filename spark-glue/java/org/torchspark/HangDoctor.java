@@ -9,7 +9,6 @@ import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
-import java.util.Locale;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.TreeSet;
@@ -39,37 +38,6 @@ final class HangDoctor extends Thread {
 
     /** timeoutS: 0 when the doctor is off; action: "report" or "cancel". */
     record Settings(double timeoutS, String action) {}
-
-    private static final Map<String, Double> UNITS_S = Map.of("us", 1e-6, "ms", 1e-3, "s", 1.0, "m", 60.0,
-            "min", 60.0, "h", 3600.0, "d", 86400.0);
-
-    /** A duration as Spark reads spark.network.timeout: a whole number and a unit of us, ms,
-     *  s, m, min, h, d (no unit: seconds); positive. */
-    static double durationS(String raw, String key) {
-        String text = raw.trim().toLowerCase(Locale.ROOT);
-        Matcher m = Pattern.compile("(-?[0-9]+)([a-z]+)?").matcher(text);
-        if (!m.matches() || !UNITS_S.containsKey(m.group(2) == null ? "s" : m.group(2))) {
-            throw new IllegalArgumentException(key + " is '" + raw + "': give a duration as Spark takes it, "
-                    + "such as 30s, 5min or 1h (a whole number with a unit of ms, s, m, min, h or d; no unit "
-                    + "means seconds)");
-        }
-        double v = Long.parseLong(m.group(1)) * UNITS_S.get(m.group(2) == null ? "s" : m.group(2));
-        if (v <= 0) {
-            throw new IllegalArgumentException(key + " is '" + raw + "': give a positive duration such as "
-                    + "30min, or leave it unset to turn the hang doctor off");
-        }
-        return v;
-    }
-
-    /** "report" or "cancel", else an error naming key. */
-    static String action(String raw, String key) {
-        String a = raw.trim().toLowerCase(Locale.ROOT);
-        if (!a.equals("report") && !a.equals("cancel")) {
-            throw new IllegalArgumentException(key + " is '" + a + "': give 'report' (name the stuck rank and "
-                    + "go on waiting) or 'cancel' (name it and stop the run)");
-        }
-        return a;
-    }
 
     // ---- the dumps --------------------------------------------------------------------
 

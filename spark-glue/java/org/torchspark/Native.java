@@ -29,6 +29,12 @@ final class Native {
      *  the error sentence naming the key that is wrong. */
     static native int planArgv(String plan, String[] msg);
 
+    // --- the settings (torchspark/conf.h, docs/protocol.md 9) ---
+
+    /** msg[0]: the typed settings for the request (JSON), or the sentence naming the bad
+     *  value. */
+    static native int confRead(String request, String[] msg);
+
     // --- the failure (torchspark/failure.h) ---
 
     /** msg[0]: {"document": the finished failure document, "message": the exception's

@@ -164,13 +164,6 @@ final class Rendezvous implements AutoCloseable {
         if (v.equals("0") || v.equals("false") || v.equals("no") || v.equals("off")) {
             return false;
         }
-        String flag = conf.get(CONF, "true").trim();
-        if (flag.equalsIgnoreCase("true")) {
-            return true;
-        }
-        if (flag.equalsIgnoreCase("false")) {
-            return false;
-        }
-        throw new IllegalArgumentException(CONF + " is '" + flag + "': give true or false");
+        return Conf.read(conf, null, false).bool("rendezvous");
     }
 }

@@ -56,73 +56,17 @@ final class RestartPolicy {
 
     private RestartPolicy() {}
 
-    /** The builder's value (null: not set), else the conf's, else 0; a clear error otherwise. */
-    static int maxRestarts(Integer set, String confValue) {
-        if (set != null) {
-            return set;
-        }
-        if (confValue == null || confValue.isBlank()) {
-            return 0;
-        }
-        int v;
-        try {
-            v = Integer.parseInt(confValue.trim());
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException(MAX_RESTARTS_CONF + " is '" + confValue
-                    + "': give a whole number of restarts >= 0");
-        }
-        if (v < 0) {
-            throw new IllegalArgumentException(MAX_RESTARTS_CONF + " is " + v
-                    + ": give a whole number of restarts >= 0");
-        }
-        return v;
-    }
-
-    /** The builder's minNodes (null: not set), else the conf's, else numTasks (not elastic);
-     *  a clear error otherwise (as the PySpark glue's min_nodes). */
-    static int minNodes(Integer set, String confValue, int numTasks) {
-        String key = "minNodes";
-        int v;
-        if (set != null) {
-            v = set;
-        } else if (confValue == null || confValue.isBlank()) {
+    /** minNodes (the builder's or the conf's, read by Conf), else numTasks (not elastic); at
+     *  most the run's nodes. */
+    static int minNodes(Integer v, int numTasks) {
+        if (v == null) {
             return numTasks;
-        } else {
-            key = MIN_NODES_CONF;
-            try {
-                v = Integer.parseInt(confValue.trim());
-            } catch (NumberFormatException e) {
-                throw new IllegalArgumentException(MIN_NODES_CONF + " is '" + confValue + "': give a whole number "
-                        + "of nodes from 1 to the run's " + numTasks);
-            }
         }
-        if (v < 1 || v > numTasks) {
-            throw new IllegalArgumentException(key + " is " + v + ": give a whole number of nodes (barrier tasks) "
+        if (v > numTasks) {
+            throw new IllegalArgumentException("minNodes is " + v + ": give a whole number of nodes (barrier tasks) "
                     + "from 1 to the run's " + numTasks);
         }
         return v;
-    }
-
-    /** A duration such as 30s, 2min or 500ms, in seconds. */
-    static double durationS(String raw, String key) {
-        Matcher m = Pattern.compile("([0-9]+(?:\\.[0-9]*)?)\\s*(ms|s|m|min|h)?")
-                .matcher(raw.trim().toLowerCase(Locale.ROOT));
-        if (!m.matches()) {
-            throw new IllegalArgumentException(key + " is '" + raw + "': give a duration such as 30s, 2min or 500ms");
-        }
-        double v = Double.parseDouble(m.group(1));
-        String unit = m.group(2) == null ? "s" : m.group(2);
-        switch (unit) {
-            case "ms":
-                return v / 1000;
-            case "m":
-            case "min":
-                return v * 60;
-            case "h":
-                return v * 3600;
-            default:
-                return v;
-        }
     }
 
     /** The training processes' variables for an attempt. */
@@ -303,8 +247,8 @@ final class RestartPolicy {
     static <T> T run(Body<T> body, int limit, SparkContext sc, int needSlots, int leastSlots,
             List<TorchSparkRunner.Attempt> record) {
         SparkConf conf = sc.conf();
-        String timeoutRaw = conf.get(REPLACEMENT_TIMEOUT_CONF, DEFAULT_REPLACEMENT_TIMEOUT);
-        double timeoutS = durationS(timeoutRaw, REPLACEMENT_TIMEOUT_CONF);
+        String timeoutRaw = conf.get(REPLACEMENT_TIMEOUT_CONF, DEFAULT_REPLACEMENT_TIMEOUT).trim(); // for messages
+        double timeoutS = Conf.read(conf, null, false).number("job.replacementTimeout") / 1000.0;
         return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
                 timeoutS, timeoutRaw, record);
     }

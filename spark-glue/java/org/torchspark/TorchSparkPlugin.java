@@ -11,6 +11,7 @@ import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 import java.util.regex.Pattern;
+import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.TaskContext;
 import org.apache.spark.TaskFailedReason;
@@ -47,6 +48,8 @@ import org.slf4j.LoggerFactory;
  */
 public final class TorchSparkPlugin implements SparkPlugin {
     public static final String GRACE_CONF = "spark.torchspark.plugin.killGraceMs";
+    /** The key table's default of GRACE_CONF (native/src/driver/conf.c). */
+    static final long DEFAULT_GRACE_MS = 2000;
     /** How long a killed or failed task's attempt id stays watched for a late agent. */
     static final long WATCH_MS = 30_000;
     /** How often the plugin polls its running tasks' isInterrupted() on Spark before 4.3
@@ -144,14 +147,27 @@ public final class TorchSparkPlugin implements SparkPlugin {
         private final AtomicLong interrupts = new AtomicLong();
         private volatile boolean stopping;
         private volatile boolean listenerMissing;
-        private long graceMs = 2000;
+        private long graceMs = DEFAULT_GRACE_MS;
         private Thread worker;
         /** With spark.decommission.enabled: the notice's watch (Decommission.java). */
         private Decommission decommission;
 
+        /** spark.torchspark.plugin.killGraceMs through the key table (Conf); a bad value is a
+         *  WARNING and the default, never an exception: an executor plugin that throws in init
+         *  takes the executor down (the driver-side runner throws the same sentence first). */
+        static long graceMs(SparkConf conf) {
+            try {
+                return Conf.read(conf, null, false).number("plugin.killGraceMs");
+            } catch (IllegalArgumentException | LinkageError e) { // a bad value; no native library here
+                LOG.warn("torchspark plugin: " + e.getMessage() + " (using the default, " + DEFAULT_GRACE_MS
+                        + " ms)");
+                return DEFAULT_GRACE_MS;
+            }
+        }
+
         @Override
         public void init(PluginContext ctx, Map<String, String> extraConf) {
-            graceMs = ctx.conf().getLong(GRACE_CONF, 2000);
+            graceMs = graceMs(ctx.conf());
             decommission = ctx.conf().getBoolean("spark.decommission.enabled", false) ? new Decommission() : null;
             MetricRegistry reg = ctx.metricRegistry();
             reg.register("interrupts", (Gauge<Long>) interrupts::get);

@@ -283,7 +283,7 @@ public final class TorchSparkRunner {
      * spark.torchspark.hangTimeout.
      */
     public TorchSparkRunner hangTimeout(String duration) {
-        HangDoctor.durationS(duration, "hangTimeout");
+        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), false);
         hangTimeout = duration;
         return this;
     }
@@ -292,7 +292,8 @@ public final class TorchSparkRunner {
      *  stop the run: run() throws the line and every rank's stacks); overrides
      *  spark.torchspark.hangAction. */
     public TorchSparkRunner hangAction(String action) {
-        hangAction = HangDoctor.action(action, "hangAction");
+        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), false)
+                .string("hangAction");
         return this;
     }
 
@@ -302,21 +303,11 @@ public final class TorchSparkRunner {
     }
 
     /** The doctor's settings from this runner's values, else the conf (which may be null in
-     *  local mode). */
+     *  local mode), through the key table (Conf); logs the unknown keys' warnings, once a run. */
     static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
-        String t = timeout;
-        String key = "hangTimeout";
-        if (t == null && conf != null) {
-            t = conf.get(HangDoctor.TIMEOUT_CONF, "");
-            key = HangDoctor.TIMEOUT_CONF;
-        }
-        double s = t == null || t.isBlank() ? 0 : HangDoctor.durationS(t, key);
-        String a = action;
-        if (a == null) {
-            a = HangDoctor.action(conf == null ? "report" : conf.get(HangDoctor.ACTION_CONF, "report"),
-                    HangDoctor.ACTION_CONF);
-        }
-        return new HangDoctor.Settings(s, a);
+        Conf c = Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
+                "hangAction", new Object[] {"hangAction", action}), true);
+        return new HangDoctor.Settings(c.number("hangTimeout") / 1000.0, c.string("hangAction"));
     }
 
     /** The doctor of a run, started, or null when it is off. */
@@ -517,11 +508,7 @@ public final class TorchSparkRunner {
      * spark.torchspark.ncclCheck.timeout (default 180s).
      */
     static double ncclCheckTimeout(SparkConf conf, String env, int nnodes) {
-        String flag = conf.get("spark.torchspark.ncclCheck", "").trim();
-        if (!flag.isEmpty() && !flag.equalsIgnoreCase("true") && !flag.equalsIgnoreCase("false")) {
-            throw new IllegalArgumentException("spark.torchspark.ncclCheck is '" + flag
-                    + "': give true or false");
-        }
+        Conf c = Conf.read(conf, null, false);
         String e = env == null ? "" : env.trim();
         boolean on;
         if (e.equals("1") || e.equalsIgnoreCase("true")) {
@@ -529,24 +516,9 @@ public final class TorchSparkRunner {
         } else if (e.equals("0") || e.equalsIgnoreCase("false")) {
             on = false;
         } else {
-            on = flag.equalsIgnoreCase("true") || (flag.isEmpty() && nnodes > 1);
+            on = c.isSet("ncclCheck") ? c.bool("ncclCheck") : nnodes > 1;
         }
-        if (!on) {
-            return 0;
-        }
-        String key = "spark.torchspark.ncclCheck.timeout";
-        String raw = conf.get(key, "180s");
-        double v;
-        try {
-            v = RestartPolicy.durationS(raw, key);
-        } catch (IllegalArgumentException bad) {
-            v = 0;
-        }
-        if (v <= 0) {
-            throw new IllegalArgumentException(key + " is '" + raw.trim()
-                    + "': give a duration such as 180s, 3min or 500ms");
-        }
-        return v;
+        return on ? c.number("ncclCheck.timeout") / 1000.0 : 0;
     }
 
     private int tasks(SparkContext sc) {
@@ -783,9 +755,11 @@ public final class TorchSparkRunner {
     }
 
     private Result runDistributed(SparkContext sc, List<String> program, String py) {
-        int limit = RestartPolicy.maxRestarts(maxRestarts, sc.conf().get(RestartPolicy.MAX_RESTARTS_CONF, ""));
+        Conf c = Conf.read(sc.conf(), Map.of("job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
+                "job.minNodes", new Object[] {"minNodes", minNodes}), false);
+        int limit = (int) c.number("job.maxRestarts");
         int ntasks = tasks(sc);
-        int least = RestartPolicy.minNodes(minNodes, sc.conf().get(RestartPolicy.MIN_NODES_CONF, ""), ntasks);
+        int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
         Metrics.RUNS.incrementAndGet();
         if (limit == 0) {
             attempts = Collections.emptyList();

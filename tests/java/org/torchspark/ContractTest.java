@@ -45,6 +45,31 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 10);
     }
 
+    /** Every spark.torchspark.* setting through the one key table (torchspark/conf.h): the
+     *  same cases as pytest's test_conf_golden, through JNI. */
+    @Test
+    public void confGoldenCases() throws IOException {
+        int n = 0;
+        ObjectMapper json = new ObjectMapper();
+        for (JsonNode c : cases("conf.json")) {
+            String name = c.get("name").asText();
+            String[] msg = new String[1];
+            int rc = Native.confRead(c.get("request").toString(), msg);
+            if (c.has("error")) {
+                assertTrue(name + ": a bad value was accepted", rc != 0);
+                assertEquals(name, c.get("error").asText(), msg[0]);
+            } else {
+                assertEquals(name + ": " + msg[0], 0, rc);
+                JsonNode got = json.readTree(msg[0]);
+                c.get("values").properties().forEach(
+                        kv -> assertEquals(name + ": " + kv.getKey(), kv.getValue(), got.get("values").get(kv.getKey())));
+                assertEquals(name, c.get("unknown"), got.get("unknown"));
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 30);
+    }
+
     @Test
     public void rendezvousGoldenCases() throws IOException {
         int n = 0;

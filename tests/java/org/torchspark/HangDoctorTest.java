@@ -33,19 +33,13 @@ public class HangDoctorTest {
 
     @Test
     public void settingsTakeSparksDurationSyntaxAndRefuseBadValuesByName() {
-        assertEquals(1800.0, HangDoctor.durationS("30min", "k"), 0);
-        assertEquals(5.0, HangDoctor.durationS(" 5s ", "k"), 0);
-        assertEquals(7.0, HangDoctor.durationS("7", "k"), 0);
-        assertEquals(0.5, HangDoctor.durationS("500ms", "k"), 0);
-        assertEquals(3600.0, HangDoctor.durationS("1h", "k"), 0);
-        assertTrue(refused(() -> HangDoctor.durationS("5 minutes", HangDoctor.TIMEOUT_CONF)).startsWith(
-                "spark.torchspark.hangTimeout is '5 minutes': give a duration as Spark takes it, such as 30s"));
-        assertTrue(refused(() -> HangDoctor.durationS("0s", "hangTimeout")).startsWith(
-                "hangTimeout is '0s': give a positive duration such as 30min, or leave it unset"));
-        assertTrue(refused(() -> HangDoctor.durationS("1.5s", "k")).contains("a whole number"));
-        assertTrue(refused(() -> TorchSparkRunner.script("t.py").hangAction("kill")).startsWith(
-                "hangAction is 'kill': give 'report' (name the stuck rank and go on waiting) or 'cancel'"));
-        refused(() -> TorchSparkRunner.script("t.py").hangTimeout("soon"));
+        // The grammar is the key table's (Conf; ContractTest replays tests/contracts/conf.json).
+        assertTrue(refused(() -> TorchSparkRunner.script("t.py").hangTimeout("0s")).startsWith(
+                "hangTimeout='0s' is not a positive duration: use one such as 30min, or leave it unset"));
+        assertTrue(refused(() -> TorchSparkRunner.script("t.py").hangTimeout("1.5min")).startsWith(
+                "hangTimeout='1.5min' is not a duration: use a whole number and a unit"));
+        assertEquals("hangAction='kill' is not one of the values: use report or cancel",
+                refused(() -> TorchSparkRunner.script("t.py").hangAction("kill")));
         // The runner's values win over the conf's; the conf decides otherwise; off by default.
         SparkConf conf = new SparkConf(false);
         assertEquals(new HangDoctor.Settings(0, "report"), TorchSparkRunner.hangSettings(null, null, conf));
@@ -54,8 +48,10 @@ public class HangDoctorTest {
         assertEquals(new HangDoctor.Settings(120, "cancel"), TorchSparkRunner.hangSettings(null, null, conf));
         assertEquals(new HangDoctor.Settings(3, "report"), TorchSparkRunner.hangSettings("3s", "report", conf));
         conf.set(HangDoctor.ACTION_CONF, "later");
-        assertTrue(refused(() -> TorchSparkRunner.hangSettings("3s", null, conf)).startsWith(
-                "spark.torchspark.hangAction is 'later': give 'report'"));
+        assertEquals("spark.torchspark.hangAction='later' is not one of the values: use report or cancel",
+                refused(() -> TorchSparkRunner.hangSettings("3s", null, conf)));
+        conf.set(HangDoctor.ACTION_CONF, "report").set(HangDoctor.TIMEOUT_CONF, "1d");
+        assertEquals(new HangDoctor.Settings(86400, "report"), TorchSparkRunner.hangSettings(null, null, conf));
     }
 
     private static Map<Integer, List<String>> load(String name) throws IOException {

@@ -1,13 +1,30 @@
 package org.torchspark;
 
+import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
 import static org.junit.Assert.assertTrue;
 
+import org.apache.spark.SparkConf;
 import org.junit.Test;
 
 /** Which tasks TorchSparkPlugin takes for torchspark's, from their job's local properties. */
 public class PluginTest {
     private static final String HEX = "0123456789abcdef0123456789abcdef";
+
+    /** The executor's killGraceMs through the key table: Spark's durations (a bare number is
+     *  ms), and a bad value is the default with a warning, never an exception in init (which
+     *  took every executor down with killGraceMs=2s before: getLong threw). */
+    @Test
+    public void killGraceTakesSparksDurationsAndABadValueIsTheDefault() {
+        SparkConf conf = new SparkConf(false);
+        assertEquals(2000, TorchSparkPlugin.Executor.graceMs(conf));
+        assertEquals(2000, TorchSparkPlugin.Executor.graceMs(conf.set(TorchSparkPlugin.GRACE_CONF, "2s")));
+        assertEquals(1500, TorchSparkPlugin.Executor.graceMs(conf.set(TorchSparkPlugin.GRACE_CONF, "1500")));
+        assertEquals(500, TorchSparkPlugin.Executor.graceMs(conf.set(TorchSparkPlugin.GRACE_CONF, "500ms")));
+        for (String bad : new String[] {"soon", "1.5s", "-1", "NaN"}) {
+            assertEquals(bad, 2000, TorchSparkPlugin.Executor.graceMs(conf.set(TorchSparkPlugin.GRACE_CONF, bad)));
+        }
+    }
 
     @Test
     public void theRunnersAndClassicPropertyMarksATask() {

@@ -195,7 +195,7 @@ public class RendezvousTest {
             Rendezvous.enabled(conf, null);
             fail("a switch that is no boolean");
         } catch (IllegalArgumentException e) {
-            assertEquals("spark.torchspark.rendezvous is 'maybe': give true or false", e.getMessage());
+            assertEquals("spark.torchspark.rendezvous='maybe' is not a boolean: use true or false", e.getMessage());
         }
     }
 }

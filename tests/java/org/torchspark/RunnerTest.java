@@ -44,21 +44,7 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertEquals("maxRestarts must be a whole number >= 0, got -1", e.getMessage());
         }
-        assertEquals(0, RestartPolicy.maxRestarts(null, ""));
-        assertEquals(3, RestartPolicy.maxRestarts(null, " 3 "));
-        assertEquals(0, RestartPolicy.maxRestarts(0, "3")); // the builder wins
-        for (String bad : new String[] {"-1", "two", "1.5"}) {
-            try {
-                RestartPolicy.maxRestarts(null, bad);
-                fail(bad);
-            } catch (IllegalArgumentException e) {
-                assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.job.maxRestarts is ")
-                        && e.getMessage().endsWith("give a whole number of restarts >= 0"));
-            }
-        }
-        assertEquals(90, RestartPolicy.durationS("1.5min", "k"), 0);
-        assertEquals(0.5, RestartPolicy.durationS("500ms", "k"), 0);
-        JniTest.expectIae(() -> RestartPolicy.durationS("soon", "k"));
+        // The conf's value and its checks: the key table's (Conf, ContractTest's conf cases).
         assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "2"),
                 RestartPolicy.attemptEnv(0, 2, null));
         assertEquals("x".repeat(1000), RestartPolicy.attemptEnv(1, 2, "x".repeat(5000)).get("TORCHSPARK_RESTART_CAUSE"));
@@ -96,24 +82,14 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertEquals("minNodes must be a whole number >= 1, got 0", e.getMessage());
         }
-        assertEquals(4, RestartPolicy.minNodes(null, "", 4)); // not elastic
-        assertEquals(2, RestartPolicy.minNodes(null, " 2 ", 4));
-        assertEquals(1, RestartPolicy.minNodes(1, "3", 4)); // the builder wins
+        assertEquals(4, RestartPolicy.minNodes(null, 4)); // not elastic
+        assertEquals(2, RestartPolicy.minNodes(2, 4));
         try {
-            RestartPolicy.minNodes(5, null, 4);
+            RestartPolicy.minNodes(5, 4);
             fail("more than the run's nodes");
         } catch (IllegalArgumentException e) {
             assertEquals("minNodes is 5: give a whole number of nodes (barrier tasks) from 1 to the run's 4",
                     e.getMessage());
-        }
-        for (String bad : new String[] {"0", "two", "9"}) {
-            try {
-                RestartPolicy.minNodes(null, bad, 4);
-                fail(bad);
-            } catch (IllegalArgumentException e) {
-                assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.job.minNodes is ")
-                        && e.getMessage().contains("from 1 to the run's 4"));
-            }
         }
         // Enough slots: the full size. Elastic: the slots there are, at once (no wait).
         assertEquals(4, RestartPolicy.nextNodes(() -> 5, 4, 2, 60, 0));
@@ -250,14 +226,15 @@ public class RunnerTest {
             TorchSparkRunner.ncclCheckTimeout(conf, null, 1);
             fail("a timeout that is no duration");
         } catch (IllegalArgumentException e) {
-            assertTrue(e.getMessage(), e.getMessage().contains("spark.torchspark.ncclCheck.timeout is 'soon'"));
+            assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.ncclCheck.timeout='soon' is not "
+                    + "a duration: use a whole number and a unit"));
         }
-        conf.set("spark.torchspark.ncclCheck", "yes please");
+        conf.set("spark.torchspark.ncclCheck.timeout", "1d").set("spark.torchspark.ncclCheck", "yes please");
         try {
             TorchSparkRunner.ncclCheckTimeout(conf, null, 2);
             fail("a flag that is no boolean");
         } catch (IllegalArgumentException e) {
-            assertEquals("spark.torchspark.ncclCheck is 'yes please': give true or false", e.getMessage());
+            assertEquals("spark.torchspark.ncclCheck='yes please' is not a boolean: use true or false", e.getMessage());
         }
         List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3",
                 "/tmp/e.json", null, null, false, "0", 0.5, List.of("train.py"));

@@ -1,0 +1,575 @@
+/* conf.c: the key table of every spark.torchspark.* setting and its grammars
+ * (torchspark/conf.h, docs/protocol.md §9). Pure: no Spark, no environment; the glue hands
+ * over the strings it read and gets typed values or one sentence back. */
+#include "torchspark/conf.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "util.h"
+
+#define PREFIX "spark.torchspark."
+#define DURATION_MAX_MS 1000000000000LL /* 10^12 ms, about 31 years: no overflow anywhere */
+#define CLOSEST_MAX 3                   /* edit distance of a key that is "meant" */
+#define KEY_MAX 128
+
+typedef enum { T_BOOL, T_INT, T_DURATION, T_ENUM, T_STRING } type_t;
+
+typedef struct {
+    const char *key;
+    type_t type;
+    int unit_ms;       /* duration: milliseconds of a bare number */
+    const char *dflt;  /* in the key's own grammar; NULL: unset, the reply says null */
+    long long min;     /* int: the bounds; duration: the least milliseconds */
+    long long max;     /* int only */
+    const char *extra; /* enum: its values, '|' between; else an example of a good value */
+    const char *doc;
+} conf_key_t;
+
+/* The table: docs/distributor.md ("Settings") and docs/jvm.md list it; tests/e2e/test_conf.py
+ * checks that they list every key with its default. */
+static const conf_key_t KEYS[] = {
+    {PREFIX "progress", T_BOOL, 0, "true", 0, 0, "true",
+     "one live progress line on the driver's stderr (PySpark; keyword progress=)"},
+    {PREFIX "mlflow", T_BOOL, 0, "false", 0, 0, "true",
+     "log each torchspark.report() to an MLflow run started for the job (PySpark)"},
+    {PREFIX "warmWorkers", T_BOOL, 0, "true", 0, 0, "false",
+     "keep a warm worker pool on each executor between function-mode runs (PySpark)"},
+    {PREFIX "warmWorkers.idleTimeout", T_DURATION, 1000, "300s", 0, 0, "300s",
+     "how long a warm pool outlives its last run; 0: no pool (TORCHSPARK_WARM_IDLE_TIMEOUT "
+     "on the driver wins)"},
+    {PREFIX "ncclCheck", T_BOOL, 0, NULL, 0, 0, "true",
+     "the NCCL preflight before training; unset: on for GPU jobs of more than one node"},
+    {PREFIX "ncclCheck.timeout", T_DURATION, 1000, "180s", 1, 0, "180s",
+     "the NCCL preflight's deadline"},
+    {PREFIX "hangTimeout", T_DURATION, 1000, NULL, 1, 0, "30min",
+     "the hang doctor: no line or report from any rank for this long; unset: off "
+     "(keyword hang_timeout=)"},
+    {PREFIX "hangAction", T_ENUM, 0, "report", 0, 0, "report|cancel",
+     "what the hang doctor does after naming the stuck rank: report (go on) or cancel "
+     "(keyword hang_action=)"},
+    {PREFIX "rendezvous", T_BOOL, 0, "true", 0, 0, "false",
+     "the driver's rendezvous for the election (JVM runner; PySpark: TORCHSPARK_RENDEZVOUS)"},
+    {PREFIX "job.maxRestarts", T_INT, 0, "0", 0, INT_MAX, "3",
+     "how many times a failed distributed run is submitted again (keyword max_restarts=)"},
+    {PREFIX "job.minNodes", T_INT, 0, NULL, 1, INT_MAX, "2",
+     "the fewest nodes a restarted attempt may run on; unset: every node (keyword "
+     "min_nodes=)"},
+    {PREFIX "job.replacementTimeout", T_DURATION, 1000, "30s", 0, 0, "30s",
+     "how long a restart waits for a replacement executor"},
+    {PREFIX "plugin.killGraceMs", T_DURATION, 1, "2000", 0, 0, "2000",
+     "TorchSparkPlugin: TERM to KILL of a killed task's process tree (a bare number is "
+     "milliseconds)"},
+    {PREFIX "gpuResource", T_STRING, 0, "gpu", 0, 0, "gpu",
+     "the Spark resource name of the GPUs a task holds"},
+};
+#define NKEYS (sizeof KEYS / sizeof KEYS[0])
+
+typedef struct {
+    int set;          /* a value (or the default) was read */
+    long long num;    /* bool, int, duration (ms) */
+    const char *word; /* enum (the table's spelling) */
+    char *str;        /* string (malloc'ed) */
+} val_t;
+
+typedef struct {
+    val_t vals[NKEYS];
+    FILE *unknown; /* the reply's "unknown" members, written as they are met */
+    tsp_json_writer_t uw;
+    char *err;
+    size_t errlen;
+    int from_args; /* the member being read is an argument: its value may be typed */
+    const char *name;
+} reader_t;
+
+static int key_index(const char *key)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(KEYS[i].key, key) == 0)
+            return (int)i;
+    return -1;
+}
+
+static const char *type_name(type_t t)
+{
+    static const char *const names[] = {"bool", "int", "duration", "enum", "string"};
+    return names[t];
+}
+
+/* ---- the grammars -------------------------------------------------------------------- */
+
+/* s without surrounding white space, lower-cased, in buf; 0, or -EINVAL when too long. */
+static int trim_lower(const char *s, char *buf, size_t len)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n && isspace((unsigned char)s[n - 1]))
+        n--;
+    if (n >= len)
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++)
+        buf[i] = (char)tolower((unsigned char)s[i]);
+    buf[n] = 0;
+    return 0;
+}
+
+/* "-?[0-9]+" at s: the number in *v and the rest in *rest; -EINVAL or -ERANGE (> 10^15). */
+static int whole(const char *s, long long *v, const char **rest)
+{
+    int neg = *s == '-';
+    s += neg;
+    if (!isdigit((unsigned char)*s))
+        return -EINVAL;
+    long long n = 0;
+    for (; isdigit((unsigned char)*s); s++) {
+        if (n > 100000000000000LL)
+            return -ERANGE;
+        n = n * 10 + (*s - '0');
+    }
+    *v = neg ? -n : n;
+    *rest = s;
+    return 0;
+}
+
+/* Spark's JavaUtils.timeStringAs, to milliseconds (truncated as TimeUnit.convert does). */
+static int parse_duration(const char *text, int unit_ms, long long *ms)
+{
+    static const struct {
+        const char *unit;
+        long long us;
+    } UNITS[] = {{"us", 1},         {"ms", 1000},        {"s", 1000000},      {"m", 60000000},
+                 {"min", 60000000}, {"h", 3600000000LL}, {"d", 86400000000LL}};
+    char buf[64] = "";
+    long long n = 0;
+    const char *rest;
+    if (trim_lower(text, buf, sizeof buf) || whole(buf, &n, &rest))
+        return -EINVAL;
+    long long us = (long long)unit_ms * 1000;
+    if (*rest) {
+        us = 0;
+        for (size_t i = 0; i < sizeof UNITS / sizeof UNITS[0]; i++)
+            if (strcmp(rest, UNITS[i].unit) == 0)
+                us = UNITS[i].us;
+        if (!us)
+            return -EINVAL;
+    }
+    if (llabs(n) > DURATION_MAX_MS * 1000 / us)
+        return -ERANGE;
+    *ms = n * us / 1000;
+    return 0;
+}
+
+/* ---- one value ----------------------------------------------------------------------- */
+
+/* The sentence for a bad value: "<key>='<value>' <what>: <fix>". */
+__attribute__((format(printf, 5, 6))) static int bad(reader_t *r, const conf_key_t *k,
+                                                     const char *v, int type, const char *fmt, ...)
+{
+    char why[320];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    const char *label = r->from_args && r->name ? r->name : k->key;
+    const char *q = type == TSP_JSON_STRING ? "'" : "";
+    return tsp__err(r->err, r->errlen, -EINVAL, "%s=%s%.120s%s %s", label, q, v, q, why);
+}
+
+static int read_bool(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
+{
+    char buf[16] = "";
+    if (type == TSP_JSON_STRING || type == TSP_JSON_LITERAL)
+        (void)trim_lower(v, buf, sizeof buf);
+    if (strcmp(buf, "true") != 0 && strcmp(buf, "false") != 0)
+        return bad(r, k, v, type, "is not a boolean: use true or false");
+    out->num = strcmp(buf, "true") == 0;
+    return 0;
+}
+
+static int read_int(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
+{
+    char buf[32] = "";
+    long long n = 0;
+    const char *rest = "";
+    int ok = (type == TSP_JSON_STRING || type == TSP_JSON_NUMBER) &&
+             trim_lower(v, buf, sizeof buf) == 0 && whole(buf, &n, &rest) == 0 && !*rest;
+    if (!ok || n < k->min || n > k->max)
+        return bad(r, k, v, type, "is not a whole number >= %lld: use one such as %s", k->min,
+                   k->extra);
+    out->num = n;
+    return 0;
+}
+
+/* An argument's number (JSON): in the key's unit, fractions allowed, finite. */
+static int number_ms(const char *v, int unit_ms, long long *ms)
+{
+    char *end;
+    double d = strtod(v, &end);
+    if (*end || !isfinite(d))
+        return -EINVAL;
+    double x = d * unit_ms;
+    if (fabs(x) > (double)DURATION_MAX_MS)
+        return -ERANGE;
+    *ms = (long long)x; /* truncated, as a string's finer unit is */
+    return 0;
+}
+
+static int read_duration(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
+{
+    const char *unit = k->unit_ms == 1 ? "milliseconds" : "seconds";
+    long long ms = 0;
+    int rc = -EINVAL;
+    if (type == TSP_JSON_STRING)
+        rc = parse_duration(v, k->unit_ms, &ms);
+    else if (type == TSP_JSON_NUMBER && r->from_args)
+        rc = number_ms(v, k->unit_ms, &ms);
+    if (rc == -ERANGE || ms > DURATION_MAX_MS)
+        return bad(r, k, v, type, "is too long: use at most %lld days", DURATION_MAX_MS / 86400000);
+    if (rc)
+        return bad(r, k, v, type,
+                   "is not a duration: use a whole number and a unit of us, ms, s, m, min, h "
+                   "or d, such as %s (no unit means %s; no fractions, as in Spark: 90s, not "
+                   "1.5min)",
+                   k->extra, unit);
+    if (ms < 0)
+        return bad(r, k, v, type, "is negative: use a duration such as %s", k->extra);
+    if (ms < k->min)
+        return bad(r, k, v, type, "is not a positive duration: use one such as %s%s", k->extra,
+                   k->dflt ? "" : ", or leave it unset to turn it off");
+    out->num = ms;
+    return 0;
+}
+
+static int read_enum(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
+{
+    char buf[32] = "";
+    if (type == TSP_JSON_STRING)
+        (void)trim_lower(v, buf, sizeof buf);
+    size_t n = strlen(buf);
+    for (const char *p = k->extra; *p;) {
+        size_t len = strcspn(p, "|");
+        if (n && len == n && memcmp(p, buf, n) == 0) {
+            out->word = p; /* the table's spelling, up to its '|' */
+            return 0;
+        }
+        p += len + (p[len] == '|');
+    }
+    char list[64] = "";
+    size_t at = 0;
+    for (const char *p = k->extra; *p && at < sizeof list;) {
+        size_t len = strcspn(p, "|");
+        at +=
+            (size_t)snprintf(list + at, sizeof list - at, "%s%.*s", at ? " or " : "", (int)len, p);
+        p += len + (p[len] == '|');
+    }
+    return bad(r, k, v, type, "is not one of the values: use %s", list);
+}
+
+static int read_string(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
+{
+    if (type != TSP_JSON_STRING || !*v)
+        return bad(r, k, v, type, "is not a non-empty string: use one such as %s", k->extra);
+    free(out->str);
+    out->str = strdup(v);
+    return out->str ? 0 : -ENOMEM;
+}
+
+static int read_value(reader_t *r, const conf_key_t *k, const char *v, int type)
+{
+    val_t *out = &r->vals[k - KEYS];
+    int rc;
+    switch (k->type) {
+    case T_BOOL:
+        rc = read_bool(r, k, v, type, out);
+        break;
+    case T_INT:
+        rc = read_int(r, k, v, type, out);
+        break;
+    case T_DURATION:
+        rc = read_duration(r, k, v, type, out);
+        break;
+    case T_ENUM:
+        rc = read_enum(r, k, v, type, out);
+        break;
+    default:
+        rc = read_string(r, k, v, type, out);
+        break;
+    }
+    if (rc == 0)
+        out->set = 1;
+    return rc;
+}
+
+/* ---- unknown keys -------------------------------------------------------------------- */
+
+/* Levenshtein distance of a and b (case-insensitive; both shorter than KEY_MAX). */
+static int distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    int row[KEY_MAX + 1];
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= la; i++) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= lb; j++) {
+            int up = row[j];
+            int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
+            int best = diag + !same;
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[lb];
+}
+
+static void note_unknown(reader_t *r, const char *key)
+{
+    const char *closest = NULL;
+    int best = CLOSEST_MAX + 1;
+    if (strlen(key) < KEY_MAX) {
+        for (size_t i = 0; i < NKEYS; i++) {
+            int d = distance(key, KEYS[i].key);
+            if (d < best) {
+                best = d;
+                closest = KEYS[i].key;
+            }
+        }
+    }
+    if (best > CLOSEST_MAX)
+        closest = NULL;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%.200s is not a torchspark setting and is ignored: %s%s%s", key,
+             closest ? "did you mean " : "docs/distributor.md (\"Settings\") lists them",
+             closest ? closest : "", closest ? "?" : "");
+    tsp_json_begin_object(&r->uw);
+    tsp_json_key(&r->uw, "key");
+    tsp_json_str(&r->uw, key);
+    tsp_json_key(&r->uw, "closest");
+    tsp_json_str(&r->uw, closest);
+    tsp_json_key(&r->uw, "message");
+    tsp_json_str(&r->uw, msg);
+    tsp_json_end(&r->uw);
+}
+
+/* ---- the request --------------------------------------------------------------------- */
+
+static int conf_member(void *ctx, const char *key, const char *value, int type)
+{
+    reader_t *r = ctx;
+    int i = key_index(key);
+    if (i < 0) {
+        if (strncmp(key, PREFIX, strlen(PREFIX)) == 0)
+            note_unknown(r, key);
+        return 0; /* another key of Spark's: not ours */
+    }
+    if (type == TSP_JSON_LITERAL && strcmp(value, "null") == 0)
+        return 0;
+    if (type != TSP_JSON_STRING)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the settings request's conf value of %s must be a string", key);
+    if (!*value)
+        return 0; /* empty: as if unset */
+    r->from_args = 0;
+    return read_value(r, &KEYS[i], value, type);
+}
+
+static int arg_member(void *ctx, const char *key, const char *value, int type)
+{
+    reader_t *r = ctx;
+    int i = key_index(key);
+    if (i < 0 || type != TSP_JSON_OBJECT)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the settings request's argument %.200s must be a key of the table "
+                        "with an object {\"name\", \"value\"}",
+                        key);
+    char *name = NULL, *v = NULL;
+    int nt = 0, vt = 0;
+    size_t len = strlen(value);
+    int rc = tsp_json_get(value, len, "name", &name, &nt);
+    if (rc == -ENOENT || (rc == 0 && nt != TSP_JSON_STRING))
+        rc = -EINVAL; /* the sentence names the argument by its name: it must have one */
+    if (rc == 0) {
+        rc = tsp_json_get(value, len, "value", &v, &vt);
+        if (rc == -ENOENT || (rc == 0 && vt == TSP_JSON_LITERAL && strcmp(v, "null") == 0))
+            rc = 1; /* not given */
+    }
+    if (rc == 1) {
+        rc = 0;
+    } else if (rc == 0) {
+        r->from_args = 1;
+        r->name = name;
+        rc = read_value(r, &KEYS[i], v, vt);
+        r->name = NULL;
+    } else if (rc != -ENOMEM) {
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the settings request's argument %.200s must have a string \"name\"", key);
+    }
+    free(name);
+    free(v);
+    return rc;
+}
+
+/* The object at request's member (absent or null: nothing), each member through fn. */
+static int each_of(reader_t *r, const char *req, size_t len, const char *member,
+                   tsp_json_member_fn fn)
+{
+    char *sub = NULL;
+    int type = 0;
+    int rc = tsp_json_get(req, len, member, &sub, &type);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc == 0 && type == TSP_JSON_LITERAL && strcmp(sub, "null") == 0)
+        rc = 0;
+    else if (rc == 0 && type == TSP_JSON_OBJECT)
+        rc = tsp_json_each(sub, strlen(sub), fn, r);
+    else if (rc != -ENOMEM)
+        rc = tsp__err(r->err, r->errlen, -EINVAL, "the settings request's \"%s\" must be an object",
+                      member);
+    free(sub);
+    return rc;
+}
+
+static void write_values(tsp_json_writer_t *w, reader_t *r)
+{
+    tsp_json_key(w, "values");
+    tsp_json_begin_object(w);
+    for (size_t i = 0; i < NKEYS; i++) {
+        const val_t *v = &r->vals[i];
+        tsp_json_key(w, KEYS[i].key);
+        if (!v->set) {
+            tsp_json_null(w);
+        } else if (KEYS[i].type == T_BOOL) {
+            (void)tsp_json_value(w, v->num ? "true" : "false", v->num ? 4 : 5);
+        } else if (KEYS[i].type == T_ENUM) {
+            char word[32];
+            snprintf(word, sizeof word, "%.*s", (int)strcspn(v->word, "|"), v->word);
+            tsp_json_str(w, word);
+        } else if (KEYS[i].type == T_STRING) {
+            tsp_json_str(w, v->str);
+        } else {
+            tsp_json_int(w, v->num);
+        }
+    }
+    tsp_json_end(w);
+}
+
+/* The reply in a malloc'ed *doc: the values, then the unknown keys' array as written. */
+static int read_request(reader_t *r, const char *req, size_t len, char **doc, size_t *dlen)
+{
+    char *unk = NULL;
+    size_t ulen = 0;
+    if (!(r->unknown = open_memstream(&unk, &ulen)))
+        return -ENOMEM;
+    tsp_json_writer_init(&r->uw, r->unknown);
+    tsp_json_begin_array(&r->uw);
+    int rc = 0;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) { /* the defaults first */
+        r->from_args = 0;
+        if (KEYS[i].dflt)
+            rc = read_value(r, &KEYS[i], KEYS[i].dflt, TSP_JSON_STRING);
+    }
+    if (rc == 0 && tsp_json_check_object(req, len))
+        rc = tsp__err(r->err, r->errlen, -EINVAL, "the settings request is not a JSON object");
+    if (rc == 0)
+        rc = each_of(r, req, len, "conf", conf_member);
+    if (rc == 0)
+        rc = each_of(r, req, len, "args", arg_member);
+    tsp_json_end(&r->uw);
+    if (fclose(r->unknown) && rc == 0)
+        rc = -ENOMEM;
+    FILE *mf = rc == 0 ? open_memstream(doc, dlen) : NULL;
+    if (rc == 0 && !mf)
+        rc = -ENOMEM;
+    if (mf) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, mf);
+        tsp_json_begin_object(&w);
+        write_values(&w, r);
+        tsp_json_key(&w, "unknown");
+        rc = tsp_json_value(&w, unk, ulen);
+        tsp_json_end(&w);
+        if (fclose(mf) && rc == 0)
+            rc = -ENOMEM;
+    }
+    free(unk);
+    return rc;
+}
+
+/* doc (dlen bytes) into out, or -ENOSPC with *needed. */
+static int hand_out(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed)
+{
+    if (needed)
+        *needed = dlen + 1;
+    if (dlen + 1 > outlen)
+        return -ENOSPC;
+    memcpy(out, doc, dlen + 1);
+    return 0;
+}
+
+int tsp_conf_read(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                  char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    reader_t r;
+    memset(&r, 0, sizeof r);
+    r.err = err;
+    r.errlen = errlen;
+    char *doc = NULL;
+    size_t dlen = 0;
+    int rc = request ? read_request(&r, request, len, &doc, &dlen) : -EINVAL;
+    if (rc == 0)
+        rc = hand_out(doc, dlen, out, outlen, needed);
+    free(doc);
+    for (size_t i = 0; i < NKEYS; i++)
+        free(r.vals[i].str);
+    return rc;
+}
+
+int tsp_conf_table(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                   char *err, size_t errlen)
+{
+    (void)request;
+    (void)len;
+    if (err && errlen)
+        err[0] = 0;
+    char *doc = NULL;
+    size_t dlen = 0;
+    FILE *mf = open_memstream(&doc, &dlen);
+    if (!mf)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, mf);
+    tsp_json_begin_array(&w);
+    for (size_t i = 0; i < NKEYS; i++) {
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "key");
+        tsp_json_str(&w, KEYS[i].key);
+        tsp_json_key(&w, "type");
+        tsp_json_str(&w, type_name(KEYS[i].type));
+        tsp_json_key(&w, "default");
+        tsp_json_str(&w, KEYS[i].dflt);
+        tsp_json_key(&w, "doc");
+        tsp_json_str(&w, KEYS[i].doc);
+        tsp_json_end(&w);
+    }
+    tsp_json_end(&w);
+    int rc = fclose(mf) == 0 ? 0 : -ENOMEM;
+    if (rc == 0)
+        rc = hand_out(doc, dlen, out, outlen, needed);
+    free(doc);
+    return rc;
+}

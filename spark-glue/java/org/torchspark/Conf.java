@@ -1,0 +1,90 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.util.Map;
+import org.apache.spark.SparkConf;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+import scala.Tuple2;
+
+/**
+ * Every spark.torchspark.* setting, read through the C core's one key table
+ * (torchspark/conf.h, docs/protocol.md 9), as the PySpark glue's _conf.py: this class only
+ * collects the raw strings and the builder values that stand for keys, and hands back the
+ * typed values (durations in milliseconds) or throws the library's sentence. No parser of
+ * its own.
+ */
+final class Conf {
+    static final String PREFIX = "spark.torchspark.";
+    private static final ObjectMapper JSON = new ObjectMapper();
+    private static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
+
+    private final JsonNode values;
+
+    private Conf(JsonNode values) {
+        this.values = values;
+    }
+
+    /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
+     *  args: key without the prefix -> {the name the user gave it, its value or null}, winning
+     *  over the conf. warn: log the unknown keys' warnings (once per run, by the runner). */
+    static Conf read(SparkConf conf, Map<String, Object[]> args, boolean warn) {
+        ObjectNode request = JSON.createObjectNode();
+        ObjectNode raw = request.putObject("conf");
+        if (conf != null) {
+            for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
+                raw.put(PREFIX + kv._1(), kv._2());
+            }
+        }
+        ObjectNode given = request.putObject("args");
+        if (args != null) {
+            args.forEach((key, nameValue) -> {
+                ObjectNode a = given.putObject(PREFIX + key);
+                a.put("name", (String) nameValue[0]);
+                a.set("value", JSON.valueToTree(nameValue[1]));
+            });
+        }
+        String[] msg = new String[1];
+        int rc = Native.confRead(request.toString(), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        }
+        try {
+            JsonNode reply = JSON.readTree(msg[0]);
+            if (warn) {
+                reply.get("unknown").forEach(u -> LOG.warn(u.get("message").asText()));
+            }
+            return new Conf(reply.get("values"));
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the settings reply is not JSON: " + msg[0], e);
+        }
+    }
+
+    private JsonNode at(String key) {
+        JsonNode v = values.get(PREFIX + key);
+        if (v == null) {
+            throw new IllegalStateException("torchspark: " + PREFIX + key + " is not in the key table");
+        }
+        return v;
+    }
+
+    boolean isSet(String key) {
+        return !at(key).isNull();
+    }
+
+    boolean bool(String key) {
+        return at(key).asBoolean();
+    }
+
+    /** An int or a duration (ms); 0 when unset. */
+    long number(String key) {
+        return at(key).asLong();
+    }
+
+    String string(String key) {
+        return at(key).asText();
+    }
+}

@@ -1,0 +1,74 @@
+"""Every spark.torchspark.* setting, read through the C core's one key table
+(torchspark/conf.h, docs/protocol.md 9): the glue only collects the raw strings and the
+keyword arguments that stand for keys, and hands back typed values (durations in
+milliseconds) or the library's sentence as a ValueError. No parser of its own."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Dict, List, Optional, Tuple
+
+from torchspark._lib import json_call
+
+PREFIX = "spark.torchspark."
+_keys: Optional[List[str]] = None
+
+
+def table() -> List[Dict[str, Any]]:
+    """The key table: [{"key", "type", "default", "doc"}] in its order."""
+    return list(json_call("tsp_conf_table", {}))
+
+
+def _known_keys() -> List[str]:
+    global _keys
+    if _keys is None:
+        _keys = [row["key"] for row in table()]
+    return _keys
+
+
+def _raw(spark: Any) -> Dict[str, str]:
+    """The spark.torchspark.* strings of the session's conf: all of them where Spark lists
+    them (RuntimeConfig.getAll, pyspark 4.0+), else the table's keys one by one."""
+    listed: Any = None
+    try:
+        listed = spark.conf.getAll
+        listed = listed() if callable(listed) else listed
+    except Exception:
+        listed = None
+    if isinstance(listed, dict):
+        return {str(k): str(v) for k, v in listed.items() if str(k).startswith(PREFIX)}
+    out = {}
+    for key in _known_keys():
+        value = spark.conf.get(key, None)
+        if value is not None:
+            out[key] = str(value)
+    return out
+
+
+def _arg_value(value: Any) -> Any:
+    """A keyword argument as JSON: numbers, bools, strings and None as they are; a float
+    that JSON cannot carry (nan, inf) and any other object as its text, for the library
+    to refuse under the argument's name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def read(spark: Any, args: Optional[Dict[str, Tuple[str, Any]]] = None,
+         logger: Optional[logging.Logger] = None, warn: bool = True) -> Dict[str, Any]:
+    """Every key of the table -> its value (None where unset and without default). args:
+    key (without the prefix) -> (the name the user gave it, its value or None), winning over
+    the conf. Unknown spark.torchspark.* keys are logged (warn) as the library words them."""
+    request = {"conf": _raw(spark),
+               "args": {PREFIX + k: {"name": name, "value": _arg_value(v)}
+                        for k, (name, v) in (args or {}).items()}}
+    reply = json_call("tsp_conf_read", request)
+    for unknown in reply["unknown"] if warn else []:
+        (logger or logging.getLogger("TorchDistributor")).warning(unknown["message"])
+    return {k[len(PREFIX):]: v for k, v in reply["values"].items()}
+
+
+def seconds(ms: Optional[int]) -> Optional[float]:
+    return None if ms is None else ms / 1000.0
