@@ -33,6 +33,17 @@ int tsp_json_check_object(const char *doc, size_t len);
  * kind. -ENOENT when absent, -EINVAL when the document is malformed, -ENOMEM. */
 int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
 
+/* Calls fn for each element of the array, or each member of the object, at path (NULL
+ * or "": the document itself), in order: key is the member's name (NULL for an array's
+ * element), a string value decoded (NUL-terminated, its length without the NUL; valid
+ * for the call only), any other value as its JSON text (not NUL-terminated). Linear in
+ * the document: one validation pass, one walk. 0; -ENOENT when path is absent; -EINVAL
+ * when the document is malformed or the value is neither array nor object; -ENOMEM; or
+ * fn's non-zero return, which stops the walk. */
+typedef int (*tsp_json_each_fn)(void *ctx, const char *key, size_t index, int type, const char *val,
+                                size_t len);
+int tsp_json_each(const char *doc, size_t len, const char *path, tsp_json_each_fn fn, void *ctx);
+
 /* Writes doc's value in canonical form: the writer's separators (", " and ": ", as Python's
  * json.dumps) and no other white space, strings re-escaped by the writer
  * below, numbers and members as they are. 0, or -EINVAL (nothing written) when doc is
