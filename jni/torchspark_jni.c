@@ -21,6 +21,7 @@
 #include "torchspark/conf.h"
 #include "torchspark/elect.h"
 #include "torchspark/failure.h"
+#include "torchspark/hang.h"
 #include "torchspark/logserver.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
@@ -249,7 +250,7 @@ static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_tran
     int rc = -ENOMEM;
     if (!oom && in) {
         char err[512] = "";
-        size_t need = 16384;
+        size_t need = strlen(in) * 3 > 16384 ? strlen(in) * 3 : 16384; /* rarely outgrown */
         char *out = NULL;
         for (int tries = 0; tries < 2; tries++) {
             char *grown = realloc(out, need);
@@ -288,6 +289,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_failureReport(JNIEnv *env, jcl
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_failure_report);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_hangDiagnose(JNIEnv *env, jclass cls,
+                                                               jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_hang_diagnose);
 }
 
 /* ---- the driver's log server ---- */

@@ -63,6 +63,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
+    "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
     "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "logstate": ("driver", 3),

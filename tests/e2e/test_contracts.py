@@ -7,13 +7,14 @@ import socket
 
 import pytest
 
-from torchspark import _launch, _lib, _rendezvous, _report
+from torchspark import _hang, _launch, _lib, _rendezvous, _report
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
 RDV_CASES = json.loads((CONTRACTS / "rendezvous.json").read_text())["cases"]
 FAILURE_CASES = json.loads((CONTRACTS / "failure.json").read_text())["cases"]
 CONF_CASES = json.loads((CONTRACTS / "conf.json").read_text())["cases"]
+HANG_CASES = json.loads((CONTRACTS / "hang.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -76,6 +77,20 @@ def test_rendezvous_golden(case):
             assert _raw(server.port, line.encode() + b"\n") == step["reply"], step
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("case", HANG_CASES, ids=[c["name"] for c in HANG_CASES])
+def test_hang_golden(case):
+    """each rank's dump lines -> the diagnosis, through the glue's binding (_hang.diagnose)
+    as the watchdog calls it."""
+    req = case["request"]
+    ranks = {r: lines for r, lines in enumerate(req["ranks"]) if lines}
+    d = _hang.diagnose(ranks, req["world"], req["request"], req["read_sources"], req["stdlib"])
+    want = case["expect"]
+    got = {"line": d.line, "culprits": d.culprits, "waiting": d.waiting,
+           "starting": d.starting, "groups": d.groups, "stacks": d.stacks}
+    for key in want:
+        assert got[key] == want[key], key
 
 
 @pytest.mark.parametrize("case", FAILURE_CASES, ids=[c["name"] for c in FAILURE_CASES])

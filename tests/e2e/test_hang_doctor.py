@@ -5,14 +5,16 @@ SIGSTOPped, deadlocked on a Python lock, spinning in an endless loop. The driver
 agent for a dump after hangTimeout (3 s) of silence and must name the right rank and its
 frame, and number the collective from torch's flight recorder; hangAction=cancel stops
 the run with the stacks in the exception, report lets it go on. bench/hang_bench.py runs the 10-of-each series."""
+import re
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
 import tsp_spark
-from torchspark import TorchDistributor, TorchDistributorError, _hang
+from torchspark import TorchDistributor, TorchDistributorError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "agent_scripts"))
 import hang_worker  # noqa: E402
@@ -20,6 +22,7 @@ import hang_worker  # noqa: E402
 cloudpickle.register_pickle_by_value(hang_worker)
 
 TIMEOUT_S = 3
+_RANGES = {0: "ranks 1-3", 1: "ranks 0, 2-3", 2: "ranks 0-1, 3", 3: "ranks 0-2"}  # the others
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +68,7 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
         # all_reduce, even while it spins holding the GIL (the recorder's thread gets it)
         assert f"({func}), its last collective all_reduce #1;" in line, why
     # the others wait in the second all_reduce, numbered by their flight recorders
-    assert line.endswith(f"{_hang.ranges(int(x) for x in others.split(', '))} wait in "
+    assert line.endswith(f"{_RANGES[victim]} wait in "
                          "all_reduce #2 for it"), why
     waiting = {k: [int(r) for r in v] for k, v in e.value.report["waiting"].items()}
     assert waiting == {"all_reduce": [int(x) for x in others.split(", ")]}, why
@@ -73,8 +76,8 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     text = str(e.value)
     assert text.startswith("TorchDistributor (distributed) was cancelled by the hang doctor"), \
         why
-    for r in range(4):
-        assert f"[rank {r}] torchspark: stack dump #1 of rank {r} (host " in text, why
+    for r in range(4):  # its number: #1 unless a dump came while the workers were starting
+        assert re.search(rf"\[rank {r}\] torchspark: stack dump #\d+ of rank {r} \(host ", text), why
     assert text.count("in all_reduce") >= 3, why
     for r in range(4):
         if r != victim:
@@ -86,6 +89,36 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     # before it hung)
     assert TIMEOUT_S <= d.hang_reports[0].after_s < TIMEOUT_S + 10, (d.hang_reports[0].after_s,
                                                                        why)
+
+
+def test_a_job_silent_from_its_start_is_named_too(spark, capsys):
+    # Rank 1 sleeps before the first collective and no rank ever prints: the clock starts
+    # when the attempt's workers start, not at a first line that never comes (before, the
+    # run went on hanging: here it would end after the sleeper's 90 s, uncancelled).
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                         hang_timeout="5s", hang_action="cancel")
+    t0 = time.monotonic()
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(hang_worker.train_silent, 1, 90)
+    took = time.monotonic() - t0
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("torchspark: hang doctor: ")]
+    why = "\n".join(lines) + "\n" + str(e.value)[-4000:]
+    assert len(lines) == 1, err[-4000:]
+    assert e.value.report["culprits"] == [1], why
+    assert "; rank 1 (host " in lines[0] and "(sleeps_before_the_collective)" in lines[0], why
+    assert lines[0].endswith("rank 0 waits in all_reduce #1 for it"), why
+    # named within hangTimeout + 10 s of the workers' start (or of their last try while
+    # still starting: a dump before any rank has a Python stack says nothing)
+    assert 5 <= d.hang_reports[0].after_s < 15, (d.hang_reports[0].after_s, why)
+    assert took < 80, (took, why)
+    # every rank's stacks in a file of the driver, named on stderr
+    tag = "torchspark: every rank's stacks (hang doctor): "
+    path = next(ln[len(tag):] for ln in err.splitlines() if ln.startswith(tag))
+    assert d.hang_reports[0].stacks_file == path
+    assert Path(path).read_text().startswith(d.hang_reports[0].line + "\n[rank 0] ")
+    assert Path(path).stat().st_mode & 0o077 == 0
+    Path(path).unlink()
 
 
 def test_report_mode_names_the_sleeper_and_the_run_goes_on(spark, capsys):

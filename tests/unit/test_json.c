@@ -143,6 +143,41 @@ START_TEST(test_json_writer_builds_valid_documents)
 }
 END_TEST
 
+typedef struct {
+    char seen[256];
+    size_t n;
+} each_t;
+
+static int each_cb(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    each_t *e = ctx;
+    e->n += (size_t)snprintf(e->seen + e->n, sizeof e->seen - e->n, "%s%zu:%s=%d:%.*s|", "", index,
+                             key ? key : "-", type, (int)len, val);
+    return index == 9 ? -ECANCELED : 0;
+}
+
+START_TEST(test_json_each_walks_arrays_and_objects_once)
+{
+    const char *doc = "{\"a\": [\"x\\ny\", 2, null, [\"z\"]], \"b\": {\"k\": \"v\"}, \"c\": 1}";
+    each_t e = {{0}, 0};
+    ck_assert_int_eq(tsp_json_each(doc, strlen(doc), "a", each_cb, &e), 0);
+    ck_assert_str_eq(e.seen, "0:-=1:x\ny|1:-=2:2|2:-=5:null|3:-=4:[\"z\"]|");
+    e = (each_t){{0}, 0};
+    ck_assert_int_eq(tsp_json_each(doc, strlen(doc), NULL, each_cb, &e), 0);
+    ck_assert_str_eq(e.seen, "0:a=4:[\"x\\ny\", 2, null, [\"z\"]]|1:b=3:{\"k\": \"v\"}|2:c=2:1|");
+    e = (each_t){{0}, 0};
+    ck_assert_int_eq(tsp_json_each(doc, strlen(doc), "b", each_cb, &e), 0);
+    ck_assert_str_eq(e.seen, "0:k=1:v|");
+    ck_assert_int_eq(tsp_json_each(doc, strlen(doc), "c", each_cb, &e), -EINVAL);
+    ck_assert_int_eq(tsp_json_each(doc, strlen(doc), "d", each_cb, &e), -ENOENT);
+    ck_assert_int_eq(tsp_json_each("[1, 2", 5, NULL, each_cb, &e), -EINVAL);
+    const char *ten = "[0,1,2,3,4,5,6,7,8,9,10]";
+    e = (each_t){{0}, 0};
+    ck_assert_int_eq(tsp_json_each(ten, strlen(ten), NULL, each_cb, &e),
+                     -ECANCELED); /* fn stops it */
+}
+END_TEST
+
 static Suite *json_suite(void)
 {
     Suite *s = suite_create("json");
@@ -152,6 +187,7 @@ static Suite *json_suite(void)
     tcase_add_test(tc, test_json_malformed_documents_refused_whole);
     tcase_add_test(tc, test_json_lone_surrogate_is_replacement_char);
     tcase_add_test(tc, test_json_writer_builds_valid_documents);
+    tcase_add_test(tc, test_json_each_walks_arrays_and_objects_once);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -422,10 +422,35 @@ static int arg_member(void *ctx, const char *key, const char *value, int type)
     return rc;
 }
 
-/* The object at request's member (absent or null: nothing), each member through fn. */
-static int each_of(reader_t *r, const char *req, size_t len, const char *member,
-                   tsp_json_member_fn fn)
+/* A member of the request's objects: key, and its value NUL-terminated (a string decoded;
+ * any other value as its JSON text). */
+typedef int (*member_fn)(void *ctx, const char *key, const char *value, int type);
+
+typedef struct {
+    reader_t *r;
+    member_fn fn;
+} each_ctx_t;
+
+/* tsp_json_each's callback -> member_fn: a value that is not a string comes as JSON text
+ * without its NUL; the members read it with tsp_json_get and strcmp, so it gets one. */
+static int each_member(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
 {
+    each_ctx_t *e = ctx;
+    (void)index;
+    if (type == TSP_JSON_STRING)
+        return e->fn(e->r, key, val, type);
+    char *v = strndup(val, len);
+    if (!v)
+        return -ENOMEM;
+    int rc = e->fn(e->r, key, v, type);
+    free(v);
+    return rc;
+}
+
+/* The object at request's member (absent or null: nothing), each member through fn. */
+static int each_of(reader_t *r, const char *req, size_t len, const char *member, member_fn fn)
+{
+    each_ctx_t e = {r, fn};
     char *sub = NULL;
     int type = 0;
     int rc = tsp_json_get(req, len, member, &sub, &type);
@@ -434,7 +459,7 @@ static int each_of(reader_t *r, const char *req, size_t len, const char *member,
     if (rc == 0 && type == TSP_JSON_LITERAL && strcmp(sub, "null") == 0)
         rc = 0;
     else if (rc == 0 && type == TSP_JSON_OBJECT)
-        rc = tsp_json_each(sub, strlen(sub), fn, r);
+        rc = tsp_json_each(sub, strlen(sub), NULL, each_member, &e);
     else if (rc != -ENOMEM)
         rc = tsp__err(r->err, r->errlen, -EINVAL, "the settings request's \"%s\" must be an object",
                       member);

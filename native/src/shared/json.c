@@ -444,34 +444,88 @@ int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int 
     return take_value(&c, out, type);
 }
 
-int tsp_json_each(const char *doc, size_t len, tsp_json_member_fn each, void *ctx)
+/* One value at c->p (validated) to fn: a string decoded from its own extent
+ * (parse_string's copy is bounded by what it is given, so a long document costs no more
+ * per value than the value's size). */
+static int each_value(json_cur_t *c, const char *key, size_t index, tsp_json_each_fn fn, void *ctx)
 {
-    int rc = tsp_json_check_object(doc, len);
+    const unsigned char *s = c->p;
+    int rc = parse_value(c, 1);
+    if (rc)
+        return rc;
+    if (value_type(*s) != TSP_JSON_STRING)
+        return fn(ctx, key, index, value_type(*s), (const char *)s, (size_t)(c->p - s));
+    json_cur_t one = {s, c->p, NULL};
+    char *str;
+    size_t n;
+    if ((rc = parse_string(&one, &str, &n)) != 0)
+        return rc;
+    rc = fn(ctx, key, index, TSP_JSON_STRING, str, n);
+    free(str);
+    return rc;
+}
+
+/* Each member (keyed) or element of the validated container at c->p. */
+static int each_in(json_cur_t *c, int keyed, tsp_json_each_fn fn, void *ctx)
+{
+    unsigned char close = keyed ? '}' : ']';
+    c->p++;
+    ws(c);
+    for (size_t i = 0; c->p < c->end && *c->p != close; i++) {
+        char *key = NULL;
+        int rc = 0;
+        if (keyed) {
+            const unsigned char *k = c->p;
+            if ((rc = parse_string(c, NULL, NULL)) != 0)
+                return rc;
+            json_cur_t one = {k, c->p, NULL};
+            if ((rc = parse_string(&one, &key, NULL)) != 0)
+                return rc;
+            ws(c);
+            c->p++; /* ':' */
+            ws(c);
+        }
+        rc = each_value(c, key, i, fn, ctx);
+        free(key);
+        if (rc)
+            return rc;
+        ws(c);
+        if (*c->p == ',')
+            c->p++;
+        ws(c);
+    }
+    return 0;
+}
+
+int tsp_json_each(const char *doc, size_t len, const char *path, tsp_json_each_fn fn, void *ctx)
+{
+    int rc = tsp_json_check(doc, len);
     if (rc)
         return rc;
     json_cur_t c = {(const unsigned char *)doc, (const unsigned char *)doc + len, NULL};
-    ws(&c);
-    c.p++; /* '{' */
-    ws(&c);
-    while (rc == 0 && c.p < c.end && *c.p != '}') {
-        char *k = NULL, *v = NULL;
-        int type = 0;
-        rc = parse_string(&c, &k, NULL);
+    for (const char *seg = path && *path ? path : NULL; seg;) {
         ws(&c);
-        c.p++; /* ':' */
-        ws(&c);
-        if (rc == 0)
-            rc = take_value(&c, &v, &type);
-        if (rc == 0)
-            rc = each(ctx, k, v, type);
-        free(k);
-        free(v);
-        ws(&c);
-        if (c.p < c.end && *c.p == ',')
-            c.p++;
-        ws(&c);
+        if (*c.p != '{')
+            return -ENOENT;
+        const char *dot = strchr(seg, '.');
+        if ((rc = find_member(&c, seg, dot ? (size_t)(dot - seg) : strlen(seg))) != 0)
+            return rc;
+        seg = dot ? dot + 1 : NULL;
     }
-    return rc;
+    ws(&c);
+    if (*c.p != '[' && *c.p != '{')
+        return -EINVAL;
+    return each_in(&c, *c.p == '{', fn, ctx);
+}
+
+int tsp_json_reply(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed)
+{
+    if (needed)
+        *needed = dlen + 1;
+    if (dlen + 1 > outlen)
+        return -ENOSPC;
+    memcpy(out, doc, dlen + 1);
+    return 0;
 }
 
 /* ---- the writer ---------------------------------------------------------------------- */
@@ -481,6 +535,13 @@ static void write_string_n(FILE *f, const char *s, size_t len)
     const unsigned char *p = (const unsigned char *)s, *end = p + len;
     fputc('"', f);
     while (p < end) {
+        const unsigned char *run = p; /* plain ASCII goes out in one write */
+        while (p < end && *p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\')
+            p++;
+        if (p > run)
+            fwrite(run, 1, (size_t)(p - run), f);
+        if (p == end)
+            break;
         unsigned char ch = *p;
         const char *short_esc = ch == '"'    ? "\\\""
                                 : ch == '\\' ? "\\\\"

@@ -33,12 +33,20 @@ int tsp_json_check_object(const char *doc, size_t len);
  * kind. -ENOENT when absent, -EINVAL when the document is malformed, -ENOMEM. */
 int tsp_json_get(const char *doc, size_t len, const char *path, char **out, int *type);
 
-/* Calls each(ctx, key, value, type) for every member of doc's object, in order: key
- * decoded, value as tsp_json_get gives it (both NUL-terminated, freed after the call). Stops
- * at the first non-zero return of each and returns it; -EINVAL when doc is malformed or not
- * an object, -ENOMEM. */
-typedef int (*tsp_json_member_fn)(void *ctx, const char *key, const char *value, int type);
-int tsp_json_each(const char *doc, size_t len, tsp_json_member_fn each, void *ctx);
+/* Calls fn for each element of the array, or each member of the object, at path (NULL
+ * or "": the document itself), in order: key is the member's name (NULL for an array's
+ * element), a string value decoded (NUL-terminated, its length without the NUL; valid
+ * for the call only), any other value as its JSON text (not NUL-terminated). Linear in
+ * the document: one validation pass, one walk. 0; -ENOENT when path is absent; -EINVAL
+ * when the document is malformed or the value is neither array nor object; -ENOMEM; or
+ * fn's non-zero return, which stops the walk. */
+typedef int (*tsp_json_each_fn)(void *ctx, const char *key, size_t index, int type, const char *val,
+                                size_t len);
+int tsp_json_each(const char *doc, size_t len, const char *path, tsp_json_each_fn fn, void *ctx);
+
+/* A JSON transform's reply: doc (dlen bytes, NUL-terminated) copied to out; *needed (when
+ * given) is dlen + 1. 0, or -ENOSPC when outlen is too small. */
+int tsp_json_reply(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed);
 
 /* Writes doc's value in canonical form: the writer's separators (", " and ": ", as Python's
  * json.dumps) and no other white space, strings re-escaped by the writer

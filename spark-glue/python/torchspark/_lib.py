@@ -138,6 +138,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h
         "tsp_plan_argv": (i, [c, sz, c, sz, P(sz)] + err),
+        # hang.h
+        "tsp_hang_diagnose": (i, [c, sz, c, sz, P(sz)] + err),
         # failure.h
         "tsp_failure_report": (i, [c, sz, c, sz, P(sz)] + err),
         # conf.h (docs/protocol.md 9)
@@ -226,7 +228,7 @@ def json_call(name: str, request: Any) -> Any:
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(512)
-    size, rc = 16384, 0
+    size, rc = max(16384, 3 * len(doc)), 0  # a reply rarely outgrows 3x its request
     for _ in range(2):
         out = ctypes.create_string_buffer(size)
         needed = ctypes.c_size_t(0)

@@ -60,5 +60,20 @@ def train(kind, victim, piddir=None, hold=3600):
     return rank
 
 
+def train_silent(victim, hold=3600):
+    """Hangs before anything is printed: rank VICTIM sleeps before the first collective
+    while the others wait in it (the most common hang: the job's first collective)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    if rank == victim:
+        sleeps_before_the_collective(hold)
+    dist.all_reduce(torch.ones(4))
+    dist.destroy_process_group()
+    return rank
+
+
 if __name__ == "__main__":
     train(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

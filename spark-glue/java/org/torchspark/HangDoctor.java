@@ -1,25 +1,26 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.nio.file.Paths;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
-import java.util.TreeSet;
 import java.util.function.Consumer;
 import java.util.function.LongSupplier;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
 /**
  * The hang doctor of the JVM runner (docs/jvm.md; the PySpark glue's is
- * torchspark/_doctor.py and _hang.py, whose rules and words this class follows): when no rank
+ * torchspark/_doctor.py, whose rules and words this class follows; the analysis is the C
+ * core's, tsp_hang_diagnose through JNI, the same for both glues): when no rank
  * has printed a line or reported for hangTimeout, it asks every agent for its workers' Python
  * stacks and flight recorders (DUMP, docs/protocol.md 1.9), collects each rank's dump from
  * the log server's per-rank tail, names the culprit in one line, and with hangAction=cancel
@@ -33,400 +34,103 @@ final class HangDoctor extends Thread {
     private static final long QUIET_NS = 500_000_000L;
     private static final long COLLECT_MAX_NS = 5_000_000_000L;
     private static final long TICK_MS = 100;
+    /** A dump that finds the workers still starting (a rank without a Python stack yet or in
+     *  an import, the others waiting for it) restarts the clock silently this many times at
+     *  most (docs/protocol.md 1.10; _doctor.MAX_STARTS). */
+    private static final int MAX_STARTS = 3;
 
     // ---- settings ---------------------------------------------------------------------
 
     /** timeoutS: 0 when the doctor is off; action: "report" or "cancel". */
     record Settings(double timeoutS, String action) {}
 
-    // ---- the dumps --------------------------------------------------------------------
 
-    static final Pattern MARKER = Pattern.compile("torchspark: stack dump #(\\d+) of rank (\\d+) \\(host ([^,]*), "
-            + "pid (\\d+)\\): state (\\S) \\(([^)]*)\\)(?:: cannot answer: (.*))?$");
-    private static final Pattern SHIM = Pattern.compile("torchspark: stack dump: worker pid (\\d+): state (\\S) "
-            + "\\(([^)]*)\\)(?:: cannot answer: (.*))?$");
-    private static final Pattern THREAD = Pattern.compile(
-            "(Current thread|Thread) (0x[0-9a-fA-F]+)\\b.*\\(most recent call first\\):");
-    private static final Pattern FRAME = Pattern.compile("\\s+File \"(.*)\", line (\\d+|\\?\\?\\?) in (.*)$");
-    private static final Pattern RECORDER = Pattern.compile("torchspark: flight recorder: (?:pg (\\S+) \\((.*)\\): "
-            + "(\\S+) #(-?\\d+): (completed|not completed.*)|(.*))$");
+    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.10) ----------
 
-    record Frame(String path, int line, String func) {
-        String where() {
-            return Paths.get(path).getFileName() + ":" + line;
-        }
-    }
+    static final String RECORDER_PREFIX = "torchspark: flight recorder: ";
 
-    /** One entry of torch's flight recorder, as the rank's bootstrap wrote it. */
-    record Collective(String pg, String op, long seq, boolean completed) {
-        String name() {
-            return op + " #" + seq;
-        }
-    }
+    /** What one rank sent for one request: its marker's fields and its lines (cut lines made
+     *  whole). */
+    record RankDump(int rank, String host, long pid, String state, List<String> lines) {}
 
-    /** What one rank sent for one request. */
-    static final class RankDump {
-        final int rank;
-        String host = "?";
-        long pid;
-        String state = "?";
-        String cannotAnswer;
-        final List<List<Frame>> threads = new ArrayList<>();
-        final List<String> lines = new ArrayList<>();
-        final List<Collective> collectives = new ArrayList<>();
-        String recorder;
-
-        RankDump(int rank) {
-            this.rank = rank;
-        }
-
-        /** The main thread's frames, innermost first (faulthandler lists it last). */
-        List<Frame> main() {
-            return threads.isEmpty() ? List.of() : threads.get(threads.size() - 1);
-        }
-
-        Collective pending() {
-            for (int i = collectives.size() - 1; i >= 0; i--) {
-                if (!collectives.get(i).completed()) {
-                    return collectives.get(i);
-                }
-            }
-            return null;
-        }
-
-        Collective lastDone() {
-            for (int i = collectives.size() - 1; i >= 0; i--) {
-                if (collectives.get(i).completed()) {
-                    return collectives.get(i);
-                }
-            }
-            return null;
-        }
-    }
-
-    /** The culprit(s): the one line, and every rank's dump. */
+    /** The culprit(s): the one line, the groups, and every rank's dump. */
     static final class Diagnosis {
         final String line;
         final List<Integer> culprits;
         final Map<String, List<Integer>> waiting;
         final Map<Integer, RankDump> dumps;
+        final boolean starting; // no rank has a Python stack yet: still starting, no hang
+        final JsonNode groups;
+        private final String stacks;
+        volatile Path stacksFile; // where the watchdog wrote every rank's stacks, or null
 
-        Diagnosis(String line, List<Integer> culprits, Map<String, List<Integer>> waiting,
-                Map<Integer, RankDump> dumps) {
-            this.line = line;
-            this.culprits = culprits;
-            this.waiting = waiting;
-            this.dumps = dumps;
+        private Diagnosis(JsonNode r) {
+            line = r.get("line").asText();
+            List<Integer> c = new ArrayList<>();
+            r.get("culprits").forEach(x -> c.add(x.asInt()));
+            culprits = Collections.unmodifiableList(c);
+            Map<String, List<Integer>> w = new LinkedHashMap<>();
+            for (Map.Entry<String, JsonNode> e : r.get("waiting").properties()) {
+                List<Integer> ranks = new ArrayList<>();
+                e.getValue().forEach(x -> ranks.add(x.asInt()));
+                w.put(e.getKey(), ranks);
+            }
+            waiting = Collections.unmodifiableMap(w);
+            Map<Integer, RankDump> d = new TreeMap<>();
+            for (JsonNode x : r.get("dumps")) {
+                List<String> lines = new ArrayList<>();
+                x.get("lines").forEach(ln -> lines.add(ln.asText()));
+                d.put(x.get("rank").asInt(), new RankDump(x.get("rank").asInt(), x.get("host").asText(),
+                        x.get("pid").asLong(), x.get("state").asText(), lines));
+            }
+            dumps = Collections.unmodifiableMap(d);
+            starting = r.get("starting").asBoolean();
+            groups = r.get("groups");
+            stacks = r.get("stacks").asText();
         }
 
         /** Every rank's dump, rank-prefixed, for the log and the exception. */
         String stacksText() {
-            StringBuilder b = new StringBuilder();
-            for (Map.Entry<Integer, RankDump> e : dumps.entrySet()) {
-                for (String ln : e.getValue().lines) {
-                    b.append(b.length() > 0 ? "\n" : "").append("[rank ").append(e.getKey()).append("] ").append(ln);
-                }
-            }
-            return b.toString();
+            return stacks;
         }
     }
 
-    static final String RECORDER_PREFIX = "torchspark: flight recorder: ";
-
-    /** The dump's lines with every line that the flight recorder's write cut in two made whole
-     *  again (docs/protocol.md 1.9, "Two writers on one stderr"; _hang.rejoin): faulthandler
-     *  writes a stack in many small writes from its signal handler, the recorder's thread its
-     *  lines in one write that may land inside one of them; the rest of the cut line follows
-     *  the recorder's last line. */
-    static List<String> rejoin(List<String> lines) {
-        List<String> out = new ArrayList<>();
-        int i = 0;
-        while (i < lines.size()) {
-            String ln = lines.get(i++);
-            int cut = ln.indexOf(RECORDER_PREFIX);
-            if (cut <= 0) {
-                out.add(ln);
-                continue;
-            }
-            List<String> recorder = new ArrayList<>();
-            recorder.add(ln.substring(cut));
-            while (i < lines.size() && lines.get(i).startsWith(RECORDER_PREFIX)) {
-                recorder.add(lines.get(i++));
-            }
-            String rest = i < lines.size() ? lines.get(i++) : ""; // empty: the cut was at its end
-            out.add(ln.substring(0, cut) + rest);
-            out.addAll(recorder);
+    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
+     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
+     *  does not know the executors' Python: it names no standard library directory, and the
+     *  core's rule for lib/python3.N/ paths counts those frames as library. */
+    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
+        ObjectNode req = Failure.JSON.createObjectNode();
+        req.put("world", world);
+        if (request > 0) {
+            req.put("request", request);
         }
-        return out;
-    }
-
-    /** The dump of rank in lines (that of request, or the last when request <= 0), or null. */
-    static RankDump parse(int rank, List<String> lines, int request) {
-        int start = -1;
-        for (int i = 0; i < lines.size(); i++) {
-            Matcher m = MARKER.matcher(lines.get(i));
-            if (m.matches() && Integer.parseInt(m.group(2)) == rank
-                    && (request <= 0 || Integer.parseInt(m.group(1)) == request)) {
-                start = i;
-            }
+        req.putArray("stdlib");
+        req.put("read_sources", readSources);
+        int n = world;
+        for (int r : sections.keySet()) {
+            n = Math.max(n, r + 1);
         }
-        if (start < 0) {
-            return null;
-        }
-        Matcher m = MARKER.matcher(lines.get(start));
-        m.matches();
-        RankDump d = new RankDump(rank);
-        d.host = m.group(3);
-        d.pid = Long.parseLong(m.group(4));
-        d.state = m.group(5) + " (" + m.group(6) + ")";
-        d.cannotAnswer = m.group(7);
-        int end = start + 1;
-        while (end < lines.size() && !MARKER.matcher(lines.get(end)).matches()) {
-            end++; // up to a later request's marker
-        }
-        List<Frame> frames = null;
-        for (String ln : rejoin(lines.subList(start, end))) {
-            d.lines.add(ln);
-            Matcher s = SHIM.matcher(ln);
-            if (s.matches()) { // a warm-pool worker: the shim speaks for the forked process
-                d.pid = Long.parseLong(s.group(1));
-                d.state = s.group(2) + " (" + s.group(3) + ")";
-                d.cannotAnswer = s.group(4) != null ? s.group(4) : d.cannotAnswer;
-                continue;
-            }
-            Matcher r = RECORDER.matcher(ln);
-            if (r.matches()) {
-                if (r.group(3) != null) {
-                    d.collectives.add(new Collective(r.group(1), r.group(3), Long.parseLong(r.group(4)),
-                            r.group(5).equals("completed")));
-                } else {
-                    d.recorder = r.group(6);
-                }
-                continue;
-            }
-            if (THREAD.matcher(ln).lookingAt()) {
-                frames = new ArrayList<>();
-                d.threads.add(frames);
-                continue;
-            }
-            Matcher f = FRAME.matcher(ln);
-            if (f.matches() && frames != null) {
-                frames.add(new Frame(f.group(1), f.group(2).equals("???") ? 0 : Integer.parseInt(f.group(2)),
-                        f.group(3).trim()));
-            }
-        }
-        return d;
-    }
-
-    private static final Pattern OURS = Pattern.compile(
-            "/torchspark/(_\\w+|distributor|checkpoint|data|deepspeed_distributor)\\.py$");
-    private static final Pattern STDLIB = Pattern.compile("/lib/python3\\.\\d+/(?!site-packages/|dist-packages/)");
-
-    static boolean isLibrary(String path) {
-        return path.contains("/torch/") || path.contains("/pyspark/") || path.contains("<frozen ")
-                || OURS.matcher(path).find() || STDLIB.matcher(path).find();
-    }
-
-    /** The torch.distributed call a stack waits in (innermost first), or null. */
-    private static String collective(List<Frame> frames) {
-        String c10d = null;
-        String dist = null;
-        for (Frame f : frames) {
-            if (f.func().equals("wrapper")) {
-                continue;
-            }
-            if (f.path().endsWith("/torch/distributed/distributed_c10d.py")) {
-                c10d = f.func();
-            }
-            if (f.path().contains("/torch/distributed/")) {
-                dist = f.func();
-            }
-        }
-        return c10d != null ? c10d : dist;
-    }
-
-    private static int prefixLen(List<Frame> frames) {
-        for (int i = 0; i < frames.size(); i++) {
-            if (!isLibrary(frames.get(i).path())) {
-                return i;
-            }
-        }
-        return frames.size();
-    }
-
-    private static Frame userFrame(List<Frame> frames) {
-        for (Frame f : frames) {
-            if (!isLibrary(f.path())) {
-                return f;
-            }
-        }
-        return frames.isEmpty() ? null : frames.get(0);
-    }
-
-    private static String where(Frame f) {
-        if (f == null) {
-            return "no Python frame";
-        }
-        String src = "";
-        try {
-            Path p = Paths.get(f.path());
-            if (f.line() > 0 && Files.isReadable(p)) {
-                List<String> all = Files.readAllLines(p, StandardCharsets.UTF_8);
-                if (f.line() <= all.size() && !all.get(f.line() - 1).isBlank()) {
-                    src = " `" + all.get(f.line() - 1).trim() + "`";
-                }
-            }
-        } catch (IOException | RuntimeException e) {
-            src = "";
-        }
-        return f.where() + src + " (" + f.func() + ")";
-    }
-
-    /** "rank 3", "ranks 0-2", "ranks 0, 2-3". */
-    static String ranges(Iterable<Integer> ranks) {
-        TreeSet<Integer> set = new TreeSet<>();
-        ranks.forEach(set::add);
-        List<Integer> rs = new ArrayList<>(set);
-        List<String> parts = new ArrayList<>();
-        for (int i = 0; i < rs.size();) {
-            int j = i;
-            while (j + 1 < rs.size() && rs.get(j + 1) == rs.get(j) + 1) {
-                j++;
-            }
-            parts.add(i == j ? String.valueOf(rs.get(i)) : rs.get(i) + "-" + rs.get(j));
-            i = j + 1;
-        }
-        return (rs.size() == 1 ? "rank " : "ranks ") + String.join(", ", parts);
-    }
-
-    private static String who(RankDump d) {
-        return "rank " + d.rank + " (host " + d.host + ", pid " + d.pid + ")";
-    }
-
-    private static String lastCollective(RankDump d) {
-        Collective p = d.pending();
-        if (p != null) {
-            return ", in " + p.name() + " (not completed)";
-        }
-        Collective c = d.lastDone();
-        return c != null ? ", its last collective " + c.name() : "";
-    }
-
-    private static String numbered(String name, List<Integer> ranks, Map<Integer, RankDump> got) {
-        if (!name.matches("[A-Za-z_][A-Za-z0-9_]*")) {
-            return name; // a place in the user's code
-        }
-        TreeMap<Long, List<Integer>> bySeq = new TreeMap<>();
-        for (int r : ranks) {
-            Collective p = got.get(r).pending();
-            if (p == null) {
-                return name;
-            }
-            bySeq.computeIfAbsent(p.seq(), k -> new ArrayList<>()).add(r);
-        }
-        String op = got.get(ranks.get(0)).pending().op();
-        if (bySeq.size() == 1) {
-            return op + " #" + bySeq.firstKey();
-        }
-        List<String> parts = new ArrayList<>();
-        bySeq.forEach((q, rs) -> parts.add("#" + q + " on " + ranges(rs)));
-        return op + " (" + String.join(", ", parts) + ")";
-    }
-
-    /** The culprit(s) among dumps (rank -> its dump, null when no marker came); ranks below
-     *  world missing from dumps count as not answered. */
-    static Diagnosis diagnose(Map<Integer, RankDump> dumps, int world) {
-        TreeSet<Integer> ranks = new TreeSet<>(dumps.keySet());
-        for (int r = 0; r < world; r++) {
-            ranks.add(r);
-        }
-        Map<Integer, RankDump> got = new TreeMap<>();
-        List<Integer> silent = new ArrayList<>();
-        List<RankDump> unable = new ArrayList<>();
-        List<RankDump> nostack = new ArrayList<>();
-        List<RankDump> busy = new ArrayList<>();
-        Map<String, List<Integer>> waiting = new LinkedHashMap<>();
-        for (int r : ranks) {
-            RankDump d = dumps.get(r);
-            if (d == null) {
-                silent.add(r);
-                continue;
-            }
-            got.put(r, d);
-            if (d.cannotAnswer != null) {
-                unable.add(d);
-            } else if (d.threads.isEmpty()) {
-                nostack.add(d);
+        ArrayNode ranks = req.putArray("ranks");
+        for (int r = 0; r < n; r++) {
+            List<String> lines = sections.get(r);
+            if (lines == null || lines.isEmpty()) {
+                ranks.addNull();
             } else {
-                String coll = collective(d.main().subList(0, prefixLen(d.main())));
-                Collective pending = d.pending();
-                if (coll != null) {
-                    waiting.computeIfAbsent(coll, k -> new ArrayList<>()).add(r);
-                } else if (pending != null) { // NCCL: the rank waits later, in a synchronize
-                    waiting.computeIfAbsent(pending.op(), k -> new ArrayList<>()).add(r);
-                } else {
-                    busy.add(d);
-                }
+                ArrayNode a = ranks.addArray();
+                lines.forEach(a::add);
             }
         }
-        // No rank in a collective, but most at one place (DDP waits inside backward).
-        if (waiting.isEmpty() && busy.size() > 2) {
-            Map<String, List<RankDump>> spots = new LinkedHashMap<>();
-            for (RankDump d : busy) {
-                Frame f = userFrame(d.main());
-                spots.computeIfAbsent(f == null ? ":0" : f.path() + ":" + f.line(), k -> new ArrayList<>()).add(d);
-            }
-            List<RankDump> most = Collections.max(spots.values(), (a, b) -> Integer.compare(a.size(), b.size()));
-            if (2 * most.size() > busy.size() && most.size() < busy.size()) {
-                List<Integer> rs = new ArrayList<>();
-                most.forEach(d -> rs.add(d.rank));
-                waiting.put(where(userFrame(most.get(0).main())), rs);
-                busy.removeAll(most);
-            }
+        String[] msg = new String[1];
+        int rc = Native.hangDiagnose(req.toString(), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
         }
-        boolean recorder = got.values().stream().anyMatch(d -> !d.collectives.isEmpty());
-        List<String> parts = new ArrayList<>();
-        for (RankDump d : unable) {
-            parts.add(who(d) + " is " + d.cannotAnswer + " and cannot answer"
-                    + (recorder ? " (nor can its flight recorder)" : ""));
+        try {
+            return new Diagnosis(Failure.JSON.readTree(msg[0]));
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the hang diagnosis is not JSON: " + msg[0], e);
         }
-        for (RankDump d : busy) {
-            parts.add(who(d) + " is in " + where(userFrame(d.main())) + lastCollective(d));
-        }
-        for (RankDump d : nostack) {
-            parts.add(who(d) + " sent no stack (state " + d.state + ": blocked in the kernel?)");
-        }
-        if (!silent.isEmpty()) {
-            parts.add(ranges(silent) + " did not answer the dump (no marker came: is its agent alive?)");
-        }
-        List<Integer> culprits = new ArrayList<>(silent);
-        for (List<RankDump> l : List.of(unable, busy, nostack)) {
-            l.forEach(d -> culprits.add(d.rank));
-        }
-        Collections.sort(culprits);
-        List<Map.Entry<String, List<Integer>>> order = new ArrayList<>(waiting.entrySet());
-        order.sort((a, b) -> Integer.compare(Collections.min(a.getValue()), Collections.min(b.getValue())));
-        List<String> waits = new ArrayList<>();
-        for (Map.Entry<String, List<Integer>> e : order) {
-            waits.add(ranges(e.getValue()) + (e.getValue().size() == 1 ? " waits" : " wait") + " in "
-                    + numbered(e.getKey(), e.getValue(), got));
-        }
-        String line;
-        if (!culprits.isEmpty()) {
-            line = String.join("; ", parts);
-            if (!waits.isEmpty()) {
-                line += "; " + String.join(", ", waits) + (culprits.size() == 1 ? " for it" : " for them");
-            }
-        } else if (waiting.size() > 1) {
-            line = "every rank waits in a collective, but not the same one (a rank skipped or reordered one): "
-                    + String.join("; ", waits);
-        } else if (!waiting.isEmpty()) {
-            line = "every rank waits in the same collective (" + waits.get(0)
-                    + "): the hang is inside it (the network, or a peer outside this group)";
-        } else {
-            line = "no rank answered the dump";
-        }
-        return new Diagnosis(line, culprits, waiting, got);
     }
 
     // ---- the watchdog -----------------------------------------------------------------
@@ -442,7 +146,7 @@ final class HangDoctor extends Thread {
     private volatile boolean stopping;
 
     /** lastActivity: System.nanoTime() of the ranks' last line or report, 0 before the first
-     *  (the clock starts there). say: where the line goes (the driver's stderr). */
+     *  (the clock then starts at the first agent's authenticated connection). say: where the line goes (the driver's stderr). */
     HangDoctor(LogServer server, LongSupplier lastActivity, double timeoutS, String action, int world,
             Consumer<String> say) {
         super("torchspark-hang-doctor");
@@ -470,10 +174,18 @@ final class HangDoctor extends Thread {
     public void run() {
         int request = 0;
         long armedAfter = System.nanoTime();
+        long started = 0; // when the first agent connected: it starts its workers
+        int starts = 0; // dumps that found the workers still starting
         try {
             while (!stopping) {
                 Thread.sleep(TICK_MS);
+                if (started == 0 && server.stats()[1] > 0) {
+                    started = System.nanoTime();
+                }
+                // the ranks' last line or report, else the workers' start: a job that hangs
+                // before its first line (init_process_group, the first collective) is named too
                 long last = lastActivity.getAsLong();
+                last = last == 0 || (started != 0 && started - last > 0) ? started : last;
                 if (last == 0 || (request != 0 && last - armedAfter <= 0)) {
                     continue; // nothing printed since the last dump: one dump per hang
                 }
@@ -487,11 +199,22 @@ final class HangDoctor extends Thread {
                             + "the agents cannot be asked for their stacks (the log server stopped)");
                     return;
                 }
-                Diagnosis d = diagnose(collect(request), world);
+                Diagnosis d = diagnose(collect(request), world, request, true);
                 armedAfter = System.nanoTime();
+                if (d.starting && starts < MAX_STARTS) { // the clock starts again, nothing said
+                    starts++;
+                    started = armedAfter;
+                    request = 0;
+                    TorchSparkRunner.LOG.debug("torchspark: hang doctor: the workers are still starting; {}", d.line);
+                    continue;
+                }
                 diagnoses.add(d);
                 String head = "torchspark: hang doctor: no rank printed or reported for " + silentS + "s; " + d.line;
                 say.accept(head);
+                d.stacksFile = writeStacks(d);
+                if (d.stacksFile != null) {
+                    say.accept("torchspark: every rank's stacks (hang doctor): " + d.stacksFile);
+                }
                 // DEBUG: the line and the stacks are on stderr already (as the PySpark glue)
                 TorchSparkRunner.LOG.debug("{}\n{}", head, d.stacksText());
                 if (action.equals("cancel")) {
@@ -508,7 +231,21 @@ final class HangDoctor extends Thread {
         }
     }
 
-    private Map<Integer, RankDump> collect(int request) throws InterruptedException {
+    /** Every rank's stacks in a new file of the driver's temporary directory (owner-only: the
+     *  host is shared), for when there are too many to read on stderr; null when it cannot be
+     *  written. */
+    static Path writeStacks(Diagnosis d) {
+        try {
+            Path p = Files.createTempFile("torchspark-hang-", ".txt",
+                    PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")));
+            Files.writeString(p, d.line + "\n" + d.stacksText() + "\n", StandardCharsets.UTF_8);
+            return p;
+        } catch (IOException | UnsupportedOperationException e) {
+            return null;
+        }
+    }
+
+    private Map<Integer, List<String>> collect(int request) throws InterruptedException {
         long deadline = System.nanoTime() + COLLECT_MAX_NS;
         Map<Integer, List<String>> seen = new TreeMap<>();
         long quietSince = System.nanoTime();
@@ -530,14 +267,12 @@ final class HangDoctor extends Thread {
             }
             Thread.sleep(TICK_MS);
         }
-        Map<Integer, RankDump> out = new TreeMap<>();
-        seen.forEach((r, lines) -> out.put(r, lines.isEmpty() ? null : parse(r, lines, request)));
-        return out;
+        return seen;
     }
 
     /** A rank's dump is complete once its marker came and either says it cannot answer or
      *  its flight-recorder thread wrote (at least one line, always; maybe inside a line of
-     *  faulthandler's, which rejoin mends); one that cannot get the GIL leaves it to
+     *  faulthandler's, which the C analysis mends); one that cannot get the GIL leaves it to
      *  COLLECT_MAX_NS. */
     static boolean answered(List<String> lines) {
         for (int i = 0; i < lines.size(); i++) {

@@ -41,6 +41,12 @@ final class Native {
      *  message or null} for the request (JSON), or the error sentence naming the key. */
     static native int failureReport(String request, String[] msg);
 
+    // --- the hang doctor's analysis (torchspark/hang.h) ---
+
+    /** msg[0]: the diagnosis (JSON, docs/protocol.md 1.10) of the request (JSON: each rank's
+     *  dump lines, the world size), or the error sentence naming the key. */
+    static native int hangDiagnose(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -340,7 +340,7 @@ public final class TorchSparkRunner {
         Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
         HangDoctor.RankDump dump = rank == null ? null : c.dumps.get(rank);
         return new TorchSparkException(HangDoctor.cancelMessage(c, hang.timeoutS(), mode), rank, null,
-                dump == null ? null : dump.host, null, 0, List.of(c.stacksText().split("\n")), null, cause);
+                dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), null, cause);
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a

@@ -88,6 +88,23 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 8);
     }
 
+    /** Each rank's dump lines -> the diagnosis, through JNI as HangDoctor.diagnose calls it. */
+    @Test
+    public void hangGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("hang.json")) {
+            String name = c.get("name").asText();
+            String[] msg = new String[1];
+            assertEquals(name, 0, Native.hangDiagnose(c.get("request").toString(), msg));
+            JsonNode got = new ObjectMapper().readTree(msg[0]);
+            for (java.util.Map.Entry<String, JsonNode> e : c.get("expect").properties()) {
+                assertEquals(name + ": " + e.getKey(), e.getValue(), got.get(e.getKey()));
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 20);
+    }
+
     @Test
     public void failureGoldenCases() throws IOException {
         int n = 0;
