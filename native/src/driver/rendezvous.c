@@ -20,7 +20,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define DRAIN_MS 1000 /* after close, how long replies may take to leave */
+#define DRAIN_MS 1000       /* after close, how long replies may take to leave */
+#define ACCEPT_PAUSE_MS 100 /* out of descriptors: the listener rests (it would stay readable) */
 
 enum conn_state { READING, WAITING, WRITING };
 
@@ -42,6 +43,7 @@ struct tsp_rdv {
     /* the thread's own */
     char *record;
     size_t record_len;
+    int64_t accept_paused_until; /* out of descriptors: not polled until then */
     rdv_conn_t **conns;
     size_t nconns, cap;
     struct pollfd *pfds;
@@ -181,8 +183,13 @@ static void do_accept(tsp_rdv_t *r)
 {
     for (;;) {
         int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or out of descriptors: the next round tries again */
+        if (fd < 0) {
+            /* Out of descriptors the listener stays readable: polling it again at once
+             * would spin, so it rests a moment (connections wait in the backlog). */
+            if (errno == EMFILE || errno == ENFILE)
+                r->accept_paused_until = tsp__now_ms() + ACCEPT_PAUSE_MS;
+            return; /* EAGAIN: the next round tries again */
+        }
         if (r->nconns == r->cap) {
             size_t cap = r->cap ? r->cap * 2 : 16;
             /* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
@@ -283,7 +290,11 @@ static void *rdv_main(void *arg)
                 timeout = (int)left;
         }
         r->pfds[0] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
-        r->pfds[1] = (struct pollfd){.fd = r->lfd, .events = POLLIN}; /* -1 once ended */
+        int64_t rest = r->accept_paused_until - tsp__now_ms();
+        if (rest > 0 && (timeout < 0 || timeout > rest))
+            timeout = (int)rest;
+        /* -1 (not polled) once ended or while resting */
+        r->pfds[1] = (struct pollfd){.fd = rest > 0 ? -1 : r->lfd, .events = POLLIN};
         for (size_t i = 0; i < r->nconns; i++) {
             rdv_conn_t *c = r->conns[i];
             r->pfds[2 + i] = (struct pollfd){
