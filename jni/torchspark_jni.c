@@ -489,6 +489,23 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *
     return rc;
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputLimit(JNIEnv *env, jclass cls,
+                                                                       jlong h, jstring jmax,
+                                                                       jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *size = str_get(env, jmax, &oom);
+    if (oom)
+        return -ENOMEM;
+    char err[ERR_LEN] = "";
+    int rc = tsp_logserver_output_limit(server_of(h), size, err, sizeof err);
+    if (rc)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    str_release(env, jmax, size);
+    return rc;
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputWait(JNIEnv *env, jclass cls,
                                                                       jlong h, jint timeout_ms)
 {

@@ -219,3 +219,82 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
             s.close()
         drv.kill()
         drv.wait(timeout=10)
+
+
+def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
+    from test_output_channel import _ship
+    from torchspark._native import LogServer
+
+    srv = LogServer()
+    try:
+        with pytest.raises(ValueError, match=r'"1.5g" is not a size'):
+            srv.output_limit("1.5g")
+        srv.output_limit("2m")
+        srv.expect_output(None)
+        p, out = _ship(tmp_path, srv, 3 << 20)
+        assert p.returncode == 0, p.stderr
+        status = json.loads((tmp_path / "result.bin.status").read_text())
+        assert status["output"] == "failed", status
+        assert ("output of 3145728 bytes is over spark.driver.maxResultSize (2097152 bytes)"
+                in status["error"]), status
+        assert "TorchSparkRunner.outputPath" in status["error"], status
+        assert not srv.wait_output(0.1)
+        assert out.stat().st_size == 3 << 20, "the agent keeps it for collect()"
+    finally:
+        srv.close()
+    # Under the limit, and "0" (no limit), it arrives.
+    for limit in ("4M", "0", None):
+        srv = LogServer()
+        try:
+            srv.output_limit(limit)
+            srv.expect_output(None)
+            p, _ = _ship(tmp_path, srv, 3 << 20)
+            assert p.returncode == 0, p.stderr
+            assert srv.wait_output(10), (limit, srv.output_error)
+        finally:
+            srv.close()
+
+
+def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
+    from test_output_channel import _expected_sha, _ship
+    from torchspark._native import LogServer
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    dest_dir = tmp_path / "dest"
+    dest_dir.mkdir()
+    dest = dest_dir / "out.bin"
+    dest.symlink_to(victim)
+    srv = LogServer()
+    try:
+        srv.expect_output(str(dest))
+        p, _ = _ship(tmp_path, srv, 12345)
+        assert p.returncode == 0, p.stderr
+        assert srv.wait_output(10), srv.output_error
+    finally:
+        srv.close()
+    assert victim.read_bytes() == b"precious"
+    assert not dest.is_symlink()
+    import hashlib
+    assert hashlib.sha256(dest.read_bytes()).hexdigest() == _expected_sha(12345)
+    assert oct(dest.stat().st_mode & 0o777) == "0o600"
+    assert os.listdir(dest_dir) == ["out.bin"], "no temporary file is left"
+
+
+def test_a_stranger_cannot_hold_the_output_slot(tmp_path):
+    from test_output_channel import _ship
+    from torchspark._native import LogServer
+
+    srv = LogServer()
+    try:
+        srv.expect_output(None)
+        # It learned the run id (HELLO is cleartext) but not the secret: it stops at AUTH.
+        s = socket.create_connection((srv.host, srv.port), timeout=5)
+        s.sendall(frame(logproto.HELLO, hello(srv.secret, role=2), rank=0))
+        assert read_frame(s)[0] == CHALLENGE
+        p, _ = _ship(tmp_path, srv, 4096)
+        assert p.returncode == 0, p.stderr
+        assert srv.wait_output(10), srv.output_error
+        s.close()
+    finally:
+        srv.close()

@@ -482,6 +482,12 @@ int tsp_logserver_expect_output(tsp_logserver_t *s, const char *path)
     return tsp__outrecv_expect(&s->out, path);
 }
 
+int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_result_size, char *err,
+                               size_t errlen)
+{
+    return tsp__outrecv_limit(&s->out, max_result_size, err, errlen);
+}
+
 int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms)
 {
     return tsp__outrecv_wait(&s->out, timeout_ms);

@@ -114,6 +114,10 @@ final class Native {
 
     static native int logServerExpectOutput(long h, String path);
 
+    /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a
+     *  negative errno with msg[0] naming the bad value. */
+    static native int logServerOutputLimit(long h, String maxResultSize, String[] msg);
+
     static native int logServerOutputWait(long h, int timeoutMs);
 
     /** The received output's length (memory or file), or a negative errno. */
