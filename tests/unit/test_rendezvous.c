@@ -107,6 +107,16 @@ START_TEST(test_rdv_put_then_get)
     tsp_rdv_counts(r, &puts, &gets);
     ck_assert_int_eq(puts, 1);
     ck_assert_int_eq(gets, 3);
+    /* Accepted once: a sniffer that learned the token cannot replace it; rank 0 retrying
+     * the same record is told OK. */
+    snprintf(line, sizeof line, "%s PUT {\"master_addr\": \"10.6.6.6\"}\n", tok);
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR the election record was already sent");
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, RECORD, reply, sizeof reply, err, sizeof err), 0);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, NULL, reply, sizeof reply, err, sizeof err), 0);
+    ck_assert_str_eq(reply, RECORD);
     /* A reply buffer too small for the record. */
     char small[4];
     ck_assert_int_eq(

@@ -111,14 +111,18 @@ static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
     }
     const char *rest = sp ? sp + 1 : line + n;
     size_t restlen = (size_t)(line + n - rest);
-    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
+    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && r->record) {
+        /* Accepted once: whoever learned the token later cannot point the ranks elsewhere.
+         * The same record again is rank 0 retrying a PUT whose OK it did not get. */
+        int same = restlen - 4 == r->record_len && memcmp(rest + 4, r->record, r->record_len) == 0;
+        conn_reply_str(c, same ? "OK" : "ERR the election record was already sent");
+    } else if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
         char *rec = malloc(restlen - 4);
         if (!rec) {
             conn_reply_str(c, "ERR out of memory");
             return;
         }
         memcpy(rec, rest + 4, restlen - 4);
-        free(r->record);
         r->record = rec;
         r->record_len = restlen - 4;
         count(r, &r->puts);
