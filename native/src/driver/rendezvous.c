@@ -37,6 +37,7 @@ struct tsp_rdv {
     int lfd, wake_fd, port, get_timeout_ms;
     char host[64];
     char token[TSP_RDV_TOKEN_HEX + 1];
+    char key[TSP_RDV_KEY_HEX + 1]; /* the tasks' only: the server never needs it */
     pthread_t thread;
     pthread_mutex_t mu; /* guards closing, puts, gets */
     int closing, puts, gets;
@@ -377,6 +378,9 @@ static int rdv_setup(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
     if (tsp__random_bytes(raw, sizeof raw))
         return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous token");
     tsp__hex_encode(raw, sizeof raw, r->token);
+    if (tsp__random_bytes(raw, sizeof raw))
+        return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous key");
+    tsp__hex_encode(raw, sizeof raw, r->key);
     int rc = bind_listen(r, host && *host ? host : "127.0.0.1", err, errlen);
     if (rc)
         return rc;
@@ -425,6 +429,11 @@ const char *tsp_rdv_host(const tsp_rdv_t *r)
 const char *tsp_rdv_token(const tsp_rdv_t *r)
 {
     return r->token;
+}
+
+const char *tsp_rdv_key(const tsp_rdv_t *r)
+{
+    return r->key;
 }
 
 void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets)

@@ -131,10 +131,11 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
         "tsp_rdv_token": (c, [vp]),
+        "tsp_rdv_key": (c, [vp]),
         "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
         "tsp_rdv_close": (None, [vp]),
         "tsp_rdv_free": (None, [vp]),
-        "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
+        "tsp_rdv_exchange": (i, [c, i, c, c, c, c, sz] + err),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h

@@ -875,7 +875,8 @@ public final class TorchSparkRunner {
         if (i <= 0) {
             throw new IllegalArgumentException(TEST_RENDEZVOUS_ADDRESS + " is '" + test + "': give host:port");
         }
-        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token);
+        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token,
+                ep.key);
     }
 
     /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
