@@ -79,6 +79,8 @@ static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank, int create)
 {
     if (rank < 0 || rank > TSP_WIRE_MAX_RANK)
         return NULL;
+    if (q->rank_last < q->nranks && q->ranks[q->rank_last].rank == rank)
+        return &q->ranks[q->rank_last]; /* lines come in runs of one rank */
     size_t lo = 0, hi = q->nranks;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -87,8 +89,10 @@ static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank, int create)
         else
             hi = mid;
     }
-    if (lo < q->nranks && q->ranks[lo].rank == rank)
+    if (lo < q->nranks && q->ranks[lo].rank == rank) {
+        q->rank_last = lo;
         return &q->ranks[lo];
+    }
     if (!create)
         return NULL;
     if (q->nranks == q->ranks_cap) {
@@ -103,6 +107,7 @@ static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank, int create)
     memset(&q->ranks[lo], 0, sizeof(q->ranks[lo]));
     q->ranks[lo].rank = rank;
     q->nranks++;
+    q->rank_last = lo;
     return &q->ranks[lo];
 }
 

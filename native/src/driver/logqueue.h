@@ -33,7 +33,7 @@ typedef struct tsp__logq {
     char *batch; /* the last pull's data */
     size_t batch_cap;
     tsp__rank_t *ranks; /* sorted by rank, only those seen: a rank far out costs one entry */
-    size_t nranks, ranks_cap;
+    size_t nranks, ranks_cap, rank_last; /* rank_last: the entry found last */
     unsigned tail_lines;
     size_t tail_max_bytes;
     tsp_logserver_stats_t st;

@@ -98,13 +98,14 @@ static void make_room(tsp_logserver_t *s, const char *addr)
         tsp__conn_reject(s, old, "too many connections before authentication");
 }
 
-/* accept() failed for want of descriptors: the oldest unauthenticated connection makes room
- * (1: try again); when there is none, the listener rests ACCEPT_PAUSE_MS (sweep() puts it
- * back), since it stays readable and polling it again at once would spin. */
-static int out_of_fds(tsp_logserver_t *s)
+/* accept() failed (errno e) for want of a resource. Out of descriptors, the oldest
+ * unauthenticated connection makes room (1: try again); otherwise the listener rests
+ * ACCEPT_PAUSE_MS (sweep() puts it back), since it stays readable and polling it again at
+ * once would spin. */
+static int accept_failed(tsp_logserver_t *s, int e)
 {
     size_t n;
-    conn_t *old = oldest_unauth(s, NULL, &n);
+    conn_t *old = e == EMFILE || e == ENFILE ? oldest_unauth(s, NULL, &n) : NULL;
     if (old) {
         tsp__conn_reject(s, old, "the driver is out of file descriptors");
         return 1;
@@ -112,8 +113,10 @@ static int out_of_fds(tsp_logserver_t *s)
     epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
     s->accept_paused_until = tsp__now_ms() + ACCEPT_PAUSE_MS;
     tsp__event_preauth(s,
-                       "torchspark log server: out of file descriptors (raise the limit with "
-                       "ulimit -n); not accepting connections for %d ms",
+                       "torchspark log server: cannot accept connections: %s%s; not accepting "
+                       "for %d ms",
+                       strerror(e),
+                       e == EMFILE || e == ENFILE ? " (raise the limit with ulimit -n)" : "",
                        ACCEPT_PAUSE_MS);
     return 0;
 }
@@ -145,10 +148,8 @@ static void do_accept(tsp_logserver_t *s)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if ((errno == EMFILE || errno == ENFILE) && out_of_fds(s))
+            if (errno != EAGAIN && accept_failed(s, errno))
                 continue;
-            if (errno != EAGAIN && errno != EMFILE && errno != ENFILE)
-                tsp__event_preauth(s, "torchspark log server: accept failed: %s", strerror(errno));
             return;
         }
         conn_t *c = calloc(1, sizeof(*c));

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -215,9 +216,16 @@ static void *hasher_main(void *arg)
 
 /* Under mu: the file mode's new file, "PATH.tsp-XXXXXX" in path's directory, created
  * with O_EXCL (mkostemp): whatever is at path (a link someone planted, the file of an
- * earlier run) is only replaced by the rename once the output is verified. */
+ * earlier run) is only replaced by the rename once the output is verified. A device or a
+ * FIFO at path is written in place (never through a link: O_NOFOLLOW). */
 static int open_beside(tsp__outrecv_t *o)
 {
+    struct stat st;
+    if (lstat(o->path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+        /* A device or a FIFO the caller named (/dev/null, a pipe): written in place. */
+        o->fd = open(o->path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        return o->fd >= 0 ? 0 : -errno;
+    }
     size_t n = strlen(o->path) + sizeof(".tsp-XXXXXX");
     o->tmp = malloc(n);
     if (!o->tmp)
@@ -402,7 +410,7 @@ static int finish_file(tsp__outrecv_t *o)
         return 0;
     int fd = o->fd;
     o->fd = -1;
-    if (close(fd) != 0 || rename(o->tmp, o->path) != 0)
+    if (close(fd) != 0 || (o->tmp && rename(o->tmp, o->path) != 0))
         return -errno;
     return 0;
 }
