@@ -505,6 +505,23 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *
     return rc;
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputLimit(JNIEnv *env, jclass cls,
+                                                                       jlong h, jstring jmax,
+                                                                       jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *size = str_get(env, jmax, &oom);
+    if (oom)
+        return -ENOMEM;
+    char err[ERR_LEN] = "";
+    int rc = tsp_logserver_output_limit(server_of(h), size, err, sizeof err);
+    if (rc)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    str_release(env, jmax, size);
+    return rc;
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputWait(JNIEnv *env, jclass cls,
                                                                       jlong h, jint timeout_ms)
 {
@@ -600,6 +617,7 @@ JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass 
     (*env)->SetIntArrayRegion(env, jport, 0, 1, &port);
     set_str(env, msg, 0, tsp_rdv_host(r));
     set_str(env, msg, 1, tsp_rdv_token(r));
+    set_str(env, msg, 2, tsp_rdv_key(r));
     return (jlong)(intptr_t)r;
 }
 
@@ -622,25 +640,27 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cl
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
                                                                jstring jhost, jint port,
-                                                               jstring jtoken, jstring jrecord,
-                                                               jlongArray jcall, jobjectArray msg)
+                                                               jstring jtoken, jstring jkey,
+                                                               jstring jrecord, jlongArray jcall,
+                                                               jobjectArray msg)
 {
     (void)cls;
-    jstring js[3] = {jhost, jtoken, jrecord}; /* the record: null for a GET */
-    const char *c_str[3] = {NULL, NULL, NULL};
+    jstring js[4] = {jhost, jtoken, jkey, jrecord}; /* the record: null for a GET */
+    const char *c_str[4] = {NULL, NULL, NULL, NULL};
     int oom = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         c_str[i] = str_get(env, js[i], &oom);
     char err[ERR_LEN] = "";
     tsp_rdv_call_t *c = NULL;
     int rc =
-        oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
+        oom ? -ENOMEM
+            : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], c_str[3], &c, err, sizeof err);
     jlong v = (jlong)(intptr_t)c;
     if (rc == 0)
         (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
     else if (!oom)
         set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         str_release(env, js[i], c_str[i]);
     return rc;
 }

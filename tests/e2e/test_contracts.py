@@ -191,6 +191,9 @@ def test_rendezvous_exchange_and_its_sentences():
         with pytest.raises(RuntimeError, match="^torchspark: the driver refused the rendezvous: "
                                                "authentication failed$"):
             _rendezvous.exchange({**spec, "token": "ab" * 32}, None, 1, "")
+        # A task with another key (the record's MAC does not match): never uses the record.
+        with pytest.raises(RuntimeError, match="is not rank 0's election record"):
+            _rendezvous.exchange({**spec, "key": "ab" * 32}, None, 1, "")
         with pytest.raises(RuntimeError, match="too long"):
             _rendezvous.exchange(spec, None, 0, "x" * (_rendezvous.RECORD_MAX + 1))
     finally:

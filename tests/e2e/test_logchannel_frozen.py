@@ -110,9 +110,11 @@ def _every_line_once_or_twice(got, out, last=True):
         m = re.fullmatch(r"LAST (\d)", t)
         if m:
             last[int(m.group(1))] = True
+    # On failure, all of it: a line that lost its newline shows where it joined another.
+    whole = f"rank {{r}}: agent stdout:\n{out}\ndriver got: {got}"
     for r in (0, 1):
-        assert seen[r] and seen[r] == set(range(max(seen[r]) + 1)), (r, sorted(seen[r])[-5:])
-        assert last[r] or not want_last, r
+        assert seen[r] and seen[r] == set(range(max(seen[r]) + 1)), whole.format(r=r)
+        assert last[r] or not want_last, whole.format(r=r)
 
 
 def test_stopped_agent_does_not_wait_for_a_frozen_driver():
@@ -124,7 +126,7 @@ def test_stopped_agent_does_not_wait_for_a_frozen_driver():
     warnings = [ln for ln in err.splitlines() if "warning" in ln]
     assert len(warnings) == 1, err[-3000:]
     assert "did not acknowledge the last lines" in warnings[0], warnings
-    assert "[rank 0] LAST 0" in out and "[rank 1] LAST 1" in out, out[-2000:]
+    assert "[rank 0] LAST 0\n" in out and "[rank 1] LAST 1\n" in out, out
     _every_line_once_or_twice(got, out)
 
 
@@ -150,3 +152,43 @@ def test_stopped_agent_does_not_wait_for_a_frozen_drivers_goodbye():
     assert took < STOP_BOUND_S, (took, err[-2000:])
     assert "warning" not in err and out == "", (out[-1000:], err[-2000:])
     _every_line_once_or_twice(got, out, last=False)
+
+
+# A worker that reports each SIGTERM it gets, then exits after a moment.
+_COUNTER = r"""
+import os, signal, time
+def term(*_):
+    os.write(1, b"TERM\n")
+signal.signal(signal.SIGTERM, term)
+os.write(1, b"READY\n")
+end = time.time() + 30
+while time.time() < end and not os.path.exists(os.environ["DONE"]):
+    time.sleep(0.01)
+"""
+
+
+def test_a_stopped_worker_gets_sigterm_once(tmp_path):
+    """The agent's stop signals each worker group, then the rest of its process tree; the
+    workers were in both until issue 30, so each ran its SIGTERM handler twice, and a
+    handler that printed joined its two prints into one line ("LAST 1LAST 1")."""
+    done = tmp_path / "done"
+    agent = subprocess.Popen(
+        [str(RUN_BIN), "--nproc-per-node", "2", "--shutdown-timeout", "3", "--no-python",
+         sys.executable, "-c", _COUNTER],
+        env=dict(os.environ, DONE=str(done)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 20
+        seen = b""
+        while seen.count(b"READY") < 2 and time.time() < deadline:
+            seen += agent.stdout.read1(4096)
+        time.sleep(0.2)
+        agent.send_signal(signal.SIGTERM)
+        time.sleep(0.5)  # both handlers ran (twice each before the fix)
+        done.write_text("")
+        out, err = agent.communicate(timeout=30)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    out = (seen + out).decode(errors="replace")
+    assert out.count("TERM") == 2, out + err.decode(errors="replace")  # one per worker

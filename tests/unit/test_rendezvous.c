@@ -60,7 +60,7 @@ static void raw_str(int port, const char *line, char *out, size_t outlen)
 
 typedef struct {
     int port;
-    const char *token;
+    const char *token, *key;
     int rc;
     char reply[TSP_RDV_LINE_MAX + 2];
     char err[1024];
@@ -69,8 +69,8 @@ typedef struct {
 static void *get_main(void *arg)
 {
     get_job_t *j = arg;
-    j->rc = tsp_rdv_exchange("127.0.0.1", j->port, j->token, NULL, j->reply, sizeof j->reply,
-                             j->err, sizeof j->err);
+    j->rc = tsp_rdv_exchange("127.0.0.1", j->port, j->token, j->key, NULL, j->reply,
+                             sizeof j->reply, j->err, sizeof j->err);
     return NULL;
 }
 
@@ -86,32 +86,92 @@ START_TEST(test_rdv_put_then_get)
     char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
     tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    const char *tok = tsp_rdv_token(r);
+    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
     ck_assert_uint_eq(strlen(tok), TSP_RDV_TOKEN_HEX);
     ck_assert_str_eq(tsp_rdv_host(r), "127.0.0.1");
     int port = tsp_rdv_port(r);
     ck_assert_int_gt(port, 0);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, RECORD, reply, sizeof reply, err, sizeof err), 0);
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
+        0);
     ck_assert_str_eq(reply, "OK");
     for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(
-            tsp_rdv_exchange("127.0.0.1", port, tok, NULL, reply, sizeof reply, err, sizeof err),
-            0);
+        ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply,
+                                          err, sizeof err),
+                         0);
         ck_assert_str_eq(reply, RECORD);
     }
-    snprintf(line, sizeof line, "%s GET\n", tok); /* the raw wire: the same answer */
+    snprintf(line, sizeof line, "%s GET\n", tok); /* the raw wire: MAC RECORD */
     raw_str(port, line, reply, sizeof reply);
-    ck_assert_str_eq(reply, RECORD);
+    ck_assert_uint_eq(strlen(reply), 65 + strlen(RECORD));
+    ck_assert_str_eq(reply + 65, RECORD);
     int puts = -1, gets = -1;
     tsp_rdv_counts(r, &puts, &gets);
     ck_assert_int_eq(puts, 1);
     ck_assert_int_eq(gets, 3);
+    /* Accepted once: a sniffer that learned the token cannot replace it; rank 0 retrying
+     * the same record is told OK. */
+    snprintf(line, sizeof line, "%s PUT {\"master_addr\": \"10.6.6.6\"}\n", tok);
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR the election record was already sent");
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
+        0);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
+        0);
+    ck_assert_str_eq(reply, RECORD);
     /* A reply buffer too small for the record. */
     char small[4];
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, NULL, small, sizeof small, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, small, sizeof small, err, sizeof err),
         -ENOSPC);
+    tsp_rdv_free(r);
+}
+END_TEST
+
+/* Someone who learned the token (it crosses the network in clear) puts first: every GET
+ * refuses the record, since its MAC is not made with the run's key; rank 0's own PUT is
+ * then refused (accepted once), so the run fails with both reasons instead of pointing
+ * the ranks at the sniffer's MASTER_ADDR. */
+START_TEST(test_rdv_forged_record_is_refused)
+{
+    char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
+    tsp_rdv_t *r = tsp_rdv_start(NULL, 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int port = tsp_rdv_port(r);
+    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
+    ck_assert_uint_eq(strlen(key), TSP_RDV_KEY_HEX);
+    ck_assert_str_ne(key, tok);
+    snprintf(line, sizeof line, "%s PUT %064d {\"master_addr\": \"10.6.6.6\"}\n", tok, 0);
+    raw_str(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "OK");
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
+        TSP_RDV_REFUSED);
+    ck_assert_msg(strstr(err, "is not rank 0's election record (its MAC does not match") != NULL,
+                  "%s", err);
+    /* A record with no MAC at all, and another key: refused the same way. */
+    tsp_rdv_free(r);
+    r = tsp_rdv_start(NULL, 0, err, sizeof err);
+    port = tsp_rdv_port(r);
+    tok = tsp_rdv_token(r);
+    key = tsp_rdv_key(r);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, tok, RECORD, reply, sizeof reply, err, sizeof err),
+        0);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
+        TSP_RDV_REFUSED);
+    ck_assert_int_eq(
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
+        TSP_RDV_REFUSED);
+    ck_assert_str_eq(err, "torchspark: the driver refused the rendezvous: the election record "
+                          "was already sent");
+    /* A bad key is a bad argument. */
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, tok, "beef", NULL, reply, sizeof reply,
+                                      err, sizeof err),
+                     -EINVAL);
     tsp_rdv_free(r);
 }
 END_TEST
@@ -122,13 +182,13 @@ START_TEST(test_rdv_refusals)
     tsp_rdv_t *r = tsp_rdv_start(NULL, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     int port = tsp_rdv_port(r);
-    const char *tok = tsp_rdv_token(r);
+    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
     /* A wrong token through the client: the driver's reason, as the glues raise it. */
     char wrong[TSP_RDV_TOKEN_HEX + 1];
     memset(wrong, 'a', TSP_RDV_TOKEN_HEX);
     wrong[TSP_RDV_TOKEN_HEX] = '\0';
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, wrong, NULL, reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, wrong, key, NULL, reply, sizeof reply, err, sizeof err),
         TSP_RDV_REFUSED);
     ck_assert_str_eq(err, "torchspark: the driver refused the rendezvous: authentication failed");
     raw_str(port, "00ff GET\n", reply, sizeof reply);
@@ -160,20 +220,21 @@ START_TEST(test_rdv_refusals)
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = '\0';
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, big, reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, big, reply, sizeof reply, err, sizeof err),
         -EINVAL);
     ck_assert_msg(strstr(err, "too long (over 4096 bytes)") != NULL, "%s", err);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, "a\nb", reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, "a\nb", reply, sizeof reply, err, sizeof err),
         -EINVAL);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, "", reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, key, "", reply, sizeof reply, err, sizeof err),
         -EINVAL);
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, "not hex", key, NULL, reply, sizeof reply,
+                                      err, sizeof err),
+                     -EINVAL);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, "not hex", NULL, reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", 0, tok, key, NULL, reply, sizeof reply, err, sizeof err),
         -EINVAL);
-    ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", 0, tok, NULL, reply, sizeof reply, err, sizeof err), -EINVAL);
     tsp_rdv_free(r);
     /* A host that does not resolve: nothing starts. */
     ck_assert_ptr_null(tsp_rdv_start("no-such-host.invalid", 0, err, sizeof err));
@@ -186,7 +247,7 @@ START_TEST(test_rdv_get_before_put_waits)
     char err[512] = "", reply[64];
     tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
     get_job_t b = a;
     pthread_t ta, tb;
     pthread_create(&ta, NULL, get_main, &a);
@@ -195,8 +256,8 @@ START_TEST(test_rdv_get_before_put_waits)
     int gets = -1;
     tsp_rdv_counts(r, NULL, &gets);
     ck_assert_int_eq(gets, 0); /* both still waiting */
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", a.port, a.token, RECORD, reply, sizeof reply,
-                                      err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", a.port, a.token, a.key, RECORD, reply,
+                                      sizeof reply, err, sizeof err),
                      0);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
@@ -213,7 +274,7 @@ START_TEST(test_rdv_close_answers_waiting_gets)
     char err[512] = "";
     tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
     pthread_t ta;
     pthread_create(&ta, NULL, get_main, &a);
     usleep(200 * 1000);
@@ -229,7 +290,7 @@ START_TEST(test_rdv_close_answers_waiting_gets)
     /* A GET whose time runs out is told so. */
     r = tsp_rdv_start("127.0.0.1", 100, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    a = (get_job_t){.port = tsp_rdv_port(r), .token = tsp_rdv_token(r)};
+    a = (get_job_t){.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
     get_main(&a);
     ck_assert_int_eq(a.rc, TSP_RDV_REFUSED);
     ck_assert_str_eq(a.err, "torchspark: the driver refused the rendezvous: rank 0 sent no "
@@ -244,21 +305,21 @@ START_TEST(test_rdv_call_waits_in_slices)
     tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     tsp_rdv_call_t *c = NULL;
-    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), NULL, &c,
-                                        err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
+                                        tsp_rdv_key(r), NULL, &c, err, sizeof err),
                      0);
     for (int i = 0; i < 3; i++) /* what the JVM's kill check does between slices */
         ck_assert_int_eq(tsp_rdv_call_wait(c, 50, reply, sizeof reply, err, sizeof err),
                          TSP_RDV_PENDING);
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), RECORD, reply,
-                                      sizeof reply, err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
+                                      tsp_rdv_key(r), RECORD, reply, sizeof reply, err, sizeof err),
                      0);
     ck_assert_int_eq(tsp_rdv_call_wait(c, 5000, reply, sizeof reply, err, sizeof err), 0);
     ck_assert_str_eq(reply, RECORD);
     tsp_rdv_call_free(c);
     /* A call given up while waiting (the task was killed): the server drops it. */
-    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r), NULL, &c,
-                                        err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
+                                        tsp_rdv_key(r), NULL, &c, err, sizeof err),
                      0);
     tsp_rdv_call_free(c);
     tsp_rdv_free(r);
@@ -283,8 +344,8 @@ START_TEST(test_rdv_unreachable_driver_is_marked)
     snprintf(want, sizeof want, "the driver's rendezvous at 127.0.0.1:%d (Connection refused); ",
              port);
     for (int put = 0; put < 2; put++) {
-        int rc = tsp_rdv_exchange("127.0.0.1", port, tok, put ? RECORD : NULL, reply, sizeof reply,
-                                  err, sizeof err);
+        int rc = tsp_rdv_exchange("127.0.0.1", port, tok, tok, put ? RECORD : NULL, reply,
+                                  sizeof reply, err, sizeof err);
         ck_assert_int_eq(rc, -ECONNREFUSED);
         const char *begin = TSP_RDV_UNREACHABLE ": this barrier task on host ";
         ck_assert_msg(strncmp(err, begin, strlen(begin)) == 0, "%s", err);
@@ -294,7 +355,7 @@ START_TEST(test_rdv_unreachable_driver_is_marked)
                       "%s", err);
     }
     /* An IPv6 endpoint is shown in brackets. */
-    tsp_rdv_exchange("[::1]", port, tok, NULL, reply, sizeof reply, err, sizeof err);
+    tsp_rdv_exchange("[::1]", port, tok, tok, NULL, reply, sizeof reply, err, sizeof err);
     snprintf(want, sizeof want, "rendezvous at [::1]:%d (", port);
     ck_assert_msg(strstr(err, want) != NULL, "%s", err);
 }
@@ -306,6 +367,7 @@ static Suite *rendezvous_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_rdv_put_then_get);
     tcase_add_test(tc, test_rdv_refusals);
+    tcase_add_test(tc, test_rdv_forged_record_is_refused);
     tcase_add_test(tc, test_rdv_get_before_put_waits);
     tcase_add_test(tc, test_rdv_close_answers_waiting_gets);
     tcase_add_test(tc, test_rdv_call_waits_in_slices);

@@ -120,9 +120,17 @@ TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *bu
 TSP_EXTERN int tsp_logserver_dropped(tsp_logserver_t *s, int32_t *ranks, uint64_t *counts, int max);
 TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *st);
 
-/* Accept one output transfer, written to path (created 0600, truncated) or, with NULL,
- * kept in memory. 0, -EBUSY when a transfer is under way or done. */
+/* Accept one output transfer, written to path or, with NULL, kept in memory. A file is
+ * received into a new file beside it (created 0600 with O_EXCL, so never through a link)
+ * and renamed over path once verified. 0, -EBUSY when a transfer is under way or done. */
 TSP_EXTERN int tsp_logserver_expect_output(tsp_logserver_t *s, const char *path);
+/* The largest output received into memory, as Spark writes spark.driver.maxResultSize
+ * (bytes, or a number with a unit b, k, kb, m, mb, g, gb, t, tb, p, pb; NULL or "": the
+ * 1g default; 0: no limit). A bigger one is refused at OUT_BEGIN, before any memory is
+ * taken, with a sentence that says what to do. Until this is called there is no limit.
+ * 0, or -EINVAL with err naming the bad value. */
+TSP_EXTERN int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_result_size,
+                                          char *err, size_t errlen);
 /* Waits for the output: 0 received and verified; -ETIMEDOUT; -ENOENT none expected. */
 TSP_EXTERN int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms);
 /* After output_wait returned 0: the data (memory mode; NULL for a file) and its length. */

@@ -30,7 +30,8 @@ extern "C" {
 /* Bytes of a request or reply line (its newline not counted) that a reader takes; beyond
  * it the server answers "ERR request too long". */
 #define TSP_RDV_LINE_MAX (TSP_RDV_RECORD_MAX + 256)
-#define TSP_RDV_TOKEN_HEX 64             /* 32 random bytes as lowercase hex digits */
+#define TSP_RDV_TOKEN_HEX 64 /* 32 random bytes as lowercase hex digits */
+#define TSP_RDV_KEY_HEX 64   /* the record's HMAC key: 32 random bytes, never on the wire */
 #define TSP_RDV_GET_TIMEOUT_MS 600000    /* a GET waits this long for rank 0's PUT */
 #define TSP_RDV_CONNECT_TIMEOUT_MS 10000 /* connect, send a request, read a PUT's reply */
 /* Begins the sentence of a task that could not reach the driver's rendezvous: the driver
@@ -54,6 +55,10 @@ TSP_EXTERN int tsp_rdv_port(const tsp_rdv_t *r);
 TSP_EXTERN const char *tsp_rdv_host(const tsp_rdv_t *r);
 /* The run's token, TSP_RDV_TOKEN_HEX hex digits. */
 TSP_EXTERN const char *tsp_rdv_token(const tsp_rdv_t *r);
+/* The run's record key, TSP_RDV_KEY_HEX hex digits: carried to the tasks with the token
+ * (the task closure) but never sent on the wire; rank 0 MACs its record with it and every
+ * GET checks the MAC before it uses the record (docs/protocol.md 2.1). */
+TSP_EXTERN const char *tsp_rdv_key(const tsp_rdv_t *r);
 /* Records put, and records handed to GETs, so far. Either pointer may be NULL. */
 TSP_EXTERN void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
@@ -68,25 +73,30 @@ typedef struct tsp_rdv_call tsp_rdv_call_t;
 /* Connects to the driver's rendezvous at host:port (TSP_RDV_CONNECT_TIMEOUT_MS) and sends
  * rank 0's PUT of record, or a GET when record is NULL. 0 with *out set; otherwise a code
  * and, in err, the sentence to raise as it is: -EINVAL for a bad argument (a record that is
- * empty, over TSP_RDV_RECORD_MAX bytes or not one line; a token that is not 64 hex digits),
+ * empty, over TSP_RDV_RECORD_MAX bytes or not one line; a token or key that is not 64 hex
+ * digits),
  * any other -errno when the driver cannot be reached (the sentence begins
  * TSP_RDV_UNREACHABLE ": this barrier task on host H cannot reach the driver's
  * rendezvous at ..."). */
-TSP_EXTERN int tsp_rdv_call_start(const char *host, int port, const char *token, const char *record,
-                                  tsp_rdv_call_t **out, char *err, size_t errlen);
+TSP_EXTERN int tsp_rdv_call_start(const char *host, int port, const char *token, const char *key,
+                                  const char *record, tsp_rdv_call_t **out, char *err,
+                                  size_t errlen);
 /* Waits up to timeout_ms (< 0: until the call's own deadline: a PUT's reply
  * TSP_RDV_CONNECT_TIMEOUT_MS, a GET's TSP_RDV_GET_TIMEOUT_MS and a minute more) for the
- * reply. 0: reply (len bytes) holds the record (a GET) or "OK" (a PUT); TSP_RDV_PENDING:
+ * reply. 0: reply (len bytes) holds the record, its MAC checked (a GET), or "OK" (a PUT);
+ * TSP_RDV_PENDING:
  * nothing yet, call again; TSP_RDV_REFUSED: the driver refused, err says why ("torchspark:
- * the driver refused the rendezvous: REASON"); -ENOSPC: reply is too small; another -errno:
+ * the driver refused the rendezvous: REASON"), or a GET's reply is not rank 0's record
+ * (its MAC does not match: forged); -ENOSPC: reply is too small; another -errno:
  * the connection failed, err holds the TSP_RDV_UNREACHABLE sentence. */
 TSP_EXTERN int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply, size_t len,
                                  char *err, size_t errlen);
 TSP_EXTERN void tsp_rdv_call_free(tsp_rdv_call_t *c);
 
 /* One whole call: start, wait until its deadline, free. The codes of the two above. */
-TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *token, const char *record,
-                                char *reply, size_t len, char *err, size_t errlen);
+TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *token, const char *key,
+                                const char *record, char *reply, size_t len, char *err,
+                                size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -718,7 +718,16 @@ static void begin_stop(tsp_agent_t *a, int state, int sig)
 {
     a->state = state;
     signal_workers(a, sig);
-    tsp_proc_signal_descendants(getpid(), sig);
+    /* The rest of the tree, not the worker groups again: a worker signalled twice ran its
+     * handler twice, and one that printed a line from it interleaved the two prints
+     * ("LAST 1LAST 1": issue 30's lost newline). */
+    pid_t *groups = malloc((size_t)a->n * sizeof *groups); /* NULL: all of them, twice */
+    int ng = 0;
+    for (int i = 0; groups && i < a->n; i++)
+        if (a->w[i].state == W_RUNNING)
+            groups[ng++] = a->w[i].pid;
+    tsp_proc_signal_strays(getpid(), sig, groups, ng);
+    free(groups);
     arm_timer(a, a->o.shutdown_timeout);
 }
 

@@ -277,7 +277,21 @@ static int by_ppid(const void *x, const void *y)
     return (a->ppid > b->ppid) - (a->ppid < b->ppid);
 }
 
+static int in_groups(pid_t pid, const pid_t *groups, int ngroups)
+{
+    pid_t g = getpgid(pid);
+    for (int i = 0; g > 0 && i < ngroups; i++)
+        if (groups[i] == g)
+            return 1;
+    return 0;
+}
+
 int tsp_proc_signal_descendants(pid_t root, int sig)
+{
+    return tsp_proc_signal_strays(root, sig, NULL, 0);
+}
+
+int tsp_proc_signal_strays(pid_t root, int sig, const pid_t *groups, int ngroups)
 {
     DIR *d = opendir("/proc");
     if (!d)
@@ -332,7 +346,7 @@ int tsp_proc_signal_descendants(pid_t root, int sig)
     }
     int count = 0;
     for (size_t i = 1; i < qlen; i++)
-        if (kill(queue[i], sig) == 0)
+        if (!in_groups(queue[i], groups, ngroups) && kill(queue[i], sig) == 0)
             count++;
     free(queue);
     free(all);

@@ -51,6 +51,9 @@ void tsp_proc_close(tsp_proc_t *p);
 /* Sends sig to every process whose parent chain leads to root (root excluded), found by
  * reading /proc. Returns how many were signalled. */
 int tsp_proc_signal_descendants(pid_t root, int sig);
+/* The same, leaving out the processes of the given process groups (those the caller
+ * signalled as groups already: a process signalled twice runs its handler twice). */
+int tsp_proc_signal_strays(pid_t root, int sig, const pid_t *groups, int ngroups);
 /* The shell's status of a process ended by signal sig: 128 + sig. Async-signal-safe. */
 int tsp_proc_signal_status(int sig);
 /* The shell's exit status of a wait status: the exit code, or 128 + signal number. */

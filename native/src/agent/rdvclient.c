@@ -8,6 +8,9 @@
 #include "util.h"
 
 #include <errno.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,9 +20,12 @@
 
 #define RDV_NO_REPLY_GRACE_MS 60000 /* a GET's wait beyond the driver's own GET timeout */
 
+#define MAC_HEX 64 /* HMAC-SHA256 as hex digits, before the record on the wire */
+
 struct tsp_rdv_call {
     int fd;
     int is_put;
+    uint8_t key[TSP_RDV_KEY_HEX / 2];
     int64_t deadline; /* for the whole reply */
     char where[300];  /* HOST:PORT, for messages ([V6]:PORT) */
     size_t len;       /* bytes in buf */
@@ -50,6 +56,18 @@ static int token_valid(const char *token)
     return 1;
 }
 
+/* The record's MAC (HMAC-SHA256 with the run's record key) as hex into out (MAC_HEX + 1). */
+static int record_mac(const uint8_t *key, const char *rec, size_t n, char *out)
+{
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned ml = 0;
+    if (!HMAC(EVP_sha256(), key, TSP_RDV_KEY_HEX / 2, (const unsigned char *)rec, n, mac, &ml) ||
+        ml != MAC_HEX / 2)
+        return -EIO;
+    tsp__hex_encode(mac, ml, out);
+    return 0;
+}
+
 static int check_args(const char *host, int port, const char *token, const char *record, char *err,
                       size_t errlen)
 {
@@ -68,16 +86,24 @@ static int check_args(const char *host, int port, const char *token, const char 
     return 0;
 }
 
-int tsp_rdv_call_start(const char *host, int port, const char *token, const char *record,
-                       tsp_rdv_call_t **out, char *err, size_t errlen)
+int tsp_rdv_call_start(const char *host, int port, const char *token, const char *key,
+                       const char *record, tsp_rdv_call_t **out, char *err, size_t errlen)
 {
     *out = NULL;
     int rc = check_args(host, port, token, record, err, errlen);
     if (rc)
         return rc;
+    char mac[MAC_HEX + 1] = "";
+    uint8_t rawkey[TSP_RDV_KEY_HEX / 2];
+    if (!key || strlen(key) != TSP_RDV_KEY_HEX || tsp__hex_decode(key, rawkey, sizeof rawkey))
+        return tsp__err(err, errlen, -EINVAL,
+                        "torchspark: the rendezvous key must be 64 hex digits");
+    if (record && record_mac(rawkey, record, strlen(record), mac))
+        return tsp__err(err, errlen, -EIO, "torchspark: HMAC failed for the election record");
     tsp_rdv_call_t *c = calloc(1, sizeof(*c));
     if (!c)
         return tsp__err(err, errlen, -ENOMEM, "out of memory");
+    memcpy(c->key, rawkey, sizeof c->key);
     const char *h = host;
     size_t hl = strlen(host);
     if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* "[V6]" -> "V6" */
@@ -98,9 +124,10 @@ int tsp_rdv_call_start(const char *host, int port, const char *token, const char
         free(c);
         return rc;
     }
-    /* The request: TOKEN PUT RECORD\n or TOKEN GET\n (it fits: the record was checked). */
-    int n = snprintf(c->buf, sizeof c->buf, "%s %s%s\n", token, record ? "PUT " : "GET",
-                     record ? record : "");
+    /* The request: TOKEN PUT MAC RECORD\n or TOKEN GET\n (it fits: the record was
+     * checked). */
+    int n = snprintf(c->buf, sizeof c->buf, "%s %s%s%s%s\n", token, record ? "PUT " : "GET", mac,
+                     record ? " " : "", record ? record : "");
     rc = tsp__sock_write_all(c->fd, c->buf, (size_t)n, now + TSP_RDV_CONNECT_TIMEOUT_MS);
     if (rc) {
         close(c->fd);
@@ -126,10 +153,29 @@ static int finish(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *er
         return tsp__err(err, errlen, TSP_RDV_REFUSED,
                         "torchspark: the driver's rendezvous answered '%.*s' to rank 0's record",
                         (int)n, line);
-    if (!reply || len <= n)
-        return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", n + 1);
-    memcpy(reply, line, n);
-    reply[n] = '\0';
+    if (c->is_put) {
+        if (!reply || len <= n)
+            return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", n + 1);
+        memcpy(reply, line, n);
+        reply[n] = '\0';
+        return 0;
+    }
+    /* A GET's reply is MAC RECORD: used only when the MAC is rank 0's (someone who learned
+     * the token, a sniffer, cannot make one without the key). */
+    char want[MAC_HEX + 1];
+    if (n <= MAC_HEX + 1 || line[MAC_HEX] != ' ' ||
+        record_mac(c->key, line + MAC_HEX + 1, n - MAC_HEX - 1, want) ||
+        CRYPTO_memcmp(want, line, MAC_HEX) != 0)
+        return tsp__err(err, errlen, TSP_RDV_REFUSED,
+                        "torchspark: the rendezvous reply from %s is not rank 0's election "
+                        "record (its MAC does not match the run's key: forged or altered on the "
+                        "way); not using it",
+                        c->where);
+    size_t rn = n - MAC_HEX - 1;
+    if (!reply || len <= rn)
+        return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", rn + 1);
+    memcpy(reply, line + MAC_HEX + 1, rn);
+    reply[rn] = '\0';
     return 0;
 }
 
@@ -177,11 +223,11 @@ void tsp_rdv_call_free(tsp_rdv_call_t *c)
     free(c);
 }
 
-int tsp_rdv_exchange(const char *host, int port, const char *token, const char *record, char *reply,
-                     size_t len, char *err, size_t errlen)
+int tsp_rdv_exchange(const char *host, int port, const char *token, const char *key,
+                     const char *record, char *reply, size_t len, char *err, size_t errlen)
 {
     tsp_rdv_call_t *c = NULL;
-    int rc = tsp_rdv_call_start(host, port, token, record, &c, err, errlen);
+    int rc = tsp_rdv_call_start(host, port, token, key, record, &c, err, errlen);
     if (rc || !c)
         return rc;
     rc = tsp_rdv_call_wait(c, -1, reply, len, err, errlen);

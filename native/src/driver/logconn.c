@@ -27,7 +27,7 @@
 
 static void conn_who(const conn_t *c, char *out, size_t n)
 {
-    if (c->state >= C_AUTH && c->h.host[0])
+    if (c->state >= C_OPEN && c->h.host[0]) /* a host name is only told once authenticated */
         snprintf(out, n, "%s (host %s, node rank %d)", c->peer, c->h.host, c->h.node_rank);
     else
         snprintf(out, n, "%s", c->peer);
@@ -38,7 +38,13 @@ void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
 {
     char who[400];
     conn_who(c, who, sizeof(who));
-    tsp__event(s, "torchspark log server: dropped the connection from %s: %s", who, why);
+    if (c->state < C_OPEN)
+        tsp__event_preauth(s,
+                           "torchspark log server: dropped the connection from %s before it "
+                           "authenticated: %s",
+                           c->peer, why);
+    else
+        tsp__event(s, "torchspark log server: dropped the connection from %s: %s", who, why);
     /* Counted before the peer can read the reason, so that stats agree with what it saw. */
     pthread_mutex_lock(&s->q.mu);
     s->q.st.rejected++;
@@ -100,8 +106,6 @@ static int on_hello(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, c
                  "TORCHSPARK_LOG_SECRET");
         return -EACCES;
     }
-    if (c->h.role == TSP_WIRE_ROLE_OUTPUT && (rc = tsp__outrecv_claim(&s->out, c, err, errlen)))
-        return rc;
     memcpy(c->hello, p, n);
     c->hello_len = n;
     uint8_t ch[TSP_WIRE_CHALLENGE_LEN];
@@ -124,12 +128,17 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     if (tsp_wire_mac(s->secret, 1, c->hello, c->hello_len, c->nonce_s, mac)) {
         return tsp__err(err, errlen, -EIO, "HMAC failed on the driver");
     }
+    /* The one output slot goes to an authenticated agent only: a stranger cannot hold it. */
+    int rc = 0;
+    if (c->h.role == TSP_WIRE_ROLE_OUTPUT && (rc = tsp__outrecv_claim(&s->out, c, err, errlen)))
+        return rc;
     agent_rec_t *a = agent_find(s, c->h.agent_id, &c->agent);
     if (!a) {
         return tsp__err(err, errlen, -ENOMEM, "out of memory");
     }
     c->acked = a->seq;
     c->state = C_OPEN;
+    s->nunauth--;
     c->control = c->h.role == TSP_WIRE_ROLE_LOGS && (c->h.hflags & TSP_WIRE_HELLO_CONTROL);
     c->keepalive = c->control && (c->h.hflags & TSP_WIRE_HELLO_KEEPALIVE);
     c->rx_at = tsp__now_ms();
@@ -137,8 +146,8 @@ static int on_auth(tsp_logserver_t *s, conn_t *c, const uint8_t *p, size_t n, ch
     pthread_mutex_lock(&s->q.mu);
     s->q.st.authenticated++;
     pthread_mutex_unlock(&s->q.mu);
-    int rc = tsp__conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
-                                  mac, sizeof(mac));
+    rc = tsp__conn_send_flags(s, c, TSP_WIRE_WELCOME, c->control ? TSP_WIRE_WELCOME_CONTROL : 0,
+                              mac, sizeof(mac));
     if (!rc && c->control && s->t_stopped && c->h.agent_id != s->stop_except)
         tsp__conn_stop(s, c);
     /* Tell a reconnecting agent at once what this server already has. */
@@ -318,6 +327,10 @@ static int on_frame(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, cons
         }
         break;
     case TSP_WIRE_ERROR: {
+        /* A stranger's text is never printed; an agent's is, made printable (tsp__event). */
+        if (c->state != C_OPEN)
+            return tsp__err(err, errlen, -ECONNABORTED,
+                            "it sent an ERROR frame before authenticating");
         size_t n = h->length;
         return tsp__err(err, errlen, -ECONNABORTED, "the agent reported: %.*s", (int)n,
                         (const char *)p);

@@ -72,29 +72,50 @@ int tsp__logq_full_locked(const tsp__logq_t *q)
     return q->bytes >= q->bound;
 }
 
-static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank)
+/* The entry of a rank (binary search); create: added when missing. NULL when missing or
+ * out of memory. The table is sparse, so that an agent's rank number, whatever it is,
+ * costs one entry and not an array that long. */
+static tsp__rank_t *rank_get(tsp__logq_t *q, int32_t rank, int create)
 {
     if (rank < 0 || rank > TSP_WIRE_MAX_RANK)
         return NULL;
-    if ((size_t)rank >= q->nranks) {
-        size_t n = q->nranks ? q->nranks : 8;
-        while (n <= (size_t)rank)
-            n *= 2;
+    if (q->rank_last < q->nranks && q->ranks[q->rank_last].rank == rank)
+        return &q->ranks[q->rank_last]; /* lines come in runs of one rank */
+    size_t lo = 0, hi = q->nranks;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (q->ranks[mid].rank < rank)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < q->nranks && q->ranks[lo].rank == rank) {
+        q->rank_last = lo;
+        return &q->ranks[lo];
+    }
+    if (!create)
+        return NULL;
+    if (q->nranks == q->ranks_cap) {
+        size_t n = q->ranks_cap ? q->ranks_cap * 2 : 8;
         tsp__rank_t *nr = realloc(q->ranks, n * sizeof(*nr));
         if (!nr)
             return NULL;
-        memset(nr + q->nranks, 0, (n - q->nranks) * sizeof(*nr));
         q->ranks = nr;
-        q->nranks = n;
+        q->ranks_cap = n;
     }
-    return &q->ranks[rank];
+    memmove(q->ranks + lo + 1, q->ranks + lo, (q->nranks - lo) * sizeof(*q->ranks));
+    memset(&q->ranks[lo], 0, sizeof(q->ranks[lo]));
+    q->ranks[lo].rank = rank;
+    q->nranks++;
+    q->rank_last = lo;
+    return &q->ranks[lo];
 }
 
 int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigned flags,
                           const void *data, size_t len, int to_queue)
 {
     if (rank >= 0 && q->tail_lines) { /* the reports' queue keeps no tails */
-        tsp__rank_t *r = rank_get(q, rank);
+        tsp__rank_t *r = rank_get(q, rank, 1);
         if (!r)
             return -ENOMEM;
         r->seen = 1;
@@ -134,7 +155,7 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
 
 void tsp__logq_set_dropped_locked(tsp__logq_t *q, int32_t rank, uint64_t count)
 {
-    tsp__rank_t *r = rank_get(q, rank);
+    tsp__rank_t *r = rank_get(q, rank, 1);
     if (r && count > r->dropped)
         r->dropped = count;
 }
@@ -300,8 +321,9 @@ long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen)
 {
     pthread_mutex_lock(&q->mu);
     size_t need = 0;
-    if (rank >= 0 && (size_t)rank < q->nranks)
-        need = tsp__tail_copy(&q->ranks[rank].tail, q->tail_lines, n, buf, buflen);
+    const tsp__rank_t *r = rank_get(q, rank, 0);
+    if (r)
+        need = tsp__tail_copy(&r->tail, q->tail_lines, n, buf, buflen);
     pthread_mutex_unlock(&q->mu);
     return (long)need;
 }
@@ -314,7 +336,7 @@ int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max)
         if (!q->ranks[i].dropped)
             continue;
         if (found < max) {
-            ranks[found] = (int32_t)i;
+            ranks[found] = q->ranks[i].rank;
             counts[found] = q->ranks[i].dropped;
         }
         found++;

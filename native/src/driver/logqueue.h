@@ -14,6 +14,7 @@ struct tsp__qblk;
 
 /* What the server keeps per rank: the tail and the drop count. */
 typedef struct tsp__rank {
+    int32_t rank;
     tsp__tail_t tail;
     uint64_t dropped;
     uint8_t seen;
@@ -31,8 +32,8 @@ typedef struct tsp__logq {
     int wake_fd; /* the server thread's eventfd */
     char *batch; /* the last pull's data */
     size_t batch_cap;
-    tsp__rank_t *ranks;
-    size_t nranks;
+    tsp__rank_t *ranks; /* sorted by rank, only those seen: a rank far out costs one entry */
+    size_t nranks, ranks_cap, rank_last; /* rank_last: the entry found last */
     unsigned tail_lines;
     size_t tail_max_bytes;
     tsp_logserver_stats_t st;

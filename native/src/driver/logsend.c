@@ -13,6 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "lines.h"
+#include "util.h"
+
 void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
 {
     char msg[1024];
@@ -24,6 +27,7 @@ void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
         return;
     if ((size_t)n > sizeof(msg) - 2)
         n = (int)sizeof(msg) - 2;
+    tsp_lines_clean(msg, (size_t)n); /* host names, agents' texts: one printable line */
     if (s->o.events_to_queue) {
         pthread_mutex_lock(&s->q.mu);
         tsp__logq_push_locked(&s->q, TSP_LOG_RANK_SERVER, TSP_LOG_STREAM_EVENT, 0, msg, (size_t)n,
@@ -35,6 +39,27 @@ void tsp__event(tsp_logserver_t *s, const char *fmt, ...)
         ssize_t w = write(s->o.event_fd, msg, (size_t)n);
         (void)w; /* best effort: an event must never stop the server */
     }
+}
+
+void tsp__event_preauth(tsp_logserver_t *s, const char *fmt, ...)
+{
+    int64_t now = tsp__now_ms();
+    if (s->preauth_event_at && now - s->preauth_event_at < PREAUTH_EVENT_MS) {
+        s->preauth_skipped++;
+        return;
+    }
+    s->preauth_event_at = now;
+    char msg[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (s->preauth_skipped)
+        tsp__event(s, "%s (and %llu more such events in the last %d ms, not shown)", msg,
+                   (unsigned long long)s->preauth_skipped, PREAUTH_EVENT_MS);
+    else
+        tsp__event(s, "%s", msg);
+    s->preauth_skipped = 0;
 }
 
 void tsp__conn_arm(tsp_logserver_t *s, conn_t *c)
@@ -59,6 +84,8 @@ void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
     if (c->registered)
         epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
+    if (c->state == C_HELLO || c->state == C_AUTH)
+        s->nunauth--;
     if (c->prev)
         c->prev->next = c->next;
     else

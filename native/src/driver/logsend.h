@@ -10,6 +10,11 @@
 
 /* A server event (a full sentence) to event_fd and/or the pull queue. */
 __attribute__((format(printf, 2, 3))) void tsp__event(tsp_logserver_t *s, const char *fmt, ...);
+/* An event that anyone who reaches the port can cause (a peer that did not authenticate,
+ * the listener out of descriptors): the server's own words and the peer's address only, at
+ * most one per PREAUTH_EVENT_MS; the next one printed counts those left out. */
+__attribute__((format(printf, 2, 3))) void tsp__event_preauth(tsp_logserver_t *s, const char *fmt,
+                                                              ...);
 /* Sets the connection's epoll interest from its state: out of the set while paused (a
  * hang-up would be reported again and again), EPOLLOUT while the send buffer has bytes. */
 void tsp__conn_arm(tsp_logserver_t *s, conn_t *c);

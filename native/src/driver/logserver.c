@@ -67,17 +67,89 @@ static void keepalive(int fd)
     setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof(ut));
 }
 
+/* The connection before authentication to give up first, of one address (NULL: any): the
+ * oldest that has not even sent its HELLO, else the oldest waiting for its AUTH (it knew
+ * the run id). New ones are pushed at the head, so the oldest is the last in the list.
+ * *count: how many there are. */
+static conn_t *oldest_unauth(tsp_logserver_t *s, const char *addr, size_t *count)
+{
+    conn_t *hello = NULL, *auth = NULL;
+    *count = 0;
+    for (conn_t *c = s->conns; c; c = c->next) {
+        if (c->state >= C_OPEN || (addr && strcmp(c->addr, addr) != 0))
+            continue;
+        if (c->state == C_HELLO)
+            hello = c;
+        else
+            auth = c;
+        (*count)++;
+    }
+    return hello ? hello : auth;
+}
+
+/* Room for one more unauthenticated connection from addr: the oldest over a cap goes. */
+static void make_room(tsp_logserver_t *s, const char *addr)
+{
+    size_t n;
+    conn_t *old;
+    if (s->nunauth >= UNAUTH_PER_ADDR && (old = oldest_unauth(s, addr, &n)) && n >= UNAUTH_PER_ADDR)
+        tsp__conn_reject(s, old, "too many connections from its address before authentication");
+    if (s->nunauth >= UNAUTH_MAX && (old = oldest_unauth(s, NULL, &n)))
+        tsp__conn_reject(s, old, "too many connections before authentication");
+}
+
+/* accept() failed (errno e) for want of a resource. Out of descriptors, the oldest
+ * unauthenticated connection makes room (1: try again); otherwise the listener rests
+ * ACCEPT_PAUSE_MS (sweep() puts it back), since it stays readable and polling it again at
+ * once would spin. */
+static int accept_failed(tsp_logserver_t *s, int e)
+{
+    size_t n;
+    conn_t *old = e == EMFILE || e == ENFILE ? oldest_unauth(s, NULL, &n) : NULL;
+    if (old) {
+        tsp__conn_reject(s, old, "the driver is out of file descriptors");
+        return 1;
+    }
+    epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
+    s->accept_paused_until = tsp__now_ms() + ACCEPT_PAUSE_MS;
+    tsp__event_preauth(s,
+                       "torchspark log server: cannot accept connections: %s%s; not accepting "
+                       "for %d ms",
+                       strerror(e),
+                       e == EMFILE || e == ENFILE ? " (raise the limit with ulimit -n)" : "",
+                       ACCEPT_PAUSE_MS);
+    return 0;
+}
+
+static void peer_name(conn_t *c, const struct sockaddr_storage *ss)
+{
+    int port = 0;
+    snprintf(c->addr, sizeof(c->addr), "?");
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &a->sin_addr, c->addr, sizeof(c->addr));
+        port = ntohs(a->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, c->addr, sizeof(c->addr));
+        port = ntohs(a->sin6_port);
+    }
+    snprintf(c->peer, sizeof(c->peer), "%s:%d", c->addr, port);
+}
+
 static void do_accept(tsp_logserver_t *s)
 {
-    for (;;) {
+    /* A few at a time: the handshakes of those accepted are read between two batches, so
+     * that a flood waiting in the backlog does not evict them before their HELLO is read. */
+    for (int k = 0; k < ACCEPT_BATCH; k++) {
         struct sockaddr_storage ss = {0};
         socklen_t sl = sizeof(ss);
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN)
-                tsp__event(s, "torchspark log server: accept failed: %s", strerror(errno));
+            if (errno != EAGAIN && accept_failed(s, errno))
+                continue;
             return;
         }
         conn_t *c = calloc(1, sizeof(*c));
@@ -88,18 +160,8 @@ static void do_accept(tsp_logserver_t *s)
         c->fd = fd;
         c->state = C_HELLO;
         c->deadline = tsp__now_ms() + s->o.handshake_timeout_ms;
-        char addr[INET6_ADDRSTRLEN] = "?";
-        int port = 0;
-        if (ss.ss_family == AF_INET) {
-            struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &a->sin_addr, addr, sizeof(addr));
-            port = ntohs(a->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &a->sin6_addr, addr, sizeof(addr));
-            port = ntohs(a->sin6_port);
-        }
-        snprintf(c->peer, sizeof(c->peer), "%s:%d", addr, port);
+        peer_name(c, &ss);
+        make_room(s, c->addr);
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         keepalive(fd);
@@ -114,6 +176,7 @@ static void do_accept(tsp_logserver_t *s)
         if (s->conns)
             s->conns->prev = c;
         s->conns = c;
+        s->nunauth++;
         pthread_mutex_lock(&s->q.mu);
         s->q.st.accepted++;
         s->q.st.connected++;
@@ -129,6 +192,15 @@ static int sweep(tsp_logserver_t *s, int draining, int64_t drain_deadline)
 {
     int64_t now = tsp__now_ms(), next = -1;
     int drain_over = draining && now >= drain_deadline;
+    if (s->accept_paused_until && s->lfd >= 0) {
+        if (now >= s->accept_paused_until) {
+            struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &s->lfd};
+            epoll_ctl(s->efd, EPOLL_CTL_ADD, s->lfd, &ev);
+            s->accept_paused_until = 0;
+        } else {
+            next = s->accept_paused_until;
+        }
+    }
     for (conn_t *c = s->conns, *n; c; c = n) {
         n = c->next;
         if (c->state == C_OPEN && drain_over)
@@ -203,7 +275,8 @@ static void *server_main(void *arg)
         pthread_mutex_unlock(&s->ctl_mu);
         s->t_draining = draining;
         if (draining && s->lfd >= 0) {
-            epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
+            if (!s->accept_paused_until)
+                epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
             close(s->lfd);
             s->lfd = -1;
         }
@@ -408,6 +481,12 @@ void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *st)
 int tsp_logserver_expect_output(tsp_logserver_t *s, const char *path)
 {
     return tsp__outrecv_expect(&s->out, path);
+}
+
+int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_result_size, char *err,
+                               size_t errlen)
+{
+    return tsp__outrecv_limit(&s->out, max_result_size, err, errlen);
 }
 
 int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms)

@@ -15,6 +15,18 @@
 
 #define STOP_TEXT_MAX 400
 
+/* Limits before authentication (docs/protocol.md 1.3): anyone who reaches the port can
+ * open connections, so those that have not authenticated yet are capped, in total and per
+ * peer address; a new one over a cap evicts the oldest (an idle flood cannot keep a real
+ * agent out, and a real agent's handshake takes one round trip). Out of descriptors, the
+ * listener rests for ACCEPT_PAUSE_MS instead of spinning. Events about connections that
+ * never authenticated are printed at most once per PREAUTH_EVENT_MS, with a count. */
+#define UNAUTH_MAX 256
+#define UNAUTH_PER_ADDR 64
+#define ACCEPT_BATCH 16
+#define ACCEPT_PAUSE_MS 100
+#define PREAUTH_EVENT_MS 1000
+
 enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
 
 typedef struct agent_rec {
@@ -46,6 +58,7 @@ typedef struct conn {
     int64_t rx_at;    /* keepalive: when a frame last arrived, or reading last resumed (ms) */
     int stop_sent;
     char peer[80];
+    char addr[48]; /* the peer's address alone: the per-address cap */
 } conn_t;
 
 /* A LOGS connection that ended without CLOSE: lost unless its agent is back in time. */
@@ -80,7 +93,11 @@ struct tsp_logserver {
     pthread_t thread;
     int started, joined;
     conn_t *conns;
-    conn_t *resume_at; /* the paused connection that tsp__resume_all serves first */
+    size_t nunauth;              /* connections in C_HELLO or C_AUTH */
+    int64_t accept_paused_until; /* out of descriptors: the listener is out of epoll (0: in) */
+    int64_t preauth_event_at;    /* when an event about an unauthenticated peer was printed */
+    uint64_t preauth_skipped;    /* such events not printed since */
+    conn_t *resume_at;           /* the paused connection that tsp__resume_all serves first */
     agent_rec_t *agents;
     size_t nagents, agents_cap;
     char *sink; /* formatted lines waiting for sink_fd */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,6 +62,10 @@ static void reset_locked(tsp__outrecv_t *o)
     if (o->fd >= 0)
         close(o->fd);
     o->fd = -1;
+    if (o->tmp)
+        unlink(o->tmp); /* never renamed: the output did not arrive whole */
+    free(o->tmp);
+    o->tmp = NULL;
     if (o->mem)
         munmap(o->mem, (size_t)o->total);
     o->mem = NULL;
@@ -209,6 +214,32 @@ static void *hasher_main(void *arg)
     return NULL;
 }
 
+/* Under mu: the file mode's new file, "PATH.tsp-XXXXXX" in path's directory, created
+ * with O_EXCL (mkostemp): whatever is at path (a link someone planted, the file of an
+ * earlier run) is only replaced by the rename once the output is verified. A device or a
+ * FIFO at path is written in place (never through a link: O_NOFOLLOW). */
+static int open_beside(tsp__outrecv_t *o)
+{
+    struct stat st;
+    if (lstat(o->path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) {
+        /* A device or a FIFO the caller named (/dev/null, a pipe): written in place. */
+        o->fd = open(o->path, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+        return o->fd >= 0 ? 0 : -errno;
+    }
+    size_t n = strlen(o->path) + sizeof(".tsp-XXXXXX");
+    o->tmp = malloc(n);
+    if (!o->tmp)
+        return -ENOMEM;
+    snprintf(o->tmp, n, "%s.tsp-XXXXXX", o->path);
+    o->fd = mkostemp(o->tmp, O_CLOEXEC);
+    if (o->fd >= 0)
+        return 0;
+    int e = errno;
+    free(o->tmp);
+    o->tmp = NULL;
+    return -e;
+}
+
 int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
@@ -222,11 +253,20 @@ int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err
         rc = fail_locked(o, err, errlen, "cannot start SHA-256 on the driver");
         goto out;
     }
+    if (!o->path && o->max_mem && total > o->max_mem) {
+        rc = fail_locked(o, err, errlen,
+                         "rank 0's output of %llu bytes is over spark.driver.maxResultSize "
+                         "(%llu bytes), the most the driver keeps in memory: return less (write "
+                         "large results to shared storage and return their paths), raise "
+                         "spark.driver.maxResultSize (0: no limit), or, from the JVM, receive "
+                         "it into a file (TorchSparkRunner.outputPath)",
+                         (unsigned long long)total, (unsigned long long)o->max_mem);
+        goto out;
+    }
     if (o->path) {
-        o->fd = open(o->path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-        if (o->fd < 0) {
+        if ((rc = open_beside(o)) != 0) {
             rc = fail_locked(o, err, errlen, "cannot create the output file %s on the driver: %s",
-                             o->path, strerror(errno));
+                             o->tmp ? o->tmp : o->path, strerror(-rc));
             goto out;
         }
         if (!(o->ring = malloc(RING_SIZE))) {
@@ -362,11 +402,24 @@ ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, ch
     return r;
 }
 
+/* Under mu: file mode's end, the new file closed and renamed over path (0 in memory
+ * mode). 0 or -errno. */
+static int finish_file(tsp__outrecv_t *o)
+{
+    if (o->fd < 0)
+        return 0;
+    int fd = o->fd;
+    o->fd = -1;
+    if (close(fd) != 0 || (o->tmp && rename(o->tmp, o->path) != 0))
+        return -errno;
+    return 0;
+}
+
 int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WIRE_DIGEST_LEN],
                      char *err, size_t errlen)
 {
     pthread_mutex_lock(&o->mu);
-    int rc = 0;
+    int rc = 0, frc;
     uint8_t d[EVP_MAX_MD_SIZE];
     unsigned dl = 0;
     if (o->owner != owner || o->state != TSP__OUT_RECV) {
@@ -388,9 +441,12 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WI
                          "output digest mismatch: the %llu bytes received "
                          "differ from what rank 0 sent",
                          (unsigned long long)o->total);
-    else if (o->fd >= 0 && close(o->fd) != 0)
-        rc = fail_locked(o, err, errlen, "cannot close the output file %s on the driver", o->path);
+    else if ((frc = finish_file(o)) != 0)
+        rc = fail_locked(o, err, errlen, "cannot write the output file %s on the driver: %s",
+                         o->path, strerror(-frc));
     if (!rc) {
+        free(o->tmp);
+        o->tmp = NULL;
         o->fd = -1;
         o->state = TSP__OUT_OK;
         o->owner = NULL;
@@ -424,6 +480,44 @@ void tsp__outrecv_abort(tsp__outrecv_t *o, void *owner, const char *why)
             o->state = TSP__OUT_WAIT;
     }
     pthread_mutex_unlock(&o->mu);
+}
+
+/* Spark's byte strings (JavaUtils.byteStringAs, unit bytes when none is given): digits,
+ * then optionally one of b, k, kb, m, mb, g, gb, t, tb, p, pb, any case; no fraction. */
+int tsp__outrecv_limit(tsp__outrecv_t *o, const char *size, char *err, size_t errlen)
+{
+    static const char *const units[] = {"b", "k", "m", "g", "t", "p"};
+    const char *p = size && *size ? size : "1g";
+    while (*p == ' ')
+        p++;
+    uint64_t v = 0;
+    const char *d = p;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return tsp__err(err, errlen, -EINVAL, "spark.driver.maxResultSize %s is too large",
+                            size);
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    char unit[4] = "";
+    size_t ul = 0;
+    for (; *p && *p != ' ' && ul < sizeof(unit) - 1; p++)
+        unit[ul++] = (char)(*p >= 'A' && *p <= 'Z' ? *p + 32 : *p);
+    unit[ul] = 0;
+    while (*p == ' ')
+        p++;
+    int shift = ul ? -1 : 0;
+    for (int i = 0; ul && i < 6; i++)
+        if (unit[0] == units[i][0] && (ul == 1 || (ul == 2 && i > 0 && unit[1] == 'b')))
+            shift = 10 * i;
+    if (p == d || *p || shift < 0 || (shift && v > (UINT64_MAX >> shift)))
+        return tsp__err(err, errlen, -EINVAL,
+                        "spark.driver.maxResultSize \"%s\" is not a size: write bytes or a "
+                        "whole number with a unit b, k, m, g, t or p (1g, 512m; 0: no limit)",
+                        size);
+    pthread_mutex_lock(&o->mu);
+    o->max_mem = v << shift;
+    pthread_mutex_unlock(&o->mu);
+    return 0;
 }
 
 int tsp__outrecv_wait(tsp__outrecv_t *o, int timeout_ms)

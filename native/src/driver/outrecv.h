@@ -20,7 +20,9 @@ typedef struct tsp__outrecv {
     pthread_cond_t work_cv; /* the hasher waits for received bytes */
     pthread_cond_t room_cv; /* the receiver waits for the hasher */
     int state;
-    char *path; /* NULL: memory */
+    char *path;       /* NULL: memory */
+    char *tmp;        /* file mode: the new file beside path, renamed over it once verified */
+    uint64_t max_mem; /* memory mode: larger outputs are refused at OUT_BEGIN (0: none) */
     int fd;
     uint8_t *mem;  /* memory mode: mmap'ed, total bytes */
     uint8_t *ring; /* file mode: received bytes not yet hashed and written */
@@ -43,6 +45,8 @@ int tsp__outrecv_init(tsp__outrecv_t *o, int wake_fd);
 /* Host side: accept one transfer (path NULL: memory); wait for it (0/-ETIMEDOUT/-ENOENT). */
 int tsp__outrecv_expect(tsp__outrecv_t *o, const char *path);
 int tsp__outrecv_wait(tsp__outrecv_t *o, int timeout_ms);
+/* Host side: spark.driver.maxResultSize for memory mode (tsp_logserver_output_limit). */
+int tsp__outrecv_limit(tsp__outrecv_t *o, const char *size, char *err, size_t errlen);
 void tsp__outrecv_close(tsp__outrecv_t *o);
 /* Thread side. Each returns 0 or -errno with a reason in err. */
 int tsp__outrecv_claim(tsp__outrecv_t *o, void *owner, char *err, size_t errlen);

@@ -20,7 +20,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define DRAIN_MS 1000 /* after close, how long replies may take to leave */
+#define DRAIN_MS 1000       /* after close, how long replies may take to leave */
+#define ACCEPT_PAUSE_MS 100 /* out of descriptors: the listener rests (it would stay readable) */
 
 enum conn_state { READING, WAITING, WRITING };
 
@@ -36,12 +37,14 @@ struct tsp_rdv {
     int lfd, wake_fd, port, get_timeout_ms;
     char host[64];
     char token[TSP_RDV_TOKEN_HEX + 1];
+    char key[TSP_RDV_KEY_HEX + 1]; /* the tasks' only: the server never needs it */
     pthread_t thread;
     pthread_mutex_t mu; /* guards closing, puts, gets */
     int closing, puts, gets;
     /* the thread's own */
     char *record;
     size_t record_len;
+    int64_t accept_paused_until; /* out of descriptors: not polled until then */
     rdv_conn_t **conns;
     size_t nconns, cap;
     struct pollfd *pfds;
@@ -109,14 +112,18 @@ static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
     }
     const char *rest = sp ? sp + 1 : line + n;
     size_t restlen = (size_t)(line + n - rest);
-    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
+    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && r->record) {
+        /* Accepted once: whoever learned the token later cannot point the ranks elsewhere.
+         * The same record again is rank 0 retrying a PUT whose OK it did not get. */
+        int same = restlen - 4 == r->record_len && memcmp(rest + 4, r->record, r->record_len) == 0;
+        conn_reply_str(c, same ? "OK" : "ERR the election record was already sent");
+    } else if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
         char *rec = malloc(restlen - 4);
         if (!rec) {
             conn_reply_str(c, "ERR out of memory");
             return;
         }
         memcpy(rec, rest + 4, restlen - 4);
-        free(r->record);
         r->record = rec;
         r->record_len = restlen - 4;
         count(r, &r->puts);
@@ -181,8 +188,13 @@ static void do_accept(tsp_rdv_t *r)
 {
     for (;;) {
         int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or out of descriptors: the next round tries again */
+        if (fd < 0) {
+            /* Out of descriptors the listener stays readable: polling it again at once
+             * would spin, so it rests a moment (connections wait in the backlog). */
+            if (errno == EMFILE || errno == ENFILE)
+                r->accept_paused_until = tsp__now_ms() + ACCEPT_PAUSE_MS;
+            return; /* EAGAIN: the next round tries again */
+        }
         if (r->nconns == r->cap) {
             size_t cap = r->cap ? r->cap * 2 : 16;
             /* NOLINTNEXTLINE(bugprone-sizeof-expression): an array of pointers */
@@ -283,7 +295,11 @@ static void *rdv_main(void *arg)
                 timeout = (int)left;
         }
         r->pfds[0] = (struct pollfd){.fd = r->wake_fd, .events = POLLIN};
-        r->pfds[1] = (struct pollfd){.fd = r->lfd, .events = POLLIN}; /* -1 once ended */
+        int64_t rest = r->accept_paused_until - tsp__now_ms();
+        if (rest > 0 && (timeout < 0 || timeout > rest))
+            timeout = (int)rest;
+        /* -1 (not polled) once ended or while resting */
+        r->pfds[1] = (struct pollfd){.fd = rest > 0 ? -1 : r->lfd, .events = POLLIN};
         for (size_t i = 0; i < r->nconns; i++) {
             rdv_conn_t *c = r->conns[i];
             r->pfds[2 + i] = (struct pollfd){
@@ -362,6 +378,9 @@ static int rdv_setup(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
     if (tsp__random_bytes(raw, sizeof raw))
         return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous token");
     tsp__hex_encode(raw, sizeof raw, r->token);
+    if (tsp__random_bytes(raw, sizeof raw))
+        return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous key");
+    tsp__hex_encode(raw, sizeof raw, r->key);
     int rc = bind_listen(r, host && *host ? host : "127.0.0.1", err, errlen);
     if (rc)
         return rc;
@@ -410,6 +429,11 @@ const char *tsp_rdv_host(const tsp_rdv_t *r)
 const char *tsp_rdv_token(const tsp_rdv_t *r)
 {
     return r->token;
+}
+
+const char *tsp_rdv_key(const tsp_rdv_t *r)
+{
+    return r->key;
 }
 
 void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets)

@@ -141,6 +141,17 @@ int tsp_lines_done(const tsp_lines_t *lb)
     return lb->eof && lb->start == lb->end;
 }
 
+void tsp_lines_clean(char *text, size_t n)
+{
+    unsigned char *p = (unsigned char *)text;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] < 0x20 || p[i] == 0x7f)
+            p[i] = '?';
+        else if (p[i] == 0xc2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9f)
+            p[i] = p[i + 1] = '?';
+    }
+}
+
 size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *marker,
                         int32_t rank, unsigned stream)
 {

@@ -64,6 +64,11 @@ typedef struct tsp_line_sink {
 size_t tsp_lines_prefix(char *out, size_t outlen, const char *tmpl, const char *marker,
                         int32_t rank, unsigned stream);
 
+/* Text that came from the network, made safe to print in one line of a log: every control
+ * character (C0, DEL, and C1 written as UTF-8) becomes '?', in place, so that a peer can
+ * neither move a terminal's cursor nor start a line that looks like a rank's. */
+void tsp_lines_clean(char *text, size_t n);
+
 /* A per-stream reassembly buffer. Caller-owned; grows from a small size up to cap. */
 typedef struct tsp_lines {
     char *buf;

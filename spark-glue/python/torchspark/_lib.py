@@ -116,6 +116,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_dropped": (i, [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
         "tsp_logserver_stats": (None, [vp, P(LogStats)]),
         "tsp_logserver_expect_output": (i, [vp, c]),
+        "tsp_logserver_output_limit": (i, [vp, c] + err),
         "tsp_logserver_output_wait": (i, [vp, i]),
         "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
         "tsp_logserver_output_error": (c, [vp]),
@@ -130,10 +131,11 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
         "tsp_rdv_token": (c, [vp]),
+        "tsp_rdv_key": (c, [vp]),
         "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
         "tsp_rdv_close": (None, [vp]),
         "tsp_rdv_free": (None, [vp]),
-        "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
+        "tsp_rdv_exchange": (i, [c, i, c, c, c, c, sz] + err),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h

@@ -245,6 +245,17 @@ class LogServer:
                                + self._lib.tsp_strerror(rc).decode())
         self.output_path = path
 
+    def output_limit(self, max_result_size: Optional[str]) -> None:
+        """The largest output kept in memory, written as ``spark.driver.maxResultSize``
+        ("1g", "512m", bytes; None: Spark's 1g default; "0": no limit). A bigger one is
+        refused before the driver takes any memory for it."""
+        err = ctypes.create_string_buffer(512)
+        rc = self._lib.tsp_logserver_output_limit(
+            self._h, max_result_size.encode() if max_result_size is not None else None, err,
+            len(err))
+        if rc:
+            raise ValueError(err.value.decode(errors="replace"))
+
     def wait_output(self, timeout: Optional[float] = None) -> bool:
         """True once the output arrived with the right length and SHA-256."""
         ms = -1 if timeout is None else max(0, int(timeout * 1000))

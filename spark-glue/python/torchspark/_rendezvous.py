@@ -67,10 +67,11 @@ class Server:
         self.host: str = self._lib.tsp_rdv_host(h).decode()
         self.port: int = self._lib.tsp_rdv_port(h)
         self.token: str = self._lib.tsp_rdv_token(h).decode()
+        self.key: str = self._lib.tsp_rdv_key(h).decode()
 
     def spec(self, advertised_host: str) -> RendezvousSpec:
         host = advertised_host or self.host
-        return {"host": host, "port": self.port, "token": self.token}
+        return {"host": host, "port": self.port, "token": self.token, "key": self.key}
 
     def close(self) -> None:
         """Ends the run: waiting GETs get ``ERR the run ended``."""
@@ -92,6 +93,7 @@ def exchange(spec: Optional[RendezvousSpec], ctx: Any, node_rank: int, packed: s
     err = ctypes.create_string_buffer(1024)
     record = packed.encode() if node_rank == 0 else None
     rc = lib.tsp_rdv_exchange(spec["host"].encode(), int(spec["port"]), spec["token"].encode(),
+                              spec["key"].encode(),
                               record, reply, len(reply), err, len(err))
     if rc != 0:
         raise RuntimeError(err.value.decode(errors="replace"))

@@ -34,6 +34,7 @@ class RendezvousSpec(TypedDict):
     host: str
     port: int
     token: str
+    key: str  # the record's MAC key: carried here, never on the wire
 
 
 class DataFrameSpec(TypedDict):

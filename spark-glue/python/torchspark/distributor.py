@@ -531,6 +531,8 @@ class TorchDistributor:
                if server is not None and not _RENDEZVOUS_UNREACHABLE
                and _rendezvous.enabled(self.is_remote) else None)
         if server is not None and fn_bytes is not None:
+            # Into memory: no more than Spark's collect() would take.
+            server.output_limit(self.spark.conf.get("spark.driver.maxResultSize", None))
             server.expect_output(None)
         nproc = self._gpus_per_task if self.use_gpu else 1
         ok = False

@@ -267,6 +267,22 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /** The largest output received into memory, written as spark.driver.maxResultSize ("1g",
+     *  "512m", bytes; null: Spark's 1g; "0": no limit): a bigger one is refused before the
+     *  driver takes memory for it. Throws IllegalArgumentException on a value that is not a
+     *  size. */
+    public void outputLimit(String maxResultSize) {
+        long h = acquire();
+        try {
+            String[] msg = new String[1];
+            if (Native.logServerOutputLimit(h, maxResultSize, msg) != 0) {
+                throw new IllegalArgumentException(msg[0]);
+            }
+        } finally {
+            release();
+        }
+    }
+
     /** Waits for the output: true when received and verified, false on timeout or when none
      *  came (see {@link #outputError()}). */
     public boolean awaitOutput(int timeoutMs) {

@@ -83,8 +83,8 @@ final class Native {
 
     /** A task's request: rank 0's PUT of record, or a GET (record null). 0 with call[0] set,
      *  or a code with the sentence to raise in msg[0]. */
-    static native int rdvCallStart(String host, int port, String token, String record, long[] call,
-            String[] msg);
+    static native int rdvCallStart(String host, int port, String token, String key, String record,
+            long[] call, String[] msg);
 
     /** 0: msg[0] is the reply; 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the
      *  sentence to raise in msg[0]. */
@@ -125,6 +125,10 @@ final class Native {
     static native int logServerDumpAll(long h);
 
     static native int logServerExpectOutput(long h, String path);
+
+    /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a
+     *  negative errno with msg[0] naming the bad value. */
+    static native int logServerOutputLimit(long h, String maxResultSize, String[] msg);
 
     static native int logServerOutputWait(long h, int timeoutMs);
 

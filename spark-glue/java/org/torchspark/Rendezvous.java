@@ -33,14 +33,16 @@ final class Rendezvous implements AutoCloseable {
     /** tsp_rdv_call_wait: no reply yet. */
     private static final int PENDING = 1;
 
-    /** What the task closure carries: where the driver listens, and the run's token. */
+    /** What the task closure carries: where the driver listens, the run's token, and the key
+     *  of the record's MAC (never sent on the wire; docs/protocol.md 2.1). */
     static final class Endpoint implements Serializable {
-        private static final long serialVersionUID = 1L;
+        private static final long serialVersionUID = 2L;
         final String host;
         final int port;
         final String token;
+        final String key;
 
-        Endpoint(String host, int port, String token) {
+        Endpoint(String host, int port, String token, String key) {
             if (host == null || host.isEmpty()) {
                 throw new IllegalArgumentException("the rendezvous needs a host");
             }
@@ -50,9 +52,13 @@ final class Rendezvous implements AutoCloseable {
             if (token == null || !token.matches("[0-9a-f]{64}")) {
                 throw new IllegalArgumentException("the rendezvous token must be 64 hex digits");
             }
+            if (key == null || !key.matches("[0-9a-f]{64}")) {
+                throw new IllegalArgumentException("the rendezvous key must be 64 hex digits");
+            }
             this.host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
             this.port = port;
             this.token = token;
+            this.key = key;
         }
 
         @Override
@@ -65,6 +71,7 @@ final class Rendezvous implements AutoCloseable {
     private final String host;
     private final int port;
     private final String token;
+    private final String key;
     private final int[] counts = new int[2]; // guarded by this: puts, gets (the last seen)
 
     /** Listens on host (the address the run's log server binds), any port. */
@@ -74,7 +81,7 @@ final class Rendezvous implements AutoCloseable {
 
     /** getTimeoutMs: how long a GET waits for rank 0's record (<= 0: 600 s). */
     Rendezvous(String host, long getTimeoutMs) throws IOException {
-        String[] msg = new String[2];
+        String[] msg = new String[3];
         int[] bound = new int[1];
         long h = Native.rdvStart(host == null || host.isEmpty() ? "127.0.0.1" : host,
                 (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), bound, msg);
@@ -85,11 +92,12 @@ final class Rendezvous implements AutoCloseable {
         this.host = msg[0];
         this.port = bound[0];
         this.token = msg[1];
+        this.key = msg[2];
     }
 
     /** The endpoint the tasks are told: the advertised host (the bound one when empty). */
     Endpoint endpoint(String advertisedHost) {
-        return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port, token);
+        return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port, token, key);
     }
 
     int port() {
@@ -133,7 +141,7 @@ final class Rendezvous implements AutoCloseable {
     static String exchange(Endpoint ep, int nodeRank, String packed, Runnable killCheck) {
         long[] call = new long[1];
         String[] msg = new String[1];
-        if (Native.rdvCallStart(ep.host, ep.port, ep.token, nodeRank == 0 ? (packed == null ? "" : packed) : null,
+        if (Native.rdvCallStart(ep.host, ep.port, ep.token, ep.key, nodeRank == 0 ? (packed == null ? "" : packed) : null,
                 call, msg) != 0) {
             throw new IllegalStateException(msg[0]);
         }

@@ -6,6 +6,7 @@ import java.io.PrintStream;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.nio.file.StandardCopyOption;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -655,7 +656,7 @@ public final class TorchSparkRunner {
         Metrics.AGENTS.incrementAndGet();
         try (LogServer server = new LogServer("127.0.0.1", 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0)) {
             if (wantOutput) {
-                server.expectOutput(outputPath != null ? outputPath.toString() : null);
+                expectOutput(server, sc);
             }
             Pump pump = new Pump(server, logToStderr, this);
             pump.start();
@@ -726,7 +727,7 @@ public final class TorchSparkRunner {
             }
             if (outputPath != null) {
                 try {
-                    Files.write(outputPath, all);
+                    writeReplacing(outputPath, all);
                 } catch (IOException e) {
                     throw new UncheckedIOException(e);
                 }
@@ -735,6 +736,28 @@ public final class TorchSparkRunner {
             return new Result(all, null);
         }
         return outputPath != null ? new Result(null, outputPath) : new Result(server.outputBytes(), null);
+    }
+
+    /** Rank 0's output into outputPath, or into memory no larger than Spark's collect() would
+     *  take (spark.driver.maxResultSize). */
+    private void expectOutput(LogServer server, SparkContext sc) {
+        if (outputPath == null) {
+            server.outputLimit(sc == null ? null : sc.conf().get("spark.driver.maxResultSize", null));
+        }
+        server.expectOutput(outputPath != null ? outputPath.toString() : null);
+    }
+
+    /** Writes bytes to path through a new file beside it (created exclusively, so never
+     *  through a link planted at a predictable name) and a rename over path. */
+    static void writeReplacing(Path path, byte[] bytes) throws IOException {
+        Path abs = path.toAbsolutePath();
+        Path tmp = Files.createTempFile(abs.getParent(), abs.getFileName().toString(), ".tsp");
+        try {
+            Files.write(tmp, bytes);
+            Files.move(tmp, abs, StandardCopyOption.REPLACE_EXISTING, StandardCopyOption.ATOMIC_MOVE);
+        } finally {
+            Files.deleteIfExists(tmp);
+        }
     }
 
     /** The test-only local property that advertises this host:port to the tasks instead of
@@ -826,7 +849,8 @@ public final class TorchSparkRunner {
         if (i <= 0) {
             throw new IllegalArgumentException(TEST_RENDEZVOUS_ADDRESS + " is '" + test + "': give host:port");
         }
-        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token);
+        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token,
+                ep.key);
     }
 
     /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
@@ -867,7 +891,7 @@ public final class TorchSparkRunner {
             }
             spec.secretHex = server.secretHex();
             if (wantOutput) {
-                server.expectOutput(outputPath != null ? outputPath.toString() : null);
+                expectOutput(server, sc);
             }
             Pump pump = new Pump(server, logToStderr, this);
             pump.start();

@@ -70,7 +70,8 @@ public class RendezvousTest {
             assertEquals(1, r.puts());
             assertEquals(2, r.gets());
             // The same lines as the PySpark glue's server reads (one format).
-            assertEquals(RECORD, raw(r.port(), ep.token + " GET\n"));
+            String line = raw(r.port(), ep.token + " GET\n"); // the raw wire: MAC RECORD
+            assertTrue(line, line.matches("[0-9a-f]{64} .*") && line.substring(65).equals(RECORD));
         }
     }
 
@@ -96,23 +97,29 @@ public class RendezvousTest {
     public void badTokenOrVerbIsRefused() throws Exception {
         try (Rendezvous r = new Rendezvous("127.0.0.1")) {
             Rendezvous.Endpoint ep = r.endpoint("127.0.0.1");
-            Rendezvous.Endpoint wrong = new Rendezvous.Endpoint("127.0.0.1", r.port(), "ab".repeat(32));
+            Rendezvous.Endpoint wrong = new Rendezvous.Endpoint("127.0.0.1", r.port(), "ab".repeat(32), ep.key);
             Throwable e = failure(get(wrong, 1, NOT_KILLED));
             assertEquals("torchspark: the driver refused the rendezvous: authentication failed", e.getMessage());
+            // The record's MAC checked with another key: never used.
+            assertEquals(RECORD, Rendezvous.exchange(ep, 0, RECORD, NOT_KILLED));
+            Rendezvous.Endpoint otherKey = new Rendezvous.Endpoint("127.0.0.1", r.port(), ep.token, "ab".repeat(32));
+            Throwable f = failure(get(otherKey, 1, NOT_KILLED));
+            assertTrue(f.getMessage(), f.getMessage().contains("is not rank 0's election record"));
             assertEquals("ERR authentication failed", raw(r.port(), "0 PUT " + RECORD + "\n"));
             assertEquals("ERR authentication failed", raw(r.port(), "\n"));
             assertEquals("ERR unknown request", raw(r.port(), ep.token + " POST x\n"));
             assertEquals("ERR unknown request", raw(r.port(), ep.token + " PUT\n"));
             assertEquals("ERR request too long", raw(r.port(), ep.token + " PUT " + "x".repeat(9000) + "\n"));
-            assertEquals(0, r.puts()); // nothing of it was taken as a record
+            assertEquals(1, r.puts()); // rank 0's only: nothing of these was taken as a record
             try {
                 Rendezvous.exchange(ep, 0, "x".repeat(Rendezvous.RECORD_MAX + 1), NOT_KILLED);
                 fail("an oversize record was sent");
             } catch (IllegalStateException expected) {
                 assertTrue(expected.getMessage(), expected.getMessage().contains("too long"));
             }
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", r.port(), "not hex"));
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0, ep.token));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", r.port(), "not hex", ep.key));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0, ep.token, ep.key));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", r.port(), ep.token, "beef"));
         }
     }
 
@@ -153,7 +160,7 @@ public class RendezvousTest {
         try (ServerSocket s = new ServerSocket(0, 1, java.net.InetAddress.getByName("127.0.0.1"))) {
             closed = s.getLocalPort();
         }
-        Rendezvous.Endpoint ep = new Rendezvous.Endpoint("127.0.0.1", closed, "ab".repeat(32));
+        Rendezvous.Endpoint ep = new Rendezvous.Endpoint("127.0.0.1", closed, "ab".repeat(32), "cd".repeat(32));
         for (int rank : new int[] {0, 1}) {
             try {
                 Rendezvous.exchange(ep, rank, RECORD, NOT_KILLED);
