@@ -60,6 +60,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "util": ("shared", 0), "common": ("shared", 0),
     "lines": ("shared", 1), "logwire": ("shared", 1), "logtail": ("shared", 1),
     "json": ("shared", 1),
+    "reason": ("shared", 1),  # the failure reasons and the advice of each (report, outcome)
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
