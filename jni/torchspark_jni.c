@@ -21,6 +21,7 @@
 #include "torchspark/elect.h"
 #include "torchspark/failure.h"
 #include "torchspark/logserver.h"
+#include "torchspark/outcome.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
 
@@ -280,6 +281,14 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_failureReport(JNIEnv *env, jcl
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_failure_report);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_outcomeClassify(JNIEnv *env, jclass cls,
+                                                                  jstring jrequest,
+                                                                  jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_outcome_classify);
 }
 
 /* ---- the driver's log server ---- */

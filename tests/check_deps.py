@@ -65,6 +65,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
     "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
+    "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),

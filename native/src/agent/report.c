@@ -877,14 +877,8 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         tsp_json_end(&w);
         rc = fclose(m) == 0 ? 0 : -ENOMEM;
     }
-    if (!rc) {
-        if (needed)
-            *needed = tlen + 1;
-        if (tlen + 1 > outlen)
-            rc = -ENOSPC;
-        else
-            memcpy(out, text, tlen + 1);
-    }
+    if (!rc)
+        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
     free(text);
     free(doc);
     free(msg);

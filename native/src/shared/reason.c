@@ -8,7 +8,7 @@ static const tsp_reason_t reasons[] = {
     {"exit",
      "correct the error above in the training code or its inputs and run again; every rank's "
      "full output went to {went}.",
-     1, 0},
+     1, 1},
     {"signal",
      "correct the error above in the training code or its inputs and run again; every rank's "
      "full output went to {went}.",
@@ -27,6 +27,24 @@ static const tsp_reason_t reasons[] = {
      * went silent (no PING for 5 s, or TCP gave up: a frozen host, a cut network). */
     {"eof", "check host {host} (its executor's log, memory, network) and run again.", 1, 1},
     {"silent", "check host {host} (its executor's log, memory, network) and run again.", 1, 1},
+    /* Known only from Spark (outcome.c's last resort): */
+    {"executor_lost",
+     "check that executor's log and its host (memory, the cluster manager's events) and run "
+     "again; Spark's error is the exception's cause.",
+     1, 1},
+    {"decommission",
+     "nothing in the code: the cluster took the executor away (graceful decommission); run "
+     "again, or give the run max_restarts so that it resumes from its last checkpoint by itself "
+     "(docs/distributor.md, \"Decommission\").",
+     1, 1},
+    {"cancelled",
+     "nothing, when the job was cancelled on purpose; else find who cancelled it (the Spark "
+     "UI's jobs page) and run again.",
+     0, 0},
+    {"spark",
+     "read Spark's error (the exception's cause) and the executors' logs: the barrier stage "
+     "failed before any training process reported an error.",
+     0, 1},
 };
 
 const tsp_reason_t *tsp__reason_find(const char *name)

@@ -125,3 +125,16 @@ def find(text: str) -> List[Dict[str, Any]]:
 def _time(document: Dict[str, Any]) -> Optional[float]:
     t = (document.get("torchspark") or {}).get("time")
     return float(t) if isinstance(t, (int, float)) else None
+
+
+def outcome(root: Optional[Dict[str, Any]], spark_error: Optional[str],
+            output_went: Optional[str] = None) -> Dict[str, Any]:
+    """A failed run's outcome, classified by the C core (torchspark/outcome.h,
+    docs/protocol.md §9) from the log server's root record (None when it has none) and
+    Spark's failure text (None when none): kind, reason, restart, node_rank, executor,
+    exclude, cause and advice (naming output_went, where every rank's output went)."""
+    request: Dict[str, Any] = {"root": root, "spark_error": spark_error}
+    if output_went is not None:
+        request["output_went"] = output_went
+    result: Dict[str, Any] = json_call("tsp_outcome_classify", request)
+    return result

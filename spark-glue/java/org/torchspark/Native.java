@@ -35,6 +35,12 @@ final class Native {
      *  message or null} for the request (JSON), or the error sentence naming the key. */
     static native int failureReport(String request, String[] msg);
 
+    // --- the outcome (torchspark/outcome.h) ---
+
+    /** msg[0]: the outcome (JSON: kind, reason, restart, node_rank, executor, exclude, cause,
+     *  advice) of the request {"root", "spark_error"}, or the error sentence naming the key. */
+    static native int outcomeClassify(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -219,23 +219,13 @@ final class RestartPolicy {
         return n >= least ? Math.min(n, need) : n;
     }
 
-    /** In the log server's root cause of a node that is unreachable but not gone (docs/protocol.md
-     *  1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it (a network cut).
-     *  Spark learns of such a host only after spark.network.timeout. */
-    private static final String[] SILENT = {"went silent", "no answer for about"};
-
-    /** True when the root cause (LogServer.failure()) is a node that went silent. */
+    /** True when the root cause (LogServer.failure()) is a node that is unreachable but not gone
+     *  (docs/protocol.md 1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it
+     *  (a network cut). Spark learns of such a host only after spark.network.timeout. The
+     *  outcome's exclude (torchspark/outcome.h), from the record's structured reason, never from
+     *  its prose. */
     static boolean silent(JsonNode root) {
-        if (root == null || !"lost".equals(root.path("kind").asText())) {
-            return false;
-        }
-        String message = root.path("message").asText();
-        for (String m : SILENT) {
-            if (message.contains(m)) {
-                return true;
-            }
-        }
-        return false;
+        return root != null && root.isObject() && Outcome.classify(root, null, null).path("exclude").asBoolean();
     }
 
     /** The id of the executor that ran (or runs) the task of partition `partition` (a

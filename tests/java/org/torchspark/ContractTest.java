@@ -100,6 +100,30 @@ public class ContractTest {
     }
 
     @Test
+    public void outcomeGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("outcome.json")) {
+            String name = c.get("name").asText();
+            JsonNode req = c.get("request");
+            if (c.has("error")) {
+                try {
+                    Outcome.call(req);
+                    fail(name + ": no error");
+                } catch (IllegalArgumentException e) {
+                    assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(c.get("error").asText()));
+                }
+            } else {
+                JsonNode root = req.path("root").isObject() ? req.get("root") : null;
+                String spark = req.path("spark_error").isTextual() ? req.get("spark_error").asText() : null;
+                String went = req.path("output_went").isTextual() ? req.get("output_went").asText() : null;
+                assertEquals(name, c.get("outcome"), Outcome.classify(root, spark, went));
+            }
+            n++;
+        }
+        assertTrue("fewer than 20 golden cases", n >= 20);
+    }
+
+    @Test
     public void commandIsThePlanThenTheProgram() {
         List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,
                 null, false, null, 180, List.of("train.py", "--x"));

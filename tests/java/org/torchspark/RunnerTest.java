@@ -136,15 +136,18 @@ public class RunnerTest {
         }, 4, 2, 60, 0));
     }
 
-    /** A silent node is the log server's "lost" root cause saying so (docs/protocol.md 1.7). */
+    /** A silent node is the log server's "lost" root cause whose document's reason says so
+     *  (docs/protocol.md 1.7 and 8); its prose is never read (issue 29). */
     @Test
     public void silentNodesAreTheLostOnesThatWentSilent() {
         assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"node_rank\":1,\"message\":"
-                + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\"}")));
-        assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
-                + "to node 1 (host h, address a): no answer for about 5 s\"}")));
+                + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\","
+                + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"silent\"}}}")));
         assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
-                + "to node 1 (host h, address a): connection reset\"}")));
+                + "to node 1 (host h, address a): connection reset\","
+                + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"eof\"}}}")));
+        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+                + "to node 1 (host h, address a): it went silent\"}"))); // no reason: eof, prose unread
         assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"failure\",\"message\":\"it went silent\"}")));
         assertTrue(!RestartPolicy.silent(null));
     }
