@@ -77,6 +77,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "ncclapi": ("agent", 2),
     "proc": ("agent", 3), "topo": ("agent", 3), "sentinel": ("agent", 3), "gpu": ("agent", 3),
     "dump": ("agent", 3),  # the hang doctor's agent side (docs/protocol.md 1.9)
+    "userreport": ("agent", 3),  # the report a user's exception exposes (report.c's reply)
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),

@@ -84,6 +84,9 @@ def test_failure_golden(case):
     assert str(err) == want
     assert err.rank == case["document"]["rank"] and err.exitcode == case["document"]["exitcode"]
     assert err.signal == case["document"]["signal"]
+    assert err.report["kind"] == case["document"].get("kind", "failure")
+    if "report" in case:  # one layout for both glues (docs/protocol.md §8)
+        assert err.report == case["report"]
 
 
 def test_the_agent_lines_win_over_a_request_tail_unless_empty():

@@ -7,6 +7,7 @@
 #include "proc.h"
 #include "reason.h"
 #include "torchspark/failure.h"
+#include "userreport.h"
 #include "util.h"
 
 #include <errno.h>
@@ -874,6 +875,10 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         (void)tsp_json_value(&w, doc, strlen(doc));
         tsp_json_key(&w, "message");
         tsp_json_str(&w, msg); /* null without a product */
+        if (q.msg.product) {   /* the exception's report, one layout for both glues */
+            tsp_json_key(&w, "report");
+            tsp__userreport_write(&w, doc, strlen(doc), q.msg.detail);
+        }
         tsp_json_end(&w);
         rc = fclose(m) == 0 ? 0 : -ENOMEM;
     }

@@ -54,9 +54,11 @@ class TorchDistributorError(RuntimeError):
 class Failure:
     """A finished failure document and, when asked for, its message."""
 
-    def __init__(self, document: Dict[str, Any], message: Optional[str]) -> None:
+    def __init__(self, document: Dict[str, Any], message: Optional[str],
+                 report: Optional[Dict[str, Any]] = None) -> None:
         self.document = document
         self.message = message
+        self.report = report  # the exception's report (with a message), written by the C core
         self.fields: Dict[str, Any] = dict(document.get("torchspark") or {})
 
     @classmethod
@@ -82,26 +84,16 @@ class Failure:
                            shown_tail=None if shown_tail is None else "\n".join(shown_tail),
                            detail=detail)
         reply = json_call("tsp_failure_report", request)
-        return cls(reply["document"], reply["message"])
+        return cls(reply["document"], reply["message"], reply.get("report"))
 
     def error(self, mode: str, shown_tail: Optional[List[str]] = None,
               detail: Optional[str] = None) -> TorchDistributorError:
         """The exception: the C core's message for this mode ("local" or "distributed"),
         showing ``shown_tail`` (the driver's lines of the rank) or the document's tail, and
         ``detail`` (the driver's job-wide view); the document's fields as attributes."""
-        message = Failure.from_document(self.document, mode=mode, shown_tail=shown_tail,
-                                        detail=detail).message
-        msg = self.document.get("message")
-        extra = msg.get("extraInfo") if isinstance(msg, dict) else None
-        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
-        ts = self.fields
-        report = {**ts, "version": 2,
-                  "message": msg.get("message") if isinstance(msg, dict) else msg,
-                  "traceback": stack or None,
-                  "tail": ts["tail"].split("\n") if ts.get("tail") else []}
-        if detail:
-            report["detail"] = detail
-        return TorchDistributorError(str(message), report)
+        done = Failure.from_document(self.document, mode=mode, shown_tail=shown_tail,
+                                     detail=detail)
+        return TorchDistributorError(str(done.message), done.report)
 
     def encode(self) -> str:
         """The task's carrier: one line of its exception text."""

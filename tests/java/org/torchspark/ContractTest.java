@@ -94,6 +94,11 @@ public class ContractTest {
             assertEquals(name, c.get("document").get("rank").isNull() ? null
                     : Integer.valueOf(c.get("document").get("rank").asInt()), e.rank());
             assertEquals(name, c.get("document").get("signal").asInt(), e.signal());
+            JsonNode report = new ObjectMapper().readTree(e.reportJson());
+            assertEquals(name, c.get("document").path("kind").asText("failure"), report.get("kind").asText());
+            if (c.has("report")) { // one layout for both glues (docs/protocol.md 8)
+                assertEquals(name, c.get("report"), report);
+            }
             n++;
         }
         assertTrue("no golden case was read", n >= 8);
