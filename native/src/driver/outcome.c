@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "json.h"
 #include "reason.h"
@@ -125,12 +126,14 @@ static int spark_executor_lost(const input_t *in, outcome_t *o)
     const char *reason = close ? strstr(close, ") Reason: ") : NULL;
     if (reason == close)
         one_line(why, reason + strlen(") Reason: "));
-    if (strncmp(what, "executor ", 9) == 0) /* its id: the word after "executor " */
+    if (strncasecmp(what, "executor ", 9) == 0) /* its id: the word after "executor " */
         snprintf(o->executor, sizeof o->executor, "%.*s", (int)strcspn(what + 9, " )"), what + 9);
     o->kind = "spark";
-    /* ExecutorDecommission's reason (ExecutorLossReason.scala): the cluster took it away. */
-    o->reason = tsp__reason_find(strncmp(why, "Executor decommission", 21) == 0 ? "decommission"
-                                                                                : "executor_lost");
+    /* ExecutorDecommission's reason (ExecutorLossReason.scala), or a decommissioned
+     * executor named so in what Spark says of it ("Executor 1 is decommissioned"). */
+    int decommissioned =
+        strncmp(why, "Executor decommission", 21) == 0 || strcasestr(what, "decommission") != NULL;
+    o->reason = tsp__reason_find(decommissioned ? "decommission" : "executor_lost");
     snprintf(o->cause, sizeof o->cause, "%s%s%s (ExecutorLostFailure)", what, *why ? ": " : "",
              why);
     return 1;

@@ -139,8 +139,6 @@ final class RestartPolicy {
     /** The line torchspark.checkpoint prints after a checkpoint on request. */
     private static final Pattern ON_REQUEST = Pattern.compile(
             "torchspark\\.checkpoint: step (\\d+) checkpointed on request \\(executor decommission\\)");
-    private static final Pattern EXECUTOR_LOST =
-            Pattern.compile("ExecutorLostFailure \\(([^)]*)\\)(?: Reason: ([^\\n]*))?");
 
     /** One line naming an attempt's root cause: a lost executor when Spark says so (the
      *  other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
@@ -156,11 +154,12 @@ final class RestartPolicy {
                 }
             }
         }
+        // Spark's text is read by the C core's outcome table only (torchspark/outcome.h).
         for (Throwable t = e.getCause(); t != null; t = t.getCause() == t ? null : t.getCause()) {
-            Matcher m = EXECUTOR_LOST.matcher(String.valueOf(t.getMessage()));
-            if (m.find()) {
-                String reason = m.group(2) != null ? ": " + m.group(2).trim() : "";
-                return cut(m.group(1) + reason + " (ExecutorLostFailure)", 500);
+            JsonNode found = Outcome.classify(null, String.valueOf(t.getMessage()), null);
+            String reason = found.path("reason").asText();
+            if (reason.equals("executor_lost") || reason.equals("decommission")) {
+                return found.path("cause").asText();
             }
         }
         String text = String.valueOf(e.getMessage()).strip();

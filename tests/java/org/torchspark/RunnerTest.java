@@ -152,6 +152,22 @@ public class RunnerTest {
         assertTrue(!RestartPolicy.silent(null));
     }
 
+    /** Spark's ExecutorLostFailure is read by the C core's outcome table, not by the glue
+     *  (issue 29): the same cause as the PySpark glue's _restart.root_cause. */
+    @Test
+    public void rootCauseOfALostExecutorIsTheOutcomeTables() {
+        String lost = "Job aborted due to stage failure: Lost task 1.0 in stage 0.0 (TID 1) (10.0.0.8 executor 1): "
+                + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command "
+                + "exited with code 137  \nDriver stacktrace:";
+        RuntimeException e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1,
+                "h", 1, 0, null, null, new IllegalStateException(lost));
+        assertEquals("executor 1 exited caused by one of the running tasks: Command exited with code 137 "
+                + "(ExecutorLostFailure)", RestartPolicy.rootCause(e));
+        e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1, "h", 1, 0, null,
+                null, new IllegalStateException("Job 3 cancelled because SparkContext was shut down"));
+        assertEquals("rank 1 ... reset", RestartPolicy.rootCause(e));
+    }
+
     private static TorchSparkException rankFailed(String text) {
         return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
                 null, null);
