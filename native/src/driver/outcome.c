@@ -124,7 +124,7 @@ static int spark_executor_lost(const input_t *in, outcome_t *o)
     char what[CAUSE_MAX + 1], why[CAUSE_MAX + 1] = "";
     snprintf(what, sizeof what, "%.*s", (int)(n > CAUSE_MAX ? CAUSE_MAX : n), p);
     const char *reason = close ? strstr(close, ") Reason: ") : NULL;
-    if (reason == close)
+    if (reason && reason == close) /* " Reason: " right after what Spark says of it */
         one_line(why, reason + strlen(") Reason: "));
     if (strncasecmp(what, "executor ", 9) == 0) /* its id: the word after "executor " */
         snprintf(o->executor, sizeof o->executor, "%.*s", (int)strcspn(what + 9, " )"), what + 9);
