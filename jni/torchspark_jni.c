@@ -23,6 +23,7 @@
 #include "torchspark/failure.h"
 #include "torchspark/hang.h"
 #include "torchspark/logserver.h"
+#include "torchspark/outcome.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
 
@@ -296,6 +297,14 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_hangDiagnose(JNIEnv *env, jcla
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_hang_diagnose);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_outcomeClassify(JNIEnv *env, jclass cls,
+                                                                  jstring jrequest,
+                                                                  jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_outcome_classify);
 }
 
 /* ---- the driver's log server ---- */

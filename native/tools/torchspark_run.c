@@ -41,8 +41,8 @@ static void send_failure(void *ctx, const tsp_failure_t *f);
 /* A failure of the node before any worker ran (GPU assignment, the NCCL preflight): the
  * same failure document as a worker's (report.h), written to --error-file and, with a log
  * channel (fr), sent to the driver. rank < 0: no rank is to blame. */
-static void setup_failure(const char *msg, int node_rank, int rank, int local_rank, int status,
-                          failure_report_t *fr)
+static void setup_failure(const char *msg, const char *reason, int node_rank, int rank,
+                          int local_rank, int status, failure_report_t *fr)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -52,7 +52,8 @@ static void setup_failure(const char *msg, int node_rank, int rank, int local_ra
                        .status = status,
                        .exitcode = status,
                        .time = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9,
-                       .message = strdup(msg)};
+                       .message = strdup(msg),
+                       .reason = reason};
     char host[256] = "?";
     gethostname(host, sizeof host - 1);
     if (tsp__report_document(&f, host, node_rank) == 0) {
@@ -364,11 +365,13 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
     /* Before the failure: the driver reads a timeout's root cause with it (who never
      * reported, job-wide). */
     send_check_state(fr, rc == 0                         ? "passed"
+                         : rc == -ENODEV                 ? "skipped"
                          : rc == -ECANCELED              ? "stopped"
                          : rc == -EIO && failed_rank < 0 ? "timeout"
                                                          : "failed");
-    if (rc == 0 && fr->logc) {
-        /* The node's success line also goes to the driver, as a line of its first rank. */
+    if ((rc == 0 || rc == -ENODEV) && fr->logc) {
+        /* The node's success line (or its one warning that no driver is there, and the
+         * check was skipped) also goes to the driver, as a line of its first rank. */
         tsp_line_sink_t *sink = tsp_logclient_sink(fr->logc);
         tsp_line_t line = {.rank = o.first_rank,
                            .local_rank = 0,
@@ -378,7 +381,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
         for (int tries = 0; tries < 100 && sink->write_line(sink->ctx, &line) == -EAGAIN; tries++)
             usleep(10000);
     }
-    if (rc == 0)
+    if (rc == 0 || rc == -ENODEV)
         return 0;
     if (rc == -ECANCELED) {
         sigset_t pending;
@@ -391,7 +394,7 @@ static int nccl_preflight(const tsp_topo_t *t, const char *argv0, failure_report
                 }
         return tsp_proc_signal_status(sig);
     }
-    setup_failure(msg, t->node_rank, failed_rank >= 0 ? failed_rank : o.first_rank,
+    setup_failure(msg, "nccl_check", t->node_rank, failed_rank >= 0 ? failed_rank : o.first_rank,
                   failed_rank >= 0 ? failed_rank - o.first_rank : 0, 1, fr);
     return 1;
 }
@@ -516,7 +519,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "%s\n", err);
         else
             fprintf(stderr, "torchspark-run: error: %s\n", err);
-        setup_failure(err, cfg.topo.node_rank, -1, -1, 2, NULL);
+        setup_failure(err, "setup", cfg.topo.node_rank, -1, -1, 2, NULL);
         return 2;
     }
     if (cfg.expected_parent && cfg.expected_parent != ppid)

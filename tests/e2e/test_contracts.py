@@ -15,6 +15,7 @@ RDV_CASES = json.loads((CONTRACTS / "rendezvous.json").read_text())["cases"]
 FAILURE_CASES = json.loads((CONTRACTS / "failure.json").read_text())["cases"]
 CONF_CASES = json.loads((CONTRACTS / "conf.json").read_text())["cases"]
 HANG_CASES = json.loads((CONTRACTS / "hang.json").read_text())["cases"]
+OUTCOME_CASES = json.loads((CONTRACTS / "outcome.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -112,6 +113,9 @@ def test_failure_golden(case):
     assert str(err) == want
     assert err.rank == case["document"]["rank"] and err.exitcode == case["document"]["exitcode"]
     assert err.signal == case["document"]["signal"]
+    assert err.report["kind"] == case["document"].get("kind", "failure")
+    if "report" in case:  # one layout for both glues (docs/protocol.md §8)
+        assert err.report == case["report"]
 
 
 def test_the_agent_lines_win_over_a_request_tail_unless_empty():
@@ -202,3 +206,23 @@ def test_rendezvous_exchange_and_its_sentences():
         _rendezvous.exchange(spec, None, 1, "")  # closed: nothing listens there now
     assert str(e.value).startswith(f"{_rendezvous.UNREACHABLE}: this barrier task on host "), e
     assert f"the driver's rendezvous at 127.0.0.1:{spec['port']} (" in str(e.value)
+
+
+@pytest.mark.parametrize("case", OUTCOME_CASES, ids=[c["name"] for c in OUTCOME_CASES])
+def test_outcome_golden(case):
+    """root record + Spark's text -> the outcome, classified once in C (outcome.h)."""
+    request = case["request"]
+    if "error" in case:
+        with pytest.raises(ValueError) as e:
+            _lib.json_call("tsp_outcome_classify", request)
+        assert case["error"] in str(e.value)
+        return
+    assert _report.outcome(request.get("root"), request.get("spark_error"),
+                           request.get("output_went")) == case["outcome"]
+
+
+def test_outcome_has_20_cases_and_every_reason():
+    reasons = {c["outcome"]["reason"] for c in OUTCOME_CASES if "outcome" in c}
+    assert len(OUTCOME_CASES) >= 20
+    assert reasons == {"exit", "signal", "nccl_check", "setup", "eof", "silent", "executor_lost",
+                       "decommission", "cancelled", "spark"}

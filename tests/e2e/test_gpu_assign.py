@@ -14,6 +14,7 @@ failing node is raised fast, and a node that starts too late is named as never r
 One node's environment differs through a site wrapper in front of the agent
 (TORCHSPARK_RUN), as a host whose scheduler sets NCCL variables of its own would:
 spark.executorEnv is the same for every executor."""
+import ctypes
 import os
 import socket
 import sys
@@ -254,6 +255,14 @@ def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(n
             "ncclCommInitRankConfig returned 'unhandled system error") in text, text
     assert "NCCL found no usable interface on " in text
     assert e.value.node_rank == 1 and e.value.rank == 2 and e.value.local_rank == 0
+    # Issue 29, fault A: the check's own reason and advice (the executor's driver, NCCL or
+    # network, or the switch), not the training code's, and no "printed nothing".
+    assert "failed: the NCCL check of rank 2 (node 1, local rank 0) on host " in text, text
+    assert ("To fix it: the NCCL check failed before training started, so the training code "
+            "did not run: fix the NVIDIA driver, NCCL or the network of the executor on host "
+            ) in text, text
+    assert "spark.torchspark.ncclCheck=false" in text, text
+    assert "training code or its inputs" not in text and "printed nothing" not in text, text
     # Well before node 0's 30 s deadline: the driver stopped it (the same bound as a failing
     # rank's in test_distributor_cluster.py, doubled for the check processes' start on a
     # loaded 2-core machine; measured 5.3 s at load average 23).
@@ -261,6 +270,38 @@ def test_nccl_preflight_failure_on_one_node_is_raised_fast_and_nothing_is_left(n
     assert raised - failed < 10, f"raised {raised - failed:.2f} s after the failure"
     assert not os.path.exists(nccl_check)  # training never started
     assert tsp_spark.wait_gone(MARK_VALUE, 2) == []
+
+
+def test_without_a_driver_the_check_is_skipped_with_one_warning_and_training_runs(
+        nccl_check, capfd):
+    # Issue 29, fault B: GPUs from a discovery script on a host with no NVIDIA driver at all
+    # (PySpark's own test_gpu_env_via_run_distributed on a CPU machine): stock trains, and so
+    # must torchspark, with one warning per node that names the missing library. The site
+    # wrapper takes the stub driver away from both agents: libcuda.so.1 itself is loaded,
+    # and this host has none (its CUDA toolkit and libnccl are there).
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this host has a CUDA driver")
+    except OSError:
+        pass
+    for n in (0, 1):
+        with open(f"{NODE_ENV}.{n}", "w") as f:
+            f.write("unset TORCHSPARK_LIBCUDA\n")
+    try:
+        d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=True)
+        assert d.run(_train, nccl_check) == "trained"
+    finally:
+        os.unlink(NODE_ENV + ".0")
+    err = capfd.readouterr().err
+    skipped = [ln for ln in err.splitlines() if "NCCL check skipped on host " in ln]
+    assert len(skipped) == 2, err[-3000:]  # one per node
+    for ln in skipped:
+        assert ("torchspark: WARNING: NCCL check skipped on host " in ln
+                and ": no NVIDIA driver there (libcuda.so.1: cannot open shared object file"
+                in ln and "spark.torchspark.ncclCheck=false" in ln), ln
+    assert "NCCL check failed" not in err and "NCCL check passed" not in err, err[-3000:]
+    with open(nccl_check) as f:
+        assert f.read().split() == ["trained"] * 4  # every rank trained
 
 
 def test_nccl_check_timeout_names_the_node_that_never_reported(nccl_check):

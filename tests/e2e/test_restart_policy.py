@@ -127,3 +127,25 @@ def test_min_nodes_on_spark_connect_leaves_out_the_lost_node():
                         replacement_timeout_s=0, remote=True,
                         logger=logging.getLogger("t")) == "done"
     assert seen == [2, 1]
+
+
+LOST = ("Job aborted due to stage failure: Task 1 in stage 0.0 failed 1 times, most recent "
+        "failure: Lost task 1.0 in stage 0.0 (TID 1) (10.0.0.8 executor 1): ExecutorLostFailure "
+        "(executor 1 exited caused by one of the running tasks) Reason: Command exited with code "
+        "137  \nDriver stacktrace:")
+
+
+def test_root_cause_of_a_lost_executor_is_the_outcome_tables():
+    """Spark's ExecutorLostFailure is read by the C core's outcome table, not by the glue
+    (issue 29): the same cause as RestartPolicy.rootCause (RunnerTest)."""
+    e = TorchDistributorError("TorchDistributor (distributed) failed: rank 1 ... Connection "
+                              "reset by peer")
+    e.__cause__ = RuntimeError(LOST)
+    assert _restart.root_cause(e) == ("executor 1 exited caused by one of the running tasks: "
+                                      "Command exited with code 137 (ExecutorLostFailure)")
+    e.__cause__ = RuntimeError(LOST.replace("Command exited with code 137",
+                                            "Executor decommission: worker decommissioned"))
+    assert _restart.root_cause(e).endswith(": Executor decommission: worker decommissioned "
+                                           "(ExecutorLostFailure)")
+    e.__cause__ = RuntimeError("Job 3 cancelled because SparkContext was shut down")
+    assert _restart.root_cause(e) == "rank 1 ... Connection reset by peer"

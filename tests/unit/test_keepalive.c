@@ -65,6 +65,8 @@ START_TEST(test_keepalive_silent_agent_is_lost_idle_client_is_not)
                               "went silent: nothing for 5 s"),
                   "%s", buf);
     ck_assert_ptr_nonnull(strstr(buf, "\"kind\": \"lost\""));
+    /* its structured reason, which the glues read instead of this prose (protocol 8) */
+    ck_assert_msg(strstr(buf, "\"kind\": \"lost\", \"reason\": \"silent\""), "%s", buf);
     /* the bound: TSP_WIRE_SILENT_MS + a sweep (the lost grace is not waited), and not
      * before the silence */
     ck_assert_msg(took >= TSP_WIRE_SILENT_MS && took < TSP_WIRE_SILENT_MS + 1500,

@@ -178,7 +178,7 @@ START_TEST(test_logcontrol_lost_agent_names_its_host)
                   buf);
     /* the lost node's failure document, built here once for both glues */
     ck_assert_msg(strstr(buf, "\"report\": {\"torchspark\": {\"node_rank\": 1, \"kind\": \"lost\", "
-                              "\"host\": \"host-b\", \"peer\": \"127.0.0.1:"),
+                              "\"reason\": \"eof\", \"host\": \"host-b\", \"peer\": \"127.0.0.1:"),
                   "%s", buf);
     ck_assert_msg(strstr(buf, "\"summary\": \"lost connection to node 1 (host host-b, address "
                               "127.0.0.1)"),

@@ -298,6 +298,12 @@ START_TEST(test_failing_rank_is_the_root_cause_at_once)
     unlink(ef);
     ck_assert_ptr_nonnull(strstr(doc, "\"message\": \"torchspark: NCCL check failed before"));
     ck_assert_ptr_nonnull(strstr(doc, "\"rank\": 1, \"local_rank\": 1"));
+    /* A structured reason, so that the driver's advice names the check, not the training
+     * code (docs/protocol.md section 8). */
+    ck_assert_msg(strstr(doc, "\"reason\": \"nccl_check\""), "%s", doc);
+    ck_assert_msg(strstr(doc, "\"summary\": \"the NCCL check of rank 1 (node 0, local rank 1) on "
+                              "host "),
+                  "%s", doc);
     ck_assert_int_eq(marked_processes(), 0);
 }
 END_TEST
@@ -554,6 +560,33 @@ START_TEST(test_toolkit_stub_libcuda)
 }
 END_TEST
 
+/* A host without any NVIDIA driver (a discovery script's GPUs on a CPU machine): the check
+ * is skipped with one warning that names the missing library, and training starts, as it
+ * does with stock PySpark. */
+START_TEST(test_no_driver_skips_the_check_with_one_warning)
+{
+    double wall;
+    setenv("TORCHSPARK_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+    const char *args[] = {"--standalone", "--nproc-per-node", "2", "--nccl-check=20",
+                          "--nccl-lib",   TSP_STUB_NCCL,      NULL};
+    ck_assert_int_eq(run_agent(&wall, args), 0);
+    char want[1024];
+    snprintf(want, sizeof want,
+             "torchspark: WARNING: NCCL check skipped on host %s: no NVIDIA driver there "
+             "(/nonexistent/libcuda.so.1: cannot open shared object file: No such file or "
+             "directory); training starts without the check. Install the NVIDIA driver on the "
+             "GPU executors' hosts, or set spark.torchspark.ncclCheck=false to run without the "
+             "check and this warning",
+             host);
+    ck_assert_str_eq(line_with("torchspark: WARNING: NCCL check"), want);
+    const char *first = strstr(output, "NCCL check skipped");
+    ck_assert_ptr_null(strstr(first + 1, "NCCL check skipped")); /* one warning, not one a rank */
+    ck_assert_ptr_null(strstr(output, "NCCL check failed"));
+    ck_assert(ran());
+    ck_assert_int_eq(marked_processes(), 0);
+}
+END_TEST
+
 START_TEST(test_missing_libnccl)
 {
     double wall;
@@ -602,6 +635,7 @@ static Suite *nccl_suite(void)
     tcase_add_test(tc, test_more_workers_than_visible_gpus);
     tcase_add_loop_test(tc, test_toolkit_stub_libcuda, 0, 2);
     tcase_add_test(tc, test_missing_libnccl);
+    tcase_add_test(tc, test_no_driver_skips_the_check_with_one_warning);
     tcase_add_test(tc, test_bad_options);
     suite_add_tcase(s, tc);
     return s;

@@ -5,7 +5,9 @@
 #include "json.h"
 #include "lines.h"
 #include "proc.h"
+#include "reason.h"
 #include "torchspark/failure.h"
+#include "userreport.h"
 #include "util.h"
 
 #include <errno.h>
@@ -359,6 +361,8 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
     tsp_json_str(&w, root->has_error_file ? root->error_file : NULL);
     tsp_json_key(&w, "summary");
     tsp_json_str(&w, summary);
+    tsp_json_key(&w, "reason");
+    tsp_json_str(&w, tsp__report_reason(root));
     if (root->tail) { /* the agent's lines, or a glue's (tsp_failure_report) */
         tsp_json_key(&w, "tail");
         tsp_json_str(&w, root->tail);
@@ -409,6 +413,12 @@ void tsp__report_clear(tsp_failure_t *f)
     f->document = NULL;
 }
 
+const char *tsp__report_reason(const tsp_failure_t *f)
+{
+    const tsp_reason_t *r = tsp__reason_find(f->reason);
+    return r ? r->name : f->signal ? "signal" : "exit";
+}
+
 char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_rank)
 {
     char who[32] = "a worker", local[48] = "", what[96];
@@ -424,6 +434,11 @@ char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_ran
     else
         snprintf(what, sizeof what, "exited with code %d", f->status);
     char *s = NULL;
+    if (strcmp(tsp__report_reason(f), "nccl_check") == 0) /* the check, not the training */
+        return asprintf(&s, "the NCCL check of %s (node %d%s) on host %s failed", who, node_rank,
+                        local, host ? host : "?") < 0
+                   ? NULL
+                   : s;
     if (asprintf(&s, "%s (node %d%s) on host %s %s", who, node_rank, local, host ? host : "?",
                  what) < 0)
         return NULL;
@@ -543,6 +558,10 @@ static void from_document(tsp_failure_t *f, const char *doc, size_t len, int *no
         free(h);
     }
     f->tail = json_string_at(doc, len, "torchspark.tail");
+    char *reason = json_string_at(doc, len, "torchspark.reason");
+    const tsp_reason_t *r = tsp__reason_find(reason);
+    f->reason = r ? r->name : NULL;
+    free(reason);
 }
 
 /* The lines of rank among tail (by their "[rank R] " prefix), else all of them. */
@@ -621,8 +640,8 @@ static void write_tail(FILE *m, const char *who, const char *shown, const char *
 
 /* The exception's message (docs/protocol.md §8): the summary, the error, the rank's last
  * lines and what to do, in the words both glues show. */
-static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const char *summary,
-                          const message_opts_t *o)
+static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const char *host,
+                          const char *summary, const message_opts_t *o)
 {
     fprintf(m, "%s (%s) failed: %s.", o->product, o->mode ? o->mode : "distributed", summary);
     const char *text = f->traceback ? f->traceback : f->message;
@@ -642,11 +661,12 @@ static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const 
         snprintf(who, sizeof who, "rank %d", f->rank);
     else
         snprintf(who, sizeof who, "node %d", node_rank);
-    write_tail(m, who, o->shown_tail, f->tail);
-    fprintf(m,
-            "\nTo fix it: correct the error above in the training code or its inputs and run "
-            "again; every rank's full output went to %s.",
-            o->went ? o->went : "the driver's stderr");
+    const tsp_reason_t *r = tsp__reason_find(tsp__report_reason(f));
+    const char *shown = o->shown_tail && *o->shown_tail ? o->shown_tail : f->tail;
+    if (r->shows_tail || (shown && *shown)) /* "printed nothing" only where it tells something */
+        write_tail(m, who, o->shown_tail, f->tail);
+    fputc('\n', m);
+    tsp__reason_advise(m, r, host, o->went);
     if (o->detail) /* the driver's job-wide view (e.g. the nodes whose NCCL check never started) */
         fprintf(m, "\n%s.", o->detail);
 }
@@ -738,7 +758,7 @@ static int rank_finish(request_fields_t *q, char **doc, char **msg)
         size_t mlen = 0;
         FILE *mm = open_memstream(msg, &mlen);
         if (mm)
-            write_message(mm, &f, node_rank, summary, &q->msg);
+            write_message(mm, &f, node_rank, host, summary, &q->msg);
         if (!mm || fclose(mm) != 0)
             rc = -ENOMEM;
     }
@@ -769,6 +789,10 @@ static int lost_finish(request_fields_t *q, char **doc, char **msg)
     char *peer = json_string_at(q->document, len, "torchspark.peer");
     char *summary = json_string_at(q->document, len, "torchspark.summary");
     char *tail = q->tail ? strdup(q->tail) : json_string_at(q->document, len, "torchspark.tail");
+    char *said = json_string_at(q->document, len, "torchspark.reason");
+    const tsp_reason_t *reason =
+        tsp__reason_find(said && strcmp(said, "silent") == 0 ? said : "eof");
+    free(said);
     const char *h = host ? host : q->host ? q->host : "?";
     int rc = -ENOMEM;
     FILE *m = open_memstream(doc, &dl);
@@ -792,8 +816,8 @@ static int lost_finish(request_fields_t *q, char **doc, char **msg)
         tsp_json_int(&w, 0);
         tsp_json_key(&w, "node_rank");
         tsp_json_int(&w, node);
-        const char *keys[] = {"kind", "host", "peer", "summary", "tail"};
-        const char *vals[] = {"lost", h, peer, summary, tail ? tail : ""};
+        const char *keys[] = {"kind", "reason", "host", "peer", "summary", "tail"};
+        const char *vals[] = {"lost", reason->name, h, peer, summary, tail ? tail : ""};
         for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
             tsp_json_key(&w, keys[i]);
             tsp_json_str(&w, vals[i]);
@@ -812,9 +836,8 @@ static int lost_finish(request_fields_t *q, char **doc, char **msg)
                 q->msg.product, q->msg.mode ? q->msg.mode : "distributed",
                 summary ? summary : "a node was lost", node, h);
         write_tail(mm, who, q->msg.shown_tail, tail);
-        fprintf(mm,
-                "\nTo fix it: check host %s (its executor's log, memory, network) and run again.",
-                h);
+        fputc('\n', mm);
+        tsp__reason_advise(mm, reason, h, q->msg.went);
         if (q->msg.detail)
             fprintf(mm, "\n%s.", q->msg.detail);
         rc = fclose(mm) == 0 ? 0 : -ENOMEM;
@@ -852,17 +875,15 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         (void)tsp_json_value(&w, doc, strlen(doc));
         tsp_json_key(&w, "message");
         tsp_json_str(&w, msg); /* null without a product */
+        if (q.msg.product) {   /* the exception's report, one layout for both glues */
+            tsp_json_key(&w, "report");
+            tsp__userreport_write(&w, doc, strlen(doc), q.msg.detail);
+        }
         tsp_json_end(&w);
         rc = fclose(m) == 0 ? 0 : -ENOMEM;
     }
-    if (!rc) {
-        if (needed)
-            *needed = tlen + 1;
-        if (tlen + 1 > outlen)
-            rc = -ENOSPC;
-        else
-            memcpy(out, text, tlen + 1);
-    }
+    if (!rc)
+        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
     free(text);
     free(doc);
     free(msg);

@@ -34,6 +34,9 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
     /* The failing rank's last lines, one per line (NULL: none kept): the agent's
      * worker tail (agent.c, report_root), else what a glue adds when it finishes the document: */
     char *tail;
+    /* Why it failed (reason.h; docs/protocol.md section 8): a row of the reason table, or
+     * NULL for a worker's own failure ("signal" or "exit", from signal). */
+    const char *reason;
     int finished;     /* finished by a glue (tsp_failure_report): agent_status is set */
     int agent_status; /* the agent's exit status as the glue saw it (-N: signal N) */
 } tsp_failure_t;
@@ -53,6 +56,8 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
 #define TSP_REPORT_TAIL_LINES 100
 #define TSP_REPORT_TAIL_BYTES (8u << 10)
 
+/* The failure's reason (reason.h): its own, else "signal" or "exit". */
+const char *tsp__report_reason(const tsp_failure_t *f);
 /* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */
 void tsp__report_set_status(tsp_failure_t *f, int wstatus);
 /* Reads the failure's torchelastic error file when it exists: sets has_error_file, the

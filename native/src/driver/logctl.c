@@ -155,8 +155,9 @@ static void lost_publish(tsp_logserver_t *s)
 }
 
 /* A LOGS connection ended without CLOSE: remember it; sweep() declares it lost when its
- * agent has not reconnected within grace_ms. */
-void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t grace_ms)
+ * agent has not reconnected within grace_ms. reason: the lost document's (protocol 8). */
+static void lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t grace_ms,
+                     const char *reason)
 {
     if (s->t_draining || c->state != C_OPEN || c->h.role != TSP_WIRE_ROLE_LOGS)
         return;
@@ -176,7 +177,15 @@ void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t
     snprintf(l->host, sizeof(l->host), "%s", c->h.host);
     snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
     snprintf(l->why, sizeof(l->why), "%s", why);
+    l->reason = reason;
     lost_publish(s);
+}
+
+/* The connection's own end: a node that gets no grace was silent already (TCP gave up
+ * after 5 s without an answer, logconn.c), one with grace closed or broke it (EOF). */
+void tsp__lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64_t grace_ms)
+{
+    lost_add(s, c, why, grace_ms, grace_ms == 0 && s->o.lost_grace_ms > 0 ? "silent" : "eof");
 }
 
 void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id)
@@ -207,8 +216,8 @@ static char *lost_document(const lost_rec_t *l, const char *msg)
     tsp_json_begin_object(&w);
     tsp_json_key(&w, "node_rank");
     tsp_json_int(&w, l->node_rank);
-    const char *keys[] = {"kind", "host", "peer", "summary"};
-    const char *vals[] = {"lost", l->host, l->peer, msg};
+    const char *keys[] = {"kind", "reason", "host", "peer", "summary"};
+    const char *vals[] = {"lost", l->reason, l->host, l->peer, msg};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         tsp_json_key(&w, keys[i]);
         tsp_json_str(&w, vals[i]);
@@ -279,10 +288,10 @@ int64_t tsp__silent_sweep(tsp_logserver_t *s, int64_t now)
         }
         int64_t due = c->rx_at + TSP_WIRE_SILENT_MS;
         if (now >= due) {
-            tsp__lost_add(s, c,
-                          "it went silent: nothing for 5 s, keepalives included (its executor, "
-                          "host or network is frozen or cut)",
-                          0);
+            lost_add(s, c,
+                     "it went silent: nothing for 5 s, keepalives included (its executor, "
+                     "host or network is frozen or cut)",
+                     0, "silent");
             tsp__conn_free(s, c);
             continue;
         }

@@ -69,6 +69,7 @@ typedef struct lost_rec {
     char host[256];
     char peer[80];
     char why[120];
+    const char *reason; /* the lost document's reason (docs/protocol.md 8): "eof", "silent" */
 } lost_rec_t;
 
 /* What the NODE and NCCL_CHECK events of one node said (lognodes.c). */

@@ -71,6 +71,9 @@ typedef struct {
 /* The driver table, loaded once per process (libcuda.so.1 or TORCHSPARK_LIBCUDA); NULL
  * when the library is absent. Symbols missing from the library stay NULL. */
 const tsp_cuda_api_t *tsp__cuda_api(void);
+/* Why the driver library could not be loaded at all (the loader's words, naming the
+ * file), or NULL when it was loaded: no NVIDIA driver on this host (docs/gpu.md). */
+const char *tsp__cuda_missing(void);
 
 /* A CUDA error's name: the driver's, else torchspark's own table (the toolkit's stub
  * libcuda names nothing), else "CUDA error N". */

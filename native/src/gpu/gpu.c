@@ -33,6 +33,7 @@ static struct {
     pthread_once_t once;
     tsp_cuda_api_t api;
     int ok;
+    char missing[512]; /* dlerror() when the library could not be loaded */
 } cuda = {.once = PTHREAD_ONCE_INIT};
 
 static void cuda_load(void)
@@ -40,8 +41,11 @@ static void cuda_load(void)
     const char *path = getenv("TORCHSPARK_LIBCUDA");
     const char *name = path && *path ? path : "libcuda.so.1";
     void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        return; /* no driver: a CPU-only host */
+    if (!h) { /* no driver: a CPU-only host */
+        const char *e = dlerror();
+        snprintf(cuda.missing, sizeof cuda.missing, "%s", e ? e : name);
+        return;
+    }
     cuda.api.handle = h;
     cuda.api.complete = 1;
 #define TSP_API_RESOLVE(field, sym, ret, params)                                                   \
@@ -58,6 +62,12 @@ const tsp_cuda_api_t *tsp__cuda_api(void)
 {
     pthread_once(&cuda.once, cuda_load);
     return cuda.ok ? &cuda.api : NULL;
+}
+
+const char *tsp__cuda_missing(void)
+{
+    pthread_once(&cuda.once, cuda_load);
+    return cuda.missing[0] ? cuda.missing : NULL;
 }
 
 static struct {

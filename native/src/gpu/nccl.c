@@ -102,6 +102,22 @@ static int fail_cuda(worker_t *w, const char *fn, tsp_cu_result rc)
     return 1;
 }
 
+/* No NVIDIA driver on this host at all (its library cannot be loaded): there is nothing for
+ * NCCL to check, and a discovery script's GPUs on a CPU host train as they do with stock
+ * PySpark. The node skips the check with this one warning (docs/gpu.md). */
+static int no_driver(worker_t *w, const char *why)
+{
+    w->r.at = tsp__now_s();
+    w->r.step = "nodriver";
+    snprintf(w->r.message, sizeof w->r.message,
+             "torchspark: WARNING: NCCL check skipped on host %s: no NVIDIA driver there (%s); "
+             "training starts without the check. Install the NVIDIA driver on the GPU executors' "
+             "hosts, or set spark.torchspark.ncclCheck=false to run without the check and this "
+             "warning",
+             w->host, why);
+    return 1;
+}
+
 static const char *hint(const worker_t *w, const char *said, char *buf, size_t len)
 {
     const char *ifname = getenv("NCCL_SOCKET_IFNAME");
@@ -302,6 +318,9 @@ static int run_check(worker_t *w)
 {
     const tsp_nccl_check_opts_t *o = w->o;
     nccl_api_t n;
+    const char *missing = tsp__cuda_missing();
+    if (missing)
+        return no_driver(w, missing);
     if (load_nccl(w, &n))
         return 1;
     const tsp_cuda_api_t *cu = tsp__cuda_api();
@@ -729,6 +748,24 @@ static int first_failure(const preflight_t *p, char *msg, size_t msglen)
     return 0;
 }
 
+/* Every local rank found no driver on this host: -ENODEV with the one warning (the first
+ * rank's), else 0. */
+static int skipped(const preflight_t *p, char *msg, size_t msglen)
+{
+    const tsp_nccl_preflight_opts_t *o = p->o;
+    for (int i = 0; i < o->nproc; i++) {
+        char *step = p->ch[i].res_len ? jget(p->ch[i].res, p->ch[i].res_len, "step") : NULL;
+        int none = step && strcmp(step, "nodriver") == 0;
+        free(step);
+        if (!none)
+            return 0;
+    }
+    char *m = o->nproc > 0 ? jget(p->ch[0].res, p->ch[0].res_len, "message") : NULL;
+    snprintf(msg, msglen, "%s", m ? m : "torchspark: WARNING: NCCL check skipped: no driver");
+    free(m);
+    return o->nproc > 0 ? -ENODEV : 0;
+}
+
 /* Then timeouts and silent ranks: -EIO with the message naming them, or 0 when every rank
  * reported success. */
 static int timeouts(const preflight_t *p, char *msg, size_t msglen)
@@ -812,7 +849,8 @@ int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msg
     if (p.cancelled) {
         snprintf(msg, msglen, "torchspark: NCCL check stopped: the run was stopped");
         rc = -ECANCELED;
-    } else if (!(rc = first_failure(&p, msg, msglen)) && !(rc = timeouts(&p, msg, msglen))) {
+    } else if (!(rc = skipped(&p, msg, msglen)) && !(rc = first_failure(&p, msg, msglen)) &&
+               !(rc = timeouts(&p, msg, msglen))) {
         success(&p, tsp__now_s() - p.t0, msg, msglen);
     }
     for (int i = 0; i < o->nproc; i++) {

@@ -39,7 +39,9 @@ int tsp_nccl_check_worker(void);
  * caller's environment), prefixes their stderr "[nccl-check rank N]: ", reads their
  * results, kills what is left at deadline + TSP_NCCL_KILL_GRACE (or when *cancel becomes
  * nonzero, or one of stop_signals is pending) and reaps everything. 0 with the node's success line
- * in msg; -EIO with the root cause in msg (messages N1-N5); -ECANCELED when cancelled. */
+ * in msg; -ENODEV with one warning in msg when the host has no NVIDIA driver (libcuda cannot
+ * be loaded: the check is skipped, training goes on); -EIO with the root cause in msg
+ * (messages N1-N5); -ECANCELED when cancelled. */
 typedef struct {
     const char *exe;     /* the torchspark-run binary */
     const char *lib;     /* --nccl-lib, or NULL */

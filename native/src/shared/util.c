@@ -254,3 +254,13 @@ int tsp__port_reserve_ex(const char *addr, int port, int reuseport, int *fd_out,
                                                : ((struct sockaddr_in6 *)&got)->sin6_port);
     return 0;
 }
+
+int tsp__reply_copy(const char *text, size_t len, char *out, size_t outlen, size_t *needed)
+{
+    if (needed)
+        *needed = len + 1;
+    if (len + 1 > outlen)
+        return -ENOSPC;
+    memcpy(out, text, len + 1);
+    return 0;
+}

@@ -112,16 +112,14 @@ def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
                                                "chunk binary", barrier=True), "chunk")
 
 
-# In the log server's root cause of a node that is unreachable but not gone (protocol
-# 1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it (a network
-# cut). Spark learns of such a host only after spark.network.timeout.
-SILENT = ("went silent", "no answer for about")
-
-
 def silent(root: Optional[Dict[str, Any]]) -> bool:
-    """True when the root cause is a node that went silent (frozen host, cut network)."""
-    return (root is not None and root.get("kind") == "lost"
-            and any(m in str(root.get("message")) for m in SILENT))
+    """True when the root cause is a node that is unreachable but not gone (protocol 1.7):
+    its agent went silent (no PING: a frozen host), or TCP gave up on it (a network cut).
+    Spark learns of such a host only after spark.network.timeout. The outcome's `exclude`
+    (torchspark/outcome.h), from the record's structured reason, never from its prose."""
+    from torchspark import _report
+
+    return root is not None and bool(_report.outcome(root, None)["exclude"])
 
 
 def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:

@@ -147,6 +147,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         # conf.h (docs/protocol.md 9)
         "tsp_conf_read": (i, [c, sz, c, sz, P(sz)] + err),
         "tsp_conf_table": (i, [c, sz, c, sz, P(sz)] + err),
+        # outcome.h
+        "tsp_outcome_classify": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
@@ -225,8 +227,9 @@ def load_library() -> ctypes.CDLL:
 
 def json_call(name: str, request: Any) -> Any:
     """One of the C core's JSON transforms (plan.h's tsp_plan_argv, failure.h's
-    tsp_failure_report): request -> its reply, decoded; the library's sentence naming what
-    is wrong as a ValueError when it refuses the request."""
+    tsp_failure_report, outcome.h's tsp_outcome_classify): request -> its reply, decoded;
+    the library's sentence naming what is wrong as a ValueError when it refuses the
+    request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(512)

@@ -54,9 +54,11 @@ class TorchDistributorError(RuntimeError):
 class Failure:
     """A finished failure document and, when asked for, its message."""
 
-    def __init__(self, document: Dict[str, Any], message: Optional[str]) -> None:
+    def __init__(self, document: Dict[str, Any], message: Optional[str],
+                 report: Optional[Dict[str, Any]] = None) -> None:
         self.document = document
         self.message = message
+        self.report = report  # the exception's report (with a message), written by the C core
         self.fields: Dict[str, Any] = dict(document.get("torchspark") or {})
 
     @classmethod
@@ -82,26 +84,16 @@ class Failure:
                            shown_tail=None if shown_tail is None else "\n".join(shown_tail),
                            detail=detail)
         reply = json_call("tsp_failure_report", request)
-        return cls(reply["document"], reply["message"])
+        return cls(reply["document"], reply["message"], reply.get("report"))
 
     def error(self, mode: str, shown_tail: Optional[List[str]] = None,
               detail: Optional[str] = None) -> TorchDistributorError:
         """The exception: the C core's message for this mode ("local" or "distributed"),
         showing ``shown_tail`` (the driver's lines of the rank) or the document's tail, and
         ``detail`` (the driver's job-wide view); the document's fields as attributes."""
-        message = Failure.from_document(self.document, mode=mode, shown_tail=shown_tail,
-                                        detail=detail).message
-        msg = self.document.get("message")
-        extra = msg.get("extraInfo") if isinstance(msg, dict) else None
-        stack = extra.get("py_callstack") if isinstance(extra, dict) else None
-        ts = self.fields
-        report = {**ts, "version": 2,
-                  "message": msg.get("message") if isinstance(msg, dict) else msg,
-                  "traceback": stack or None,
-                  "tail": ts["tail"].split("\n") if ts.get("tail") else []}
-        if detail:
-            report["detail"] = detail
-        return TorchDistributorError(str(message), report)
+        done = Failure.from_document(self.document, mode=mode, shown_tail=shown_tail,
+                                     detail=detail)
+        return TorchDistributorError(str(done.message), done.report)
 
     def encode(self) -> str:
         """The task's carrier: one line of its exception text."""
@@ -125,3 +117,16 @@ def find(text: str) -> List[Dict[str, Any]]:
 def _time(document: Dict[str, Any]) -> Optional[float]:
     t = (document.get("torchspark") or {}).get("time")
     return float(t) if isinstance(t, (int, float)) else None
+
+
+def outcome(root: Optional[Dict[str, Any]], spark_error: Optional[str],
+            output_went: Optional[str] = None) -> Dict[str, Any]:
+    """A failed run's outcome, classified by the C core (torchspark/outcome.h,
+    docs/protocol.md §10) from the log server's root record (None when it has none) and
+    Spark's failure text (None when none): kind, reason, restart, node_rank, executor,
+    exclude, cause and advice (naming output_went, where every rank's output went)."""
+    request: Dict[str, Any] = {"root": root, "spark_error": spark_error}
+    if output_went is not None:
+        request["output_went"] = output_went
+    result: Dict[str, Any] = json_call("tsp_outcome_classify", request)
+    return result

@@ -17,7 +17,7 @@ import re
 import time
 from typing import Dict, Any, Callable, List, Optional
 
-from torchspark._report import TorchDistributorError
+from torchspark._report import TorchDistributorError, outcome
 
 MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
@@ -35,7 +35,6 @@ def attempt_env(attempt: int, limit: int, cause: Optional[str]) -> Dict[str, str
     return env
 
 
-_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(([^)]*)\)(?: Reason: ([^\n]*))?")
 # The line torchspark.checkpoint prints after a checkpoint on request (a decommission
 # notice: checkpoint.py); RestartPolicy.java reads the same line.
 _ON_REQUEST = re.compile(r"torchspark\.checkpoint: step (\d+) checkpointed on request "
@@ -57,10 +56,10 @@ def root_cause(e: BaseException) -> str:
             who = f"node {node}'s executor" if node is not None else "an executor"
             return (f"{who} is being decommissioned: step {m.group(1)} was checkpointed on "
                     "request and the node stopped")
-    lost = _EXECUTOR_LOST.search(str(e.__cause__ or ""))
-    if lost:
-        reason = f": {lost.group(2).strip()}" if lost.group(2) else ""
-        return f"{lost.group(1)}{reason} (ExecutorLostFailure)"[:500]
+    # Spark's text is read by the C core's outcome table only (torchspark/outcome.h).
+    found = outcome(None, str(e.__cause__ or ""))
+    if found["reason"] in ("executor_lost", "decommission"):
+        return str(found["cause"])
     text = str(e).strip()
     first = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
     first = re.sub(r"^TorchDistributor \(distributed\) failed: ", "", first)

@@ -683,15 +683,12 @@ class TorchDistributor:
                 return found
         if root is not None:
             return self._lost_node_error(root, server, nproc)
-        e = out.spark_error
-        first = next((ln for ln in text.splitlines() if ln.strip()), type(e).__name__)
-        if "cancel" in text.lower():
-            what = "the Spark job was cancelled"
-        else:
-            what = "the barrier stage failed before any training process reported an error"
+        # Spark's own text, classified by the C core's outcome table (torchspark/outcome.h).
+        spark = _report.outcome(None, text or type(out.spark_error).__name__,
+                                _report._OUTPUT_WENT["distributed"])
         return TorchDistributorError(
-            f"TorchDistributor (distributed) failed: {what}: {first[:500]}\n"
-            "See the exception's cause (Spark's error) and the executors' logs.")
+            f"TorchDistributor (distributed) failed: {spark['cause']}\n{spark['advice']}",
+            {"version": 2, "kind": spark["kind"], "reason": spark["reason"]})
 
     def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
         """A node whose agent vanished (host or executor died, network cut): the log

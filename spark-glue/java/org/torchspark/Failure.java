@@ -29,11 +29,13 @@ final class Failure {
     final JsonNode document;
     final JsonNode fields; // the document's "torchspark" object
     final String message;
+    final JsonNode report; // the exception's report (with a message), written by the C core
 
     private Failure(JsonNode reply) {
         document = reply.path("document");
         fields = document.path("torchspark");
         message = reply.path("message").isTextual() ? reply.get("message").asText() : null;
+        report = reply.path("report").isObject() ? reply.get("report") : null;
     }
 
     /** The agent's document (null: it left none; status is then the agent's exit status,
@@ -90,10 +92,11 @@ final class Failure {
                 : fields.path("tail").asText("").isEmpty() ? List.of()
                 : Arrays.asList(fields.path("tail").asText().split("\n", -1));
         List<String> last = new ArrayList<>(out.subList(Math.max(0, out.size() - TAIL_IN_MESSAGE), out.size()));
-        return new TorchSparkException(call(req).message, rank(),
+        Failure done = call(req);
+        return new TorchSparkException(done.message, rank(),
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,
-                fields.path("signal").asInt(0), last, document.toString(), cause);
+                fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause);
     }
 
     /** The task's carrier: one line of its exception text. */

@@ -47,6 +47,12 @@ final class Native {
      *  dump lines, the world size), or the error sentence naming the key. */
     static native int hangDiagnose(String request, String[] msg);
 
+    // --- the outcome (torchspark/outcome.h) ---
+
+    /** msg[0]: the outcome (JSON: kind, reason, restart, node_rank, executor, exclude, cause,
+     *  advice) of the request {"root", "spark_error"}, or the error sentence naming the key. */
+    static native int outcomeClassify(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -83,8 +83,6 @@ final class RestartPolicy {
     /** The line torchspark.checkpoint prints after a checkpoint on request. */
     private static final Pattern ON_REQUEST = Pattern.compile(
             "torchspark\\.checkpoint: step (\\d+) checkpointed on request \\(executor decommission\\)");
-    private static final Pattern EXECUTOR_LOST =
-            Pattern.compile("ExecutorLostFailure \\(([^)]*)\\)(?: Reason: ([^\\n]*))?");
 
     /** One line naming an attempt's root cause: a lost executor when Spark says so (the
      *  other ranks' errors, e.g. gloo's "Connection reset by peer", are its consequences),
@@ -100,11 +98,12 @@ final class RestartPolicy {
                 }
             }
         }
+        // Spark's text is read by the C core's outcome table only (torchspark/outcome.h).
         for (Throwable t = e.getCause(); t != null; t = t.getCause() == t ? null : t.getCause()) {
-            Matcher m = EXECUTOR_LOST.matcher(String.valueOf(t.getMessage()));
-            if (m.find()) {
-                String reason = m.group(2) != null ? ": " + m.group(2).trim() : "";
-                return cut(m.group(1) + reason + " (ExecutorLostFailure)", 500);
+            JsonNode found = Outcome.classify(null, String.valueOf(t.getMessage()), null);
+            String reason = found.path("reason").asText();
+            if (reason.equals("executor_lost") || reason.equals("decommission")) {
+                return found.path("cause").asText();
             }
         }
         String text = String.valueOf(e.getMessage()).strip();
@@ -163,23 +162,13 @@ final class RestartPolicy {
         return n >= least ? Math.min(n, need) : n;
     }
 
-    /** In the log server's root cause of a node that is unreachable but not gone (docs/protocol.md
-     *  1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it (a network cut).
-     *  Spark learns of such a host only after spark.network.timeout. */
-    private static final String[] SILENT = {"went silent", "no answer for about"};
-
-    /** True when the root cause (LogServer.failure()) is a node that went silent. */
+    /** True when the root cause (LogServer.failure()) is a node that is unreachable but not gone
+     *  (docs/protocol.md 1.7): its agent went silent (no PING: a frozen host), or TCP gave up on it
+     *  (a network cut). Spark learns of such a host only after spark.network.timeout. The
+     *  outcome's exclude (torchspark/outcome.h), from the record's structured reason, never from
+     *  its prose. */
     static boolean silent(JsonNode root) {
-        if (root == null || !"lost".equals(root.path("kind").asText())) {
-            return false;
-        }
-        String message = root.path("message").asText();
-        for (String m : SILENT) {
-            if (message.contains(m)) {
-                return true;
-            }
-        }
-        return false;
+        return root != null && root.isObject() && Outcome.classify(root, null, null).path("exclude").asBoolean();
     }
 
     /** The id of the executor that ran (or runs) the task of partition `partition` (a

@@ -67,7 +67,9 @@ public class TorchSparkException extends RuntimeException {
         return lastLines;
     }
 
-    /** The whole failure report as JSON (the PySpark glue's layout), or null. */
+    /** The whole failure report as JSON, or null: the layout of the PySpark glue's
+     *  TorchDistributorError.report, written once by the C core (docs/protocol.md section 8,
+     *  "The user's report"), with its "kind" (failure, lost; hang for the hang doctor's). */
     public String reportJson() {
         return reportJson;
     }

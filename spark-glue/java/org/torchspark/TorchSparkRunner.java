@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.PrintStream;
 import java.io.UncheckedIOException;
@@ -1064,14 +1065,14 @@ public final class TorchSparkRunner {
         if (root != null) {
             return lostNode(root, sparkError, server, nproc);
         }
+        // Spark's own text, classified by the C core's outcome table (torchspark/outcome.h).
         String text = String.valueOf(sparkError.getMessage());
-        String first = text.lines().filter(l -> !l.isBlank()).findFirst().orElse(sparkError.getClass().getName());
-        String what = text.toLowerCase().contains("cancel") ? "the Spark job was cancelled"
-                : "the barrier stage failed before any training process reported an error";
-        return new TorchSparkException("TorchSparkRunner (distributed) failed: " + what + ": "
-                + first.substring(0, Math.min(500, first.length()))
-                + "\nSee the exception's cause (Spark's error) and the executors' logs.",
-                null, null, null, null, 0, null, null, sparkError);
+        JsonNode found = Outcome.classify(null, text.isBlank() ? sparkError.getClass().getName() : text,
+                "the driver's log");
+        ObjectNode report = Failure.JSON.createObjectNode().put("version", 2).put("kind", found.path("kind").asText())
+                .put("reason", found.path("reason").asText());
+        return new TorchSparkException("TorchSparkRunner (distributed) failed: " + found.path("cause").asText() + "\n"
+                + found.path("advice").asText(), null, null, null, null, 0, null, report.toString(), sparkError);
     }
 
     /** A node whose agent vanished (host or executor died, network cut): the log server's

@@ -136,9 +136,38 @@ public class ContractTest {
             assertEquals(name, c.get("document").get("rank").isNull() ? null
                     : Integer.valueOf(c.get("document").get("rank").asInt()), e.rank());
             assertEquals(name, c.get("document").get("signal").asInt(), e.signal());
+            JsonNode report = new ObjectMapper().readTree(e.reportJson());
+            assertEquals(name, c.get("document").path("kind").asText("failure"), report.get("kind").asText());
+            if (c.has("report")) { // one layout for both glues (docs/protocol.md 8)
+                assertEquals(name, c.get("report"), report);
+            }
             n++;
         }
         assertTrue("no golden case was read", n >= 8);
+    }
+
+    @Test
+    public void outcomeGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("outcome.json")) {
+            String name = c.get("name").asText();
+            JsonNode req = c.get("request");
+            if (c.has("error")) {
+                try {
+                    Outcome.call(req);
+                    fail(name + ": no error");
+                } catch (IllegalArgumentException e) {
+                    assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(c.get("error").asText()));
+                }
+            } else {
+                JsonNode root = req.path("root").isObject() ? req.get("root") : null;
+                String spark = req.path("spark_error").isTextual() ? req.get("spark_error").asText() : null;
+                String went = req.path("output_went").isTextual() ? req.get("output_went").asText() : null;
+                assertEquals(name, c.get("outcome"), Outcome.classify(root, spark, went));
+            }
+            n++;
+        }
+        assertTrue("fewer than 20 golden cases", n >= 20);
     }
 
     @Test

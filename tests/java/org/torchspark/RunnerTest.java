@@ -112,17 +112,36 @@ public class RunnerTest {
         }, 4, 2, 60, 0));
     }
 
-    /** A silent node is the log server's "lost" root cause saying so (docs/protocol.md 1.7). */
+    /** A silent node is the log server's "lost" root cause whose document's reason says so
+     *  (docs/protocol.md 1.7 and 8); its prose is never read (issue 29). */
     @Test
     public void silentNodesAreTheLostOnesThatWentSilent() {
         assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"node_rank\":1,\"message\":"
-                + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\"}")));
-        assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
-                + "to node 1 (host h, address a): no answer for about 5 s\"}")));
+                + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\","
+                + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"silent\"}}}")));
         assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
-                + "to node 1 (host h, address a): connection reset\"}")));
+                + "to node 1 (host h, address a): connection reset\","
+                + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"eof\"}}}")));
+        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+                + "to node 1 (host h, address a): it went silent\"}"))); // no reason: eof, prose unread
         assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"failure\",\"message\":\"it went silent\"}")));
         assertTrue(!RestartPolicy.silent(null));
+    }
+
+    /** Spark's ExecutorLostFailure is read by the C core's outcome table, not by the glue
+     *  (issue 29): the same cause as the PySpark glue's _restart.root_cause. */
+    @Test
+    public void rootCauseOfALostExecutorIsTheOutcomeTables() {
+        String lost = "Job aborted due to stage failure: Lost task 1.0 in stage 0.0 (TID 1) (10.0.0.8 executor 1): "
+                + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command "
+                + "exited with code 137  \nDriver stacktrace:";
+        RuntimeException e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1,
+                "h", 1, 0, null, null, new IllegalStateException(lost));
+        assertEquals("executor 1 exited caused by one of the running tasks: Command exited with code 137 "
+                + "(ExecutorLostFailure)", RestartPolicy.rootCause(e));
+        e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1, "h", 1, 0, null,
+                null, new IllegalStateException("Job 3 cancelled because SparkContext was shut down"));
+        assertEquals("rank 1 ... reset", RestartPolicy.rootCause(e));
     }
 
     private static TorchSparkException rankFailed(String text) {

@@ -1,0 +1,284 @@
+/* outcome.c: a failed run's outcome, classified once (torchspark/outcome.h, docs/protocol.md
+ * section 10). One ordered table: the log server's root record (a failure document, a node
+ * lost) first, then Spark's own failure text, the one place where text is matched. */
+#include "torchspark/outcome.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "json.h"
+#include "reason.h"
+#include "util.h"
+
+#define CAUSE_MAX 500 /* the cause is one line of at most this many bytes */
+
+typedef struct {
+    const char *root, *spark; /* the request's root record (JSON) and Spark's text, or NULL */
+    size_t root_len;
+    const char *went; /* where every rank's output went (the advice's {went}), or NULL */
+} input_t;
+
+typedef struct {
+    const char *kind; /* failure, lost, spark */
+    const tsp_reason_t *reason;
+    int node_rank;             /* -1: not known */
+    char executor[128];        /* "" : not known */
+    int exclude;               /* take the node's executor out of scheduling */
+    char cause[CAUSE_MAX + 1]; /* one line */
+    char host[256];
+} outcome_t;
+
+/* The string at path of doc, or NULL (malloc'ed). */
+static char *str_at(const char *doc, size_t len, const char *path)
+{
+    char *v = NULL;
+    int type = 0;
+    if (tsp_json_get(doc, len, path, &v, &type) != 0 || type != TSP_JSON_STRING) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+static int int_at(const char *doc, size_t len, const char *path, int dflt)
+{
+    char *v = NULL;
+    int type = 0, x = dflt;
+    if (tsp_json_get(doc, len, path, &v, &type) == 0 && type == TSP_JSON_NUMBER)
+        x = atoi(v);
+    free(v);
+    return x;
+}
+
+/* Copies one line of s (up to its first newline, trailing blanks left out, at most CAUSE_MAX
+ * bytes) to dst. */
+static void one_line(char *dst, const char *s)
+{
+    size_t n = strcspn(s, "\r\n");
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        n--;
+    snprintf(dst, CAUSE_MAX + 1, "%.*s", (int)(n > CAUSE_MAX ? CAUSE_MAX : n), s);
+}
+
+/* Rows 1 and 2: the root record, a rank's failure or a node lost, by its document's reason
+ * (a document without one: exit or signal; eof for a lost node). */
+static int from_root(const input_t *in, outcome_t *o, const char *want)
+{
+    if (!in->root)
+        return 0;
+    char *kind = str_at(in->root, in->root_len, "kind");
+    int match = kind && strcmp(kind, want) == 0;
+    free(kind);
+    if (!match)
+        return 0;
+    int lost = strcmp(want, "lost") == 0;
+    char *reason = str_at(in->root, in->root_len, "report.torchspark.reason");
+    const tsp_reason_t *r = tsp__reason_find(reason);
+    free(reason);
+    if (!r || (lost && strcmp(r->name, "silent") != 0))
+        r = tsp__reason_find(lost ? "eof"
+                             : int_at(in->root, in->root_len, "report.torchspark.signal", 0)
+                                 ? "signal"
+                                 : "exit");
+    o->kind = want;
+    o->reason = r;
+    o->exclude = strcmp(r->name, "silent") == 0;
+    o->node_rank = int_at(in->root, in->root_len, "node_rank",
+                          int_at(in->root, in->root_len, "report.torchspark.node_rank", -1));
+    char *said = str_at(in->root, in->root_len, "report.torchspark.summary");
+    if (!said)
+        said = str_at(in->root, in->root_len, "message");
+    one_line(o->cause, said ? said : lost ? "a node was lost" : "a rank failed");
+    free(said);
+    char *host = str_at(in->root, in->root_len, "host");
+    snprintf(o->host, sizeof o->host, "%s", host ? host : "?");
+    free(host);
+    return 1;
+}
+
+static int root_failure(const input_t *in, outcome_t *o)
+{
+    return from_root(in, o, "failure");
+}
+
+static int root_lost(const input_t *in, outcome_t *o)
+{
+    return from_root(in, o, "lost");
+}
+
+/* Row 3: Spark says an executor was lost: "ExecutorLostFailure (executor 1 exited caused by
+ * one of the running tasks) Reason: ..." (TaskEndReason.scala's toErrorString). */
+static int spark_executor_lost(const input_t *in, outcome_t *o)
+{
+    static const char marker[] = "ExecutorLostFailure (";
+    const char *p = in->spark ? strstr(in->spark, marker) : NULL;
+    if (!p)
+        return 0;
+    p += sizeof marker - 1;
+    const char *close = strchr(p, ')');
+    size_t n = close ? (size_t)(close - p) : strcspn(p, "\n");
+    char what[CAUSE_MAX + 1], why[CAUSE_MAX + 1] = "";
+    snprintf(what, sizeof what, "%.*s", (int)(n > CAUSE_MAX ? CAUSE_MAX : n), p);
+    const char *reason = close ? strstr(close, ") Reason: ") : NULL;
+    if (reason && reason == close) /* " Reason: " right after what Spark says of it */
+        one_line(why, reason + strlen(") Reason: "));
+    if (strncasecmp(what, "executor ", 9) == 0) /* its id: the word after "executor " */
+        snprintf(o->executor, sizeof o->executor, "%.*s", (int)strcspn(what + 9, " )"), what + 9);
+    o->kind = "spark";
+    /* ExecutorDecommission's reason (ExecutorLossReason.scala), or a decommissioned
+     * executor named so in what Spark says of it ("Executor 1 is decommissioned"). */
+    int decommissioned =
+        strncmp(why, "Executor decommission", 21) == 0 || strcasestr(what, "decommission") != NULL;
+    o->reason = tsp__reason_find(decommissioned ? "decommission" : "executor_lost");
+    snprintf(o->cause, sizeof o->cause, "%s%s%s (ExecutorLostFailure)", what, *why ? ": " : "",
+             why);
+    return 1;
+}
+
+/* Row 4: the job was cancelled (SparkContext.cancelJob/cancelJobGroup/cancelAllJobs: "...
+ * cancelled ..."), else row 5: Spark failed the stage with nothing of ours to say. */
+static int spark_other(const input_t *in, outcome_t *o)
+{
+    const char *t = in->spark ? in->spark : "";
+    int cancelled = 0;
+    for (const char *p = t; *p && !cancelled; p++)
+        cancelled = strncasecmp(p, "cancel", 6) == 0;
+    while (*t && isspace((unsigned char)*t))
+        t++;
+    o->kind = "spark";
+    o->reason = tsp__reason_find(cancelled ? "cancelled" : "spark");
+    char first[CAUSE_MAX + 1];
+    one_line(first, *t ? t : "no error text");
+    snprintf(o->cause, sizeof o->cause, "%s: %s",
+             cancelled ? "the Spark job was cancelled"
+                       : "the barrier stage failed before any training process reported an error",
+             first);
+    return 1;
+}
+
+/* The table, in order: the first row that matches decides. */
+static int (*const rows[])(const input_t *, outcome_t *) = {
+    root_failure,
+    root_lost,
+    spark_executor_lost,
+    spark_other,
+};
+
+/* The request's string at key: 0 with *out (NULL when absent or null), or -EINVAL. */
+static int req_string(const char *request, size_t len, const char *key, char **out, char *err,
+                      size_t errlen)
+{
+    int type = 0;
+    int rc = tsp_json_get(request, len, key, out, &type);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc)
+        return rc;
+    if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
+        free(*out);
+        *out = NULL;
+    } else if (type != TSP_JSON_STRING) {
+        return tsp__err(err, errlen, -EINVAL,
+                        "the outcome request's \"%s\" must be a string or null", key);
+    }
+    return 0;
+}
+
+static int read_request(const char *request, size_t len, input_t *in, char **root, char **spark,
+                        char **went, char *err, size_t errlen)
+{
+    if (tsp_json_check_object(request, len) != 0)
+        return tsp__err(err, errlen, -EINVAL, "the outcome request is not a JSON object");
+    int type = 0;
+    int rc = tsp_json_get(request, len, "root", root, &type);
+    if (rc == -ENOMEM)
+        return rc;
+    if (rc == 0 && type == TSP_JSON_LITERAL && strcmp(*root, "null") == 0) {
+        free(*root);
+        *root = NULL;
+    } else if (rc == 0 && type != TSP_JSON_OBJECT) {
+        return tsp__err(err, errlen, -EINVAL,
+                        "the outcome request's \"root\" must be the log server's root record "
+                        "(an object) or null");
+    }
+    if ((rc = req_string(request, len, "spark_error", spark, err, errlen)) ||
+        (rc = req_string(request, len, "output_went", went, err, errlen)))
+        return rc;
+    in->root = *root;
+    in->went = *went;
+    in->root_len = *root ? strlen(*root) : 0;
+    in->spark = *spark;
+    return 0;
+}
+
+static int write_outcome(const outcome_t *o, const char *went, char **text, size_t *tlen)
+{
+    FILE *m = open_memstream(text, tlen);
+    if (!m)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, m);
+    tsp_json_begin_object(&w);
+    const char *skeys[] = {"kind", "reason"};
+    const char *svals[] = {o->kind, o->reason->name};
+    for (size_t i = 0; i < 2; i++) {
+        tsp_json_key(&w, skeys[i]);
+        tsp_json_str(&w, svals[i]);
+    }
+    tsp_json_key(&w, "restart");
+    (void)tsp_json_value(&w, o->reason->restartable ? "true" : "false",
+                         4 + !o->reason->restartable);
+    tsp_json_key(&w, "node_rank");
+    if (o->node_rank >= 0)
+        tsp_json_int(&w, o->node_rank);
+    else
+        tsp_json_null(&w);
+    tsp_json_key(&w, "executor");
+    tsp_json_str(&w, o->executor[0] ? o->executor : NULL);
+    tsp_json_key(&w, "exclude");
+    (void)tsp_json_value(&w, o->exclude ? "true" : "false", 4 + !o->exclude);
+    tsp_json_key(&w, "cause");
+    tsp_json_str(&w, o->cause);
+    char *advice = NULL;
+    size_t alen = 0;
+    FILE *a = open_memstream(&advice, &alen);
+    if (a) {
+        tsp__reason_advise(a, o->reason, o->host[0] ? o->host : NULL, went);
+        if (fclose(a) != 0) {
+            free(advice);
+            advice = NULL;
+        }
+    }
+    tsp_json_key(&w, "advice");
+    tsp_json_str(&w, advice);
+    tsp_json_end(&w);
+    free(advice);
+    return fclose(m) == 0 && advice ? 0 : -ENOMEM;
+}
+
+int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                         char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    input_t in = {0};
+    char *root = NULL, *spark = NULL, *went = NULL, *text = NULL;
+    size_t tlen = 0;
+    int rc = read_request(request, len, &in, &root, &spark, &went, err, errlen);
+    outcome_t o = {.node_rank = -1};
+    for (size_t i = 0; !rc && i < sizeof rows / sizeof rows[0] && !rows[i](&in, &o); i++)
+        ;
+    if (!rc)
+        rc = write_outcome(&o, in.went, &text, &tlen);
+    if (!rc)
+        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
+    free(text);
+    free(root);
+    free(spark);
+    free(went);
+    return rc;
+}
