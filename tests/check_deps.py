@@ -61,6 +61,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "lines": ("shared", 1), "logwire": ("shared", 1), "logtail": ("shared", 1),
     "json": ("shared", 1),
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
+    "tlsconn": ("shared", 2),  # the log channel's TLS 1.3 transport (docs/protocol.md 1.10)
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
     "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -253,4 +254,23 @@ int tsp__port_reserve_ex(const char *addr, int port, int reuseport, int *fd_out,
     *got_port = ntohs(got.ss_family == AF_INET ? ((struct sockaddr_in *)&got)->sin_port
                                                : ((struct sockaddr_in6 *)&got)->sin6_port);
     return 0;
+}
+
+int tsp__wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int t = -1;
+        if (deadline >= 0) {
+            int64_t left = deadline - tsp__now_ms();
+            if (left <= 0)
+                return -ETIMEDOUT;
+            t = left > 60000 ? 60000 : (int)left;
+        }
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, t);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+    }
 }
