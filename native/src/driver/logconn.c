@@ -531,11 +531,10 @@ static int refuse_plaintext(tsp_logserver_t *s, conn_t *c)
     s->q.st.rejected++;
     pthread_mutex_unlock(&s->q.mu);
     uint8_t f[TSP_WIRE_HDR_LEN + sizeof(why)];
-    size_t len = strlen(why);
+    int len = snprintf((char *)f + TSP_WIRE_HDR_LEN, sizeof(why), "%s", why);
     tsp_wire_hdr_t h = {.type = TSP_WIRE_ERROR, .rank = -1, .length = (uint32_t)len};
     tsp_wire_hdr_pack(f, &h);
-    memcpy(f + TSP_WIRE_HDR_LEN, why, len);
-    ssize_t w = send(c->fd, f, TSP_WIRE_HDR_LEN + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t w = send(c->fd, f, TSP_WIRE_HDR_LEN + (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
     (void)w; /* best effort */
     tsp__conn_free(s, c);
     return 1;

@@ -149,6 +149,8 @@ void tsp__tlsctx_free(tsp__tlsctx_t *x)
 
 int tsp__tls_new(tsp__tls_t **out, tsp__tlsctx_t *x, int fd)
 {
+    if (!x)
+        return -EINVAL;
     tsp__tls_t *t = calloc(1, sizeof(*t));
     if (!t)
         return -ENOMEM;
