@@ -16,7 +16,7 @@ def _refusal(res) -> str:
     return res[4].decode()
 
 
-def test_no_secret_wrong_hmac_and_replay_are_refused():
+def test_no_secret_wrong_hmac_and_replay_are_refused(capfd):
     srv = LogServer(tail_lines=10)
     try:
         good = RawAgent(srv.host, srv.port, srv.secret)
@@ -26,6 +26,14 @@ def test_no_secret_wrong_hmac_and_replay_are_refused():
         # handshake is refused before any frame (docs/protocol.md 1.10)
         bad = RawAgent(srv.host, srv.port, os.urandom(32))
         assert bad.result is None
+        deadline = time.time() + 5
+        err = ""
+        while time.time() < deadline and "refused the TLS handshake" not in err:
+            time.sleep(0.1)
+            err += capfd.readouterr().err
+        # each side says why: the driver (its log) and the stale client (the bridge's stderr)
+        assert "TLS handshake refused: the client belongs to another run" in err, err
+        assert "the driver refused the TLS handshake" in err, err
         # a HELLO copied from a real agent, but no secret to answer the challenge
         wrong = RawAgent(srv.host, srv.port, srv.secret, mac_secret=os.urandom(32))
         assert "authentication failed" in _refusal(wrong.result)
