@@ -9,10 +9,11 @@
 #include "logtest.h"
 #include "testutil.h"
 
-static tsp_logserver_t *server(void)
+static tsp_logserver_t *server_hs(int hs_timeout_ms)
 {
     tsp_logserver_opts_t o;
     tsp_logserver_opts_init(&o);
+    o.handshake_timeout_ms = hs_timeout_ms;
     o.event_fd = -1;
     o.events_to_queue = 1; /* the server's own events come as lines of rank < 0 */
     o.lost_grace_ms = 0;
@@ -20,6 +21,11 @@ static tsp_logserver_t *server(void)
     tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
     ck_assert_msg(s != NULL, "%s", err);
     return s;
+}
+
+static tsp_logserver_t *server(void)
+{
+    return server_hs(0);
 }
 
 /* Pulls for up to ms: 1 once an event line contains `want`, and counts data lines of rank
@@ -233,6 +239,26 @@ START_TEST(test_tlsconn_plaintext_agent_gets_the_versions)
 }
 END_TEST
 
+/* A peer that starts a TLS record and stops: closed at the handshake timeout, its few
+ * bytes all the driver kept. */
+START_TEST(test_tlsconn_stalled_tls_handshake_is_cut_at_the_deadline)
+{
+    tsp_logserver_t *s = server_hs(400);
+    int fd = raw_connect(tsp_logserver_port(s));
+    const uint8_t rec[] = {0x16, 0x03, 0x01, 0x40, 0x00, 0x01, 0x00}; /* 16 KiB announced */
+    ck_assert_int_eq(send(fd, rec, sizeof rec, 0), (ssize_t)sizeof rec);
+    int64_t t0 = tsp__now_ms();
+    uint8_t b[64];
+    ck_assert_int_le(recv(fd, b, sizeof b, 0), 0); /* closed, nothing in clear */
+    int64_t dt = tsp__now_ms() - t0;
+    ck_assert_int_ge(dt, 300);
+    ck_assert_int_lt(dt, 4000);
+    ck_assert_msg(pull_until(s, "the handshake did not complete in time", NULL, 2000), "no event");
+    close(fd);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tlsconn");
@@ -241,6 +267,7 @@ int main(void)
     tcase_add_test(tc, test_tlsconn_rewritten_byte_kills_the_connection);
     tcase_add_test(tc, test_tlsconn_proxy_sees_no_line_in_clear);
     tcase_add_test(tc, test_tlsconn_plaintext_agent_gets_the_versions);
+    tcase_add_test(tc, test_tlsconn_stalled_tls_handshake_is_cut_at_the_deadline);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

@@ -509,15 +509,26 @@ static void conn_read_failed(tsp_logserver_t *s, conn_t *c, ssize_t n)
 
 /* An agent of version 1 or 2 speaks frames in clear where TLS is expected (protocol
  * 1.10): it gets a plaintext ERROR naming the versions, the only plaintext byte the driver
- * sends. Returns 1 when the peer was such a client (the connection is gone). */
+ * sends. What is not TLS is taken into c->pre as it comes (taken, so that epoll does not
+ * report it again), up to a HELLO's header, magic and version. Returns 0 a TLS client (or
+ * nothing yet), 2 wait for more, 1 refused (the connection is gone). */
 static int refuse_plaintext(tsp_logserver_t *s, conn_t *c)
 {
-    uint8_t b[TSP_WIRE_HDR_LEN + 6];
-    ssize_t n = recv(c->fd, b, sizeof(b), MSG_PEEK | MSG_DONTWAIT);
-    if (n <= 0 || b[0] == 0x16) /* 0x16: a TLS handshake record */
-        return 0;
+    uint8_t *b = c->pre;
+    if (c->prelen == 0) {
+        uint8_t first;
+        ssize_t n = recv(c->fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n <= 0 || first == 0x16) /* 0x16: a TLS handshake record */
+            return 0;
+    }
+    ssize_t n = recv(c->fd, b + c->prelen, sizeof(c->pre) - c->prelen, MSG_DONTWAIT);
+    if (n > 0)
+        c->prelen += (size_t)n;
+    int alive = n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
+    if (b[0] == TSP_WIRE_HELLO && c->prelen < sizeof(c->pre) && alive)
+        return 2;
     char why[200];
-    if (n == (ssize_t)sizeof(b) && b[0] == TSP_WIRE_HELLO &&
+    if (c->prelen == sizeof(c->pre) && b[0] == TSP_WIRE_HELLO &&
         !memcmp(b + TSP_WIRE_HDR_LEN, "TSPL", 4))
         snprintf(why, sizeof(why),
                  "protocol version %u not supported; this driver speaks %d (TLS 1.3, "
@@ -544,8 +555,13 @@ static int refuse_plaintext(tsp_logserver_t *s, conn_t *c)
  * gone. */
 static int conn_tls_step(tsp_logserver_t *s, conn_t *c)
 {
-    if (!c->tls_started && refuse_plaintext(s, c))
-        return -1;
+    if (!c->tls_started) {
+        int p = refuse_plaintext(s, c);
+        if (p == 1)
+            return -1;
+        if (p == 2)
+            return 0;
+    }
     c->tls_started = 1;
     int rc = tsp__tls_handshake(c->tls);
     int out = rc == -EAGAIN && tsp__tls_want(c->tls) == POLLOUT;

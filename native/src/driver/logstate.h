@@ -30,6 +30,8 @@ typedef struct conn {
     tsp__tls_t *tls; /* every byte of the connection goes through it (protocol 1.10) */
     int tls_out;     /* EPOLLOUT on: the TLS handshake waits to write */
     int tls_started; /* the first bytes were looked at (refuse_plaintext) */
+    uint8_t pre[TSP_WIRE_HDR_LEN + 6]; /* a plaintext HELLO's header, magic and version */
+    size_t prelen;
     int state;
     int paused;     /* EPOLLIN off: the queue is full */
     int want_out;   /* EPOLLOUT on: wbuf has bytes */
