@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -95,6 +96,22 @@ typedef struct {
     tsp__tls_t *t;
 } relay_job_t;
 
+/* Relay threads are detached; a test process that ends while one still runs would tear
+ * OpenSSL down under it (its exit handlers). At exit, wait (up to 3 s) for them to end. */
+static atomic_int live_relays;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static void wait_relays(void)
+{
+    for (int i = 0; i < 300 && atomic_load(&live_relays) > 0; i++)
+        usleep(10000);
+}
+
+static void register_wait(void)
+{
+    atexit(wait_relays);
+}
+
 static void *relay_main(void *arg)
 {
     relay_job_t *j = arg;
@@ -102,6 +119,7 @@ static void *relay_main(void *arg)
     close(j->plain);
     tsp__tls_close(j->t);
     free(j);
+    atomic_fetch_sub(&live_relays, 1);
     return NULL;
 }
 
@@ -123,8 +141,11 @@ int tls_relay_adopt(tsp__tls_t *t, char *err, size_t errlen)
     }
     j->t = t;
     j->plain = sv[1];
+    pthread_once(&exit_once, register_wait);
+    atomic_fetch_add(&live_relays, 1);
     pthread_t th;
     if (pthread_create(&th, NULL, relay_main, j)) {
+        atomic_fetch_sub(&live_relays, 1);
         close(sv[0]);
         close(sv[1]);
         tsp__tls_close(j->t);
