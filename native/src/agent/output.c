@@ -22,6 +22,11 @@
 #include "logdial.h"
 #include "util.h"
 
+/* What an agent can say when the driver hung up during a transfer (it cannot know why). */
+static const char DRIVER_HUNG_UP[] =
+    "the driver closed the connection (it stopped, or refused what arrived: a TLS record that "
+    "failed authentication is dropped with its connection; the driver's log says which)";
+
 void tsp_output_opts_init(tsp_output_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
@@ -161,11 +166,15 @@ static int ship(tsp__tls_t *sock, int file, uint64_t total, uint8_t *buf, int ti
                  "announced)");
     if (!rc && !early)
         rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
+    if (rc == -EPIPE || rc == -ECONNRESET)
+        return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", DRIVER_HUNG_UP);
     if (rc)
         return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", tsp_strerror(rc));
     tsp_wire_hdr_t h = {0};
     rc = tsp__tls_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
                              errlen);
+    if (rc == -ECONNRESET) /* no answer at all: the driver dropped the connection */
+        return tsp__err(err, errlen, rc, "no confirmation of the output: %s", DRIVER_HUNG_UP);
     if (rc)
         return rc;
     if (h.type == TSP_WIRE_ERROR) {

@@ -278,7 +278,16 @@ static int map_err(tsp__tls_t *t, int r, int saved_errno)
     if (code)
         ERR_error_string_n(code, detail, sizeof(detail));
     ERR_clear_error();
-    snprintf(t->why, sizeof(t->why), "TLS failed (%s)", detail);
+    int reason = ERR_GET_REASON(code);
+    if (reason == SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC ||
+        reason == SSL_R_SSLV3_ALERT_BAD_RECORD_MAC)
+        snprintf(t->why, sizeof(t->why),
+                 "a TLS record failed authentication: bytes were altered between agent and "
+                 "driver (an on-path attacker or a faulty network device); nothing of it was "
+                 "used (%s)",
+                 detail);
+    else
+        snprintf(t->why, sizeof(t->why), "TLS failed (%s)", detail);
     return -EBADMSG;
 }
 
