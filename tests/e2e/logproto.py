@@ -1,6 +1,10 @@
 """A small pure-Python client of the log channel protocol (docs/protocol.md, part 1), used by
 the tests to speak to the native server independently of the C client: handshakes with a
-right or wrong secret, replays, garbage and raw LINE frames."""
+right or wrong secret, replays, garbage and raw LINE frames.
+
+The channel runs inside TLS 1.3 with a key from the run's secret (docs/protocol.md 1.10),
+which Python's ssl module cannot speak (no external PSK): `connect` hands the frames to
+build/bin/tsp-tls-bridge, a test-only relay that does the TLS with the C library."""
 from __future__ import annotations
 
 import hashlib
@@ -8,6 +12,7 @@ import hmac
 import os
 import socket
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +21,20 @@ sys.path.insert(0, str(ROOT / "spark-glue" / "python"))
 
 HELLO, CHALLENGE, AUTH, WELCOME, LINE, DROPPED, ACK = 0x01, 0x02, 0x03, 0x04, 0x10, 0x11, 0x12
 CLOSE, ERROR = 0x30, 0x31
+BRIDGE = ROOT / "build" / "bin" / "tsp-tls-bridge"
+_bridges: list[subprocess.Popen] = []
+
+
+def connect(host: str, port: int, secret: bytes, timeout: float = 5.0) -> socket.socket:
+    """A socket whose frames reach the driver inside TLS keyed by `secret` (through the
+    bridge). A refused TLS handshake reads as the connection's end."""
+    mine, theirs = socket.socketpair()
+    env = dict(os.environ, TORCHSPARK_LOG_SECRET=secret.hex())
+    _bridges[:] = [b for b in _bridges if b.poll() is None]
+    _bridges.append(subprocess.Popen([str(BRIDGE), host, str(port)], stdin=theirs, env=env))
+    theirs.close()
+    mine.settimeout(timeout)
+    return mine
 
 
 def frame(ftype: int, payload: bytes = b"", rank: int = -1, stream: int = 0, flags: int = 0) -> bytes:
@@ -66,7 +85,7 @@ class RawAgent:
 
     def __init__(self, host: str, port: int, secret: bytes, mac_secret: bytes | None = None,
                  timeout: float = 5.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = connect(host, port, secret, timeout=timeout)
         self.hello = hello(secret)
         self.sent = [frame(HELLO, self.hello, rank=0)]
         self.sock.sendall(self.sent[0])
@@ -93,9 +112,10 @@ class RawAgent:
         self.sock.close()
 
 
-def replay(host: str, port: int, recorded: list[bytes]):
-    """Sends a recorded HELLO, waits for the fresh CHALLENGE, sends the recorded AUTH."""
-    sock = socket.create_connection((host, port), timeout=5)
+def replay(host: str, port: int, recorded: list[bytes], secret: bytes):
+    """Sends a recorded HELLO, waits for the fresh CHALLENGE, sends the recorded AUTH (inside
+    a new TLS connection: an attacker on the path cannot even get that far, 1.10)."""
+    sock = connect(host, port, secret)
     sock.sendall(recorded[0])
     f = read_frame(sock)
     assert f is not None and f[0] == CHALLENGE

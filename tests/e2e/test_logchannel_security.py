@@ -16,20 +16,30 @@ def _refusal(res) -> str:
     return res[4].decode()
 
 
-def test_no_secret_wrong_hmac_and_replay_are_refused():
+def test_no_secret_wrong_hmac_and_replay_are_refused(capfd):
     srv = LogServer(tail_lines=10)
     try:
         good = RawAgent(srv.host, srv.port, srv.secret)
         assert good.ok
         good.line(0, b"hello")
-        # no secret: a made-up one gives another run id
+        # no secret: a made-up one keys another TLS identity (another run id): the TLS
+        # handshake is refused before any frame (docs/protocol.md 1.10)
         bad = RawAgent(srv.host, srv.port, os.urandom(32))
-        assert "another run" in _refusal(bad.result)
+        assert bad.result is None
+        deadline = time.time() + 5
+        err = ""
+        while time.time() < deadline and "refused the TLS handshake" not in err:
+            time.sleep(0.1)
+            err += capfd.readouterr().err
+        # each side says why: the driver (its log) and the stale client (the bridge's stderr)
+        assert "TLS handshake refused: the client belongs to another run" in err, err
+        assert "the driver refused the TLS handshake" in err, err
         # a HELLO copied from a real agent, but no secret to answer the challenge
         wrong = RawAgent(srv.host, srv.port, srv.secret, mac_secret=os.urandom(32))
         assert "authentication failed" in _refusal(wrong.result)
         # the good agent's handshake, replayed: the server's nonce differs
-        assert "authentication failed" in _refusal(logproto.replay(srv.host, srv.port, good.sent))
+        assert "authentication failed" in _refusal(logproto.replay(srv.host, srv.port, good.sent,
+                                                                   srv.secret))
         lines = []
         deadline = time.time() + 5
         while not lines and time.time() < deadline:
@@ -84,3 +94,145 @@ def test_binding_surface_tail_format_output(tmp_path):
     agent.close()
     srv.close()
     assert srv.pull(timeout_ms=10) == []
+
+
+class _OnPathProxy:
+    """A real on-path attacker between a real agent and the real driver: it records every
+    byte both ways and rewrites what the agent sends. Where the stream parses as frames
+    (the channel before TLS) it rewrites them as an attacker would: "SECRET" in a LINE
+    becomes "HACKED", every OUT_CHUNK's data becomes b"X"s and OUT_END carries the SHA-256
+    of the rewritten data. Otherwise (TLS) it flips one byte once a connection passed 1500
+    bytes, the most it can do blind."""
+
+    def __init__(self, upstream_port: int):
+        import threading
+        self.up = upstream_port
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(16)
+        self.port = self.lsock.getsockname()[1]
+        self.capture = bytearray()
+        self.lock = threading.Lock()
+        self.stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+        self.lsock.settimeout(0.2)
+        while not self.stop:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                continue
+            b = socket.create_connection(("127.0.0.1", self.up))
+            threading.Thread(target=self._agent_to_driver, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._copy, args=(b, a), daemon=True).start()
+
+    def _record(self, data: bytes) -> None:
+        with self.lock:
+            self.capture += data
+
+    def _copy(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self._record(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _agent_to_driver(self, src: socket.socket, dst: socket.socket) -> None:
+        import hashlib
+        import struct
+        buf, total, flipped, forged = b"", 0, False, hashlib.sha256()
+        tls = None
+        try:
+            while data := src.recv(65536):
+                self._record(data)
+                buf += data
+                if tls is None:
+                    tls = buf[:1] != bytes([logproto.HELLO])  # a plaintext channel starts so
+                if tls:  # blind tampering
+                    out, buf = buf, b""
+                    if not flipped and total + len(out) > 1500:
+                        i = max(0, 1500 - total)
+                        out = out[:i] + bytes([out[i] ^ 0x01]) + out[i + 1:]
+                        flipped = True
+                    total += len(out)
+                    dst.sendall(out)
+                    continue
+                while len(buf) >= 12:  # frames in clear: rewrite them
+                    t, n = buf[0], struct.unpack(">I", buf[8:12])[0]
+                    if len(buf) < 12 + n:
+                        break
+                    hdr, pay, buf = buf[:12], buf[12:12 + n], buf[12 + n:]
+                    if t == logproto.LINE:
+                        pay = pay.replace(b"SECRET", b"HACKED")
+                    elif t == 0x21:  # OUT_CHUNK
+                        pay = b"X" * n
+                        forged.update(pay)
+                    elif t == 0x22:  # OUT_END
+                        pay = forged.digest()
+                    dst.sendall(hdr + pay)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop = True
+        self.lsock.close()
+
+
+def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):
+    """A real torchspark-run ships rank 0's output and prints lines through a recording,
+    rewriting proxy: the capture holds no worker line and no output byte in clear, the
+    driver never accepts a rewritten output (the transfer fails, nothing is delivered), and
+    no rewritten line reaches the driver."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from logchannel_harness import RUN_BIN
+
+    srv = LogServer()
+    proxy = _OnPathProxy(srv.port)
+    try:
+        srv.expect_output(None)
+        out = tmp_path / "result.bin"
+        script = tmp_path / "w.py"
+        script.write_text(textwrap.dedent("""
+            import sys
+            for i in range(20):
+                print("SECRET worker line %d" % i, flush=True)
+            with open(sys.argv[1], "wb") as f:
+                f.write(b"PAYLOAD-OF-RANK-0:" * 60000)
+        """))
+        cmd = [str(RUN_BIN), "--nproc-per-node", "1", "--python", sys.executable,
+               "--log-endpoint", "127.0.0.1:%d" % proxy.port, "--output-file", str(out),
+               str(script), str(out)]
+        p = subprocess.run(cmd, env=dict(os.environ, **srv.agent_env()), capture_output=True,
+                           text=True, timeout=300)
+        assert not srv.wait_output(2), "the driver accepted an output through the proxy"
+        status = json.loads((tmp_path / "result.bin.status").read_text())
+        assert status["output"] == "failed", (status, p.stderr)
+        lines = []
+        for _ in range(20):
+            lines += [ln.data for ln in srv.pull(timeout_ms=100)]
+        assert not any(b"HACKED" in d for d in lines), lines
+        with proxy.lock:
+            cap = bytes(proxy.capture)
+        assert len(cap) > 100_000, "the proxy saw the transfer"
+        assert b"SECRET" not in cap and b"worker line" not in cap
+        assert b"PAYLOAD-OF-RANK-0" not in cap
+    finally:
+        proxy.close()
+        srv.close()

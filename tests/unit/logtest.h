@@ -17,6 +17,7 @@
 #include "logclient.h"
 #include "torchspark/logserver.h"
 #include "logwire.h"
+#include "tlsrelay.h"
 #include "util.h"
 
 static inline int raw_connect(int port)
@@ -25,6 +26,18 @@ static inline int raw_connect(int port)
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    return fd;
+}
+
+/* A raw connection inside TLS 1.3 keyed by secret (docs/protocol.md 1.10): frames written
+ * to the returned socket reach the server's frame layer (a relay thread encrypts). */
+static inline int raw_connect_tls(int port, const uint8_t *secret)
+{
+    char err[600];
+    int fd = tls_relay_pipe("127.0.0.1", port, secret, err, sizeof err);
+    ck_assert_msg(fd >= 0, "%s", err);
     struct timeval tv = {.tv_sec = 5};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return fd;
@@ -68,8 +81,8 @@ static inline int raw_read_frame(int fd, uint8_t *p, size_t cap, size_t *len)
 /* A HELLO payload for secret (role LOGS); returns its length. */
 static inline size_t make_hello(uint8_t *out, const uint8_t *secret, uint16_t version)
 {
-    tsp_wire_hello_t h = {.version = version, .role = TSP_WIRE_ROLE_LOGS, .agent_id = 42,
-                          .node_rank = 0};
+    tsp_wire_hello_t h = {
+        .version = version, .role = TSP_WIRE_ROLE_LOGS, .agent_id = 42, .node_rank = 0};
     strcpy(h.host, "testhost");
     tsp_wire_run_id(secret, h.run_id);
     tsp__random_bytes(h.nonce, sizeof h.nonce);

@@ -23,8 +23,11 @@ static int raw_agent(tsp_logserver_t *s, uint64_t agent_id, int node_rank, const
     tsp_logserver_secret(s, secret);
     char err[600];
     int flags = -1;
-    int fd = tsp__logdial("127.0.0.1", tsp_logserver_port(s), secret, TSP_WIRE_ROLE_LOGS, hflags,
-                          agent_id, node_rank, host, 5000, &flags, err, sizeof err);
+    tsp__tls_t *t = NULL;
+    int rc = tsp__logdial("127.0.0.1", tsp_logserver_port(s), secret, TSP_WIRE_ROLE_LOGS, hflags,
+                          agent_id, node_rank, host, 5000, &t, &flags, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    int fd = tls_relay_adopt(t, err, sizeof err); /* raw frames from here on */
     ck_assert_msg(fd >= 0, "%s", err);
     ck_assert_int_eq(flags, TSP_WIRE_WELCOME_CONTROL);
     return fd;

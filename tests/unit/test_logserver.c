@@ -124,35 +124,35 @@ START_TEST(test_logserver_rejections)
     memset(wrong, 7, sizeof wrong);
     size_t hl, n;
 
-    int fd = raw_connect(port); /* bad magic */
+    int fd = raw_connect_tls(port, secret); /* bad magic */
     hl = make_hello(hello, secret, 1);
     hello[0] = 'Z';
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     expect_refused(fd, "bad magic");
 
-    fd = raw_connect(port); /* another version */
-    hl = make_hello(hello, secret, 3);
+    fd = raw_connect_tls(port, secret); /* another version */
+    hl = make_hello(hello, secret, 4);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
-    expect_refused(fd, "version 3 not supported");
+    expect_refused(fd, "version 4 not supported");
 
-    fd = raw_connect(port); /* no secret: another run id */
+    fd = raw_connect_tls(port, secret); /* no secret: another run id */
     hl = make_hello(hello, wrong, 1);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     expect_refused(fd, "another run");
 
-    fd = raw_connect(port); /* over-cap length before authentication */
+    fd = raw_connect_tls(port, secret); /* over-cap length before authentication */
     uint8_t big[TSP_WIRE_HDR_LEN];
     tsp_wire_hdr_t bh = {.type = TSP_WIRE_HELLO, .length = 5000};
     tsp_wire_hdr_pack(big, &bh);
     ck_assert_int_eq(send(fd, big, sizeof big, 0), (ssize_t)sizeof big);
     expect_refused(fd, "over the cap");
 
-    fd = raw_connect(port); /* a frame other than HELLO first */
+    fd = raw_connect_tls(port, secret); /* a frame other than HELLO first */
     raw_send_frame(fd, TSP_WIRE_CLOSE, -1, NULL, 0);
     expect_refused(fd, "unexpected CLOSE");
 
     /* wrong HMAC: right run id (a stolen HELLO), no secret to answer the challenge */
-    fd = raw_connect(port);
+    fd = raw_connect_tls(port, secret);
     hl = make_hello(hello, secret, 1);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
@@ -162,7 +162,7 @@ START_TEST(test_logserver_rejections)
     expect_refused(fd, "authentication failed");
 
     /* a correct handshake, recorded, then replayed on a new connection */
-    fd = raw_connect(port);
+    fd = raw_connect_tls(port, secret);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
     uint8_t nonce_s[32];
@@ -177,14 +177,14 @@ START_TEST(test_logserver_rejections)
     tsp_wire_hdr_pack(ob, &oh);
     ck_assert_int_eq(send(fd, ob, sizeof ob, 0), (ssize_t)sizeof ob);
     expect_refused(fd, "over the cap");
-    fd = raw_connect(port);
+    fd = raw_connect_tls(port, secret);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
     raw_send_frame(fd, TSP_WIRE_AUTH, -1, mac, 32); /* the recorded MAC */
     expect_refused(fd, "authentication failed");
 
     /* a handshake that stalls */
-    fd = raw_connect(port);
+    fd = raw_connect_tls(port, secret);
     expect_refused(fd, "did not complete in time");
 
     tsp_logserver_stats_t st;
@@ -301,7 +301,7 @@ START_TEST(test_logserver_output_bad_digest_and_length)
         tsp_wire_hello_t h = {.version = 1, .role = TSP_WIRE_ROLE_OUTPUT, .agent_id = 9};
         tsp_wire_run_id(secret, h.run_id);
         size_t hl = (size_t)tsp_wire_hello_pack(hello, sizeof hello, &h), n;
-        int fd = raw_connect(port);
+        int fd = raw_connect_tls(port, secret);
         raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
         ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
         tsp_wire_mac(secret, 0, hello, hl, p + 2, mac);
@@ -333,7 +333,7 @@ static int raw_output_conn(tsp_logserver_t *s)
     tsp_wire_hello_t h = {.version = 1, .role = TSP_WIRE_ROLE_OUTPUT, .agent_id = 9};
     tsp_wire_run_id(secret, h.run_id);
     size_t hl = (size_t)tsp_wire_hello_pack(hello, sizeof hello, &h), n;
-    int fd = raw_connect(tsp_logserver_port(s));
+    int fd = raw_connect_tls(tsp_logserver_port(s), secret);
     raw_send_frame(fd, TSP_WIRE_HELLO, 0, hello, hl);
     ck_assert_int_eq(raw_read_frame(fd, p, sizeof p, &n), TSP_WIRE_CHALLENGE);
     tsp_wire_mac(secret, 0, hello, hl, p + 2, mac);

@@ -137,7 +137,7 @@ START_TEST(test_logwire_hello_round_trip)
     tsp_wire_challenge_pack(ch, TSP_WIRE_VERSION, h.nonce);
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, sizeof ch), 0);
     ck_assert_int_eq(memcmp(nonce, h.nonce, 32), 0);
-    ch[1] = 3;
+    ch[1] = 4;
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, sizeof ch), -EPROTONOSUPPORT);
     ck_assert_int_eq(tsp_wire_challenge_unpack(&ver, nonce, ch, 33), -EBADMSG);
 }
@@ -153,9 +153,9 @@ START_TEST(test_logwire_hello_rejections)
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTO);
     ck_assert_ptr_nonnull(strstr(err, "magic"));
     b[0] = 'T';
-    b[5] = 3; /* another version */
+    b[5] = 4; /* another version */
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTONOSUPPORT);
-    ck_assert_ptr_nonnull(strstr(err, "version 3 not supported; this driver speaks 2"));
+    ck_assert_ptr_nonnull(strstr(err, "version 4 not supported; this driver speaks 3"));
     b[5] = 0;
     ck_assert_int_eq(tsp_wire_hello_unpack(&g, b, (size_t)n, err, sizeof err), -EPROTONOSUPPORT);
     b[5] = 1; /* version 1 (before DUMP, protocol 1.9) is still accepted */

@@ -5,7 +5,7 @@
  * function reads them (cut lines made whole, threads, frames, flight recorders), names the
  * stuck rank(s), groups the others by where they wait, and writes the diagnosis as JSON:
  * the one line to print, the culprits, the groups, and every rank's stacks (docs/
- * protocol.md 1.10 holds both documents). No glue parses the dumps nor the line. The golden
+ * protocol.md 1.11 holds both documents). No glue parses the dumps nor the line. The golden
  * cases of tests/contracts/hang.json hold the contract: pytest and JUnit replay them.
  */
 #ifndef TORCHSPARK_HANG_H

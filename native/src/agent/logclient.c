@@ -82,7 +82,9 @@ struct tsp_logclient {
     early_ev_t *early, **early_tail; /* events waiting for the first handshake */
     tsp_logclient_stats_t st;
     /* sender thread only */
-    int fd;
+    int fd;          /* the socket inside tls, -1 when not connected */
+    tsp__tls_t *tls; /* the connection: TLS 1.3 (docs/protocol.md 1.10) */
+    int ping_left;   /* a PING that TLS took in part: it must be retried first, as is */
     int fallback, warned, ever_connected;
     int no_control; /* the driver refused the CONTROL flag: never ask again */
     int stop_seen;
@@ -436,9 +438,10 @@ static void warn_unacked(tsp_logclient_t *c)
 
 static void conn_lost(tsp_logclient_t *c)
 {
-    if (c->fd >= 0)
-        close(c->fd);
+    tsp__tls_close(c->tls);
+    c->tls = NULL;
     c->fd = -1;
+    c->ping_left = 0;
     c->lost_at = tsp__now_ms();
     pthread_mutex_lock(&c->mu);
     c->st.connected = 0;
@@ -469,11 +472,14 @@ static uint64_t resume_offset(tsp_logclient_t *c)
 static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t errlen)
 {
     int wflags = 0, fd;
+    tsp__tls_t *t = NULL;
     for (;;) {
         int hflags = (c->o.drop ? TSP_WIRE_HELLO_DROP : 0) |
                      (c->no_control ? 0 : TSP_WIRE_HELLO_CONTROL | TSP_WIRE_HELLO_KEEPALIVE);
         fd = tsp__logdial(c->host, c->o.port, c->o.secret, TSP_WIRE_ROLE_LOGS, hflags, c->agent_id,
-                          c->o.node_rank, c->hostname, timeout_ms, &wflags, err, errlen);
+                          c->o.node_rank, c->hostname, timeout_ms, &t, &wflags, err, errlen);
+        if (fd == 0)
+            fd = tsp__tls_fd(t);
         /* A driver of the first version-1 release refuses the CONTROL flag (1.7), one
          * before KEEPALIVE that flag: go on without the control channel and PINGs. */
         if (fd == -EACCES && !c->no_control && strstr(err, "unknown HELLO flags")) {
@@ -486,6 +492,7 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
     if (fd >= 0) {
         c->control = (wflags & TSP_WIRE_WELCOME_CONTROL) ? 1 : 0;
         c->fd = fd;
+        c->tls = t;
         c->progress_at = c->tx_at = tsp__now_ms();
         c->sent = resume_offset(c); /* resend what is not acked */
         flush_early_locked(c);      /* events held for this first handshake */
@@ -501,14 +508,24 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
     return fd;
 }
 
-/* Reads ACK / CLOSE / ERROR frames. 0 while the connection lives. */
+static int read_acks_once(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rcap);
+
+/* Reads ACK / CLOSE / ERROR frames: what the connection has, including what TLS holds
+ * decrypted (poll does not see it). 0 while the connection lives. */
 static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rcap)
 {
-    ssize_t r;
+    int rc;
     do
-        r = recv(c->fd, rbuf + *rlen, rcap - *rlen, MSG_DONTWAIT);
-    while (r < 0 && errno == EINTR);
-    if (r < 0 && errno == EAGAIN)
+        rc = read_acks_once(c, rbuf, rlen, rcap);
+    while (rc > 0 && tsp__tls_pending(c->tls));
+    return rc < 0 ? -1 : 0;
+}
+
+/* One read and the frames it completed: 1 read some, 0 nothing to read, -1 gone. */
+static int read_acks_once(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rcap)
+{
+    ssize_t r = tsp__tls_read(c->tls, rbuf + *rlen, rcap - *rlen);
+    if (r == -EAGAIN)
         return 0;
     if (r <= 0)
         return -1;
@@ -559,12 +576,37 @@ static int read_acks(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_t rca
     }
     memmove(rbuf, rbuf + off, *rlen - off);
     *rlen -= off;
-    return rc;
+    return rc ? -1 : 1;
+}
+
+/* A PING (protocol 1.7) through TLS: once TLS took it in part, it goes again, as is, before
+ * any other byte (SSL_write's retry rule). deadline -2: one non-blocking try (ping_left
+ * stays set when TLS waits); else wait until deadline. 0 sent or waiting, -1 broken. */
+static int ping_flush(tsp_logclient_t *c, int64_t deadline)
+{
+    if (!c->ping_left)
+        return 0;
+    uint8_t b[TSP_WIRE_HDR_LEN];
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_PING, .rank = -1, .length = 0};
+    tsp_wire_hdr_pack(b, &h);
+    if (deadline == -2) {
+        ssize_t w = tsp__tls_write(c->tls, b, sizeof(b));
+        if (w == -EAGAIN)
+            return 0;
+        c->ping_left = 0;
+        return w == (ssize_t)sizeof(b) ? 0 : -1; /* one record: all of it or nothing */
+    }
+    c->ping_left = 0;
+    return tsp__tls_write_all(c->tls, b, sizeof(b), deadline) ? -1 : 0;
 }
 
 /* Sends what is queued (non-blocking). 0 while the connection lives. */
 static int send_some(tsp_logclient_t *c)
 {
+    if (ping_flush(c, -2))
+        return -1;
+    if (c->ping_left)
+        return 0; /* the PING first */
     struct iovec iov[MAX_IOV];
     int n = 0;
     pthread_mutex_lock(&c->mu);
@@ -590,13 +632,21 @@ static int send_some(tsp_logclient_t *c)
     pthread_mutex_unlock(&c->mu);
     if (!n)
         return 0;
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    ssize_t w;
-    do
-        w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (w < 0 && errno == EINTR);
-    if (w < 0)
-        return errno == EAGAIN ? 0 : -1;
+    /* Through TLS: a record that could not be written whole is retried with the same bytes
+     * first (the queue from c->sent), as SSL_write requires. */
+    ssize_t w = 0;
+    for (int i = 0; i < n; i++) {
+        ssize_t r = tsp__tls_write(c->tls, iov[i].iov_base, iov[i].iov_len);
+        if (r == -EAGAIN)
+            break;
+        if (r < 0)
+            return -1;
+        w += r;
+        if ((size_t)r < iov[i].iov_len)
+            break;
+    }
+    if (w == 0)
+        return 0;
     c->progress_at = c->tx_at = tsp__now_ms();
     pthread_mutex_lock(&c->mu);
     c->sent += (uint64_t)w;
@@ -621,9 +671,9 @@ static void say_goodbye(tsp_logclient_t *c)
         stop_dl = now + 20;
     if (stop_dl < dl)
         dl = stop_dl;
-    if (tsp__sock_write_all(c->fd, b, TSP_WIRE_HDR_LEN, dl) == 0) {
+    if (ping_flush(c, dl) == 0 && tsp__tls_write_all(c->tls, b, TSP_WIRE_HDR_LEN, dl) == 0) {
         char err[64];
-        while (tsp__sock_read_frame(c->fd, &h, b, TSP_WIRE_MAX_TEXT, dl, err, sizeof(err)) == 0 &&
+        while (tsp__tls_read_frame(c->tls, &h, b, TSP_WIRE_MAX_TEXT, dl, err, sizeof(err)) == 0 &&
                h.type != TSP_WIRE_CLOSE)
             ;
     }
@@ -679,9 +729,13 @@ static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)
 {
     struct pollfd p[2] = {{.fd = c->notify_fd, .events = POLLIN},
                           {.fd = c->fd, .events = (short)(POLLIN | (want_out ? POLLOUT : 0))}};
+    if (c->fd >= 0 && tsp__tls_pending(c->tls))
+        timeout_ms = 0; /* TLS holds decrypted bytes: poll would not say so */
     int rc = poll(p, c->fd >= 0 ? 2 : 1, timeout_ms);
     if (rc > 0 && (p[0].revents & POLLIN))
         drain_fd(c->notify_fd);
+    if (c->fd >= 0 && tsp__tls_pending(c->tls))
+        return POLLIN | (rc > 0 ? p[1].revents : 0);
     return rc > 0 ? p[1].revents : 0;
 }
 
@@ -701,16 +755,10 @@ static int keep_alive(tsp_logclient_t *c, int pending, int cap)
     if (c->fd < 0 || c->control != 1)
         return cap;
     int64_t now = tsp__now_ms();
-    if (!pending && now - c->tx_at >= TSP_WIRE_PING_MS) {
-        uint8_t b[TSP_WIRE_HDR_LEN];
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_PING, .rank = -1, .length = 0};
-        tsp_wire_hdr_pack(b, &h);
-        ssize_t w;
-        do
-            w = send(c->fd, b, sizeof(b), MSG_NOSIGNAL | MSG_DONTWAIT);
-        while (w < 0 && errno == EINTR);
+    if (!pending && !c->ping_left && now - c->tx_at >= TSP_WIRE_PING_MS) {
+        c->ping_left = 1;
         c->tx_at = now; /* sent, or the socket is full: the next one in TSP_WIRE_PING_MS */
-        if (w > 0 && w < (ssize_t)sizeof(b)) /* a partial header cannot be taken back */
+        if (ping_flush(c, -2))
             conn_lost(c);
     }
     return time_left(c->tx_at + TSP_WIRE_PING_MS, cap);
@@ -784,7 +832,7 @@ static void *sender_main(void *arg)
         int wait = keep_alive(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
         if (c->fd < 0)
             continue;
-        int ev = wait_events(c, pending, wait);
+        int ev = wait_events(c, pending || c->ping_left, wait);
         if ((ev & (POLLIN | POLLHUP | POLLERR)) && read_acks(c, rbuf, &rlen, sizeof(rbuf))) {
             conn_lost(c);
             continue;

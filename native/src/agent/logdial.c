@@ -1,5 +1,6 @@
 /* logdial.c: an agent's authenticated connection to the driver's log server (the client
- * half of docs/protocol.md 1.4) and socket I/O bounded by deadlines. */
+ * half of docs/protocol.md 1.10 and 1.4: TLS 1.3, then the handshake inside it) and I/O
+ * bounded by deadlines. */
 #include "logdial.h"
 
 #include <errno.h>
@@ -16,25 +17,6 @@
 #include "logwire.h"
 #include "util.h"
 
-static int wait_fd(int fd, short events, int64_t deadline)
-{
-    for (;;) {
-        int t = -1;
-        if (deadline >= 0) {
-            int64_t left = deadline - tsp__now_ms();
-            if (left <= 0)
-                return -ETIMEDOUT;
-            t = left > 60000 ? 60000 : (int)left;
-        }
-        struct pollfd p = {.fd = fd, .events = events};
-        int rc = poll(&p, 1, t);
-        if (rc > 0)
-            return 0;
-        if (rc < 0 && errno != EINTR)
-            return -errno;
-    }
-}
-
 int tsp__sock_write_all(int fd, const void *buf, size_t n, int64_t deadline)
 {
     const char *p = buf;
@@ -49,50 +31,29 @@ int tsp__sock_write_all(int fd, const void *buf, size_t n, int64_t deadline)
             continue;
         if (w < 0 && errno != EAGAIN)
             return -errno;
-        int rc = wait_fd(fd, POLLOUT, deadline);
+        int rc = tsp__wait_fd(fd, POLLOUT, deadline);
         if (rc)
             return rc;
     }
     return 0;
 }
 
-int tsp__sock_read_full(int fd, void *buf, size_t n, int64_t deadline)
-{
-    char *p = buf;
-    while (n > 0) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
-        if (r > 0) {
-            p += r;
-            n -= (size_t)r;
-            continue;
-        }
-        if (r == 0)
-            return -ECONNRESET;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
-            return -errno;
-        int rc = wait_fd(fd, POLLIN, deadline);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-int tsp__sock_read_frame(int fd, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap, int64_t deadline,
-                         char *err, size_t errlen)
+int tsp__tls_read_frame(tsp__tls_t *t, struct tsp_wire_hdr *h, uint8_t *p, uint32_t cap,
+                        int64_t deadline, char *err, size_t errlen)
 {
     uint8_t hb[TSP_WIRE_HDR_LEN];
-    int rc = tsp__sock_read_full(fd, hb, sizeof(hb), deadline);
+    int rc = tsp__tls_read_full(t, hb, sizeof(hb), deadline);
     if (rc) {
         return tsp__err(err, errlen, rc, "%s",
-                        rc == -ECONNRESET ? "the driver closed the connection" : strerror(-rc));
+                        rc == -ECONNRESET ? "the driver closed the connection"
+                        : rc == -EBADMSG  ? tsp__tls_why(t)
+                                          : strerror(-rc));
     }
     if ((rc = tsp_wire_hdr_unpack(h, hb, sizeof(hb), cap, err, errlen)))
         return rc;
-    if ((rc = tsp__sock_read_full(fd, p, h->length, deadline)))
+    if ((rc = tsp__tls_read_full(t, p, h->length, deadline)))
         return tsp__err(err, errlen, rc, "reading a %s frame: %s", tsp_wire_type_name(h->type),
-                        strerror(-rc));
+                        rc == -EBADMSG ? tsp__tls_why(t) : strerror(-rc));
     return 0;
 }
 
@@ -117,7 +78,7 @@ int tsp__dial_tcp(const char *host, int port, int64_t deadline, char *err, size_
             continue;
         }
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS) {
-            int r = wait_fd(fd, POLLOUT, deadline);
+            int r = tsp__wait_fd(fd, POLLOUT, deadline);
             int soerr = 0;
             socklen_t sl = sizeof(soerr);
             if (!r)
@@ -139,7 +100,7 @@ int tsp__dial_tcp(const char *host, int port, int64_t deadline, char *err, size_
     return -e;
 }
 
-static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64_t agent_id,
+static int handshake(tsp__tls_t *t, const uint8_t *secret, int role, int hflags, uint64_t agent_id,
                      int node_rank, const char *hostname, int64_t deadline, int *welcome_flags,
                      char *err, size_t errlen)
 {
@@ -159,12 +120,12 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
     memcpy(hello, buf + TSP_WIRE_HDR_LEN, (size_t)hl);
     tsp_wire_hdr_t fh = {.type = TSP_WIRE_HELLO, .rank = node_rank, .length = (uint32_t)hl};
     tsp_wire_hdr_pack(buf, &fh);
-    int rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + (size_t)hl, deadline);
+    int rc = tsp__tls_write_all(t, buf, TSP_WIRE_HDR_LEN + (size_t)hl, deadline);
     if (rc)
         return tsp__err(err, errlen, rc, "sending HELLO: %s", strerror(-rc));
     /* CHALLENGE, or ERROR with the driver's reason. */
     tsp_wire_hdr_t rh = {0};
-    if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
+    if ((rc = tsp__tls_read_frame(t, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)
         return tsp__err(err, errlen, -EACCES, "the driver refused: %.*s", (int)rh.length,
@@ -179,9 +140,9 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
     fh = (tsp_wire_hdr_t){.type = TSP_WIRE_AUTH, .rank = -1, .length = TSP_WIRE_MAC_LEN};
     tsp_wire_hdr_pack(buf, &fh);
     memcpy(buf + TSP_WIRE_HDR_LEN, mac, sizeof(mac));
-    if ((rc = tsp__sock_write_all(fd, buf, TSP_WIRE_HDR_LEN + sizeof(mac), deadline)))
+    if ((rc = tsp__tls_write_all(t, buf, TSP_WIRE_HDR_LEN + sizeof(mac), deadline)))
         return tsp__err(err, errlen, rc, "sending AUTH: %s", strerror(-rc));
-    if ((rc = tsp__sock_read_frame(fd, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
+    if ((rc = tsp__tls_read_frame(t, &rh, buf, TSP_WIRE_MAX_HANDSHAKE, deadline, err, errlen)))
         return rc;
     if (rh.type == TSP_WIRE_ERROR)
         return tsp__err(err, errlen, -EACCES, "the driver refused: %.*s", (int)rh.length,
@@ -198,17 +159,24 @@ static int handshake(int fd, const uint8_t *secret, int role, int hflags, uint64
 
 int tsp__logdial(const char *host, int port, const uint8_t *secret, int role, int hflags,
                  uint64_t agent_id, int node_rank, const char *hostname, int timeout_ms,
-                 int *welcome_flags, char *err, size_t errlen)
+                 tsp__tls_t **out, int *welcome_flags, char *err, size_t errlen)
 {
     int64_t deadline = tsp__now_ms() + (timeout_ms > 0 ? timeout_ms : 5000);
     int fd = tsp__dial_tcp(host, port, deadline, err, errlen);
     if (fd < 0)
         return fd;
-    int rc = handshake(fd, secret, role, hflags, agent_id, node_rank, hostname, deadline,
-                       welcome_flags, err, errlen);
+    tsp__tls_t *t = NULL;
+    int rc = tsp__tls_dial(&t, fd, secret, err, errlen);
     if (rc) {
         close(fd);
         return rc;
     }
-    return fd;
+    if ((rc = tsp__tls_handshake_by(t, deadline, err, errlen)) ||
+        (rc = handshake(t, secret, role, hflags, agent_id, node_rank, hostname, deadline,
+                        welcome_flags, err, errlen))) {
+        tsp__tls_close(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
 }

@@ -1,6 +1,7 @@
 /* output.c: rank 0's output file to the driver, in chunks with length and SHA-256
- * (docs/protocol.md 1.6), on its own authenticated connection with role OUTPUT. The bytes
- * go out with sendfile() while a second thread computes the digest. */
+ * (docs/protocol.md 1.6), on its own authenticated TLS connection with role OUTPUT (1.10).
+ * The bytes go out (SSL_sendfile with kTLS, else read and SSL_write) while a second thread
+ * computes the digest. */
 #include "torchspark/output.h"
 #include "logwire.h"
 
@@ -14,13 +15,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include "logdial.h"
 #include "util.h"
+
+/* What an agent can say when the driver hung up during a transfer (it cannot know why). */
+static const char DRIVER_HUNG_UP[] =
+    "the driver closed the connection (it stopped, or refused what arrived: a TLS record that "
+    "failed authentication is dropped with its connection; the driver's log says which)";
 
 void tsp_output_opts_init(tsp_output_opts_t *o)
 {
@@ -30,14 +35,13 @@ void tsp_output_opts_init(tsp_output_opts_t *o)
     o->attempts = 3;
 }
 
-static int send_frame(int fd, unsigned type, const void *p, size_t n, int timeout_ms)
+static int send_frame(tsp__tls_t *t, unsigned type, const void *p, size_t n, int timeout_ms)
 {
-    uint8_t hb[TSP_WIRE_HDR_LEN];
+    uint8_t b[TSP_WIRE_HDR_LEN + TSP_WIRE_DIGEST_LEN];
     tsp_wire_hdr_t h = {.type = (uint8_t)type, .rank = -1, .length = (uint32_t)n};
-    tsp_wire_hdr_pack(hb, &h);
-    int64_t dl = tsp__now_ms() + timeout_ms;
-    int rc = tsp__sock_write_all(fd, hb, sizeof(hb), dl);
-    return rc ? rc : tsp__sock_write_all(fd, p, n, dl);
+    tsp_wire_hdr_pack(b, &h);
+    memcpy(b + TSP_WIRE_HDR_LEN, p, n); /* one TLS record for the whole frame */
+    return tsp__tls_write_all(t, b, TSP_WIRE_HDR_LEN + n, tsp__now_ms() + timeout_ms);
 }
 
 static ssize_t pread_some(int fd, void *p, size_t n, uint64_t off)
@@ -49,53 +53,42 @@ static ssize_t pread_some(int fd, void *p, size_t n, uint64_t off)
     return r < 0 ? -errno : r;
 }
 
-/* Sends n bytes of the file from off: sendfile() hands the page-cache pages to the socket
- * without a copy on this side; where the kernel cannot (EINVAL/ENOSYS: an exotic file
- * system), the bytes are read into *copy (allocated then) and written. */
-static int send_file_range(int sock, int file, uint64_t off, size_t n, uint8_t **copy,
-                           int *no_sendfile, int64_t deadline)
+/* Sends one OUT_CHUNK of n bytes of the file from off, through TLS (docs/protocol.md
+ * 1.10). Where the kernel encrypts (kTLS), SSL_sendfile keeps the copy out of this
+ * process; otherwise the frame is read into copy (TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_CHUNK
+ * bytes) and written, header and data in the same records. */
+static int send_chunk(tsp__tls_t *t, int file, uint64_t off, size_t n, uint8_t *copy,
+                      int64_t deadline)
 {
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = (uint32_t)n};
+    tsp_wire_hdr_pack(copy, &h);
     size_t done = 0;
-    while (!*no_sendfile && done < n) {
-        off_t o = (off_t)(off + done);
-        ssize_t w = sendfile(sock, file, &o, n - done);
-        if (w > 0) {
-            done += (size_t)w;
-            continue;
+    if (tsp__tls_ktls_send(t)) {
+        int rc = tsp__tls_write_all(t, copy, TSP_WIRE_HDR_LEN, deadline);
+        while (!rc && done < n) {
+            ssize_t w = tsp__tls_sendfile(t, file, (off_t)(off + done), n - done);
+            if (w > 0)
+                done += (size_t)w;
+            else if (w == 0)
+                rc = -EIO; /* the file shrank: the caller reports it */
+            else if (w != -EAGAIN)
+                rc = (int)w;
+            else
+                rc = tsp__wait_fd(tsp__tls_fd(t), POLLOUT, deadline);
         }
-        if (w == 0)
-            return -EIO; /* the file shrank: the caller reports it */
-        if (errno == EINTR)
-            continue;
-        if (errno == EINVAL || errno == ENOSYS) {
-            *no_sendfile = 1;
-            break;
-        }
-        if (errno != EAGAIN)
-            return -errno;
-        struct pollfd pf = {.fd = sock, .events = POLLOUT};
-        int64_t left = deadline - tsp__now_ms();
-        if (left <= 0)
-            return -ETIMEDOUT;
-        if (poll(&pf, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
-            return -errno;
+        return rc;
     }
-    if (done < n && !*copy && !(*copy = malloc(TSP_WIRE_MAX_CHUNK)))
-        return -ENOMEM;
     while (done < n) {
-        ssize_t r = pread_some(file, *copy, n - done, off + done);
+        ssize_t r = pread_some(file, copy + TSP_WIRE_HDR_LEN + done, n - done, off + done);
         if (r <= 0)
             return r == 0 ? -EIO : (int)r;
-        int rc = tsp__sock_write_all(sock, *copy, (size_t)r, deadline);
-        if (rc)
-            return rc;
         done += (size_t)r;
     }
-    return 0;
+    return tsp__tls_write_all(t, copy, TSP_WIRE_HDR_LEN + n, deadline);
 }
 
 /* The digest of the file, computed by a thread of its own while the caller's thread sends
- * the same bytes with sendfile(): the two read the page cache independently, so the
+ * the same bytes: the two read the page cache independently, so the
  * transfer is bounded by the slower of SHA-256 and the network, not by their sum. A file
  * that changes meanwhile ends in a digest the driver does not match: refused, retried. */
 typedef struct hashjob {
@@ -134,7 +127,7 @@ static void *hash_main(void *arg)
 }
 
 /* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR. */
-static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms,
+static int ship(tsp__tls_t *sock, int file, uint64_t total, uint8_t *buf, int timeout_ms,
                 uint8_t *digest_out, char *err, size_t errlen)
 {
     uint8_t v[8];
@@ -148,23 +141,18 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
     }
     rc = send_frame(sock, TSP_WIRE_OUT_BEGIN, v, 8, timeout_ms);
     uint64_t sent = 0;
-    int no_sendfile = 0;
-    uint8_t *copy = NULL; /* where sendfile() cannot: the bytes go through this buffer */
-    int early = 0;        /* the driver answered before END: it refused the transfer */
+    uint8_t *copy = malloc(TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_CHUNK); /* one frame */
+    int early = 0; /* the driver answered before END: it refused the transfer */
+    if (!rc && !copy)
+        rc = -ENOMEM;
     while (!rc && sent < total) {
-        struct pollfd pf = {.fd = sock, .events = POLLIN};
-        if (poll(&pf, 1, 0) > 0) {
+        struct pollfd pf = {.fd = tsp__tls_fd(sock), .events = POLLIN};
+        if (tsp__tls_pending(sock) || poll(&pf, 1, 0) > 0) {
             early = 1;
             break;
         }
         size_t n = total - sent < TSP_WIRE_MAX_CHUNK ? (size_t)(total - sent) : TSP_WIRE_MAX_CHUNK;
-        uint8_t hb[TSP_WIRE_HDR_LEN];
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_OUT_CHUNK, .rank = -1, .length = (uint32_t)n};
-        tsp_wire_hdr_pack(hb, &h);
-        int64_t dl = tsp__now_ms() + timeout_ms;
-        rc = tsp__sock_write_all(sock, hb, sizeof(hb), dl);
-        if (!rc)
-            rc = send_file_range(sock, file, sent, n, &copy, &no_sendfile, dl);
+        rc = send_chunk(sock, file, sent, n, copy, tsp__now_ms() + timeout_ms);
         sent += n;
     }
     atomic_store(&j.stop, rc != 0 || early);
@@ -178,11 +166,15 @@ static int ship(int sock, int file, uint64_t total, uint8_t *buf, int timeout_ms
                  "announced)");
     if (!rc && !early)
         rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
+    if (rc == -EPIPE || rc == -ECONNRESET)
+        return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", DRIVER_HUNG_UP);
     if (rc)
         return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", tsp_strerror(rc));
     tsp_wire_hdr_t h = {0};
-    rc = tsp__sock_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
-                              errlen);
+    rc = tsp__tls_read_frame(sock, &h, buf, TSP_WIRE_MAX_TEXT, tsp__now_ms() + timeout_ms, err,
+                             errlen);
+    if (rc == -ECONNRESET) /* no answer at all: the driver dropped the connection */
+        return tsp__err(err, errlen, rc, "no confirmation of the output: %s", DRIVER_HUNG_UP);
     if (rc)
         return rc;
     if (h.type == TSP_WIRE_ERROR) {
@@ -226,16 +218,16 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
             break;
         }
         char derr[600] = "";
-        int sock = tsp__logdial(o->host, o->port, o->secret, TSP_WIRE_ROLE_OUTPUT, 0, agent_id,
-                                o->node_rank, host, timeout, NULL, derr, sizeof(derr));
-        if (sock < 0) {
-            rc = sock;
+        tsp__tls_t *sock = NULL;
+        rc = tsp__logdial(o->host, o->port, o->secret, TSP_WIRE_ROLE_OUTPUT, 0, agent_id,
+                          o->node_rank, host, timeout, &sock, NULL, derr, sizeof(derr));
+        if (rc) {
             snprintf(err, errlen, "cannot ship the output to the driver at %s:%d: %s", o->host,
                      o->port, derr);
         } else {
             err[0] = 0;
             rc = ship(sock, file, (uint64_t)st.st_size, buf, timeout, o->digest_out, err, errlen);
-            close(sock);
+            tsp__tls_close(sock);
         }
         close(file);
         if (rc == 0 || rc == -EACCES)

@@ -1,4 +1,4 @@
-/* hang.c: the hang doctor's diagnosis (torchspark/hang.h; docs/protocol.md 1.10).
+/* hang.c: the hang doctor's diagnosis (torchspark/hang.h; docs/protocol.md 1.11).
  *
  * Each rank's dump is read by hangdump.c; here each rank is classified: it *waits* when
  * its main thread is inside a torch.distributed collective (or its flight recorder has one
@@ -686,7 +686,7 @@ static int read_request(diag_t *g, const char *doc, size_t len, char *err, size_
 {
     if (tsp_json_check_object(doc, len) != 0)
         return tsp__err(err, errlen, -EINVAL,
-                        "the hang request must be one JSON object (docs/protocol.md 1.10)");
+                        "the hang request must be one JSON object (docs/protocol.md 1.11)");
     g->read_sources = 1;
     cb_t c = {&g->in, g, 0, 0, err, errlen};
     int rc = tsp_json_each(doc, len, NULL, member_cb, &c);

@@ -7,6 +7,7 @@
 #include "logconn.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -457,16 +458,30 @@ static void conn_pause(tsp_logserver_t *s, conn_t *c)
     tsp__conn_arm(s, c);
 }
 
+/* The connection's reader for the output receiver: TLS's failures are the connection's,
+ * not the transfer's (-EBADMSG there means "the transfer failed"). */
+static ssize_t tls_read_fn(void *ctx, void *buf, size_t n)
+{
+    ssize_t r = tsp__tls_read(ctx, buf, n);
+    return r == -EBADMSG ? -EPROTO : r;
+}
+
 /* Receives output chunk data in place. 1 took some and the chunk may have more, 0 the
  * socket is empty, -1 the connection is gone. */
 static int conn_read_chunk(tsp_logserver_t *s, conn_t *c)
 {
     char err[600] = "";
-    ssize_t n = tsp__outrecv_recv(&s->out, c, c->fd, c->chunk_left, err, sizeof(err));
+    ssize_t n = tsp__outrecv_recv(&s->out, c, tls_read_fn, c->tls, c->chunk_left, err, sizeof(err));
     if (n == -EAGAIN)
         return 0;
     if (n == -EBADMSG) {
         tsp__conn_reject(s, c, err);
+        return -1;
+    }
+    if (n == -EPROTO) { /* a record failed authentication: bytes altered on the way */
+        char why[400];
+        snprintf(why, sizeof(why), "the output transfer broke: %s", tsp__tls_why(c->tls));
+        tsp__conn_reject(s, c, why);
         return -1;
     }
     if (n < 0) {
@@ -477,10 +492,123 @@ static int conn_read_chunk(tsp_logserver_t *s, conn_t *c)
     return 1;
 }
 
-/* Reads what the socket has and handles it. Returns 0 while the connection lives. */
+/* The connection ended or broke (n: 0 at its end, else -errno from TLS): a lost agent
+ * once open, a refused handshake before. Frees c. */
+static void conn_read_failed(tsp_logserver_t *s, conn_t *c, ssize_t n)
+{
+    if (n == -EBADMSG) { /* a record failed authentication: bytes altered on the way */
+        char why[400];
+        snprintf(why, sizeof(why), "the TLS channel broke: %s", tsp__tls_why(c->tls));
+        if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_LOGS)
+            tsp__lost_add(s, c, why, s->o.lost_grace_ms);
+        tsp__conn_reject(s, c, why);
+        return;
+    }
+    if (c->state == C_OPEN || c->state == C_LINGER) {
+        /* TCP gave up after 5 s without an answer (TCP_USER_TIMEOUT): like a silent
+         * agent (logctl.c), no lost grace on top. */
+        int timedout = n == -ETIMEDOUT;
+        tsp__lost_add(s, c,
+                      n == 0     ? "it closed without saying goodbye (the agent or its host died)"
+                      : timedout ? "no answer for about 5 s (host down or network cut)"
+                                 : strerror((int)-n),
+                      timedout ? 0 : s->o.lost_grace_ms);
+        tsp__conn_free(s, c);
+    } else {
+        tsp__conn_reject(
+            s, c, n == 0 ? "closed during the handshake" : "read error during the handshake");
+    }
+}
+
+/* An agent of version 1 or 2 speaks frames in clear where TLS is expected (protocol
+ * 1.10): it gets a plaintext ERROR naming the versions, the only plaintext byte the driver
+ * sends. What is not TLS is taken into c->pre as it comes (taken, so that epoll does not
+ * report it again), up to a HELLO's header, magic and version. Returns 0 a TLS client (or
+ * nothing yet), 2 wait for more, 1 refused (the connection is gone). */
+static int refuse_plaintext(tsp_logserver_t *s, conn_t *c)
+{
+    uint8_t *b = c->pre;
+    if (c->prelen == 0) {
+        uint8_t first;
+        ssize_t n = recv(c->fd, &first, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n <= 0 || first == 0x16) /* 0x16: a TLS handshake record */
+            return 0;
+    }
+    ssize_t n = recv(c->fd, b + c->prelen, sizeof(c->pre) - c->prelen, MSG_DONTWAIT);
+    if (n > 0)
+        c->prelen += (size_t)n;
+    int alive = n > 0 || (n < 0 && (errno == EAGAIN || errno == EINTR));
+    if (b[0] == TSP_WIRE_HELLO && c->prelen < sizeof(c->pre) && alive)
+        return 2;
+    char why[200];
+    if (c->prelen == sizeof(c->pre) && b[0] == TSP_WIRE_HELLO &&
+        !memcmp(b + TSP_WIRE_HDR_LEN, "TSPL", 4))
+        snprintf(why, sizeof(why),
+                 "protocol version %u not supported; this driver speaks %d (TLS 1.3, "
+                 "docs/protocol.md 1.10)",
+                 (unsigned)b[TSP_WIRE_HDR_LEN + 4] << 8 | b[TSP_WIRE_HDR_LEN + 5],
+                 TSP_WIRE_VERSION);
+    else
+        snprintf(why, sizeof(why), "not a torchspark log client (no TLS 1.3 handshake)");
+    tsp__event(s, "torchspark log server: dropped the connection from %s: %s", c->peer, why);
+    pthread_mutex_lock(&s->q.mu);
+    s->q.st.rejected++;
+    pthread_mutex_unlock(&s->q.mu);
+    uint8_t f[TSP_WIRE_HDR_LEN + sizeof(why)];
+    int len = snprintf((char *)f + TSP_WIRE_HDR_LEN, sizeof(why), "%s", why);
+    tsp_wire_hdr_t h = {.type = TSP_WIRE_ERROR, .rank = -1, .length = (uint32_t)len};
+    tsp_wire_hdr_pack(f, &h);
+    ssize_t w = send(c->fd, f, TSP_WIRE_HDR_LEN + (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w; /* best effort */
+    tsp__conn_free(s, c);
+    return 1;
+}
+
+/* One step of the TLS handshake (protocol 1.10). 0 done or waiting, -1 the connection is
+ * gone. */
+static int conn_tls_step(tsp_logserver_t *s, conn_t *c)
+{
+    if (!c->tls_started) {
+        int p = refuse_plaintext(s, c);
+        if (p == 1)
+            return -1;
+        if (p == 2)
+            return 0;
+    }
+    c->tls_started = 1;
+    int rc = tsp__tls_handshake(c->tls);
+    int out = rc == -EAGAIN && tsp__tls_want(c->tls) == POLLOUT;
+    if (rc == -EAGAIN) {
+        if (out != c->tls_out) {
+            c->tls_out = out;
+            tsp__conn_arm(s, c);
+        }
+        return 0;
+    }
+    if (rc) {
+        tsp__conn_reject(
+            s, c, rc == -ECONNRESET ? "closed during the TLS handshake" : tsp__tls_why(c->tls));
+        return -1;
+    }
+    c->state = C_HELLO;
+    if (c->tls_out) {
+        c->tls_out = 0;
+        tsp__conn_arm(s, c);
+    }
+    return 0;
+}
+
+/* Reads what the connection has and handles it. Returns 0 while the connection lives. */
 int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
 {
-    for (int round = 0; round < 16; round++) {
+    if (c->state == C_TLS) {
+        if (conn_tls_step(s, c))
+            return -1;
+        if (c->state == C_TLS)
+            return 0;
+    }
+    /* TLS may hold decrypted bytes that epoll does not see: take them before leaving. */
+    for (int round = 0; round < 16 || tsp__tls_pending(c->tls); round++) {
         if (c->chunk_left) {
             int rc = conn_read_chunk(s, c);
             if (rc < 0)
@@ -504,29 +632,11 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
          * place rather than through buf. */
         if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT && c->len < TSP_WIRE_HDR_LEN)
             room = TSP_WIRE_HDR_LEN - c->len;
-        ssize_t n;
-        do
-            n = read(c->fd, c->buf + c->len, room);
-        while (n < 0 && errno == EINTR);
-        if (n < 0 && errno == EAGAIN)
+        ssize_t n = tsp__tls_read(c->tls, c->buf + c->len, room);
+        if (n == -EAGAIN)
             break;
         if (n <= 0) {
-            if (c->state == C_OPEN || c->state == C_LINGER) {
-                /* TCP gave up after 5 s without an answer (TCP_USER_TIMEOUT): like a silent
-                 * agent (logctl.c), no lost grace on top. */
-                int timedout = n < 0 && errno == ETIMEDOUT;
-                tsp__lost_add(s, c,
-                              n == 0 ? "it closed without saying goodbye (the agent or its host "
-                                       "died)"
-                              : timedout ? "no answer for about 5 s (host down or network cut)"
-                                         : strerror(errno),
-                              timedout ? 0 : s->o.lost_grace_ms);
-                tsp__conn_free(s, c);
-            } else {
-                tsp__conn_reject(s, c,
-                                 n == 0 ? "closed during the handshake"
-                                        : "read error during the handshake");
-            }
+            conn_read_failed(s, c, n);
             return -1;
         }
         if (c->state == C_LINGER) { /* discarding: lines it sent now are not acked */
@@ -543,11 +653,22 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
         }
         if (rc)
             return -1;
-        if ((size_t)n < room)
+        if ((size_t)n < room && !tsp__tls_pending(c->tls))
             break;
     }
     conn_ack(s, c);
     return 0;
+}
+
+/* After the pull queue made room or the output's hasher caught up: connections whose TLS
+ * holds decrypted bytes are read now, since epoll will not say so. */
+void tsp__conn_kick_pending(tsp_logserver_t *s)
+{
+    for (conn_t *c = s->conns, *next; c; c = next) {
+        next = c->next;
+        if (!c->paused && c->state != C_TLS && tsp__tls_pending(c->tls))
+            tsp__conn_read(s, c);
+    }
 }
 
 void tsp__conn_flush(tsp_logserver_t *s, conn_t *c)

@@ -15,6 +15,8 @@ void tsp__conn_flush(tsp_logserver_t *s, conn_t *c);
 void tsp__conn_goodbye(tsp_logserver_t *s, conn_t *c);
 /* The pull queue made room: read paused connections again, round robin. */
 void tsp__resume_all(tsp_logserver_t *s);
+/* Reads the connections whose TLS holds decrypted bytes (epoll does not see them). */
+void tsp__conn_kick_pending(tsp_logserver_t *s);
 /* The output's hashing thread failed: refuse its connection now. */
 void tsp__output_failed(tsp_logserver_t *s);
 /* Writes the formatted lines of sink mode to sink_fd. */

@@ -64,7 +64,8 @@ void tsp__event_preauth(tsp_logserver_t *s, const char *fmt, ...)
 
 void tsp__conn_arm(tsp_logserver_t *s, conn_t *c)
 {
-    struct epoll_event ev = {.events = EPOLLIN | (c->wlen ? EPOLLOUT : 0u), .data.ptr = c};
+    struct epoll_event ev = {.events = EPOLLIN | (c->wlen || c->tls_out ? EPOLLOUT : 0u),
+                             .data.ptr = c};
     if (c->paused) {
         if (c->registered)
             epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -83,6 +84,7 @@ void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
         s->resume_at = c->next;
     if (c->registered)
         epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
+    tsp__tls_free(c->tls);
     close(c->fd);
     if (c->state == C_HELLO || c->state == C_AUTH)
         s->nunauth--;
@@ -99,17 +101,19 @@ void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
     pthread_mutex_unlock(&s->q.mu);
 }
 
+/* Through TLS only (protocol 1.10): before its handshake is done a connection sends no
+ * frame (wbuf waits). A record that TLS could not finish writing is retried with the same
+ * bytes at the head of wbuf, as SSL_write requires. */
 int tsp__conn_write(conn_t *c)
 {
-    ssize_t w;
-    do
-        w = send(c->fd, c->wbuf, c->wlen, MSG_NOSIGNAL | MSG_DONTWAIT);
-    while (w < 0 && errno == EINTR);
+    if (c->state == C_TLS || !c->wlen)
+        return 0;
+    ssize_t w = tsp__tls_write(c->tls, c->wbuf, c->wlen);
     if (w > 0) {
         memmove(c->wbuf, c->wbuf + w, c->wlen - (size_t)w);
         c->wlen -= (size_t)w;
     }
-    return w < 0 && errno != EAGAIN ? -errno : 0;
+    return w < 0 && w != -EAGAIN ? (int)w : 0;
 }
 
 /* Control frames are small: the buffer holds many. */

@@ -157,8 +157,13 @@ static void do_accept(tsp_logserver_t *s)
             close(fd);
             continue;
         }
+        if (tsp__tls_new(&c->tls, s->tls, fd)) {
+            close(fd);
+            free(c);
+            continue;
+        }
         c->fd = fd;
-        c->state = C_HELLO;
+        c->state = C_TLS;
         c->deadline = tsp__now_ms() + s->o.handshake_timeout_ms;
         peer_name(c, &ss);
         make_room(s, c->addr);
@@ -167,6 +172,7 @@ static void do_accept(tsp_logserver_t *s)
         keepalive(fd);
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(s->efd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            tsp__tls_free(c->tls);
             close(fd);
             free(c);
             continue;
@@ -246,6 +252,7 @@ static void *server_main(void *arg)
                 ssize_t r = read(s->wake_fd, &v, sizeof(v));
                 (void)r; /* only resets the eventfd */
                 tsp__resume_all(s);
+                tsp__conn_kick_pending(s);
                 tsp__output_failed(s);
                 pthread_mutex_lock(&s->ctl_mu);
                 int stop = s->stop_req;
@@ -261,7 +268,11 @@ static void *server_main(void *arg)
                     tsp__dump_everyone(s, dump);
             } else {
                 conn_t *c = p;
-                if ((evs[i].events & EPOLLOUT) && c->wlen)
+                if (c->state == C_TLS) { /* the handshake: one step for either readiness */
+                    tsp__conn_read(s, c);
+                    continue;
+                }
+                if ((evs[i].events & EPOLLOUT) && (c->wlen || c->tls_out))
                     tsp__conn_flush(s, c);
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))
                     tsp__conn_read(s, c);
@@ -356,8 +367,8 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         return tsp__err(err, errlen, -EIO, "no random bytes for the log secret");
     if (tsp_wire_run_id(s->secret, s->run_id))
         return tsp__err(err, errlen, -EIO, "SHA-256 failed");
-    int rc = bind_listen(s, err, errlen);
-    if (rc)
+    int rc = tsp__tlsctx_new(&s->tls, 1, s->secret, err, errlen);
+    if (rc || (rc = bind_listen(s, err, errlen)))
         return rc;
     s->efd = epoll_create1(EPOLL_CLOEXEC);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -398,6 +409,7 @@ tsp_logserver_t *tsp_logserver_start(const tsp_logserver_opts_t *o, char *err, s
             close(s->efd);
         if (s->wake_fd >= 0)
             close(s->wake_fd);
+        tsp__tlsctx_free(s->tls);
         free(s);
         return NULL;
     }
@@ -614,6 +626,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
     tsp__logq_close(&s->q);
     tsp__logq_close(&s->rq);
     tsp__outrecv_close(&s->out);
+    tsp__tlsctx_free(s->tls);
     pthread_mutex_destroy(&s->ctl_mu);
     pthread_cond_destroy(&s->fail_cv);
     free(s->root);

@@ -11,6 +11,7 @@
 #include "logqueue.h"
 #include "logwire.h"
 #include "outrecv.h"
+#include "tlsconn.h"
 #include "torchspark/logserver.h"
 
 #define STOP_TEXT_MAX 400
@@ -27,7 +28,8 @@
 #define ACCEPT_PAUSE_MS 100
 #define PREAUTH_EVENT_MS 1000
 
-enum { C_HELLO, C_AUTH, C_OPEN, C_LINGER };
+/* C_TLS: the TLS handshake (docs/protocol.md 1.10), before any frame. */
+enum { C_TLS, C_HELLO, C_AUTH, C_OPEN, C_LINGER };
 
 typedef struct agent_rec {
     uint64_t id;
@@ -37,6 +39,11 @@ typedef struct agent_rec {
 typedef struct conn {
     struct conn *next, *prev;
     int fd;
+    tsp__tls_t *tls; /* every byte of the connection goes through it (protocol 1.10) */
+    int tls_out;     /* EPOLLOUT on: the TLS handshake waits to write */
+    int tls_started; /* the first bytes were looked at (refuse_plaintext) */
+    uint8_t pre[TSP_WIRE_HDR_LEN + 6]; /* a plaintext HELLO's header, magic and version */
+    size_t prelen;
     int state;
     int paused;     /* EPOLLIN off: the queue is full */
     int want_out;   /* EPOLLOUT on: wbuf has bytes */
@@ -91,6 +98,7 @@ struct tsp_logserver {
     uint8_t secret[TSP_WIRE_SECRET_LEN];
     uint8_t run_id[TSP_WIRE_RUNID_LEN];
     int lfd, efd, wake_fd;
+    tsp__tlsctx_t *tls; /* the run's TLS 1.3 key (protocol 1.10) */
     pthread_t thread;
     int started, joined;
     conn_t *conns;

@@ -375,8 +375,8 @@ int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8
     return rc;
 }
 
-ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, char *err,
-                          size_t errlen)
+ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, tsp__outrecv_read_fn rd, void *ctx,
+                          size_t max, char *err, size_t errlen)
 {
     uint8_t *dst = NULL;
     size_t fit;
@@ -387,12 +387,9 @@ ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, ch
         return rc;
     if (fit == 0)
         return 0;
-    ssize_t r;
-    do
-        r = recv(fd, dst, fit, MSG_DONTWAIT);
-    while (r < 0 && errno == EINTR);
+    ssize_t r = rd(ctx, dst, fit);
     if (r < 0)
-        return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+        return r;
     if (r == 0)
         return -ECONNRESET;
     pthread_mutex_lock(&o->mu);

@@ -55,11 +55,14 @@ int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err
  * at p; the rest is read by tsp__outrecv_recv straight into its destination. */
 int tsp__outrecv_chunk(tsp__outrecv_t *o, void *owner, uint32_t len, const uint8_t *p, size_t have,
                        char *err, size_t errlen);
-/* Receives up to max bytes of the current chunk from fd (non-blocking). Bytes taken, or
- * -EAGAIN (nothing to read), -ECONNRESET (EOF), another -errno (socket), -EBADMSG (the
- * transfer failed: reason in err). */
-ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, int fd, size_t max, char *err,
-                          size_t errlen);
+/* Reads up to n bytes (non-blocking) from the connection ctx: a count, 0 at EOF, -EAGAIN,
+ * or another -errno (never -EBADMSG). The connection's transport (TLS, protocol 1.10). */
+typedef ssize_t (*tsp__outrecv_read_fn)(void *ctx, void *buf, size_t n);
+/* Receives up to max bytes of the current chunk through rd (non-blocking). Bytes taken, or
+ * -EAGAIN (nothing to read), -ECONNRESET (EOF), another -errno (the connection), -EBADMSG
+ * (the transfer failed: reason in err). */
+ssize_t tsp__outrecv_recv(tsp__outrecv_t *o, void *owner, tsp__outrecv_read_fn rd, void *ctx,
+                          size_t max, char *err, size_t errlen);
 int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WIRE_DIGEST_LEN],
                      char *err, size_t errlen);
 /* After a wake-up: when the hasher failed (a write to the file), the transfer is given up

@@ -9,8 +9,10 @@
 #include <stdint.h>
 #include "torchspark/common.h"
 
-#define TSP_WIRE_VERSION 2     /* this agent and driver (docs/protocol.md 1.9) */
-#define TSP_WIRE_VERSION_MIN 1 /* the oldest the driver accepts (no DUMP) */
+#define TSP_WIRE_VERSION 3 /* this agent and driver: inside TLS 1.3 (docs/protocol.md 1.10) */
+/* The oldest HELLO version the driver accepts inside TLS (1: no DUMP). Agents of versions
+ * 1 and 2 speak no TLS and never get that far (1.10, "An older agent"). */
+#define TSP_WIRE_VERSION_MIN 1
 #define TSP_WIRE_HDR_LEN 12u
 #define TSP_WIRE_MAX_HANDSHAKE 1024u
 #define TSP_WIRE_MAX_LINE (1u << 20)

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -263,4 +264,23 @@ int tsp__reply_copy(const char *text, size_t len, char *out, size_t outlen, size
         return -ENOSPC;
     memcpy(out, text, len + 1);
     return 0;
+}
+
+int tsp__wait_fd(int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int t = -1;
+        if (deadline >= 0) {
+            int64_t left = deadline - tsp__now_ms();
+            if (left <= 0)
+                return -ETIMEDOUT;
+            t = left > 60000 ? 60000 : (int)left;
+        }
+        struct pollfd p = {.fd = fd, .events = events};
+        int rc = poll(&p, 1, t);
+        if (rc > 0)
+            return 0;
+        if (rc < 0 && errno != EINTR)
+            return -errno;
+    }
 }

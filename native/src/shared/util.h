@@ -74,6 +74,9 @@ int tsp__random_bytes(void *out, size_t n);
 
 /* ---- sockets ------------------------------------------------------------------------ */
 
+/* Waits until fd is ready for events (POLLIN / POLLOUT) or deadline (ms on the monotonic
+ * clock, -1: none) passed. 0, -ETIMEDOUT or -errno. */
+int tsp__wait_fd(int fd, short events, int64_t deadline);
 /* Parses a numeric IPv4 or IPv6 address (no name lookup) with port into ss. 0 or -EINVAL. */
 int tsp__addr_parse(const char *addr, int port, struct sockaddr_storage *ss, socklen_t *sslen);
 /* Holds a TCP port: a socket bound to addr (numeric; NULL or "" is the IPv4 wildcard) and

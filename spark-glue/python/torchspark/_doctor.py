@@ -32,7 +32,7 @@ QUIET_S = 0.5  # a dump is complete once every rank answered and the lines were 
 COLLECT_MAX_S = 5.0  # ... or after this
 TICK_S = 0.1
 # A dump that finds the workers still starting (a rank without a Python stack yet or inside
-# an import, the others waiting for it: docs/protocol.md 1.10) restarts the clock silently,
+# an import, the others waiting for it: docs/protocol.md 1.11) restarts the clock silently,
 # this many times at most: then it is named (an import that never ends is a hang too).
 MAX_STARTS = 3
 

@@ -1,7 +1,7 @@
 """The hang doctor's analysis: which rank is stuck, from the stacks the ranks dumped.
 
 The analysis itself is the C core's (``tsp_hang_diagnose``, native/src/driver/hang.c,
-docs/protocol.md 1.10), the same for the JVM glue: this module hands it each rank's lines
+docs/protocol.md 1.11), the same for the JVM glue: this module hands it each rank's lines
 from its dump marker on and keeps the structured diagnosis it returns (the golden cases:
 tests/contracts/hang.json). The driver's watchdog that asks for the dumps is
 :mod:`torchspark._doctor`; the wire protocol is docs/protocol.md 1.9.

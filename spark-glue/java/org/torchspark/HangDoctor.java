@@ -36,7 +36,7 @@ final class HangDoctor extends Thread {
     private static final long TICK_MS = 100;
     /** A dump that finds the workers still starting (a rank without a Python stack yet or in
      *  an import, the others waiting for it) restarts the clock silently this many times at
-     *  most (docs/protocol.md 1.10; _doctor.MAX_STARTS). */
+     *  most (docs/protocol.md 1.11; _doctor.MAX_STARTS). */
     private static final int MAX_STARTS = 3;
 
     // ---- settings ---------------------------------------------------------------------
@@ -45,7 +45,7 @@ final class HangDoctor extends Thread {
     record Settings(double timeoutS, String action) {}
 
 
-    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.10) ----------
+    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     static final String RECORDER_PREFIX = "torchspark: flight recorder: ";
 

@@ -43,7 +43,7 @@ final class Native {
 
     // --- the hang doctor's analysis (torchspark/hang.h) ---
 
-    /** msg[0]: the diagnosis (JSON, docs/protocol.md 1.10) of the request (JSON: each rank's
+    /** msg[0]: the diagnosis (JSON, docs/protocol.md 1.11) of the request (JSON: each rank's
      *  dump lines, the world size), or the error sentence naming the key. */
     static native int hangDiagnose(String request, String[] msg);
 

@@ -1,0 +1,459 @@
+/* tlsconn.c: TLS 1.3 with an external pre-shared key from the run's secret, for every
+ * connection of the driver log channel (docs/protocol.md 1.10). OpenSSL's libssl does the
+ * protocol; this file owns the key derivation, the PSK callbacks, and the mapping of
+ * OpenSSL's results onto the project's 0 / -errno convention. */
+#include "tlsconn.h"
+
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/kdf.h>
+#include <openssl/ssl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "util.h"
+
+#define PSK_LEN 32u
+#define WHY_LEN 256u
+
+static const char PSK_SALT[] = "torchspark";
+static const char PSK_INFO[] = "torchspark log channel TLS 1.3 PSK v1";
+/* TLS_AES_128_GCM_SHA256: the PSK's session cipher (its hash, SHA-256, binds the PSK). */
+static const unsigned char PSK_CIPHER[2] = {0x13, 0x01};
+
+struct tsp__tlsctx {
+    SSL_CTX *ctx;
+    int server;
+    uint8_t psk[PSK_LEN];
+    uint8_t run_id[TSP_WIRE_RUNID_LEN];
+};
+
+struct tsp__tls {
+    SSL *ssl;
+    tsp__tlsctx_t *x;
+    int fd;
+    short want;
+    int own_ctx; /* tsp__tls_dial: x is freed with the connection */
+    int foreign; /* server: the client offered another run's identity */
+    uint8_t foreign_id[TSP_WIRE_RUNID_LEN];
+    char why[WHY_LEN];
+};
+
+static int derive_psk(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t psk[PSK_LEN])
+{
+    EVP_PKEY_CTX *k = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
+    size_t len = PSK_LEN;
+    int ok = k && EVP_PKEY_derive_init(k) > 0 && EVP_PKEY_CTX_set_hkdf_md(k, EVP_sha256()) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_salt(k, (const unsigned char *)PSK_SALT,
+                                         (int)(sizeof(PSK_SALT) - 1)) > 0 &&
+             EVP_PKEY_CTX_set1_hkdf_key(k, secret, (int)TSP_WIRE_SECRET_LEN) > 0 &&
+             EVP_PKEY_CTX_add1_hkdf_info(k, (const unsigned char *)PSK_INFO,
+                                         (int)(sizeof(PSK_INFO) - 1)) > 0 &&
+             EVP_PKEY_derive(k, psk, &len) > 0 && len == PSK_LEN;
+    EVP_PKEY_CTX_free(k);
+    return ok ? 0 : -EIO;
+}
+
+/* A resumable-looking session that carries the external PSK (RFC 8446 4.2.11). */
+static SSL_SESSION *psk_session(SSL *ssl, const tsp__tlsctx_t *x)
+{
+    const SSL_CIPHER *cipher = SSL_CIPHER_find(ssl, PSK_CIPHER);
+    SSL_SESSION *sess = cipher ? SSL_SESSION_new() : NULL;
+    if (sess && SSL_SESSION_set1_master_key(sess, x->psk, PSK_LEN) &&
+        SSL_SESSION_set_cipher(sess, cipher) &&
+        SSL_SESSION_set_protocol_version(sess, TLS1_3_VERSION))
+        return sess;
+    SSL_SESSION_free(sess);
+    return NULL;
+}
+
+static int client_psk_cb(SSL *ssl, const EVP_MD *md, const unsigned char **id, size_t *idlen,
+                         SSL_SESSION **sessp)
+{
+    const tsp__tls_t *t = SSL_get_app_data(ssl);
+    SSL_SESSION *sess = psk_session(ssl, t->x);
+    if (!sess)
+        return 0;
+    /* After a HelloRetryRequest the suite is fixed: a PSK of another hash cannot be used. */
+    if (md && md != SSL_CIPHER_get_handshake_digest(SSL_SESSION_get0_cipher(sess))) {
+        SSL_SESSION_free(sess);
+        *sessp = NULL;
+        *id = NULL;
+        *idlen = 0;
+        return 1;
+    }
+    *sessp = sess;
+    *id = t->x->run_id;
+    *idlen = TSP_WIRE_RUNID_LEN;
+    return 1;
+}
+
+static int server_psk_cb(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SESSION **sessp)
+{
+    tsp__tls_t *t = SSL_get_app_data(ssl);
+    *sessp = NULL;
+    if (idlen != TSP_WIRE_RUNID_LEN || CRYPTO_memcmp(id, t->x->run_id, idlen) != 0) {
+        t->foreign = 1; /* no key for it: the handshake fails (a clear message below) */
+        memcpy(t->foreign_id, id, idlen < TSP_WIRE_RUNID_LEN ? idlen : TSP_WIRE_RUNID_LEN);
+        return 1;
+    }
+    *sessp = psk_session(ssl, t->x);
+    return *sessp ? 1 : 0;
+}
+
+int tsp__tlsctx_new(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                    char *err, size_t errlen)
+{
+    tsp__tlsctx_t *x = calloc(1, sizeof(*x));
+    if (!x)
+        return tsp__err(err, errlen, -ENOMEM, "no memory for a TLS context");
+    x->server = server;
+    x->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
+    if (!x->ctx || derive_psk(secret, x->psk) || tsp_wire_run_id(secret, x->run_id) ||
+        !SSL_CTX_set_min_proto_version(x->ctx, TLS1_3_VERSION) ||
+        !SSL_CTX_set_max_proto_version(x->ctx, TLS1_3_VERSION) ||
+        !SSL_CTX_set_ciphersuites(x->ctx, "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256") ||
+        !SSL_CTX_set_num_tickets(x->ctx, 0)) {
+        tsp__tlsctx_free(x);
+        return tsp__err(err, errlen, -EIO, "cannot set up TLS 1.3 (OpenSSL's libssl)");
+    }
+    /* No tickets, no early data, no resumption: one full PSK + (EC)DHE handshake each time.
+     * Partial writes and a moving buffer: the callers' send buffers shift as they drain. */
+    SSL_CTX_set_options(x->ctx, SSL_OP_NO_TICKET | SSL_OP_ENABLE_KTLS |
+                                    SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(x->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                                 SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_session_cache_mode(x->ctx, SSL_SESS_CACHE_OFF);
+    if (server)
+        SSL_CTX_set_psk_find_session_callback(x->ctx, server_psk_cb);
+    else
+        SSL_CTX_set_psk_use_session_callback(x->ctx, client_psk_cb);
+    *out = x;
+    return 0;
+}
+
+void tsp__tlsctx_free(tsp__tlsctx_t *x)
+{
+    if (!x)
+        return;
+    SSL_CTX_free(x->ctx);
+    OPENSSL_cleanse(x->psk, sizeof(x->psk));
+    free(x);
+}
+
+int tsp__tls_new(tsp__tls_t **out, tsp__tlsctx_t *x, int fd)
+{
+    if (!x)
+        return -EINVAL;
+    tsp__tls_t *t = calloc(1, sizeof(*t));
+    if (!t)
+        return -ENOMEM;
+    t->ssl = SSL_new(x->ctx);
+    if (!t->ssl || !SSL_set_fd(t->ssl, fd)) {
+        SSL_free(t->ssl);
+        free(t);
+        ERR_clear_error();
+        return -ENOMEM;
+    }
+    t->x = x;
+    t->fd = fd;
+    SSL_set_app_data(t->ssl, t);
+    if (x->server)
+        SSL_set_accept_state(t->ssl);
+    else
+        SSL_set_connect_state(t->ssl);
+    *out = t;
+    return 0;
+}
+
+void tsp__tls_free(tsp__tls_t *t)
+{
+    if (!t)
+        return;
+    SSL_free(t->ssl);
+    free(t);
+}
+
+int tsp__tls_dial(tsp__tls_t **out, int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN], char *err,
+                  size_t errlen)
+{
+    tsp__tlsctx_t *x = NULL;
+    int rc = tsp__tlsctx_new(&x, 0, secret, err, errlen);
+    if (rc)
+        return rc;
+    if ((rc = tsp__tls_new(out, x, fd))) {
+        tsp__tlsctx_free(x);
+        return tsp__err(err, errlen, rc, "no memory for a TLS connection");
+    }
+    (*out)->own_ctx = 1;
+    return 0;
+}
+
+void tsp__tls_close(tsp__tls_t *t)
+{
+    if (!t)
+        return;
+    int fd = t->fd;
+    tsp__tlsctx_t *x = t->own_ctx ? t->x : NULL;
+    tsp__tls_free(t);
+    tsp__tlsctx_free(x);
+    close(fd);
+}
+
+int tsp__tls_fd(const tsp__tls_t *t)
+{
+    return t->fd;
+}
+
+short tsp__tls_want(const tsp__tls_t *t)
+{
+    return t->want;
+}
+
+int tsp__tls_pending(const tsp__tls_t *t)
+{
+    return t && SSL_pending(t->ssl) > 0;
+}
+
+const char *tsp__tls_why(const tsp__tls_t *t)
+{
+    return t->why[0] ? t->why : "TLS failed";
+}
+
+/* OpenSSL writes to its socket with write(), not send(MSG_NOSIGNAL): a peer that is gone
+ * would raise SIGPIPE and kill a process that keeps its default action (torchspark-run,
+ * a JVM's native thread). Around each write, SIGPIPE is blocked in this thread, and one it
+ * raised is taken back before the mask is restored. */
+static void nopipe_begin(sigset_t *old)
+{
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &s, old);
+}
+
+static void nopipe_end(const sigset_t *old, int saved_errno)
+{
+    if (saved_errno == EPIPE && !sigismember(old, SIGPIPE)) {
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, SIGPIPE);
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&s, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, old, NULL);
+}
+
+/* Maps the result r of an SSL call; fills why on failure. */
+static int map_err(tsp__tls_t *t, int r, int saved_errno)
+{
+    int e = SSL_get_error(t->ssl, r);
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+        t->want = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+        return -EAGAIN;
+    }
+    if (e == SSL_ERROR_ZERO_RETURN) {
+        snprintf(t->why, sizeof(t->why), "the peer closed the TLS connection");
+        return 0;
+    }
+    unsigned long code = ERR_peek_last_error();
+    if (e == SSL_ERROR_SYSCALL && code == 0) {
+        ERR_clear_error();
+        if (saved_errno == EINTR || saved_errno == EAGAIN) {
+            t->want = POLLIN;
+            return -EAGAIN;
+        }
+        snprintf(t->why, sizeof(t->why), "%s",
+                 saved_errno ? strerror(saved_errno) : "the peer closed the connection");
+        return saved_errno ? -saved_errno : 0;
+    }
+    char detail[160] = "unknown";
+    if (code)
+        ERR_error_string_n(code, detail, sizeof(detail));
+    ERR_clear_error();
+    int reason = ERR_GET_REASON(code);
+    if (reason == SSL_R_DECRYPTION_FAILED_OR_BAD_RECORD_MAC ||
+        reason == SSL_R_SSLV3_ALERT_BAD_RECORD_MAC)
+        snprintf(t->why, sizeof(t->why),
+                 "a TLS record failed authentication: bytes were altered between agent and "
+                 "driver (an on-path attacker or a faulty network device); nothing of it was "
+                 "used (%s)",
+                 detail);
+    else
+        snprintf(t->why, sizeof(t->why), "TLS failed (%s)", detail);
+    return -EBADMSG;
+}
+
+int tsp__tls_handshake(tsp__tls_t *t)
+{
+    ERR_clear_error();
+    sigset_t old;
+    nopipe_begin(&old);
+    errno = 0;
+    int r = SSL_do_handshake(t->ssl);
+    int e = errno;
+    nopipe_end(&old, e);
+    if (r == 1)
+        return 0;
+    int rc = map_err(t, r, e);
+    if (rc == -EAGAIN)
+        return rc;
+    char hex[2 * TSP_WIRE_RUNID_LEN + 1], own[2 * TSP_WIRE_RUNID_LEN + 1];
+    if (t->foreign) {
+        tsp__hex_encode(t->foreign_id, 8, hex);
+        tsp__hex_encode(t->x->run_id, 8, own);
+        snprintf(t->why, sizeof(t->why),
+                 "TLS handshake refused: the client belongs to another run (run id %s..., this "
+                 "run is %s...)",
+                 hex, own);
+        return -EACCES;
+    }
+    if (rc == 0)
+        return -ECONNRESET;
+    char d[WHY_LEN];
+    snprintf(d, sizeof(d), "%s", t->why);
+    if (t->x->server)
+        snprintf(t->why, sizeof(t->why),
+                 "TLS handshake refused: %s; the client does not know this run's key, or is "
+                 "not a torchspark agent of version 3",
+                 d);
+    else
+        snprintf(t->why, sizeof(t->why),
+                 "the driver refused the TLS handshake (%s): it serves another run, or does "
+                 "not know this run's secret",
+                 d);
+    return rc == -EBADMSG ? -EACCES : rc;
+}
+
+ssize_t tsp__tls_read(tsp__tls_t *t, void *buf, size_t n)
+{
+    ERR_clear_error();
+    errno = 0;
+    size_t got = 0;
+    sigset_t old;
+    nopipe_begin(&old); /* a read may write: an alert, a key update */
+    errno = 0;
+    int r = SSL_read_ex(t->ssl, buf, n, &got);
+    int e = errno;
+    nopipe_end(&old, e);
+    if (r == 1)
+        return (ssize_t)got;
+    return map_err(t, r, e);
+}
+
+ssize_t tsp__tls_write(tsp__tls_t *t, const void *buf, size_t n)
+{
+    ERR_clear_error();
+    errno = 0;
+    size_t put = 0;
+    sigset_t old;
+    nopipe_begin(&old);
+    errno = 0;
+    int r = SSL_write_ex(t->ssl, buf, n, &put);
+    int e = errno;
+    nopipe_end(&old, e);
+    if (r == 1)
+        return (ssize_t)put;
+    int rc = map_err(t, r, e);
+    return rc == 0 ? -EPIPE : rc;
+}
+
+void tsp__tls_close_notify(tsp__tls_t *t)
+{
+    ERR_clear_error();
+    sigset_t old;
+    nopipe_begin(&old);
+    errno = 0;
+    (void)SSL_shutdown(t->ssl);
+    nopipe_end(&old, errno);
+    ERR_clear_error();
+}
+
+int tsp__tls_ktls_send(const tsp__tls_t *t)
+{
+    return BIO_get_ktls_send(SSL_get_wbio(t->ssl)) ? 1 : 0;
+}
+
+ssize_t tsp__tls_sendfile(tsp__tls_t *t, int filefd, off_t off, size_t n)
+{
+    if (!tsp__tls_ktls_send(t))
+        return -ENOSYS;
+    ERR_clear_error();
+    sigset_t old;
+    nopipe_begin(&old);
+    errno = 0;
+    ossl_ssize_t w = SSL_sendfile(t->ssl, filefd, off, n, 0);
+    int e = errno;
+    nopipe_end(&old, e);
+    if (w >= 0)
+        return (ssize_t)w;
+    if (e == EAGAIN || e == EINTR) {
+        t->want = POLLOUT;
+        return -EAGAIN;
+    }
+    return e ? -e : -EIO;
+}
+
+int tsp__tls_handshake_by(tsp__tls_t *t, int64_t deadline, char *err, size_t errlen)
+{
+    for (;;) {
+        int rc = tsp__tls_handshake(t);
+        if (rc == 0)
+            return 0;
+        if (rc != -EAGAIN)
+            return tsp__err(err, errlen, rc, "%s",
+                            rc == -ECONNRESET ? "the driver closed the connection during the "
+                                                "TLS handshake"
+                                              : tsp__tls_why(t));
+        if ((rc = tsp__wait_fd(t->fd, t->want, deadline)))
+            return tsp__err(err, errlen, rc, "TLS handshake: %s",
+                            rc == -ETIMEDOUT ? "no answer in time" : strerror(-rc));
+    }
+}
+
+int tsp__tls_write_all(tsp__tls_t *t, const void *p, size_t n, int64_t deadline)
+{
+    const char *b = p;
+    while (n > 0) {
+        ssize_t w = tsp__tls_write(t, b, n);
+        if (w > 0) {
+            b += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w != -EAGAIN)
+            return (int)w;
+        int rc = tsp__wait_fd(t->fd, t->want, deadline);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int tsp__tls_read_full(tsp__tls_t *t, void *p, size_t n, int64_t deadline)
+{
+    char *b = p;
+    while (n > 0) {
+        ssize_t r = tsp__tls_read(t, b, n);
+        if (r > 0) {
+            b += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return -ECONNRESET;
+        if (r != -EAGAIN)
+            return (int)r;
+        int rc = tsp__wait_fd(t->fd, t->want, deadline);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
