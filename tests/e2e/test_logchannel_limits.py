@@ -122,7 +122,7 @@ def test_idle_flood_costs_little_cpu_and_a_real_agent_gets_through(mode, tmp_pat
 
 
 def _handshake(port: int, secret: bytes, host: bytes = b"pytest"):
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock = logproto.connect("127.0.0.1", port, secret)  # TLS 1.3 with the run's key (1.10)
     h = hello(secret, host=host)
     sock.sendall(frame(logproto.HELLO, h, rank=0))
     f = read_frame(sock)
@@ -139,14 +139,22 @@ FORGED = b"\x1b[2J\x1b[31m\n[rank 0] FORGED LINE\r\x07"
 def test_remote_text_is_printed_only_after_auth_and_made_printable():
     drv, info = _start_driver("plain")
     try:
-        # A stranger: its ERROR text is not printed at all.
+        secret = bytes(range(32))
+        # A stranger without the key: its bytes never get past TLS, nothing is printed.
         s = socket.create_connection(("127.0.0.1", info["port"]), timeout=5)
+        s.sendall(frame(ERROR, b"STRANGER" + FORGED))
+        f = read_frame(s)
+        assert f is None or f[0] == ERROR, f
+        s.close()
+        time.sleep(1.1)  # past the rate limit of events about strangers
+        # A peer inside TLS that has not authenticated (no HELLO, AUTH): its ERROR text is
+        # not printed either.
+        s = logproto.connect("127.0.0.1", info["port"], secret)
         s.sendall(frame(ERROR, b"STRANGER" + FORGED))
         assert read_frame(s)[0] == ERROR
         s.close()
-        time.sleep(1.1)  # past the rate limit of events about strangers
+        time.sleep(1.1)
         # An authenticated agent with a hostile host name, then its ERROR text.
-        secret = bytes(range(32))
         a = _handshake(info["port"], secret, host=b"evil\x1b[1m\nhost")
         a.sendall(frame(ERROR, b"AGENT" + FORGED))
         assert read_frame(a)[0] == ERROR
@@ -288,8 +296,9 @@ def test_a_stranger_cannot_hold_the_output_slot(tmp_path):
     srv = LogServer()
     try:
         srv.expect_output(None)
-        # It learned the run id (HELLO is cleartext) but not the secret: it stops at AUTH.
-        s = socket.create_connection((srv.host, srv.port), timeout=5)
+        # A peer that stops at AUTH (inside TLS: HELLO is no longer cleartext, 1.10) does
+        # not hold the slot: it is claimed after authentication.
+        s = logproto.connect(srv.host, srv.port, srv.secret)
         s.sendall(frame(logproto.HELLO, hello(srv.secret, role=2), rank=0))
         assert read_frame(s)[0] == CHALLENGE
         p, _ = _ship(tmp_path, srv, 4096)

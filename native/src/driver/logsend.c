@@ -86,7 +86,7 @@ void tsp__conn_free(tsp_logserver_t *s, conn_t *c)
         epoll_ctl(s->efd, EPOLL_CTL_DEL, c->fd, NULL);
     tsp__tls_free(c->tls);
     close(c->fd);
-    if (c->state == C_HELLO || c->state == C_AUTH)
+    if (c->state < C_OPEN)
         s->nunauth--;
     if (c->prev)
         c->prev->next = c->next;

@@ -78,7 +78,7 @@ static conn_t *oldest_unauth(tsp_logserver_t *s, const char *addr, size_t *count
     for (conn_t *c = s->conns; c; c = c->next) {
         if (c->state >= C_OPEN || (addr && strcmp(c->addr, addr) != 0))
             continue;
-        if (c->state == C_HELLO)
+        if (c->state <= C_HELLO) /* C_TLS or C_HELLO: it has not shown it knows the run */
             hello = c;
         else
             auth = c;
@@ -243,10 +243,13 @@ static void *server_main(void *arg)
         int n = epoll_wait(s->efd, evs, 64, timeout);
         if (n < 0 && errno != EINTR)
             break;
+        /* The listener last: accepting may evict (free) an unauthenticated connection
+         * whose event is still further on in evs. */
+        int accept_now = 0;
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
             if (p == &s->lfd) {
-                do_accept(s);
+                accept_now = 1;
             } else if (p == &s->wake_fd) {
                 uint64_t v;
                 ssize_t r = read(s->wake_fd, &v, sizeof(v));
@@ -278,6 +281,8 @@ static void *server_main(void *arg)
                     tsp__conn_read(s, c);
             }
         }
+        if (accept_now && s->lfd >= 0)
+            do_accept(s);
         if (s->sink_len)
             tsp__sink_flush(s);
         pthread_mutex_lock(&s->ctl_mu);
