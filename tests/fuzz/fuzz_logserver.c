@@ -1,10 +1,19 @@
 /* fuzz_logserver.c: libFuzzer target for the driver log server's connection state machine
  * (docs/protocol.md, part 1): each input is what one peer sends on one connection to a
  * real server (started once, with an output slot to claim, its epoll thread parsing); the
- * replies are read until the server closes. A first byte 'L' or 'O' makes the target do
- * the handshake first with the server's secret (role LOGS with CONTROL, or OUTPUT), so the
- * rest reaches the states after authentication; anything else is sent as it is. */
+ * replies are read until the server closes.
+ *
+ * Since version 3 the channel is TLS 1.3 from its first byte (protocol 1.10), so the target
+ * is a client that knows the run's key: it completes TLS first and sends the input inside,
+ * where the frame parser sees it. The first byte picks the mode:
+ *   'L' or 'O'  inside TLS, the handshake of 1.4 first with the server's secret (role LOGS
+ *               with CONTROL, or OUTPUT), then the rest: the states after authentication;
+ *   'P'         the rest in plaintext, no TLS: what the server sees before TLS (an older
+ *               agent's plaintext HELLO, garbage, a forged ClientHello);
+ *   anything    inside TLS, the whole input as it is: the states before authentication. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,13 +26,42 @@
 #include <unistd.h>
 
 #include "logwire.h"
+#include "tlsconn.h"
 #include "torchspark/logserver.h"
+#include "util.h"
+
+#define REPLY_WAIT_MS 500
+#define TLS_WAIT_MS 5000
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static tsp_logserver_t *server(uint8_t secret[TSP_WIRE_SECRET_LEN])
+/* What the inputs reached, printed at exit: a mode that silently stopped reaching its
+ * states (as the plaintext target did when TLS came) shows as zeros here. */
+static struct {
+    unsigned long plain, tls, authed[3], welcomed[3];
+} st;
+
+static void print_stats(void)
+{
+    fprintf(stderr,
+            "fuzz_logserver: %lu inputs inside TLS, %lu in plaintext; handshake welcomed "
+            "LOGS %lu/%lu, OUTPUT %lu/%lu\n",
+            st.tls, st.plain, st.welcomed[TSP_WIRE_ROLE_LOGS], st.authed[TSP_WIRE_ROLE_LOGS],
+            st.welcomed[TSP_WIRE_ROLE_OUTPUT], st.authed[TSP_WIRE_ROLE_OUTPUT]);
+}
+
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "fuzz_logserver: %s: %s\n", what, why);
+    abort();
+}
+
+/* The server (started once) and a client TLS context for its secret (made once: one
+ * SSL_CTX per input would cost more than the input). Both stay reachable: no leak. */
+static tsp_logserver_t *server(uint8_t secret[TSP_WIRE_SECRET_LEN], tsp__tlsctx_t **cx)
 {
     static tsp_logserver_t *s;
+    static tsp__tlsctx_t *x;
     if (!s) {
         char err[256];
         tsp_logserver_opts_t o;
@@ -31,14 +69,19 @@ static tsp_logserver_t *server(uint8_t secret[TSP_WIRE_SECRET_LEN])
         o.event_fd = -1;
         o.lost_grace_ms = 0;
         s = tsp_logserver_start(&o, err, sizeof err);
-        if (!s) {
-            fprintf(stderr, "fuzz_logserver: %s\n", err);
-            abort();
-        }
+        if (!s)
+            die("cannot start the log server", err);
         tsp_logserver_expect_output(s, NULL);
         tsp_logserver_output_limit(s, "1m", err, sizeof err);
     }
     tsp_logserver_secret(s, secret);
+    if (!x) {
+        char err[256];
+        if (tsp__tlsctx_new(&x, 0, secret, err, sizeof err))
+            die("cannot make a TLS context", err);
+        atexit(print_stats);
+    }
+    *cx = x;
     /* Keep the pull queue from filling (a full queue pauses reading, by design). */
     tsp_logline_t lines[256];
     while (tsp_logserver_pull(s, lines, 256, 0) > 0)
@@ -46,31 +89,30 @@ static tsp_logserver_t *server(uint8_t secret[TSP_WIRE_SECRET_LEN])
     return s;
 }
 
-static int read_frame(int fd, uint8_t *p, size_t cap, tsp_wire_hdr_t *h)
+static int send_frame(tsp__tls_t *t, unsigned type, const uint8_t *p, size_t n, int64_t dl)
+{
+    uint8_t f[TSP_WIRE_HDR_LEN + TSP_WIRE_MAX_HANDSHAKE];
+    tsp_wire_hdr_t h = {.type = (uint8_t)type, .rank = -1, .length = (uint32_t)n};
+    tsp_wire_hdr_pack(f, &h);
+    memcpy(f + TSP_WIRE_HDR_LEN, p, n);
+    return tsp__tls_write_all(t, f, TSP_WIRE_HDR_LEN + n, dl);
+}
+
+static int read_frame(tsp__tls_t *t, uint8_t *p, size_t cap, tsp_wire_hdr_t *h, int64_t dl)
 {
     uint8_t hdr[TSP_WIRE_HDR_LEN];
-    if (recv(fd, hdr, sizeof hdr, MSG_WAITALL) != (ssize_t)sizeof hdr ||
+    if (tsp__tls_read_full(t, hdr, sizeof hdr, dl) ||
         tsp_wire_hdr_unpack(h, hdr, sizeof hdr, TSP_WIRE_MAX_HANDSHAKE, NULL, 0) ||
-        h->length > cap || (h->length && recv(fd, p, h->length, MSG_WAITALL) != (ssize_t)h->length))
+        h->length > cap || (h->length && tsp__tls_read_full(t, p, h->length, dl)))
         return -1;
     return 0;
 }
 
-static void send_frame(int fd, unsigned type, const uint8_t *p, size_t n)
+/* HELLO, CHALLENGE, AUTH, WELCOME inside TLS. 0 when the server welcomed it. */
+static int handshake(tsp__tls_t *t, const uint8_t secret[TSP_WIRE_SECRET_LEN], int role, int64_t dl)
 {
-    uint8_t hdr[TSP_WIRE_HDR_LEN];
-    tsp_wire_hdr_t h = {.type = (uint8_t)type, .rank = -1, .length = (uint32_t)n};
-    tsp_wire_hdr_pack(hdr, &h);
-    ssize_t w = send(fd, hdr, sizeof hdr, MSG_NOSIGNAL);
-    if (n)
-        w = send(fd, p, n, MSG_NOSIGNAL);
-    (void)w;
-}
-
-/* HELLO, CHALLENGE, AUTH, WELCOME. 0 when the server welcomed it. */
-static int handshake(int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN], int role)
-{
-    tsp_wire_hello_t h = {.version = 2, .role = (uint8_t)role, .agent_id = 7, .host = "fuzz"};
+    tsp_wire_hello_t h = {
+        .version = TSP_WIRE_VERSION, .role = (uint8_t)role, .agent_id = 7, .host = "fuzz"};
     if (role == TSP_WIRE_ROLE_LOGS)
         h.hflags = TSP_WIRE_HELLO_CONTROL;
     tsp_wire_run_id(secret, h.run_id);
@@ -78,22 +120,84 @@ static int handshake(int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN], int role
     int n = tsp_wire_hello_pack(hello, sizeof hello, &h);
     if (n <= 0)
         abort();
-    send_frame(fd, TSP_WIRE_HELLO, hello, (size_t)n);
     tsp_wire_hdr_t fh;
     uint16_t version;
     uint8_t nonce[TSP_WIRE_NONCE_LEN];
-    if (read_frame(fd, p, sizeof p, &fh) || fh.type != TSP_WIRE_CHALLENGE ||
+    if (send_frame(t, TSP_WIRE_HELLO, hello, (size_t)n, dl) ||
+        read_frame(t, p, sizeof p, &fh, dl) || fh.type != TSP_WIRE_CHALLENGE ||
         tsp_wire_challenge_unpack(&version, nonce, p, fh.length) ||
-        tsp_wire_mac(secret, 0, hello, (size_t)n, nonce, mac))
+        tsp_wire_mac(secret, 0, hello, (size_t)n, nonce, mac) ||
+        send_frame(t, TSP_WIRE_AUTH, mac, sizeof mac, dl))
         return -1;
-    send_frame(fd, TSP_WIRE_AUTH, mac, sizeof mac);
-    return read_frame(fd, p, sizeof p, &fh) || fh.type != TSP_WIRE_WELCOME ? -1 : 0;
+    return read_frame(t, p, sizeof p, &fh, dl) || fh.type != TSP_WIRE_WELCOME ? -1 : 0;
+}
+
+/* Reads (and drops) what the server sends until it closes, or is silent for a while. */
+static void drain_tls(tsp__tls_t *t, int fd)
+{
+    uint8_t reply[4096];
+    for (;;) {
+        ssize_t r = tsp__tls_read(t, reply, sizeof reply);
+        if (r > 0)
+            continue;
+        struct pollfd p = {.fd = fd, .events = tsp__tls_want(t)};
+        if (r != -EAGAIN || poll(&p, 1, REPLY_WAIT_MS) <= 0)
+            return;
+    }
+}
+
+static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *secret, const uint8_t *data,
+                    size_t size)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        abort();
+    tsp__tls_t *t;
+    char err[300];
+    int64_t dl = tsp__now_ms() + TLS_WAIT_MS;
+    if (tsp__tls_new(&t, x, fd))
+        abort();
+    /* The client has the key: a refusal here is the target's fault or the server's, never
+     * the input's (it is not sent yet). Stop loudly rather than fuzz nothing. */
+    if (tsp__tls_handshake_by(t, dl, err, sizeof err))
+        die("the server refused TLS with its own key", err);
+    st.tls++;
+    int ok = 1;
+    if (size > 0 && (data[0] == 'L' || data[0] == 'O')) {
+        int role = data[0] == 'L' ? TSP_WIRE_ROLE_LOGS : TSP_WIRE_ROLE_OUTPUT;
+        st.authed[role]++;
+        ok = handshake(t, secret, role, dl) == 0;
+        st.welcomed[role] += (unsigned long)ok;
+        data++;
+        size--;
+    }
+    if (ok && size)
+        (void)tsp__tls_write_all(t, data, size, dl); /* the server may refuse and close first */
+    tsp__tls_close_notify(t);
+    shutdown(fd, SHUT_WR);
+    drain_tls(t, fd);
+    tsp__tls_free(t);
+}
+
+static void run_plain(int fd, const uint8_t *data, size_t size)
+{
+    st.plain++;
+    if (size) {
+        ssize_t w = send(fd, data, size, MSG_NOSIGNAL);
+        (void)w; /* the server may refuse and close first */
+    }
+    shutdown(fd, SHUT_WR);
+    uint8_t reply[4096];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, REPLY_WAIT_MS) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
+        ;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     uint8_t secret[TSP_WIRE_SECRET_LEN];
-    tsp_logserver_t *s = server(secret);
+    tsp__tlsctx_t *x;
+    tsp_logserver_t *s = server(secret, &x);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET,
                              .sin_port = htons((uint16_t)tsp_logserver_port(s))};
@@ -102,23 +206,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     struct timeval tv = {.tv_sec = 1};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    int one = 1; /* a frame is two sends: no Nagle wait for the ACK of the first */
+    int one = 1; /* small writes: no Nagle wait for the ACK of the previous one */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    int ok = 1;
-    if (size > 0 && (data[0] == 'L' || data[0] == 'O')) {
-        ok = handshake(fd, secret, data[0] == 'L' ? TSP_WIRE_ROLE_LOGS : TSP_WIRE_ROLE_OUTPUT) == 0;
-        data++;
-        size--;
-    }
-    if (ok && size) {
-        ssize_t w = send(fd, data, size, MSG_NOSIGNAL);
-        (void)w; /* the server may refuse and close first */
-    }
-    shutdown(fd, SHUT_WR);
-    uint8_t reply[4096];
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    while (poll(&p, 1, 500) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
-        ;
+    if (size > 0 && data[0] == 'P')
+        run_plain(fd, data + 1, size - 1);
+    else
+        run_tls(fd, x, secret, data, size);
     close(fd);
     return 0;
 }

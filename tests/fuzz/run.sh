@@ -36,6 +36,7 @@ run_target() { # name corpus seconds
         -max_len=4096 -print_final_stats=1 "$2" 2>&1) || { echo "$out" | tail -40; return 1; }
   execs=$(echo "$out" | sed -n 's/^stat::number_of_executed_units: *//p')
   echo "$1: ${execs:-?} executions in ${3}s, no crash, no leak"
+  echo "$out" | grep "^$1: " || true # what a target says it reached (fuzz_logserver)
 }
 corpus3=build-fuzz/corpus_json
 mkdir -p "$corpus3"
@@ -52,20 +53,26 @@ printf 'T PUT a\n' > "$corpus4/put_no_mac"
 printf 'T GET\n' > "$corpus4/get"
 printf '00ff GET\n' > "$corpus4/bad_token"
 run_target fuzz_rendezvous "$corpus4" "$third"
-# The log server: a leading L or O has the target do the handshake first (fuzz_logserver.c).
+# The log server, inside TLS with the run's key: a leading L or O has the target do the
+# handshake first, a leading P sends the rest in plaintext (fuzz_logserver.c).
 corpus5=build-fuzz/corpus_logserver
 mkdir -p "$corpus5"
 python3 - "$corpus5" <<'PY'
 import os, struct, sys
 d = sys.argv[1]
 def fr(t, p, rank=-1, st=0): return struct.pack(">BBBBiI", t, 0, st, 0, rank, len(p)) + p
+def hello(v): return b"TSPL" + struct.pack(">HBB", v, 1, 0) + bytes(16) + bytes(8) + bytes(32) + bytes(4) + bytes(8) + b"\x02hx"
 seeds = {"line": b"L" + fr(0x10, struct.pack(">Q", 1) + b"hello", 0, 1),
          "far_rank": b"L" + fr(0x10, struct.pack(">Q", 2) + b"x", (1 << 24) - 1, 1)
          + fr(0x11, struct.pack(">Q", 5), 3),
          "error_text": b"L" + fr(0x31, b"\x1b[31m\n[rank 0] x"),
          "output": b"O" + fr(0x20, struct.pack(">Q", 3)) + fr(0x21, b"abc") + fr(0x22, bytes(32)),
          "output_too_big": b"O" + fr(0x20, struct.pack(">Q", 1 << 40)),
-         "stranger_error": fr(0x31, b"stranger")}
+         "stranger_error": fr(0x31, b"stranger"),
+         "stranger_hello": fr(1, hello(3), 0) + fr(3, bytes(32)),
+         "plain_hello_v2": b"P" + fr(1, hello(2), 0),
+         "plain_garbage": b"PGET / HTTP/1.0\r\n\r\n",
+         "plain_client_hello": b"P\x16\x03\x01\x00\x05\x01\x00\x00\x01\x03"}
 for name, data in seeds.items():
     open(os.path.join(d, name), "wb").write(data)
 PY
