@@ -1,9 +1,10 @@
 """The benchmarks' one harness (docs/benchmarks.md, "How to run a benchmark").
 
-Every benchmark runs from the repository root as a module, `.venv/bin/python -m bench.NAME`,
-and nothing here or in a benchmark puts anything on sys.path: the test helpers a benchmark
-shares with the suites (tests/e2e/tsp_spark.py, test_restart.py, ...) are loaded from their
-files by helper(), under the flat names they import each other by.
+Every benchmark runs from the repository root as a module, `.venv/bin/python -m bench.NAME`
+(so `bench` and `torchspark` import as packages), and nothing here or in a benchmark adds a
+directory to Python's import path: the test helpers a benchmark shares with the suites
+(tests/e2e/tsp_spark.py, test_restart.py, ...) are loaded from their files by helper(),
+under the flat names they import each other by.
 
     cli(__doc__, runs=5, quick={"steps": 50})  the shared flags: --runs N, --quick, --json PATH
     Run(name, args)                            samples, medians, comparisons, machine state
@@ -57,11 +58,20 @@ def helpers(*names: str) -> list:
     return [helper(n) for n in names]
 
 
+def command() -> list[str]:
+    """The command line as it was typed: `python -m bench.NAME ARGS` (argv[0] is the file)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name:
+        return [sys.executable, "-m", spec.name, *sys.argv[1:]]
+    return [sys.executable, *sys.argv]
+
+
 def cli(doc: str, runs: int | None = 5, quick: dict | None = None,
         runs_help: str = "measured runs (medians over them)") -> argparse.ArgumentParser:
     """The shared flags. runs: --runs's default (None: no --runs); quick: what --quick sets
     (each option the command line left at its default), besides --runs 1."""
-    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0], epilog=doc,
+    prog = " ".join(["python", *command()[1:3]]) if command()[1] == "-m" else None
+    ap = argparse.ArgumentParser(prog=prog, description=doc.strip().splitlines()[0], epilog=doc,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     if runs is not None:
         ap.add_argument("--runs", type=int, default=runs, help=f"{runs_help} (default {runs})")
@@ -179,7 +189,7 @@ class Run:
 
     def document(self) -> dict:
         return {"schema": SCHEMA, "benchmark": self.name,
-                "command": [sys.executable, *sys.argv], "options": self.options,
+                "command": command(), "options": self.options,
                 "machine": self.before,
                 "loadavg_after": [round(x, 2) for x in os.getloadavg()],
                 "figures": self.figures, "comparisons": self.comparisons,

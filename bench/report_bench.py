@@ -279,8 +279,8 @@ def run_pieces(args, run):
         drainer.kill()
     base = harness.median(cpu["none"])
     for k in modes:
-        c = run.figure(f"CPU per step, {k}", [1e3 * x / args.steps for x in cpu[k]], "ms")["median"]
-        c = c * args.steps / 1e3
+        run.figure(f"CPU per step, {k}", [1e3 * x / args.steps for x in cpu[k]], "ms")
+        c = harness.median(cpu[k])
         print(f"{k:7s} CPU {1e3 * c / args.steps:.3f} ms/step, {1e6 * (c - base) / args.steps:+.1f} "
               f"us/step ({100 * (c - base) / base:+.2f} %)")
     print(f"load average {run.before['loadavg'][0]:.1f} -> {os.getloadavg()[0]:.1f}")
