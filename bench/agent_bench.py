@@ -18,6 +18,13 @@ against torchrun").
 3. memory: VmRSS (and VmHWM) of the launcher process itself from /proc/<pid>/status while it
    supervises 8 workers (`--no-python /bin/sleep 3`), read once all 8 are its children.
 Medians over --runs runs (default 10), with min and max.
+
+--gpu-modes [TORCHSPARK-RUN] (docs/benchmarks.md, "The agent's memory in each GPU mode"),
+instead: the agent's peak resident memory (VmHWM, KiB) in each GPU mode, read from /proc
+0.4 s into a 0.6 s worker: the GPU count through NVML, through cuInit (NVML hidden), the
+assignment of --gpus, and no GPU at all; the build's torchspark-run unless a path is given.
+On a machine without a GPU the build's stub libraries stand in (their threads included); on
+a GPU host set GPU_REAL=1 to use the real driver.
 """
 from __future__ import annotations
 
@@ -173,6 +180,44 @@ def bench_rss(cmd: list[str]) -> tuple[int, int]:
     return rss, hwm
 
 
+def gpu_modes(run, tsr: str) -> None:
+    """The agent's VmHWM in each GPU mode (--gpu-modes), medians of --runs."""
+    stubs = harness.ROOT / "build" / "tests" / "unit"
+    env = dict(os.environ)
+    nvml = str(stubs / "libnvml_stub.so")
+    if os.environ.get("GPU_REAL", "0") != "1":
+        u0 = "GPU-0a1b2c3d-1111-2222-3333-444455556666"
+        env.update(TORCHSPARK_LIBCUDA=str(stubs / "libcuda_stub.so"),
+                   STUB_CUDA_DEVICES="0000:01:00.0", STUB_CUDA_UUIDS=u0,
+                   STUB_NVML_DEVICES=f"{u0}@00000000:01:00.0@Stub@0@0")
+    else:
+        nvml = "libnvidia-ml.so.1"
+    gpu = ["--standalone", "--nproc-per-node", "gpu"]
+    modes = {"count through NVML": (nvml, gpu), "count through cuInit": ("/nonexistent", gpu),
+             "--gpus 0": (nvml, [*gpu, "--gpus", "0"]),
+             "no GPU": (None, ["--standalone", "--nproc-per-node", "1"])}
+
+    def hwm(lib, args):
+        e = dict(env, TORCHSPARK_LIBNVML=lib) if lib else env
+        p = subprocess.Popen([tsr, *args, "--no-python", "sh", "-c", "sleep 0.6"], env=e,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.4)
+        try:
+            return status_kib(p.pid, "VmHWM")
+        finally:
+            p.wait()
+
+    samples = {name: [] for name in modes}
+    for _ in range(run.options["runs"]):
+        for name, (lib, args) in modes.items():
+            samples[name].append(hwm(lib, args))
+    for name, v in samples.items():
+        s = run.figure(f"agent VmHWM, {name}", v, "KiB", 0)
+        print(f"{name}: {s['median']:.0f} KiB" + (f" (min {s['min']:.0f}, max {s['max']:.0f})"
+                                                  if s["n"] > 1 else ""))
+    run.finish()
+
+
 def svg(results: dict, path: Path) -> None:
     """A hand-written bar chart (matplotlib is not a dependency): one panel per measure,
     bars scaled to the larger value of the pair, the median written beside each bar."""
@@ -208,7 +253,11 @@ def svg(results: dict, path: Path) -> None:
 def main() -> None:
     ap = harness.cli(__doc__, runs=10)
     ap.add_argument("--svg", type=Path)
+    ap.add_argument("--gpu-modes", nargs="?", const=str(harness.ROOT / "build" / "bin" / "torchspark-run"),
+                    metavar="TORCHSPARK-RUN", help="the agent's VmHWM in each GPU mode instead")
     args = harness.parse(ap)
+    if args.gpu_modes:
+        return gpu_modes(harness.Run("agent_bench_gpu_modes", args), args.gpu_modes)
     if args.runs < 5 and not args.quick:
         ap.error("--runs must be at least 5 (medians of >= 5), or --quick")
     run = harness.Run("agent_bench", args)
