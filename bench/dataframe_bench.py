@@ -206,7 +206,6 @@ def main():
         loader, path, rows, bs, workers = args.child
         return child(loader, path, int(rows), int(bs), int(workers))
     run = harness.Run("dataframe_bench", args)
-    print(f"# load average at start: {os.getloadavg()}", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="tsp-dfbench-", dir="/var/tmp") as d:
         for case, (rows, stock_rows, row_bytes) in cases.items():
@@ -241,7 +240,6 @@ def main():
             print(json.dumps(row), flush=True)
             results.append(row)
             os.unlink(path)
-    print(f"# load average at end: {os.getloadavg()}")
     run.results = {"rows": results}
     run.finish()
     return results

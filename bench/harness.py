@@ -113,6 +113,11 @@ def median(samples):
     return statistics.median(xs) if xs else None
 
 
+def load_line() -> str:
+    """The load average now (1, 5, 15 min), for a printed line."""
+    return "load average %.2f %.2f %.2f" % os.getloadavg()
+
+
 def _run(cmd: list[str]) -> str:
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT)
@@ -164,6 +169,9 @@ class Run:
         self.figures: dict[str, dict] = {}
         self.comparisons: list[dict] = []
         self.results: dict = {}
+        m = self.before
+        print(f"# {name}: {m['date_utc']} UTC, {m['git_commit']}{' (dirty)' if m['git_dirty'] else ''}, "
+              f"{m['cpus']} CPUs, {load_line()}", flush=True)
 
     def figure(self, name: str, samples, unit: str, digits: int = 4) -> dict:
         """Records samples of one figure; returns its stats()."""
@@ -184,7 +192,7 @@ class Run:
         return row
 
     def load(self) -> str:
-        """The load average at the start and now, for a printed line."""
+        """The load average (1 min) at the start and now, for a printed line."""
         return f"load average {self.before['loadavg'][0]:.1f} -> {os.getloadavg()[0]:.1f}"
 
     def document(self) -> dict:

@@ -10,7 +10,6 @@ row back), and TorchDistributor.run() of a function that returns a number (no to
 import) through each API.
 """
 import json
-import os
 import time
 
 from bench import harness
@@ -60,7 +59,6 @@ def main() -> None:
     times = {k: [] for k in cases}
     for f in cases.values():
         f()  # warm-up
-    load0 = os.getloadavg()[0]
     for _ in range(a.runs):
         for k, f in cases.items():
             t = time.perf_counter()
@@ -73,7 +71,6 @@ def main() -> None:
                     "mapInArrow", "RDD barrier", 3)
     out = {k: {"median_s": round(harness.median(v), 3), "min_s": round(min(v), 3),
                "max_s": round(max(v), 3)} for k, v in times.items()}
-    out["load_avg"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
     print(json.dumps(out, indent=1))
     run.results = out
     run.finish()

@@ -436,10 +436,6 @@ def loss_full(nodes: int = 8, lines: int = 250000):
     return ok, sum(col.count.values()), time.perf_counter() - t0
 
 
-def load() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
-
-
 W, H = 320, 260  # one panel
 TOP, BOTTOM, LEFT = 46, 52, 58
 COLORS = {"torchspark": "#1f6fb4", "stock": "#c0504d"}
@@ -550,7 +546,7 @@ def main() -> None:
         return draw_svg(doc.get("results", doc), a.svg)
     run = harness.Run("logchannel_bench", a)
     skip = set(a.skip.split(","))
-    res: dict = {"runs": a.runs, "lines": a.lines, "start": load(),
+    res: dict = {"runs": a.runs, "lines": a.lines, "start": harness.load_line(),
                  "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     print("==", res["date"], res["start"])
     if "lines" not in skip:
@@ -571,7 +567,7 @@ def main() -> None:
                     res["stock"]["lines_per_s"], "lines/s", digits=0)
         run.compare("driver CPU per 1M lines", res["torchspark"]["cpu_per_mline"],
                     res["stock"]["cpu_per_mline"], "s", digits=3)
-        print("   ", load())
+        print("   ", harness.load_line())
     if "output" not in skip:
         print("== output shipped, median of %d" % a.runs)
         for gib in [int(x) for x in a.out_gib.split(",") if x]:
@@ -614,7 +610,7 @@ def main() -> None:
         print("stock-pattern 1 GiB, 4 KiB chunks (emulated): %.2f GB/s (runs: %s)" % (
             run.figure("output 1 GiB, stock pattern (emulated)", v, "GB/s", 3)["median"],
             ", ".join("%.2f" % x for x in v)))
-        print("   ", load())
+        print("   ", harness.load_line())
     if "memory" not in skip:
         print("== memory under a slow consumer")
         rss, pulled, dropped, warned = mem_agent_8_workers()
@@ -626,13 +622,13 @@ def main() -> None:
         print("driver with 64 agents (%d connected): peak RSS %.1f MiB (the interpreter "
               "before the server: %.1f MiB; ranks with drops %d; agents that fell back: %d)"
               % (d["connected"], d["peak_mib"], d["base_mib"], d["dropped"], d["fell_back"]))
-        print("   ", load())
+        print("   ", harness.load_line())
     if a.loss_full:
         ok, n, dt = loss_full()
         res["loss_full"] = {"ok": ok, "lines": n, "seconds": dt}
         print("== loss & order, 8 x 250,000 lines: %s, %d lines in %.0f s" % (
             "every line once, in order, identical" if ok else "MISMATCH", n, dt))
-        print("   ", load())
+        print("   ", harness.load_line())
     run.results = res
     run.finish()
     if a.svg:

@@ -142,8 +142,6 @@ def run_loop(args, run):
         "latency_ms_p99": round(1000 * latencies[int(len(latencies) * 0.99)], 2),
         "latency_ms_max": round(1000 * latencies[-1], 2),
         "reports": len(latencies),
-        "loadavg_start": run.before["loadavg"],
-        "loadavg": os.getloadavg(),
     }
     return out
 
@@ -175,7 +173,7 @@ def run_call(args, run):
     run.figure("time in one report() call", [1e3 * t for t in ts], "ms", 4)
     s = sorted(ts)
     quantiles = [round(s[int(q * (len(s) - 1))] * 1e3, 3) for q in (0.1, 0.5, 0.9, 0.99, 1.0)]
-    print("quantiles ms, total s:", (quantiles, sum(ts)), "loadavg", os.getloadavg())
+    print("quantiles ms, total s:", (quantiles, sum(ts)), run.load())
     return {"quantiles_ms": quantiles, "total_s": sum(ts)}
 
 
@@ -222,7 +220,7 @@ def run_cpu(args, run):
                 "with report()", "without", 1)
     print(f"CPU per step: with report() {1e6 * with_s / args.steps:.1f} us, without "
           f"{1e6 * without_s / args.steps:.1f} us: report() {per:.1f} "
-          f"us per call (load average {os.getloadavg()[0]:.1f})")
+          f"us per call ({run.load()})")
     return {"us_per_call": round(per, 1)}
 
 
@@ -283,7 +281,6 @@ def run_pieces(args, run):
         c = harness.median(cpu[k])
         print(f"{k:7s} CPU {1e3 * c / args.steps:.3f} ms/step, {1e6 * (c - base) / args.steps:+.1f} "
               f"us/step ({100 * (c - base) / base:+.2f} %)")
-    print(f"load average {run.before['loadavg'][0]:.1f} -> {os.getloadavg()[0]:.1f}")
     return {}
 
 

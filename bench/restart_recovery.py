@@ -203,7 +203,6 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="restart-recovery-"))
     watch = ExecutorWatch(spark)
     rows, failed = {}, {}
-    print(f"load average at the start: {os.getloadavg()}", flush=True)
     try:
         for node in (1, 0):
             for i in range(runs):
@@ -238,7 +237,6 @@ def main() -> None:
     finally:
         watch.stop.set()
         spark.stop()
-    print(f"load average at the end: {os.getloadavg()}")
     summaries = []
     for (mode, node), rs in rows.items():
         med = {k: harness.median(r[k] for r in rs if r.get(k) is not None)

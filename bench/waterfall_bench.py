@@ -153,7 +153,7 @@ def main() -> None:
                "without_warm_pool_over_floor": round(cold / floor_s, 2),
                "without_warm_pool_over_stock": round(cold / stock, 3),
                "first_run_s": {k: round(v["wall_s"], 3) for k, v in first.items()},
-               "torchspark_phases_median_s": phases, "loadavg": os.getloadavg()}
+               "torchspark_phases_median_s": phases}
     print(json.dumps(summary), flush=True)
     print(f"\nfloor {floor_s:.3f} s = bare barrier job {floor['job']:.3f} + import torch "
           f"{floor['torch']:.3f} + init_process_group {floor['pg']:.3f}")
