@@ -137,7 +137,7 @@ def main() -> None:
     impls = {"stock": Stock, "torchspark": Ours}
     if a.only:
         impls = {a.only: impls[a.only]}
-    harness.spark_session(a.master, {"spark.driver.memory": "2g"})
+    spark = harness.spark_session(a.master, {"spark.driver.memory": "2g"})
     for cls in impls.values():  # warm-up: executors' Python workers, imports
         through_run(cls, 1000, 0.5)
     rows = {name: [] for name in impls}
@@ -172,6 +172,7 @@ def main() -> None:
     print(json.dumps(summary), flush=True)
     run.results = {"summary": summary, "rows": rows, "cat_alone": cat1, "cat_two": cat2}
     run.finish()
+    spark.stop()
 
 
 if __name__ == "__main__":

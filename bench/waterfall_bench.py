@@ -117,7 +117,8 @@ def main() -> None:
     p.add_argument("--no-stock", action="store_true")
     a = harness.parse(p)
     run = harness.Run("waterfall_bench", a)
-    sc = harness.spark_session(a.master).sparkContext
+    spark = harness.spark_session(a.master)
+    sc = spark.sparkContext
     first = {"torchspark": ours_run()}
     if not a.no_stock:
         first["stock"] = stock_run()
@@ -169,6 +170,7 @@ def main() -> None:
             prev = phases[k]
     run.results = {"summary": summary, "rows": rows, "first": first}
     run.finish()
+    spark.stop()
 
 
 if __name__ == "__main__":
