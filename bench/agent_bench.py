@@ -2,7 +2,7 @@
 """torchspark-run against torchrun, side by side in one run (docs/benchmarks.md, "torchspark-run
 against torchrun").
 
-  .venv/bin/python bench/agent_bench.py [--runs 10] [--svg docs/img/agent_bench.svg]
+  .venv/bin/python -m bench.agent_bench [--runs 10] [--svg docs/img/agent_bench.svg]
 
 1. startup: wall time of `LAUNCHER --nproc-per-node 4 --no-python /bin/true`, from fork to
    the launcher's exit status (perf_counter around spawn + waitpid). The two launchers
@@ -18,26 +18,30 @@ against torchrun").
 3. memory: VmRSS (and VmHWM) of the launcher process itself from /proc/<pid>/status while it
    supervises 8 workers (`--no-python /bin/sleep 3`), read once all 8 are its children.
 Medians over --runs runs (default 10), with min and max.
+
+--gpu-modes [TORCHSPARK-RUN] (docs/benchmarks.md, "The agent's memory in each GPU mode"),
+instead: the agent's peak resident memory (VmHWM, KiB) in each GPU mode, read from /proc
+0.4 s into a 0.6 s worker: the GPU count through NVML, through cuInit (NVML hidden), the
+assignment of --gpus, and no GPU at all; the build's torchspark-run unless a path is given.
+On a machine without a GPU the build's stub libraries stand in (their threads included); on
+a GPU host set GPU_REAL=1 to use the real driver.
 """
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
 import os
-import platform
 import select
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-from agentutil import MARKER_VAR, PY, TSR, free_port, marked_pids, new_marker  # noqa: E402
+from bench import harness
+
+agentutil = harness.helper("agentutil")
+MARKER_VAR, PY, TSR = agentutil.MARKER_VAR, agentutil.PY, agentutil.TSR
+free_port, marked_pids, new_marker = agentutil.free_port, agentutil.marked_pids, agentutil.new_marker
 
 CRASH_WORKER = r"""
 import os, signal, sys, time
@@ -176,26 +180,42 @@ def bench_rss(cmd: list[str]) -> tuple[int, int]:
     return rss, hwm
 
 
-def med(xs: list[float]) -> tuple[float, float, float]:
-    return statistics.median(xs), min(xs), max(xs)
+def gpu_modes(run, tsr: str) -> None:
+    """The agent's VmHWM in each GPU mode (--gpu-modes), medians of --runs."""
+    stubs = harness.ROOT / "build" / "tests" / "unit"
+    env = dict(os.environ)
+    nvml = str(stubs / "libnvml_stub.so")
+    if os.environ.get("GPU_REAL", "0") != "1":
+        u0 = "GPU-0a1b2c3d-1111-2222-3333-444455556666"
+        env.update(TORCHSPARK_LIBCUDA=str(stubs / "libcuda_stub.so"),
+                   STUB_CUDA_DEVICES="0000:01:00.0", STUB_CUDA_UUIDS=u0,
+                   STUB_NVML_DEVICES=f"{u0}@00000000:01:00.0@Stub@0@0")
+    else:
+        nvml = "libnvidia-ml.so.1"
+    gpu = ["--standalone", "--nproc-per-node", "gpu"]
+    modes = {"count through NVML": (nvml, gpu), "count through cuInit": ("/nonexistent", gpu),
+             "--gpus 0": (nvml, [*gpu, "--gpus", "0"]),
+             "no GPU": (None, ["--standalone", "--nproc-per-node", "1"])}
 
+    def hwm(lib, args):
+        e = dict(env, TORCHSPARK_LIBNVML=lib) if lib else env
+        p = subprocess.Popen([tsr, *args, "--no-python", "sh", "-c", "sleep 0.6"], env=e,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.4)
+        try:
+            return status_kib(p.pid, "VmHWM")
+        finally:
+            p.wait()
 
-def machine() -> dict[str, str]:
-    model = "?"
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
-    mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
-    torch_version = subprocess.run([PY, "-c", "import torch; print(torch.__version__)"],
-                                   capture_output=True, text=True).stdout.strip()
-    tsr_version = subprocess.run([TSR, "--version"], capture_output=True,
-                                 text=True).stdout.strip()
-    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpus": str(os.cpu_count()), "cpu": model, "mem": f"{int(mem) // 1024} MiB",
-            "kernel": platform.release(), "python": platform.python_version(),
-            "torch": torch_version, "torchspark-run": tsr_version,
-            "loadavg": Path("/proc/loadavg").read_text().split(" ", 3)[:3].__str__()}
+    samples = {name: [] for name in modes}
+    for _ in range(run.options["runs"]):
+        for name, (lib, args) in modes.items():
+            samples[name].append(hwm(lib, args))
+    for name, v in samples.items():
+        s = run.figure(f"agent VmHWM, {name}", v, "KiB", 0)
+        print(f"{name}: {s['median']:.0f} KiB" + (f" (min {s['min']:.0f}, max {s['max']:.0f})"
+                                                  if s["n"] > 1 else ""))
+    run.finish()
 
 
 def svg(results: dict, path: Path) -> None:
@@ -231,15 +251,18 @@ def svg(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=10)
+    ap = harness.cli(__doc__, runs=10)
     ap.add_argument("--svg", type=Path)
-    ap.add_argument("--json", type=Path, default=ROOT / "bench" / "out" / "agent_bench.json")
-    args = ap.parse_args()
-    if args.runs < 5:
-        ap.error("--runs must be at least 5 (medians of >= 5)")
-
-    info = machine()
+    ap.add_argument("--gpu-modes", nargs="?", const=str(harness.ROOT / "build" / "bin" / "torchspark-run"),
+                    metavar="TORCHSPARK-RUN", help="the agent's VmHWM in each GPU mode instead")
+    args = harness.parse(ap)
+    if args.gpu_modes:
+        return gpu_modes(harness.Run("agent_bench_gpu_modes", args), args.gpu_modes)
+    if args.runs < 5 and not args.quick:
+        ap.error("--runs must be at least 5 (medians of >= 5), or --quick")
+    run = harness.Run("agent_bench", args)
+    info = dict(run.before, **{"torchspark-run": subprocess.run(
+        [TSR, "--version"], capture_output=True, text=True).stdout.strip()})
     cmds = launchers()
     raw: dict[str, dict[str, list[float]]] = {n: {"startup_ms": [], "crash_ms": [], "workers_ms": [],
                                                   "rss_mib": [], "hwm_mib": []} for n in cmds}
@@ -259,7 +282,13 @@ def main() -> None:
                 raw[name]["hwm_mib"].append(hwm / 1024)
             print(f"run {i + 1}/{args.runs} done", file=sys.stderr)
 
-    results = {n: {k: med(v) for k, v in m.items()} for n, m in raw.items()}
+    units = {"startup_ms": "ms", "crash_ms": "ms", "workers_ms": "ms", "rss_mib": "MiB",
+             "hwm_mib": "MiB"}
+    for key, unit in units.items():
+        run.compare(key, raw["torchspark-run"][key], raw["torchrun"][key], unit,
+                    "torchspark-run", "torchrun")
+    results = {n: {k: tuple(run.figures[f"{k}, {n}"][x] for x in ("median", "min", "max"))
+                   for k in m} for n, m in raw.items()}
     ours, theirs = results["torchspark-run"], results["torchrun"]
     ratio = 100 * ours["startup_ms"][0] / theirs["startup_ms"][0]
 
@@ -277,9 +306,8 @@ def main() -> None:
         cells = [f"{r[key][0]:.2f} ({r[key][1]:.2f}-{r[key][2]:.2f})" for r in (ours, theirs)]
         print(f"| {label} | {cells[0]} | {cells[1]} | {goal} |")
 
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"machine": info, "raw": raw, "results": results},
-                                    indent=1))
+    run.results = {"torchspark-run": info["torchspark-run"], "raw": raw, "results": results}
+    run.finish()
     if args.svg:
         svg(results, args.svg)
 

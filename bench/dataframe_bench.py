@@ -1,7 +1,7 @@
 """Reading a Spark partition into tensors: PySpark's loader against torchspark's two, side
 by side in one run on the same Arrow files, medians of N runs (alternating).
 
-    .venv/bin/python bench/dataframe_bench.py [--runs 5] [--batch-size 1024] [--workers 1]
+    .venv/bin/python -m bench.dataframe_bench [--runs 5] [--batch-size 1024] [--workers 1]
         [--cases a,b,c] [--loaders stock,compat,columnar] [--scale 1.0]
 
 Cases, each an Arrow IPC stream written as a barrier task writes it (torchspark's
@@ -26,12 +26,13 @@ The stock loader reads the first rows of the file (it is slow); the others the w
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+from bench import harness
 
 CASES = {  # name: (rows in the file, rows the stock loader reads, payload bytes a row)
     "a_4_floats": (4_000_000, 200_000, 16),
@@ -175,9 +176,9 @@ def child(loader, path, rows, batch_size, workers):
 
 
 def measure(loader, path, rows, args):
-    cmd = [sys.executable, __file__, "--child", loader, path, str(rows), str(args.batch_size),
-           str(args.workers)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    cmd = [sys.executable, "-m", "bench.dataframe_bench", "--child", loader, path, str(rows),
+           str(args.batch_size), str(args.workers)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=harness.ROOT)
     if out.returncode != 0:
         raise SystemExit(f"{loader} on {path} failed:\n{out.stderr[-3000:]}")
     res = json.loads(out.stdout.strip().splitlines()[-1])
@@ -187,8 +188,7 @@ def measure(loader, path, rows, args):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", type=int, default=5)
+    p = harness.cli(__doc__, runs=5, quick={"scale": 0.01})
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers (PySpark's default: 1)")
     p.add_argument("--scale", type=float, default=1.0, help="multiplies every row count")
@@ -197,7 +197,7 @@ def main():
                    help=f"which loaders (default: {','.join(LOADERS)}); the vs-stock ratios "
                         "need stock")
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
-    args = p.parse_args()
+    args = harness.parse(p)
     loaders = [x for x in LOADERS if x in args.loaders.split(",")]
     cases = {k: v for k, v in CASES.items() if k[0] in args.cases.split(",")}
     if not loaders or not cases or set(args.loaders.split(",")) - set(LOADERS):
@@ -205,7 +205,7 @@ def main():
     if args.child:
         loader, path, rows, bs, workers = args.child
         return child(loader, path, int(rows), int(bs), int(workers))
-    print(f"# load average at start: {os.getloadavg()}", flush=True)
+    run = harness.Run("dataframe_bench", args)
     results = []
     with tempfile.TemporaryDirectory(prefix="tsp-dfbench-", dir="/var/tmp") as d:
         for case, (rows, stock_rows, row_bytes) in cases.items():
@@ -218,24 +218,30 @@ def main():
             row = {"case": case, "runs": args.runs, "batch_size": args.batch_size,
                    "workers": args.workers}
             for name, rs in runs.items():
-                secs = statistics.median(r["secs"] for r in rs)
                 n = rs[0]["rows"]
-                cpu = statistics.median(r["cpu_s"] for r in rs)
+                secs = run.figure(f"{case}, {name}, wall", [r["secs"] for r in rs], "s")["median"]
+                cpu = run.figure(f"{case}, {name}, CPU", [r["cpu_s"] for r in rs], "s")["median"]
+                run.figure(f"{case}, {name}, rows/s", [n / r["secs"] for r in rs], "rows/s", 0)
                 row[name] = {"rows": n, "median_s": round(secs, 4), "median_cpu_s": round(cpu, 4),
                              "rows_per_s": round(n / secs),
                              "mb_per_s": round(n * row_bytes / secs / 1e6, 1),
                              "rows_per_cpu_s": round(n / cpu),
                              "mb_per_cpu_s": round(n * row_bytes / cpu / 1e6, 1),
-                             "anon_mib": round(statistics.median(r["anon_mib"] for r in rs)),
-                             "worker_dirty_mib": round(statistics.median(r["worker_dirty_mib"] for r in rs))}
+                             "anon_mib": round(harness.median(r["anon_mib"] for r in rs)),
+                             "worker_dirty_mib": round(harness.median(r["worker_dirty_mib"] for r in rs))}
             for name in (n for n in loaders if n != "stock" and "stock" in loaders):
+                run.comparisons.append({"figure": f"{case}, rows/s", "unit": "rows/s", "ours": name,
+                                        "stock": "stock", "ours_median": row[name]["rows_per_s"],
+                                        "stock_median": row["stock"]["rows_per_s"],
+                                        "ratio": round(row[name]["rows_per_s"] / row["stock"]["rows_per_s"], 2)})
                 row[f"{name}_vs_stock"] = round(row[name]["rows_per_s"] / row["stock"]["rows_per_s"], 1)
                 row[f"{name}_vs_stock_cpu"] = round(
                     row[name]["rows_per_cpu_s"] / row["stock"]["rows_per_cpu_s"], 1)
             print(json.dumps(row), flush=True)
             results.append(row)
             os.unlink(path)
-    print(f"# load average at end: {os.getloadavg()}")
+    run.results = {"rows": results}
+    run.finish()
     return results
 
 

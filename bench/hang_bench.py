@@ -2,7 +2,7 @@
 (local-cluster[2,2,1024], function mode), hangAction=cancel, each kind N times with the
 stuck rank going round 0..3.
 
-    .venv/bin/python bench/hang_bench.py [--per-kind 10] [--timeout 3s] [--kinds sleep,...]
+    .venv/bin/python -m bench.hang_bench [--per-kind 10] [--timeout 3s] [--kinds sleep,...]
 
 A run counts as correct when the doctor's one line names exactly the stuck rank and, but
 for SIGSTOP, its function (tests/e2e/agent_scripts/hang_worker.py), and every other rank
@@ -11,23 +11,17 @@ driver's time from the ranks' last line (the stuck rank prints one right before 
 to the line naming the culprit: the goal is within hangTimeout + 10 s. Prints one JSON
 line per run and a summary per kind.
 """
-import argparse
 import json
 import os
-import statistics
 import sys
 import time
-from pathlib import Path
 
-import pyspark
 from pyspark import cloudpickle
-from pyspark.sql import SparkSession
 
+from bench import harness
 from torchspark import TorchDistributor, TorchDistributorError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e" / "agent_scripts"))
-import hang_worker  # noqa: E402
-
+hang_worker = harness.helper("hang_worker")
 cloudpickle.register_pickle_by_value(hang_worker)
 
 FUNCS = {"sleep": "sleeps_before_the_collective", "lock": "deadlocks_on_a_lock",
@@ -59,18 +53,14 @@ def one(kind, victim, timeout):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--per-kind", type=int, default=10)
+    ap = harness.cli(__doc__, runs=None, quick={"per_kind": 1, "kinds": "sleep"})
+    ap.add_argument("--per-kind", type=int, default=10, help="runs of each kind (default 10)")
     ap.add_argument("--timeout", default="3s")
     ap.add_argument("--kinds", default="sleep,sigstop,lock,loop")
-    args = ap.parse_args()
+    args = harness.parse(ap)
+    run = harness.Run("hang_bench", args)
     os.environ.setdefault("TORCHSPARK_WARM_IDLE_TIMEOUT", "60s")
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    spark = (SparkSession.builder.master("local-cluster[2,2,1024]")
-             .config("spark.ui.enabled", "false").config("spark.testing", "true")
-             .config("spark.test.home", os.path.dirname(pyspark.__file__))
-             .config("spark.executor.memory", "1024m").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = harness.spark_session("local-cluster[2,2,1024]")
     results = []
     try:
         for kind in args.kinds.split(","):
@@ -83,14 +73,16 @@ def main():
     limit = float(args.timeout.rstrip("s")) + 10
     for kind in args.kinds.split(","):
         mine = [r for r in results if r["kind"] == kind]
-        after = [r["named_after_s"] for r in mine if r["named_after_s"] is not None]
+        after = run.figure(f"{kind}: named after", [r["named_after_s"] for r in mine
+                                                      if r["named_after_s"] is not None], "s", 2)
         print(json.dumps({
             "kind": kind, "runs": len(mine), "correct": sum(r["correct"] for r in mine),
-            "named_after_median_s": statistics.median(after) if after else None,
-            "named_after_max_s": max(after) if after else None,
-            f"within_{limit:g}s": sum(a <= limit for a in after),
-            "run_median_s": statistics.median(r["run_s"] for r in mine) if mine else None,
+            "named_after_median_s": after["median"], "named_after_max_s": after["max"],
+            f"within_{limit:g}s": sum(a <= limit for a in after["samples"]),
+            "run_median_s": harness.median(r["run_s"] for r in mine),
         }), flush=True)
+    run.results = {"runs": results}
+    run.finish()
 
 
 if __name__ == "__main__":

@@ -3,22 +3,16 @@
 DataFrame.mapInArrow(barrier=True) (what it uses under Spark Connect, and what PySpark's
 own TorchDistributor uses everywhere). Alternating, after one warm-up each, medians of N.
 
-    .venv/bin/python bench/job_api_bench.py [--runs 7]
+    .venv/bin/python -m bench.job_api_bench [--runs 7]
 
 Cases on local-cluster[2,1,1024], 2 tasks: a bare barrier job (one allGather, a 100-byte
 row back), and TorchDistributor.run() of a function that returns a number (no torch
 import) through each API.
 """
-import argparse
 import json
-import os
-import statistics
-import sys
 import time
 
-import pyspark
-from pyspark.sql import SparkSession
-
+from bench import harness
 from torchspark import TorchDistributor, _job
 
 
@@ -41,16 +35,10 @@ def number():
     return 42
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=7)
-    a = ap.parse_args()
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master("local-cluster[2,1,1024]")
-         .config("spark.ui.enabled", "false").config("spark.testing", "true")
-         .config("spark.test.home", os.path.dirname(pyspark.__file__))
-         .config("spark.executor.memory", "1024m").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
+def main() -> None:
+    a = harness.parse(harness.cli(__doc__, runs=7))
+    run = harness.Run("job_api_bench", a)
+    s = harness.spark_session("local-cluster[2,1,1024]")
     sc = s.sparkContext
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
 
@@ -71,19 +59,22 @@ def main() -> int:
     times = {k: [] for k in cases}
     for f in cases.values():
         f()  # warm-up
-    load0 = os.getloadavg()[0]
     for _ in range(a.runs):
         for k, f in cases.items():
             t = time.perf_counter()
             f()
             times[k].append(time.perf_counter() - t)
-    out = {k: {"median_s": round(statistics.median(v), 3), "min_s": round(min(v), 3),
-               "max_s": round(max(v), 3)} for k, v in times.items()}
-    out["load_avg"] = [round(load0, 1), round(os.getloadavg()[0], 1)]
-    print(json.dumps(out, indent=1))
     s.stop()
-    return 0
+    # Both paths are torchspark's: mapInArrow is the "ours" side, RDD barrier the baseline.
+    for what in ("bare job", "run()"):
+        run.compare(what, times[f"{what}, mapInArrow"], times[f"{what}, RDD barrier"], "s",
+                    "mapInArrow", "RDD barrier", 3)
+    out = {k: {"median_s": round(harness.median(v), 3), "min_s": round(min(v), 3),
+               "max_s": round(max(v), 3)} for k, v in times.items()}
+    print(json.dumps(out, indent=1))
+    run.results = out
+    run.finish()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

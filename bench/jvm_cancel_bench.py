@@ -3,7 +3,7 @@ one run, and the wall time of a TorchSparkRunner run beside PySpark's TorchDistr
 (torchspark's and the stock pyspark.ml one) for the same script. Real Spark
 (local-cluster[2,1,1024]), real torch (ddp_train.py, 2 processes on 2 executors).
 
-  .venv/bin/python bench/jvm_cancel_bench.py --rounds 5
+  .venv/bin/python -m bench.jvm_cancel_bench --rounds 5
 
 Cases, in this order (one application each, so every case of a run shares the machine's
 state): TorchSparkRunner with the plugin (spark-submit of tests/java TrainApp), torchspark's
@@ -23,23 +23,22 @@ TorchSparkRunner twice, its election through the driver's rendezvous (the defaul
 through allGather (TORCHSPARK_RENDEZVOUS=0 on the driver), one application each.
 """
 import argparse
-import subprocess
 import json
-import statistics
+import subprocess
 import sys
 import time
 import traceback
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import jvmutil  # noqa: E402
+from bench import harness
+
+_, jvmutil = harness.helpers("tsp_spark", "jvmutil")
 
 
 def med(xs):
     """Median of the measured runs: -1 (not gone in 15 s) counts as the slowest, -2 (not
     started) is left out."""
     ok = [float("inf") if x == -1 else x for x in xs if x != jvmutil.NOT_STARTED]
-    return round(statistics.median(ok), 1) if ok else None
+    return round(harness.median(ok), 1) if ok else None
 
 
 def wall_ms(distributor, rounds: int):
@@ -89,19 +88,20 @@ def runner_case(res, args, plugin: bool) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = harness.cli(__doc__, runs=None, quick={"rounds": 1, "skip_time": True})
     ap.add_argument("--rounds", type=int, default=5, help="measured runs per case (medians)")
     ap.add_argument("--skip-time", action="store_true", help="cancel-to-gone only")
     ap.add_argument("--start-timeout", type=float, default=600.0,
                     help="s a training may take to come up before its round counts as -2")
     ap.add_argument("--case", choices=("pyspark-plugin", "pyspark", "stock"), help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = harness.parse(ap)
     if not jvmutil.built():
         sys.exit("build the JVM part first (cmake --build build)")
     # Every PySpark case runs in a fresh interpreter: spark.plugins and spark.jars reach the
     # driver JVM only when it starts (docs/jvm.md), and the stock case must not see the plugin.
     if args.case:
         return one_case(args)
+    run = harness.Run("jvm_cancel_bench", args)
     res = {}
     failed = []
     for case in ("runner-plugin", "pyspark-plugin", "runner", "pyspark", "stock"):
@@ -112,7 +112,7 @@ def main() -> None:
             failed.append(f"{case}: {e}")
             traceback.print_exc()
         print(f"partial ({case}, {time.monotonic() - t0:.0f} s):", json.dumps(res), flush=True)
-    report(res, failed)
+    report(run, res, failed)
 
 
 def run_case(case: str, args) -> dict:
@@ -120,9 +120,10 @@ def run_case(case: str, args) -> dict:
         res = {}
         runner_case(res, args, plugin=case == "runner-plugin")
         return res
-    cmd = [sys.executable, __file__, "--case", case, "--rounds", str(args.rounds),
-           "--start-timeout", str(args.start_timeout)] + (["--skip-time"] if args.skip_time else [])
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=7200)
+    cmd = [sys.executable, "-m", "bench.jvm_cancel_bench", "--case", case, "--rounds",
+           str(args.rounds), "--start-timeout", str(args.start_timeout)] + (
+               ["--skip-time"] if args.skip_time else [])
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, timeout=7200, cwd=harness.ROOT)
     lines = [ln for ln in p.stdout.decode(errors="replace").splitlines() if ln.startswith("CASE ")]
     if p.returncode != 0 or not lines:
         raise RuntimeError(f"exited {p.returncode} without a result")
@@ -135,8 +136,20 @@ def one_case(args) -> None:
     print("CASE " + json.dumps(res), flush=True)
 
 
-def report(res, failed) -> None:
+def report(run, res, failed) -> None:
     print(json.dumps(res, indent=1))
+    for k, v in res.items():  # -1 (not gone in 15 s) and -2 (not started) stay in the samples
+        run.figure(k, v, "ms", 1)
+    stock_key = "cancel ms, stock pyspark.ml TorchDistributor"
+    for k in ("cancel ms, TorchSparkRunner, with plugin", "cancel ms, PySpark TorchDistributor, with plugin"):
+        ours, stock = med(res.get(k, [])), med(res.get(stock_key, []))
+        if ours and stock:
+            run.comparisons.append({"figure": "cancel to every process gone", "unit": "ms",
+                                    "ours": k[len("cancel ms, "):], "stock": stock_key[len("cancel ms, "):],
+                                    "ours_median": ours, "stock_median": stock,
+                                    "ratio": round(ours / stock, 4)})
+    run.results = {"runs": res, "failed": failed}
+    run.finish()
     for k, v in res.items():
         print(f"{k:52s} median {med(v)}  runs {v}")
     rdv = med(res.get("run wall ms, TorchSparkRunner", []))

@@ -16,7 +16,7 @@ file) must be in the driver's output, prefixed ``[attempt k] [rank r]`` with its
 k. Lines the victim's ranks printed after the fault (their executor or network gone) are
 counted apart as undeliverable. Prints a table and the totals.
 
-    sudo .venv/bin/python bench/kill_series.py [KILLS=20] [PER_ROUND=3] [MAX_DELAY_S=4] [SEED]
+    sudo .venv/bin/python -m bench.kill_series [KILLS=20] [PER_ROUND=3] [MAX_DELAY_S=4] [SEED]
         [--kinds=exec_kill,rank0_kill,link_cut] [--phases] [--no-revive] [--replacement]
 
 --kinds: the kinds to cycle, in this order (default: the three). --phases: each fault's
@@ -30,49 +30,37 @@ worker starts a new executor JVM) and runs on every worker again: the replacemen
 """
 
 import os
-import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+from bench import harness
 
-import kill_series as ks  # noqa: E402
-import netns_cluster as nc  # noqa: E402
+# tests/cluster's helpers: the series (kill_series.py) needs its harness.py and the cluster.
+nc, _, ks = harness.helpers("netns_cluster", "harness", "kill_series")
 
 
 def main() -> int:
-    flags = [a for a in sys.argv[1:] if a.startswith("--")]
-    argv = [sys.argv[0]] + [a for a in sys.argv[1:] if not a.startswith("--")]
-    kills = int(argv[1]) if len(argv) > 1 else 20
-    per_round = int(argv[2]) if len(argv) > 2 else 3
-    max_delay = float(argv[3]) if len(argv) > 3 else 4.0
-    seed = int(argv[4]) if len(argv) > 4 else int(time.time())
-    cycle = list(ks.KINDS)
-    timeline = False
-    patch = None
-    min_nodes = 1
-    for a in flags:
-        if a.startswith("--kinds="):
-            cycle = a.split("=", 1)[1].split(",")
-            bad = [k for k in cycle if k not in ks.KINDS]
-            if bad or not cycle:
-                print(f"kill_series: --kinds={a.split('=', 1)[1]}: give kinds among "
-                      f"{','.join(ks.KINDS)}", file=sys.stderr)
-                return 2
-        elif a == "--phases":
-            timeline = True
-        elif a == "--replacement":
-            min_nodes = None
-        elif a == "--no-revive":
-            patch = {"torchspark._job": {"REVIVE_ON_RESTART": False}}
-        else:
-            print(f"kill_series: unknown option {a} (--kinds=..., --phases, --no-revive, "
-                  "--replacement)",
-                  file=sys.stderr)
-            return 2
+    ap = harness.cli(__doc__, runs=None, quick={"kills": 1, "per_round": 1, "max_delay": 1.0})
+    ap.add_argument("kills", nargs="?", type=int, default=20, help="faults in all (default 20)")
+    ap.add_argument("per_round", nargs="?", type=int, default=3, help="faults a round (default 3)")
+    ap.add_argument("max_delay", nargs="?", type=float, default=4.0,
+                    help="the most seconds before a fault (default 4)")
+    ap.add_argument("seed", nargs="?", type=int, default=None, help="default: the time")
+    ap.add_argument("--kinds", default=",".join(ks.KINDS), help="the kinds to cycle, in this order")
+    ap.add_argument("--phases", action="store_true", help="each fault's timeline too")
+    ap.add_argument("--no-revive", action="store_true", help="REVIVE_ON_RESTART off (the before)")
+    ap.add_argument("--replacement", action="store_true", help="no min_nodes: wait for replacements")
+    args = harness.parse(ap)
+    kills, per_round, max_delay = args.kills, args.per_round, args.max_delay
+    seed = args.seed if args.seed is not None else int(time.time())
+    cycle = args.kinds.split(",")
+    if [k for k in cycle if k not in ks.KINDS] or not cycle:
+        ap.error(f"--kinds={args.kinds}: give kinds among {','.join(ks.KINDS)}")
+    timeline = args.phases
+    patch = {"torchspark._job": {"REVIVE_ON_RESTART": False}} if args.no_revive else None
+    min_nodes = None if args.replacement else 1
+    run = harness.Run("kill_series", args)
     why = nc.namespaces_supported()
     if why:
         print(f"kill_series: the namespace cluster is unavailable: {why}", file=sys.stderr)
@@ -80,7 +68,6 @@ def main() -> int:
     kinds = [cycle[i % len(cycle)] for i in range(kills)]
     rows, rounds = [], []
     t_start = time.monotonic()
-    load0 = os.getloadavg()
     for rnd, i in enumerate(range(0, kills, per_round)):
         part = kinds[i:i + per_round]
         c = nc.NetnsCluster(workers=3, run_dir=tempfile.mkdtemp(prefix="tsp-kills-"))
@@ -140,8 +127,9 @@ def main() -> int:
         v = [f["resumed_after_s"] for f in rows if f["kind"] == kind
              and f["resumed_after_s"] is not None]
         if v:
-            print(f"  {kind:<11} fault -> first resumed step: median {statistics.median(v):.1f} s"
-                  f" (min {min(v):.1f}, max {max(v):.1f}, n={len(v)})")
+            s = run.figure(f"{kind}: fault -> first resumed step", v, "s", 2)
+            print(f"  {kind:<11} fault -> first resumed step: median {s['median']:.1f} s"
+                  f" (min {s['min']:.1f}, max {s['max']:.1f}, n={s['n']})")
     if timeline:
         print("median phases, seconds after the fault (kind: n):")
         used = [k for k in ks.KINDS if any(f["kind"] == k for f in rows)]
@@ -151,7 +139,7 @@ def main() -> int:
             for k in used:
                 v = [f["phases"][key] for f in rows if f["kind"] == k
                      and f.get("phases", {}).get(key) is not None]
-                cells.append(f"{statistics.median(v):>10.2f}" if v else f"{'-':>10}")
+                cells.append(f"{harness.median(v):>10.2f}" if v else f"{'-':>10}")
             print(f"  {what:<52} " + " ".join(cells))
     ok = [r for r in rounds if "left" in r]
     print(f"processes left on any host after the runs: {sum(len(r['left']) for r in ok)}; "
@@ -163,9 +151,9 @@ def main() -> int:
     for r in ok:
         if r["lost"]:
             print(f"  round {r['round']} lost (attempt, rank, step): {r['lost'][:20]}")
-    load1 = os.getloadavg()
-    print(f"wall {time.monotonic() - t_start:.0f} s; load average (1 min) {load0[0]:.1f} at "
-          f"start, {load1[0]:.1f} at the end; {os.cpu_count()} CPUs")
+    print(f"wall {time.monotonic() - t_start:.0f} s; {run.load()}; {os.cpu_count()} CPUs")
+    run.results = {"seed": seed, "faults": rows, "rounds": rounds}
+    run.finish()
     return 0 if recovered == kills and not failed_rounds and all(
         not r["lost"] and not r["left"] for r in ok) else 1
 

@@ -1,8 +1,9 @@
 """Driver log channel and output shipping: torchspark's native channel beside PySpark's own
 LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), in one run.
 
-    .venv/bin/python bench/logchannel_bench.py [--runs 5] [--lines 100000] [--quick]
-                                               [--loss-full] [--out-gib 1,3]
+    .venv/bin/python -m bench.logchannel_bench [--runs 5] [--lines 100000] [--quick]
+        [--loss-full] [--out-gib 1,3] [--skip lines,output,memory] [--svg PATH]
+    .venv/bin/python -m bench.logchannel_bench --plot RESULTS.json --svg docs/img/logchannel.svg
 
 1. lines/s to the driver for 4 senders (median of --runs), lines lost, driver CPU s per
    million lines. torchspark: 4 real torchspark-run agents, each with one worker printing
@@ -27,6 +28,9 @@ LogStreamingServer/LogStreamingClient (pyspark/ml/torch/log_communication.py), i
    slowly (agent RSS); 64 agents connected and streaming to one server (driver RSS);
    drops and local fallbacks counted (default mode: both must be 0).
 4. --loss-full: the issue's full loss & order run, 8 agents x 250,000 lines (slow).
+--svg PATH draws docs/img/logchannel.svg's three panels from the run (lines/s, driver CPU per
+million lines, output GB/s); with --plot RESULTS.json, from an earlier run's JSON, measuring
+nothing.
 """
 from __future__ import annotations
 
@@ -36,7 +40,6 @@ import hashlib
 import json
 import os
 import socket
-import statistics
 import struct
 import subprocess
 import sys
@@ -45,13 +48,14 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-from logchannel_harness import (RUN_BIN, Collector, drain_all, expected, pump_until,  # noqa
-                                start_agents)
-from torchspark._native import LogServer, load_library  # noqa: E402
+import psutil
 
-import psutil  # noqa: E402
+from bench import harness
+from torchspark._native import LogServer, load_library
+
+lch = harness.helper("logchannel_harness")
+RUN_BIN, Collector, drain_all = lch.RUN_BIN, lch.Collector, lch.drain_all
+expected, pump_until, start_agents = lch.expected, lch.pump_until, lch.start_agents
 
 SENDER = r'''
 import sys
@@ -414,8 +418,8 @@ def mem_server_64_agents(seconds: float = 10.0):
 
 
 def mem_server_64_agents_fresh():
-    out = subprocess.run([sys.executable, __file__, "--driver64"], capture_output=True,
-                         timeout=900, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "bench.logchannel_bench", "--driver64"],
+                         capture_output=True, timeout=900, check=True, cwd=harness.ROOT).stdout
     return json.loads(out.decode().strip().splitlines()[-1])
 
 
@@ -432,25 +436,117 @@ def loss_full(nodes: int = 8, lines: int = 250000):
     return ok, sum(col.count.values()), time.perf_counter() - t0
 
 
-def load() -> str:
-    return "load average %.2f %.2f %.2f" % os.getloadavg()
+W, H = 320, 260  # one panel
+TOP, BOTTOM, LEFT = 46, 52, 58
+COLORS = {"torchspark": "#1f6fb4", "stock": "#c0504d"}
+
+
+def esc(t: str) -> str:
+    return t.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def panel(x0: int, title: str, unit: str, bars: list, goal: float | None = None,
+          goal_label: str = "", W: int = W) -> list:  # noqa: N803 (the panel's width)
+    """bars: (label, color, runs). Linear axis from 0 to the largest run (or the goal)."""
+    top = max([max(r) for _, _, r in bars] + [goal or 0]) * 1.15
+    plot_h = H - TOP - BOTTOM
+    plot_w = W - LEFT - 16
+    y = lambda v: TOP + plot_h * (1 - v / top)  # noqa: E731
+    out = [f'<text x="{x0 + W / 2}" y="18" text-anchor="middle" font-weight="bold">'
+           f'{esc(title)}</text>',
+           f'<text x="{x0 + W / 2}" y="34" text-anchor="middle" fill="#555">{esc(unit)}</text>']
+    for k in range(5):  # grid and labels
+        v = top / 1.15 * k / 4
+        out.append(f'<line x1="{x0 + LEFT}" x2="{x0 + W - 16}" y1="{y(v):.1f}" '
+                   f'y2="{y(v):.1f}" stroke="#ddd"/>')
+        label = f"{v:,.0f}" if top > 20 else f"{v:.2f}"
+        out.append(f'<text x="{x0 + LEFT - 4}" y="{y(v) + 4:.1f}" text-anchor="end" '
+                   f'font-size="10">{label}</text>')
+    bw = plot_w / len(bars)
+    for i, (label, color, runs) in enumerate(bars):
+        med = harness.median(runs)
+        bx = x0 + LEFT + i * bw + bw * 0.18
+        out.append(f'<rect x="{bx:.1f}" y="{y(med):.1f}" width="{bw * 0.64:.1f}" '
+                   f'height="{y(0) - y(med):.1f}" fill="{color}" opacity="0.85"/>')
+        for j, r in enumerate(runs):
+            dx = bx + bw * 0.64 * (j + 0.5) / len(runs)
+            out.append(f'<circle cx="{dx:.1f}" cy="{y(r):.1f}" r="2.2" fill="#222"/>')
+        text = f"{med:,.0f}" if med > 20 else f"{med:.2f}"
+        out.append(f'<text x="{bx + bw * 0.32:.1f}" y="{y(med) - 5:.1f}" '
+                   f'text-anchor="middle" font-size="11">{text}</text>')
+        for k, part in enumerate(label.split("\n")):
+            out.append(f'<text x="{bx + bw * 0.32:.1f}" y="{H - BOTTOM + 15 + 12 * k}" '
+                       f'text-anchor="middle" font-size="10">{esc(part)}</text>')
+    if goal:
+        out.append(f'<line x1="{x0 + LEFT}" x2="{x0 + W - 16}" y1="{y(goal):.1f}" '
+                   f'y2="{y(goal):.1f}" stroke="#2a2" stroke-dasharray="5,3"/>')
+        out.append(f'<text x="{x0 + W - 18}" y="{y(goal) - 4:.1f}" text-anchor="end" '
+                   f'font-size="10" fill="#2a2">{esc(goal_label)}</text>')
+    return out
+
+
+def draw_svg(res: dict, path: Path) -> None:
+    """docs/img/logchannel.svg from the results: three panels (lines/s, driver CPU per million
+    lines, output GB/s), a bar per median and a dot per run; plain SVG written by hand
+    (matplotlib is not a dependency of this project)."""
+    ts, st = res["torchspark"], res["stock"]
+    stock_lps = harness.median(st["lines_per_s"])
+    panels = [
+        ("lines/s to the driver", "4 senders x {:,} lines".format(res["lines"]),
+         [("torchspark", COLORS["torchspark"], ts["lines_per_s"]),
+          ("PySpark\nLogStreaming", COLORS["stock"], st["lines_per_s"])],
+         20 * stock_lps, "goal: 20x stock"),
+        ("driver CPU per 1M lines", "seconds (lower is better)",
+         [("torchspark", COLORS["torchspark"], ts["cpu_per_mline"]),
+          ("PySpark\nLogStreaming", COLORS["stock"], st["cpu_per_mline"])], None, ""),
+        ("output shipped", "GB/s, loopback, SHA-256 on both ends",
+         [("1 GiB\nmemory", COLORS["torchspark"], res["out_1gib"]),
+          ("3 GiB\nmemory", COLORS["torchspark"], res["out_3gib"]),
+          ("3 GiB file\ntmpfs", COLORS["torchspark"], res["out_3gib_file"]),
+          ("3 GiB driver\nend alone", COLORS["torchspark"], res["out_3gib_driver_alone"]),
+          ("3 GiB agent\nend alone", COLORS["torchspark"], res["out_3gib_agent_alone"]),
+          ("stock-style\n1 GiB", COLORS["stock"], res["out_stock_1gib"])],
+         1.0, "goal: 1 GB/s"),
+    ]
+    body = []
+    x0 = 0
+    for title, unit, bars, goal, gl in panels:
+        w = max(W, 80 * len(bars) + 70)  # room for each bar's label
+        body += panel(x0, title, unit, bars, goal, gl, w)
+        x0 += w
+    width = x0
+    when = "; ".join(x for x in (res.get("date"), res.get("start")) if x)
+    foot = "%s (medians of %d; dots: single runs)" % (when, res["runs"])
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{H + 16}" '
+           f'font-family="sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{H + 16}" fill="white"/>', *body,
+           f'<text x="8" y="{H + 10}" font-size="10" fill="#555">{esc(foot)}</text>', "</svg>"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(svg) + "\n")
+
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
+    ap = harness.cli(__doc__, runs=5, quick={"lines": 6400, "skip": "output,memory"})
     ap.add_argument("--lines", type=int, default=100000)
     ap.add_argument("--out-gib", default="1,3")
     ap.add_argument("--skip", default="", help="comma list of: lines,output,memory")
     ap.add_argument("--loss-full", action="store_true")
-    ap.add_argument("--json", help="write the figures here (for bench/logchannel_svg.py)")
+    ap.add_argument("--svg", type=Path, help="draw the figures here (docs/img/logchannel.svg)")
+    ap.add_argument("--plot", type=Path, help="draw --svg from this JSON; measure nothing")
     ap.add_argument("--driver64", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = harness.parse(ap)
     if a.driver64:
         print(json.dumps(mem_server_64_agents()))
         return
+    if a.plot:
+        if not a.svg:
+            ap.error("--plot needs --svg")
+        doc = json.loads(a.plot.read_text())
+        return draw_svg(doc.get("results", doc), a.svg)
+    run = harness.Run("logchannel_bench", a)
     skip = set(a.skip.split(","))
-    res: dict = {"runs": a.runs, "lines": a.lines, "start": load(),
+    res: dict = {"runs": a.runs, "lines": a.lines, "start": harness.load_line(),
                  "date": time.strftime("%Y-%m-%d %H:%M %Z")}
     print("==", res["date"], res["start"])
     if "lines" not in skip:
@@ -465,9 +561,13 @@ def main() -> None:
             res[name] = {"lines_per_s": [r[0] for r in rr], "lost": [r[1] for r in rr],
                          "cpu_per_mline": [r[2] for r in rr]}
             print("%-10s lines/s %12.0f  lost %s  driver CPU s per 1M lines %.2f  (runs: %s)" % (
-                name, statistics.median(r[0] for r in rr), [r[1] for r in rr],
-                statistics.median(r[2] for r in rr), ", ".join("%.0f" % r[0] for r in rr)))
-        print("   ", load())
+                name, harness.median(r[0] for r in rr), [r[1] for r in rr],
+                harness.median(r[2] for r in rr), ", ".join("%.0f" % r[0] for r in rr)))
+        run.compare("lines/s to the driver", res["torchspark"]["lines_per_s"],
+                    res["stock"]["lines_per_s"], "lines/s", digits=0)
+        run.compare("driver CPU per 1M lines", res["torchspark"]["cpu_per_mline"],
+                    res["stock"]["cpu_per_mline"], "s", digits=3)
+        print("   ", harness.load_line())
     if "output" not in skip:
         print("== output shipped, median of %d" % a.runs)
         for gib in [int(x) for x in a.out_gib.split(",") if x]:
@@ -487,10 +587,10 @@ def main() -> None:
                                                    "/tmp": "_disk"}[d])] = list(SHIP_CPU)
                     res["out_%dgib%s" % (gib, {None: "", "/dev/shm": "_file",
                                                "/tmp": "_disk"}[d])] = v
+                    gbs = run.figure(f"output {gib} GiB, {what}", v, "GB/s", 3)["median"]
                     print("torchspark %d GiB (%s): %.2f GB/s (runs: %s); CPU s per GiB, "
-                          "both ends: %.2f" % (gib, what, statistics.median(v),
-                                               ", ".join("%.2f" % x for x in v),
-                                               statistics.median(SHIP_CPU)))
+                          "both ends: %.2f" % (gib, what, gbs, ", ".join("%.2f" % x for x in v),
+                                               harness.median(SHIP_CPU)))
                 # each end on its own (the other one does not hash): what it sustains
                 # when the two are on different machines, as in a cluster
                 digest = file_sha256(src)
@@ -500,15 +600,17 @@ def main() -> None:
                     v = [fn() for _ in range(a.runs)]
                     res["out_%dgib_%s_alone" % (gib, end)] = v
                     print("torchspark %d GiB, the %s's end alone: %.2f GB/s (runs: %s)" % (
-                        gib, end, statistics.median(v), ", ".join("%.2f" % x for x in v)))
+                        gib, end, run.figure(f"output {gib} GiB, the {end}'s end alone", v, "GB/s",
+                                             3)["median"], ", ".join("%.2f" % x for x in v)))
             finally:
                 src.unlink()
         ship_stock_pattern(1 << 30)  # warm-up, not counted
         v = [ship_stock_pattern(1 << 30) for _ in range(a.runs)]
         res["out_stock_1gib"] = v
         print("stock-pattern 1 GiB, 4 KiB chunks (emulated): %.2f GB/s (runs: %s)" % (
-            statistics.median(v), ", ".join("%.2f" % x for x in v)))
-        print("   ", load())
+            run.figure("output 1 GiB, stock pattern (emulated)", v, "GB/s", 3)["median"],
+            ", ".join("%.2f" % x for x in v)))
+        print("   ", harness.load_line())
     if "memory" not in skip:
         print("== memory under a slow consumer")
         rss, pulled, dropped, warned = mem_agent_8_workers()
@@ -520,15 +622,17 @@ def main() -> None:
         print("driver with 64 agents (%d connected): peak RSS %.1f MiB (the interpreter "
               "before the server: %.1f MiB; ranks with drops %d; agents that fell back: %d)"
               % (d["connected"], d["peak_mib"], d["base_mib"], d["dropped"], d["fell_back"]))
-        print("   ", load())
+        print("   ", harness.load_line())
     if a.loss_full:
         ok, n, dt = loss_full()
         res["loss_full"] = {"ok": ok, "lines": n, "seconds": dt}
         print("== loss & order, 8 x 250,000 lines: %s, %d lines in %.0f s" % (
             "every line once, in order, identical" if ok else "MISMATCH", n, dt))
-        print("   ", load())
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        print("   ", harness.load_line())
+    run.results = res
+    run.finish()
+    if a.svg:
+        draw_svg(res, a.svg)
 
 
 if __name__ == "__main__":

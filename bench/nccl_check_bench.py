@@ -4,18 +4,16 @@ node's root cause, and what the check adds to an agent's start (2 ranks, 64 KiB)
 the same agent without the check. Medians of --runs. Needs the build tree (cmake --build
 build). Prints a Markdown table.
 
-    .venv/bin/python bench/nccl_check_bench.py --runs 5
+    .venv/bin/python -m bench.nccl_check_bench --runs 5
 """
-import argparse
 import os
 import socket
-import statistics
 import subprocess
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BUILD = ROOT / "build"
+from bench import harness
+
+BUILD = harness.ROOT / "build"
 RUN = str(BUILD / "bin" / "torchspark-run")
 STUBS = BUILD / "tests" / "unit"
 
@@ -37,9 +35,8 @@ def once(args, extra_env=None) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=5)
-    a = ap.parse_args()
+    a = harness.parse(harness.cli(__doc__, runs=5))
+    run = harness.Run("nccl_check_bench", a)
     lib = ["--nccl-lib", str(STUBS / "libnccl_stub.so"), "--nccl-check-bytes", "65536"]
     two = ["--standalone", "--nproc-per-node", "2"]
 
@@ -60,9 +57,10 @@ def main() -> None:
     print("| case | median wall (s) | runs |")
     print("|---|---|---|")
     for name, fn in cases:
-        walls = [fn() for _ in range(a.runs)]
-        print(f"| {name} | {statistics.median(walls):.3f} | "
-              f"{', '.join(f'{w:.3f}' for w in walls)} |")
+        walls = run.figure(name, [fn() for _ in range(a.runs)], "s", 3)
+        print(f"| {name} | {walls['median']:.3f} | "
+              f"{', '.join(f'{w:.3f}' for w in walls['samples'])} |")
+    run.finish()
 
 
 if __name__ == "__main__":

@@ -8,34 +8,54 @@ attempt (rank 0's step log, tests/e2e/agent_scripts/resume_train.py). Checked: e
 recovered, the final weights bit-identical to an uninterrupted run's, no step skipped, no
 training process left.
 
-    .venv/bin/python bench/restart_bench.py [KILLS=20] [SEED=1]
+    .venv/bin/python -m bench.restart_bench [KILLS=20] [SEED=1]
 """
 import json
 import random
-import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from bench import harness
 
-import test_restart as tr  # noqa: E402
-import tsp_spark  # noqa: E402
-from torchspark import TorchDistributor  # noqa: E402
+tsp_spark, tr = harness.helpers("tsp_spark", "test_restart")
 
 
-def main() -> None:
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-    rng = random.Random(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
-    kills = [rng.randrange(2) for _ in range(n)]
-    after = [rng.randint(3, 2 * tr.STEPS_PER_ATTEMPT) for _ in range(n)]
-    steps = sum(after) + 10
-    spark = tsp_spark.session("local-cluster[2,1,1024]", {
+def restart_session():
+    """local-cluster[2,1,1024] with the suites' process mark and a 180 s replacement wait."""
+    return harness.spark_session("local-cluster[2,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
         "spark.torchspark.job.replacementTimeout": "180s",
     })
+
+
+def stock_on_the_same_kill(spark, tmp: Path) -> dict:
+    """Stock PySpark TorchDistributor on the same kill (test_restart's stock test): the job
+    fails."""
+    t0 = time.time()
+    stock = "did not fail"
+    try:
+        tr.test_stock_fails_on_the_same_kill(spark, tmp)
+        stock = "the job failed (barrier ResultStage aborted)"
+    except AssertionError as e:
+        stock = f"unexpected: {e}"
+    return {"stock": stock, "stock_s": round(time.time() - t0, 1)}
+
+
+def main() -> None:
+    ap = harness.cli(__doc__, runs=None, quick={"kills": 1})
+    ap.add_argument("kills", nargs="?", type=int, default=20, help="SIGKILLs in the run (default 20)")
+    ap.add_argument("seed", nargs="?", type=int, default=1, help="the kills' random seed (default 1)")
+    args = harness.parse(ap)
+    run = harness.Run("restart_bench", args)
+    n = args.kills
+    rng = random.Random(args.seed)
+    kills = [rng.randrange(2) for _ in range(n)]
+    after = [rng.randint(3, 2 * tr.STEPS_PER_ATTEMPT) for _ in range(n)]
+    steps = sum(after) + 10
+    from torchspark import TorchDistributor
+
+    spark = restart_session()
     tmp = Path(tempfile.mkdtemp(prefix="restart-bench-"))
     try:
         t0 = time.time()
@@ -49,31 +69,25 @@ def main() -> None:
         recovery = tr.check_resumed(tr._steplog(files["steplog"]), killed, n, steps)
         identical = files["out"].read_text() == ref["out"].read_text()
         left = tsp_spark.wait_gone(tr.MARK_VALUE, 15)
-        # Stock on the same kill: the job fails.
-        t0 = time.time()
-        stock = "did not fail"
-        try:
-            tr.test_stock_fails_on_the_same_kill(spark, tmp)
-            stock = "the job failed (barrier ResultStage aborted)"
-        except AssertionError as e:
-            stock = f"unexpected: {e}"
-        stock_s = time.time() - t0
+        stock = stock_on_the_same_kill(spark, tmp)
     finally:
         spark.stop()
-    by = {0: [r for r, k in zip(recovery, kills, strict=True) if k == 0],
-          1: [r for r, k in zip(recovery, kills, strict=True) if k == 1]}
+    fig = run.figure("kill -> first resumed step", recovery, "s", 2)
+    by = {k: run.figure(f"kill -> first resumed step, {what}",
+                        [r for r, x in zip(recovery, kills, strict=True) if x == k], "s", 2)
+          for k, what in ((0, "rank 0's executor"), (1, "the other executor"))}
     res = {
         "kills": n, "recovered": len(recovery), "bit_identical": identical,
         "left": len(left), "steps": steps, "reference_s": round(ref_s, 1),
         "killed_run_s": round(run_s, 1),
-        "recovery_s": [round(r, 2) for r in recovery],
-        "median_s": round(statistics.median(recovery), 2),
-        "min_s": round(min(recovery), 2), "max_s": round(max(recovery), 2),
-        "median_rank0_executor_s": round(statistics.median(by[0]), 2) if by[0] else None,
-        "median_other_executor_s": round(statistics.median(by[1]), 2) if by[1] else None,
-        "stock": stock, "stock_s": round(stock_s, 1),
+        "recovery_s": fig["samples"], "median_s": fig["median"],
+        "min_s": fig["min"], "max_s": fig["max"],
+        "median_rank0_executor_s": by[0]["median"], "median_other_executor_s": by[1]["median"],
+        **stock,
     }
     print(json.dumps(res, indent=1))
+    run.results = res
+    run.finish()
 
 
 if __name__ == "__main__":

@@ -27,26 +27,23 @@ torch imported, gloo process group up, checkpoint loaded) and the first resumed 
 Stock PySpark TorchDistributor on the same kill fails (test_restart's stock test, run
 at the end in the same session).
 
-    .venv/bin/python bench/restart_recovery.py [RUNS_PER_CASE=3] \
+    .venv/bin/python -m bench.restart_recovery [RUNS_PER_CASE=3] \
         [MODES=replacement,survivors,replacement-fn,survivors-fn]
-    e.g. .venv/bin/python bench/restart_recovery.py 3 survivors-fn,survivors-fn+grace
-         .venv/bin/python bench/restart_recovery.py 3 jvm,replacement,jvm-survivors,survivors
+    e.g. .venv/bin/python -m bench.restart_recovery 3 survivors-fn,survivors-fn+grace
+         .venv/bin/python -m bench.restart_recovery 3 jvm,replacement,jvm-survivors,survivors
 """
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+from bench import harness
+from bench.restart_bench import restart_session, stock_on_the_same_kill
 
-import test_jvm_restart as tjr  # noqa: E402
-import test_restart as tr  # noqa: E402
-import tsp_spark  # noqa: E402
+tsp_spark, tr, _, tjr = harness.helpers("tsp_spark", "test_restart", "jvmutil", "test_jvm_restart")
 
 
 class ExecutorWatch:
@@ -187,25 +184,25 @@ def one_run_jvm(tmp: Path, name: str, node: int, survivors: bool):
 
 
 def main() -> None:
-    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    modes = (sys.argv[2] if len(sys.argv) > 2
-             else "replacement,survivors,replacement-fn,survivors-fn").split(",")
     known = {"replacement", "survivors", "replacement-fn", "survivors-fn"}
     known |= {m + "+grace" for m in known} | {"jvm", "jvm-survivors"}
+    ap = harness.cli(__doc__, runs=None, quick={"runs": 1, "modes": "survivors-fn"})
+    ap.add_argument("runs", nargs="?", type=int, default=3, help="runs per case (default 3)")
+    ap.add_argument("modes", nargs="?", default="replacement,survivors,replacement-fn,survivors-fn",
+                    help=f"comma-separated, some of {','.join(sorted(known))}")
+    args = harness.parse(ap)
+    runs, modes = args.runs, args.modes.split(",")
     bad = [m for m in modes if m not in known]
     if bad:
         sys.exit(f"unknown mode(s) {bad}: use some of {sorted(known)}, comma-separated")
+    run = harness.Run("restart_recovery", args)
     if any(m.startswith("jvm") for m in modes) and not tjr.jvmutil.built():
         sys.exit("the jvm modes need the JVM part built (javac 17 and junit4: bash tests/setup.sh)")
     os.environ["TORCHSPARK_TIMING"] = "1"  # the task-side marks of function mode
-    spark = tsp_spark.session("local-cluster[2,1,1024]", {
-        f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
-        "spark.torchspark.job.replacementTimeout": "180s",
-    })
+    spark = restart_session()
     tmp = Path(tempfile.mkdtemp(prefix="restart-recovery-"))
     watch = ExecutorWatch(spark)
     rows, failed = {}, {}
-    print(f"load average at the start: {os.getloadavg()}", flush=True)
     try:
         for node in (1, 0):
             for i in range(runs):
@@ -236,26 +233,23 @@ def main() -> None:
                         continue
                     print(json.dumps({"mode": mode, **row}), flush=True)
                     rows.setdefault((mode, node), []).append(row)
-        t0 = time.time()
-        stock = "did not fail"
-        try:
-            tr.test_stock_fails_on_the_same_kill(spark, tmp)
-            stock = "the job failed (barrier ResultStage aborted)"
-        except AssertionError as e:
-            stock = f"unexpected: {e}"
-        stock_s = time.time() - t0
+        stock = stock_on_the_same_kill(spark, tmp)
     finally:
         watch.stop.set()
         spark.stop()
-    print(f"load average at the end: {os.getloadavg()}")
+    summaries = []
     for (mode, node), rs in rows.items():
-        med = {k: statistics.median(r[k] for r in rs if r.get(k) is not None)
-               for k in rs[0] if k not in ("node",) and any(r.get(k) is not None for r in rs)}
-        print(json.dumps({"mode": mode, "node": node, "runs": len(rs),
+        med = {k: harness.median(r[k] for r in rs if r.get(k) is not None)
+               for k in rs[0] if k not in ("node",)
+               and any(r.get(k) is not None for r in rs)}
+        run.figure(f"{mode}, node {node}'s executor killed: kill -> first resumed step",
+                   [r["recovery_s"] for r in rs], "s", 2)
+        summaries.append({"mode": mode, "node": node, "runs": len(rs),
                           "failed": failed.get((mode, node), 0),
                           "recovery_s": [r["recovery_s"] for r in rs],
-                          "median": {k: round(v, 2) for k, v in med.items()}}))
-    print(json.dumps({"stock": stock, "stock_s": round(stock_s, 1)}))
+                          "median": {k: round(v, 2) for k, v in med.items()}})
+        print(json.dumps(summaries[-1]))
+    print(json.dumps(stock))
     # Recovery side by side: per mode, node 1's kill and node 0's (median [runs]).
     print("| mode | node 1's executor | node 0's executor (rank 0's) |\n|---|---|---|")
     for mode in modes:
@@ -263,9 +257,12 @@ def main() -> None:
         for node in (1, 0):
             r = [x["recovery_s"] for x in rows.get((mode, node), [])]
             n = failed.get((mode, node), 0)
-            cells.append((f"{statistics.median(r):.2f} {r}" if r else "-")
+            cells.append((f"{harness.median(r):.2f} {r}" if r else "-")
                          + (f", {n} failed" if n else ""))
         print(f"| {mode} | " + " | ".join(cells) + " |")
+    run.results = {"summaries": summaries, "failed": {f"{m} {n}": k for (m, n), k in failed.items()},
+                   "rows": {f"{m} {n}": rs for (m, n), rs in rows.items()}, **stock}
+    run.finish()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Worker log lines through the public TorchDistributor.run(): PySpark's own class beside
 torchspark's, in one run on one Spark (local-cluster[2,1,1024] by default).
 
-    .venv/bin/python bench/runlog_bench.py [--runs 3] [--lines 1000000] [--json FILE]
+    .venv/bin/python -m bench.runlog_bench [--runs 3] [--lines 1000000] [--json FILE]
 
 Each run(): function mode, 2 processes (2 barrier tasks), each rank print()s --lines lines
 of ~70 bytes as fast as it can and times its own loop; run() returns rank 0's loop time.
@@ -19,20 +19,16 @@ loops at once (the load of the two ranks).
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
-import os
-import statistics
 import subprocess
 import sys
 import threading
 import time
 
-import pyspark
 from pyspark.ml.torch.distributor import TorchDistributor as Stock
-from pyspark.sql import SparkSession
 
+from bench import harness
 from torchspark import TorchDistributor as Ours
 
 MARK = "@tsb@"
@@ -86,17 +82,6 @@ class CountingStream(io.TextIOBase):
         pass
 
 
-def session(master: str) -> SparkSession:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-         .config("spark.testing", "true")
-         .config("spark.test.home", os.path.dirname(pyspark.__file__))
-         .config("spark.executor.memory", "1024m").config("spark.driver.memory", "2g")
-         .getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    return s
-
-
 def through_run(cls, n: int, settle_s: float) -> dict:
     stream = CountingStream()
     old = sys.stderr
@@ -141,23 +126,18 @@ def to_cat(n: int, procs: int) -> float:
     return times[0]
 
 
-def med(rows: list, key: str) -> float:
-    return statistics.median(r[key] for r in rows)
-
-
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--runs", type=int, default=3)
+    p = harness.cli(__doc__, runs=3, quick={"lines": 2000, "settle": 0.5})
     p.add_argument("--lines", type=int, default=1_000_000)
     p.add_argument("--master", default="local-cluster[2,1,1024]")
     p.add_argument("--only", choices=["stock", "torchspark"], default=None)
     p.add_argument("--settle", type=float, default=5.0)
-    p.add_argument("--json", default=None)
-    a = p.parse_args()
+    a = harness.parse(p)
+    run = harness.Run("runlog_bench", a)
     impls = {"stock": Stock, "torchspark": Ours}
     if a.only:
         impls = {a.only: impls[a.only]}
-    session(a.master)
+    spark = harness.spark_session(a.master, {"spark.driver.memory": "2g"})
     for cls in impls.values():  # warm-up: executors' Python workers, imports
         through_run(cls, 1000, 0.5)
     rows = {name: [] for name in impls}
@@ -173,14 +153,16 @@ def main() -> None:
         print(json.dumps({"run": i, "cat_alone_s": round(cat1[-1], 3),
                           "cat_two_at_once_s": round(cat2[-1], 3)}), flush=True)
     summary = {"runs": a.runs, "lines_per_rank": a.lines, "master": a.master,
-               "cat_alone_s": round(statistics.median(cat1), 3),
-               "cat_two_at_once_s": round(statistics.median(cat2), 3)}
+               "cat_alone_s": run.figure("loop to cat, alone", cat1, "s", 3)["median"],
+               "cat_two_at_once_s": run.figure("loop to cat, two at once", cat2, "s", 3)["median"]}
     for name, rs in rows.items():
-        summary[name] = {k: med(rs, k) for k in ("lines_per_s", "lines_per_s_whole_run",
+        summary[name] = {k: harness.median(r[k] for r in rs) for k in ("lines_per_s", "lines_per_s_whole_run",
                                                  "stream_s", "lost", "lines_per_write",
                                                  "rank0_loop_s", "wall_s")}
         summary[name]["lost_max"] = max(r["lost"] for r in rs)
     if len(rows) == 2:
+        run.compare("lines/s", [r["lines_per_s"] for r in rows["torchspark"]],
+                    [r["lines_per_s"] for r in rows["stock"]], "lines/s", digits=0)
         summary["ratio_lines_per_s"] = round(summary["torchspark"]["lines_per_s"]
                                              / summary["stock"]["lines_per_s"], 1)
     if "torchspark" in rows:
@@ -188,10 +170,9 @@ def main() -> None:
         summary["rank0_vs_cat_alone"] = round(loop / summary["cat_alone_s"], 2)
         summary["rank0_vs_cat_two"] = round(loop / summary["cat_two_at_once_s"], 2)
     print(json.dumps(summary), flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows, "cat_alone": cat1, "cat_two": cat2},
-                      f, indent=1)
+    run.results = {"summary": summary, "rows": rows, "cat_alone": cat1, "cat_two": cat2}
+    run.finish()
+    spark.stop()
 
 
 if __name__ == "__main__":

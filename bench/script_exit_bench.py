@@ -2,7 +2,7 @@
 """Script workers: torchspark-run's bootstrap against the plain exec, side by side
 (docs/benchmarks.md, "Script workers: the exit bootstrap").
 
-  .venv/bin/python bench/script_exit_bench.py [--runs 7]
+  .venv/bin/python -m bench.script_exit_bench [--runs 7]
 
 Wall time of `torchspark-run --nproc-per-node 1 SCRIPT`, spawn to exit status, with the
 default bootstrap (`python -u -c BOOT SCRIPT`, no interpreter finalization) and with
@@ -11,26 +11,22 @@ script and for one that imports torch. The two modes alternate run by run. Media
 """
 from __future__ import annotations
 
-import argparse
-import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-from agentutil import TSR, base_env, new_marker  # noqa: E402
+from bench import harness
+
+agentutil = harness.helper("agentutil")
 
 SCRIPTS = {"empty": "pass\n", "import torch": "import torch\nx = torch.ones(3)\n"}
 MODES = {"bootstrap (default)": "fast", "finalize (plain exec)": "finalize"}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=int, default=7)
-    args = ap.parse_args()
+    args = harness.parse(harness.cli(__doc__, runs=7))
+    run = harness.Run("script_exit_bench", args)
     with tempfile.TemporaryDirectory() as d:
         for name, body in SCRIPTS.items():
             script = Path(d) / "script.py"
@@ -38,14 +34,19 @@ def main() -> None:
             samples: dict[str, list[float]] = {m: [] for m in MODES}
             for _ in range(args.runs):
                 for mode, value in MODES.items():
-                    env = base_env(new_marker(), TORCHSPARK_PYTHON_EXIT=value)
+                    env = agentutil.base_env(agentutil.new_marker(), TORCHSPARK_PYTHON_EXIT=value)
                     t0 = time.perf_counter()
-                    subprocess.run([TSR, "--nproc-per-node", "1", str(script)], env=env,
+                    subprocess.run([agentutil.TSR, "--nproc-per-node", "1", str(script)], env=env,
                                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     samples[mode].append((time.perf_counter() - t0) * 1000)
-            for mode, s in samples.items():
-                print(f"{name:13} {mode:22} median {statistics.median(s):8.1f} ms "
-                      f"(min {min(s):.1f}, max {max(s):.1f}, n={len(s)})")
+            c = run.compare(name, samples["bootstrap (default)"], samples["finalize (plain exec)"],
+                            "ms", "bootstrap (default)", "finalize (plain exec)", 1)
+            for mode in MODES:
+                s = run.figures[f"{name}, {mode}"]
+                print(f"{name:13} {mode:22} median {s['median']:8.1f} ms "
+                      f"(min {s['min']:.1f}, max {s['max']:.1f}, n={s['n']})")
+            print(f"{name:13} bootstrap / finalize: {c['ratio']:.2f}x")
+    run.finish()
 
 
 if __name__ == "__main__":

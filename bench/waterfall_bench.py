@@ -1,7 +1,7 @@
 """Where the seconds of one TorchDistributor.run() go: torchspark's waterfall beside stock's
 run() and beside the floor, all measured in one run on one Spark.
 
-    .venv/bin/python bench/waterfall_bench.py [--runs 5] [--json FILE] [--no-stock]
+    .venv/bin/python -m bench.waterfall_bench [--runs 5] [--json FILE] [--no-stock]
 
 (--no-stock: torchspark and the floor only, for a quick check of the phases; the ratio to
 stock is then not reported.)
@@ -25,18 +25,16 @@ per training process) / torchspark as users get it (workers forked from the pool
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
 
-import pyspark
 from pyspark.ml.torch.distributor import TorchDistributor as Stock
-from pyspark.sql import SparkSession
+
+from bench import harness
 
 os.environ["TORCHSPARK_TIMING"] = "1"
 from torchspark import TorchDistributor as Ours  # noqa: E402
@@ -60,16 +58,6 @@ def ddp() -> float:
     dist.all_reduce(t)
     dist.destroy_process_group()
     return float(t.item())
-
-
-def session(master: str) -> SparkSession:
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    s = (SparkSession.builder.master(master).config("spark.ui.enabled", "false")
-         .config("spark.testing", "true")
-         .config("spark.test.home", os.path.dirname(pyspark.__file__))
-         .config("spark.executor.memory", "1024m").getOrCreate())
-    s.sparkContext.setLogLevel("ERROR")
-    return s
 
 
 def timed(fn) -> float:
@@ -124,13 +112,13 @@ def stock_run() -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--runs", type=int, default=5)
+    p = harness.cli(__doc__, runs=5)
     p.add_argument("--master", default="local-cluster[2,1,1024]")
-    p.add_argument("--json", default=None)
     p.add_argument("--no-stock", action="store_true")
-    a = p.parse_args()
-    sc = session(a.master).sparkContext
+    a = harness.parse(p)
+    run = harness.Run("waterfall_bench", a)
+    spark = harness.spark_session(a.master)
+    sc = spark.sparkContext
     first = {"torchspark": ours_run()}
     if not a.no_stock:
         first["stock"] = stock_run()
@@ -147,12 +135,15 @@ def main() -> None:
         rows["torchspark_cold"].append(ours_run(warm=False))
         rows["torchspark"].append(ours_run())
         print(json.dumps({"run": i, **{k: v[-1] for k, v in rows.items() if v}}), flush=True)
-    med = statistics.median
-    floor = {k: med(rows[k]) for k in ("job", "torch", "pg")}
+    med = harness.median
+    floor = {k: run.figure(f"floor: {k}", rows[k], "s", 3)["median"] for k in ("job", "torch", "pg")}
     floor_s = sum(floor.values())
-    ours = med(r["wall_s"] for r in rows["torchspark"])
-    cold = med(r["wall_s"] for r in rows["torchspark_cold"])
-    stock = med(r["wall_s"] for r in rows["stock"]) if rows["stock"] else float("nan")
+    stock_runs = [r["wall_s"] for r in rows["stock"]]
+    ours = run.compare("run()", [r["wall_s"] for r in rows["torchspark"]], stock_runs, "s",
+                       digits=3)["ours_median"]
+    cold = run.compare("run() without the warm pool", [r["wall_s"] for r in rows["torchspark_cold"]],
+                       stock_runs, "s", "torchspark_cold", digits=3)["ours_median"]
+    stock = med(stock_runs) if stock_runs else float("nan")
     phases = {k: med(r["phases"][k] for r in rows["torchspark"] if k in r["phases"])
               for k, _ in _timing.PHASES if all(k in r["phases"] for r in rows["torchspark"])}
     summary = {"runs": a.runs, "floor_parts_s": {k: round(v, 3) for k, v in floor.items()},
@@ -163,8 +154,7 @@ def main() -> None:
                "without_warm_pool_over_floor": round(cold / floor_s, 2),
                "without_warm_pool_over_stock": round(cold / stock, 3),
                "first_run_s": {k: round(v["wall_s"], 3) for k, v in first.items()},
-               "torchspark_phases_median_s": phases,
-               "loadavg": open("/proc/loadavg").read().split()[:3]}
+               "torchspark_phases_median_s": phases}
     print(json.dumps(summary), flush=True)
     print(f"\nfloor {floor_s:.3f} s = bare barrier job {floor['job']:.3f} + import torch "
           f"{floor['torch']:.3f} + init_process_group {floor['pg']:.3f}")
@@ -178,9 +168,9 @@ def main() -> None:
         if k in phases:
             print(f"  {label:<20} {phases[k]:7.3f}  (+{phases[k] - prev:.3f})")
             prev = phases[k]
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"summary": summary, "rows": rows, "first": first}, f, indent=1)
+    run.results = {"summary": summary, "rows": rows, "first": first}
+    run.finish()
+    spark.stop()
 
 
 if __name__ == "__main__":
