@@ -3,21 +3,19 @@ synthetic DUMP answer of WORLD ranks (default 8,192: 1,024 nodes x 8) built from
 recorded dumps of tests/e2e/hang_dumps/sleep.txt, every rank but one waiting in
 all_reduce #2 with a flight recorder and rank 17 asleep in its own code, analysed through
 the Python glue's binding. Prints the request's size, the best and median time of
-REPEAT calls, and the line.
+--runs calls, and the line.
 
-    .venv/bin/python bench/hang_analysis_bench.py [WORLD] [REPEAT]
+    .venv/bin/python -m bench.hang_analysis_bench --world 8192 --runs 5
 """
 import ctypes
 import json
 import re
-import statistics
-import sys
 import time
-from pathlib import Path
 
+from bench import harness
 from torchspark import _lib
 
-DUMPS = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "hang_dumps" / "sleep.txt"
+DUMPS = harness.ROOT / "tests" / "e2e" / "hang_dumps" / "sleep.txt"
 
 
 def _ranks(world: int, culprit: int):
@@ -40,8 +38,11 @@ def _ranks(world: int, culprit: int):
 
 
 def main() -> None:
-    world = int(sys.argv[1]) if len(sys.argv) > 1 else 8192
-    repeat = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    ap = harness.cli(__doc__, runs=5, quick={"world": 1024})
+    ap.add_argument("--world", type=int, default=8192, help="ranks in the DUMP answer (8192)")
+    a = harness.parse(ap)
+    run = harness.Run("hang_analysis_bench", a)
+    world, repeat = a.world, a.runs
     req = {"world": world, "request": 1, "stdlib": [], "read_sources": False,
            "ranks": _ranks(world, 17)}
     doc = json.dumps(req).encode()
@@ -59,13 +60,19 @@ def main() -> None:
         t0 = time.perf_counter()
         got = _lib.json_call("tsp_hang_diagnose", req)
         times.append(time.perf_counter() - t0)
+    run.figure("tsp_hang_diagnose wall", c_times, "s")
+    run.figure("tsp_hang_diagnose CPU", c_cpu, "s")
+    run.figure("through json_call wall", times, "s")
+    run.results = {"world": world, "request_bytes": len(doc), "reply_bytes": need.value,
+                   "line": got["line"]}
     print(f"world {world}: request {len(doc) / 1e6:.1f} MB, reply {need.value / 1e6:.1f} MB; "
           f"tsp_hang_diagnose alone: best {min(c_times) * 1e3:.0f} ms, median "
-          f"{statistics.median(c_times) * 1e3:.0f} ms (CPU time best {min(c_cpu) * 1e3:.0f} ms); "
+          f"{harness.median(c_times) * 1e3:.0f} ms (CPU time best {min(c_cpu) * 1e3:.0f} ms); "
           f"through the glue's json_call (json "
           f"encoding and decoding included): best {min(times) * 1e3:.0f} ms, median "
-          f"{statistics.median(times) * 1e3:.0f} ms")
+          f"{harness.median(times) * 1e3:.0f} ms")
     print(got["line"])
+    run.finish()
 
 
 if __name__ == "__main__":

@@ -164,7 +164,7 @@ class _Opts(ctypes.Structure):
     _fields_ = [("host", ctypes.c_char_p), ("port", ctypes.c_int),
                 ("secret", ctypes.c_uint8 * 32), ("node_rank", ctypes.c_int),
                 ("hostname", ctypes.c_char_p), ("timeout_ms", ctypes.c_int),
-                ("attempts", ctypes.c_int)]
+                ("attempts", ctypes.c_int), ("digest_out", ctypes.c_void_p)]
 
 
 SHIP_CPU: list = []  # CPU seconds per GiB of each transfer, both ends (this process)
