@@ -2,7 +2,7 @@
 TORCHSPARK_MATRIX_PYSPARK to pick another) beside the oldest torch it states (2.4.1;
 TORCHSPARK_MATRIX_TORCH to pick another, empty for the suite's torch), while the rest of
 the suite runs on the newest of both. torch 2.4.1 is a 2.84 GB download on a fresh machine
-(docs/benchmarks.md, "The version matrix's cost").
+(docs/testing.md, "The version matrix's cost").
 tests/setup_pyspark.sh makes the environment (that pyspark with its
 Spark jars, and tests/setup_torch.sh's torch with its CUDA wheels, from PyPI, cached per
 machine; the rest through the dependency venv's .pth), torchspark goes in with the user's
