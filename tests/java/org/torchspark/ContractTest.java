@@ -64,6 +64,9 @@ public class ContractTest {
                 c.get("values").properties().forEach(
                         kv -> assertEquals(name + ": " + kv.getKey(), kv.getValue(), got.get("values").get(kv.getKey())));
                 assertEquals(name, c.get("unknown"), got.get("unknown"));
+                if (c.has("encryption")) {
+                    assertEquals(name, c.get("encryption"), got.get("encryption"));
+                }
             }
             n++;
         }
