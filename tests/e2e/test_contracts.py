@@ -39,6 +39,8 @@ def test_conf_golden(case):
         got = _lib.json_call("tsp_conf_read", case["request"])
         assert {k: got["values"][k] for k in case["values"]} == case["values"]
         assert got["unknown"] == case["unknown"]
+        if "encryption" in case:
+            assert got["encryption"] == case["encryption"]
 
 
 def test_agent_command_is_the_plan_plus_the_program(monkeypatch):

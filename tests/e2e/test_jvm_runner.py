@@ -108,9 +108,18 @@ def test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once():
 
 
 def test_runner_election_through_all_gather_when_the_rendezvous_is_off():
-    out, err = jvmutil.spark_submit("election", plugin=False, env={"TORCHSPARK_RENDEZVOUS": "0"})
+    # Where Spark authenticates and encrypts its RPC (allGather goes through it): the runner
+    # goes on and logs the C core's one line, as the PySpark glue (docs/security.md,
+    # "Clusters where Spark encrypts").
+    out, err = jvmutil.spark_submit("election", plugin=False, env={"TORCHSPARK_RENDEZVOUS": "0"},
+                                    conf={"spark.authenticate": "true",
+                                          "spark.authenticate.secret": os.urandom(16).hex(),
+                                          "spark.network.crypto.enabled": "true"})
     assert out["ELECTION"] == ["allGather"] * 3, out
-    assert _check_elections(out, err) == []
+    assert [w for w in _check_elections(out, err) if "Spark secures" not in w] == []
+    line = ("WARN TorchSparkRunner: Spark secures its own traffic here (spark.network.crypto."
+            "enabled=true, spark.authenticate=true); torchspark's own channel to the driver")
+    assert err.count(line) == 3, err[-3000:]  # one per distributed run
 
 
 def test_runner_local_mode_uses_the_driver_gpus(tmp_path):

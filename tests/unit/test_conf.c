@@ -96,6 +96,29 @@ START_TEST(test_conf_sizes)
 }
 END_TEST
 
+/* The reply's "encryption" (docs/protocol.md §9, "Where Spark encrypts"): the longest line,
+ * every key on and both override keys, is whole; a value that is not a string is off. */
+START_TEST(test_conf_encryption_longest_line_and_odd_values)
+{
+    ck_assert_int_eq(conf("{\"conf\": {\"spark.ssl.enabled\": \"true\", "
+                          "\"spark.network.crypto.enabled\": \"true\", \"spark.authenticate\": "
+                          "\"true\", \"spark.io.encryption.enabled\": \"true\", "
+                          "\"pytorch.spark.distributor.ignoreSsl\": \"true\", "
+                          "\"deepspeed.spark.distributor.ignoreSsl\": \"true\"}}"),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "\"level\": \"WARNING\""));
+    ck_assert_ptr_nonnull(strstr(out, "spark.io.encryption.enabled=true); torchspark's own"));
+    ck_assert_ptr_nonnull(strstr(out, "(deepspeed.spark.distributor.ignoreSsl=true is accepted for "
+                                      "compatibility and changes nothing: torchspark sends "
+                                      "nothing in clear over its own channel)\""));
+    ck_assert_int_eq(conf("{\"conf\": {\"spark.ssl.enabled\": true, \"spark.authenticate\": "
+                          "\"  true, of course\"}}"),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "\"spark\": []"));
+    ck_assert_ptr_nonnull(strstr(out, "\"level\": \"INFO\""));
+}
+END_TEST
+
 static int count_members(void *ctx, const char *key, size_t index, int type, const char *value,
                          size_t len)
 {
@@ -125,6 +148,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_conf_one_sentence_per_bad_value);
     tcase_add_test(tc, test_conf_unknown_keys_are_warnings_with_the_closest);
     tcase_add_test(tc, test_conf_sizes);
+    tcase_add_test(tc, test_conf_encryption_longest_line_and_odd_values);
     tcase_add_test(tc, test_json_each_walks_members_and_stops);
     suite_add_tcase(s, tc);
     return s;

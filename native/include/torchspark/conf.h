@@ -18,7 +18,9 @@ extern "C" {
 #endif
 
 /* request (len bytes of JSON: {"conf": {key: raw string}, "args": {key: {"name", "value"}}})
- * -> {"values": {key: value}, "unknown": [{"key", "closest", "message"}]} written to out
+ * -> {"values": {key: value}, "unknown": [{"key", "closest", "message"}], "encryption":
+ * {"proceed", "spark", "level", "message"}} written to out (the last from Spark's security
+ * keys and the stock ignoreSsl keys in conf: docs/protocol.md §9, "Where Spark encrypts")
  * (NUL-terminated); durations in whole milliseconds. 0 on success; -ENOSPC when outlen is too
  * small (*needed, when given, is then the size to retry with); -EINVAL with err naming the
  * key, the value and the accepted form; -ENOMEM. */

@@ -72,6 +72,21 @@ static const conf_key_t KEYS[] = {
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
+/* Spark's own security settings and the stock override keys: the request's "conf" may carry
+ * them, and the reply's "encryption" says what a run does about them (docs/protocol.md §9,
+ * "Where Spark encrypts"). The first NSPARK_SECURE secure Spark's traffic; the last two are
+ * TorchDistributor's and DeepspeedTorchDistributor's ignoreSsl. */
+static const char *const SPARK_KEYS[] = {
+    "spark.ssl.enabled",
+    "spark.network.crypto.enabled",
+    "spark.authenticate",
+    "spark.io.encryption.enabled",
+    "pytorch.spark.distributor.ignoreSsl",
+    "deepspeed.spark.distributor.ignoreSsl",
+};
+#define NSPARK (sizeof SPARK_KEYS / sizeof SPARK_KEYS[0])
+#define NSPARK_SECURE 4
+
 typedef struct {
     int set;          /* a value (or the default) was read */
     long long num;    /* bool, int, duration (ms) */
@@ -87,6 +102,7 @@ typedef struct {
     size_t errlen;
     int from_args; /* the member being read is an argument: its value may be typed */
     const char *name;
+    int spark_on[NSPARK]; /* Spark's security settings (SPARK_KEYS) that are "true" */
 } reader_t;
 
 static int key_index(const char *key)
@@ -370,6 +386,12 @@ static int conf_member(void *ctx, const char *key, const char *value, int type)
 {
     reader_t *r = ctx;
     int i = key_index(key);
+    for (size_t j = 0; j < NSPARK && i < 0; j++) {
+        char buf[8] = "";
+        if (strcmp(key, SPARK_KEYS[j]) == 0 && type == TSP_JSON_STRING &&
+            trim_lower(value, buf, sizeof buf) == 0)
+            r->spark_on[j] = strcmp(buf, "true") == 0; /* Spark's getBoolean: else off */
+    }
     if (i < 0) {
         if (strncmp(key, PREFIX, strlen(PREFIX)) == 0)
             note_unknown(r, key);
@@ -433,7 +455,8 @@ typedef struct {
 
 /* tsp_json_each's callback -> member_fn: a value that is not a string comes as JSON text
  * without its NUL; the members read it with tsp_json_get and strcmp, so it gets one. */
-static int each_member(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+static int each_member(void *ctx, const char *key, size_t index, int type, const char *val,
+                       size_t len)
 {
     each_ctx_t *e = ctx;
     (void)index;
@@ -491,6 +514,51 @@ static void write_values(tsp_json_writer_t *w, reader_t *r)
     tsp_json_end(w);
 }
 
+/* The reply's "encryption": whether the run may go on (always: torchspark's own channel is
+ * TLS 1.3 whatever Spark does, so stock's refusal of TLS clusters has no reason here) and the
+ * one line a glue logs before a distributed run, at its level. */
+static void write_encryption(tsp_json_writer_t *w, const reader_t *r)
+{
+    static const char CHANNEL[] = "torchspark's own channel to the driver (worker lines, "
+                                  "control, rank 0's output) is TLS 1.3 keyed by the run's secret";
+    char on[256] = "", msg[1024];
+    size_t at = 0;
+    for (size_t j = 0; j < NSPARK_SECURE; j++)
+        if (r->spark_on[j])
+            at += (size_t)snprintf(on + at, sizeof on - at, "%s%s=true", at ? ", " : "",
+                                   SPARK_KEYS[j]);
+    if (at)
+        at = (size_t)snprintf(msg, sizeof msg,
+                              "Spark secures its own traffic here (%s); %s, but torch's own data "
+                              "plane (the TCPStore, gloo and NCCL collectives) is encrypted "
+                              "neither by torchspark nor by Spark: see docs/security.md, \"What "
+                              "torchspark does not encrypt\"",
+                              on, CHANNEL);
+    else
+        at = (size_t)snprintf(msg, sizeof msg, "%s", CHANNEL);
+    for (size_t j = NSPARK_SECURE; j < NSPARK; j++)
+        if (r->spark_on[j] && at < sizeof msg)
+            at += (size_t)snprintf(msg + at, sizeof msg - at,
+                                   " (%s=true is accepted for compatibility and changes nothing: "
+                                   "torchspark sends nothing in clear over its own channel)",
+                                   SPARK_KEYS[j]);
+    tsp_json_key(w, "encryption");
+    tsp_json_begin_object(w);
+    tsp_json_key(w, "proceed");
+    (void)tsp_json_value(w, "true", 4);
+    tsp_json_key(w, "spark");
+    tsp_json_begin_array(w);
+    for (size_t j = 0; j < NSPARK_SECURE; j++)
+        if (r->spark_on[j])
+            tsp_json_str(w, SPARK_KEYS[j]);
+    tsp_json_end(w);
+    tsp_json_key(w, "level");
+    tsp_json_str(w, on[0] ? "WARNING" : "INFO");
+    tsp_json_key(w, "message");
+    tsp_json_str(w, msg);
+    tsp_json_end(w);
+}
+
 /* The reply in a malloc'ed *doc: the values, then the unknown keys' array as written. */
 static int read_request(reader_t *r, const char *req, size_t len, char **doc, size_t *dlen)
 {
@@ -525,6 +593,7 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
         write_values(&w, r);
         tsp_json_key(&w, "unknown");
         rc = tsp_json_value(&w, unk, ulen);
+        write_encryption(&w, r);
         tsp_json_end(&w);
         if (fclose(mf) && rc == 0)
             rc = -ENOMEM;

@@ -73,5 +73,22 @@ def read(spark: Any, args: Optional[Dict[str, Tuple[str, Any]]] = None,
     return {k[len(PREFIX):]: v for k, v in reply["values"].items()}
 
 
+SPARK_SECURITY_KEYS = ("spark.ssl.enabled", "spark.network.crypto.enabled", "spark.authenticate",
+                       "spark.io.encryption.enabled")
+
+
+def encryption(spark: Any, override_key: str) -> Dict[str, Any]:
+    """What a distributed run does where Spark encrypts, decided by the library
+    (docs/protocol.md 9, "Where Spark encrypts"): {"proceed", "spark", "level", "message"}
+    from Spark's security settings and the stock override key (pytorch.spark.distributor.
+    ignoreSsl or DeepSpeed's), read as strings from the session's conf."""
+    raw = {}
+    for key in SPARK_SECURITY_KEYS + (override_key,):
+        value = spark.conf.get(key, None)
+        if value is not None:
+            raw[key] = str(value)
+    return dict(json_call("tsp_conf_read", {"conf": raw})["encryption"])
+
+
 def seconds(ms: Optional[int]) -> Optional[float]:
     return None if ms is None else ms / 1000.0

@@ -13,7 +13,6 @@ import os
 import re
 import sys
 import tempfile
-import textwrap
 import shutil
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
@@ -37,12 +36,6 @@ def _get_conf(spark: SparkSession, key: str, default_value: str) -> str:
     value = spark.conf.get(key, default_value)
     assert value is not None
     return value
-
-
-def _get_conf_boolean(spark: SparkSession, key: str, default_value: str) -> bool:
-    value = _get_conf(spark, key, default_value).lower()
-    assert value in ["true", "false"]
-    return value == "true"
 
 
 def _get_logger(name: str) -> logging.Logger:
@@ -201,35 +194,14 @@ class TorchDistributor:
             raise ValueError(_spark.NUM_PROCESSES_ERROR[_spark.version() >= (4, 0)])
 
     def _check_encryption(self) -> None:
-        is_ssl_enabled = _get_conf_boolean(self.spark, "spark.ssl.enabled", "false")
-        ignore_ssl = _get_conf_boolean(self.spark, self.ssl_conf, "false")
-        if not is_ssl_enabled:
-            return
-        name = self.__class__.__name__
-        if ignore_ssl:
-            self.logger.warning(textwrap.dedent(f"""
-                    This cluster has TLS encryption enabled;
-                    however, {name} does not
-                    support data encryption in transit.
-                    The Spark configuration
-                    '{self.ssl_conf}' has been set to
-                    'true' to override this
-                    configuration and use {name} anyway. Please
-                    note this will cause model
-                    parameters and possibly training data to
-                    be sent between nodes unencrypted.
-                    """))
-            return
-        raise RuntimeError(textwrap.dedent(f"""
-                This cluster has TLS encryption enabled;
-                however, {name} does not support
-                data encryption in transit. To override
-                this configuration and use {name}
-                anyway, you may set '{self.ssl_conf}'
-                to 'true' in the Spark configuration. Please note this
-                will cause model parameters and possibly training
-                data to be sent between nodes unencrypted.
-                """))
+        """Stock refuses a cluster with spark.ssl.enabled unless its ignoreSsl key is set,
+        then sends the weights in clear; torchspark's own channel is TLS 1.3 keyed by the
+        run's secret, so it goes on wherever Spark encrypts, and logs the library's one line
+        (a WARNING where Spark secures its traffic: torch's own data plane is not encrypted)."""
+        decision = _conf.encryption(self.spark, self.ssl_conf)
+        self.logger.log(logging.getLevelName(decision["level"]), decision["message"])
+        if not decision["proceed"]:
+            raise RuntimeError(decision["message"])
 
     # ---- run ---------------------------------------------------------------------------
 

@@ -63,6 +63,49 @@ final class Conf {
         }
     }
 
+    /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
+     *  "Where Spark encrypts"), and stock TorchDistributor's override key, accepted as it is. */
+    static final String[] SPARK_SECURITY_KEYS = {"spark.ssl.enabled", "spark.network.crypto.enabled",
+        "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl"};
+
+    /** What a distributed run does where Spark encrypts, decided by the library as for the
+     *  PySpark glue: {"proceed", "spark", "level", "message"} from conf's strings (conf may be
+     *  null: nothing is on). */
+    static JsonNode encryption(SparkConf conf) {
+        ObjectNode request = JSON.createObjectNode();
+        ObjectNode raw = request.putObject("conf");
+        for (String key : SPARK_SECURITY_KEYS) {
+            if (conf != null && conf.contains(key)) {
+                raw.put(key, conf.get(key));
+            }
+        }
+        String[] msg = new String[1];
+        int rc = Native.confRead(request.toString(), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        }
+        try {
+            return JSON.readTree(msg[0]).get("encryption");
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the settings reply is not JSON: " + msg[0], e);
+        }
+    }
+
+    /** Logs the library's one line about encryption at its level; throws when the run may not
+     *  go on (never, while torchspark's own channel is TLS). */
+    static void checkEncryption(SparkConf conf, Logger log) {
+        JsonNode d = encryption(conf);
+        String message = d.get("message").asText();
+        if ("WARNING".equals(d.get("level").asText())) {
+            log.warn(message);
+        } else {
+            log.info(message);
+        }
+        if (!d.get("proceed").asBoolean()) {
+            throw new IllegalStateException(message);
+        }
+    }
+
     private JsonNode at(String key) {
         JsonNode v = values.get(PREFIX + key);
         if (v == null) {

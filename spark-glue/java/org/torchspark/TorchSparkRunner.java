@@ -779,6 +779,9 @@ public final class TorchSparkRunner {
     }
 
     private Result runDistributed(SparkContext sc, List<String> program, String py) {
+        // Where Spark encrypts, the run goes on over torchspark's own TLS channel; the line
+        // says what is not encrypted (docs/security.md, "Clusters where Spark encrypts").
+        Conf.checkEncryption(sc.conf(), LOG);
         Conf c = Conf.read(sc.conf(), Map.of("job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
                 "job.minNodes", new Object[] {"minNodes", minNodes}), false);
         int limit = (int) c.number("job.maxRestarts");

@@ -64,10 +64,40 @@ public class ContractTest {
                 c.get("values").properties().forEach(
                         kv -> assertEquals(name + ": " + kv.getKey(), kv.getValue(), got.get("values").get(kv.getKey())));
                 assertEquals(name, c.get("unknown"), got.get("unknown"));
+                if (c.has("encryption")) {
+                    assertEquals(name, c.get("encryption"), got.get("encryption"));
+                }
             }
             n++;
         }
         assertTrue("no golden case was read", n >= 30);
+    }
+
+    /** The runner's reading of Spark's security settings (Conf.encryption, from a SparkConf)
+     *  gives the golden "encryption" of every conf.json case whose keys it reads. */
+    @Test
+    public void encryptionFromSparkConfIsTheGoldenOne() throws IOException {
+        int n = 0;
+        List<String> read = java.util.Arrays.asList(Conf.SPARK_SECURITY_KEYS);
+        for (JsonNode c : cases("conf.json")) {
+            JsonNode raw = c.get("request").get("conf");
+            if (!c.has("encryption") || raw == null) {
+                continue;
+            }
+            org.apache.spark.SparkConf conf = new org.apache.spark.SparkConf(false);
+            boolean all = true;
+            for (java.util.Iterator<String> it = raw.fieldNames(); it.hasNext();) {
+                String key = it.next();
+                all &= read.contains(key);
+                conf.set(key, raw.get(key).asText());
+            }
+            if (all) {
+                assertEquals(c.get("name").asText(), c.get("encryption"), Conf.encryption(conf));
+                n++;
+            }
+        }
+        assertTrue("too few encryption cases were read", n >= 4);
+        assertEquals("INFO", Conf.encryption(null).get("level").asText());
     }
 
     @Test
