@@ -602,17 +602,6 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
     return rc;
 }
 
-/* doc (dlen bytes) into out, or -ENOSPC with *needed. */
-static int hand_out(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed)
-{
-    if (needed)
-        *needed = dlen + 1;
-    if (dlen + 1 > outlen)
-        return -ENOSPC;
-    memcpy(out, doc, dlen + 1);
-    return 0;
-}
-
 int tsp_conf_read(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                   char *err, size_t errlen)
 {
@@ -626,7 +615,7 @@ int tsp_conf_read(const char *request, size_t len, char *out, size_t outlen, siz
     size_t dlen = 0;
     int rc = request ? read_request(&r, request, len, &doc, &dlen) : -EINVAL;
     if (rc == 0)
-        rc = hand_out(doc, dlen, out, outlen, needed);
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
     free(doc);
     for (size_t i = 0; i < NKEYS; i++)
         free(r.vals[i].str);
@@ -663,7 +652,7 @@ int tsp_conf_table(const char *request, size_t len, char *out, size_t outlen, si
     tsp_json_end(&w);
     int rc = fclose(mf) == 0 ? 0 : -ENOMEM;
     if (rc == 0)
-        rc = hand_out(doc, dlen, out, outlen, needed);
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
     free(doc);
     return rc;
 }

@@ -904,7 +904,7 @@ int tsp_hang_diagnose(const char *request, size_t len, char *out, size_t outlen,
         }
     }
     if (!rc)
-        rc = tsp_json_reply(doc, dlen, out, outlen, needed);
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
     free(doc);
     for (size_t i = 0; i < ngroups; i++)
         free(gs[i].text);

@@ -518,16 +518,6 @@ int tsp_json_each(const char *doc, size_t len, const char *path, tsp_json_each_f
     return each_in(&c, *c.p == '{', fn, ctx);
 }
 
-int tsp_json_reply(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed)
-{
-    if (needed)
-        *needed = dlen + 1;
-    if (dlen + 1 > outlen)
-        return -ENOSPC;
-    memcpy(out, doc, dlen + 1);
-    return 0;
-}
-
 /* ---- the writer ---------------------------------------------------------------------- */
 
 static void write_string_n(FILE *f, const char *s, size_t len)

@@ -44,10 +44,6 @@ typedef int (*tsp_json_each_fn)(void *ctx, const char *key, size_t index, int ty
                                 size_t len);
 int tsp_json_each(const char *doc, size_t len, const char *path, tsp_json_each_fn fn, void *ctx);
 
-/* A JSON transform's reply: doc (dlen bytes, NUL-terminated) copied to out; *needed (when
- * given) is dlen + 1. 0, or -ENOSPC when outlen is too small. */
-int tsp_json_reply(const char *doc, size_t dlen, char *out, size_t outlen, size_t *needed);
-
 /* Writes doc's value in canonical form: the writer's separators (", " and ": ", as Python's
  * json.dumps) and no other white space, strings re-escaped by the writer
  * below, numbers and members as they are. 0, or -EINVAL (nothing written) when doc is

@@ -241,14 +241,8 @@ int tsp_plan_argv(const char *plan, size_t len, char *out, size_t outlen, size_t
             rc = fclose(mf) == 0 ? 0 : -ENOMEM;
         }
     }
-    if (!rc) {
-        if (needed)
-            *needed = dlen + 1;
-        if (dlen + 1 > outlen)
-            rc = -ENOSPC;
-        else
-            memcpy(out, doc, dlen + 1);
-    }
+    if (!rc)
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
     free(doc);
     fields_free(&f);
     return rc;

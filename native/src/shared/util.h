@@ -57,9 +57,9 @@ __attribute__((format(printf, 3, 0))) void tsp__log_linev(int fd, const char *pr
 __attribute__((format(printf, 3, 4))) void tsp__err_append(char *buf, size_t len, const char *fmt,
                                                            ...);
 
-/* A JSON transform's reply (plan.h, failure.h, outcome.h): text (len bytes and a NUL) copied
- * to out when it fits; *needed (when given) is len + 1. 0, or -ENOSPC when outlen is too
- * small. */
+/* A JSON transform's reply (plan.h, failure.h, outcome.h, conf.h, hang.h): text (len bytes and a
+ * NUL) copied to out when it fits; *needed (when given) is len + 1. 0, or -ENOSPC when outlen is
+ * too small. */
 int tsp__reply_copy(const char *text, size_t len, char *out, size_t outlen, size_t *needed);
 
 /* ---- bytes -------------------------------------------------------------------------- */
