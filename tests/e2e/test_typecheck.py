@@ -20,7 +20,7 @@ PLANTS = [
     ("_task.py", 'endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]',
      'endpoint, secret = spec["log_endpont"], spec["log_secret_hex"]', "log_endpont",
      "endpoint, secret ="),
-    ("distributor.py", '"gpu_resource": _get_conf(', '"gpu_resourc": _get_conf(', "gpu_resourc",
+    ("distributor.py", '"gpu_resource": _conf.read(', '"gpu_resourc": _conf.read(', "gpu_resourc",
      "spec: NodeSpec = {"),
 ]
 
