@@ -74,10 +74,12 @@ static const conf_key_t KEYS[] = {
 
 /* Spark's own security settings and the stock override keys: the request's "conf" may carry
  * them, and the reply's "encryption" says what a run does about them (docs/protocol.md §9,
- * "Where Spark encrypts"). The first NSPARK_SECURE secure Spark's traffic; the last two are
+ * "Where Spark encrypts"). The first NSPARK_SECURE secure Spark's traffic (spark.ssl.rpc.enabled:
+ * Spark 4's TLS for RPC, beside the AES-based spark.network.crypto); the last two are
  * TorchDistributor's and DeepspeedTorchDistributor's ignoreSsl. */
 static const char *const SPARK_KEYS[] = {
     "spark.ssl.enabled",
+    "spark.ssl.rpc.enabled",
     "spark.network.crypto.enabled",
     "spark.authenticate",
     "spark.io.encryption.enabled",
@@ -85,7 +87,7 @@ static const char *const SPARK_KEYS[] = {
     "deepspeed.spark.distributor.ignoreSsl",
 };
 #define NSPARK (sizeof SPARK_KEYS / sizeof SPARK_KEYS[0])
-#define NSPARK_SECURE 4
+#define NSPARK_SECURE 5
 
 typedef struct {
     int set;          /* a value (or the default) was read */

@@ -73,8 +73,8 @@ def read(spark: Any, args: Optional[Dict[str, Tuple[str, Any]]] = None,
     return {k[len(PREFIX):]: v for k, v in reply["values"].items()}
 
 
-SPARK_SECURITY_KEYS = ("spark.ssl.enabled", "spark.network.crypto.enabled", "spark.authenticate",
-                       "spark.io.encryption.enabled")
+SPARK_SECURITY_KEYS = ("spark.ssl.enabled", "spark.ssl.rpc.enabled", "spark.network.crypto.enabled",
+                       "spark.authenticate", "spark.io.encryption.enabled")
 
 
 def encryption(spark: Any, override_key: str) -> Dict[str, Any]:
