@@ -606,17 +606,19 @@ static tsp_rdv_t *rdv_of(jlong h)
     return (tsp_rdv_t *)(intptr_t)h;
 }
 
-/* On success port[0] and msg = {host, token}: what the tasks are told. */
+/* On success port[0] and msg[0] = host: what the tasks are told. */
 JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
-                                                            jint get_timeout_ms, jintArray jport,
-                                                            jobjectArray msg)
+                                                            jstring jsecret, jint get_timeout_ms,
+                                                            jintArray jport, jobjectArray msg)
 {
     (void)cls;
     int oom = 0;
     const char *host = str_get(env, jhost, &oom);
+    const char *secret = str_get(env, jsecret, &oom);
     char err[ERR_LEN] = "";
-    tsp_rdv_t *r = oom ? NULL : tsp_rdv_start(host, get_timeout_ms, err, sizeof err);
+    tsp_rdv_t *r = oom ? NULL : tsp_rdv_start(host, secret, get_timeout_ms, err, sizeof err);
     str_release(env, jhost, host);
+    str_release(env, jsecret, secret);
     if (r == NULL) {
         if (!oom)
             set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
@@ -625,8 +627,6 @@ JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass 
     jint port = tsp_rdv_port(r);
     (*env)->SetIntArrayRegion(env, jport, 0, 1, &port);
     set_str(env, msg, 0, tsp_rdv_host(r));
-    set_str(env, msg, 1, tsp_rdv_token(r));
-    set_str(env, msg, 2, tsp_rdv_key(r));
     return (jlong)(intptr_t)r;
 }
 
@@ -649,29 +649,65 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cl
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
                                                                jstring jhost, jint port,
-                                                               jstring jtoken, jstring jkey,
-                                                               jstring jrecord, jlongArray jcall,
-                                                               jobjectArray msg)
+                                                               jstring jsecret, jstring jrecord,
+                                                               jlongArray jcall, jobjectArray msg)
 {
     (void)cls;
-    jstring js[4] = {jhost, jtoken, jkey, jrecord}; /* the record: null for a GET */
-    const char *c_str[4] = {NULL, NULL, NULL, NULL};
+    jstring js[3] = {jhost, jsecret, jrecord}; /* the record: null for a GET */
+    const char *c_str[3] = {NULL, NULL, NULL};
     int oom = 0;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         c_str[i] = str_get(env, js[i], &oom);
     char err[ERR_LEN] = "";
     tsp_rdv_call_t *c = NULL;
     int rc =
-        oom ? -ENOMEM
-            : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], c_str[3], &c, err, sizeof err);
+        oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
     jlong v = (jlong)(intptr_t)c;
     if (rc == 0)
         (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
     else if (!oom)
         set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 3; i++)
         str_release(env, js[i], c_str[i]);
     return rc;
+}
+
+/* The golden cases' raw request (tsp_rdv_request): 0 with the reply line in msg[0], or a
+ * code with the sentence there. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvRequest(JNIEnv *env, jclass cls, jstring jhost,
+                                                             jint port, jstring jsecret,
+                                                             jstring jline, jobjectArray msg)
+{
+    (void)cls;
+    jstring js[3] = {jhost, jsecret, jline};
+    const char *c_str[3] = {NULL, NULL, NULL};
+    int oom = 0;
+    for (int i = 0; i < 3; i++)
+        c_str[i] = str_get(env, js[i], &oom);
+    char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
+    int rc = oom ? -ENOMEM
+                 : tsp_rdv_request(c_str[0], port, c_str[1], c_str[2], reply, sizeof reply, err,
+                                   sizeof err);
+    if (!oom)
+        set_str(env, msg, 0, rc == 0 ? reply : err[0] ? err : tsp_strerror(rc));
+    for (int i = 0; i < 3; i++)
+        str_release(env, js[i], c_str[i]);
+    return rc;
+}
+
+/* A record's MAC under the run's secret (tsp_rdv_record_mac), or null. */
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvRecordMac(JNIEnv *env, jclass cls,
+                                                                  jstring jsecret, jstring jrecord)
+{
+    (void)cls;
+    int oom = 0;
+    const char *secret = str_get(env, jsecret, &oom);
+    const char *record = str_get(env, jrecord, &oom);
+    char mac[TSP_RDV_MAC_HEX + 1];
+    int rc = oom ? -ENOMEM : tsp_rdv_record_mac(secret, record, mac, sizeof mac);
+    str_release(env, jsecret, secret);
+    str_release(env, jrecord, record);
+    return rc == 0 ? (*env)->NewStringUTF(env, mac) : NULL;
 }
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallWait(JNIEnv *env, jclass cls, jlong call,

@@ -71,7 +71,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
     "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
-    "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
+    "rendezvous": ("driver", 3),  # the rendezvous server over TLS (docs/protocol.md 2.1)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "logstate": ("driver", 3),

@@ -1,9 +1,9 @@
 """The golden contract files (tests/contracts/*.json) through the Python glue's binding.
 JUnit's ContractTest reproduces the same cases through JNI: one C transform, two glues,
 no twins (docs/architecture.md, "One contract")."""
+import ctypes
 import json
 import pathlib
-import socket
 
 import pytest
 
@@ -59,25 +59,39 @@ def test_a_bad_plan_names_the_key():
         _launch.plan_argv([])  # type: ignore[arg-type]
 
 
-def _raw(port: int, line: bytes) -> str:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(line)
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    return buf.decode().rstrip("\n")
+RDV_SECRET = "0123456789abcdef" * 4
+
+
+def _rdv_mac(record: str, secret: str = RDV_SECRET) -> str:
+    out = ctypes.create_string_buffer(65)
+    assert _lib.load_library().tsp_rdv_record_mac(secret.encode(), record.encode(), out,
+                                                  len(out)) == 0
+    return out.value.decode()
+
+
+def _with_mac(line: str) -> str:
+    """A golden line with '{mac} ' as the MAC of what follows it (rendezvous.json)."""
+    head, sep, rest = line.partition("{mac} ")
+    return head + _rdv_mac(rest) + " " + rest if sep else line
+
+
+def _rdv_request(port: int, line: str, secret: str = RDV_SECRET) -> str:
+    """One request line inside TLS with the run's secret (tsp_rdv_request): the reply line."""
+    reply = ctypes.create_string_buffer(8192)
+    err = ctypes.create_string_buffer(1024)
+    rc = _lib.load_library().tsp_rdv_request(b"127.0.0.1", port, secret.encode(), line.encode(),
+                                             reply, len(reply), err, len(err))
+    assert rc == 0, err.value
+    return reply.value.decode()
 
 
 @pytest.mark.parametrize("case", RDV_CASES, ids=[c["name"] for c in RDV_CASES])
 def test_rendezvous_golden(case):
-    server = _rendezvous.Server("127.0.0.1")
+    server = _rendezvous.Server("127.0.0.1", RDV_SECRET)
     try:
         for step in case["steps"]:
-            line = step["send"].replace("{token}", server.token) + "x" * step.get("pad", 0)
-            assert _raw(server.port, line.encode() + b"\n") == step["reply"], step
+            line = _with_mac(step["send"]) + "x" * step.get("pad", 0)
+            assert _rdv_request(server.port, line) == _with_mac(step["reply"]), step
     finally:
         server.close()
 
@@ -188,24 +202,23 @@ def test_a_lost_node_is_finished_by_the_core():
 def test_rendezvous_exchange_and_its_sentences():
     """The task's side through the library: rank 0's PUT, another rank's GET, the driver's
     refusal and an unreachable driver, raised with the library's sentences."""
-    server = _rendezvous.Server("127.0.0.1")
+    server = _rendezvous.Server("127.0.0.1", RDV_SECRET)
     spec = server.spec("")
     try:
         record = '{"version": 1, "master_port": 40123}'
-        assert _rendezvous.exchange(spec, None, 0, record) == record
-        assert _rendezvous.exchange(spec, None, 1, "") == record
+        assert _rendezvous.exchange(spec, RDV_SECRET, None, 0, record) == record
+        assert _rendezvous.exchange(spec, RDV_SECRET, None, 1, "") == record
+        # A task with another secret: TLS refuses it, and it is told so (not UNREACHABLE).
         with pytest.raises(RuntimeError, match="^torchspark: the driver refused the rendezvous: "
-                                               "authentication failed$"):
-            _rendezvous.exchange({**spec, "token": "ab" * 32}, None, 1, "")
-        # A task with another key (the record's MAC does not match): never uses the record.
-        with pytest.raises(RuntimeError, match="is not rank 0's election record"):
-            _rendezvous.exchange({**spec, "key": "ab" * 32}, None, 1, "")
+                                               "its TLS handshake at 127.0.0.1:"):
+            _rendezvous.exchange(spec, "ab" * 32, None, 1, "")
         with pytest.raises(RuntimeError, match="too long"):
-            _rendezvous.exchange(spec, None, 0, "x" * (_rendezvous.RECORD_MAX + 1))
+            _rendezvous.exchange(spec, RDV_SECRET, None, 0, "x" * (_rendezvous.RECORD_MAX + 1))
     finally:
         server.close()
     with pytest.raises(RuntimeError) as e:
-        _rendezvous.exchange(spec, None, 1, "")  # closed: nothing listens there now
+        # closed: nothing listens there now
+        _rendezvous.exchange(spec, RDV_SECRET, None, 1, "")
     assert str(e.value).startswith(f"{_rendezvous.UNREACHABLE}: this barrier task on host "), e
     assert f"the driver's rendezvous at 127.0.0.1:{spec['port']} (" in str(e.value)
 

@@ -134,7 +134,7 @@ def test_unreachable_rendezvous_falls_back_to_all_gather_once(spark, monkeypatch
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     monkeypatch.setattr(_rendezvous.Server, "spec", lambda self, host: {
-        "host": "127.0.0.1", "port": closed, "token": self.token, "key": self.key})
+        "host": "127.0.0.1", "port": closed})
     monkeypatch.setattr(distributor, "_RENDEZVOUS_UNREACHABLE", [])
     monkeypatch.delenv("TORCHSPARK_RENDEZVOUS", raising=False)
     caplog.set_level(logging.INFO)

@@ -1,8 +1,17 @@
 /* fuzz_rendezvous.c: libFuzzer target for the driver's rendezvous (docs/protocol.md 2.1):
  * each input is what one peer sends on one connection to a real server (started once, its
  * poll thread parsing), then the reply is read until the server closes. The record is
- * accepted once, so inputs also meet a server that already has one. */
+ * accepted once, so inputs also meet a server that already has one.
+ *
+ * Every connection is TLS 1.3 keyed by the run's secret, so the target is a client that
+ * knows it (a context made once). The first byte picks the mode:
+ *   'T'       inside TLS, the rest as it is: the request parser after authentication;
+ *   'M'       inside TLS, "PUT MAC REST" with the MAC of REST (up to its first newline)
+ *             under the run's key: the accepted PUT and what follows it;
+ *   anything  the whole input in plaintext: what the server sees before TLS. */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stddef.h>
@@ -13,52 +22,113 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "tlsconn.h"
 #include "torchspark/rendezvous.h"
+#include "util.h"
+
+#define REPLY_WAIT_MS 200
+#define TLS_WAIT_MS 5000
+
+static const char SECRET[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static tsp_rdv_t *server(void)
+static void die(const char *what, const char *why)
+{
+    fprintf(stderr, "fuzz_rendezvous: %s: %s\n", what, why);
+    abort();
+}
+
+/* The server and a client context for its secret, made once (both stay reachable). */
+static tsp_rdv_t *server(tsp__tlsctx_t **cx)
 {
     static tsp_rdv_t *r;
+    static tsp__tlsctx_t *x;
     if (!r) {
         char err[256];
-        r = tsp_rdv_start("127.0.0.1", 1, err, sizeof err); /* a GET waits 1 ms */
-        if (!r) {
-            fprintf(stderr, "fuzz_rendezvous: %s\n", err);
-            abort();
-        }
+        r = tsp_rdv_start("127.0.0.1", SECRET, 1, err, sizeof err); /* a GET waits 1 ms */
+        if (!r)
+            die("cannot start the rendezvous", err);
+        uint8_t secret[TSP_WIRE_SECRET_LEN];
+        if (tsp__hex_decode(SECRET, secret, sizeof secret) ||
+            tsp__tlsctx_new_for(&x, 0, secret, TSP__TLS_RDV_LABEL, err, sizeof err))
+            die("cannot make a TLS context", err);
     }
+    *cx = x;
     return r;
+}
+
+static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *data, size_t size)
+{
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        abort();
+    tsp__tls_t *t;
+    char err[300];
+    int64_t dl = tsp__now_ms() + TLS_WAIT_MS;
+    if (tsp__tls_new(&t, x, fd))
+        abort();
+    /* The client has the key: a refusal is the target's fault or the server's. */
+    if (tsp__tls_handshake_by(t, dl, err, sizeof err))
+        die("the server refused TLS with its own key", err);
+    if (data[0] == 'M') {
+        char line[TSP_RDV_LINE_MAX + 512];
+        size_t n = size - 1 < TSP_RDV_RECORD_MAX ? size - 1 : TSP_RDV_RECORD_MAX;
+        memcpy(line, data + 1, n);
+        line[n] = '\0';
+        char *nl = memchr(line, '\n', n);
+        size_t rn = nl ? (size_t)(nl - line) : strlen(line); /* the MAC of the record */
+        char rec[TSP_RDV_RECORD_MAX + 1], mac[TSP_RDV_MAC_HEX + 1];
+        memcpy(rec, line, rn);
+        rec[rn] = '\0';
+        if (tsp_rdv_record_mac(SECRET, rec, mac, sizeof mac))
+            abort();
+        char req[TSP_RDV_LINE_MAX + 600];
+        int k = snprintf(req, sizeof req, "PUT %s %.*s", mac, (int)n, line);
+        (void)tsp__tls_write_all(t, req, (size_t)k, dl);
+    } else if (size > 1) {
+        (void)tsp__tls_write_all(t, data + 1, size - 1, dl); /* the server may close first */
+    }
+    tsp__tls_close_notify(t);
+    shutdown(fd, SHUT_WR);
+    char reply[TSP_RDV_LINE_MAX + 2];
+    for (;;) {
+        ssize_t r = tsp__tls_read(t, reply, sizeof reply);
+        if (r > 0)
+            continue;
+        struct pollfd p = {.fd = fd, .events = tsp__tls_want(t)};
+        if (r != -EAGAIN || poll(&p, 1, REPLY_WAIT_MS) <= 0)
+            break;
+    }
+    tsp__tls_free(t);
+}
+
+static void run_plain(int fd, const uint8_t *data, size_t size)
+{
+    ssize_t w = size ? send(fd, data, size, MSG_NOSIGNAL) : 0;
+    (void)w; /* the server may close first */
+    shutdown(fd, SHUT_WR);
+    char reply[TSP_RDV_LINE_MAX + 2];
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    while (poll(&p, 1, REPLY_WAIT_MS) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
+        ;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    tsp_rdv_t *r = server();
-    /* A leading 'T' stands for the real token, so that inputs reach past authentication. */
-    char buf[TSP_RDV_LINE_MAX + 512];
-    size_t n = 0;
-    if (size > 0 && data[0] == 'T') {
-        memcpy(buf, tsp_rdv_token(r), TSP_RDV_TOKEN_HEX);
-        n = TSP_RDV_TOKEN_HEX;
-        data++;
-        size--;
-    }
-    if (size > sizeof buf - n)
-        size = sizeof buf - n;
-    memcpy(buf + n, data, size);
-    n += size;
+    tsp__tlsctx_t *x;
+    tsp_rdv_t *r = server(&x);
+    if (size > TSP_RDV_LINE_MAX + 512)
+        size = TSP_RDV_LINE_MAX + 512;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)tsp_rdv_port(r))};
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
         abort();
-    ssize_t w = send(fd, buf, n, MSG_NOSIGNAL);
-    (void)w; /* the server may close first (a line too long) */
-    shutdown(fd, SHUT_WR);
-    char reply[TSP_RDV_LINE_MAX + 2];
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    while (poll(&p, 1, 200) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
-        ;
+    if (size > 0 && (data[0] == 'T' || data[0] == 'M'))
+        run_tls(fd, x, data, size);
+    else
+        run_plain(fd, data, size);
     close(fd);
     return 0;
 }

@@ -1,8 +1,9 @@
 /* test_rendezvous.c: the driver's rendezvous (docs/protocol.md 2.1) over real sockets on
- * 127.0.0.1: the server (rendezvous.c) against raw lines and against the task's client
- * (rdvclient.c): put then get, a bad token, a request over the line limit, a GET before
- * the PUT, a GET whose time runs out, the run's end while a GET waits, an unreachable
- * driver and a waiting call polled in slices, as the JVM's kill check does. */
+ * 127.0.0.1: the server (rendezvous.c) against raw lines inside TLS (tsp_rdv_request), in
+ * plaintext, and against the task's client (rdvclient.c): put then get, a peer without the
+ * run's secret, a PUT whose MAC is wrong, a request over the line limit, a GET before the
+ * PUT, a GET whose time runs out, the run's end while a GET waits, an unreachable driver
+ * and a waiting call polled in slices, as the JVM's kill check does. */
 #include <check.h>
 #include <arpa/inet.h>
 #include <errno.h>
@@ -19,9 +20,11 @@
 #include "torchspark/rendezvous.h"
 
 #define RECORD "{\"version\": 1, \"master_port\": 40123}"
+#define SECRET "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+#define OTHER "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
 
-/* One raw request (line as given, newline included by the caller) -> the reply line
- * without its newline, in out. */
+/* One raw request in plaintext, no TLS (line as given, newline included by the caller) ->
+ * the reply line without its newline, in out ("" when the server only hung up). */
 static void raw(int port, const char *line, size_t n, char *out, size_t outlen)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -36,6 +39,7 @@ static void raw(int port, const char *line, size_t n, char *out, size_t outlen)
             break; /* the server may answer (and close) before it read everything */
         off += (size_t)w;
     }
+    shutdown(fd, SHUT_WR); /* all of it: a server waiting for more sees the end */
     size_t len = 0;
     out[0] = '\0';
     while (len + 1 < outlen) {
@@ -53,14 +57,25 @@ static void raw(int port, const char *line, size_t n, char *out, size_t outlen)
     close(fd);
 }
 
-static void raw_str(int port, const char *line, char *out, size_t outlen)
+/* One request line inside TLS with the run's secret -> the reply line, in out. */
+static void req(int port, const char *line, char *out, size_t outlen)
 {
-    raw(port, line, strlen(line), out, outlen);
+    char err[512] = "";
+    int rc = tsp_rdv_request("127.0.0.1", port, SECRET, line, out, outlen, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+}
+
+/* "PUT MAC record" with the record's MAC under secret, into line. */
+static void put_line(const char *secret, const char *record, char *line, size_t n)
+{
+    char mac[TSP_RDV_MAC_HEX + 1];
+    ck_assert_int_eq(tsp_rdv_record_mac(secret, record, mac, sizeof mac), 0);
+    snprintf(line, n, "PUT %s %s", mac, record);
 }
 
 typedef struct {
     int port;
-    const char *token, *key;
+    const char *token;
     int rc;
     char reply[TSP_RDV_LINE_MAX + 2];
     char err[1024];
@@ -69,8 +84,8 @@ typedef struct {
 static void *get_main(void *arg)
 {
     get_job_t *j = arg;
-    j->rc = tsp_rdv_exchange("127.0.0.1", j->port, j->token, j->key, NULL, j->reply,
-                             sizeof j->reply, j->err, sizeof j->err);
+    j->rc = tsp_rdv_exchange("127.0.0.1", j->port, j->token, NULL, j->reply, sizeof j->reply,
+                             j->err, sizeof j->err);
     return NULL;
 }
 
@@ -84,133 +99,122 @@ static long ms_since(const struct timespec *t0)
 START_TEST(test_rdv_put_then_get)
 {
     char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
-    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
-    ck_assert_uint_eq(strlen(tok), TSP_RDV_TOKEN_HEX);
+    const char *tok = SECRET;
     ck_assert_str_eq(tsp_rdv_host(r), "127.0.0.1");
     int port = tsp_rdv_port(r);
     ck_assert_int_gt(port, 0);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
-        0);
+        tsp_rdv_exchange("127.0.0.1", port, tok, RECORD, reply, sizeof reply, err, sizeof err), 0);
     ck_assert_str_eq(reply, "OK");
     for (int i = 0; i < 2; i++) {
-        ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply,
-                                          err, sizeof err),
-                         0);
+        ck_assert_int_eq(
+            tsp_rdv_exchange("127.0.0.1", port, tok, NULL, reply, sizeof reply, err, sizeof err),
+            0);
         ck_assert_str_eq(reply, RECORD);
     }
-    snprintf(line, sizeof line, "%s GET\n", tok); /* the raw wire: MAC RECORD */
-    raw_str(port, line, reply, sizeof reply);
+    req(port, "GET", reply, sizeof reply); /* the raw wire: MAC RECORD */
+    char mac[TSP_RDV_MAC_HEX + 1];
+    ck_assert_int_eq(tsp_rdv_record_mac(SECRET, RECORD, mac, sizeof mac), 0);
     ck_assert_uint_eq(strlen(reply), 65 + strlen(RECORD));
+    ck_assert_int_eq(strncmp(reply, mac, TSP_RDV_MAC_HEX), 0);
     ck_assert_str_eq(reply + 65, RECORD);
     int puts = -1, gets = -1;
     tsp_rdv_counts(r, &puts, &gets);
     ck_assert_int_eq(puts, 1);
     ck_assert_int_eq(gets, 3);
-    /* Accepted once: a sniffer that learned the token cannot replace it; rank 0 retrying
-     * the same record is told OK. */
-    snprintf(line, sizeof line, "%s PUT {\"master_addr\": \"10.6.6.6\"}\n", tok);
-    raw_str(port, line, reply, sizeof reply);
+    /* Accepted once: another authenticated record cannot replace it; rank 0 retrying the
+     * same record is told OK. */
+    put_line(SECRET, "{\"master_addr\": \"10.6.6.6\"}", line, sizeof line);
+    req(port, line, reply, sizeof reply);
     ck_assert_str_eq(reply, "ERR the election record was already sent");
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
-        0);
+        tsp_rdv_exchange("127.0.0.1", port, tok, RECORD, reply, sizeof reply, err, sizeof err), 0);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
-        0);
+        tsp_rdv_exchange("127.0.0.1", port, tok, NULL, reply, sizeof reply, err, sizeof err), 0);
     ck_assert_str_eq(reply, RECORD);
     /* A reply buffer too small for the record. */
     char small[4];
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, small, sizeof small, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, NULL, small, sizeof small, err, sizeof err),
         -ENOSPC);
     tsp_rdv_free(r);
 }
 END_TEST
 
-/* Someone who learned the token (it crosses the network in clear) puts first: every GET
- * refuses the record, since its MAC is not made with the run's key; rank 0's own PUT is
- * then refused (accepted once), so the run fails with both reasons instead of pointing
- * the ranks at the sniffer's MASTER_ADDR. */
-START_TEST(test_rdv_forged_record_is_refused)
+/* Peers without the run's secret, from outside: one that speaks the old cleartext wire, a
+ * replay of it, one with another secret (TLS refuses it), and an authenticated PUT whose
+ * MAC is not the record's: none is taken; rank 0's own record then is, and every GET gets
+ * it. On the old wire a sniffer who read the token put first and the run failed. */
+START_TEST(test_rdv_forged_or_raced_put_is_refused)
 {
     char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
-    tsp_rdv_t *r = tsp_rdv_start(NULL, 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start(NULL, SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     int port = tsp_rdv_port(r);
-    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
-    ck_assert_uint_eq(strlen(key), TSP_RDV_KEY_HEX);
-    ck_assert_str_ne(key, tok);
-    snprintf(line, sizeof line, "%s PUT %064d {\"master_addr\": \"10.6.6.6\"}\n", tok, 0);
-    raw_str(port, line, reply, sizeof reply);
-    ck_assert_str_eq(reply, "OK");
-    ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
-        TSP_RDV_REFUSED);
-    ck_assert_msg(strstr(err, "is not rank 0's election record (its MAC does not match") != NULL,
+    /* Plaintext, as before TLS: dropped without a reply. */
+    snprintf(line, sizeof line, "%s PUT %064d {\"master_addr\": \"10.6.6.6\"}\n", SECRET, 0);
+    raw(port, line, strlen(line), reply, sizeof reply);
+    ck_assert_str_eq(reply, "");
+    raw(port, "GET\n", 4, reply, sizeof reply);
+    ck_assert_str_eq(reply, "");
+    /* Another secret: the TLS handshake fails, the task is told so (not UNREACHABLE). */
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, OTHER, "{\"master_addr\": \"10.6.6.6\"}",
+                                      reply, sizeof reply, err, sizeof err),
+                     TSP_RDV_REFUSED);
+    ck_assert_msg(strstr(err, "torchspark: the driver refused the rendezvous: its TLS handshake") ==
+                      err,
                   "%s", err);
-    /* A record with no MAC at all, and another key: refused the same way. */
-    tsp_rdv_free(r);
-    r = tsp_rdv_start(NULL, 0, err, sizeof err);
-    port = tsp_rdv_port(r);
-    tok = tsp_rdv_token(r);
-    key = tsp_rdv_key(r);
+    /* Inside TLS, a record whose MAC is not made with the run's key. */
+    snprintf(line, sizeof line, "PUT %064d {\"master_addr\": \"10.6.6.6\"}", 0);
+    req(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR the election record's MAC does not match the run's key");
+    put_line(OTHER, "{\"master_addr\": \"10.6.6.6\"}", line, sizeof line);
+    req(port, line, reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR the election record's MAC does not match the run's key");
+    req(port, "PUT a", reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR the election record's MAC does not match the run's key");
+    int puts = -1;
+    tsp_rdv_counts(r, &puts, NULL);
+    ck_assert_int_eq(puts, 0);
+    /* Rank 0's record is still the one every GET gets. */
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, tok, RECORD, reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, SECRET, RECORD, reply, sizeof reply, err, sizeof err),
         0);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, NULL, reply, sizeof reply, err, sizeof err),
-        TSP_RDV_REFUSED);
+        tsp_rdv_exchange("127.0.0.1", port, SECRET, NULL, reply, sizeof reply, err, sizeof err), 0);
+    ck_assert_str_eq(reply, RECORD);
+    /* A bad secret is a bad argument; so is one for the server. */
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, RECORD, reply, sizeof reply, err, sizeof err),
-        TSP_RDV_REFUSED);
-    ck_assert_str_eq(err, "torchspark: the driver refused the rendezvous: the election record "
-                          "was already sent");
-    /* A bad key is a bad argument. */
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, tok, "beef", NULL, reply, sizeof reply,
-                                      err, sizeof err),
-                     -EINVAL);
+        tsp_rdv_exchange("127.0.0.1", port, "beef", NULL, reply, sizeof reply, err, sizeof err),
+        -EINVAL);
     tsp_rdv_free(r);
+    ck_assert_ptr_null(tsp_rdv_start(NULL, "beef", 0, err, sizeof err));
+    ck_assert_msg(strstr(err, "secret") != NULL, "%s", err);
 }
 END_TEST
 
 START_TEST(test_rdv_refusals)
 {
     char err[512] = "", reply[TSP_RDV_LINE_MAX + 2], line[8192];
-    tsp_rdv_t *r = tsp_rdv_start(NULL, 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start(NULL, SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     int port = tsp_rdv_port(r);
-    const char *tok = tsp_rdv_token(r), *key = tsp_rdv_key(r);
-    /* A wrong token through the client: the driver's reason, as the glues raise it. */
-    char wrong[TSP_RDV_TOKEN_HEX + 1];
-    memset(wrong, 'a', TSP_RDV_TOKEN_HEX);
-    wrong[TSP_RDV_TOKEN_HEX] = '\0';
-    ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, wrong, key, NULL, reply, sizeof reply, err, sizeof err),
-        TSP_RDV_REFUSED);
-    ck_assert_str_eq(err, "torchspark: the driver refused the rendezvous: authentication failed");
-    raw_str(port, "00ff GET\n", reply, sizeof reply);
-    ck_assert_str_eq(reply, "ERR authentication failed");
-    raw_str(port, "\n", reply, sizeof reply);
-    ck_assert_str_eq(reply, "ERR authentication failed");
-    snprintf(line, sizeof line, "%sx GET\n", tok); /* the token and one byte more */
-    raw_str(port, line, reply, sizeof reply);
-    ck_assert_str_eq(reply, "ERR authentication failed");
-    snprintf(line, sizeof line, "%s PUT\n", tok);
-    raw_str(port, line, reply, sizeof reply);
+    const char *tok = SECRET;
+    req(port, "PUT", reply, sizeof reply);
     ck_assert_str_eq(reply, "ERR unknown request");
-    snprintf(line, sizeof line, "%s POST x\n", tok);
-    raw_str(port, line, reply, sizeof reply);
+    req(port, "POST x", reply, sizeof reply);
     ck_assert_str_eq(reply, "ERR unknown request");
-    /* Over the line limit, with and without a newline at its end. */
-    int n = snprintf(line, sizeof line, "%s PUT ", tok);
+    req(port, "GET now", reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR unknown request");
+    req(port, "", reply, sizeof reply);
+    ck_assert_str_eq(reply, "ERR unknown request");
+    /* Over the line limit. */
+    int n = snprintf(line, sizeof line, "PUT ");
     memset(line + n, 'x', 6000);
-    line[n + 6000] = '\n';
-    raw(port, line, (size_t)n + 6001, reply, sizeof reply);
-    ck_assert_str_eq(reply, "ERR request too long");
-    raw(port, line, (size_t)n + 6000, reply, sizeof reply);
+    line[n + 6000] = '\0';
+    req(port, line, reply, sizeof reply);
     ck_assert_str_eq(reply, "ERR request too long");
     int puts = -1;
     tsp_rdv_counts(r, &puts, NULL);
@@ -220,24 +224,20 @@ START_TEST(test_rdv_refusals)
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = '\0';
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, big, reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, big, reply, sizeof reply, err, sizeof err),
         -EINVAL);
     ck_assert_msg(strstr(err, "too long (over 4096 bytes)") != NULL, "%s", err);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, "a\nb", reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, "a\nb", reply, sizeof reply, err, sizeof err),
         -EINVAL);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", port, tok, key, "", reply, sizeof reply, err, sizeof err),
+        tsp_rdv_exchange("127.0.0.1", port, tok, "", reply, sizeof reply, err, sizeof err),
         -EINVAL);
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", port, "not hex", key, NULL, reply, sizeof reply,
-                                      err, sizeof err),
-                     -EINVAL);
     ck_assert_int_eq(
-        tsp_rdv_exchange("127.0.0.1", 0, tok, key, NULL, reply, sizeof reply, err, sizeof err),
-        -EINVAL);
+        tsp_rdv_exchange("127.0.0.1", 0, tok, NULL, reply, sizeof reply, err, sizeof err), -EINVAL);
     tsp_rdv_free(r);
     /* A host that does not resolve: nothing starts. */
-    ck_assert_ptr_null(tsp_rdv_start("no-such-host.invalid", 0, err, sizeof err));
+    ck_assert_ptr_null(tsp_rdv_start("no-such-host.invalid", SECRET, 0, err, sizeof err));
     ck_assert_msg(strstr(err, "no-such-host.invalid") != NULL, "%s", err);
 }
 END_TEST
@@ -245,9 +245,9 @@ END_TEST
 START_TEST(test_rdv_get_before_put_waits)
 {
     char err[512] = "", reply[64];
-    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
+    get_job_t a = {.port = tsp_rdv_port(r), .token = SECRET};
     get_job_t b = a;
     pthread_t ta, tb;
     pthread_create(&ta, NULL, get_main, &a);
@@ -256,8 +256,8 @@ START_TEST(test_rdv_get_before_put_waits)
     int gets = -1;
     tsp_rdv_counts(r, NULL, &gets);
     ck_assert_int_eq(gets, 0); /* both still waiting */
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", a.port, a.token, a.key, RECORD, reply,
-                                      sizeof reply, err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", a.port, a.token, RECORD, reply, sizeof reply,
+                                      err, sizeof err),
                      0);
     pthread_join(ta, NULL);
     pthread_join(tb, NULL);
@@ -272,9 +272,9 @@ END_TEST
 START_TEST(test_rdv_close_answers_waiting_gets)
 {
     char err[512] = "";
-    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    get_job_t a = {.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
+    get_job_t a = {.port = tsp_rdv_port(r), .token = SECRET};
     pthread_t ta;
     pthread_create(&ta, NULL, get_main, &a);
     usleep(200 * 1000);
@@ -288,9 +288,9 @@ START_TEST(test_rdv_close_answers_waiting_gets)
     ck_assert_str_eq(a.err, "torchspark: the driver refused the rendezvous: the run ended");
     tsp_rdv_free(r);
     /* A GET whose time runs out is told so. */
-    r = tsp_rdv_start("127.0.0.1", 100, err, sizeof err);
+    r = tsp_rdv_start("127.0.0.1", SECRET, 100, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
-    a = (get_job_t){.port = tsp_rdv_port(r), .token = tsp_rdv_token(r), .key = tsp_rdv_key(r)};
+    a = (get_job_t){.port = tsp_rdv_port(r), .token = SECRET};
     get_main(&a);
     ck_assert_int_eq(a.rc, TSP_RDV_REFUSED);
     ck_assert_str_eq(a.err, "torchspark: the driver refused the rendezvous: rank 0 sent no "
@@ -302,25 +302,23 @@ END_TEST
 START_TEST(test_rdv_call_waits_in_slices)
 {
     char err[512] = "", reply[64];
-    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", 0, err, sizeof err);
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
     ck_assert_msg(r != NULL, "%s", err);
     tsp_rdv_call_t *c = NULL;
-    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
-                                        tsp_rdv_key(r), NULL, &c, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), SECRET, NULL, &c, err, sizeof err), 0);
     for (int i = 0; i < 3; i++) /* what the JVM's kill check does between slices */
         ck_assert_int_eq(tsp_rdv_call_wait(c, 50, reply, sizeof reply, err, sizeof err),
                          TSP_RDV_PENDING);
-    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
-                                      tsp_rdv_key(r), RECORD, reply, sizeof reply, err, sizeof err),
+    ck_assert_int_eq(tsp_rdv_exchange("127.0.0.1", tsp_rdv_port(r), SECRET, RECORD, reply,
+                                      sizeof reply, err, sizeof err),
                      0);
     ck_assert_int_eq(tsp_rdv_call_wait(c, 5000, reply, sizeof reply, err, sizeof err), 0);
     ck_assert_str_eq(reply, RECORD);
     tsp_rdv_call_free(c);
     /* A call given up while waiting (the task was killed): the server drops it. */
-    ck_assert_int_eq(tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), tsp_rdv_token(r),
-                                        tsp_rdv_key(r), NULL, &c, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        tsp_rdv_call_start("127.0.0.1", tsp_rdv_port(r), SECRET, NULL, &c, err, sizeof err), 0);
     tsp_rdv_call_free(c);
     tsp_rdv_free(r);
 }
@@ -337,15 +335,13 @@ START_TEST(test_rdv_unreachable_driver_is_marked)
     getsockname(fd, (struct sockaddr *)&sa, &sl);
     int port = ntohs(sa.sin_port);
     close(fd); /* nothing listens there now */
-    char tok[TSP_RDV_TOKEN_HEX + 1];
-    memset(tok, 'b', TSP_RDV_TOKEN_HEX);
-    tok[TSP_RDV_TOKEN_HEX] = '\0';
+    const char *tok = SECRET;
     char want[128];
     snprintf(want, sizeof want, "the driver's rendezvous at 127.0.0.1:%d (Connection refused); ",
              port);
     for (int put = 0; put < 2; put++) {
-        int rc = tsp_rdv_exchange("127.0.0.1", port, tok, tok, put ? RECORD : NULL, reply,
-                                  sizeof reply, err, sizeof err);
+        int rc = tsp_rdv_exchange("127.0.0.1", port, tok, put ? RECORD : NULL, reply, sizeof reply,
+                                  err, sizeof err);
         ck_assert_int_eq(rc, -ECONNREFUSED);
         const char *begin = TSP_RDV_UNREACHABLE ": this barrier task on host ";
         ck_assert_msg(strncmp(err, begin, strlen(begin)) == 0, "%s", err);
@@ -355,7 +351,7 @@ START_TEST(test_rdv_unreachable_driver_is_marked)
                       "%s", err);
     }
     /* An IPv6 endpoint is shown in brackets. */
-    tsp_rdv_exchange("[::1]", port, tok, tok, NULL, reply, sizeof reply, err, sizeof err);
+    tsp_rdv_exchange("[::1]", port, tok, NULL, reply, sizeof reply, err, sizeof err);
     snprintf(want, sizeof want, "rendezvous at [::1]:%d (", port);
     ck_assert_msg(strstr(err, want) != NULL, "%s", err);
 }
@@ -367,7 +363,7 @@ static Suite *rendezvous_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_rdv_put_then_get);
     tcase_add_test(tc, test_rdv_refusals);
-    tcase_add_test(tc, test_rdv_forged_record_is_refused);
+    tcase_add_test(tc, test_rdv_forged_or_raced_put_is_refused);
     tcase_add_test(tc, test_rdv_get_before_put_waits);
     tcase_add_test(tc, test_rdv_close_answers_waiting_gets);
     tcase_add_test(tc, test_rdv_call_waits_in_slices);

@@ -3,10 +3,15 @@
  * Hands rank 0's election record to the other barrier tasks through the driver instead of
  * BarrierTaskContext.allGather (which costs at least a second: Spark polls its barrier RPC
  * with Thread.sleep(1000)). The driver starts a server for the run and gives the tasks its
- * host, port and token; rank 0's task PUTs the record, every other task GETs it. One
- * request per connection, one line each way:
+ * host and port; rank 0's task PUTs the record, every other task GETs it. Every connection
+ * is TLS 1.3 with a pre-shared key derived from the run's secret (the log channel's, under
+ * the rendezvous' own label): no peer without the secret reads, places or races anything.
+ * One request per connection, one line each way, inside TLS:
  *
- *   TOKEN PUT RECORD\n -> OK\n;   TOKEN GET\n -> RECORD\n (once put);   ERR reason\n
+ *   PUT MAC RECORD\n -> OK\n;   GET\n -> MAC RECORD\n (once put);   ERR reason\n
+ *
+ * MAC = HMAC-SHA256(a key derived from the secret, RECORD): checked by the server on PUT and
+ * by every GET client.
  *
  * Both glues bind this one implementation (ctypes: torchspark._rendezvous; JNI:
  * org.torchspark.Rendezvous); only the switch (on, off, fallback to allGather) is theirs.
@@ -30,8 +35,8 @@ extern "C" {
 /* Bytes of a request or reply line (its newline not counted) that a reader takes; beyond
  * it the server answers "ERR request too long". */
 #define TSP_RDV_LINE_MAX (TSP_RDV_RECORD_MAX + 256)
-#define TSP_RDV_TOKEN_HEX 64 /* 32 random bytes as lowercase hex digits */
-#define TSP_RDV_KEY_HEX 64   /* the record's HMAC key: 32 random bytes, never on the wire */
+#define TSP_RDV_SECRET_HEX 64            /* the run's secret (the log channel's): 32 bytes as hex */
+#define TSP_RDV_MAC_HEX 64               /* a record's MAC as lowercase hex digits */
 #define TSP_RDV_GET_TIMEOUT_MS 600000    /* a GET waits this long for rank 0's PUT */
 #define TSP_RDV_CONNECT_TIMEOUT_MS 10000 /* connect, send a request, read a PUT's reply */
 /* Begins the sentence of a task that could not reach the driver's rendezvous: the driver
@@ -47,18 +52,14 @@ extern "C" {
 typedef struct tsp_rdv tsp_rdv_t;
 
 /* Listens on host (a name or numeric address; NULL or "" is 127.0.0.1), a port the kernel
- * picks, with a fresh token, and starts the server's thread. get_timeout_ms: how long a GET
- * waits for the PUT (<= 0: TSP_RDV_GET_TIMEOUT_MS). NULL with a sentence in err. */
-TSP_EXTERN tsp_rdv_t *tsp_rdv_start(const char *host, int get_timeout_ms, char *err, size_t errlen);
+ * picks, keyed by the run's secret (secret_hex: TSP_RDV_SECRET_HEX hex digits, the log
+ * channel's), and starts the server's thread. get_timeout_ms: how long a GET waits for the
+ * PUT (<= 0: TSP_RDV_GET_TIMEOUT_MS). NULL with a sentence in err. */
+TSP_EXTERN tsp_rdv_t *tsp_rdv_start(const char *host, const char *secret_hex, int get_timeout_ms,
+                                    char *err, size_t errlen);
 TSP_EXTERN int tsp_rdv_port(const tsp_rdv_t *r);
 /* The numeric address it listens on. */
 TSP_EXTERN const char *tsp_rdv_host(const tsp_rdv_t *r);
-/* The run's token, TSP_RDV_TOKEN_HEX hex digits. */
-TSP_EXTERN const char *tsp_rdv_token(const tsp_rdv_t *r);
-/* The run's record key, TSP_RDV_KEY_HEX hex digits: carried to the tasks with the token
- * (the task closure) but never sent on the wire; rank 0 MACs its record with it and every
- * GET checks the MAC before it uses the record (docs/protocol.md 2.1). */
-TSP_EXTERN const char *tsp_rdv_key(const tsp_rdv_t *r);
 /* Records put, and records handed to GETs, so far. Either pointer may be NULL. */
 TSP_EXTERN void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
@@ -70,15 +71,16 @@ TSP_EXTERN void tsp_rdv_free(tsp_rdv_t *r);
 
 typedef struct tsp_rdv_call tsp_rdv_call_t;
 
-/* Connects to the driver's rendezvous at host:port (TSP_RDV_CONNECT_TIMEOUT_MS) and sends
- * rank 0's PUT of record, or a GET when record is NULL. 0 with *out set; otherwise a code
- * and, in err, the sentence to raise as it is: -EINVAL for a bad argument (a record that is
- * empty, over TSP_RDV_RECORD_MAX bytes or not one line; a token or key that is not 64 hex
- * digits),
- * any other -errno when the driver cannot be reached (the sentence begins
+/* Connects to the driver's rendezvous at host:port, completes TLS with the run's secret
+ * (TSP_RDV_CONNECT_TIMEOUT_MS for both) and sends rank 0's PUT of record, or a GET when
+ * record is NULL. 0 with *out set; otherwise a code and, in err, the sentence to raise as it
+ * is: -EINVAL for a bad argument (a record that is empty, over TSP_RDV_RECORD_MAX bytes or
+ * not one line; a secret that is not 64 hex digits), TSP_RDV_REFUSED when the driver
+ * refused the TLS handshake (another secret: "torchspark: the driver refused the rendezvous:
+ * ..."), any other -errno when the driver cannot be reached (the sentence begins
  * TSP_RDV_UNREACHABLE ": this barrier task on host H cannot reach the driver's
  * rendezvous at ..."). */
-TSP_EXTERN int tsp_rdv_call_start(const char *host, int port, const char *token, const char *key,
+TSP_EXTERN int tsp_rdv_call_start(const char *host, int port, const char *secret_hex,
                                   const char *record, tsp_rdv_call_t **out, char *err,
                                   size_t errlen);
 /* Waits up to timeout_ms (< 0: until the call's own deadline: a PUT's reply
@@ -94,9 +96,19 @@ TSP_EXTERN int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply,
 TSP_EXTERN void tsp_rdv_call_free(tsp_rdv_call_t *c);
 
 /* One whole call: start, wait until its deadline, free. The codes of the two above. */
-TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *token, const char *key,
+TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *secret_hex,
                                 const char *record, char *reply, size_t len, char *err,
                                 size_t errlen);
+
+/* The wire itself, for the golden cases (tests/contracts/rendezvous.json): sends line (one
+ * request line, without its newline, any bytes) inside TLS with the run's secret and puts
+ * the reply line as it came (ERR included) in reply. The codes of tsp_rdv_exchange. */
+TSP_EXTERN int tsp_rdv_request(const char *host, int port, const char *secret_hex, const char *line,
+                               char *reply, size_t len, char *err, size_t errlen);
+/* A record's MAC under the run's secret, TSP_RDV_MAC_HEX hex digits and a NUL into out
+ * (outlen > TSP_RDV_MAC_HEX). 0, -EINVAL (a bad secret or size) or -EIO. */
+TSP_EXTERN int tsp_rdv_record_mac(const char *secret_hex, const char *record, char *out,
+                                  size_t outlen);
 
 #ifdef __cplusplus
 }

@@ -1,31 +1,33 @@
 /* rdvclient.c: a barrier task's end of the driver's rendezvous (docs/protocol.md 2.1):
- * one request per connection, rank 0's PUT or another rank's GET, and the sentences each
- * glue raises as they are (the UNREACHABLE one that makes the driver fall back to
- * allGather, and the driver's refusal). */
+ * one request per connection inside TLS 1.3 keyed by the run's secret (tlsconn.c, the
+ * rendezvous' label), rank 0's PUT or another rank's GET, and the sentences each glue
+ * raises as they are (the UNREACHABLE one that makes the driver fall back to allGather,
+ * and the driver's refusal). */
 #include "torchspark/rendezvous.h"
 
 #include "logdial.h"
+#include "tlsconn.h"
 #include "util.h"
 
 #include <errno.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #define RDV_NO_REPLY_GRACE_MS 60000 /* a GET's wait beyond the driver's own GET timeout */
 
 #define MAC_HEX 64 /* HMAC-SHA256 as hex digits, before the record on the wire */
 
+enum call_kind { CALL_PUT, CALL_GET, CALL_RAW };
+
 struct tsp_rdv_call {
     int fd;
-    int is_put;
-    uint8_t key[TSP_RDV_KEY_HEX / 2];
+    tsp__tls_t *tls;
+    enum call_kind kind;
+    uint8_t mac_key[TSP__TLS_KEY_LEN];
     int64_t deadline; /* for the whole reply */
     char where[300];  /* HOST:PORT, for messages ([V6]:PORT) */
     size_t len;       /* bytes in buf */
@@ -46,39 +48,37 @@ static int unreachable(const char *where, int code, const char *why, char *err, 
                     host, where, why);
 }
 
-static int token_valid(const char *token)
+/* The run's secret (64 hex digits) into raw bytes; -EINVAL with a sentence. */
+static int read_secret(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN], char *err, size_t errlen)
 {
-    if (!token || strlen(token) != TSP_RDV_TOKEN_HEX)
-        return 0;
-    for (const char *p = token; *p; p++)
-        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
-            return 0;
-    return 1;
-}
-
-/* The record's MAC (HMAC-SHA256 with the run's record key) as hex into out (MAC_HEX + 1). */
-static int record_mac(const uint8_t *key, const char *rec, size_t n, char *out)
-{
-    uint8_t mac[EVP_MAX_MD_SIZE];
-    unsigned ml = 0;
-    if (!HMAC(EVP_sha256(), key, TSP_RDV_KEY_HEX / 2, (const unsigned char *)rec, n, mac, &ml) ||
-        ml != MAC_HEX / 2)
-        return -EIO;
-    tsp__hex_encode(mac, ml, out);
+    if (!hex || strlen(hex) != 2 * TSP_WIRE_SECRET_LEN ||
+        tsp__hex_decode(hex, out, TSP_WIRE_SECRET_LEN))
+        return tsp__err(err, errlen, -EINVAL,
+                        "torchspark: the rendezvous needs the run's secret as 64 hex digits");
     return 0;
 }
 
-static int check_args(const char *host, int port, const char *token, const char *record, char *err,
-                      size_t errlen)
+int tsp_rdv_record_mac(const char *secret_hex, const char *record, char *out, size_t outlen)
+{
+    uint8_t secret[TSP_WIRE_SECRET_LEN], key[TSP__TLS_KEY_LEN];
+    if (!record || outlen < MAC_HEX + 1 || read_secret(secret_hex, secret, NULL, 0))
+        return -EINVAL;
+    int rc = tsp__tls_derive(secret, TSP__RDV_MAC_LABEL, key) ||
+                     tsp__tls_mac_hex(key, record, strlen(record), out)
+                 ? -EIO
+                 : 0;
+    OPENSSL_cleanse(secret, sizeof secret);
+    OPENSSL_cleanse(key, sizeof key);
+    return rc;
+}
+
+static int check_args(const char *host, int port, const char *line, char *err, size_t errlen)
 {
     if (!host || !*host || port < 1 || port > 65535)
         return tsp__err(err, errlen, -EINVAL,
                         "torchspark: the rendezvous needs a host and a port 1..65535 (got %s:%d)",
                         host ? host : "(none)", port);
-    if (!token_valid(token))
-        return tsp__err(err, errlen, -EINVAL,
-                        "torchspark: the rendezvous token must be 64 lowercase hex digits");
-    if (record && (!*record || strlen(record) > TSP_RDV_RECORD_MAX || strchr(record, '\n')))
+    if (line && (!*line || strlen(line) > TSP_RDV_RECORD_MAX || strchr(line, '\n')))
         return tsp__err(err, errlen, -EINVAL,
                         "torchspark: the election record is empty, too long (over %d bytes) or "
                         "not one line",
@@ -86,85 +86,113 @@ static int check_args(const char *host, int port, const char *token, const char 
     return 0;
 }
 
-int tsp_rdv_call_start(const char *host, int port, const char *token, const char *key,
-                       const char *record, tsp_rdv_call_t **out, char *err, size_t errlen)
+/* HOST:PORT of the call, for messages; the bare host (no brackets) into bare. */
+static void where_of(tsp_rdv_call_t *c, const char *host, int port, char *bare, size_t n)
 {
-    *out = NULL;
-    int rc = check_args(host, port, token, record, err, errlen);
-    if (rc)
-        return rc;
-    char mac[MAC_HEX + 1] = "";
-    uint8_t rawkey[TSP_RDV_KEY_HEX / 2];
-    if (!key || strlen(key) != TSP_RDV_KEY_HEX || tsp__hex_decode(key, rawkey, sizeof rawkey))
-        return tsp__err(err, errlen, -EINVAL,
-                        "torchspark: the rendezvous key must be 64 hex digits");
-    if (record && record_mac(rawkey, record, strlen(record), mac))
-        return tsp__err(err, errlen, -EIO, "torchspark: HMAC failed for the election record");
-    tsp_rdv_call_t *c = calloc(1, sizeof(*c));
-    if (!c)
-        return tsp__err(err, errlen, -ENOMEM, "out of memory");
-    memcpy(c->key, rawkey, sizeof c->key);
     const char *h = host;
     size_t hl = strlen(host);
     if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* "[V6]" -> "V6" */
         h = host + 1;
         hl -= 2;
     }
-    char bare[256];
-    snprintf(bare, sizeof bare, "%.*s", (int)hl, h);
+    snprintf(bare, n, "%.*s", (int)hl, h);
     snprintf(c->where, sizeof c->where, strchr(bare, ':') ? "[%s]:%d" : "%s:%d", bare, port);
-    c->is_put = record != NULL;
-    int64_t now = tsp__now_ms();
-    char why[256] = "";
-    c->fd = tsp__dial_tcp(bare, port, now + TSP_RDV_CONNECT_TIMEOUT_MS, why, sizeof why);
+}
+
+/* Connects, completes TLS with the rendezvous' key and sends the request (n bytes). */
+static int call_connect(tsp_rdv_call_t *c, const char *bare, int port,
+                        const uint8_t secret[TSP_WIRE_SECRET_LEN], const char *req, size_t n,
+                        char *err, size_t errlen)
+{
+    int64_t until = tsp__now_ms() + TSP_RDV_CONNECT_TIMEOUT_MS;
+    char why[300] = "";
+    c->fd = tsp__dial_tcp(bare, port, until, why, sizeof why);
     if (c->fd < 0) {
         /* The reason alone ("Connection refused"): the sentence names the endpoint. */
         int resolve = strncmp(why, "cannot resolve", 14) == 0;
-        rc = unreachable(c->where, c->fd, resolve ? why : strerror(-c->fd), err, errlen);
-        free(c);
-        return rc;
+        return unreachable(c->where, c->fd, resolve ? why : strerror(-c->fd), err, errlen);
     }
-    /* The request: TOKEN PUT MAC RECORD\n or TOKEN GET\n (it fits: the record was
-     * checked). */
-    int n = snprintf(c->buf, sizeof c->buf, "%s %s%s%s%s\n", token, record ? "PUT " : "GET", mac,
-                     record ? " " : "", record ? record : "");
-    rc = tsp__sock_write_all(c->fd, c->buf, (size_t)n, now + TSP_RDV_CONNECT_TIMEOUT_MS);
+    int rc = tsp__tls_dial_for(&c->tls, c->fd, secret, TSP__TLS_RDV_LABEL, why, sizeof why);
+    if (rc)
+        return tsp__err(err, errlen, rc, "torchspark: %s", why);
+    rc = tsp__tls_handshake_by(c->tls, until, why, sizeof why);
+    if (rc == -EACCES) /* the driver holds another key: not a network failure */
+        return tsp__err(err, errlen, TSP_RDV_REFUSED,
+                        "torchspark: the driver refused the rendezvous: its TLS handshake at %s "
+                        "failed (%s): this task does not hold the run's secret, or the driver "
+                        "serves another run",
+                        c->where, why);
+    if (rc)
+        return unreachable(c->where, rc, why, err, errlen);
+    rc = tsp__tls_write_all(c->tls, req, n, until);
+    if (rc)
+        return unreachable(c->where, rc, strerror(-rc), err, errlen);
+    return 0;
+}
+
+/* A call of kind (*out, allocated) that sends req (n bytes, its newline included). */
+static int call_open(const char *host, int port, const char *secret_hex, enum call_kind kind,
+                     const char *req, size_t n, tsp_rdv_call_t **out, char *err, size_t errlen)
+{
+    tsp_rdv_call_t *c = *out;
+    *out = NULL;
+    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    int rc = read_secret(secret_hex, secret, err, errlen);
+    if (!rc && tsp__tls_derive(secret, TSP__RDV_MAC_LABEL, c->mac_key))
+        rc = tsp__err(err, errlen, -EIO, "torchspark: cannot derive the rendezvous key");
+    c->fd = -1;
+    c->kind = kind;
+    if (!rc) {
+        char bare[256];
+        where_of(c, host, port, bare, sizeof bare);
+        rc = call_connect(c, bare, port, secret, req, n, err, errlen);
+    }
+    OPENSSL_cleanse(secret, sizeof secret);
     if (rc) {
-        close(c->fd);
-        rc = unreachable(c->where, rc, strerror(-rc), err, errlen);
-        free(c);
+        tsp_rdv_call_free(c);
         return rc;
     }
-    c->deadline = now + (record ? TSP_RDV_CONNECT_TIMEOUT_MS
-                                : (int64_t)TSP_RDV_GET_TIMEOUT_MS + RDV_NO_REPLY_GRACE_MS);
+    c->len = 0;
+    c->deadline =
+        tsp__now_ms() + (kind == CALL_GET ? (int64_t)TSP_RDV_GET_TIMEOUT_MS + RDV_NO_REPLY_GRACE_MS
+                                          : TSP_RDV_CONNECT_TIMEOUT_MS);
     *out = c;
     return 0;
 }
 
-/* The whole reply line (n bytes) of c, as the call's result. */
-static int finish(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *err, size_t errlen)
+int tsp_rdv_call_start(const char *host, int port, const char *secret_hex, const char *record,
+                       tsp_rdv_call_t **out, char *err, size_t errlen)
+{
+    *out = NULL;
+    int rc = check_args(host, port, record, err, errlen);
+    if (rc)
+        return rc;
+    tsp_rdv_call_t *c = calloc(1, sizeof(*c));
+    if (!c)
+        return tsp__err(err, errlen, -ENOMEM, "out of memory");
+    /* The request: PUT MAC RECORD or GET (it fits: the record was checked). */
+    char mac[MAC_HEX + 1] = "";
+    if (record && tsp_rdv_record_mac(secret_hex, record, mac, sizeof mac) == -EIO) {
+        free(c);
+        return tsp__err(err, errlen, -EIO, "torchspark: HMAC failed for the election record");
+    }
+    char req[TSP_RDV_LINE_MAX + 2];
+    int n = snprintf(req, sizeof req, "%s%s%s%s\n", record ? "PUT " : "GET", mac, record ? " " : "",
+                     record ? record : "");
+    *out = c;
+    return call_open(host, port, secret_hex, record ? CALL_PUT : CALL_GET, req, (size_t)n, out, err,
+                     errlen);
+}
+
+/* A GET's reply "MAC RECORD" (n bytes): used only when the MAC is rank 0's under the run's
+ * key (the channel is authenticated; the MAC makes it rank 0's end to end). */
+static int finish_get(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *err,
+                      size_t errlen)
 {
     const char *line = c->buf;
-    if (n >= 4 && memcmp(line, "ERR ", 4) == 0)
-        return tsp__err(err, errlen, TSP_RDV_REFUSED,
-                        "torchspark: the driver refused the rendezvous: %.*s", (int)(n - 4),
-                        line + 4);
-    if (c->is_put && !(n == 2 && memcmp(line, "OK", 2) == 0))
-        return tsp__err(err, errlen, TSP_RDV_REFUSED,
-                        "torchspark: the driver's rendezvous answered '%.*s' to rank 0's record",
-                        (int)n, line);
-    if (c->is_put) {
-        if (!reply || len <= n)
-            return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", n + 1);
-        memcpy(reply, line, n);
-        reply[n] = '\0';
-        return 0;
-    }
-    /* A GET's reply is MAC RECORD: used only when the MAC is rank 0's (someone who learned
-     * the token, a sniffer, cannot make one without the key). */
     char want[MAC_HEX + 1];
     if (n <= MAC_HEX + 1 || line[MAC_HEX] != ' ' ||
-        record_mac(c->key, line + MAC_HEX + 1, n - MAC_HEX - 1, want) ||
+        tsp__tls_mac_hex(c->mac_key, line + MAC_HEX + 1, n - MAC_HEX - 1, want) ||
         CRYPTO_memcmp(want, line, MAC_HEX) != 0)
         return tsp__err(err, errlen, TSP_RDV_REFUSED,
                         "torchspark: the rendezvous reply from %s is not rank 0's election "
@@ -176,6 +204,27 @@ static int finish(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *er
         return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", rn + 1);
     memcpy(reply, line + MAC_HEX + 1, rn);
     reply[rn] = '\0';
+    return 0;
+}
+
+/* The whole reply line (n bytes) of c, as the call's result. */
+static int finish(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *err, size_t errlen)
+{
+    const char *line = c->buf;
+    if (c->kind != CALL_RAW && n >= 4 && memcmp(line, "ERR ", 4) == 0)
+        return tsp__err(err, errlen, TSP_RDV_REFUSED,
+                        "torchspark: the driver refused the rendezvous: %.*s", (int)(n - 4),
+                        line + 4);
+    if (c->kind == CALL_PUT && !(n == 2 && memcmp(line, "OK", 2) == 0))
+        return tsp__err(err, errlen, TSP_RDV_REFUSED,
+                        "torchspark: the driver's rendezvous answered '%.*s' to rank 0's record",
+                        (int)n, line);
+    if (c->kind == CALL_GET)
+        return finish_get(c, n, reply, len, err, errlen);
+    if (!reply || len <= n)
+        return tsp__err(err, errlen, -ENOSPC, "the rendezvous reply needs %zu bytes", n + 1);
+    memcpy(reply, line, n);
+    reply[n] = '\0';
     return 0;
 }
 
@@ -191,7 +240,7 @@ int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply, size_t len
             return finish(c, (size_t)(nl - c->buf), reply, len, err, errlen);
         if (c->len > TSP_RDV_LINE_MAX)
             return unreachable(c->where, -EPROTO, "its reply is too long", err, errlen);
-        ssize_t got = recv(c->fd, c->buf + c->len, sizeof(c->buf) - c->len, MSG_DONTWAIT);
+        ssize_t got = tsp__tls_read(c->tls, c->buf + c->len, sizeof(c->buf) - c->len);
         if (got > 0) {
             c->len += (size_t)got;
             continue;
@@ -199,19 +248,18 @@ int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply, size_t len
         if (got == 0)
             return unreachable(c->where, -ECONNRESET,
                                "the connection closed before a whole line came", err, errlen);
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
-            return unreachable(c->where, -errno, strerror(errno), err, errlen);
+        if (got != -EAGAIN)
+            return unreachable(c->where, (int)got, tsp__tls_why(c->tls), err, errlen);
         int64_t left = until - tsp__now_ms();
         if (left <= 0) {
             if (until < c->deadline)
                 return TSP_RDV_PENDING;
             return unreachable(c->where, -ETIMEDOUT, "no reply in time", err, errlen);
         }
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        if (poll(&p, 1, left > 60000 ? 60000 : (int)left) < 0 && errno != EINTR)
-            return unreachable(c->where, -errno, strerror(errno), err, errlen);
+        int rc = tsp__wait_fd(c->fd, tsp__tls_want(c->tls),
+                              tsp__now_ms() + (left > 60000 ? 60000 : left));
+        if (rc && rc != -ETIMEDOUT)
+            return unreachable(c->where, rc, strerror(-rc), err, errlen);
     }
 }
 
@@ -219,18 +267,50 @@ void tsp_rdv_call_free(tsp_rdv_call_t *c)
 {
     if (!c)
         return;
-    close(c->fd);
+    if (c->tls)
+        tsp__tls_close(c->tls); /* frees its own context and closes the socket */
+    else if (c->fd >= 0)
+        close(c->fd);
+    OPENSSL_cleanse(c->mac_key, sizeof c->mac_key);
     free(c);
 }
 
-int tsp_rdv_exchange(const char *host, int port, const char *token, const char *key,
-                     const char *record, char *reply, size_t len, char *err, size_t errlen)
+/* Starts a call (start), waits until its deadline, frees it. */
+static int call_whole(tsp_rdv_call_t *c, int rc, char *reply, size_t len, char *err, size_t errlen)
 {
-    tsp_rdv_call_t *c = NULL;
-    int rc = tsp_rdv_call_start(host, port, token, key, record, &c, err, errlen);
     if (rc || !c)
         return rc;
     rc = tsp_rdv_call_wait(c, -1, reply, len, err, errlen);
     tsp_rdv_call_free(c);
     return rc;
+}
+
+int tsp_rdv_exchange(const char *host, int port, const char *secret_hex, const char *record,
+                     char *reply, size_t len, char *err, size_t errlen)
+{
+    tsp_rdv_call_t *c = NULL;
+    int rc = tsp_rdv_call_start(host, port, secret_hex, record, &c, err, errlen);
+    return call_whole(c, rc, reply, len, err, errlen);
+}
+
+int tsp_rdv_request(const char *host, int port, const char *secret_hex, const char *line,
+                    char *reply, size_t len, char *err, size_t errlen)
+{
+    if (!line || strchr(line, '\n') || strlen(line) > 4 * TSP_RDV_LINE_MAX)
+        return tsp__err(err, errlen, -EINVAL, "torchspark: a request is one line");
+    int rc = check_args(host, port, NULL, err, errlen);
+    if (rc)
+        return rc;
+    size_t n = strlen(line);
+    tsp_rdv_call_t *c = calloc(1, sizeof(*c));
+    char *req = malloc(n + 2);
+    if (!c || !req) {
+        free(c);
+        free(req);
+        return tsp__err(err, errlen, -ENOMEM, "out of memory");
+    }
+    snprintf(req, n + 2, "%s\n", line);
+    rc = call_open(host, port, secret_hex, CALL_RAW, req, n + 1, &c, err, errlen);
+    free(req);
+    return call_whole(c, rc, reply, len, err, errlen);
 }

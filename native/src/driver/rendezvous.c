@@ -1,11 +1,16 @@
 /* rendezvous.c: the driver's end of the rendezvous (docs/protocol.md 2.1): one listening
- * socket and one poll thread for every task's connection. A connection is read until its
- * line, then answered: at once (OK, ERR) or, for a GET, once rank 0's PUT came, the GET's
- * time ran out or the run ended; after its reply it is closed. The record and the
- * connections belong to the thread; the caller's side only reads the counters and asks
- * it to stop through an eventfd. */
+ * socket and one poll thread for every task's connection. Two layers, apart:
+ *  - the transport: each connection is TLS 1.3 with a PSK derived from the run's secret
+ *    (tlsconn.c, the rendezvous' own label); a peer that does not complete the handshake
+ *    within its deadline is dropped without a word, and only then is a line read;
+ *  - the messages (handle_line): one authenticated request line -> one reply line, at once
+ *    (OK, ERR) or, for a GET, once rank 0's PUT came, the GET's time ran out or the run
+ *    ended. After its reply a connection is closed.
+ * The record and the connections belong to the thread; the caller's side only reads the
+ * counters and asks it to stop through an eventfd. */
 #include "torchspark/rendezvous.h"
 
+#include "tlsconn.h"
 #include "util.h"
 
 #include <errno.h>
@@ -22,13 +27,18 @@
 
 #define DRAIN_MS 1000       /* after close, how long replies may take to leave */
 #define ACCEPT_PAUSE_MS 100 /* out of descriptors: the listener rests (it would stay readable) */
+#define HANDSHAKES_MAX 256  /* connections not yet authenticated: beyond, the oldest goes */
+#define MAC_HEX 64          /* HMAC-SHA256 as hex digits, before the record */
 
-enum conn_state { READING, WAITING, WRITING };
+enum conn_state { HANDSHAKE, READING, WAITING, WRITING };
 
 typedef struct rdv_conn {
     int fd;
+    tsp__tls_t *tls;
     enum conn_state state;
-    int64_t deadline; /* READING: the request's; WAITING: the GET's; WRITING: the reply's */
+    short events;     /* what poll waits for: the state's, or what TLS asked */
+    int64_t deadline; /* HANDSHAKE, READING: the request's; WAITING: the GET's; WRITING: the
+                         reply's */
     size_t len, off;  /* READING: bytes in buf; WRITING: reply length and bytes sent */
     char buf[TSP_RDV_LINE_MAX + 2];
 } rdv_conn_t;
@@ -36,14 +46,15 @@ typedef struct rdv_conn {
 struct tsp_rdv {
     int lfd, wake_fd, port, get_timeout_ms;
     char host[64];
-    char token[TSP_RDV_TOKEN_HEX + 1];
-    char key[TSP_RDV_KEY_HEX + 1]; /* the tasks' only: the server never needs it */
+    tsp__tlsctx_t *tls;                /* the server's, keyed by the run's secret */
+    uint8_t mac_key[TSP__TLS_KEY_LEN]; /* the record's MAC key, derived from the secret */
     pthread_t thread;
     pthread_mutex_t mu; /* guards closing, puts, gets */
     int closing, puts, gets;
     /* the thread's own */
-    char *record;
+    char *record; /* MAC RECORD, as rank 0 sent it */
     size_t record_len;
+    size_t handshakes;           /* connections in HANDSHAKE */
     int64_t accept_paused_until; /* out of descriptors: not polled until then */
     rdv_conn_t **conns;
     size_t nconns, cap;
@@ -54,8 +65,12 @@ struct tsp_rdv {
 
 static void conn_drop(tsp_rdv_t *r, size_t i)
 {
-    close(r->conns[i]->fd);
-    free(r->conns[i]);
+    rdv_conn_t *c = r->conns[i];
+    if (c->state == HANDSHAKE)
+        r->handshakes--;
+    tsp__tls_free(c->tls);
+    close(c->fd);
+    free(c);
     r->conns[i] = r->conns[--r->nconns];
 }
 
@@ -69,6 +84,7 @@ static void conn_reply(rdv_conn_t *c, const char *line, size_t n)
     c->len = n + 1;
     c->off = 0;
     c->state = WRITING;
+    c->events = POLLOUT;
     c->deadline = tsp__now_ms() + TSP_RDV_CONNECT_TIMEOUT_MS;
 }
 
@@ -95,24 +111,26 @@ static void answer_waiting(tsp_rdv_t *r)
     }
 }
 
-static int token_ok(const tsp_rdv_t *r, const char *tok, size_t n)
+/* ---- messages: one authenticated request line -> its reply ------------------------- */
+
+/* Whether a PUT's "MAC RECORD" (n bytes) carries the MAC of its record under the run's key:
+ * the connection is authenticated already, the MAC makes the record rank 0's end to end. */
+static int mac_ok(const tsp_rdv_t *r, const char *p, size_t n)
 {
-    return n == TSP_RDV_TOKEN_HEX && CRYPTO_memcmp(tok, r->token, TSP_RDV_TOKEN_HEX) == 0;
+    char want[MAC_HEX + 1];
+    return n > MAC_HEX + 1 && p[MAC_HEX] == ' ' &&
+           tsp__tls_mac_hex(r->mac_key, p + MAC_HEX + 1, n - MAC_HEX - 1, want) == 0 &&
+           CRYPTO_memcmp(want, p, MAC_HEX) == 0;
 }
 
 /* One whole request line (n bytes, no newline) of c. */
 static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
 {
-    const char *line = c->buf;
-    const char *sp = memchr(line, ' ', n);
-    size_t toklen = sp ? (size_t)(sp - line) : n;
-    if (!token_ok(r, line, toklen)) {
-        conn_reply_str(c, "ERR authentication failed");
-        return;
-    }
-    const char *rest = sp ? sp + 1 : line + n;
-    size_t restlen = (size_t)(line + n - rest);
-    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && r->record) {
+    const char *rest = c->buf;
+    size_t restlen = n;
+    if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && !mac_ok(r, rest + 4, restlen - 4)) {
+        conn_reply_str(c, "ERR the election record's MAC does not match the run's key");
+    } else if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && r->record) {
         /* Accepted once: whoever learned the token later cannot point the ranks elsewhere.
          * The same record again is rank 0 retrying a PUT whose OK it did not get. */
         int same = restlen - 4 == r->record_len && memcmp(rest + 4, r->record, r->record_len) == 0;
@@ -150,11 +168,15 @@ static int conn_read(tsp_rdv_t *r, rdv_conn_t *c)
         int reading = c->state == READING;
         char *to = reading ? c->buf + c->len : scratch;
         size_t room = reading ? sizeof(c->buf) - c->len : sizeof(scratch);
-        ssize_t got = recv(c->fd, to, room, MSG_DONTWAIT);
+        ssize_t got = tsp__tls_read(c->tls, to, room);
         if (got == 0)
             return -1; /* gone: a half-sent request, or a GET that gave up */
+        if (got == -EAGAIN) {
+            c->events = tsp__tls_want(c->tls);
+            return 0;
+        }
         if (got < 0)
-            return errno == EINTR ? 0 : errno == EAGAIN ? 0 : -1;
+            return -1; /* a record that failed authentication, or TLS broke */
         if (!reading)
             continue; /* nothing more is expected of a waiting GET: ignored */
         char *nl = memchr(to, '\n', (size_t)got);
@@ -174,12 +196,48 @@ static int conn_read(tsp_rdv_t *r, rdv_conn_t *c)
 static int conn_write(rdv_conn_t *c)
 {
     while (c->off < c->len) {
-        ssize_t w = send(c->fd, c->buf + c->off, c->len - c->off, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = tsp__tls_write(c->tls, c->buf + c->off, c->len - c->off);
+        if (w == -EAGAIN) {
+            c->events = tsp__tls_want(c->tls);
+            return 0;
+        }
         if (w < 0)
-            return errno == EINTR || errno == EAGAIN ? 0 : -1;
+            return -1;
         c->off += (size_t)w;
     }
+    tsp__tls_close_notify(c->tls);
     return -1;
+}
+
+/* One step of c's TLS handshake; 0 to keep it, -1 to drop it. A peer that does not know
+ * the run's key is dropped without a reply: it learns nothing, not even an ERR. */
+static int conn_handshake(tsp_rdv_t *r, rdv_conn_t *c)
+{
+    int rc = tsp__tls_handshake(c->tls);
+    if (rc == -EAGAIN) {
+        c->events = tsp__tls_want(c->tls);
+        return 0;
+    }
+    if (rc)
+        return -1;
+    r->handshakes--;
+    c->state = READING;
+    c->events = POLLIN;
+    return conn_read(r, c); /* the request may have come with the handshake's end */
+}
+
+/* Makes room for one more connection in the handshake: the oldest one goes. */
+static void cap_handshakes(tsp_rdv_t *r)
+{
+    if (r->handshakes < HANDSHAKES_MAX)
+        return;
+    size_t old = r->nconns;
+    for (size_t i = 0; i < r->nconns; i++)
+        if (r->conns[i]->state == HANDSHAKE &&
+            (old == r->nconns || r->conns[i]->deadline < r->conns[old]->deadline))
+            old = i;
+    if (old < r->nconns)
+        conn_drop(r, old);
 }
 
 /* ---- the thread -------------------------------------------------------------------- */
@@ -210,15 +268,19 @@ static void do_accept(tsp_rdv_t *r)
             r->cap = cap;
         }
         rdv_conn_t *c = malloc(sizeof(*c));
-        if (!c) {
+        if (!c || tsp__tls_new(&c->tls, r->tls, fd)) {
+            free(c);
             close(fd);
             return;
         }
+        cap_handshakes(r);
         c->fd = fd;
-        c->state = READING;
+        c->state = HANDSHAKE;
+        c->events = POLLIN;
         c->len = c->off = 0;
         c->deadline = tsp__now_ms() + TSP_RDV_CONNECT_TIMEOUT_MS;
         r->conns[r->nconns++] = c;
+        r->handshakes++;
     }
 }
 
@@ -231,7 +293,7 @@ static void end_run(tsp_rdv_t *r)
         rdv_conn_t *c = r->conns[i];
         if (c->state == WAITING)
             conn_reply_str(c, "ERR the run ended");
-        else if (c->state == READING)
+        else if (c->state == READING || c->state == HANDSHAKE)
             conn_drop(r, i);
     }
 }
@@ -271,7 +333,9 @@ static void serve_ready(tsp_rdv_t *r, size_t npfds)
             continue;
         rdv_conn_t *c = r->conns[i];
         int drop = 0;
-        if (c->state != WRITING && (ev & (POLLIN | POLLHUP | POLLERR)))
+        if (c->state == HANDSHAKE)
+            drop = conn_handshake(r, c);
+        else if (c->state != WRITING)
             drop = conn_read(r, c);
         if (!drop && c->state == WRITING)
             drop = conn_write(c);
@@ -302,8 +366,7 @@ static void *rdv_main(void *arg)
         r->pfds[1] = (struct pollfd){.fd = rest > 0 ? -1 : r->lfd, .events = POLLIN};
         for (size_t i = 0; i < r->nconns; i++) {
             rdv_conn_t *c = r->conns[i];
-            r->pfds[2 + i] = (struct pollfd){
-                .fd = c->fd, .events = (short)(c->state == WRITING ? POLLOUT : POLLIN)};
+            r->pfds[2 + i] = (struct pollfd){.fd = c->fd, .events = c->events};
         }
         size_t npfds = 2 + r->nconns;
         int n = poll(r->pfds, npfds, timeout);
@@ -372,16 +435,21 @@ static int bind_listen(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
                     strerror(e));
 }
 
-static int rdv_setup(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
+static int rdv_setup(tsp_rdv_t *r, const char *host, const char *secret_hex, char *err,
+                     size_t errlen)
 {
-    uint8_t raw[TSP_RDV_TOKEN_HEX / 2];
-    if (tsp__random_bytes(raw, sizeof raw))
-        return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous token");
-    tsp__hex_encode(raw, sizeof raw, r->token);
-    if (tsp__random_bytes(raw, sizeof raw))
-        return tsp__err(err, errlen, -EIO, "no random bytes for the rendezvous key");
-    tsp__hex_encode(raw, sizeof raw, r->key);
-    int rc = bind_listen(r, host && *host ? host : "127.0.0.1", err, errlen);
+    uint8_t secret[TSP_WIRE_SECRET_LEN];
+    if (!secret_hex || strlen(secret_hex) != 2 * TSP_WIRE_SECRET_LEN ||
+        tsp__hex_decode(secret_hex, secret, sizeof secret))
+        return tsp__err(err, errlen, -EINVAL,
+                        "torchspark: the rendezvous needs the run's secret as 64 hex digits");
+    int rc = tsp__tlsctx_new_for(&r->tls, 1, secret, TSP__TLS_RDV_LABEL, err, errlen);
+    if (!rc && tsp__tls_derive(secret, TSP__RDV_MAC_LABEL, r->mac_key))
+        rc = tsp__err(err, errlen, -EIO, "cannot derive the rendezvous record's key");
+    OPENSSL_cleanse(secret, sizeof secret);
+    if (rc)
+        return rc;
+    rc = bind_listen(r, host && *host ? host : "127.0.0.1", err, errlen);
     if (rc)
         return rc;
     r->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -393,7 +461,8 @@ static int rdv_setup(tsp_rdv_t *r, const char *host, char *err, size_t errlen)
     return 0;
 }
 
-tsp_rdv_t *tsp_rdv_start(const char *host, int get_timeout_ms, char *err, size_t errlen)
+tsp_rdv_t *tsp_rdv_start(const char *host, const char *secret_hex, int get_timeout_ms, char *err,
+                         size_t errlen)
 {
     tsp_rdv_t *r = calloc(1, sizeof(*r));
     if (!r) {
@@ -403,11 +472,12 @@ tsp_rdv_t *tsp_rdv_start(const char *host, int get_timeout_ms, char *err, size_t
     r->lfd = r->wake_fd = -1;
     r->get_timeout_ms = get_timeout_ms > 0 ? get_timeout_ms : TSP_RDV_GET_TIMEOUT_MS;
     pthread_mutex_init(&r->mu, NULL);
-    if (rdv_setup(r, host, err, errlen)) {
+    if (rdv_setup(r, host, secret_hex, err, errlen)) {
         if (r->lfd >= 0)
             close(r->lfd);
         if (r->wake_fd >= 0)
             close(r->wake_fd);
+        tsp__tlsctx_free(r->tls);
         pthread_mutex_destroy(&r->mu);
         free(r->pfds);
         free(r);
@@ -424,16 +494,6 @@ int tsp_rdv_port(const tsp_rdv_t *r)
 const char *tsp_rdv_host(const tsp_rdv_t *r)
 {
     return r->host;
-}
-
-const char *tsp_rdv_token(const tsp_rdv_t *r)
-{
-    return r->token;
-}
-
-const char *tsp_rdv_key(const tsp_rdv_t *r)
-{
-    return r->key;
 }
 
 void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets)
@@ -471,6 +531,8 @@ void tsp_rdv_free(tsp_rdv_t *r)
         close(r->lfd);
     close(r->wake_fd);
     pthread_mutex_destroy(&r->mu);
+    tsp__tlsctx_free(r->tls);
+    OPENSSL_cleanse(r->mac_key, sizeof r->mac_key);
     free(r->record);
     free(r->conns);
     free(r->pfds);

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/kdf.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -19,11 +20,10 @@
 
 #include "util.h"
 
-#define PSK_LEN 32u
+#define PSK_LEN TSP__TLS_KEY_LEN
 #define WHY_LEN 256u
 
 static const char PSK_SALT[] = "torchspark";
-static const char PSK_INFO[] = "torchspark log channel TLS 1.3 PSK v1";
 /* TLS_AES_128_GCM_SHA256: the PSK's session cipher (its hash, SHA-256, binds the PSK). */
 static const unsigned char PSK_CIPHER[2] = {0x13, 0x01};
 
@@ -45,7 +45,8 @@ struct tsp__tls {
     char why[WHY_LEN];
 };
 
-static int derive_psk(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t psk[PSK_LEN])
+int tsp__tls_derive(const uint8_t secret[TSP_WIRE_SECRET_LEN], const char *label,
+                    uint8_t psk[PSK_LEN])
 {
     EVP_PKEY_CTX *k = EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, NULL);
     size_t len = PSK_LEN;
@@ -53,11 +54,20 @@ static int derive_psk(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t psk[PSK
              EVP_PKEY_CTX_set1_hkdf_salt(k, (const unsigned char *)PSK_SALT,
                                          (int)(sizeof(PSK_SALT) - 1)) > 0 &&
              EVP_PKEY_CTX_set1_hkdf_key(k, secret, (int)TSP_WIRE_SECRET_LEN) > 0 &&
-             EVP_PKEY_CTX_add1_hkdf_info(k, (const unsigned char *)PSK_INFO,
-                                         (int)(sizeof(PSK_INFO) - 1)) > 0 &&
+             EVP_PKEY_CTX_add1_hkdf_info(k, (const unsigned char *)label, (int)strlen(label)) > 0 &&
              EVP_PKEY_derive(k, psk, &len) > 0 && len == PSK_LEN;
     EVP_PKEY_CTX_free(k);
     return ok ? 0 : -EIO;
+}
+
+int tsp__tls_mac_hex(const uint8_t key[TSP__TLS_KEY_LEN], const void *p, size_t n, char out[65])
+{
+    uint8_t mac[EVP_MAX_MD_SIZE];
+    unsigned ml = 0;
+    if (!HMAC(EVP_sha256(), key, (int)TSP__TLS_KEY_LEN, p, n, mac, &ml) || ml != 32)
+        return -EIO;
+    tsp__hex_encode(mac, ml, out);
+    return 0;
 }
 
 /* A resumable-looking session that carries the external PSK (RFC 8446 4.2.11). */
@@ -110,12 +120,18 @@ static int server_psk_cb(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SE
 int tsp__tlsctx_new(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
                     char *err, size_t errlen)
 {
+    return tsp__tlsctx_new_for(out, server, secret, TSP__TLS_LOG_LABEL, err, errlen);
+}
+
+int tsp__tlsctx_new_for(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                        const char *label, char *err, size_t errlen)
+{
     tsp__tlsctx_t *x = calloc(1, sizeof(*x));
     if (!x)
         return tsp__err(err, errlen, -ENOMEM, "no memory for a TLS context");
     x->server = server;
     x->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
-    if (!x->ctx || derive_psk(secret, x->psk) || tsp_wire_run_id(secret, x->run_id) ||
+    if (!x->ctx || tsp__tls_derive(secret, label, x->psk) || tsp_wire_run_id(secret, x->run_id) ||
         !SSL_CTX_set_min_proto_version(x->ctx, TLS1_3_VERSION) ||
         !SSL_CTX_set_max_proto_version(x->ctx, TLS1_3_VERSION) ||
         !SSL_CTX_set_ciphersuites(x->ctx, "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256") ||
@@ -183,8 +199,14 @@ void tsp__tls_free(tsp__tls_t *t)
 int tsp__tls_dial(tsp__tls_t **out, int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN], char *err,
                   size_t errlen)
 {
+    return tsp__tls_dial_for(out, fd, secret, TSP__TLS_LOG_LABEL, err, errlen);
+}
+
+int tsp__tls_dial_for(tsp__tls_t **out, int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                      const char *label, char *err, size_t errlen)
+{
     tsp__tlsctx_t *x = NULL;
-    int rc = tsp__tlsctx_new(&x, 0, secret, err, errlen);
+    int rc = tsp__tlsctx_new_for(&x, 0, secret, label, err, errlen);
     if (rc)
         return rc;
     if ((rc = tsp__tls_new(out, x, fd))) {

@@ -17,10 +17,27 @@
 typedef struct tsp__tlsctx tsp__tlsctx_t;
 typedef struct tsp__tls tsp__tls_t;
 
-/* A context for one run's secret: server 1 (the driver), 0 (an agent). 0 or -errno with a
- * sentence in err. */
+/* The HKDF labels (info) of the keys derived from a run's secret: one per use, so that a key
+ * of one channel never opens another (docs/protocol.md 1.10, 2.1). */
+#define TSP__TLS_LOG_LABEL "torchspark log channel TLS 1.3 PSK v1"
+#define TSP__TLS_RDV_LABEL "torchspark rendezvous TLS 1.3 PSK v1"
+#define TSP__RDV_MAC_LABEL "torchspark rendezvous record MAC v1"
+#define TSP__TLS_KEY_LEN 32u
+
+/* HKDF-SHA256(salt "torchspark", the secret, info label): 32 bytes. 0 or -EIO. */
+int tsp__tls_derive(const uint8_t secret[TSP_WIRE_SECRET_LEN], const char *label,
+                    uint8_t out[TSP__TLS_KEY_LEN]);
+
+/* HMAC-SHA256(key, p[0..n)) as 64 lowercase hex digits and a NUL into out. 0 or -EIO. */
+int tsp__tls_mac_hex(const uint8_t key[TSP__TLS_KEY_LEN], const void *p, size_t n, char out[65]);
+
+/* A context for one run's secret: server 1 (the driver), 0 (an agent), the log channel's
+ * key. 0 or -errno with a sentence in err. */
 int tsp__tlsctx_new(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
                     char *err, size_t errlen);
+/* The same with the PSK derived under label (TSP__TLS_*_LABEL). */
+int tsp__tlsctx_new_for(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                        const char *label, char *err, size_t errlen);
 void tsp__tlsctx_free(tsp__tlsctx_t *x);
 
 /* A connection over the connected socket fd (non-blocking). 0 or -ENOMEM. */
@@ -30,6 +47,9 @@ void tsp__tls_free(tsp__tls_t *t);
  * with a sentence in err. */
 int tsp__tls_dial(tsp__tls_t **out, int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN], char *err,
                   size_t errlen);
+/* The same with the PSK derived under label (TSP__TLS_*_LABEL). */
+int tsp__tls_dial_for(tsp__tls_t **out, int fd, const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                      const char *label, char *err, size_t errlen);
 /* tsp__tls_free, then closes the socket (and a context of its own). */
 void tsp__tls_close(tsp__tls_t *t);
 int tsp__tls_fd(const tsp__tls_t *t);

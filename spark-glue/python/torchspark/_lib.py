@@ -127,15 +127,15 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
         # rendezvous.h (docs/protocol.md 2.1)
-        "tsp_rdv_start": (vp, [c, i] + err),
+        "tsp_rdv_start": (vp, [c, c, i] + err),
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
-        "tsp_rdv_token": (c, [vp]),
-        "tsp_rdv_key": (c, [vp]),
         "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
         "tsp_rdv_close": (None, [vp]),
         "tsp_rdv_free": (None, [vp]),
-        "tsp_rdv_exchange": (i, [c, i, c, c, c, c, sz] + err),
+        "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
+        "tsp_rdv_request": (i, [c, i, c, c, c, sz] + err),
+        "tsp_rdv_record_mac": (i, [c, c, c, sz]),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h

@@ -17,7 +17,8 @@ job again with allGather, says so once, and keeps to allGather in that process.
 
 The server and the task's requests are the C core's (native/include/torchspark/rendezvous.h,
 the wire of docs/protocol.md 2.1), the same code as the JVM glue's: this module only binds
-them and keeps the switch.
+them and keeps the switch. Every connection is TLS 1.3 keyed by the run's secret (the log
+channel's, which the task closure carries already): the spec holds no credential of its own.
 """
 from __future__ import annotations
 
@@ -55,23 +56,21 @@ def enabled(remote: bool) -> bool:
 
 
 class Server:
-    """The driver's end (tsp_rdv_start): its port and one native thread, until close()."""
+    """The driver's end (tsp_rdv_start): its port and one native thread, until close();
+    keyed by the run's secret (64 hex digits, the log server's secret_hex)."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, secret_hex: str) -> None:
         self._lib = load_library()
         err = ctypes.create_string_buffer(512)
-        h = self._lib.tsp_rdv_start(host.encode(), 0, err, len(err))
+        h = self._lib.tsp_rdv_start(host.encode(), secret_hex.encode(), 0, err, len(err))
         if not h:
             raise OSError(err.value.decode(errors="replace"))
         self._h: Optional[int] = h
         self.host: str = self._lib.tsp_rdv_host(h).decode()
         self.port: int = self._lib.tsp_rdv_port(h)
-        self.token: str = self._lib.tsp_rdv_token(h).decode()
-        self.key: str = self._lib.tsp_rdv_key(h).decode()
 
     def spec(self, advertised_host: str) -> RendezvousSpec:
-        host = advertised_host or self.host
-        return {"host": host, "port": self.port, "token": self.token, "key": self.key}
+        return {"host": advertised_host or self.host, "port": self.port}
 
     def close(self) -> None:
         """Ends the run: waiting GETs get ``ERR the run ended``."""
@@ -83,18 +82,19 @@ class Server:
         self.close()
 
 
-def exchange(spec: Optional[RendezvousSpec], ctx: Any, node_rank: int, packed: str) -> str:
+def exchange(spec: Optional[RendezvousSpec], secret_hex: Optional[str], ctx: Any,
+             node_rank: int, packed: str) -> str:
     """Rank 0's packed record, on every task: through the driver when the spec has an
-    endpoint, else through allGather()."""
+    endpoint (inside TLS keyed by the run's secret), else through allGather()."""
     if not spec:
         return ctx.allGather(packed)[0]
     lib = load_library()
     reply = ctypes.create_string_buffer(_LINE_MAX + 2)
     err = ctypes.create_string_buffer(1024)
     record = packed.encode() if node_rank == 0 else None
-    rc = lib.tsp_rdv_exchange(spec["host"].encode(), int(spec["port"]), spec["token"].encode(),
-                              spec["key"].encode(),
-                              record, reply, len(reply), err, len(err))
+    rc = lib.tsp_rdv_exchange(spec["host"].encode(), int(spec["port"]),
+                              (secret_hex or "").encode(), record, reply, len(reply), err,
+                              len(err))
     if rc != 0:
         raise RuntimeError(err.value.decode(errors="replace"))
     return packed if node_rank == 0 else reply.value.decode()

@@ -32,9 +32,7 @@ class RendezvousSpec(TypedDict):
     (_rendezvous.py; docs/protocol.md 2.1)."""
 
     host: str
-    port: int
-    token: str
-    key: str  # the record's MAC key: carried here, never on the wire
+    port: int  # the connection is TLS keyed by the run's secret (NodeSpec.log_secret_hex)
 
 
 class DataFrameSpec(TypedDict):

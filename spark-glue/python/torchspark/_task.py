@@ -118,7 +118,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         else:
             packed = ""
         record = _elect.unpack_record(
-            _rendezvous.exchange(spec["rendezvous"], ctx, node_rank, packed))
+            _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx, node_rank,
+                                 packed))
         timing.mark("election_done")
         ifname = record.ifname if node_rank == 0 else _elect.local_ifname(record.master_addr)
         if ifname:

@@ -499,7 +499,7 @@ class TorchDistributor:
         doctor = self._start_doctor(server, pump, hub)
         # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
         # _rendezvous.py says when.
-        rdv = (_start_rendezvous(bind_host or "127.0.0.1")
+        rdv = (_start_rendezvous(bind_host or "127.0.0.1", server.secret_hex)
                if server is not None and not _RENDEZVOUS_UNREACHABLE
                and _rendezvous.enabled(self.is_remote) else None)
         if server is not None and fn_bytes is not None:
@@ -744,9 +744,9 @@ def _version() -> str:
     return torchspark.__version__
 
 
-def _start_rendezvous(host: str) -> Optional["_rendezvous.Server"]:
+def _start_rendezvous(host: str, secret_hex: str) -> Optional["_rendezvous.Server"]:
     try:
-        return _rendezvous.Server(host)
+        return _rendezvous.Server(host, secret_hex)
     except OSError:
         return None  # every task then uses allGather
 

@@ -77,9 +77,10 @@ final class Native {
 
     // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
 
-    /** A handle, or 0 with the error sentence in msg[0]; on success port[0] is its port and
-     *  msg = {host, token} (msg has room for 2). getTimeoutMs <= 0: the default. */
-    static native long rdvStart(String host, int getTimeoutMs, int[] port, String[] msg);
+    /** A handle keyed by the run's secret (64 hex digits), or 0 with the error sentence in
+     *  msg[0]; on success port[0] is its port and msg[0] its host. getTimeoutMs <= 0: the
+     *  default. */
+    static native long rdvStart(String host, String secretHex, int getTimeoutMs, int[] port, String[] msg);
 
     /** out: records put, records handed to GETs. */
     static native void rdvCounts(long h, int[] out);
@@ -87,10 +88,17 @@ final class Native {
     /** Ends the run (waiting GETs get "ERR the run ended") and frees the handle. */
     static native void rdvFree(long h);
 
-    /** A task's request: rank 0's PUT of record, or a GET (record null). 0 with call[0] set,
-     *  or a code with the sentence to raise in msg[0]. */
-    static native int rdvCallStart(String host, int port, String token, String key, String record,
+    /** A task's request inside TLS keyed by the run's secret: rank 0's PUT of record, or a
+     *  GET (record null). 0 with call[0] set, or a code with the sentence to raise in msg[0]. */
+    static native int rdvCallStart(String host, int port, String secretHex, String record,
             long[] call, String[] msg);
+
+    /** The golden cases' raw request line (tsp_rdv_request): 0 with the reply line in
+     *  msg[0], or a code with the sentence there. */
+    static native int rdvRequest(String host, int port, String secretHex, String line, String[] msg);
+
+    /** A record's MAC under the run's secret (tsp_rdv_record_mac), or null. */
+    static native String rdvRecordMac(String secretHex, String record);
 
     /** 0: msg[0] is the reply; 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the
      *  sentence to raise in msg[0]. */

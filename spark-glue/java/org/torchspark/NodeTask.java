@@ -149,7 +149,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
             Election.Record record = Election.Record.unpack(spec.rendezvous == null ? ctx.allGather(packed)[0]
-                    : Rendezvous.exchange(spec.rendezvous, nodeRank, packed, ctx::killTaskIfInterrupted));
+                    : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
+                            ctx::killTaskIfInterrupted));
             String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);
             if (ifname != null && !ifname.isEmpty()) {
                 env.putIfAbsent("GLOO_SOCKET_IFNAME", ifname);

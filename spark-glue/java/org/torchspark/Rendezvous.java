@@ -17,7 +17,8 @@ import org.apache.spark.SparkConf;
  * <p>The driver owns one instance per run, closed in a finally: waiting GETs then get
  * {@code ERR the run ended}. The task side is {@link #exchange}. A task that cannot reach
  * the driver fails with an error that begins {@link #UNREACHABLE}; the runner then runs the
- * job again through allGather.
+ * job again through allGather. Every connection is TLS 1.3 keyed by the run's secret (the
+ * log channel's, which the task closure carries already): the endpoint holds no credential.
  */
 final class Rendezvous implements AutoCloseable {
     /** Marks a task's error when it could not reach the driver's rendezvous
@@ -33,32 +34,21 @@ final class Rendezvous implements AutoCloseable {
     /** tsp_rdv_call_wait: no reply yet. */
     private static final int PENDING = 1;
 
-    /** What the task closure carries: where the driver listens, the run's token, and the key
-     *  of the record's MAC (never sent on the wire; docs/protocol.md 2.1). */
+    /** What the task closure carries: where the driver listens (docs/protocol.md 2.1). */
     static final class Endpoint implements Serializable {
-        private static final long serialVersionUID = 2L;
+        private static final long serialVersionUID = 3L;
         final String host;
         final int port;
-        final String token;
-        final String key;
 
-        Endpoint(String host, int port, String token, String key) {
+        Endpoint(String host, int port) {
             if (host == null || host.isEmpty()) {
                 throw new IllegalArgumentException("the rendezvous needs a host");
             }
             if (port < 1 || port > 65535) {
                 throw new IllegalArgumentException("the rendezvous port must be 1..65535, got " + port);
             }
-            if (token == null || !token.matches("[0-9a-f]{64}")) {
-                throw new IllegalArgumentException("the rendezvous token must be 64 hex digits");
-            }
-            if (key == null || !key.matches("[0-9a-f]{64}")) {
-                throw new IllegalArgumentException("the rendezvous key must be 64 hex digits");
-            }
             this.host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
             this.port = port;
-            this.token = token;
-            this.key = key;
         }
 
         @Override
@@ -70,20 +60,19 @@ final class Rendezvous implements AutoCloseable {
     private long handle; // guarded by this; 0 once closed
     private final String host;
     private final int port;
-    private final String token;
-    private final String key;
     private final int[] counts = new int[2]; // guarded by this: puts, gets (the last seen)
 
-    /** Listens on host (the address the run's log server binds), any port. */
-    Rendezvous(String host) throws IOException {
-        this(host, 0);
+    /** Listens on host (the address the run's log server binds), any port, keyed by the
+     *  run's secret (64 hex digits: the log server's). */
+    Rendezvous(String host, String secretHex) throws IOException {
+        this(host, secretHex, 0);
     }
 
     /** getTimeoutMs: how long a GET waits for rank 0's record (<= 0: 600 s). */
-    Rendezvous(String host, long getTimeoutMs) throws IOException {
-        String[] msg = new String[3];
+    Rendezvous(String host, String secretHex, long getTimeoutMs) throws IOException {
+        String[] msg = new String[1];
         int[] bound = new int[1];
-        long h = Native.rdvStart(host == null || host.isEmpty() ? "127.0.0.1" : host,
+        long h = Native.rdvStart(host == null || host.isEmpty() ? "127.0.0.1" : host, secretHex,
                 (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), bound, msg);
         if (h == 0) {
             throw new IOException(msg[0]);
@@ -91,13 +80,11 @@ final class Rendezvous implements AutoCloseable {
         handle = h;
         this.host = msg[0];
         this.port = bound[0];
-        this.token = msg[1];
-        this.key = msg[2];
     }
 
     /** The endpoint the tasks are told: the advertised host (the bound one when empty). */
     Endpoint endpoint(String advertisedHost) {
-        return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port, token, key);
+        return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port);
     }
 
     int port() {
@@ -138,10 +125,10 @@ final class Rendezvous implements AutoCloseable {
      * IllegalStateException whose message begins {@link #UNREACHABLE}; a refusal (ERR)
      * throws one that gives the driver's reason.
      */
-    static String exchange(Endpoint ep, int nodeRank, String packed, Runnable killCheck) {
+    static String exchange(Endpoint ep, String secretHex, int nodeRank, String packed, Runnable killCheck) {
         long[] call = new long[1];
         String[] msg = new String[1];
-        if (Native.rdvCallStart(ep.host, ep.port, ep.token, ep.key, nodeRank == 0 ? (packed == null ? "" : packed) : null,
+        if (Native.rdvCallStart(ep.host, ep.port, secretHex, nodeRank == 0 ? (packed == null ? "" : packed) : null,
                 call, msg) != 0) {
             throw new IllegalStateException(msg[0]);
         }

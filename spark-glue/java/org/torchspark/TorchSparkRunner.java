@@ -853,8 +853,7 @@ public final class TorchSparkRunner {
         if (i <= 0) {
             throw new IllegalArgumentException(TEST_RENDEZVOUS_ADDRESS + " is '" + test + "': give host:port");
         }
-        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)), ep.token,
-                ep.key);
+        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)));
     }
 
     /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
@@ -886,7 +885,7 @@ public final class TorchSparkRunner {
             if (useRendezvous) {
                 // Rank 0's election record through the driver, not allGather (>= 1 s in Spark).
                 try {
-                    rdv = new Rendezvous(bind);
+                    rdv = new Rendezvous(bind, server.secretHex());
                     spec.rendezvous = advertise(sc, rdv, driverHost);
                 } catch (IOException e) {
                     LOG.info("torchspark: cannot listen for the rendezvous on {} ({}); the tasks use "

@@ -22,17 +22,29 @@ import org.apache.spark.SparkException;
 import org.junit.Test;
 
 /** The driver's rendezvous (docs/protocol.md section 2.1) over real sockets: the server on
- *  127.0.0.1, the task side through Rendezvous.exchange, raw lines for what a task never sends. */
+ *  127.0.0.1, the task side through Rendezvous.exchange, raw lines inside TLS (Native.rdvRequest)
+ *  for what a task never sends, and a plaintext peer. */
 public class RendezvousTest {
+    static final String SECRET = "0123456789abcdef".repeat(4);
+    static final String OTHER = "fedcba9876543210".repeat(4);
     static final String RECORD = "{\"version\": 1, \"master_port\": 40123, \"master_addr\": \"127.0.0.1\", "
             + "\"run_id\": \"00ff\", \"host\": \"h\", \"ifname\": \"lo\"}";
     private static final Runnable NOT_KILLED = () -> { };
 
     private static CompletableFuture<String> get(Rendezvous.Endpoint ep, int rank, Runnable killCheck) {
-        return CompletableFuture.supplyAsync(() -> Rendezvous.exchange(ep, rank, "", killCheck));
+        return CompletableFuture.supplyAsync(() -> Rendezvous.exchange(ep, SECRET, rank, "", killCheck));
     }
 
-    /** One raw request line, the reply line. */
+    /** One request line inside TLS with the run's secret, the reply line. */
+    static String request(int port, String secret, String line) {
+        String[] msg = new String[1];
+        int rc = Native.rdvRequest("127.0.0.1", port, secret, line, msg);
+        assertEquals(msg[0], 0, rc);
+        return msg[0];
+    }
+
+    /** One raw request line in plaintext (no TLS), the reply line (what came before the
+     *  server hung up, when it sends none). */
     static String raw(int port, String line) throws IOException {
         try (Socket s = new Socket()) {
             s.connect(new InetSocketAddress("127.0.0.1", port), 5000);
@@ -40,11 +52,16 @@ public class RendezvousTest {
             OutputStream out = s.getOutputStream();
             out.write(line.getBytes(StandardCharsets.UTF_8));
             out.flush();
+            s.shutdownOutput();
             // The reply line, as a task reads it (the server may answer before it read all).
             java.io.InputStream in = s.getInputStream();
             java.io.ByteArrayOutputStream buf = new java.io.ByteArrayOutputStream();
-            for (int b = in.read(); b >= 0 && b != '\n'; b = in.read()) {
-                buf.write(b);
+            try {
+                for (int b = in.read(); b >= 0 && b != '\n'; b = in.read()) {
+                    buf.write(b);
+                }
+            } catch (java.net.SocketException reset) {
+                // A peer the server drops: what came before the reset, if anything.
             }
             return buf.toString(StandardCharsets.UTF_8);
         }
@@ -62,22 +79,22 @@ public class RendezvousTest {
 
     @Test
     public void putThenGet() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1")) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
             Rendezvous.Endpoint ep = r.endpoint("127.0.0.1");
-            assertEquals(RECORD, Rendezvous.exchange(ep, 0, RECORD, NOT_KILLED));
-            assertEquals(RECORD, Rendezvous.exchange(ep, 1, "", NOT_KILLED));
-            assertEquals(RECORD, Rendezvous.exchange(ep, 2, "", NOT_KILLED));
+            assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
+            assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 1, "", NOT_KILLED));
+            assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 2, "", NOT_KILLED));
             assertEquals(1, r.puts());
             assertEquals(2, r.gets());
             // The same lines as the PySpark glue's server reads (one format).
-            String line = raw(r.port(), ep.token + " GET\n"); // the raw wire: MAC RECORD
-            assertTrue(line, line.matches("[0-9a-f]{64} .*") && line.substring(65).equals(RECORD));
+            String line = request(r.port(), SECRET, "GET"); // the raw wire: MAC RECORD
+            assertEquals(Native.rdvRecordMac(SECRET, RECORD) + " " + RECORD, line);
         }
     }
 
     @Test
     public void getBeforePutWaitsForIt() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1")) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
             Rendezvous.Endpoint ep = r.endpoint(null);
             CompletableFuture<String> a = get(ep, 1, NOT_KILLED);
             CompletableFuture<String> b = get(ep, 3, NOT_KILLED);
@@ -87,50 +104,52 @@ public class RendezvousTest {
             } catch (TimeoutException expected) {
                 // Still waiting: right.
             }
-            Rendezvous.exchange(ep, 0, RECORD, NOT_KILLED);
+            Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED);
             assertEquals(RECORD, a.get(10, TimeUnit.SECONDS));
             assertEquals(RECORD, b.get(10, TimeUnit.SECONDS));
         }
     }
 
     @Test
-    public void badTokenOrVerbIsRefused() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1")) {
+    public void peersWithoutTheSecretOrABadRequestAreRefused() throws Exception {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
             Rendezvous.Endpoint ep = r.endpoint("127.0.0.1");
-            Rendezvous.Endpoint wrong = new Rendezvous.Endpoint("127.0.0.1", r.port(), "ab".repeat(32), ep.key);
-            Throwable e = failure(get(wrong, 1, NOT_KILLED));
-            assertEquals("torchspark: the driver refused the rendezvous: authentication failed", e.getMessage());
-            // The record's MAC checked with another key: never used.
-            assertEquals(RECORD, Rendezvous.exchange(ep, 0, RECORD, NOT_KILLED));
-            Rendezvous.Endpoint otherKey = new Rendezvous.Endpoint("127.0.0.1", r.port(), ep.token, "ab".repeat(32));
-            Throwable f = failure(get(otherKey, 1, NOT_KILLED));
-            assertTrue(f.getMessage(), f.getMessage().contains("is not rank 0's election record"));
-            assertEquals("ERR authentication failed", raw(r.port(), "0 PUT " + RECORD + "\n"));
-            assertEquals("ERR authentication failed", raw(r.port(), "\n"));
-            assertEquals("ERR unknown request", raw(r.port(), ep.token + " POST x\n"));
-            assertEquals("ERR unknown request", raw(r.port(), ep.token + " PUT\n"));
-            assertEquals("ERR request too long", raw(r.port(), ep.token + " PUT " + "x".repeat(9000) + "\n"));
+            // Another secret: TLS refuses it; the task is told so (not UNREACHABLE).
+            Throwable e = failure(CompletableFuture.supplyAsync(
+                    () -> Rendezvous.exchange(ep, OTHER, 0, RECORD, NOT_KILLED)));
+            assertTrue(e.getMessage(), e.getMessage().startsWith(
+                    "torchspark: the driver refused the rendezvous: its TLS handshake at 127.0.0.1:"));
+            // Plaintext (the old wire): no reply at all.
+            String plain = raw(r.port(), "0 PUT " + RECORD + "\n");
+            assertFalse(plain, plain.contains("OK") || plain.contains("ERR"));
+            // Inside TLS, a record whose MAC is not the run's.
+            assertEquals("ERR the election record's MAC does not match the run's key",
+                    request(r.port(), SECRET, "PUT " + Native.rdvRecordMac(OTHER, RECORD) + " " + RECORD));
+            assertEquals(0, r.puts());
+            assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
+            assertEquals("ERR unknown request", request(r.port(), SECRET, "POST x"));
+            assertEquals("ERR unknown request", request(r.port(), SECRET, "PUT"));
+            assertEquals("ERR request too long", request(r.port(), SECRET, "PUT " + "x".repeat(9000)));
             assertEquals(1, r.puts()); // rank 0's only: nothing of these was taken as a record
             try {
-                Rendezvous.exchange(ep, 0, "x".repeat(Rendezvous.RECORD_MAX + 1), NOT_KILLED);
+                Rendezvous.exchange(ep, SECRET, 0, "x".repeat(Rendezvous.RECORD_MAX + 1), NOT_KILLED);
                 fail("an oversize record was sent");
             } catch (IllegalStateException expected) {
                 assertTrue(expected.getMessage(), expected.getMessage().contains("too long"));
             }
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", r.port(), "not hex", ep.key));
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0, ep.token, ep.key));
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", r.port(), ep.token, "beef"));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("", r.port()));
         }
     }
 
     @Test
     public void theRunsEndAnswersWaitingGets() throws Exception {
-        Rendezvous r = new Rendezvous("127.0.0.1");
+        Rendezvous r = new Rendezvous("127.0.0.1", SECRET);
         CompletableFuture<String> a = get(r.endpoint(null), 1, NOT_KILLED);
         Thread.sleep(200);
         r.close();
         assertEquals("torchspark: the driver refused the rendezvous: the run ended", failure(a).getMessage());
-        try (Rendezvous quick = new Rendezvous("127.0.0.1", 100)) {
+        try (Rendezvous quick = new Rendezvous("127.0.0.1", SECRET, 100)) {
             Throwable e = failure(get(quick.endpoint(null), 1, NOT_KILLED));
             assertTrue(e.getMessage(), e.getMessage().endsWith("rank 0 sent no election record within 100 ms"));
         }
@@ -138,7 +157,7 @@ public class RendezvousTest {
 
     @Test
     public void aKilledTaskStopsWaiting() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1")) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
             AtomicBoolean killed = new AtomicBoolean();
             CompletableFuture<String> a = get(r.endpoint(null), 1, () -> {
                 if (killed.get()) {
@@ -160,10 +179,10 @@ public class RendezvousTest {
         try (ServerSocket s = new ServerSocket(0, 1, java.net.InetAddress.getByName("127.0.0.1"))) {
             closed = s.getLocalPort();
         }
-        Rendezvous.Endpoint ep = new Rendezvous.Endpoint("127.0.0.1", closed, "ab".repeat(32), "cd".repeat(32));
+        Rendezvous.Endpoint ep = new Rendezvous.Endpoint("127.0.0.1", closed);
         for (int rank : new int[] {0, 1}) {
             try {
-                Rendezvous.exchange(ep, rank, RECORD, NOT_KILLED);
+                Rendezvous.exchange(ep, SECRET, rank, RECORD, NOT_KILLED);
                 fail("reached a closed port");
             } catch (IllegalStateException e) {
                 String m = e.getMessage();
