@@ -127,7 +127,7 @@ TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:atexit_sleep_ms=0 \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" || status=1
 
 if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
-  step "fuzz targets (libFuzzer, bounded)"
+  step "fuzz targets (libFuzzer, 60 s each, all at once)"
   bash tests/fuzz/run.sh || status=1
 fi
 

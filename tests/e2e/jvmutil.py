@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pyspark
 
@@ -63,15 +63,25 @@ def parse_output(stdout: str) -> Dict[str, List[str]]:
 
 def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None, rounds: int = 1,
                  timeout: float = 600, master: str = MASTER,
-                 env: Optional[Dict[str, Optional[str]]] = None) -> Tuple[Dict[str, List[str]], str]:
+                 env: Optional[Dict[str, Optional[str]]] = None,
+                 on_start: Optional[Callable[[int], None]] = None
+                 ) -> Tuple[Dict[str, List[str]], str]:
     """Runs TrainApp MODE with the real spark-submit of the pyspark package on
-    local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None);
-    returns its "KEY: value" lines and its stderr."""
+    local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None;
+    on_start: called with spark-submit's pid once it runs); returns its "KEY: value" lines
+    and its stderr."""
     cmd, penv = submit_command(mode, plugin, conf, master, [str(rounds)], env)
-    p = subprocess.run(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                       timeout=timeout, cwd=str(BUILD))
-    out = parse_output(p.stdout.decode(errors="replace"))
-    err = p.stderr.decode(errors="replace")
+    with subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          cwd=str(BUILD)) as p:
+        if on_start is not None:
+            on_start(p.pid)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise
+    out = parse_output(stdout.decode(errors="replace"))
+    err = stderr.decode(errors="replace")
     if p.returncode != 0:
         raise AssertionError(f"spark-submit exited {p.returncode}:\n{err[-4000:]}")
     return out, err

@@ -24,8 +24,87 @@ pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was no
                                 "(needs javac 17 and junit4: bash tests/setup.sh)")
 
 
+class _ProcWatch:
+    """From outside, as another process of the same user: every 50 ms, /proc/<pid>/environ
+    and cmdline of every process that descends from spark-submit's and from a torchspark-run
+    agent (the agent itself, the workers) and of every sentinel (double-forked out of the
+    agent's tree: one of this run's has its agent's environment block), kept per pid
+    (docs/security.md, "The executor host"). The run's secret lives only in the driver
+    JVM's memory, so what is looked for is any 64-hex-digit run (the secret's form on a pipe
+    or in an environment variable) and a TORCHSPARK_LOG_SECRET value that is not all NULs."""
+
+    HEX64 = re.compile(rb"(?<![0-9a-fA-F])[0-9a-fA-F]{64}(?![0-9a-fA-F])")
+
+    def __init__(self) -> None:
+        import threading
+        self.seen: dict = {}  # pid -> (comm, environ + cmdline), the last read
+        self.stop = threading.Event()
+        self.root = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self, pid: int) -> None:
+        self.root = pid
+        self.thread.start()
+
+    def _tree(self) -> dict:
+        parent, comm = {}, {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            comm[int(d)] = st[st.index("(") + 1:st.rindex(")")]
+            parent[int(d)] = int(st[st.rindex(")") + 2:].split()[1])
+        return {p: c for p, c in comm.items()
+                if c == "tsp-sentinel" or self._under(p, parent, comm)}
+
+    def _under(self, pid: int, parent: dict, comm: dict) -> bool:
+        agent = False
+        while pid > 1:
+            agent = agent or comm.get(pid) == "torchspark-run"
+            if pid == self.root:
+                return agent
+            pid = parent.get(pid, 0)
+        return False
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.05):
+            for pid, comm in self._tree().items():
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = f.read()
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        data = env + b"\n" + f.read()
+                except OSError:
+                    continue
+                self.seen[pid] = (comm, data, env)
+
+    def check(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        agents = {env for c, _, env in self.seen.values() if c == "torchspark-run"}
+        self.seen = {p: v for p, v in self.seen.items()
+                     if v[0] != "tsp-sentinel" or v[2] in agents}  # this run's sentinels
+        comms = [c for c, _, _ in self.seen.values()]
+        assert comms.count("torchspark-run") >= 2 and comms.count("tsp-sentinel") >= 2, comms
+        assert len(comms) - comms.count("torchspark-run") - comms.count("tsp-sentinel") >= 2, comms
+        for pid, (comm, data, _) in self.seen.items():
+            assert not self.HEX64.search(data), (pid, comm, self.HEX64.search(data))
+            for var in re.findall(rb"(?:^|\0)TORCHSPARK_LOG_SECRET=([^\0]*)", data):
+                assert var.strip(b"\0") == b"", (pid, comm)
+
+
 def test_java_application_trains_across_two_executors():
-    out, err = jvmutil.spark_submit("train", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None})
+    # Meanwhile, another process of the same user reads /proc of the agents, their
+    # sentinels and workers: the run's secret is in none (test_executor_secrets.py does the
+    # same for TorchDistributor).
+    watch = _ProcWatch()
+    out, err = jvmutil.spark_submit("train", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None},
+                                    on_start=watch.start)
+    watch.check()
     # The election record went through the driver's rendezvous (the default), not allGather.
     assert out["ELECTION"] == ["rendezvous"], out
     # Rank 0's output (the JSON metrics ddp_train.py writes to --out) came back as bytes.

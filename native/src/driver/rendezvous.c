@@ -131,8 +131,8 @@ static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
     if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && !mac_ok(r, rest + 4, restlen - 4)) {
         conn_reply_str(c, "ERR the election record's MAC does not match the run's key");
     } else if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0 && r->record) {
-        /* Accepted once: whoever learned the token later cannot point the ranks elsewhere.
-         * The same record again is rank 0 retrying a PUT whose OK it did not get. */
+        /* Accepted once: a later record cannot point the ranks elsewhere. The same record
+         * again is rank 0 retrying a PUT whose OK it did not get. */
         int same = restlen - 4 == r->record_len && memcmp(rest + 4, r->record, r->record_len) == 0;
         conn_reply_str(c, same ? "OK" : "ERR the election record was already sent");
     } else if (restlen > 4 && memcmp(rest, "PUT ", 4) == 0) {
