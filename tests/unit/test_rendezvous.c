@@ -12,7 +12,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -357,6 +361,60 @@ START_TEST(test_rdv_unreachable_driver_is_marked)
 }
 END_TEST
 
+/* A flood of idle connections that never start TLS, against a driver out of descriptors
+ * (the server in a child limited to 32): the oldest of them make room, and a real task's
+ * PUT and GET still go through at once, not after the flood's 10 s handshake deadline. */
+START_TEST(test_rdv_idle_flood_does_not_keep_a_task_out)
+{
+    int p[2];
+    ck_assert_int_eq(pipe(p), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        close(p[0]);
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
+        struct rlimit rl = {.rlim_cur = 32, .rlim_max = 32};
+        setrlimit(RLIMIT_NOFILE, &rl);
+        char err[256];
+        tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
+        int port = r ? tsp_rdv_port(r) : 0;
+        ssize_t w = write(p[1], &port, sizeof port);
+        (void)w;
+        pause(); /* until the test kills it */
+        _exit(0);
+    }
+    close(p[1]);
+    int port = 0;
+    ck_assert_int_eq(read(p[0], &port, sizeof port), (ssize_t)sizeof port);
+    close(p[0]);
+    ck_assert_int_gt(port, 0);
+    int idle[60];
+    for (int i = 0; i < 60; i++) {
+        idle[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        ck_assert_int_eq(connect(idle[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    }
+    usleep(300 * 1000); /* the server took what its descriptors allow */
+    char err[512] = "", reply[TSP_RDV_LINE_MAX + 2];
+    struct timespec t0;
+    clock_gettime(CLOCK_REALTIME, &t0);
+    int put =
+        tsp_rdv_exchange("127.0.0.1", port, SECRET, RECORD, reply, sizeof reply, err, sizeof err);
+    int get = put ? put
+                  : tsp_rdv_exchange("127.0.0.1", port, SECRET, NULL, reply, sizeof reply, err,
+                                     sizeof err);
+    long ms = ms_since(&t0);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    for (int i = 0; i < 60; i++)
+        close(idle[i]);
+    ck_assert_msg(put == 0 && get == 0, "%s", err);
+    ck_assert_str_eq(reply, RECORD);
+    ck_assert_msg(ms < 5000, "%ld ms", ms);
+}
+END_TEST
+
 static Suite *rendezvous_suite(void)
 {
     Suite *s = suite_create("rendezvous");
@@ -368,6 +426,7 @@ static Suite *rendezvous_suite(void)
     tcase_add_test(tc, test_rdv_close_answers_waiting_gets);
     tcase_add_test(tc, test_rdv_call_waits_in_slices);
     tcase_add_test(tc, test_rdv_unreachable_driver_is_marked);
+    tcase_add_test(tc, test_rdv_idle_flood_does_not_keep_a_task_out);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -226,18 +226,18 @@ static int conn_handshake(tsp_rdv_t *r, rdv_conn_t *c)
     return conn_read(r, c); /* the request may have come with the handshake's end */
 }
 
-/* Makes room for one more connection in the handshake: the oldest one goes. */
-static void cap_handshakes(tsp_rdv_t *r)
+/* Drops the oldest connection still in the handshake; 0 when there is none. */
+static int drop_oldest_handshake(tsp_rdv_t *r)
 {
-    if (r->handshakes < HANDSHAKES_MAX)
-        return;
     size_t old = r->nconns;
     for (size_t i = 0; i < r->nconns; i++)
         if (r->conns[i]->state == HANDSHAKE &&
             (old == r->nconns || r->conns[i]->deadline < r->conns[old]->deadline))
             old = i;
-    if (old < r->nconns)
-        conn_drop(r, old);
+    if (old == r->nconns)
+        return 0;
+    conn_drop(r, old);
+    return 1;
 }
 
 /* ---- the thread -------------------------------------------------------------------- */
@@ -247,9 +247,14 @@ static void do_accept(tsp_rdv_t *r)
     for (;;) {
         int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            /* Out of descriptors the listener stays readable: polling it again at once
-             * would spin, so it rests a moment (connections wait in the backlog). */
-            if (errno == EMFILE || errno == ENFILE)
+            /* Out of descriptors: the oldest peer still in the handshake makes room (an
+             * idle flood cannot keep a task out, whose handshake takes one round trip);
+             * with none, the listener rests a moment instead of being polled again at
+             * once (it stays readable: a spin; connections wait in the backlog). */
+            int full = errno == EMFILE || errno == ENFILE;
+            if (full && drop_oldest_handshake(r))
+                continue;
+            if (full)
                 r->accept_paused_until = tsp__now_ms() + ACCEPT_PAUSE_MS;
             return; /* EAGAIN: the next round tries again */
         }
@@ -273,7 +278,8 @@ static void do_accept(tsp_rdv_t *r)
             close(fd);
             return;
         }
-        cap_handshakes(r);
+        if (r->handshakes >= HANDSHAKES_MAX) /* the oldest in the handshake makes room */
+            drop_oldest_handshake(r);
         c->fd = fd;
         c->state = HANDSHAKE;
         c->events = POLLIN;
