@@ -138,7 +138,7 @@ bash tests/gpu/run.sh || status=1
 
 step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
-for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
+for d in tests/unit_py tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
 # --durations: the 30 slowest tests, so that the run's cost is visible where it grows; every
 # test's time is kept in build/test-times/pytest.xml (and summary.md, written at exit).

@@ -27,10 +27,10 @@ def connect_server(tmp_path_factory):
     Connect module opens its own client session on it (tsp_connect.py). Its executors
     run a Python without torchspark: Connect clients are driver-only installs, and the
     distributor ships itself through the session's artifacts."""
-    import tsp_connect
-    import tsp_spark
+    from tests.helpers import tsp_connect
+    from tests.helpers import tsp_spark
 
-    import jvmutil
+    from tests.helpers import jvmutil
 
     python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("connect-venv"))
     server = tsp_connect.ConnectServer(tmp_path_factory.mktemp("connect"), {

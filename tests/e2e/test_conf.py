@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, _conf
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import functions as F
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -14,7 +14,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor as Stock
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import DeepspeedTorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -12,7 +12,7 @@ import sys
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

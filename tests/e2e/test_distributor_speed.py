@@ -15,7 +15,7 @@ import threading
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, _rendezvous, _timing, distributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, _native
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -6,18 +6,16 @@ agent for a dump after hangTimeout (3 s) of silence and must name the right rank
 frame, and number the collective from torch's flight recorder; hangAction=cancel stops
 the run with the stacks in the exception, report lets it go on. bench/hang_bench.py runs the 10-of-each series."""
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "agent_scripts"))
-import hang_worker  # noqa: E402
+from tests.e2e.agent_scripts import hang_worker
 
 cloudpickle.register_pickle_by_value(hang_worker)
 

@@ -7,11 +7,12 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import Report, TorchDistributor
 
 STEPS = 40
@@ -230,8 +231,7 @@ def _script_file(tmp_path):
 
 TTY_DRIVER = """
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
-import logproto
+from tests.helpers import logproto
 from torchspark._native import LogServer
 from torchspark._progress import ReportHub
 srv = LogServer()
@@ -254,7 +254,7 @@ def test_progress_line_on_a_terminal_is_redrawn_in_place():
     import pty
 
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER, os.path.dirname(__file__)],
+    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER], cwd=Path(__file__).resolve().parents[2],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     out = b""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, checkpoint
 
 HERE = Path(__file__).resolve().parent
