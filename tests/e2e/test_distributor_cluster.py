@@ -31,6 +31,7 @@ SPARK_TEARDOWN_S = 2
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     gpus = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
+    # Its own: 2-core executors with fake GPUs, fixed when the context starts.
     s = tsp_spark.session("local-cluster[2,2,1024]", {
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": gpus,

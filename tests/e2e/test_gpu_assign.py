@@ -83,6 +83,7 @@ def _session(tmp_path_factory, addresses, executor_env):
     }
     for k, v in executor_env.items():
         conf[f"spark.executorEnv.{k}"] = v
+    # One per fixture: the GPUs and the executors' environment are fixed when a context starts.
     return tsp_spark.session("local-cluster[2,1,1024]", conf)
 
 

@@ -25,6 +25,7 @@ _RANGES = {0: "ranks 1-3", 1: "ranks 0, 2-3", 2: "ranks 0-1, 3", 3: "ranks 0-2"}
 
 @pytest.fixture(scope="module")
 def spark():
+    # Its own: 2-core executors (4 ranks on 2 executors), fixed when the context starts.
     s = tsp_spark.session("local-cluster[2,2,1024]", {"spark.driver.memory": "1g"})
     yield s
     s.stop()

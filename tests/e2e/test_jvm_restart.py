@@ -182,6 +182,7 @@ def test_decommission_of_a_pyspark_run(tmp_path):
     from torchspark import TorchDistributor
 
     mark = uuid.uuid4().hex
+    # Its own: spark.jars and spark.plugins are fixed when the context starts.
     spark = tsp_spark.session(jvmutil.MASTER, dict(CONF, **{
         "spark.jars": str(jvmutil.JAR), "spark.plugins": jvmutil.PLUGIN,
         "spark.decommission.enabled": "true", f"spark.executorEnv.{tsp_spark.MARK}": mark}))

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-from tests.helpers import tsp_spark
 from torchspark import Report, TorchDistributor
 
 STEPS = 40
@@ -20,10 +19,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {"spark.driver.memory": "1g"})
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    return spark_cluster
 
 
 def _train(steps, extra, width=0):
