@@ -1,10 +1,10 @@
 """The benchmarks' one harness (docs/benchmarks.md, "How to run a benchmark").
 
 Every benchmark runs from the repository root as a module, `.venv/bin/python -m bench.NAME`
-(so `bench` and `torchspark` import as packages), and nothing here or in a benchmark adds a
-directory to Python's import path: the test helpers a benchmark shares with the suites
-(tests/e2e/tsp_spark.py, test_restart.py, ...) are loaded from their files by helper(),
-under the flat names they import each other by.
+(so `bench`, `tests` and `torchspark` import as packages), and nothing here or in a benchmark
+adds a directory to Python's import path: the test helpers a benchmark shares with the suites
+(tests/helpers/tsp_spark.py, tests/e2e/test_restart.py, ...) import as tests.* modules
+(helper()).
 
     cli(__doc__, runs=5, quick={"steps": 50})  the shared flags: --runs N, --quick, --json PATH
     Run(name, args)                            samples, medians, comparisons, machine state
@@ -27,34 +27,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 SCHEMA = "torchspark-bench/1"
-# Where the helpers shared with the suites live, by the name they import each other by.
-HELPER_DIRS = ("tests/e2e", "tests/cluster", "tests/e2e/agent_scripts")
+# Where the helpers shared with the suites live: tests/ is a package, imported from the
+# repository root (the current directory of `python -m bench.NAME`).
+HELPER_PACKAGES = ("tests.helpers", "tests.e2e", "tests.cluster", "tests.e2e.agent_scripts")
 
 
 def helper(name: str):
-    """The test helper module `name` (tests/e2e/NAME.py, tests/cluster/NAME.py or
-    tests/e2e/agent_scripts/NAME.py), loaded from its file once and registered under its flat
-    name, so that the helpers' own `import tsp_spark` finds it: load a helper's
-    dependencies first (helper("tsp_spark") before helper("test_restart"))."""
-    if name in sys.modules:
-        return sys.modules[name]
-    for d in HELPER_DIRS:
-        path = ROOT / d / f"{name}.py"
-        if path.exists():
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[name]
-                raise
-            return module
-    raise ImportError(f"no test helper {name}.py in {', '.join(HELPER_DIRS)}")
+    """The test helper module `name`: tests/helpers/NAME.py, or the test module
+    tests/e2e/NAME.py, tests/cluster/NAME.py or tests/e2e/agent_scripts/NAME.py."""
+    for package in HELPER_PACKAGES:
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            return importlib.import_module(f"{package}.{name}")
+    raise ImportError(f"no test helper {name}.py in {', '.join(HELPER_PACKAGES)}")
 
 
 def helpers(*names: str) -> list:
-    """helper() of each name, in order (dependencies first)."""
+    """helper() of each name, in order."""
     return [helper(n) for n in names]
 
 
@@ -214,6 +202,6 @@ class Run:
 
 def spark_session(master: str, conf: dict | None = None):
     """A classic SparkSession for a benchmark: the end-to-end suites' builder
-    (tests/e2e/tsp_spark.py: the checkout's Python on the executors, no UI, spark.testing,
+    (tests/helpers/tsp_spark.py: the checkout's Python on the executors, no UI, spark.testing,
     1 GiB executors, log level ERROR), with conf on top."""
     return helper("tsp_spark").session(master, dict(conf or {}))

@@ -1,5 +1,5 @@
 """Issue 20's series: N faults (default 20) on the network-namespace multi-host cluster
-(tests/cluster/netns_cluster.py: needs root and network namespaces, as tests/cluster does),
+(tests/helpers/netns_cluster.py: needs root and network namespaces, as tests/cluster does),
 each at a random time, cycling the three kinds: SIGKILL of a non-rank-0 executor JVM
 (exec_kill), a host's link taken down (link_cut), SIGKILL of rank 0's executor JVM
 (rank0_kill). The faults run in rounds of (by default) 3: each round is a fresh 3-worker
@@ -37,7 +37,7 @@ import time
 from bench import harness
 
 # tests/cluster's helpers: the series (kill_series.py) needs its harness.py and the cluster.
-nc, _, ks = harness.helpers("netns_cluster", "harness", "kill_series")
+nc, _, ks = harness.helpers("netns_cluster", "cluster_harness", "kill_series")
 
 
 def main() -> int:

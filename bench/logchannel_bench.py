@@ -215,7 +215,7 @@ def driver_end_alone(src: Path, digest: bytes) -> float:
     what a sender that does not hash sends (pure-Python protocol client, the file's
     bytes by sendfile(), the digest computed beforehand): the rate the driver sustains
     when the agent is on another machine. GB/s from the first byte to the verified end."""
-    import logproto
+    from tests.helpers import logproto
     size = src.stat().st_size
     srv = LogServer()
     srv.expect_output(None)
@@ -252,7 +252,7 @@ def agent_end_alone(src: Path) -> float:
     them into one reused buffer and confirms the digest the agent sent): the rate the agent
     sustains when the driver is on another machine. GB/s of the whole call."""
     import hmac as _hmac
-    import logproto
+    from tests.helpers import logproto
     secret = os.urandom(32)
     lsock = socket.create_server(("127.0.0.1", 0))
     port = lsock.getsockname()[1]

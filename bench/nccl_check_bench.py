@@ -7,21 +7,15 @@ build). Prints a Markdown table.
     .venv/bin/python -m bench.nccl_check_bench --runs 5
 """
 import os
-import socket
 import subprocess
 import time
 
 from bench import harness
+from tests.helpers.agentutil import free_port
 
 BUILD = harness.ROOT / "build"
 RUN = str(BUILD / "bin" / "torchspark-run")
 STUBS = BUILD / "tests" / "unit"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def once(args, extra_env=None) -> float:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import time
 from pyspark.ml.torch.distributor import TorchDistributor as Stock
 
 from bench import harness
+from tests.helpers.agentutil import free_port
 
 os.environ["TORCHSPARK_TIMING"] = "1"
 from torchspark import TorchDistributor as Ours  # noqa: E402
@@ -73,12 +73,6 @@ def bare_job(sc) -> float:
 
 def import_torch() -> float:
     return timed(lambda: subprocess.run([sys.executable, "-c", "import torch"], check=True))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_pg() -> float:

@@ -1,7 +1,7 @@
 #!/bin/sh
 # One Spark standalone daemon in the foreground: the single place that knows how a master or a
 # worker of our test and demo clusters is started. The network-namespace cluster
-# (tests/cluster/netns_cluster.py) and the docker/compose.yaml services both run this script,
+# (tests/helpers/netns_cluster.py) and the docker/compose.yaml services both run this script,
 # so what the tests exercise is what users start.
 #
 # Usage:

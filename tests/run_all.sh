@@ -18,6 +18,11 @@ quick=0
 if [ "${1:-}" = "--quick" ]; then quick=1; shift; fi
 bash tests/setup.sh
 jobs=$(nproc)
+# pytest runs its modules on this many workers (pytest-xdist, --dist loadscope: a module, or a
+# group of modules sharing a cluster, runs whole on one worker; tests/conftest.py); 0: in this
+# process. Arguments given to this script come after it, so `-n 0` there wins too.
+workers=${TSP_PYTEST_WORKERS:-2}
+xdist=(-n "$workers" --dist loadscope)
 times=build/test-times
 rm -rf "$times"
 mkdir -p "$times"
@@ -47,7 +52,8 @@ if [ "$quick" = 1 ]; then
   ctest --test-dir build --output-on-failure -j"$jobs" || status=1
   step "quick pytest tier (pure unit and contract tests, one end-to-end smoke run)"
   mapfile -t quick_tests < <(grep -vE '^[[:space:]]*(#|$)' tests/quick.txt)
-  .venv/bin/python -m pytest -ra --junitxml="$times/pytest.xml" "${quick_tests[@]}" "$@" || status=1
+  .venv/bin/python -m pytest -ra "${xdist[@]}" --junitxml="$times/pytest.xml" "${quick_tests[@]}" "$@" \
+    || status=1
   exit $status
 fi
 # The version matrix's oldest torch (tests/setup_torch.sh: 2.8 GB, once per machine, under a
@@ -138,11 +144,11 @@ bash tests/gpu/run.sh || status=1
 
 step "end-to-end tests (pytest on real torch and Spark)"
 suites=()
-for d in tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
+for d in tests/unit_py tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
 # --durations: the 30 slowest tests, so that the run's cost is visible where it grows; every
 # test's time is kept in build/test-times/pytest.xml (and summary.md, written at exit).
-.venv/bin/python -m pytest -ra --durations=30 --junitxml="$times/pytest.xml" "${suites[@]}" "$@"
+.venv/bin/python -m pytest -ra --durations=30 "${xdist[@]}" --junitxml="$times/pytest.xml" "${suites[@]}" "$@"
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1

@@ -9,13 +9,10 @@ namespaces are not permitted, every test that needs them is skipped with the rea
 
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import netns_cluster as nc  # noqa: E402
+from tests.helpers import netns_cluster as nc
 
 _WHY_NOT = None
 _CHECKED = False

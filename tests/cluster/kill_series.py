@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from harness import (FAULT_CONF, finish_driver, start_driver, wait_no_training_processes,
+from tests.helpers.cluster_harness import (FAULT_CONF, finish_driver, start_driver, wait_no_training_processes,
                      write_config)
 
 KINDS = ("exec_kill", "rank0_kill", "link_cut")
@@ -122,7 +122,7 @@ def phases(f: Dict, att: List[Dict], spark: Dict, pdir: Path, written: Dict) -> 
 
 def executor_jvms(cluster, key: str) -> List[int]:
     """The pids of the executor JVMs (CoarseGrainedExecutorBackend) on host `key`."""
-    import netns_cluster as nc
+    from tests.helpers import netns_cluster as nc
     return [p["pid"] for p in nc.marker_processes(cluster.marker)
             if "CoarseGrainedExecutorBackend" in p["cmdline"]
             and cluster.host_of_netns(p["netns"]) == key]

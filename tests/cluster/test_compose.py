@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import netns_cluster as nc
+from tests.helpers import netns_cluster as nc
 
 HERE = Path(__file__).resolve().parent
 DOCKER = nc.ROOT / "docker"

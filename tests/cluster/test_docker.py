@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-import netns_cluster as nc
+from tests.helpers import netns_cluster as nc
 
 DOCKER = nc.ROOT / "docker"
 

@@ -2,15 +2,12 @@
 executors run a Python that sees pyspark and torch but not torchspark (neither the
 checkout's source nor .venv), and the distributor ships its own package through Spark's
 file distribution (one INFO line) before DDP training on 2 hosts."""
-import sys
-from pathlib import Path
 
 import pytest
 
-from harness import run_driver, torchspark_unavailable
+from tests.helpers.cluster_harness import run_driver, torchspark_unavailable
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-import tsp_spark  # noqa: E402
+from tests.helpers import tsp_spark
 
 
 def test_driver_only_install_trains_across_hosts(cluster, tmp_path):

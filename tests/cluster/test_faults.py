@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import (FAULT_CONF, finish_driver, start_driver, torchspark_unavailable,
+from tests.helpers.cluster_harness import (FAULT_CONF, finish_driver, start_driver, torchspark_unavailable,
                      training_processes, wait_no_training_processes, write_config)
-from kill_series import progress as _progress, run_series
+from tests.cluster.kill_series import progress as _progress, run_series
 
 START_TIMEOUT = 240  # driver + executors up and every rank past step 2
 FAULT_BOUND = 60  # run() raises within this many seconds of the fault

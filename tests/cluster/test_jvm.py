@@ -5,13 +5,10 @@ driver, rank 0's output back, a failing rank named with its host and exit code, 
 left running."""
 import os
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-import jvmutil  # noqa: E402
+from tests.helpers import jvmutil
 
 pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built")
 

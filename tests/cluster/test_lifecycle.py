@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import netns_cluster as nc
+from tests.helpers import netns_cluster as nc
 
 HERE = Path(__file__).resolve().parent
 PY = str(nc.ROOT / ".venv" / "bin" / "python")
@@ -99,7 +99,7 @@ def _wait_line(proc, prefix, timeout):
 
 
 def test_cli_tears_down_on_sigint(tmp_path):
-    p = subprocess.Popen([PY, str(HERE / "netns_cluster.py"), "up", "--workers", "1",
+    p = subprocess.Popen([PY, nc.__file__, "up", "--workers", "1",
                           "--run-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         _, lines = _wait_line(p, "READY", 150)
@@ -133,7 +133,8 @@ def test_fixture_tears_down_after_failed_test(tmp_path):
             assert False, "deliberate failure"
     """))
     r = subprocess.run([PY, "-m", "pytest", "-s", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env=dict(os.environ, PYTHONPATH=str(nc.ROOT)))  # conftest: tests.helpers
     assert "deliberate failure" in r.stdout and r.returncode == 1, r.stdout[-3000:]
     inner = json.loads(next(ln for ln in r.stdout.splitlines() if ln.startswith("INNER "))[6:])
     assert nc.leftovers_of(inner["runid"], inner["marker"]) == []

@@ -14,9 +14,9 @@ import json
 import time
 from pathlib import Path
 
-from harness import finish_driver, start_driver, wait_no_training_processes, write_config
+from tests.helpers.cluster_harness import finish_driver, start_driver, wait_no_training_processes, write_config
 
-import netns_cluster as nc
+from tests.helpers import netns_cluster as nc
 
 STUBS = nc.ROOT / "build" / "tests" / "unit"
 VICTIM = "worker2"

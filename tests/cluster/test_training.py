@@ -13,8 +13,8 @@ import re
 
 import pytest
 
-import netns_cluster as nc
-from harness import run_driver, torchspark_unavailable
+from tests.helpers import netns_cluster as nc
+from tests.helpers.cluster_harness import run_driver, torchspark_unavailable
 
 # One driver program per flavor runs the 2-host and then the 3-host training in one Spark
 # application (driver and executors start once): typically 60-120 s on 2 busy cores.

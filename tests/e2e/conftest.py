@@ -21,16 +21,37 @@ def run_bin() -> Path:
     return RUN_BIN
 
 
+@pytest.fixture(scope="module")
+def spark_cluster():
+    """local-cluster[2,1,1024] (2 executors of 1 core, 1 GiB), shared by every module that
+    asks for it (each listed in tests/conftest.py's GROUPS, so that they run one after
+    another on one xdist worker): started by the first, kept until one of another
+    configuration or the run's end. Its executors carry
+    tsp_spark.MARK=tsp_spark.SHARED_MARK. Per-run settings go through tsp_spark.runtime_conf;
+    a test that kills an executor for good calls tsp_spark.discard_shared() after."""
+    from tests.helpers import tsp_spark
+
+    return tsp_spark.shared(tsp_spark.CLUSTER)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_shared_spark():
+    yield
+    from tests.helpers import tsp_spark
+
+    tsp_spark.stop_shared()
+
+
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory):
     """One real Spark Connect server (local-cluster[2,1,1024]) for the whole run; each
     Connect module opens its own client session on it (tsp_connect.py). Its executors
     run a Python without torchspark: Connect clients are driver-only installs, and the
     distributor ships itself through the session's artifacts."""
-    import tsp_connect
-    import tsp_spark
+    from tests.helpers import tsp_connect
+    from tests.helpers import tsp_spark
 
-    import jvmutil
+    from tests.helpers import jvmutil
 
     python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("connect-venv"))
     server = tsp_connect.ConnectServer(tmp_path_factory.mktemp("connect"), {

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from agentutil import (PY, SCRIPTS, WORKER, base_env, finish, free_port, load_json, new_marker, run,
+from tests.helpers.agentutil import (PY, SCRIPTS, WORKER, base_env, finish, free_port, load_json, new_marker, run,
                        start, survivors, torchrun_cmd, tsr_cmd)
 
 ARGS_TAIL = ["first", "lr=${local_rank}", "${local_rank}${local_rank}"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agentutil import (PY, WORKER, base_env, failure_block, finish, free_port, load_json,
+from tests.helpers.agentutil import (PY, WORKER, base_env, failure_block, finish, free_port, load_json,
                        new_marker, root_cause, run, start, survivors, torchrun_cmd, tsr_cmd,
                        wait_for_files)
 

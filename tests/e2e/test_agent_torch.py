@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentutil import (SCRIPTS, base_env, free_port, load_json, new_marker, run, survivors,
+from tests.helpers.agentutil import (SCRIPTS, base_env, free_port, load_json, new_marker, run, survivors,
                        torchrun_cmd, tsr_cmd)
 
 DDP = str(SCRIPTS / "ddp_bitexact.py")

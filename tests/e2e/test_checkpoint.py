@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from logchannel_harness import ROOT, RUN_BIN
+from tests.helpers.logchannel_harness import ROOT, RUN_BIN
 from torchspark import checkpoint
 
 
@@ -70,7 +70,6 @@ def test_non_zero_ranks_write_nothing(tmp_path, monkeypatch):
 
 _SLOW_SAVE = r"""
 import sys, torch
-sys.path.insert(0, sys.argv[2])
 from torchspark import checkpoint
 checkpoint.save({"w": torch.zeros(4)}, 1, dir=sys.argv[1])
 print("saved 1", flush=True)
@@ -80,8 +79,7 @@ print("saved 2", flush=True)
 
 
 def test_a_save_killed_midway_leaves_the_previous_checkpoint(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(tmp_path),
-                          str(ROOT / "spark-glue" / "python")], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_SAVE, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "saved 1"
     step2 = tmp_path / "step-000000000002"
     deadline = time.monotonic() + 60
@@ -245,7 +243,6 @@ def test_a_corrupted_newest_falls_back_to_the_previous_complete_one(tmp_path):
 
 _FAILED_SAVE = r"""
 import os, resource, signal, sys, torch
-sys.path.insert(0, sys.argv[2])
 from torchspark import checkpoint
 checkpoint.save({"w": torch.zeros(4)}, 1, dir=sys.argv[1])
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a full disk, as write() sees it: EFBIG
@@ -259,8 +256,7 @@ except OSError as e:
 
 def test_a_failed_save_removes_its_partial_files(tmp_path):
     ckdir = tmp_path / "ck"
-    r = subprocess.run([sys.executable, "-c", _FAILED_SAVE, str(ckdir),
-                        str(ROOT / "spark-glue" / "python")], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _FAILED_SAVE, str(ckdir)], capture_output=True, text=True,
                        timeout=120)
     assert r.stdout.startswith("failed"), (r.stdout, r.stderr[-2000:])
     assert sorted(os.listdir(ckdir)) == ["step-000000000001"]  # no step 2, no temporary file

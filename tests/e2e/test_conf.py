@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, _conf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,6 +32,7 @@ def test_the_docs_list_every_setting_with_its_default(doc):
 
 @pytest.fixture(scope="module")
 def spark():
+    # Its own (docs/testing.md, "Shared Spark"): local[1], no other module's configuration.
     s = tsp_spark.session("local[1]", {"spark.torchspark.plugin.killGraceMs": "2s"})
     yield s
     s.stop()

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from agentutil import SCRIPTS, base_env, free_port, new_marker, run, survivors, tsr_cmd
+from tests.helpers.agentutil import SCRIPTS, base_env, free_port, new_marker, run, survivors, tsr_cmd
 
 SCRIPT = str(SCRIPTS / "chatty.py")
 NPROC, LINES = 4, 3000

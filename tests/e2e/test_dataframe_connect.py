@@ -11,7 +11,7 @@ from pyspark import cloudpickle
 from pyspark.ml.functions import array_to_vector
 from pyspark.sql import functions as F
 
-import tsp_connect
+from tests.helpers import tsp_connect
 from torchspark import TorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -116,10 +117,9 @@ NO_WARNING = textwrap.dedent("""
     import os, sys, warnings
     warnings.simplefilter("error")  # any warning, torch's "not writable" included, fails
     import pyarrow as pa
-    sys.path.insert(0, sys.argv[1])
-    import test_dataframe_loader as t
+    from tests.e2e import test_dataframe_loader as t
     from torchspark import data
-    d = sys.argv[2]
+    d = sys.argv[1]
     os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     tbl = t.table(50)
     for name, opts in [("stream", {}), ("file", {"stream": False})]:
@@ -146,8 +146,8 @@ def test_no_warning_reaches_the_user(tmp_path, monkeypatch):
     is not writable" warns once per process, so a fresh one runs every path with warnings
     as errors): stream and file, DataLoader workers, shuffled, wrapped, decompressed."""
     monkeypatch.delenv(data.STOCK_FILE_ENV, raising=False)
-    r = subprocess.run([sys.executable, "-c", NO_WARNING, os.path.dirname(__file__),
-                        str(tmp_path)], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", NO_WARNING, str(tmp_path)],
+                       cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "no warning" in r.stdout, r.stderr[-3000:]
     assert "Warning" not in r.stderr, r.stderr[-3000:]
 

@@ -15,7 +15,7 @@ from pyspark import cloudpickle
 from pyspark.ml.feature import VectorAssembler
 from pyspark.sql import functions as F
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -26,6 +26,7 @@ N = 1200  # rows: 600 a partition, 300 a process with 2 processes per task
 def spark(tmp_path_factory):
     gpus = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
     local = tmp_path_factory.mktemp("local")
+    # Its own: the workers' fake GPUs and spark.local.dir are fixed when the context starts.
     s = tsp_spark.session("local-cluster[2,1,1024]", {
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": gpus,

@@ -14,7 +14,6 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.ml.deepspeed.deepspeed_distributor import DeepspeedTorchDistributor as Stock
 
-import tsp_spark
 from torchspark import DeepspeedTorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -36,10 +35,8 @@ with open(os.path.join(out, "rank%s.json" % os.environ["RANK"]), "w") as f:
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {})
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    return spark_cluster
 
 
 def outcome(fn):

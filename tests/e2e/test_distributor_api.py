@@ -13,7 +13,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -22,6 +22,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     gpus = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1", "2", "3"])
+    # Its own: the driver's 4 fake GPUs are fixed when the context starts.
     s = tsp_spark.session("local[2]", {"spark.driver.resource.gpu.amount": "4",
                                        "spark.driver.resource.gpu.discoveryScript": gpus})
     yield s

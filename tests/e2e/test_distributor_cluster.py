@@ -16,7 +16,7 @@ import torch
 from pyspark import cloudpickle
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -31,6 +31,7 @@ SPARK_TEARDOWN_S = 2
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
     gpus = tsp_spark.fake_gpu_script(tmp_path_factory.mktemp("gpu"), ["0", "1"])
+    # Its own: 2-core executors with fake GPUs, fixed when the context starts.
     s = tsp_spark.session("local-cluster[2,2,1024]", {
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": gpus,

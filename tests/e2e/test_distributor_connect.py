@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-import jvmutil
-import tsp_connect
-import tsp_spark
-from test_restart import _steplog, executor_of_node
+from tests.helpers import jvmutil
+from tests.helpers import tsp_connect
+from tests.helpers import tsp_spark
+from tests.e2e.test_restart import _steplog, executor_of_node
 from torchspark import TorchDistributor, TorchDistributorError, _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])

@@ -12,7 +12,7 @@ import sys
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -24,6 +24,7 @@ OTHER = "0.0.1"  # the torchspark version the executors' Python has
 def spark(tmp_path_factory):
     python = tsp_spark.python_without_torchspark(tmp_path_factory.mktemp("exec-venv"),
                                                 other_version=OTHER)
+    # Its own: the executors run another Python (PYSPARK_PYTHON, fixed per context).
     s = tsp_spark.session("local-cluster[2,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
     }, python=python)

@@ -15,7 +15,6 @@ import threading
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
 from torchspark import TorchDistributor, _rendezvous, _timing, distributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -42,10 +41,8 @@ class Counting(io.TextIOBase):
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {})
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    return spark_cluster
 
 
 def spam(n):

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import time
 
-from agentutil import TSR, base_env, free_port, new_marker
+from tests.helpers.agentutil import TSR, base_env, free_port, new_marker
 from torchspark._native import LogServer
 
 WAIT_FOR_GO = ('import os, sys, time\n'

@@ -12,27 +12,22 @@ import os
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, _native
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-MARK_VALUE = uuid.uuid4().hex
+MARK_VALUE = tsp_spark.SHARED_MARK
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {
-        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
-        "spark.torchspark.warmWorkers.idleTimeout": "60s",
-    })
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.warmWorkers.idleTimeout": "60s"}):
+        yield spark_cluster
 
 
 def _hold(flag_dir):

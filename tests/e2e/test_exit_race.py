@@ -14,7 +14,7 @@ import subprocess
 
 from pyspark import cloudpickle
 
-from agentutil import SCRIPTS, base_env, free_port, new_marker, survivors, tsr_cmd
+from tests.helpers.agentutil import SCRIPTS, base_env, free_port, new_marker, survivors, tsr_cmd
 
 RUNS = 3
 

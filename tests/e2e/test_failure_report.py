@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from agentutil import (SCRIPTS, base_env, failure_block, free_port, load_json, new_marker,
+from tests.helpers.agentutil import (SCRIPTS, base_env, failure_block, free_port, load_json, new_marker,
                        root_cause, run, survivors, tsr_cmd)
 
 SCRIPT = str(SCRIPTS / "chained_error.py")

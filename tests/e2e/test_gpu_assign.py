@@ -24,7 +24,7 @@ import uuid
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -83,6 +83,7 @@ def _session(tmp_path_factory, addresses, executor_env):
     }
     for k, v in executor_env.items():
         conf[f"spark.executorEnv.{k}"] = v
+    # One per fixture: the GPUs and the executors' environment are fixed when a context starts.
     return tsp_spark.session("local-cluster[2,1,1024]", conf)
 
 

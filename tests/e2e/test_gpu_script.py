@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-import tsp_spark
+from tests.helpers import tsp_spark
 
 ROOT = tsp_spark.ROOT
 RUN_SH = str(ROOT / "tests" / "gpu" / "run.sh")

@@ -6,18 +6,16 @@ agent for a dump after hangTimeout (3 s) of silence and must name the right rank
 frame, and number the collective from torch's flight recorder; hangAction=cancel stops
 the run with the stacks in the exception, report lets it go on. bench/hang_bench.py runs the 10-of-each series."""
 import re
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "agent_scripts"))
-import hang_worker  # noqa: E402
+from tests.e2e.agent_scripts import hang_worker
 
 cloudpickle.register_pickle_by_value(hang_worker)
 
@@ -27,6 +25,7 @@ _RANGES = {0: "ranks 1-3", 1: "ranks 0, 2-3", 2: "ranks 0-1, 3", 3: "ranks 0-2"}
 
 @pytest.fixture(scope="module")
 def spark():
+    # Its own: 2-core executors (4 ranks on 2 executors), fixed when the context starts.
     s = tsp_spark.session("local-cluster[2,2,1024]", {"spark.driver.memory": "1g"})
     yield s
     s.stop()

@@ -20,11 +20,11 @@ import uuid
 
 import pytest
 
-import jvmutil
-from test_restart import (_cmdline, _steplog, _tree, check_resumed, executor_id, executor_of,
+from tests.helpers import jvmutil
+from tests.e2e.test_restart import (_cmdline, _steplog, _tree, check_resumed, executor_id, executor_of,
                           executor_of_node, kill_all)
 
-import tsp_spark
+from tests.helpers import tsp_spark
 
 pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
                                 "(needs javac 17 and junit4: bash tests/setup.sh)")
@@ -182,6 +182,7 @@ def test_decommission_of_a_pyspark_run(tmp_path):
     from torchspark import TorchDistributor
 
     mark = uuid.uuid4().hex
+    # Its own: spark.jars and spark.plugins are fixed when the context starts.
     spark = tsp_spark.session(jvmutil.MASTER, dict(CONF, **{
         "spark.jars": str(jvmutil.JAR), "spark.plugins": jvmutil.PLUGIN,
         "spark.decommission.enabled": "true", f"spark.executorEnv.{tsp_spark.MARK}": mark}))

@@ -14,11 +14,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-import jvmutil
+from tests.helpers import jvmutil
 
 pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
                                 "(needs javac 17 and junit4: bash tests/setup.sh)")
@@ -236,8 +235,7 @@ def test_plugin_stops_a_cancelled_runner_job():
 # jobs cancelled while their tasks start (TORCHSPARK_RENDEZVOUS is read at each run()).
 _PYSPARK_CANCELS = """
 import json, os, sys, time
-sys.path.insert(0, sys.argv[1])
-import jvmutil
+from tests.helpers import jvmutil
 mark = jvmutil.new_mark()
 spark = jvmutil.pyspark_session(plugin=True, mark=mark)
 try:
@@ -262,7 +260,7 @@ print("RESULT " + json.dumps(res), flush=True)
 
 @pytest.fixture(scope="module")
 def pyspark_cancels():
-    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCELS, str(Path(__file__).parent)],
+    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCELS], cwd=jvmutil.ROOT,
                        capture_output=True, text=True, timeout=1200)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
@@ -281,9 +279,8 @@ def test_plugin_stops_a_cancelled_pyspark_job(pyspark_cancels):
 # job's processes from the freeze, then thaws it.
 _PYSPARK_FROZEN = """
 import json, os, signal, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-import jvmutil, tsp_spark
-mark, script = sys.argv[2], sys.argv[3]
+from tests.helpers import jvmutil, tsp_spark
+mark, script = sys.argv[1], sys.argv[2]
 spark = jvmutil.pyspark_session(plugin=True, mark=mark)
 from torchspark import TorchDistributor
 def train():
@@ -318,14 +315,13 @@ def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(tmp_path):
     # Issue 20: the agents lived 1.02-1.04 s here, waiting for the frozen driver to
     # acknowledge their last lines until the plugin's SIGKILL; now they give up after
     # 100 ms and write those lines to the executor's log with one warning.
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     mark = jvmutil.new_mark()
     script = tmp_path / "steady.py"
     script.write_text(_STEADY)
-    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN, str(Path(__file__).parent), mark,
-                          str(script)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN, mark, str(script)],
+                         cwd=jvmutil.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     gone = -1.0
     try:
         for line in p.stdout:
@@ -357,10 +353,9 @@ def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(tmp_path):
 # (the interrupt listener on Spark 4.3+, the 20 ms poll before).
 _PYSPARK_FROZEN_DDP = """
 import os, signal, sys, threading, time
-sys.path.insert(0, sys.argv[1])
-import jvmutil, tsp_spark
+from tests.helpers import jvmutil, tsp_spark
 from torchspark import TorchDistributor
-mark = sys.argv[2]
+mark = sys.argv[1]
 spark = jvmutil.pyspark_session(plugin=True, mark=mark)
 def train():
     try:
@@ -406,11 +401,11 @@ def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(tmp_pat
     import time
 
     import pyspark
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     mark = jvmutil.new_mark()
     err = open(tmp_path / "driver.err", "w")
-    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN_DDP, str(Path(__file__).parent), mark],
+    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN_DDP, mark], cwd=jvmutil.ROOT,
                          stdout=subprocess.PIPE, stderr=err, text=True)
     workers_gone = gone = -1.0
     try:

@@ -23,8 +23,8 @@ import time
 
 import pytest
 
-from agentutil import base_env, free_port, new_marker, survivors
-from logchannel_harness import RUN_BIN
+from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
+from tests.helpers.logchannel_harness import RUN_BIN
 from torchspark._native import LogServer
 
 REPS = int(os.environ.get("EARLY_FAILURE_REPS", "5"))

@@ -18,19 +18,18 @@ import time
 
 import pytest
 
-import logproto
-from logchannel_harness import ROOT, RUN_BIN
-from logproto import AUTH, CHALLENGE, ERROR, WELCOME, frame, hello, mac, read_frame
+from tests.helpers import logproto
+from tests.helpers.logchannel_harness import RUN_BIN
+from tests.helpers.logproto import AUTH, CHALLENGE, ERROR, WELCOME, frame, hello, mac, read_frame
 
 # The driver: limits its descriptors (and, for "emfile", spends all but a few of them),
 # starts a log server, prints how to reach it, then prints every line it pulls.
 _DRIVER = r"""
 import json, os, resource, sys
-sys.path.insert(0, sys.argv[1])
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from torchspark._native import LogServer
 srv = LogServer(secret=bytes(range(32)))
-if sys.argv[2] == "emfile":
+if sys.argv[1] == "emfile":
     spent = []
     try:
         while True:
@@ -66,8 +65,7 @@ def _start_driver(mode: str):
     # Its stderr goes to a file: a pipe nobody reads would block a chatty driver, not
     # let it spin.
     err = tempfile.TemporaryFile()
-    drv = subprocess.Popen([sys.executable, "-c", _DRIVER, str(ROOT / "spark-glue" / "python"),
-                            mode], stdout=subprocess.PIPE, stderr=err, bufsize=0)
+    drv = subprocess.Popen([sys.executable, "-c", _DRIVER, mode], stdout=subprocess.PIPE, stderr=err, bufsize=0)
     drv.err_file = err
     info = json.loads(drv.stdout.readline())
     return drv, info
@@ -195,7 +193,6 @@ def _rss_kb(pid: int) -> int:
 # The rendezvous' end on the driver (docs/protocol.md 2.1), in a process limited the same way.
 _RDV_DRIVER = r"""
 import json, resource, sys
-sys.path.insert(0, sys.argv[1])
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from torchspark._rendezvous import Server
 srv = Server("127.0.0.1")
@@ -205,8 +202,7 @@ sys.stdin.read()
 
 
 def test_rendezvous_out_of_descriptors_does_not_spin():
-    drv = subprocess.Popen([sys.executable, "-c", _RDV_DRIVER,
-                            str(ROOT / "spark-glue" / "python")],
+    drv = subprocess.Popen([sys.executable, "-c", _RDV_DRIVER],
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     socks = []
     try:
@@ -230,7 +226,7 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
 
 
 def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
-    from test_output_channel import _ship
+    from tests.e2e.test_output_channel import _ship
     from torchspark._native import LogServer
 
     srv = LogServer()
@@ -264,7 +260,7 @@ def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path)
 
 
 def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
-    from test_output_channel import _expected_sha, _ship
+    from tests.e2e.test_output_channel import _expected_sha, _ship
     from torchspark._native import LogServer
 
     victim = tmp_path / "victim"
@@ -290,7 +286,7 @@ def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
 
 
 def test_a_stranger_cannot_hold_the_output_slot(tmp_path):
-    from test_output_channel import _ship
+    from tests.e2e.test_output_channel import _ship
     from torchspark._native import LogServer
 
     srv = LogServer()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from logchannel_harness import (RUN_BIN, Collector, drain_all, expected, pump_until,
+from tests.helpers.logchannel_harness import (RUN_BIN, Collector, drain_all, expected, pump_until,
                                 start_agents)
 from torchspark._native import LogServer
 

@@ -1,13 +1,13 @@
 """Security of the driver log channel: no secret, a wrong HMAC and a replayed handshake
 are refused with a reason; 1,000 garbage connections do not stop a real agent's lines.
 Runs against the native server through the Python binding (the one the PySpark backend
-uses), with a pure-Python protocol client (tests/e2e/logproto.py)."""
+uses), with a pure-Python protocol client (tests/helpers/logproto.py)."""
 import os
 import socket
 import time
 
-import logproto
-from logproto import ERROR, RawAgent
+from tests.helpers import logproto
+from tests.helpers.logproto import ERROR, RawAgent
 from torchspark._native import LogServer
 
 
@@ -201,7 +201,7 @@ def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):
     import sys
     import textwrap
 
-    from logchannel_harness import RUN_BIN
+    from tests.helpers.logchannel_harness import RUN_BIN
 
     srv = LogServer()
     proxy = _OnPathProxy(srv.port)

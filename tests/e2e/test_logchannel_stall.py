@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from logchannel_harness import RUN_BIN
+from tests.helpers.logchannel_harness import RUN_BIN
 from torchspark._native import LogServer
 
 

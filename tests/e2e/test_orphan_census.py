@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from agentutil import (PY, WORKER, base_env, finish, free_port, marked_pids, new_marker,
+from tests.helpers.agentutil import (PY, WORKER, base_env, finish, free_port, marked_pids, new_marker,
                        start, survivors, tsr_cmd, wait_for_files)
 
 NPROC = 3

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from logchannel_harness import RUN_BIN
+from tests.helpers.logchannel_harness import RUN_BIN
 from torchspark import _task
 from torchspark._native import LogServer
 

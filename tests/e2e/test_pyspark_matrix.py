@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import jvmutil
+from tests.helpers import jvmutil
 
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = os.environ.get("TORCHSPARK_MATRIX_PYSPARK", "3.5.9")

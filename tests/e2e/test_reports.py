@@ -7,11 +7,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
 from torchspark import Report, TorchDistributor
 
 STEPS = 40
@@ -19,10 +19,8 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {"spark.driver.memory": "1g"})
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    return spark_cluster
 
 
 def _train(steps, extra, width=0):
@@ -230,8 +228,7 @@ def _script_file(tmp_path):
 
 TTY_DRIVER = """
 import json, sys, time
-sys.path.insert(0, sys.argv[1])
-import logproto
+from tests.helpers import logproto
 from torchspark._native import LogServer
 from torchspark._progress import ReportHub
 srv = LogServer()
@@ -254,7 +251,7 @@ def test_progress_line_on_a_terminal_is_redrawn_in_place():
     import pty
 
     master, slave = pty.openpty()
-    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER, os.path.dirname(__file__)],
+    p = subprocess.Popen([sys.executable, "-c", TTY_DRIVER], cwd=Path(__file__).resolve().parents[2],
                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=slave)
     os.close(slave)
     out = b""

@@ -16,26 +16,23 @@ from pathlib import Path
 import pytest
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, checkpoint
 
 HERE = Path(__file__).resolve().parent
 SCRIPT = str(HERE / "agent_scripts" / "resume_train.py")
-MARK_VALUE = uuid.uuid4().hex
+MARK_VALUE = tsp_spark.SHARED_MARK
 EVERY = 5  # steps between checkpoints
 STEPS_PER_ATTEMPT = 8  # steps an attempt runs (after its resume) before the next kill
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {
-        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
-        # A replacement executor JVM starts in seconds on a quiet machine, but can take
-        # a minute on a loaded 2-core CI runner.
-        "spark.torchspark.job.replacementTimeout": "180s",
-    })
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    # A replacement executor JVM starts in seconds on a quiet machine, but can take
+    # a minute on a loaded 2-core CI runner.
+    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.job.replacementTimeout": "180s"}):
+        yield spark_cluster
+    tsp_spark.discard_shared()  # its executors were killed and replaced: the next module's is new
 
 
 def _cmdline(pid: int) -> list:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from agentutil import PY, SCRIPTS, base_env, load_json, new_marker, run, survivors, tsr_cmd
+from tests.helpers.agentutil import PY, SCRIPTS, base_env, load_json, new_marker, run, survivors, tsr_cmd
 
 PROBE = SCRIPTS / "script_probe.py"
 

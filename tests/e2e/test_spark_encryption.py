@@ -16,12 +16,13 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MASTER = "local-cluster[1,1,1024]"  # one executor: a distributed run of one node is enough
+# Each test its own session: Spark's authentication and encryption are fixed when a context starts.
 NOT_ENCRYPTED = ("torch's own data plane (the TCPStore, gloo and NCCL collectives) is encrypted "
                  "neither by torchspark nor by Spark: see docs/security.md, \"What torchspark "
                  "does not encrypt\"")

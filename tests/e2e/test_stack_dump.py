@@ -9,7 +9,7 @@ import signal
 import textwrap
 import time
 
-from agentutil import PY, base_env, finish, new_marker, start, survivors, tsr_cmd
+from tests.helpers.agentutil import PY, base_env, finish, new_marker, start, survivors, tsr_cmd
 
 WORKER = textwrap.dedent("""
     import faulthandler, os, signal, sys, threading, time

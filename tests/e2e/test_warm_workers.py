@@ -19,22 +19,18 @@ from pathlib import Path
 import pytest
 from pyspark import cloudpickle
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError, _warm
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-MARK_VALUE = uuid.uuid4().hex
+MARK_VALUE = tsp_spark.SHARED_MARK
 MARK_NAME = tsp_spark.MARK
 
 
 @pytest.fixture(scope="module")
-def spark():
-    s = tsp_spark.session("local-cluster[2,1,1024]", {
-        f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
-        "spark.torchspark.warmWorkers.idleTimeout": "60s",
-    })
-    yield s
-    s.stop()
+def spark(spark_cluster):
+    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.warmWorkers.idleTimeout": "60s"}):
+        yield spark_cluster
 
 
 def _whoami(tag):
@@ -440,10 +436,11 @@ def _pools_anchored_on(pid):
     return found
 
 
-def test_an_executor_stopped_mid_run_leaves_no_pool_and_no_worker(spark):
+def test_an_executor_stopped_mid_run_leaves_no_pool_and_no_worker(spark, request):
     """Last of the Spark tests here: the session loses an executor. SparkContext's
     killExecutor while a run's workers (forked from the pools) train: the executor JVM
     ends; its pool ends with it and takes its worker; the run fails; nothing is left."""
+    request.addfinalizer(tsp_spark.discard_shared)  # the next module's cluster is whole
     sc = spark.sparkContext
     app = sc.applicationId
     box = {}

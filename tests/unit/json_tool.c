@@ -1,5 +1,5 @@
 /* json_tool.c: json.c's reader seen from outside, for the differential test against
- * Python's json (tests/e2e/test_json_differential.py) and by hand.
+ * Python's json (tests/unit_py/test_json_differential.py) and by hand.
  *
  * stdin: records, each a 4-byte big-endian length and that many bytes of input.
  * stdout: for each record one status byte ('Y' accepted, 'N' refused), a 4-byte big-endian

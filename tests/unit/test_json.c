@@ -1,5 +1,5 @@
 /* test_json.c: the strict reader's lookups and refusals, and the writer. The reader is also
- * compared with Python's json on thousands of inputs (tests/e2e/test_json_differential.py)
+ * compared with Python's json on thousands of inputs (tests/unit_py/test_json_differential.py)
  * and fuzzed (tests/fuzz/fuzz_json.c). */
 #include <check.h>
 #include <errno.h>

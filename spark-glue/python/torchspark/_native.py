@@ -35,7 +35,7 @@ from torchspark._lib import load_library
 __all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
 
-# Line.stream and Line.flags: common.h defines them (tests/e2e/test_constants.py compares).
+# Line.stream and Line.flags: common.h defines them (tests/unit_py/test_constants.py compares).
 STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
 REPORT = 4  # Line.stream of pull_reports(): torchspark.report() records (protocol 1.8)
 CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline

@@ -14,7 +14,7 @@ import java.util.List;
 import org.junit.Test;
 
 /** The golden contract files (tests/contracts/*.json) through JNI: the same cases as
- *  pytest's tests/e2e/test_contracts.py, one C transform behind both glues. */
+ *  pytest's tests/unit_py/test_contracts.py, one C transform behind both glues. */
 public class ContractTest {
     private static JsonNode cases(String file) throws IOException {
         Path root = Paths.get(System.getProperty("torchspark.test.root", "."));

@@ -32,9 +32,9 @@ live concurrent run. ``stop()`` kills every process in the namespaces (found thr
 /proc/<pid>/ns/net, so orphaned executors are found too), deletes namespaces, links, hosts
 directories and the state file, and checks that nothing is left (``leftovers()``).
 
-CLI (root needed):  python tests/cluster/netns_cluster.py up [--workers 3] ...
-                    python tests/cluster/netns_cluster.py exec driver -- .venv/bin/python x.py
-                    python tests/cluster/netns_cluster.py clean
+CLI (root needed):  python tests/helpers/netns_cluster.py up [--workers 3] ...
+                    python tests/helpers/netns_cluster.py exec driver -- .venv/bin/python x.py
+                    python tests/helpers/netns_cluster.py clean
 """
 
 from __future__ import annotations

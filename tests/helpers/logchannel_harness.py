@@ -14,7 +14,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(ROOT / "spark-glue" / "python"))
 from torchspark._native import CONTINUED, LogServer  # noqa: E402
 
 RUN_BIN = Path(os.environ.get("TORCHSPARK_RUN", ROOT / "build" / "bin" / "torchspark-run"))

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import netns_cluster as nc
+from tests.helpers import netns_cluster as nc
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1] / "cluster"  # driver_job.py, compose_job.py
 DISTRIBUTORS = {
     "stock": "pyspark.ml.torch.distributor:TorchDistributor",
     "torchspark": "torchspark:TorchDistributor",

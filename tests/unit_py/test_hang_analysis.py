@@ -12,7 +12,7 @@ import pytest
 
 from torchspark import _hang, _lib
 
-DUMPS = Path(__file__).resolve().parent / "hang_dumps"
+DUMPS = Path(__file__).resolve().parents[1] / "e2e" / "hang_dumps"
 
 
 def _load(name, text=None):

@@ -24,7 +24,7 @@ VENV_BIN = (Path(sys.executable).parent if os.environ.get("TORCHSPARK_MATRIX_INN
             else ROOT / ".venv" / "bin")
 PY = str(VENV_BIN / "python")
 TSR = os.environ.get("TORCHSPARK_RUN", str(VENV_BIN / "torchspark-run"))
-SCRIPTS = Path(__file__).resolve().parent / "agent_scripts"
+SCRIPTS = ROOT / "tests" / "e2e" / "agent_scripts"
 WORKER = str(SCRIPTS / "agent_worker.py")
 MARKER_VAR = "TSP_TEST_MARKER"
 

@@ -164,8 +164,8 @@ def test_a_lost_node_is_finished_by_the_core():
     import subprocess
     import time
 
-    from agentutil import base_env, free_port, new_marker, survivors
-    from logchannel_harness import RUN_BIN
+    from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
+    from tests.helpers.logchannel_harness import RUN_BIN
     from torchspark._native import LogServer, line_prefix
 
     srv, marker = LogServer(), new_marker()

@@ -16,21 +16,17 @@ from typing import Dict, Optional
 
 import pyspark
 
+from tests.helpers.agentutil import free_port
+
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ConnectServer:
     def __init__(self, log_dir: Path, conf: Dict[str, str],
                  master: str = "local-cluster[2,1,1024]",
                  env: Optional[Dict[str, str]] = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"sc://localhost:{self.port}"
         self.log_path = log_dir / "connect-server.log"
         confs = {"spark.connect.grpc.binding.port": str(self.port),

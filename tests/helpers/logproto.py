@@ -13,11 +13,9 @@ import os
 import socket
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "spark-glue" / "python"))
 
 HELLO, CHALLENGE, AUTH, WELCOME, LINE, DROPPED, ACK = 0x01, 0x02, 0x03, 0x04, 0x10, 0x11, 0x12
 CLOSE, ERROR = 0x30, 0x31

@@ -1,12 +1,14 @@
-"""Helpers for the TorchDistributor suites: one SparkSession per module, fake GPU
-discovery, and counting a job's processes by a marker in their environment."""
+"""Helpers for the TorchDistributor suites: Spark sessions (one shared per configuration for
+the whole run, or a module's own), fake GPU discovery, and counting a job's processes by a
+marker in their environment."""
 import json
 import os
 import stat
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pyspark
 from pyspark.sql import SparkSession
@@ -42,8 +44,11 @@ def _forget_previous_conf(conf: Dict[str, str]) -> None:
 
 
 def session(master: str, conf: Dict[str, str], python: str = sys.executable) -> SparkSession:
-    """A classic session; python is the executors' interpreter (PYSPARK_PYTHON)."""
+    """A classic session of the caller's own (it stops it); python is the executors'
+    interpreter (PYSPARK_PYTHON). A shared session still up is stopped first: a process has
+    one SparkContext, and getOrCreate would hand that one out whatever the master."""
     global _previous_conf
+    stop_shared()
     _forget_previous_conf(conf)
     _previous_conf = dict(conf)
     # Executors and agents run this interpreter (the checkout's .venv with torchspark).
@@ -60,6 +65,60 @@ def session(master: str, conf: Dict[str, str], python: str = sys.executable) -> 
     s = b.getOrCreate()
     s.sparkContext.setLogLevel("ERROR")
     return s
+
+
+# The shared sessions (docs/testing.md, "Shared Spark"): one per configuration, started by the
+# first module that asks for it and kept for every later module of the same configuration; a
+# module of another configuration (or one owning its session) stops it first. Their executors
+# carry MARK=SHARED_MARK: a module finds its own job's processes by that mark, after waiting
+# for the previous job's to be gone, as it does between its own tests.
+SHARED_MARK = "shared-" + os.urandom(8).hex()
+CLUSTER = "local-cluster[2,1,1024]"  # the spark_cluster fixture's (tests/e2e/conftest.py)
+_shared: Dict[str, object] = {"key": None, "session": None}
+
+
+def shared(master: str, conf: Optional[Dict[str, str]] = None) -> SparkSession:
+    """The run's shared session of master and conf (settings Spark fixes when the context
+    starts: the cluster's shape, resources, executor environment). Settings read at each run
+    (spark.torchspark.*) belong in runtime_conf() instead, so that more modules share."""
+    key: Tuple = (master, tuple(sorted((conf or {}).items())))
+    s = _shared["session"]
+    if _shared["key"] == key and s is not None and s.sparkContext._jsc is not None:
+        return s  # type: ignore[return-value]
+    stop_shared()
+    s = session(master, {f"spark.executorEnv.{MARK}": SHARED_MARK, **(conf or {})})
+    _shared.update(key=key, session=s)
+    return s
+
+
+def discard_shared() -> None:
+    """A test that broke the shared session (killed an executor for good, froze the driver)
+    says so: the next module that asks for it gets a new one."""
+    stop_shared()
+
+
+def stop_shared() -> None:
+    s = _shared["session"]
+    _shared.update(key=None, session=None)
+    if s is not None:
+        s.stop()  # type: ignore[attr-defined]
+
+
+@contextmanager
+def runtime_conf(spark: SparkSession, conf: Dict[str, str]) -> Iterator[SparkSession]:
+    """Sets settings read at each run (spark.torchspark.*) on spark for a module or a test,
+    and puts back what was there before."""
+    saved = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield spark
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def python_without_torchspark(directory: Path, other_version: str = "") -> str:

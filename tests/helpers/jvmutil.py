@@ -91,8 +91,7 @@ def stock_processes(mark: str) -> List[int]:
     """The stock path's training processes carrying mark: per node PySpark's wrapper
     (python -m pyspark.ml.torch.torch_run_process_wrapper), its torchrun (python -m
     torch.distributed.run; the two are the agent's counterpart) and the workers."""
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     found = tsp_spark.job_processes(mark)
     needle = f"{tsp_spark.MARK}={mark}".encode()
@@ -132,8 +131,7 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
     else:
         from torchspark import TorchDistributor
 
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     procs = (lambda: stock_processes(mark)) if stock else (lambda: tsp_spark.job_processes(mark))
     need = 6 if stock else 4
@@ -173,8 +171,7 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
 
 
 def pyspark_session(plugin: bool, mark: str):
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     conf = {"spark.jars": str(JAR), f"spark.executorEnv.{tsp_spark.MARK}": mark}
     if plugin:
@@ -220,8 +217,7 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     delay that hits the window varies)."""
     from torchspark import TorchDistributor
 
-    sys.path.insert(0, str(ROOT / "tests" / "e2e"))
-    import tsp_spark
+    from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
     rounds = []

@@ -1,0 +1,1 @@
+"""The test suites of torchspark (docs/testing.md)."""

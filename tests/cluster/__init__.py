@@ -1,0 +1,1 @@
+"""The multi-host cluster tests (network namespaces; docs/testing.md)."""

@@ -1,0 +1,1 @@
+"""Pure Python unit and contract tests: no Spark session, no training job (docs/testing.md)."""
