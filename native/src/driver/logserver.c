@@ -4,11 +4,13 @@
  * tsp_logserver_* API (docs/protocol.md, part 1). A connection's protocol lives in
  * logconn.c, the control channel in logctl.c, the queue in logqueue.c, the output
  * receiver in outrecv.c. */
+#include "fdlimit.h"
 #include "lines.h"
 #include "logconn.h"
 #include "logctl.h"
 #include "lognodes.h"
 #include "logsend.h"
+#include "reportagg.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -372,6 +374,9 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         return tsp__err(err, errlen, -EIO, "no random bytes for the log secret");
     if (tsp_wire_run_id(s->secret, s->run_id))
         return tsp__err(err, errlen, -EIO, "SHA-256 failed");
+    tsp__fdlimit_raise(); /* a connection per node: as many as the process may (fdlimit.c) */
+    if (!(s->ragg = tsp__ragg_new(TSP_REPORT_BUDGET)))
+        return tsp__err(err, errlen, -ENOMEM, "no memory for the log server");
     int rc = tsp__tlsctx_new(&s->tls, 1, s->secret, err, errlen);
     if (rc || (rc = bind_listen(s, err, errlen)))
         return rc;
@@ -457,7 +462,13 @@ void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_
 int tsp_logserver_pull_reports(tsp_logserver_t *s, tsp_logline_t *out, int max_reports,
                                int timeout_ms)
 {
-    return max_reports <= 0 ? -EINVAL : tsp__logq_pull(&s->rq, out, max_reports, timeout_ms);
+    return max_reports <= 0 ? -EINVAL
+                            : tsp__ragg_pull(s->ragg, &s->rq, out, max_reports, timeout_ms);
+}
+
+void tsp_logserver_report_budget(tsp_logserver_t *s, double per_s)
+{
+    s->ragg->budget = per_s;
 }
 
 int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines, int timeout_ms)
@@ -630,6 +641,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
     close(s->wake_fd);
     tsp__logq_close(&s->q);
     tsp__logq_close(&s->rq);
+    tsp__ragg_free(s->ragg);
     tsp__outrecv_close(&s->out);
     tsp__tlsctx_free(s->tls);
     pthread_mutex_destroy(&s->ctl_mu);

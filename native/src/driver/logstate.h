@@ -134,7 +134,8 @@ struct tsp_logserver {
     size_t nodes_cap;
     int job_nnodes; /* from NODE events; 0 when none came */
     tsp__logq_t q;
-    tsp__logq_t rq; /* torchspark.report() records (protocol 1.8): never to the sink */
+    tsp__logq_t rq;         /* torchspark.report() records (protocol 1.8): never to the sink */
+    struct tsp__ragg *ragg; /* the report budget between rq and the puller (reportagg.c) */
     tsp__outrecv_t out;
 };
 
