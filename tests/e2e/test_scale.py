@@ -52,3 +52,29 @@ def test_the_driver_stays_within_its_bounds(sizes):
 def test_costs_grow_less_than_quadratically(sizes, cost):
     small, big = sizes[256][cost], sizes[1024][cost]
     assert big <= 8 * small + 1.0, (cost, small, big)  # 4x the ranks; quadratic would be 16x
+
+
+def test_a_storm_from_one_address_is_not_given_up_in_its_handshakes():
+    """100 nodes of one host connecting at once (over the 64 per address that may wait for
+    authentication) stay connected while their handshakes are young (logstate.h,
+    UNAUTH_GRACE_MS): before, the oldest over the cap were closed at once, and a storm of
+    thousands of nodes met refusals and backoffs."""
+    import select
+    import socket
+    import time
+
+    from torchspark._native import LogServer
+
+    srv = LogServer()
+    socks = []
+    try:
+        for _ in range(100):
+            socks.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))
+        time.sleep(0.5)
+        closed = [s for s in socks if select.select([s], [], [], 0)[0] and not s.recv(1, socket.MSG_PEEK)]
+        assert not closed, f"{len(closed)} of 100 connections in their handshake were given up"
+        assert srv.stats()["rejected"] == 0
+    finally:
+        for s in socks:
+            s.close()
+        srv.close()

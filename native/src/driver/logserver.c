@@ -89,14 +89,22 @@ static conn_t *oldest_unauth(tsp_logserver_t *s, const char *addr, size_t *count
     return hello ? hello : auth;
 }
 
-/* Room for one more unauthenticated connection from addr: the oldest over a cap goes. */
+/* Whether c, not authenticated yet, has had UNAUTH_GRACE_MS for its handshake. */
+static int past_grace(const tsp_logserver_t *s, const conn_t *c)
+{
+    return c->deadline - s->o.handshake_timeout_ms + UNAUTH_GRACE_MS <= tsp__now_ms();
+}
+
+/* Room for one more unauthenticated connection from addr: the oldest over a cap goes, once
+ * past its grace (a storm's handshakes are under way, not idle). */
 static void make_room(tsp_logserver_t *s, const char *addr)
 {
     size_t n;
     conn_t *old;
-    if (s->nunauth >= UNAUTH_PER_ADDR && (old = oldest_unauth(s, addr, &n)) && n >= UNAUTH_PER_ADDR)
+    if (s->nunauth >= UNAUTH_PER_ADDR && (old = oldest_unauth(s, addr, &n)) &&
+        n >= UNAUTH_PER_ADDR && past_grace(s, old))
         tsp__conn_reject(s, old, "too many connections from its address before authentication");
-    if (s->nunauth >= UNAUTH_MAX && (old = oldest_unauth(s, NULL, &n)))
+    if (s->nunauth >= UNAUTH_MAX && (old = oldest_unauth(s, NULL, &n)) && past_grace(s, old))
         tsp__conn_reject(s, old, "too many connections before authentication");
 }
 
@@ -144,6 +152,15 @@ static void do_accept(tsp_logserver_t *s)
     /* A few at a time: the handshakes of those accepted are read between two batches, so
      * that a flood waiting in the backlog does not evict them before their HELLO is read. */
     for (int k = 0; k < ACCEPT_BATCH; k++) {
+        size_t n;
+        conn_t *old;
+        if (s->nunauth >= UNAUTH_MAX &&
+            (!(old = oldest_unauth(s, NULL, &n)) || !past_grace(s, old))) {
+            /* Every slot in a handshake still in its grace: the backlog waits (sweep()). */
+            epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
+            s->accept_paused_until = tsp__now_ms() + ACCEPT_WAIT_MS;
+            return;
+        }
         struct sockaddr_storage ss = {0};
         socklen_t sl = sizeof(ss);
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -339,7 +356,7 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 4096) == 0) {
             struct sockaddr_storage ss = {0};
             socklen_t sl = sizeof(ss);
             getsockname(fd, (struct sockaddr *)&ss, &sl);
