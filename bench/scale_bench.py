@@ -279,23 +279,33 @@ def one(ranks: int, a) -> Dict:
 
 
 TCPSTORE_CLIENT = r'''
-import sys, threading, time
+import datetime, sys, threading, time
 import torch.distributed as dist
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-ends, ready = [], threading.Barrier(n + 1)
-def client():
-    s = dist.TCPStore(host, port, is_master=False, use_libuv=True, wait_for_workers=False,
-                      timeout=__import__("datetime").timedelta(seconds=300))
-    ready.wait()
-    s.get("master")
-    ends.append(time.time())
+clients, ends, errors = [], [], []
+def connect():
+    try:
+        clients.append(dist.TCPStore(host, port, is_master=False, use_libuv=True,
+                                     wait_for_workers=False,
+                                     timeout=datetime.timedelta(seconds=300)))
+    except Exception as e:
+        errors.append(repr(e))
+def get(c):
+    try:
+        c.get("master")
+        ends.append(time.time())
+    except Exception as e:
+        errors.append(repr(e))
 threading.stack_size(256 * 1024)
-ts = [threading.Thread(target=client) for _ in range(n)]
+ts = [threading.Thread(target=connect) for _ in range(n)]
 for t in ts: t.start()
-ready.wait()
-print("waiting", flush=True)
 for t in ts: t.join()
-print("answered", len(ends), max(ends), flush=True)
+ts = [threading.Thread(target=get, args=(c,)) for c in clients]
+for t in ts: t.start()
+time.sleep(0.5)  # every get() sent
+print("waiting", len(clients), len(errors), flush=True)
+for t in ts: t.join()
+print("answered", len(ends), max(ends) if ends else 0, len(errors), flush=True)
 '''
 
 
@@ -314,12 +324,13 @@ def tcpstore(ranks: int, procs: int) -> Dict:
                            stdout=subprocess.PIPE, text=True) for i in range(procs)]
     try:
         for p in ps:
-            assert p.stdout.readline().startswith("waiting")
-        time.sleep(0.5)
+            line = p.stdout.readline()
+            assert line.startswith("waiting"), line
         t_put = time.time()
         master.set("master", "MASTER 127.0.0.1 29500")
         got = [p.stdout.readline().split() for p in ps]
         return {"tcpstore_ok": sum(int(x[1]) for x in got),
+                "tcpstore_errors": sum(int(x[3]) for x in got),
                 "tcpstore_answer_s": max(float(x[2]) for x in got) - t_put,
                 "tcpstore_cpu_s": cpu() - c0, "tcpstore_peak_rss_mib": peak_rss_mib()}
     finally:
