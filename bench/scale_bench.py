@@ -61,6 +61,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def hwm_mib() -> float:
+    """The process's peak RSS so far (VmHWM), for the phase that just ended."""
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1]) / 1024.0
+    return 0.0
+
+
 def pct(xs: List[float], q: float):
     if not xs:
         return None
@@ -254,6 +263,7 @@ def one(ranks: int, a) -> Dict:
               server.secret_hex)
     sims = s.pop("sims")
     out.update(s)
+    out["hwm_after_storm_mib"] = hwm_mib()
     try:
         before = pump.lines
         sims.send("lines 4")
@@ -264,7 +274,9 @@ def one(ranks: int, a) -> Dict:
         out["lines_lost"] = 4 * ranks - (pump.lines - before)
         if ranks <= a.report_max:
             out.update(reports(sims, cb, a.report_hz, a.report_s, ranks))
+        out["hwm_after_reports_mib"] = hwm_mib()
         out.update(dump(server, sims, ranks))
+        out["hwm_after_dump_mib"] = hwm_mib()
         sims.send("quit")
         out["client_lost"] = sum(int(x[1]) for x in sims.expect("closed", 120))
     finally:
