@@ -70,6 +70,8 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "tlsconn": ("shared", 2),  # the log channel's TLS 1.3 transport (docs/protocol.md 1.10)
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
+    "fdlimit": ("driver", 2),  # the driver's descriptor limit: raised, checked per job
+    "reportagg": ("driver", 3),  # the report budget: a rank's reports folded beyond its share
     "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS (docs/protocol.md 2.1)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)

@@ -119,6 +119,16 @@ TSP_EXTERN long tsp_logserver_tail(tsp_logserver_t *s, int rank, int n, char *bu
  * returns how many ranks have drops. */
 TSP_EXTERN int tsp_logserver_dropped(tsp_logserver_t *s, int32_t *ranks, uint64_t *counts, int max);
 TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *st);
+/* The report budget (docs/distributor.md, "Reports at scale"): records a second, job-wide,
+ * that pull_reports hands on as they are; beyond it a rank's reports come folded, one record
+ * per interval with a "summary" (docs/protocol.md 1.8). Default TSP_REPORT_BUDGET (20,000);
+ * <= 0: every record as it is. Set it before the first pull_reports. */
+#define TSP_REPORT_BUDGET 20000
+TSP_EXTERN void tsp_logserver_report_budget(tsp_logserver_t *s, double per_s);
+/* Whether the driver's descriptor limit (RLIMIT_NOFILE) holds a job of `nodes` nodes: the
+ * soft limit is first raised to the hard one (the log server also does so when it starts).
+ * 0; -EMFILE with a sentence in err naming the limit, the node count and what to do. */
+TSP_EXTERN int tsp_logserver_fd_check(int nodes, char *err, size_t errlen);
 
 /* Accept one output transfer, written to path or, with NULL, kept in memory. A file is
  * received into a new file beside it (created 0600 with O_EXCL, so never through a link)

@@ -4,11 +4,13 @@
  * tsp_logserver_* API (docs/protocol.md, part 1). A connection's protocol lives in
  * logconn.c, the control channel in logctl.c, the queue in logqueue.c, the output
  * receiver in outrecv.c. */
+#include "fdlimit.h"
 #include "lines.h"
 #include "logconn.h"
 #include "logctl.h"
 #include "lognodes.h"
 #include "logsend.h"
+#include "reportagg.h"
 #include "util.h"
 
 #include <arpa/inet.h>
@@ -87,14 +89,22 @@ static conn_t *oldest_unauth(tsp_logserver_t *s, const char *addr, size_t *count
     return hello ? hello : auth;
 }
 
-/* Room for one more unauthenticated connection from addr: the oldest over a cap goes. */
+/* Whether c, not authenticated yet, has had UNAUTH_GRACE_MS for its handshake. */
+static int past_grace(const tsp_logserver_t *s, const conn_t *c)
+{
+    return c->deadline - s->o.handshake_timeout_ms + UNAUTH_GRACE_MS <= tsp__now_ms();
+}
+
+/* Room for one more unauthenticated connection from addr: the oldest over a cap goes, once
+ * past its grace (a storm's handshakes are under way, not idle). */
 static void make_room(tsp_logserver_t *s, const char *addr)
 {
     size_t n;
     conn_t *old;
-    if (s->nunauth >= UNAUTH_PER_ADDR && (old = oldest_unauth(s, addr, &n)) && n >= UNAUTH_PER_ADDR)
+    if (s->nunauth >= UNAUTH_PER_ADDR && (old = oldest_unauth(s, addr, &n)) &&
+        n >= UNAUTH_PER_ADDR && past_grace(s, old))
         tsp__conn_reject(s, old, "too many connections from its address before authentication");
-    if (s->nunauth >= UNAUTH_MAX && (old = oldest_unauth(s, NULL, &n)))
+    if (s->nunauth >= UNAUTH_MAX && (old = oldest_unauth(s, NULL, &n)) && past_grace(s, old))
         tsp__conn_reject(s, old, "too many connections before authentication");
 }
 
@@ -142,6 +152,15 @@ static void do_accept(tsp_logserver_t *s)
     /* A few at a time: the handshakes of those accepted are read between two batches, so
      * that a flood waiting in the backlog does not evict them before their HELLO is read. */
     for (int k = 0; k < ACCEPT_BATCH; k++) {
+        size_t n;
+        conn_t *old;
+        if (s->nunauth >= UNAUTH_MAX &&
+            (!(old = oldest_unauth(s, NULL, &n)) || !past_grace(s, old))) {
+            /* Every slot in a handshake still in its grace: the backlog waits (sweep()). */
+            epoll_ctl(s->efd, EPOLL_CTL_DEL, s->lfd, NULL);
+            s->accept_paused_until = tsp__now_ms() + ACCEPT_WAIT_MS;
+            return;
+        }
         struct sockaddr_storage ss = {0};
         socklen_t sl = sizeof(ss);
         int fd = accept4(s->lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -337,7 +356,7 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 1024) == 0) {
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 4096) == 0) {
             struct sockaddr_storage ss = {0};
             socklen_t sl = sizeof(ss);
             getsockname(fd, (struct sockaddr *)&ss, &sl);
@@ -372,6 +391,9 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         return tsp__err(err, errlen, -EIO, "no random bytes for the log secret");
     if (tsp_wire_run_id(s->secret, s->run_id))
         return tsp__err(err, errlen, -EIO, "SHA-256 failed");
+    tsp__fdlimit_raise(); /* a connection per node: as many as the process may (fdlimit.c) */
+    if (!(s->ragg = tsp__ragg_new(TSP_REPORT_BUDGET)))
+        return tsp__err(err, errlen, -ENOMEM, "no memory for the log server");
     int rc = tsp__tlsctx_new(&s->tls, 1, s->secret, err, errlen);
     if (rc || (rc = bind_listen(s, err, errlen)))
         return rc;
@@ -457,7 +479,13 @@ void tsp_logserver_secret(const tsp_logserver_t *s, uint8_t out[TSP_WIRE_SECRET_
 int tsp_logserver_pull_reports(tsp_logserver_t *s, tsp_logline_t *out, int max_reports,
                                int timeout_ms)
 {
-    return max_reports <= 0 ? -EINVAL : tsp__logq_pull(&s->rq, out, max_reports, timeout_ms);
+    return max_reports <= 0 ? -EINVAL
+                            : tsp__ragg_pull(s->ragg, &s->rq, out, max_reports, timeout_ms);
+}
+
+void tsp_logserver_report_budget(tsp_logserver_t *s, double per_s)
+{
+    s->ragg->budget = per_s;
 }
 
 int tsp_logserver_pull(tsp_logserver_t *s, tsp_logline_t *out, int max_lines, int timeout_ms)
@@ -630,6 +658,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
     close(s->wake_fd);
     tsp__logq_close(&s->q);
     tsp__logq_close(&s->rq);
+    tsp__ragg_free(s->ragg);
     tsp__outrecv_close(&s->out);
     tsp__tlsctx_free(s->tls);
     pthread_mutex_destroy(&s->ctl_mu);

@@ -26,6 +26,12 @@
 #define UNAUTH_PER_ADDR 64
 #define ACCEPT_BATCH 16
 #define ACCEPT_PAUSE_MS 100
+/* A storm of real agents (thousands of nodes starting at once, bench/scale_bench.py) is not
+ * a flood: over a cap, a connection younger than UNAUTH_GRACE_MS is still in its handshake
+ * and is not given up; at UNAUTH_MAX the listener rests ACCEPT_WAIT_MS instead (the kernel's
+ * backlog holds the rest) until the oldest is past its grace. */
+#define UNAUTH_GRACE_MS 2000
+#define ACCEPT_WAIT_MS 20
 #define PREAUTH_EVENT_MS 1000
 
 /* C_TLS: the TLS handshake (docs/protocol.md 1.10), before any frame. */
@@ -134,7 +140,8 @@ struct tsp_logserver {
     size_t nodes_cap;
     int job_nnodes; /* from NODE events; 0 when none came */
     tsp__logq_t q;
-    tsp__logq_t rq; /* torchspark.report() records (protocol 1.8): never to the sink */
+    tsp__logq_t rq;         /* torchspark.report() records (protocol 1.8): never to the sink */
+    struct tsp__ragg *ragg; /* the report budget between rq and the puller (reportagg.c) */
     tsp__outrecv_t out;
 };
 

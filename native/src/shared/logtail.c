@@ -28,7 +28,7 @@ static void ring_read(const tsp__tail_t *t, size_t off, size_t n, char *out)
 }
 
 /* A larger ring with the live lines moved to its start, oldest first. */
-static int grow(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, size_t want)
+static int grow(tsp__tail_t *t, size_t max_bytes, size_t want)
 {
     size_t cap = t->cap ? t->cap : TAIL_MIN_CAP;
     while (cap < want)
@@ -40,7 +40,7 @@ static int grow(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, size_t wan
         return -1;
     size_t pos = 0;
     for (unsigned j = 0; j < t->count; j++) {
-        unsigned i = (t->head + j) % max_lines;
+        unsigned i = (t->head + j) % t->slots;
         ring_read(t, t->off[i], t->len[i], nr + pos);
         t->off[i] = (uint32_t)pos;
         pos += t->len[i];
@@ -52,36 +52,57 @@ static int grow(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, size_t wan
     return 0;
 }
 
+/* More entries (16 at first, then twice as many, at most max_lines), the live ones moved to
+ * their start, oldest first. 0, or -1 without memory (the tail is then as it was). */
+static int grow_slots(tsp__tail_t *t, unsigned max_lines)
+{
+    unsigned slots = t->slots ? 2 * t->slots : 16;
+    if (slots > max_lines)
+        slots = max_lines;
+    uint32_t *off = calloc(slots, sizeof(*off)), *len = calloc(slots, sizeof(*len));
+    if (!off || !len) {
+        free(off);
+        free(len);
+        return -1;
+    }
+    for (unsigned j = 0; t->off && t->slots && j < t->count; j++) {
+        unsigned i = (t->head + j) % t->slots;
+        off[j] = t->off[i];
+        len[j] = t->len[i];
+    }
+    free(t->off);
+    free(t->len);
+    t->off = off;
+    t->len = len;
+    t->slots = slots;
+    t->head = 0;
+    return 0;
+}
+
 void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const void *data,
                    size_t len)
 {
     if (!max_lines || !max_bytes)
         return;
-    if (!t->off) {
-        t->off = calloc(max_lines, sizeof(*t->off));
-        t->len = calloc(max_lines, sizeof(*t->len));
-        if (!t->off || !t->len) {
-            tsp__tail_free(t);
-            return;
-        }
-    }
+    if ((!t->off || (t->count == t->slots && t->slots < max_lines)) && grow_slots(t, max_lines))
+        return; /* no memory: this line is not kept */
     if (len > max_bytes)
         len = max_bytes;
     while (t->count > 0 && (t->count == max_lines || t->bytes + len > max_bytes)) {
         t->bytes -= t->len[t->head];
-        t->head = (t->head + 1) % max_lines;
+        t->head = (t->head + 1) % t->slots;
         t->count--;
     }
     if (t->bytes + len > t->cap) {
         size_t want = t->bytes + len;
-        if (grow(t, max_lines, max_bytes, want))
+        if (grow(t, max_bytes, want))
             return; /* no memory: this line is not kept */
     }
     /* The live bytes end at t->end and there is room for len more before the oldest. */
     size_t first = t->cap - t->end < len ? t->cap - t->end : len;
     memcpy(t->ring + t->end, data, first);
     memcpy(t->ring, (const char *)data + first, len - first);
-    unsigned at = (t->head + t->count) % max_lines;
+    unsigned at = (t->head + t->count) % t->slots;
     t->off[at] = (uint32_t)t->end;
     t->len[at] = (uint32_t)len;
     t->end = (t->end + len) % t->cap;
@@ -91,13 +112,14 @@ void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const v
 
 size_t tsp__tail_copy(const tsp__tail_t *t, unsigned max_lines, int n, char *buf, size_t buflen)
 {
+    (void)max_lines; /* the entries are t->slots */
     if (n <= 0 || !t->count)
         return 0;
     unsigned k = (unsigned)n < t->count ? (unsigned)n : t->count;
     size_t need = 0;
     char line[4096];
     for (unsigned j = t->count - k; j < t->count; j++) {
-        unsigned i = (t->head + j) % max_lines;
+        unsigned i = (t->head + j) % t->slots;
         for (size_t done = 0; done < t->len[i];) { /* through a small buffer: wraps */
             size_t c = t->len[i] - done < sizeof(line) ? t->len[i] - done : sizeof(line);
             ring_read(t, (t->off[i] + done) % t->cap, c, line);

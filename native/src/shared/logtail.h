@@ -10,8 +10,10 @@
 typedef struct tsp__tail {
     char *ring;
     size_t cap, end, bytes; /* end: where the next line goes; bytes: live bytes */
-    uint32_t *off, *len;    /* max_lines entries (NULL until the first line) */
+    uint32_t *off, *len;    /* slots entries (NULL until the first line) */
     unsigned head, count;   /* head: the oldest entry */
+    unsigned slots;         /* entries of off and len: doubled up to max_lines as lines come
+                               (16,384 ranks x 2,000 lines allocated at once were 256 MiB) */
 } tsp__tail_t;
 
 void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const void *data,

@@ -115,6 +115,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
         "tsp_logserver_dropped": (i, [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
         "tsp_logserver_stats": (None, [vp, P(LogStats)]),
+        "tsp_logserver_report_budget": (None, [vp, ctypes.c_double]),
+        "tsp_logserver_fd_check": (i, [i] + err),
         "tsp_logserver_expect_output": (i, [vp, c]),
         "tsp_logserver_output_limit": (i, [vp, c] + err),
         "tsp_logserver_output_wait": (i, [vp, i]),

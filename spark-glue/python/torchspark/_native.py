@@ -72,6 +72,15 @@ def endpoint_text(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def fd_check(nodes: int) -> None:
+    """Raises the driver's descriptor limit to the hard one; OSError, naming the limit and
+    the node count, when even that cannot hold a job of ``nodes`` nodes (the C core's
+    tsp_logserver_fd_check; docs/architecture.md, "Limits and settings for large jobs")."""
+    err = ctypes.create_string_buffer(1024)
+    if load_library().tsp_logserver_fd_check(int(nodes), err, len(err)) != 0:
+        raise OSError("torchspark: " + err.value.decode(errors="replace"))
+
+
 def _enc(text: Optional[str]) -> Optional[bytes]:
     return None if text is None else text.encode()
 
@@ -230,6 +239,13 @@ class LogServer:
         ranks, counts = (ctypes.c_int32 * max(k, 1))(), (ctypes.c_uint64 * max(k, 1))()
         k = min(k, self._lib.tsp_logserver_dropped(self._h, ranks, counts, k))
         return {ranks[i]: counts[i] for i in range(k)}
+
+    def report_budget(self, per_s: float) -> None:
+        """Records a second, job-wide, that :meth:`pull_reports` hands on as they are
+        (default 20,000; <= 0: all); beyond it each rank's reports come folded into one
+        record per interval with a ``summary`` (docs/distributor.md, "Reports at scale").
+        Before the first pull."""
+        self._lib.tsp_logserver_report_budget(self._h, float(per_s))
 
     def stats(self) -> Dict[str, int]:
         """Counters: accepted, authenticated, rejected, lines, bytes, duplicates, ..."""

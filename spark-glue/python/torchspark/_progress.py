@@ -21,14 +21,21 @@ __all__ = ["Report", "ReportHub", "configure", "start"]
 
 TTY_EVERY_S = 0.5  # in-place redraws of the progress line on a terminal
 PLAIN_EVERY_S = 10.0  # a plain progress line at most this often elsewhere
+# The history keeps the last HISTORY_KEEP to 2 * HISTORY_KEEP reports (the driver's memory
+# stays bounded on a long run of many ranks; docs/distributor.md, "Reports at scale").
+HISTORY_KEEP = 100_000
 WAIT_MS = 20  # one pull's wait: stop() is seen within it
 
 
 class Report(NamedTuple):
     """One ``torchspark.report()`` call: the reporting rank, its step (None when not
     given), the worker's wall time of the call (``time.time()``), the metrics, the
-    driver's wall time when the report arrived, and the MLflow params a rank logged
-    through ``torchspark.mlflow`` (None when the record has none)."""
+    driver's wall time when the report arrived, the MLflow params a rank logged
+    through ``torchspark.mlflow`` (None when the record has none), and, for a rank that
+    reported faster than its share of the driver's report budget, the ``summary`` of the
+    reports this one stands for (``count``, ``first_time``, ``min``/``max``/``mean`` of
+    each metric; metrics and step are the last report's; docs/distributor.md, "Reports at
+    scale"); None for a single report."""
 
     rank: int
     step: Optional[int]
@@ -36,6 +43,7 @@ class Report(NamedTuple):
     metrics: Dict[str, Any]
     received: float
     params: Optional[Dict[str, str]] = None
+    summary: Optional[Dict[str, Any]] = None
 
 
 def _fmt(v: Any) -> str:
@@ -54,6 +62,7 @@ class ReportHub:
         self.sinks = list(sinks or [])  # objects with .log(report) (the MLflow logger)
         self.logger = logger
         self.reports: List[Report] = []
+        self.total = 0  # report() calls seen (a summary's count), trimmed ones included
         self._pieces: Dict[int, bytes] = {}  # a record split in CONTINUED pieces, by rank
         self._latest: Dict[int, Report] = {}
         self._shown_at = 0.0
@@ -95,15 +104,20 @@ class ReportHub:
                 doc = json.loads(data)
                 step = doc.get("step")
                 params = doc.get("params")
+                summary = doc.get("summary")
                 rep = Report(ln.rank, None if step is None else int(step), float(doc["time"]),
                              dict(doc["metrics"]), now,
                              None if params is None else {str(k): str(v)
-                                                          for k, v in params.items()})
+                                                          for k, v in params.items()},
+                             None if summary is None else dict(summary))
             except (ValueError, KeyError, TypeError, AttributeError) as e:
                 self._warn("bad", f"torchspark: WARNING: a report of rank {ln.rank} is not "
                                   f"a torchspark report record ({e}); skipped: {data[:80]!r}")
                 continue
             self.reports.append(rep)
+            self.total += int(rep.summary.get("count", 1)) if rep.summary else 1
+            if len(self.reports) >= 2 * HISTORY_KEEP:
+                del self.reports[:HISTORY_KEEP]
             if rep.metrics:  # a params-only record leaves the progress line as it is
                 self._latest[ln.rank] = rep
             if self.on_report is not None:
@@ -160,12 +174,12 @@ class ReportHub:
         metrics = " ".join(f"{k}={_fmt(v)}" for k, v in shown.metrics.items())
         step = f"step {max(steps)} \u00b7 " if steps else ""
         return (f"torchspark: {step}rank {head}: {metrics} \u00b7 "
-                f"{len(self._latest)} rank(s) reporting, {len(self.reports)} report(s)")
+                f"{len(self._latest)} rank(s) reporting, {self.total} report(s)")
 
     def _show(self, final: bool) -> None:
         if not self.progress:
             return
-        if len(self.reports) == self._shown_count:
+        if self.total == self._shown_count:
             if final and self._tty and _LogPump.status_shown:
                 with _LogPump._print_lock:  # the line in place is the last: end it
                     sys.stderr.write("\n")
@@ -182,7 +196,7 @@ class ReportHub:
             self._shown_at = now  # the first plain line after a full interval, not at once
             return
         self._shown_at = now
-        self._shown_count = len(self.reports)
+        self._shown_count = self.total
         text = self.progress_text()
         if self._tty:
             with _LogPump._print_lock:

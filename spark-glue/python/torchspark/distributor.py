@@ -252,6 +252,7 @@ class TorchDistributor:
     def _start_log_server(self, host: str) -> Any:
         """The native log server bound to host, or None (with a WARNING) when it cannot
         start."""
+        _native.fd_check(self.num_tasks)  # a connection per node: the limit must hold them
         try:
             tail = _doctor.TAIL_LINES if self.hang_timeout else 100
             return _native.LogServer(host=host, port=0, tail_lines=tail)

@@ -1,0 +1,463 @@
+"""Ten thousand ranks on one driver (issue 32): the driver's log server, reports, hang dumps
+and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TCPStore.
+
+    .venv/bin/python -m bench.scale_bench [--sizes 1024,4096,16384] [--nproc 8] [--procs 8]
+        [--report-hz 100] [--report-s 5] [--report-max 4096] [--stacks 8] [--tcpstore-max 4096]
+        [--quick] [--json PATH] [--svg PATH]
+
+Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
+the log server started through the Python binding TorchDistributor uses (LogServer), the
+run's ReportHub (the user's `on_report` is the callback it calls), a line pump, the hang
+doctor's collection and the C analysis (`_hang.diagnose`), and the rendezvous server
+(`_rendezvous.Server`); its CPU time and peak RSS are the driver's. The nodes are
+`build/bin/tsp-simnodes` processes (native/tools/simnodes.c): `--procs` of them share the
+nodes (RANKS / nproc), one authenticated TLS connection per node through the agent's own
+log client. Per size:
+
+1. storm: every node connects at once; the time until all are authenticated, the
+   server's refusals (stats `rejected`), the driver's CPU in the storm, and its CPU per
+   second in the second after it (a spinning loop would show ~1 core).
+2. lines: every rank writes 4 lines; lost = sent - pulled (must be 0).
+3. reports (RANKS <= --report-max): every rank reports --report-hz times a second for
+   --report-s seconds; reports/s delivered to on_report, the p50/p99 of report() ->
+   on_report (the record's wall time to the callback's), the driver's cores meanwhile,
+   lost = sent - delivered.
+4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
+   rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
+   different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
+   and the doctor's grouped line (tsp_hang_diagnose) after the last answer.
+5. rendezvous: RANKS GETs (up to 4,096; beyond, one per node) wait (tsp-simnodes --rdv)
+   before rank 0's PUT; the time from the PUT to the last GET's reply.
+6. TCPStore (RANKS <= --tcpstore-max, in its own child): torch.distributed.TCPStore with
+   use_libuv=True, RANKS clients (threads of --procs processes) each blocked in get() of
+   one key; the time from the master's set() to the last get()'s return.
+
+--quick: 256 and 1,024 ranks, 1 s of reports at 20/s, no TCPStore: the short variant
+that tests/e2e/test_scale.py runs (~20 s). --svg PATH draws the log-log plot from the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from bench import harness
+
+SIM = harness.ROOT / "build" / "bin" / "tsp-simnodes"
+
+
+def cpu() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def hwm_mib() -> float:
+    """The process's peak RSS so far (VmHWM), for the phase that just ended."""
+    with open("/proc/self/status") as f:
+        for ln in f:
+            if ln.startswith("VmHWM:"):
+                return int(ln.split()[1]) / 1024.0
+    return 0.0
+
+
+def pct(xs: List[float], q: float):
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+class Sims:
+    """The simulated nodes: `procs` tsp-simnodes processes, each reading commands."""
+
+    def __init__(self, args: List[List[str]], first_lines: List[str]):
+        self.procs = [subprocess.Popen([str(SIM), *a], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True, bufsize=1)
+                      for a in args]
+        for p in self.procs:
+            p.stdin.write("".join(x + "\n" for x in first_lines))
+            p.stdin.flush()
+
+    def send(self, cmd: str) -> None:
+        for p in self.procs:
+            p.stdin.write(cmd + "\n")
+            p.stdin.flush()
+
+    def expect(self, word: str, timeout: float = 300.0) -> List[List[str]]:
+        """Each process's next answer that starts with word (others are skipped)."""
+        out = []
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            while True:
+                line = p.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"tsp-simnodes ended (rc {p.poll()}) before '{word}'")
+                if line.startswith(word):
+                    out.append(line.split())
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(word)
+        return out
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def node_args(endpoint: str, nodes: int, nproc: int, procs: int, stacks: int) -> List[List[str]]:
+    procs = max(1, min(procs, nodes))
+    per, extra = divmod(nodes, procs)
+    out, first = [], 0
+    for i in range(procs):
+        n = per + (1 if i < extra else 0)
+        out.append(["--endpoint", endpoint, "--nodes", str(n), "--first-node", str(first),
+                    "--nproc", str(nproc), "--stacks", str(stacks)])
+        first += n
+    return out
+
+
+class Pump(threading.Thread):
+    """The driver's line pump: pulls every line, as the glue's _LogPump does (here counted)."""
+
+    def __init__(self, server):
+        super().__init__(daemon=True)
+        self.server, self.lines, self.stopped = server, 0, False
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopped:
+            self.lines += len(self.server.pull(16384, 50))
+
+
+def storm(server, sims_args, secret_hex) -> Dict:
+    c0, t0 = cpu(), time.monotonic()
+    sims = Sims(sims_args, [secret_hex])
+    sims.expect("connected")
+    dt, dc = time.monotonic() - t0, cpu() - c0
+    c1 = cpu()
+    time.sleep(1.0)
+    st = server.stats()
+    return {"sims": sims, "storm_s": dt, "storm_cpu_s": dc, "idle_cores": cpu() - c1,
+            "authenticated": st["authenticated"], "refused": st["rejected"]}
+
+
+class OnReport:
+    """The user's on_report: per report the delay from the newest report() it carries to
+    the callback, and from the oldest (a summary's first_time); the report() calls seen."""
+
+    def __init__(self):
+        self.newest: List[float] = []
+        self.oldest: List[float] = []
+        self.calls = 0
+        self.records = 0
+
+    def __call__(self, rep) -> None:
+        now = time.time()
+        self.records += 1
+        self.newest.append(now - rep.time)
+        s = rep.summary
+        self.calls += int(s["count"]) if s else 1
+        self.oldest.append(now - float(s["first_time"]) if s else now - rep.time)
+
+
+def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
+    cb.__init__()
+    c0, t0 = cpu(), time.monotonic()
+    sims.send(f"reports {hz} {secs}")
+    sent = sum(int(x[2]) for x in sims.expect("done reports", secs + 300))
+    t_sent = time.monotonic()
+    deadline = t_sent + 60
+    while cb.calls < sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    dt, dc = time.monotonic() - t0, cpu() - c0
+    return {"reports_sent": sent, "reports_lost": sent - cb.calls,
+            "report_calls_per_s": cb.calls / dt, "report_records_per_s": cb.records / dt,
+            "report_p50_ms": 1e3 * (pct(cb.newest, 0.5) or 0),
+            "report_p99_ms": 1e3 * (pct(cb.newest, 0.99) or 0),
+            "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
+            "report_drain_s": time.monotonic() - t_sent,
+            "report_cores": dc / dt, "report_rate_asked": hz * ranks}
+
+
+def dump(server, sims, world: int) -> Dict:
+    from torchspark import _doctor, _hang
+
+    t0 = time.monotonic()
+    req = server.dump_all()
+    doc = object.__new__(_doctor.HangDoctor)  # the doctor's own collection, its state alone
+    doc.server = server
+    done: Dict[int, List[str]] = {}
+    while len(done) < world and time.monotonic() - t0 < 120:
+        for r in range(world):
+            if r not in done:
+                sec = doc._section(r, req)
+                if _doctor._answered(sec):
+                    done[r] = sec
+        if len(done) < world:
+            time.sleep(0.05)
+    t_fanin = time.monotonic()
+    diag = _hang.diagnose(done, world, req, read_sources=False)
+    t_line = time.monotonic()
+    sims.expect("dumped")
+    return {"dump_fanin_s": t_fanin - t0, "dump_ranks": len(done),
+            "dump_bytes": sum(len(x) + 1 for s in done.values() for x in s),
+            "doctor_line_s": t_line - t_fanin, "doctor_line": diag.line[:300]}
+
+
+def rendezvous(ranks: int, procs: int) -> Dict:
+    from torchspark import _rendezvous
+
+    srv = _rendezvous.Server("127.0.0.1")
+    procs = max(1, min(procs, ranks))
+    args = [["--rdv", f"127.0.0.1:{srv.port}", "--gets",
+             str(ranks // procs + (1 if i < ranks % procs else 0))] for i in range(procs)]
+    sims = Sims(args, [srv.token, srv.key])
+    try:
+        sims.expect("waiting")
+        time.sleep(0.5)  # the last GETs' requests reach the server
+        spec = srv.spec("127.0.0.1")
+        t_put = time.time()
+        _rendezvous.exchange(spec, None, 0, "MASTER 127.0.0.1 29500")
+        got = sims.expect("answered", 120)
+        ok, bad = sum(int(x[1]) for x in got), sum(int(x[2]) for x in got)
+        last = max(float(x[3]) for x in got)
+        return {"rdv_ok": ok, "rdv_bad": bad, "rdv_answer_s": last - t_put}
+    finally:
+        sims.close()
+        srv.close()
+
+
+def one(ranks: int, a) -> Dict:
+    """One size, in this (fresh) process: the driver."""
+    from torchspark import _doctor, _progress
+    from torchspark._native import LogServer
+
+    nodes = max(1, ranks // a.nproc)
+    server = LogServer(tail_lines=_doctor.TAIL_LINES)  # as TorchDistributor's with the doctor on
+    if a.budget is not None:
+        server.report_budget(a.budget)
+    cb = OnReport()
+    hub = _progress.ReportHub(server, cb, progress=False)
+    pump = Pump(server)
+    out: Dict = {"ranks": ranks, "nodes": nodes}
+    s = storm(server, node_args(server.endpoint, nodes, a.nproc, a.procs, a.stacks),
+              server.secret_hex)
+    sims = s.pop("sims")
+    out.update(s)
+    out["hwm_after_storm_mib"] = hwm_mib()
+    try:
+        before = pump.lines
+        sims.send("lines 4")
+        sims.expect("done lines")
+        deadline = time.monotonic() + 60
+        while pump.lines - before < 4 * ranks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        out["lines_lost"] = 4 * ranks - (pump.lines - before)
+        if ranks <= a.report_max:
+            out.update(reports(sims, cb, a.report_hz, a.report_s, ranks))
+        out["hwm_after_reports_mib"] = hwm_mib()
+        out.update(dump(server, sims, ranks))
+        out["hwm_after_dump_mib"] = hwm_mib()
+        sims.send("quit")
+        out["client_lost"] = sum(int(x[1]) for x in sims.expect("closed", 120))
+    finally:
+        sims.close()
+        server.close()
+        pump.stopped = True
+        hub.stop()
+    # As many GETs as ranks up to 4,096 (the issue's goal); beyond, one per node, as the
+    # product makes them (one per barrier task): 16,384 at once overflow the rendezvous's
+    # listen backlog of 64 on one host (SYN retries past the 10 s connect timeout).
+    out["rdv_gets"] = ranks if ranks <= 4096 else nodes
+    out.update(rendezvous(out["rdv_gets"], a.procs))
+    out["driver_cpu_s"] = cpu()
+    out["driver_peak_rss_mib"] = peak_rss_mib()
+    return out
+
+
+TCPSTORE_CLIENT = r'''
+import datetime, sys, threading, time
+import torch.distributed as dist
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+clients, ends, errors = [], [], []
+def connect():
+    try:
+        clients.append(dist.TCPStore(host, port, is_master=False, use_libuv=True,
+                                     wait_for_workers=False,
+                                     timeout=datetime.timedelta(seconds=300)))
+    except Exception as e:
+        errors.append(repr(e))
+def get(c):
+    try:
+        c.get("master")
+        ends.append(time.time())
+    except Exception as e:
+        errors.append(repr(e))
+threading.stack_size(256 * 1024)
+ts = [threading.Thread(target=connect) for _ in range(n)]
+for t in ts: t.start()
+for t in ts: t.join()
+ts = [threading.Thread(target=get, args=(c,)) for c in clients]
+for t in ts: t.start()
+time.sleep(0.5)  # every get() sent
+print("waiting", len(clients), len(errors), flush=True)
+for t in ts: t.join()
+print("answered", len(ends), max(ends) if ends else 0, len(errors), flush=True)
+'''
+
+
+def tcpstore(ranks: int, procs: int) -> Dict:
+    """torch's TCPStore (libuv) with ranks clients each in get() of one key (its own child)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    c0 = cpu()
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, use_libuv=True,
+                           wait_for_workers=False, timeout=datetime.timedelta(seconds=300))
+    procs = max(1, min(procs, ranks))
+    ps = [subprocess.Popen([sys.executable, "-c", TCPSTORE_CLIENT, "127.0.0.1", str(master.port),
+                            str(ranks // procs + (1 if i < ranks % procs else 0))],
+                           stdout=subprocess.PIPE, text=True) for i in range(procs)]
+    try:
+        for p in ps:
+            line = p.stdout.readline()
+            assert line.startswith("waiting"), line
+        t_put = time.time()
+        master.set("master", "MASTER 127.0.0.1 29500")
+        got = [p.stdout.readline().split() for p in ps]
+        return {"tcpstore_ok": sum(int(x[1]) for x in got),
+                "tcpstore_errors": sum(int(x[3]) for x in got),
+                "tcpstore_answer_s": max(float(x[2]) for x in got) - t_put,
+                "tcpstore_cpu_s": cpu() - c0, "tcpstore_peak_rss_mib": peak_rss_mib()}
+    finally:
+        for p in ps:
+            p.kill()
+            p.wait()
+
+
+def child(flag: str, ranks: int, a) -> Dict:
+    cmd = [sys.executable, "-m", "bench.scale_bench", flag, str(ranks), "--nproc", str(a.nproc),
+           "--procs", str(a.procs), "--report-hz", str(a.report_hz), "--report-s",
+           str(a.report_s), "--report-max", str(a.report_max), "--stacks", str(a.stacks)]
+    if a.budget is not None:
+        cmd += ["--budget", str(a.budget)]
+    p = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def svg(rows: List[Dict], path: Path) -> None:
+    """A log-log plot of cost against ranks: storm, fan-in, doctor's line, rendezvous (s)."""
+    import math
+
+    series = [("storm_s", "storm", "#1f77b4"), ("dump_fanin_s", "dump fan-in", "#ff7f0e"),
+              ("doctor_line_s", "doctor's line", "#2ca02c"), ("rdv_answer_s", "rendezvous", "#d62728"),
+              ("tcpstore_answer_s", "TCPStore get", "#9467bd")]
+    xs = [r["ranks"] for r in rows]
+    vals = [r.get(k) for r in rows for k, _, _ in series if r.get(k)]
+    lo, hi = math.log10(min(vals) / 2), math.log10(max(vals) * 2)
+    x0, x1 = math.log10(min(xs) / 1.5), math.log10(max(xs) * 1.5)
+    W, H, L, B = 560, 320, 60, 40
+
+    def px(x, y):
+        return (L + (math.log10(x) - x0) / (x1 - x0) * (W - L - 130),
+                H - B - (math.log10(y) - lo) / (hi - lo) * (H - B - 20))
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-size="11" '
+           'font-family="sans-serif"><rect width="100%" height="100%" fill="white"/>']
+    for x in xs:
+        X, _ = px(x, 10 ** lo)
+        out.append(f'<text x="{X:.0f}" y="{H - B + 15}" text-anchor="middle">{x}</text>')
+    for e in range(math.floor(lo), math.ceil(hi) + 1):
+        if lo <= e <= hi:
+            _, Y = px(xs[0], 10 ** e)
+            out.append(f'<line x1="{L}" x2="{W - 130}" y1="{Y:.0f}" y2="{Y:.0f}" stroke="#ddd"/>'
+                       f'<text x="{L - 5}" y="{Y + 4:.0f}" text-anchor="end">{10.0 ** e:g} s</text>')
+    out.append(f'<text x="{(W - 130 + L) / 2:.0f}" y="{H - 5}" text-anchor="middle">ranks '
+               '(log)</text>')
+    for i, (k, name, color) in enumerate(series):
+        pts = [px(r["ranks"], r[k]) for r in rows if r.get(k)]
+        if not pts:
+            continue
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="'
+                   + " ".join(f"{x:.0f},{y:.0f}" for x, y in pts) + '"/>')
+        out.append(f'<text x="{W - 120}" y="{30 + 16 * i}" fill="{color}">{name}</text>')
+    out.append("</svg>")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(out) + "\n")
+
+
+def main() -> None:
+    ap = harness.cli(__doc__, runs=None, quick={"sizes": "256,1024", "report_hz": 20, "report_s": 1,
+                                                "tcpstore_max": 0})
+    ap.add_argument("--sizes", default="1024,4096,16384")
+    ap.add_argument("--nproc", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--report-hz", type=int, default=100)
+    ap.add_argument("--report-s", type=int, default=5)
+    ap.add_argument("--report-max", type=int, default=4096)
+    ap.add_argument("--stacks", type=int, default=8)
+    ap.add_argument("--budget", type=float, default=None,
+                    help="the driver's report budget, records/s (default: the server's)")
+    ap.add_argument("--tcpstore-max", type=int, default=4096)
+    ap.add_argument("--svg", type=Path, default=None)
+    ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
+    ap.add_argument("--tcpstore-one", type=int, default=0, help=argparse_hidden())
+    a = harness.parse(ap)
+    if a.one or a.tcpstore_one:
+        r = one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs)
+        print(json.dumps(r), flush=True)
+        return
+    if not SIM.exists():
+        sys.exit(f"{SIM} is missing: build it (cmake --build build --target tsp-simnodes)")
+    run = harness.Run("scale_bench", a)
+    rows = []
+    for ranks in [int(x) for x in str(a.sizes).split(",")]:
+        r = child("--one", ranks, a)
+        if ranks <= a.tcpstore_max:
+            try:
+                r.update(child("--tcpstore-one", ranks, a))
+            except (RuntimeError, subprocess.TimeoutExpired) as e:
+                r["tcpstore_error"] = str(e)[-300:]
+        r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+        rows.append(r)
+        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
+              flush=True)
+        for k, v in r.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "ranks":
+                run.figure(f"{k} @ {ranks}", [v], "")
+    run.results["sizes"] = rows
+    if a.svg:
+        svg(rows, a.svg)
+    run.finish()
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

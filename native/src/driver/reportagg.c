@@ -1,0 +1,392 @@
+/* reportagg.c: the driver's report budget (reportagg.h; docs/distributor.md, "Reports at
+ * scale"; docs/protocol.md 1.8, "Summaries").
+ *
+ * One host-language thread pulls reports; at 4,096 ranks reporting 100 times a second that
+ * is 409,600 records a second into one callback and one MLflow run, more than a Python
+ * callback takes (bench/scale_bench.py: ~55,000 a second, the backlog then grows to
+ * seconds of delay). So the records pass here first, on the puller's thread (never the
+ * server's epoll thread): each rank has a token bucket filled at its share of the job's
+ * budget (the budget over the ranks that reported so far, a second of it as a burst).
+ * A record finds a token: it passes as it is. It finds none: it is folded into the rank's
+ * summary, which goes out as one record once a token comes (at the next record of the
+ * rank, or at a later pull), and at the end of the run. A record that cannot be folded
+ * (params, a metric that is not a number, a piece of a longer record) first sends the
+ * rank's summary out, then passes: the order per rank holds.
+ */
+#include "reportagg.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "util.h"
+
+#define RAW_MAX 8192     /* records taken from the queue in one pull */
+#define MAX_METRICS 64   /* a record with more is passed as it is */
+#define NAME_MAX_LEN 128 /* and one with a longer metric name */
+#define PENDING_WAIT_MS 50
+
+typedef struct {
+    char name[NAME_MAX_LEN];
+    double last, min, max, sum;
+    uint64_t n;
+} metric_t;
+
+struct tsp__ragg_rank {
+    int32_t rank;
+    double tokens;
+    int64_t refill_ms;
+    uint64_t count; /* records in the summary (0: none pending) */
+    double first_time, last_time;
+    char step[32];
+    metric_t *m;
+    size_t nm;
+};
+
+typedef struct {
+    char step[32];
+    double time;
+    int has_time, bad;
+    metric_t m[MAX_METRICS];
+    size_t nm;
+} parsed_t;
+
+tsp__ragg_t *tsp__ragg_new(double budget)
+{
+    tsp__ragg_t *a = calloc(1, sizeof *a);
+    if (a)
+        a->budget = budget;
+    return a;
+}
+
+static void free_out(tsp__ragg_out_t *o, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(o[i].data);
+}
+
+void tsp__ragg_free(tsp__ragg_t *a)
+{
+    if (!a)
+        return;
+    for (size_t i = 0; i < a->nranks; i++)
+        free(a->ranks[i].m);
+    free(a->ranks);
+    free_out(a->ready + a->ready_head, a->nready - a->ready_head);
+    free(a->ready);
+    free(a->batch);
+    free(a->raw);
+    free(a);
+}
+
+static struct tsp__ragg_rank *rank_of(tsp__ragg_t *a, int32_t rank)
+{
+    size_t lo = 0, hi = a->nranks;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->ranks[mid].rank == rank)
+            return &a->ranks[mid];
+        if (a->ranks[mid].rank < rank)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (a->nranks == a->ranks_cap) {
+        size_t cap = a->ranks_cap ? 2 * a->ranks_cap : 64;
+        struct tsp__ragg_rank *nr = realloc(a->ranks, cap * sizeof *nr);
+        if (!nr)
+            return NULL;
+        a->ranks = nr;
+        a->ranks_cap = cap;
+    }
+    memmove(&a->ranks[lo + 1], &a->ranks[lo], (a->nranks - lo) * sizeof *a->ranks);
+    a->nranks++;
+    struct tsp__ragg_rank *r = &a->ranks[lo];
+    memset(r, 0, sizeof *r);
+    r->rank = rank;
+    r->tokens = -1; /* full at its first refill */
+    return r;
+}
+
+static void refill(tsp__ragg_t *a, struct tsp__ragg_rank *r, int64_t now)
+{
+    double rate = a->budget / (double)(a->nranks ? a->nranks : 1);
+    double cap = rate > 1 ? rate : 1;
+    r->tokens = r->tokens < 0 ? cap : r->tokens + rate * (double)(now - r->refill_ms) / 1000.0;
+    if (r->tokens > cap)
+        r->tokens = cap;
+    r->refill_ms = now;
+}
+
+static int push_ready(tsp__ragg_t *a, int32_t rank, uint8_t flags, char *data, size_t len)
+{
+    if (a->nready == a->ready_cap) {
+        size_t cap = a->ready_cap ? 2 * a->ready_cap : 256;
+        tsp__ragg_out_t *nr = realloc(a->ready, cap * sizeof *nr);
+        if (!nr) {
+            free(data);
+            return -ENOMEM;
+        }
+        a->ready = nr;
+        a->ready_cap = cap;
+    }
+    a->ready[a->nready++] = (tsp__ragg_out_t){data, (uint32_t)len, rank, flags};
+    return 0;
+}
+
+static int pass(tsp__ragg_t *a, const tsp_logline_t *ln)
+{
+    char *d = malloc(ln->len ? ln->len : 1);
+    if (!d)
+        return -ENOMEM;
+    memcpy(d, ln->data, ln->len);
+    return push_ready(a, ln->rank, ln->flags, d, ln->len);
+}
+
+static void write_num(tsp_json_writer_t *w, double v)
+{
+    char b[40];
+    int n = snprintf(b, sizeof b, "%.17g", v);
+    tsp_json_value(w, b, (size_t)n);
+}
+
+static void write_metric_map(tsp_json_writer_t *w, const char *key, const metric_t *m, size_t nm,
+                             int what)
+{
+    tsp_json_key(w, key);
+    tsp_json_begin_object(w);
+    for (size_t i = 0; i < nm; i++) {
+        tsp_json_key(w, m[i].name);
+        write_num(w, what == 0   ? m[i].last
+                     : what == 1 ? m[i].min
+                     : what == 2 ? m[i].max
+                                 : m[i].sum / (double)m[i].n);
+    }
+    tsp_json_end(w);
+}
+
+/* The rank's summary as one record (protocol 1.8): step, time and metrics of the last
+ * report folded, and "summary" when more than one was. */
+static int emit_summary(tsp__ragg_t *a, struct tsp__ragg_rank *r)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "step");
+    tsp_json_value(&w, r->step, strlen(r->step));
+    tsp_json_key(&w, "time");
+    write_num(&w, r->last_time);
+    write_metric_map(&w, "metrics", r->m, r->nm, 0);
+    if (r->count > 1) {
+        tsp_json_key(&w, "summary");
+        tsp_json_begin_object(&w);
+        tsp_json_key(&w, "count");
+        tsp_json_int(&w, (long long)r->count);
+        tsp_json_key(&w, "first_time");
+        write_num(&w, r->first_time);
+        write_metric_map(&w, "min", r->m, r->nm, 1);
+        write_metric_map(&w, "max", r->m, r->nm, 2);
+        write_metric_map(&w, "mean", r->m, r->nm, 3);
+        tsp_json_end(&w);
+    }
+    tsp_json_end(&w);
+    if (fclose(f) != 0) {
+        free(buf);
+        return -ENOMEM;
+    }
+    a->folded += r->count > 1 ? r->count : 0;
+    r->count = 0;
+    r->nm = 0;
+    return push_ready(a, r->rank, 0, buf, len);
+}
+
+static int metric_cb(void *ctx, const char *key, size_t index, int type, const char *val,
+                     size_t len)
+{
+    (void)index;
+    parsed_t *p = ctx;
+    char num[64];
+    if (type != TSP_JSON_NUMBER || !key || strlen(key) >= NAME_MAX_LEN || p->nm == MAX_METRICS ||
+        len >= sizeof num)
+        return p->bad = 1;
+    memcpy(num, val, len);
+    num[len] = 0;
+    metric_t *m = &p->m[p->nm++];
+    snprintf(m->name, sizeof m->name, "%s", key);
+    m->last = strtod(num, NULL);
+    return 0;
+}
+
+static int top_cb(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    (void)index;
+    parsed_t *p = ctx;
+    if (key && !strcmp(key, "step") && len < sizeof p->step &&
+        (type == TSP_JSON_NUMBER || type == TSP_JSON_LITERAL)) {
+        memcpy(p->step, val, len);
+        p->step[len] = 0;
+    } else if (key && !strcmp(key, "time") && type == TSP_JSON_NUMBER && len < 64) {
+        char num[64];
+        memcpy(num, val, len);
+        num[len] = 0;
+        p->time = strtod(num, NULL);
+        p->has_time = 1;
+    } else if (key && !strcmp(key, "metrics") && type == TSP_JSON_OBJECT) {
+        if (tsp_json_each(val, len, NULL, metric_cb, p) != 0)
+            p->bad = 1;
+    } else {
+        p->bad = 1; /* params, or anything this module does not know: passed as it is */
+    }
+    return p->bad;
+}
+
+static int fold(struct tsp__ragg_rank *r, const parsed_t *p)
+{
+    if (!r->count)
+        r->first_time = p->time;
+    r->count++;
+    r->last_time = p->time;
+    memcpy(r->step, p->step, sizeof r->step);
+    for (size_t i = 0; i < p->nm; i++) {
+        metric_t *m = NULL;
+        for (size_t k = 0; k < r->nm && !m; k++)
+            if (!strcmp(r->m[k].name, p->m[i].name))
+                m = &r->m[k];
+        if (!m) {
+            if (!r->m && !(r->m = calloc(MAX_METRICS, sizeof *r->m)))
+                return -ENOMEM;
+            if (r->nm == MAX_METRICS)
+                continue; /* more names over the interval than a record may hold */
+            m = &r->m[r->nm++];
+            *m = p->m[i];
+            m->min = m->max = m->sum = m->last;
+            m->n = 1;
+            continue;
+        }
+        double v = p->m[i].last;
+        m->last = v;
+        m->min = v < m->min ? v : m->min;
+        m->max = v > m->max ? v : m->max;
+        m->sum += v;
+        m->n++;
+    }
+    return 0;
+}
+
+static int take(tsp__ragg_t *a, const tsp_logline_t *ln, int64_t now)
+{
+    struct tsp__ragg_rank *r = rank_of(a, ln->rank);
+    if (!r)
+        return -ENOMEM;
+    parsed_t p;
+    memset(&p, 0, sizeof p);
+    int foldable = !ln->flags;
+    if (foldable && (tsp_json_each(ln->data, ln->len, NULL, top_cb, &p) != 0 || p.bad ||
+                     !p.has_time || !p.step[0]))
+        foldable = 0;
+    refill(a, r, now);
+    if (!foldable || (!r->count && r->tokens >= 1)) {
+        int rc = r->count ? emit_summary(a, r) : 0;
+        if (!r->count && r->tokens >= 1)
+            r->tokens -= 1;
+        return rc ? rc : pass(a, ln);
+    }
+    int rc = fold(r, &p);
+    if (rc == 0 && r->tokens >= 1) {
+        r->tokens -= 1;
+        rc = emit_summary(a, r);
+    }
+    return rc;
+}
+
+/* The summaries whose rank has a token again; every one when all (the run ended). */
+static int flush_due(tsp__ragg_t *a, int64_t now, int all)
+{
+    for (size_t i = 0; i < a->nranks; i++) {
+        struct tsp__ragg_rank *r = &a->ranks[i];
+        if (!r->count)
+            continue;
+        refill(a, r, now);
+        if (!all && r->tokens < 1)
+            continue;
+        r->tokens -= all ? 0 : 1;
+        int rc = emit_summary(a, r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int pending(const tsp__ragg_t *a)
+{
+    for (size_t i = 0; i < a->nranks; i++)
+        if (a->ranks[i].count)
+            return 1;
+    return 0;
+}
+
+static int refill_ready(tsp__ragg_t *a, tsp__logq_t *q, int timeout_ms)
+{
+    if (!a->raw && !(a->raw = calloc(RAW_MAX, sizeof *a->raw)))
+        return -ENOMEM;
+    int wait = timeout_ms;
+    if (pending(a) && (wait < 0 || wait > PENDING_WAIT_MS))
+        wait = PENDING_WAIT_MS; /* a summary is due within its rank's interval */
+    int n = tsp__logq_pull(q, a->raw, RAW_MAX, wait);
+    if (n < 0 && n != -EPIPE)
+        return n;
+    int64_t now = tsp__now_ms();
+    for (int i = 0; i < n; i++) {
+        int rc = take(a, &a->raw[i], now);
+        if (rc)
+            return rc;
+    }
+    int rc = flush_due(a, now, n == -EPIPE);
+    return rc ? rc : n;
+}
+
+int tsp__ragg_pull(tsp__ragg_t *a, tsp__logq_t *q, tsp_logline_t *out, int max, int timeout_ms)
+{
+    if (a->budget <= 0 && a->ready_head == a->nready)
+        return tsp__logq_pull(q, out, max, timeout_ms);
+    if (a->ready_head == a->nready) {
+        a->ready_head = a->nready = 0;
+        int rc = refill_ready(a, q, timeout_ms);
+        if (rc < 0 && (rc != -EPIPE || a->nready == 0))
+            return rc;
+    }
+    /* One contiguous batch, as tsp_logserver_pull promises (logserver.h). */
+    size_t n = a->nready - a->ready_head, bytes = 0;
+    if (n > (size_t)max)
+        n = (size_t)max;
+    for (size_t i = 0; i < n; i++)
+        bytes += a->ready[a->ready_head + i].len;
+    if (bytes > a->batch_cap) {
+        char *nb = realloc(a->batch, bytes);
+        if (!nb)
+            return -ENOMEM;
+        a->batch = nb;
+        a->batch_cap = bytes;
+    }
+    size_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        tsp__ragg_out_t *o = &a->ready[a->ready_head + i];
+        memcpy(a->batch + pos, o->data, o->len);
+        out[i] = (tsp_logline_t){.data = a->batch + pos,
+                                 .len = o->len,
+                                 .rank = o->rank,
+                                 .stream = TSP_LOG_STREAM_REPORT,
+                                 .flags = o->flags};
+        pos += o->len;
+        free(o->data);
+    }
+    a->ready_head += n;
+    return (int)n;
+}

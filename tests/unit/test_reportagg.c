@@ -1,0 +1,229 @@
+/* test_reportagg.c: the driver's report budget (reportagg.c) between a report queue and
+ * its puller, and the descriptor limit (fdlimit.c). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "fdlimit.h"
+#include "json.h"
+#include "logqueue.h"
+#include "reportagg.h"
+#include "testutil.h"
+#include "torchspark/logserver.h"
+
+static tsp__logq_t q;
+
+static void push(int rank, const char *rec)
+{
+    pthread_mutex_lock(&q.mu);
+    ck_assert_int_eq(tsp__logq_push_locked(&q, rank, TSP_LOG_STREAM_REPORT, 0, rec, strlen(rec), 1),
+                     0);
+    pthread_mutex_unlock(&q.mu);
+}
+
+static void push_step(int rank, int step)
+{
+    char rec[160];
+    snprintf(rec, sizeof rec, "{\"step\": %d, \"time\": %d.5, \"metrics\": {\"loss\": %d}}", step,
+             1000 + step, step);
+    push(rank, rec);
+}
+
+typedef struct {
+    int rank;
+    char *text;
+} got_t;
+
+/* Every record the budget hands out until the queue ended and all was pulled. */
+static got_t *pull_all(tsp__ragg_t *a, int *n)
+{
+    got_t *all = NULL;
+    *n = 0;
+    tsp_logline_t out[64];
+    for (;;) {
+        int k = tsp__ragg_pull(a, &q, out, 64, 10);
+        if (k == -EPIPE)
+            break;
+        ck_assert_int_ge(k, 0);
+        all = realloc(all, (size_t)(*n + k) * sizeof *all);
+        for (int i = 0; i < k; i++) {
+            if (i > 0) /* one contiguous batch, as tsp_logserver_pull promises */
+                ck_assert_ptr_eq(out[i].data, out[i - 1].data + out[i - 1].len);
+            all[*n + i] = (got_t){out[i].rank, strndup(out[i].data, out[i].len)};
+        }
+        *n += k;
+    }
+    return all;
+}
+
+static void free_got(got_t *g, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(g[i].text);
+    free(g);
+}
+
+static double num(const char *doc, const char *path)
+{
+    char *v = NULL;
+    int type;
+    ck_assert_msg(tsp_json_get(doc, strlen(doc), path, &v, &type) == 0, "%s in %s", path, doc);
+    double d = strtod(v, NULL);
+    free(v);
+    return d;
+}
+
+static int has(const char *doc, const char *path)
+{
+    char *v = NULL;
+    int type;
+    int rc = tsp_json_get(doc, strlen(doc), path, &v, &type);
+    free(v);
+    return rc == 0;
+}
+
+static void setup(void)
+{
+    ck_assert_int_eq(tsp__logq_init(&q, 8u << 20, 0, 0, -1), 0);
+}
+
+static void teardown(void)
+{
+    tsp__logq_close(&q);
+}
+
+START_TEST(test_reportagg_within_the_budget_every_record_passes_as_it_is)
+{
+    tsp__ragg_t *a = tsp__ragg_new(2000);
+    for (int s = 0; s < 500; s++)
+        for (int r = 0; r < 2; r++)
+            push_step(r, s);
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_eq(n, 1000); /* a burst within a second of each rank's share */
+    int next[2] = {0, 0};
+    for (int i = 0; i < n; i++) {
+        char want[160];
+        snprintf(want, sizeof want, "{\"step\": %d, \"time\": %d.5, \"metrics\": {\"loss\": %d}}",
+                 next[g[i].rank], 1000 + next[g[i].rank], next[g[i].rank]);
+        ck_assert_str_eq(g[i].text, want);
+        next[g[i].rank]++;
+        free(g[i].text);
+    }
+    free(g);
+    tsp__ragg_free(a);
+}
+END_TEST
+
+START_TEST(test_reportagg_beyond_the_budget_a_rank_is_folded_into_summaries)
+{
+    tsp__ragg_t *a = tsp__ragg_new(10); /* one rank: 10 a second, a burst of 10 */
+    for (int s = 0; s < 1000; s++)
+        push_step(0, s);
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_le(n, 30);
+    long calls = 0;
+    double last_step = -1;
+    for (int i = 0; i < n; i++) {
+        double step = num(g[i].text, "step");
+        ck_assert(step > last_step); /* in order */
+        long count = has(g[i].text, "summary") ? (long)num(g[i].text, "summary.count") : 1;
+        if (count > 1) { /* the summary of steps (step - count, step]: loss = step */
+            ck_assert(num(g[i].text, "summary.min.loss") == step - (double)count + 1);
+            ck_assert(num(g[i].text, "summary.max.loss") == step);
+            ck_assert(num(g[i].text, "summary.mean.loss") == step - (double)(count - 1) / 2);
+            ck_assert(num(g[i].text, "summary.first_time") == 1000 + step - (double)count + 1.5);
+        }
+        ck_assert(num(g[i].text, "metrics.loss") == step); /* the last values */
+        ck_assert(num(g[i].text, "time") == 1000 + step + 0.5);
+        calls += count;
+        last_step = step;
+        free(g[i].text);
+    }
+    ck_assert_int_eq(calls, 1000); /* every report() is counted in one record */
+    ck_assert(last_step == 999);   /* the last one arrives, at the end of the run */
+    free(g);
+    tsp__ragg_free(a);
+}
+END_TEST
+
+START_TEST(test_reportagg_a_record_it_cannot_fold_follows_the_rank_s_summary)
+{
+    tsp__ragg_t *a = tsp__ragg_new(1);
+    for (int s = 0; s < 5; s++)
+        push_step(3, s);
+    push(3, "{\"step\": null, \"time\": 2000.0, \"metrics\": {}, \"params\": {\"lr\": \"0.1\"}}");
+    push(3, "{\"step\": 9, \"time\": 2001.0, \"metrics\": {\"loss\": NaN}}");
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_eq(n, 4);
+    ck_assert(num(g[0].text, "step") == 0 && !has(g[0].text, "summary"));
+    ck_assert(num(g[1].text, "step") == 4 && num(g[1].text, "summary.count") == 4);
+    ck_assert(strstr(g[2].text, "\"params\"") != NULL);
+    ck_assert(strstr(g[3].text, "NaN") != NULL);
+    for (int i = 0; i < n; i++)
+        ck_assert_int_eq(g[i].rank, 3);
+    free_got(g, n);
+    tsp__ragg_free(a);
+}
+END_TEST
+
+START_TEST(test_reportagg_no_budget_hands_on_the_queue_s_records)
+{
+    tsp__ragg_t *a = tsp__ragg_new(0);
+    for (int s = 0; s < 300; s++)
+        push_step(0, s);
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_eq(n, 300);
+    free_got(g, n);
+    tsp__ragg_free(a);
+}
+END_TEST
+
+START_TEST(test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes)
+{
+    struct rlimit rl;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < 600)
+        return; /* this host's hard limit is too low to try */
+    rl.rlim_cur = 300;
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+    char err[1024] = "";
+    ck_assert_int_eq(tsp_logserver_fd_check(100, err, sizeof err), 0); /* raised */
+    struct rlimit now;
+    ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &now), 0);
+    ck_assert(now.rlim_cur == rl.rlim_max);
+    ck_assert_int_eq(tsp__fdlimit_raise(), 0); /* already at the hard limit */
+    now.rlim_cur = now.rlim_max = 400;         /* a hard limit of 400 (this forked test only) */
+    ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &now), 0);
+    ck_assert_int_eq(tsp_logserver_fd_check(72, err, sizeof err), 0); /* 72 * 2 + 256 */
+    ck_assert_int_eq(tsp_logserver_fd_check(2048, err, sizeof err), -EMFILE);
+    ck_assert_msg(strstr(err, "the driver may open 400 file descriptors") &&
+                      strstr(err, "a job of 2048 nodes needs about 4352") &&
+                      strstr(err, "ulimit -n 4352"),
+                  "%s", err);
+    ck_assert_int_eq(tsp_logserver_fd_check(-1, err, sizeof err), -EINVAL);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("reportagg");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_reportagg_within_the_budget_every_record_passes_as_it_is);
+    tcase_add_test(tc, test_reportagg_beyond_the_budget_a_rank_is_folded_into_summaries);
+    tcase_add_test(tc, test_reportagg_a_record_it_cannot_fold_follows_the_rank_s_summary);
+    tcase_add_test(tc, test_reportagg_no_budget_hands_on_the_queue_s_records);
+    tcase_add_test(tc, test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes);
+    suite_add_tcase(s, tc);
+    return tsp_test_main(s);
+}
