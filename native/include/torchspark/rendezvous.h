@@ -61,6 +61,17 @@ TSP_EXTERN const char *tsp_rdv_token(const tsp_rdv_t *r);
 TSP_EXTERN const char *tsp_rdv_key(const tsp_rdv_t *r);
 /* Records put, and records handed to GETs, so far. Either pointer may be NULL. */
 TSP_EXTERN void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets);
+/* Gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a gang of nnodes
+ * that must be complete within timeout_ms. 0; -EINVAL (bad size or timeout); -EALREADY
+ * (armed before). */
+TSP_EXTERN int tsp_rdv_gang(tsp_rdv_t *r, int nnodes, int timeout_ms);
+/* The gang's state now (torchspark/gang.h: TSP_GANG_WAIT, _GO or _FAILED; its deadline is
+ * checked by this call too) and, when joined is not NULL, the nodes joined; -EINVAL when no
+ * gang is armed. */
+TSP_EXTERN int tsp_rdv_gang_state(tsp_rdv_t *r, int *joined);
+/* A failed gang's sentence (tsp_gang_failure): its length, or -EINVAL. */
+TSP_EXTERN int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores,
+                                    const char *max_executors, char *buf, size_t len);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
  * thread ends (within a second). Idempotent. */
 TSP_EXTERN void tsp_rdv_close(tsp_rdv_t *r);
