@@ -16,7 +16,8 @@ import ctypes
 import logging
 import math
 import socket
-from typing import Any, Dict, Optional, Tuple
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from torchspark._lib import load_library
 from torchspark._spec import GangSpec, NodeSpec
@@ -26,6 +27,10 @@ BARRIER, GANG = "barrier", "gang"
 WAIT, GO, FAILED = 0, 1, 3
 # A task's own wait beyond the driver's deadline, for the driver's answer to come.
 JOIN_GRACE_MS = 30000
+WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
+# Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
+# side-by-side "backlog only").
+REQUEST_EXECUTORS = True
 
 
 def mode(spark: Any, settings: Dict[str, Any], dataframe: bool = False) -> str:
@@ -57,8 +62,23 @@ class Gang:
         state = self._lib.tsp_rdv_gang_state(self._rdv._h, ctypes.byref(joined))
         return state, joined.value
 
-    def failed(self) -> bool:
-        return self.state()[0] == FAILED
+    def watch(self, spark: Any, done: threading.Event,
+              on_failure: Callable[[str], None]) -> threading.Thread:
+        """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
+        (done) or it failed: then on_failure(the sentence). Join it before the rendezvous
+        is closed."""
+        def run() -> None:
+            while not done.wait(WATCH_EVERY_S):
+                state = self.state()[0]
+                if state == GO:
+                    return
+                if state == FAILED:
+                    on_failure(self.failure(spark))
+                    return
+
+        t = threading.Thread(target=run, daemon=True, name="torchspark-gang-watch")
+        t.start()
+        return t
 
     def failure(self, spark: Any) -> str:
         """The failed gang's sentence, with what Spark shows of its executors now."""
@@ -135,7 +155,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, launch: str) -> Optional[G
     gang = Gang(rdv, distributor.num_tasks, timeout_ms)
     gang_spec: GangSpec = {"timeout_ms": timeout_ms}
     spec["gang"] = gang_spec
-    if not distributor.is_remote:
+    if not distributor.is_remote and REQUEST_EXECUTORS:
         request_executors(distributor.spark, distributor.num_tasks, distributor.logger)
     distributor.logger.info(
         f"Gang launch: {distributor.num_tasks} ordinary tasks that wait for each other up to "

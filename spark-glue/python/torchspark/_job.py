@@ -219,11 +219,11 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 box["root"], box["root_at"] = root, time.time()
                 wake.set()
                 return
-            if gang is not None and gang.failed():
-                box["gang"] = gang.failure(spark)
-                tags.cancel(tag)  # every task, the waiting and the never started
-                wake.set()
-                return
+
+    def gang_failed(sentence: str) -> None:
+        box["gang"] = sentence
+        tags.cancel(tag)  # every task, the waiting and the never started
+        wake.set()
 
     _spark.inheritable_thread(run_job, "torchspark-barrier-job",
                               spark if remote else None).start()
@@ -232,6 +232,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     if revive and not remote:
         threading.Thread(target=revive_until_running, args=(spark, tag, done),
                          daemon=True, name="torchspark-revive").start()
+    gang_watch = gang.watch(spark, done, gang_failed) if gang is not None else None
     try:
         while not wake.wait(0.5):
             pass
@@ -260,6 +261,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     lost = None
     if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
+    if gang_watch is not None:  # it reads the rendezvous, which the caller closes next
+        gang_watch.join()
     if "gang" in box:
         done.wait(CANCEL_WAIT_S)
     return Outcome(box.get("chunks") if error is None else None, error, root,
