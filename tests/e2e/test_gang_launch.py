@@ -71,6 +71,15 @@ def test_stock_is_refused_and_torchspark_trains_from_zero_executors(spark):
     assert executors(spark) == 0  # initialExecutors=0: nothing was asked for yet
     with pytest.raises(Exception, match="SPARK-24942"):
         StockDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_ddp_step)
+    # torchspark's barrier launch (what every attempt was before spark.torchspark.launch)
+    # is refused the same way.
+    spark.conf.set("spark.torchspark.launch", "barrier")
+    try:
+        with pytest.raises(Exception) as barrier:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_ddp_step)
+    finally:
+        spark.conf.unset("spark.torchspark.launch")
+    assert "SPARK-24942" in f"{barrier.value} {barrier.value.__cause__}"
     started = time.time()
     out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_ddp_step)
     took = out["first_step_at"] - started
