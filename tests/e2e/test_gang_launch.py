@@ -89,6 +89,26 @@ def test_stock_is_refused_and_torchspark_trains_from_zero_executors(spark):
     assert not tsp_spark.wait_gone(MARK_VALUE, 10)
 
 
+def _rank1_fails():
+    import os
+    import time
+
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 gives up")
+    time.sleep(600)
+
+
+def test_one_task_failure_ends_every_task(spark):
+    """Barrier mode's guarantee with ordinary tasks: rank 1's failure is the run's error and
+    rank 0, which would sleep for 10 minutes, is stopped with it (the log channel's STOP and
+    the job's cancel), no process left."""
+    started = time.monotonic()
+    with pytest.raises(TorchDistributorError, match="rank 1 gives up"):
+        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_rank1_fails)
+    assert time.monotonic() - started < 300
+    assert not tsp_spark.wait_gone(MARK_VALUE, 5)
+
+
 def _sleepy():
     import time
 
