@@ -85,7 +85,10 @@ def test_stock_is_refused_and_torchspark_trains_from_zero_executors(spark):
     took = out["first_step_at"] - started
     print(f"\nrun() -> first training step from 0 executors (gang launch): {took:.2f} s")
     assert out["world"] == 2 and out["ranks"] == [0, 1]
-    assert took < 120, took  # the goal is 30 s on a quiet machine (docs/benchmarks.md)
+    # The goal is 30 s on a quiet machine (bench/gang_bench.py, docs/benchmarks.md); 78-124 s
+    # were measured at load 30-47. The bound catches a launch held by anything but the
+    # executors' start (a deadline of 600 s, an allocation that never came).
+    assert took < 300, took
     assert not tsp_spark.wait_gone(MARK_VALUE, 10)
 
 

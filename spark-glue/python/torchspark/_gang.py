@@ -139,9 +139,11 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
 
 
-def start(distributor: Any, rdv: Any, spec: NodeSpec, launch: str) -> Optional[Gang]:
-    """The attempt's gang (spec gets its "gang" key), or None for a barrier launch."""
-    if launch != GANG:
+def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any],
+          dataframe: bool) -> Optional[Gang]:
+    """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
+    settings: the run's spark.torchspark.* values (_conf.read)."""
+    if mode(distributor.spark, settings, dataframe) != GANG:
         return None
     if rdv is None:
         raise RuntimeError(
@@ -149,9 +151,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, launch: str) -> Optional[G
             "server, which could not start here (see the warning above, or "
             "TORCHSPARK_RENDEZVOUS=0): set spark.torchspark.launch=barrier and turn "
             "spark.dynamicAllocation.enabled off")
-    from torchspark import _conf
-
-    timeout_ms = int(_conf.read(distributor.spark, warn=False)["gang.timeout"])
+    timeout_ms = int(settings["gang.timeout"])
     gang = Gang(rdv, distributor.num_tasks, timeout_ms)
     gang_spec: GangSpec = {"timeout_ms": timeout_ms}
     spec["gang"] = gang_spec

@@ -538,8 +538,8 @@ class TorchDistributor:
                 spec["dataframe"] = dataframe[1]
             if hub is not None:  # reports spilled by agents come back as rows
                 spec["report_rows"] = _report_rows.new_tag()
-            gang = _gang.start(self, rdv, spec, _gang.mode(  # dynamic allocation (_gang.py)
-                self.spark, _conf.read(self.spark, warn=False), dataframe is not None))
+            gang = _gang.start(self, rdv, spec, _conf.read(self.spark, warn=False),
+                               dataframe is not None)  # dynamic allocation (_gang.py)
             # Restarts left: the next attempt starts at once on the root cause, without
             # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
             # "Recovery on local-cluster").
@@ -559,7 +559,7 @@ class TorchDistributor:
                 silent_executor=out.silent_executor)
             if out.gang_failure is not None:
                 raise TorchDistributorError(out.gang_failure, {
-                    "version": 2, "kind": "gang", "reason": "gang_timeout"}) from None
+                    "version": 2, "kind": "gang", "reason": "gang_incomplete"}) from None
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:
