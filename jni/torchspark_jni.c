@@ -24,6 +24,7 @@
 #include "torchspark/hang.h"
 #include "torchspark/logserver.h"
 #include "torchspark/outcome.h"
+#include "torchspark/gang.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
 
@@ -305,6 +306,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_outcomeClassify(JNIEnv *env, j
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_outcome_classify);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangReplay(JNIEnv *env, jclass cls,
+                                                             jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_gang_replay);
 }
 
 /* ---- the driver's log server ---- */

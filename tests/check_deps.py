@@ -73,7 +73,8 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "fdlimit": ("driver", 2),  # the driver's descriptor limit: raised, checked per job
     "reportagg": ("driver", 3),  # the report budget: a rank's reports folded beyond its share
     "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
-    "rendezvous": ("driver", 3),  # the rendezvous server over TLS (docs/protocol.md 2.1)
+    "gang": ("driver", 2),  # who joins a gang launch, and its deadline (docs/protocol.md 2.2)
+    "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "logstate": ("driver", 3),
@@ -92,6 +93,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
+    "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
 }
 # The sides each side may reach (the public headers, torchspark/*.h, are open to all).
 SIDE_USES: Dict[str, Set[str]] = {

@@ -241,3 +241,18 @@ def test_outcome_has_20_cases_and_every_reason():
     assert len(OUTCOME_CASES) >= 20
     assert reasons == {"exit", "signal", "nccl_check", "setup", "eof", "silent", "executor_lost",
                        "decommission", "cancelled", "spark"}
+
+
+GANG_CASES = json.loads((CONTRACTS / "gang.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", GANG_CASES, ids=[c["name"] for c in GANG_CASES])
+def test_gang_golden(case):
+    """The gang launch's admission and deadline (torchspark/gang.h, docs/protocol.md 2.2)."""
+    if "error" in case:
+        with pytest.raises(ValueError) as e:
+            _lib.json_call("tsp_gang_replay", case["request"])
+        assert str(e.value) == case["error"]
+        return
+    got = _lib.json_call("tsp_gang_replay", case["request"])
+    assert got == {k: case[k] for k in ("replies", "state", "failure")}

@@ -62,6 +62,17 @@ TSP_EXTERN int tsp_rdv_port(const tsp_rdv_t *r);
 TSP_EXTERN const char *tsp_rdv_host(const tsp_rdv_t *r);
 /* Records put, and records handed to GETs, so far. Either pointer may be NULL. */
 TSP_EXTERN void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets);
+/* Gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a gang of nnodes
+ * that must be complete within timeout_ms. 0; -EINVAL (bad size or timeout); -EALREADY
+ * (armed before). */
+TSP_EXTERN int tsp_rdv_gang(tsp_rdv_t *r, int nnodes, int timeout_ms);
+/* The gang's state now (torchspark/gang.h: TSP_GANG_WAIT, _GO or _FAILED; its deadline is
+ * checked by this call too) and, when joined is not NULL, the nodes joined; -EINVAL when no
+ * gang is armed. */
+TSP_EXTERN int tsp_rdv_gang_state(tsp_rdv_t *r, int *joined);
+/* A failed gang's sentence (tsp_gang_failure): its length, or -EINVAL. */
+TSP_EXTERN int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores,
+                                    const char *max_executors, char *buf, size_t len);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
  * thread ends (within a second). Idempotent. */
 TSP_EXTERN void tsp_rdv_close(tsp_rdv_t *r);
@@ -105,6 +116,16 @@ TSP_EXTERN int tsp_rdv_exchange(const char *host, int port, const char *secret_h
  * the reply line as it came (ERR included) in reply. The codes of tsp_rdv_exchange. */
 TSP_EXTERN int tsp_rdv_request(const char *host, int port, const char *secret_hex, const char *line,
                                char *reply, size_t len, char *err, size_t errlen);
+/* A request line of another section of the protocol (a gang task's JOIN, docs/protocol.md
+ * 2.2; line without its newline) inside the same TLS, keyed by the run's secret: started
+ * as tsp_rdv_call_start is (connected, TLS complete, line sent), its reply line then comes
+ * as it is (ERR included) from tsp_rdv_call_wait within timeout_ms (> 0). When the driver
+ * cannot be reached the sentence is "torchspark: this task on host H cannot reach the
+ * driver's rendezvous at HOST:PORT (why)": not TSP_RDV_UNREACHABLE, no allGather fallback
+ * is meant. */
+TSP_EXTERN int tsp_rdv_call_line(const char *host, int port, const char *secret_hex,
+                                 const char *line, int timeout_ms, tsp_rdv_call_t **out, char *err,
+                                 size_t errlen);
 /* A record's MAC under the run's secret, TSP_RDV_MAC_HEX hex digits and a NUL into out
  * (outlen > TSP_RDV_MAC_HEX). 0, -EINVAL (a bad secret or size) or -EIO. */
 TSP_EXTERN int tsp_rdv_record_mac(const char *secret_hex, const char *record, char *out,

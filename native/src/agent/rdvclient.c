@@ -21,7 +21,7 @@
 
 #define MAC_HEX 64 /* HMAC-SHA256 as hex digits, before the record on the wire */
 
-enum call_kind { CALL_PUT, CALL_GET, CALL_RAW };
+enum call_kind { CALL_PUT, CALL_GET, CALL_RAW, CALL_LINE /* tsp_rdv_call_line */ };
 
 struct tsp_rdv_call {
     int fd;
@@ -34,18 +34,24 @@ struct tsp_rdv_call {
     char buf[TSP_RDV_LINE_MAX + 2];
 };
 
-/* The sentence of a task that cannot reach the driver: code, with it in err. */
-static int unreachable(const char *where, int code, const char *why, char *err, size_t errlen)
+/* The sentence of a task that cannot reach the driver: code, with it in err. A barrier
+ * task's names the allGather fallback; a line call's (a gang task's JOIN) has none. */
+static int unreachable(const tsp_rdv_call_t *c, int code, const char *why, char *err, size_t errlen)
 {
     char host[256] = "?";
     if (gethostname(host, sizeof host) != 0)
         snprintf(host, sizeof host, "?");
     host[sizeof host - 1] = '\0';
+    if (c->kind == CALL_LINE)
+        return tsp__err(err, errlen, code,
+                        "torchspark: this task on host %s cannot reach the driver's rendezvous "
+                        "at %s (%s)",
+                        host, c->where, why);
     return tsp__err(err, errlen, code,
                     TSP_RDV_UNREACHABLE ": this barrier task on host %s cannot reach the driver's "
                                         "rendezvous at %s (%s); the driver runs the job again "
                                         "through BarrierTaskContext.allGather",
-                    host, where, why);
+                    host, c->where, why);
 }
 
 /* The run's secret (64 hex digits) into raw bytes; -EINVAL with a sentence. */
@@ -110,7 +116,7 @@ static int call_connect(tsp_rdv_call_t *c, const char *bare, int port,
     if (c->fd < 0) {
         /* The reason alone ("Connection refused"): the sentence names the endpoint. */
         int resolve = strncmp(why, "cannot resolve", 14) == 0;
-        return unreachable(c->where, c->fd, resolve ? why : strerror(-c->fd), err, errlen);
+        return unreachable(c, c->fd, resolve ? why : strerror(-c->fd), err, errlen);
     }
     int rc = tsp__tls_dial_for(&c->tls, c->fd, secret, TSP__TLS_RDV_LABEL, why, sizeof why);
     if (rc)
@@ -123,10 +129,10 @@ static int call_connect(tsp_rdv_call_t *c, const char *bare, int port,
                         "serves another run",
                         c->where, why);
     if (rc)
-        return unreachable(c->where, rc, why, err, errlen);
+        return unreachable(c, rc, why, err, errlen);
     rc = tsp__tls_write_all(c->tls, req, n, until);
     if (rc)
-        return unreachable(c->where, rc, strerror(-rc), err, errlen);
+        return unreachable(c, rc, strerror(-rc), err, errlen);
     return 0;
 }
 
@@ -211,7 +217,7 @@ static int finish_get(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char
 static int finish(tsp_rdv_call_t *c, size_t n, char *reply, size_t len, char *err, size_t errlen)
 {
     const char *line = c->buf;
-    if (c->kind != CALL_RAW && n >= 4 && memcmp(line, "ERR ", 4) == 0)
+    if ((c->kind == CALL_PUT || c->kind == CALL_GET) && n >= 4 && memcmp(line, "ERR ", 4) == 0)
         return tsp__err(err, errlen, TSP_RDV_REFUSED,
                         "torchspark: the driver refused the rendezvous: %.*s", (int)(n - 4),
                         line + 4);
@@ -239,27 +245,27 @@ int tsp_rdv_call_wait(tsp_rdv_call_t *c, int timeout_ms, char *reply, size_t len
         if (nl)
             return finish(c, (size_t)(nl - c->buf), reply, len, err, errlen);
         if (c->len > TSP_RDV_LINE_MAX)
-            return unreachable(c->where, -EPROTO, "its reply is too long", err, errlen);
+            return unreachable(c, -EPROTO, "its reply is too long", err, errlen);
         ssize_t got = tsp__tls_read(c->tls, c->buf + c->len, sizeof(c->buf) - c->len);
         if (got > 0) {
             c->len += (size_t)got;
             continue;
         }
         if (got == 0)
-            return unreachable(c->where, -ECONNRESET,
-                               "the connection closed before a whole line came", err, errlen);
+            return unreachable(c, -ECONNRESET, "the connection closed before a whole line came",
+                               err, errlen);
         if (got != -EAGAIN)
-            return unreachable(c->where, (int)got, tsp__tls_why(c->tls), err, errlen);
+            return unreachable(c, (int)got, tsp__tls_why(c->tls), err, errlen);
         int64_t left = until - tsp__now_ms();
         if (left <= 0) {
             if (until < c->deadline)
                 return TSP_RDV_PENDING;
-            return unreachable(c->where, -ETIMEDOUT, "no reply in time", err, errlen);
+            return unreachable(c, -ETIMEDOUT, "no reply in time", err, errlen);
         }
         int rc = tsp__wait_fd(c->fd, tsp__tls_want(c->tls),
                               tsp__now_ms() + (left > 60000 ? 60000 : left));
         if (rc && rc != -ETIMEDOUT)
-            return unreachable(c->where, rc, strerror(-rc), err, errlen);
+            return unreachable(c, rc, strerror(-rc), err, errlen);
     }
 }
 
@@ -293,11 +299,16 @@ int tsp_rdv_exchange(const char *host, int port, const char *secret_hex, const c
     return call_whole(c, rc, reply, len, err, errlen);
 }
 
-int tsp_rdv_request(const char *host, int port, const char *secret_hex, const char *line,
-                    char *reply, size_t len, char *err, size_t errlen)
+/* A call of kind (CALL_RAW or CALL_LINE) that sends line and waits for its reply up to
+ * timeout_ms. */
+static int line_open(const char *host, int port, const char *secret_hex, const char *line,
+                     enum call_kind kind, int timeout_ms, tsp_rdv_call_t **out, char *err,
+                     size_t errlen)
 {
-    if (!line || strchr(line, '\n') || strlen(line) > 4 * TSP_RDV_LINE_MAX)
-        return tsp__err(err, errlen, -EINVAL, "torchspark: a request is one line");
+    *out = NULL;
+    if (!line || strchr(line, '\n') || strlen(line) > 4 * TSP_RDV_LINE_MAX || timeout_ms <= 0)
+        return tsp__err(err, errlen, -EINVAL,
+                        "torchspark: a rendezvous request is one line, with a positive timeout");
     int rc = check_args(host, port, NULL, err, errlen);
     if (rc)
         return rc;
@@ -310,7 +321,25 @@ int tsp_rdv_request(const char *host, int port, const char *secret_hex, const ch
         return tsp__err(err, errlen, -ENOMEM, "out of memory");
     }
     snprintf(req, n + 2, "%s\n", line);
-    rc = call_open(host, port, secret_hex, CALL_RAW, req, n + 1, &c, err, errlen);
+    *out = c;
+    rc = call_open(host, port, secret_hex, kind, req, n + 1, out, err, errlen);
     free(req);
+    if (!rc)
+        (*out)->deadline = tsp__now_ms() + timeout_ms;
+    return rc;
+}
+
+int tsp_rdv_call_line(const char *host, int port, const char *secret_hex, const char *line,
+                      int timeout_ms, tsp_rdv_call_t **out, char *err, size_t errlen)
+{
+    return line_open(host, port, secret_hex, line, CALL_LINE, timeout_ms, out, err, errlen);
+}
+
+int tsp_rdv_request(const char *host, int port, const char *secret_hex, const char *line,
+                    char *reply, size_t len, char *err, size_t errlen)
+{
+    tsp_rdv_call_t *c = NULL;
+    int rc = line_open(host, port, secret_hex, line, CALL_RAW, TSP_RDV_CONNECT_TIMEOUT_MS, &c, err,
+                       errlen);
     return call_whole(c, rc, reply, len, err, errlen);
 }

@@ -64,6 +64,13 @@ static const conf_key_t KEYS[] = {
      "min_nodes=)"},
     {PREFIX "job.replacementTimeout", T_DURATION, 1000, "30s", 0, 0, "30s",
      "how long a restart waits for a replacement executor"},
+    {PREFIX "launch", T_ENUM, 0, "auto", 0, 0, "auto|barrier|gang",
+     "how a distributed attempt starts: barrier (one barrier stage), gang (ordinary tasks "
+     "that gang up through the driver; works with dynamic allocation) or auto (gang when "
+     "spark.dynamicAllocation.enabled is true, else barrier)"},
+    {PREFIX "gang.timeout", T_DURATION, 1000, "600s", 1, 0, "120s",
+     "gang launch: how long an attempt waits for all of its tasks to run at once before it "
+     "fails (Spark's barrier slot check: 15s x 40)"},
     {PREFIX "plugin.killGraceMs", T_DURATION, 1, "2000", 0, 0, "2000",
      "TorchSparkPlugin: TERM to KILL of a killed task's process tree (a bare number is "
      "milliseconds)"},

@@ -11,6 +11,7 @@
 #include "torchspark/rendezvous.h"
 
 #include "tlsconn.h"
+#include "torchspark/gang.h"
 #include "util.h"
 
 #include <errno.h>
@@ -30,7 +31,13 @@
 #define HANDSHAKES_MAX 256  /* connections not yet authenticated: beyond, the oldest goes */
 #define MAC_HEX 64          /* HMAC-SHA256 as hex digits, before the record */
 
-enum conn_state { HANDSHAKE, READING, WAITING, WRITING };
+enum conn_state {
+    HANDSHAKE,
+    READING,
+    WAITING,
+    WRITING,
+    JOINED /* a gang task waiting for GO (2.2) */
+};
 
 typedef struct rdv_conn {
     int fd;
@@ -49,8 +56,9 @@ struct tsp_rdv {
     tsp__tlsctx_t *tls;                /* the server's, keyed by the run's secret */
     uint8_t mac_key[TSP__TLS_KEY_LEN]; /* the record's MAC key, derived from the secret */
     pthread_t thread;
-    pthread_mutex_t mu; /* guards closing, puts, gets */
+    pthread_mutex_t mu; /* guards closing, puts, gets, gang */
     int closing, puts, gets;
+    tsp_gang_t *gang; /* a gang launch's admission (docs/protocol.md 2.2), or NULL */
     /* the thread's own */
     char *record; /* MAC RECORD, as rank 0 sent it */
     size_t record_len;
@@ -123,6 +131,81 @@ static int mac_ok(const tsp_rdv_t *r, const char *p, size_t n)
            CRYPTO_memcmp(want, p, MAC_HEX) == 0;
 }
 
+/* ---- gang launch (docs/protocol.md 2.2) -------------------------------------------- */
+
+/* Answers every JOINED connection with line. */
+static void gang_answer(tsp_rdv_t *r, const char *line)
+{
+    for (size_t i = 0; i < r->nconns; i++)
+        if (r->conns[i]->state == JOINED)
+            conn_reply_str(r->conns[i], line);
+}
+
+/* The gang's deadline, from the thread's sweep: a failed gang's waiting JOINs are told. */
+static void gang_tick(tsp_rdv_t *r, int64_t now)
+{
+    pthread_mutex_lock(&r->mu);
+    int failed = r->gang && tsp_gang_state(r->gang, now) == TSP_GANG_FAILED;
+    char why[600] = "";
+    if (failed) /* the same reason a late JOIN gets */
+        tsp_gang_reason(r->gang, why, sizeof why);
+    pthread_mutex_unlock(&r->mu);
+    if (failed) {
+        char line[640];
+        snprintf(line, sizeof line, "ERR %s", why);
+        gang_answer(r, line);
+    }
+}
+
+/* NODE TRY HOST (n bytes) of a JOIN: 0 when the fields parse. The connection is TLS keyed
+ * by the run's secret: only a holder of the secret can send a JOIN, so it carries no MAC of
+ * its own (the server itself consumes it; nothing relays it). */
+static int gang_parse(const char *s, size_t n, int *node, int *try_no, char *host)
+{
+    char fields[TSP_GANG_HOST_MAX + 64], end = 0;
+    if (n == 0 || n >= sizeof fields)
+        return -EINVAL;
+    memcpy(fields, s, n);
+    fields[n] = 0;
+    _Static_assert(TSP_GANG_HOST_MAX == 255, "the width below is TSP_GANG_HOST_MAX");
+    if (sscanf(fields, "%d %d %255s%c", node, try_no, host, &end) != 3)
+        return -EINVAL;
+    return 0;
+}
+
+/* A JOIN's rest (after "JOIN "): admitted (waits for GO, or GO now for every one waiting),
+ * or refused. */
+static void gang_line(tsp_rdv_t *r, rdv_conn_t *c, const char *s, size_t n)
+{
+    int node = -1, try_no = -1;
+    char host[TSP_GANG_HOST_MAX + 1] = "", why[600] = "", line[640];
+    if (gang_parse(s, n, &node, &try_no, host)) {
+        conn_reply_str(c, "ERR unknown request");
+        return;
+    }
+    int64_t now = tsp__now_ms();
+    pthread_mutex_lock(&r->mu);
+    int got = r->gang ? tsp_gang_join(r->gang, node, try_no, host, now, why, sizeof why) : -1;
+    int size = r->gang ? tsp_gang_size(r->gang) : 0;
+    int64_t wait = r->gang ? tsp_gang_wait_ms(r->gang, now) : 0;
+    pthread_mutex_unlock(&r->mu);
+    if (got < 0) {
+        conn_reply_str(c, "ERR this run does not launch as a gang");
+    } else if (got == TSP_GANG_WAIT) {
+        c->state = JOINED;
+        c->deadline = now + (wait > 0 ? wait : 0);
+    } else if (got == TSP_GANG_GO) {
+        snprintf(line, sizeof line, "GO %d", size);
+        gang_answer(r, line);
+        conn_reply_str(c, line);
+    } else {
+        snprintf(line, sizeof line, "ERR %s", why);
+        if (got == TSP_GANG_FAILED)
+            gang_answer(r, line);
+        conn_reply_str(c, line);
+    }
+}
+
 /* One whole request line (n bytes, no newline) of c. */
 static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
 {
@@ -147,6 +230,8 @@ static void handle_line(tsp_rdv_t *r, rdv_conn_t *c, size_t n)
         count(r, &r->puts);
         conn_reply_str(c, "OK");
         answer_waiting(r);
+    } else if (restlen > 5 && memcmp(rest, "JOIN ", 5) == 0) {
+        gang_line(r, c, rest + 5, restlen - 5);
     } else if (restlen == 3 && memcmp(rest, "GET", 3) == 0) {
         if (r->record) {
             conn_reply(c, r->record, r->record_len);
@@ -297,7 +382,7 @@ static void end_run(tsp_rdv_t *r)
     r->lfd = -1;
     for (size_t i = r->nconns; i-- > 0;) {
         rdv_conn_t *c = r->conns[i];
-        if (c->state == WAITING)
+        if (c->state == WAITING || c->state == JOINED)
             conn_reply_str(c, "ERR the run ended");
         else if (c->state == READING || c->state == HANDSHAKE)
             conn_drop(r, i);
@@ -309,18 +394,22 @@ static void end_run(tsp_rdv_t *r)
 static int sweep(tsp_rdv_t *r)
 {
     int64_t now = tsp__now_ms(), next = -1;
+    gang_tick(r, now);
     for (size_t i = r->nconns; i-- > 0;) {
         rdv_conn_t *c = r->conns[i];
         if (c->deadline <= now) {
-            if (c->state != WAITING) {
+            if (c->state == JOINED) {
+                c->deadline = now + TSP_RDV_CONNECT_TIMEOUT_MS; /* gang_tick answers it */
+            } else if (c->state != WAITING) {
                 conn_drop(r, i);
                 continue;
+            } else {
+                char why[96];
+                int ms = r->get_timeout_ms;
+                snprintf(why, sizeof why, "ERR rank 0 sent no election record within %d %s",
+                         ms >= 1000 ? ms / 1000 : ms, ms >= 1000 ? "s" : "ms");
+                conn_reply_str(c, why);
             }
-            char why[96];
-            int ms = r->get_timeout_ms;
-            snprintf(why, sizeof why, "ERR rank 0 sent no election record within %d %s",
-                     ms >= 1000 ? ms / 1000 : ms, ms >= 1000 ? "s" : "ms");
-            conn_reply_str(c, why);
         }
         if (next < 0 || c->deadline < next)
             next = c->deadline;
@@ -512,6 +601,42 @@ void tsp_rdv_counts(tsp_rdv_t *r, int *puts, int *gets)
     pthread_mutex_unlock(&r->mu);
 }
 
+int tsp_rdv_gang(tsp_rdv_t *r, int nnodes, int timeout_ms)
+{
+    tsp_gang_t *g = tsp_gang_new(nnodes, tsp__now_ms(), timeout_ms);
+    if (!g)
+        return -EINVAL;
+    pthread_mutex_lock(&r->mu);
+    tsp_gang_t *old = r->gang;
+    r->gang = old ? old : g;
+    pthread_mutex_unlock(&r->mu);
+    if (old) {
+        tsp_gang_free(g);
+        return -EALREADY;
+    }
+    return 0;
+}
+
+int tsp_rdv_gang_state(tsp_rdv_t *r, int *joined)
+{
+    pthread_mutex_lock(&r->mu);
+    int state = r->gang ? tsp_gang_state(r->gang, tsp__now_ms()) : -EINVAL;
+    if (joined)
+        *joined = r->gang ? tsp_gang_joined(r->gang) : 0;
+    pthread_mutex_unlock(&r->mu);
+    return state;
+}
+
+int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores, const char *max_executors,
+                         char *buf, size_t len)
+{
+    pthread_mutex_lock(&r->mu);
+    int n =
+        r->gang ? tsp_gang_failure(r->gang, executors, cores, max_executors, buf, len) : -EINVAL;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 void tsp_rdv_close(tsp_rdv_t *r)
 {
     if (!r)
@@ -540,6 +665,7 @@ void tsp_rdv_free(tsp_rdv_t *r)
     tsp__tlsctx_free(r->tls);
     OPENSSL_cleanse(r->mac_key, sizeof r->mac_key);
     free(r->record);
+    tsp_gang_free(r->gang);
     free(r->conns);
     free(r->pfds);
     free(r);

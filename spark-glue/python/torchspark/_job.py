@@ -64,6 +64,8 @@ class Outcome:
     ended_at: Optional[float] = None
     # The executor id of a node that went silent (task_executor), None when not known.
     silent_executor: Optional[str] = None
+    # A gang launch that failed (its deadline): the C core's sentence (_gang.py).
+    gang_failure: Optional[str] = None
 
 
 class _Tags:
@@ -102,14 +104,16 @@ def collect_chunks(spark: Any, spec: NodeSpec, num_tasks: int, *, remote: bool,
                    input_df: Any = None) -> List[bytes]:
     """Runs the barrier stage (num_tasks tasks, or one per partition of input_df) and
     returns what the tasks yielded, in partition order: rank 0's result chunks or none."""
+    barrier = "gang" not in spec  # a gang launch: ordinary tasks (_gang.py)
     if not remote and input_df is None and not CLASSIC_VIA_ARROW:
         rdd = spark.sparkContext.parallelize(range(num_tasks), num_tasks)
         # partial, not a lambda: a lambda would carry this module by reference and import
         # torchspark on the executor before _boot.node could choose which copy.
-        return rdd.barrier().mapPartitions(functools.partial(_boot.node, spec)).collect()
+        return (rdd.barrier() if barrier else rdd).mapPartitions(
+            functools.partial(_boot.node, spec)).collect()
     df = input_df if input_df is not None else spark.range(0, num_tasks, 1, num_tasks)
     return _spark.collect_binary(df.mapInArrow(functools.partial(_boot.arrow_node, spec),
-                                               "chunk binary", barrier=True), "chunk")
+                                               "chunk binary", barrier=barrier), "chunk")
 
 
 def silent(root: Optional[Dict[str, Any]]) -> bool:
@@ -179,12 +183,15 @@ def revive_until_running(spark: Any, tag: str, done: threading.Event,
 
 def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                     remote: bool, input_df: Any = None,
-                    spark_grace_s: float = SPARK_GRACE_S, revive: bool = False) -> Outcome:
+                    spark_grace_s: float = SPARK_GRACE_S, revive: bool = False,
+                    gang: Any = None) -> Outcome:
     """Runs the job (see collect_chunks) and returns how it ended. spark_grace_s: how long
     to wait for Spark's own failure once the root cause is known (0 when a restart follows:
     the next attempt is submitted at once, the log server's root cause naming the node).
     revive: a restarted attempt's job, which waits for the failed attempt's cores: ask for
-    Spark's offers until its tasks run (revive_until_running; classic sessions only)."""
+    Spark's offers until its tasks run (revive_until_running; classic sessions only).
+    gang: a gang launch's armed gang (_gang.Gang): when it fails (its deadline), the job is
+    cancelled at once and the outcome carries the gang's sentence."""
     tags = _Tags(spark, remote)
     tag = f"torchspark-{uuid.uuid4().hex}"
     done, wake = threading.Event(), threading.Event()
@@ -213,6 +220,11 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 wake.set()
                 return
 
+    def gang_failed(sentence: str) -> None:
+        box["gang"] = sentence
+        tags.cancel(tag)  # every task, the waiting and the never started
+        wake.set()
+
     _spark.inheritable_thread(run_job, "torchspark-barrier-job",
                               spark if remote else None).start()
     if server is not None:
@@ -220,6 +232,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     if revive and not remote:
         threading.Thread(target=revive_until_running, args=(spark, tag, done),
                          daemon=True, name="torchspark-revive").start()
+    gang_watch = gang.watch(spark, done, gang_failed) if gang is not None else None
     try:
         while not wake.wait(0.5):
             pass
@@ -248,5 +261,9 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     lost = None
     if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
+    if gang_watch is not None:  # it reads the rendezvous, which the caller closes next
+        gang_watch.join()
+    if "gang" in box:
+        done.wait(CANCEL_WAIT_S)
     return Outcome(box.get("chunks") if error is None else None, error, root,
-                   box.get("root_at"), box.get("ended_at"), lost)
+                   box.get("root_at"), box.get("ended_at"), lost, box.get("gang"))

@@ -35,6 +35,13 @@ class RendezvousSpec(TypedDict):
     port: int  # the connection is TLS keyed by the run's secret (NodeSpec.log_secret_hex)
 
 
+class GangSpec(TypedDict):
+    """A gang launch's attempt (_gang.py; docs/protocol.md 2.2): its tasks JOIN at the
+    rendezvous and wait up to the deadline for every node."""
+
+    timeout_ms: int
+
+
 class DataFrameSpec(TypedDict):
     """What every task needs to stage its partition (train_on_dataframe, _partition.py)."""
 
@@ -74,3 +81,4 @@ class NodeSpec(_NodeSpecRequired, total=False):
 
     dataframe: DataFrameSpec
     report_rows: str  # the run's tag of report rows, hex (_report_rows.py); absent: none
+    gang: GangSpec  # a gang launch (_gang.py); absent: a barrier stage

@@ -17,8 +17,8 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from torchspark import (_elect, _launch, _partition, _rendezvous, _report, _report_rows,
-                        _warm)
+from torchspark import (_elect, _gang, _launch, _partition, _rendezvous, _report,
+                        _report_rows, _warm)
 from torchspark._lib import GpuAssignment, GpuRequest, load_library
 from torchspark._spec import NodeSpec
 
@@ -79,12 +79,9 @@ def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Op
 
 
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
-    from pyspark import BarrierTaskContext
-
     timing = _TaskTiming(spec["timing_env"])
-    ctx = BarrierTaskContext.get()
-    node_rank = ctx.partitionId()
-    hosts = [_host_of(info.address) for info in ctx.getTaskInfos()]
+    # A barrier task's context, or a gang task's once every node joined (_gang.py).
+    ctx, node_rank, hosts = _gang.task_context(spec, _host_of)
     nnodes = len(hosts)
     env = dict(os.environ)
     env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _doctor, _job, _native, _rendezvous, _report,
+from torchspark import (_boot, _doctor, _gang, _job, _native, _rendezvous, _report,
                         _restart, _ship, _task, _timing)
 from torchspark import _conf
 from torchspark import _progress, _report_rows
@@ -539,6 +539,8 @@ class TorchDistributor:
                 spec["dataframe"] = dataframe[1]
             if hub is not None:  # reports spilled by agents come back as rows
                 spec["report_rows"] = _report_rows.new_tag()
+            gang = _gang.start(self, rdv, spec, _conf.read(self.spark, warn=False),
+                               dataframe is not None)  # dynamic allocation (_gang.py)
             # Restarts left: the next attempt starts at once on the root cause, without
             # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
             # "Recovery on local-cluster").
@@ -550,12 +552,15 @@ class TorchDistributor:
                                        remote=self.is_remote,
                                        input_df=dataframe[0] if dataframe else None,
                                        spark_grace_s=grace,
-                                       revive=restarted and _job.REVIVE_ON_RESTART)
+                                       revive=restarted and _job.REVIVE_ON_RESTART, gang=gang)
             self._clock.mark("job_ended")
             self._failure_times.update(
                 root_at=out.root_at, ended_at=out.ended_at,
                 silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
                 silent_executor=out.silent_executor)
+            if out.gang_failure is not None:
+                raise TorchDistributorError(out.gang_failure, {
+                    "version": 2, "kind": "gang", "reason": "gang_incomplete"}) from None
             if out.spark_error is not None or out.root is not None:
                 hang = self._hang_error(doctor, "distributed")
                 if hang is not None:

@@ -53,6 +53,12 @@ final class Native {
      *  advice) of the request {"root", "spark_error"}, or the error sentence naming the key. */
     static native int outcomeClassify(String request, String[] msg);
 
+    // --- the gang launch (torchspark/gang.h, docs/protocol.md 2.2) ---
+
+    /** msg[0]: the replay (JSON: replies, state, failure) of the request {"nnodes",
+     *  "timeout_ms", "events", "seen", "end"}, or the error sentence. */
+    static native int gangReplay(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

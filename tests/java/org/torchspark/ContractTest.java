@@ -183,6 +183,31 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 8);
     }
 
+    /** The gang launch's admission and deadline (torchspark/gang.h): the same cases as
+     *  pytest's test_gang_golden, through JNI. */
+    @Test
+    public void gangGoldenCases() throws IOException {
+        int n = 0;
+        ObjectMapper json = new ObjectMapper();
+        for (JsonNode c : cases("gang.json")) {
+            String name = c.get("name").asText();
+            String[] msg = new String[1];
+            int rc = Native.gangReplay(c.get("request").toString(), msg);
+            if (c.has("error")) {
+                assertTrue(name + ": a bad request was accepted", rc != 0);
+                assertEquals(name, c.get("error").asText(), msg[0]);
+            } else {
+                assertEquals(name + ": " + msg[0], 0, rc);
+                JsonNode got = json.readTree(msg[0]);
+                for (String key : new String[] {"replies", "state", "failure"}) {
+                    assertEquals(name + ": " + key, c.get(key), got.get(key));
+                }
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 5);
+    }
+
     @Test
     public void outcomeGoldenCases() throws IOException {
         int n = 0;

@@ -1,0 +1,202 @@
+"""Gang launch: an attempt as N ordinary tasks that gang up through the driver, for Spark
+with dynamic allocation, which refuses every barrier stage (SPARK-24942).
+
+``spark.torchspark.launch`` = ``barrier`` | ``gang`` | ``auto`` (default: gang when
+``spark.dynamicAllocation.enabled`` is true, else barrier). In gang mode the driver arms the
+rendezvous' gang (N nodes, ``spark.torchspark.gang.timeout``), asks Spark for the executors
+the job needs, and submits ``mapPartitions`` without ``.barrier()``; each task JOINs the gang
+(docs/protocol.md 2.2) and waits for GO before it elects or starts anything, node rank =
+partition id. The decision (who is admitted, the deadline, the failure's sentence) is the C
+core's (torchspark/gang.h): this module binds it, reads Spark's executors for the sentence,
+and asks Spark for executors.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import socket
+import threading
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from torchspark._lib import load_library
+from torchspark._spec import GangSpec, NodeSpec
+
+BARRIER, GANG = "barrier", "gang"
+# tsp_gang_state's results (torchspark/gang.h).
+WAIT, GO, FAILED = 0, 1, 3
+# A task's own wait beyond the driver's deadline, for the driver's answer to come.
+JOIN_GRACE_MS = 30000
+WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
+# Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
+# side-by-side "backlog only").
+REQUEST_EXECUTORS = True
+
+
+def mode(spark: Any, settings: Dict[str, Any], dataframe: bool = False) -> str:
+    """The launch of this run's attempts: the setting, with auto resolved by Spark's
+    spark.dynamicAllocation.enabled. train_on_dataframe stays a barrier stage (not covered:
+    docs/distributor.md, "Launch modes")."""
+    launch = settings["launch"]
+    if dataframe:
+        return BARRIER
+    if launch == "auto":
+        on = str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower()
+        return GANG if on == "true" else BARRIER
+    return str(launch)
+
+
+class Gang:
+    """The armed gang of one attempt at the driver's rendezvous (tsp_rdv_gang)."""
+
+    def __init__(self, rdv: Any, nnodes: int, timeout_ms: int) -> None:
+        self._lib, self._rdv = load_library(), rdv
+        rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
+        if rc != 0:
+            raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
+        self.nnodes, self.timeout_ms = nnodes, timeout_ms
+
+    def state(self) -> Tuple[int, int]:
+        """(WAIT, GO or FAILED, nodes joined); the deadline is checked by the call."""
+        joined = ctypes.c_int(0)
+        state = self._lib.tsp_rdv_gang_state(self._rdv._h, ctypes.byref(joined))
+        return state, joined.value
+
+    def watch(self, spark: Any, done: threading.Event,
+              on_failure: Callable[[str], None]) -> threading.Thread:
+        """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
+        (done) or it failed: then on_failure(the sentence). Join it before the rendezvous
+        is closed."""
+        def run() -> None:
+            while not done.wait(WATCH_EVERY_S):
+                state = self.state()[0]
+                if state == GO:
+                    return
+                if state == FAILED:
+                    on_failure(self.failure(spark))
+                    return
+
+        t = threading.Thread(target=run, daemon=True, name="torchspark-gang-watch")
+        t.start()
+        return t
+
+    def failure(self, spark: Any) -> str:
+        """The failed gang's sentence, with what Spark shows of its executors now."""
+        executors, cores = executors_seen(spark)
+        max_ex = spark.conf.get("spark.dynamicAllocation.maxExecutors", None)
+        buf = ctypes.create_string_buffer(4096)
+        n = self._lib.tsp_rdv_gang_failure(self._rdv._h, executors, cores,
+                                           str(max_ex).encode() if max_ex else None, buf,
+                                           len(buf))
+        return buf.value.decode(errors="replace") if n > 0 else "torchspark: the gang failed"
+
+
+def executors_seen(spark: Any) -> Tuple[int, int]:
+    """(executors, their cores in all) from Spark's status store, the driver left out;
+    -1 each where it cannot be read (Spark Connect)."""
+    try:
+        store = spark.sparkContext._jsc.sc().statusStore()
+        seq = store.executorList(True)
+        ex = cores = 0
+        for i in range(seq.size()):
+            e = seq.apply(i)
+            if str(e.id()) != "driver":
+                ex += 1
+                cores += int(e.totalCores())
+        return ex, cores
+    except Exception:
+        return -1, -1
+
+
+def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Optional[int]:
+    """With dynamic allocation, asks Spark's allocation client for the executors that fit
+    num_tasks tasks at once (capped by spark.dynamicAllocation.maxExecutors) rather than
+    waiting for its backlog ramp; the idle timeout releases them after the run. The total
+    asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
+    conf = spark.conf
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
+        return None
+    try:
+        sc = spark.sparkContext
+        task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
+        exec_cores = conf.get("spark.executor.cores", None)
+        per_executor = max(1, int(exec_cores) // max(1, task_cpus)) if exec_cores else 1
+        need = math.ceil(num_tasks / per_executor)
+        cap = conf.get("spark.dynamicAllocation.maxExecutors", None)
+        if cap is not None and str(cap).strip().isdigit():
+            need = min(need, int(cap))
+        have, _ = executors_seen(spark)
+        total = max(need, have)
+        jvm = sc._jvm
+        empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
+        if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
+            return None
+        logger.info(f"Asked Spark for {total} executor(s) for {num_tasks} gang task(s)")
+        return total
+    except Exception as e:  # never a reason to fail a run: the backlog asks anyway
+        logger.info(f"Could not ask Spark for executors ({e!r}); its allocation manager "
+                    "asks from the job's backlog")
+        return None
+
+
+def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any],
+          dataframe: bool) -> Optional[Gang]:
+    """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
+    settings: the run's spark.torchspark.* values (_conf.read)."""
+    if mode(distributor.spark, settings, dataframe) != GANG:
+        return None
+    if rdv is None:
+        raise RuntimeError(
+            "torchspark: spark.torchspark.launch=gang needs the driver's rendezvous and log "
+            "server, which could not start here (see the warning above, or "
+            "TORCHSPARK_RENDEZVOUS=0): set spark.torchspark.launch=barrier and turn "
+            "spark.dynamicAllocation.enabled off")
+    timeout_ms = int(settings["gang.timeout"])
+    gang = Gang(rdv, distributor.num_tasks, timeout_ms)
+    gang_spec: GangSpec = {"timeout_ms": timeout_ms}
+    spec["gang"] = gang_spec
+    if not distributor.is_remote and REQUEST_EXECUTORS:
+        request_executors(distributor.spark, distributor.num_tasks, distributor.logger)
+    distributor.logger.info(
+        f"Gang launch: {distributor.num_tasks} ordinary tasks that wait for each other up to "
+        f"{timeout_ms / 1000:g} s (spark.torchspark.gang.timeout)")
+    return gang
+
+
+# ---- a task's side --------------------------------------------------------------------
+
+
+def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
+    """This task JOINs the gang and waits for every other node's: the attempt's node count
+    (GO). Raises the library's sentence when refused (a retry or a copy, the deadline)."""
+    rdv, gang = spec["rendezvous"], spec.get("gang")
+    assert rdv is not None and gang is not None
+    lib = load_library()
+    nnodes = ctypes.c_int(0)
+    err = ctypes.create_string_buffer(2048)
+    host = socket.gethostname()[:255] or "unknown"
+    secret = spec["log_secret_hex"]
+    assert secret is not None  # the rendezvous' TLS is keyed by it (docs/protocol.md 2.1)
+    rc = lib.tsp_gang_call(rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
+                           try_no, host.encode(), int(gang["timeout_ms"]) + JOIN_GRACE_MS,
+                           ctypes.byref(nnodes), err, len(err))
+    if rc != 0:
+        raise RuntimeError(err.value.decode(errors="replace"))
+    return nnodes.value
+
+
+def task_context(spec: NodeSpec, host_of: Any) -> Tuple[Any, int, list]:
+    """(task context, node rank, hosts by node: [] where unknown) of this task: a barrier
+    task's from Spark; a gang task's after its JOIN (only its own host is known: rank 0
+    elects towards the driver's host)."""
+    if not spec.get("gang"):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        return ctx, ctx.partitionId(), [host_of(i.address) for i in ctx.getTaskInfos()]
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    node_rank = ctx.partitionId()
+    nnodes = join(spec, node_rank, ctx.attemptNumber())
+    return ctx, node_rank, [socket.gethostname()] + [""] * (nnodes - 1)
