@@ -226,17 +226,18 @@ def dump(server, sims, world: int) -> Dict:
 def rendezvous(ranks: int, procs: int) -> Dict:
     from torchspark import _rendezvous
 
-    srv = _rendezvous.Server("127.0.0.1")
+    secret = os.urandom(32).hex()
+    srv = _rendezvous.Server("127.0.0.1", secret)
     procs = max(1, min(procs, ranks))
     args = [["--rdv", f"127.0.0.1:{srv.port}", "--gets",
              str(ranks // procs + (1 if i < ranks % procs else 0))] for i in range(procs)]
-    sims = Sims(args, [srv.token, srv.key])
+    sims = Sims(args, [secret])
     try:
         sims.expect("waiting")
         time.sleep(0.5)  # the last GETs' requests reach the server
         spec = srv.spec("127.0.0.1")
         t_put = time.time()
-        _rendezvous.exchange(spec, None, 0, "MASTER 127.0.0.1 29500")
+        _rendezvous.exchange(spec, secret, None, 0, "MASTER 127.0.0.1 29500")
         got = sims.expect("answered", 120)
         ok, bad = sum(int(x[1]) for x in got), sum(int(x[2]) for x in got)
         last = max(float(x[3]) for x in got)

@@ -9,14 +9,13 @@
  * plays the waiting GETs of the driver's rendezvous (--rdv), through its public API.
  *
  * Nothing secret on the command line: the first line of stdin is the log secret (64 hex
- * digits), or, with --rdv, the token then the record key. Then stdin carries commands,
- * one a line, and stdout answers, one a line (the harness reads them):
- *   lines N          every rank writes N lines                 -> "done lines"
- *   reports HZ SECS  every rank reports HZ times a second      -> "done reports SENT"
- *   quit             flush, close every client                 -> "closed LOST"
- * and, unasked: "connected NODES MS" once every client is authenticated, "dumped REQ"
- * once a DUMP was answered by every node. With --rdv: "waiting N" once N GETs are sent,
- * then "answered OK BAD LAST_EPOCH_S" once every GET got its reply.
+ * digits), or, with --rdv, the run's secret (64 hex digits: TLS and the record's MAC). Then stdin
+ * carries commands, one a line, and stdout answers, one a line (the harness reads them): lines N
+ * every rank writes N lines                 -> "done lines" reports HZ SECS  every rank reports HZ
+ * times a second      -> "done reports SENT" quit             flush, close every client -> "closed
+ * LOST" and, unasked: "connected NODES MS" once every client is authenticated, "dumped REQ" once a
+ * DUMP was answered by every node. With --rdv: "waiting N" once N GETs are sent, then "answered OK
+ * BAD LAST_EPOCH_S" once every GET got its reply.
  */
 #include <errno.h>
 #include <poll.h>
@@ -44,7 +43,7 @@ static struct {
     char host[256];
     int port, nodes, first, nproc, stacks, gets;
     uint8_t secret[TSP_WIRE_SECRET_LEN];
-    char token[TSP_RDV_TOKEN_HEX + 8], key[TSP_RDV_KEY_HEX + 8];
+    char secret_hex[2 * TSP_WIRE_SECRET_LEN + 8];
 } opt = {.nodes = 1, .nproc = 8, .stacks = 8};
 
 static node_t *nodes;
@@ -277,15 +276,15 @@ static int run_nodes(void)
 static int run_gets(void)
 {
     char err[512];
-    if (read_line(opt.token, sizeof opt.token) || read_line(opt.key, sizeof opt.key)) {
-        fprintf(stderr, "tsp-simnodes: stdin must carry the rendezvous token, then its key\n");
+    if (read_line(opt.secret_hex, sizeof opt.secret_hex)) {
+        fprintf(stderr, "tsp-simnodes: stdin must carry the run's secret (64 hex digits)\n");
         return 2;
     }
     tsp_rdv_call_t **calls = calloc((size_t)opt.gets, sizeof(tsp_rdv_call_t *));
     if (!calls)
         return 1;
     for (int i = 0; i < opt.gets; i++)
-        if (tsp_rdv_call_start(opt.host, opt.port, opt.token, opt.key, NULL, &calls[i], err,
+        if (tsp_rdv_call_start(opt.host, opt.port, opt.secret_hex, NULL, &calls[i], err,
                                sizeof err)) {
             fprintf(stderr, "tsp-simnodes: GET %d: %s\n", i, err);
             return 1;
