@@ -284,12 +284,11 @@ public final class TorchSparkRunner {
         return hangReports;
     }
 
-    /** The doctor's settings from this runner's values, else the conf (which may be null in
-     *  local mode), through the key table (Conf); logs the unknown keys' warnings, once a run. */
+    /** The doctor's settings from these values, else the conf (which may be null in local
+     *  mode), through the key table (Conf), as run() reads them. */
     static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
-        Conf c = Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), true);
-        return new HangDoctor.Settings(c.number("hangTimeout") / 1000.0, c.string("hangAction"));
+        return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
+                "hangAction", new Object[] {"hangAction", action}), true));
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
