@@ -129,6 +129,9 @@ GETENV_OWNERS: Dict[str, str] = {
                         " the public gpu.h without a CLI",
     "native/src/gpu/nccl.c": "the check worker's environment, which the preflight writes for it"
                          " (child_env) and the worker reads back: a contract private to nccl.c",
+    "native/src/driver/conf.c": "the driver's switches that stand for settings (TORCHSPARK_NCCL_CHECK,"
+                                " TORCHSPARK_WARM, ...: the key table's env column), read once"
+                                " per settings request that asks for them, so no glue parses them",
     "native/src/agent/warm.c": "TORCHSPARK_WARM_WAIT, the one setting of the shim process"
                          " (torchspark-run --warm-exec)",
 }

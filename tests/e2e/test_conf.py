@@ -15,10 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def settings_table() -> str:
     """The settings table of docs/distributor.md and docs/jvm.md, as the key table says."""
-    rows = ["| key | type | default | what |", "|---|---|---|---|"]
+    rows = ["| key | type | default | driver's switch (wins) | what |", "|---|---|---|---|---|"]
     for row in _conf.table():
         default = "unset" if row["default"] is None else f"`{row['default']}`"
-        rows.append(f"| `{row['key']}` | {row['type']} | {default} | {row['doc']} |")
+        env = f"`{row['env']}`" if row["env"] else ""
+        rows.append(f"| `{row['key']}` | {row['type']} | {default} | {env} | {row['doc']} |")
     return "\n".join(rows) + "\n"
 
 

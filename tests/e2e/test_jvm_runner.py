@@ -141,6 +141,11 @@ def test_java_application_trains_across_two_executors():
     assert ("[rank 0] torchspark: flight recorder: pg 0 (default_pg): all_reduce #2: not completed"
             if fr else "[rank 0] torchspark: flight recorder: ") in msg, msg
     assert f"torchspark: hang doctor: no rank printed or reported for 3s; {line}" in err
+    # Its report: the C core's hang document, the layout of TorchDistributorError.report.
+    report = json.loads(out["HANG_REPORT"][0])
+    assert list(report) == ["version", "kind", "culprits", "message", "waiting", "stacks"], report
+    assert (report["kind"], report["culprits"], report["message"]) == ("hang", [1], line), report
+    assert report["stacks"]["1"][0].startswith("torchspark: stack dump #"), report
     print("JVM hang doctor: cancelled after", out["HANG_MS"][0], "ms of the run (hangTimeout 3s)")
     # Nothing left running: rank 0's sleeping node was stopped through the control channel.
     assert out["LEFT"] == ["0"], out

@@ -140,6 +140,27 @@ START_TEST(test_json_each_walks_members_and_stops)
 }
 END_TEST
 
+/* "env": true reads the driver's switches from this process's environment, in C: they win
+ * over the conf, and a bad one names the variable. */
+START_TEST(test_conf_env_true_reads_the_process_switches)
+{
+    const char *req = "{\"conf\": {\"spark.torchspark.ncclCheck\": \"true\"}, \"env\": true}";
+    setenv("TORCHSPARK_NCCL_CHECK", "0", 1);
+    setenv("TORCHSPARK_WARM_IDLE_TIMEOUT", "7s", 1);
+    ck_assert_int_eq(conf(req), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"spark.torchspark.ncclCheck\": false"));
+    ck_assert_ptr_nonnull(strstr(out, "\"spark.torchspark.warmWorkers.idleTimeout\": 7000"));
+    ck_assert_int_eq(conf("{\"conf\": {\"spark.torchspark.ncclCheck\": \"true\"}}"), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"spark.torchspark.ncclCheck\": true")); /* not asked */
+    setenv("TORCHSPARK_NCCL_CHECK", "maybe", 1);
+    ck_assert_int_eq(conf(req), -EINVAL);
+    ck_assert_str_eq(err,
+                     "TORCHSPARK_NCCL_CHECK='maybe' is not a boolean: use 1, 0, true or false");
+    unsetenv("TORCHSPARK_NCCL_CHECK");
+    unsetenv("TORCHSPARK_WARM_IDLE_TIMEOUT");
+}
+END_TEST
+
 static Suite *conf_suite(void)
 {
     Suite *s = suite_create("conf");
@@ -150,6 +171,7 @@ static Suite *conf_suite(void)
     tcase_add_test(tc, test_conf_sizes);
     tcase_add_test(tc, test_conf_encryption_longest_line_and_odd_values);
     tcase_add_test(tc, test_json_each_walks_members_and_stops);
+    tcase_add_test(tc, test_conf_env_true_reads_the_process_switches);
     suite_add_tcase(s, tc);
     return s;
 }

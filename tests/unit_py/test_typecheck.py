@@ -20,8 +20,8 @@ PLANTS = [
     ("_task.py", 'endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]',
      'endpoint, secret = spec["log_endpont"], spec["log_secret_hex"]', "log_endpont",
      "endpoint, secret ="),
-    ("distributor.py", '"gpu_resource": _conf.read(', '"gpu_resourc": _conf.read(', "gpu_resourc",
-     "spec: NodeSpec = {"),
+    ("distributor.py", '"gpu_resource": settings[', '"gpu_resourc": settings[', "gpu_resourc",
+     'return {\n            "version": _version(), "ship": ship,'),
 ]
 
 

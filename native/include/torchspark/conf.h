@@ -17,7 +17,9 @@
 extern "C" {
 #endif
 
-/* request (len bytes of JSON: {"conf": {key: raw string}, "args": {key: {"name", "value"}}})
+/* request (len bytes of JSON: {"conf": {key: raw string}, "args": {key: {"name", "value"}},
+ * "env": true or {variable: raw string}}; env: the driver's switches that stand for keys,
+ * true reading this process's environment, winning over args and conf)
  * -> {"values": {key: value}, "unknown": [{"key", "closest", "message"}], "encryption":
  * {"proceed", "spark", "level", "message"}} written to out (the last from Spark's security
  * keys and the stock ignoreSsl keys in conf: docs/protocol.md §9, "Where Spark encrypts")
@@ -28,8 +30,8 @@ TSP_EXTERN int tsp_conf_read(const char *request, size_t len, char *out, size_t 
                              size_t *needed, char *err, size_t errlen);
 
 /* The key table itself, for documentation and its checks: a JSON array of {"key", "type",
- * "default" (the raw default, or null), "doc"} in the table's order; request is ignored.
- * Codes as tsp_conf_read's. */
+ * "default" (the raw default, or null), "doc", "env" (the driver's switch that wins, or null)} in
+ * the table's order; request is ignored. Codes as tsp_conf_read's. */
 TSP_EXTERN int tsp_conf_table(const char *request, size_t len, char *out, size_t outlen,
                               size_t *needed, char *err, size_t errlen);
 

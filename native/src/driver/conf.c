@@ -1,6 +1,8 @@
 /* conf.c: the key table of every spark.torchspark.* setting and its grammars
- * (torchspark/conf.h, docs/protocol.md §9). Pure: no Spark, no environment; the glue hands
- * over the strings it read and gets typed values or one sentence back. */
+ * (torchspark/conf.h, docs/protocol.md §9). No Spark: the glue hands over the strings it
+ * read and gets typed values or one sentence back. The driver's environment switches that
+ * stand for keys (TORCHSPARK_NCCL_CHECK, ...) are read here, once per request that asks for
+ * them, so that no glue parses them. */
 #include "torchspark/conf.h"
 
 #include <ctype.h>
@@ -31,51 +33,60 @@ typedef struct {
     long long max;     /* int only */
     const char *extra; /* enum: its values, '|' between; else an example of a good value */
     const char *doc;
+    const char *env; /* the driver's environment variable that wins over the key, or NULL */
 } conf_key_t;
 
 /* The table: docs/distributor.md ("Settings") and docs/jvm.md list it; tests/e2e/test_conf.py
  * checks that they list every key with its default. */
 static const conf_key_t KEYS[] = {
     {PREFIX "progress", T_BOOL, 0, "true", 0, 0, "true",
-     "one live progress line on the driver's stderr (PySpark; keyword progress=)"},
+     "one live progress line on the driver's stderr (PySpark; keyword progress=)", NULL},
     {PREFIX "mlflow", T_BOOL, 0, "false", 0, 0, "true",
-     "log each torchspark.report() to an MLflow run started for the job (PySpark)"},
+     "log each torchspark.report() to an MLflow run started for the job (PySpark)", NULL},
     {PREFIX "warmWorkers", T_BOOL, 0, "true", 0, 0, "false",
-     "keep a warm worker pool on each executor between function-mode runs (PySpark)"},
+     "keep a warm worker pool on each executor between function-mode runs (PySpark)",
+     "TORCHSPARK_WARM"},
     {PREFIX "warmWorkers.idleTimeout", T_DURATION, 1000, "300s", 0, 0, "300s",
-     "how long a warm pool outlives its last run; 0: no pool (TORCHSPARK_WARM_IDLE_TIMEOUT "
-     "on the driver wins)"},
+     "how long a warm pool outlives its last run; 0: no pool", "TORCHSPARK_WARM_IDLE_TIMEOUT"},
     {PREFIX "ncclCheck", T_BOOL, 0, NULL, 0, 0, "true",
-     "the NCCL preflight before training; unset: on for GPU jobs of more than one node"},
+     "the NCCL preflight before training; unset: on for GPU jobs of more than one node",
+     "TORCHSPARK_NCCL_CHECK"},
     {PREFIX "ncclCheck.timeout", T_DURATION, 1000, "180s", 1, 0, "180s",
-     "the NCCL preflight's deadline"},
+     "the NCCL preflight's deadline", NULL},
     {PREFIX "hangTimeout", T_DURATION, 1000, NULL, 1, 0, "30min",
      "the hang doctor: no line or report from any rank for this long; unset: off "
-     "(keyword hang_timeout=)"},
+     "(keyword hang_timeout=)",
+     NULL},
     {PREFIX "hangAction", T_ENUM, 0, "report", 0, 0, "report|cancel",
      "what the hang doctor does after naming the stuck rank: report (go on) or cancel "
-     "(keyword hang_action=)"},
-    {PREFIX "rendezvous", T_BOOL, 0, "true", 0, 0, "false",
-     "the driver's rendezvous for the election (JVM runner; PySpark: TORCHSPARK_RENDEZVOUS)"},
+     "(keyword hang_action=)",
+     NULL},
+    {PREFIX "rendezvous", T_BOOL, 0, NULL, 0, 0, "false",
+     "the driver's rendezvous for the election; unset: on, but off under Spark Connect",
+     "TORCHSPARK_RENDEZVOUS"},
     {PREFIX "job.maxRestarts", T_INT, 0, "0", 0, INT_MAX, "3",
-     "how many times a failed distributed run is submitted again (keyword max_restarts=)"},
+     "how many times a failed distributed run is submitted again (keyword max_restarts=)", NULL},
     {PREFIX "job.minNodes", T_INT, 0, NULL, 1, INT_MAX, "2",
      "the fewest nodes a restarted attempt may run on; unset: every node (keyword "
-     "min_nodes=)"},
+     "min_nodes=)",
+     NULL},
     {PREFIX "job.replacementTimeout", T_DURATION, 1000, "30s", 0, 0, "30s",
-     "how long a restart waits for a replacement executor"},
+     "how long a restart waits for a replacement executor", NULL},
     {PREFIX "launch", T_ENUM, 0, "auto", 0, 0, "auto|barrier|gang",
      "how a distributed attempt starts: barrier (one barrier stage), gang (ordinary tasks "
      "that gang up through the driver; works with dynamic allocation) or auto (gang when "
-     "spark.dynamicAllocation.enabled is true, else barrier)"},
+     "spark.dynamicAllocation.enabled is true, else barrier)",
+     NULL},
     {PREFIX "gang.timeout", T_DURATION, 1000, "600s", 1, 0, "120s",
      "gang launch: how long an attempt waits for all of its tasks to run at once before it "
-     "fails (Spark's barrier slot check: 15s x 40)"},
+     "fails (Spark's barrier slot check: 15s x 40)",
+     NULL},
     {PREFIX "plugin.killGraceMs", T_DURATION, 1, "2000", 0, 0, "2000",
      "TorchSparkPlugin: TERM to KILL of a killed task's process tree (a bare number is "
-     "milliseconds)"},
+     "milliseconds)",
+     NULL},
     {PREFIX "gpuResource", T_STRING, 0, "gpu", 0, 0, "gpu",
-     "the Spark resource name of the GPUs a task holds"},
+     "the Spark resource name of the GPUs a task holds", NULL},
 };
 #define NKEYS (sizeof KEYS / sizeof KEYS[0])
 
@@ -111,6 +122,7 @@ typedef struct {
     size_t errlen;
     int from_args; /* the member being read is an argument: its value may be typed */
     const char *name;
+    const char *env_name; /* the value being read is this environment variable's */
     int spark_on[NSPARK]; /* Spark's security settings (SPARK_KEYS) that are "true" */
 } reader_t;
 
@@ -203,9 +215,22 @@ __attribute__((format(printf, 5, 6))) static int bad(reader_t *r, const conf_key
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    const char *label = r->from_args && r->name ? r->name : k->key;
+    const char *label = r->env_name ? r->env_name : r->from_args && r->name ? r->name : k->key;
     const char *q = type == TSP_JSON_STRING ? "'" : "";
     return tsp__err(r->err, r->errlen, -EINVAL, "%s=%s%.120s%s %s", label, q, v, q, why);
+}
+
+/* An environment switch's words for on and off, beside Spark's true and false. */
+static int env_word(const char *buf)
+{
+    static const char *const ON[] = {"1", "yes", "on"}, *const OFF[] = {"0", "no", "off"};
+    for (size_t i = 0; i < sizeof ON / sizeof ON[0]; i++) {
+        if (strcmp(buf, ON[i]) == 0)
+            return 1;
+        if (strcmp(buf, OFF[i]) == 0)
+            return 0;
+    }
+    return -1;
 }
 
 static int read_bool(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
@@ -213,8 +238,14 @@ static int read_bool(reader_t *r, const conf_key_t *k, const char *v, int type, 
     char buf[16] = "";
     if (type == TSP_JSON_STRING || type == TSP_JSON_LITERAL)
         (void)trim_lower(v, buf, sizeof buf);
+    int word = r->env_name ? env_word(buf) : -1;
+    if (word >= 0) {
+        out->num = word;
+        return 0;
+    }
     if (strcmp(buf, "true") != 0 && strcmp(buf, "false") != 0)
-        return bad(r, k, v, type, "is not a boolean: use true or false");
+        return bad(r, k, v, type, "is not a boolean: use %s",
+                   r->env_name ? "1, 0, true or false" : "true or false");
     out->num = strcmp(buf, "true") == 0;
     return 0;
 }
@@ -453,6 +484,41 @@ static int arg_member(void *ctx, const char *key, const char *value, int type)
     return rc;
 }
 
+/* One environment switch (a key's env): its value read with the key's grammar, as a conf
+ * string is (booleans also 1/0, yes/no, on/off); empty or blank is as if unset. A name
+ * that no key has is ignored. */
+static int env_member(void *ctx, const char *name, const char *value, int type)
+{
+    reader_t *r = ctx;
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (!KEYS[i].env || strcmp(KEYS[i].env, name) != 0)
+            continue;
+        if (type != TSP_JSON_STRING)
+            return tsp__err(r->err, r->errlen, -EINVAL,
+                            "the settings request's env value of %s must be a string", name);
+        if (!value[strspn(value, " \t\r\n")])
+            return 0; /* empty or blank: as if unset */
+        r->from_args = 0;
+        r->env_name = name;
+        int rc = read_value(r, &KEYS[i], value, type);
+        r->env_name = NULL;
+        return rc;
+    }
+    return 0;
+}
+
+/* "env": true: the switches of this process's environment (the driver's), read here once. */
+static int env_process(reader_t *r)
+{
+    int rc = 0;
+    for (size_t i = 0; i < NKEYS && rc == 0; i++) {
+        const char *v = KEYS[i].env ? getenv(KEYS[i].env) : NULL;
+        if (v)
+            rc = env_member(r, KEYS[i].env, v, TSP_JSON_STRING);
+    }
+    return rc;
+}
+
 /* A member of the request's objects: key, and its value NUL-terminated (a string decoded;
  * any other value as its JSON text). */
 typedef int (*member_fn)(void *ctx, const char *key, const char *value, int type);
@@ -497,6 +563,28 @@ static int each_of(reader_t *r, const char *req, size_t len, const char *member,
                       member);
     free(sub);
     return rc;
+}
+
+/* The request's "env": an object of variables (contracts, tests), or true for this process's
+ * own environment (the glues); absent, null or false: none. Last, so a switch wins. */
+static int read_env(reader_t *r, const char *req, size_t len)
+{
+    char *sub = NULL;
+    int type = 0;
+    int rc = tsp_json_get(req, len, "env", &sub, &type);
+    int process = rc == 0 && type == TSP_JSON_LITERAL && strcmp(sub, "true") == 0;
+    int none = rc == -ENOENT || (rc == 0 && type == TSP_JSON_LITERAL &&
+                                 (!strcmp(sub, "null") || !strcmp(sub, "false")));
+    free(sub);
+    if (none)
+        return 0;
+    if (process)
+        return env_process(r);
+    if (rc == 0 && type == TSP_JSON_OBJECT)
+        return each_of(r, req, len, "env", env_member);
+    return rc == -ENOMEM ? rc
+                         : tsp__err(r->err, r->errlen, -EINVAL,
+                                    "the settings request's \"env\" must be an object or true");
 }
 
 static void write_values(tsp_json_writer_t *w, reader_t *r)
@@ -589,6 +677,8 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
         rc = each_of(r, req, len, "conf", conf_member);
     if (rc == 0)
         rc = each_of(r, req, len, "args", arg_member);
+    if (rc == 0)
+        rc = read_env(r, req, len);
     tsp_json_end(&r->uw);
     if (fclose(r->unknown) && rc == 0)
         rc = -ENOMEM;
@@ -656,6 +746,8 @@ int tsp_conf_table(const char *request, size_t len, char *out, size_t outlen, si
         tsp_json_str(&w, KEYS[i].dflt);
         tsp_json_key(&w, "doc");
         tsp_json_str(&w, KEYS[i].doc);
+        tsp_json_key(&w, "env");
+        tsp_json_str(&w, KEYS[i].env);
         tsp_json_end(&w);
     }
     tsp_json_end(&w);

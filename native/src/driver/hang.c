@@ -763,6 +763,67 @@ static void write_dumps(const diag_t *g, tsp_json_writer_t *w)
     free(text);
 }
 
+static void write_culprits(const diag_t *g, tsp_json_writer_t *w)
+{
+    tsp_json_begin_array(w);
+    for (size_t r = 0; r < g->n; r++) /* in rank order */
+        if (g->culprit[r])
+            tsp_json_int(w, (long long)r);
+    tsp_json_end(w);
+}
+
+static void write_waiting(const diag_t *g, tsp_json_writer_t *w)
+{
+    tsp_json_begin_object(w);
+    for (size_t i = 0; i < g->nitems;) {
+        size_t j = i;
+        if (g->items[i].kind == K_WAIT) {
+            tsp_json_key(w, g->items[i].key);
+            tsp_json_begin_array(w);
+            for (; j < g->nitems && strcmp(g->items[j].key, g->items[i].key) == 0; j++)
+                tsp_json_int(w, g->items[j].rank);
+            tsp_json_end(w);
+        }
+        i = j > i ? j : i + 1;
+    }
+    tsp_json_end(w);
+}
+
+/* "report": the document of a run the doctor cancelled, the same for both glues
+ * (TorchDistributorError.report, TorchSparkException.reportJson(); docs/protocol.md 1.11):
+ * {"version": 1, "kind": "hang", "culprits", "message" (the line), "waiting", "stacks":
+ * {rank: its lines}}. */
+static void write_report(const diag_t *g, const char *line, tsp_json_writer_t *w)
+{
+    tsp_json_key(w, "report");
+    tsp_json_begin_object(w);
+    tsp_json_key(w, "version");
+    tsp_json_int(w, 1);
+    tsp_json_key(w, "kind");
+    tsp_json_str(w, "hang");
+    tsp_json_key(w, "culprits");
+    write_culprits(g, w);
+    tsp_json_key(w, "message");
+    tsp_json_str(w, line);
+    tsp_json_key(w, "waiting");
+    write_waiting(g, w);
+    tsp_json_key(w, "stacks");
+    tsp_json_begin_object(w);
+    for (size_t r = 0; r < g->n; r++) {
+        char key[24];
+        if (!g->got[r])
+            continue;
+        snprintf(key, sizeof key, "%zu", r);
+        tsp_json_key(w, key);
+        tsp_json_begin_array(w);
+        for (size_t i = 0; i < g->d[r].nlines; i++)
+            tsp_json_str(w, g->d[r].lines[i]);
+        tsp_json_end(w);
+    }
+    tsp_json_end(w);
+    tsp_json_end(w);
+}
+
 static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, FILE *o)
 {
     tsp_json_writer_t w;
@@ -780,27 +841,10 @@ static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, 
     }
     tsp_json_key(&w, "line");
     tsp_json_str(&w, line ? line : "");
-    free(line);
     tsp_json_key(&w, "culprits");
-    tsp_json_begin_array(&w);
-    for (size_t r = 0; r < g->n; r++) /* in rank order */
-        if (g->culprit[r])
-            tsp_json_int(&w, (long long)r);
-    tsp_json_end(&w);
+    write_culprits(g, &w);
     tsp_json_key(&w, "waiting");
-    tsp_json_begin_object(&w);
-    for (size_t i = 0; i < g->nitems;) {
-        size_t j = i;
-        if (g->items[i].kind == K_WAIT) {
-            tsp_json_key(&w, g->items[i].key);
-            tsp_json_begin_array(&w);
-            for (; j < g->nitems && strcmp(g->items[j].key, g->items[i].key) == 0; j++)
-                tsp_json_int(&w, g->items[j].rank);
-            tsp_json_end(&w);
-        }
-        i = j > i ? j : i + 1;
-    }
-    tsp_json_end(&w);
+    write_waiting(g, &w);
     tsp_json_key(&w, "starting");
     tsp_json_value(&w, starting(g) ? "true" : "false", starting(g) ? 4 : 5);
     tsp_json_key(&w, "groups");
@@ -820,6 +864,8 @@ static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, 
     }
     tsp_json_end(&w);
     write_dumps(g, &w);
+    write_report(g, line ? line : "", &w);
+    free(line);
     tsp_json_end(&w);
 }
 

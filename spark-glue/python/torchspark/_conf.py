@@ -63,10 +63,13 @@ def read(spark: Any, args: Optional[Dict[str, Tuple[str, Any]]] = None,
          logger: Optional[logging.Logger] = None, warn: bool = True) -> Dict[str, Any]:
     """Every key of the table -> its value (None where unset and without default). args:
     key (without the prefix) -> (the name the user gave it, its value or None), winning over
-    the conf. Unknown spark.torchspark.* keys are logged (warn) as the library words them."""
+    the conf; the driver's environment switches that stand for keys (the table's "env")
+    win over both. Unknown spark.torchspark.* keys are logged (warn) as the library words
+    them. A run reads this once and passes the values along."""
     request = {"conf": _raw(spark, warn),
                "args": {PREFIX + k: {"name": name, "value": _arg_value(v)}
-                        for k, (name, v) in (args or {}).items()}}
+                        for k, (name, v) in (args or {}).items()},
+               "env": True}  # the driver's switches (TORCHSPARK_NCCL_CHECK, ...), read in C
     reply = json_call("tsp_conf_read", request)
     for unknown in reply["unknown"] if warn else []:
         (logger or logging.getLogger("TorchDistributor")).warning(unknown["message"])
@@ -90,5 +93,33 @@ def encryption(spark: Any, override_key: str) -> Dict[str, Any]:
     return dict(json_call("tsp_conf_read", {"conf": raw})["encryption"])
 
 
+def check_encryption(spark: Any, override_key: str, logger: logging.Logger) -> None:
+    """Stock refuses a cluster with spark.ssl.enabled unless its ignoreSsl key is set, then
+    sends the weights in clear; torchspark's own channel is TLS 1.3 keyed by the run's
+    secret, so it goes on wherever Spark encrypts, and logs the library's one line (a
+    WARNING where Spark secures its traffic: torch's own data plane is not encrypted)."""
+    decision = encryption(spark, override_key)
+    logger.log(logging.getLevelName(decision["level"]), decision["message"])
+    if not decision["proceed"]:
+        raise RuntimeError(decision["message"])
+
+
 def seconds(ms: Optional[int]) -> Optional[float]:
     return None if ms is None else ms / 1000.0
+
+
+def nccl_check_s(settings: Dict[str, Any], nnodes: int) -> float:
+    """The NCCL preflight's deadline in seconds (docs/gpu.md) for a GPU job of nnodes
+    agents, 0 when off: on by default for more than one node (it costs 0.73 s on an H200:
+    F1 in docs/benchmarks.md, "The device check on an H200"), off for one;
+    spark.torchspark.ncclCheck (or TORCHSPARK_NCCL_CHECK on the driver) decides otherwise."""
+    flag = settings["ncclCheck"]
+    on = flag is True or (flag is None and nnodes > 1)
+    return settings["ncclCheck.timeout"] / 1000 if on else 0
+
+
+def warm_idle_s(settings: Dict[str, Any]) -> float:
+    """How long the executors' warm worker pools (_warm.py) outlive their last
+    function-mode run, in seconds; 0 when off (spark.torchspark.warmWorkers[.idleTimeout],
+    TORCHSPARK_WARM and TORCHSPARK_WARM_IDLE_TIMEOUT on the driver)."""
+    return settings["warmWorkers.idleTimeout"] / 1000 if settings["warmWorkers"] else 0

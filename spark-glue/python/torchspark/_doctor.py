@@ -191,3 +191,9 @@ def cancel_message(diag: _hang.Diagnosis, timeout: float, mode: str) -> str:
     return (f"TorchDistributor ({mode}) was cancelled by the hang doctor: no rank printed "
             f"or reported for {timeout:g}s (spark.torchspark.hangTimeout); {diag.line}.\n"
             "Every rank's Python stacks:\n" + diag.stacks_text())
+
+
+def report(diag: _hang.Diagnosis) -> Dict[str, Any]:
+    """TorchDistributorError.report of a run the doctor cancelled: the C core's document
+    (docs/protocol.md 1.11), the same as the JVM runner's."""
+    return diag.report

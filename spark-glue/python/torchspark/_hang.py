@@ -57,6 +57,9 @@ class Diagnosis:
     stacks_file: Optional[str] = None  # where the watchdog wrote every rank's stacks
     # set by the driver's watchdog: seconds from the ranks' last line or report to this line
     after_s: float = 0.0
+    # TorchDistributorError.report of a run the doctor cancels: the C core's document, the
+    # same as the JVM runner's TorchSparkException.reportJson() (docs/protocol.md 1.11)
+    report: Dict[str, Any] = field(default_factory=dict)
 
     def stacks_text(self) -> str:
         """Every rank's dump, rank-prefixed, for the log and the exception."""
@@ -79,7 +82,7 @@ def diagnose(sections: Mapping[int, Sequence[str]], world: int, request: Optiona
     dumps = {d["rank"]: RankDump(d["rank"], d["host"], d["pid"], d["state"], d["lines"])
              for d in reply["dumps"]}
     return Diagnosis(reply["line"], reply["culprits"], reply["waiting"], dumps,
-                     reply["stacks"], reply["groups"], reply["starting"])
+                     reply["stacks"], reply["groups"], reply["starting"], report=reply["report"])
 
 
 def _main() -> None:  # pragma: no cover - a helper for recorded dumps

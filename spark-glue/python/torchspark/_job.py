@@ -247,6 +247,13 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             server.stop_all("the driver was interrupted")
         tags.cancel(tag)
         raise
+    return _outcome(spark, server, tag, box, remote, done, gang_watch)
+
+
+def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: bool,
+             done: threading.Event, gang_watch: Any) -> Outcome:
+    """How the job of run_barrier_job ended (box: what its threads found), every agent
+    stopped when it failed; a gang launch's watch (gang_watch) joined."""
     error = box.get("error")
     root = box.get("root")
     if server is not None and (error is not None or root is not None):

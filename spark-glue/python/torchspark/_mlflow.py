@@ -22,9 +22,8 @@ FLUSH_AT = 900  # metrics per log_batch call (MLflow's own cap is 1000)
 
 
 def _conf_true(dist: Any) -> bool:
-    from torchspark import _conf
-
-    return bool(_conf.read(dist.spark, warn=False)["mlflow"])
+    """spark.torchspark.mlflow, from the settings the run read once."""
+    return bool(dist._settings["mlflow"])
 
 
 def logger_for(dist: Any) -> Optional["MlflowLogger"]:

@@ -9,9 +9,10 @@ record to a small server on the driver as soon as it has it, and every other tas
 the moment it is there.
 
 On by default for classic sessions, whose executors reach the driver's host anyway;
-``TORCHSPARK_RENDEZVOUS=0`` turns it off, ``=1`` turns it on for Spark Connect too (see
-:func:`enabled`). The driver decides for the whole job: the spec carries an endpoint (every
-task uses it) or none (every task calls allGather). A task that cannot reach the endpoint
+``spark.torchspark.rendezvous=false`` or ``TORCHSPARK_RENDEZVOUS=0`` turns it off, ``=1``
+turns it on for Spark Connect too (see :func:`enabled`). The driver decides for the whole
+job: the spec carries an endpoint (every task uses it) or none (every task calls
+allGather). A task that cannot reach the endpoint
 fails before any training starts with an error marked UNREACHABLE; the driver then runs the
 job again with allGather, says so once, and keeps to allGather in that process.
 
@@ -23,13 +24,11 @@ channel's, which the task closure carries already): the spec holds no credential
 from __future__ import annotations
 
 import ctypes
-import os
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 from torchspark._lib import load_library
 from torchspark._spec import RendezvousSpec
 
-ENV = "TORCHSPARK_RENDEZVOUS"
 RECORD_MAX = 4096  # TSP_RDV_RECORD_MAX
 _LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply
 
@@ -38,21 +37,18 @@ _LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply
 UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE"
 
 
-def enabled(remote: bool) -> bool:
-    """TORCHSPARK_RENDEZVOUS=0 / =1 on the driver, else on for classic sessions only: a
-    Spark Connect client is often not reachable from the executors (a laptop), and each
-    such session would pay a failed first attempt.
+def enabled(settings: Dict[str, Any], remote: bool) -> bool:
+    """spark.torchspark.rendezvous (TORCHSPARK_RENDEZVOUS=0 / =1 on the driver wins: read
+    by the C key table), else on for classic sessions only: a Spark Connect client is often
+    not reachable from the executors (a laptop), and each such session would pay a failed
+    first attempt.
 
     (It was opt-in while an e2e test lost Spark's cause of a failed run with it on; the
     cause was found not to be the rendezvous: Spark's first task failure in a fresh
     session takes it seconds once, with either path: docs/benchmarks.md, "The driver's
     rendezvous, pyspark's import and Spark's first failure".)"""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return False
-    if value in ("1", "true", "yes", "on"):
-        return True
-    return not remote
+    value = settings["rendezvous"]
+    return not remote if value is None else bool(value)
 
 
 class Server:

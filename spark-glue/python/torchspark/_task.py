@@ -78,6 +78,19 @@ def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Op
         return None
 
 
+def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
+    """The GPUs of this node's processes (None for a CPU job): Spark's raw addresses, which
+    the agent assigns against the executor's own CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8
+    in docs/gpu.md), which it inherits as is."""
+    if not spec["use_gpu"]:
+        return None
+    if spec["local_master"]:
+        k = spec["gpus_per_task"]  # the driver checked that every slice is whole (G11)
+        return list(spec["driver_gpus"][node_rank * k:(node_rank + 1) * k])
+    res = ctx.resources().get(spec["gpu_resource"])
+    return list(res.addresses) if res is not None else []
+
+
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     timing = _TaskTiming(spec["timing_env"])
     # A barrier task's context, or a gang task's once every node joined (_gang.py).
@@ -87,20 +100,10 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
     env.update(spec["attempt_env"])  # a restarted run's attempt (_restart.py)
 
-    gpus: Optional[List[str]] = None
-    if spec["use_gpu"]:
-        # Spark's raw addresses: the agent assigns them against the executor's own
-        # CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8 in docs/gpu.md), which it inherits as is.
-        if spec["local_master"]:
-            k = spec["gpus_per_task"]  # the driver checked that every slice is whole (G11)
-            gpus = spec["driver_gpus"][node_rank * k:(node_rank + 1) * k]
-        else:
-            res = ctx.resources().get(spec["gpu_resource"])
-            gpus = list(res.addresses) if res is not None else []
-        nproc = max(1, len(gpus))
-    else:
+    gpus = _node_gpus(spec, ctx, node_rank)
+    nproc = max(1, len(gpus)) if gpus is not None else 1
+    if gpus is None:
         env[CUDA_VISIBLE_DEVICES] = ""
-        nproc = 1
 
     reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-")

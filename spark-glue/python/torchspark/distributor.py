@@ -10,26 +10,18 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import sys
-import tempfile
-import shutil
-from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_boot, _doctor, _gang, _job, _native, _rendezvous, _report,
-                        _restart, _ship, _task, _timing)
-from torchspark import _conf
-from torchspark import _progress, _report_rows
-from torchspark._pump import _LogPump
+from torchspark import (_channel, _conf, _doctor, _failure, _gang, _job, _local, _native,
+                        _progress, _rendezvous, _report_rows, _restart, _ship, _timing)
 from torchspark._report import TorchDistributorError
 from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
-
-_TAIL_FROM_SERVER = 20
 
 
 def _get_conf(spark: SparkSession, key: str, default_value: str) -> str:
@@ -130,10 +122,12 @@ class TorchDistributor:
         self.input_params = self._create_input_params()
         # Every spark.torchspark.* setting and the keyword arguments standing for them, read
         # by the C core's one key table (_conf.py, docs/protocol.md 9).
-        settings = _conf.read(self.spark, {
+        # Read again, once, by each run() (_read_settings), which passes them along.
+        self._conf_args = {
             "progress": ("progress", progress), "job.maxRestarts": ("max_restarts", max_restarts),
             "job.minNodes": ("min_nodes", min_nodes), "hangTimeout": ("hang_timeout", hang_timeout),
-            "hangAction": ("hang_action", hang_action)}, self.logger)
+            "hangAction": ("hang_action", hang_action)}
+        settings = self._settings = _conf.read(self.spark, self._conf_args, self.logger)
         _progress.configure(self, on_report, settings["progress"])  # torchspark.report()
         self.max_restarts = settings["job.maxRestarts"]
         self.min_nodes = _restart.min_nodes(settings["job.minNodes"], self.num_tasks)
@@ -194,14 +188,7 @@ class TorchDistributor:
             raise ValueError(_spark.NUM_PROCESSES_ERROR[_spark.version() >= (4, 0)])
 
     def _check_encryption(self) -> None:
-        """Stock refuses a cluster with spark.ssl.enabled unless its ignoreSsl key is set,
-        then sends the weights in clear; torchspark's own channel is TLS 1.3 keyed by the
-        run's secret, so it goes on wherever Spark encrypts, and logs the library's one line
-        (a WARNING where Spark secures its traffic: torch's own data plane is not encrypted)."""
-        decision = _conf.encryption(self.spark, self.ssl_conf)
-        self.logger.log(logging.getLevelName(decision["level"]), decision["message"])
-        if not decision["proceed"]:
-            raise RuntimeError(decision["message"])
+        _conf.check_encryption(self.spark, self.ssl_conf, self.logger)  # stock's name
 
     # ---- run ---------------------------------------------------------------------------
 
@@ -221,6 +208,7 @@ class TorchDistributor:
             fn_bytes = cloudpickle.dumps((train_object, args, kwargs))
             script_args = []
         clock = self._clock = _timing.Clock(_timing.enabled(self.logger))
+        self._read_settings()
         if self.local_mode:
             result = self._run_local_training(train_object, fn_bytes, script_args)
         else:
@@ -245,173 +233,22 @@ class TorchDistributor:
         torchspark.partition_batches (docs/dataframes.md); returns rank 0's value."""
         from torchspark import _partition
 
+        self._read_settings()
         return _partition.train_on_dataframe(self, train_function, df, args, kwargs)
 
     _train_on_dataframe = train_on_dataframe  # PySpark's name
 
-    def _start_log_server(self, host: str) -> Any:
-        """The native log server bound to host, or None (with a WARNING) when it cannot
-        start."""
-        _native.fd_check(self.num_tasks)  # a connection per node: the limit must hold them
-        try:
-            tail = _doctor.TAIL_LINES if self.hang_timeout else 100
-            return _native.LogServer(host=host, port=0, tail_lines=tail)
-        except Exception as e:
-            self.logger.warning(
-                f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
-                "goes to the executors' logs and rank 0's result travels through "
-                "collect() (bounded by spark.driver.maxResultSize)")
-            return None
+    def _read_settings(self) -> None:
+        """Every spark.torchspark.* setting for this run, read once (the C key table, with
+        the constructor's arguments and the driver's switches) and passed along."""
+        self._settings = _conf.read(self.spark, self._conf_args, warn=False)
 
-    hang_timeout: Optional[float] = None
+    hang_timeout: Optional[float] = None  # the hang doctor (_doctor.configure)
     hang_action = "report"
-
-    def _start_doctor(self, server: Any, pump: Any, hub: Any) -> Optional[_doctor.HangDoctor]:
-        if server is None or not self.hang_timeout:
-            return None
-        self.hang_reports: List[Any] = []
-        return _doctor.HangDoctor(server, pump, hub, self.hang_timeout, self.hang_action,
-                                  self.num_processes, self.logger, self.hang_reports)
-
-    def _hang_error(self, doctor: Optional[_doctor.HangDoctor],
-                    mode: str) -> Optional[TorchDistributorError]:
-        """The error of a run the hang doctor cancelled, or None."""
-        if doctor is None:
-            return None
-        doctor.stop()
-        diag = doctor.cancelled
-        if diag is None:
-            return None
-        report = {"version": 1, "kind": "hang", "culprits": diag.culprits,
-                  "message": diag.line, "waiting": diag.waiting,
-                  "stacks": {r: d.lines for r, d in diag.dumps.items()}}
-        return TorchDistributorError(
-            _doctor.cancel_message(diag, self.hang_timeout or 0, mode), report)
-
-    def _tail_from_server(self, server: Any, report: Dict) -> Optional[List[str]]:
-        rank = report.get("rank")
-        if server is None or rank is None:
-            return None
-        try:
-            lines = server.tail(rank, _TAIL_FROM_SERVER)
-        except Exception:
-            return None
-        return [ln.decode("utf-8", errors="replace") for ln in lines] or None
-
-    def _nccl_check_timeout(self, nnodes: int) -> float:
-        """The NCCL preflight's deadline in seconds (docs/gpu.md), 0 when off. On by default
-        for a GPU job of more than one node (nnodes agents; it costs 0.73 s on an H200:
-        F1 in docs/benchmarks.md, "The device check on an H200"), off for one node.
-        spark.torchspark.ncclCheck=true|false
-        decides otherwise; TORCHSPARK_NCCL_CHECK=1|0 on the driver overrides both;
-        spark.torchspark.ncclCheck.timeout (default 180s)."""
-        if not self.use_gpu:
-            return 0
-        env = os.environ.get("TORCHSPARK_NCCL_CHECK", "").strip().lower()
-        settings = _conf.read(self.spark, warn=False)
-        flag = settings["ncclCheck"]
-        if env in ("1", "true"):
-            on = True
-        elif env in ("0", "false"):
-            on = False
-        else:
-            on = flag is True or (flag is None and nnodes > 1)
-        return settings["ncclCheck.timeout"] / 1000 if on else 0
-
-    def _warm_idle_s(self) -> float:
-        """How long the executors' warm worker pools (torchspark/_warm.py) outlive their
-        last function-mode run, in seconds; 0 when off: spark.torchspark.warmWorkers
-        (default true) or TORCHSPARK_WARM=0 on the driver, and
-        spark.torchspark.warmWorkers.idleTimeout (default 300s; TORCHSPARK_WARM_IDLE_TIMEOUT
-        on the driver overrides it)."""
-        env = os.environ.get("TORCHSPARK_WARM_IDLE_TIMEOUT") or None
-        settings = _conf.read(self.spark, {"warmWorkers.idleTimeout": (
-            "TORCHSPARK_WARM_IDLE_TIMEOUT", env)}, warn=False)
-        if os.environ.get("TORCHSPARK_WARM", "").lower() in ("0", "false") or not (
-                settings["warmWorkers"]):
-            return 0
-        return settings["warmWorkers.idleTimeout"] / 1000
 
     def _run_local_training(self, train_object: Union[Callable, str],
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
-        env = dict(os.environ)  # os.environ itself is never changed
-        gpus = None
-        if self.use_gpu and not self.is_remote:
-            # The first num_processes of the driver's GPUs: deterministic, and no global RNG
-            # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
-            owned = list(_get_resources(self.spark)["gpu"].addresses)
-            gpus = ",".join(owned[: self.num_processes])
-        workdir = tempfile.mkdtemp(prefix="torchspark-")
-        server = pump = hub = doctor = None
-        try:
-            server = self._start_log_server("127.0.0.1")
-            if server is not None:
-                pump = _LogPump(server)
-                hub = _progress.start(self, server)
-                doctor = self._start_doctor(server, pump, hub)
-            # One node of a barrier task's steps (_task._run_agent), standalone: no election,
-            # rendezvous or staging; rank 0's result read from its file here.
-            spec = self._local_spec(train_object, fn_bytes, script_args, server)
-            self.logger.info(f"Started local training with {self.num_processes} processes")
-            self._clock.mark("agents_started")
-            env.update(self._clock.env())
-            try:
-                out_file = _task._run_agent(
-                    spec, env, workdir, 0, 1, self.num_processes, None,
-                    gpus.split(",") if gpus else None,
-                    echo=None if server is not None else _echo_stderr, warm_anchor=os.getpid())
-            except _task.NodeFailed as e:
-                if pump is not None:
-                    pump.stop()
-                    pump = None
-                hang = self._hang_error(doctor, "local")
-                if hang is not None:
-                    raise hang from None
-                raise e.failure.error("local", self._tail_from_server(
-                    server, e.failure.fields)) from None
-            if pump is not None:
-                pump.stop()
-                pump = None
-            output = None
-            if out_file is not None:
-                try:
-                    with open(out_file, "rb") as f:
-                        output = cloudpickle.load(f)
-                        self._timing_from(f.read())  # the trailer after the value
-                    self._clock.mark("result_received")
-                except Exception as e:
-                    raise RuntimeError(
-                        "TorchDistributor failed due to a pickling error. "
-                        "View stdout logs for detailed error message.") from e
-            self.logger.info(f"Finished local training with {self.num_processes} processes")
-            return output
-        finally:
-            if doctor is not None:
-                doctor.stop()
-            if pump is not None:
-                pump.stop()
-            if server is not None:
-                server.close()
-            if hub is not None:
-                hub.stop()
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    def _local_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
-                    script_args: List[str], server: Any) -> NodeSpec:
-        """The node spec of local mode's one node: the keys _task._run_agent reads (the
-        channel, the NCCL check, the warm pool); no ship, rendezvous or staging."""
-        return {
-            "version": _version(), "ship": None, "use_gpu": self.use_gpu,
-            "gpus_per_task": self.num_processes, "local_master": True, "driver_gpus": [],
-            "driver_host": "127.0.0.1", "fn_bytes": fn_bytes,
-            "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None, "driver_cwd": os.getcwd(), "script_args": script_args,
-            "log_endpoint": server.endpoint if server is not None else None,
-            "log_secret_hex": server.secret_hex if server is not None else None,
-            "result_via_channel": False, "nccl_check": self._nccl_check_timeout(1),
-            "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
-            "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
-        }
+        return _local.run(self, train_object, fn_bytes, script_args)
 
     # Per attempt of a run with restarts (torchspark/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
@@ -434,7 +271,7 @@ class TorchDistributor:
             self.num_tasks, self.num_processes = nodes, nodes * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
-        timeout = _conf.read(self.spark, warn=False)["job.replacementTimeout"] / 1000
+        timeout = self._settings["job.replacementTimeout"] / 1000
         self.attempts = []
         try:
             return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
@@ -455,7 +292,7 @@ class TorchDistributor:
         ship = _ship.shipped(self.spark, self.is_remote)
         try:
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
-        except _NoRendezvous as e:
+        except _failure.NoRendezvous as e:
             # Before any training started: the same job through allGather, from now on.
             _RENDEZVOUS_UNREACHABLE.append(str(e))
             self.logger.warning(
@@ -464,7 +301,7 @@ class TorchDistributor:
                 "run of this process will (about 1 s slower; TORCHSPARK_RENDEZVOUS=0 skips "
                 "the attempt)")
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
-        except _NotInstalled as e:
+        except _failure.NotInstalled as e:
             # Before any training started: ship this driver's package and run again.
             ship = _ship.ship(self.spark, self.is_remote)
             self.logger.info(
@@ -480,151 +317,106 @@ class TorchDistributor:
                              fn_bytes: Optional[bytes], script_args: List[str],
                              ship: Optional[ShipSpec],
                              dataframe: Optional[tuple] = None) -> Optional[Any]:
+        """One barrier job (one attempt): the channel open for its duration (_channel.py),
+        the job submitted, its failure raised or rank 0's value returned."""
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
-        driver_gpus: List[str] = []
-        if self.is_spark_local_master and self.use_gpu:
-            # Each task takes its own k of the driver's GPUs (raw addresses: its agent
-            # assigns them against the mask it inherits); too few is an error, not a CPU run.
-            driver_gpus = list(_get_resources(self.spark)["gpu"].addresses)
-            need = self.num_tasks * self._gpus_per_task
-            if len(driver_gpus) < need:
-                raise RuntimeError(
-                    f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
-                    f"need {need} driver GPUs, but the driver has {len(driver_gpus)}: "
-                    f"{driver_gpus}; lower num_processes or raise "
-                    "spark.driver.resource.gpu.amount")
+        driver_gpus = self._driver_gpus()
         bind_host, advertised = self._log_server_host(driver_host)
-        server = self._start_log_server(bind_host)
-        pump = _LogPump(server, fmt=self._log_fmt) if server is not None else None
-        hub = _progress.start(self, server) if server is not None else None
-        doctor = self._start_doctor(server, pump, hub)
-        # Rank 0's election record through the driver, not allGather (>= 1 s in Spark):
-        # _rendezvous.py says when.
-        rdv = (_start_rendezvous(bind_host or "127.0.0.1", server.secret_hex)
-               if server is not None and not _RENDEZVOUS_UNREACHABLE
-               and _rendezvous.enabled(self.is_remote) else None)
-        if server is not None and fn_bytes is not None:
-            # Into memory: no more than Spark's collect() would take.
-            server.output_limit(self.spark.conf.get("spark.driver.maxResultSize", None))
-            server.expect_output(None)
-        nproc = self._gpus_per_task if self.use_gpu else 1
-        ok = False
-        spec: NodeSpec = {
-            "version": _version(),
-            "ship": ship,
-            "use_gpu": self.use_gpu,
-            "gpus_per_task": self._gpus_per_task,
-            "local_master": self.is_spark_local_master,
-            "driver_gpus": driver_gpus,
-            "driver_host": driver_host,
-            "fn_bytes": fn_bytes,
-            "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
-            "driver_cwd": os.getcwd(),
-            "script_args": script_args,
-            "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
-                             if server else None),
-            "log_secret_hex": server.secret_hex if server else None,
-            "result_via_channel": server is not None,
-            "nccl_check": self._nccl_check_timeout(self.num_tasks),
-            "warm_idle_s": self._warm_idle_s() if fn_bytes is not None else 0,
-            "gpu_resource": _conf.read(self.spark, warn=False)["gpuResource"],
-            "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
-            "rendezvous": rdv.spec(advertised or driver_host) if rdv is not None else None,
-            "attempt_env": self._attempt_env,  # restarts (torchspark/_restart.py)
-        }
-        try:
-            self._clock.mark("job_submitted")
+        use_rdv = not _RENDEZVOUS_UNREACHABLE and _rendezvous.enabled(self._settings,
+                                                                       self.is_remote)
+        with _channel.Channel(drain_on_failure=1.0) as ch:
+            ch.open(self, bind_host, fmt=self._log_fmt,
+                    rendezvous_host=(bind_host or "127.0.0.1") if use_rdv else None)
+            server = ch.server
+            if server is not None and fn_bytes is not None:
+                # Into memory: no more than Spark's collect() would take.
+                server.output_limit(self.spark.conf.get("spark.driver.maxResultSize", None))
+                server.expect_output(None)
+            spec = self._node_spec(train_object, fn_bytes, script_args, ship, driver_gpus,
+                                   driver_host, advertised, ch)
             if dataframe is not None:  # train_on_dataframe: (df, its tasks' part of spec)
                 spec["dataframe"] = dataframe[1]
-            if hub is not None:  # reports spilled by agents come back as rows
+            if ch.hub is not None:  # reports spilled by agents come back as rows
                 spec["report_rows"] = _report_rows.new_tag()
-            gang = _gang.start(self, rdv, spec, _conf.read(self.spark, warn=False),
+            gang = _gang.start(self, ch.rdv, spec, self._settings,
                                dataframe is not None)  # dynamic allocation (_gang.py)
-            # Restarts left: the next attempt starts at once on the root cause, without
-            # waiting for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
-            # "Recovery on local-cluster").
-            last = self._attempt_env.get(_restart.ATTEMPT_ENV) == self._attempt_env.get(
-                _restart.MAX_RESTARTS_ENV)
-            grace = _job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S
-            restarted = self._attempt_env.get(_restart.ATTEMPT_ENV, "0") != "0"
-            out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
-                                       remote=self.is_remote,
-                                       input_df=dataframe[0] if dataframe else None,
-                                       spark_grace_s=grace,
-                                       revive=restarted and _job.REVIVE_ON_RESTART, gang=gang)
-            self._clock.mark("job_ended")
-            self._failure_times.update(
-                root_at=out.root_at, ended_at=out.ended_at,
-                silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
-                silent_executor=out.silent_executor)
+            out = self._submit(spec, server, dataframe[0] if dataframe else None, gang)
             if out.gang_failure is not None:
                 raise TorchDistributorError(out.gang_failure, {
                     "version": 2, "kind": "gang", "reason": "gang_incomplete"}) from None
             if out.spark_error is not None or out.root is not None:
-                hang = self._hang_error(doctor, "distributed")
-                if hang is not None:
-                    raise hang from out.spark_error
-                raise self._distributed_failure(out, server, nproc) from out.spark_error
+                nproc = self._gpus_per_task if self.use_gpu else 1
+                raise (ch.hang_error(self, "distributed")
+                       or _failure.of_job(out, ch, nproc)) from out.spark_error
             chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
-            if hub is not None:
-                hub.add(spilled)
-            if pump is not None:
-                pump.stop()
-                pump = None
-            unreachable = server is not None and _never_reached(server)
-            if unreachable:
-                self.logger.warning(
-                    f"The executors could not reach torchspark's log server at "
-                    f"{spec['log_endpoint']}: the workers' output stayed in the executors' "
-                    "logs, and rank 0's result and the workers' reports came back as collected "
-                    "rows (bounded by "
-                    "spark.driver.maxResultSize). "
-                    + ("Set TORCHSPARK_CLIENT_ADDRESS to an address of this machine that "
-                       "the executors can reach." if self.is_remote else
-                       "Check that spark.driver.host is reachable from the executors."))
-            result = None
-            if fn_bytes is not None:
-                data = server.output_view() if server is not None else None
-                if data is None and server is not None:
-                    if not chunks:
-                        raise TorchDistributorError(
-                            "TorchDistributor (distributed): training succeeded but rank 0's "
-                            "result did not arrive over torchspark's output channel "
-                            f"({server.output_error or 'nothing was received'}); see the "
-                            "executors' logs of partition 0 for the agent's message")
-                    if not unreachable:
-                        self.logger.warning(
-                            "rank 0's result did not arrive over torchspark's output channel "
-                            f"({server.output_error or 'nothing was received'}); it came "
-                            "through collect() instead (bounded by spark.driver.maxResultSize)")
-                if data is None:
-                    data = b"".join(chunks)
-                if not data:
-                    raise RuntimeError("TorchDistributor failed during training."
-                                       "View stdout logs for detailed error message.")
-                try:
-                    result = cloudpickle.loads(self._timing_from(data))
-                    self._clock.mark("result_received")
-                except Exception as e:
-                    raise RuntimeError(
-                        "TorchDistributor failed due to a pickling error. "
-                        "View stdout logs for detailed error message.") from e
-            ok = True
-        finally:
-            # Drain while the pump still runs, so the agents' last lines are shown; after a
-            # failure every agent was stopped, so a short drain is enough.
-            if doctor is not None:
-                doctor.stop()
-            if server is not None:
-                server.close(drain_timeout=5.0 if ok else 1.0)
-            if rdv is not None:
-                rdv.close()
-            if pump is not None:
-                pump.stop()
-            if hub is not None:
-                hub.stop()
+            if ch.hub is not None:
+                ch.hub.add(spilled)
+            ch.stop_pump()
+            unreachable = ch.warn_unreachable(self, spec["log_endpoint"])
+            result = ch.result(self, chunks, unreachable) if fn_bytes is not None else None
+            ch.ok = True
         return result
+
+    def _submit(self, spec: NodeSpec, server: Any, input_df: Any,
+                gang: Any = None) -> "_job.Outcome":
+        """The job of one attempt through Spark: one barrier stage of num_tasks tasks, or
+        num_tasks ordinary tasks that gang up through the driver (gang: _gang.py; _job.py).
+        Restarts left: the next attempt starts at once on the root cause, without waiting
+        for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
+        "Recovery on local-cluster")."""
+        self._clock.mark("job_submitted")
+        attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
+        last = attempt == self._attempt_env.get(_restart.MAX_RESTARTS_ENV)
+        out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
+                                   remote=self.is_remote, input_df=input_df,
+                                   spark_grace_s=_job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S,
+                                   revive=(attempt or "0") != "0" and _job.REVIVE_ON_RESTART,
+                                   gang=gang)
+        self._clock.mark("job_ended")
+        self._failure_times.update(
+            root_at=out.root_at, ended_at=out.ended_at,
+            silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
+            silent_executor=out.silent_executor)
+        return out
+
+    def _driver_gpus(self) -> List[str]:
+        """A local master's GPU job: each task takes its own k of the driver's GPUs (raw
+        addresses: its agent assigns them against the mask it inherits); too few is an
+        error, not a CPU run."""
+        if not (self.is_spark_local_master and self.use_gpu):
+            return []
+        gpus = list(_get_resources(self.spark)["gpu"].addresses)
+        need = self.num_tasks * self._gpus_per_task
+        if len(gpus) < need:
+            raise RuntimeError(
+                f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
+                f"need {need} driver GPUs, but the driver has {len(gpus)}: {gpus}; lower "
+                "num_processes or raise spark.driver.resource.gpu.amount")
+        return gpus
+
+    def _node_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
+                   script_args: List[str], ship: Optional[ShipSpec], driver_gpus: List[str],
+                   driver_host: str, advertised: str, ch: "_channel.Channel") -> NodeSpec:
+        """What every barrier task of the job needs (_spec.NodeSpec)."""
+        server, settings = ch.server, self._settings
+        return {
+            "version": _version(), "ship": ship, "use_gpu": self.use_gpu,
+            "gpus_per_task": self._gpus_per_task, "local_master": self.is_spark_local_master,
+            "driver_gpus": driver_gpus, "driver_host": driver_host, "fn_bytes": fn_bytes,
+            "script": None if fn_bytes is not None else str(train_object),
+            "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
+            "driver_cwd": os.getcwd(), "script_args": script_args,
+            "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
+                             if server else None),
+            "log_secret_hex": server.secret_hex if server else None,
+            "result_via_channel": server is not None,
+            "nccl_check": _conf.nccl_check_s(settings, self.num_tasks) if self.use_gpu else 0,
+            "warm_idle_s": _conf.warm_idle_s(settings) if fn_bytes is not None else 0,
+            "gpu_resource": settings["gpuResource"],
+            "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
+            "rendezvous": ch.rdv.spec(advertised or driver_host) if ch.rdv is not None else None,
+            "attempt_env": self._attempt_env,  # restarts (torchspark/_restart.py)
+        }
 
     def _log_server_host(self, driver_host: str) -> "tuple[str, str]":
         """(address the log server binds, address the executors are told). Classic: where
@@ -636,50 +428,6 @@ class TorchDistributor:
         from torchspark import _connect
 
         return _connect.client_address(self.spark)
-
-    def _distributed_failure(self, out: "_job.Outcome", server: Any,
-                             nproc: int) -> Exception:
-        """The run's exception: from the channel's structured root record first, from
-        Spark's error text (_SPARK_TEXT, in order) only as a fallback."""
-        root = out.root
-        if root is not None and root.get("kind") == "failure" and root.get("report"):
-            failure = _report.Failure.from_document(
-                root["report"], node_rank=root.get("node_rank", -1),
-                host=root.get("host") or "?", nproc_per_node=nproc)
-            return failure.error("distributed", self._tail_from_server(server, failure.fields),
-                                 root.get("detail"))
-        text = str(out.spark_error) if out.spark_error is not None else ""
-        for marker, make in _SPARK_TEXT:
-            if marker == _report.MARKER and root is not None:
-                # The channel's other record, a node lost, outranks what a task carried
-                # (but not a set-up error: that node was lost to Spark's abort).
-                return self._lost_node_error(root, server, nproc)
-            found = make(text)
-            if isinstance(found, _report.Failure):
-                return found.error("distributed", self._tail_from_server(server, found.fields))
-            if found is not None:
-                return found
-        if root is not None:
-            return self._lost_node_error(root, server, nproc)
-        # Spark's own text, classified by the C core's outcome table (torchspark/outcome.h).
-        spark = _report.outcome(None, text or type(out.spark_error).__name__,
-                                _report._OUTPUT_WENT["distributed"])
-        return TorchDistributorError(
-            f"TorchDistributor (distributed) failed: {spark['cause']}\n{spark['advice']}",
-            {"version": 2, "kind": spark["kind"], "reason": spark["reason"]})
-
-    def _lost_node_error(self, root: Dict, server: Any, nproc: int) -> TorchDistributorError:
-        """A node whose agent vanished (host or executor died, network cut): the log
-        server's document of it (docs/protocol.md 1.7), finished with the node's last lines
-        by the C core, which writes the message."""
-        node = int(root.get("node_rank", -1))
-        tail: List[str] = []
-        for rank in range(node * nproc, (node + 1) * nproc) if node >= 0 else ():
-            got = self._tail_from_server(server, {"rank": rank}) or []
-            tail += [_native.line_prefix(rank) + ln for ln in got]
-        failure = _report.Failure.from_document(
-            root.get("report"), node_rank=node, host=root.get("host") or "?", tail=tail)
-        return failure.error("distributed")
 
 
 # A script that exists on the driver travels with the job (inside the task's closure)
@@ -698,66 +446,11 @@ def _script_file(path: str) -> Optional[ScriptFile]:
         return None
 
 
-class _NotInstalled(Exception):
-    """A task could not import the driver's torchspark (_boot.prepare): ship it."""
-
-
-class _NoRendezvous(Exception):
-    """A task could not reach the driver's rendezvous (_rendezvous.py): use allGather."""
-
-
 # Set once a task could not reach the driver's rendezvous: this process uses allGather.
 _RENDEZVOUS_UNREACHABLE: List[str] = []
-
-
-def _after(marker: str, make: Callable[[str], Exception]) -> Callable[[str], Optional[Exception]]:
-    """A task's set-up error (_boot.py): ``marker: text`` in Spark's error text."""
-    def read(text: str) -> Optional[Exception]:
-        m = re.search(re.escape(marker) + r": (.*)", text)
-        return make(m.group(1).strip()) if m else None
-    return read
-
-
-def _carried(text: str) -> Optional[_report.Failure]:
-    """The oldest failure document a task carried in Spark's error text."""
-    documents = _report.find(text)
-    return _report.Failure.from_document(documents[0]) if documents else None
-
-
-# Spark's error text, read only where the channel recorded no failed rank: one ordered
-# table of (marker, constructor), the first found wins.
-_Found = Optional[Union[Exception, _report.Failure]]
-_SPARK_TEXT: Tuple[Tuple[str, Callable[[str], _Found]], ...] = (
-    (_boot.NOT_INSTALLED, _after(_boot.NOT_INSTALLED, _NotInstalled)),
-    (_rendezvous.UNREACHABLE, _after(_rendezvous.UNREACHABLE, _NoRendezvous)),
-    (_boot.SETUP_ERROR, _after(_boot.SETUP_ERROR, TorchDistributorError)),
-    (_report.MARKER, _carried),
-)
-
-
-def _never_reached(server: Any) -> bool:
-    """True when no agent ever got through to the log server (the executors cannot
-    reach the address they were given)."""
-    try:
-        return server.stats().get("authenticated", 1) == 0
-    except Exception:
-        return False
 
 
 def _version() -> str:
     import torchspark
 
     return torchspark.__version__
-
-
-def _start_rendezvous(host: str, secret_hex: str) -> Optional["_rendezvous.Server"]:
-    try:
-        return _rendezvous.Server(host, secret_hex)
-    except OSError:
-        return None  # every task then uses allGather
-
-
-def _echo_stderr(line: str) -> None:
-    with _LogPump._print_lock:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()

@@ -30,9 +30,21 @@ final class Conf {
 
     /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
      *  args: key without the prefix -> {the name the user gave it, its value or null}, winning
-     *  over the conf. warn: log the unknown keys' warnings (once per run, by the runner). */
+     *  over the conf; the driver's environment switches (TORCHSPARK_NCCL_CHECK, ...) win over
+     *  both, read by the library. warn: log the unknown keys' warnings (once per run). */
     static Conf read(SparkConf conf, Map<String, Object[]> args, boolean warn) {
+        return read(conf, args, null, warn);
+    }
+
+    /** As above, with the switches given (env: variable -> value) instead of this JVM's. */
+    static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn) {
         ObjectNode request = JSON.createObjectNode();
+        if (env == null) {
+            request.put("env", true);
+        } else {
+            ObjectNode vars = request.putObject("env");
+            env.forEach(vars::put);
+        }
         ObjectNode raw = request.putObject("conf");
         if (conf != null) {
             for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
@@ -104,6 +116,18 @@ final class Conf {
         if (!d.get("proceed").asBoolean()) {
             throw new IllegalStateException(message);
         }
+    }
+
+    /**
+     * The NCCL preflight's deadline in seconds (docs/gpu.md) for a GPU job of nnodes agents, 0
+     * when off, as in the PySpark glue (_conf.nccl_check_s): on by default for more than one
+     * node (it costs 0.73 s on an H200, F1 in docs/benchmarks.md, "The device check on an
+     * H200"), off for one; spark.torchspark.ncclCheck (or TORCHSPARK_NCCL_CHECK on the
+     * driver, read by the library) decides otherwise.
+     */
+    double ncclCheckS(int nnodes) {
+        boolean on = isSet("ncclCheck") ? bool("ncclCheck") : nnodes > 1;
+        return on ? number("ncclCheck.timeout") / 1000.0 : 0;
     }
 
     private JsonNode at(String key) {

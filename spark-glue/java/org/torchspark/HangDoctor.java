@@ -42,7 +42,12 @@ final class HangDoctor extends Thread {
     // ---- settings ---------------------------------------------------------------------
 
     /** timeoutS: 0 when the doctor is off; action: "report" or "cancel". */
-    record Settings(double timeoutS, String action) {}
+    record Settings(double timeoutS, String action) {
+        /** From a run's settings (hangTimeout, hangAction). */
+        static Settings of(Conf c) {
+            return new Settings(c.number("hangTimeout") / 1000.0, c.string("hangAction"));
+        }
+    }
 
 
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
@@ -61,6 +66,9 @@ final class HangDoctor extends Thread {
         final Map<Integer, RankDump> dumps;
         final boolean starting; // no rank has a Python stack yet: still starting, no hang
         final JsonNode groups;
+        /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
+         *  core's, the same as the PySpark glue's TorchDistributorError.report. */
+        final String report;
         private final String stacks;
         volatile Path stacksFile; // where the watchdog wrote every rank's stacks, or null
 
@@ -87,6 +95,7 @@ final class HangDoctor extends Thread {
             starting = r.get("starting").asBoolean();
             groups = r.get("groups");
             stacks = r.get("stacks").asText();
+            report = r.get("report").toString();
         }
 
         /** Every rank's dump, rank-prefixed, for the log and the exception. */

@@ -2,7 +2,6 @@ package org.torchspark;
 
 import java.io.IOException;
 import java.io.Serializable;
-import java.util.Locale;
 import org.apache.spark.SparkConf;
 
 /**
@@ -25,7 +24,6 @@ final class Rendezvous implements AutoCloseable {
      *  (TSP_RDV_UNREACHABLE, which begins the library's sentence). */
     static final String UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE";
     /** The driver's switch, as the PySpark glue reads it (0/false/no/off: allGather). */
-    static final String ENV = "TORCHSPARK_RENDEZVOUS";
     static final String CONF = "spark.torchspark.rendezvous";
     /** TSP_RDV_RECORD_MAX. */
     static final int RECORD_MAX = 4096;
@@ -149,16 +147,12 @@ final class Rendezvous implements AutoCloseable {
     }
 
     /**
-     * Whether the driver uses the rendezvous: off with TORCHSPARK_RENDEZVOUS=0/false/no/off
-     * in the driver's environment (as the PySpark glue) or spark.torchspark.rendezvous=false;
-     * on otherwise (the runner's driver is a classic one, which its executors reach: they
-     * reach its log server too).
+     * Whether the driver uses the rendezvous: spark.torchspark.rendezvous, or
+     * TORCHSPARK_RENDEZVOUS in the driver's environment, which wins (both read by the
+     * library's key table, as for the PySpark glue); on when neither is set (the runner's
+     * driver is a classic one, which its executors reach: they reach its log server too).
      */
-    static boolean enabled(SparkConf conf, String env) {
-        String v = env == null ? "" : env.trim().toLowerCase(Locale.ROOT);
-        if (v.equals("0") || v.equals("false") || v.equals("no") || v.equals("off")) {
-            return false;
-        }
-        return Conf.read(conf, null, false).bool("rendezvous");
+    static boolean enabled(Conf c) {
+        return !c.isSet("rendezvous") || c.bool("rendezvous");
     }
 }

@@ -104,6 +104,17 @@ public class HangDoctorTest {
         assertTrue(fr.stacksText().startsWith("[rank 0] torchspark: stack dump #1 of rank 0 (host vm"));
         assertTrue(fr.stacksText().contains(
                 "[rank 3] torchspark: flight recorder: pg 0 (default_pg): all_reduce #3: not completed"));
+        // The exception's report (TorchSparkException.reportJson() of a cancelled run): the C
+        // core's hang document, the layout of the PySpark glue's TorchDistributorError.report.
+        com.fasterxml.jackson.databind.JsonNode rep = new com.fasterxml.jackson.databind.ObjectMapper()
+                .readTree(fr.report);
+        List<String> keys = new java.util.ArrayList<>();
+        rep.fieldNames().forEachRemaining(keys::add);
+        assertEquals(List.of("version", "kind", "culprits", "message", "waiting", "stacks"), keys);
+        assertEquals("hang", rep.get("kind").asText());
+        assertEquals(fr.line, rep.get("message").asText());
+        assertEquals("[2]", rep.get("culprits").toString());
+        assertEquals(fr.dumps.get(2).lines().get(0), rep.get("stacks").get("2").get(0).asText());
         String msg = HangDoctor.cancelMessage(fr, 3, "distributed");
         assertTrue(msg, msg.startsWith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
                 + "printed or reported for 3s (spark.torchspark.hangTimeout); rank 2 (host vm"));

@@ -40,7 +40,7 @@ public class OutputLimitTest {
         Files.write(victim, "precious".getBytes(StandardCharsets.UTF_8));
         Path dest = Files.createDirectory(dir.resolve("dest")).resolve("out.bin");
         Files.createSymbolicLink(dest, victim);
-        TorchSparkRunner.writeReplacing(dest, new byte[] {1, 2, 3});
+        RunOutput.writeReplacing(dest, new byte[] {1, 2, 3});
         assertEquals("precious", new String(Files.readAllBytes(victim), StandardCharsets.UTF_8));
         assertFalse(Files.isSymbolicLink(dest));
         assertArrayEquals(new byte[] {1, 2, 3}, Files.readAllBytes(dest));

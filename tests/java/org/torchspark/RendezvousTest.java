@@ -12,6 +12,7 @@ import java.net.InetSocketAddress;
 import java.net.ServerSocket;
 import java.net.Socket;
 import java.nio.charset.StandardCharsets;
+import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
@@ -193,36 +194,48 @@ public class RendezvousTest {
                 assertTrue(m, m.startsWith("TORCHSPARK_RENDEZVOUS_UNREACHABLE: this barrier task on host "));
                 assertTrue(m, m.contains("the driver's rendezvous at 127.0.0.1:" + closed + " ("));
                 // The driver finds the reason in Spark's error, however deep.
-                String reason = TorchSparkRunner.rendezvousUnreachable(new SparkException(
+                String reason = JobFailure.rendezvousUnreachable(new SparkException(
                         "Job aborted due to stage failure: Task 1 in stage 0.0 failed: " + e + "\n\tat x",
                         new RuntimeException("wrapped")));
                 assertTrue(reason, reason.startsWith("this barrier task on host "));
                 assertTrue(reason, reason.endsWith("through BarrierTaskContext.allGather"));
             }
         }
-        assertNull(TorchSparkRunner.rendezvousUnreachable(new SparkException("Job aborted: exit 5")));
-        assertTrue(TorchSparkRunner.rendezvousUnreachable(new RuntimeException("outer",
+        assertNull(JobFailure.rendezvousUnreachable(new SparkException("Job aborted: exit 5")));
+        assertTrue(JobFailure.rendezvousUnreachable(new RuntimeException("outer",
                 new RuntimeException("TORCHSPARK_RENDEZVOUS_UNREACHABLE: inner"))).equals("inner"));
     }
 
-    /** spark.torchspark.rendezvous and TORCHSPARK_RENDEZVOUS, as the PySpark glue reads the env. */
+    /** spark.torchspark.rendezvous and TORCHSPARK_RENDEZVOUS (which wins), both read by the
+     *  library's key table, as for the PySpark glue. */
+    private static boolean enabled(SparkConf conf, String env) {
+        return Rendezvous.enabled(Conf.read(conf, null, env == null ? Map.of()
+                : Map.of("TORCHSPARK_RENDEZVOUS", env), false));
+    }
+
     @Test
     public void theSwitches() {
         SparkConf conf = new SparkConf(false);
-        assertTrue(Rendezvous.enabled(conf, null));
-        assertTrue(Rendezvous.enabled(conf, "1"));
-        assertTrue(Rendezvous.enabled(conf, "whatever"));
+        assertTrue(enabled(conf, null));
+        assertTrue(enabled(conf, "1"));
+        assertTrue(enabled(conf, ""));
         for (String off : new String[] {"0", "false", "No", " off "}) {
-            assertFalse(off, Rendezvous.enabled(conf, off));
+            assertFalse(off, enabled(conf, off));
+        }
+        try {
+            enabled(conf, "whatever");
+            fail("a switch that is no boolean");
+        } catch (IllegalArgumentException e) {
+            assertEquals("TORCHSPARK_RENDEZVOUS='whatever' is not a boolean: use 1, 0, true or false", e.getMessage());
         }
         conf.set("spark.torchspark.rendezvous", "false");
-        assertFalse(Rendezvous.enabled(conf, null));
-        assertFalse(Rendezvous.enabled(conf, "1"));
+        assertFalse(enabled(conf, null));
+        assertTrue(enabled(conf, "1")); // the driver's switch wins
         conf.set("spark.torchspark.rendezvous", "TRUE");
-        assertTrue(Rendezvous.enabled(conf, null));
+        assertTrue(enabled(conf, null));
         conf.set("spark.torchspark.rendezvous", "maybe");
         try {
-            Rendezvous.enabled(conf, null);
+            enabled(conf, null);
             fail("a switch that is no boolean");
         } catch (IllegalArgumentException e) {
             assertEquals("spark.torchspark.rendezvous='maybe' is not a boolean: use true or false", e.getMessage());

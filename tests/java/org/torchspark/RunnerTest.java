@@ -10,6 +10,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
+import java.util.Map;
 import org.apache.spark.SparkConf;
 import org.junit.Test;
 
@@ -222,27 +223,32 @@ public class RunnerTest {
      * default for more than one node, off for one; the conf and the driver's variable decide
      * otherwise.
      */
+    private static double nccl(SparkConf conf, String env, int nnodes) {
+        return Conf.read(conf, null, env == null ? Map.of() : Map.of("TORCHSPARK_NCCL_CHECK", env), false)
+                .ncclCheckS(nnodes);
+    }
+
     @Test
     public void ncclCheckConfsBecomeTheAgentsOption() {
         SparkConf conf = new SparkConf(false);
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 2), 0); // default on
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "1", 1), 0);
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "0", 2), 0);
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "", 1), 0);
+        assertEquals(0, nccl(conf, null, 1), 0);
+        assertEquals(180, nccl(conf, null, 2), 0); // default on
+        assertEquals(180, nccl(conf, "1", 1), 0);
+        assertEquals(0, nccl(conf, "0", 2), 0);
+        assertEquals(0, nccl(conf, "", 1), 0);
         conf.set("spark.torchspark.ncclCheck", "false");
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, null, 2), 0); // turned off
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, "true", 2), 0);
+        assertEquals(0, nccl(conf, null, 2), 0); // turned off
+        assertEquals(180, nccl(conf, "true", 2), 0);
         conf.set("spark.torchspark.ncclCheck", "true");
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
-        assertEquals(0, TorchSparkRunner.ncclCheckTimeout(conf, "false", 1), 0);
+        assertEquals(180, nccl(conf, null, 1), 0);
+        assertEquals(0, nccl(conf, "false", 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "3min");
-        assertEquals(180, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
+        assertEquals(180, nccl(conf, null, 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "500ms");
-        assertEquals(0.5, TorchSparkRunner.ncclCheckTimeout(conf, null, 1), 0);
+        assertEquals(0.5, nccl(conf, null, 1), 0);
         conf.set("spark.torchspark.ncclCheck.timeout", "soon");
         try {
-            TorchSparkRunner.ncclCheckTimeout(conf, null, 1);
+            nccl(conf, null, 1);
             fail("a timeout that is no duration");
         } catch (IllegalArgumentException e) {
             assertTrue(e.getMessage(), e.getMessage().startsWith("spark.torchspark.ncclCheck.timeout='soon' is not "
@@ -250,7 +256,7 @@ public class RunnerTest {
         }
         conf.set("spark.torchspark.ncclCheck.timeout", "1d").set("spark.torchspark.ncclCheck", "yes please");
         try {
-            TorchSparkRunner.ncclCheckTimeout(conf, null, 2);
+            nccl(conf, null, 2);
             fail("a flag that is no boolean");
         } catch (IllegalArgumentException e) {
             assertEquals("spark.torchspark.ncclCheck='yes please' is not a boolean: use true or false", e.getMessage());

@@ -331,6 +331,7 @@ public final class TrainApp {
             System.out.println("HANG: rank=" + e.rank() + " host=" + e.host());
             System.out.println("HANG_LINES: " + String.join("|", r.hangReports()));
             System.out.println("HANG_MESSAGE: " + e.getMessage().replace('\n', '|'));
+            System.out.println("HANG_REPORT: " + e.reportJson());
         }
     }
 

@@ -1,0 +1,111 @@
+package org.torchspark;
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.UUID;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.spark.SparkContext;
+import org.apache.spark.api.java.JavaRDD;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.rdd.RDD;
+import scala.reflect.ClassTag;
+
+/**
+ * The Spark job of one distributed attempt: one barrier stage of ntasks NodeTasks, collected
+ * on a thread of its own, tagged (its tasks marked for the executor plugin), watched beside
+ * the log server's root cause. A launch mode other than one barrier stage replaces submit().
+ */
+final class BarrierJob {
+    // After the root cause is known: how long to wait for Spark's own failure (the cause of
+    // the exception) before cancelling the job; none when a restart follows (the next
+    // attempt is submitted at once, the log server's root cause naming the node) or when
+    // the node went silent (Spark notices that only after spark.network.timeout).
+    static final double SPARK_GRACE_S = 3.0;
+    static final double RESTART_GRACE_S = 0.0;
+
+    final String tag = "torchspark-" + UUID.randomUUID();
+    private final CountDownLatch done = new CountDownLatch(1);
+    private final AtomicReference<List<byte[]>> chunks = new AtomicReference<>();
+    private final AtomicReference<Throwable> error = new AtomicReference<>();
+    /** The log server's root record (JSON) and when it came (ms since the epoch), or null. */
+    String root;
+    Long rootAt;
+
+    private BarrierJob() {}
+
+    /** Starts the job; entry (null without restarts) gets the time it ended. */
+    static BarrierJob submit(SparkContext sc, NodeTask.Spec spec, int ntasks, TorchSparkRunner.Attempt entry) {
+        BarrierJob job = new BarrierJob();
+        String prevProp = sc.getLocalProperty(TorchSparkRunner.TASK_PROPERTY);
+        Thread t = new Thread(() -> {
+            try {
+                sc.setLocalProperty(TorchSparkRunner.TASK_PROPERTY, job.tag);
+                sc.addJobTag(job.tag);
+                try {
+                    JavaSparkContext jsc = JavaSparkContext.fromSparkContext(sc);
+                    List<Integer> rows = new ArrayList<>();
+                    for (int i = 0; i < ntasks; i++) {
+                        rows.add(i);
+                    }
+                    ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
+                    RDD<byte[]> out = jsc.parallelize(rows, ntasks).rdd().barrier()
+                            .mapPartitions(new NodeTask(spec), false, tagBytes);
+                    job.chunks.set(JavaRDD.fromRDD(out, tagBytes).collect());
+                } finally {
+                    sc.removeJobTag(job.tag);
+                    sc.setLocalProperty(TorchSparkRunner.TASK_PROPERTY, prevProp);
+                }
+            } catch (Throwable e) {
+                job.error.set(e);
+            } finally {
+                if (entry != null) {
+                    entry.endedAt = System.currentTimeMillis();
+                }
+                job.done.countDown();
+            }
+        }, "torchspark-barrier-job");
+        t.setDaemon(true);
+        t.start();
+        return job;
+    }
+
+    /** Until the job ends or the log server names a root cause; then Spark's own failure is
+     *  waited for (grace: none for a silent node or when a restart follows) before the job is
+     *  cancelled. */
+    void await(SparkContext sc, LogServer server, boolean lastAttempt) throws InterruptedException {
+        while (!done.await(0, TimeUnit.MILLISECONDS)) {
+            root = server.failure(250);
+            if (root != null) {
+                rootAt = System.currentTimeMillis();
+                // A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
+                // spark.network.timeout, so its failure is not waited for.
+                double grace = RestartPolicy.silent(Failure.parseRoot(root)) ? 0
+                        : lastAttempt ? SPARK_GRACE_S : RESTART_GRACE_S;
+                if (!done.await((long) (grace * 1000), TimeUnit.MILLISECONDS)) {
+                    sc.cancelJobsWithTag(tag);
+                    done.await(1, TimeUnit.SECONDS);
+                }
+                return;
+            }
+        }
+    }
+
+    /** After a failure with no root record yet: one that the server still expects (a node
+     *  lost), for up to 2 s. */
+    void awaitLostRoot(LogServer server) {
+        if (root == null) {
+            root = server.failure(server.lostPending() > 0 ? 2000 : 0);
+            rootAt = root != null ? System.currentTimeMillis() : null;
+        }
+    }
+
+    Throwable error() {
+        return error.get();
+    }
+
+    List<byte[]> chunks() {
+        return chunks.get();
+    }
+}

@@ -1,0 +1,144 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.List;
+import java.util.concurrent.atomic.AtomicReference;
+import org.apache.spark.SparkContext;
+
+/**
+ * One attempt of a distributed TorchSparkRunner run, what it does per run: the channel on
+ * the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
+ * PySpark glue's twin is TorchDistributor._run_distributed_job.
+ */
+final class DistributedRun {
+    /** Set once the executors could not reach the driver's rendezvous: every later run of
+     *  this JVM (of this class loader) goes through allGather. */
+    static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
+
+    private final TorchSparkRunner r;
+    private final SparkContext sc;
+    private final List<String> program;
+    private final String py;
+
+    DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program, String py) {
+        this.r = r;
+        this.sc = sc;
+        this.program = program;
+        this.py = py;
+    }
+
+    /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
+    TorchSparkRunner.Result attempt(int ntasks, TorchSparkRunner.Attempt entry) {
+        boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null && Rendezvous.enabled(r.runSettings);
+        try {
+            return runJob(rendezvous, ntasks, entry);
+        } catch (JobFailure.NoRendezvous e) {
+            // Before any training started: the same job through allGather, from now on.
+            if (RENDEZVOUS_UNREACHABLE.compareAndSet(null, e.getMessage())) {
+                TorchSparkRunner.LOG.warn("The executors could not reach torchspark's rendezvous on the driver ({}); running "
+                        + "the job again through BarrierTaskContext.allGather, as every later run of this JVM "
+                        + "will (about 1 s slower; spark.torchspark.rendezvous=false or "
+                        + "TORCHSPARK_RENDEZVOUS=0 skips the attempt)", e.getMessage());
+            } else {
+                TorchSparkRunner.LOG.info("The executors could not reach torchspark's rendezvous on the driver ({}); running "
+                        + "the job again through BarrierTaskContext.allGather", e.getMessage());
+            }
+            return runJob(false, ntasks, entry);
+        }
+    }
+
+    /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
+     *  node with its processes); entry (null without restarts) gets its timeline. */
+    private TorchSparkRunner.Result runJob(boolean useRendezvous, int ntasks, TorchSparkRunner.Attempt entry) {
+        int world = ntasks * (r.numProcesses / r.tasks(sc));
+        String driverHost = sc.conf().get("spark.driver.host", "");
+        String bind = sc.conf().get("spark.driver.bindAddress", "");
+        bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
+        NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
+        try (RunChannel ch = new RunChannel(r, bind, HangDoctor.Settings.of(r.runSettings), world)) {
+            spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
+            spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
+            spec.secretHex = ch.server.secretHex();
+            if (r.wantOutput) {
+                RunOutput.expect(ch.server, sc, r.outputPath);
+            }
+            TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
+            TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} barrier tasks", world, ntasks);
+            BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
+            try {
+                job.await(sc, ch.server, r.lastAttempt);
+            } catch (InterruptedException e) {
+                ch.endDoctor("distributed", null);
+                ch.server.stopAll("the driver was interrupted");
+                sc.cancelJobsWithTag(job.tag);
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
+            } finally {
+                TorchSparkRunner.Metrics.AGENTS.addAndGet(-ntasks);
+            }
+            TorchSparkException hung = ch.endDoctor("distributed", job.error());
+            if (hung != null) {
+                ch.server.stopAll("the hang doctor cancelled the run");
+                ch.finish(1000);
+                TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
+                throw hung;
+            }
+            if (job.error() != null || job.root != null) {
+                throw failed(sc, ch, job, entry, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+            }
+            TorchSparkRunner.Result res = r.wantOutput ? RunOutput.collect(ch.server, job.chunks(), r.outputPath)
+                    : new TorchSparkRunner.Result(null, null);
+            res.election = spec.rendezvous != null ? "rendezvous" : "allGather";
+            ch.finish(5000);
+            TorchSparkRunner.LOG.info("Finished distributed training with {} processes (election through {})", world, res.election);
+            return res;
+        }
+    }
+
+    /** What every task of the job needs, but the channel's endpoint, secret and rendezvous. */
+    private NodeTask.Spec nodeSpec(int ntasks, String driverHost) {
+        NodeTask.Spec spec = new NodeTask.Spec();
+        spec.program.addAll(program);
+        spec.noPython = r.isCommand();
+        spec.nprocPerNode = r.useGpu ? r.nprocPerNode : Math.max(1, r.nprocPerNode);
+        spec.useGpu = r.useGpu;
+        spec.ncclCheck = r.useGpu ? r.runSettings.ncclCheckS(ntasks) : 0;
+        spec.python = py;
+        spec.env.putAll(r.env);
+        spec.env.putAll(r.attemptEnv);
+        spec.driverHost = driverHost;
+        spec.wantOutput = r.wantOutput;
+        return spec;
+    }
+
+    /** The exception of a failed job, once every agent was told to stop and the channel
+     *  drained. */
+    private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, TorchSparkRunner.Attempt entry,
+            int nproc) {
+        job.awaitLostRoot(ch.server);
+        ch.server.stopAll(job.error() != null ? "the Spark job failed" : "another node failed");
+        if (entry != null) {
+            noteSilent(sc, entry, job.root, job.rootAt, job.tag);
+        }
+        ch.finish(1000);
+        RuntimeException e = JobFailure.of(job.root, job.error(), ch.server, nproc);
+        if (!(e instanceof JobFailure.NoRendezvous)) {
+            TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
+        }
+        return e;
+    }
+
+    /** Notes on an attempt's entry when the root cause came and, for a node that went
+     *  silent, the node and its executor's id (from Spark's status store: the job's tag, the
+     *  task of that partition), which the restart policy excludes. */
+    private static void noteSilent(SparkContext sc, TorchSparkRunner.Attempt entry, String rootJson, Long rootAt, String tag) {
+        entry.rootAt = rootAt;
+        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
+        if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
+            int node = root.get("node_rank").asInt();
+            entry.silentNode = node;
+            entry.silentExecutor = RestartPolicy.taskExecutor(sc, tag, node);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+package org.torchspark;
+
+import java.io.IOException;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.List;
+
+/**
+ * The driver's end of one run (local, or one distributed attempt): the log server, the pump
+ * of its lines and reports, the hang doctor and the rendezvous, opened together and closed
+ * in one order by try-with-resources, whatever happened (the PySpark glue's _channel.py).
+ */
+final class RunChannel implements AutoCloseable {
+    final LogServer server;
+    final HangDoctor.Settings hang;
+    private final TorchSparkRunner owner; // receives the run's reports and hang lines
+    private final LinePump pump;
+    private final HangDoctor doctor;
+    private Rendezvous rdv;
+    private boolean doctorEnded;
+    private boolean finished;
+
+    RunChannel(TorchSparkRunner owner, String bind, HangDoctor.Settings hang, int world) {
+        this.owner = owner;
+        this.hang = hang;
+        server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
+        try {
+            owner.reports = Collections.emptyList();
+            pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
+            pump.start();
+            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, pump::lastActivity, hang.timeoutS(),
+                    hang.action(), world, System.err::println);
+            if (doctor != null) {
+                doctor.start();
+            }
+        } catch (RuntimeException | Error e) {
+            server.close();
+            throw e;
+        }
+    }
+
+    /** Rank 0's election record through the driver, not allGather (>= 1 s in Spark): the
+     *  endpoint the tasks are told, or null (they use allGather) when it cannot listen. */
+    Rendezvous.Endpoint startRendezvous(org.apache.spark.SparkContext sc, String bind, String driverHost) {
+        try {
+            rdv = new Rendezvous(bind, server.secretHex());
+            return advertise(sc, rdv, driverHost);
+        } catch (IOException e) {
+            TorchSparkRunner.LOG.info("torchspark: cannot listen for the rendezvous on {} ({}); the tasks use "
+                    + "BarrierTaskContext.allGather", bind, e.toString());
+            return null;
+        }
+    }
+
+    /** The endpoint the tasks are told (the test-only local property may replace it). */
+    private static Rendezvous.Endpoint advertise(org.apache.spark.SparkContext sc, Rendezvous rdv, String driverHost) {
+        Rendezvous.Endpoint ep = rdv.endpoint(driverHost);
+        String test = sc.getLocalProperty(TorchSparkRunner.TEST_RENDEZVOUS_ADDRESS);
+        if (test == null || test.isEmpty()) {
+            return ep;
+        }
+        int i = test.lastIndexOf(':');
+        if (i <= 0) {
+            throw new IllegalArgumentException(TorchSparkRunner.TEST_RENDEZVOUS_ADDRESS + " is '" + test
+                    + "': give host:port");
+        }
+        return new Rendezvous.Endpoint(test.substring(0, i), Integer.parseInt(test.substring(i + 1)));
+    }
+
+    /** Ends the doctor (before the server closes) and keeps its lines; the exception of a
+     *  run it cancelled (its report the C core's hang document, as the PySpark glue's
+     *  TorchDistributorError.report), or null. */
+    TorchSparkException endDoctor(String mode, Throwable cause) {
+        if (doctor == null || doctorEnded) {
+            return null;
+        }
+        doctorEnded = true;
+        doctor.finish();
+        List<String> lines = new ArrayList<>();
+        for (HangDoctor.Diagnosis x : doctor.diagnoses()) {
+            lines.add(x.line);
+        }
+        owner.hangReports = Collections.unmodifiableList(lines);
+        HangDoctor.Diagnosis c = doctor.cancelled();
+        if (c == null) {
+            return null;
+        }
+        Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
+        HangDoctor.RankDump dump = rank == null ? null : c.dumps.get(rank);
+        return new TorchSparkException(HangDoctor.cancelMessage(c, hang.timeoutS(), mode), rank, null,
+                dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), c.report, cause);
+    }
+
+    /** The server shut down (its agents drained for up to drainMs), then the pump drained. */
+    void finish(int drainMs) {
+        if (!finished) {
+            finished = true;
+            server.shutdown(drainMs);
+            owner.reports = pump.finish();
+        }
+    }
+
+    @Override
+    public void close() {
+        try {
+            endDoctor("", null);
+            finish(1000);
+        } finally {
+            if (rdv != null) {
+                rdv.close();
+            }
+            server.close();
+        }
+    }
+}

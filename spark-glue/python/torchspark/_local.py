@@ -1,0 +1,92 @@
+"""Local mode (local_mode=True): one node of a barrier task's steps on the driver
+(_task._run_agent, standalone): no election, rendezvous or staging; rank 0's result read
+from its file here."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import ExitStack
+from typing import Any, List, Optional
+
+from pyspark import cloudpickle
+
+from torchspark import _channel, _conf, _task
+from torchspark._pump import _LogPump
+from torchspark._spec import NodeSpec
+
+
+def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
+        script_args: List[str]) -> Optional[Any]:
+    from torchspark.distributor import _get_resources
+
+    env = dict(os.environ)  # os.environ itself is never changed
+    gpus = None
+    if dist.use_gpu and not dist.is_remote:
+        # The first num_processes of the driver's GPUs: deterministic, and no global RNG
+        # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
+        owned = list(_get_resources(dist.spark)["gpu"].addresses)
+        gpus = owned[: dist.num_processes]
+    with ExitStack() as stack:
+        workdir = tempfile.mkdtemp(prefix="torchspark-")
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        ch = stack.enter_context(_channel.Channel(drain_on_failure=5.0)).open(dist, "127.0.0.1")
+        spec = _spec(dist, train_object, fn_bytes, script_args, ch.server)
+        dist.logger.info(f"Started local training with {dist.num_processes} processes")
+        dist._clock.mark("agents_started")
+        env.update(dist._clock.env())
+        try:
+            out_file = _task._run_agent(
+                spec, env, workdir, 0, 1, dist.num_processes, None, gpus or None,
+                echo=None if ch.server is not None else _echo_stderr, warm_anchor=os.getpid())
+        except _task.NodeFailed as e:
+            ch.stop_pump()
+            hang = ch.hang_error(dist, "local")
+            if hang is not None:
+                raise hang from None
+            raise e.failure.error("local", ch.tail(e.failure.fields)) from None
+        ch.stop_pump()
+        output = _read_result(dist, out_file) if out_file is not None else None
+        dist.logger.info(f"Finished local training with {dist.num_processes} processes")
+        return output
+
+
+def _read_result(dist: Any, out_file: str) -> Any:
+    try:
+        with open(out_file, "rb") as f:
+            output = cloudpickle.load(f)
+            dist._timing_from(f.read())  # the trailer after the value
+        dist._clock.mark("result_received")
+        return output
+    except Exception as e:
+        raise RuntimeError("TorchDistributor failed due to a pickling error. "
+                           "View stdout logs for detailed error message.") from e
+
+
+def _spec(dist: Any, train_object: Any, fn_bytes: Optional[bytes], script_args: List[str],
+          server: Any) -> NodeSpec:
+    """The node spec of local mode's one node: the keys _task._run_agent reads (the
+    channel, the NCCL check, the warm pool); no ship, rendezvous or staging."""
+    from torchspark.distributor import _version
+
+    settings = dist._settings
+    return {
+        "version": _version(), "ship": None, "use_gpu": dist.use_gpu,
+        "gpus_per_task": dist.num_processes, "local_master": True, "driver_gpus": [],
+        "driver_host": "127.0.0.1", "fn_bytes": fn_bytes,
+        "script": None if fn_bytes is not None else str(train_object),
+        "script_file": None, "driver_cwd": os.getcwd(), "script_args": script_args,
+        "log_endpoint": server.endpoint if server is not None else None,
+        "log_secret_hex": server.secret_hex if server is not None else None,
+        "result_via_channel": False,
+        "nccl_check": _conf.nccl_check_s(settings, 1) if dist.use_gpu else 0,
+        "warm_idle_s": _conf.warm_idle_s(settings) if fn_bytes is not None else 0,
+        "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
+    }
+
+
+def _echo_stderr(line: str) -> None:
+    with _LogPump._print_lock:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
