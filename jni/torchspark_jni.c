@@ -26,6 +26,7 @@
 #include "torchspark/outcome.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
+#include "torchspark/runctl.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -305,6 +306,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_outcomeClassify(JNIEnv *env, j
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_outcome_classify);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_runctlStep(JNIEnv *env, jclass cls,
+                                                             jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_runctl_step);
 }
 
 /* ---- the driver's log server ---- */

@@ -74,6 +74,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "rendezvous": ("driver", 2),  # the rendezvous server (docs/protocol.md 2.1)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
+    "runctl": ("driver", 3),  # the run controller, a pure step function (torchspark/runctl.h)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),
@@ -143,9 +144,9 @@ _ON_REQUEST = ("the checkpoint on request is still a printed line, not a structu
 ALLOWED: List[Tuple[str, str, str]] = [
     ("glue-text", "spark-glue/python/torchspark/checkpoint.py", "prints " + _ON_REQUEST),
     ("glue-text", "spark-glue/python/torchspark/_restart.py",
-     "reads it (_ON_REQUEST), and lost_nodes its own cause's suffix: " + _ON_REQUEST),
+     "reads its step for the run controller's checkpoint_step (_ON_REQUEST): " + _ON_REQUEST),
     ("glue-text", "spark-glue/java/org/torchspark/RestartPolicy.java",
-     "reads it (ON_REQUEST): " + _ON_REQUEST),
+     "reads its step for the run controller's checkpoint_step (ON_REQUEST): " + _ON_REQUEST),
     ("glue-text", "spark-glue/java/org/torchspark/Decommission.java",
      "logs the plugin's side of it: " + _ON_REQUEST),
 ]
