@@ -83,8 +83,8 @@ def test_no_restarts_raise_the_attempts_own_error():
 
 def test_what_the_glue_hands_the_controller():
     # Spark's text as the exception's cause (read by the C outcome table only), a silent
-    # node's executor, and the step of a checkpoint taken on request (in the rank's tail or
-    # in the lines the message shows).
+    # node's executor, and the report's structured reason and checkpoint step (the agent's
+    # record of a node stopped after its checkpoint on request), never its lines.
     try:
         try:
             raise RuntimeError(LOST)
@@ -96,16 +96,12 @@ def test_what_the_glue_hands_the_controller():
         text = str(e)
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
                   "node_rank": 0, "reason": "silent", "executor": "4", "checkpoint_step": None}
-    tail = TorchDistributorError("x", {"node_rank": 1, "tail": [
-        "step 11", "torchspark.checkpoint: step 12 checkpointed on request (executor "
-        "decommission); waiting to be stopped"]})
-    assert _restart.failed_event(tail, {})["checkpoint_step"] == 12
-    shown = TorchDistributorError(
-        "TorchDistributor (distributed) failed: rank 1 (node 1, local rank 0) on host h "
-        "exited with code 143.\nLast 2 lines of rank 1's output:\n  [rank 1] step 11\n"
-        "  [rank 1] torchspark.checkpoint: step 11 checkpointed on request (executor "
-        "decommission); waiting to be stopped", {"node_rank": 1, "tail": []})
-    assert _restart.failed_event(shown, {})["checkpoint_step"] == 11
+    stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
+                                          "checkpoint_step": 12, "tail": ["step 11"]})
+    ev = _restart.failed_event(stopped, {})
+    assert (ev["reason"], ev["checkpoint_step"], ev["node_rank"]) == ("decommission", 12, 1)
+    assert _restart.failed_event(TorchDistributorError("x", {"reason": "exit"}),
+                                 {})["checkpoint_step"] is None
 
 
 def test_spark_connect_leaves_out_the_decommissioned_node():
@@ -116,10 +112,8 @@ def test_spark_connect_leaves_out_the_decommissioned_node():
         if attempt == 0:
             raise TorchDistributorError("TorchDistributor (distributed) failed: rank 1 (node "
                                         "1, local rank 0) on host h was terminated by signal "
-                                        "15.", {"node_rank": 1, "tail": [
-                                            "torchspark.checkpoint: step 8 checkpointed on "
-                                            "request (executor decommission); waiting to be "
-                                            "stopped"]})
+                                        "15.", {"node_rank": 1, "reason": "decommission",
+                                                "checkpoint_step": 8})
         return "done"
 
     record = []

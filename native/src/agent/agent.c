@@ -914,6 +914,7 @@ static void report_root(tsp_agent_t *a)
     tsp_failure_t *root = &a->fails[a->root];
     if (a->capture && !root->tail)
         root->tail = root_tail(a, root);
+    tsp__report_on_request(root, a->o.checkpoint_request);
     int rc = tsp__report_document(root, a->host, a->o.topo.node_rank);
     if (rc)
         agent_log(a, "cannot build the failure report: %s", strerror(-rc));

@@ -10,7 +10,6 @@ only performs those actions through Spark. RestartPolicy.java is the JVM's twin 
 """
 from __future__ import annotations
 
-import re
 import time
 from typing import Dict, Any, Callable, List, Optional
 
@@ -22,12 +21,6 @@ REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
 MIN_NODES_CONF = "spark.torchspark.job.minNodes"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
-
-# The line torchspark.checkpoint prints after a checkpoint on request (a decommission
-# notice: checkpoint.py), until the agent's root record carries it as a field: its step is
-# handed to the controller as the event's structured checkpoint_step.
-_ON_REQUEST = re.compile(r"torchspark\.checkpoint: step (\d+) checkpointed on request "
-                         r"\(executor decommission\)")
 
 
 def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -47,24 +40,18 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
     return int(step(None, start_event(num_tasks, 0, value, 0, False))["state"]["min_nodes"])
 
 
-def _checkpoint_step(e: TorchDistributorError) -> Optional[int]:
-    tail = getattr(e, "output_tail", None) or []
-    lines = (tail.splitlines() if isinstance(tail, str) else list(tail)) + str(e).splitlines()
-    for ln in reversed(lines):
-        m = _ON_REQUEST.search(str(ln))
-        if m:
-            return int(m.group(1))
-    return None
-
-
 def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
-    """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed)."""
-    node = getattr(e, "node_rank", None)
+    """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
+    the structured fields of its report (docs/protocol.md 8: the reason, a checkpoint on
+    request's step), the silent node's executor, Spark's text for the outcome table."""
+    report = e.report if isinstance(e.report, dict) else {}
+    node, step = getattr(e, "node_rank", None), report.get("checkpoint_step")
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": None if e.__cause__ is None else str(e.__cause__),
             "node_rank": node if isinstance(node, int) else None,
-            "reason": "silent" if entry.get("silent_node") is not None else None,
-            "executor": entry.get("silent_executor"), "checkpoint_step": _checkpoint_step(e)}
+            "reason": "silent" if entry.get("silent_node") is not None else report.get("reason"),
+            "executor": entry.get("silent_executor"),
+            "checkpoint_step": step if isinstance(step, int) else None}
 
 
 def free_slots(spark: Any) -> int:

@@ -8,8 +8,6 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
 import java.util.function.Predicate;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 import org.apache.spark.SparkContext;
 import org.apache.spark.status.AppStatusStore;
 import org.apache.spark.status.api.v1.TaskData;
@@ -76,12 +74,9 @@ final class RestartPolicy {
         return step(null, start(numTasks, 0, v, 0)).path("state").path("min_nodes").asInt();
     }
 
-    /** The line torchspark.checkpoint prints after a checkpoint on request, until the agent's
-     *  root record carries it as a field: its step is handed on as checkpoint_step. */
-    private static final Pattern ON_REQUEST = Pattern.compile(
-            "torchspark\\.checkpoint: step (\\d+) checkpointed on request \\(executor decommission\\)");
-
-    /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed). */
+    /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): the
+     *  structured fields of its report (docs/protocol.md 8: the reason, a checkpoint on
+     *  request's step), the silent node's executor, Spark's text for the outcome table. */
     static ObjectNode failedEvent(TorchSparkException e, TorchSparkRunner.Attempt entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
         StringBuilder spark = new StringBuilder(); // Spark's text: read by the outcome table only
@@ -89,19 +84,18 @@ final class RestartPolicy {
             spark.append(spark.length() > 0 ? "\n" : "").append(t.getMessage());
         }
         ev.put("spark_error", e.getCause() == null ? null : spark.toString());
-        ev.put("node_rank", e.nodeRank());
-        ev.put("reason", entry.silentNode != null ? "silent" : null);
-        ev.put("executor", entry.silentExecutor);
-        List<String> lines = new ArrayList<>(e.lastLines());
-        lines.addAll(String.valueOf(e.getMessage()).lines().toList());
-        Integer step = null;
-        for (String ln : lines) {
-            Matcher m = ON_REQUEST.matcher(ln);
-            if (m.find()) {
-                step = Integer.valueOf(m.group(1)); // the last one
-            }
+        JsonNode report = Failure.JSON.createObjectNode();
+        try {
+            report = e.reportJson() == null ? report : Failure.JSON.readTree(e.reportJson());
+        } catch (IOException bad) {
+            // not a report the C core wrote: nothing structured to hand on
         }
-        return ev.put("checkpoint_step", step);
+        ev.put("node_rank", e.nodeRank());
+        ev.put("reason", entry.silentNode != null ? "silent"
+                : report.path("reason").isTextual() ? report.path("reason").asText() : null);
+        ev.put("executor", entry.silentExecutor);
+        return ev.put("checkpoint_step", report.path("checkpoint_step").isInt()
+                ? Integer.valueOf(report.path("checkpoint_step").asInt()) : null);
     }
 
     /** How many barrier tasks the cluster can run at once now (active executors' slots). */

@@ -58,14 +58,17 @@ public class RunnerTest {
         assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
         assertEquals(0, ev.path("node_rank").asInt());
         assertTrue(ev.path("reason").isNull() && ev.path("executor").isNull() && ev.path("checkpoint_step").isNull());
+        // The report's structured fields (the agent's record of a node stopped after its
+        // checkpoint on request), never its lines.
         TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
-                + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5",
-                "torchspark.checkpoint: step 12 checkpointed on request (executor decommission); waiting to be "
-                + "stopped"), null, null);
+                + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5"),
+                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null);
+        ev = RestartPolicy.failedEvent(decommissioned, entry);
+        assertEquals(12, ev.path("checkpoint_step").asInt());
+        assertEquals("decommission", ev.path("reason").asText());
         entry.silentNode = 1;
         entry.silentExecutor = "5";
         ev = RestartPolicy.failedEvent(decommissioned, entry);
-        assertEquals(12, ev.path("checkpoint_step").asInt());
         assertEquals("silent", ev.path("reason").asText());
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
