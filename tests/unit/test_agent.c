@@ -320,6 +320,51 @@ static tsp_agent_t *init_sh_agent(const char *script)
     return a;
 }
 
+START_TEST(test_agent_stopped_after_a_checkpoint_on_request_reports_it)
+{
+    /* The plugin's stop reaches the agent first (TERM to the whole tree): the node still
+     * leaves its one document, the decommission with its step. */
+    setup();
+    static char script[600], *argv[4] = {"sh", "-c", script, NULL};
+    char ef[600], req[600], err[256];
+    snprintf(script, sizeof script, "printf '7\\n' > %s/req.done; exec sleep 60", dir);
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    snprintf(req, sizeof req, "%s/req", dir);
+    tsp_agent_opts_t o = {.file = "sh",
+                          .argv = argv,
+                          .name = "script.sh",
+                          .shutdown_timeout = 5,
+                          .console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .error_file = ef,
+                          .checkpoint_request = req};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 1;
+    tsp_agent_t *a;
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, stop_later, a);
+    ck_assert_int_eq(tsp_agent_run(a), 128 + SIGTERM);
+    pthread_join(t, NULL);
+    ck_assert_ptr_nonnull(tsp_agent_root_cause(a));
+    tsp_agent_close(a);
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    char doc[8192];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.reason", &v, &type), 0);
+    ck_assert_str_eq(v, "decommission");
+    free(v);
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.checkpoint_step", &v, &type), 0);
+    ck_assert_str_eq(v, "7");
+    free(v);
+}
+END_TEST
+
 START_TEST(test_agent_stop_signal_stops_workers)
 {
     setup();
@@ -606,6 +651,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
     tcase_add_test(tc, test_agent_exits_after_stop_are_not_failures);
     tcase_add_test(tc, test_agent_checkpoint_on_request_is_a_decommission);
+    tcase_add_test(tc, test_agent_stopped_after_a_checkpoint_on_request_reports_it);
     tcase_add_test(tc, test_agent_root_cause_is_earliest_error_file_timestamp);
     tcase_add_test(tc, test_agent_failure_document_quotes_malformed_and_caps);
     tcase_add_test(tc, test_agent_restart_until_success);

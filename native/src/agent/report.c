@@ -418,16 +418,16 @@ void tsp__report_clear(tsp_failure_t *f)
     f->document = NULL;
 }
 
-void tsp__report_on_request(tsp_failure_t *f, const char *request)
+int tsp__report_acknowledged(const char *request, int *step)
 {
     char path[PATH_MAX], buf[32];
     if (!request || !*request ||
         snprintf(path, sizeof path, "%s.done", request) >= (int)sizeof path)
-        return;
+        return 0;
     /* The task's own work directory; a FIFO or a link there is not an acknowledgement. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
-        return;
+        return 0;
     struct stat st;
     ssize_t n = -1;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
@@ -436,11 +436,21 @@ void tsp__report_on_request(tsp_failure_t *f, const char *request)
         while (n < 0 && errno == EINTR);
     close(fd);
     if (n <= 0)
-        return;
+        return 0;
     buf[n] = 0;
     buf[strcspn(buf, "\r\n")] = 0;
+    int got = -1;
+    if (tsp__parse_int(buf, &got) != 0 || got < 0)
+        return 0;
+    if (step)
+        *step = got;
+    return 1;
+}
+
+void tsp__report_on_request(tsp_failure_t *f, const char *request)
+{
     int step = -1;
-    if (tsp__parse_int(buf, &step) != 0 || step < 0)
+    if (!tsp__report_acknowledged(request, &step))
         return;
     f->reason = "decommission";
     f->has_checkpoint = 1;

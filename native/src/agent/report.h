@@ -63,6 +63,8 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
  * torchspark.checkpoint), the node was stopped for its decommission: f's reason becomes
  * decommission and the step is kept (docs/protocol.md section 8). No-op otherwise. */
 void tsp__report_on_request(tsp_failure_t *f, const char *request);
+/* 1 when request's acknowledgement holds a step (then *step, when given), else 0. */
+int tsp__report_acknowledged(const char *request, int *step);
 /* The failure's reason (reason.h): its own, else "signal" or "exit". */
 const char *tsp__report_reason(const tsp_failure_t *f);
 /* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */
