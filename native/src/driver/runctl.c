@@ -509,6 +509,8 @@ static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     char cause[CAUSE_MAX + 1], *executor = NULL;
     long long node = -1;
+    free(c->last); /* the previous attempt's */
+    c->last = NULL;
     int lost = 0, rc = get_str(r, "event.message", &c->last);
     if (rc || (rc = root_cause(r, c, cause, &lost)) || (rc = add_cause(c, cause)) ||
         (rc = get_str(r, "event.executor", &executor)) ||
