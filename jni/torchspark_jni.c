@@ -27,6 +27,7 @@
 #include "torchspark/gang.h"
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
+#include "torchspark/runctl.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -313,6 +314,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangReplay(JNIEnv *env, jclass
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_gang_replay);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_runctlStep(JNIEnv *env, jclass cls,
+                                                             jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_runctl_step);
 }
 
 /* ---- the driver's log server ---- */

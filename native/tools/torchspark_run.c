@@ -432,6 +432,7 @@ static int run_node(const char *argv0)
         .name = cfg.script,
         .log_dir = cfg.log_dir,
         .tmp_dir = cfg.tmp_dir,
+        .checkpoint_request = cfg.checkpoint_request,
         .shutdown_timeout = cfg.grace,
         .error_file = cfg.error_file,
         .redirects = cfg.redirects,

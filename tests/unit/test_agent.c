@@ -111,6 +111,60 @@ START_TEST(test_agent_failure_root_cause_and_others_stopped)
 }
 END_TEST
 
+/* The document's reason and step of a checkpoint on request (docs/protocol.md section 8). */
+static void on_request_doc(const char *script, const char *want_reason, const char *want_step)
+{
+    char ef[600], req[600];
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    snprintf(req, sizeof req, "%s/req", dir);
+    tsp_agent_opts_t o = {.console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .error_file = ef,
+                          .checkpoint_request = req};
+    tsp_agent_t *a;
+    ck_assert_int_eq(run_sh(1, 0, script, &o, &a), 128 + SIGTERM);
+    tsp_agent_close(a);
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    char doc[8192];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.reason", &v, &type), 0);
+    ck_assert_str_eq(v, want_reason);
+    free(v);
+    int rc = tsp_json_get(doc, n, "torchspark.checkpoint_step", &v, &type);
+    if (want_step) {
+        ck_assert_int_eq(rc, 0);
+        ck_assert_str_eq(v, want_step);
+        free(v);
+    } else {
+        ck_assert_int_eq(rc, -ENOENT);
+    }
+}
+
+START_TEST(test_agent_checkpoint_on_request_is_a_decommission)
+{
+    setup();
+    char script[1024];
+    /* The training acknowledged the request (torchspark.checkpoint writes the step), then the
+     * plugin stopped the node: its failure is the decommission, with the step. */
+    snprintf(script, sizeof script, "printf '12\\n' > %s/req.done; kill -TERM $$$$", dir);
+    on_request_doc(script, "decommission", "12");
+    /* Without an acknowledgement, or with one that is a link or not a step: a signal. */
+    snprintf(script, sizeof script, "rm -f %s/req.done; kill -TERM $$$$", dir);
+    on_request_doc(script, "signal", NULL);
+    snprintf(script, sizeof script,
+             "echo 5 > %s/other; ln -sf %s/other %s/req.done; kill -TERM $$$$", dir, dir, dir);
+    on_request_doc(script, "signal", NULL);
+    snprintf(script, sizeof script, "rm -f %s/req.done; echo x > %s/req.done; kill -TERM $$$$", dir,
+             dir);
+    on_request_doc(script, "signal", NULL);
+}
+END_TEST
+
 START_TEST(test_agent_exits_after_stop_are_not_failures)
 {
     setup();
@@ -265,6 +319,51 @@ static tsp_agent_t *init_sh_agent(const char *script)
     ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
     return a;
 }
+
+START_TEST(test_agent_stopped_after_a_checkpoint_on_request_reports_it)
+{
+    /* The plugin's stop reaches the agent first (TERM to the whole tree): the node still
+     * leaves its one document, the decommission with its step. */
+    setup();
+    static char script[600], *argv[4] = {"sh", "-c", script, NULL};
+    char ef[600], req[600], err[256];
+    snprintf(script, sizeof script, "printf '7\\n' > %s/req.done; exec sleep 60", dir);
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    snprintf(req, sizeof req, "%s/req", dir);
+    tsp_agent_opts_t o = {.file = "sh",
+                          .argv = argv,
+                          .name = "script.sh",
+                          .shutdown_timeout = 5,
+                          .console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .error_file = ef,
+                          .checkpoint_request = req};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 1;
+    tsp_agent_t *a;
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, stop_later, a);
+    ck_assert_int_eq(tsp_agent_run(a), 128 + SIGTERM);
+    pthread_join(t, NULL);
+    ck_assert_ptr_nonnull(tsp_agent_root_cause(a));
+    tsp_agent_close(a);
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    char doc[8192];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.reason", &v, &type), 0);
+    ck_assert_str_eq(v, "decommission");
+    free(v);
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.checkpoint_step", &v, &type), 0);
+    ck_assert_str_eq(v, "7");
+    free(v);
+}
+END_TEST
 
 START_TEST(test_agent_stop_signal_stops_workers)
 {
@@ -551,6 +650,8 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_success);
     tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
     tcase_add_test(tc, test_agent_exits_after_stop_are_not_failures);
+    tcase_add_test(tc, test_agent_checkpoint_on_request_is_a_decommission);
+    tcase_add_test(tc, test_agent_stopped_after_a_checkpoint_on_request_reports_it);
     tcase_add_test(tc, test_agent_root_cause_is_earliest_error_file_timestamp);
     tcase_add_test(tc, test_agent_failure_document_quotes_malformed_and_caps);
     tcase_add_test(tc, test_agent_restart_until_success);

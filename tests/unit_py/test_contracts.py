@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from torchspark import _hang, _launch, _lib, _rendezvous, _report
+from torchspark import _hang, _launch, _lib, _rendezvous, _report, _restart
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -16,6 +16,7 @@ FAILURE_CASES = json.loads((CONTRACTS / "failure.json").read_text())["cases"]
 CONF_CASES = json.loads((CONTRACTS / "conf.json").read_text())["cases"]
 HANG_CASES = json.loads((CONTRACTS / "hang.json").read_text())["cases"]
 OUTCOME_CASES = json.loads((CONTRACTS / "outcome.json").read_text())["cases"]
+RUNCTL_CASES = json.loads((CONTRACTS / "runctl.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -256,3 +257,24 @@ def test_gang_golden(case):
         return
     got = _lib.json_call("tsp_gang_replay", case["request"])
     assert got == {k: case[k] for k in ("replies", "state", "failure")}
+
+
+@pytest.mark.parametrize("case", RUNCTL_CASES, ids=[c["name"] for c in RUNCTL_CASES])
+def test_runctl_golden(case):
+    """An event trace -> the run controller's actions, step by step (runctl.h)."""
+    state = None
+    for s in case["steps"]:
+        if "error" in s:
+            with pytest.raises(ValueError) as e:
+                _restart.step(state, s["event"])
+            assert s["error"] in str(e.value)
+            return
+        reply = _restart.step(state, s["event"])
+        assert reply["actions"] == s["actions"], s["event"]
+        state = reply["state"]
+
+
+def test_runctl_has_20_cases_and_every_action():
+    done = {a["do"] for c in RUNCTL_CASES for s in c["steps"] for a in s.get("actions", ())}
+    assert len(RUNCTL_CASES) >= 20
+    assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return"}

@@ -85,6 +85,9 @@ struct tsp_agent {
     int capture;
     int restart_count;
     int stop_signal; /* the signal that stopped us, 0 when none */
+    /* Stopped after the training acknowledged a checkpoint on request (report.h): the
+     * first worker that ends is this node's failure (its decommission), not a consequence. */
+    int on_request;
     int killed;      /* SIGKILL already sent in this attempt */
     int exec_status; /* 127/126 when the program could not be started */
     int wake_watched;
@@ -763,8 +766,9 @@ static void on_worker_exit(tsp_agent_t *a, worker_t *w, int wstatus)
     }
     w->exit_time = now_real();
     int failed = !(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
-    /* Exits caused by our own stopping are consequences, not failures. */
-    if (failed && a->state == ST_RUNNING && !a->stop_signal)
+    /* Exits caused by our own stopping are consequences, not failures; but the node's one
+     * document of a stop after a checkpoint on request says so (reason decommission). */
+    if (failed && ((a->state == ST_RUNNING && !a->stop_signal) || (a->on_request && !a->nfails)))
         record_failure(a, w);
 }
 
@@ -806,6 +810,7 @@ static void on_signal(tsp_agent_t *a, int sig)
         return;
     }
     a->stop_signal = sig;
+    a->on_request = tsp__report_acknowledged(a->o.checkpoint_request, NULL);
     agent_log(a, "received SIG%s: stopping %d worker(s) (grace %.1fs before SIGKILL)",
               sigabbrev_np(sig), live_workers(a), a->o.shutdown_timeout);
     begin_stop(a, ST_STOPPING, sig);
@@ -914,6 +919,7 @@ static void report_root(tsp_agent_t *a)
     tsp_failure_t *root = &a->fails[a->root];
     if (a->capture && !root->tail)
         root->tail = root_tail(a, root);
+    tsp__report_on_request(root, a->o.checkpoint_request);
     int rc = tsp__report_document(root, a->host, a->o.topo.node_rank);
     if (rc)
         agent_log(a, "cannot build the failure report: %s", strerror(-rc));

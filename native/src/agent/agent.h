@@ -35,6 +35,9 @@ typedef struct tsp_agent_opts {
     const char *name;    /* shown as "<name> FAILED" in the report (the script) */
     const char *log_dir; /* error files and redirected output; NULL: a temp dir removed at close */
     const char *tmp_dir; /* where that temp dir goes (the CLI passes $TMPDIR); NULL: /tmp */
+    /* The checkpoint request file (the CLI passes $TORCHSPARK_CHECKPOINT_REQUEST): a failure
+     * after its acknowledgement is the node's decommission (report.h). NULL: none. */
+    const char *checkpoint_request;
     double shutdown_timeout;        /* seconds between SIGTERM and SIGKILL; < 0: 30 */
     const char *error_file;         /* where the root cause JSON goes; NULL: nowhere */
     const unsigned char *redirects; /* nproc_per_node TSP_STD_* masks; NULL: none */

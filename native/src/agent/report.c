@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +364,10 @@ static int build_document(tsp_failure_t *root, const char *host, int node_rank)
     tsp_json_str(&w, summary);
     tsp_json_key(&w, "reason");
     tsp_json_str(&w, tsp__report_reason(root));
+    if (root->has_checkpoint) {
+        tsp_json_key(&w, "checkpoint_step");
+        tsp_json_int(&w, root->checkpoint_step);
+    }
     if (root->tail) { /* the agent's lines, or a glue's (tsp_failure_report) */
         tsp_json_key(&w, "tail");
         tsp_json_str(&w, root->tail);
@@ -411,6 +416,45 @@ void tsp__report_clear(tsp_failure_t *f)
     free(f->tail);
     f->message = f->traceback = f->tail = NULL;
     f->document = NULL;
+}
+
+int tsp__report_acknowledged(const char *request, int *step)
+{
+    char path[PATH_MAX], buf[32];
+    if (!request || !*request ||
+        snprintf(path, sizeof path, "%s.done", request) >= (int)sizeof path)
+        return 0;
+    /* The task's own work directory; a FIFO or a link there is not an acknowledgement. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return 0;
+    struct stat st;
+    ssize_t n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        do
+            n = read(fd, buf, sizeof buf - 1);
+        while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    buf[strcspn(buf, "\r\n")] = 0;
+    int got = -1;
+    if (tsp__parse_int(buf, &got) != 0 || got < 0)
+        return 0;
+    if (step)
+        *step = got;
+    return 1;
+}
+
+void tsp__report_on_request(tsp_failure_t *f, const char *request)
+{
+    int step = -1;
+    if (!tsp__report_acknowledged(request, &step))
+        return;
+    f->reason = "decommission";
+    f->has_checkpoint = 1;
+    f->checkpoint_step = step;
 }
 
 const char *tsp__report_reason(const tsp_failure_t *f)
@@ -562,6 +606,13 @@ static void from_document(tsp_failure_t *f, const char *doc, size_t len, int *no
     const tsp_reason_t *r = tsp__reason_find(reason);
     f->reason = r ? r->name : NULL;
     free(reason);
+    char *step = NULL;
+    int kind = 0;
+    if (tsp_json_get(doc, len, "torchspark.checkpoint_step", &step, &kind) == 0 &&
+        kind == TSP_JSON_NUMBER && tsp__parse_int(step, &f->checkpoint_step) == 0 &&
+        f->checkpoint_step >= 0)
+        f->has_checkpoint = 1;
+    free(step);
 }
 
 /* The lines of rank among tail (by their "[rank R] " prefix), else all of them. */

@@ -37,6 +37,8 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
     /* Why it failed (reason.h; docs/protocol.md section 8): a row of the reason table, or
      * NULL for a worker's own failure ("signal" or "exit", from signal). */
     const char *reason;
+    /* A node stopped after its checkpoint on request (reason decommission): that step. */
+    int has_checkpoint, checkpoint_step;
     int finished;     /* finished by a glue (tsp_failure_report): agent_status is set */
     int agent_status; /* the agent's exit status as the glue saw it (-N: signal N) */
 } tsp_failure_t;
@@ -56,6 +58,13 @@ typedef struct tsp_failure { /* also named struct tsp_failure in tsp_agent_opts_
 #define TSP_REPORT_TAIL_LINES 100
 #define TSP_REPORT_TAIL_BYTES (8u << 10)
 
+/* When the training acknowledged a checkpoint on request (request: the agent's
+ * TORCHSPARK_CHECKPOINT_REQUEST; the acknowledgement, request + ".done", holds the step:
+ * torchspark.checkpoint), the node was stopped for its decommission: f's reason becomes
+ * decommission and the step is kept (docs/protocol.md section 8). No-op otherwise. */
+void tsp__report_on_request(tsp_failure_t *f, const char *request);
+/* 1 when request's acknowledgement holds a step (then *step, when given), else 0. */
+int tsp__report_acknowledged(const char *request, int *step);
 /* The failure's reason (reason.h): its own, else "signal" or "exit". */
 const char *tsp__report_reason(const tsp_failure_t *f);
 /* Fills a failure from the worker's wait status (status, signal, torchrun's exitcode). */

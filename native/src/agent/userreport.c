@@ -8,8 +8,8 @@
 
 /* The document's torchspark fields that the report carries, in this order. */
 static const char *const fields[] = {
-    "rank", "local_rank", "node_rank", "exitcode", "signal", "pid",           "host",
-    "time", "error_file", "summary",   "reason",   "peer",   "agent_exitcode"};
+    "rank", "local_rank", "node_rank", "exitcode", "signal",          "pid",  "host",
+    "time", "error_file", "summary",   "reason",   "checkpoint_step", "peer", "agent_exitcode"};
 
 /* Re-emits the value at path of doc under key, when present. */
 static void copy_value(tsp_json_writer_t *w, const char *doc, size_t len, const char *path,

@@ -157,6 +157,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_conf_table": (i, [c, sz, c, sz, P(sz)] + err),
         # outcome.h
         "tsp_outcome_classify": (i, [c, sz, c, sz, P(sz)] + err),
+        # runctl.h (docs/protocol.md 11)
+        "tsp_runctl_step": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),

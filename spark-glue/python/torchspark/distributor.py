@@ -264,8 +264,8 @@ class TorchDistributor:
         full = (self.num_tasks, self.num_processes)
         per_task = self.num_processes // self.num_tasks
 
-        def attempt(n: int, cause: Optional[str], nodes: int) -> Optional[Any]:
-            self._attempt_env = _restart.attempt_env(n, self.max_restarts, cause)
+        def attempt(n: int, env: Dict[str, str], nodes: int) -> Optional[Any]:
+            self._attempt_env = dict(env)  # the run controller's (_restart.py)
             self._log_fmt = f"[attempt {n}] [rank {{rank}}] "
             # Elastic (min_nodes): this attempt's nodes, each with its processes.
             self.num_tasks, self.num_processes = nodes, nodes * per_task

@@ -59,6 +59,12 @@ final class Native {
      *  "timeout_ms", "events", "seen", "end"}, or the error sentence. */
     static native int gangReplay(String request, String[] msg);
 
+    // --- the run controller (torchspark/runctl.h) ---
+
+    /** msg[0]: the reply {"state", "actions"} (docs/protocol.md 11) to the request {"state",
+     *  "event"}, or the error sentence naming the key or the event. */
+    static native int runctlStep(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -489,8 +489,8 @@ public final class TorchSparkRunner {
         List<Attempt> record = Collections.synchronizedList(new ArrayList<>());
         attempts = Collections.unmodifiableList(record);
         try {
-            return RestartPolicy.run((n, cause, nodes, entry) -> {
-                attemptEnv = RestartPolicy.attemptEnv(n, limit, cause);
+            return RestartPolicy.run((n, env, nodes, entry) -> {
+                attemptEnv = env; // the run controller's (RestartPolicy.java)
                 linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
                 lastAttempt = n == limit;
                 return new DistributedRun(this, sc, program, py).attempt(nodes, entry);

@@ -232,6 +232,33 @@ public class ContractTest {
         assertTrue("fewer than 20 golden cases", n >= 20);
     }
 
+    /** Event traces -> the run controller's actions, step by step (torchspark/runctl.h),
+     *  through RestartPolicy's binding. */
+    @Test
+    public void runctlGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("runctl.json")) {
+            String name = c.get("name").asText();
+            JsonNode state = null;
+            for (JsonNode s : c.get("steps")) {
+                if (s.has("error")) {
+                    try {
+                        RestartPolicy.step(state, s.get("event"));
+                        fail(name + ": no error");
+                    } catch (IllegalArgumentException e) {
+                        assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(s.get("error").asText()));
+                    }
+                    break;
+                }
+                JsonNode reply = RestartPolicy.step(state, s.get("event"));
+                assertEquals(name + ": " + s.get("event"), s.get("actions"), reply.get("actions"));
+                state = reply.get("state");
+            }
+            n++;
+        }
+        assertTrue("fewer than 20 golden cases", n >= 20);
+    }
+
     @Test
     public void commandIsThePlanThenTheProgram() {
         List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,

@@ -35,8 +35,11 @@ public class RunnerTest {
         }
     }
 
-    /** Restarts (RestartPolicy.java): the builder's and the conf's value checked as the
-     *  PySpark glue's max_restarts, each attempt's variables, its root cause, the history. */
+    /** Restarts (RestartPolicy.java, an adapter of the C run controller): the builder's value
+     *  checked as the PySpark glue's max_restarts; what the adapter hands the controller of a
+     *  failed attempt (Spark's text from the cause chain, the checkpoint's step); each
+     *  attempt's variables and the history at the end. The decisions are the golden cases of
+     *  tests/contracts/runctl.json (ContractTest.runctlGoldenCases). */
     @Test
     public void restartPolicyInputsAndHistory() {
         try {
@@ -45,38 +48,58 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertEquals("maxRestarts must be a whole number >= 0, got -1", e.getMessage());
         }
-        // The conf's value and its checks: the key table's (Conf, ContractTest's conf cases).
-        assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "2"),
-                RestartPolicy.attemptEnv(0, 2, null));
-        assertEquals("x".repeat(1000), RestartPolicy.attemptEnv(1, 2, "x".repeat(5000)).get("TORCHSPARK_RESTART_CAUSE"));
-        // A lost executor is the root cause, whatever the other ranks said.
         RuntimeException spark = new RuntimeException("Job aborted: Task 1 in stage 0.0 failed: "
                 + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: "
                 + "Command exited with code 137\nmore");
         TorchSparkException lost = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 0 (node 0) exited with code 1\n  gloo: Connection reset by peer", 0, 0, "h", 1, 0,
                 null, null, new RuntimeException("wrapped", spark));
-        assertEquals("executor 1 exited caused by one of the running tasks: Command exited with code 137 "
-                + "(ExecutorLostFailure)", RestartPolicy.rootCause(lost));
-        TorchSparkException plain = new TorchSparkException("TorchSparkRunner (distributed) failed: "
-                + "rank 1 exited with code 5\n  tail", 1, 1, "h", 5, 0, null, null, null);
-        assertEquals("rank 1 exited with code 5", RestartPolicy.rootCause(plain));
-        assertEquals("TorchSparkRunner (distributed) failed after 2 attempt(s) (maxRestarts=1): last\n"
-                + "Root cause of each attempt, in order:\n  attempt 0: a\n  attempt 1: b",
-                RestartPolicy.historyMessage(List.of("a", "b"), 1, "last"));
-        assertEquals(List.of(), plain.attempts());
+        TorchSparkRunner.Attempt entry = new TorchSparkRunner.Attempt(0, 2);
+        com.fasterxml.jackson.databind.JsonNode ev = RestartPolicy.failedEvent(lost, entry);
+        assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
+        assertEquals(0, ev.path("node_rank").asInt());
+        assertTrue(ev.path("reason").isNull() && ev.path("executor").isNull() && ev.path("checkpoint_step").isNull());
+        // The report's structured fields (the agent's record of a node stopped after its
+        // checkpoint on request), never its lines.
         TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
-                + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5",
-                "torchspark.checkpoint: step 12 checkpointed on request (executor decommission); waiting to be "
-                + "stopped"), null, null);
-        assertEquals("node 1's executor is being decommissioned: step 12 was checkpointed on request and the "
-                + "node stopped", RestartPolicy.rootCause(decommissioned));
+                + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5"),
+                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null);
+        ev = RestartPolicy.failedEvent(decommissioned, entry);
+        assertEquals(12, ev.path("checkpoint_step").asInt());
+        assertEquals("decommission", ev.path("reason").asText());
+        entry.silentNode = 1;
+        entry.silentExecutor = "5";
+        ev = RestartPolicy.failedEvent(decommissioned, entry);
+        assertEquals("silent", ev.path("reason").asText());
+        assertEquals("5", ev.path("executor").asText());
+        assertTrue(ev.path("spark_error").isNull());
+        // Each attempt's variables, the cause handed on, the history at the end.
+        List<java.util.Map<String, String>> envs = new java.util.ArrayList<>();
+        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        try {
+            RestartPolicy.run((n, env, nodes, e) -> {
+                envs.add(env);
+                throw n == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
+            }, 1, () -> 2, id -> true, 2, 2, 1000, rec);
+            fail("restarts used up");
+        } catch (TorchSparkException e) {
+            assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "1"), envs.get(0));
+            String cause = "executor 1 exited caused by one of the running tasks: Command exited with code 137 "
+                    + "(ExecutorLostFailure)";
+            assertEquals(cause, envs.get(1).get("TORCHSPARK_RESTART_CAUSE"));
+            assertEquals(List.of(cause, "rank 1 exited with code 5"), e.attempts());
+            assertTrue(e.getMessage(), e.getMessage().startsWith("TorchSparkRunner (distributed) failed after 2 "
+                    + "attempt(s) (maxRestarts=1): TorchSparkRunner (distributed) failed: rank 1 exited"));
+            assertEquals(1, e.nodeRank().intValue()); // the last attempt's fields
+            assertEquals(cause, rec.get(0).cause());
+        }
     }
 
-    /** Elastic restarts (RestartPolicy.java, as _restart.py): minNodes from the builder or
-     *  the conf, checked against the run's nodes; the next attempt's node count. */
+    /** Elastic restarts: minNodes from the builder or the conf, checked by the controller
+     *  against the run's nodes; the adapter counts the slots as the controller says (waiting
+     *  for a replacement, or Spark cannot tell). */
     @Test
-    public void minNodesAndTheNextAttemptsNodes() throws InterruptedException {
+    public void minNodesAndTheNextAttemptsNodes() {
         try {
             TorchSparkRunner.script("t.py").minNodes(0);
             fail("minNodes(0)");
@@ -92,25 +115,26 @@ public class RunnerTest {
             assertEquals("minNodes is 5: give a whole number of nodes (barrier tasks) from 1 to the run's 4",
                     e.getMessage());
         }
-        // Enough slots: the full size. Elastic: the slots there are, at once (no wait).
-        assertEquals(4, RestartPolicy.nextNodes(() -> 5, 4, 2, 60, 0));
-        long t0 = System.nanoTime();
-        assertEquals(3, RestartPolicy.nextNodes(() -> 3, 4, 2, 60, 0));
-        assertTrue((System.nanoTime() - t0) < 1_000_000_000L);
-        // A slot Spark still counts but that is not usable (a silent node not excluded).
-        assertEquals(2, RestartPolicy.nextNodes(() -> 3, 4, 2, 60, 1));
-        // Not elastic: waits for the replacement (here the 3rd look sees it), or gives up.
+        // Not elastic: waits for the replacement (here the 3rd look sees it).
         int[] looks = {0};
-        assertEquals(2, RestartPolicy.nextNodes(() -> ++looks[0] >= 3 ? 2 : 1, 2, 2, 60, 0));
+        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        assertEquals(Integer.valueOf(2), RestartPolicy.run((n, env, nodes, e) -> {
+            if (n == 0) {
+                throw rankFailed("boom");
+            }
+            return nodes;
+        }, 1, () -> ++looks[0] >= 3 ? 2 : 1, id -> true, 2, 2, 60_000, rec));
         assertEquals(3, looks[0]);
-        assertEquals(1, RestartPolicy.nextNodes(() -> 1, 2, 2, 0.2, 0));
-        // Below minNodes: waits for minNodes, then runs on what there is (<= need).
-        int[] later = {0};
-        assertEquals(2, RestartPolicy.nextNodes(() -> ++later[0] >= 2 ? 2 : 0, 4, 2, 60, 0));
-        // Spark cannot tell: its own barrier slot check decides.
-        assertEquals(4, RestartPolicy.nextNodes(() -> {
+        // Spark cannot tell: its own barrier slot check decides (all the nodes).
+        rec.clear();
+        assertEquals(Integer.valueOf(4), RestartPolicy.run((n, env, nodes, e) -> {
+            if (n == 0) {
+                throw rankFailed("boom");
+            }
+            return nodes;
+        }, 1, () -> {
             throw new IllegalStateException("stopped");
-        }, 4, 2, 60, 0));
+        }, id -> true, 4, 2, 60_000, rec));
     }
 
     /** A silent node is the log server's "lost" root cause whose document's reason says so
@@ -129,22 +153,6 @@ public class RunnerTest {
         assertTrue(!RestartPolicy.silent(null));
     }
 
-    /** Spark's ExecutorLostFailure is read by the C core's outcome table, not by the glue
-     *  (issue 29): the same cause as the PySpark glue's _restart.root_cause. */
-    @Test
-    public void rootCauseOfALostExecutorIsTheOutcomeTables() {
-        String lost = "Job aborted due to stage failure: Lost task 1.0 in stage 0.0 (TID 1) (10.0.0.8 executor 1): "
-                + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: Command "
-                + "exited with code 137  \nDriver stacktrace:";
-        RuntimeException e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1,
-                "h", 1, 0, null, null, new IllegalStateException(lost));
-        assertEquals("executor 1 exited caused by one of the running tasks: Command exited with code 137 "
-                + "(ExecutorLostFailure)", RestartPolicy.rootCause(e));
-        e = new TorchSparkException("TorchSparkRunner (distributed) failed: rank 1 ... reset", 1, 1, "h", 1, 0, null,
-                null, new IllegalStateException("Job 3 cancelled because SparkContext was shut down"));
-        assertEquals("rank 1 ... reset", RestartPolicy.rootCause(e));
-    }
-
     private static TorchSparkException rankFailed(String text) {
         return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
                 null, null);
@@ -159,18 +167,18 @@ public class RunnerTest {
         List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
         List<String> excluded = new java.util.ArrayList<>();
         int[] slots = {2}; // the silent executor's slot still counted, as Spark does
-        String out = RestartPolicy.run((n, cause, nodes, entry) -> {
+        String out = RestartPolicy.run((n, env, nodes, entry) -> {
             if (n == 0) {
                 entry.silentNode = 1;
                 entry.silentExecutor = "7";
                 throw rankFailed("lost connection to node 1 (host h, address a): it went silent: x");
             }
-            return "ok on " + nodes + " after " + cause;
+            return "ok on " + nodes + " after " + env.get("TORCHSPARK_RESTART_CAUSE");
         }, 2, () -> slots[0], id -> {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
             return true;
-        }, 2, 1, 60, "60s", rec);
+        }, 2, 1, 60_000, rec);
         assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
         assertEquals(List.of("7"), excluded);
         assertEquals(2, rec.size());
@@ -182,35 +190,35 @@ public class RunnerTest {
 
         // Exclusion refused: the silent node's slot is not counted.
         rec.clear();
-        RestartPolicy.run((n, cause, nodes, entry) -> {
+        RestartPolicy.run((n, env, nodes, entry) -> {
             if (n == 0) {
                 entry.silentNode = 0;
                 entry.silentExecutor = "3";
                 throw rankFailed("went silent");
             }
             return nodes;
-        }, 1, () -> 2, id -> false, 2, 1, 60, "60s", rec);
+        }, 1, () -> 2, id -> false, 2, 1, 60_000, rec);
         assertEquals(1, rec.get(1).nodes());
         assertNull(rec.get(0).excludedExecutor());
 
         // Not elastic, no replacement: the run ends with each attempt's cause and why.
         rec.clear();
         try {
-            RestartPolicy.run((n, cause, nodes, entry) -> {
+            RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 2, 2, 0.1, "100ms", rec);
+            }, 3, () -> 1, id -> true, 2, 2, 100, rec);
             fail("no restart without slots");
         } catch (TorchSparkException e) {
             assertEquals(List.of("rank 1 exited with code 9", "no restart: 2 task slot(s) needed, 1 available after "
-                    + "waiting 100ms for a replacement executor (spark.torchspark.job.replacementTimeout)"),
+                    + "waiting 0.1s for a replacement executor (spark.torchspark.job.replacementTimeout)"),
                     e.attempts());
             assertEquals(1, rec.size());
         }
         rec.clear();
         try {
-            RestartPolicy.run((n, cause, nodes, entry) -> {
+            RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 4, 2, 0.1, "100ms", rec);
+            }, 3, () -> 1, id -> true, 4, 2, 100, rec);
             fail("no restart below minNodes");
         } catch (TorchSparkException e) {
             assertTrue(e.attempts().get(1), e.attempts().get(1).startsWith("no restart: at least 2 (minNodes) task "

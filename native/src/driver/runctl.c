@@ -1,0 +1,702 @@
+/* runctl.c: the run controller, a pure step function (torchspark/runctl.h, docs/protocol.md
+ * section 11): the controller's state + one event a glue observed -> the next state + the
+ * actions the glue performs. Restart policy, elastic min_nodes, the replacement wait, attempt
+ * numbering, the attempt's environment and the history of causes are decided here only;
+ * Spark's failure text is read by the outcome table (outcome.c), never here. */
+#include "torchspark/runctl.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "torchspark/outcome.h"
+#include "util.h"
+
+#define CAUSE_MAX 500      /* bytes of one attempt's cause */
+#define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
+#define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
+
+/* What differs between the glues' words: the runner's name and its settings' spelling. */
+typedef struct {
+    const char *glue, *who, *restarts, *min_nodes;
+} glue_t;
+
+static const glue_t glues[] = {
+    {"python", "TorchDistributor", "max_restarts", "min_nodes"},
+    {"java", "TorchSparkRunner", "maxRestarts", "minNodes"},
+};
+
+/* Where the run is: which events it waits for (docs/protocol.md section 11, "Phases"). */
+enum { RUNNING, EXCLUDING, COUNTING, WAITING, DONE };
+static const char *const phases[] = {"running", "excluding", "counting", "waiting", "done"};
+
+typedef struct {
+    const glue_t *g;
+    int max_restarts, nodes, min_nodes, remote;
+    long long timeout_ms;
+    int phase, attempt, running; /* the attempt in flight and its nodes */
+    int unusable;                /* slots Spark still counts that are not (a silent node's) */
+    long long waited_ms;         /* waited for slots since the attempt failed */
+    char *last;                  /* the last attempt's error text (the final message's end) */
+    char *reason;                /* the last failure's reason, or NULL */
+    char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
+    size_t ncauses;
+} ctl_t;
+
+typedef struct {
+    const char *doc;
+    size_t len;
+    char *err;
+    size_t errlen;
+} req_t;
+
+static void ctl_free(ctl_t *c)
+{
+    for (size_t i = 0; i < c->ncauses; i++)
+        free(c->causes[i]);
+    free(c->causes);
+    free(c->last);
+    free(c->reason);
+}
+
+static int add_cause(ctl_t *c, const char *text)
+{
+    char **grown = realloc(c->causes, (c->ncauses + 1) * sizeof *grown);
+    if (!grown)
+        return -ENOMEM;
+    c->causes = grown;
+    if (!(c->causes[c->ncauses] = strdup(text)))
+        return -ENOMEM;
+    c->ncauses++;
+    return 0;
+}
+
+/* ---- reading the request ---- */
+
+/* The value at path: 0 with *out (NULL when absent or null) and *type, or -ENOMEM. */
+static int get(const req_t *r, const char *path, char **out, int *type)
+{
+    *out = NULL;
+    int rc = tsp_json_get(r->doc, r->len, path, out, type);
+    if (rc == -ENOENT || (rc == 0 && *type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0)) {
+        free(*out);
+        *out = NULL;
+        return 0;
+    }
+    return rc;
+}
+
+/* An integer at path from lo up: 0 with *v (dflt when absent or null), or -EINVAL naming it. */
+static int get_int(const req_t *r, const char *path, long long lo, long long dflt, long long *v)
+{
+    char *s = NULL;
+    int type = 0, rc = get(r, path, &s, &type);
+    if (rc)
+        return rc;
+    *v = dflt;
+    if (s) {
+        char *end = NULL;
+        errno = 0;
+        long long x = type == TSP_JSON_NUMBER ? strtoll(s, &end, 10) : 0;
+        int bad = type != TSP_JSON_NUMBER || errno || *end || x < lo || x > 1000000000LL;
+        free(s);
+        if (bad)
+            return tsp__err(r->err, r->errlen, -EINVAL,
+                            "the run controller's \"%s\" must be a whole number from %lld", path,
+                            lo);
+        *v = x;
+    }
+    return 0;
+}
+
+static int get_str(const req_t *r, const char *path, char **v)
+{
+    int type = 0, rc = get(r, path, v, &type);
+    if (rc == 0 && *v && type != TSP_JSON_STRING) {
+        free(*v);
+        *v = NULL;
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the run controller's \"%s\" must be a string or null", path);
+    }
+    return rc;
+}
+
+static int get_bool(const req_t *r, const char *path, int *v)
+{
+    char *s = NULL;
+    int type = 0, rc = get(r, path, &s, &type);
+    if (rc)
+        return rc;
+    *v = s && strcmp(s, "true") == 0;
+    int bad =
+        s && (type != TSP_JSON_LITERAL || (strcmp(s, "true") != 0 && strcmp(s, "false") != 0));
+    free(s);
+    return bad ? tsp__err(r->err, r->errlen, -EINVAL,
+                          "the run controller's \"%s\" must be true or false", path)
+               : 0;
+}
+
+static int read_glue(const req_t *r, const char *path, ctl_t *c)
+{
+    char *name = NULL;
+    int rc = get_str(r, path, &name);
+    for (size_t i = 0; !rc && name && i < sizeof glues / sizeof glues[0]; i++)
+        if (strcmp(name, glues[i].glue) == 0)
+            c->g = &glues[i];
+    free(name);
+    if (!rc && !c->g)
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"%s\" must be \"python\" or \"java\"", path);
+    return rc;
+}
+
+typedef struct {
+    ctl_t *c;
+    int rc;
+} causes_ctx_t;
+
+static int each_cause(void *ctx, const char *key, size_t index, int type, const char *val,
+                      size_t len)
+{
+    (void)key, (void)index, (void)len;
+    causes_ctx_t *x = ctx;
+    if (type != TSP_JSON_STRING)
+        return x->rc = -EINVAL;
+    return x->rc = add_cause(x->c, val);
+}
+
+/* The state a previous step wrote (the glue hands it back as it got it). */
+static int read_state(const req_t *r, ctl_t *c)
+{
+    static const char *const ikeys[] = {
+        "state.max_restarts", "state.nodes",   "state.min_nodes", "state.replacement_timeout_ms",
+        "state.attempt",      "state.running", "state.unusable",  "state.waited_ms"};
+    long long v[8] = {0};
+    int rc = read_glue(r, "state.glue", c);
+    for (size_t i = 0; !rc && i < 8; i++)
+        rc = get_int(r, ikeys[i], 0, -1, &v[i]);
+    char *phase = NULL;
+    if (!rc && !(rc = get_bool(r, "state.remote", &c->remote)) &&
+        !(rc = get_str(r, "state.phase", &phase)) && !(rc = get_str(r, "state.last", &c->last)))
+        rc = get_str(r, "state.reason", &c->reason);
+    c->phase = -1;
+    for (int i = 0; !rc && phase && i <= DONE; i++)
+        if (strcmp(phase, phases[i]) == 0)
+            c->phase = i;
+    free(phase);
+    causes_ctx_t x = {c, 0};
+    if (!rc && (rc = tsp_json_each(r->doc, r->len, "state.causes", each_cause, &x)) == -ENOENT)
+        rc = 0;
+    for (size_t i = 0; !rc && i < 8; i++)
+        if (v[i] < 0)
+            rc = -EINVAL;
+    if (rc == -EINVAL || (!rc && c->phase < 0))
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the run controller's \"state\" is not one it wrote: hand back the "
+                        "\"state\" of the last reply as it is");
+    if (!rc) {
+        c->max_restarts = (int)v[0], c->nodes = (int)v[1], c->min_nodes = (int)v[2];
+        c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
+        c->unusable = (int)v[6], c->waited_ms = v[7];
+    }
+    return rc;
+}
+
+/* ---- the actions and the state, written ---- */
+
+/* Copies s with every control byte (NUL included) made a space, cut at max bytes on a UTF-8
+ * boundary: the one rule for text handed to the training processes' environment. */
+static void env_text(char *dst, const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n > max) {
+        n = max;
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80)
+            n--;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = (unsigned char)s[i] < 0x20 || s[i] == 0x7f ? ' ' : s[i];
+    dst[n] = 0;
+}
+
+static void key_int(tsp_json_writer_t *w, const char *k, long long v)
+{
+    tsp_json_key(w, k);
+    tsp_json_int(w, v);
+}
+
+static void key_str(tsp_json_writer_t *w, const char *k, const char *v)
+{
+    tsp_json_key(w, k);
+    tsp_json_str(w, v);
+}
+
+static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
+{
+    char num[24], limit[24], cause[ENV_CAUSE_MAX + 1];
+    snprintf(num, sizeof num, "%d", c->attempt);
+    snprintf(limit, sizeof limit, "%d", c->max_restarts);
+    tsp_json_begin_object(w);
+    key_str(w, "do", "submit");
+    key_int(w, "attempt", c->attempt);
+    key_int(w, "nodes", c->running);
+    tsp_json_key(w, "env");
+    tsp_json_begin_object(w);
+    key_str(w, "TORCHSPARK_ATTEMPT", num);
+    key_str(w, "TORCHSPARK_MAX_RESTARTS", limit);
+    if (c->ncauses > 0 && c->causes[c->ncauses - 1][0]) {
+        env_text(cause, c->causes[c->ncauses - 1], ENV_CAUSE_MAX);
+        key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
+    }
+    tsp_json_end(w);
+    tsp_json_end(w);
+}
+
+static void act_text(tsp_json_writer_t *w, const char *what, const char *key, const char *text)
+{
+    tsp_json_begin_object(w);
+    key_str(w, "do", what);
+    if (key)
+        key_str(w, key, text);
+    tsp_json_end(w);
+}
+
+static void act_count(tsp_json_writer_t *w, const ctl_t *c, int need, long long wait_ms)
+{
+    tsp_json_begin_object(w);
+    key_str(w, "do", "count_slots");
+    key_int(w, "need", need);
+    key_int(w, "least", c->min_nodes);
+    key_int(w, "wait_ms", wait_ms);
+    tsp_json_end(w);
+}
+
+static void write_causes(tsp_json_writer_t *w, const ctl_t *c)
+{
+    tsp_json_begin_array(w);
+    for (size_t i = 0; i < c->ncauses; i++)
+        tsp_json_str(w, c->causes[i]);
+    tsp_json_end(w);
+}
+
+/* The final exception: "failed" (no restarts: the attempt's own error as it is),
+ * "exhausted" (every restart used) or "no_slots" (the replacement wait ran out). */
+static int act_raise(tsp_json_writer_t *w, ctl_t *c, const char *kind)
+{
+    char *msg = NULL;
+    size_t mlen = 0;
+    FILE *m = open_memstream(&msg, &mlen);
+    if (!m)
+        return -ENOMEM;
+    if (strcmp(kind, "failed") == 0)
+        fputs(c->last ? c->last : "", m);
+    else
+        fprintf(m,
+                "%s (distributed) failed after %zu attempt(s) (%s=%d): %s\n"
+                "Root cause of each attempt, in order:",
+                c->g->who, c->ncauses, c->g->restarts, c->max_restarts, c->last ? c->last : "");
+    for (size_t i = 0; strcmp(kind, "failed") != 0 && i < c->ncauses; i++)
+        fprintf(m, "\n  attempt %zu: %s", i, c->causes[i]);
+    if (fclose(m) != 0) {
+        free(msg);
+        return -ENOMEM;
+    }
+    tsp_json_begin_object(w);
+    key_str(w, "do", "raise");
+    key_str(w, "kind", kind);
+    key_str(w, "reason", c->reason);
+    key_str(w, "message", msg);
+    tsp_json_key(w, "attempts");
+    write_causes(w, c);
+    tsp_json_end(w);
+    free(msg);
+    c->phase = DONE;
+    return 0;
+}
+
+static void write_state(tsp_json_writer_t *w, const ctl_t *c)
+{
+    tsp_json_begin_object(w);
+    key_str(w, "glue", c->g->glue);
+    key_str(w, "phase", phases[c->phase]);
+    const char *ikeys[] = {"max_restarts", "nodes",   "min_nodes", "replacement_timeout_ms",
+                           "attempt",      "running", "unusable",  "waited_ms"};
+    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes, c->timeout_ms,
+                               c->attempt,      c->running, c->unusable,  c->waited_ms};
+    for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
+        key_int(w, ikeys[i], ivals[i]);
+    tsp_json_key(w, "remote");
+    (void)tsp_json_value(w, c->remote ? "true" : "false", 4 + !c->remote);
+    key_str(w, "reason", c->reason);
+    key_str(w, "last", c->last);
+    tsp_json_key(w, "causes");
+    write_causes(w, c);
+    tsp_json_end(w);
+}
+
+/* ---- the events ---- */
+
+static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    long long nodes = 0, limit = 0, least = 0, timeout = 0;
+    int rc = read_glue(r, "event.glue", c);
+    if (rc || (rc = get_int(r, "event.nodes", 1, -1, &nodes)) ||
+        (rc = get_int(r, "event.max_restarts", 0, 0, &limit)) ||
+        (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
+        (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
+        (rc = get_bool(r, "event.remote", &c->remote)))
+        return rc;
+    if (nodes < 1)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the run controller's \"start\" needs \"nodes\": the run's barrier tasks "
+                        "(a whole number from 1)");
+    if (least == 0)
+        least = nodes; /* not elastic */
+    if (least > nodes)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "%s is %lld: give a whole number of nodes (barrier tasks) from 1 to the "
+                        "run's %lld",
+                        c->g->min_nodes, least, nodes);
+    c->nodes = c->running = (int)nodes;
+    c->max_restarts = (int)limit;
+    c->min_nodes = (int)least;
+    c->timeout_ms = timeout;
+    c->phase = RUNNING;
+    act_submit(w, c);
+    return 0;
+}
+
+/* Spark's failure text through the outcome table: its reason and cause (malloc'ed). */
+static int spark_outcome(const char *spark, char **reason, char **cause)
+{
+    char *req = NULL, *reply = NULL;
+    size_t rlen = 0, need = 8192;
+    FILE *f = open_memstream(&req, &rlen);
+    if (!f)
+        return -ENOMEM;
+    fputs("{\"root\": null, \"spark_error\": ", f);
+    tsp_json_write_string(f, spark);
+    fputc('}', f);
+    if (fclose(f) != 0) {
+        free(req);
+        return -ENOMEM;
+    }
+    int rc = -ENOSPC, type = 0;
+    for (int tries = 0; rc == -ENOSPC && tries < 2; tries++) {
+        free(reply);
+        rc = (reply = malloc(need)) ? tsp_outcome_classify(req, rlen, reply, need, &need, NULL, 0)
+                                    : -ENOMEM;
+    }
+    if (!rc && !(rc = tsp_json_get(reply, strlen(reply), "reason", reason, &type)))
+        rc = tsp_json_get(reply, strlen(reply), "cause", cause, &type);
+    free(req);
+    free(reply);
+    return rc;
+}
+
+/* The first non-blank line of the attempt's error, without the runner's own "<who>
+ * (distributed) failed: " in front (the glue's exception reads so), at most CAUSE_MAX bytes. */
+static void first_line(char *dst, const char *text, const glue_t *g)
+{
+    const char *p = text ? text : "";
+    while (*p && isspace((unsigned char)*p))
+        p++;
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "%s (distributed) failed: ", g->who);
+    if (strncmp(p, prefix, strlen(prefix)) == 0)
+        p += strlen(prefix);
+    size_t n = strcspn(p, "\r\n");
+    while (n > 0 && isspace((unsigned char)p[n - 1]))
+        n--;
+    if (n > CAUSE_MAX) {
+        n = CAUSE_MAX;
+        while (n > 0 && ((unsigned char)p[n] & 0xC0) == 0x80)
+            n--;
+    }
+    if (n == 0)
+        snprintf(dst, CAUSE_MAX + 1, "the attempt failed with no message");
+    else
+        snprintf(dst, CAUSE_MAX + 1, "%.*s", (int)n, p);
+}
+
+/* One line naming the attempt's root cause, and whether its node went with its executor:
+ * a node stopped after its checkpoint on request (the record's reason decommission, or the
+ * checkpoint's step); else Spark's lost or decommissioned executor (the other ranks' errors,
+ * such as gloo's "Connection reset by peer", are its consequences); else the error's first
+ * line. */
+static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
+{
+    long long node = -1, step = -1;
+    char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
+    int rc = get_int(r, "event.node_rank", -1, -1, &node);
+    if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
+        (rc = get_str(r, "event.reason", &reason)) ||
+        (rc = get_str(r, "event.spark_error", &spark)))
+        goto out;
+    if (spark && (rc = spark_outcome(spark, &sreason, &scause)))
+        goto out;
+    int spark_lost =
+        sreason && (strcmp(sreason, "executor_lost") == 0 || strcmp(sreason, "decommission") == 0);
+    char who[48] = "an executor";
+    if (node >= 0)
+        snprintf(who, sizeof who, "node %lld's executor", node);
+    if (step >= 0 || (reason && strcmp(reason, "decommission") == 0)) {
+        if (step >= 0)
+            snprintf(cause, CAUSE_MAX + 1,
+                     "%s is being decommissioned: step %lld was checkpointed on request and "
+                     "the node stopped",
+                     who, step);
+        else
+            snprintf(cause, CAUSE_MAX + 1, "%s is being decommissioned: the node stopped", who);
+        free(reason);
+        reason = strdup("decommission");
+        *lost = 1;
+    } else if (spark_lost) {
+        snprintf(cause, CAUSE_MAX + 1, "%s", scause);
+        free(reason);
+        reason = strdup(sreason);
+        *lost = 1;
+    } else {
+        first_line(cause, c->last, c->g);
+        *lost = reason && strcmp(reason, "silent") == 0;
+    }
+    free(c->reason);
+    c->reason = reason;
+    reason = NULL;
+out:
+    free(reason);
+    free(spark);
+    free(sreason);
+    free(scause);
+    return rc;
+}
+
+/* The next attempt on nodes, after waiting waited_ms: a warning, then its submission. */
+static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
+{
+    char seen[96], fewer[96] = "", text[CAUSE_MAX + 512];
+    if (c->remote)
+        snprintf(seen, sizeof seen,
+                 "Spark Connect: Spark's barrier slot check waits for the slots");
+    else
+        snprintf(seen, sizeof seen, "%d slot(s) available after %.1fs", nodes,
+                 (double)c->waited_ms / 1000.0);
+    if (nodes < c->nodes)
+        snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)", nodes, c->nodes,
+                 c->g->min_nodes, c->min_nodes);
+    snprintf(text, sizeof text, "%s attempt %d failed: %s; restarting as attempt %d of %d (%s%s)",
+             c->g->who, c->attempt, c->causes[c->ncauses - 1], c->attempt + 1, c->max_restarts + 1,
+             seen, fewer);
+    act_text(w, "warn", "text", text);
+    c->attempt++;
+    c->running = nodes;
+    c->unusable = 0;
+    c->waited_ms = 0;
+    c->phase = RUNNING;
+    act_submit(w, c);
+}
+
+static void count_now(tsp_json_writer_t *w, ctl_t *c)
+{
+    c->phase = COUNTING;
+    act_count(w, c, c->nodes + c->unusable, 0);
+}
+
+static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    char cause[CAUSE_MAX + 1], *executor = NULL;
+    long long node = -1;
+    free(c->last); /* the previous attempt's */
+    c->last = NULL;
+    int lost = 0, rc = get_str(r, "event.message", &c->last);
+    if (rc || (rc = root_cause(r, c, cause, &lost)) || (rc = add_cause(c, cause)) ||
+        (rc = get_str(r, "event.executor", &executor)) ||
+        (rc = get_int(r, "event.node_rank", -1, -1, &node)))
+        goto out;
+    if (c->attempt >= c->max_restarts) {
+        rc = act_raise(w, c, c->max_restarts == 0 ? "failed" : "exhausted");
+    } else if (c->remote) { /* the client cannot count slots: Spark's barrier check waits */
+        restart(w, c, c->nodes - lost > c->min_nodes ? c->nodes - lost : c->min_nodes);
+    } else if (c->reason && strcmp(c->reason, "silent") == 0) {
+        /* Spark offers a silent node's executor until its heartbeat timeout: its slots are
+         * not usable, unless the glue can take it out of scheduling by its id. */
+        c->unusable = 1;
+        if (executor) {
+            c->phase = EXCLUDING;
+            tsp_json_begin_object(w);
+            key_str(w, "do", "exclude_executor");
+            key_str(w, "id", executor);
+            key_int(w, "node", node);
+            tsp_json_end(w);
+        } else {
+            count_now(w, c);
+        }
+    } else {
+        count_now(w, c);
+    }
+out:
+    free(executor);
+    return rc;
+}
+
+static int on_excluded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    int ok = 0, rc = get_bool(r, "event.ok", &ok);
+    char *id = NULL;
+    long long node = -1;
+    if (rc || (rc = get_str(r, "event.id", &id)) || (rc = get_int(r, "event.node", -1, -1, &node)))
+        goto out;
+    if (ok) { /* its slots no longer count, and a replacement executor may come for it */
+        char text[512];
+        c->unusable = 0;
+        snprintf(text, sizeof text,
+                 "%s: executor %s (node %lld, silent) is excluded from the next attempt: "
+                 "SparkContext.killAndReplaceExecutor asked the cluster manager to replace it",
+                 c->g->who, id ? id : "?", node);
+        act_text(w, "warn", "text", text);
+    }
+    count_now(w, c);
+out:
+    free(id);
+    return rc;
+}
+
+static int on_slots(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    long long free_now = -1, waited = 0;
+    int rc = get_int(r, "event.free", -1, -1, &free_now);
+    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)))
+        return rc;
+    c->waited_ms += waited;
+    if (free_now < 0) /* Spark cannot tell: its own barrier slot check decides */
+        free_now = (c->phase == COUNTING ? c->nodes : c->min_nodes) + c->unusable;
+    long long slots = free_now - c->unusable;
+    if (c->phase == COUNTING) {
+        if (slots >= c->nodes)
+            restart(w, c, c->nodes);
+        else if (slots >= c->min_nodes) /* elastic: the survivors go on at once */
+            restart(w, c, (int)slots);
+        else { /* wait for a replacement executor */
+            c->phase = WAITING;
+            act_count(w, c, c->min_nodes + c->unusable, c->timeout_ms);
+        }
+        return 0;
+    }
+    if (slots >= c->min_nodes) {
+        restart(w, c, slots < c->nodes ? (int)slots : c->nodes);
+        return 0;
+    }
+    char want[64], text[CAUSE_MAX + 1];
+    if (c->min_nodes == c->nodes)
+        snprintf(want, sizeof want, "%d", c->nodes);
+    else
+        snprintf(want, sizeof want, "at least %d (%s)", c->min_nodes, c->g->min_nodes);
+    snprintf(text, sizeof text,
+             "no restart: %s task slot(s) needed, %lld available after waiting %gs for a "
+             "replacement executor (" REPLACEMENT_KEY ")",
+             want, slots, (double)c->timeout_ms / 1000.0);
+    return (rc = add_cause(c, text)) ? rc : act_raise(w, c, "no_slots");
+}
+
+static int on_succeeded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    (void)r;
+    c->phase = DONE;
+    act_text(w, "return", NULL, NULL);
+    return 0;
+}
+
+/* The events and the phase each is expected in (-1: none, the run's first event). */
+static const struct {
+    const char *name;
+    int phase, alt;
+    int (*fn)(const req_t *, ctl_t *, tsp_json_writer_t *);
+} events[] = {
+    {"start", -1, -1, on_start},
+    {"attempt_failed", RUNNING, RUNNING, on_failed},
+    {"attempt_succeeded", RUNNING, RUNNING, on_succeeded},
+    {"excluded", EXCLUDING, EXCLUDING, on_excluded},
+    {"slots", COUNTING, WAITING, on_slots},
+};
+
+static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *which)
+{
+    char *name = NULL;
+    int rc = get_str(r, "event.event", &name);
+    if (rc)
+        return rc;
+    for (*which = 0; name && *which < sizeof events / sizeof events[0]; (*which)++)
+        if (strcmp(name, events[*which].name) == 0)
+            break;
+    if (!name || *which == sizeof events / sizeof events[0])
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"event.event\" must be one of start, "
+                      "attempt_failed, attempt_succeeded, excluded, slots (got %s)",
+                      name ? name : "none");
+    else if (events[*which].phase < 0 ? has_state
+                                      : !has_state || (c->phase != events[*which].phase &&
+                                                       c->phase != events[*which].alt))
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller got \"%s\" while %s: \"start\" comes first, with a "
+                      "null \"state\", and each later event answers the last reply's actions",
+                      name,
+                      has_state && c->phase >= 0 && c->phase <= DONE ? phases[c->phase]
+                                                                     : "it has no state");
+    free(name);
+    return rc;
+}
+
+static int step(const req_t *r, ctl_t *c, char **text, size_t *tlen)
+{
+    char *state = NULL;
+    int type = 0, rc = get(r, "state", &state, &type);
+    int has_state = state != NULL;
+    if (!rc && state && type != TSP_JSON_OBJECT)
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"state\" must be an object (the last reply's) or "
+                      "null");
+    free(state);
+    if (!rc && has_state)
+        rc = read_state(r, c);
+    size_t which = 0;
+    if (rc || (rc = find_event(r, c, has_state, &which)))
+        return rc;
+    FILE *m = open_memstream(text, tlen);
+    if (!m)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, m);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "actions");
+    tsp_json_begin_array(&w);
+    rc = events[which].fn(r, c, &w);
+    tsp_json_end(&w);
+    if (!rc) {
+        tsp_json_key(&w, "state");
+        write_state(&w, c);
+    }
+    tsp_json_end(&w);
+    return fclose(m) == 0 ? rc : -ENOMEM;
+}
+
+int tsp_runctl_step(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                    char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    req_t r = {request, len, err, errlen};
+    if (tsp_json_check_object(request, len) != 0)
+        return tsp__err(err, errlen, -EINVAL, "the run controller's request is not a JSON object");
+    ctl_t c = {0};
+    char *text = NULL;
+    size_t tlen = 0;
+    int rc = step(&r, &c, &text, &tlen);
+    if (!rc)
+        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
+    free(text);
+    ctl_free(&c);
+    return rc;
+}
