@@ -763,6 +763,7 @@ void run_config_parse(run_config_t *c, int argc, char **argv)
                        "--shutdown-timeout", 30);
     c->log_dir = val("log-dir");
     c->tmp_dir = getenv("TMPDIR");
+    c->checkpoint_request = getenv("TORCHSPARK_CHECKPOINT_REQUEST");
     c->error_file = val("error-file");
     c->prefix_template = val("log-line-prefix-template")
                              ? val("log-line-prefix-template")

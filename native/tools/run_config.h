@@ -40,7 +40,8 @@ typedef struct {
     /* supervision and output */
     double grace; /* --shutdown-timeout / TORCH_ELASTIC_SHUTDOWN_TIMEOUT */
     const char *log_dir, *error_file, *prefix_template;
-    const char *tmp_dir;                   /* $TMPDIR: the agent's own temp dir without --log-dir */
+    const char *tmp_dir;            /* $TMPDIR: the agent's own temp dir without --log-dir */
+    const char *checkpoint_request; /* TORCHSPARK_CHECKPOINT_REQUEST (the plugin's), or NULL */
     unsigned char *redirects, *tee, *show; /* per local rank, after run_config_node */
     const char *warm_socket;               /* NULL: no pool, or this binary's path unknown */
     char self_exe[PATH_MAX];

@@ -4,6 +4,7 @@
  * driver's log channel (failures, node events, STOP), the NCCL preflight, the agent, and
  * rank 0's output after success. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -138,6 +139,52 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
     if (rc && rc != -ENOTSUP)
         fprintf(stderr, "torchspark-run: cannot report the failure to the driver: %s\n",
                 tsp_strerror(rc));
+}
+
+/* Up to n-1 bytes of the file at path (a link is not followed), NUL-terminated: 0 or -errno. */
+static int read_small(const char *path, char *buf, size_t n)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return -errno;
+    ssize_t r;
+    do
+        r = read(fd, buf, n - 1);
+    while (r < 0 && errno == EINTR);
+    int e = errno;
+    close(fd);
+    if (r < 0)
+        return -e;
+    buf[r] = 0;
+    return 0;
+}
+
+/* A node stopped from outside (TorchSparkPlugin) after its processes checkpointed on
+ * request sends its own record, so that the restart names why from a field (reason
+ * "preempted" or "decommission", docs/protocol.md section 8), never from the ranks' printed
+ * line. The request file (TORCHSPARK_CHECKPOINT_REQUEST, in the task's private work dir)
+ * says why the node was asked, its first word; the acknowledgement (<request>.done) the
+ * step. Anything else (no request, no acknowledgement, another word): no record. */
+static void report_on_request(failure_report_t *fr, int node_rank, int status)
+{
+    const char *req = cfg.checkpoint_request;
+    char done[PATH_MAX], why[64], step_text[32];
+    if (!req || !*req || snprintf(done, sizeof done, "%s.done", req) >= (int)sizeof done ||
+        read_small(req, why, sizeof why) || read_small(done, step_text, sizeof step_text))
+        return;
+    why[strcspn(why, " \n")] = 0;
+    char *end;
+    errno = 0;
+    long long step = strtoll(step_text, &end, 10);
+    const char *what = strcmp(why, "preempted") == 0      ? "was preempted (SIGTERM)"
+                       : strcmp(why, "decommission") == 0 ? "is being decommissioned"
+                                                          : NULL;
+    if (!what || errno || end == step_text || step < 0)
+        return;
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s: step %lld was checkpointed on request and the node stopped",
+             what, step);
+    setup_failure(msg, why, node_rank, -1, -1, status, fr);
 }
 
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
@@ -475,6 +522,8 @@ static int run_node(const char *argv0)
     atomic_store(&stop_agent, agent);
     stop_once(); /* a STOP that came before the agent existed */
     int status = tsp_agent_run(agent);
+    if (tsp_agent_stop_signal(agent) && !atomic_load(&stop_wanted))
+        report_on_request(&fr, topo->node_rank, status); /* --error-file, and the driver */
     if (fr.logc) {       /* flush what the workers printed last; falls back to our stdout/stderr */
         if (status != 0) /* sent already when the failure was seen; a no-op then */
             send_failure(&fr, tsp_agent_root_cause(agent));

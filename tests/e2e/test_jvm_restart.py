@@ -167,7 +167,8 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
     # checkpoint now and holds the JVM until it acknowledged (spark.torchspark.preemption.
     # grace); minNodes(1): attempt 1 resumes right after that step on the surviving executor.
     # On the old code the executor's stop killed the node at once and attempt 1 resumed
-    # from the last periodic checkpoint (step 5), losing the steps after it.
+    # from the last periodic checkpoint (step 5), losing the steps after it; and the cause
+    # was Spark's ExecutorLostFailure ("Command exited with code 143").
     steps = 24
     out, err, noticed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=False, sig=signal.SIGTERM,
                                       opts=("onrequest", "elastic"))
@@ -186,6 +187,10 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
     assert 0 < took <= 2.0, took
     att = [json.loads(a) for a in out["ATTEMPT"]]
     assert [a["nodes"] for a in att] == [2, 1], att
+    # The restart names the preemption from the node's own record (reason "preempted"),
+    # not from Spark's "Command exited with code 143" nor from the ranks' printed line.
+    assert re.fullmatch(rf"node 1's executor was preempted \(SIGTERM\): step {ckpt} was checkpointed "
+                        r"on request and the node stopped \(host .+\)", att[0]["cause"]), att[0]
     assert out["PLUGIN_ACKS"] == ["1"], out
     assert out["LEFT"] == ["0"], out
     print(f"preemption (SIGTERM) -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost; "

@@ -434,7 +434,14 @@ char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_ran
     else
         snprintf(what, sizeof what, "exited with code %d", f->status);
     char *s = NULL;
-    if (strcmp(tsp__report_reason(f), "nccl_check") == 0) /* the check, not the training */
+    const char *why = tsp__report_reason(f);
+    if ((strcmp(why, "preempted") == 0 || strcmp(why, "decommission") == 0) && f->message)
+        /* the node's own record after a checkpoint on request (torchspark_run.c) */
+        return asprintf(&s, "node %d's executor %s (host %s)", node_rank, f->message,
+                        host ? host : "?") < 0
+                   ? NULL
+                   : s;
+    if (strcmp(why, "nccl_check") == 0) /* the check, not the training */
         return asprintf(&s, "the NCCL check of %s (node %d%s) on host %s failed", who, node_rank,
                         local, host ? host : "?") < 0
                    ? NULL

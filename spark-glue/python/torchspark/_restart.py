@@ -46,6 +46,9 @@ def root_cause(e: BaseException) -> str:
     decommissioned when its rank's last lines say it checkpointed on request; a lost
     executor when Spark says so (the other ranks' errors, e.g. gloo's "Connection reset by
     peer", are its consequences); else the first line of the error."""
+    rep = getattr(e, "report", None) or {}  # a node's own record after a checkpoint on request
+    if rep.get("reason") in ("preempted", "decommission") and rep.get("summary"):
+        return str(rep["summary"])
     # The rank's last lines: its report's, and those its message shows (the driver's).
     tail = getattr(e, "output_tail", None) or []
     lines = (tail.splitlines() if isinstance(tail, str) else list(tail)) + str(e).splitlines()

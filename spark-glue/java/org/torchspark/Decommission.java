@@ -87,7 +87,7 @@ final class Decommission {
             if (asked.containsKey(pid) || done.containsKey(pid)) {
                 continue;
             }
-            Path path = ask(pid);
+            Path path = ask(pid, "decommission");
             if (path == null) {
                 done.put(pid, Boolean.TRUE);
             } else {
@@ -113,15 +113,17 @@ final class Decommission {
     }
 
     /** Asks one agent to checkpoint now: creates its request file (the path in its
-     *  environment); returns that path, or null when the agent has none or it cannot be
-     *  written (logged). Decommission's loop and Preemption's shutdown hook both ask so. */
-    static Path ask(long pid) {
+     *  environment) holding why ("decommission" or "preempted", the reason the agent's own
+     *  record then carries: docs/protocol.md section 8) and the time; returns that path, or
+     *  null when the agent has none or it cannot be written (logged). Decommission's loop
+     *  and Preemption's shutdown hook both ask so. */
+    static Path ask(long pid, String why) {
         String path = ProcessTrees.envOf(pid, REQUEST_ENV);
         if (path == null || path.isEmpty()) {
             return null;
         }
         try {
-            Files.write(Paths.get(path), (System.currentTimeMillis() + "\n").getBytes(StandardCharsets.US_ASCII));
+            Files.write(Paths.get(path), (why + " " + System.currentTimeMillis() + "\n").getBytes(StandardCharsets.US_ASCII));
             LOG.info("torchspark plugin: asked agent {} (task attempt {}) to checkpoint ({})", pid,
                     ProcessTrees.tagOf(pid), path);
             return Paths.get(path);

@@ -63,7 +63,7 @@ final class Preemption {
         long t0 = System.nanoTime();
         Map<Long, Path> asked = new LinkedHashMap<>();
         for (ProcessHandle p : ProcessTrees.roots(ProcessTrees.tagged(null))) {
-            Path path = Decommission.ask(p.pid());
+            Path path = Decommission.ask(p.pid(), "preempted");
             if (path != null) {
                 asked.put(p.pid(), path);
             }

@@ -89,6 +89,10 @@ final class RestartPolicy {
      *  else the first line of the error. */
     static String rootCause(RuntimeException e) {
         if (e instanceof TorchSparkException) {
+            String own = ((TorchSparkException) e).stoppedOnRequest(); // the node's own record
+            if (own != null) {
+                return own;
+            }
             // A node stopped by the plugin after its checkpoint on request (Decommission.java).
             for (String ln : ((TorchSparkException) e).lastLines()) {
                 Matcher m = ON_REQUEST.matcher(ln);

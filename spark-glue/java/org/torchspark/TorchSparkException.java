@@ -1,5 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
 import java.util.Collections;
 import java.util.List;
 
@@ -72,6 +75,20 @@ public class TorchSparkException extends RuntimeException {
      *  "The user's report"), with its "kind" (failure, lost; hang for the hang doctor's). */
     public String reportJson() {
         return reportJson;
+    }
+
+    /** The summary of a node's own record after it was stopped on a checkpoint on request
+     *  (the report's reason "preempted" or "decommission": docs/protocol.md section 8), or
+     *  null for every other failure. */
+    String stoppedOnRequest() {
+        try {
+            JsonNode r = reportJson == null ? null : new ObjectMapper().readTree(reportJson);
+            String why = r == null ? "" : r.path("reason").asText();
+            return (why.equals("preempted") || why.equals("decommission")) && r.hasNonNull("summary")
+                    ? r.get("summary").asText() : null;
+        } catch (IOException e) {
+            return null;
+        }
     }
 
     /** With restarts (TorchSparkRunner.maxRestarts) used up: each attempt's root cause, in
