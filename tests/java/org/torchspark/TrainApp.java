@@ -475,8 +475,11 @@ public final class TrainApp {
         int n = 0;
         for (Path f : executorLogs(spark)) {
             try {
-                n += (int) Files.readString(f, StandardCharsets.ISO_8859_1).lines()
-                        .filter(l -> l.contains(a) && l.contains(b)).count();
+                for (String l : (Iterable<String>) Files.readString(f, StandardCharsets.ISO_8859_1).lines()
+                        .filter(l -> l.contains(a) && l.contains(b))::iterator) {
+                    System.out.println("PLUGIN_LINE: " + f.getParent().getFileName() + " " + l);
+                    n++;
+                }
             } catch (IOException e) {
                 throw new UncheckedIOException(e);
             }
