@@ -158,6 +158,35 @@ def test_checkpoint_on_request_acknowledges_and_waits(tmp_path, monkeypatch):
     assert (tmp_path / "checkpoint-request.done").read_text() == "7\n"
 
 
+@pytest.mark.parametrize("request_text,reason", [
+    ("preempted 1764140000000\n", "preempted"), ("decommission 1764140000000\n", "decommission"),
+    ("1764140000000\n", "decommission")])
+def test_an_agent_stopped_after_a_checkpoint_on_request_says_why(tmp_path, request_text, reason):
+    # The plugin asked (the request file: why, then the time), the worker acknowledged step 7,
+    # then the plugin SIGTERMs the agent: the node's record carries why and the step as fields
+    # (docs/protocol.md section 8); a request that does not say why (an older plugin's) is a
+    # decommission.
+    req, err = tmp_path / "checkpoint-request", tmp_path / "error.json"
+    req.write_text(request_text)
+    env = dict(os.environ, TORCHSPARK_CHECKPOINT_REQUEST=str(req))
+    p = subprocess.Popen([str(RUN_BIN), "--standalone", "--nproc-per-node", "1", "--no-python",
+                          "--error-file", str(err), "sh", "-c",
+                          'echo 7 > "$TORCHSPARK_CHECKPOINT_REQUEST.done"; exec sleep 30'],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "checkpoint-request.done").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        p.send_signal(signal.SIGTERM)
+        p.wait(30)
+    finally:
+        p.kill()
+        p.wait()
+    doc = json.loads(err.read_text())["torchspark"]
+    assert doc["reason"] == reason and doc["checkpoint_step"] == 7, doc
+    assert doc["node_rank"] == 0, doc
+
+
 # ---- other users of the hosts (docs/security.md, "The executor host") ----------------------
 
 class _Planted:

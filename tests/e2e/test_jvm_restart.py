@@ -68,7 +68,7 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
     """TrainApp restart; sends sig (SIGKILL) to node `node`'s (1's) executor once attempt 0 ran
     `after` steps (with the option "zero", SIGKILL again once the maxRestarts(0) run ran 4 steps).
     Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)...,
-    {checkpoint step: when first seen complete, after a SIGPWR}])."""
+    {checkpoint step: when first seen complete, after a SIGPWR or SIGTERM}])."""
     opts = opts + (("fail",) if fail_run else ())
     mark, p, files = _start(tmp_path, max_restarts, steps, opts, conf, plugin=sig != signal.SIGKILL)
     kills = [(tmp_path, after, sig)] + ([(tmp_path / "zero", 4, signal.SIGKILL)] if "zero" in opts else [])
@@ -89,7 +89,7 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
             killed.append((t0, checkpoint.latest_step(str(d / "ckpt"))))
             # When each checkpoint is complete (first seen, 10 ms polls) for 30 s after
             # the notice (older ones are pruned by later saves).
-            while s == signal.SIGPWR and time.time() - t0 < 30 and p.poll() is None:
+            while s in (signal.SIGPWR, signal.SIGTERM) and time.time() - t0 < 30 and p.poll() is None:
                 for c in (d / "ckpt").glob("step-*/COMPLETE"):
                     seen.setdefault(int(c.parent.name[5:]), time.time())
                 time.sleep(0.01)
@@ -159,6 +159,42 @@ def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
                      rf"{ckpt} was checkpointed on request|Executor 1 is decommissioned)", err), err[-3000:]
     assert out["LEFT"] == ["0"], out
     print(f"decommission notice -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost")
+
+
+def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
+    # SIGTERM to node 1's executor JVM (spot preemption, Kubernetes pod deletion; Spark's
+    # decommission off): the plugin's shutdown hook, ahead of Spark's own, asks the node to
+    # checkpoint now and holds the JVM until it acknowledged (spark.torchspark.preemption.
+    # grace); minNodes(1): attempt 1 resumes right after that step on the surviving executor.
+    # On the old code the executor's stop killed the node at once and attempt 1 resumed
+    # from the last periodic checkpoint (step 5), losing the steps after it; and the cause
+    # was Spark's ExecutorLostFailure ("Command exited with code 143").
+    steps = 24
+    out, err, noticed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=False, sig=signal.SIGTERM,
+                                      opts=("onrequest", "elastic"))
+    assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    log = _steplog(tmp_path / "steplog")
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1"], log
+    first = [s for a, s, _ in log if a == "0"]
+    second = [s for a, s, _ in log if a == "1"]
+    # 0 steps lost: attempt 1 starts right after attempt 0's last step, which was
+    # checkpointed after the signal, within 2 s of it.
+    ckpt = first[-1]
+    assert second == list(range(ckpt + 1, steps)), (first[-3:], second[:3])
+    assert first == list(range(ckpt + 1)), first
+    assert ckpt in noticed[1], (ckpt, noticed[1])
+    took = noticed[1][ckpt] - noticed[0][0]
+    assert 0 < took <= 2.0, took
+    att = [json.loads(a) for a in out["ATTEMPT"]]
+    assert [a["nodes"] for a in att] == [2, 1], att
+    # The restart names the preemption from the node's own record (reason "preempted"),
+    # not from Spark's "Command exited with code 143" nor from the ranks' printed line.
+    assert re.fullmatch(rf"node 1's executor was preempted \(SIGTERM\): step {ckpt} was checkpointed "
+                        r"on request and the node stopped \(host .+\)", att[0]["cause"]), att[0]
+    assert out["PLUGIN_ACKS"] == ["1"], out.get("PLUGIN_LINE")
+    assert out["LEFT"] == ["0"], out
+    print(f"preemption (SIGTERM) -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost; "
+          f"attempt 0's cause: {att[0]['cause']}")
 
 
 _FRESH = "TSP_TEST_FRESH_JVM"  # set in the test's own pytest process

@@ -447,12 +447,34 @@ int tsp__report_acknowledged(const char *request, int *step)
     return 1;
 }
 
+/* Why the node was asked (the request file's first word, written by TorchSparkPlugin:
+ * "preempted" after a SIGTERM to the executor, else a decommission notice). */
+static const char *request_reason(const char *request)
+{
+    char buf[64];
+    int fd = open(request, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0)
+        return "decommission";
+    struct stat st;
+    ssize_t n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
+        do
+            n = read(fd, buf, sizeof buf - 1);
+        while (n < 0 && errno == EINTR);
+    close(fd);
+    if (n <= 0)
+        return "decommission";
+    buf[n] = 0;
+    buf[strcspn(buf, " \r\n")] = 0;
+    return strcmp(buf, "preempted") == 0 ? "preempted" : "decommission";
+}
+
 void tsp__report_on_request(tsp_failure_t *f, const char *request)
 {
     int step = -1;
     if (!tsp__report_acknowledged(request, &step))
         return;
-    f->reason = "decommission";
+    f->reason = request_reason(request);
     f->has_checkpoint = 1;
     f->checkpoint_step = step;
 }
@@ -478,7 +500,8 @@ char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_ran
     else
         snprintf(what, sizeof what, "exited with code %d", f->status);
     char *s = NULL;
-    if (strcmp(tsp__report_reason(f), "nccl_check") == 0) /* the check, not the training */
+    const char *why = tsp__report_reason(f);
+    if (strcmp(why, "nccl_check") == 0) /* the check, not the training */
         return asprintf(&s, "the NCCL check of %s (node %d%s) on host %s failed", who, node_rank,
                         local, host ? host : "?") < 0
                    ? NULL

@@ -85,6 +85,10 @@ static const conf_key_t KEYS[] = {
      "TorchSparkPlugin: TERM to KILL of a killed task's process tree (a bare number is "
      "milliseconds)",
      NULL},
+    {PREFIX "preemption.grace", T_DURATION, 1000, "10s", 0, 0, "10s",
+     "TorchSparkPlugin: how long a SIGTERM'd executor waits for its training processes to "
+     "checkpoint on request before it stops; 0: no checkpoint on SIGTERM",
+     NULL},
     {PREFIX "gpuResource", T_STRING, 0, "gpu", 0, 0, "gpu",
      "the Spark resource name of the GPUs a task holds", NULL},
 };

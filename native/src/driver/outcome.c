@@ -86,7 +86,9 @@ static int from_root(const input_t *in, outcome_t *o, const char *want)
                                  : "exit");
     o->kind = want;
     o->reason = r;
-    o->exclude = strcmp(r->name, "silent") == 0;
+    /* silent: Spark notices a frozen host only after spark.network.timeout; preempted: the
+     * executor is going away, but Spark offers it until its JVM has exited. */
+    o->exclude = strcmp(r->name, "silent") == 0 || strcmp(r->name, "preempted") == 0;
     o->node_rank = int_at(in->root, in->root_len, "node_rank",
                           int_at(in->root, in->root_len, "report.torchspark.node_rank", -1));
     char *said = str_at(in->root, in->root_len, "report.torchspark.summary");

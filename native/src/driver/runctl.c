@@ -443,16 +443,19 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
     char who[48] = "an executor";
     if (node >= 0)
         snprintf(who, sizeof who, "node %lld's executor", node);
-    if (step >= 0 || (reason && strcmp(reason, "decommission") == 0)) {
+    int preempted = reason && strcmp(reason, "preempted") == 0;
+    if (step >= 0 || preempted || (reason && strcmp(reason, "decommission") == 0)) {
+        /* The plugin asked the node to checkpoint: a SIGTERM to its executor (preempted) or
+         * a decommission notice; the executor is going away either way. */
+        const char *what = preempted ? "was preempted (SIGTERM)" : "is being decommissioned";
         if (step >= 0)
             snprintf(cause, CAUSE_MAX + 1,
-                     "%s is being decommissioned: step %lld was checkpointed on request and "
-                     "the node stopped",
-                     who, step);
+                     "%s %s: step %lld was checkpointed on request and the node stopped", who, what,
+                     step);
         else
-            snprintf(cause, CAUSE_MAX + 1, "%s is being decommissioned: the node stopped", who);
+            snprintf(cause, CAUSE_MAX + 1, "%s %s: the node stopped", who, what);
         free(reason);
-        reason = strdup("decommission");
+        reason = strdup(preempted ? "preempted" : "decommission");
         *lost = 1;
     } else if (spark_lost) {
         snprintf(cause, CAUSE_MAX + 1, "%s", scause);
@@ -520,9 +523,11 @@ static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         rc = act_raise(w, c, c->max_restarts == 0 ? "failed" : "exhausted");
     } else if (c->remote) { /* the client cannot count slots: Spark's barrier check waits */
         restart(w, c, c->nodes - lost > c->min_nodes ? c->nodes - lost : c->min_nodes);
-    } else if (c->reason && strcmp(c->reason, "silent") == 0) {
-        /* Spark offers a silent node's executor until its heartbeat timeout: its slots are
-         * not usable, unless the glue can take it out of scheduling by its id. */
+    } else if (c->reason &&
+               (strcmp(c->reason, "silent") == 0 || strcmp(c->reason, "preempted") == 0)) {
+        /* Spark offers a silent node's executor until its heartbeat timeout, and a preempted
+         * one until its JVM has exited: its slots are not usable, unless the glue can take it
+         * out of scheduling by its id. */
         c->unusable = 1;
         if (executor) {
             c->phase = EXCLUDING;
@@ -553,9 +558,9 @@ static int on_excluded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         char text[512];
         c->unusable = 0;
         snprintf(text, sizeof text,
-                 "%s: executor %s (node %lld, silent) is excluded from the next attempt: "
+                 "%s: executor %s (node %lld, %s) is excluded from the next attempt: "
                  "SparkContext.killAndReplaceExecutor asked the cluster manager to replace it",
-                 c->g->who, id ? id : "?", node);
+                 c->g->who, id ? id : "?", node, c->reason ? c->reason : "silent");
         act_text(w, "warn", "text", text);
     }
     count_now(w, c);

@@ -37,6 +37,13 @@ static const tsp_reason_t reasons[] = {
      "again, or give the run max_restarts so that it resumes from its last checkpoint by itself "
      "(docs/distributor.md, \"Decommission\").",
      1, 1},
+    /* A node stopped by TorchSparkPlugin after it checkpointed on request (the agent's own
+     * record: torchspark_run.c, docs/protocol.md section 8): the executor is going away. */
+    {"preempted",
+     "nothing in the code: the cluster is taking the executor away (SIGTERM: a spot "
+     "preemption or a pod deletion) and the node checkpointed first; give the run max_restarts "
+     "so that it resumes from that checkpoint by itself (docs/distributor.md, \"Preemption\").",
+     0, 1},
     {"cancelled",
      "nothing, when the job was cancelled on purpose; else find who cancelled it (the Spark "
      "UI's jobs page) and run again.",

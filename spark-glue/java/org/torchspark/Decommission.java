@@ -87,19 +87,11 @@ final class Decommission {
             if (asked.containsKey(pid) || done.containsKey(pid)) {
                 continue;
             }
-            String path = ProcessTrees.envOf(pid, REQUEST_ENV);
-            if (path == null || path.isEmpty()) {
+            Path path = ask(pid, "decommission");
+            if (path == null) {
                 done.put(pid, Boolean.TRUE);
-                continue;
-            }
-            try {
-                Files.write(Paths.get(path), (System.currentTimeMillis() + "\n").getBytes(StandardCharsets.US_ASCII));
-                asked.put(pid, Paths.get(path));
-                LOG.info("torchspark plugin: asked agent {} (task attempt {}) to checkpoint ({})", pid,
-                        ProcessTrees.tagOf(pid), path);
-            } catch (IOException e) {
-                done.put(pid, Boolean.TRUE);
-                LOG.warn("torchspark plugin: cannot ask agent {} to checkpoint: {}", pid, e.toString());
+            } else {
+                asked.put(pid, path);
             }
         }
         int stopped = 0;
@@ -120,7 +112,28 @@ final class Decommission {
         return stopped;
     }
 
-    private static String read(Path p) {
+    /** Asks one agent to checkpoint now: creates its request file (the path in its
+     *  environment) holding why ("decommission" or "preempted", the reason the agent's own
+     *  record then carries: docs/protocol.md section 8) and the time; returns that path, or
+     *  null when the agent has none or it cannot be written (logged). Decommission's loop
+     *  and Preemption's shutdown hook both ask so. */
+    static Path ask(long pid, String why) {
+        String path = ProcessTrees.envOf(pid, REQUEST_ENV);
+        if (path == null || path.isEmpty()) {
+            return null;
+        }
+        try {
+            Files.write(Paths.get(path), (why + " " + System.currentTimeMillis() + "\n").getBytes(StandardCharsets.US_ASCII));
+            LOG.info("torchspark plugin: asked agent {} (task attempt {}) to checkpoint ({})", pid,
+                    ProcessTrees.tagOf(pid), path);
+            return Paths.get(path);
+        } catch (IOException e) {
+            LOG.warn("torchspark plugin: cannot ask agent {} to checkpoint: {}", pid, e.toString());
+            return null;
+        }
+    }
+
+    static String read(Path p) {
         try {
             return Files.readString(p, StandardCharsets.US_ASCII).strip();
         } catch (IOException e) {

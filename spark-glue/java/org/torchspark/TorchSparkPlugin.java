@@ -40,7 +40,9 @@ import org.slf4j.LoggerFactory;
  * it was launching, electing or in its barrier) and that starts the agent anyway gets it
  * stopped then. {@code shutdown()} sweeps every tagged process. With
  * {@code spark.decommission.enabled}, the executor's decommission notice asks its training
- * processes to checkpoint now and stops them once they did (Decommission.java, docs/jvm.md).
+ * processes to checkpoint now and stops them once they did (Decommission.java, docs/jvm.md);
+ * a SIGTERM to the executor JVM (preemption) does the same from a shutdown hook that runs
+ * before Spark's own, within spark.torchspark.preemption.grace (Preemption.java).
  * No state is shared with the tasks: Spark Connect runs tasks under other class loaders.
  *
  * <p>Driver side: metrics (runs, agents running, lines received, failures of the
@@ -50,6 +52,8 @@ public final class TorchSparkPlugin implements SparkPlugin {
     public static final String GRACE_CONF = "spark.torchspark.plugin.killGraceMs";
     /** The key table's default of GRACE_CONF (native/src/driver/conf.c). */
     static final long DEFAULT_GRACE_MS = 2000;
+    /** The key table's default of spark.torchspark.preemption.grace (Preemption.java). */
+    static final long DEFAULT_PREEMPTION_GRACE_MS = 10_000;
     /** How long a killed or failed task's attempt id stays watched for a late agent. */
     static final long WATCH_MS = 30_000;
     /** How often the plugin polls its running tasks' isInterrupted() on Spark before 4.3
@@ -156,12 +160,16 @@ public final class TorchSparkPlugin implements SparkPlugin {
          *  WARNING and the default, never an exception: an executor plugin that throws in init
          *  takes the executor down (the driver-side runner throws the same sentence first). */
         static long graceMs(SparkConf conf) {
+            return millis(conf, "plugin.killGraceMs", DEFAULT_GRACE_MS);
+        }
+
+        /** A duration key of the table (its name after "spark.torchspark."), in ms. */
+        static long millis(SparkConf conf, String key, long dflt) {
             try {
-                return Conf.read(conf, null, false).number("plugin.killGraceMs");
+                return Conf.read(conf, null, false).number(key);
             } catch (IllegalArgumentException | LinkageError e) { // a bad value; no native library here
-                LOG.warn("torchspark plugin: " + e.getMessage() + " (using the default, " + DEFAULT_GRACE_MS
-                        + " ms)");
-                return DEFAULT_GRACE_MS;
+                LOG.warn("torchspark plugin: " + e.getMessage() + " (using the default, " + dflt + " ms)");
+                return dflt;
             }
         }
 
@@ -169,6 +177,7 @@ public final class TorchSparkPlugin implements SparkPlugin {
         public void init(PluginContext ctx, Map<String, String> extraConf) {
             graceMs = graceMs(ctx.conf());
             decommission = ctx.conf().getBoolean("spark.decommission.enabled", false) ? new Decommission() : null;
+            Preemption.register(millis(ctx.conf(), "preemption.grace", DEFAULT_PREEMPTION_GRACE_MS));
             MetricRegistry reg = ctx.metricRegistry();
             reg.register("interrupts", (Gauge<Long>) interrupts::get);
             reg.register("treesStopped", (Gauge<Long>) killed::get);

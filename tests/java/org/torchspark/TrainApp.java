@@ -209,8 +209,9 @@ public final class TrainApp {
             sleep(100);
         }
         System.out.println("LEFT: " + marked(mark).size());
-        // The plugin's stops after a checkpoint on request (the executors' logs go with the app).
-        System.out.println("PLUGIN_ACKS: " + logCount(spark, "checkpointed on request"));
+        // The plugin's stops after a checkpoint on request (the executors' logs go with the app):
+        // its own lines, not a failed task's exception that quotes the node's record.
+        System.out.println("PLUGIN_ACKS: " + logCount(spark, "torchspark plugin: ", "checkpointed on request"));
     }
 
     /** Each attempt of the last run as "ATTEMPT: json", then, per executor it excluded,
@@ -463,6 +464,23 @@ public final class TrainApp {
         for (Path f : executorLogs(spark)) {
             try {
                 n += count(Files.readString(f, StandardCharsets.ISO_8859_1), needle);
+            } catch (IOException e) {
+                throw new UncheckedIOException(e);
+            }
+        }
+        return n;
+    }
+
+    /** The lines of this application's executor logs that hold both words. */
+    static int logCount(SparkSession spark, String a, String b) {
+        int n = 0;
+        for (Path f : executorLogs(spark)) {
+            try {
+                for (String l : (Iterable<String>) Files.readString(f, StandardCharsets.ISO_8859_1).lines()
+                        .filter(l -> l.contains(a) && l.contains(b))::iterator) {
+                    System.out.println("PLUGIN_LINE: " + f.getParent().getFileName() + " " + l);
+                    n++;
+                }
             } catch (IOException e) {
                 throw new UncheckedIOException(e);
             }
