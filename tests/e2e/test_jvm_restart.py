@@ -190,7 +190,7 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
     # The restart names the preemption from the node's own record (reason "preempted"),
     # not from Spark's "Command exited with code 143" nor from the ranks' printed line.
     assert re.fullmatch(rf"node 1's executor was preempted \(SIGTERM\): step {ckpt} was checkpointed "
-                        r"on request and the node stopped \(host .+\)", att[0]["cause"]), att[0]
+                        r"on request and the node stopped", att[0]["cause"]), att[0]
     assert out["PLUGIN_ACKS"] == ["1"], out.get("PLUGIN_LINE")
     assert out["LEFT"] == ["0"], out
     print(f"preemption (SIGTERM) -> checkpoint complete: {took:.2f} s (step {ckpt}); 0 steps lost; "
