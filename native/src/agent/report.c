@@ -418,29 +418,34 @@ void tsp__report_clear(tsp_failure_t *f)
     f->document = NULL;
 }
 
-int tsp__report_acknowledged(const char *request, int *step)
+/* The first line of a small regular file of the task's own work directory (a FIFO or a
+ * link there is not read), without its line end: its length, or -1. */
+static ssize_t read_first_line(const char *path, char *buf, size_t len)
 {
-    char path[PATH_MAX], buf[32];
-    if (!request || !*request ||
-        snprintf(path, sizeof path, "%s.done", request) >= (int)sizeof path)
-        return 0;
-    /* The task's own work directory; a FIFO or a link there is not an acknowledgement. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0)
-        return 0;
+        return -1;
     struct stat st;
     ssize_t n = -1;
     if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
         do
-            n = read(fd, buf, sizeof buf - 1);
+            n = read(fd, buf, len - 1);
         while (n < 0 && errno == EINTR);
     close(fd);
     if (n <= 0)
-        return 0;
+        return -1;
     buf[n] = 0;
     buf[strcspn(buf, "\r\n")] = 0;
+    return (ssize_t)strlen(buf);
+}
+
+int tsp__report_acknowledged(const char *request, int *step)
+{
+    char path[PATH_MAX], buf[32];
     int got = -1;
-    if (tsp__parse_int(buf, &got) != 0 || got < 0)
+    if (!request || !*request ||
+        snprintf(path, sizeof path, "%s.done", request) >= (int)sizeof path ||
+        read_first_line(path, buf, sizeof buf) < 0 || tsp__parse_int(buf, &got) != 0 || got < 0)
         return 0;
     if (step)
         *step = got;
@@ -452,20 +457,9 @@ int tsp__report_acknowledged(const char *request, int *step)
 static const char *request_reason(const char *request)
 {
     char buf[64];
-    int fd = open(request, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0)
+    if (read_first_line(request, buf, sizeof buf) < 0)
         return "decommission";
-    struct stat st;
-    ssize_t n = -1;
-    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode))
-        do
-            n = read(fd, buf, sizeof buf - 1);
-        while (n < 0 && errno == EINTR);
-    close(fd);
-    if (n <= 0)
-        return "decommission";
-    buf[n] = 0;
-    buf[strcspn(buf, " \r\n")] = 0;
+    buf[strcspn(buf, " ")] = 0;
     return strcmp(buf, "preempted") == 0 ? "preempted" : "decommission";
 }
 
