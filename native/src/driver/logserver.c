@@ -437,6 +437,7 @@ tsp_logserver_t *tsp_logserver_start(const tsp_logserver_opts_t *o, char *err, s
         if (s->wake_fd >= 0)
             close(s->wake_fd);
         tsp__tlsctx_free(s->tls);
+        tsp__ragg_free(s->ragg); /* NULL-safe: set up before the bind that may fail */
         free(s);
         return NULL;
     }
