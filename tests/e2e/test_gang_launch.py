@@ -14,7 +14,7 @@ import pytest
 from pyspark import cloudpickle
 from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
 
-import tsp_spark
+from tests.helpers import tsp_spark
 from torchspark import TorchDistributor, TorchDistributorError
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
