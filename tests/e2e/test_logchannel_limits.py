@@ -195,7 +195,7 @@ _RDV_DRIVER = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
 from torchspark._rendezvous import Server
-srv = Server("127.0.0.1")
+srv = Server("127.0.0.1", "ab" * 32)  # TLS keyed by a run secret (protocol 2.1)
 print(json.dumps(srv.spec("127.0.0.1")), flush=True)
 sys.stdin.read()
 """

@@ -72,6 +72,10 @@ __all__ = ["Checkpoint", "save", "load_latest", "latest_step", "requested", "ack
 DIR_ENV = "TORCHSPARK_CHECKPOINT_DIR"
 REQUEST_ENV = "TORCHSPARK_CHECKPOINT_REQUEST"  # the file TorchSparkPlugin creates (Decommission.java)
 ACK_SUFFIX = ".done"
+# requested() was called on this node: TorchSparkPlugin's SIGTERM hook (Preemption.java)
+# waits for the checkpoint of a node that watches only, never for a loop that cannot answer.
+WATCH_SUFFIX = ".watch"
+_watching = False
 STOP_WAIT_S = 120.0  # how long a checkpoint taken on request waits to be stopped
 COMPLETE = "COMPLETE"
 _STEP_DIR = re.compile(r"step-(\d{12})$")
@@ -428,6 +432,7 @@ def requested() -> bool:
     every rank. False outside a torchspark run or without TorchSparkPlugin."""
     global _pending
     path = _request_file()
+    _watch(path)
     local = path is not None and os.path.exists(path)
     rank, world, dist = _dist()
     flag = local
@@ -435,6 +440,19 @@ def requested() -> bool:
         flag = bool(_all_reduce(1 if local else 0, dist, dist.ReduceOp.MAX))
     _pending = _pending or flag
     return flag
+
+
+def _watch(path: Optional[str]) -> None:
+    """Once a process: <request>.watch says that this node's loop asks requested()."""
+    global _watching
+    if _watching or path is None:
+        return
+    _watching = True
+    try:
+        os.close(os.open(path + WATCH_SUFFIX,
+                         os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass  # the plugin then stops this node without waiting (as without the plugin)
 
 
 def acknowledge_request(step: int, stop_wait_s: Optional[float] = None) -> None:

@@ -19,7 +19,8 @@ import scala.runtime.BoxedUnit;
  * default priority, 100) stops the executor, whose plugins' shutdown stops every agent.
  * This hook runs before it ({@value #ABOVE_DEFAULT} above the default): it asks every
  * torchspark agent of this executor to checkpoint now (the request file of
- * Decommission.java), waits for their acknowledgements ({@code <request>.done}) up to
+ * Decommission.java), waits for the acknowledgements ({@code <request>.done}) of those whose
+ * training loop calls checkpoint.requested() (its {@code <request>.watch} file) up to
  * spark.torchspark.preemption.grace, logs one line, and only then lets the executor stop,
  * taking the agents, their workers and the Python worker with it. The JVM, its RPC and
  * the tasks live on meanwhile: nothing else of Spark's shutdown has run yet.
@@ -31,6 +32,9 @@ import scala.runtime.BoxedUnit;
 final class Preemption {
     /** How far above Spark's default shutdown priority (the Executor's stop) the hook runs. */
     static final int ABOVE_DEFAULT = 10;
+    /** Beside the request file once the node's loop called checkpoint.requested()
+     *  (checkpoint.py's WATCH_SUFFIX). */
+    static final String WATCH_SUFFIX = ".watch";
     /** How often the hook looks for the acknowledgements. */
     static final long POLL_MS = 10;
     static final Logger LOG = LoggerFactory.getLogger(Preemption.class);
@@ -64,7 +68,9 @@ final class Preemption {
         Map<Long, Path> asked = new LinkedHashMap<>();
         for (ProcessHandle p : ProcessTrees.roots(ProcessTrees.tagged(null))) {
             Path path = Decommission.ask(p.pid(), "preempted");
-            if (path != null) {
+            // Only a node whose loop asks checkpoint.requested() can answer: the others are
+            // stopped at once, as without the hook (a killExecutor must not wait the grace).
+            if (path != null && Files.exists(Paths.get(path + WATCH_SUFFIX))) {
                 asked.put(p.pid(), path);
             }
         }
