@@ -467,7 +467,9 @@ def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
           f"{out['STOP_GONE_MS'][0]} ms after spark.stop() was called")
     assert 0 <= gone < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
     assert int(out["OTHER_ALIVE"][0]) == b, out
-    assert int(out["PLUGIN_STOPS"][0]) >= 1, out
+    # The plugin saw job A's task killed: it stopped its agent, or found it already stopped
+    # by the run's own STOP (the driver stops every agent of a failed job; the two race).
+    assert int(out["PLUGIN_STOPS"][0]) + int(out["PLUGIN_EARLY"][0]) >= 1, out
     assert int(out["STOP_GONE_MS"][0]) >= 0, (out, err[-3000:])
 
 

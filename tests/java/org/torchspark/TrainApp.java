@@ -407,10 +407,20 @@ public final class TrainApp {
             }
             sleep(5);
         }
-        sleep(1000);
+        // The executor's log lines: the plugin's kill of job A's task, written once it ran
+        // (within 10 s; a fixed 1 s read missed it once under load).
+        long seenBy = System.nanoTime() + 10_000_000_000L;
+        int stops = pluginStops(spark);
+        int early = logCount(spark, "killed with no agent running");
+        while (stops + early == 0 && System.nanoTime() - seenBy < 0) {
+            sleep(100);
+            stops = pluginStops(spark);
+            early = logCount(spark, "killed with no agent running");
+        }
         System.out.println("GONE_MS: " + goneMs);
         System.out.println("OTHER_ALIVE: " + marked(b).size());
-        System.out.println("PLUGIN_STOPS: " + pluginStops(spark));
+        System.out.println("PLUGIN_STOPS: " + stops);
+        System.out.println("PLUGIN_EARLY: " + early);
         t0 = System.nanoTime();
         spark.stop();
         long stopMs = -1;
