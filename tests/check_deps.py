@@ -67,6 +67,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "json": ("shared", 1),
     "reason": ("shared", 1),  # the failure reasons and the advice of each (report, outcome)
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
+    "macrec": ("shared", 1),  # the records with encryption off: GMAC over a sequence (1.10.1)
     "tlsconn": ("shared", 2),  # the log channel's TLS 1.3 transport (docs/protocol.md 1.10)
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),

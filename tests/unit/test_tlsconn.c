@@ -81,9 +81,12 @@ END_TEST
 /* An on-path proxy for one connection: records both ways (up to CAP bytes) and flips one
  * bit of the client's byte number `flip` (-1: none). */
 #define CAP (1u << 20)
+enum { ACT_FLIP, ACT_DUP, ACT_SWAP };
 typedef struct proxy {
     int lfd, port, up_port;
     long flip;
+    int act; /* at byte `flip`: ACT_FLIP one bit, ACT_DUP send that segment twice, ACT_SWAP
+              * hold it and send it after the next one */
     uint8_t *cap;
     size_t caplen;
 } proxy_t;
@@ -104,7 +107,8 @@ static void *proxy_main(void *arg)
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     ck_assert_int_eq(connect(b, (struct sockaddr *)&sa, sizeof sa), 0);
     long sent = 0;
-    uint8_t buf[65536];
+    uint8_t buf[65536], held[65536];
+    ssize_t nheld = 0;
     for (;;) {
         struct pollfd f[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
         if (poll(f, 2, 10000) <= 0)
@@ -114,12 +118,25 @@ static void *proxy_main(void *arg)
         if (r <= 0)
             break;
         record(p, buf, (size_t)r);
-        if (from == a && p->flip >= sent && p->flip < sent + r)
-            buf[p->flip - sent] ^= 0x01;
+        int hit = from == a && p->flip >= sent && p->flip < sent + r;
         if (from == a)
             sent += r;
+        if (hit && p->act == ACT_FLIP)
+            buf[p->flip - (sent - r)] ^= 0x01;
+        if (hit && p->act == ACT_SWAP) {
+            memcpy(held, buf, (size_t)r);
+            nheld = r;
+            continue;
+        }
         if (send(from == a ? b : a, buf, (size_t)r, MSG_NOSIGNAL) != r)
             break;
+        if (hit && p->act == ACT_DUP && send(b, buf, (size_t)r, MSG_NOSIGNAL) != r)
+            break;
+        if (from == a && nheld > 0 && !hit) {
+            if (send(b, held, (size_t)nheld, MSG_NOSIGNAL) != nheld)
+                break;
+            nheld = 0;
+        }
     }
     close(a);
     close(b);
@@ -201,6 +218,95 @@ START_TEST(test_tlsconn_rewritten_byte_kills_the_connection)
 }
 END_TEST
 
+/* Encryption off (docs/protocol.md 1.10.1): the lines go in clear, each record MAC'ed and
+ * numbered; a proxy that rewrites, replays or reorders a record is refused, and nothing of
+ * that record or after it is delivered. */
+static void mac_attack(int act, long at)
+{
+    tsp_logserver_t *s = server();
+    ck_assert_int_eq(tsp_logserver_encryption(s, 0), 0);
+    proxy_t p;
+    pthread_t th;
+    proxy_start(&p, tsp_logserver_port(s), at, &th);
+    p.act = act;
+    int fd = send_lines(s, p.port);
+    int lines = 0;
+    if (at < 0) {
+        pull_until(s, "never", &lines, 1500);
+        ck_assert_int_eq(lines, 40);
+    } else {
+        /* a tag that fails, or a length that the rewrite or the cut made impossible */
+        ck_assert_msg(pull_until(s, "the TLS channel broke: a record ", &lines, 8000), "no event");
+        pull_until(s, NULL, &lines, 300);
+        ck_assert_int_lt(lines, 40); /* pull_until failed on any line out of order or twice */
+    }
+    close(fd);
+    pthread_join(th, NULL);
+    if (at < 0) /* in clear: the switch took effect */
+        ck_assert_ptr_nonnull(memmem(p.cap, p.caplen, "line 1", 6));
+    free(p.cap);
+    tsp_logserver_free(s);
+}
+
+START_TEST(test_tlsconn_encryption_off_lines_arrive_in_clear)
+{
+    mac_attack(ACT_FLIP, -1);
+}
+END_TEST
+
+START_TEST(test_tlsconn_encryption_off_rewritten_byte_is_refused)
+{
+    mac_attack(ACT_FLIP, 1800);
+}
+END_TEST
+
+START_TEST(test_tlsconn_encryption_off_replayed_record_is_refused)
+{
+    mac_attack(ACT_DUP, 1800);
+}
+END_TEST
+
+START_TEST(test_tlsconn_encryption_off_reordered_records_are_refused)
+{
+    mac_attack(ACT_SWAP, 1800);
+}
+END_TEST
+
+/* An agent that offers only encryption against a driver with it off: one sentence each side,
+ * at the handshake, not a hang. */
+START_TEST(test_tlsconn_encryption_mismatch_is_one_sentence)
+{
+    tsp_logserver_t *s = server();
+    ck_assert_int_eq(tsp_logserver_encryption(s, 0), 0);
+    uint8_t secret[32];
+    tsp_logserver_secret(s, secret);
+    char err[600] = "";
+    tsp__tlsctx_t *x = NULL;
+    ck_assert_int_eq(tsp__tlsctx_new(&x, 0, secret, err, sizeof err), 0);
+    tsp__tlsctx_set_modes(x, TSP__TLS_ENCRYPT);
+    int fd = raw_connect(tsp_logserver_port(s));
+    tsp__tls_t *t = NULL;
+    ck_assert_int_eq(tsp__tls_new(&t, x, fd), 0);
+    int64_t t0 = tsp__now_ms();
+    ck_assert_int_eq(tsp__tls_handshake_by(t, t0 + 5000, err, sizeof err), -EACCES);
+    ck_assert_str_eq(err, "the driver refused the TLS handshake: this driver has "
+                          "spark.torchspark.encryption=false and this agent requires encryption "
+                          "on: set the same on both");
+    ck_assert_msg(pull_until(s,
+                             "TLS handshake refused: the agent requires encryption on (it offers "
+                             "only ALPN torchspark/3) and this driver has "
+                             "spark.torchspark.encryption=false: set the same on both",
+                             NULL, 3000),
+                  "no event");
+    ck_assert_int_lt(tsp__now_ms() - t0, 4000);
+    tsp__tls_free(t);
+    close(fd);
+    tsp__tlsctx_free(x);
+    ck_assert_int_eq(tsp_logserver_encryption(s, 2), -EINVAL);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_tlsconn_proxy_sees_no_line_in_clear)
 {
     tsp_logserver_t *s = server();
@@ -270,6 +376,11 @@ int main(void)
     tcase_add_test(tc, test_tlsconn_proxy_sees_no_line_in_clear);
     tcase_add_test(tc, test_tlsconn_plaintext_agent_gets_the_versions);
     tcase_add_test(tc, test_tlsconn_stalled_tls_handshake_is_cut_at_the_deadline);
+    tcase_add_test(tc, test_tlsconn_encryption_off_lines_arrive_in_clear);
+    tcase_add_test(tc, test_tlsconn_encryption_off_rewritten_byte_is_refused);
+    tcase_add_test(tc, test_tlsconn_encryption_off_replayed_record_is_refused);
+    tcase_add_test(tc, test_tlsconn_encryption_off_reordered_records_are_refused);
+    tcase_add_test(tc, test_tlsconn_encryption_mismatch_is_one_sentence);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

@@ -141,6 +141,11 @@ TSP_EXTERN int tsp_logserver_expect_output(tsp_logserver_t *s, const char *path)
  * 0, or -EINVAL with err naming the bad value. */
 TSP_EXTERN int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_result_size,
                                           char *err, size_t errlen);
+/* spark.torchspark.encryption (docs/protocol.md 1.10.1): 1 (the default) every connection
+ * stays TLS 1.3 to its end; 0 connections made from now on keep the TLS 1.3 handshake, then
+ * carry MAC'ed, numbered records in clear. An agent that offers only the other mode is
+ * refused with a sentence. 0, or -EINVAL for another value. */
+TSP_EXTERN int tsp_logserver_encryption(tsp_logserver_t *s, int on);
 /* Waits for the output: 0 received and verified; -ETIMEDOUT; -ENOENT none expected. */
 TSP_EXTERN int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms);
 /* After output_wait returned 0: the data (memory mode; NULL for a file) and its length. */

@@ -535,6 +535,14 @@ int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_result_size, 
     return tsp__outrecv_limit(&s->out, max_result_size, err, errlen);
 }
 
+int tsp_logserver_encryption(tsp_logserver_t *s, int on)
+{
+    if (on != 0 && on != 1)
+        return -EINVAL;
+    tsp__tlsctx_set_modes(s->tls, on ? TSP__TLS_ENCRYPT : TSP__TLS_MAC);
+    return 0;
+}
+
 int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms)
 {
     return tsp__outrecv_wait(&s->out, timeout_ms);

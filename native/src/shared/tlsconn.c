@@ -13,11 +13,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "macrec.h"
 #include "util.h"
 
 #define PSK_LEN TSP__TLS_KEY_LEN
@@ -26,10 +28,15 @@
 static const char PSK_SALT[] = "torchspark";
 /* TLS_AES_128_GCM_SHA256: the PSK's session cipher (its hash, SHA-256, binds the PSK). */
 static const unsigned char PSK_CIPHER[2] = {0x13, 0x01};
+/* ALPN (docs/protocol.md 1.10.1): encrypted to the end, or MAC'ed records after the handshake. */
+static const char ALPN_ENC[] = "torchspark/3";
+static const char ALPN_MAC[] = "torchspark/3+mac";
+static const char MAC_EXPORTER[] = "EXPORTER-torchspark-mac-v1";
 
 struct tsp__tlsctx {
     SSL_CTX *ctx;
     int server;
+    atomic_int modes; /* TSP__TLS_ENCRYPT | TSP__TLS_MAC: a client offers, a server picks one */
     uint8_t psk[PSK_LEN];
     uint8_t run_id[TSP_WIRE_RUNID_LEN];
 };
@@ -39,8 +46,10 @@ struct tsp__tls {
     tsp__tlsctx_t *x;
     int fd;
     short want;
-    int own_ctx; /* tsp__tls_dial: x is freed with the connection */
-    int foreign; /* server: the client offered another run's identity */
+    int own_ctx;        /* tsp__tls_dial: x is freed with the connection */
+    int foreign;        /* server: the client offered another run's identity */
+    int refused_modes;  /* server: the ALPN modes of a client refused for its offer, else 0 */
+    tsp__macrec_t *mac; /* encryption off: the records after the handshake (1.10.1) */
     uint8_t foreign_id[TSP_WIRE_RUNID_LEN];
     char why[WHY_LEN];
 };
@@ -117,6 +126,42 @@ static int server_psk_cb(SSL *ssl, const unsigned char *id, size_t idlen, SSL_SE
     return *sessp ? 1 : 0;
 }
 
+/* The modes a client's ALPN list offers (TSP__TLS_ENCRYPT, TSP__TLS_MAC). */
+static int offered_modes(const unsigned char *in, unsigned inlen)
+{
+    int m = 0;
+    for (unsigned i = 0; i < inlen && i + 1u + in[i] <= inlen; i += 1u + in[i]) {
+        if (in[i] == sizeof(ALPN_ENC) - 1 && memcmp(in + i + 1, ALPN_ENC, in[i]) == 0)
+            m |= TSP__TLS_ENCRYPT;
+        if (in[i] == sizeof(ALPN_MAC) - 1 && memcmp(in + i + 1, ALPN_MAC, in[i]) == 0)
+            m |= TSP__TLS_MAC;
+    }
+    return m;
+}
+
+/* The server picks the protocol of its setting, or refuses (no_application_protocol). */
+static int alpn_select_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen,
+                          const unsigned char *in, unsigned inlen, void *arg)
+{
+    (void)arg;
+    tsp__tls_t *t = SSL_get_app_data(ssl);
+    int want = atomic_load(&t->x->modes) & TSP__TLS_MAC ? TSP__TLS_MAC : TSP__TLS_ENCRYPT;
+    int offer = offered_modes(in, inlen);
+    if (!(offer & want)) {
+        t->refused_modes = offer ? offer : -1;
+        return SSL_TLSEXT_ERR_ALERT_FATAL;
+    }
+    const char *p = want == TSP__TLS_MAC ? ALPN_MAC : ALPN_ENC;
+    *out = (const unsigned char *)p;
+    *outlen = (unsigned char)strlen(p);
+    return SSL_TLSEXT_ERR_OK;
+}
+
+void tsp__tlsctx_set_modes(tsp__tlsctx_t *x, int modes)
+{
+    atomic_store(&x->modes, modes);
+}
+
 int tsp__tlsctx_new(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
                     char *err, size_t errlen)
 {
@@ -130,6 +175,7 @@ int tsp__tlsctx_new_for(tsp__tlsctx_t **out, int server, const uint8_t secret[TS
     if (!x)
         return tsp__err(err, errlen, -ENOMEM, "no memory for a TLS context");
     x->server = server;
+    atomic_init(&x->modes, server ? TSP__TLS_ENCRYPT : TSP__TLS_ENCRYPT | TSP__TLS_MAC);
     x->ctx = SSL_CTX_new(server ? TLS_server_method() : TLS_client_method());
     if (!x->ctx || tsp__tls_derive(secret, label, x->psk) || tsp_wire_run_id(secret, x->run_id) ||
         !SSL_CTX_set_min_proto_version(x->ctx, TLS1_3_VERSION) ||
@@ -146,10 +192,12 @@ int tsp__tlsctx_new_for(tsp__tlsctx_t **out, int server, const uint8_t secret[TS
     SSL_CTX_set_mode(x->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
                                  SSL_MODE_RELEASE_BUFFERS);
     SSL_CTX_set_session_cache_mode(x->ctx, SSL_SESS_CACHE_OFF);
-    if (server)
+    if (server) {
         SSL_CTX_set_psk_find_session_callback(x->ctx, server_psk_cb);
-    else
+        SSL_CTX_set_alpn_select_cb(x->ctx, alpn_select_cb, NULL);
+    } else {
         SSL_CTX_set_psk_use_session_callback(x->ctx, client_psk_cb);
+    }
     *out = x;
     return 0;
 }
@@ -180,6 +228,25 @@ int tsp__tls_new(tsp__tls_t **out, tsp__tlsctx_t *x, int fd)
     t->x = x;
     t->fd = fd;
     SSL_set_app_data(t->ssl, t);
+    int m = atomic_load(&x->modes);
+    unsigned char alpn[2 + sizeof(ALPN_ENC) + sizeof(ALPN_MAC)];
+    size_t al = 0;
+    if (m & TSP__TLS_ENCRYPT) {
+        alpn[al++] = (unsigned char)(sizeof(ALPN_ENC) - 1);
+        memcpy(alpn + al, ALPN_ENC, sizeof(ALPN_ENC) - 1);
+        al += sizeof(ALPN_ENC) - 1;
+    }
+    if (m & TSP__TLS_MAC) {
+        alpn[al++] = (unsigned char)(sizeof(ALPN_MAC) - 1);
+        memcpy(alpn + al, ALPN_MAC, sizeof(ALPN_MAC) - 1);
+        al += sizeof(ALPN_MAC) - 1;
+    }
+    if (!x->server && SSL_set_alpn_protos(t->ssl, alpn, (unsigned)al) != 0) {
+        SSL_free(t->ssl);
+        free(t);
+        ERR_clear_error();
+        return -ENOMEM;
+    }
     if (x->server)
         SSL_set_accept_state(t->ssl);
     else
@@ -193,6 +260,7 @@ void tsp__tls_free(tsp__tls_t *t)
     if (!t)
         return;
     SSL_free(t->ssl);
+    tsp__macrec_free(t->mac);
     free(t);
 }
 
@@ -240,6 +308,8 @@ short tsp__tls_want(const tsp__tls_t *t)
 
 int tsp__tls_pending(const tsp__tls_t *t)
 {
+    if (t && t->mac)
+        return tsp__macrec_pending(t->mac);
     return t && SSL_pending(t->ssl) > 0;
 }
 
@@ -313,6 +383,74 @@ static int map_err(tsp__tls_t *t, int r, int saved_errno)
     return -EBADMSG;
 }
 
+/* Once both Finished messages are through: the protocol the server picked, and with encryption
+ * off the record keys from the TLS exporter (docs/protocol.md 1.10.1). 0 or -EACCES / -EIO. */
+static int after_handshake(tsp__tls_t *t)
+{
+    const unsigned char *p = NULL;
+    unsigned n = 0;
+    SSL_get0_alpn_selected(t->ssl, &p, &n);
+    int mode = (n == sizeof(ALPN_MAC) - 1 && memcmp(p, ALPN_MAC, n) == 0)   ? TSP__TLS_MAC
+               : (n == sizeof(ALPN_ENC) - 1 && memcmp(p, ALPN_ENC, n) == 0) ? TSP__TLS_ENCRYPT
+                                                                            : 0;
+    if (!mode) {
+        snprintf(t->why, sizeof(t->why), "%s",
+                 t->x->server ? "TLS handshake refused: the client offered no torchspark "
+                                "protocol (ALPN torchspark/3 or torchspark/3+mac): it is not a "
+                                "torchspark agent of version 3"
+                              : "the driver chose no torchspark protocol (ALPN): it is not a "
+                                "torchspark driver of version 3");
+        return -EACCES;
+    }
+    if (mode == TSP__TLS_ENCRYPT || t->mac)
+        return 0;
+    uint8_t k[32], c2s[EVP_MAX_MD_SIZE], s2c[EVP_MAX_MD_SIZE];
+    unsigned ml = 0;
+    int rc = SSL_export_keying_material(t->ssl, k, sizeof(k), MAC_EXPORTER,
+                                        sizeof(MAC_EXPORTER) - 1, NULL, 0, 0) == 1 &&
+                     HMAC(EVP_sha256(), k, (int)sizeof(k),
+                          (const unsigned char *)"client to server", 16, c2s, &ml) &&
+                     HMAC(EVP_sha256(), k, (int)sizeof(k),
+                          (const unsigned char *)"server to client", 16, s2c, &ml)
+                 ? tsp__macrec_new(&t->mac, t->x->server ? s2c : c2s, t->x->server ? c2s : s2c)
+                 : -EIO;
+    OPENSSL_cleanse(k, sizeof(k));
+    OPENSSL_cleanse(c2s, sizeof(c2s));
+    OPENSSL_cleanse(s2c, sizeof(s2c));
+    if (rc)
+        snprintf(t->why, sizeof(t->why), "cannot set up the MAC'ed records (OpenSSL)");
+    return rc;
+}
+
+/* The sentence of a handshake refused for the encryption setting (ALPN), or NULL. */
+static const char *mode_refusal(const tsp__tls_t *t, unsigned long code)
+{
+    if (t->x->server && t->refused_modes == TSP__TLS_ENCRYPT)
+        return "TLS handshake refused: the agent requires encryption on (it offers only ALPN "
+               "torchspark/3) and this driver has spark.torchspark.encryption=false: set the "
+               "same on both";
+    if (t->x->server && t->refused_modes == TSP__TLS_MAC)
+        return "TLS handshake refused: the agent requires encryption off (it offers only ALPN "
+               "torchspark/3+mac) and this driver has spark.torchspark.encryption=true: set the "
+               "same on both";
+    if (t->x->server && t->refused_modes)
+        return "TLS handshake refused: the client offered no torchspark protocol (ALPN "
+               "torchspark/3 or torchspark/3+mac): it is not a torchspark agent of version 3";
+    if (t->x->server || ERR_GET_REASON(code) != SSL_R_TLSV1_ALERT_NO_APPLICATION_PROTOCOL)
+        return NULL;
+    int m = atomic_load(&t->x->modes);
+    if (m == TSP__TLS_ENCRYPT)
+        return "the driver refused the TLS handshake: this driver has "
+               "spark.torchspark.encryption=false and this agent requires encryption on: set "
+               "the same on both";
+    if (m == TSP__TLS_MAC)
+        return "the driver refused the TLS handshake: this driver has "
+               "spark.torchspark.encryption=true and this agent requires encryption off: set "
+               "the same on both";
+    return "the driver refused the TLS handshake: it speaks no torchspark protocol that this "
+           "agent offers (ALPN)";
+}
+
 int tsp__tls_handshake(tsp__tls_t *t)
 {
     ERR_clear_error();
@@ -323,10 +461,16 @@ int tsp__tls_handshake(tsp__tls_t *t)
     int e = errno;
     nopipe_end(&old, e);
     if (r == 1)
-        return 0;
+        return after_handshake(t);
+    unsigned long code = ERR_peek_last_error();
     int rc = map_err(t, r, e);
     if (rc == -EAGAIN)
         return rc;
+    const char *refusal = mode_refusal(t, code);
+    if (refusal) {
+        snprintf(t->why, sizeof(t->why), "%s", refusal);
+        return -EACCES;
+    }
     char hex[2 * TSP_WIRE_RUNID_LEN + 1], own[2 * TSP_WIRE_RUNID_LEN + 1];
     if (t->foreign) {
         tsp__hex_encode(t->foreign_id, 8, hex);
@@ -356,6 +500,8 @@ int tsp__tls_handshake(tsp__tls_t *t)
 
 ssize_t tsp__tls_read(tsp__tls_t *t, void *buf, size_t n)
 {
+    if (t->mac)
+        return tsp__macrec_read(t->mac, t->fd, buf, n, &t->want, t->why, sizeof(t->why));
     ERR_clear_error();
     errno = 0;
     size_t got = 0;
@@ -372,6 +518,8 @@ ssize_t tsp__tls_read(tsp__tls_t *t, void *buf, size_t n)
 
 ssize_t tsp__tls_write(tsp__tls_t *t, const void *buf, size_t n)
 {
+    if (t->mac)
+        return tsp__macrec_write(t->mac, t->fd, buf, n, &t->want, t->why, sizeof(t->why));
     ERR_clear_error();
     errno = 0;
     size_t put = 0;
@@ -389,6 +537,8 @@ ssize_t tsp__tls_write(tsp__tls_t *t, const void *buf, size_t n)
 
 void tsp__tls_close_notify(tsp__tls_t *t)
 {
+    if (t->mac)
+        return; /* the records end with the TCP stream (docs/protocol.md 1.10.1) */
     ERR_clear_error();
     sigset_t old;
     nopipe_begin(&old);
@@ -400,7 +550,7 @@ void tsp__tls_close_notify(tsp__tls_t *t)
 
 int tsp__tls_ktls_send(const tsp__tls_t *t)
 {
-    return BIO_get_ktls_send(SSL_get_wbio(t->ssl)) ? 1 : 0;
+    return !t->mac && BIO_get_ktls_send(SSL_get_wbio(t->ssl)) ? 1 : 0;
 }
 
 ssize_t tsp__tls_sendfile(tsp__tls_t *t, int filefd, off_t off, size_t n)

@@ -24,6 +24,11 @@ typedef struct tsp__tls tsp__tls_t;
 #define TSP__RDV_MAC_LABEL "torchspark rendezvous record MAC v1"
 #define TSP__TLS_KEY_LEN 32u
 
+/* The log channel's modes (docs/protocol.md 1.10.1): TLS records to the end, or the MAC'ed
+ * records of macrec after the handshake (spark.torchspark.encryption=false). */
+#define TSP__TLS_ENCRYPT 1
+#define TSP__TLS_MAC 2
+
 /* HKDF-SHA256(salt "torchspark", the secret, info label): 32 bytes. 0 or -EIO. */
 int tsp__tls_derive(const uint8_t secret[TSP_WIRE_SECRET_LEN], const char *label,
                     uint8_t out[TSP__TLS_KEY_LEN]);
@@ -39,6 +44,9 @@ int tsp__tlsctx_new(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WI
 int tsp__tlsctx_new_for(tsp__tlsctx_t **out, int server, const uint8_t secret[TSP_WIRE_SECRET_LEN],
                         const char *label, char *err, size_t errlen);
 void tsp__tlsctx_free(tsp__tlsctx_t *x);
+/* What the connections made after it offer (a client: one or both modes) or pick (a server:
+ * exactly one). Default: a client offers both, a server picks TSP__TLS_ENCRYPT. */
+void tsp__tlsctx_set_modes(tsp__tlsctx_t *x, int modes);
 
 /* A connection over the connected socket fd (non-blocking). 0 or -ENOMEM. */
 int tsp__tls_new(tsp__tls_t **out, tsp__tlsctx_t *x, int fd);
@@ -70,7 +78,8 @@ int tsp__tls_pending(const tsp__tls_t *t);
 const char *tsp__tls_why(const tsp__tls_t *t);
 /* Sends close_notify (best effort, non-blocking). */
 void tsp__tls_close_notify(tsp__tls_t *t);
-/* 1 when the kernel encrypts what this connection sends (kTLS): tsp__tls_sendfile works. */
+/* 1 when the kernel encrypts what this connection sends (kTLS): tsp__tls_sendfile works;
+ * 0 with encryption off (macrec). */
 int tsp__tls_ktls_send(const tsp__tls_t *t);
 /* SSL_sendfile: a count, -EAGAIN, -ENOSYS without kTLS, or -errno. */
 ssize_t tsp__tls_sendfile(tsp__tls_t *t, int filefd, off_t off, size_t n);
