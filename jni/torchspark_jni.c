@@ -547,6 +547,14 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputLimit(JNIEnv *e
     return rc;
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerEncryption(JNIEnv *env, jclass cls,
+                                                                      jlong h, jboolean on)
+{
+    (void)env;
+    (void)cls;
+    return tsp_logserver_encryption(server_of(h), on ? 1 : 0);
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputWait(JNIEnv *env, jclass cls,
                                                                       jlong h, jint timeout_ms)
 {

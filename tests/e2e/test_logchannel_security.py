@@ -102,11 +102,15 @@ class _OnPathProxy:
     (the channel before TLS) it rewrites them as an attacker would: "SECRET" in a LINE
     becomes "HACKED", every OUT_CHUNK's data becomes b"X"s and OUT_END carries the SHA-256
     of the rewritten data. Otherwise (TLS) it flips one byte once a connection passed 1500
-    bytes, the most it can do blind."""
+    bytes, the most it can do blind. mac: the channel with encryption off (docs/protocol.md
+    1.10.1): past the TLS handshake (up to the agent's Finished, its first application-data
+    record) it parses the MAC'ed records and rewrites their payloads in clear ("SECRET" ->
+    "HACKED", the output's bytes -> b"X"s), keeping the tags it cannot forge."""
 
-    def __init__(self, upstream_port: int):
+    def __init__(self, upstream_port: int, mac: bool = False):
         import threading
         self.up = upstream_port
+        self.mac = mac
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(16)
@@ -149,13 +153,16 @@ class _OnPathProxy:
         import hashlib
         import struct
         buf, total, flipped, forged = b"", 0, False, hashlib.sha256()
-        tls = None
+        tls, handshake = None, True
         try:
             while data := src.recv(65536):
                 self._record(data)
                 buf += data
                 if tls is None:
                     tls = buf[:1] != bytes([logproto.HELLO])  # a plaintext channel starts so
+                if self.mac:
+                    handshake, buf = self._rewrite_mac(handshake, buf, dst)
+                    continue
                 if tls:  # blind tampering
                     out, buf = buf, b""
                     if not flipped and total + len(out) > 1500:
@@ -186,6 +193,27 @@ class _OnPathProxy:
             except OSError:
                 pass
 
+    @staticmethod
+    def _rewrite_mac(handshake: bool, buf: bytes, dst: socket.socket):
+        """Forwards the whole records in buf: TLS records while handshake, then MAC'ed ones
+        with their payload rewritten; returns (handshake, what is left of buf)."""
+        import struct
+        while True:
+            if handshake:
+                if len(buf) < 5 or len(buf) < 5 + struct.unpack(">H", buf[3:5])[0]:
+                    return handshake, buf
+                n = 5 + struct.unpack(">H", buf[3:5])[0]
+                handshake = buf[0] != 0x17  # the agent's Finished ends its handshake
+            else:
+                if len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0] + 16:
+                    return handshake, buf
+                n = 4 + struct.unpack(">I", buf[:4])[0] + 16
+            rec, buf = buf[:n], buf[n:]
+            if not handshake and rec[:1] != b"\x17":
+                rec = rec.replace(b"SECRET", b"HACKED").replace(b"PAYLOAD-OF-RANK-0",
+                                                                b"X" * 17)
+            dst.sendall(rec)
+
     def close(self) -> None:
         self.stop = True
         self.lsock.close()
@@ -196,6 +224,23 @@ def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):
     rewriting proxy: the capture holds no worker line and no output byte in clear, the
     driver never accepts a rewritten output (the transfer fails, nothing is delivered), and
     no rewritten line reaches the driver."""
+    cap = _through_rewriting_proxy(tmp_path, encrypted=True)
+    assert b"SECRET" not in cap and b"worker line" not in cap
+    assert b"PAYLOAD-OF-RANK-0" not in cap
+
+
+def test_encryption_off_the_proxy_reads_but_cannot_rewrite(tmp_path):
+    """spark.torchspark.encryption=false (docs/protocol.md 1.10.1): the same agent, the same
+    proxy, now rewriting the MAC'ed records' payloads in clear: the lines and the output
+    travel in clear (the capture shows them), and still no rewritten line or output is
+    accepted: every record's tag fails."""
+    cap = _through_rewriting_proxy(tmp_path, encrypted=False)
+    assert b"SECRET worker line" in cap and b"PAYLOAD-OF-RANK-0" in cap
+
+
+def _through_rewriting_proxy(tmp_path, encrypted: bool) -> bytes:
+    """The run of a real agent through _OnPathProxy; asserts that nothing rewritten was
+    accepted and returns the capture."""
     import json
     import subprocess
     import sys
@@ -204,7 +249,8 @@ def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):
     from tests.helpers.logchannel_harness import RUN_BIN
 
     srv = LogServer()
-    proxy = _OnPathProxy(srv.port)
+    srv.encryption(encrypted)
+    proxy = _OnPathProxy(srv.port, mac=not encrypted)
     try:
         srv.expect_output(None)
         out = tmp_path / "result.bin"
@@ -231,8 +277,7 @@ def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):
         with proxy.lock:
             cap = bytes(proxy.capture)
         assert len(cap) > 100_000, "the proxy saw the transfer"
-        assert b"SECRET" not in cap and b"worker line" not in cap
-        assert b"PAYLOAD-OF-RANK-0" not in cap
+        return cap
     finally:
         proxy.close()
         srv.close()

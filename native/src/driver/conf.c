@@ -64,6 +64,11 @@ static const conf_key_t KEYS[] = {
     {PREFIX "rendezvous", T_BOOL, 0, NULL, 0, 0, "false",
      "the driver's rendezvous for the election; unset: on, but off under Spark Connect",
      "TORCHSPARK_RENDEZVOUS"},
+    {PREFIX "encryption", T_BOOL, 0, "true", 0, 0, "false",
+     "TLS 1.3 encryption of torchspark's own channel (lines, control, rank 0's output); false, "
+     "for measurements on a trusted network only: the same authenticated handshake, then "
+     "every frame MAC'ed and numbered but in clear",
+     "TORCHSPARK_ENCRYPTION"},
     {PREFIX "job.maxRestarts", T_INT, 0, "0", 0, INT_MAX, "3",
      "how many times a failed distributed run is submitted again (keyword max_restarts=)", NULL},
     {PREFIX "job.minNodes", T_INT, 0, NULL, 1, INT_MAX, "2",
@@ -620,8 +625,17 @@ static void write_values(tsp_json_writer_t *w, reader_t *r)
  * one line a glue logs before a distributed run, at its level. */
 static void write_encryption(tsp_json_writer_t *w, const reader_t *r)
 {
-    static const char CHANNEL[] = "torchspark's own channel to the driver (worker lines, "
-                                  "control, rank 0's output) is TLS 1.3 keyed by the run's secret";
+    static const char ENCRYPTED[] = "torchspark's own channel to the driver (worker lines, "
+                                    "control, rank 0's output) is TLS 1.3 keyed by the run's "
+                                    "secret";
+    static const char CLEAR[] =
+        "torchspark's own channel to the driver (worker lines, control, rank 0's output) is "
+        "authenticated but NOT encrypted (spark.torchspark.encryption=false: the TLS 1.3 "
+        "handshake, then every frame MAC'ed and numbered, in clear): use this on a trusted "
+        "network only";
+    const val_t *enc = &r->vals[key_index(PREFIX "encryption")];
+    int clear = enc->set && !enc->num;
+    const char *channel = clear ? CLEAR : ENCRYPTED;
     char on[256] = "", msg[1024];
     size_t at = 0;
     for (size_t j = 0; j < NSPARK_SECURE; j++)
@@ -634,15 +648,17 @@ static void write_encryption(tsp_json_writer_t *w, const reader_t *r)
                               "plane (the TCPStore, gloo and NCCL collectives) is encrypted "
                               "neither by torchspark nor by Spark: see docs/security.md, \"What "
                               "torchspark does not encrypt\"",
-                              on, CHANNEL);
+                              on, channel);
     else
-        at = (size_t)snprintf(msg, sizeof msg, "%s", CHANNEL);
+        at = (size_t)snprintf(msg, sizeof msg, "%s", channel);
     for (size_t j = NSPARK_SECURE; j < NSPARK; j++)
         if (r->spark_on[j] && at < sizeof msg)
             at += (size_t)snprintf(msg + at, sizeof msg - at,
-                                   " (%s=true is accepted for compatibility and changes nothing: "
-                                   "torchspark sends nothing in clear over its own channel)",
-                                   SPARK_KEYS[j]);
+                                   " (%s=true is accepted for compatibility and changes nothing%s)",
+                                   SPARK_KEYS[j],
+                                   clear ? ""
+                                         : ": torchspark sends nothing in clear over its "
+                                           "own channel");
     tsp_json_key(w, "encryption");
     tsp_json_begin_object(w);
     tsp_json_key(w, "proceed");
@@ -654,7 +670,7 @@ static void write_encryption(tsp_json_writer_t *w, const reader_t *r)
             tsp_json_str(w, SPARK_KEYS[j]);
     tsp_json_end(w);
     tsp_json_key(w, "level");
-    tsp_json_str(w, on[0] ? "WARNING" : "INFO");
+    tsp_json_str(w, on[0] || clear ? "WARNING" : "INFO");
     tsp_json_key(w, "message");
     tsp_json_str(w, msg);
     tsp_json_end(w);

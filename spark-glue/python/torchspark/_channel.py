@@ -153,7 +153,9 @@ def _start_log_server(dist: Any, host: str) -> Any:
     _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
     try:
         tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
-        return _native.LogServer(host=host, port=0, tail_lines=tail)
+        server = _native.LogServer(host=host, port=0, tail_lines=tail)
+        server.encryption(dist._settings["encryption"])
+        return server
     except Exception as e:
         dist.logger.warning(
             f"Starting torchspark's log server on {host} failed ({e!r}): worker output "

@@ -86,11 +86,11 @@ def encryption(spark: Any, override_key: str) -> Dict[str, Any]:
     from Spark's security settings and the stock override key (pytorch.spark.distributor.
     ignoreSsl or DeepSpeed's), read as strings from the session's conf."""
     raw = {}
-    for key in SPARK_SECURITY_KEYS + (override_key,):
+    for key in SPARK_SECURITY_KEYS + ("spark.torchspark.encryption", override_key):
         value = spark.conf.get(key, None)
         if value is not None:
             raw[key] = str(value)
-    return dict(json_call("tsp_conf_read", {"conf": raw})["encryption"])
+    return dict(json_call("tsp_conf_read", {"conf": raw, "env": True})["encryption"])
 
 
 def check_encryption(spark: Any, override_key: str, logger: logging.Logger) -> None:

@@ -119,6 +119,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_fd_check": (i, [i] + err),
         "tsp_logserver_expect_output": (i, [vp, c]),
         "tsp_logserver_output_limit": (i, [vp, c] + err),
+        "tsp_logserver_encryption": (i, [vp, i]),
         "tsp_logserver_output_wait": (i, [vp, i]),
         "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
         "tsp_logserver_output_error": (c, [vp]),

@@ -261,6 +261,11 @@ class LogServer:
                                + self._lib.tsp_strerror(rc).decode())
         self.output_path = path
 
+    def encryption(self, on: bool) -> None:
+        """spark.torchspark.encryption: False keeps the authenticated handshake and MACs
+        every frame, in clear (docs/protocol.md 1.10.1); for connections made from now on."""
+        self._lib.tsp_logserver_encryption(self._h, 1 if on else 0)
+
     def output_limit(self, max_result_size: Optional[str]) -> None:
         """The largest output kept in memory, written as ``spark.driver.maxResultSize``
         ("1g", "512m", bytes; None: Spark's 1g default; "0": no limit). A bigger one is

@@ -78,13 +78,15 @@ final class Conf {
     /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
      *  "Where Spark encrypts"), and stock TorchDistributor's override key, accepted as it is. */
     static final String[] SPARK_SECURITY_KEYS = {"spark.ssl.enabled", "spark.ssl.rpc.enabled",
-        "spark.network.crypto.enabled", "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl"};
+        "spark.network.crypto.enabled", "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl",
+        "spark.torchspark.encryption"};
 
     /** What a distributed run does where Spark encrypts, decided by the library as for the
      *  PySpark glue: {"proceed", "spark", "level", "message"} from conf's strings (conf may be
      *  null: nothing is on). */
     static JsonNode encryption(SparkConf conf) {
         ObjectNode request = JSON.createObjectNode();
+        request.put("env", true); // TORCHSPARK_ENCRYPTION, read in C
         ObjectNode raw = request.putObject("conf");
         for (String key : SPARK_SECURITY_KEYS) {
             if (conf != null && conf.contains(key)) {

@@ -267,6 +267,17 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /** spark.torchspark.encryption: false keeps the authenticated handshake and MACs every
+     *  frame, in clear (docs/protocol.md 1.10.1); for connections made from now on. */
+    public void encryption(boolean on) {
+        long h = acquire();
+        try {
+            Native.logServerEncryption(h, on);
+        } finally {
+            release();
+        }
+    }
+
     /** The largest output received into memory, written as spark.driver.maxResultSize ("1g",
      *  "512m", bytes; null: Spark's 1g; "0": no limit): a bigger one is refused before the
      *  driver takes memory for it. Throws IllegalArgumentException on a value that is not a

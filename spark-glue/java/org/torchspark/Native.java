@@ -156,6 +156,8 @@ final class Native {
      *  negative errno with msg[0] naming the bad value. */
     static native int logServerOutputLimit(long h, String maxResultSize, String[] msg);
 
+    static native int logServerEncryption(long h, boolean on);
+
     static native int logServerOutputWait(long h, int timeoutMs);
 
     /** The received output's length (memory or file), or a negative errno. */

@@ -25,6 +25,7 @@ final class RunChannel implements AutoCloseable {
         this.hang = hang;
         server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
         try {
+            server.encryption(owner.runSettings.bool("encryption"));
             owner.reports = Collections.emptyList();
             pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
             pump.start();
