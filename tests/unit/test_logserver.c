@@ -312,7 +312,8 @@ START_TEST(test_logserver_output_bad_digest_and_length)
         raw_send_frame(fd, TSP_WIRE_OUT_BEGIN, -1, v, 8);
         if (round == 0) {
             raw_send_frame(fd, TSP_WIRE_OUT_CHUNK, -1, "abcd", 4);
-            memset(p, 0, 32);
+            unsigned dl = 0; /* the right bytes' plain SHA-256: not keyed (protocol 1.10.1) */
+            EVP_Digest("abcd", 4, p, &dl, EVP_sha256(), NULL);
             raw_send_frame(fd, TSP_WIRE_OUT_END, -1, p, 32);
             expect_refused(fd, "digest mismatch");
         } else {
@@ -429,8 +430,11 @@ START_TEST(test_logserver_output_cut_then_retried)
         raw_send_pattern(fd, 0, total, md);
         uint8_t d[32], b[64];
         unsigned dl = 0;
-        EVP_DigestFinal_ex(md, d, &dl);
+        EVP_DigestFinal_ex(md, b, &dl);
         EVP_MD_CTX_free(md);
+        uint8_t secret[32];
+        tsp_logserver_secret(s, secret);
+        tsp_wire_output_digest(secret, b, d);
         raw_send_frame(fd, TSP_WIRE_OUT_END, -1, d, 32);
         size_t n;
         ck_assert_int_eq(raw_read_frame(fd, b, sizeof b, &n), TSP_WIRE_OUT_DONE);
@@ -482,9 +486,11 @@ START_TEST(test_logserver_output_split_chunks)
             size_t k = 26 - i < 4 ? (size_t)(26 - i) : 4;
             ck_assert_int_eq(send(fd, text + i, k, MSG_NOSIGNAL), (ssize_t)k);
         }
-        uint8_t d[32];
+        uint8_t d[32], sha[32], secret[32];
         unsigned dl = 0;
-        EVP_Digest(text, 26, d, &dl, EVP_sha256(), NULL);
+        EVP_Digest(text, 26, sha, &dl, EVP_sha256(), NULL);
+        tsp_logserver_secret(s, secret);
+        tsp_wire_output_digest(secret, sha, d);
         raw_send_frame(fd, TSP_WIRE_OUT_END, -1, d, 32);
         size_t n;
         ck_assert_int_eq(raw_read_frame(fd, b, sizeof b, &n), TSP_WIRE_OUT_DONE);

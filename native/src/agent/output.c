@@ -127,9 +127,10 @@ static void *hash_main(void *arg)
 }
 
 /* One attempt over a connected socket: BEGIN, chunks, END, then OUT_DONE or ERROR. */
-static int ship(tsp__tls_t *sock, int file, uint64_t total, uint8_t *buf, int timeout_ms,
-                uint8_t *digest_out, char *err, size_t errlen)
+static int ship(tsp__tls_t *sock, const uint8_t *secret, int file, uint64_t total, uint8_t *buf,
+                int timeout_ms, uint8_t *digest_out, char *err, size_t errlen)
 {
+    uint8_t keyed[TSP_WIRE_DIGEST_LEN];
     uint8_t v[8];
     tsp_wire_put_u64(v, total);
     hashjob_t j = {.file = file, .total = total, .buf = buf};
@@ -164,8 +165,10 @@ static int ship(tsp__tls_t *sock, int file, uint64_t total, uint8_t *buf, int ti
         snprintf(err, errlen,
                  "the output file changed while it was sent (shorter than "
                  "announced)");
+    if (!rc && !early && tsp_wire_output_digest(secret, j.digest, keyed))
+        rc = tsp__err(err, errlen, -EIO, "cannot key the output's digest (OpenSSL)");
     if (!rc && !early)
-        rc = send_frame(sock, TSP_WIRE_OUT_END, j.digest, TSP_WIRE_DIGEST_LEN, timeout_ms);
+        rc = send_frame(sock, TSP_WIRE_OUT_END, keyed, TSP_WIRE_DIGEST_LEN, timeout_ms);
     if (rc == -EPIPE || rc == -ECONNRESET)
         return *err ? rc : tsp__err(err, errlen, rc, "sending the output: %s", DRIVER_HUNG_UP);
     if (rc)
@@ -182,7 +185,7 @@ static int ship(tsp__tls_t *sock, int file, uint64_t total, uint8_t *buf, int ti
                         (char *)buf);
     }
     if (early || h.type != TSP_WIRE_OUT_DONE ||
-        CRYPTO_memcmp(buf, j.digest, TSP_WIRE_DIGEST_LEN) != 0) {
+        CRYPTO_memcmp(buf, keyed, TSP_WIRE_DIGEST_LEN) != 0) {
         return tsp__err(err, errlen, -EBADMSG, "the driver did not confirm the output's digest");
     }
     if (digest_out)
@@ -226,7 +229,8 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
                      o->port, derr);
         } else {
             err[0] = 0;
-            rc = ship(sock, file, (uint64_t)st.st_size, buf, timeout, o->digest_out, err, errlen);
+            rc = ship(sock, o->secret, file, (uint64_t)st.st_size, buf, timeout, o->digest_out, err,
+                      errlen);
             tsp__tls_close(sock);
         }
         close(file);

@@ -411,6 +411,7 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
         (rc = tsp__logq_init(&s->rq, qb, 0, 0, s->wake_fd)) ||
         (rc = tsp__outrecv_init(&s->out, s->wake_fd)))
         return tsp__err(err, errlen, rc, "cannot init the log server: %s", tsp_strerror(rc));
+    memcpy(s->out.secret, s->secret, TSP_WIRE_SECRET_LEN);
     pthread_mutex_init(&s->ctl_mu, NULL);
     tsp__cond_init_mono(&s->fail_cv);
     if (s->o.lost_grace_ms < 0)

@@ -417,7 +417,7 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WI
 {
     pthread_mutex_lock(&o->mu);
     int rc = 0, frc;
-    uint8_t d[EVP_MAX_MD_SIZE];
+    uint8_t d[EVP_MAX_MD_SIZE], keyed[TSP_WIRE_DIGEST_LEN];
     unsigned dl = 0;
     if (o->owner != owner || o->state != TSP__OUT_RECV) {
         rc = fail_locked(o, err, errlen, "OUT_END out of order");
@@ -433,7 +433,8 @@ int tsp__outrecv_end(tsp__outrecv_t *o, void *owner, const uint8_t digest[TSP_WI
         goto out;
     }
     stop_hasher_locked(o); /* idle: everything is hashed; md is ours again */
-    if (!EVP_DigestFinal_ex(o->md, d, &dl) || CRYPTO_memcmp(d, digest, TSP_WIRE_DIGEST_LEN) != 0)
+    if (!EVP_DigestFinal_ex(o->md, d, &dl) || tsp_wire_output_digest(o->secret, d, keyed) ||
+        CRYPTO_memcmp(keyed, digest, TSP_WIRE_DIGEST_LEN) != 0)
         rc = fail_locked(o, err, errlen,
                          "output digest mismatch: the %llu bytes received "
                          "differ from what rank 0 sent",

@@ -37,6 +37,7 @@ typedef struct tsp__outrecv {
     int hasher_err; /* -errno: SHA-256 (-EIO) or the file write failed */
     int wake_fd;    /* the server thread's eventfd: told when the hasher fails */
     void *owner;    /* the connection receiving it */
+    uint8_t secret[TSP_WIRE_SECRET_LEN]; /* the run's: keys the digest (protocol 1.10.1) */
     char err[512];
     char err_copy[512];
 } tsp__outrecv_t;

@@ -283,6 +283,21 @@ int tsp_wire_run_id(const uint8_t secret[TSP_WIRE_SECRET_LEN], uint8_t out[TSP_W
     return 0;
 }
 
+int tsp_wire_output_digest(const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                           const uint8_t sha256[TSP_WIRE_DIGEST_LEN],
+                           uint8_t out[TSP_WIRE_DIGEST_LEN])
+{
+    static const char label[] = "torchspark output digest v1";
+    uint8_t k[EVP_MAX_MD_SIZE];
+    unsigned kl = 0, ml = 0;
+    int ok = HMAC(EVP_sha256(), secret, (int)TSP_WIRE_SECRET_LEN, (const unsigned char *)label,
+                  sizeof(label) - 1, k, &kl) &&
+             HMAC(EVP_sha256(), k, (int)kl, sha256, TSP_WIRE_DIGEST_LEN, out, &ml) &&
+             ml == TSP_WIRE_DIGEST_LEN;
+    OPENSSL_cleanse(k, sizeof(k));
+    return ok ? 0 : -EIO;
+}
+
 int tsp_wire_mac(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_side, const uint8_t *hello,
                  size_t hello_len, const uint8_t nonce_s[TSP_WIRE_NONCE_LEN],
                  uint8_t mac[TSP_WIRE_MAC_LEN])

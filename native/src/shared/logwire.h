@@ -131,6 +131,14 @@ int tsp_wire_mac_verify(const uint8_t secret[TSP_WIRE_SECRET_LEN], int server_si
                         const uint8_t nonce_s[TSP_WIRE_NONCE_LEN], const uint8_t *mac,
                         size_t mac_len);
 
+/* The output's digest on the wire (OUT_END, OUT_DONE; protocol 1.6, 1.10.1): keyed, so that a
+ * rewritten output cannot carry a matching one: HMAC-SHA256(K_out, sha256) with K_out =
+ * HMAC-SHA256(secret, "torchspark output digest v1"), sha256 the output's plain SHA-256.
+ * 0 or -EIO. */
+int tsp_wire_output_digest(const uint8_t secret[TSP_WIRE_SECRET_LEN],
+                           const uint8_t sha256[TSP_WIRE_DIGEST_LEN],
+                           uint8_t out[TSP_WIRE_DIGEST_LEN]);
+
 /* 64 hex digits -> 32 bytes (whitespace around is not accepted). 0 or -EINVAL. */
 int tsp_wire_secret_parse(const char *hex, uint8_t out[TSP_WIRE_SECRET_LEN]);
 /* 32 bytes -> 64 lowercase hex digits and a NUL. */
