@@ -83,8 +83,9 @@ def cpu() -> float:
     return t.user + t.system
 
 
-def run_torchspark(lines: int, senders: int = 4):
+def run_torchspark(lines: int, senders: int = 4, encrypt: bool = True):
     srv = LogServer()
+    srv.encryption(encrypt)
     wfile = Path(tempfile.mkdtemp()) / "w.py"
     wfile.write_text(WORKER)
     env = dict(os.environ, **srv.agent_env())
@@ -170,12 +171,13 @@ class _Opts(ctypes.Structure):
 SHIP_CPU: list = []  # CPU seconds per GiB of each transfer, both ends (this process)
 
 
-def ship_native(src: Path, to_file: bool, dst_dir: str | None = None):
+def ship_native(src: Path, to_file: bool, dst_dir: str | None = None, encrypt: bool = True):
     """One transfer of src with tsp_output_send (the agent's code) to a fresh server in
     this process (the driver's code): GB/s from the send to the verified arrival."""
     lib = load_library()
     size = src.stat().st_size
     srv = LogServer()
+    srv.encryption(encrypt)
     dst = os.path.join(tempfile.mkdtemp(dir=dst_dir or str(src.parent)), "out.recv") \
         if to_file else None
     srv.expect_output(dst)
