@@ -15,8 +15,9 @@ set before each run():
   output       run() of 1 rank returning --out-mib MiB of bytes: rank 0's return to run()'s
                return (pickle, the channel, the digest, unpickle), GB/s as a user sees it.
 Raw channel, no Spark (bench/logchannel_bench.py's helpers): lines/s of 4 real
-torchspark-run agents to a LogServer, and a --out-mib MiB file through tsp_output_send (the
-agent's code) to a LogServer's memory in this process (both ends on these cores).
+torchspark-run agents to a LogServer (and the driver process's CPU per million lines), and a
+--out-mib MiB file through tsp_output_send (the agent's code) to a LogServer's memory in this
+process (both ends on these cores; CPU s per GiB of both ends).
 The load average is recorded beside every sample."""
 import os
 import time
@@ -95,9 +96,10 @@ def through_run(a, run, samples):
 def raw_channel(a, samples, src: Path):
     for i in range(a.runs):
         for name, on in MODES if i % 2 == 0 else MODES[::-1]:
-            r, lost, _ = lcb.run_torchspark(a.lines, encrypt=on)
+            r, lost, cpu = lcb.run_torchspark(a.lines, encrypt=on)
             assert lost == 0, lost
             samples[f"raw lines/s, {name}"].append(r)
+            samples[f"raw driver CPU s per M lines, {name}"].append(cpu)
             samples[f"raw output, {name}"].append(lcb.ship_native(src, False, encrypt=on))
             samples[f"raw output CPU s/GiB, {name}"].append(lcb.SHIP_CPU[-1])
             samples[f"raw load, {name}"].append(os.getloadavg()[0])
@@ -114,7 +116,8 @@ def main() -> None:
     run = harness.Run("encryption_bench", a)
     samples: dict = {}
     for what in ("first step", "lines/s through run()", "report p99", "output through run()",
-                 "load", "raw lines/s", "raw output", "raw output CPU s/GiB", "raw load"):
+                 "load", "raw lines/s", "raw driver CPU s per M lines", "raw output",
+                 "raw output CPU s/GiB", "raw load"):
         for name, _ in MODES:
             samples[f"{what}, {name}"] = []
     src = lcb.make_source(a.out_mib << 20)
@@ -131,7 +134,7 @@ def main() -> None:
         if v:
             unit = next((u for p, u in units.items() if key.startswith(p)), "")
             if "CPU" in key:
-                unit = "s/GiB"
+                unit = "s/GiB" if "GiB" in key else "s/M lines"
             run.figure(key, v, unit, 3)
     run.results = {k: v for k, v in samples.items() if v}
     run.finish()
