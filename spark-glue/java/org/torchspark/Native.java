@@ -156,6 +156,10 @@ final class Native {
      *  negative errno with msg[0] naming the bad value. */
     static native int logServerOutputLimit(long h, String maxResultSize, String[] msg);
 
+    /** tsp_logserver_fd_check: 0 when the driver's descriptor limit (raised to the hard one)
+     *  holds a job of nodes nodes, else a code with the sentence in msg[0]. */
+    static native int logServerFdCheck(int nodes, String[] msg);
+
     static native int logServerOutputWait(long h, int timeoutMs);
 
     /** The received output's length (memory or file), or a negative errno. */
