@@ -3,13 +3,16 @@
  * per interval; the last value exact, every report() counted once, the order per rank kept,
  * nothing lost when the queue is full. */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "agentfold.h"
 #include "json.h"
 #include "testutil.h"
+#include "util.h"
 
 typedef struct {
     int room; /* records put takes before it says -EAGAIN (-1: any number) */
@@ -156,6 +159,71 @@ START_TEST(test_agentfold_a_full_queue_loses_nothing_and_the_end_flushes_all)
 }
 END_TEST
 
+/* The writer's thread offers while the sender's thread flushes (as in the log client):
+ * every report() counted once, each rank's steps in order. */
+typedef struct {
+    pthread_mutex_t mu;
+    long calls;
+    int last_step[4];
+    int disorder;
+} shared_t;
+
+static int put_shared(void *ctx, const tsp_line_t *ln)
+{
+    shared_t *sh = ctx;
+    char *rec = strndup(ln->data, ln->len);
+    double step = num(rec, "step");
+    long n = strstr(rec, "\"summary\"") ? (long)num(rec, "summary.count") : 1;
+    free(rec);
+    pthread_mutex_lock(&sh->mu);
+    sh->calls += n;
+    sh->disorder += (int)step < sh->last_step[ln->rank];
+    sh->last_step[ln->rank] = (int)step;
+    pthread_mutex_unlock(&sh->mu);
+    return 0;
+}
+
+typedef struct {
+    tsp__afold_t *f;
+    shared_t *sh;
+    volatile int stop;
+} flusher_t;
+
+static void *flusher(void *arg)
+{
+    flusher_t *fl = arg;
+    while (!fl->stop) {
+        tsp__afold_flush(fl->f, tsp__now_ms(), 0, put_shared, fl->sh);
+        usleep(500);
+    }
+    return NULL;
+}
+
+START_TEST(test_agentfold_a_writer_and_the_sender_s_ticks_count_every_report_once)
+{
+    tsp__afold_t *f = tsp__afold_new(4000); /* 2.5 a second per rank */
+    shared_t sh = {.mu = PTHREAD_MUTEX_INITIALIZER};
+    flusher_t fl = {f, &sh, 0};
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, flusher, &fl), 0);
+    char rec[160];
+    for (int i = 0; i < 20000; i++) {
+        snprintf(rec, sizeof rec, "{\"step\": %d, \"time\": 1.5, \"metrics\": {\"loss\": 1}}", i);
+        tsp_line_t ln = {
+            .rank = i % 4, .stream = TSP_STREAM_REPORT, .data = rec, .len = strlen(rec)};
+        ck_assert_int_eq(tsp__afold_offer(f, &ln, tsp__now_ms(), put_shared, &sh), 0);
+        if (i % 1000 == 0)
+            usleep(1000);
+    }
+    fl.stop = 1;
+    pthread_join(t, NULL);
+    ck_assert_int_eq(tsp__afold_flush(f, tsp__now_ms(), 1, put_shared, &sh), 0);
+    ck_assert_int_eq(sh.calls, 20000);
+    ck_assert_int_eq(sh.disorder, 0);
+    tsp__afold_free(f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("agentfold");
@@ -166,6 +234,7 @@ int main(void)
                    test_agentfold_beyond_the_rate_one_summary_per_interval_the_last_value_exact);
     tcase_add_test(tc, test_agentfold_a_record_it_cannot_fold_follows_the_rank_s_summary);
     tcase_add_test(tc, test_agentfold_a_full_queue_loses_nothing_and_the_end_flushes_all);
+    tcase_add_test(tc, test_agentfold_a_writer_and_the_sender_s_ticks_count_every_report_once);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }
