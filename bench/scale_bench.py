@@ -3,7 +3,7 @@ and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TC
 
     .venv/bin/python -m bench.scale_bench [--sizes 1024,4096,16384] [--nproc 8] [--procs 8]
         [--report-hz 100] [--report-s 5] [--report-max 4096] [--stacks 8] [--tcpstore-max 4096]
-        [--quick] [--json PATH] [--svg PATH]
+        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH]
 
 Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
 the log server started through the Python binding TorchDistributor uses (LogServer), the
@@ -20,8 +20,11 @@ log client. Per size:
 2. lines: every rank writes 4 lines; lost = sent - pulled (must be 0).
 3. reports (RANKS <= --report-max): every rank reports --report-hz times a second for
    --report-s seconds; reports/s delivered to on_report, the p50/p99 of report() ->
-   on_report (the record's wall time to the callback's), the driver's cores meanwhile,
-   lost = sent - delivered.
+   on_report (the record's wall time to the callback's) and of report() -> the hub's pull
+   (the rest is the Python side's), the driver's cores meanwhile, lost = sent -
+   delivered, and the records the nodes' clients queued for the driver (report_frames:
+   fewer than the calls where the agent's client folded them, agentfold.c;
+   --no-agent-fold: every one as it is, as main's agents before issue 32's fold).
 4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
@@ -32,8 +35,8 @@ log client. Per size:
    use_libuv=True, RANKS clients (threads of --procs processes) each blocked in get() of
    one key; the time from the master's set() to the last get()'s return.
 
---quick: 256 and 1,024 ranks, 1 s of reports at 20/s, no TCPStore: the short variant
-that tests/e2e/test_scale.py runs (~20 s). --svg PATH draws the log-log plot from the run.
+--quick: 256 and 1,024 ranks, 2 s of reports at 100/s, no TCPStore: the short variant
+that tests/e2e/test_scale.py runs (~25 s). --svg PATH draws the log-log plot from the run.
 """
 from __future__ import annotations
 
@@ -123,14 +126,15 @@ class Sims:
                 p.wait()
 
 
-def node_args(endpoint: str, nodes: int, nproc: int, procs: int, stacks: int) -> List[List[str]]:
+def node_args(endpoint: str, nodes: int, nproc: int, procs: int, stacks: int,
+              world: int) -> List[List[str]]:
     procs = max(1, min(procs, nodes))
     per, extra = divmod(nodes, procs)
     out, first = [], 0
     for i in range(procs):
         n = per + (1 if i < extra else 0)
         out.append(["--endpoint", endpoint, "--nodes", str(n), "--first-node", str(first),
-                    "--nproc", str(nproc), "--stacks", str(stacks)])
+                    "--nproc", str(nproc), "--stacks", str(stacks), "--world", str(world)])
         first += n
     return out
 
@@ -167,6 +171,7 @@ class OnReport:
     def __init__(self):
         self.newest: List[float] = []
         self.oldest: List[float] = []
+        self.pulled: List[float] = []  # report() -> the hub's pull (the rest: Python's turn)
         self.calls = 0
         self.records = 0
 
@@ -174,6 +179,7 @@ class OnReport:
         now = time.time()
         self.records += 1
         self.newest.append(now - rep.time)
+        self.pulled.append(rep.received - rep.time)
         s = rep.summary
         self.calls += int(s["count"]) if s else 1
         self.oldest.append(now - float(s["first_time"]) if s else now - rep.time)
@@ -183,16 +189,19 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
     cb.__init__()
     c0, t0 = cpu(), time.monotonic()
     sims.send(f"reports {hz} {secs}")
-    sent = sum(int(x[2]) for x in sims.expect("done reports", secs + 300))
+    done = sims.expect("done reports", secs + 300)
+    sent, frames = sum(int(x[2]) for x in done), sum(int(x[3]) for x in done)
     t_sent = time.monotonic()
     deadline = t_sent + 60
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
     dt, dc = time.monotonic() - t0, cpu() - c0
-    return {"reports_sent": sent, "reports_lost": sent - cb.calls,
+    return {"reports_sent": sent, "reports_lost": sent - cb.calls, "report_frames": frames,
+            "report_frames_per_s": frames / secs,
             "report_calls_per_s": cb.calls / dt, "report_records_per_s": cb.records / dt,
             "report_p50_ms": 1e3 * (pct(cb.newest, 0.5) or 0),
             "report_p99_ms": 1e3 * (pct(cb.newest, 0.99) or 0),
+            "report_pulled_p99_ms": 1e3 * (pct(cb.pulled, 0.99) or 0),
             "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
             "report_drain_s": time.monotonic() - t_sent,
             "report_cores": dc / dt, "report_rate_asked": hz * ranks}
@@ -260,7 +269,8 @@ def one(ranks: int, a) -> Dict:
     hub = _progress.ReportHub(server, cb, progress=False)
     pump = Pump(server)
     out: Dict = {"ranks": ranks, "nodes": nodes}
-    s = storm(server, node_args(server.endpoint, nodes, a.nproc, a.procs, a.stacks),
+    world = 0 if a.no_agent_fold else nodes * a.nproc
+    s = storm(server, node_args(server.endpoint, nodes, a.nproc, a.procs, a.stacks, world),
               server.secret_hex)
     sims = s.pop("sims")
     out.update(s)
@@ -362,6 +372,8 @@ def child(flag: str, ranks: int, a) -> Dict:
            str(a.report_s), "--report-max", str(a.report_max), "--stacks", str(a.stacks)]
     if a.budget is not None:
         cmd += ["--budget", str(a.budget)]
+    if a.no_agent_fold:
+        cmd.append("--no-agent-fold")
     p = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -410,7 +422,7 @@ def svg(rows: List[Dict], path: Path) -> None:
 
 
 def main() -> None:
-    ap = harness.cli(__doc__, runs=None, quick={"sizes": "256,1024", "report_hz": 20, "report_s": 1,
+    ap = harness.cli(__doc__, runs=None, quick={"sizes": "256,1024", "report_hz": 100, "report_s": 2,
                                                 "tcpstore_max": 0})
     ap.add_argument("--sizes", default="1024,4096,16384")
     ap.add_argument("--nproc", type=int, default=8)
@@ -421,6 +433,8 @@ def main() -> None:
     ap.add_argument("--stacks", type=int, default=8)
     ap.add_argument("--budget", type=float, default=None,
                     help="the driver's report budget, records/s (default: the server's)")
+    ap.add_argument("--no-agent-fold", action="store_true",
+                    help="the nodes pass every report as it is (main's agents before 32's folding)")
     ap.add_argument("--tcpstore-max", type=int, default=4096)
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())

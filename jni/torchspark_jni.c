@@ -553,6 +553,16 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerEncryption(JNIEnv *en
     (void)env;
     (void)cls;
     return tsp_logserver_encryption(server_of(h), on ? 1 : 0);
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerFdCheck(JNIEnv *env, jclass cls,
+                                                                   jint nodes, jobjectArray msg)
+{
+    (void)cls;
+    char err[ERR_LEN] = "";
+    int rc = tsp_logserver_fd_check(nodes, err, sizeof err);
+    if (rc)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    return rc;
 }
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputWait(JNIEnv *env, jclass cls,

@@ -68,6 +68,8 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "reason": ("shared", 1),  # the failure reasons and the advice of each (report, outcome)
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
     "macrec": ("shared", 1),  # the records with encryption off: GMAC over a sequence (1.10.1)
+
+    "reportfold": ("shared", 2),  # one rank's report summary: the agent's fold and the driver's
     "tlsconn": ("shared", 2),  # the log channel's TLS 1.3 transport (docs/protocol.md 1.10)
     # driver side (libtorchspark.so's log server)
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
@@ -92,6 +94,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "dump": ("agent", 3),  # the hang doctor's agent side (docs/protocol.md 1.9)
     "userreport": ("agent", 3),  # the report a user's exception exposes (report.c's reply)
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
+    "agentfold": ("agent", 4),  # the agent's report folding above a rank's share of the rate
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous

@@ -5,17 +5,21 @@
  * (logclient.c: TLS 1.3 keyed by the secret, the handshake, CONTROL, ACKs, DUMP), one
  * client per node, nproc ranks each, with no worker processes: the ranks' lines, reports
  * (LINE stream 4, protocol 1.8) and DUMP answers (the marker, a Python stack and a flight
- * recorder line, protocol 1.9) are written into the client as the agent would. Or it
+ * recorder line, protocol 1.9) are written into the client as the agent would, and the
+ * client folds reports above a rank's share of the job's rate as the agent's does
+ * (--world: the job's ranks, default this process's; 0: none folded). Or it
  * plays the waiting GETs of the driver's rendezvous (--rdv), through its public API.
  *
  * Nothing secret on the command line: the first line of stdin is the log secret (64 hex
- * digits), or, with --rdv, the run's secret (64 hex digits: TLS and the record's MAC). Then stdin
- * carries commands, one a line, and stdout answers, one a line (the harness reads them): lines N
- * every rank writes N lines                 -> "done lines" reports HZ SECS  every rank reports HZ
- * times a second      -> "done reports SENT" quit             flush, close every client -> "closed
- * LOST" and, unasked: "connected NODES MS" once every client is authenticated, "dumped REQ" once a
- * DUMP was answered by every node. With --rdv: "waiting N" once N GETs are sent, then "answered OK
- * BAD LAST_EPOCH_S" once every GET got its reply.
+ * digits), or, with --rdv, the run's secret (64 hex digits: TLS and the record's MAC). Then
+ * stdin carries commands, one a line, and stdout answers, one a line (the harness reads them):
+ *   lines N          every rank writes N lines -> "done lines"
+ *   reports HZ SECS  every rank reports HZ times a second -> "done reports SENT QUEUED"
+ *                    (report() calls, and the records the clients queued for them)
+ *   quit             flush, close every client -> "closed LOST"
+ * and, unasked: "connected NODES MS" once every client is authenticated, "dumped REQ" once
+ * a DUMP was answered by every node. With --rdv: "waiting N" once N GETs are sent, then
+ * "answered OK BAD LAST_EPOCH_S" once every GET got its reply.
  */
 #include <errno.h>
 #include <poll.h>
@@ -41,10 +45,10 @@ typedef struct {
 
 static struct {
     char host[256];
-    int port, nodes, first, nproc, stacks, gets;
+    int port, nodes, first, nproc, stacks, gets, world;
     uint8_t secret[TSP_WIRE_SECRET_LEN];
     char secret_hex[2 * TSP_WIRE_SECRET_LEN + 8];
-} opt = {.nodes = 1, .nproc = 8, .stacks = 8};
+} opt = {.nodes = 1, .nproc = 8, .stacks = 8, .world = -1};
 
 static node_t *nodes;
 static atomic_uint dumps_asked;
@@ -145,10 +149,25 @@ static void write_lines(int count)
     printf("done lines\n");
 }
 
+/* The records the clients queued for the driver so far (lines, reports, summaries). */
+static uint64_t queued(void)
+{
+    uint64_t n = 0;
+    for (int i = 0; i < opt.nodes; i++) {
+        tsp_logclient_stats_t st;
+        tsp_logclient_stats(nodes[i].c, &st);
+        n += st.lines;
+    }
+    return n;
+}
+
 /* Every rank reports hz times a second for secs seconds, paced in 10 ms ticks; each
- * record carries its wall time, so the driver measures report() -> on_report. */
+ * record carries its wall time, so the driver measures report() -> on_report. Says how
+ * many report() calls it made and how many records the clients queued for them (fewer
+ * where the agent's client folded them; its last summaries follow at the next tick). */
 static void write_reports(int hz, int secs)
 {
+    uint64_t q0 = queued();
     char buf[256];
     long sent = 0, ranks = (long)opt.nodes * opt.nproc;
     int64_t t0 = tsp__now_ms(), end = t0 + (int64_t)secs * 1000;
@@ -167,7 +186,8 @@ static void write_reports(int hz, int secs)
         check_dumps();
         usleep(10000);
     }
-    printf("done reports %ld\n", sent);
+    usleep(200000); /* the clients' ticks hand on the summaries still held */
+    printf("done reports %ld %llu\n", sent, (unsigned long long)(queued() - q0));
 }
 
 static int start_nodes(void)
@@ -187,6 +207,7 @@ static int start_nodes(void)
         o.mem_bytes = 2u << 20;
         o.connect_timeout_ms = 60000;
         o.reconnect_grace_ms = 120000;
+        o.report_world = opt.world; /* the agent's report folding (agentfold.h) */
         o.on_dump = on_dump;
         o.on_dump_ctx = &nodes[i];
         char err[256];
@@ -318,6 +339,7 @@ static int parse_args(int argc, char **argv)
                    : !strcmp(k, "--nproc")      ? &opt.nproc
                    : !strcmp(k, "--stacks")     ? &opt.stacks
                    : !strcmp(k, "--gets")       ? &opt.gets
+                   : !strcmp(k, "--world")      ? &opt.world
                                                 : NULL;
         if (dst ? tsp__parse_int(v, dst)
                 : (strcmp(k, "--endpoint") != 0 && strcmp(k, "--rdv") != 0) ||
@@ -326,6 +348,8 @@ static int parse_args(int argc, char **argv)
             return -EINVAL;
         }
     }
+    if (opt.world < 0)
+        opt.world = opt.nodes * opt.nproc;
     return opt.port > 0 && opt.nodes > 0 && opt.nproc > 0 ? 0 : -EINVAL;
 }
 
@@ -333,8 +357,8 @@ int main(int argc, char **argv)
 {
     if (parse_args(argc, argv)) {
         fprintf(stderr, "usage: tsp-simnodes --endpoint HOST:PORT [--nodes K] [--first-node B] "
-                        "[--nproc P] [--stacks S] | --rdv HOST:PORT --gets N (secrets on "
-                        "stdin)\n");
+                        "[--nproc P] [--stacks S] [--world RANKS (0: no report folding)] | --rdv "
+                        "HOST:PORT --gets N (secrets on stdin)\n");
         return 2;
     }
     /* Thousands of sockets in one process: as many descriptors as the hard limit allows. */

@@ -160,6 +160,7 @@ static tsp_logclient_t *start_log_client(const run_config_t *c)
     o.host = host;
     o.node_rank = c->topo.node_rank;
     o.drop = c->log_drop;
+    o.report_world = tsp_topo_world_size(&c->topo); /* reports folded above the rank's share */
     o.on_stop = on_driver_stop;
     o.on_dump = on_driver_dump;
     o.log_prefix = "torchspark-run: ";

@@ -24,12 +24,14 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "agentfold.h"
 #include "logdial.h"
 #include "util.h"
 
 #define BLK_SIZE (256u * 1024u)
 #define FRAME_OVERHEAD (TSP_WIRE_HDR_LEN + 8u)
 #define MAX_IOV 64
+#define FOLD_TICK_MS 50 /* the sender's tick while folded reports are held */
 
 typedef struct blk {
     struct blk *next;
@@ -63,7 +65,8 @@ struct tsp_logclient {
     tsp_line_sink_t sink;
     pthread_t thread;
     pthread_mutex_t mu;
-    int notify_fd; /* wakes the sender */
+    int notify_fd;      /* wakes the sender */
+    tsp__afold_t *fold; /* reports above the rank's rate folded (agentfold.h); NULL: none */
     /* guarded by mu */
     blk_t *head, *tail;
     uint64_t appended, sent; /* absolute byte offsets */
@@ -179,17 +182,17 @@ counted:
     c->st.dropped++;
 }
 
-/* The sink's write_line: never blocks (see lines.h). */
-static int client_write_line(void *ctx, const tsp_line_t *line)
+/* Queues one line; never blocks (see lines.h). quiet: the sender's own (a summary due,
+ * agentfold.h), which on a full queue only says -EAGAIN and retries at its next tick. */
+static int append_line(tsp_logclient_t *c, const tsp_line_t *line, int quiet)
 {
-    tsp_logclient_t *c = ctx;
-    if (line->rank < 0 || line->rank > TSP_WIRE_MAX_RANK ||
-        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR &&
-         line->stream != TSP_STREAM_REPORT))
-        return -EINVAL;
     size_t pieces = line->len ? (line->len + TSP_WIRE_MAX_LINE - 1) / TSP_WIRE_MAX_LINE : 1;
     size_t need = line->len + pieces * FRAME_OVERHEAD;
     pthread_mutex_lock(&c->mu);
+    if (quiet && c->bytes > 0 && c->bytes + need > c->o.mem_bytes) {
+        pthread_mutex_unlock(&c->mu);
+        return -EAGAIN;
+    }
     if (c->bytes > 0 && c->bytes + need > c->o.mem_bytes) {
         if (c->o.drop) {
             count_drop(c, line->rank);
@@ -240,6 +243,29 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
     if (wake)
         notify(c->notify_fd);
     return 0;
+}
+
+static int put_writer(void *ctx, const tsp_line_t *line)
+{
+    return append_line(ctx, line, 0);
+}
+
+static int put_sender(void *ctx, const tsp_line_t *line)
+{
+    return append_line(ctx, line, 1);
+}
+
+/* The sink's write_line: never blocks (see lines.h). */
+static int client_write_line(void *ctx, const tsp_line_t *line)
+{
+    tsp_logclient_t *c = ctx;
+    if (line->rank < 0 || line->rank > TSP_WIRE_MAX_RANK ||
+        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR &&
+         line->stream != TSP_STREAM_REPORT))
+        return -EINVAL;
+    if (c->fold && line->stream == TSP_STREAM_REPORT)
+        return tsp__afold_offer(c->fold, line, tsp__now_ms(), put_writer, c);
+    return append_line(c, line, 0);
 }
 
 /* Frees blocks that are wholly sent and acknowledged; wakes the agent when room appeared. */
@@ -764,6 +790,17 @@ static int keep_alive(tsp_logclient_t *c, int pending, int cap)
     return time_left(c->tx_at + TSP_WIRE_PING_MS, cap);
 }
 
+/* The folded reports that are due handed on (every one once stopping): 1 while some are
+ * held. */
+static int fold_tick(tsp_logclient_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int stopping = c->stopping;
+    pthread_mutex_unlock(&c->mu);
+    tsp__afold_flush(c->fold, tsp__now_ms(), stopping, put_sender, c);
+    return tsp__afold_pending(c->fold);
+}
+
 static void *sender_main(void *arg)
 {
     tsp_logclient_t *c = arg;
@@ -773,8 +810,9 @@ static void *sender_main(void *arg)
     int64_t next_try = 0;
     char err[600];
     for (;;) {
+        int folds = c->fold && fold_tick(c);
         pthread_mutex_lock(&c->mu);
-        int stopping = c->stopping, lines_left = c->head || c->drops_dirty;
+        int stopping = c->stopping, lines_left = c->head || c->drops_dirty || folds;
         int empty = !lines_left && !c->early;
         int64_t stop_dl = c->stop_deadline;
         /* Only events held for a first handshake are left and no driver is reached: they
@@ -829,7 +867,8 @@ static void *sender_main(void *arg)
             next_try = now + c->o.stall_ms; /* let the workers run before trying again */
             continue;
         }
-        int wait = keep_alive(c, pending, stopping ? time_left(stop_dl, 1000) : 1000);
+        int cap = folds ? FOLD_TICK_MS : 1000; /* a summary is due within its rank's interval */
+        int wait = keep_alive(c, pending, stopping ? time_left(stop_dl, cap) : cap);
         if (c->fd < 0)
             continue;
         int ev = wait_events(c, pending || c->ping_left, wait);
@@ -898,6 +937,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     c->control = -1;
     c->early_tail = &c->early;
     c->no_control = o->no_control;
+    c->fold = tsp__afold_new(o->report_world);
     c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -920,6 +960,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     }
     return c;
 fail:
+    tsp__afold_free(c->fold);
     if (c->sink.wake_fd >= 0)
         close(c->sink.wake_fd);
     if (c->notify_fd >= 0)
@@ -985,6 +1026,7 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
         free(b);
     }
     free(c->drops);
+    tsp__afold_free(c->fold);
     close(c->sink.wake_fd);
     close(c->notify_fd);
     pthread_mutex_destroy(&c->mu);

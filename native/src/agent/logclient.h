@@ -49,6 +49,9 @@ typedef struct tsp_logclient_opts {
                                and no driver reached yet: keep trying for at most this long
                                (default 5000; <= 0: not at all), within close's own timeout
                                and after a connect attempt already under way ends */
+    int report_world;       /* the job's ranks: each rank's reports above its share of the
+                               job's report rate are folded (agentfold.h, docs/protocol.md
+                               1.8); 0 (the default): every report as it is */
     int local_out_fd;       /* fallback destinations (default 1 and 2) */
     const char *log_prefix; /* the client's own warnings start with it (NULL: "torchspark: ";
                                the CLI says "torchspark-run: ") */

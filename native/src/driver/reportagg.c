@@ -20,38 +20,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "json.h"
+#include "reportfold.h"
+#include "torchspark/logserver.h"
 #include "util.h"
 
-#define RAW_MAX 8192     /* records taken from the queue in one pull */
-#define MAX_METRICS 64   /* a record with more is passed as it is */
-#define NAME_MAX_LEN 128 /* and one with a longer metric name */
-#define PENDING_WAIT_MS 50
+_Static_assert(2 * TSP_RFOLD_JOB_RATE == TSP_REPORT_BUDGET,
+               "the agents' job-wide report rate is half the driver's default budget");
 
-typedef struct {
-    char name[NAME_MAX_LEN];
-    double last, min, max, sum;
-    uint64_t n;
-} metric_t;
+#define RAW_MAX 8192 /* records taken from the queue in one pull */
+#define PENDING_WAIT_MS 50
 
 struct tsp__ragg_rank {
     int32_t rank;
     double tokens;
     int64_t refill_ms;
-    uint64_t count; /* records in the summary (0: none pending) */
-    double first_time, last_time;
-    char step[32];
-    metric_t *m;
-    size_t nm;
+    tsp__rfold_t sum; /* the summary (count 0: none pending) */
 };
-
-typedef struct {
-    char step[32];
-    double time;
-    int has_time, bad;
-    metric_t m[MAX_METRICS];
-    size_t nm;
-} parsed_t;
 
 tsp__ragg_t *tsp__ragg_new(double budget)
 {
@@ -72,7 +56,7 @@ void tsp__ragg_free(tsp__ragg_t *a)
     if (!a)
         return;
     for (size_t i = 0; i < a->nranks; i++)
-        free(a->ranks[i].m);
+        tsp__rfold_free(&a->ranks[i].sum);
     free(a->ranks);
     free_out(a->ready + a->ready_head, a->nready - a->ready_head);
     free(a->ready);
@@ -112,12 +96,8 @@ static struct tsp__ragg_rank *rank_of(tsp__ragg_t *a, int32_t rank)
 
 static void refill(tsp__ragg_t *a, struct tsp__ragg_rank *r, int64_t now)
 {
-    double rate = a->budget / (double)(a->nranks ? a->nranks : 1);
-    double cap = rate > 1 ? rate : 1;
-    r->tokens = r->tokens < 0 ? cap : r->tokens + rate * (double)(now - r->refill_ms) / 1000.0;
-    if (r->tokens > cap)
-        r->tokens = cap;
-    r->refill_ms = now;
+    tsp__rfold_refill(&r->tokens, &r->refill_ms, a->budget / (double)(a->nranks ? a->nranks : 1),
+                      1.0, now);
 }
 
 static int push_ready(tsp__ragg_t *a, int32_t rank, uint8_t flags, char *data, size_t len)
@@ -145,139 +125,17 @@ static int pass(tsp__ragg_t *a, const tsp_logline_t *ln)
     return push_ready(a, ln->rank, ln->flags, d, ln->len);
 }
 
-static void write_num(tsp_json_writer_t *w, double v)
-{
-    char b[40];
-    int n = snprintf(b, sizeof b, "%.17g", v);
-    tsp_json_value(w, b, (size_t)n);
-}
-
-static void write_metric_map(tsp_json_writer_t *w, const char *key, const metric_t *m, size_t nm,
-                             int what)
-{
-    tsp_json_key(w, key);
-    tsp_json_begin_object(w);
-    for (size_t i = 0; i < nm; i++) {
-        tsp_json_key(w, m[i].name);
-        write_num(w, what == 0   ? m[i].last
-                     : what == 1 ? m[i].min
-                     : what == 2 ? m[i].max
-                                 : m[i].sum / (double)m[i].n);
-    }
-    tsp_json_end(w);
-}
-
-/* The rank's summary as one record (protocol 1.8): step, time and metrics of the last
- * report folded, and "summary" when more than one was. */
+/* The rank's summary as one record (protocol 1.8). */
 static int emit_summary(tsp__ragg_t *a, struct tsp__ragg_rank *r)
 {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f)
-        return -ENOMEM;
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, f);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "step");
-    tsp_json_value(&w, r->step, strlen(r->step));
-    tsp_json_key(&w, "time");
-    write_num(&w, r->last_time);
-    write_metric_map(&w, "metrics", r->m, r->nm, 0);
-    if (r->count > 1) {
-        tsp_json_key(&w, "summary");
-        tsp_json_begin_object(&w);
-        tsp_json_key(&w, "count");
-        tsp_json_int(&w, (long long)r->count);
-        tsp_json_key(&w, "first_time");
-        write_num(&w, r->first_time);
-        write_metric_map(&w, "min", r->m, r->nm, 1);
-        write_metric_map(&w, "max", r->m, r->nm, 2);
-        write_metric_map(&w, "mean", r->m, r->nm, 3);
-        tsp_json_end(&w);
-    }
-    tsp_json_end(&w);
-    if (fclose(f) != 0) {
-        free(buf);
-        return -ENOMEM;
-    }
-    a->folded += r->count > 1 ? r->count : 0;
-    r->count = 0;
-    r->nm = 0;
+    uint64_t n = r->sum.count;
+    char *buf;
+    size_t len;
+    int rc = tsp__rfold_take(&r->sum, &buf, &len);
+    if (rc)
+        return rc;
+    a->folded += n > 1 ? n : 0;
     return push_ready(a, r->rank, 0, buf, len);
-}
-
-static int metric_cb(void *ctx, const char *key, size_t index, int type, const char *val,
-                     size_t len)
-{
-    (void)index;
-    parsed_t *p = ctx;
-    char num[64];
-    if (type != TSP_JSON_NUMBER || !key || strlen(key) >= NAME_MAX_LEN || p->nm == MAX_METRICS ||
-        len >= sizeof num)
-        return p->bad = 1;
-    memcpy(num, val, len);
-    num[len] = 0;
-    metric_t *m = &p->m[p->nm++];
-    snprintf(m->name, sizeof m->name, "%s", key);
-    m->last = strtod(num, NULL);
-    return 0;
-}
-
-static int top_cb(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
-{
-    (void)index;
-    parsed_t *p = ctx;
-    if (key && !strcmp(key, "step") && len < sizeof p->step &&
-        (type == TSP_JSON_NUMBER || type == TSP_JSON_LITERAL)) {
-        memcpy(p->step, val, len);
-        p->step[len] = 0;
-    } else if (key && !strcmp(key, "time") && type == TSP_JSON_NUMBER && len < 64) {
-        char num[64];
-        memcpy(num, val, len);
-        num[len] = 0;
-        p->time = strtod(num, NULL);
-        p->has_time = 1;
-    } else if (key && !strcmp(key, "metrics") && type == TSP_JSON_OBJECT) {
-        if (tsp_json_each(val, len, NULL, metric_cb, p) != 0)
-            p->bad = 1;
-    } else {
-        p->bad = 1; /* params, or anything this module does not know: passed as it is */
-    }
-    return p->bad;
-}
-
-static int fold(struct tsp__ragg_rank *r, const parsed_t *p)
-{
-    if (!r->count)
-        r->first_time = p->time;
-    r->count++;
-    r->last_time = p->time;
-    memcpy(r->step, p->step, sizeof r->step);
-    for (size_t i = 0; i < p->nm; i++) {
-        metric_t *m = NULL;
-        for (size_t k = 0; k < r->nm && !m; k++)
-            if (!strcmp(r->m[k].name, p->m[i].name))
-                m = &r->m[k];
-        if (!m) {
-            if (!r->m && !(r->m = calloc(MAX_METRICS, sizeof *r->m)))
-                return -ENOMEM;
-            if (r->nm == MAX_METRICS)
-                continue; /* more names over the interval than a record may hold */
-            m = &r->m[r->nm++];
-            *m = p->m[i];
-            m->min = m->max = m->sum = m->last;
-            m->n = 1;
-            continue;
-        }
-        double v = p->m[i].last;
-        m->last = v;
-        m->min = v < m->min ? v : m->min;
-        m->max = v > m->max ? v : m->max;
-        m->sum += v;
-        m->n++;
-    }
-    return 0;
 }
 
 static int take(tsp__ragg_t *a, const tsp_logline_t *ln, int64_t now)
@@ -285,20 +143,16 @@ static int take(tsp__ragg_t *a, const tsp_logline_t *ln, int64_t now)
     struct tsp__ragg_rank *r = rank_of(a, ln->rank);
     if (!r)
         return -ENOMEM;
-    parsed_t p;
-    memset(&p, 0, sizeof p);
-    int foldable = !ln->flags;
-    if (foldable && (tsp_json_each(ln->data, ln->len, NULL, top_cb, &p) != 0 || p.bad ||
-                     !p.has_time || !p.step[0]))
-        foldable = 0;
+    tsp__rfold_rec_t p;
+    int foldable = !ln->flags && tsp__rfold_parse(ln->data, ln->len, &p) == 0;
     refill(a, r, now);
-    if (!foldable || (!r->count && r->tokens >= 1)) {
-        int rc = r->count ? emit_summary(a, r) : 0;
-        if (!r->count && r->tokens >= 1)
+    if (!foldable || (!r->sum.count && r->tokens >= 1)) {
+        int rc = r->sum.count ? emit_summary(a, r) : 0;
+        if (!r->sum.count && r->tokens >= 1)
             r->tokens -= 1;
         return rc ? rc : pass(a, ln);
     }
-    int rc = fold(r, &p);
+    int rc = tsp__rfold_add(&r->sum, &p);
     if (rc == 0 && r->tokens >= 1) {
         r->tokens -= 1;
         rc = emit_summary(a, r);
@@ -311,7 +165,7 @@ static int flush_due(tsp__ragg_t *a, int64_t now, int all)
 {
     for (size_t i = 0; i < a->nranks; i++) {
         struct tsp__ragg_rank *r = &a->ranks[i];
-        if (!r->count)
+        if (!r->sum.count)
             continue;
         refill(a, r, now);
         if (!all && r->tokens < 1)
@@ -327,7 +181,7 @@ static int flush_due(tsp__ragg_t *a, int64_t now, int all)
 static int pending(const tsp__ragg_t *a)
 {
     for (size_t i = 0; i < a->nranks; i++)
-        if (a->ranks[i].count)
+        if (a->ranks[i].sum.count)
             return 1;
     return 0;
 }

@@ -32,10 +32,10 @@ class Report(NamedTuple):
     given), the worker's wall time of the call (``time.time()``), the metrics, the
     driver's wall time when the report arrived, the MLflow params a rank logged
     through ``torchspark.mlflow`` (None when the record has none), and, for a rank that
-    reported faster than its share of the driver's report budget, the ``summary`` of the
-    reports this one stands for (``count``, ``first_time``, ``min``/``max``/``mean`` of
-    each metric; metrics and step are the last report's; docs/distributor.md, "Reports at
-    scale"); None for a single report."""
+    reported faster than its share of the job's report rate (its agent's, or the driver's
+    budget), the ``summary`` of the reports this one stands for (``count``,
+    ``first_time``, ``min``/``max``/``mean`` of each metric; metrics and step are the last
+    report's; docs/distributor.md, "Reports at scale"); None for a single report."""
 
     rank: int
     step: Optional[int]

@@ -56,6 +56,7 @@ final class DistributedRun {
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
         NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
+        LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
         try (RunChannel ch = new RunChannel(r, bind, HangDoctor.Settings.of(r.runSettings), world)) {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;

@@ -54,6 +54,19 @@ public final class LogServer implements AutoCloseable {
         buf = ByteBuffer.allocateDirect(Native.textBufferMin());
     }
 
+    /** Before a job of nodes nodes (a connection each): raises the driver's descriptor limit
+     *  to the hard one; IllegalStateException naming the limit and the node count when even
+     *  that cannot hold them (the C core's check, as the PySpark glue's _native.fd_check). */
+    public static void checkDescriptors(int nodes) {
+        if (nodes < 0) {
+            throw new IllegalArgumentException("nodes must be >= 0, got " + nodes);
+        }
+        String[] msg = new String[1];
+        if (Native.logServerFdCheck(nodes, msg) != 0) {
+            throw new IllegalStateException("torchspark: " + msg[0]);
+        }
+    }
+
     private long acquire() {
         lock.readLock().lock();
         if (handle == 0) {

@@ -158,6 +158,10 @@ final class Native {
 
     static native int logServerEncryption(long h, boolean on);
 
+    /** tsp_logserver_fd_check: 0 when the driver's descriptor limit (raised to the hard one)
+     *  holds a job of nodes nodes, else a code with the sentence in msg[0]. */
+    static native int logServerFdCheck(int nodes, String[] msg);
+
     static native int logServerOutputWait(long h, int timeoutMs);
 
     /** The received output's length (memory or file), or a negative errno. */

@@ -30,6 +30,36 @@ public class JniTest {
     }
 
     @Test
+    public void theDescriptorLimitHoldsASmallJobAndNamesTheNodesWhenItCannot() {
+        LogServer.checkDescriptors(4); // raised to the hard limit: holds 4 nodes
+        org.junit.Assume.assumeFalse("no descriptor limit in this JVM", noFileLimit());
+        try {
+            LogServer.checkDescriptors(Integer.MAX_VALUE);
+            fail("no error for 2^31-1 nodes");
+        } catch (IllegalStateException e) {
+            String m = e.getMessage();
+            assertTrue(m, m.startsWith("torchspark: the driver may open ")
+                    && m.contains("a job of 2147483647 nodes needs about 4294967550")
+                    && m.contains("or run fewer nodes"));
+        }
+        try {
+            LogServer.checkDescriptors(-1);
+            fail("no error for -1 nodes");
+        } catch (IllegalArgumentException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("-1"));
+        }
+    }
+
+    private static boolean noFileLimit() {
+        try {
+            return Files.readAllLines(Path.of("/proc/self/limits")).stream()
+                    .anyMatch(l -> l.startsWith("Max open files") && l.contains("unlimited"));
+        } catch (java.io.IOException e) {
+            return false;
+        }
+    }
+
+    @Test
     public void electionRecordRoundTrip() {
         String packed = Election.Record.pack("10.0.0.5", 40123, "0123456789abcdef", "exec-a", "eth0");
         assertTrue(packed, packed.startsWith("{") && packed.replace(" ", "").contains("\"master_port\":40123"));
