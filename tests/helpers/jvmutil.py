@@ -119,6 +119,27 @@ STOCK_WRAPPER = b"pyspark.ml.torch.torch_run_process_wrapper"
 NOT_STARTED = -2.0  # a round whose training was not up within start_timeout
 
 
+def start_training(stock: bool = False) -> threading.Thread:
+    """Starts an endless TorchDistributor training of DDP (2 processes, not local mode;
+    torchspark's, or PySpark's own with stock) on a daemon thread, which swallows the run's
+    error (the callers cancel it); returns the thread."""
+    if stock:
+        from pyspark.ml.torch.distributor import TorchDistributor
+    else:
+        from torchspark import TorchDistributor
+
+    def train() -> None:
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                str(DDP), "--steps", "100000000")
+        except Exception:
+            pass
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    return t
+
+
 def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0,
                    stock: bool = False, start_timeout: float = 600.0) -> List[float]:
     """Starts a TorchDistributor training (2 processes; torchspark's, or PySpark's own with
@@ -126,26 +147,13 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
     2 wrappers, 2 torchruns, 2 workers) and returns, per round, the ms until every one of them is gone (-1: not within
     gone_timeout; NOT_STARTED: not up within start_timeout, then cancelled anyway). What is
     left is killed afterwards, so the next round starts clean."""
-    if stock:
-        from pyspark.ml.torch.distributor import TorchDistributor
-    else:
-        from torchspark import TorchDistributor
-
     from tests.helpers import tsp_spark
 
     procs = (lambda: stock_processes(mark)) if stock else (lambda: tsp_spark.job_processes(mark))
     need = 6 if stock else 4
     times = []
     for _ in range(rounds):
-        def train() -> None:
-            try:
-                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                    str(DDP), "--steps", "100000000")
-            except Exception:
-                pass
-
-        t = threading.Thread(target=train, daemon=True)
-        t.start()
+        t = start_training(stock)
         deadline = time.monotonic() + start_timeout
         while len(procs()) < need and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -215,22 +223,12 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     killed with no agent running, or once a cancel came while none of the job's processes
     existed yet (the status tracker sees a launch late and by a varying margin, so the
     delay that hits the window varies)."""
-    from torchspark import TorchDistributor
-
     from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
     rounds = []
     for delay in delays:
-        def train() -> None:
-            try:
-                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                    str(DDP), "--steps", "100000000")
-            except Exception:
-                pass
-
-        t = threading.Thread(target=train, daemon=True)
-        t.start()
+        t = start_training()
         deadline = time.monotonic() + 120
         tracker = sc.statusTracker()
         while time.monotonic() < deadline:
