@@ -70,6 +70,31 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
     local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None;
     on_start: called with spark-submit's pid once it runs); returns its "KEY: value" lines
     and its stderr."""
+    stdout, err = _submit(mode, plugin, conf, rounds, timeout, master, env, on_start)
+    return parse_output(stdout), err
+
+
+def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200
+                       ) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
+    """Runs several TrainApp modes one after another in one application (TrainApp's A+B:
+    one start for several tests); returns each mode's "KEY: value" lines and the stderr."""
+    if len(modes) == 1:  # TrainApp prints no MODE line for a single mode
+        out, err = spark_submit(modes[0], plugin, timeout=timeout)
+        return {modes[0]: out}, err
+    stdout, err = _submit("+".join(modes), plugin, None, 1, timeout, MASTER, None, None)
+    parts: Dict[str, List[str]] = {}
+    current: List[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("MODE: "):
+            current = parts.setdefault(line[len("MODE: "):], [])
+        else:
+            current.append(line)
+    return {m: parse_output("\n".join(lines)) for m, lines in parts.items()}, err
+
+
+def _submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]], rounds: int, timeout: float,
+            master: str, env: Optional[Dict[str, Optional[str]]],
+            on_start: Optional[Callable[[int], None]]) -> Tuple[str, str]:
     cmd, penv = submit_command(mode, plugin, conf, master, [str(rounds)], env)
     with subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           cwd=str(BUILD)) as p:
@@ -80,11 +105,10 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
         except subprocess.TimeoutExpired:
             p.kill()
             raise
-    out = parse_output(stdout.decode(errors="replace"))
     err = stderr.decode(errors="replace")
     if p.returncode != 0:
         raise AssertionError(f"spark-submit exited {p.returncode}:\n{err[-4000:]}")
-    return out, err
+    return stdout.decode(errors="replace"), err
 
 
 def stock_processes(mark: str) -> List[int]:
