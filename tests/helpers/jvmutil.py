@@ -82,6 +82,12 @@ def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200
         out, err = spark_submit(modes[0], plugin, timeout=timeout)
         return {modes[0]: out}, err
     stdout, err = _submit("+".join(modes), plugin, None, 1, timeout, MASTER, None, None)
+    return split_modes(stdout), err
+
+
+def split_modes(stdout: str) -> Dict[str, Dict[str, List[str]]]:
+    """TrainApp A+B's output: each mode's "KEY: value" lines, from its "MODE: name" line to
+    the next (what comes before the first, APP_ID, belongs to none)."""
     parts: Dict[str, List[str]] = {}
     current: List[str] = []
     for line in stdout.splitlines():
@@ -89,7 +95,7 @@ def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200
             current = parts.setdefault(line[len("MODE: "):], [])
         else:
             current.append(line)
-    return {m: parse_output("\n".join(lines)) for m, lines in parts.items()}, err
+    return {m: parse_output("\n".join(lines)) for m, lines in parts.items()}
 
 
 def _submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]], rounds: int, timeout: float,
