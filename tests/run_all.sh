@@ -46,6 +46,57 @@ summarize() {
 }
 trap summarize EXIT
 
+# The checks that time nothing and only need CPU (static analysis, the fuzz targets: 60 s of
+# wall time each, whatever CPU they get) run beside the end-to-end tests, at the lowest
+# priority (nice 19): they take the cycles that pytest leaves while it waits on Spark's
+# scheduling, replacement executors and timeouts, instead of 2.5 minutes of their own.
+# shellcheck disable=SC2317  # called through beside
+static_analysis() {
+  local status=0 layer_includes=() tidy tidy_dir
+  for d in native/src/*/; do layer_includes+=(-I "$d"); done
+  cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
+    -I native/include "${layer_includes[@]}" native/src native/tools || status=1
+  # Its findings are the lines that name a file or an error, whatever its exit status. One
+  # clang-tidy per file, $jobs at a time (one process over all files took 2.5 CPU minutes),
+  # each file's output kept whole.
+  # In a subshell: its waits see its own jobs only, not the other background jobs.
+  tidy_dir=$(mktemp -d)
+  (
+    for f in native/src/*/*.c native/tools/*.c; do
+      while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+      clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option "$f" \
+        > "$tidy_dir/${f//\//_}.log" 2>&1 &
+    done
+    wait || true
+  ) || true
+  tidy=$(cat "$tidy_dir"/*.log)
+  rm -rf "$tidy_dir"
+  if grep -E '^/|error:' <<< "$tidy"; then
+    status=1
+  fi
+  echo "static analysis done"
+  return "$status"
+}
+# shellcheck disable=SC2317  # called through beside
+fuzz_targets() {
+  if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
+    bash tests/fuzz/run.sh
+  fi
+}
+# beside NAME...: runs each check function in turn, in the background at nice 19, its output
+# in $times/NAME.log, its seconds in $times/beside.tsv, a failure's name in $times/beside.failed.
+beside() {
+  (
+    renice -n 19 -p "$BASHPID" > /dev/null
+    for name in "$@"; do
+      t0=$SECONDS
+      "$name" > "$times/$name.log" 2>&1 || echo "$name" >> "$times/beside.failed"
+      printf '(beside pytest) %s\t%s\n' "$name" $((SECONDS - t0)) >> "$times/beside.tsv"
+    done
+  ) &
+  beside_pid=$!
+}
+
 if [ "$quick" = 1 ]; then
   status=0
   step "unit tests (ctest, plain build)"
@@ -84,31 +135,6 @@ echo "checked ${#sh_files[@]} shell scripts: ${sh_files[*]}"
 step "unit tests (ctest)"
 ctest --test-dir build --output-on-failure -j"$jobs" || status=1
 
-step "static analysis (cppcheck, clang-tidy)"
-layer_includes=()
-for d in native/src/*/; do layer_includes+=(-I "$d"); done
-cppcheck --enable=warning,performance,portability --std=c11 --quiet --error-exitcode=1 \
-  -I native/include "${layer_includes[@]}" native/src native/tools || status=1
-# Its findings are the lines that name a file or an error, whatever its exit status. One
-# clang-tidy per file, $jobs at a time (one process over all files took 2.5 CPU minutes),
-# each file's output kept whole.
-# In a subshell: its waits see its own jobs only, not the background torch download above.
-tidy_dir=$(mktemp -d)
-(
-  for f in native/src/*/*.c native/tools/*.c; do
-    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-    clang-tidy -p build --quiet --extra-arg=-Wno-unknown-warning-option "$f" \
-      > "$tidy_dir/${f//\//_}.log" 2>&1 &
-  done
-  wait || true
-) || true
-tidy=$(cat "$tidy_dir"/*.log)
-rm -rf "$tidy_dir"
-if grep -E '^/|error:' <<< "$tidy"; then
-  status=1
-fi
-echo "static analysis done"
-
 step "format, lint and types (clang-format on native/ and jni/, ruff on spark-glue/, tests/, bench/, mypy on spark-glue/python)"
 mapfile -t c_files < <(git ls-files 'native/*.c' 'native/*.h' 'jni/*.c' 'jni/*.h')
 clang-format --dry-run -Werror "${c_files[@]}" || status=1
@@ -132,17 +158,13 @@ rm -f build-tsan.log
 TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:atexit_sleep_ms=0 \
   ctest --test-dir build-tsan --output-on-failure -j"$jobs" || status=1
 
-if [ -d tests/fuzz ] && ls tests/fuzz/*.c > /dev/null 2>&1; then
-  step "fuzz targets (libFuzzer, 60 s each, all at once)"
-  bash tests/fuzz/run.sh || status=1
-fi
-
 step "GPU checks (tests/gpu: skipped with one line without an NVIDIA GPU)"
 # Its Python helpers compile here even where the checks skip (ruff lints them above).
 .venv/bin/python -m py_compile tests/gpu/*.py || status=1
 bash tests/gpu/run.sh || status=1
 
-step "end-to-end tests (pytest on real torch and Spark)"
+step "end-to-end tests (pytest on real torch and Spark; beside it: static analysis, then the fuzz targets, 60 s each, all at once)"
+beside static_analysis fuzz_targets
 suites=()
 for d in tests/unit_py tests/e2e tests/cluster; do [ -d "$d" ] && suites+=("$d"); done
 set +e
@@ -152,6 +174,14 @@ set +e
 rc=$?
 set -e
 [ $rc -eq 0 ] || status=1
+step "static analysis (cppcheck, clang-tidy) and fuzz targets: what ran beside pytest"
+wait "$beside_pid" || true
+cat "$times/static_analysis.log" "$times/fuzz_targets.log" || status=1
+cat "$times/beside.tsv" >> "$times/steps.tsv" || status=1
+if [ -s "$times/beside.failed" ]; then
+  echo "failed beside pytest: $(tr '\n' ' ' < "$times/beside.failed")"
+  status=1
+fi
 # The matrix test waited on its lock; a failure there shows in that test, and here why.
 if [ -n "${matrix_torch_pid:-}" ] && ! wait "$matrix_torch_pid"; then
   tail -20 build/setup_torch.log

@@ -223,8 +223,25 @@ def test_runner_local_mode_uses_the_driver_gpus(tmp_path):
                               "spark.driver.resource.gpu.amount"], out
 
 
-def test_plugin_stops_a_cancelled_runner_job():
-    out, err = jvmutil.spark_submit("cancel", plugin=True)
+# The runner tests that need only the plugin share one application (one start of
+# spark-submit, its local-cluster and its executors instead of three): TrainApp runs their
+# modes one after another, each counting the executors' log lines from its own start;
+# killexec last (it stops an executor). Only the selected tests' modes run (the version
+# matrix picks one).
+_PLUGIN_MODES = {"test_plugin_stops_a_cancelled_runner_job": "cancel",
+                 "test_plugin_runner_job_cancelled_while_its_tasks_start": "early",
+                 "test_plugin_executor_stopped_normally_leaves_nothing": "killexec"}
+
+
+@pytest.fixture(scope="module")
+def plugin_app(request):
+    chosen = {item.name for item in request.session.items}
+    return jvmutil.spark_submit_modes([m for t, m in _PLUGIN_MODES.items() if t in chosen],
+                                      plugin=True)
+
+
+def test_plugin_stops_a_cancelled_runner_job(plugin_app):
+    out, err = plugin_app[0]["cancel"], plugin_app[1]
     assert int(out["BEFORE"][0]) >= 4, out
     gone = int(out["GONE_MS"][0])
     print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
@@ -473,14 +490,14 @@ def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
     assert int(out["STOP_GONE_MS"][0]) >= 0, (out, err[-3000:])
 
 
-def test_plugin_executor_stopped_normally_leaves_nothing():
+def test_plugin_executor_stopped_normally_leaves_nothing(plugin_app):
     # SparkContext.killExecutor while a runner job's agent runs: the worker sends the executor
     # JVM SIGTERM, Spark's shutdown hook stops the Executor, which calls the plugin's
     # shutdown(): it stops every tagged process and waits for them, so they are gone BEFORE
     # the executor JVM (without the plugin they die after it, by their parent-death signal:
     # measured 664 ms vs the JVM's 649 ms; with it 283 ms vs 481 ms). The executor's own log
     # cannot show it: the worker stops copying the executor's output before killing it.
-    out, err = jvmutil.spark_submit("killexec", plugin=True)
+    out, err = plugin_app[0]["killexec"], plugin_app[1]
     assert int(out["BEFORE"][0]) >= 2 and int(out["EXECUTOR_PID"][0]) > 1, out
     assert out["KILLED"] == ["true"], out
     gone, jvm_gone = int(out["GONE_MS"][0]), int(out["EXECUTOR_GONE_MS"][0])
@@ -489,12 +506,12 @@ def test_plugin_executor_stopped_normally_leaves_nothing():
     assert out["LEFT"] == ["0"], out
 
 
-def test_plugin_runner_job_cancelled_while_its_tasks_start():
+def test_plugin_runner_job_cancelled_while_its_tasks_start(plugin_app):
     # Cancelled 0-1400 ms after the driver launched the first task: before Task.run, in the
     # election (waiting for rank 0's record in the driver's rendezvous, where a task checks
     # its kill flag every 100 ms), or just after the agents started. Nothing may be left,
     # then or 2 s later (a late agent).
-    out, err = jvmutil.spark_submit("early", plugin=True)
+    out, err = plugin_app[0]["early"], plugin_app[1]
     rounds = [[int(x) for x in r.split()] for r in out["ROUND"]]
     print("rounds (delay ms, processes at the cancel, gone ms, left 2 s later):", rounds)
     for _delay, _before, gone, left in rounds:

@@ -8,6 +8,7 @@ import time
 
 from tests.helpers import logproto
 from tests.helpers.logproto import ERROR, RawAgent
+from tests.helpers.proxy import Proxy
 from torchspark._native import LogServer
 
 
@@ -96,7 +97,7 @@ def test_binding_surface_tail_format_output(tmp_path):
     assert srv.pull(timeout_ms=10) == []
 
 
-class _OnPathProxy:
+class _OnPathProxy(Proxy):
     """A real on-path attacker between a real agent and the real driver: it records every
     byte both ways and rewrites what the agent sends. Where the stream parses as frames
     (the channel before TLS) it rewrites them as an attacker would: "SECRET" in a LINE
@@ -108,115 +109,81 @@ class _OnPathProxy:
     "HACKED", the output's bytes -> b"X"s), keeping the tags it cannot forge."""
 
     def __init__(self, upstream_port: int, mac: bool = False):
-        import threading
-        self.up = upstream_port
         self.mac = mac
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(16)
-        self.port = self.lsock.getsockname()[1]
-        self.capture = bytearray()
-        self.lock = threading.Lock()
-        self.stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream_port)
 
-    def _accept(self) -> None:
-        import threading
-        self.lsock.settimeout(0.2)
-        while not self.stop:
-            try:
-                a, _ = self.lsock.accept()
-            except OSError:
-                continue
-            b = socket.create_connection(("127.0.0.1", self.up))
-            threading.Thread(target=self._agent_to_driver, args=(a, b), daemon=True).start()
-            threading.Thread(target=self._copy, args=(b, a), daemon=True).start()
+    def connected(self, client: socket.socket, server: socket.socket) -> None:
+        self.start_pumps(client, server,
+                         to_server=_mac_rewriter() if self.mac else _rewriter())
 
-    def _record(self, data: bytes) -> None:
-        with self.lock:
-            self.capture += data
 
-    def _copy(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                self._record(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+def _rewriter():
+    """The agent-to-driver change of one connection (_OnPathProxy)."""
+    import hashlib
+    import struct
+    st = {"buf": b"", "total": 0, "flipped": False, "tls": None}
+    forged = hashlib.sha256()
 
-    def _agent_to_driver(self, src: socket.socket, dst: socket.socket) -> None:
-        import hashlib
-        import struct
-        buf, total, flipped, forged = b"", 0, False, hashlib.sha256()
-        tls, handshake = None, True
-        try:
-            while data := src.recv(65536):
-                self._record(data)
-                buf += data
-                if tls is None:
-                    tls = buf[:1] != bytes([logproto.HELLO])  # a plaintext channel starts so
-                if self.mac:
-                    handshake, buf = self._rewrite_mac(handshake, buf, dst)
-                    continue
-                if tls:  # blind tampering
-                    out, buf = buf, b""
-                    if not flipped and total + len(out) > 1500:
-                        i = max(0, 1500 - total)
-                        out = out[:i] + bytes([out[i] ^ 0x01]) + out[i + 1:]
-                        flipped = True
-                    total += len(out)
-                    dst.sendall(out)
-                    continue
-                while len(buf) >= 12:  # frames in clear: rewrite them
-                    t, n = buf[0], struct.unpack(">I", buf[8:12])[0]
-                    if len(buf) < 12 + n:
-                        break
-                    hdr, pay, buf = buf[:12], buf[12:12 + n], buf[12 + n:]
-                    if t == logproto.LINE:
-                        pay = pay.replace(b"SECRET", b"HACKED")
-                    elif t == 0x21:  # OUT_CHUNK
-                        pay = b"X" * n
-                        forged.update(pay)
-                    elif t == 0x22:  # OUT_END
-                        pay = forged.digest()
-                    dst.sendall(hdr + pay)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+    def change(data: bytes) -> bytes:
+        buf = st["buf"] + data
+        if st["tls"] is None:
+            st["tls"] = buf[:1] != bytes([logproto.HELLO])  # a plaintext channel starts so
+        if st["tls"]:  # blind tampering
+            st["buf"], out, total = b"", buf, st["total"]
+            if not st["flipped"] and total + len(out) > 1500:
+                i = max(0, 1500 - total)
+                out = out[:i] + bytes([out[i] ^ 0x01]) + out[i + 1:]
+                st["flipped"] = True
+            st["total"] = total + len(out)
+            return out
+        out = b""
+        while len(buf) >= 12:  # frames in clear: rewrite them
+            t, n = buf[0], struct.unpack(">I", buf[8:12])[0]
+            if len(buf) < 12 + n:
+                break
+            hdr, pay, buf = buf[:12], buf[12:12 + n], buf[12 + n:]
+            if t == logproto.LINE:
+                pay = pay.replace(b"SECRET", b"HACKED")
+            elif t == 0x21:  # OUT_CHUNK
+                pay = b"X" * n
+                forged.update(pay)
+            elif t == 0x22:  # OUT_END
+                pay = forged.digest()
+            out += hdr + pay
+        st["buf"] = buf
+        return out
 
-    @staticmethod
-    def _rewrite_mac(handshake: bool, buf: bytes, dst: socket.socket):
-        """Forwards the whole records in buf: TLS records while handshake, then MAC'ed ones
-        with their payload rewritten; returns (handshake, what is left of buf)."""
-        import struct
+    return change
+
+
+def _mac_rewriter():
+    """The agent-to-driver change of one connection with encryption off (_OnPathProxy):
+    forwards whole records, TLS ones while the handshake lasts, then MAC'ed ones with their
+    payload rewritten."""
+    import struct
+    st = {"buf": b"", "handshake": True}
+
+    def change(data: bytes) -> bytes:
+        buf, out = st["buf"] + data, b""
         while True:
-            if handshake:
+            if st["handshake"]:
                 if len(buf) < 5 or len(buf) < 5 + struct.unpack(">H", buf[3:5])[0]:
-                    return handshake, buf
+                    break
                 n = 5 + struct.unpack(">H", buf[3:5])[0]
-                handshake = buf[0] != 0x17  # the agent's Finished ends its handshake
+                st["handshake"] = buf[0] != 0x17  # the agent's Finished ends its handshake
             else:
                 if len(buf) < 4 or len(buf) < 4 + struct.unpack(">I", buf[:4])[0] + 16:
-                    return handshake, buf
+                    break
                 n = 4 + struct.unpack(">I", buf[:4])[0] + 16
             rec, buf = buf[:n], buf[n:]
-            if not handshake and rec[:1] != b"\x17":
+            if not st["handshake"] and rec[:1] != b"\x17":
                 rec = rec.replace(b"SECRET", b"HACKED").replace(b"PAYLOAD-OF-RANK-0",
                                                                 b"X" * 17)
-            dst.sendall(rec)
+            out += rec
+        st["buf"] = buf
+        return out
 
-    def close(self) -> None:
-        self.stop = True
-        self.lsock.close()
+    return change
 
 
 def test_on_path_proxy_reads_nothing_and_cannot_rewrite_the_output(tmp_path):

@@ -19,6 +19,7 @@ import time
 
 import pytest
 
+from tests.helpers.proxy import Proxy
 from torchspark import _lib, _rendezvous
 
 SECRET = os.urandom(32).hex()
@@ -32,65 +33,38 @@ def _counts(server: _rendezvous.Server) -> tuple:
     return puts.value, gets.value
 
 
-class _Proxy:
+class _Proxy(Proxy):
     """An on-path attacker: forwards both ways, records every byte, and where it sees a
     cleartext request line with a token (wire 1) it races rank 0 with a forged PUT of its
     own. With flip, it flips one byte of each chunk the server sends (blind tampering)."""
 
     def __init__(self, upstream: int, flip: bool = False) -> None:
-        self.up, self.flip = upstream, flip
-        self.capture = bytearray()
+        self.flip = flip
         self.client_chunks: list = []  # what each client sent, per connection
         self.raced = 0
-        self.lsock = socket.socket()
-        self.lsock.bind(("127.0.0.1", 0))
-        self.lsock.listen(16)
-        self.lsock.settimeout(0.2)
-        self.port = self.lsock.getsockname()[1]
-        self.stop = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(upstream)
 
-    def _accept(self) -> None:
-        while not self.stop:
-            try:
-                a, _ = self.lsock.accept()
-            except OSError:
-                continue
-            b = socket.create_connection(("127.0.0.1", self.up))
-            sent = bytearray()
-            self.client_chunks.append(sent)
-            threading.Thread(target=self._pump, args=(a, b, sent, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(b, a, None, self.flip), daemon=True).start()
+    def connected(self, client: socket.socket, server: socket.socket) -> None:
+        sent = bytearray()
+        self.client_chunks.append(sent)
 
-    def _pump(self, src: socket.socket, dst: socket.socket, sent, flip: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                self.capture += data
-                if sent is not None:
-                    sent += data
-                    m = re.match(rb"([0-9a-f]{64}) (GET|PUT)", bytes(sent))
-                    if m and not self.raced:  # wire 1: the token, in clear
-                        self.raced += 1
-                        self._forge(m.group(1).decode())
-                if flip:
-                    data = data[:-1] + bytes([data[-1] ^ 0x01])
-                dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        def race(data: bytes) -> bytes:
+            sent.extend(data)
+            m = re.match(rb"([0-9a-f]{64}) (GET|PUT)", bytes(sent))
+            if m and not self.raced:  # wire 1: the token, in clear
+                self.raced += 1
+                self._forge(m.group(1).decode())
+            return data
+
+        def flip(data: bytes) -> bytes:
+            return data[:-1] + bytes([data[-1] ^ 0x01])
+
+        self.start_pumps(client, server, to_server=race, to_client=flip if self.flip else None)
 
     def _forge(self, token: str) -> None:
         with socket.create_connection(("127.0.0.1", self.up), timeout=5) as s:
             s.sendall(f"{token} PUT {'0' * 64} {FORGED}\n".encode())
             s.recv(4096)
-
-    def close(self) -> None:
-        self.stop = True
-        self.lsock.close()
 
 
 def _get_in_thread(spec, out: list) -> threading.Thread:

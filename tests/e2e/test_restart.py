@@ -202,6 +202,10 @@ def test_restarts_used_up_list_each_attempts_root_cause(spark, tmp_path):
     assert tsp_spark.wait_gone(MARK_VALUE, 15) == []
 
 
+# A comparison, not a test of torchspark: CI's budget skips it (bench/restart_bench.py runs
+# it beside its series, as tests/cluster's stock runs under TSP_CLUSTER_FULL=1).
+@pytest.mark.skipif(os.environ.get("TSP_STOCK_COMPARISONS") != "1",
+                    reason="stock comparison run (~35 s); set TSP_STOCK_COMPARISONS=1 to run it")
 def test_stock_fails_on_the_same_kill(spark, tmp_path):
     box = {}
     steplog = tmp_path / "stock.steplog"

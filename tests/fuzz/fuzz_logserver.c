@@ -11,12 +11,8 @@
  *   'P'         the rest in plaintext, no TLS: what the server sees before TLS (an older
  *               agent's plaintext HELLO, garbage, a forged ClientHello);
  *   anything    inside TLS, the whole input as it is: the states before authentication. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,13 +21,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "fuzzclient.h"
 #include "logwire.h"
 #include "tlsconn.h"
 #include "torchspark/logserver.h"
 #include "util.h"
 
 #define REPLY_WAIT_MS 500
-#define TLS_WAIT_MS 5000
+/* Only a hung server reaches it: the run script starves the targets beside pytest (nice 19). */
+#define TLS_WAIT_MS 30000
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -52,8 +50,7 @@ static void print_stats(void)
 
 static void die(const char *what, const char *why)
 {
-    fprintf(stderr, "fuzz_logserver: %s: %s\n", what, why);
-    abort();
+    fuzz_die("fuzz_logserver", what, why);
 }
 
 /* The server (started once) and a client TLS context for its secret (made once: one
@@ -132,35 +129,11 @@ static int handshake(tsp__tls_t *t, const uint8_t secret[TSP_WIRE_SECRET_LEN], i
     return read_frame(t, p, sizeof p, &fh, dl) || fh.type != TSP_WIRE_WELCOME ? -1 : 0;
 }
 
-/* Reads (and drops) what the server sends until it closes, or is silent for a while. */
-static void drain_tls(tsp__tls_t *t, int fd)
-{
-    uint8_t reply[4096];
-    for (;;) {
-        ssize_t r = tsp__tls_read(t, reply, sizeof reply);
-        if (r > 0)
-            continue;
-        struct pollfd p = {.fd = fd, .events = tsp__tls_want(t)};
-        if (r != -EAGAIN || poll(&p, 1, REPLY_WAIT_MS) <= 0)
-            return;
-    }
-}
-
 static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *secret, const uint8_t *data,
                     size_t size)
 {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        abort();
-    tsp__tls_t *t;
-    char err[300];
     int64_t dl = tsp__now_ms() + TLS_WAIT_MS;
-    if (tsp__tls_new(&t, x, fd))
-        abort();
-    /* The client has the key: a refusal here is the target's fault or the server's, never
-     * the input's (it is not sent yet). Stop loudly rather than fuzz nothing. */
-    if (tsp__tls_handshake_by(t, dl, err, sizeof err))
-        die("the server refused TLS with its own key", err);
+    tsp__tls_t *t = fuzz_tls_open("fuzz_logserver", fd, x, dl);
     st.tls++;
     int ok = 1;
     if (size > 0 && (data[0] == 'L' || data[0] == 'O')) {
@@ -173,24 +146,7 @@ static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *secret, const uint8
     }
     if (ok && size)
         (void)tsp__tls_write_all(t, data, size, dl); /* the server may refuse and close first */
-    tsp__tls_close_notify(t);
-    shutdown(fd, SHUT_WR);
-    drain_tls(t, fd);
-    tsp__tls_free(t);
-}
-
-static void run_plain(int fd, const uint8_t *data, size_t size)
-{
-    st.plain++;
-    if (size) {
-        ssize_t w = send(fd, data, size, MSG_NOSIGNAL);
-        (void)w; /* the server may refuse and close first */
-    }
-    shutdown(fd, SHUT_WR);
-    uint8_t reply[4096];
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    while (poll(&p, 1, REPLY_WAIT_MS) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
-        ;
+    fuzz_tls_finish(t, fd, REPLY_WAIT_MS);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -198,20 +154,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t secret[TSP_WIRE_SECRET_LEN];
     tsp__tlsctx_t *x;
     tsp_logserver_t *s = server(secret, &x);
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET,
-                             .sin_port = htons((uint16_t)tsp_logserver_port(s))};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
-        abort();
+    int fd = fuzz_connect(tsp_logserver_port(s));
     struct timeval tv = {.tv_sec = 1};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     int one = 1; /* small writes: no Nagle wait for the ACK of the previous one */
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (size > 0 && data[0] == 'P')
-        run_plain(fd, data + 1, size - 1);
-    else
+    if (size > 0 && data[0] == 'P') {
+        st.plain++;
+        fuzz_plain(fd, data + 1, size - 1, REPLY_WAIT_MS);
+    } else {
         run_tls(fd, x, secret, data, size);
+    }
     close(fd);
     return 0;
 }

@@ -9,25 +9,21 @@
  *   'M'       inside TLS, "PUT MAC REST" with the MAC of REST (up to its first newline)
  *             under the run's key: the accepted PUT and what follows it;
  *   anything  the whole input in plaintext: what the server sees before TLS. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
+#include "fuzzclient.h"
 #include "tlsconn.h"
 #include "torchspark/rendezvous.h"
 #include "util.h"
 
 #define REPLY_WAIT_MS 200
-#define TLS_WAIT_MS 5000
+/* Only a hung server reaches it: the run script starves the targets beside pytest (nice 19). */
+#define TLS_WAIT_MS 30000
 
 static const char SECRET[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
@@ -35,8 +31,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void die(const char *what, const char *why)
 {
-    fprintf(stderr, "fuzz_rendezvous: %s: %s\n", what, why);
-    abort();
+    fuzz_die("fuzz_rendezvous", what, why);
 }
 
 /* The server and a client context for its secret, made once (both stay reachable). */
@@ -60,17 +55,8 @@ static tsp_rdv_t *server(tsp__tlsctx_t **cx)
 
 static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *data, size_t size)
 {
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-        abort();
-    tsp__tls_t *t;
-    char err[300];
     int64_t dl = tsp__now_ms() + TLS_WAIT_MS;
-    if (tsp__tls_new(&t, x, fd))
-        abort();
-    /* The client has the key: a refusal is the target's fault or the server's. */
-    if (tsp__tls_handshake_by(t, dl, err, sizeof err))
-        die("the server refused TLS with its own key", err);
+    tsp__tls_t *t = fuzz_tls_open("fuzz_rendezvous", fd, x, dl);
     if (data[0] == 'M') {
         char line[TSP_RDV_LINE_MAX + 512];
         size_t n = size - 1 < TSP_RDV_RECORD_MAX ? size - 1 : TSP_RDV_RECORD_MAX;
@@ -89,29 +75,7 @@ static void run_tls(int fd, tsp__tlsctx_t *x, const uint8_t *data, size_t size)
     } else if (size > 1) {
         (void)tsp__tls_write_all(t, data + 1, size - 1, dl); /* the server may close first */
     }
-    tsp__tls_close_notify(t);
-    shutdown(fd, SHUT_WR);
-    char reply[TSP_RDV_LINE_MAX + 2];
-    for (;;) {
-        ssize_t r = tsp__tls_read(t, reply, sizeof reply);
-        if (r > 0)
-            continue;
-        struct pollfd p = {.fd = fd, .events = tsp__tls_want(t)};
-        if (r != -EAGAIN || poll(&p, 1, REPLY_WAIT_MS) <= 0)
-            break;
-    }
-    tsp__tls_free(t);
-}
-
-static void run_plain(int fd, const uint8_t *data, size_t size)
-{
-    ssize_t w = size ? send(fd, data, size, MSG_NOSIGNAL) : 0;
-    (void)w; /* the server may close first */
-    shutdown(fd, SHUT_WR);
-    char reply[TSP_RDV_LINE_MAX + 2];
-    struct pollfd p = {.fd = fd, .events = POLLIN};
-    while (poll(&p, 1, REPLY_WAIT_MS) > 0 && recv(fd, reply, sizeof reply, 0) > 0)
-        ;
+    fuzz_tls_finish(t, fd, REPLY_WAIT_MS);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -120,15 +84,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     tsp_rdv_t *r = server(&x);
     if (size > TSP_RDV_LINE_MAX + 512)
         size = TSP_RDV_LINE_MAX + 512;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)tsp_rdv_port(r))};
-    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0)
-        abort();
+    int fd = fuzz_connect(tsp_rdv_port(r));
     if (size > 0 && (data[0] == 'T' || data[0] == 'M'))
         run_tls(fd, x, data, size);
     else
-        run_plain(fd, data, size);
+        fuzz_plain(fd, data, size, REPLY_WAIT_MS);
     close(fd);
     return 0;
 }

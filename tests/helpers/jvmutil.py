@@ -70,6 +70,37 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
     local-cluster[2,1,1024] (env: the driver's variables to set, or to unset with None;
     on_start: called with spark-submit's pid once it runs); returns its "KEY: value" lines
     and its stderr."""
+    stdout, err = _submit(mode, plugin, conf, rounds, timeout, master, env, on_start)
+    return parse_output(stdout), err
+
+
+def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200
+                       ) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
+    """Runs several TrainApp modes one after another in one application (TrainApp's A+B:
+    one start for several tests); returns each mode's "KEY: value" lines and the stderr."""
+    if len(modes) == 1:  # TrainApp prints no MODE line for a single mode
+        out, err = spark_submit(modes[0], plugin, timeout=timeout)
+        return {modes[0]: out}, err
+    stdout, err = _submit("+".join(modes), plugin, None, 1, timeout, MASTER, None, None)
+    return split_modes(stdout), err
+
+
+def split_modes(stdout: str) -> Dict[str, Dict[str, List[str]]]:
+    """TrainApp A+B's output: each mode's "KEY: value" lines, from its "MODE: name" line to
+    the next (what comes before the first, APP_ID, belongs to none)."""
+    parts: Dict[str, List[str]] = {}
+    current: List[str] = []
+    for line in stdout.splitlines():
+        if line.startswith("MODE: "):
+            current = parts.setdefault(line[len("MODE: "):], [])
+        else:
+            current.append(line)
+    return {m: parse_output("\n".join(lines)) for m, lines in parts.items()}
+
+
+def _submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]], rounds: int, timeout: float,
+            master: str, env: Optional[Dict[str, Optional[str]]],
+            on_start: Optional[Callable[[int], None]]) -> Tuple[str, str]:
     cmd, penv = submit_command(mode, plugin, conf, master, [str(rounds)], env)
     with subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           cwd=str(BUILD)) as p:
@@ -80,11 +111,10 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
         except subprocess.TimeoutExpired:
             p.kill()
             raise
-    out = parse_output(stdout.decode(errors="replace"))
     err = stderr.decode(errors="replace")
     if p.returncode != 0:
         raise AssertionError(f"spark-submit exited {p.returncode}:\n{err[-4000:]}")
-    return out, err
+    return stdout.decode(errors="replace"), err
 
 
 def stock_processes(mark: str) -> List[int]:
@@ -119,6 +149,27 @@ STOCK_WRAPPER = b"pyspark.ml.torch.torch_run_process_wrapper"
 NOT_STARTED = -2.0  # a round whose training was not up within start_timeout
 
 
+def start_training(stock: bool = False) -> threading.Thread:
+    """Starts an endless TorchDistributor training of DDP (2 processes, not local mode;
+    torchspark's, or PySpark's own with stock) on a daemon thread, which swallows the run's
+    error (the callers cancel it); returns the thread."""
+    if stock:
+        from pyspark.ml.torch.distributor import TorchDistributor
+    else:
+        from torchspark import TorchDistributor
+
+    def train() -> None:
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+                str(DDP), "--steps", "100000000")
+        except Exception:
+            pass
+
+    t = threading.Thread(target=train, daemon=True)
+    t.start()
+    return t
+
+
 def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0,
                    stock: bool = False, start_timeout: float = 600.0) -> List[float]:
     """Starts a TorchDistributor training (2 processes; torchspark's, or PySpark's own with
@@ -126,26 +177,13 @@ def cancel_pyspark(spark, mark: str, rounds: int = 1, gone_timeout: float = 15.0
     2 wrappers, 2 torchruns, 2 workers) and returns, per round, the ms until every one of them is gone (-1: not within
     gone_timeout; NOT_STARTED: not up within start_timeout, then cancelled anyway). What is
     left is killed afterwards, so the next round starts clean."""
-    if stock:
-        from pyspark.ml.torch.distributor import TorchDistributor
-    else:
-        from torchspark import TorchDistributor
-
     from tests.helpers import tsp_spark
 
     procs = (lambda: stock_processes(mark)) if stock else (lambda: tsp_spark.job_processes(mark))
     need = 6 if stock else 4
     times = []
     for _ in range(rounds):
-        def train() -> None:
-            try:
-                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                    str(DDP), "--steps", "100000000")
-            except Exception:
-                pass
-
-        t = threading.Thread(target=train, daemon=True)
-        t.start()
+        t = start_training(stock)
         deadline = time.monotonic() + start_timeout
         while len(procs()) < need and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -215,22 +253,12 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     killed with no agent running, or once a cancel came while none of the job's processes
     existed yet (the status tracker sees a launch late and by a varying margin, so the
     delay that hits the window varies)."""
-    from torchspark import TorchDistributor
-
     from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
     rounds = []
     for delay in delays:
-        def train() -> None:
-            try:
-                TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-                    str(DDP), "--steps", "100000000")
-            except Exception:
-                pass
-
-        t = threading.Thread(target=train, daemon=True)
-        t.start()
+        t = start_training()
         deadline = time.monotonic() + 120
         tracker = sc.statusTracker()
         while time.monotonic() < deadline:

@@ -17,20 +17,6 @@
 
 static const char *token = "0123456789abcdef0123456789abcdef";
 
-static int alive(pid_t pid)
-{
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *rp = strrchr(buf, ')');
-    return rp && rp[2] != 'Z' && rp[2] != 'X';
-}
-
 /* A process that sleeps; with_token it carries the job's token in its environment. Its
  * pid goes through the pipe: with daemonize it double-forks into a session of its own and
  * the grandchild's pid is the one reported. */
@@ -97,18 +83,19 @@ START_TEST(test_sentinel_sweep_kills_the_job_and_nothing_else)
     pid_t job = start_sleeper(1, 0, &child);
     pid_t daemon = start_sleeper(1, 1, NULL);
     pid_t other = start_sleeper(0, 0, NULL);
-    for (int i = 0; i < 200 && !alive(child); i++)
+    for (int i = 0; i < 200 && !tsp_test_alive(child); i++)
         usleep(10000);
-    ck_assert(alive(job) && alive(child) && alive(daemon) && alive(other));
+    ck_assert(tsp_test_alive(job) && tsp_test_alive(child) && tsp_test_alive(daemon) &&
+              tsp_test_alive(other));
     int n = tsp__sentinel_sweep(token);
     ck_assert_int_ge(n, 3); /* the job, its token-less child, the daemon */
-    for (int i = 0; i < 200 && (alive(daemon) || alive(child)); i++)
+    for (int i = 0; i < 200 && (tsp_test_alive(daemon) || tsp_test_alive(child)); i++)
         usleep(10000);
     waitpid(job, NULL, 0);
-    ck_assert(!alive(job));
-    ck_assert(!alive(child)); /* no token, but a descendant of the job */
-    ck_assert(!alive(daemon));
-    ck_assert(alive(other));
+    ck_assert(!tsp_test_alive(job));
+    ck_assert(!tsp_test_alive(child)); /* no token, but a descendant of the job */
+    ck_assert(!tsp_test_alive(daemon));
+    ck_assert(tsp_test_alive(other));
     kill(other, SIGKILL);
     waitpid(other, NULL, 0);
     ck_assert_int_eq(tsp__sentinel_sweep("short"), -EINVAL);

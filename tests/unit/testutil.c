@@ -18,25 +18,25 @@ int tsp_test_main(Suite *s)
 #include <string.h>
 #include <unistd.h>
 
-static int is_zombie_or_gone(pid_t pid)
+int tsp_test_alive(pid_t pid)
 {
     char path[64], buf[512];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     FILE *f = fopen(path, "r");
     if (!f)
-        return 1;
+        return 0;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
     char *rp = strrchr(buf, ')');
-    return !rp || rp[2] == 'Z' || rp[2] == 'X';
+    return rp && rp[2] != 'Z' && rp[2] != 'X';
 }
 
 int tsp_test_gone(pid_t pid, int timeout_ms)
 {
     /* No sleep after the last look: callers scanning /proc pass 0 for every process. */
     for (int waited = 0;; waited += 5) {
-        if (is_zombie_or_gone(pid))
+        if (!tsp_test_alive(pid))
             return 1;
         if (waited >= timeout_ms)
             return 0;

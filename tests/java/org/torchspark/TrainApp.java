@@ -7,7 +7,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.UUID;
 import org.apache.spark.sql.SparkSession;
 
@@ -22,6 +24,9 @@ import org.apache.spark.sql.SparkSession;
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
+ *   A+B+...                   several of the modes but concurrent and restart, one after another in one
+ *                             application (one start for several tests): each after a "MODE: name" line,
+ *                             its counts of the executors' log lines from its own start
  *   restart PYTHON SCRIPT MARK DIR STEPS MAX [OPTS]  resume_train.py with maxRestarts(MAX) (-1: the conf's),
  *                             killed or decommissioned by the test; OPTS: "onrequest" (--on-request),
  *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1), "zero" (then
@@ -101,40 +106,52 @@ public final class TrainApp {
         spark.sparkContext().setLogLevel("WARN");
         System.out.println("APP_ID: " + spark.sparkContext().applicationId());
         try {
-            if (mode.equals("restart")) {
-                restart(spark, python, script, args);
-            } else if (mode.equals("train")) {
-                train(spark, python, script);
-            } else if (mode.equals("concurrent")) {
-                concurrent(spark);
-                return; // concurrent() stops the session itself
-            } else if (mode.equals("killexec")) {
-                killExecutor(spark);
-            } else if (mode.equals("early")) {
-                early(spark);
-            } else if (mode.equals("localgpu")) {
-                localGpu(spark);
-            } else if (mode.equals("election")) {
-                election(spark);
-            } else if (mode.equals("time")) {
-                // One unmeasured warm-up run first (the executors' start), as the bench's
-                // TorchDistributor cases.
-                for (int i = 0; i <= rounds; i++) {
-                    long t0 = System.nanoTime();
-                    TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12").numProcesses(2)
-                            .python(python).run(spark);
-                    if (i > 0) {
-                        System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
-                        System.out.println("ELECTION: " + r.election());
-                    }
+            if (mode.contains("+")) {
+                for (String m : mode.split("\\+")) {
+                    System.out.println("MODE: " + m);
+                    markLogStart(spark);
+                    run(spark, m, python, script, args, rounds);
                 }
             } else {
-                for (int i = 0; i < rounds; i++) {
-                    cancel(spark, python, script);
-                }
+                run(spark, mode, python, script, args, rounds); // concurrent stops the session itself too
             }
         } finally {
             spark.stop();
+        }
+    }
+
+    private static void run(SparkSession spark, String mode, String python, String script, String[] args,
+                            int rounds) throws Exception {
+        if (mode.equals("restart")) {
+            restart(spark, python, script, args);
+        } else if (mode.equals("train")) {
+            train(spark, python, script);
+        } else if (mode.equals("concurrent")) {
+            concurrent(spark);
+        } else if (mode.equals("killexec")) {
+            killExecutor(spark);
+        } else if (mode.equals("early")) {
+            early(spark);
+        } else if (mode.equals("localgpu")) {
+            localGpu(spark);
+        } else if (mode.equals("election")) {
+            election(spark);
+        } else if (mode.equals("time")) {
+            // One unmeasured warm-up run first (the executors' start), as the bench's
+            // TorchDistributor cases.
+            for (int i = 0; i <= rounds; i++) {
+                long t0 = System.nanoTime();
+                TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12").numProcesses(2)
+                        .python(python).run(spark);
+                if (i > 0) {
+                    System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
+                    System.out.println("ELECTION: " + r.election());
+                }
+            }
+        } else {
+            for (int i = 0; i < rounds; i++) {
+                cancel(spark, python, script);
+            }
         }
     }
 
@@ -469,14 +486,30 @@ public final class TrainApp {
     }
 
     /** Occurrences of needle in this application's executor logs. */
+    /** Where each executor log stood when the current mode started (A+B: counts per mode). */
+    private static final Map<Path, Integer> LOG_START = new HashMap<>();
+
+    private static void markLogStart(SparkSession spark) {
+        LOG_START.clear();
+        for (Path f : executorLogs(spark)) {
+            LOG_START.put(f, logText(f).length());
+        }
+    }
+
+    /** An executor log's text since the current mode started (ISO-8859-1: a char a byte). */
+    private static String logText(Path f) {
+        try {
+            String text = Files.readString(f, StandardCharsets.ISO_8859_1);
+            return text.substring(Math.min(text.length(), LOG_START.getOrDefault(f, 0)));
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+    }
+
     static int logCount(SparkSession spark, String needle) {
         int n = 0;
         for (Path f : executorLogs(spark)) {
-            try {
-                n += count(Files.readString(f, StandardCharsets.ISO_8859_1), needle);
-            } catch (IOException e) {
-                throw new UncheckedIOException(e);
-            }
+            n += count(logText(f), needle);
         }
         return n;
     }
@@ -485,14 +518,10 @@ public final class TrainApp {
     static int logCount(SparkSession spark, String a, String b) {
         int n = 0;
         for (Path f : executorLogs(spark)) {
-            try {
-                for (String l : (Iterable<String>) Files.readString(f, StandardCharsets.ISO_8859_1).lines()
-                        .filter(l -> l.contains(a) && l.contains(b))::iterator) {
-                    System.out.println("PLUGIN_LINE: " + f.getParent().getFileName() + " " + l);
-                    n++;
-                }
-            } catch (IOException e) {
-                throw new UncheckedIOException(e);
+            for (String l : (Iterable<String>) logText(f).lines()
+                    .filter(l -> l.contains(a) && l.contains(b))::iterator) {
+                System.out.println("PLUGIN_LINE: " + f.getParent().getFileName() + " " + l);
+                n++;
             }
         }
         return n;

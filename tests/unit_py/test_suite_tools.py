@@ -1,0 +1,21 @@
+"""The suite's own tools (docs/testing.md): what a run cost leaves the checks run beside
+pytest out of its total (tests/suite_times.py), and TrainApp's A+B output is split per mode
+(tests/helpers/jvmutil.split_modes), so that one mode's lines never answer another's test."""
+from tests import suite_times
+from tests.helpers import jvmutil
+
+
+def test_steps_beside_pytest_are_listed_but_not_added(tmp_path):
+    (tmp_path / "steps.tsv").write_text(
+        "step\tseconds\nunit tests (ctest)\t41\nend-to-end tests\t1000\n"
+        "(beside pytest) static_analysis\t90\n(beside pytest) fuzz_targets\t70\n")
+    text = suite_times.summary(tmp_path)
+    assert "| (beside pytest) fuzz_targets | 70 |" in text, text
+    assert "| **all steps** (but those beside pytest) | **1041** |" in text, text
+
+
+def test_trainapp_modes_are_split_at_their_mode_lines():
+    out = jvmutil.split_modes("APP_ID: app-1\nMODE: cancel\nBEFORE: 4\nGONE_MS: 80\n"
+                              "not a key line\nMODE: killexec\nBEFORE: 2\nGONE_MS: 300\nLEFT: 0\n")
+    assert out == {"cancel": {"BEFORE": ["4"], "GONE_MS": ["80"]},
+                   "killexec": {"BEFORE": ["2"], "GONE_MS": ["300"], "LEFT": ["0"]}}, out
