@@ -553,6 +553,7 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerEncryption(JNIEnv *en
     (void)env;
     (void)cls;
     return tsp_logserver_encryption(server_of(h), on ? 1 : 0);
+}
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerFdCheck(JNIEnv *env, jclass cls,
                                                                    jint nodes, jobjectArray msg)
