@@ -4,6 +4,7 @@
  * nothing lost when the queue is full. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -186,13 +187,13 @@ static int put_shared(void *ctx, const tsp_line_t *ln)
 typedef struct {
     tsp__afold_t *f;
     shared_t *sh;
-    volatile int stop;
+    atomic_int stop;
 } flusher_t;
 
 static void *flusher(void *arg)
 {
     flusher_t *fl = arg;
-    while (!fl->stop) {
+    while (!atomic_load(&fl->stop)) {
         tsp__afold_flush(fl->f, tsp__now_ms(), 0, put_shared, fl->sh);
         usleep(500);
     }
@@ -215,7 +216,7 @@ START_TEST(test_agentfold_a_writer_and_the_sender_s_ticks_count_every_report_onc
         if (i % 1000 == 0)
             usleep(1000);
     }
-    fl.stop = 1;
+    atomic_store(&fl.stop, 1);
     pthread_join(t, NULL);
     ck_assert_int_eq(tsp__afold_flush(f, tsp__now_ms(), 1, put_shared, &sh), 0);
     ck_assert_int_eq(sh.calls, 20000);
