@@ -6,8 +6,11 @@ Every process of the same user (other Spark applications' tasks often run as the
 Here a real TorchDistributor run (local-cluster[2,1,1024]: two executors, their warm pools;
 then local mode, the driver's pool) blocks its workers while the test, from outside, reads
 environ and cmdline of every process of this user and looks for the run's secret (hex, in
-either case): the agents, their sentinels, the workers, the warm pools must not show it."""
+either case): the agents, their sentinels, the workers, the warm pools must not show it.
+On the same session: spark.torchspark.encryption=false reaches the log server and a real run
+still delivers its result over the (MAC'ed, unencrypted) channel."""
 import gc
+import logging
 import os
 import sys
 import threading
@@ -117,3 +120,29 @@ def test_secret_not_in_proc_of_agents_sentinels_workers_and_pools(spark, tmp_pat
 def test_secret_not_in_proc_in_local_mode(spark, tmp_path):
     secret, procs = _run_and_look(tmp_path, 2, local_mode=True)
     _assert_nowhere(secret, procs, {"torchspark-run": 1, "tsp-sentinel": 1})
+
+
+def _answer():
+    return 42
+
+
+def test_encryption_off_reaches_the_log_server_and_the_agents_follow(spark, monkeypatch, caplog):
+    """spark.torchspark.encryption=false (docs/protocol.md 1.10.1): the glue hands the C
+    table's value to the log server, the run's one line says at WARNING that the channel is
+    in clear, and a real distributed run still brings rank 0's result over the channel (the
+    agents follow the driver's choice in the TLS handshake)."""
+    seen = []
+    original = _native.LogServer.encryption
+
+    def spy(self, on):
+        seen.append(on)
+        original(self, on)
+
+    monkeypatch.setattr(_native.LogServer, "encryption", spy)
+    with tsp_spark.runtime_conf(spark, {"spark.torchspark.encryption": "false"}), \
+            caplog.at_level(logging.INFO):
+        assert TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(_answer) == 42
+    assert seen == [False]
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "authenticated but NOT encrypted" in text, text
+    assert "did not arrive over torchspark's output channel" not in text, text

@@ -2,7 +2,9 @@
  * server on loopback: a client with another run's key is refused at the TLS handshake (and
  * the driver says "another run"), a byte rewritten on the way kills the connection and
  * nothing after it is delivered, a recording proxy sees no line in clear, and an agent of
- * version 2 (plaintext) gets a plaintext ERROR naming the versions. */
+ * version 2 (plaintext) gets a plaintext ERROR naming the versions. With encryption off
+ * (1.10.1) the lines go in clear and a rewritten, replayed or reordered record is refused;
+ * an agent that offers only the other mode gets one sentence at the handshake. */
 #include <pthread.h>
 
 #include "logdial.h"
@@ -81,12 +83,17 @@ END_TEST
 /* An on-path proxy for one connection: records both ways (up to CAP bytes) and flips one
  * bit of the client's byte number `flip` (-1: none). */
 #define CAP (1u << 20)
-enum { ACT_FLIP, ACT_DUP, ACT_SWAP };
+enum { ACT_FLIP, ACT_DUP, ACT_SWAP, ACT_FLIP_TLS };
 typedef struct proxy {
     int lfd, port, up_port;
     long flip;
     int act; /* at byte `flip`: ACT_FLIP one bit, ACT_DUP send that segment twice, ACT_SWAP
-              * hold it and send it after the next one */
+              * hold it and send it after the next one; ACT_FLIP_TLS one bit of the first
+              * application-data record's body from there (TLS's record headers are in
+              * clear: the attacker reads them, and a header's byte fails otherwise) */
+    uint8_t hdr[5];
+    unsigned hdr_have, body_left;
+    int flipped;
     uint8_t *cap;
     size_t caplen;
 } proxy_t;
@@ -96,6 +103,25 @@ static void record(proxy_t *p, const uint8_t *b, size_t n)
     size_t k = n < CAP - p->caplen ? n : CAP - p->caplen;
     memcpy(p->cap + p->caplen, b, k);
     p->caplen += k;
+}
+
+/* ACT_FLIP_TLS over the client's bytes buf[0..r), which start at stream offset at. */
+static void flip_tls(proxy_t *p, uint8_t *buf, ssize_t r, long at)
+{
+    for (ssize_t i = 0; i < r; i++) {
+        if (p->hdr_have < 5) {
+            p->hdr[p->hdr_have++] = buf[i];
+            p->body_left = p->hdr_have == 5 ? ((unsigned)p->hdr[3] << 8 | p->hdr[4]) : 0;
+            p->hdr_have = p->hdr_have == 5 && p->body_left == 0 ? 0 : p->hdr_have;
+            continue;
+        }
+        if (!p->flipped && p->hdr[0] == 0x17 && at + i >= p->flip) {
+            buf[i] ^= 0x01;
+            p->flipped = 1;
+        }
+        if (--p->body_left == 0)
+            p->hdr_have = 0;
+    }
 }
 
 static void *proxy_main(void *arg)
@@ -118,7 +144,9 @@ static void *proxy_main(void *arg)
         if (r <= 0)
             break;
         record(p, buf, (size_t)r);
-        int hit = from == a && p->flip >= sent && p->flip < sent + r;
+        if (from == a && p->act == ACT_FLIP_TLS)
+            flip_tls(p, buf, r, sent);
+        int hit = from == a && p->flip >= sent && p->flip < sent + r && p->act != ACT_FLIP_TLS;
         if (from == a)
             sent += r;
         if (hit && p->act == ACT_FLIP)
@@ -143,11 +171,12 @@ static void *proxy_main(void *arg)
     return NULL;
 }
 
-static void proxy_start(proxy_t *p, int up_port, long flip, pthread_t *th)
+static void proxy_start(proxy_t *p, int up_port, long flip, int act, pthread_t *th)
 {
     memset(p, 0, sizeof *p);
     p->up_port = up_port;
     p->flip = flip;
+    p->act = act; /* before the thread starts: it reads it */
     p->cap = malloc(CAP);
     p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
@@ -195,7 +224,7 @@ START_TEST(test_tlsconn_rewritten_byte_kills_the_connection)
     proxy_t p;
     pthread_t th;
     /* past the TLS handshake and HELLO/AUTH (about 700 bytes): inside the LINE records */
-    proxy_start(&p, tsp_logserver_port(s), 1800, &th);
+    proxy_start(&p, tsp_logserver_port(s), 1800, ACT_FLIP_TLS, &th);
     int fd = send_lines(s, p.port);
     int lines = 0;
     ck_assert_msg(
@@ -227,8 +256,7 @@ static void mac_attack(int act, long at)
     ck_assert_int_eq(tsp_logserver_encryption(s, 0), 0);
     proxy_t p;
     pthread_t th;
-    proxy_start(&p, tsp_logserver_port(s), at, &th);
-    p.act = act;
+    proxy_start(&p, tsp_logserver_port(s), at, act, &th);
     int fd = send_lines(s, p.port);
     int lines = 0;
     if (at < 0) {
@@ -312,7 +340,7 @@ START_TEST(test_tlsconn_proxy_sees_no_line_in_clear)
     tsp_logserver_t *s = server();
     proxy_t p;
     pthread_t th;
-    proxy_start(&p, tsp_logserver_port(s), -1, &th);
+    proxy_start(&p, tsp_logserver_port(s), -1, ACT_FLIP, &th);
     int fd = send_lines(s, p.port);
     int lines = 0;
     pull_until(s, "never", &lines, 1500);
