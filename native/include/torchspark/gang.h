@@ -13,6 +13,7 @@
 #define TORCHSPARK_GANG_H
 
 #include "torchspark/common.h"
+#include "torchspark/rendezvous.h"
 
 #include <stdint.h>
 
@@ -82,6 +83,17 @@ TSP_EXTERN int tsp_gang_replay(const char *request, size_t len, char *out, size_
 TSP_EXTERN int tsp_gang_call(const char *host, int port, const char *secret_hex, int node_rank,
                              int try_no, const char *task_host, int timeout_ms, int *nnodes,
                              char *err, size_t errlen);
+
+/* tsp_gang_call in slices, for a task that checks between them whether it was killed (the
+ * JVM's): the JOIN sent (connected, TLS complete; *out to free with tsp_rdv_call_free, the
+ * codes and sentences of tsp_gang_call), then waits of up to timeout_ms each (< 0: until the
+ * call's own deadline, start's timeout_ms): TSP_RDV_PENDING (nothing yet, wait again), or
+ * tsp_gang_call's result for node node_rank. */
+TSP_EXTERN int tsp_gang_call_start(const char *host, int port, const char *secret_hex,
+                                   int node_rank, int try_no, const char *task_host, int timeout_ms,
+                                   tsp_rdv_call_t **out, char *err, size_t errlen);
+TSP_EXTERN int tsp_gang_call_wait(tsp_rdv_call_t *c, int node_rank, int timeout_ms, int *nnodes,
+                                  char *err, size_t errlen);
 
 #ifdef __cplusplus
 }
