@@ -62,7 +62,8 @@ static const conf_key_t KEYS[] = {
      "(keyword hang_action=)",
      NULL},
     {PREFIX "rendezvous", T_BOOL, 0, NULL, 0, 0, "false",
-     "the driver's rendezvous for the election; unset: on, but off under Spark Connect",
+     "the driver's rendezvous for the election; unset: on, but off under Spark Connect unless "
+     "the launch is a gang",
      "TORCHSPARK_RENDEZVOUS"},
     {PREFIX "job.maxRestarts", T_INT, 0, "0", 0, INT_MAX, "3",
      "how many times a failed distributed run is submitted again (keyword max_restarts=)", NULL},

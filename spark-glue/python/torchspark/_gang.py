@@ -33,13 +33,10 @@ WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 REQUEST_EXECUTORS = True
 
 
-def mode(spark: Any, settings: Dict[str, Any], dataframe: bool = False) -> str:
-    """The launch of this run's attempts: the setting, with auto resolved by Spark's
-    spark.dynamicAllocation.enabled. train_on_dataframe stays a barrier stage (not covered:
-    docs/distributor.md, "Launch modes")."""
+def mode(spark: Any, settings: Dict[str, Any]) -> str:
+    """The launch of this run's attempts (run(), train_on_dataframe, classic or Spark
+    Connect): the setting, with auto resolved by Spark's spark.dynamicAllocation.enabled."""
     launch = settings["launch"]
-    if dataframe:
-        return BARRIER
     if launch == "auto":
         on = str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower()
         return GANG if on == "true" else BARRIER
@@ -139,11 +136,11 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
 
 
-def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any],
-          dataframe: bool) -> Optional[Gang]:
+def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:
     """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
-    settings: the run's spark.torchspark.* values (_conf.read)."""
-    if mode(distributor.spark, settings, dataframe) != GANG:
+    settings: the run's spark.torchspark.* values (_conf.read). A Spark Connect client
+    cannot ask for executors: there Spark's backlog ramp brings them."""
+    if mode(distributor.spark, settings) != GANG:
         return None
     if rdv is None:
         raise RuntimeError(
