@@ -227,7 +227,7 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
     # Dynamic allocation from 0 executors (at most 2): TorchSparkRunner.launch("barrier") is
     # refused at submission as stock TorchDistributor is (SPARK-24942); the default (auto ->
     # gang: ordinary tasks that JOIN through the driver's rendezvous) trains the DDP example;
-    # 3 nodes where 2 executors of 1 core fit fail at the gang's 8 s deadline with the C
+    # one failing rank ends the run; 3 nodes where 2 executors of 1 core fit fail at the gang's 8 s deadline with the C
     # core's sentence, the job gone, no process left.
     out, err = jvmutil.spark_submit("gang", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None}, conf={
         "spark.dynamicAllocation.enabled": "true",
@@ -240,6 +240,10 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
     assert "SPARK-24942" in out["BARRIER"][0], out
     assert out["OUTPUT"][0].startswith('{"world_size": 2, "steps": 12'), (out, err[-3000:])
     print(f"\nJVM runner, gang launch from 0 executors: {out['GANG_MS'][0]} ms")
+    # One task's failure ends every task: rank 1's exit 5 is the error, rank 0's sleep is
+    # stopped with it (no process of the run left within 10 s).
+    assert out["FAILURE"] == ["rank=1 exit=5"], out
+    assert out["FAILURE_MS"][0].endswith(" 0"), out
     msg = out["DEADLINE"][0]
     assert re.match(r"torchspark: gang launch: only [0-2] of the attempt's 3 tasks started "
                     r"within 8 s \(tasks started: (none|node [01] on host )", msg), msg

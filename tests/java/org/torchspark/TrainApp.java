@@ -23,7 +23,8 @@ import org.apache.spark.sql.SparkSession;
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
  *   gang PYTHON SCRIPT        dynamic allocation from 0 executors: launch("barrier") refused (SPARK-24942),
- *                             the gang launch (auto) trains, then 3 nodes where maxExecutors is 2 (the deadline)
+ *                             the gang launch (auto) trains, one failing rank ends the run, then 3 nodes where
+ *                             maxExecutors is 2 (the deadline)
  *   restart PYTHON SCRIPT MARK DIR STEPS MAX [OPTS]  resume_train.py with maxRestarts(MAX) (-1: the conf's),
  *                             killed or decommissioned by the test; OPTS: "onrequest" (--on-request),
  *                             "fail" (then a run whose rank 1 always fails, maxRestarts 1), "zero" (then
@@ -273,7 +274,8 @@ public final class TrainApp {
 
     /** Dynamic allocation (the test's conf: 0 executors at first, at most 2): a barrier launch
      *  is refused as stock's is; the gang launch (auto) trains the DDP example from 0
-     *  executors; 3 nodes where 2 executors of 1 core fit fail at the gang's deadline
+     *  executors; rank 1's exit ends rank 0's sleep with it (FAILURE_MS: until no process
+     *  is left, and how many are); 3 nodes where 2 executors of 1 core fit fail at the gang's deadline
      *  (spark.torchspark.gang.timeout 8s) with the C core's sentence, no process left. */
     private static void gang(SparkSession spark, String python, String script) {
         String mark = UUID.randomUUID().toString();
@@ -293,6 +295,20 @@ public final class TrainApp {
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).run(spark);
         System.out.println("GANG_MS: " + (System.nanoTime() - t0) / 1_000_000);
         System.out.println("OUTPUT: " + new String(r.output(), StandardCharsets.UTF_8));
+        // One task's failure ends every task: rank 0 would sleep for 2 minutes.
+        t0 = System.nanoTime();
+        try {
+            TorchSparkRunner.command("sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 5; fi; exec sleep 120")
+                    .numProcesses(2).env("TSP_E2E_MARK", mark).run(spark);
+            System.out.println("FAILURE: none");
+        } catch (TorchSparkException e) {
+            System.out.println("FAILURE: rank=" + e.rank() + " exit=" + e.exitCode());
+        }
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!marked(mark).isEmpty() && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("FAILURE_MS: " + (System.nanoTime() - t0) / 1_000_000 + " " + marked(mark).size());
         spark.sparkContext().conf().set("spark.torchspark.gang.timeout", "8s");
         t0 = System.nanoTime();
         try {
