@@ -65,8 +65,9 @@ final class DistributedRun {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }
             TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
-            TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {} tasks", world, ntasks,
-                    gang != null ? "gang" : "barrier");
+            TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {}", world, ntasks,
+                    gang != null ? "gang tasks (up to " + spec.gangTimeoutMs + " ms for all to start: "
+                            + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
                 job.await(sc, ch.server, r.lastAttempt, gang);
@@ -112,17 +113,15 @@ final class DistributedRun {
             return null;
         }
         if (spec.rendezvous == null) {
-            throw new IllegalStateException("torchspark: spark.torchspark.launch=gang (or auto with "
-                    + "spark.dynamicAllocation.enabled) needs the driver's rendezvous, which is off or could not "
-                    + "start here (spark.torchspark.rendezvous, TORCHSPARK_RENDEZVOUS, or the log above): turn it "
-                    + "on, or set spark.torchspark.launch=barrier and turn spark.dynamicAllocation.enabled off");
+            throw new IllegalStateException("torchspark: TorchSparkRunner's gang launch (dynamic allocation, or "
+                    + "launch(\"gang\")) JOINs at the rendezvous on this driver, which is off or did not start "
+                    + "(spark.torchspark.rendezvous, TORCHSPARK_RENDEZVOUS, or the log above): turn it on, or use "
+                    + "launch(\"barrier\") where spark.dynamicAllocation.enabled is false");
         }
         long timeoutMs = r.runSettings.number("gang.timeout");
         ch.rendezvous().gang(ntasks, timeoutMs);
         spec.gangTimeoutMs = timeoutMs;
         Gang.requestExecutors(sc, ntasks);
-        TorchSparkRunner.LOG.info("Gang launch: {} ordinary tasks that wait for each other up to {} ms "
-                + "(spark.torchspark.gang.timeout)", ntasks, timeoutMs);
         return ch.rendezvous();
     }
 

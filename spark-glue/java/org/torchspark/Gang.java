@@ -93,11 +93,11 @@ final class Gang {
             if (!sc.requestTotalExecutors(total, 0, scala.collection.immutable.Map$.MODULE$.empty())) {
                 return -1;
             }
-            TorchSparkRunner.LOG.info("Asked Spark for {} executor(s) for {} gang task(s)", total, ntasks);
+            TorchSparkRunner.LOG.info("requestTotalExecutors({}) for {} gang task(s)", total, ntasks);
             return total;
-        } catch (RuntimeException | LinkageError e) { // never a reason to fail a run
-            TorchSparkRunner.LOG.info("Could not ask Spark for executors ({}); its allocation manager asks from the "
-                    + "job's backlog", e.toString());
+        } catch (RuntimeException | LinkageError e) { // never a reason to fail a run: the backlog asks
+            TorchSparkRunner.LOG.info("requestTotalExecutors failed ({}): Spark's backlog ramp brings the executors",
+                    e.toString());
             return -1;
         }
     }

@@ -111,8 +111,8 @@ final class Rendezvous implements AutoCloseable {
     synchronized void gang(int nnodes, long timeoutMs) {
         int rc = handle == 0 ? -9 : Native.rdvGang(handle, nnodes, (int) Math.min(timeoutMs, Integer.MAX_VALUE));
         if (rc != 0) {
-            throw new IllegalStateException("torchspark: cannot arm the gang of " + nnodes + " tasks ("
-                    + Native.strerror(rc) + ")");
+            throw new IllegalStateException("torchspark: tsp_rdv_gang(" + nnodes + ", " + timeoutMs + " ms): "
+                    + Native.strerror(rc));
         }
     }
 
