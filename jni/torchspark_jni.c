@@ -838,3 +838,18 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangCallWait(JNIEnv *env, jcla
     }
     return rc;
 }
+
+/* The executors a gang launch asks for (tsp_gang_ask): the total, or -EINVAL. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangAsk(JNIEnv *env, jclass cls, jint num_tasks,
+                                                          jstring jcores, jstring jcpus,
+                                                          jstring jmax, jint have)
+{
+    (void)cls;
+    jstring js[3] = {jcores, jcpus, jmax};
+    const char *c_str[3] = {NULL, NULL, NULL};
+    int oom = 0;
+    strs_get(env, js, c_str, &oom);
+    int rc = oom ? -ENOMEM : tsp_gang_ask(num_tasks, c_str[0], c_str[1], c_str[2], have);
+    strs_release(env, js, c_str);
+    return rc;
+}

@@ -62,6 +62,15 @@ TSP_EXTERN int64_t tsp_gang_wait_ms(const tsp_gang_t *g, int64_t now_ms);
 TSP_EXTERN int tsp_gang_failure(const tsp_gang_t *g, int executors, int cores,
                                 const char *max_executors, char *buf, size_t len);
 
+/* How many executors the driver asks Spark for (requestTotalExecutors) so that num_tasks
+ * (1..TSP_GANG_MAX_NODES) tasks run at once, from Spark's settings as the conf holds them
+ * (NULL: unset): spark.executor.cores / spark.task.cpus tasks per executor (1 when the cores
+ * are unset or fewer than a task needs), capped by spark.dynamicAllocation.maxExecutors, and
+ * never fewer than the have executors registered now (asking for fewer would release some).
+ * The total, or -EINVAL. Golden cases: tests/contracts/gang_ask.json. */
+TSP_EXTERN int tsp_gang_ask(int num_tasks, const char *executor_cores, const char *task_cpus,
+                            const char *max_executors, int have);
+
 /* The golden contract (tests/contracts/gang.json), a JSON transform as tsp_conf_read: a
  * request {"nnodes", "timeout_ms", "events": [{"at": MS, "join": NODE, "try": T, "host": H}
  * or {"at": MS, "state": true}], "seen": {"executors", "cores", "maxExecutors"}, "end": MS} ->

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -107,7 +106,7 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
 
 def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Optional[int]:
     """With dynamic allocation, asks Spark's allocation client for the executors that fit
-    num_tasks tasks at once (capped by spark.dynamicAllocation.maxExecutors) rather than
+    num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
     waiting for its backlog ramp; the idle timeout releases them after the run. The total
     asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
     conf = spark.conf
@@ -115,15 +114,13 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
     try:
         sc = spark.sparkContext
-        task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
-        exec_cores = conf.get("spark.executor.cores", None)
-        per_executor = max(1, int(exec_cores) // max(1, task_cpus)) if exec_cores else 1
-        need = math.ceil(num_tasks / per_executor)
-        cap = conf.get("spark.dynamicAllocation.maxExecutors", None)
-        if cap is not None and str(cap).strip().isdigit():
-            need = min(need, int(cap))
-        have, _ = executors_seen(spark)
-        total = max(need, have)
+        raw = [conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
+                                            "spark.dynamicAllocation.maxExecutors")]
+        total = load_library().tsp_gang_ask(num_tasks, *[None if v is None else str(v).encode()
+                                                         for v in raw],
+                                            max(0, executors_seen(spark)[0]))
+        if total < 0:
+            return None
         jvm = sc._jvm
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):

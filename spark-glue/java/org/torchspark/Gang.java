@@ -72,8 +72,7 @@ final class Gang {
 
     /**
      * With dynamic allocation, asks Spark's allocation client for the executors that fit ntasks
-     * tasks at once (spark.executor.cores / spark.task.cpus per executor, 1 when unset; capped
-     * by spark.dynamicAllocation.maxExecutors) rather than waiting for its backlog ramp; the
+     * tasks at once (the C core's rule, tsp_gang_ask) rather than waiting for its backlog ramp; the
      * idle timeout releases them after the run. The total asked for, or -1 where it cannot ask.
      */
     static int requestExecutors(SparkContext sc, int ntasks) {
@@ -82,15 +81,9 @@ final class Gang {
             return -1;
         }
         try {
-            int taskCpus = Math.max(1, conf.getInt("spark.task.cpus", 1));
-            int perExecutor = conf.contains("spark.executor.cores")
-                    ? Math.max(1, conf.getInt("spark.executor.cores", 1) / taskCpus) : 1;
-            int need = (ntasks + perExecutor - 1) / perExecutor;
-            if (conf.contains("spark.dynamicAllocation.maxExecutors")) {
-                need = Math.min(need, conf.getInt("spark.dynamicAllocation.maxExecutors", need));
-            }
-            int total = Math.max(need, executorsSeen(sc)[0]);
-            if (!sc.requestTotalExecutors(total, 0, scala.collection.immutable.Map$.MODULE$.empty())) {
+            int total = Native.gangAsk(ntasks, conf.get("spark.executor.cores", null), conf.get("spark.task.cpus", null),
+                    conf.get("spark.dynamicAllocation.maxExecutors", null), Math.max(0, executorsSeen(sc)[0]));
+            if (total < 0 || !sc.requestTotalExecutors(total, 0, scala.collection.immutable.Map$.MODULE$.empty())) {
                 return -1;
             }
             TorchSparkRunner.LOG.info("requestTotalExecutors({}) for {} gang task(s)", total, ntasks);

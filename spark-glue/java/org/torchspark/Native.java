@@ -78,6 +78,10 @@ final class Native {
 
     /** Waits up to timeoutMs for the JOIN's reply: 0 with nnodes[0] (GO), 1 (pending), or a
      *  code with the sentence in msg[0]. */
+    /** The executors a gang launch asks for (tsp_gang_ask): Spark's settings as the conf holds
+     *  them (null: unset), the executors registered now; the total, or -errno. */
+    static native int gangAsk(int numTasks, String executorCores, String taskCpus, String maxExecutors, int have);
+
     static native int gangCallWait(long call, int nodeRank, int timeoutMs, int[] nnodes, String[] msg);
 
     // --- the run controller (torchspark/runctl.h) ---

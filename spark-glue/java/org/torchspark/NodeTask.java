@@ -26,11 +26,11 @@ import org.apache.spark.resource.ResourceInformation;
 import scala.Function1;
 
 /**
- * What each barrier task (or gang task: Gang.java) runs: one node of the job. node_rank = partitionId, nnodes = the
- * number of tasks; rank 0 elects the master and the driver's rendezvous (Rendezvous, when
- * the spec carries its endpoint) or one allGather hands the record to every task (the same
- * record and C code as PySpark); then the task starts the agent from its own thread and
- * waits for it.
+ * What each barrier task (or gang task: Gang.java) runs: one node of the job. node_rank =
+ * partitionId, nnodes = the number of tasks; rank 0 elects the master and the driver's
+ * rendezvous (Rendezvous, when the spec carries its endpoint) or one allGather hands the
+ * record to every task (the same record and C code as PySpark); then the task starts the
+ * agent from its own thread and waits for it.
  */
 final class NodeTask implements Function1<scala.collection.Iterator<Integer>, scala.collection.Iterator<byte[]>>,
         Serializable {
@@ -165,7 +165,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
-            Election.Record record = Election.Record.unpack(spec.rendezvous == null ? ((BarrierTaskContext) ctx).allGather(packed)[0]
+            Election.Record record = Election.Record.unpack(spec.rendezvous == null
+                    ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
             String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);

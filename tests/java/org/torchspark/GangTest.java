@@ -56,8 +56,8 @@ public class GangTest {
                 join(ep, 0, 0, () -> { }).get(20, TimeUnit.SECONDS);
                 fail("a copy of node 0 joined");
             } catch (ExecutionException e) {
-                assertTrue(e.getCause().getMessage(),
-                        e.getCause().getMessage().startsWith("torchspark: the driver refused node 0's task in the gang: "));
+                String why = e.getCause().getMessage();
+                assertTrue(why, why.startsWith("torchspark: the driver refused node 0's task in the gang: "));
             }
             assertEquals(2, (int) join(ep, 1, 0, () -> { }).get(20, TimeUnit.SECONDS));
             assertEquals(2, (int) first.get(20, TimeUnit.SECONDS));
