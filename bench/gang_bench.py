@@ -1,18 +1,27 @@
 """run() -> first training step from 0 executors with dynamic allocation (issue 31), gang
-launch, on local-cluster[2,1,1024]; with and without the driver's request for executors
-(requestTotalExecutors: _gang.REQUEST_EXECUTORS), alternating; before each run the executors
-are left to be released as idle (executorIdleTimeout 3s), so every run starts from 0.
+launch, on local-cluster[2,1,1024], side by side with stock TorchDistributor in the same
+session (refused at submission: SPARK-24942). Before each run the executors are left to be
+released as idle (executorIdleTimeout 3s), so every run starts from 0: the first run of the
+session, then "again after the executors were released as idle". --backlog alternates runs
+without the driver's request for executors (requestTotalExecutors: _gang.REQUEST_EXECUTORS).
 
-    .venv/bin/python -m bench.gang_bench [--runs 3] [--quick]
+    .venv/bin/python -m bench.gang_bench [--runs 3] [--quick] [--backlog]
 
-Figures: seconds from run() to the first executor registered, to the second, and to the
-first gloo DDP step of 2 ranks (rank 0's clock, the earliest of both ranks' step).
+Figures: seconds from run() to stock's refusal; from run() to the first executor registered,
+to the second, and to the first gloo DDP step of 2 ranks (the earliest of both ranks' step);
+and where the time goes (torchspark's waterfall, TORCHSPARK_TIMING=1: tasks started, gang
+formed and master elected, agents started, first worker exec, torch imported, process group
+up). Figures are medians; the load average is printed beside them.
 """
+import os
 import threading
 import time
 
 from bench import harness
 from torchspark import TorchDistributor, _gang
+
+PHASES = ("tasks_started", "election_done", "agents_started", "worker_exec", "torch_imported",
+          "pg_up")
 
 
 def ddp_step():
@@ -41,6 +50,19 @@ def wait_released(spark, timeout=120):
     return executors(spark)
 
 
+def stock_refused():
+    """Seconds from stock run() to its SPARK-24942 refusal."""
+    from pyspark.ml.torch.distributor import TorchDistributor as Stock
+
+    started = time.time()
+    try:
+        Stock(num_processes=2, local_mode=False, use_gpu=False).run(ddp_step)
+    except Exception as e:  # the refusal is the figure
+        assert "SPARK-24942" in f"{e} {e.__cause__}", e
+        return time.time() - started
+    raise AssertionError("stock TorchDistributor was not refused under dynamic allocation")
+
+
 def one(spark, request):
     _gang.REQUEST_EXECUTORS = request
     seen = {}
@@ -56,17 +78,23 @@ def one(spark, request):
 
     t = threading.Thread(target=watch, daemon=True)
     t.start()
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     try:
-        first = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(ddp_step)
+        first = d.run(ddp_step)
     finally:
         stop.set()
         t.join()
-    return seen.get(1), seen.get(2), first - started
+    marks = d._clock.marks
+    phases = {k: marks[k] - marks["run_called"] for k in PHASES if k in marks}
+    return seen.get(1), seen.get(2), first - started, phases
 
 
 def main():
     ap = harness.cli(__doc__, runs=3)
+    ap.add_argument("--backlog", action="store_true",
+                    help="alternate runs without the driver's requestTotalExecutors")
     args = harness.parse(ap)
+    os.environ["TORCHSPARK_TIMING"] = "1"
     spark = harness.spark_session("local-cluster[2,1,1024]", {
         "spark.dynamicAllocation.enabled": "true",
         "spark.dynamicAllocation.shuffleTracking.enabled": "true",
@@ -77,24 +105,41 @@ def main():
         "spark.torchspark.warmWorkers": "false",
     })
     run = harness.Run("gang_bench", args)
-    got = {True: [], False: []}
+    modes = (True, False) if args.backlog else (True,)
+    got = {m: [] for m in modes}
+    stock = []
     try:
         for i in range(args.runs):
-            for request in (True, False):
+            stock.append(stock_refused())
+            for request in modes:
                 left = wait_released(spark)
                 sample = one(spark, request)
                 got[request].append(sample)
-                print(f"run {i} request={request} (executors before: {left}): first executor "
-                      f"{sample[0]:.2f} s, second {sample[1]:.2f} s, first step "
-                      f"{sample[2]:.2f} s", flush=True)
+                where = ", ".join(f"{k} {v:.1f}" for k, v in sample[3].items())
+                print(f"run {i} request={request} (executors before: {left}; stock refused "
+                      f"after {stock[-1]:.2f} s): first executor {sample[0]:.2f} s, second "
+                      f"{sample[1]:.2f} s, first step {sample[2]:.2f} s; {where}; "
+                      f"load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         spark.stop()
-    for request, name in ((True, "with requestTotalExecutors"), (False, "backlog only")):
+    run.figure("stock run() -> refused (SPARK-24942)", stock, "s", 3)
+    for request in modes:
+        name = "with requestTotalExecutors" if request else "backlog only"
+        rows = got[request]
         for idx, what in enumerate(("first executor", "second executor", "first step")):
-            run.figure(f"run() -> {what}, {name}", [s[idx] for s in got[request]], "s", 3)
-    run.compare("run() -> first training step from 0 executors",
-                [s[2] for s in got[True]], [s[2] for s in got[False]], "s",
-                ours_name="requestTotalExecutors", stock_name="backlog only", digits=3)
+            run.figure(f"run() -> {what}, {name}", [s[idx] for s in rows], "s", 3)
+        run.figure(f"run() -> first step, first run of the session, {name}", [rows[0][2]], "s", 3)
+        if len(rows) > 1:
+            run.figure(f"run() -> first step after the executors were released, {name}",
+                       [s[2] for s in rows[1:]], "s", 3)
+        for k in PHASES:
+            vals = [s[3][k] for s in rows if k in s[3]]
+            if vals:
+                run.figure(f"run() -> {k}, {name}", vals, "s", 3)
+    if args.backlog:
+        run.compare("run() -> first training step from 0 executors",
+                    [s[2] for s in got[True]], [s[2] for s in got[False]], "s",
+                    ours_name="requestTotalExecutors", stock_name="backlog only", digits=3)
     for k, v in run.figures.items():
         print(f"{k}: median {v['median']} s ({v['samples']})")
     run.finish()

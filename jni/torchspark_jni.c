@@ -641,6 +641,32 @@ static tsp_rdv_t *rdv_of(jlong h)
     return (tsp_rdv_t *)(intptr_t)h;
 }
 
+/* The 3 Java strings of a call as C strings (a null reference stays NULL; *oom set when the
+ * JVM could not copy one), and their release. */
+static void strs_get(JNIEnv *env, const jstring js[3], const char *c_str[3], int *oom)
+{
+    for (int i = 0; i < 3; i++)
+        c_str[i] = str_get(env, js[i], oom);
+}
+
+static void strs_release(JNIEnv *env, const jstring js[3], const char *c_str[3])
+{
+    for (int i = 0; i < 3; i++)
+        str_release(env, js[i], c_str[i]);
+}
+
+/* A task's call started (rc 0): call[0] = its handle; else msg[0] = the sentence. rc. */
+static jint call_started(JNIEnv *env, int rc, int oom, tsp_rdv_call_t *c, jlongArray jcall,
+                         jobjectArray msg, const char *err)
+{
+    jlong v = (jlong)(intptr_t)c;
+    if (rc == 0)
+        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
+    else if (!oom)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    return rc;
+}
+
 /* On success port[0] and msg[0] = host: what the tasks are told. */
 JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
                                                             jstring jsecret, jint get_timeout_ms,
@@ -691,20 +717,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jcla
     jstring js[3] = {jhost, jsecret, jrecord}; /* the record: null for a GET */
     const char *c_str[3] = {NULL, NULL, NULL};
     int oom = 0;
-    for (int i = 0; i < 3; i++)
-        c_str[i] = str_get(env, js[i], &oom);
+    strs_get(env, js, c_str, &oom);
     char err[ERR_LEN] = "";
     tsp_rdv_call_t *c = NULL;
     int rc =
         oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
-    jlong v = (jlong)(intptr_t)c;
-    if (rc == 0)
-        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
-    else if (!oom)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    for (int i = 0; i < 3; i++)
-        str_release(env, js[i], c_str[i]);
-    return rc;
+    strs_release(env, js, c_str);
+    return call_started(env, rc, oom, c, jcall, msg, err);
 }
 
 /* The golden cases' raw request (tsp_rdv_request): 0 with the reply line in msg[0], or a
@@ -717,16 +736,14 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvRequest(JNIEnv *env, jclass
     jstring js[3] = {jhost, jsecret, jline};
     const char *c_str[3] = {NULL, NULL, NULL};
     int oom = 0;
-    for (int i = 0; i < 3; i++)
-        c_str[i] = str_get(env, js[i], &oom);
+    strs_get(env, js, c_str, &oom);
     char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
     int rc = oom ? -ENOMEM
                  : tsp_rdv_request(c_str[0], port, c_str[1], c_str[2], reply, sizeof reply, err,
                                    sizeof err);
     if (!oom)
         set_str(env, msg, 0, rc == 0 ? reply : err[0] ? err : tsp_strerror(rc));
-    for (int i = 0; i < 3; i++)
-        str_release(env, js[i], c_str[i]);
+    strs_release(env, js, c_str);
     return rc;
 }
 
@@ -764,4 +781,94 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCallFree(JNIEnv *env, jclas
     (void)env;
     (void)cls;
     tsp_rdv_call_free((tsp_rdv_call_t *)(intptr_t)call);
+}
+
+/* The gang launch's driver side on a rendezvous (tsp_rdv_gang): 0 or -errno. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvGang(JNIEnv *env, jclass cls, jlong h,
+                                                          jint nnodes, jint timeout_ms)
+{
+    (void)env;
+    (void)cls;
+    return tsp_rdv_gang(rdv_of(h), nnodes, timeout_ms);
+}
+
+/* The gang's state (tsp_rdv_gang_state), joined[0] = the nodes joined. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvGangState(JNIEnv *env, jclass cls, jlong h,
+                                                               jintArray jjoined)
+{
+    (void)cls;
+    int joined = 0;
+    int rc = tsp_rdv_gang_state(rdv_of(h), &joined);
+    jint v = joined;
+    (*env)->SetIntArrayRegion(env, jjoined, 0, 1, &v);
+    return rc;
+}
+
+/* A failed gang's sentence (tsp_rdv_gang_failure), or null. */
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvGangFailure(JNIEnv *env, jclass cls,
+                                                                    jlong h, jint executors,
+                                                                    jint cores, jstring jmax)
+{
+    (void)cls;
+    int oom = 0;
+    const char *max = str_get(env, jmax, &oom);
+    char buf[4096];
+    int n = oom ? -ENOMEM : tsp_rdv_gang_failure(rdv_of(h), executors, cores, max, buf, sizeof buf);
+    str_release(env, jmax, max);
+    return n > 0 ? (*env)->NewStringUTF(env, buf) : NULL;
+}
+
+/* A gang task's JOIN sent (tsp_gang_call_start): 0 with call[0], or a code with the
+ * sentence in msg[0]. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangCallStart(
+    JNIEnv *env, jclass cls, jstring jhost, jint port, jstring jsecret, jint node_rank, jint try_no,
+    jstring jtask_host, jint timeout_ms, jlongArray jcall, jobjectArray msg)
+{
+    (void)cls;
+    jstring js[3] = {jhost, jsecret, jtask_host};
+    const char *c_str[3] = {NULL, NULL, NULL};
+    int oom = 0;
+    strs_get(env, js, c_str, &oom);
+    char err[ERR_LEN] = "";
+    tsp_rdv_call_t *c = NULL;
+    int rc = oom ? -ENOMEM
+                 : tsp_gang_call_start(c_str[0], port, c_str[1], node_rank, try_no, c_str[2],
+                                       timeout_ms, &c, err, sizeof err);
+    strs_release(env, js, c_str);
+    return call_started(env, rc, oom, c, jcall, msg, err);
+}
+
+/* A wait of the JOIN (tsp_gang_call_wait): 0 with nnodes[0] (GO), TSP_RDV_PENDING, or a
+ * code with the sentence in msg[0]. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangCallWait(JNIEnv *env, jclass cls, jlong call,
+                                                               jint node_rank, jint timeout_ms,
+                                                               jintArray jnnodes, jobjectArray msg)
+{
+    (void)cls;
+    char err[ERR_LEN] = "";
+    int nnodes = 0;
+    int rc = tsp_gang_call_wait((tsp_rdv_call_t *)(intptr_t)call, node_rank, timeout_ms, &nnodes,
+                                err, sizeof err);
+    if (rc == 0) {
+        jint v = nnodes;
+        (*env)->SetIntArrayRegion(env, jnnodes, 0, 1, &v);
+    } else if (rc != TSP_RDV_PENDING) {
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    }
+    return rc;
+}
+
+/* The executors a gang launch asks for (tsp_gang_ask): the total, or -EINVAL. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangAsk(JNIEnv *env, jclass cls, jint num_tasks,
+                                                          jstring jcores, jstring jcpus,
+                                                          jstring jmax, jint have)
+{
+    (void)cls;
+    jstring js[3] = {jcores, jcpus, jmax};
+    const char *c_str[3] = {NULL, NULL, NULL};
+    int oom = 0;
+    strs_get(env, js, c_str, &oom);
+    int rc = oom ? -ENOMEM : tsp_gang_ask(num_tasks, c_str[0], c_str[1], c_str[2], have);
+    strs_release(env, js, c_str);
+    return rc;
 }

@@ -77,6 +77,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "reportagg": ("driver", 3),  # the report budget: a rank's reports folded beyond its share
     "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
     "gang": ("driver", 2),  # who joins a gang launch, and its deadline (docs/protocol.md 2.2)
+    "gangask": ("driver", 2),  # how many executors a gang launch asks Spark for (2.2)
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)

@@ -2,7 +2,9 @@
 local Connect server of conftest.py, executors without torchspark: it ships itself): the
 client's DataFrame is the mapInArrow stage's input as is, both loaders read it, every row
 once; a wrong partition count is refused on the driver when the plan tells it, else by
-the tasks."""
+the tasks; a gang launch (spark.torchspark.launch=gang, what auto becomes under dynamic
+allocation) does the same with ordinary tasks that JOIN through the client's rendezvous."""
+import logging
 import sys
 import time
 
@@ -53,10 +55,14 @@ def _read_all(batch_size):
     return seen if rank == 0 else None
 
 
+def _frame(spark):
+    return (spark.range(0, N, numPartitions=2)
+            .withColumn("feat", F.array(F.col("id").cast("float"), (F.col("id") * 2).cast("float")))
+            .withColumn("vec", array_to_vector(F.col("feat"))))
+
+
 def test_train_on_dataframe_over_connect(spark):
-    df = (spark.range(0, N, numPartitions=2)
-          .withColumn("feat", F.array(F.col("id").cast("float"), (F.col("id") * 2).cast("float")))
-          .withColumn("vec", array_to_vector(F.col("feat"))))
+    df = _frame(spark)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     assert d.is_remote
     seen = d.train_on_dataframe(_read_all, df, 64)
@@ -78,3 +84,19 @@ def test_train_on_dataframe_over_connect(spark):
         TorchDistributor(num_processes=3, local_mode=False, use_gpu=False).train_on_dataframe(
             _read_all, two, 64)
     assert e.value.__cause__ is not None
+
+
+def test_gang_launch_of_train_on_dataframe_over_connect(spark, caplog):
+    # Spark Connect and train_on_dataframe in gang mode (issue 31): the client's rendezvous
+    # is on for it (off by default on Connect), the tasks are ordinary ones of a mapInArrow
+    # stage that JOIN there before anything trains; every row once, as in barrier mode.
+    spark.conf.set("spark.torchspark.launch", "gang")
+    try:
+        with caplog.at_level(logging.INFO, logger="TorchDistributor"):
+            seen = TorchDistributor(num_processes=2, local_mode=False,
+                                    use_gpu=False).train_on_dataframe(_read_all, _frame(spark), 64)
+    finally:
+        spark.conf.unset("spark.torchspark.launch")
+    assert seen == [list(range(N))] * 2
+    assert any(r.getMessage().startswith("Gang launch: 2 ordinary tasks")
+               for r in caplog.records if r.name == "TorchDistributor"), caplog.text[-2000:]

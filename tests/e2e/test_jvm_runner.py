@@ -223,6 +223,35 @@ def test_runner_local_mode_uses_the_driver_gpus(tmp_path):
                               "spark.driver.resource.gpu.amount"], out
 
 
+def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation():
+    # Dynamic allocation from 0 executors (at most 2): TorchSparkRunner.launch("barrier") is
+    # refused at submission as stock TorchDistributor is (SPARK-24942); the default (auto ->
+    # gang: ordinary tasks that JOIN through the driver's rendezvous) trains the DDP example;
+    # one failing rank ends the run; 3 nodes where 2 executors of 1 core fit fail at the gang's 8 s deadline with the C
+    # core's sentence, the job gone, no process left.
+    out, err = jvmutil.spark_submit("gang", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None}, conf={
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.minExecutors": "0",
+        "spark.dynamicAllocation.initialExecutors": "0",
+        "spark.dynamicAllocation.maxExecutors": "2",
+        "spark.dynamicAllocation.executorIdleTimeout": "60s"})
+    assert out["EXECUTORS_BEFORE"] == ["0"], out
+    assert "SPARK-24942" in out["BARRIER"][0], out
+    assert out["OUTPUT"][0].startswith('{"world_size": 2, "steps": 12'), (out, err[-3000:])
+    print(f"\nJVM runner, gang launch from 0 executors: {out['GANG_MS'][0]} ms")
+    # One task's failure ends every task: rank 1's exit 5 is the error, rank 0's sleep is
+    # stopped with it (no process of the run left within 10 s).
+    assert out["FAILURE"] == ["rank=1 exit=5"], out
+    assert out["FAILURE_MS"][0].endswith(" 0"), out
+    msg = out["DEADLINE"][0]
+    assert re.match(r"torchspark: gang launch: only [0-2] of the attempt's 3 tasks started "
+                    r"within 8 s \(tasks started: (none|node [01] on host )", msg), msg
+    assert "spark.dynamicAllocation.maxExecutors is 2" in msg and "2 core(s)" in msg, msg
+    assert int(out["DEADLINE_MS"][0]) < 18000, out
+    assert out["ACTIVE_JOBS"] == ["0"] and out["LEFT"] == ["0"], out
+
+
 # The runner tests that need only the plugin share one application (one start of
 # spark-submit, its local-cluster and its executors instead of three): TrainApp runs their
 # modes one after another, each counting the executors' log lines from its own start;

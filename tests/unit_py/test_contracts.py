@@ -259,6 +259,19 @@ def test_gang_golden(case):
     assert got == {k: case[k] for k in ("replies", "state", "failure")}
 
 
+GANG_ASK_CASES = json.loads((CONTRACTS / "gang_ask.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", GANG_ASK_CASES, ids=[c["name"] for c in GANG_ASK_CASES])
+def test_gang_ask_golden(case):
+    """The executors a gang launch asks Spark for (tsp_gang_ask, torchspark/gang.h)."""
+    a = case["args"]
+    raw = [None if a[k] is None else a[k].encode()
+           for k in ("executor_cores", "task_cpus", "max_executors")]
+    got = _lib.load_library().tsp_gang_ask(a["num_tasks"], *raw, a["have"])
+    assert (got if got >= 0 else None) == case["ask"]
+
+
 @pytest.mark.parametrize("case", RUNCTL_CASES, ids=[c["name"] for c in RUNCTL_CASES])
 def test_runctl_golden(case):
     """An event trace -> the run controller's actions, step by step (runctl.h)."""

@@ -13,6 +13,7 @@
 #define TORCHSPARK_GANG_H
 
 #include "torchspark/common.h"
+#include "torchspark/rendezvous.h"
 
 #include <stdint.h>
 
@@ -61,6 +62,15 @@ TSP_EXTERN int64_t tsp_gang_wait_ms(const tsp_gang_t *g, int64_t now_ms);
 TSP_EXTERN int tsp_gang_failure(const tsp_gang_t *g, int executors, int cores,
                                 const char *max_executors, char *buf, size_t len);
 
+/* How many executors the driver asks Spark for (requestTotalExecutors) so that num_tasks
+ * (1..TSP_GANG_MAX_NODES) tasks run at once, from Spark's settings as the conf holds them
+ * (NULL: unset): spark.executor.cores / spark.task.cpus tasks per executor (1 when the cores
+ * are unset or fewer than a task needs), capped by spark.dynamicAllocation.maxExecutors, and
+ * never fewer than the have executors registered now (asking for fewer would release some).
+ * The total, or -EINVAL. Golden cases: tests/contracts/gang_ask.json. */
+TSP_EXTERN int tsp_gang_ask(int num_tasks, const char *executor_cores, const char *task_cpus,
+                            const char *max_executors, int have);
+
 /* The golden contract (tests/contracts/gang.json), a JSON transform as tsp_conf_read: a
  * request {"nnodes", "timeout_ms", "events": [{"at": MS, "join": NODE, "try": T, "host": H}
  * or {"at": MS, "state": true}], "seen": {"executors", "cores", "maxExecutors"}, "end": MS} ->
@@ -82,6 +92,17 @@ TSP_EXTERN int tsp_gang_replay(const char *request, size_t len, char *out, size_
 TSP_EXTERN int tsp_gang_call(const char *host, int port, const char *secret_hex, int node_rank,
                              int try_no, const char *task_host, int timeout_ms, int *nnodes,
                              char *err, size_t errlen);
+
+/* tsp_gang_call in slices, for a task that checks between them whether it was killed (the
+ * JVM's): the JOIN sent (connected, TLS complete; *out to free with tsp_rdv_call_free, the
+ * codes and sentences of tsp_gang_call), then waits of up to timeout_ms each (< 0: until the
+ * call's own deadline, start's timeout_ms): TSP_RDV_PENDING (nothing yet, wait again), or
+ * tsp_gang_call's result for node node_rank. */
+TSP_EXTERN int tsp_gang_call_start(const char *host, int port, const char *secret_hex,
+                                   int node_rank, int try_no, const char *task_host, int timeout_ms,
+                                   tsp_rdv_call_t **out, char *err, size_t errlen);
+TSP_EXTERN int tsp_gang_call_wait(tsp_rdv_call_t *c, int node_rank, int timeout_ms, int *nnodes,
+                                  char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

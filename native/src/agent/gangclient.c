@@ -1,6 +1,8 @@
 /* gangclient.c: a gang task's JOIN at the driver's rendezvous (docs/protocol.md 2.2): one
  * line inside the rendezvous' TLS, keyed by the run's secret (rdvclient.c's line call), one
- * line back (GO N, or ERR reason), and the sentences a glue raises as they are. */
+ * line back (GO N, or ERR reason), and the sentences a glue raises as they are. Whole
+ * (tsp_gang_call, the PySpark task) or in slices (start, then waits: the JVM task checks
+ * between them whether Spark killed it). */
 #include "torchspark/gang.h"
 #include "torchspark/rendezvous.h"
 
@@ -10,24 +12,30 @@
 #include <stdio.h>
 #include <string.h>
 
-int tsp_gang_call(const char *host, int port, const char *secret_hex, int node_rank, int try_no,
-                  const char *task_host, int timeout_ms, int *nnodes, char *err, size_t errlen)
+int tsp_gang_call_start(const char *host, int port, const char *secret_hex, int node_rank,
+                        int try_no, const char *task_host, int timeout_ms, tsp_rdv_call_t **out,
+                        char *err, size_t errlen)
 {
     char buf[TSP_RDV_LINE_MAX + 2];
-    if (!host || !*host || port < 1 || port > 65535 || !secret_hex || !task_host || !*task_host ||
-        strlen(task_host) > TSP_GANG_HOST_MAX || strpbrk(task_host, " \n") || node_rank < 0 ||
-        try_no < 0 || timeout_ms <= 0)
+    if (!out || !host || !*host || port < 1 || port > 65535 || !secret_hex || !task_host ||
+        !*task_host || strlen(task_host) > TSP_GANG_HOST_MAX || strpbrk(task_host, " \n") ||
+        node_rank < 0 || try_no < 0 || timeout_ms <= 0)
         return tsp__err(err, errlen, -EINVAL,
                         "torchspark: a gang JOIN needs the rendezvous' host, port 1..65535 and "
                         "the run's secret, a node rank and try >= 0, a host name of 1..%d bytes "
                         "without spaces and a positive timeout",
                         TSP_GANG_HOST_MAX);
     snprintf(buf, sizeof buf, "JOIN %d %d %s", node_rank, try_no, task_host);
-    tsp_rdv_call_t *c = NULL;
-    int rc = tsp_rdv_call_line(host, port, secret_hex, buf, timeout_ms, &c, err, errlen);
-    if (!rc)
-        rc = tsp_rdv_call_wait(c, -1, buf, sizeof buf, err, errlen);
-    tsp_rdv_call_free(c);
+    return tsp_rdv_call_line(host, port, secret_hex, buf, timeout_ms, out, err, errlen);
+}
+
+int tsp_gang_call_wait(tsp_rdv_call_t *c, int node_rank, int timeout_ms, int *nnodes, char *err,
+                       size_t errlen)
+{
+    char buf[TSP_RDV_LINE_MAX + 2];
+    if (!c || !nnodes)
+        return tsp__err(err, errlen, -EINVAL, "torchspark: a gang JOIN's wait needs its call");
+    int rc = tsp_rdv_call_wait(c, timeout_ms, buf, sizeof buf, err, errlen);
     if (rc)
         return rc;
     if (strncmp(buf, "ERR ", 4) == 0)
@@ -42,4 +50,16 @@ int tsp_gang_call(const char *host, int port, const char *secret_hex, int node_r
                         buf);
     *nnodes = size;
     return 0;
+}
+
+int tsp_gang_call(const char *host, int port, const char *secret_hex, int node_rank, int try_no,
+                  const char *task_host, int timeout_ms, int *nnodes, char *err, size_t errlen)
+{
+    tsp_rdv_call_t *c = NULL;
+    int rc = tsp_gang_call_start(host, port, secret_hex, node_rank, try_no, task_host, timeout_ms,
+                                 &c, err, errlen);
+    if (!rc)
+        rc = tsp_gang_call_wait(c, node_rank, -1, nnodes, err, errlen);
+    tsp_rdv_call_free(c);
+    return rc;
 }

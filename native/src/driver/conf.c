@@ -62,7 +62,8 @@ static const conf_key_t KEYS[] = {
      "(keyword hang_action=)",
      NULL},
     {PREFIX "rendezvous", T_BOOL, 0, NULL, 0, 0, "false",
-     "the driver's rendezvous for the election; unset: on, but off under Spark Connect",
+     "the driver's rendezvous for the election; unset: on, but off under Spark Connect unless "
+     "the launch is a gang",
      "TORCHSPARK_RENDEZVOUS"},
     {PREFIX "encryption", T_BOOL, 0, "true", 0, 0, "false",
      "TLS 1.3 encryption of torchspark's own channel (lines, control, rank 0's output); false, "

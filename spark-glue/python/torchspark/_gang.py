@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -33,13 +32,10 @@ WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 REQUEST_EXECUTORS = True
 
 
-def mode(spark: Any, settings: Dict[str, Any], dataframe: bool = False) -> str:
-    """The launch of this run's attempts: the setting, with auto resolved by Spark's
-    spark.dynamicAllocation.enabled. train_on_dataframe stays a barrier stage (not covered:
-    docs/distributor.md, "Launch modes")."""
+def mode(spark: Any, settings: Dict[str, Any]) -> str:
+    """The launch of this run's attempts (run(), train_on_dataframe, classic or Spark
+    Connect): the setting, with auto resolved by Spark's spark.dynamicAllocation.enabled."""
     launch = settings["launch"]
-    if dataframe:
-        return BARRIER
     if launch == "auto":
         on = str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower()
         return GANG if on == "true" else BARRIER
@@ -110,7 +106,7 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
 
 def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Optional[int]:
     """With dynamic allocation, asks Spark's allocation client for the executors that fit
-    num_tasks tasks at once (capped by spark.dynamicAllocation.maxExecutors) rather than
+    num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
     waiting for its backlog ramp; the idle timeout releases them after the run. The total
     asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
     conf = spark.conf
@@ -118,15 +114,13 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
     try:
         sc = spark.sparkContext
-        task_cpus = int(conf.get("spark.task.cpus", "1") or 1)
-        exec_cores = conf.get("spark.executor.cores", None)
-        per_executor = max(1, int(exec_cores) // max(1, task_cpus)) if exec_cores else 1
-        need = math.ceil(num_tasks / per_executor)
-        cap = conf.get("spark.dynamicAllocation.maxExecutors", None)
-        if cap is not None and str(cap).strip().isdigit():
-            need = min(need, int(cap))
-        have, _ = executors_seen(spark)
-        total = max(need, have)
+        raw = [conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
+                                            "spark.dynamicAllocation.maxExecutors")]
+        total = load_library().tsp_gang_ask(num_tasks, *[None if v is None else str(v).encode()
+                                                         for v in raw],
+                                            max(0, executors_seen(spark)[0]))
+        if total < 0:
+            return None
         jvm = sc._jvm
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
@@ -139,11 +133,11 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
 
 
-def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any],
-          dataframe: bool) -> Optional[Gang]:
+def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:
     """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
-    settings: the run's spark.torchspark.* values (_conf.read)."""
-    if mode(distributor.spark, settings, dataframe) != GANG:
+    settings: the run's spark.torchspark.* values (_conf.read). A Spark Connect client
+    cannot ask for executors: there Spark's backlog ramp brings them."""
+    if mode(distributor.spark, settings) != GANG:
         return None
     if rdv is None:
         raise RuntimeError(

@@ -145,6 +145,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),
+        "tsp_gang_ask": (i, [i, c, c, c, i]),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # plan.h

@@ -266,7 +266,7 @@ def plan_partitions(text: str) -> Optional[int]:
 
 def stage_task_input(spec: NodeSpec, iterator: Iterator[Any],
                      ctx: Any) -> Optional[StagedPartition]:
-    """In a barrier task: the DataFrame's partition staged for the node's processes
+    """In a barrier or gang task: the DataFrame's partition staged for the node's processes
     (their environment in .env; close() when the node is done), or None for run(),
     whose input rows carry nothing."""
     frame = spec.get("dataframe")
@@ -275,8 +275,10 @@ def stage_task_input(spec: NodeSpec, iterator: Iterator[Any],
             pass
         return None
     try:
-        check_partitions(len(ctx.getTaskInfos()), frame["num_tasks"], frame["num_processes"],
-                         frame["per_task"])
+        # A gang task (_gang.py) ran its JOIN: the gang formed of the run's nodes, and a
+        # partition beyond them was refused there.
+        count = frame["num_tasks"] if spec.get("gang") else len(ctx.getTaskInfos())
+        check_partitions(count, frame["num_tasks"], frame["num_processes"], frame["per_task"])
         return stage(iterator, frame["schema_json"], ctx.partitionId())
     except ValueError as e:
         raise ValueError(f"{INPUT_ERROR}: {e}") from None

@@ -37,18 +37,19 @@ _LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply
 UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE"
 
 
-def enabled(settings: Dict[str, Any], remote: bool) -> bool:
+def enabled(settings: Dict[str, Any], remote: bool, gang: bool = False) -> bool:
     """spark.torchspark.rendezvous (TORCHSPARK_RENDEZVOUS=0 / =1 on the driver wins: read
-    by the C key table), else on for classic sessions only: a Spark Connect client is often
-    not reachable from the executors (a laptop), and each such session would pay a failed
-    first attempt.
+    by the C key table), else on for classic sessions and for a gang launch (gang: its tasks
+    JOIN there, _gang.py), on Spark Connect too: a Spark Connect client is often not
+    reachable from the executors (a laptop), and each such session would pay a failed first
+    attempt of a barrier launch.
 
     (It was opt-in while an e2e test lost Spark's cause of a failed run with it on; the
     cause was found not to be the rendezvous: Spark's first task failure in a fresh
     session takes it seconds once, with either path: docs/benchmarks.md, "The driver's
     rendezvous, pyspark's import and Spark's first failure".)"""
     value = settings["rendezvous"]
-    return not remote if value is None else bool(value)
+    return (gang or not remote) if value is None else bool(value)
 
 
 class Server:

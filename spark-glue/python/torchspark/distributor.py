@@ -322,8 +322,9 @@ class TorchDistributor:
         driver_host = _get_conf(self.spark, "spark.driver.host", "")
         driver_gpus = self._driver_gpus()
         bind_host, advertised = self._log_server_host(driver_host)
-        use_rdv = not _RENDEZVOUS_UNREACHABLE and _rendezvous.enabled(self._settings,
-                                                                       self.is_remote)
+        use_rdv = not _RENDEZVOUS_UNREACHABLE and _rendezvous.enabled(
+            self._settings, self.is_remote,
+            gang=_gang.mode(self.spark, self._settings) == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
             ch.open(self, bind_host, fmt=self._log_fmt,
                     rendezvous_host=(bind_host or "127.0.0.1") if use_rdv else None)
@@ -338,8 +339,7 @@ class TorchDistributor:
                 spec["dataframe"] = dataframe[1]
             if ch.hub is not None:  # reports spilled by agents come back as rows
                 spec["report_rows"] = _report_rows.new_tag()
-            gang = _gang.start(self, ch.rdv, spec, self._settings,
-                               dataframe is not None)  # dynamic allocation (_gang.py)
+            gang = _gang.start(self, ch.rdv, spec, self._settings)  # dynamic allocation
             out = self._submit(spec, server, dataframe[0] if dataframe else None, gang)
             if out.gang_failure is not None:
                 raise TorchDistributorError(out.gang_failure, {

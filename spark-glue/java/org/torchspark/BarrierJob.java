@@ -13,9 +13,10 @@ import org.apache.spark.rdd.RDD;
 import scala.reflect.ClassTag;
 
 /**
- * The Spark job of one distributed attempt: one barrier stage of ntasks NodeTasks, collected
+ * The Spark job of one distributed attempt: one barrier stage of ntasks NodeTasks (or, in a
+ * gang launch, ntasks ordinary tasks that gang up through the driver: Gang.java), collected
  * on a thread of its own, tagged (its tasks marked for the executor plugin), watched beside
- * the log server's root cause. A launch mode other than one barrier stage replaces submit().
+ * the log server's root cause and the gang's deadline.
  */
 final class BarrierJob {
     // After the root cause is known: how long to wait for Spark's own failure (the cause of
@@ -32,6 +33,8 @@ final class BarrierJob {
     /** The log server's root record (JSON) and when it came (ms since the epoch), or null. */
     String root;
     Long rootAt;
+    /** A gang launch that failed (its deadline): the C core's sentence, or null. */
+    String gangFailure;
 
     private BarrierJob() {}
 
@@ -50,8 +53,9 @@ final class BarrierJob {
                         rows.add(i);
                     }
                     ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
-                    RDD<byte[]> out = jsc.parallelize(rows, ntasks).rdd().barrier()
-                            .mapPartitions(new NodeTask(spec), false, tagBytes);
+                    RDD<Integer> in = jsc.parallelize(rows, ntasks).rdd();
+                    RDD<byte[]> out = spec.gangTimeoutMs > 0 ? in.mapPartitions(new NodeTask(spec), false, tagBytes)
+                            : in.barrier().mapPartitions(new NodeTask(spec), false, tagBytes);
                     job.chunks.set(JavaRDD.fromRDD(out, tagBytes).collect());
                 } finally {
                     sc.removeJobTag(job.tag);
@@ -73,10 +77,20 @@ final class BarrierJob {
 
     /** Until the job ends or the log server names a root cause; then Spark's own failure is
      *  waited for (grace: none for a silent node or when a restart follows) before the job is
-     *  cancelled. */
-    void await(SparkContext sc, LogServer server, boolean lastAttempt) throws InterruptedException {
+     *  cancelled. gang: a gang launch's rendezvous (null for a barrier stage): when the gang
+     *  fails (its deadline) the job is cancelled at once, gangFailure says why. */
+    void await(SparkContext sc, LogServer server, boolean lastAttempt, Rendezvous gang) throws InterruptedException {
+        boolean formed = gang == null;
         while (!done.await(0, TimeUnit.MILLISECONDS)) {
-            root = server.failure(250);
+            int state = formed ? Gang.GO : gang.gangState();
+            formed = state == Gang.GO;
+            if (state == Gang.FAILED) {
+                gangFailure = Gang.failure(sc, gang);
+                sc.cancelJobsWithTag(tag); // every task, the waiting and the never started
+                done.await(5, TimeUnit.SECONDS);
+                return;
+            }
+            root = server.failure(formed ? 250 : 100);
             if (root != null) {
                 rootAt = System.currentTimeMillis();
                 // A silent node (docs/protocol.md 1.7, PING): Spark notices it only after

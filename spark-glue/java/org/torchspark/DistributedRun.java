@@ -61,14 +61,17 @@ final class DistributedRun {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
+            Rendezvous gang = armGang(ch, spec, ntasks);
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }
             TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
-            TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} barrier tasks", world, ntasks);
+            TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {}", world, ntasks,
+                    gang != null ? "gang tasks (up to " + spec.gangTimeoutMs + " ms for all to start: "
+                            + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
-                job.await(sc, ch.server, r.lastAttempt);
+                job.await(sc, ch.server, r.lastAttempt, gang);
             } catch (InterruptedException e) {
                 ch.endDoctor("distributed", null);
                 ch.server.stopAll("the driver was interrupted");
@@ -85,6 +88,12 @@ final class DistributedRun {
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
                 throw hung;
             }
+            if (job.gangFailure != null) {
+                ch.server.stopAll("the gang launch failed");
+                ch.finish(1000);
+                TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
+                throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error());
+            }
             if (job.error() != null || job.root != null) {
                 throw failed(sc, ch, job, entry, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
             }
@@ -95,6 +104,26 @@ final class DistributedRun {
             TorchSparkRunner.LOG.info("Finished distributed training with {} processes (election through {})", world, res.election);
             return res;
         }
+    }
+
+    /** In a gang launch (Gang.mode: dynamic allocation, or spark.torchspark.launch=gang), the
+     *  rendezvous with the attempt's gang armed, after asking Spark for the executors; null
+     *  for a barrier stage. */
+    private Rendezvous armGang(RunChannel ch, NodeTask.Spec spec, int ntasks) {
+        if (!Gang.mode(sc.conf(), r.runSettings).equals(Gang.GANG)) {
+            return null;
+        }
+        if (spec.rendezvous == null) {
+            throw new IllegalStateException("torchspark: TorchSparkRunner's gang launch (dynamic allocation, or "
+                    + "launch(\"gang\")) JOINs at the rendezvous on this driver, which is off or did not start "
+                    + "(spark.torchspark.rendezvous, TORCHSPARK_RENDEZVOUS, or the log above): turn it on, or use "
+                    + "launch(\"barrier\") where spark.dynamicAllocation.enabled is false");
+        }
+        long timeoutMs = r.runSettings.number("gang.timeout");
+        ch.rendezvous().gang(ntasks, timeoutMs);
+        spec.gangTimeoutMs = timeoutMs;
+        Gang.requestExecutors(sc, ntasks);
+        return ch.rendezvous();
     }
 
     /** What every task of the job needs, but the channel's endpoint, secret and rendezvous. */

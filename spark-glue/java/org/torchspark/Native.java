@@ -59,6 +59,31 @@ final class Native {
      *  "timeout_ms", "events", "seen", "end"}, or the error sentence. */
     static native int gangReplay(String request, String[] msg);
 
+    /** Arms the gang of nnodes tasks on rendezvous h, complete within timeoutMs (tsp_rdv_gang):
+     *  0 or -errno. */
+    static native int rdvGang(long h, int nnodes, int timeoutMs);
+
+    /** The gang's state (0 WAIT, 1 GO, 3 FAILED; -errno when none is armed), joined[0] = the
+     *  nodes joined. */
+    static native int rdvGangState(long h, int[] joined);
+
+    /** The failed gang's sentence with what the driver saw of Spark (executors, cores: < 0
+     *  unknown; maxExecutors: null when unset), or null when it has not failed. */
+    static native String rdvGangFailure(long h, int executors, int cores, String maxExecutors);
+
+    /** A gang task's JOIN sent (tsp_gang_call_start): 0 with call[0] (free it with
+     *  rdvCallFree), or a code with the sentence in msg[0]. */
+    static native int gangCallStart(String host, int port, String secretHex, int nodeRank, int tryNo,
+            String taskHost, int timeoutMs, long[] call, String[] msg);
+
+    /** Waits up to timeoutMs for the JOIN's reply: 0 with nnodes[0] (GO), 1 (pending), or a
+     *  code with the sentence in msg[0]. */
+    /** The executors a gang launch asks for (tsp_gang_ask): Spark's settings as the conf holds
+     *  them (null: unset), the executors registered now; the total, or -errno. */
+    static native int gangAsk(int numTasks, String executorCores, String taskCpus, String maxExecutors, int have);
+
+    static native int gangCallWait(long call, int nodeRank, int timeoutMs, int[] nnodes, String[] msg);
+
     // --- the run controller (torchspark/runctl.h) ---
 
     /** msg[0]: the reply {"state", "actions"} (docs/protocol.md 11) to the request {"state",

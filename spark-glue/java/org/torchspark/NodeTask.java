@@ -21,15 +21,16 @@ import java.util.Set;
 import java.util.stream.Stream;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
+import org.apache.spark.TaskContext;
 import org.apache.spark.resource.ResourceInformation;
 import scala.Function1;
 
 /**
- * What each barrier task runs: one node of the job. node_rank = partitionId, nnodes = the
- * number of tasks; rank 0 elects the master and the driver's rendezvous (Rendezvous, when
- * the spec carries its endpoint) or one allGather hands the record to every task (the same
- * record and C code as PySpark); then the task starts the agent from its own thread and
- * waits for it.
+ * What each barrier task (or gang task: Gang.java) runs: one node of the job. node_rank =
+ * partitionId, nnodes = the number of tasks; rank 0 elects the master and the driver's
+ * rendezvous (Rendezvous, when the spec carries its endpoint) or one allGather hands the
+ * record to every task (the same record and C code as PySpark); then the task starts the
+ * agent from its own thread and waits for it.
  */
 final class NodeTask implements Function1<scala.collection.Iterator<Integer>, scala.collection.Iterator<byte[]>>,
         Serializable {
@@ -51,6 +52,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         boolean wantOutput;
         double ncclCheck; // the NCCL preflight's deadline in seconds, 0: off
         Rendezvous.Endpoint rendezvous; // null: every task calls allGather
+        long gangTimeoutMs; // > 0: a gang launch (ordinary tasks that JOIN first: Gang.java)
     }
 
     private final Spec spec;
@@ -79,7 +81,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             it.next(); // the input rows carry nothing
         }
         try {
-            return scalaIterator(run(BarrierTaskContext.get()).iterator());
+            return scalaIterator(run(TaskContext.get()).iterator());
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         } catch (InterruptedException e) {
@@ -105,12 +107,27 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         };
     }
 
-    private List<byte[]> run(BarrierTaskContext ctx) throws IOException, InterruptedException {
-        int nodeRank = ctx.partitionId();
+    /** The hosts by node of this task's attempt: a barrier task's from Spark; a gang task's
+     *  after its JOIN, which waits for every node (only its own host is known: rank 0 elects
+     *  towards the driver's host). */
+    private List<String> hosts(TaskContext ctx) {
         List<String> hosts = new ArrayList<>();
-        for (BarrierTaskInfo info : ctx.getTaskInfos()) {
+        if (spec.gangTimeoutMs > 0) {
+            int nnodes = Gang.join(spec.rendezvous, spec.secretHex, ctx.partitionId(), ctx.attemptNumber(),
+                    localHostName(), (int) Math.min(spec.gangTimeoutMs, Integer.MAX_VALUE), ctx::killTaskIfInterrupted);
+            hosts.add(localHostName());
+            hosts.addAll(Collections.nCopies(nnodes - 1, ""));
+            return hosts;
+        }
+        for (BarrierTaskInfo info : ((BarrierTaskContext) ctx).getTaskInfos()) {
             hosts.add(hostOf(info.address()));
         }
+        return hosts;
+    }
+
+    private List<byte[]> run(TaskContext ctx) throws IOException, InterruptedException {
+        int nodeRank = ctx.partitionId();
+        List<String> hosts = hosts(ctx);
         int nnodes = hosts.size();
         Map<String, String> env = new HashMap<>(spec.env);
         int nproc = spec.nprocPerNode;
@@ -148,7 +165,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
-            Election.Record record = Election.Record.unpack(spec.rendezvous == null ? ctx.allGather(packed)[0]
+            Election.Record record = Election.Record.unpack(spec.rendezvous == null
+                    ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
             String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);

@@ -106,6 +106,26 @@ final class Rendezvous implements AutoCloseable {
         return counts()[1];
     }
 
+    /** Arms the gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a
+     *  gang of nnodes that must be complete within timeoutMs. */
+    synchronized void gang(int nnodes, long timeoutMs) {
+        int rc = handle == 0 ? -9 : Native.rdvGang(handle, nnodes, (int) Math.min(timeoutMs, Integer.MAX_VALUE));
+        if (rc != 0) {
+            throw new IllegalStateException("torchspark: tsp_rdv_gang(" + nnodes + ", " + timeoutMs + " ms): "
+                    + Native.strerror(rc));
+        }
+    }
+
+    /** The gang's state now (Gang.WAIT, GO or FAILED: its deadline is checked by the call). */
+    synchronized int gangState() {
+        return handle == 0 ? Gang.FAILED : Native.rdvGangState(handle, new int[1]);
+    }
+
+    /** A failed gang's sentence (torchspark/gang.h), or null. */
+    synchronized String gangFailure(int executors, int cores, String maxExecutors) {
+        return handle == 0 ? null : Native.rdvGangFailure(handle, executors, cores, maxExecutors);
+    }
+
     /** Ends the run: waiting GETs get "ERR the run ended"; no new connection is taken. */
     @Override
     public synchronized void close() {

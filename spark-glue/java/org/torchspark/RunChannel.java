@@ -53,6 +53,11 @@ final class RunChannel implements AutoCloseable {
         }
     }
 
+    /** The run's rendezvous (null before startRendezvous, or when it could not listen). */
+    Rendezvous rendezvous() {
+        return rdv;
+    }
+
     /** The endpoint the tasks are told (the test-only local property may replace it). */
     private static Rendezvous.Endpoint advertise(org.apache.spark.SparkContext sc, Rendezvous rdv, String driverHost) {
         Rendezvous.Endpoint ep = rdv.endpoint(driverHost);

@@ -61,6 +61,7 @@ public final class TorchSparkRunner {
     final Map<String, String> env = new HashMap<>();
     private Integer maxRestarts;
     private Integer minNodes;
+    private String launch; // null where the conf decides
     private volatile List<Attempt> attempts = Collections.emptyList();
     // Per attempt of a run with restarts (RestartPolicy.java): the training processes'
     // TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
@@ -153,6 +154,19 @@ public final class TorchSparkRunner {
             throw new IllegalArgumentException("minNodes must be a whole number >= 1, got " + m);
         }
         minNodes = m;
+        return this;
+    }
+
+    /**
+     * How a distributed attempt starts (spark.torchspark.launch, winning over the conf):
+     * "barrier" (one barrier stage), "gang" (ordinary tasks that gang up through the driver
+     * before anything trains: works with dynamic allocation, where Spark refuses every barrier
+     * stage) or "auto" (the default: gang when spark.dynamicAllocation.enabled is true).
+     * docs/distributor.md, "Launch modes"; the deadline is spark.torchspark.gang.timeout.
+     */
+    public TorchSparkRunner launch(String mode) {
+        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), false); // the key table's check
+        launch = mode;
         return this;
     }
 
@@ -437,7 +451,8 @@ public final class TorchSparkRunner {
                 "hangTimeout", new Object[] {"hangTimeout", hangTimeout},
                 "hangAction", new Object[] {"hangAction", hangAction},
                 "job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
-                "job.minNodes", new Object[] {"minNodes", minNodes}), true);
+                "job.minNodes", new Object[] {"minNodes", minNodes},
+                "launch", new Object[] {"launch", launch}), true);
         return localMode ? LocalRun.run(this, sc, runSettings, program, py) : runDistributed(sc, program, py);
     }
 

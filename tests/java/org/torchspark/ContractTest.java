@@ -208,6 +208,26 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 5);
     }
 
+    /** The executors a gang launch asks for (tsp_gang_ask): pytest's test_gang_ask_golden's
+     *  cases, through JNI. */
+    @Test
+    public void gangAskGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("gang_ask.json")) {
+            JsonNode a = c.get("args");
+            String[] raw = new String[3];
+            String[] keys = {"executor_cores", "task_cpus", "max_executors"};
+            for (int i = 0; i < 3; i++) {
+                raw[i] = a.get(keys[i]).isNull() ? null : a.get(keys[i]).asText();
+            }
+            int got = Native.gangAsk(a.get("num_tasks").asInt(), raw[0], raw[1], raw[2], a.get("have").asInt());
+            JsonNode want = c.get("ask");
+            assertEquals(c.get("name").asText(), want.isNull() ? -1 : want.asInt(), got < 0 ? -1 : got);
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 8);
+    }
+
     @Test
     public void outcomeGoldenCases() throws IOException {
         int n = 0;

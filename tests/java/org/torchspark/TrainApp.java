@@ -24,6 +24,9 @@ import org.apache.spark.sql.SparkSession;
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
+ *   gang PYTHON SCRIPT        dynamic allocation from 0 executors: launch("barrier") refused (SPARK-24942),
+ *                             the gang launch (auto) trains, one failing rank ends the run, then 3 nodes where
+ *                             maxExecutors is 2 (the deadline)
  *   A+B+...                   several of the modes but concurrent and restart, one after another in one
  *                             application (one start for several tests): each after a "MODE: name" line,
  *                             its counts of the executors' log lines from its own start
@@ -134,6 +137,8 @@ public final class TrainApp {
             early(spark);
         } else if (mode.equals("localgpu")) {
             localGpu(spark);
+        } else if (mode.equals("gang")) {
+            gang(spark, python, script);
         } else if (mode.equals("election")) {
             election(spark);
         } else if (mode.equals("time")) {
@@ -282,6 +287,56 @@ public final class TrainApp {
             System.out.println("ELECTION: " + r.election());
             System.out.println("RUN_MS: " + (System.nanoTime() - t0) / 1_000_000);
         }
+    }
+
+    /** Dynamic allocation (the test's conf: 0 executors at first, at most 2): a barrier launch
+     *  is refused as stock's is; the gang launch (auto) trains the DDP example from 0
+     *  executors; rank 1's exit ends rank 0's sleep with it (FAILURE_MS: until no process
+     *  is left, and how many are); 3 nodes where 2 executors of 1 core fit fail at the gang's deadline
+     *  (spark.torchspark.gang.timeout 8s) with the C core's sentence, no process left. */
+    private static void gang(SparkSession spark, String python, String script) {
+        String mark = UUID.randomUUID().toString();
+        System.out.println("EXECUTORS_BEFORE: " + (spark.sparkContext().statusTracker().getExecutorInfos().length - 1));
+        try {
+            TorchSparkRunner.command("true").numProcesses(2).launch("barrier").run(spark);
+            System.out.println("BARRIER: no error");
+        } catch (RuntimeException e) {
+            StringBuilder all = new StringBuilder();
+            for (Throwable t = e; t != null; t = t.getCause()) {
+                all.append(t.getMessage()).append(" | ");
+            }
+            System.out.println("BARRIER: " + all.toString().replace('\n', ' '));
+        }
+        long t0 = System.nanoTime();
+        TorchSparkRunner.Result r = TorchSparkRunner.script(script, "--steps", "12", "--out", TorchSparkRunner.OUTPUT)
+                .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).run(spark);
+        System.out.println("GANG_MS: " + (System.nanoTime() - t0) / 1_000_000);
+        System.out.println("OUTPUT: " + new String(r.output(), StandardCharsets.UTF_8));
+        // One task's failure ends every task: rank 0 would sleep for 2 minutes.
+        t0 = System.nanoTime();
+        try {
+            TorchSparkRunner.command("sh", "-c", "if [ \"$RANK\" = 1 ]; then exit 5; fi; exec sleep 120")
+                    .numProcesses(2).env("TSP_E2E_MARK", mark).run(spark);
+            System.out.println("FAILURE: none");
+        } catch (TorchSparkException e) {
+            System.out.println("FAILURE: rank=" + e.rank() + " exit=" + e.exitCode());
+        }
+        long deadline = System.nanoTime() + 10_000_000_000L;
+        while (!marked(mark).isEmpty() && System.nanoTime() < deadline) {
+            sleep(100);
+        }
+        System.out.println("FAILURE_MS: " + (System.nanoTime() - t0) / 1_000_000 + " " + marked(mark).size());
+        spark.sparkContext().conf().set("spark.torchspark.gang.timeout", "8s");
+        t0 = System.nanoTime();
+        try {
+            TorchSparkRunner.command("sh", "-c", "exec sleep 60").numProcesses(3).env("TSP_E2E_MARK", mark).run(spark);
+            System.out.println("DEADLINE: no error");
+        } catch (TorchSparkException e) {
+            System.out.println("DEADLINE: " + e.getMessage().replace('\n', '|'));
+        }
+        System.out.println("DEADLINE_MS: " + (System.nanoTime() - t0) / 1_000_000);
+        System.out.println("ACTIVE_JOBS: " + spark.sparkContext().statusTracker().getActiveJobIds().length);
+        System.out.println("LEFT: " + marked(mark).size());
     }
 
     /** Local mode with useGpu: each worker's CUDA_VISIBLE_DEVICES, then one process too many. */

@@ -1,0 +1,130 @@
+package org.torchspark;
+
+import java.lang.reflect.Method;
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkContext;
+import org.apache.spark.status.AppStatusStore;
+import org.apache.spark.status.api.v1.ExecutorSummary;
+
+/**
+ * The gang launch of TorchSparkRunner (docs/distributor.md, "Launch modes"; docs/protocol.md
+ * 2.2): with dynamic allocation Spark refuses every barrier stage (SPARK-24942), so an attempt
+ * runs as N ordinary tasks that JOIN at the driver's rendezvous and wait for GO before anything
+ * trains. The decision (who is admitted, the deadline, the failure's sentence) is the C core's
+ * (torchspark/gang.h), held by the run's Rendezvous; here are the mode's resolution, the
+ * driver's request for executors, and a task's JOIN, which checks every KILL_POLL_MS whether
+ * Spark killed it. The PySpark twin is torchspark/_gang.py.
+ */
+final class Gang {
+    static final String BARRIER = "barrier";
+    static final String GANG = "gang";
+    /** tsp_gang_state's results (torchspark/gang.h). */
+    static final int WAIT = 0;
+    static final int GO = 1;
+    static final int FAILED = 3;
+    /** A task's own wait beyond the driver's deadline, for the driver's answer to come. */
+    static final int JOIN_GRACE_MS = 30000;
+    /** tsp_rdv_call_wait: no reply yet. */
+    private static final int PENDING = 1;
+
+    private Gang() {}
+
+    /** The launch of this run's attempts: spark.torchspark.launch (the run's settings), auto
+     *  resolved by spark.dynamicAllocation.enabled. */
+    static String mode(SparkConf conf, Conf settings) {
+        String launch = settings.string("launch");
+        if (!launch.equals("auto")) {
+            return launch;
+        }
+        return conf.getBoolean("spark.dynamicAllocation.enabled", false) ? GANG : BARRIER;
+    }
+
+    /** The sentence of a failed gang (its deadline), with what Spark shows of its executors. */
+    static String failure(SparkContext sc, Rendezvous rdv) {
+        int[] seen = executorsSeen(sc);
+        String max = sc.conf().get("spark.dynamicAllocation.maxExecutors", null);
+        String s = rdv.gangFailure(seen[0], seen[1], max);
+        return s != null ? s : "torchspark: the gang failed";
+    }
+
+    /** {executors, their cores in all} from Spark's status store, the driver left out; -1
+     *  each where it cannot be read. executorList's Scala Seq differs between Scala 2.12 and
+     *  2.13: called by reflection, walked as a scala.collection.Iterable (RestartPolicy's way). */
+    static int[] executorsSeen(SparkContext sc) {
+        try {
+            AppStatusStore store = sc.statusStore();
+            Method list = AppStatusStore.class.getMethod("executorList", boolean.class);
+            scala.collection.Iterator<?> it = ((scala.collection.Iterable<?>) list.invoke(store, true)).iterator();
+            int executors = 0;
+            int cores = 0;
+            while (it.hasNext()) {
+                ExecutorSummary e = (ExecutorSummary) it.next();
+                if (!e.id().equals("driver")) {
+                    executors++;
+                    cores += e.totalCores();
+                }
+            }
+            return new int[] {executors, cores};
+        } catch (ReflectiveOperationException | RuntimeException | LinkageError e) {
+            return new int[] {-1, -1};
+        }
+    }
+
+    /**
+     * With dynamic allocation, asks Spark's allocation client for the executors that fit ntasks
+     * tasks at once (the C core's rule, tsp_gang_ask) rather than waiting for its backlog ramp; the
+     * idle timeout releases them after the run. The total asked for, or -1 where it cannot ask.
+     */
+    static int requestExecutors(SparkContext sc, int ntasks) {
+        SparkConf conf = sc.conf();
+        if (!conf.getBoolean("spark.dynamicAllocation.enabled", false)) {
+            return -1;
+        }
+        try {
+            int total = Native.gangAsk(ntasks, conf.get("spark.executor.cores", null), conf.get("spark.task.cpus", null),
+                    conf.get("spark.dynamicAllocation.maxExecutors", null), Math.max(0, executorsSeen(sc)[0]));
+            if (total < 0 || !sc.requestTotalExecutors(total, 0, scala.collection.immutable.Map$.MODULE$.empty())) {
+                return -1;
+            }
+            TorchSparkRunner.LOG.info("requestTotalExecutors({}) for {} gang task(s)", total, ntasks);
+            return total;
+        } catch (RuntimeException | LinkageError e) { // never a reason to fail a run: the backlog asks
+            TorchSparkRunner.LOG.info("requestTotalExecutors failed ({}): Spark's backlog ramp brings the executors",
+                    e.toString());
+            return -1;
+        }
+    }
+
+    /**
+     * A task's side: JOINs the gang as node nodeRank (Spark's attempt tryNo of its task) and
+     * waits for every other node's; killCheck runs every Rendezvous.KILL_POLL_MS meanwhile and
+     * throws when Spark killed the task. The attempt's node count (GO); an
+     * IllegalStateException with the library's sentence when refused (a retry or a copy, the
+     * deadline) or when the driver cannot be reached.
+     */
+    static int join(Rendezvous.Endpoint ep, String secretHex, int nodeRank, int tryNo, String host, int timeoutMs,
+            Runnable killCheck) {
+        long[] call = new long[1];
+        String[] msg = new String[1];
+        String h = host == null || host.isEmpty() ? "unknown" : host.replace(' ', '_');
+        int rc = Native.gangCallStart(ep.host, ep.port, secretHex, nodeRank, tryNo,
+                h.length() > 255 ? h.substring(0, 255) : h, timeoutMs + JOIN_GRACE_MS, call, msg);
+        if (rc != 0) {
+            throw new IllegalStateException(msg[0]);
+        }
+        try {
+            int[] nnodes = new int[1];
+            while ((rc = Native.gangCallWait(call[0], nodeRank, Rendezvous.KILL_POLL_MS, nnodes, msg)) == PENDING) {
+                if (killCheck != null) {
+                    killCheck.run();
+                }
+            }
+            if (rc != 0) {
+                throw new IllegalStateException(msg[0]);
+            }
+            return nnodes[0];
+        } finally {
+            Native.rdvCallFree(call[0]);
+        }
+    }
+}
