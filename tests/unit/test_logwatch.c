@@ -217,6 +217,43 @@ START_TEST(test_logwatch_line_restarts_the_clock_and_report_goes_on)
 }
 END_TEST
 
+/* Rank 0's dump of the last request: its marker, a stack in all_reduce whose last line is
+ * `last` (a frame, or one the flight recorder cut). */
+static void stack_answer(tsp_logclient_t *c, agent_fx_t *a, const char *last)
+{
+    char m[160];
+    snprintf(m, sizeof m,
+             "torchspark: stack dump #%u of rank 0 (host h, pid 5): state S (sleeping)",
+             atomic_load(&a->last));
+    say(c, 0, m);
+    say(c, 0, "Current thread 0x1 (most recent call first):");
+    say(c, 0, last);
+}
+
+/* A dump is complete once the rank's flight-recorder line came, even inside a stack line
+ * (a cut line): then the event follows the quiet 500 ms; without it, only after 5 s. */
+START_TEST(test_logwatch_answer_is_the_recorder_line)
+{
+    tsp_logserver_t *s = watch_server(300, "report", 1);
+    agent_fx_t a = {0};
+    tsp_logclient_t *c = agent(s, &a);
+    ck_assert_int_eq(wait_dumps(&a, 1, 10000), 1);
+    stack_answer(c, &a,
+                 "  File \"/x/torch/distributed/distributed_c10d.py\", line 9 in all_reduce");
+    ck_assert_ptr_nonnull(event(s, 15000));
+    ck_assert_int_ge(tsp__now_ms() - atomic_load(&a.dumped_at), 4500); /* not an answer */
+    say(c, 0, "step 2");
+    ck_assert_int_eq(wait_dumps(&a, 2, 10000), 2);
+    stack_answer(c, &a,
+                 "  File \"/x/torch/distributed/distributed_c10d.py\", litorchspark: flight "
+                 "recorder: not available (x)");
+    ck_assert_ptr_nonnull(event(s, 15000));
+    ck_assert_int_lt(tsp__now_ms() - atomic_load(&a.dumped_at), 4500); /* an answer */
+    tsp_logclient_close(c, 5000);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_logwatch_bad_settings_are_named)
 {
     tsp_logserver_opts_t o;
@@ -242,6 +279,7 @@ static Suite *logwatch_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_logwatch_silent_job_is_named_and_cancelled);
     tcase_add_test(tc, test_logwatch_line_restarts_the_clock_and_report_goes_on);
+    tcase_add_test(tc, test_logwatch_answer_is_the_recorder_line);
     tcase_add_test(tc, test_logwatch_bad_settings_are_named);
     suite_add_tcase(s, tc);
     return s;

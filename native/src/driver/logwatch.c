@@ -38,12 +38,12 @@ typedef struct tsp__watch {
     int64_t started;      /* the workers' start: the first authentication (0: not yet) */
     int64_t last;         /* when a line or report was last delivered (0: none) */
     uint64_t lines, auth; /* the server's counters when last looked at */
-    int asked;            /* a dump was answered: the next needs activity after armed */
-    int64_t armed;
-    int starts;       /* dumps that found the workers still starting */
-    uint32_t request; /* the DUMP being collected (0: none) */
-    int64_t from;     /* the silence's start of that DUMP */
-    int64_t dumped;   /* when it was sent */
+    int asked;            /* a dump was answered: the next needs a line or report since */
+    uint64_t armed;       /* the line count then (a count: a clock's ms can be the same) */
+    int starts;           /* dumps that found the workers still starting */
+    uint32_t request;     /* the DUMP being collected (0: none) */
+    int64_t from;         /* the silence's start of that DUMP */
+    int64_t dumped;       /* when it was sent */
     int64_t collect_end, quiet_since;
     uint64_t sig; /* the sections' hash: they changed */
     int done;     /* it cancelled, or stopped on an error: watches no more */
@@ -425,7 +425,7 @@ static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const char *diag, int6
         goto out;
     }
     w->asked = 1;
-    w->armed = now;
+    w->armed = w->lines;
     char path[sizeof w->tmpdir + 32] = "";
     if (write_stacks(w, line, stacks, path, sizeof path))
         path[0] = 0;
@@ -484,7 +484,7 @@ int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
     if (w->request)
         return collect_step(s, w, now);
     int64_t last = w->last > w->started ? w->last : w->started;
-    if (!last || (w->asked && last <= w->armed))
+    if (!last || (w->asked && w->lines == w->armed))
         return -1; /* not started, or nothing printed since the last dump: one per hang */
     if (now - last < w->timeout_ms)
         return last + w->timeout_ms;

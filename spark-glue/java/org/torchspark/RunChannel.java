@@ -28,8 +28,7 @@ final class RunChannel implements AutoCloseable {
             owner.reports = Collections.emptyList();
             pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
             pump.start();
-            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, pump::lastActivity, hang.timeoutS(),
-                    hang.action(), world, System.err::println);
+            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, hang, world, System.err::println);
             if (doctor != null) {
                 doctor.start();
             }
@@ -87,7 +86,7 @@ final class RunChannel implements AutoCloseable {
         }
         Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
         HangDoctor.RankDump dump = rank == null ? null : c.dumps.get(rank);
-        return new TorchSparkException(HangDoctor.cancelMessage(c, hang.timeoutS(), mode), rank, null,
+        return new TorchSparkException(doctor.cancelMessage(mode), rank, null,
                 dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), c.report, cause);
     }
 
