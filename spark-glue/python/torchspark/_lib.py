@@ -142,7 +142,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_record_mac": (i, [c, c, c, sz]),
         "tsp_rdv_gang": (i, [vp, i, i]),
         "tsp_rdv_gang_state": (i, [vp, P(i)]),
-        "tsp_rdv_gang_failure": (i, [vp, i, i, c, c, sz]),
+        "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),

@@ -199,7 +199,7 @@ public class ContractTest {
             } else {
                 assertEquals(name + ": " + msg[0], 0, rc);
                 JsonNode got = json.readTree(msg[0]);
-                for (String key : new String[] {"replies", "state", "failure"}) {
+                for (String key : new String[] {"replies", "state", "failure", "report"}) {
                     assertEquals(name + ": " + key, c.get(key), got.get(key));
                 }
             }
