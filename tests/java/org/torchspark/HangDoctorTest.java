@@ -68,7 +68,7 @@ public class HangDoctorTest {
 
     /** Collectives #1..done completed on every rank, then #pending not completed on those
      *  named. */
-    private static HangDoctor.Diagnosis diagnose(Map<Integer, List<String>> byRank, long done, long pending,
+    private static HangAnalysis.Diagnosis diagnose(Map<Integer, List<String>> byRank, long done, long pending,
             int... waiting) {
         Map<Integer, List<String>> sections = new TreeMap<>();
         for (Map.Entry<Integer, List<String>> e : byRank.entrySet()) {
@@ -84,14 +84,14 @@ public class HangDoctorTest {
             }
             sections.put(e.getKey(), lines);
         }
-        return HangDoctor.diagnose(sections, 4, 0, false);
+        return HangAnalysis.diagnose(sections, 4, 0, false);
     }
 
     /** The binding (the analysis itself: tests/contracts/hang.json, ContractTest): the
      *  diagnosis's fields as the runner uses them. */
     @Test
     public void aSleepingRankIsNamedWithItsFrameAndTheOthersWaitInTheNumberedCollective() throws IOException {
-        HangDoctor.Diagnosis fr = diagnose(load("sleep.txt"), 2, 3, 0, 1, 3);
+        HangAnalysis.Diagnosis fr = diagnose(load("sleep.txt"), 2, 3, 0, 1, 3);
         assertEquals(List.of(2), fr.culprits);
         assertEquals(Map.of("all_reduce", List.of(0, 1, 3)), fr.waiting);
         assertTrue(fr.line, fr.line.contains(
@@ -115,7 +115,7 @@ public class HangDoctorTest {
         assertEquals(fr.dumps.get(2).lines().get(0), rep.get("stacks").get("2").get(0).asText());
         // the cancel message, the stacks file and the watchdog's timing: the C log server's
         // (test_logwatch; docs/protocol.md 1.12)
-        assertTrue(refused(() -> HangDoctor.diagnose(Map.of(0, List.of("x")), -1, 0, true)).startsWith(
+        assertTrue(refused(() -> HangAnalysis.diagnose(Map.of(0, List.of("x")), -1, 0, true)).startsWith(
                 "world must be a whole number from 0 to"));
     }
 
@@ -127,6 +127,6 @@ public class HangDoctorTest {
         assertTrue(lines.stream().anyMatch(ln -> ln.startsWith("Thread 0xtorchspark: flight recorder: ")));
         assertEquals("every rank waits in the same collective (rank 0 waits in all_reduce #2): the hang is "
                 + "inside it (the network, or a peer outside this group)",
-                HangDoctor.diagnose(Map.of(0, lines), 1, 0, true).line);
+                HangAnalysis.diagnose(Map.of(0, lines), 1, 0, true).line);
     }
 }
