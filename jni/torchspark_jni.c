@@ -517,6 +517,45 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerDumpAll(JNIEnv *env, 
     return tsp_logserver_dump_all(server_of(h));
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerWatch(JNIEnv *env, jclass cls, jlong h,
+                                                                 jlong timeout_ms, jstring jaction,
+                                                                 jint world, jstring jtmp,
+                                                                 jobjectArray msg)
+{
+    (void)cls;
+    int oom = 0;
+    const char *action = str_get(env, jaction, &oom);
+    const char *tmp = oom ? NULL : str_get(env, jtmp, &oom);
+    char err[ERR_LEN] = "";
+    int rc = oom ? -ENOMEM
+                 : tsp_logserver_watch(server_of(h), (long)timeout_ms, action, world, tmp, err,
+                                       sizeof err);
+    if (rc)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    str_release(env, jaction, action);
+    str_release(env, jtmp, tmp);
+    return rc;
+}
+
+JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerHangEvent(JNIEnv *env, jclass cls,
+                                                                        jlong h, jint timeout_ms)
+{
+    (void)cls;
+    char small[1 << 16];
+    long need = tsp_logserver_hang_event(server_of(h), small, sizeof small, timeout_ms);
+    if (need <= 0)
+        return NULL;
+    if ((size_t)need < sizeof small)
+        return (*env)->NewStringUTF(env, small);
+    char *big = malloc((size_t)need + 1); /* the event stays queued until it fits */
+    if (big == NULL)
+        return NULL;
+    need = tsp_logserver_hang_event(server_of(h), big, (size_t)need + 1, 0);
+    jstring out = need > 0 ? (*env)->NewStringUTF(env, big) : NULL;
+    free(big);
+    return out;
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *env, jclass cls,
                                                                         jlong h, jstring jpath)
 {

@@ -87,6 +87,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "lognodes": ("driver", 5),
     "logctl": ("driver", 6),
     "logconn": ("driver", 7),
+    "logwatch": ("driver", 7),  # the hang doctor's watchdog, an option of the log server
     "logserver": ("driver", 8),
     # agent side (torchspark-run, and what the executor's glue binds: elect, gpu, output)
     "env": ("agent", 2), "pyboot": ("agent", 2), "cudaapi": ("agent", 2),

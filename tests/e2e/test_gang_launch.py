@@ -160,6 +160,9 @@ def test_the_gang_deadline_names_what_started(spark):
     assert re.match(r"torchspark: gang launch: only [0-2] of the attempt's 3 tasks started "
                     rf"within {DEADLINE_S} s \(tasks started: (none|node [01] on host )", msg), msg
     assert "spark.dynamicAllocation.maxExecutors is 2" in msg and "2 core(s)" in msg, msg
+    # the report: the C core's document (tsp_gang_report), its message the sentence
+    assert e.value.report == {"version": 2, "kind": "gang", "reason": "gang_incomplete",
+                              "message": msg}, e.value.report
     assert took < DEADLINE_S + 10, took
     tracker = spark.sparkContext.statusTracker()
     deadline = time.monotonic() + 5

@@ -58,18 +58,16 @@ def say(*a: object) -> None:
 
 
 class Pump(threading.Thread):
-    """The log server's lines to stdout; last_activity as the doctor reads it."""
+    """The log server's lines to stdout."""
 
     def __init__(self, server) -> None:
         super().__init__(daemon=True)
         self.server = server
-        self.last_activity = 0.0
         self.stopping = False
 
     def run(self) -> None:
         while not self.stopping:
             for ln in self.server.pull(1024, 200):
-                self.last_activity = time.monotonic()
                 say(f"[rank {ln.rank}] {ln.data.decode('utf-8', 'replace').rstrip()}")
 
 
@@ -101,8 +99,8 @@ def main() -> int:
            server.endpoint, "--python", sys.executable, script, *sys.argv[1:]]
     say("world", world, ":", " ".join(cmd))
     t0 = time.monotonic()
+    doctor = _doctor.HangDoctor(server, TIMEOUT_S, "cancel", world)  # the server's watchdog
     p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-    doctor = _doctor.HangDoctor(server, pump, None, TIMEOUT_S, "cancel", world)
     try:
         p.wait(timeout=120)
     except subprocess.TimeoutExpired:

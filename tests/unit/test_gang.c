@@ -168,6 +168,13 @@ START_TEST(test_gang_deadline_answers_the_waiting_task)
     ck_assert_int_eq(tsp_rdv_gang_state(r, NULL), TSP_GANG_FAILED);
     ck_assert_int_gt(tsp_rdv_gang_failure(r, 1, 1, NULL, buf, sizeof buf), 0);
     ck_assert_msg(strstr(buf, "maxExecutors is unset"), "%s", buf);
+    /* the run's report: the document, its message the sentence */
+    ck_assert_int_gt(tsp_rdv_gang_report(r, 1, 1, NULL, buf, sizeof buf), 0);
+    ck_assert_msg(strstr(buf,
+                         "{\"version\": 2, \"kind\": \"gang\", \"reason\": "
+                         "\"gang_incomplete\", \"message\": \"torchspark: gang launch: ") == buf,
+                  "%s", buf);
+    ck_assert_int_eq(tsp_rdv_gang_report(r, 1, 1, NULL, buf, 16), -ENOSPC);
     tsp_rdv_free(r);
 }
 END_TEST

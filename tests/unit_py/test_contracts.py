@@ -256,7 +256,7 @@ def test_gang_golden(case):
         assert str(e.value) == case["error"]
         return
     got = _lib.json_call("tsp_gang_replay", case["request"])
-    assert got == {k: case[k] for k in ("replies", "state", "failure")}
+    assert got == {k: case[k] for k in ("replies", "state", "failure", "report")}
 
 
 GANG_ASK_CASES = json.loads((CONTRACTS / "gang_ask.json").read_text())["cases"]

@@ -100,10 +100,5 @@ def test_a_bad_request_names_the_key(request_doc, error):
     assert error in str(e.value)
 
 
-def test_the_doctor_counts_a_recorder_line_inside_a_stack_line_as_its_answer():
-    from torchspark._doctor import _answered
-
-    marker = "torchspark: stack dump #1 of rank 0 (host h, pid 1): state S (sleeping)"
-    assert not _answered([marker, "  File \"p\", line 1 in f"])
-    assert _answered([marker, "  File \"p\", litorchspark: flight recorder: not available (x)"])
-    assert _answered([marker + ": cannot answer: stopped (SIGSTOP)"])
+# When a rank's dump is complete (a recorder line inside a stack line counts): the C log
+# server's watchdog, tests/unit/test_logwatch.c (test_logwatch_answer_is_the_recorder_line).

@@ -94,8 +94,11 @@ def test_what_the_glue_hands_the_controller():
     except TorchDistributorError as e:
         ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4"})
         text = str(e)
+    # the node the outcome excluded: a fact; its reason (silent, unless the record says
+    # preempted) is the run controller's (runctl.json)
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
-                  "node_rank": 0, "reason": "silent", "executor": "4", "checkpoint_step": None}
+                  "node_rank": 0, "reason": None, "silent_node": True, "executor": "4",
+                  "checkpoint_step": None}
     stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
                                           "checkpoint_step": 12, "tail": ["step 11"]})
     ev = _restart.failed_event(stopped, {})

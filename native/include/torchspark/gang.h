@@ -61,6 +61,12 @@ TSP_EXTERN int64_t tsp_gang_wait_ms(const tsp_gang_t *g, int64_t now_ms);
  * or -EINVAL when the gang has not failed. */
 TSP_EXTERN int tsp_gang_failure(const tsp_gang_t *g, int executors, int cores,
                                 const char *max_executors, char *buf, size_t len);
+/* The failed gang's document, the run's error report (TorchDistributorError.report,
+ * docs/protocol.md 2.2): {"version": 2, "kind": "gang", "reason": "gang_incomplete",
+ * "message": tsp_gang_failure's sentence}, NUL-terminated into buf. Its length; -EINVAL
+ * when the gang has not failed; -ENOSPC when buf is too small. */
+TSP_EXTERN int tsp_gang_report(const tsp_gang_t *g, int executors, int cores,
+                               const char *max_executors, char *buf, size_t len);
 
 /* How many executors the driver asks Spark for (requestTotalExecutors) so that num_tasks
  * (1..TSP_GANG_MAX_NODES) tasks run at once, from Spark's settings as the conf holds them
@@ -75,8 +81,8 @@ TSP_EXTERN int tsp_gang_ask(int num_tasks, const char *executor_cores, const cha
  * request {"nnodes", "timeout_ms", "events": [{"at": MS, "join": NODE, "try": T, "host": H}
  * or {"at": MS, "state": true}], "seen": {"executors", "cores", "maxExecutors"}, "end": MS} ->
  * {"replies": [one per event: "WAIT", "GO", "REFUSED: why", "FAILED: why" or the state's name],
- * "state", "failure" (the sentence, or null)}, the state and failure read at "end". 0; -ENOSPC with
- * *needed; -EINVAL with err. */
+ * "state", "failure" (the sentence, or null), "report" (tsp_gang_report's document, or null)}, the
+ * state and failure read at "end". 0; -ENOSPC with *needed; -EINVAL with err. */
 TSP_EXTERN int tsp_gang_replay(const char *request, size_t len, char *out, size_t outlen,
                                size_t *needed, char *err, size_t errlen);
 

@@ -172,6 +172,24 @@ TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
  * line naming the request. Returns the request's number (1, 2, ...), or -EPIPE when the
  * server has already shut down. */
 TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
+/* The hang doctor's watchdog (docs/protocol.md 1.12), an option of the server: when no rank
+ * has printed a line or reported for timeout_ms, counted from the workers' start (the first
+ * agent's authentication), the server sends DUMP, collects every rank's answer from its
+ * tail (start the server with tail_lines TSP_LOGSERVER_HANG_TAIL), names the culprit
+ * (torchspark/hang.h), writes every rank's stacks to a new file (mode 0600) in tmpdir and
+ * queues ONE event for tsp_logserver_hang_event; with action "cancel" it also sends STOP to
+ * every agent. action: "report" or "cancel"; world: the attempt's ranks. Call it right
+ * after start (a second call replaces the first). 0; -EINVAL (err says which argument is
+ * wrong) or -EPIPE after shutdown. */
+#define TSP_LOGSERVER_HANG_TAIL 2000
+TSP_EXTERN int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action,
+                                   int world, const char *tmpdir, char *err, size_t errlen);
+/* Waits up to timeout_ms (-1: forever) for the watchdog's next event, a NUL-terminated JSON
+ * object (docs/protocol.md 1.12), and copies it into buf when it fits: returns its length
+ * (without the NUL; when that is >= buflen nothing was taken: retry with a bigger buf), 0
+ * on timeout, -EPIPE once the server stopped and every event was taken. */
+TSP_EXTERN long tsp_logserver_hang_event(tsp_logserver_t *s, char *buf, size_t buflen,
+                                         int timeout_ms);
 
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */

@@ -73,6 +73,9 @@ TSP_EXTERN int tsp_rdv_gang_state(tsp_rdv_t *r, int *joined);
 /* A failed gang's sentence (tsp_gang_failure): its length, or -EINVAL. */
 TSP_EXTERN int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores,
                                     const char *max_executors, char *buf, size_t len);
+/* A failed gang's document (tsp_gang_report): its length, -EINVAL or -ENOSPC. */
+TSP_EXTERN int tsp_rdv_gang_report(tsp_rdv_t *r, int executors, int cores,
+                                   const char *max_executors, char *buf, size_t len);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
  * thread ends (within a second). Idempotent. */
 TSP_EXTERN void tsp_rdv_close(tsp_rdv_t *r);

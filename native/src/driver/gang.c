@@ -198,6 +198,34 @@ int tsp_gang_failure(const tsp_gang_t *g, int executors, int cores, const char *
     return n < 0 ? -EIO : (int)n;
 }
 
+int tsp_gang_report(const tsp_gang_t *g, int executors, int cores, const char *max_executors,
+                    char *buf, size_t len)
+{
+    char sentence[2048];
+    int n = tsp_gang_failure(g, executors, cores, max_executors, sentence, sizeof sentence);
+    if (n < 0 || !buf || !len)
+        return n < 0 ? n : -EINVAL;
+    FILE *f = fmemopen(buf, len, "w");
+    if (!f)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "version");
+    tsp_json_int(&w, 2);
+    tsp_json_key(&w, "kind");
+    tsp_json_str(&w, "gang");
+    tsp_json_key(&w, "reason");
+    tsp_json_str(&w, "gang_incomplete");
+    tsp_json_key(&w, "message");
+    tsp_json_str(&w, sentence);
+    tsp_json_end(&w);
+    long k = ftell(f);
+    int full = fflush(f) != 0 || k < 0 || (size_t)k >= len;
+    fclose(f);
+    return full ? -ENOSPC : (int)k;
+}
+
 /* ---- the golden contract: a replay of events (tests/contracts/gang.json) ------------- */
 
 static const char *const names[] = {"WAIT", "GO", "REFUSED", "FAILED"}; /* TSP_GANG_* */
@@ -294,6 +322,12 @@ static int replay_write(const char *request, size_t len, FILE *m, char *err, siz
                               sentence, sizeof sentence);
     tsp_json_key(&w, "failure");
     tsp_json_str(&w, sn >= 0 ? sentence : NULL);
+    char doc[4096];
+    int dn = tsp_gang_report(g, (int)ex, (int)cores, type == TSP_JSON_STRING ? maxex : NULL, doc,
+                             sizeof doc);
+    tsp_json_key(&w, "report");
+    if (dn < 0 || tsp_json_value(&w, doc, (size_t)dn))
+        tsp_json_null(&w);
     tsp_json_end(&w);
     free(maxex);
     tsp_gang_free(g);

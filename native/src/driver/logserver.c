@@ -10,6 +10,7 @@
 #include "logctl.h"
 #include "lognodes.h"
 #include "logsend.h"
+#include "logwatch.h"
 #include "reportagg.h"
 #include "util.h"
 
@@ -250,6 +251,9 @@ static int sweep(tsp_logserver_t *s, int draining, int64_t drain_deadline)
     int64_t lost_next = tsp__lost_sweep(s, now);
     if (lost_next >= 0 && (next < 0 || lost_next < next))
         next = lost_next;
+    int64_t watch_next = tsp__watch_sweep(s, now);
+    if (watch_next >= 0 && (next < 0 || watch_next < next))
+        next = watch_next;
     return next < 0 ? -1 : (int)(next - now + 1);
 }
 
@@ -283,7 +287,11 @@ static void *server_main(void *arg)
                 s->stop_req = 0;
                 uint32_t dump = s->dump_req;
                 s->dump_req = 0;
+                struct tsp__watch *watch = s->watch_req;
+                s->watch_req = NULL;
                 pthread_mutex_unlock(&s->ctl_mu);
+                if (watch)
+                    tsp__watch_adopt(s, watch);
                 if (stop)
                     tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
                 if (dump)
@@ -641,6 +649,54 @@ int tsp_logserver_dump_all(tsp_logserver_t *s)
     return (int)request;
 }
 
+int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action, int world,
+                        const char *tmpdir, char *err, size_t errlen)
+{
+    struct tsp__watch *w = tsp__watch_new(timeout_ms, action, world, tmpdir, err, errlen);
+    if (!w)
+        return -EINVAL;
+    pthread_mutex_lock(&s->ctl_mu);
+    int ended = s->ended || s->joined;
+    if (!ended) {
+        tsp__watch_free(s->watch_req);
+        s->watch_req = w;
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    if (ended) {
+        tsp__watch_free(w);
+        return tsp__err(err, errlen, -EPIPE, "the log server has already stopped");
+    }
+    wake_loop(s);
+    return 0;
+}
+
+long tsp_logserver_hang_event(tsp_logserver_t *s, char *buf, size_t buflen, int timeout_ms)
+{
+    struct timespec dl;
+    if (timeout_ms > 0)
+        tsp__deadline_in(&dl, timeout_ms);
+    pthread_mutex_lock(&s->ctl_mu);
+    while (s->hang_next == s->hang_n && !s->ended && s->started && timeout_ms != 0) {
+        if (timeout_ms < 0)
+            pthread_cond_wait(&s->fail_cv, &s->ctl_mu);
+        else if (pthread_cond_timedwait(&s->fail_cv, &s->ctl_mu, &dl) == ETIMEDOUT)
+            break;
+    }
+    long need = 0;
+    if (s->hang_next < s->hang_n) {
+        const char *ev = s->hang_ev[s->hang_next];
+        need = (long)strlen(ev);
+        if (buf && (size_t)need < buflen) {
+            memcpy(buf, ev, (size_t)need + 1);
+            s->hang_next++;
+        }
+    } else if (s->ended || !s->started) {
+        need = -EPIPE;
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    return need;
+}
+
 int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms)
 {
     if (!s->started || s->joined)
@@ -674,6 +730,11 @@ void tsp_logserver_free(tsp_logserver_t *s)
     pthread_mutex_destroy(&s->ctl_mu);
     pthread_cond_destroy(&s->fail_cv);
     free(s->root);
+    tsp__watch_free(s->watch_req);
+    tsp__watch_free(s->watch);
+    for (size_t i = 0; i < s->hang_n; i++)
+        free(s->hang_ev[i]);
+    free(s->hang_ev);
     free(s->lost);
     tsp__nodes_free(s);
     free(s->agents);

@@ -128,6 +128,11 @@ struct tsp_logserver {
     char stop_req_text[STOP_TEXT_MAX];
     /* the hang doctor's DUMP (protocol 1.9): the number asked for (0: none), the last given */
     uint32_t dump_req, dump_seq;
+    /* the hang watchdog (logwatch.c, protocol 1.12): asked for under ctl_mu, then the
+     * thread's own; its events for the glue under ctl_mu (hang_next: the next to hand on) */
+    struct tsp__watch *watch_req, *watch;
+    char **hang_ev;
+    size_t hang_n, hang_next, hang_cap;
     /* control, thread only */
     int t_draining;
     int t_stopped;

@@ -637,6 +637,15 @@ int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores, const char *max
     return n;
 }
 
+int tsp_rdv_gang_report(tsp_rdv_t *r, int executors, int cores, const char *max_executors,
+                        char *buf, size_t len)
+{
+    pthread_mutex_lock(&r->mu);
+    int n = r->gang ? tsp_gang_report(r->gang, executors, cores, max_executors, buf, len) : -EINVAL;
+    pthread_mutex_unlock(&r->mu);
+    return n;
+}
+
 void tsp_rdv_close(tsp_rdv_t *r)
 {
     if (!r)

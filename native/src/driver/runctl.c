@@ -431,11 +431,19 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
 {
     long long node = -1, step = -1;
     char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
-    int rc = get_int(r, "event.node_rank", -1, -1, &node);
+    int silent_node = 0, rc = get_int(r, "event.node_rank", -1, -1, &node);
     if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
         (rc = get_str(r, "event.reason", &reason)) ||
-        (rc = get_str(r, "event.spark_error", &spark)))
+        (rc = get_str(r, "event.spark_error", &spark)) ||
+        (rc = get_bool(r, "event.silent_node", &silent_node)))
         goto out;
+    if (silent_node && !(reason && strcmp(reason, "preempted") == 0)) {
+        free(reason); /* the node the outcome excluded: silent, unless its record says why */
+        if (!(reason = strdup("silent"))) {
+            rc = -ENOMEM;
+            goto out;
+        }
+    }
     if (spark && (rc = spark_outcome(spark, &sreason, &scause)))
         goto out;
     int spark_lost =

@@ -38,9 +38,8 @@ class Channel:
         self.hub = _progress.start(dist, self.server)
         if dist.hang_timeout:
             dist.hang_reports = []
-            self.doctor = _doctor.HangDoctor(self.server, self.pump, self.hub, dist.hang_timeout,
-                                             dist.hang_action, dist.num_processes, dist.logger,
-                                             dist.hang_reports)
+            self.doctor = _doctor.HangDoctor(self.server, dist.hang_timeout, dist.hang_action,
+                                             dist.num_processes, dist.logger, dist.hang_reports)
         if rendezvous_host is not None:
             try:
                 self.rdv = _rendezvous.Server(rendezvous_host, self.server.secret_hex)
@@ -84,7 +83,7 @@ class Channel:
         diag = self.doctor.cancelled
         if diag is None:
             return None
-        return TorchDistributorError(_doctor.cancel_message(diag, dist.hang_timeout or 0, mode),
+        return TorchDistributorError(_doctor.cancel_message(self.doctor, mode),
                                      _doctor.report(diag))
 
     def tail(self, report: Dict) -> Optional[List[str]]:

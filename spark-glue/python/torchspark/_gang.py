@@ -13,6 +13,7 @@ and asks Spark for executors.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import socket
 import threading
@@ -59,9 +60,9 @@ class Gang:
         return state, joined.value
 
     def watch(self, spark: Any, done: threading.Event,
-              on_failure: Callable[[str], None]) -> threading.Thread:
+              on_failure: Callable[[Dict[str, Any]], None]) -> threading.Thread:
         """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
-        (done) or it failed: then on_failure(the sentence). Join it before the rendezvous
+        (done) or it failed: then on_failure(the document). Join it before the rendezvous
         is closed."""
         def run() -> None:
             while not done.wait(WATCH_EVERY_S):
@@ -76,15 +77,20 @@ class Gang:
         t.start()
         return t
 
-    def failure(self, spark: Any) -> str:
-        """The failed gang's sentence, with what Spark shows of its executors now."""
+    def failure(self, spark: Any) -> Dict[str, Any]:
+        """The failed gang's document (the run's report; its message the C core's sentence),
+        with what Spark shows of its executors now."""
         executors, cores = executors_seen(spark)
         max_ex = spark.conf.get("spark.dynamicAllocation.maxExecutors", None)
-        buf = ctypes.create_string_buffer(4096)
-        n = self._lib.tsp_rdv_gang_failure(self._rdv._h, executors, cores,
-                                           str(max_ex).encode() if max_ex else None, buf,
-                                           len(buf))
-        return buf.value.decode(errors="replace") if n > 0 else "torchspark: the gang failed"
+        buf = ctypes.create_string_buffer(8192)
+        n = self._lib.tsp_rdv_gang_report(self._rdv._h, executors, cores,
+                                          str(max_ex).encode() if max_ex else None, buf,
+                                          len(buf))
+        if n <= 0:
+            return {"version": 2, "kind": "gang", "reason": "gang_incomplete",
+                    "message": "torchspark: the gang failed"}
+        doc: Dict[str, Any] = json.loads(buf.value.decode(errors="replace"))
+        return doc
 
 
 def executors_seen(spark: Any) -> Tuple[int, int]:

@@ -79,6 +79,11 @@ def diagnose(sections: Mapping[int, Sequence[str]], world: int, request: Optiona
         "stdlib": list(_STDLIB if stdlib is None else stdlib),
         "read_sources": read_sources,
         "ranks": [list(sections[r]) if sections.get(r) else None for r in range(n)]})
+    return from_reply(reply)
+
+
+def from_reply(reply: Mapping[str, Any]) -> Diagnosis:
+    """The Diagnosis of tsp_hang_diagnose's reply (docs/protocol.md 1.11)."""
     dumps = {d["rank"]: RankDump(d["rank"], d["host"], d["pid"], d["state"], d["lines"])
              for d in reply["dumps"]}
     return Diagnosis(reply["line"], reply["culprits"], reply["waiting"], dumps,

@@ -64,8 +64,8 @@ class Outcome:
     ended_at: Optional[float] = None
     # The executor id of a node that went silent (task_executor), None when not known.
     silent_executor: Optional[str] = None
-    # A gang launch that failed (its deadline): the C core's sentence (_gang.py).
-    gang_failure: Optional[str] = None
+    # A gang launch that failed (its deadline): the C core's document (_gang.py).
+    gang_failure: Optional[Dict[str, Any]] = None
 
 
 class _Tags:
@@ -220,8 +220,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 wake.set()
                 return
 
-    def gang_failed(sentence: str) -> None:
-        box["gang"] = sentence
+    def gang_failed(report: Dict[str, Any]) -> None:
+        box["gang"] = report
         tags.cancel(tag)  # every task, the waiting and the never started
         wake.set()
 

@@ -126,6 +126,8 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_failure": (lng, [vp, c, sz, i]),
         "tsp_logserver_stop_all": (i, [vp, c]),
         "tsp_logserver_dump_all": (i, [vp]),
+        "tsp_logserver_watch": (i, [vp, lng, c, i, c] + err),
+        "tsp_logserver_hang_event": (lng, [vp, c, sz, i]),
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
@@ -141,7 +143,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_record_mac": (i, [c, c, c, sz]),
         "tsp_rdv_gang": (i, [vp, i, i]),
         "tsp_rdv_gang_state": (i, [vp, P(i)]),
-        "tsp_rdv_gang_failure": (i, [vp, i, i, c, c, sz]),
+        "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),

@@ -112,9 +112,7 @@ class LogServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  tail_lines: int = 100):
         self._lib = load_library()
-        if secret is not None and len(secret) != 32:
-            raise ValueError("the log secret must be 32 bytes")
-        err = ctypes.create_string_buffer(512)
+        err = ctypes.create_string_buffer(512)  # a secret of another length: C says so
         hexs = secret.hex().encode() if secret is not None else None
         h = self._lib.tsp_logserver_new(host.encode(), int(port), hexs, int(tail_lines), err,
                                         len(err))
@@ -351,6 +349,27 @@ class LogServer:
         line naming the request. The request's number (1, 2, ...), or -1 when the server
         has already shut down."""
         return int(self._lib.tsp_logserver_dump_all(self._h))
+
+    def watch(self, timeout: float, action: str, world: int, tmpdir: str) -> None:
+        """The hang doctor's watchdog, an option of the server (docs/protocol.md 1.12):
+        ``timeout`` s of silence from the workers' start, ``action`` report or cancel."""
+        err = ctypes.create_string_buffer(512)
+        if self._lib.tsp_logserver_watch(self._h, int(timeout * 1000), action.encode(), world,
+                                         tmpdir.encode(), err, len(err)):
+            raise ValueError(err.value.decode(errors="replace"))
+
+    def hang_event(self, timeout: float = 0) -> Optional[Dict]:
+        """The watchdog's next event (docs/protocol.md 1.12), waiting up to ``timeout`` s;
+        None when none came."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        need = self._lib.tsp_logserver_hang_event(self._h, buf, len(buf), int(timeout * 1000))
+        if need >= len(buf):
+            buf = ctypes.create_string_buffer(need + 1)
+            need = self._lib.tsp_logserver_hang_event(self._h, buf, len(buf), 0)
+        if need <= 0 or need >= len(buf):
+            return None
+        doc: Dict = json.loads(buf.value.decode("utf-8", errors="replace"))
+        return doc
 
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.

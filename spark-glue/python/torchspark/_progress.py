@@ -69,7 +69,6 @@ class ReportHub:
         self._shown_count = 0
         self._tty = False
         self._warned: set = set()
-        self.last_activity = 0.0  # time.monotonic() of the last report (the hang doctor)
         self._spilled: List[Any] = []  # records back with the result (_report_rows.py)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
@@ -93,8 +92,6 @@ class ReportHub:
 
     def _take(self, lines: List[Any]) -> None:
         now = time.time()
-        if lines:
-            self.last_activity = time.monotonic()
         for ln in lines:
             data = self._pieces.pop(ln.rank, b"") + ln.data
             if ln.flags & 1:  # CONTINUED: more of this record follows

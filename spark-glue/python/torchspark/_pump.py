@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from typing import Any, Optional
 
 __all__ = ["_LogPump"]
@@ -44,7 +43,6 @@ class _LogPump:
         self.fmt = fmt  # the line prefix (_native.line_prefix); None: "[rank N] "
         self.linger_s = linger_s
         self.writes = 0  # write() calls made (the benchmark reads it)
-        self.last_activity = 0.0  # time.monotonic() of the last line (the hang doctor)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-log-pump")
@@ -54,7 +52,6 @@ class _LogPump:
         # Formatted natively (one prefix format, lines.c): no Python work per line.
         text = self.server.read_text(MAX_LINES, timeout_ms, self.fmt)
         if text:
-            self.last_activity = time.monotonic()
             _LogPump.write(text)
             self.writes += 1
         return len(text)

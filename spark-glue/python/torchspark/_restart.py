@@ -46,13 +46,11 @@ def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, A
     request's step), the silent node's executor, Spark's text for the outcome table."""
     report = e.report if isinstance(e.report, dict) else {}
     node, step = getattr(e, "node_rank", None), report.get("checkpoint_step")
-    reason = report.get("reason")
-    if entry.get("silent_node") is not None and reason != "preempted":
-        reason = "silent"  # the node the outcome excluded: silent, unless its record says why
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": None if e.__cause__ is None else str(e.__cause__),
             "node_rank": node if isinstance(node, int) else None,
-            "reason": reason,
+            "reason": report.get("reason"),
+            "silent_node": entry.get("silent_node") is not None,
             "executor": entry.get("silent_executor"),
             "checkpoint_step": step if isinstance(step, int) else None}
 

@@ -342,8 +342,8 @@ class TorchDistributor:
             gang = _gang.start(self, ch.rdv, spec, self._settings)  # dynamic allocation
             out = self._submit(spec, server, dataframe[0] if dataframe else None, gang)
             if out.gang_failure is not None:
-                raise TorchDistributorError(out.gang_failure, {
-                    "version": 2, "kind": "gang", "reason": "gang_incomplete"}) from None
+                raise TorchDistributorError(out.gang_failure["message"],
+                                            out.gang_failure) from None
             if out.spark_error is not None or out.root is not None:
                 nproc = self._gpus_per_task if self.use_gpu else 1
                 raise (ch.hang_error(self, "distributed")

@@ -83,7 +83,6 @@ final class DistributedRun {
             }
             TorchSparkException hung = ch.endDoctor("distributed", job.error());
             if (hung != null) {
-                ch.server.stopAll("the hang doctor cancelled the run");
                 ch.finish(1000);
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
                 throw hung;

@@ -13,7 +13,6 @@ final class LinePump extends Thread {
     private final String prefix;
     private final ReportPump reportPump;
     private volatile boolean stopping;
-    private volatile long lastLine; // System.nanoTime() of the last line, 0 before the first
 
     LinePump(LogServer server, boolean toStderr, String prefix, Consumer<TorchSparkRunner.Report> onReport) {
         super("torchspark-log-pump");
@@ -41,9 +40,6 @@ final class LinePump extends Thread {
                 return; // stopped and drained
             }
             TorchSparkRunner.Metrics.LINES.addAndGet(lines.size());
-            if (!lines.isEmpty()) {
-                lastLine = System.nanoTime() | 1;
-            }
             for (String ln : lines) {
                 if (stderr) {
                     err.println(ln);
@@ -52,13 +48,6 @@ final class LinePump extends Thread {
                 }
             }
         }
-    }
-
-    /** When a rank last printed or reported (System.nanoTime()), 0 before the first. */
-    long lastActivity() {
-        long a = lastLine;
-        long b = reportPump.lastActivity();
-        return a == 0 ? b : b == 0 ? a : a - b > 0 ? a : b;
     }
 
     /** Drains what is queued (the server was shut down first), then ends; the run's reports. */

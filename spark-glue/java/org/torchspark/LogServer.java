@@ -267,6 +267,30 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /** Turns on the server's hang watchdog (docs/protocol.md 1.12): timeoutMs of silence
+     *  from the workers' start, action report or cancel, world ranks. */
+    public void watch(long timeoutMs, String action, int world, String tmpdir) {
+        long h = acquire();
+        try {
+            String[] msg = new String[1];
+            if (Native.logServerWatch(h, timeoutMs, action, world, tmpdir, msg) != 0) {
+                throw new IllegalArgumentException(msg[0]);
+            }
+        } finally {
+            release();
+        }
+    }
+
+    /** The watchdog's next event (JSON), waiting up to timeoutMs; null when none came. */
+    public String hangEvent(int timeoutMs) {
+        long h = acquire();
+        try {
+            return Native.logServerHangEvent(h, timeoutMs);
+        } finally {
+            release();
+        }
+    }
+
     /** Accepts one output transfer into path (created 0600), or into memory when null. */
     public void expectOutput(String path) {
         long h = acquire();

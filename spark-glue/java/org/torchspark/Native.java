@@ -175,6 +175,15 @@ final class Native {
      *  (1, 2, ...), or -EPIPE once the server ended. */
     static native int logServerDumpAll(long h);
 
+    /** The hang doctor's watchdog of the server (docs/protocol.md 1.12); 0, or a negative
+     *  errno with msg[0] naming the bad argument. */
+    static native int logServerWatch(long h, long timeoutMs, String action, int world, String tmpdir,
+            String[] msg);
+
+    /** The watchdog's next event (JSON, docs/protocol.md 1.12), or null when none came
+     *  within timeoutMs. */
+    static native String logServerHangEvent(long h, int timeoutMs);
+
     static native int logServerExpectOutput(long h, String path);
 
     /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a

@@ -17,7 +17,6 @@ final class ReportPump extends Thread {
     private final Consumer<TorchSparkRunner.Report> callback;
     private final List<TorchSparkRunner.Report> reports = Collections.synchronizedList(new ArrayList<>());
     private volatile boolean stopping;
-    private volatile long lastReport; // System.nanoTime() of the last report, 0 before the first
     private boolean warned;
 
     ReportPump(LogServer server, Consumer<TorchSparkRunner.Report> callback) {
@@ -33,9 +32,6 @@ final class ReportPump extends Thread {
             List<Map.Entry<Integer, String>> batch = server.pullReports(4096, 20);
             if (batch == null || (batch.isEmpty() && stopping)) {
                 return;
-            }
-            if (!batch.isEmpty()) {
-                lastReport = System.nanoTime() | 1;
             }
             long now = System.currentTimeMillis();
             for (Map.Entry<Integer, String> e : batch) {
@@ -54,11 +50,6 @@ final class ReportPump extends Thread {
                 }
             }
         }
-    }
-
-    /** When a rank last reported (System.nanoTime()), 0 before the first (the hang doctor). */
-    long lastActivity() {
-        return lastReport;
     }
 
     /** Takes what is left (the server was shut down first), ends, and returns the history. */

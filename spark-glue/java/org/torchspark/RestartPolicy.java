@@ -91,9 +91,8 @@ final class RestartPolicy {
             // not a report the C core wrote: nothing structured to hand on
         }
         ev.put("node_rank", e.nodeRank());
-        String reason = report.path("reason").isTextual() ? report.path("reason").asText() : null;
-        // The node the outcome excluded: silent, unless its record says why (preempted).
-        ev.put("reason", entry.silentNode != null && !"preempted".equals(reason) ? "silent" : reason);
+        ev.put("reason", report.path("reason").isTextual() ? report.path("reason").asText() : null);
+        ev.put("silent_node", entry.silentNode != null); // the node the outcome excluded
         ev.put("executor", entry.silentExecutor);
         return ev.put("checkpoint_step", report.path("checkpoint_step").isInt()
                 ? Integer.valueOf(report.path("checkpoint_step").asInt()) : null);

@@ -29,8 +29,7 @@ final class RunChannel implements AutoCloseable {
             owner.reports = Collections.emptyList();
             pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
             pump.start();
-            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, pump::lastActivity, hang.timeoutS(),
-                    hang.action(), world, System.err::println);
+            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, hang, world, System.err::println);
             if (doctor != null) {
                 doctor.start();
             }
@@ -83,17 +82,17 @@ final class RunChannel implements AutoCloseable {
         doctorEnded = true;
         doctor.finish();
         List<String> lines = new ArrayList<>();
-        for (HangDoctor.Diagnosis x : doctor.diagnoses()) {
+        for (HangAnalysis.Diagnosis x : doctor.diagnoses()) {
             lines.add(x.line);
         }
         owner.hangReports = Collections.unmodifiableList(lines);
-        HangDoctor.Diagnosis c = doctor.cancelled();
+        HangAnalysis.Diagnosis c = doctor.cancelled();
         if (c == null) {
             return null;
         }
         Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
-        HangDoctor.RankDump dump = rank == null ? null : c.dumps.get(rank);
-        return new TorchSparkException(HangDoctor.cancelMessage(c, hang.timeoutS(), mode), rank, null,
+        HangAnalysis.RankDump dump = rank == null ? null : c.dumps.get(rank);
+        return new TorchSparkException(doctor.cancelMessage(mode), rank, null,
                 dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), c.report, cause);
     }
 

@@ -125,7 +125,7 @@ public class ContractTest {
                 + Native.rdvRecordMac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
     }
 
-    /** Each rank's dump lines -> the diagnosis, through JNI as HangDoctor.diagnose calls it. */
+    /** Each rank's dump lines -> the diagnosis, through JNI as HangAnalysis.diagnose calls it. */
     @Test
     public void hangGoldenCases() throws IOException {
         int n = 0;
@@ -199,7 +199,7 @@ public class ContractTest {
             } else {
                 assertEquals(name + ": " + msg[0], 0, rc);
                 JsonNode got = json.readTree(msg[0]);
-                for (String key : new String[] {"replies", "state", "failure"}) {
+                for (String key : new String[] {"replies", "state", "failure", "report"}) {
                     assertEquals(name + ": " + key, c.get(key), got.get(key));
                 }
             }

@@ -70,7 +70,9 @@ public class RunnerTest {
         entry.silentNode = 1;
         entry.silentExecutor = "5";
         ev = RestartPolicy.failedEvent(decommissioned, entry);
-        assertEquals("silent", ev.path("reason").asText());
+        // the node the outcome excluded: a fact; its reason is the run controller's (runctl.json)
+        assertTrue(ev.path("silent_node").asBoolean());
+        assertEquals("decommission", ev.path("reason").asText());
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
         // Each attempt's variables, the cause handed on, the history at the end.

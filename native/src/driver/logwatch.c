@@ -1,0 +1,501 @@
+/* logwatch.c: the hang doctor's watchdog, an option of the driver's log server (docs/
+ * protocol.md 1.12), on its epoll thread. When no rank has printed a line or reported for
+ * the timeout, counted from the attempt's workers' start (the first agent's authentication:
+ * an agent connects as it starts its workers, so a job silent from its start is named too),
+ * it sends DUMP to every agent (protocol 1.9), collects each rank's answer from the per-rank
+ * tail, names the culprit (tsp_hang_diagnose, hang.c), writes every rank's stacks to a new
+ * file, and hands the glue ONE event (tsp_logserver_hang_event) with the lines to print,
+ * the diagnosis and the action; with action "cancel" it STOPs every agent itself. One dump
+ * per hang: it asks again only after the ranks printed something since the last one. */
+#include "logwatch.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "json.h"
+#include "logctl.h"
+#include "logwire.h"
+#include "torchspark/hang.h"
+#include "util.h"
+
+#define TICK_MS 100         /* while collecting */
+#define QUIET_MS 500        /* a dump is complete once every rank answered, quiet this long */
+#define COLLECT_MAX_MS 5000 /* ... or after this */
+/* A dump that finds the workers still starting (no rank has a Python stack yet, protocol
+ * 1.11) restarts the clock silently this many times at most: then it is named. */
+#define MAX_STARTS 3
+#define STOP_CUT 390 /* the STOP text: "the hang doctor cancelled the run: " + the line */
+
+typedef struct tsp__watch {
+    int64_t timeout_ms;
+    int cancel; /* action "cancel" (else "report") */
+    int world;
+    char tmpdir[512];
+    int64_t started;      /* the workers' start: the first authentication (0: not yet) */
+    int64_t last;         /* when a line or report was last delivered (0: none) */
+    uint64_t lines, auth; /* the server's counters when last looked at */
+    int asked;            /* a dump was answered: the next needs a line or report since */
+    uint64_t armed;       /* the line count then (a count: a clock's ms can be the same) */
+    int starts;           /* dumps that found the workers still starting */
+    uint32_t request;     /* the DUMP being collected (0: none) */
+    int64_t from;         /* the silence's start of that DUMP */
+    int64_t dumped;       /* when it was sent */
+    int64_t collect_end, quiet_since;
+    uint64_t sig; /* the sections' hash: they changed */
+    int done;     /* it cancelled, or stopped on an error: watches no more */
+    char *tail;   /* the tail buffer, reused */
+    size_t tail_cap;
+} tsp__watch_t;
+
+struct tsp__watch *tsp__watch_new(long timeout_ms, const char *action, int world,
+                                  const char *tmpdir, char *err, size_t errlen)
+{
+    int cancel = action && !strcmp(action, "cancel");
+    if (timeout_ms <= 0 || world <= 0 || !tmpdir || !*tmpdir ||
+        strlen(tmpdir) >= sizeof(((tsp__watch_t *)0)->tmpdir) - 32) {
+        tsp__err(err, errlen, -EINVAL,
+                 "the hang watchdog needs a timeout > 0 ms, a world of >= 1 rank and a "
+                 "temporary directory (got %ld ms, %d, '%s')",
+                 timeout_ms, world, tmpdir ? tmpdir : "(null)");
+        return NULL;
+    }
+    if (!cancel && !(action && !strcmp(action, "report"))) {
+        tsp__err(err, errlen, -EINVAL, "the hang action is '%s': give report or cancel",
+                 action ? action : "(null)");
+        return NULL;
+    }
+    tsp__watch_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        tsp__err(err, errlen, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    w->timeout_ms = timeout_ms;
+    w->cancel = cancel;
+    w->world = world;
+    snprintf(w->tmpdir, sizeof w->tmpdir, "%s", tmpdir);
+    return w;
+}
+
+void tsp__watch_free(struct tsp__watch *w)
+{
+    if (w)
+        free(w->tail);
+    free(w);
+}
+
+/* The server's counters: a new line or report restarts the clock, the first
+ * authentication starts it. */
+static void observe(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
+{
+    pthread_mutex_lock(&s->q.mu);
+    uint64_t lines = s->q.st.lines, auth = s->q.st.authenticated;
+    pthread_mutex_unlock(&s->q.mu);
+    if (lines != w->lines) {
+        w->lines = lines;
+        w->last = now;
+    }
+    if (auth != w->auth) {
+        w->auth = auth;
+        if (!w->started)
+            w->started = now;
+    }
+}
+
+void tsp__watch_adopt(tsp_logserver_t *s, struct tsp__watch *w)
+{
+    tsp__watch_free(s->watch);
+    s->watch = w;
+    pthread_mutex_lock(&s->q.mu);
+    w->lines = s->q.st.lines;
+    w->auth = s->q.st.authenticated;
+    pthread_mutex_unlock(&s->q.mu);
+    if (w->auth)
+        w->started = tsp__now_ms();
+}
+
+/* ---- the collection: each rank's lines from its dump marker on ------------------------ */
+
+typedef struct sections {
+    char **text; /* per rank: its section, lines separated by NUL (NULL: none yet) */
+    size_t *len;
+    int complete;
+    uint64_t sig;
+} sections_t;
+
+static void sections_free(sections_t *x, int world)
+{
+    for (int r = 0; x->text && r < world; r++)
+        free(x->text[r]);
+    free(x->text);
+    free(x->len);
+}
+
+/* Whether a section is a whole answer: its marker came and either says it cannot answer
+ * or the flight-recorder thread wrote (it always writes a line, protocol 1.9; maybe inside
+ * a line of faulthandler's, which the analysis mends). A rank that cannot get the GIL
+ * leaves it to COLLECT_MAX_MS. */
+static int answered(const char *t, size_t n)
+{
+    int i = 0;
+    for (const char *p = t; p < t + n; p += strlen(p) + 1, i++) {
+        if (i < 2 && strstr(p, ": cannot answer: "))
+            return 1;
+        if (i > 0 && strstr(p, "torchspark: flight recorder: "))
+            return 1;
+    }
+    return 0;
+}
+
+/* Rank r's lines from its last marker of this request on, into x (NUL-separated). */
+static int section(tsp_logserver_t *s, tsp__watch_t *w, int r, sections_t *x)
+{
+    long need = tsp__logq_tail(&s->q, r, TSP_LOGSERVER_HANG_TAIL, w->tail, w->tail_cap);
+    if (need < 0)
+        return 0;
+    if ((size_t)need + 1 > w->tail_cap) {
+        char *t = realloc(w->tail, (size_t)need + 1);
+        if (!t)
+            return -ENOMEM;
+        w->tail = t;
+        w->tail_cap = (size_t)need + 1;
+        need = tsp__logq_tail(&s->q, r, TSP_LOGSERVER_HANG_TAIL, w->tail, w->tail_cap);
+        if (need < 0 || (size_t)need >= w->tail_cap)
+            return 0;
+    }
+    char tag[96];
+    int tl = snprintf(tag, sizeof tag, "torchspark: stack dump #%u of rank %d ", w->request, r);
+    const char *at = NULL;
+    for (const char *p = w->tail; p < w->tail + need;) {
+        const char *nl = memchr(p, '\n', (size_t)(w->tail + need - p));
+        if (!nl)
+            nl = w->tail + need;
+        if ((size_t)(nl - p) >= (size_t)tl && !memcmp(p, tag, (size_t)tl))
+            at = p;
+        p = nl + 1;
+    }
+    if (!at)
+        return 0;
+    size_t n = (size_t)(w->tail + need - at);
+    char *t = malloc(n + 1);
+    if (!t)
+        return -ENOMEM;
+    memcpy(t, at, n);
+    t[n] = 0;
+    for (size_t i = 0; i < n; i++)
+        if (t[i] == '\n')
+            t[i] = 0;
+    if (n && t[n - 1] == 0)
+        n--; /* the last line's newline: not an empty line */
+    x->text[r] = t;
+    x->len[r] = n;
+    for (size_t i = 0; i < n; i++)
+        x->sig = (x->sig ^ (unsigned char)t[i]) * 1099511628211ull;
+    x->sig = (x->sig ^ (uint64_t)r) * 1099511628211ull;
+    return 0;
+}
+
+static int collect(tsp_logserver_t *s, tsp__watch_t *w, sections_t *x)
+{
+    memset(x, 0, sizeof *x);
+    x->text = calloc((size_t)w->world, sizeof *x->text);
+    x->len = calloc((size_t)w->world, sizeof *x->len);
+    if (!x->text || !x->len)
+        return -ENOMEM;
+    x->sig = 14695981039346656037ull;
+    x->complete = 1;
+    for (int r = 0; r < w->world; r++) {
+        int rc = section(s, w, r, x);
+        if (rc)
+            return rc;
+        x->complete &= x->text[r] && answered(x->text[r], x->len[r]);
+    }
+    return 0;
+}
+
+/* ---- the analysis and the event ------------------------------------------------------- */
+
+/* tsp_hang_diagnose's request of the sections: the driver names no standard library (the
+ * core's rule for lib/python3.N/ paths counts those frames as library). */
+static char *diagnose(tsp__watch_t *w, const sections_t *x, char *err, size_t errlen)
+{
+    char *req = NULL, *out = NULL;
+    size_t reqlen = 0, need = 0;
+    FILE *f = open_memstream(&req, &reqlen);
+    if (!f)
+        return NULL;
+    tsp_json_writer_t j;
+    tsp_json_writer_init(&j, f);
+    tsp_json_begin_object(&j);
+    tsp_json_key(&j, "world");
+    tsp_json_int(&j, w->world);
+    tsp_json_key(&j, "request");
+    tsp_json_int(&j, w->request);
+    tsp_json_key(&j, "stdlib");
+    tsp_json_begin_array(&j);
+    tsp_json_end(&j);
+    tsp_json_key(&j, "read_sources");
+    tsp_json_value(&j, "true", 4);
+    tsp_json_key(&j, "ranks");
+    tsp_json_begin_array(&j);
+    for (int r = 0; r < w->world; r++) {
+        if (!x->text[r]) {
+            tsp_json_null(&j);
+            continue;
+        }
+        tsp_json_begin_array(&j);
+        for (const char *p = x->text[r]; p <= x->text[r] + x->len[r]; p += strlen(p) + 1)
+            tsp_json_str(&j, p);
+        tsp_json_end(&j);
+    }
+    tsp_json_end(&j);
+    tsp_json_end(&j);
+    if (fclose(f) || !req) {
+        free(req);
+        return NULL;
+    }
+    size_t cap = 1u << 16;
+    for (int i = 0; i < 2; i++) {
+        out = malloc(cap);
+        int rc = out ? tsp_hang_diagnose(req, reqlen, out, cap, &need, err, errlen) : -ENOMEM;
+        if (!rc)
+            break;
+        free(out);
+        out = NULL;
+        if (rc != -ENOSPC)
+            break;
+        cap = need + 1;
+    }
+    free(req);
+    return out;
+}
+
+/* Every rank's stacks in a new file (mode 0600, a fresh name: the host is shared), for when
+ * there are too many to read on stderr; 0, or -errno with nothing left behind. */
+static int write_stacks(const tsp__watch_t *w, const char *line, const char *stacks, char *path,
+                        size_t pathlen)
+{
+    snprintf(path, pathlen, "%s/torchspark-hang-XXXXXX.txt", w->tmpdir);
+    int fd = mkstemps(path, 4);
+    if (fd < 0)
+        return -errno;
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        unlink(path);
+        return -EIO;
+    }
+    fprintf(f, "%s\n%s\n", line, stacks);
+    if (fclose(f)) {
+        unlink(path);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* Appends the event (NUL-terminated JSON, malloc'ed: the list takes it) for the glue. */
+static void publish(tsp_logserver_t *s, char *ev)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    if (s->hang_n == s->hang_cap) {
+        size_t cap = s->hang_cap ? 2 * s->hang_cap : 4;
+        char **e = realloc(s->hang_ev, cap * sizeof *e);
+        if (!e) {
+            pthread_mutex_unlock(&s->ctl_mu);
+            free(ev);
+            return;
+        }
+        s->hang_ev = e;
+        s->hang_cap = cap;
+    }
+    s->hang_ev[s->hang_n++] = ev;
+    pthread_cond_broadcast(&s->fail_cv);
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
+/* An event's start: {"kind": "hang", "action": ACTION, "say": [ (the array left open). */
+static void event_head(tsp_json_writer_t *j, const char *action)
+{
+    tsp_json_begin_object(j);
+    tsp_json_key(j, "kind");
+    tsp_json_str(j, "hang");
+    tsp_json_key(j, "action");
+    tsp_json_str(j, action);
+    tsp_json_key(j, "say");
+    tsp_json_begin_array(j);
+}
+
+/* The memstream's text (*text) once f is closed, or NULL (freed) when writing failed. */
+static char *closed(FILE *f, char **text)
+{
+    if (fclose(f)) { /* it sets *text */
+        free(*text);
+        return NULL;
+    }
+    return *text;
+}
+
+/* The event of a diagnosis (docs/protocol.md 1.12): what to print, the action, the text of
+ * the run's error and the diagnosis itself. */
+static char *hang_event(const tsp__watch_t *w, const char *diag, const char *line,
+                        const char *stacks, const char *path, int64_t silent_ms, int64_t after_ms)
+{
+    char *ev = NULL, *head = NULL, *msg = NULL, *file = NULL;
+    size_t evlen = 0;
+    if (*path && asprintf(&file, "torchspark: every rank's stacks (hang doctor): %s", path) < 0)
+        file = NULL;
+    if (asprintf(&head, "torchspark: hang doctor: no rank printed or reported for %llds; %s",
+                 (long long)((silent_ms + 500) / 1000), line) < 0)
+        head = NULL;
+    if (asprintf(&msg,
+                 "was cancelled by the hang doctor: no rank printed or reported for %gs "
+                 "(spark.torchspark.hangTimeout); %s.\nEvery rank's Python stacks:\n%s",
+                 (double)w->timeout_ms / 1000.0, line, stacks) < 0)
+        msg = NULL;
+    FILE *f = head && msg ? open_memstream(&ev, &evlen) : NULL;
+    if (f) {
+        tsp_json_writer_t j;
+        tsp_json_writer_init(&j, f);
+        event_head(&j, w->cancel ? "cancel" : "report");
+        tsp_json_str(&j, head);
+        if (file)
+            tsp_json_str(&j, file);
+        tsp_json_end(&j);
+        tsp_json_key(&j, "stacks_file");
+        tsp_json_str(&j, *path ? path : NULL);
+        tsp_json_key(&j, "after_s");
+        tsp_json_fixed(&j, (double)after_ms / 1000.0, 3);
+        tsp_json_key(&j, "message");
+        tsp_json_str(&j, msg);
+        tsp_json_key(&j, "diagnosis");
+        if (tsp_json_value(&j, diag, strlen(diag)))
+            tsp_json_null(&j);
+        tsp_json_end(&j);
+        ev = closed(f, &ev);
+    }
+    free(head);
+    free(msg);
+    free(file);
+    return ev;
+}
+
+/* The watchdog gives up (never failing training): an event with the line to print. */
+static void stopped(tsp_logserver_t *s, const char *why)
+{
+    char *ev = NULL, *line = NULL;
+    size_t evlen = 0;
+    if (asprintf(&line, "torchspark: the hang doctor stopped: %s", why) < 0)
+        return;
+    FILE *f = open_memstream(&ev, &evlen);
+    if (f) {
+        tsp_json_writer_t j;
+        tsp_json_writer_init(&j, f);
+        event_head(&j, "none");
+        tsp_json_str(&j, line);
+        tsp_json_end(&j);
+        tsp_json_end(&j);
+        ev = closed(f, &ev);
+    }
+    free(line);
+    if (ev)
+        publish(s, ev);
+}
+
+/* A diagnosis that is not a hang yet (the workers still start) restarts the clock;
+ * otherwise the event, the stacks file and, with "cancel", STOP to every agent. */
+static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const char *diag, int64_t now)
+{
+    char *line = NULL, *stacks = NULL, *starting = NULL;
+    int type = 0;
+    size_t n = strlen(diag);
+    if (tsp_json_get(diag, n, "line", &line, &type) ||
+        tsp_json_get(diag, n, "stacks", &stacks, &type) ||
+        tsp_json_get(diag, n, "starting", &starting, &type)) {
+        stopped(s, "the analysis's answer has no line, stacks or starting");
+        w->done = 1;
+        goto out;
+    }
+    if (!strcmp(starting, "true") && w->starts < MAX_STARTS) {
+        w->starts++;
+        w->started = now; /* nothing said: the clock starts again */
+        w->asked = 0;
+        goto out;
+    }
+    w->asked = 1;
+    w->armed = w->lines;
+    char path[sizeof w->tmpdir + 32] = "";
+    if (write_stacks(w, line, stacks, path, sizeof path))
+        path[0] = 0;
+    char *ev = hang_event(w, diag, line, stacks, path, w->dumped - w->from, now - w->from);
+    if (ev)
+        publish(s, ev);
+    if (w->cancel) {
+        char text[STOP_TEXT_MAX];
+        snprintf(text, sizeof text, "the hang doctor cancelled the run: %.*s", STOP_CUT - 35, line);
+        tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
+        w->done = 1;
+    }
+out:
+    free(line);
+    free(stacks);
+    free(starting);
+}
+
+/* One step of a collection: done once every rank answered and the lines were quiet for
+ * QUIET_MS, or after COLLECT_MAX_MS. Returns the next deadline. */
+static int64_t collect_step(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
+{
+    sections_t x;
+    char err[256] = "";
+    if (collect(s, w, &x)) {
+        sections_free(&x, w->world);
+        return now + TICK_MS; /* out of memory now: try again */
+    }
+    if (x.sig != w->sig) {
+        w->sig = x.sig;
+        w->quiet_since = now;
+    }
+    if (!((x.complete && now - w->quiet_since >= QUIET_MS) || now >= w->collect_end)) {
+        sections_free(&x, w->world);
+        return now + TICK_MS;
+    }
+    char *diag = diagnose(w, &x, err, sizeof err);
+    sections_free(&x, w->world);
+    w->request = 0;
+    if (!diag) {
+        stopped(s, *err ? err : "out of memory");
+        w->done = 1;
+        return -1;
+    }
+    conclude(s, w, diag, now);
+    free(diag);
+    return w->done ? -1 : now + TICK_MS;
+}
+
+int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
+{
+    tsp__watch_t *w = s->watch;
+    if (!w || w->done || s->t_draining)
+        return -1;
+    observe(s, w, now);
+    if (w->request)
+        return collect_step(s, w, now);
+    int64_t last = w->last > w->started ? w->last : w->started;
+    if (!last || (w->asked && w->lines == w->armed))
+        return -1; /* not started, or nothing printed since the last dump: one per hang */
+    if (now - last < w->timeout_ms)
+        return last + w->timeout_ms;
+    pthread_mutex_lock(&s->ctl_mu);
+    w->request = ++s->dump_seq;
+    pthread_mutex_unlock(&s->ctl_mu);
+    tsp__dump_everyone(s, w->request);
+    w->from = last;
+    w->dumped = now;
+    w->collect_end = now + COLLECT_MAX_MS;
+    w->quiet_since = now;
+    w->sig = 0;
+    return now + TICK_MS;
+}

@@ -1,0 +1,22 @@
+/* logwatch.h (internal): the hang doctor's watchdog, an option of the driver's log server
+ * (logwatch.c, docs/protocol.md 1.12), run on its epoll thread. */
+#ifndef TSP_LOGWATCH_H
+#define TSP_LOGWATCH_H
+
+#include <stdint.h>
+
+#include "logstate.h"
+
+/* Validates and allocates a watchdog's settings (tsp_logserver_watch's arguments); NULL
+ * with err filled when one is wrong. The epoll thread takes it over (tsp__watch_adopt). */
+struct tsp__watch *tsp__watch_new(long timeout_ms, const char *action, int world,
+                                  const char *tmpdir, char *err, size_t errlen);
+/* On the epoll thread: w replaces the server's watchdog (its clock starts now when an agent
+ * has already authenticated). */
+void tsp__watch_adopt(tsp_logserver_t *s, struct tsp__watch *w);
+/* On the epoll thread, after each batch of events: the clock, the DUMP, the collection, the
+ * analysis and the action. Returns the next deadline (ms, monotonic; -1: none). */
+int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now);
+void tsp__watch_free(struct tsp__watch *w);
+
+#endif

@@ -1,0 +1,113 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+
+/**
+ * The hang doctor's analysis, the C core's (tsp_hang_diagnose through JNI, torchspark/hang.h,
+ * docs/protocol.md 1.11; the PySpark glue's binding is torchspark/_hang.py): the diagnosis of
+ * each rank's DUMP answer. The watchdog that asks for them is the C log server's
+ * (HangDoctor).
+ */
+final class HangAnalysis {
+    private HangAnalysis() {}
+
+    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
+
+    /** What one rank sent for one request: its marker's fields and its lines (cut lines made
+     *  whole). */
+    record RankDump(int rank, String host, long pid, String state, List<String> lines) {}
+
+    /** The culprit(s): the one line, the groups, and every rank's dump. */
+    static final class Diagnosis {
+        final String line;
+        final List<Integer> culprits;
+        final Map<String, List<Integer>> waiting;
+        final Map<Integer, RankDump> dumps;
+        final boolean starting; // no rank has a Python stack yet: still starting, no hang
+        final JsonNode groups;
+        /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
+         *  core's, the same as the PySpark glue's TorchDistributorError.report. */
+        final String report;
+        private final String stacks;
+        volatile Path stacksFile; // where the watchdog wrote every rank's stacks, or null
+
+        Diagnosis(JsonNode r) {
+            line = r.get("line").asText();
+            List<Integer> c = new ArrayList<>();
+            r.get("culprits").forEach(x -> c.add(x.asInt()));
+            culprits = Collections.unmodifiableList(c);
+            Map<String, List<Integer>> w = new LinkedHashMap<>();
+            for (Map.Entry<String, JsonNode> e : r.get("waiting").properties()) {
+                List<Integer> ranks = new ArrayList<>();
+                e.getValue().forEach(x -> ranks.add(x.asInt()));
+                w.put(e.getKey(), ranks);
+            }
+            waiting = Collections.unmodifiableMap(w);
+            Map<Integer, RankDump> d = new TreeMap<>();
+            for (JsonNode x : r.get("dumps")) {
+                List<String> lines = new ArrayList<>();
+                x.get("lines").forEach(ln -> lines.add(ln.asText()));
+                d.put(x.get("rank").asInt(), new RankDump(x.get("rank").asInt(), x.get("host").asText(),
+                        x.get("pid").asLong(), x.get("state").asText(), lines));
+            }
+            dumps = Collections.unmodifiableMap(d);
+            starting = r.get("starting").asBoolean();
+            groups = r.get("groups");
+            stacks = r.get("stacks").asText();
+            report = r.get("report").toString();
+        }
+
+        /** Every rank's dump, rank-prefixed, for the log and the exception. */
+        String stacksText() {
+            return stacks;
+        }
+    }
+
+    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
+     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
+     *  does not know the executors' Python: it names no standard library directory, and the
+     *  core's rule for lib/python3.N/ paths counts those frames as library. */
+    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
+        ObjectNode req = Failure.JSON.createObjectNode();
+        req.put("world", world);
+        if (request > 0) {
+            req.put("request", request);
+        }
+        req.putArray("stdlib");
+        req.put("read_sources", readSources);
+        int n = world;
+        for (int r : sections.keySet()) {
+            n = Math.max(n, r + 1);
+        }
+        ArrayNode ranks = req.putArray("ranks");
+        for (int r = 0; r < n; r++) {
+            List<String> lines = sections.get(r);
+            if (lines == null || lines.isEmpty()) {
+                ranks.addNull();
+            } else {
+                ArrayNode a = ranks.addArray();
+                lines.forEach(a::add);
+            }
+        }
+        String[] msg = new String[1];
+        int rc = Native.hangDiagnose(req.toString(), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        }
+        try {
+            return new Diagnosis(Failure.JSON.readTree(msg[0]));
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the hang diagnosis is not JSON: " + msg[0], e);
+        }
+    }
+}
