@@ -277,4 +277,5 @@ def test_runctl_golden(case):
 def test_runctl_has_20_cases_and_every_action():
     done = {a["do"] for c in RUNCTL_CASES for s in c["steps"] for a in s.get("actions", ())}
     assert len(RUNCTL_CASES) >= 20
-    assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return"}
+    assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return",
+                    "checkpoint_and_stop", "watch_slots"}

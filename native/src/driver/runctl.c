@@ -18,6 +18,8 @@
 #define CAUSE_MAX 500      /* bytes of one attempt's cause */
 #define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
 #define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
+#define WATCH_MS 3000          /* a shrunk attempt's slot count, every so often */
+#define GROW_DEADLINE_MS 60000 /* from the request to checkpoint until the attempt stopped */
 
 /* What differs between the glues' words: the runner's name and its settings' spelling. */
 typedef struct {
@@ -40,6 +42,8 @@ typedef struct {
     int phase, attempt, running; /* the attempt in flight and its nodes */
     int unusable;                /* slots Spark still counts that are not (a silent node's) */
     long long waited_ms;         /* waited for slots since the attempt failed */
+    int grows;                   /* attempts that stopped to grow back (not restarts) */
+    int grow;                    /* this attempt: 0, 1 asked to checkpoint and stop, 2 too late */
     char *last;                  /* the last attempt's error text (the final message's end) */
     char *reason;                /* the last failure's reason, or NULL */
     char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
@@ -172,11 +176,13 @@ static int each_cause(void *ctx, const char *key, size_t index, int type, const 
 static int read_state(const req_t *r, ctl_t *c)
 {
     static const char *const ikeys[] = {
-        "state.max_restarts", "state.nodes",   "state.min_nodes", "state.replacement_timeout_ms",
-        "state.attempt",      "state.running", "state.unusable",  "state.waited_ms"};
-    long long v[8] = {0};
+        "state.max_restarts", "state.nodes",     "state.min_nodes", "state.replacement_timeout_ms",
+        "state.attempt",      "state.running",   "state.unusable",  "state.waited_ms",
+        "state.grows",        "state.grow_asked"};
+    enum { NKEYS = sizeof ikeys / sizeof ikeys[0] };
+    long long v[NKEYS] = {0};
     int rc = read_glue(r, "state.glue", c);
-    for (size_t i = 0; !rc && i < 8; i++)
+    for (size_t i = 0; !rc && i < NKEYS; i++)
         rc = get_int(r, ikeys[i], 0, -1, &v[i]);
     char *phase = NULL;
     if (!rc && !(rc = get_bool(r, "state.remote", &c->remote)) &&
@@ -190,7 +196,7 @@ static int read_state(const req_t *r, ctl_t *c)
     causes_ctx_t x = {c, 0};
     if (!rc && (rc = tsp_json_each(r->doc, r->len, "state.causes", each_cause, &x)) == -ENOENT)
         rc = 0;
-    for (size_t i = 0; !rc && i < 8; i++)
+    for (size_t i = 0; !rc && i < NKEYS; i++)
         if (v[i] < 0)
             rc = -EINVAL;
     if (rc == -EINVAL || (!rc && c->phase < 0))
@@ -201,6 +207,7 @@ static int read_state(const req_t *r, ctl_t *c)
         c->max_restarts = (int)v[0], c->nodes = (int)v[1], c->min_nodes = (int)v[2];
         c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
         c->unusable = (int)v[6], c->waited_ms = v[7];
+        c->grows = (int)v[8], c->grow = (int)v[9];
     }
     return rc;
 }
@@ -252,6 +259,8 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
         key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
     }
     tsp_json_end(w);
+    if (c->running < c->nodes && !c->remote) /* shrunk: watch for executors coming back */
+        key_int(w, "watch_ms", WATCH_MS);
     tsp_json_end(w);
 }
 
@@ -322,10 +331,12 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "glue", c->g->glue);
     key_str(w, "phase", phases[c->phase]);
-    const char *ikeys[] = {"max_restarts", "nodes",   "min_nodes", "replacement_timeout_ms",
-                           "attempt",      "running", "unusable",  "waited_ms"};
+    const char *ikeys[] = {"max_restarts", "nodes",     "min_nodes", "replacement_timeout_ms",
+                           "attempt",      "running",   "unusable",  "waited_ms",
+                           "grows",        "grow_asked"};
     const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes, c->timeout_ms,
-                               c->attempt,      c->running, c->unusable,  c->waited_ms};
+                               c->attempt,      c->running, c->unusable,  c->waited_ms,
+                               c->grows,        c->grow};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
         key_int(w, ikeys[i], ivals[i]);
     tsp_json_key(w, "remote");
@@ -444,7 +455,17 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
     if (node >= 0)
         snprintf(who, sizeof who, "node %lld's executor", node);
     int preempted = reason && strcmp(reason, "preempted") == 0;
-    if (step >= 0 || preempted || (reason && strcmp(reason, "decommission") == 0)) {
+    if (reason && strcmp(reason, "grow") == 0) { /* every node stopped on the driver's request */
+        if (step >= 0)
+            snprintf(cause, CAUSE_MAX + 1,
+                     "the run grows back to more nodes: step %lld was checkpointed on request "
+                     "and the attempt stopped",
+                     step);
+        else
+            snprintf(cause, CAUSE_MAX + 1,
+                     "the run grows back to more nodes: the attempt stopped on request");
+        *lost = 0;
+    } else if (step >= 0 || preempted || (reason && strcmp(reason, "decommission") == 0)) {
         /* The plugin asked the node to checkpoint: a SIGTERM to its executor (preempted) or
          * a decommission notice; the executor is going away either way. */
         const char *what = preempted ? "was preempted (SIGTERM)" : "is being decommissioned";
@@ -490,11 +511,14 @@ static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
     if (nodes < c->nodes)
         snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)", nodes, c->nodes,
                  c->g->min_nodes, c->min_nodes);
-    snprintf(text, sizeof text, "%s attempt %d failed: %s; restarting as attempt %d of %d (%s%s)",
-             c->g->who, c->attempt, c->causes[c->ncauses - 1], c->attempt + 1, c->max_restarts + 1,
-             seen, fewer);
+    int grew = c->reason && strcmp(c->reason, "grow") == 0;
+    snprintf(text, sizeof text, "%s attempt %d %s: %s; %s as attempt %d of %d (%s%s)", c->g->who,
+             c->attempt, grew ? "stopped" : "failed", c->causes[c->ncauses - 1],
+             grew ? "going on" : "restarting", c->attempt + 1, c->max_restarts + 1 + c->grows, seen,
+             fewer);
     act_text(w, "warn", "text", text);
     c->attempt++;
+    c->grow = 0;
     c->running = nodes;
     c->unusable = 0;
     c->waited_ms = 0;
@@ -519,7 +543,9 @@ static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         (rc = get_str(r, "event.executor", &executor)) ||
         (rc = get_int(r, "event.node_rank", -1, -1, &node)))
         goto out;
-    if (c->attempt >= c->max_restarts) {
+    if (c->reason && strcmp(c->reason, "grow") == 0)
+        c->grows++; /* not a restart: it does not count against max_restarts */
+    if (c->attempt - c->grows >= c->max_restarts) {
         rc = act_raise(w, c, c->max_restarts == 0 ? "failed" : "exhausted");
     } else if (c->remote) { /* the client cannot count slots: Spark's barrier check waits */
         restart(w, c, c->nodes - lost > c->min_nodes ? c->nodes - lost : c->min_nodes);
@@ -606,6 +632,48 @@ static int on_slots(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
     return (rc = add_cause(c, text)) ? rc : act_raise(w, c, "no_slots");
 }
 
+static void act_watch(tsp_json_writer_t *w, long long wait_ms)
+{
+    tsp_json_begin_object(w);
+    key_str(w, "do", "watch_slots");
+    key_int(w, "wait_ms", wait_ms);
+    tsp_json_end(w);
+}
+
+/* A shrunk attempt's slot count (the submit's watch_ms, then each watch_slots): more slots
+ * than it runs on ask it to checkpoint and stop, to go on with more nodes (docs/protocol.md
+ * section 11, "Growing back"); a count after the request's deadline means it did not stop. */
+static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    long long free_now = -1, waited = 0;
+    int rc = get_int(r, "event.free", -1, -1, &free_now);
+    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)))
+        return rc;
+    if (c->grow == 1) { /* the deadline passed and the attempt still runs */
+        char text[CAUSE_MAX + 512];
+        snprintf(text, sizeof text,
+                 "%s: attempt %d was asked to checkpoint and stop so that the run grows back to "
+                 "more nodes, but it did not stop within %ds: it goes on with %d of %d nodes "
+                 "(the training loop must call torchspark.checkpoint.requested() and save when "
+                 "it says so: docs/distributor.md, \"Elastic size\")",
+                 c->g->who, c->attempt, GROW_DEADLINE_MS / 1000, c->running, c->nodes);
+        act_text(w, "warn", "text", text);
+        c->grow = 2;
+    } else if (c->grow == 0 && free_now > c->running && c->running < c->nodes) {
+        tsp_json_begin_object(w);
+        key_str(w, "do", "checkpoint_and_stop");
+        key_str(w, "reason", "grow");
+        key_int(w, "nodes", free_now < c->nodes ? free_now : c->nodes);
+        key_int(w, "deadline_ms", GROW_DEADLINE_MS);
+        tsp_json_end(w);
+        act_watch(w, GROW_DEADLINE_MS);
+        c->grow = 1;
+    } else if (c->grow == 0 && free_now >= 0 && c->running < c->nodes) {
+        act_watch(w, WATCH_MS);
+    } /* else: nothing more to watch (Spark cannot tell, or too late once) */
+    return 0;
+}
+
 static int on_succeeded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     (void)r;
@@ -625,6 +693,7 @@ static const struct {
     {"attempt_succeeded", RUNNING, RUNNING, on_succeeded},
     {"excluded", EXCLUDING, EXCLUDING, on_excluded},
     {"slots", COUNTING, WAITING, on_slots},
+    {"slots", RUNNING, RUNNING, on_watch},
 };
 
 static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *which)
@@ -634,8 +703,11 @@ static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *whi
     if (rc)
         return rc;
     for (*which = 0; name && *which < sizeof events / sizeof events[0]; (*which)++)
-        if (strcmp(name, events[*which].name) == 0)
-            break;
+        if (strcmp(name, events[*which].name) == 0 &&
+            (!has_state || events[*which].phase < 0 || c->phase == events[*which].phase ||
+             c->phase == events[*which].alt || *which + 1 == sizeof events / sizeof events[0] ||
+             strcmp(name, events[*which + 1].name) != 0))
+            break; /* the entry for this phase, else the name's last one (refused below) */
     if (!name || *which == sizeof events / sizeof events[0])
         rc = tsp__err(r->err, r->errlen, -EINVAL,
                       "the run controller's \"event.event\" must be one of start, "
