@@ -517,6 +517,14 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerDumpAll(JNIEnv *env, 
     return tsp_logserver_dump_all(server_of(h));
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCheckpointAll(JNIEnv *env, jclass cls,
+                                                                         jlong h, jint why)
+{
+    (void)env;
+    (void)cls;
+    return tsp_logserver_checkpoint_all(server_of(h), why);
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *env, jclass cls,
                                                                         jlong h, jstring jpath)
 {

@@ -167,6 +167,10 @@ TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);
  * line naming the request. Returns the request's number (1, 2, ...), or -EPIPE when the
  * server has already shut down. */
 TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
+/* Asks every connected control agent of version 2 to have its workers checkpoint now and
+ * then stop its node (docs/protocol.md 1.12; why: 1, the run grows back). 0, -EINVAL for
+ * another why, or -EPIPE when the server has already shut down. */
+TSP_EXTERN int tsp_logserver_checkpoint_all(tsp_logserver_t *s, int why);
 
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */

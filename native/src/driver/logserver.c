@@ -283,7 +283,11 @@ static void *server_main(void *arg)
                 s->stop_req = 0;
                 uint32_t dump = s->dump_req;
                 s->dump_req = 0;
+                int checkpoint = s->checkpoint_req;
+                s->checkpoint_req = 0;
                 pthread_mutex_unlock(&s->ctl_mu);
+                if (checkpoint)
+                    tsp__checkpoint_everyone(s, (uint8_t)checkpoint);
                 if (stop)
                     tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
                 if (dump)
@@ -630,6 +634,21 @@ int tsp_logserver_dump_all(tsp_logserver_t *s)
         return -EPIPE;
     wake_loop(s);
     return (int)request;
+}
+
+int tsp_logserver_checkpoint_all(tsp_logserver_t *s, int why)
+{
+    if (why < 1 || why > 255)
+        return -EINVAL;
+    pthread_mutex_lock(&s->ctl_mu);
+    int ended = s->ended || s->joined;
+    if (!ended)
+        s->checkpoint_req = why;
+    pthread_mutex_unlock(&s->ctl_mu);
+    if (ended)
+        return -EPIPE;
+    wake_loop(s);
+    return 0;
 }
 
 int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms)

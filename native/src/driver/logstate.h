@@ -128,6 +128,7 @@ struct tsp_logserver {
     char stop_req_text[STOP_TEXT_MAX];
     /* the hang doctor's DUMP (protocol 1.9): the number asked for (0: none), the last given */
     uint32_t dump_req, dump_seq;
+    int checkpoint_req; /* tsp_logserver_checkpoint_all(): CHECKPOINT to send (1.12) */
     /* control, thread only */
     int t_draining;
     int t_stopped;

@@ -38,6 +38,7 @@ static const char *const phases[] = {"running", "excluding", "counting", "waitin
 typedef struct {
     const glue_t *g;
     int max_restarts, nodes, min_nodes, remote;
+    int global_batch; /* spark.torchspark.elastic.batch=global (else per_rank) */
     long long timeout_ms;
     int phase, attempt, running; /* the attempt in flight and its nodes */
     int unusable;                /* slots Spark still counts that are not (a silent node's) */
@@ -175,10 +176,12 @@ static int each_cause(void *ctx, const char *key, size_t index, int type, const 
 /* The state a previous step wrote (the glue hands it back as it got it). */
 static int read_state(const req_t *r, ctl_t *c)
 {
-    static const char *const ikeys[] = {
-        "state.max_restarts", "state.nodes",     "state.min_nodes", "state.replacement_timeout_ms",
-        "state.attempt",      "state.running",   "state.unusable",  "state.waited_ms",
-        "state.grows",        "state.grow_asked"};
+    static const char *const ikeys[] = {"state.max_restarts", "state.nodes",
+                                        "state.min_nodes",    "state.replacement_timeout_ms",
+                                        "state.attempt",      "state.running",
+                                        "state.unusable",     "state.waited_ms",
+                                        "state.grows",        "state.grow_asked",
+                                        "state.global_batch"};
     enum { NKEYS = sizeof ikeys / sizeof ikeys[0] };
     long long v[NKEYS] = {0};
     int rc = read_glue(r, "state.glue", c);
@@ -207,7 +210,7 @@ static int read_state(const req_t *r, ctl_t *c)
         c->max_restarts = (int)v[0], c->nodes = (int)v[1], c->min_nodes = (int)v[2];
         c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
         c->unusable = (int)v[6], c->waited_ms = v[7];
-        c->grows = (int)v[8], c->grow = (int)v[9];
+        c->grows = (int)v[8], c->grow = (int)v[9], c->global_batch = (int)v[10];
     }
     return rc;
 }
@@ -254,6 +257,11 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "TORCHSPARK_ATTEMPT", num);
     key_str(w, "TORCHSPARK_MAX_RESTARTS", limit);
+    if (c->min_nodes < c->nodes) { /* elastic: what its size means for the batch */
+        snprintf(num, sizeof num, "%d", c->nodes);
+        key_str(w, "TORCHSPARK_ELASTIC_BATCH", c->global_batch ? "global" : "per_rank");
+        key_str(w, "TORCHSPARK_MAX_NODES", num);
+    }
     if (c->ncauses > 0 && c->causes[c->ncauses - 1][0]) {
         env_text(cause, c->causes[c->ncauses - 1], ENV_CAUSE_MAX);
         key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
@@ -331,12 +339,12 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "glue", c->g->glue);
     key_str(w, "phase", phases[c->phase]);
-    const char *ikeys[] = {"max_restarts", "nodes",     "min_nodes", "replacement_timeout_ms",
-                           "attempt",      "running",   "unusable",  "waited_ms",
-                           "grows",        "grow_asked"};
-    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes, c->timeout_ms,
-                               c->attempt,      c->running, c->unusable,  c->waited_ms,
-                               c->grows,        c->grow};
+    const char *ikeys[] = {"max_restarts", "nodes",      "min_nodes",   "replacement_timeout_ms",
+                           "attempt",      "running",    "unusable",    "waited_ms",
+                           "grows",        "grow_asked", "global_batch"};
+    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes,   c->timeout_ms,
+                               c->attempt,      c->running, c->unusable,    c->waited_ms,
+                               c->grows,        c->grow,    c->global_batch};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
         key_int(w, ikeys[i], ivals[i]);
     tsp_json_key(w, "remote");
@@ -353,12 +361,24 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
 static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long nodes = 0, limit = 0, least = 0, timeout = 0;
+    char *batch = NULL;
     int rc = read_glue(r, "event.glue", c);
     if (rc || (rc = get_int(r, "event.nodes", 1, -1, &nodes)) ||
         (rc = get_int(r, "event.max_restarts", 0, 0, &limit)) ||
         (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
         (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
-        (rc = get_bool(r, "event.remote", &c->remote)))
+        (rc = get_bool(r, "event.remote", &c->remote)) ||
+        (rc = get_str(r, "event.batch", &batch))) {
+        free(batch);
+        return rc;
+    }
+    if (batch && strcmp(batch, "global") != 0 && strcmp(batch, "per_rank") != 0)
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"batch\" must be \"per_rank\", \"global\" or "
+                      "null (spark.torchspark.elastic.batch)");
+    c->global_batch = batch && strcmp(batch, "global") == 0;
+    free(batch);
+    if (rc)
         return rc;
     if (nodes < 1)
         return tsp__err(r->err, r->errlen, -EINVAL,
@@ -660,10 +680,18 @@ static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         act_text(w, "warn", "text", text);
         c->grow = 2;
     } else if (c->grow == 0 && free_now > c->running && c->running < c->nodes) {
+        char text[512];
+        int to = free_now < c->nodes ? (int)free_now : c->nodes;
+        snprintf(text, sizeof text,
+                 "%s: %lld slot(s) now, attempt %d runs on %d of %d nodes (%s=%d): asking it to "
+                 "checkpoint and stop, to go on with %d nodes",
+                 c->g->who, free_now, c->attempt, c->running, c->nodes, c->g->min_nodes,
+                 c->min_nodes, to);
+        act_text(w, "warn", "text", text);
         tsp_json_begin_object(w);
         key_str(w, "do", "checkpoint_and_stop");
         key_str(w, "reason", "grow");
-        key_int(w, "nodes", free_now < c->nodes ? free_now : c->nodes);
+        key_int(w, "nodes", to);
         key_int(w, "deadline_ms", GROW_DEADLINE_MS);
         tsp_json_end(w);
         act_watch(w, GROW_DEADLINE_MS);

@@ -125,6 +125,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_failure": (lng, [vp, c, sz, i]),
         "tsp_logserver_stop_all": (i, [vp, c]),
         "tsp_logserver_dump_all": (i, [vp]),
+        "tsp_logserver_checkpoint_all": (i, [vp, i]),
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),

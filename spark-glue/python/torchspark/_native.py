@@ -347,6 +347,12 @@ class LogServer:
         has already shut down."""
         return int(self._lib.tsp_logserver_dump_all(self._h))
 
+    def checkpoint_all(self, why: int = 1) -> bool:
+        """Asks every connected agent to have its workers checkpoint now and then stop
+        (CHECKPOINT, docs/protocol.md 1.12; why 1: the run grows back). False when the
+        server has already shut down."""
+        return int(self._lib.tsp_logserver_checkpoint_all(self._h, why)) == 0
+
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.
 

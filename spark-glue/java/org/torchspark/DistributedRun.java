@@ -60,6 +60,9 @@ final class DistributedRun {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
+            if (entry != null) {
+                entry.server = ch.server; // the grow watch's checkpoint_and_stop
+            }
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }

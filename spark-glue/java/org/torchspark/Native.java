@@ -150,6 +150,8 @@ final class Native {
      *  (1, 2, ...), or -EPIPE once the server ended. */
     static native int logServerDumpAll(long h);
 
+    static native int logServerCheckpointAll(long h, int why);
+
     static native int logServerExpectOutput(long h, String path);
 
     /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a
