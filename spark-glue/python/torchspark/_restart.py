@@ -21,6 +21,7 @@ MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
 MIN_NODES_CONF = "spark.torchspark.job.minNodes"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
+_WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
 MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
 
 
@@ -114,7 +115,7 @@ class _Watch:
         self.thread.start()
 
     def _loop(self, wait_ms: Optional[int]) -> None:
-        while wait_ms is not None and not self.ended.wait(wait_ms / 1000):
+        while wait_ms is not None and not self.ended.wait(wait_ms / 1000 * _WATCH_SCALE):
             t0 = time.monotonic()
             free = count_slots(self.spark, 0, 0)
             reply = step(self.state, {"event": "slots", "free": free,
