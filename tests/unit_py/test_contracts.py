@@ -241,7 +241,7 @@ def test_outcome_has_20_cases_and_every_reason():
     reasons = {c["outcome"]["reason"] for c in OUTCOME_CASES if "outcome" in c}
     assert len(OUTCOME_CASES) >= 20
     assert reasons == {"exit", "signal", "nccl_check", "setup", "eof", "silent", "executor_lost",
-                       "decommission", "preempted", "cancelled", "spark"}
+                       "decommission", "preempted", "grow", "cancelled", "spark"}
 
 
 GANG_CASES = json.loads((CONTRACTS / "gang.json").read_text())["cases"]
