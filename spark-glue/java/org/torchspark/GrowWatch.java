@@ -71,7 +71,13 @@ final class GrowWatch {
             // the attempt's log server comes with its job
         }
         LogServer server = entry.server;
-        if (server == null || !server.checkpointAll(1)) {
+        boolean asked;
+        try {
+            asked = server != null && server.checkpointAll(1);
+        } catch (IllegalStateException closed) {
+            asked = false; // the attempt ended meanwhile
+        }
+        if (!asked) {
             TorchSparkRunner.LOG.warn("TorchSparkRunner: the attempt could not be asked to checkpoint "
                     + "(its log server is gone)");
         }
