@@ -556,6 +556,14 @@ JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerHangEvent(JNIEnv *
     return out;
 }
 
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCheckpointAll(JNIEnv *env, jclass cls,
+                                                                         jlong h, jint why)
+{
+    (void)env;
+    (void)cls;
+    return tsp_logserver_checkpoint_all(server_of(h), why);
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *env, jclass cls,
                                                                         jlong h, jstring jpath)
 {

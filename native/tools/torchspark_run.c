@@ -88,6 +88,15 @@ static void on_driver_dump(void *ctx, unsigned request)
         tsp_agent_dump(a, request);
 }
 
+/* CHECKPOINT from the driver (docs/protocol.md 1.13): the run grows back. */
+static void on_driver_checkpoint(void *ctx, int why)
+{
+    (void)ctx;
+    tsp_agent_t *a = atomic_load(&stop_agent);
+    if (a)
+        tsp_agent_checkpoint(a, why);
+}
+
 static void on_driver_stop(void *ctx, int reason, const char *text, size_t len)
 {
     (void)ctx;
@@ -163,6 +172,7 @@ static tsp_logclient_t *start_log_client(const run_config_t *c)
     o.report_world = tsp_topo_world_size(&c->topo); /* reports folded above the rank's share */
     o.on_stop = on_driver_stop;
     o.on_dump = on_driver_dump;
+    o.on_checkpoint = on_driver_checkpoint;
     o.log_prefix = "torchspark-run: ";
     tsp_logclient_t *logc = tsp_logclient_start(&o, err, sizeof err);
     if (!logc)

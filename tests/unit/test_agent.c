@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -365,6 +366,71 @@ START_TEST(test_agent_stopped_after_a_checkpoint_on_request_reports_it)
 }
 END_TEST
 
+static void *checkpoint_later(void *arg)
+{
+    usleep(300000);
+    tsp_agent_checkpoint(arg, 1);
+    return NULL;
+}
+
+START_TEST(test_agent_checkpoint_from_the_driver_stops_after_the_acknowledgement)
+{
+    /* The driver's CHECKPOINT (docs/protocol.md 1.13): the agent creates the request file
+     * ("grow ..."), the training acknowledges with its step, and the agent stops the node
+     * itself (no plugin): its one document says reason grow, with the step. */
+    setup();
+    static char script[900], *argv[4] = {"sh", "-c", script, NULL};
+    char ef[600], req[600], seen[600], err[256];
+    snprintf(ef, sizeof ef, "%s/root.json", dir);
+    snprintf(req, sizeof req, "%s/greq", dir);
+    snprintf(seen, sizeof seen, "%s/seen", dir);
+    snprintf(script, sizeof script,
+             "while [ ! -f %s ]; do sleep 0.02; done; head -c 5 %s > %s; "
+             "printf '9\\n' > %s.done; exec sleep 60",
+             req, req, seen, req);
+    tsp_agent_opts_t o = {.file = "sh",
+                          .argv = argv,
+                          .name = "script.sh",
+                          .shutdown_timeout = 5,
+                          .console_out = 1,
+                          .console_err = 2,
+                          .log_fd = 2,
+                          .error_file = ef,
+                          .checkpoint_request = req};
+    tsp_topo_init(&o.topo);
+    o.topo.nproc_per_node = 1;
+    tsp_agent_t *a;
+    ck_assert_int_eq(tsp_agent_init(&a, &o, err, sizeof err), 0);
+    pthread_t t;
+    pthread_create(&t, NULL, checkpoint_later, a);
+    ck_assert_int_eq(tsp_agent_run(a), 128 + SIGTERM);
+    pthread_join(t, NULL);
+    tsp_agent_close(a);
+    char buf[16] = {0};
+    FILE *sf = fopen(seen, "r");
+    ck_assert_ptr_nonnull(sf);
+    ck_assert_uint_eq(fread(buf, 1, 5, sf), 5);
+    fclose(sf);
+    ck_assert_str_eq(buf, "grow ");
+    struct stat st;
+    ck_assert_int_eq(stat(req, &st), 0);
+    ck_assert_int_eq(st.st_mode & 0777, 0600);
+    FILE *jf = fopen(ef, "r");
+    ck_assert_ptr_nonnull(jf);
+    char doc[8192];
+    size_t n = fread(doc, 1, sizeof doc, jf);
+    fclose(jf);
+    char *v = NULL;
+    int type;
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.reason", &v, &type), 0);
+    ck_assert_str_eq(v, "grow");
+    free(v);
+    ck_assert_int_eq(tsp_json_get(doc, n, "torchspark.checkpoint_step", &v, &type), 0);
+    ck_assert_str_eq(v, "9");
+    free(v);
+}
+END_TEST
+
 START_TEST(test_agent_stop_signal_stops_workers)
 {
     setup();
@@ -651,6 +717,7 @@ static Suite *agent_suite(void)
     tcase_add_test(tc, test_agent_failure_root_cause_and_others_stopped);
     tcase_add_test(tc, test_agent_exits_after_stop_are_not_failures);
     tcase_add_test(tc, test_agent_checkpoint_on_request_is_a_decommission);
+    tcase_add_test(tc, test_agent_checkpoint_from_the_driver_stops_after_the_acknowledgement);
     tcase_add_test(tc, test_agent_stopped_after_a_checkpoint_on_request_reports_it);
     tcase_add_test(tc, test_agent_root_cause_is_earliest_error_file_timestamp);
     tcase_add_test(tc, test_agent_failure_document_quotes_malformed_and_caps);

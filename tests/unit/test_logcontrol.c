@@ -33,6 +33,7 @@ static void on_stop(void *ctx, int reason, const char *text, size_t len)
 typedef struct dumper {
     atomic_int calls;
     atomic_uint last;
+    atomic_int checkpoints, why; /* the driver's CHECKPOINT (protocol 1.13) */
 } dumper_t;
 
 static void on_dump(void *ctx, unsigned request)
@@ -40,6 +41,13 @@ static void on_dump(void *ctx, unsigned request)
     dumper_t *d = ctx;
     atomic_store(&d->last, request);
     atomic_fetch_add(&d->calls, 1);
+}
+
+static void on_checkpoint(void *ctx, int why)
+{
+    dumper_t *d = ctx;
+    atomic_store(&d->why, why);
+    atomic_fetch_add(&d->checkpoints, 1);
 }
 
 static dumper_t *next_dumper; /* the next ctl_client's on_dump context, when set */
@@ -71,6 +79,8 @@ static tsp_logclient_t *ctl_client(tsp_logserver_t *srv, int node_rank, const ch
     if (next_dumper) {
         o.on_dump = on_dump;
         o.on_dump_ctx = next_dumper;
+        o.on_checkpoint = on_checkpoint;
+        o.on_checkpoint_ctx = next_dumper;
         next_dumper = NULL;
     }
     tsp_logserver_secret(srv, o.secret);
@@ -221,7 +231,8 @@ START_TEST(test_logcontrol_clean_close_and_stop_all)
 END_TEST
 
 /* Each DUMP reaches every control agent once, in order, with its number; an agent
- * without CONTROL gets none, nor one that was told to stop. */
+ * without CONTROL gets none, nor one that was told to stop. CHECKPOINT the same, with its
+ * why (only 1 to 255 asked). */
 START_TEST(test_logcontrol_dump_reaches_the_control_agents)
 {
     tsp_logserver_t *s = ctl_server(100);
@@ -240,16 +251,25 @@ START_TEST(test_logcontrol_dump_reaches_the_control_agents)
     for (int i = 0; i < 500 && atomic_load(&da.calls) < 2; i++)
         usleep(10 * 1000);
     ck_assert_uint_eq(atomic_load(&da.last), 2);
+    ck_assert_int_eq(tsp_logserver_checkpoint_all(s, 0), -EINVAL);
+    ck_assert_int_eq(tsp_logserver_checkpoint_all(s, 256), -EINVAL);
+    ck_assert_int_eq(tsp_logserver_checkpoint_all(s, TSP_WIRE_CHECKPOINT_GROW), 0);
+    for (int i = 0; i < 500 && atomic_load(&da.checkpoints) < 1; i++)
+        usleep(10 * 1000);
+    ck_assert_int_eq(atomic_load(&da.why), TSP_WIRE_CHECKPOINT_GROW);
     ck_assert_int_eq(tsp_logserver_stop_all(s, "cancelled"), 0);
     wait_calls(&sa, 1);
     ck_assert_int_eq(tsp_logserver_dump_all(s), 3); /* asked, but nobody is to get it */
+    ck_assert_int_eq(tsp_logserver_checkpoint_all(s, 1), 0);
     usleep(200 * 1000);
     ck_assert_int_eq(atomic_load(&da.calls), 2);
-    ck_assert_int_eq(atomic_load(&dn.calls), 0);
+    ck_assert_int_eq(atomic_load(&da.checkpoints), 1);
+    ck_assert_int_eq(atomic_load(&dn.calls) + atomic_load(&dn.checkpoints), 0);
     ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
     ck_assert_int_eq(tsp_logclient_close(n, 5000), 0);
     tsp_logserver_shutdown(s, 0);
     ck_assert_int_eq(tsp_logserver_dump_all(s), -EPIPE);
+    ck_assert_int_eq(tsp_logserver_checkpoint_all(s, 1), -EPIPE);
     tsp_logserver_free(s);
 }
 END_TEST

@@ -241,7 +241,7 @@ def test_outcome_has_20_cases_and_every_reason():
     reasons = {c["outcome"]["reason"] for c in OUTCOME_CASES if "outcome" in c}
     assert len(OUTCOME_CASES) >= 20
     assert reasons == {"exit", "signal", "nccl_check", "setup", "eof", "silent", "executor_lost",
-                       "decommission", "preempted", "cancelled", "spark"}
+                       "decommission", "preempted", "grow", "cancelled", "spark"}
 
 
 GANG_CASES = json.loads((CONTRACTS / "gang.json").read_text())["cases"]
@@ -290,4 +290,5 @@ def test_runctl_golden(case):
 def test_runctl_has_20_cases_and_every_action():
     done = {a["do"] for c in RUNCTL_CASES for s in c["steps"] for a in s.get("actions", ())}
     assert len(RUNCTL_CASES) >= 20
-    assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return"}
+    assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return",
+                    "checkpoint_and_stop", "watch_slots"}

@@ -132,3 +132,57 @@ def test_min_nodes_is_checked_by_the_controller():
     with pytest.raises(ValueError, match="min_nodes is 5: give a whole number of nodes "
                                          r"\(barrier tasks\) from 1 to the run's 4"):
         _restart.min_nodes(5, 4)
+
+
+def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypatch):
+    """The grow watch performs the controller's watch_slots / checkpoint_and_stop from its
+    own thread while the attempt runs (docs/protocol.md 11, "Growing back"); the stop after
+    the checkpoint (reason grow) is not a restart: max_restarts=1 is used by the first
+    failure, and the run still goes on at its full size."""
+    import threading
+
+    slots = iter([1, 2])  # the shrunk attempt's counts: nothing new, then the slot is back
+    monkeypatch.setattr(_restart, "count_slots", lambda spark, need, wait_s: next(slots, 2))
+    asked = threading.Event()
+
+    class Server:
+        def checkpoint_all(self, why):
+            asked.set()
+            return why == 1
+
+    times, seen = {}, []
+
+    def once(attempt, env, nodes):
+        seen.append((attempt, nodes, env.get("TORCHSPARK_ELASTIC_BATCH")))
+        if attempt == 0:
+            raise TorchDistributorError("TorchDistributor (distributed) failed: boom", {})
+        if attempt == 1:
+            times["server"] = Server()
+            assert asked.wait(20), "never asked to checkpoint"
+            raise TorchDistributorError("TorchDistributor (distributed) failed: grew",
+                                        {"reason": "grow", "checkpoint_step": 7})
+        return "done"
+
+    record = []
+    monkeypatch.setattr(_restart, "_WATCH_SCALE", 0.01)
+    assert _run(once, limit=1, remote=False, least_slots=1, times=times, record=record,
+                batch="global") == "done"
+    assert seen == [(0, 2, "global"), (1, 1, "global"), (2, 2, "global")]
+    assert "grows back" in record[1]["cause"] and "step 7" in record[1]["cause"]
+
+
+@pytest.mark.parametrize("mode, world, rank, want", [
+    (None, 3, 0, 8), ("per_rank", 3, 2, 8), ("global", 2, 0, 12), ("global", 3, 0, 8),
+    ("global", 5, 0, 5), ("global", 5, 4, 4)])
+def test_batch_size_keeps_the_per_rank_or_the_global_batch(monkeypatch, mode, world, rank, want):
+    from torchspark import checkpoint
+
+    env = {"TORCHSPARK_MAX_NODES": "3", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": str(world),
+           "RANK": str(rank)}
+    if mode:
+        env["TORCHSPARK_ELASTIC_BATCH"] = mode
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert checkpoint.batch_size(8) == want  # 8 per rank at the full size: 24 in all
+    with pytest.raises(ValueError, match="per_rank must be >= 1"):
+        checkpoint.batch_size(0)

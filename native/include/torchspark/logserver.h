@@ -190,6 +190,10 @@ TSP_EXTERN int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const ch
  * on timeout, -EPIPE once the server stopped and every event was taken. */
 TSP_EXTERN long tsp_logserver_hang_event(tsp_logserver_t *s, char *buf, size_t buflen,
                                          int timeout_ms);
+/* Asks every connected control agent of version 2 to have its workers checkpoint now and
+ * then stop its node (docs/protocol.md 1.13; why: 1, the run grows back). 0, -EINVAL for
+ * another why, or -EPIPE when the server has already shut down. */
+TSP_EXTERN int tsp_logserver_checkpoint_all(tsp_logserver_t *s, int why);
 
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */

@@ -12,6 +12,7 @@
  */
 #include "agent.h"
 #include "dump.h"
+#include "logwire.h"
 #include "logtail.h"
 #include "proc.h"
 #include "report.h"
@@ -79,8 +80,10 @@ struct tsp_agent {
     int n;
     worker_t *w;
     int epfd, sigfd, timerfd, stopfd;
-    int dumpfd;               /* tsp_agent_dump() wakes the loop through it */
-    atomic_uint dump_request; /* the latest DUMP number */
+    int dumpfd;                /* tsp_agent_dump() wakes the loop through it */
+    atomic_uint dump_request;  /* the latest DUMP number */
+    atomic_int checkpoint_why; /* a CHECKPOINT came (protocol 1.13): its why, once */
+    int grow_asked;            /* asked the workers to checkpoint: stop on their acknowledgement */
     int state;
     int capture;
     int restart_count;
@@ -816,6 +819,57 @@ static void on_signal(tsp_agent_t *a, int sig)
     begin_stop(a, ST_STOPPING, sig);
 }
 
+/* ---- the driver's CHECKPOINT (docs/protocol.md 1.13) ---------------------------------- */
+
+/* Creates the checkpoint request file (first word "grow": the record's reason then, report.h)
+ * for torchspark.checkpoint.requested(); one the plugin created first is left as it is. */
+static void ask_checkpoint(tsp_agent_t *a)
+{
+    const char *path = a->o.checkpoint_request;
+    if (a->state != ST_RUNNING || a->stop_signal || a->grow_asked)
+        return;
+    if (!path || !*path) {
+        agent_log(a, "the driver asked for a checkpoint now, but this run has no checkpoint "
+                     "request file (TORCHSPARK_CHECKPOINT_REQUEST): ignored");
+        return;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) {
+        agent_log(a, "cannot create the checkpoint request %s: %s", path, strerror(errno));
+        return;
+    }
+    if (fd >= 0) {
+        char line[64];
+        int n = snprintf(line, sizeof line, "grow %lld\n", (long long)(now_real() * 1000));
+        ssize_t w = write(fd, line, (size_t)n);
+        close(fd);
+        if (w != n) {
+            agent_log(a, "cannot write the checkpoint request %s", path);
+            return;
+        }
+    }
+    a->grow_asked = 1;
+    agent_log(a, "the driver asks for a checkpoint now (the run grows back to more nodes): "
+                 "the node stops once its workers acknowledge it");
+}
+
+/* After ask_checkpoint: the workers acknowledged the checkpoint (request + ".done"), so the
+ * node stops as the plugin stops it (its record: reason grow and the step, report.h). */
+static void grow_check(tsp_agent_t *a)
+{
+    int step = -1;
+    if (!a->grow_asked || a->state != ST_RUNNING || a->stop_signal ||
+        !tsp__report_acknowledged(a->o.checkpoint_request, &step))
+        return;
+    a->stop_signal = SIGTERM;
+    a->on_request = 1;
+    agent_log(a,
+              "step %d was checkpointed on request (the run grows back): stopping %d "
+              "worker(s)",
+              step, live_workers(a));
+    begin_stop(a, ST_STOPPING, SIGTERM);
+}
+
 /* ---- the loop ---------------------------------------------------------------------- */
 
 static void on_stream_event(tsp_agent_t *a, uint64_t tag)
@@ -849,8 +903,11 @@ static void handle_event(tsp_agent_t *a, uint64_t tag)
             on_signal(a, (int)(v & 0xff));
     } else if (tag == TAG_DUMP) {
         uint64_t v;
-        if (read(a->dumpfd, &v, sizeof v) == (ssize_t)sizeof v)
-            dump_workers(a, atomic_load(&a->dump_request));
+        unsigned request = atomic_exchange(&a->dump_request, 0);
+        if (read(a->dumpfd, &v, sizeof v) == (ssize_t)sizeof v && request)
+            dump_workers(a, request);
+        if (atomic_exchange(&a->checkpoint_why, 0) == TSP_WIRE_CHECKPOINT_GROW)
+            ask_checkpoint(a);
     } else if (tag == TAG_WAKE) {
         resume_paused(a);
     } else if (tag >= TAG_PIDFD0) {
@@ -1018,7 +1075,7 @@ int tsp_agent_run(tsp_agent_t *a)
         /* Supervision is event-driven. While stopping, a 1 s safety tick also reaps and
          * retries paused output, so that no lost wake-up can keep a dead job's agent
          * alive: shutdown must always end. */
-        int idle = a->state == ST_RUNNING ? -1 : 1000;
+        int idle = a->state != ST_RUNNING ? 1000 : a->grow_asked ? 100 : -1;
         int n = epoll_wait(a->epfd, evs, 32, reports_timeout(a, wait_timeout(a, idle)));
         if (n < 0 && errno != EINTR)
             return -errno;
@@ -1030,6 +1087,7 @@ int tsp_agent_run(tsp_agent_t *a)
             handle_event(a, evs[i].data.u64);
         if (a->linger_until && tsp__now_ms() >= a->linger_until)
             linger_end(a);
+        grow_check(a);
     }
     if (a->exec_status)
         return a->exec_status;
@@ -1059,6 +1117,13 @@ int tsp_agent_stop_signal(const tsp_agent_t *a)
 int tsp_agent_dump(tsp_agent_t *a, unsigned request)
 {
     atomic_store(&a->dump_request, request);
+    uint64_t one = 1;
+    return write(a->dumpfd, &one, sizeof one) == (ssize_t)sizeof one ? 0 : -errno;
+}
+
+int tsp_agent_checkpoint(tsp_agent_t *a, int why)
+{
+    atomic_store(&a->checkpoint_why, why);
     uint64_t one = 1;
     return write(a->dumpfd, &one, sizeof one) == (ssize_t)sizeof one ? 0 : -errno;
 }

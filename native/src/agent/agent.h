@@ -99,6 +99,11 @@ int tsp_agent_stop(tsp_agent_t *agent, int sig);
  * request, docs/protocol.md 1.9): a marker line per running worker, then SIGRTMIN+8 to each
  * that can answer. From any thread; async-signal-safe. */
 int tsp_agent_dump(tsp_agent_t *agent, unsigned request);
+/* Asks a running agent's workers to checkpoint now and then stops the node (the driver's
+ * CHECKPOINT, docs/protocol.md 1.13; why: TSP_WIRE_CHECKPOINT_GROW): the checkpoint request
+ * file says "grow", and once the workers acknowledge, the agent stops them as a SIGTERM
+ * would. From any thread; async-signal-safe. */
+int tsp_agent_checkpoint(tsp_agent_t *agent, int why);
 /* The root cause after a failed run, or NULL. */
 const tsp_failure_t *tsp_agent_root_cause(const tsp_agent_t *agent);
 /* The signal that stopped the run (received, or asked for with tsp_agent_stop), 0 when

@@ -587,6 +587,9 @@ static int read_acks_once(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_
             if (c->o.on_dump)
                 c->o.on_dump(c->o.on_dump_ctx, (unsigned)p[0] << 24 | (unsigned)p[1] << 16 |
                                                    (unsigned)p[2] << 8 | p[3]);
+        } else if (h.type == TSP_WIRE_CHECKPOINT) {
+            if (c->o.on_checkpoint)
+                c->o.on_checkpoint(c->o.on_checkpoint_ctx, p[0]);
         } else if (h.type == TSP_WIRE_ERROR) {
             char msg[TSP_WIRE_MAX_TEXT + 200];
             int n = snprintf(msg, sizeof(msg),

@@ -67,6 +67,10 @@ typedef struct tsp_logclient_opts {
      * request number; the same rules as on_stop (tsp_agent_dump() is the intended use). */
     void (*on_dump)(void *ctx, unsigned request);
     void *on_dump_ctx;
+    /* on_checkpoint: for each CHECKPOINT (protocol 1.13), with its why; the same rules
+     * (tsp_agent_checkpoint() is the intended use). */
+    void (*on_checkpoint)(void *ctx, int why);
+    void *on_checkpoint_ctx;
 } tsp_logclient_opts_t;
 
 typedef struct tsp_logclient_stats {

@@ -453,13 +453,16 @@ int tsp__report_acknowledged(const char *request, int *step)
 }
 
 /* Why the node was asked (the request file's first word, written by TorchSparkPlugin:
- * "preempted" after a SIGTERM to the executor, else a decommission notice). */
+ * "preempted" after a SIGTERM to the executor, else a decommission notice; by the agent:
+ * "grow", the driver's CHECKPOINT). */
 static const char *request_reason(const char *request)
 {
     char buf[64];
     if (read_first_line(request, buf, sizeof buf) < 0)
         return "decommission";
     buf[strcspn(buf, " ")] = 0;
+    if (strcmp(buf, "grow") == 0)
+        return "grow";
     return strcmp(buf, "preempted") == 0 ? "preempted" : "decommission";
 }
 

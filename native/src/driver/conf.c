@@ -78,6 +78,11 @@ static const conf_key_t KEYS[] = {
      NULL},
     {PREFIX "job.replacementTimeout", T_DURATION, 1000, "30s", 0, 0, "30s",
      "how long a restart waits for a replacement executor", NULL},
+    {PREFIX "elastic.batch", T_ENUM, 0, "per_rank", 0, 0, "per_rank|global",
+     "what an elastic run (min_nodes) keeps when its size changes: per_rank (each rank's "
+     "batch) or global (the full size's global batch, split over the ranks there are: "
+     "torchspark.checkpoint.batch_size)",
+     NULL},
     {PREFIX "launch", T_ENUM, 0, "auto", 0, 0, "auto|barrier|gang",
      "how a distributed attempt starts: barrier (one barrier stage), gang (ordinary tasks "
      "that gang up through the driver; works with dynamic allocation) or auto (gang when "

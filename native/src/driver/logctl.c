@@ -51,6 +51,14 @@ void tsp__dump_everyone(tsp_logserver_t *s, uint32_t request)
             tsp__conn_send(s, c, TSP_WIRE_DUMP, p, sizeof p);
 }
 
+/* The driver's request to checkpoint now and stop (protocol 1.13), to the same agents. */
+void tsp__checkpoint_everyone(tsp_logserver_t *s, uint8_t why)
+{
+    for (conn_t *c = s->conns; c; c = c->next)
+        if (c->state == C_OPEN && c->control && !c->stop_sent && c->h.version >= 2)
+            tsp__conn_send(s, c, TSP_WIRE_CHECKPOINT, &why, 1);
+}
+
 /* Keeps the first failure as the run's root cause (later ones are consequences). */
 static void record_root(tsp_logserver_t *s, const char *kind, int node_rank, const char *host,
                         const char *peer, const char *message, const char *report,

@@ -11,6 +11,8 @@
 void tsp__conn_stop(tsp_logserver_t *s, conn_t *c);
 /* DUMP number `request` to every control agent of version 2 (protocol 1.9). */
 void tsp__dump_everyone(tsp_logserver_t *s, uint32_t request);
+/* CHECKPOINT (why: TSP_WIRE_CHECKPOINT_*) to every control agent of version 2 (1.13). */
+void tsp__checkpoint_everyone(tsp_logserver_t *s, uint8_t why);
 /* The first stop of the run: STOP to every control agent but `except`, now and later. */
 void tsp__stop_everyone(tsp_logserver_t *s, int reason, uint64_t except, const char *text);
 /* An EVENT frame (a failure report): the root cause, then STOP to the others. */

@@ -289,9 +289,13 @@ static void *server_main(void *arg)
                 s->dump_req = 0;
                 struct tsp__watch *watch = s->watch_req;
                 s->watch_req = NULL;
+                int checkpoint = s->checkpoint_req;
+                s->checkpoint_req = 0;
                 pthread_mutex_unlock(&s->ctl_mu);
                 if (watch)
                     tsp__watch_adopt(s, watch);
+                if (checkpoint)
+                    tsp__checkpoint_everyone(s, (uint8_t)checkpoint);
                 if (stop)
                     tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
                 if (dump)
@@ -666,6 +670,21 @@ int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action,
         tsp__watch_free(w);
         return tsp__err(err, errlen, -EPIPE, "the log server has already stopped");
     }
+    wake_loop(s);
+    return 0;
+}
+
+int tsp_logserver_checkpoint_all(tsp_logserver_t *s, int why)
+{
+    if (why < 1 || why > 255)
+        return -EINVAL;
+    pthread_mutex_lock(&s->ctl_mu);
+    int ended = s->ended || s->joined;
+    if (!ended)
+        s->checkpoint_req = why;
+    pthread_mutex_unlock(&s->ctl_mu);
+    if (ended)
+        return -EPIPE;
     wake_loop(s);
     return 0;
 }

@@ -133,6 +133,7 @@ struct tsp_logserver {
     struct tsp__watch *watch_req, *watch;
     char **hang_ev;
     size_t hang_n, hang_next, hang_cap;
+    int checkpoint_req; /* tsp_logserver_checkpoint_all(): CHECKPOINT to send (1.13) */
     /* control, thread only */
     int t_draining;
     int t_stopped;

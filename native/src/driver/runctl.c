@@ -18,6 +18,8 @@
 #define CAUSE_MAX 500      /* bytes of one attempt's cause */
 #define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
 #define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
+#define WATCH_MS 3000          /* a shrunk attempt's slot count, every so often */
+#define GROW_DEADLINE_MS 60000 /* from the request to checkpoint until the attempt stopped */
 
 /* What differs between the glues' words: the runner's name and its settings' spelling. */
 typedef struct {
@@ -36,10 +38,13 @@ static const char *const phases[] = {"running", "excluding", "counting", "waitin
 typedef struct {
     const glue_t *g;
     int max_restarts, nodes, min_nodes, remote;
+    int global_batch; /* spark.torchspark.elastic.batch=global (else per_rank) */
     long long timeout_ms;
     int phase, attempt, running; /* the attempt in flight and its nodes */
     int unusable;                /* slots Spark still counts that are not (a silent node's) */
     long long waited_ms;         /* waited for slots since the attempt failed */
+    int grows;                   /* attempts that stopped to grow back (not restarts) */
+    int grow;                    /* this attempt: 0, 1 asked to checkpoint and stop, 2 too late */
     char *last;                  /* the last attempt's error text (the final message's end) */
     char *reason;                /* the last failure's reason, or NULL */
     char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
@@ -171,12 +176,16 @@ static int each_cause(void *ctx, const char *key, size_t index, int type, const 
 /* The state a previous step wrote (the glue hands it back as it got it). */
 static int read_state(const req_t *r, ctl_t *c)
 {
-    static const char *const ikeys[] = {
-        "state.max_restarts", "state.nodes",   "state.min_nodes", "state.replacement_timeout_ms",
-        "state.attempt",      "state.running", "state.unusable",  "state.waited_ms"};
-    long long v[8] = {0};
+    static const char *const ikeys[] = {"state.max_restarts", "state.nodes",
+                                        "state.min_nodes",    "state.replacement_timeout_ms",
+                                        "state.attempt",      "state.running",
+                                        "state.unusable",     "state.waited_ms",
+                                        "state.grows",        "state.grow_asked",
+                                        "state.global_batch"};
+    enum { NKEYS = sizeof ikeys / sizeof ikeys[0] };
+    long long v[NKEYS] = {0};
     int rc = read_glue(r, "state.glue", c);
-    for (size_t i = 0; !rc && i < 8; i++)
+    for (size_t i = 0; !rc && i < NKEYS; i++)
         rc = get_int(r, ikeys[i], 0, -1, &v[i]);
     char *phase = NULL;
     if (!rc && !(rc = get_bool(r, "state.remote", &c->remote)) &&
@@ -190,7 +199,7 @@ static int read_state(const req_t *r, ctl_t *c)
     causes_ctx_t x = {c, 0};
     if (!rc && (rc = tsp_json_each(r->doc, r->len, "state.causes", each_cause, &x)) == -ENOENT)
         rc = 0;
-    for (size_t i = 0; !rc && i < 8; i++)
+    for (size_t i = 0; !rc && i < NKEYS; i++)
         if (v[i] < 0)
             rc = -EINVAL;
     if (rc == -EINVAL || (!rc && c->phase < 0))
@@ -201,6 +210,7 @@ static int read_state(const req_t *r, ctl_t *c)
         c->max_restarts = (int)v[0], c->nodes = (int)v[1], c->min_nodes = (int)v[2];
         c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
         c->unusable = (int)v[6], c->waited_ms = v[7];
+        c->grows = (int)v[8], c->grow = (int)v[9], c->global_batch = (int)v[10];
     }
     return rc;
 }
@@ -247,11 +257,18 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "TORCHSPARK_ATTEMPT", num);
     key_str(w, "TORCHSPARK_MAX_RESTARTS", limit);
+    if (c->min_nodes < c->nodes) { /* elastic: what its size means for the batch */
+        snprintf(num, sizeof num, "%d", c->nodes);
+        key_str(w, "TORCHSPARK_ELASTIC_BATCH", c->global_batch ? "global" : "per_rank");
+        key_str(w, "TORCHSPARK_MAX_NODES", num);
+    }
     if (c->ncauses > 0 && c->causes[c->ncauses - 1][0]) {
         env_text(cause, c->causes[c->ncauses - 1], ENV_CAUSE_MAX);
         key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
     }
     tsp_json_end(w);
+    if (c->running < c->nodes && !c->remote) /* shrunk: watch for executors coming back */
+        key_int(w, "watch_ms", WATCH_MS);
     tsp_json_end(w);
 }
 
@@ -322,10 +339,12 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "glue", c->g->glue);
     key_str(w, "phase", phases[c->phase]);
-    const char *ikeys[] = {"max_restarts", "nodes",   "min_nodes", "replacement_timeout_ms",
-                           "attempt",      "running", "unusable",  "waited_ms"};
-    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes, c->timeout_ms,
-                               c->attempt,      c->running, c->unusable,  c->waited_ms};
+    const char *ikeys[] = {"max_restarts", "nodes",      "min_nodes",   "replacement_timeout_ms",
+                           "attempt",      "running",    "unusable",    "waited_ms",
+                           "grows",        "grow_asked", "global_batch"};
+    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes,   c->timeout_ms,
+                               c->attempt,      c->running, c->unusable,    c->waited_ms,
+                               c->grows,        c->grow,    c->global_batch};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
         key_int(w, ikeys[i], ivals[i]);
     tsp_json_key(w, "remote");
@@ -342,12 +361,24 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
 static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long nodes = 0, limit = 0, least = 0, timeout = 0;
+    char *batch = NULL;
     int rc = read_glue(r, "event.glue", c);
     if (rc || (rc = get_int(r, "event.nodes", 1, -1, &nodes)) ||
         (rc = get_int(r, "event.max_restarts", 0, 0, &limit)) ||
         (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
         (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
-        (rc = get_bool(r, "event.remote", &c->remote)))
+        (rc = get_bool(r, "event.remote", &c->remote)) ||
+        (rc = get_str(r, "event.batch", &batch))) {
+        free(batch);
+        return rc;
+    }
+    if (batch && strcmp(batch, "global") != 0 && strcmp(batch, "per_rank") != 0)
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"batch\" must be \"per_rank\", \"global\" or "
+                      "null (spark.torchspark.elastic.batch)");
+    c->global_batch = batch && strcmp(batch, "global") == 0;
+    free(batch);
+    if (rc)
         return rc;
     if (nodes < 1)
         return tsp__err(r->err, r->errlen, -EINVAL,
@@ -452,7 +483,17 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
     if (node >= 0)
         snprintf(who, sizeof who, "node %lld's executor", node);
     int preempted = reason && strcmp(reason, "preempted") == 0;
-    if (step >= 0 || preempted || (reason && strcmp(reason, "decommission") == 0)) {
+    if (reason && strcmp(reason, "grow") == 0) { /* every node stopped on the driver's request */
+        if (step >= 0)
+            snprintf(cause, CAUSE_MAX + 1,
+                     "the run grows back to more nodes: step %lld was checkpointed on request "
+                     "and the attempt stopped",
+                     step);
+        else
+            snprintf(cause, CAUSE_MAX + 1,
+                     "the run grows back to more nodes: the attempt stopped on request");
+        *lost = 0;
+    } else if (step >= 0 || preempted || (reason && strcmp(reason, "decommission") == 0)) {
         /* The plugin asked the node to checkpoint: a SIGTERM to its executor (preempted) or
          * a decommission notice; the executor is going away either way. */
         const char *what = preempted ? "was preempted (SIGTERM)" : "is being decommissioned";
@@ -498,11 +539,14 @@ static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
     if (nodes < c->nodes)
         snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)", nodes, c->nodes,
                  c->g->min_nodes, c->min_nodes);
-    snprintf(text, sizeof text, "%s attempt %d failed: %s; restarting as attempt %d of %d (%s%s)",
-             c->g->who, c->attempt, c->causes[c->ncauses - 1], c->attempt + 1, c->max_restarts + 1,
-             seen, fewer);
+    int grew = c->reason && strcmp(c->reason, "grow") == 0;
+    snprintf(text, sizeof text, "%s attempt %d %s: %s; %s as attempt %d of %d (%s%s)", c->g->who,
+             c->attempt, grew ? "stopped" : "failed", c->causes[c->ncauses - 1],
+             grew ? "going on" : "restarting", c->attempt + 1, c->max_restarts + 1 + c->grows, seen,
+             fewer);
     act_text(w, "warn", "text", text);
     c->attempt++;
+    c->grow = 0;
     c->running = nodes;
     c->unusable = 0;
     c->waited_ms = 0;
@@ -527,7 +571,9 @@ static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         (rc = get_str(r, "event.executor", &executor)) ||
         (rc = get_int(r, "event.node_rank", -1, -1, &node)))
         goto out;
-    if (c->attempt >= c->max_restarts) {
+    if (c->reason && strcmp(c->reason, "grow") == 0)
+        c->grows++; /* not a restart: it does not count against max_restarts */
+    if (c->attempt - c->grows >= c->max_restarts) {
         rc = act_raise(w, c, c->max_restarts == 0 ? "failed" : "exhausted");
     } else if (c->remote) { /* the client cannot count slots: Spark's barrier check waits */
         restart(w, c, c->nodes - lost > c->min_nodes ? c->nodes - lost : c->min_nodes);
@@ -614,6 +660,56 @@ static int on_slots(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
     return (rc = add_cause(c, text)) ? rc : act_raise(w, c, "no_slots");
 }
 
+static void act_watch(tsp_json_writer_t *w, long long wait_ms)
+{
+    tsp_json_begin_object(w);
+    key_str(w, "do", "watch_slots");
+    key_int(w, "wait_ms", wait_ms);
+    tsp_json_end(w);
+}
+
+/* A shrunk attempt's slot count (the submit's watch_ms, then each watch_slots): more slots
+ * than it runs on ask it to checkpoint and stop, to go on with more nodes (docs/protocol.md
+ * section 11, "Growing back"); a count after the request's deadline means it did not stop. */
+static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+{
+    long long free_now = -1, waited = 0;
+    int rc = get_int(r, "event.free", -1, -1, &free_now);
+    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)))
+        return rc;
+    if (c->grow == 1) { /* the deadline passed and the attempt still runs */
+        char text[CAUSE_MAX + 512];
+        snprintf(text, sizeof text,
+                 "%s: attempt %d was asked to checkpoint and stop so that the run grows back to "
+                 "more nodes, but it did not stop within %ds: it goes on with %d of %d nodes "
+                 "(the training loop must call torchspark.checkpoint.requested() and save when "
+                 "it says so: docs/distributor.md, \"Elastic size\")",
+                 c->g->who, c->attempt, GROW_DEADLINE_MS / 1000, c->running, c->nodes);
+        act_text(w, "warn", "text", text);
+        c->grow = 2;
+    } else if (c->grow == 0 && free_now > c->running && c->running < c->nodes) {
+        char text[512];
+        int to = free_now < c->nodes ? (int)free_now : c->nodes;
+        snprintf(text, sizeof text,
+                 "%s: %lld slot(s) now, attempt %d runs on %d of %d nodes (%s=%d): asking it to "
+                 "checkpoint and stop, to go on with %d nodes",
+                 c->g->who, free_now, c->attempt, c->running, c->nodes, c->g->min_nodes,
+                 c->min_nodes, to);
+        act_text(w, "warn", "text", text);
+        tsp_json_begin_object(w);
+        key_str(w, "do", "checkpoint_and_stop");
+        key_str(w, "reason", "grow");
+        key_int(w, "nodes", to);
+        key_int(w, "deadline_ms", GROW_DEADLINE_MS);
+        tsp_json_end(w);
+        act_watch(w, GROW_DEADLINE_MS);
+        c->grow = 1;
+    } else if (c->grow == 0 && free_now >= 0 && c->running < c->nodes) {
+        act_watch(w, WATCH_MS);
+    } /* else: nothing more to watch (Spark cannot tell, or too late once) */
+    return 0;
+}
+
 static int on_succeeded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     (void)r;
@@ -633,6 +729,7 @@ static const struct {
     {"attempt_succeeded", RUNNING, RUNNING, on_succeeded},
     {"excluded", EXCLUDING, EXCLUDING, on_excluded},
     {"slots", COUNTING, WAITING, on_slots},
+    {"slots", RUNNING, RUNNING, on_watch},
 };
 
 static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *which)
@@ -642,8 +739,11 @@ static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *whi
     if (rc)
         return rc;
     for (*which = 0; name && *which < sizeof events / sizeof events[0]; (*which)++)
-        if (strcmp(name, events[*which].name) == 0)
-            break;
+        if (strcmp(name, events[*which].name) == 0 &&
+            (!has_state || events[*which].phase < 0 || c->phase == events[*which].phase ||
+             c->phase == events[*which].alt || *which + 1 == sizeof events / sizeof events[0] ||
+             strcmp(name, events[*which + 1].name) != 0))
+            break; /* the entry for this phase, else the name's last one (refused below) */
     if (!name || *which == sizeof events / sizeof events[0])
         rc = tsp__err(r->err, r->errlen, -EINVAL,
                       "the run controller's \"event.event\" must be one of start, "

@@ -61,6 +61,8 @@ const char *tsp_wire_type_name(unsigned type)
         return "DUMP";
     case TSP_WIRE_PING:
         return "PING";
+    case TSP_WIRE_CHECKPOINT:
+        return "CHECKPOINT";
     case TSP_WIRE_OUT_BEGIN:
         return "OUT_BEGIN";
     case TSP_WIRE_OUT_CHUNK:
@@ -117,6 +119,9 @@ static int payload_rule(unsigned type, uint32_t *min, uint32_t *max)
         return 0;
     case TSP_WIRE_DUMP:
         *min = *max = 4;
+        return 0;
+    case TSP_WIRE_CHECKPOINT:
+        *min = *max = 1;
         return 0;
     case TSP_WIRE_DROPPED:
     case TSP_WIRE_ACK:

@@ -50,10 +50,11 @@ enum tsp_wire_type {
     TSP_WIRE_LINE = 0x10,
     TSP_WIRE_DROPPED = 0x11,
     TSP_WIRE_ACK = 0x12,
-    TSP_WIRE_EVENT = 0x13, /* control (protocol 1.7): u64 seq, u8 kind, JSON */
-    TSP_WIRE_STOP = 0x14,  /* control: u8 reason, text */
-    TSP_WIRE_DUMP = 0x15,  /* control, version 2: u32 request (the hang doctor, 1.9) */
-    TSP_WIRE_PING = 0x16,  /* keepalive (protocol 1.7): empty */
+    TSP_WIRE_EVENT = 0x13,      /* control (protocol 1.7): u64 seq, u8 kind, JSON */
+    TSP_WIRE_STOP = 0x14,       /* control: u8 reason, text */
+    TSP_WIRE_DUMP = 0x15,       /* control, version 2: u32 request (the hang doctor, 1.9) */
+    TSP_WIRE_PING = 0x16,       /* keepalive (protocol 1.7): empty */
+    TSP_WIRE_CHECKPOINT = 0x17, /* control, version 2: u8 why (protocol 1.13) */
     TSP_WIRE_OUT_BEGIN = 0x20,
     TSP_WIRE_OUT_CHUNK = 0x21,
     TSP_WIRE_OUT_END = 0x22,
@@ -71,6 +72,7 @@ enum {
 /* WELCOME header flags: the driver accepted CONTROL (EVENT may be sent, STOP may come). */
 enum { TSP_WIRE_WELCOME_CONTROL = 1u << 0 };
 enum { TSP_WIRE_EVENT_FAILURE = 1, TSP_WIRE_EVENT_NODE = 2, TSP_WIRE_EVENT_NCCL_CHECK = 3 };
+enum { TSP_WIRE_CHECKPOINT_GROW = 1 }; /* CHECKPOINT's why: the run grows back */
 enum { TSP_WIRE_STOP_FAILED = 1, TSP_WIRE_STOP_LOST = 2, TSP_WIRE_STOP_ENDED = 3 };
 
 /* A decoded frame header. */

@@ -44,6 +44,13 @@ static const tsp_reason_t reasons[] = {
      "preemption or a pod deletion) and the node checkpointed first; give the run max_restarts "
      "so that it resumes from that checkpoint by itself (docs/distributor.md, \"Preemption\").",
      0, 1},
+    /* Every node stopped after its checkpoint on the driver's request (the agent's CHECKPOINT,
+     * docs/protocol.md 1.13): the run goes on with more nodes. */
+    {"grow",
+     "nothing: the run stopped this attempt after its checkpoint on request to go on with more "
+     "nodes (docs/distributor.md, \"Elastic size\"); this is not an error unless the run "
+     "could not go on.",
+     0, 1},
     {"cancelled",
      "nothing, when the job was cancelled on purpose; else find who cancelled it (the Spark "
      "UI's jobs page) and run again.",

@@ -128,6 +128,7 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_dump_all": (i, [vp]),
         "tsp_logserver_watch": (i, [vp, lng, c, i, c] + err),
         "tsp_logserver_hang_event": (lng, [vp, c, sz, i]),
+        "tsp_logserver_checkpoint_all": (i, [vp, i]),
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),

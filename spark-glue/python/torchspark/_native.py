@@ -371,6 +371,12 @@ class LogServer:
         doc: Dict = json.loads(buf.value.decode("utf-8", errors="replace"))
         return doc
 
+    def checkpoint_all(self, why: int = 1) -> bool:
+        """Asks every connected agent to have its workers checkpoint now and then stop
+        (CHECKPOINT, docs/protocol.md 1.13; why 1: the run grows back). False when the
+        server has already shut down."""
+        return int(self._lib.tsp_logserver_checkpoint_all(self._h, why)) == 0
+
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.
 

@@ -10,6 +10,7 @@ only performs those actions through Spark. RestartPolicy.java is the JVM's twin 
 """
 from __future__ import annotations
 
+import threading
 import time
 from typing import Dict, Any, Callable, List, Optional
 
@@ -20,6 +21,7 @@ MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
 MIN_NODES_CONF = "spark.torchspark.job.minNodes"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
+_WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
 MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
 
 
@@ -30,9 +32,10 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
 
 
 def start_event(nodes: int, limit: int, least: Optional[int], timeout_ms: int,
-                remote: bool) -> Dict[str, Any]:
+                remote: bool, batch: Optional[str] = None) -> Dict[str, Any]:
     return {"event": "start", "glue": "python", "nodes": nodes, "max_restarts": limit,
-            "min_nodes": least, "replacement_timeout_ms": timeout_ms, "remote": remote}
+            "min_nodes": least, "replacement_timeout_ms": timeout_ms, "remote": remote,
+            "batch": batch}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
@@ -94,22 +97,70 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
         return False
 
 
+class _Watch:
+    """A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"): from its own
+    thread while the attempt runs, counts the slots when the controller says, sends them and
+    performs its answers (warn, watch_slots, checkpoint_and_stop through the attempt's log
+    server, which times["server"] holds). end() waits for the step in flight, so the
+    attempt's own event follows the last state."""
+
+    def __init__(self, spark: Any, state: Dict[str, Any], first_ms: int, logger: Any,
+                 times: Dict[str, Any]) -> None:
+        self.spark, self.state, self.logger, self.times = spark, state, logger, times
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
+                                       name="torchspark-grow-watch")
+        self.thread.start()
+
+    def _loop(self, wait_ms: Optional[int]) -> None:
+        while wait_ms is not None and not self.ended.wait(wait_ms / 1000 * _WATCH_SCALE):
+            t0 = time.monotonic()
+            free = count_slots(self.spark, 0, 0)
+            reply = step(self.state, {"event": "slots", "free": free,
+                                      "waited_ms": int((time.monotonic() - t0) * 1000)})
+            self.state, wait_ms = reply["state"], None
+            for act in reply["actions"]:
+                if act["do"] == "warn":
+                    self.logger.warning(act["text"])
+                elif act["do"] == "watch_slots":
+                    wait_ms = act["wait_ms"]
+                elif act["do"] == "checkpoint_and_stop":
+                    self._ask()
+
+    def _ask(self) -> None:
+        # The attempt's log server, once its job was submitted (it is, ~3 s after submit).
+        deadline = time.monotonic() + 30
+        while self.times.get("server") is None and time.monotonic() < deadline:
+            if self.ended.wait(0.1):
+                return
+        server = self.times.get("server")
+        if server is None or not server.checkpoint_all(1):
+            self.logger.warning("TorchDistributor: the attempt could not be asked to "
+                                "checkpoint (its log server is gone)")
+
+    def end(self) -> Dict[str, Any]:
+        self.ended.set()
+        self.thread.join()
+        return self.state
+
+
 def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
-        times: Optional[Dict[str, Any]] = None) -> Any:
+        times: Optional[Dict[str, Any]] = None, batch: Optional[str] = None) -> Any:
     """Calls run_once(attempt, env, nodes) as the controller says until it returns or the
     controller raises. record, when given, gets one dict per attempt (distributor.attempts);
     times is where run_once leaves when the failure was noticed (root_at, ended_at:
     _job.Outcome) and which node went silent."""
     rec: List[Dict[str, Any]] = record if record is not None else []
     reply = step(None, start_event(need_slots, limit, least_slots,
-                                   int(replacement_timeout_s * 1000), remote))
+                                   int(replacement_timeout_s * 1000), remote, batch))
     entry: Dict[str, Any] = {}
     error: Optional[TorchDistributorError] = None
     result: Any = None
     while True:
         event: Optional[Dict[str, Any]] = None
+        state = reply["state"]
         for act in reply["actions"]:
             if act["do"] == "warn":
                 logger.warning(act["text"])
@@ -126,13 +177,19 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 rec.append(entry)
                 if times is not None:
                     times.clear()
+                watch = (_Watch(spark, state, act["watch_ms"], logger, times)
+                         if act.get("watch_ms") and times is not None else None)
                 try:
                     result = run_once(act["attempt"], act["env"], act["nodes"])
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e
-                    entry.update({k: v for k, v in (times or {}).items() if v is not None})
+                    entry.update({k: v for k, v in (times or {}).items()
+                                  if v is not None and k != "server"})
                     event = failed_event(e, entry)
+                finally:
+                    if watch is not None:
+                        state = watch.end()
                 entry["ended"] = time.time()
             elif act["do"] == "count_slots":
                 t0 = time.monotonic()
@@ -144,6 +201,6 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 if ok:
                     entry["excluded_executor"] = act["id"]
                 event = {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
-        reply = step(reply["state"], event)  # (None: refused by the controller, named)
+        reply = step(state, event)  # (None: refused by the controller, named)
         if event is not None and event["event"] == "attempt_failed":
             entry["cause"] = reply["state"]["causes"][entry["attempt"]]

@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, List, Optional
 
 __all__ = ["Checkpoint", "save", "load_latest", "latest_step", "requested", "acknowledge_request",
-           "DIR_ENV", "REQUEST_ENV"]
+           "batch_size", "DIR_ENV", "REQUEST_ENV"]
 
 DIR_ENV = "TORCHSPARK_CHECKPOINT_DIR"
 REQUEST_ENV = "TORCHSPARK_CHECKPOINT_REQUEST"  # the file TorchSparkPlugin creates (Decommission.java)
@@ -475,7 +475,14 @@ def acknowledge_request(step: int, stop_wait_s: Optional[float] = None) -> None:
         with open(tmp, "w") as f:
             f.write(f"{step}\n")
         os.replace(tmp, path + ACK_SUFFIX)
-    print(f"torchspark.checkpoint: step {step} checkpointed on request (executor decommission); "
+    why = "executor decommission"
+    try:
+        with open(path or "", "rb") as f:  # its first word: who asked (the agent: grow)
+            if f.read(5) == b"grow ":
+                why = "the run grows back to more nodes"
+    except OSError:
+        pass
+    print(f"torchspark.checkpoint: step {step} checkpointed on request ({why}); "
           "waiting to be stopped", flush=True)
     deadline = time.monotonic() + stop_wait_s
     while time.monotonic() < deadline:
@@ -484,3 +491,23 @@ def acknowledge_request(step: int, stop_wait_s: Optional[float] = None) -> None:
         "torchspark.checkpoint: the checkpoint asked for by the decommission notice was taken "
         f"(step {step}), but the node was not stopped within {stop_wait_s:g}s; is "
         "org.torchspark.TorchSparkPlugin in spark.plugins?")
+
+
+def batch_size(per_rank: int) -> int:
+    """This rank's batch now, from ``per_rank``, the per-rank batch at the run's full size
+    (docs/distributor.md, "The global batch and the data order across sizes"): itself under
+    ``spark.torchspark.elastic.batch=per_rank`` (the default, and outside an elastic run);
+    under ``global``, the full size's global batch (``per_rank`` x the full world size)
+    divided by ``WORLD_SIZE``, the first ``global % WORLD_SIZE`` ranks taking one more."""
+    if per_rank < 1:
+        raise ValueError(f"torchspark.checkpoint.batch_size: per_rank must be >= 1, got {per_rank}")
+    env = os.environ
+    if env.get("TORCHSPARK_ELASTIC_BATCH") != "global":
+        return per_rank
+    try:
+        nodes, local = int(env["TORCHSPARK_MAX_NODES"]), int(env["LOCAL_WORLD_SIZE"])
+        world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
+    except (KeyError, ValueError):
+        return per_rank  # not a torchspark training process
+    total = per_rank * nodes * local
+    return total // world + (1 if rank < total % world else 0)

@@ -278,7 +278,8 @@ class TorchDistributor:
                                 need_slots=self.num_tasks, least_slots=self.min_nodes,
                                 replacement_timeout_s=timeout, remote=self.is_remote,
                                 logger=self.logger, record=self.attempts,
-                                times=self._failure_times)
+                                times=self._failure_times,
+                                batch=self._settings["elastic.batch"])
         finally:
             self._attempt_env, self._log_fmt = {}, None
             self.num_tasks, self.num_processes = full
@@ -367,6 +368,7 @@ class TorchDistributor:
         self._clock.mark("job_submitted")
         attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
         last = attempt == self._attempt_env.get(_restart.MAX_RESTARTS_ENV)
+        self._failure_times["server"] = server  # the grow watch's checkpoint_and_stop
         out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                    remote=self.is_remote, input_df=input_df,
                                    spark_grace_s=_job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S,

@@ -6,14 +6,16 @@ its last checkpoint ends with bit-identical weights to an uninterrupted one. Ran
 final weights to --out.
 
     resume_train.py --ckpt DIR --steps N --every K --sleep S --steplog FILE --out FILE
-                    [--phases FILE] [--on-request]
+                    [--phases FILE] [--on-request] [--end-attempt A --end-after K]
 
 --phases: every rank appends "ATTEMPT RANK PHASE TIME" for its start (before importing
 torch), torch imported, process group up and checkpoint loaded (bench/restart_bench.py's
 breakdown of a recovery).
 
 With --on-request it also checkpoints when torchspark.checkpoint.requested() says so (a
-decommission notice), the one line docs/distributor.md shows.
+decommission notice, or the driver's request when the run grows back), the one line
+docs/distributor.md shows. --end-attempt A --end-after K: attempt A ends after K steps
+(a run that grows back ends soon after it grew).
 """
 import time
 
@@ -37,6 +39,8 @@ p.add_argument("--steplog", required=True)
 p.add_argument("--out", required=True)
 p.add_argument("--phases")
 p.add_argument("--on-request", action="store_true")
+p.add_argument("--end-attempt")
+p.add_argument("--end-after", type=int, default=0)
 a = p.parse_args()
 attempt = os.environ.get("TORCHSPARK_ATTEMPT", "-")
 marks = [("start", T_START), ("torch", time.time())]
@@ -58,7 +62,8 @@ if a.phases:
         f.write("".join(f"{attempt} {rank} {k} {t:.6f}\n" for k, t in marks))
 print(f"attempt {attempt} rank {rank}: starting at step {start} "
       f"(cause: {os.environ.get('TORCHSPARK_RESTART_CAUSE', '-')})", flush=True)
-for step in range(start, a.steps):
+end = a.steps if attempt != a.end_attempt else min(a.steps, start + a.end_after)
+for step in range(start, end):
     g = torch.Generator().manual_seed(step * 1000 + rank)
     x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
     loss = ((model(x) - y) ** 2).mean()

@@ -62,6 +62,9 @@ final class DistributedRun {
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
+            if (entry != null) {
+                entry.server = ch.server; // the grow watch's checkpoint_and_stop
+            }
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }

@@ -291,6 +291,19 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /**
+     * Asks every connected agent to have its workers checkpoint now and then stop (CHECKPOINT,
+     * docs/protocol.md 1.13; why 1: the run grows back). False once the server has ended.
+     */
+    public boolean checkpointAll(int why) {
+        long h = acquire();
+        try {
+            return Native.logServerCheckpointAll(h, why) == 0;
+        } finally {
+            release();
+        }
+    }
+
     /** Accepts one output transfer into path (created 0600), or into memory when null. */
     public void expectOutput(String path) {
         long h = acquire();

@@ -184,6 +184,8 @@ final class Native {
      *  within timeoutMs. */
     static native String logServerHangEvent(long h, int timeoutMs);
 
+    static native int logServerCheckpointAll(long h, int why);
+
     static native int logServerExpectOutput(long h, String path);
 
     /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a

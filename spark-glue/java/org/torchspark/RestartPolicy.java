@@ -62,9 +62,13 @@ final class RestartPolicy {
     }
 
     static ObjectNode start(int nodes, int limit, Integer least, long timeoutMs) {
+        return start(nodes, limit, least, timeoutMs, null);
+    }
+
+    static ObjectNode start(int nodes, int limit, Integer least, long timeoutMs, String batch) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "start").put("glue", "java")
                 .put("nodes", nodes).put("max_restarts", limit).put("replacement_timeout_ms", timeoutMs)
-                .put("remote", false);
+                .put("remote", false).put("batch", batch);
         return least == null ? ev.putNull("min_nodes") : ev.put("min_nodes", least);
     }
 
@@ -199,20 +203,27 @@ final class RestartPolicy {
      *  needSlots: the run's nodes; leastSlots: its minNodes (needSlots: not elastic). */
     static <T> T run(Body<T> body, int limit, SparkContext sc, int needSlots, int leastSlots,
             List<TorchSparkRunner.Attempt> record) {
-        long timeoutMs = Conf.read(sc.conf(), null, false).number("job.replacementTimeout");
+        Conf conf = Conf.read(sc.conf(), null, false);
         return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
-                timeoutMs, record);
+                conf.number("job.replacementTimeout"), conf.string("elastic.batch"), record);
+    }
+
+    /** The loop with Spark's two calls given (slots, exclude), per_rank batches. */
+    static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
+            int leastSlots, long timeoutMs, List<TorchSparkRunner.Attempt> record) {
+        return run(body, limit, slots, exclude, needSlots, leastSlots, timeoutMs, null, record);
     }
 
     /** The loop with Spark's two calls given (slots, exclude): see run(Body, ...). */
     static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
-            int leastSlots, long timeoutMs, List<TorchSparkRunner.Attempt> record) {
-        JsonNode reply = step(null, start(needSlots, limit, leastSlots, timeoutMs));
+            int leastSlots, long timeoutMs, String batch, List<TorchSparkRunner.Attempt> record) {
+        JsonNode reply = step(null, start(needSlots, limit, leastSlots, timeoutMs, batch));
         TorchSparkRunner.Attempt entry = null;
         TorchSparkException error = null;
         T result = null;
         while (true) {
             ObjectNode event = null;
+            JsonNode state = reply.path("state");
             for (JsonNode act : reply.path("actions")) {
                 switch (act.path("do").asText()) {
                     case "warn" -> TorchSparkRunner.LOG.warn("{}", act.path("text").asText());
@@ -225,12 +236,18 @@ final class RestartPolicy {
                         record.add(entry);
                         Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
                                 new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});
+                        GrowWatch watch = act.has("watch_ms")
+                                ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry) : null;
                         try {
                             result = body.run(entry.attempt(), env, entry.nodes(), entry);
                             event = Failure.JSON.createObjectNode().put("event", "attempt_succeeded");
                         } catch (TorchSparkException e) {
                             error = e;
                             event = failedEvent(e, entry);
+                        } finally {
+                            if (watch != null) {
+                                state = watch.end();
+                            }
                         }
                         entry.ended = System.currentTimeMillis();
                     }
@@ -249,7 +266,7 @@ final class RestartPolicy {
                             + "adapter does not know: " + act);
                 }
             }
-            reply = step(reply.path("state"), event); // (null: refused by the controller, named)
+            reply = step(state, event); // (null: refused by the controller, named)
             if (event != null && event.path("event").asText().equals("attempt_failed")) {
                 entry.cause = reply.path("state").path("causes").path(entry.attempt()).asText();
             }

@@ -195,6 +195,8 @@ public final class TorchSparkRunner {
         volatile Integer silentNode;
         volatile String silentExecutor;
         volatile String excludedExecutor;
+        /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
+        volatile LogServer server;
 
         Attempt(int attempt, int nodes) {
             this.attempt = attempt;

@@ -1,0 +1,99 @@
+package org.torchspark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+
+/**
+ * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
+ * torchspark/_restart.py's _Watch: from its own thread while the attempt runs, it counts the
+ * slots when the run controller says, sends them and performs the answers (warn, watch_slots,
+ * checkpoint_and_stop through the attempt's log server). {@link #end()} waits for the step in
+ * flight, so the attempt's own event follows the last state. No decision of its own.
+ */
+final class GrowWatch {
+    private final RestartPolicy.Slots slots;
+    private final TorchSparkRunner.Attempt entry;
+    private final Thread thread;
+    private volatile boolean ended;
+    private JsonNode state;
+
+    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
+        this.slots = slots;
+        this.state = state;
+        this.entry = entry;
+        this.thread = new Thread(() -> loop(firstMs), "torchspark-grow-watch");
+        thread.setDaemon(true);
+        thread.start();
+    }
+
+    private boolean sleep(long ms) {
+        synchronized (this) {
+            long until = System.currentTimeMillis() + ms;
+            while (!ended && System.currentTimeMillis() < until) {
+                try {
+                    wait(Math.max(1, until - System.currentTimeMillis()));
+                } catch (InterruptedException e) {
+                    return false;
+                }
+            }
+            return !ended;
+        }
+    }
+
+    private void loop(long firstMs) {
+        Long waitMs = firstMs;
+        while (waitMs != null && sleep(waitMs)) {
+            long t0 = System.nanoTime();
+            Integer free;
+            try {
+                free = slots.now();
+            } catch (RuntimeException | LinkageError e) {
+                free = null;
+            }
+            JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
+                    .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
+            state = reply.path("state");
+            waitMs = null;
+            for (JsonNode act : reply.path("actions")) {
+                switch (act.path("do").asText()) {
+                    case "warn" -> TorchSparkRunner.LOG.warn("{}", act.path("text").asText());
+                    case "watch_slots" -> waitMs = act.path("wait_ms").asLong();
+                    case "checkpoint_and_stop" -> ask();
+                    default -> TorchSparkRunner.LOG.warn("torchspark: the grow watch does not know {}", act);
+                }
+            }
+        }
+    }
+
+    /** CHECKPOINT to the attempt's agents, once its job was submitted (it is, ~3 s after). */
+    private void ask() {
+        long deadline = System.currentTimeMillis() + 30_000;
+        while (entry.server == null && System.currentTimeMillis() < deadline && sleep(100)) {
+            // the attempt's log server comes with its job
+        }
+        LogServer server = entry.server;
+        boolean asked;
+        try {
+            asked = server != null && server.checkpointAll(1);
+        } catch (IllegalStateException closed) {
+            asked = false; // the attempt ended meanwhile
+        }
+        if (!asked) {
+            TorchSparkRunner.LOG.warn("TorchSparkRunner: the attempt could not be asked to checkpoint "
+                    + "(its log server is gone)");
+        }
+    }
+
+    /** Stops the watch after the step in flight; the controller's state then. */
+    JsonNode end() {
+        synchronized (this) {
+            ended = true;
+            notifyAll();
+        }
+        try {
+            thread.join();
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+        }
+        return state;
+    }
+}
