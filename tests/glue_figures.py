@@ -33,9 +33,10 @@ GOALS = {"distributor.py lines": 450, "_run_distributed_job lines": 60,
 
 def py_functions(path: Path) -> Iterator[Tuple[str, int]]:
     tree = ast.parse(path.read_text(), str(path))
+    where = path.relative_to(PY) if PY in path.parents else path.name  # driver/_job.py
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield f"{path.name}:{node.lineno} {node.name}", node.end_lineno - node.lineno + 1
+            yield f"{where}:{node.lineno} {node.name}", node.end_lineno - node.lineno + 1
 
 
 _JAVA_METHOD = re.compile(r"^\s*(?:(?:public|private|protected|static|final|synchronized|abstract)\s+)*"

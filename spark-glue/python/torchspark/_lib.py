@@ -20,7 +20,10 @@ import shutil
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+# The package root (torchspark/), whichever of its folders this module lives in.
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+for _ in range(__name__.count(".") - 1):
+    _PKG_DIR = os.path.dirname(_PKG_DIR)
 _BIN_DIR = os.path.join(_PKG_DIR, "_bin")
 LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"

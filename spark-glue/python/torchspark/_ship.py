@@ -40,8 +40,11 @@ def _package_files() -> Dict[str, str]:
     from torchspark import _lib
 
     pkg = os.path.dirname(os.path.abspath(torchspark.__file__))
-    files = {f"torchspark/{f}": os.path.join(pkg, f)
-             for f in sorted(os.listdir(pkg)) if f.endswith(".py")}
+    files = {}
+    for d, dirs, names in os.walk(pkg):  # the subpackages too (driver/, task/, ...)
+        dirs[:] = sorted(n for n in dirs if n not in ("_bin", "__pycache__"))
+        for f in sorted(n for n in names if n.endswith(".py")):
+            files[os.path.relpath(os.path.join(d, f), os.path.dirname(pkg))] = os.path.join(d, f)
     files["torchspark/_bin/libtorchspark.so"] = _lib.library_path()
     files["torchspark/_bin/torchspark-run"] = _lib.agent_path()
     return files
