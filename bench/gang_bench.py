@@ -12,7 +12,8 @@ import threading
 import time
 
 from bench import harness
-from torchspark import TorchDistributor, _gang
+from torchspark import TorchDistributor
+from torchspark.driver import _gang
 
 
 def ddp_step():

@@ -530,7 +530,7 @@ PLANTS: List[Tuple[str, str, str]] = [
     ("layer-map", "native/src/agent/planted.c", "int tsp__planted;\n"),
     ("layer-room", "native/src/driver/sentinel.h", "int tsp__planted;\n"),
     ("layer-room", "native/src/warm.h", "int tsp__planted;\n"),
-    ("glue-text", "spark-glue/python/torchspark/_job.py",
+    ("glue-text", "spark-glue/python/torchspark/driver/_job.py",
      'PLANTED = "went silent" in str(object())\n'),
     ("glue-text", "spark-glue/java/org/torchspark/Outcome.java",
      'interface Planted { boolean LOST = "x".contains("ExecutorLostFailure"); }\n'),

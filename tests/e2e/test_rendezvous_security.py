@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from torchspark import _lib, _rendezvous
+from torchspark.native import _lib, _rendezvous
 
 SECRET = os.urandom(32).hex()
 RECORD = '{"version": 1, "master_port": 40123, "master_addr": "10.11.12.13", "run_id": "ab"}'
@@ -142,7 +142,7 @@ def test_a_sniffer_reads_nothing_and_cannot_race_or_replay_rank_0():
 
 _ATTACKER = r"""
 import os, socket, sys, time
-from torchspark import _rendezvous
+from torchspark.native import _rendezvous
 port, forged = int(sys.argv[1]), sys.argv[2]
 n = refused = 0
 end = time.time() + float(sys.argv[3])

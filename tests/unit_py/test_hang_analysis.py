@@ -1,4 +1,4 @@
-"""The hang doctor's analysis through the Python glue's binding (torchspark/_hang.py over
+"""The hang doctor's analysis through the Python glue's binding (torchspark/driver/_hang.py over
 tsp_hang_diagnose, native/src/driver/hang.c): what the golden cases of
 tests/contracts/hang.json (replayed by test_contracts.py and JUnit's ContractTest) cannot
 hold: a source file on the driver, 8,192 ranks, a hostile file named by a stack, refused
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from torchspark import _hang, _lib
+from torchspark.driver import _hang
+from torchspark.native import _lib
 
 DUMPS = Path(__file__).resolve().parents[1] / "e2e" / "hang_dumps"
 
@@ -101,7 +102,7 @@ def test_a_bad_request_names_the_key(request_doc, error):
 
 
 def test_the_doctor_counts_a_recorder_line_inside_a_stack_line_as_its_answer():
-    from torchspark._doctor import _answered
+    from torchspark.driver._doctor import _answered
 
     marker = "torchspark: stack dump #1 of rank 0 (host h, pid 1): state S (sleeping)"
     assert not _answered([marker, "  File \"p\", line 1 in f"])

@@ -1,5 +1,5 @@
 """The type checker of the test command (mypy over spark-glue/python, tests/run_all.sh's
-lint step) catches a misspelled key of the driver -> task contract (torchspark._spec):
+lint step) catches a misspelled key of the driver -> task contract (torchspark.task._spec):
 one planted in a copy of the package, where the task reads the spec and where the driver
 writes it, fails the check naming the file, the line and the key; the copy without a plant
 passes."""

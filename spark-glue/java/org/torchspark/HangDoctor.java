@@ -19,7 +19,7 @@ import java.util.function.LongSupplier;
 
 /**
  * The hang doctor of the JVM runner (docs/jvm.md; the PySpark glue's is
- * torchspark/_doctor.py, whose rules and words this class follows; the analysis is the C
+ * torchspark/driver/_doctor.py, whose rules and words this class follows; the analysis is the C
  * core's, tsp_hang_diagnose through JNI, the same for both glues): when no rank
  * has printed a line or reported for hangTimeout, it asks every agent for its workers' Python
  * stacks and flight recorders (DUMP, docs/protocol.md 1.9), collects each rank's dump from

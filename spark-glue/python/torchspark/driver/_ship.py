@@ -24,7 +24,7 @@ import threading
 import zipfile
 from typing import Any, Dict, Optional, Set, Tuple
 
-from torchspark._spec import ShipSpec
+from torchspark.task._spec import ShipSpec
 
 PLATFORM = f"{os.uname().sysname}-{os.uname().machine}"
 
@@ -37,7 +37,7 @@ def _package_files() -> Dict[str, str]:
     """Archive name -> file on this driver: the package's Python files and its native
     pieces, found the way the driver itself loads them."""
     import torchspark
-    from torchspark import _lib
+    from torchspark.native import _lib
 
     pkg = os.path.dirname(os.path.abspath(torchspark.__file__))
     files = {}

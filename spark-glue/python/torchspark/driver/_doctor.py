@@ -5,7 +5,7 @@ the attempt's workers' start: the first agent's authenticated connection, right 
 starts its workers, so that a job that hangs before its first line is named too), it asks every
 agent for its workers' Python stacks (DUMP, docs/protocol.md 1.9), collects each rank's
 dump from the log server's per-rank tail, prints one line naming the culprit
-(:mod:`torchspark._hang`), and with ``hang_action="cancel"`` stops the run, keeping the
+(:mod:`torchspark.driver._hang`), and with ``hang_action="cancel"`` stops the run, keeping the
 diagnosis for run()'s TorchDistributorError. One dump per hang: it asks again only after
 the ranks printed something since the last one.
 """
@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any, Dict, List, Optional
 
-from torchspark import _hang
-from torchspark._pump import _LogPump
+from torchspark.driver import _hang
+from torchspark.driver._pump import _LogPump
 
 __all__ = ["HangDoctor", "configure", "TIMEOUT_CONF", "ACTION_CONF", "TAIL_LINES"]
 
