@@ -21,7 +21,7 @@ from torchspark.driver import (_channel, _conf, _doctor, _failure, _gang, _job, 
 from torchspark.native import _native, _rendezvous
 from torchspark.task import _report_rows
 from torchspark.driver._report import TorchDistributorError
-from torchspark.task._spec import NodeSpec, ScriptFile, ShipSpec
+from torchspark.task._spec import NodeSpec, ShipSpec
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -406,7 +406,7 @@ class TorchDistributor:
             "gpus_per_task": self._gpus_per_task, "local_master": self.is_spark_local_master,
             "driver_gpus": driver_gpus, "driver_host": driver_host, "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
+            "script_file": None if fn_bytes is not None else _ship.script_file(str(train_object)),
             "driver_cwd": os.getcwd(), "script_args": script_args,
             "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),
@@ -430,22 +430,6 @@ class TorchDistributor:
         from torchspark.driver import _connect
 
         return _connect.client_address(self.spark)
-
-
-# A script that exists on the driver travels with the job (inside the task's closure)
-# for executors that lack it; larger ones must be on every executor (stock's rule).
-SCRIPT_SHIP_MAX = 16 << 20
-
-
-def _script_file(path: str) -> Optional[ScriptFile]:
-    """{"name", "data"} of a script file on the driver, to ship with the job, or None."""
-    try:
-        if not os.path.isfile(path) or os.path.getsize(path) > SCRIPT_SHIP_MAX:
-            return None
-        with open(path, "rb") as f:
-            return {"name": os.path.basename(path), "data": f.read()}
-    except OSError:
-        return None
 
 
 # Set once a task could not reach the driver's rendezvous: this process uses allGather.
