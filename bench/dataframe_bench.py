@@ -45,7 +45,7 @@ LOADERS = ("stock", "compat", "columnar")
 def write_case(directory, case, rows):
     import numpy as np
     import pyarrow as pa
-    from torchspark._partition import write_stream
+    from torchspark.task._partition import write_stream
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import ArrayType, FloatType, StructField, StructType
 

@@ -18,7 +18,8 @@ import threading
 import time
 
 from bench import harness
-from torchspark import TorchDistributor, _gang
+from torchspark import TorchDistributor
+from torchspark.driver import _gang
 
 PHASES = ("tasks_started", "election_done", "agents_started", "worker_exec", "torch_imported",
           "pg_up")

@@ -13,7 +13,7 @@ import re
 import time
 
 from bench import harness
-from torchspark import _lib
+from torchspark.native import _lib
 
 DUMPS = harness.ROOT / "tests" / "e2e" / "hang_dumps" / "sleep.txt"
 

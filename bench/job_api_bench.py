@@ -13,7 +13,8 @@ import json
 import time
 
 from bench import harness
-from torchspark import TorchDistributor, _job
+from torchspark import TorchDistributor
+from torchspark.driver import _job
 
 
 def bare_rdd_task(_):

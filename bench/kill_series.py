@@ -23,7 +23,7 @@ counted apart as undeliverable. Prints a table and the totals.
 timeline too (kill_series.PHASES: Spark's status store, the task's TORCHSPARK_TIMING marks,
 the training processes' own), and the median of each phase by kind. --no-revive: the
 driver does not ask Spark for offers while a restarted attempt's tasks wait for cores
-(torchspark._job.REVIVE_ON_RESTART off: the side-by-side "before"). --replacement: no
+(torchspark.driver._job.REVIVE_ON_RESTART off: the side-by-side "before"). --replacement: no
 min_nodes, so each next attempt waits for the killed executor's replacement (the standalone
 worker starts a new executor JVM) and runs on every worker again: the replacement path
 (with --kinds=exec_kill,rank0_kill; a cut host has no replacement).
@@ -58,7 +58,7 @@ def main() -> int:
     if [k for k in cycle if k not in ks.KINDS] or not cycle:
         ap.error(f"--kinds={args.kinds}: give kinds among {','.join(ks.KINDS)}")
     timeline = args.phases
-    patch = {"torchspark._job": {"REVIVE_ON_RESTART": False}} if args.no_revive else None
+    patch = {"torchspark.driver._job": {"REVIVE_ON_RESTART": False}} if args.no_revive else None
     min_nodes = None if args.replacement else 1
     run = harness.Run("kill_series", args)
     why = nc.namespaces_supported()

@@ -51,7 +51,7 @@ from pathlib import Path
 import psutil
 
 from bench import harness
-from torchspark._native import LogServer, load_library
+from torchspark.native._native import LogServer, load_library
 
 lch = harness.helper("logchannel_harness")
 RUN_BIN, Collector, drain_all = lch.RUN_BIN, lch.Collector, lch.drain_all

@@ -30,7 +30,7 @@ Unix socket.
 pieces: where report()'s CPU goes, in one process: the loop's step (--matmuls matmuls, then a
 metric) --steps times (default here 500), with each piece of report() added in turn, --runs
 rounds (default here 12): none, the step alone; check, the record checked and built
-(torchspark._metrics._record, on the calling thread), then dropped; queue, the same,
+(torchspark.worker._metrics._record, on the calling thread), then dropped; queue, the same,
 appended to a list (what report() does on the calling thread, but no sender thread);
 report, torchspark.report() itself, into a Unix socket that another process reads (the
 agent's end; its CPU is not this process's). The modes run in turns (the order reversed
@@ -77,7 +77,7 @@ def loop(steps, reporting, matmuls=12):
             torchspark.report({"loss": loss, "lr": 0.001, "step_time": 0.01}, step=step)
     took = time.perf_counter() - t0
     if reporting:  # what report() queued is sent (the sender's CPU counts)
-        import torchspark._metrics as m
+        import torchspark.worker._metrics as m
         if m._sender is not None:
             m._sender.close()
             m._sender = None
@@ -245,7 +245,7 @@ def run_pieces(args, run):
     import torch
 
     import torchspark
-    import torchspark._metrics as m
+    import torchspark.worker._metrics as m
 
     torch.set_num_threads(1)
     a, b = torch.rand(160, 160), torch.rand(160, 160)

@@ -9,7 +9,7 @@ executor JVM (rank 0's node or the other's) after 8 steps and max_restarts=1, in
   process), whose workers fork from the executors' warm pools (torch imported already);
 - any with "+grace": the driver waits, as before, up to 3 s for Spark's own failure
   (the barrier abort) after the log channel named the root cause, instead of submitting
-  the next attempt at once (torchspark._job.RESTART_GRACE_S, the side-by-side "before");
+  the next attempt at once (torchspark.driver._job.RESTART_GRACE_S, the side-by-side "before");
 - jvm, jvm-survivors: the JVM runner instead (TorchSparkRunner.script, maxRestarts(1);
   minNodes(1) for jvm-survivors), the same script and kill: a Java application of its
   own (spark-submit of tests/java's TrainApp "restart" on its own local-cluster[2,1,1024],
@@ -110,7 +110,7 @@ def _worker_phases(ph: dict, rel) -> dict:
 
 def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn,
             grace: bool = False):
-    from torchspark import _job
+    from torchspark.driver import _job
 
     _job.RESTART_GRACE_S = _job.SPARK_GRACE_S if grace else 0.0
     steps = tr.STEPS_PER_ATTEMPT + 12
@@ -141,7 +141,7 @@ def one_run(tmp: Path, name: str, node: int, watch: ExecutorWatch, min_nodes, fn
         **_worker_phases(ph, rel), "first_step": rel(first_step),
     }
     # Function mode with TORCHSPARK_TIMING=1: the resumed attempt's task-side marks
-    # (rank 0's task, from torchspark/_timing.py).
+    # (rank 0's task, from torchspark/driver/_timing.py).
     marks = box["dist"]._clock.marks
     for k in ("tasks_started", "election_done", "agents_started", "worker_exec"):
         if k in marks:
@@ -211,7 +211,7 @@ def main() -> None:
                     tr_slots = 0
                     deadline = time.monotonic() + 180
                     while time.monotonic() < deadline:
-                        from torchspark import _restart
+                        from torchspark.driver import _restart
 
                         tr_slots = _restart.free_slots(spark)
                         if tr_slots >= 2:

@@ -208,7 +208,7 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
 
 
 def dump(server, sims, world: int) -> Dict:
-    from torchspark import _doctor, _hang
+    from torchspark.driver import _doctor, _hang
 
     t0 = time.monotonic()
     req = server.dump_all()
@@ -233,7 +233,7 @@ def dump(server, sims, world: int) -> Dict:
 
 
 def rendezvous(ranks: int, procs: int) -> Dict:
-    from torchspark import _rendezvous
+    from torchspark.native import _rendezvous
 
     secret = os.urandom(32).hex()
     srv = _rendezvous.Server("127.0.0.1", secret)
@@ -258,8 +258,8 @@ def rendezvous(ranks: int, procs: int) -> Dict:
 
 def one(ranks: int, a) -> Dict:
     """One size, in this (fresh) process: the driver."""
-    from torchspark import _doctor, _progress
-    from torchspark._native import LogServer
+    from torchspark.driver import _doctor, _progress
+    from torchspark.native._native import LogServer
 
     nodes = max(1, ranks // a.nproc)
     server = LogServer(tail_lines=_doctor.TAIL_LINES)  # as TorchDistributor's with the doctor on

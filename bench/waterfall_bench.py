@@ -16,7 +16,7 @@ Floor, measured in the same run, each part alone, medians:
          slower of the two, from the call to its return)
   floor = job + torch + pg
 
-torchspark runs with TORCHSPARK_TIMING=1: the phases of each run() (torchspark/_timing.py)
+torchspark runs with TORCHSPARK_TIMING=1: the phases of each run() (torchspark/driver/_timing.py)
 are kept and their medians printed; stock's run() is timed as a whole. Each run() is
 recorded, the first of each implementation apart (a new session's first run starts the
 executors' Python workers, and torchspark's its warm worker pools), the later ones
@@ -38,7 +38,7 @@ from tests.helpers.agentutil import free_port
 
 os.environ["TORCHSPARK_TIMING"] = "1"
 from torchspark import TorchDistributor as Ours  # noqa: E402
-from torchspark import _timing  # noqa: E402
+from torchspark.driver import _timing  # noqa: E402
 
 PG = r'''
 import os, sys, time

@@ -436,13 +436,17 @@ def length_findings(root: str) -> List[Finding]:
     return out
 
 
+def _glue_files(top: str) -> List[str]:
+    """The .py and .java files under top, subpackages included, relative to top."""
+    return [os.path.relpath(os.path.join(d, n), top) for d, _, names in os.walk(top)
+            for n in names if n.endswith((".py", ".java"))]
+
+
 def glue_findings(root: str) -> List[Finding]:
     out = []
     for d in GLUE_DIRS:
         top = os.path.join(root, d)
-        for name in sorted(os.listdir(top)) if os.path.isdir(top) else ():
-            if not name.endswith((".py", ".java")):
-                continue
+        for name in sorted(_glue_files(top)):
             rel = f"{d}/{name}"
             with open(os.path.join(top, name), encoding="utf-8") as f:
                 for no, line in enumerate(f, 1):
@@ -532,7 +536,7 @@ PLANTS: List[Tuple[str, str, str]] = [
     ("layer-map", "native/src/agent/planted.c", "int tsp__planted;\n"),
     ("layer-room", "native/src/driver/sentinel.h", "int tsp__planted;\n"),
     ("layer-room", "native/src/warm.h", "int tsp__planted;\n"),
-    ("glue-text", "spark-glue/python/torchspark/_job.py",
+    ("glue-text", "spark-glue/python/torchspark/driver/_job.py",
      'PLANTED = "went silent" in str(object())\n'),
     ("glue-text", "spark-glue/java/org/torchspark/Outcome.java",
      'interface Planted { boolean LOST = "x".contains("ExecutorLostFailure"); }\n'),

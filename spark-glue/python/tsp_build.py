@@ -94,9 +94,11 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
     dist_info = f"{NAME}-{VERSION}.dist-info"
     files = []
     pkg = os.path.join(HERE, NAME)
-    for f in sorted(os.listdir(pkg)):
-        if f.endswith(".py"):
-            files.append((f"{NAME}/{f}", os.path.join(pkg, f), 0o644))
+    for d, dirs, names in os.walk(pkg):  # the subpackages too (driver/, task/, ...)
+        dirs[:] = sorted(n for n in dirs if n not in ("_bin", "__pycache__"))
+        for f in sorted(n for n in names if n.endswith(".py")):
+            arcname = os.path.relpath(os.path.join(d, f), HERE).replace(os.sep, "/")
+            files.append((arcname, os.path.join(d, f), 0o644))
     for n, path in _native_files().items():
         files.append((f"{NAME}/_bin/{n}", path, 0o755))
         if n == "torchspark-run":

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_BIN = Path(os.environ.get("TORCHSPARK_RUN", ROOT / "build" / "bin" / "torchspark-run"))
 PYTHON = sys.executable
 EXAMPLES = ROOT / "spark-glue" / "python" / "examples"
-# Each module's session starts warm worker pools (torchspark/_warm.py, about 300 MB each);
+# Each module's session starts warm worker pools (torchspark/worker/_warm.py, about 300 MB each);
 # those of the driver's local-mode runs live as long as pytest: let them end soon.
 os.environ.setdefault("TORCHSPARK_WARM_IDLE_TIMEOUT", "30s")
 

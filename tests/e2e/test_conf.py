@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import tsp_spark
-from torchspark import TorchDistributor, _conf
+from torchspark import TorchDistributor
+from torchspark.driver import _conf
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,8 @@ from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, Lo
                                ShortType, StringType, StructField, StructType)
 from torch.utils.data import DataLoader
 
-from torchspark import _partition, data
+from torchspark import data
+from torchspark.task import _partition
 
 SPARK_SCHEMA = StructType([
     StructField("id", LongType()), StructField("x", FloatType()), StructField("d", DoubleType()),
@@ -392,7 +393,8 @@ BIG_READER = textwrap.dedent("""
 
     threading.Thread(target=watch, daemon=True).start()
     import torch
-    from torchspark import _partition, data
+    from torchspark import data
+    from torchspark.task import _partition
     rows = ids = total = 0
     model = torch.nn.Linear(256, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

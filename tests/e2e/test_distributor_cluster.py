@@ -128,7 +128,7 @@ def test_gpu_tasks_run_one_process_per_gpu(spark):
     assert {r["CUDA_VISIBLE_DEVICES"] for r in ranks} == {"0,1"}  # the task's GPUs
     master = ranks[0]["MASTER_ADDR"]
     assert master and not master.startswith("127.")  # reachable by other hosts
-    from torchspark import _elect
+    from torchspark.native import _elect
     assert {r["GLOO_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
     assert {r["NCCL_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
     # Two processes per task, forked from their executor's warm pool, which was started
@@ -182,7 +182,7 @@ def test_refused_output_falls_back_to_collect_from_the_agents_status(spark, capl
     """The channel works but the driver refuses rank 0's output (it was never told to expect
     one): the agent's status says "failed", and the task, reading it, sends the result
     through collect() (docs/cli.md --output-file)."""
-    from torchspark import _native
+    from torchspark.native import _native
     monkeypatch.setattr(_native.LogServer, "expect_output", lambda self, path=None: None)
     caplog.set_level(logging.INFO)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
@@ -317,7 +317,8 @@ def test_two_concurrent_runs_both_succeed(spark):
 def test_classic_through_map_in_arrow_as_connect_does(spark, monkeypatch):
     """The DataFrame.mapInArrow(barrier=True) path that Connect and input DataFrames use,
     on this classic session: a result as collected rows, and a failure's root cause."""
-    from torchspark import _job, distributor
+    from torchspark import distributor
+    from torchspark.driver import _job
     monkeypatch.setattr(_job, "CLASSIC_VIA_ARROW", True)
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     n = 9 * 1024 * 1024 + 16

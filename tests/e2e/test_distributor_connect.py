@@ -21,7 +21,8 @@ from tests.helpers import jvmutil
 from tests.helpers import tsp_connect
 from tests.helpers import tsp_spark
 from tests.e2e.test_restart import _steplog, executor_of_node
-from torchspark import TorchDistributor, TorchDistributorError, _ship
+from torchspark import TorchDistributor, TorchDistributorError
+from torchspark.driver import _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 TEARDOWN_S = 2  # as on classic: nothing of a failed run may live longer

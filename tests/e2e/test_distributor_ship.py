@@ -13,7 +13,8 @@ import pytest
 from pyspark import cloudpickle
 
 from tests.helpers import tsp_spark
-from torchspark import TorchDistributor, TorchDistributorError, _ship
+from torchspark import TorchDistributor, TorchDistributorError
+from torchspark.driver import _ship
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = "ship-" + os.urandom(6).hex()

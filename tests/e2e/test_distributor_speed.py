@@ -15,7 +15,9 @@ import threading
 import pytest
 from pyspark import cloudpickle
 
-from torchspark import TorchDistributor, _rendezvous, _timing, distributor
+from torchspark import TorchDistributor, distributor
+from torchspark.driver import _timing
+from torchspark.native import _rendezvous
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -147,7 +149,7 @@ def test_unreachable_rendezvous_falls_back_to_all_gather_once(spark, monkeypatch
 
 def uses_pyspark():
     # The training process loaded this function without importing pyspark's package
-    # (torchspark/_cloudpickle.py); the function's own imports get the real thing.
+    # (torchspark/worker/_cloudpickle.py); the function's own imports get the real thing.
     before = sorted(m for m in sys.modules if m.startswith("pyspark.") and
                     not m.startswith("pyspark.cloudpickle"))
     import pyspark

@@ -21,7 +21,8 @@ import pytest
 from pyspark import cloudpickle
 
 from tests.helpers import tsp_spark
-from torchspark import TorchDistributor, _native
+from torchspark import TorchDistributor
+from torchspark.native import _native
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = tsp_spark.SHARED_MARK

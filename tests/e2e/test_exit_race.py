@@ -27,7 +27,7 @@ def _run_two_nodes(tmp_path, i: int, marker: str) -> list[tuple[int, str, str]]:
         cloudpickle.dump((late_gloo.late_gloo_fn, (4,), {}), f)
     return _launch_two_nodes(
         base_env(marker, PYTHONPATH=str(SCRIPTS)),
-        lambda node: ["-m", "torchspark._fn_runner", str(fn_file),
+        lambda node: ["-m", "torchspark.worker._fn_runner", str(fn_file),
                       str(tmp_path / f"out{i}.{node}")])
 
 

@@ -7,7 +7,7 @@ import sys
 
 CHILD = r'''
 import resource, sys
-from torchspark import _native
+from torchspark.native import _native
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
 _native.fd_check(100)

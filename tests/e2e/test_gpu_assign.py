@@ -47,7 +47,7 @@ def _agent_wrapper(directory):
     their launchers: it records its command line and sources NODE_ENV.<its node rank> when
     that file exists, so one node's agent (and its workers) gets its own NCCL settings, as
     a host whose scheduler set NCCL_IB_GID_INDEX differently would."""
-    from torchspark._lib import agent_path
+    from torchspark.native._lib import agent_path
     path = directory / "agent-wrapper.sh"
     path.write_text(
         "#!/bin/sh\n"

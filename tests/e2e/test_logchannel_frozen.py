@@ -25,7 +25,7 @@ STOP_BOUND_S = 0.2
 # The driver: a log server that pulls lines until its stdin closes, then prints them.
 _DRIVER = r"""
 import json, sys, threading
-from torchspark._native import LogServer
+from torchspark.native._native import LogServer
 srv = LogServer()
 print(json.dumps({"endpoint": srv.endpoint, "env": srv.agent_env()}), flush=True)
 got = []

@@ -27,7 +27,7 @@ from tests.helpers.logproto import AUTH, CHALLENGE, ERROR, WELCOME, frame, hello
 _DRIVER = r"""
 import json, os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from torchspark._native import LogServer
+from torchspark.native._native import LogServer
 srv = LogServer(secret=bytes(range(32)))
 if sys.argv[1] == "emfile":
     spent = []
@@ -194,7 +194,7 @@ def _rss_kb(pid: int) -> int:
 _RDV_DRIVER = r"""
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from torchspark._rendezvous import Server
+from torchspark.native._rendezvous import Server
 srv = Server("127.0.0.1", "ab" * 32)  # TLS keyed by a run secret (protocol 2.1)
 print(json.dumps(srv.spec("127.0.0.1")), flush=True)
 sys.stdin.read()
@@ -227,7 +227,7 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
 
 def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
     from tests.e2e.test_output_channel import _ship
-    from torchspark._native import LogServer
+    from torchspark.native._native import LogServer
 
     srv = LogServer()
     try:
@@ -261,7 +261,7 @@ def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path)
 
 def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
     from tests.e2e.test_output_channel import _expected_sha, _ship
-    from torchspark._native import LogServer
+    from torchspark.native._native import LogServer
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
@@ -287,7 +287,7 @@ def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
 
 def test_a_stranger_cannot_hold_the_output_slot(tmp_path):
     from tests.e2e.test_output_channel import _ship
-    from torchspark._native import LogServer
+    from torchspark.native._native import LogServer
 
     srv = LogServer()
     try:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.logchannel_harness import (RUN_BIN, Collector, drain_all, expected, pump_until,
                                 start_agents)
-from torchspark._native import LogServer
+from torchspark.native._native import LogServer
 
 NODES = 8
 LINES = int(os.environ.get("LC_TEST_LINES", "12000"))
@@ -96,7 +96,7 @@ def _run_one_agent(srv, script):
 def test_read_text_matches_format_line(tmp_path):
     """The natively formatted batch (what the distributor writes to sys.stderr) is the
     text that format_line gives line by line, invalid UTF-8 and stderr marker included."""
-    from torchspark._native import CONTINUED, format_line
+    from torchspark.native._native import CONTINUED, format_line
 
     script = tmp_path / "w.py"
     script.write_text("import sys\n"
@@ -127,7 +127,7 @@ def test_read_text_matches_format_line(tmp_path):
 def test_distributor_pump_writes_rank_lines_to_stderr(tmp_path, capfd):
     """The distributor's pump (natively formatted batches) puts each worker line on the
     driver's sys.stderr as "[rank N] text", stderr lines with their marker."""
-    from torchspark._pump import _LogPump
+    from torchspark.driver._pump import _LogPump
 
     script = tmp_path / "w.py"
     script.write_text("import sys\nprint('hello from the worker')\n"

@@ -75,7 +75,7 @@ def test_garbage_connections_do_not_stop_real_lines():
 
 
 def test_binding_surface_tail_format_output(tmp_path):
-    from torchspark._native import Line, format_line, STDERR, STDOUT
+    from torchspark.native._native import Line, format_line, STDERR, STDOUT
 
     srv = LogServer(tail_lines=3, secret=bytes(range(32)))
     assert srv.secret == bytes(range(32)) and srv.secret_hex == bytes(range(32)).hex()

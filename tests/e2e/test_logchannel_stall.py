@@ -14,7 +14,7 @@ import sys
 import time
 
 from tests.helpers.logchannel_harness import RUN_BIN
-from torchspark._native import LogServer
+from torchspark.native._native import LogServer
 
 
 @contextlib.contextmanager

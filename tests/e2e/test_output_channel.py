@@ -6,7 +6,7 @@ byte-identical and keeps its buffer alive after the server object is dropped, an
 that is missing when the worker is done is reported by the agent with its path.
 
 The outcome is explicit: the agent writes `PATH.status` ({"output": "delivered"|"failed",
-"bytes", "sha256", "error"}, docs/cli.md), and the task glue (torchspark._task.result_file) decides
+"bytes", "sha256", "error"}, docs/cli.md), and the task glue (torchspark.task._task.result_file) decides
 from it alone whether rank 0's result goes back through collect()."""
 import gc
 import hashlib
@@ -20,8 +20,8 @@ import time
 import pytest
 
 from tests.helpers.logchannel_harness import RUN_BIN
-from torchspark import _task
-from torchspark._native import LogServer
+from torchspark.task import _task
+from torchspark.native._native import LogServer
 
 WRITER = textwrap.dedent("""
     import os, sys

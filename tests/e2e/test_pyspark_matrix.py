@@ -92,7 +92,7 @@ def test_pip_install_keeps_the_users_pyspark(matrix_python):
     assert before == VERSION, before
     assert pip.returncode == 0, pip.stdout[-2000:] + pip.stderr[-4000:]
     assert after == VERSION, f"pip install ./spark-glue/python replaced pyspark {before} with {after}"
-    r = subprocess.run([python, "-c", "import torchspark, torchspark._spark as s; s.check(); "
+    r = subprocess.run([python, "-c", "import torchspark, torchspark.driver._spark as s; s.check(); "
                         "print(torchspark.__file__)"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "site-packages" in r.stdout, r.stderr[-3000:]
     if TORCH:  # and the user's torch (2.4.1+cu121 is 2.4.1)
@@ -219,7 +219,7 @@ def test_connect_client_calls_exist_on_this_pyspark(matrix_python):
 
 @pytest.mark.parametrize("old", ["3.4.4", "3.3.0", "2.4.8"])
 def test_an_older_pyspark_is_one_clear_error(old):
-    from torchspark import _spark
+    from torchspark.driver import _spark
 
     with pytest.raises(RuntimeError) as e:
         _spark.check(old)

@@ -116,7 +116,7 @@ def test_a_sniffer_reads_nothing_and_cannot_race_or_replay_rank_0():
 
 _ATTACKER = r"""
 import os, socket, sys, time
-from torchspark import _rendezvous
+from torchspark.native import _rendezvous
 port, forged = int(sys.argv[1]), sys.argv[2]
 n = refused = 0
 end = time.time() + float(sys.argv[3])

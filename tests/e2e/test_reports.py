@@ -229,8 +229,8 @@ def _script_file(tmp_path):
 TTY_DRIVER = """
 import json, sys, time
 from tests.helpers import logproto
-from torchspark._native import LogServer
-from torchspark._progress import ReportHub
+from torchspark.native._native import LogServer
+from torchspark.driver._progress import ReportHub
 srv = LogServer()
 hub = ReportHub(srv)
 agent = logproto.RawAgent(srv.host, srv.port, srv.secret)

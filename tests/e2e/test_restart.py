@@ -339,8 +339,8 @@ def test_silent_executor_is_noticed_within_the_bound(spark, tmp_path):
 def test_restarted_job_asks_for_offers_until_its_tasks_run(spark):
     """A restarted attempt's barrier job waits for cores that the failed attempt's tasks
     give back one executor at a time; the driver asks Spark for an offer of every executor
-    (reviveOffers) until its tasks run, then stops asking (torchspark._job)."""
-    from torchspark import _job
+    (reviveOffers) until its tasks run, then stops asking (torchspark.driver._job)."""
+    from torchspark.driver import _job
 
     sc = spark.sparkContext
     tag = f"torchspark-{uuid.uuid4().hex}"

@@ -76,7 +76,7 @@ def test_a_storm_from_one_address_is_not_given_up_in_its_handshakes():
     import socket
     import time
 
-    from torchspark._native import LogServer
+    from torchspark.native._native import LogServer
 
     srv = LogServer()
     socks = []

@@ -1,4 +1,4 @@
-"""Warm worker pools (torchspark/_warm.py, docs/protocol.md §6): function-mode training
+"""Warm worker pools (torchspark/worker/_warm.py, docs/protocol.md §6): function-mode training
 processes forked from a per-executor process that has torch imported.
 
 Through TorchDistributor.run on local-cluster[2,1,1024]: the workers come from the pool,
@@ -20,7 +20,8 @@ import pytest
 from pyspark import cloudpickle
 
 from tests.helpers import tsp_spark
-from torchspark import TorchDistributor, TorchDistributorError, _warm
+from torchspark import TorchDistributor, TorchDistributorError
+from torchspark.worker import _warm
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 MARK_VALUE = tsp_spark.SHARED_MARK
@@ -191,7 +192,7 @@ def _fn_files(tmp_path, fn):
 def _agent(run_bin, sock, fn_file, out_file, env):
     return subprocess.Popen(
         [str(run_bin), "--standalone", "--nproc-per-node=1", "--python", sys.executable,
-         "--warm-socket", sock, "-m", "torchspark._fn_runner", fn_file, out_file],
+         "--warm-socket", sock, "-m", "torchspark.worker._fn_runner", fn_file, out_file],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -278,7 +279,7 @@ _REQUEST = r"""
 import os, socket, struct, sys, time
 sock, boot, fn_file, out_file, result = sys.argv[1:6]
 drip = float(os.environ.get("DRIP", "0"))
-argv = [sys.executable, "-u", "-c", boot, "-m", "torchspark._fn_runner", fn_file, out_file]
+argv = [sys.executable, "-u", "-c", boot, "-m", "torchspark.worker._fn_runner", fn_file, out_file]
 parts = ["/", str(len(argv)), *argv, *(f"{k}={v}" for k, v in os.environ.items())]
 payload = b"".join(p.encode() + b"\0" for p in parts)
 head = struct.pack(">4sIII", b"TSPW", 1, len(payload), 3)

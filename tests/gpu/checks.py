@@ -49,14 +49,14 @@ def fmt(xs: Sequence[float], unit: str = "s", digits: int = 2) -> str:
 
 
 def agent() -> str:
-    from torchspark._lib import agent_path
+    from torchspark.native._lib import agent_path
 
     return agent_path()
 
 
 def nccl_lib() -> Optional[str]:
     """The libnccl the training uses: TORCHSPARK_NCCL_LIB, else torch's nvidia-nccl wheel."""
-    from torchspark._launch import find_libnccl
+    from torchspark.task._launch import find_libnccl
 
     return os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
 
@@ -306,7 +306,7 @@ def check_env() -> int:
     say("libnccl", nccl_lib() or "(the loader's libnccl.so.2)")
     say("agent", agent())
     try:  # as a training process loads it: pyspark's cloudpickle only (no py4j here)
-        from torchspark import _cloudpickle
+        from torchspark.worker import _cloudpickle
 
         say("pyspark's cloudpickle", _cloudpickle.load().__file__)
     except ImportError as e:
@@ -321,7 +321,7 @@ def check_env() -> int:
 def check_h1() -> int:
     """H1: the NVML inventory (tsp_gpu_inventory) and the CUDA driver's devices (in PCI
     order) against nvidia-smi: the same GPUs with the same UUIDs and bus ids."""
-    from torchspark._lib import load_library
+    from torchspark.native._lib import load_library
 
     inv = Inventory()
     err = ctypes.create_string_buffer(1024)
@@ -563,7 +563,7 @@ def check_h6() -> int:
 def check_h7() -> int:
     """H7: the election's held nccl_port (SO_REUSEADDR + SO_REUSEPORT, never listening) is
     the check's NCCL_COMM_ID port: real NCCL's bootstrap root binds over it, 5 of 5 times."""
-    from torchspark import _elect
+    from torchspark.native import _elect
 
     ok = True
     walls = []

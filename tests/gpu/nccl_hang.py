@@ -1,6 +1,6 @@
 """The hang doctor on NCCL with torch's flight recorder (docs/distributor.md, "The hang
 doctor"; docs/protocol.md 1.9), without Spark: the driver's own pieces (the native log
-server, torchspark._doctor.HangDoctor, torchspark._hang) and torchspark-run, one process
+server, torchspark.driver._doctor.HangDoctor, torchspark.driver._hang) and torchspark-run, one process
 per GPU (at most 2).
 
 - Two GPUs or more: 2 ranks; both do one NCCL all_reduce, then rank 1 sleeps in Python
@@ -81,9 +81,9 @@ def main() -> int:
     if not cpu and not torch.cuda.is_available():
         say("SKIP: no CUDA device visible to torch")
         return 77
-    from torchspark import _doctor
-    from torchspark._lib import agent_path
-    from torchspark._native import LogServer
+    from torchspark.driver import _doctor
+    from torchspark.native._lib import agent_path
+    from torchspark.native._native import LogServer
 
     world = 2 if cpu else min(2, torch.cuda.device_count())
     work = tempfile.mkdtemp(prefix="tsp-nccl-hang-")

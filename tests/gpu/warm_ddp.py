@@ -2,7 +2,7 @@
 Spark (tests/gpu/run.sh; docs/gpu.md, "Running the device check on a GPU machine").
 
 This process plays the executor's Python worker running one barrier task of
-``TorchDistributor(use_gpu=True).run(fn)`` (torchspark/_task.py, ``run_node`` and
+``TorchDistributor(use_gpu=True).run(fn)`` (torchspark/task/_task.py, ``run_node`` and
 ``_run_agent``): it elects the master (``_elect.elect_master``, holding the ports), starts
 or finds the executor's warm pool (``_task.warm_pool``), builds the agent's command
 (``_launch.agent_command`` with ``--gpus``, ``--warm-socket`` and the election's
@@ -135,7 +135,7 @@ def train(launch_t0: float, dataframe: bool) -> Dict[str, Any]:
 
 def elect() -> Tuple[Any, Any]:
     """Rank 0's election as run_node does it, towards this host (a one-node job)."""
-    from torchspark import _elect
+    from torchspark.native import _elect
 
     try:
         record, packed, held = _elect.elect_master(socket.gethostname())
@@ -146,11 +146,11 @@ def elect() -> Tuple[Any, Any]:
 
 def stage_partition(workdir: str):
     """The partition as a barrier task of train_on_dataframe stages it: Arrow record
-    batches of Spark's size, as mapInArrow hands them, written once (torchspark/_partition.py)."""
+    batches of Spark's size, as mapInArrow hands them, written once (torchspark/task/_partition.py)."""
     import numpy as np
     import pyarrow as pa
 
-    from torchspark import _partition
+    from torchspark.task import _partition
 
     def batches():
         for lo in range(0, ROWS, SPARK_BATCH):
@@ -173,7 +173,7 @@ def stage_partition(workdir: str):
 def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
            nccl_check: float, dataframe: bool, env: Dict[str, str]) -> Tuple[Dict, float, int]:
     """One function-mode run on this node: (rank 0's result, wall, the agent's status)."""
-    from torchspark import _launch
+    from torchspark.task import _launch
 
     record, held = elect()
     env = dict(env)
@@ -189,7 +189,7 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
     cmd = _launch.agent_command(
         standalone=False, nnodes=1, node_rank=0, nproc_per_node=len(gpus.split(",")),
         master_addr=record.master_addr, master_port=record.master_port, run_id=record.run_id,
-        error_file=error_file, program=["-m", "torchspark._fn_runner", fn_file, out_file],
+        error_file=error_file, program=["-m", "torchspark.worker._fn_runner", fn_file, out_file],
         gpus=gpus, nccl_check=nccl_check, nccl_port=record.nccl_port, warm_socket=warm)
     say(f"[{tag}] {' '.join(cmd)}")
     t0 = time.monotonic()
@@ -232,7 +232,8 @@ def main() -> int:
                 "docs/gpu.md)")
             return SKIP
 
-    from torchspark import _cloudpickle, _task, _warm
+    from torchspark.task import _task
+    from torchspark.worker import _cloudpickle, _warm
 
     cloudpickle = _cloudpickle.load()  # pyspark's, as the driver pickles run()'s function
     ok = True

@@ -146,7 +146,7 @@ def python_without_torchspark(directory: Path, other_version: str = "") -> str:
     return python
 
 
-WARM_POOL_COMM = b"tsp-warm-pool"  # torchspark._warm.POOL_COMM
+WARM_POOL_COMM = b"tsp-warm-pool"  # torchspark.worker._warm.POOL_COMM
 
 
 def warm_pool_child(pid: int) -> bool:
@@ -179,7 +179,7 @@ def job_processes(mark: str) -> List[int]:
             continue
         if needle not in env or state == b"Z":
             continue
-        # A worker forked from a warm pool (torchspark/_warm.py) shows the pool's
+        # A worker forked from a warm pool (torchspark/worker/_warm.py) shows the pool's
         # environment, without the run's variables: it is known by its parent.
         is_worker = (any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env)
                      or warm_pool_child(int(pid)))

@@ -1,7 +1,7 @@
 /* test_dump.c: the hang doctor's agent side (dump.c, docs/protocol.md 1.9) on real
  * processes: the state of a running, a sleeping, a stopped and a zombie child from /proc,
  * whether a process handles the dump signal, and the marker lines as the driver parses
- * them (spark-glue/python/torchspark/_hang.py). */
+ * them (spark-glue/python/torchspark/driver/_hang.py). */
 #include <check.h>
 #include <errno.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-"""torchspark/_cloudpickle.py in fresh interpreters (as a training process starts): a
+"""torchspark/worker/_cloudpickle.py in fresh interpreters (as a training process starts): a
 function pickled by pyspark's cloudpickle loads without running pyspark/__init__, and
 whatever the function then does with pyspark finds the same modules as after a plain
 `import pyspark`, whichever way it comes in first. Through run(): test_distributor_speed."""
@@ -10,7 +10,7 @@ from pyspark import cloudpickle
 
 LOAD = """
 import sys
-from torchspark import _cloudpickle
+from torchspark.worker import _cloudpickle
 cp = _cloudpickle.load()
 fn = cp.loads(bytes.fromhex(sys.argv[1]))
 assert "pyspark.sql" not in sys.modules and "pyspark.core" not in sys.modules, sorted(sys.modules)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from torchspark import _native
+from torchspark.native import _native
 
 HEADER = Path(__file__).resolve().parents[2] / "native" / "include" / "torchspark" / "common.h"
 

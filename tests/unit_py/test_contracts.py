@@ -7,7 +7,9 @@ import pathlib
 
 import pytest
 
-from torchspark import _hang, _launch, _lib, _rendezvous, _report, _restart
+from torchspark.driver import _hang, _report, _restart
+from torchspark.native import _lib, _rendezvous
+from torchspark.task import _launch
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -167,7 +169,7 @@ def test_a_lost_node_is_finished_by_the_core():
 
     from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
     from tests.helpers.logchannel_harness import RUN_BIN
-    from torchspark._native import LogServer, line_prefix
+    from torchspark.native._native import LogServer, line_prefix
 
     srv, marker = LogServer(), new_marker()
     try:

@@ -4,8 +4,9 @@ console when the glue runs it without the log channel; the failure report's tail
 reads the same prefix back."""
 import subprocess
 
-from torchspark import _launch, _report
-from torchspark._native import EVENT, STDERR, STDOUT, Line, format_line, line_prefix
+from torchspark.driver import _report
+from torchspark.task import _launch
+from torchspark.native._native import EVENT, STDERR, STDOUT, Line, format_line, line_prefix
 
 
 def test_python_gets_the_c_formatter():

@@ -1,4 +1,4 @@
-"""The driver's restart loop without Spark (torchspark/_restart.py, an adapter of the C run
+"""The driver's restart loop without Spark (torchspark/driver/_restart.py, an adapter of the C run
 controller): what the glue hands the controller and how it performs its actions. The
 decisions themselves are the golden cases of tests/contracts/runctl.json
 (test_contracts.py::test_runctl_golden); the loop on a real cluster, with executors killed,
@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from torchspark import _restart
-from torchspark._report import TorchDistributorError
+from torchspark.driver import _restart
+from torchspark.driver._report import TorchDistributorError
 
 LOST = ("Job aborted due to stage failure: Task 1 in stage 0.0 failed 1 times, most recent "
         "failure: Lost task 1.0 in stage 0.0 (TID 1) (10.0.0.8 executor 1): ExecutorLostFailure "

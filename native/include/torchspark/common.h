@@ -38,8 +38,8 @@ extern "C" {
 /* The streams and flags of a worker's line, written once for every side: the agent's
  * lines (lines.h: TSP_STREAM_*, TSP_LINE_*), the log channel's frames (docs/protocol.md
  * 1.5), the lines the driver's log server delivers (logserver.h) and the glue
- * (torchspark._native, checked against this header by tests/unit_py/test_constants.py). Server
- * events (dropped connections and why) are lines of stream TSP_LOG_STREAM_EVENT. */
+ * (torchspark.native._native, checked against this header by tests/unit_py/test_constants.py).
+ * Server events (dropped connections and why) are lines of stream TSP_LOG_STREAM_EVENT. */
 #define TSP_LOG_STREAM_STDOUT 1
 #define TSP_LOG_STREAM_STDERR 2
 #define TSP_LOG_STREAM_EVENT 3

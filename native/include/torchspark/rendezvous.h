@@ -13,7 +13,7 @@
  * MAC = HMAC-SHA256(a key derived from the secret, RECORD): checked by the server on PUT and
  * by every GET client.
  *
- * Both glues bind this one implementation (ctypes: torchspark._rendezvous; JNI:
+ * Both glues bind this one implementation (ctypes: torchspark.native._rendezvous; JNI:
  * org.torchspark.Rendezvous); only the switch (on, off, fallback to allGather) is theirs.
  *
  * Lifecycle of a tsp_rdv_t: tsp_rdv_start() (allocated, listening, its thread running),

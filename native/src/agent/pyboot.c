@@ -4,7 +4,7 @@ Why: CPython's interpreter finalization can turn a finished training into SIGABR
 gloo exit race, docs/cli.md). A worker is therefore started as
     python -u -c BOOT SCRIPT ARGS        (or  python -u -c BOOT -m MODULE ARGS)
 and BOOT runs the script the way `python -u SCRIPT` would, then ends the process the way
-torchspark._fn_runner does: join non-daemon threads, atexit callbacks, flush, os._exit.
+torchspark.worker._fn_runner does: join non-daemon threads, atexit callbacks, flush, os._exit.
 
 What BOOT reproduces of `python SCRIPT` (checked side by side in tests/e2e/test_script_exit.py):
   - sys.argv [SCRIPT, ARGS...] (for -m: ['-m', ARGS...] until runpy puts the module's path

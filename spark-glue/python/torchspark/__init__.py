@@ -6,16 +6,16 @@
 function given to ``TorchDistributor.train_on_dataframe``,
 ``torchspark.get_spark_partition_data_loader`` and ``torchspark.partition_batches`` read the
 task's partition (torchspark/data.py); ``torchspark.report(metrics, step)`` sends a rank's
-metrics to the driver (torchspark/_metrics.py, docs/distributor.md).
+metrics to the driver (torchspark/worker/_metrics.py, docs/distributor.md).
 
 Everything is imported on first use (PEP 562): the modules that run on executors and in
-training processes (``torchspark._task``, ``torchspark._fn_runner``) import this package
+training processes (``torchspark.task._task``, ``torchspark.worker._fn_runner``) import this package
 too, and should not pay for the driver's imports of pyspark.sql, nor for torch and pyarrow
 where the readers are not used.
 """
 from typing import Any
 
-from torchspark._lib import jar_path
+from torchspark.native._lib import jar_path
 
 __version__ = "0.1.0"
 _DATA = ("get_spark_partition_data_loader", "partition_batches", "partition_num_rows")
@@ -24,10 +24,10 @@ __all__ = ["TorchDistributor", "DeepspeedTorchDistributor", "TorchDistributorErr
 
 _LAZY = {
     "TorchDistributor": "torchspark.distributor",
-    "TorchDistributorError": "torchspark._report",
+    "TorchDistributorError": "torchspark.driver._report",
     "DeepspeedTorchDistributor": "torchspark.deepspeed_distributor",
-    "report": "torchspark._metrics",
-    "Report": "torchspark._progress",
+    "report": "torchspark.worker._metrics",
+    "Report": "torchspark.driver._progress",
     **{name: "torchspark.data" for name in _DATA},
 }
 

@@ -2,7 +2,7 @@
 
 Inside the train function of ``TorchDistributor.train_on_dataframe`` every process reads
 the partition its barrier task wrote once (an Arrow IPC stream under Spark's local dirs,
-named by ``TORCHSPARK_PARTITION_FILE``; see torchspark/_partition.py). The file is
+named by ``TORCHSPARK_PARTITION_FILE``; see torchspark/task/_partition.py). The file is
 memory-mapped copy-on-write: the record batches are views of the page cache, a numeric
 column becomes a tensor over those pages without a copy, and a tensor changed in place
 changes only this process's private copy of the page, never the file or another rank.
@@ -31,9 +31,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-# The variables a barrier task sets (torchspark/_partition.py); PySpark's two also lead
+# The variables a barrier task sets (torchspark/task/_partition.py); PySpark's two also lead
 # here, so these readers work under PySpark's distributor as well.
-from torchspark._partition import (PARTITION_FILE_ENV, SPARK_SCHEMA_KEY, STOCK_FILE_ENV,
+from torchspark.task._partition import (PARTITION_FILE_ENV, SPARK_SCHEMA_KEY, STOCK_FILE_ENV,
                                    STOCK_SCHEMA_ENV)
 
 __all__ = ["get_spark_partition_data_loader", "partition_batches", "partition_num_rows",

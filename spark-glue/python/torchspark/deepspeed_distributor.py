@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Dict, Optional, Union
 
-from torchspark._deepspeed_launch import (DeepspeedFunction, DeepspeedScript, config_path,
+from torchspark.worker._deepspeed_launch import (DeepspeedFunction, DeepspeedScript, config_path,
                                           deepspeed_args)
 from torchspark.distributor import TorchDistributor
 

@@ -16,10 +16,12 @@ from typing import Any, Callable, Dict, List, Optional, Union
 from pyspark import cloudpickle
 from pyspark.sql import SparkSession
 
-from torchspark import (_channel, _conf, _doctor, _failure, _gang, _job, _local, _native,
-                        _progress, _rendezvous, _report_rows, _restart, _ship, _timing)
-from torchspark._report import TorchDistributorError
-from torchspark._spec import NodeSpec, ScriptFile, ShipSpec
+from torchspark.driver import (_channel, _conf, _doctor, _failure, _gang, _job, _local, _progress,
+                               _restart, _ship, _timing)
+from torchspark.native import _native, _rendezvous
+from torchspark.task import _report_rows
+from torchspark.driver._report import TorchDistributorError
+from torchspark.task._spec import NodeSpec, ShipSpec
 
 __all__ = ["TorchDistributor", "TorchDistributorError"]
 
@@ -102,7 +104,7 @@ class TorchDistributor:
                  min_nodes: Optional[int] = None,
                  hang_timeout: Optional[Union[float, str]] = None,
                  hang_action: Optional[str] = None) -> None:
-        from torchspark import _spark
+        from torchspark.driver import _spark
 
         _spark.check()  # pyspark 3.5+: a clear error naming what an older one lacks
         from pyspark.sql.utils import is_remote
@@ -183,7 +185,7 @@ class TorchDistributor:
 
     def _validate_input_params(self) -> None:
         if self.num_processes <= 0:
-            from torchspark import _spark
+            from torchspark.driver import _spark
 
             raise ValueError(_spark.NUM_PROCESSES_ERROR[_spark.version() >= (4, 0)])
 
@@ -216,7 +218,7 @@ class TorchDistributor:
         clock.report("local" if self.local_mode else "distributed")
         return result
 
-    _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/_timing.py)
+    _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/driver/_timing.py)
 
     def _timing_from(self, data: Any) -> memoryview:
         """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
@@ -231,7 +233,7 @@ class TorchDistributor:
         """PySpark's ``_train_on_dataframe``: one barrier task per partition of df, whose
         processes read it with torchspark.get_spark_partition_data_loader or
         torchspark.partition_batches (docs/dataframes.md); returns rank 0's value."""
-        from torchspark import _partition
+        from torchspark.task import _partition
 
         self._read_settings()
         return _partition.train_on_dataframe(self, train_function, df, args, kwargs)
@@ -250,7 +252,7 @@ class TorchDistributor:
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         return _local.run(self, train_object, fn_bytes, script_args)
 
-    # Per attempt of a run with restarts (torchspark/_restart.py): the training processes'
+    # Per attempt of a run with restarts (torchspark/driver/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
     _attempt_env: Dict[str, str] = {}
     _log_fmt: Optional[str] = None
@@ -406,7 +408,7 @@ class TorchDistributor:
             "gpus_per_task": self._gpus_per_task, "local_master": self.is_spark_local_master,
             "driver_gpus": driver_gpus, "driver_host": driver_host, "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None if fn_bytes is not None else _script_file(str(train_object)),
+            "script_file": None if fn_bytes is not None else _ship.script_file(str(train_object)),
             "driver_cwd": os.getcwd(), "script_args": script_args,
             "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),
@@ -417,7 +419,7 @@ class TorchDistributor:
             "gpu_resource": settings["gpuResource"],
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
             "rendezvous": ch.rdv.spec(advertised or driver_host) if ch.rdv is not None else None,
-            "attempt_env": self._attempt_env,  # restarts (torchspark/_restart.py)
+            "attempt_env": self._attempt_env,  # restarts (torchspark/driver/_restart.py)
         }
 
     def _log_server_host(self, driver_host: str) -> "tuple[str, str]":
@@ -427,25 +429,9 @@ class TorchDistributor:
         if not self.is_remote:
             bind = _get_conf(self.spark, "spark.driver.bindAddress", "") or driver_host
             return bind or "127.0.0.1", driver_host
-        from torchspark import _connect
+        from torchspark.driver import _connect
 
         return _connect.client_address(self.spark)
-
-
-# A script that exists on the driver travels with the job (inside the task's closure)
-# for executors that lack it; larger ones must be on every executor (stock's rule).
-SCRIPT_SHIP_MAX = 16 << 20
-
-
-def _script_file(path: str) -> Optional[ScriptFile]:
-    """{"name", "data"} of a script file on the driver, to ship with the job, or None."""
-    try:
-        if not os.path.isfile(path) or os.path.getsize(path) > SCRIPT_SHIP_MAX:
-            return None
-        with open(path, "rb") as f:
-            return {"name": os.path.basename(path), "data": f.read()}
-    except OSError:
-        return None
 
 
 # Set once a task could not reach the driver's rendezvous: this process uses allGather.

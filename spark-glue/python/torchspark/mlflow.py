@@ -16,7 +16,7 @@ import importlib
 import numbers
 from typing import Any, Dict, Mapping, Optional
 
-from torchspark import _metrics
+from torchspark.worker import _metrics
 
 __all__ = ["log_metric", "log_metrics", "log_param", "log_params"]
 

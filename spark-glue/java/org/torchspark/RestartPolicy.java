@@ -15,7 +15,7 @@ import org.apache.spark.status.api.v1.TaskData;
 /**
  * The restart loop of {@link TorchSparkRunner}: an adapter of the C run controller
  * (torchspark/runctl.h, docs/protocol.md 11, through JNI), which decides; the PySpark glue's
- * torchspark/_restart.py is its twin adapter (docs/distributor.md, "Restarts"; docs/jvm.md).
+ * torchspark/driver/_restart.py is its twin adapter (docs/distributor.md, "Restarts"; docs/jvm.md).
  *
  * <p>Spark never retries a failed barrier ResultStage (SPARK-25161), so the driver does: the
  * controller says when to submit an attempt (its nodes and its training processes'

@@ -1,5 +1,5 @@
 """The native election module (native/src/agent/elect.c, torchspark/elect.h) for the tasks; the
-signatures are declared once, in :mod:`torchspark._lib`.
+signatures are declared once, in :mod:`torchspark.native._lib`.
 
 Rank 0's barrier task calls :func:`elect_master` (address, interface, held port, run id,
 packed record); every task calls :func:`unpack_record` on what allGather returned and
@@ -11,7 +11,7 @@ import ctypes
 from dataclasses import dataclass
 from typing import Optional
 
-from torchspark._lib import (ELECT_ADDR_MAX as ADDR_MAX, ELECT_IFNAME_MAX as IFNAME_MAX,
+from torchspark.native._lib import (ELECT_ADDR_MAX as ADDR_MAX, ELECT_IFNAME_MAX as IFNAME_MAX,
                              ELECT_RECORD_MAX as RECORD_MAX, ElectRecord as _Record,
                              PortReservationC as _Reservation, load_library)
 

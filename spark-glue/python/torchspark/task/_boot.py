@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 from pyspark import cloudpickle
 
 if TYPE_CHECKING:  # only the type checker imports it: this module runs before torchspark
-    from torchspark._spec import NodeSpec, ShipSpec
+    from torchspark.task._spec import NodeSpec, ShipSpec
 
 # Marks the error of a task that cannot import the driver's torchspark, so that the driver
 # can ship its package and run the job again (docs: "Driver-only installs").
@@ -135,7 +135,7 @@ def _place_script(spec: NodeSpec) -> "tuple[NodeSpec, Optional[str]]":
 def node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     """One node of the job (an RDD barrier partition): yields rank 0's result chunks."""
     prepare(spec.get("ship"), spec["version"])
-    from torchspark._task import run_node
+    from torchspark.task._task import run_node
 
     tmp = None
     if spec.get("script") is not None:

@@ -33,7 +33,7 @@ class _LogPump:
     batch is formatted natively into one buffer and written with one write() call."""
 
     _print_lock = threading.Lock()
-    # A progress line (torchspark/_progress.py) is drawn on a terminal, without a newline:
+    # A progress line (torchspark/driver/_progress.py) is drawn on a terminal, without a newline:
     # the next write clears it first. Guarded by _print_lock.
     status_shown = False
 

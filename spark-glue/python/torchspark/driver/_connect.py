@@ -25,7 +25,7 @@ def server_host(spark: Any) -> str:
 
 def client_address(spark: Any) -> Tuple[str, str]:
     """(address to bind, address to advertise) of this client's log server."""
-    from torchspark import _elect
+    from torchspark.native import _elect
 
     host = server_host(spark)
     try:

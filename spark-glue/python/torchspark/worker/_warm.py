@@ -36,7 +36,7 @@ VERSION = 1
 MAX_PAYLOAD = 8 << 20
 HEADER = struct.Struct(">4sIII")
 REPLY = struct.Struct(">ci")
-FN_RUNNER = "torchspark._fn_runner"
+FN_RUNNER = "torchspark.worker._fn_runner"
 DEFAULT_IDLE_S = 300.0
 READY_TIMEOUT_S = 10.0
 SUN_PATH_MAX = 107  # bytes of a Unix socket's path (sockaddr_un.sun_path, NUL excluded)
@@ -53,7 +53,7 @@ PER_RUN = frozenset((
     "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME",
     "NCCL_COMM_ID", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PWD", "OLDPWD", "SHLVL", "_",
-    # train_on_dataframe's partition, per task (stock's names, torchspark._partition)
+    # train_on_dataframe's partition, per task (stock's names, torchspark.task._partition)
     "SPARK_PARTITION_ARROW_DATA_FILE", "SPARK_DATAFRAME_SCHEMA_FILE",
 ))
 PER_RUN_PREFIXES = ("TORCHELASTIC_", "TORCHSPARK_")
@@ -186,7 +186,7 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
         r, w = os.pipe()
         with open(os.path.join(d, key + ".log"), "wb") as log:
             p = subprocess.Popen(
-                [sys.executable, "-u", "-c", "from torchspark._warm import main; main()",
+                [sys.executable, "-u", "-c", "from torchspark.worker._warm import main; main()",
                  sock, str(fd), str(w), str(anchor), repr(float(idle_s)),
                  str(anchor if clients is None else clients)],
                 env=stable_env(wenv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -297,7 +297,7 @@ def refusal(argv: List[str], env: Dict[str, str], base_env: Dict[str, str],
     if not same_python:
         return f"another Python ({argv[0]}; the pool runs {sys.executable})"
     if len(argv) < 6 or argv[1] != "-u" or argv[2] != "-c" or argv[4:6] != ["-m", FN_RUNNER]:
-        return "not a function-mode worker (python -u -c BOOT -m torchspark._fn_runner ...)"
+        return "not a function-mode worker (python -u -c BOOT -m torchspark.worker._fn_runner ...)"
     if agent_exe is not None and not _agent_boot(agent_exe, argv[3]):
         return "BOOT is not the bootstrap of the agent's own executable"
     want, got = stable_env(base_env), stable_env(env)
@@ -397,7 +397,7 @@ def _set_comm(name: str) -> None:
 
 def _become_worker(cwd: str, argv: List[str], env: Dict[str, str], fds: List[int],
                    close: List[int], pool_pid: int) -> None:
-    """In the forked child: become `python -u -c BOOT -m torchspark._fn_runner ...` as a
+    """In the forked child: become `python -u -c BOOT -m torchspark.worker._fn_runner ...` as a
     fresh interpreter would be, then run BOOT (which never returns)."""
     import builtins
     import io
@@ -516,7 +516,7 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
         import torch._dynamo  # noqa: F401
     except Exception:  # an older or trimmed torch: the worker imports what it needs
         pass
-    from torchspark import _cloudpickle
+    from torchspark.worker import _cloudpickle
 
     _cloudpickle.load()
     try:

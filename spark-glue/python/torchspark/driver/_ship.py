@@ -1,5 +1,7 @@
 """Shipping the driver's torchspark to executors that do not have it (driver-only installs).
 
+And a script that exists only on the driver travels with the job (:func:`script_file`).
+
 A task that cannot import the driver's version of torchspark fails at once, before any
 training starts, with _boot.NOT_INSTALLED in its error (_boot.prepare). The distributor
 then ships its own package through Spark's file distribution and runs the job again:
@@ -24,7 +26,7 @@ import threading
 import zipfile
 from typing import Any, Dict, Optional, Set, Tuple
 
-from torchspark._spec import ShipSpec
+from torchspark.task._spec import ScriptFile, ShipSpec
 
 PLATFORM = f"{os.uname().sysname}-{os.uname().machine}"
 
@@ -37,11 +39,14 @@ def _package_files() -> Dict[str, str]:
     """Archive name -> file on this driver: the package's Python files and its native
     pieces, found the way the driver itself loads them."""
     import torchspark
-    from torchspark import _lib
+    from torchspark.native import _lib
 
     pkg = os.path.dirname(os.path.abspath(torchspark.__file__))
-    files = {f"torchspark/{f}": os.path.join(pkg, f)
-             for f in sorted(os.listdir(pkg)) if f.endswith(".py")}
+    files = {}
+    for d, dirs, names in os.walk(pkg):  # the subpackages too (driver/, task/, ...)
+        dirs[:] = sorted(n for n in dirs if n not in ("_bin", "__pycache__"))
+        for f in sorted(n for n in names if n.endswith(".py")):
+            files[os.path.relpath(os.path.join(d, f), os.path.dirname(pkg))] = os.path.join(d, f)
     files["torchspark/_bin/libtorchspark.so"] = _lib.library_path()
     files["torchspark/_bin/torchspark-run"] = _lib.agent_path()
     return files
@@ -113,3 +118,19 @@ def ship(spark: Any, remote: bool) -> ShipSpec:
                 spark.sparkContext.addArchive(path)
             _shipped.add(key)
     return info(name)
+
+
+# A script that exists on the driver travels with the job (inside the task's closure)
+# for executors that lack it; larger ones must be on every executor (stock's rule).
+SCRIPT_SHIP_MAX = 16 << 20
+
+
+def script_file(path: str) -> Optional[ScriptFile]:
+    """{"name", "data"} of a script file on the driver, to ship with the job, or None."""
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) > SCRIPT_SHIP_MAX:
+            return None
+        with open(path, "rb") as f:
+            return {"name": os.path.basename(path), "data": f.read()}
+    except OSError:
+        return None

@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from torchspark import _boot, _native, _rendezvous, _report
-from torchspark._report import TorchDistributorError
+from torchspark.driver import _report
+from torchspark.native import _native, _rendezvous
+from torchspark.task import _boot
+from torchspark.driver._report import TorchDistributorError
 
 
 class NotInstalled(Exception):

@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO, Callable, Deque, Dict, List, Optional, Sequence
 
-from torchspark._lib import agent_path, json_call
+from torchspark.native._lib import agent_path, json_call
 
 TAIL_LINES = 100
 SHUTDOWN_TIMEOUT_S = 5

@@ -19,7 +19,7 @@ import re
 import tempfile
 from typing import Any, Dict, Iterator, List, Optional
 
-from torchspark._spec import DataFrameSpec, NodeSpec
+from torchspark.task._spec import DataFrameSpec, NodeSpec
 
 PARTITION_FILE_ENV = "TORCHSPARK_PARTITION_FILE"
 # PySpark's variables, pointing at the same stream and a schema file: PySpark's own

@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional
 
-from torchspark._lib import json_call
+from torchspark.native._lib import json_call
 
 MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"
 _MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")

@@ -14,8 +14,8 @@ import threading
 import time
 from typing import Dict, Any, Callable, List, Optional
 
-from torchspark._lib import json_call
-from torchspark._report import TorchDistributorError
+from torchspark.native._lib import json_call
+from torchspark.driver._report import TorchDistributorError
 
 MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
 REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"

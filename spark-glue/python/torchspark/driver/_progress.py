@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from torchspark._pump import _LogPump
+from torchspark.driver._pump import _LogPump
 
 __all__ = ["Report", "ReportHub", "configure", "start"]
 
@@ -239,7 +239,7 @@ def configure(dist: Any, on_report: Optional[Callable[[Report], Any]], progress:
 
 def start(dist: Any, server: Any) -> ReportHub:
     """A run's hub: ``dist.reports`` is its (live) history from now on."""
-    from torchspark import _mlflow
+    from torchspark.driver import _mlflow
 
     sinks = [s for s in (_mlflow.logger_for(dist),) if s is not None]
     hub = ReportHub(server, getattr(dist, "on_report", None), getattr(dist, "progress", True),

@@ -4,7 +4,7 @@ The analysis itself is the C core's (``tsp_hang_diagnose``, native/src/driver/ha
 docs/protocol.md 1.11), the same for the JVM glue: this module hands it each rank's lines
 from its dump marker on and keeps the structured diagnosis it returns (the golden cases:
 tests/contracts/hang.json). The driver's watchdog that asks for the dumps is
-:mod:`torchspark._doctor`; the wire protocol is docs/protocol.md 1.9.
+:mod:`torchspark.driver._doctor`; the wire protocol is docs/protocol.md 1.9.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from torchspark import _lib
+from torchspark.native import _lib
 
 __all__ = ["RankDump", "Diagnosis", "diagnose", "RECORDER_PREFIX"]
 

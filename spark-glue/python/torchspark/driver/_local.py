@@ -12,9 +12,10 @@ from typing import Any, List, Optional
 
 from pyspark import cloudpickle
 
-from torchspark import _channel, _conf, _task
-from torchspark._pump import _LogPump
-from torchspark._spec import NodeSpec
+from torchspark.driver import _channel, _conf
+from torchspark.task import _task
+from torchspark.driver._pump import _LogPump
+from torchspark.task._spec import NodeSpec
 
 
 def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],

@@ -19,8 +19,8 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from torchspark._lib import load_library
-from torchspark._spec import GangSpec, NodeSpec
+from torchspark.native._lib import load_library
+from torchspark.task._spec import GangSpec, NodeSpec
 
 BARRIER, GANG = "barrier", "gang"
 # tsp_gang_state's results (torchspark/gang.h).

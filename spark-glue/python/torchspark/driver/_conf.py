@@ -8,7 +8,7 @@ import logging
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
-from torchspark._lib import json_call
+from torchspark.native._lib import json_call
 
 PREFIX = "spark.torchspark."
 _keys: Optional[List[str]] = None

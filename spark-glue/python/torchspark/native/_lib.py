@@ -20,7 +20,10 @@ import shutil
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
+# The package root (torchspark/), whichever of its folders this module lives in.
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+for _ in range(__name__.count(".") - 1):
+    _PKG_DIR = os.path.dirname(_PKG_DIR)
 _BIN_DIR = os.path.join(_PKG_DIR, "_bin")
 LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"
@@ -86,24 +89,20 @@ class GpuAssignment(ctypes.Structure):
                 ("warnings", ctypes.c_char * 2048)]
 
 
-def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
-    """name -> (restype, argtypes) of every C function the glue calls."""
+# The C core's JSON transforms (one signature: request, reply buffer, its needed size, error
+# sentence), called through json_call.
+JSON_CALLS = (
+    "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
+    "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
+)
+
+
+def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
+    """The driver's log server (logserver.h): name -> (restype, argtypes)."""
     vp, i, u, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_char_p
     sz, lng, P = ctypes.c_size_t, ctypes.c_long, ctypes.POINTER
     err: List[Any] = [c, sz]  # a caller's buffer for the error sentence
     return {
-        # common.h
-        "tsp_strerror": (c, [i]),
-        "tsp_version": (c, []),
-        # elect.h
-        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
-                              P(PortReservationC)] + err),
-        "tsp_elect_release_port": (None, [P(PortReservationC)]),
-        "tsp_elect_route_source": (i, [c, c, sz] + err),
-        "tsp_elect_ifname_of": (i, [c, c, sz]),
-        "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
-        "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
-        # logserver.h
         "tsp_logserver_new": (vp, [c, i, c, u] + err),
         "tsp_logserver_port": (i, [vp]),
         "tsp_logserver_host": (c, [vp]),
@@ -132,6 +131,29 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_lost_pending": (i, [vp]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
+    }
+
+
+def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
+    """name -> (restype, argtypes) of every C function the glue calls."""
+    vp, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    sz, P = ctypes.c_size_t, ctypes.POINTER
+    err: List[Any] = [c, sz]  # a caller's buffer for the error sentence
+    return {
+        # the JSON transforms: request -> reply, through json_call
+        **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
+        # common.h
+        "tsp_strerror": (c, [i]),
+        "tsp_version": (c, []),
+        # elect.h
+        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
+                              P(PortReservationC)] + err),
+        "tsp_elect_release_port": (None, [P(PortReservationC)]),
+        "tsp_elect_route_source": (i, [c, c, sz] + err),
+        "tsp_elect_ifname_of": (i, [c, c, sz]),
+        "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
+        "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
+        **_logserver_signatures(),
         # rendezvous.h (docs/protocol.md 2.1)
         "tsp_rdv_start": (vp, [c, c, i] + err),
         "tsp_rdv_port": (i, [vp]),
@@ -151,19 +173,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_gang_ask": (i, [i, c, c, c, i]),
         # gpu.h
         "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
-        # plan.h
-        "tsp_plan_argv": (i, [c, sz, c, sz, P(sz)] + err),
-        # hang.h
-        "tsp_hang_diagnose": (i, [c, sz, c, sz, P(sz)] + err),
-        # failure.h
-        "tsp_failure_report": (i, [c, sz, c, sz, P(sz)] + err),
-        # conf.h (docs/protocol.md 9)
-        "tsp_conf_read": (i, [c, sz, c, sz, P(sz)] + err),
-        "tsp_conf_table": (i, [c, sz, c, sz, P(sz)] + err),
-        # outcome.h
-        "tsp_outcome_classify": (i, [c, sz, c, sz, P(sz)] + err),
-        # runctl.h (docs/protocol.md 11)
-        "tsp_runctl_step": (i, [c, sz, c, sz, P(sz)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
@@ -241,8 +250,8 @@ def load_library() -> ctypes.CDLL:
 
 
 def json_call(name: str, request: Any) -> Any:
-    """One of the C core's JSON transforms (plan.h's tsp_plan_argv, failure.h's
-    tsp_failure_report, outcome.h's tsp_outcome_classify): request -> its reply, decoded;
+    """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
+    tsp_failure_report, outcome.h's tsp_outcome_classify, ...): request -> its reply, decoded;
     the library's sentence naming what is wrong as a ValueError when it refuses the
     request."""
     lib = load_library()

@@ -18,7 +18,7 @@ Lines reach users with one prefix, formatted by the library (``tsp_lines_prefix`
 native/src/shared/lines.c, the same code as the agent's local fallback): ``[rank N] text``, and
 ``[rank N] [stderr] text`` for stderr lines where both streams go to one place; the log
 server's own messages read ``[torchspark] text``. The library is found and loaded by
-:mod:`torchspark._lib`.
+:mod:`torchspark.native._lib`.
 """
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ import threading
 from pathlib import Path
 from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
-from torchspark._lib import LogLine as _LogLine
-from torchspark._lib import LogStats as _Stats
-from torchspark._lib import load_library
+from torchspark.native._lib import LogLine as _LogLine
+from torchspark.native._lib import LogStats as _Stats
+from torchspark.native._lib import load_library
 
 __all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]

@@ -17,10 +17,12 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from torchspark import (_elect, _gang, _launch, _partition, _rendezvous, _report,
-                        _report_rows, _warm)
-from torchspark._lib import GpuAssignment, GpuRequest, load_library
-from torchspark._spec import NodeSpec
+from torchspark.driver import _gang, _report
+from torchspark.native import _elect, _rendezvous
+from torchspark.task import _launch, _partition, _report_rows
+from torchspark.worker import _warm
+from torchspark.native._lib import GpuAssignment, GpuRequest, load_library
+from torchspark.task._spec import NodeSpec
 
 CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
 IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -68,7 +70,7 @@ def _elect_master(hosts: List[str],
 
 
 def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Optional[str]:
-    """The socket of this executor's warm worker pool (torchspark/_warm.py), started when
+    """The socket of this executor's warm worker pool (torchspark/worker/_warm.py), started when
     none lives; None (workers start as usual) when no pool can be had, said on stderr."""
     try:
         return _warm.ensure(env, nproc, anchor, idle_s)
@@ -151,7 +153,7 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
 
 
 class _TaskTiming:
-    """run()'s waterfall on the task's side (torchspark/_timing.py): the driver's marks,
+    """run()'s waterfall on the task's side (torchspark/driver/_timing.py): the driver's marks,
     then this task's start and election; handed to the workers in their environment."""
 
     def __init__(self, timing_env: Dict[str, str]) -> None:
@@ -209,14 +211,14 @@ def node_program(workdir: str, fn_bytes: Optional[bytes],
                  script_argv: Optional[List[str]]) -> "tuple[List[str], str, str]":
     """What one node's agent runs, the same in a barrier task and in local mode (a one-node
     run): (program, error file, rank 0's output file) under workdir; a function is written
-    to fn.pickle and run by torchspark._fn_runner, else the script with its arguments."""
+    to fn.pickle and run by torchspark.worker._fn_runner, else the script with its arguments."""
     error_file = os.path.join(workdir, "error.json")
     out_file = os.path.join(workdir, "output.pickle")
     if fn_bytes is not None:
         fn_file = os.path.join(workdir, "fn.pickle")
         with open(fn_file, "wb") as f:
             f.write(fn_bytes)
-        return ["-m", "torchspark._fn_runner", fn_file, out_file], error_file, out_file
+        return ["-m", "torchspark.worker._fn_runner", fn_file, out_file], error_file, out_file
     if script_argv is None:
         raise RuntimeError("torchspark: the job gave this task neither a function nor a script")
     return script_argv, error_file, out_file

@@ -1,4 +1,4 @@
-"""Worker entry of function mode: ``python -m torchspark._fn_runner FN_FILE OUT_FILE``.
+"""Worker entry of function mode: ``python -m torchspark.worker._fn_runner FN_FILE OUT_FILE``.
 
 Loads the cloudpickled (fn, args, kwargs), calls fn, and on global rank 0 only writes
 the cloudpickled return value to OUT_FILE (written to a temporary name, then renamed, so
@@ -69,18 +69,18 @@ def _end_process(code: int) -> None:
 
 def main(argv: "list[str]") -> int:
     if len(argv) != 3:
-        print("usage: python -m torchspark._fn_runner FN_FILE OUT_FILE", file=sys.stderr)
+        print("usage: python -m torchspark.worker._fn_runner FN_FILE OUT_FILE", file=sys.stderr)
         return 2
     # pyspark's cloudpickle without pyspark's package until the function uses it
-    # (torchspark/_cloudpickle.py: 0.2-1.9 s of every run).
-    from torchspark import _cloudpickle
+    # (torchspark/worker/_cloudpickle.py: 0.2-1.9 s of every run).
+    from torchspark.worker import _cloudpickle
 
     cloudpickle = _cloudpickle.load()
     fn_file, out_file = argv[1], argv[2]
     del sys.argv[1:3]  # the function sees no arguments, as under PySpark's train script
     marks = None
     if os.environ.get("TORCHSPARK_TIMING_MARKS") is not None:  # run()'s waterfall
-        from torchspark import _timing
+        from torchspark.driver import _timing
 
         marks = _timing.task_marks()
         if marks is not None:

@@ -12,8 +12,8 @@ import tempfile
 import threading
 from typing import Any, Dict, List, Optional
 
-from torchspark import _hang
-from torchspark._pump import _LogPump
+from torchspark.driver import _hang
+from torchspark.driver._pump import _LogPump
 
 __all__ = ["HangDoctor", "configure", "TIMEOUT_CONF", "ACTION_CONF", "TAIL_LINES"]
 

@@ -26,8 +26,8 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, Optional
 
-from torchspark._lib import load_library
-from torchspark._spec import RendezvousSpec
+from torchspark.native._lib import load_library
+from torchspark.task._spec import RendezvousSpec
 
 RECORD_MAX = 4096  # TSP_RDV_RECORD_MAX
 _LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply

@@ -8,9 +8,10 @@ from typing import Any, Dict, List, Optional
 
 from pyspark import cloudpickle
 
-from torchspark import _doctor, _native, _progress, _rendezvous
-from torchspark._pump import _LogPump
-from torchspark._report import TorchDistributorError
+from torchspark.driver import _doctor, _progress
+from torchspark.native import _native, _rendezvous
+from torchspark.driver._pump import _LogPump
+from torchspark.driver._report import TorchDistributorError
 
 TAIL_FROM_SERVER = 20  # a failed rank's last lines in the run's exception
 

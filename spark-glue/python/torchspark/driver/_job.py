@@ -26,8 +26,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from torchspark import _boot, _spark
-from torchspark._spec import NodeSpec
+from torchspark.driver import _spark
+from torchspark.task import _boot
+from torchspark.task._spec import NodeSpec
 
 # After the root cause is known: how long to wait for Spark's own failure (the cause of
 # our exception), then for the cancelled job to end.
@@ -121,7 +122,7 @@ def silent(root: Optional[Dict[str, Any]]) -> bool:
     its agent went silent (no PING: a frozen host), or TCP gave up on it (a network cut).
     Spark learns of such a host only after spark.network.timeout. The outcome's `exclude`
     (torchspark/outcome.h), from the record's structured reason, never from its prose."""
-    from torchspark import _report
+    from torchspark.driver import _report
 
     return root is not None and bool(_report.outcome(root, None)["exclude"])
 
