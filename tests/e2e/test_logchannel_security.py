@@ -9,7 +9,7 @@ import time
 from tests.helpers import logproto
 from tests.helpers.logproto import ERROR, RawAgent
 from tests.helpers.proxy import Proxy
-from torchspark._native import LogServer
+from torchspark.native._native import LogServer
 
 
 def _refusal(res) -> str:

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.helpers.proxy import Proxy
-from torchspark import _lib, _rendezvous
+from torchspark.native import _lib, _rendezvous
 
 SECRET = os.urandom(32).hex()
 RECORD = '{"version": 1, "master_port": 40123, "master_addr": "10.11.12.13", "run_id": "ab"}'

@@ -406,7 +406,7 @@ def grow_back(spark, tmp: Path, name: str, nodes: int = 2, after_grow: int = 6) 
     deadline = time.monotonic() + 300
     os.kill(pid, signal.SIGKILL)
     killed = time.time()
-    from torchspark import _restart
+    from torchspark.driver import _restart
 
     back = None
     while t.is_alive() and time.monotonic() < deadline + 300:

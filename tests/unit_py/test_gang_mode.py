@@ -1,7 +1,8 @@
-"""The launch's resolution (torchspark/_gang.py) and the rendezvous' switch for it
+"""The launch's resolution (torchspark/driver/_gang.py) and the rendezvous' switch for it
 (_rendezvous.enabled): a gang launch turns the driver's rendezvous on under Spark Connect,
 where it is off by default; an explicit spark.torchspark.rendezvous=false still wins."""
-from torchspark import _gang, _rendezvous
+from torchspark.driver import _gang
+from torchspark.native import _rendezvous
 
 
 class _Conf:

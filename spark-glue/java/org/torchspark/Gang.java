@@ -13,7 +13,7 @@ import org.apache.spark.status.api.v1.ExecutorSummary;
  * trains. The decision (who is admitted, the deadline, the failure's sentence) is the C core's
  * (torchspark/gang.h), held by the run's Rendezvous; here are the mode's resolution, the
  * driver's request for executors, and a task's JOIN, which checks every KILL_POLL_MS whether
- * Spark killed it. The PySpark twin is torchspark/_gang.py.
+ * Spark killed it. The PySpark twin is torchspark/driver/_gang.py.
  */
 final class Gang {
     static final String BARRIER = "barrier";

@@ -4,7 +4,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 
 /**
  * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
- * torchspark/_restart.py's _Watch: from its own thread while the attempt runs, it counts the
+ * torchspark/driver/_restart.py's _Watch: from its own thread while the attempt runs, it counts the
  * slots when the run controller says, sends them and performs the answers (warn, watch_slots,
  * checkpoint_and_stop through the attempt's log server). {@link #end()} waits for the step in
  * flight, so the attempt's own event follows the last state. No decision of its own.

@@ -14,7 +14,7 @@ import java.util.TreeMap;
 
 /**
  * The hang doctor's analysis, the C core's (tsp_hang_diagnose through JNI, torchspark/hang.h,
- * docs/protocol.md 1.11; the PySpark glue's binding is torchspark/_hang.py): the diagnosis of
+ * docs/protocol.md 1.11; the PySpark glue's binding is torchspark/driver/_hang.py): the diagnosis of
  * each rank's DUMP answer. The watchdog that asks for them is the C log server's
  * (HangDoctor).
  */

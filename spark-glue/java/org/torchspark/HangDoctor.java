@@ -10,7 +10,7 @@ import java.util.function.Consumer;
 
 /**
  * The hang doctor of the JVM runner (docs/jvm.md; the PySpark glue's is
- * torchspark/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
+ * torchspark/driver/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
  * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
  * are and keeps the diagnosis (the runner then throws the C core's text and stacks).
