@@ -208,28 +208,26 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
 
 
 def dump(server, sims, world: int) -> Dict:
-    from torchspark.driver import _doctor, _hang
+    """The hang doctor on the user's path: the C log server's watchdog (docs/protocol.md
+    1.12), turned on once every rank is quiet, with a 1 s timeout: its DUMP to every node,
+    the answers collected from the tails, the grouped line and the stacks file."""
+    import tempfile
 
+    timeout_s = 1.0
     t0 = time.monotonic()
-    req = server.dump_all()
-    doc = object.__new__(_doctor.HangDoctor)  # the doctor's own collection, its state alone
-    doc.server = server
-    done: Dict[int, List[str]] = {}
-    while len(done) < world and time.monotonic() - t0 < 120:
-        for r in range(world):
-            if r not in done:
-                sec = doc._section(r, req)
-                if _doctor._answered(sec):
-                    done[r] = sec
-        if len(done) < world:
-            time.sleep(0.05)
-    t_fanin = time.monotonic()
-    diag = _hang.diagnose(done, world, req, read_sources=False)
+    server.watch(timeout_s, "report", world, tempfile.gettempdir())
+    sims.expect("dumped", 120 + timeout_s)
+    t_dumped = time.monotonic()  # the last node answered its DUMP
+    ev = server.hang_event(120) or {}
     t_line = time.monotonic()
-    sims.expect("dumped")
-    return {"dump_fanin_s": t_fanin - t0, "dump_ranks": len(done),
-            "dump_bytes": sum(len(x) + 1 for s in done.values() for x in s),
-            "doctor_line_s": t_line - t_fanin, "doctor_line": diag.line[:300]}
+    diag = ev.get("diagnosis") or {}
+    path = ev.get("stacks_file")
+    size = os.path.getsize(path) if path else 0
+    if path:
+        os.unlink(path)
+    return {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
+            "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
+            "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300]}
 
 
 def rendezvous(ranks: int, procs: int) -> Dict:

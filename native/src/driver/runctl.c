@@ -701,6 +701,11 @@ static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         key_str(w, "reason", "grow");
         key_int(w, "nodes", to);
         key_int(w, "deadline_ms", GROW_DEADLINE_MS);
+        snprintf(text, sizeof text,
+                 "%s: attempt %d could not be asked to checkpoint (its log server is gone): it "
+                 "goes on with %d of %d nodes",
+                 c->g->who, c->attempt, c->running, c->nodes);
+        key_str(w, "unreachable", text);
         tsp_json_end(w);
         act_watch(w, GROW_DEADLINE_MS);
         c->grow = 1;

@@ -57,15 +57,16 @@ final class GrowWatch {
                 switch (act.path("do").asText()) {
                     case "warn" -> TorchSparkRunner.LOG.warn("{}", act.path("text").asText());
                     case "watch_slots" -> waitMs = act.path("wait_ms").asLong();
-                    case "checkpoint_and_stop" -> ask();
+                    case "checkpoint_and_stop" -> ask(act.path("unreachable").asText());
                     default -> TorchSparkRunner.LOG.warn("torchspark: the grow watch does not know {}", act);
                 }
             }
         }
     }
 
-    /** CHECKPOINT to the attempt's agents, once its job was submitted (it is, ~3 s after). */
-    private void ask() {
+    /** CHECKPOINT to the attempt's agents, once its job was submitted (it is, ~3 s after);
+     *  unreachable: the controller's warning when they cannot be asked. */
+    private void ask(String unreachable) {
         long deadline = System.currentTimeMillis() + 30_000;
         while (entry.server == null && System.currentTimeMillis() < deadline && sleep(100)) {
             // the attempt's log server comes with its job
@@ -78,8 +79,7 @@ final class GrowWatch {
             asked = false; // the attempt ended meanwhile
         }
         if (!asked) {
-            TorchSparkRunner.LOG.warn("TorchSparkRunner: the attempt could not be asked to checkpoint "
-                    + "(its log server is gone)");
+            TorchSparkRunner.LOG.warn("{}", unreachable);
         }
     }
 

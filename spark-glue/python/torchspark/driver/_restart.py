@@ -125,9 +125,9 @@ class _Watch:
                 elif act["do"] == "watch_slots":
                     wait_ms = act["wait_ms"]
                 elif act["do"] == "checkpoint_and_stop":
-                    self._ask()
+                    self._ask(act["unreachable"])
 
-    def _ask(self) -> None:
+    def _ask(self, unreachable: str) -> None:
         # The attempt's log server, once its job was submitted (it is, ~3 s after submit).
         deadline = time.monotonic() + 30
         while self.times.get("server") is None and time.monotonic() < deadline:
@@ -135,8 +135,7 @@ class _Watch:
                 return
         server = self.times.get("server")
         if server is None or not server.checkpoint_all(1):
-            self.logger.warning("TorchDistributor: the attempt could not be asked to "
-                                "checkpoint (its log server is gone)")
+            self.logger.warning(unreachable)
 
     def end(self) -> Dict[str, Any]:
         self.ended.set()
