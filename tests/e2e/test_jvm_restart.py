@@ -174,19 +174,25 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
                                       opts=("onrequest", "elastic"))
     assert out["RESTART"] == ["ok"], (out, err[-4000:])
     log = _steplog(tmp_path / "steplog")
-    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1"], log
+    # Attempt 1 on the survivor; when Spark's worker brings the replacement executor back
+    # before attempt 1 ends (a loaded machine: its last steps), the run grows back to 2
+    # nodes as attempt 2 (GrowWatch), from the step where it grew.
+    attempts = list(dict.fromkeys(a for a, _, _ in log))
+    assert attempts in (["0", "1"], ["0", "1", "2"]), log
     first = [s for a, s, _ in log if a == "0"]
-    second = [s for a, s, _ in log if a == "1"]
+    later = [s for a, s, _ in log if a != "0"]
     # 0 steps lost: attempt 1 starts right after attempt 0's last step, which was
-    # checkpointed after the signal, within 2 s of it.
+    # checkpointed after the signal, within 2 s of it (and a grow loses none either).
     ckpt = first[-1]
-    assert second == list(range(ckpt + 1, steps)), (first[-3:], second[:3])
+    assert later == list(range(ckpt + 1, steps)), (first[-3:], later[:3])
     assert first == list(range(ckpt + 1)), first
     assert ckpt in noticed[1], (ckpt, noticed[1])
     took = noticed[1][ckpt] - noticed[0][0]
     assert 0 < took <= 2.0, took
     att = [json.loads(a) for a in out["ATTEMPT"]]
-    assert [a["nodes"] for a in att] == [2, 1], att
+    assert [a["nodes"] for a in att] == [2, 1, 2][:len(attempts)], att
+    if len(attempts) == 3:
+        assert "grows back to more nodes" in att[1]["cause"], att
     # The restart names the preemption from the node's own record (reason "preempted"),
     # not from Spark's "Command exited with code 143" nor from the ranks' printed line.
     assert re.fullmatch(rf"node 1's executor was preempted \(SIGTERM\): step {ckpt} was checkpointed "
