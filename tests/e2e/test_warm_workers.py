@@ -249,6 +249,10 @@ def test_an_idle_pool_ends_and_the_next_run_starts_another(run_bin, tmp_path, an
     assert agent.wait(120) == 0, agent.stdout.read()
     assert cloudpickle.loads(open(out_file, "rb").read()) == _warm.POOL_COMM
     assert _wait(lambda: not os.path.exists(sock), 10), "the idle pool did not end"
+    # Nothing of it is left in the pool directory (a host's executors come and go).
+    base = sock[:-len(".sock")]
+    assert _wait(lambda: not any(os.path.exists(base + x) for x in (".lock", ".log")), 5), \
+        os.listdir(os.path.dirname(sock))
     sock2 = _warm.ensure(env, 1, anchor.pid, 1.0, clients=os.getpid())
     assert sock2 == sock and os.path.exists(sock)
 

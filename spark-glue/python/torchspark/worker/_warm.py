@@ -163,14 +163,19 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     wenv = worker_env(env, nproc_per_node)
     key = pool_key(sys.executable, anchor, wenv)
     sock = os.path.join(d, key + ".sock")
-    fd = os.open(os.path.join(d, key + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    lock = os.path.join(d, key + ".lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     r = w = -1
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
+                if _same_file(fd, lock):
+                    break
+                # The pool that held it ended and removed the file (_forget): lock anew.
+                os.close(fd)
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             except BlockingIOError:
                 # A pool holds the lock: it serves once its socket exists (a starting pool
                 # binds first; an ending one unlinks it, then exits).
@@ -205,6 +210,13 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
         for x in (fd, r, w):
             if x >= 0:
                 os.close(x)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 # ---- the pool process ------------------------------------------------------------------
@@ -611,6 +623,21 @@ def serve(sock_path: str, lock_fd: int, ready_fd: int, anchor: int, idle_s: floa
             last_busy = time.monotonic()
         _reap(workers, sel)
     _shutdown(listener, sock_path, sock_ino, workers)
+    _forget(sock_path, lock_fd)
+
+
+def _forget(sock_path: str, lock_fd: int) -> None:
+    """A pool that ended as it should leaves nothing in the pool directory (the anchor's pid
+    is part of its key: nobody reuses it after the executor): its lock file, removed while
+    the pool still holds the lock (a starter that opened it before locks anew, ensure's
+    _same_file), and its log. A pool ended on an error keeps its log."""
+    base = sock_path[:-len(".sock")]
+    try:
+        if _same_file(lock_fd, base + ".lock"):
+            os.unlink(base + ".lock")
+            os.unlink(base + ".log")
+    except OSError:
+        pass
 
 
 def _can_take(pid: int, sig: int) -> bool:
