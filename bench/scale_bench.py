@@ -213,6 +213,8 @@ def dump(server, sims, world: int) -> Dict:
     the answers collected from the tails, the grouped line and the stacks file."""
     import tempfile
 
+    from torchspark.driver import _hang
+
     timeout_s = 1.0
     t0 = time.monotonic()
     server.watch(timeout_s, "report", world, tempfile.gettempdir())
@@ -221,13 +223,27 @@ def dump(server, sims, world: int) -> Dict:
     ev = server.hang_event(120) or {}
     t_line = time.monotonic()
     diag = ev.get("diagnosis") or {}
+    if diag:
+        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor._take)
+    t_kept = time.monotonic()
     path = ev.get("stacks_file")
     size = os.path.getsize(path) if path else 0
     if path:
         os.unlink(path)
-    return {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
-            "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
-            "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300]}
+    out = {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
+           "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
+           "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300],
+           "doctor_kept_s": t_kept - t_dumped}
+    # The breakdown after the last node's answer (the C watchdog's steps, protocol 1.12's
+    # "timing", on this host's monotonic clock): every rank answered, the collection's end
+    # (answered + quiet), the analysis, the stacks file, the event's text, then the glue's
+    # event parsed (doctor_line_s) and its Diagnosis built (doctor_kept_s).
+    tm = ev.get("timing") or {}
+    for k in ("answered_s", "collected_s", "diagnosed_s", "stacks_file_s", "event_s"):
+        if tm.get(k) is not None and tm.get("dumped_at") is not None:
+            out["doctor_" + k] = tm["dumped_at"] + tm[k] - t_dumped
+    out["doctor_event_mb"] = len(json.dumps(ev)) / 1e6
+    return out
 
 
 def rendezvous(ranks: int, procs: int) -> Dict:
