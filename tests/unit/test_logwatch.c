@@ -220,6 +220,13 @@ START_TEST(test_logwatch_line_restarts_the_clock_and_report_goes_on)
     ck_assert_ptr_nonnull(ev);
     char *action = field(ev, "action"), *file = field(ev, "stacks_file");
     ck_assert_str_eq(action, "report");
+    char *no = NULL, *stacks = field(ev, "diagnosis.stacks");
+    int t;
+    /* the error's text only where there is an error (protocol 1.12): the stacks are in the
+     * diagnosis and the file */
+    ck_assert_int_eq(tsp_json_get(ev, strlen(ev), "message", &no, &t), -ENOENT);
+    ck_assert_msg(strstr(stacks, "[rank 0] torchspark: flight recorder: ") != NULL, "%s", ev);
+    free(stacks);
     unlink(file);
     usleep(1500 * 1000); /* silent again, but nothing printed since the dump: no DUMP */
     ck_assert_int_eq(atomic_load(&a.dumps), 1);

@@ -11,15 +11,16 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hang.h"
 #include "json.h"
 #include "logctl.h"
 #include "logwire.h"
-#include "torchspark/hang.h"
 #include "util.h"
 
 #define TICK_MS 100         /* while collecting */
@@ -261,67 +262,9 @@ static int collect(tsp_logserver_t *s, tsp__watch_t *w, sections_t *x)
 
 /* ---- the analysis and the event ------------------------------------------------------- */
 
-/* tsp_hang_diagnose's request of the sections: the driver names no standard library (the
- * core's rule for lib/python3.N/ paths counts those frames as library). */
-static char *diagnose(tsp__watch_t *w, const sections_t *x, char *err, size_t errlen)
-{
-    char *req = NULL, *out = NULL;
-    size_t reqlen = 0, need = 0;
-    FILE *f = open_memstream(&req, &reqlen);
-    if (!f)
-        return NULL;
-    tsp_json_writer_t j;
-    tsp_json_writer_init(&j, f);
-    tsp_json_begin_object(&j);
-    tsp_json_key(&j, "world");
-    tsp_json_int(&j, w->world);
-    tsp_json_key(&j, "request");
-    tsp_json_int(&j, w->request);
-    tsp_json_key(&j, "stdlib");
-    tsp_json_begin_array(&j);
-    tsp_json_end(&j);
-    tsp_json_key(&j, "read_sources");
-    tsp_json_value(&j, "true", 4);
-    tsp_json_key(&j, "ranks");
-    tsp_json_begin_array(&j);
-    for (int r = 0; r < w->world; r++) {
-        if (!x->text[r]) {
-            tsp_json_null(&j);
-            continue;
-        }
-        tsp_json_begin_array(&j);
-        for (const char *p = x->text[r]; p <= x->text[r] + x->len[r]; p += strlen(p) + 1)
-            tsp_json_str(&j, p);
-        tsp_json_end(&j);
-    }
-    tsp_json_end(&j);
-    tsp_json_end(&j);
-    if (fclose(f) || !req) {
-        free(req);
-        return NULL;
-    }
-    /* The reply holds every line about three times (dumps, stacks, report) and each rank in
-     * a few lists: sized so that the analysis runs once (a retry runs all of it again). */
-    size_t cap = 4 * reqlen + 32 * (size_t)w->world + (1u << 16);
-    for (int i = 0; i < 2; i++) {
-        out = malloc(cap);
-        int rc = out ? tsp_hang_diagnose(req, reqlen, out, cap, &need, err, errlen) : -ENOMEM;
-        if (!rc)
-            break;
-        free(out);
-        out = NULL;
-        if (rc != -ENOSPC)
-            break;
-        cap = need + 1;
-    }
-    free(req);
-    return out;
-}
-
 /* Every rank's stacks in a new file (mode 0600, a fresh name: the host is shared), for when
  * there are too many to read on stderr; 0, or -errno with nothing left behind. */
-static int write_stacks(const tsp__watch_t *w, const char *line, const char *stacks, char *path,
-                        size_t pathlen)
+static int write_stacks(const tsp__watch_t *w, const tsp__hang_out_t *d, char *path, size_t pathlen)
 {
     snprintf(path, pathlen, "%s/torchspark-hang-XXXXXX.txt", w->tmpdir);
     int fd = mkstemps(path, 4);
@@ -333,7 +276,9 @@ static int write_stacks(const tsp__watch_t *w, const char *line, const char *sta
         unlink(path);
         return -EIO;
     }
-    fprintf(f, "%s\n%s\n", line, stacks);
+    fprintf(f, "%s\n", d->line);
+    fwrite(d->stacks, 1, d->stacks_len, f);
+    fputc('\n', f);
     if (fclose(f)) {
         unlink(path);
         return -EIO;
@@ -406,23 +351,28 @@ static void write_timing(tsp_json_writer_t *j, const tsp__watch_t *w)
 
 /* The event of a diagnosis (docs/protocol.md 1.12): what to print, the action, the text of
  * the run's error and the diagnosis itself. */
-static char *hang_event(const tsp__watch_t *w, const char *diag, const char *line,
-                        const char *stacks, const char *path, int64_t silent_ms, int64_t after_ms)
+static char *hang_event(const tsp__watch_t *w, const tsp__hang_out_t *d, const char *path,
+                        int64_t silent_ms, int64_t after_ms)
 {
     char *ev = NULL, *head = NULL, *msg = NULL, *file = NULL;
     size_t evlen = 0;
+    const char *line = d->line;
     if (*path && asprintf(&file, "torchspark: every rank's stacks (hang doctor): %s", path) < 0)
         file = NULL;
     if (asprintf(&head, "torchspark: hang doctor: no rank printed or reported for %llds; %s",
                  (long long)((silent_ms + 500) / 1000), line) < 0)
         head = NULL;
-    if (asprintf(&msg,
-                 "was cancelled by the hang doctor: no rank printed or reported for %gs "
-                 "(spark.torchspark.hangTimeout); %s.\nEvery rank's Python stacks:\n%s",
-                 (double)w->timeout_ms / 1000.0, line, stacks) < 0)
+    /* The error's text only where there is an error: every stack once more, and the glue's
+     * parse of the event is on the way to the line it prints. */
+    if (w->cancel && asprintf(&msg,
+                              "was cancelled by the hang doctor: no rank printed or reported for "
+                              "%gs (spark.torchspark.hangTimeout); %s.\nEvery rank's Python "
+                              "stacks:\n%s",
+                              (double)w->timeout_ms / 1000.0, line, d->stacks) < 0)
         msg = NULL;
-    FILE *f = head && msg ? open_memstream(&ev, &evlen) : NULL;
+    FILE *f = head && (msg || !w->cancel) ? open_memstream(&ev, &evlen) : NULL;
     if (f) {
+        __fsetlocking(f, FSETLOCKING_BYCALLER); /* this thread's own */
         tsp_json_writer_t j;
         tsp_json_writer_init(&j, f);
         event_head(&j, w->cancel ? "cancel" : "report");
@@ -434,11 +384,12 @@ static char *hang_event(const tsp__watch_t *w, const char *diag, const char *lin
         tsp_json_str(&j, *path ? path : NULL);
         tsp_json_key(&j, "after_s");
         tsp_json_fixed(&j, (double)after_ms / 1000.0, 3);
-        tsp_json_key(&j, "message");
-        tsp_json_str(&j, msg);
+        if (msg) {
+            tsp_json_key(&j, "message");
+            tsp_json_str(&j, msg);
+        }
         tsp_json_key(&j, "diagnosis");
-        if (tsp_json_value(&j, diag, strlen(diag)))
-            tsp_json_null(&j);
+        tsp_json_raw(&j, d->doc, d->len); /* the analysis's own JSON: not read again */
         write_timing(&j, w);
         tsp_json_end(&j);
         ev = closed(f, &ev);
@@ -473,43 +424,30 @@ static void stopped(tsp_logserver_t *s, const char *why)
 
 /* A diagnosis that is not a hang yet (the workers still start) restarts the clock;
  * otherwise the event, the stacks file and, with "cancel", STOP to every agent. */
-static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const char *diag, int64_t now)
+static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const tsp__hang_out_t *d, int64_t now)
 {
-    char *line = NULL, *stacks = NULL, *starting = NULL;
-    int type = 0;
-    size_t n = strlen(diag);
-    if (tsp_json_get(diag, n, "line", &line, &type) ||
-        tsp_json_get(diag, n, "stacks", &stacks, &type) ||
-        tsp_json_get(diag, n, "starting", &starting, &type)) {
-        stopped(s, "the analysis's answer has no line, stacks or starting");
-        w->done = 1;
-        goto out;
-    }
-    if (!strcmp(starting, "true") && w->starts < MAX_STARTS) {
+    if (d->starting && w->starts < MAX_STARTS) {
         w->starts++;
         w->started = now; /* nothing said: the clock starts again */
         w->asked = 0;
-        goto out;
+        return;
     }
     w->asked = 1;
     w->armed = w->lines;
     char path[sizeof w->tmpdir + 32] = "";
-    if (write_stacks(w, line, stacks, path, sizeof path))
+    if (write_stacks(w, d, path, sizeof path))
         path[0] = 0;
     w->filed = tsp__now_ms();
-    char *ev = hang_event(w, diag, line, stacks, path, w->dumped - w->from, now - w->from);
+    char *ev = hang_event(w, d, path, w->dumped - w->from, now - w->from);
     if (ev)
         publish(s, ev);
     if (w->cancel) {
         char text[STOP_TEXT_MAX];
-        snprintf(text, sizeof text, "the hang doctor cancelled the run: %.*s", STOP_CUT - 35, line);
+        snprintf(text, sizeof text, "the hang doctor cancelled the run: %.*s", STOP_CUT - 35,
+                 d->line);
         tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
         w->done = 1;
     }
-out:
-    free(line);
-    free(stacks);
-    free(starting);
 }
 
 /* One step of a collection: done once every rank answered and the lines were quiet for
@@ -530,18 +468,20 @@ static int64_t collect_step(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
     if (!((complete && now - w->quiet_since >= QUIET_MS) || now >= w->collect_end))
         return now + TICK_MS;
     w->collected = now;
-    char *diag = diagnose(w, w->x, err, sizeof err);
+    tsp__hang_out_t d;
+    int rc = tsp__hang_diagnose_sections(w->x->text, w->x->len, w->world, w->request, &d, err,
+                                         sizeof err);
     sections_free(w->x, w->world);
     w->x = NULL;
     w->diagnosed = tsp__now_ms();
     w->request = 0;
-    if (!diag) {
+    if (rc) {
         stopped(s, *err ? err : "out of memory");
         w->done = 1;
         return -1;
     }
-    conclude(s, w, diag, now);
-    free(diag);
+    conclude(s, w, &d, now);
+    tsp__hang_out_free(&d);
     return w->done ? -1 : now + TICK_MS;
 }
 

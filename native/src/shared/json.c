@@ -658,6 +658,12 @@ void tsp_json_null(tsp_json_writer_t *w)
     fputs("null", w->f);
 }
 
+void tsp_json_raw(tsp_json_writer_t *w, const char *json, size_t len)
+{
+    before_value(w);
+    fwrite(json, 1, len, w->f);
+}
+
 int tsp_json_value(tsp_json_writer_t *w, const char *json, size_t len)
 {
     int rc = tsp_json_check(json, len);
