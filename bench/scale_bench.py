@@ -73,6 +73,27 @@ def hwm_mib() -> float:
     return 0.0
 
 
+def procs_cpu(pids: List[int]) -> float:
+    """The CPU seconds (user + system) of these processes so far, threads included."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def machine_cpu() -> float:
+    """The machine's busy CPU seconds so far, every process's (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(xs: List[float], q: float):
     if not xs:
         return None
@@ -187,11 +208,17 @@ class OnReport:
 
 def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
     cb.__init__()
+    pids = [p.pid for p in sims.procs]
+    s0, m0 = procs_cpu(pids), machine_cpu()
     c0, t0 = cpu(), time.monotonic()
     sims.send(f"reports {hz} {secs}")
     done = sims.expect("done reports", secs + 300)
     sent, frames = sum(int(x[2]) for x in done), sum(int(x[3]) for x in done)
     t_sent = time.monotonic()
+    # Where the 2 cores went while the nodes reported: the simulated nodes' processes, the
+    # driver (this process), and everything else on the machine (other sessions' load).
+    sims_s, machine_s, driver_s = procs_cpu(pids) - s0, machine_cpu() - m0, cpu() - c0
+    gen_s = t_sent - t0
     deadline = t_sent + 60
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -204,7 +231,10 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
             "report_pulled_p99_ms": 1e3 * (pct(cb.pulled, 0.99) or 0),
             "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
             "report_drain_s": time.monotonic() - t_sent,
-            "report_cores": dc / dt, "report_rate_asked": hz * ranks}
+            "report_cores": dc / dt, "report_rate_asked": hz * ranks,
+            "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
+            "report_machine_cores": machine_s / gen_s,
+            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s}
 
 
 def dump(server, sims, world: int) -> Dict:
