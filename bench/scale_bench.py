@@ -3,7 +3,7 @@ and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TC
 
     .venv/bin/python -m bench.scale_bench [--sizes 1024,4096,16384] [--nproc 8] [--procs 8]
         [--report-hz 100] [--report-s 5] [--report-max 4096] [--stacks 8] [--tcpstore-max 4096]
-        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH]
+        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH] | --agents 64,1024
 
 Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
 the log server started through the Python binding TorchDistributor uses (LogServer), the
@@ -34,6 +34,11 @@ log client. Per size:
 6. TCPStore (RANKS <= --tcpstore-max, in its own child): torch.distributed.TCPStore with
    use_libuv=True, RANKS clients (threads of --procs processes) each blocked in get() of
    one key; the time from the master's set() to the last get()'s return.
+
+--agents 64,1024: instead, the line path with real `torchspark-run` agents (one job, one
+`seq 20` worker each, no Python), all started at once by a launcher process: per node count
+the time until every line was pulled and the driver's CPU, per node, and their growth from
+the first count (the goal: <= 2x from 64 to 1,024), lost lines, refusals.
 
 --quick: 256 and 1,024 ranks, 2 s of reports at 100/s, no TCPStore: the short variant
 that tests/e2e/test_scale.py runs (~25 s). --svg PATH draws the log-log plot from the run.
@@ -349,6 +354,49 @@ def one(ranks: int, a) -> Dict:
     return out
 
 
+AGENT_LINES = 20
+
+
+def agents_one(nodes: int) -> Dict:
+    """The line path with real agents (--agents): `nodes` torchspark-run agents of one job,
+    each with one worker (`seq 20`, no Python) printing AGENT_LINES lines into this
+    process's log server, started all at once by a launcher process (so that this
+    process's CPU is the driver's alone); the time until every line was pulled, the
+    driver's CPU, lost lines."""
+    from torchspark.native._native import LogServer
+
+    srv = LogServer()
+    env = dict(os.environ, **srv.agent_env())
+    c0, t0 = cpu(), time.monotonic()
+    launcher = subprocess.Popen([sys.executable, "-c", AGENT_LAUNCHER, str(harness.ROOT),
+                                 str(nodes), srv.endpoint], env=env, stdout=subprocess.PIPE,
+                                text=True)
+    got, want = 0, AGENT_LINES * nodes
+    while got < want and time.monotonic() - t0 < 600:
+        got += len(srv.pull(16384, 50))
+    t_lines, c_lines = time.monotonic() - t0, cpu() - c0
+    bad = launcher.communicate(timeout=600)[0].split()
+    st = srv.stats()
+    srv.close()
+    return {"agents": nodes, "agent_lines_lost": want - got, "agents_failed": int(bad[1]),
+            "agents_lines_s": t_lines, "agents_driver_cpu_s": c_lines,
+            "agents_wall_ms_per_node": 1e3 * t_lines / nodes,
+            "agents_driver_cpu_ms_per_node": 1e3 * c_lines / nodes,
+            "agents_authenticated": st["authenticated"], "agents_refused": st["rejected"],
+            "agents_peak_rss_mib": peak_rss_mib()}
+
+
+AGENT_LAUNCHER = r'''
+import subprocess, sys
+root, n, endpoint = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+run = root + "/.venv/bin/torchspark-run"
+ps = [subprocess.Popen([run, "--nnodes", str(n), "--node-rank", str(i), "--nproc-per-node", "1",
+                        "--master-port", "29655", "--log-endpoint", endpoint, "--no-python",
+                        "/usr/bin/seq", "20"], stdout=subprocess.DEVNULL) for i in range(n)]
+print("failed", sum(p.wait() != 0 for p in ps), flush=True)
+'''
+
+
 TCPSTORE_CLIENT = r'''
 import datetime, sys, threading, time
 import torch.distributed as dist
@@ -483,10 +531,18 @@ def main() -> None:
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
     ap.add_argument("--tcpstore-one", type=int, default=0, help=argparse_hidden())
+    ap.add_argument("--agents", default="",
+                    help="the line path with real torchspark-run agents at these node counts "
+                         "(e.g. 64,1024), instead of the simulated sizes")
+    ap.add_argument("--agents-one", type=int, default=0, help=argparse_hidden())
     a = harness.parse(ap)
-    if a.one or a.tcpstore_one:
-        r = one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs)
+    if a.one or a.tcpstore_one or a.agents_one:
+        r = (one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs) if a.tcpstore_one
+             else agents_one(a.agents_one))
         print(json.dumps(r), flush=True)
+        return
+    if a.agents:
+        agents_series(a)
         return
     if not SIM.exists():
         sys.exit(f"{SIM} is missing: build it (cmake --build build --target tsp-simnodes)")
@@ -499,16 +555,37 @@ def main() -> None:
                 r.update(child("--tcpstore-one", ranks, a))
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 r["tcpstore_error"] = str(e)[-300:]
-        r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
-              flush=True)
-        for k, v in r.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "ranks":
-                run.figure(f"{k} @ {ranks}", [v], "")
+        show(run, r, "ranks", f"{ranks}")
     run.results["sizes"] = rows
     if a.svg:
         svg(rows, a.svg)
+    run.finish()
+
+
+def show(run, r: Dict, size_key: str, label: str) -> None:
+    """One size's row: the load now, printed as a line of JSON, each number a figure."""
+    r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
+          flush=True)
+    for k, v in r.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != size_key:
+            run.figure(f"{k} @ {label}", [v], "")
+
+
+def agents_series(a) -> None:
+    """--agents: the real agents' line path per node count, and the per-node cost's growth
+    from the smallest count to each (the goal: <= 2x from 64 to 1,024 nodes)."""
+    run = harness.Run("scale_bench_agents", a)
+    rows: List[Dict] = []
+    for nodes in [int(x) for x in str(a.agents).split(",")]:
+        r = child("--agents-one", nodes, a)
+        if rows:
+            for k in ("agents_wall_ms_per_node", "agents_driver_cpu_ms_per_node"):
+                r[k + "_growth"] = r[k] / max(rows[0][k], 1e-9)
+        rows.append(r)
+        show(run, r, "agents", f"{nodes} agents")
+    run.results["agents"] = rows
     run.finish()
 
 
