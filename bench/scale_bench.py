@@ -253,10 +253,13 @@ def dump(server, sims, world: int) -> Dict:
     timeout_s = 1.0
     t0 = time.monotonic()
     server.watch(timeout_s, "report", world, tempfile.gettempdir())
+    time.sleep(timeout_s * 0.9)
+    c0 = cpu()  # just before the DUMP: the driver's CPU for the whole dump from here
     sims.expect("dumped", 120 + timeout_s)
     t_dumped = time.monotonic()  # the last node answered its DUMP
     ev = server.hang_event(120) or {}
     t_line = time.monotonic()
+    c_line = cpu()
     diag = ev.get("diagnosis") or {}
     if diag:
         _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor._take)
@@ -268,7 +271,11 @@ def dump(server, sims, world: int) -> Dict:
     out = {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
            "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
            "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300],
-           "doctor_kept_s": t_kept - t_dumped}
+           "doctor_kept_s": t_kept - t_dumped,
+           # the driver's CPU from the DUMP to the event parsed (every thread: the answers'
+           # receipt and the pump's pull of their lines included): what a driver with a core
+           # of its own would take, but for the 500 ms quiet
+           "doctor_cpu_s": c_line - c0}
     # The breakdown after the last node's answer (the C watchdog's steps, protocol 1.12's
     # "timing", on this host's monotonic clock): every rank answered, the collection's end
     # (answered + quiet), the analysis, the stacks file, the event's text, then the glue's
