@@ -3,7 +3,7 @@ and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TC
 
     .venv/bin/python -m bench.scale_bench [--sizes 1024,4096,16384] [--nproc 8] [--procs 8]
         [--report-hz 100] [--report-s 5] [--report-max 4096] [--stacks 8] [--tcpstore-max 4096]
-        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH]
+        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH] | --agents 64,1024
 
 Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
 the log server started through the Python binding TorchDistributor uses (LogServer), the
@@ -34,6 +34,11 @@ log client. Per size:
 6. TCPStore (RANKS <= --tcpstore-max, in its own child): torch.distributed.TCPStore with
    use_libuv=True, RANKS clients (threads of --procs processes) each blocked in get() of
    one key; the time from the master's set() to the last get()'s return.
+
+--agents 64,1024: instead, the line path with real `torchspark-run` agents (one job, one
+`seq 20` worker each, no Python), all started at once by a launcher process: per node count
+the time until every line was pulled and the driver's CPU, per node, and their growth from
+the first count (the goal: <= 2x from 64 to 1,024), lost lines, refusals.
 
 --quick: 256 and 1,024 ranks, 2 s of reports at 100/s, no TCPStore: the short variant
 that tests/e2e/test_scale.py runs (~25 s). --svg PATH draws the log-log plot from the run.
@@ -71,6 +76,27 @@ def hwm_mib() -> float:
             if ln.startswith("VmHWM:"):
                 return int(ln.split()[1]) / 1024.0
     return 0.0
+
+
+def procs_cpu(pids: List[int]) -> float:
+    """The CPU seconds (user + system) of these processes so far, threads included."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+def machine_cpu() -> float:
+    """The machine's busy CPU seconds so far, every process's (/proc/stat: all but idle and
+    iowait)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs: List[float], q: float):
@@ -187,11 +213,17 @@ class OnReport:
 
 def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
     cb.__init__()
+    pids = [p.pid for p in sims.procs]
+    s0, m0 = procs_cpu(pids), machine_cpu()
     c0, t0 = cpu(), time.monotonic()
     sims.send(f"reports {hz} {secs}")
     done = sims.expect("done reports", secs + 300)
     sent, frames = sum(int(x[2]) for x in done), sum(int(x[3]) for x in done)
     t_sent = time.monotonic()
+    # Where the 2 cores went while the nodes reported: the simulated nodes' processes, the
+    # driver (this process), and everything else on the machine (other sessions' load).
+    sims_s, machine_s, driver_s = procs_cpu(pids) - s0, machine_cpu() - m0, cpu() - c0
+    gen_s = t_sent - t0
     deadline = t_sent + 60
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -204,7 +236,10 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
             "report_pulled_p99_ms": 1e3 * (pct(cb.pulled, 0.99) or 0),
             "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
             "report_drain_s": time.monotonic() - t_sent,
-            "report_cores": dc / dt, "report_rate_asked": hz * ranks}
+            "report_cores": dc / dt, "report_rate_asked": hz * ranks,
+            "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
+            "report_machine_cores": machine_s / gen_s,
+            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s}
 
 
 def dump(server, sims, world: int) -> Dict:
@@ -213,21 +248,44 @@ def dump(server, sims, world: int) -> Dict:
     the answers collected from the tails, the grouped line and the stacks file."""
     import tempfile
 
+    from torchspark.driver import _hang
+
     timeout_s = 1.0
     t0 = time.monotonic()
     server.watch(timeout_s, "report", world, tempfile.gettempdir())
+    time.sleep(timeout_s * 0.9)
+    c0 = cpu()  # just before the DUMP: the driver's CPU for the whole dump from here
     sims.expect("dumped", 120 + timeout_s)
     t_dumped = time.monotonic()  # the last node answered its DUMP
     ev = server.hang_event(120) or {}
     t_line = time.monotonic()
+    c_line = cpu()
     diag = ev.get("diagnosis") or {}
+    if diag:
+        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor._take)
+    t_kept = time.monotonic()
     path = ev.get("stacks_file")
     size = os.path.getsize(path) if path else 0
     if path:
         os.unlink(path)
-    return {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
-            "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
-            "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300]}
+    out = {"dump_fanin_s": max(0.0, t_dumped - t0 - timeout_s),
+           "dump_ranks": len(diag.get("dumps") or ()), "dump_bytes": size,
+           "doctor_line_s": t_line - t_dumped, "doctor_line": str(diag.get("line", ""))[:300],
+           "doctor_kept_s": t_kept - t_dumped,
+           # the driver's CPU from the DUMP to the event parsed (every thread: the answers'
+           # receipt and the pump's pull of their lines included): what a driver with a core
+           # of its own would take, but for the 500 ms quiet
+           "doctor_cpu_s": c_line - c0}
+    # The breakdown after the last node's answer (the C watchdog's steps, protocol 1.12's
+    # "timing", on this host's monotonic clock): every rank answered, the collection's end
+    # (answered + quiet), the analysis, the stacks file, the event's text, then the glue's
+    # event parsed (doctor_line_s) and its Diagnosis built (doctor_kept_s).
+    tm = ev.get("timing") or {}
+    for k in ("answered_s", "collected_s", "diagnosed_s", "stacks_file_s", "event_s"):
+        if tm.get(k) is not None and tm.get("dumped_at") is not None:
+            out["doctor_" + k] = tm["dumped_at"] + tm[k] - t_dumped
+    out["doctor_event_mb"] = len(json.dumps(ev)) / 1e6
+    return out
 
 
 def rendezvous(ranks: int, procs: int) -> Dict:
@@ -301,6 +359,49 @@ def one(ranks: int, a) -> Dict:
     out["driver_cpu_s"] = cpu()
     out["driver_peak_rss_mib"] = peak_rss_mib()
     return out
+
+
+AGENT_LINES = 20
+
+
+def agents_one(nodes: int) -> Dict:
+    """The line path with real agents (--agents): `nodes` torchspark-run agents of one job,
+    each with one worker (`seq 20`, no Python) printing AGENT_LINES lines into this
+    process's log server, started all at once by a launcher process (so that this
+    process's CPU is the driver's alone); the time until every line was pulled, the
+    driver's CPU, lost lines."""
+    from torchspark.native._native import LogServer
+
+    srv = LogServer()
+    env = dict(os.environ, **srv.agent_env())
+    c0, t0 = cpu(), time.monotonic()
+    launcher = subprocess.Popen([sys.executable, "-c", AGENT_LAUNCHER, str(harness.ROOT),
+                                 str(nodes), srv.endpoint], env=env, stdout=subprocess.PIPE,
+                                text=True)
+    got, want = 0, AGENT_LINES * nodes
+    while got < want and time.monotonic() - t0 < 600:
+        got += len(srv.pull(16384, 50))
+    t_lines, c_lines = time.monotonic() - t0, cpu() - c0
+    bad = launcher.communicate(timeout=600)[0].split()
+    st = srv.stats()
+    srv.close()
+    return {"agents": nodes, "agent_lines_lost": want - got, "agents_failed": int(bad[1]),
+            "agents_lines_s": t_lines, "agents_driver_cpu_s": c_lines,
+            "agents_wall_ms_per_node": 1e3 * t_lines / nodes,
+            "agents_driver_cpu_ms_per_node": 1e3 * c_lines / nodes,
+            "agents_authenticated": st["authenticated"], "agents_refused": st["rejected"],
+            "agents_peak_rss_mib": peak_rss_mib()}
+
+
+AGENT_LAUNCHER = r'''
+import subprocess, sys
+root, n, endpoint = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+run = root + "/.venv/bin/torchspark-run"
+ps = [subprocess.Popen([run, "--nnodes", str(n), "--node-rank", str(i), "--nproc-per-node", "1",
+                        "--master-port", "29655", "--log-endpoint", endpoint, "--no-python",
+                        "/usr/bin/seq", "20"], stdout=subprocess.DEVNULL) for i in range(n)]
+print("failed", sum(p.wait() != 0 for p in ps), flush=True)
+'''
 
 
 TCPSTORE_CLIENT = r'''
@@ -437,10 +538,18 @@ def main() -> None:
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
     ap.add_argument("--tcpstore-one", type=int, default=0, help=argparse_hidden())
+    ap.add_argument("--agents", default="",
+                    help="the line path with real torchspark-run agents at these node counts "
+                         "(e.g. 64,1024), instead of the simulated sizes")
+    ap.add_argument("--agents-one", type=int, default=0, help=argparse_hidden())
     a = harness.parse(ap)
-    if a.one or a.tcpstore_one:
-        r = one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs)
+    if a.one or a.tcpstore_one or a.agents_one:
+        r = (one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs) if a.tcpstore_one
+             else agents_one(a.agents_one))
         print(json.dumps(r), flush=True)
+        return
+    if a.agents:
+        agents_series(a)
         return
     if not SIM.exists():
         sys.exit(f"{SIM} is missing: build it (cmake --build build --target tsp-simnodes)")
@@ -453,16 +562,37 @@ def main() -> None:
                 r.update(child("--tcpstore-one", ranks, a))
             except (RuntimeError, subprocess.TimeoutExpired) as e:
                 r["tcpstore_error"] = str(e)[-300:]
-        r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
         rows.append(r)
-        print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
-              flush=True)
-        for k, v in r.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "ranks":
-                run.figure(f"{k} @ {ranks}", [v], "")
+        show(run, r, "ranks", f"{ranks}")
     run.results["sizes"] = rows
     if a.svg:
         svg(rows, a.svg)
+    run.finish()
+
+
+def show(run, r: Dict, size_key: str, label: str) -> None:
+    """One size's row: the load now, printed as a line of JSON, each number a figure."""
+    r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
+          flush=True)
+    for k, v in r.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and k != size_key:
+            run.figure(f"{k} @ {label}", [v], "")
+
+
+def agents_series(a) -> None:
+    """--agents: the real agents' line path per node count, and the per-node cost's growth
+    from the smallest count to each (the goal: <= 2x from 64 to 1,024 nodes)."""
+    run = harness.Run("scale_bench_agents", a)
+    rows: List[Dict] = []
+    for nodes in [int(x) for x in str(a.agents).split(",")]:
+        r = child("--agents-one", nodes, a)
+        if rows:
+            for k in ("agents_wall_ms_per_node", "agents_driver_cpu_ms_per_node"):
+                r[k + "_growth"] = r[k] / max(rows[0][k], 1e-9)
+        rows.append(r)
+        show(run, r, "agents", f"{nodes} agents")
+    run.results["agents"] = rows
     run.finish()
 
 

@@ -162,6 +162,22 @@ START_TEST(test_logwatch_silent_job_is_named_and_cancelled)
     const char *want = "was cancelled by the hang doctor: no rank printed or reported for 0.3s "
                        "(spark.torchspark.hangTimeout); rank 1 (host h";
     ck_assert_msg(!strncmp(msg, want, strlen(want)), "%s", msg);
+    /* The steps' times after the DUMP (protocol 1.12 "timing"), in order; the collection
+     * ends 500 ms after the tick that found every answer (nothing changed since). */
+    const char *steps[] = {"timing.answered_s", "timing.collected_s", "timing.diagnosed_s",
+                           "timing.stacks_file_s", "timing.event_s"};
+    double at[5];
+    for (int i = 0; i < 5; i++) {
+        char *v = field(ev, steps[i]);
+        at[i] = atof(v);
+        free(v);
+        ck_assert_msg(at[i] >= (i ? at[i - 1] : 0.0), "%s in %s", steps[i], ev);
+    }
+    ck_assert_msg(at[1] - at[0] >= 0.499 && at[1] - at[0] < 5.0, "%s", ev);
+    char *dumped = field(ev, "timing.dumped_at");
+    double off = atof(dumped) - (double)atomic_load(&a.dumped_at) / 1000.0;
+    ck_assert_msg(off > -1.0 && off < 1.0, "%s", ev); /* the same clock as tsp__now_ms() */
+    free(dumped);
     struct stat st;
     ck_assert_int_eq(stat(file, &st), 0);
     ck_assert_int_eq(st.st_mode & 077, 0);
@@ -204,6 +220,13 @@ START_TEST(test_logwatch_line_restarts_the_clock_and_report_goes_on)
     ck_assert_ptr_nonnull(ev);
     char *action = field(ev, "action"), *file = field(ev, "stacks_file");
     ck_assert_str_eq(action, "report");
+    char *no = NULL, *stacks = field(ev, "diagnosis.stacks");
+    int t;
+    /* the error's text only where there is an error (protocol 1.12): the stacks are in the
+     * diagnosis and the file */
+    ck_assert_int_eq(tsp_json_get(ev, strlen(ev), "message", &no, &t), -ENOENT);
+    ck_assert_msg(strstr(stacks, "[rank 0] torchspark: flight recorder: ") != NULL, "%s", ev);
+    free(stacks);
     unlink(file);
     usleep(1500 * 1000); /* silent again, but nothing printed since the dump: no DUMP */
     ck_assert_int_eq(atomic_load(&a.dumps), 1);

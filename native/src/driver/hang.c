@@ -11,11 +11,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hang.h"
 #include "hangdump.h"
 #include "json.h"
 #include "util.h"
@@ -33,6 +35,7 @@ typedef struct {
     size_t count;  /* given: the last index + 1 */
     char **stdlib;
     size_t nstdlib;
+    int borrowed; /* the lines are the watchdog's (tsp__hang_diagnose_sections): not freed */
 } input_t;
 
 typedef struct {
@@ -725,7 +728,7 @@ static int starting(const diag_t *g)
 
 /* "dumps": each answering rank's host, pid, state and lines; "stacks": every line,
  * rank-prefixed, for the log, the exception and the stacks file. */
-static void write_dumps(const diag_t *g, tsp_json_writer_t *w)
+static void write_dumps(const diag_t *g, tsp_json_writer_t *w, tsp__hang_out_t *keep)
 {
     tsp_json_key(w, "dumps");
     tsp_json_begin_array(w);
@@ -753,14 +756,22 @@ static void write_dumps(const diag_t *g, tsp_json_writer_t *w)
     char *text = NULL;
     size_t n = 0;
     FILE *o = open_memstream(&text, &n);
+    if (o)
+        __fsetlocking(o, FSETLOCKING_BYCALLER); /* this thread's own: 180k lines at 16k ranks */
+    const char *sep = "";
     for (size_t r = 0; o && r < g->n; r++)
-        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++)
-            fprintf(o, "%s[rank %zu] %s", n || ftell(o) ? "\n" : "", r, g->d[r].lines[i]);
+        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++, sep = "\n")
+            fprintf(o, "%s[rank %zu] %s", sep, r, g->d[r].lines[i]);
     if (o)
         fclose(o);
     tsp_json_key(w, "stacks");
     tsp_json_str(w, text ? text : "");
-    free(text);
+    if (keep && text) {
+        keep->stacks = text;
+        keep->stacks_len = n;
+    } else {
+        free(text);
+    }
 }
 
 static void write_culprits(const diag_t *g, tsp_json_writer_t *w)
@@ -824,7 +835,9 @@ static void write_report(const diag_t *g, const char *line, tsp_json_writer_t *w
     tsp_json_end(w);
 }
 
-static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, FILE *o)
+/* The reply (protocol 1.11) to o; with keep, its line, stacks and starting kept there too. */
+static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, FILE *o,
+                            tsp__hang_out_t *keep)
 {
     tsp_json_writer_t w;
     tsp_json_writer_init(&w, o);
@@ -863,16 +876,21 @@ static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, 
         tsp_json_end(&w);
     }
     tsp_json_end(&w);
-    write_dumps(g, &w);
+    write_dumps(g, &w, keep);
     write_report(g, line ? line : "", &w);
-    free(line);
+    if (keep) {
+        keep->line = line;
+        keep->starting = starting(g);
+    } else {
+        free(line);
+    }
     tsp_json_end(&w);
 }
 
 static void diag_free(diag_t *g)
 {
     for (size_t r = 0; r < g->in.nranks; r++) {
-        for (size_t i = 0; i < g->in.nlines[r]; i++)
+        for (size_t i = 0; !g->in.borrowed && i < g->in.nlines[r]; i++)
             free(g->in.lines[r][i]);
         free(g->in.lines[r]);
     }
@@ -921,6 +939,35 @@ static int analyse(diag_t *g)
     return rc;
 }
 
+/* The analysis of g's input and its reply in *doc (malloc'ed, NUL-terminated; *dlen its
+ * length); keep as write_diagnosis's. */
+static int diagnose_input(diag_t *g, char **doc, size_t *dlen, tsp__hang_out_t *keep)
+{
+    group_t *gs = NULL;
+    size_t ngroups = 0;
+    int *ranks = NULL;
+    int rc = analyse(g);
+    if (!rc && !(ranks = calloc(g->nitems + 1, sizeof *ranks)))
+        rc = -ENOMEM;
+    if (!rc)
+        rc = make_groups(g, ranks, &gs, &ngroups);
+    if (!rc) {
+        FILE *mf = open_memstream(doc, dlen);
+        if (!mf) {
+            rc = -ENOMEM;
+        } else {
+            __fsetlocking(mf, FSETLOCKING_BYCALLER); /* one thread's: no lock per write */
+            write_diagnosis(g, gs, ngroups, mf, keep);
+            rc = fclose(mf) == 0 ? 0 : -ENOMEM;
+        }
+    }
+    for (size_t i = 0; i < ngroups; i++)
+        free(gs[i].text);
+    free(gs);
+    free(ranks);
+    return rc;
+}
+
 int tsp_hang_diagnose(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                       char *err, size_t errlen)
 {
@@ -928,34 +975,67 @@ int tsp_hang_diagnose(const char *request, size_t len, char *out, size_t outlen,
         err[0] = 0;
     diag_t g;
     memset(&g, 0, sizeof g);
-    group_t *gs = NULL;
-    size_t ngroups = 0;
-    int *ranks = NULL;
     char *doc = NULL;
     size_t dlen = 0;
     int rc = read_request(&g, request, len, err, errlen);
     if (!rc)
-        rc = analyse(&g);
-    if (!rc && !(ranks = calloc(g.nitems + 1, sizeof *ranks)))
-        rc = -ENOMEM;
-    if (!rc)
-        rc = make_groups(&g, ranks, &gs, &ngroups);
-    if (!rc) {
-        FILE *mf = open_memstream(&doc, &dlen);
-        if (!mf) {
-            rc = -ENOMEM;
-        } else {
-            write_diagnosis(&g, gs, ngroups, mf);
-            rc = fclose(mf) == 0 ? 0 : -ENOMEM;
-        }
-    }
+        rc = diagnose_input(&g, &doc, &dlen, NULL);
     if (!rc)
         rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
     free(doc);
-    for (size_t i = 0; i < ngroups; i++)
-        free(gs[i].text);
-    free(gs);
-    free(ranks);
     diag_free(&g);
     return rc;
+}
+
+/* Rank r's lines: pointers into its section (NUL-separated), borrowed. */
+static int borrow_lines(input_t *in, size_t r, char *text, size_t len)
+{
+    size_t n = 1;
+    for (size_t i = 0; i < len; i++)
+        n += text[i] == 0;
+    if (!(in->lines[r] = malloc(n * sizeof(char *))))
+        return -ENOMEM;
+    in->caps[r] = n;
+    for (char *p = text; p <= text + len; p += strlen(p) + 1)
+        in->lines[r][in->nlines[r]++] = p;
+    return 0;
+}
+
+int tsp__hang_diagnose_sections(char *const *text, const size_t *len, int world, unsigned request,
+                                tsp__hang_out_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof *out);
+    if (world <= 0 || world > MAX_RANKS)
+        return tsp__err(err, errlen, -EINVAL, "world must be from 1 to %d ranks", MAX_RANKS);
+    diag_t g;
+    memset(&g, 0, sizeof g);
+    g.world = world;
+    g.request = request;
+    g.read_sources = 1;
+    g.in.borrowed = 1;
+    size_t n = (size_t)world;
+    g.in.lines = calloc(n, sizeof *g.in.lines);
+    g.in.nlines = calloc(n, sizeof *g.in.nlines);
+    g.in.caps = calloc(n, sizeof *g.in.caps);
+    int rc = g.in.lines && g.in.nlines && g.in.caps ? 0 : -ENOMEM;
+    if (!rc)
+        g.in.nranks = g.in.count = n;
+    for (size_t r = 0; !rc && r < n; r++)
+        rc = text[r] ? borrow_lines(&g.in, r, text[r], len[r]) : 0;
+    if (!rc)
+        rc = diagnose_input(&g, &out->doc, &out->len, out);
+    diag_free(&g);
+    if (!rc && (!out->line || !out->stacks))
+        rc = -ENOMEM;
+    if (rc)
+        tsp__hang_out_free(out);
+    return rc;
+}
+
+void tsp__hang_out_free(tsp__hang_out_t *out)
+{
+    free(out->doc);
+    free(out->line);
+    free(out->stacks);
+    memset(out, 0, sizeof *out);
 }

@@ -119,6 +119,7 @@ int tsp__logq_push_locked(tsp__logq_t *q, int32_t rank, unsigned stream, unsigne
         if (!r)
             return -ENOMEM;
         r->seen = 1;
+        r->added++;
         tsp__tail_add(&r->tail, q->tail_lines, q->tail_max_bytes, data, len);
     }
     if (!to_queue)
@@ -326,6 +327,18 @@ long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen)
         need = tsp__tail_copy(&r->tail, q->tail_lines, n, buf, buflen);
     pthread_mutex_unlock(&q->mu);
     return (long)need;
+}
+
+void tsp__logq_added(tsp__logq_t *q, uint64_t *added, int n)
+{
+    memset(added, 0, (size_t)(n > 0 ? n : 0) * sizeof *added);
+    pthread_mutex_lock(&q->mu);
+    for (size_t i = 0; i < q->nranks; i++) /* sorted by rank: stop past n */
+        if (q->ranks[i].rank >= n)
+            break;
+        else if (q->ranks[i].rank >= 0)
+            added[q->ranks[i].rank] = q->ranks[i].added;
+    pthread_mutex_unlock(&q->mu);
 }
 
 int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max)

@@ -17,6 +17,7 @@ typedef struct tsp__rank {
     int32_t rank;
     tsp__tail_t tail;
     uint64_t dropped;
+    uint64_t added; /* lines added to its tail: the hang watchdog re-reads only what changed */
     uint8_t seen;
 } tsp__rank_t;
 
@@ -52,6 +53,9 @@ int tsp__logq_pull(tsp__logq_t *q, tsp_logline_t *out, int max_lines, int timeou
 long tsp__logq_pull_text(tsp__logq_t *q, char *buf, size_t cap, int max_lines, int timeout_ms,
                          const char *prefix, const char *marker, int *nlines);
 long tsp__logq_tail(tsp__logq_t *q, int rank, int n, char *buf, size_t buflen);
+/* Each rank's count of lines added to its tail so far, ranks 0 to n - 1 (0 where none came),
+ * under one lock: what changed since the last look. */
+void tsp__logq_added(tsp__logq_t *q, uint64_t *added, int n);
 int tsp__logq_dropped(tsp__logq_t *q, int32_t *ranks, uint64_t *counts, int max);
 void tsp__logq_end(tsp__logq_t *q);
 

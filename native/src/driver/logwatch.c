@@ -11,15 +11,16 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "hang.h"
 #include "json.h"
 #include "logctl.h"
 #include "logwire.h"
-#include "torchspark/hang.h"
 #include "util.h"
 
 #define TICK_MS 100         /* while collecting */
@@ -45,9 +46,13 @@ typedef struct tsp__watch {
     int64_t from;         /* the silence's start of that DUMP */
     int64_t dumped;       /* when it was sent */
     int64_t collect_end, quiet_since;
-    uint64_t sig; /* the sections' hash: they changed */
-    int done;     /* it cancelled, or stopped on an error: watches no more */
-    char *tail;   /* the tail buffer, reused */
+    int64_t answered;   /* the first tick that found every rank's answer (0: not yet) */
+    int64_t collected;  /* the collection's end: the analysis starts */
+    int64_t diagnosed;  /* the analysis's end */
+    int64_t filed;      /* the stacks file written */
+    struct sections *x; /* the sections of the DUMP being collected (NULL: none) */
+    int done;           /* it cancelled, or stopped on an error: watches no more */
+    char *tail;         /* the tail buffer, reused */
     size_t tail_cap;
 } tsp__watch_t;
 
@@ -80,10 +85,14 @@ struct tsp__watch *tsp__watch_new(long timeout_ms, const char *action, int world
     return w;
 }
 
+static void sections_free(struct sections *x, int world);
+
 void tsp__watch_free(struct tsp__watch *w)
 {
-    if (w)
+    if (w) {
         free(w->tail);
+        sections_free(w->x, w->world);
+    }
     free(w);
 }
 
@@ -119,19 +128,43 @@ void tsp__watch_adopt(tsp_logserver_t *s, struct tsp__watch *w)
 
 /* ---- the collection: each rank's lines from its dump marker on ------------------------ */
 
+/* Each rank's section, kept from tick to tick: a tick re-reads only the ranks whose tail
+ * got lines since (16,384 ranks' tails copied every 100 ms would keep the epoll thread
+ * from reading the answers). */
 typedef struct sections {
     char **text; /* per rank: its section, lines separated by NUL (NULL: none yet) */
     size_t *len;
-    int complete;
-    uint64_t sig;
+    uint64_t *seen;  /* per rank: its tail's line count when its section was read */
+    uint64_t *added; /* the counts now (scratch) */
+    char *ok;        /* per rank: its section is a whole answer */
+    int answered;    /* ranks with ok */
 } sections_t;
 
 static void sections_free(sections_t *x, int world)
 {
+    if (!x)
+        return;
     for (int r = 0; x->text && r < world; r++)
         free(x->text[r]);
     free(x->text);
     free(x->len);
+    free(x->seen);
+    free(x->added);
+    free(x->ok);
+    free(x);
+}
+
+static sections_t *sections_new(int world)
+{
+    sections_t *x = calloc(1, sizeof *x);
+    size_t n = (size_t)world;
+    if (x && (!(x->text = calloc(n, sizeof *x->text)) || !(x->len = calloc(n, sizeof *x->len)) ||
+              !(x->seen = calloc(n, sizeof *x->seen)) ||
+              !(x->added = calloc(n, sizeof *x->added)) || !(x->ok = calloc(n, 1)))) {
+        sections_free(x, world);
+        return NULL;
+    }
+    return x;
 }
 
 /* Whether a section is a whole answer: its marker came and either says it cannot answer
@@ -150,26 +183,34 @@ static int answered(const char *t, size_t n)
     return 0;
 }
 
-/* Rank r's lines from its last marker of this request on, into x (NUL-separated). */
-static int section(tsp_logserver_t *s, tsp__watch_t *w, int r, sections_t *x)
+/* Rank r's tail (its last TSP_LOGSERVER_HANG_TAIL lines) into w->tail; its length, or -1. */
+static long read_tail(tsp_logserver_t *s, tsp__watch_t *w, int r)
 {
     long need = tsp__logq_tail(&s->q, r, TSP_LOGSERVER_HANG_TAIL, w->tail, w->tail_cap);
-    if (need < 0)
-        return 0;
-    if ((size_t)need + 1 > w->tail_cap) {
+    if (need >= 0 && (size_t)need + 1 > w->tail_cap) {
         char *t = realloc(w->tail, (size_t)need + 1);
         if (!t)
             return -ENOMEM;
         w->tail = t;
         w->tail_cap = (size_t)need + 1;
         need = tsp__logq_tail(&s->q, r, TSP_LOGSERVER_HANG_TAIL, w->tail, w->tail_cap);
-        if (need < 0 || (size_t)need >= w->tail_cap)
-            return 0;
+        if (need >= 0 && (size_t)need >= w->tail_cap)
+            return -1;
     }
+    return need;
+}
+
+/* Rank r's lines from its last marker of this request on, into x (NUL-separated); *changed
+ * set when they differ from what x held. */
+static int section(tsp_logserver_t *s, tsp__watch_t *w, int r, sections_t *x, int *changed)
+{
+    long need = read_tail(s, w, r);
+    if (need == -ENOMEM)
+        return -ENOMEM;
     char tag[96];
     int tl = snprintf(tag, sizeof tag, "torchspark: stack dump #%u of rank %d ", w->request, r);
     const char *at = NULL;
-    for (const char *p = w->tail; p < w->tail + need;) {
+    for (const char *p = w->tail; need > 0 && p < w->tail + need;) {
         const char *nl = memchr(p, '\n', (size_t)(w->tail + need - p));
         if (!nl)
             nl = w->tail + need;
@@ -178,105 +219,52 @@ static int section(tsp_logserver_t *s, tsp__watch_t *w, int r, sections_t *x)
         p = nl + 1;
     }
     if (!at)
-        return 0;
+        return 0; /* no marker yet */
     size_t n = (size_t)(w->tail + need - at);
+    if (n && at[n - 1] == '\n')
+        n--; /* the last line's newline: not an empty line */
     char *t = malloc(n + 1);
     if (!t)
         return -ENOMEM;
-    memcpy(t, at, n);
-    t[n] = 0;
     for (size_t i = 0; i < n; i++)
-        if (t[i] == '\n')
-            t[i] = 0;
-    if (n && t[n - 1] == 0)
-        n--; /* the last line's newline: not an empty line */
+        t[i] = at[i] == '\n' ? 0 : at[i];
+    t[n] = 0;
+    if (x->text[r] && x->len[r] == n && !memcmp(x->text[r], t, n)) {
+        free(t); /* the same */
+        return 0;
+    }
+    free(x->text[r]);
     x->text[r] = t;
     x->len[r] = n;
-    for (size_t i = 0; i < n; i++)
-        x->sig = (x->sig ^ (unsigned char)t[i]) * 1099511628211ull;
-    x->sig = (x->sig ^ (uint64_t)r) * 1099511628211ull;
+    int ok = answered(t, n);
+    x->answered += ok - x->ok[r];
+    x->ok[r] = (char)ok;
+    *changed = 1;
     return 0;
 }
 
+/* The sections brought up to date: the ranks whose tails got lines since the last tick are
+ * read again. 1 when a section changed, 0 when none did, or -ENOMEM. */
 static int collect(tsp_logserver_t *s, tsp__watch_t *w, sections_t *x)
 {
-    memset(x, 0, sizeof *x);
-    x->text = calloc((size_t)w->world, sizeof *x->text);
-    x->len = calloc((size_t)w->world, sizeof *x->len);
-    if (!x->text || !x->len)
-        return -ENOMEM;
-    x->sig = 14695981039346656037ull;
-    x->complete = 1;
+    int changed = 0;
+    tsp__logq_added(&s->q, x->added, w->world);
     for (int r = 0; r < w->world; r++) {
-        int rc = section(s, w, r, x);
+        if (x->added[r] == x->seen[r])
+            continue;
+        int rc = section(s, w, r, x, &changed);
         if (rc)
-            return rc;
-        x->complete &= x->text[r] && answered(x->text[r], x->len[r]);
+            return rc; /* out of memory: this rank again at the next tick */
+        x->seen[r] = x->added[r];
     }
-    return 0;
+    return changed;
 }
 
 /* ---- the analysis and the event ------------------------------------------------------- */
 
-/* tsp_hang_diagnose's request of the sections: the driver names no standard library (the
- * core's rule for lib/python3.N/ paths counts those frames as library). */
-static char *diagnose(tsp__watch_t *w, const sections_t *x, char *err, size_t errlen)
-{
-    char *req = NULL, *out = NULL;
-    size_t reqlen = 0, need = 0;
-    FILE *f = open_memstream(&req, &reqlen);
-    if (!f)
-        return NULL;
-    tsp_json_writer_t j;
-    tsp_json_writer_init(&j, f);
-    tsp_json_begin_object(&j);
-    tsp_json_key(&j, "world");
-    tsp_json_int(&j, w->world);
-    tsp_json_key(&j, "request");
-    tsp_json_int(&j, w->request);
-    tsp_json_key(&j, "stdlib");
-    tsp_json_begin_array(&j);
-    tsp_json_end(&j);
-    tsp_json_key(&j, "read_sources");
-    tsp_json_value(&j, "true", 4);
-    tsp_json_key(&j, "ranks");
-    tsp_json_begin_array(&j);
-    for (int r = 0; r < w->world; r++) {
-        if (!x->text[r]) {
-            tsp_json_null(&j);
-            continue;
-        }
-        tsp_json_begin_array(&j);
-        for (const char *p = x->text[r]; p <= x->text[r] + x->len[r]; p += strlen(p) + 1)
-            tsp_json_str(&j, p);
-        tsp_json_end(&j);
-    }
-    tsp_json_end(&j);
-    tsp_json_end(&j);
-    if (fclose(f) || !req) {
-        free(req);
-        return NULL;
-    }
-    size_t cap = 1u << 16;
-    for (int i = 0; i < 2; i++) {
-        out = malloc(cap);
-        int rc = out ? tsp_hang_diagnose(req, reqlen, out, cap, &need, err, errlen) : -ENOMEM;
-        if (!rc)
-            break;
-        free(out);
-        out = NULL;
-        if (rc != -ENOSPC)
-            break;
-        cap = need + 1;
-    }
-    free(req);
-    return out;
-}
-
 /* Every rank's stacks in a new file (mode 0600, a fresh name: the host is shared), for when
  * there are too many to read on stderr; 0, or -errno with nothing left behind. */
-static int write_stacks(const tsp__watch_t *w, const char *line, const char *stacks, char *path,
-                        size_t pathlen)
+static int write_stacks(const tsp__watch_t *w, const tsp__hang_out_t *d, char *path, size_t pathlen)
 {
     snprintf(path, pathlen, "%s/torchspark-hang-XXXXXX.txt", w->tmpdir);
     int fd = mkstemps(path, 4);
@@ -288,7 +276,9 @@ static int write_stacks(const tsp__watch_t *w, const char *line, const char *sta
         unlink(path);
         return -EIO;
     }
-    fprintf(f, "%s\n%s\n", line, stacks);
+    fprintf(f, "%s\n", d->line);
+    fwrite(d->stacks, 1, d->stacks_len, f);
+    fputc('\n', f);
     if (fclose(f)) {
         unlink(path);
         return -EIO;
@@ -338,25 +328,51 @@ static char *closed(FILE *f, char **text)
     return *text;
 }
 
+/* "timing": when the DUMP went out (CLOCK_MONOTONIC, s: a caller on this host lines it up
+ * with its own clock) and each step after it (s): every rank answered, the collection
+ * ended, the analysis, the stacks file, this event's text. */
+static void write_timing(tsp_json_writer_t *j, const tsp__watch_t *w)
+{
+    const char *keys[] = {"answered_s", "collected_s", "diagnosed_s", "stacks_file_s", "event_s"};
+    int64_t at[] = {w->answered, w->collected, w->diagnosed, w->filed, tsp__now_ms()};
+    tsp_json_key(j, "timing");
+    tsp_json_begin_object(j);
+    tsp_json_key(j, "dumped_at");
+    tsp_json_fixed(j, (double)w->dumped / 1000.0, 3);
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++) {
+        tsp_json_key(j, keys[i]);
+        if (at[i])
+            tsp_json_fixed(j, (double)(at[i] - w->dumped) / 1000.0, 3);
+        else
+            tsp_json_null(j);
+    }
+    tsp_json_end(j);
+}
+
 /* The event of a diagnosis (docs/protocol.md 1.12): what to print, the action, the text of
  * the run's error and the diagnosis itself. */
-static char *hang_event(const tsp__watch_t *w, const char *diag, const char *line,
-                        const char *stacks, const char *path, int64_t silent_ms, int64_t after_ms)
+static char *hang_event(const tsp__watch_t *w, const tsp__hang_out_t *d, const char *path,
+                        int64_t silent_ms, int64_t after_ms)
 {
     char *ev = NULL, *head = NULL, *msg = NULL, *file = NULL;
     size_t evlen = 0;
+    const char *line = d->line;
     if (*path && asprintf(&file, "torchspark: every rank's stacks (hang doctor): %s", path) < 0)
         file = NULL;
     if (asprintf(&head, "torchspark: hang doctor: no rank printed or reported for %llds; %s",
                  (long long)((silent_ms + 500) / 1000), line) < 0)
         head = NULL;
-    if (asprintf(&msg,
-                 "was cancelled by the hang doctor: no rank printed or reported for %gs "
-                 "(spark.torchspark.hangTimeout); %s.\nEvery rank's Python stacks:\n%s",
-                 (double)w->timeout_ms / 1000.0, line, stacks) < 0)
+    /* The error's text only where there is an error: every stack once more, and the glue's
+     * parse of the event is on the way to the line it prints. */
+    if (w->cancel && asprintf(&msg,
+                              "was cancelled by the hang doctor: no rank printed or reported for "
+                              "%gs (spark.torchspark.hangTimeout); %s.\nEvery rank's Python "
+                              "stacks:\n%s",
+                              (double)w->timeout_ms / 1000.0, line, d->stacks) < 0)
         msg = NULL;
-    FILE *f = head && msg ? open_memstream(&ev, &evlen) : NULL;
+    FILE *f = head && (msg || !w->cancel) ? open_memstream(&ev, &evlen) : NULL;
     if (f) {
+        __fsetlocking(f, FSETLOCKING_BYCALLER); /* this thread's own */
         tsp_json_writer_t j;
         tsp_json_writer_init(&j, f);
         event_head(&j, w->cancel ? "cancel" : "report");
@@ -368,11 +384,13 @@ static char *hang_event(const tsp__watch_t *w, const char *diag, const char *lin
         tsp_json_str(&j, *path ? path : NULL);
         tsp_json_key(&j, "after_s");
         tsp_json_fixed(&j, (double)after_ms / 1000.0, 3);
-        tsp_json_key(&j, "message");
-        tsp_json_str(&j, msg);
+        if (msg) {
+            tsp_json_key(&j, "message");
+            tsp_json_str(&j, msg);
+        }
         tsp_json_key(&j, "diagnosis");
-        if (tsp_json_value(&j, diag, strlen(diag)))
-            tsp_json_null(&j);
+        tsp_json_raw(&j, d->doc, d->len); /* the analysis's own JSON: not read again */
+        write_timing(&j, w);
         tsp_json_end(&j);
         ev = closed(f, &ev);
     }
@@ -406,72 +424,64 @@ static void stopped(tsp_logserver_t *s, const char *why)
 
 /* A diagnosis that is not a hang yet (the workers still start) restarts the clock;
  * otherwise the event, the stacks file and, with "cancel", STOP to every agent. */
-static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const char *diag, int64_t now)
+static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const tsp__hang_out_t *d, int64_t now)
 {
-    char *line = NULL, *stacks = NULL, *starting = NULL;
-    int type = 0;
-    size_t n = strlen(diag);
-    if (tsp_json_get(diag, n, "line", &line, &type) ||
-        tsp_json_get(diag, n, "stacks", &stacks, &type) ||
-        tsp_json_get(diag, n, "starting", &starting, &type)) {
-        stopped(s, "the analysis's answer has no line, stacks or starting");
-        w->done = 1;
-        goto out;
-    }
-    if (!strcmp(starting, "true") && w->starts < MAX_STARTS) {
+    if (d->starting && w->starts < MAX_STARTS) {
         w->starts++;
         w->started = now; /* nothing said: the clock starts again */
         w->asked = 0;
-        goto out;
+        return;
     }
     w->asked = 1;
     w->armed = w->lines;
     char path[sizeof w->tmpdir + 32] = "";
-    if (write_stacks(w, line, stacks, path, sizeof path))
+    if (write_stacks(w, d, path, sizeof path))
         path[0] = 0;
-    char *ev = hang_event(w, diag, line, stacks, path, w->dumped - w->from, now - w->from);
+    w->filed = tsp__now_ms();
+    char *ev = hang_event(w, d, path, w->dumped - w->from, now - w->from);
     if (ev)
         publish(s, ev);
     if (w->cancel) {
         char text[STOP_TEXT_MAX];
-        snprintf(text, sizeof text, "the hang doctor cancelled the run: %.*s", STOP_CUT - 35, line);
+        snprintf(text, sizeof text, "the hang doctor cancelled the run: %.*s", STOP_CUT - 35,
+                 d->line);
         tsp__stop_everyone(s, TSP_WIRE_STOP_ENDED, 0, text);
         w->done = 1;
     }
-out:
-    free(line);
-    free(stacks);
-    free(starting);
 }
 
 /* One step of a collection: done once every rank answered and the lines were quiet for
  * QUIET_MS, or after COLLECT_MAX_MS. Returns the next deadline. */
 static int64_t collect_step(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
 {
-    sections_t x;
     char err[256] = "";
-    if (collect(s, w, &x)) {
-        sections_free(&x, w->world);
+    int changed = w->x ? collect(s, w, w->x) : -ENOMEM;
+    if (!w->x)
+        w->x = sections_new(w->world);
+    if (changed < 0)
         return now + TICK_MS; /* out of memory now: try again */
-    }
-    if (x.sig != w->sig) {
-        w->sig = x.sig;
+    if (changed)
         w->quiet_since = now;
-    }
-    if (!((x.complete && now - w->quiet_since >= QUIET_MS) || now >= w->collect_end)) {
-        sections_free(&x, w->world);
+    int complete = w->x->answered == w->world;
+    if (complete && !w->answered)
+        w->answered = now;
+    if (!((complete && now - w->quiet_since >= QUIET_MS) || now >= w->collect_end))
         return now + TICK_MS;
-    }
-    char *diag = diagnose(w, &x, err, sizeof err);
-    sections_free(&x, w->world);
+    w->collected = now;
+    tsp__hang_out_t d;
+    int rc = tsp__hang_diagnose_sections(w->x->text, w->x->len, w->world, w->request, &d, err,
+                                         sizeof err);
+    sections_free(w->x, w->world);
+    w->x = NULL;
+    w->diagnosed = tsp__now_ms();
     w->request = 0;
-    if (!diag) {
+    if (rc) {
         stopped(s, *err ? err : "out of memory");
         w->done = 1;
         return -1;
     }
-    conclude(s, w, diag, now);
-    free(diag);
+    conclude(s, w, &d, now);
+    tsp__hang_out_free(&d);
     return w->done ? -1 : now + TICK_MS;
 }
 
@@ -496,6 +506,8 @@ int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
     w->dumped = now;
     w->collect_end = now + COLLECT_MAX_MS;
     w->quiet_since = now;
-    w->sig = 0;
+    sections_free(w->x, w->world);
+    w->x = sections_new(w->world); /* NULL: the next tick tries again */
+    w->answered = w->collected = w->diagnosed = w->filed = 0;
     return now + TICK_MS;
 }

@@ -82,5 +82,8 @@ void tsp_json_null(tsp_json_writer_t *w);
 /* A value given as JSON text, re-emitted canonically when well formed; -EINVAL (nothing
  * written) when not, so that a caller can fall back to quoting it as a string. */
 int tsp_json_value(tsp_json_writer_t *w, const char *json, size_t len);
+/* A value this process wrote itself as JSON, as it is: no check and no re-emission, for a
+ * document too large to read twice (the hang doctor's reply inside its event). */
+void tsp_json_raw(tsp_json_writer_t *w, const char *json, size_t len);
 
 #endif
