@@ -36,7 +36,8 @@ import org.apache.spark.sql.SparkSession;
  *                             the training again with maxRestarts(0), killed by the test), "elastic"
  *                             (minNodes(1); then each attempt as an ATTEMPT line, and whether the
  *                             executors it excluded are still active), "attempts" (the ATTEMPT lines
- *                             without minNodes), "phases" (--phases DIR/phases: bench/restart_recovery.py)
+ *                             without minNodes), "phases" (--phases DIR/phases: bench/restart_recovery.py),
+ *                             "grow" (attempt 2, grown back, ends after 6 steps)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -165,7 +166,9 @@ public final class TrainApp {
      *  Options (comma-separated): onrequest (the script checkpoints on request too), fail (then
      *  a run whose rank 1 fails in every attempt, maxRestarts 1), zero (then the training with
      *  maxRestarts(0) over the conf's value, which the test kills too), elastic (minNodes(1),
-     *  then the ATTEMPT lines), attempts (the ATTEMPT lines), phases (the script's --phases). */
+     *  then the ATTEMPT lines), attempts (the ATTEMPT lines), phases (the script's --phases),
+     *  grow (attempt 2, the run grown back, ends after 6 steps; then EXECUTOR_ADDED: when
+     *  Spark registered each executor after the run started, ms since the epoch). */
     private static void restart(SparkSession spark, String python, String script, String[] a) {
         String mark = a[3];
         String dir = a[4];
@@ -178,6 +181,16 @@ public final class TrainApp {
         }
         if (opts.contains("phases")) {
             sargs.addAll(List.of("--phases", dir + "/phases"));
+        }
+        List<Long> added = java.util.Collections.synchronizedList(new ArrayList<>());
+        if (opts.contains("grow")) { // the run grows back in attempt 2, which ends after 6 steps
+            sargs.addAll(List.of("--end-attempt", "2", "--end-after", "6"));
+            spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+                @Override
+                public void onExecutorAdded(org.apache.spark.scheduler.SparkListenerExecutorAdded e) {
+                    added.add(e.time()); // a replacement registered: Spark has its slot
+                }
+            });
         }
         TorchSparkRunner r = TorchSparkRunner.script(script, sargs.toArray(new String[0]))
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).logToStderr(true);
@@ -197,6 +210,9 @@ public final class TrainApp {
         }
         if (opts.contains("elastic") || opts.contains("attempts")) {
             printAttempts(spark, r.attempts());
+        }
+        if (opts.contains("grow")) {
+            System.out.println("EXECUTOR_ADDED: " + added);
         }
         if (opts.contains("fail")) {
             try {
