@@ -2,7 +2,8 @@
 local-cluster[2,1,1024]) and real torch: a Java application trains the DDP example across
 2 executors through TorchSparkRunner, rank 0's election record going through the driver's
 rendezvous (allGather when it is off or unreachable); TorchSparkPlugin stops a cancelled job's training
-processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the issue's 1 s
+processes, for TorchSparkRunner (a barrier stage or a gang launch) and for PySpark's
+TorchDistributor, within the issue's 1 s
 (jvmutil.GONE_BOUND_MS; measured from the cancel call, printed; the median goal of 200 ms is
 measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
 and the plugin's shutdown() stops what an executor still runs when the executor stops; the
@@ -278,6 +279,7 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
 # matrix picks one).
 _PLUGIN_MODES = {"test_plugin_stops_a_cancelled_runner_job": "cancel",
                  "test_plugin_runner_job_cancelled_while_its_tasks_start": "early",
+                 "test_plugin_stops_a_cancelled_gang_launch": "gangcancel",
                  "test_plugin_executor_stopped_normally_leaves_nothing": "killexec"}
 
 
@@ -295,6 +297,19 @@ def test_plugin_stops_a_cancelled_runner_job(plugin_app):
     print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
     assert 0 <= gone < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
     # The plugin itself stopped the agents (the executors' logs say so).
+    assert int(out["PLUGIN_STOPS"][0]) >= 1, out
+
+
+def test_plugin_stops_a_cancelled_gang_launch(plugin_app):
+    """launch("gang") (ordinary tasks that JOIN through the driver; here without dynamic
+    allocation) cancelled by its job group mid-training: the plugin stops the agents as for
+    a barrier stage, run() throws, no process, task or job is left (TrainApp gangCancel)."""
+    out, err = plugin_app[0]["gangcancel"], plugin_app[1]
+    threw, gone, seen, running, active, error = out["GANG_CANCEL_2"][0].split()
+    print(f"gang launch: every training process gone {gone} ms after cancelJobGroup")
+    assert int(seen) >= 4 and (running, active) == ("0", "0"), (out, err[-3000:])
+    assert 0 <= int(gone) < jvmutil.GONE_BOUND_MS and 0 <= int(threw) < 15000, out
+    assert error == "TorchSparkException", out
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
 
 

@@ -24,6 +24,7 @@ import org.apache.spark.sql.SparkSession;
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
+ *   gangcancel                launch("gang") cancelled by its job group while it trains (the plugin on)
  *   gang PYTHON SCRIPT        dynamic allocation from 0 executors: launch("barrier") refused (SPARK-24942),
  *                             the gang launch (auto) trains, one failing rank ends the run, then 3 nodes where
  *                             maxExecutors is 2 (the deadline); between them two gang launches cancelled
@@ -143,6 +144,8 @@ public final class TrainApp {
             gang(spark, python, script);
         } else if (mode.equals("election")) {
             election(spark);
+        } else if (mode.equals("gangcancel")) {
+            gangCancelPlugin(spark);
         } else if (mode.equals("time")) {
             // One unmeasured warm-up run first (the executors' start), as the bench's
             // TorchDistributor cases.
@@ -343,8 +346,8 @@ public final class TrainApp {
             sleep(100);
         }
         System.out.println("FAILURE_MS: " + (System.nanoTime() - t0) / 1_000_000 + " " + marked(mark).size());
-        gangCancel(spark, mark, 2, 4); // training: 2 agents + 2 sleeps
-        gangCancel(spark, mark, 3, 0); // 2 of 3 tasks waiting in their JOIN (2 slots)
+        gangCancel(spark, mark, 2, 4, null); // training: 2 agents + 2 sleeps
+        gangCancel(spark, mark, 3, 0, null); // 2 of 3 tasks waiting in their JOIN (2 slots)
         spark.sparkContext().conf().set("spark.torchspark.gang.timeout", "8s");
         t0 = System.nanoTime();
         try {
@@ -379,6 +382,22 @@ public final class TrainApp {
         }
     }
 
+    /** launch("gang") without dynamic allocation, cancelled by its job group while it trains,
+     *  with the plugin: GANG_CANCEL_2 and the plugin's stops in the executors' logs. */
+    private static void gangCancelPlugin(SparkSession spark) {
+        String mark = UUID.randomUUID().toString();
+        gangCancel(spark, mark, 2, 4, "gang");
+        long until = System.nanoTime() + 10_000_000_000L; // the executors' log lines
+        int stops;
+        while ((stops = pluginStops(spark)) == 0 && System.nanoTime() < until) {
+            sleep(100);
+        }
+        System.out.println("PLUGIN_STOPS: " + stops);
+        for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
     /** Tasks running on the executors now (0: no executor is held by a task of ours). */
     private static int runningTasks(SparkSession spark) {
         int n = 0;
@@ -392,15 +411,17 @@ public final class TrainApp {
     /** A gang launch of nodes tasks (sleep 300) cancelled by its job group once `processes`
      *  of its processes run, or (0) once 2 of its tasks run (waiting in their JOIN: the
      *  default deadline is 600 s). "GANG_CANCEL_nodes: ms until run() threw, ms until none of
-     *  its processes is left, processes before, tasks still running, jobs still active". */
-    private static void gangCancel(SparkSession spark, String mark, int nodes, int processes) {
+     *  its processes is left, processes before, tasks still running, jobs still active";
+     *  launch: the runner's launch(), or null (the conf's). */
+    private static void gangCancel(SparkSession spark, String mark, int nodes, int processes, String launch) {
         String group = "gang-cancel-" + nodes;
         java.util.concurrent.CompletableFuture<String> threw = new java.util.concurrent.CompletableFuture<>();
         Thread job = new Thread(() -> {
             spark.sparkContext().setJobGroup(group, "torchspark gang cancel", true);
             try {
-                TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(nodes)
-                        .env("TSP_E2E_MARK", mark).run(spark);
+                TorchSparkRunner r = TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(nodes)
+                        .env("TSP_E2E_MARK", mark);
+                (launch != null ? r.launch(launch) : r).run(spark);
                 threw.complete("none");
             } catch (RuntimeException e) {
                 threw.complete(e.getClass().getSimpleName());
