@@ -8,9 +8,16 @@ Per cycle: passed (nodes 3 -> 2 -> 3, 0 steps lost when it grew, no training pro
 the time from Spark's 3 slots to the 2-node attempt stopped at its checkpoint (the driver's
 part), and to the first step on 3 nodes (the regrow, a new attempt's start included).
 
-    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick]
+--jvm: the same cycle through the JVM runner, one spark-submit of TrainApp (restart mode,
+options onrequest,elastic,grow) per cycle on local-cluster[2,1,1024] with 2 nodes, minNodes(1):
+node 1's executor SIGKILLed, nodes 2 -> 1 -> 2 (test_jvm_restart's preemption test with
+SIGKILL); "3 slots" reads "2 slots" there, Spark's registration of the replacement (a
+listener in TrainApp).
+
+    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm]
 """
 import json
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -36,27 +43,52 @@ def cycle(spark, tmp: Path, i: int) -> dict:
             "cycle_s": round(time.time() - t0, 1)}
 
 
+def jvm_cycle(tmp: Path) -> dict:
+    """One TrainApp run through the JVM runner: nodes 2 -> 1 -> 2."""
+    t0 = time.time()
+    jr = harness.helper("test_jvm_restart")
+    out, _, killed = jr._run_and_kill(tmp, -1, 100000, 8, fail_run=False, sig=signal.SIGKILL,
+                                      opts=("onrequest", "elastic", "grow"))
+    att = [json.loads(a) for a in out.get("ATTEMPT", [])]
+    log = tr._steplog(tmp / "steplog")
+    last1 = [s for a, s, _ in log if a == "1"][-1] if any(a == "1" for a, _, _ in log) else None
+    grown = [s for a, s, _ in log if a == "2"]
+    added = [t / 1000 for t in json.loads(out.get("EXECUTOR_ADDED", ["[]"])[0]) if t / 1000 > killed[0][0]]
+    back = min(added) if added else None
+    ok = ([a["nodes"] for a in att] == [2, 1, 2] and last1 is not None and bool(grown)
+          and grown[0] == last1 + 1 and out.get("LEFT") == ["0"] and back is not None)
+    first2 = next((ts for a, _, ts in log if a == "2"), None)
+    return {"passed": ok, "nodes": [a["nodes"] for a in att], "left": out.get("LEFT"),
+            "stopped_s": round(att[1]["ended"] / 1000 - back, 2) if ok else None,
+            "regrow_s": round(first2 - back, 2) if ok and first2 else None,
+            "cycle_s": round(time.time() - t0, 1)}
+
+
 def main() -> None:
     ap = harness.cli(__doc__, runs=10)
+    ap.add_argument("--jvm", action="store_true", help="the JVM runner's cycle (TrainApp)")
     args = harness.parse(ap)
-    run = harness.Run("grow_bench", args)
-    spark = harness.spark_session("local-cluster[3,1,1024]", {
+    run = harness.Run("grow_bench_jvm" if args.jvm else "grow_bench", args)
+    spark = None if args.jvm else harness.spark_session("local-cluster[3,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
         "spark.torchspark.job.replacementTimeout": "180s",
     })
     cycles = []
     try:
         for i in range(args.runs):
+            tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
             try:
-                cycles.append(cycle(spark, Path(tempfile.mkdtemp(prefix="grow-bench-")), i))
+                cycles.append(jvm_cycle(tmp) if args.jvm else cycle(spark, tmp, i))
             except AssertionError as e:
                 cycles.append({"passed": False, "error": str(e)[:300]})
             print(json.dumps(cycles[-1]), flush=True)
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     ok = [c for c in cycles if c["passed"]]
-    stopped = run.figure("3 slots -> the 2-node attempt stopped", [c["stopped_s"] for c in ok], "s", 2)
-    regrow = run.figure("3 slots -> first step on 3 nodes", [c["regrow_s"] for c in ok], "s", 2)
+    n = 2 if args.jvm else 3
+    stopped = run.figure(f"{n} slots -> the {n - 1}-node attempt stopped", [c["stopped_s"] for c in ok], "s", 2)
+    regrow = run.figure(f"{n} slots -> first step on {n} nodes", [c["regrow_s"] for c in ok], "s", 2)
     res = {"cycles": len(cycles), "passed": len(ok), "stopped_median_s": stopped["median"],
            "regrow_median_s": regrow["median"], "regrow_max_s": regrow["max"], "each": cycles}
     print(json.dumps(res, indent=1))

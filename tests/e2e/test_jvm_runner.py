@@ -2,7 +2,8 @@
 local-cluster[2,1,1024]) and real torch: a Java application trains the DDP example across
 2 executors through TorchSparkRunner, rank 0's election record going through the driver's
 rendezvous (allGather when it is off or unreachable); TorchSparkPlugin stops a cancelled job's training
-processes, for TorchSparkRunner and for PySpark's TorchDistributor, within the issue's 1 s
+processes, for TorchSparkRunner (a barrier stage or a gang launch) and for PySpark's
+TorchDistributor, within the issue's 1 s
 (jvmutil.GONE_BOUND_MS; measured from the cancel call, printed; the median goal of 200 ms is
 measured by bench/jvm_cancel_bench.py), also when the job is cancelled while its tasks start,
 and the plugin's shutdown() stops what an executor still runs when the executor stops; the
@@ -227,8 +228,9 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
     # Dynamic allocation from 0 executors (at most 2): TorchSparkRunner.launch("barrier") is
     # refused at submission as stock TorchDistributor is (SPARK-24942); the default (auto ->
     # gang: ordinary tasks that JOIN through the driver's rendezvous) trains the DDP example;
-    # one failing rank ends the run; 3 nodes where 2 executors of 1 core fit fail at the gang's 8 s deadline with the C
-    # core's sentence, the job gone, no process left.
+    # one failing rank ends the run; a job group cancel ends a training gang and a waiting one;
+    # 3 nodes where 2 executors of 1 core fit fail at the gang's 8 s deadline with the C
+    # core's sentence, the job gone, no task running, no process left.
     out, err = jvmutil.spark_submit("gang", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None}, conf={
         "spark.dynamicAllocation.enabled": "true",
         "spark.dynamicAllocation.shuffleTracking.enabled": "true",
@@ -244,12 +246,30 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
     # stopped with it (no process of the run left within 10 s).
     assert out["FAILURE"] == ["rank=1 exit=5"], out
     assert out["FAILURE_MS"][0].endswith(" 0"), out
+    # A cancel (its job group) leaves no process and no task waiting: a gang that trains
+    # (its processes gone within 5 s, no plugin here: the agents' parent-death signal and
+    # sentinel), and one whose 2 started tasks of 3 wait in their JOIN (no process yet: the
+    # deadline is 600 s, so only the cancel ends them); run() throws, no job stays active.
+    for nodes in ("2", "3"):
+        print(f"JVM runner, gang of {nodes} cancelled: {out[f'GANG_CANCEL_{nodes}'][0]}")
+        threw, gone, seen, running, active, error = out[f"GANG_CANCEL_{nodes}"][0].split()
+        # 2 agents, their sentinels and 2 sleeps; none while the tasks wait in their JOIN
+        assert (int(seen) >= 4 if nodes == "2" else seen == "0"), (nodes, out[f"GANG_CANCEL_{nodes}"])
+        assert (running, active) == ("0", "0"), (nodes, out[f"GANG_CANCEL_{nodes}"], err[-3000:])
+        assert 0 <= int(threw) < 15000 and 0 <= int(gone) <= 5000, (nodes, out[f"GANG_CANCEL_{nodes}"])
+        assert error != "none", out[f"GANG_CANCEL_{nodes}"]
     msg = out["DEADLINE"][0]
     assert re.match(r"torchspark: gang launch: only [0-2] of the attempt's 3 tasks started "
                     r"within 8 s \(tasks started: (none|node [01] on host )", msg), msg
     assert "spark.dynamicAllocation.maxExecutors is 2" in msg and "2 core(s)" in msg, msg
     assert int(out["DEADLINE_MS"][0]) < 18000, out
     assert out["ACTIVE_JOBS"] == ["0"] and out["LEFT"] == ["0"], out
+    # No executor held by a task of the run: Spark's kill of its tasks comes after the job's
+    # end, within seconds.
+    running, took = out["RUNNING_TASKS"][0].split()[:2]
+    assert running == "0" and int(took) <= 5000, out["RUNNING_TASKS"]
+    print(f"JVM runner, gang deadline: run() threw after {out['DEADLINE_MS'][0]} ms, no task "
+          f"running {took} ms after that")
 
 
 # The runner tests that need only the plugin share one application (one start of
@@ -259,6 +279,7 @@ def test_runner_gang_launch_trains_from_zero_executors_under_dynamic_allocation(
 # matrix picks one).
 _PLUGIN_MODES = {"test_plugin_stops_a_cancelled_runner_job": "cancel",
                  "test_plugin_runner_job_cancelled_while_its_tasks_start": "early",
+                 "test_plugin_stops_a_cancelled_gang_launch": "gangcancel",
                  "test_plugin_executor_stopped_normally_leaves_nothing": "killexec"}
 
 
@@ -276,6 +297,19 @@ def test_plugin_stops_a_cancelled_runner_job(plugin_app):
     print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
     assert 0 <= gone < jvmutil.GONE_BOUND_MS, (out, err[-3000:])
     # The plugin itself stopped the agents (the executors' logs say so).
+    assert int(out["PLUGIN_STOPS"][0]) >= 1, out
+
+
+def test_plugin_stops_a_cancelled_gang_launch(plugin_app):
+    """launch("gang") (ordinary tasks that JOIN through the driver; here without dynamic
+    allocation) cancelled by its job group mid-training: the plugin stops the agents as for
+    a barrier stage, run() throws, no process, task or job is left (TrainApp gangCancel)."""
+    out, err = plugin_app[0]["gangcancel"], plugin_app[1]
+    threw, gone, seen, running, active, error = out["GANG_CANCEL_2"][0].split()
+    print(f"gang launch: every training process gone {gone} ms after cancelJobGroup")
+    assert int(seen) >= 4 and (running, active) == ("0", "0"), (out, err[-3000:])
+    assert 0 <= int(gone) < jvmutil.GONE_BOUND_MS and 0 <= int(threw) < 15000, out
+    assert error == "TorchSparkException", out
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
 
 

@@ -529,16 +529,17 @@ out:
 /* The next attempt on nodes, after waiting waited_ms: a warning, then its submission. */
 static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
 {
-    char seen[96], fewer[96] = "", text[CAUSE_MAX + 512];
+    char seen[96], fewer[160] = "", text[CAUSE_MAX + 512];
     if (c->remote)
         snprintf(seen, sizeof seen,
                  "Spark Connect: Spark's barrier slot check waits for the slots");
     else
         snprintf(seen, sizeof seen, "%d slot(s) available after %.1fs", nodes,
                  (double)c->waited_ms / 1000.0);
-    if (nodes < c->nodes)
-        snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)", nodes, c->nodes,
-                 c->g->min_nodes, c->min_nodes);
+    if (nodes < c->nodes) /* a remote run is never watched: it stays smaller (protocol.md 11) */
+        snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)%s", nodes, c->nodes,
+                 c->g->min_nodes, c->min_nodes,
+                 c->remote ? ", to its end: on Spark Connect a run does not grow back" : "");
     int grew = c->reason && strcmp(c->reason, "grow") == 0;
     snprintf(text, sizeof text, "%s attempt %d %s: %s; %s as attempt %d of %d (%s%s)", c->g->who,
              c->attempt, grew ? "stopped" : "failed", c->causes[c->ncauses - 1],

@@ -24,9 +24,11 @@ import org.apache.spark.sql.SparkSession;
  *   killexec                  the executor running a job's agent stopped through SparkContext.killExecutor
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
+ *   gangcancel                launch("gang") cancelled by its job group while it trains (the plugin on)
  *   gang PYTHON SCRIPT        dynamic allocation from 0 executors: launch("barrier") refused (SPARK-24942),
  *                             the gang launch (auto) trains, one failing rank ends the run, then 3 nodes where
- *                             maxExecutors is 2 (the deadline)
+ *                             maxExecutors is 2 (the deadline); between them two gang launches cancelled
+ *                             by their job group (training; waiting in their JOIN)
  *   A+B+...                   several of the modes but concurrent and restart, one after another in one
  *                             application (one start for several tests): each after a "MODE: name" line,
  *                             its counts of the executors' log lines from its own start
@@ -36,7 +38,8 @@ import org.apache.spark.sql.SparkSession;
  *                             the training again with maxRestarts(0), killed by the test), "elastic"
  *                             (minNodes(1); then each attempt as an ATTEMPT line, and whether the
  *                             executors it excluded are still active), "attempts" (the ATTEMPT lines
- *                             without minNodes), "phases" (--phases DIR/phases: bench/restart_recovery.py)
+ *                             without minNodes), "phases" (--phases DIR/phases: bench/restart_recovery.py),
+ *                             "grow" (attempt 2, grown back, ends after 6 steps)
  * Results are printed as "KEY: value" lines on stdout.
  */
 public final class TrainApp {
@@ -141,6 +144,8 @@ public final class TrainApp {
             gang(spark, python, script);
         } else if (mode.equals("election")) {
             election(spark);
+        } else if (mode.equals("gangcancel")) {
+            gangCancelPlugin(spark);
         } else if (mode.equals("time")) {
             // One unmeasured warm-up run first (the executors' start), as the bench's
             // TorchDistributor cases.
@@ -165,7 +170,9 @@ public final class TrainApp {
      *  Options (comma-separated): onrequest (the script checkpoints on request too), fail (then
      *  a run whose rank 1 fails in every attempt, maxRestarts 1), zero (then the training with
      *  maxRestarts(0) over the conf's value, which the test kills too), elastic (minNodes(1),
-     *  then the ATTEMPT lines), attempts (the ATTEMPT lines), phases (the script's --phases). */
+     *  then the ATTEMPT lines), attempts (the ATTEMPT lines), phases (the script's --phases),
+     *  grow (attempt 2, the run grown back, ends after 6 steps; then EXECUTOR_ADDED: when
+     *  Spark registered each executor after the run started, ms since the epoch). */
     private static void restart(SparkSession spark, String python, String script, String[] a) {
         String mark = a[3];
         String dir = a[4];
@@ -178,6 +185,16 @@ public final class TrainApp {
         }
         if (opts.contains("phases")) {
             sargs.addAll(List.of("--phases", dir + "/phases"));
+        }
+        List<Long> added = java.util.Collections.synchronizedList(new ArrayList<>());
+        if (opts.contains("grow")) { // the run grows back in attempt 2, which ends after 6 steps
+            sargs.addAll(List.of("--end-attempt", "2", "--end-after", "6"));
+            spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+                @Override
+                public void onExecutorAdded(org.apache.spark.scheduler.SparkListenerExecutorAdded e) {
+                    added.add(e.time()); // a replacement registered: Spark has its slot
+                }
+            });
         }
         TorchSparkRunner r = TorchSparkRunner.script(script, sargs.toArray(new String[0]))
                 .numProcesses(2).python(python).env("TSP_E2E_MARK", mark).logToStderr(true);
@@ -197,6 +214,9 @@ public final class TrainApp {
         }
         if (opts.contains("elastic") || opts.contains("attempts")) {
             printAttempts(spark, r.attempts());
+        }
+        if (opts.contains("grow")) {
+            System.out.println("EXECUTOR_ADDED: " + added);
         }
         if (opts.contains("fail")) {
             try {
@@ -326,6 +346,8 @@ public final class TrainApp {
             sleep(100);
         }
         System.out.println("FAILURE_MS: " + (System.nanoTime() - t0) / 1_000_000 + " " + marked(mark).size());
+        gangCancel(spark, mark, 2, 4, null); // training: 2 agents + 2 sleeps
+        gangCancel(spark, mark, 3, 0, null); // 2 of 3 tasks waiting in their JOIN (2 slots)
         spark.sparkContext().conf().set("spark.torchspark.gang.timeout", "8s");
         t0 = System.nanoTime();
         try {
@@ -335,8 +357,103 @@ public final class TrainApp {
             System.out.println("DEADLINE: " + e.getMessage().replace('\n', '|'));
         }
         System.out.println("DEADLINE_MS: " + (System.nanoTime() - t0) / 1_000_000);
+        settled(spark);
         System.out.println("ACTIVE_JOBS: " + spark.sparkContext().statusTracker().getActiveJobIds().length);
+        // Spark's kill of the cancelled tasks reaches the executors after the job's end.
+        long r0 = System.nanoTime();
+        StringBuilder seen = new StringBuilder();
+        while (runningTasks(spark) > 0 && System.nanoTime() - r0 < 10_000_000_000L) {
+            seen.append(runningTasks(spark)).append(',');
+            sleep(200);
+            settled(spark);
+        }
+        System.out.println("RUNNING_TASKS: " + runningTasks(spark) + " " + (System.nanoTime() - r0) / 1_000_000
+                + " " + seen);
         System.out.println("LEFT: " + marked(mark).size());
+    }
+
+    /** Until the listener bus delivered what the scheduler posted (the job's end): the status
+     *  tracker reads a store that the bus updates later, seconds later under load. */
+    private static void settled(SparkSession spark) {
+        try {
+            spark.sparkContext().listenerBus().waitUntilEmpty(10_000L);
+        } catch (java.util.concurrent.TimeoutException e) {
+            System.out.println("LISTENER_BUS: not empty after 10 s");
+        }
+    }
+
+    /** launch("gang") without dynamic allocation, cancelled by its job group while it trains,
+     *  with the plugin: GANG_CANCEL_2 and the plugin's stops in the executors' logs. */
+    private static void gangCancelPlugin(SparkSession spark) {
+        String mark = UUID.randomUUID().toString();
+        gangCancel(spark, mark, 2, 4, "gang");
+        long until = System.nanoTime() + 10_000_000_000L; // the executors' log lines
+        int stops;
+        while ((stops = pluginStops(spark)) == 0 && System.nanoTime() < until) {
+            sleep(100);
+        }
+        System.out.println("PLUGIN_STOPS: " + stops);
+        for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+    }
+
+    /** Tasks running on the executors now (0: no executor is held by a task of ours). */
+    private static int runningTasks(SparkSession spark) {
+        int n = 0;
+        for (org.apache.spark.SparkExecutorInfo e
+                : spark.sparkContext().statusTracker().getExecutorInfos()) {
+            n += e.numRunningTasks();
+        }
+        return n;
+    }
+
+    /** A gang launch of nodes tasks (sleep 300) cancelled by its job group once `processes`
+     *  of its processes run, or (0) once 2 of its tasks run (waiting in their JOIN: the
+     *  default deadline is 600 s). "GANG_CANCEL_nodes: ms until run() threw, ms until none of
+     *  its processes is left, processes before, tasks still running, jobs still active";
+     *  launch: the runner's launch(), or null (the conf's). */
+    private static void gangCancel(SparkSession spark, String mark, int nodes, int processes, String launch) {
+        String group = "gang-cancel-" + nodes;
+        java.util.concurrent.CompletableFuture<String> threw = new java.util.concurrent.CompletableFuture<>();
+        Thread job = new Thread(() -> {
+            spark.sparkContext().setJobGroup(group, "torchspark gang cancel", true);
+            try {
+                TorchSparkRunner r = TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(nodes)
+                        .env("TSP_E2E_MARK", mark);
+                (launch != null ? r.launch(launch) : r).run(spark);
+                threw.complete("none");
+            } catch (RuntimeException e) {
+                threw.complete(e.getClass().getSimpleName());
+            }
+        }, group);
+        job.setDaemon(true);
+        job.start();
+        long deadline = System.nanoTime() + 120_000_000_000L;
+        while (System.nanoTime() < deadline && (processes > 0 ? marked(mark).size() < processes
+                : runningTasks(spark) < 2)) {
+            sleep(50);
+        }
+        sleep(500); // the training (or the JOINs) well under way
+        int before = marked(mark).size();
+        long t0 = System.nanoTime();
+        spark.sparkContext().cancelJobGroup(group);
+        long goneMs = -1;
+        while (System.nanoTime() - t0 < 15_000_000_000L && (goneMs < 0 || !threw.isDone())) {
+            if (goneMs < 0 && marked(mark).isEmpty()) {
+                goneMs = (System.nanoTime() - t0) / 1_000_000;
+            }
+            sleep(5);
+        }
+        long threwMs = threw.isDone() ? (System.nanoTime() - t0) / 1_000_000 : -1;
+        settled(spark);
+        long tasksGone = System.nanoTime() + 5_000_000_000L; // Spark's kill of the waiting tasks
+        while (runningTasks(spark) > 0 && System.nanoTime() < tasksGone) {
+            sleep(20);
+        }
+        System.out.println("GANG_CANCEL_" + nodes + ": " + threwMs + " " + goneMs + " " + before + " "
+                + runningTasks(spark) + " " + spark.sparkContext().statusTracker().getActiveJobIds().length
+                + " " + threw.getNow("still running"));
     }
 
     /** Local mode with useGpu: each worker's CUDA_VISIBLE_DEVICES, then one process too many. */
