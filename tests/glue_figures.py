@@ -20,7 +20,8 @@ calls decisions: pure logic that branches or composes a message without calling 
 native library, a socket, a file, a process, a thread or the clock; "(restart, hang,
 classification, conf)" counts the units of those four concepts' files (issue 29's goal), "(all
 twin concepts)" every twin file's. --verbose lists the concepts' lines, the one-glue files
-with their reason and every decision unit with its lines, so that a reviewer can audit them.
+with their reason, every decision unit with its lines, and each adapter of the four decision
+concepts with the call that makes it one, so that a reviewer can audit them.
 """
 from __future__ import annotations
 
@@ -287,12 +288,12 @@ class Unit:
     """A function or method of a glue file: what the classification reads of it."""
 
     def __init__(self, path: Path, name: str, first: int, last: int, lines: int,
-                 calls: Set[str], platform: bool, native: bool, branches: bool,
+                 calls: Set[str], platform: str, native: bool, branches: bool,
                  message: bool) -> None:
         self.path, self.name, self.first, self.last, self.lines = path, name, first, last, lines
         self.calls, self.platform, self.native = calls, platform, native
         self.branches, self.message = branches, message
-        self.kind = ""
+        self.kind = self.why = ""  # why: the call that makes it an adapter
 
     def where(self) -> str:
         rel = self.path.relative_to(PY) if PY in self.path.parents else self.path.name
@@ -320,7 +321,7 @@ def _py_units(path: Path, code: Set[int]) -> Iterator[Unit]:
         yield Unit(path, owner + node.name, first, node.end_lineno,
                    len([i for i in code if first <= i <= node.end_lineno]),
                    {n.split(".")[-1] for n in names},
-                   any(_PY_PLATFORM.search(n) for n in names),
+                   next((n for n in sorted(names) if _PY_PLATFORM.search(n)), ""),
                    any(_PY_NATIVE.search(n) for n in names), branch, message)
 
 
@@ -352,25 +353,30 @@ def _java_units(path: Path, code: Set[int]) -> Iterator[Unit]:
         outer_end = last
         body, strings = _java_split("\n".join(lines[first - 1:last]).split("{", 1)[-1])
         yield Unit(path, name, first, last, len([i for i in code if first <= i <= last]),
-                   set(re.findall(r"\b(\w+)\s*\(", body)), bool(_JAVA_PLATFORM.search(body)),
+                   set(re.findall(r"\b(\w+)\s*\(", body)),
+                   (lambda m: m.group(0) if m else "")(_JAVA_PLATFORM.search(body)),
                    bool(_JAVA_NATIVE.search(body)), bool(_JAVA_BRANCH.search(body)),
                    any(" " in t for t in strings))
 
 
 def classify(units: List[Unit]) -> None:
     """Each unit's kind: adapter, decision or data (the rule above)."""
-    native = {u.name.split(".")[-1] for u in units if u.native}
+    asks_c = {id(u) for u in units if u.native}  # calls C itself, or through the glue's own
+    names: Set[str] = set()
     while True:
-        by_name: Dict[str, List[bool]] = {}
+        every: Dict[str, List[bool]] = {}
         for u in units:
-            by_name.setdefault(u.name.split(".")[-1], []).append(u.native or bool(u.calls & native))
-        grown = {name for name, flags in by_name.items() if all(flags)} | native
-        if grown == native:
+            every.setdefault(u.name.split(".")[-1], []).append(id(u) in asks_c)
+        names = {name for name, flags in every.items() if all(flags)}
+        grown = asks_c | {id(u) for u in units if u.calls & names}
+        if grown == asks_c:
             break
-        native = grown
+        asks_c = grown
     for u in units:
-        if u.platform or u.calls & native:
+        if u.platform or id(u) in asks_c:
             u.kind = "adapter"
+            u.why = u.platform or ("C" if u.native else "C through " + ", ".join(
+                sorted(u.calls & names)))
         elif u.branches or u.message:
             u.kind = "decision"
         else:
@@ -408,6 +414,9 @@ def twin_figures() -> Tuple[Dict[str, int], Dict[str, List[str]]]:
         out[f"{label} decision lines (all twin concepts)"] = sum(u.lines for u in dec)
         detail[f"{side}_decisions"] = [f"[{concept[u.path]}] {u.where()} ({u.lines})"
                                        for u in sorted(dec, key=lambda u: -u.lines)]
+        detail[f"{side}_adapters (restart, hang, classification, conf)"] = [
+            f"[{concept[u.path]}] {u.where()} ({u.lines}): {u.why}" for u in units[side]
+            if u.kind == "adapter" and concept[u.path] in DECISION_CONCEPTS]
     for c, _, _ in TWINS:
         detail["twin_concepts"].append(f"{c}: {per.get((c, 'py'), 0)} Py / {per.get((c, 'java'), 0)} Java")
     return out, detail
