@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang-14 (ASan + UBSan + leak checks) and runs every
 # target for TSP_FUZZ_SECONDS (default 60) each, all at once (TSP_FUZZ_JOBS at a time,
-# default all five: the wall time is that of one target, the cores are shared), from the
+# default all six: the wall time is that of one target, the cores are shared), from the
 # committed seed corpora in tests/fuzz/corpus/<target>/ (read only: what a run finds goes to
 # build-fuzz/corpus_<target>/, kept between runs). Prints each target's executions, coverage
 # and features; fails on any crash, leak or sanitizer report (the target's last lines shown).
@@ -9,7 +9,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 secs=${TSP_FUZZ_SECONDS:-60}
-targets=(fuzz_logwire fuzz_records fuzz_json fuzz_rendezvous fuzz_logserver)
+targets=(fuzz_logwire fuzz_records fuzz_json fuzz_outcome fuzz_rendezvous fuzz_logserver)
 jobs=${TSP_FUZZ_JOBS:-${#targets[@]}}
 cc=${CLANG:-clang-14}
 command -v "$cc" > /dev/null || { echo "fuzz: $cc not found (apt: clang-14 libclang-rt-14-dev)"; exit 1; }

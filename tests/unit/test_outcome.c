@@ -49,9 +49,9 @@ START_TEST(test_outcome_buffer_and_refusals)
     const char *req = "{\"spark_error\": \"Job 3 cancelled\"}";
     size_t need = 0;
     char small[16];
-    ck_assert_int_eq(tsp_outcome_classify(req, strlen(req), small, sizeof small, &need, err,
-                                          sizeof err),
-                     -ENOSPC);
+    ck_assert_int_eq(
+        tsp_outcome_classify(req, strlen(req), small, sizeof small, &need, err, sizeof err),
+        -ENOSPC);
     ck_assert_uint_gt(need, sizeof small);
     ck_assert_int_eq(tsp_outcome_classify(req, strlen(req), out, need, &need, err, sizeof err), 0);
     ck_assert_uint_eq(strlen(out) + 1, need);
@@ -74,12 +74,57 @@ START_TEST(test_outcome_buffer_and_refusals)
 }
 END_TEST
 
+/* What a task carried in Spark's text (rows 2 and 4) is text from the executors: broken
+ * base64, a document that is not an object, markers at the very end, thousands of markers. */
+START_TEST(test_outcome_carried_bytes_are_read_with_care)
+{
+    static const char *junk[] = {
+        "TORCHSPARK-FAILURE-REPORT-V2:",         /* nothing after the marker */
+        "TORCHSPARK-FAILURE-REPORT-V2:e30",      /* not a whole group */
+        "TORCHSPARK-FAILURE-REPORT-V2:e3=0",     /* padding inside */
+        "TORCHSPARK-FAILURE-REPORT-V2:=e30",     /* padding first */
+        "TORCHSPARK-FAILURE-REPORT-V2:e30=e30=", /* padding mid-run */
+        "TORCHSPARK-FAILURE-REPORT-V2:WzFd",     /* [1]: not an object */
+        "TORCHSPARK-FAILURE-REPORT-V2:eyJh",     /* {"a: cut JSON */
+        "TORCHSPARK-FAILURE-REPORT-V2:AAAA",     /* NUL bytes */
+    };
+    char req[256];
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+        snprintf(req, sizeof req, "{\"spark_error\": \"%s\"}", junk[i]);
+        ck_assert_int_eq(classify(req), 0);
+        ck_assert_msg(strstr(out, "\"reason\": \"spark\"") && strstr(out, "\"carried\": null"),
+                      "%s: %s", junk[i], out);
+    }
+    /* {} carried: an object without a time or a reason reads as a rank's exit. */
+    ck_assert_int_eq(classify("{\"spark_error\": \"x TORCHSPARK-FAILURE-REPORT-V2:e30=\"}"), 0);
+    ck_assert_msg(strstr(out, "\"kind\": \"failure\"") && strstr(out, "\"carried\": {}") &&
+                      strstr(out, "\"reason\": \"exit\""),
+                  "%s", out);
+    /* A set-up marker at the very end: an empty sentence. */
+    ck_assert_int_eq(classify("{\"spark_error\": \"TORCHSPARK_SETUP_ERROR: \"}"), 0);
+    ck_assert_msg(strstr(out, "\"setup\": \"setup_error\"") && strstr(out, "\"text\": \"\""), "%s",
+                  out);
+    /* Ten thousand markers, each a small document: the first is kept (no time), no leak. */
+    size_t n = 10000, each = strlen("TORCHSPARK-FAILURE-REPORT-V2:e30= ");
+    char *big = malloc(n * each + 64);
+    ck_assert_ptr_nonnull(big);
+    size_t k = (size_t)snprintf(big, 64, "{\"spark_error\": \"");
+    for (size_t i = 0; i < n; i++, k += each)
+        memcpy(big + k, "TORCHSPARK-FAILURE-REPORT-V2:e30= ", each);
+    strcpy(big + k, "\"}");
+    ck_assert_int_eq(classify(big), 0);
+    ck_assert_ptr_nonnull(strstr(out, "\"carried\": {}"));
+    free(big);
+}
+END_TEST
+
 static Suite *outcome_suite(void)
 {
     Suite *s = suite_create("outcome");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_outcome_root_first_then_spark);
     tcase_add_test(tc, test_outcome_buffer_and_refusals);
+    tcase_add_test(tc, test_outcome_carried_bytes_are_read_with_care);
     suite_add_tcase(s, tc);
     return s;
 }

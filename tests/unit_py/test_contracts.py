@@ -122,10 +122,11 @@ def test_failure_golden(case):
         host=case["host"], nproc_per_node=case["nproc_per_node"], tail=case["tail"])
     for key, want in case["document"].items():
         assert failure.fields[key] == want, key
-    # The task's carrier: the document crosses Spark's exception text whole.
-    carried = _report.find(f"Job aborted.\n{failure.encode()}\n")
-    assert carried == [failure.document]
-    err = _report.Failure.from_document(carried[0]).error(
+    # The task's carrier: the document crosses Spark's exception text whole (the C outcome
+    # reads it back).
+    carried = _report.outcome(None, f"Job aborted.\n{failure.encode()}\n")["carried"]
+    assert carried == failure.document
+    err = _report.Failure.from_document(carried).error(
         case["mode"], case["shown_tail"], case["detail"])
     want = case["message"].replace("{product}", "TorchDistributor").replace(
         "{output_went}", _report._OUTPUT_WENT[case["mode"]])
@@ -234,6 +235,9 @@ def test_outcome_golden(case):
         with pytest.raises(ValueError) as e:
             _lib.json_call("tsp_outcome_classify", request)
         assert case["error"] in str(e.value)
+        return
+    if "carried" in request:  # the run controller's request (runctl.c), not a glue's
+        assert _lib.json_call("tsp_outcome_classify", request) == case["outcome"]
         return
     assert _report.outcome(request.get("root"), request.get("spark_error"),
                            request.get("output_went")) == case["outcome"]

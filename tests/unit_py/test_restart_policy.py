@@ -83,8 +83,9 @@ def test_no_restarts_raise_the_attempts_own_error():
 
 def test_what_the_glue_hands_the_controller():
     # Spark's text as the exception's cause (read by the C outcome table only), a silent
-    # node's executor, and the report's structured reason and checkpoint step (the agent's
-    # record of a node stopped after its checkpoint on request), never its lines.
+    # node's executor, and the exception's report as it is (the controller reads its
+    # structured reason and checkpoint step: the agent's record of a node stopped after its
+    # checkpoint on request), never its lines.
     try:
         try:
             raise RuntimeError(LOST)
@@ -95,16 +96,14 @@ def test_what_the_glue_hands_the_controller():
         ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4"})
         text = str(e)
     # the node the outcome excluded: a fact; its reason (silent, unless the record says
-    # preempted) is the run controller's (runctl.json)
+    # preempted), like the report's node, reason and checkpoint step, is the run
+    # controller's reading (runctl.json)
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
-                  "node_rank": 0, "reason": None, "silent_node": True, "executor": "4",
-                  "checkpoint_step": None}
+                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4"}
     stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
                                           "checkpoint_step": 12, "tail": ["step 11"]})
-    ev = _restart.failed_event(stopped, {})
-    assert (ev["reason"], ev["checkpoint_step"], ev["node_rank"]) == ("decommission", 12, 1)
-    assert _restart.failed_event(TorchDistributorError("x", {"reason": "exit"}),
-                                 {})["checkpoint_step"] is None
+    assert _restart.failed_event(stopped, {})["report"] is stopped.report
+    assert _restart.failed_event(TorchDistributorError("x"), {})["report"] == {}
 
 
 def test_spark_connect_leaves_out_the_decommissioned_node():

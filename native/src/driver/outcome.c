@@ -1,6 +1,7 @@
 /* outcome.c: a failed run's outcome, classified once (torchspark/outcome.h, docs/protocol.md
  * section 10). One ordered table: the log server's root record (a failure document, a node
- * lost) first, then Spark's own failure text, the one place where text is matched. */
+ * lost) first, what a task carried in Spark's text (its set-up error's marker, its failure
+ * document) beside it, then Spark's own failure text, the one place where text is matched. */
 #include "torchspark/outcome.h"
 
 #include <ctype.h>
@@ -20,6 +21,7 @@ typedef struct {
     const char *root, *spark; /* the request's root record (JSON) and Spark's text, or NULL */
     size_t root_len;
     const char *went; /* where every rank's output went (the advice's {went}), or NULL */
+    int carried;      /* read what a task carried in Spark's text (rows 2 and 4) */
 } input_t;
 
 typedef struct {
@@ -30,7 +32,25 @@ typedef struct {
     int exclude;               /* take the node's executor out of scheduling */
     char cause[CAUSE_MAX + 1]; /* one line */
     char host[256];
+    const char *setup; /* row 2: the set-up error a task named (SETUPS), else NULL */
+    char *text;        /* row 2: its sentence (malloc'ed), else NULL */
+    char *document;    /* row 4: the failure document a task carried (malloc'ed), else NULL */
 } outcome_t;
+
+/* The set-up errors a task names in its exception text, "<marker>: <sentence>" (the PySpark
+ * task's boot, task/_boot.py; either glue's task that cannot reach the driver's rendezvous),
+ * in the order they are looked for: the glue ships its package for the first, goes on
+ * through allGather for the second, raises the sentence of the others. */
+static const struct {
+    const char *marker, *name;
+} SETUPS[] = {
+    {"TORCHSPARK_NOT_INSTALLED: ", "not_installed"},
+    {"TORCHSPARK_RENDEZVOUS_UNREACHABLE: ", "rendezvous_unreachable"},
+    {"TORCHSPARK_SETUP_ERROR: ", "setup_error"},
+};
+
+/* A failure document a task carried: this, then the document's JSON in base64 (section 8). */
+#define CARRIED_MARKER "TORCHSPARK-FAILURE-REPORT-V2:"
 
 /* The string at path of doc, or NULL (malloc'ed). */
 static char *str_at(const char *doc, size_t len, const char *path)
@@ -66,37 +86,36 @@ static void one_line(char *dst, const char *s)
 
 /* Rows 1 and 2: the root record, a rank's failure or a node lost, by its document's reason
  * (a document without one: exit or signal; eof for a lost node). */
-static int from_root(const input_t *in, outcome_t *o, const char *want)
+static int from_record(const char *root, size_t root_len, outcome_t *o, const char *want)
 {
-    if (!in->root)
+    if (!root)
         return 0;
-    char *kind = str_at(in->root, in->root_len, "kind");
+    char *kind = str_at(root, root_len, "kind");
     int match = kind && strcmp(kind, want) == 0;
     free(kind);
     if (!match)
         return 0;
     int lost = strcmp(want, "lost") == 0;
-    char *reason = str_at(in->root, in->root_len, "report.torchspark.reason");
+    char *reason = str_at(root, root_len, "report.torchspark.reason");
     const tsp_reason_t *r = tsp__reason_find(reason);
     free(reason);
-    if (!r || (lost && strcmp(r->name, "silent") != 0))
-        r = tsp__reason_find(lost ? "eof"
-                             : int_at(in->root, in->root_len, "report.torchspark.signal", 0)
-                                 ? "signal"
-                                 : "exit");
+    if (!r || (lost && strcmp(r->name, "silent") != 0)) {
+        int signal = int_at(root, root_len, "report.torchspark.signal", 0);
+        r = tsp__reason_find(lost ? "eof" : signal ? "signal" : "exit");
+    }
     o->kind = want;
     o->reason = r;
     /* silent: Spark notices a frozen host only after spark.network.timeout; preempted: the
      * executor is going away, but Spark offers it until its JVM has exited. */
     o->exclude = strcmp(r->name, "silent") == 0 || strcmp(r->name, "preempted") == 0;
-    o->node_rank = int_at(in->root, in->root_len, "node_rank",
-                          int_at(in->root, in->root_len, "report.torchspark.node_rank", -1));
-    char *said = str_at(in->root, in->root_len, "report.torchspark.summary");
+    o->node_rank = int_at(root, root_len, "node_rank",
+                          int_at(root, root_len, "report.torchspark.node_rank", -1));
+    char *said = str_at(root, root_len, "report.torchspark.summary");
     if (!said)
-        said = str_at(in->root, in->root_len, "message");
+        said = str_at(root, root_len, "message");
     one_line(o->cause, said ? said : lost ? "a node was lost" : "a rank failed");
     free(said);
-    char *host = str_at(in->root, in->root_len, "host");
+    char *host = str_at(root, root_len, "host");
     snprintf(o->host, sizeof o->host, "%s", host ? host : "?");
     free(host);
     return 1;
@@ -104,12 +123,129 @@ static int from_root(const input_t *in, outcome_t *o, const char *want)
 
 static int root_failure(const input_t *in, outcome_t *o)
 {
-    return from_root(in, o, "failure");
+    return from_record(in->root, in->root_len, o, "failure");
 }
 
 static int root_lost(const input_t *in, outcome_t *o)
 {
-    return from_root(in, o, "lost");
+    return from_record(in->root, in->root_len, o, "lost");
+}
+
+/* Row 2: a task's set-up error in Spark's text, the first marker of SETUPS found: its
+ * sentence is the rest of that line, blanks trimmed. */
+static int task_setup(const input_t *in, outcome_t *o)
+{
+    for (size_t i = 0; in->carried && in->spark && i < sizeof SETUPS / sizeof SETUPS[0]; i++) {
+        const char *p = strstr(in->spark, SETUPS[i].marker);
+        if (!p)
+            continue;
+        p += strlen(SETUPS[i].marker);
+        while (*p && *p != '\n' && isspace((unsigned char)*p))
+            p++;
+        size_t n = strcspn(p, "\n");
+        while (n > 0 && isspace((unsigned char)p[n - 1]))
+            n--;
+        if (!(o->text = strndup(p, n)))
+            return -ENOMEM;
+        o->kind = "task";
+        o->setup = SETUPS[i].name;
+        o->reason = tsp__reason_find("setup");
+        one_line(o->cause, o->text);
+        return 1;
+    }
+    return 0;
+}
+
+static int b64_value(int c)
+{
+    const char *digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char *at = c ? strchr(digits, c) : NULL;
+    return at ? (int)(at - digits) : -1;
+}
+
+/* The n bytes of base64 at s, decoded (malloc'ed, NUL-terminated), or NULL when they are
+ * not base64 with its padding. */
+static char *b64_decode(const char *s, size_t n)
+{
+    if (n == 0 || n % 4)
+        return NULL;
+    char *out = malloc(n / 4 * 3 + 1);
+    size_t k = 0;
+    for (size_t i = 0; out && i < n; i += 4) {
+        int v[4], pad = (s[i + 2] == '=') + (s[i + 3] == '=');
+        for (int j = 0; j < 4; j++)
+            v[j] = j >= 4 - pad ? 0 : b64_value((unsigned char)s[i + j]);
+        if (v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || (pad && i + 4 != n) ||
+            (pad == 1 && s[i + 2] == '=')) {
+            free(out);
+            return NULL;
+        }
+        unsigned triple = (unsigned)(v[0] << 18 | v[1] << 12 | v[2] << 6 | v[3]);
+        const char bytes[3] = {(char)(triple >> 16), (char)(triple >> 8), (char)triple};
+        memcpy(out + k, bytes, (size_t)(3 - pad));
+        k += (size_t)(3 - pad);
+    }
+    if (out)
+        out[k] = 0;
+    return out;
+}
+
+/* The document's torchspark.time, or a negative number when it has none. */
+static double doc_time(const char *doc)
+{
+    char *v = NULL;
+    int type = 0;
+    double t = -1;
+    if (tsp_json_get(doc, strlen(doc), "torchspark.time", &v, &type) == 0 &&
+        type == TSP_JSON_NUMBER)
+        t = strtod(v, NULL);
+    free(v);
+    return t;
+}
+
+/* Row 4: the oldest failure document a task carried in Spark's text (the same document
+ * may stand twice: the task's message and a chained cause): the first with the smallest
+ * torchspark.time, else the first found. Outcome as a root record of kind failure. */
+static int task_carried(const input_t *in, outcome_t *o)
+{
+    const char *p = in->carried && in->spark ? in->spark : "";
+    double best_t = -1;
+    while ((p = strstr(p, CARRIED_MARKER))) {
+        p += strlen(CARRIED_MARKER);
+        size_t n = strspn(p, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=");
+        char *doc = b64_decode(p, n);
+        p += n;
+        if (!doc || tsp_json_check_object(doc, strlen(doc)) != 0) {
+            free(doc);
+            continue;
+        }
+        double t = doc_time(doc);
+        if (!o->document || (t >= 0 && (best_t < 0 || t < best_t))) {
+            free(o->document);
+            o->document = doc;
+            best_t = t;
+        } else {
+            free(doc);
+        }
+    }
+    if (!o->document)
+        return 0;
+    char *record = NULL, *host = str_at(o->document, strlen(o->document), "torchspark.host");
+    size_t rlen = 0;
+    FILE *f = open_memstream(&record, &rlen);
+    if (f) {
+        fputs("{\"kind\": \"failure\", \"host\": ", f);
+        tsp_json_write_string(f, host);
+        fprintf(f, ", \"report\": %s}", o->document);
+    }
+    free(host);
+    if (!f || fclose(f) != 0) {
+        free(record);
+        return -ENOMEM;
+    }
+    (void)from_record(record, rlen, o, "failure");
+    free(record);
+    return 1;
 }
 
 /* Row 3: Spark says an executor was lost: "ExecutorLostFailure (executor 1 exited caused by
@@ -164,10 +300,7 @@ static int spark_other(const input_t *in, outcome_t *o)
 
 /* The table, in order: the first row that matches decides. */
 static int (*const rows[])(const input_t *, outcome_t *) = {
-    root_failure,
-    root_lost,
-    spark_executor_lost,
-    spark_other,
+    root_failure, task_setup, root_lost, task_carried, spark_executor_lost, spark_other,
 };
 
 /* The request's string at key: 0 with *out (NULL when absent or null), or -EINVAL. */
@@ -210,6 +343,18 @@ static int read_request(const char *request, size_t len, input_t *in, char **roo
     if ((rc = req_string(request, len, "spark_error", spark, err, errlen)) ||
         (rc = req_string(request, len, "output_went", went, err, errlen)))
         return rc;
+    char *carried = NULL;
+    rc = tsp_json_get(request, len, "carried", &carried, &type);
+    in->carried = rc == -ENOENT || (rc == 0 && strcmp(carried, "true") == 0);
+    int bad = rc == 0 && (type != TSP_JSON_LITERAL || strcmp(carried, "null") == 0 ||
+                          !(in->carried || strcmp(carried, "false") == 0));
+    free(carried);
+    if (rc && rc != -ENOENT)
+        return rc;
+    if (bad)
+        return tsp__err(err, errlen, -EINVAL,
+                        "the outcome request's \"carried\" must be true or false (whether to "
+                        "read what a task carried in Spark's text)");
     in->root = *root;
     in->went = *went;
     in->root_len = *root ? strlen(*root) : 0;
@@ -245,6 +390,15 @@ static int write_outcome(const outcome_t *o, const char *went, char **text, size
     (void)tsp_json_value(&w, o->exclude ? "true" : "false", 4 + !o->exclude);
     tsp_json_key(&w, "cause");
     tsp_json_str(&w, o->cause);
+    tsp_json_key(&w, "setup");
+    tsp_json_str(&w, o->setup);
+    tsp_json_key(&w, "text");
+    tsp_json_str(&w, o->text);
+    tsp_json_key(&w, "carried");
+    if (o->document)
+        (void)tsp_json_value(&w, o->document, strlen(o->document));
+    else
+        tsp_json_null(&w);
     char *advice = NULL;
     size_t alen = 0;
     FILE *a = open_memstream(&advice, &alen);
@@ -272,8 +426,9 @@ int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outl
     size_t tlen = 0;
     int rc = read_request(request, len, &in, &root, &spark, &went, err, errlen);
     outcome_t o = {.node_rank = -1};
-    for (size_t i = 0; !rc && i < sizeof rows / sizeof rows[0] && !rows[i](&in, &o); i++)
-        ;
+    int found = 0;
+    for (size_t i = 0; !rc && !found && i < sizeof rows / sizeof rows[0]; i++)
+        rc = (found = rows[i](&in, &o)) < 0 ? found : 0;
     if (!rc)
         rc = write_outcome(&o, in.went, &text, &tlen);
     if (!rc)
@@ -282,5 +437,7 @@ int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outl
     free(root);
     free(spark);
     free(went);
+    free(o.text);
+    free(o.document);
     return rc;
 }

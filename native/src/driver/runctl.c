@@ -400,7 +400,9 @@ static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
     return 0;
 }
 
-/* Spark's failure text through the outcome table: its reason and cause (malloc'ed). */
+/* Spark's failure text through the outcome table: its reason and cause (malloc'ed). Spark's
+ * own rows only ("carried": false): an executor it lost names the cause even where a task
+ * carried another rank's error, a consequence. */
 static int spark_outcome(const char *spark, char **reason, char **cause)
 {
     char *req = NULL, *reply = NULL;
@@ -410,7 +412,7 @@ static int spark_outcome(const char *spark, char **reason, char **cause)
         return -ENOMEM;
     fputs("{\"root\": null, \"spark_error\": ", f);
     tsp_json_write_string(f, spark);
-    fputc('}', f);
+    fputs(", \"carried\": false}", f);
     if (fclose(f) != 0) {
         free(req);
         return -ENOMEM;
@@ -453,12 +455,51 @@ static void first_line(char *dst, const char *text, const glue_t *g)
         snprintf(dst, CAUSE_MAX + 1, "%.*s", (int)n, p);
 }
 
+/* What the attempt's report (its exception's document, docs/protocol.md section 8) says
+ * where the event does not: the failed node, the step of a checkpoint on request and the
+ * reason. The report is read, not checked: a field of another type is no fact. */
+static int report_facts(const req_t *r, long long *node, long long *step, char **reason)
+{
+    char *v = NULL;
+    int type = 0, rc = get(r, "event.report", &v, &type);
+    int bad = rc == 0 && v && type != TSP_JSON_OBJECT;
+    free(v);
+    if (rc || bad)
+        return rc ? rc
+                  : tsp__err(r->err, r->errlen, -EINVAL,
+                             "the run controller's \"event.report\" must be the attempt's report "
+                             "(an object) or null");
+    const char *paths[] = {"event.report.node_rank", "event.report.checkpoint_step"};
+    long long *into[] = {node, step};
+    for (size_t i = 0; i < 2; i++) {
+        if (*into[i] >= 0)
+            continue; /* the event's own field */
+        if ((rc = get(r, paths[i], &v, &type)) == -ENOMEM)
+            return rc;
+        char *end = NULL;
+        long long x = !rc && v && type == TSP_JSON_NUMBER ? strtoll(v, &end, 10) : -1;
+        if (end && !*end && x >= 0 && x <= 1000000000LL)
+            *into[i] = x;
+        free(v);
+        v = NULL;
+    }
+    if (*reason)
+        return 0;
+    if ((rc = get(r, "event.report.reason", &v, &type)) == -ENOMEM)
+        return rc;
+    if (!rc && v && type == TSP_JSON_STRING)
+        *reason = v;
+    else
+        free(v);
+    return 0;
+}
+
 /* One line naming the attempt's root cause, and whether its node went with its executor:
  * a node stopped after its checkpoint on request (the record's reason decommission, or the
  * checkpoint's step); else Spark's lost or decommissioned executor (the other ranks' errors,
  * such as gloo's "Connection reset by peer", are its consequences); else the error's first
- * line. */
-static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
+ * line. And the failed node (the event's, else its report's). */
+static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost, long long *failed_node)
 {
     long long node = -1, step = -1;
     char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
@@ -466,7 +507,8 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
     if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
         (rc = get_str(r, "event.reason", &reason)) ||
         (rc = get_str(r, "event.spark_error", &spark)) ||
-        (rc = get_bool(r, "event.silent_node", &silent_node)))
+        (rc = get_bool(r, "event.silent_node", &silent_node)) ||
+        (rc = report_facts(r, &node, &step, &reason)))
         goto out;
     if (silent_node && !(reason && strcmp(reason, "preempted") == 0)) {
         free(reason); /* the node the outcome excluded: silent, unless its record says why */
@@ -518,6 +560,7 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost)
     free(c->reason);
     c->reason = reason;
     reason = NULL;
+    *failed_node = node;
 out:
     free(reason);
     free(spark);
@@ -568,9 +611,8 @@ static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
     free(c->last); /* the previous attempt's */
     c->last = NULL;
     int lost = 0, rc = get_str(r, "event.message", &c->last);
-    if (rc || (rc = root_cause(r, c, cause, &lost)) || (rc = add_cause(c, cause)) ||
-        (rc = get_str(r, "event.executor", &executor)) ||
-        (rc = get_int(r, "event.node_rank", -1, -1, &node)))
+    if (rc || (rc = root_cause(r, c, cause, &lost, &node)) || (rc = add_cause(c, cause)) ||
+        (rc = get_str(r, "event.executor", &executor)))
         goto out;
     if (c->reason && strcmp(c->reason, "grow") == 0)
         c->grows++; /* not a restart: it does not count against max_restarts */

@@ -11,8 +11,6 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Base64;
 import java.util.List;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
 /**
  * The failure, read (docs/protocol.md section 8): the C core writes it (torchspark/failure.h,
@@ -21,8 +19,7 @@ import java.util.regex.Pattern;
  * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;").
  */
 final class Failure {
-    static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:";
-    private static final Pattern MARKER_RE = Pattern.compile(Pattern.quote(MARKER) + "([A-Za-z0-9+/=]+)");
+    static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"; // read by the C outcome (row 4)
     static final int TAIL_IN_MESSAGE = 20; // TSP_REPORT_TAIL_IN_MESSAGE
     static final ObjectMapper JSON = new ObjectMapper();
 
@@ -104,27 +101,6 @@ final class Failure {
         return MARKER + Base64.getEncoder().encodeToString(document.toString().getBytes(StandardCharsets.UTF_8));
     }
 
-    /** The first document carried in a throwable's messages (its causes included), or null. */
-    static Failure find(Throwable t) {
-        for (Throwable c = t; c != null; c = c.getCause()) {
-            Matcher m = MARKER_RE.matcher(String.valueOf(c.getMessage()));
-            while (m.find()) {
-                try {
-                    JsonNode n = JSON.readTree(Base64.getDecoder().decode(m.group(1)));
-                    if (n != null && n.isObject()) {
-                        return fromDocument(n);
-                    }
-                } catch (IOException | IllegalArgumentException e) {
-                    // Not ours, or cut: look further.
-                }
-            }
-            if (c.getCause() == c) {
-                break;
-            }
-        }
-        return null;
-    }
-
     /** The agent's --error-file (its failure document), or null. */
     static JsonNode readErrorFile(Path p) {
         try {
@@ -138,18 +114,22 @@ final class Failure {
         }
     }
 
+    /** A JSON object's text as an object, or null when it is none (or not JSON). */
+    static ObjectNode parseObject(String json) {
+        try {
+            JsonNode n = json == null ? null : JSON.readTree(json);
+            return n != null && n.isObject() ? (ObjectNode) n : null;
+        } catch (IOException e) {
+            return null;
+        }
+    }
+
     /** The log server's root record as an object; its "report" (the agent's failure
      *  document, embedded as an object) is null when absent. */
     static ObjectNode parseRoot(String json) {
-        ObjectNode root;
-        try {
-            JsonNode n = JSON.readTree(json);
-            root = n != null && n.isObject() ? (ObjectNode) n : JSON.createObjectNode();
-        } catch (IOException e) {
-            return JSON.createObjectNode();
-        }
-        JsonNode rep = root.get("report");
-        if (rep == null || !rep.isObject()) {
+        ObjectNode root = parseObject(json);
+        root = root != null ? root : JSON.createObjectNode();
+        if (!root.path("report").isObject()) {
             root.putNull("report");
         }
         return root;

@@ -4,15 +4,12 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.util.ArrayList;
 import java.util.List;
-import java.util.Map;
-import java.util.regex.Matcher;
-import java.util.regex.Pattern;
 
 /**
- * The exception of a failed distributed job: from the log channel's structured root record
- * first (docs/protocol.md 1.7), from Spark's error text only as a fallback (one ordered
- * table, SPARK_TEXT); the messages are the C core's (report.c, outcome.c). The PySpark
- * glue's twin is _failure.py.
+ * The exception of a failed distributed job, as the C core's outcome says (outcome.c,
+ * docs/protocol.md 10: the log channel's structured root record first, then what a task
+ * carried in Spark's text, Spark's own text last); the messages are the C core's (report.c,
+ * outcome.c). The PySpark glue's twin is _failure.py.
  */
 final class JobFailure {
     private JobFailure() {}
@@ -26,17 +23,14 @@ final class JobFailure {
         }
     }
 
-    /** The reason in a task's "TORCHSPARK_RENDEZVOUS_UNREACHABLE: reason" anywhere in
-     *  Spark's error (its message or a cause's), or null. */
-    static String rendezvousUnreachable(Throwable sparkError) {
-        Pattern p = Pattern.compile(Pattern.quote(Rendezvous.UNREACHABLE) + ": (.*)");
+    /** Spark's error text: its message and its causes' (a task's exception may be any of
+     *  them), one per line. */
+    static String sparkText(Throwable sparkError) {
+        StringBuilder text = new StringBuilder();
         for (Throwable t = sparkError; t != null; t = t.getCause() == t ? null : t.getCause()) {
-            Matcher m = p.matcher(String.valueOf(t.getMessage()));
-            if (m.find()) {
-                return m.group(1).trim();
-            }
+            text.append(text.length() > 0 ? "\n" : "").append(t.getMessage());
         }
-        return null;
+        return text.toString();
     }
 
     /** The driver's last lines of the failure's rank, or null when no rank failed. */
@@ -44,57 +38,37 @@ final class JobFailure {
         return failure.rank() != null ? server.tail(failure.rank(), Failure.TAIL_IN_MESSAGE) : null;
     }
 
-    /** Reads Spark's error text (its causes included) for one marker. */
-    private interface FromText {
-        RuntimeException make(Throwable sparkError, LogServer server);
-    }
-
-    /** Spark's error text, read only where the channel recorded no failed rank: one ordered
-     *  table of (marker, constructor), the first found wins (as distributor._SPARK_TEXT). A
-     *  task that could not reach the rendezvous: before any training, the job runs again
-     *  through allGather. A task's carried failure document. */
-    private static final List<Map.Entry<String, FromText>> SPARK_TEXT = List.of(
-            Map.entry(Rendezvous.UNREACHABLE, (err, server) -> {
-                String why = rendezvousUnreachable(err);
-                return why == null ? null : new NoRendezvous(why, err);
-            }),
-            Map.entry(Failure.MARKER, (err, server) -> {
-                Failure carried = Failure.find(err);
-                return carried == null ? null : carried.exception("distributed", rankTail(server, carried), null, err);
-            }));
-
-    /** The run's exception: from the channel's structured root record first, from Spark's
-     *  error text (SPARK_TEXT, in order) only as a fallback. */
+    /** The run's exception, as the C core's outcome says (outcome.c, docs/protocol.md 10: the
+     *  channel's structured root record first, then what a task carried in Spark's text,
+     *  Spark's own text last); this performs it. */
     static RuntimeException of(String rootJson, Throwable sparkError, LogServer server, int nproc) {
         JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
-        if (root != null && "failure".equals(root.path("kind").asText()) && root.path("report").isObject()) {
+        String text = sparkText(sparkError);
+        JsonNode found = Outcome.classify(root, sparkError == null ? null
+                : text.isBlank() ? sparkError.getClass().getName() : text, "the driver's log");
+        String kind = found.path("kind").asText();
+        if (found.path("carried").isObject()) { // the failure document a task carried
+            Failure carried = Failure.fromDocument(found.get("carried"));
+            return carried.exception("distributed", rankTail(server, carried), null, sparkError);
+        }
+        if (kind.equals("failure") && root.path("report").isObject()) {
             Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
                     root.path("host").asText("?"), nproc, null);
             return failure.exception("distributed", rankTail(server, failure),
                     root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
         }
-        for (Map.Entry<String, FromText> t : SPARK_TEXT) {
-            if (t.getKey().equals(Failure.MARKER) && root != null) {
-                // The channel's other record, a node lost, outranks what a task carried (but
-                // not an unreachable rendezvous: that node was lost to Spark's abort).
-                return lostNode(root, sparkError, server, nproc);
-            }
-            RuntimeException e = t.getValue().make(sparkError, server);
-            if (e != null) {
-                return e;
-            }
-        }
-        if (root != null) {
+        if (kind.equals("failure") || kind.equals("lost")) { // a record without a document: the node's lines
             return lostNode(root, sparkError, server, nproc);
         }
-        // Spark's own text, classified by the C core's outcome table (torchspark/outcome.h).
-        String text = String.valueOf(sparkError.getMessage());
-        JsonNode found = Outcome.classify(null, text.isBlank() ? sparkError.getClass().getName() : text,
-                "the driver's log");
-        ObjectNode report = Failure.JSON.createObjectNode().put("version", 2).put("kind", found.path("kind").asText())
+        if (found.path("setup").asText().equals("rendezvous_unreachable")) { // before any training: allGather
+            return new NoRendezvous(found.path("text").asText(), sparkError);
+        }
+        ObjectNode report = Failure.JSON.createObjectNode().put("version", 2).put("kind", kind)
                 .put("reason", found.path("reason").asText());
-        return new TorchSparkException("TorchSparkRunner (distributed) failed: " + found.path("cause").asText() + "\n"
-                + found.path("advice").asText(), null, null, null, null, 0, null, report.toString(), sparkError);
+        String message = kind.equals("task") ? found.path("text").asText()
+                : "TorchSparkRunner (distributed) failed: " + found.path("cause").asText() + "\n"
+                        + found.path("advice").asText();
+        return new TorchSparkException(message, null, null, null, null, 0, null, report.toString(), sparkError);
     }
 
     /** A node whose agent vanished (host or executor died, network cut): the log server's

@@ -78,28 +78,18 @@ final class RestartPolicy {
         return step(null, start(numTasks, 0, v, 0)).path("state").path("min_nodes").asInt();
     }
 
-    /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): the
-     *  structured fields of its report (docs/protocol.md 8: the reason, a checkpoint on
-     *  request's step), the silent node's executor, Spark's text for the outcome table. */
+    /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): its
+     *  exception's report as it is (docs/protocol.md 8: the controller reads the reason, the
+     *  node, a checkpoint on request's step), the silent node's executor, Spark's text for
+     *  the outcome table. */
     static ObjectNode failedEvent(TorchSparkException e, TorchSparkRunner.Attempt entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
-        StringBuilder spark = new StringBuilder(); // Spark's text: read by the outcome table only
-        for (Throwable t = e.getCause(); t != null; t = t.getCause() == t ? null : t.getCause()) {
-            spark.append(spark.length() > 0 ? "\n" : "").append(t.getMessage());
-        }
-        ev.put("spark_error", e.getCause() == null ? null : spark.toString());
-        JsonNode report = Failure.JSON.createObjectNode();
-        try {
-            report = e.reportJson() == null ? report : Failure.JSON.readTree(e.reportJson());
-        } catch (IOException bad) {
-            // not a report the C core wrote: nothing structured to hand on
-        }
-        ev.put("node_rank", e.nodeRank());
-        ev.put("reason", report.path("reason").isTextual() ? report.path("reason").asText() : null);
+        // Spark's text: read by the outcome table only
+        ev.put("spark_error", e.getCause() == null ? null : JobFailure.sparkText(e.getCause()));
+        ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
+        ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode != null); // the node the outcome excluded
-        ev.put("executor", entry.silentExecutor);
-        return ev.put("checkpoint_step", report.path("checkpoint_step").isInt()
-                ? Integer.valueOf(report.path("checkpoint_step").asInt()) : null);
+        return ev.put("executor", entry.silentExecutor);
     }
 
     /** How many barrier tasks the cluster can run at once now (active executors' slots). */

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from typing import Any, Dict, List, Optional
 
 from torchspark.native._lib import json_call
 
-MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"
-_MARKER_RE = re.compile(re.escape(MARKER) + r"([A-Za-z0-9+/=]+)")
+MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"  # read by the C outcome (docs/protocol.md 10, row 4)
 TAIL_IN_MESSAGE = 20  # TSP_REPORT_TAIL_IN_MESSAGE: the lines a message shows
 # Where every rank's output went, by mode, for the message's last sentence.
 _OUTPUT_WENT = {"local": "the driver's stderr",
@@ -100,31 +98,14 @@ class Failure:
         return MARKER + base64.b64encode(json.dumps(self.document).encode()).decode()
 
 
-def find(text: str) -> List[Dict[str, Any]]:
-    """Every document carried in text (a Spark failure message), oldest root cause first."""
-    found = []
-    for m in _MARKER_RE.finditer(text):
-        try:
-            found.append(json.loads(base64.b64decode(m.group(1))))
-        except ValueError:
-            continue
-    # The same document may appear twice (task message + chained cause): keep one.
-    unique = list({json.dumps(d, sort_keys=True): d for d in found}.values())
-    unique.sort(key=lambda d: (_time(d) is None, _time(d) or 0.0))
-    return unique
-
-
-def _time(document: Dict[str, Any]) -> Optional[float]:
-    t = (document.get("torchspark") or {}).get("time")
-    return float(t) if isinstance(t, (int, float)) else None
-
-
 def outcome(root: Optional[Dict[str, Any]], spark_error: Optional[str],
             output_went: Optional[str] = None) -> Dict[str, Any]:
     """A failed run's outcome, classified by the C core (torchspark/outcome.h,
     docs/protocol.md §10) from the log server's root record (None when it has none) and
     Spark's failure text (None when none): kind, reason, restart, node_rank, executor,
-    exclude, cause and advice (naming output_went, where every rank's output went)."""
+    exclude, cause, the set-up error and the failure document a task carried in Spark's
+    text (setup, text, carried), and advice (naming output_went, where every rank's output
+    went)."""
     request: Dict[str, Any] = {"root": root, "spark_error": spark_error}
     if output_went is not None:
         request["output_went"] = output_went

@@ -45,17 +45,14 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
 
 def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
     """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
-    the structured fields of its report (docs/protocol.md 8: the reason, a checkpoint on
-    request's step), the silent node's executor, Spark's text for the outcome table."""
-    report = e.report if isinstance(e.report, dict) else {}
-    node, step = getattr(e, "node_rank", None), report.get("checkpoint_step")
+    its exception's report as it is (docs/protocol.md 8: the controller reads the reason,
+    the node, a checkpoint on request's step), the silent node's executor, Spark's text for
+    the outcome table."""
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": None if e.__cause__ is None else str(e.__cause__),
-            "node_rank": node if isinstance(node, int) else None,
-            "reason": report.get("reason"),
+            "report": e.report if isinstance(e.report, dict) else None,
             "silent_node": entry.get("silent_node") is not None,
-            "executor": entry.get("silent_executor"),
-            "checkpoint_step": step if isinstance(step, int) else None}
+            "executor": entry.get("silent_executor")}
 
 
 def free_slots(spark: Any) -> int:

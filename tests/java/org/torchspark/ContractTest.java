@@ -156,8 +156,10 @@ public class ContractTest {
             for (java.util.Map.Entry<String, JsonNode> e : c.get("document").properties()) {
                 assertEquals(name + ": " + e.getKey(), e.getValue(), f.fields.get(e.getKey()));
             }
-            // The task's carrier: the document crosses Spark's exception text whole.
-            Failure carried = Failure.find(new IllegalStateException("Job aborted.\n" + f.encode()));
+            // The task's carrier: the document crosses Spark's exception text whole (the C outcome
+            // reads it back).
+            Failure carried = Failure.fromDocument(
+                    Outcome.classify(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"));
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {
@@ -241,6 +243,8 @@ public class ContractTest {
                 } catch (IllegalArgumentException e) {
                     assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(c.get("error").asText()));
                 }
+            } else if (req.has("carried")) { // the run controller's request (runctl.c), not a glue's
+                assertEquals(name, c.get("outcome"), Outcome.call(req));
             } else {
                 JsonNode root = req.path("root").isObject() ? req.get("root") : null;
                 String spark = req.path("spark_error").isTextual() ? req.get("spark_error").asText() : null;

@@ -2,7 +2,6 @@ package org.torchspark;
 
 import static org.junit.Assert.assertEquals;
 import static org.junit.Assert.assertFalse;
-import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
 import static org.junit.Assert.fail;
 
@@ -193,17 +192,22 @@ public class RendezvousTest {
                 String m = e.getMessage();
                 assertTrue(m, m.startsWith("TORCHSPARK_RENDEZVOUS_UNREACHABLE: this barrier task on host "));
                 assertTrue(m, m.contains("the driver's rendezvous at 127.0.0.1:" + closed + " ("));
-                // The driver finds the reason in Spark's error, however deep.
-                String reason = JobFailure.rendezvousUnreachable(new SparkException(
+                // The driver finds the reason in Spark's error, however deep (the C outcome).
+                RuntimeException found = JobFailure.of(null, new SparkException(
                         "Job aborted due to stage failure: Task 1 in stage 0.0 failed: " + e + "\n\tat x",
-                        new RuntimeException("wrapped")));
+                        new RuntimeException("wrapped")), null, 1);
+                assertTrue(String.valueOf(found), found instanceof JobFailure.NoRendezvous);
+                String reason = found.getMessage();
                 assertTrue(reason, reason.startsWith("this barrier task on host "));
                 assertTrue(reason, reason.endsWith("through BarrierTaskContext.allGather"));
             }
         }
-        assertNull(JobFailure.rendezvousUnreachable(new SparkException("Job aborted: exit 5")));
-        assertTrue(JobFailure.rendezvousUnreachable(new RuntimeException("outer",
-                new RuntimeException("TORCHSPARK_RENDEZVOUS_UNREACHABLE: inner"))).equals("inner"));
+        assertFalse(JobFailure.of(null, new SparkException("Job aborted: exit 5"), null, 1)
+                instanceof JobFailure.NoRendezvous);
+        RuntimeException inner = JobFailure.of(null, new RuntimeException("outer",
+                new RuntimeException("TORCHSPARK_RENDEZVOUS_UNREACHABLE: inner")), null, 1);
+        assertTrue(String.valueOf(inner), inner instanceof JobFailure.NoRendezvous);
+        assertEquals("inner", inner.getMessage());
     }
 
     /** spark.torchspark.rendezvous and TORCHSPARK_RENDEZVOUS (which wins), both read by the

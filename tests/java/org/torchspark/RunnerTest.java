@@ -58,21 +58,21 @@ public class RunnerTest {
         com.fasterxml.jackson.databind.JsonNode ev = RestartPolicy.failedEvent(lost, entry);
         assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
         assertEquals(0, ev.path("node_rank").asInt());
-        assertTrue(ev.path("reason").isNull() && ev.path("executor").isNull() && ev.path("checkpoint_step").isNull());
-        // The report's structured fields (the agent's record of a node stopped after its
-        // checkpoint on request), never its lines.
+        assertTrue(ev.path("report").isNull() && ev.path("executor").isNull());
+        // The report as it is (the run controller reads its structured fields: the agent's
+        // record of a node stopped after its checkpoint on request), never the lines.
         TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5"),
                 "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null);
         ev = RestartPolicy.failedEvent(decommissioned, entry);
-        assertEquals(12, ev.path("checkpoint_step").asInt());
-        assertEquals("decommission", ev.path("reason").asText());
+        assertEquals(12, ev.path("report").path("checkpoint_step").asInt());
+        assertEquals("decommission", ev.path("report").path("reason").asText());
         entry.silentNode = 1;
         entry.silentExecutor = "5";
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         // the node the outcome excluded: a fact; its reason is the run controller's (runctl.json)
         assertTrue(ev.path("silent_node").asBoolean());
-        assertEquals("decommission", ev.path("reason").asText());
+        assertEquals("decommission", ev.path("report").path("reason").asText());
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
         // Each attempt's variables, the cause handed on, the history at the end.
