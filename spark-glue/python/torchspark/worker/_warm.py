@@ -153,7 +153,6 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     A pool being started by someone else meanwhile is returned too: its shim waits.
     clients: the process whose descendants the pool serves (default: the anchor, whose
     descendants the executor's agents are; a test's own process for a pool alone)."""
-    import fcntl
     import subprocess
 
     _started[:] = [p for p in _started if p.poll() is None]  # reap the pools that ended
@@ -163,27 +162,11 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
     wenv = worker_env(env, nproc_per_node)
     key = pool_key(sys.executable, anchor, wenv)
     sock = os.path.join(d, key + ".sock")
-    lock = os.path.join(d, key + ".lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fd, locked = _take_lock(os.path.join(d, key + ".lock"), sock)
     r = w = -1
     try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if _same_file(fd, lock):
-                    break
-                # The pool that held it ended and removed the file (_forget): lock anew.
-                os.close(fd)
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            except BlockingIOError:
-                # A pool holds the lock: it serves once its socket exists (a starting pool
-                # binds first; an ending one unlinks it, then exits).
-                if os.path.exists(sock):
-                    return sock
-                if time.monotonic() > deadline:
-                    return None
-                time.sleep(0.01)
+        if not locked:  # a pool serves there (False), or none did in time (None)
+            return sock if locked is False else None
         try:
             os.unlink(sock)  # a dead pool's
         except FileNotFoundError:
@@ -210,6 +193,32 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
         for x in (fd, r, w):
             if x >= 0:
                 os.close(x)
+
+
+def _take_lock(lock: str, sock: str) -> Tuple[int, Optional[bool]]:
+    """KEY.lock opened and flocked: (fd, True) when taken (no pool lives); (fd, False) when
+    a pool holds it and serves on sock; (fd, None) when none did in READY_TIMEOUT_S. The
+    caller closes fd."""
+    import fcntl
+
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # A pool holds the lock: it serves once its socket exists (a starting pool
+            # binds first; an ending one unlinks it, then exits).
+            if os.path.exists(sock):
+                return fd, False
+            if time.monotonic() > deadline:
+                return fd, None
+            time.sleep(0.01)
+            continue
+        if _same_file(fd, lock):
+            return fd, True
+        os.close(fd)  # the pool that held it ended and removed the file (_forget): anew
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
 
 def _same_file(fd: int, path: str) -> bool:
