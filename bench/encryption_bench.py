@@ -3,7 +3,7 @@ the end) beside false (the same handshake, then MAC'ed records in clear; docs/pr
 1.10.1), alternating run by run in one process.
 
     .venv/bin/python -m bench.encryption_bench [--runs 5] [--lines 200000] [--out-mib 1024]
-        [--raw-only]
+        [--raw-only | --lines-only]
 
 Through TorchDistributor.run() on local-cluster[2,1,1024] (2 ranks), one session, the key
 set before each run():
@@ -75,6 +75,10 @@ def through_run(a, run, samples):
                 d.run(print_lines, a.lines)
                 samples[f"lines/s through run(), {name}"].append(
                     2 * a.lines / (time.perf_counter() - t0))
+                if a.lines_only:
+                    samples[f"load, {name}"].append(os.getloadavg()[0])
+                    print(name, round(samples[f"lines/s through run(), {name}"][-1]), flush=True)
+                    continue
                 got = []
                 TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                                  on_report=got.append, progress=False).run(report_steps, 300)
@@ -112,6 +116,8 @@ def main() -> None:
     ap.add_argument("--lines", type=int, default=200000, help="lines per rank (200000)")
     ap.add_argument("--out-mib", type=int, default=1024, help="output size in MiB (1024)")
     ap.add_argument("--raw-only", action="store_true", help="no Spark: the raw channel only")
+    ap.add_argument("--lines-only", action="store_true",
+                    help="lines through run() only (first step beside them; no raw channel)")
     a = harness.parse(ap)
     run = harness.Run("encryption_bench", a)
     samples: dict = {}
@@ -120,12 +126,13 @@ def main() -> None:
                  "raw output CPU s/GiB", "raw load"):
         for name, _ in MODES:
             samples[f"{what}, {name}"] = []
-    src = lcb.make_source(a.out_mib << 20)
-    try:
-        raw_channel(a, samples, src)
-    finally:
-        src.unlink()
-        src.parent.rmdir()
+    if not a.lines_only:
+        src = lcb.make_source(a.out_mib << 20)
+        try:
+            raw_channel(a, samples, src)
+        finally:
+            src.unlink()
+            src.parent.rmdir()
     if not a.raw_only:
         through_run(a, run, samples)
     units = {"first step": "s", "lines": "lines/s", "report": "ms", "output": "GB/s",

@@ -2,10 +2,10 @@
 distributed run: a barrier task on an executor JVM, its agent reaching the driver),
 next to PySpark's own _check_encryption: with spark.authenticate and
 spark.network.crypto.enabled (stock passes: it reads only spark.ssl.enabled), and with
-spark.ssl.enabled and a keytool keystore (stock refuses; torchspark trains over its own TLS
-1.3 channel). The one line comes from the library (docs/protocol.md 9, "Where Spark
-encrypts"; docs/security.md, "Clusters where Spark encrypts"). One session per
-configuration, one short run each."""
+spark.ssl.enabled and Spark 4's spark.ssl.rpc.enabled (TLS for Spark's RPC) on a keytool
+keystore (stock refuses; torchspark trains over its own TLS 1.3 channel). The one line comes
+from the library (docs/protocol.md 9, "Where Spark encrypts"; docs/security.md, "Clusters
+where Spark encrypts"). One session per configuration, one short run each."""
 import logging
 import os
 import subprocess
@@ -92,7 +92,7 @@ def test_trains_where_spark_ssl_is_on_and_stock_refuses(tmp_path, caplog):
         "spark.ssl.enabled": "true", "spark.ssl.keyStore": store, "spark.ssl.keyStoreType": "PKCS12",
         "spark.ssl.keyStorePassword": password, "spark.ssl.keyPassword": password,
         "spark.ssl.trustStore": store, "spark.ssl.trustStoreType": "PKCS12",
-        "spark.ssl.trustStorePassword": password})
+        "spark.ssl.trustStorePassword": password, "spark.ssl.rpc.enabled": "true"})
     print(f"session in {time.monotonic() - t0:.1f} s")
     try:
         stock = StockDistributor(num_processes=1, local_mode=False, use_gpu=False)
@@ -101,7 +101,8 @@ def test_trains_where_spark_ssl_is_on_and_stock_refuses(tmp_path, caplog):
         assert "This cluster has TLS encryption enabled" in str(refused.value)
         assert "pytorch.spark.distributor.ignoreSsl" in str(refused.value)
         assert _train(caplog) == [("WARNING", "Spark secures its own traffic here "
-                                   "(spark.ssl.enabled=true); torchspark's own channel to the "
+                                   "(spark.ssl.enabled=true, spark.ssl.rpc.enabled=true); "
+                                   "torchspark's own channel to the "
                                    "driver (worker lines, control, rank 0's output) is TLS 1.3 "
                                    "keyed by the run's secret, but " + NOT_ENCRYPTED)]
         # Stock's override is accepted and changes nothing but the line's last words.

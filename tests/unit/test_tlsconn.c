@@ -4,8 +4,10 @@
  * nothing after it is delivered, a recording proxy sees no line in clear, and an agent of
  * version 2 (plaintext) gets a plaintext ERROR naming the versions. With encryption off
  * (1.10.1) the lines go in clear and a rewritten, replayed or reordered record is refused;
- * an agent that offers only the other mode gets one sentence at the handshake. */
+ * an agent that offers only the other mode gets one sentence at the handshake. A batch of
+ * full records that arrives at once gets one ACK or a few, not one per record. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "logdial.h"
 #include "logtest.h"
@@ -83,7 +85,7 @@ END_TEST
 /* An on-path proxy for one connection: records both ways (up to CAP bytes) and flips one
  * bit of the client's byte number `flip` (-1: none). */
 #define CAP (1u << 20)
-enum { ACT_FLIP, ACT_DUP, ACT_SWAP, ACT_FLIP_TLS, ACT_FLIP_TEXT };
+enum { ACT_FLIP, ACT_DUP, ACT_SWAP, ACT_FLIP_TLS, ACT_FLIP_TEXT, ACT_BATCH };
 typedef struct proxy {
     int lfd, port, up_port;
     long flip;
@@ -99,6 +101,10 @@ typedef struct proxy {
     int flipped;
     uint8_t *cap;
     size_t caplen;
+    atomic_int hold; /* ACT_BATCH: the client's bytes are held from now until batch_len are
+                      * held, then sent on in one send() */
+    size_t batch_len, nbatch;
+    uint8_t *batch;
 } proxy_t;
 
 static void record(proxy_t *p, const uint8_t *b, size_t n)
@@ -147,6 +153,17 @@ static void *proxy_main(void *arg)
         if (r <= 0)
             break;
         record(p, buf, (size_t)r);
+        if (from == a && p->act == ACT_BATCH && atomic_load(&p->hold)) {
+            ck_assert_uint_le(p->nbatch + (size_t)r, p->batch_len);
+            memcpy(p->batch + p->nbatch, buf, (size_t)r);
+            p->nbatch += (size_t)r;
+            if (p->nbatch == p->batch_len) {
+                atomic_store(&p->hold, 0);
+                if (send(b, p->batch, p->nbatch, MSG_NOSIGNAL) != (ssize_t)p->nbatch)
+                    break;
+            }
+            continue;
+        }
         if (from == a && p->act == ACT_FLIP_TLS)
             flip_tls(p, buf, r, sent);
         if (from == a && p->act == ACT_FLIP_TEXT && !p->flipped && sent + r > p->flip) {
@@ -190,6 +207,7 @@ static void proxy_start(proxy_t *p, int up_port, long flip, int act, pthread_t *
     p->flip = flip;
     p->act = act; /* before the thread starts: it reads it */
     p->cap = malloc(CAP);
+    atomic_init(&p->hold, 0);
     p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     struct sockaddr_in sa = {.sin_family = AF_INET};
     sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -368,6 +386,66 @@ START_TEST(test_tlsconn_proxy_sees_no_line_in_clear)
 }
 END_TEST
 
+/* An agent's batch of full TLS records (16 KiB of LINE frames each) that reaches the driver
+ * at once is read on and answered with one ACK or a few, not one per record (the driver
+ * once took each record's short read for an empty socket). */
+START_TEST(test_tlsconn_batch_of_full_records_gets_few_acks)
+{
+    enum { RECORDS = 16, FRAME = 64, LINES = RECORDS * 16384 / FRAME };
+    size_t total = (size_t)LINES * FRAME;
+    tsp_logserver_t *s = server();
+    proxy_t p;
+    pthread_t th;
+    proxy_start(&p, tsp_logserver_port(s), -1, ACT_BATCH, &th);
+    p.batch_len = total + RECORDS * 22u; /* TLS 1.3: header 5, content type 1, tag 16 */
+    p.batch = malloc(p.batch_len);
+    uint8_t secret[32];
+    tsp_logserver_secret(s, secret);
+    char err[600];
+    tsp__tls_t *t = NULL;
+    int rc = tsp__logdial("127.0.0.1", p.port, secret, TSP_WIRE_ROLE_LOGS, 0, 9, 0, "batch", 5000,
+                          &t, NULL, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    uint8_t *buf = malloc(total);
+    for (int k = 0; k < LINES; k++) {
+        uint8_t *f = buf + (size_t)k * FRAME;
+        tsp_wire_hdr_t h = {
+            .type = TSP_WIRE_LINE, .stream = 1, .rank = 0, .length = FRAME - TSP_WIRE_HDR_LEN};
+        tsp_wire_hdr_pack(f, &h);
+        tsp_wire_put_u64(f + TSP_WIRE_HDR_LEN, (uint64_t)k + 1);
+        memset(f + TSP_WIRE_HDR_LEN + 8, 'x', FRAME - TSP_WIRE_HDR_LEN - 8);
+    }
+    atomic_store(&p.hold, 1); /* the handshake is through: hold the lines' records */
+    ck_assert_int_eq(tsp__tls_write_all(t, buf, total, tsp__now_ms() + 20000), 0);
+    int got = 0, acks = 0;
+    int64_t end = tsp__now_ms() + 20000; /* a loaded machine */
+    tsp_logline_t l[512];
+    while (got < LINES && tsp__now_ms() < end) {
+        int n = tsp_logserver_pull(s, l, 512, 100);
+        for (int i = 0; i < n; i++)
+            got += l[i].rank == 0;
+    }
+    ck_assert_int_eq(got, LINES);
+    uint64_t acked = 0;
+    uint8_t fb[TSP_WIRE_MAX_TEXT];
+    while (acked < LINES) {
+        tsp_wire_hdr_t h;
+        ck_assert_int_eq(tsp__tls_read_frame(t, &h, fb, sizeof fb, end, err, sizeof err), 0);
+        if (h.type == TSP_WIRE_ACK) {
+            acks++;
+            acked = tsp_wire_get_u64(fb);
+        }
+    }
+    ck_assert_msg(acks <= RECORDS / 2, "%d ACKs for %d records", acks, RECORDS);
+    tsp__tls_close(t);
+    pthread_join(th, NULL);
+    free(buf);
+    free(p.batch);
+    free(p.cap);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_tlsconn_plaintext_agent_gets_the_versions)
 {
     tsp_logserver_t *s = server();
@@ -421,6 +499,7 @@ int main(void)
     tcase_add_test(tc, test_tlsconn_encryption_off_replayed_record_is_refused);
     tcase_add_test(tc, test_tlsconn_encryption_off_reordered_records_are_refused);
     tcase_add_test(tc, test_tlsconn_encryption_mismatch_is_one_sentence);
+    tcase_add_test(tc, test_tlsconn_batch_of_full_records_gets_few_acks);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

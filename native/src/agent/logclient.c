@@ -665,13 +665,17 @@ static int send_some(tsp_logclient_t *c)
      * first (the queue from c->sent), as SSL_write requires. */
     ssize_t w = 0;
     for (int i = 0; i < n; i++) {
-        ssize_t r = tsp__tls_write(c->tls, iov[i].iov_base, iov[i].iov_len);
+        /* One record per call (16 KiB through TLS): on until the socket is full. */
+        ssize_t r = 0;
+        for (size_t off = 0; off < iov[i].iov_len; off += (size_t)r) {
+            r = tsp__tls_write(c->tls, (char *)iov[i].iov_base + off, iov[i].iov_len - off);
+            if (r == -EAGAIN)
+                break;
+            if (r <= 0)
+                return -1;
+            w += r;
+        }
         if (r == -EAGAIN)
-            break;
-        if (r < 0)
-            return -1;
-        w += r;
-        if ((size_t)r < iov[i].iov_len)
             break;
     }
     if (w == 0)

@@ -653,7 +653,10 @@ int tsp__conn_read(tsp_logserver_t *s, conn_t *c)
         }
         if (rc)
             return -1;
-        if ((size_t)n < room && !tsp__tls_pending(c->tls))
+        /* Short of room and of a full TLS record (16 KiB): the socket is likely empty.
+         * A full record says more may follow (an agent's batch is cut into records): read
+         * on, so that one ACK answers the batch, not each record. */
+        if ((size_t)n < room && (size_t)n < TSP__TLS_RECORD && !tsp__tls_pending(c->tls))
             break;
     }
     conn_ack(s, c);

@@ -23,6 +23,8 @@ typedef struct tsp__tls tsp__tls_t;
 #define TSP__TLS_RDV_LABEL "torchspark rendezvous TLS 1.3 PSK v1"
 #define TSP__RDV_MAC_LABEL "torchspark rendezvous record MAC v1"
 #define TSP__TLS_KEY_LEN 32u
+/* The plaintext of a full TLS record: a read that returns less ended a writer's batch. */
+#define TSP__TLS_RECORD 16384u
 
 /* The log channel's modes (docs/protocol.md 1.10.1): TLS records to the end, or the MAC'ed
  * records of macrec after the handshake (spark.torchspark.encryption=false). */
