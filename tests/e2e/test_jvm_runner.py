@@ -96,13 +96,39 @@ class _ProcWatch:
                 assert var.strip(b"\0") == b"", (pid, comm)
 
 
-def test_java_application_trains_across_two_executors():
+# The runner tests on a local-cluster with the driver's rendezvous as a user gets it (no
+# plugin) share one application (one start of spark-submit, its local-cluster and its
+# executors instead of three): TrainApp runs their modes one after another, each test reading
+# its own mode's lines (jvmutil.split_text); the driver's 3 GPUs (a discovery script) are
+# seen by localgpu alone (local mode); election last (it leaves the JVM on allGather). Only
+# the selected tests' modes run (the version matrix picks one).
+_RUNNER_MODES = {"test_java_application_trains_across_two_executors": "train",
+                 "test_runner_local_mode_uses_the_driver_gpus": "localgpu",
+                 "test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once":
+                     "election"}
+
+
+@pytest.fixture(scope="module")
+def runner_app(request, tmp_path_factory):
+    """(each mode's lines, each mode's stderr, the _ProcWatch of the whole application)."""
+    chosen = {item.name for item in request.session.items}
+    disc = tmp_path_factory.mktemp("gpus") / "gpus.sh"
+    disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+    disc.chmod(0o755)
     # Meanwhile, another process of the same user reads /proc of the agents, their
     # sentinels and workers: the run's secret is in none (test_executor_secrets.py does the
     # same for TorchDistributor).
     watch = _ProcWatch()
-    out, err = jvmutil.spark_submit("train", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None},
-                                    on_start=watch.start)
+    outs, errs = jvmutil.spark_submit_modes(
+        [m for t, m in _RUNNER_MODES.items() if t in chosen], plugin=False,
+        env={"TORCHSPARK_RENDEZVOUS": None}, on_start=watch.start,
+        conf={"spark.driver.resource.gpu.amount": "3",
+              "spark.driver.resource.gpu.discoveryScript": str(disc)})
+    return outs, errs, watch
+
+
+def test_java_application_trains_across_two_executors(runner_app):
+    out, err, watch = runner_app[0]["train"], runner_app[1]["train"], runner_app[2]
     watch.check()
     # The election record went through the driver's rendezvous (the default), not allGather.
     assert out["ELECTION"] == ["rendezvous"], out
@@ -178,11 +204,11 @@ def _check_elections(out, err):
     return [ln for ln in err.splitlines() if "WARN TorchSparkRunner" in ln]
 
 
-def test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once():
+def test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once(runner_app):
     # The second run's tasks are told a port where nothing listens (a test-only local
     # property): they fail before training, the driver runs the job again through allGather
     # with one warning and keeps to allGather for the later runs of its JVM.
-    out, err = jvmutil.spark_submit("election", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None})
+    out, err = runner_app[0]["election"], runner_app[1]["election"]
     assert out["ELECTION"] == ["rendezvous", "allGather", "allGather"], out
     warned = _check_elections(out, err)
     assert len(warned) == 1, warned
@@ -205,16 +231,11 @@ def test_runner_election_through_all_gather_when_the_rendezvous_is_off():
     assert err.count(line) == 3, err[-3000:]  # one per distributed run
 
 
-def test_runner_local_mode_uses_the_driver_gpus(tmp_path):
+def test_runner_local_mode_uses_the_driver_gpus(runner_app):
     # Local mode with useGpu: the first numProcesses of the driver's GPUs (Spark's
     # addresses from a discovery script; no GPU needed: the agent assigns them against the
     # driver's mask, docs/gpu.md), never a silent CPU run; too few is an error.
-    disc = tmp_path / "gpus.sh"
-    disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
-    disc.chmod(0o755)
-    out, err = jvmutil.spark_submit("localgpu", plugin=False, conf={
-        "spark.driver.resource.gpu.amount": "3",
-        "spark.driver.resource.gpu.discoveryScript": str(disc)})
+    out, err = runner_app[0]["localgpu"], runner_app[1]["localgpu"]
     assert out.get("LOCAL_GPU_RUN") == ["ok"], err[-3000:]
     lines = sorted(ln for ln in err.splitlines() if "GPUS " in ln)
     assert lines == ["[rank 0] GPUS 0 0,1", "[rank 1] GPUS 1 0,1"], err[-3000:]
@@ -270,7 +291,7 @@ def plugin_app(request):
 
 
 def test_plugin_stops_a_cancelled_runner_job(plugin_app):
-    out, err = plugin_app[0]["cancel"], plugin_app[1]
+    out, err = plugin_app[0]["cancel"], plugin_app[1]["cancel"]
     assert int(out["BEFORE"][0]) >= 4, out
     gone = int(out["GONE_MS"][0])
     print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
@@ -526,7 +547,7 @@ def test_plugin_executor_stopped_normally_leaves_nothing(plugin_app):
     # the executor JVM (without the plugin they die after it, by their parent-death signal:
     # measured 664 ms vs the JVM's 649 ms; with it 283 ms vs 481 ms). The executor's own log
     # cannot show it: the worker stops copying the executor's output before killing it.
-    out, err = plugin_app[0]["killexec"], plugin_app[1]
+    out, err = plugin_app[0]["killexec"], plugin_app[1]["killexec"]
     assert int(out["BEFORE"][0]) >= 2 and int(out["EXECUTOR_PID"][0]) > 1, out
     assert out["KILLED"] == ["true"], out
     gone, jvm_gone = int(out["GONE_MS"][0]), int(out["EXECUTOR_GONE_MS"][0])
@@ -540,7 +561,7 @@ def test_plugin_runner_job_cancelled_while_its_tasks_start(plugin_app):
     # election (waiting for rank 0's record in the driver's rendezvous, where a task checks
     # its kill flag every 100 ms), or just after the agents started. Nothing may be left,
     # then or 2 s later (a late agent).
-    out, err = plugin_app[0]["early"], plugin_app[1]
+    out, err = plugin_app[0]["early"], plugin_app[1]["early"]
     rounds = [[int(x) for x in r.split()] for r in out["ROUND"]]
     print("rounds (delay ms, processes at the cancel, gone ms, left 2 s later):", rounds)
     for _delay, _before, gone, left in rounds:
