@@ -252,7 +252,8 @@ def plugin_stops(app_id: str, needle: str = "torchspark plugin: stopped") -> int
 EARLY_DELAYS = tuple(i / 100 for i in range(12)) + (0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5)
 
 
-def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True) -> List[Tuple]:
+def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True,
+                         base: int = 0) -> List[Tuple]:
     """Starts a torchspark TorchDistributor training (2 processes) per delay and cancels
     every job DELAY s after the first of its tasks was launched (seen in the status
     tracker): before the tasks run, while they elect or wait in the barrier's allGather,
@@ -262,7 +263,8 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     that). With until_window, the rounds end once the executors' plugin logged a task
     killed with no agent running, or once a cancel came while none of the job's processes
     existed yet (the status tracker sees a launch late and by a varying margin, so the
-    delay that hits the window varies)."""
+    delay that hits the window varies; base: how many such lines the application's earlier
+    runs logged)."""
     from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
@@ -304,6 +306,7 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
                 os.kill(pid, 9)
             except OSError:
                 pass
-        if until_window and (before == 0 or plugin_stops(sc.applicationId, "killed with no agent running")):
+        if until_window and (before == 0 or
+                             plugin_stops(sc.applicationId, "killed with no agent running") > base):
             break
     return rounds
