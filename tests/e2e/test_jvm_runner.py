@@ -99,9 +99,9 @@ class _ProcWatch:
 # The runner tests on a local-cluster with the driver's rendezvous as a user gets it (no
 # plugin) share one application (one start of spark-submit, its local-cluster and its
 # executors instead of three): TrainApp runs their modes one after another, each test reading
-# its own mode's lines (jvmutil.split_text); the driver's 3 GPUs (a discovery script) are
-# seen by localgpu alone (local mode); election last (it leaves the JVM on allGather). Only
-# the selected tests' modes run (the version matrix picks one).
+# its own mode's lines (jvmutil.split_text); the driver's 3 GPUs (a discovery script, given
+# only when localgpu runs) are used by localgpu alone (local mode); election last (it leaves
+# the JVM on allGather). Only the selected tests' modes run (the version matrix picks train).
 _RUNNER_MODES = {"test_java_application_trains_across_two_executors": "train",
                  "test_runner_local_mode_uses_the_driver_gpus": "localgpu",
                  "test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once":
@@ -112,18 +112,20 @@ _RUNNER_MODES = {"test_java_application_trains_across_two_executors": "train",
 def runner_app(request, tmp_path_factory):
     """(each mode's lines, each mode's stderr, the _ProcWatch of the whole application)."""
     chosen = {item.name for item in request.session.items}
-    disc = tmp_path_factory.mktemp("gpus") / "gpus.sh"
-    disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
-    disc.chmod(0o755)
+    modes = [m for t, m in _RUNNER_MODES.items() if t in chosen]
+    conf = {}
+    if "localgpu" in modes:
+        disc = tmp_path_factory.mktemp("gpus") / "gpus.sh"
+        disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+        disc.chmod(0o755)
+        conf = {"spark.driver.resource.gpu.amount": "3",
+                "spark.driver.resource.gpu.discoveryScript": str(disc)}
     # Meanwhile, another process of the same user reads /proc of the agents, their
     # sentinels and workers: the run's secret is in none (test_executor_secrets.py does the
     # same for TorchDistributor).
     watch = _ProcWatch()
-    outs, errs = jvmutil.spark_submit_modes(
-        [m for t, m in _RUNNER_MODES.items() if t in chosen], plugin=False,
-        env={"TORCHSPARK_RENDEZVOUS": None}, on_start=watch.start,
-        conf={"spark.driver.resource.gpu.amount": "3",
-              "spark.driver.resource.gpu.discoveryScript": str(disc)})
+    outs, errs = jvmutil.spark_submit_modes(modes, plugin=False, conf=conf, on_start=watch.start,
+                                            env={"TORCHSPARK_RENDEZVOUS": None})
     return outs, errs, watch
 
 
