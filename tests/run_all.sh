@@ -116,6 +116,17 @@ if [ -n "$matrix_torch" ]; then
 fi
 status=0
 
+# The sanitizer trees build in the background (nice 19) while the plain unit tests (which
+# wait on timeouts and on the JVM) and the linters run; their tests run after those, below.
+sanitizer_build() {
+  cmake -S . -B "$1" -DCMAKE_BUILD_TYPE=Debug "$2" > /dev/null && cmake --build "$1" -j"$jobs"
+}
+(
+  renice -n 19 -p "$BASHPID" > /dev/null
+  sanitizer_build build-asan -DTSP_SANITIZE=ON && sanitizer_build build-tsan -DTSP_SANITIZE_THREAD=ON
+) > "$times/sanitizers-build.log" 2>&1 &
+sanitizers_pid=$!
+
 step "shell scripts (bash -n and shellcheck on every one: a parse error never hides behind a skip)"
 # Every tracked *.sh and every tracked file whose first line is a sh or bash shebang (.ci/run).
 sh_files=()
@@ -142,21 +153,27 @@ clang-format --dry-run -Werror "${c_files[@]}" || status=1
 .venv/bin/python -m mypy --config-file spark-glue/python/pyproject.toml spark-glue/python/torchspark \
   || status=1
 
-step "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DTSP_SANITIZE=ON > /dev/null
-cmake --build build-asan -j"$jobs" > build-asan.log 2>&1 || { cat build-asan.log; exit 1; }
-rm -f build-asan.log
+step "unit tests under AddressSanitizer + UndefinedBehaviorSanitizer and under ThreadSanitizer (the log server, output receiver and agent threads), the two at once"
+wait "$sanitizers_pid" || { cat "$times/sanitizers-build.log"; exit 1; }
+# The two trees' tests wait on timeouts and sockets more than they compute: at once, they
+# take little more than one tree alone. Not test_logserver under TSan: it computes (17-21 s
+# under each sanitizer) and misses its handshake deadlines beside the other tree's; it runs
+# alone after. check_deps, check_deps_rules and abi_headers are the same in every tree (no
+# instrumented code): the plain tree's ctest ran them.
+plain_only='^(check_deps|check_deps_rules|abi_headers)$'
+tsan() {
+  # atexit_sleep_ms=0: TSan otherwise sleeps 1 s in every instrumented process that calls
+  # exit() (to catch races at exit), which the NCCL check's deadline tests measure as +1 s.
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:atexit_sleep_ms=0 \
+    ctest --test-dir build-tsan --output-on-failure -j"$jobs" "$@"
+}
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$jobs" || status=1
-
-step "unit tests under ThreadSanitizer (the log server, output receiver and agent threads)"
-cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DTSP_SANITIZE_THREAD=ON > /dev/null
-cmake --build build-tsan -j"$jobs" > build-tsan.log 2>&1 || { cat build-tsan.log; exit 1; }
-rm -f build-tsan.log
-# atexit_sleep_ms=0: TSan otherwise sleeps 1 s in every instrumented process that calls exit()
-# (to catch races at exit), which the NCCL check's deadline tests measure as +1 s.
-TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:atexit_sleep_ms=0 \
-  ctest --test-dir build-tsan --output-on-failure -j"$jobs" || status=1
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -E "$plain_only" > "$times/ctest-asan.log" 2>&1 &
+asan_pid=$!
+tsan -E "$plain_only|^test_logserver\$" > "$times/ctest-tsan.log" 2>&1 || status=1
+wait "$asan_pid" || status=1
+cat "$times/ctest-asan.log" "$times/ctest-tsan.log"
+tsan -R '^test_logserver$' || status=1
 
 step "GPU checks (tests/gpu: skipped with one line without an NVIDIA GPU)"
 # Its Python helpers compile here even where the checks skip (ruff lints them above).

@@ -142,8 +142,6 @@ def spark_timeline(sc):
 def main() -> int:
     cfg = json.load(open(sys.argv[1]))
     os.environ.update(cfg.get("env", {}))  # e.g. TORCHSPARK_TIMING=1 (the task's marks)
-    for p in cfg.get("sys_path", []):
-        sys.path.insert(0, p)
     from pyspark.sql import SparkSession
 
     b = SparkSession.builder.master(cfg["master_url"]).appName(cfg.get("app", "tsp-cluster-test"))

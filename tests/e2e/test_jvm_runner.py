@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from tests.helpers import jvmutil
+from tests.helpers import jvmutil, tsp_spark
 
 pytestmark = pytest.mark.skipif(not jvmutil.built(), reason="the JVM part was not built "
                                 "(needs javac 17 and junit4: bash tests/setup.sh)")
@@ -97,13 +97,41 @@ class _ProcWatch:
                 assert var.strip(b"\0") == b"", (pid, comm)
 
 
-def test_java_application_trains_across_two_executors():
+# The runner tests on a local-cluster with the driver's rendezvous as a user gets it (no
+# plugin) share one application (one start of spark-submit, its local-cluster and its
+# executors instead of three): TrainApp runs their modes one after another, each test reading
+# its own mode's lines (jvmutil.split_text); the driver's 3 GPUs (a discovery script, given
+# only when localgpu runs) are used by localgpu alone (local mode); election last (it leaves
+# the JVM on allGather). Only the selected tests' modes run (the version matrix picks train).
+_RUNNER_MODES = {"test_java_application_trains_across_two_executors": "train",
+                 "test_runner_local_mode_uses_the_driver_gpus": "localgpu",
+                 "test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once":
+                     "election"}
+
+
+@pytest.fixture(scope="module")
+def runner_app(request, tmp_path_factory):
+    """(each mode's lines, each mode's stderr, the _ProcWatch of the whole application)."""
+    chosen = {item.name for item in request.session.items}
+    modes = [m for t, m in _RUNNER_MODES.items() if t in chosen]
+    conf = {}
+    if "localgpu" in modes:
+        disc = tmp_path_factory.mktemp("gpus") / "gpus.sh"
+        disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+        disc.chmod(0o755)
+        conf = {"spark.driver.resource.gpu.amount": "3",
+                "spark.driver.resource.gpu.discoveryScript": str(disc)}
     # Meanwhile, another process of the same user reads /proc of the agents, their
     # sentinels and workers: the run's secret is in none (test_executor_secrets.py does the
     # same for TorchDistributor).
     watch = _ProcWatch()
-    out, err = jvmutil.spark_submit("train", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None},
-                                    on_start=watch.start)
+    outs, errs = jvmutil.spark_submit_modes(modes, plugin=False, conf=conf, on_start=watch.start,
+                                            env={"TORCHSPARK_RENDEZVOUS": None})
+    return outs, errs, watch
+
+
+def test_java_application_trains_across_two_executors(runner_app):
+    out, err, watch = runner_app[0]["train"], runner_app[1]["train"], runner_app[2]
     watch.check()
     # The election record went through the driver's rendezvous (the default), not allGather.
     assert out["ELECTION"] == ["rendezvous"], out
@@ -179,11 +207,11 @@ def _check_elections(out, err):
     return [ln for ln in err.splitlines() if "WARN TorchSparkRunner" in ln]
 
 
-def test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once():
+def test_runner_election_through_the_rendezvous_falls_back_to_all_gather_once(runner_app):
     # The second run's tasks are told a port where nothing listens (a test-only local
     # property): they fail before training, the driver runs the job again through allGather
     # with one warning and keeps to allGather for the later runs of its JVM.
-    out, err = jvmutil.spark_submit("election", plugin=False, env={"TORCHSPARK_RENDEZVOUS": None})
+    out, err = runner_app[0]["election"], runner_app[1]["election"]
     assert out["ELECTION"] == ["rendezvous", "allGather", "allGather"], out
     warned = _check_elections(out, err)
     assert len(warned) == 1, warned
@@ -206,16 +234,11 @@ def test_runner_election_through_all_gather_when_the_rendezvous_is_off():
     assert err.count(line) == 3, err[-3000:]  # one per distributed run
 
 
-def test_runner_local_mode_uses_the_driver_gpus(tmp_path):
+def test_runner_local_mode_uses_the_driver_gpus(runner_app):
     # Local mode with useGpu: the first numProcesses of the driver's GPUs (Spark's
     # addresses from a discovery script; no GPU needed: the agent assigns them against the
     # driver's mask, docs/gpu.md), never a silent CPU run; too few is an error.
-    disc = tmp_path / "gpus.sh"
-    disc.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
-    disc.chmod(0o755)
-    out, err = jvmutil.spark_submit("localgpu", plugin=False, conf={
-        "spark.driver.resource.gpu.amount": "3",
-        "spark.driver.resource.gpu.discoveryScript": str(disc)})
+    out, err = runner_app[0]["localgpu"], runner_app[1]["localgpu"]
     assert out.get("LOCAL_GPU_RUN") == ["ok"], err[-3000:]
     lines = sorted(ln for ln in err.splitlines() if "GPUS " in ln)
     assert lines == ["[rank 0] GPUS 0 0,1", "[rank 1] GPUS 1 0,1"], err[-3000:]
@@ -291,7 +314,7 @@ def plugin_app(request):
 
 
 def test_plugin_stops_a_cancelled_runner_job(plugin_app):
-    out, err = plugin_app[0]["cancel"], plugin_app[1]
+    out, err = plugin_app[0]["cancel"], plugin_app[1]["cancel"]
     assert int(out["BEFORE"][0]) >= 4, out
     gone = int(out["GONE_MS"][0])
     print(f"runner job: every training process gone {gone} ms after cancelAllJobs")
@@ -304,7 +327,7 @@ def test_plugin_stops_a_cancelled_gang_launch(plugin_app):
     """launch("gang") (ordinary tasks that JOIN through the driver; here without dynamic
     allocation) cancelled by its job group mid-training: the plugin stops the agents as for
     a barrier stage, run() throws, no process, task or job is left (TrainApp gangCancel)."""
-    out, err = plugin_app[0]["gangcancel"], plugin_app[1]
+    out, err = plugin_app[0]["gangcancel"], plugin_app[1]["gangcancel"]
     threw, gone, seen, running, active, error = out["GANG_CANCEL_2"][0].split()
     print(f"gang launch: every training process gone {gone} ms after cancelJobGroup")
     assert int(seen) >= 4 and (running, active) == ("0", "0"), (out, err[-3000:])
@@ -313,153 +336,96 @@ def test_plugin_stops_a_cancelled_gang_launch(plugin_app):
     assert int(out["PLUGIN_STOPS"][0]) >= 1, out
 
 
-# In a fresh interpreter: the plugin's class must be on the driver JVM's classpath when that
-# JVM starts (spark.jars at launch, as `pyspark --jars` or a first session's config gives
-# it); this pytest process's JVM gateway may already be up from an earlier session. One
-# application (CI budget) runs both PySpark cancel tests: a cancelled running job, then
-# jobs cancelled while their tasks start (TORCHSPARK_RENDEZVOUS is read at each run()).
-_PYSPARK_CANCELS = """
-import json, os, sys, time
-from tests.helpers import jvmutil
-mark = jvmutil.new_mark()
-spark = jvmutil.pyspark_session(plugin=True, mark=mark)
-try:
-    app = spark.sparkContext.applicationId
-    (gone,) = jvmutil.cancel_pyspark(spark, mark)
-    time.sleep(1)  # the executors' log lines
-    res = {"cancel": {"gone": gone, "stops": jvmutil.plugin_stops(app)}}
-    os.environ["TORCHSPARK_RENDEZVOUS"] = "0"
-    rounds = jvmutil.cancel_early_pyspark(spark, mark)
-    time.sleep(0.5)  # the executors' log lines
-    res["early"] = {"rounds": rounds,
-                    "early": jvmutil.plugin_stops(app, "killed with no agent running"),
-                    "late": jvmutil.plugin_stops(app, "(started after the kill)"),
-                    "errors": jvmutil.plugin_stops(app, "torchspark plugin: stopping a task's "
-                                                        "processes failed"),
-                    "after": spark.sparkContext.parallelize(range(4), 2).count()}
-finally:
-    spark.stop()
-print("RESULT " + json.dumps(res), flush=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def pyspark_cancels():
-    r = subprocess.run([sys.executable, "-c", _PYSPARK_CANCELS], cwd=jvmutil.ROOT,
-                       capture_output=True, text=True, timeout=1200)
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
-    return json.loads(lines[-1][len("RESULT "):])
-
-
-def test_plugin_stops_a_cancelled_pyspark_job(pyspark_cancels):
-    res = pyspark_cancels["cancel"]
-    print(f"PySpark job: every training process gone {res['gone']} ms after cancelAllJobs")
-    assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
-    assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
-
-
-# The driver freezes (SIGSTOP) right after cancelAllJobs: its log server, in this Python
-# process, can no longer acknowledge the agents' last lines. The parent test times the
-# job's processes from the freeze, then thaws it.
-_PYSPARK_FROZEN = """
+# The PySpark tests of the plugin share one application (one interpreter, one session with
+# the plugin, one local-cluster instead of three): a child process runs their phases one
+# after another, only the selected tests' (the version matrix picks one), in this order:
+# - cancel: a cancelled running job;
+# - early: jobs cancelled while their tasks start (with TORCHSPARK_RENDEZVOUS=0, read at each
+#   run(); unset again after);
+# - frozen: the driver freezes (SIGSTOP) right after cancelAllJobs while every rank prints a
+#   line every 2 ms; the parent times the job's processes from the freeze, then thaws it;
+# - frozen_ddp: the same mid-DDP (as a driver stuck in a long GC pause or a debugger): its
+#   log server tells no agent to stop, so only the executors' plugin can (the interrupt
+#   listener on Spark 4.3+, the 20 ms poll before); the parent times it from the cancel.
+# Each phase starts once the previous one's processes are gone and counts the executors'
+# log lines from its own start. In a fresh interpreter: the plugin's class must be on the
+# driver JVM's classpath when that JVM starts (spark.jars at launch, as `pyspark --jars` or
+# a first session's config gives it); this pytest process's JVM gateway may already be up
+# from an earlier session.
+_PYSPARK_PHASES = {"test_plugin_stops_a_cancelled_pyspark_job": "cancel",
+                   "test_plugin_pyspark_job_cancelled_while_its_tasks_start": "early",
+                   "test_plugin_stops_agents_of_a_frozen_driver_within_the_bound": "frozen",
+                   "test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen":
+                       "frozen_ddp"}
+_PYSPARK_APP = """
 import json, os, signal, sys, threading, time
 from tests.helpers import jvmutil, tsp_spark
-mark, script = sys.argv[1], sys.argv[2]
+mark, steady, phases = sys.argv[1], sys.argv[2], sys.argv[3:]
 spark = jvmutil.pyspark_session(plugin=True, mark=mark)
-from torchspark import TorchDistributor
-def train():
-    try:
-        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(script)
-    except Exception:
-        pass
-t = threading.Thread(target=train, daemon=True)
-t.start()
-deadline = time.monotonic() + 600
-while len(tsp_spark.job_processes(mark)) < 4 and time.monotonic() < deadline:
-    time.sleep(0.1)
-time.sleep(3)  # mid-training: lines flowing
-spark.sparkContext.cancelAllJobs()
-print("FROZEN", flush=True)
-os.kill(os.getpid(), signal.SIGSTOP)
-time.sleep(1)  # thawed: the executors' log lines
 app = spark.sparkContext.applicationId
-res = {"stops": jvmutil.plugin_stops(app),
-       "warnings": jvmutil.plugin_stops(app, "did not acknowledge the last lines")}
-t.join(30)
-spark.stop()
-print("RESULT " + json.dumps(res), flush=True)
-"""
-
-
-# Every rank prints a line every 2 ms: lines are in flight when the driver freezes.
-_STEADY = "import itertools, time\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.002)\n"
-
-
-def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(tmp_path):
-    # Issue 20: the agents lived 1.02-1.04 s here, waiting for the frozen driver to
-    # acknowledge their last lines until the plugin's SIGKILL; now they give up after
-    # 100 ms and write those lines to the executor's log with one warning.
-    from tests.helpers import tsp_spark
-
-    mark = jvmutil.new_mark()
-    script = tmp_path / "steady.py"
-    script.write_text(_STEADY)
-    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN, mark, str(script)],
-                         cwd=jvmutil.ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    gone = -1.0
-    try:
-        for line in p.stdout:
-            if line.startswith("FROZEN"):
-                break
+NEEDLES = {"stops": "torchspark plugin: stopped",
+           "warnings": "did not acknowledge the last lines",
+           "polls": "found by polling every 20 ms",
+           "early": "killed with no agent running",
+           "late": "(started after the kill)",
+           "errors": "torchspark plugin: stopping a task's processes failed"}
+def counts():
+    return {k: jvmutil.plugin_stops(app, n) for k, n in NEEDLES.items()}
+def since(base):
+    return {k: v - base[k] for k, v in counts().items()}
+def train(*args):
+    from torchspark import TorchDistributor
+    def run():
+        try:
+            TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(*args)
+        except Exception:
+            pass
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 600
+    while len(tsp_spark.job_processes(mark)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(3)  # mid-training: lines flowing
+    return t
+try:
+    print("APP " + app, flush=True)
+    for phase in phases:
+        base = counts()
+        print("PHASE " + json.dumps([phase, base]), flush=True)
+        if phase == "frozen":
+            t = train(steady)
+            spark.sparkContext.cancelAllJobs()
+            print("FROZEN", flush=True)
+            os.kill(os.getpid(), signal.SIGSTOP)
+            time.sleep(1)  # thawed: the executors' log lines
+            res = since(base)
+            t.join(30)
+        elif phase == "frozen_ddp":
+            t = train(str(jvmutil.DDP), "--steps", "100000000")
+            print("FREEZE", flush=True)
+            t0 = time.monotonic()
+            spark.sparkContext.cancelAllJobs()
+            os.kill(os.getpid(), signal.SIGSTOP)
+            print(f"CANCELLED {t0}", flush=True)  # once thawed; CLOCK_MONOTONIC, as the test's
+            time.sleep(1)
+            res = {}
+        elif phase == "cancel":
+            (gone,) = jvmutil.cancel_pyspark(spark, mark)
+            time.sleep(1)  # the executors' log lines
+            res = dict(since(base), gone=gone)
         else:
-            raise AssertionError(p.stderr.read()[-3000:])
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 15:
-            if not tsp_spark.job_processes(mark):
-                gone = (time.monotonic() - t0) * 1000
-                break
-            time.sleep(0.005)
-    finally:
-        p.send_signal(signal.SIGCONT)
-    out, err = p.communicate(timeout=300)
-    lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-    assert p.returncode == 0 and lines, (p.returncode, out[-2000:], err[-3000:])
-    res = json.loads(lines[-1][len("RESULT "):])
-    print(f"frozen driver: every training process and agent gone {gone:.0f} ms after the "
-          f"freeze (right after cancelAllJobs); {res}")
-    assert 0 <= gone < jvmutil.GONE_BOUND_MS, (gone, res)
-    assert res["stops"] >= 1, res  # the plugin's kill path did it
-    assert res["warnings"] >= 1, res  # and the agents did not wait for the driver
-
-
-# The driver frozen right after the cancel (SIGSTOP, as a driver stuck in a long GC pause or
-# a debugger): its log server tells no agent to stop, so only the executors' plugin can
-# (the interrupt listener on Spark 4.3+, the 20 ms poll before).
-_PYSPARK_FROZEN_DDP = """
-import os, signal, sys, threading, time
-from tests.helpers import jvmutil, tsp_spark
-from torchspark import TorchDistributor
-mark = sys.argv[1]
-spark = jvmutil.pyspark_session(plugin=True, mark=mark)
-def train():
-    try:
-        TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
-            str(jvmutil.DDP), "--steps", "100000000")
-    except Exception:
-        pass
-threading.Thread(target=train, daemon=True).start()
-deadline = time.monotonic() + 600
-while len(tsp_spark.job_processes(mark)) < 4 and time.monotonic() < deadline:
-    time.sleep(0.1)
-time.sleep(3)  # mid-training
-print("APP " + spark.sparkContext.applicationId, flush=True)
-t0 = time.monotonic()
-spark.sparkContext.cancelAllJobs()
-os.kill(os.getpid(), signal.SIGSTOP)
-print(f"CANCELLED {t0}", flush=True)  # once thawed; CLOCK_MONOTONIC, as the test's
-time.sleep(1)
-spark.stop()
+            os.environ["TORCHSPARK_RENDEZVOUS"] = "0"
+            rounds = jvmutil.cancel_early_pyspark(spark, mark, base=base["early"])
+            time.sleep(0.5)  # the executors' log lines
+            res = dict(since(base), rounds=rounds,
+                       after=spark.sparkContext.parallelize(range(4), 2).count())
+            del os.environ["TORCHSPARK_RENDEZVOUS"]
+        left = tsp_spark.wait_gone(mark, 15)
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        print("RESULT " + json.dumps([phase, dict(res, left=len(left))]), flush=True)
+finally:
+    spark.stop()
 """
 
 
@@ -481,50 +447,133 @@ def _workers(pids):
     return out
 
 
-def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(tmp_path):
-    import signal
-    import time
+def _time_frozen(p, mark):
+    """The frozen phase, from outside: the ms from the freeze until no process of the job is
+    left (-1: not within 15 s)."""
+    for line in p.stdout:
+        if line.startswith("FROZEN"):
+            break
+    else:
+        raise AssertionError("the application ended before its driver froze")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 15:
+        if not tsp_spark.job_processes(mark):
+            return {"gone": (time.monotonic() - t0) * 1000}
+        time.sleep(0.005)
+    return {"gone": -1.0}
 
-    import pyspark
-    from tests.helpers import tsp_spark
 
-    mark = jvmutil.new_mark()
-    err = open(tmp_path / "driver.err", "w")
-    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_FROZEN_DDP, mark], cwd=jvmutil.ROOT,
-                         stdout=subprocess.PIPE, stderr=err, text=True)
+def _time_frozen_ddp(p, mark, app, base):
+    """The frozen_ddp phase, from outside, while the driver is frozen: when the training
+    processes and when every process of the job were gone (monotonic), whether the driver
+    was still frozen then, and the plugin's lines of the phase."""
+    for line in p.stdout:
+        if line.startswith("FREEZE"):
+            break
+    else:
+        raise AssertionError("the application ended before its driver froze")
+    deadline = time.monotonic() + 60
+    while _state(p.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert _state(p.pid) == "T", "the driver did not freeze"
     workers_gone = gone = -1.0
+    while time.monotonic() < deadline:
+        left = tsp_spark.job_processes(mark)
+        if workers_gone < 0 and not _workers(left):
+            workers_gone = time.monotonic()
+        if not left:
+            gone = time.monotonic()
+            break
+        time.sleep(0.005)
+    frozen_at_gone = _state(p.pid) == "T"
+    time.sleep(0.5)  # the executors' log lines
+    return {"workers_gone": workers_gone, "gone": gone, "frozen_at_gone": frozen_at_gone,
+            "stops": jvmutil.plugin_stops(app) - base["stops"],
+            "polls": jvmutil.plugin_stops(app, "found by polling every 20 ms") - base["polls"]}
+
+
+@pytest.fixture(scope="module")
+def pyspark_app(request, tmp_path_factory):
+    """{phase: what the child and the parent measured}."""
+    chosen = {item.name for item in request.session.items}
+    phases = [ph for t, ph in _PYSPARK_PHASES.items() if t in chosen]
+    steady = tmp_path_factory.mktemp("steady") / "steady.py"
+    steady.write_text(_STEADY)
+    mark = jvmutil.new_mark()
+    err = open(tmp_path_factory.mktemp("driver") / "driver.err", "w+")
+    p = subprocess.Popen([sys.executable, "-c", _PYSPARK_APP, mark, str(steady), *phases],
+                         cwd=jvmutil.ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
+    res, outside, bases = {}, {}, {}
     try:
         app = p.stdout.readline().strip()
-        assert app.startswith("APP "), (app, (tmp_path / "driver.err").read_text()[-3000:])
+        assert app.startswith("APP "), app
         app = app[len("APP "):]
-        deadline = time.monotonic() + 60
-        while _state(p.pid) != "T" and time.monotonic() < deadline:
-            time.sleep(0.001)
-        assert _state(p.pid) == "T", "the driver did not freeze"
-        while time.monotonic() < deadline:
-            left = tsp_spark.job_processes(mark)
-            if workers_gone < 0 and not _workers(left):
-                workers_gone = time.monotonic()
-            if not left:
-                gone = time.monotonic()
-                break
-            time.sleep(0.005)
-        frozen_at_gone = _state(p.pid) == "T"
-        time.sleep(0.5)  # the executors' log lines
-        stops = jvmutil.plugin_stops(app)
-        polls = jvmutil.plugin_stops(app, "found by polling every 20 ms")
+        for line in p.stdout:
+            if line.startswith("PHASE "):
+                phase, base = json.loads(line[len("PHASE "):])
+                bases[phase] = base
+                try:
+                    if phase == "frozen":
+                        outside[phase] = _time_frozen(p, mark)
+                    elif phase == "frozen_ddp":
+                        outside[phase] = _time_frozen_ddp(p, mark, app, base)
+                finally:
+                    os.kill(p.pid, signal.SIGCONT)
+            elif line.startswith("CANCELLED "):
+                outside["frozen_ddp"]["t0"] = float(line.split()[1])
+            elif line.startswith("RESULT "):
+                phase, r = json.loads(line[len("RESULT "):])
+                res[phase] = dict(r, base=bases[phase], **outside.get(phase, {}))
+        p.wait(timeout=300)
     finally:
-        os.kill(p.pid, signal.SIGCONT)
-        out, _ = p.communicate(timeout=300)
-        err.close()
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.kill()
+            p.wait()
         for pid in tsp_spark.job_processes(mark):
             os.kill(pid, signal.SIGKILL)
-    t0 = float(out.split("CANCELLED ", 1)[1].split()[0])
-    workers_ms, gone_ms = ((t - t0) * 1000 if t > 0 else -1 for t in (workers_gone, gone))
+        err.seek(0)
+        tail = err.read()[-3000:]
+        err.close()
+    assert p.returncode == 0 and set(res) == set(phases), (p.returncode, res, tail)
+    return res
+
+
+def test_plugin_stops_a_cancelled_pyspark_job(pyspark_app):
+    res = pyspark_app["cancel"]
+    print(f"PySpark job: every training process gone {res['gone']} ms after cancelAllJobs")
+    assert 0 <= res["gone"] < jvmutil.GONE_BOUND_MS, res
+    assert res["stops"] >= 1, "the executors' logs do not show the plugin stopping the agents"
+
+
+# Every rank prints a line every 2 ms: lines are in flight when the driver freezes.
+_STEADY = "import itertools, time\nfor i in itertools.count():\n    print(i, flush=True)\n    time.sleep(0.002)\n"
+
+
+def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(pyspark_app):
+    # Issue 20: the agents lived 1.02-1.04 s here, waiting for the frozen driver to
+    # acknowledge their last lines until the plugin's SIGKILL; now they give up after
+    # 100 ms and write those lines to the executor's log with one warning.
+    res = pyspark_app["frozen"]
+    gone = res["gone"]
+    print(f"frozen driver: every training process and agent gone {gone:.0f} ms after the "
+          f"freeze (right after cancelAllJobs); {res}")
+    assert 0 <= gone < jvmutil.GONE_BOUND_MS, (gone, res)
+    assert res["stops"] >= 1, res  # the plugin's kill path did it
+    assert res["warnings"] >= 1, res  # and the agents did not wait for the driver
+
+
+def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(pyspark_app):
+    import pyspark
+
+    res = pyspark_app["frozen_ddp"]
+    stops, polls = res["stops"], res["polls"]
+    workers_ms, gone_ms = ((t - res["t0"]) * 1000 if t > 0 else -1
+                           for t in (res["workers_gone"], res["gone"]))
     print(f"PySpark {pyspark.__version__}, driver frozen: training processes gone {workers_ms:.0f} "
           f"ms, agents {gone_ms:.0f} ms after cancelAllJobs (plugin stops: {stops}, polling "
           f"executors: {polls})")
-    assert frozen_at_gone, "the driver thawed before the processes were gone"
+    assert res["frozen_at_gone"], "the driver thawed before the processes were gone"
     assert 0 <= workers_ms < jvmutil.GONE_BOUND_MS, (workers_ms, gone_ms)
     # The agents outlive their workers here: at exit an agent waits for the log server's
     # acknowledgement of its last events (up to 5 s; docs/jvm.md), which a frozen driver
@@ -534,6 +583,7 @@ def test_plugin_stops_a_cancelled_pyspark_job_while_its_driver_is_frozen(tmp_pat
     # Spark before 4.3 has no interrupt listener: the plugin's poll found the kill.
     old = tuple(int(x) for x in pyspark.__version__.split(".")[:2]) < (4, 3)
     assert (polls > 0) == old, polls
+
 
 def test_plugin_two_jobs_on_one_executor_only_the_cancelled_one_dies():
     # One executor with 2 cores runs both jobs; then stopping the application (spark.stop())
@@ -560,7 +610,7 @@ def test_plugin_executor_stopped_normally_leaves_nothing(plugin_app):
     # the executor JVM (without the plugin they die after it, by their parent-death signal:
     # measured 664 ms vs the JVM's 649 ms; with it 283 ms vs 481 ms). The executor's own log
     # cannot show it: the worker stops copying the executor's output before killing it.
-    out, err = plugin_app[0]["killexec"], plugin_app[1]
+    out, err = plugin_app[0]["killexec"], plugin_app[1]["killexec"]
     assert int(out["BEFORE"][0]) >= 2 and int(out["EXECUTOR_PID"][0]) > 1, out
     assert out["KILLED"] == ["true"], out
     gone, jvm_gone = int(out["GONE_MS"][0]), int(out["EXECUTOR_GONE_MS"][0])
@@ -574,7 +624,7 @@ def test_plugin_runner_job_cancelled_while_its_tasks_start(plugin_app):
     # election (waiting for rank 0's record in the driver's rendezvous, where a task checks
     # its kill flag every 100 ms), or just after the agents started. Nothing may be left,
     # then or 2 s later (a late agent).
-    out, err = plugin_app[0]["early"], plugin_app[1]
+    out, err = plugin_app[0]["early"], plugin_app[1]["early"]
     rounds = [[int(x) for x in r.split()] for r in out["ROUND"]]
     print("rounds (delay ms, processes at the cancel, gone ms, left 2 s later):", rounds)
     for _delay, _before, gone, left in rounds:
@@ -586,7 +636,7 @@ def test_plugin_runner_job_cancelled_while_its_tasks_start(plugin_app):
     assert out["AFTER"] == ["ok"], out  # the executors and the plugin still run a job
 
 
-def test_plugin_pyspark_job_cancelled_while_its_tasks_start(pyspark_cancels):
+def test_plugin_pyspark_job_cancelled_while_its_tasks_start(pyspark_app):
     # PySpark's task cannot see its own kill: a task killed while in the barrier's allGather
     # (which still returns) starts its agent after the cancel; the plugin watches a killed
     # attempt and stops such a late agent within its 100 ms sweep, long before PySpark
@@ -596,7 +646,7 @@ def test_plugin_pyspark_job_cancelled_while_its_tasks_start(pyspark_cancels):
     # (TORCHSPARK_RENDEZVOUS=0, a supported setting): its 1 s poll keeps the tasks
     # agent-less long enough to land there; with the driver's rendezvous the agents are
     # up within ~10 ms of the launch on a quiet machine and no delay reliably hits it.
-    res = pyspark_cancels["early"]
+    res = pyspark_app["early"]
     print("rounds (delay s, processes at the cancel, gone ms, a late agent first and last "
           "seen ms, left):", res)
     for _delay, _before, gone, first, last, left in res["rounds"]:

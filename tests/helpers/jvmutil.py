@@ -74,28 +74,38 @@ def spark_submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]] = None,
     return parse_output(stdout), err
 
 
-def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200
-                       ) -> Tuple[Dict[str, Dict[str, List[str]]], str]:
+def spark_submit_modes(modes: List[str], plugin: bool, timeout: float = 1200,
+                       conf: Optional[Dict[str, str]] = None,
+                       env: Optional[Dict[str, Optional[str]]] = None,
+                       on_start: Optional[Callable[[int], None]] = None
+                       ) -> Tuple[Dict[str, Dict[str, List[str]]], Dict[str, str]]:
     """Runs several TrainApp modes one after another in one application (TrainApp's A+B:
-    one start for several tests); returns each mode's "KEY: value" lines and the stderr."""
+    one start for several tests; conf, env, on_start as spark_submit's); returns each
+    mode's "KEY: value" lines and each mode's stderr."""
     if len(modes) == 1:  # TrainApp prints no MODE line for a single mode
-        out, err = spark_submit(modes[0], plugin, timeout=timeout)
-        return {modes[0]: out}, err
-    stdout, err = _submit("+".join(modes), plugin, None, 1, timeout, MASTER, None, None)
-    return split_modes(stdout), err
+        out, err = spark_submit(modes[0], plugin, conf=conf, timeout=timeout, env=env,
+                                on_start=on_start)
+        return {modes[0]: out}, {modes[0]: err}
+    stdout, err = _submit("+".join(modes), plugin, conf, 1, timeout, MASTER, env, on_start)
+    return split_modes(stdout), split_text(err)
 
 
-def split_modes(stdout: str) -> Dict[str, Dict[str, List[str]]]:
-    """TrainApp A+B's output: each mode's "KEY: value" lines, from its "MODE: name" line to
-    the next (what comes before the first, APP_ID, belongs to none)."""
+def split_text(text: str) -> Dict[str, str]:
+    """TrainApp A+B's stdout or stderr: each mode's lines, from its "MODE: name" line to the
+    next (what comes before the first, the application's start, belongs to none)."""
     parts: Dict[str, List[str]] = {}
     current: List[str] = []
-    for line in stdout.splitlines():
+    for line in text.splitlines():
         if line.startswith("MODE: "):
             current = parts.setdefault(line[len("MODE: "):], [])
         else:
             current.append(line)
-    return {m: parse_output("\n".join(lines)) for m, lines in parts.items()}
+    return {m: "\n".join(lines) for m, lines in parts.items()}
+
+
+def split_modes(stdout: str) -> Dict[str, Dict[str, List[str]]]:
+    """TrainApp A+B's stdout: each mode's "KEY: value" lines (split_text)."""
+    return {m: parse_output(text) for m, text in split_text(stdout).items()}
 
 
 def _submit(mode: str, plugin: bool, conf: Optional[Dict[str, str]], rounds: int, timeout: float,
@@ -242,7 +252,8 @@ def plugin_stops(app_id: str, needle: str = "torchspark plugin: stopped") -> int
 EARLY_DELAYS = tuple(i / 100 for i in range(12)) + (0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0, 1.5)
 
 
-def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True) -> List[Tuple]:
+def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True,
+                         base: int = 0) -> List[Tuple]:
     """Starts a torchspark TorchDistributor training (2 processes) per delay and cancels
     every job DELAY s after the first of its tasks was launched (seen in the status
     tracker): before the tasks run, while they elect or wait in the barrier's allGather,
@@ -252,7 +263,8 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     that). With until_window, the rounds end once the executors' plugin logged a task
     killed with no agent running, or once a cancel came while none of the job's processes
     existed yet (the status tracker sees a launch late and by a varying margin, so the
-    delay that hits the window varies)."""
+    delay that hits the window varies; base: how many such lines the application's earlier
+    runs logged)."""
     from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
@@ -294,6 +306,7 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
                 os.kill(pid, 9)
             except OSError:
                 pass
-        if until_window and (before == 0 or plugin_stops(sc.applicationId, "killed with no agent running")):
+        if until_window and (before == 0 or
+                             plugin_stops(sc.applicationId, "killed with no agent running") > base):
             break
     return rounds

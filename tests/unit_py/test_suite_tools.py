@@ -1,6 +1,7 @@
 """The suite's own tools (docs/testing.md): what a run cost leaves the checks run beside
 pytest out of its total (tests/suite_times.py), and TrainApp's A+B output is split per mode
-(tests/helpers/jvmutil.split_modes), so that one mode's lines never answer another's test."""
+(tests/helpers/jvmutil.split_modes, its stderr with split_text), so that one mode's lines never
+answer another's test."""
 from tests import suite_times
 from tests.helpers import jvmutil
 
@@ -19,3 +20,7 @@ def test_trainapp_modes_are_split_at_their_mode_lines():
                               "not a key line\nMODE: killexec\nBEFORE: 2\nGONE_MS: 300\nLEFT: 0\n")
     assert out == {"cancel": {"BEFORE": ["4"], "GONE_MS": ["80"]},
                    "killexec": {"BEFORE": ["2"], "GONE_MS": ["300"], "LEFT": ["0"]}}, out
+    # Its stderr too: each mode's lines (a rank's, a warning) answer that mode's test alone.
+    err = jvmutil.split_text("spark starts\nMODE: train\n[rank 0] step 0\nMODE: election\n"
+                             "WARN TorchSparkRunner: x\n")
+    assert err == {"train": "[rank 0] step 0", "election": "WARN TorchSparkRunner: x"}, err

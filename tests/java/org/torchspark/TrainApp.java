@@ -115,6 +115,7 @@ public final class TrainApp {
             if (mode.contains("+")) {
                 for (String m : mode.split("\\+")) {
                     System.out.println("MODE: " + m);
+                    System.err.println("MODE: " + m); // its lines, as jvmutil.split_modes splits them
                     markLogStart(spark);
                     run(spark, m, python, script, args, rounds);
                 }
