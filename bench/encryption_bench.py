@@ -60,7 +60,9 @@ def big_output(n):
 
 def through_run(a, run, samples):
     from torchspark import TorchDistributor
-    spark = harness.spark_session("local-cluster[2,1,1024]", {"spark.driver.memory": "4g"})
+    spark = harness.spark_session("local-cluster[2,1,1024]", {"spark.driver.memory": "4g",
+                                                               # the output is over the default 1g
+                                                               "spark.driver.maxResultSize": "4g"})
     try:
         TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                          progress=False).run(first_step)  # warm pools, not counted
