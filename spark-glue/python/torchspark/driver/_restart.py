@@ -110,10 +110,11 @@ class _Probe:
     on Spark Connect"): a barrier job of k tasks (the nodes the attempt lacks), which Spark
     launches only when k slots are free at once. Submitted from the watch's thread once the
     attempt's agents all connected (its own tasks hold their slots then), again after a
-    failure; cancelled by its tag when the attempt ends."""
+    failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
+    the watch counts at once rather than at its next period."""
 
-    def __init__(self, spark: Any, k: int, logger: Any) -> None:
-        self.spark, self.k, self.logger = spark, k, logger
+    def __init__(self, spark: Any, k: int, logger: Any, ran: threading.Event) -> None:
+        self.spark, self.k, self.logger, self.wake = spark, k, logger, ran
         self.tag = f"torchspark-probe-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.done = threading.Event()
         self.ok = False
@@ -139,6 +140,8 @@ class _Probe:
             finally:
                 self.spark.removeTag(self.tag)
             self.ok = len(rows) == self.k
+            if self.ok:
+                self.wake.set()  # the watch counts now, not at its next period
         except Exception as e:  # interrupted, or Spark's barrier slot check gave up
             self.logger.debug(f"torchspark: the slot probe ended without its {self.k} task(s) "
                               f"({e!r}); it is submitted again at the next count")
@@ -165,15 +168,21 @@ class _Watch:
                  times: Dict[str, Any]) -> None:
         self.spark, self.state, self.logger, self.times = spark, state, logger, times
         self.nodes = int(submit["nodes"])
-        self.probe = _Probe(spark, int(submit["probe"]), logger) if submit.get("probe") else None
         self.ended = threading.Event()
+        self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
+        self.probe = (_Probe(spark, int(submit["probe"]), logger, self.wake)
+                      if submit.get("probe") else None)
         first_ms = submit["watch_ms"]
         self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
                                        name="torchspark-grow-watch")
         self.thread.start()
 
     def _loop(self, wait_ms: Optional[int]) -> None:
-        while wait_ms is not None and not self.ended.wait(wait_ms / 1000 * _WATCH_SCALE):
+        while wait_ms is not None:
+            self.wake.wait(wait_ms / 1000 * _WATCH_SCALE)
+            self.wake.clear()
+            if self.ended.is_set():
+                return
             t0 = time.monotonic()
             free = self._count()
             reply = step(self.state, {"event": "slots", "free": free,
@@ -206,6 +215,7 @@ class _Watch:
 
     def end(self) -> Dict[str, Any]:
         self.ended.set()
+        self.wake.set()
         self.thread.join()
         if self.probe is not None:
             self.probe.cancel()
