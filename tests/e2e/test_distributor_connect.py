@@ -294,6 +294,12 @@ def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_s
     ckpt, steplog = str(tmp_path / "ckpt"), tmp_path / "steplog"
     before, registered = _executors(), _registered(connect_server)
     assert len(before) == 2, before
+    # The server's log may trail its executors (a module run with this test alone).
+    deadline = time.monotonic() + 30
+    while len(registered) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        registered = _registered(connect_server)
+    assert len(registered) == 2, registered
     box: dict = {}
 
     def go():

@@ -170,7 +170,8 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
     assert "grows back" in record[1]["cause"] and "step 7" in record[1]["cause"]
 
 
-def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monkeypatch):
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monkeypatch, dynamic):
     """On Spark Connect the watch counts by a probe (docs/protocol.md 11, "Growing back on
     Spark Connect"): nothing before the attempt's agents connected, then one barrier job of
     the missing nodes under its own tag; once it ran, the attempt is asked to checkpoint and
@@ -187,9 +188,16 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
             return self
 
         def collect(self):
-            return [0]  # the probe's one task ran
+            return [{"t0": 1.0, "t1": 2.0}]  # the probe's one task ran
+
+    class Conf:
+        def get(self, key, default):
+            assert key == "spark.dynamicAllocation.enabled"
+            return "true" if dynamic else default
 
     class Session:
+        conf = Conf()
+
         def range(self, *args):
             calls.append(("range",) + args)
             return Frame()
@@ -235,6 +243,7 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
 
     record = []
     monkeypatch.setattr(_restart, "_WATCH_SCALE", 0.01)
+    monkeypatch.setattr(_restart, "PROBE_HOLD_S", 0.05)
     assert _run(once, spark=Session(), limit=1, least_slots=1, times=times,
                 record=record) == "done"
     assert seen == [2, 1, 2]
@@ -243,10 +252,25 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
     assert tag.startswith("torchspark-probe-") and len(tag) == len("torchspark-probe-") + 32
     fn = calls[2][1]
     assert calls[:4] == [("addTag", tag), ("range", 0, 1, 1, 1),
-                         ("mapInArrow", fn, "id long", True), ("removeTag", tag)]
-    batches = iter([1, 2])
-    assert fn(batches) is batches  # each task hands its batch back
+                         ("mapInArrow", fn, "t0 double, t1 double", not dynamic),
+                         ("removeTag", tag)]
+    # Each task reads its batches and yields its start and end, holding its slot between
+    # (under dynamic allocation: Spark refuses barrier stages there, SPARK-24942).
+    (out,) = list(fn(iter([1, 2])))
+    t0, t1 = out.column("t0")[0].as_py(), out.column("t1")[0].as_py()
+    assert t1 - t0 >= (0.05 if dynamic else 0)
     assert len(calls) == 4  # one probe, ended before the attempt: nothing to interrupt
+
+
+def test_a_probe_of_ordinary_tasks_counts_only_when_they_overlapped():
+    """Under dynamic allocation the probe's k tasks show k free slots only when they all
+    held their slots at once; a barrier probe's k rows are enough (Spark ran them together)."""
+    at_once = [{"t0": 0.0, "t1": 3.0}, {"t0": 2.5, "t1": 5.5}]
+    one_after_another = [{"t0": 0.0, "t1": 3.0}, {"t0": 3.1, "t1": 6.1}]
+    assert _restart.probe_ran(at_once, 2, barrier=False)
+    assert not _restart.probe_ran(one_after_another, 2, barrier=False)
+    assert _restart.probe_ran(one_after_another, 2, barrier=True)
+    assert not _restart.probe_ran(at_once[:1], 2, barrier=True)
 
 
 @pytest.mark.parametrize("mode, world, rank, want", [

@@ -95,20 +95,44 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
         return False
 
 
-def _echo() -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The probe task's function: hands its batches back. Nested, so that cloudpickle
-    pickles it by value: the executors run it without torchspark (which they may lack)."""
+def _echo(hold_s: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The probe task's function: one row of its start and end (wall clock), holding its
+    slot hold_s in between. Nested, so that cloudpickle pickles it by value: the executors
+    run it without torchspark (which they may lack)."""
 
     def echo(batches: Iterator[Any]) -> Iterator[Any]:
-        return batches
+        import time as clock
+
+        import pyarrow as pa
+
+        t0 = clock.time()
+        for _ in batches:
+            pass
+        clock.sleep(hold_s)
+        yield pa.RecordBatch.from_pydict({"t0": [t0], "t1": [clock.time()]})
 
     return echo
+
+
+def probe_ran(rows: List[Any], k: int, barrier: bool) -> bool:
+    """Whether the probe's rows show k slots free at once: a barrier stage runs only then;
+    ordinary tasks (under dynamic allocation, where Spark refuses barrier stages) show it
+    when all k held their slots at the same moment (each started before any ended)."""
+    if len(rows) != k:
+        return False
+    return barrier or max(r["t0"] for r in rows) < min(r["t1"] for r in rows)
+
+
+# Under dynamic allocation each probe task holds its slot this long: k tasks that overlap
+# show k slots free at once (a task on a new executor waits for its Python worker first).
+PROBE_HOLD_S = 3.0
 
 
 class _Probe:
     """Spark Connect's slot count for a smaller attempt (docs/protocol.md 11, "Growing back
     on Spark Connect"): a barrier job of k tasks (the nodes the attempt lacks), which Spark
-    launches only when k slots are free at once. Submitted from the watch's thread once the
+    launches only when k slots are free at once (under dynamic allocation, where Spark
+    refuses barrier stages, k ordinary tasks that must overlap: probe_ran). Submitted from the watch's thread once the
     attempt's agents all connected (its own tasks hold their slots then), again after a
     failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
     the watch counts at once rather than at its next period."""
@@ -135,11 +159,16 @@ class _Probe:
         try:
             self.spark.addTag(self.tag)  # this thread's operations only (Connect's tags)
             try:
+                # Spark refuses a barrier stage under dynamic allocation (SPARK-24942):
+                # there, ordinary tasks that hold their slots PROBE_HOLD_S and must overlap.
+                barrier = self.spark.conf.get("spark.dynamicAllocation.enabled",
+                                              "false").strip().lower() != "true"
                 df = self.spark.range(0, self.k, 1, self.k)
-                rows = df.mapInArrow(_echo(), "id long", barrier=True).collect()
+                rows = df.mapInArrow(_echo(0.0 if barrier else PROBE_HOLD_S),
+                                     "t0 double, t1 double", barrier=barrier).collect()
             finally:
                 self.spark.removeTag(self.tag)
-            self.ok = len(rows) == self.k
+            self.ok = probe_ran(rows, self.k, barrier)
             if self.ok:
                 self.wake.set()  # the watch counts now, not at its next period
         except Exception as e:  # interrupted, or Spark's barrier slot check gave up
