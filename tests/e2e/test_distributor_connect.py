@@ -3,8 +3,8 @@
 ships itself as a session artifact): function and script mode, logs on the client, a
 failure, a cancellation through the session, a result larger than a gRPC message over the
 output channel, the collected-rows path (result and reports) when the executors cannot
-reach the client, and a decommissioned executor's checkpoint on request and restart (last:
-the server has its two executors again when it ends)."""
+reach the client, and a decommissioned executor's checkpoint on request, restart and
+growing back (last: the server has its two executors again when it ends)."""
 import logging
 import os
 import re
@@ -208,11 +208,12 @@ def test_unreachable_client_result_and_reports_as_rows_and_one_warning(spark, ca
     assert seen == d.reports and len(seen) == 40
 
 
-def _train_on_request(ckpt, steplog, steps, every):
+def _train_on_request(ckpt, steplog, steps, every, end_attempt=None, end_after=0):
     """Function mode (forked from the executors' warm pools): a gloo training that resumes
     from torchspark.checkpoint, saves every `every` steps and when
-    checkpoint.requested() says so (a decommission notice: docs/distributor.md). Rank 0
-    appends "ATTEMPT STEP TIME" to steplog after each step."""
+    checkpoint.requested() says so (a decommission notice, or the driver's request to grow
+    back: docs/distributor.md). Rank 0 appends "ATTEMPT STEP TIME" to steplog after each
+    step. Attempt `end_attempt` ends after `end_after` steps (the test's end)."""
     import torch
     import torch.distributed as dist
 
@@ -226,6 +227,8 @@ def _train_on_request(ckpt, steplog, steps, every):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ck = checkpoint.load_latest(ckpt)
     start = 0 if ck is None else ck.step + 1
+    if attempt == end_attempt:
+        steps = min(steps, start + end_after)
     if ck is not None:
         model.load_state_dict(ck.state["model"])
         opt.load_state_dict(ck.state["opt"])
@@ -273,29 +276,42 @@ def _registered(server) -> set:
 
 
 def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_server,
-                                                                 tmp_path):
+                                                                 tmp_path, caplog):
     """Spark Connect and function mode at once: SIGPWR to node 1's executor JVM
     (spark.decommission.enabled on the server: Spark's Kubernetes path) while the
     function trains. The plugin creates the node's request file, every rank's
     checkpoint.requested() says so at the same step, save() checkpoints and acknowledges,
     the plugin stops the node, and attempt 1 resumes right after that step. min_nodes=1:
     the client cannot see the executors, but knows the node it lost, so attempt 1 starts
-    at once on the other one rather than waiting for the replacement executor (which the
-    test then waits for, so the server has its two executors again)."""
-    steps, every = 24, 5
+    at once on the other one rather than waiting for the replacement executor. Then the
+    run grows back (issue 31 on Connect: the client's probe job, docs/protocol.md 11): once
+    the standalone master's replacement registered, the probe's barrier task runs there,
+    the client asks attempt 1 to checkpoint and stop, and attempt 2 runs on 2 nodes from
+    the next step (0 steps lost; the server has its two executors again when it ends).
+    Fails on a client without the probe: attempt 1 goes on on 1 node to its end (1200
+    steps)."""
+    steps, every = 1200, 5
     ckpt, steplog = str(tmp_path / "ckpt"), tmp_path / "steplog"
     before, registered = _executors(), _registered(connect_server)
     assert len(before) == 2, before
+    # The server's log may trail its executors (a module run with this test alone).
+    deadline = time.monotonic() + 30
+    while len(registered) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        registered = _registered(connect_server)
+    assert len(registered) == 2, registered
     box: dict = {}
 
     def go():
         try:
             box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
                                            max_restarts=1, min_nodes=1)
-            box["result"] = box["dist"].run(_train_on_request, ckpt, str(steplog), steps, every)
+            box["result"] = box["dist"].run(_train_on_request, ckpt, str(steplog), steps, every,
+                                            "2", 6)
         except BaseException as e:  # noqa: B902 - checked below
             box["error"] = e
 
+    caplog.set_level(logging.WARNING, logger="TorchDistributor")
     t = threading.Thread(target=go, daemon=True)
     t.start()
     deadline = time.monotonic() + 120
@@ -313,37 +329,54 @@ def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_s
         if any(a == "1" for a, _, _ in _steplog(steplog)):
             break
         time.sleep(0.01)
-    t.join(120)
+    # When the server's driver registered the replacement executor (its log, 0.1 s polls).
+    back = None
+    while t.is_alive() and time.time() - noticed < 240:
+        if back is None and _registered(connect_server) - registered:
+            back = time.time()
+        time.sleep(0.1)
+    t.join(5)
     assert not t.is_alive() and "error" not in box, box
     log = _steplog(steplog)
     first = [s for a, s, _ in log if a == "0"]
     second = [s for a, s, _ in log if a == "1"]
-    # The checkpoint on request is attempt 0's last step; attempt 1 starts right after it:
-    # 0 steps lost, none repeated or skipped.
-    ckpt_step = first[-1]
-    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1"], log
-    assert first == list(range(ckpt_step + 1)) and second == list(range(ckpt_step + 1, steps)), log
+    third = [s for a, s, _ in log if a == "2"]
+    # The checkpoint on request is attempt 0's last step; attempt 1 starts right after it,
+    # attempt 2 right after attempt 1's last (checkpointed on the grow request): 0 steps
+    # lost, none repeated or skipped.
+    ckpt_step, last1 = first[-1], second[-1]
+    assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1", "2"], log
+    assert first == list(range(ckpt_step + 1)) and second == list(range(ckpt_step + 1, last1 + 1))
+    assert third == list(range(last1 + 1, last1 + 7)), log
     took = seen[ckpt_step] - noticed
     assert 0 < took <= 2.0, (took, ckpt_step, seen)
-    cause = box["dist"].attempts[0]["cause"]
+    att = box["dist"].attempts
+    cause = att[0]["cause"]
     assert re.search(rf"node 1's executor is being decommissioned: step {ckpt_step} was "
                      r"checkpointed on request|Executor \d+ is decommissioned", cause), cause
-    assert box["result"] == {"attempt": "1", "start": ckpt_step + 1, "cause": cause}, box
-    assert [a["nodes"] for a in box["dist"].attempts] == [2, 1]
-    restart = box["dist"].attempts[1]["started"] - noticed
+    assert [a["nodes"] for a in att] == [2, 1, 2], att
+    assert f"grows back to more nodes: step {last1} was checkpointed" in att[1]["cause"], att
+    assert box["result"] == {"attempt": "2", "start": last1 + 1, "cause": att[1]["cause"]}, box
+    asked = [w for w in _warnings(caplog) if "asking it to checkpoint and stop" in w]
+    assert len(asked) == 1 and "2 slot(s) now, attempt 1 runs on 1 of 2 nodes" in asked[0], asked
+    assert back is not None and att[1]["ended"] > back, (back, att)
+    restart = att[1]["started"] - noticed
     app = spark.conf.get("spark.app.id")
     assert jvmutil.plugin_stops(app, "checkpointed on request") >= 1
     assert tsp_spark.wait_gone(tsp_spark.CONNECT_MARK, TEARDOWN_S) == []
-    # The server has its 2 executors again for the suites after this one: the survivor
-    # and the standalone master's replacement, registered with the driver; the
-    # decommissioned JVM exited by itself.
-    deadline = time.monotonic() + 180
-    while ((jvm in _executors() or not _registered(connect_server) - registered)
-           and time.monotonic() < deadline):
+    # The server has its 2 executors: the survivor and the replacement (registered before
+    # the run grew back); the decommissioned JVM exited by itself.
+    deadline = time.monotonic() + 60
+    while jvm in _executors() and time.monotonic() < deadline:
         time.sleep(0.1)
     after = _executors()
     assert len(after) == 2 and jvm not in after, (jvm, before, after)
     assert len(_registered(connect_server) - registered) == 1, registered
+    # The client's part, from the replacement registered to attempt 1 stopped: the watch's
+    # 3 s period, the probe's task on the new executor, one step, the save, the stop.
+    assert att[1]["ended"] - back <= 30.0, (att, back)
     print(f"Connect, function mode: decommission notice -> checkpoint complete {took:.2f} s "
-          f"(step {ckpt_step}); restart {restart:.1f} s after the notice, replacement "
-          f"registered {time.time() - noticed:.1f} s after; 0 steps lost; attempt 0's cause: {cause}")
+          f"(step {ckpt_step}); restart {restart:.1f} s after the notice; replacement "
+          f"registered {back - noticed:.1f} s after it, attempt 1 stopped at step {last1} "
+          f"{att[1]['ended'] - back:.1f} s after that (grown back, 0 steps lost); "
+          f"attempt 0's cause: {cause}")

@@ -170,6 +170,109 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
     assert "grows back" in record[1]["cause"] and "step 7" in record[1]["cause"]
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monkeypatch, dynamic):
+    """On Spark Connect the watch counts by a probe (docs/protocol.md 11, "Growing back on
+    Spark Connect"): nothing before the attempt's agents connected, then one barrier job of
+    the missing nodes under its own tag; once it ran, the attempt is asked to checkpoint and
+    the run goes on at its full size. (The job itself on a real Connect server:
+    test_distributor_connect.py::test_decommission_of_a_function_run_checkpoints_and_resumes.)"""
+    import threading
+    import time
+
+    calls = []
+
+    class Frame:
+        def mapInArrow(self, fn, schema, barrier=False):
+            calls.append(("mapInArrow", fn, schema, barrier))
+            return self
+
+        def collect(self):
+            return [{"t0": 1.0, "t1": 2.0}]  # the probe's one task ran
+
+    class Conf:
+        def get(self, key, default):
+            assert key == "spark.dynamicAllocation.enabled"
+            return "true" if dynamic else default
+
+    class Session:
+        conf = Conf()
+
+        def range(self, *args):
+            calls.append(("range",) + args)
+            return Frame()
+
+        def addTag(self, tag):
+            calls.append(("addTag", tag))
+
+        def removeTag(self, tag):
+            calls.append(("removeTag", tag))
+
+        def interruptTag(self, tag):
+            calls.append(("interruptTag", tag))
+
+    asked = threading.Event()
+
+    class Server:
+        agents = 0
+
+        def stats(self):
+            return {"authenticated": self.agents}
+
+        def checkpoint_all(self, why):
+            asked.set()
+            return True
+
+    times, seen = {}, []
+
+    def once(attempt, env, nodes):
+        seen.append(nodes)
+        if attempt == 0:
+            raise TorchDistributorError("TorchDistributor (distributed) failed: x",
+                                        {"node_rank": 1, "reason": "decommission",
+                                         "checkpoint_step": 8})
+        if attempt == 1:
+            times["server"] = server = Server()
+            time.sleep(0.3)  # ten of the watch's periods: no probe before its agent is there
+            assert calls == []
+            server.agents = 1
+            assert asked.wait(20), "never asked to checkpoint"
+            raise TorchDistributorError("TorchDistributor (distributed) failed: grew",
+                                        {"reason": "grow", "checkpoint_step": 12})
+        return "done"
+
+    record = []
+    monkeypatch.setattr(_restart, "_WATCH_SCALE", 0.01)
+    monkeypatch.setattr(_restart, "PROBE_HOLD_S", 0.05)
+    assert _run(once, spark=Session(), limit=1, least_slots=1, times=times,
+                record=record) == "done"
+    assert seen == [2, 1, 2]
+    assert "grows back" in record[1]["cause"] and "step 12" in record[1]["cause"]
+    tag = calls[0][1]
+    assert tag.startswith("torchspark-probe-") and len(tag) == len("torchspark-probe-") + 32
+    fn = calls[2][1]
+    assert calls[:4] == [("addTag", tag), ("range", 0, 1, 1, 1),
+                         ("mapInArrow", fn, "t0 double, t1 double", not dynamic),
+                         ("removeTag", tag)]
+    # Each task reads its batches and yields its start and end, holding its slot between
+    # (under dynamic allocation: Spark refuses barrier stages there, SPARK-24942).
+    (out,) = list(fn(iter([1, 2])))
+    t0, t1 = out.column("t0")[0].as_py(), out.column("t1")[0].as_py()
+    assert t1 - t0 >= (0.05 if dynamic else 0)
+    assert len(calls) == 4  # one probe, ended before the attempt: nothing to interrupt
+
+
+def test_a_probe_of_ordinary_tasks_counts_only_when_they_overlapped():
+    """Under dynamic allocation the probe's k tasks show k free slots only when they all
+    held their slots at once; a barrier probe's k rows are enough (Spark ran them together)."""
+    at_once = [{"t0": 0.0, "t1": 3.0}, {"t0": 2.5, "t1": 5.5}]
+    one_after_another = [{"t0": 0.0, "t1": 3.0}, {"t0": 3.1, "t1": 6.1}]
+    assert _restart.probe_ran(at_once, 2, barrier=False)
+    assert not _restart.probe_ran(one_after_another, 2, barrier=False)
+    assert _restart.probe_ran(one_after_another, 2, barrier=True)
+    assert not _restart.probe_ran(at_once[:1], 2, barrier=True)
+
+
 @pytest.mark.parametrize("mode, world, rank, want", [
     (None, 3, 0, 8), ("per_rank", 3, 2, 8), ("global", 2, 0, 12), ("global", 3, 0, 8),
     ("global", 5, 0, 5), ("global", 5, 4, 4)])

@@ -267,8 +267,11 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
         key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
     }
     tsp_json_end(w);
-    if (c->running < c->nodes && !c->remote) /* shrunk: watch for executors coming back */
+    if (c->running < c->nodes) { /* shrunk: watch for executors coming back */
         key_int(w, "watch_ms", WATCH_MS);
+        if (c->remote) /* a Connect client counts by a probe of the missing nodes (protocol 11) */
+            key_int(w, "probe", c->nodes - c->running);
+    }
     tsp_json_end(w);
 }
 
@@ -579,10 +582,9 @@ static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
     else
         snprintf(seen, sizeof seen, "%d slot(s) available after %.1fs", nodes,
                  (double)c->waited_ms / 1000.0);
-    if (nodes < c->nodes) /* a remote run is never watched: it stays smaller (protocol.md 11) */
-        snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)%s", nodes, c->nodes,
-                 c->g->min_nodes, c->min_nodes,
-                 c->remote ? ", to its end: on Spark Connect a run does not grow back" : "");
+    if (nodes < c->nodes)
+        snprintf(fewer, sizeof fewer, "; on %d of %d nodes (%s=%d)", nodes, c->nodes,
+                 c->g->min_nodes, c->min_nodes);
     int grew = c->reason && strcmp(c->reason, "grow") == 0;
     snprintf(text, sizeof text, "%s attempt %d %s: %s; %s as attempt %d of %d (%s%s)", c->g->who,
              c->attempt, grew ? "stopped" : "failed", c->causes[c->ncauses - 1],

@@ -1,6 +1,8 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import java.util.function.BooleanSupplier;
+import java.util.function.Consumer;
 
 /**
  * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
@@ -12,14 +14,27 @@ import com.fasterxml.jackson.databind.JsonNode;
 final class GrowWatch {
     private final RestartPolicy.Slots slots;
     private final TorchSparkRunner.Attempt entry;
+    private final BooleanSupplier checkpoint;
+    private final Consumer<String> warn;
+    private final double scale;
     private final Thread thread;
     private volatile boolean ended;
     private JsonNode state;
 
     GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
+        this(slots, state, firstMs, entry, null, TorchSparkRunner.LOG::warn, 1.0);
+    }
+
+    /** Tests (GrowWatchTest): checkpoint in place of the entry's log server (false: its agents
+     *  cannot be asked), warn in place of the log, every wait times scale. */
+    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
+            BooleanSupplier checkpoint, Consumer<String> warn, double scale) {
         this.slots = slots;
         this.state = state;
         this.entry = entry;
+        this.checkpoint = checkpoint != null ? checkpoint : this::askServer;
+        this.warn = warn;
+        this.scale = scale;
         this.thread = new Thread(() -> loop(firstMs), "torchspark-grow-watch");
         thread.setDaemon(true);
         thread.start();
@@ -27,7 +42,7 @@ final class GrowWatch {
 
     private boolean sleep(long ms) {
         synchronized (this) {
-            long until = System.currentTimeMillis() + ms;
+            long until = System.currentTimeMillis() + Math.round(ms * scale);
             while (!ended && System.currentTimeMillis() < until) {
                 try {
                     wait(Math.max(1, until - System.currentTimeMillis()));
@@ -55,18 +70,22 @@ final class GrowWatch {
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {
                 switch (act.path("do").asText()) {
-                    case "warn" -> TorchSparkRunner.LOG.warn("{}", act.path("text").asText());
+                    case "warn" -> warn.accept(act.path("text").asText());
                     case "watch_slots" -> waitMs = act.path("wait_ms").asLong();
-                    case "checkpoint_and_stop" -> ask(act.path("unreachable").asText());
-                    default -> TorchSparkRunner.LOG.warn("torchspark: the grow watch does not know {}", act);
+                    case "checkpoint_and_stop" -> {
+                        if (!checkpoint.getAsBoolean()) {
+                            warn.accept(act.path("unreachable").asText());
+                        }
+                    }
+                    default -> warn.accept("torchspark: the grow watch does not know " + act);
                 }
             }
         }
     }
 
     /** CHECKPOINT to the attempt's agents, once its job was submitted (it is, ~3 s after);
-     *  unreachable: the controller's warning when they cannot be asked. */
-    private void ask(String unreachable) {
+     *  false when they cannot be asked (the controller's warning `unreachable` follows). */
+    private boolean askServer() {
         long deadline = System.currentTimeMillis() + 30_000;
         while (entry.server == null && System.currentTimeMillis() < deadline && sleep(100)) {
             // the attempt's log server comes with its job
@@ -78,9 +97,7 @@ final class GrowWatch {
         } catch (IllegalStateException closed) {
             asked = false; // the attempt ended meanwhile
         }
-        if (!asked) {
-            TorchSparkRunner.LOG.warn("{}", unreachable);
-        }
+        return asked;
     }
 
     /** Stops the watch after the step in flight; the controller's state then. */

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, Any, Callable, List, Optional
+import uuid
+from typing import Dict, Any, Callable, Iterator, List, Optional
 
 from torchspark.native._lib import json_call
 from torchspark.driver._report import TorchDistributorError
@@ -94,25 +95,125 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
         return False
 
 
+def _echo(hold_s: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """The probe task's function: one row of its start and end (wall clock), holding its
+    slot hold_s in between. Nested, so that cloudpickle pickles it by value: the executors
+    run it without torchspark (which they may lack)."""
+
+    def echo(batches: Iterator[Any]) -> Iterator[Any]:
+        import time as clock
+
+        import pyarrow as pa
+
+        t0 = clock.time()
+        for _ in batches:
+            pass
+        clock.sleep(hold_s)
+        yield pa.RecordBatch.from_pydict({"t0": [t0], "t1": [clock.time()]})
+
+    return echo
+
+
+def probe_ran(rows: List[Any], k: int, barrier: bool) -> bool:
+    """Whether the probe's rows show k slots free at once: a barrier stage runs only then;
+    ordinary tasks (under dynamic allocation, where Spark refuses barrier stages) show it
+    when all k held their slots at the same moment (each started before any ended)."""
+    if len(rows) != k:
+        return False
+    return barrier or max(r["t0"] for r in rows) < min(r["t1"] for r in rows)
+
+
+# Under dynamic allocation each probe task holds its slot this long: k tasks that overlap
+# show k slots free at once (a task on a new executor waits for its Python worker first).
+PROBE_HOLD_S = 3.0
+
+
+class _Probe:
+    """Spark Connect's slot count for a smaller attempt (docs/protocol.md 11, "Growing back
+    on Spark Connect"): a barrier job of k tasks (the nodes the attempt lacks), which Spark
+    launches only when k slots are free at once (under dynamic allocation, where Spark
+    refuses barrier stages, k ordinary tasks that must overlap: probe_ran). Submitted from the watch's thread once the
+    attempt's agents all connected (its own tasks hold their slots then), again after a
+    failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
+    the watch counts at once rather than at its next period."""
+
+    def __init__(self, spark: Any, k: int, logger: Any, ran: threading.Event) -> None:
+        self.spark, self.k, self.logger, self.wake = spark, k, logger, ran
+        self.tag = f"torchspark-probe-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
+        self.done = threading.Event()
+        self.ok = False
+        self.started = False
+
+    def ran(self, ready: bool) -> bool:
+        """True once the probe ran; submits it when ready and none is waiting."""
+        if self.ok:
+            return True
+        if ready and (not self.started or self.done.is_set()):
+            self.started = True
+            self.done.clear()
+            threading.Thread(target=self._run, daemon=True,
+                             name="torchspark-slot-probe").start()
+        return False
+
+    def _run(self) -> None:
+        try:
+            self.spark.addTag(self.tag)  # this thread's operations only (Connect's tags)
+            try:
+                # Spark refuses a barrier stage under dynamic allocation (SPARK-24942):
+                # there, ordinary tasks that hold their slots PROBE_HOLD_S and must overlap.
+                barrier = self.spark.conf.get("spark.dynamicAllocation.enabled",
+                                              "false").strip().lower() != "true"
+                df = self.spark.range(0, self.k, 1, self.k)
+                rows = df.mapInArrow(_echo(0.0 if barrier else PROBE_HOLD_S),
+                                     "t0 double, t1 double", barrier=barrier).collect()
+            finally:
+                self.spark.removeTag(self.tag)
+            self.ok = probe_ran(rows, self.k, barrier)
+            if self.ok:
+                self.wake.set()  # the watch counts now, not at its next period
+        except Exception as e:  # interrupted, or Spark's barrier slot check gave up
+            self.logger.debug(f"torchspark: the slot probe ended without its {self.k} task(s) "
+                              f"({e!r}); it is submitted again at the next count")
+        finally:
+            self.done.set()
+
+    def cancel(self) -> None:
+        if self.started and not self.ok and not self.done.is_set():
+            try:
+                self.spark.interruptTag(self.tag)
+            except Exception:  # the session is gone: nothing left to cancel
+                pass
+
+
 class _Watch:
     """A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"): from its own
-    thread while the attempt runs, counts the slots when the controller says, sends them and
-    performs its answers (warn, watch_slots, checkpoint_and_stop through the attempt's log
-    server, which times["server"] holds). end() waits for the step in flight, so the
-    attempt's own event follows the last state."""
+    thread while the attempt runs, counts the slots when the controller says (on Spark
+    Connect by the submit's probe of `probe` tasks: _Probe), sends them and performs its
+    answers (warn, watch_slots, checkpoint_and_stop through the attempt's log server, which
+    times["server"] holds). end() waits for the step in flight, so the attempt's own event
+    follows the last state."""
 
-    def __init__(self, spark: Any, state: Dict[str, Any], first_ms: int, logger: Any,
+    def __init__(self, spark: Any, state: Dict[str, Any], submit: Dict[str, Any], logger: Any,
                  times: Dict[str, Any]) -> None:
         self.spark, self.state, self.logger, self.times = spark, state, logger, times
+        self.nodes = int(submit["nodes"])
         self.ended = threading.Event()
+        self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
+        self.probe = (_Probe(spark, int(submit["probe"]), logger, self.wake)
+                      if submit.get("probe") else None)
+        first_ms = submit["watch_ms"]
         self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
                                        name="torchspark-grow-watch")
         self.thread.start()
 
     def _loop(self, wait_ms: Optional[int]) -> None:
-        while wait_ms is not None and not self.ended.wait(wait_ms / 1000 * _WATCH_SCALE):
+        while wait_ms is not None:
+            self.wake.wait(wait_ms / 1000 * _WATCH_SCALE)
+            self.wake.clear()
+            if self.ended.is_set():
+                return
             t0 = time.monotonic()
-            free = count_slots(self.spark, 0, 0)
+            free = self._count()
             reply = step(self.state, {"event": "slots", "free": free,
                                       "waited_ms": int((time.monotonic() - t0) * 1000)})
             self.state, wait_ms = reply["state"], None
@@ -123,6 +224,13 @@ class _Watch:
                     wait_ms = act["wait_ms"]
                 elif act["do"] == "checkpoint_and_stop":
                     self._ask(act["unreachable"])
+
+    def _count(self) -> Optional[int]:
+        if self.probe is None:
+            return count_slots(self.spark, 0, 0)
+        server = self.times.get("server")
+        ready = server is not None and server.stats()["authenticated"] >= self.nodes
+        return self.nodes + (self.probe.k if self.probe.ran(ready) else 0)
 
     def _ask(self, unreachable: str) -> None:
         # The attempt's log server, once its job was submitted (it is, ~3 s after submit).
@@ -136,7 +244,10 @@ class _Watch:
 
     def end(self) -> Dict[str, Any]:
         self.ended.set()
+        self.wake.set()
         self.thread.join()
+        if self.probe is not None:
+            self.probe.cancel()
         return self.state
 
 
@@ -173,7 +284,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 rec.append(entry)
                 if times is not None:
                     times.clear()
-                watch = (_Watch(spark, state, act["watch_ms"], logger, times)
+                watch = (_Watch(spark, state, act, logger, times)
                          if act.get("watch_ms") and times is not None else None)
                 try:
                     result = run_once(act["attempt"], act["env"], act["nodes"])

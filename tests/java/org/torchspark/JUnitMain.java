@@ -13,7 +13,7 @@ public final class JUnitMain {
     public static void main(String[] args) {
         Class<?>[] classes = {NativeLoaderTest.class, JniTest.class, RunnerTest.class, ProcessTreesTest.class,
             PluginTest.class, RendezvousTest.class, ContractTest.class, HangDoctorTest.class,
-            OutputLimitTest.class, GangTest.class};
+            OutputLimitTest.class, GangTest.class, GrowWatchTest.class};
         JUnitCore core = new JUnitCore();
         core.addListener(new TextListener(System.out));
         Result r = core.run(classes);
