@@ -21,6 +21,7 @@ import java.util.Set;
 import java.util.stream.Stream;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.resource.ResourceInformation;
 import scala.Function1;
@@ -147,7 +148,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             nproc = Math.max(1, nproc);
         }
         Election.Result elected = null;
-        Path workdir = Files.createTempDirectory("torchspark-");
+        Path workdir = Files.createTempDirectory(workRoot(), "torchspark-");
         try {
             String packed = "";
             if (nodeRank == 0) {
@@ -226,6 +227,23 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
             deleteTree(workdir);
         }
+    }
+
+    /** Where a node's work directory goes: a local directory of this executor's application
+     *  (SPARK_EXECUTOR_DIRS, YARN's LOCAL_DIRS, spark.local.dir), which Spark and the cluster
+     *  manager remove with the application: an executor that dies before the task's own
+     *  cleanup (SIGKILL, a preemption's exit halting it mid-way) leaves no
+     *  /tmp/torchspark-* behind. java.io.tmpdir outside an executor. */
+    static Path workRoot() {
+        SparkEnv env = SparkEnv.get();
+        if (env != null) {
+            try {
+                return Paths.get(org.apache.spark.util.Utils.getLocalDir(env.conf()));
+            } catch (RuntimeException e) {
+                // java.io.tmpdir
+            }
+        }
+        return Paths.get(System.getProperty("java.io.tmpdir"));
     }
 
     /** Whether the agent delivered rank 0's output to the driver, from the status document it
