@@ -241,8 +241,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         if (env != null) {
             try {
                 return Paths.get(org.apache.spark.util.Utils.getLocalDir(env.conf()));
-            } catch (RuntimeException e) {
-                // java.io.tmpdir
+            } catch (RuntimeException | LinkageError e) {
+                // java.io.tmpdir (a jar built against another Spark: its signature differs)
             }
         }
         return Paths.get(System.getProperty("java.io.tmpdir"));
