@@ -186,11 +186,11 @@ static int output_status_path(char *dst, size_t n, const char *path)
     return snprintf(dst, n, "%s.status", path) >= (int)n ? -ENAMETOOLONG : 0;
 }
 
-/* Writes PATH.status (docs/cli.md --output-file): {"output": "delivered"|"failed",
+/* Writes PATH.status (docs/cli.md --output-file): {"output": "delivered"|"failed"|"refused",
  * "bytes": N, "sha256": "<hex>"|null, "error": "..."|null}, atomically (a temporary file, then
  * rename), so that a caller reads the outcome, never half a document. */
-static void write_output_status(const char *path, long long bytes, const char *sha256,
-                                const char *error)
+static void write_output_status(const char *path, const char *outcome, long long bytes,
+                                const char *sha256, const char *error)
 {
     char dst[PATH_MAX], tmp[PATH_MAX + 32];
     if (output_status_path(dst, sizeof dst, path) ||
@@ -205,7 +205,7 @@ static void write_output_status(const char *path, long long bytes, const char *s
         tsp_json_writer_init(&w, f);
         tsp_json_begin_object(&w);
         tsp_json_key(&w, "output");
-        tsp_json_str(&w, sha256 ? "delivered" : "failed");
+        tsp_json_str(&w, outcome);
         tsp_json_key(&w, "bytes");
         tsp_json_int(&w, bytes);
         tsp_json_key(&w, "sha256");
@@ -224,7 +224,9 @@ static void write_output_status(const char *path, long long bytes, const char *s
 
 /* After success, node 0 ships rank 0's output file to the driver and states the outcome in
  * PATH.status. A failure is loud but does not change the exit status: training did succeed,
- * and the caller, whose status says "failed", sends the file another way (collect()). */
+ * and the caller, whose status says "failed", sends the file another way (collect()); one
+ * the driver refused for its size ("refused": over spark.driver.maxResultSize) goes no
+ * other way, the driver raises its own sentence. */
 static void ship_output(const char *endpoint, const char *secret_hex, const char *path)
 {
     tsp_output_opts_t oo;
@@ -238,15 +240,16 @@ static void ship_output(const char *endpoint, const char *secret_hex, const char
     tsp__hex_decode(secret_hex, oo.secret, sizeof oo.secret);
     oo.host = host;
     oo.digest_out = digest;
-    if (tsp_output_send(&oo, path, err, sizeof err) != 0) {
+    int rc = tsp_output_send(&oo, path, err, sizeof err);
+    if (rc != 0) {
         fprintf(stderr,
                 "torchspark-run: error: training succeeded, but its output %s did not "
                 "reach the driver: %s\n",
                 path, err);
-        write_output_status(path, bytes, NULL, err);
+        write_output_status(path, rc == -EFBIG ? "refused" : "failed", bytes, NULL, err);
     } else {
         tsp__hex_encode(digest, sizeof digest, hex);
-        write_output_status(path, bytes, hex, NULL);
+        write_output_status(path, "delivered", bytes, hex, NULL);
         unlink(path); /* delivered, as PATH.status says: the driver holds it now */
     }
 }

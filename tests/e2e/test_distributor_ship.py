@@ -28,6 +28,8 @@ def spark(tmp_path_factory):
     # Its own: the executors run another Python (PYSPARK_PYTHON, fixed per context).
     s = tsp_spark.session("local-cluster[2,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": MARK_VALUE,
+        # Fixed when the context starts; every result here but the one over it is small.
+        "spark.driver.maxResultSize": "10m",
     }, python=python)
     s.python_for_test = python
     yield s
@@ -112,3 +114,24 @@ def test_executor_of_another_platform_is_one_clear_error(spark, monkeypatch):
     here = f"{os.uname().sysname}-{os.uname().machine}"
     assert f"runs {here}, but the driver's torchspark was built for Linux-riscv64" in msg
     assert f"Python {spark.python_for_test}" in msg and "install torchspark" in msg, msg
+
+
+def _eleven_mib():
+    return b"x" * (11 << 20)
+
+
+def test_a_result_over_max_result_size_is_the_drivers_error(spark):
+    # Rank 0's 11 MiB result, over this session's spark.driver.maxResultSize (10m): the
+    # driver's log server refuses it for good (docs/protocol.md 1.6, the ERROR frame's
+    # OVER_LIMIT flag), the agent says "refused" and the task sends nothing through
+    # collect(): run() raises the driver's sentence. Before, the agent tried 3 times and the
+    # task sent the result through collect(), past the same bound (Spark's abort here; at
+    # 1 GiB the executor's OutOfMemoryError, and the user saw neither sentence).
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    with pytest.raises(TorchDistributorError) as e:
+        d.run(_eleven_mib)
+    msg = str(e.value)
+    assert "is over spark.driver.maxResultSize (10485760 bytes), the most the driver keeps in " \
+           "memory: return less" in msg, msg
+    assert "through collect()" not in msg, msg
+    assert tsp_spark.wait_gone(MARK_VALUE, 2) == []

@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -65,14 +66,45 @@ def _finish(tmp_path, p, files) -> tuple:
     return jvmutil.parse_output((tmp_path / "app.out").read_text(errors="replace")), err
 
 
+def _workdirs(mark: str, p, into: set) -> None:
+    """Until p ends: into gets the work directory of every node of the job marked mark (its
+    agent's TORCHSPARK_CHECKPOINT_REQUEST names a file there)."""
+    key = b"TORCHSPARK_CHECKPOINT_REQUEST="
+    while p.poll() is None:
+        for pid in tsp_spark.job_processes(mark):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    into.update(os.path.dirname(e[len(key):].decode()) for e in f.read().split(b"\0")
+                                if e.startswith(key))
+            except OSError:
+                pass
+        time.sleep(0.3)
+
+
+def _check_no_workdir_left(workdirs: set) -> None:
+    """No node's work directory is left once the application ended, a killed executor's
+    neither (its JVM dies before its task's own cleanup: a SIGKILL, or a SIGTERM's exit
+    halting it mid-way): they live in the application's local directories, which Spark
+    removes with it. Before, /tmp/torchspark-<digits> stayed (empty, or with the files of a
+    cleanup cut short)."""
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(d) for d in workdirs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(workdirs) >= 3 and not [d for d in workdirs if os.path.exists(d)], workdirs
+
+
 def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run: bool,
-                  sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF, node: int = 1):
+                  sig: int = signal.SIGKILL, opts: tuple = (), conf: dict = CONF, node: int = 1,
+                  workdirs: set = None):
     """TrainApp restart; sends sig (SIGKILL) to node `node`'s (1's) executor once attempt 0 ran
     `after` steps (with the option "zero", SIGKILL again once the maxRestarts(0) run ran 4 steps).
     Returns (TrainApp's lines, its stderr, [(kill time, newest checkpoint step)...,
-    {checkpoint step: when first seen complete, after a SIGPWR or SIGTERM}])."""
+    {checkpoint step: when first seen complete, after a SIGPWR or SIGTERM}]); workdirs (a set)
+    gets each node's work directory."""
     opts = opts + (("fail",) if fail_run else ())
     mark, p, files = _start(tmp_path, max_restarts, steps, opts, conf, plugin=sig != signal.SIGKILL)
+    if workdirs is not None:
+        threading.Thread(target=_workdirs, args=(mark, p, workdirs), daemon=True).start()
     kills = [(tmp_path, after, sig)] + ([(tmp_path / "zero", 4, signal.SIGKILL)] if "zero" in opts else [])
     killed: list = []
     seen: dict = {}
@@ -102,9 +134,12 @@ def _run_and_kill(tmp_path, max_restarts: int, steps: int, after: int, fail_run:
 
 def test_runner_resumes_after_an_executor_is_killed(tmp_path):
     steps = 16
-    out, err, killed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=True, opts=("zero",))
+    workdirs: set = set()
+    out, err, killed = _run_and_kill(tmp_path, -1, steps, 8, fail_run=True, opts=("zero",),
+                                     workdirs=workdirs)
     killed = killed[:1]
     assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    _check_no_workdir_left(workdirs)
     recovery = check_resumed(_steplog(tmp_path / "steplog"), killed, 1, steps)
     # Attempt 1 learnt its number and attempt 0's root cause (the lost executor); its lines
     # carry the attempt.
@@ -175,9 +210,11 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
     # starts a replacement executor, the driver asks attempt 1 to checkpoint and stop (the
     # log channel's CHECKPOINT) and attempt 2 runs on 2 nodes from that step (6 steps).
     # Fails on a runner without the grow watch: attempt 1 never stops (100,000 steps).
+    workdirs: set = set()
     out, err, noticed = _run_and_kill(tmp_path, -1, 100000, 8, fail_run=False, sig=signal.SIGTERM,
-                                      opts=("onrequest", "elastic", "grow"))
+                                      opts=("onrequest", "elastic", "grow"), workdirs=workdirs)
     assert out["RESTART"] == ["ok"], (out, err[-4000:])
+    _check_no_workdir_left(workdirs)
     log = _steplog(tmp_path / "steplog")
     assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1", "2"], log
     first, second, third = ([s for a, s, _ in log if a == k] for k in "012")

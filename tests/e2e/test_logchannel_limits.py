@@ -228,6 +228,7 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
 def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
     from tests.e2e.test_output_channel import _ship
     from torchspark.native._native import LogServer
+    from torchspark.task import _task
 
     srv = LogServer()
     try:
@@ -238,12 +239,19 @@ def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path)
         p, out = _ship(tmp_path, srv, 3 << 20)
         assert p.returncode == 0, p.stderr
         status = json.loads((tmp_path / "result.bin.status").read_text())
-        assert status["output"] == "failed", status
+        # A refusal for good (the ERROR frame's OVER_LIMIT flag, docs/protocol.md 1.6): tried
+        # once, never retried; and the task glue does not send it through collect() either
+        # (before: "failed", 3 attempts, then collect(): an executor's OutOfMemoryError at
+        # 1 GiB instead of the driver's sentence).
+        assert status["output"] == "refused", status
         assert ("output of 3145728 bytes is over spark.driver.maxResultSize (2097152 bytes)"
                 in status["error"]), status
         assert "TorchSparkRunner.outputPath" in status["error"], status
-        assert not srv.wait_output(0.1)
-        assert out.stat().st_size == 3 << 20, "the agent keeps it for collect()"
+        assert srv.stats()["rejected"] == 1, srv.stats()
+        t0 = time.monotonic()
+        assert not srv.wait_output(30)  # the driver knows at once: no wait for a retry
+        assert time.monotonic() - t0 < 5
+        assert _task.result_file(True, str(out), True) is None
     finally:
         srv.close()
     # Under the limit, and "0" (no limit), it arrives.

@@ -169,11 +169,17 @@ END_TEST
 START_TEST(test_agent_exits_after_stop_are_not_failures)
 {
     setup();
-    /* rank 0 exits later but its error file says it failed first */
-    const char *script = "if [ $LOCAL_RANK = 0 ]; then "
-                         "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
-                         "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
-                         "$TORCHELASTIC_ERROR_FILE; sleep 0.3; exit 1; fi; sleep 0.1; exit 2";
+    /* rank 0 would exit later but its error file says it failed first; rank 1 exits once
+     * that file is written (an order, not a race of sleeps: a loaded host once started rank
+     * 1's shell so late that rank 0's 0.3 s sleep ended first) */
+    char script[768];
+    snprintf(script, sizeof script,
+             "if [ $LOCAL_RANK = 0 ]; then "
+             "printf '{\"message\": {\"message\": \"ValueError: boom\", \"extraInfo\": "
+             "{\"py_callstack\": \"Traceback: boom\", \"timestamp\": \"1000\"}}}' > "
+             "$TORCHELASTIC_ERROR_FILE; touch %s/r0; sleep 30; exit 1; fi; "
+             "while [ ! -e %s/r0 ]; do sleep 0.01; done; exit 2",
+             dir, dir);
     tsp_agent_t *a;
     tsp_agent_opts_t o = {.console_out = 1, .console_err = 2, .log_fd = 2};
     /* rank 1 exits first (code 2) and stops rank 0 with SIGTERM before rank 0's own

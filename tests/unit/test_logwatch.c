@@ -277,6 +277,50 @@ START_TEST(test_logwatch_answer_is_the_recorder_line)
 }
 END_TEST
 
+/* Rank 0 importing torch (its workers still start), its innermost frame at line `at`. */
+static void importing_answer(tsp_logclient_t *c, agent_fx_t *a, int at)
+{
+    char m[160];
+    snprintf(m, sizeof m, "torchspark: stack dump #%u of rank 0 (host h, pid 5): state R (running)",
+             atomic_load(&a->last));
+    say(c, 0, m);
+    say(c, 0, "Current thread 0x1 (most recent call first):");
+    snprintf(m, sizeof m, "  File \"/x/torch/overrides.py\", line %d in decorator", at);
+    say(c, 0, m);
+    say(c, 0, "  File \"<frozen importlib._bootstrap>\", line 1176 in _find_and_load");
+    say(c, 0, "  File \"/job/train.py\", line 3 in <module>");
+    say(c, 0, "torchspark: flight recorder: not available (torch.distributed is not initialized)");
+}
+
+/* Workers still starting (importing torch takes a minute on a loaded host) are no hang while
+ * their stacks move from dump to dump: past the 3 dumps after which the old rule named them
+ * (a fresh-clone run's JVM hang test: both ranks still importing at the 4th dump, named
+ * together, the exception's rank and host null); once 3 dumps in a row found the stacks of
+ * the one before, the stuck import is named. */
+START_TEST(test_logwatch_starting_workers_are_named_once_stuck)
+{
+    tsp_logserver_t *s = watch_server(200, "cancel", 1);
+    agent_fx_t a = {0};
+    tsp_logclient_t *c = agent(s, &a);
+    for (int i = 1; i <= 7; i++) {
+        ck_assert_int_eq(wait_dumps(&a, i, 10000), i);
+        ck_assert_ptr_null(event(s, 0)); /* the dumps before this one named nothing */
+        importing_answer(c, &a, 100 + (i < 4 ? i : 4)); /* it moves, then it is stuck */
+    }
+    char *ev = event(s, 15000);
+    ck_assert_ptr_nonnull(ev);
+    char *starting = field(ev, "diagnosis.starting"), *culprits = field(ev, "diagnosis.culprits");
+    char *file = field(ev, "stacks_file");
+    ck_assert_str_eq(starting, "true");
+    ck_assert_str_eq(culprits, "[0]");
+    ck_assert_int_eq(atomic_load(&a.dumps), 7);
+    unlink(file);
+    free(starting), free(culprits), free(file);
+    tsp_logclient_close(c, 5000);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 START_TEST(test_logwatch_bad_settings_are_named)
 {
     tsp_logserver_opts_t o;
@@ -303,6 +347,7 @@ static Suite *logwatch_suite(void)
     tcase_add_test(tc, test_logwatch_silent_job_is_named_and_cancelled);
     tcase_add_test(tc, test_logwatch_line_restarts_the_clock_and_report_goes_on);
     tcase_add_test(tc, test_logwatch_answer_is_the_recorder_line);
+    tcase_add_test(tc, test_logwatch_starting_workers_are_named_once_stuck);
     tcase_add_test(tc, test_logwatch_bad_settings_are_named);
     suite_add_tcase(s, tc);
     return s;

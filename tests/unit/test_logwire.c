@@ -113,6 +113,16 @@ START_TEST(test_logwire_hdr_rejections)
     tsp_wire_hdr_pack(b, &ack);
     ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
                      -EBADMSG);
+    /* ERROR's one flag, OVER_LIMIT (protocol 1.6); no other */
+    tsp_wire_hdr_t e = {
+        .type = TSP_WIRE_ERROR, .flags = TSP_WIRE_ERROR_OVER_LIMIT, .rank = -1, .length = 5};
+    tsp_wire_hdr_pack(b, &e);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err), 0);
+    ck_assert_uint_eq(g.flags, TSP_WIRE_ERROR_OVER_LIMIT);
+    e.flags = 2;
+    tsp_wire_hdr_pack(b, &e);
+    ck_assert_int_eq(tsp_wire_hdr_unpack(&g, b, 12, TSP_WIRE_MAX_PAYLOAD, err, sizeof err),
+                     -EBADMSG);
 }
 END_TEST
 

@@ -146,7 +146,8 @@ TSP_EXTERN int tsp_logserver_output_limit(tsp_logserver_t *s, const char *max_re
  * carry MAC'ed, numbered records in clear. An agent that offers only the other mode is
  * refused with a sentence. 0, or -EINVAL for another value. */
 TSP_EXTERN int tsp_logserver_encryption(tsp_logserver_t *s, int on);
-/* Waits for the output: 0 received and verified; -ETIMEDOUT; -ENOENT none expected. */
+/* Waits for the output: 0 received and verified; -ETIMEDOUT; -ENOENT none expected; -EFBIG
+ * at once when it was refused for its size (output_limit: no retry can bring it). */
 TSP_EXTERN int tsp_logserver_output_wait(tsp_logserver_t *s, int timeout_ms);
 /* After output_wait returned 0: the data (memory mode; NULL for a file) and its length. */
 TSP_EXTERN int tsp_logserver_output_data(tsp_logserver_t *s, const void **data, uint64_t *len);

@@ -28,7 +28,8 @@ typedef struct tsp_output_opts {
 
 TSP_EXTERN void tsp_output_opts_init(tsp_output_opts_t *o);
 /* Sends the file at path. 0 once the driver confirmed length and digest; -errno with a
- * sentence in err otherwise (-EACCES: the driver refused, -ENOENT: no such file). */
+ * sentence in err otherwise (-EACCES: the driver refused, -ENOENT: no such file, -EFBIG: the
+ * output is over the driver's limit, spark.driver.maxResultSize: not retried). */
 TSP_EXTERN int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err,
                                size_t errlen);
 

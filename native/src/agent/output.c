@@ -180,9 +180,9 @@ static int ship(tsp__tls_t *sock, const uint8_t *secret, int file, uint64_t tota
         return tsp__err(err, errlen, rc, "no confirmation of the output: %s", DRIVER_HUNG_UP);
     if (rc)
         return rc;
-    if (h.type == TSP_WIRE_ERROR) {
-        return tsp__err(err, errlen, -EBADMSG, "the driver refused the output: %.*s", (int)h.length,
-                        (char *)buf);
+    if (h.type == TSP_WIRE_ERROR) { /* OVER_LIMIT: for good, no retry (protocol 1.6) */
+        return tsp__err(err, errlen, (h.flags & TSP_WIRE_ERROR_OVER_LIMIT) ? -EFBIG : -EBADMSG,
+                        "the driver refused the output: %.*s", (int)h.length, (char *)buf);
     }
     if (early || h.type != TSP_WIRE_OUT_DONE ||
         CRYPTO_memcmp(buf, keyed, TSP_WIRE_DIGEST_LEN) != 0) {
@@ -234,7 +234,7 @@ int tsp_output_send(const tsp_output_opts_t *o, const char *path, char *err, siz
             tsp__tls_close(sock);
         }
         close(file);
-        if (rc == 0 || rc == -EACCES)
+        if (rc == 0 || rc == -EACCES || rc == -EFBIG)
             break;
     }
     free(buf);

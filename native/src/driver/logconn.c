@@ -34,8 +34,13 @@ static void conn_who(const conn_t *c, char *out, size_t n)
         snprintf(out, n, "%s", c->peer);
 }
 
-/* Drops a connection with a reason: logged, told to the peer (best effort), counted. */
 void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
+{
+    tsp__conn_reject_flags(s, c, 0, why);
+}
+
+/* Drops a connection with a reason: logged, told to the peer (best effort), counted. */
+void tsp__conn_reject_flags(tsp_logserver_t *s, conn_t *c, unsigned flags, const char *why)
 {
     char who[400];
     conn_who(c, who, sizeof(who));
@@ -51,10 +56,10 @@ void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why)
     s->q.st.rejected++;
     pthread_mutex_unlock(&s->q.mu);
     size_t n = strlen(why);
-    tsp__conn_send(s, c, TSP_WIRE_ERROR, why,
-                   n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT
-                   : n                   ? n
-                                         : 1);
+    tsp__conn_send_flags(s, c, TSP_WIRE_ERROR, flags, why,
+                         n > TSP_WIRE_MAX_TEXT ? TSP_WIRE_MAX_TEXT
+                         : n                   ? n
+                                               : 1);
     if (c->state == C_OPEN && c->h.role == TSP_WIRE_ROLE_OUTPUT) {
         /* An agent in the middle of its chunks: closing with its data unread would reset
          * the connection and lose the reason. The transfer is given up now (a retry may
@@ -429,7 +434,8 @@ static int conn_parse(tsp_logserver_t *s, conn_t *c)
         c->cap = 0;
     }
     if (rc < 0 && rc != -EAGAIN) {
-        tsp__conn_reject(s, c, err);
+        /* Only tsp__outrecv_begin says -EFBIG: the output is over the driver's limit. */
+        tsp__conn_reject_flags(s, c, rc == -EFBIG ? TSP_WIRE_ERROR_OVER_LIMIT : 0, err);
         return rc;
     }
     if (rc == 1) {

@@ -7,6 +7,8 @@
 
 /* Drops the connection with a reason: logged, told to the peer, counted. */
 void tsp__conn_reject(tsp_logserver_t *s, conn_t *c, const char *why);
+/* The same with the ERROR frame's header flags (TSP_WIRE_ERROR_*). */
+void tsp__conn_reject_flags(tsp_logserver_t *s, conn_t *c, unsigned flags, const char *why);
 /* Reads what the socket has and handles it. 0 while the connection lives. */
 int tsp__conn_read(tsp_logserver_t *s, conn_t *c);
 /* Writable again: sends what the buffer holds and re-arms. */

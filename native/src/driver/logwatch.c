@@ -26,9 +26,12 @@
 #define TICK_MS 100         /* while collecting */
 #define QUIET_MS 500        /* a dump is complete once every rank answered, quiet this long */
 #define COLLECT_MAX_MS 5000 /* ... or after this */
-/* A dump that finds the workers still starting (no rank has a Python stack yet, protocol
- * 1.11) restarts the clock silently this many times at most: then it is named. */
+/* A dump that finds the workers still starting (a rank has no Python stack yet or is
+ * importing, protocol 1.11) restarts the clock silently while they move: an import of torch
+ * takes a minute on a loaded host. It is named once this many such dumps in a row found the
+ * same stacks (an import that is stuck), or after MAX_START_DUMPS in all. */
 #define MAX_STARTS 3
+#define MAX_START_DUMPS 30
 #define STOP_CUT 390 /* the STOP text: "the hang doctor cancelled the run: " + the line */
 
 typedef struct tsp__watch {
@@ -42,6 +45,8 @@ typedef struct tsp__watch {
     int asked;            /* a dump was answered: the next needs a line or report since */
     uint64_t armed;       /* the line count then (a count: a clock's ms can be the same) */
     int starts;           /* dumps that found the workers still starting */
+    int same;             /* ... in a row with the same stacks as the one before */
+    uint64_t start_fp;    /* the last such dump's stacks_fingerprint */
     uint32_t request;     /* the DUMP being collected (0: none) */
     int64_t from;         /* the silence's start of that DUMP */
     int64_t dumped;       /* when it was sent */
@@ -422,15 +427,39 @@ static void stopped(tsp_logserver_t *s, const char *why)
         publish(s, ev);
 }
 
-/* A diagnosis that is not a hang yet (the workers still start) restarts the clock;
- * otherwise the event, the stacks file and, with "cancel", STOP to every agent. */
+/* FNV-1a of the stacks without their markers (whose request number and process state
+ * differ from dump to dump): the same value when no rank moved. */
+static uint64_t stacks_fingerprint(const char *t, size_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    if (!t)
+        return h;
+    for (const char *p = t, *end = t + n; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        nl = nl ? nl + 1 : end;
+        if (!memmem(p, (size_t)(nl - p), "torchspark: stack dump #", 24))
+            for (const char *q = p; q < nl; q++)
+                h = (h ^ (unsigned char)*q) * 1099511628211ull;
+        p = nl;
+    }
+    return h;
+}
+
+/* A diagnosis that is not a hang yet (the workers still start, and moved since the last
+ * such dump) restarts the clock; otherwise the event, the stacks file and, with "cancel",
+ * STOP to every agent. */
 static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const tsp__hang_out_t *d, int64_t now)
 {
-    if (d->starting && w->starts < MAX_STARTS) {
-        w->starts++;
-        w->started = now; /* nothing said: the clock starts again */
-        w->asked = 0;
-        return;
+    if (d->starting && w->starts < MAX_START_DUMPS) {
+        uint64_t fp = stacks_fingerprint(d->stacks, d->stacks_len);
+        w->same = w->starts && fp == w->start_fp ? w->same + 1 : 0;
+        w->start_fp = fp;
+        if (w->same < MAX_STARTS) {
+            w->starts++;
+            w->started = now; /* nothing said: the clock starts again */
+            w->asked = 0;
+            return;
+        }
     }
     w->asked = 1;
     w->armed = w->lines;

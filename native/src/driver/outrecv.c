@@ -115,6 +115,7 @@ int tsp__outrecv_expect(tsp__outrecv_t *o, const char *path)
         free(o->path);
         o->path = path ? strdup(path) : NULL;
         o->err[0] = 0;
+        o->refused = 0;
         o->state = (path && !o->path) ? TSP__OUT_NONE : TSP__OUT_WAIT;
         rc = o->state == TSP__OUT_WAIT ? 0 : -ENOMEM;
     }
@@ -254,13 +255,16 @@ int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err
         goto out;
     }
     if (!o->path && o->max_mem && total > o->max_mem) {
-        rc = fail_locked(o, err, errlen,
-                         "rank 0's output of %llu bytes is over spark.driver.maxResultSize "
-                         "(%llu bytes), the most the driver keeps in memory: return less (write "
-                         "large results to shared storage and return their paths), raise "
-                         "spark.driver.maxResultSize (0: no limit), or, from the JVM, receive "
-                         "it into a file (TorchSparkRunner.outputPath)",
-                         (unsigned long long)total, (unsigned long long)o->max_mem);
+        (void)fail_locked(o, err, errlen,
+                          "rank 0's output of %llu bytes is over spark.driver.maxResultSize "
+                          "(%llu bytes), the most the driver keeps in memory: return less (write "
+                          "large results to shared storage and return their paths), raise "
+                          "spark.driver.maxResultSize (0: no limit), or, from the JVM, receive "
+                          "it into a file (TorchSparkRunner.outputPath)",
+                          (unsigned long long)total, (unsigned long long)o->max_mem);
+        rc = -EFBIG;
+        o->refused = 1;
+        pthread_cond_broadcast(&o->cv);
         goto out;
     }
     if (o->path) {
@@ -524,10 +528,13 @@ int tsp__outrecv_wait(tsp__outrecv_t *o, int timeout_ms)
     tsp__deadline_in(&dl, timeout_ms);
     pthread_mutex_lock(&o->mu);
     int rc = 0;
-    while (o->state != TSP__OUT_OK && o->state != TSP__OUT_NONE && rc != ETIMEDOUT)
+    while (o->state != TSP__OUT_OK && o->state != TSP__OUT_NONE && !o->refused && rc != ETIMEDOUT)
         rc = timeout_ms < 0 ? pthread_cond_wait(&o->cv, &o->mu)
                             : pthread_cond_timedwait(&o->cv, &o->mu, &dl);
-    int out = o->state == TSP__OUT_OK ? 0 : o->state == TSP__OUT_NONE ? -ENOENT : -ETIMEDOUT;
+    int out = o->state == TSP__OUT_OK     ? 0
+              : o->state == TSP__OUT_NONE ? -ENOENT
+              : o->refused                ? -EFBIG
+                                          : -ETIMEDOUT;
     pthread_mutex_unlock(&o->mu);
     return out;
 }

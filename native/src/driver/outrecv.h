@@ -23,6 +23,7 @@ typedef struct tsp__outrecv {
     char *path;       /* NULL: memory */
     char *tmp;        /* file mode: the new file beside path, renamed over it once verified */
     uint64_t max_mem; /* memory mode: larger outputs are refused at OUT_BEGIN (0: none) */
+    int refused;      /* one was refused for its size: the wait ends (-EFBIG) */
     int fd;
     uint8_t *mem;  /* memory mode: mmap'ed, total bytes */
     uint8_t *ring; /* file mode: received bytes not yet hashed and written */
@@ -43,7 +44,8 @@ typedef struct tsp__outrecv {
 } tsp__outrecv_t;
 
 int tsp__outrecv_init(tsp__outrecv_t *o, int wake_fd);
-/* Host side: accept one transfer (path NULL: memory); wait for it (0/-ETIMEDOUT/-ENOENT). */
+/* Host side: accept one transfer (path NULL: memory); wait for it (0/-ETIMEDOUT/-ENOENT, or
+ * -EFBIG once one was refused for its size). */
 int tsp__outrecv_expect(tsp__outrecv_t *o, const char *path);
 int tsp__outrecv_wait(tsp__outrecv_t *o, int timeout_ms);
 /* Host side: spark.driver.maxResultSize for memory mode (tsp_logserver_output_limit). */
@@ -51,6 +53,7 @@ int tsp__outrecv_limit(tsp__outrecv_t *o, const char *size, char *err, size_t er
 void tsp__outrecv_close(tsp__outrecv_t *o);
 /* Thread side. Each returns 0 or -errno with a reason in err. */
 int tsp__outrecv_claim(tsp__outrecv_t *o, void *owner, char *err, size_t errlen);
+/* -EFBIG: total is over the memory limit, a refusal no retry can change (protocol 1.6). */
 int tsp__outrecv_begin(tsp__outrecv_t *o, void *owner, uint64_t total, char *err, size_t errlen);
 /* An OUT_CHUNK header of len bytes, with the first `have` payload bytes already buffered
  * at p; the rest is read by tsp__outrecv_recv straight into its destination. */

@@ -180,8 +180,10 @@ int tsp_wire_hdr_unpack(tsp_wire_hdr_t *h, const uint8_t *buf, size_t len, uint3
         if (h->flags & ~3u)
             return tsp__err(err, errlen, -EBADMSG, "LINE frame with unknown flags 0x%02x",
                             h->flags);
-    } else if (h->type == TSP_WIRE_WELCOME && !h->stream && !(h->flags & ~1u)) {
-        /* flags bit0: CONTROL accepted (protocol 1.7) */
+    } else if ((h->type == TSP_WIRE_WELCOME || h->type == TSP_WIRE_ERROR) && !h->stream &&
+               !(h->flags & ~1u)) {
+        /* flags bit0: WELCOME's CONTROL accepted (protocol 1.7); ERROR's OVER_LIMIT, an
+         * output the driver refuses for good (1.6) */
     } else if (h->flags || h->stream) {
         return tsp__err(err, errlen, -EBADMSG, "%s frame with non-zero flags or stream",
                         tsp_wire_type_name(h->type));

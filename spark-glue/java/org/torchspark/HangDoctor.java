@@ -39,6 +39,8 @@ final class HangDoctor extends Thread {
     private volatile HangAnalysis.Diagnosis cancelled;
     private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
     private volatile boolean stopping;
+    /** Held while an event is taken and performed: finish()'s drain waits for one in hand. */
+    private final Object taking = new Object();
 
     /** Turns the server's watchdog on for world ranks; say: where its lines go (the driver's
      *  stderr). */
@@ -72,7 +74,12 @@ final class HangDoctor extends Thread {
     /** Performs one event of the server's watchdog: prints its lines as they are, keeps its
      *  diagnosis; false when none came. */
     private boolean take(int timeoutMs) {
-        String json = server.hangEvent(timeoutMs);
+        synchronized (taking) {
+            return perform(server.hangEvent(timeoutMs));
+        }
+    }
+
+    private boolean perform(String json) {
         if (json == null) {
             return false;
         }

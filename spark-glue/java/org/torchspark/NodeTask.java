@@ -21,6 +21,7 @@ import java.util.Set;
 import java.util.stream.Stream;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
+import org.apache.spark.SparkEnv;
 import org.apache.spark.TaskContext;
 import org.apache.spark.resource.ResourceInformation;
 import scala.Function1;
@@ -147,7 +148,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             nproc = Math.max(1, nproc);
         }
         Election.Result elected = null;
-        Path workdir = Files.createTempDirectory("torchspark-");
+        Path workdir = Files.createTempDirectory(workRoot(), "torchspark-");
         try {
             String packed = "";
             if (nodeRank == 0) {
@@ -211,8 +212,10 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 throw new IllegalStateException("torchspark node " + nodeRank + " on host " + host
                         + ": the agent exited with status " + rc + "\n" + failure.encode() + "\n");
             }
-            if (ship && !outputDelivered(Paths.get(outFile + ".status"))) {
-                // The status said "failed" (or could not be read: outputDelivered said why),
+            // "refused": over spark.driver.maxResultSize, which collect() would carry the bytes
+            // past (an OutOfMemoryError here): none goes; the driver says why.
+            if (ship && outputOutcome(Paths.get(outFile + ".status")).equals("failed")) {
+                // The status said "failed" (or could not be read: outputOutcome said why),
                 // so the result takes the collect() path instead; with no file at all, the
                 // driver, which got neither, says so.
                 System.err.println("torchspark: rank 0's output did not reach the driver over the "
@@ -228,32 +231,55 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         }
     }
 
-    /** Whether the agent delivered rank 0's output to the driver, from the status document it
-     *  writes after the transfer ({@code --output-file PATH} -> {@code PATH.status},
-     *  docs/cli.md): true only for {"output": "delivered"}. "failed", and a status that is
-     *  missing or unreadable, are not delivered; the sentence on stderr names the file and the
-     *  reason. */
+    /** Where a node's work directory goes: a local directory of this executor's application
+     *  (SPARK_EXECUTOR_DIRS, YARN's LOCAL_DIRS, spark.local.dir), which Spark and the cluster
+     *  manager remove with the application: an executor that dies before the task's own
+     *  cleanup (SIGKILL, a preemption's exit halting it mid-way) leaves no
+     *  /tmp/torchspark-* behind. java.io.tmpdir outside an executor. */
+    static Path workRoot() {
+        SparkEnv env = SparkEnv.get();
+        if (env != null) {
+            try {
+                return Paths.get(org.apache.spark.util.Utils.getLocalDir(env.conf()));
+            } catch (RuntimeException | LinkageError e) {
+                // java.io.tmpdir (a jar built against another Spark: its signature differs)
+            }
+        }
+        return Paths.get(System.getProperty("java.io.tmpdir"));
+    }
+
+    /** Whether the agent delivered rank 0's output to the driver (outputOutcome). */
     static boolean outputDelivered(Path status) {
+        return outputOutcome(status).equals("delivered");
+    }
+
+    /** What became of rank 0's output, from the status document the agent writes after the
+     *  transfer ({@code --output-file PATH} -> {@code PATH.status}, docs/cli.md): "delivered",
+     *  "refused" (over spark.driver.maxResultSize: the driver throws its own sentence) or
+     *  "failed" (also a status that is missing or unreadable); the sentence on stderr names
+     *  the file and the reason. */
+    static String outputOutcome(Path status) {
         JsonNode doc;
         try {
             doc = Failure.JSON.readTree(Files.readAllBytes(status));
         } catch (IOException e) {
             System.err.println("torchspark: the output status " + status + " cannot be read (" + e
                     + "): rank 0's result counts as not delivered");
-            return false;
+            return "failed";
         }
         String outcome = doc != null && doc.isObject() ? doc.path("output").asText("") : "";
-        if (outcome.equals("delivered")) {
-            return true;
+        if (outcome.equals("delivered") || outcome.equals("refused")) {
+            return outcome;
         }
         if (outcome.equals("failed")) {
             System.err.println("torchspark: the output status " + status + " says the transfer failed: "
                     + doc.path("error").asText(""));
         } else {
             System.err.println("torchspark: the output status " + status + " holds no outcome "
-                    + "(\"output\": \"delivered\" or \"failed\"): rank 0's result counts as not delivered");
+                    + "(\"output\": \"delivered\", \"refused\" or \"failed\"): rank 0's result counts as "
+                    + "not delivered");
         }
-        return false;
+        return "failed";
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

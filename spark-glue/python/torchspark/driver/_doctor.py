@@ -41,6 +41,7 @@ class HangDoctor:
         self.message = ""  # the C core's text of the run's error, after "TorchDistributor (MODE) "
         server.watch(timeout, action, world, tempfile.gettempdir())
         self._stop = threading.Event()
+        self._taking = threading.Lock()  # held while an event is taken and performed
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-hang-doctor")
         self._thread.start()
@@ -50,7 +51,10 @@ class HangDoctor:
             self._take(0.2)
 
     def _take(self, timeout: float) -> bool:
-        ev = self.server.hang_event(timeout)
+        with self._taking:  # stop()'s drain waits for an event in hand
+            return self._perform(self.server.hang_event(timeout))
+
+    def _perform(self, ev: Any) -> bool:
         if ev is None:
             return False
         with _LogPump._print_lock:

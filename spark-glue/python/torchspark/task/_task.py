@@ -183,28 +183,34 @@ class _TaskTiming:
 
 
 def output_delivered(status_path: str) -> bool:
-    """Whether the agent delivered rank 0's output to the driver, from the status document
-    it writes after the transfer (`--output-file PATH` -> `PATH.status`, docs/cli.md):
-    True only for {"output": "delivered"}. "failed", and a status that is missing or
-    unreadable, are not delivered; the sentence on stderr names the file and the reason."""
+    """Whether the agent delivered rank 0's output to the driver (output_outcome)."""
+    return output_outcome(status_path) == "delivered"
+
+
+def output_outcome(status_path: str) -> str:
+    """What became of rank 0's output, from the status document the agent writes after the
+    transfer (`--output-file PATH` -> `PATH.status`, docs/cli.md): "delivered", "refused"
+    (over spark.driver.maxResultSize: the driver raises its own sentence) or "failed" (also
+    a status that is missing or unreadable); the sentence on stderr names the file and the
+    reason."""
     try:
         with open(status_path, "rb") as f:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         sys.stderr.write(f"torchspark: the output status {status_path} cannot be read "
                          f"({e}): rank 0's result counts as not delivered\n")
-        return False
+        return "failed"
     outcome = doc.get("output") if isinstance(doc, dict) else None
-    if outcome == "delivered":
-        return True
+    if outcome in ("delivered", "refused"):
+        return outcome
     if outcome == "failed":
         sys.stderr.write(f"torchspark: the output status {status_path} says the transfer "
                          f"failed: {doc.get('error')}\n")
     else:
         sys.stderr.write(f"torchspark: the output status {status_path} holds no outcome "
-                         f"(\"output\": \"delivered\" or \"failed\"): rank 0's result counts "
+                         f"(\"output\": \"delivered\", \"refused\" or \"failed\"): rank 0's result counts "
                          "as not delivered\n")
-    return False
+    return "failed"
 
 
 def node_program(workdir: str, fn_bytes: Optional[bytes],
@@ -292,7 +298,9 @@ def result_file(ship: bool, out_file: str, rank0_fn: bool) -> Optional[str]:
     result), or None. ship: the agent was asked to send out_file over the output channel;
     its status document (output_delivered) decides whether the driver has it already."""
     if ship:
-        if output_delivered(out_file + ".status"):
+        # "refused": over spark.driver.maxResultSize, which collect() would carry the bytes
+        # past (an OutOfMemoryError in the executor): none goes; the driver says why.
+        if output_outcome(out_file + ".status") in ("delivered", "refused"):
             return None
         # Not delivered (output_delivered said why): the result takes the collect() path;
         # with no file at all, the driver, which got neither, says so.

@@ -246,6 +246,33 @@ public class JniTest {
     }
 
     @Test
+    public void outputOverTheLimitIsRefusedForGoodAndNotCollected() throws Exception {
+        // spark.driver.maxResultSize: refused once (the ERROR frame's OVER_LIMIT flag), stated
+        // "refused", and NodeTask sends nothing through collect() (before: "failed" after 3
+        // attempts, then collect(): an executor's OutOfMemoryError at 1 GiB).
+        Path dir = Files.createTempDirectory("tsp-jni-");
+        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+            s.outputLimit("1k");
+            s.expectOutput(null);
+            Path out = dir.resolve("result.bin");
+            assertEquals(0, runAgent(s, s.endpoint(null), out,
+                    "[ \"$RANK\" = 0 ] && head -c 3000 /dev/zero > " + out + "; true"));
+            Path status = dir.resolve("result.bin.status");
+            JsonNode doc = Failure.JSON.readTree(status.toFile());
+            assertEquals("refused", doc.get("output").asText());
+            assertTrue(doc.toString(), doc.get("error").asText()
+                    .contains("output of 3000 bytes is over spark.driver.maxResultSize (1024 bytes)"));
+            assertEquals("refused", NodeTask.outputOutcome(status));
+            assertFalse(NodeTask.outputDelivered(status));
+            long t0 = System.nanoTime();
+            assertFalse("the driver knows at once", s.awaitOutput(30_000));
+            assertTrue(System.nanoTime() - t0 < 5_000_000_000L);
+        } finally {
+            TestEnv.deleteTree(dir);
+        }
+    }
+
+    @Test
     public void refusedOutputIsAFailedStatusAndTheGlueFallsBack() throws Exception {
         Path dir = Files.createTempDirectory("tsp-jni-");
         try (LogServer s = new LogServer("127.0.0.1", 0)) {
