@@ -757,10 +757,17 @@ static int keep_stacks(const diag_t *g, tsp__hang_out_t *keep)
     if (!o)
         return -ENOMEM;
     __fsetlocking(o, FSETLOCKING_BYCALLER); /* this thread's own: 180k lines at 16k ranks */
-    const char *sep = "";
-    for (size_t r = 0; r < g->n; r++)
-        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++, sep = "\n")
-            fprintf(o, "%s[rank %zu] %s", sep, r, g->d[r].lines[i]);
+    int first = 1;
+    for (size_t r = 0; r < g->n; r++) {
+        char tag[32]; /* "[rank R] ", printed once per rank, not once per line */
+        size_t tl = (size_t)snprintf(tag, sizeof tag, "[rank %zu] ", r);
+        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++, first = 0) {
+            if (!first)
+                fputc('\n', o);
+            fwrite(tag, 1, tl, o);
+            fputs(g->d[r].lines[i], o);
+        }
+    }
     return fclose(o) ? -ENOMEM : 0;
 }
 
