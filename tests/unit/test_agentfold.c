@@ -123,6 +123,32 @@ START_TEST(test_agentfold_beyond_the_rate_one_summary_per_interval_the_last_valu
 }
 END_TEST
 
+/* A rank that stops reporting with a summary held sends it at the first tick it has been
+ * quiet (50 ms), borrowing its next token, not when that token comes (here 0.45 s later);
+ * it borrows one at most, so the job's rate holds. */
+START_TEST(test_agentfold_a_quiet_rank_s_summary_goes_out_at_once_borrowing_one_token)
+{
+    tsp__afold_t *f = tsp__afold_new(40000); /* 1 a second per rank, the floor */
+    for (int i = 0; i < 50; i++)             /* 0.5 s of reports, then a pause */
+        ck_assert_int_eq(offer_step(f, 3, i, 1000 + 10 * i), 0);
+    ck_assert_int_eq(got.n, 1);
+    ck_assert_int_eq(tsp__afold_flush(f, 1500, 0, put, &got), 0);
+    ck_assert_int_eq(got.n, 1); /* it reported 10 ms ago: held for its token */
+    ck_assert_int_eq(tsp__afold_flush(f, 1545, 0, put, &got), 0);
+    ck_assert_int_eq(got.n, 2); /* quiet for 55 ms: out, 0.45 s before its token */
+    ck_assert_double_eq(num(got.text[1], "step"), 49);
+    ck_assert_double_eq(num(got.text[1], "summary.count"), 49);
+    ck_assert_int_eq(offer_step(f, 3, 50, 1550), 0); /* it owes a token: folded */
+    ck_assert_int_eq(tsp__afold_flush(f, 1700, 0, put, &got), 0);
+    ck_assert_int_eq(got.n, 2); /* quiet, but in debt: held until the token is repaid */
+    ck_assert_int_eq(tsp__afold_flush(f, 2010, 0, put, &got), 0);
+    ck_assert_int_eq(got.n, 3); /* the debt repaid (0.46 s after the borrowing) */
+    ck_assert_int_eq(calls(), 51);
+    ck_assert_int_eq(tsp__afold_pending(f), 0);
+    tsp__afold_free(f);
+}
+END_TEST
+
 START_TEST(test_agentfold_a_record_it_cannot_fold_follows_the_rank_s_summary)
 {
     tsp__afold_t *f = tsp__afold_new(40000);
@@ -233,6 +259,7 @@ int main(void)
     tcase_add_test(tc, test_agentfold_within_the_rate_every_record_passes_as_it_is);
     tcase_add_test(tc,
                    test_agentfold_beyond_the_rate_one_summary_per_interval_the_last_value_exact);
+    tcase_add_test(tc, test_agentfold_a_quiet_rank_s_summary_goes_out_at_once_borrowing_one_token);
     tcase_add_test(tc, test_agentfold_a_record_it_cannot_fold_follows_the_rank_s_summary);
     tcase_add_test(tc, test_agentfold_a_full_queue_loses_nothing_and_the_end_flushes_all);
     tcase_add_test(tc, test_agentfold_a_writer_and_the_sender_s_ticks_count_every_report_once);

@@ -121,12 +121,46 @@ START_TEST(test_hang_every_truncation_is_refused_and_enospc_says_the_size)
 }
 END_TEST
 
+/* Each line of a dump is in the reply once, in the report's stacks (protocol 1.11): the
+ * reply held it three times (dumps, stacks, report), 32 MB at 16,384 ranks. */
+START_TEST(test_hang_each_line_is_in_the_reply_once)
+{
+    const char *req = "{\"world\": 2, \"request\": 1, \"ranks\": [[\"torchspark: stack dump #1 of "
+                      "rank 0 (host h, pid 5): state S (sleeping)\", \"Current thread 0x1 (most "
+                      "recent call first):\", \"  File \\\"/w/only_once.py\\\", line 3 in "
+                      "<module>\", \"torchspark: flight recorder: no collective recorded\"], "
+                      "null]}";
+    int rc;
+    char *reply = diagnose(req, strlen(req), &rc);
+    ck_assert_int_eq(rc, 0);
+    const char *lines[] = {"stack dump #1 of rank 0", "Current thread 0x1",
+                           "\", line 3 in <module>", "flight recorder: no collective"};
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        int n = 0;
+        for (const char *p = reply; (p = strstr(p, lines[i])); p++)
+            n++;
+        ck_assert_msg(n == 1, "'%s' %d times in %s", lines[i], n, reply);
+    }
+    char *v;
+    int t;
+    ck_assert_int_eq(tsp_json_get(reply, strlen(reply), "report.stacks.0", &v, &t), 0);
+    ck_assert_msg(strstr(v, "only_once.py") != NULL, "%s", v);
+    free(v);
+    ck_assert_int_eq(tsp_json_get(reply, strlen(reply), "dumps", &v, &t), 0);
+    ck_assert_msg(strstr(v, "\"host\"") && !strstr(v, "\"lines\""), "%s", v);
+    free(v);
+    ck_assert_int_eq(tsp_json_get(reply, strlen(reply), "stacks", &v, &t), -ENOENT);
+    free(reply);
+}
+END_TEST
+
 static Suite *hang_suite(void)
 {
     Suite *s = suite_create("hang");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_hang_golden_cases);
     tcase_add_test(tc, test_hang_every_truncation_is_refused_and_enospc_says_the_size);
+    tcase_add_test(tc, test_hang_each_line_is_in_the_reply_once);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -108,7 +108,7 @@ def test_hang_golden(case):
     d = _hang.diagnose(ranks, req["world"], req["request"], req["read_sources"], req["stdlib"])
     want = case["expect"]
     got = {"line": d.line, "culprits": d.culprits, "waiting": d.waiting,
-           "starting": d.starting, "groups": d.groups, "stacks": d.stacks, "report": d.report}
+           "starting": d.starting, "groups": d.groups, "report": d.report}
     for key in want:
         assert got[key] == want[key], key
 

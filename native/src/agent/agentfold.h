@@ -5,7 +5,8 @@
  * (TSP_RFOLD_JOB_RATE over the job's ranks, at least 1 a second; a token bucket holding a
  * second of it); beyond it, its records are folded (reportfold.h) into one summary that
  * goes out once the rank has a token again: at its next record, or at the sender's next
- * tick (tsp__afold_flush), and every one at the end. So the driver's fan-in is bounded by
+ * tick (tsp__afold_flush; a rank quiet for a tick may borrow its next token there), and
+ * every one at the end. So the driver's fan-in is bounded by
  * the job's rate, not by how often the ranks call report(). A record that cannot be folded
  * first sends the rank's summary, then passes: the order per rank holds; nothing is lost,
  * and a full queue (put says -EAGAIN) keeps what was not handed on. Thread-safe. */

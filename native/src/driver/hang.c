@@ -5,7 +5,7 @@
  * not completed), and is a *culprit* when it cannot answer, sent no stack, sent nothing,
  * or is anywhere else. Culprits and waiting ranks are grouped by where they are (sorting,
  * so 8,192 ranks cost n log n), the line names the groups with rank ranges, and every
- * rank's stacks go back whole for the glue to keep. */
+ * rank's stacks go back whole, each line once (the report's), for the glue to keep. */
 #include "torchspark/hang.h"
 
 #include <errno.h>
@@ -726,9 +726,8 @@ static int starting(const diag_t *g)
     return pending > 0;
 }
 
-/* "dumps": each answering rank's host, pid, state and lines; "stacks": every line,
- * rank-prefixed, for the log, the exception and the stacks file. */
-static void write_dumps(const diag_t *g, tsp_json_writer_t *w, tsp__hang_out_t *keep)
+/* "dumps": each answering rank's host, pid and state (its lines are the report's, once). */
+static void write_dumps(const diag_t *g, tsp_json_writer_t *w)
 {
     tsp_json_key(w, "dumps");
     tsp_json_begin_array(w);
@@ -745,33 +744,31 @@ static void write_dumps(const diag_t *g, tsp_json_writer_t *w, tsp__hang_out_t *
         tsp_json_int(w, d->pid);
         tsp_json_key(w, "state");
         tsp_json_str(w, d->state);
-        tsp_json_key(w, "lines");
-        tsp_json_begin_array(w);
-        for (size_t i = 0; i < d->nlines; i++)
-            tsp_json_str(w, d->lines[i]);
-        tsp_json_end(w);
         tsp_json_end(w);
     }
     tsp_json_end(w);
-    char *text = NULL;
-    size_t n = 0;
-    FILE *o = open_memstream(&text, &n);
-    if (o)
-        __fsetlocking(o, FSETLOCKING_BYCALLER); /* this thread's own: 180k lines at 16k ranks */
-    const char *sep = "";
-    for (size_t r = 0; o && r < g->n; r++)
-        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++, sep = "\n")
-            fprintf(o, "%s[rank %zu] %s", sep, r, g->d[r].lines[i]);
-    if (o)
-        fclose(o);
-    tsp_json_key(w, "stacks");
-    tsp_json_str(w, text ? text : "");
-    if (keep && text) {
-        keep->stacks = text;
-        keep->stacks_len = n;
-    } else {
-        free(text);
+}
+
+/* Every line, rank-prefixed, for the watchdog's log, error and stacks file (not in the
+ * reply: the report holds each line once); 0, or -ENOMEM. */
+static int keep_stacks(const diag_t *g, tsp__hang_out_t *keep)
+{
+    FILE *o = open_memstream(&keep->stacks, &keep->stacks_len);
+    if (!o)
+        return -ENOMEM;
+    __fsetlocking(o, FSETLOCKING_BYCALLER); /* this thread's own: 180k lines at 16k ranks */
+    int first = 1;
+    for (size_t r = 0; r < g->n; r++) {
+        char tag[32]; /* "[rank R] ", printed once per rank, not once per line */
+        size_t tl = (size_t)snprintf(tag, sizeof tag, "[rank %zu] ", r);
+        for (size_t i = 0; g->got[r] && i < g->d[r].nlines; i++, first = 0) {
+            if (!first)
+                fputc('\n', o);
+            fwrite(tag, 1, tl, o);
+            fputs(g->d[r].lines[i], o);
+        }
     }
+    return fclose(o) ? -ENOMEM : 0;
 }
 
 static void write_culprits(const diag_t *g, tsp_json_writer_t *w)
@@ -835,7 +832,8 @@ static void write_report(const diag_t *g, const char *line, tsp_json_writer_t *w
     tsp_json_end(w);
 }
 
-/* The reply (protocol 1.11) to o; with keep, its line, stacks and starting kept there too. */
+/* The reply (protocol 1.11) to o; with keep (the watchdog's), its line and starting kept
+ * there too, and the report only when keep->report asks for it (the event of a cancel). */
 static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, FILE *o,
                             tsp__hang_out_t *keep)
 {
@@ -876,8 +874,9 @@ static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, 
         tsp_json_end(&w);
     }
     tsp_json_end(&w);
-    write_dumps(g, &w, keep);
-    write_report(g, line ? line : "", &w);
+    write_dumps(g, &w);
+    if (!keep || keep->report)
+        write_report(g, line ? line : "", &w);
     if (keep) {
         keep->line = line;
         keep->starting = starting(g);
@@ -961,6 +960,8 @@ static int diagnose_input(diag_t *g, char **doc, size_t *dlen, tsp__hang_out_t *
             rc = fclose(mf) == 0 ? 0 : -ENOMEM;
         }
     }
+    if (!rc && keep)
+        rc = keep_stacks(g, keep);
     for (size_t i = 0; i < ngroups; i++)
         free(gs[i].text);
     free(gs);
@@ -1002,9 +1003,10 @@ static int borrow_lines(input_t *in, size_t r, char *text, size_t len)
 }
 
 int tsp__hang_diagnose_sections(char *const *text, const size_t *len, int world, unsigned request,
-                                tsp__hang_out_t *out, char *err, size_t errlen)
+                                int report, tsp__hang_out_t *out, char *err, size_t errlen)
 {
     memset(out, 0, sizeof *out);
+    out->report = report;
     if (world <= 0 || world > MAX_RANKS)
         return tsp__err(err, errlen, -EINVAL, "world must be from 1 to %d ranks", MAX_RANKS);
     diag_t g;

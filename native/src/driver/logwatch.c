@@ -23,8 +23,11 @@
 #include "logwire.h"
 #include "util.h"
 
-#define TICK_MS 100         /* while collecting */
-#define QUIET_MS 500        /* a dump is complete once every rank answered, quiet this long */
+#define TICK_MS 100 /* while collecting */
+/* A dump is complete once every rank answered and the sections did not change for a tick
+ * (a rank's faulthandler may still finish the line its recorder's lines cut, protocol 1.9:
+ * its rest follows them on the same pipe and connection within milliseconds) ... */
+#define SETTLE_MS TICK_MS
 #define COLLECT_MAX_MS 5000 /* ... or after this */
 /* A dump that finds the workers still starting (a rank has no Python stack yet or is
  * importing, protocol 1.11) restarts the clock silently while they move: an import of torch
@@ -355,7 +358,8 @@ static void write_timing(tsp_json_writer_t *j, const tsp__watch_t *w)
 }
 
 /* The event of a diagnosis (docs/protocol.md 1.12): what to print, the action, the text of
- * the run's error and the diagnosis itself. */
+ * the run's error and the diagnosis itself (its stacks only with cancel: the error's; else
+ * they are in the file, and the glue reads a short event on its way to the line). */
 static char *hang_event(const tsp__watch_t *w, const tsp__hang_out_t *d, const char *path,
                         int64_t silent_ms, int64_t after_ms)
 {
@@ -480,7 +484,7 @@ static void conclude(tsp_logserver_t *s, tsp__watch_t *w, const tsp__hang_out_t 
 }
 
 /* One step of a collection: done once every rank answered and the lines were quiet for
- * QUIET_MS, or after COLLECT_MAX_MS. Returns the next deadline. */
+ * SETTLE_MS, or after COLLECT_MAX_MS. Returns the next deadline. */
 static int64_t collect_step(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
 {
     char err[256] = "";
@@ -494,12 +498,12 @@ static int64_t collect_step(tsp_logserver_t *s, tsp__watch_t *w, int64_t now)
     int complete = w->x->answered == w->world;
     if (complete && !w->answered)
         w->answered = now;
-    if (!((complete && now - w->quiet_since >= QUIET_MS) || now >= w->collect_end))
+    if (!((complete && now - w->quiet_since >= SETTLE_MS) || now >= w->collect_end))
         return now + TICK_MS;
     w->collected = now;
     tsp__hang_out_t d;
-    int rc = tsp__hang_diagnose_sections(w->x->text, w->x->len, w->world, w->request, &d, err,
-                                         sizeof err);
+    int rc = tsp__hang_diagnose_sections(w->x->text, w->x->len, w->world, w->request, w->cancel, &d,
+                                         err, sizeof err);
     sections_free(w->x, w->world);
     w->x = NULL;
     w->diagnosed = tsp__now_ms();

@@ -4,6 +4,8 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ArrayNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -23,9 +25,9 @@ final class HangAnalysis {
 
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
-    /** What one rank sent for one request: its marker's fields and its lines (cut lines made
-     *  whole). */
-    record RankDump(int rank, String host, long pid, String state, List<String> lines) {}
+    /** Whom one rank's answer came from: its marker's fields (its lines are the report's
+     *  "stacks" and the stacks file's). */
+    record RankDump(int rank, String host, long pid, String state) {}
 
     /** The culprit(s): the one line, the groups, and every rank's dump. */
     static final class Diagnosis {
@@ -36,9 +38,9 @@ final class HangAnalysis {
         final boolean starting; // no rank has a Python stack yet: still starting, no hang
         final JsonNode groups;
         /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
-         *  core's, the same as the PySpark glue's TorchDistributorError.report. */
+         *  core's, the same as the PySpark glue's TorchDistributorError.report; null where the
+         *  reply has none (the watchdog's event carries it with cancel only). */
         final String report;
-        private final String stacks;
         volatile Path stacksFile; // where the watchdog wrote every rank's stacks, or null
 
         Diagnosis(JsonNode r) {
@@ -55,21 +57,29 @@ final class HangAnalysis {
             waiting = Collections.unmodifiableMap(w);
             Map<Integer, RankDump> d = new TreeMap<>();
             for (JsonNode x : r.get("dumps")) {
-                List<String> lines = new ArrayList<>();
-                x.get("lines").forEach(ln -> lines.add(ln.asText()));
                 d.put(x.get("rank").asInt(), new RankDump(x.get("rank").asInt(), x.get("host").asText(),
-                        x.get("pid").asLong(), x.get("state").asText(), lines));
+                        x.get("pid").asLong(), x.get("state").asText()));
             }
             dumps = Collections.unmodifiableMap(d);
             starting = r.get("starting").asBoolean();
             groups = r.get("groups");
-            stacks = r.get("stacks").asText();
-            report = r.get("report").toString();
+            report = r.hasNonNull("report") ? r.get("report").toString() : null;
         }
 
-        /** Every rank's dump, rank-prefixed, for the log and the exception. */
-        String stacksText() {
-            return stacks;
+        /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the
+         *  line), as the watchdog wrote it; empty without a file (at 16,384 ranks ~10 MB: read
+         *  when asked for, not kept). */
+        List<String> stacksLines() {
+            Path f = stacksFile;
+            if (f == null) {
+                return List.of();
+            }
+            try { // decoded with replacement, as the lines were shown
+                String[] all = new String(Files.readAllBytes(f), StandardCharsets.UTF_8).split("\n");
+                return List.of(all).subList(Math.min(1, all.length), all.length);
+            } catch (IOException e) {
+                return List.of();
+            }
         }
     }
 

@@ -93,7 +93,8 @@ final class HangDoctor extends Thread {
             HangAnalysis.Diagnosis d = new HangAnalysis.Diagnosis(r);
             d.stacksFile = ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText());
             diagnoses.add(d);
-            TorchSparkRunner.LOG.debug("{}\n{}", ev.get("say").get(0).asText(), d.stacksText());
+            // the stacks are on stderr already (the ranks' lines), and in the file
+            ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
             if (ev.get("action").asText().equals("cancel")) {
                 message = ev.get("message").asText();
                 cancelled = d;

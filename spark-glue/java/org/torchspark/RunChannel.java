@@ -93,7 +93,7 @@ final class RunChannel implements AutoCloseable {
         Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
         HangAnalysis.RankDump dump = rank == null ? null : c.dumps.get(rank);
         return new TorchSparkException(doctor.cancelMessage(mode), rank, null,
-                dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), c.report, cause);
+                dump == null ? null : dump.host(), null, 0, c.stacksLines(), c.report, cause);
     }
 
     /** The server shut down (its agents drained for up to drainMs), then the pump drained. */

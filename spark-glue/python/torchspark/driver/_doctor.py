@@ -68,8 +68,8 @@ class HangDoctor:
         diag = _hang.from_reply(ev["diagnosis"])
         diag.after_s, diag.stacks_file = ev["after_s"], ev["stacks_file"]
         self.diagnoses.append(diag)
-        if self.logger is not None:  # DEBUG: the line and the stacks are on stderr already
-            self.logger.debug(ev["say"][0] + "\n" + diag.stacks_text())
+        if self.logger is not None:  # DEBUG: the stacks are on stderr already, and in the file
+            self.logger.debug("\n".join(ev["say"]))
         if ev["action"] == "cancel":
             self.cancelled, self.message = diag, ev["message"]
         return True

@@ -35,14 +35,13 @@ _STDLIB = _stdlib_dirs()
 
 @dataclass
 class RankDump:
-    """What one rank sent for one request (its marker's fields and its lines, cut lines
-    made whole)."""
+    """Whom one rank's answer came from (its marker's fields; its lines are the report's
+    ``stacks`` and the stacks file's)."""
 
     rank: int
     host: str = "?"
     pid: int = 0
     state: str = "?"
-    lines: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -51,19 +50,28 @@ class Diagnosis:
     culprits: List[int]
     waiting: Dict[str, List[int]]  # collective (or place) -> ranks waiting in it
     dumps: Dict[int, RankDump]
-    stacks: str = ""  # every rank's dump, rank-prefixed
     groups: List[Dict[str, Any]] = field(default_factory=list)  # {kind, ranks, text}
     starting: bool = False  # no rank has a Python stack yet: still starting, no hang
     stacks_file: Optional[str] = None  # where the watchdog wrote every rank's stacks
     # set by the driver's watchdog: seconds from the ranks' last line or report to this line
     after_s: float = 0.0
     # TorchDistributorError.report of a run the doctor cancels: the C core's document, the
-    # same as the JVM runner's TorchSparkException.reportJson() (docs/protocol.md 1.11)
+    # same as the JVM runner's TorchSparkException.reportJson() (docs/protocol.md 1.11), its
+    # "stacks" each answering rank's lines; the watchdog's event carries it with cancel only
     report: Dict[str, Any] = field(default_factory=dict)
 
     def stacks_text(self) -> str:
-        """Every rank's dump, rank-prefixed, for the log and the exception."""
-        return self.stacks
+        """Every rank's dump, rank-prefixed: the stacks file's text after its first line
+        (the line), which the watchdog wrote; "" without a file (at 16,384 ranks ~10 MB:
+        read when asked for, not kept)."""
+        if not self.stacks_file:
+            return ""
+        try:
+            with open(self.stacks_file, encoding="utf-8", errors="replace") as f:
+                f.readline()
+                return f.read().rstrip("\n")
+        except OSError:
+            return ""
 
 
 def diagnose(sections: Mapping[int, Sequence[str]], world: int, request: Optional[int] = None,
@@ -84,10 +92,10 @@ def diagnose(sections: Mapping[int, Sequence[str]], world: int, request: Optiona
 
 def from_reply(reply: Mapping[str, Any]) -> Diagnosis:
     """The Diagnosis of tsp_hang_diagnose's reply (docs/protocol.md 1.11)."""
-    dumps = {d["rank"]: RankDump(d["rank"], d["host"], d["pid"], d["state"], d["lines"])
+    dumps = {d["rank"]: RankDump(d["rank"], d["host"], d["pid"], d["state"])
              for d in reply["dumps"]}
     return Diagnosis(reply["line"], reply["culprits"], reply["waiting"], dumps,
-                     reply["stacks"], reply["groups"], reply["starting"], report=reply["report"])
+                     reply["groups"], reply["starting"], report=reply.get("report") or {})
 
 
 def _main() -> None:  # pragma: no cover - a helper for recorded dumps
