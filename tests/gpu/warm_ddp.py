@@ -5,7 +5,7 @@ This process plays the executor's Python worker running one barrier task of
 ``TorchDistributor(use_gpu=True).run(fn)`` (torchspark/task/_task.py, ``run_node`` and
 ``_run_agent``): it elects the master (``_elect.elect_master``, holding the ports), starts
 or finds the executor's warm pool (``_warm.ensure_quietly``), builds the agent's command
-(``_launch.plan_argv`` with ``--gpus``, ``--warm-socket`` and the election's
+(``tsp_plan_argv`` through ``_lib.json_call`` with ``--gpus``, ``--warm-socket`` and the election's
 ``nccl_port``), runs it (``_launch.Agent``) with the function pickled as the driver pickles
 it (pyspark's cloudpickle), and reads rank 0's result. Checked on the hardware:
 
@@ -187,7 +187,7 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
     launch_t0 = time.time()
     with open(fn_file, "wb") as f:
         cloudpickle.dump((train, (launch_t0, dataframe), {}), f)
-    cmd = _launch.plan_argv({
+    cmd = _lib.json_call("tsp_plan_argv", {
         "agent": _lib.agent_path(), "nnodes": 1, "node_rank": 0, "gpus": gpus,
         "master_addr": record.master_addr, "master_port": record.master_port,
         "run_id": record.run_id, "error_file": error_file, "python": sys.executable,

@@ -10,7 +10,6 @@ import pytest
 
 from torchspark.driver import _hang, _report, _restart
 from torchspark.native import _lib, _rendezvous
-from torchspark.task import _launch
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -26,10 +25,10 @@ TASK_CASES = json.loads((CONTRACTS / "task.json").read_text())["cases"]
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
 def test_plan_argv_golden(case):
     if "argv" in case:
-        assert _launch.plan_argv(case["plan"]) == case["argv"]
+        assert _lib.json_call("tsp_plan_argv", case["plan"]) == case["argv"]
     else:
         with pytest.raises(ValueError) as e:
-            _launch.plan_argv(case["plan"])
+            _lib.json_call("tsp_plan_argv", case["plan"])
         assert case["error"] in str(e.value)
 
 
@@ -75,9 +74,9 @@ def test_task_golden(case, tmp_path):
 
 def test_a_bad_plan_names_the_key():
     with pytest.raises(ValueError, match='"nnodes" must be a whole number >= 1'):
-        _launch.plan_argv({"agent": "a", "python": "p", "error_file": "e", "nnodes": 0})
+        _lib.json_call("tsp_plan_argv", {"agent": "a", "python": "p", "error_file": "e", "nnodes": 0})
     with pytest.raises(ValueError, match="not a JSON object"):
-        _launch.plan_argv([])  # type: ignore[arg-type]
+        _lib.json_call("tsp_plan_argv", [])
 
 
 RDV_SECRET = "0123456789abcdef" * 4

@@ -73,14 +73,6 @@ final class AgentProcess {
         return call(Native::taskLaunch, request.toString());
     }
 
-    /** The node plan (JSON) -> the agent's options (docs/protocol.md 7); the golden cases of
-     *  tests/contracts/plan_argv.json. */
-    static List<String> planArgv(String plan) {
-        List<String> argv = new ArrayList<>();
-        call(Native::planArgv, plan).forEach(a -> argv.add(a.asText()));
-        return argv;
-    }
-
     /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
      *  (tsp_task_finish); status as Java reports it (128 + N: signal N). */
     JsonNode finish(JsonNode launch, int status, int nodeRank, String host) {

@@ -16,17 +16,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import IO, Callable, Deque, Dict, List, Optional
 
-from torchspark.native._lib import json_call
 
 TAIL_LINES = 100
 SHUTDOWN_TIMEOUT_S = 5
-
-
-def plan_argv(plan: Dict[str, object]) -> List[str]:
-    """The agent's options for a node plan (docs/protocol.md §7), built by the C core
-    (torchspark/plan.h) for both glues; the golden cases of tests/contracts/plan_argv.json
-    hold the contract."""
-    return list(json_call("tsp_plan_argv", plan))
 
 
 def find_libnccl() -> Optional[str]:
