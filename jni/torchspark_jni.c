@@ -28,6 +28,7 @@
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
 #include "torchspark/runctl.h"
+#include "torchspark/task.h"
 
 #define ERR_LEN 512
 #define SECRET_LEN 32
@@ -321,6 +322,20 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_runctlStep(JNIEnv *env, jclass
 {
     (void)cls;
     return json_transform(env, jrequest, msg, tsp_runctl_step);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_taskLaunch(JNIEnv *env, jclass cls,
+                                                             jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_task_launch);
+}
+
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_taskFinish(JNIEnv *env, jclass cls,
+                                                             jstring jrequest, jobjectArray msg)
+{
+    (void)cls;
+    return json_transform(env, jrequest, msg, tsp_task_finish);
 }
 
 /* ---- the driver's log server ---- */

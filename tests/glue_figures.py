@@ -171,7 +171,7 @@ TWINS: Tuple[Tuple[str, Tuple[str, ...], Tuple[str, ...]], ...] = (
      ("Election.java", "Rendezvous.java")),
     ("native bindings", ("native/_lib.py", "native/_native.py"),
      ("Native.java", "NativeLoader.java", "LogServer.java")),
-    ("task side", ("task/_task.py", "task/_launch.py", "task/_boot.py", "task/_spec.py"),
+    ("task side", ("task/_task.py", "task/_launch.py", "task/_spec.py"),
      ("NodeTask.java", "AgentProcess.java")),
 )
 DECISION_CONCEPTS = ("restart", "hang", "classification", "conf")
@@ -190,6 +190,8 @@ ONE_GLUE: Dict[str, str] = {
     "worker/_fn_runner.py": "PySpark only: function mode",
     "worker/_cloudpickle.py": "PySpark only: function mode",
     "driver/_ship.py": "PySpark only: a driver-only install shipped to the executors",
+    "task/_boot.py": "PySpark only: the task's entry before torchspark is importable (the "
+                     "driver-only install shipped, the driver's script placed)",
     "driver/_spark.py": "PySpark only: the PySpark versions' differences",
     "driver/_timing.py": "PySpark only: run()'s waterfall (TORCHSPARK_TIMING)",
     "checkpoint.py": "one copy for both glues: the training process's API",

@@ -228,7 +228,7 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
 def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
     from tests.e2e.test_output_channel import _ship
     from torchspark.native._native import LogServer
-    from torchspark.task import _task
+    from torchspark.native import _lib
 
     srv = LogServer()
     try:
@@ -251,7 +251,10 @@ def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path)
         t0 = time.monotonic()
         assert not srv.wait_output(30)  # the driver knows at once: no wait for a retry
         assert time.monotonic() - t0 < 5
-        assert _task.result_file(True, str(out), True) is None
+        done = _lib.json_call("tsp_task_finish", {"status": 0, "ship": True, "collect": True,
+                                                  "files": {"error": f"{out}.error",
+                                                            "output": str(out)}})
+        assert done["result"] is None and done["log"] == [], done  # nothing through collect()
     finally:
         srv.close()
     # Under the limit, and "0" (no limit), it arrives.

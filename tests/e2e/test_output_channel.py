@@ -6,7 +6,7 @@ byte-identical and keeps its buffer alive after the server object is dropped, an
 that is missing when the worker is done is reported by the agent with its path.
 
 The outcome is explicit: the agent writes `PATH.status` ({"output": "delivered"|"failed",
-"bytes", "sha256", "error"}, docs/cli.md), and the task glue (torchspark.task._task.result_file) decides
+"bytes", "sha256", "error"}, docs/cli.md), and the task side (tsp_task_finish, docs/protocol.md 12) decides
 from it alone whether rank 0's result goes back through collect()."""
 import gc
 import hashlib
@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.helpers.logchannel_harness import RUN_BIN
-from torchspark.task import _task
+from torchspark.native import _lib
 from torchspark.native._native import LogServer
 
 WRITER = textwrap.dedent("""
@@ -65,6 +65,16 @@ def _ship(tmp_path, srv: LogServer, size: int, write: bool = True):
     return p, out
 
 
+def result_file(out: object) -> object:
+    """What rank 0's task returns through collect() once its agent succeeded with out shipped
+    (tsp_task_finish), its sentences written to stderr as the glue writes them."""
+    done = _lib.json_call("tsp_task_finish", {"status": 0, "ship": True, "collect": True, "files": {
+        "error": f"{out}.error", "output": str(out)}})
+    for line in done["log"]:
+        sys.stderr.write(line + "\n")
+    return done["result"]
+
+
 @pytest.mark.parametrize("size", [0, 1, 3 * (1 << 20) + 12345])
 def test_output_arrives_whole_and_the_file_is_removed(tmp_path, size):
     srv = LogServer()
@@ -82,7 +92,7 @@ def test_output_arrives_whole_and_the_file_is_removed(tmp_path, size):
         assert status == {"output": "delivered", "bytes": size, "sha256": _expected_sha(size),
                           "error": None}
         # delivered: the task sends nothing through collect()
-        assert _task.result_file(True, str(out), True) is None
+        assert result_file(out) is None
     finally:
         srv.close()
 
@@ -114,7 +124,7 @@ def test_missing_output_file_is_named(tmp_path):
         status = json.loads((tmp_path / "result.bin.status").read_text())
         assert status["output"] == "failed" and str(out) in status["error"], status
         # not delivered and no file: nothing for collect(); the driver reports its own error
-        assert _task.result_file(True, str(out), True) is None
+        assert result_file(out) is None
     finally:
         srv.close()
 
@@ -153,7 +163,7 @@ def test_refused_transfer_is_a_failed_status_and_the_glue_falls_back(tmp_path, c
         assert status["sha256"] is None, "no digest was confirmed"
         assert "does not expect an output" in status["error"], status
         assert out.stat().st_size == 12345
-        assert _task.result_file(True, str(out), True) == str(out)
+        assert result_file(out) == str(out)
         err = capsys.readouterr().err
         assert "says the transfer failed" in err and "through collect() instead" in err, err
     finally:
@@ -193,7 +203,7 @@ def test_endpoint_closed_after_training_is_a_failed_status(tmp_path):
     status = json.loads((tmp_path / "result.bin.status").read_text())
     assert status["output"] == "failed" and status["error"], status
     assert "did not reach the driver" in stderr, stderr
-    assert _task.result_file(True, str(out), True) == str(out)
+    assert result_file(out) == str(out)
 
 
 @pytest.mark.parametrize("text", [None, "", "{\"output\": ", "[1]", "{\"output\": \"maybe\"}"])
@@ -204,8 +214,7 @@ def test_missing_or_unreadable_status_is_not_delivered(tmp_path, capsys, text):
     status = tmp_path / "result.bin.status"
     if text is not None:
         status.write_text(text)
-    assert not _task.output_delivered(str(status))
-    assert _task.result_file(True, str(out), True) == str(out)
+    assert result_file(out) == str(out)
     err = capsys.readouterr().err
     assert str(status) in err and "not delivered" in err, err
 

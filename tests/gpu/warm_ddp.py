@@ -4,8 +4,8 @@ Spark (tests/gpu/run.sh; docs/gpu.md, "Running the device check on a GPU machine
 This process plays the executor's Python worker running one barrier task of
 ``TorchDistributor(use_gpu=True).run(fn)`` (torchspark/task/_task.py, ``run_node`` and
 ``_run_agent``): it elects the master (``_elect.elect_master``, holding the ports), starts
-or finds the executor's warm pool (``_task.warm_pool``), builds the agent's command
-(``_launch.agent_command`` with ``--gpus``, ``--warm-socket`` and the election's
+or finds the executor's warm pool (``_warm.ensure_quietly``), builds the agent's command
+(``tsp_plan_argv`` through ``_lib.json_call`` with ``--gpus``, ``--warm-socket`` and the election's
 ``nccl_port``), runs it (``_launch.Agent``) with the function pickled as the driver pickles
 it (pyspark's cloudpickle), and reads rank 0's result. Checked on the hardware:
 
@@ -173,6 +173,7 @@ def stage_partition(workdir: str):
 def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
            nccl_check: float, dataframe: bool, env: Dict[str, str]) -> Tuple[Dict, float, int]:
     """One function-mode run on this node: (rank 0's result, wall, the agent's status)."""
+    from torchspark.native import _lib
     from torchspark.task import _launch
 
     record, held = elect()
@@ -186,18 +187,21 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
     launch_t0 = time.time()
     with open(fn_file, "wb") as f:
         cloudpickle.dump((train, (launch_t0, dataframe), {}), f)
-    cmd = _launch.agent_command(
-        standalone=False, nnodes=1, node_rank=0, nproc_per_node=len(gpus.split(",")),
-        master_addr=record.master_addr, master_port=record.master_port, run_id=record.run_id,
-        error_file=error_file, program=["-m", "torchspark.worker._fn_runner", fn_file, out_file],
-        gpus=gpus, nccl_check=nccl_check, nccl_port=record.nccl_port, warm_socket=warm)
+    cmd = _lib.json_call("tsp_plan_argv", {
+        "agent": _lib.agent_path(), "nnodes": 1, "node_rank": 0, "gpus": gpus,
+        "master_addr": record.master_addr, "master_port": record.master_port,
+        "run_id": record.run_id, "error_file": error_file, "python": sys.executable,
+        "nccl_check": nccl_check, "nccl_port": record.nccl_port, "warm_socket": warm,
+        "shutdown_timeout": _launch.SHUTDOWN_TIMEOUT_S,
+        "nccl_lib": os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
+    }) + ["-m", "torchspark.worker._fn_runner", fn_file, out_file]
     say(f"[{tag}] {' '.join(cmd)}")
     t0 = time.monotonic()
     with held:
-        res = _launch.Agent(cmd, env, echo=lambda ln: say(f"[{tag}] {ln}")).run(error_file)
+        res = _launch.Agent(cmd, env, echo=lambda ln: say(f"[{tag}] {ln}")).run()
     wall = time.monotonic() - t0
     if res.returncode != 0 or not os.path.exists(out_file):
-        say(f"[{tag}] the agent exited with status {res.returncode}; report {res.report}")
+        say(f"[{tag}] the agent exited with status {res.returncode}; tail {res.tail[-5:]}")
         return {}, wall, res.returncode or 1
     with open(out_file, "rb") as f:
         return cloudpickle.load(f), wall, 0
@@ -232,7 +236,6 @@ def main() -> int:
                 "docs/gpu.md)")
             return SKIP
 
-    from torchspark.task import _task
     from torchspark.worker import _cloudpickle, _warm
 
     cloudpickle = _cloudpickle.load()  # pyspark's, as the driver pickles run()'s function
@@ -260,7 +263,7 @@ def main() -> int:
     anchor = os.getpid()  # the pool ends with this process, as with local mode's driver
     nproc = len(a.gpus.split(","))
     t0 = time.monotonic()
-    warm = _task.warm_pool(env, nproc, anchor, 120)
+    warm = _warm.ensure_quietly(env, nproc, anchor, 120)
     started = [p for p in _warm._started if p.poll() is None]
     if warm is None or not started:
         say("FAIL: no warm pool could be started")

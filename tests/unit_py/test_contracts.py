@@ -1,6 +1,7 @@
 """The golden contract files (tests/contracts/*.json) through the Python glue's binding.
 JUnit's ContractTest reproduces the same cases through JNI: one C transform, two glues,
 no twins (docs/architecture.md, "One contract")."""
+import base64
 import ctypes
 import json
 import pathlib
@@ -9,7 +10,6 @@ import pytest
 
 from torchspark.driver import _hang, _report, _restart
 from torchspark.native import _lib, _rendezvous
-from torchspark.task import _launch
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -19,15 +19,16 @@ CONF_CASES = json.loads((CONTRACTS / "conf.json").read_text())["cases"]
 HANG_CASES = json.loads((CONTRACTS / "hang.json").read_text())["cases"]
 OUTCOME_CASES = json.loads((CONTRACTS / "outcome.json").read_text())["cases"]
 RUNCTL_CASES = json.loads((CONTRACTS / "runctl.json").read_text())["cases"]
+TASK_CASES = json.loads((CONTRACTS / "task.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
 def test_plan_argv_golden(case):
     if "argv" in case:
-        assert _launch.plan_argv(case["plan"]) == case["argv"]
+        assert _lib.json_call("tsp_plan_argv", case["plan"]) == case["argv"]
     else:
         with pytest.raises(ValueError) as e:
-            _launch.plan_argv(case["plan"])
+            _lib.json_call("tsp_plan_argv", case["plan"])
         assert case["error"] in str(e.value)
 
 
@@ -46,20 +47,36 @@ def test_conf_golden(case):
             assert got["encryption"] == case["encryption"]
 
 
-def test_agent_command_is_the_plan_plus_the_program(monkeypatch):
-    monkeypatch.setenv("TORCHSPARK_NCCL_LIB", "/x/libnccl.so.2")
-    cmd = _launch.agent_command(standalone=False, nnodes=2, node_rank=1, nproc_per_node=1,
-                                error_file="e", program=["-m", "mod", "arg"],
-                                master_addr="h", master_port=5, gpus="0", nccl_check=30)
-    assert cmd[-3:] == ["-m", "mod", "arg"]
-    assert "--nccl-lib=/x/libnccl.so.2" in cmd and "--gpus=0" in cmd
+@pytest.mark.parametrize("case", TASK_CASES, ids=[c["name"] for c in TASK_CASES])
+def test_task_golden(case, tmp_path):
+    """The task side (torchspark/task.h): launch and finish, '{dir}' a fresh directory."""
+    def here(v):
+        return json.loads(json.dumps(v).replace("{dir}", str(tmp_path)))
+    for name, text in case.get("files", {}).items():
+        (tmp_path / name).write_text(text)
+    call = "tsp_task_" + case["call"]
+    if "error" in case:
+        with pytest.raises(ValueError) as e:
+            _lib.json_call(call, here(case["request"]))
+        assert case["error"] in str(e.value)
+        return
+    got = _lib.json_call(call, here(case["request"]))
+    want = here(case.get("reply", {}))
+    assert {k: got[k] for k in want} == want
+    if "failure" in case:
+        fields = got["failure"]["document"]["torchspark"]
+        assert {k: fields.get(k) for k in case["failure"]["fields"]} == case["failure"]["fields"]
+        message = got["failure"]["message"]
+        assert message.startswith(case["failure"]["message_head"]), message
+        carried = message.split(_report.MARKER, 1)[1].strip()
+        assert json.loads(base64.b64decode(carried)) == got["failure"]["document"]
 
 
 def test_a_bad_plan_names_the_key():
     with pytest.raises(ValueError, match='"nnodes" must be a whole number >= 1'):
-        _launch.plan_argv({"agent": "a", "python": "p", "error_file": "e", "nnodes": 0})
+        _lib.json_call("tsp_plan_argv", {"agent": "a", "python": "p", "error_file": "e", "nnodes": 0})
     with pytest.raises(ValueError, match="not a JSON object"):
-        _launch.plan_argv([])  # type: ignore[arg-type]
+        _lib.json_call("tsp_plan_argv", [])
 
 
 RDV_SECRET = "0123456789abcdef" * 4

@@ -3,9 +3,10 @@ pulled text, Python's line_prefix/format_line, the agent's local fallback, and t
 console when the glue runs it without the log channel; the failure report's tail filter
 reads the same prefix back."""
 import subprocess
+import sys
 
 from torchspark.driver import _report
-from torchspark.task import _launch
+from torchspark.native import _lib
 from torchspark.native._native import EVENT, STDERR, STDOUT, Line, format_line, line_prefix
 
 
@@ -27,9 +28,9 @@ def test_agent_without_channel_prints_the_same_prefix(tmp_path):
     script.write_text("import os, sys\n"
                       "print('out from', os.environ['RANK'], flush=True)\n"
                       "print('err from', os.environ['RANK'], file=sys.stderr, flush=True)\n")
-    cmd = _launch.agent_command(standalone=True, nnodes=1, node_rank=0, nproc_per_node=2,
-                                error_file=str(tmp_path / "error.json"),
-                                program=[str(script)])
+    cmd = _lib.json_call("tsp_task_launch", {
+        "agent": _lib.agent_path(), "python": sys.executable, "workdir": str(tmp_path),
+        "standalone": True, "nproc_per_node": 2, "program": [str(script)]})["argv"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     out, err = res.stdout.splitlines(), res.stderr.splitlines()

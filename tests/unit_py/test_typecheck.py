@@ -16,10 +16,10 @@ PKG = ROOT / "spark-glue" / "python"
 # (file, the text as it is, the same text misspelled, the key mypy must name, the text
 # that starts the statement mypy reports: a read's own line, a dict literal's first line)
 PLANTS = [
-    ("_task.py", 'spec["nccl_check"]', 'spec["ncl_check"]', "ncl_check", 'spec["nccl_check"]'),
-    ("_task.py", 'endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]',
-     'endpoint, secret = spec["log_endpont"], spec["log_secret_hex"]', "log_endpont",
-     "endpoint, secret ="),
+    ("_task.py", 'if spec["nccl_check"] > 0', 'if spec["ncl_check"] > 0', "ncl_check",
+     'if spec["nccl_check"] > 0'),
+    ("_task.py", 'fn, endpoint = spec["fn_bytes"], spec["log_endpoint"]',
+     'fn, endpoint = spec["fn_bytes"], spec["log_endpont"]', "log_endpont", "fn, endpoint ="),
     ("distributor.py", '"gpu_resource": settings[', '"gpu_resourc": settings[', "gpu_resourc",
      'return {\n            "version": _version(), "ship": ship,'),
 ]

@@ -24,7 +24,7 @@
 #define ERROR_FILE_MAX (4u << 20) /* a larger error file is not read */
 #define NO_TRACEBACK "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html"
 
-static char *slurp(const char *path, size_t *len)
+char *tsp__report_slurp(const char *path, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -154,7 +154,7 @@ static char *status_message(const tsp_failure_t *f)
 void tsp__report_read_error_file(tsp_failure_t *f)
 {
     size_t len = 0;
-    char *doc = slurp(f->error_file, &len);
+    char *doc = tsp__report_slurp(f->error_file, &len);
     f->has_error_file = doc != NULL;
     free(f->message);
     free(f->traceback);

@@ -73,6 +73,9 @@ void tsp__report_set_status(tsp_failure_t *f, int wstatus);
  * message and (capped) traceback, and the time when the file carries a timestamp. A file
  * that is not valid JSON is kept as text: its (capped) content becomes the traceback. */
 void tsp__report_read_error_file(tsp_failure_t *f);
+/* A file of at most 4 MiB, whole (malloc'ed, NUL-terminated, *len its bytes), or NULL with
+ * errno set (0: larger). */
+char *tsp__report_slurp(const char *path, size_t *len);
 /* Index of the root cause: the failure with the smallest time (first observed on ties). */
 int tsp__report_root(const tsp_failure_t *fails, int n);
 /* Builds the root cause's document (root->document, owned by the failure). 0 or -ENOMEM. */

@@ -11,9 +11,11 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Deque;
+import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
+import java.util.function.BiFunction;
 import java.util.function.Consumer;
 import org.apache.spark.TaskContext;
 
@@ -28,84 +30,68 @@ final class AgentProcess {
     /** The environment tag the executor plugin finds a task's agent by. */
     static final String TASK_TAG = "TORCHSPARK_TASK_ATTEMPT_ID";
 
-    private final List<String> cmd;
-    private final Map<String, String> env;
+    private final List<String> cmd = new ArrayList<>();
+    private final Map<String, String> env = new HashMap<>();
+    private final Map<String, String> envDefault = new HashMap<>();
     private final Consumer<String> echo;
     private final Deque<String> tail = new ArrayDeque<>();
     private final List<Thread> readers = new ArrayList<>();
     private final String secretHex;
     private Process proc;
 
-    AgentProcess(List<String> cmd, Map<String, String> env, Consumer<String> echo) {
-        this(cmd, env, echo, null);
-    }
-
-    /** secretHex: the driver channel's secret, handed over on the agent's standard input
+    /** The agent of a launch reply (tsp_task_launch: its argv, env and env_default).
+     *  secretHex: the driver channel's secret, handed over on the agent's standard input
      *  (TORCHSPARK_LOG_SECRET_FD=0), never in its environment, which /proc/PID/environ shows
      *  to every process of this user (docs/protocol.md 1.1); null: no channel. */
-    AgentProcess(List<String> cmd, Map<String, String> env, Consumer<String> echo, String secretHex) {
-        this.cmd = cmd;
-        this.env = env;
+    AgentProcess(JsonNode launch, Consumer<String> echo, String secretHex) {
+        launch.path("argv").forEach(a -> cmd.add(a.asText()));
+        launch.path("env").properties().forEach(kv -> env.put(kv.getKey(), kv.getValue().asText()));
+        launch.path("env_default").properties().forEach(kv -> envDefault.put(kv.getKey(), kv.getValue().asText()));
         this.echo = echo;
         this.secretHex = secretHex;
     }
 
     private static final ObjectMapper JSON = new ObjectMapper();
 
-    /** The agent's command line: the node plan's options, built by the C core for both glues
-     *  (torchspark/plan.h, docs/protocol.md section 7; the golden cases of
-     *  tests/contracts/plan_argv.json), then the program. The NCCL check only with GPUs. */
-    static List<String> command(String agent, boolean standalone, int nnodes, int nodeRank, int nproc,
-            String masterAddr, int masterPort, int ncclPort, String runId, String python,
-            String errorFile, String endpoint, String outputFile, boolean noPython, String gpus,
-            double ncclCheck, List<String> program) {
-        ObjectNode plan = JSON.createObjectNode();
-        plan.put("agent", agent);
-        plan.put("standalone", standalone);
-        plan.put("nnodes", nnodes);
-        plan.put("node_rank", nodeRank);
-        plan.put("nproc_per_node", nproc);
-        plan.put("gpus", gpus);
-        plan.put("nccl_check", gpus != null ? ncclCheck : 0);
-        plan.put("nccl_port", ncclPort);
-        plan.put("master_addr", masterAddr);
-        if (masterAddr != null) {
-            plan.put("master_port", masterPort);
-        }
-        plan.put("run_id", runId);
-        plan.put("no_python", noPython);
-        plan.put("python", noPython ? null : python);
-        plan.put("error_file", errorFile);
-        plan.put("shutdown_timeout", SHUTDOWN_TIMEOUT_S);
-        plan.put("log_endpoint", endpoint);
-        plan.put("output_file", outputFile);
-        List<String> c = planArgv(plan.toString());
-        c.addAll(program);
-        return c;
-    }
-
-    /** The node plan (JSON) -> the agent's options; IllegalArgumentException naming the key
-     *  when the plan is malformed. */
-    static List<String> planArgv(String plan) {
+    /** One of the C core's JSON transforms through JNI (request -> reply); the library's
+     *  sentence naming what is wrong as an IllegalArgumentException. */
+    static JsonNode call(BiFunction<String, String[], Integer> fn, String request) {
         String[] msg = new String[1];
-        int rc = Native.planArgv(plan, msg);
+        int rc = fn.apply(request, msg);
         if (rc != 0) {
             throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
         }
         try {
-            List<String> argv = new ArrayList<>();
-            for (JsonNode a : JSON.readTree(msg[0])) {
-                argv.add(a.asText());
-            }
-            return argv;
+            return JSON.readTree(msg[0]);
         } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the node plan's argv is not JSON: " + msg[0], e);
+            throw new IllegalStateException("torchspark: the C core's reply is not JSON: " + msg[0], e);
         }
+    }
+
+    /** The task's facts -> the agent's launch (docs/protocol.md 12, torchspark/task.h). */
+    static JsonNode launch(JsonNode request) {
+        return call(Native::taskLaunch, request.toString());
+    }
+
+    /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
+     *  (tsp_task_finish); status as Java reports it (128 + N: signal N). */
+    JsonNode finish(JsonNode launch, int status, int nodeRank, String host) {
+        ObjectNode req = JSON.createObjectNode();
+        req.put("status", status > 128 ? -(status - 128) : status); // the C rule: -N is signal N
+        req.set("files", launch.get("files"));
+        req.set("ship", launch.get("ship"));
+        req.set("collect", launch.get("collect"));
+        req.set("nproc_per_node", launch.get("nproc_per_node"));
+        req.put("node_rank", nodeRank);
+        req.put("host", host);
+        req.put("tail", String.join("\n", tail()));
+        return call(Native::taskFinish, req.toString());
     }
 
     void start() throws IOException {
         ProcessBuilder pb = new ProcessBuilder(cmd);
         pb.environment().putAll(env);
+        envDefault.forEach(pb.environment()::putIfAbsent);
         // Lets the agent notice a parent that died before it asked for its death signal.
         pb.environment().put("TORCHSPARK_PARENT_PID", Long.toString(ProcessHandle.current().pid()));
         pb.environment().remove("TORCHSPARK_LOG_SECRET");

@@ -1,15 +1,13 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
-import java.util.HashMap;
 import java.util.List;
-import java.util.Map;
 import org.apache.spark.SparkContext;
 import org.apache.spark.resource.ResourceInformation;
 
@@ -28,29 +26,26 @@ final class LocalRun {
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
-        Path outFile = workdir.resolve("output.bin");
-        List<String> prog = new ArrayList<>();
-        for (String a : program) {
-            prog.add(a.replace(TorchSparkRunner.OUTPUT, outFile.toString()));
-        }
-        Map<String, String> penv = new HashMap<>(r.env);
-        if (r.wantOutput) {
-            penv.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
-        }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
         try (RunChannel ch = new RunChannel(r, "127.0.0.1", HangDoctor.Settings.of(settings), nproc)) {
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }
-            List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), true, 1, 0, nproc,
-                    null, 0, 0, null, py, workdir.resolve("error.json").toString(), ch.server.endpoint("127.0.0.1"),
-                    r.wantOutput ? outFile.toString() : null, r.isCommand(), gpus,
-                    r.useGpu ? settings.ncclCheckS(1) : 0, prog);
+            ObjectNode req = Failure.JSON.createObjectNode(); // the one node's facts (protocol.md 12)
+            req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true).put("python", py)
+                    .put("no_python", r.isCommand()).put("workdir", workdir.toString()).put("nproc_per_node", nproc)
+                    .put("output", r.wantOutput).put("output_channel", true)
+                    .put("log_endpoint", ch.server.endpoint("127.0.0.1"))
+                    .put("nccl_check", r.useGpu ? settings.ncclCheckS(1) : 0);
+            req.set("gpus", gpus == null ? null : Failure.JSON.valueToTree(gpus.split(",")));
+            req.set("env", Failure.JSON.valueToTree(r.env));
+            req.set("program", Failure.JSON.valueToTree(program));
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
-            AgentProcess agent = new AgentProcess(cmd, penv, System.err::println, ch.server.secretHex());
-            int rc = waitForAgent(agent, ch, cmd.get(0));
+            AgentProcess agent = new AgentProcess(AgentProcess.launch(req), System.err::println,
+                    ch.server.secretHex());
+            int rc = waitForAgent(agent, ch, req.get("agent").asText());
             if (rc != 0) {
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
                 Failure failure = Failure.fromDocument(Failure.readErrorFile(workdir.resolve("error.json")), rc, 0,

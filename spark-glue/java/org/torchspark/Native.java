@@ -90,6 +90,16 @@ final class Native {
      *  "event"}, or the error sentence naming the key or the event. */
     static native int runctlStep(String request, String[] msg);
 
+    // --- the task side (torchspark/task.h, docs/protocol.md 12) ---
+
+    /** msg[0]: the agent's launch {"argv", "env", "env_default", "files", "nproc_per_node",
+     *  "ship", "collect"} for the task's facts (JSON), or the sentence naming the key. */
+    static native int taskLaunch(String request, String[] msg);
+
+    /** msg[0]: the task's result {"failure", "result", "missing", "log"} for the agent's exit
+     *  (JSON), or the sentence naming the key. */
+    static native int taskFinish(String request, String[] msg);
+
     // --- election (torchspark/elect.h) ---
 
     /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held

@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.InputStream;
 import java.io.Serializable;
@@ -129,24 +130,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
     private List<byte[]> run(TaskContext ctx) throws IOException, InterruptedException {
         int nodeRank = ctx.partitionId();
         List<String> hosts = hosts(ctx);
-        int nnodes = hosts.size();
-        Map<String, String> env = new HashMap<>(spec.env);
-        int nproc = spec.nprocPerNode;
-        String gpus = null;
-        if (spec.useGpu) {
-            ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
-            if (gpu == null || gpu.addresses().length == 0) {
-                throw new IllegalStateException("torchspark: useGpu is set but this task got no "
-                        + "\"gpu\" resource: set spark.task.resource.gpu.amount");
-            }
-            // Raw addresses: the agent assigns them against the executor's own
-            // CUDA_VISIBLE_DEVICES (--gpus; the same native rules as the PySpark glue).
-            gpus = String.join(",", gpu.addresses());
-            nproc = gpu.addresses().length;
-        } else {
-            env.put("CUDA_VISIBLE_DEVICES", "");
-            nproc = Math.max(1, nproc);
-        }
         Election.Result elected = null;
         Path workdir = Files.createTempDirectory(workRoot(), "torchspark-");
         try {
@@ -170,32 +153,9 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
-            String ifname = nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr);
-            if (ifname != null && !ifname.isEmpty()) {
-                env.putIfAbsent("GLOO_SOCKET_IFNAME", ifname);
-                env.putIfAbsent("NCCL_SOCKET_IFNAME", ifname);
-            }
-            Path outFile = workdir.resolve("output.bin");
-            Path errorFile = workdir.resolve("error.json");
-            List<String> program = new ArrayList<>();
-            for (String a : spec.program) {
-                program.add(a.replace(TorchSparkRunner.OUTPUT, outFile.toString()));
-            }
-            if (spec.wantOutput) {
-                env.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
-            }
-            env.put(AgentProcess.TASK_TAG, Long.toString(ctx.taskAttemptId()));
-            // Created by TorchSparkPlugin on a decommission notice (Decommission.java).
-            env.put(Decommission.REQUEST_ENV, workdir.resolve(Decommission.REQUEST_FILE).toString());
-            boolean ship = spec.wantOutput && spec.endpoint != null && nodeRank == 0;
-            String python = spec.python != null ? spec.python
-                    : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3");
-            List<String> cmd = AgentProcess.command(NativeLoader.agentPath().toString(), false, nnodes,
-                    nodeRank, nproc, record.masterAddr, record.masterPort, record.ncclPort, record.runId, python,
-                    errorFile.toString(), spec.endpoint, ship ? outFile.toString() : null,
-                    spec.noPython, gpus, spec.ncclCheck, program);
+            JsonNode launch = AgentProcess.launch(launchRequest(ctx, workdir, hosts.size(), record));
             // The executor's own log keeps every line, with or without the channel.
-            AgentProcess agent = new AgentProcess(cmd, env, System.err::println,
+            AgentProcess agent = new AgentProcess(launch, System.err::println,
                     spec.endpoint != null ? spec.secretHex : null);
             // Killed while launching, electing or in the barrier: no agent at all (a kill
             // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
@@ -205,24 +165,13 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             if (elected != null) {
                 elected.reservation().close();
             }
-            if (rc != 0) {
-                String host = localHostName();
-                Failure failure = Failure.fromDocument(Failure.readErrorFile(errorFile), rc, nodeRank, host,
-                        nproc, agent.tail());
-                throw new IllegalStateException("torchspark node " + nodeRank + " on host " + host
-                        + ": the agent exited with status " + rc + "\n" + failure.encode() + "\n");
+            JsonNode done = agent.finish(launch, rc, nodeRank, localHostName());
+            if (done.path("failure").isObject()) {
+                throw new IllegalStateException(done.get("failure").get("message").asText());
             }
-            // "refused": over spark.driver.maxResultSize, which collect() would carry the bytes
-            // past (an OutOfMemoryError here): none goes; the driver says why.
-            if (ship && outputOutcome(Paths.get(outFile + ".status")).equals("failed")) {
-                // The status said "failed" (or could not be read: outputOutcome said why),
-                // so the result takes the collect() path instead; with no file at all, the
-                // driver, which got neither, says so.
-                System.err.println("torchspark: rank 0's output did not reach the driver over the "
-                        + "output channel; sending it through collect() instead");
-                return Files.exists(outFile) ? chunks(outFile) : Collections.emptyList();
-            }
-            return Collections.emptyList();
+            done.path("log").forEach(line -> System.err.println(line.asText()));
+            return done.path("result").isTextual() ? chunks(Paths.get(done.get("result").asText()))
+                    : Collections.emptyList();
         } finally {
             if (elected != null) {
                 elected.reservation().close();
@@ -230,6 +179,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             deleteTree(workdir);
         }
     }
+
 
     /** Where a node's work directory goes: a local directory of this executor's application
      *  (SPARK_EXECUTOR_DIRS, YARN's LOCAL_DIRS, spark.local.dir), which Spark and the cluster
@@ -248,38 +198,26 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         return Paths.get(System.getProperty("java.io.tmpdir"));
     }
 
-    /** Whether the agent delivered rank 0's output to the driver (outputOutcome). */
-    static boolean outputDelivered(Path status) {
-        return outputOutcome(status).equals("delivered");
-    }
-
-    /** What became of rank 0's output, from the status document the agent writes after the
-     *  transfer ({@code --output-file PATH} -> {@code PATH.status}, docs/cli.md): "delivered",
-     *  "refused" (over spark.driver.maxResultSize: the driver throws its own sentence) or
-     *  "failed" (also a status that is missing or unreadable); the sentence on stderr names
-     *  the file and the reason. */
-    static String outputOutcome(Path status) {
-        JsonNode doc;
-        try {
-            doc = Failure.JSON.readTree(Files.readAllBytes(status));
-        } catch (IOException e) {
-            System.err.println("torchspark: the output status " + status + " cannot be read (" + e
-                    + "): rank 0's result counts as not delivered");
-            return "failed";
+    /** The task's facts for tsp_task_launch (docs/protocol.md 12). */
+    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record) {
+        int nodeRank = ctx.partitionId();
+        ObjectNode req = Failure.JSON.createObjectNode();
+        req.put("agent", NativeLoader.agentPath().toString()).put("no_python", spec.noPython)
+                .put("python", spec.python != null ? spec.python : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3"))
+                .put("workdir", workdir.toString()).put("nnodes", nnodes).put("node_rank", nodeRank)
+                .put("nproc_per_node", spec.nprocPerNode).put("task_attempt_id", ctx.taskAttemptId())
+                .put("ifname", nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr))
+                .put("output", spec.wantOutput).put("output_channel", true).put("log_endpoint", spec.endpoint)
+                .put("nccl_check", spec.ncclCheck);
+        if (spec.useGpu) { // Spark's raw addresses: none is refused by the C core
+            ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
+            req.set("gpus", Failure.JSON.valueToTree(gpu != null ? gpu.addresses() : new String[0]));
         }
-        String outcome = doc != null && doc.isObject() ? doc.path("output").asText("") : "";
-        if (outcome.equals("delivered") || outcome.equals("refused")) {
-            return outcome;
-        }
-        if (outcome.equals("failed")) {
-            System.err.println("torchspark: the output status " + status + " says the transfer failed: "
-                    + doc.path("error").asText(""));
-        } else {
-            System.err.println("torchspark: the output status " + status + " holds no outcome "
-                    + "(\"output\": \"delivered\", \"refused\" or \"failed\"): rank 0's result counts as "
-                    + "not delivered");
-        }
-        return "failed";
+        req.putObject("record").put("master_addr", record.masterAddr).put("master_port", record.masterPort)
+                .put("nccl_port", record.ncclPort).put("run_id", record.runId);
+        req.set("env", Failure.JSON.valueToTree(spec.env));
+        req.set("program", Failure.JSON.valueToTree(spec.program));
+        return req;
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

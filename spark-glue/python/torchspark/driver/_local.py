@@ -22,7 +22,6 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
         script_args: List[str]) -> Optional[Any]:
     from torchspark.distributor import _get_resources
 
-    env = dict(os.environ)  # os.environ itself is never changed
     gpus = None
     if dist.use_gpu and not dist.is_remote:
         # The first num_processes of the driver's GPUs: deterministic, and no global RNG
@@ -36,11 +35,12 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
         spec = _spec(dist, train_object, fn_bytes, script_args, ch.server)
         dist.logger.info(f"Started local training with {dist.num_processes} processes")
         dist._clock.mark("agents_started")
-        env.update(dist._clock.env())
+        facts = {"standalone": True, "nproc_per_node": dist.num_processes,
+                 "gpus": gpus or None, "env": dist._clock.env()}
         try:
             out_file = _task._run_agent(
-                spec, env, workdir, 0, 1, dist.num_processes, None, gpus or None,
-                echo=None if ch.server is not None else _echo_stderr, warm_anchor=os.getpid())
+                spec, facts, workdir, echo=None if ch.server is not None else _echo_stderr,
+                warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
             hang = ch.hang_error(dist, "local")

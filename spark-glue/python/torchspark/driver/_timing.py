@@ -117,6 +117,29 @@ class Clock:
         return text
 
 
+class TaskTiming:
+    """run()'s waterfall on the task's side: the driver's marks,
+    then this task's start and election; handed to the workers in their environment."""
+
+    def __init__(self, timing_env: Dict[str, str]) -> None:
+        self.timing_env = timing_env
+        self.marks: Optional[Dict[str, float]] = None
+        if timing_env:
+            self.marks = dict(json.loads(timing_env.get(MARKS_ENV, "{}")))
+            self.marks["tasks_started"] = time.time()
+
+    def mark(self, name: str) -> None:
+        if self.marks is not None:
+            self.marks[name] = time.time()
+
+    def env(self, env: Dict[str, str]) -> Dict[str, str]:
+        """env with the marks so far, "agents started" being now."""
+        if self.marks is None:
+            return env
+        self.mark("agents_started")
+        return {**env, **self.timing_env, MARKS_ENV: json.dumps(self.marks)}
+
+
 def format_waterfall(marks: Dict[str, float], title: str) -> str:
     t0 = marks.get("run_called")
     if t0 is None:

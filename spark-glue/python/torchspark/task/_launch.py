@@ -9,63 +9,16 @@ orderly path: TERM, the agent's own grace period, then KILL.
 from __future__ import annotations
 
 import collections
-import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
-from typing import IO, Callable, Deque, Dict, List, Optional, Sequence
+from typing import IO, Callable, Deque, Dict, List, Optional
 
-from torchspark.native._lib import agent_path, json_call
 
 TAIL_LINES = 100
 SHUTDOWN_TIMEOUT_S = 5
-
-
-def plan_argv(plan: Dict[str, object]) -> List[str]:
-    """The agent's options for a node plan (docs/protocol.md §7), built by the C core
-    (torchspark/plan.h) for both glues; the golden cases of tests/contracts/plan_argv.json
-    hold the contract."""
-    return list(json_call("tsp_plan_argv", plan))
-
-
-def agent_command(
-    *,
-    standalone: bool,
-    nnodes: int,
-    node_rank: int,
-    nproc_per_node: int,
-    error_file: str,
-    program: Sequence[str],
-    master_addr: Optional[str] = None,
-    master_port: Optional[int] = None,
-    run_id: Optional[str] = None,
-    log_endpoint: Optional[str] = None,
-    output_file: Optional[str] = None,
-    gpus: Optional[str] = None,
-    nccl_check: float = 0,
-    nccl_port: int = 0,
-    warm_socket: Optional[str] = None,
-) -> List[str]:
-    """The agent's command line; program is ["-m", module, args...] or [script, args...].
-    gpus: Spark's raw GPU addresses ("0,1"); the agent assigns them against its own
-    CUDA_VISIBLE_DEVICES and runs one worker per GPU. The node plan's environment-dependent
-    values are resolved here: this Python for the workers, and the training's own libnccl
-    for the NCCL preflight (the executor's TORCHSPARK_NCCL_LIB, else the nvidia-nccl wheel
-    of this Python, else the loader's)."""
-    plan: Dict[str, object] = {
-        "agent": agent_path(), "standalone": standalone, "nnodes": nnodes,
-        "node_rank": node_rank, "nproc_per_node": nproc_per_node, "gpus": gpus,
-        "nccl_check": nccl_check, "nccl_port": nccl_port, "master_addr": master_addr,
-        "master_port": master_port, "run_id": run_id, "python": sys.executable,
-        "error_file": error_file, "shutdown_timeout": SHUTDOWN_TIMEOUT_S,
-        "log_endpoint": log_endpoint, "output_file": output_file, "warm_socket": warm_socket,
-    }
-    if nccl_check > 0:
-        plan["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or find_libnccl()
-    return plan_argv(plan) + list(program)
 
 
 def find_libnccl() -> Optional[str]:
@@ -87,7 +40,6 @@ def find_libnccl() -> Optional[str]:
 class AgentResult:
     returncode: int
     tail: List[str] = field(default_factory=list)
-    report: Optional[Dict] = None  # the agent's --error-file JSON, when it wrote one
 
 
 class Agent:
@@ -172,32 +124,17 @@ class Agent:
         except OSError:
             pass
 
-    def run(self, error_file: Optional[str]) -> AgentResult:
+    def run(self) -> AgentResult:
         """Starts the agent, waits for it (stopping it if the wait is interrupted, e.g.
-        by KeyboardInterrupt) and returns its result."""
+        by KeyboardInterrupt) and returns its exit status and output tail."""
         self.start()
         try:
             self.wait()
         finally:
             self.stop()
-        return self.result(error_file)
-
-    def result(self, error_file: Optional[str]) -> AgentResult:
         for t in self._readers:
             t.join(timeout=5)
         with self._tail_lock:
             tail = list(self._tail)
         assert self.proc is not None
-        return AgentResult(self.proc.returncode, tail, read_error_file(error_file))
-
-
-
-def read_error_file(path: Optional[str]) -> Optional[Dict]:
-    if not path or not os.path.exists(path):
-        return None
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else None
-    except (OSError, ValueError):
-        return None
+        return AgentResult(self.proc.returncode, tail)

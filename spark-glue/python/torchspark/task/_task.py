@@ -9,7 +9,6 @@ with the topology and waits for it.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import shutil
 import socket
@@ -17,15 +16,13 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from torchspark.driver import _gang, _report
+from torchspark.driver import _gang, _report, _timing
 from torchspark.native import _elect, _rendezvous
 from torchspark.task import _launch, _partition, _report_rows
 from torchspark.worker import _warm
-from torchspark.native._lib import GpuAssignment, GpuRequest, load_library
+from torchspark.native._lib import GpuAssignment, GpuRequest, agent_path, json_call, load_library
 from torchspark.task._spec import NodeSpec
 
-CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
-IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
 
 
@@ -69,17 +66,6 @@ def _elect_master(hosts: List[str],
     )
 
 
-def warm_pool(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Optional[str]:
-    """The socket of this executor's warm worker pool (torchspark/worker/_warm.py), started when
-    none lives; None (workers start as usual) when no pool can be had, said on stderr."""
-    try:
-        return _warm.ensure(env, nproc, anchor, idle_s)
-    except Exception as e:  # never a reason to fail a run
-        sys.stderr.write(f"torchspark: no warm worker pool on this executor ({e}); the "
-                         "training processes start a fresh Python\n")
-        return None
-
-
 def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
     """The GPUs of this node's processes (None for a CPU job): Spark's raw addresses, which
     the agent assigns against the executor's own CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8
@@ -94,44 +80,31 @@ def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
 
 
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
-    timing = _TaskTiming(spec["timing_env"])
+    timing = _timing.TaskTiming(spec["timing_env"])
     # A barrier task's context, or a gang task's once every node joined (_gang.py).
     ctx, node_rank, hosts = _gang.task_context(spec, _host_of)
-    nnodes = len(hosts)
-    env = dict(os.environ)
-    env["TORCHSPARK_TASK_ATTEMPT_ID"] = str(ctx.taskAttemptId())  # TorchSparkPlugin finds the agent by it
-    env.update(spec["attempt_env"])  # a restarted run's attempt (_restart.py)
-
-    gpus = _node_gpus(spec, ctx, node_rank)
-    nproc = max(1, len(gpus)) if gpus is not None else 1
-    if gpus is None:
-        env[CUDA_VISIBLE_DEVICES] = ""
-
     reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-")
-    # Created by TorchSparkPlugin on a decommission notice (torchspark.checkpoint.requested).
-    env["TORCHSPARK_CHECKPOINT_REQUEST"] = os.path.join(workdir, "checkpoint-request")
     try:
         # train_on_dataframe: the partition staged for the node's processes; run(): nothing.
         staged = _partition.stage_task_input(spec, iterator, ctx)
-        env.update(staged.env if staged is not None else {})
+        packed = ""
         if node_rank == 0:
-            record, packed, reservation = _elect_master(hosts, spec["driver_host"])
-        else:
-            packed = ""
+            _, packed, reservation = _elect_master(hosts, spec["driver_host"])
         record = _elect.unpack_record(
             _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx, node_rank,
                                  packed))
         timing.mark("election_done")
-        ifname = record.ifname if node_rank == 0 else _elect.local_ifname(record.master_addr)
-        if ifname:
-            for var in IFNAME_VARS:
-                env.setdefault(var, ifname)
         # Reports the channel could not deliver come back as rows (_report_rows.py).
         tag = spec.get("report_rows")
         spill = _report_rows.Spill(tag, workdir) if tag else None
-        out_file = _run_agent(spec, timing.env(env), workdir, node_rank, nnodes, nproc,
-                              record, gpus, spill)
+        env = {**spec["attempt_env"], **(staged.env if staged is not None else {})}
+        facts = {"nnodes": len(hosts), "node_rank": node_rank, "record": vars(record),
+                 "task_attempt_id": ctx.taskAttemptId(), "env": timing.env(env),
+                 "gpus": _node_gpus(spec, ctx, node_rank),
+                 "ifname": record.ifname if node_rank == 0
+                 else _elect.local_ifname(record.master_addr)}
+        out_file = _run_agent(spec, facts, workdir, spill)
         if reservation is not None:
             reservation.release()
         if out_file is not None:
@@ -152,92 +125,6 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-class _TaskTiming:
-    """run()'s waterfall on the task's side (torchspark/driver/_timing.py): the driver's marks,
-    then this task's start and election; handed to the workers in their environment."""
-
-    def __init__(self, timing_env: Dict[str, str]) -> None:
-        self.timing_env = timing_env
-        self.marks: Optional[Dict[str, float]] = None
-        if timing_env:
-            import json
-            import time
-
-            self.marks = dict(json.loads(timing_env.get("TORCHSPARK_TIMING_MARKS", "{}")))
-            self.marks["tasks_started"] = time.time()
-
-    def mark(self, name: str) -> None:
-        if self.marks is not None:
-            import time
-
-            self.marks[name] = time.time()
-
-    def env(self, env: Dict[str, str]) -> Dict[str, str]:
-        """env with the marks so far, "agents started" being now."""
-        if self.marks is None:
-            return env
-        import json
-
-        self.mark("agents_started")
-        return {**env, **self.timing_env, "TORCHSPARK_TIMING_MARKS": json.dumps(self.marks)}
-
-
-def output_delivered(status_path: str) -> bool:
-    """Whether the agent delivered rank 0's output to the driver (output_outcome)."""
-    return output_outcome(status_path) == "delivered"
-
-
-def output_outcome(status_path: str) -> str:
-    """What became of rank 0's output, from the status document the agent writes after the
-    transfer (`--output-file PATH` -> `PATH.status`, docs/cli.md): "delivered", "refused"
-    (over spark.driver.maxResultSize: the driver raises its own sentence) or "failed" (also
-    a status that is missing or unreadable); the sentence on stderr names the file and the
-    reason."""
-    try:
-        with open(status_path, "rb") as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
-        sys.stderr.write(f"torchspark: the output status {status_path} cannot be read "
-                         f"({e}): rank 0's result counts as not delivered\n")
-        return "failed"
-    outcome = doc.get("output") if isinstance(doc, dict) else None
-    if outcome in ("delivered", "refused"):
-        return outcome
-    if outcome == "failed":
-        sys.stderr.write(f"torchspark: the output status {status_path} says the transfer "
-                         f"failed: {doc.get('error')}\n")
-    else:
-        sys.stderr.write(f"torchspark: the output status {status_path} holds no outcome "
-                         f"(\"output\": \"delivered\", \"refused\" or \"failed\"): rank 0's result counts "
-                         "as not delivered\n")
-    return "failed"
-
-
-def node_program(workdir: str, fn_bytes: Optional[bytes],
-                 script_argv: Optional[List[str]]) -> "tuple[List[str], str, str]":
-    """What one node's agent runs, the same in a barrier task and in local mode (a one-node
-    run): (program, error file, rank 0's output file) under workdir; a function is written
-    to fn.pickle and run by torchspark.worker._fn_runner, else the script with its arguments."""
-    error_file = os.path.join(workdir, "error.json")
-    out_file = os.path.join(workdir, "output.pickle")
-    if fn_bytes is not None:
-        fn_file = os.path.join(workdir, "fn.pickle")
-        with open(fn_file, "wb") as f:
-            f.write(fn_bytes)
-        return ["-m", "torchspark.worker._fn_runner", fn_file, out_file], error_file, out_file
-    if script_argv is None:
-        raise RuntimeError("torchspark: the job gave this task neither a function nor a script")
-    return script_argv, error_file, out_file
-
-
-def node_failure(res: "_launch.AgentResult", node_rank: int, nproc: int) -> _report.Failure:
-    """A node's agent that failed: its document finished by the C core with what this
-    side saw (exit status, output tail), in a barrier task and in local mode alike."""
-    return _report.Failure.from_document(res.report, status=res.returncode,
-                                         node_rank=node_rank, host=socket.gethostname(),
-                                         nproc_per_node=nproc, tail=res.tail)
-
-
 class NodeFailed(RuntimeError):
     """A node's agent failed: the message carries its finished document (the task's
     carrier, docs/protocol.md section 3); ``failure`` and ``result`` for local mode."""
@@ -253,63 +140,50 @@ def _echo(line: str) -> None:
     sys.stderr.write(line + "\n")
 
 
-def _run_agent(spec: NodeSpec, env: Dict[str, str], workdir: str, node_rank: int,
-               nnodes: int, nproc: int, record: Optional["_elect.Record"],
-               gpus: Optional[List[str]] = None,
+def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
                spill: Optional[_report_rows.Spill] = None,
                echo: Optional[Callable[[str], None]] = _echo,
                warm_anchor: Optional[int] = None) -> Optional[str]:
-    """Runs this node's agent (holding the caller's port reservation meanwhile); returns
-    the result file to send through collect(), or None; raises NodeFailed with a failure
-    report. record None: local mode, the one node of a standalone run (no election, no
-    rendezvous, no staging), its warm pool anchored at warm_anchor (the driver)."""
-    program, error_file, out_file = node_program(
-        workdir, spec["fn_bytes"],
-        None if spec["script"] is None else [spec["script"], *spec["script_args"]])
-    endpoint, secret = spec["log_endpoint"], spec["log_secret_hex"]
-    ship = bool(endpoint and spec["result_via_channel"] and spec["fn_bytes"] is not None
-                and node_rank == 0)
-    warm = None
-    if spec["warm_idle_s"] and spec["fn_bytes"] is not None:
-        warm = warm_pool(env, nproc if record is None or gpus is None else max(1, len(gpus)),
+    """Runs this node's agent (holding the caller's port reservation meanwhile) as the C
+    core plans it from the task's facts (docs/protocol.md section 12); returns the result
+    file to send through collect(), or None; raises NodeFailed with a failure report.
+    facts {"standalone": True, ...}: local mode, the one node of a standalone run (no
+    election, no rendezvous, no staging), its warm pool anchored at warm_anchor (the
+    driver)."""
+    fn, endpoint = spec["fn_bytes"], spec["log_endpoint"]
+    request = {"agent": agent_path(), "python": sys.executable, "workdir": workdir,
+               "log_endpoint": endpoint, "nccl_check": spec["nccl_check"],
+               "output": fn is not None, "output_channel": spec["result_via_channel"],
+               "program": ["-m", "torchspark.worker._fn_runner", "{fn}", "{output}"]
+               if fn is not None else [spec["script"], *spec["script_args"]], **facts}
+    if spec["nccl_check"] > 0 and facts.get("gpus"):
+        request["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
+    plan = json_call("tsp_task_launch", request)
+    env = {**os.environ, **plan["env"]}
+    for var, value in plan["env_default"].items():
+        env.setdefault(var, value)
+    if fn is not None:
+        with open(plan["files"]["fn"], "wb") as f:
+            f.write(fn)
+    if spec["warm_idle_s"] and fn is not None:
+        warm = _warm.ensure_quietly(env, plan["nproc_per_node"],
                          _warm.executor_anchor() if warm_anchor is None else warm_anchor,
                          spec["warm_idle_s"])
-    cmd = _launch.agent_command(
-        standalone=record is None, nnodes=nnodes, node_rank=node_rank, nproc_per_node=nproc,
-        master_addr=record.master_addr if record else None,
-        master_port=record.master_port if record else None,
-        run_id=record.run_id if record else None, error_file=error_file, log_endpoint=endpoint,
-        output_file=out_file if ship else None, program=program,
-        gpus=None if gpus is None else ",".join(gpus),
-        nccl_check=spec["nccl_check"] if gpus is not None else 0,
-        nccl_port=record.nccl_port if record else 0, warm_socket=warm)
-    res = _launch.Agent(cmd, env, echo=echo, on_stderr=spill.stderr_line if spill else None,
-                        secret=secret if endpoint else None).run(error_file)
-    if res.returncode != 0:
-        host = socket.gethostname()
-        failure = node_failure(res, node_rank, nproc)
-        raise NodeFailed(f"torchspark node {node_rank} on host {host}: the agent exited "
-                         f"with status {res.returncode}\n{failure.encode()}\n", failure, res)
-    return result_file(ship, out_file, node_rank == 0 and spec["fn_bytes"] is not None)
-
-
-def result_file(ship: bool, out_file: str, rank0_fn: bool) -> Optional[str]:
-    """After the agent succeeded: the file this task sends through collect() (rank 0's
-    result), or None. ship: the agent was asked to send out_file over the output channel;
-    its status document (output_delivered) decides whether the driver has it already."""
-    if ship:
-        # "refused": over spark.driver.maxResultSize, which collect() would carry the bytes
-        # past (an OutOfMemoryError in the executor): none goes; the driver says why.
-        if output_outcome(out_file + ".status") in ("delivered", "refused"):
-            return None
-        # Not delivered (output_delivered said why): the result takes the collect() path;
-        # with no file at all, the driver, which got neither, says so.
-        sys.stderr.write("torchspark: rank 0's result did not reach the driver over the "
-                         "output channel; sending it through collect() instead\n")
-        return out_file if os.path.exists(out_file) else None
-    if not rank0_fn:
-        return None
-    if not os.path.exists(out_file):
+        plan = json_call("tsp_task_launch", dict(request, warm_socket=warm)) if warm else plan
+    res = _launch.Agent(plan["argv"], env, echo=echo,
+                        on_stderr=spill.stderr_line if spill else None,
+                        secret=spec["log_secret_hex"] if endpoint else None).run()
+    done = json_call("tsp_task_finish", {
+        "status": res.returncode, "tail": "\n".join(res.tail), "host": socket.gethostname(),
+        "node_rank": facts.get("node_rank", 0), "files": plan["files"], "ship": plan["ship"],
+        "collect": plan["collect"], "nproc_per_node": plan["nproc_per_node"]})
+    if done["failure"] is not None:
+        failure = _report.Failure(done["failure"]["document"], None)
+        raise NodeFailed(done["failure"]["message"], failure, res)
+    for line in done["log"]:
+        sys.stderr.write(line + "\n")
+    if done["missing"]:
         raise RuntimeError("TorchDistributor failed during training."
                            "View stdout logs for detailed error message.")
-    return out_file
+    result: Optional[str] = done["result"]
+    return result

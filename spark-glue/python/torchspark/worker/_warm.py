@@ -195,6 +195,17 @@ def ensure(env: Dict[str, str], nproc_per_node: int, anchor: int,
                 os.close(x)
 
 
+def ensure_quietly(env: Dict[str, str], nproc: int, anchor: int, idle_s: float) -> Optional[str]:
+    """The socket of this executor's warm worker pool (ensure), started when
+    none lives; None (workers start as usual) when no pool can be had, said on stderr."""
+    try:
+        return ensure(env, nproc, anchor, idle_s)
+    except Exception as e:  # never a reason to fail a run
+        sys.stderr.write(f"torchspark: no warm worker pool on this executor ({e}); the "
+                         "training processes start a fresh Python\n")
+        return None
+
+
 def _take_lock(lock: str, sock: str) -> Tuple[int, Optional[bool]]:
     """KEY.lock opened and flocked: (fd, True) when taken (no pool lives); (fd, False) when
     a pool holds it and serves on sock; (fd, None) when none did in READY_TIMEOUT_S. The

@@ -30,10 +30,12 @@ public class ContractTest {
             if (c.has("argv")) {
                 List<String> want = new ArrayList<>();
                 c.get("argv").forEach(a -> want.add(a.asText()));
-                assertEquals(name, want, AgentProcess.planArgv(c.get("plan").toString()));
+                List<String> got = new ArrayList<>();
+                AgentProcess.call(Native::planArgv, c.get("plan").toString()).forEach(a -> got.add(a.asText()));
+                assertEquals(name, want, got);
             } else {
                 try {
-                    AgentProcess.planArgv(c.get("plan").toString());
+                    AgentProcess.call(Native::planArgv, c.get("plan").toString());
                     fail(name + ": a refused plan was accepted");
                 } catch (IllegalArgumentException e) {
                     String part = c.get("error").asText();
@@ -283,13 +285,48 @@ public class ContractTest {
         assertTrue("fewer than 20 golden cases", n >= 20);
     }
 
+    /** The task side (torchspark/task.h): the same cases as pytest's test_task_golden, '{dir}'
+     *  a fresh directory where a finish case's files are written first. */
     @Test
-    public void commandIsThePlanThenTheProgram() {
-        List<String> cmd = AgentProcess.command("a", false, 2, 1, 1, "h", 5, 0, "r", "py", "e", null,
-                null, false, null, 180, List.of("train.py", "--x"));
-        assertEquals(List.of("a", "--nnodes=2", "--node-rank=1", "--nproc-per-node=1", "--master-addr=h",
-                "--master-port=5", "--rdzv-id=r", "--python", "py", "--error-file", "e",
-                "--shutdown-timeout=5", "--tee=3", "--log-line-prefix-template=[rank ${rank}] ",
-                "train.py", "--x"), cmd); // no GPUs: no NCCL check
+    public void taskGoldenCases() throws IOException {
+        int n = 0;
+        ObjectMapper json = new ObjectMapper();
+        for (JsonNode c : cases("task.json")) {
+            String name = c.get("name").asText();
+            Path dir = java.nio.file.Files.createTempDirectory("tsp-task-");
+            try {
+                JsonNode k = json.readTree(c.toString().replace("{dir}", dir.toString()));
+                for (java.util.Map.Entry<String, JsonNode> f : k.path("files").properties()) {
+                    java.nio.file.Files.writeString(dir.resolve(f.getKey()), f.getValue().asText());
+                }
+                String[] msg = new String[1];
+                String req = k.get("request").toString();
+                int rc = c.get("call").asText().equals("launch") ? Native.taskLaunch(req, msg) : Native.taskFinish(req, msg);
+                if (k.has("error")) {
+                    assertTrue(name + ": a refused request was accepted", rc != 0);
+                    assertTrue(name + ": " + msg[0], msg[0].contains(k.get("error").asText()));
+                    n++;
+                    continue;
+                }
+                assertEquals(name + ": " + msg[0], 0, rc);
+                JsonNode got = json.readTree(msg[0]);
+                k.path("reply").properties().forEach(kv -> assertEquals(name + ": " + kv.getKey(), kv.getValue(),
+                        got.get(kv.getKey())));
+                if (k.has("failure")) {
+                    JsonNode fields = got.get("failure").get("document").get("torchspark");
+                    k.get("failure").get("fields").properties().forEach(kv -> assertEquals(name + ": " + kv.getKey(),
+                            kv.getValue(), fields.get(kv.getKey())));
+                    String message = got.get("failure").get("message").asText();
+                    assertTrue(name + ": " + message, message.startsWith(k.get("failure").get("message_head").asText()));
+                    String carried = message.split(Failure.MARKER, 2)[1].trim();
+                    assertEquals(name, got.get("failure").get("document"),
+                            json.readTree(java.util.Base64.getDecoder().decode(carried)));
+                }
+            } finally {
+                NodeTask.deleteTree(dir);
+            }
+            n++;
+        }
+        assertTrue("fewer than 20 golden cases", n >= 20);
     }
 }

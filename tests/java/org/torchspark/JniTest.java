@@ -100,23 +100,35 @@ public class JniTest {
         }
     }
 
+    /** The agent's argv (tsp_task_launch) of node 1 of 2 with rec, on GPU 0 when gpu. */
+    static List<String> launchArgv(Election.Record rec, double ncclCheck, boolean gpu) {
+        com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
+        req.put("agent", "torchspark-run").put("python", "python3").put("workdir", "/tmp/w").put("nnodes", 2)
+                .put("node_rank", 1).put("nccl_check", ncclCheck);
+        if (gpu) {
+            req.putArray("gpus").add("0");
+        }
+        req.putObject("record").put("master_addr", rec.masterAddr).put("master_port", rec.masterPort)
+                .put("nccl_port", rec.ncclPort).put("run_id", rec.runId);
+        req.putArray("program").add("train.py");
+        List<String> argv = new java.util.ArrayList<>();
+        AgentProcess.launch(req).get("argv").forEach(a -> argv.add(a.asText()));
+        return argv;
+    }
+
     @Test
     public void agentCommandCarriesTheElectedNcclPort() {
         Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
             Election.Record rec = Election.Record.unpack(r.packed());
-            List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr,
-                    rec.masterPort, rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null,
-                    false, "0", 0, List.of("train.py"));
+            List<String> cmd = launchArgv(rec, 0, true);
             assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.ncclPort));
             assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.masterPort));
             // A record without it (an older rank 0): no option, the agent uses the master port.
             rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"::1\","
                     + "\"run_id\":\"r\"}");
             assertEquals(0, rec.ncclPort);
-            cmd = AgentProcess.command("torchspark-run", false, 2, 1, 1, rec.masterAddr, rec.masterPort,
-                    rec.ncclPort, rec.runId, "python3", "/tmp/e.json", null, null, false, "0", 0,
-                    List.of("train.py"));
+            cmd = launchArgv(rec, 0, true);
             assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
         } finally {
             r.reservation().close();
@@ -180,6 +192,15 @@ public class JniTest {
         return p.exitValue();
     }
 
+    /** Whether the task side reads rank 0's output at out as delivered, from out's status
+     *  document (tsp_task_finish: no sentence, nothing through collect()). */
+    private static boolean delivered(Path out) {
+        com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
+        req.put("status", 0).put("ship", true).put("collect", true);
+        req.putObject("files").put("error", out + ".error").put("output", out.toString());
+        return AgentProcess.call(Native::taskFinish, req.toString()).get("log").size() == 0;
+    }
+
     private static List<String> pullAll(LogServer s) {
         s.shutdown(5000);
         List<String> all = new ArrayList<>();
@@ -212,7 +233,7 @@ public class JniTest {
             assertEquals(HexFormat.of().formatHex(java.security.MessageDigest.getInstance("SHA-256")
                     .digest("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1))), doc.get("sha256").asText());
             assertTrue(doc.get("error").isNull());
-            assertTrue("the glue reads delivered from the status", NodeTask.outputDelivered(status));
+            assertTrue("the glue reads delivered from the status", delivered(out));
             List<String> lines = pullAll(s);
             assertTrue(lines.toString(), lines.contains("[rank 0] hello from 0"));
             assertTrue(lines.toString(), lines.contains("[rank 1] hello from 1"));
@@ -262,8 +283,12 @@ public class JniTest {
             assertEquals("refused", doc.get("output").asText());
             assertTrue(doc.toString(), doc.get("error").asText()
                     .contains("output of 3000 bytes is over spark.driver.maxResultSize (1024 bytes)"));
-            assertEquals("refused", NodeTask.outputOutcome(status));
-            assertFalse(NodeTask.outputDelivered(status));
+            // The task side (tsp_task_finish): no sentence and nothing through collect().
+            com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
+            req.put("status", 0).put("ship", true).put("collect", true);
+            req.putObject("files").put("error", out + ".error").put("output", out.toString());
+            JsonNode done = AgentProcess.call(Native::taskFinish, req.toString());
+            assertTrue(done.toString(), done.get("result").isNull() && done.get("log").size() == 0);
             long t0 = System.nanoTime();
             assertFalse("the driver knows at once", s.awaitOutput(30_000));
             assertTrue(System.nanoTime() - t0 < 5_000_000_000L);
@@ -287,13 +312,13 @@ public class JniTest {
             assertTrue(doc.get("sha256").isNull());
             assertTrue(doc.toString(), doc.get("error").asText().contains("does not expect an output"));
             assertTrue("the file stays for the collect() path", Files.exists(out));
-            assertFalse(NodeTask.outputDelivered(status));
+            assertFalse(delivered(out));
             // No status at all (or not a status) is not delivered either, never a silent success.
-            assertFalse(NodeTask.outputDelivered(dir.resolve("missing.status")));
+            assertFalse(delivered(dir.resolve("missing")));
             Files.writeString(dir.resolve("bad.status"), "{\"output\": 1");
-            assertFalse(NodeTask.outputDelivered(dir.resolve("bad.status")));
+            assertFalse(delivered(dir.resolve("bad")));
             Files.writeString(dir.resolve("odd.status"), "{\"output\": \"maybe\"}");
-            assertFalse(NodeTask.outputDelivered(dir.resolve("odd.status")));
+            assertFalse(delivered(dir.resolve("odd")));
         } finally {
             TestEnv.deleteTree(dir);
         }

@@ -271,15 +271,14 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertEquals("spark.torchspark.ncclCheck='yes please' is not a boolean: use true or false", e.getMessage());
         }
-        List<String> cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3",
-                "/tmp/e.json", null, null, false, "0", 0.5, List.of("train.py"));
+        Election.Record rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"h\","
+                + "\"run_id\":\"r\",\"nccl_port\":6}");
+        List<String> cmd = JniTest.launchArgv(rec, 0.5, true);
         assertTrue(cmd.toString(), cmd.contains("--nccl-check=0.5"));
         assertTrue(cmd.toString(), cmd.indexOf("--nccl-check=0.5") < cmd.indexOf("train.py"));
-        cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3", "/tmp/e.json",
-                null, null, false, "0", 180, List.of("train.py"));
+        cmd = JniTest.launchArgv(rec, 180, true);
         assertTrue(cmd.toString(), cmd.contains("--nccl-check=180"));
-        cmd = AgentProcess.command("torchspark-run", false, 2, 0, 1, "h", 5, 6, "r", "python3", "/tmp/e.json",
-                null, null, false, null, 180, List.of("train.py")); // no GPUs: no check
+        cmd = JniTest.launchArgv(rec, 180, false); // no GPUs: no check
         assertTrue(cmd.toString(), cmd.stream().noneMatch(a -> a.startsWith("--nccl-check")));
     }
 

@@ -1,0 +1,646 @@
+/* task.c: the task side (torchspark/task.h, docs/protocol.md section 12), once for both glues:
+ * a task's facts -> the agent's command line (through the node plan, plan.c), environment and
+ * files; the agent's exit -> the task's result (its failure through report.c's
+ * tsp_failure_report, or the file it returns through collect()). */
+#include "torchspark/task.h"
+
+#include <errno.h>
+#include <openssl/evp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "json.h"
+#include "report.h"
+#include "torchspark/failure.h"
+#include "torchspark/plan.h"
+#include "util.h"
+
+#define SHUTDOWN_TIMEOUT_S 5 /* the agent's grace for its workers (the glue adds a second) */
+#define CARRIER "TORCHSPARK-FAILURE-REPORT-V2:" /* docs/protocol.md section 3 */
+
+typedef struct {
+    const char *doc;
+    size_t len;
+    char *err;
+    size_t errlen;
+} req_t;
+
+typedef int (*json_fn)(const char *, size_t, char *, size_t, size_t *, char *, size_t);
+
+/* The value at key: 1 with *out (malloc'ed) when present and not null, 0 when absent or
+ * null, -EINVAL (err set) when its kind is not want. */
+static int get(const req_t *r, const char *key, int want, const char *what, char **out)
+{
+    int type = 0;
+    *out = NULL;
+    int rc = tsp_json_get(r->doc, r->len, key, out, &type);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc) {
+        (void)tsp__err(r->err, r->errlen, rc, "the task request is not a JSON object");
+        return rc == -ENOMEM ? rc : -EINVAL;
+    }
+    if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
+        free(*out);
+        *out = NULL;
+        return 0;
+    }
+    if (type != want) {
+        free(*out);
+        *out = NULL;
+        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request's \"%s\" must be %s", key,
+                       what);
+        return -EINVAL;
+    }
+    return *out ? 1 : -ENOMEM;
+}
+
+static int get_str(const req_t *r, const char *key, int required, char **out)
+{
+    int rc = get(r, key, TSP_JSON_STRING, "a string", out);
+    if (rc == 0 && required) {
+        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request has no \"%s\" (a string)",
+                       key);
+        return -EINVAL;
+    }
+    return rc < 0 ? rc : 0;
+}
+
+/* A whole number (negative when neg) into *v; dflt when absent. */
+static int get_int(const req_t *r, const char *key, int neg, int dflt, int *v)
+{
+    char *s;
+    int rc = get(r, key, TSP_JSON_NUMBER, "a whole number", &s);
+    *v = dflt;
+    if (rc <= 0)
+        return rc;
+    int minus = neg && s[0] == '-';
+    rc = tsp__parse_int(s + minus, v);
+    free(s);
+    if (rc)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the task request's \"%s\" must be a whole "
+                        "number%s",
+                        key, neg ? "" : " >= 0");
+    *v = minus ? -*v : *v;
+    return 0;
+}
+
+static int get_bool(const req_t *r, const char *key, int *v)
+{
+    char *s;
+    int rc = get(r, key, TSP_JSON_LITERAL, "true or false", &s);
+    *v = rc > 0 && strcmp(s, "true") == 0;
+    if (rc > 0 && !*v && strcmp(s, "false") != 0)
+        rc = tsp__err(r->err, r->errlen, -EINVAL, "the task request's \"%s\" must be true or false",
+                      key);
+    free(s);
+    return rc < 0 ? rc : 0;
+}
+
+/* fn's reply to in, malloc'ed in *out (NUL-terminated). */
+static int call(json_fn fn, const char *in, size_t len, char **out, char *err, size_t errlen)
+{
+    size_t size = 16384, needed = 0;
+    for (int i = 0; i < 2; i++) {
+        if (!(*out = malloc(size)))
+            return -ENOMEM;
+        int rc = fn(in, len, *out, size, &needed, err, errlen);
+        if (rc != -ENOSPC || i)
+            return rc;
+        free(*out);
+        size = needed;
+    }
+    return -ENOSPC;
+}
+
+/* A malloc'ed sentence, or NULL when memory ran out. */
+__attribute__((format(printf, 1, 2))) static char *fmt(const char *f, ...)
+{
+    char *p = NULL;
+    va_list ap;
+    va_start(ap, f);
+    int n = vasprintf(&p, f, ap);
+    va_end(ap);
+    return n < 0 ? NULL : p;
+}
+
+static char *in_dir(const char *dir, const char *name)
+{
+    return fmt("%s/%s", dir, name);
+}
+
+static void write_bool(tsp_json_writer_t *w, const char *key, int v)
+{
+    tsp_json_key(w, key);
+    (void)tsp_json_value(w, v ? "true" : "false", v ? 4 : 5);
+}
+
+/* The request's value at path, written under key as it is, when present. */
+static void copy_as(tsp_json_writer_t *w, const req_t *r, const char *path, const char *key)
+{
+    char *v = NULL;
+    int type = 0;
+    if (tsp_json_get(r->doc, r->len, path, &v, &type) != 0)
+        return;
+    tsp_json_key(w, key);
+    if (type == TSP_JSON_STRING)
+        tsp_json_str(w, v);
+    else
+        (void)tsp_json_value(w, v, strlen(v));
+    free(v);
+}
+
+typedef struct {
+    char *workdir, *gpu_resource, *gpus, *ifname, *attempt, *endpoint, *record;
+    char *error, *output, *fn, *request_file;
+    int standalone, nproc, node_rank, output_wanted, channel, ship, collect;
+} launch_t;
+
+static void launch_free(launch_t *l)
+{
+    char **s[] = {&l->workdir, &l->gpu_resource, &l->gpus,        &l->ifname,
+                  &l->attempt, &l->endpoint,     &l->record,      &l->error,
+                  &l->output,  &l->fn,           &l->request_file};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+        free(*s[i]);
+}
+
+typedef struct {
+    FILE *f;
+    size_t n;
+    int bad;
+} join_t;
+
+/* Each GPU address (a string) appended to a comma-separated list. */
+static int join_gpu(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    (void)key;
+    join_t *j = ctx;
+    if (type != TSP_JSON_STRING || memchr(val, ',', len)) {
+        j->bad = 1;
+        return -EINVAL;
+    }
+    fprintf(j->f, "%s%s", index ? "," : "", val);
+    j->n++;
+    return 0;
+}
+
+/* gpus: an array of addresses -> "a,b"; an empty one is refused (the task got none). */
+static int read_gpus(const req_t *r, launch_t *l)
+{
+    char *arr = NULL;
+    int rc = get(r, "gpus", TSP_JSON_ARRAY, "an array of strings (Spark's GPU addresses)", &arr);
+    if (rc <= 0)
+        return rc;
+    size_t glen = 0;
+    join_t j = {open_memstream(&l->gpus, &glen), 0, 0};
+    rc = j.f ? tsp_json_each(arr, strlen(arr), NULL, join_gpu, &j) : -ENOMEM;
+    if (j.f && fclose(j.f) != 0)
+        rc = -ENOMEM;
+    free(arr);
+    if (j.bad)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the task request's \"gpus\" must be an array "
+                        "of strings (Spark's GPU addresses)");
+    if (!rc && j.n == 0)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "torchspark: the job uses GPUs but this task "
+                        "got no \"%s\" resource: set spark.task.resource.%s.amount",
+                        l->gpu_resource ? l->gpu_resource : "gpu",
+                        l->gpu_resource ? l->gpu_resource : "gpu");
+    l->nproc = (int)j.n;
+    return rc;
+}
+
+static int read_launch(const req_t *r, launch_t *l)
+{
+    int rc;
+    if (tsp_json_check_object(r->doc, r->len) != 0) {
+        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request is not a JSON object");
+        return -EINVAL;
+    }
+    if ((rc = get_str(r, "workdir", 1, &l->workdir)) ||
+        (rc = get_bool(r, "standalone", &l->standalone)) ||
+        (rc = get_int(r, "nproc_per_node", 0, 1, &l->nproc)) ||
+        (rc = get_int(r, "node_rank", 0, 0, &l->node_rank)) ||
+        (rc = get_str(r, "gpu_resource", 0, &l->gpu_resource)) || (rc = read_gpus(r, l)) ||
+        (rc = get(r, "record", TSP_JSON_OBJECT, "an object (the election record)", &l->record)) <
+            0 ||
+        (rc = get_str(r, "ifname", 0, &l->ifname)) ||
+        (rc = get(r, "task_attempt_id", TSP_JSON_NUMBER, "a whole number", &l->attempt)) < 0 ||
+        (rc = get_str(r, "log_endpoint", 0, &l->endpoint)) ||
+        (rc = get_bool(r, "output", &l->output_wanted)) ||
+        (rc = get_bool(r, "output_channel", &l->channel)))
+        return rc;
+    l->nproc = l->nproc > 0 ? l->nproc : 1;
+    l->ship = l->output_wanted && l->channel && l->endpoint && l->node_rank == 0;
+    l->collect = l->output_wanted && l->node_rank == 0;
+    l->error = in_dir(l->workdir, "error.json");
+    l->output = in_dir(l->workdir, "output.bin");
+    l->fn = in_dir(l->workdir, "fn.pickle");
+    l->request_file = in_dir(l->workdir, "checkpoint-request");
+    return l->error && l->output && l->fn && l->request_file ? 0 : -ENOMEM;
+}
+
+/* The node plan (docs/protocol.md section 7) of the task, as JSON text in *doc. */
+static int write_plan(const req_t *r, const launch_t *l, char **doc, size_t *dlen)
+{
+    FILE *f = open_memstream(doc, dlen);
+    if (!f)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    const char *keys[] = {"agent",     "python",       "no_python", "nnodes",
+                          "node_rank", "log_endpoint", "nccl_lib",  "warm_socket"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        copy_as(&w, r, keys[i], keys[i]);
+    write_bool(&w, "standalone", l->standalone);
+    tsp_json_key(&w, "nproc_per_node");
+    tsp_json_int(&w, l->nproc);
+    tsp_json_key(&w, "gpus");
+    tsp_json_str(&w, l->gpus);
+    if (l->gpus) /* the NCCL check only with GPUs */
+        copy_as(&w, r, "nccl_check", "nccl_check");
+    if (l->record) {
+        copy_as(&w, r, "record.master_addr", "master_addr");
+        copy_as(&w, r, "record.master_port", "master_port");
+        copy_as(&w, r, "record.nccl_port", "nccl_port");
+        copy_as(&w, r, "record.run_id", "run_id");
+    }
+    tsp_json_key(&w, "error_file");
+    tsp_json_str(&w, l->error);
+    tsp_json_key(&w, "shutdown_timeout");
+    tsp_json_int(&w, SHUTDOWN_TIMEOUT_S);
+    tsp_json_key(&w, "output_file");
+    tsp_json_str(&w, l->ship ? l->output : NULL);
+    tsp_json_end(&w);
+    return fclose(f) == 0 ? 0 : -ENOMEM;
+}
+
+typedef struct {
+    tsp_json_writer_t *w;
+    const launch_t *l;
+    int subst; /* the program's entries name the files; the plan's options are as they are */
+    int bad;
+} emit_t;
+
+/* s with every "{output}" and "{fn}" replaced by that file's path, written as a string. */
+static void write_subst(tsp_json_writer_t *w, const launch_t *l, const char *s)
+{
+    char *text = NULL;
+    size_t tlen = 0;
+    FILE *f = open_memstream(&text, &tlen);
+    if (!f) {
+        tsp_json_str(w, s);
+        return;
+    }
+    while (*s) {
+        if (strncmp(s, "{output}", 8) == 0) {
+            fputs(l->output, f);
+            s += 8;
+        } else if (strncmp(s, "{fn}", 4) == 0) {
+            fputs(l->fn, f);
+            s += 4;
+        } else {
+            fputc(*s++, f);
+        }
+    }
+    tsp_json_str(w, fclose(f) == 0 ? text : "");
+    free(text);
+}
+
+/* An argv entry (the plan's option, or the program's with its files named). */
+static int emit_arg(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    (void)key, (void)index, (void)len;
+    emit_t *e = ctx;
+    if (type != TSP_JSON_STRING) {
+        e->bad = 1;
+        return -EINVAL;
+    }
+    if (e->subst)
+        write_subst(e->w, e->l, val);
+    else
+        tsp_json_str(e->w, val);
+    return 0;
+}
+
+/* A member of the request's env (a string), as it is. */
+static int emit_env(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    (void)index, (void)len;
+    emit_t *e = ctx;
+    if (type != TSP_JSON_STRING) {
+        e->bad = 1;
+        return -EINVAL;
+    }
+    tsp_json_key(e->w, key);
+    tsp_json_str(e->w, val);
+    return 0;
+}
+
+static void put_str(tsp_json_writer_t *w, const char *key, const char *val)
+{
+    tsp_json_key(w, key);
+    tsp_json_str(w, val);
+}
+
+/* "env" and "env_default" (docs/protocol.md section 12). */
+static int write_env(const req_t *r, const launch_t *l, tsp_json_writer_t *w)
+{
+    emit_t e = {w, l, 0, 0};
+    char *obj = NULL;
+    int rc = get(r, "env", TSP_JSON_OBJECT, "an object of strings", &obj);
+    tsp_json_key(w, "env");
+    tsp_json_begin_object(w);
+    if (rc > 0)
+        rc = tsp_json_each(obj, strlen(obj), NULL, emit_env, &e);
+    free(obj);
+    if (rc == -EINVAL || e.bad)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the task request's \"env\" must be an object of strings");
+    if (rc < 0)
+        return rc;
+    if (!l->standalone) {
+        if (l->attempt) /* TorchSparkPlugin finds the task's agent by it */
+            put_str(w, "TORCHSPARK_TASK_ATTEMPT_ID", l->attempt);
+        /* Created by TorchSparkPlugin on a decommission or preemption notice. */
+        put_str(w, "TORCHSPARK_CHECKPOINT_REQUEST", l->request_file);
+        if (!l->gpus) /* a CPU job's workers see no GPU of the executor */
+            put_str(w, "CUDA_VISIBLE_DEVICES", "");
+    }
+    if (l->output_wanted)
+        put_str(w, "TORCHSPARK_OUTPUT_FILE", l->output);
+    tsp_json_end(w);
+    tsp_json_key(w, "env_default");
+    tsp_json_begin_object(w);
+    if (l->ifname && *l->ifname) {
+        put_str(w, "GLOO_SOCKET_IFNAME", l->ifname);
+        put_str(w, "NCCL_SOCKET_IFNAME", l->ifname);
+    }
+    tsp_json_end(w);
+    return 0;
+}
+
+static void write_files(tsp_json_writer_t *w, const launch_t *l)
+{
+    tsp_json_key(w, "files");
+    tsp_json_begin_object(w);
+    put_str(w, "error", l->error);
+    put_str(w, "output", l->output);
+    put_str(w, "fn", l->fn);
+    put_str(w, "checkpoint_request", l->request_file);
+    tsp_json_end(w);
+}
+
+/* The launch reply, with the plan's options (argv, a JSON array) first in "argv". */
+static int write_launch(const req_t *r, const launch_t *l, const char *argv, FILE *f)
+{
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "argv");
+    tsp_json_begin_array(&w);
+    emit_t e = {&w, l, 0, 0};
+    int rc = tsp_json_each(argv, strlen(argv), NULL, emit_arg, &e);
+    e.subst = 1;
+    if (!rc)
+        rc = tsp_json_each(r->doc, r->len, "program", emit_arg, &e);
+    if (rc == -ENOENT || rc == -EINVAL || e.bad)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the task request's \"program\" must be an array of strings");
+    if (rc)
+        return rc;
+    tsp_json_end(&w);
+    if ((rc = write_env(r, l, &w)) != 0)
+        return rc;
+    write_files(&w, l);
+    tsp_json_key(&w, "nproc_per_node");
+    tsp_json_int(&w, l->nproc);
+    write_bool(&w, "ship", l->ship);
+    write_bool(&w, "collect", l->collect);
+    tsp_json_end(&w);
+    return 0;
+}
+
+/* The reply (*doc, written through f, which this closes) copied to out; *doc freed. */
+static int reply(int rc, FILE *f, char **doc, size_t *dlen, char *out, size_t outlen,
+                 size_t *needed)
+{
+    if (f && fclose(f) != 0 && !rc)
+        rc = -ENOMEM;
+    if (!rc)
+        rc = tsp__reply_copy(*doc, *dlen, out, outlen, needed);
+    free(*doc);
+    return rc;
+}
+
+int tsp_task_launch(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                    char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    req_t r = {request, len, err, errlen};
+    launch_t l = {0};
+    char *plan = NULL, *argv = NULL, *doc = NULL;
+    size_t plen = 0, dlen = 0;
+    FILE *f = NULL;
+    int rc = read_launch(&r, &l);
+    if (!rc)
+        rc = write_plan(&r, &l, &plan, &plen);
+    if (!rc)
+        rc = call(tsp_plan_argv, plan, plen, &argv, err, errlen);
+    if (!rc)
+        rc = (f = open_memstream(&doc, &dlen)) ? write_launch(&r, &l, argv, f) : -ENOMEM;
+    rc = reply(rc, f, &doc, &dlen, out, outlen, needed);
+    free(plan);
+    free(argv);
+    launch_free(&l);
+    return rc;
+}
+
+/* ---- the agent's exit -> the task's result ---- */
+
+typedef struct {
+    char *error, *output, *host, *tail;
+    int status, ship, collect, node_rank, nproc;
+} finish_t;
+
+static int read_finish(const req_t *r, finish_t *x)
+{
+    int rc;
+    if (tsp_json_check_object(r->doc, r->len) != 0) {
+        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request is not a JSON object");
+        return -EINVAL;
+    }
+    if ((rc = get_int(r, "status", 1, 1, &x->status)) ||
+        (rc = get_str(r, "files.error", 1, &x->error)) ||
+        (rc = get_str(r, "files.output", 1, &x->output)) || (rc = get_bool(r, "ship", &x->ship)) ||
+        (rc = get_bool(r, "collect", &x->collect)) ||
+        (rc = get_int(r, "node_rank", 1, -1, &x->node_rank)) ||
+        (rc = get_str(r, "host", 0, &x->host)) ||
+        (rc = get_int(r, "nproc_per_node", 0, 0, &x->nproc)) ||
+        (rc = get_str(r, "tail", 0, &x->tail)))
+        return rc;
+    return 0;
+}
+
+/* The agent's failure document as tsp_failure_report's request (section 8), in *doc. */
+static int failure_request(const finish_t *x, char **doc, size_t *dlen)
+{
+    FILE *f = open_memstream(doc, dlen);
+    if (!f)
+        return -ENOMEM;
+    size_t elen = 0;
+    char *error = tsp__report_slurp(x->error, &elen); /* unreadable or not an object: none */
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, f);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "document");
+    if (!error || tsp_json_check_object(error, elen) != 0 || tsp_json_value(&w, error, elen) != 0)
+        tsp_json_null(&w);
+    tsp_json_key(&w, "status");
+    tsp_json_int(&w, x->status);
+    tsp_json_key(&w, "node_rank");
+    tsp_json_int(&w, x->node_rank);
+    put_str(&w, "host", x->host ? x->host : "?");
+    tsp_json_key(&w, "nproc_per_node");
+    tsp_json_int(&w, x->nproc);
+    put_str(&w, "tail", x->tail);
+    tsp_json_end(&w);
+    free(error);
+    return fclose(f) == 0 ? 0 : -ENOMEM;
+}
+
+/* "failure": the finished document and the task's exception text (section 3's carrier). */
+static int write_failure(const finish_t *x, tsp_json_writer_t *w, char *err, size_t errlen)
+{
+    char *req = NULL, *rep = NULL, *doc = NULL, *b64 = NULL, *msg = NULL;
+    size_t rlen = 0;
+    int type = 0;
+    int rc = failure_request(x, &req, &rlen);
+    if (!rc)
+        rc = call(tsp_failure_report, req, rlen, &rep, err, errlen);
+    if (!rc)
+        rc = tsp_json_get(rep, strlen(rep), "document", &doc, &type);
+    size_t dlen = doc ? strlen(doc) : 0;
+    if (!rc && !(b64 = malloc(4 * ((dlen + 2) / 3) + 1)))
+        rc = -ENOMEM;
+    if (!rc) {
+        EVP_EncodeBlock((unsigned char *)b64, (const unsigned char *)doc, (int)dlen);
+        msg = fmt("torchspark node %d on host %s: the agent exited with status %d\n%s%s\n",
+                  x->node_rank, x->host ? x->host : "?", x->status, CARRIER, b64);
+        rc = msg ? 0 : -ENOMEM;
+    }
+    if (!rc) {
+        tsp_json_key(w, "failure");
+        tsp_json_begin_object(w);
+        tsp_json_key(w, "document");
+        (void)tsp_json_value(w, doc, dlen);
+        put_str(w, "message", msg);
+        tsp_json_end(w);
+    }
+    free(req), free(rep), free(doc), free(b64), free(msg);
+    return rc;
+}
+
+/* What became of rank 0's output, from its status document: 1 "delivered", 2 "refused"
+ * (over spark.driver.maxResultSize: the driver raises its own sentence, and collect() would
+ * carry the bytes past the same bound), 0 "failed" or unreadable, whose sentence goes to
+ * "log"; -ENOMEM. */
+static int delivered(const char *output, tsp_json_writer_t *w)
+{
+    char *path = NULL, *text = NULL, *outcome = NULL, *why = NULL, *line = NULL;
+    size_t tlen = 0;
+    int type = 0, ok = 0;
+    if (!(path = fmt("%s.status", output)))
+        return -ENOMEM;
+    errno = 0;
+    text = tsp__report_slurp(path, &tlen);
+    if (!text || tsp_json_check(text, tlen) != 0) {
+        int e = errno;
+        line = fmt("torchspark: the output status %s cannot be read (%s): rank 0's result "
+                   "counts as not delivered",
+                   path,
+                   text ? "not JSON"
+                   : e  ? strerror(e)
+                        : "too large");
+    } else if (tsp_json_get(text, tlen, "output", &outcome, &type) == 0 &&
+               type == TSP_JSON_STRING && strcmp(outcome, "delivered") == 0) {
+        ok = 1;
+    } else if (outcome && type == TSP_JSON_STRING && strcmp(outcome, "refused") == 0) {
+        ok = 2;
+    } else if (outcome && type == TSP_JSON_STRING && strcmp(outcome, "failed") == 0) {
+        (void)tsp_json_get(text, tlen, "error", &why, &type);
+        line = fmt("torchspark: the output status %s says the transfer failed: %s", path,
+                   why ? why : "null");
+    } else {
+        line = fmt("torchspark: the output status %s holds no outcome (\"output\": \"delivered\", "
+                   "\"refused\" or \"failed\"): rank 0's result counts as not delivered",
+                   path);
+    }
+    if (line)
+        tsp_json_str(w, line);
+    free(path), free(text), free(outcome), free(why), free(line);
+    return ok;
+}
+
+/* "result", "missing" and "log" of an agent that succeeded. */
+static void write_result(const finish_t *x, tsp_json_writer_t *w)
+{
+    struct stat st;
+    int exists = stat(x->output, &st) == 0;
+    const char *result = NULL;
+    tsp_json_key(w, "log");
+    tsp_json_begin_array(w);
+    if (x->ship && delivered(x->output, w) <= 0) {
+        tsp_json_str(w, "torchspark: rank 0's result did not reach the driver over the output "
+                        "channel; sending it through collect() instead");
+        result = exists ? x->output : NULL;
+    } else if (!x->ship && x->collect) {
+        result = exists ? x->output : NULL;
+    }
+    tsp_json_end(w);
+    put_str(w, "result", result);
+    write_bool(w, "missing", !x->ship && x->collect && !exists);
+}
+
+int tsp_task_finish(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                    char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = 0;
+    req_t r = {request, len, err, errlen};
+    finish_t x = {0};
+    char *doc = NULL;
+    size_t dlen = 0;
+    FILE *f = NULL;
+    int rc = read_finish(&r, &x);
+    if (!rc && !(f = open_memstream(&doc, &dlen)))
+        rc = -ENOMEM;
+    if (!rc) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, f);
+        tsp_json_begin_object(&w);
+        if (x.status != 0) {
+            rc = write_failure(&x, &w, err, errlen);
+            put_str(&w, "result", NULL);
+            write_bool(&w, "missing", 0);
+            tsp_json_key(&w, "log");
+            tsp_json_begin_array(&w);
+            tsp_json_end(&w);
+        } else {
+            put_str(&w, "failure", NULL);
+            write_result(&x, &w);
+        }
+        tsp_json_end(&w);
+    }
+    rc = reply(rc, f, &doc, &dlen, out, outlen, needed);
+    free(x.error), free(x.output), free(x.host), free(x.tail);
+    return rc;
+}
