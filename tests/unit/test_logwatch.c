@@ -263,7 +263,8 @@ static void stack_answer(tsp_logclient_t *c, agent_fx_t *a, const char *last)
 }
 
 /* A dump is complete once the rank's flight-recorder line came, even inside a stack line
- * (a cut line): then the event follows a quiet tick; without it, only after 5 s. */
+ * (a cut line) after a frame: then the event follows a quiet tick; without it, only after
+ * 5 s. */
 START_TEST(test_logwatch_answer_is_the_recorder_line)
 {
     tsp_logserver_t *s = watch_server(300, "report", 1);
@@ -281,6 +282,15 @@ START_TEST(test_logwatch_answer_is_the_recorder_line)
                  "recorder: not available (x)");
     ck_assert_ptr_nonnull(event(s, 15000));
     ck_assert_int_lt(tsp__now_ms() - atomic_load(&a.dumped_at), 4500); /* an answer */
+    /* The recorder's line before faulthandler's first frame (the two writers race): not an
+     * answer yet, though the collection would end a tick (100 ms) after one. */
+    say(c, 0, "step 3");
+    ck_assert_int_eq(wait_dumps(&a, 3, 10000), 3);
+    stack_answer(c, &a, "torchspark: flight recorder: not available (x)");
+    ck_assert_ptr_null(event(s, 600));
+    say(c, 0, "  File \"/x/torch/distributed/distributed_c10d.py\", line 9 in all_reduce");
+    ck_assert_ptr_nonnull(event(s, 15000));
+    ck_assert_int_lt(tsp__now_ms() - atomic_load(&a.dumped_at), 4500);
     tsp_logclient_close(c, 5000);
     tsp_logserver_free(s);
 }

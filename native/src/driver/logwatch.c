@@ -177,18 +177,20 @@ static sections_t *sections_new(int world)
 
 /* Whether a section is a whole answer: its marker came and either says it cannot answer
  * or the flight-recorder thread wrote (it always writes a line, protocol 1.9; maybe inside
- * a line of faulthandler's, which the analysis mends). A rank that cannot get the GIL
- * leaves it to COLLECT_MAX_MS. */
+ * a line of faulthandler's, which the analysis mends) after faulthandler's first frame (the
+ * two writers race: the collection ends a tick after the last answer, so a recorder line
+ * alone does not stand for the stack). A rank that cannot get the GIL leaves it to
+ * COLLECT_MAX_MS. */
 static int answered(const char *t, size_t n)
 {
-    int i = 0;
+    int i = 0, frame = 0, recorder = 0;
     for (const char *p = t; p < t + n; p += strlen(p) + 1, i++) {
         if (i < 2 && strstr(p, ": cannot answer: "))
             return 1;
-        if (i > 0 && strstr(p, "torchspark: flight recorder: "))
-            return 1;
+        frame |= i > 0 && !strncmp(p, "  File \"", 8);
+        recorder |= i > 0 && strstr(p, "torchspark: flight recorder: ") != NULL;
     }
-    return 0;
+    return frame && recorder;
 }
 
 /* Rank r's tail (its last TSP_LOGSERVER_HANG_TAIL lines) into w->tail; its length, or -1. */
