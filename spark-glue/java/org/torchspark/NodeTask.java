@@ -181,19 +181,21 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
     }
 
 
-    /** Where a node's work directory goes: a local directory of this executor's application
-     *  (SPARK_EXECUTOR_DIRS, YARN's LOCAL_DIRS, spark.local.dir), which Spark and the cluster
-     *  manager remove with the application: an executor that dies before the task's own
-     *  cleanup (SIGKILL, a preemption's exit halting it mid-way) leaves no
-     *  /tmp/torchspark-* behind. java.io.tmpdir outside an executor. */
+    /** Where a node's work directory goes: this executor's local root directory (the parent
+     *  of its block manager's directories: under SPARK_EXECUTOR_DIRS, YARN's LOCAL_DIRS or
+     *  spark.local.dir), which Spark and the cluster manager remove with the application: an
+     *  executor that dies before the task's own cleanup (SIGKILL, a preemption's exit halting
+     *  it mid-way) leaves no /tmp/torchspark-* behind. java.io.tmpdir outside an executor.
+     *  (Not Utils.getLocalDir: its parameter's type differs between Spark 3.5 and 4.) */
     static Path workRoot() {
         SparkEnv env = SparkEnv.get();
-        if (env != null) {
-            try {
-                return Paths.get(org.apache.spark.util.Utils.getLocalDir(env.conf()));
-            } catch (RuntimeException | LinkageError e) {
-                // java.io.tmpdir (a jar built against another Spark: its signature differs)
+        try {
+            java.io.File[] dirs = env == null ? null : env.blockManager().diskBlockManager().localDirs();
+            if (dirs != null && dirs.length > 0 && dirs[0].getParentFile() != null) {
+                return dirs[0].getParentFile().toPath();
             }
+        } catch (RuntimeException | LinkageError e) {
+            // java.io.tmpdir
         }
         return Paths.get(System.getProperty("java.io.tmpdir"));
     }
