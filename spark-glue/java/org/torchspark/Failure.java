@@ -49,25 +49,12 @@ final class Failure {
         // A document with the agent's own lines of the rank keeps them (docs/protocol.md 8).
         boolean agentLines = document != null && !document.path("torchspark").path("tail").asText("").isEmpty();
         req.put("tail", tail == null || agentLines ? null : String.join("\n", tail));
-        return call(req);
+        return new Failure(Native.call("tsp_failure_report", req));
     }
 
     /** A document finished before (carried by a task). */
     static Failure fromDocument(JsonNode document) {
         return fromDocument(document, 1, -1, "?", 0, null);
-    }
-
-    private static Failure call(ObjectNode req) {
-        String[] msg = new String[1];
-        int rc = Native.failureReport(req.toString(), msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
-        }
-        try {
-            return new Failure(JSON.readTree(msg[0]));
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the failure reply is not JSON: " + msg[0], e);
-        }
     }
 
     Integer rank() {
@@ -89,7 +76,7 @@ final class Failure {
                 : fields.path("tail").asText("").isEmpty() ? List.of()
                 : Arrays.asList(fields.path("tail").asText().split("\n", -1));
         List<String> last = new ArrayList<>(out.subList(Math.max(0, out.size() - TAIL_IN_MESSAGE), out.size()));
-        Failure done = call(req);
+        Failure done = new Failure(Native.call("tsp_failure_report", req));
         return new TorchSparkException(done.message, rank(),
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,

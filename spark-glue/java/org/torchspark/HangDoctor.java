@@ -1,11 +1,14 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.NullNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.function.Consumer;
 
 /**
@@ -13,7 +16,9 @@ import java.util.function.Consumer;
  * torchspark/driver/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
  * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
- * are and keeps the diagnosis (the runner then throws the C core's text and stacks).
+ * are and keeps the diagnosis (the runner then throws the C core's text and stacks). The
+ * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11;
+ * the PySpark glue's binding is torchspark/driver/_hang.py): {@link #diagnose}.
  */
 final class HangDoctor extends Thread {
     static final String TIMEOUT_CONF = "spark.torchspark.hangTimeout";
@@ -31,12 +36,70 @@ final class HangDoctor extends Thread {
         }
     }
 
+    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
+
+    /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
+     *  starting, groups, stacks, report), with the fields the runner reads. */
+    record Diagnosis(JsonNode json) {
+        /** The one line naming the culprit(s). */
+        String line() {
+            return json.path("line").asText();
+        }
+
+        /** The one culprit's rank, or null when there is none or several. */
+        Integer culprit() {
+            return json.path("culprits").size() == 1 ? json.path("culprits").get(0).asInt() : null;
+        }
+
+        /** The host of rank's dump, or null when it sent none. */
+        String host(int rank) {
+            for (JsonNode d : json.path("dumps")) {
+                if (d.path("rank").asInt() == rank) {
+                    return d.path("host").asText();
+                }
+            }
+            return null;
+        }
+
+        /** Every rank's dump, rank-prefixed, for the log and the exception. */
+        String stacksText() {
+            return json.path("stacks").asText();
+        }
+
+        /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
+         *  core's, the same as the PySpark glue's TorchDistributorError.report. */
+        String report() {
+            return json.path("report").toString();
+        }
+    }
+
+    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
+     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
+     *  does not know the executors' Python: it names no standard library directory, and the
+     *  core's rule for lib/python3.N/ paths counts those frames as library. */
+    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
+        ObjectNode req = Failure.JSON.createObjectNode().put("world", world);
+        if (request > 0) {
+            req.put("request", request);
+        }
+        req.putArray("stdlib");
+        req.put("read_sources", readSources);
+        ArrayNode ranks = req.putArray("ranks");
+        int n = sections.isEmpty() ? world : Math.max(world, Collections.max(sections.keySet()) + 1);
+        for (int r = 0; r < n; r++) {
+            List<String> lines = sections.get(r);
+            JsonNode a = lines == null || lines.isEmpty() ? NullNode.getInstance() : Failure.JSON.valueToTree(lines);
+            ranks.add(a);
+        }
+        return new Diagnosis(Native.call("tsp_hang_diagnose", req));
+    }
+
     // ---- the watchdog: the C log server's (docs/protocol.md 1.12) -----------------------
 
     private final LogServer server;
     private final Consumer<String> say;
-    private final List<HangAnalysis.Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
-    private volatile HangAnalysis.Diagnosis cancelled;
+    private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
+    private volatile Diagnosis cancelled;
     private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
     private volatile boolean stopping;
 
@@ -52,11 +115,11 @@ final class HangDoctor extends Thread {
     }
 
     /** The diagnosis that cancelled the run, or null. */
-    HangAnalysis.Diagnosis cancelled() {
+    Diagnosis cancelled() {
         return cancelled;
     }
 
-    List<HangAnalysis.Diagnosis> diagnoses() {
+    List<Diagnosis> diagnoses() {
         synchronized (diagnoses) {
             return new ArrayList<>(diagnoses);
         }
@@ -83,8 +146,7 @@ final class HangDoctor extends Thread {
             if (r == null || r.isNull()) {
                 return true;
             }
-            HangAnalysis.Diagnosis d = new HangAnalysis.Diagnosis(r);
-            d.stacksFile = ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText());
+            Diagnosis d = new Diagnosis(r);
             diagnoses.add(d);
             TorchSparkRunner.LOG.debug("{}\n{}", ev.get("say").get(0).asText(), d.stacksText());
             if (ev.get("action").asText().equals("cancel")) {

@@ -4,9 +4,7 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -29,10 +27,7 @@ final class LocalRun {
             throw new UncheckedIOException(e);
         }
         Path outFile = workdir.resolve("output.bin");
-        List<String> prog = new ArrayList<>();
-        for (String a : program) {
-            prog.add(a.replace(TorchSparkRunner.OUTPUT, outFile.toString()));
-        }
+        List<String> prog = program.stream().map(a -> a.replace(TorchSparkRunner.OUTPUT, outFile.toString())).toList();
         Map<String, String> penv = new HashMap<>(r.env);
         if (r.wantOutput) {
             penv.put("TORCHSPARK_OUTPUT_FILE", outFile.toString());
@@ -57,8 +52,8 @@ final class LocalRun {
                         NodeTask.localHostName(), nproc, agent.tail());
                 throw failure.exception("local", JobFailure.rankTail(ch.server, failure), null, null);
             }
-            return r.wantOutput ? RunOutput.collect(ch.server, Collections.emptyList(), r.outputPath)
-                    : new TorchSparkRunner.Result(null, null);
+            return r.wantOutput ? RunOutput.collect(ch.server, List.of(), r.outputPath, null)
+                    : new TorchSparkRunner.Result(null, null, null);
         } finally {
             TorchSparkRunner.Metrics.AGENTS.decrementAndGet();
             NodeTask.deleteTree(workdir);

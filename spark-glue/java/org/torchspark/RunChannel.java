@@ -1,7 +1,6 @@
 package org.torchspark;
 
 import java.io.IOException;
-import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 
@@ -81,19 +80,14 @@ final class RunChannel implements AutoCloseable {
         }
         doctorEnded = true;
         doctor.finish();
-        List<String> lines = new ArrayList<>();
-        for (HangAnalysis.Diagnosis x : doctor.diagnoses()) {
-            lines.add(x.line);
-        }
-        owner.hangReports = Collections.unmodifiableList(lines);
-        HangAnalysis.Diagnosis c = doctor.cancelled();
+        owner.hangReports = doctor.diagnoses().stream().map(HangDoctor.Diagnosis::line).toList();
+        HangDoctor.Diagnosis c = doctor.cancelled();
         if (c == null) {
             return null;
         }
-        Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
-        HangAnalysis.RankDump dump = rank == null ? null : c.dumps.get(rank);
-        return new TorchSparkException(doctor.cancelMessage(mode), rank, null,
-                dump == null ? null : dump.host(), null, 0, List.of(c.stacksText().split("\n")), c.report, cause);
+        Integer rank = c.culprit();
+        return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
+                null, 0, List.of(c.stacksText().split("\n")), c.report(), cause);
     }
 
     /** The server shut down (its agents drained for up to drainMs), then the pump drained. */
