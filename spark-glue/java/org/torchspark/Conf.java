@@ -35,13 +35,7 @@ final class Conf {
 
     /** As above, with the switches given (env: variable -> value) instead of this JVM's. */
     static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn) {
-        ObjectNode request = Failure.JSON.createObjectNode();
-        if (env == null) {
-            request.put("env", true);
-        } else {
-            ObjectNode vars = request.putObject("env");
-            env.forEach(vars::put);
-        }
+        ObjectNode request = Native.object("env", env == null ? true : env);
         ObjectNode raw = request.putObject("conf");
         if (conf != null) {
             for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
@@ -50,11 +44,8 @@ final class Conf {
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {
-            args.forEach((key, nameValue) -> {
-                ObjectNode a = given.putObject(PREFIX + key);
-                a.put("name", (String) nameValue[0]);
-                a.set("value", Failure.JSON.valueToTree(nameValue[1]));
-            });
+            args.forEach((key, nameValue) -> given.set(PREFIX + key, Native.object("name", nameValue[0],
+                    "value", nameValue[1])));
         }
         JsonNode reply = Native.call("tsp_conf_read", request);
         if (warn) {
@@ -73,8 +64,7 @@ final class Conf {
      *  PySpark glue: {"proceed", "spark", "level", "message"} from conf's strings (conf may be
      *  null: nothing is on). */
     static JsonNode encryption(SparkConf conf) {
-        ObjectNode request = Failure.JSON.createObjectNode();
-        request.put("env", true); // TORCHSPARK_ENCRYPTION, read in C
+        ObjectNode request = Native.object("env", true); // TORCHSPARK_ENCRYPTION, read in C
         ObjectNode raw = request.putObject("conf");
         for (String key : SPARK_SECURITY_KEYS) {
             if (conf != null && conf.contains(key)) {

@@ -45,7 +45,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
         NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, HangDoctor.Settings.of(r.runSettings), world)) {
+        try (RunChannel ch = new RunChannel(r, bind, world)) {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();

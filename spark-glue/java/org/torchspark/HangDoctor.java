@@ -78,12 +78,10 @@ final class HangDoctor extends Thread {
      *  does not know the executors' Python: it names no standard library directory, and the
      *  core's rule for lib/python3.N/ paths counts those frames as library. */
     static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
-        ObjectNode req = Failure.JSON.createObjectNode().put("world", world);
+        ObjectNode req = Native.object("world", world, "stdlib", List.of(), "read_sources", readSources);
         if (request > 0) {
             req.put("request", request);
         }
-        req.putArray("stdlib");
-        req.put("read_sources", readSources);
         ArrayNode ranks = req.putArray("ranks");
         int n = sections.isEmpty() ? world : Math.max(world, Collections.max(sections.keySet()) + 1);
         for (int r = 0; r < n; r++) {

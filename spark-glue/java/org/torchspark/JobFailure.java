@@ -29,9 +29,7 @@ final class JobFailure {
      *  server's root record (null: none); sparkError: Spark's failure text (null: none);
      *  outputWent: where every rank's output went, for the advice (null: the default). */
     static JsonNode outcome(JsonNode root, String sparkError, String outputWent) {
-        ObjectNode req = Failure.JSON.createObjectNode();
-        req.set("root", root != null && root.isObject() ? root : null);
-        req.put("spark_error", sparkError);
+        ObjectNode req = Native.object("root", root != null && root.isObject() ? root : null, "spark_error", sparkError);
         if (outputWent != null) {
             req.put("output_went", outputWent);
         }

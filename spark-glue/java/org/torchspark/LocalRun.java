@@ -34,7 +34,7 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", HangDoctor.Settings.of(settings), nproc)) {
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc)) {
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }

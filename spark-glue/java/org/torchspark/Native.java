@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.ByteBuffer;
 
@@ -46,6 +47,16 @@ final class Native {
         } catch (IOException e) {
             throw new IllegalStateException("torchspark: the reply of " + name + " is not JSON: " + msg[0], e);
         }
+    }
+
+    /** A JSON object of keys and values, each value as Jackson writes it (null, a string, a
+     *  number, a list, a map, a JsonNode), as a dict literal of the PySpark glue's requests. */
+    static ObjectNode object(Object... keysAndValues) {
+        ObjectNode o = Failure.JSON.createObjectNode();
+        for (int i = 0; i < keysAndValues.length; i += 2) {
+            o.set((String) keysAndValues[i], Failure.JSON.valueToTree(keysAndValues[i + 1]));
+        }
+        return o;
     }
 
     /** The node plan (JSON) -> the agent's options in msg[0] (a JSON array of strings). */

@@ -281,9 +281,6 @@ public final class NativeLoader {
     }
 
     private static void deleteTree(Path p) {
-        if (!Files.exists(p)) {
-            return;
-        }
         try (Stream<Path> s = Files.walk(p)) {
             s.sorted(Comparator.reverseOrder()).forEach(q -> {
                 try {

@@ -45,10 +45,7 @@ final class RestartPolicy {
 
     /** One step of the run controller: {"state", "actions"} (docs/protocol.md 11). */
     static JsonNode step(JsonNode state, JsonNode event) {
-        ObjectNode req = Failure.JSON.createObjectNode();
-        req.set("state", state);
-        req.set("event", event);
-        return Native.call("tsp_runctl_step", req);
+        return Native.call("tsp_runctl_step", Native.object("state", state, "event", event));
     }
 
     static ObjectNode start(int nodes, int limit, Integer least, long timeoutMs, String batch) {
@@ -152,16 +149,7 @@ final class RestartPolicy {
     private static ObjectNode countSlots(Slots slots, int need, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
-        while (true) {
-            try {
-                n = slots.now();
-            } catch (RuntimeException | LinkageError e) {
-                n = null;
-                break;
-            }
-            if (n >= need || System.nanoTime() - t0 >= waitMs * 1_000_000L) {
-                break;
-            }
+        while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
             try {
                 Thread.sleep(100);
             } catch (InterruptedException ie) {
@@ -171,6 +159,15 @@ final class RestartPolicy {
         }
         return Failure.JSON.createObjectNode().put("event", "slots").put("free", n)
                 .put("waited_ms", (System.nanoTime() - t0) / 1_000_000L);
+    }
+
+    /** The slots now, or null when Spark cannot tell. */
+    static Integer slotsNow(Slots slots) {
+        try {
+            return slots.now();
+        } catch (RuntimeException | LinkageError e) {
+            return null;
+        }
     }
 
     /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the

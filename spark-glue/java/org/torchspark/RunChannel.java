@@ -11,7 +11,6 @@ import java.util.List;
  */
 final class RunChannel implements AutoCloseable {
     final LogServer server;
-    final HangDoctor.Settings hang;
     private final TorchSparkRunner owner; // receives the run's reports and hang lines
     private final LinePump pump;
     private final HangDoctor doctor;
@@ -19,9 +18,9 @@ final class RunChannel implements AutoCloseable {
     private boolean doctorEnded;
     private boolean finished;
 
-    RunChannel(TorchSparkRunner owner, String bind, HangDoctor.Settings hang, int world) {
+    RunChannel(TorchSparkRunner owner, String bind, int world) {
         this.owner = owner;
-        this.hang = hang;
+        HangDoctor.Settings hang = HangDoctor.Settings.of(owner.runSettings);
         server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
         try {
             server.encryption(owner.runSettings.bool("encryption"));
