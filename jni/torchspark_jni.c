@@ -274,68 +274,44 @@ static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_tran
     return rc;
 }
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_planArgv(JNIEnv *env, jclass cls, jstring jplan,
-                                                           jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jplan, msg, tsp_plan_argv);
-}
+/* The transforms by their C name, as the PySpark glue's json_call names them. */
+static const struct {
+    const char *name;
+    json_transform_fn fn;
+} JSON_CALLS[] = {
+    {"tsp_plan_argv", tsp_plan_argv},
+    {"tsp_conf_read", tsp_conf_read},
+    {"tsp_failure_report", tsp_failure_report},
+    {"tsp_hang_diagnose", tsp_hang_diagnose},
+    {"tsp_outcome_classify", tsp_outcome_classify},
+    {"tsp_gang_replay", tsp_gang_replay},
+    {"tsp_runctl_step", tsp_runctl_step},
+    {"tsp_task_launch", tsp_task_launch},
+    {"tsp_task_finish", tsp_task_finish},
+};
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_confRead(JNIEnv *env, jclass cls,
-                                                           jstring jrequest, jobjectArray msg)
+/* msg[0]: the reply of the transform named jname to the JSON text jrequest, or the sentence
+ * naming what is wrong (-ENOSYS: no transform of that name). */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_json(JNIEnv *env, jclass cls, jstring jname,
+                                                       jstring jrequest, jobjectArray msg)
 {
     (void)cls;
-    return json_transform(env, jrequest, msg, tsp_conf_read);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_failureReport(JNIEnv *env, jclass cls,
-                                                                jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_failure_report);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_hangDiagnose(JNIEnv *env, jclass cls,
-                                                               jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_hang_diagnose);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_outcomeClassify(JNIEnv *env, jclass cls,
-                                                                  jstring jrequest,
-                                                                  jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_outcome_classify);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangReplay(JNIEnv *env, jclass cls,
-                                                             jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_gang_replay);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_runctlStep(JNIEnv *env, jclass cls,
-                                                             jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_runctl_step);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_taskLaunch(JNIEnv *env, jclass cls,
-                                                             jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_task_launch);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_taskFinish(JNIEnv *env, jclass cls,
-                                                             jstring jrequest, jobjectArray msg)
-{
-    (void)cls;
-    return json_transform(env, jrequest, msg, tsp_task_finish);
+    int oom = 0;
+    const char *name = str_get(env, jname, &oom);
+    json_transform_fn fn = NULL;
+    for (size_t i = 0; name && i < sizeof JSON_CALLS / sizeof JSON_CALLS[0]; i++)
+        if (strcmp(name, JSON_CALLS[i].name) == 0)
+            fn = JSON_CALLS[i].fn;
+    if (!oom && fn == NULL) {
+        char err[ERR_LEN];
+        snprintf(err, sizeof err, "torchspark: the JNI library has no JSON transform named %s",
+                 name ? name : "(null)");
+        set_str(env, msg, 0, err);
+    }
+    str_release(env, jname, name);
+    if (oom || fn == NULL)
+        return oom ? -ENOMEM : -ENOSYS;
+    return json_transform(env, jrequest, msg, fn);
 }
 
 /* ---- the driver's log server ---- */
@@ -523,13 +499,6 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerStopAll(JNIEnv *env, 
     int rc = tsp_logserver_stop_all(server_of(h), text ? text : "");
     str_release(env, jtext, text);
     return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerDumpAll(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_dump_all(server_of(h));
 }
 
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerWatch(JNIEnv *env, jclass cls, jlong h,

@@ -539,7 +539,7 @@ PLANTS: List[Tuple[str, str, str]] = [
     ("layer-room", "native/src/warm.h", "int tsp__planted;\n"),
     ("glue-text", "spark-glue/python/torchspark/driver/_job.py",
      'PLANTED = "went silent" in str(object())\n'),
-    ("glue-text", "spark-glue/java/org/torchspark/Outcome.java",
+    ("glue-text", "spark-glue/java/org/torchspark/JobFailure.java",
      'interface Planted { boolean LOST = "x".contains("ExecutorLostFailure"); }\n'),
 ]
 

@@ -79,7 +79,8 @@ def java_methods(path: Path) -> Iterator[Tuple[str, int]]:
         m = _JAVA_METHOD.match(lines[i])
         keyword = m and m.group(1) in ("if", "for", "while", "switch", "catch", "return", "new", "try",
                                         "synchronized")
-        if not m or keyword or lines[i].lstrip().startswith(("*", "/", "@")):
+        record = m and re.match(r"\s*(?:\w+\s+)*record\s", lines[i])  # a class: its methods count
+        if not m or keyword or record or lines[i].lstrip().startswith(("*", "/", "@")):
             i += 1
             continue
         depth, opened, j = 0, False, i
@@ -157,15 +158,15 @@ def twins() -> List[str]:
 # --root). A file is a twin when its main job is also done by the other glue.
 TWINS: Tuple[Tuple[str, Tuple[str, ...], Tuple[str, ...]], ...] = (
     ("restart", ("driver/_restart.py",), ("RestartPolicy.java", "GrowWatch.java")),
-    ("hang", ("driver/_hang.py", "driver/_doctor.py"), ("HangAnalysis.java", "HangDoctor.java")),
+    ("hang", ("driver/_hang.py", "driver/_doctor.py"), ("HangDoctor.java",)),
     ("classification", ("driver/_failure.py", "driver/_report.py"),
-     ("Failure.java", "JobFailure.java", "Outcome.java", "TorchSparkException.java")),
+     ("Failure.java", "JobFailure.java", "TorchSparkException.java")),
     ("conf", ("driver/_conf.py",), ("Conf.java",)),
     ("job and attempt loop", ("distributor.py", "driver/_job.py", "driver/_local.py"),
      ("TorchSparkRunner.java", "DistributedRun.java", "BarrierJob.java", "LocalRun.java",
       "RunOutput.java")),
     ("driver channel", ("driver/_channel.py", "driver/_pump.py", "driver/_progress.py"),
-     ("RunChannel.java", "LinePump.java", "ReportPump.java")),
+     ("RunChannel.java", "LinePump.java")),
     ("gang launch", ("driver/_gang.py",), ("Gang.java",)),
     ("election and rendezvous", ("native/_elect.py", "native/_rendezvous.py"),
      ("Election.java", "Rendezvous.java")),
@@ -267,11 +268,11 @@ _PY_PLATFORM = re.compile(
     r"socket|open|os|Path|subprocess|threading|Thread|time|sys|tempfile|shutil|signal|"
     r"server|fcntl|select|mmap)(\.|$)")
 _JAVA_PLATFORM = re.compile(
-    r"\bNative\.|\bsc\.|SparkContext|SparkConf|\bserver\.|\bThread\b|\.join\(|\.start\(\)|"
+    r"\bNative(\.|::)|\bsc\.|SparkContext|SparkConf|\bserver\.|\bThread\b|\.join\(|\.start\(\)|"
     r"System\.(nanoTime|currentTimeMillis|getProperty|getenv|err|out)|\bFiles\.|Path\.of|"
     r"ProcessBuilder|ProcessHandle|Socket|\bstore\.|statusTracker")
 _PY_NATIVE = re.compile(r"(^|\.)(json_call|_lib|_native|ctypes|lib)(\.|$)")
-_JAVA_NATIVE = re.compile(r"\bNative\.")
+_JAVA_NATIVE = re.compile(r"\bNative(\.|::)")  # a call, or a method reference
 _JAVA_BRANCH = re.compile(r"\bif\s*\(|\bwhile\s*\(|\bswitch\b|\s\?\s|&&|\|\||"
                           r"\bcatch\b|\bcase\b")
 

@@ -15,7 +15,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
-import java.util.function.BiFunction;
 import java.util.function.Consumer;
 import org.apache.spark.TaskContext;
 
@@ -53,24 +52,9 @@ final class AgentProcess {
 
     private static final ObjectMapper JSON = new ObjectMapper();
 
-    /** One of the C core's JSON transforms through JNI (request -> reply); the library's
-     *  sentence naming what is wrong as an IllegalArgumentException. */
-    static JsonNode call(BiFunction<String, String[], Integer> fn, String request) {
-        String[] msg = new String[1];
-        int rc = fn.apply(request, msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
-        }
-        try {
-            return JSON.readTree(msg[0]);
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the C core's reply is not JSON: " + msg[0], e);
-        }
-    }
-
     /** The task's facts -> the agent's launch (docs/protocol.md 12, torchspark/task.h). */
     static JsonNode launch(JsonNode request) {
-        return call(Native::taskLaunch, request.toString());
+        return Native.call("tsp_task_launch", request);
     }
 
     /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
@@ -85,7 +69,7 @@ final class AgentProcess {
         req.put("node_rank", nodeRank);
         req.put("host", host);
         req.put("tail", String.join("\n", tail()));
-        return call(Native::taskFinish, req.toString());
+        return Native.call("tsp_task_finish", req);
     }
 
     void start() throws IOException {

@@ -1,11 +1,10 @@
 package org.torchspark;
 
-import java.util.ArrayList;
 import java.util.List;
 import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
-import java.util.concurrent.atomic.AtomicReference;
+import java.util.stream.IntStream;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -28,8 +27,9 @@ final class BarrierJob {
 
     final String tag = "torchspark-" + UUID.randomUUID();
     private final CountDownLatch done = new CountDownLatch(1);
-    private final AtomicReference<List<byte[]>> chunks = new AtomicReference<>();
-    private final AtomicReference<Throwable> error = new AtomicReference<>();
+    /** The collected rows (rank 0's output when the channel failed), and Spark's error. */
+    volatile List<byte[]> chunks;
+    volatile Throwable error;
     /** The log server's root record (JSON) and when it came (ms since the epoch), or null. */
     String root;
     Long rootAt;
@@ -48,21 +48,18 @@ final class BarrierJob {
                 sc.addJobTag(job.tag);
                 try {
                     JavaSparkContext jsc = JavaSparkContext.fromSparkContext(sc);
-                    List<Integer> rows = new ArrayList<>();
-                    for (int i = 0; i < ntasks; i++) {
-                        rows.add(i);
-                    }
+                    List<Integer> rows = IntStream.range(0, ntasks).boxed().toList();
                     ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
                     RDD<Integer> in = jsc.parallelize(rows, ntasks).rdd();
                     RDD<byte[]> out = spec.gangTimeoutMs > 0 ? in.mapPartitions(new NodeTask(spec), false, tagBytes)
                             : in.barrier().mapPartitions(new NodeTask(spec), false, tagBytes);
-                    job.chunks.set(JavaRDD.fromRDD(out, tagBytes).collect());
+                    job.chunks = JavaRDD.fromRDD(out, tagBytes).collect();
                 } finally {
                     sc.removeJobTag(job.tag);
                     sc.setLocalProperty(TorchSparkRunner.TASK_PROPERTY, prevProp);
                 }
             } catch (Throwable e) {
-                job.error.set(e);
+                job.error = e;
             } finally {
                 if (entry != null) {
                     entry.endedAt = System.currentTimeMillis();
@@ -113,13 +110,5 @@ final class BarrierJob {
             root = server.failure(server.lostPending() > 0 ? 2000 : 0);
             rootAt = root != null ? System.currentTimeMillis() : null;
         }
-    }
-
-    Throwable error() {
-        return error.get();
-    }
-
-    List<byte[]> chunks() {
-        return chunks.get();
     }
 }

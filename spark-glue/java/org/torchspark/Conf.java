@@ -1,9 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import java.io.IOException;
 import java.util.Map;
 import org.apache.spark.SparkConf;
 import org.slf4j.Logger;
@@ -19,7 +17,6 @@ import scala.Tuple2;
  */
 final class Conf {
     static final String PREFIX = "spark.torchspark.";
-    private static final ObjectMapper JSON = new ObjectMapper();
     private static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
 
     private final JsonNode values;
@@ -38,13 +35,7 @@ final class Conf {
 
     /** As above, with the switches given (env: variable -> value) instead of this JVM's. */
     static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn) {
-        ObjectNode request = JSON.createObjectNode();
-        if (env == null) {
-            request.put("env", true);
-        } else {
-            ObjectNode vars = request.putObject("env");
-            env.forEach(vars::put);
-        }
+        ObjectNode request = Native.object("env", env == null ? true : env);
         ObjectNode raw = request.putObject("conf");
         if (conf != null) {
             for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
@@ -53,26 +44,14 @@ final class Conf {
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {
-            args.forEach((key, nameValue) -> {
-                ObjectNode a = given.putObject(PREFIX + key);
-                a.put("name", (String) nameValue[0]);
-                a.set("value", JSON.valueToTree(nameValue[1]));
-            });
+            args.forEach((key, nameValue) -> given.set(PREFIX + key, Native.object("name", nameValue[0],
+                    "value", nameValue[1])));
         }
-        String[] msg = new String[1];
-        int rc = Native.confRead(request.toString(), msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
+        JsonNode reply = Native.call("tsp_conf_read", request);
+        if (warn) {
+            reply.get("unknown").forEach(u -> LOG.warn(u.get("message").asText()));
         }
-        try {
-            JsonNode reply = JSON.readTree(msg[0]);
-            if (warn) {
-                reply.get("unknown").forEach(u -> LOG.warn(u.get("message").asText()));
-            }
-            return new Conf(reply.get("values"));
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the settings reply is not JSON: " + msg[0], e);
-        }
+        return new Conf(reply.get("values"));
     }
 
     /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
@@ -85,24 +64,14 @@ final class Conf {
      *  PySpark glue: {"proceed", "spark", "level", "message"} from conf's strings (conf may be
      *  null: nothing is on). */
     static JsonNode encryption(SparkConf conf) {
-        ObjectNode request = JSON.createObjectNode();
-        request.put("env", true); // TORCHSPARK_ENCRYPTION, read in C
+        ObjectNode request = Native.object("env", true); // TORCHSPARK_ENCRYPTION, read in C
         ObjectNode raw = request.putObject("conf");
         for (String key : SPARK_SECURITY_KEYS) {
             if (conf != null && conf.contains(key)) {
                 raw.put(key, conf.get(key));
             }
         }
-        String[] msg = new String[1];
-        int rc = Native.confRead(request.toString(), msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
-        }
-        try {
-            return JSON.readTree(msg[0]).get("encryption");
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the settings reply is not JSON: " + msg[0], e);
-        }
+        return Native.call("tsp_conf_read", request).get("encryption");
     }
 
     /** Logs the library's one line about encryption at its level; throws when the run may not

@@ -6,27 +6,16 @@ import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkContext;
 
 /**
- * One attempt of a distributed TorchSparkRunner run, what it does per run: the channel on
+ * One attempt of a distributed TorchSparkRunner run (the runner, its context, the program and
+ * the executors' Python), what it does per run: the channel on
  * the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-final class DistributedRun {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program, String py) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
-
-    private final TorchSparkRunner r;
-    private final SparkContext sc;
-    private final List<String> program;
-    private final String py;
-
-    DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program, String py) {
-        this.r = r;
-        this.sc = sc;
-        this.program = program;
-        this.py = py;
-    }
 
     /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
     TorchSparkRunner.Result attempt(int ntasks, TorchSparkRunner.Attempt entry) {
@@ -35,14 +24,13 @@ final class DistributedRun {
             return runJob(rendezvous, ntasks, entry);
         } catch (JobFailure.NoRendezvous e) {
             // Before any training started: the same job through allGather, from now on.
+            String again = "The executors could not reach torchspark's rendezvous on the driver ({}); running the job "
+                    + "again through BarrierTaskContext.allGather";
             if (RENDEZVOUS_UNREACHABLE.compareAndSet(null, e.getMessage())) {
-                TorchSparkRunner.LOG.warn("The executors could not reach torchspark's rendezvous on the driver ({}); running "
-                        + "the job again through BarrierTaskContext.allGather, as every later run of this JVM "
-                        + "will (about 1 s slower; spark.torchspark.rendezvous=false or "
-                        + "TORCHSPARK_RENDEZVOUS=0 skips the attempt)", e.getMessage());
+                TorchSparkRunner.LOG.warn(again + ", as every later run of this JVM will (about 1 s slower; "
+                        + "spark.torchspark.rendezvous=false or TORCHSPARK_RENDEZVOUS=0 skips the attempt)", e.getMessage());
             } else {
-                TorchSparkRunner.LOG.info("The executors could not reach torchspark's rendezvous on the driver ({}); running "
-                        + "the job again through BarrierTaskContext.allGather", e.getMessage());
+                TorchSparkRunner.LOG.info(again, e.getMessage());
             }
             return runJob(false, ntasks, entry);
         }
@@ -57,7 +45,7 @@ final class DistributedRun {
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
         NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, HangDoctor.Settings.of(r.runSettings), world)) {
+        try (RunChannel ch = new RunChannel(r, bind, world)) {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
@@ -84,7 +72,7 @@ final class DistributedRun {
             } finally {
                 TorchSparkRunner.Metrics.AGENTS.addAndGet(-ntasks);
             }
-            TorchSparkException hung = ch.endDoctor("distributed", job.error());
+            TorchSparkException hung = ch.endDoctor("distributed", job.error);
             if (hung != null) {
                 ch.finish(1000);
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
@@ -94,16 +82,16 @@ final class DistributedRun {
                 ch.server.stopAll("the gang launch failed");
                 ch.finish(1000);
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error());
+                throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error);
             }
-            if (job.error() != null || job.root != null) {
+            if (job.error != null || job.root != null) {
                 throw failed(sc, ch, job, entry, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
             }
-            TorchSparkRunner.Result res = r.wantOutput ? RunOutput.collect(ch.server, job.chunks(), r.outputPath)
-                    : new TorchSparkRunner.Result(null, null);
-            res.election = spec.rendezvous != null ? "rendezvous" : "allGather";
+            String election = spec.rendezvous != null ? "rendezvous" : "allGather";
+            TorchSparkRunner.Result res = r.wantOutput ? RunOutput.collect(ch.server, job.chunks, r.outputPath, election)
+                    : new TorchSparkRunner.Result(null, null, election);
             ch.finish(5000);
-            TorchSparkRunner.LOG.info("Finished distributed training with {} processes (election through {})", world, res.election);
+            TorchSparkRunner.LOG.info("Finished distributed training with {} processes (election through {})", world, election);
             return res;
         }
     }
@@ -149,12 +137,12 @@ final class DistributedRun {
     private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, TorchSparkRunner.Attempt entry,
             int nproc) {
         job.awaitLostRoot(ch.server);
-        ch.server.stopAll(job.error() != null ? "the Spark job failed" : "another node failed");
+        ch.server.stopAll(job.error != null ? "the Spark job failed" : "another node failed");
         if (entry != null) {
             noteSilent(sc, entry, job.root, job.rootAt, job.tag);
         }
         ch.finish(1000);
-        RuntimeException e = JobFailure.of(job.root, job.error(), ch.server, nproc);
+        RuntimeException e = JobFailure.of(job.root, job.error, ch.server, nproc);
         if (!(e instanceof JobFailure.NoRendezvous)) {
             TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
         }

@@ -72,27 +72,23 @@ public final class Election {
     /** The ports held by bound, non-listening sockets until closed: MASTER_PORT and the NCCL
      *  check's port. */
     public static final class Reservation implements AutoCloseable {
-        private int fd;
-        private int ncclFd;
+        private final int[] held; // {fd, port, ncclFd, ncclPort}; an fd is -1 once released
         public final int port;
         public final int ncclPort;
 
-        Reservation(int fd, int port, int ncclFd, int ncclPort) {
-            this.fd = fd;
-            this.port = port;
-            this.ncclFd = ncclFd;
-            this.ncclPort = ncclPort;
+        Reservation(int[] held) {
+            this.held = held;
+            this.port = held[1];
+            this.ncclPort = held[3];
         }
 
         @Override
         public synchronized void close() {
-            if (fd >= 0) {
-                Native.releasePort(fd, port);
-                fd = -1;
-            }
-            if (ncclFd >= 0) {
-                Native.releasePort(ncclFd, ncclPort);
-                ncclFd = -1;
+            for (int i = 0; i < held.length; i += 2) {
+                if (held[i] >= 0) {
+                    Native.releasePort(held[i], held[i + 1]);
+                    held[i] = -1;
+                }
             }
         }
     }
@@ -112,7 +108,7 @@ public final class Election {
         if (rc != 0) {
             throw new IllegalStateException(msg[0]);
         }
-        Reservation r = new Reservation(res[0], res[1], res[2], res[3]);
+        Reservation r = new Reservation(res);
         try {
             return new Result(Record.unpack(msg[0]), msg[0], r);
         } catch (RuntimeException e) {

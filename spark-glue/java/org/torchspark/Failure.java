@@ -40,34 +40,18 @@ final class Failure {
      *  view: the agent's output tail (the failing rank's lines are kept). */
     static Failure fromDocument(JsonNode document, int status, int nodeRank, String host, int nproc,
             List<String> tail) {
-        ObjectNode req = JSON.createObjectNode();
-        req.set("document", document != null && document.isObject() ? document : null);
-        req.put("status", status > 128 ? -(status - 128) : status); // the C rule: -N is signal N
-        req.put("node_rank", nodeRank);
-        req.put("host", host);
-        req.put("nproc_per_node", nproc);
         // A document with the agent's own lines of the rank keeps them (docs/protocol.md 8).
         boolean agentLines = document != null && !document.path("torchspark").path("tail").asText("").isEmpty();
-        req.put("tail", tail == null || agentLines ? null : String.join("\n", tail));
-        return call(req);
+        return new Failure(Native.call("tsp_failure_report", Native.object(
+                "document", document != null && document.isObject() ? document : null,
+                "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
+                "node_rank", nodeRank, "host", host, "nproc_per_node", nproc,
+                "tail", tail == null || agentLines ? null : String.join("\n", tail))));
     }
 
     /** A document finished before (carried by a task). */
     static Failure fromDocument(JsonNode document) {
         return fromDocument(document, 1, -1, "?", 0, null);
-    }
-
-    private static Failure call(ObjectNode req) {
-        String[] msg = new String[1];
-        int rc = Native.failureReport(req.toString(), msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
-        }
-        try {
-            return new Failure(JSON.readTree(msg[0]));
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the failure reply is not JSON: " + msg[0], e);
-        }
     }
 
     Integer rank() {
@@ -77,19 +61,15 @@ final class Failure {
     /** The exception: the C core's message for this mode, showing shownTail (the driver's
      *  lines of the rank) or the document's tail, and detail (the driver's job-wide view). */
     TorchSparkException exception(String mode, List<String> shownTail, String detail, Throwable cause) {
-        ObjectNode req = JSON.createObjectNode();
-        req.set("document", document);
-        req.put("product", "TorchSparkRunner");
-        req.put("mode", mode);
-        req.put("output_went", "the driver's log");
         boolean shown = shownTail != null && !shownTail.isEmpty();
-        req.put("shown_tail", shown ? String.join("\n", shownTail) : null);
-        req.put("detail", detail);
+        ObjectNode req = Native.object("document", document, "product", "TorchSparkRunner", "mode", mode,
+                "output_went", "the driver's log", "shown_tail", shown ? String.join("\n", shownTail) : null,
+                "detail", detail);
         List<String> out = shown ? shownTail
                 : fields.path("tail").asText("").isEmpty() ? List.of()
                 : Arrays.asList(fields.path("tail").asText().split("\n", -1));
         List<String> last = new ArrayList<>(out.subList(Math.max(0, out.size() - TAIL_IN_MESSAGE), out.size()));
-        Failure done = call(req);
+        Failure done = new Failure(Native.call("tsp_failure_report", req));
         return new TorchSparkException(done.message, rank(),
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,

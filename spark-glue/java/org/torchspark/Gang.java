@@ -24,8 +24,6 @@ final class Gang {
     static final int FAILED = 3;
     /** A task's own wait beyond the driver's deadline, for the driver's answer to come. */
     static final int JOIN_GRACE_MS = 30000;
-    /** tsp_rdv_call_wait: no reply yet. */
-    private static final int PENDING = 1;
 
     private Gang() {}
 
@@ -33,10 +31,7 @@ final class Gang {
      *  resolved by spark.dynamicAllocation.enabled. */
     static String mode(SparkConf conf, Conf settings) {
         String launch = settings.string("launch");
-        if (!launch.equals("auto")) {
-            return launch;
-        }
-        return conf.getBoolean("spark.dynamicAllocation.enabled", false) ? GANG : BARRIER;
+        return !launch.equals("auto") ? launch : conf.getBoolean("spark.dynamicAllocation.enabled", false) ? GANG : BARRIER;
     }
 
     /** The sentence of a failed gang (its deadline), with what Spark shows of its executors. */
@@ -107,24 +102,11 @@ final class Gang {
         long[] call = new long[1];
         String[] msg = new String[1];
         String h = host == null || host.isEmpty() ? "unknown" : host.replace(' ', '_');
-        int rc = Native.gangCallStart(ep.host, ep.port, secretHex, nodeRank, tryNo,
+        int rc = Native.gangCallStart(ep.host(), ep.port(), secretHex, nodeRank, tryNo,
                 h.length() > 255 ? h.substring(0, 255) : h, timeoutMs + JOIN_GRACE_MS, call, msg);
-        if (rc != 0) {
-            throw new IllegalStateException(msg[0]);
-        }
-        try {
-            int[] nnodes = new int[1];
-            while ((rc = Native.gangCallWait(call[0], nodeRank, Rendezvous.KILL_POLL_MS, nnodes, msg)) == PENDING) {
-                if (killCheck != null) {
-                    killCheck.run();
-                }
-            }
-            if (rc != 0) {
-                throw new IllegalStateException(msg[0]);
-            }
-            return nnodes[0];
-        } finally {
-            Native.rdvCallFree(call[0]);
-        }
+        int[] nnodes = new int[1];
+        Rendezvous.await(rc, call, () -> Native.gangCallWait(call[0], nodeRank, Rendezvous.KILL_POLL_MS, nnodes, msg),
+                killCheck, msg);
+        return nnodes[0];
     }
 }

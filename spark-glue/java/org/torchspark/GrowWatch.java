@@ -58,12 +58,7 @@ final class GrowWatch {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
             long t0 = System.nanoTime();
-            Integer free;
-            try {
-                free = slots.now();
-            } catch (RuntimeException | LinkageError e) {
-                free = null;
-            }
+            Integer free = RestartPolicy.slotsNow(slots);
             JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
                     .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
             state = reply.path("state");

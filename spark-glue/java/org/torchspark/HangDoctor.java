@@ -1,11 +1,17 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.NullNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.function.Consumer;
 
 /**
@@ -13,7 +19,9 @@ import java.util.function.Consumer;
  * torchspark/driver/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
  * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
- * are and keeps the diagnosis (the runner then throws the C core's text and stacks).
+ * are and keeps the diagnosis (the runner then throws the C core's text and stacks). The
+ * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11;
+ * the PySpark glue's binding is torchspark/driver/_hang.py): {@link #diagnose}.
  */
 final class HangDoctor extends Thread {
     static final String TIMEOUT_CONF = "spark.torchspark.hangTimeout";
@@ -31,12 +39,80 @@ final class HangDoctor extends Thread {
         }
     }
 
+    // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
+
+    /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
+     *  starting, groups, report), with the fields the runner reads; stacksFile: where the
+     *  watchdog wrote every rank's stacks, or null. */
+    record Diagnosis(JsonNode json, Path stacksFile) {
+        /** The one line naming the culprit(s). */
+        String line() {
+            return json.path("line").asText();
+        }
+
+        /** The one culprit's rank, or null when there is none or several. */
+        Integer culprit() {
+            return json.path("culprits").size() == 1 ? json.path("culprits").get(0).asInt() : null;
+        }
+
+        /** The host of rank's dump, or null when it sent none. */
+        String host(int rank) {
+            for (JsonNode d : json.path("dumps")) {
+                if (d.path("rank").asInt() == rank) {
+                    return d.path("host").asText();
+                }
+            }
+            return null;
+        }
+
+        /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the
+         *  line), as the watchdog wrote it; empty without a file (at 16,384 ranks ~10 MB: read
+         *  when asked for, not kept). */
+        List<String> stacksLines() {
+            if (stacksFile == null) {
+                return List.of();
+            }
+            try { // decoded with replacement, as the lines were shown
+                String[] all = new String(Files.readAllBytes(stacksFile), StandardCharsets.UTF_8).split("\n");
+                return List.of(all).subList(Math.min(1, all.length), all.length);
+            } catch (IOException e) {
+                return List.of();
+            }
+        }
+
+        /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
+         *  core's, the same as the PySpark glue's TorchDistributorError.report; null where the
+         *  reply has none (the watchdog's event carries it with cancel only). */
+        String report() {
+            return json.hasNonNull("report") ? json.get("report").toString() : null;
+        }
+    }
+
+    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
+     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
+     *  does not know the executors' Python: it names no standard library directory, and the
+     *  core's rule for lib/python3.N/ paths counts those frames as library. */
+    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
+        ObjectNode req = Native.object("world", world, "stdlib", List.of(), "read_sources", readSources);
+        if (request > 0) {
+            req.put("request", request);
+        }
+        ArrayNode ranks = req.putArray("ranks");
+        int n = sections.isEmpty() ? world : Math.max(world, Collections.max(sections.keySet()) + 1);
+        for (int r = 0; r < n; r++) {
+            List<String> lines = sections.get(r);
+            JsonNode a = lines == null || lines.isEmpty() ? NullNode.getInstance() : Failure.JSON.valueToTree(lines);
+            ranks.add(a);
+        }
+        return new Diagnosis(Native.call("tsp_hang_diagnose", req), null);
+    }
+
     // ---- the watchdog: the C log server's (docs/protocol.md 1.12) -----------------------
 
     private final LogServer server;
     private final Consumer<String> say;
-    private final List<HangAnalysis.Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
-    private volatile HangAnalysis.Diagnosis cancelled;
+    private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
+    private volatile Diagnosis cancelled;
     private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
     private volatile boolean stopping;
     /** Held while an event is taken and performed: finish()'s drain waits for one in hand. */
@@ -54,11 +130,11 @@ final class HangDoctor extends Thread {
     }
 
     /** The diagnosis that cancelled the run, or null. */
-    HangAnalysis.Diagnosis cancelled() {
+    Diagnosis cancelled() {
         return cancelled;
     }
 
-    List<HangAnalysis.Diagnosis> diagnoses() {
+    List<Diagnosis> diagnoses() {
         synchronized (diagnoses) {
             return new ArrayList<>(diagnoses);
         }
@@ -90,8 +166,7 @@ final class HangDoctor extends Thread {
             if (r == null || r.isNull()) {
                 return true;
             }
-            HangAnalysis.Diagnosis d = new HangAnalysis.Diagnosis(r);
-            d.stacksFile = ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText());
+            Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
             diagnoses.add(d);
             // the stacks are on stderr already (the ranks' lines), and in the file
             ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));

@@ -9,7 +9,8 @@ import java.util.List;
  * The exception of a failed distributed job, as the C core's outcome says (outcome.c,
  * docs/protocol.md 10: the log channel's structured root record first, then what a task
  * carried in Spark's text, Spark's own text last); the messages are the C core's (report.c,
- * outcome.c). The PySpark glue's twin is _failure.py.
+ * outcome.c). The PySpark glue's twin is _failure.py, and its _report.outcome the same call
+ * as {@link #outcome}.
  */
 final class JobFailure {
     private JobFailure() {}
@@ -21,6 +22,18 @@ final class JobFailure {
         NoRendezvous(String message, Throwable cause) {
             super(message, cause);
         }
+    }
+
+    /** A failed run's outcome, classified by the C core (torchspark/outcome.h, through JNI):
+     *  kind, reason, restart, node_rank, executor, exclude, cause and advice. root: the log
+     *  server's root record (null: none); sparkError: Spark's failure text (null: none);
+     *  outputWent: where every rank's output went, for the advice (null: the default). */
+    static JsonNode outcome(JsonNode root, String sparkError, String outputWent) {
+        ObjectNode req = Native.object("root", root != null && root.isObject() ? root : null, "spark_error", sparkError);
+        if (outputWent != null) {
+            req.put("output_went", outputWent);
+        }
+        return Native.call("tsp_outcome_classify", req);
     }
 
     /** Spark's error text: its message and its causes' (a task's exception may be any of
@@ -44,7 +57,7 @@ final class JobFailure {
     static RuntimeException of(String rootJson, Throwable sparkError, LogServer server, int nproc) {
         JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
         String text = sparkText(sparkError);
-        JsonNode found = Outcome.classify(root, sparkError == null ? null
+        JsonNode found = outcome(root, sparkError == null ? null
                 : text.isBlank() ? sparkError.getClass().getName() : text, "the driver's log");
         String kind = found.path("kind").asText();
         if (found.path("carried").isObject()) { // the failure document a task carried
@@ -87,5 +100,4 @@ final class JobFailure {
         return Failure.fromDocument(root.get("report"), 1, node, root.path("host").asText("?"), nproc, tail)
                 .exception("distributed", null, null, sparkError);
     }
-
 }

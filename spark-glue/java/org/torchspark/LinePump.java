@@ -1,46 +1,53 @@
 package org.torchspark;
 
 import java.io.PrintStream;
+import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
+import java.util.Map;
 import java.util.function.Consumer;
 
-/** A run's lines from the log server to the log (or stderr), on a thread of their own, and
- *  its torchspark.report() records (ReportPump) beside them. */
-final class LinePump extends Thread {
+/**
+ * A run's lines from the log server to the log (or stderr), on a thread of their own, and
+ * beside them the driver's end of torchspark.report() (docs/protocol.md 1.8): a second
+ * thread pulls the workers' reports while the run goes on (their queue is bounded: a full
+ * one makes the reporting ranks wait), keeps them all, and hands each to the user's callback
+ * ({@link TorchSparkRunner#onReport}).
+ */
+final class LinePump {
     private final LogServer server;
-    private final boolean toStderr;
-    private final String prefix;
-    private final ReportPump reportPump;
+    private final Consumer<TorchSparkRunner.Report> callback;
+    private final List<TorchSparkRunner.Report> reports = Collections.synchronizedList(new ArrayList<>());
+    private final Thread lines;
+    private final Thread reportThread;
     private volatile boolean stopping;
+    private boolean warned;
 
     LinePump(LogServer server, boolean toStderr, String prefix, Consumer<TorchSparkRunner.Report> onReport) {
-        super("torchspark-log-pump");
-        setDaemon(true);
         this.server = server;
-        this.toStderr = toStderr;
-        this.prefix = prefix;
-        this.reportPump = new ReportPump(server, onReport);
+        this.callback = onReport;
+        lines = new Thread(() -> pumpLines(toStderr, prefix), "torchspark-log-pump");
+        reportThread = new Thread(this::pumpReports, "torchspark-reports");
     }
 
-    @Override
-    public synchronized void start() {
-        super.start();
-        reportPump.start(); // torchspark.report() (ReportPump.java)
+    void start() {
+        for (Thread t : List.of(lines, reportThread)) {
+            t.setDaemon(true);
+            t.start();
+        }
     }
 
-    @Override
-    public void run() {
+    private void pumpLines(boolean toStderr, String prefix) {
         PrintStream err = System.err;
         // Never drop a line silently: when the log would (INFO disabled), use stderr.
         boolean stderr = toStderr || !TorchSparkRunner.LOG.isInfoEnabled();
         while (true) {
-            List<String> lines = server.pullText(1024, 200, prefix);
-            if (lines == null || lines.isEmpty() && stopping) {
+            List<String> batch = server.pullText(1024, 200, prefix);
+            if (batch == null || batch.isEmpty() && stopping) {
                 return; // stopped and drained
             }
-            TorchSparkRunner.Metrics.LINES.addAndGet(lines.size());
-            for (String ln : lines) {
+            TorchSparkRunner.Metrics.LINES.addAndGet(batch.size());
+            for (String ln : batch) {
                 if (stderr) {
                     err.println(ln);
                 } else {
@@ -50,15 +57,43 @@ final class LinePump extends Thread {
         }
     }
 
-    /** Drains what is queued (the server was shut down first), then ends; the run's reports. */
+    private void pumpReports() {
+        while (true) {
+            List<Map.Entry<Integer, String>> batch = server.pullReports(4096, 20);
+            if (batch == null || (batch.isEmpty() && stopping)) {
+                return;
+            }
+            long now = System.currentTimeMillis();
+            for (Map.Entry<Integer, String> e : batch) {
+                TorchSparkRunner.Report r = new TorchSparkRunner.Report(e.getKey(), e.getValue(), now);
+                reports.add(r);
+                if (callback != null) {
+                    try {
+                        callback.accept(r);
+                    } catch (RuntimeException ex) {
+                        if (!warned) {
+                            warned = true;
+                            System.err.println("torchspark: WARNING: onReport threw " + ex
+                                    + " (further errors of the callback are not shown)");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /** Drains what is queued (the server was shut down first), then ends; the run's reports
+     *  (their history). */
     List<TorchSparkRunner.Report> finish() {
-        List<TorchSparkRunner.Report> reports = Collections.unmodifiableList(reportPump.finish());
         stopping = true;
         try {
-            join(10_000);
+            reportThread.join(10_000);
+            lines.join(10_000);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         }
-        return reports;
+        synchronized (reports) {
+            return List.copyOf(reports);
+        }
     }
 }

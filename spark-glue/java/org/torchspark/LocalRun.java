@@ -28,7 +28,7 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", HangDoctor.Settings.of(settings), nproc)) {
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc)) {
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
             }
@@ -52,8 +52,8 @@ final class LocalRun {
                         NodeTask.localHostName(), nproc, agent.tail());
                 throw failure.exception("local", JobFailure.rankTail(ch.server, failure), null, null);
             }
-            return r.wantOutput ? RunOutput.collect(ch.server, Collections.emptyList(), r.outputPath)
-                    : new TorchSparkRunner.Result(null, null);
+            return r.wantOutput ? RunOutput.collect(ch.server, List.of(), r.outputPath, null)
+                    : new TorchSparkRunner.Result(null, null, null);
         } finally {
             TorchSparkRunner.Metrics.AGENTS.decrementAndGet();
             NodeTask.deleteTree(workdir);

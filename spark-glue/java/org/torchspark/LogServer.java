@@ -2,13 +2,13 @@ package org.torchspark;
 
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
-import java.util.AbstractMap;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
+import java.util.function.LongFunction;
 
 /**
  * The driver side of torchspark's log channel (native log server, docs/protocol.md part 1),
@@ -26,7 +26,6 @@ public final class LogServer implements AutoCloseable {
     private final ReentrantReadWriteLock lock = new ReentrantReadWriteLock();
     private long handle;
     private final ByteBuffer buf;
-    private final int[] nlines = new int[1];
 
     /** Binds host (a numeric address or name; 127.0.0.1 when null) on port (0: any). */
     public LogServer(String host, int port) {
@@ -67,48 +66,33 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
-    private long acquire() {
+    /** f on the open handle; close() waits for calls in flight. */
+    private <T> T with(LongFunction<T> f) {
         lock.readLock().lock();
-        if (handle == 0) {
+        try {
+            if (handle == 0) {
+                throw new IllegalStateException("the log server is closed");
+            }
+            return f.apply(handle);
+        } finally {
             lock.readLock().unlock();
-            throw new IllegalStateException("the log server is closed");
         }
-        return handle;
-    }
-
-    private void release() {
-        lock.readLock().unlock();
     }
 
     public int port() {
-        long h = acquire();
-        try {
-            return Native.logServerPort(h);
-        } finally {
-            release();
-        }
+        return with(Native::logServerPort);
     }
 
     public String host() {
-        long h = acquire();
-        try {
-            return Native.logServerHost(h);
-        } finally {
-            release();
-        }
+        return with(Native::logServerHost);
     }
 
     /** The run's secret as 64 hex digits (for the agents: on their standard input, AgentProcess). */
     public String secretHex() {
-        long h = acquire();
-        try {
-            byte[] s = Native.logServerSecret(h);
-            String hex = HexFormat.of().formatHex(s);
-            Arrays.fill(s, (byte) 0);
-            return hex;
-        } finally {
-            release();
-        }
+        byte[] s = with(Native::logServerSecret);
+        String hex = HexFormat.of().formatHex(s);
+        Arrays.fill(s, (byte) 0);
+        return hex;
     }
 
     /** "host:port" (IPv6 in brackets) for --log-endpoint, advertising host. */
@@ -133,38 +117,29 @@ public final class LogServer implements AutoCloseable {
         if (maxLines <= 0) {
             throw new IllegalArgumentException("maxLines must be > 0, got " + maxLines);
         }
-        long h = acquire();
-        try {
+        return with(h -> {
             synchronized (buf) {
-                long n = Native.logServerPullText(h, buf, maxLines, timeoutMs, prefix, null, nlines);
+                long n = Native.logServerPullText(h, buf, maxLines, timeoutMs, prefix, null, null);
                 if (n == -32 /* EPIPE */) {
                     return null;
                 }
                 if (n < 0) {
                     throw new IllegalStateException("pulling log lines failed: " + Native.strerror((int) n));
                 }
-                List<String> out = new ArrayList<>(nlines[0]);
-                if (n == 0) {
-                    return out;
-                }
                 byte[] bytes = new byte[(int) n];
                 buf.get(0, bytes);
-                String text = new String(bytes, StandardCharsets.UTF_8);
-                int start = 0;
-                while (start < text.length()) {
-                    int nl = text.indexOf('\n', start);
-                    if (nl < 0) {
-                        out.add(text.substring(start)); // a CONTINUED piece: no newline
-                        break;
-                    }
-                    out.add(text.substring(start, nl));
-                    start = nl + 1;
-                }
-                return out;
+                return lines(new String(bytes, StandardCharsets.UTF_8)); // a CONTINUED piece: no newline
             }
-        } finally {
-            release();
+        });
+    }
+
+    /** text's lines, without the newline that ends the last one. */
+    private static List<String> lines(String text) {
+        List<String> out = new ArrayList<>(Arrays.asList(text.split("\n", -1)));
+        if (out.get(out.size() - 1).isEmpty()) {
+            out.remove(out.size() - 1);
         }
+        return out;
     }
 
     /**
@@ -175,25 +150,16 @@ public final class LogServer implements AutoCloseable {
      * reporting ranks wait.
      */
     public List<Map.Entry<Integer, String>> pullReports(int max, int timeoutMs) {
-        long h = acquire();
-        try {
-            String s = Native.logServerPullReports(h, max, timeoutMs);
-            if (s == null) {
-                return null;
-            }
-            List<Map.Entry<Integer, String>> out = new ArrayList<>();
-            int start = 0;
-            while (start < s.length()) {
-                int nl = s.indexOf('\n', start);
-                int tab = s.indexOf('\t', start);
-                out.add(new AbstractMap.SimpleImmutableEntry<>(
-                        Integer.parseInt(s.substring(start, tab)), s.substring(tab + 1, nl)));
-                start = nl + 1;
-            }
-            return out;
-        } finally {
-            release();
+        String s = with(h -> Native.logServerPullReports(h, max, timeoutMs));
+        if (s == null) {
+            return null;
         }
+        List<Map.Entry<Integer, String>> out = new ArrayList<>();
+        for (String ln : lines(s)) { // "RANK\tRECORD"
+            int tab = ln.indexOf('\t');
+            out.add(Map.entry(Integer.parseInt(ln.substring(0, tab)), ln.substring(tab + 1)));
+        }
+        return out;
     }
 
     /** The last n lines of a global rank, oldest first. */
@@ -201,94 +167,38 @@ public final class LogServer implements AutoCloseable {
         if (n <= 0) {
             throw new IllegalArgumentException("n must be > 0, got " + n);
         }
-        long h = acquire();
-        try {
-            byte[] b = Native.logServerTail(h, rank, n);
-            List<String> out = new ArrayList<>();
-            if (b == null || b.length == 0) {
-                return out;
-            }
-            for (String s : new String(b, StandardCharsets.UTF_8).split("\n", -1)) {
-                out.add(s);
-            }
-            if (!out.isEmpty() && out.get(out.size() - 1).isEmpty()) {
-                out.remove(out.size() - 1);
-            }
-            return out;
-        } finally {
-            release();
-        }
+        byte[] b = with(h -> Native.logServerTail(h, rank, n));
+        return b == null ? new ArrayList<>() : lines(new String(b, StandardCharsets.UTF_8));
     }
 
     /** The run's root cause as JSON ({"kind","node_rank","host","peer","message","report"}),
      *  or null when none came within timeoutMs. */
     public String failure(int timeoutMs) {
-        long h = acquire();
-        try {
-            return Native.logServerFailure(h, timeoutMs);
-        } finally {
-            release();
-        }
+        return with(h -> Native.logServerFailure(h, timeoutMs));
     }
 
     /** Agents gone without goodbye whose lost grace still runs. */
     public int lostPending() {
-        long h = acquire();
-        try {
-            return Native.logServerLostPending(h);
-        } finally {
-            release();
-        }
+        return with(Native::logServerLostPending);
     }
 
     /** Tells every agent to stop (now and on later connections). */
     public void stopAll(String text) {
-        long h = acquire();
-        try {
-            Native.logServerStopAll(h, text == null ? "" : text);
-        } finally {
-            release();
-        }
-    }
-
-    /**
-     * Asks every agent for its workers' Python stacks and flight recorders (the hang
-     * doctor's DUMP, docs/protocol.md 1.9); they come back as each rank's lines after a
-     * marker naming the request. Returns the request's number (1, 2, ...), or -1 once the
-     * server has ended.
-     */
-    public int dumpAll() {
-        long h = acquire();
-        try {
-            int n = Native.logServerDumpAll(h);
-            return n > 0 ? n : -1;
-        } finally {
-            release();
-        }
+        with(h -> Native.logServerStopAll(h, text == null ? "" : text));
     }
 
     /** Turns on the server's hang watchdog (docs/protocol.md 1.12): timeoutMs of silence
      *  from the workers' start, action report or cancel, world ranks. */
     public void watch(long timeoutMs, String action, int world, String tmpdir) {
-        long h = acquire();
-        try {
-            String[] msg = new String[1];
-            if (Native.logServerWatch(h, timeoutMs, action, world, tmpdir, msg) != 0) {
-                throw new IllegalArgumentException(msg[0]);
-            }
-        } finally {
-            release();
+        String[] msg = new String[1];
+        if (with(h -> Native.logServerWatch(h, timeoutMs, action, world, tmpdir, msg)) != 0) {
+            throw new IllegalArgumentException(msg[0]);
         }
     }
 
     /** The watchdog's next event (JSON), waiting up to timeoutMs; null when none came. */
     public String hangEvent(int timeoutMs) {
-        long h = acquire();
-        try {
-            return Native.logServerHangEvent(h, timeoutMs);
-        } finally {
-            release();
-        }
+        return with(h -> Native.logServerHangEvent(h, timeoutMs));
     }
 
     /**
@@ -296,36 +206,21 @@ public final class LogServer implements AutoCloseable {
      * docs/protocol.md 1.13; why 1: the run grows back). False once the server has ended.
      */
     public boolean checkpointAll(int why) {
-        long h = acquire();
-        try {
-            return Native.logServerCheckpointAll(h, why) == 0;
-        } finally {
-            release();
-        }
+        return with(h -> Native.logServerCheckpointAll(h, why)) == 0;
     }
 
     /** Accepts one output transfer into path (created 0600), or into memory when null. */
     public void expectOutput(String path) {
-        long h = acquire();
-        try {
-            int rc = Native.logServerExpectOutput(h, path);
-            if (rc != 0) {
-                throw new IllegalStateException("expectOutput: " + Native.strerror(rc));
-            }
-        } finally {
-            release();
+        int rc = with(h -> Native.logServerExpectOutput(h, path));
+        if (rc != 0) {
+            throw new IllegalStateException("expectOutput: " + Native.strerror(rc));
         }
     }
 
     /** spark.torchspark.encryption: false keeps the authenticated handshake and MACs every
      *  frame, in clear (docs/protocol.md 1.10.1); for connections made from now on. */
     public void encryption(boolean on) {
-        long h = acquire();
-        try {
-            Native.logServerEncryption(h, on);
-        } finally {
-            release();
-        }
+        with(h -> Native.logServerEncryption(h, on));
     }
 
     /** The largest output received into memory, written as spark.driver.maxResultSize ("1g",
@@ -333,84 +228,54 @@ public final class LogServer implements AutoCloseable {
      *  driver takes memory for it. Throws IllegalArgumentException on a value that is not a
      *  size. */
     public void outputLimit(String maxResultSize) {
-        long h = acquire();
-        try {
-            String[] msg = new String[1];
-            if (Native.logServerOutputLimit(h, maxResultSize, msg) != 0) {
-                throw new IllegalArgumentException(msg[0]);
-            }
-        } finally {
-            release();
+        String[] msg = new String[1];
+        if (with(h -> Native.logServerOutputLimit(h, maxResultSize, msg)) != 0) {
+            throw new IllegalArgumentException(msg[0]);
         }
     }
 
     /** Waits for the output: true when received and verified, false on timeout or when none
      *  came (see {@link #outputError()}). */
     public boolean awaitOutput(int timeoutMs) {
-        long h = acquire();
-        try {
-            return Native.logServerOutputWait(h, timeoutMs) == 0;
-        } finally {
-            release();
-        }
+        return with(h -> Native.logServerOutputWait(h, timeoutMs)) == 0;
     }
 
     /** The received output's length in bytes, or -1 when none was received. */
     public long outputLength() {
-        long h = acquire();
-        try {
-            long n = Native.logServerOutputLength(h);
-            return n < 0 ? -1 : n;
-        } finally {
-            release();
-        }
+        long n = with(Native::logServerOutputLength);
+        return n < 0 ? -1 : n;
     }
 
     /** A copy of the output received into memory (null in file mode or when none). */
     public byte[] outputBytes() {
-        long h = acquire();
-        try {
+        return with(h -> {
             long n = Native.logServerOutputLength(h);
             if (n > Integer.MAX_VALUE - 8) {
                 throw new IllegalStateException("rank 0's output is " + n + " bytes, more than a "
                         + "Java array holds: receive it into a file (TorchSparkRunner.outputPath)");
             }
             return Native.logServerOutputData(h);
-        } finally {
-            release();
-        }
+        });
     }
 
     /** Why the last output transfer failed ("" when it did not). */
     public String outputError() {
-        long h = acquire();
-        try {
-            return Native.logServerOutputError(h);
-        } finally {
-            release();
-        }
+        return with(Native::logServerOutputError);
     }
 
     /** {accepted, authenticated, rejected, lines, bytes, duplicates, connected, queuedBytes}. */
     public long[] stats() {
-        long h = acquire();
-        try {
-            long[] out = new long[8];
+        long[] out = new long[8];
+        with(h -> {
             Native.logServerStats(h, out);
-            return out;
-        } finally {
-            release();
-        }
+            return null;
+        });
+        return out;
     }
 
     /** Stops accepting and drains connected agents (lines stay pullable). Idempotent. */
     public void shutdown(int drainTimeoutMs) {
-        long h = acquire();
-        try {
-            Native.logServerShutdown(h, drainTimeoutMs);
-        } finally {
-            release();
-        }
+        with(h -> Native.logServerShutdown(h, drainTimeoutMs));
     }
 
     @Override

@@ -1,5 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import java.io.IOException;
 import java.nio.ByteBuffer;
 
 /**
@@ -23,41 +26,40 @@ final class Native {
     /** Bytes a pullText buffer needs at least (TSP_LOGSERVER_TEXT_MIN). */
     static native int textBufferMin();
 
-    // --- the node plan (torchspark/plan.h) ---
+    // --- the C core's JSON transforms (plan.h, conf.h, failure.h, hang.h, outcome.h, gang.h,
+    // runctl.h: request -> reply, docs/protocol.md), by the C name, as the PySpark glue's
+    // json_call ---
 
-    /** msg[0]: the agent's options for the node plan (JSON) as a JSON array of strings, or
+    /** msg[0]: the reply of the transform name (tsp_conf_read, ...) to the request (JSON), or
      *  the error sentence naming the key that is wrong. */
-    static native int planArgv(String plan, String[] msg);
+    static native int json(String name, String request, String[] msg);
 
-    // --- the settings (torchspark/conf.h, docs/protocol.md 9) ---
+    /** The reply of the transform name to request, parsed; IllegalArgumentException with the
+     *  library's sentence when it refuses the request. */
+    static JsonNode call(String name, JsonNode request) {
+        String[] msg = new String[1];
+        int rc = Native.json(name, String.valueOf(request), msg);
+        if (rc != 0) {
+            throw new IllegalArgumentException(msg[0] != null ? msg[0] : strerror(rc));
+        }
+        try {
+            return Failure.JSON.readTree(msg[0]);
+        } catch (IOException e) {
+            throw new IllegalStateException("torchspark: the reply of " + name + " is not JSON: " + msg[0], e);
+        }
+    }
 
-    /** msg[0]: the typed settings for the request (JSON), or the sentence naming the bad
-     *  value. */
-    static native int confRead(String request, String[] msg);
-
-    // --- the failure (torchspark/failure.h) ---
-
-    /** msg[0]: {"document": the finished failure document, "message": the exception's
-     *  message or null} for the request (JSON), or the error sentence naming the key. */
-    static native int failureReport(String request, String[] msg);
-
-    // --- the hang doctor's analysis (torchspark/hang.h) ---
-
-    /** msg[0]: the diagnosis (JSON, docs/protocol.md 1.11) of the request (JSON: each rank's
-     *  dump lines, the world size), or the error sentence naming the key. */
-    static native int hangDiagnose(String request, String[] msg);
-
-    // --- the outcome (torchspark/outcome.h) ---
-
-    /** msg[0]: the outcome (JSON: kind, reason, restart, node_rank, executor, exclude, cause,
-     *  advice) of the request {"root", "spark_error"}, or the error sentence naming the key. */
-    static native int outcomeClassify(String request, String[] msg);
+    /** A JSON object of keys and values, each value as Jackson writes it (null, a string, a
+     *  number, a list, a map, a JsonNode), as a dict literal of the PySpark glue's requests. */
+    static ObjectNode object(Object... keysAndValues) {
+        ObjectNode o = Failure.JSON.createObjectNode();
+        for (int i = 0; i < keysAndValues.length; i += 2) {
+            o.set((String) keysAndValues[i], Failure.JSON.valueToTree(keysAndValues[i + 1]));
+        }
+        return o;
+    }
 
     // --- the gang launch (torchspark/gang.h, docs/protocol.md 2.2) ---
-
-    /** msg[0]: the replay (JSON: replies, state, failure) of the request {"nnodes",
-     *  "timeout_ms", "events", "seen", "end"}, or the error sentence. */
-    static native int gangReplay(String request, String[] msg);
 
     /** Arms the gang of nnodes tasks on rendezvous h, complete within timeoutMs (tsp_rdv_gang):
      *  0 or -errno. */
@@ -76,29 +78,13 @@ final class Native {
     static native int gangCallStart(String host, int port, String secretHex, int nodeRank, int tryNo,
             String taskHost, int timeoutMs, long[] call, String[] msg);
 
-    /** Waits up to timeoutMs for the JOIN's reply: 0 with nnodes[0] (GO), 1 (pending), or a
-     *  code with the sentence in msg[0]. */
     /** The executors a gang launch asks for (tsp_gang_ask): Spark's settings as the conf holds
      *  them (null: unset), the executors registered now; the total, or -errno. */
     static native int gangAsk(int numTasks, String executorCores, String taskCpus, String maxExecutors, int have);
 
+    /** Waits up to timeoutMs for the JOIN's reply: 0 with nnodes[0] (GO), 1 (pending), or a
+     *  code with the sentence in msg[0]. */
     static native int gangCallWait(long call, int nodeRank, int timeoutMs, int[] nnodes, String[] msg);
-
-    // --- the run controller (torchspark/runctl.h) ---
-
-    /** msg[0]: the reply {"state", "actions"} (docs/protocol.md 11) to the request {"state",
-     *  "event"}, or the error sentence naming the key or the event. */
-    static native int runctlStep(String request, String[] msg);
-
-    // --- the task side (torchspark/task.h, docs/protocol.md 12) ---
-
-    /** msg[0]: the agent's launch {"argv", "env", "env_default", "files", "nproc_per_node",
-     *  "ship", "collect"} for the task's facts (JSON), or the sentence naming the key. */
-    static native int taskLaunch(String request, String[] msg);
-
-    /** msg[0]: the task's result {"failure", "result", "missing", "log"} for the agent's exit
-     *  (JSON), or the sentence naming the key. */
-    static native int taskFinish(String request, String[] msg);
 
     // --- election (torchspark/elect.h) ---
 
@@ -180,10 +166,6 @@ final class Native {
     static native int logServerLostPending(long h);
 
     static native int logServerStopAll(long h, String text);
-
-    /** The hang doctor's DUMP to every agent (docs/protocol.md 1.9): the request's number
-     *  (1, 2, ...), or -EPIPE once the server ended. */
-    static native int logServerDumpAll(long h);
 
     /** The hang doctor's watchdog of the server (docs/protocol.md 1.12); 0, or a negative
      *  errno with msg[0] naming the bad argument. */

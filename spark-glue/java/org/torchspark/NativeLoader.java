@@ -53,12 +53,7 @@ public final class NativeLoader {
 
     /** The resource folder for this machine, e.g. /org/torchspark/native/linux-x86_64/. */
     static String resourceDir() {
-        String arch = System.getProperty("os.arch", "");
-        if (arch.equals("amd64") || arch.equals("x86_64")) {
-            arch = "x86_64";
-        } else if (arch.equals("aarch64") || arch.equals("arm64")) {
-            arch = "aarch64";
-        }
+        String arch = System.getProperty("os.arch", "").replace("amd64", "x86_64").replace("arm64", "aarch64");
         return "/org/torchspark/native/linux-" + arch + "/";
     }
 
@@ -72,8 +67,9 @@ public final class NativeLoader {
                     + System.getProperty("os.name") + ")");
         }
         String override = System.getProperty(DIR_PROPERTY);
+        Path dir;
         if (override != null && !override.isEmpty()) {
-            Path dir = Paths.get(override).toAbsolutePath();
+            dir = Paths.get(override).toAbsolutePath();
             for (String f : FILES) {
                 if (!Files.isRegularFile(dir.resolve(f))) {
                     throw new UnsatisfiedLinkError("torchspark: -D" + DIR_PROPERTY + "=" + dir
@@ -81,18 +77,16 @@ public final class NativeLoader {
                             + " (they are inside torchspark.jar under " + resourceDir() + ")");
                 }
             }
-            loadedFrom = loadFile(dir.resolve(JNI_LIB), dir);
-            nativeDir = dir;
-            return loadedFrom;
+        } else {
+            try {
+                System.loadLibrary("torchspark_jni");
+                loadedFrom = Paths.get(System.mapLibraryName("torchspark_jni"));
+                return loadedFrom;
+            } catch (UnsatisfiedLinkError e) {
+                // Not on java.library.path (the usual case): use the jar's copies.
+            }
+            dir = extract();
         }
-        try {
-            System.loadLibrary("torchspark_jni");
-            loadedFrom = Paths.get(System.mapLibraryName("torchspark_jni"));
-            return loadedFrom;
-        } catch (UnsatisfiedLinkError e) {
-            // Not on java.library.path (the usual case): use the jar's copies.
-        }
-        Path dir = extract();
         loadedFrom = loadFile(dir.resolve(JNI_LIB), dir);
         nativeDir = dir;
         return loadedFrom;
@@ -156,12 +150,8 @@ public final class NativeLoader {
             System.load(lib.toString());
             return lib;
         } catch (UnsatisfiedLinkError e) {
-            String m = String.valueOf(e.getMessage());
-            if (m.contains("failed to map segment")) {
+            if (!String.valueOf(e.getMessage()).contains("already loaded in another classloader")) {
                 throw explainNoexec(e, lib);
-            }
-            if (!m.contains("already loaded in another classloader")) {
-                throw e;
             }
         }
         // Another class loader loaded this very file: load a copy of our own, in the same
@@ -175,10 +165,7 @@ public final class NativeLoader {
             throw linkError("torchspark: cannot copy " + lib + " for a second class loader into "
                     + dir + ": " + io, io);
         } catch (UnsatisfiedLinkError e) {
-            if (String.valueOf(e.getMessage()).contains("failed to map segment")) {
-                throw explainNoexec(e, copy);
-            }
-            throw e;
+            throw explainNoexec(e, copy);
         } finally {
             try {
                 Files.deleteIfExists(copy); // the mapping stays valid once loaded
@@ -188,7 +175,11 @@ public final class NativeLoader {
         }
     }
 
+    /** e, explained when the file system of lib is mounted noexec ("failed to map segment"). */
     static UnsatisfiedLinkError explainNoexec(UnsatisfiedLinkError e, Path lib) {
+        if (!String.valueOf(e.getMessage()).contains("failed to map segment")) {
+            return e;
+        }
         return linkError("torchspark: cannot load " + lib + " (" + e.getMessage() + "): "
                 + noexecAdvice(lib.getParent()), e);
     }
@@ -290,9 +281,6 @@ public final class NativeLoader {
     }
 
     private static void deleteTree(Path p) {
-        if (!Files.exists(p)) {
-            return;
-        }
         try (Stream<Path> s = Files.walk(p)) {
             s.sorted(Comparator.reverseOrder()).forEach(q -> {
                 try {

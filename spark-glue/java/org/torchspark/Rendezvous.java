@@ -2,7 +2,7 @@ package org.torchspark;
 
 import java.io.IOException;
 import java.io.Serializable;
-import org.apache.spark.SparkConf;
+import java.util.function.IntSupplier;
 
 /**
  * The driver's rendezvous (docs/protocol.md section 2.1): hands rank 0's election record to
@@ -23,8 +23,6 @@ final class Rendezvous implements AutoCloseable {
     /** Marks a task's error when it could not reach the driver's rendezvous
      *  (TSP_RDV_UNREACHABLE, which begins the library's sentence). */
     static final String UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE";
-    /** The driver's switch, as the PySpark glue reads it (0/false/no/off: allGather). */
-    static final String CONF = "spark.torchspark.rendezvous";
     /** TSP_RDV_RECORD_MAX. */
     static final int RECORD_MAX = 4096;
     /** How often a waiting GET checks whether Spark killed its task. */
@@ -32,21 +30,19 @@ final class Rendezvous implements AutoCloseable {
     /** tsp_rdv_call_wait: no reply yet. */
     private static final int PENDING = 1;
 
-    /** What the task closure carries: where the driver listens (docs/protocol.md 2.1). */
-    static final class Endpoint implements Serializable {
+    /** What the task closure carries: where the driver listens (docs/protocol.md 2.1); a
+     *  host in brackets (IPv6) is kept without them. */
+    record Endpoint(String host, int port) implements Serializable {
         private static final long serialVersionUID = 3L;
-        final String host;
-        final int port;
 
-        Endpoint(String host, int port) {
+        Endpoint {
             if (host == null || host.isEmpty()) {
                 throw new IllegalArgumentException("the rendezvous needs a host");
             }
             if (port < 1 || port > 65535) {
                 throw new IllegalArgumentException("the rendezvous port must be 1..65535, got " + port);
             }
-            this.host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
-            this.port = port;
+            host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
         }
 
         @Override
@@ -146,13 +142,23 @@ final class Rendezvous implements AutoCloseable {
     static String exchange(Endpoint ep, String secretHex, int nodeRank, String packed, Runnable killCheck) {
         long[] call = new long[1];
         String[] msg = new String[1];
-        if (Native.rdvCallStart(ep.host, ep.port, secretHex, nodeRank == 0 ? (packed == null ? "" : packed) : null,
-                call, msg) != 0) {
+        int rc = Native.rdvCallStart(ep.host(), ep.port(), secretHex, nodeRank == 0 ? (packed == null ? "" : packed)
+                : null, call, msg);
+        await(rc, call, () -> Native.rdvCallWait(call[0], KILL_POLL_MS, msg), killCheck, msg);
+        return nodeRank == 0 ? packed : msg[0];
+    }
+
+    /** A task's call to the driver (started: its start's code, the handle in call[0]) waited
+     *  for: wait until it is no longer pending, killCheck run in between (it throws when Spark
+     *  killed the task); then freed. An IllegalStateException with the library's sentence
+     *  (msg[0]) when it could not start or was refused. */
+    static void await(int started, long[] call, IntSupplier wait, Runnable killCheck, String[] msg) {
+        if (started != 0) {
             throw new IllegalStateException(msg[0]);
         }
         try {
             int rc;
-            while ((rc = Native.rdvCallWait(call[0], KILL_POLL_MS, msg)) == PENDING) {
+            while ((rc = wait.getAsInt()) == PENDING) {
                 if (killCheck != null) {
                     killCheck.run();
                 }
@@ -160,7 +166,6 @@ final class Rendezvous implements AutoCloseable {
             if (rc != 0) {
                 throw new IllegalStateException(msg[0]);
             }
-            return nodeRank == 0 ? packed : msg[0];
         } finally {
             Native.rdvCallFree(call[0]);
         }

@@ -2,7 +2,6 @@ package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import java.io.IOException;
 import java.lang.reflect.Method;
 import java.util.ArrayList;
 import java.util.List;
@@ -46,36 +45,19 @@ final class RestartPolicy {
 
     /** One step of the run controller: {"state", "actions"} (docs/protocol.md 11). */
     static JsonNode step(JsonNode state, JsonNode event) {
-        ObjectNode req = Failure.JSON.createObjectNode();
-        req.set("state", state);
-        req.set("event", event);
-        String[] msg = new String[1];
-        int rc = Native.runctlStep(req.toString(), msg);
-        if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : Native.strerror(rc));
-        }
-        try {
-            return Failure.JSON.readTree(msg[0]);
-        } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the run controller's reply is not JSON: " + msg[0], e);
-        }
-    }
-
-    static ObjectNode start(int nodes, int limit, Integer least, long timeoutMs) {
-        return start(nodes, limit, least, timeoutMs, null);
+        return Native.call("tsp_runctl_step", Native.object("state", state, "event", event));
     }
 
     static ObjectNode start(int nodes, int limit, Integer least, long timeoutMs, String batch) {
-        ObjectNode ev = Failure.JSON.createObjectNode().put("event", "start").put("glue", "java")
+        return Failure.JSON.createObjectNode().put("event", "start").put("glue", "java")
                 .put("nodes", nodes).put("max_restarts", limit).put("replacement_timeout_ms", timeoutMs)
-                .put("remote", false).put("batch", batch);
-        return least == null ? ev.putNull("min_nodes") : ev.put("min_nodes", least);
+                .put("remote", false).put("batch", batch).put("min_nodes", least); // null: not elastic
     }
 
     /** minNodes (the builder's or the conf's, read by Conf), else numTasks: checked by the
      *  controller. */
     static int minNodes(Integer v, int numTasks) {
-        return step(null, start(numTasks, 0, v, 0)).path("state").path("min_nodes").asInt();
+        return step(null, start(numTasks, 0, v, 0, null)).path("state").path("min_nodes").asInt();
     }
 
     /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): its
@@ -103,7 +85,7 @@ final class RestartPolicy {
      *  outcome's exclude (torchspark/outcome.h), from the record's structured reason, never from
      *  its prose. */
     static boolean silent(JsonNode root) {
-        return root != null && root.isObject() && Outcome.classify(root, null, null).path("exclude").asBoolean();
+        return root != null && root.isObject() && JobFailure.outcome(root, null, null).path("exclude").asBoolean();
     }
 
     /** The id of the executor that ran (or runs) the task of partition `partition` (a
@@ -167,16 +149,7 @@ final class RestartPolicy {
     private static ObjectNode countSlots(Slots slots, int need, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
-        while (true) {
-            try {
-                n = slots.now();
-            } catch (RuntimeException | LinkageError e) {
-                n = null;
-                break;
-            }
-            if (n >= need || System.nanoTime() - t0 >= waitMs * 1_000_000L) {
-                break;
-            }
+        while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
             try {
                 Thread.sleep(100);
             } catch (InterruptedException ie) {
@@ -186,6 +159,15 @@ final class RestartPolicy {
         }
         return Failure.JSON.createObjectNode().put("event", "slots").put("free", n)
                 .put("waited_ms", (System.nanoTime() - t0) / 1_000_000L);
+    }
+
+    /** The slots now, or null when Spark cannot tell. */
+    static Integer slotsNow(Slots slots) {
+        try {
+            return slots.now();
+        } catch (RuntimeException | LinkageError e) {
+            return null;
+        }
     }
 
     /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the

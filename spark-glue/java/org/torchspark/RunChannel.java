@@ -1,7 +1,6 @@
 package org.torchspark;
 
 import java.io.IOException;
-import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
 
@@ -12,7 +11,6 @@ import java.util.List;
  */
 final class RunChannel implements AutoCloseable {
     final LogServer server;
-    final HangDoctor.Settings hang;
     private final TorchSparkRunner owner; // receives the run's reports and hang lines
     private final LinePump pump;
     private final HangDoctor doctor;
@@ -20,9 +18,9 @@ final class RunChannel implements AutoCloseable {
     private boolean doctorEnded;
     private boolean finished;
 
-    RunChannel(TorchSparkRunner owner, String bind, HangDoctor.Settings hang, int world) {
+    RunChannel(TorchSparkRunner owner, String bind, int world) {
         this.owner = owner;
-        this.hang = hang;
+        HangDoctor.Settings hang = HangDoctor.Settings.of(owner.runSettings);
         server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
         try {
             server.encryption(owner.runSettings.bool("encryption"));
@@ -81,19 +79,14 @@ final class RunChannel implements AutoCloseable {
         }
         doctorEnded = true;
         doctor.finish();
-        List<String> lines = new ArrayList<>();
-        for (HangAnalysis.Diagnosis x : doctor.diagnoses()) {
-            lines.add(x.line);
-        }
-        owner.hangReports = Collections.unmodifiableList(lines);
-        HangAnalysis.Diagnosis c = doctor.cancelled();
+        owner.hangReports = doctor.diagnoses().stream().map(HangDoctor.Diagnosis::line).toList();
+        HangDoctor.Diagnosis c = doctor.cancelled();
         if (c == null) {
             return null;
         }
-        Integer rank = c.culprits.size() == 1 ? c.culprits.get(0) : null;
-        HangAnalysis.RankDump dump = rank == null ? null : c.dumps.get(rank);
-        return new TorchSparkException(doctor.cancelMessage(mode), rank, null,
-                dump == null ? null : dump.host(), null, 0, c.stacksLines(), c.report, cause);
+        Integer rank = c.culprit();
+        return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
+                null, 0, c.stacksLines(), c.report(), cause);
     }
 
     /** The server shut down (its agents drained for up to drainMs), then the pump drained. */

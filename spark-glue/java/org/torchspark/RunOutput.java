@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
@@ -13,8 +14,9 @@ import org.apache.spark.SparkContext;
 final class RunOutput {
     private RunOutput() {}
 
-    /** Rank 0's output: over the output channel, else from the collected rows (chunks). */
-    static TorchSparkRunner.Result collect(LogServer server, List<byte[]> chunks, Path outputPath) {
+    /** Rank 0's output: over the output channel, else from the collected rows (chunks); the
+     *  run's Result with election (TorchSparkRunner.Result.election()). */
+    static TorchSparkRunner.Result collect(LogServer server, List<byte[]> chunks, Path outputPath, String election) {
         boolean got = server.awaitOutput(10_000);
         if (!got && chunks.isEmpty()) {
             throw new TorchSparkException("TorchSparkRunner: training succeeded but rank 0's output did "
@@ -22,30 +24,22 @@ final class RunOutput {
                     + "write the file named by " + TorchSparkRunner.OUTPUT + " / $TORCHSPARK_OUTPUT_FILE?" : server.outputError())
                     + ")", 0, 0, null, 0, 0, null, null, null);
         }
-        if (!got) {
-            TorchSparkRunner.LOG.warn("rank 0's output did not arrive over torchspark's output channel ({}); it came "
-                    + "through collect() instead", server.outputError());
-            int n = 0;
-            for (byte[] c : chunks) {
-                n += c.length;
-            }
-            byte[] all = new byte[n];
-            int off = 0;
-            for (byte[] c : chunks) {
-                System.arraycopy(c, 0, all, off, c.length);
-                off += c.length;
-            }
-            if (outputPath != null) {
-                try {
-                    writeReplacing(outputPath, all);
-                } catch (IOException e) {
-                    throw new UncheckedIOException(e);
-                }
-                return new TorchSparkRunner.Result(null, outputPath);
-            }
-            return new TorchSparkRunner.Result(all, null);
+        if (got) {
+            return new TorchSparkRunner.Result(outputPath != null ? null : server.outputBytes(), outputPath, election);
         }
-        return outputPath != null ? new TorchSparkRunner.Result(null, outputPath) : new TorchSparkRunner.Result(server.outputBytes(), null);
+        TorchSparkRunner.LOG.warn("rank 0's output did not arrive over torchspark's output channel ({}); it came "
+                + "through collect() instead", server.outputError());
+        ByteArrayOutputStream all = new ByteArrayOutputStream();
+        chunks.forEach(all::writeBytes);
+        if (outputPath == null) {
+            return new TorchSparkRunner.Result(all.toByteArray(), null, election);
+        }
+        try {
+            writeReplacing(outputPath, all.toByteArray());
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return new TorchSparkRunner.Result(null, outputPath, election);
     }
 
     /** Rank 0's output into outputPath, or into memory no larger than Spark's collect() would
@@ -69,5 +63,4 @@ final class RunOutput {
             Files.deleteIfExists(tmp);
         }
     }
-
 }

@@ -5,6 +5,7 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
@@ -78,10 +79,8 @@ public final class TorchSparkRunner {
         if (target == null || target.isEmpty()) {
             throw new IllegalArgumentException("the " + kind.name().toLowerCase() + " to run must be given");
         }
-        for (String a : args) {
-            if (a == null) {
-                throw new IllegalArgumentException("the arguments must not contain null");
-            }
+        if (Arrays.asList(args).contains(null)) {
+            throw new IllegalArgumentException("the arguments must not contain null");
         }
         this.kind = kind;
         this.target = target;
@@ -322,29 +321,7 @@ public final class TorchSparkRunner {
     /** One torchspark.report() call: the rank, the record as the rank sent it (JSON:
      *  {"step": int or null, "time": seconds since the epoch, "metrics": {name: number}}),
      *  and the driver's time of arrival (ms since the epoch). */
-    public static final class Report {
-        private final int rank;
-        private final String json;
-        private final long receivedMillis;
-
-        Report(int rank, String json, long receivedMillis) {
-            this.rank = rank;
-            this.json = json;
-            this.receivedMillis = receivedMillis;
-        }
-
-        public int rank() {
-            return rank;
-        }
-
-        public String json() {
-            return json;
-        }
-
-        public long receivedMillis() {
-            return receivedMillis;
-        }
-
+    public record Report(int rank, String json, long receivedMillis) {
         /** The record parsed (Jackson). */
         public JsonNode record() {
             try {
@@ -399,33 +376,16 @@ public final class TorchSparkRunner {
         return this;
     }
 
-    /** What a run returns: rank 0's output, if asked for. */
-    public static final class Result {
-        private final byte[] output;
-        private final Path path;
-        String election;
-
-        Result(byte[] output, Path path) {
-            this.output = output;
-            this.path = path;
-        }
-
-        /** Rank 0's output in memory (null when none was asked for, or it went to a file). */
-        public byte[] output() {
-            return output;
-        }
-
-        /** The file rank 0's output was received into (null when in memory or none). */
-        public Path outputPath() {
-            return path;
-        }
-
-        /** How rank 0's election record reached the other tasks: "rendezvous" (through the
-         *  driver, docs/protocol.md section 2.1), "allGather" (BarrierTaskContext.allGather),
-         *  or null in local mode (no election). */
-        public String election() {
-            return election;
-        }
+    /**
+     * What a run returns: rank 0's output, if asked for.
+     *
+     * @param output rank 0's output in memory (null when none was asked for, or it went to a file)
+     * @param outputPath the file rank 0's output was received into (null when in memory or none)
+     * @param election how rank 0's election record reached the other tasks: "rendezvous"
+     *     (through the driver, docs/protocol.md section 2.1), "allGather"
+     *     (BarrierTaskContext.allGather), or null in local mode (no election)
+     */
+    public record Result(byte[] output, Path outputPath, String election) {
     }
 
     public Result run(SparkSession spark) {
@@ -463,11 +423,7 @@ public final class TorchSparkRunner {
     }
 
     private List<String> programArgs() {
-        List<String> p = new ArrayList<>();
-        if (kind == Kind.MODULE) {
-            p.add("-m");
-        }
-        p.add(target);
+        List<String> p = new ArrayList<>(kind == Kind.MODULE ? List.of("-m", target) : List.of(target));
         p.addAll(args);
         return p;
     }

@@ -31,11 +31,11 @@ public class ContractTest {
                 List<String> want = new ArrayList<>();
                 c.get("argv").forEach(a -> want.add(a.asText()));
                 List<String> got = new ArrayList<>();
-                AgentProcess.call(Native::planArgv, c.get("plan").toString()).forEach(a -> got.add(a.asText()));
+                Native.call("tsp_plan_argv", c.get("plan")).forEach(a -> got.add(a.asText()));
                 assertEquals(name, want, got);
             } else {
                 try {
-                    AgentProcess.call(Native::planArgv, c.get("plan").toString());
+                    Native.call("tsp_plan_argv", c.get("plan"));
                     fail(name + ": a refused plan was accepted");
                 } catch (IllegalArgumentException e) {
                     String part = c.get("error").asText();
@@ -56,7 +56,7 @@ public class ContractTest {
         for (JsonNode c : cases("conf.json")) {
             String name = c.get("name").asText();
             String[] msg = new String[1];
-            int rc = Native.confRead(c.get("request").toString(), msg);
+            int rc = Native.json("tsp_conf_read", c.get("request").toString(), msg);
             if (c.has("error")) {
                 assertTrue(name + ": a bad value was accepted", rc != 0);
                 assertEquals(name, c.get("error").asText(), msg[0]);
@@ -127,14 +127,14 @@ public class ContractTest {
                 + Native.rdvRecordMac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
     }
 
-    /** Each rank's dump lines -> the diagnosis, through JNI as HangAnalysis.diagnose calls it. */
+    /** Each rank's dump lines -> the diagnosis, through JNI as HangDoctor.diagnose calls it. */
     @Test
     public void hangGoldenCases() throws IOException {
         int n = 0;
         for (JsonNode c : cases("hang.json")) {
             String name = c.get("name").asText();
             String[] msg = new String[1];
-            assertEquals(name, 0, Native.hangDiagnose(c.get("request").toString(), msg));
+            assertEquals(name, 0, Native.json("tsp_hang_diagnose", c.get("request").toString(), msg));
             JsonNode got = new ObjectMapper().readTree(msg[0]);
             for (java.util.Map.Entry<String, JsonNode> e : c.get("expect").properties()) {
                 assertEquals(name + ": " + e.getKey(), e.getValue(), got.get(e.getKey()));
@@ -161,7 +161,7 @@ public class ContractTest {
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
             Failure carried = Failure.fromDocument(
-                    Outcome.classify(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"));
+                    JobFailure.outcome(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"));
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {
@@ -196,7 +196,7 @@ public class ContractTest {
         for (JsonNode c : cases("gang.json")) {
             String name = c.get("name").asText();
             String[] msg = new String[1];
-            int rc = Native.gangReplay(c.get("request").toString(), msg);
+            int rc = Native.json("tsp_gang_replay", c.get("request").toString(), msg);
             if (c.has("error")) {
                 assertTrue(name + ": a bad request was accepted", rc != 0);
                 assertEquals(name, c.get("error").asText(), msg[0]);
@@ -240,18 +240,18 @@ public class ContractTest {
             JsonNode req = c.get("request");
             if (c.has("error")) {
                 try {
-                    Outcome.call(req);
+                    Native.call("tsp_outcome_classify", req);
                     fail(name + ": no error");
                 } catch (IllegalArgumentException e) {
                     assertTrue(name + ": " + e.getMessage(), e.getMessage().contains(c.get("error").asText()));
                 }
             } else if (req.has("carried")) { // the run controller's request (runctl.c), not a glue's
-                assertEquals(name, c.get("outcome"), Outcome.call(req));
+                assertEquals(name, c.get("outcome"), Native.call("tsp_outcome_classify", req));
             } else {
                 JsonNode root = req.path("root").isObject() ? req.get("root") : null;
                 String spark = req.path("spark_error").isTextual() ? req.get("spark_error").asText() : null;
                 String went = req.path("output_went").isTextual() ? req.get("output_went").asText() : null;
-                assertEquals(name, c.get("outcome"), Outcome.classify(root, spark, went));
+                assertEquals(name, c.get("outcome"), JobFailure.outcome(root, spark, went));
             }
             n++;
         }
@@ -301,7 +301,7 @@ public class ContractTest {
                 }
                 String[] msg = new String[1];
                 String req = k.get("request").toString();
-                int rc = c.get("call").asText().equals("launch") ? Native.taskLaunch(req, msg) : Native.taskFinish(req, msg);
+                int rc = Native.json(c.get("call").asText().equals("launch") ? "tsp_task_launch" : "tsp_task_finish", req, msg);
                 if (k.has("error")) {
                     assertTrue(name + ": a refused request was accepted", rc != 0);
                     assertTrue(name + ": " + msg[0], msg[0].contains(k.get("error").asText()));

@@ -22,7 +22,7 @@ public class GrowWatchTest {
 
     /** The controller's state and watch_ms once attempt 1 runs on 1 of 2 nodes (minNodes 1). */
     private static JsonNode[] shrunk() {
-        JsonNode reply = RestartPolicy.step(null, RestartPolicy.start(2, 1, 1, 30_000));
+        JsonNode reply = RestartPolicy.step(null, RestartPolicy.start(2, 1, 1, 30_000, null));
         reply = RestartPolicy.step(reply.path("state"), Failure.JSON.createObjectNode()
                 .put("event", "attempt_failed").put("message", "TorchSparkRunner (distributed) failed: lost")
                 .put("spark_error", "Job aborted due to stage failure: ExecutorLostFailure (executor 2 exited "

@@ -68,7 +68,7 @@ public class HangDoctorTest {
 
     /** Collectives #1..done completed on every rank, then #pending not completed on those
      *  named. */
-    private static HangAnalysis.Diagnosis diagnose(Map<Integer, List<String>> byRank, long done, long pending,
+    private static HangDoctor.Diagnosis diagnose(Map<Integer, List<String>> byRank, long done, long pending,
             int... waiting) {
         Map<Integer, List<String>> sections = new TreeMap<>();
         for (Map.Entry<Integer, List<String>> e : byRank.entrySet()) {
@@ -84,30 +84,32 @@ public class HangDoctorTest {
             }
             sections.put(e.getKey(), lines);
         }
-        return HangAnalysis.diagnose(sections, 4, 0, false);
+        return HangDoctor.diagnose(sections, 4, 0, false);
     }
 
     /** The binding (the analysis itself: tests/contracts/hang.json, ContractTest): the
      *  diagnosis's fields as the runner uses them. */
     @Test
     public void aSleepingRankIsNamedWithItsFrameAndTheOthersWaitInTheNumberedCollective() throws IOException {
-        HangAnalysis.Diagnosis fr = diagnose(load("sleep.txt"), 2, 3, 0, 1, 3);
-        assertEquals(List.of(2), fr.culprits);
-        assertEquals(Map.of("all_reduce", List.of(0, 1, 3)), fr.waiting);
-        assertTrue(fr.line, fr.line.contains(
+        HangDoctor.Diagnosis fr = diagnose(load("sleep.txt"), 2, 3, 0, 1, 3);
+        assertEquals(Integer.valueOf(2), fr.culprit());
+        assertEquals("[2]", fr.json().get("culprits").toString());
+        assertEquals("{\"all_reduce\":[0,1,3]}", fr.json().get("waiting").toString());
+        assertTrue(fr.line(), fr.line().contains(
                 "(sleeps_before_the_collective), its last collective all_reduce #2; "));
-        assertTrue(fr.line, fr.line.endsWith("ranks 0-1, 3 wait in all_reduce #3 for it"));
-        assertEquals("vm", fr.dumps.get(2).host());
-        assertFalse(fr.starting);
+        assertTrue(fr.line(), fr.line().endsWith("ranks 0-1, 3 wait in all_reduce #3 for it"));
+        assertEquals("vm", fr.host(2));
+        assertEquals(null, fr.host(7));
+        assertFalse(fr.json().get("starting").asBoolean());
         // The exception's report (TorchSparkException.reportJson() of a cancelled run): the C
         // core's hang document, the layout of the PySpark glue's TorchDistributorError.report.
         com.fasterxml.jackson.databind.JsonNode rep = new com.fasterxml.jackson.databind.ObjectMapper()
-                .readTree(fr.report);
+                .readTree(fr.report());
         List<String> keys = new java.util.ArrayList<>();
         rep.fieldNames().forEachRemaining(keys::add);
         assertEquals(List.of("version", "kind", "culprits", "message", "waiting", "stacks"), keys);
         assertEquals("hang", rep.get("kind").asText());
-        assertEquals(fr.line, rep.get("message").asText());
+        assertEquals(fr.line(), rep.get("message").asText());
         assertEquals("[2]", rep.get("culprits").toString());
         // every rank's lines, once in the reply: here (no file without the watchdog)
         assertTrue(rep.get("stacks").get("0").get(0).asText().startsWith(
@@ -117,7 +119,7 @@ public class HangDoctorTest {
         assertEquals(List.of(), fr.stacksLines());
         // the cancel message, the stacks file and the watchdog's timing: the C log server's
         // (test_logwatch; docs/protocol.md 1.12)
-        assertTrue(refused(() -> HangAnalysis.diagnose(Map.of(0, List.of("x")), -1, 0, true)).startsWith(
+        assertTrue(refused(() -> HangDoctor.diagnose(Map.of(0, List.of("x")), -1, 0, true)).startsWith(
                 "world must be a whole number from 0 to"));
     }
 
@@ -129,6 +131,6 @@ public class HangDoctorTest {
         assertTrue(lines.stream().anyMatch(ln -> ln.startsWith("Thread 0xtorchspark: flight recorder: ")));
         assertEquals("every rank waits in the same collective (rank 0 waits in all_reduce #2): the hang is "
                 + "inside it (the network, or a peer outside this group)",
-                HangAnalysis.diagnose(Map.of(0, lines), 1, 0, true).line);
+                HangDoctor.diagnose(Map.of(0, lines), 1, 0, true).line());
     }
 }

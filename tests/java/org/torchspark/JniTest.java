@@ -198,7 +198,7 @@ public class JniTest {
         com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
         req.put("status", 0).put("ship", true).put("collect", true);
         req.putObject("files").put("error", out + ".error").put("output", out.toString());
-        return AgentProcess.call(Native::taskFinish, req.toString()).get("log").size() == 0;
+        return Native.call("tsp_task_finish", req).get("log").size() == 0;
     }
 
     private static List<String> pullAll(LogServer s) {
@@ -287,7 +287,7 @@ public class JniTest {
             com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
             req.put("status", 0).put("ship", true).put("collect", true);
             req.putObject("files").put("error", out + ".error").put("output", out.toString());
-            JsonNode done = AgentProcess.call(Native::taskFinish, req.toString());
+            JsonNode done = Native.call("tsp_task_finish", req);
             assertTrue(done.toString(), done.get("result").isNull() && done.get("log").size() == 0);
             long t0 = System.nanoTime();
             assertFalse("the driver knows at once", s.awaitOutput(30_000));
