@@ -177,6 +177,17 @@ def test_without_the_channel_results_fall_back_to_collect_with_a_warning(spark, 
     assert len(warned) == 1 and "collect()" in warned[0], warned
 
 
+def test_a_node_works_in_the_executors_local_root_and_removes_it(spark):
+    """A node's work directory lives in the executor's local root (SPARK_LOCAL_DIRS' parent,
+    removed by Spark with the application), not in /tmp: an executor killed before the
+    task's cleanup leaves nothing behind; after a run it is gone (_task.work_root)."""
+    req = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+        lambda: os.environ["TORCHSPARK_CHECKPOINT_REQUEST"])
+    workdir = os.path.dirname(req)
+    assert "/executor-" in workdir and os.path.basename(workdir).startswith("torchspark-"), req
+    assert not os.path.exists(workdir), workdir
+
+
 def test_refused_output_falls_back_to_collect_from_the_agents_status(spark, caplog,
                                                                      monkeypatch):
     """The channel works but the driver refuses rank 0's output (it was never told to expect

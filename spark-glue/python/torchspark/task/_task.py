@@ -79,12 +79,23 @@ def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
     return list(res.addresses) if res is not None else []
 
 
+def work_root() -> Optional[str]:
+    """Where a node's work directory goes: this executor's local root (the parent of the
+    block manager directories that PySpark hands its workers in SPARK_LOCAL_DIRS), which
+    Spark and the cluster manager remove with the application, so that an executor that
+    dies before the task's cleanup (SIGKILL, a preemption) leaves no /tmp/torchspark-*
+    behind (NodeTask.workRoot: the same root). None (the temporary directory) elsewhere."""
+    first = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0].rstrip("/")
+    root = os.path.dirname(first) if first else ""
+    return root if root and os.path.isdir(root) else None
+
+
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     timing = _timing.TaskTiming(spec["timing_env"])
     # A barrier task's context, or a gang task's once every node joined (_gang.py).
     ctx, node_rank, hosts = _gang.task_context(spec, _host_of)
     reservation = staged = None
-    workdir = tempfile.mkdtemp(prefix="torchspark-")
+    workdir = tempfile.mkdtemp(prefix="torchspark-", dir=work_root())
     try:
         # train_on_dataframe: the partition staged for the node's processes; run(): nothing.
         staged = _partition.stage_task_input(spec, iterator, ctx)
