@@ -1,5 +1,12 @@
 """Fixtures and hooks for every suite under tests/ (docs/testing.md)."""
+import os
+from pathlib import Path
+
 import pytest
+
+# Every Spark JVM the tests start (spark-submit reads SPARK_CONF_DIR, and child processes
+# inherit it) runs light: tests/spark-conf/spark-defaults.conf (docs/testing.md, "Light JVMs").
+os.environ.setdefault("SPARK_CONF_DIR", str(Path(__file__).resolve().parent / "spark-conf"))
 
 # pytest-xdist's unit of scheduling (tests/run_all.sh: -n 2 --dist loadscope): a whole module,
 # so that its module-scoped fixtures (a Spark session, a cluster) are built once, except the

@@ -68,3 +68,13 @@ def connect_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def connect_spark(connect_server):
+    """A module's own client session on the run's Connect server; classic again after it."""
+    from tests.helpers import tsp_connect
+
+    s = connect_server.session()
+    yield s
+    tsp_connect.back_to_classic()

@@ -13,7 +13,6 @@ from pyspark import cloudpickle
 from pyspark.ml.functions import array_to_vector
 from pyspark.sql import functions as F
 
-from tests.helpers import tsp_connect
 from torchspark import TorchDistributor
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -21,10 +20,8 @@ N = 400
 
 
 @pytest.fixture(scope="module")
-def spark(connect_server):
-    s = connect_server.session()
-    yield s
-    tsp_connect.back_to_classic()
+def spark(connect_spark):
+    return connect_spark
 
 
 def _read_all(batch_size):

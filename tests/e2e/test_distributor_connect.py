@@ -18,7 +18,6 @@ import pytest
 from pyspark import cloudpickle
 
 from tests.helpers import jvmutil
-from tests.helpers import tsp_connect
 from tests.helpers import tsp_spark
 from tests.e2e.test_restart import _steplog, executor_of_node
 from torchspark import TorchDistributor, TorchDistributorError
@@ -29,10 +28,8 @@ TEARDOWN_S = 2  # as on classic: nothing of a failed run may live longer
 
 
 @pytest.fixture(scope="module")
-def spark(connect_server):
-    s = connect_server.session()
-    yield s
-    tsp_connect.back_to_classic()
+def spark(connect_spark):
+    return connect_spark
 
 
 def _warnings(caplog):
