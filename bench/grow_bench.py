@@ -16,9 +16,10 @@ listener in TrainApp).
 
 --dynamic: every cycle on local-cluster[3,1,1024] with dynamic allocation on (from 0
 executors, maxExecutors 3, a 5 s idle timeout): every attempt is a gang launch
-(spark.torchspark.launch auto), and the replacement comes only when the driver asks Spark's
-allocation client for it. Stock TorchDistributor is tried once first in the same session: it is
-refused at submission (SPARK-24942), recorded as "stock".
+(spark.torchspark.launch auto), and a replacement executor starts only within Spark's
+requested total, which each attempt's gang launch sets (requestTotalExecutors). Stock
+TorchDistributor is tried once first in the same session: it is refused at submission
+(SPARK-24942), recorded as "stock".
 
     .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm] [--dynamic]
 """
