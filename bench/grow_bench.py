@@ -14,7 +14,14 @@ node 1's executor SIGKILLed, nodes 2 -> 1 -> 2 (test_jvm_restart's preemption te
 SIGKILL); "3 slots" reads "2 slots" there, Spark's registration of the replacement (a
 listener in TrainApp).
 
-    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm]
+--dynamic: every cycle on local-cluster[3,1,1024] with dynamic allocation on (from 0
+executors, maxExecutors 3, a 5 s idle timeout): every attempt is a gang launch
+(spark.torchspark.launch auto), and a replacement executor starts only within Spark's
+requested total, which each attempt's gang launch sets (requestTotalExecutors). Stock
+TorchDistributor is tried once first in the same session: it is refused at submission
+(SPARK-24942), recorded as "stock".
+
+    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm] [--dynamic]
 """
 import json
 import signal
@@ -23,6 +30,15 @@ import time
 from pathlib import Path
 
 from bench import harness
+
+DYNAMIC = {  # --dynamic: as tests/e2e/test_gang_launch.py, 3 executors at most
+    "spark.dynamicAllocation.enabled": "true",
+    "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+    "spark.dynamicAllocation.minExecutors": "0",
+    "spark.dynamicAllocation.initialExecutors": "0",
+    "spark.dynamicAllocation.maxExecutors": "3",
+    "spark.dynamicAllocation.executorIdleTimeout": "5s",
+}
 
 tsp_spark, tr = harness.helpers("tsp_spark", "test_restart")
 
@@ -64,17 +80,43 @@ def jvm_cycle(tmp: Path) -> dict:
             "cycle_s": round(time.time() - t0, 1)}
 
 
+def _stock_step():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    return dist.get_world_size()
+
+
+def stock(spark) -> str:
+    """Stock TorchDistributor in the same session: its error's first line, or "ran"."""
+    from pyspark.ml.torch.distributor import TorchDistributor as StockDistributor
+
+    try:
+        StockDistributor(num_processes=3, local_mode=False, use_gpu=False).run(_stock_step)
+        return "ran"
+    except Exception as e:  # noqa: B902 - recorded: the comparison's other side
+        text = f"{e} {e.__cause__}"
+        return ("refused at submission (SPARK-24942)" if "SPARK-24942" in text
+                else text.splitlines()[0][:200])
+
+
 def main() -> None:
     ap = harness.cli(__doc__, runs=10)
     ap.add_argument("--jvm", action="store_true", help="the JVM runner's cycle (TrainApp)")
+    ap.add_argument("--dynamic", action="store_true", help="dynamic allocation on (gang launch)")
     args = harness.parse(ap)
-    run = harness.Run("grow_bench_jvm" if args.jvm else "grow_bench", args)
+    name = "grow_bench_jvm" if args.jvm else "grow_bench_dynamic" if args.dynamic else "grow_bench"
+    run = harness.Run(name, args)
     spark = None if args.jvm else harness.spark_session("local-cluster[3,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
         "spark.torchspark.job.replacementTimeout": "180s",
+        **(DYNAMIC if args.dynamic else {}),
     })
-    cycles = []
+    cycles, refused = [], None
     try:
+        if args.dynamic:
+            refused = stock(spark)
+            print(json.dumps({"stock": refused}), flush=True)
         for i in range(args.runs):
             tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
             try:
@@ -89,7 +131,8 @@ def main() -> None:
     n = 2 if args.jvm else 3
     stopped = run.figure(f"{n} slots -> the {n - 1}-node attempt stopped", [c["stopped_s"] for c in ok], "s", 2)
     regrow = run.figure(f"{n} slots -> first step on {n} nodes", [c["regrow_s"] for c in ok], "s", 2)
-    res = {"cycles": len(cycles), "passed": len(ok), "stopped_median_s": stopped["median"],
+    res = {"cycles": len(cycles), "passed": len(ok),
+           **({"stock": refused} if args.dynamic else {}), "stopped_median_s": stopped["median"],
            "regrow_median_s": regrow["median"], "regrow_max_s": regrow["max"], "each": cycles}
     print(json.dumps(res, indent=1))
     run.results = res

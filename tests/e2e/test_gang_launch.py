@@ -171,3 +171,25 @@ def test_the_gang_deadline_names_what_started(spark):
         time.sleep(0.1)
     assert not tracker.getActiveJobsIds() and not tracker.getActiveStageIds()
     assert not tsp_spark.wait_gone(MARK_VALUE, 5)
+
+
+def test_a_smaller_attempt_asks_for_the_runs_executors(spark):
+    """Growing back under dynamic allocation (issue 31): an elastic attempt on fewer nodes
+    than the run's (min_nodes, after an executor was lost) asks Spark for the run's
+    executors, not its own: an ask for its own lowers Spark's requested total, and YARN or
+    Kubernetes, which fill that total, never start the replacement the run waits for to grow
+    back (the standalone master here replaces a lost executor at once, before the ask).
+    Spark's requested total is read back; from 0 executors an ask for the attempt's 1 node
+    leaves it at 1."""
+    from torchspark.driver import _gang
+
+    deadline = time.monotonic() + 60  # the idle timeout (5 s) releases the earlier tests'
+    while executors(spark) > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert executors(spark) == 0
+    d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
+    d.num_tasks, d.num_processes, d.run_nodes = 1, 1, 2  # attempt 1 of a shrunk run (attempt())
+    assert _gang.ask(d) == 2
+    jsc = spark.sparkContext._jsc.sc()
+    asked = jsc.schedulerBackend().getRequestedTotalExecutors()
+    assert asked.get(jsc.resourceProfileManager().defaultResourceProfile()).get() == 2, asked

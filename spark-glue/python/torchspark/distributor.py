@@ -256,6 +256,8 @@ class TorchDistributor:
     # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
     _attempt_env: Dict[str, str] = {}
     _log_fmt: Optional[str] = None
+    # The run's nodes while an elastic attempt runs on fewer (num_tasks): _gang.ask.
+    run_nodes = 0
 
     def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
                                        fn_bytes: Optional[bytes],
@@ -275,6 +277,7 @@ class TorchDistributor:
 
         timeout = self._settings["job.replacementTimeout"] / 1000
         self.attempts = []
+        self.run_nodes = full[0]
         try:
             return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
                                 need_slots=self.num_tasks, least_slots=self.min_nodes,
@@ -285,6 +288,7 @@ class TorchDistributor:
         finally:
             self._attempt_env, self._log_fmt = {}, None
             self.num_tasks, self.num_processes = full
+            self.run_nodes = 0
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
                                   fn_bytes: Optional[bytes], script_args: List[str],

@@ -112,7 +112,9 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         long timeoutMs = r.runSettings.number("gang.timeout");
         ch.rendezvous().gang(ntasks, timeoutMs);
         spec.gangTimeoutMs = timeoutMs;
-        Gang.requestExecutors(sc, ntasks);
+        // An elastic attempt on fewer nodes asks for the run's: an ask for its own lowers Spark's
+        // requested total, and YARN or Kubernetes never start the replacement GrowWatch waits for.
+        Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)));
         return ch.rendezvous();
     }
 

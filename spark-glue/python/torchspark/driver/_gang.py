@@ -139,6 +139,17 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         return None
 
 
+def ask(distributor: Any) -> Optional[int]:
+    """An attempt's ask for executors (request_executors), or None where it cannot ask. An
+    elastic attempt on fewer nodes than the run's (min_nodes) asks for the run's: an ask for
+    its own would lower Spark's requested total below the run's, so that YARN or Kubernetes
+    never start the lost executor's replacement and the grow watch waits for its slots."""
+    if distributor.is_remote or not REQUEST_EXECUTORS:
+        return None
+    nodes = max(distributor.num_tasks, distributor.run_nodes)
+    return request_executors(distributor.spark, nodes, distributor.logger)
+
+
 def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:
     """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
     settings: the run's spark.torchspark.* values (_conf.read). A Spark Connect client
@@ -155,8 +166,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) 
     gang = Gang(rdv, distributor.num_tasks, timeout_ms)
     gang_spec: GangSpec = {"timeout_ms": timeout_ms}
     spec["gang"] = gang_spec
-    if not distributor.is_remote and REQUEST_EXECUTORS:
-        request_executors(distributor.spark, distributor.num_tasks, distributor.logger)
+    ask(distributor)
     distributor.logger.info(
         f"Gang launch: {distributor.num_tasks} ordinary tasks that wait for each other up to "
         f"{timeout_ms / 1000:g} s (spark.torchspark.gang.timeout)")
