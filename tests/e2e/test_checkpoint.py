@@ -171,7 +171,11 @@ def test_an_agent_stopped_after_a_checkpoint_on_request_says_why(tmp_path, reque
     env = dict(os.environ, TORCHSPARK_CHECKPOINT_REQUEST=str(req))
     p = subprocess.Popen([str(RUN_BIN), "--standalone", "--nproc-per-node", "1", "--no-python",
                           "--error-file", str(err), "sh", "-c",
-                          'echo 7 > "$TORCHSPARK_CHECKPOINT_REQUEST.done"; exec sleep 30'],
+                          # atomically, as torchspark.checkpoint acknowledges (a file that
+                          # exists before its step is written reads as no acknowledgement)
+                          'echo 7 > "$TORCHSPARK_CHECKPOINT_REQUEST.t" && '
+                          'mv "$TORCHSPARK_CHECKPOINT_REQUEST.t" "$TORCHSPARK_CHECKPOINT_REQUEST.done"; '
+                          'exec sleep 30'],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 30

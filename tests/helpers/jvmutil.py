@@ -246,6 +246,9 @@ def plugin_stops(app_id: str, needle: str = "torchspark plugin: stopped") -> int
     return n
 
 
+# The executor's log line when it starts a task (Spark's Executor, INFO).
+TASK_STARTED = "INFO Executor: Running task "
+
 # Fine steps first: on a quiet machine the window between the task's start on the
 # executor and its agent is a few tens of ms (the election goes through the driver's
 # rendezvous); coarse ones after, for a loaded machine.
@@ -255,8 +258,8 @@ EARLY_DELAYS = tuple(i / 100 for i in range(12)) + (0.15, 0.2, 0.3, 0.45, 0.6, 0
 def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bool = True,
                          base: int = 0) -> List[Tuple]:
     """Starts a torchspark TorchDistributor training (2 processes) per delay and cancels
-    every job DELAY s after the first of its tasks was launched (seen in the status
-    tracker): before the tasks run, while they elect or wait in the barrier's allGather,
+    every job DELAY s after the first of its tasks was launched (seen in the executors'
+    logs, else in the status tracker): before the tasks run, while they elect or wait in the barrier's allGather,
     or just after the agents started. Returns, per round, (delay, processes up at the
     cancel, ms until none is left (-1: not in 15 s), the ms when one was first and last
     seen again in the 3 s after the cancel (a late agent; -1: none), processes alive after
@@ -268,16 +271,23 @@ def cancel_early_pyspark(spark, mark: str, delays=EARLY_DELAYS, until_window: bo
     from tests.helpers import tsp_spark
 
     sc = spark.sparkContext
+    app = sc.applicationId
     rounds = []
     for delay in delays:
+        launched = plugin_stops(app, TASK_STARTED)
         t = start_training()
         deadline = time.monotonic() + 120
         tracker = sc.statusTracker()
         while time.monotonic() < deadline:
-            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            if any(i is not None and i.numActiveTasks > 0 for i in infos):
+            # The executors' own log line says first (the driver's status tracker hears of a
+            # launch through its listener bus, which can lag past the agents' start); the
+            # tracker where executors log no INFO.
+            if plugin_stops(app, TASK_STARTED) > launched:
                 break
-            time.sleep(0.01)
+            infos = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            if not launched and any(i is not None and i.numActiveTasks > 0 for i in infos):
+                break
+            time.sleep(0.005)
         else:
             raise AssertionError("no task was launched in 120 s")
         time.sleep(delay)
