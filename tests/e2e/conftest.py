@@ -34,6 +34,16 @@ def spark_cluster():
     return tsp_spark.shared(tsp_spark.CLUSTER)
 
 
+@pytest.fixture(scope="module")
+def warm_pool_spark(spark_cluster):
+    """The shared cluster with the warm pools kept 60 s between runs (the warm-pool modules'
+    `spark`: their tests look at a pool across runs)."""
+    from tests.helpers import tsp_spark
+
+    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.warmWorkers.idleTimeout": "60s"}):
+        yield spark_cluster
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_shared_spark():
     yield

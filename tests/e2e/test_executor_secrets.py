@@ -29,9 +29,8 @@ MARK_VALUE = tsp_spark.SHARED_MARK
 
 
 @pytest.fixture(scope="module")
-def spark(spark_cluster):
-    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.warmWorkers.idleTimeout": "60s"}):
-        yield spark_cluster
+def spark(warm_pool_spark):
+    return warm_pool_spark
 
 
 def _hold(flag_dir):

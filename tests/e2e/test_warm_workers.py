@@ -29,9 +29,8 @@ MARK_NAME = tsp_spark.MARK
 
 
 @pytest.fixture(scope="module")
-def spark(spark_cluster):
-    with tsp_spark.runtime_conf(spark_cluster, {"spark.torchspark.warmWorkers.idleTimeout": "60s"}):
-        yield spark_cluster
+def spark(warm_pool_spark):
+    return warm_pool_spark
 
 
 def _whoami(tag):
