@@ -196,7 +196,8 @@ class Run:
         self.json_path.parent.mkdir(parents=True, exist_ok=True)
         self.json_path.write_text(json.dumps(self.document(), indent=1, default=str) + "\n")
         if not quiet:
-            print(f"# {self.load()}; results: {self.json_path}", flush=True)
+            print(f"# {self.load()}; results: {self.json_path} (into docs/benchmarks.md's table: "
+                  f"python -m bench.table --add {self.json_path} --row ID)", flush=True)
         return self.json_path
 
 
