@@ -170,11 +170,11 @@ def table(results: Path = RESULTS) -> list[str]:
     return [*lines, END]
 
 
-def _block(text: list[str]) -> tuple[int, int]:
+def _block(text: list[str], doc: Path) -> tuple[int, int]:
     try:
         return text.index(BEGIN), text.index(END)
     except ValueError as e:
-        raise TableError(f"docs/benchmarks.md has no generated table: put the two lines\n{BEGIN}\n"
+        raise TableError(f"{doc} has no generated table: put the two lines\n{BEGIN}\n"
                          f"{END}\nunder \"## Current figures\", then run with --write") from e
 
 
@@ -186,7 +186,7 @@ def _row_id(line: str) -> str:
 def check(doc: Path = DOC, results: Path = RESULTS) -> list[str]:
     """What differs between the doc's table and the records, row by row (empty: they agree)."""
     lines = doc.read_text().splitlines()
-    begin, end = _block(lines)
+    begin, end = _block(lines, doc)
     want = {_row_id(x): x for x in table(results)[3:-1]}
     have = {_row_id(x): x for x in lines[begin + 3:end]}
     problems = [f"row {rid}: in the doc but it has no record bench/results/{rid}.json"
@@ -207,7 +207,7 @@ def check(doc: Path = DOC, results: Path = RESULTS) -> list[str]:
 def write(doc: Path = DOC, results: Path = RESULTS) -> bool:
     """Regenerates the doc's table; True when it changed."""
     lines = doc.read_text().splitlines()
-    begin, end = _block(lines)
+    begin, end = _block(lines, doc)
     new = lines[:begin] + table(results) + lines[end + 1:]
     if new == lines:
         return False
