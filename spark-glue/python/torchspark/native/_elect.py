@@ -13,9 +13,7 @@ from typing import Optional
 
 from torchspark.native._lib import (ELECT_ADDR_MAX as ADDR_MAX, ELECT_IFNAME_MAX as IFNAME_MAX,
                              ELECT_RECORD_MAX as RECORD_MAX, ElectRecord as _Record,
-                             PortReservationC as _Reservation, load_library)
-
-_ERR_LEN = 512
+                             PortReservationC as _Reservation, checked, load_library)
 
 
 class ElectionError(RuntimeError):
@@ -40,18 +38,6 @@ class PortReservation:
     def __init__(self, res: _Reservation, nccl: Optional[_Reservation] = None) -> None:
         self._res = res
         self._nccl = nccl
-
-    @property
-    def port(self) -> int:
-        return self._res.port
-
-    @property
-    def fd(self) -> int:
-        return self._res.fd
-
-    @property
-    def nccl_port(self) -> int:
-        return self._nccl.port if self._nccl is not None else 0
 
     def release(self) -> None:
         for r in (self._res, self._nccl):
@@ -80,17 +66,12 @@ def _record_from_c(r: _Record) -> Record:
 def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
     """Rank 0's election towards peer: returns (record, packed JSON, held ports: the
     master's and the NCCL check's)."""
-    lib = load_library()
     rec, res, nccl = _Record(), _Reservation(-1, 0), _Reservation(-1, 0)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = lib.tsp_elect_master(peer.encode(), run_id.encode() if run_id else None,
-                              ctypes.byref(rec), ctypes.byref(res), ctypes.byref(nccl), err,
-                              _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
+    checked("tsp_elect_master", peer.encode(), run_id.encode() if run_id else None,
+            ctypes.byref(rec), ctypes.byref(res), ctypes.byref(nccl), error=ElectionError)
     reservation = PortReservation(res, nccl)
     buf = ctypes.create_string_buffer(RECORD_MAX + 1)
-    n = lib.tsp_elect_record_pack(ctypes.byref(rec), buf, RECORD_MAX + 1)
+    n = load_library().tsp_elect_record_pack(ctypes.byref(rec), buf, RECORD_MAX + 1)
     if n < 0:
         reservation.release()
         raise ElectionError(f"cannot pack the election record (error {-n})")
@@ -100,19 +81,13 @@ def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str,
 def unpack_record(text: str) -> Record:
     data = text.encode()
     rec = _Record()
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = load_library().tsp_elect_record_unpack(data, len(data), ctypes.byref(rec), err, _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
+    checked("tsp_elect_record_unpack", data, len(data), ctypes.byref(rec), error=ElectionError)
     return _record_from_c(rec)
 
 
 def route_source(host: str) -> str:
     buf = ctypes.create_string_buffer(ADDR_MAX)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = load_library().tsp_elect_route_source(host.encode(), buf, ADDR_MAX, err, _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
+    checked("tsp_elect_route_source", host.encode(), buf, ADDR_MAX, error=ElectionError)
     return buf.value.decode()
 
 

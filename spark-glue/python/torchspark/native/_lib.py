@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # The package root (torchspark/), whichever of its folders this module lives in.
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -145,7 +145,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
         # common.h
         "tsp_strerror": (c, [i]),
-        "tsp_version": (c, []),
         # elect.h
         "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
                               P(PortReservationC)] + err),
@@ -160,7 +159,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
         "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
-        "tsp_rdv_close": (None, [vp]),
         "tsp_rdv_free": (None, [vp]),
         "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
         "tsp_rdv_request": (i, [c, i, c, c, c, sz] + err),
@@ -248,6 +246,18 @@ def load_library() -> ctypes.CDLL:
                 fn.restype, fn.argtypes = res, args
             _lib = lib
         return _lib
+
+
+def checked(name: str, *args: Any, error: Callable[[str], Exception] = ValueError,
+            prefix: str = "", ok: Callable[[Any], bool] = lambda rc: rc == 0) -> Any:
+    """Calls the C function name(*args, err, errlen) (the error sentence's buffer last) and
+    returns its result; raises error(prefix + the library's sentence) when ok(result) is
+    false (0 is success; a constructor's ok is bool: NULL is the failure)."""
+    err = ctypes.create_string_buffer(4096)
+    rc = getattr(load_library(), name)(*args, err, len(err))
+    if not ok(rc):
+        raise error(prefix + err.value.decode(errors="replace"))
+    return rc
 
 
 def json_call(name: str, request: Any) -> Any:

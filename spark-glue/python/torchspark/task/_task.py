@@ -20,7 +20,7 @@ from torchspark.driver import _gang, _report, _timing
 from torchspark.native import _elect, _rendezvous
 from torchspark.task import _launch, _partition, _report_rows
 from torchspark.worker import _warm
-from torchspark.native._lib import GpuAssignment, GpuRequest, agent_path, json_call, load_library
+from torchspark.native._lib import GpuAssignment, GpuRequest, agent_path, checked, json_call
 from torchspark.task._spec import NodeSpec
 
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
@@ -36,9 +36,7 @@ def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
                       None if visible is None else visible.encode(), task.encode(),
                       host.encode() if host else None)
     out = GpuAssignment()
-    err = ctypes.create_string_buffer(4096)
-    if load_library().tsp_gpu_assign(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
-        raise ValueError(err.value.decode("utf-8", errors="replace"))
+    checked("tsp_gpu_assign", ctypes.byref(req), ctypes.byref(out))
     mask = out.mask.decode()
     return mask.split(",") if mask else []
 
