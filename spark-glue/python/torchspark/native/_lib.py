@@ -29,13 +29,6 @@ LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"
 JAR_NAME = "torchspark.jar"
 
-# Sizes from torchspark/elect.h and torchspark/common.h.
-ELECT_ADDR_MAX = 64
-ELECT_HOST_MAX = 256
-ELECT_ID_MAX = 128
-ELECT_IFNAME_MAX = 32
-ELECT_RECORD_MAX = 1024
-SECRET_LEN = 32
 
 
 class LogLine(ctypes.Structure):
@@ -52,26 +45,6 @@ class LogStats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in (
         "accepted", "authenticated", "rejected", "lines", "bytes", "duplicates", "connected",
         "queued_bytes")]
-
-
-class PortReservationC(ctypes.Structure):
-    """tsp_port_reservation_t (elect.h)."""
-
-    _fields_ = [("fd", ctypes.c_int), ("port", ctypes.c_int)]
-
-
-class ElectRecord(ctypes.Structure):
-    """tsp_elect_record_t (elect.h)."""
-
-    _fields_ = [
-        ("version", ctypes.c_int),
-        ("master_addr", ctypes.c_char * ELECT_ADDR_MAX),
-        ("master_port", ctypes.c_int),
-        ("run_id", ctypes.c_char * ELECT_ID_MAX),
-        ("host", ctypes.c_char * ELECT_HOST_MAX),
-        ("ifname", ctypes.c_char * ELECT_IFNAME_MAX),
-        ("nccl_port", ctypes.c_int),
-    ]
 
 
 class GpuRequest(ctypes.Structure):
@@ -94,7 +67,7 @@ class GpuAssignment(ctypes.Structure):
 JSON_CALLS = (
     "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
     "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
-    "tsp_task_launch", "tsp_task_finish",
+    "tsp_task_launch", "tsp_task_finish", "tsp_elect_call",
 )
 
 
@@ -145,14 +118,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
         # common.h
         "tsp_strerror": (c, [i]),
-        # elect.h
-        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
-                              P(PortReservationC)] + err),
-        "tsp_elect_release_port": (None, [P(PortReservationC)]),
-        "tsp_elect_route_source": (i, [c, c, sz] + err),
-        "tsp_elect_ifname_of": (i, [c, c, sz]),
-        "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
-        "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
         **_logserver_signatures(),
         # rendezvous.h (docs/protocol.md 2.1)
         "tsp_rdv_start": (vp, [c, c, i] + err),
@@ -260,11 +225,12 @@ def checked(name: str, *args: Any, error: Callable[[str], Exception] = ValueErro
     return rc
 
 
-def json_call(name: str, request: Any) -> Any:
+def json_call(name: str, request: Any,
+              error: Callable[[str], Exception] = ValueError) -> Any:
     """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
     tsp_failure_report, outcome.h's tsp_outcome_classify, ...): request -> its reply, decoded;
-    the library's sentence naming what is wrong as a ValueError when it refuses the
-    request."""
+    the library's sentence naming what is wrong as error (a ValueError) when it refuses
+    the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(512)
@@ -278,4 +244,4 @@ def json_call(name: str, request: Any) -> Any:
         if rc != -errno.ENOSPC:  # else once more with the size the library asked for
             break
         size = needed.value
-    raise ValueError(err.value.decode(errors="replace") or f"{name} failed ({rc})")
+    raise error(err.value.decode(errors="replace") or f"{name} failed ({rc})")
