@@ -47,27 +47,12 @@ class LogStats(ctypes.Structure):
         "queued_bytes")]
 
 
-class GpuRequest(ctypes.Structure):
-    """tsp_gpu_request_t (gpu.h)."""
-
-    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
-                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
-
-
-class GpuAssignment(ctypes.Structure):
-    """tsp_gpu_assignment_t (gpu.h)."""
-
-    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
-                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
-                ("warnings", ctypes.c_char * 2048)]
-
-
 # The C core's JSON transforms (one signature: request, reply buffer, its needed size, error
 # sentence), called through json_call.
 JSON_CALLS = (
     "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
     "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
-    "tsp_task_launch", "tsp_task_finish", "tsp_elect_call",
+    "tsp_task_launch", "tsp_task_finish", "tsp_elect_call", "tsp_gpu_call",
 )
 
 
@@ -135,8 +120,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
-        # gpu.h
-        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
