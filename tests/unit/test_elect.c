@@ -234,6 +234,51 @@ START_TEST(test_elect_record_unpack_refusals)
 }
 END_TEST
 
+/* The PySpark glue's one call (docs/protocol.md 2): each op's reply, its refusals, and a
+ * master whose reply does not fit holds nothing afterwards (its fds are closed). */
+START_TEST(test_elect_call_json_face)
+{
+    char out[4096], err[256];
+    size_t need = 0;
+    const char *unpack = "{\"op\": \"unpack\", \"packed\": \"{\\\"version\\\": 1, "
+                         "\\\"master_addr\\\": \\\"10.0.0.5\\\", \\\"master_port\\\": 40123, "
+                         "\\\"run_id\\\": \\\"ab\\\"}\"}";
+    ck_assert_int_eq(tsp_elect_call(unpack, strlen(unpack), out, sizeof out, &need, err, sizeof err),
+                     0);
+    ck_assert_str_eq(out, "{\"record\": {\"version\": 1, \"master_port\": 40123, \"nccl_port\": 0, "
+                          "\"master_addr\": \"10.0.0.5\", \"run_id\": \"ab\", \"host\": \"\", "
+                          "\"ifname\": \"\"}}");
+    const char *route = "{\"op\": \"route_source\", \"host\": \"127.0.0.1\"}";
+    ck_assert_int_eq(tsp_elect_call(route, strlen(route), out, sizeof out, &need, err, sizeof err),
+                     0);
+    ck_assert_str_eq(out, "{\"addr\": \"127.0.0.1\"}");
+    const char *bad[][2] = {
+        {"{\"op\": \"vote\"}", "unknown op \"vote\""},
+        {"{\"op\": \"unpack\", \"packed\": 7}", "\"packed\" must be a string"},
+        {"{\"op\": \"unpack\", \"packed\": \"{}\"}", "no \"version\""},
+        {"[1]", "not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ck_assert_int_eq(tsp_elect_call(bad[i][0], strlen(bad[i][0]), out, sizeof out, &need, err,
+                                        sizeof err),
+                         -EINVAL);
+        ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
+    }
+    const char *master = "{\"op\": \"master\", \"peer\": \"127.0.0.1\", \"run_id\": null}";
+    int before = dup(0);
+    close(before);
+    ck_assert_int_eq(tsp_elect_call(master, strlen(master), out, 8, &need, err, sizeof err),
+                     -ENOSPC);
+    ck_assert_int_gt((int)need, 8);
+    int after = dup(0);
+    close(after);
+    ck_assert_int_eq(after, before); /* nothing held: the lowest free fd is the same */
+    ck_assert_int_eq(tsp_elect_call(master, strlen(master), out, sizeof out, &need, err, sizeof err),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "\"fds\": ["));
+}
+END_TEST
+
 static Suite *elect_suite(void)
 {
     Suite *s = suite_create("elect");
@@ -245,6 +290,7 @@ static Suite *elect_suite(void)
     tcase_add_test(tc, test_elect_record_roundtrip);
     tcase_add_test(tc, test_elect_record_unpack_tolerates_unknown_keys_and_whitespace);
     tcase_add_test(tc, test_elect_record_unpack_refusals);
+    tcase_add_test(tc, test_elect_call_json_face);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -307,12 +307,35 @@ START_TEST(test_count_toolkit_stub_is_l1)
 }
 END_TEST
 
+/* The PySpark glue's one call (docs/protocol.md 5.1): the same assignment as tsp_gpu_assign,
+ * as JSON; the rule's refusal as it is; a malformed request named. */
+START_TEST(test_gpu_call_json_face)
+{
+    use_stub_nvml(MIG_ON);
+    char out[4096], err[1024];
+    size_t need = 0;
+    const char *ok = "{\"addresses\": [\"1\"], \"visible\": null, \"task\": \"0\", \"host\": \"h\"}";
+    ck_assert_int_eq(tsp_gpu_call(ok, strlen(ok), out, sizeof out, &need, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{\"mask\": \"1\", \"count\": 1, \"integers\": 1, \"checked\": 1, "
+                          "\"warnings\": \"\"}");
+    const char *pad = "{\"addresses\": [\"0\", \"01\"]}";
+    ck_assert_int_eq(tsp_gpu_call(pad, strlen(pad), out, sizeof out, &need, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "no zero padding"));
+    const char *bad = "{\"addresses\": \"1\"}";
+    ck_assert_int_eq(tsp_gpu_call(bad, strlen(bad), out, sizeof out, &need, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"addresses\" must be an array of strings"));
+}
+END_TEST
+
 static Suite *gpu_suite(void)
 {
     Suite *s = suite_create("gpu");
     TCase *tc = tcase_create("core");
     tcase_add_loop_test(tc, test_assign_rules, 0, (int)(sizeof rows / sizeof rows[0]));
     tcase_add_test(tc, test_assign_flags);
+    tcase_add_test(tc, test_gpu_call_json_face);
     tcase_add_test(tc, test_inventory_fields);
     tcase_add_test(tc, test_inventory_without_nvml);
     tcase_add_loop_test(tc, test_count_with_nvml, 0, (int)(sizeof masks / sizeof masks[0]));

@@ -87,6 +87,15 @@ TSP_EXTERN int tsp_elect_record_pack(const tsp_elect_record_t *r, char *buf, siz
 TSP_EXTERN int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r,
                                        char *err, size_t errlen);
 
+/* The election as one JSON transform, for the PySpark glue (docs/protocol.md 2, "The
+ * PySpark glue's one call"): a request {"op": "master" | "unpack" | "route_source" |
+ * "ifname_of" | "local_ifname", ...} -> its reply in out (outlen bytes, NUL included;
+ * *needed, when given, is the size it needs). 0, -ENOSPC when out is too small (nothing is
+ * held then: a master's ports are released), or a negative errno with a sentence in err.
+ * The descriptors of a master's reply are the caller's to close. */
+TSP_EXTERN int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen,
+                              size_t *needed, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

@@ -72,6 +72,13 @@ typedef struct {
 TSP_EXTERN int tsp_gpu_assign(const tsp_gpu_request_t *req, tsp_gpu_assignment_t *out, char *err,
                               size_t errlen);
 
+/* tsp_gpu_assign as one JSON transform, for the PySpark glue (docs/protocol.md 5.1):
+ * {"addresses": [...], "visible", "task", "host"} -> {"mask", "count", "integers",
+ * "checked", "warnings"} in out (outlen bytes; *needed, when given, the size it needs). 0,
+ * -ENOSPC when out is too small, or tsp_gpu_assign's refusal with its message in err. */
+TSP_EXTERN int tsp_gpu_call(const char *request, size_t len, char *out, size_t outlen,
+                            size_t *needed, char *err, size_t errlen);
+
 /* As tsp_gpu_assign, on a given inventory (NULL: as if NVML were absent). */
 int tsp__gpu_assign_with(const tsp_gpu_request_t *req, const tsp_gpu_inventory_t *inv,
                          tsp_gpu_assignment_t *out, char *err, size_t errlen);

@@ -332,3 +332,159 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
                         r->nccl_port);
     return 0;
 }
+
+/* ---- the PySpark glue's one call (docs/protocol.md 2, "The PySpark glue's one call") ---- */
+
+/* The request's string at key into *out (malloc'ed; NULL for a null or absent nullable
+ * one), or the refusal naming it. */
+static int req_str(const char *req, size_t len, const char *key, int nullable, char **out,
+                   char *err, size_t errlen)
+{
+    int type = 0, rc = tsp_json_get(req, len, key, out, &type);
+    if (rc == -ENOMEM)
+        return rc;
+    if (rc == 0 && type == TSP_JSON_STRING)
+        return 0;
+    int null = rc == -ENOENT || (rc == 0 && type == TSP_JSON_LITERAL && !strcmp(*out, "null"));
+    if (rc == 0)
+        free(*out);
+    *out = NULL;
+    if (nullable && null)
+        return 0;
+    return tsp__err(err, errlen, -EINVAL, "tsp_elect_call: \"%s\" must be a string%s", key,
+                    nullable ? " or null" : "");
+}
+
+static void write_record(tsp_json_writer_t *w, const tsp_elect_record_t *r)
+{
+    tsp_json_begin_object(w);
+    tsp_json_key(w, "version");
+    tsp_json_int(w, r->version);
+    tsp_json_key(w, "master_port");
+    tsp_json_int(w, r->master_port);
+    tsp_json_key(w, "nccl_port");
+    tsp_json_int(w, r->nccl_port);
+    const char *keys[] = {"master_addr", "run_id", "host", "ifname"};
+    const char *vals[] = {r->master_addr, r->run_id, r->host, r->ifname};
+    for (size_t i = 0; i < 4; i++) {
+        tsp_json_key(w, keys[i]);
+        tsp_json_str(w, vals[i]);
+    }
+    tsp_json_end(w);
+}
+
+/* Rank 0's election towards peer: the record, its packed line and the held ports' fds. */
+static int op_master(const char *req, size_t len, tsp_json_writer_t *w, int fds[2], char *err,
+                     size_t errlen)
+{
+    char *peer = NULL, *run_id = NULL, packed[TSP_ELECT_RECORD_MAX + 1];
+    tsp_elect_record_t rec;
+    tsp_port_reservation_t res = {-1, 0}, nccl = {-1, 0};
+    int rc = req_str(req, len, "peer", 0, &peer, err, errlen);
+    if (rc == 0)
+        rc = req_str(req, len, "run_id", 1, &run_id, err, errlen);
+    if (rc == 0)
+        rc = tsp_elect_master(peer, run_id, &rec, &res, &nccl, err, errlen);
+    free(peer);
+    free(run_id);
+    if (rc != 0)
+        return rc;
+    fds[0] = res.fd;
+    fds[1] = nccl.fd;
+    int n = tsp_elect_record_pack(&rec, packed, sizeof packed);
+    if (n < 0)
+        return tsp__err(err, errlen, n, "cannot pack the election record (%s)", strerror(-n));
+    tsp_json_key(w, "record");
+    write_record(w, &rec);
+    tsp_json_key(w, "packed");
+    tsp_json_str(w, packed);
+    tsp_json_key(w, "fds");
+    tsp_json_begin_array(w);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            tsp_json_int(w, fds[i]);
+    tsp_json_end(w);
+    return 0;
+}
+
+/* The ops on one string argument: unpack, route_source, ifname_of, local_ifname. */
+static int op_lookup(const char *op, const char *arg, tsp_json_writer_t *w, char *err,
+                     size_t errlen)
+{
+    char addr[TSP_ELECT_ADDR_MAX], ifname[TSP_ELECT_IFNAME_MAX] = "";
+    if (strcmp(op, "unpack") == 0) {
+        tsp_elect_record_t rec;
+        int rc = tsp_elect_record_unpack(arg, strlen(arg), &rec, err, errlen);
+        if (rc == 0) {
+            tsp_json_key(w, "record");
+            write_record(w, &rec);
+        }
+        return rc;
+    }
+    if (strcmp(op, "route_source") == 0) {
+        int rc = tsp_elect_route_source(arg, addr, sizeof addr, err, errlen);
+        if (rc == 0) {
+            tsp_json_key(w, "addr");
+            tsp_json_str(w, addr);
+        }
+        return rc;
+    }
+    /* ifname_of an address; local_ifname: of this host's route towards the master. */
+    int found = strcmp(op, "ifname_of") == 0
+                    ? tsp_elect_ifname_of(arg, ifname, sizeof ifname) == 0
+                    : tsp_elect_route_source(arg, addr, sizeof addr, NULL, 0) == 0 &&
+                          tsp_elect_ifname_of(addr, ifname, sizeof ifname) == 0;
+    tsp_json_key(w, "ifname");
+    tsp_json_str(w, found && ifname[0] ? ifname : NULL);
+    return 0;
+}
+
+int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                   char *err, size_t errlen)
+{
+    static const char *const args[][2] = {{"unpack", "packed"},
+                                          {"route_source", "host"},
+                                          {"ifname_of", "addr"},
+                                          {"local_ifname", "master_addr"}};
+    if (err && errlen)
+        err[0] = '\0';
+    if (!request || tsp_json_check_object(request, len))
+        return tsp__err(err, errlen, -EINVAL, "tsp_elect_call: the request is not a JSON object");
+    char *op = NULL, *arg = NULL, *doc = NULL;
+    size_t dlen = 0, k = 0;
+    int rc = req_str(request, len, "op", 0, &op, err, errlen), fds[2] = {-1, -1};
+    if (rc == 0 && !op)
+        rc = -ENOMEM; /* (req_str gives a string or an error) */
+    int master = rc == 0 && strcmp(op, "master") == 0;
+    while (rc == 0 && !master && k < 4 && strcmp(op, args[k][0]) != 0)
+        k++;
+    if (rc == 0 && !master && k == 4)
+        rc = tsp__err(err, errlen, -EINVAL,
+                      "tsp_elect_call: unknown op \"%s\" (master, unpack, route_source, "
+                      "ifname_of or local_ifname)",
+                      op);
+    else if (rc == 0 && !master)
+        rc = req_str(request, len, args[k][1], 0, &arg, err, errlen);
+    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
+    if (rc == 0 && !mf)
+        rc = -ENOMEM;
+    if (mf) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, mf);
+        tsp_json_begin_object(&w);
+        rc = arg ? op_lookup(op, arg, &w, err, errlen)
+                 : op_master(request, len, &w, fds, err, errlen);
+        tsp_json_end(&w);
+        if (fclose(mf) != 0 && rc == 0)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    for (int i = 0; i < 2; i++)
+        if (rc != 0 && fds[i] >= 0)
+            close(fds[i]);
+    free(doc);
+    free(arg);
+    free(op);
+    return rc;
+}

@@ -77,15 +77,16 @@ class Channel:
             self.hub.stop()
 
     def hang_error(self, dist: Any, mode: str) -> Optional[TorchDistributorError]:
-        """The error of a run the hang doctor cancelled, or None."""
+        """The error of a run the hang doctor cancelled, or None: the C core's text and
+        its document as the report (docs/protocol.md 1.11), the same as the JVM runner's."""
         if self.doctor is None:
             return None
         self.doctor.stop()
         diag = self.doctor.cancelled
         if diag is None:
             return None
-        return TorchDistributorError(_doctor.cancel_message(self.doctor, mode),
-                                     _doctor.report(diag))
+        return TorchDistributorError(f"TorchDistributor ({mode}) " + self.doctor.message,
+                                     diag.report)
 
     def tail(self, report: Dict) -> Optional[List[str]]:
         """The driver's last lines of the failed rank of report, or None."""

@@ -7,10 +7,9 @@ of its one event as they are, and keeps the diagnosis for run()'s TorchDistribut
 """
 from __future__ import annotations
 
-import sys
 import tempfile
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 from torchspark.driver import _hang
 from torchspark.driver._pump import _LogPump
@@ -57,12 +56,7 @@ class HangDoctor:
     def _perform(self, ev: Any) -> bool:
         if ev is None:
             return False
-        with _LogPump._print_lock:
-            if _LogPump.status_shown:
-                sys.stderr.write("\r\x1b[K")
-                _LogPump.status_shown = False
-            sys.stderr.write("".join(line + "\n" for line in ev["say"]))
-            sys.stderr.flush()
+        _LogPump.write("".join(line + "\n" for line in ev["say"]))
         if ev.get("diagnosis") is None:
             return True
         diag = _hang.from_reply(ev["diagnosis"])
@@ -81,14 +75,3 @@ class HangDoctor:
         self._thread.join(timeout=5)
         while self._take(0):
             pass
-
-
-def cancel_message(doctor: HangDoctor, mode: str) -> str:
-    """The TorchDistributorError's text of a run the doctor cancelled."""
-    return f"TorchDistributor ({mode}) " + doctor.message
-
-
-def report(diag: _hang.Diagnosis) -> Dict[str, Any]:
-    """TorchDistributorError.report of a run the doctor cancelled: the C core's document
-    (docs/protocol.md 1.11), the same as the JVM runner's."""
-    return diag.report

@@ -19,7 +19,7 @@ import socket
 import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from torchspark.native._lib import load_library
+from torchspark.native._lib import checked, load_library
 from torchspark.task._spec import GangSpec, NodeSpec
 
 BARRIER, GANG = "barrier", "gang"
@@ -181,17 +181,13 @@ def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
     (GO). Raises the library's sentence when refused (a retry or a copy, the deadline)."""
     rdv, gang = spec["rendezvous"], spec.get("gang")
     assert rdv is not None and gang is not None
-    lib = load_library()
     nnodes = ctypes.c_int(0)
-    err = ctypes.create_string_buffer(2048)
     host = socket.gethostname()[:255] or "unknown"
     secret = spec["log_secret_hex"]
     assert secret is not None  # the rendezvous' TLS is keyed by it (docs/protocol.md 2.1)
-    rc = lib.tsp_gang_call(rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
-                           try_no, host.encode(), int(gang["timeout_ms"]) + JOIN_GRACE_MS,
-                           ctypes.byref(nnodes), err, len(err))
-    if rc != 0:
-        raise RuntimeError(err.value.decode(errors="replace"))
+    checked("tsp_gang_call", rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
+            try_no, host.encode(), int(gang["timeout_ms"]) + JOIN_GRACE_MS, ctypes.byref(nnodes),
+            error=RuntimeError)
     return nnodes.value
 
 

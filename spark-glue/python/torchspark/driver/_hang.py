@@ -17,11 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from torchspark.native import _lib
 
-__all__ = ["RankDump", "Diagnosis", "diagnose", "RECORDER_PREFIX"]
-
-# The flight recorder's lines start so (docs/protocol.md 1.9): the watchdog counts a
-# rank's dump complete once one came.
-RECORDER_PREFIX = "torchspark: flight recorder: "
+__all__ = ["RankDump", "Diagnosis", "diagnose"]
 
 
 def _stdlib_dirs() -> Tuple[str, ...]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 from contextlib import ExitStack
 from typing import Any, List, Optional
@@ -39,7 +38,8 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                  "gpus": gpus or None, "env": dist._clock.env()}
         try:
             out_file = _task._run_agent(
-                spec, facts, workdir, echo=None if ch.server is not None else _echo_stderr,
+                spec, facts, workdir,
+                echo=None if ch.server is not None else lambda ln: _LogPump.write(ln + "\n"),
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
@@ -85,9 +85,3 @@ def _spec(dist: Any, train_object: Any, fn_bytes: Optional[bytes], script_args: 
         "warm_idle_s": _conf.warm_idle_s(settings) if fn_bytes is not None else 0,
         "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
     }
-
-
-def _echo_stderr(line: str) -> None:
-    with _LogPump._print_lock:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()

@@ -1,21 +1,19 @@
-"""The native election module (native/src/agent/elect.c, torchspark/elect.h) for the tasks; the
-signatures are declared once, in :mod:`torchspark.native._lib`.
+"""The native election module (native/src/agent/elect.c, torchspark/elect.h) for the tasks,
+through its one JSON call (``tsp_elect_call``, docs/protocol.md 2: "The PySpark glue's one
+call").
 
-Rank 0's barrier task calls :func:`elect_master` (address, interface, held port, run id,
-packed record); every task calls :func:`unpack_record` on what allGather returned and
-:func:`local_ifname` to find the interface carrying its own route to the master.
+Rank 0's barrier task calls :func:`elect_master` (address, interface, held ports, run id,
+packed record); every task calls :func:`unpack_record` on what the rendezvous (or
+allGather) returned and :func:`local_ifname` to find the interface carrying its own route
+to the master.
 """
 from __future__ import annotations
 
-import ctypes
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, List, Optional
 
-from torchspark.native._lib import (ELECT_ADDR_MAX as ADDR_MAX, ELECT_IFNAME_MAX as IFNAME_MAX,
-                             ELECT_RECORD_MAX as RECORD_MAX, ElectRecord as _Record,
-                             PortReservationC as _Reservation, load_library)
-
-_ERR_LEN = 512
+from torchspark.native._lib import json_call
 
 
 class ElectionError(RuntimeError):
@@ -34,29 +32,15 @@ class Record:
 
 
 class PortReservation:
-    """A port held by a bound, non-listening SO_REUSEADDR socket (close-on-exec), and the
-    NCCL check's port beside it (SO_REUSEPORT too) when the election reserved one."""
+    """The ports the election holds (the master's and the NCCL check's): bound,
+    non-listening, close-on-exec descriptors, closed by release()."""
 
-    def __init__(self, res: _Reservation, nccl: Optional[_Reservation] = None) -> None:
-        self._res = res
-        self._nccl = nccl
-
-    @property
-    def port(self) -> int:
-        return self._res.port
-
-    @property
-    def fd(self) -> int:
-        return self._res.fd
-
-    @property
-    def nccl_port(self) -> int:
-        return self._nccl.port if self._nccl is not None else 0
+    def __init__(self, fds: List[int]) -> None:
+        self._fds = list(fds)
 
     def release(self) -> None:
-        for r in (self._res, self._nccl):
-            if r is not None and r.fd >= 0:
-                load_library().tsp_elect_release_port(ctypes.byref(r))
+        while self._fds:
+            os.close(self._fds.pop())
 
     def __enter__(self) -> "PortReservation":
         return self
@@ -71,61 +55,32 @@ class PortReservation:
             pass
 
 
-def _record_from_c(r: _Record) -> Record:
-    return Record(master_addr=r.master_addr.decode(), master_port=r.master_port,
-                  run_id=r.run_id.decode(), host=r.host.decode(), ifname=r.ifname.decode(),
-                  version=r.version, nccl_port=r.nccl_port)
+def _call(op: str, **request: Any) -> Any:
+    return json_call("tsp_elect_call", {"op": op, **request}, error=ElectionError)
 
 
 def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
     """Rank 0's election towards peer: returns (record, packed JSON, held ports: the
     master's and the NCCL check's)."""
-    lib = load_library()
-    rec, res, nccl = _Record(), _Reservation(-1, 0), _Reservation(-1, 0)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = lib.tsp_elect_master(peer.encode(), run_id.encode() if run_id else None,
-                              ctypes.byref(rec), ctypes.byref(res), ctypes.byref(nccl), err,
-                              _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
-    reservation = PortReservation(res, nccl)
-    buf = ctypes.create_string_buffer(RECORD_MAX + 1)
-    n = lib.tsp_elect_record_pack(ctypes.byref(rec), buf, RECORD_MAX + 1)
-    if n < 0:
-        reservation.release()
-        raise ElectionError(f"cannot pack the election record (error {-n})")
-    return _record_from_c(rec), buf.raw[:n].decode(), reservation
+    reply = _call("master", peer=peer, run_id=run_id)
+    return Record(**reply["record"]), reply["packed"], PortReservation(reply["fds"])
 
 
 def unpack_record(text: str) -> Record:
-    data = text.encode()
-    rec = _Record()
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = load_library().tsp_elect_record_unpack(data, len(data), ctypes.byref(rec), err, _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
-    return _record_from_c(rec)
+    return Record(**_call("unpack", packed=text)["record"])
 
 
 def route_source(host: str) -> str:
-    buf = ctypes.create_string_buffer(ADDR_MAX)
-    err = ctypes.create_string_buffer(_ERR_LEN)
-    rc = load_library().tsp_elect_route_source(host.encode(), buf, ADDR_MAX, err, _ERR_LEN)
-    if rc != 0:
-        raise ElectionError(err.value.decode(errors="replace"))
-    return buf.value.decode()
+    """The local address of this host's route towards host."""
+    return str(_call("route_source", host=host)["addr"])
 
 
 def ifname_of(addr: str) -> Optional[str]:
-    buf = ctypes.create_string_buffer(IFNAME_MAX)
-    rc = load_library().tsp_elect_ifname_of(addr.encode(), buf, IFNAME_MAX)
-    return buf.value.decode() if rc == 0 else None
+    ifname: Optional[str] = _call("ifname_of", addr=addr)["ifname"]
+    return ifname
 
 
 def local_ifname(master_addr: str) -> Optional[str]:
     """The interface carrying this host's route towards the master, or None."""
-    try:
-        return ifname_of(route_source(master_addr))
-    except ElectionError:
-        return None
-
+    ifname: Optional[str] = _call("local_ifname", master_addr=master_addr)["ifname"]
+    return ifname

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 # The package root (torchspark/), whichever of its folders this module lives in.
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -29,13 +29,6 @@ LIB_NAME = "libtorchspark.so"
 AGENT_NAME = "torchspark-run"
 JAR_NAME = "torchspark.jar"
 
-# Sizes from torchspark/elect.h and torchspark/common.h.
-ELECT_ADDR_MAX = 64
-ELECT_HOST_MAX = 256
-ELECT_ID_MAX = 128
-ELECT_IFNAME_MAX = 32
-ELECT_RECORD_MAX = 1024
-SECRET_LEN = 32
 
 
 class LogLine(ctypes.Structure):
@@ -54,47 +47,12 @@ class LogStats(ctypes.Structure):
         "queued_bytes")]
 
 
-class PortReservationC(ctypes.Structure):
-    """tsp_port_reservation_t (elect.h)."""
-
-    _fields_ = [("fd", ctypes.c_int), ("port", ctypes.c_int)]
-
-
-class ElectRecord(ctypes.Structure):
-    """tsp_elect_record_t (elect.h)."""
-
-    _fields_ = [
-        ("version", ctypes.c_int),
-        ("master_addr", ctypes.c_char * ELECT_ADDR_MAX),
-        ("master_port", ctypes.c_int),
-        ("run_id", ctypes.c_char * ELECT_ID_MAX),
-        ("host", ctypes.c_char * ELECT_HOST_MAX),
-        ("ifname", ctypes.c_char * ELECT_IFNAME_MAX),
-        ("nccl_port", ctypes.c_int),
-    ]
-
-
-class GpuRequest(ctypes.Structure):
-    """tsp_gpu_request_t (gpu.h)."""
-
-    _fields_ = [("addrs", ctypes.c_char_p), ("mask", ctypes.c_char_p),
-                ("task", ctypes.c_char_p), ("host", ctypes.c_char_p)]
-
-
-class GpuAssignment(ctypes.Structure):
-    """tsp_gpu_assignment_t (gpu.h)."""
-
-    _fields_ = [("mask", ctypes.c_char * 2048), ("count", ctypes.c_int),
-                ("integers", ctypes.c_int), ("checked", ctypes.c_int),
-                ("warnings", ctypes.c_char * 2048)]
-
-
 # The C core's JSON transforms (one signature: request, reply buffer, its needed size, error
 # sentence), called through json_call.
 JSON_CALLS = (
     "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
     "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
-    "tsp_task_launch", "tsp_task_finish",
+    "tsp_task_launch", "tsp_task_finish", "tsp_elect_call", "tsp_gpu_call",
 )
 
 
@@ -145,22 +103,12 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
         # common.h
         "tsp_strerror": (c, [i]),
-        "tsp_version": (c, []),
-        # elect.h
-        "tsp_elect_master": (i, [c, c, P(ElectRecord), P(PortReservationC),
-                              P(PortReservationC)] + err),
-        "tsp_elect_release_port": (None, [P(PortReservationC)]),
-        "tsp_elect_route_source": (i, [c, c, sz] + err),
-        "tsp_elect_ifname_of": (i, [c, c, sz]),
-        "tsp_elect_record_pack": (i, [P(ElectRecord), c, sz]),
-        "tsp_elect_record_unpack": (i, [c, sz, P(ElectRecord)] + err),
         **_logserver_signatures(),
         # rendezvous.h (docs/protocol.md 2.1)
         "tsp_rdv_start": (vp, [c, c, i] + err),
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
         "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
-        "tsp_rdv_close": (None, [vp]),
         "tsp_rdv_free": (None, [vp]),
         "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
         "tsp_rdv_request": (i, [c, i, c, c, c, sz] + err),
@@ -172,8 +120,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
-        # gpu.h
-        "tsp_gpu_assign": (i, [P(GpuRequest), P(GpuAssignment)] + err),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
         "tsp_output_send": (i, [vp, c] + err),
@@ -250,11 +196,24 @@ def load_library() -> ctypes.CDLL:
         return _lib
 
 
-def json_call(name: str, request: Any) -> Any:
+def checked(name: str, *args: Any, error: Callable[[str], Exception] = ValueError,
+            prefix: str = "", ok: Callable[[Any], bool] = lambda rc: rc == 0) -> Any:
+    """Calls the C function name(*args, err, errlen) (the error sentence's buffer last) and
+    returns its result; raises error(prefix + the library's sentence) when ok(result) is
+    false (0 is success; a constructor's ok is bool: NULL is the failure)."""
+    err = ctypes.create_string_buffer(4096)
+    rc = getattr(load_library(), name)(*args, err, len(err))
+    if not ok(rc):
+        raise error(prefix + err.value.decode(errors="replace"))
+    return rc
+
+
+def json_call(name: str, request: Any,
+              error: Callable[[str], Exception] = ValueError) -> Any:
     """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
     tsp_failure_report, outcome.h's tsp_outcome_classify, ...): request -> its reply, decoded;
-    the library's sentence naming what is wrong as a ValueError when it refuses the
-    request."""
+    the library's sentence naming what is wrong as error (a ValueError) when it refuses
+    the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(512)
@@ -268,4 +227,4 @@ def json_call(name: str, request: Any) -> Any:
         if rc != -errno.ENOSPC:  # else once more with the size the library asked for
             break
         size = needed.value
-    raise ValueError(err.value.decode(errors="replace") or f"{name} failed ({rc})")
+    raise error(err.value.decode(errors="replace") or f"{name} failed ({rc})")

@@ -30,7 +30,7 @@ from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
 
 from torchspark.native._lib import LogLine as _LogLine
 from torchspark.native._lib import LogStats as _Stats
-from torchspark.native._lib import load_library
+from torchspark.native._lib import checked, load_library
 
 __all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
@@ -76,9 +76,7 @@ def fd_check(nodes: int) -> None:
     """Raises the driver's descriptor limit to the hard one; OSError, naming the limit and
     the node count, when even that cannot hold a job of ``nodes`` nodes (the C core's
     tsp_logserver_fd_check; docs/architecture.md, "Limits and settings for large jobs")."""
-    err = ctypes.create_string_buffer(1024)
-    if load_library().tsp_logserver_fd_check(int(nodes), err, len(err)) != 0:
-        raise OSError("torchspark: " + err.value.decode(errors="replace"))
+    checked("tsp_logserver_fd_check", int(nodes), error=OSError, prefix="torchspark: ")
 
 
 def _enc(text: Optional[str]) -> Optional[bytes]:
@@ -112,21 +110,14 @@ class LogServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, secret: Optional[bytes] = None,
                  tail_lines: int = 100):
         self._lib = load_library()
-        err = ctypes.create_string_buffer(512)  # a secret of another length: C says so
-        hexs = secret.hex().encode() if secret is not None else None
-        h = self._lib.tsp_logserver_new(host.encode(), int(port), hexs, int(tail_lines), err,
-                                        len(err))
-        if not h:
-            raise OSError("cannot start the torchspark log server: "
-                          + err.value.decode(errors="replace"))
-        self._h = h
+        hexs = secret.hex().encode() if secret is not None else None  # C refuses a bad one
+        self._h = h = checked("tsp_logserver_new", host.encode(), int(port), hexs,
+                              int(tail_lines), error=OSError, ok=bool,
+                              prefix="cannot start the torchspark log server: ")
         self._closed = False
         self._pull_lock = threading.Lock()
-        self._arr_len = 0
-        self._arr: Optional[ctypes.Array[_LogLine]] = None
         self._report_lock = threading.Lock()
-        self._rarr_len = 0
-        self._rarr: Optional[ctypes.Array[_LogLine]] = None
+        self._arrs: Dict[str, "ctypes.Array[_LogLine]"] = {}  # each pull's records, by queue
         self._text: Optional[ctypes.Array] = None
         self.host: str = self._lib.tsp_logserver_host(h).decode()
         self.port: int = self._lib.tsp_logserver_port(h)
@@ -156,12 +147,7 @@ class LogServer:
         :meth:`close`, once everything was pulled. One puller at a time.
         """
         with self._pull_lock:
-            arr = self._arr
-            if arr is None or self._arr_len < max_lines:
-                arr = self._arr = (_LogLine * max_lines)()
-                self._arr_len = max_lines
-            n = self._lib.tsp_logserver_pull(self._h, arr, max_lines, timeout_ms)
-            return self._lines(arr, n)
+            return self._pull("tsp_logserver_pull", max_lines, timeout_ms)
 
     def pull_reports(self, max_reports: int = 4096, timeout_ms: int = 200) -> List[Line]:
         """Up to ``max_reports`` of the workers' ``torchspark.report()`` records (stream
@@ -169,15 +155,14 @@ class LogServer:
         each once; [] on timeout. Their queue is separate from the lines' (one puller
         each) and bounded: a run whose reports are not pulled slows down."""
         with self._report_lock:
-            rarr = self._rarr
-            if rarr is None or self._rarr_len < max_reports:
-                rarr = self._rarr = (_LogLine * max_reports)()
-                self._rarr_len = max_reports
-            n = self._lib.tsp_logserver_pull_reports(self._h, rarr, max_reports, timeout_ms)
-            return self._lines(rarr, n)
+            return self._pull("tsp_logserver_pull_reports", max_reports, timeout_ms)
 
-    @staticmethod
-    def _lines(arr: "ctypes.Array[_LogLine]", n: int) -> List[Line]:
+    def _pull(self, name: str, most: int, timeout_ms: int) -> List[Line]:
+        """One pull of the C function name into its queue's records (kept between pulls)."""
+        arr = self._arrs.get(name)
+        if arr is None or len(arr) < most:
+            arr = self._arrs[name] = (_LogLine * most)()
+        n = getattr(self._lib, name)(self._h, arr, most, timeout_ms)
         if n <= 0:
             return []
         first = arr[0].data
@@ -268,12 +253,8 @@ class LogServer:
         """The largest output kept in memory, written as ``spark.driver.maxResultSize``
         ("1g", "512m", bytes; None: Spark's 1g default; "0": no limit). A bigger one is
         refused before the driver takes any memory for it."""
-        err = ctypes.create_string_buffer(512)
-        rc = self._lib.tsp_logserver_output_limit(
-            self._h, max_result_size.encode() if max_result_size is not None else None, err,
-            len(err))
-        if rc:
-            raise ValueError(err.value.decode(errors="replace"))
+        checked("tsp_logserver_output_limit", self._h,
+                max_result_size.encode() if max_result_size is not None else None)
 
     def wait_output(self, timeout: Optional[float] = None) -> bool:
         """True once the output arrived with the right length and SHA-256."""
@@ -304,13 +285,8 @@ class LogServer:
 
     def output_bytes(self) -> Optional[bytes]:
         """The received output (memory mode), or None if it has not arrived."""
-        if self._lib.tsp_logserver_output_wait(self._h, 0) != 0:
-            return None
-        data, size = ctypes.c_void_p(), ctypes.c_uint64()
-        self._lib.tsp_logserver_output_data(self._h, ctypes.byref(data), ctypes.byref(size))
-        if self.output_path is not None:
-            return Path(self.output_path).read_bytes()
-        return ctypes.string_at(data.value, size.value) if size.value and data.value else b""
+        view = self.output_view()
+        return None if view is None else bytes(view)
 
     def failure(self, timeout: Optional[float] = 0) -> Optional[Dict]:
         """The run's root cause (docs/protocol.md 1.7), waiting up to ``timeout`` s for it
@@ -322,14 +298,10 @@ class LogServer:
         JSON as a dict, or None). When it happened, every other agent was told to stop.
         """
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        buf = ctypes.create_string_buffer(8192)
-        need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), ms)
-        if need <= 0:
+        text = self._document("tsp_logserver_failure", 8192, ms)
+        if text is None:
             return None
-        if need >= len(buf):
-            buf = ctypes.create_string_buffer(need + 1)
-            need = self._lib.tsp_logserver_failure(self._h, buf, len(buf), 0)
-        doc = json.loads(buf.value.decode("utf-8", errors="replace"))
+        doc = json.loads(text)
         if not isinstance(doc.get("report"), dict):  # embedded as an object, or null
             doc["report"] = None
         return doc
@@ -353,25 +325,30 @@ class LogServer:
     def watch(self, timeout: float, action: str, world: int, tmpdir: str) -> None:
         """The hang doctor's watchdog, an option of the server (docs/protocol.md 1.12):
         ``timeout`` s of silence from the workers' start, ``action`` report or cancel."""
-        err = ctypes.create_string_buffer(512)
-        if self._lib.tsp_logserver_watch(self._h, int(timeout * 1000), action.encode(), world,
-                                         tmpdir.encode(), err, len(err)):
-            raise ValueError(err.value.decode(errors="replace"))
+        checked("tsp_logserver_watch", self._h, int(timeout * 1000), action.encode(), world,
+                tmpdir.encode())
 
     def hang_event(self, timeout: float = 0) -> Optional[Dict]:
         """The watchdog's next event (docs/protocol.md 1.12), waiting up to ``timeout`` s;
         None when none came."""
-        buf = ctypes.create_string_buffer(1 << 16)
-        need = self._lib.tsp_logserver_hang_event(self._h, buf, len(buf), int(timeout * 1000))
-        if need >= len(buf):
+        text = self._document("tsp_logserver_hang_event", 1 << 16, int(timeout * 1000))
+        doc: Optional[Dict] = None if text is None else json.loads(text)
+        return doc
+
+    def _document(self, name: str, size: int, timeout_ms: int) -> Optional[str]:
+        """The JSON document that the C function name(h, buf, len, timeout_ms) writes and
+        whose length it returns (0: none came), asked once more without a wait when it
+        needed a bigger buffer. One copy of its bytes (buf.value would scan for the NUL and
+        copy again: at 16,384 ranks a hang event is ~30 MB)."""
+        fn = getattr(self._lib, name)
+        buf = ctypes.create_string_buffer(size)
+        need = fn(self._h, buf, size, timeout_ms)
+        if need >= size:
             buf = ctypes.create_string_buffer(need + 1)
-            need = self._lib.tsp_logserver_hang_event(self._h, buf, len(buf), 0)
+            need = fn(self._h, buf, need + 1, 0)
         if need <= 0 or need >= len(buf):
             return None
-        # One copy of its need bytes (buf.value would scan for the NUL and copy again: at
-        # 16,384 ranks the event is ~30 MB, on the way to the line the doctor prints).
-        doc: Dict = json.loads(ctypes.string_at(buf, need).decode("utf-8", errors="replace"))
-        return doc
+        return ctypes.string_at(buf, need).decode("utf-8", errors="replace")
 
     def checkpoint_all(self, why: int = 1) -> bool:
         """Asks every connected agent to have its workers checkpoint now and then stop

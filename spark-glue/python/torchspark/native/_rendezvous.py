@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any, Dict, Optional
 
-from torchspark.native._lib import load_library
+from torchspark.native._lib import checked, load_library
 from torchspark.task._spec import RendezvousSpec
 
 RECORD_MAX = 4096  # TSP_RDV_RECORD_MAX
@@ -58,10 +58,8 @@ class Server:
 
     def __init__(self, host: str, secret_hex: str) -> None:
         self._lib = load_library()
-        err = ctypes.create_string_buffer(512)
-        h = self._lib.tsp_rdv_start(host.encode(), secret_hex.encode(), 0, err, len(err))
-        if not h:
-            raise OSError(err.value.decode(errors="replace"))
+        h = checked("tsp_rdv_start", host.encode(), secret_hex.encode(), 0, error=OSError,
+                    ok=bool)
         self._h: Optional[int] = h
         self.host: str = self._lib.tsp_rdv_host(h).decode()
         self.port: int = self._lib.tsp_rdv_port(h)
@@ -85,13 +83,8 @@ def exchange(spec: Optional[RendezvousSpec], secret_hex: Optional[str], ctx: Any
     endpoint (inside TLS keyed by the run's secret), else through allGather()."""
     if not spec:
         return ctx.allGather(packed)[0]
-    lib = load_library()
     reply = ctypes.create_string_buffer(_LINE_MAX + 2)
-    err = ctypes.create_string_buffer(1024)
-    record = packed.encode() if node_rank == 0 else None
-    rc = lib.tsp_rdv_exchange(spec["host"].encode(), int(spec["port"]),
-                              (secret_hex or "").encode(), record, reply, len(reply), err,
-                              len(err))
-    if rc != 0:
-        raise RuntimeError(err.value.decode(errors="replace"))
+    checked("tsp_rdv_exchange", spec["host"].encode(), int(spec["port"]),
+            (secret_hex or "").encode(), packed.encode() if node_rank == 0 else None, reply,
+            len(reply), error=RuntimeError)
     return packed if node_rank == 0 else reply.value.decode()

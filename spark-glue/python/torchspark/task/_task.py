@@ -8,7 +8,6 @@ with the topology and waits for it.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import socket
@@ -20,7 +19,7 @@ from torchspark.driver import _gang, _report, _timing
 from torchspark.native import _elect, _rendezvous
 from torchspark.task import _launch, _partition, _report_rows
 from torchspark.worker import _warm
-from torchspark.native._lib import GpuAssignment, GpuRequest, agent_path, json_call, load_library
+from torchspark.native._lib import agent_path, json_call
 from torchspark.task._spec import NodeSpec
 
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
@@ -32,14 +31,8 @@ def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
     entries, by the native rules R0-R8 (native/src/gpu/gpu.c, docs/gpu.md): the agent applies
     the same function to its --gpus. ValueError with the rule's message on a refusal (the
     stock text for malformed addresses)."""
-    req = GpuRequest(",".join(addresses).encode(),
-                      None if visible is None else visible.encode(), task.encode(),
-                      host.encode() if host else None)
-    out = GpuAssignment()
-    err = ctypes.create_string_buffer(4096)
-    if load_library().tsp_gpu_assign(ctypes.byref(req), ctypes.byref(out), err, len(err)) != 0:
-        raise ValueError(err.value.decode("utf-8", errors="replace"))
-    mask = out.mask.decode()
+    mask = json_call("tsp_gpu_call", {"addresses": list(addresses), "visible": visible,
+                                       "task": task, "host": host or None})["mask"]
     return mask.split(",") if mask else []
 
 

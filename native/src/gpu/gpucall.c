@@ -1,0 +1,110 @@
+/* gpucall.c: tsp_gpu_assign as one JSON transform, the PySpark glue's face of the GPU
+ * assignment (docs/protocol.md 5.1): a request object -> the assignment's fields, or the
+ * rule's message. The rules themselves are gpu.c's. */
+#include "torchspark/gpu.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "util.h"
+
+/* Joins the array of strings at "addresses" with ',', as Spark's list reads to the rules. */
+static int join_address(void *ctx, const char *key, size_t index, int type, const char *val,
+                        size_t len)
+{
+    (void)key;
+    if (type != TSP_JSON_STRING)
+        return -EINVAL;
+    FILE *f = ctx;
+    if (index > 0)
+        fputc(',', f);
+    fwrite(val, 1, len, f);
+    return 0;
+}
+
+/* The request's string at key (malloc'ed), NULL for null or absent; -EINVAL otherwise. */
+static int opt_str(const char *req, size_t len, const char *key, char **out)
+{
+    int type = 0, rc = tsp_json_get(req, len, key, out, &type);
+    if (rc == -ENOENT || (rc == 0 && type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0)) {
+        if (rc == 0)
+            free(*out);
+        *out = NULL;
+        return 0;
+    }
+    if (rc == 0 && type != TSP_JSON_STRING) {
+        free(*out);
+        *out = NULL;
+        return -EINVAL;
+    }
+    return rc;
+}
+
+static int reply(const tsp_gpu_assignment_t *a, char *out, size_t outlen, size_t *needed)
+{
+    char *doc = NULL;
+    size_t dlen = 0;
+    FILE *mf = open_memstream(&doc, &dlen);
+    if (!mf)
+        return -ENOMEM;
+    tsp_json_writer_t w;
+    tsp_json_writer_init(&w, mf);
+    tsp_json_begin_object(&w);
+    tsp_json_key(&w, "mask");
+    tsp_json_str(&w, a->mask);
+    tsp_json_key(&w, "count");
+    tsp_json_int(&w, a->count);
+    tsp_json_key(&w, "integers");
+    tsp_json_int(&w, a->integers);
+    tsp_json_key(&w, "checked");
+    tsp_json_int(&w, a->checked);
+    tsp_json_key(&w, "warnings");
+    tsp_json_str(&w, a->warnings);
+    tsp_json_end(&w);
+    int rc = fclose(mf) == 0 ? tsp__reply_copy(doc, dlen, out, outlen, needed) : -ENOMEM;
+    free(doc);
+    return rc;
+}
+
+int tsp_gpu_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                 char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!request || tsp_json_check_object(request, len))
+        return tsp__err(err, errlen, -EINVAL, "tsp_gpu_call: the request is not a JSON object");
+    char *addrs = NULL, *visible = NULL, *task = NULL, *host = NULL;
+    size_t alen = 0;
+    FILE *af = open_memstream(&addrs, &alen);
+    if (!af)
+        return -ENOMEM;
+    int rc = tsp_json_each(request, len, "addresses", join_address, af);
+    if (fclose(af) != 0 && rc == 0)
+        rc = -ENOMEM;
+    if (rc == -EINVAL || rc == -ENOENT)
+        rc = tsp__err(err, errlen, -EINVAL,
+                      "tsp_gpu_call: \"addresses\" must be an array of strings");
+    const char *keys[] = {"visible", "task", "host"};
+    char **vals[] = {&visible, &task, &host};
+    for (size_t i = 0; rc == 0 && i < 3; i++)
+        if ((rc = opt_str(request, len, keys[i], vals[i])) == -EINVAL)
+            tsp__err(err, errlen, rc, "tsp_gpu_call: \"%s\" must be a string or null", keys[i]);
+    tsp_gpu_assignment_t *a = rc == 0 ? malloc(sizeof *a) : NULL;
+    if (rc == 0 && !a)
+        rc = -ENOMEM;
+    if (rc == 0) {
+        tsp_gpu_request_t req = {addrs, visible, task ? task : "0", host};
+        rc = tsp_gpu_assign(&req, a, err, errlen);
+    }
+    if (rc == 0)
+        rc = reply(a, out, outlen, needed);
+    free(a);
+    free(addrs);
+    free(visible);
+    free(task);
+    free(host);
+    return rc;
+}
