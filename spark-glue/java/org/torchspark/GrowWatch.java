@@ -3,6 +3,7 @@ package org.torchspark;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.util.function.BooleanSupplier;
 import java.util.function.Consumer;
+import java.util.function.IntSupplier;
 
 /**
  * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
@@ -12,7 +13,7 @@ import java.util.function.Consumer;
  * flight, so the attempt's own event follows the last state. No decision of its own.
  */
 final class GrowWatch {
-    private final RestartPolicy.Slots slots;
+    private final IntSupplier slots;
     private final TorchSparkRunner.Attempt entry;
     private final BooleanSupplier checkpoint;
     private final Consumer<String> warn;
@@ -21,13 +22,13 @@ final class GrowWatch {
     private volatile boolean ended;
     private JsonNode state;
 
-    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
+    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
         this(slots, state, firstMs, entry, null, TorchSparkRunner.LOG::warn, 1.0);
     }
 
     /** Tests (GrowWatchTest): checkpoint in place of the entry's log server (false: its agents
      *  cannot be asked), warn in place of the log, every wait times scale. */
-    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
+    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
             BooleanSupplier checkpoint, Consumer<String> warn, double scale) {
         this.slots = slots;
         this.state = state;

@@ -56,7 +56,7 @@ final class LocalRun {
                     : new TorchSparkRunner.Result(null, null, null);
         } finally {
             TorchSparkRunner.Metrics.AGENTS.decrementAndGet();
-            NodeTask.deleteTree(workdir);
+            NativeLoader.deleteTree(workdir);
         }
     }
 

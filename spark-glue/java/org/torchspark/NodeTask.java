@@ -12,14 +12,12 @@ import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Comparator;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
-import java.util.stream.Stream;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
 import org.apache.spark.SparkEnv;
@@ -176,7 +174,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             if (elected != null) {
                 elected.reservation().close();
             }
-            deleteTree(workdir);
+            NativeLoader.deleteTree(workdir);
         }
     }
 
@@ -208,15 +206,15 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 .put("python", spec.python != null ? spec.python : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3"))
                 .put("workdir", workdir.toString()).put("nnodes", nnodes).put("node_rank", nodeRank)
                 .put("nproc_per_node", spec.nprocPerNode).put("task_attempt_id", ctx.taskAttemptId())
-                .put("ifname", nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr))
+                .put("ifname", nodeRank == 0 ? record.ifname() : Election.localIfname(record.masterAddr()))
                 .put("output", spec.wantOutput).put("output_channel", true).put("log_endpoint", spec.endpoint)
                 .put("nccl_check", spec.ncclCheck);
         if (spec.useGpu) { // Spark's raw addresses: none is refused by the C core
             ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
             req.set("gpus", Failure.JSON.valueToTree(gpu != null ? gpu.addresses() : new String[0]));
         }
-        req.putObject("record").put("master_addr", record.masterAddr).put("master_port", record.masterPort)
-                .put("nccl_port", record.ncclPort).put("run_id", record.runId);
+        req.putObject("record").put("master_addr", record.masterAddr()).put("master_port", record.masterPort())
+                .put("nccl_port", record.ncclPort()).put("run_id", record.runId());
         req.set("env", Failure.JSON.valueToTree(spec.env));
         req.set("program", Failure.JSON.valueToTree(spec.program));
         return req;
@@ -231,13 +229,5 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
         }
         return out;
-    }
-
-    static void deleteTree(Path p) {
-        try (Stream<Path> s = Files.walk(p)) {
-            s.sorted(Comparator.reverseOrder()).forEach(q -> q.toFile().delete());
-        } catch (IOException ignored) {
-            // Best effort.
-        }
     }
 }

@@ -6,6 +6,7 @@ import java.lang.reflect.Method;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.function.IntSupplier;
 import java.util.function.Predicate;
 import org.apache.spark.SparkContext;
 import org.apache.spark.status.AppStatusStore;
@@ -34,11 +35,6 @@ final class RestartPolicy {
      *  the failure was noticed and which node went silent (TorchSparkRunner.Attempt). */
     interface Body<T> {
         T run(int attempt, Map<String, String> env, int nodes, TorchSparkRunner.Attempt record);
-    }
-
-    /** The cluster's barrier task slots now; it may throw (Spark cannot tell). */
-    interface Slots {
-        int now();
     }
 
     private RestartPolicy() {}
@@ -146,7 +142,7 @@ final class RestartPolicy {
 
     /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
      *  how long that took. */
-    private static ObjectNode countSlots(Slots slots, int need, long waitMs) {
+    private static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
         while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
@@ -162,9 +158,9 @@ final class RestartPolicy {
     }
 
     /** The slots now, or null when Spark cannot tell. */
-    static Integer slotsNow(Slots slots) {
+    static Integer slotsNow(IntSupplier slots) {
         try {
-            return slots.now();
+            return slots.getAsInt();
         } catch (RuntimeException | LinkageError e) {
             return null;
         }
@@ -180,14 +176,9 @@ final class RestartPolicy {
                 conf.number("job.replacementTimeout"), conf.string("elastic.batch"), record);
     }
 
-    /** The loop with Spark's two calls given (slots, exclude), per_rank batches. */
-    static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
-            int leastSlots, long timeoutMs, List<TorchSparkRunner.Attempt> record) {
-        return run(body, limit, slots, exclude, needSlots, leastSlots, timeoutMs, null, record);
-    }
-
-    /** The loop with Spark's two calls given (slots, exclude): see run(Body, ...). */
-    static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
+    /** The loop with Spark's two calls given (slots: the cluster's barrier task slots now,
+     *  which may throw when Spark cannot tell; exclude), batch null: per_rank; see run(Body, ...). */
+    static <T> T run(Body<T> body, int limit, IntSupplier slots, Predicate<String> exclude, int needSlots,
             int leastSlots, long timeoutMs, String batch, List<TorchSparkRunner.Attempt> record) {
         JsonNode reply = step(null, start(needSlots, limit, leastSlots, timeoutMs, batch));
         TorchSparkRunner.Attempt entry = null;

@@ -41,7 +41,7 @@ final class RunChannel implements AutoCloseable {
      *  endpoint the tasks are told, or null (they use allGather) when it cannot listen. */
     Rendezvous.Endpoint startRendezvous(org.apache.spark.SparkContext sc, String bind, String driverHost) {
         try {
-            rdv = new Rendezvous(bind, server.secretHex());
+            rdv = new Rendezvous(bind, server.secretHex(), 0);
             return advertise(sc, rdv, driverHost);
         } catch (IOException e) {
             TorchSparkRunner.LOG.info("torchspark: cannot listen for the rendezvous on {} ({}); the tasks use "

@@ -106,7 +106,7 @@ public class ContractTest {
     public void rendezvousGoldenCases() throws IOException {
         int n = 0;
         for (JsonNode c : cases("rendezvous.json")) {
-            try (Rendezvous r = new Rendezvous("127.0.0.1", RendezvousTest.SECRET)) {
+            try (Rendezvous r = new Rendezvous("127.0.0.1", RendezvousTest.SECRET, 0)) {
                 for (JsonNode step : c.get("steps")) {
                     String line = withMac(step.get("send").asText())
                             + "x".repeat(step.has("pad") ? step.get("pad").asInt() : 0);
@@ -323,7 +323,7 @@ public class ContractTest {
                             json.readTree(java.util.Base64.getDecoder().decode(carried)));
                 }
             } finally {
-                NodeTask.deleteTree(dir);
+                NativeLoader.deleteTree(dir);
             }
             n++;
         }
