@@ -49,11 +49,6 @@ final class Failure {
                 "tail", tail == null || agentLines ? null : String.join("\n", tail))));
     }
 
-    /** A document finished before (carried by a task). */
-    static Failure fromDocument(JsonNode document) {
-        return fromDocument(document, 1, -1, "?", 0, null);
-    }
-
     Integer rank() {
         return fields.hasNonNull("rank") ? fields.get("rank").asInt() : null;
     }
@@ -73,7 +68,7 @@ final class Failure {
         return new TorchSparkException(done.message, rank(),
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,
-                fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause);
+                fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause, null);
     }
 
     /** The task's carrier: one line of its exception text. */

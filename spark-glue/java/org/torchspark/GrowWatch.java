@@ -58,10 +58,7 @@ final class GrowWatch {
     private void loop(long firstMs) {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
-            long t0 = System.nanoTime();
-            Integer free = RestartPolicy.slotsNow(slots);
-            JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
-                    .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
+            JsonNode reply = RestartPolicy.step(state, RestartPolicy.countSlots(slots, 0, 0));
             state = reply.path("state");
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {

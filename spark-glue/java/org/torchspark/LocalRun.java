@@ -28,10 +28,7 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc)) {
-            if (r.wantOutput) {
-                RunOutput.expect(ch.server, sc, r.outputPath);
-            }
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc)) {
             ObjectNode req = Failure.JSON.createObjectNode(); // the one node's facts (protocol.md 12)
             req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true).put("python", py)
                     .put("no_python", r.isCommand()).put("workdir", workdir.toString()).put("nproc_per_node", nproc)
@@ -43,7 +40,7 @@ final class LocalRun {
             req.set("program", Failure.JSON.valueToTree(program));
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
-            AgentProcess agent = new AgentProcess(AgentProcess.launch(req), System.err::println,
+            AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", req), System.err::println,
                     ch.server.secretHex());
             int rc = waitForAgent(agent, ch, req.get("agent").asText());
             if (rc != 0) {

@@ -133,12 +133,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         try {
             String packed = "";
             if (nodeRank == 0) {
-                Set<String> peers = new LinkedHashSet<>();
-                for (String h : hosts.subList(1, hosts.size())) {
-                    if (!h.isEmpty() && !h.equals(hosts.get(0))) {
-                        peers.add(h);
-                    }
-                }
+                Set<String> peers = new LinkedHashSet<>(hosts.subList(1, hosts.size()));
+                peers.removeIf(h -> h.isEmpty() || h.equals(hosts.get(0)));
                 if (spec.driverHost != null && !spec.driverHost.isEmpty()) {
                     peers.add(spec.driverHost);
                 }
@@ -151,7 +147,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
-            JsonNode launch = AgentProcess.launch(launchRequest(ctx, workdir, hosts.size(), record));
+            JsonNode launch = Native.call("tsp_task_launch", launchRequest(ctx, workdir, hosts.size(), record));
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(launch, System.err::println,
                     spec.endpoint != null ? spec.secretHex : null);

@@ -141,8 +141,8 @@ final class RestartPolicy {
     }
 
     /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
-     *  how long that took. */
-    private static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
+     *  how long that took: the controller's "slots" event (need 0: the count now). */
+    static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
         while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {

@@ -161,7 +161,7 @@ public class ContractTest {
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
             Failure carried = Failure.fromDocument(
-                    JobFailure.outcome(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"));
+                    JobFailure.outcome(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"), 1, -1, "?", 0, null);
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {

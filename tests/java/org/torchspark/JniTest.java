@@ -112,7 +112,7 @@ public class JniTest {
                 .put("nccl_port", rec.ncclPort()).put("run_id", rec.runId());
         req.putArray("program").add("train.py");
         List<String> argv = new java.util.ArrayList<>();
-        AgentProcess.launch(req).get("argv").forEach(a -> argv.add(a.asText()));
+        Native.call("tsp_task_launch", req).get("argv").forEach(a -> argv.add(a.asText()));
         return argv;
     }
 

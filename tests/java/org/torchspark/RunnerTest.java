@@ -53,7 +53,7 @@ public class RunnerTest {
                 + "Command exited with code 137\nmore");
         TorchSparkException lost = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 0 (node 0) exited with code 1\n  gloo: Connection reset by peer", 0, 0, "h", 1, 0,
-                null, null, new RuntimeException("wrapped", spark));
+                null, null, new RuntimeException("wrapped", spark), null);
         TorchSparkRunner.Attempt entry = new TorchSparkRunner.Attempt(0, 2);
         com.fasterxml.jackson.databind.JsonNode ev = RestartPolicy.failedEvent(lost, entry);
         assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
@@ -63,7 +63,7 @@ public class RunnerTest {
         // record of a node stopped after its checkpoint on request), never the lines.
         TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5"),
-                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null);
+                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null, null);
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         assertEquals(12, ev.path("report").path("checkpoint_step").asInt());
         assertEquals("decommission", ev.path("report").path("reason").asText());
@@ -157,7 +157,7 @@ public class RunnerTest {
 
     private static TorchSparkException rankFailed(String text) {
         return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
-                null, null);
+                null, null, null);
     }
 
     /** The policy's loop with the cluster's slots and exclusion given: a silent node's
