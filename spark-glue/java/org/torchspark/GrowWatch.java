@@ -22,12 +22,8 @@ final class GrowWatch {
     private volatile boolean ended;
     private JsonNode state;
 
-    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
-        this(slots, state, firstMs, entry, null, TorchSparkRunner.LOG::warn, 1.0);
-    }
-
-    /** Tests (GrowWatchTest): checkpoint in place of the entry's log server (false: its agents
-     *  cannot be asked), warn in place of the log, every wait times scale. */
+    /** checkpoint: null for the entry's log server (tests, GrowWatchTest: in its place; false:
+     *  its agents cannot be asked); warn: where the warnings go; every wait times scale. */
     GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
             BooleanSupplier checkpoint, Consumer<String> warn, double scale) {
         this.slots = slots;

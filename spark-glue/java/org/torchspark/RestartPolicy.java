@@ -168,10 +168,10 @@ final class RestartPolicy {
 
     /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the
      *  controller throws; record gets one Attempt per attempt (TorchSparkRunner.attempts()).
-     *  needSlots: the run's nodes; leastSlots: its minNodes (needSlots: not elastic). */
-    static <T> T run(Body<T> body, int limit, SparkContext sc, int needSlots, int leastSlots,
+     *  conf: the run's settings; needSlots: its nodes; leastSlots: its minNodes (needSlots: not
+     *  elastic). */
+    static <T> T run(Body<T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<TorchSparkRunner.Attempt> record) {
-        Conf conf = Conf.read(sc.conf(), null, false);
         return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
                 conf.number("job.replacementTimeout"), conf.string("elastic.batch"), record);
     }
@@ -200,7 +200,8 @@ final class RestartPolicy {
                         Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
                                 new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});
                         GrowWatch watch = act.has("watch_ms")
-                                ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry) : null;
+                                ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
+                                        TorchSparkRunner.LOG::warn, 1.0) : null;
                         try {
                             result = body.run(entry.attempt(), env, entry.nodes(), entry);
                             event = Failure.JSON.createObjectNode().put("event", "attempt_succeeded");

@@ -2,7 +2,6 @@ package org.torchspark;
 
 import java.io.IOException;
 import java.util.Collections;
-import java.util.List;
 import org.apache.spark.SparkContext;
 
 /**

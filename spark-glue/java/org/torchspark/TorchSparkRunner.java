@@ -164,7 +164,7 @@ public final class TorchSparkRunner {
      * docs/distributor.md, "Launch modes"; the deadline is spark.torchspark.gang.timeout.
      */
     public TorchSparkRunner launch(String mode) {
-        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), false); // the key table's check
+        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), null, false); // the key table's check
         launch = mode;
         return this;
     }
@@ -280,7 +280,7 @@ public final class TorchSparkRunner {
      * spark.torchspark.hangTimeout.
      */
     public TorchSparkRunner hangTimeout(String duration) {
-        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), false);
+        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), null, false);
         hangTimeout = duration;
         return this;
     }
@@ -289,7 +289,7 @@ public final class TorchSparkRunner {
      *  stop the run: run() throws the line and every rank's stacks); overrides
      *  spark.torchspark.hangAction. */
     public TorchSparkRunner hangAction(String action) {
-        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), false)
+        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), null, false)
                 .string("hangAction");
         return this;
     }
@@ -303,7 +303,7 @@ public final class TorchSparkRunner {
      *  mode), through the key table (Conf), as run() reads them. */
     static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
         return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), true));
+                "hangAction", new Object[] {"hangAction", action}), null, true));
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
@@ -414,7 +414,7 @@ public final class TorchSparkRunner {
                 "hangAction", new Object[] {"hangAction", hangAction},
                 "job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
                 "job.minNodes", new Object[] {"minNodes", minNodes},
-                "launch", new Object[] {"launch", launch}), true);
+                "launch", new Object[] {"launch", launch}), null, true);
         return localMode ? LocalRun.run(this, sc, runSettings, program, py) : runDistributed(sc, program, py);
     }
 
@@ -467,7 +467,7 @@ public final class TorchSparkRunner {
                 linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
                 lastAttempt = n == limit;
                 return new DistributedRun(this, sc, program, py).attempt(nodes, entry);
-            }, limit, sc, ntasks, least, record);
+            }, limit, sc, c, ntasks, least, record);
         } finally {
             attemptEnv = Map.of();
             linePrefix = null;
