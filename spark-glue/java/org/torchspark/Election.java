@@ -16,24 +16,6 @@ public final class Election {
      *  reserved beside masterPort; 0 when the record has none (an older rank 0). */
     public record Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname,
             int ncclPort) {
-        /** Packs a record (one line of JSON); validation is the C reader's. */
-        public static String pack(String masterAddr, int masterPort, String runId, String host,
-                String ifname) {
-            if (masterAddr == null || runId == null) {
-                throw new IllegalArgumentException("masterAddr and runId are required");
-            }
-            if (masterPort < 1 || masterPort > 65535) {
-                throw new IllegalArgumentException("masterPort must be 1..65535, got " + masterPort);
-            }
-            String[] msg = new String[1];
-            int rc = Native.recordPack(masterAddr, masterPort, runId, host == null ? "" : host,
-                    ifname == null ? "" : ifname, msg);
-            if (rc != 0) {
-                throw new IllegalArgumentException("cannot pack the election record: " + msg[0]);
-            }
-            return msg[0];
-        }
-
         /** Reads a packed record; a bad one throws with the C reader's sentence. */
         public static Record unpack(String text) {
             if (text == null) {

@@ -16,6 +16,9 @@ import org.junit.Test;
 /** The golden contract files (tests/contracts/*.json) through JNI: the same cases as
  *  pytest's tests/unit_py/test_contracts.py, one C transform behind both glues. */
 public class ContractTest {
+    /** A task's failure document in Spark's text (the C core's, docs/protocol.md 10, row 4). */
+    private static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:";
+
     private static JsonNode cases(String file) throws IOException {
         Path root = Paths.get(System.getProperty("torchspark.test.root", "."));
         return new ObjectMapper().readTree(root.resolve("tests/contracts").resolve(file).toFile())
@@ -161,7 +164,8 @@ public class ContractTest {
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
             Failure carried = Failure.fromDocument(
-                    JobFailure.outcome(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"), 1, -1, "?", 0, null);
+                    JobFailure.outcome(null, "Job aborted.\n" + MARKER + java.util.Base64.getEncoder().encodeToString(
+                            f.document.toString().getBytes(java.nio.charset.StandardCharsets.UTF_8)) + "\n", null).get("carried"), 1, -1, "?", 0, null);
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {
@@ -318,7 +322,7 @@ public class ContractTest {
                             kv.getValue(), fields.get(kv.getKey())));
                     String message = got.get("failure").get("message").asText();
                     assertTrue(name + ": " + message, message.startsWith(k.get("failure").get("message_head").asText()));
-                    String carried = message.split(Failure.MARKER, 2)[1].trim();
+                    String carried = message.split(MARKER, 2)[1].trim();
                     assertEquals(name, got.get("failure").get("document"),
                             json.readTree(java.util.Base64.getDecoder().decode(carried)));
                 }
