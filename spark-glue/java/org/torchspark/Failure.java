@@ -72,11 +72,8 @@ final class Failure {
     /** The agent's --error-file (its failure document), or null. */
     static JsonNode readErrorFile(Path p) {
         try {
-            if (p == null || !Files.isRegularFile(p)) {
-                return null;
-            }
-            JsonNode n = JSON.readTree(Files.readAllBytes(p));
-            return n != null && n.isObject() ? n : null;
+            return p == null || !Files.isRegularFile(p) ? null : parseObject(new String(Files.readAllBytes(p),
+                    java.nio.charset.StandardCharsets.UTF_8));
         } catch (IOException e) {
             return null;
         }
