@@ -11,7 +11,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
-import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
@@ -297,13 +296,6 @@ public final class TorchSparkRunner {
     /** The hang doctor's lines of the last run, one per diagnosis. */
     public List<String> hangReports() {
         return hangReports;
-    }
-
-    /** The doctor's settings from these values, else the conf (which may be null in local
-     *  mode), through the key table (Conf), as run() reads them. */
-    static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
-        return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), null, true));
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
