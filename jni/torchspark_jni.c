@@ -197,50 +197,6 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_recordUnpack(JNIEnv *env, jcla
     return rc;
 }
 
-/* Copies a Java string into a fixed field; -ENAMETOOLONG when it does not fit. */
-static int copy_field(char *dst, size_t cap, const char *src)
-{
-    size_t n = src ? strlen(src) : 0;
-    if (n >= cap)
-        return -ENAMETOOLONG;
-    memcpy(dst, src ? src : "", n + 1);
-    return 0;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_recordPack(JNIEnv *env, jclass cls, jstring jaddr,
-                                                             jint port, jstring jrun, jstring jhost,
-                                                             jstring jif, jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *addr = str_get(env, jaddr, &oom), *run = str_get(env, jrun, &oom);
-    const char *host = str_get(env, jhost, &oom), *ifn = str_get(env, jif, &oom);
-    int rc = -ENOMEM;
-    if (!oom) {
-        tsp_elect_record_t rec;
-        tsp_elect_record_init(&rec);
-        rec.master_port = port;
-        rc = copy_field(rec.master_addr, sizeof rec.master_addr, addr);
-        if (rc == 0)
-            rc = copy_field(rec.run_id, sizeof rec.run_id, run);
-        if (rc == 0)
-            rc = copy_field(rec.host, sizeof rec.host, host);
-        if (rc == 0)
-            rc = copy_field(rec.ifname, sizeof rec.ifname, ifn);
-        char packed[TSP_ELECT_RECORD_MAX + 1];
-        if (rc == 0) {
-            int n = tsp_elect_record_pack(&rec, packed, sizeof packed);
-            rc = n < 0 ? n : 0;
-        }
-        set_str(env, msg, 0, rc == 0 ? packed : tsp_strerror(rc));
-    }
-    str_release(env, jaddr, addr);
-    str_release(env, jrun, run);
-    str_release(env, jhost, host);
-    str_release(env, jif, ifn);
-    return rc;
-}
-
 /* ---- the C core's JSON transforms: the node plan, the failure ---- */
 
 typedef int (*json_transform_fn)(const char *in, size_t len, char *out, size_t outlen,

@@ -1,8 +1,6 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStream;
@@ -50,26 +48,14 @@ final class AgentProcess {
         this.secretHex = secretHex;
     }
 
-    private static final ObjectMapper JSON = new ObjectMapper();
-
-    /** The task's facts -> the agent's launch (docs/protocol.md 12, torchspark/task.h). */
-    static JsonNode launch(JsonNode request) {
-        return Native.call("tsp_task_launch", request);
-    }
-
     /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
      *  (tsp_task_finish); status as Java reports it (128 + N: signal N). */
     JsonNode finish(JsonNode launch, int status, int nodeRank, String host) {
-        ObjectNode req = JSON.createObjectNode();
-        req.put("status", status > 128 ? -(status - 128) : status); // the C rule: -N is signal N
-        req.set("files", launch.get("files"));
-        req.set("ship", launch.get("ship"));
-        req.set("collect", launch.get("collect"));
-        req.set("nproc_per_node", launch.get("nproc_per_node"));
-        req.put("node_rank", nodeRank);
-        req.put("host", host);
-        req.put("tail", String.join("\n", tail()));
-        return Native.call("tsp_task_finish", req);
+        return Native.call("tsp_task_finish", Native.object(
+                "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
+                "files", launch.get("files"), "ship", launch.get("ship"), "collect", launch.get("collect"),
+                "nproc_per_node", launch.get("nproc_per_node"), "node_rank", nodeRank, "host", host,
+                "tail", String.join("\n", tail())));
     }
 
     void start() throws IOException {

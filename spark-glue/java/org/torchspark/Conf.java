@@ -28,12 +28,8 @@ final class Conf {
     /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
      *  args: key without the prefix -> {the name the user gave it, its value or null}, winning
      *  over the conf; the driver's environment switches (TORCHSPARK_NCCL_CHECK, ...) win over
-     *  both, read by the library. warn: log the unknown keys' warnings (once per run). */
-    static Conf read(SparkConf conf, Map<String, Object[]> args, boolean warn) {
-        return read(conf, args, null, warn);
-    }
-
-    /** As above, with the switches given (env: variable -> value) instead of this JVM's. */
+     *  both, read by the library (env null: this JVM's; else variable -> value). warn: log the
+     *  unknown keys' warnings (once per run). */
     static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn) {
         ObjectNode request = Native.object("env", env == null ? true : env);
         ObjectNode raw = request.putObject("conf");

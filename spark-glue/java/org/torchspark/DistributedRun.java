@@ -45,16 +45,13 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
         NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, world)) {
+        try (RunChannel ch = new RunChannel(r, bind, world, sc)) {
             spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
             if (entry != null) {
                 entry.server = ch.server; // the grow watch's checkpoint_and_stop
-            }
-            if (r.wantOutput) {
-                RunOutput.expect(ch.server, sc, r.outputPath);
             }
             TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
             TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {}", world, ntasks,
@@ -82,7 +79,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                 ch.server.stopAll("the gang launch failed");
                 ch.finish(1000);
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error);
+                throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error, null);
             }
             if (job.error != null || job.root != null) {
                 throw failed(sc, ch, job, entry, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);

@@ -12,47 +12,10 @@ import java.util.List;
 public final class Election {
     private Election() {}
 
-    /** The election record (version 1). */
-    public static final class Record {
-        public final int version;
-        public final String masterAddr;
-        public final int masterPort;
-        public final String runId;
-        public final String host;
-        public final String ifname;
-        /** The NCCL check's port (NCCL_COMM_ID), reserved beside masterPort; 0 when the
-         *  record has none (an older rank 0). */
-        public final int ncclPort;
-
-        Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname,
-                int ncclPort) {
-            this.ncclPort = ncclPort;
-            this.version = version;
-            this.masterAddr = masterAddr;
-            this.masterPort = masterPort;
-            this.runId = runId;
-            this.host = host;
-            this.ifname = ifname;
-        }
-
-        /** Packs a record (one line of JSON); validation is the C reader's. */
-        public static String pack(String masterAddr, int masterPort, String runId, String host,
-                String ifname) {
-            if (masterAddr == null || runId == null) {
-                throw new IllegalArgumentException("masterAddr and runId are required");
-            }
-            if (masterPort < 1 || masterPort > 65535) {
-                throw new IllegalArgumentException("masterPort must be 1..65535, got " + masterPort);
-            }
-            String[] msg = new String[1];
-            int rc = Native.recordPack(masterAddr, masterPort, runId, host == null ? "" : host,
-                    ifname == null ? "" : ifname, msg);
-            if (rc != 0) {
-                throw new IllegalArgumentException("cannot pack the election record: " + msg[0]);
-            }
-            return msg[0];
-        }
-
+    /** The election record (version 1); ncclPort: the NCCL check's port (NCCL_COMM_ID),
+     *  reserved beside masterPort; 0 when the record has none (an older rank 0). */
+    public record Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname,
+            int ncclPort) {
         /** Reads a packed record; a bad one throws with the C reader's sentence. */
         public static Record unpack(String text) {
             if (text == null) {
@@ -132,24 +95,9 @@ public final class Election {
                 + "): check that the executors' host names resolve on every executor");
     }
 
-    /** The local address of the route towards host. */
-    public static String routeSource(String host) {
-        String[] msg = new String[1];
-        int rc = Native.routeSource(host, msg);
-        if (rc != 0) {
-            throw new IllegalStateException(msg[0]);
-        }
-        return msg[0];
-    }
-
     /** The interface carrying this host's route towards masterAddr, or null. */
     public static String localIfname(String masterAddr) {
-        try {
-            String src = routeSource(masterAddr);
-            String[] msg = new String[1];
-            return Native.ifnameOf(src, msg) == 0 ? msg[0] : null;
-        } catch (IllegalStateException e) {
-            return null;
-        }
+        String[] msg = new String[1];
+        return Native.routeSource(masterAddr, msg) == 0 && Native.ifnameOf(msg[0], msg) == 0 ? msg[0] : null;
     }
 }

@@ -4,22 +4,20 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.Base64;
 import java.util.List;
 
 /**
  * The failure, read (docs/protocol.md section 8): the C core writes it (torchspark/failure.h,
  * through JNI), this class only carries it and raises it, as the PySpark glue's _report.py
  * does. {@link #fromDocument} is the one way in, for both carriers: the log server's root
- * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;").
+ * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;", which
+ * the C core writes (tsp_task_finish) and reads (tsp_outcome_classify)).
  */
 final class Failure {
-    static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"; // read by the C outcome (row 4)
     static final int TAIL_IN_MESSAGE = 20; // TSP_REPORT_TAIL_IN_MESSAGE
     static final ObjectMapper JSON = new ObjectMapper();
 
@@ -49,11 +47,6 @@ final class Failure {
                 "tail", tail == null || agentLines ? null : String.join("\n", tail))));
     }
 
-    /** A document finished before (carried by a task). */
-    static Failure fromDocument(JsonNode document) {
-        return fromDocument(document, 1, -1, "?", 0, null);
-    }
-
     Integer rank() {
         return fields.hasNonNull("rank") ? fields.get("rank").asInt() : null;
     }
@@ -73,22 +66,14 @@ final class Failure {
         return new TorchSparkException(done.message, rank(),
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,
-                fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause);
-    }
-
-    /** The task's carrier: one line of its exception text. */
-    String encode() {
-        return MARKER + Base64.getEncoder().encodeToString(document.toString().getBytes(StandardCharsets.UTF_8));
+                fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause, null);
     }
 
     /** The agent's --error-file (its failure document), or null. */
     static JsonNode readErrorFile(Path p) {
         try {
-            if (p == null || !Files.isRegularFile(p)) {
-                return null;
-            }
-            JsonNode n = JSON.readTree(Files.readAllBytes(p));
-            return n != null && n.isObject() ? n : null;
+            return p == null || !Files.isRegularFile(p) ? null : parseObject(new String(Files.readAllBytes(p),
+                    java.nio.charset.StandardCharsets.UTF_8));
         } catch (IOException e) {
             return null;
         }

@@ -3,6 +3,7 @@ package org.torchspark;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.util.function.BooleanSupplier;
 import java.util.function.Consumer;
+import java.util.function.IntSupplier;
 
 /**
  * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
@@ -12,7 +13,7 @@ import java.util.function.Consumer;
  * flight, so the attempt's own event follows the last state. No decision of its own.
  */
 final class GrowWatch {
-    private final RestartPolicy.Slots slots;
+    private final IntSupplier slots;
     private final TorchSparkRunner.Attempt entry;
     private final BooleanSupplier checkpoint;
     private final Consumer<String> warn;
@@ -21,13 +22,9 @@ final class GrowWatch {
     private volatile boolean ended;
     private JsonNode state;
 
-    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry) {
-        this(slots, state, firstMs, entry, null, TorchSparkRunner.LOG::warn, 1.0);
-    }
-
-    /** Tests (GrowWatchTest): checkpoint in place of the entry's log server (false: its agents
-     *  cannot be asked), warn in place of the log, every wait times scale. */
-    GrowWatch(RestartPolicy.Slots slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
+    /** checkpoint: null for the entry's log server (tests, GrowWatchTest: in its place; false:
+     *  its agents cannot be asked); warn: where the warnings go; every wait times scale. */
+    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
             BooleanSupplier checkpoint, Consumer<String> warn, double scale) {
         this.slots = slots;
         this.state = state;
@@ -57,10 +54,7 @@ final class GrowWatch {
     private void loop(long firstMs) {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
-            long t0 = System.nanoTime();
-            Integer free = RestartPolicy.slotsNow(slots);
-            JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
-                    .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
+            JsonNode reply = RestartPolicy.step(state, RestartPolicy.countSlots(slots, 0, 0));
             state = reply.path("state");
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {

@@ -24,8 +24,6 @@ import java.util.function.Consumer;
  * the PySpark glue's binding is torchspark/driver/_hang.py): {@link #diagnose}.
  */
 final class HangDoctor extends Thread {
-    static final String TIMEOUT_CONF = "spark.torchspark.hangTimeout";
-    static final String ACTION_CONF = "spark.torchspark.hangAction";
     /** Lines kept per rank by the log server while the doctor is on. */
     static final int TAIL_LINES = 2000;
 

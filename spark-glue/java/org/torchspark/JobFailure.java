@@ -29,11 +29,8 @@ final class JobFailure {
      *  server's root record (null: none); sparkError: Spark's failure text (null: none);
      *  outputWent: where every rank's output went, for the advice (null: the default). */
     static JsonNode outcome(JsonNode root, String sparkError, String outputWent) {
-        ObjectNode req = Native.object("root", root != null && root.isObject() ? root : null, "spark_error", sparkError);
-        if (outputWent != null) {
-            req.put("output_went", outputWent);
-        }
-        return Native.call("tsp_outcome_classify", req);
+        return Native.call("tsp_outcome_classify", Native.object("root", root != null && root.isObject() ? root : null,
+                "spark_error", sparkError, "output_went", outputWent));
     }
 
     /** Spark's error text: its message and its causes' (a task's exception may be any of
@@ -61,7 +58,7 @@ final class JobFailure {
                 : text.isBlank() ? sparkError.getClass().getName() : text, "the driver's log");
         String kind = found.path("kind").asText();
         if (found.path("carried").isObject()) { // the failure document a task carried
-            Failure carried = Failure.fromDocument(found.get("carried"));
+            Failure carried = Failure.fromDocument(found.get("carried"), 1, -1, "?", 0, null);
             return carried.exception("distributed", rankTail(server, carried), null, sparkError);
         }
         if (kind.equals("failure") && root.path("report").isObject()) {
@@ -81,7 +78,7 @@ final class JobFailure {
         String message = kind.equals("task") ? found.path("text").asText()
                 : "TorchSparkRunner (distributed) failed: " + found.path("cause").asText() + "\n"
                         + found.path("advice").asText();
-        return new TorchSparkException(message, null, null, null, null, 0, null, report.toString(), sparkError);
+        return new TorchSparkException(message, null, null, null, null, 0, null, report.toString(), sparkError, null);
     }
 
     /** A node whose agent vanished (host or executor died, network cut): the log server's

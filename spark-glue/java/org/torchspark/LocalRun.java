@@ -6,7 +6,6 @@ import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
-import java.util.Collections;
 import java.util.List;
 import org.apache.spark.SparkContext;
 import org.apache.spark.resource.ResourceInformation;
@@ -19,7 +18,7 @@ final class LocalRun {
     static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc, Conf settings, List<String> program,
             String py) {
         int nproc = r.nprocPerNode > 0 ? r.nprocPerNode : r.numProcesses;
-        String gpus = r.useGpu ? driverGpus(sc, nproc) : null;
+        String[] gpus = r.useGpu ? driverGpus(sc, nproc) : null;
         Path workdir;
         try {
             workdir = Files.createTempDirectory("torchspark-");
@@ -28,22 +27,15 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc)) {
-            if (r.wantOutput) {
-                RunOutput.expect(ch.server, sc, r.outputPath);
-            }
-            ObjectNode req = Failure.JSON.createObjectNode(); // the one node's facts (protocol.md 12)
-            req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true).put("python", py)
-                    .put("no_python", r.isCommand()).put("workdir", workdir.toString()).put("nproc_per_node", nproc)
-                    .put("output", r.wantOutput).put("output_channel", true)
-                    .put("log_endpoint", ch.server.endpoint("127.0.0.1"))
-                    .put("nccl_check", r.useGpu ? settings.ncclCheckS(1) : 0);
-            req.set("gpus", gpus == null ? null : Failure.JSON.valueToTree(gpus.split(",")));
-            req.set("env", Failure.JSON.valueToTree(r.env));
-            req.set("program", Failure.JSON.valueToTree(program));
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc)) {
+            ObjectNode req = Native.object("agent", NativeLoader.agentPath().toString(), "standalone", true,
+                    "python", py, "no_python", r.isCommand(), "workdir", workdir.toString(), "nproc_per_node", nproc,
+                    "output", r.wantOutput, "output_channel", true, "log_endpoint", ch.server.endpoint("127.0.0.1"),
+                    "nccl_check", r.useGpu ? settings.ncclCheckS(1) : 0, "gpus", gpus, "env", r.env,
+                    "program", program); // the one node's facts (protocol.md 12)
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
-            AgentProcess agent = new AgentProcess(AgentProcess.launch(req), System.err::println,
+            AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", req), System.err::println,
                     ch.server.secretHex());
             int rc = waitForAgent(agent, ch, req.get("agent").asText());
             if (rc != 0) {
@@ -56,7 +48,7 @@ final class LocalRun {
                     : new TorchSparkRunner.Result(null, null, null);
         } finally {
             TorchSparkRunner.Metrics.AGENTS.decrementAndGet();
-            NodeTask.deleteTree(workdir);
+            NativeLoader.deleteTree(workdir);
         }
     }
 
@@ -90,7 +82,7 @@ final class LocalRun {
      * deterministic, as the PySpark glue); the agent assigns them against the driver's own
      * CUDA_VISIBLE_DEVICES. Too few is an error, never a CPU run.
      */
-    static String driverGpus(SparkContext sc, int n) {
+    static String[] driverGpus(SparkContext sc, int n) {
         if (sc == null) {
             throw new IllegalArgumentException("torchspark: local mode with useGpu runs on the driver's GPUs, "
                     + "which come from its SparkContext: pass it to run(), with "
@@ -103,6 +95,6 @@ final class LocalRun {
                     + " process(es), one per GPU, but the driver has " + addresses.length + " GPU(s): "
                     + Arrays.toString(addresses) + "; lower numProcesses or raise spark.driver.resource.gpu.amount");
         }
-        return String.join(",", Arrays.copyOf(addresses, n));
+        return Arrays.copyOf(addresses, n);
     }
 }

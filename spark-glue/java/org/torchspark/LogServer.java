@@ -27,12 +27,8 @@ public final class LogServer implements AutoCloseable {
     private long handle;
     private final ByteBuffer buf;
 
-    /** Binds host (a numeric address or name; 127.0.0.1 when null) on port (0: any). */
-    public LogServer(String host, int port) {
-        this(host, port, null, 0);
-    }
-
-    /** secret: 32 bytes, or null for a fresh random one; tailLines: 0 for the default (100). */
+    /** Binds host (a numeric address or name; 127.0.0.1 when null) on port (0: any). secret:
+     *  32 bytes, or null for a fresh random one; tailLines: 0 for the default (100). */
     public LogServer(String host, int port, byte[] secret, int tailLines) {
         if (port < 0 || port > 65535) {
             throw new IllegalArgumentException("port must be 0..65535, got " + port);
@@ -105,14 +101,9 @@ public final class LogServer implements AutoCloseable {
      * Waits up to timeoutMs (-1: forever) and returns the next batch of lines, each formatted
      * "[rank N] text" ("[rank N] [stderr] text" for stderr, "[torchspark] ..." for server
      * events), without their newlines; an empty list on timeout; null once the server has
-     * stopped and everything was pulled.
+     * stopped and everything was pulled. prefix (null: {@value #PREFIX}) replaces "[rank N] ",
+     * "{rank}" expanded, e.g. "[attempt 1] [rank {rank}] " for a restarted run.
      */
-    public List<String> pullText(int maxLines, int timeoutMs) {
-        return pullText(maxLines, timeoutMs, null);
-    }
-
-    /** As {@link #pullText(int, int)}, each line prefixed by prefix with "{rank}" expanded
-     *  (null: {@value #PREFIX}), e.g. "[attempt 1] [rank {rank}] " for a restarted run. */
     public List<String> pullText(int maxLines, int timeoutMs, String prefix) {
         if (maxLines <= 0) {
             throw new IllegalArgumentException("maxLines must be > 0, got " + maxLines);

@@ -104,10 +104,6 @@ final class Native {
      *  none)}; msg[0]: error. */
     static native int recordUnpack(String text, String[] strs, int[] ints, String[] msg);
 
-    /** msg[0]: the packed record, or the error sentence. */
-    static native int recordPack(String masterAddr, int masterPort, String runId, String host,
-            String ifname, String[] msg);
-
     // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
 
     /** A handle keyed by the run's secret (64 hex digits), or 0 with the error sentence in

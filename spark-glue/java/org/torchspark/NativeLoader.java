@@ -132,11 +132,6 @@ public final class NativeLoader {
         return Native.version();
     }
 
-    /** The JNI library file loaded by this class loader (null when not yet loaded). */
-    public static synchronized Path loadedLibrary() {
-        return loadedFrom;
-    }
-
     static String noexecAdvice(Path dir) {
         return "the file system of " + dir + " is probably mounted noexec: set -D" + DIR_PROPERTY
                 + "=<a directory on an exec file system holding " + String.join(", ", FILES)
@@ -280,15 +275,10 @@ public final class NativeLoader {
         }
     }
 
-    private static void deleteTree(Path p) {
+    /** Deletes a directory tree, best effort (an extraction's stage, a node's work directory). */
+    static void deleteTree(Path p) {
         try (Stream<Path> s = Files.walk(p)) {
-            s.sorted(Comparator.reverseOrder()).forEach(q -> {
-                try {
-                    Files.deleteIfExists(q);
-                } catch (IOException ignored) {
-                    // Best effort.
-                }
-            });
+            s.sorted(Comparator.reverseOrder()).forEach(q -> q.toFile().delete());
         } catch (IOException ignored) {
             // Best effort.
         }

@@ -12,14 +12,11 @@ import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Comparator;
 import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
-import java.util.Map;
 import java.util.Set;
-import java.util.stream.Stream;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
 import org.apache.spark.SparkEnv;
@@ -135,12 +132,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         try {
             String packed = "";
             if (nodeRank == 0) {
-                Set<String> peers = new LinkedHashSet<>();
-                for (String h : hosts.subList(1, hosts.size())) {
-                    if (!h.isEmpty() && !h.equals(hosts.get(0))) {
-                        peers.add(h);
-                    }
-                }
+                Set<String> peers = new LinkedHashSet<>(hosts.subList(1, hosts.size()));
+                peers.removeIf(h -> h.isEmpty() || h.equals(hosts.get(0)));
                 if (spec.driverHost != null && !spec.driverHost.isEmpty()) {
                     peers.add(spec.driverHost);
                 }
@@ -153,7 +146,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
-            JsonNode launch = AgentProcess.launch(launchRequest(ctx, workdir, hosts.size(), record));
+            JsonNode launch = Native.call("tsp_task_launch", launchRequest(ctx, workdir, hosts.size(), record));
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(launch, System.err::println,
                     spec.endpoint != null ? spec.secretHex : null);
@@ -176,7 +169,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             if (elected != null) {
                 elected.reservation().close();
             }
-            deleteTree(workdir);
+            NativeLoader.deleteTree(workdir);
         }
     }
 
@@ -203,23 +196,18 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
     /** The task's facts for tsp_task_launch (docs/protocol.md 12). */
     private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record) {
         int nodeRank = ctx.partitionId();
-        ObjectNode req = Failure.JSON.createObjectNode();
-        req.put("agent", NativeLoader.agentPath().toString()).put("no_python", spec.noPython)
-                .put("python", spec.python != null ? spec.python : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3"))
-                .put("workdir", workdir.toString()).put("nnodes", nnodes).put("node_rank", nodeRank)
-                .put("nproc_per_node", spec.nprocPerNode).put("task_attempt_id", ctx.taskAttemptId())
-                .put("ifname", nodeRank == 0 ? record.ifname : Election.localIfname(record.masterAddr))
-                .put("output", spec.wantOutput).put("output_channel", true).put("log_endpoint", spec.endpoint)
-                .put("nccl_check", spec.ncclCheck);
-        if (spec.useGpu) { // Spark's raw addresses: none is refused by the C core
-            ResourceInformation gpu = ctx.resourcesJMap().get("gpu");
-            req.set("gpus", Failure.JSON.valueToTree(gpu != null ? gpu.addresses() : new String[0]));
-        }
-        req.putObject("record").put("master_addr", record.masterAddr).put("master_port", record.masterPort)
-                .put("nccl_port", record.ncclPort).put("run_id", record.runId);
-        req.set("env", Failure.JSON.valueToTree(spec.env));
-        req.set("program", Failure.JSON.valueToTree(spec.program));
-        return req;
+        ResourceInformation gpu = spec.useGpu ? ctx.resourcesJMap().get("gpu") : null;
+        return Native.object("agent", NativeLoader.agentPath().toString(), "no_python", spec.noPython,
+                "python", spec.python != null ? spec.python : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3"),
+                "workdir", workdir.toString(), "nnodes", nnodes, "node_rank", nodeRank,
+                "nproc_per_node", spec.nprocPerNode, "task_attempt_id", ctx.taskAttemptId(),
+                "ifname", nodeRank == 0 ? record.ifname() : Election.localIfname(record.masterAddr()),
+                "output", spec.wantOutput, "output_channel", true, "log_endpoint", spec.endpoint,
+                "nccl_check", spec.ncclCheck, // gpus: Spark's raw addresses, none is refused by the C core
+                "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0],
+                "record", Native.object("master_addr", record.masterAddr(), "master_port", record.masterPort(),
+                        "nccl_port", record.ncclPort(), "run_id", record.runId()),
+                "env", spec.env, "program", spec.program);
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {
@@ -231,13 +219,5 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             }
         }
         return out;
-    }
-
-    static void deleteTree(Path p) {
-        try (Stream<Path> s = Files.walk(p)) {
-            s.sorted(Comparator.reverseOrder()).forEach(q -> q.toFile().delete());
-        } catch (IOException ignored) {
-            // Best effort.
-        }
     }
 }

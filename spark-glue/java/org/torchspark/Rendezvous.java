@@ -57,12 +57,8 @@ final class Rendezvous implements AutoCloseable {
     private final int[] counts = new int[2]; // guarded by this: puts, gets (the last seen)
 
     /** Listens on host (the address the run's log server binds), any port, keyed by the
-     *  run's secret (64 hex digits: the log server's). */
-    Rendezvous(String host, String secretHex) throws IOException {
-        this(host, secretHex, 0);
-    }
-
-    /** getTimeoutMs: how long a GET waits for rank 0's record (<= 0: 600 s). */
+     *  run's secret (64 hex digits: the log server's); a GET waits up to getTimeoutMs for rank
+     *  0's record (<= 0: 600 s). */
     Rendezvous(String host, String secretHex, long getTimeoutMs) throws IOException {
         String[] msg = new String[1];
         int[] bound = new int[1];
@@ -85,21 +81,12 @@ final class Rendezvous implements AutoCloseable {
         return port;
     }
 
-    private synchronized int[] counts() {
+    /** {records put (1 in a run that went through here), records handed to GETs}. */
+    synchronized int[] counts() {
         if (handle != 0) {
             Native.rdvCounts(handle, counts);
         }
-        return counts;
-    }
-
-    /** Records put (1 in a run that went through here). */
-    int puts() {
-        return counts()[0];
-    }
-
-    /** Records handed to GETs (the other tasks). */
-    int gets() {
-        return counts()[1];
+        return counts.clone();
     }
 
     /** Arms the gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a

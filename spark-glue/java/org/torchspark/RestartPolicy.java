@@ -6,6 +6,7 @@ import java.lang.reflect.Method;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.function.IntSupplier;
 import java.util.function.Predicate;
 import org.apache.spark.SparkContext;
 import org.apache.spark.status.AppStatusStore;
@@ -34,11 +35,6 @@ final class RestartPolicy {
      *  the failure was noticed and which node went silent (TorchSparkRunner.Attempt). */
     interface Body<T> {
         T run(int attempt, Map<String, String> env, int nodes, TorchSparkRunner.Attempt record);
-    }
-
-    /** The cluster's barrier task slots now; it may throw (Spark cannot tell). */
-    interface Slots {
-        int now();
     }
 
     private RestartPolicy() {}
@@ -145,8 +141,8 @@ final class RestartPolicy {
     }
 
     /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
-     *  how long that took. */
-    private static ObjectNode countSlots(Slots slots, int need, long waitMs) {
+     *  how long that took: the controller's "slots" event (need 0: the count now). */
+    static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
         while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
@@ -162,9 +158,9 @@ final class RestartPolicy {
     }
 
     /** The slots now, or null when Spark cannot tell. */
-    static Integer slotsNow(Slots slots) {
+    static Integer slotsNow(IntSupplier slots) {
         try {
-            return slots.now();
+            return slots.getAsInt();
         } catch (RuntimeException | LinkageError e) {
             return null;
         }
@@ -172,22 +168,17 @@ final class RestartPolicy {
 
     /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the
      *  controller throws; record gets one Attempt per attempt (TorchSparkRunner.attempts()).
-     *  needSlots: the run's nodes; leastSlots: its minNodes (needSlots: not elastic). */
-    static <T> T run(Body<T> body, int limit, SparkContext sc, int needSlots, int leastSlots,
+     *  conf: the run's settings; needSlots: its nodes; leastSlots: its minNodes (needSlots: not
+     *  elastic). */
+    static <T> T run(Body<T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<TorchSparkRunner.Attempt> record) {
-        Conf conf = Conf.read(sc.conf(), null, false);
         return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
                 conf.number("job.replacementTimeout"), conf.string("elastic.batch"), record);
     }
 
-    /** The loop with Spark's two calls given (slots, exclude), per_rank batches. */
-    static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
-            int leastSlots, long timeoutMs, List<TorchSparkRunner.Attempt> record) {
-        return run(body, limit, slots, exclude, needSlots, leastSlots, timeoutMs, null, record);
-    }
-
-    /** The loop with Spark's two calls given (slots, exclude): see run(Body, ...). */
-    static <T> T run(Body<T> body, int limit, Slots slots, Predicate<String> exclude, int needSlots,
+    /** The loop with Spark's two calls given (slots: the cluster's barrier task slots now,
+     *  which may throw when Spark cannot tell; exclude), batch null: per_rank; see run(Body, ...). */
+    static <T> T run(Body<T> body, int limit, IntSupplier slots, Predicate<String> exclude, int needSlots,
             int leastSlots, long timeoutMs, String batch, List<TorchSparkRunner.Attempt> record) {
         JsonNode reply = step(null, start(needSlots, limit, leastSlots, timeoutMs, batch));
         TorchSparkRunner.Attempt entry = null;
@@ -209,7 +200,8 @@ final class RestartPolicy {
                         Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
                                 new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});
                         GrowWatch watch = act.has("watch_ms")
-                                ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry) : null;
+                                ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
+                                        TorchSparkRunner.LOG::warn, 1.0) : null;
                         try {
                             result = body.run(entry.attempt(), env, entry.nodes(), entry);
                             event = Failure.JSON.createObjectNode().put("event", "attempt_succeeded");

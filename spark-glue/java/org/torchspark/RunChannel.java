@@ -2,7 +2,7 @@ package org.torchspark;
 
 import java.io.IOException;
 import java.util.Collections;
-import java.util.List;
+import org.apache.spark.SparkContext;
 
 /**
  * The driver's end of one run (local, or one distributed attempt): the log server, the pump
@@ -18,12 +18,16 @@ final class RunChannel implements AutoCloseable {
     private boolean doctorEnded;
     private boolean finished;
 
-    RunChannel(TorchSparkRunner owner, String bind, int world) {
+    /** sc: the run's context (null in local mode without one), for rank 0's output's limit. */
+    RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc) {
         this.owner = owner;
         HangDoctor.Settings hang = HangDoctor.Settings.of(owner.runSettings);
         server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
         try {
             server.encryption(owner.runSettings.bool("encryption"));
+            if (owner.wantOutput) {
+                RunOutput.expect(server, sc, owner.outputPath);
+            }
             owner.reports = Collections.emptyList();
             pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
             pump.start();
@@ -39,9 +43,9 @@ final class RunChannel implements AutoCloseable {
 
     /** Rank 0's election record through the driver, not allGather (>= 1 s in Spark): the
      *  endpoint the tasks are told, or null (they use allGather) when it cannot listen. */
-    Rendezvous.Endpoint startRendezvous(org.apache.spark.SparkContext sc, String bind, String driverHost) {
+    Rendezvous.Endpoint startRendezvous(SparkContext sc, String bind, String driverHost) {
         try {
-            rdv = new Rendezvous(bind, server.secretHex());
+            rdv = new Rendezvous(bind, server.secretHex(), 0);
             return advertise(sc, rdv, driverHost);
         } catch (IOException e) {
             TorchSparkRunner.LOG.info("torchspark: cannot listen for the rendezvous on {} ({}); the tasks use "
@@ -56,7 +60,7 @@ final class RunChannel implements AutoCloseable {
     }
 
     /** The endpoint the tasks are told (the test-only local property may replace it). */
-    private static Rendezvous.Endpoint advertise(org.apache.spark.SparkContext sc, Rendezvous rdv, String driverHost) {
+    private static Rendezvous.Endpoint advertise(SparkContext sc, Rendezvous rdv, String driverHost) {
         Rendezvous.Endpoint ep = rdv.endpoint(driverHost);
         String test = sc.getLocalProperty(TorchSparkRunner.TEST_RENDEZVOUS_ADDRESS);
         if (test == null || test.isEmpty()) {
@@ -86,7 +90,7 @@ final class RunChannel implements AutoCloseable {
         }
         Integer rank = c.culprit();
         return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
-                null, 0, c.stacksLines(), c.report(), cause);
+                null, 0, c.stacksLines(), c.report(), cause, null);
     }
 
     /** The server shut down (its agents drained for up to drainMs), then the pump drained. */

@@ -22,7 +22,7 @@ final class RunOutput {
             throw new TorchSparkException("TorchSparkRunner: training succeeded but rank 0's output did "
                     + "not arrive (" + (server.outputError().isEmpty() ? "nothing was received; did rank 0 "
                     + "write the file named by " + TorchSparkRunner.OUTPUT + " / $TORCHSPARK_OUTPUT_FILE?" : server.outputError())
-                    + ")", 0, 0, null, 0, 0, null, null, null);
+                    + ")", 0, 0, null, 0, 0, null, null, null, null);
         }
         if (got) {
             return new TorchSparkRunner.Result(outputPath != null ? null : server.outputBytes(), outputPath, election);

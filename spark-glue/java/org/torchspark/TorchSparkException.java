@@ -20,12 +20,8 @@ public class TorchSparkException extends RuntimeException {
     private final String reportJson;
     private final List<String> attempts;
 
-    public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
-            Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause) {
-        this(message, rank, nodeRank, host, exitCode, signal, lastLines, reportJson, cause, null);
-    }
-
-    /** attempts: with restarts (TorchSparkRunner.maxRestarts), each attempt's root cause. */
+    /** attempts: with restarts (TorchSparkRunner.maxRestarts), each attempt's root cause (null:
+     *  none). */
     public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
             Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause,
             List<String> attempts) {

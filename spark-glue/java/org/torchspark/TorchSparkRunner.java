@@ -11,7 +11,6 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicLong;
-import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.sql.SparkSession;
@@ -164,7 +163,7 @@ public final class TorchSparkRunner {
      * docs/distributor.md, "Launch modes"; the deadline is spark.torchspark.gang.timeout.
      */
     public TorchSparkRunner launch(String mode) {
-        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), false); // the key table's check
+        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), null, false); // the key table's check
         launch = mode;
         return this;
     }
@@ -280,7 +279,7 @@ public final class TorchSparkRunner {
      * spark.torchspark.hangTimeout.
      */
     public TorchSparkRunner hangTimeout(String duration) {
-        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), false);
+        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), null, false);
         hangTimeout = duration;
         return this;
     }
@@ -289,7 +288,7 @@ public final class TorchSparkRunner {
      *  stop the run: run() throws the line and every rank's stacks); overrides
      *  spark.torchspark.hangAction. */
     public TorchSparkRunner hangAction(String action) {
-        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), false)
+        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), null, false)
                 .string("hangAction");
         return this;
     }
@@ -297,13 +296,6 @@ public final class TorchSparkRunner {
     /** The hang doctor's lines of the last run, one per diagnosis. */
     public List<String> hangReports() {
         return hangReports;
-    }
-
-    /** The doctor's settings from these values, else the conf (which may be null in local
-     *  mode), through the key table (Conf), as run() reads them. */
-    static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
-        return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), true));
     }
 
     /** Called, on one thread of the driver, with each torchspark.report() of any rank while a
@@ -414,7 +406,7 @@ public final class TorchSparkRunner {
                 "hangAction", new Object[] {"hangAction", hangAction},
                 "job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
                 "job.minNodes", new Object[] {"minNodes", minNodes},
-                "launch", new Object[] {"launch", launch}), true);
+                "launch", new Object[] {"launch", launch}), null, true);
         return localMode ? LocalRun.run(this, sc, runSettings, program, py) : runDistributed(sc, program, py);
     }
 
@@ -467,7 +459,7 @@ public final class TorchSparkRunner {
                 linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
                 lastAttempt = n == limit;
                 return new DistributedRun(this, sc, program, py).attempt(nodes, entry);
-            }, limit, sc, ntasks, least, record);
+            }, limit, sc, c, ntasks, least, record);
         } finally {
             attemptEnv = Map.of();
             linePrefix = null;

@@ -16,6 +16,9 @@ import org.junit.Test;
 /** The golden contract files (tests/contracts/*.json) through JNI: the same cases as
  *  pytest's tests/unit_py/test_contracts.py, one C transform behind both glues. */
 public class ContractTest {
+    /** A task's failure document in Spark's text (the C core's, docs/protocol.md 10, row 4). */
+    private static final String MARKER = "TORCHSPARK-FAILURE-REPORT-V2:";
+
     private static JsonNode cases(String file) throws IOException {
         Path root = Paths.get(System.getProperty("torchspark.test.root", "."));
         return new ObjectMapper().readTree(root.resolve("tests/contracts").resolve(file).toFile())
@@ -106,7 +109,7 @@ public class ContractTest {
     public void rendezvousGoldenCases() throws IOException {
         int n = 0;
         for (JsonNode c : cases("rendezvous.json")) {
-            try (Rendezvous r = new Rendezvous("127.0.0.1", RendezvousTest.SECRET)) {
+            try (Rendezvous r = new Rendezvous("127.0.0.1", RendezvousTest.SECRET, 0)) {
                 for (JsonNode step : c.get("steps")) {
                     String line = withMac(step.get("send").asText())
                             + "x".repeat(step.has("pad") ? step.get("pad").asInt() : 0);
@@ -161,7 +164,8 @@ public class ContractTest {
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
             Failure carried = Failure.fromDocument(
-                    JobFailure.outcome(null, "Job aborted.\n" + f.encode() + "\n", null).get("carried"));
+                    JobFailure.outcome(null, "Job aborted.\n" + MARKER + java.util.Base64.getEncoder().encodeToString(
+                            f.document.toString().getBytes(java.nio.charset.StandardCharsets.UTF_8)) + "\n", null).get("carried"), 1, -1, "?", 0, null);
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {
@@ -318,12 +322,12 @@ public class ContractTest {
                             kv.getValue(), fields.get(kv.getKey())));
                     String message = got.get("failure").get("message").asText();
                     assertTrue(name + ": " + message, message.startsWith(k.get("failure").get("message_head").asText()));
-                    String carried = message.split(Failure.MARKER, 2)[1].trim();
+                    String carried = message.split(MARKER, 2)[1].trim();
                     assertEquals(name, got.get("failure").get("document"),
                             json.readTree(java.util.Base64.getDecoder().decode(carried)));
                 }
             } finally {
-                NodeTask.deleteTree(dir);
+                NativeLoader.deleteTree(dir);
             }
             n++;
         }

@@ -44,7 +44,7 @@ public class GangTest {
 
     @Test
     public void everyNodeGetsGoOnceAllJoinedAndACopyIsRefused() throws Exception {
-        try (Rendezvous rdv = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous rdv = new Rendezvous("127.0.0.1", SECRET, 0)) {
             rdv.gang(2, 20_000);
             Rendezvous.Endpoint ep = rdv.endpoint(null);
             CompletableFuture<Integer> first = join(ep, 0, 0, () -> { });
@@ -67,7 +67,7 @@ public class GangTest {
 
     @Test
     public void aKilledTaskStopsWaitingAndTheDeadlineHasItsSentence() throws Exception {
-        try (Rendezvous rdv = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous rdv = new Rendezvous("127.0.0.1", SECRET, 0)) {
             rdv.gang(2, 1500);
             Rendezvous.Endpoint ep = rdv.endpoint(null);
             long t0 = System.nanoTime();

@@ -46,12 +46,12 @@ public class GrowWatchTest {
         final List<String> warnings = new CopyOnWriteArrayList<>();
         final List<Long> countedAt = new CopyOnWriteArrayList<>();
 
-        GrowWatch watch(RestartPolicy.Slots slots, boolean reachable, double scale) {
+        GrowWatch watch(java.util.function.IntSupplier slots, boolean reachable, double scale) {
             JsonNode[] s = shrunk();
-            RestartPolicy.Slots counted = () -> {
+            java.util.function.IntSupplier counted = () -> {
                 counts.incrementAndGet();
                 countedAt.add(System.nanoTime());
-                return slots.now();
+                return slots.getAsInt();
             };
             BooleanSupplier checkpoint = () -> {
                 asks.incrementAndGet();

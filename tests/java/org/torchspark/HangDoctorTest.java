@@ -22,6 +22,16 @@ import org.junit.Test;
  *  recorder's lines as the bootstrap writes them; the analysis's cases are the contract's
  *  (tests/contracts/hang.json, ContractTest). */
 public class HangDoctorTest {
+    private static final String TIMEOUT_CONF = "spark.torchspark.hangTimeout";
+    private static final String ACTION_CONF = "spark.torchspark.hangAction";
+
+    /** The doctor's settings from the builder's values, else the conf (null in local mode
+     *  without one), through the key table, as TorchSparkRunner.run() reads them. */
+    private static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
+        return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
+                "hangAction", new Object[] {"hangAction", action}), null, true));
+    }
+
     private static String refused(Runnable r) {
         try {
             r.run();
@@ -43,16 +53,16 @@ public class HangDoctorTest {
                 refused(() -> TorchSparkRunner.script("t.py").hangAction("kill")));
         // The runner's values win over the conf's; the conf decides otherwise; off by default.
         SparkConf conf = new SparkConf(false);
-        assertEquals(new HangDoctor.Settings(0, "report"), TorchSparkRunner.hangSettings(null, null, conf));
-        assertEquals(new HangDoctor.Settings(0, "report"), TorchSparkRunner.hangSettings(null, null, null));
-        conf.set(HangDoctor.TIMEOUT_CONF, "2min").set(HangDoctor.ACTION_CONF, "Cancel");
-        assertEquals(new HangDoctor.Settings(120, "cancel"), TorchSparkRunner.hangSettings(null, null, conf));
-        assertEquals(new HangDoctor.Settings(3, "report"), TorchSparkRunner.hangSettings("3s", "report", conf));
-        conf.set(HangDoctor.ACTION_CONF, "later");
+        assertEquals(new HangDoctor.Settings(0, "report"), hangSettings(null, null, conf));
+        assertEquals(new HangDoctor.Settings(0, "report"), hangSettings(null, null, null));
+        conf.set(TIMEOUT_CONF, "2min").set(ACTION_CONF, "Cancel");
+        assertEquals(new HangDoctor.Settings(120, "cancel"), hangSettings(null, null, conf));
+        assertEquals(new HangDoctor.Settings(3, "report"), hangSettings("3s", "report", conf));
+        conf.set(ACTION_CONF, "later");
         assertEquals("spark.torchspark.hangAction='later' is not one of the values: use report or cancel",
-                refused(() -> TorchSparkRunner.hangSettings("3s", null, conf)));
-        conf.set(HangDoctor.ACTION_CONF, "report").set(HangDoctor.TIMEOUT_CONF, "1d");
-        assertEquals(new HangDoctor.Settings(86400, "report"), TorchSparkRunner.hangSettings(null, null, conf));
+                refused(() -> hangSettings("3s", null, conf)));
+        conf.set(ACTION_CONF, "report").set(TIMEOUT_CONF, "1d");
+        assertEquals(new HangDoctor.Settings(86400, "report"), hangSettings(null, null, conf));
     }
 
     private static Map<Integer, List<String>> load(String name) throws IOException {

@@ -20,7 +20,7 @@ import org.junit.Test;
 public class OutputLimitTest {
     @Test
     public void maxResultSizeIsCheckedByTheNativeServer() {
-        try (LogServer s = new LogServer("127.0.0.1", 0)) {
+        try (LogServer s = new LogServer("127.0.0.1", 0, null, 0)) {
             s.outputLimit(null);
             s.outputLimit("0");
             s.outputLimit("512m");

@@ -83,13 +83,13 @@ public class RendezvousTest {
 
     @Test
     public void putThenGet() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0)) {
             Rendezvous.Endpoint ep = r.endpoint("127.0.0.1");
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 1, "", NOT_KILLED));
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 2, "", NOT_KILLED));
-            assertEquals(1, r.puts());
-            assertEquals(2, r.gets());
+            assertEquals(1, r.counts()[0]);
+            assertEquals(2, r.counts()[1]);
             // The same lines as the PySpark glue's server reads (one format).
             String line = request(r.port(), SECRET, "GET"); // the raw wire: MAC RECORD
             assertEquals(Native.rdvRecordMac(SECRET, RECORD) + " " + RECORD, line);
@@ -98,7 +98,7 @@ public class RendezvousTest {
 
     @Test
     public void getBeforePutWaitsForIt() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0)) {
             Rendezvous.Endpoint ep = r.endpoint(null);
             CompletableFuture<String> a = get(ep, 1, NOT_KILLED);
             CompletableFuture<String> b = get(ep, 3, NOT_KILLED);
@@ -116,7 +116,7 @@ public class RendezvousTest {
 
     @Test
     public void peersWithoutTheSecretOrABadRequestAreRefused() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0)) {
             Rendezvous.Endpoint ep = r.endpoint("127.0.0.1");
             // Another secret: TLS refuses it; the task is told so (not UNREACHABLE).
             Throwable e = failure(CompletableFuture.supplyAsync(
@@ -129,12 +129,12 @@ public class RendezvousTest {
             // Inside TLS, a record whose MAC is not the run's.
             assertEquals("ERR the election record's MAC does not match the run's key",
                     request(r.port(), SECRET, "PUT " + Native.rdvRecordMac(OTHER, RECORD) + " " + RECORD));
-            assertEquals(0, r.puts());
+            assertEquals(0, r.counts()[0]);
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
             assertEquals("ERR unknown request", request(r.port(), SECRET, "POST x"));
             assertEquals("ERR unknown request", request(r.port(), SECRET, "PUT"));
             assertEquals("ERR request too long", request(r.port(), SECRET, "PUT " + "x".repeat(9000)));
-            assertEquals(1, r.puts()); // rank 0's only: nothing of these was taken as a record
+            assertEquals(1, r.counts()[0]); // rank 0's only: nothing of these was taken as a record
             try {
                 Rendezvous.exchange(ep, SECRET, 0, "x".repeat(Rendezvous.RECORD_MAX + 1), NOT_KILLED);
                 fail("an oversize record was sent");
@@ -148,7 +148,7 @@ public class RendezvousTest {
 
     @Test
     public void theRunsEndAnswersWaitingGets() throws Exception {
-        Rendezvous r = new Rendezvous("127.0.0.1", SECRET);
+        Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0);
         CompletableFuture<String> a = get(r.endpoint(null), 1, NOT_KILLED);
         Thread.sleep(200);
         r.close();
@@ -161,7 +161,7 @@ public class RendezvousTest {
 
     @Test
     public void aKilledTaskStopsWaiting() throws Exception {
-        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET)) {
+        try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0)) {
             AtomicBoolean killed = new AtomicBoolean();
             CompletableFuture<String> a = get(r.endpoint(null), 1, () -> {
                 if (killed.get()) {

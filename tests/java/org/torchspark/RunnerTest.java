@@ -53,7 +53,7 @@ public class RunnerTest {
                 + "Command exited with code 137\nmore");
         TorchSparkException lost = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 0 (node 0) exited with code 1\n  gloo: Connection reset by peer", 0, 0, "h", 1, 0,
-                null, null, new RuntimeException("wrapped", spark));
+                null, null, new RuntimeException("wrapped", spark), null);
         TorchSparkRunner.Attempt entry = new TorchSparkRunner.Attempt(0, 2);
         com.fasterxml.jackson.databind.JsonNode ev = RestartPolicy.failedEvent(lost, entry);
         assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
@@ -63,7 +63,7 @@ public class RunnerTest {
         // record of a node stopped after its checkpoint on request), never the lines.
         TorchSparkException decommissioned = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 1 was killed by signal 15", 1, 1, "h", 143, 15, List.of("step 11 loss 0.5"),
-                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null);
+                "{\"version\": 2, \"reason\": \"decommission\", \"checkpoint_step\": 12}", null, null);
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         assertEquals(12, ev.path("report").path("checkpoint_step").asInt());
         assertEquals("decommission", ev.path("report").path("reason").asText());
@@ -82,7 +82,7 @@ public class RunnerTest {
             RestartPolicy.run((n, env, nodes, e) -> {
                 envs.add(env);
                 throw n == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
-            }, 1, () -> 2, id -> true, 2, 2, 1000, rec);
+            }, 1, () -> 2, id -> true, 2, 2, 1000, null, rec);
             fail("restarts used up");
         } catch (TorchSparkException e) {
             assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "1"), envs.get(0));
@@ -125,7 +125,7 @@ public class RunnerTest {
                 throw rankFailed("boom");
             }
             return nodes;
-        }, 1, () -> ++looks[0] >= 3 ? 2 : 1, id -> true, 2, 2, 60_000, rec));
+        }, 1, () -> ++looks[0] >= 3 ? 2 : 1, id -> true, 2, 2, 60_000, null, rec));
         assertEquals(3, looks[0]);
         // Spark cannot tell: its own barrier slot check decides (all the nodes).
         rec.clear();
@@ -136,7 +136,7 @@ public class RunnerTest {
             return nodes;
         }, 1, () -> {
             throw new IllegalStateException("stopped");
-        }, id -> true, 4, 2, 60_000, rec));
+        }, id -> true, 4, 2, 60_000, null, rec));
     }
 
     /** A silent node is the log server's "lost" root cause whose document's reason says so
@@ -157,7 +157,7 @@ public class RunnerTest {
 
     private static TorchSparkException rankFailed(String text) {
         return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
-                null, null);
+                null, null, null);
     }
 
     /** The policy's loop with the cluster's slots and exclusion given: a silent node's
@@ -180,7 +180,7 @@ public class RunnerTest {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
             return true;
-        }, 2, 1, 60_000, rec);
+        }, 2, 1, 60_000, null, rec);
         assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
         assertEquals(List.of("7"), excluded);
         assertEquals(2, rec.size());
@@ -199,7 +199,7 @@ public class RunnerTest {
                 throw rankFailed("went silent");
             }
             return nodes;
-        }, 1, () -> 2, id -> false, 2, 1, 60_000, rec);
+        }, 1, () -> 2, id -> false, 2, 1, 60_000, null, rec);
         assertEquals(1, rec.get(1).nodes());
         assertNull(rec.get(0).excludedExecutor());
 
@@ -208,7 +208,7 @@ public class RunnerTest {
         try {
             RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 2, 2, 100, rec);
+            }, 3, () -> 1, id -> true, 2, 2, 100, null, rec);
             fail("no restart without slots");
         } catch (TorchSparkException e) {
             assertEquals(List.of("rank 1 exited with code 9", "no restart: 2 task slot(s) needed, 1 available after "
@@ -220,7 +220,7 @@ public class RunnerTest {
         try {
             RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 4, 2, 100, rec);
+            }, 3, () -> 1, id -> true, 4, 2, 100, null, rec);
             fail("no restart below minNodes");
         } catch (TorchSparkException e) {
             assertTrue(e.attempts().get(1), e.attempts().get(1).startsWith("no restart: at least 2 (minNodes) task "
