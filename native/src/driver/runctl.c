@@ -149,6 +149,9 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
     for (size_t i = 0; !rc && i < NKEYS; i++)
         if (v[i] < 0)
             rc = -EINVAL;
+    /* A failed attempt's cause is recorded before any phase that answers the failure. */
+    if (!rc && c->phase > RUNNING && c->phase < DONE && c->ncauses == 0)
+        rc = -EINVAL;
     if (rc == -EINVAL || (!rc && c->phase < 0))
         return tsp__err(r->err, r->errlen, -EINVAL,
                         "the run controller's \"state\" is not one it wrote: hand back the "
