@@ -101,6 +101,16 @@ START_TEST(test_runctl_buffer_and_refusals)
     ck_assert_int_eq(step(s, "{\"event\": 7}"), -EINVAL);
     ck_assert_msg(strstr(err, "\"event.event\" must be a string or null"), "%s", err);
     free(s);
+    /* A state after a failure (counting slots) with its causes cut: refused, never read (the
+     * restart's warning names the last cause: it read before the list's start). */
+    ck_assert_int_eq(
+        step("{\"glue\": \"python\", \"phase\": \"counting\", \"max_restarts\": 2, \"nodes\": 2, "
+             "\"min_nodes\": 2, \"replacement_timeout_ms\": 30000, \"attempt\": 0, \"running\": 2, "
+             "\"unusable\": 0, \"waited_ms\": 0, \"grows\": 0, \"grow_asked\": 0, "
+             "\"global_batch\": 0, \"remote\": false, \"reason\": \"exit\", \"last\": \"boom\"}",
+             "{\"event\": \"slots\", \"free\": 2, \"waited_ms\": 0}"),
+        -EINVAL);
+    ck_assert_msg(strstr(err, "is not one it wrote"), "%s", err);
 }
 END_TEST
 

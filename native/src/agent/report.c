@@ -2,6 +2,7 @@
  * root cause printed as torchrun prints ChildFailedError and written as torchelastic
  * error-file JSON with a "torchspark" object of our own (docs/cli.md). */
 #include "report.h"
+#include "jreq.h"
 #include "json.h"
 #include "lines.h"
 #include "proc.h"
@@ -511,41 +512,6 @@ char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_ran
 
 /* ---- the glues' finish (torchspark/failure.h, docs/protocol.md §8) ---- */
 
-typedef struct {
-    const char *doc;
-    size_t len;
-    char *err;
-    size_t errlen;
-} request_t;
-
-/* The request's value at key: 1 with *out (malloc'ed) when present and not null, 0 when
- * absent or null, -EINVAL (err set) when its kind is not want. */
-static int req_get(const request_t *r, const char *key, int want, const char *what, char **out)
-{
-    int type = 0;
-    *out = NULL;
-    int rc = tsp_json_get(r->doc, r->len, key, out, &type);
-    if (rc == -ENOENT)
-        return 0;
-    if (rc == -ENOMEM)
-        return rc;
-    if (rc)
-        return tsp__err(r->err, r->errlen, -EINVAL, "the failure request is not a JSON object");
-    if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
-        free(*out);
-        *out = NULL;
-        return 0;
-    }
-    if (type != want) {
-        free(*out);
-        *out = NULL;
-        (void)tsp__err(r->err, r->errlen, -EINVAL, "the failure request's \"%s\" must be %s", key,
-                       what);
-        return -EINVAL;
-    }
-    return 1;
-}
-
 /* A whole number, negative ones too (a Popen returncode -9, a node_rank of -1). */
 static int parse_signed(const char *s, int *v)
 {
@@ -556,19 +522,6 @@ static int parse_signed(const char *s, int *v)
     if (!rc && neg)
         *v = -*v;
     return rc;
-}
-
-static int req_int(const request_t *r, const char *key, int *v)
-{
-    char *s;
-    int rc = req_get(r, key, TSP_JSON_NUMBER, "a whole number", &s);
-    if (rc <= 0)
-        return rc;
-    rc = parse_signed(s, v);
-    free(s);
-    return rc ? tsp__err(r->err, r->errlen, -EINVAL,
-                         "the failure request's \"%s\" must be a whole number", key)
-              : 0;
 }
 
 /* A whole number of the document at path, dflt when absent, null or not a whole number. */
@@ -758,7 +711,7 @@ static void request_free(request_fields_t *q)
     }
 }
 
-static int read_request(const request_t *r, request_fields_t *q)
+static int read_request(const tsp_jreq_t *r, request_fields_t *q)
 {
     int rc;
     q->status = 1;
@@ -776,12 +729,13 @@ static int read_request(const request_t *r, request_fields_t *q)
                 {"shown_tail", &q->msg.shown_tail},
                 {"detail", &q->msg.detail}};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++)
-        if ((rc = req_get(r, strs[i].key, TSP_JSON_STRING, "a string", strs[i].out)) < 0)
+        if ((rc = tsp_jreq_str(r, strs[i].key, 0, strs[i].out)) < 0)
             return rc;
-    if ((rc = req_get(r, "document", TSP_JSON_OBJECT, "the failure document (an object)",
-                      &q->document)) < 0 ||
-        (rc = req_int(r, "status", &q->status)) || (rc = req_int(r, "node_rank", &q->node_rank)) ||
-        (rc = req_int(r, "nproc_per_node", &q->nproc)))
+    if ((rc = tsp_jreq_get(r, "document", TSP_JSON_OBJECT, "the failure document (an object)",
+                           &q->document)) < 0 ||
+        (rc = tsp_jreq_int(r, "status", 1, &q->status)) ||
+        (rc = tsp_jreq_int(r, "node_rank", 1, &q->node_rank)) ||
+        (rc = tsp_jreq_int(r, "nproc_per_node", 1, &q->nproc)))
         return rc;
     return 0;
 }
@@ -927,7 +881,7 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
 {
     if (err && errlen)
         err[0] = 0;
-    request_t r = {request, len, err, errlen};
+    tsp_jreq_t r = {request, len, "the failure request", err, errlen};
     request_fields_t q = {0};
     char *doc = NULL, *msg = NULL, *text = NULL;
     size_t tlen = 0;

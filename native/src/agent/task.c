@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "jreq.h"
 #include "json.h"
 #include "report.h"
 #include "torchspark/failure.h"
@@ -21,84 +22,13 @@
 #define SHUTDOWN_TIMEOUT_S 5 /* the agent's grace for its workers (the glue adds a second) */
 #define CARRIER "TORCHSPARK-FAILURE-REPORT-V2:" /* docs/protocol.md section 3 */
 
-typedef struct {
-    const char *doc;
-    size_t len;
-    char *err;
-    size_t errlen;
-} req_t;
-
 typedef int (*json_fn)(const char *, size_t, char *, size_t, size_t *, char *, size_t);
 
-/* The value at key: 1 with *out (malloc'ed) when present and not null, 0 when absent or
- * null, -EINVAL (err set) when its kind is not want. */
-static int get(const req_t *r, const char *key, int want, const char *what, char **out)
-{
-    int type = 0;
-    *out = NULL;
-    int rc = tsp_json_get(r->doc, r->len, key, out, &type);
-    if (rc == -ENOENT)
-        return 0;
-    if (rc) {
-        (void)tsp__err(r->err, r->errlen, rc, "the task request is not a JSON object");
-        return rc == -ENOMEM ? rc : -EINVAL;
-    }
-    if (type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0) {
-        free(*out);
-        *out = NULL;
-        return 0;
-    }
-    if (type != want) {
-        free(*out);
-        *out = NULL;
-        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request's \"%s\" must be %s", key,
-                       what);
-        return -EINVAL;
-    }
-    return *out ? 1 : -ENOMEM;
-}
-
-static int get_str(const req_t *r, const char *key, int required, char **out)
-{
-    int rc = get(r, key, TSP_JSON_STRING, "a string", out);
-    if (rc == 0 && required) {
-        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request has no \"%s\" (a string)",
-                       key);
-        return -EINVAL;
-    }
-    return rc < 0 ? rc : 0;
-}
-
 /* A whole number (negative when neg) into *v; dflt when absent. */
-static int get_int(const req_t *r, const char *key, int neg, int dflt, int *v)
+static int get_int(const tsp_jreq_t *r, const char *key, int neg, int dflt, int *v)
 {
-    char *s;
-    int rc = get(r, key, TSP_JSON_NUMBER, "a whole number", &s);
     *v = dflt;
-    if (rc <= 0)
-        return rc;
-    int minus = neg && s[0] == '-';
-    rc = tsp__parse_int(s + minus, v);
-    free(s);
-    if (rc)
-        return tsp__err(r->err, r->errlen, -EINVAL,
-                        "the task request's \"%s\" must be a whole "
-                        "number%s",
-                        key, neg ? "" : " >= 0");
-    *v = minus ? -*v : *v;
-    return 0;
-}
-
-static int get_bool(const req_t *r, const char *key, int *v)
-{
-    char *s;
-    int rc = get(r, key, TSP_JSON_LITERAL, "true or false", &s);
-    *v = rc > 0 && strcmp(s, "true") == 0;
-    if (rc > 0 && !*v && strcmp(s, "false") != 0)
-        rc = tsp__err(r->err, r->errlen, -EINVAL, "the task request's \"%s\" must be true or false",
-                      key);
-    free(s);
-    return rc < 0 ? rc : 0;
+    return tsp_jreq_int(r, key, neg, v);
 }
 
 /* fn's reply to in, malloc'ed in *out (NUL-terminated). */
@@ -140,7 +70,7 @@ static void write_bool(tsp_json_writer_t *w, const char *key, int v)
 }
 
 /* The request's value at path, written under key as it is, when present. */
-static void copy_as(tsp_json_writer_t *w, const req_t *r, const char *path, const char *key)
+static void copy_as(tsp_json_writer_t *w, const tsp_jreq_t *r, const char *path, const char *key)
 {
     char *v = NULL;
     int type = 0;
@@ -190,10 +120,11 @@ static int join_gpu(void *ctx, const char *key, size_t index, int type, const ch
 }
 
 /* gpus: an array of addresses -> "a,b"; an empty one is refused (the task got none). */
-static int read_gpus(const req_t *r, launch_t *l)
+static int read_gpus(const tsp_jreq_t *r, launch_t *l)
 {
     char *arr = NULL;
-    int rc = get(r, "gpus", TSP_JSON_ARRAY, "an array of strings (Spark's GPU addresses)", &arr);
+    int rc = tsp_jreq_get(r, "gpus", TSP_JSON_ARRAY, "an array of strings (Spark's GPU addresses)",
+                          &arr);
     if (rc <= 0)
         return rc;
     size_t glen = 0;
@@ -216,25 +147,26 @@ static int read_gpus(const req_t *r, launch_t *l)
     return rc;
 }
 
-static int read_launch(const req_t *r, launch_t *l)
+static int read_launch(const tsp_jreq_t *r, launch_t *l)
 {
     int rc;
     if (tsp_json_check_object(r->doc, r->len) != 0) {
         (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request is not a JSON object");
         return -EINVAL;
     }
-    if ((rc = get_str(r, "workdir", 1, &l->workdir)) ||
-        (rc = get_bool(r, "standalone", &l->standalone)) ||
+    if ((rc = tsp_jreq_str(r, "workdir", 1, &l->workdir)) ||
+        (rc = tsp_jreq_bool(r, "standalone", &l->standalone)) ||
         (rc = get_int(r, "nproc_per_node", 0, 1, &l->nproc)) ||
         (rc = get_int(r, "node_rank", 0, 0, &l->node_rank)) ||
-        (rc = get_str(r, "gpu_resource", 0, &l->gpu_resource)) || (rc = read_gpus(r, l)) ||
-        (rc = get(r, "record", TSP_JSON_OBJECT, "an object (the election record)", &l->record)) <
+        (rc = tsp_jreq_str(r, "gpu_resource", 0, &l->gpu_resource)) || (rc = read_gpus(r, l)) ||
+        (rc = tsp_jreq_get(r, "record", TSP_JSON_OBJECT, "an object (the election record)",
+                           &l->record)) < 0 ||
+        (rc = tsp_jreq_str(r, "ifname", 0, &l->ifname)) ||
+        (rc = tsp_jreq_get(r, "task_attempt_id", TSP_JSON_NUMBER, "a whole number", &l->attempt)) <
             0 ||
-        (rc = get_str(r, "ifname", 0, &l->ifname)) ||
-        (rc = get(r, "task_attempt_id", TSP_JSON_NUMBER, "a whole number", &l->attempt)) < 0 ||
-        (rc = get_str(r, "log_endpoint", 0, &l->endpoint)) ||
-        (rc = get_bool(r, "output", &l->output_wanted)) ||
-        (rc = get_bool(r, "output_channel", &l->channel)))
+        (rc = tsp_jreq_str(r, "log_endpoint", 0, &l->endpoint)) ||
+        (rc = tsp_jreq_bool(r, "output", &l->output_wanted)) ||
+        (rc = tsp_jreq_bool(r, "output_channel", &l->channel)))
         return rc;
     l->nproc = l->nproc > 0 ? l->nproc : 1;
     l->ship = l->output_wanted && l->channel && l->endpoint && l->node_rank == 0;
@@ -247,7 +179,7 @@ static int read_launch(const req_t *r, launch_t *l)
 }
 
 /* The node plan (docs/protocol.md section 7) of the task, as JSON text in *doc. */
-static int write_plan(const req_t *r, const launch_t *l, char **doc, size_t *dlen)
+static int write_plan(const tsp_jreq_t *r, const launch_t *l, char **doc, size_t *dlen)
 {
     FILE *f = open_memstream(doc, dlen);
     if (!f)
@@ -351,11 +283,11 @@ static void put_str(tsp_json_writer_t *w, const char *key, const char *val)
 }
 
 /* "env" and "env_default" (docs/protocol.md section 12). */
-static int write_env(const req_t *r, const launch_t *l, tsp_json_writer_t *w)
+static int write_env(const tsp_jreq_t *r, const launch_t *l, tsp_json_writer_t *w)
 {
     emit_t e = {w, l, 0, 0};
     char *obj = NULL;
-    int rc = get(r, "env", TSP_JSON_OBJECT, "an object of strings", &obj);
+    int rc = tsp_jreq_get(r, "env", TSP_JSON_OBJECT, "an object of strings", &obj);
     tsp_json_key(w, "env");
     tsp_json_begin_object(w);
     if (rc > 0)
@@ -399,7 +331,7 @@ static void write_files(tsp_json_writer_t *w, const launch_t *l)
 }
 
 /* The launch reply, with the plan's options (argv, a JSON array) first in "argv". */
-static int write_launch(const req_t *r, const launch_t *l, const char *argv, FILE *f)
+static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv, FILE *f)
 {
     tsp_json_writer_t w;
     tsp_json_writer_init(&w, f);
@@ -445,7 +377,7 @@ int tsp_task_launch(const char *request, size_t len, char *out, size_t outlen, s
 {
     if (err && errlen)
         err[0] = 0;
-    req_t r = {request, len, err, errlen};
+    tsp_jreq_t r = {request, len, "the task request", err, errlen};
     launch_t l = {0};
     char *plan = NULL, *argv = NULL, *doc = NULL;
     size_t plen = 0, dlen = 0;
@@ -471,7 +403,7 @@ typedef struct {
     int status, ship, collect, node_rank, nproc;
 } finish_t;
 
-static int read_finish(const req_t *r, finish_t *x)
+static int read_finish(const tsp_jreq_t *r, finish_t *x)
 {
     int rc;
     if (tsp_json_check_object(r->doc, r->len) != 0) {
@@ -479,13 +411,14 @@ static int read_finish(const req_t *r, finish_t *x)
         return -EINVAL;
     }
     if ((rc = get_int(r, "status", 1, 1, &x->status)) ||
-        (rc = get_str(r, "files.error", 1, &x->error)) ||
-        (rc = get_str(r, "files.output", 1, &x->output)) || (rc = get_bool(r, "ship", &x->ship)) ||
-        (rc = get_bool(r, "collect", &x->collect)) ||
+        (rc = tsp_jreq_str(r, "files.error", 1, &x->error)) ||
+        (rc = tsp_jreq_str(r, "files.output", 1, &x->output)) ||
+        (rc = tsp_jreq_bool(r, "ship", &x->ship)) ||
+        (rc = tsp_jreq_bool(r, "collect", &x->collect)) ||
         (rc = get_int(r, "node_rank", 1, -1, &x->node_rank)) ||
-        (rc = get_str(r, "host", 0, &x->host)) ||
+        (rc = tsp_jreq_str(r, "host", 0, &x->host)) ||
         (rc = get_int(r, "nproc_per_node", 0, 0, &x->nproc)) ||
-        (rc = get_str(r, "tail", 0, &x->tail)))
+        (rc = tsp_jreq_str(r, "tail", 0, &x->tail)))
         return rc;
     return 0;
 }
@@ -615,7 +548,7 @@ int tsp_task_finish(const char *request, size_t len, char *out, size_t outlen, s
 {
     if (err && errlen)
         err[0] = 0;
-    req_t r = {request, len, err, errlen};
+    tsp_jreq_t r = {request, len, "the task request", err, errlen};
     finish_t x = {0};
     char *doc = NULL;
     size_t dlen = 0;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jreq.h"
 #include "json.h"
 #include "torchspark/outcome.h"
 #include "util.h"
@@ -51,13 +52,6 @@ typedef struct {
     size_t ncauses;
 } ctl_t;
 
-typedef struct {
-    const char *doc;
-    size_t len;
-    char *err;
-    size_t errlen;
-} req_t;
-
 static void ctl_free(ctl_t *c)
 {
     for (size_t i = 0; i < c->ncauses; i++)
@@ -81,70 +75,23 @@ static int add_cause(ctl_t *c, const char *text)
 
 /* ---- reading the request ---- */
 
-/* The value at path: 0 with *out (NULL when absent or null) and *type, or -ENOMEM. */
-static int get(const req_t *r, const char *path, char **out, int *type)
-{
-    *out = NULL;
-    int rc = tsp_json_get(r->doc, r->len, path, out, type);
-    if (rc == -ENOENT || (rc == 0 && *type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0)) {
-        free(*out);
-        *out = NULL;
-        return 0;
-    }
-    return rc;
-}
-
 /* An integer at path from lo up: 0 with *v (dflt when absent or null), or -EINVAL naming it. */
-static int get_int(const req_t *r, const char *path, long long lo, long long dflt, long long *v)
+static int get_int(const tsp_jreq_t *r, const char *path, long long lo, long long dflt,
+                   long long *v)
 {
-    char *s = NULL;
-    int type = 0, rc = get(r, path, &s, &type);
-    if (rc)
-        return rc;
+    char what[48];
+    (void)snprintf(what, sizeof what, "a whole number from %lld", lo);
     *v = dflt;
-    if (s) {
-        char *end = NULL;
-        errno = 0;
-        long long x = type == TSP_JSON_NUMBER ? strtoll(s, &end, 10) : 0;
-        int bad = type != TSP_JSON_NUMBER || errno || *end || x < lo || x > 1000000000LL;
-        free(s);
-        if (bad)
-            return tsp__err(r->err, r->errlen, -EINVAL,
-                            "the run controller's \"%s\" must be a whole number from %lld", path,
-                            lo);
-        *v = x;
-    }
-    return 0;
+    return tsp_jreq_num(r, path, lo, 1000000000LL, what, v);
 }
 
-static int get_str(const req_t *r, const char *path, char **v)
+static int get_str(const tsp_jreq_t *r, const char *path, char **v)
 {
-    int type = 0, rc = get(r, path, v, &type);
-    if (rc == 0 && *v && type != TSP_JSON_STRING) {
-        free(*v);
-        *v = NULL;
-        return tsp__err(r->err, r->errlen, -EINVAL,
-                        "the run controller's \"%s\" must be a string or null", path);
-    }
-    return rc;
+    int rc = tsp_jreq_get(r, path, TSP_JSON_STRING, "a string or null", v);
+    return rc < 0 ? rc : 0;
 }
 
-static int get_bool(const req_t *r, const char *path, int *v)
-{
-    char *s = NULL;
-    int type = 0, rc = get(r, path, &s, &type);
-    if (rc)
-        return rc;
-    *v = s && strcmp(s, "true") == 0;
-    int bad =
-        s && (type != TSP_JSON_LITERAL || (strcmp(s, "true") != 0 && strcmp(s, "false") != 0));
-    free(s);
-    return bad ? tsp__err(r->err, r->errlen, -EINVAL,
-                          "the run controller's \"%s\" must be true or false", path)
-               : 0;
-}
-
-static int read_glue(const req_t *r, const char *path, ctl_t *c)
+static int read_glue(const tsp_jreq_t *r, const char *path, ctl_t *c)
 {
     char *name = NULL;
     int rc = get_str(r, path, &name);
@@ -174,7 +121,7 @@ static int each_cause(void *ctx, const char *key, size_t index, int type, const 
 }
 
 /* The state a previous step wrote (the glue hands it back as it got it). */
-static int read_state(const req_t *r, ctl_t *c)
+static int read_state(const tsp_jreq_t *r, ctl_t *c)
 {
     static const char *const ikeys[] = {"state.max_restarts", "state.nodes",
                                         "state.min_nodes",    "state.replacement_timeout_ms",
@@ -188,7 +135,7 @@ static int read_state(const req_t *r, ctl_t *c)
     for (size_t i = 0; !rc && i < NKEYS; i++)
         rc = get_int(r, ikeys[i], 0, -1, &v[i]);
     char *phase = NULL;
-    if (!rc && !(rc = get_bool(r, "state.remote", &c->remote)) &&
+    if (!rc && !(rc = tsp_jreq_bool(r, "state.remote", &c->remote)) &&
         !(rc = get_str(r, "state.phase", &phase)) && !(rc = get_str(r, "state.last", &c->last)))
         rc = get_str(r, "state.reason", &c->reason);
     c->phase = -1;
@@ -202,6 +149,9 @@ static int read_state(const req_t *r, ctl_t *c)
     for (size_t i = 0; !rc && i < NKEYS; i++)
         if (v[i] < 0)
             rc = -EINVAL;
+    /* A failed attempt's cause is recorded before any phase that answers the failure. */
+    if (!rc && c->phase > RUNNING && c->phase < DONE && c->ncauses == 0)
+        rc = -EINVAL;
     if (rc == -EINVAL || (!rc && c->phase < 0))
         return tsp__err(r->err, r->errlen, -EINVAL,
                         "the run controller's \"state\" is not one it wrote: hand back the "
@@ -361,7 +311,7 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
 
 /* ---- the events ---- */
 
-static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_start(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long nodes = 0, limit = 0, least = 0, timeout = 0;
     char *batch = NULL;
@@ -370,7 +320,7 @@ static int on_start(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
         (rc = get_int(r, "event.max_restarts", 0, 0, &limit)) ||
         (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
         (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
-        (rc = get_bool(r, "event.remote", &c->remote)) ||
+        (rc = tsp_jreq_bool(r, "event.remote", &c->remote)) ||
         (rc = get_str(r, "event.batch", &batch))) {
         free(batch);
         return rc;
@@ -461,40 +411,30 @@ static void first_line(char *dst, const char *text, const glue_t *g)
 /* What the attempt's report (its exception's document, docs/protocol.md section 8) says
  * where the event does not: the failed node, the step of a checkpoint on request and the
  * reason. The report is read, not checked: a field of another type is no fact. */
-static int report_facts(const req_t *r, long long *node, long long *step, char **reason)
+static int report_facts(const tsp_jreq_t *r, long long *node, long long *step, char **reason)
 {
     char *v = NULL;
-    int type = 0, rc = get(r, "event.report", &v, &type);
-    int bad = rc == 0 && v && type != TSP_JSON_OBJECT;
+    int rc = tsp_jreq_get(r, "event.report", TSP_JSON_OBJECT,
+                          "the attempt's report (an object) or null", &v);
     free(v);
-    if (rc || bad)
-        return rc ? rc
-                  : tsp__err(r->err, r->errlen, -EINVAL,
-                             "the run controller's \"event.report\" must be the attempt's report "
-                             "(an object) or null");
+    if (rc < 0)
+        return rc;
     const char *paths[] = {"event.report.node_rank", "event.report.checkpoint_step"};
     long long *into[] = {node, step};
     for (size_t i = 0; i < 2; i++) {
         if (*into[i] >= 0)
             continue; /* the event's own field */
-        if ((rc = get(r, paths[i], &v, &type)) == -ENOMEM)
+        if ((rc = tsp_jreq_peek(r, paths[i], TSP_JSON_NUMBER, &v)) < 0)
             return rc;
         char *end = NULL;
-        long long x = !rc && v && type == TSP_JSON_NUMBER ? strtoll(v, &end, 10) : -1;
+        long long x = v ? strtoll(v, &end, 10) : -1;
         if (end && !*end && x >= 0 && x <= 1000000000LL)
             *into[i] = x;
         free(v);
         v = NULL;
     }
-    if (*reason)
-        return 0;
-    if ((rc = get(r, "event.report.reason", &v, &type)) == -ENOMEM)
-        return rc;
-    if (!rc && v && type == TSP_JSON_STRING)
-        *reason = v;
-    else
-        free(v);
-    return 0;
+    rc = *reason ? 0 : tsp_jreq_peek(r, "event.report.reason", TSP_JSON_STRING, reason);
+    return rc < 0 ? rc : 0;
 }
 
 /* One line naming the attempt's root cause, and whether its node went with its executor:
@@ -502,7 +442,7 @@ static int report_facts(const req_t *r, long long *node, long long *step, char *
  * checkpoint's step); else Spark's lost or decommissioned executor (the other ranks' errors,
  * such as gloo's "Connection reset by peer", are its consequences); else the error's first
  * line. And the failed node (the event's, else its report's). */
-static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost, long long *failed_node)
+static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, long long *failed_node)
 {
     long long node = -1, step = -1;
     char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
@@ -510,7 +450,7 @@ static int root_cause(const req_t *r, ctl_t *c, char *cause, int *lost, long lon
     if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
         (rc = get_str(r, "event.reason", &reason)) ||
         (rc = get_str(r, "event.spark_error", &spark)) ||
-        (rc = get_bool(r, "event.silent_node", &silent_node)) ||
+        (rc = tsp_jreq_bool(r, "event.silent_node", &silent_node)) ||
         (rc = report_facts(r, &node, &step, &reason)))
         goto out;
     if (silent_node && !(reason && strcmp(reason, "preempted") == 0)) {
@@ -606,7 +546,7 @@ static void count_now(tsp_json_writer_t *w, ctl_t *c)
     act_count(w, c, c->nodes + c->unusable, 0);
 }
 
-static int on_failed(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_failed(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     char cause[CAUSE_MAX + 1], *executor = NULL;
     long long node = -1;
@@ -646,9 +586,9 @@ out:
     return rc;
 }
 
-static int on_excluded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_excluded(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
-    int ok = 0, rc = get_bool(r, "event.ok", &ok);
+    int ok = 0, rc = tsp_jreq_bool(r, "event.ok", &ok);
     char *id = NULL;
     long long node = -1;
     if (rc || (rc = get_str(r, "event.id", &id)) || (rc = get_int(r, "event.node", -1, -1, &node)))
@@ -668,7 +608,7 @@ out:
     return rc;
 }
 
-static int on_slots(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_slots(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long free_now = -1, waited = 0;
     int rc = get_int(r, "event.free", -1, -1, &free_now);
@@ -716,7 +656,7 @@ static void act_watch(tsp_json_writer_t *w, long long wait_ms)
 /* A shrunk attempt's slot count (the submit's watch_ms, then each watch_slots): more slots
  * than it runs on ask it to checkpoint and stop, to go on with more nodes (docs/protocol.md
  * section 11, "Growing back"); a count after the request's deadline means it did not stop. */
-static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_watch(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long free_now = -1, waited = 0;
     int rc = get_int(r, "event.free", -1, -1, &free_now);
@@ -760,7 +700,7 @@ static int on_watch(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
     return 0;
 }
 
-static int on_succeeded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
+static int on_succeeded(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     (void)r;
     c->phase = DONE;
@@ -772,7 +712,7 @@ static int on_succeeded(const req_t *r, ctl_t *c, tsp_json_writer_t *w)
 static const struct {
     const char *name;
     int phase, alt;
-    int (*fn)(const req_t *, ctl_t *, tsp_json_writer_t *);
+    int (*fn)(const tsp_jreq_t *, ctl_t *, tsp_json_writer_t *);
 } events[] = {
     {"start", -1, -1, on_start},
     {"attempt_failed", RUNNING, RUNNING, on_failed},
@@ -782,7 +722,7 @@ static const struct {
     {"slots", RUNNING, RUNNING, on_watch},
 };
 
-static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *which)
+static int find_event(const tsp_jreq_t *r, const ctl_t *c, int has_state, size_t *which)
 {
     char *name = NULL;
     int rc = get_str(r, "event.event", &name);
@@ -812,16 +752,14 @@ static int find_event(const req_t *r, const ctl_t *c, int has_state, size_t *whi
     return rc;
 }
 
-static int step(const req_t *r, ctl_t *c, char **text, size_t *tlen)
+static int step(const tsp_jreq_t *r, ctl_t *c, char **text, size_t *tlen)
 {
     char *state = NULL;
-    int type = 0, rc = get(r, "state", &state, &type);
+    int rc =
+        tsp_jreq_get(r, "state", TSP_JSON_OBJECT, "an object (the last reply's) or null", &state);
     int has_state = state != NULL;
-    if (!rc && state && type != TSP_JSON_OBJECT)
-        rc = tsp__err(r->err, r->errlen, -EINVAL,
-                      "the run controller's \"state\" must be an object (the last reply's) or "
-                      "null");
     free(state);
+    rc = rc < 0 ? rc : 0;
     if (!rc && has_state)
         rc = read_state(r, c);
     size_t which = 0;
@@ -850,7 +788,7 @@ int tsp_runctl_step(const char *request, size_t len, char *out, size_t outlen, s
 {
     if (err && errlen)
         err[0] = 0;
-    req_t r = {request, len, err, errlen};
+    tsp_jreq_t r = {request, len, "the run controller", err, errlen};
     if (tsp_json_check_object(request, len) != 0)
         return tsp__err(err, errlen, -EINVAL, "the run controller's request is not a JSON object");
     ctl_t c = {0};

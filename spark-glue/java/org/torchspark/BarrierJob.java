@@ -5,7 +5,9 @@ import java.util.UUID;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.IntStream;
+import org.apache.spark.JobExecutionStatus;
 import org.apache.spark.SparkContext;
+import org.apache.spark.SparkJobInfo;
 import org.apache.spark.api.java.JavaRDD;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.rdd.RDD;
@@ -85,6 +87,7 @@ final class BarrierJob {
                 gangFailure = Gang.failure(sc, gang);
                 sc.cancelJobsWithTag(tag); // every task, the waiting and the never started
                 done.await(5, TimeUnit.SECONDS);
+                awaitEnded(sc, 10_000);
                 return;
             }
             root = server.failure(formed ? 250 : 100);
@@ -100,6 +103,33 @@ final class BarrierJob {
                 }
                 return;
             }
+        }
+    }
+
+    /** After a cancel, until Spark's status tracker shows this job ended (its job-end event
+     *  delivered), for up to ms: the scheduler fails the job's waiter (collect throws) before
+     *  it posts that event, so run() could otherwise throw while the job still shows active. */
+    private void awaitEnded(SparkContext sc, long ms) throws InterruptedException {
+        long until = System.nanoTime() + ms * 1_000_000L;
+        while (!ended(sc) && System.nanoTime() < until) {
+            Thread.sleep(10);
+        }
+    }
+
+    /** Whether every job of this tag shows ended in Spark's status store (false before its
+     *  start was delivered; true when the store cannot be read: the context is stopping). */
+    private boolean ended(SparkContext sc) {
+        try {
+            int[] ids = sc.statusTracker().getJobIdsForTag(tag);
+            for (int id : ids) {
+                scala.Option<SparkJobInfo> info = sc.statusTracker().getJobInfo(id);
+                if (info.isEmpty() || info.get().status() == JobExecutionStatus.RUNNING) {
+                    return false;
+                }
+            }
+            return ids.length > 0;
+        } catch (RuntimeException e) {
+            return true;
         }
     }
 

@@ -358,8 +358,9 @@ public final class TrainApp {
             System.out.println("DEADLINE: " + e.getMessage().replace('\n', '|'));
         }
         System.out.println("DEADLINE_MS: " + (System.nanoTime() - t0) / 1_000_000);
-        settled(spark);
+        // Read at once: run() returns only once Spark's status tracker shows its job ended.
         System.out.println("ACTIVE_JOBS: " + spark.sparkContext().statusTracker().getActiveJobIds().length);
+        settled(spark);
         // Spark's kill of the cancelled tasks reaches the executors after the job's end.
         long r0 = System.nanoTime();
         StringBuilder seen = new StringBuilder();
