@@ -67,7 +67,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "json": ("shared", 1),
     "reason": ("shared", 1),  # the failure reasons and the advice of each (report, outcome)
     "plan": ("shared", 2),  # the node plan -> the agent's argv, for both glues
-    "jreq": ("shared", 2),  # the one reader of a JSON request's typed fields (task, runctl, report)
+    "jreq": ("shared", 2),  # the one reader of a JSON request's typed fields (task, runctl, report, elect, gpucall)
     "macrec": ("shared", 1),  # the records with encryption off: GMAC over a sequence (1.10.1)
 
     "reportfold": ("shared", 2),  # one rank's report summary: the agent's fold and the driver's

@@ -2,6 +2,7 @@
  * versioned JSON record that carries it to every node. See torchspark/elect.h and
  * docs/protocol.md ("Election record"). */
 #include "torchspark/elect.h"
+#include "jreq.h"
 #include "json.h"
 #include "util.h"
 
@@ -335,25 +336,7 @@ int tsp_elect_record_unpack(const char *buf, size_t len, tsp_elect_record_t *r, 
 
 /* ---- the PySpark glue's one call (docs/protocol.md 2, "The PySpark glue's one call") ---- */
 
-/* The request's string at key into *out (malloc'ed; NULL for a null or absent nullable
- * one), or the refusal naming it. */
-static int req_str(const char *req, size_t len, const char *key, int nullable, char **out,
-                   char *err, size_t errlen)
-{
-    int type = 0, rc = tsp_json_get(req, len, key, out, &type);
-    if (rc == -ENOMEM)
-        return rc;
-    if (rc == 0 && type == TSP_JSON_STRING)
-        return 0;
-    int null = rc == -ENOENT || (rc == 0 && type == TSP_JSON_LITERAL && !strcmp(*out, "null"));
-    if (rc == 0)
-        free(*out);
-    *out = NULL;
-    if (nullable && null)
-        return 0;
-    return tsp__err(err, errlen, -EINVAL, "tsp_elect_call: \"%s\" must be a string%s", key,
-                    nullable ? " or null" : "");
-}
+#define ELECT_WHO "tsp_elect_call's request"
 
 static void write_record(tsp_json_writer_t *w, const tsp_elect_record_t *r)
 {
@@ -380,9 +363,10 @@ static int op_master(const char *req, size_t len, tsp_json_writer_t *w, int fds[
     char *peer = NULL, *run_id = NULL, packed[TSP_ELECT_RECORD_MAX + 1];
     tsp_elect_record_t rec;
     tsp_port_reservation_t res = {-1, 0}, nccl = {-1, 0};
-    int rc = req_str(req, len, "peer", 0, &peer, err, errlen);
+    tsp_jreq_t r = {req, len, ELECT_WHO, err, errlen};
+    int rc = tsp_jreq_str(&r, "peer", 1, &peer);
     if (rc == 0)
-        rc = req_str(req, len, "run_id", 1, &run_id, err, errlen);
+        rc = tsp_jreq_str(&r, "run_id", 0, &run_id);
     if (rc == 0)
         rc = tsp_elect_master(peer, run_id, &rec, &res, &nccl, err, errlen);
     free(peer);
@@ -452,9 +436,8 @@ int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, si
         return tsp__err(err, errlen, -EINVAL, "tsp_elect_call: the request is not a JSON object");
     char *op = NULL, *arg = NULL, *doc = NULL;
     size_t dlen = 0, k = 0;
-    int rc = req_str(request, len, "op", 0, &op, err, errlen), fds[2] = {-1, -1};
-    if (rc == 0 && !op)
-        rc = -ENOMEM; /* (req_str gives a string or an error) */
+    tsp_jreq_t r = {request, len, ELECT_WHO, err, errlen};
+    int rc = tsp_jreq_str(&r, "op", 1, &op), fds[2] = {-1, -1};
     int master = rc == 0 && strcmp(op, "master") == 0;
     while (rc == 0 && !master && k < 4 && strcmp(op, args[k][0]) != 0)
         k++;
@@ -464,7 +447,7 @@ int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, si
                       "ifname_of or local_ifname)",
                       op);
     else if (rc == 0 && !master)
-        rc = req_str(request, len, args[k][1], 0, &arg, err, errlen);
+        rc = tsp_jreq_str(&r, args[k][1], 1, &arg);
     FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
     if (rc == 0 && !mf)
         rc = -ENOMEM;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jreq.h"
 #include "json.h"
 #include "util.h"
 
@@ -23,24 +24,6 @@ static int join_address(void *ctx, const char *key, size_t index, int type, cons
         fputc(',', f);
     fwrite(val, 1, len, f);
     return 0;
-}
-
-/* The request's string at key (malloc'ed), NULL for null or absent; -EINVAL otherwise. */
-static int opt_str(const char *req, size_t len, const char *key, char **out)
-{
-    int type = 0, rc = tsp_json_get(req, len, key, out, &type);
-    if (rc == -ENOENT || (rc == 0 && type == TSP_JSON_LITERAL && strcmp(*out, "null") == 0)) {
-        if (rc == 0)
-            free(*out);
-        *out = NULL;
-        return 0;
-    }
-    if (rc == 0 && type != TSP_JSON_STRING) {
-        free(*out);
-        *out = NULL;
-        return -EINVAL;
-    }
-    return rc;
 }
 
 static int reply(const tsp_gpu_assignment_t *a, char *out, size_t outlen, size_t *needed)
@@ -89,9 +72,9 @@ int tsp_gpu_call(const char *request, size_t len, char *out, size_t outlen, size
                       "tsp_gpu_call: \"addresses\" must be an array of strings");
     const char *keys[] = {"visible", "task", "host"};
     char **vals[] = {&visible, &task, &host};
+    tsp_jreq_t r = {request, len, "tsp_gpu_call's request", err, errlen};
     for (size_t i = 0; rc == 0 && i < 3; i++)
-        if ((rc = opt_str(request, len, keys[i], vals[i])) == -EINVAL)
-            tsp__err(err, errlen, rc, "tsp_gpu_call: \"%s\" must be a string or null", keys[i]);
+        rc = tsp_jreq_str(&r, keys[i], 0, vals[i]);
     tsp_gpu_assignment_t *a = rc == 0 ? malloc(sizeof *a) : NULL;
     if (rc == 0 && !a)
         rc = -ENOMEM;
