@@ -25,6 +25,12 @@ log client. Per size:
    delivered, and the records the nodes' clients queued for the driver (report_frames:
    fewer than the calls where the agent's client folded them, agentfold.c;
    --no-agent-fold: every one as it is, as main's agents before issue 32's fold).
+   report_stages: where a record's delay went, per stage p50/p90/p99/max ms over every 8th
+   rank's records (tsp-simnodes' trace joined here by rank and step): call_to_put (the
+   report() stamp to its hand-over to the node's client: the simulated rank's own lag),
+   put_to_ack (to the client seeing the driver's ACK: its sender, the socket, the driver's
+   server thread reading it, the ACK back), put_to_pull (to the driver's pull), pull_to_callback
+   (the hub's turn to on_report), call_to_callback (the whole).
 4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
@@ -58,6 +64,7 @@ from typing import Dict, List
 from bench import harness
 
 SIM = harness.ROOT / "build" / "bin" / "tsp-simnodes"
+TRACE_EVERY = 8  # tsp-simnodes traces every 8th rank's reports (simnodes.c, TRACE_EVERY)
 
 
 def cpu() -> float:
@@ -200,23 +207,62 @@ class OnReport:
         self.pulled: List[float] = []  # report() -> the hub's pull (the rest: Python's turn)
         self.calls = 0
         self.records = 0
+        self.traced: Dict = {}  # (rank, step) of the traced ranks -> (pulled, callback)
 
     def __call__(self, rep) -> None:
         now = time.time()
         self.records += 1
         self.newest.append(now - rep.time)
+        if rep.rank % TRACE_EVERY == 0:
+            self.traced[(rep.rank, rep.step)] = (rep.received, now, rep.time)
         self.pulled.append(rep.received - rep.time)
         s = rep.summary
         self.calls += int(s["count"]) if s else 1
         self.oldest.append(now - float(s["first_time"]) if s else now - rep.time)
 
 
+def stages(trace_prefix: str, traced: Dict) -> Dict:
+    """The sims' trace (simnodes.c, trace_write) joined with the driver's pull and callback
+    of the same record: per stage {p50, p90, p99, max} in ms and n, and the records matched."""
+    import glob
+
+    rows, seen = [], set()
+    for path in glob.glob(trace_prefix + ".*"):
+        with open(path) as f:
+            for ln in f:
+                rank, step, stamp, put, acked = ln.split()
+                key = (int(rank), int(step))
+                got = traced.get(key)
+                if got:
+                    seen.add(key)
+                    rows.append((float(stamp), float(put), float(acked), *got[:2]))
+        os.unlink(path)
+    # The records of the traced ranks that the trace did not see queued: summaries that the
+    # client's own tick handed on (agentfold.c, tsp__afold_flush).
+    unseen = [cb - t for key, (pl, cb, t) in traced.items() if key not in seen]
+    spans = {"call_to_put": [p - c for c, p, a, pl, cb in rows],
+             "put_to_ack": [a - p for c, p, a, pl, cb in rows if a > 0],
+             "put_to_pull": [pl - p for c, p, a, pl, cb in rows],
+             "pull_to_callback": [cb - pl for c, p, a, pl, cb in rows],
+             "call_to_callback": [cb - c for c, p, a, pl, cb in rows],
+             "unseen_call_to_callback": unseen}
+    out: Dict = {"matched": len(rows), "callbacks_traced": len(traced)}
+    for name, xs in spans.items():
+        out[name] = {q: round(1e3 * pct(xs, v), 1) if xs else None
+                     for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
+        out[name]["n"] = len(xs)
+    return out
+
+
 def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
+    import tempfile
+
     cb.__init__()
     pids = [p.pid for p in sims.procs]
+    trace = os.path.join(tempfile.gettempdir(), f"tsp-scale-trace-{os.getpid()}")
     s0, m0 = procs_cpu(pids), machine_cpu()
     c0, t0 = cpu(), time.monotonic()
-    sims.send(f"reports {hz} {secs}")
+    sims.send(f"reports {hz} {secs} {trace}")
     done = sims.expect("done reports", secs + 300)
     sent, frames = sum(int(x[2]) for x in done), sum(int(x[3]) for x in done)
     t_sent = time.monotonic()
@@ -239,7 +285,8 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
             "report_cores": dc / dt, "report_rate_asked": hz * ranks,
             "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
             "report_machine_cores": machine_s / gen_s,
-            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s}
+            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s,
+            "report_stages": stages(trace, cb.traced)}
 
 
 def dump(server, sims, world: int) -> Dict:
