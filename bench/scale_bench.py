@@ -30,7 +30,11 @@ log client. Per size:
    report() stamp to its hand-over to the node's client: the simulated rank's own lag),
    put_to_ack (to the client seeing the driver's ACK: its sender, the socket, the driver's
    server thread reading it, the ACK back), put_to_pull (to the driver's pull), pull_to_callback
-   (the hub's turn to on_report), call_to_callback (the whole).
+   (the hub's turn to on_report), call_to_callback (the whole). Beside them, the run queue's
+   share (/proc schedstat run delay, per second of reports): report_sim_waiting_threads (the
+   nodes' threads' seconds runnable without a CPU, summed), report_driver_waiting_threads
+   (the driver's), report_hub_waiting (the thread that calls on_report: 1.0 = it waited the
+   whole time).
 4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
@@ -64,6 +68,7 @@ from typing import Dict, List
 from bench import harness
 
 SIM = harness.ROOT / "build" / "bin" / "tsp-simnodes"
+SIM_NICE = 0  # --sim-nice: the nodes' niceness above the driver's
 TRACE_EVERY = 8  # tsp-simnodes traces every 8th rank's reports (simnodes.c, TRACE_EVERY)
 
 
@@ -98,6 +103,25 @@ def procs_cpu(pids: List[int]) -> float:
     return total
 
 
+def run_delay(pids: List[int], tids: List[int] = ()) -> float:
+    """Seconds these processes' threads (or, for tids, these threads of this process) spent
+    runnable but waiting for a CPU so far (/proc/.../schedstat: the scheduler's run delay)."""
+    paths = [f"/proc/self/task/{t}/schedstat" for t in tids]
+    for pid in pids:
+        try:
+            paths += [f"/proc/{pid}/task/{t}/schedstat" for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            pass
+    total = 0
+    for path in paths:
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def machine_cpu() -> float:
     """The machine's busy CPU seconds so far, every process's (/proc/stat: all but idle and
     iowait)."""
@@ -117,7 +141,8 @@ class Sims:
     """The simulated nodes: `procs` tsp-simnodes processes, each reading commands."""
 
     def __init__(self, args: List[List[str]], first_lines: List[str]):
-        self.procs = [subprocess.Popen([str(SIM), *a], stdin=subprocess.PIPE,
+        nice = ["nice", "-n", str(SIM_NICE)] if SIM_NICE else []
+        self.procs = [subprocess.Popen([*nice, str(SIM), *a], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, text=True, bufsize=1)
                       for a in args]
         for p in self.procs:
@@ -254,12 +279,13 @@ def stages(trace_prefix: str, traced: Dict) -> Dict:
     return out
 
 
-def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
+def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int, hub_tid: int) -> Dict:
     import tempfile
 
     cb.__init__()
     pids = [p.pid for p in sims.procs]
     trace = os.path.join(tempfile.gettempdir(), f"tsp-scale-trace-{os.getpid()}")
+    w0 = (run_delay(pids), run_delay([os.getpid()]), run_delay([], [hub_tid]))
     s0, m0 = procs_cpu(pids), machine_cpu()
     c0, t0 = cpu(), time.monotonic()
     sims.send(f"reports {hz} {secs} {trace}")
@@ -270,6 +296,9 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
     # driver (this process), and everything else on the machine (other sessions' load).
     sims_s, machine_s, driver_s = procs_cpu(pids) - s0, machine_cpu() - m0, cpu() - c0
     gen_s = t_sent - t0
+    # The time their threads were runnable but had no CPU (the machine's other load decides it).
+    waits = [(b - a) / gen_s for a, b in zip(w0, (run_delay(pids), run_delay([os.getpid()]),
+                                                  run_delay([], [hub_tid])), strict=True)]
     deadline = t_sent + 60
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -286,6 +315,8 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
             "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
             "report_machine_cores": machine_s / gen_s,
             "report_other_cores": (machine_s - sims_s - driver_s) / gen_s,
+            "report_sim_waiting_threads": waits[0], "report_driver_waiting_threads": waits[1],
+            "report_hub_waiting": waits[2],
             "report_stages": stages(trace, cb.traced)}
 
 
@@ -387,7 +418,7 @@ def one(ranks: int, a) -> Dict:
             time.sleep(0.01)
         out["lines_lost"] = 4 * ranks - (pump.lines - before)
         if ranks <= a.report_max:
-            out.update(reports(sims, cb, a.report_hz, a.report_s, ranks))
+            out.update(reports(sims, cb, a.report_hz, a.report_s, ranks, hub._thread.native_id))
         out["hwm_after_reports_mib"] = hwm_mib()
         out.update(dump(server, sims, ranks))
         out["hwm_after_dump_mib"] = hwm_mib()
@@ -520,6 +551,8 @@ def child(flag: str, ranks: int, a) -> Dict:
         cmd += ["--budget", str(a.budget)]
     if a.no_agent_fold:
         cmd.append("--no-agent-fold")
+    if a.sim_nice:
+        cmd += ["--sim-nice", str(a.sim_nice)]
     p = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -581,6 +614,10 @@ def main() -> None:
                     help="the driver's report budget, records/s (default: the server's)")
     ap.add_argument("--no-agent-fold", action="store_true",
                     help="the nodes pass every report as it is (main's agents before 32's folding)")
+    ap.add_argument("--sim-nice", type=int, default=0,
+                    help="run the nodes this much nicer than the driver: the driver's CPU as on "
+                         "its own host, the nodes being on others (the 2-core machine's nodes take "
+                         "~1.2 cores at 4,096 ranks)")
     ap.add_argument("--tcpstore-max", type=int, default=4096)
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
@@ -590,6 +627,8 @@ def main() -> None:
                          "(e.g. 64,1024), instead of the simulated sizes")
     ap.add_argument("--agents-one", type=int, default=0, help=argparse_hidden())
     a = harness.parse(ap)
+    global SIM_NICE
+    SIM_NICE = a.sim_nice
     if a.one or a.tcpstore_one or a.agents_one:
         r = (one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs) if a.tcpstore_one
              else agents_one(a.agents_one))
