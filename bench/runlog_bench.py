@@ -11,16 +11,21 @@ would receive them.
 
 Reported per implementation (medians over --runs, the two alternating run by run, after
 one small warm-up run each): lines/s (received lines over the time from the first to the
-last received line; also over the whole run() call, start-up included), lines lost
-(expected - received, after run() returned and up to --settle s more), lines per write()
-call, rank 0's loop time. Beside it, measured in the same run: the same loop in a fresh `python -u` (workers
-of both launchers run unbuffered) writing to a pipe read by `cat`, alone, and two such
+last received line; also over the whole run() call, start-up included: issue 32's goal is
+that whole-run rate >= 4x stock's, `ratio_whole_run`), where the run's time went (call to
+the first line received, the stream, the last line to run()'s return; the driver
+process's CPU seconds, its JVM aside; torchspark's phases with TORCHSPARK_TIMING=1), the
+load average at each run's start, lines lost (expected - received, after run() returned
+and up to --settle s more), lines per write() call, rank 0's loop time. Beside it, measured
+in the same run: the same loop in a fresh `python -u` (workers of both launchers run
+unbuffered) writing to a pipe read by `cat`, alone, and two such
 loops at once (the load of the two ranks).
 """
 from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -30,6 +35,7 @@ from pyspark.ml.torch.distributor import TorchDistributor as Stock
 
 from bench import harness
 from torchspark import TorchDistributor as Ours
+from torchspark.driver import _timing
 
 MARK = "@tsb@"
 BODY = "x" * 56  # "%09d @tsb@" + BODY + "\n" = 72 bytes
@@ -86,10 +92,15 @@ def through_run(cls, n: int, settle_s: float) -> dict:
     stream = CountingStream()
     old = sys.stderr
     sys.stderr = stream
+    load = round(os.getloadavg()[0], 1)
     try:
+        c0 = os.times()
         t = time.perf_counter()
-        loop_s = cls(2, False, False).run(spam, n)
-        wall = time.perf_counter() - t
+        dist = cls(2, False, False)
+        loop_s = dist.run(spam, n)
+        end = time.perf_counter()
+        c1 = os.times()
+        wall = end - t
         # Stock's server thread may still be printing after run() returned: lines that
         # arrive within settle_s more are counted as received, not lost.
         deadline = time.perf_counter() + settle_s
@@ -105,7 +116,18 @@ def through_run(cls, n: int, settle_s: float) -> dict:
             "lines_per_s": round(stream.marked / span), "stream_s": round(span, 3),
             "lines_per_s_whole_run": round(stream.marked / wall), "writes": stream.writes,
             "lines_per_write": round(stream.marked / max(stream.writes, 1), 1),
-            "rank0_loop_s": round(loop_s, 3)}
+            "rank0_loop_s": round(loop_s, 3), "to_first_line_s": round(stream.first - t, 3),
+            "after_last_line_s": round(end - stream.last, 3), "load": load,
+            "driver_cpu_s": round(c1.user + c1.system - c0.user - c0.system, 3), **phases(dist)}
+
+
+def phases(dist) -> dict:
+    """torchspark's run() phases (TORCHSPARK_TIMING=1), seconds since run() was called."""
+    marks = getattr(getattr(dist, "_clock", None), "marks", None) or {}
+    t0 = marks.get("run_called")
+    if t0 is None:
+        return {}
+    return {"phases": {k: round(marks[k] - t0, 3) for k, _ in _timing.PHASES if k in marks}}
 
 
 def to_cat(n: int, procs: int) -> float:
@@ -158,13 +180,26 @@ def main() -> None:
     for name, rs in rows.items():
         summary[name] = {k: harness.median(r[k] for r in rs) for k in ("lines_per_s", "lines_per_s_whole_run",
                                                  "stream_s", "lost", "lines_per_write",
-                                                 "rank0_loop_s", "wall_s")}
+                                                 "rank0_loop_s", "wall_s", "to_first_line_s", "driver_cpu_s",
+                                                 "after_last_line_s")}
         summary[name]["lost_max"] = max(r["lost"] for r in rs)
+        summary[name]["load"] = [r["load"] for r in rs]
+        keys = [k for k, _ in _timing.PHASES if all(k in r.get("phases", {}) for r in rs)]
+        if keys:
+            summary[name]["phases_median_s"] = {k: harness.median(r["phases"][k] for r in rs)
+                                                for k in keys}
     if len(rows) == 2:
         run.compare("lines/s", [r["lines_per_s"] for r in rows["torchspark"]],
                     [r["lines_per_s"] for r in rows["stock"]], "lines/s", digits=0)
         summary["ratio_lines_per_s"] = round(summary["torchspark"]["lines_per_s"]
                                              / summary["stock"]["lines_per_s"], 1)
+        # The goal's figure (issue 32): the whole run() of the same lines, stock's wall over
+        # torchspark's, run by run (both saw the same load), and its median.
+        whole = [s["wall_s"] / o["wall_s"] for s, o in zip(rows["stock"], rows["torchspark"],
+                                                            strict=True)]
+        run.figure("whole run, stock wall / torchspark wall", whole, "x", 2)
+        summary["ratio_whole_run_each"] = [round(x, 2) for x in whole]
+        summary["ratio_whole_run"] = round(harness.median(whole), 2)
     if "torchspark" in rows:
         loop = summary["torchspark"]["rank0_loop_s"]
         summary["rank0_vs_cat_alone"] = round(loop / summary["cat_alone_s"], 2)

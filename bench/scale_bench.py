@@ -25,6 +25,16 @@ log client. Per size:
    delivered, and the records the nodes' clients queued for the driver (report_frames:
    fewer than the calls where the agent's client folded them, agentfold.c;
    --no-agent-fold: every one as it is, as main's agents before issue 32's fold).
+   report_stages: where a record's delay went, per stage p50/p90/p99/max ms over every 8th
+   rank's records (tsp-simnodes' trace joined here by rank and step): call_to_put (the
+   report() stamp to its hand-over to the node's client: the simulated rank's own lag),
+   put_to_ack (to the client seeing the driver's ACK: its sender, the socket, the driver's
+   server thread reading it, the ACK back), put_to_pull (to the driver's pull), pull_to_callback
+   (the hub's turn to on_report), call_to_callback (the whole). Beside them, the run queue's
+   share (/proc schedstat run delay, per second of reports): report_sim_waiting_threads (the
+   nodes' threads' seconds runnable without a CPU, summed), report_driver_waiting_threads
+   (the driver's), report_hub_waiting (the thread that calls on_report: 1.0 = it waited the
+   whole time).
 4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
@@ -58,6 +68,8 @@ from typing import Dict, List
 from bench import harness
 
 SIM = harness.ROOT / "build" / "bin" / "tsp-simnodes"
+SIM_NICE = 0  # --sim-nice: the nodes' niceness above the driver's
+TRACE_EVERY = 8  # tsp-simnodes traces every 8th rank's reports (simnodes.c, TRACE_EVERY)
 
 
 def cpu() -> float:
@@ -91,6 +103,25 @@ def procs_cpu(pids: List[int]) -> float:
     return total
 
 
+def run_delay(pids: List[int], tids: List[int] = ()) -> float:
+    """Seconds these processes' threads (or, for tids, these threads of this process) spent
+    runnable but waiting for a CPU so far (/proc/.../schedstat: the scheduler's run delay)."""
+    paths = [f"/proc/self/task/{t}/schedstat" for t in tids]
+    for pid in pids:
+        try:
+            paths += [f"/proc/{pid}/task/{t}/schedstat" for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            pass
+    total = 0
+    for path in paths:
+        try:
+            with open(path) as f:
+                total += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 1e9
+
+
 def machine_cpu() -> float:
     """The machine's busy CPU seconds so far, every process's (/proc/stat: all but idle and
     iowait)."""
@@ -110,7 +141,8 @@ class Sims:
     """The simulated nodes: `procs` tsp-simnodes processes, each reading commands."""
 
     def __init__(self, args: List[List[str]], first_lines: List[str]):
-        self.procs = [subprocess.Popen([str(SIM), *a], stdin=subprocess.PIPE,
+        nice = ["nice", "-n", str(SIM_NICE)] if SIM_NICE else []
+        self.procs = [subprocess.Popen([*nice, str(SIM), *a], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, text=True, bufsize=1)
                       for a in args]
         for p in self.procs:
@@ -200,23 +232,63 @@ class OnReport:
         self.pulled: List[float] = []  # report() -> the hub's pull (the rest: Python's turn)
         self.calls = 0
         self.records = 0
+        self.traced: Dict = {}  # (rank, step) of the traced ranks -> (pulled, callback)
 
     def __call__(self, rep) -> None:
         now = time.time()
         self.records += 1
         self.newest.append(now - rep.time)
+        if rep.rank % TRACE_EVERY == 0:
+            self.traced[(rep.rank, rep.step)] = (rep.received, now, rep.time)
         self.pulled.append(rep.received - rep.time)
         s = rep.summary
         self.calls += int(s["count"]) if s else 1
         self.oldest.append(now - float(s["first_time"]) if s else now - rep.time)
 
 
-def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
+def stages(trace_prefix: str, traced: Dict) -> Dict:
+    """The sims' trace (simnodes.c, trace_write) joined with the driver's pull and callback
+    of the same record: per stage {p50, p90, p99, max} in ms and n, and the records matched."""
+    import glob
+
+    rows, seen = [], set()
+    for path in glob.glob(trace_prefix + ".*"):
+        with open(path) as f:
+            for ln in f:
+                rank, step, stamp, put, acked = ln.split()
+                key = (int(rank), int(step))
+                got = traced.get(key)
+                if got:
+                    seen.add(key)
+                    rows.append((float(stamp), float(put), float(acked), *got[:2]))
+        os.unlink(path)
+    # The records of the traced ranks that the trace did not see queued: summaries that the
+    # client's own tick handed on (agentfold.c, tsp__afold_flush).
+    unseen = [cb - t for key, (pl, cb, t) in traced.items() if key not in seen]
+    spans = {"call_to_put": [p - c for c, p, a, pl, cb in rows],
+             "put_to_ack": [a - p for c, p, a, pl, cb in rows if a > 0],
+             "put_to_pull": [pl - p for c, p, a, pl, cb in rows],
+             "pull_to_callback": [cb - pl for c, p, a, pl, cb in rows],
+             "call_to_callback": [cb - c for c, p, a, pl, cb in rows],
+             "unseen_call_to_callback": unseen}
+    out: Dict = {"matched": len(rows), "callbacks_traced": len(traced)}
+    for name, xs in spans.items():
+        out[name] = {q: round(1e3 * pct(xs, v), 1) if xs else None
+                     for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))}
+        out[name]["n"] = len(xs)
+    return out
+
+
+def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int, hub_tid: int) -> Dict:
+    import tempfile
+
     cb.__init__()
     pids = [p.pid for p in sims.procs]
+    trace = os.path.join(tempfile.gettempdir(), f"tsp-scale-trace-{os.getpid()}")
+    w0 = (run_delay(pids), run_delay([os.getpid()]), run_delay([], [hub_tid]))
     s0, m0 = procs_cpu(pids), machine_cpu()
     c0, t0 = cpu(), time.monotonic()
-    sims.send(f"reports {hz} {secs}")
+    sims.send(f"reports {hz} {secs} {trace}")
     done = sims.expect("done reports", secs + 300)
     sent, frames = sum(int(x[2]) for x in done), sum(int(x[3]) for x in done)
     t_sent = time.monotonic()
@@ -224,6 +296,9 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
     # driver (this process), and everything else on the machine (other sessions' load).
     sims_s, machine_s, driver_s = procs_cpu(pids) - s0, machine_cpu() - m0, cpu() - c0
     gen_s = t_sent - t0
+    # The time their threads were runnable but had no CPU (the machine's other load decides it).
+    waits = [(b - a) / gen_s for a, b in zip(w0, (run_delay(pids), run_delay([os.getpid()]),
+                                                  run_delay([], [hub_tid])), strict=True)]
     deadline = t_sent + 60
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -239,7 +314,10 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int) -> Dict:
             "report_cores": dc / dt, "report_rate_asked": hz * ranks,
             "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
             "report_machine_cores": machine_s / gen_s,
-            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s}
+            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s,
+            "report_sim_waiting_threads": waits[0], "report_driver_waiting_threads": waits[1],
+            "report_hub_waiting": waits[2],
+            "report_stages": stages(trace, cb.traced)}
 
 
 def dump(server, sims, world: int) -> Dict:
@@ -340,7 +418,7 @@ def one(ranks: int, a) -> Dict:
             time.sleep(0.01)
         out["lines_lost"] = 4 * ranks - (pump.lines - before)
         if ranks <= a.report_max:
-            out.update(reports(sims, cb, a.report_hz, a.report_s, ranks))
+            out.update(reports(sims, cb, a.report_hz, a.report_s, ranks, hub._thread.native_id))
         out["hwm_after_reports_mib"] = hwm_mib()
         out.update(dump(server, sims, ranks))
         out["hwm_after_dump_mib"] = hwm_mib()
@@ -473,6 +551,8 @@ def child(flag: str, ranks: int, a) -> Dict:
         cmd += ["--budget", str(a.budget)]
     if a.no_agent_fold:
         cmd.append("--no-agent-fold")
+    if a.sim_nice:
+        cmd += ["--sim-nice", str(a.sim_nice)]
     p = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -534,6 +614,10 @@ def main() -> None:
                     help="the driver's report budget, records/s (default: the server's)")
     ap.add_argument("--no-agent-fold", action="store_true",
                     help="the nodes pass every report as it is (main's agents before 32's folding)")
+    ap.add_argument("--sim-nice", type=int, default=0,
+                    help="run the nodes this much nicer than the driver: the driver's CPU as on "
+                         "its own host, the nodes being on others (the 2-core machine's nodes take "
+                         "~1.2 cores at 4,096 ranks)")
     ap.add_argument("--tcpstore-max", type=int, default=4096)
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
@@ -543,6 +627,8 @@ def main() -> None:
                          "(e.g. 64,1024), instead of the simulated sizes")
     ap.add_argument("--agents-one", type=int, default=0, help=argparse_hidden())
     a = harness.parse(ap)
+    global SIM_NICE
+    SIM_NICE = a.sim_nice
     if a.one or a.tcpstore_one or a.agents_one:
         r = (one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs) if a.tcpstore_one
              else agents_one(a.agents_one))

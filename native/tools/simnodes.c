@@ -14,8 +14,11 @@
  * digits), or, with --rdv, the run's secret (64 hex digits: TLS and the record's MAC). Then
  * stdin carries commands, one a line, and stdout answers, one a line (the harness reads them):
  *   lines N          every rank writes N lines -> "done lines"
- *   reports HZ SECS  every rank reports HZ times a second -> "done reports SENT QUEUED"
- *                    (report() calls, and the records the clients queued for them)
+ *   reports HZ SECS [TRACE]
+ *                    every rank reports HZ times a second -> "done reports SENT QUEUED"
+ *                    (report() calls, and the records the clients queued for them); with
+ *                    TRACE, the stages of every TRACE_EVERY-th rank's queued records go to
+ *                    the file TRACE.FIRST_NODE (see trace_write)
  *   quit             flush, close every client -> "closed LOST"
  * and, unasked: "connected NODES MS" once every client is authenticated, "dumped REQ" once
  * a DUMP was answered by every node. With --rdv: "waiting N" once N GETs are sent, then
@@ -23,6 +26,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,6 +139,102 @@ static void check_dumps(void)
     }
 }
 
+/* The report trace: for every TRACE_EVERY-th rank, each report() call its client queued for
+ * the driver (as it is, or as the summary it ends; a summary the client's own tick hands on
+ * is not seen here): the call's stamp (the record's time), its hand-over to the client, and
+ * when the client saw the driver's ACK of it (sampled every TRACE_TICK_US). With the
+ * driver's pull and callback (bench/scale_bench.py), where a record's delay went. */
+#define TRACE_EVERY 8
+#define TRACE_TICK_US 1000
+typedef struct {
+    int rank, node_i;
+    long step;
+    uint64_t seq;
+    double stamp, put, acked;
+} trace_t;
+
+static struct {
+    pthread_mutex_t mu;
+    trace_t *e;
+    size_t n, cap, done;
+    atomic_int stop;
+} tr = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t lines_of(node_t *n)
+{
+    tsp_logclient_stats_t st;
+    tsp_logclient_stats(n->c, &st);
+    return st.lines;
+}
+
+static void trace_add(int node_i, int rank, long step, double stamp, uint64_t seq)
+{
+    pthread_mutex_lock(&tr.mu);
+    if (tr.n == tr.cap) {
+        size_t cap = tr.cap ? 2 * tr.cap : 4096;
+        trace_t *e = realloc(tr.e, cap * sizeof *e);
+        if (!e) {
+            pthread_mutex_unlock(&tr.mu);
+            return;
+        }
+        tr.e = e;
+        tr.cap = cap;
+    }
+    tr.e[tr.n++] = (trace_t){
+        .rank = rank, .node_i = node_i, .step = step, .seq = seq, .stamp = stamp, .put = epoch_s()};
+    pthread_mutex_unlock(&tr.mu);
+}
+
+/* The ACK sampler: every TRACE_TICK_US, each node's acknowledged count; a traced record is
+ * acknowledged once its sequence number is. Ends when asked and every record is (or 5 s). */
+static void *trace_acks(void *arg)
+{
+    uint64_t *acked = arg;
+    int64_t give_up = 0;
+    for (;;) {
+        for (int i = 0; i < opt.nodes; i++) {
+            tsp_logclient_stats_t st;
+            tsp_logclient_stats(nodes[i].c, &st);
+            acked[i] = st.acked;
+        }
+        double now = epoch_s();
+        pthread_mutex_lock(&tr.mu);
+        for (size_t i = tr.done; i < tr.n; i++)
+            if (!tr.e[i].acked && acked[tr.e[i].node_i] >= tr.e[i].seq)
+                tr.e[i].acked = now;
+        while (tr.done < tr.n && tr.e[tr.done].acked)
+            tr.done++;
+        int left = tr.done < tr.n;
+        pthread_mutex_unlock(&tr.mu);
+        if (atomic_load(&tr.stop)) {
+            give_up = give_up ? give_up : tsp__now_ms() + 5000;
+            if (!left || tsp__now_ms() >= give_up)
+                break;
+        }
+        usleep(TRACE_TICK_US);
+    }
+    return NULL;
+}
+
+/* One line per traced record: "RANK STEP STAMP PUT ACKED" (epoch seconds; ACKED 0: none). */
+static void trace_write(const char *path)
+{
+    char name[512];
+    snprintf(name, sizeof name, "%s.%d", path, opt.first);
+    FILE *f = fopen(name, "w");
+    if (!f) {
+        fprintf(stderr, "tsp-simnodes: cannot write the report trace %s\n", name);
+        return;
+    }
+    for (size_t i = 0; i < tr.n; i++)
+        fprintf(f, "%d %ld %.6f %.6f %.6f\n", tr.e[i].rank, tr.e[i].step, tr.e[i].stamp,
+                tr.e[i].put, tr.e[i].acked);
+    fclose(f);
+    free(tr.e);
+    tr.e = NULL;
+    tr.n = tr.cap = tr.done = 0;
+}
+
 static void write_lines(int count)
 {
     char buf[160];
@@ -169,12 +269,22 @@ static uint64_t queued(void)
  * simulated call, CPU that a real node's worker spends, not its agent. Says how many
  * report() calls it made and how many records the clients queued for them (fewer where the
  * agent's client folded them; its last summaries follow at the next tick). */
-static void write_reports(int hz, int secs)
+static void write_reports(int hz, int secs, const char *trace)
 {
     uint64_t q0 = queued();
     char buf[256];
     size_t len = 0;
     long sent = 0, ranks = (long)opt.nodes * opt.nproc, step = -1;
+    double stamp = 0;
+    pthread_t sampler;
+    uint64_t *acked = trace ? calloc((size_t)opt.nodes, sizeof *acked) : NULL;
+    if (acked) {
+        atomic_store(&tr.stop, 0);
+        if (pthread_create(&sampler, NULL, trace_acks, acked)) {
+            free(acked);
+            acked = NULL;
+        }
+    }
     int64_t t0 = tsp__now_ms(), end = t0 + (int64_t)secs * 1000;
     for (int64_t now = t0; now < end; now = tsp__now_ms(), step = -1) {
         long due = (long)((double)(now - t0) / 1000.0 * hz * (double)ranks);
@@ -184,17 +294,29 @@ static void write_reports(int hz, int secs)
             int rank = n->node * opt.nproc + (int)(r % opt.nproc);
             if (sent / ranks != step) {
                 step = sent / ranks;
+                stamp = epoch_s();
                 len = (size_t)snprintf(buf, sizeof buf,
                                        "{\"step\": %ld, \"time\": %.6f, \"metrics\": "
                                        "{\"loss\": %.4f, \"lr\": 0.001}}",
-                                       step, epoch_s(), 1.0 / (double)(1 + step));
+                                       step, stamp, 1.0 / (double)(1 + step));
             }
+            int traced = acked && rank % TRACE_EVERY == 0;
+            uint64_t before = traced ? lines_of(n) : 0;
             put(n, rank, TSP_STREAM_REPORT, buf, len);
+            uint64_t after = traced ? lines_of(n) : 0;
+            if (after > before)
+                trace_add((int)(n - nodes), rank, step, stamp, after);
         }
         check_dumps();
         usleep(10000);
     }
     usleep(200000); /* the clients' ticks hand on the summaries still held */
+    if (acked) {
+        atomic_store(&tr.stop, 1);
+        pthread_join(sampler, NULL);
+        free(acked);
+        trace_write(trace);
+    }
     printf("done reports %ld %llu\n", sent, (unsigned long long)(queued() - q0));
 }
 
@@ -282,10 +404,13 @@ static int run_nodes(void)
     wait_connected(t0);
     while (read_line(line, sizeof line) == 0) {
         int a = 0, b = 0;
+        char path[256];
         if (sscanf(line, "lines %d", &a) == 1)
             write_lines(a);
+        else if (sscanf(line, "reports %d %d %255s", &a, &b, path) == 3)
+            write_reports(a, b, path);
         else if (sscanf(line, "reports %d %d", &a, &b) == 2)
-            write_reports(a, b);
+            write_reports(a, b, NULL);
         else if (strcmp(line, "quit") == 0)
             break;
         fflush(stdout);

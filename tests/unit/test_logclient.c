@@ -21,6 +21,16 @@ static tsp_logserver_t *server_at(int port, const uint8_t *secret, size_t queue_
     return s;
 }
 
+/* A client's options for server s (host "unit"). */
+static void opts_for(tsp_logserver_t *s, tsp_logclient_opts_t *o)
+{
+    tsp_logclient_opts_init(o);
+    o->host = "127.0.0.1";
+    o->port = tsp_logserver_port(s);
+    tsp_logserver_secret(s, o->secret);
+    o->hostname = "unit";
+}
+
 /* Pulls every line available within wait_ms; checks "<i>" order from *next. */
 static long drain(tsp_logserver_t *s, long *next, long want, int wait_ms)
 {
@@ -198,11 +208,7 @@ START_TEST(test_logclient_stalled_driver_falls_back)
     unlink(outp);
     ck_assert_int_eq(pipe2(err, O_NONBLOCK), 0);
     tsp_logclient_opts_t o;
-    tsp_logclient_opts_init(&o);
-    o.host = "127.0.0.1";
-    o.port = tsp_logserver_port(s);
-    tsp_logserver_secret(s, o.secret);
-    o.hostname = "unit";
+    opts_for(s, &o);
     o.mem_bytes = 1; /* raised to the minimum (about 2.3 MiB) */
     o.stall_ms = 700;
     o.local_out_fd = out;
@@ -320,6 +326,50 @@ START_TEST(test_logclient_long_line_split)
 }
 END_TEST
 
+/* A report folded while the sender waits with nothing held (its last tick found none, so
+ * it waits up to a second) is handed on within the agent's quiet interval, not at that
+ * wait's end: the last summary of a burst of reports reached the driver ~1 s late
+ * (bench/scale_bench.py, report_stages). */
+START_TEST(test_logclient_folded_report_is_not_held_a_second)
+{
+    tsp_logserver_t *s = server_at(0, NULL, 0);
+    tsp_logclient_opts_t o;
+    opts_for(s, &o);
+    o.report_world = 1000000; /* a report a second per rank: the second one is folded */
+    char e[256];
+    tsp_logclient_t *c = tsp_logclient_start(&o, e, sizeof e);
+    ck_assert_ptr_nonnull(c);
+    tsp_line_sink_t *k = tsp_logclient_sink(c);
+    char rec[128];
+    tsp_logline_t l[4];
+    tsp_logclient_stats_t st = {0};
+    for (int i = 0; i < 1000 && !st.connected; i++, usleep(10 * 1000))
+        tsp_logclient_stats(c, &st); /* connected first: the token refills meanwhile */
+    int64_t t1 = now_ms();
+    sink_put(k, 0, TSP_STREAM_REPORT, rec,
+             (size_t)snprintf(rec, sizeof rec,
+                              "{\"step\": 1, \"time\": 1.0, \"metrics\": "
+                              "{\"loss\": 1.0}}"));
+    ck_assert_int_eq(tsp_logserver_pull_reports(s, l, 4, 5000), 1); /* as it is */
+    usleep(150 * 1000); /* the sender has sent it, taken its ACK and waits */
+    int64_t t0 = now_ms();
+    sink_put(k, 0, TSP_STREAM_REPORT, rec,
+             (size_t)snprintf(rec, sizeof rec,
+                              "{\"step\": 2, \"time\": 2.0, \"metrics\": "
+                              "{\"loss\": 0.5}}"));
+    ck_assert_int_eq(tsp_logserver_pull_reports(s, l, 4, 5000), 1);
+    int64_t took = now_ms() - t0;
+    /* folded: written again by the fold (reportfold.c), "2.0" as the number 2 */
+    ck_assert_msg(memmem(l[0].data, l[0].len, "\"time\": 2,", 10) != NULL,
+                  "not folded %lld ms after the first: %.*s", (long long)(t0 - t1), (int)l[0].len,
+                  l[0].data);
+    /* quiet 50 ms, then the sender's next tick (50 ms); before: ~850 ms */
+    ck_assert_msg(took < 500, "the folded report took %lld ms", (long long)took);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("logclient");
@@ -331,6 +381,7 @@ int main(void)
     tcase_add_test(tc, test_logclient_stalled_driver_falls_back);
     tcase_add_test(tc, test_logclient_drop_mode_counts);
     tcase_add_test(tc, test_logclient_long_line_split);
+    tcase_add_test(tc, test_logclient_folded_report_is_not_held_a_second);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

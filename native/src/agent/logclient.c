@@ -73,6 +73,8 @@ struct tsp_logclient {
     size_t bytes;
     uint64_t seq, acked;
     int want_wake, sender_idle;
+    int fold_ticking;   /* the sender waits at most FOLD_TICK_MS: it holds folded reports */
+    int fold_new;       /* a report was folded since the sender's last tick */
     int64_t blocked_at; /* when want_wake was last raised */
     drop_rec_t *drops;
     size_t ndrops;
@@ -255,6 +257,19 @@ static int put_sender(void *ctx, const tsp_line_t *line)
     return append_line(ctx, line, 1);
 }
 
+/* A report was folded and is held (no frame queued): the sender must tick within
+ * FOLD_TICK_MS to hand it on when it is due. A sender that found nothing held at its last
+ * tick waits up to a second; it is woken (once) to tick again. */
+static void fold_held(tsp_logclient_t *c)
+{
+    pthread_mutex_lock(&c->mu);
+    int wake = !c->fold_ticking;
+    c->fold_new = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (wake)
+        notify(c->notify_fd);
+}
+
 /* The sink's write_line: never blocks (see lines.h). */
 static int client_write_line(void *ctx, const tsp_line_t *line)
 {
@@ -263,8 +278,12 @@ static int client_write_line(void *ctx, const tsp_line_t *line)
         (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR &&
          line->stream != TSP_STREAM_REPORT))
         return -EINVAL;
-    if (c->fold && line->stream == TSP_STREAM_REPORT)
-        return tsp__afold_offer(c->fold, line, tsp__now_ms(), put_writer, c);
+    if (c->fold && line->stream == TSP_STREAM_REPORT) {
+        int rc = tsp__afold_offer(c->fold, line, tsp__now_ms(), put_writer, c);
+        if (rc == 0 && tsp__afold_pending(c->fold))
+            fold_held(c);
+        return rc;
+    }
     return append_line(c, line, 0);
 }
 
@@ -819,6 +838,10 @@ static void *sender_main(void *arg)
     for (;;) {
         int folds = c->fold && fold_tick(c);
         pthread_mutex_lock(&c->mu);
+        /* A report folded after that tick is held too: tick again within FOLD_TICK_MS. */
+        folds |= c->fold_new;
+        c->fold_new = 0;
+        c->fold_ticking = folds;
         int stopping = c->stopping, lines_left = c->head || c->drops_dirty || folds;
         int empty = !lines_left && !c->early;
         int64_t stop_dl = c->stop_deadline;
