@@ -173,14 +173,14 @@ def test_the_gang_deadline_names_what_started(spark):
     assert not tsp_spark.wait_gone(MARK_VALUE, 5)
 
 
-def test_a_smaller_attempt_asks_for_the_runs_executors(spark):
+def test_a_smaller_attempt_asks_for_the_runs_executors(spark, caplog):
     """Growing back under dynamic allocation (issue 31): an elastic attempt on fewer nodes
     than the run's (min_nodes, after an executor was lost) asks Spark for the run's
     executors, not its own: an ask for its own lowers Spark's requested total, and YARN or
     Kubernetes, which fill that total, never start the replacement the run waits for to grow
     back (the standalone master here replaces a lost executor at once, before the ask).
     Spark's requested total is read back; from 0 executors an ask for the attempt's 1 node
-    leaves it at 1."""
+    leaves it at 1. The log names the attempt's own tasks and the run's nodes."""
     from torchspark.driver import _gang
 
     deadline = time.monotonic() + 60  # the idle timeout (5 s) releases the earlier tests'
@@ -189,7 +189,9 @@ def test_a_smaller_attempt_asks_for_the_runs_executors(spark):
     assert executors(spark) == 0
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     d.num_tasks, d.num_processes, d.run_nodes = 1, 1, 2  # attempt 1 of a shrunk run (attempt())
-    assert _gang.ask(d) == 2
+    with caplog.at_level("INFO", logger=d.logger.name):
+        assert _gang.ask(d) == 2
+    assert "Asked Spark for 2 executor(s) for 1 gang task(s) (the run's 2 nodes)" in caplog.text
     jsc = spark.sparkContext._jsc.sc()
     asked = jsc.schedulerBackend().getRequestedTotalExecutors()
     assert asked.get(jsc.resourceProfileManager().defaultResourceProfile()).get() == 2, asked

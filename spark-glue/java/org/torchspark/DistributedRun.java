@@ -114,7 +114,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         spec.gangTimeoutMs = timeoutMs;
         // An elastic attempt on fewer nodes asks for the run's: an ask for its own lowers Spark's
         // requested total, and YARN or Kubernetes never start the replacement GrowWatch waits for.
-        Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)));
+        Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)), ntasks);
         return ch.rendezvous();
     }
 

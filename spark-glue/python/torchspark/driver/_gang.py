@@ -110,11 +110,13 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
         return -1, -1
 
 
-def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Optional[int]:
+def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
+                      attempt_tasks: Optional[int] = None) -> Optional[int]:
     """With dynamic allocation, asks Spark's allocation client for the executors that fit
     num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
     waiting for its backlog ramp; the idle timeout releases them after the run. The total
-    asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
+    asked for, or None where it cannot ask (Spark Connect, no allocation client).
+    attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
     conf = spark.conf
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
         return None
@@ -131,7 +133,9 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
             return None
-        logger.info(f"Asked Spark for {total} executor(s) for {num_tasks} gang task(s)")
+        own = attempt_tasks if attempt_tasks is not None else num_tasks
+        logger.info(f"Asked Spark for {total} executor(s) for {own} gang task(s)"
+                    + (f" (the run's {num_tasks} nodes)" if own != num_tasks else ""))
         return total
     except Exception as e:  # never a reason to fail a run: the backlog asks anyway
         logger.info(f"Could not ask Spark for executors ({e!r}); its allocation manager "
@@ -147,7 +151,7 @@ def ask(distributor: Any) -> Optional[int]:
     if distributor.is_remote or not REQUEST_EXECUTORS:
         return None
     nodes = max(distributor.num_tasks, distributor.run_nodes)
-    return request_executors(distributor.spark, nodes, distributor.logger)
+    return request_executors(distributor.spark, nodes, distributor.logger, distributor.num_tasks)
 
 
 def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:
