@@ -50,8 +50,10 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
+            GangHold hold = GangHold.start(sc, gang, ntasks, r.tasks(sc));
             if (entry != null) {
                 entry.server = ch.server; // the grow watch's checkpoint_and_stop
+                entry.hold = hold; // and its count
             }
             if (r.wantOutput) {
                 RunOutput.expect(ch.server, sc, r.outputPath);
@@ -71,6 +73,9 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                 throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
             } finally {
                 TorchSparkRunner.Metrics.AGENTS.addAndGet(-ntasks);
+                if (hold != null) {
+                    hold.release();
+                }
             }
             TorchSparkException hung = ch.endDoctor("distributed", job.error);
             if (hung != null) {
