@@ -60,6 +60,12 @@ final class GangHold {
         }
     }
 
+    /** Whether it still holds or waits to: false once its job failed (GrowWatch then counts
+     *  the cluster's slots). */
+    boolean alive() {
+        return thread.isAlive();
+    }
+
     /** Whether all k tasks run now (k slots of the run's held besides the attempt's):
      *  GrowWatch counts the slots by it, as the PySpark glue's watch. */
     boolean running() {

@@ -226,8 +226,8 @@ class _Watch:
                     self._ask(act["unreachable"])
 
     def _count(self) -> Optional[int]:
-        held = self.times.get("hold")  # a gang launch's slots held (_gang.Hold)
-        if held is not None:
+        held = self.times.get("hold")  # a gang launch's slots held (_gang.Hold), if it holds
+        if held is not None and held.thread.is_alive():
             return self.nodes + (held.k if held.running() else 0)
         if self.probe is None:
             return count_slots(self.spark, 0, 0)
