@@ -195,3 +195,40 @@ def test_a_smaller_attempt_asks_for_the_runs_executors(spark, caplog):
     jsc = spark.sparkContext._jsc.sc()
     asked = jsc.schedulerBackend().getRequestedTotalExecutors()
     assert asked.get(jsc.resourceProfileManager().defaultResourceProfile()).get() == 2, asked
+
+
+def _running_tasks(s):
+    """Tasks running on the executors now (Spark's status tracker), the driver left out."""
+    infos = s.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(int(i.numRunningTasks()) for i in infos)
+
+
+def test_a_smaller_attempt_holds_a_slot_past_the_idle_timeout(spark):
+    """Growing back under dynamic allocation (issue 31): an elastic attempt holds a slot for
+    each node it lacks (_gang.Hold). Its pending task makes Spark's allocation manager start
+    an executor (nothing asked by hand here), it runs there past the 5 s idle timeout (the
+    executor stays: before, the replacement idled and was released while the smaller attempt
+    stopped, bench/grow_bench.py --dynamic), the grow watch counts it (running()), and it is
+    gone within seconds of the attempt's end, no task left running."""
+    import threading
+
+    from torchspark.driver import _gang
+
+    held, done = _gang.Hold(spark, 1), threading.Event()
+    held.begin(done)
+    deadline = time.monotonic() + 240
+    while not held.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert held.running() and executors(spark) >= 1
+    time.sleep(7)  # past spark.dynamicAllocation.executorIdleTimeout
+    assert held.running() and executors(spark) >= 1
+    ended = time.monotonic()
+    done.set()
+    held.thread.join(30)
+    assert not held.thread.is_alive()
+    while _running_tasks(spark) and time.monotonic() < ended + 30:
+        time.sleep(0.1)
+    took = time.monotonic() - ended
+    print(f"\nthe held slot's task gone {took:.2f} s after the attempt's end")
+    assert _running_tasks(spark) == 0 and took < 30, took
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()
