@@ -69,7 +69,7 @@ def jvm_cycle(tmp: Path, dynamic: bool, preempt: bool) -> dict:
     """One TrainApp run through the JVM runner: nodes 2 -> 1 -> 2."""
     t0 = time.time()
     jr = harness.helper("test_jvm_restart")
-    conf = dict(jr.CONF, **DYNAMIC, **{"spark.dynamicAllocation.maxExecutors": "2"}) if dynamic else jr.CONF
+    conf = {**jr.CONF, **DYNAMIC, "spark.dynamicAllocation.maxExecutors": "2"} if dynamic else jr.CONF
     out, _, killed = jr._run_and_kill(tmp, -1, 100000, 8, fail_run=False,
                                       sig=signal.SIGTERM if preempt else signal.SIGKILL,
                                       opts=("onrequest", "elastic", "grow"), conf=conf)
