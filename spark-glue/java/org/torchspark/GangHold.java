@@ -55,7 +55,7 @@ final class GangHold {
                     .foreach(i -> Thread.sleep(HOLD_MS));
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
-        } catch (RuntimeException e) { // cancelled: the attempt ended
+        } catch (Exception e) { // cancelled (a SparkException, undeclared): the attempt ended
             TorchSparkRunner.LOG.debug("the held slots ended: {}", e.toString());
         }
     }
