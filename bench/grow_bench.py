@@ -17,11 +17,17 @@ listener in TrainApp).
 --dynamic: every cycle on local-cluster[3,1,1024] with dynamic allocation on (from 0
 executors, maxExecutors 3, a 5 s idle timeout): every attempt is a gang launch
 (spark.torchspark.launch auto), and a replacement executor starts only within Spark's
-requested total, which each attempt's gang launch sets (requestTotalExecutors). Stock
-TorchDistributor is tried once first in the same session: it is refused at submission
-(SPARK-24942), recorded as "stock".
+requested total, which each attempt's gang launch sets (requestTotalExecutors); the smaller
+attempt holds a slot for the missing node (_gang.Hold), which keeps the replacement from the
+idle timeout. Stock TorchDistributor is tried once first in the same session: it is refused at
+submission (SPARK-24942), recorded as "stock". With --jvm: the TrainApp cycle with the same
+settings (maxExecutors 2).
 
-    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm] [--dynamic]
+--preempt (with --jvm): SIGTERM to node 1's executor JVM in place of SIGKILL, the executor
+plugin on (test_jvm_restart's preemption test): per cycle also the checkpoint's time after the
+signal (goal <= 2 s) and attempt 1's first step right after it (0 steps lost).
+
+    .venv/bin/python -m bench.grow_bench [--runs 10] [--quick] [--jvm [--preempt]] [--dynamic]
 """
 import json
 import signal
@@ -59,12 +65,14 @@ def cycle(spark, tmp: Path, i: int) -> dict:
             "cycle_s": round(time.time() - t0, 1)}
 
 
-def jvm_cycle(tmp: Path) -> dict:
+def jvm_cycle(tmp: Path, dynamic: bool, preempt: bool) -> dict:
     """One TrainApp run through the JVM runner: nodes 2 -> 1 -> 2."""
     t0 = time.time()
     jr = harness.helper("test_jvm_restart")
-    out, _, killed = jr._run_and_kill(tmp, -1, 100000, 8, fail_run=False, sig=signal.SIGKILL,
-                                      opts=("onrequest", "elastic", "grow"))
+    conf = {**jr.CONF, **DYNAMIC, "spark.dynamicAllocation.maxExecutors": "2"} if dynamic else jr.CONF
+    out, _, killed = jr._run_and_kill(tmp, -1, 100000, 8, fail_run=False,
+                                      sig=signal.SIGTERM if preempt else signal.SIGKILL,
+                                      opts=("onrequest", "elastic", "grow"), conf=conf)
     att = [json.loads(a) for a in out.get("ATTEMPT", [])]
     log = tr._steplog(tmp / "steplog")
     last1 = [s for a, s, _ in log if a == "1"][-1] if any(a == "1" for a, _, _ in log) else None
@@ -74,7 +82,17 @@ def jvm_cycle(tmp: Path) -> dict:
     ok = ([a["nodes"] for a in att] == [2, 1, 2] and last1 is not None and bool(grown)
           and grown[0] == last1 + 1 and out.get("LEFT") == ["0"] and back is not None)
     first2 = next((ts for a, _, ts in log if a == "2"), None)
-    return {"passed": ok, "nodes": [a["nodes"] for a in att], "left": out.get("LEFT"),
+    if preempt:  # the checkpoint after the signal, attempt 1 right after it (0 steps lost)
+        ckpt = [s for a, s, _ in log if a == "0"][-1] if log else None
+        saved = killed[-1].get(ckpt) if ckpt is not None else None
+        first1 = [s for a, s, _ in log if a == "1"][:1]
+        lost0 = first1 == [ckpt + 1] if ckpt is not None else False
+        ok = ok and lost0 and saved is not None and saved - killed[0][0] <= 2.0
+        extra = {"checkpoint_s": round(saved - killed[0][0], 2) if saved else None,
+                 "zero_lost": lost0}
+    else:
+        extra = {}
+    return {"passed": ok, **extra, "nodes": [a["nodes"] for a in att], "left": out.get("LEFT"),
             "stopped_s": round(att[1]["ended"] / 1000 - back, 2) if ok else None,
             "regrow_s": round(first2 - back, 2) if ok and first2 else None,
             "cycle_s": round(time.time() - t0, 1)}
@@ -104,8 +122,10 @@ def main() -> None:
     ap = harness.cli(__doc__, runs=10)
     ap.add_argument("--jvm", action="store_true", help="the JVM runner's cycle (TrainApp)")
     ap.add_argument("--dynamic", action="store_true", help="dynamic allocation on (gang launch)")
+    ap.add_argument("--preempt", action="store_true", help="with --jvm: SIGTERM, the plugin on")
     args = harness.parse(ap)
-    name = "grow_bench_jvm" if args.jvm else "grow_bench_dynamic" if args.dynamic else "grow_bench"
+    name = ("grow_bench" + ("_jvm" if args.jvm else "") + ("_dynamic" if args.dynamic else "")
+            + ("_preempt" if args.jvm and args.preempt else ""))
     run = harness.Run(name, args)
     spark = None if args.jvm else harness.spark_session("local-cluster[3,1,1024]", {
         f"spark.executorEnv.{tsp_spark.MARK}": tr.MARK_VALUE,
@@ -114,13 +134,14 @@ def main() -> None:
     })
     cycles, refused = [], None
     try:
-        if args.dynamic:
+        if args.dynamic and spark is not None:
             refused = stock(spark)
             print(json.dumps({"stock": refused}), flush=True)
         for i in range(args.runs):
             tmp = Path(tempfile.mkdtemp(prefix="grow-bench-"))
             try:
-                cycles.append(jvm_cycle(tmp) if args.jvm else cycle(spark, tmp, i))
+                cycles.append(jvm_cycle(tmp, args.dynamic, args.preempt) if args.jvm
+                              else cycle(spark, tmp, i))
             except AssertionError as e:
                 cycles.append({"passed": False, "error": str(e)[:300]})
             print(json.dumps(cycles[-1]), flush=True)
@@ -131,8 +152,10 @@ def main() -> None:
     n = 2 if args.jvm else 3
     stopped = run.figure(f"{n} slots -> the {n - 1}-node attempt stopped", [c["stopped_s"] for c in ok], "s", 2)
     regrow = run.figure(f"{n} slots -> first step on {n} nodes", [c["regrow_s"] for c in ok], "s", 2)
+    if args.jvm and args.preempt:
+        run.figure("SIGTERM -> checkpoint complete", [c["checkpoint_s"] for c in ok], "s", 2)
     res = {"cycles": len(cycles), "passed": len(ok),
-           **({"stock": refused} if args.dynamic else {}), "stopped_median_s": stopped["median"],
+           **({"stock": refused} if refused else {}), "stopped_median_s": stopped["median"],
            "regrow_median_s": regrow["median"], "regrow_max_s": regrow["max"], "each": cycles}
     print(json.dumps(res, indent=1))
     run.results = res

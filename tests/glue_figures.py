@@ -167,7 +167,7 @@ TWINS: Tuple[Tuple[str, Tuple[str, ...], Tuple[str, ...]], ...] = (
       "RunOutput.java")),
     ("driver channel", ("driver/_channel.py", "driver/_pump.py", "driver/_progress.py"),
      ("RunChannel.java", "LinePump.java")),
-    ("gang launch", ("driver/_gang.py",), ("Gang.java",)),
+    ("gang launch", ("driver/_gang.py",), ("Gang.java", "GangHold.java")),
     ("election and rendezvous", ("native/_elect.py", "native/_rendezvous.py"),
      ("Election.java", "Rendezvous.java")),
     ("native bindings", ("native/_lib.py", "native/_native.py"),

@@ -173,14 +173,14 @@ def test_the_gang_deadline_names_what_started(spark):
     assert not tsp_spark.wait_gone(MARK_VALUE, 5)
 
 
-def test_a_smaller_attempt_asks_for_the_runs_executors(spark):
+def test_a_smaller_attempt_asks_for_the_runs_executors(spark, caplog):
     """Growing back under dynamic allocation (issue 31): an elastic attempt on fewer nodes
     than the run's (min_nodes, after an executor was lost) asks Spark for the run's
     executors, not its own: an ask for its own lowers Spark's requested total, and YARN or
     Kubernetes, which fill that total, never start the replacement the run waits for to grow
     back (the standalone master here replaces a lost executor at once, before the ask).
     Spark's requested total is read back; from 0 executors an ask for the attempt's 1 node
-    leaves it at 1."""
+    leaves it at 1. The log names the attempt's own tasks and the run's nodes."""
     from torchspark.driver import _gang
 
     deadline = time.monotonic() + 60  # the idle timeout (5 s) releases the earlier tests'
@@ -189,7 +189,46 @@ def test_a_smaller_attempt_asks_for_the_runs_executors(spark):
     assert executors(spark) == 0
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     d.num_tasks, d.num_processes, d.run_nodes = 1, 1, 2  # attempt 1 of a shrunk run (attempt())
-    assert _gang.ask(d) == 2
+    with caplog.at_level("INFO", logger=d.logger.name):
+        assert _gang.ask(d) == 2
+    assert "Asked Spark for 2 executor(s) for 1 gang task(s) (the run's 2 nodes)" in caplog.text
     jsc = spark.sparkContext._jsc.sc()
     asked = jsc.schedulerBackend().getRequestedTotalExecutors()
     assert asked.get(jsc.resourceProfileManager().defaultResourceProfile()).get() == 2, asked
+
+
+def _running_tasks(s):
+    """Tasks running on the executors now (Spark's status tracker), the driver left out."""
+    infos = s.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return sum(int(i.numRunningTasks()) for i in infos)
+
+
+def test_a_smaller_attempt_holds_a_slot_past_the_idle_timeout(spark):
+    """Growing back under dynamic allocation (issue 31): an elastic attempt holds a slot for
+    each node it lacks (_gang.Hold). Its pending task makes Spark's allocation manager start
+    an executor (nothing asked by hand here), it runs there past the 5 s idle timeout (the
+    executor stays: before, the replacement idled and was released while the smaller attempt
+    stopped, bench/grow_bench.py --dynamic), the grow watch counts it (running()), and it is
+    gone within seconds of the attempt's end, no task left running."""
+    import threading
+
+    from torchspark.driver import _gang
+
+    held, done = _gang.Hold(spark, 1), threading.Event()
+    held.begin(done)
+    deadline = time.monotonic() + 240
+    while not held.running() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert held.running() and executors(spark) >= 1
+    time.sleep(7)  # past spark.dynamicAllocation.executorIdleTimeout
+    assert held.running() and executors(spark) >= 1
+    ended = time.monotonic()
+    done.set()
+    held.thread.join(30)
+    assert not held.thread.is_alive()
+    while _running_tasks(spark) and time.monotonic() < ended + 30:
+        time.sleep(0.1)
+    took = time.monotonic() - ended
+    print(f"\nthe held slot's task gone {took:.2f} s after the attempt's end")
+    assert _running_tasks(spark) == 0 and took < 30, took
+    assert not spark.sparkContext.statusTracker().getActiveJobsIds()

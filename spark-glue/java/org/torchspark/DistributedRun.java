@@ -50,8 +50,10 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
+            GangHold hold = GangHold.start(sc, gang, ntasks, r.tasks(sc));
             if (entry != null) {
                 entry.server = ch.server; // the grow watch's checkpoint_and_stop
+                entry.hold = hold; // and its count
             }
             TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
             TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {}", world, ntasks,
@@ -68,6 +70,9 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                 throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
             } finally {
                 TorchSparkRunner.Metrics.AGENTS.addAndGet(-ntasks);
+                if (hold != null) {
+                    hold.release();
+                }
             }
             TorchSparkException hung = ch.endDoctor("distributed", job.error);
             if (hung != null) {
@@ -111,7 +116,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         spec.gangTimeoutMs = timeoutMs;
         // An elastic attempt on fewer nodes asks for the run's: an ask for its own lowers Spark's
         // requested total, and YARN or Kubernetes never start the replacement GrowWatch waits for.
-        Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)));
+        Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)), ntasks);
         return ch.rendezvous();
     }
 

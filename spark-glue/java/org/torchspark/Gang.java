@@ -69,8 +69,9 @@ final class Gang {
      * With dynamic allocation, asks Spark's allocation client for the executors that fit ntasks
      * tasks at once (the C core's rule, tsp_gang_ask) rather than waiting for its backlog ramp; the
      * idle timeout releases them after the run. The total asked for, or -1 where it cannot ask.
+     * attemptTasks: the attempt's own tasks (fewer in an elastic attempt), for the log.
      */
-    static int requestExecutors(SparkContext sc, int ntasks) {
+    static int requestExecutors(SparkContext sc, int ntasks, int attemptTasks) {
         SparkConf conf = sc.conf();
         if (!conf.getBoolean("spark.dynamicAllocation.enabled", false)) {
             return -1;
@@ -81,7 +82,8 @@ final class Gang {
             if (total < 0 || !sc.requestTotalExecutors(total, 0, scala.collection.immutable.Map$.MODULE$.empty())) {
                 return -1;
             }
-            TorchSparkRunner.LOG.info("requestTotalExecutors({}) for {} gang task(s)", total, ntasks);
+            TorchSparkRunner.LOG.info("requestTotalExecutors({}) for {} gang task(s){}", total, attemptTasks,
+                    attemptTasks != ntasks ? " (the run's " + ntasks + " nodes)" : "");
             return total;
         } catch (RuntimeException | LinkageError e) { // never a reason to fail a run: the backlog asks
             TorchSparkRunner.LOG.info("requestTotalExecutors failed ({}): Spark's backlog ramp brings the executors",

@@ -195,6 +195,8 @@ public final class TorchSparkRunner {
         volatile String excludedExecutor;
         /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
         volatile LogServer server;
+        /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null. */
+        volatile GangHold hold;
 
         Attempt(int attempt, int nodes) {
             this.attempt = attempt;

@@ -17,6 +17,8 @@ import json
 import logging
 import socket
 import threading
+import time
+import uuid
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from torchspark.native._lib import checked, load_library
@@ -31,6 +33,7 @@ WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
+HOLD_MS = 86_400_000  # a held slot's sleep: the attempt's end cancels it long before
 
 
 def mode(spark: Any, settings: Dict[str, Any]) -> str:
@@ -52,6 +55,7 @@ class Gang:
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
         self.nnodes, self.timeout_ms = nnodes, timeout_ms
+        self.hold: Optional[Hold] = None  # submitted once the gang formed (hold())
 
     def state(self) -> Tuple[int, int]:
         """(WAIT, GO or FAILED, nodes joined); the deadline is checked by the call."""
@@ -63,15 +67,24 @@ class Gang:
               on_failure: Callable[[Dict[str, Any]], None]) -> threading.Thread:
         """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
         (done) or it failed: then on_failure(the document). Join it before the rendezvous
-        is closed."""
+        is closed. With a hold, it submits it then (the attempt's tasks placed first); the
+        hold itself ends with the job (done)."""
         def run() -> None:
-            while not done.wait(WATCH_EVERY_S):
-                state = self.state()[0]
-                if state == GO:
-                    return
-                if state == FAILED:
-                    on_failure(self.failure(spark))
-                    return
+            formed = False
+            try:
+                while not done.wait(WATCH_EVERY_S):
+                    state = self.state()[0]
+                    formed = state == GO
+                    if formed:
+                        if self.hold is not None:
+                            self.hold.begin(done)
+                        return
+                    if state == FAILED:
+                        on_failure(self.failure(spark))
+                        return
+            finally:
+                if self.hold is not None and not formed:
+                    self.hold.drop()
 
         t = threading.Thread(target=run, daemon=True, name="torchspark-gang-watch")
         t.start()
@@ -110,11 +123,13 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
         return -1, -1
 
 
-def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Optional[int]:
+def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
+                      attempt_tasks: Optional[int] = None) -> Optional[int]:
     """With dynamic allocation, asks Spark's allocation client for the executors that fit
     num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
     waiting for its backlog ramp; the idle timeout releases them after the run. The total
-    asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
+    asked for, or None where it cannot ask (Spark Connect, no allocation client).
+    attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
     conf = spark.conf
     if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
         return None
@@ -131,12 +146,103 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger) -> Opt
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
             return None
-        logger.info(f"Asked Spark for {total} executor(s) for {num_tasks} gang task(s)")
+        own = attempt_tasks if attempt_tasks is not None else num_tasks
+        logger.info(f"Asked Spark for {total} executor(s) for {own} gang task(s)"
+                    + (f" (the run's {num_tasks} nodes)" if own != num_tasks else ""))
         return total
     except Exception as e:  # never a reason to fail a run: the backlog asks anyway
         logger.info(f"Could not ask Spark for executors ({e!r}); its allocation manager "
                     "asks from the job's backlog")
         return None
+
+
+class Hold:
+    """While an elastic attempt runs on fewer nodes than the run's under dynamic allocation:
+    k ordinary tasks, one per node the attempt lacks, that each hold a slot (a sleep in the
+    JVM through SQL's java_method: no Python worker) until the attempt's job ended. Spark's
+    allocation manager counts them, so it keeps asking for the run's executors rather than
+    lowering its requested total to the attempt's tasks once their backlog cleared (YARN and
+    Kubernetes would cancel the replacement), and a replacement executor runs one of them
+    from its registration: busy, spark.dynamicAllocation.executorIdleTimeout does not
+    release it before the run grows back onto it (bench/grow_bench.py --dynamic lost 2 of 3
+    replacements that way with a 5 s timeout). The grow watch counts the slots by it
+    (running(): _restart._Watch), as Spark Connect's by its probe. Its DataFrame is built at
+    once (a session's first SQL plan takes seconds under load); its job is submitted once
+    the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
+    sleep interrupted, when the attempt's job ended (done)."""
+
+    def __init__(self, spark: Any, k: int) -> None:
+        self.spark, self.k = spark, k
+        self.go, self.done = threading.Event(), threading.Event()
+        self.group = f"torchspark-hold-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
+        self.thread = threading.Thread(target=self._run, daemon=True, name="torchspark-hold")
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            df = self.spark.range(0, self.k, 1, self.k).selectExpr(
+                f"java_method('java.lang.Thread', 'sleep', {HOLD_MS}L)")
+            self.go.wait()
+            if self.done.is_set():  # dropped: the gang never formed
+                return
+            threading.Thread(target=self.release, daemon=True,
+                             name="torchspark-hold-release").start()
+            self.spark.sparkContext.setJobGroup(
+                self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
+            df.collect()
+        except Exception:  # cancelled: the attempt ended
+            pass
+
+    def begin(self, done: threading.Event) -> None:
+        """The gang formed: submit the job, to be cancelled once done (the attempt's job
+        ended) is set."""
+        self.done = done
+        self.go.set()
+
+    def drop(self) -> None:
+        """The gang failed or its job ended before it formed: nothing is submitted."""
+        self.done.set()
+        self.go.set()
+
+    def running(self) -> bool:
+        """Whether all k tasks run now (k slots of the run's held besides the attempt's)."""
+        try:
+            tracker = self.spark.sparkContext.statusTracker()
+            active = 0
+            for job in tracker.getJobIdsForGroup(self.group):
+                info = tracker.getJobInfo(job)
+                for stage in info.stageIds if info is not None else []:
+                    st = tracker.getStageInfo(stage)
+                    active += st.numActiveTasks if st is not None else 0
+            return active >= self.k
+        except Exception:  # the session is gone
+            return False
+
+    def release(self, wait_s: float = 10.0) -> None:
+        """Once the attempt's job ended: cancels the hold's job until its thread ended (a
+        job submitted after a cancel is cancelled by the next one)."""
+        self.done.wait()
+        sc, deadline = self.spark.sparkContext, time.monotonic() + wait_s
+        while self.thread.is_alive() and time.monotonic() < deadline:
+            try:
+                sc.cancelJobGroup(self.group)
+            except Exception:  # the session is gone: nothing left to hold
+                return
+            self.thread.join(0.2)
+
+
+def hold(distributor: Any) -> Optional[Hold]:
+    """An elastic attempt's Hold of the run's nodes less its own, under dynamic allocation
+    on a classic session; else None. The grow watch finds it in the failure times."""
+    k = distributor.run_nodes - distributor.num_tasks
+    if k <= 0 or distributor.is_remote or not REQUEST_EXECUTORS:
+        return None
+    conf = distributor.spark.conf
+    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
+        return None
+    held = Hold(distributor.spark, k)
+    distributor._failure_times["hold"] = held  # _restart._Watch counts by it
+    return held
 
 
 def ask(distributor: Any) -> Optional[int]:
@@ -147,7 +253,7 @@ def ask(distributor: Any) -> Optional[int]:
     if distributor.is_remote or not REQUEST_EXECUTORS:
         return None
     nodes = max(distributor.num_tasks, distributor.run_nodes)
-    return request_executors(distributor.spark, nodes, distributor.logger)
+    return request_executors(distributor.spark, nodes, distributor.logger, distributor.num_tasks)
 
 
 def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:
@@ -167,6 +273,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) 
     gang_spec: GangSpec = {"timeout_ms": timeout_ms}
     spec["gang"] = gang_spec
     ask(distributor)
+    gang.hold = hold(distributor)
     distributor.logger.info(
         f"Gang launch: {distributor.num_tasks} ordinary tasks that wait for each other up to "
         f"{timeout_ms / 1000:g} s (spark.torchspark.gang.timeout)")

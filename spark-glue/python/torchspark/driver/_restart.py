@@ -226,6 +226,9 @@ class _Watch:
                     self._ask(act["unreachable"])
 
     def _count(self) -> Optional[int]:
+        held = self.times.get("hold")  # a gang launch's slots held (_gang.Hold), if it holds
+        if held is not None and held.thread.is_alive():
+            return self.nodes + (held.k if held.running() else 0)
         if self.probe is None:
             return count_slots(self.spark, 0, 0)
         server = self.times.get("server")
@@ -292,7 +295,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 except TorchDistributorError as e:
                     error = e
                     entry.update({k: v for k, v in (times or {}).items()
-                                  if v is not None and k != "server"})
+                                  if v is not None and k not in ("server", "hold")})
                     event = failed_event(e, entry)
                 finally:
                     if watch is not None:
