@@ -22,12 +22,14 @@ formed and master elected, agents started, first worker exec, torch imported, pr
 up). Figures are medians; the load average is printed beside them.
 """
 import argparse
+import importlib
 import json
 import os
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from bench import harness
 from torchspark import TorchDistributor
@@ -122,7 +124,7 @@ def on_netns(args, argv):
         print(f"gang_bench --netns: the namespace cluster is unavailable: {why}", file=sys.stderr)
         return 2
     out = args.json or harness.OUT / "gang_bench_netns.json"
-    c = nc.NetnsCluster(workers=2, cores=1, run_dir=tempfile.mkdtemp(prefix="tsp-gang-"))
+    c = nc.NetnsCluster(workers=3 if args.grow else 2, cores=1, run_dir=tempfile.mkdtemp(prefix="tsp-gang-"))
     rc, left = None, None
     try:
         c.start()
@@ -148,25 +150,53 @@ def on_netns(args, argv):
     doc["options"].pop("driver_of", None)
     doc["options"]["netns"] = True
     doc["command"] = harness.command()
-    doc["results"]["netns"] = {"cluster": "standalone master + 2 workers (1 core, 1 GiB) in "
-                               "network namespaces", "processes_left": left,
-                               "teardown_left": gone}
+    doc["results"]["netns"] = {
+        "cluster": f"standalone master + {len(c.worker_names)} workers of 1 core, in network "
+                   "namespaces", "processes_left": left, "teardown_left": gone}
     out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"# results: {out}", flush=True)
     return 0 if not left and not gone else 1
 
 
-def session(args):
+def session(args, conf=None):
     """The bench's session: local-cluster, or (--driver-of) the namespace cluster's master,
     this process being its driver in the driver namespace."""
+    conf = conf or DYNAMIC
     if not args.driver_of:
-        return harness.spark_session("local-cluster[2,1,1024]", DYNAMIC)
+        return harness.spark_session("local-cluster[2,1,1024]", conf)
     master, host, addr = args.driver_of.split(",")
     light = harness.helper("netns_cluster").JVM_LIGHT
-    return harness.spark_session(master, dict(DYNAMIC, **{
+    return harness.spark_session(master, dict(conf, **{
         "spark.driver.host": host, "spark.driver.bindAddress": addr,
         "spark.executor.cores": "1", "spark.executor.memory": "512m",
         "spark.driver.extraJavaOptions": light, "spark.executor.extraJavaOptions": light}))
+
+
+def grow_cycles(args, run):
+    """--grow N: bench/grow_bench.py --dynamic's cycle N times on this cluster (3 workers):
+    node 1's executor JVM SIGKILLed, the run goes on with 2 nodes, the standalone worker
+    starts a replacement within Spark's requested total, the run grows back to 3 nodes from
+    the step it checkpointed (0 steps lost), no training process left."""
+    gb = importlib.import_module("bench.grow_bench")
+    mark = harness.helper("tsp_spark").MARK
+    spark = session(args, {**gb.DYNAMIC, f"spark.executorEnv.{mark}": gb.tr.MARK_VALUE,
+                           "spark.torchspark.job.replacementTimeout": "180s"})
+    cycles = []
+    try:
+        for i in range(args.grow):
+            tmp = Path(tempfile.mkdtemp(prefix="tsp-grow-netns-"))
+            try:
+                cycles.append(gb.cycle(spark, tmp, i))
+            except AssertionError as e:
+                cycles.append({"passed": False, "error": str(e)[:300]})
+            print(f"grow cycle {i}: {json.dumps(cycles[-1])}; load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    finally:
+        spark.stop()
+    ok = [c for c in cycles if c["passed"]]
+    run.figure("grow: 3 slots -> the 2-node attempt stopped", [c["stopped_s"] for c in ok], "s", 2)
+    run.figure("grow: 3 slots -> first step on 3 nodes", [c["regrow_s"] for c in ok], "s", 2)
+    run.results["grow"] = {"cycles": len(cycles), "passed": len(ok), "each": cycles}
 
 
 def main():
@@ -175,8 +205,12 @@ def main():
                     help="alternate runs without the driver's requestTotalExecutors")
     ap.add_argument("--netns", action="store_true",
                     help="on the namespace cluster (root): standalone, 2 workers of 1 core")
+    ap.add_argument("--grow", type=int, default=0, metavar="N",
+                    help="with --netns: then N grow-back cycles on 3 workers (bench/grow_bench.py)")
     ap.add_argument("--driver-of", help=argparse.SUPPRESS)  # --netns's driver program
     args = harness.parse(ap)
+    if args.grow and not (args.netns or args.driver_of):
+        ap.error("--grow needs --netns (on local-cluster: bench/grow_bench.py --dynamic)")
     if args.netns:
         argv = [a for a in sys.argv[1:] if a != "--netns"]
         if args.json:  # the driver writes it, then --netns adds the hosts' census
@@ -221,6 +255,8 @@ def main():
         run.compare("run() -> first training step from 0 executors",
                     [s[2] for s in got[True]], [s[2] for s in got[False]], "s",
                     ours_name="requestTotalExecutors", stock_name="backlog only", digits=3)
+    if args.grow:
+        grow_cycles(args, run)
     for k, v in run.figures.items():
         print(f"{k}: median {v['median']} s ({v['samples']})")
     run.finish()
