@@ -6,14 +6,15 @@ session, then "again after the executors were released as idle". --backlog alter
 without the driver's request for executors (requestTotalExecutors: _gang.REQUEST_EXECUTORS).
 
     .venv/bin/python -m bench.gang_bench [--runs 3] [--quick] [--backlog]
-    sudo .venv/bin/python -m bench.gang_bench --netns [--runs 3]
+    sudo .venv/bin/python -m bench.gang_bench --netns [--runs 3] [--grow N]
 
 --netns: the same on the namespace cluster (tests/helpers/netns_cluster.py: root and network
-namespaces): a standalone master and 2 workers of 1 core, each host its own namespace and
-address; the bench runs itself as the driver program in the driver namespace (client mode,
-dynamic allocation with shuffle tracking: standalone has no external shuffle service here),
-and afterwards counts the training processes left on any worker host (the marker census)
-and what the teardown left.
+namespaces): a standalone master and 2 workers (3 with --grow) of 1 core, each host its own
+namespace and address; the bench runs itself as the driver program in the driver namespace
+(client mode, dynamic allocation with shuffle tracking: standalone has no external shuffle
+service here), and afterwards counts the training processes left on any worker host (the marker census)
+and what the teardown left. --grow N (with --netns): then, in a second session on 3 workers,
+N cycles of bench/grow_bench.py --dynamic's grow-back cycle (grow_cycles()).
 
 Figures: seconds from run() to stock's refusal; from run() to the first executor registered,
 to the second, and to the first gloo DDP step of 2 ranks (the earliest of both ranks' step);
@@ -124,7 +125,8 @@ def on_netns(args, argv):
         print(f"gang_bench --netns: the namespace cluster is unavailable: {why}", file=sys.stderr)
         return 2
     out = args.json or harness.OUT / "gang_bench_netns.json"
-    c = nc.NetnsCluster(workers=3 if args.grow else 2, cores=1, run_dir=tempfile.mkdtemp(prefix="tsp-gang-"))
+    c = nc.NetnsCluster(workers=3 if args.grow else 2, cores=1,
+                        run_dir=tempfile.mkdtemp(prefix="tsp-gang-"))
     rc, left = None, None
     try:
         c.start()
