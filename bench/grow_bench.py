@@ -168,7 +168,11 @@ def connect_server(mark: str, dynamic: bool):
                                        master="local-cluster[3,1,1024]",
                                        env={"PYSPARK_PYTHON": tsp_spark.python_without_torchspark(
                                            where / "venv")})
-    server.wait_ready()
+    try:
+        server.wait_ready()
+    except BaseException:  # noqa: B902 - interrupted or failed: no server left behind
+        server.stop()
+        raise
     print(json.dumps({"connect_server": server.url, "log": str(server.log_path)}), flush=True)
     return server
 
