@@ -205,6 +205,32 @@ def test_unreachable_client_result_and_reports_as_rows_and_one_warning(spark, ca
     assert seen == d.reports and len(seen) == 40
 
 
+def test_a_held_slot_on_connect_runs_until_released_then_frees_it(spark):
+    """Connect's hold (issue 31: _restart._Probe keeps the slots it found under dynamic
+    allocation, else the idle timeout releases the replacement while the smaller attempt
+    stops): its task runs, tagged, until released; then it is interrupted by its tag at
+    once and both slots are free (a 2-task barrier job runs). Fails on a hold that only knew
+    classic sessions (its job was never submitted: the thread ended at once)."""
+    import threading
+
+    from torchspark.driver import _gang
+
+    held, done = _gang.Hold(spark, 1, remote=True), threading.Event()
+    held.begin(done)
+    time.sleep(3)
+    assert held.thread.is_alive()  # its one task sleeps in the JVM
+    ended = time.monotonic()
+    done.set()
+    held.thread.join(15)
+    assert not held.thread.is_alive()
+    rows = spark.range(0, 2, 1, 2).mapInArrow(_first_rows, "id long", barrier=True).collect()
+    assert sorted(r.id for r in rows) == [0, 1] and time.monotonic() - ended < 30
+
+
+def _first_rows(batches):
+    yield from batches
+
+
 def _train_on_request(ckpt, steplog, steps, every, end_attempt=None, end_after=0):
     """Function mode (forked from the executors' warm pools): a gloo training that resumes
     from torchspark.checkpoint, saves every `every` steps and when

@@ -169,10 +169,12 @@ class Hold:
     (running(): _restart._Watch), as Spark Connect's by its probe. Its DataFrame is built at
     once (a session's first SQL plan takes seconds under load); its job is submitted once
     the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
-    sleep interrupted, when the attempt's job ended (done)."""
+    sleep interrupted, when the attempt's job ended (done). remote: a Spark Connect session,
+    whose probe found the slots (_restart._Probe) and holds them so (tagged, interrupted by
+    its tag; it has no status tracker, so running() says nothing there)."""
 
-    def __init__(self, spark: Any, k: int) -> None:
-        self.spark, self.k = spark, k
+    def __init__(self, spark: Any, k: int, remote: bool = False) -> None:
+        self.spark, self.k, self.remote = spark, k, remote
         self.go, self.done = threading.Event(), threading.Event()
         self.group = f"torchspark-hold-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.thread = threading.Thread(target=self._run, daemon=True, name="torchspark-hold")
@@ -187,6 +189,13 @@ class Hold:
                 return
             threading.Thread(target=self.release, daemon=True,
                              name="torchspark-hold-release").start()
+            if self.remote:  # this thread's operations (Connect interrupts the task's thread)
+                self.spark.addTag(self.group)
+                try:
+                    df.collect()
+                finally:
+                    self.spark.removeTag(self.group)
+                return
             self.spark.sparkContext.setJobGroup(
                 self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
             df.collect()
@@ -222,10 +231,13 @@ class Hold:
         """Once the attempt's job ended: cancels the hold's job until its thread ended (a
         job submitted after a cancel is cancelled by the next one)."""
         self.done.wait()
-        sc, deadline = self.spark.sparkContext, time.monotonic() + wait_s
+        deadline = time.monotonic() + wait_s
         while self.thread.is_alive() and time.monotonic() < deadline:
             try:
-                sc.cancelJobGroup(self.group)
+                if self.remote:
+                    self.spark.interruptTag(self.group)
+                else:
+                    self.spark.sparkContext.cancelJobGroup(self.group)
             except Exception:  # the session is gone: nothing left to hold
                 return
             self.thread.join(0.2)

@@ -135,12 +135,15 @@ class _Probe:
     refuses barrier stages, k ordinary tasks that must overlap: probe_ran). Submitted from the watch's thread once the
     attempt's agents all connected (its own tasks hold their slots then), again after a
     failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
-    the watch counts at once rather than at its next period."""
+    the watch counts at once rather than at its next period. Under dynamic allocation the
+    slots it found are then held until the attempt ended (_gang.Hold): else the idle timeout
+    releases the replacement while the attempt stops at its checkpoint (bench/grow_bench.py
+    --connect --dynamic saw it), and the grown attempt waits for another executor."""
 
     def __init__(self, spark: Any, k: int, logger: Any, ran: threading.Event) -> None:
         self.spark, self.k, self.logger, self.wake = spark, k, logger, ran
         self.tag = f"torchspark-probe-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
-        self.done = threading.Event()
+        self.done, self.ended = threading.Event(), threading.Event()
         self.ok = False
         self.started = False
 
@@ -169,6 +172,10 @@ class _Probe:
             finally:
                 self.spark.removeTag(self.tag)
             self.ok = probe_ran(rows, self.k, barrier)
+            if self.ok and not barrier:
+                from torchspark.driver import _gang
+
+                _gang.Hold(self.spark, self.k, remote=True).begin(self.ended)
             if self.ok:
                 self.wake.set()  # the watch counts now, not at its next period
         except Exception as e:  # interrupted, or Spark's barrier slot check gave up
@@ -178,6 +185,7 @@ class _Probe:
             self.done.set()
 
     def cancel(self) -> None:
+        self.ended.set()  # the held slots go (_gang.Hold.release)
         if self.started and not self.ok and not self.done.is_set():
             try:
                 self.spark.interruptTag(self.tag)
