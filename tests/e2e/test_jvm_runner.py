@@ -161,7 +161,8 @@ def test_java_application_trains_across_two_executors(runner_app):
     assert re.fullmatch(r"rank 1 \(host \S+, pid \d+\) is in hang_worker\.py:18 `time\.sleep\(hold\)  "
                         r"# HANG-SLEEP` \(sleeps_before_the_collective\)"
                         + (r", its last collective all_reduce #1; rank 0 waits in all_reduce #2"
-                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), line
+                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), \
+        (line, out.get("HANG_DIAGNOSES"), out.get("HANG_MESSAGE"))  # a failure says which path threw
     msg = out["HANG_MESSAGE"][0]
     assert msg.startswith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
                           "printed or reported for 3s (spark.torchspark.hangTimeout); " + line), msg

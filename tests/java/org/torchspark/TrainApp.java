@@ -527,6 +527,8 @@ public final class TrainApp {
             System.out.println("HANG_MS: " + (System.nanoTime() - t0) / 1_000_000);
             System.out.println("HANG: rank=" + e.rank() + " host=" + e.host());
             System.out.println("HANG_LINES: " + String.join("|", r.hangReports()));
+            System.out.println("HANG_DIAGNOSES: " + r.hangReports().size() + " cause="
+                    + (e.getCause() == null ? "none" : e.getCause().getClass().getName()));
             System.out.println("HANG_MESSAGE: " + e.getMessage().replace('\n', '|'));
             System.out.println("HANG_REPORT: " + e.reportJson());
         }
