@@ -37,6 +37,9 @@ SPARK_GRACE_S = 3.0
 # (bench/restart_recovery.py sets it to SPARK_GRACE_S for the side-by-side "before").
 RESTART_GRACE_S = 0.0
 CANCEL_WAIT_S = 1.0
+# After a cancelled job's collect() failed: how long to wait for Spark's job-end event (the
+# scheduler fails the job's waiter before it posts it; normally a few ms).
+ENDED_WAIT_S = 10.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
 # A restarted attempt's job waits for the failed attempt's tasks to give their cores back.
 # Spark offers a core freed by a task's end to the waiting task sets for that executor
@@ -146,6 +149,30 @@ def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
     except Exception:  # an older Spark, or the session is gone: not known
         return None
     return None
+
+
+def job_ended(spark: Any, tag: str) -> bool:
+    """Whether every job tagged `tag` shows ended in Spark's status store (False before its
+    start was delivered; True when the store cannot be read: the session is stopping)."""
+    try:
+        jsc = spark.sparkContext._jsc
+        ids = list(jsc.sc().statusTracker().getJobIdsForTag(tag))
+        for job in ids:
+            info = jsc.statusTracker().getJobInfo(int(job))
+            if info is None or str(info.status()) == "RUNNING":
+                return False
+        return len(ids) > 0
+    except Exception:
+        return True
+
+
+def await_ended(spark: Any, tag: str, wait_s: float = ENDED_WAIT_S) -> None:
+    """After a cancel, until Spark shows the job tagged `tag` ended (job_ended), for up to
+    wait_s: Spark fails collect() before it posts the cancelled job's end, so run() could
+    otherwise raise while the job still shows active (BarrierJob.awaitEnded, JVM)."""
+    deadline = time.monotonic() + wait_s
+    while not job_ended(spark, tag) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def revive_until_running(spark: Any, tag: str, done: threading.Event,
@@ -273,5 +300,7 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
         gang_watch.join()
     if "gang" in box:
         done.wait(CANCEL_WAIT_S)
+        if not remote:  # (a Connect client has no status tracker)
+            await_ended(spark, tag)
     return Outcome(box.get("chunks") if error is None else None, error, root,
                    box.get("root_at"), box.get("ended_at"), lost, box.get("gang"))
