@@ -125,6 +125,24 @@ def test_spark_connect_leaves_out_the_decommissioned_node():
                                   "checkpointed on request and the node stopped")
 
 
+@pytest.mark.parametrize("launch, wait", [
+    (None, "Spark's barrier slot check waits for the slots"),
+    ("gang", "the gang launch waits for the slots (spark.torchspark.gang.timeout)")])
+def test_a_connect_restart_names_the_wait_of_the_launch_it_uses(caplog, launch, wait):
+    """The restart warning on Spark Connect says what waits for the slots: Spark's barrier
+    slot check, or in a gang launch (no barrier stage) the gang's deadline; the launch is a
+    structured field of the controller's start (runctl.json), never matched in text."""
+    def once(attempt, env, nodes):
+        if attempt == 0:
+            raise TorchDistributorError("TorchDistributor (distributed) failed: boom", {})
+        return "done"
+
+    with caplog.at_level(logging.WARNING, logger="t"):
+        assert _run(once, limit=1, launch=launch) == "done"
+    (text,) = [r.getMessage() for r in caplog.records if "restarting" in r.getMessage()]
+    assert text.endswith(f"(Spark Connect: {wait})"), text
+
+
 def test_min_nodes_is_checked_by_the_controller():
     assert _restart.min_nodes(None, 4) == 4  # not elastic
     assert _restart.min_nodes(2, 4) == 2

@@ -40,6 +40,7 @@ typedef struct {
     const glue_t *g;
     int max_restarts, nodes, min_nodes, remote;
     int global_batch; /* spark.torchspark.elastic.batch=global (else per_rank) */
+    int gang;         /* the attempts are gang launches (else barrier stages) */
     long long timeout_ms;
     int phase, attempt, running; /* the attempt in flight and its nodes */
     int unusable;                /* slots Spark still counts that are not (a silent node's) */
@@ -128,7 +129,7 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
                                         "state.attempt",      "state.running",
                                         "state.unusable",     "state.waited_ms",
                                         "state.grows",        "state.grow_asked",
-                                        "state.global_batch"};
+                                        "state.global_batch", "state.gang"};
     enum { NKEYS = sizeof ikeys / sizeof ikeys[0] };
     long long v[NKEYS] = {0};
     int rc = read_glue(r, "state.glue", c);
@@ -161,6 +162,7 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
         c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
         c->unusable = (int)v[6], c->waited_ms = v[7];
         c->grows = (int)v[8], c->grow = (int)v[9], c->global_batch = (int)v[10];
+        c->gang = (int)v[11];
     }
     return rc;
 }
@@ -292,12 +294,12 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_begin_object(w);
     key_str(w, "glue", c->g->glue);
     key_str(w, "phase", phases[c->phase]);
-    const char *ikeys[] = {"max_restarts", "nodes",      "min_nodes",   "replacement_timeout_ms",
-                           "attempt",      "running",    "unusable",    "waited_ms",
-                           "grows",        "grow_asked", "global_batch"};
-    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes,   c->timeout_ms,
-                               c->attempt,      c->running, c->unusable,    c->waited_ms,
-                               c->grows,        c->grow,    c->global_batch};
+    const char *ikeys[] = {"max_restarts", "nodes",      "min_nodes",    "replacement_timeout_ms",
+                           "attempt",      "running",    "unusable",     "waited_ms",
+                           "grows",        "grow_asked", "global_batch", "gang"};
+    const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes,    c->timeout_ms,
+                               c->attempt,      c->running, c->unusable,     c->waited_ms,
+                               c->grows,        c->grow,    c->global_batch, c->gang};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
         key_int(w, ikeys[i], ivals[i]);
     tsp_json_key(w, "remote");
@@ -314,23 +316,29 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
 static int on_start(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long nodes = 0, limit = 0, least = 0, timeout = 0;
-    char *batch = NULL;
+    char *batch = NULL, *launch = NULL;
     int rc = read_glue(r, "event.glue", c);
     if (rc || (rc = get_int(r, "event.nodes", 1, -1, &nodes)) ||
         (rc = get_int(r, "event.max_restarts", 0, 0, &limit)) ||
         (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
         (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
         (rc = tsp_jreq_bool(r, "event.remote", &c->remote)) ||
-        (rc = get_str(r, "event.batch", &batch))) {
-        free(batch);
-        return rc;
-    }
+        (rc = get_str(r, "event.batch", &batch)) || (rc = get_str(r, "event.launch", &launch)))
+        goto out;
     if (batch && strcmp(batch, "global") != 0 && strcmp(batch, "per_rank") != 0)
         rc = tsp__err(r->err, r->errlen, -EINVAL,
                       "the run controller's \"batch\" must be \"per_rank\", \"global\" or "
                       "null (spark.torchspark.elastic.batch)");
+    else if (launch && strcmp(launch, "gang") != 0 && strcmp(launch, "barrier") != 0)
+        rc = tsp__err(r->err, r->errlen, -EINVAL,
+                      "the run controller's \"launch\" must be \"barrier\", \"gang\" or null "
+                      "(spark.torchspark.launch, with auto resolved: got %s)",
+                      launch);
     c->global_batch = batch && strcmp(batch, "global") == 0;
+    c->gang = launch && strcmp(launch, "gang") == 0;
+out:
     free(batch);
+    free(launch);
     if (rc)
         return rc;
     if (nodes < 1)
@@ -515,8 +523,12 @@ out:
 /* The next attempt on nodes, after waiting waited_ms: a warning, then its submission. */
 static void restart(tsp_json_writer_t *w, ctl_t *c, int nodes)
 {
-    char seen[96], fewer[160] = "", text[CAUSE_MAX + 512];
-    if (c->remote)
+    char seen[128], fewer[160] = "", text[CAUSE_MAX + 512];
+    if (c->remote && c->gang) /* no barrier stage: the attempt's gang waits for its tasks */
+        snprintf(seen, sizeof seen,
+                 "Spark Connect: the gang launch waits for the slots "
+                 "(spark.torchspark.gang.timeout)");
+    else if (c->remote)
         snprintf(seen, sizeof seen,
                  "Spark Connect: Spark's barrier slot check waits for the slots");
     else
@@ -560,7 +572,7 @@ static int on_failed(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
         c->grows++; /* not a restart: it does not count against max_restarts */
     if (c->attempt - c->grows >= c->max_restarts) {
         rc = act_raise(w, c, c->max_restarts == 0 ? "failed" : "exhausted");
-    } else if (c->remote) { /* the client cannot count slots: Spark's barrier check waits */
+    } else if (c->remote) { /* the client cannot count slots: Spark (or the gang) waits */
         restart(w, c, c->nodes - lost > c->min_nodes ? c->nodes - lost : c->min_nodes);
     } else if (c->reason &&
                (strcmp(c->reason, "silent") == 0 || strcmp(c->reason, "preempted") == 0)) {

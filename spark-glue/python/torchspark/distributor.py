@@ -284,7 +284,8 @@ class TorchDistributor:
                                 replacement_timeout_s=timeout, remote=self.is_remote,
                                 logger=self.logger, record=self.attempts,
                                 times=self._failure_times,
-                                batch=self._settings["elastic.batch"])
+                                batch=self._settings["elastic.batch"],
+                                launch=_gang.mode(self.spark, self._settings))
         finally:
             self._attempt_env, self._log_fmt = {}, None
             self.num_tasks, self.num_processes = full

@@ -33,10 +33,11 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
 
 
 def start_event(nodes: int, limit: int, least: Optional[int], timeout_ms: int,
-                remote: bool, batch: Optional[str] = None) -> Dict[str, Any]:
+                remote: bool, batch: Optional[str] = None,
+                launch: Optional[str] = None) -> Dict[str, Any]:
     return {"event": "start", "glue": "python", "nodes": nodes, "max_restarts": limit,
             "min_nodes": least, "replacement_timeout_ms": timeout_ms, "remote": remote,
-            "batch": batch}
+            "batch": batch, "launch": launch}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
@@ -265,14 +266,15 @@ class _Watch:
 def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
-        times: Optional[Dict[str, Any]] = None, batch: Optional[str] = None) -> Any:
+        times: Optional[Dict[str, Any]] = None, batch: Optional[str] = None,
+        launch: Optional[str] = None) -> Any:
     """Calls run_once(attempt, env, nodes) as the controller says until it returns or the
     controller raises. record, when given, gets one dict per attempt (distributor.attempts);
     times is where run_once leaves when the failure was noticed (root_at, ended_at:
-    _job.Outcome) and which node went silent."""
+    _job.Outcome) and which node went silent. launch: the attempts' (_gang.mode)."""
     rec: List[Dict[str, Any]] = record if record is not None else []
     reply = step(None, start_event(need_slots, limit, least_slots,
-                                   int(replacement_timeout_s * 1000), remote, batch))
+                                   int(replacement_timeout_s * 1000), remote, batch, launch))
     entry: Dict[str, Any] = {}
     error: Optional[TorchDistributorError] = None
     result: Any = None
