@@ -215,7 +215,7 @@ def test_a_held_slot_on_connect_runs_until_released_then_frees_it(spark):
 
     from torchspark.driver import _gang
 
-    held, done = _gang.Hold(spark, 1, remote=True), threading.Event()
+    held, done = _gang.Hold(spark, 1, 86_400_000, remote=True), threading.Event()
     held.begin(done)
     time.sleep(3)
     assert held.thread.is_alive()  # its one task sleeps in the JVM

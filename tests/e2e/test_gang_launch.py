@@ -213,7 +213,7 @@ def test_a_smaller_attempt_holds_a_slot_past_the_idle_timeout(spark):
 
     from torchspark.driver import _gang
 
-    held, done = _gang.Hold(spark, 1), threading.Event()
+    held, done = _gang.Hold(spark, 1, 86_400_000), threading.Event()  # as runctl.json's
     held.begin(done)
     deadline = time.monotonic() + 240
     while not held.running() and time.monotonic() < deadline:

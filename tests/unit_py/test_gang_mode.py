@@ -32,3 +32,24 @@ def test_a_gang_launch_turns_the_rendezvous_on_under_connect():
     assert _rendezvous.enabled({"rendezvous": None}, remote=False)
     assert not _rendezvous.enabled({"rendezvous": False}, remote=True, gang=True)
     assert not _rendezvous.enabled({"rendezvous": False}, remote=False, gang=True)
+
+
+def test_an_attempt_holds_the_slots_the_controller_says_from_its_gangs_go():
+    """_gang.hold performs the run controller's decision (its submit's "hold",
+    runctl.json): a Hold of its slots and sleep when it holds from the gang's GO; none
+    without one, or when the Connect probe holds (from "probe", _restart._Probe)."""
+    class Attempt:  # what _gang.hold reads of a distributor
+        spark = _Session({})  # the Hold's thread finds no range(): nothing is submitted
+        _failure_times: dict = {}
+
+    for plan in (None, {"slots": 2, "from": "probe", "ms": 5}):
+        Attempt._failure_times = {"submit": {"do": "submit", "hold": plan}}
+        assert _gang.hold(Attempt) is None and "hold" not in Attempt._failure_times
+    Attempt._failure_times = {"submit": {"do": "submit", "hold": {"slots": 2, "from": "go",
+                                                                   "ms": 5}}}
+    held = _gang.hold(Attempt)
+    assert held is not None and (held.k, held.ms, held.remote) == (2, 5, False)
+    assert Attempt._failure_times["hold"] is held  # the grow watch counts by it
+    held.drop()
+    held.thread.join(5)
+    assert not held.thread.is_alive()

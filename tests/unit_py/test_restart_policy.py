@@ -263,7 +263,7 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
     monkeypatch.setattr(_restart, "_WATCH_SCALE", 0.01)
     monkeypatch.setattr(_restart, "PROBE_HOLD_S", 0.05)
     assert _run(once, spark=Session(), limit=1, least_slots=1, times=times,
-                record=record) == "done"
+                record=record, dynamic=dynamic) == "done"
     assert seen == [2, 1, 2]
     assert "grows back" in record[1]["cause"] and "step 12" in record[1]["cause"]
     tag = calls[0][1]

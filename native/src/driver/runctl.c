@@ -21,6 +21,7 @@
 #define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
 #define WATCH_MS 3000          /* a shrunk attempt's slot count, every so often */
 #define GROW_DEADLINE_MS 60000 /* from the request to checkpoint until the attempt stopped */
+#define HOLD_MS 86400000LL     /* a held slot's sleep: the attempt's end interrupts it first */
 
 /* What differs between the glues' words: the runner's name and its settings' spelling. */
 typedef struct {
@@ -41,6 +42,7 @@ typedef struct {
     int max_restarts, nodes, min_nodes, remote;
     int global_batch; /* spark.torchspark.elastic.batch=global (else per_rank) */
     int gang;         /* the attempts are gang launches (else barrier stages) */
+    int dynamic;      /* spark.dynamicAllocation.enabled: Spark's allocation manager */
     long long timeout_ms;
     int phase, attempt, running; /* the attempt in flight and its nodes */
     int unusable;                /* slots Spark still counts that are not (a silent node's) */
@@ -129,7 +131,8 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
                                         "state.attempt",      "state.running",
                                         "state.unusable",     "state.waited_ms",
                                         "state.grows",        "state.grow_asked",
-                                        "state.global_batch", "state.gang"};
+                                        "state.global_batch", "state.gang",
+                                        "state.dynamic"};
     enum { NKEYS = sizeof ikeys / sizeof ikeys[0] };
     long long v[NKEYS] = {0};
     int rc = read_glue(r, "state.glue", c);
@@ -162,7 +165,7 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
         c->timeout_ms = v[3], c->attempt = (int)v[4], c->running = (int)v[5];
         c->unusable = (int)v[6], c->waited_ms = v[7];
         c->grows = (int)v[8], c->grow = (int)v[9], c->global_batch = (int)v[10];
-        c->gang = (int)v[11];
+        c->gang = (int)v[11], c->dynamic = (int)v[12];
     }
     return rc;
 }
@@ -196,6 +199,22 @@ static void key_str(tsp_json_writer_t *w, const char *k, const char *v)
     tsp_json_str(w, v);
 }
 
+/* Under dynamic allocation a shrunk attempt holds a slot for each node it lacks (ordinary
+ * tasks that sleep): Spark's allocation manager keeps asking for the run's executors, and
+ * a replacement runs one from its registration, busy, so that the idle timeout does not
+ * release it before the run grows back onto it (docs/protocol.md section 11, "hold"). A
+ * classic gang holds them from its GO (the attempt's tasks placed first), a Connect client
+ * once its probe of ordinary tasks found them; each until the attempt's job ended. */
+static void act_hold(tsp_json_writer_t *w, const ctl_t *c)
+{
+    tsp_json_key(w, "hold");
+    tsp_json_begin_object(w);
+    key_int(w, "slots", c->nodes - c->running);
+    key_str(w, "from", c->remote ? "probe" : "go");
+    key_int(w, "ms", HOLD_MS);
+    tsp_json_end(w);
+}
+
 static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
 {
     char num[24], limit[24], cause[ENV_CAUSE_MAX + 1];
@@ -223,6 +242,8 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
         key_int(w, "watch_ms", WATCH_MS);
         if (c->remote) /* a Connect client counts by a probe of the missing nodes (protocol 11) */
             key_int(w, "probe", c->nodes - c->running);
+        if (c->dynamic && (c->gang || c->remote))
+            act_hold(w, c);
     }
     tsp_json_end(w);
 }
@@ -296,10 +317,12 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     key_str(w, "phase", phases[c->phase]);
     const char *ikeys[] = {"max_restarts", "nodes",      "min_nodes",    "replacement_timeout_ms",
                            "attempt",      "running",    "unusable",     "waited_ms",
-                           "grows",        "grow_asked", "global_batch", "gang"};
+                           "grows",        "grow_asked", "global_batch", "gang",
+                           "dynamic"};
     const long long ivals[] = {c->max_restarts, c->nodes,   c->min_nodes,    c->timeout_ms,
                                c->attempt,      c->running, c->unusable,     c->waited_ms,
-                               c->grows,        c->grow,    c->global_batch, c->gang};
+                               c->grows,        c->grow,    c->global_batch, c->gang,
+                               c->dynamic};
     for (size_t i = 0; i < sizeof ikeys / sizeof ikeys[0]; i++)
         key_int(w, ikeys[i], ivals[i]);
     tsp_json_key(w, "remote");
@@ -323,7 +346,8 @@ static int on_start(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
         (rc = get_int(r, "event.min_nodes", 1, 0, &least)) ||
         (rc = get_int(r, "event.replacement_timeout_ms", 0, 30000, &timeout)) ||
         (rc = tsp_jreq_bool(r, "event.remote", &c->remote)) ||
-        (rc = get_str(r, "event.batch", &batch)) || (rc = get_str(r, "event.launch", &launch)))
+        (rc = get_str(r, "event.batch", &batch)) || (rc = get_str(r, "event.launch", &launch)) ||
+        (rc = tsp_jreq_bool(r, "event.dynamic", &c->dynamic)))
         goto out;
     if (batch && strcmp(batch, "global") != 0 && strcmp(batch, "per_rank") != 0)
         rc = tsp__err(r->err, r->errlen, -EINVAL,

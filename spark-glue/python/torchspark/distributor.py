@@ -285,7 +285,8 @@ class TorchDistributor:
                                 logger=self.logger, record=self.attempts,
                                 times=self._failure_times,
                                 batch=self._settings["elastic.batch"],
-                                launch=_gang.mode(self.spark, self._settings))
+                                launch=_gang.mode(self.spark, self._settings),
+                                dynamic=_gang.dynamic(self.spark))
         finally:
             self._attempt_env, self._log_fmt = {}, None
             self.num_tasks, self.num_processes = full

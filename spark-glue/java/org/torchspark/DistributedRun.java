@@ -50,7 +50,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
-            GangHold hold = GangHold.start(sc, gang, ntasks, r.tasks(sc));
+            GangHold hold = gang != null && entry != null && entry.holdPlan != null ? new GangHold(sc, gang, entry.holdPlan) : null;
             if (entry != null) {
                 entry.server = ch.server; // the grow watch's checkpoint_and_stop
                 entry.hold = hold; // and its count

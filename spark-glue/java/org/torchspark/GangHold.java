@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.util.UUID;
 import java.util.stream.IntStream;
 import org.apache.spark.SparkContext;
@@ -9,8 +10,9 @@ import org.apache.spark.SparkStatusTracker;
 import org.apache.spark.api.java.JavaSparkContext;
 
 /**
- * While an elastic attempt runs on fewer nodes than the run's under dynamic allocation: k
- * ordinary tasks, one per node the attempt lacks, that each hold a slot (a sleep) from the
+ * The run controller's hold (a submit's "hold" from "go", docs/protocol.md 11): while an
+ * elastic attempt runs on fewer nodes than the run's under dynamic allocation, k ordinary
+ * tasks, one per node the attempt lacks, that each hold a slot (a sleep of its ms) from the
  * gang's GO (the attempt's tasks placed first) until the attempt's job ended. Spark's
  * allocation manager counts them, so it keeps asking for the run's executors rather than
  * lowering its requested total to the attempt's tasks once their backlog cleared, and a
@@ -19,29 +21,23 @@ import org.apache.spark.api.java.JavaSparkContext;
  * The PySpark twin is _gang.py's Hold; Gang.java is the gang launch.
  */
 final class GangHold {
-    static final long HOLD_MS = 86_400_000L; // the attempt's end cancels it long before
     final int k;
     private final SparkContext sc;
     private final String group = "torchspark-hold-" + UUID.randomUUID().toString().replace("-", "");
     private final Thread thread;
     private volatile boolean released;
 
-    private GangHold(SparkContext sc, Rendezvous gang, int k) {
+    /** The hold the controller's submit asks for (plan: its "hold": its "from" is "go", the JVM
+     *  has no Spark Connect probe) in the gang launch of gang. */
+    GangHold(SparkContext sc, Rendezvous gang, JsonNode plan) {
         this.sc = sc;
-        this.k = k;
-        thread = new Thread(() -> run(gang, k), "torchspark-hold");
+        this.k = plan.path("slots").asInt();
+        thread = new Thread(() -> run(gang, plan.path("ms").asLong()), "torchspark-hold");
         thread.setDaemon(true);
         thread.start();
     }
 
-    /** The hold of an attempt of ntasks nodes in a run of runNodes, or null: a full attempt,
-     *  no dynamic allocation. */
-    static GangHold start(SparkContext sc, Rendezvous gang, int ntasks, int runNodes) {
-        boolean dynamic = sc.conf().getBoolean("spark.dynamicAllocation.enabled", false);
-        return gang != null && dynamic && ntasks < runNodes ? new GangHold(sc, gang, runNodes - ntasks) : null;
-    }
-
-    private void run(Rendezvous gang, int k) {
+    private void run(Rendezvous gang, long ms) {
         try {
             int state = Gang.WAIT;
             while (!released && (state = gang.gangState()) == Gang.WAIT) {
@@ -52,7 +48,7 @@ final class GangHold {
             }
             sc.setJobGroup(group, "torchspark: slots held for the run's nodes", true);
             JavaSparkContext.fromSparkContext(sc).parallelize(IntStream.range(0, k).boxed().toList(), k)
-                    .foreach(i -> Thread.sleep(HOLD_MS));
+                    .foreach(i -> Thread.sleep(ms));
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
         } catch (Exception e) { // cancelled (a SparkException, undeclared): the attempt ended

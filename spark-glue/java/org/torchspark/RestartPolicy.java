@@ -172,15 +172,16 @@ final class RestartPolicy {
      *  elastic). */
     static <T> T run(Body<T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<TorchSparkRunner.Attempt> record) {
-        return run(body, limit, () -> freeSlots(sc), id -> excludeExecutor(sc, id), needSlots, leastSlots,
-                conf.number("job.replacementTimeout"), conf.string("elastic.batch"), record);
+        ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
+        start.put("launch", Gang.mode(sc.conf(), conf)).put("dynamic", sc.conf().getBoolean("spark.dynamicAllocation.enabled", false));
+        return run(body, start, () -> freeSlots(sc), id -> excludeExecutor(sc, id), record);
     }
 
-    /** The loop with Spark's two calls given (slots: the cluster's barrier task slots now,
-     *  which may throw when Spark cannot tell; exclude), batch null: per_rank; see run(Body, ...). */
-    static <T> T run(Body<T> body, int limit, IntSupplier slots, Predicate<String> exclude, int needSlots,
-            int leastSlots, long timeoutMs, String batch, List<TorchSparkRunner.Attempt> record) {
-        JsonNode reply = step(null, start(needSlots, limit, leastSlots, timeoutMs, batch));
+    /** The loop from the controller's start event (start()) with Spark's two calls given
+     *  (slots: the cluster's barrier task slots now, which may throw when Spark cannot tell;
+     *  exclude); see run(Body, ...). */
+    static <T> T run(Body<T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<TorchSparkRunner.Attempt> record) {
+        JsonNode reply = step(null, start);
         TorchSparkRunner.Attempt entry = null;
         TorchSparkException error = null;
         T result = null;
@@ -196,6 +197,7 @@ final class RestartPolicy {
                     case "raise" -> throw raised(act, error);
                     case "submit" -> {
                         entry = new TorchSparkRunner.Attempt(act.path("attempt").asInt(), act.path("nodes").asInt());
+                        entry.holdPlan = act.get("hold"); // a gang launch's (GangHold)
                         record.add(entry);
                         Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
                                 new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});

@@ -195,8 +195,10 @@ public final class TorchSparkRunner {
         volatile String excludedExecutor;
         /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
         volatile LogServer server;
-        /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null. */
+        /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null;
+         *  the controller's plan of it (its submit's "hold", or null). */
         volatile GangHold hold;
+        JsonNode holdPlan;
 
         Attempt(int attempt, int nodes) {
             this.attempt = attempt;

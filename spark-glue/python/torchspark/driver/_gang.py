@@ -33,7 +33,11 @@ WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
-HOLD_MS = 86_400_000  # a held slot's sleep: the attempt's end cancels it long before
+
+
+def dynamic(spark: Any) -> bool:
+    """Whether the session's spark.dynamicAllocation.enabled is true."""
+    return str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true"
 
 
 def mode(spark: Any, settings: Dict[str, Any]) -> str:
@@ -41,8 +45,7 @@ def mode(spark: Any, settings: Dict[str, Any]) -> str:
     Connect): the setting, with auto resolved by Spark's spark.dynamicAllocation.enabled."""
     launch = settings["launch"]
     if launch == "auto":
-        on = str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower()
-        return GANG if on == "true" else BARRIER
+        return GANG if dynamic(spark) else BARRIER
     return str(launch)
 
 
@@ -131,7 +134,7 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
     asked for, or None where it cannot ask (Spark Connect, no allocation client).
     attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
     conf = spark.conf
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
+    if not dynamic(spark):
         return None
     try:
         sc = spark.sparkContext
@@ -157,9 +160,10 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
 
 
 class Hold:
-    """While an elastic attempt runs on fewer nodes than the run's under dynamic allocation:
-    k ordinary tasks, one per node the attempt lacks, that each hold a slot (a sleep in the
-    JVM through SQL's java_method: no Python worker) until the attempt's job ended. Spark's
+    """The run controller's hold (a submit's "hold", docs/protocol.md 11): while an elastic
+    attempt runs on fewer nodes than the run's under dynamic allocation, k ordinary tasks,
+    one per node the attempt lacks, that each hold a slot (a sleep of ms in the JVM through
+    SQL's java_method: no Python worker) until the attempt's job ended. Spark's
     allocation manager counts them, so it keeps asking for the run's executors rather than
     lowering its requested total to the attempt's tasks once their backlog cleared (YARN and
     Kubernetes would cancel the replacement), and a replacement executor runs one of them
@@ -173,8 +177,8 @@ class Hold:
     whose probe found the slots (_restart._Probe) and holds them so (tagged, interrupted by
     its tag; it has no status tracker, so running() says nothing there)."""
 
-    def __init__(self, spark: Any, k: int, remote: bool = False) -> None:
-        self.spark, self.k, self.remote = spark, k, remote
+    def __init__(self, spark: Any, k: int, ms: int, remote: bool = False) -> None:
+        self.spark, self.k, self.ms, self.remote = spark, k, ms, remote
         self.go, self.done = threading.Event(), threading.Event()
         self.group = f"torchspark-hold-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.thread = threading.Thread(target=self._run, daemon=True, name="torchspark-hold")
@@ -183,7 +187,7 @@ class Hold:
     def _run(self) -> None:
         try:
             df = self.spark.range(0, self.k, 1, self.k).selectExpr(
-                f"java_method('java.lang.Thread', 'sleep', {HOLD_MS}L)")
+                f"java_method('java.lang.Thread', 'sleep', {int(self.ms)}L)")
             self.go.wait()
             if self.done.is_set():  # dropped: the gang never formed
                 return
@@ -244,15 +248,13 @@ class Hold:
 
 
 def hold(distributor: Any) -> Optional[Hold]:
-    """An elastic attempt's Hold of the run's nodes less its own, under dynamic allocation
-    on a classic session; else None. The grow watch finds it in the failure times."""
-    k = distributor.run_nodes - distributor.num_tasks
-    if k <= 0 or distributor.is_remote or not REQUEST_EXECUTORS:
+    """The attempt's Hold when the run controller's submit asks for one from the gang's GO
+    (_restart.run leaves the submit in the failure times), else None. The grow watch finds
+    it in the failure times."""
+    plan = (distributor._failure_times.get("submit") or {}).get("hold")
+    if not plan or plan["from"] != "go" or not REQUEST_EXECUTORS:
         return None
-    conf = distributor.spark.conf
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
-        return None
-    held = Hold(distributor.spark, k)
+    held = Hold(distributor.spark, plan["slots"], plan["ms"])
     distributor._failure_times["hold"] = held  # _restart._Watch counts by it
     return held
 

@@ -33,11 +33,11 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
 
 
 def start_event(nodes: int, limit: int, least: Optional[int], timeout_ms: int,
-                remote: bool, batch: Optional[str] = None,
-                launch: Optional[str] = None) -> Dict[str, Any]:
+                remote: bool, batch: Optional[str] = None, launch: Optional[str] = None,
+                dynamic: bool = False) -> Dict[str, Any]:
     return {"event": "start", "glue": "python", "nodes": nodes, "max_restarts": limit,
             "min_nodes": least, "replacement_timeout_ms": timeout_ms, "remote": remote,
-            "batch": batch, "launch": launch}
+            "batch": batch, "launch": launch, "dynamic": dynamic}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
@@ -136,17 +136,19 @@ class _Probe:
     refuses barrier stages, k ordinary tasks that must overlap: probe_ran). Submitted from the watch's thread once the
     attempt's agents all connected (its own tasks hold their slots then), again after a
     failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
-    the watch counts at once rather than at its next period. Under dynamic allocation the
-    slots it found are then held until the attempt ended (_gang.Hold): else the idle timeout
-    releases the replacement while the attempt stops at its checkpoint (bench/grow_bench.py
-    --connect --dynamic saw it), and the grown attempt waits for another executor."""
+    the watch counts at once rather than at its next period. With the controller's hold
+    (the submit's, from "probe": under dynamic allocation) the slots it found are then held
+    until the attempt ended (_gang.Hold): else the idle timeout releases the replacement
+    while the attempt stops at its checkpoint (bench/grow_bench.py --connect --dynamic saw
+    it), and the grown attempt waits for another executor."""
 
-    def __init__(self, spark: Any, k: int, logger: Any, ran: threading.Event) -> None:
-        self.spark, self.k, self.logger, self.wake = spark, k, logger, ran
+    def __init__(self, spark: Any, submit: Dict[str, Any], logger: Any, ran: threading.Event) -> None:
+        # k: the nodes the attempt lacks; hold: the controller's (from "probe"), or None.
+        self.spark, self.logger, self.wake = spark, logger, ran
+        self.k, self.hold = int(submit["probe"]), submit.get("hold")
         self.tag = f"torchspark-probe-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.done, self.ended = threading.Event(), threading.Event()
-        self.ok = False
-        self.started = False
+        self.ok = self.started = False
 
     def ran(self, ready: bool) -> bool:
         """True once the probe ran; submits it when ready and none is waiting."""
@@ -164,19 +166,20 @@ class _Probe:
             self.spark.addTag(self.tag)  # this thread's operations only (Connect's tags)
             try:
                 # Spark refuses a barrier stage under dynamic allocation (SPARK-24942):
-                # there, ordinary tasks that hold their slots PROBE_HOLD_S and must overlap.
-                barrier = self.spark.conf.get("spark.dynamicAllocation.enabled",
-                                              "false").strip().lower() != "true"
+                # there (the controller holds), ordinary tasks that hold their slots
+                # PROBE_HOLD_S and must overlap.
+                barrier = self.hold is None
                 df = self.spark.range(0, self.k, 1, self.k)
                 rows = df.mapInArrow(_echo(0.0 if barrier else PROBE_HOLD_S),
                                      "t0 double, t1 double", barrier=barrier).collect()
             finally:
                 self.spark.removeTag(self.tag)
             self.ok = probe_ran(rows, self.k, barrier)
-            if self.ok and not barrier:
+            if self.ok and self.hold is not None:
                 from torchspark.driver import _gang
 
-                _gang.Hold(self.spark, self.k, remote=True).begin(self.ended)
+                _gang.Hold(self.spark, self.hold["slots"], self.hold["ms"],
+                           remote=True).begin(self.ended)
             if self.ok:
                 self.wake.set()  # the watch counts now, not at its next period
         except Exception as e:  # interrupted, or Spark's barrier slot check gave up
@@ -208,7 +211,7 @@ class _Watch:
         self.nodes = int(submit["nodes"])
         self.ended = threading.Event()
         self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
-        self.probe = (_Probe(spark, int(submit["probe"]), logger, self.wake)
+        self.probe = (_Probe(spark, submit, logger, self.wake)
                       if submit.get("probe") else None)
         first_ms = submit["watch_ms"]
         self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
@@ -267,14 +270,15 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
         times: Optional[Dict[str, Any]] = None, batch: Optional[str] = None,
-        launch: Optional[str] = None) -> Any:
+        launch: Optional[str] = None, dynamic: bool = False) -> Any:
     """Calls run_once(attempt, env, nodes) as the controller says until it returns or the
     controller raises. record, when given, gets one dict per attempt (distributor.attempts);
     times is where run_once leaves when the failure was noticed (root_at, ended_at:
-    _job.Outcome) and which node went silent. launch: the attempts' (_gang.mode)."""
+    _job.Outcome) and which node went silent; the submit is left there (_gang.hold). launch:
+    the attempts' (_gang.mode); dynamic: spark.dynamicAllocation.enabled."""
     rec: List[Dict[str, Any]] = record if record is not None else []
     reply = step(None, start_event(need_slots, limit, least_slots,
-                                   int(replacement_timeout_s * 1000), remote, batch, launch))
+                                   int(replacement_timeout_s * 1000), remote, batch, launch, dynamic))
     entry: Dict[str, Any] = {}
     error: Optional[TorchDistributorError] = None
     result: Any = None
@@ -297,6 +301,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 rec.append(entry)
                 if times is not None:
                     times.clear()
+                    times["submit"] = act
                 watch = (_Watch(spark, state, act, logger, times)
                          if act.get("watch_ms") and times is not None else None)
                 try:
@@ -305,7 +310,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                 except TorchDistributorError as e:
                     error = e
                     entry.update({k: v for k, v in (times or {}).items()
-                                  if v is not None and k not in ("server", "hold")})
+                                  if v is not None and k not in ("server", "hold", "submit")})
                     event = failed_event(e, entry)
                 finally:
                     if watch is not None:

@@ -82,7 +82,7 @@ public class RunnerTest {
             RestartPolicy.run((n, env, nodes, e) -> {
                 envs.add(env);
                 throw n == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
-            }, 1, () -> 2, id -> true, 2, 2, 1000, null, rec);
+            }, RestartPolicy.start(2, 1, 2, 1000, null), () -> 2, id -> true, rec);
             fail("restarts used up");
         } catch (TorchSparkException e) {
             assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "1"), envs.get(0));
@@ -95,6 +95,23 @@ public class RunnerTest {
             assertEquals(1, e.nodeRank().intValue()); // the last attempt's fields
             assertEquals(cause, rec.get(0).cause());
         }
+    }
+
+    /** A smaller gang attempt under dynamic allocation holds the slots it lacks as the run
+     *  controller's submit says (its "hold", runctl.json); the adapter only carries it to the
+     *  attempt (DistributedRun's GangHold performs it once the gang formed). */
+    @Test
+    public void aSmallerGangAttemptCarriesTheControllersHold() {
+        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        assertEquals(Integer.valueOf(1), RestartPolicy.run((n, env, nodes, e) -> {
+            if (n == 0) {
+                throw rankFailed("boom");
+            }
+            return nodes;
+        }, RestartPolicy.start(2, 1, 1, 0, null).put("launch", "gang").put("dynamic", true), () -> 1,
+                id -> true, rec));
+        assertNull(rec.get(0).holdPlan); // at the run's size
+        assertEquals("{\"slots\":1,\"from\":\"go\",\"ms\":86400000}", rec.get(1).holdPlan.toString());
     }
 
     /** Elastic restarts: minNodes from the builder or the conf, checked by the controller
@@ -125,7 +142,7 @@ public class RunnerTest {
                 throw rankFailed("boom");
             }
             return nodes;
-        }, 1, () -> ++looks[0] >= 3 ? 2 : 1, id -> true, 2, 2, 60_000, null, rec));
+        }, RestartPolicy.start(2, 1, 2, 60_000, null), () -> ++looks[0] >= 3 ? 2 : 1, id -> true, rec));
         assertEquals(3, looks[0]);
         // Spark cannot tell: its own barrier slot check decides (all the nodes).
         rec.clear();
@@ -134,9 +151,9 @@ public class RunnerTest {
                 throw rankFailed("boom");
             }
             return nodes;
-        }, 1, () -> {
+        }, RestartPolicy.start(4, 1, 2, 60_000, null), () -> {
             throw new IllegalStateException("stopped");
-        }, id -> true, 4, 2, 60_000, null, rec));
+        }, id -> true, rec));
     }
 
     /** A silent node is the log server's "lost" root cause whose document's reason says so
@@ -176,11 +193,11 @@ public class RunnerTest {
                 throw rankFailed("lost connection to node 1 (host h, address a): it went silent: x");
             }
             return "ok on " + nodes + " after " + env.get("TORCHSPARK_RESTART_CAUSE");
-        }, 2, () -> slots[0], id -> {
+        }, RestartPolicy.start(2, 2, 1, 60_000, null), () -> slots[0], id -> {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
             return true;
-        }, 2, 1, 60_000, null, rec);
+        }, rec);
         assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
         assertEquals(List.of("7"), excluded);
         assertEquals(2, rec.size());
@@ -199,7 +216,7 @@ public class RunnerTest {
                 throw rankFailed("went silent");
             }
             return nodes;
-        }, 1, () -> 2, id -> false, 2, 1, 60_000, null, rec);
+        }, RestartPolicy.start(2, 1, 1, 60_000, null), () -> 2, id -> false, rec);
         assertEquals(1, rec.get(1).nodes());
         assertNull(rec.get(0).excludedExecutor());
 
@@ -208,7 +225,7 @@ public class RunnerTest {
         try {
             RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 2, 2, 100, null, rec);
+            }, RestartPolicy.start(2, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart without slots");
         } catch (TorchSparkException e) {
             assertEquals(List.of("rank 1 exited with code 9", "no restart: 2 task slot(s) needed, 1 available after "
@@ -220,7 +237,7 @@ public class RunnerTest {
         try {
             RestartPolicy.run((n, env, nodes, entry) -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, 3, () -> 1, id -> true, 4, 2, 100, null, rec);
+            }, RestartPolicy.start(4, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart below minNodes");
         } catch (TorchSparkException e) {
             assertTrue(e.attempts().get(1), e.attempts().get(1).startsWith("no restart: at least 2 (minNodes) task "
