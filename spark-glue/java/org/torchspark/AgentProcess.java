@@ -34,6 +34,7 @@ final class AgentProcess {
     private final Deque<String> tail = new ArrayDeque<>();
     private final List<Thread> readers = new ArrayList<>();
     private final String secretHex;
+    private final JsonNode launch;
     private Process proc;
 
     /** The agent of a launch reply (tsp_task_launch: its argv, env and env_default).
@@ -46,11 +47,15 @@ final class AgentProcess {
         launch.path("env_default").properties().forEach(kv -> envDefault.put(kv.getKey(), kv.getValue().asText()));
         this.echo = echo;
         this.secretHex = secretHex;
+        this.launch = launch;
     }
 
-    /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
-     *  (tsp_task_finish); status as Java reports it (128 + N: signal N). */
-    JsonNode finish(JsonNode launch, int status, int nodeRank, String host) {
+    /** One node's agent, from start to exit on this thread (ctx: its task's, null on the
+     *  driver: see waitFor) -> the node's result {"failure", "result", "missing", "log"}
+     *  (tsp_task_finish): the same steps for a barrier or gang task and local mode's one node. */
+    JsonNode run(TaskContext ctx, int nodeRank, String host) throws IOException, InterruptedException {
+        start();
+        int status = waitFor(ctx); // as Java reports it (128 + N: signal N)
         return Native.call("tsp_task_finish", Native.object(
                 "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
                 "files", launch.get("files"), "ship", launch.get("ship"), "collect", launch.get("collect"),
@@ -58,7 +63,7 @@ final class AgentProcess {
                 "tail", String.join("\n", tail())));
     }
 
-    void start() throws IOException {
+    private void start() throws IOException {
         ProcessBuilder pb = new ProcessBuilder(cmd);
         pb.environment().putAll(env);
         envDefault.forEach(pb.environment()::putIfAbsent);
@@ -106,10 +111,6 @@ final class AgentProcess {
         t.setDaemon(true);
         t.start();
         readers.add(t);
-    }
-
-    Process process() {
-        return proc;
     }
 
     /**

@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;
@@ -412,8 +413,16 @@ public final class TorchSparkRunner {
         return localMode ? LocalRun.run(this, sc, runSettings, program, py) : runDistributed(sc, program, py);
     }
 
-    boolean isCommand() {
-        return kind == Kind.COMMAND;
+    /** What every node of a run is launched with (tsp_task_launch's request, docs/protocol.md
+     *  12), local mode's one node and each task of a distributed attempt alike: the program and
+     *  its interpreter (py; null: the executor's), nproc workers per node, the NCCL check's
+     *  deadline (s, 0: off), rank 0's output, the driver's channel at endpoint, the variables. */
+    ObjectNode nodeFacts(List<String> program, String py, int nproc, double ncclCheck, String endpoint) {
+        Map<String, String> vars = new HashMap<>(env);
+        vars.putAll(attemptEnv); // a restarted run's attempt (RestartPolicy.java)
+        return Native.object("python", py, "no_python", kind == Kind.COMMAND, "nproc_per_node", nproc,
+                "output", wantOutput, "output_channel", true, "log_endpoint", endpoint, "nccl_check", ncclCheck,
+                "env", vars, "program", program);
     }
 
     private List<String> programArgs() {
