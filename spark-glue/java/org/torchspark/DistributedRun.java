@@ -1,18 +1,19 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.util.List;
+import java.util.Map;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkContext;
 
 /**
- * One attempt of a distributed TorchSparkRunner run (the runner, its context, the program and
- * the executors' Python), what it does per run: the channel on
- * the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
+ * the attempt's variables from the run controller, its lines' prefix, and whether no restart
+ * follows its failure), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program, String py) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> attemptEnv, String linePrefix,
+        boolean lastAttempt) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
@@ -46,9 +47,9 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         int nproc = r.useGpu ? r.nprocPerNode : Math.max(1, r.nprocPerNode); // 0: the task's GPUs
         NodeTask.Spec spec = new NodeTask.Spec(r.useGpu, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, world, sc)) {
-            spec.job = r.nodeFacts(program, py, nproc, r.useGpu ? r.runSettings.ncclCheckS(ntasks) : 0,
-                    ch.server.endpoint(driverHost.isEmpty() ? null : driverHost)).toString();
+        try (RunChannel ch = new RunChannel(r, bind, world, sc, linePrefix)) {
+            spec.job = r.nodeFacts(sc, nproc, ntasks, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
+                    attemptEnv).toString();
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
@@ -63,7 +64,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                             + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
-                job.await(sc, ch.server, r.lastAttempt, gang);
+                job.await(sc, ch.server, lastAttempt, gang);
             } catch (InterruptedException e) {
                 ch.endDoctor("distributed", null);
                 ch.server.stopAll("the driver was interrupted");

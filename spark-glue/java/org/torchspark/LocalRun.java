@@ -8,6 +8,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import org.apache.spark.SparkContext;
 import org.apache.spark.resource.ResourceInformation;
 
@@ -16,8 +17,7 @@ import org.apache.spark.resource.ResourceInformation;
 final class LocalRun {
     private LocalRun() {}
 
-    static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc, Conf settings, List<String> program,
-            String py) {
+    static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc) {
         int nproc = r.nprocPerNode > 0 ? r.nprocPerNode : r.numProcesses;
         String[] gpus = r.useGpu ? driverGpus(sc, nproc) : null;
         Path workdir;
@@ -28,9 +28,8 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc)) {
-            ObjectNode req = r.nodeFacts(program, py, nproc, r.useGpu ? settings.ncclCheckS(1) : 0,
-                    ch.server.endpoint("127.0.0.1")); // and the one node's own (protocol.md 12):
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc, null)) {
+            ObjectNode req = r.nodeFacts(sc, nproc, 1, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
             req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true)
                     .put("workdir", workdir.toString()).set("gpus", Failure.JSON.valueToTree(gpus));
             // The workers' lines come through the log server; the agent's own messages (its

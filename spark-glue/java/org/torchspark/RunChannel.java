@@ -18,8 +18,9 @@ final class RunChannel implements AutoCloseable {
     private boolean doctorEnded;
     private boolean finished;
 
-    /** sc: the run's context (null in local mode without one), for rank 0's output's limit. */
-    RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc) {
+    /** sc: the run's context (null in local mode without one), for rank 0's output's limit;
+     *  linePrefix: the lines' (LogServer.pullText; null: "[rank N] "). */
+    RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc, String linePrefix) {
         this.owner = owner;
         boolean hang = owner.runSettings.number("hangTimeout") > 0; // the doctor is on
         server = new LogServer(bind, 0, null, hang ? HangDoctor.TAIL_LINES : 0);
@@ -29,7 +30,7 @@ final class RunChannel implements AutoCloseable {
                 RunOutput.expect(server, sc, owner.outputPath);
             }
             owner.reports = Collections.emptyList();
-            pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
+            pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport);
             pump.start();
             doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             if (doctor != null) {
