@@ -11,9 +11,10 @@ import java.util.List;
 /**
  * The failure, read (docs/protocol.md section 8): the C core writes it (torchspark/failure.h,
  * through JNI), this class only carries it and raises it, as the PySpark glue's _report.py
- * does. {@link #fromDocument} is the one way in, for both carriers: the log server's root
- * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;", which
- * the C core writes (tsp_task_finish) and reads (tsp_outcome_classify)).
+ * does. {@link #fromDocument} is the way in for both carriers of a distributed job: the log
+ * server's root record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64
+ * JSON&gt;", which the C core writes (tsp_task_finish) and reads (tsp_outcome_classify)); local
+ * mode's one node hands tsp_task_finish's finished document to the constructor.
  */
 final class Failure {
     static final int TAIL_IN_MESSAGE = 20; // TSP_REPORT_TAIL_IN_MESSAGE
