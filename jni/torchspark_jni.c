@@ -96,42 +96,6 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_textBufferMin(JNIEnv *env, jcl
 
 /* ---- election ---- */
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_electMaster(JNIEnv *env, jclass cls,
-                                                              jstring jpeer, jstring jrun,
-                                                              jintArray jres, jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *peer = str_get(env, jpeer, &oom);
-    const char *run = str_get(env, jrun, &oom);
-    char err[ERR_LEN] = "";
-    int rc = -ENOMEM;
-    if (!oom) {
-        tsp_elect_record_t rec;
-        tsp_port_reservation_t res = {-1, 0}, nres = {-1, 0};
-        rc = tsp_elect_master(peer, run, &rec, &res, &nres, err, sizeof err);
-        if (rc == 0) {
-            char packed[TSP_ELECT_RECORD_MAX + 1];
-            int n = tsp_elect_record_pack(&rec, packed, sizeof packed);
-            if (n < 0) {
-                tsp_elect_release_port(&res);
-                tsp_elect_release_port(&nres);
-                rc = n;
-                snprintf(err, sizeof err, "cannot pack the election record: %s", tsp_strerror(n));
-            } else {
-                jint held[4] = {res.fd, res.port, nres.fd, nres.port};
-                (*env)->SetIntArrayRegion(env, jres, 0, 4, held);
-                set_str(env, msg, 0, packed);
-            }
-        }
-    }
-    if (rc != 0)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    str_release(env, jpeer, peer);
-    str_release(env, jrun, run);
-    return rc;
-}
-
 JNIEXPORT void JNICALL Java_org_torchspark_Native_releasePort(JNIEnv *env, jclass cls, jint fd,
                                                               jint port)
 {
@@ -139,62 +103,6 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_releasePort(JNIEnv *env, jclas
     (void)cls;
     tsp_port_reservation_t res = {fd, port};
     tsp_elect_release_port(&res);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_routeSource(JNIEnv *env, jclass cls,
-                                                              jstring jhost, jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *host = str_get(env, jhost, &oom);
-    if (oom)
-        return -ENOMEM;
-    char addr[TSP_ELECT_ADDR_MAX] = "", err[ERR_LEN] = "";
-    int rc = tsp_elect_route_source(host, addr, sizeof addr, err, sizeof err);
-    set_str(env, msg, 0, rc == 0 ? addr : (err[0] ? err : tsp_strerror(rc)));
-    str_release(env, jhost, host);
-    return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_ifnameOf(JNIEnv *env, jclass cls, jstring jaddr,
-                                                           jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *addr = str_get(env, jaddr, &oom);
-    if (oom)
-        return -ENOMEM;
-    char name[TSP_ELECT_IFNAME_MAX] = "";
-    int rc = tsp_elect_ifname_of(addr, name, sizeof name);
-    set_str(env, msg, 0, rc == 0 ? name : tsp_strerror(rc));
-    str_release(env, jaddr, addr);
-    return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_recordUnpack(JNIEnv *env, jclass cls,
-                                                               jstring jtext, jobjectArray strs,
-                                                               jintArray ints, jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *text = str_get(env, jtext, &oom);
-    if (oom)
-        return -ENOMEM;
-    tsp_elect_record_t rec;
-    char err[ERR_LEN] = "";
-    int rc = tsp_elect_record_unpack(text, strlen(text), &rec, err, sizeof err);
-    if (rc == 0) {
-        set_str(env, strs, 0, rec.master_addr);
-        set_str(env, strs, 1, rec.run_id);
-        set_str(env, strs, 2, rec.host);
-        set_str(env, strs, 3, rec.ifname);
-        jint v[3] = {rec.version, rec.master_port, rec.nccl_port};
-        (*env)->SetIntArrayRegion(env, ints, 0, 3, v);
-    } else {
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    }
-    str_release(env, jtext, text);
-    return rc;
 }
 
 /* ---- the C core's JSON transforms: the node plan, the failure ---- */
@@ -244,6 +152,7 @@ static const struct {
     {"tsp_runctl_step", tsp_runctl_step},
     {"tsp_task_launch", tsp_task_launch},
     {"tsp_task_finish", tsp_task_finish},
+    {"tsp_elect_call", tsp_elect_call},
 };
 
 /* msg[0]: the reply of the transform named jname to the JSON text jrequest, or the sentence

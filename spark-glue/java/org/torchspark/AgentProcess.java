@@ -9,9 +9,9 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Deque;
-import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.TimeUnit;
 import java.util.function.Consumer;
 import org.apache.spark.TaskContext;
@@ -27,30 +27,29 @@ final class AgentProcess {
     /** The environment tag the executor plugin finds a task's agent by. */
     static final String TASK_TAG = "TORCHSPARK_TASK_ATTEMPT_ID";
 
-    private final List<String> cmd = new ArrayList<>();
-    private final Map<String, String> env = new HashMap<>();
-    private final Map<String, String> envDefault = new HashMap<>();
     private final Consumer<String> echo;
     private final Deque<String> tail = new ArrayDeque<>();
     private final List<Thread> readers = new ArrayList<>();
     private final String secretHex;
+    private final JsonNode launch;
     private Process proc;
 
-    /** The agent of a launch reply (tsp_task_launch: its argv, env and env_default).
+    /** The agent of a launch reply (tsp_task_launch: its argv, env, env_default and files).
      *  secretHex: the driver channel's secret, handed over on the agent's standard input
      *  (TORCHSPARK_LOG_SECRET_FD=0), never in its environment, which /proc/PID/environ shows
-     *  to every process of this user (docs/protocol.md 1.1); null: no channel. */
+     *  to every process of this user (docs/protocol.md 1.1). */
     AgentProcess(JsonNode launch, Consumer<String> echo, String secretHex) {
-        launch.path("argv").forEach(a -> cmd.add(a.asText()));
-        launch.path("env").properties().forEach(kv -> env.put(kv.getKey(), kv.getValue().asText()));
-        launch.path("env_default").properties().forEach(kv -> envDefault.put(kv.getKey(), kv.getValue().asText()));
         this.echo = echo;
-        this.secretHex = secretHex;
+        this.secretHex = Objects.requireNonNull(secretHex, "the driver channel's secret");
+        this.launch = launch;
     }
 
-    /** The agent's exit -> the task's result {"failure", "result", "missing", "log"}
-     *  (tsp_task_finish); status as Java reports it (128 + N: signal N). */
-    JsonNode finish(JsonNode launch, int status, int nodeRank, String host) {
+    /** One node's agent, from start to exit on this thread (ctx: its task's, null on the
+     *  driver: see waitFor) -> the node's result {"failure", "result", "missing", "log"}
+     *  (tsp_task_finish): the same steps for a barrier or gang task and local mode's one node. */
+    JsonNode run(TaskContext ctx, int nodeRank, String host) throws IOException, InterruptedException {
+        start();
+        int status = waitFor(ctx); // as Java reports it (128 + N: signal N)
         return Native.call("tsp_task_finish", Native.object(
                 "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
                 "files", launch.get("files"), "ship", launch.get("ship"), "collect", launch.get("collect"),
@@ -58,27 +57,23 @@ final class AgentProcess {
                 "tail", String.join("\n", tail())));
     }
 
-    void start() throws IOException {
-        ProcessBuilder pb = new ProcessBuilder(cmd);
-        pb.environment().putAll(env);
-        envDefault.forEach(pb.environment()::putIfAbsent);
+    private void start() throws IOException {
+        List<String> cmd = new ArrayList<>();
+        launch.path("argv").forEach(a -> cmd.add(a.asText()));
+        ProcessBuilder pb = new ProcessBuilder(cmd); // its standard input: a pipe, for the secret
+        Map<String, String> env = pb.environment();
+        launch.path("env").properties().forEach(kv -> env.put(kv.getKey(), kv.getValue().asText()));
+        launch.path("env_default").properties().forEach(kv -> env.putIfAbsent(kv.getKey(), kv.getValue().asText()));
         // Lets the agent notice a parent that died before it asked for its death signal.
-        pb.environment().put("TORCHSPARK_PARENT_PID", Long.toString(ProcessHandle.current().pid()));
-        pb.environment().remove("TORCHSPARK_LOG_SECRET");
-        if (secretHex != null) {
-            pb.environment().put("TORCHSPARK_LOG_SECRET_FD", "0");
-            pb.redirectInput(ProcessBuilder.Redirect.PIPE);
-        } else {
-            pb.redirectInput(ProcessBuilder.Redirect.from(new java.io.File("/dev/null")));
-        }
+        env.put("TORCHSPARK_PARENT_PID", Long.toString(ProcessHandle.current().pid()));
+        env.remove("TORCHSPARK_LOG_SECRET");
+        env.put("TORCHSPARK_LOG_SECRET_FD", "0");
         proc = pb.start();
-        if (secretHex != null) {
-            // 65 bytes: within any pipe's buffer, so this never waits on the agent.
-            try (java.io.OutputStream in = proc.getOutputStream()) {
-                in.write((secretHex + "\n").getBytes(StandardCharsets.US_ASCII));
-            } catch (IOException e) {
-                // The agent died at once: its exit status says why.
-            }
+        // 65 bytes: within any pipe's buffer, so this never waits on the agent.
+        try (java.io.OutputStream in = proc.getOutputStream()) {
+            in.write((secretHex + "\n").getBytes(StandardCharsets.US_ASCII));
+        } catch (IOException e) {
+            // The agent died at once: its exit status says why.
         }
         drain(proc.getInputStream());
         drain(proc.getErrorStream());
@@ -95,9 +90,7 @@ final class AgentProcess {
                         }
                         tail.addLast(line);
                     }
-                    if (echo != null) {
-                        echo.accept(line);
-                    }
+                    echo.accept(line);
                 }
             } catch (IOException e) {
                 // The pipe closed under us: the agent is gone.
@@ -106,10 +99,6 @@ final class AgentProcess {
         t.setDaemon(true);
         t.start();
         readers.add(t);
-    }
-
-    Process process() {
-        return proc;
     }
 
     /**

@@ -1,18 +1,19 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.util.List;
+import java.util.Map;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkContext;
 
 /**
- * One attempt of a distributed TorchSparkRunner run (the runner, its context, the program and
- * the executors' Python), what it does per run: the channel on
- * the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
+ * the attempt's variables from the run controller, its lines' prefix, and whether no restart
+ * follows its failure), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program, String py) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> attemptEnv, String linePrefix,
+        boolean lastAttempt) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
@@ -43,10 +44,12 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
-        NodeTask.Spec spec = nodeSpec(ntasks, driverHost);
+        int nproc = r.useGpu ? r.nprocPerNode : Math.max(1, r.nprocPerNode); // 0: the task's GPUs
+        NodeTask.Spec spec = new NodeTask.Spec(r.useGpu, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, world, sc)) {
-            spec.endpoint = ch.server.endpoint(driverHost.isEmpty() ? null : driverHost);
+        try (RunChannel ch = new RunChannel(r, bind, world, sc, linePrefix)) {
+            spec.job = r.nodeFacts(sc, nproc, ntasks, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
+                    attemptEnv).toString();
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
@@ -61,7 +64,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                             + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
-                job.await(sc, ch.server, r.lastAttempt, gang);
+                job.await(sc, ch.server, lastAttempt, gang);
             } catch (InterruptedException e) {
                 ch.endDoctor("distributed", null);
                 ch.server.stopAll("the driver was interrupted");
@@ -74,12 +77,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                     hold.release();
                 }
             }
-            TorchSparkException hung = ch.endDoctor("distributed", job.error);
-            if (hung != null) {
-                ch.finish(1000);
-                TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                throw hung;
-            }
+            ch.throwIfHung("distributed", job.error);
             if (job.gangFailure != null) {
                 ch.server.stopAll("the gang launch failed");
                 ch.finish(1000);
@@ -87,7 +85,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
                 throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error, null);
             }
             if (job.error != null || job.root != null) {
-                throw failed(sc, ch, job, entry, spec.nprocPerNode <= 0 ? 1 : spec.nprocPerNode);
+                throw failed(sc, ch, job, entry, Math.max(1, nproc));
             }
             String election = spec.rendezvous != null ? "rendezvous" : "allGather";
             TorchSparkRunner.Result res = r.wantOutput ? RunOutput.collect(ch.server, job.chunks, r.outputPath, election)
@@ -118,22 +116,6 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, List<String> program,
         // requested total, and YARN or Kubernetes never start the replacement GrowWatch waits for.
         Gang.requestExecutors(sc, Math.max(ntasks, r.tasks(sc)), ntasks);
         return ch.rendezvous();
-    }
-
-    /** What every task of the job needs, but the channel's endpoint, secret and rendezvous. */
-    private NodeTask.Spec nodeSpec(int ntasks, String driverHost) {
-        NodeTask.Spec spec = new NodeTask.Spec();
-        spec.program.addAll(program);
-        spec.noPython = r.isCommand();
-        spec.nprocPerNode = r.useGpu ? r.nprocPerNode : Math.max(1, r.nprocPerNode);
-        spec.useGpu = r.useGpu;
-        spec.ncclCheck = r.useGpu ? r.runSettings.ncclCheckS(ntasks) : 0;
-        spec.python = py;
-        spec.env.putAll(r.env);
-        spec.env.putAll(r.attemptEnv);
-        spec.driverHost = driverHost;
-        spec.wantOutput = r.wantOutput;
-        return spec;
     }
 
     /** The exception of a failed job, once every agent was told to stop and the channel

@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.util.List;
 
 /**
@@ -12,6 +13,12 @@ import java.util.List;
 public final class Election {
     private Election() {}
 
+    /** One op of the election's JSON call (tsp_elect_call, docs/protocol.md 2: the PySpark
+     *  glue's one call), IllegalArgumentException with the library's sentence when refused. */
+    private static JsonNode call(String op, String key, String value) {
+        return Native.call("tsp_elect_call", Native.object("op", op, key, value));
+    }
+
     /** The election record (version 1); ncclPort: the NCCL check's port (NCCL_COMM_ID),
      *  reserved beside masterPort; 0 when the record has none (an older rank 0). */
     public record Record(int version, String masterAddr, int masterPort, String runId, String host, String ifname,
@@ -21,14 +28,17 @@ public final class Election {
             if (text == null) {
                 throw new IllegalArgumentException("the election record is null");
             }
-            String[] strs = new String[4];
-            int[] ints = new int[3];
-            String[] msg = new String[1];
-            int rc = Native.recordUnpack(text, strs, ints, msg);
-            if (rc != 0) {
-                throw new IllegalArgumentException("torchspark: bad election record: " + msg[0]);
+            try {
+                return of(call("unpack", "packed", text).get("record"));
+            } catch (IllegalArgumentException e) {
+                throw new IllegalArgumentException("torchspark: bad election record: " + e.getMessage(), e);
             }
-            return new Record(ints[0], strs[0], ints[1], strs[1], strs[2], strs[3], ints[2]);
+        }
+
+        private static Record of(JsonNode r) {
+            return new Record(r.get("version").asInt(), r.get("master_addr").asText(), r.get("master_port").asInt(),
+                    r.get("run_id").asText(), r.get("host").asText(), r.get("ifname").asText(),
+                    r.get("nccl_port").asInt());
         }
     }
 
@@ -65,19 +75,16 @@ public final class Election {
         if (peer == null || peer.isEmpty()) {
             throw new IllegalArgumentException("peer must name a host");
         }
-        int[] res = new int[4];
-        String[] msg = new String[1];
-        int rc = Native.electMaster(peer, runId, res, msg);
-        if (rc != 0) {
-            throw new IllegalStateException(msg[0]);
-        }
-        Reservation r = new Reservation(res);
+        JsonNode reply;
         try {
-            return new Result(Record.unpack(msg[0]), msg[0], r);
-        } catch (RuntimeException e) {
-            r.close();
-            throw e;
+            reply = Native.call("tsp_elect_call", Native.object("op", "master", "peer", peer, "run_id", runId));
+        } catch (IllegalArgumentException e) {
+            throw new IllegalStateException(e.getMessage(), e);
         }
+        Record rec = Record.of(reply.get("record"));
+        JsonNode fds = reply.get("fds"); // the master's port, then the NCCL check's
+        return new Result(rec, reply.get("packed").asText(), new Reservation(new int[] {fds.path(0).asInt(-1),
+            rec.masterPort(), fds.path(1).asInt(-1), rec.ncclPort()}));
     }
 
     /** Tries each peer in order (others' hosts first, then the driver's, then our own). */
@@ -97,7 +104,6 @@ public final class Election {
 
     /** The interface carrying this host's route towards masterAddr, or null. */
     public static String localIfname(String masterAddr) {
-        String[] msg = new String[1];
-        return Native.routeSource(masterAddr, msg) == 0 && Native.ifnameOf(msg[0], msg) == 0 ? msg[0] : null;
+        return call("local_ifname", "master_addr", masterAddr).get("ifname").asText(null);
     }
 }

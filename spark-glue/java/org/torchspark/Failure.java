@@ -4,8 +4,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
-import java.nio.file.Files;
-import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
@@ -13,9 +11,10 @@ import java.util.List;
 /**
  * The failure, read (docs/protocol.md section 8): the C core writes it (torchspark/failure.h,
  * through JNI), this class only carries it and raises it, as the PySpark glue's _report.py
- * does. {@link #fromDocument} is the one way in, for both carriers: the log server's root
- * record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64 JSON&gt;", which
- * the C core writes (tsp_task_finish) and reads (tsp_outcome_classify)).
+ * does. {@link #fromDocument} is the way in for both carriers of a distributed job: the log
+ * server's root record and a task's exception text ("TORCHSPARK-FAILURE-REPORT-V2:&lt;base64
+ * JSON&gt;", which the C core writes (tsp_task_finish) and reads (tsp_outcome_classify)); local
+ * mode's one node hands tsp_task_finish's finished document to the constructor.
  */
 final class Failure {
     static final int TAIL_IN_MESSAGE = 20; // TSP_REPORT_TAIL_IN_MESSAGE
@@ -26,7 +25,8 @@ final class Failure {
     final String message;
     final JsonNode report; // the exception's report (with a message), written by the C core
 
-    private Failure(JsonNode reply) {
+    /** reply: tsp_failure_report's, or a node's "failure" (tsp_task_finish: its document). */
+    Failure(JsonNode reply) {
         document = reply.path("document");
         fields = document.path("torchspark");
         message = reply.path("message").isTextual() ? reply.get("message").asText() : null;
@@ -38,13 +38,11 @@ final class Failure {
      *  view: the agent's output tail (the failing rank's lines are kept). */
     static Failure fromDocument(JsonNode document, int status, int nodeRank, String host, int nproc,
             List<String> tail) {
-        // A document with the agent's own lines of the rank keeps them (docs/protocol.md 8).
-        boolean agentLines = document != null && !document.path("torchspark").path("tail").asText("").isEmpty();
         return new Failure(Native.call("tsp_failure_report", Native.object(
                 "document", document != null && document.isObject() ? document : null,
                 "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
                 "node_rank", nodeRank, "host", host, "nproc_per_node", nproc,
-                "tail", tail == null || agentLines ? null : String.join("\n", tail))));
+                "tail", tail == null ? null : String.join("\n", tail)))); // the document's own lines win (C)
     }
 
     Integer rank() {
@@ -67,16 +65,6 @@ final class Failure {
                 fields.hasNonNull("node_rank") ? fields.get("node_rank").asInt() : null,
                 fields.path("host").asText(null), fields.hasNonNull("exitcode") ? fields.get("exitcode").asInt() : null,
                 fields.path("signal").asInt(0), last, done.report != null ? done.report.toString() : null, cause, null);
-    }
-
-    /** The agent's --error-file (its failure document), or null. */
-    static JsonNode readErrorFile(Path p) {
-        try {
-            return p == null || !Files.isRegularFile(p) ? null : parseObject(new String(Files.readAllBytes(p),
-                    java.nio.charset.StandardCharsets.UTF_8));
-        } catch (IOException e) {
-            return null;
-        }
     }
 
     /** A JSON object's text as an object, or null when it is none (or not JSON). */

@@ -27,16 +27,6 @@ final class HangDoctor extends Thread {
     /** Lines kept per rank by the log server while the doctor is on. */
     static final int TAIL_LINES = 2000;
 
-    // ---- settings ---------------------------------------------------------------------
-
-    /** timeoutS: 0 when the doctor is off; action: "report" or "cancel". */
-    record Settings(double timeoutS, String action) {
-        /** From a run's settings (hangTimeout, hangAction). */
-        static Settings of(Conf c) {
-            return new Settings(c.number("hangTimeout") / 1000.0, c.string("hangAction"));
-        }
-    }
-
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
@@ -116,14 +106,14 @@ final class HangDoctor extends Thread {
     /** Held while an event is taken and performed: finish()'s drain waits for one in hand. */
     private final Object taking = new Object();
 
-    /** Turns the server's watchdog on for world ranks; say: where its lines go (the driver's
-     *  stderr). */
-    HangDoctor(LogServer server, Settings settings, int world, Consumer<String> say) {
+    /** Turns the server's watchdog on for world ranks, as the run's settings say (hangTimeout
+     *  in ms, > 0; hangAction: report or cancel); say: where its lines go (the driver's stderr). */
+    HangDoctor(LogServer server, Conf settings, int world, Consumer<String> say) {
         super("torchspark-hang-doctor");
         setDaemon(true);
         this.server = server;
         this.say = say;
-        server.watch(Math.round(settings.timeoutS() * 1000), settings.action(), world,
+        server.watch(settings.number("hangTimeout"), settings.string("hangAction"), world,
                 System.getProperty("java.io.tmpdir"));
     }
 

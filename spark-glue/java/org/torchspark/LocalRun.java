@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -7,6 +8,7 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.Arrays;
 import java.util.List;
+import java.util.Map;
 import org.apache.spark.SparkContext;
 import org.apache.spark.resource.ResourceInformation;
 
@@ -15,8 +17,7 @@ import org.apache.spark.resource.ResourceInformation;
 final class LocalRun {
     private LocalRun() {}
 
-    static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc, Conf settings, List<String> program,
-            String py) {
+    static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc) {
         int nproc = r.nprocPerNode > 0 ? r.nprocPerNode : r.numProcesses;
         String[] gpus = r.useGpu ? driverGpus(sc, nproc) : null;
         Path workdir;
@@ -27,22 +28,19 @@ final class LocalRun {
         }
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
-        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc)) {
-            ObjectNode req = Native.object("agent", NativeLoader.agentPath().toString(), "standalone", true,
-                    "python", py, "no_python", r.isCommand(), "workdir", workdir.toString(), "nproc_per_node", nproc,
-                    "output", r.wantOutput, "output_channel", true, "log_endpoint", ch.server.endpoint("127.0.0.1"),
-                    "nccl_check", r.useGpu ? settings.ncclCheckS(1) : 0, "gpus", gpus, "env", r.env,
-                    "program", program); // the one node's facts (protocol.md 12)
+        try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc, null)) {
+            ObjectNode req = r.nodeFacts(sc, nproc, 1, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
+            req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true)
+                    .put("workdir", workdir.toString()).set("gpus", Failure.JSON.valueToTree(gpus));
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
             AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", req), System.err::println,
                     ch.server.secretHex());
-            int rc = waitForAgent(agent, ch, req.get("agent").asText());
-            if (rc != 0) {
+            JsonNode failure = runAgent(agent, ch, req.get("agent").asText()).path("failure");
+            if (failure.isObject()) { // the node's document, finished as a barrier task's (tsp_task_finish)
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                Failure failure = Failure.fromDocument(Failure.readErrorFile(workdir.resolve("error.json")), rc, 0,
-                        NodeTask.localHostName(), nproc, agent.tail());
-                throw failure.exception("local", JobFailure.rankTail(ch.server, failure), null, null);
+                Failure f = new Failure(failure);
+                throw f.exception("local", JobFailure.rankTail(ch.server, f), null, null);
             }
             return r.wantOutput ? RunOutput.collect(ch.server, List.of(), r.outputPath, null)
                     : new TorchSparkRunner.Result(null, null, null);
@@ -52,29 +50,21 @@ final class LocalRun {
         }
     }
 
-    /** The agent's exit status, once the doctor ended and the channel drained; throws the
-     *  doctor's exception of a run it cancelled. */
-    private static int waitForAgent(AgentProcess agent, RunChannel ch, String path) {
-        int rc;
-        TorchSparkException hung;
+    /** The one node's result (AgentProcess.run), once the doctor ended (its exception of a
+     *  run it cancelled thrown) and the channel drained (RunChannel.close on an exception). */
+    private static JsonNode runAgent(AgentProcess agent, RunChannel ch, String path) {
+        JsonNode done;
         try {
-            agent.start();
-            rc = agent.waitFor(null);
+            done = agent.run(null, 0, NodeTask.localHostName());
         } catch (IOException e) {
             throw new UncheckedIOException("torchspark: cannot start the agent " + path, e);
         } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
             throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
-        } finally {
-            hung = ch.endDoctor("local", null);
-            Process p = agent.process();
-            ch.finish(p != null && !p.isAlive() && p.exitValue() == 0 ? 5000 : 1000);
         }
-        if (hung != null) {
-            TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-            throw hung;
-        }
-        return rc;
+        ch.throwIfHung("local", null);
+        ch.finish(done.path("failure").isObject() ? 1000 : 5000);
+        return done;
     }
 
     /**

@@ -27,7 +27,7 @@ final class Native {
     static native int textBufferMin();
 
     // --- the C core's JSON transforms (plan.h, conf.h, failure.h, hang.h, outcome.h, gang.h,
-    // runctl.h: request -> reply, docs/protocol.md), by the C name, as the PySpark glue's
+    // runctl.h, task.h, elect.h: request -> reply, docs/protocol.md), by the C name, as the PySpark glue's
     // json_call ---
 
     /** msg[0]: the reply of the transform name (tsp_conf_read, ...) to the request (JSON), or
@@ -86,23 +86,10 @@ final class Native {
      *  code with the sentence in msg[0]. */
     static native int gangCallWait(long call, int nodeRank, int timeoutMs, int[] nnodes, String[] msg);
 
-    // --- election (torchspark/elect.h) ---
+    // --- election (torchspark/elect.h; the rest through json: tsp_elect_call) ---
 
-    /** Rank 0's election towards peer. res: {fd, port, ncclFd, ncclPort} of the two held
-     *  ports; msg[0]: the packed record on success, else the error sentence. */
-    static native int electMaster(String peer, String runId, int[] res, String[] msg);
-
+    /** Closes a port's descriptor held by rank 0's election (tsp_elect_call's "fds"). */
     static native void releasePort(int fd, int port);
-
-    /** msg[0]: the local address of the route towards host, or the error sentence. */
-    static native int routeSource(String host, String[] msg);
-
-    /** msg[0]: the interface carrying addr. */
-    static native int ifnameOf(String addr, String[] msg);
-
-    /** strs: {master_addr, run_id, host, ifname}; ints: {version, master_port, nccl_port (0:
-     *  none)}; msg[0]: error. */
-    static native int recordUnpack(String text, String[] strs, int[] ints, String[] msg);
 
     // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
 

@@ -12,7 +12,6 @@ import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.HashMap;
 import java.util.Iterator;
 import java.util.LinkedHashSet;
 import java.util.List;
@@ -38,20 +37,18 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
 
     /** What the driver tells every task (serialized into the closure). */
     static final class Spec implements Serializable {
-        private static final long serialVersionUID = 1L;
-        ArrayList<String> program = new ArrayList<>();
-        boolean noPython;
-        int nprocPerNode; // 0: the task's GPUs
-        boolean useGpu;
-        String python;
-        HashMap<String, String> env = new HashMap<>();
-        String endpoint;
+        private static final long serialVersionUID = 2L;
+        final boolean useGpu;
+        final String driverHost;
+        String job; // the launch request's keys every node shares (TorchSparkRunner.nodeFacts), JSON
         String secretHex;
-        String driverHost;
-        boolean wantOutput;
-        double ncclCheck; // the NCCL preflight's deadline in seconds, 0: off
         Rendezvous.Endpoint rendezvous; // null: every task calls allGather
         long gangTimeoutMs; // > 0: a gang launch (ordinary tasks that JOIN first: Gang.java)
+
+        Spec(boolean useGpu, String driverHost) {
+            this.useGpu = useGpu;
+            this.driverHost = driverHost;
+        }
     }
 
     private final Spec spec;
@@ -146,19 +143,13 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                     ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted));
-            JsonNode launch = Native.call("tsp_task_launch", launchRequest(ctx, workdir, hosts.size(), record));
             // The executor's own log keeps every line, with or without the channel.
-            AgentProcess agent = new AgentProcess(launch, System.err::println,
-                    spec.endpoint != null ? spec.secretHex : null);
+            AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", launchRequest(ctx, workdir,
+                    hosts.size(), record)), System.err::println, spec.secretHex);
             // Killed while launching, electing or in the barrier: no agent at all (a kill
             // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
             ctx.killTaskIfInterrupted();
-            agent.start(); // from the task thread: it lives as long as the agent
-            int rc = agent.waitFor(ctx);
-            if (elected != null) {
-                elected.reservation().close();
-            }
-            JsonNode done = agent.finish(launch, rc, nodeRank, localHostName());
+            JsonNode done = agent.run(ctx, nodeRank, localHostName()); // from the task thread: it lives as long as the agent
             if (done.path("failure").isObject()) {
                 throw new IllegalStateException(done.get("failure").get("message").asText());
             }
@@ -193,21 +184,21 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         return Paths.get(System.getProperty("java.io.tmpdir"));
     }
 
-    /** The task's facts for tsp_task_launch (docs/protocol.md 12). */
-    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record) {
+    /** The job's facts and the task's own for tsp_task_launch (docs/protocol.md 12). */
+    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record)
+            throws IOException {
         int nodeRank = ctx.partitionId();
         ResourceInformation gpu = spec.useGpu ? ctx.resourcesJMap().get("gpu") : null;
-        return Native.object("agent", NativeLoader.agentPath().toString(), "no_python", spec.noPython,
-                "python", spec.python != null ? spec.python : System.getenv().getOrDefault("PYSPARK_PYTHON", "python3"),
+        ObjectNode req = (ObjectNode) Failure.JSON.readTree(spec.job);
+        return req.setAll(Native.object("agent", NativeLoader.agentPath().toString(), // the executor's python
+                "python", req.path("python").asText(System.getenv().getOrDefault("PYSPARK_PYTHON", "python3")),
                 "workdir", workdir.toString(), "nnodes", nnodes, "node_rank", nodeRank,
-                "nproc_per_node", spec.nprocPerNode, "task_attempt_id", ctx.taskAttemptId(),
+                "task_attempt_id", ctx.taskAttemptId(),
                 "ifname", nodeRank == 0 ? record.ifname() : Election.localIfname(record.masterAddr()),
-                "output", spec.wantOutput, "output_channel", true, "log_endpoint", spec.endpoint,
-                "nccl_check", spec.ncclCheck, // gpus: Spark's raw addresses, none is refused by the C core
+                // gpus: Spark's raw addresses, none is refused by the C core
                 "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0],
                 "record", Native.object("master_addr", record.masterAddr(), "master_port", record.masterPort(),
-                        "nccl_port", record.ncclPort(), "run_id", record.runId()),
-                "env", spec.env, "program", spec.program);
+                        "nccl_port", record.ncclPort(), "run_id", record.runId())));
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

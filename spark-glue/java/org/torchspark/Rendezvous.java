@@ -15,16 +15,12 @@ import java.util.function.IntSupplier;
  *
  * <p>The driver owns one instance per run, closed in a finally: waiting GETs then get
  * {@code ERR the run ended}. The task side is {@link #exchange}. A task that cannot reach
- * the driver fails with an error that begins {@link #UNREACHABLE}; the runner then runs the
+ * the driver fails with an error that begins TORCHSPARK_RENDEZVOUS_UNREACHABLE (the C core's
+ * TSP_RDV_UNREACHABLE; its outcome names it: JobFailure.NoRendezvous); the runner then runs the
  * job again through allGather. Every connection is TLS 1.3 keyed by the run's secret (the
  * log channel's, which the task closure carries already): the endpoint holds no credential.
  */
 final class Rendezvous implements AutoCloseable {
-    /** Marks a task's error when it could not reach the driver's rendezvous
-     *  (TSP_RDV_UNREACHABLE, which begins the library's sentence). */
-    static final String UNREACHABLE = "TORCHSPARK_RENDEZVOUS_UNREACHABLE";
-    /** TSP_RDV_RECORD_MAX. */
-    static final int RECORD_MAX = 4096;
     /** How often a waiting GET checks whether Spark killed its task. */
     static final int KILL_POLL_MS = 100;
     /** tsp_rdv_call_wait: no reply yet. */
@@ -123,7 +119,7 @@ final class Rendezvous implements AutoCloseable {
      * The task side: rank 0's packed record on every task. Rank 0 PUTs it, the others GET
      * it (waiting until rank 0 put it; killCheck runs every KILL_POLL_MS meanwhile and
      * throws when Spark killed the task). Not reaching the driver throws an
-     * IllegalStateException whose message begins {@link #UNREACHABLE}; a refusal (ERR)
+     * IllegalStateException whose message begins TORCHSPARK_RENDEZVOUS_UNREACHABLE; a refusal (ERR)
      * throws one that gives the driver's reason.
      */
     static String exchange(Endpoint ep, String secretHex, int nodeRank, String packed, Runnable killCheck) {

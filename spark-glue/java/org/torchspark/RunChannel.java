@@ -18,20 +18,21 @@ final class RunChannel implements AutoCloseable {
     private boolean doctorEnded;
     private boolean finished;
 
-    /** sc: the run's context (null in local mode without one), for rank 0's output's limit. */
-    RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc) {
+    /** sc: the run's context (null in local mode without one), for rank 0's output's limit;
+     *  linePrefix: the lines' (LogServer.pullText; null: "[rank N] "). */
+    RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc, String linePrefix) {
         this.owner = owner;
-        HangDoctor.Settings hang = HangDoctor.Settings.of(owner.runSettings);
-        server = new LogServer(bind, 0, null, hang.timeoutS() > 0 ? HangDoctor.TAIL_LINES : 0);
+        boolean hang = owner.runSettings.number("hangTimeout") > 0; // the doctor is on
+        server = new LogServer(bind, 0, null, hang ? HangDoctor.TAIL_LINES : 0);
         try {
             server.encryption(owner.runSettings.bool("encryption"));
             if (owner.wantOutput) {
                 RunOutput.expect(server, sc, owner.outputPath);
             }
             owner.reports = Collections.emptyList();
-            pump = new LinePump(server, owner.logToStderr, owner.linePrefix, owner.onReport);
+            pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport);
             pump.start();
-            doctor = hang.timeoutS() <= 0 ? null : new HangDoctor(server, hang, world, System.err::println);
+            doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             if (doctor != null) {
                 doctor.start();
             }
@@ -91,6 +92,17 @@ final class RunChannel implements AutoCloseable {
         Integer rank = c.culprit();
         return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
                 null, 0, c.stacksLines(), c.report(), cause, null);
+    }
+
+    /** Ends the doctor; when it cancelled the run, the channel drained and its exception
+     *  thrown (the same for local mode's node and a distributed attempt). */
+    void throwIfHung(String mode, Throwable cause) {
+        TorchSparkException hung = endDoctor(mode, cause);
+        if (hung != null) {
+            finish(1000);
+            TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
+            throw hung;
+        }
     }
 
     /** The server shut down (its agents drained for up to drainMs), then the pump drained. */

@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Path;
@@ -63,12 +64,7 @@ public final class TorchSparkRunner {
     private Integer minNodes;
     private String launch; // null where the conf decides
     private volatile List<Attempt> attempts = Collections.emptyList();
-    // Per attempt of a run with restarts (RestartPolicy.java): the training processes'
-    // TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
-    Map<String, String> attemptEnv = Map.of();
-    String linePrefix;
     Conf runSettings; // the settings of the run going on (run() reads them once)
-    boolean lastAttempt = true; // no restart follows a failure of this attempt
     // The hang doctor (HangDoctor.java): null where the conf decides.
     private String hangTimeout;
     private String hangAction;
@@ -394,12 +390,6 @@ public final class TorchSparkRunner {
 
     /** Runs the training; in local mode sc may be null. */
     public Result run(SparkContext sc) {
-        List<String> program = programArgs();
-        String py = python;
-        if (py == null && kind != Kind.COMMAND) {
-            String v = System.getenv("PYSPARK_PYTHON");
-            py = v != null ? v : sc != null ? sc.conf().get("spark.pyspark.python", "python3") : "python3";
-        }
         if (!localMode && sc == null) {
             throw new IllegalArgumentException("distributed mode needs a SparkContext (or use localMode)");
         }
@@ -411,17 +401,28 @@ public final class TorchSparkRunner {
                 "job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
                 "job.minNodes", new Object[] {"minNodes", minNodes},
                 "launch", new Object[] {"launch", launch}), null, true);
-        return localMode ? LocalRun.run(this, sc, runSettings, program, py) : runDistributed(sc, program, py);
+        return localMode ? LocalRun.run(this, sc) : runDistributed(sc);
     }
 
-    boolean isCommand() {
-        return kind == Kind.COMMAND;
-    }
-
-    private List<String> programArgs() {
-        List<String> p = new ArrayList<>(kind == Kind.MODULE ? List.of("-m", target) : List.of(target));
-        p.addAll(args);
-        return p;
+    /** What every node of a run (sc: its context, null in local mode without one) is launched
+     *  with (tsp_task_launch's request, docs/protocol.md 12), local mode's one node and each
+     *  task of an attempt of nnodes alike: the program and its interpreter (PYSPARK_PYTHON,
+     *  spark.pyspark.python, python3; a command has none), nproc workers per node, the NCCL
+     *  check (GPU jobs), rank 0's output, the driver's channel at endpoint, the variables (the
+     *  builder's, then the attempt's: attemptEnv). */
+    ObjectNode nodeFacts(SparkContext sc, int nproc, int nnodes, String endpoint, Map<String, String> attemptEnv) {
+        String py = python;
+        if (py == null && kind != Kind.COMMAND) {
+            String v = System.getenv("PYSPARK_PYTHON");
+            py = v != null ? v : sc != null ? sc.conf().get("spark.pyspark.python", "python3") : "python3";
+        }
+        List<String> program = new ArrayList<>(kind == Kind.MODULE ? List.of("-m", target) : List.of(target));
+        program.addAll(args);
+        Map<String, String> vars = new HashMap<>(env);
+        vars.putAll(attemptEnv);
+        return Native.object("python", py, "no_python", kind == Kind.COMMAND, "nproc_per_node", nproc,
+                "output", wantOutput, "output_channel", true, "log_endpoint", endpoint,
+                "nccl_check", useGpu ? runSettings.ncclCheckS(nnodes) : 0, "env", vars, "program", program);
     }
 
     int tasks(SparkContext sc) {
@@ -442,7 +443,7 @@ public final class TorchSparkRunner {
      *  the rendezvous' own (e2e: an address the executors cannot connect to). */
     static final String TEST_RENDEZVOUS_ADDRESS = "torchspark.test.rendezvousAddress";
 
-    private Result runDistributed(SparkContext sc, List<String> program, String py) {
+    private Result runDistributed(SparkContext sc) {
         // Where Spark encrypts, the run goes on over torchspark's own TLS channel; the line
         // says what is not encrypted (docs/security.md, "Clusters where Spark encrypts").
         Conf.checkEncryption(sc.conf(), LOG);
@@ -453,22 +454,14 @@ public final class TorchSparkRunner {
         Metrics.RUNS.incrementAndGet();
         if (limit == 0) {
             attempts = Collections.emptyList();
-            return new DistributedRun(this, sc, program, py).attempt(ntasks, null);
+            return new DistributedRun(this, sc, Map.of(), null, true).attempt(ntasks, null);
         }
         List<Attempt> record = Collections.synchronizedList(new ArrayList<>());
         attempts = Collections.unmodifiableList(record);
-        try {
-            return RestartPolicy.run((n, env, nodes, entry) -> {
-                attemptEnv = env; // the run controller's (RestartPolicy.java)
-                linePrefix = "[attempt " + n + "] " + LogServer.PREFIX;
-                lastAttempt = n == limit;
-                return new DistributedRun(this, sc, program, py).attempt(nodes, entry);
-            }, limit, sc, c, ntasks, least, record);
-        } finally {
-            attemptEnv = Map.of();
-            linePrefix = null;
-            lastAttempt = true;
-        }
+        return RestartPolicy.run((n, vars, nodes, entry) -> { // vars: TORCHSPARK_ATTEMPT etc. (the controller's)
+            String prefix = "[attempt " + n + "] " + LogServer.PREFIX;
+            return new DistributedRun(this, sc, vars, prefix, n == limit).attempt(nodes, entry);
+        }, limit, sc, c, ntasks, least, record);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */

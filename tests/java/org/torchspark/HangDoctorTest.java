@@ -27,9 +27,10 @@ public class HangDoctorTest {
 
     /** The doctor's settings from the builder's values, else the conf (null in local mode
      *  without one), through the key table, as TorchSparkRunner.run() reads them. */
-    private static HangDoctor.Settings hangSettings(String timeout, String action, SparkConf conf) {
-        return HangDoctor.Settings.of(Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), null, true));
+    private static List<Object> hangSettings(String timeout, String action, SparkConf conf) {
+        Conf c = Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
+                "hangAction", new Object[] {"hangAction", action}), null, true);
+        return List.of(c.number("hangTimeout"), c.string("hangAction")); // ms (0: off), the action
     }
 
     private static String refused(Runnable r) {
@@ -53,16 +54,16 @@ public class HangDoctorTest {
                 refused(() -> TorchSparkRunner.script("t.py").hangAction("kill")));
         // The runner's values win over the conf's; the conf decides otherwise; off by default.
         SparkConf conf = new SparkConf(false);
-        assertEquals(new HangDoctor.Settings(0, "report"), hangSettings(null, null, conf));
-        assertEquals(new HangDoctor.Settings(0, "report"), hangSettings(null, null, null));
+        assertEquals(List.of(0L, "report"), hangSettings(null, null, conf));
+        assertEquals(List.of(0L, "report"), hangSettings(null, null, null));
         conf.set(TIMEOUT_CONF, "2min").set(ACTION_CONF, "Cancel");
-        assertEquals(new HangDoctor.Settings(120, "cancel"), hangSettings(null, null, conf));
-        assertEquals(new HangDoctor.Settings(3, "report"), hangSettings("3s", "report", conf));
+        assertEquals(List.of(120_000L, "cancel"), hangSettings(null, null, conf));
+        assertEquals(List.of(3_000L, "report"), hangSettings("3s", "report", conf));
         conf.set(ACTION_CONF, "later");
         assertEquals("spark.torchspark.hangAction='later' is not one of the values: use report or cancel",
                 refused(() -> hangSettings("3s", null, conf)));
         conf.set(ACTION_CONF, "report").set(TIMEOUT_CONF, "1d");
-        assertEquals(new HangDoctor.Settings(86400, "report"), hangSettings(null, null, conf));
+        assertEquals(List.of(86_400_000L, "report"), hangSettings(null, null, conf));
     }
 
     private static Map<Integer, List<String>> load(String name) throws IOException {

@@ -136,7 +136,7 @@ public class RendezvousTest {
             assertEquals("ERR request too long", request(r.port(), SECRET, "PUT " + "x".repeat(9000)));
             assertEquals(1, r.counts()[0]); // rank 0's only: nothing of these was taken as a record
             try {
-                Rendezvous.exchange(ep, SECRET, 0, "x".repeat(Rendezvous.RECORD_MAX + 1), NOT_KILLED);
+                Rendezvous.exchange(ep, SECRET, 0, "x".repeat(4096 + 1) /* TSP_RDV_RECORD_MAX + 1 */, NOT_KILLED);
                 fail("an oversize record was sent");
             } catch (IllegalStateException expected) {
                 assertTrue(expected.getMessage(), expected.getMessage().contains("too long"));
