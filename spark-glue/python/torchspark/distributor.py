@@ -412,7 +412,8 @@ class TorchDistributor:
             "gpus_per_task": self._gpus_per_task, "local_master": self.is_spark_local_master,
             "driver_gpus": driver_gpus, "driver_host": driver_host, "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None if fn_bytes is not None else _ship.script_file(str(train_object)),
+            "script_file": None if fn_bytes is not None or self.local_mode  # local: not shipped
+            else _ship.script_file(str(train_object)),
             "driver_cwd": os.getcwd(), "script_args": script_args,
             "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),
