@@ -41,9 +41,14 @@ def mode(spark: Any, settings: Dict[str, Any]) -> str:
     Connect): the setting, with auto resolved by Spark's spark.dynamicAllocation.enabled."""
     launch = settings["launch"]
     if launch == "auto":
-        on = str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower()
-        return GANG if on == "true" else BARRIER
+        return GANG if dynamic_allocation(spark) else BARRIER
     return str(launch)
+
+
+def dynamic_allocation(spark: Any) -> bool:
+    """Whether the session runs with spark.dynamicAllocation.enabled (which refuses every
+    barrier stage)."""
+    return str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true"
 
 
 class Gang:
@@ -131,7 +136,7 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
     asked for, or None where it cannot ask (Spark Connect, no allocation client).
     attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
     conf = spark.conf
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
+    if not dynamic_allocation(spark):
         return None
     try:
         sc = spark.sparkContext
@@ -170,7 +175,7 @@ class Hold:
     once (a session's first SQL plan takes seconds under load); its job is submitted once
     the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
     sleep interrupted, when the attempt's job ended (done). remote: a Spark Connect session,
-    whose probe found the slots (_restart._Probe) and holds them so (tagged, interrupted by
+    whose probe found the slots (_connect.Probe) and holds them so (tagged, interrupted by
     its tag; it has no status tracker, so running() says nothing there)."""
 
     def __init__(self, spark: Any, k: int, remote: bool = False) -> None:
@@ -249,8 +254,7 @@ def hold(distributor: Any) -> Optional[Hold]:
     k = distributor.run_nodes - distributor.num_tasks
     if k <= 0 or distributor.is_remote or not REQUEST_EXECUTORS:
         return None
-    conf = distributor.spark.conf
-    if str(conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() != "true":
+    if not dynamic_allocation(distributor.spark):
         return None
     held = Hold(distributor.spark, k)
     distributor._failure_times["hold"] = held  # _restart._Watch counts by it
