@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from torchspark.driver._pump import _LogPump
+from torchspark.task import _report_rows
 
 __all__ = ["Report", "ReportHub", "configure", "start"]
 
@@ -135,22 +136,6 @@ class ReportHub:
         (_report_rows.py): taken by :meth:`stop`, after what the channel delivered."""
         self._spilled.extend(records)
 
-    def _take_spilled(self) -> None:
-        # A record is one report() call: its rank, time and step name it. One that reached
-        # the driver before its agent lost the channel is not taken twice.
-        seen = {(r.rank, r.time, r.step) for r in self.reports}
-        fresh = []
-        for rec in self._spilled:
-            try:
-                doc = json.loads(rec.data)
-                key = (rec.rank, float(doc["time"]), doc.get("step"))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                key = None  # _take says what is wrong with it
-            if key not in seen:
-                fresh.append(rec)
-        self._spilled = []
-        self._take(fresh)
-
     def _warn(self, key: Any, text: str) -> None:
         if key in self._warned:
             return
@@ -211,8 +196,8 @@ class ReportHub:
         the last progress line, and returns the history."""
         self._stop.set()
         self._thread.join(timeout=10)
-        if self._spilled:
-            self._take_spilled()
+        spilled, self._spilled = self._spilled, []
+        self._take(_report_rows.fresh(spilled, self.reports))
         for sink in self.sinks:
             try:
                 sink.close()
