@@ -142,7 +142,7 @@ class Channel:
             raise RuntimeError("TorchDistributor failed during training."
                                "View stdout logs for detailed error message.")
         try:
-            result = cloudpickle.loads(dist._timing_from(data))
+            result = cloudpickle.loads(dist._clock.value(data))
         except Exception as e:
             raise RuntimeError("TorchDistributor failed due to a pickling error. "
                                "View stdout logs for detailed error message.") from e

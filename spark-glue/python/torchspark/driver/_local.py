@@ -57,7 +57,7 @@ def _read_result(dist: Any, out_file: str) -> Any:
     try:
         with open(out_file, "rb") as f:
             output = cloudpickle.load(f)
-            dist._timing_from(f.read())  # the trailer after the value
+            dist._clock.value(f.read())  # the trailer after the value
         dist._clock.mark("result_received")
         return output
     except Exception as e:

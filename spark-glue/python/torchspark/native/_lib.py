@@ -118,7 +118,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
-        "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),
