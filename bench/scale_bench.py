@@ -393,7 +393,7 @@ def rendezvous(ranks: int, procs: int) -> Dict:
 def one(ranks: int, a) -> Dict:
     """One size, in this (fresh) process: the driver."""
     from torchspark.driver import _doctor, _progress
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     nodes = max(1, ranks // a.nproc)
     server = LogServer(tail_lines=_doctor.TAIL_LINES)  # as TorchDistributor's with the doctor on
@@ -448,7 +448,7 @@ def agents_one(nodes: int) -> Dict:
     process's log server, started all at once by a launcher process (so that this
     process's CPU is the driver's alone); the time until every line was pulled, the
     driver's CPU, lost lines."""
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     srv = LogServer()
     env = dict(os.environ, **srv.agent_env())
