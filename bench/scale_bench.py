@@ -35,7 +35,7 @@ log client. Per size:
    nodes' threads' seconds runnable without a CPU, summed), report_driver_waiting_threads
    (the driver's), report_hub_waiting (the thread that calls on_report: 1.0 = it waited the
    whole time).
-4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
+4. dump: DUMP to every node (the log server's watchdog, as the doctor's); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
    and the doctor's grouped line (tsp_hang_diagnose) after the last answer.

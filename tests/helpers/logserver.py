@@ -1,18 +1,34 @@
 """The driver's log server as the tests and benchmarks drive it: the glue's binding
 (torchspark.native._native.LogServer) with the calls only they make (the raw pull, a
-formatted batch onto a stream, the drop counts, a blocking wait for rank 0's output, a DUMP
-by hand, the agent's environment), and :func:`format_line`. The glue itself pulls
-formatted text (_pump.py) and reports (_progress.py), and its hang doctor is the server's
-watchdog (_doctor.py)."""
+formatted batch onto a stream, the drop counts, a blocking wait for rank 0's output, the
+agent's environment), and :func:`format_line`. The glue itself pulls formatted text
+(_pump.py) and reports (_progress.py), and its hang doctor is the server's watchdog
+(_doctor.py)."""
 from __future__ import annotations
 
 import ctypes
 from typing import Dict, List, Optional, TextIO
 
 from torchspark.native import _native
+from torchspark.native._lib import LogLine, load_library
 from torchspark.native._native import SECRET_ENV, Line, line_prefix
 
 __all__ = ["LogServer", "format_line"]
+
+
+def _declare() -> None:
+    """The C signatures of the calls only this class makes (the glue's table, _lib.py, has
+    those the glue makes)."""
+    vp, i, P = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
+    lib = load_library()
+    for name, res, args in (("tsp_logserver_pull", i, [vp, P(LogLine), i, i]),
+                            ("tsp_logserver_dropped", i,
+                             [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i])):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_declare()
 
 
 def format_line(line: Line, fmt: Optional[str] = None,
@@ -68,10 +84,3 @@ class LogServer(_native.LogServer):
         """The received output (memory mode), or None if it has not arrived."""
         view = self.output_view()
         return None if view is None else bytes(view)
-
-    def dump_all(self) -> int:
-        """Asks every connected agent for its workers' Python stacks (the hang doctor's
-        DUMP, docs/protocol.md 1.9); they come back as lines of each rank after a marker
-        line naming the request. The request's number (1, 2, ...), or -1 when the server
-        has already shut down."""
-        return int(self._lib.tsp_logserver_dump_all(self._h))
