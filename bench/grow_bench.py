@@ -29,7 +29,7 @@ Connect server (tests/helpers/tsp_connect.py) on local-cluster[3,1,1024] whose e
 torchspark (it ships itself as a session artifact), the plugin on: node 1's executor
 decommissioned (SIGPWR: it checkpoints on request, test_distributor_connect's path), on 2 nodes
 at once from the next step (min_nodes 2: the client knows the node it lost), grown back to 3
-once the client's probe job ran (_restart._Probe). --sigkill: SIGKILL in its place (where
+once the client's probe job ran (_connect.Probe). --sigkill: SIGKILL in its place (where
 today the client names a survivor's gloo error the root cause, not the lost node, and
 restarts on 3 nodes: the cycle fails after its 600 s wait). "3 slots"
 reads: the server's driver registered the replacement executor (its log). With --dynamic the

@@ -51,7 +51,8 @@ from pathlib import Path
 import psutil
 
 from bench import harness
-from torchspark.native._native import LogServer, load_library
+from tests.helpers.logserver import LogServer
+from torchspark.native._native import load_library
 
 lch = harness.helper("logchannel_harness")
 RUN_BIN, Collector, drain_all = lch.RUN_BIN, lch.Collector, lch.drain_all

@@ -35,7 +35,7 @@ log client. Per size:
    nodes' threads' seconds runnable without a CPU, summed), report_driver_waiting_threads
    (the driver's), report_hub_waiting (the thread that calls on_report: 1.0 = it waited the
    whole time).
-4. dump: DUMP to every node (LogServer.dump_all, as the doctor does); each node answers per
+4. dump: DUMP to every node (the log server's watchdog, as the doctor's); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
    and the doctor's grouped line (tsp_hang_diagnose) after the last answer.
@@ -393,7 +393,7 @@ def rendezvous(ranks: int, procs: int) -> Dict:
 def one(ranks: int, a) -> Dict:
     """One size, in this (fresh) process: the driver."""
     from torchspark.driver import _doctor, _progress
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     nodes = max(1, ranks // a.nproc)
     server = LogServer(tail_lines=_doctor.TAIL_LINES)  # as TorchDistributor's with the doctor on
@@ -448,7 +448,7 @@ def agents_one(nodes: int) -> Dict:
     process's log server, started all at once by a launcher process (so that this
     process's CPU is the driver's alone); the time until every line was pulled, the
     driver's CPU, lost lines."""
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     srv = LogServer()
     env = dict(os.environ, **srv.agent_env())

@@ -195,6 +195,7 @@ ONE_GLUE: Dict[str, str] = {
                      "driver-only install shipped, the driver's script placed)",
     "driver/_spark.py": "PySpark only: the PySpark versions' differences",
     "driver/_timing.py": "PySpark only: run()'s waterfall (TORCHSPARK_TIMING)",
+    "driver/_progress_line.py": "PySpark only: the live progress line (spark.torchspark.progress)",
     "checkpoint.py": "one copy for both glues: the training process's API",
     "worker/_metrics.py": "one copy for both glues: the training process's torchspark.report()",
     "TorchSparkPlugin.java": "one copy for both glues: the executor plugin",

@@ -206,7 +206,7 @@ def test_unreachable_client_result_and_reports_as_rows_and_one_warning(spark, ca
 
 
 def test_a_held_slot_on_connect_runs_until_released_then_frees_it(spark):
-    """Connect's hold (issue 31: _restart._Probe keeps the slots it found under dynamic
+    """Connect's hold (issue 31: _connect.Probe keeps the slots it found under dynamic
     allocation, else the idle timeout releases the replacement while the smaller attempt
     stops): its task runs, tagged, until released; then it is interrupted by its tag at
     once and both slots are free (a 2-task barrier job runs). Fails on a hold that only knew

@@ -12,7 +12,7 @@ import subprocess
 import time
 
 from tests.helpers.agentutil import TSR, base_env, free_port, new_marker
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 WAIT_FOR_GO = ('import os, sys, time\n'
                'print("worker-line", flush=True)\n'

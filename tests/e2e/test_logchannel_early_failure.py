@@ -25,7 +25,7 @@ import pytest
 
 from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
 from tests.helpers.logchannel_harness import RUN_BIN
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 REPS = int(os.environ.get("EARLY_FAILURE_REPS", "5"))
 LATE_ACCEPT = 0.4  # seconds each connection waits in the backlog

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from tests.helpers.logchannel_harness import RUN_BIN
+from tests.helpers.logchannel_harness import ROOT, RUN_BIN
 
 # The issue's bound: from the stop signal to the agent's exit.
 STOP_BOUND_S = 0.2
@@ -25,7 +25,7 @@ STOP_BOUND_S = 0.2
 # The driver: a log server that pulls lines until its stdin closes, then prints them.
 _DRIVER = r"""
 import json, sys, threading
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 srv = LogServer()
 print(json.dumps({"endpoint": srv.endpoint, "env": srv.agent_env()}), flush=True)
 got = []
@@ -62,7 +62,7 @@ def _round(freeze: bool, quiet: bool = False):
     """Runs driver + agent (2 workers), optionally freezes the driver, stops the agent with
     SIGTERM; returns (seconds from the signal to the agent's exit, its exit status, its
     stdout, its stderr, the lines the driver got)."""
-    drv = subprocess.Popen([sys.executable, "-c", _DRIVER],
+    drv = subprocess.Popen([sys.executable, "-c", _DRIVER], cwd=ROOT,
                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     agent = None
     try:

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from tests.helpers import logproto
-from tests.helpers.logchannel_harness import RUN_BIN
+from tests.helpers.logchannel_harness import ROOT, RUN_BIN
 from tests.helpers.logproto import AUTH, CHALLENGE, ERROR, WELCOME, frame, hello, mac, read_frame
 
 # The driver: limits its descriptors (and, for "emfile", spends all but a few of them),
@@ -27,7 +27,7 @@ from tests.helpers.logproto import AUTH, CHALLENGE, ERROR, WELCOME, frame, hello
 _DRIVER = r"""
 import json, os, resource, sys
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 srv = LogServer(secret=bytes(range(32)))
 if sys.argv[1] == "emfile":
     spent = []
@@ -65,7 +65,8 @@ def _start_driver(mode: str):
     # Its stderr goes to a file: a pipe nobody reads would block a chatty driver, not
     # let it spin.
     err = tempfile.TemporaryFile()
-    drv = subprocess.Popen([sys.executable, "-c", _DRIVER, mode], stdout=subprocess.PIPE, stderr=err, bufsize=0)
+    drv = subprocess.Popen([sys.executable, "-c", _DRIVER, mode], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=err, bufsize=0)
     drv.err_file = err
     info = json.loads(drv.stdout.readline())
     return drv, info
@@ -227,7 +228,7 @@ def test_rendezvous_out_of_descriptors_does_not_spin():
 
 def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path):
     from tests.e2e.test_output_channel import _ship
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
     from torchspark.native import _lib
 
     srv = LogServer()
@@ -272,7 +273,7 @@ def test_output_over_max_result_size_is_refused_before_memory_is_taken(tmp_path)
 
 def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
     from tests.e2e.test_output_channel import _expected_sha, _ship
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     victim = tmp_path / "victim"
     victim.write_bytes(b"precious")
@@ -298,7 +299,7 @@ def test_output_file_replaces_a_planted_link_not_its_target(tmp_path):
 
 def test_a_stranger_cannot_hold_the_output_slot(tmp_path):
     from tests.e2e.test_output_channel import _ship
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     srv = LogServer()
     try:

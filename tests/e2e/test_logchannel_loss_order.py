@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers.logchannel_harness import (RUN_BIN, Collector, drain_all, expected, pump_until,
                                 start_agents)
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 NODES = 8
 LINES = int(os.environ.get("LC_TEST_LINES", "12000"))
@@ -96,7 +96,8 @@ def _run_one_agent(srv, script):
 def test_read_text_matches_format_line(tmp_path):
     """The natively formatted batch (what the distributor writes to sys.stderr) is the
     text that format_line gives line by line, invalid UTF-8 and stderr marker included."""
-    from torchspark.native._native import CONTINUED, format_line
+    from tests.helpers.logserver import format_line
+    from torchspark.native._native import CONTINUED
 
     script = tmp_path / "w.py"
     script.write_text("import sys\n"

@@ -9,7 +9,7 @@ import time
 from tests.helpers import logproto
 from tests.helpers.logproto import ERROR, RawAgent
 from tests.helpers.proxy import Proxy
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 
 def _refusal(res) -> str:
@@ -75,7 +75,8 @@ def test_garbage_connections_do_not_stop_real_lines():
 
 
 def test_binding_surface_tail_format_output(tmp_path):
-    from torchspark.native._native import Line, format_line, STDERR, STDOUT
+    from tests.helpers.logserver import format_line
+    from torchspark.native._native import Line, STDERR, STDOUT
 
     srv = LogServer(tail_lines=3, secret=bytes(range(32)))
     assert srv.secret == bytes(range(32)) and srv.secret_hex == bytes(range(32)).hex()

@@ -14,7 +14,7 @@ import sys
 import time
 
 from tests.helpers.logchannel_harness import RUN_BIN
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers.logchannel_harness import RUN_BIN
 from torchspark.native import _lib
-from torchspark.native._native import LogServer
+from tests.helpers.logserver import LogServer
 
 WRITER = textwrap.dedent("""
     import os, sys

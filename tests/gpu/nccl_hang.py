@@ -67,8 +67,8 @@ class Pump(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping:
-            for ln in self.server.pull(1024, 200):
-                say(f"[rank {ln.rank}] {ln.data.decode('utf-8', 'replace').rstrip()}")
+            for line in self.server.read_text(1024, 200).splitlines():  # "[rank N] text"
+                say(line.rstrip())
 
 
 def main() -> int:

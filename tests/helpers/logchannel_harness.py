@@ -14,7 +14,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-from torchspark.native._native import CONTINUED, LogServer  # noqa: E402
+from tests.helpers.logserver import LogServer  # noqa: E402
+from torchspark.native._native import CONTINUED  # noqa: E402
 
 RUN_BIN = Path(os.environ.get("TORCHSPARK_RUN", ROOT / "build" / "bin" / "torchspark-run"))
 WORKER = HERE / "logchannel_worker.py"

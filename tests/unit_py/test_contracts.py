@@ -187,7 +187,8 @@ def test_a_lost_node_is_finished_by_the_core():
 
     from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
     from tests.helpers.logchannel_harness import RUN_BIN
-    from torchspark.native._native import LogServer, line_prefix
+    from tests.helpers.logserver import LogServer
+    from torchspark.native._native import line_prefix
 
     srv, marker = LogServer(), new_marker()
     try:

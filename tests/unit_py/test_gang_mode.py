@@ -37,7 +37,7 @@ def test_a_gang_launch_turns_the_rendezvous_on_under_connect():
 def test_an_attempt_holds_the_slots_the_controller_says_from_its_gangs_go():
     """_gang.hold performs the run controller's decision (its submit's "hold",
     runctl.json): a Hold of its slots and sleep when it holds from the gang's GO; none
-    without one, or when the Connect probe holds (from "probe", _restart._Probe)."""
+    without one, or when the Connect probe holds (from "probe", _connect.Probe)."""
     class Attempt:  # what _gang.hold reads of a distributor
         spark = _Session({})  # the Hold's thread finds no range(): nothing is submitted
         _failure_times: dict = {}

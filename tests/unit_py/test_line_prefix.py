@@ -7,7 +7,8 @@ import sys
 
 from torchspark.driver import _report
 from torchspark.native import _lib
-from torchspark.native._native import EVENT, STDERR, STDOUT, Line, format_line, line_prefix
+from tests.helpers.logserver import format_line
+from torchspark.native._native import EVENT, STDERR, STDOUT, Line, line_prefix
 
 
 def test_python_gets_the_c_formatter():

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from torchspark.driver import _restart
+from torchspark.driver import _connect, _restart
 from torchspark.driver._report import TorchDistributorError
 
 LOST = ("Job aborted due to stage failure: Task 1 in stage 0.0 failed 1 times, most recent "
@@ -261,7 +261,7 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
 
     record = []
     monkeypatch.setattr(_restart, "_WATCH_SCALE", 0.01)
-    monkeypatch.setattr(_restart, "PROBE_HOLD_S", 0.05)
+    monkeypatch.setattr(_connect, "PROBE_HOLD_S", 0.05)
     assert _run(once, spark=Session(), limit=1, least_slots=1, times=times,
                 record=record, dynamic=dynamic) == "done"
     assert seen == [2, 1, 2]
@@ -290,10 +290,10 @@ def test_a_probe_of_ordinary_tasks_counts_only_when_they_overlapped():
     held their slots at once; a barrier probe's k rows are enough (Spark ran them together)."""
     at_once = [{"t0": 0.0, "t1": 3.0}, {"t0": 2.5, "t1": 5.5}]
     one_after_another = [{"t0": 0.0, "t1": 3.0}, {"t0": 3.1, "t1": 6.1}]
-    assert _restart.probe_ran(at_once, 2, barrier=False)
-    assert not _restart.probe_ran(one_after_another, 2, barrier=False)
-    assert _restart.probe_ran(one_after_another, 2, barrier=True)
-    assert not _restart.probe_ran(at_once[:1], 2, barrier=True)
+    assert _connect.probe_ran(at_once, 2, barrier=False)
+    assert not _connect.probe_ran(one_after_another, 2, barrier=False)
+    assert _connect.probe_ran(one_after_another, 2, barrier=True)
+    assert not _connect.probe_ran(at_once[:1], 2, barrier=True)
 
 
 @pytest.mark.parametrize("mode, world, rank, want", [

@@ -220,14 +220,6 @@ class TorchDistributor:
 
     _clock = _timing.Clock(False)  # run()'s waterfall (torchspark/driver/_timing.py)
 
-    def _timing_from(self, data: Any) -> memoryview:
-        """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
-        which travels beside the value, join run()'s waterfall."""
-        value, marks = _timing.split_result(data)
-        if marks is not None:
-            self._clock.marks.update(marks)
-        return value
-
     def train_on_dataframe(self, train_function: Callable, df: Any, *args: Any,
                            **kwargs: Any) -> Any:
         """PySpark's ``_train_on_dataframe``: one barrier task per partition of df, whose
@@ -312,11 +304,7 @@ class TorchDistributor:
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         except _failure.NotInstalled as e:
             # Before any training started: ship this driver's package and run again.
-            ship = _ship.ship(self.spark, self.is_remote)
-            self.logger.info(
-                f"torchspark {ship['version']} is not installed on the executors ({e}); "
-                f"shipped the driver's package ({ship['name']}: Python files, "
-                "libtorchspark.so, torchspark-run) through Spark's file distribution")
+            ship = _ship.ship(self.spark, self.is_remote, self.logger, str(e))
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         self.logger.info(
             f"Finished distributed training with {self.num_processes} executor processes")
@@ -414,7 +402,8 @@ class TorchDistributor:
             "gpus_per_task": self._gpus_per_task, "local_master": self.is_spark_local_master,
             "driver_gpus": driver_gpus, "driver_host": driver_host, "fn_bytes": fn_bytes,
             "script": None if fn_bytes is not None else str(train_object),
-            "script_file": None if fn_bytes is not None else _ship.script_file(str(train_object)),
+            "script_file": None if fn_bytes is not None or self.local_mode  # local: not shipped
+            else _ship.script_file(str(train_object)),
             "driver_cwd": os.getcwd(), "script_args": script_args,
             "log_endpoint": (_native.endpoint_text(advertised or server.host, server.port)
                              if server else None),

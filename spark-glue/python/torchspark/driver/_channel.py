@@ -56,7 +56,8 @@ class Channel:
         # still runs, so the agents' last lines are shown (after a failure every agent was
         # stopped, so a short drain is enough); each step runs even if one before raised.
         with ExitStack() as stack:
-            stack.callback(self._stop_hub)
+            if self.hub is not None:
+                stack.callback(self.hub.stop)
             stack.callback(self.stop_pump)
             if self.rdv is not None:
                 stack.callback(self.rdv.close)
@@ -71,10 +72,6 @@ class Channel:
         if self.pump is not None:
             self.pump.stop()
             self.pump = None
-
-    def _stop_hub(self) -> None:
-        if self.hub is not None:
-            self.hub.stop()
 
     def hang_error(self, dist: Any, mode: str) -> Optional[TorchDistributorError]:
         """The error of a run the hang doctor cancelled, or None: the C core's text and
@@ -99,17 +96,13 @@ class Channel:
             return None
         return [ln.decode("utf-8", errors="replace") for ln in lines] or None
 
-    def never_reached(self) -> bool:
-        """True when no agent ever got through to the log server (the executors cannot
-        reach the address they were given)."""
-        try:
-            return self.server is not None and self.server.stats().get("authenticated", 1) == 0
-        except Exception:
-            return False
-
     def warn_unreachable(self, dist: Any, endpoint: Optional[str]) -> bool:
-        """Warns (and says True) when no agent ever reached the log server."""
-        if not self.never_reached():
+        """Warns (and says True) when no agent ever got through to the log server (the
+        executors cannot reach the address they were given)."""
+        try:
+            if self.server is None or self.server.stats().get("authenticated", 1) != 0:
+                return False
+        except Exception:
             return False
         dist.logger.warning(
             f"The executors could not reach torchspark's log server at {endpoint}: the "
@@ -142,7 +135,7 @@ class Channel:
             raise RuntimeError("TorchDistributor failed during training."
                                "View stdout logs for detailed error message.")
         try:
-            result = cloudpickle.loads(dist._timing_from(data))
+            result = cloudpickle.loads(dist._clock.value(data))
         except Exception as e:
             raise RuntimeError("TorchDistributor failed due to a pickling error. "
                                "View stdout logs for detailed error message.") from e

@@ -104,10 +104,6 @@ def check_encryption(spark: Any, override_key: str, logger: logging.Logger) -> N
         raise RuntimeError(decision["message"])
 
 
-def seconds(ms: Optional[int]) -> Optional[float]:
-    return None if ms is None else ms / 1000.0
-
-
 def nccl_check_s(settings: Dict[str, Any], nnodes: int) -> float:
     """The NCCL preflight's deadline in seconds (docs/gpu.md) for a GPU job of nnodes
     agents, 0 when off: on by default for more than one node (it costs 0.73 s on an H200:

@@ -14,10 +14,8 @@ from typing import Any, List, Optional
 from torchspark.driver import _hang
 from torchspark.driver._pump import _LogPump
 
-__all__ = ["HangDoctor", "configure", "TIMEOUT_CONF", "ACTION_CONF", "TAIL_LINES"]
+__all__ = ["HangDoctor", "configure", "TAIL_LINES"]
 
-TIMEOUT_CONF = "spark.torchspark.hangTimeout"
-ACTION_CONF = "spark.torchspark.hangAction"
 TAIL_LINES = 2000  # the log server's lines per rank while the doctor is on (a dump fits)
 
 

@@ -174,7 +174,7 @@ class Hold:
     once (a session's first SQL plan takes seconds under load); its job is submitted once
     the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
     sleep interrupted, when the attempt's job ended (done). remote: a Spark Connect session,
-    whose probe found the slots (_restart._Probe) and holds them so (tagged, interrupted by
+    whose probe found the slots (_connect.Probe) and holds them so (tagged, interrupted by
     its tag; it has no status tracker, so running() says nothing there)."""
 
     def __init__(self, spark: Any, k: int, ms: int, remote: bool = False) -> None:

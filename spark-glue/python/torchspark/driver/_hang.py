@@ -9,8 +9,6 @@ tests/contracts/hang.json). The driver's watchdog that asks for the dumps is
 from __future__ import annotations
 
 import os
-import re
-import sys
 import sysconfig
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -92,17 +90,3 @@ def from_reply(reply: Mapping[str, Any]) -> Diagnosis:
              for d in reply["dumps"]}
     return Diagnosis(reply["line"], reply["culprits"], reply["waiting"], dumps,
                      reply["groups"], reply["starting"], report=reply.get("report") or {})
-
-
-def _main() -> None:  # pragma: no cover - a helper for recorded dumps
-    text = sys.stdin.read().splitlines()
-    by_rank: Dict[int, List[str]] = {}
-    for ln in text:
-        m = re.match(r"\[rank (\d+)\] (?:\[stderr\] )?(.*)$", ln)
-        if m:
-            by_rank.setdefault(int(m.group(1)), []).append(m.group(2))
-    print(diagnose(by_rank, 0).line)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    _main()

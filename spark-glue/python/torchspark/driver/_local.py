@@ -31,7 +31,7 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         ch = stack.enter_context(_channel.Channel(drain_on_failure=5.0)).open(dist, "127.0.0.1")
-        spec = _spec(dist, train_object, fn_bytes, script_args, ch.server)
+        spec = _spec(dist, train_object, fn_bytes, script_args, ch)
         dist.logger.info(f"Started local training with {dist.num_processes} processes")
         dist._clock.mark("agents_started")
         facts = {"standalone": True, "nproc_per_node": dist.num_processes,
@@ -57,7 +57,7 @@ def _read_result(dist: Any, out_file: str) -> Any:
     try:
         with open(out_file, "rb") as f:
             output = cloudpickle.load(f)
-            dist._timing_from(f.read())  # the trailer after the value
+            dist._clock.value(f.read())  # the trailer after the value
         dist._clock.mark("result_received")
         return output
     except Exception as e:
@@ -66,22 +66,12 @@ def _read_result(dist: Any, out_file: str) -> Any:
 
 
 def _spec(dist: Any, train_object: Any, fn_bytes: Optional[bytes], script_args: List[str],
-          server: Any) -> NodeSpec:
-    """The node spec of local mode's one node: the keys _task._run_agent reads (the
-    channel, the NCCL check, the warm pool); no ship, rendezvous or staging."""
-    from torchspark.distributor import _version
-
-    settings = dist._settings
-    return {
-        "version": _version(), "ship": None, "use_gpu": dist.use_gpu,
-        "gpus_per_task": dist.num_processes, "local_master": True, "driver_gpus": [],
-        "driver_host": "127.0.0.1", "fn_bytes": fn_bytes,
-        "script": None if fn_bytes is not None else str(train_object),
-        "script_file": None, "driver_cwd": os.getcwd(), "script_args": script_args,
-        "log_endpoint": server.endpoint if server is not None else None,
-        "log_secret_hex": server.secret_hex if server is not None else None,
-        "result_via_channel": False,
-        "nccl_check": _conf.nccl_check_s(settings, 1) if dist.use_gpu else 0,
-        "warm_idle_s": _conf.warm_idle_s(settings) if fn_bytes is not None else 0,
-        "gpu_resource": "gpu", "timing_env": {}, "rendezvous": None, "attempt_env": {},
-    }
+          ch: Any) -> NodeSpec:
+    """The node spec of local mode's one node: the distributed job's (the keys
+    _task._run_agent reads: the channel, the NCCL check, the warm pool) for one node of all
+    num_processes on the driver; no ship, rendezvous, staging or output channel."""
+    spec = dist._node_spec(train_object, fn_bytes, script_args, None, [], "127.0.0.1", "", ch)
+    spec.update({"gpus_per_task": dist.num_processes, "local_master": True,
+                 "result_via_channel": False, "gpu_resource": "gpu", "timing_env": {},
+                 "nccl_check": _conf.nccl_check_s(dist._settings, 1) if dist.use_gpu else 0})
+    return spec

@@ -2,25 +2,22 @@
 
 One thread pulls the workers' report records from the native log server (their own queue,
 beside the lines'), keeps the history (``TorchDistributor.reports``), calls the user's
-``on_report`` callback, hands each report to the MLflow logger when there is one, and keeps
-one live progress line on the driver's stderr: rewritten in place where stderr is a
-terminal, a plain line at most every ``PLAIN_EVERY_S`` seconds elsewhere (a log file, a
-notebook's captured stream), and a last one when the run ends.
+``on_report`` callback, hands each report to the MLflow logger when there is one, and feeds
+the live progress line on the driver's stderr (_progress_line.py).
 """
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
+from torchspark.driver import _progress_line
 from torchspark.driver._pump import _LogPump
+from torchspark.task import _report_rows
 
 __all__ = ["Report", "ReportHub", "configure", "start"]
 
-TTY_EVERY_S = 0.5  # in-place redraws of the progress line on a terminal
-PLAIN_EVERY_S = 10.0  # a plain progress line at most this often elsewhere
 # The history keeps the last HISTORY_KEEP to 2 * HISTORY_KEEP reports (the driver's memory
 # stays bounded on a long run of many ranks; docs/distributor.md, "Reports at scale").
 HISTORY_KEEP = 100_000
@@ -46,10 +43,6 @@ class Report(NamedTuple):
     summary: Optional[Dict[str, Any]] = None
 
 
-def _fmt(v: Any) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
 class ReportHub:
     """Pulls reports from ``server`` until :meth:`stop`; see the module's doc."""
 
@@ -58,16 +51,12 @@ class ReportHub:
                  logger: Any = None) -> None:
         self.server = server
         self.on_report = on_report
-        self.progress = progress
+        self.line = _progress_line.ProgressLine(progress)
         self.sinks = list(sinks or [])  # objects with .log(report) (the MLflow logger)
         self.logger = logger
         self.reports: List[Report] = []
         self.total = 0  # report() calls seen (a summary's count), trimmed ones included
         self._pieces: Dict[int, bytes] = {}  # a record split in CONTINUED pieces, by rank
-        self._latest: Dict[int, Report] = {}
-        self._shown_at = 0.0
-        self._shown_count = 0
-        self._tty = False
         self._warned: set = set()
         self._spilled: List[Any] = []  # records back with the result (_report_rows.py)
         self._stop = threading.Event()
@@ -81,7 +70,7 @@ class ReportHub:
         try:
             while not self._stop.is_set():
                 self._take(self.server.pull_reports(4096, WAIT_MS))
-                self._show(final=False)
+                self.line.show(self.total, final=False)
             while True:
                 batch = self.server.pull_reports(4096, 0)
                 if not batch:
@@ -115,8 +104,7 @@ class ReportHub:
             self.total += int(rep.summary.get("count", 1)) if rep.summary else 1
             if len(self.reports) >= 2 * HISTORY_KEEP:
                 del self.reports[:HISTORY_KEEP]
-            if rep.metrics:  # a params-only record leaves the progress line as it is
-                self._latest[ln.rank] = rep
+            self.line.take(rep)
             if self.on_report is not None:
                 try:
                     self.on_report(rep)
@@ -135,73 +123,11 @@ class ReportHub:
         (_report_rows.py): taken by :meth:`stop`, after what the channel delivered."""
         self._spilled.extend(records)
 
-    def _take_spilled(self) -> None:
-        # A record is one report() call: its rank, time and step name it. One that reached
-        # the driver before its agent lost the channel is not taken twice.
-        seen = {(r.rank, r.time, r.step) for r in self.reports}
-        fresh = []
-        for rec in self._spilled:
-            try:
-                doc = json.loads(rec.data)
-                key = (rec.rank, float(doc["time"]), doc.get("step"))
-            except (ValueError, KeyError, TypeError, AttributeError):
-                key = None  # _take says what is wrong with it
-            if key not in seen:
-                fresh.append(rec)
-        self._spilled = []
-        self._take(fresh)
-
     def _warn(self, key: Any, text: str) -> None:
         if key in self._warned:
             return
         self._warned.add(key)
         self._write(text + "\n")
-
-    # ---- the progress line --------------------------------------------------------------
-
-    def progress_text(self) -> str:
-        """``step S · rank R: name=value ... · N rank(s) reporting`` from the latest reports:
-        the highest step of any rank, and rank 0's metrics (the lowest reporting rank's
-        when rank 0 has not reported)."""
-        if not self._latest:
-            return ""
-        steps = [r.step for r in self._latest.values() if r.step is not None]
-        head = min(self._latest)
-        shown = self._latest[head]
-        metrics = " ".join(f"{k}={_fmt(v)}" for k, v in shown.metrics.items())
-        step = f"step {max(steps)} \u00b7 " if steps else ""
-        return (f"torchspark: {step}rank {head}: {metrics} \u00b7 "
-                f"{len(self._latest)} rank(s) reporting, {self.total} report(s)")
-
-    def _show(self, final: bool) -> None:
-        if not self.progress:
-            return
-        if self.total == self._shown_count:
-            if final and self._tty and _LogPump.status_shown:
-                with _LogPump._print_lock:  # the line in place is the last: end it
-                    sys.stderr.write("\n")
-                    sys.stderr.flush()
-                    _LogPump.status_shown = False
-            return
-        now = time.monotonic()
-        stream = sys.stderr
-        self._tty = bool(getattr(stream, "isatty", lambda: False)())
-        every = TTY_EVERY_S if self._tty else PLAIN_EVERY_S
-        if not final and self._shown_at and now - self._shown_at < every:
-            return
-        if not final and not self._shown_at and not self._tty:
-            self._shown_at = now  # the first plain line after a full interval, not at once
-            return
-        self._shown_at = now
-        self._shown_count = self.total
-        text = self.progress_text()
-        if self._tty:
-            with _LogPump._print_lock:
-                stream.write("\r\x1b[K" + text + ("\n" if final else ""))
-                stream.flush()
-                _LogPump.status_shown = not final
-        else:
-            self._write(text + "\n")
 
     def _write(self, text: str) -> None:
         _LogPump.write(text)
@@ -211,8 +137,8 @@ class ReportHub:
         the last progress line, and returns the history."""
         self._stop.set()
         self._thread.join(timeout=10)
-        if self._spilled:
-            self._take_spilled()
+        spilled, self._spilled = self._spilled, []
+        self._take(_report_rows.fresh(spilled, self.reports))
         for sink in self.sinks:
             try:
                 sink.close()
@@ -220,7 +146,7 @@ class ReportHub:
                 self._warn(id(sink), f"torchspark: WARNING: {type(sink).__name__} could not "
                                      f"finish: {e!r}")
         try:
-            self._show(final=True)
+            self.line.show(self.total, final=True)
         except Exception:
             pass
         return self.reports

@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional
 from torchspark.native._lib import json_call
 
 MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"  # read by the C outcome (docs/protocol.md 10, row 4)
-TAIL_IN_MESSAGE = 20  # TSP_REPORT_TAIL_IN_MESSAGE: the lines a message shows
 # Where every rank's output went, by mode, for the message's last sentence.
 _OUTPUT_WENT = {"local": "the driver's stderr",
                 "distributed": "the driver's stderr and the executors' logs"}

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from typing import Dict, Any, Callable, Iterator, List, Optional
+from typing import Dict, Any, Callable, List, Optional
 
+from torchspark.driver import _connect
 from torchspark.native._lib import json_call
 from torchspark.driver._report import TorchDistributorError
 
-MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts"
-REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout"
-MIN_NODES_CONF = "spark.torchspark.job.minNodes"
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 _WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
 MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
@@ -96,111 +93,10 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
         return False
 
 
-def _echo(hold_s: float) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    """The probe task's function: one row of its start and end (wall clock), holding its
-    slot hold_s in between. Nested, so that cloudpickle pickles it by value: the executors
-    run it without torchspark (which they may lack)."""
-
-    def echo(batches: Iterator[Any]) -> Iterator[Any]:
-        import time as clock
-
-        import pyarrow as pa
-
-        t0 = clock.time()
-        for _ in batches:
-            pass
-        clock.sleep(hold_s)
-        yield pa.RecordBatch.from_pydict({"t0": [t0], "t1": [clock.time()]})
-
-    return echo
-
-
-def probe_ran(rows: List[Any], k: int, barrier: bool) -> bool:
-    """Whether the probe's rows show k slots free at once: a barrier stage runs only then;
-    ordinary tasks (under dynamic allocation, where Spark refuses barrier stages) show it
-    when all k held their slots at the same moment (each started before any ended)."""
-    if len(rows) != k:
-        return False
-    return barrier or max(r["t0"] for r in rows) < min(r["t1"] for r in rows)
-
-
-# Under dynamic allocation each probe task holds its slot this long: k tasks that overlap
-# show k slots free at once (a task on a new executor waits for its Python worker first).
-PROBE_HOLD_S = 3.0
-
-
-class _Probe:
-    """Spark Connect's slot count for a smaller attempt (docs/protocol.md 11, "Growing back
-    on Spark Connect"): a barrier job of k tasks (the nodes the attempt lacks), which Spark
-    launches only when k slots are free at once (under dynamic allocation, where Spark
-    refuses barrier stages, k ordinary tasks that must overlap: probe_ran). Submitted from the watch's thread once the
-    attempt's agents all connected (its own tasks hold their slots then), again after a
-    failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
-    the watch counts at once rather than at its next period. With the controller's hold
-    (the submit's, from "probe": under dynamic allocation) the slots it found are then held
-    until the attempt ended (_gang.Hold): else the idle timeout releases the replacement
-    while the attempt stops at its checkpoint (bench/grow_bench.py --connect --dynamic saw
-    it), and the grown attempt waits for another executor."""
-
-    def __init__(self, spark: Any, submit: Dict[str, Any], logger: Any, ran: threading.Event) -> None:
-        # k: the nodes the attempt lacks; hold: the controller's (from "probe"), or None.
-        self.spark, self.logger, self.wake = spark, logger, ran
-        self.k, self.hold = int(submit["probe"]), submit.get("hold")
-        self.tag = f"torchspark-probe-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
-        self.done, self.ended = threading.Event(), threading.Event()
-        self.ok = self.started = False
-
-    def ran(self, ready: bool) -> bool:
-        """True once the probe ran; submits it when ready and none is waiting."""
-        if self.ok:
-            return True
-        if ready and (not self.started or self.done.is_set()):
-            self.started = True
-            self.done.clear()
-            threading.Thread(target=self._run, daemon=True,
-                             name="torchspark-slot-probe").start()
-        return False
-
-    def _run(self) -> None:
-        try:
-            self.spark.addTag(self.tag)  # this thread's operations only (Connect's tags)
-            try:
-                # Spark refuses a barrier stage under dynamic allocation (SPARK-24942):
-                # there (the controller holds), ordinary tasks that hold their slots
-                # PROBE_HOLD_S and must overlap.
-                barrier = self.hold is None
-                df = self.spark.range(0, self.k, 1, self.k)
-                rows = df.mapInArrow(_echo(0.0 if barrier else PROBE_HOLD_S),
-                                     "t0 double, t1 double", barrier=barrier).collect()
-            finally:
-                self.spark.removeTag(self.tag)
-            self.ok = probe_ran(rows, self.k, barrier)
-            if self.ok and self.hold is not None:
-                from torchspark.driver import _gang
-
-                _gang.Hold(self.spark, self.hold["slots"], self.hold["ms"],
-                           remote=True).begin(self.ended)
-            if self.ok:
-                self.wake.set()  # the watch counts now, not at its next period
-        except Exception as e:  # interrupted, or Spark's barrier slot check gave up
-            self.logger.debug(f"torchspark: the slot probe ended without its {self.k} task(s) "
-                              f"({e!r}); it is submitted again at the next count")
-        finally:
-            self.done.set()
-
-    def cancel(self) -> None:
-        self.ended.set()  # the held slots go (_gang.Hold.release)
-        if self.started and not self.ok and not self.done.is_set():
-            try:
-                self.spark.interruptTag(self.tag)
-            except Exception:  # the session is gone: nothing left to cancel
-                pass
-
-
 class _Watch:
     """A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"): from its own
     thread while the attempt runs, counts the slots when the controller says (on Spark
-    Connect by the submit's probe of `probe` tasks: _Probe), sends them and performs its
+    Connect by the submit's probe of `probe` tasks: _connect.Probe), sends them and performs its
     answers (warn, watch_slots, checkpoint_and_stop through the attempt's log server, which
     times["server"] holds). end() waits for the step in flight, so the attempt's own event
     follows the last state."""
@@ -211,7 +107,7 @@ class _Watch:
         self.nodes = int(submit["nodes"])
         self.ended = threading.Event()
         self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
-        self.probe = (_Probe(spark, submit, logger, self.wake)
+        self.probe = (_connect.Probe(spark, submit, logger, self.wake)
                       if submit.get("probe") else None)
         first_ms = submit["watch_ms"]
         self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,

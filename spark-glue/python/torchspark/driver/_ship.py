@@ -106,8 +106,9 @@ def shipped(spark: Any, remote: bool) -> Optional[ShipSpec]:
         return info(_archive[1])
 
 
-def ship(spark: Any, remote: bool) -> ShipSpec:
-    """Adds the package archive to this session (once) and returns spec["ship"]."""
+def ship(spark: Any, remote: bool, logger: Any, why: str) -> ShipSpec:
+    """Adds the package archive to this session (once), says so with why (the task's error:
+    torchspark not installed on the executors) and returns spec["ship"]."""
     path, name = archive()
     key = _session_key(spark, remote)
     with _lock:
@@ -117,7 +118,11 @@ def ship(spark: Any, remote: bool) -> ShipSpec:
             else:
                 spark.sparkContext.addArchive(path)
             _shipped.add(key)
-    return info(name)
+    spec = info(name)
+    logger.info(f"torchspark {spec['version']} is not installed on the executors ({why}); "
+                f"shipped the driver's package ({spec['name']}: Python files, "
+                "libtorchspark.so, torchspark-run) through Spark's file distribution")
+    return spec
 
 
 # A script that exists on the driver travels with the job (inside the task's closure)

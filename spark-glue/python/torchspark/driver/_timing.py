@@ -96,6 +96,14 @@ class Clock:
         if self.on and name not in self.marks:
             self.marks[name] = time.time()
 
+    def value(self, data: Any) -> memoryview:
+        """Rank 0's output -> the user's pickled value; the marks of its timing trailer,
+        which travels beside the value, join the waterfall."""
+        value, marks = split_result(data)
+        if marks is not None:
+            self.marks.update(marks)
+        return value
+
     def env(self) -> Dict[str, str]:
         """What the tasks (or a local agent) need to time their workers."""
         if not self.on:

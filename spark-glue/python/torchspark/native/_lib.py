@@ -66,12 +66,10 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_port": (i, [vp]),
         "tsp_logserver_host": (c, [vp]),
         "tsp_logserver_secret": (None, [vp, c]),
-        "tsp_logserver_pull": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_reports": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
         "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
-        "tsp_logserver_dropped": (i, [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
         "tsp_logserver_stats": (None, [vp, P(LogStats)]),
         "tsp_logserver_report_budget": (None, [vp, ctypes.c_double]),
         "tsp_logserver_fd_check": (i, [i] + err),
@@ -83,7 +81,6 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_output_error": (c, [vp]),
         "tsp_logserver_failure": (lng, [vp, c, sz, i]),
         "tsp_logserver_stop_all": (i, [vp, c]),
-        "tsp_logserver_dump_all": (i, [vp]),
         "tsp_logserver_watch": (i, [vp, lng, c, i, c] + err),
         "tsp_logserver_hang_event": (lng, [vp, c, sz, i]),
         "tsp_logserver_checkpoint_all": (i, [vp, i]),
@@ -118,7 +115,6 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
-        "tsp_gang_replay": (i, [c, sz, c, sz, P(sz)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
         # output.h (the agent's sender; the benchmarks call it in-process)
         "tsp_output_opts_init": (None, [vp]),

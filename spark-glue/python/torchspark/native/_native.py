@@ -10,9 +10,9 @@ notebook)::
     srv = LogServer(host=driver_ip)
     ...
     while running:
-        srv.write_to(sys.stderr)          # or: for line in srv.pull(): ...
-    srv.close()                           # drains connected agents
-    srv.write_to(sys.stderr, timeout_ms=0)
+        sys.stderr.write(srv.read_text())  # formatted natively, one batch
+    srv.close()                            # drains connected agents
+    sys.stderr.write(srv.read_text(timeout_ms=0))
 
 Lines reach users with one prefix, formatted by the library (``tsp_lines_prefix`` in
 native/src/shared/lines.c, the same code as the agent's local fallback): ``[rank N] text``, and
@@ -26,13 +26,13 @@ import ctypes
 import json
 import threading
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, TextIO, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from torchspark.native._lib import LogLine as _LogLine
 from torchspark.native._lib import LogStats as _Stats
 from torchspark.native._lib import checked, load_library
 
-__all__ = ["Line", "LogServer", "format_line", "line_prefix", "load_library", "STDOUT",
+__all__ = ["Line", "LogServer", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
 
 # Line.stream and Line.flags: common.h defines them (tests/unit_py/test_constants.py compares).
@@ -83,17 +83,6 @@ def _enc(text: Optional[str]) -> Optional[bytes]:
     return None if text is None else text.encode()
 
 
-def format_line(line: Line, fmt: Optional[str] = None,
-                stderr_marker: Optional[str] = None, errors: str = "replace") -> str:
-    """``"[rank N] text"`` (stdout), ``"[rank N] [stderr] text"`` (stderr), no newline.
-
-    ``fmt`` is a template where ``{rank}`` expands; invalid UTF-8 is shown with ``errors``
-    (default: replacement characters). A ``\\r`` stays, so progress bars render.
-    """
-    return (line_prefix(line.rank, line.stream, fmt, stderr_marker)
-            + line.data.decode("utf-8", errors))
-
-
 # Room for one batch of formatted text: a 1 MiB line plus its prefix always fits.
 _TEXT_BUF = 4 << 20
 
@@ -135,19 +124,6 @@ class LogServer:
     def endpoint(self) -> str:
         """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""
         return endpoint_text(self.host, self.port)
-
-    def agent_env(self) -> Dict[str, str]:
-        """The environment an agent needs besides ``--log-endpoint``."""
-        return {SECRET_ENV: self.secret_hex}
-
-    def pull(self, max_lines: int = 4096, timeout_ms: int = 200) -> List[Line]:
-        """Up to ``max_lines`` lines, waiting up to ``timeout_ms`` for the first (-1: forever).
-
-        Per agent the lines come in order, each exactly once. [] on timeout and, after
-        :meth:`close`, once everything was pulled. One puller at a time.
-        """
-        with self._pull_lock:
-            return self._pull("tsp_logserver_pull", max_lines, timeout_ms)
 
     def pull_reports(self, max_reports: int = 4096, timeout_ms: int = 200) -> List[Line]:
         """Up to ``max_reports`` of the workers' ``torchspark.report()`` records (stream
@@ -198,16 +174,6 @@ class LogServer:
                 return "", 0
             return ctypes.string_at(self._text, n).decode("utf-8", "replace"), count.value
 
-    def write_to(self, stream: TextIO, max_lines: int = 4096, timeout_ms: int = 200,
-                 fmt: Optional[str] = None, stderr_marker: Optional[str] = None) -> int:
-        """Pulls one batch and writes it formatted (one write, then flush). Returns the
-        number of lines (and CONTINUED pieces) taken."""
-        text, count = self._read_text(max_lines, timeout_ms, fmt, stderr_marker)
-        if text:
-            stream.write(text)
-            stream.flush()
-        return count
-
     def tail(self, rank: int, n: Optional[int] = None) -> List[bytes]:
         """The last ``n`` lines (default: all kept) of ``rank``, oldest first."""
         n = 1 << 30 if n is None else int(n)
@@ -215,13 +181,6 @@ class LogServer:
         buf = ctypes.create_string_buffer(max(need, 1))
         self._lib.tsp_logserver_tail(self._h, rank, n, buf, need)
         return buf.raw[:need].split(b"\n")[:-1] if need else []
-
-    def dropped(self) -> Dict[int, int]:
-        """Lines dropped per rank by agents in drop mode (``--log-drop``)."""
-        k = self._lib.tsp_logserver_dropped(self._h, None, None, 0)
-        ranks, counts = (ctypes.c_int32 * max(k, 1))(), (ctypes.c_uint64 * max(k, 1))()
-        k = min(k, self._lib.tsp_logserver_dropped(self._h, ranks, counts, k))
-        return {ranks[i]: counts[i] for i in range(k)}
 
     def report_budget(self, per_s: float) -> None:
         """Records a second, job-wide, that :meth:`pull_reports` hands on as they are
@@ -256,11 +215,6 @@ class LogServer:
         checked("tsp_logserver_output_limit", self._h,
                 max_result_size.encode() if max_result_size is not None else None)
 
-    def wait_output(self, timeout: Optional[float] = None) -> bool:
-        """True once the output arrived with the right length and SHA-256."""
-        ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        return self._lib.tsp_logserver_output_wait(self._h, ms) == 0
-
     @property
     def output_error(self) -> str:
         """Why the last output transfer failed ("" when none did)."""
@@ -282,11 +236,6 @@ class LogServer:
         buf = (ctypes.c_char * size.value).from_address(data.value)
         buf.owner = self  # type: ignore[attr-defined]  # freed with the server: not before the view
         return memoryview(buf).cast("B")
-
-    def output_bytes(self) -> Optional[bytes]:
-        """The received output (memory mode), or None if it has not arrived."""
-        view = self.output_view()
-        return None if view is None else bytes(view)
 
     def failure(self, timeout: Optional[float] = 0) -> Optional[Dict]:
         """The run's root cause (docs/protocol.md 1.7), waiting up to ``timeout`` s for it
@@ -314,13 +263,6 @@ class LogServer:
         """Tells every connected agent (and any that connects later) to stop its workers
         now. False when the server has already shut down."""
         return self._lib.tsp_logserver_stop_all(self._h, text.encode()[:390]) == 0
-
-    def dump_all(self) -> int:
-        """Asks every connected agent for its workers' Python stacks (the hang doctor's
-        DUMP, docs/protocol.md 1.9); they come back as lines of each rank after a marker
-        line naming the request. The request's number (1, 2, ...), or -1 when the server
-        has already shut down."""
-        return int(self._lib.tsp_logserver_dump_all(self._h))
 
     def watch(self, timeout: float, action: str, world: int, tmpdir: str) -> None:
         """The hang doctor's watchdog, an option of the server (docs/protocol.md 1.12):

@@ -106,10 +106,6 @@ class Agent:
                         pass
         stream.close()
 
-    def wait(self) -> int:
-        assert self.proc is not None
-        return self.proc.wait()
-
     def stop(self) -> None:
         """TERM, the agent's grace period plus a second, then KILL (no-op once exited)."""
         p = self.proc
@@ -128,13 +124,13 @@ class Agent:
         """Starts the agent, waits for it (stopping it if the wait is interrupted, e.g.
         by KeyboardInterrupt) and returns its exit status and output tail."""
         self.start()
+        assert self.proc is not None
         try:
-            self.wait()
+            self.proc.wait()
         finally:
             self.stop()
         for t in self._readers:
             t.join(timeout=5)
         with self._tail_lock:
             tail = list(self._tail)
-        assert self.proc is not None
         return AgentResult(self.proc.returncode, tail)

@@ -6,7 +6,8 @@ executors cannot reach), it writes its workers' lines to its own stderr, each
 task keeps those records in a file beside its agent (:class:`Spill`) and, once the agent
 ended well, yields them as rows of the barrier job's ``chunk binary`` result, after rank 0's
 result chunks; the driver takes them out of the collected rows (:func:`split`) and adds
-them to the run's reports (``distributor.reports``, ``on_report``, MLflow).
+those the channel did not deliver (:func:`fresh`) to the run's reports
+(``distributor.reports``, ``on_report``, MLflow).
 
 A report row starts with the run's tag: 16 random bytes the driver draws for each job
 (``NodeSpec.report_rows``), so no result chunk can be taken for one (a user's function
@@ -16,12 +17,13 @@ cannot know the tag in advance). Only the agent's stderr is read: a worker's std
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
-from typing import IO, Iterator, List, Optional, Tuple
+from typing import IO, Any, Iterator, List, Optional, Tuple
 
-__all__ = ["new_tag", "Spill", "split", "Record"]
+__all__ = ["new_tag", "Spill", "split", "fresh", "Record"]
 
 ROW_BYTES = 4 << 20  # at most this much of records per row (as the result's chunks)
 _LINE = re.compile(r"^\[rank (\d+)\] \[report\] (.*)$")
@@ -93,3 +95,21 @@ def split(chunks: List[bytes], tag_hex: Optional[str]) -> Tuple[List[bytes], Lis
             if m is not None:
                 records.append(Record(int(m.group(1)), m.group(2).encode("utf-8")))
     return result, records
+
+
+def fresh(records: List[Record], reports: List[Any]) -> List[Record]:
+    """The records of split() that the channel did not deliver (reports: the report hub's
+    history). A record is one report() call: its rank, time and step name it, so one that
+    reached the driver before its agent lost the channel is not taken twice; one that is no
+    report record stays (the hub says what is wrong with it)."""
+    seen = {(r.rank, r.time, r.step) for r in reports}
+    out = []
+    for rec in records:
+        try:
+            doc = json.loads(rec.data)
+            key = (rec.rank, float(doc["time"]), doc.get("step"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            key = None
+        if key not in seen:
+            out.append(rec)
+    return out
