@@ -162,6 +162,18 @@ class _Watch:
         return self.state
 
 
+def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
+    """The event of a count_slots or exclude_executor action, once performed."""
+    if act["do"] == "count_slots":
+        t0 = time.monotonic()
+        free = count_slots(spark, act["need"], act["wait_ms"] / 1000)
+        return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
+    ok = exclude_executor(spark, act["id"])
+    if ok:
+        entry["excluded_executor"] = act["id"]
+    return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
+
+
 def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
@@ -212,16 +224,8 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                     if watch is not None:
                         state = watch.end()
                 entry["ended"] = time.time()
-            elif act["do"] == "count_slots":
-                t0 = time.monotonic()
-                free = count_slots(spark, act["need"], act["wait_ms"] / 1000)
-                event = {"event": "slots", "free": free,
-                         "waited_ms": int((time.monotonic() - t0) * 1000)}
-            elif act["do"] == "exclude_executor":
-                ok = exclude_executor(spark, act["id"])
-                if ok:
-                    entry["excluded_executor"] = act["id"]
-                event = {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
+            elif act["do"] in ("count_slots", "exclude_executor"):
+                event = _perform(spark, act, entry)
         reply = step(state, event)  # (None: refused by the controller, named)
         if event is not None and event["event"] == "attempt_failed":
             entry["cause"] = reply["state"]["causes"][entry["attempt"]]
