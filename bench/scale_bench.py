@@ -3,7 +3,8 @@ and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TC
 
     .venv/bin/python -m bench.scale_bench [--sizes 1024,4096,16384] [--nproc 8] [--procs 8]
         [--report-hz 100] [--report-s 5] [--report-max 4096] [--stacks 8] [--tcpstore-max 4096]
-        [--no-agent-fold] [--quick] [--json PATH] [--svg PATH] | --agents 64,1024
+        [--no-agent-fold] [--sim-idle] [--runs N] [--quick] [--json PATH] [--svg PATH]
+        | --agents 64,1024
 
 Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
 the log server started through the Python binding TorchDistributor uses (LogServer), the
@@ -30,11 +31,20 @@ log client. Per size:
    report() stamp to its hand-over to the node's client: the simulated rank's own lag),
    put_to_ack (to the client seeing the driver's ACK: its sender, the socket, the driver's
    server thread reading it, the ACK back), put_to_pull (to the driver's pull), pull_to_callback
-   (the hub's turn to on_report), call_to_callback (the whole). Beside them, the run queue's
+   (the hub's turn to on_report), put_to_callback (the two: the driver's path from the
+   node's client to on_report, without the simulated rank's lag), call_to_callback (the
+   whole). Beside them, the run queue's
    share (/proc schedstat run delay, per second of reports): report_sim_waiting_threads (the
    nodes' threads' seconds runnable without a CPU, summed), report_driver_waiting_threads
    (the driver's), report_hub_waiting (the thread that calls on_report: 1.0 = it waited the
-   whole time).
+   whole time), and report_hub_cores (that thread's CPU: the C pull and fold, the JSON, the
+   Report, the callback).
+   --sim-idle: the nodes run under SCHED_IDLE (chrt --idle 0), so they take only the CPU
+   the driver leaves: the driver's threads as on a host of its own, the nodes standing for
+   other hosts (without it, on 2 cores, the nodes' ~1.2 cores and their hundreds of threads
+   keep the thread that calls on_report waiting for a CPU 37-60 % of the time). The nodes
+   still make every report() call (reports_sent, report_sim_cores say if they kept up) and
+   their own lag still counts (call_to_put).
 4. dump: DUMP to every node (the log server's watchdog, as the doctor's); each node answers per
    rank with the marker, a (--stacks)-frame stack and a flight recorder line, rank 17 in a
    different place; the fan-in time (DUMP to every rank's answer in the tails), its size,
@@ -69,6 +79,7 @@ from bench import harness
 
 SIM = harness.ROOT / "build" / "bin" / "tsp-simnodes"
 SIM_NICE = 0  # --sim-nice: the nodes' niceness above the driver's
+SIM_IDLE = False  # --sim-idle: the nodes under SCHED_IDLE (they get the CPU the driver leaves)
 TRACE_EVERY = 8  # tsp-simnodes traces every 8th rank's reports (simnodes.c, TRACE_EVERY)
 
 
@@ -101,6 +112,16 @@ def procs_cpu(pids: List[int]) -> float:
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def thread_cpu(tid: int) -> float:
+    """The CPU seconds (user + system) of this process's thread tid so far."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def run_delay(pids: List[int], tids: List[int] = ()) -> float:
@@ -142,6 +163,8 @@ class Sims:
 
     def __init__(self, args: List[List[str]], first_lines: List[str]):
         nice = ["nice", "-n", str(SIM_NICE)] if SIM_NICE else []
+        if SIM_IDLE:
+            nice = ["chrt", "--idle", "0", *nice]
         self.procs = [subprocess.Popen([*nice, str(SIM), *a], stdin=subprocess.PIPE,
                                        stdout=subprocess.PIPE, text=True, bufsize=1)
                       for a in args]
@@ -269,6 +292,7 @@ def stages(trace_prefix: str, traced: Dict) -> Dict:
              "put_to_ack": [a - p for c, p, a, pl, cb in rows if a > 0],
              "put_to_pull": [pl - p for c, p, a, pl, cb in rows],
              "pull_to_callback": [cb - pl for c, p, a, pl, cb in rows],
+             "put_to_callback": [cb - p for c, p, a, pl, cb in rows],
              "call_to_callback": [cb - c for c, p, a, pl, cb in rows],
              "unseen_call_to_callback": unseen}
     out: Dict = {"matched": len(rows), "callbacks_traced": len(traced)}
@@ -286,7 +310,7 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int, hub_tid: int) ->
     pids = [p.pid for p in sims.procs]
     trace = os.path.join(tempfile.gettempdir(), f"tsp-scale-trace-{os.getpid()}")
     w0 = (run_delay(pids), run_delay([os.getpid()]), run_delay([], [hub_tid]))
-    s0, m0 = procs_cpu(pids), machine_cpu()
+    s0, m0, h0 = procs_cpu(pids), machine_cpu(), thread_cpu(hub_tid)
     c0, t0 = cpu(), time.monotonic()
     sims.send(f"reports {hz} {secs} {trace}")
     done = sims.expect("done reports", secs + 300)
@@ -295,6 +319,7 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int, hub_tid: int) ->
     # Where the 2 cores went while the nodes reported: the simulated nodes' processes, the
     # driver (this process), and everything else on the machine (other sessions' load).
     sims_s, machine_s, driver_s = procs_cpu(pids) - s0, machine_cpu() - m0, cpu() - c0
+    hub_s = thread_cpu(hub_tid) - h0
     gen_s = t_sent - t0
     # The time their threads were runnable but had no CPU (the machine's other load decides it).
     waits = [(b - a) / gen_s for a, b in zip(w0, (run_delay(pids), run_delay([os.getpid()]),
@@ -303,21 +328,24 @@ def reports(sims, cb: OnReport, hz: int, secs: int, ranks: int, hub_tid: int) ->
     while cb.calls < sent and time.monotonic() < deadline:
         time.sleep(0.01)
     dt, dc = time.monotonic() - t0, cpu() - c0
-    return {"reports_sent": sent, "reports_lost": sent - cb.calls, "report_frames": frames,
-            "report_frames_per_s": frames / secs,
-            "report_calls_per_s": cb.calls / dt, "report_records_per_s": cb.records / dt,
-            "report_p50_ms": 1e3 * (pct(cb.newest, 0.5) or 0),
-            "report_p99_ms": 1e3 * (pct(cb.newest, 0.99) or 0),
-            "report_pulled_p99_ms": 1e3 * (pct(cb.pulled, 0.99) or 0),
-            "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
-            "report_drain_s": time.monotonic() - t_sent,
-            "report_cores": dc / dt, "report_rate_asked": hz * ranks,
-            "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
-            "report_machine_cores": machine_s / gen_s,
-            "report_other_cores": (machine_s - sims_s - driver_s) / gen_s,
-            "report_sim_waiting_threads": waits[0], "report_driver_waiting_threads": waits[1],
-            "report_hub_waiting": waits[2],
-            "report_stages": stages(trace, cb.traced)}
+    out = {"reports_sent": sent, "reports_lost": sent - cb.calls, "report_frames": frames,
+           "report_frames_per_s": frames / secs,
+           "report_calls_per_s": cb.calls / dt, "report_records_per_s": cb.records / dt,
+           "report_p50_ms": 1e3 * (pct(cb.newest, 0.5) or 0),
+           "report_p99_ms": 1e3 * (pct(cb.newest, 0.99) or 0),
+           "report_pulled_p99_ms": 1e3 * (pct(cb.pulled, 0.99) or 0),
+           "report_oldest_p99_ms": 1e3 * (pct(cb.oldest, 0.99) or 0),
+           "report_drain_s": time.monotonic() - t_sent,
+           "report_cores": dc / dt, "report_rate_asked": hz * ranks,
+           "report_sim_cores": sims_s / gen_s, "report_driver_cores_sending": driver_s / gen_s,
+           "report_machine_cores": machine_s / gen_s,
+           "report_other_cores": (machine_s - sims_s - driver_s) / gen_s,
+           "report_sim_waiting_threads": waits[0], "report_driver_waiting_threads": waits[1],
+           "report_hub_waiting": waits[2], "report_hub_cores": hub_s / gen_s,
+           "report_stages": stages(trace, cb.traced)}
+    # The driver's path alone (the node's client -> on_report), as a figure of its own.
+    out["report_driver_path_p99_ms"] = out["report_stages"]["put_to_callback"]["p99"] or 0.0
+    return out
 
 
 def dump(server, sims, world: int) -> Dict:
@@ -553,6 +581,8 @@ def child(flag: str, ranks: int, a) -> Dict:
         cmd.append("--no-agent-fold")
     if a.sim_nice:
         cmd += ["--sim-nice", str(a.sim_nice)]
+    if a.sim_idle:
+        cmd.append("--sim-idle")
     p = subprocess.run(cmd, cwd=harness.ROOT, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-3000:]}")
@@ -601,8 +631,9 @@ def svg(rows: List[Dict], path: Path) -> None:
 
 
 def main() -> None:
-    ap = harness.cli(__doc__, runs=None, quick={"sizes": "256,1024", "report_hz": 100, "report_s": 2,
-                                                "tcpstore_max": 0})
+    ap = harness.cli(__doc__, runs=1, runs_help="runs of each size (medians over them)",
+                     quick={"sizes": "256,1024", "report_hz": 100, "report_s": 2,
+                            "tcpstore_max": 0})
     ap.add_argument("--sizes", default="1024,4096,16384")
     ap.add_argument("--nproc", type=int, default=8)
     ap.add_argument("--procs", type=int, default=8)
@@ -618,6 +649,9 @@ def main() -> None:
                     help="run the nodes this much nicer than the driver: the driver's CPU as on "
                          "its own host, the nodes being on others (the 2-core machine's nodes take "
                          "~1.2 cores at 4,096 ranks)")
+    ap.add_argument("--sim-idle", action="store_true",
+                    help="run the nodes under SCHED_IDLE: they take only the CPU the driver "
+                         "leaves, as nodes on other hosts would")
     ap.add_argument("--tcpstore-max", type=int, default=4096)
     ap.add_argument("--svg", type=Path, default=None)
     ap.add_argument("--one", type=int, default=0, help=argparse_hidden())
@@ -627,8 +661,8 @@ def main() -> None:
                          "(e.g. 64,1024), instead of the simulated sizes")
     ap.add_argument("--agents-one", type=int, default=0, help=argparse_hidden())
     a = harness.parse(ap)
-    global SIM_NICE
-    SIM_NICE = a.sim_nice
+    global SIM_NICE, SIM_IDLE
+    SIM_NICE, SIM_IDLE = a.sim_nice, a.sim_idle
     if a.one or a.tcpstore_one or a.agents_one:
         r = (one(a.one, a) if a.one else tcpstore(a.tcpstore_one, a.procs) if a.tcpstore_one
              else agents_one(a.agents_one))
@@ -640,30 +674,37 @@ def main() -> None:
     if not SIM.exists():
         sys.exit(f"{SIM} is missing: build it (cmake --build build --target tsp-simnodes)")
     run = harness.Run("scale_bench", a)
-    rows = []
+    rows, again = [], []
     for ranks in [int(x) for x in str(a.sizes).split(",")]:
-        r = child("--one", ranks, a)
-        if ranks <= a.tcpstore_max:
-            try:
-                r.update(child("--tcpstore-one", ranks, a))
-            except (RuntimeError, subprocess.TimeoutExpired) as e:
-                r["tcpstore_error"] = str(e)[-300:]
-        rows.append(r)
-        show(run, r, "ranks", f"{ranks}")
+        for k in range(a.runs):
+            r = child("--one", ranks, a)
+            if ranks <= a.tcpstore_max and k == 0:
+                try:
+                    r.update(child("--tcpstore-one", ranks, a))
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    r["tcpstore_error"] = str(e)[-300:]
+            (again if k else rows).append(r)
+            show(run, r, "ranks", f"{ranks}")
     run.results["sizes"] = rows
+    if again:
+        run.results["more_runs"] = again  # --runs: the sizes' further runs, in their figures
     if a.svg:
         svg(rows, a.svg)
     run.finish()
 
 
 def show(run, r: Dict, size_key: str, label: str) -> None:
-    """One size's row: the load now, printed as a line of JSON, each number a figure."""
+    """One run of a size: the load now, printed as a line of JSON, each number a sample of
+    its figure (--runs: one sample a run)."""
     r["loadavg"] = [round(x, 2) for x in os.getloadavg()]
+    r["load_1min"] = r["loadavg"][0]
     print(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}),
           flush=True)
     for k, v in r.items():
         if isinstance(v, (int, float)) and not isinstance(v, bool) and k != size_key:
-            run.figure(f"{k} @ {label}", [v], "")
+            name = f"{k} @ {label}"
+            got = run.figures.get(name, {}).get("samples", [])
+            run.figure(name, [*got, v], "")
 
 
 def agents_series(a) -> None:

@@ -263,10 +263,13 @@ static uint64_t queued(void)
 
 /* Every rank reports hz times a second for secs seconds, paced in 10 ms ticks; each
  * record carries its wall time, so the driver measures report() -> on_report. A record's
- * text is written once per tick and step (the tick's time: up to 10 ms before its hand-over,
+ * text is written once per step and millisecond (its time: up to 1 ms before its hand-over,
  * which only adds to the delay measured) and handed to every rank's client as the worker's
  * batch hands it to the agent: printing two doubles per call (~1 us) was a third of a
- * simulated call, CPU that a real node's worker spends, not its agent. Says how many
+ * simulated call, CPU that a real node's worker spends, not its agent. Written once per
+ * tick instead, a record's time was up to a whole tick's calls before its hand-over: where
+ * the nodes waited for a CPU in the middle of a tick (the driver's host is theirs here),
+ * their own wait counted as the driver's delay. Says how many
  * report() calls it made and how many records the clients queued for them (fewer where the
  * agent's client folded them; its last summaries follow at the next tick). */
 static void write_reports(int hz, int secs, const char *trace)
@@ -286,14 +289,17 @@ static void write_reports(int hz, int secs, const char *trace)
         }
     }
     int64_t t0 = tsp__now_ms(), end = t0 + (int64_t)secs * 1000;
+    int64_t stamped = 0;
     for (int64_t now = t0; now < end; now = tsp__now_ms(), step = -1) {
         long due = (long)((double)(now - t0) / 1000.0 * hz * (double)ranks);
         for (; sent < due; sent++) {
             long r = sent % ranks;
             node_t *n = &nodes[r / opt.nproc];
             int rank = n->node * opt.nproc + (int)(r % opt.nproc);
-            if (sent / ranks != step) {
+            int64_t ms = tsp__now_ms();
+            if (sent / ranks != step || ms != stamped) {
                 step = sent / ranks;
+                stamped = ms;
                 stamp = epoch_s();
                 len = (size_t)snprintf(buf, sizeof buf,
                                        "{\"step\": %ld, \"time\": %.6f, \"metrics\": "
