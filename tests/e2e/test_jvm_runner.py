@@ -153,7 +153,12 @@ def test_java_application_trains_across_two_executors(runner_app):
     # The hang doctor (spark.torchspark.hangTimeout 3s, cancel): rank 1 asleep before the
     # second all_reduce is named with its frame, rank 0 waits in all_reduce #2 (its flight
     # recorder), and the exception carries the line and every rank's stacks.
-    assert out["HANG"][0].startswith("rank=1 host="), out
+    # A failure shows which path threw, in full (the whole `out` is cut by pytest): the
+    # exception's rank, the doctor's diagnoses and lines, and the driver's last lines.
+    why = "\n".join([f"HANG: {out.get('HANG')}", f"HANG_DIAGNOSES: {out.get('HANG_DIAGNOSES')}",
+                     f"HANG_MESSAGE: {out.get('HANG_MESSAGE')}",
+                     f"HANG_LINES: {out.get('HANG_LINES')}", "stderr's tail:", err[-6000:]])
+    assert out["HANG"][0].startswith("rank=1 host="), why
     line = out["HANG_LINES"][0]
     # torch without gloo's flight recorder (before 2.8: the version matrix's 2.4.1) names
     # the collective without its number.
@@ -161,8 +166,7 @@ def test_java_application_trains_across_two_executors(runner_app):
     assert re.fullmatch(r"rank 1 \(host \S+, pid \d+\) is in hang_worker\.py:18 `time\.sleep\(hold\)  "
                         r"# HANG-SLEEP` \(sleeps_before_the_collective\)"
                         + (r", its last collective all_reduce #1; rank 0 waits in all_reduce #2"
-                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), \
-        (line, out.get("HANG_DIAGNOSES"), out.get("HANG_MESSAGE"))  # a failure says which path threw
+                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), why
     msg = out["HANG_MESSAGE"][0]
     assert msg.startswith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
                           "printed or reported for 3s (spark.torchspark.hangTimeout); " + line), msg
