@@ -153,7 +153,12 @@ def test_java_application_trains_across_two_executors(runner_app):
     # The hang doctor (spark.torchspark.hangTimeout 3s, cancel): rank 1 asleep before the
     # second all_reduce is named with its frame, rank 0 waits in all_reduce #2 (its flight
     # recorder), and the exception carries the line and every rank's stacks.
-    assert out["HANG"][0].startswith("rank=1 host="), out
+    # A failure shows which path threw, in full (the whole `out` is cut by pytest): the
+    # exception's rank, the doctor's diagnoses and lines, and the driver's last lines.
+    why = "\n".join([f"HANG: {out.get('HANG')}", f"HANG_DIAGNOSES: {out.get('HANG_DIAGNOSES')}",
+                     f"HANG_MESSAGE: {out.get('HANG_MESSAGE')}",
+                     f"HANG_LINES: {out.get('HANG_LINES')}", "stderr's tail:", err[-6000:]])
+    assert out["HANG"][0].startswith("rank=1 host="), why
     line = out["HANG_LINES"][0]
     # torch without gloo's flight recorder (before 2.8: the version matrix's 2.4.1) names
     # the collective without its number.
@@ -161,8 +166,7 @@ def test_java_application_trains_across_two_executors(runner_app):
     assert re.fullmatch(r"rank 1 \(host \S+, pid \d+\) is in hang_worker\.py:18 `time\.sleep\(hold\)  "
                         r"# HANG-SLEEP` \(sleeps_before_the_collective\)"
                         + (r", its last collective all_reduce #1; rank 0 waits in all_reduce #2"
-                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), \
-        (line, out.get("HANG_DIAGNOSES"), out.get("HANG_MESSAGE"))  # a failure says which path threw
+                           if fr else r"; rank 0 waits in all_reduce") + " for it", line), why
     msg = out["HANG_MESSAGE"][0]
     assert msg.startswith("TorchSparkRunner (distributed) was cancelled by the hang doctor: no rank "
                           "printed or reported for 3s (spark.torchspark.hangTimeout); " + line), msg
@@ -343,8 +347,11 @@ def test_plugin_stops_a_cancelled_gang_launch(plugin_app):
 # - cancel: a cancelled running job;
 # - early: jobs cancelled while their tasks start (with TORCHSPARK_RENDEZVOUS=0, read at each
 #   run(); unset again after);
-# - frozen: the driver freezes (SIGSTOP) right after cancelAllJobs while every rank prints a
-#   line every 2 ms; the parent times the job's processes from the freeze, then thaws it;
+# - frozen: the driver freezes (SIGSTOP) while every rank prints a line every 2 ms; the
+#   parent, once it sees it stopped, cancels every job through the driver's JVM (its Py4J
+#   gateway), times the job's processes from that call, then thaws it (a driver that
+#   cancelled and then froze itself raced the agents: descheduled for a few tens of ms
+#   between the two, its log server acknowledged their last lines before it froze);
 # - frozen_ddp: the same mid-DDP (as a driver stuck in a long GC pause or a debugger): its
 #   log server tells no agent to stop, so only the executors' plugin can (the interrupt
 #   listener on Spark 4.3+, the 20 ms poll before); the parent times it from the cancel.
@@ -395,8 +402,8 @@ try:
         print("PHASE " + json.dumps([phase, base]), flush=True)
         if phase == "frozen":
             t = train(steady)
-            spark.sparkContext.cancelAllJobs()
-            print("FROZEN", flush=True)
+            gw = spark.sparkContext._gateway.gateway_parameters  # the parent cancels through it
+            print("FROZEN " + json.dumps([gw.port, gw.auth_token]), flush=True)
             os.kill(os.getpid(), signal.SIGSTOP)
             time.sleep(1)  # thawed: the executors' log lines
             res = since(base)
@@ -449,19 +456,33 @@ def _workers(pids):
 
 
 def _time_frozen(p, mark):
-    """The frozen phase, from outside: the ms from the freeze until no process of the job is
-    left (-1: not within 15 s)."""
+    """The frozen phase, from outside: once the driver's Python is stopped, every job
+    cancelled through its JVM (Py4J, as the driver's own call would); the ms from that call
+    until no process of the job is left (-1: not within 15 s), and whether the driver was
+    still stopped then."""
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+
     for line in p.stdout:
-        if line.startswith("FROZEN"):
+        if line.startswith("FROZEN "):
+            port, token = json.loads(line[len("FROZEN "):])
             break
     else:
         raise AssertionError("the application ended before its driver froze")
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 15:
-        if not tsp_spark.job_processes(mark):
-            return {"gone": (time.monotonic() - t0) * 1000}
-        time.sleep(0.005)
-    return {"gone": -1.0}
+    deadline = time.monotonic() + 60
+    while _state(p.pid) != "T" and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert _state(p.pid) == "T", "the driver did not freeze"
+    gw = JavaGateway(gateway_parameters=GatewayParameters(port=port, auth_token=token))
+    try:
+        t0 = time.monotonic()
+        gw.jvm.org.apache.spark.SparkContext.getOrCreate().cancelAllJobs()
+        while time.monotonic() - t0 < 15:
+            if not tsp_spark.job_processes(mark):
+                return {"gone": (time.monotonic() - t0) * 1000, "frozen_at_gone": _state(p.pid) == "T"}
+            time.sleep(0.005)
+        return {"gone": -1.0, "frozen_at_gone": _state(p.pid) == "T"}
+    finally:
+        gw.close()
 
 
 def _time_frozen_ddp(p, mark, app, base):
@@ -557,8 +578,9 @@ def test_plugin_stops_agents_of_a_frozen_driver_within_the_bound(pyspark_app):
     # 100 ms and write those lines to the executor's log with one warning.
     res = pyspark_app["frozen"]
     gone = res["gone"]
-    print(f"frozen driver: every training process and agent gone {gone:.0f} ms after the "
-          f"freeze (right after cancelAllJobs); {res}")
+    print(f"frozen driver: every training process and agent gone {gone:.0f} ms after "
+          f"cancelAllJobs (called once the driver was frozen); {res}")
+    assert res["frozen_at_gone"], res  # the driver never acknowledged their last lines
     assert 0 <= gone < jvmutil.GONE_BOUND_MS, (gone, res)
     assert res["stops"] >= 1, res  # the plugin's kill path did it
     assert res["warnings"] >= 1, res  # and the agents did not wait for the driver

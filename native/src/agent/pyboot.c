@@ -28,8 +28,11 @@ Beyond `python SCRIPT`, BOOT registers faulthandler on SIGRTMIN+8 (all threads, 
 that signal makes the worker print every thread's Python stack on its stderr and go on
 (the hang doctor's dump, docs/cli.md); it is not a Python-level handler, so
 signal.getsignal() and faulthandler.is_enabled() look as under `python SCRIPT`. It also blocks
-SIGRTMIN+9 (the signal mask, inherited by threads and child processes) and starts one thread
-(_thread, not in threading.enumerate()) that waits for it with sigwait and then writes torch's
+SIGRTMIN+8 and SIGRTMIN+9 (the signal mask, inherited by threads and child processes) and
+starts one thread (_thread, not in threading.enumerate()), the only one that takes SIGRTMIN+8
+(so a dump never interrupts a system call of the training's: poll(2) is not restarted after a
+handler, and torch 2.4's TCPStore fails on its EINTR), that waits for SIGRTMIN+9 with sigwait
+(which glibc resumes after the dump's handler) and then writes torch's
 flight recorder's last collectives on fd 2, one "torchspark: flight recorder: ..." line each
 (docs/protocol.md 1.9): that needs the GIL, which a rank blocked in a collective released.
 It imports nothing of torchspark (--python may name an interpreter without it) and contains
@@ -63,7 +66,8 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     "    L.append('pg %s (%s): %s #%s: %s'%(g[0],g[-1],n,q,c))\n"                                  \
     "  return L or['no collective recorded (%s)'%('this torch records NCCL\\'s only'if X else\n"   \
     "   'TORCH_FR_BUFFER_SIZE=0, or none ran yet')]\n"                                             \
-    " def fw(Q,R):\n"                                                                              \
+    " def fw(Q,R,D):\n"                                                                            \
+    "  Q.pthread_sigmask(Q.SIG_UNBLOCK,[D])\n"                                                     \
     "  while 1:\n"                                                                                 \
     "   Q.sigwait([R])\n"                                                                          \
     "   try:\n"                                                                                    \
@@ -78,8 +82,8 @@ no '$', because every worker argument goes through torchrun's $local_rank substi
     " try:import faulthandler as H,signal as Q;H.register(Q.SIGRTMIN+8,all_threads=True)\n"        \
     " except Exception:pass\n"                                                                     \
     " try:\n"                                                                                      \
-    "  import _thread;R=Q.SIGRTMIN+9\n"                                                            \
-    "  Q.pthread_sigmask(Q.SIG_BLOCK,[R]);_thread.start_new_thread(fw,(Q,R))\n"                    \
+    "  import _thread;R=Q.SIGRTMIN+9;D=Q.SIGRTMIN+8\n"                                             \
+    "  Q.pthread_sigmask(Q.SIG_BLOCK,[R,D]);_thread.start_new_thread(fw,(Q,R,D))\n"                \
     " except Exception:pass\n"                                                                     \
     " try:\n"                                                                                      \
     "  if m:\n"                                                                                    \

@@ -12,7 +12,8 @@ milliseconds. Each mode writes what it saw into OUTDIR, named by rank, for the t
             (-1: none does), the others sleep
   signals   record SIGUSR1/USR2/TERM/INT/HUP/QUIT; exit 0 after SIGUSR1, die by the
             default action on the terminating ones
-  restart   append TORCHELASTIC_RESTART_COUNT; local rank 0 exits 1 while it is < N; in
+  restart   append TORCHELASTIC_RESTART_COUNT; local rank 0 exits 1 while it is < N (once
+            the others appended theirs: the failure stops the whole group); in
             attempt 0 it leaves a SIGTERM-ignoring daemon, later attempts note it if alive
   record    under torch's @record, local rank 1 raises ValueError(MESSAGE); the others sleep
   sleep     sleep SECONDS
@@ -36,6 +37,15 @@ def put(name: str, text: str = "") -> None:
     with open(tmp, "w") as f:
         f.write(text)
     os.rename(tmp, os.path.join(out, name))
+
+
+def _lines(name: str) -> list:
+    """OUTDIR/name's lines, newline kept ([] while it does not exist)."""
+    try:
+        with open(os.path.join(out, name)) as f:
+            return f.readlines()
+    except FileNotFoundError:
+        return []
 
 
 def ready() -> None:
@@ -154,7 +164,13 @@ elif mode == "restart":
             if f.read().rsplit(")", 1)[1].split()[0] not in "ZX":
                 put(f"stray-alive.{count}")
     if local_rank == 0 and count < n:
-        time.sleep(0.2)
+        # The others' line of this attempt first: the agent stops the whole group at once
+        # when this worker fails, and a worker still starting Python under load would lose
+        # its line (a 0.2 s sleep raced it: restarts.1 was '1\n2\n' in a fresh-clone run).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+                f"{count}\n" in _lines(f"restarts.{i}") for i in range(1, nlocal)):
+            time.sleep(0.01)
         sys.exit(1)
     sys.exit(0)
 

@@ -5,8 +5,8 @@
 Every rank joins a gloo group and does one all_reduce that works; then rank VICTIM hangs
 (KIND: sleep before the collective, sigstop itself, deadlock on a Python lock, spin in an
 endless loop) while the others enter the next all_reduce and wait for it. With PIDDIR each
-rank writes its pid there. Also imported: train(kind, victim, piddir, hold) is the same
-in function mode (hold: how long the sleeper sleeps, default an hour).
+rank writes its pid there (TSP_HANG_BEAT=S: a line every S s until the first one: _beat).
+Also imported: train(kind, victim, piddir, hold), in function mode (hold: the sleep, 1 h).
 """
 import os
 import sys
@@ -41,7 +41,27 @@ KINDS = {"sleep": sleeps_before_the_collective, "lock": deadlocks_on_a_lock,
          "loop": spins_forever, "sigstop": stops_itself}
 
 
+def _beat(every):
+    """Prints a line every `every` s until the returned event is set (TSP_HANG_BEAT): each
+    restarts the hang doctor's clock, so that the planned hang is the only silence. A start
+    under load (python, import torch, init_process_group's TCPStore connect and its retry
+    delays) can be silent for longer than a short hangTimeout, and the doctor rightly names
+    that first: "every rank waits in the same collective (ranks 0-1 wait in
+    init_process_group)" in a fresh-clone run of test_jvm_runner (hangTimeout 3s)."""
+    done = threading.Event()
+
+    def run():
+        while not done.wait(every):
+            print(f"rank {os.environ.get('RANK')} is starting", flush=True)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return done, t
+
+
 def train(kind, victim, piddir=None, hold=3600):
+    beat = os.environ.get("TSP_HANG_BEAT")
+    beating = _beat(float(beat)) if beat else None
     import torch
     import torch.distributed as dist
 
@@ -53,6 +73,9 @@ def train(kind, victim, piddir=None, hold=3600):
     t = torch.ones(4)
     dist.all_reduce(t)  # a collective that works: every rank is in
     print(f"rank {rank} passed the first all_reduce", flush=True)
+    if beating:
+        beating[0].set()
+        beating[1].join()
     if rank == victim:
         KINDS[kind](hold)
     dist.all_reduce(t)  # HANG-WAIT

@@ -25,6 +25,7 @@ import org.apache.spark.sql.SparkSession;
  *   localgpu                  local mode with useGpu on the driver's GPUs (a fake discovery script), then too few
  *   election                  3 runs: as configured; with the rendezvous advertised where nothing listens; again
  *   gangcancel                launch("gang") cancelled by its job group while it trains (the plugin on)
+ *   hang PYTHON SCRIPT [N]    the hang doctor's run of train (hangTimeout 3s, cancel) N times
  *   gang PYTHON SCRIPT        dynamic allocation from 0 executors: launch("barrier") refused (SPARK-24942),
  *                             the gang launch (auto) trains, one failing rank ends the run, then 3 nodes where
  *                             maxExecutors is 2 (the deadline); between them two gang launches cancelled
@@ -147,6 +148,11 @@ public final class TrainApp {
             election(spark);
         } else if (mode.equals("gangcancel")) {
             gangCancelPlugin(spark);
+        } else if (mode.equals("hang")) {
+            for (int i = 0; i < rounds; i++) { // the hang doctor N times (a reproduction loop)
+                System.out.println("ROUND: " + i);
+                hang(spark, python, script, UUID.randomUUID().toString());
+            }
         } else if (mode.equals("time")) {
             // One unmeasured warm-up run first (the executors' start), as the bench's
             // TorchDistributor cases.
@@ -513,12 +519,13 @@ public final class TrainApp {
     }
 
     /** The hang doctor (HangDoctor.java): tests/e2e/agent_scripts/hang_worker.py, rank 1
-     *  asleep before the second all_reduce; hangTimeout 3s, cancel. */
+     *  asleep before the second all_reduce; hangTimeout 3s, cancel. The ranks print a line
+     *  every 0.5 s until then (TSP_HANG_BEAT): a start under load is silent for longer. */
     private static void hang(SparkSession spark, String python, String script, String mark) {
         String worker = Paths.get(script).toAbsolutePath().getParent().getParent().getParent().getParent()
                 .resolve("tests/e2e/agent_scripts/hang_worker.py").toString();
         TorchSparkRunner r = TorchSparkRunner.script(worker, "sleep", "1").numProcesses(2).python(python)
-                .env("TSP_E2E_MARK", mark).hangTimeout("3s").hangAction("cancel");
+                .env("TSP_E2E_MARK", mark).env("TSP_HANG_BEAT", "0.5").hangTimeout("3s").hangAction("cancel");
         long t0 = System.nanoTime();
         try {
             r.run(spark);
