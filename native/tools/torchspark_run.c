@@ -149,6 +149,23 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
                 tsp_strerror(rc));
 }
 
+/* The agent's on_stop_signal callback: a stop that is not the driver's STOP is a signal
+ * from outside the run (its task killed: the executor JVM died, or Spark killed the task).
+ * The driver is told at once, before the workers stop (EVENT SIGNAL, docs/protocol.md 1.7):
+ * the other nodes' errors that follow are its consequences. */
+static void send_signal_event(void *ctx, int sig)
+{
+    failure_report_t *fr = ctx;
+    if (atomic_load(&stop_wanted))
+        return; /* the driver's own STOP */
+    char json[64];
+    int n = snprintf(json, sizeof json, "{\"signal\": %d}", sig);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_SIGNAL, -1, json, (size_t)n);
+    if (rc && rc != -ENOTSUP)
+        fprintf(stderr, "torchspark-run: cannot tell the driver of the stop signal: %s\n",
+                tsp_strerror(rc));
+}
+
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
  * environment (64 hex digits), TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) for the
  * stall rule; the client's defaults otherwise. Exits with a usage error on bad input. */
@@ -466,6 +483,8 @@ static int run_node(const char *argv0)
         o.sink = tsp_logclient_sink(fr.logc);
         o.on_failure = send_failure;
         o.on_failure_ctx = &fr;
+        o.on_stop_signal = send_signal_event;
+        o.on_stop_signal_ctx = &fr;
     }
     send_node_event(&fr, topo);
     int rc = nccl_preflight(topo, argv0, &fr);

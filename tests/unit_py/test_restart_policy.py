@@ -93,13 +93,15 @@ def test_what_the_glue_hands_the_controller():
             raise TorchDistributorError("TorchDistributor (distributed) failed: rank 0 ... "
                                         "reset", {"node_rank": 0}) from spark_error
     except TorchDistributorError as e:
-        ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4"})
+        ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4",
+                                       "lost_nodes": [2]})
         text = str(e)
     # the node the outcome excluded: a fact; its reason (silent, unless the record says
     # preempted), like the report's node, reason and checkpoint step, is the run
-    # controller's reading (runctl.json)
+    # controller's reading (runctl.json); the log server's nodes lost, as they are
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
-                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4"}
+                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4",
+                  "lost_nodes": [2]}
     stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
                                           "checkpoint_step": 12, "tail": ["step 11"]})
     assert _restart.failed_event(stopped, {})["report"] is stopped.report

@@ -47,13 +47,13 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
 def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
     """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
     its exception's report as it is (docs/protocol.md 8: the controller reads the reason,
-    the node, a checkpoint on request's step), the silent node's executor, Spark's text for
-    the outcome table."""
+    the node, a checkpoint on request's step), the silent node's executor, the nodes the
+    log server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table."""
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": None if e.__cause__ is None else str(e.__cause__),
             "report": e.report if isinstance(e.report, dict) else None,
             "silent_node": entry.get("silent_node") is not None,
-            "executor": entry.get("silent_executor")}
+            "executor": entry.get("silent_executor"), "lost_nodes": entry.get("lost_nodes")}
 
 
 def free_slots(spark: Any) -> int:
