@@ -420,7 +420,8 @@ def test_sigkill_of_an_executor_goes_on_with_the_survivors(spark, connect_server
     server saw node 1's channel close without a goodbye (docs/protocol.md 1.7, "Nodes
     lost"), and the run controller counts that node lost: attempt 1 starts at once on the
     survivor (min_nodes=1), its cause naming node 1. Fails on a controller without the
-    fact: attempt 1 waits for 2 slots and runs on 2 nodes, its cause the gloo error. Last
+    fact: its cause is the gloo error (attempt 1 then waits for 2 slots and runs on 2 nodes)
+    or, when Spark's text came in time, only the executor's. Last
     of the module, since it kills an executor: it ends once the standalone master's
     replacement registered (the server has its 2 executors again)."""
     ckpt, steplog = str(tmp_path / "ckpt"), tmp_path / "steplog"
@@ -434,9 +435,10 @@ def test_sigkill_of_an_executor_goes_on_with_the_survivors(spark, connect_server
     t.join(120)
     assert not t.is_alive() and "error" not in box, box
     att = box["dist"].attempts
-    assert [a["nodes"] for a in att] == [2, 1], att
-    assert re.search(r"node 1 was lost: its executor, task or host went away",
-                     att[0]["cause"]), att
+    assert [a["nodes"] for a in att] == [2, 1] and att[0]["lost_nodes"] == [1], att
+    # What the log server saw, with Spark's text of the executor when it came in time.
+    assert re.match(r"node 1 was lost: (its executor, task or host went away|executor \d+ "
+                    r"exited .*ExecutorLostFailure)", att[0]["cause"]), att
     assert box["result"]["cause"] == att[0]["cause"], box
     restarted = [w for w in _warnings(caplog) if "restarting as attempt 1" in w]
     assert len(restarted) == 1 and "on 1 of 2 nodes (min_nodes=1)" in restarted[0], restarted

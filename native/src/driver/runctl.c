@@ -552,6 +552,12 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
         free(reason);
         reason = strdup(preempted ? "preempted" : "decommission");
         *lost = 1;
+    } else if (ngone && !root_lost && spark_lost) { /* Spark's text names the executor */
+        snprintf(cause, CAUSE_MAX + 1, "%s %s %s lost: %s", ngone > 1 ? "nodes" : "node", gone,
+                 ngone > 1 ? "were" : "was", scause);
+        free(reason);
+        reason = strdup(sreason);
+        *lost = ngone;
     } else if (ngone && !root_lost) {
         /* Another node's error came first (gloo's "Connection reset by peer"), but the log
          * server saw these nodes go before the run was stopped: they are the cause. */
