@@ -149,20 +149,86 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
                 tsp_strerror(rc));
 }
 
-/* The agent's on_stop_signal callback: a stop that is not the driver's STOP is a signal
- * from outside the run (its task killed: the executor JVM died, or Spark killed the task).
- * The driver is told at once, before the workers stop (EVENT SIGNAL, docs/protocol.md 1.7):
- * the other nodes' errors that follow are its consequences. */
+/* The executor JVM the agent runs under: its first ancestor named "java" (Spark's executor,
+ * whose Python worker started the agent), found once at start, and its start time (0: no
+ * such ancestor: the CLI on its own). */
+static pid_t executor_pid;
+static unsigned long long executor_start;
+
+/* /proc/PID/stat's state, parent and start time (the name, which may hold anything, is
+ * skipped up to its last ')'). 0, or -1 when the process is gone or the file unreadable. */
+static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    int pp = 0;
+    if (!p || sscanf(p + 1,
+                     " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     "%*d %*d %llu",
+                     state, &pp, start) != 3)
+        return -1;
+    *ppid = pp;
+    return 0;
+}
+
+static void find_executor(void)
+{
+    pid_t pid = getppid();
+    for (int depth = 0; depth < 8 && pid > 1; depth++) {
+        char path[64], comm[32] = "", state;
+        pid_t parent;
+        unsigned long long start;
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f || !fgets(comm, sizeof comm, f) || proc_stat(pid, &state, &parent, &start)) {
+            if (f)
+                fclose(f);
+            return;
+        }
+        fclose(f);
+        if (strcmp(comm, "java\n") == 0) {
+            executor_pid = pid;
+            executor_start = start;
+            return;
+        }
+        pid = parent;
+    }
+}
+
+/* The executor JVM found at start has exited (gone, a zombie, or its pid reused). */
+static int executor_gone(void)
+{
+    char state;
+    pid_t parent;
+    unsigned long long start;
+    if (!executor_pid)
+        return 0;
+    return proc_stat(executor_pid, &state, &parent, &start) || state == 'Z' || state == 'X' ||
+           start != executor_start;
+}
+
+/* The agent's on_stop_signal callback: a stop that is not the driver's STOP, while the
+ * executor JVM the agent ran under is gone (SIGKILLed, OOM-killed: its Python worker ends,
+ * and the agent gets SIGTERM as its parent dies). The driver is told at once, before the
+ * workers stop (EVENT EXECUTOR_GONE, docs/protocol.md 1.7): the other nodes' errors that
+ * follow are its consequences. A task killed by Spark (its executor alive) is not told. */
 static void send_signal_event(void *ctx, int sig)
 {
     failure_report_t *fr = ctx;
-    if (atomic_load(&stop_wanted))
-        return; /* the driver's own STOP */
+    if (atomic_load(&stop_wanted) || !executor_gone())
+        return; /* the driver's own STOP, or a task killed on a live executor */
     char json[64];
     int n = snprintf(json, sizeof json, "{\"signal\": %d}", sig);
-    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_SIGNAL, -1, json, (size_t)n);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_EXECUTOR_GONE, -1, json, (size_t)n);
     if (rc && rc != -ENOTSUP)
-        fprintf(stderr, "torchspark-run: cannot tell the driver of the stop signal: %s\n",
+        fprintf(stderr, "torchspark-run: cannot tell the driver that the executor is gone: %s\n",
                 tsp_strerror(rc));
 }
 
@@ -558,6 +624,7 @@ int main(int argc, char **argv)
     }
     if (cfg.expected_parent && cfg.expected_parent != ppid)
         return tsp_proc_signal_status(SIGTERM); /* the parent that started us is already gone */
+    find_executor();
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
     if (rc == -ESRCH)

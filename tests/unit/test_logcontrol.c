@@ -240,8 +240,8 @@ static int nodes_lost(tsp_logserver_t *s, int want, int32_t *ranks)
     return n;
 }
 
-/* The nodes lost (docs/protocol.md 1.7): an agent stopped from outside the run (EVENT
- * SIGNAL, then a clean CLOSE) and one whose channel ended without CLOSE before the run was
+/* The nodes lost (docs/protocol.md 1.7): an agent whose executor JVM died (EVENT
+ * EXECUTOR_GONE, then a clean CLOSE) and one whose channel ended without CLOSE before the run was
  * stopped, in order, each once; a CLOSE alone, an agent back within its grace and one gone
  * after the STOP are not. */
 START_TEST(test_logcontrol_nodes_lost_before_the_stop)
@@ -253,8 +253,8 @@ START_TEST(test_logcontrol_nodes_lost_before_the_stop)
     tsp_logclient_t *c = ctl_client(s, 3, "host-c", &sc, 0);
     int32_t ranks[8];
     ck_assert_int_eq(tsp_logserver_nodes_lost(s, NULL, 0), 0);
-    send_json(b, TSP_WIRE_EVENT_SIGNAL, "{\"signal\": 1}");
-    send_json(b, TSP_WIRE_EVENT_SIGNAL, "{\"signal\": 15}"); /* once */
+    send_json(b, TSP_WIRE_EVENT_EXECUTOR_GONE, "{\"signal\": 1}");
+    send_json(b, TSP_WIRE_EVENT_EXECUTOR_GONE, "{\"signal\": 15}"); /* once */
     ck_assert_int_eq(tsp_logclient_close(b, 5000), 0);
     ck_assert_int_eq(nodes_lost(s, 1, ranks), 1);
     ck_assert_int_eq(ranks[0], 2);

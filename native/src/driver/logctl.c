@@ -146,7 +146,7 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
         a->seq = seq;
         if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK)
             tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
-        else if (p[8] == TSP_WIRE_EVENT_SIGNAL) /* its task was killed from outside */
+        else if (p[8] == TSP_WIRE_EVENT_EXECUTOR_GONE) /* its executor JVM died */
             gone_set(s, c->h.node_rank, 1);
         return 0; /* another kind of a newer agent: ignored, not refused */
     }

@@ -563,15 +563,15 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
          * server saw these nodes go before the run was stopped: they are the cause. */
         if (ngone > 1)
             snprintf(cause, CAUSE_MAX + 1,
-                     "nodes %s were lost: their executors, tasks or hosts went away (stopped "
-                     "from outside the run, or their channels to the driver ended without a "
-                     "goodbye); the other nodes' errors are their consequences",
+                     "nodes %s were lost: their executors or hosts went away (their executor "
+                     "JVMs died, or their channels to the driver ended without a goodbye); the "
+                     "other nodes' errors are their consequences",
                      gone);
         else
             snprintf(cause, CAUSE_MAX + 1,
-                     "node %s was lost: its executor, task or host went away (stopped from "
-                     "outside the run, or its channel to the driver ended without a goodbye); "
-                     "the other nodes' errors are its consequences",
+                     "node %s was lost: its executor or host went away (its executor JVM died, "
+                     "or its channel to the driver ended without a goodbye); the other nodes' "
+                     "errors are its consequences",
                      gone);
         free(reason);
         reason = strdup("eof");

@@ -78,7 +78,7 @@ enum {
     TSP_WIRE_EVENT_FAILURE = 1,
     TSP_WIRE_EVENT_NODE = 2,
     TSP_WIRE_EVENT_NCCL_CHECK = 3,
-    TSP_WIRE_EVENT_SIGNAL = 4 /* stopped by a signal from outside the run (protocol 1.7) */
+    TSP_WIRE_EVENT_EXECUTOR_GONE = 4 /* stopped as its executor JVM died (protocol 1.7) */
 };
 enum { TSP_WIRE_CHECKPOINT_GROW = 1 }; /* CHECKPOINT's why: the run grows back */
 enum { TSP_WIRE_STOP_FAILED = 1, TSP_WIRE_STOP_LOST = 2, TSP_WIRE_STOP_ENDED = 3 };

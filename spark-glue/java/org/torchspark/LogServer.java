@@ -173,8 +173,8 @@ public final class LogServer implements AutoCloseable {
         return with(Native::logServerLostPending);
     }
 
-    /** The nodes lost (docs/protocol.md 1.7): node ranks whose agent was stopped from
-     *  outside the run, or whose channel ended without goodbye before the run was stopped. */
+    /** The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor JVM
+     *  die, or whose channel ended without goodbye before the run was stopped. */
     public int[] nodesLost() {
         int[] r = with(Native::logServerNodesLost);
         return r == null ? new int[0] : r;

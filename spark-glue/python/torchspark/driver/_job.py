@@ -255,8 +255,8 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
 
 def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
     """Spark failed the job before any agent said why: Spark learns of an executor's exit at
-    once, its node's agent tells the log server a moment later (EVENT SIGNAL, or its
-    channel ends: the nodes lost, docs/protocol.md 1.7) and the other nodes' errors follow.
+    once, its node's agent tells the log server a moment later (EVENT EXECUTOR_GONE, or
+    its channel ends: the nodes lost, docs/protocol.md 1.7) and the other nodes' errors follow.
     Waits up to wait_s for a root cause or a node lost, before every agent is stopped (a
     node stopped by the driver is no longer lost). The root cause, or None."""
     deadline = time.monotonic() + wait_s

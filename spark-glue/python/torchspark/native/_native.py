@@ -311,9 +311,9 @@ class LogServer:
         return self._lib.tsp_logserver_lost_pending(self._h)
 
     def nodes_lost(self) -> List[int]:
-        """The nodes lost (docs/protocol.md 1.7): node ranks whose agent was stopped from
-        outside the run, or whose channel ended without goodbye before the run was stopped
-        and did not come back, in order."""
+        """The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor
+        JVM die, or whose channel ended without goodbye before the run was stopped and did
+        not come back, in order."""
         k = self._lib.tsp_logserver_nodes_lost(self._h, None, 0)
         ranks = (ctypes.c_int32 * max(k, 1))()
         k = min(k, self._lib.tsp_logserver_nodes_lost(self._h, ranks, k))
