@@ -214,16 +214,17 @@ static int executor_gone(void)
            start != executor_start;
 }
 
-/* The agent's on_stop_signal callback: a stop that is not the driver's STOP, while the
- * executor JVM the agent ran under is gone (SIGKILLed, OOM-killed: its Python worker ends,
- * and the agent gets SIGTERM as its parent dies). The driver is told at once, before the
- * workers stop (EVENT EXECUTOR_GONE, docs/protocol.md 1.7): the other nodes' errors that
- * follow are its consequences. A task killed by Spark (its executor alive) is not told. */
+/* The agent's on_stop_signal callback: a stop (a signal, or the driver's STOP when it came
+ * first) while the executor JVM the agent ran under is gone (SIGKILLed, OOM-killed: its
+ * Python worker ends, and the agent gets SIGTERM as its parent dies). The driver is told at
+ * once, before the workers stop (EVENT EXECUTOR_GONE, docs/protocol.md 1.7): the other
+ * nodes' errors that follow are its consequences. A task killed by Spark or stopped by the
+ * driver on a live executor is not told. */
 static void send_signal_event(void *ctx, int sig)
 {
     failure_report_t *fr = ctx;
-    if (atomic_load(&stop_wanted) || !executor_gone())
-        return; /* the driver's own STOP, or a task killed on a live executor */
+    if (!executor_gone())
+        return;
     char json[64];
     int n = snprintf(json, sizeof json, "{\"signal\": %d}", sig);
     int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_EXECUTOR_GONE, -1, json, (size_t)n);

@@ -127,6 +127,30 @@ def test_spark_connect_leaves_out_the_decommissioned_node():
                                   "checkpointed on request and the node stopped")
 
 
+def test_spark_connect_leaves_out_the_nodes_the_log_server_saw_lost():
+    """The attempt's root record is a survivor's gloo error; its log server (read after
+    the attempt ended: its drain) saw node 1's executor go (docs/protocol.md 1.7)."""
+    seen, times = [], {}
+
+    class Server:
+        def nodes_lost(self):
+            return [1]
+
+    def once(attempt, env, nodes):
+        seen.append(nodes)
+        if attempt == 0:
+            times["server"] = Server()
+            raise TorchDistributorError("TorchDistributor (distributed) failed: rank 0 (node 0, "
+                                        "local rank 0) on host h exited with code 1.",
+                                        {"node_rank": 0, "reason": "exit"})
+        return "done"
+
+    record = []
+    assert _run(once, limit=1, least_slots=1, record=record, times=times) == "done"
+    assert seen == [2, 1] and record[0]["lost_nodes"] == [1]
+    assert record[0]["cause"].startswith("node 1 was lost: its executor or host went away")
+
+
 def test_min_nodes_is_checked_by_the_controller():
     assert _restart.min_nodes(None, 4) == 4  # not elastic
     assert _restart.min_nodes(2, 4) == 2
@@ -150,6 +174,9 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
         def checkpoint_all(self, why):
             asked.set()
             return why == 1
+
+        def nodes_lost(self):
+            return []
 
     times, seen = {}, []
 
@@ -220,6 +247,9 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
 
         def stats(self):
             return {"authenticated": self.agents}
+
+        def nodes_lost(self):
+            return []
 
         def checkpoint_all(self, why):
             asked.set()

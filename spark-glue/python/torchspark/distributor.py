@@ -384,7 +384,7 @@ class TorchDistributor:
         self._failure_times.update(
             root_at=out.root_at, ended_at=out.ended_at,
             silent_node=(out.root or {}).get("node_rank") if _job.silent(out.root) else None,
-            silent_executor=out.silent_executor, lost_nodes=out.lost_nodes)
+            silent_executor=out.silent_executor)
         return out
 
     def _driver_gpus(self) -> List[str]:

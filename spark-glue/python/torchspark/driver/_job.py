@@ -67,8 +67,6 @@ class Outcome:
     silent_executor: Optional[str] = None
     # A gang launch that failed (its deadline): the C core's document (_gang.py).
     gang_failure: Optional[Dict[str, Any]] = None
-    # The nodes lost (the log server's, docs/protocol.md 1.7): None when none.
-    lost_nodes: Optional[List[int]] = None
 
 
 class _Tags:
@@ -284,8 +282,6 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
                 root = _await_fact(server, LOST_WAIT_S)
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
-    gone = server.nodes_lost() if server is not None and (error is not None or root is not None) \
-        else []
     lost = None
     if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
@@ -294,4 +290,4 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
     if "gang" in box:
         done.wait(CANCEL_WAIT_S)
     return Outcome(box.get("chunks") if error is None else None, error, root,
-                   box.get("root_at"), box.get("ended_at"), lost, box.get("gang"), gone or None)
+                   box.get("root_at"), box.get("ended_at"), lost, box.get("gang"))

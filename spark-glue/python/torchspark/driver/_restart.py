@@ -304,6 +304,10 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                     error = e
                     entry.update({k: v for k, v in (times or {}).items()
                                   if v is not None and k not in ("server", "hold")})
+                    server = (times or {}).get("server")
+                    if server is not None and server.nodes_lost():
+                        # After the attempt's drain: a dying node's agent told it by then.
+                        entry["lost_nodes"] = server.nodes_lost()
                     event = failed_event(e, entry)
                 finally:
                     if watch is not None:
