@@ -155,9 +155,10 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
 static pid_t executor_pid;
 static unsigned long long executor_start;
 
-/* /proc/PID/stat's state, parent and start time (the name, which may hold anything, is
- * skipped up to its last ')'). 0, or -1 when the process is gone or the file unreadable. */
-static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *start)
+/* /proc/PID/stat's state, parent, flags and start time (the name, which may hold anything,
+ * is skipped up to its last ')'). 0, or -1 when the process is gone or the file unreadable. */
+static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned *flags,
+                     unsigned long long *start)
 {
     char path[64], buf[1024];
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -170,9 +171,9 @@ static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned long long *st
     const char *p = strrchr(buf, ')');
     int pp = 0;
     if (!p || sscanf(p + 1,
-                     " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     " %c %d %*d %*d %*d %*d %u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
                      "%*d %*d %llu",
-                     state, &pp, start) != 3)
+                     state, &pp, flags, start) != 4)
         return -1;
     *ppid = pp;
     return 0;
@@ -184,10 +185,11 @@ static void find_executor(void)
     for (int depth = 0; depth < 8 && pid > 1; depth++) {
         char path[64], comm[32] = "", state;
         pid_t parent;
+        unsigned flags;
         unsigned long long start;
         snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
         FILE *f = fopen(path, "re");
-        if (!f || !fgets(comm, sizeof comm, f) || proc_stat(pid, &state, &parent, &start)) {
+        if (!f || !fgets(comm, sizeof comm, f) || proc_stat(pid, &state, &parent, &flags, &start)) {
             if (f)
                 fclose(f);
             return;
@@ -202,16 +204,20 @@ static void find_executor(void)
     }
 }
 
-/* The executor JVM found at start has exited (gone, a zombie, or its pid reused). */
+/* The executor JVM found at start has exited or is exiting: gone, a zombie, its pid reused,
+ * or PF_EXITING (0x4) in its flags. Its pipe to the Python daemon, whose end stops the
+ * agent, closes in its last thread's exit; its main thread may not be a zombie yet then,
+ * but it is exiting. */
 static int executor_gone(void)
 {
     char state;
     pid_t parent;
+    unsigned flags;
     unsigned long long start;
     if (!executor_pid)
         return 0;
-    return proc_stat(executor_pid, &state, &parent, &start) || state == 'Z' || state == 'X' ||
-           start != executor_start;
+    return proc_stat(executor_pid, &state, &parent, &flags, &start) || state == 'Z' ||
+           state == 'X' || (flags & 0x4u) || start != executor_start;
 }
 
 /* The agent's on_stop_signal callback: a stop (a signal, or the driver's STOP when it came

@@ -262,6 +262,19 @@ class _Watch:
         return self.state
 
 
+def _failed(e: TorchDistributorError, entry: Dict[str, Any],
+            times: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The failed attempt's event, its entry completed: when the failure was noticed, the
+    silent node, and the nodes its log server saw lost (read once the attempt ended, after
+    its drain: a dying node's agent told it by then)."""
+    entry.update({k: v for k, v in (times or {}).items()
+                  if v is not None and k not in ("server", "hold")})
+    server = (times or {}).get("server")
+    if server is not None and server.nodes_lost():
+        entry["lost_nodes"] = server.nodes_lost()
+    return failed_event(e, entry)
+
+
 def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
@@ -302,13 +315,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e
-                    entry.update({k: v for k, v in (times or {}).items()
-                                  if v is not None and k not in ("server", "hold")})
-                    server = (times or {}).get("server")
-                    if server is not None and server.nodes_lost():
-                        # After the attempt's drain: a dying node's agent told it by then.
-                        entry["lost_nodes"] = server.nodes_lost()
-                    event = failed_event(e, entry)
+                    event = _failed(e, entry, times)
                 finally:
                     if watch is not None:
                         state = watch.end()
