@@ -29,9 +29,12 @@ Connect server (tests/helpers/tsp_connect.py) on local-cluster[3,1,1024] whose e
 torchspark (it ships itself as a session artifact), the plugin on: node 1's executor
 decommissioned (SIGPWR: it checkpoints on request, test_distributor_connect's path), on 2 nodes
 at once from the next step (min_nodes 2: the client knows the node it lost), grown back to 3
-once the client's probe job ran (_connect.Probe). --sigkill: SIGKILL in its place (where
-today the client names a survivor's gloo error the root cause, not the lost node, and
-restarts on 3 nodes: the cycle fails after its 600 s wait). "3 slots"
+once the client's probe job ran (_connect.Probe). --sigkill: SIGKILL in its place, no
+notice: the node's agent tells the client's log server that its executor JVM is gone (the
+nodes lost, docs/protocol.md 1.7), so the 2-node attempt starts at once from the last
+periodic checkpoint (steps since it are lost: resumed_next_step false) and grows back as
+above. Before 30c1418 the client took a survivor's gloo error for the root cause and
+restarted on 3 nodes, waiting for Spark's barrier slot check. "3 slots"
 reads: the server's driver registered the replacement executor (its log). With --dynamic the
 server runs with dynamic allocation (as above): every attempt a gang launch, the probe k
 ordinary tasks that overlap; stock refused in the session.

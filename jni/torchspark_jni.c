@@ -353,6 +353,25 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerLostPending(JNIEnv *e
     return tsp_logserver_lost_pending(server_of(h));
 }
 
+/* The nodes lost (docs/protocol.md 1.7) as a new int[], or NULL when out of memory. */
+JNIEXPORT jintArray JNICALL Java_org_torchspark_Native_logServerNodesLost(JNIEnv *env, jclass cls,
+                                                                          jlong h)
+{
+    (void)cls;
+    int n = tsp_logserver_nodes_lost(server_of(h), NULL, 0);
+    int32_t *ranks = calloc(n > 0 ? (size_t)n : 1, sizeof(*ranks));
+    if (!ranks)
+        return NULL;
+    int got = tsp_logserver_nodes_lost(server_of(h), ranks, n);
+    if (got > n)
+        got = n; /* more came in between: the first n */
+    jintArray out = (*env)->NewIntArray(env, got);
+    if (out)
+        (*env)->SetIntArrayRegion(env, out, 0, got, (const jint *)ranks);
+    free(ranks);
+    return out;
+}
+
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerStopAll(JNIEnv *env, jclass cls, jlong h,
                                                                    jstring jtext)
 {

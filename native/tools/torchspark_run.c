@@ -149,6 +149,96 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
                 tsp_strerror(rc));
 }
 
+/* The executor JVM the agent runs under: its first ancestor named "java" (Spark's executor,
+ * whose Python worker started the agent), found once at start, and its start time (0: no
+ * such ancestor: the CLI on its own). */
+static pid_t executor_pid;
+static unsigned long long executor_start;
+
+/* /proc/PID/stat's state, parent, flags and start time (the name, which may hold anything,
+ * is skipped up to its last ')'). 0, or -1 when the process is gone or the file unreadable. */
+static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned *flags,
+                     unsigned long long *start)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *p = strrchr(buf, ')');
+    int pp = 0;
+    if (!p || sscanf(p + 1,
+                     " %c %d %*d %*d %*d %*d %u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
+                     "%*d %*d %llu",
+                     state, &pp, flags, start) != 4)
+        return -1;
+    *ppid = pp;
+    return 0;
+}
+
+static void find_executor(void)
+{
+    pid_t pid = getppid();
+    for (int depth = 0; depth < 8 && pid > 1; depth++) {
+        char path[64], comm[32] = "", state;
+        pid_t parent;
+        unsigned flags;
+        unsigned long long start;
+        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
+        FILE *f = fopen(path, "re");
+        if (!f || !fgets(comm, sizeof comm, f) || proc_stat(pid, &state, &parent, &flags, &start)) {
+            if (f)
+                fclose(f);
+            return;
+        }
+        fclose(f);
+        if (strcmp(comm, "java\n") == 0) {
+            executor_pid = pid;
+            executor_start = start;
+            return;
+        }
+        pid = parent;
+    }
+}
+
+/* The executor JVM found at start has exited or is exiting: gone, a zombie, its pid reused,
+ * or PF_EXITING (0x4) in its flags. Its pipe to the Python daemon, whose end stops the
+ * agent, closes in its last thread's exit; its main thread may not be a zombie yet then,
+ * but it is exiting. */
+static int executor_gone(void)
+{
+    char state;
+    pid_t parent;
+    unsigned flags;
+    unsigned long long start;
+    if (!executor_pid)
+        return 0;
+    return proc_stat(executor_pid, &state, &parent, &flags, &start) || state == 'Z' ||
+           state == 'X' || (flags & 0x4u) || start != executor_start;
+}
+
+/* The agent's on_stop_signal callback: a stop (a signal, or the driver's STOP when it came
+ * first) while the executor JVM the agent ran under is gone (SIGKILLed, OOM-killed: its
+ * Python worker ends, and the agent gets SIGTERM as its parent dies). The driver is told at
+ * once, before the workers stop (EVENT EXECUTOR_GONE, docs/protocol.md 1.7): the other
+ * nodes' errors that follow are its consequences. A task killed by Spark or stopped by the
+ * driver on a live executor is not told. */
+static void send_signal_event(void *ctx, int sig)
+{
+    failure_report_t *fr = ctx;
+    if (!executor_gone())
+        return;
+    char json[64];
+    int n = snprintf(json, sizeof json, "{\"signal\": %d}", sig);
+    int rc = tsp_logclient_event(fr->logc, TSP_WIRE_EVENT_EXECUTOR_GONE, -1, json, (size_t)n);
+    if (rc && rc != -ENOTSUP)
+        fprintf(stderr, "torchspark-run: cannot tell the driver that the executor is gone: %s\n",
+                tsp_strerror(rc));
+}
+
 /* The driver's log channel: --log-endpoint HOST:PORT, the run's secret from the
  * environment (64 hex digits), TORCHSPARK_LOG_STALL_TIMEOUT (seconds, 0: never) for the
  * stall rule; the client's defaults otherwise. Exits with a usage error on bad input. */
@@ -466,6 +556,8 @@ static int run_node(const char *argv0)
         o.sink = tsp_logclient_sink(fr.logc);
         o.on_failure = send_failure;
         o.on_failure_ctx = &fr;
+        o.on_stop_signal = send_signal_event;
+        o.on_stop_signal_ctx = &fr;
     }
     send_node_event(&fr, topo);
     int rc = nccl_preflight(topo, argv0, &fr);
@@ -539,6 +631,7 @@ int main(int argc, char **argv)
     }
     if (cfg.expected_parent && cfg.expected_parent != ppid)
         return tsp_proc_signal_status(SIGTERM); /* the parent that started us is already gone */
+    find_executor();
     /* From here on the agent must notice its parent dying. */
     int rc = tsp_agent_setup_process(SIGTERM, ppid);
     if (rc == -ESRCH)

@@ -298,6 +298,28 @@ def _registered(server) -> set:
                           server.log_path.read_text(errors="replace")))
 
 
+def _train_until_step(n, ckpt, steplog, *args):
+    """run(_train_on_request, ckpt, steplog, *args) on 2 nodes (max_restarts=1, min_nodes=1)
+    in a thread of its own, once rank 0 logged n steps (or the run ended, or 120 s): (box,
+    thread), box getting "dist" and "result", or "error"."""
+    box: dict = {}
+
+    def go():
+        try:
+            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
+                                           max_restarts=1, min_nodes=1)
+            box["result"] = box["dist"].run(_train_on_request, ckpt, str(steplog), *args)
+        except BaseException as e:  # noqa: B902 - checked by the caller
+            box["error"] = e
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 120
+    while len(_steplog(steplog)) < n and time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.02)
+    return box, t
+
+
 def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_server,
                                                                  tmp_path, caplog):
     """Spark Connect and function mode at once: SIGPWR to node 1's executor JVM
@@ -323,23 +345,8 @@ def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_s
         time.sleep(0.2)
         registered = _registered(connect_server)
     assert len(registered) == 2, registered
-    box: dict = {}
-
-    def go():
-        try:
-            box["dist"] = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False,
-                                           max_restarts=1, min_nodes=1)
-            box["result"] = box["dist"].run(_train_on_request, ckpt, str(steplog), steps, every,
-                                            "2", 6)
-        except BaseException as e:  # noqa: B902 - checked below
-            box["error"] = e
-
     caplog.set_level(logging.WARNING, logger="TorchDistributor")
-    t = threading.Thread(target=go, daemon=True)
-    t.start()
-    deadline = time.monotonic() + 120
-    while len(_steplog(steplog)) < 8 and time.monotonic() < deadline and t.is_alive():
-        time.sleep(0.02)
+    box, t = _train_until_step(8, ckpt, steplog, steps, every, "2", 6)
     jvm = executor_of_node(1, tsp_spark.CONNECT_MARK)
     assert jvm in before, (jvm, before, box)
     os.kill(jvm, signal.SIGPWR)
@@ -403,3 +410,42 @@ def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_s
           f"registered {back - noticed:.1f} s after it, attempt 1 stopped at step {last1} "
           f"{att[1]['ended'] - back:.1f} s after that (grown back, 0 steps lost); "
           f"attempt 0's cause: {cause}")
+
+
+def test_sigkill_of_an_executor_goes_on_with_the_survivors(spark, connect_server, tmp_path,
+                                                           caplog):
+    """Issue 31 on Spark Connect: node 1's executor JVM SIGKILLed mid-training (no notice,
+    no checkpoint on request). The client has no view of the executors, and the first root
+    record it gets may be node 0's gloo error ("Connection reset by peer"); but its log
+    server saw node 1's channel close without a goodbye (docs/protocol.md 1.7, "Nodes
+    lost"), and the run controller counts that node lost: attempt 1 starts at once on the
+    survivor (min_nodes=1), its cause naming node 1. Fails on a controller without the
+    fact: its cause is the gloo error (attempt 1 then waits for 2 slots and runs on 2 nodes)
+    or, when Spark's text came in time, only the executor's. Last
+    of the module, since it kills an executor: it ends once the standalone master's
+    replacement registered (the server has its 2 executors again)."""
+    ckpt, steplog = str(tmp_path / "ckpt"), tmp_path / "steplog"
+    before, registered = _executors(), _registered(connect_server)
+    assert len(before) == 2, before
+    caplog.set_level(logging.WARNING, logger="TorchDistributor")
+    box, t = _train_until_step(8, ckpt, steplog, 400, 5, "1", 3)
+    jvm = executor_of_node(1, tsp_spark.CONNECT_MARK)
+    assert jvm in before, (jvm, before, box)
+    os.kill(jvm, signal.SIGKILL)
+    t.join(120)
+    assert not t.is_alive() and "error" not in box, box
+    att = box["dist"].attempts
+    assert [a["nodes"] for a in att] == [2, 1] and att[0]["lost_nodes"] == [1], att
+    # What the log server saw, with Spark's text of the executor when it came in time.
+    assert re.match(r"node 1 was lost: (its executor or host went away|executor \d+ "
+                    r"exited .*ExecutorLostFailure)", att[0]["cause"]), att
+    assert box["result"]["cause"] == att[0]["cause"], box
+    restarted = [w for w in _warnings(caplog) if "restarting as attempt 1" in w]
+    assert len(restarted) == 1 and "on 1 of 2 nodes (min_nodes=1)" in restarted[0], restarted
+    assert tsp_spark.wait_gone(tsp_spark.CONNECT_MARK, TEARDOWN_S) == []
+    # The standalone master replaces the killed executor: the server has 2 again.
+    deadline = time.monotonic() + 90
+    while (len(_executors()) < 2 or not _registered(connect_server) - registered) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(_executors()) == 2 and jvm not in _executors(), (jvm, before, _executors())

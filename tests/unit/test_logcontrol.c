@@ -230,6 +230,57 @@ START_TEST(test_logcontrol_clean_close_and_stop_all)
 }
 END_TEST
 
+static void send_json(tsp_logclient_t *c, int kind, const char *json);
+
+static int nodes_lost(tsp_logserver_t *s, int want, int32_t *ranks)
+{
+    int n = 0;
+    for (int i = 0; i < 500 && (n = tsp_logserver_nodes_lost(s, ranks, 8)) < want; i++)
+        usleep(10 * 1000);
+    return n;
+}
+
+/* The nodes lost (docs/protocol.md 1.7): an agent whose executor JVM died (EVENT
+ * EXECUTOR_GONE, then a clean CLOSE) and one whose channel ended without CLOSE before the run was
+ * stopped, in order, each once; a CLOSE alone, an agent back within its grace and one gone
+ * after the STOP are not. */
+START_TEST(test_logcontrol_nodes_lost_before_the_stop)
+{
+    tsp_logserver_t *s = ctl_server(300);
+    stopper_t sa = {0}, sb = {0}, sc = {0};
+    tsp_logclient_t *a = ctl_client(s, 0, "host-a", &sa, 0);
+    tsp_logclient_t *b = ctl_client(s, 2, "host-b", &sb, 0);
+    tsp_logclient_t *c = ctl_client(s, 3, "host-c", &sc, 0);
+    int32_t ranks[8];
+    ck_assert_int_eq(tsp_logserver_nodes_lost(s, NULL, 0), 0);
+    send_json(b, TSP_WIRE_EVENT_EXECUTOR_GONE, "{\"signal\": 1}");
+    send_json(b, TSP_WIRE_EVENT_EXECUTOR_GONE, "{\"signal\": 15}"); /* once */
+    ck_assert_int_eq(tsp_logclient_close(b, 5000), 0);
+    ck_assert_int_eq(nodes_lost(s, 1, ranks), 1);
+    ck_assert_int_eq(ranks[0], 2);
+    int fd = raw_agent(s, 77, 1, "host-d"); /* back within the grace: not lost */
+    close(fd);
+    usleep(50 * 1000);
+    fd = raw_agent(s, 77, 1, "host-d");
+    ck_assert_int_eq(tsp_logserver_nodes_lost(s, ranks, 8), 1);
+    close(fd); /* gone for good, before any stop: the root cause and a node lost */
+    ck_assert_int_eq(nodes_lost(s, 2, ranks), 2);
+    ck_assert_int_eq(ranks[0], 2);
+    ck_assert_int_eq(ranks[1], 1);
+    char buf[2048];
+    ck_assert_int_gt(tsp_logserver_failure(s, buf, sizeof buf, 5000), 0);
+    wait_calls(&sc, 1); /* the run is stopped: an agent gone now is a consequence */
+    fd = raw_agent(s, 78, 4, "host-e");
+    close(fd);
+    usleep(500 * 1000);
+    ck_assert_int_eq(tsp_logserver_nodes_lost(s, ranks, 1), 2); /* the count, one copied */
+    ck_assert_int_eq(ranks[0], 2);
+    ck_assert_int_eq(tsp_logclient_close(a, 5000), 0);
+    ck_assert_int_eq(tsp_logclient_close(c, 5000), 0);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 /* Each DUMP reaches every control agent once, in order, with its number; an agent
  * without CONTROL gets none, nor one that was told to stop. CHECKPOINT the same, with its
  * why (only 1 to 255 asked). */
@@ -562,6 +613,7 @@ static Suite *logcontrol_suite(void)
     tcase_add_test(tc, test_logcontrol_failure_stops_the_others);
     tcase_add_test(tc, test_logcontrol_lost_agent_names_its_host);
     tcase_add_test(tc, test_logcontrol_clean_close_and_stop_all);
+    tcase_add_test(tc, test_logcontrol_nodes_lost_before_the_stop);
     tcase_add_test(tc, test_logcontrol_wire_rules);
     tcase_add_test(tc, test_logcontrol_dump_reaches_the_control_agents);
     tcase_add_test(tc, test_logcontrol_event_before_the_handshake_is_sent_after_it);

@@ -93,13 +93,15 @@ def test_what_the_glue_hands_the_controller():
             raise TorchDistributorError("TorchDistributor (distributed) failed: rank 0 ... "
                                         "reset", {"node_rank": 0}) from spark_error
     except TorchDistributorError as e:
-        ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4"})
+        ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4",
+                                       "lost_nodes": [2]})
         text = str(e)
     # the node the outcome excluded: a fact; its reason (silent, unless the record says
     # preempted), like the report's node, reason and checkpoint step, is the run
-    # controller's reading (runctl.json)
+    # controller's reading (runctl.json); the log server's nodes lost, as they are
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
-                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4"}
+                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4",
+                  "lost_nodes": [2]}
     stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
                                           "checkpoint_step": 12, "tail": ["step 11"]})
     assert _restart.failed_event(stopped, {})["report"] is stopped.report
@@ -143,6 +145,30 @@ def test_a_connect_restart_names_the_wait_of_the_launch_it_uses(caplog, launch, 
     assert text.endswith(f"(Spark Connect: {wait})"), text
 
 
+def test_spark_connect_leaves_out_the_nodes_the_log_server_saw_lost():
+    """The attempt's root record is a survivor's gloo error; its log server (read after
+    the attempt ended: its drain) saw node 1's executor go (docs/protocol.md 1.7)."""
+    seen, times = [], {}
+
+    class Server:
+        def nodes_lost(self):
+            return [1]
+
+    def once(attempt, env, nodes):
+        seen.append(nodes)
+        if attempt == 0:
+            times["server"] = Server()
+            raise TorchDistributorError("TorchDistributor (distributed) failed: rank 0 (node 0, "
+                                        "local rank 0) on host h exited with code 1.",
+                                        {"node_rank": 0, "reason": "exit"})
+        return "done"
+
+    record = []
+    assert _run(once, limit=1, least_slots=1, record=record, times=times) == "done"
+    assert seen == [2, 1] and record[0]["lost_nodes"] == [1]
+    assert record[0]["cause"].startswith("node 1 was lost: its executor or host went away")
+
+
 def test_min_nodes_is_checked_by_the_controller():
     assert _restart.min_nodes(None, 4) == 4  # not elastic
     assert _restart.min_nodes(2, 4) == 2
@@ -166,6 +192,9 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
         def checkpoint_all(self, why):
             asked.set()
             return why == 1
+
+        def nodes_lost(self):
+            return []
 
     times, seen = {}, []
 
@@ -236,6 +265,9 @@ def test_a_smaller_connect_attempt_probes_for_the_missing_slots_then_grows(monke
 
         def stats(self):
             return {"authenticated": self.agents}
+
+        def nodes_lost(self):
+            return []
 
         def checkpoint_all(self, why):
             asked.set()

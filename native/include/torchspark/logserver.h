@@ -165,6 +165,11 @@ TSP_EXTERN long tsp_logserver_failure(tsp_logserver_t *s, char *buf, size_t bufl
 /* Agents gone without CLOSE whose lost grace is still running: a failure may follow
  * within opts.lost_grace_ms (worth waiting for when, say, Spark reports a lost executor). */
 TSP_EXTERN int tsp_logserver_lost_pending(tsp_logserver_t *s);
+/* The nodes lost (docs/protocol.md 1.7, "Nodes lost"): node ranks whose agent saw its
+ * executor JVM die (EVENT EXECUTOR_GONE), or whose channel ended without CLOSE
+ * before the run was stopped and did not come back, in order, each once. Copies up to max
+ * into ranks (may be NULL) and returns how many there are. */
+TSP_EXTERN int tsp_logserver_nodes_lost(tsp_logserver_t *s, int32_t *ranks, int max);
 /* Sends STOP (reason "ended", with text) to every control agent, now and on
  * later connections. No root cause is recorded. 0, or -EPIPE after shutdown. */
 TSP_EXTERN int tsp_logserver_stop_all(tsp_logserver_t *s, const char *text);

@@ -814,6 +814,8 @@ static void on_signal(tsp_agent_t *a, int sig)
     }
     a->stop_signal = sig;
     a->on_request = tsp__report_acknowledged(a->o.checkpoint_request, NULL);
+    if (!a->on_request && a->o.on_stop_signal)
+        a->o.on_stop_signal(a->o.on_stop_signal_ctx, sig);
     agent_log(a, "received SIG%s: stopping %d worker(s) (grace %.1fs before SIGKILL)",
               sigabbrev_np(sig), live_workers(a), a->o.shutdown_timeout);
     begin_stop(a, ST_STOPPING, sig);

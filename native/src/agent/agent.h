@@ -56,6 +56,12 @@ typedef struct tsp_agent_opts {
      * this node's own teardown. NULL: none. */
     void (*on_failure)(void *ctx, const tsp_failure_t *root);
     void *on_failure_ctx;
+    /* Called once, from the agent's loop, when a stop signal (SIGTERM, SIGINT, SIGHUP,
+     * SIGQUIT, or tsp_agent_stop's) first stops a running attempt that no checkpoint on
+     * request stops, before its workers are stopped: the caller tells whoever stopped it
+     * apart (the driver's STOP, or its task killed from outside). NULL: none. */
+    void (*on_stop_signal)(void *ctx, int sig);
+    void *on_stop_signal_ctx;
     /* The warm worker pool (docs/protocol.md section 6). When both are set, each worker is
      * started through the shim (warm.h): `warm_shim --warm-exec warm_socket -- FILE ARGV...`
      * (warm_shim: the torchspark-run executable), which has the pool fork the worker, or,

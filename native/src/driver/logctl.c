@@ -108,6 +108,32 @@ static void peer_addr(const char *peer, char *out, size_t n)
     snprintf(out, n, "%.*s", (int)len, peer);
 }
 
+/* The nodes lost (protocol 1.7): adds node_rank once (on), or takes it out (off: its
+ * agent came back after its channel broke). */
+static void gone_set(tsp_logserver_t *s, int node_rank, int on)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    size_t i = 0;
+    while (i < s->ngone && s->gone[i] != node_rank)
+        i++;
+    if (!on && i < s->ngone) {
+        memmove(s->gone + i, s->gone + i + 1, (s->ngone - i - 1) * sizeof(*s->gone));
+        s->ngone--;
+    } else if (on && i == s->ngone && node_rank >= 0) {
+        if (s->ngone == s->gone_cap) {
+            size_t n = s->gone_cap ? s->gone_cap * 2 : 8;
+            int *ng = realloc(s->gone, n * sizeof(*ng));
+            if (ng) {
+                s->gone = ng;
+                s->gone_cap = n;
+            }
+        }
+        if (s->ngone < s->gone_cap)
+            s->gone[s->ngone++] = node_rank;
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
 /* An EVENT frame: delivered once per (agent, seq) like a line. */
 int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const uint8_t *p)
 {
@@ -120,6 +146,8 @@ int tsp__on_event(tsp_logserver_t *s, conn_t *c, const tsp_wire_hdr_t *h, const 
         a->seq = seq;
         if (p[8] == TSP_WIRE_EVENT_NODE || p[8] == TSP_WIRE_EVENT_NCCL_CHECK)
             tsp__nodes_on_event(s, c, p[8], (const char *)p + 9, n);
+        else if (p[8] == TSP_WIRE_EVENT_EXECUTOR_GONE) /* its executor JVM died */
+            gone_set(s, c->h.node_rank, 1);
         return 0; /* another kind of a newer agent: ignored, not refused */
     }
     /* A failure that cannot be kept is not acknowledged: the connection is refused and
@@ -186,6 +214,11 @@ static void lost_add(tsp_logserver_t *s, const conn_t *c, const char *why, int64
     snprintf(l->peer, sizeof(l->peer), "%s", c->peer);
     snprintf(l->why, sizeof(l->why), "%s", why);
     l->reason = reason;
+    /* Before the run was stopped, no agent had a reason to go: the node is lost. After the
+     * STOP, an agent killed with its task (the job's cancel) is a consequence. */
+    l->gone = !s->t_stopped;
+    if (l->gone)
+        gone_set(s, l->node_rank, 1);
     lost_publish(s);
 }
 
@@ -200,9 +233,11 @@ void tsp__lost_forget(tsp_logserver_t *s, uint64_t agent_id)
 {
     size_t before = s->nlost;
     for (size_t i = 0; i < s->nlost;)
-        if (s->lost[i].agent_id == agent_id)
+        if (s->lost[i].agent_id == agent_id) {
+            if (s->lost[i].gone) /* back within its grace: not lost */
+                gone_set(s, s->lost[i].node_rank, 0);
             s->lost[i] = s->lost[--s->nlost];
-        else
+        } else
             i++;
     if (s->nlost != before)
         lost_publish(s);

@@ -615,6 +615,16 @@ int tsp_logserver_lost_pending(tsp_logserver_t *s)
     return n;
 }
 
+int tsp_logserver_nodes_lost(tsp_logserver_t *s, int32_t *ranks, int max)
+{
+    pthread_mutex_lock(&s->ctl_mu);
+    int n = (int)s->ngone;
+    for (int i = 0; ranks && i < n && i < max; i++)
+        ranks[i] = s->gone[i];
+    pthread_mutex_unlock(&s->ctl_mu);
+    return n;
+}
+
 /* Wakes the epoll thread to look at what a caller changed under ctl_mu. */
 static void wake_loop(tsp_logserver_t *s)
 {
@@ -755,6 +765,7 @@ void tsp_logserver_free(tsp_logserver_t *s)
         free(s->hang_ev[i]);
     free(s->hang_ev);
     free(s->lost);
+    free(s->gone);
     tsp__nodes_free(s);
     free(s->agents);
     free(s->sink);

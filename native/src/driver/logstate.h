@@ -83,6 +83,7 @@ typedef struct lost_rec {
     char peer[80];
     char why[120];
     const char *reason; /* the lost document's reason (docs/protocol.md 8): "eof", "silent" */
+    int gone;           /* it ended before the run was stopped: in the nodes lost (1.7) */
 } lost_rec_t;
 
 /* What the NODE and NCCL_CHECK events of one node said (lognodes.c). */
@@ -142,6 +143,10 @@ struct tsp_logserver {
     char stop_text[STOP_TEXT_MAX];
     lost_rec_t *lost;
     size_t nlost, lost_cap;
+    /* The nodes lost (protocol 1.7, "Nodes lost"): node ranks, in order, each once; under
+     * ctl_mu (tsp_logserver_nodes_lost reads them) */
+    int *gone;
+    size_t ngone, gone_cap;
     node_rec_t *nodes; /* by node rank */
     size_t nodes_cap;
     int job_nnodes; /* from NODE events; 0 when none came */

@@ -469,6 +469,60 @@ static int report_facts(const tsp_jreq_t *r, long long *node, long long *step, c
     return rc < 0 ? rc : 0;
 }
 
+/* The event's lost_nodes (the log server's nodes lost, docs/protocol.md 1.7): how many
+ * distinct node ranks of the running attempt it names, and the first of them into who
+ * ("node 1", "nodes 1, 2"). Ranks at or above the attempt's nodes are no fact. */
+typedef struct {
+    unsigned char *seen;
+    int running, n;
+    char *who;
+    size_t wlen;
+} gone_t;
+
+static int gone_node(void *ctx, const char *key, size_t index, int type, const char *val,
+                     size_t len)
+{
+    gone_t *g = ctx;
+    char num[24], *end = NULL;
+    (void)key;
+    (void)index;
+    if (type != TSP_JSON_NUMBER || len >= sizeof num)
+        return -EINVAL;
+    memcpy(num, val, len);
+    num[len] = 0;
+    long long x = strtoll(num, &end, 10);
+    if (*end || x < 0 || x > 1000000000LL)
+        return -EINVAL;
+    if (x >= g->running || g->seen[x])
+        return 0;
+    g->seen[x] = 1;
+    size_t at = strlen(g->who);
+    if (at + 24 < g->wlen)
+        snprintf(g->who + at, g->wlen - at, "%s%lld", g->n ? ", " : "", x);
+    g->n++;
+    return 0;
+}
+
+static int lost_nodes(const tsp_jreq_t *r, const ctl_t *c, char *who, size_t wlen, int *n)
+{
+    char *v = NULL;
+    const char *what = "an array of node ranks (whole numbers from 0) or null";
+    int rc = tsp_jreq_get(r, "event.lost_nodes", TSP_JSON_ARRAY, what, &v);
+    *n = 0;
+    who[0] = 0;
+    if (rc <= 0)
+        return rc;
+    gone_t g = {calloc((size_t)c->running, 1), c->running, 0, who, wlen};
+    rc = g.seen ? tsp_json_each(v, strlen(v), NULL, gone_node, &g) : -ENOMEM;
+    free(g.seen);
+    free(v);
+    if (rc == -EINVAL)
+        return tsp__err(r->err, r->errlen, -EINVAL, "%s's \"event.lost_nodes\" must be %s", r->who,
+                        what);
+    *n = g.n;
+    return rc;
+}
+
 /* One line naming the attempt's root cause, and whether its node went with its executor:
  * a node stopped after its checkpoint on request (the record's reason decommission, or the
  * checkpoint's step); else Spark's lost or decommissioned executor (the other ranks' errors,
@@ -478,8 +532,10 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
 {
     long long node = -1, step = -1;
     char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
-    int silent_node = 0, rc = get_int(r, "event.node_rank", -1, -1, &node);
+    char gone[96];
+    int silent_node = 0, ngone = 0, rc = get_int(r, "event.node_rank", -1, -1, &node);
     if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
+        (rc = lost_nodes(r, c, gone, sizeof gone, &ngone)) ||
         (rc = get_str(r, "event.reason", &reason)) ||
         (rc = get_str(r, "event.spark_error", &spark)) ||
         (rc = tsp_jreq_bool(r, "event.silent_node", &silent_node)) ||
@@ -500,6 +556,11 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
     if (node >= 0)
         snprintf(who, sizeof who, "node %lld's executor", node);
     int preempted = reason && strcmp(reason, "preempted") == 0;
+    /* The root record is a node lost itself (its own message names it), or the nodes lost
+     * are every node of the attempt (the job was cancelled or the cluster went): no fact. */
+    int root_lost = reason && (strcmp(reason, "silent") == 0 || strcmp(reason, "eof") == 0);
+    if (ngone >= c->running)
+        ngone = 0;
     if (reason && strcmp(reason, "grow") == 0) { /* every node stopped on the driver's request */
         if (step >= 0)
             snprintf(cause, CAUSE_MAX + 1,
@@ -523,6 +584,30 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
         free(reason);
         reason = strdup(preempted ? "preempted" : "decommission");
         *lost = 1;
+    } else if (ngone && !root_lost && spark_lost) { /* Spark's text names the executor */
+        snprintf(cause, CAUSE_MAX + 1, "%s %s %s lost: %s", ngone > 1 ? "nodes" : "node", gone,
+                 ngone > 1 ? "were" : "was", scause);
+        free(reason);
+        reason = strdup(sreason);
+        *lost = ngone;
+    } else if (ngone && !root_lost) {
+        /* Another node's error came first (gloo's "Connection reset by peer"), but the log
+         * server saw these nodes go before the run was stopped: they are the cause. */
+        if (ngone > 1)
+            snprintf(cause, CAUSE_MAX + 1,
+                     "nodes %s were lost: their executors or hosts went away (their executor "
+                     "JVMs died, or their channels to the driver ended without a goodbye); the "
+                     "other nodes' errors are their consequences",
+                     gone);
+        else
+            snprintf(cause, CAUSE_MAX + 1,
+                     "node %s was lost: its executor or host went away (its executor JVM died, "
+                     "or its channel to the driver ended without a goodbye); the other nodes' "
+                     "errors are its consequences",
+                     gone);
+        free(reason);
+        reason = strdup("eof");
+        *lost = ngone;
     } else if (spark_lost) {
         snprintf(cause, CAUSE_MAX + 1, "%s", scause);
         free(reason);
@@ -531,6 +616,8 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
     } else {
         first_line(cause, c->last, c->g);
         *lost = reason && strcmp(reason, "silent") == 0;
+        if (root_lost && ngone > *lost) /* the root's node, and any other lost with it */
+            *lost = ngone;
     }
     free(c->reason);
     c->reason = reason;

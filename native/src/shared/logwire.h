@@ -74,7 +74,12 @@ enum { TSP_WIRE_WELCOME_CONTROL = 1u << 0 };
 /* ERROR header flags (driver -> agent, OUTPUT connections): the output is over the driver's
  * limit (spark.driver.maxResultSize): no retry, nor any other way, can deliver it (1.6). */
 enum { TSP_WIRE_ERROR_OVER_LIMIT = 1u << 0 };
-enum { TSP_WIRE_EVENT_FAILURE = 1, TSP_WIRE_EVENT_NODE = 2, TSP_WIRE_EVENT_NCCL_CHECK = 3 };
+enum {
+    TSP_WIRE_EVENT_FAILURE = 1,
+    TSP_WIRE_EVENT_NODE = 2,
+    TSP_WIRE_EVENT_NCCL_CHECK = 3,
+    TSP_WIRE_EVENT_EXECUTOR_GONE = 4 /* stopped as its executor JVM died (protocol 1.7) */
+};
 enum { TSP_WIRE_CHECKPOINT_GROW = 1 }; /* CHECKPOINT's why: the run grows back */
 enum { TSP_WIRE_STOP_FAILED = 1, TSP_WIRE_STOP_LOST = 2, TSP_WIRE_STOP_ENDED = 3 };
 

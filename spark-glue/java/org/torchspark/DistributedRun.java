@@ -126,6 +126,8 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
         ch.server.stopAll(job.error != null ? "the Spark job failed" : "another node failed");
         if (entry != null) {
             noteSilent(sc, entry, job.root, job.rootAt, job.tag);
+            int[] lost = ch.server.nodesLost();
+            entry.lostNodes = lost.length > 0 ? lost : null;
         }
         ch.finish(1000);
         RuntimeException e = JobFailure.of(job.root, job.error, ch.server, nproc);

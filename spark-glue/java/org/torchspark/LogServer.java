@@ -173,6 +173,13 @@ public final class LogServer implements AutoCloseable {
         return with(Native::logServerLostPending);
     }
 
+    /** The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor JVM
+     *  die, or whose channel ended without goodbye before the run was stopped. */
+    public int[] nodesLost() {
+        int[] r = with(Native::logServerNodesLost);
+        return r == null ? new int[0] : r;
+    }
+
     /** Tells every agent to stop (now and on later connections). */
     public void stopAll(String text) {
         with(h -> Native.logServerStopAll(h, text == null ? "" : text));

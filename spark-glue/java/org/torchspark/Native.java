@@ -148,6 +148,8 @@ final class Native {
 
     static native int logServerLostPending(long h);
 
+    static native int[] logServerNodesLost(long h);
+
     static native int logServerStopAll(long h, String text);
 
     /** The hang doctor's watchdog of the server (docs/protocol.md 1.12); 0, or a negative

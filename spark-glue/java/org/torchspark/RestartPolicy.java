@@ -4,6 +4,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.reflect.Method;
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.function.IntSupplier;
@@ -58,8 +59,8 @@ final class RestartPolicy {
 
     /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): its
      *  exception's report as it is (docs/protocol.md 8: the controller reads the reason, the
-     *  node, a checkpoint on request's step), the silent node's executor, Spark's text for
-     *  the outcome table. */
+     *  node, a checkpoint on request's step), the silent node's executor, the nodes the log
+     *  server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table. */
     static ObjectNode failedEvent(TorchSparkException e, TorchSparkRunner.Attempt entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
         // Spark's text: read by the outcome table only
@@ -67,6 +68,10 @@ final class RestartPolicy {
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode != null); // the node the outcome excluded
+        int[] lost = entry.lostNodes;
+        if (lost != null) {
+            Arrays.stream(lost).forEach(ev.putArray("lost_nodes")::add);
+        }
         return ev.put("executor", entry.silentExecutor);
     }
 

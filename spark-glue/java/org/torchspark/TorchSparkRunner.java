@@ -188,6 +188,7 @@ public final class TorchSparkRunner {
         volatile Long endedAt;
         volatile Integer silentNode;
         volatile String silentExecutor;
+        volatile int[] lostNodes;
         volatile String excludedExecutor;
         /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
         volatile LogServer server;
@@ -239,6 +240,13 @@ public final class TorchSparkRunner {
         /** The executor id of the silent node's task, or null when not known. */
         public String silentExecutor() {
             return silentExecutor;
+        }
+
+        /** The nodes the log server saw lost before the run was stopped (docs/protocol.md
+         *  1.7), or null when none. */
+        public List<Integer> lostNodes() {
+            int[] n = lostNodes;
+            return n == null ? null : Arrays.stream(n).boxed().toList();
         }
 
         /** That executor id when Spark excluded it from the next attempt, else null. */

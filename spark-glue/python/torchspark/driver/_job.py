@@ -278,6 +278,20 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     return _outcome(spark, server, tag, box, remote, done, gang_watch)
 
 
+def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
+    """Spark failed the job before any agent said why: Spark learns of an executor's exit at
+    once, its node's agent tells the log server a moment later (EVENT EXECUTOR_GONE, or
+    its channel ends: the nodes lost, docs/protocol.md 1.7) and the other nodes' errors follow.
+    Waits up to wait_s for a root cause or a node lost, before every agent is stopped (a
+    node stopped by the driver is no longer lost). The root cause, or None."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        root = server.failure(0.05)
+        if root is not None or server.nodes_lost():
+            return root
+    return None
+
+
 def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: bool,
              done: threading.Event, gang_watch: Any) -> Outcome:
     """How the job of run_barrier_job ended (box: what its threads found), every agent
@@ -291,6 +305,8 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
         # lost grace: wait for it then, to name the host.
         if root is None:
             root = server.failure(LOST_WAIT_S if server.lost_pending() else 0)
+            if root is None and server.stats()["authenticated"] and not server.nodes_lost():
+                root = _await_fact(server, LOST_WAIT_S)
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
     lost = None

@@ -45,13 +45,13 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
 def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
     """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
     its exception's report as it is (docs/protocol.md 8: the controller reads the reason,
-    the node, a checkpoint on request's step), the silent node's executor, Spark's text for
-    the outcome table."""
+    the node, a checkpoint on request's step), the silent node's executor, the nodes the
+    log server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table."""
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": None if e.__cause__ is None else str(e.__cause__),
             "report": e.report if isinstance(e.report, dict) else None,
             "silent_node": entry.get("silent_node") is not None,
-            "executor": entry.get("silent_executor")}
+            "executor": entry.get("silent_executor"), "lost_nodes": entry.get("lost_nodes")}
 
 
 def free_slots(spark: Any) -> int:
@@ -174,6 +174,19 @@ def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str
     return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
 
 
+def _failed(e: TorchDistributorError, entry: Dict[str, Any],
+            times: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """The failed attempt's event, its entry completed: when the failure was noticed, the
+    silent node, and the nodes its log server saw lost (read once the attempt ended, after
+    its drain: a dying node's agent told it by then)."""
+    entry.update({k: v for k, v in (times or {}).items()
+                  if v is not None and k not in ("server", "hold", "submit")})
+    server = (times or {}).get("server")
+    if server is not None and server.nodes_lost():
+        entry["lost_nodes"] = server.nodes_lost()
+    return failed_event(e, entry)
+
+
 def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
         need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
         least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
@@ -217,9 +230,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e
-                    entry.update({k: v for k, v in (times or {}).items()
-                                  if v is not None and k not in ("server", "hold", "submit")})
-                    event = failed_event(e, entry)
+                    event = _failed(e, entry, times)
                 finally:
                     if watch is not None:
                         state = watch.end()

@@ -85,6 +85,7 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_hang_event": (lng, [vp, c, sz, i]),
         "tsp_logserver_checkpoint_all": (i, [vp, i]),
         "tsp_logserver_lost_pending": (i, [vp]),
+        "tsp_logserver_nodes_lost": (i, [vp, P(ctypes.c_int32), i]),
         "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
     }

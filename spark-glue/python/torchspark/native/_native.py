@@ -259,6 +259,15 @@ class LogServer:
         """Agents gone without goodbye whose grace (1 s) is still running."""
         return self._lib.tsp_logserver_lost_pending(self._h)
 
+    def nodes_lost(self) -> List[int]:
+        """The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor
+        JVM die, or whose channel ended without goodbye before the run was stopped and did
+        not come back, in order."""
+        k = self._lib.tsp_logserver_nodes_lost(self._h, None, 0)
+        ranks = (ctypes.c_int32 * max(k, 1))()
+        k = min(k, self._lib.tsp_logserver_nodes_lost(self._h, ranks, k))
+        return [ranks[i] for i in range(k)]
+
     def stop_all(self, text: str = "the driver ended the run") -> bool:
         """Tells every connected agent (and any that connects later) to stop its workers
         now. False when the server has already shut down."""

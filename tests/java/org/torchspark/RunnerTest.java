@@ -75,6 +75,12 @@ public class RunnerTest {
         assertEquals("decommission", ev.path("report").path("reason").asText());
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
+        // the log server's nodes lost, as they are (docs/protocol.md 1.7)
+        assertTrue(ev.path("lost_nodes").isMissingNode() && entry.lostNodes() == null);
+        entry.lostNodes = new int[] {2, 1};
+        ev = RestartPolicy.failedEvent(decommissioned, entry);
+        assertEquals("[2,1]", ev.path("lost_nodes").toString());
+        assertEquals(List.of(2, 1), entry.lostNodes());
         // Each attempt's variables, the cause handed on, the history at the end.
         List<java.util.Map<String, String>> envs = new java.util.ArrayList<>();
         List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
