@@ -155,52 +155,19 @@ static void send_failure(void *ctx, const tsp_failure_t *f)
 static pid_t executor_pid;
 static unsigned long long executor_start;
 
-/* /proc/PID/stat's state, parent, flags and start time (the name, which may hold anything,
- * is skipped up to its last ')'). 0, or -1 when the process is gone or the file unreadable. */
-static int proc_stat(pid_t pid, char *state, pid_t *ppid, unsigned *flags,
-                     unsigned long long *start)
-{
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "re");
-    if (!f)
-        return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *p = strrchr(buf, ')');
-    int pp = 0;
-    if (!p || sscanf(p + 1,
-                     " %c %d %*d %*d %*d %*d %u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
-                     "%*d %*d %llu",
-                     state, &pp, flags, start) != 4)
-        return -1;
-    *ppid = pp;
-    return 0;
-}
-
 static void find_executor(void)
 {
     pid_t pid = getppid();
     for (int depth = 0; depth < 8 && pid > 1; depth++) {
-        char path[64], comm[32] = "", state;
-        pid_t parent;
-        unsigned flags;
-        unsigned long long start;
-        snprintf(path, sizeof path, "/proc/%d/comm", (int)pid);
-        FILE *f = fopen(path, "re");
-        if (!f || !fgets(comm, sizeof comm, f) || proc_stat(pid, &state, &parent, &flags, &start)) {
-            if (f)
-                fclose(f);
+        tsp_proc_stat_t st;
+        if (tsp_proc_stat(pid, &st))
             return;
-        }
-        fclose(f);
-        if (strcmp(comm, "java\n") == 0) {
+        if (strcmp(st.comm, "java") == 0) {
             executor_pid = pid;
-            executor_start = start;
+            executor_start = st.start;
             return;
         }
-        pid = parent;
+        pid = st.ppid;
     }
 }
 
@@ -210,14 +177,11 @@ static void find_executor(void)
  * but it is exiting. */
 static int executor_gone(void)
 {
-    char state;
-    pid_t parent;
-    unsigned flags;
-    unsigned long long start;
+    tsp_proc_stat_t st;
     if (!executor_pid)
         return 0;
-    return proc_stat(executor_pid, &state, &parent, &flags, &start) || state == 'Z' ||
-           state == 'X' || (flags & 0x4u) || start != executor_start;
+    return tsp_proc_stat(executor_pid, &st) || st.state == 'Z' || st.state == 'X' ||
+           (st.flags & 0x4u) || st.start != executor_start;
 }
 
 /* The agent's on_stop_signal callback: a stop (a signal, or the driver's STOP when it came

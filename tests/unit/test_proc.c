@@ -157,6 +157,44 @@ START_TEST(test_proc_pdeathsig_kills_child_with_parent)
 }
 END_TEST
 
+/* tsp_proc_stat reads a process's name (spaces and parentheses in it included), parent,
+ * state and start time, the same start for the same process; a reaped child is gone. */
+START_TEST(test_proc_stat_names_a_process_and_its_parent)
+{
+    tsp_proc_stat_t st, again;
+    ck_assert_int_eq(tsp_proc_stat(getpid(), &st), 0);
+    ck_assert_int_eq(st.ppid, getppid());
+    ck_assert_int_eq(st.state, 'R');
+    ck_assert_int_eq(tsp_proc_stat(getpid(), &again), 0);
+    ck_assert(again.start == st.start && st.start > 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        static const char name[] = "a (b) c";
+        FILE *f = fopen("/proc/self/comm", "w");
+        if (f) {
+            fputs(name, f);
+            fclose(f);
+        }
+        pause();
+        _exit(0);
+    }
+    tsp_proc_stat_t cs = {0};
+    for (int i = 0; i < 200; i++) { /* until the child renamed itself */
+        ck_assert_int_eq(tsp_proc_stat(child, &cs), 0);
+        if (strcmp(cs.comm, "a (b) c") == 0)
+            break;
+        usleep(5000);
+    }
+    ck_assert_str_eq(cs.comm, "a (b) c");
+    ck_assert_int_eq(cs.ppid, getpid());
+    ck_assert(cs.start >= st.start);
+    kill(child, SIGKILL);
+    ck_assert_int_eq(waitpid(child, NULL, 0), child);
+    ck_assert_int_eq(tsp_proc_stat(child, &cs), -ENOENT);
+}
+END_TEST
+
 START_TEST(test_proc_signal_descendants_reaches_grandchildren)
 {
     /* a child that starts a grandchild in another session, then both sleep */
@@ -284,6 +322,7 @@ static Suite *proc_suite(void)
     tcase_add_test(tc, test_proc_find_as_exec_would);
     tcase_add_test(tc, test_proc_new_session_and_signal_mask_reset);
     tcase_add_test(tc, test_proc_pdeathsig_kills_child_with_parent);
+    tcase_add_test(tc, test_proc_stat_names_a_process_and_its_parent);
     tcase_add_test(tc, test_proc_signal_descendants_reaches_grandchildren);
     tcase_add_test(tc, test_proc_spawn_while_threads_hold_malloc_and_stdio_locks);
     tcase_add_test(tc, test_proc_path_search_order_and_errors);

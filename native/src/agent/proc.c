@@ -242,29 +242,37 @@ void tsp_proc_close(tsp_proc_t *p)
     proc_close_fd(&p->err_fd);
 }
 
-/* Reads the parent pid from /proc/<pid>/stat; the command name may hold spaces and
- * parentheses, so parse after the last ')'. */
-static pid_t proc_ppid(pid_t pid)
+/* The name may hold spaces and parentheses: it runs from the first '(' to the last ')'. */
+int tsp_proc_stat(pid_t pid, tsp_proc_stat_t *st)
 {
-    char path[64], buf[512];
+    char path[64], buf[1024];
+    *st = (tsp_proc_stat_t){0};
     snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return -1;
+        return -errno;
     ssize_t n;
     do
         n = read(fd, buf, sizeof buf - 1);
     while (n < 0 && errno == EINTR);
     close(fd);
     if (n <= 0)
-        return -1;
+        return -EIO;
     buf[n] = 0;
-    char *rp = strrchr(buf, ')');
-    int ppid;
-    char state;
-    if (!rp || sscanf(rp + 1, " %c %d", &state, &ppid) != 2)
-        return -1;
-    return (pid_t)ppid;
+    char *lp = strchr(buf, '('), *rp = strrchr(buf, ')');
+    int ppid = 0;
+    if (!lp || !rp || rp < lp ||
+        sscanf(rp + 1,
+               " %c %d %*d %*d %*d %*d %u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+               &st->state, &ppid, &st->flags, &st->start) != 4)
+        return -EIO;
+    size_t len = (size_t)(rp - lp - 1);
+    if (len >= sizeof st->comm)
+        len = sizeof st->comm - 1;
+    memcpy(st->comm, lp + 1, len);
+    st->comm[len] = 0;
+    st->ppid = (pid_t)ppid;
+    return 0;
 }
 
 typedef struct {
@@ -304,9 +312,10 @@ int tsp_proc_signal_strays(pid_t root, int sig, const pid_t *groups, int ngroups
         long v = strtol(de->d_name, &end, 10);
         if (*end || v <= 0)
             continue;
-        pid_t pp = proc_ppid((pid_t)v);
-        if (pp < 0)
+        tsp_proc_stat_t st;
+        if (tsp_proc_stat((pid_t)v, &st))
             continue;
+        pid_t pp = st.ppid;
         if (n == cap) {
             size_t ncap = cap ? cap * 2 : 256;
             proc_pair_t *na = realloc(all, ncap * sizeof(*na));

@@ -48,6 +48,18 @@ int tsp_proc_find(const char *file, char *const envp[]);
 /* Closes the pipe ends; does not wait or kill. */
 void tsp_proc_close(tsp_proc_t *p);
 
+/* A process's fields of /proc/<pid>/stat: its name (comm, at most 15 bytes), state, parent,
+ * flags (the kernel's PF_*: PF_EXITING is 0x4) and start time (clock ticks after boot: with
+ * the pid, it names the process even once the pid is reused). */
+typedef struct tsp_proc_stat {
+    char comm[16];
+    char state;
+    pid_t ppid;
+    unsigned flags;
+    unsigned long long start;
+} tsp_proc_stat_t;
+/* Reads pid's stat into st: 0, -errno of the open (-ENOENT: gone) or -EIO (unparsable). */
+int tsp_proc_stat(pid_t pid, tsp_proc_stat_t *st);
 /* Sends sig to every process whose parent chain leads to root (root excluded), found by
  * reading /proc. Returns how many were signalled. */
 int tsp_proc_signal_descendants(pid_t root, int sig);
