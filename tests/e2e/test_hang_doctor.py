@@ -42,7 +42,10 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
     d = TorchDistributor(num_processes=4, local_mode=False, use_gpu=False,
                          hang_timeout=f"{TIMEOUT_S}s", hang_action="cancel")
     with pytest.raises(TorchDistributorError) as e:
-        d.run(hang_worker.train, kind, victim)
+        # beat: the ranks print until the first all_reduce passed, so that the planned hang
+        # is the only silence (a start under load, init_process_group's TCPStore retries,
+        # was silent for 3 s in a fresh-clone run: "ranks 0-3 wait in init_process_group")
+        d.run(hang_worker.train, kind, victim, beat=0.5)
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("torchspark: hang doctor: ")]
     assert len(lines) == 1, err[-4000:]

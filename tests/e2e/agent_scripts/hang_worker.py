@@ -5,7 +5,7 @@
 Every rank joins a gloo group and does one all_reduce that works; then rank VICTIM hangs
 (KIND: sleep before the collective, sigstop itself, deadlock on a Python lock, spin in an
 endless loop) while the others enter the next all_reduce and wait for it. With PIDDIR each
-rank writes its pid there (TSP_HANG_BEAT=S: a line every S s until the first one: _beat).
+rank writes its pid there (TSP_HANG_BEAT=S or beat=S: a line every S s until the first one: _beat).
 Also imported: train(kind, victim, piddir, hold), in function mode (hold: the sleep, 1 h).
 """
 import os
@@ -59,8 +59,8 @@ def _beat(every):
     return done, t
 
 
-def train(kind, victim, piddir=None, hold=3600):
-    beat = os.environ.get("TSP_HANG_BEAT")
+def train(kind, victim, piddir=None, hold=3600, beat=None):
+    beat = beat or os.environ.get("TSP_HANG_BEAT")
     beating = _beat(float(beat)) if beat else None
     import torch
     import torch.distributed as dist
