@@ -202,6 +202,9 @@ ONE_GLUE: Dict[str, str] = {
     "ProcessTrees.java": "one copy for both glues: the executor plugin's process trees",
     "Decommission.java": "one copy for both glues: the executor plugin's decommission",
     "Preemption.java": "one copy for both glues: the executor plugin's preemption",
+    "NativeJar.java": "JVM only: the jar's native files extracted into a private directory "
+                      "(Python's are installed with its package); a second class loader's "
+                      "own copy of the JNI library",
 }
 
 

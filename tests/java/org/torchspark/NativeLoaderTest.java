@@ -7,6 +7,7 @@ import static org.junit.Assert.assertTrue;
 import static org.junit.Assume.assumeTrue;
 
 import java.io.File;
+import java.lang.reflect.InvocationTargetException;
 import java.lang.reflect.Method;
 import java.net.URL;
 import java.net.URLClassLoader;
@@ -14,13 +15,14 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
+import java.nio.file.attribute.PosixFilePermissions;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
 import org.junit.Test;
 
-/** The loader: override property, extraction from the jar, two class loaders, noexec. */
+/** The loader: override property, extraction from the jar (and its trust), two class loaders, noexec. */
 public class NativeLoaderTest {
     /** A class loader of its own over torchspark.jar (as Spark's plugin and task loaders are). */
     private static URLClassLoader isolated() throws Exception {
@@ -78,6 +80,40 @@ public class NativeLoaderTest {
             }
         } finally {
             TestEnv.deleteTree(tmp);
+        }
+    }
+
+    @Test
+    public void anExtractionDirectoryThatIsNotPrivateOrIsIncompleteIsNotTrusted() throws Exception {
+        Path tmp = Files.createTempDirectory("tsp-loader-trust-");
+        try {
+            Path dir;
+            try (URLClassLoader a = isolated()) {
+                dir = Path.of(withProperty("java.io.tmpdir", tmp.toString(), a, "load")).getParent();
+            }
+            // The right name, but group- and world-writable: another user may have written it.
+            Files.setPosixFilePermissions(dir, PosixFilePermissions.fromString("rwxrwxrwx"));
+            assertRefused(tmp, dir);
+            // Private again, but a file is missing.
+            Files.setPosixFilePermissions(dir, PosixFilePermissions.fromString("rwx------"));
+            Files.delete(dir.resolve(NativeLoader.AGENT));
+            assertRefused(tmp, dir);
+        } finally {
+            TestEnv.deleteTree(tmp);
+        }
+    }
+
+    /** A new class loader refuses to load from dir, and leaves no stage behind. */
+    private static void assertRefused(Path tmp, Path dir) throws Exception {
+        try (URLClassLoader b = isolated()) {
+            withProperty("java.io.tmpdir", tmp.toString(), b, "load");
+            throw new AssertionError("loaded from the untrusted " + dir);
+        } catch (InvocationTargetException e) {
+            String m = e.getCause().getMessage() + ": " + e.getCause().getCause();
+            assertTrue(m, m.contains("cannot extract the native files into " + tmp) && m.contains(dir.toString()));
+        }
+        try (Stream<Path> s = Files.list(tmp)) {
+            assertEquals("no stage left", List.of(dir), s.collect(Collectors.toList()));
         }
     }
 
@@ -147,7 +183,7 @@ public class NativeLoaderTest {
     public void theJarHoldsTheThreeNativeFiles() throws Exception {
         try (URLClassLoader a = isolated()) {
             for (String f : NativeLoader.FILES) {
-                assertNotNull(f, a.getResource(NativeLoader.resourceDir().substring(1) + f));
+                assertNotNull(f, a.getResource(NativeJar.resourceDir().substring(1) + f));
             }
         }
     }
