@@ -4,10 +4,9 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.AtomicMoveNotSupportedException;
-import java.nio.file.DirectoryNotEmptyException;
-import java.nio.file.FileAlreadyExistsException;
+import java.nio.file.FileSystemException;
 import java.nio.file.Files;
+import java.nio.file.LinkOption;
 import java.nio.file.Path;
 import java.nio.file.Paths;
 import java.nio.file.StandardCopyOption;
@@ -151,9 +150,13 @@ final class NativeJar {
             }
             try {
                 Files.move(stage, dir, StandardCopyOption.ATOMIC_MOVE);
-            } catch (FileAlreadyExistsException | DirectoryNotEmptyException
-                    | AtomicMoveNotSupportedException raced) {
-                // Another JVM extracted the same content first: use its copy.
+            } catch (FileSystemException raced) {
+                // rename(2) onto a directory that exists fails (ENOTEMPTY, a plain
+                // FileSystemException to Java 17, or EEXIST): another JVM extracted the same
+                // content first, use its copy; or the name is taken by something not ours.
+                if (!Files.exists(dir, LinkOption.NOFOLLOW_LINKS)) {
+                    throw raced;
+                }
                 if (!usable(dir, files)) {
                     throw new IOException(dir + " exists but does not hold torchspark's native files "
                             + "as extracted by this user: remove it", raced);

@@ -16,7 +16,12 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.nio.file.attribute.PosixFilePermissions;
+import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.CyclicBarrier;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 import java.util.stream.Collectors;
 import java.util.stream.Stream;
@@ -84,6 +89,42 @@ public class NativeLoaderTest {
     }
 
     @Test
+    public void classLoadersExtractingAtOnceAllLoad() throws Exception {
+        // As executors starting together on one host: each finds no directory, writes its
+        // stage, and all but one lose the rename; they use the winner's copy.
+        for (int round = 0; round < 5; round++) {
+            Path tmp = Files.createTempDirectory("tsp-loader-race-");
+            String old = System.getProperty("java.io.tmpdir");
+            System.setProperty("java.io.tmpdir", tmp.toString());
+            List<URLClassLoader> loaders = List.of(isolated(), isolated(), isolated());
+            ExecutorService pool = Executors.newFixedThreadPool(loaders.size());
+            try {
+                CyclicBarrier start = new CyclicBarrier(loaders.size());
+                List<Future<Object>> loads = new ArrayList<>();
+                for (URLClassLoader cl : loaders) {
+                    loads.add(pool.submit(() -> {
+                        start.await();
+                        return call(cl, "load");
+                    }));
+                }
+                for (Future<Object> f : loads) {
+                    assertTrue(String.valueOf(f.get(60, TimeUnit.SECONDS)).startsWith(tmp.toString()));
+                }
+                try (Stream<Path> s = Files.list(tmp)) {
+                    assertEquals("one directory, no stage left", 1, s.count());
+                }
+            } finally {
+                pool.shutdownNow();
+                System.setProperty("java.io.tmpdir", old);
+                for (URLClassLoader cl : loaders) {
+                    cl.close();
+                }
+                TestEnv.deleteTree(tmp);
+            }
+        }
+    }
+
+    @Test
     public void anExtractionDirectoryThatIsNotPrivateOrIsIncompleteIsNotTrusted() throws Exception {
         Path tmp = Files.createTempDirectory("tsp-loader-trust-");
         try {
@@ -110,7 +151,8 @@ public class NativeLoaderTest {
             throw new AssertionError("loaded from the untrusted " + dir);
         } catch (InvocationTargetException e) {
             String m = e.getCause().getMessage() + ": " + e.getCause().getCause();
-            assertTrue(m, m.contains("cannot extract the native files into " + tmp) && m.contains(dir.toString()));
+            assertTrue(m, m.contains("cannot extract the native files into " + tmp)
+                    && m.contains(dir + " exists but does not hold torchspark's native files") && m.contains("remove it"));
         }
         try (Stream<Path> s = Files.list(tmp)) {
             assertEquals("no stage left", List.of(dir), s.collect(Collectors.toList()));
