@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from torchspark.native._lib import checked, load_library
 from torchspark.task._spec import GangSpec, NodeSpec
@@ -29,7 +29,6 @@ BARRIER, GANG = "barrier", "gang"
 WAIT, GO, FAILED = 0, 1, 3
 # A task's own wait beyond the driver's deadline, for the driver's answer to come.
 JOIN_GRACE_MS = 30000
-WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
@@ -57,41 +56,25 @@ class Gang:
         rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
-        self.nnodes, self.timeout_ms = nnodes, timeout_ms
-        self.hold: Optional[Hold] = None  # submitted once the gang formed (hold())
+        self.nnodes, self.timeout_ms, self.formed = nnodes, timeout_ms, False
+        self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
-    def state(self) -> Tuple[int, int]:
-        """(WAIT, GO or FAILED, nodes joined); the deadline is checked by the call."""
-        joined = ctypes.c_int(0)
-        state = self._lib.tsp_rdv_gang_state(self._rdv._h, ctypes.byref(joined))
-        return state, joined.value
+    def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
+        """One look at the gang until it formed (its deadline is checked by the call): None
+        while it waits or once it formed, its hold then submitted (the attempt's tasks placed
+        first; the hold ends with the job: done); the failed gang's document once it failed."""
+        if self.formed:
+            return None
+        state = self._lib.tsp_rdv_gang_state(self._rdv._h, None)
+        self.formed = state == GO
+        if self.formed and self.hold is not None:
+            self.hold.begin(done)
+        return self.failure(spark) if state == FAILED else None
 
-    def watch(self, spark: Any, done: threading.Event,
-              on_failure: Callable[[Dict[str, Any]], None]) -> threading.Thread:
-        """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
-        (done) or it failed: then on_failure(the document). Join it before the rendezvous
-        is closed. With a hold, it submits it then (the attempt's tasks placed first); the
-        hold itself ends with the job (done)."""
-        def run() -> None:
-            formed = False
-            try:
-                while not done.wait(WATCH_EVERY_S):
-                    state = self.state()[0]
-                    formed = state == GO
-                    if formed:
-                        if self.hold is not None:
-                            self.hold.begin(done)
-                        return
-                    if state == FAILED:
-                        on_failure(self.failure(spark))
-                        return
-            finally:
-                if self.hold is not None and not formed:
-                    self.hold.drop()
-
-        t = threading.Thread(target=run, daemon=True, name="torchspark-gang-watch")
-        t.start()
-        return t
+    def end(self) -> None:
+        """The attempt's job ended: a hold never submitted (the gang did not form) is dropped."""
+        if self.hold is not None and not self.formed:
+            self.hold.drop()
 
     def failure(self, spark: Any) -> Dict[str, Any]:
         """The failed gang's document (the run's report; its message the C core's sentence),
@@ -266,7 +249,7 @@ def ask(distributor: Any) -> Optional[int]:
     never start the lost executor's replacement and the grow watch waits for its slots."""
     if distributor.is_remote or not REQUEST_EXECUTORS:
         return None
-    nodes = max(distributor.num_tasks, distributor.run_nodes)
+    nodes = int(distributor._attempt_env.get("TORCHSPARK_MAX_NODES", distributor.num_tasks))
     return request_executors(distributor.spark, nodes, distributor.logger, distributor.num_tasks)
 
 

@@ -41,6 +41,7 @@ CANCEL_WAIT_S = 1.0
 # scheduler fails the job's waiter before it posts it; normally a few ms).
 ENDED_WAIT_S = 10.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
+GANG_POLL_S = 0.1  # the driver's look at a gang launch's gang until it formed
 # A restarted attempt's job waits for the failed attempt's tasks to give their cores back.
 # Spark offers a core freed by a task's end to the waiting task sets for that executor
 # alone, which a barrier stage of several tasks cannot use: it launches at the scheduler's
@@ -248,11 +249,6 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 wake.set()
                 return
 
-    def gang_failed(report: Dict[str, Any]) -> None:
-        box["gang"] = report
-        tags.cancel(tag)  # every task, the waiting and the never started
-        wake.set()
-
     _spark.inheritable_thread(run_job, "torchspark-barrier-job",
                               spark if remote else None).start()
     if server is not None:
@@ -260,10 +256,12 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     if revive and not remote:
         threading.Thread(target=revive_until_running, args=(spark, tag, done),
                          daemon=True, name="torchspark-revive").start()
-    gang_watch = gang.watch(spark, done, gang_failed) if gang is not None else None
     try:
-        while not wake.wait(0.5):
-            pass
+        while not wake.wait(GANG_POLL_S):  # a gang launch's gang polled until it formed
+            box["gang"] = gang.poll(spark, done) if gang is not None else None
+            if box["gang"] is not None:
+                tags.cancel(tag)  # every task, the waiting and the never started
+                break
         if "root" in box and not done.is_set():
             # A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
             # spark.network.timeout, so its failure is not waited for.
@@ -275,7 +273,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             server.stop_all("the driver was interrupted")
         tags.cancel(tag)
         raise
-    return _outcome(spark, server, tag, box, remote, done, gang_watch)
+    return _outcome(spark, server, tag, box, remote, done, gang)
 
 
 def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
@@ -293,9 +291,9 @@ def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
 
 
 def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: bool,
-             done: threading.Event, gang_watch: Any) -> Outcome:
+             done: threading.Event, gang: Any) -> Outcome:
     """How the job of run_barrier_job ended (box: what its threads found), every agent
-    stopped when it failed; a gang launch's watch (gang_watch) joined."""
+    stopped when it failed; a gang launch's unsubmitted hold dropped (gang.end())."""
     error = box.get("error")
     root = box.get("root")
     if server is not None and (error is not None or root is not None):
@@ -312,9 +310,9 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
     lost = None
     if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
-    if gang_watch is not None:  # it reads the rendezvous, which the caller closes next
-        gang_watch.join()
-    if "gang" in box:
+    if gang is not None:
+        gang.end()
+    if box.get("gang") is not None:
         done.wait(CANCEL_WAIT_S)
         if not remote:  # (a Connect client has no status tracker)
             await_ended(spark, tag)
