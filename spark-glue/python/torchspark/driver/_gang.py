@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import socket
 import threading
 import time
@@ -56,7 +55,7 @@ class Gang:
         rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
-        self.nnodes, self.timeout_ms, self.formed = nnodes, timeout_ms, False
+        self.formed = False
         self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
     def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
@@ -109,22 +108,24 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
         return -1, -1
 
 
-def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
-                      attempt_tasks: Optional[int] = None) -> Optional[int]:
-    """With dynamic allocation, asks Spark's allocation client for the executors that fit
-    num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
-    waiting for its backlog ramp; the idle timeout releases them after the run. The total
-    asked for, or None where it cannot ask (Spark Connect, no allocation client).
-    attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
-    conf = spark.conf
-    if not dynamic(spark):
+def ask(distributor: Any) -> Optional[int]:
+    """With dynamic allocation, asks Spark's allocation client for the executors that fit the
+    run's nodes at once (the C core's rule, tsp_gang_ask) rather than waiting for its backlog
+    ramp; the idle timeout releases them after the run. An elastic attempt on fewer nodes than
+    the run's (min_nodes: the controller's TORCHSPARK_MAX_NODES) asks for the run's: an ask for
+    its own would lower Spark's requested total below the run's, so that YARN or Kubernetes
+    never start the lost executor's replacement and the grow watch waits for its slots. The
+    total asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
+    spark, logger, own = distributor.spark, distributor.logger, distributor.num_tasks
+    if distributor.is_remote or not REQUEST_EXECUTORS or not dynamic(spark):
         return None
+    nodes = int(distributor._attempt_env.get("TORCHSPARK_MAX_NODES", own))
     try:
         sc = spark.sparkContext
-        raw = [conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
-                                            "spark.dynamicAllocation.maxExecutors")]
-        total = load_library().tsp_gang_ask(num_tasks, *[None if v is None else str(v).encode()
-                                                         for v in raw],
+        raw = [spark.conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
+                                                  "spark.dynamicAllocation.maxExecutors")]
+        total = load_library().tsp_gang_ask(nodes, *[None if v is None else str(v).encode()
+                                                     for v in raw],
                                             max(0, executors_seen(spark)[0]))
         if total < 0:
             return None
@@ -132,9 +133,8 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
             return None
-        own = attempt_tasks if attempt_tasks is not None else num_tasks
         logger.info(f"Asked Spark for {total} executor(s) for {own} gang task(s)"
-                    + (f" (the run's {num_tasks} nodes)" if own != num_tasks else ""))
+                    + (f" (the run's {nodes} nodes)" if own != nodes else ""))
         return total
     except Exception as e:  # never a reason to fail a run: the backlog asks anyway
         logger.info(f"Could not ask Spark for executors ({e!r}); its allocation manager "
@@ -240,17 +240,6 @@ def hold(distributor: Any) -> Optional[Hold]:
     held = Hold(distributor.spark, plan["slots"], plan["ms"])
     distributor._failure_times["hold"] = held  # _restart._Watch counts by it
     return held
-
-
-def ask(distributor: Any) -> Optional[int]:
-    """An attempt's ask for executors (request_executors), or None where it cannot ask. An
-    elastic attempt on fewer nodes than the run's (min_nodes) asks for the run's: an ask for
-    its own would lower Spark's requested total below the run's, so that YARN or Kubernetes
-    never start the lost executor's replacement and the grow watch waits for its slots."""
-    if distributor.is_remote or not REQUEST_EXECUTORS:
-        return None
-    nodes = int(distributor._attempt_env.get("TORCHSPARK_MAX_NODES", distributor.num_tasks))
-    return request_executors(distributor.spark, nodes, distributor.logger, distributor.num_tasks)
 
 
 def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:

@@ -152,27 +152,22 @@ def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
     return None
 
 
-def job_ended(spark: Any, tag: str) -> bool:
-    """Whether every job tagged `tag` shows ended in Spark's status store (False before its
-    start was delivered; True when the store cannot be read: the session is stopping)."""
-    try:
-        jsc = spark.sparkContext._jsc
-        ids = list(jsc.sc().statusTracker().getJobIdsForTag(tag))
-        for job in ids:
-            info = jsc.statusTracker().getJobInfo(int(job))
-            if info is None or str(info.status()) == "RUNNING":
-                return False
-        return len(ids) > 0
-    except Exception:
-        return True
-
-
 def await_ended(spark: Any, tag: str, wait_s: float = ENDED_WAIT_S) -> None:
-    """After a cancel, until Spark shows the job tagged `tag` ended (job_ended), for up to
-    wait_s: Spark fails collect() before it posts the cancelled job's end, so run() could
-    otherwise raise while the job still shows active (BarrierJob.awaitEnded, JVM)."""
+    """After a cancel, until every job tagged `tag` shows ended in Spark's status store (not
+    before its start was delivered; at once when the store cannot be read: the session is
+    stopping), for up to wait_s: Spark fails collect() before it posts the cancelled job's
+    end, so run() could otherwise raise while the job still shows active (BarrierJob.ended,
+    JVM)."""
     deadline = time.monotonic() + wait_s
-    while not job_ended(spark, tag) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            jsc = spark.sparkContext._jsc
+            ids = list(jsc.sc().statusTracker().getJobIdsForTag(tag))
+            infos = [jsc.statusTracker().getJobInfo(int(job)) for job in ids]
+            if ids and all(i is not None and str(i.status()) != "RUNNING" for i in infos):
+                return
+        except Exception:
+            return
         time.sleep(0.01)
 
 

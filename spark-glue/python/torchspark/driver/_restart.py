@@ -113,8 +113,7 @@ class _Watch:
         self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
         self.probe = (_connect.Probe(spark, submit, logger, self.wake)
                       if submit.get("probe") else None)
-        first_ms = submit["watch_ms"]
-        self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
+        self.thread = threading.Thread(target=self._loop, args=(submit["watch_ms"],), daemon=True,
                                        name="torchspark-grow-watch")
         self.thread.start()
 
