@@ -187,7 +187,8 @@ def test_a_smaller_attempt_asks_for_the_runs_executors(spark, caplog):
         time.sleep(0.2)
     assert executors(spark) == 0
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
-    d.num_tasks, d.num_processes, d.run_nodes = 1, 1, 2  # attempt 1 of a shrunk run (attempt())
+    d.num_tasks, d.num_processes = 1, 1  # attempt 1 of a shrunk run (attempt()): the
+    d._attempt_env = {"TORCHSPARK_MAX_NODES": "2"}  # controller's env names the run's nodes
     with caplog.at_level("INFO", logger=d.logger.name):
         assert _gang.ask(d) == 2
     assert "Asked Spark for 2 executor(s) for 1 gang task(s) (the run's 2 nodes)" in caplog.text

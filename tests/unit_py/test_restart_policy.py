@@ -16,11 +16,13 @@ LOST = ("Job aborted due to stage failure: Task 1 in stage 0.0 failed 1 times, m
         "137  \nDriver stacktrace:")
 
 
-def _run(once, **kw):
-    args = dict(limit=2, spark=None, need_slots=2, replacement_timeout_s=0, remote=True,
-                logger=logging.getLogger("t"))
-    args.update(kw)
-    return _restart.run(once, **args)
+def _run(once, *, limit=2, spark=None, need_slots=2, remote=True, least_slots=None, batch=None,
+         launch=None, dynamic=False, record=None, times=None):
+    start = {"event": "start", "glue": "python", "nodes": need_slots, "max_restarts": limit,
+             "min_nodes": least_slots, "replacement_timeout_ms": 0, "remote": remote,
+             "batch": batch, "launch": launch, "dynamic": dynamic}
+    return _restart.run(once, start, spark=spark, logger=logging.getLogger("t"),
+                        record=[] if record is None else record, times={} if times is None else times)
 
 
 def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
@@ -343,3 +345,22 @@ def test_batch_size_keeps_the_per_rank_or_the_global_batch(monkeypatch, mode, wo
     assert checkpoint.batch_size(8) == want  # 8 per rank at the full size: 24 in all
     with pytest.raises(ValueError, match="per_rank must be >= 1"):
         checkpoint.batch_size(0)
+
+
+def test_the_start_is_the_distributors_run_with_its_launch_resolved():
+    """start_event: what a TorchDistributor's run tells the controller (docs/protocol.md 11):
+    its nodes and settings, the launch with auto resolved by Spark's dynamic allocation."""
+    from types import SimpleNamespace
+
+    class Conf:
+        def get(self, key, default):
+            return "true" if key == "spark.dynamicAllocation.enabled" else default
+
+    settings = {"job.replacementTimeout": 30000, "elastic.batch": "global", "launch": "auto"}
+    dist = SimpleNamespace(spark=SimpleNamespace(conf=Conf()), _settings=settings, num_tasks=3,
+                           max_restarts=2, min_nodes=2, is_remote=False)
+    assert _restart.start_event(dist) == {
+        "event": "start", "glue": "python", "nodes": 3, "max_restarts": 2, "min_nodes": 2,
+        "replacement_timeout_ms": 30000, "remote": False, "batch": "global", "launch": "gang",
+        "dynamic": True}
+    assert _restart.step(None, _restart.start_event(dist))["state"]["gang"] == 1

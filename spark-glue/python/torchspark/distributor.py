@@ -245,11 +245,9 @@ class TorchDistributor:
         return _local.run(self, train_object, fn_bytes, script_args)
 
     # Per attempt of a run with restarts (torchspark/driver/_restart.py): the training processes'
-    # TORCHSPARK_ATTEMPT etc., and the driver's line prefix.
+    # TORCHSPARK_ATTEMPT etc. (the driver's line prefix names the attempt; an elastic run's
+    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask).
     _attempt_env: Dict[str, str] = {}
-    _log_fmt: Optional[str] = None
-    # The run's nodes while an elastic attempt runs on fewer (num_tasks): _gang.ask.
-    run_nodes = 0
 
     def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
                                        fn_bytes: Optional[bytes],
@@ -262,27 +260,17 @@ class TorchDistributor:
 
         def attempt(n: int, env: Dict[str, str], nodes: int) -> Optional[Any]:
             self._attempt_env = dict(env)  # the run controller's (_restart.py)
-            self._log_fmt = f"[attempt {n}] [rank {{rank}}] "
             # Elastic (min_nodes): this attempt's nodes, each with its processes.
             self.num_tasks, self.num_processes = nodes, nodes * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
-        timeout = self._settings["job.replacementTimeout"] / 1000
         self.attempts = []
-        self.run_nodes = full[0]
         try:
-            return _restart.run(attempt, limit=self.max_restarts, spark=self.spark,
-                                need_slots=self.num_tasks, least_slots=self.min_nodes,
-                                replacement_timeout_s=timeout, remote=self.is_remote,
-                                logger=self.logger, record=self.attempts,
-                                times=self._failure_times,
-                                batch=self._settings["elastic.batch"],
-                                launch=_gang.mode(self.spark, self._settings),
-                                dynamic=_gang.dynamic(self.spark))
+            return _restart.run(attempt, _restart.start_event(self), spark=self.spark,
+                                logger=self.logger, record=self.attempts, times=self._failure_times)
         finally:
-            self._attempt_env, self._log_fmt = {}, None
+            self._attempt_env = {}
             self.num_tasks, self.num_processes = full
-            self.run_nodes = 0
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
                                   fn_bytes: Optional[bytes], script_args: List[str],
@@ -323,7 +311,8 @@ class TorchDistributor:
             self._settings, self.is_remote,
             gang=_gang.mode(self.spark, self._settings) == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
-            ch.open(self, bind_host, fmt=self._log_fmt,
+            attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
+            ch.open(self, bind_host, fmt=attempt and f"[attempt {attempt}] [rank {{rank}}] ",
                     rendezvous_host=(bind_host or "127.0.0.1") if use_rdv else None)
             server = ch.server
             if server is not None and fn_bytes is not None:

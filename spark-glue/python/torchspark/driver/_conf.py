@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from torchspark.native._lib import json_call
 
@@ -31,11 +31,7 @@ def _raw(spark: Any, listed: bool) -> Dict[str, str]:
     (14 py4j calls: 1.7 ms on a classic session), and with listed, every key under the prefix
     where Spark lists them (RuntimeConfig.getAll, pyspark 4.0+: 30-55 ms on a classic
     session, so only where unknown keys are looked for: once per constructor)."""
-    out = {}
-    for key in _known_keys():
-        value = spark.conf.get(key, None)
-        if value is not None:
-            out[key] = str(value)
+    out = _strings(spark, _known_keys())
     if listed:
         try:
             every = spark.conf.getAll
@@ -46,6 +42,12 @@ def _raw(spark: Any, listed: bool) -> Dict[str, str]:
             out.update({str(k): str(v) for k, v in every.items()
                         if str(k).startswith(PREFIX) and str(k) not in out})
     return out
+
+
+def _strings(spark: Any, keys: Iterable[str]) -> Dict[str, str]:
+    """The values of those keys that the session's conf sets, as strings (one call each)."""
+    values = {key: spark.conf.get(key, None) for key in keys}
+    return {key: str(value) for key, value in values.items() if value is not None}
 
 
 def _arg_value(value: Any) -> Any:
@@ -80,25 +82,16 @@ SPARK_SECURITY_KEYS = ("spark.ssl.enabled", "spark.ssl.rpc.enabled", "spark.netw
                        "spark.authenticate", "spark.io.encryption.enabled")
 
 
-def encryption(spark: Any, override_key: str) -> Dict[str, Any]:
-    """What a distributed run does where Spark encrypts, decided by the library
-    (docs/protocol.md 9, "Where Spark encrypts"): {"proceed", "spark", "level", "message"}
-    from Spark's security settings and the stock override key (pytorch.spark.distributor.
-    ignoreSsl or DeepSpeed's), read as strings from the session's conf."""
-    raw = {}
-    for key in SPARK_SECURITY_KEYS + ("spark.torchspark.encryption", override_key):
-        value = spark.conf.get(key, None)
-        if value is not None:
-            raw[key] = str(value)
-    return dict(json_call("tsp_conf_read", {"conf": raw, "env": True})["encryption"])
-
-
 def check_encryption(spark: Any, override_key: str, logger: logging.Logger) -> None:
-    """Stock refuses a cluster with spark.ssl.enabled unless its ignoreSsl key is set, then
-    sends the weights in clear; torchspark's own channel is TLS 1.3 keyed by the run's
-    secret, so it goes on wherever Spark encrypts, and logs the library's one line (a
+    """What a distributed run does where Spark encrypts, decided by the library
+    (docs/protocol.md 9, "Where Spark encrypts") from Spark's security settings and the stock
+    override key (pytorch.spark.distributor.ignoreSsl or DeepSpeed's), read as strings from the
+    session's conf. Stock refuses a cluster with spark.ssl.enabled unless its ignoreSsl key is
+    set, then sends the weights in clear; torchspark's own channel is TLS 1.3 keyed by the
+    run's secret, so it goes on wherever Spark encrypts, and logs the library's one line (a
     WARNING where Spark secures its traffic: torch's own data plane is not encrypted)."""
-    decision = encryption(spark, override_key)
+    raw = _strings(spark, SPARK_SECURITY_KEYS + ("spark.torchspark.encryption", override_key))
+    decision = json_call("tsp_conf_read", {"conf": raw, "env": True})["encryption"]
     logger.log(logging.getLevelName(decision["level"]), decision["message"])
     if not decision["proceed"]:
         raise RuntimeError(decision["message"])

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import json
-import logging
 import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from torchspark.native._lib import checked, load_library
 from torchspark.task._spec import GangSpec, NodeSpec
@@ -29,7 +28,6 @@ BARRIER, GANG = "barrier", "gang"
 WAIT, GO, FAILED = 0, 1, 3
 # A task's own wait beyond the driver's deadline, for the driver's answer to come.
 JOIN_GRACE_MS = 30000
-WATCH_EVERY_S = 0.1  # the driver's poll of the gang's state until it formed
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
@@ -57,41 +55,25 @@ class Gang:
         rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
-        self.nnodes, self.timeout_ms = nnodes, timeout_ms
-        self.hold: Optional[Hold] = None  # submitted once the gang formed (hold())
+        self.formed = False
+        self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
-    def state(self) -> Tuple[int, int]:
-        """(WAIT, GO or FAILED, nodes joined); the deadline is checked by the call."""
-        joined = ctypes.c_int(0)
-        state = self._lib.tsp_rdv_gang_state(self._rdv._h, ctypes.byref(joined))
-        return state, joined.value
+    def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
+        """One look at the gang until it formed (its deadline is checked by the call): None
+        while it waits or once it formed, its hold then submitted (the attempt's tasks placed
+        first; the hold ends with the job: done); the failed gang's document once it failed."""
+        if self.formed:
+            return None
+        state = self._lib.tsp_rdv_gang_state(self._rdv._h, None)
+        self.formed = state == GO
+        if self.formed and self.hold is not None:
+            self.hold.begin(done)
+        return self.failure(spark) if state == FAILED else None
 
-    def watch(self, spark: Any, done: threading.Event,
-              on_failure: Callable[[Dict[str, Any]], None]) -> threading.Thread:
-        """A thread that polls the gang every WATCH_EVERY_S until it formed, the job ended
-        (done) or it failed: then on_failure(the document). Join it before the rendezvous
-        is closed. With a hold, it submits it then (the attempt's tasks placed first); the
-        hold itself ends with the job (done)."""
-        def run() -> None:
-            formed = False
-            try:
-                while not done.wait(WATCH_EVERY_S):
-                    state = self.state()[0]
-                    formed = state == GO
-                    if formed:
-                        if self.hold is not None:
-                            self.hold.begin(done)
-                        return
-                    if state == FAILED:
-                        on_failure(self.failure(spark))
-                        return
-            finally:
-                if self.hold is not None and not formed:
-                    self.hold.drop()
-
-        t = threading.Thread(target=run, daemon=True, name="torchspark-gang-watch")
-        t.start()
-        return t
+    def end(self) -> None:
+        """The attempt's job ended: a hold never submitted (the gang did not form) is dropped."""
+        if self.hold is not None and not self.formed:
+            self.hold.drop()
 
     def failure(self, spark: Any) -> Dict[str, Any]:
         """The failed gang's document (the run's report; its message the C core's sentence),
@@ -126,22 +108,24 @@ def executors_seen(spark: Any) -> Tuple[int, int]:
         return -1, -1
 
 
-def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
-                      attempt_tasks: Optional[int] = None) -> Optional[int]:
-    """With dynamic allocation, asks Spark's allocation client for the executors that fit
-    num_tasks tasks at once (the C core's rule, tsp_gang_ask) rather than
-    waiting for its backlog ramp; the idle timeout releases them after the run. The total
-    asked for, or None where it cannot ask (Spark Connect, no allocation client).
-    attempt_tasks: the attempt's own tasks where fewer (an elastic attempt), for the log."""
-    conf = spark.conf
-    if not dynamic(spark):
+def ask(distributor: Any) -> Optional[int]:
+    """With dynamic allocation, asks Spark's allocation client for the executors that fit the
+    run's nodes at once (the C core's rule, tsp_gang_ask) rather than waiting for its backlog
+    ramp; the idle timeout releases them after the run. An elastic attempt on fewer nodes than
+    the run's (min_nodes: the controller's TORCHSPARK_MAX_NODES) asks for the run's: an ask for
+    its own would lower Spark's requested total below the run's, so that YARN or Kubernetes
+    never start the lost executor's replacement and the grow watch waits for its slots. The
+    total asked for, or None where it cannot ask (Spark Connect, no allocation client)."""
+    spark, logger, own = distributor.spark, distributor.logger, distributor.num_tasks
+    if distributor.is_remote or not REQUEST_EXECUTORS or not dynamic(spark):
         return None
+    nodes = int(distributor._attempt_env.get("TORCHSPARK_MAX_NODES", own))
     try:
         sc = spark.sparkContext
-        raw = [conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
-                                            "spark.dynamicAllocation.maxExecutors")]
-        total = load_library().tsp_gang_ask(num_tasks, *[None if v is None else str(v).encode()
-                                                         for v in raw],
+        raw = [spark.conf.get(k, None) for k in ("spark.executor.cores", "spark.task.cpus",
+                                                  "spark.dynamicAllocation.maxExecutors")]
+        total = load_library().tsp_gang_ask(nodes, *[None if v is None else str(v).encode()
+                                                     for v in raw],
                                             max(0, executors_seen(spark)[0]))
         if total < 0:
             return None
@@ -149,9 +133,8 @@ def request_executors(spark: Any, num_tasks: int, logger: logging.Logger,
         empty = jvm.PythonUtils.toScalaMap(jvm.java.util.HashMap())
         if not sc._jsc.sc().requestTotalExecutors(total, 0, empty):
             return None
-        own = attempt_tasks if attempt_tasks is not None else num_tasks
         logger.info(f"Asked Spark for {total} executor(s) for {own} gang task(s)"
-                    + (f" (the run's {num_tasks} nodes)" if own != num_tasks else ""))
+                    + (f" (the run's {nodes} nodes)" if own != nodes else ""))
         return total
     except Exception as e:  # never a reason to fail a run: the backlog asks anyway
         logger.info(f"Could not ask Spark for executors ({e!r}); its allocation manager "
@@ -257,17 +240,6 @@ def hold(distributor: Any) -> Optional[Hold]:
     held = Hold(distributor.spark, plan["slots"], plan["ms"])
     distributor._failure_times["hold"] = held  # _restart._Watch counts by it
     return held
-
-
-def ask(distributor: Any) -> Optional[int]:
-    """An attempt's ask for executors (request_executors), or None where it cannot ask. An
-    elastic attempt on fewer nodes than the run's (min_nodes) asks for the run's: an ask for
-    its own would lower Spark's requested total below the run's, so that YARN or Kubernetes
-    never start the lost executor's replacement and the grow watch waits for its slots."""
-    if distributor.is_remote or not REQUEST_EXECUTORS:
-        return None
-    nodes = max(distributor.num_tasks, distributor.run_nodes)
-    return request_executors(distributor.spark, nodes, distributor.logger, distributor.num_tasks)
 
 
 def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) -> Optional[Gang]:

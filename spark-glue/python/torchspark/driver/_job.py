@@ -41,6 +41,7 @@ CANCEL_WAIT_S = 1.0
 # scheduler fails the job's waiter before it posts it; normally a few ms).
 ENDED_WAIT_S = 10.0
 LOST_WAIT_S = 2.0  # > the server's lost grace (1 s)
+GANG_POLL_S = 0.1  # the driver's look at a gang launch's gang until it formed
 # A restarted attempt's job waits for the failed attempt's tasks to give their cores back.
 # Spark offers a core freed by a task's end to the waiting task sets for that executor
 # alone, which a barrier stage of several tasks cannot use: it launches at the scheduler's
@@ -151,27 +152,22 @@ def task_executor(spark: Any, tag: str, partition: int) -> Optional[str]:
     return None
 
 
-def job_ended(spark: Any, tag: str) -> bool:
-    """Whether every job tagged `tag` shows ended in Spark's status store (False before its
-    start was delivered; True when the store cannot be read: the session is stopping)."""
-    try:
-        jsc = spark.sparkContext._jsc
-        ids = list(jsc.sc().statusTracker().getJobIdsForTag(tag))
-        for job in ids:
-            info = jsc.statusTracker().getJobInfo(int(job))
-            if info is None or str(info.status()) == "RUNNING":
-                return False
-        return len(ids) > 0
-    except Exception:
-        return True
-
-
 def await_ended(spark: Any, tag: str, wait_s: float = ENDED_WAIT_S) -> None:
-    """After a cancel, until Spark shows the job tagged `tag` ended (job_ended), for up to
-    wait_s: Spark fails collect() before it posts the cancelled job's end, so run() could
-    otherwise raise while the job still shows active (BarrierJob.awaitEnded, JVM)."""
+    """After a cancel, until every job tagged `tag` shows ended in Spark's status store (not
+    before its start was delivered; at once when the store cannot be read: the session is
+    stopping), for up to wait_s: Spark fails collect() before it posts the cancelled job's
+    end, so run() could otherwise raise while the job still shows active (BarrierJob.ended,
+    JVM)."""
     deadline = time.monotonic() + wait_s
-    while not job_ended(spark, tag) and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        try:
+            jsc = spark.sparkContext._jsc
+            ids = list(jsc.sc().statusTracker().getJobIdsForTag(tag))
+            infos = [jsc.statusTracker().getJobInfo(int(job)) for job in ids]
+            if ids and all(i is not None and str(i.status()) != "RUNNING" for i in infos):
+                return
+        except Exception:
+            return
         time.sleep(0.01)
 
 
@@ -248,11 +244,6 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
                 wake.set()
                 return
 
-    def gang_failed(report: Dict[str, Any]) -> None:
-        box["gang"] = report
-        tags.cancel(tag)  # every task, the waiting and the never started
-        wake.set()
-
     _spark.inheritable_thread(run_job, "torchspark-barrier-job",
                               spark if remote else None).start()
     if server is not None:
@@ -260,10 +251,12 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     if revive and not remote:
         threading.Thread(target=revive_until_running, args=(spark, tag, done),
                          daemon=True, name="torchspark-revive").start()
-    gang_watch = gang.watch(spark, done, gang_failed) if gang is not None else None
     try:
-        while not wake.wait(0.5):
-            pass
+        while not wake.wait(GANG_POLL_S):  # a gang launch's gang polled until it formed
+            box["gang"] = gang.poll(spark, done) if gang is not None else None
+            if box["gang"] is not None:
+                tags.cancel(tag)  # every task, the waiting and the never started
+                break
         if "root" in box and not done.is_set():
             # A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
             # spark.network.timeout, so its failure is not waited for.
@@ -275,7 +268,7 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
             server.stop_all("the driver was interrupted")
         tags.cancel(tag)
         raise
-    return _outcome(spark, server, tag, box, remote, done, gang_watch)
+    return _outcome(spark, server, tag, box, remote, done, gang)
 
 
 def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
@@ -293,9 +286,9 @@ def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
 
 
 def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: bool,
-             done: threading.Event, gang_watch: Any) -> Outcome:
+             done: threading.Event, gang: Any) -> Outcome:
     """How the job of run_barrier_job ended (box: what its threads found), every agent
-    stopped when it failed; a gang launch's watch (gang_watch) joined."""
+    stopped when it failed; a gang launch's unsubmitted hold dropped (gang.end())."""
     error = box.get("error")
     root = box.get("root")
     if server is not None and (error is not None or root is not None):
@@ -312,9 +305,9 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
     lost = None
     if root is not None and silent(root) and not remote and root.get("node_rank") is not None:
         lost = task_executor(spark, tag, int(root["node_rank"]))
-    if gang_watch is not None:  # it reads the rendezvous, which the caller closes next
-        gang_watch.join()
-    if "gang" in box:
+    if gang is not None:
+        gang.end()
+    if box.get("gang") is not None:
         done.wait(CANCEL_WAIT_S)
         if not remote:  # (a Connect client has no status tracker)
             await_ended(spark, tag)

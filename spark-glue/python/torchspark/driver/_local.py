@@ -43,10 +43,8 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
-            hang = ch.hang_error(dist, "local")
-            if hang is not None:
-                raise hang from None
-            raise e.failure.error("local", ch.tail(e.failure.fields)) from None
+            raise (ch.hang_error(dist, "local")
+                   or e.failure.error("local", ch.tail(e.failure.fields))) from None
         ch.stop_pump()
         output = _read_result(dist, out_file) if out_file is not None else None
         dist.logger.info(f"Finished local training with {dist.num_processes} processes")

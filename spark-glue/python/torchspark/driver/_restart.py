@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Dict, Any, Callable, List, Optional
 
-from torchspark.driver import _connect
+from torchspark.driver import _connect, _gang
 from torchspark.native._lib import json_call
 from torchspark.driver._report import TorchDistributorError
 
@@ -29,17 +29,21 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
     return result
 
 
-def start_event(nodes: int, limit: int, least: Optional[int], timeout_ms: int,
-                remote: bool, batch: Optional[str] = None, launch: Optional[str] = None,
-                dynamic: bool = False) -> Dict[str, Any]:
-    return {"event": "start", "glue": "python", "nodes": nodes, "max_restarts": limit,
-            "min_nodes": least, "replacement_timeout_ms": timeout_ms, "remote": remote,
-            "batch": batch, "launch": launch, "dynamic": dynamic}
+def start_event(dist: Any) -> Dict[str, Any]:
+    """The controller's start of a TorchDistributor's run: its nodes and settings, the
+    attempts' launch (_gang.mode) and spark.dynamicAllocation.enabled."""
+    settings = dist._settings
+    return {"event": "start", "glue": "python", "nodes": dist.num_tasks,
+            "max_restarts": dist.max_restarts, "min_nodes": dist.min_nodes,
+            "replacement_timeout_ms": int(settings["job.replacementTimeout"]),
+            "remote": dist.is_remote, "batch": settings["elastic.batch"],
+            "launch": _gang.mode(dist.spark, settings), "dynamic": _gang.dynamic(dist.spark)}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
     """min_nodes (the keyword's or the conf's), else num_tasks: checked by the controller."""
-    return int(step(None, start_event(num_tasks, 0, value, 0, False))["state"]["min_nodes"])
+    start = {"event": "start", "glue": "python", "nodes": num_tasks, "min_nodes": value}
+    return int(step(None, start)["state"]["min_nodes"])
 
 
 def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
@@ -109,8 +113,7 @@ class _Watch:
         self.wake = threading.Event()  # the attempt ended, or its probe ran: count now
         self.probe = (_connect.Probe(spark, submit, logger, self.wake)
                       if submit.get("probe") else None)
-        first_ms = submit["watch_ms"]
-        self.thread = threading.Thread(target=self._loop, args=(first_ms,), daemon=True,
+        self.thread = threading.Thread(target=self._loop, args=(submit["watch_ms"],), daemon=True,
                                        name="torchspark-grow-watch")
         self.thread.start()
 
@@ -120,10 +123,7 @@ class _Watch:
             self.wake.clear()
             if self.ended.is_set():
                 return
-            t0 = time.monotonic()
-            free = self._count()
-            reply = step(self.state, {"event": "slots", "free": free,
-                                      "waited_ms": int((time.monotonic() - t0) * 1000)})
+            reply = step(self.state, _slots(self._count))
             self.state, wait_ms = reply["state"], None
             for act in reply["actions"]:
                 if act["do"] == "warn":
@@ -162,12 +162,17 @@ class _Watch:
         return self.state
 
 
+def _slots(count: Callable[[], Optional[int]]) -> Dict[str, Any]:
+    """The slots event of a count (count_slots, or the grow watch's), with how long it took."""
+    t0 = time.monotonic()
+    free = count()
+    return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
+
+
 def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
     """The event of a count_slots or exclude_executor action, once performed."""
     if act["do"] == "count_slots":
-        t0 = time.monotonic()
-        free = count_slots(spark, act["need"], act["wait_ms"] / 1000)
-        return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
+        return _slots(lambda: count_slots(spark, act["need"], act["wait_ms"] / 1000))
     ok = exclude_executor(spark, act["id"])
     if ok:
         entry["excluded_executor"] = act["id"]
@@ -175,31 +180,26 @@ def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str
 
 
 def _failed(e: TorchDistributorError, entry: Dict[str, Any],
-            times: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+            times: Dict[str, Any]) -> Dict[str, Any]:
     """The failed attempt's event, its entry completed: when the failure was noticed, the
     silent node, and the nodes its log server saw lost (read once the attempt ended, after
     its drain: a dying node's agent told it by then)."""
-    entry.update({k: v for k, v in (times or {}).items()
+    entry.update({k: v for k, v in times.items()
                   if v is not None and k not in ("server", "hold", "submit")})
-    server = (times or {}).get("server")
+    server = times.get("server")
     if server is not None and server.nodes_lost():
         entry["lost_nodes"] = server.nodes_lost()
     return failed_event(e, entry)
 
 
-def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spark: Any,
-        need_slots: int, replacement_timeout_s: float, remote: bool, logger: Any,
-        least_slots: Optional[int] = None, record: Optional[List[Dict[str, Any]]] = None,
-        times: Optional[Dict[str, Any]] = None, batch: Optional[str] = None,
-        launch: Optional[str] = None, dynamic: bool = False) -> Any:
-    """Calls run_once(attempt, env, nodes) as the controller says until it returns or the
-    controller raises. record, when given, gets one dict per attempt (distributor.attempts);
-    times is where run_once leaves when the failure was noticed (root_at, ended_at:
-    _job.Outcome) and which node went silent; the submit is left there (_gang.hold). launch:
-    the attempts' (_gang.mode); dynamic: spark.dynamicAllocation.enabled."""
-    rec: List[Dict[str, Any]] = record if record is not None else []
-    reply = step(None, start_event(need_slots, limit, least_slots,
-                                   int(replacement_timeout_s * 1000), remote, batch, launch, dynamic))
+def run(run_once: Callable[[int, Dict[str, str], int], Any], start: Dict[str, Any], *,
+        spark: Any, logger: Any, record: List[Dict[str, Any]], times: Dict[str, Any]) -> Any:
+    """Calls run_once(attempt, env, nodes) as the controller, started by start (start_event),
+    says until it returns or the controller raises. record gets one dict per attempt
+    (distributor.attempts); times is where run_once leaves when the failure was noticed
+    (root_at, ended_at: _job.Outcome) and which node went silent; the submit is left there
+    (_gang.hold)."""
+    reply = step(None, start)
     entry: Dict[str, Any] = {}
     error: Optional[TorchDistributorError] = None
     result: Any = None
@@ -219,12 +219,10 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], *, limit: int, spar
             elif act["do"] == "submit":
                 entry = {"attempt": act["attempt"], "nodes": act["nodes"], "started": time.time(),
                          "ended": None, "cause": None}
-                rec.append(entry)
-                if times is not None:
-                    times.clear()
-                    times["submit"] = act
-                watch = (_Watch(spark, state, act, logger, times)
-                         if act.get("watch_ms") and times is not None else None)
+                record.append(entry)
+                times.clear()
+                times["submit"] = act
+                watch = _Watch(spark, state, act, logger, times) if act.get("watch_ms") else None
                 try:
                     result = run_once(act["attempt"], act["env"], act["nodes"])
                     event = {"event": "attempt_succeeded"}
