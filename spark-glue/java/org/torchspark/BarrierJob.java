@@ -41,7 +41,7 @@ final class BarrierJob {
     private BarrierJob() {}
 
     /** Starts the job; entry (null without restarts) gets the time it ended. */
-    static BarrierJob submit(SparkContext sc, NodeTask.Spec spec, int ntasks, TorchSparkRunner.Attempt entry) {
+    static BarrierJob submit(SparkContext sc, NodeTask.Spec spec, int ntasks, RestartPolicy.Entry entry) {
         BarrierJob job = new BarrierJob();
         String prevProp = sc.getLocalProperty(TorchSparkRunner.TASK_PROPERTY);
         Thread t = new Thread(() -> {

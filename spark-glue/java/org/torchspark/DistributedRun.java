@@ -19,7 +19,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
 
     /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
-    TorchSparkRunner.Result attempt(int ntasks, TorchSparkRunner.Attempt entry) {
+    TorchSparkRunner.Result attempt(int ntasks, RestartPolicy.Entry entry) {
         boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null && Rendezvous.enabled(r.runSettings);
         try {
             return runJob(rendezvous, ntasks, entry);
@@ -39,7 +39,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
 
     /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
      *  node with its processes); entry (null without restarts) gets its timeline. */
-    private TorchSparkRunner.Result runJob(boolean useRendezvous, int ntasks, TorchSparkRunner.Attempt entry) {
+    private TorchSparkRunner.Result runJob(boolean useRendezvous, int ntasks, RestartPolicy.Entry entry) {
         int world = ntasks * (r.numProcesses / r.tasks(sc));
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
@@ -120,7 +120,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
 
     /** The exception of a failed job, once every agent was told to stop and the channel
      *  drained. */
-    private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, TorchSparkRunner.Attempt entry,
+    private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, RestartPolicy.Entry entry,
             int nproc) {
         job.awaitLostRoot(ch.server);
         ch.server.stopAll(job.error != null ? "the Spark job failed" : "another node failed");
@@ -140,7 +140,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
     /** Notes on an attempt's entry when the root cause came and, for a node that went
      *  silent, the node and its executor's id (from Spark's status store: the job's tag, the
      *  task of that partition), which the restart policy excludes. */
-    private static void noteSilent(SparkContext sc, TorchSparkRunner.Attempt entry, String rootJson, Long rootAt, String tag) {
+    private static void noteSilent(SparkContext sc, RestartPolicy.Entry entry, String rootJson, Long rootAt, String tag) {
         entry.rootAt = rootAt;
         JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
         if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
