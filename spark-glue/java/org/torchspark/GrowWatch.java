@@ -52,7 +52,7 @@ final class GrowWatch {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
             long t0 = System.nanoTime();
-            GangHold hold = entry != null ? entry.hold : null; // a gang launch's held slots, if it holds
+            GangHold hold = entry.hold; // a gang launch's held slots, if it holds
             Integer free = hold != null && hold.alive() ? entry.nodes + (hold.running() ? hold.k : 0)
                     : RestartPolicy.slotsNow(slots);
             JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")

@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.reflect.Method;
@@ -7,6 +8,7 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Function;
 import java.util.function.IntSupplier;
 import java.util.function.Predicate;
 import org.apache.spark.SparkContext;
@@ -26,18 +28,13 @@ import org.apache.spark.status.api.v1.TaskData;
  * the end (each attempt's root cause, in order). This class only performs those actions.
  */
 final class RestartPolicy {
-    /** One attempt on `nodes` barrier tasks with the training processes' variables env:
-     *  returns the run's result or throws its TorchSparkException; it notes on `record` when
-     *  the failure was noticed and which node went silent (Entry). */
-    interface Body<T> {
-        T run(int attempt, Map<String, String> env, int nodes, Entry record);
-    }
-
     /** An attempt while the loop runs it: what the loop, the attempt (DistributedRun,
      *  BarrierJob) and its grow watch note on it; TorchSparkRunner.Attempt its snapshot. */
     static final class Entry {
         final int attempt;
         final int nodes;
+        /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
+        final Map<String, String> env;
         final long started = System.currentTimeMillis();
         /** The controller's plan of a gang launch's hold (its submit's "hold"), or null. */
         final JsonNode holdPlan;
@@ -58,6 +55,7 @@ final class RestartPolicy {
         Entry(JsonNode submit) {
             attempt = submit.path("attempt").asInt();
             nodes = submit.path("nodes").asInt();
+            env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
         }
 
@@ -103,11 +101,6 @@ final class RestartPolicy {
             Arrays.stream(lost).forEach(ev.putArray("lost_nodes")::add);
         }
         return ev.put("executor", entry.silentExecutor);
-    }
-
-    /** How many barrier tasks the cluster can run at once now (active executors' slots). */
-    static int freeSlots(SparkContext sc) {
-        return sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile());
     }
 
     /** True when the root cause (LogServer.failure()) is a node that is unreachable but not gone
@@ -201,21 +194,25 @@ final class RestartPolicy {
         }
     }
 
-    /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the
-     *  controller throws; record gets one Entry per attempt (TorchSparkRunner.attempts()).
+    /** Calls body (one attempt on the entry's nodes with its env: the run's result, or its
+     *  TorchSparkException; it notes on the entry when the failure was noticed and which node
+     *  went silent) as the controller says until it returns or the controller throws; record
+     *  gets one Entry per attempt (TorchSparkRunner.attempts()).
      *  conf: the run's settings; needSlots: its nodes; leastSlots: its minNodes (needSlots: not
      *  elastic). */
-    static <T> T run(Body<T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
+    static <T> T run(Function<Entry, T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<Entry> record) {
         ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
         start.put("launch", Gang.mode(sc.conf(), conf)).put("dynamic", sc.conf().getBoolean("spark.dynamicAllocation.enabled", false));
-        return run(body, start, () -> freeSlots(sc), id -> excludeExecutor(sc, id), record);
+        // The slots: how many barrier tasks the cluster can run at once now (active executors').
+        return run(body, start, () -> sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()),
+                id -> excludeExecutor(sc, id), record);
     }
 
     /** The loop from the controller's start event (start()) with Spark's two calls given
      *  (slots: the cluster's barrier task slots now, which may throw when Spark cannot tell;
-     *  exclude); see run(Body, ...). */
-    static <T> T run(Body<T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<Entry> record) {
+     *  exclude); see run(Function, ...). */
+    static <T> T run(Function<Entry, T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<Entry> record) {
         JsonNode reply = step(null, start);
         Entry entry = null;
         TorchSparkException error = null;
@@ -233,13 +230,11 @@ final class RestartPolicy {
                     case "submit" -> {
                         entry = new Entry(act);
                         record.add(entry);
-                        Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
-                                new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});
                         GrowWatch watch = act.has("watch_ms")
                                 ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
                                         TorchSparkRunner.LOG::warn, 1.0) : null;
                         try {
-                            result = body.run(entry.attempt, env, entry.nodes, entry);
+                            result = body.apply(entry);
                             event = Failure.JSON.createObjectNode().put("event", "attempt_succeeded");
                         } catch (TorchSparkException e) {
                             error = e;

@@ -390,12 +390,13 @@ public final class TorchSparkRunner {
         Metrics.RUNS.incrementAndGet();
         List<RestartPolicy.Entry> record = new CopyOnWriteArrayList<>();
         attempts = record;
-        if (limit == 0) {
-            return new DistributedRun(this, sc, Map.of(), null, true).attempt(ntasks, null);
+        if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
+            return new DistributedRun(this, sc, null, true)
+                    .attempt(new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "env", Map.of())));
         }
-        return RestartPolicy.run((n, vars, nodes, entry) -> { // vars: TORCHSPARK_ATTEMPT etc. (the controller's)
-            String prefix = "[attempt " + n + "] " + LogServer.PREFIX;
-            return new DistributedRun(this, sc, vars, prefix, n == limit).attempt(nodes, entry);
+        return RestartPolicy.run(entry -> {
+            String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
+            return new DistributedRun(this, sc, prefix, entry.attempt == limit).attempt(entry);
         }, limit, sc, c, ntasks, least, record);
     }
 

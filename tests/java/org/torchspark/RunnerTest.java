@@ -85,9 +85,9 @@ public class RunnerTest {
         List<java.util.Map<String, String>> envs = new java.util.ArrayList<>();
         List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         try {
-            RestartPolicy.run((n, env, nodes, e) -> {
-                envs.add(env);
-                throw n == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
+            RestartPolicy.run(e -> {
+                envs.add(e.env);
+                throw e.attempt == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
             }, RestartPolicy.start(2, 1, 2, 1000, null), () -> 2, id -> true, rec);
             fail("restarts used up");
         } catch (TorchSparkException e) {
@@ -109,11 +109,11 @@ public class RunnerTest {
     @Test
     public void aSmallerGangAttemptCarriesTheControllersHold() {
         List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
-        assertEquals(Integer.valueOf(1), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        assertEquals(Integer.valueOf(1), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(2, 1, 1, 0, null).put("launch", "gang").put("dynamic", true), () -> 1,
                 id -> true, rec));
         assertNull(rec.get(0).holdPlan); // at the run's size
@@ -143,20 +143,20 @@ public class RunnerTest {
         // Not elastic: waits for the replacement (here the 3rd look sees it).
         int[] looks = {0};
         List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
-        assertEquals(Integer.valueOf(2), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        assertEquals(Integer.valueOf(2), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(2, 1, 2, 60_000, null), () -> ++looks[0] >= 3 ? 2 : 1, id -> true, rec));
         assertEquals(3, looks[0]);
         // Spark cannot tell: its own barrier slot check decides (all the nodes).
         rec.clear();
-        assertEquals(Integer.valueOf(4), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        assertEquals(Integer.valueOf(4), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(4, 1, 2, 60_000, null), () -> {
             throw new IllegalStateException("stopped");
         }, id -> true, rec));
@@ -192,13 +192,13 @@ public class RunnerTest {
         List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         List<String> excluded = new java.util.ArrayList<>();
         int[] slots = {2}; // the silent executor's slot still counted, as Spark does
-        String out = RestartPolicy.run((n, env, nodes, entry) -> {
-            if (n == 0) {
+        String out = RestartPolicy.run(entry -> {
+            if (entry.attempt == 0) {
                 entry.silentNode = 1;
                 entry.silentExecutor = "7";
                 throw rankFailed("lost connection to node 1 (host h, address a): it went silent: x");
             }
-            return "ok on " + nodes + " after " + env.get("TORCHSPARK_RESTART_CAUSE");
+            return "ok on " + entry.nodes + " after " + entry.env.get("TORCHSPARK_RESTART_CAUSE");
         }, RestartPolicy.start(2, 2, 1, 60_000, null), () -> slots[0], id -> {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
@@ -215,13 +215,13 @@ public class RunnerTest {
 
         // Exclusion refused: the silent node's slot is not counted.
         rec.clear();
-        RestartPolicy.run((n, env, nodes, entry) -> {
-            if (n == 0) {
+        RestartPolicy.run(entry -> {
+            if (entry.attempt == 0) {
                 entry.silentNode = 0;
                 entry.silentExecutor = "3";
                 throw rankFailed("went silent");
             }
-            return nodes;
+            return entry.nodes;
         }, RestartPolicy.start(2, 1, 1, 60_000, null), () -> 2, id -> false, rec);
         assertEquals(1, rec.get(1).snapshot().nodes());
         assertNull(rec.get(0).snapshot().excludedExecutor());
@@ -229,7 +229,7 @@ public class RunnerTest {
         // Not elastic, no replacement: the run ends with each attempt's cause and why.
         rec.clear();
         try {
-            RestartPolicy.run((n, env, nodes, entry) -> {
+            RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
             }, RestartPolicy.start(2, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart without slots");
@@ -241,7 +241,7 @@ public class RunnerTest {
         }
         rec.clear();
         try {
-            RestartPolicy.run((n, env, nodes, entry) -> {
+            RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
             }, RestartPolicy.start(4, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart below minNodes");
