@@ -382,8 +382,8 @@ public final class TorchSparkRunner {
     private Result runDistributed(SparkContext sc) {
         // Where Spark encrypts, the run goes on over torchspark's own TLS channel; the line
         // says what is not encrypted (docs/security.md, "Clusters where Spark encrypts").
-        Conf.checkEncryption(sc.conf(), LOG);
         Conf c = runSettings;
+        c.checkEncryption(LOG);
         int limit = (int) c.number("job.maxRestarts");
         int ntasks = tasks(sc);
         int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
