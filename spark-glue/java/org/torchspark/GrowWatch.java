@@ -51,12 +51,10 @@ final class GrowWatch {
     private void loop(long firstMs) {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
-            long t0 = System.nanoTime();
-            GangHold hold = entry.hold; // a gang launch's held slots, if it holds
-            Integer free = hold != null && hold.alive() ? entry.nodes + (hold.running() ? hold.k : 0)
-                    : RestartPolicy.slotsNow(slots);
-            JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
-                    .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
+            GangHold hold = entry.hold; // a gang launch's held slots, if it holds: counted by it
+            IntSupplier counted = hold != null && hold.alive() ? () -> entry.nodes + (hold.running() ? hold.k : 0)
+                    : slots;
+            JsonNode reply = RestartPolicy.step(state, RestartPolicy.countSlots(counted, 0, 0)); // one count now
             state = reply.path("state");
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {
