@@ -159,7 +159,7 @@ public final class TorchSparkRunner {
     }
 
     /** One entry per attempt of the last distributed run with restarts (empty without
-     *  restarts), as TorchDistributor's {@code attempts}. */
+     *  restarts), as TorchDistributor's {@code attempts}: each attempt as it is at this call. */
     public List<Attempt> attempts() {
         return attempts.stream().map(RestartPolicy.Entry::snapshot).toList();
     }
