@@ -127,7 +127,8 @@ public final class TorchSparkRunner {
         if (n < 0) {
             throw new IllegalArgumentException("maxRestarts must be a whole number >= 0, got " + n);
         }
-        return setting("job.maxRestarts", "maxRestarts", n);
+        settings.put("job.maxRestarts", new Object[] {"maxRestarts", n}); // its range checked above
+        return this;
     }
 
     /**
@@ -144,7 +145,8 @@ public final class TorchSparkRunner {
         if (m < 1) {
             throw new IllegalArgumentException("minNodes must be a whole number >= 1, got " + m);
         }
-        return setting("job.minNodes", "minNodes", m);
+        settings.put("job.minNodes", new Object[] {"minNodes", m}); // its range checked above
+        return this;
     }
 
     /**
@@ -189,7 +191,7 @@ public final class TorchSparkRunner {
     }
 
     /** The builder's value of spark.torchspark.KEY (name: the builder's), once the key table
-     *  checked it (the library's sentence when it is bad). */
+     *  checked it (the library's sentence when it is bad): launch, hangTimeout, hangAction. */
     private TorchSparkRunner setting(String key, String name, Object value) {
         Object[] arg = {name, value};
         Conf.read(null, Map.of(key, arg), null, false);
