@@ -40,32 +40,26 @@ final class BarrierJob {
 
     private BarrierJob() {}
 
-    /** Starts the job; entry (null without restarts) gets the time it ended. */
-    static BarrierJob submit(SparkContext sc, NodeTask.Spec spec, int ntasks, TorchSparkRunner.Attempt entry) {
+    /** Starts the job; entry gets the time it ended. */
+    static BarrierJob submit(SparkContext sc, NodeTask.Spec spec, int ntasks, RestartPolicy.Entry entry) {
         BarrierJob job = new BarrierJob();
-        String prevProp = sc.getLocalProperty(TorchSparkRunner.TASK_PROPERTY);
         Thread t = new Thread(() -> {
             try {
+                // This thread's own local properties (Spark clones the parent's for a new
+                // thread): the caller's stay as they are.
                 sc.setLocalProperty(TorchSparkRunner.TASK_PROPERTY, job.tag);
                 sc.addJobTag(job.tag);
-                try {
-                    JavaSparkContext jsc = JavaSparkContext.fromSparkContext(sc);
-                    List<Integer> rows = IntStream.range(0, ntasks).boxed().toList();
-                    ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
-                    RDD<Integer> in = jsc.parallelize(rows, ntasks).rdd();
-                    RDD<byte[]> out = spec.gangTimeoutMs > 0 ? in.mapPartitions(new NodeTask(spec), false, tagBytes)
-                            : in.barrier().mapPartitions(new NodeTask(spec), false, tagBytes);
-                    job.chunks = JavaRDD.fromRDD(out, tagBytes).collect();
-                } finally {
-                    sc.removeJobTag(job.tag);
-                    sc.setLocalProperty(TorchSparkRunner.TASK_PROPERTY, prevProp);
-                }
+                JavaSparkContext jsc = JavaSparkContext.fromSparkContext(sc);
+                List<Integer> rows = IntStream.range(0, ntasks).boxed().toList();
+                ClassTag<byte[]> tagBytes = scala.reflect.ClassTag$.MODULE$.apply(byte[].class);
+                RDD<Integer> in = jsc.parallelize(rows, ntasks).rdd();
+                RDD<byte[]> out = spec.gangTimeoutMs > 0 ? in.mapPartitions(new NodeTask(spec), false, tagBytes)
+                        : in.barrier().mapPartitions(new NodeTask(spec), false, tagBytes);
+                job.chunks = JavaRDD.fromRDD(out, tagBytes).collect();
             } catch (Throwable e) {
                 job.error = e;
             } finally {
-                if (entry != null) {
-                    entry.endedAt = System.currentTimeMillis();
-                }
+                entry.endedAt = System.currentTimeMillis();
                 job.done.countDown();
             }
         }, "torchspark-barrier-job");

@@ -20,9 +20,14 @@ final class Conf {
     private static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
 
     private final JsonNode values;
+    /** What a distributed run does where Spark encrypts, decided by the library as for the
+     *  PySpark glue: {"proceed", "spark", "level", "message"} from the conf's strings (none
+     *  without a conf: nothing is on). */
+    final JsonNode encryption;
 
-    private Conf(JsonNode values) {
-        this.values = values;
+    private Conf(JsonNode reply) {
+        this.values = reply.get("values");
+        this.encryption = reply.get("encryption");
     }
 
     /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
@@ -37,6 +42,9 @@ final class Conf {
             for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
                 raw.put(PREFIX + kv._1(), kv._2());
             }
+            for (String key : SPARK_SECURITY_KEYS) { // Spark's, read by the reply's "encryption"
+                raw.put(key, conf.get(key, null));
+            }
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {
@@ -47,7 +55,7 @@ final class Conf {
         if (warn) {
             reply.get("unknown").forEach(u -> LOG.warn(u.get("message").asText()));
         }
-        return new Conf(reply.get("values"));
+        return new Conf(reply);
     }
 
     /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
@@ -56,24 +64,10 @@ final class Conf {
         "spark.network.crypto.enabled", "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl",
         "spark.torchspark.encryption"};
 
-    /** What a distributed run does where Spark encrypts, decided by the library as for the
-     *  PySpark glue: {"proceed", "spark", "level", "message"} from conf's strings (conf may be
-     *  null: nothing is on). */
-    static JsonNode encryption(SparkConf conf) {
-        ObjectNode request = Native.object("env", true); // TORCHSPARK_ENCRYPTION, read in C
-        ObjectNode raw = request.putObject("conf");
-        for (String key : SPARK_SECURITY_KEYS) {
-            if (conf != null && conf.contains(key)) {
-                raw.put(key, conf.get(key));
-            }
-        }
-        return Native.call("tsp_conf_read", request).get("encryption");
-    }
-
     /** Logs the library's one line about encryption at its level; throws when the run may not
      *  go on (never, while torchspark's own channel is TLS). */
-    static void checkEncryption(SparkConf conf, Logger log) {
-        JsonNode d = encryption(conf);
+    void checkEncryption(Logger log) {
+        JsonNode d = encryption;
         String message = d.get("message").asText();
         if ("WARNING".equals(d.get("level").asText())) {
             log.warn(message);

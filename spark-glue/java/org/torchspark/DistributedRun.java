@@ -1,28 +1,27 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.util.Map;
 import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkContext;
 
 /**
  * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
- * the attempt's variables from the run controller, its lines' prefix, and whether no restart
- * follows its failure), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * its lines' prefix and whether no restart follows its failure; the attempt's variables from
+ * the run controller come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> attemptEnv, String linePrefix,
-        boolean lastAttempt) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, boolean lastAttempt) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
 
-    /** One attempt: through the driver's rendezvous, or allGather once it proved unreachable. */
-    TorchSparkRunner.Result attempt(int ntasks, TorchSparkRunner.Attempt entry) {
+    /** One attempt (entry: its nodes, and what it notes: its timeline, its silent and lost
+     *  nodes): through the driver's rendezvous, or allGather once it proved unreachable. */
+    TorchSparkRunner.Result attempt(RestartPolicy.Entry entry) {
         boolean rendezvous = RENDEZVOUS_UNREACHABLE.get() == null && Rendezvous.enabled(r.runSettings);
         try {
-            return runJob(rendezvous, ntasks, entry);
+            return runJob(rendezvous, entry);
         } catch (JobFailure.NoRendezvous e) {
             // Before any training started: the same job through allGather, from now on.
             String again = "The executors could not reach torchspark's rendezvous on the driver ({}); running the job "
@@ -33,13 +32,14 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
             } else {
                 TorchSparkRunner.LOG.info(again, e.getMessage());
             }
-            return runJob(false, ntasks, entry);
+            return runJob(false, entry);
         }
     }
 
-    /** One barrier job of ntasks nodes (fewer than the run's in an elastic attempt, each
-     *  node with its processes); entry (null without restarts) gets its timeline. */
-    private TorchSparkRunner.Result runJob(boolean useRendezvous, int ntasks, TorchSparkRunner.Attempt entry) {
+    /** One barrier job of the entry's nodes (fewer than the run's in an elastic attempt, each
+     *  node with its processes). */
+    private TorchSparkRunner.Result runJob(boolean useRendezvous, RestartPolicy.Entry entry) {
+        int ntasks = entry.nodes;
         int world = ntasks * (r.numProcesses / r.tasks(sc));
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
@@ -49,15 +49,13 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
         try (RunChannel ch = new RunChannel(r, bind, world, sc, linePrefix)) {
             spec.job = r.nodeFacts(sc, nproc, ntasks, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
-                    attemptEnv).toString();
+                    entry.env).toString();
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();
             Rendezvous gang = armGang(ch, spec, ntasks);
-            GangHold hold = gang != null && entry != null && entry.holdPlan != null ? new GangHold(sc, gang, entry.holdPlan) : null;
-            if (entry != null) {
-                entry.server = ch.server; // the grow watch's checkpoint_and_stop
-                entry.hold = hold; // and its count
-            }
+            GangHold hold = gang != null && entry.holdPlan != null ? new GangHold(sc, gang, entry.holdPlan) : null;
+            entry.server = ch.server; // the grow watch's checkpoint_and_stop
+            entry.hold = hold; // and its count
             TorchSparkRunner.Metrics.AGENTS.addAndGet(ntasks);
             TorchSparkRunner.LOG.info("Started distributed training with {} processes in {} {}", world, ntasks,
                     gang != null ? "gang tasks (up to " + spec.gangTimeoutMs + " ms for all to start: "
@@ -119,34 +117,27 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
     }
 
     /** The exception of a failed job, once every agent was told to stop and the channel
-     *  drained. */
-    private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, TorchSparkRunner.Attempt entry,
+     *  drained. Notes on the attempt's entry when the root cause came, the nodes the log
+     *  server saw lost and, for a node that went silent, the node and its executor's id (from
+     *  Spark's status store: the job's tag, the task of that partition), which the restart
+     *  policy excludes. */
+    private static RuntimeException failed(SparkContext sc, RunChannel ch, BarrierJob job, RestartPolicy.Entry entry,
             int nproc) {
         job.awaitLostRoot(ch.server);
         ch.server.stopAll(job.error != null ? "the Spark job failed" : "another node failed");
-        if (entry != null) {
-            noteSilent(sc, entry, job.root, job.rootAt, job.tag);
-            int[] lost = ch.server.nodesLost();
-            entry.lostNodes = lost.length > 0 ? lost : null;
+        entry.rootAt = job.rootAt;
+        JsonNode root = job.root == null ? null : Failure.parseRoot(job.root);
+        if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
+            entry.silentNode = root.get("node_rank").asInt();
+            entry.silentExecutor = RestartPolicy.taskExecutor(sc, job.tag, entry.silentNode);
         }
+        int[] lost = ch.server.nodesLost();
+        entry.lostNodes = lost.length > 0 ? lost : null;
         ch.finish(1000);
         RuntimeException e = JobFailure.of(job.root, job.error, ch.server, nproc);
         if (!(e instanceof JobFailure.NoRendezvous)) {
             TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
         }
         return e;
-    }
-
-    /** Notes on an attempt's entry when the root cause came and, for a node that went
-     *  silent, the node and its executor's id (from Spark's status store: the job's tag, the
-     *  task of that partition), which the restart policy excludes. */
-    private static void noteSilent(SparkContext sc, TorchSparkRunner.Attempt entry, String rootJson, Long rootAt, String tag) {
-        entry.rootAt = rootAt;
-        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
-        if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
-            int node = root.get("node_rank").asInt();
-            entry.silentNode = node;
-            entry.silentExecutor = RestartPolicy.taskExecutor(sc, tag, node);
-        }
     }
 }

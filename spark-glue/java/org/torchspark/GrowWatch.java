@@ -1,6 +1,8 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 import java.util.function.Consumer;
 import java.util.function.IntSupplier;
@@ -14,17 +16,17 @@ import java.util.function.IntSupplier;
  */
 final class GrowWatch {
     private final IntSupplier slots;
-    private final TorchSparkRunner.Attempt entry;
+    private final RestartPolicy.Entry entry;
     private final BooleanSupplier checkpoint;
     private final Consumer<String> warn;
     private final double scale;
     private final Thread thread;
-    private volatile boolean ended;
+    private final CountDownLatch ended = new CountDownLatch(1);
     private JsonNode state;
 
     /** checkpoint: null for the entry's log server (tests, GrowWatchTest: in its place; false:
      *  its agents cannot be asked); warn: where the warnings go; every wait times scale. */
-    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, TorchSparkRunner.Attempt entry,
+    GrowWatch(IntSupplier slots, JsonNode state, long firstMs, RestartPolicy.Entry entry,
             BooleanSupplier checkpoint, Consumer<String> warn, double scale) {
         this.slots = slots;
         this.state = state;
@@ -37,29 +39,22 @@ final class GrowWatch {
         thread.start();
     }
 
+    /** Waits ms (times scale): false once the watch ended (or was interrupted). */
     private boolean sleep(long ms) {
-        synchronized (this) {
-            long until = System.currentTimeMillis() + Math.round(ms * scale);
-            while (!ended && System.currentTimeMillis() < until) {
-                try {
-                    wait(Math.max(1, until - System.currentTimeMillis()));
-                } catch (InterruptedException e) {
-                    return false;
-                }
-            }
-            return !ended;
+        try {
+            return !ended.await(Math.round(ms * scale), TimeUnit.MILLISECONDS);
+        } catch (InterruptedException e) {
+            return false;
         }
     }
 
     private void loop(long firstMs) {
         Long waitMs = firstMs;
         while (waitMs != null && sleep(waitMs)) {
-            long t0 = System.nanoTime();
-            GangHold hold = entry != null ? entry.hold : null; // a gang launch's held slots, if it holds
-            Integer free = hold != null && hold.alive() ? entry.nodes() + (hold.running() ? hold.k : 0)
-                    : RestartPolicy.slotsNow(slots);
-            JsonNode reply = RestartPolicy.step(state, Failure.JSON.createObjectNode().put("event", "slots")
-                    .put("free", free).put("waited_ms", (System.nanoTime() - t0) / 1_000_000L));
+            GangHold hold = entry.hold; // a gang launch's held slots, if it holds: counted by it
+            IntSupplier counted = hold != null && hold.alive() ? () -> entry.nodes + (hold.running() ? hold.k : 0)
+                    : slots;
+            JsonNode reply = RestartPolicy.step(state, RestartPolicy.countSlots(counted, 0, 0)); // one count now
             state = reply.path("state");
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {
@@ -85,21 +80,16 @@ final class GrowWatch {
             // the attempt's log server comes with its job
         }
         LogServer server = entry.server;
-        boolean asked;
         try {
-            asked = server != null && server.checkpointAll(1);
+            return server != null && server.checkpointAll(1);
         } catch (IllegalStateException closed) {
-            asked = false; // the attempt ended meanwhile
+            return false; // the attempt ended meanwhile
         }
-        return asked;
     }
 
     /** Stops the watch after the step in flight; the controller's state then. */
     JsonNode end() {
-        synchronized (this) {
-            ended = true;
-            notifyAll();
-        }
+        ended.countDown();
         try {
             thread.join();
         } catch (InterruptedException e) {

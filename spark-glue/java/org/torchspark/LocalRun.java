@@ -36,7 +36,19 @@ final class LocalRun {
             // stderr) are shown as they are.
             AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", req), System.err::println,
                     ch.server.secretHex());
-            JsonNode failure = runAgent(agent, ch, req.get("agent").asText()).path("failure");
+            JsonNode failure;
+            try {
+                failure = agent.run(null, 0, NodeTask.localHostName()).path("failure");
+            } catch (IOException e) {
+                throw new UncheckedIOException("torchspark: cannot start the agent " + req.get("agent").asText(), e);
+            } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
+            }
+            // Once the doctor ended (its exception of a run it cancelled thrown), the channel
+            // drained (RunChannel.close on an exception).
+            ch.throwIfHung("local", null);
+            ch.finish(failure.isObject() ? 1000 : 5000);
             if (failure.isObject()) { // the node's document, finished as a barrier task's (tsp_task_finish)
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
                 Failure f = new Failure(failure);
@@ -48,23 +60,6 @@ final class LocalRun {
             TorchSparkRunner.Metrics.AGENTS.decrementAndGet();
             NativeLoader.deleteTree(workdir);
         }
-    }
-
-    /** The one node's result (AgentProcess.run), once the doctor ended (its exception of a
-     *  run it cancelled thrown) and the channel drained (RunChannel.close on an exception). */
-    private static JsonNode runAgent(AgentProcess agent, RunChannel ch, String path) {
-        JsonNode done;
-        try {
-            done = agent.run(null, 0, NodeTask.localHostName());
-        } catch (IOException e) {
-            throw new UncheckedIOException("torchspark: cannot start the agent " + path, e);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-            throw new IllegalStateException("torchspark: interrupted; the training was stopped", e);
-        }
-        ch.throwIfHung("local", null);
-        ch.finish(done.path("failure").isObject() ? 1000 : 5000);
-        return done;
     }
 
     /**

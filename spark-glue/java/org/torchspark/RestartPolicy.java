@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.reflect.Method;
@@ -7,6 +8,7 @@ import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Function;
 import java.util.function.IntSupplier;
 import java.util.function.Predicate;
 import org.apache.spark.SparkContext;
@@ -20,22 +22,48 @@ import org.apache.spark.status.api.v1.TaskData;
  *
  * <p>Spark never retries a failed barrier ResultStage (SPARK-25161), so the driver does: the
  * controller says when to submit an attempt (its nodes and its training processes'
- * {@value #ATTEMPT_ENV} etc.), when to count the free slots and how long to wait for a
- * replacement executor ({@value #REPLACEMENT_TIMEOUT_CONF}), which silent node's executor to
+ * {@code TORCHSPARK_ATTEMPT} etc.), when to count the free slots and how long to wait for a
+ * replacement executor ({@code spark.torchspark.job.replacementTimeout}), which silent node's executor to
  * exclude by id ({@code SparkContext.killAndReplaceExecutor}), what to warn and what to throw at
  * the end (each attempt's root cause, in order). This class only performs those actions.
  */
 final class RestartPolicy {
-    static final String MAX_RESTARTS_CONF = "spark.torchspark.job.maxRestarts";
-    static final String REPLACEMENT_TIMEOUT_CONF = "spark.torchspark.job.replacementTimeout";
-    static final String MIN_NODES_CONF = "spark.torchspark.job.minNodes";
-    static final String ATTEMPT_ENV = "TORCHSPARK_ATTEMPT";
+    /** An attempt while the loop runs it: what the loop, the attempt (DistributedRun,
+     *  BarrierJob) and its grow watch note on it; TorchSparkRunner.Attempt its snapshot. */
+    static final class Entry {
+        final int attempt;
+        final int nodes;
+        /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
+        final Map<String, String> env;
+        final long started = System.currentTimeMillis();
+        /** The controller's plan of a gang launch's hold (its submit's "hold"), or null. */
+        final JsonNode holdPlan;
+        volatile Long ended;
+        volatile String cause;
+        volatile Long rootAt;
+        volatile Long endedAt;
+        volatile Integer silentNode;
+        volatile String silentExecutor;
+        volatile int[] lostNodes;
+        volatile String excludedExecutor;
+        /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
+        volatile LogServer server;
+        /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null. */
+        volatile GangHold hold;
 
-    /** One attempt on `nodes` barrier tasks with the training processes' variables env:
-     *  returns the run's result or throws its TorchSparkException; it notes on `record` when
-     *  the failure was noticed and which node went silent (TorchSparkRunner.Attempt). */
-    interface Body<T> {
-        T run(int attempt, Map<String, String> env, int nodes, TorchSparkRunner.Attempt record);
+        /** The entry of the controller's submit action. */
+        Entry(JsonNode submit) {
+            attempt = submit.path("attempt").asInt();
+            nodes = submit.path("nodes").asInt();
+            env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
+            holdPlan = submit.get("hold");
+        }
+
+        TorchSparkRunner.Attempt snapshot() {
+            int[] lost = lostNodes;
+            return new TorchSparkRunner.Attempt(attempt, nodes, started, ended, cause, rootAt, endedAt, silentNode,
+                    silentExecutor, lost == null ? null : Arrays.stream(lost).boxed().toList(), excludedExecutor);
+        }
     }
 
     private RestartPolicy() {}
@@ -61,7 +89,7 @@ final class RestartPolicy {
      *  exception's report as it is (docs/protocol.md 8: the controller reads the reason, the
      *  node, a checkpoint on request's step), the silent node's executor, the nodes the log
      *  server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table. */
-    static ObjectNode failedEvent(TorchSparkException e, TorchSparkRunner.Attempt entry) {
+    static ObjectNode failedEvent(TorchSparkException e, Entry entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
         // Spark's text: read by the outcome table only
         ev.put("spark_error", e.getCause() == null ? null : JobFailure.sparkText(e.getCause()));
@@ -73,11 +101,6 @@ final class RestartPolicy {
             Arrays.stream(lost).forEach(ev.putArray("lost_nodes")::add);
         }
         return ev.put("executor", entry.silentExecutor);
-    }
-
-    /** How many barrier tasks the cluster can run at once now (active executors' slots). */
-    static int freeSlots(SparkContext sc) {
-        return sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile());
     }
 
     /** True when the root cause (LogServer.failure()) is a node that is unreachable but not gone
@@ -171,23 +194,27 @@ final class RestartPolicy {
         }
     }
 
-    /** Calls body.run(n, env, nodes, record) as the controller says until it returns or the
-     *  controller throws; record gets one Attempt per attempt (TorchSparkRunner.attempts()).
+    /** Calls body (one attempt on the entry's nodes with its env: the run's result, or its
+     *  TorchSparkException; it notes on the entry when the failure was noticed and which node
+     *  went silent) as the controller says until it returns or the controller throws; record
+     *  gets one Entry per attempt (TorchSparkRunner.attempts()).
      *  conf: the run's settings; needSlots: its nodes; leastSlots: its minNodes (needSlots: not
      *  elastic). */
-    static <T> T run(Body<T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
-            List<TorchSparkRunner.Attempt> record) {
+    static <T> T run(Function<Entry, T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
+            List<Entry> record) {
         ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
         start.put("launch", Gang.mode(sc.conf(), conf)).put("dynamic", sc.conf().getBoolean("spark.dynamicAllocation.enabled", false));
-        return run(body, start, () -> freeSlots(sc), id -> excludeExecutor(sc, id), record);
+        // The slots: how many barrier tasks the cluster can run at once now (active executors').
+        return run(body, start, () -> sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()),
+                id -> excludeExecutor(sc, id), record);
     }
 
     /** The loop from the controller's start event (start()) with Spark's two calls given
      *  (slots: the cluster's barrier task slots now, which may throw when Spark cannot tell;
-     *  exclude); see run(Body, ...). */
-    static <T> T run(Body<T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<TorchSparkRunner.Attempt> record) {
+     *  exclude); see run(Function, ...). */
+    static <T> T run(Function<Entry, T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<Entry> record) {
         JsonNode reply = step(null, start);
-        TorchSparkRunner.Attempt entry = null;
+        Entry entry = null;
         TorchSparkException error = null;
         T result = null;
         while (true) {
@@ -201,16 +228,13 @@ final class RestartPolicy {
                     }
                     case "raise" -> throw raised(act, error);
                     case "submit" -> {
-                        entry = new TorchSparkRunner.Attempt(act.path("attempt").asInt(), act.path("nodes").asInt());
-                        entry.holdPlan = act.get("hold"); // a gang launch's (GangHold)
+                        entry = new Entry(act);
                         record.add(entry);
-                        Map<String, String> env = Failure.JSON.convertValue(act.path("env"),
-                                new com.fasterxml.jackson.core.type.TypeReference<Map<String, String>>() {});
                         GrowWatch watch = act.has("watch_ms")
                                 ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
                                         TorchSparkRunner.LOG::warn, 1.0) : null;
                         try {
-                            result = body.run(entry.attempt(), env, entry.nodes(), entry);
+                            result = body.apply(entry);
                             event = Failure.JSON.createObjectNode().put("event", "attempt_succeeded");
                         } catch (TorchSparkException e) {
                             error = e;
@@ -239,7 +263,7 @@ final class RestartPolicy {
             }
             reply = step(state, event); // (null: refused by the controller, named)
             if (event != null && event.path("event").asText().equals("attempt_failed")) {
-                entry.cause = reply.path("state").path("causes").path(entry.attempt()).asText();
+                entry.cause = reply.path("state").path("causes").path(entry.attempt).asText();
             }
         }
     }

@@ -11,6 +11,7 @@ import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -60,14 +61,11 @@ public final class TorchSparkRunner {
     Path outputPath;
     private String python;
     final Map<String, String> env = new HashMap<>();
-    private Integer maxRestarts;
-    private Integer minNodes;
-    private String launch; // null where the conf decides
-    private volatile List<Attempt> attempts = Collections.emptyList();
+    // The builder's values that stand for spark.torchspark.* keys (winning over the conf):
+    // key without the prefix -> {the builder's name, its value} (Conf.read's args).
+    private final Map<String, Object[]> settings = new HashMap<>();
+    private volatile List<RestartPolicy.Entry> attempts = List.of();
     Conf runSettings; // the settings of the run going on (run() reads them once)
-    // The hang doctor (HangDoctor.java): null where the conf decides.
-    private String hangTimeout;
-    private String hangAction;
     volatile List<String> hangReports = Collections.emptyList();
 
     private TorchSparkRunner(Kind kind, String target, String[] args) {
@@ -118,7 +116,7 @@ public final class TorchSparkRunner {
 
     /**
      * How many times a failed distributed run is started again as a new barrier job on the
-     * executors alive then (default: {@value RestartPolicy#MAX_RESTARTS_CONF}, else 0), as
+     * executors alive then (default: {@code spark.torchspark.job.maxRestarts}, else 0), as
      * TorchDistributor's max_restarts (docs/distributor.md, "Restarts"): each attempt
      * re-elects the master; its processes get TORCHSPARK_ATTEMPT, TORCHSPARK_MAX_RESTARTS and
      * TORCHSPARK_RESTART_CAUSE; its lines carry "[attempt N] "; when every attempt failed,
@@ -129,13 +127,13 @@ public final class TorchSparkRunner {
         if (n < 0) {
             throw new IllegalArgumentException("maxRestarts must be a whole number >= 0, got " + n);
         }
-        maxRestarts = n;
+        settings.put("job.maxRestarts", new Object[] {"maxRestarts", n}); // its range checked above
         return this;
     }
 
     /**
      * Elastic restarts, with {@link #maxRestarts}: the fewest nodes (barrier tasks) a
-     * restarted attempt may run on (default: {@value RestartPolicy#MIN_NODES_CONF}, else all
+     * restarted attempt may run on (default: {@code spark.torchspark.job.minNodes}, else all
      * of them: not elastic), as TorchDistributor's min_nodes (docs/distributor.md,
      * "Restarts"). When fewer executors than the run's nodes are left but at least m, the
      * next attempt starts at once on those, each node with its processes, so with a smaller
@@ -147,7 +145,7 @@ public final class TorchSparkRunner {
         if (m < 1) {
             throw new IllegalArgumentException("minNodes must be a whole number >= 1, got " + m);
         }
-        minNodes = m;
+        settings.put("job.minNodes", new Object[] {"minNodes", m}); // its range checked above
         return this;
     }
 
@@ -159,15 +157,13 @@ public final class TorchSparkRunner {
      * docs/distributor.md, "Launch modes"; the deadline is spark.torchspark.gang.timeout.
      */
     public TorchSparkRunner launch(String mode) {
-        Conf.read(null, Map.of("launch", new Object[] {"launch", mode}), null, false); // the key table's check
-        launch = mode;
-        return this;
+        return setting("launch", "launch", mode);
     }
 
     /** One entry per attempt of the last distributed run with restarts (empty without
-     *  restarts), as TorchDistributor's {@code attempts}. */
+     *  restarts), as TorchDistributor's {@code attempts}: each attempt as it is at this call. */
     public List<Attempt> attempts() {
-        return attempts;
+        return attempts.stream().map(RestartPolicy.Entry::snapshot).toList();
     }
 
     /**
@@ -177,87 +173,30 @@ public final class TorchSparkRunner {
      * job ended (ms, null when not known), the node that went silent (docs/protocol.md 1.7),
      * its executor id when Spark's status store knew it, and that id again when Spark excluded
      * it (SparkContext.killAndReplaceExecutor).
+     *
+     * @param rootAt when the log channel named the root cause (ms since the epoch), or null
+     * @param endedAt when Spark's job of this attempt ended (ms since the epoch), or null
+     * @param silentNode the node that went silent (its host frozen or its network cut), or null
+     * @param silentExecutor the executor id of the silent node's task, or null when not known
+     * @param lostNodes the nodes the log server saw lost before the run was stopped
+     *     (docs/protocol.md 1.7), or null when none
+     * @param excludedExecutor that executor id when Spark excluded it from the next attempt, else null
      */
-    public static final class Attempt {
-        private final int attempt;
-        private final int nodes;
-        private final long started = System.currentTimeMillis();
-        volatile Long ended;
-        volatile String cause;
-        volatile Long rootAt;
-        volatile Long endedAt;
-        volatile Integer silentNode;
-        volatile String silentExecutor;
-        volatile int[] lostNodes;
-        volatile String excludedExecutor;
-        /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
-        volatile LogServer server;
-        /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null;
-         *  the controller's plan of it (its submit's "hold", or null). */
-        volatile GangHold hold;
-        JsonNode holdPlan;
-
-        Attempt(int attempt, int nodes) {
-            this.attempt = attempt;
-            this.nodes = nodes;
-        }
-
-        public int attempt() {
-            return attempt;
-        }
-
-        public int nodes() {
-            return nodes;
-        }
-
-        public long started() {
-            return started;
-        }
-
-        public Long ended() {
-            return ended;
-        }
-
-        public String cause() {
-            return cause;
-        }
-
-        /** When the log channel named the root cause (ms since the epoch), or null. */
-        public Long rootAt() {
-            return rootAt;
-        }
-
-        /** When Spark's job of this attempt ended (ms since the epoch), or null. */
-        public Long endedAt() {
-            return endedAt;
-        }
-
-        /** The node that went silent (its host frozen or its network cut), or null. */
-        public Integer silentNode() {
-            return silentNode;
-        }
-
-        /** The executor id of the silent node's task, or null when not known. */
-        public String silentExecutor() {
-            return silentExecutor;
-        }
-
-        /** The nodes the log server saw lost before the run was stopped (docs/protocol.md
-         *  1.7), or null when none. */
-        public List<Integer> lostNodes() {
-            int[] n = lostNodes;
-            return n == null ? null : Arrays.stream(n).boxed().toList();
-        }
-
-        /** That executor id when Spark excluded it from the next attempt, else null. */
-        public String excludedExecutor() {
-            return excludedExecutor;
-        }
-
+    public record Attempt(int attempt, int nodes, long started, Long ended, String cause, Long rootAt, Long endedAt,
+            Integer silentNode, String silentExecutor, List<Integer> lostNodes, String excludedExecutor) {
         @Override
         public String toString() {
             return "Attempt(" + attempt + ", nodes=" + nodes + ", cause=" + cause + ")";
         }
+    }
+
+    /** The builder's value of spark.torchspark.KEY (name: the builder's), once the key table
+     *  checked it (the library's sentence when it is bad): launch, hangTimeout, hangAction. */
+    private TorchSparkRunner setting(String key, String name, Object value) {
+        Object[] arg = {name, value};
+        Conf.read(null, Map.of(key, arg), null, false);
+        settings.put(key, arg);
+        return this;
     }
 
     /** One process per GPU of each task (spark.task.resource.gpu.amount). */
@@ -287,18 +226,14 @@ public final class TorchSparkRunner {
      * spark.torchspark.hangTimeout.
      */
     public TorchSparkRunner hangTimeout(String duration) {
-        Conf.read(null, Map.of("hangTimeout", new Object[] {"hangTimeout", duration}), null, false);
-        hangTimeout = duration;
-        return this;
+        return setting("hangTimeout", "hangTimeout", duration);
     }
 
     /** "report" (the default: name the stuck rank and go on waiting) or "cancel" (name it and
      *  stop the run: run() throws the line and every rank's stacks); overrides
      *  spark.torchspark.hangAction. */
     public TorchSparkRunner hangAction(String action) {
-        hangAction = Conf.read(null, Map.of("hangAction", new Object[] {"hangAction", action}), null, false)
-                .string("hangAction");
-        return this;
+        return setting("hangAction", "hangAction", action);
     }
 
     /** The hang doctor's lines of the last run, one per diagnosis. */
@@ -403,12 +338,7 @@ public final class TorchSparkRunner {
         }
         // Every spark.torchspark.* setting of this run, read once (the C key table, with the
         // builder's values and the driver's switches); the unknown keys' warnings, once.
-        runSettings = Conf.read(sc == null ? null : sc.conf(), Map.of(
-                "hangTimeout", new Object[] {"hangTimeout", hangTimeout},
-                "hangAction", new Object[] {"hangAction", hangAction},
-                "job.maxRestarts", new Object[] {"maxRestarts", maxRestarts},
-                "job.minNodes", new Object[] {"minNodes", minNodes},
-                "launch", new Object[] {"launch", launch}), null, true);
+        runSettings = Conf.read(sc == null ? null : sc.conf(), settings, null, true);
         return localMode ? LocalRun.run(this, sc) : runDistributed(sc);
     }
 
@@ -454,21 +384,21 @@ public final class TorchSparkRunner {
     private Result runDistributed(SparkContext sc) {
         // Where Spark encrypts, the run goes on over torchspark's own TLS channel; the line
         // says what is not encrypted (docs/security.md, "Clusters where Spark encrypts").
-        Conf.checkEncryption(sc.conf(), LOG);
         Conf c = runSettings;
+        c.checkEncryption(LOG);
         int limit = (int) c.number("job.maxRestarts");
         int ntasks = tasks(sc);
         int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
         Metrics.RUNS.incrementAndGet();
-        if (limit == 0) {
-            attempts = Collections.emptyList();
-            return new DistributedRun(this, sc, Map.of(), null, true).attempt(ntasks, null);
+        List<RestartPolicy.Entry> record = new CopyOnWriteArrayList<>();
+        attempts = record;
+        if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
+            return new DistributedRun(this, sc, null, true)
+                    .attempt(new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "env", Map.of())));
         }
-        List<Attempt> record = Collections.synchronizedList(new ArrayList<>());
-        attempts = Collections.unmodifiableList(record);
-        return RestartPolicy.run((n, vars, nodes, entry) -> { // vars: TORCHSPARK_ATTEMPT etc. (the controller's)
-            String prefix = "[attempt " + n + "] " + LogServer.PREFIX;
-            return new DistributedRun(this, sc, vars, prefix, n == limit).attempt(nodes, entry);
+        return RestartPolicy.run(entry -> {
+            String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
+            return new DistributedRun(this, sc, prefix, entry.attempt == limit).attempt(entry);
         }, limit, sc, c, ntasks, least, record);
     }
 

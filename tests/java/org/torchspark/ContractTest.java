@@ -78,7 +78,7 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 30);
     }
 
-    /** The runner's reading of Spark's security settings (Conf.encryption, from a SparkConf)
+    /** The runner's reading of Spark's security settings (Conf.read's encryption, from a SparkConf)
      *  gives the golden "encryption" of every conf.json case whose keys it reads. */
     @Test
     public void encryptionFromSparkConfIsTheGoldenOne() throws IOException {
@@ -97,12 +97,12 @@ public class ContractTest {
                 conf.set(key, raw.get(key).asText());
             }
             if (all) {
-                assertEquals(c.get("name").asText(), c.get("encryption"), Conf.encryption(conf));
+                assertEquals(c.get("name").asText(), c.get("encryption"), Conf.read(conf, null, null, false).encryption);
                 n++;
             }
         }
         assertTrue("too few encryption cases were read", n >= 4);
-        assertEquals("INFO", Conf.encryption(null).get("level").asText());
+        assertEquals("INFO", Conf.read(null, null, null, false).encryption.get("level").asText());
     }
 
     @Test

@@ -20,7 +20,7 @@ public class GrowWatchTest {
     private static final double FAST = 0.001;
     private static final long PATIENCE_MS = 20_000; // a loaded machine, not the watch's pace
 
-    /** The controller's state and watch_ms once attempt 1 runs on 1 of 2 nodes (minNodes 1). */
+    /** The controller's state and submit once attempt 1 runs on 1 of 2 nodes (minNodes 1). */
     private static JsonNode[] shrunk() {
         JsonNode reply = RestartPolicy.step(null, RestartPolicy.start(2, 1, 1, 30_000, null));
         reply = RestartPolicy.step(reply.path("state"), Failure.JSON.createObjectNode()
@@ -37,7 +37,7 @@ public class GrowWatchTest {
             }
         }
         assertTrue(String.valueOf(reply), submit != null && submit.path("nodes").asInt() == 1);
-        return new JsonNode[] {reply.path("state"), submit.path("watch_ms")};
+        return new JsonNode[] {reply.path("state"), submit};
     }
 
     private static final class Probe {
@@ -57,7 +57,7 @@ public class GrowWatchTest {
                 asks.incrementAndGet();
                 return reachable;
             };
-            return new GrowWatch(counted, s[0], s[1].asLong(), new TorchSparkRunner.Attempt(1, 1), checkpoint,
+            return new GrowWatch(counted, s[0], s[1].path("watch_ms").asLong(), new RestartPolicy.Entry(s[1]), checkpoint,
                     warnings::add, scale);
         }
 

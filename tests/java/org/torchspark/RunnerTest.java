@@ -54,7 +54,7 @@ public class RunnerTest {
         TorchSparkException lost = new TorchSparkException("TorchSparkRunner (distributed) failed: "
                 + "rank 0 (node 0) exited with code 1\n  gloo: Connection reset by peer", 0, 0, "h", 1, 0,
                 null, null, new RuntimeException("wrapped", spark), null);
-        TorchSparkRunner.Attempt entry = new TorchSparkRunner.Attempt(0, 2);
+        RestartPolicy.Entry entry = new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", 2));
         com.fasterxml.jackson.databind.JsonNode ev = RestartPolicy.failedEvent(lost, entry);
         assertEquals("wrapped\n" + spark.getMessage(), ev.path("spark_error").asText());
         assertEquals(0, ev.path("node_rank").asInt());
@@ -76,18 +76,18 @@ public class RunnerTest {
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
         // the log server's nodes lost, as they are (docs/protocol.md 1.7)
-        assertTrue(ev.path("lost_nodes").isMissingNode() && entry.lostNodes() == null);
+        assertTrue(ev.path("lost_nodes").isMissingNode() && entry.snapshot().lostNodes() == null);
         entry.lostNodes = new int[] {2, 1};
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         assertEquals("[2,1]", ev.path("lost_nodes").toString());
-        assertEquals(List.of(2, 1), entry.lostNodes());
+        assertEquals(List.of(2, 1), entry.snapshot().lostNodes());
         // Each attempt's variables, the cause handed on, the history at the end.
         List<java.util.Map<String, String>> envs = new java.util.ArrayList<>();
-        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         try {
-            RestartPolicy.run((n, env, nodes, e) -> {
-                envs.add(env);
-                throw n == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
+            RestartPolicy.run(e -> {
+                envs.add(e.env);
+                throw e.attempt == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
             }, RestartPolicy.start(2, 1, 2, 1000, null), () -> 2, id -> true, rec);
             fail("restarts used up");
         } catch (TorchSparkException e) {
@@ -99,7 +99,7 @@ public class RunnerTest {
             assertTrue(e.getMessage(), e.getMessage().startsWith("TorchSparkRunner (distributed) failed after 2 "
                     + "attempt(s) (maxRestarts=1): TorchSparkRunner (distributed) failed: rank 1 exited"));
             assertEquals(1, e.nodeRank().intValue()); // the last attempt's fields
-            assertEquals(cause, rec.get(0).cause());
+            assertEquals(cause, rec.get(0).snapshot().cause());
         }
     }
 
@@ -108,12 +108,12 @@ public class RunnerTest {
      *  attempt (DistributedRun's GangHold performs it once the gang formed). */
     @Test
     public void aSmallerGangAttemptCarriesTheControllersHold() {
-        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
-        assertEquals(Integer.valueOf(1), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
+        assertEquals(Integer.valueOf(1), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(2, 1, 1, 0, null).put("launch", "gang").put("dynamic", true), () -> 1,
                 id -> true, rec));
         assertNull(rec.get(0).holdPlan); // at the run's size
@@ -142,21 +142,21 @@ public class RunnerTest {
         }
         // Not elastic: waits for the replacement (here the 3rd look sees it).
         int[] looks = {0};
-        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
-        assertEquals(Integer.valueOf(2), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
+        assertEquals(Integer.valueOf(2), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(2, 1, 2, 60_000, null), () -> ++looks[0] >= 3 ? 2 : 1, id -> true, rec));
         assertEquals(3, looks[0]);
         // Spark cannot tell: its own barrier slot check decides (all the nodes).
         rec.clear();
-        assertEquals(Integer.valueOf(4), RestartPolicy.run((n, env, nodes, e) -> {
-            if (n == 0) {
+        assertEquals(Integer.valueOf(4), RestartPolicy.run(e -> {
+            if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
-            return nodes;
+            return e.nodes;
         }, RestartPolicy.start(4, 1, 2, 60_000, null), () -> {
             throw new IllegalStateException("stopped");
         }, id -> true, rec));
@@ -189,16 +189,16 @@ public class RunnerTest {
      *  history. */
     @Test
     public void restartsGoOnOnTheSurvivorsAndExcludeASilentExecutor() {
-        List<TorchSparkRunner.Attempt> rec = new java.util.ArrayList<>();
+        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         List<String> excluded = new java.util.ArrayList<>();
         int[] slots = {2}; // the silent executor's slot still counted, as Spark does
-        String out = RestartPolicy.run((n, env, nodes, entry) -> {
-            if (n == 0) {
+        String out = RestartPolicy.run(entry -> {
+            if (entry.attempt == 0) {
                 entry.silentNode = 1;
                 entry.silentExecutor = "7";
                 throw rankFailed("lost connection to node 1 (host h, address a): it went silent: x");
             }
-            return "ok on " + nodes + " after " + env.get("TORCHSPARK_RESTART_CAUSE");
+            return "ok on " + entry.nodes + " after " + entry.env.get("TORCHSPARK_RESTART_CAUSE");
         }, RestartPolicy.start(2, 2, 1, 60_000, null), () -> slots[0], id -> {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
@@ -207,29 +207,29 @@ public class RunnerTest {
         assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
         assertEquals(List.of("7"), excluded);
         assertEquals(2, rec.size());
-        assertEquals(2, rec.get(0).nodes());
-        assertEquals(1, rec.get(1).nodes());
-        assertEquals("7", rec.get(0).excludedExecutor());
-        assertNull(rec.get(1).cause());
-        assertTrue(rec.get(0).ended() >= rec.get(0).started());
+        assertEquals(2, rec.get(0).snapshot().nodes());
+        assertEquals(1, rec.get(1).snapshot().nodes());
+        assertEquals("7", rec.get(0).snapshot().excludedExecutor());
+        assertNull(rec.get(1).snapshot().cause());
+        assertTrue(rec.get(0).snapshot().ended() >= rec.get(0).snapshot().started());
 
         // Exclusion refused: the silent node's slot is not counted.
         rec.clear();
-        RestartPolicy.run((n, env, nodes, entry) -> {
-            if (n == 0) {
+        RestartPolicy.run(entry -> {
+            if (entry.attempt == 0) {
                 entry.silentNode = 0;
                 entry.silentExecutor = "3";
                 throw rankFailed("went silent");
             }
-            return nodes;
+            return entry.nodes;
         }, RestartPolicy.start(2, 1, 1, 60_000, null), () -> 2, id -> false, rec);
-        assertEquals(1, rec.get(1).nodes());
-        assertNull(rec.get(0).excludedExecutor());
+        assertEquals(1, rec.get(1).snapshot().nodes());
+        assertNull(rec.get(0).snapshot().excludedExecutor());
 
         // Not elastic, no replacement: the run ends with each attempt's cause and why.
         rec.clear();
         try {
-            RestartPolicy.run((n, env, nodes, entry) -> {
+            RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
             }, RestartPolicy.start(2, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart without slots");
@@ -241,7 +241,7 @@ public class RunnerTest {
         }
         rec.clear();
         try {
-            RestartPolicy.run((n, env, nodes, entry) -> {
+            RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
             }, RestartPolicy.start(4, 3, 2, 100, null), () -> 1, id -> true, rec);
             fail("no restart below minNodes");
