@@ -142,7 +142,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, Map<String, String> a
      *  task of that partition), which the restart policy excludes. */
     private static void noteSilent(SparkContext sc, TorchSparkRunner.Attempt entry, String rootJson, Long rootAt, String tag) {
         entry.rootAt = rootAt;
-        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
+        JsonNode root = rootJson == null ? null : Failure.parseObject(rootJson);
         if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
             int node = root.get("node_rank").asInt();
             entry.silentNode = node;
