@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "torchspark/failure.h"
 #include "torchspark/outcome.h"
 
 static char out[8192], err[512];
@@ -164,6 +165,34 @@ START_TEST(test_outcome_what_the_glue_raises)
 }
 END_TEST
 
+/* The driver's lines that finish a document (tsp_failure_report's "lines", named by the
+ * outcome's lines_of): a lost node's all prefixed as its tail, a rank's shown; a member that
+ * is not a string is passed over, "lines" that is not an object refused. */
+START_TEST(test_outcome_lines_finish_the_document)
+{
+    const char *lost = "{\"document\": {\"torchspark\": {\"kind\": \"lost\", \"node_rank\": 2, "
+                       "\"summary\": \"lost\"}}, \"product\": \"P\", \"lines\": {\"4\": "
+                       "\"a\\nb\", \"5\": 7, \"6\": \"\", \"7\": \"c\"}}";
+    ck_assert_int_eq(tsp_failure_report(lost, strlen(lost), out, sizeof out, NULL, err, sizeof err),
+                     0);
+    ck_assert_msg(
+        strstr(out, "\"tail\": \"[rank 4] a\\n[rank 4] b\\n[rank 7] c\"") &&
+            strstr(out, "\"last_lines\": [\"[rank 4] a\", \"[rank 4] b\", \"[rank 7] c\"]"),
+        "%s", out);
+    const char *rank = "{\"document\": {\"torchspark\": {\"rank\": 1, \"tail\": \"own\"}}, "
+                       "\"product\": \"P\", \"lines\": {\"1\": \"driver's\"}}";
+    ck_assert_int_eq(tsp_failure_report(rank, strlen(rank), out, sizeof out, NULL, err, sizeof err),
+                     0);
+    ck_assert_msg(strstr(out, "  driver's") && strstr(out, "\"tail\": \"own\"") &&
+                      strstr(out, "\"last_lines\": [\"driver's\"]"),
+                  "%s", out);
+    const char *bad = "{\"lines\": [\"x\"]}";
+    ck_assert_int_eq(tsp_failure_report(bad, strlen(bad), out, sizeof out, NULL, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"lines\" must be the driver's lines by rank"));
+}
+END_TEST
+
 static Suite *outcome_suite(void)
 {
     Suite *s = suite_create("outcome");
@@ -172,6 +201,7 @@ static Suite *outcome_suite(void)
     tcase_add_test(tc, test_outcome_buffer_and_refusals);
     tcase_add_test(tc, test_outcome_carried_bytes_are_read_with_care);
     tcase_add_test(tc, test_outcome_what_the_glue_raises);
+    tcase_add_test(tc, test_outcome_lines_finish_the_document);
     suite_add_tcase(s, tc);
     return s;
 }
