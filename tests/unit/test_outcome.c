@@ -140,6 +140,12 @@ START_TEST(test_outcome_what_the_glue_raises)
                               "\"lines_of\": [6, 7]}") &&
                       strstr(out, "\"message\": null, \"report\": null"),
                   "%s", out);
+    /* A node rank near INT_MAX: its ranks past it, not an overflow. */
+    ck_assert_int_eq(classify("{\"root\": {\"kind\": \"lost\", \"node_rank\": 2147483647}, "
+                              "\"product\": \"P\", \"nproc_per_node\": 2}"),
+                     0);
+    ck_assert_msg(strstr(out, "\"lines_of\": [4294967294, 4294967295]}"), "%s", out);
+    ck_assert_int_eq(classify("{\"product\": \"P\", \"nproc_per_node\": 65537}"), -EINVAL);
     ck_assert_int_eq(classify("{\"product\": \"P\", \"nproc_per_node\": 1.5}"), -EINVAL);
     ck_assert_ptr_nonnull(strstr(err, "\"nproc_per_node\" must be a whole number"));
     ck_assert_int_eq(classify("{\"product\": 7}"), -EINVAL);

@@ -15,7 +15,8 @@
 #include "reason.h"
 #include "util.h"
 
-#define CAUSE_MAX 500 /* the cause is one line of at most this many bytes */
+#define CAUSE_MAX 500   /* the cause is one line of at most this many bytes */
+#define NPROC_MAX 65536 /* workers per node, at most (nproc_per_node) */
 
 typedef struct {
     const char *root, *spark; /* the request's root record (JSON) and Spark's text, or NULL */
@@ -346,14 +347,14 @@ static int req_int(const char *request, size_t len, const char *key, int *v, cha
     int rc = tsp_json_get(request, len, key, &s, &type);
     long x = rc == 0 && type == TSP_JSON_NUMBER ? strtol(s, &end, 10) : 0;
     int null = rc == 0 && type == TSP_JSON_LITERAL && strcmp(s, "null") == 0;
-    int ok = rc == -ENOENT || null || (end && !*end && x >= 0 && x <= 1000000);
+    int ok = rc == -ENOENT || null || (end && !*end && x >= 0 && x <= NPROC_MAX);
     free(s);
     if (rc && rc != -ENOENT)
         return rc;
     if (!ok)
         return tsp__err(err, errlen, -EINVAL,
-                        "the outcome request's \"%s\" must be a whole number from 0 to 1000000",
-                        key);
+                        "the outcome request's \"%s\" must be a whole number from 0 to %d", key,
+                        NPROC_MAX);
     if (rc == 0 && !null)
         *v = (int)x;
     return 0;
@@ -450,15 +451,15 @@ static void write_lines_of(tsp_json_writer_t *w, const input_t *in, const outcom
                            const char *document)
 {
     int shows = document && (o->document || strcmp(o->kind, "failure") == 0);
-    int rank = shows ? int_at(document, strlen(document), "torchspark.rank", -1) : -1;
-    int node = o->node_rank;
+    long long rank = shows ? int_at(document, strlen(document), "torchspark.rank", -1) : -1;
+    long long node = o->node_rank;
     if (shows && rank < 0 && !o->document && in->nproc == 1)
         rank = node;
     tsp_json_key(w, "lines_of");
     tsp_json_begin_array(w);
     if (shows && rank >= 0)
         tsp_json_int(w, rank);
-    for (int r = node * in->nproc; !shows && node >= 0 && r < (node + 1) * in->nproc; r++)
+    for (long long r = node * in->nproc; !shows && node >= 0 && r < (node + 1) * in->nproc; r++)
         tsp_json_int(w, r);
     tsp_json_end(w);
 }
