@@ -31,10 +31,9 @@ final class Failure {
     /** The exception: the C core's message for this mode, showing shownTail (the driver's
      *  lines of the rank) or the document's tail, and detail (the driver's job-wide view). */
     TorchSparkException exception(String mode, List<String> shownTail, String detail, Throwable cause) {
-        boolean shown = shownTail != null && !shownTail.isEmpty();
         return raised(Native.object("document", document, "product", "TorchSparkRunner", "mode", mode,
-                "output_went", "the driver's log", "shown_tail", shown ? String.join("\n", shownTail) : null,
-                "detail", detail), cause);
+                "output_went", "the driver's log", "detail", detail, // no lines (""): the document's are shown
+                "shown_tail", shownTail == null ? null : String.join("\n", shownTail)), cause);
     }
 
     /** The exception of the failure document that tsp_failure_report finishes from request. */

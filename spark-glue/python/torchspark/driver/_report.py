@@ -47,9 +47,8 @@ class TorchDistributorError(RuntimeError):
 class Failure:
     """A node's finished failure document (tsp_task_finish's), carried to the driver."""
 
-    def __init__(self, document: Dict[str, Any], message: Optional[str] = None) -> None:
+    def __init__(self, document: Dict[str, Any]) -> None:
         self.document = document
-        self.message = message
         self.fields: Dict[str, Any] = dict(document.get("torchspark") or {})
 
     def error(self, mode: str, shown_tail: Optional[List[str]] = None,
