@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "testutil.h"
+#include "torchspark/failure.h"
 #include "torchspark/outcome.h"
 
 static char out[8192], err[512];
@@ -118,6 +119,86 @@ START_TEST(test_outcome_carried_bytes_are_read_with_care)
 }
 END_TEST
 
+/* With a product: what the glue raises, written here for Spark's rows (message, report), or
+ * the request that finishes a failure document and the ranks whose lines it takes; a
+ * root record's huge report and a nproc that is not a count, under the sanitizers. */
+START_TEST(test_outcome_what_the_glue_raises)
+{
+    ck_assert_int_eq(classify("{\"spark_error\": \"Job 3 cancelled\", \"product\": \"P\"}"), 0);
+    ck_assert_msg(strstr(out, "\"message\": \"P (distributed) failed: the Spark job was "
+                              "cancelled: Job 3 cancelled\\nTo fix it: ") &&
+                      strstr(out, "\"report\": {\"version\": 2, \"kind\": \"spark\", "
+                                  "\"reason\": \"cancelled\"}, \"finish\": null, \"lines_of\": []"),
+                  "%s", out);
+    ck_assert_int_eq(classify("{\"root\": {\"kind\": \"lost\", \"node_rank\": 3, \"host\": "
+                              "\"h\", \"detail\": \"d\"}, \"product\": \"P\", \"mode\": \"local\", "
+                              "\"nproc_per_node\": 2}"),
+                     0);
+    ck_assert_msg(strstr(out, "\"finish\": {\"document\": null, \"node_rank\": 3, \"host\": "
+                              "\"h\", \"nproc_per_node\": 2, \"product\": \"P\", \"mode\": "
+                              "\"local\", \"output_went\": null, \"detail\": null}, "
+                              "\"lines_of\": [6, 7]}") &&
+                      strstr(out, "\"message\": null, \"report\": null"),
+                  "%s", out);
+    /* A node rank near INT_MAX: its ranks past it, not an overflow. */
+    ck_assert_int_eq(classify("{\"root\": {\"kind\": \"lost\", \"node_rank\": 2147483647}, "
+                              "\"product\": \"P\", \"nproc_per_node\": 2}"),
+                     0);
+    ck_assert_msg(strstr(out, "\"lines_of\": [4294967294, 4294967295]}"), "%s", out);
+    ck_assert_int_eq(classify("{\"product\": \"P\", \"nproc_per_node\": 65537}"), -EINVAL);
+    ck_assert_int_eq(classify("{\"product\": \"P\", \"nproc_per_node\": 1.5}"), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"nproc_per_node\" must be a whole number"));
+    ck_assert_int_eq(classify("{\"product\": 7}"), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"product\" must be a string or null"));
+    /* A report larger than the reply's buffer: -ENOSPC with the size, not an overrun. */
+    size_t n = 20000;
+    char *big = malloc(n + 200);
+    ck_assert_ptr_nonnull(big);
+    int k = snprintf(big, n + 200,
+                     "{\"product\": \"P\", \"root\": {\"kind\": \"failure\", "
+                     "\"report\": {\"torchspark\": {\"rank\": 2}, \"pad\": \"");
+    memset(big + k, 'x', n - (size_t)k);
+    strcpy(big + n, "\"}}}");
+    size_t need = 0;
+    ck_assert_int_eq(
+        tsp_outcome_classify(big, strlen(big), out, sizeof out, &need, err, sizeof err), -ENOSPC);
+    char *room = malloc(need);
+    ck_assert_ptr_nonnull(room);
+    ck_assert_int_eq(tsp_outcome_classify(big, strlen(big), room, need, &need, err, sizeof err), 0);
+    ck_assert_ptr_nonnull(strstr(room, "\"lines_of\": [2]}"));
+    free(room);
+    free(big);
+}
+END_TEST
+
+/* The driver's lines that finish a document (tsp_failure_report's "lines", named by the
+ * outcome's lines_of): a lost node's all prefixed as its tail, a rank's shown; a member that
+ * is not a string is passed over, "lines" that is not an object refused. */
+START_TEST(test_outcome_lines_finish_the_document)
+{
+    const char *lost = "{\"document\": {\"torchspark\": {\"kind\": \"lost\", \"node_rank\": 2, "
+                       "\"summary\": \"lost\"}}, \"product\": \"P\", \"lines\": {\"4\": "
+                       "\"a\\nb\", \"5\": 7, \"6\": \"\", \"7\": \"c\"}}";
+    ck_assert_int_eq(tsp_failure_report(lost, strlen(lost), out, sizeof out, NULL, err, sizeof err),
+                     0);
+    ck_assert_msg(
+        strstr(out, "\"tail\": \"[rank 4] a\\n[rank 4] b\\n[rank 7] c\"") &&
+            strstr(out, "\"last_lines\": [\"[rank 4] a\", \"[rank 4] b\", \"[rank 7] c\"]"),
+        "%s", out);
+    const char *rank = "{\"document\": {\"torchspark\": {\"rank\": 1, \"tail\": \"own\"}}, "
+                       "\"product\": \"P\", \"lines\": {\"1\": \"driver's\"}}";
+    ck_assert_int_eq(tsp_failure_report(rank, strlen(rank), out, sizeof out, NULL, err, sizeof err),
+                     0);
+    ck_assert_msg(strstr(out, "  driver's") && strstr(out, "\"tail\": \"own\"") &&
+                      strstr(out, "\"last_lines\": [\"driver's\"]"),
+                  "%s", out);
+    const char *bad = "{\"lines\": [\"x\"]}";
+    ck_assert_int_eq(tsp_failure_report(bad, strlen(bad), out, sizeof out, NULL, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"lines\" must be the driver's lines by rank"));
+}
+END_TEST
+
 static Suite *outcome_suite(void)
 {
     Suite *s = suite_create("outcome");
@@ -125,6 +206,8 @@ static Suite *outcome_suite(void)
     tcase_add_test(tc, test_outcome_root_first_then_spark);
     tcase_add_test(tc, test_outcome_buffer_and_refusals);
     tcase_add_test(tc, test_outcome_carried_bytes_are_read_with_care);
+    tcase_add_test(tc, test_outcome_what_the_glue_raises);
+    tcase_add_test(tc, test_outcome_lines_finish_the_document);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -9,6 +9,7 @@ import pathlib
 import pytest
 
 from torchspark.driver import _hang, _report, _restart
+from torchspark.driver._report import TorchDistributorError
 from torchspark.native import _lib, _rendezvous
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
@@ -20,6 +21,7 @@ HANG_CASES = json.loads((CONTRACTS / "hang.json").read_text())["cases"]
 OUTCOME_CASES = json.loads((CONTRACTS / "outcome.json").read_text())["cases"]
 RUNCTL_CASES = json.loads((CONTRACTS / "runctl.json").read_text())["cases"]
 TASK_CASES = json.loads((CONTRACTS / "task.json").read_text())["cases"]
+MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"  # a task's carrier (docs/protocol.md section 3)
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -68,7 +70,7 @@ def test_task_golden(case, tmp_path):
         assert {k: fields.get(k) for k in case["failure"]["fields"]} == case["failure"]["fields"]
         message = got["failure"]["message"]
         assert message.startswith(case["failure"]["message_head"]), message
-        carried = message.split(_report.MARKER, 1)[1].strip()
+        carried = message.split(MARKER, 1)[1].strip()
         assert json.loads(base64.b64decode(carried)) == got["failure"]["document"]
 
 
@@ -133,18 +135,19 @@ def test_hang_golden(case):
 @pytest.mark.parametrize("case", FAILURE_CASES, ids=[c["name"] for c in FAILURE_CASES])
 def test_failure_golden(case):
     """error file + exit status + tail -> the finished document -> the exception's message,
-    through Failure.from_document, the one way in for both carriers."""
-    failure = _report.Failure.from_document(
-        case["error_file"], status=case["status"], node_rank=case["node_rank"],
-        host=case["host"], nproc_per_node=case["nproc_per_node"], tail=case["tail"])
+    through the glue's Failure.error (a node's document in local mode, as a task finished it)."""
+    document = _lib.json_call("tsp_failure_report", {
+        "document": case["error_file"], "status": case["status"], "node_rank": case["node_rank"],
+        "host": case["host"], "nproc_per_node": case["nproc_per_node"],
+        "tail": "\n".join(case["tail"])})["document"]
     for key, want in case["document"].items():
-        assert failure.fields[key] == want, key
+        assert document["torchspark"][key] == want, key
     # The task's carrier: the document crosses Spark's exception text whole (the C outcome
     # reads it back).
-    carried = _report.outcome(None, f"Job aborted.\n{failure.encode()}\n")["carried"]
-    assert carried == failure.document
-    err = _report.Failure.from_document(carried).error(
-        case["mode"], case["shown_tail"], case["detail"])
+    encoded = base64.b64encode(json.dumps(document).encode()).decode()
+    carried = _report.outcome(None, f"Job aborted.\n{MARKER}{encoded}\n")["carried"]
+    assert carried == document
+    err = _report.Failure(carried).error(case["mode"], case["shown_tail"], case["detail"])
     want = case["message"].replace("{product}", "TorchDistributor").replace(
         "{output_went}", _report._OUTPUT_WENT[case["mode"]])
     assert str(err) == want
@@ -180,8 +183,8 @@ def test_a_bad_failure_request_names_the_key():
 
 def test_a_lost_node_is_finished_by_the_core():
     """A real agent SIGKILLed under a real log server: the server's document of the lost
-    node (docs/protocol.md 1.7), finished by the C core through Failure.from_document with
-    the node's lines, is the message of the golden "a node lost" cases."""
+    node (docs/protocol.md 1.7), finished by the C core with the node's lines as the outcome
+    asks, is the message of the golden "a node lost" cases."""
     import subprocess
     import time
 
@@ -210,8 +213,12 @@ def test_a_lost_node_is_finished_by_the_core():
     assert root is not None and root["kind"] == "lost", root
     doc = root["report"]["torchspark"]
     assert (doc["kind"], doc["node_rank"], doc["summary"]) == ("lost", 0, root["message"])
-    err = _report.Failure.from_document(root["report"], node_rank=0, host=root["host"],
-                                        tail=tail).error("distributed")
+    # The glue's way (_failure.of_job): the outcome names the failure document and the ranks
+    # whose driver lines finish it; the C core prefixes them.
+    found = _report.outcome(root, None, **_report.product("distributed"), nproc_per_node=1)
+    assert found["lines_of"] == [0] and found["message"] is None
+    err = _report.raised({**found["finish"], "lines": {"0": "\n".join(t[len(line_prefix(0)):]
+                                                                      for t in tail)}})
     host = root["host"]
     assert str(err) == (
         f"TorchDistributor (distributed) failed: {root['message']}.\n"
@@ -257,8 +264,15 @@ def test_outcome_golden(case):
     if "carried" in request:  # the run controller's request (runctl.c), not a glue's
         assert _lib.json_call("tsp_outcome_classify", request) == case["outcome"]
         return
+    rest = {k: v for k, v in request.items() if k not in ("root", "spark_error")}
     assert _report.outcome(request.get("root"), request.get("spark_error"),
-                           request.get("output_went")) == case["outcome"]
+                           **rest) == case["outcome"]
+    if "lines" in case:  # the failure document it names, finished as _failure.of_job does
+        err = _report.raised({**case["outcome"]["finish"], "lines": case["lines"]})
+        assert (str(err), err.report) == (case["raised"]["message"], case["raised"]["report"])
+    elif "product" in request:  # what it raises as it is
+        err = TorchDistributorError(case["outcome"]["message"], case["outcome"]["report"])
+        assert (err.rank, err.signal, err.report["kind"]) == (None, 0, case["outcome"]["kind"])
 
 
 def test_outcome_has_20_cases_and_every_reason():

@@ -5,7 +5,6 @@ reads the same prefix back."""
 import subprocess
 import sys
 
-from torchspark.driver import _report
 from torchspark.native import _lib
 from tests.helpers.logserver import format_line
 from torchspark.native._native import EVENT, STDERR, STDOUT, Line, line_prefix
@@ -40,5 +39,6 @@ def test_agent_without_channel_prints_the_same_prefix(tmp_path):
         assert f"{line_prefix(rank)}err from {rank}" in err, res.stderr
     both = out + err
     # The failing rank's lines, as the C core keeps them in a finished failure document.
-    kept = _report.Failure.from_document({"torchspark": {"rank": 1}}, tail=both).fields["tail"]
+    kept = _lib.json_call("tsp_failure_report", {"document": {"torchspark": {"rank": 1}},
+                                                 "tail": "\n".join(both)})["document"]["torchspark"]["tail"]
     assert sorted(kept.split("\n")) == ["[rank 1] err from 1", "[rank 1] out from 1"]

@@ -18,7 +18,9 @@ extern "C" {
 #endif
 
 /* request (len bytes of JSON: {"root": the log server's root record or null,
- * "spark_error": Spark's failure text or null}) -> the outcome (docs/protocol.md section 10)
+ * "spark_error": Spark's failure text or null}; with "product", "mode" and "nproc_per_node",
+ * the reply also says what the glue raises: a message and report, or the tsp_failure_report
+ * request that finishes a failure document) -> the outcome (docs/protocol.md section 10)
  * written to out (NUL-terminated). 0 on success; -ENOSPC when outlen is too small (*needed,
  * when given, is then the size to retry with); -EINVAL with err naming the key and what it
  * must be when the request is malformed; -ENOMEM. */

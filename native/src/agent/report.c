@@ -696,15 +696,15 @@ static void write_message(FILE *m, const tsp_failure_t *f, int node_rank, const 
 }
 
 typedef struct {
-    char *document, *host, *tail;
+    char *document, *host, *tail, *lines;
     int status, node_rank, nproc;
     message_opts_t msg;
 } request_fields_t;
 
 static void request_free(request_fields_t *q)
 {
-    char **s[] = {&q->document, &q->host,     &q->tail,           &q->msg.product,
-                  &q->msg.mode, &q->msg.went, &q->msg.shown_tail, &q->msg.detail};
+    char **s[] = {&q->document, &q->host,           &q->tail,       &q->msg.product, &q->msg.mode,
+                  &q->msg.went, &q->msg.shown_tail, &q->msg.detail, &q->lines};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
         free(*s[i]);
         *s[i] = NULL;
@@ -733,6 +733,8 @@ static int read_request(const tsp_jreq_t *r, request_fields_t *q)
             return rc;
     if ((rc = tsp_jreq_get(r, "document", TSP_JSON_OBJECT, "the failure document (an object)",
                            &q->document)) < 0 ||
+        (rc = tsp_jreq_get(r, "lines", TSP_JSON_OBJECT,
+                           "the driver's lines by rank (an object of strings)", &q->lines)) < 0 ||
         (rc = tsp_jreq_int(r, "status", 1, &q->status)) ||
         (rc = tsp_jreq_int(r, "node_rank", 1, &q->node_rank)) ||
         (rc = tsp_jreq_int(r, "nproc_per_node", 1, &q->nproc)))
@@ -776,6 +778,11 @@ static int rank_finish(request_fields_t *q, char **doc, char **msg)
     char *host = NULL, *summary = NULL;
     int node_rank = -1;
     int rc = finish(q, &f, &node_rank, &host);
+    if (!rc && q->lines && q->document && !q->msg.shown_tail && f.rank >= 0) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", f.rank); /* the driver's lines of the failed rank */
+        q->msg.shown_tail = json_string_at(q->lines, strlen(q->lines), key);
+    }
     if (!rc &&
         (!(summary = tsp__report_summary(&f, host, node_rank)) || !(*doc = strdup(f.document))))
         rc = -ENOMEM;
@@ -876,6 +883,61 @@ static int lost_finish(request_fields_t *q, char **doc, char **msg)
     return rc;
 }
 
+/* One rank's driver lines (a member of the request's "lines"), each behind its prefix. */
+static int prefixed(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
+{
+    FILE *m = ctx;
+    char prefix[64];
+    (void)index;
+    if (type != TSP_JSON_STRING || !key || !*val)
+        return 0;
+    tsp_lines_prefix(prefix, sizeof prefix, NULL, NULL, atoi(key), TSP_STREAM_STDOUT);
+    for (const char *p = val; p < val + len;) {
+        size_t l = strcspn(p, "\n");
+        fprintf(m, "%s%s%.*s", ftell(m) > 0 ? "\n" : "", prefix, (int)l, p);
+        p += l + 1;
+    }
+    return 0;
+}
+
+/* A lost node's document, or none: the request's "lines" (the node's ranks, in its order),
+ * each behind its rank's prefix, are its tail when the request has no tail. */
+static int node_tail(request_fields_t *q)
+{
+    if (!q->lines || q->tail || (q->document && !is_lost(q->document)))
+        return 0;
+    size_t tl = 0;
+    FILE *m = open_memstream(&q->tail, &tl);
+    if (!m)
+        return -ENOMEM;
+    int rc = tsp_json_each(q->lines, strlen(q->lines), NULL, prefixed, m);
+    return fclose(m) == 0 && rc != -ENOMEM ? 0 : -ENOMEM;
+}
+
+/* The lines a message showed (the driver's, else the document's tail), at most the last
+ * TSP_REPORT_TAIL_IN_MESSAGE, as a list: the JVM glue's TorchSparkException.lastLines(). */
+static void write_last_lines(tsp_json_writer_t *w, const char *shown, const char *doc)
+{
+    char *own = shown && *shown ? NULL : json_string_at(doc, strlen(doc), "torchspark.tail");
+    const char *t = shown && *shown ? shown : own ? own : "";
+    int n = *t ? 1 : 0;
+    for (const char *p = t; *p; p++)
+        n += *p == '\n';
+    tsp_json_key(w, "last_lines");
+    tsp_json_begin_array(w);
+    for (const char *p = *t ? t : NULL; p; n--) {
+        const char *nl = strchr(p, '\n');
+        size_t l = nl ? (size_t)(nl - p) : strlen(p);
+        char *line = n <= TSP_REPORT_TAIL_IN_MESSAGE ? strndup(p, l) : NULL;
+        if (line)
+            tsp_json_str(w, line);
+        free(line);
+        p = nl ? nl + 1 : NULL;
+    }
+    tsp_json_end(w);
+    free(own);
+}
+
 int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                        char *err, size_t errlen)
 {
@@ -886,6 +948,8 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
     char *doc = NULL, *msg = NULL, *text = NULL;
     size_t tlen = 0;
     int rc = read_request(&r, &q);
+    if (!rc)
+        rc = node_tail(&q);
     if (!rc)
         rc = q.document && is_lost(q.document) ? lost_finish(&q, &doc, &msg)
                                                : rank_finish(&q, &doc, &msg);
@@ -903,6 +967,7 @@ int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen
         if (q.msg.product) {   /* the exception's report, one layout for both glues */
             tsp_json_key(&w, "report");
             tsp__userreport_write(&w, doc, strlen(doc), q.msg.detail);
+            write_last_lines(&w, q.msg.shown_tail, doc);
         }
         tsp_json_end(&w);
         rc = fclose(m) == 0 ? 0 : -ENOMEM;

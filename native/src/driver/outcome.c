@@ -15,13 +15,16 @@
 #include "reason.h"
 #include "util.h"
 
-#define CAUSE_MAX 500 /* the cause is one line of at most this many bytes */
+#define CAUSE_MAX 500   /* the cause is one line of at most this many bytes */
+#define NPROC_MAX 65536 /* workers per node, at most (nproc_per_node) */
 
 typedef struct {
     const char *root, *spark; /* the request's root record (JSON) and Spark's text, or NULL */
     size_t root_len;
-    const char *went; /* where every rank's output went (the advice's {went}), or NULL */
-    int carried;      /* read what a task carried in Spark's text (rows 2 and 4) */
+    const char *went;           /* where every rank's output went (the advice's {went}), or NULL */
+    int carried;                /* read what a task carried in Spark's text (rows 2 and 4) */
+    const char *product, *mode; /* with a product: what the glue raises (write_raise) */
+    int nproc;                  /* workers per node (nproc_per_node), 0 when not known */
 } input_t;
 
 typedef struct {
@@ -58,6 +61,18 @@ static char *str_at(const char *doc, size_t len, const char *path)
     char *v = NULL;
     int type = 0;
     if (tsp_json_get(doc, len, path, &v, &type) != 0 || type != TSP_JSON_STRING) {
+        free(v);
+        return NULL;
+    }
+    return v;
+}
+
+/* The object at path of doc as JSON text, or NULL (malloc'ed). */
+static char *object_at(const char *doc, size_t len, const char *path)
+{
+    char *v = NULL;
+    int type = 0;
+    if (!doc || tsp_json_get(doc, len, path, &v, &type) != 0 || type != TSP_JSON_OBJECT) {
         free(v);
         return NULL;
     }
@@ -323,6 +338,42 @@ static int req_string(const char *request, size_t len, const char *key, char **o
     return 0;
 }
 
+/* The request's whole number at key into *v (left as it is when absent or null): 0, or -EINVAL. */
+static int req_int(const char *request, size_t len, const char *key, int *v, char *err,
+                   size_t errlen)
+{
+    char *s = NULL, *end = NULL;
+    int type = 0;
+    int rc = tsp_json_get(request, len, key, &s, &type);
+    long x = rc == 0 && type == TSP_JSON_NUMBER ? strtol(s, &end, 10) : 0;
+    int null = rc == 0 && type == TSP_JSON_LITERAL && strcmp(s, "null") == 0;
+    int ok = rc == -ENOENT || null || (end && !*end && x >= 0 && x <= NPROC_MAX);
+    free(s);
+    if (rc && rc != -ENOENT)
+        return rc;
+    if (!ok)
+        return tsp__err(err, errlen, -EINVAL,
+                        "the outcome request's \"%s\" must be a whole number from 0 to %d", key,
+                        NPROC_MAX);
+    if (rc == 0 && !null)
+        *v = (int)x;
+    return 0;
+}
+
+/* The keys that ask for what the glue raises: product, mode, nproc_per_node. */
+static int read_raise(const char *request, size_t len, input_t *in, char **product, char **mode,
+                      char *err, size_t errlen)
+{
+    int rc;
+    if ((rc = req_string(request, len, "product", product, err, errlen)) ||
+        (rc = req_string(request, len, "mode", mode, err, errlen)) ||
+        (rc = req_int(request, len, "nproc_per_node", &in->nproc, err, errlen)))
+        return rc;
+    in->product = *product;
+    in->mode = *mode ? *mode : "distributed";
+    return 0;
+}
+
 static int read_request(const char *request, size_t len, input_t *in, char **root, char **spark,
                         char **went, char *err, size_t errlen)
 {
@@ -362,8 +413,105 @@ static int read_request(const char *request, size_t len, input_t *in, char **roo
     return 0;
 }
 
-static int write_outcome(const outcome_t *o, const char *went, char **text, size_t *tlen)
+/* The failure document's request to tsp_failure_report (docs/protocol.md section 10, "What
+ * the glue raises"): the document a task carried as it is, else the root record's with where
+ * its node ran (and its job-wide detail, for a rank's failure). */
+static void write_finish(tsp_json_writer_t *w, const input_t *in, const outcome_t *o,
+                         const char *document)
 {
+    tsp_json_begin_object(w);
+    tsp_json_key(w, "document");
+    if (!document || tsp_json_value(w, document, strlen(document)) != 0)
+        tsp_json_null(w);
+    if (!o->document) {
+        tsp_json_key(w, "node_rank");
+        tsp_json_int(w, int_at(in->root, in->root_len, "node_rank", -1));
+        tsp_json_key(w, "host");
+        tsp_json_str(w, o->host);
+        tsp_json_key(w, "nproc_per_node");
+        tsp_json_int(w, in->nproc);
+    }
+    char *detail = !o->document && document && strcmp(o->kind, "failure") == 0
+                       ? str_at(in->root, in->root_len, "detail")
+                       : NULL;
+    const char *keys[] = {"product", "mode", "output_went", "detail"};
+    const char *vals[] = {in->product, in->mode, in->went, detail};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        tsp_json_key(w, keys[i]);
+        tsp_json_str(w, vals[i]);
+    }
+    free(detail);
+    tsp_json_end(w);
+}
+
+/* The ranks whose driver lines finish the document: its rank's (the node's one worker's
+ * when it names none), shown in the message; all the node's ranks for a lost node or a
+ * record without a document, its tail. */
+static void write_lines_of(tsp_json_writer_t *w, const input_t *in, const outcome_t *o,
+                           const char *document)
+{
+    int shows = document && (o->document || strcmp(o->kind, "failure") == 0);
+    long long rank = shows ? int_at(document, strlen(document), "torchspark.rank", -1) : -1;
+    long long node = o->node_rank;
+    if (shows && rank < 0 && !o->document && in->nproc == 1)
+        rank = node;
+    tsp_json_key(w, "lines_of");
+    tsp_json_begin_array(w);
+    if (shows && rank >= 0)
+        tsp_json_int(w, rank);
+    for (long long r = node * in->nproc; !shows && node >= 0 && r < (node + 1) * in->nproc; r++)
+        tsp_json_int(w, r);
+    tsp_json_end(w);
+}
+
+/* With a product: what the glue raises. A failure document (a rank's, a lost node's, one a
+ * task carried) is finished by tsp_failure_report ("finish", with the driver's lines of
+ * "lines_of"); the rest is written here, its message and its report. */
+static int write_raise(tsp_json_writer_t *w, const input_t *in, const outcome_t *o,
+                       const char *advice)
+{
+    int doc = strcmp(o->kind, "failure") == 0 || strcmp(o->kind, "lost") == 0;
+    char *message = NULL;
+    if (!doc && strcmp(o->kind, "task") == 0)
+        message = strdup(o->text ? o->text : "");
+    else if (!doc && asprintf(&message, "%s (%s) failed: %s\n%s", in->product, in->mode, o->cause,
+                              advice) < 0)
+        message = NULL;
+    if (!doc && !message)
+        return -ENOMEM;
+    tsp_json_key(w, "message");
+    tsp_json_str(w, message);
+    free(message);
+    tsp_json_key(w, "report");
+    if (doc) {
+        tsp_json_null(w);
+    } else {
+        tsp_json_begin_object(w);
+        tsp_json_key(w, "version");
+        tsp_json_int(w, 2);
+        const char *keys[] = {"kind", "reason"};
+        const char *vals[] = {o->kind, o->reason->name};
+        for (size_t i = 0; i < 2; i++) {
+            tsp_json_key(w, keys[i]);
+            tsp_json_str(w, vals[i]);
+        }
+        tsp_json_end(w);
+    }
+    char *report = doc && !o->document ? object_at(in->root, in->root_len, "report") : NULL;
+    const char *document = o->document ? o->document : report;
+    tsp_json_key(w, "finish");
+    if (doc)
+        write_finish(w, in, o, document);
+    else
+        tsp_json_null(w);
+    write_lines_of(w, in, o, document);
+    free(report);
+    return 0;
+}
+
+static int write_outcome(const outcome_t *o, const input_t *in, char **text, size_t *tlen)
+{
+    const char *went = in->went;
     FILE *m = open_memstream(text, tlen);
     if (!m)
         return -ENOMEM;
@@ -411,9 +559,10 @@ static int write_outcome(const outcome_t *o, const char *went, char **text, size
     }
     tsp_json_key(&w, "advice");
     tsp_json_str(&w, advice);
+    int rc = in->product && advice ? write_raise(&w, in, o, advice) : 0;
     tsp_json_end(&w);
     free(advice);
-    return fclose(m) == 0 && advice ? 0 : -ENOMEM;
+    return fclose(m) == 0 && advice && !rc ? 0 : -ENOMEM;
 }
 
 int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
@@ -422,21 +571,25 @@ int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outl
     if (err && errlen)
         err[0] = 0;
     input_t in = {0};
-    char *root = NULL, *spark = NULL, *went = NULL, *text = NULL;
+    char *root = NULL, *spark = NULL, *went = NULL, *text = NULL, *product = NULL, *mode = NULL;
     size_t tlen = 0;
     int rc = read_request(request, len, &in, &root, &spark, &went, err, errlen);
+    if (!rc)
+        rc = read_raise(request, len, &in, &product, &mode, err, errlen);
     outcome_t o = {.node_rank = -1};
     int found = 0;
     for (size_t i = 0; !rc && !found && i < sizeof rows / sizeof rows[0]; i++)
         rc = (found = rows[i](&in, &o)) < 0 ? found : 0;
     if (!rc)
-        rc = write_outcome(&o, in.went, &text, &tlen);
+        rc = write_outcome(&o, &in, &text, &tlen);
     if (!rc)
         rc = tsp__reply_copy(text, tlen, out, outlen, needed);
     free(text);
     free(root);
     free(spark);
     free(went);
+    free(product);
+    free(mode);
     free(o.text);
     free(o.document);
     return rc;

@@ -89,7 +89,7 @@ final class BarrierJob {
                 rootAt = System.currentTimeMillis();
                 // A silent node (docs/protocol.md 1.7, PING): Spark notices it only after
                 // spark.network.timeout, so its failure is not waited for.
-                double grace = RestartPolicy.silent(Failure.parseRoot(root)) ? 0
+                double grace = RestartPolicy.silent(Failure.parseObject(root)) ? 0
                         : lastAttempt ? SPARK_GRACE_S : RESTART_GRACE_S;
                 if (!done.await((long) (grace * 1000), TimeUnit.MILLISECONDS)) {
                     sc.cancelJobsWithTag(tag);

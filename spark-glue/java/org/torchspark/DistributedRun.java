@@ -126,7 +126,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, bo
         job.awaitLostRoot(ch.server);
         ch.server.stopAll(job.error != null ? "the Spark job failed" : "another node failed");
         entry.rootAt = job.rootAt;
-        JsonNode root = job.root == null ? null : Failure.parseRoot(job.root);
+        JsonNode root = Failure.parseObject(job.root);
         if (RestartPolicy.silent(root) && root.hasNonNull("node_rank")) {
             entry.silentNode = root.get("node_rank").asInt();
             entry.silentExecutor = RestartPolicy.taskExecutor(sc, job.tag, entry.silentNode);

@@ -2,7 +2,6 @@ package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import java.util.ArrayList;
 import java.util.List;
 
 /**
@@ -33,68 +32,39 @@ final class JobFailure {
                 "spark_error", sparkError, "output_went", outputWent));
     }
 
-    /** Spark's error text: its message and its causes' (a task's exception may be any of
-     *  them), one per line. */
+    /** Spark's error text, the only prose the C core reads (its outcome table): its message
+     *  and its causes' (a task's exception may be any of them), one per line; its class when
+     *  they are blank; null for none. */
     static String sparkText(Throwable sparkError) {
         StringBuilder text = new StringBuilder();
         for (Throwable t = sparkError; t != null; t = t.getCause() == t ? null : t.getCause()) {
             text.append(text.length() > 0 ? "\n" : "").append(t.getMessage());
         }
-        return text.toString();
+        return sparkError == null ? null : text.toString().isBlank() ? sparkError.getClass().getName() : text.toString();
     }
 
     /** The driver's last lines of the failure's rank, or null when no rank failed. */
     static List<String> rankTail(LogServer server, Failure failure) {
-        return failure.rank() != null ? server.tail(failure.rank(), Failure.TAIL_IN_MESSAGE) : null;
+        JsonNode rank = failure.fields.path("rank");
+        return rank.isNumber() ? server.tail(rank.asInt(), Failure.TAIL_IN_MESSAGE) : null;
     }
 
-    /** The run's exception, as the C core's outcome says (outcome.c, docs/protocol.md 10: the
-     *  channel's structured root record first, then what a task carried in Spark's text,
-     *  Spark's own text last); this performs it. */
+    /** The run's exception, as the C core's outcome says and writes it (outcome.c,
+     *  docs/protocol.md 10); a failure document it names is finished by the C core with the
+     *  driver's lines of the ranks it asks for. */
     static RuntimeException of(String rootJson, Throwable sparkError, LogServer server, int nproc) {
-        JsonNode root = rootJson == null ? null : Failure.parseRoot(rootJson);
-        String text = sparkText(sparkError);
-        JsonNode found = outcome(root, sparkError == null ? null
-                : text.isBlank() ? sparkError.getClass().getName() : text, "the driver's log");
-        String kind = found.path("kind").asText();
-        if (found.path("carried").isObject()) { // the failure document a task carried
-            Failure carried = Failure.fromDocument(found.get("carried"), 1, -1, "?", 0, null);
-            return carried.exception("distributed", rankTail(server, carried), null, sparkError);
-        }
-        if (kind.equals("failure") && root.path("report").isObject()) {
-            Failure failure = Failure.fromDocument(root.get("report"), 1, root.path("node_rank").asInt(-1),
-                    root.path("host").asText("?"), nproc, null);
-            return failure.exception("distributed", rankTail(server, failure),
-                    root.hasNonNull("detail") ? root.get("detail").asText() : null, sparkError);
-        }
-        if (kind.equals("failure") || kind.equals("lost")) { // a record without a document: the node's lines
-            return lostNode(root, sparkError, server, nproc);
-        }
+        JsonNode found = Native.call("tsp_outcome_classify", Native.object("root", Failure.parseObject(rootJson),
+                "spark_error", sparkText(sparkError), "product", "TorchSparkRunner", "mode", "distributed",
+                "output_went", "the driver's log", "nproc_per_node", nproc));
         if (found.path("setup").asText().equals("rendezvous_unreachable")) { // before any training: allGather
             return new NoRendezvous(found.path("text").asText(), sparkError);
         }
-        ObjectNode report = Failure.JSON.createObjectNode().put("version", 2).put("kind", kind)
-                .put("reason", found.path("reason").asText());
-        String message = kind.equals("task") ? found.path("text").asText()
-                : "TorchSparkRunner (distributed) failed: " + found.path("cause").asText() + "\n"
-                        + found.path("advice").asText();
-        return new TorchSparkException(message, null, null, null, null, 0, null, report.toString(), sparkError, null);
-    }
-
-    /** A node whose agent vanished (host or executor died, network cut): the log server's
-     *  document of it (docs/protocol.md 1.7), finished with the node's last lines by the C
-     *  core, which writes the message. */
-    private static TorchSparkException lostNode(JsonNode root, Throwable sparkError, LogServer server,
-            int nproc) {
-        int node = root.path("node_rank").asInt(-1);
-        List<String> tail = new ArrayList<>();
-        for (int r = node * nproc; node >= 0 && r < (node + 1) * nproc; r++) {
-            String prefix = LogServer.PREFIX.replace("{rank}", Integer.toString(r));
-            for (String ln : server.tail(r, Failure.TAIL_IN_MESSAGE)) {
-                tail.add(prefix + ln);
-            }
+        if (!found.path("finish").isObject()) {
+            return Failure.exception(found, sparkError);
         }
-        return Failure.fromDocument(root.get("report"), 1, node, root.path("host").asText("?"), nproc, tail)
-                .exception("distributed", null, null, sparkError);
+        ObjectNode lines = ((ObjectNode) found.get("finish")).putObject("lines");
+        found.path("lines_of").forEach(r -> lines.put(r.asText(),
+                String.join("\n", server.tail(r.asInt(), Failure.TAIL_IN_MESSAGE))));
+        return Failure.raised(found.get("finish"), sparkError);
     }
 }

@@ -92,7 +92,7 @@ final class RestartPolicy {
     static ObjectNode failedEvent(TorchSparkException e, Entry entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
         // Spark's text: read by the outcome table only
-        ev.put("spark_error", e.getCause() == null ? null : JobFailure.sparkText(e.getCause()));
+        ev.put("spark_error", JobFailure.sparkText(e.getCause()));
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode != null); // the node the outcome excluded

@@ -16,7 +16,7 @@ from typing import Dict, Any, Callable, List, Optional
 
 from torchspark.driver import _connect, _gang
 from torchspark.native._lib import json_call
-from torchspark.driver._report import TorchDistributorError
+from torchspark.driver._report import TorchDistributorError, spark_text
 
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 _WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
@@ -52,7 +52,7 @@ def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, A
     the node, a checkpoint on request's step), the silent node's executor, the nodes the
     log server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table."""
     return {"event": "attempt_failed", "message": str(e),
-            "spark_error": None if e.__cause__ is None else str(e.__cause__),
+            "spark_error": spark_text(e.__cause__),
             "report": e.report if isinstance(e.report, dict) else None,
             "silent_node": entry.get("silent_node") is not None,
             "executor": entry.get("silent_executor"), "lost_nodes": entry.get("lost_nodes")}

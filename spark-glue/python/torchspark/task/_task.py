@@ -182,7 +182,7 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
         "node_rank": facts.get("node_rank", 0), "files": plan["files"], "ship": plan["ship"],
         "collect": plan["collect"], "nproc_per_node": plan["nproc_per_node"]})
     if done["failure"] is not None:
-        failure = _report.Failure(done["failure"]["document"], None)
+        failure = _report.Failure(done["failure"]["document"])
         raise NodeFailed(done["failure"]["message"], failure, res)
     for line in done["log"]:
         sys.stderr.write(line + "\n")

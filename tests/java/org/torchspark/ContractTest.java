@@ -6,6 +6,7 @@ import static org.junit.Assert.fail;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.file.Path;
 import java.nio.file.Paths;
@@ -154,18 +155,18 @@ public class ContractTest {
             String name = c.get("name").asText();
             List<String> tail = new ArrayList<>();
             c.get("tail").forEach(a -> tail.add(a.asText()));
-            int status = c.get("status").asInt(); // as Java reports it: 128 + N for a signal N
-            Failure f = Failure.fromDocument(c.get("error_file").isNull() ? null : c.get("error_file"),
-                    status < 0 ? 128 - status : status, c.get("node_rank").asInt(), c.get("host").asText(),
-                    c.get("nproc_per_node").asInt(), tail);
+            Failure f = new Failure(Native.call("tsp_failure_report", Native.object("document",
+                    c.get("error_file").isNull() ? null : c.get("error_file"), "status", c.get("status").asInt(),
+                    "node_rank", c.get("node_rank").asInt(), "host", c.get("host").asText(),
+                    "nproc_per_node", c.get("nproc_per_node").asInt(), "tail", String.join("\n", tail))));
             for (java.util.Map.Entry<String, JsonNode> e : c.get("document").properties()) {
                 assertEquals(name + ": " + e.getKey(), e.getValue(), f.fields.get(e.getKey()));
             }
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
-            Failure carried = Failure.fromDocument(
+            Failure carried = new Failure(Native.object("document",
                     JobFailure.outcome(null, "Job aborted.\n" + MARKER + java.util.Base64.getEncoder().encodeToString(
-                            f.document.toString().getBytes(java.nio.charset.StandardCharsets.UTF_8)) + "\n", null).get("carried"), 1, -1, "?", 0, null);
+                            f.document.toString().getBytes(java.nio.charset.StandardCharsets.UTF_8)) + "\n", null).get("carried")));
             assertEquals(name, f.document, carried.document);
             List<String> shown = null;
             if (!c.get("shown_tail").isNull()) {
@@ -251,6 +252,17 @@ public class ContractTest {
                 }
             } else if (req.has("carried")) { // the run controller's request (runctl.c), not a glue's
                 assertEquals(name, c.get("outcome"), Native.call("tsp_outcome_classify", req));
+            } else if (req.has("product")) { // what JobFailure.of raises, its product the case's
+                assertEquals(name, c.get("outcome"), Native.call("tsp_outcome_classify", req));
+                TorchSparkException e = !c.has("lines") ? Failure.exception(c.get("outcome"), null)
+                        : Failure.raised(((ObjectNode) c.get("outcome").get("finish").deepCopy()).set("lines",
+                                c.get("lines")), null);
+                JsonNode raised = c.has("raised") ? c.get("raised") : c.get("outcome");
+                assertEquals(name, raised.get("message").asText(), e.getMessage());
+                assertEquals(name, raised.get("report"), Failure.parseObject(e.reportJson()));
+                List<String> last = new ArrayList<>();
+                raised.path("last_lines").forEach(l -> last.add(l.asText()));
+                assertEquals(name, last, e.lastLines());
             } else {
                 JsonNode root = req.path("root").isObject() ? req.get("root") : null;
                 String spark = req.path("spark_error").isTextual() ? req.get("spark_error").asText() : null;

@@ -330,14 +330,18 @@ public class JniTest {
             assertTrue("the agent fails with its root cause's code: " + rc, rc != 0);
             String json = s.failure(5000);
             assertNotNull(json);
-            JsonNode root = Failure.parseRoot(json);
+            JsonNode root = Failure.parseObject(json);
             assertEquals("failure", root.get("kind").asText());
             assertEquals(0, root.get("node_rank").asInt());
             JsonNode ts = root.path("report").path("torchspark");
             assertEquals(1, ts.path("rank").asInt());
             assertEquals(3, ts.path("exitcode").asInt());
-            Failure failure = Failure.fromDocument(root.get("report"), 1, 0, "h", 2, null);
-            TorchSparkException e = failure.exception("distributed", s.tail(1, 20), null, null);
+            // The glue's way: the C outcome names the document and the rank whose lines it shows.
+            RuntimeException found = JobFailure.of(json, null, s, 2);
+            assertTrue(String.valueOf(found), found instanceof TorchSparkException);
+            TorchSparkException e = (TorchSparkException) found;
+            assertTrue(String.valueOf(e.lastLines()), e.lastLines().contains("about to fail"));
+            Failure failure = new Failure(Native.object("document", root.get("report")));
             assertEquals(Integer.valueOf(1), e.rank());
             assertEquals(Integer.valueOf(3), e.exitCode());
             assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")

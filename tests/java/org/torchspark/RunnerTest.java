@@ -166,15 +166,15 @@ public class RunnerTest {
      *  (docs/protocol.md 1.7 and 8); its prose is never read (issue 29). */
     @Test
     public void silentNodesAreTheLostOnesThatWentSilent() {
-        assertTrue(RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"node_rank\":1,\"message\":"
+        assertTrue(RestartPolicy.silent(Failure.parseObject("{\"kind\":\"lost\",\"node_rank\":1,\"message\":"
                 + "\"lost connection to node 1 (host h, address a): it went silent: nothing for 5 s\","
                 + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"silent\"}}}")));
-        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+        assertTrue(!RestartPolicy.silent(Failure.parseObject("{\"kind\":\"lost\",\"message\":\"lost connection "
                 + "to node 1 (host h, address a): connection reset\","
                 + "\"report\":{\"torchspark\":{\"kind\":\"lost\",\"reason\":\"eof\"}}}")));
-        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"lost\",\"message\":\"lost connection "
+        assertTrue(!RestartPolicy.silent(Failure.parseObject("{\"kind\":\"lost\",\"message\":\"lost connection "
                 + "to node 1 (host h, address a): it went silent\"}"))); // no reason: eof, prose unread
-        assertTrue(!RestartPolicy.silent(Failure.parseRoot("{\"kind\":\"failure\",\"message\":\"it went silent\"}")));
+        assertTrue(!RestartPolicy.silent(Failure.parseObject("{\"kind\":\"failure\",\"message\":\"it went silent\"}")));
         assertTrue(!RestartPolicy.silent(null));
     }
 
