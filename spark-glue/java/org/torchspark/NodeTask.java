@@ -13,9 +13,7 @@ import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;
-import java.util.LinkedHashSet;
 import java.util.List;
-import java.util.Set;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
 import org.apache.spark.SparkEnv;
@@ -129,13 +127,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         try {
             String packed = "";
             if (nodeRank == 0) {
-                Set<String> peers = new LinkedHashSet<>(hosts.subList(1, hosts.size()));
-                peers.removeIf(h -> h.isEmpty() || h.equals(hosts.get(0)));
-                if (spec.driverHost != null && !spec.driverHost.isEmpty()) {
-                    peers.add(spec.driverHost);
-                }
-                peers.add(hosts.get(0));
-                elected = Election.electMaster(new ArrayList<>(peers), localHostName());
+                elected = Election.electMaster(hosts, spec.driverHost);
                 packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.

@@ -59,10 +59,13 @@ def _call(op: str, **request: Any) -> Any:
     return json_call("tsp_elect_call", {"op": op, **request}, error=ElectionError)
 
 
-def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
-    """Rank 0's election towards peer: returns (record, packed JSON, held ports: the
+def elect_master(peer: Optional[str] = None, run_id: Optional[str] = None,
+                 **nodes: Any) -> "tuple[Record, str, PortReservation]":
+    """Rank 0's election towards peer, or towards the first of its peers that elects (nodes:
+    ``hosts``, the nodes' hosts by rank, rank 0's first, and ``driver_host``; the C core
+    orders them, docs/protocol.md 2): returns (record, packed JSON, held ports: the
     master's and the NCCL check's)."""
-    reply = _call("master", peer=peer, run_id=run_id)
+    reply = _call("master", peer=peer, run_id=run_id, **nodes)
     return Record(**reply["record"]), reply["packed"], PortReservation(reply["fds"])
 
 

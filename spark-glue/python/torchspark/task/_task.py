@@ -41,24 +41,6 @@ def _host_of(address: str) -> str:
     return host.strip("[]")
 
 
-def _elect_master(hosts: List[str],
-                  driver_host: str) -> "tuple[_elect.Record, str, _elect.PortReservation]":
-    """Rank 0: elect towards another node's host, else towards the driver."""
-    peers = [h for h in dict.fromkeys(hosts[1:]) if h and h != hosts[0]]
-    peers += [h for h in (driver_host, hosts[0]) if h]
-    errors = []
-    for peer in peers:
-        try:
-            return _elect.elect_master(peer)
-        except _elect.ElectionError as e:
-            errors.append(str(e))
-    raise RuntimeError(
-        f"torchspark: rank 0's task on host {socket.gethostname()} could not choose a "
-        f"master address reachable from the other nodes ({'; '.join(errors)}): check that "
-        "the executors' host names resolve on every executor"
-    )
-
-
 def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
     """The GPUs of this node's processes (None for a CPU job): Spark's raw addresses, which
     the agent assigns against the executor's own CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8
@@ -94,7 +76,8 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         staged = _partition.stage_task_input(spec, iterator, ctx)
         packed = ""
         if node_rank == 0:
-            _, packed, reservation = _elect_master(hosts, spec["driver_host"])
+            _, packed, reservation = _elect.elect_master(hosts=hosts,
+                                                         driver_host=spec["driver_host"])
         record = _elect.unpack_record(
             _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx, node_rank,
                                  packed))
