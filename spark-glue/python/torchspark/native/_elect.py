@@ -78,11 +78,6 @@ def route_source(host: str) -> str:
     return str(_call("route_source", host=host)["addr"])
 
 
-def ifname_of(addr: str) -> Optional[str]:
-    ifname: Optional[str] = _call("ifname_of", addr=addr)["ifname"]
-    return ifname
-
-
 def local_ifname(master_addr: str) -> Optional[str]:
     """The interface carrying this host's route towards the master, or None."""
     ifname: Optional[str] = _call("local_ifname", master_addr=master_addr)["ifname"]

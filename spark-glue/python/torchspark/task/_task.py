@@ -25,17 +25,6 @@ from torchspark.task._spec import NodeSpec
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
 
 
-def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
-               host: Optional[str] = None) -> List[str]:
-    """Spark GPU addresses + the CUDA_VISIBLE_DEVICES they were given under -> the workers'
-    entries, by the native rules R0-R8 (native/src/gpu/gpu.c, docs/gpu.md): the agent applies
-    the same function to its --gpus. ValueError with the rule's message on a refusal (the
-    stock text for malformed addresses)."""
-    mask = json_call("tsp_gpu_call", {"addresses": list(addresses), "visible": visible,
-                                       "task": task, "host": host or None})["mask"]
-    return mask.split(",") if mask else []
-
-
 def _host_of(address: str) -> str:
     host = address.rsplit(":", 1)[0] if ":" in address else address
     return host.strip("[]")

@@ -114,7 +114,7 @@ public class ContractTest {
                     String line = withMac(step.get("send").asText())
                             + "x".repeat(step.has("pad") ? step.get("pad").asInt() : 0);
                     assertEquals(c.get("name").asText() + ": " + step, withMac(step.get("reply").asText()),
-                            RendezvousTest.request(r.port(), RendezvousTest.SECRET, line));
+                            RendezvousTest.request(r.endpoint(null).port(), RendezvousTest.SECRET, line));
                 }
             }
             n++;
