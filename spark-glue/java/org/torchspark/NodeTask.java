@@ -131,10 +131,10 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
                 packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
-            Election.Record record = Election.Record.unpack(spec.rendezvous == null
-                    ? ((BarrierTaskContext) ctx).allGather(packed)[0]
+            // Rank 0's record as received: the C core reads it and finds this node's interface.
+            String record = spec.rendezvous == null ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
-                            ctx::killTaskIfInterrupted));
+                            ctx::killTaskIfInterrupted);
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", launchRequest(ctx, workdir,
                     hosts.size(), record)), System.err::println, spec.secretHex);
@@ -177,7 +177,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
     }
 
     /** The job's facts and the task's own for tsp_task_launch (docs/protocol.md 12). */
-    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record)
+    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, String record)
             throws IOException {
         int nodeRank = ctx.partitionId();
         ResourceInformation gpu = spec.useGpu ? ctx.resourcesJMap().get("gpu") : null;
@@ -185,12 +185,9 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         return req.setAll(Native.object("agent", NativeLoader.agentPath().toString(), // the executor's python
                 "python", req.path("python").asText(System.getenv().getOrDefault("PYSPARK_PYTHON", "python3")),
                 "workdir", workdir.toString(), "nnodes", nnodes, "node_rank", nodeRank,
-                "task_attempt_id", ctx.taskAttemptId(),
-                "ifname", nodeRank == 0 ? record.ifname() : Election.localIfname(record.masterAddr()),
+                "task_attempt_id", ctx.taskAttemptId(), "packed", record,
                 // gpus: Spark's raw addresses, none is refused by the C core
-                "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0],
-                "record", Native.object("master_addr", record.masterAddr(), "master_port", record.masterPort(),
-                        "nccl_port", record.ncclPort(), "run_id", record.runId())));
+                "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0]));
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

@@ -67,19 +67,17 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         if node_rank == 0:
             _, packed, reservation = _elect.elect_master(hosts=hosts,
                                                          driver_host=spec["driver_host"])
-        record = _elect.unpack_record(
-            _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx, node_rank,
-                                 packed))
+        # Rank 0's record as received: the C core reads it and finds this node's interface.
+        packed = _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx,
+                                      node_rank, packed)
         timing.mark("election_done")
         # Reports the channel could not deliver come back as rows (_report_rows.py).
         tag = spec.get("report_rows")
         spill = _report_rows.Spill(tag, workdir) if tag else None
         env = {**spec["attempt_env"], **(staged.env if staged is not None else {})}
-        facts = {"nnodes": len(hosts), "node_rank": node_rank, "record": vars(record),
+        facts = {"nnodes": len(hosts), "node_rank": node_rank, "packed": packed,
                  "task_attempt_id": ctx.taskAttemptId(), "env": timing.env(env),
-                 "gpus": _node_gpus(spec, ctx, node_rank),
-                 "ifname": record.ifname if node_rank == 0
-                 else _elect.local_ifname(record.master_addr)}
+                 "gpus": _node_gpus(spec, ctx, node_rank)}
         out_file = _run_agent(spec, facts, workdir, spill)
         if reservation is not None:
             reservation.release()
