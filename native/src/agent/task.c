@@ -362,6 +362,16 @@ static void write_files(tsp_json_writer_t *w, const launch_t *l)
     tsp_json_end(w);
 }
 
+/* "files", "nproc_per_node", "ship" and "collect": what the agent's exit is read with. */
+static void write_outcome_keys(tsp_json_writer_t *w, const launch_t *l)
+{
+    write_files(w, l);
+    tsp_json_key(w, "nproc_per_node");
+    tsp_json_int(w, l->nproc);
+    write_bool(w, "ship", l->ship);
+    write_bool(w, "collect", l->collect);
+}
+
 /* The launch reply, with the plan's options (argv, a JSON array) first in "argv". */
 static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv, FILE *f)
 {
@@ -383,11 +393,13 @@ static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv
     tsp_json_end(&w);
     if ((rc = write_env(r, l, &w)) != 0)
         return rc;
-    write_files(&w, l);
-    tsp_json_key(&w, "nproc_per_node");
-    tsp_json_int(&w, l->nproc);
-    write_bool(&w, "ship", l->ship);
-    write_bool(&w, "collect", l->collect);
+    write_outcome_keys(&w, l);
+    tsp_json_key(&w, "finish"); /* tsp_task_finish's request but the exit, tail and host */
+    tsp_json_begin_object(&w);
+    write_outcome_keys(&w, l);
+    tsp_json_key(&w, "node_rank");
+    tsp_json_int(&w, l->node_rank);
+    tsp_json_end(&w);
     tsp_json_end(&w);
     return 0;
 }

@@ -55,7 +55,7 @@ final class LocalRun {
     private static JsonNode runAgent(AgentProcess agent, RunChannel ch, String path) {
         JsonNode done;
         try {
-            done = agent.run(null, 0, NodeTask.localHostName());
+            done = agent.run(null, NodeTask.localHostName());
         } catch (IOException e) {
             throw new UncheckedIOException("torchspark: cannot start the agent " + path, e);
         } catch (InterruptedException e) {

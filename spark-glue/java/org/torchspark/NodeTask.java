@@ -141,7 +141,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             // Killed while launching, electing or in the barrier: no agent at all (a kill
             // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
             ctx.killTaskIfInterrupted();
-            JsonNode done = agent.run(ctx, nodeRank, localHostName()); // from the task thread: it lives as long as the agent
+            JsonNode done = agent.run(ctx, localHostName()); // from the task thread: it lives as long as the agent
             if (done.path("failure").isObject()) {
                 throw new IllegalStateException(done.get("failure").get("message").asText());
             }

@@ -40,11 +40,6 @@ final class Rendezvous implements AutoCloseable {
             }
             host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
         }
-
-        @Override
-        public String toString() {
-            return (host.indexOf(':') >= 0 ? "[" + host + "]" : host) + ":" + port;
-        }
     }
 
     long handle; // guarded by this; 0 once closed

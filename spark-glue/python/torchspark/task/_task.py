@@ -147,10 +147,8 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
     res = _launch.Agent(plan["argv"], env, echo=echo,
                         on_stderr=spill.stderr_line if spill else None,
                         secret=spec["log_secret_hex"] if endpoint else None).run()
-    done = json_call("tsp_task_finish", {
-        "status": res.returncode, "tail": "\n".join(res.tail), "host": socket.gethostname(),
-        "node_rank": facts.get("node_rank", 0), "files": plan["files"], "ship": plan["ship"],
-        "collect": plan["collect"], "nproc_per_node": plan["nproc_per_node"]})
+    done = json_call("tsp_task_finish", {**plan["finish"], "status": res.returncode,
+                                         "tail": "\n".join(res.tail), "host": socket.gethostname()})
     if done["failure"] is not None:
         failure = _report.Failure(done["failure"]["document"], None)
         raise NodeFailed(done["failure"]["message"], failure, res)
