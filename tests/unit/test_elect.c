@@ -289,14 +289,16 @@ START_TEST(test_elect_call_json_face)
 }
 END_TEST
 
-/* Rank 0's peers (op master with hosts, docs/protocol.md 2): tried in order, each once, and
- * one sentence with every reason when none elects; the first that elects is kept. */
+/* Rank 0's peers (op master with hosts, docs/protocol.md 2; a task's address loses its port):
+ * tried in order, each once, and one sentence with every reason when none elects; the first
+ * that elects is kept. */
 START_TEST(test_elect_call_tries_the_peers_in_order)
 {
     char out[4096], err[4096];
     size_t need = 0;
-    const char *none = "{\"op\": \"master\", \"hosts\": [\"self.invalid\", \"b.invalid\", \"\", "
-                       "\"b.invalid\", \"self.invalid\"], \"driver_host\": \"drv.invalid\"}";
+    const char *none =
+        "{\"op\": \"master\", \"hosts\": [\"self.invalid:4040\", \"b.invalid\", \"\", "
+        "\"[b.invalid]:7077\", \"self.invalid\"], \"driver_host\": \"drv.invalid\"}";
     ck_assert_int_ne(tsp_elect_call(none, strlen(none), out, sizeof out, &need, err, sizeof err),
                      0);
     const char *b = strstr(err, "(cannot resolve host 'b.invalid'");

@@ -357,8 +357,8 @@ static void write_record(tsp_json_writer_t *w, const tsp_elect_record_t *r)
 }
 
 /* The peers of a "master" request, in the order rank 0 tries them (docs/protocol.md 2): its
- * "peer" alone; or each other node's host of its "hosts", once, but rank 0's own (hosts[0]),
- * then its "driver_host", then rank 0's host. */
+ * "peer" alone; or each other node's host of its "hosts" (a port dropped), once, but rank 0's
+ * own (hosts[0]), then its "driver_host", then rank 0's host. */
 typedef struct {
     char **v, *self;
     size_t n, cap;
@@ -402,9 +402,19 @@ static int peers_host(void *ctx, const char *key, size_t index, int type, const 
         p->bad = 1;
         return -EINVAL;
     }
+    size_t colon = len; /* a task's address as Spark gives it: "host:port", "[v6]:port" */
+    while (colon > 0 && val[colon - 1] != ':')
+        colon--;
+    len = colon > 1 ? colon - 1 : len;
+    if (len && val[0] == '[') {
+        val++;
+        len--;
+    }
+    if (len && val[len - 1] == ']')
+        len--;
     if (index == 0)
         return (p->self = strndup(val, len)) ? 0 : -ENOMEM;
-    return strcmp(val, p->self) ? peers_add(p, val, len) : 0;
+    return strlen(p->self) == len && memcmp(val, p->self, len) == 0 ? 0 : peers_add(p, val, len);
 }
 
 static void peers_free(peers_t *p)

@@ -55,12 +55,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         this.spec = spec;
     }
 
-    static String hostOf(String address) {
-        int i = address.lastIndexOf(':');
-        String h = i > 0 ? address.substring(0, i) : address;
-        return h.replace("[", "").replace("]", "");
-    }
-
     static String localHostName() {
         try {
             return InetAddress.getLocalHost().getHostName();
@@ -101,7 +95,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         };
     }
 
-    /** The hosts by node of this task's attempt: a barrier task's from Spark; a gang task's
+    /** The hosts by node of this task's attempt: a barrier task's from Spark (its tasks'
+     *  addresses as they are: the election drops their ports, elect.c); a gang task's
      *  after its JOIN, which waits for every node (only its own host is known: rank 0 elects
      *  towards the driver's host). */
     private List<String> hosts(TaskContext ctx) {
@@ -114,7 +109,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             return hosts;
         }
         for (BarrierTaskInfo info : ((BarrierTaskContext) ctx).getTaskInfos()) {
-            hosts.add(hostOf(info.address()));
+            hosts.add(info.address());
         }
         return hosts;
     }

@@ -25,11 +25,6 @@ from torchspark.task._spec import NodeSpec
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
 
 
-def _host_of(address: str) -> str:
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host.strip("[]")
-
-
 def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
     """The GPUs of this node's processes (None for a CPU job): Spark's raw addresses, which
     the agent assigns against the executor's own CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8
@@ -56,8 +51,9 @@ def work_root() -> Optional[str]:
 
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     timing = _timing.TaskTiming(spec["timing_env"])
-    # A barrier task's context, or a gang task's once every node joined (_gang.py).
-    ctx, node_rank, hosts = _gang.task_context(spec, _host_of)
+    # A barrier task's context, or a gang task's once every node joined (_gang.py); the
+    # nodes' addresses as Spark gives them (the election drops their ports, elect.c).
+    ctx, node_rank, hosts = _gang.task_context(spec, str)
     reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-", dir=work_root())
     try:
