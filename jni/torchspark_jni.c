@@ -117,7 +117,7 @@ static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_tran
     const char *in = str_get(env, jin, &oom);
     int rc = -ENOMEM;
     if (!oom && in) {
-        char err[512] = "";
+        char err[4096] = ""; /* room for a sentence with every peer's reason (elect.c) */
         size_t need = strlen(in) * 3 > 16384 ? strlen(in) * 3 : 16384; /* rarely outgrown */
         char *out = NULL;
         for (int tries = 0; tries < 2; tries++) {

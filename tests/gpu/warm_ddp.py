@@ -138,10 +138,10 @@ def elect() -> Tuple[Any, Any]:
     from torchspark.native import _elect
 
     try:
-        record, packed, held = _elect.elect_master(socket.gethostname())
+        record, _, held = _elect.elect_master(socket.gethostname())
     except _elect.ElectionError:
-        record, packed, held = _elect.elect_master("127.0.0.1")
-    return _elect.unpack_record(packed), held
+        record, _, held = _elect.elect_master("127.0.0.1")
+    return record, held
 
 
 def stage_partition(workdir: str):

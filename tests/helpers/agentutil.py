@@ -16,6 +16,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 # The checkout's .venv; in the version matrix's own pytest (tests/e2e/test_pyspark_matrix.py)
@@ -185,3 +186,15 @@ def root_cause(block: list[str]) -> dict[str, str]:
             key = k.strip()
             fields[key] = v.strip()
     return fields
+
+
+def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
+               host: Optional[str] = None) -> List[str]:
+    """Spark GPU addresses + the CUDA_VISIBLE_DEVICES they were given under -> the workers'
+    entries, by the native rules R0-R8 (native/src/gpu/gpu.c, docs/gpu.md), which the agent
+    applies to its --gpus. ValueError with the rule's message on a refusal (the stock text
+    for malformed addresses)."""
+    from torchspark.native._lib import json_call
+    mask = json_call("tsp_gpu_call", {"addresses": list(addresses), "visible": visible,
+                                       "task": task, "host": host or None})["mask"]
+    return mask.split(",") if mask else []

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -96,8 +97,8 @@ START_TEST(test_elect_route_source_and_ifname)
     ck_assert_int_eq(strncmp(addr, "127.", 4), 0);
     ck_assert_int_eq(tsp_elect_ifname_of("192.0.2.77", ifname, sizeof ifname), -ENOENT);
     ck_assert_int_eq(tsp_elect_ifname_of("bogus", ifname, sizeof ifname), -EINVAL);
-    ck_assert_int_ne(tsp_elect_route_source("no-such-host.invalid", addr, sizeof addr, err,
-                                            sizeof err), 0);
+    ck_assert_int_ne(
+        tsp_elect_route_source("no-such-host.invalid", addr, sizeof addr, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(err, "no-such-host.invalid"));
 }
 END_TEST
@@ -194,7 +195,10 @@ START_TEST(test_elect_record_unpack_refusals)
 {
     tsp_elect_record_t r;
     char err[256], big[TSP_ELECT_RECORD_MAX + 2];
-    static const struct { const char *in; const char *msg; } cases[] = {
+    static const struct {
+        const char *in;
+        const char *msg;
+    } cases[] = {
         {"{\"version\":2,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\"}", "version 2"},
         {"{\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\"}", "no \"version\""},
         {"{\"version\":1,\"master_port\":1,\"run_id\":\"r\"}", "lacks"},
@@ -204,32 +208,38 @@ START_TEST(test_elect_record_unpack_refusals)
         {"[1]", "not a JSON object"},
         {"", "not a JSON object"},
         {"{\"version\":99999999999}", "bad value"},
-        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":\"1\",\"run_id\":\"r\"}", "bad value"},
-        {"{\"version\":1,\"master_addr\":\"\\u00e9\",\"master_port\":1,\"run_id\":\"r\"}", "bad value"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":\"1\",\"run_id\":\"r\"}",
+         "bad value"},
+        {"{\"version\":1,\"master_addr\":\"\\u00e9\",\"master_port\":1,\"run_id\":\"r\"}",
+         "bad value"},
         {"{\"version\":1,\"master_addr\":[1],\"master_port\":1,\"run_id\":\"r\"}", "bad value"},
-        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":\"1\",\"run_id\":\"r\"}", "bad value"},
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":\"1\",\"run_id\":\"r\"}",
+         "bad value"},
         {"{\"master_addr\":\"\\q\"}", "not a JSON object"},
         {"{\"version\":1,\"master_addr\":[1],\"master_port\":1,\"run_id\":\"r\"}", "bad value"},
         {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":0}",
          "nccl_port 0"},
-        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":70000}",
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":"
+         "70000}",
          "nccl_port 70000"},
-        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":\"5\"}",
+        {"{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"r\",\"nccl_port\":"
+         "\"5\"}",
          "bad value for \"nccl_port\""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         err[0] = '\0';
-        ck_assert_int_eq(tsp_elect_record_unpack(cases[i].in, strlen(cases[i].in), &r, err,
-                                                 sizeof err), -EINVAL);
-        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err,
-                      cases[i].msg);
+        ck_assert_int_eq(
+            tsp_elect_record_unpack(cases[i].in, strlen(cases[i].in), &r, err, sizeof err),
+            -EINVAL);
+        ck_assert_msg(strstr(err, cases[i].msg), "case %zu: '%s' lacks '%s'", i, err, cases[i].msg);
     }
     memset(big, ' ', sizeof big);
     ck_assert_int_eq(tsp_elect_record_unpack(big, sizeof big, &r, err, sizeof err), -E2BIG);
     /* An over-long string is refused, not truncated. */
     char longid[400];
-    int n = snprintf(longid, sizeof longid,
-                     "{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"%0200d\"}", 0);
+    int n = snprintf(
+        longid, sizeof longid,
+        "{\"version\":1,\"master_addr\":\"a\",\"master_port\":1,\"run_id\":\"%0200d\"}", 0);
     ck_assert_int_eq(tsp_elect_record_unpack(longid, (size_t)n, &r, err, sizeof err), -EINVAL);
 }
 END_TEST
@@ -243,8 +253,8 @@ START_TEST(test_elect_call_json_face)
     const char *unpack = "{\"op\": \"unpack\", \"packed\": \"{\\\"version\\\": 1, "
                          "\\\"master_addr\\\": \\\"10.0.0.5\\\", \\\"master_port\\\": 40123, "
                          "\\\"run_id\\\": \\\"ab\\\"}\"}";
-    ck_assert_int_eq(tsp_elect_call(unpack, strlen(unpack), out, sizeof out, &need, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        tsp_elect_call(unpack, strlen(unpack), out, sizeof out, &need, err, sizeof err), 0);
     ck_assert_str_eq(out, "{\"record\": {\"version\": 1, \"master_port\": 40123, \"nccl_port\": 0, "
                           "\"master_addr\": \"10.0.0.5\", \"run_id\": \"ab\", \"host\": \"\", "
                           "\"ifname\": \"\"}}");
@@ -259,9 +269,9 @@ START_TEST(test_elect_call_json_face)
         {"[1]", "not a JSON object"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ck_assert_int_eq(tsp_elect_call(bad[i][0], strlen(bad[i][0]), out, sizeof out, &need, err,
-                                        sizeof err),
-                         -EINVAL);
+        ck_assert_int_eq(
+            tsp_elect_call(bad[i][0], strlen(bad[i][0]), out, sizeof out, &need, err, sizeof err),
+            -EINVAL);
         ck_assert_msg(strstr(err, bad[i][1]), "%s: %s", bad[i][0], err);
     }
     const char *master = "{\"op\": \"master\", \"peer\": \"127.0.0.1\", \"run_id\": null}";
@@ -273,9 +283,50 @@ START_TEST(test_elect_call_json_face)
     int after = dup(0);
     close(after);
     ck_assert_int_eq(after, before); /* nothing held: the lowest free fd is the same */
-    ck_assert_int_eq(tsp_elect_call(master, strlen(master), out, sizeof out, &need, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        tsp_elect_call(master, strlen(master), out, sizeof out, &need, err, sizeof err), 0);
     ck_assert_ptr_nonnull(strstr(out, "\"fds\": ["));
+}
+END_TEST
+
+/* Rank 0's peers (op master with hosts, docs/protocol.md 2; a task's address loses its port):
+ * tried in order, each once, and one sentence with every reason when none elects; the first
+ * that elects is kept. */
+START_TEST(test_elect_call_tries_the_peers_in_order)
+{
+    char out[4096], err[4096];
+    size_t need = 0;
+    const char *none =
+        "{\"op\": \"master\", \"hosts\": [\"self.invalid:4040\", \"b.invalid\", \"\", "
+        "\"[b.invalid]:7077\", \"self.invalid\"], \"driver_host\": \"drv.invalid\"}";
+    ck_assert_int_ne(tsp_elect_call(none, strlen(none), out, sizeof out, &need, err, sizeof err),
+                     0);
+    const char *b = strstr(err, "(cannot resolve host 'b.invalid'");
+    const char *drv = strstr(err, "; cannot resolve host 'drv.invalid'");
+    const char *self = strstr(err, "; cannot resolve host 'self.invalid'");
+    ck_assert_msg(strncmp(err, "torchspark: rank 0's task on host ", 34) == 0, "%s", err);
+    ck_assert_msg(b && drv && self && b < drv && drv < self, "%s", err);
+    int tried = 0;
+    for (const char *p = err; (p = strstr(p, "cannot resolve host")) != NULL; p++)
+        tried++;
+    ck_assert_msg(tried == 3, "each peer once: %s", err);
+    const char *some = "{\"op\": \"master\", \"hosts\": [\"self.invalid\", \"b.invalid\"], "
+                       "\"driver_host\": \"127.0.0.1\"}";
+    ck_assert_int_eq(tsp_elect_call(some, strlen(some), out, sizeof out, &need, err, sizeof err),
+                     0);
+    ck_assert_ptr_nonnull(strstr(out, "\"master_addr\": \"127.0.0.1\""));
+    const char *fds = strstr(out, "\"fds\": [");
+    ck_assert_ptr_nonnull(fds);
+    for (char *p = (char *)fds + 8; *p && *p != ']';) {
+        long fd = strtol(p, &p, 10);
+        close((int)fd);
+        while (*p == ',' || *p == ' ')
+            p++;
+    }
+    const char *bad = "{\"op\": \"master\", \"hosts\": []}";
+    ck_assert_int_eq(tsp_elect_call(bad, strlen(bad), out, sizeof out, &need, err, sizeof err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "needs \"peer\" (a host) or \"hosts\""));
 }
 END_TEST
 
@@ -291,6 +342,7 @@ static Suite *elect_suite(void)
     tcase_add_test(tc, test_elect_record_unpack_tolerates_unknown_keys_and_whitespace);
     tcase_add_test(tc, test_elect_record_unpack_refusals);
     tcase_add_test(tc, test_elect_call_json_face);
+    tcase_add_test(tc, test_elect_call_tries_the_peers_in_order);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -64,6 +64,33 @@ START_TEST(test_task_launch_and_its_buffer)
 }
 END_TEST
 
+/* The record as received (docs/protocol.md 12): read here, the node's interface derived (node
+ * 0: the record's; node 1: its route's towards 127.0.0.1), a bad one refused; "finish" carries
+ * what tsp_task_finish reads the exit with. */
+START_TEST(test_task_launch_reads_the_packed_record)
+{
+    const char *head = "{\"agent\": \"a\", \"python\": \"py\", \"workdir\": \"/w\", \"nnodes\": 2, "
+                       "\"program\": [\"t.py\"], \"packed\": ";
+    const char *rec =
+        "\"{\\\"version\\\": 1, \\\"master_addr\\\": \\\"127.0.0.1\\\", "
+        "\\\"master_port\\\": 5, \\\"run_id\\\": \\\"r\\\", \\\"ifname\\\": \\\"eth9\\\"}\"";
+    snprintf(req, sizeof req, "%s%s, \"node_rank\": 0}", head, rec);
+    ck_assert_int_eq(launch(req), 0);
+    ck_assert_msg(
+        strstr(out, "\"--master-addr=127.0.0.1\", \"--master-port=5\", \"--rdzv-id=r\"") &&
+            strstr(out, "\"GLOO_SOCKET_IFNAME\": \"eth9\"") &&
+            strstr(out, "\"finish\": {\"files\": {\"error\": \"/w/error.json\"") &&
+            strstr(out, "\"collect\": false, \"node_rank\": 0}"),
+        "%s", out);
+    snprintf(req, sizeof req, "%s%s, \"node_rank\": 1}", head, rec);
+    ck_assert_int_eq(launch(req), 0);
+    ck_assert_msg(strstr(out, "\"GLOO_SOCKET_IFNAME\": \"lo\""), "%s", out);
+    snprintf(req, sizeof req, "%s\"{}\", \"node_rank\": 1}", head);
+    ck_assert_int_eq(launch(req), -EINVAL);
+    ck_assert_str_eq(err, "torchspark: bad election record: election record has no \"version\"");
+}
+END_TEST
+
 START_TEST(test_task_launch_refusals)
 {
     ck_assert_int_eq(launch("[]"), -EINVAL);
@@ -141,6 +168,7 @@ static Suite *task_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_task_launch_and_its_buffer);
     tcase_add_test(tc, test_task_launch_refusals);
+    tcase_add_test(tc, test_task_launch_reads_the_packed_record);
     tcase_add_test(tc, test_task_finish_failure_and_result);
     suite_add_tcase(s, tc);
     return s;

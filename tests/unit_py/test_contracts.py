@@ -4,6 +4,7 @@ no twins (docs/architecture.md, "One contract")."""
 import base64
 import ctypes
 import json
+import os
 import pathlib
 
 import pytest
@@ -22,6 +23,7 @@ OUTCOME_CASES = json.loads((CONTRACTS / "outcome.json").read_text())["cases"]
 RUNCTL_CASES = json.loads((CONTRACTS / "runctl.json").read_text())["cases"]
 TASK_CASES = json.loads((CONTRACTS / "task.json").read_text())["cases"]
 MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"  # a task's carrier (docs/protocol.md section 3)
+ELECT_CASES = json.loads((CONTRACTS / "elect.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -72,6 +74,29 @@ def test_task_golden(case, tmp_path):
         assert message.startswith(case["failure"]["message_head"]), message
         carried = message.split(MARKER, 1)[1].strip()
         assert json.loads(base64.b64decode(carried)) == got["failure"]["document"]
+
+
+@pytest.mark.parametrize("case", ELECT_CASES, ids=[c["name"] for c in ELECT_CASES])
+def test_elect_golden(case):
+    """Rank 0's peers, in the order it tries them (tsp_elect_call's op master)."""
+    if "record" in case:
+        got = _lib.json_call("tsp_elect_call", case["request"])
+        for fd in got["fds"]:
+            os.close(fd)
+        assert {k: got["record"][k] for k in case["record"]} == case["record"]
+        return
+    with pytest.raises(ValueError) as e:
+        _lib.json_call("tsp_elect_call", case["request"])
+    if "error" in case:
+        assert case["error"] in str(e.value)
+        return
+    head, _, rest = str(e.value).partition(" could not choose a master address reachable from "
+                                           "the other nodes (")
+    assert head.startswith("torchspark: rank 0's task on host "), str(e.value)
+    reasons = rest.rsplit("): check that the executors' host names resolve", 1)[0].split("; ")
+    assert len(reasons) == len(case["reasons"]), reasons
+    for got, want in zip(reasons, case["reasons"], strict=True):
+        assert got.startswith(want), (got, want)
 
 
 def test_a_bad_plan_names_the_key():

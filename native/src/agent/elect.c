@@ -356,20 +356,142 @@ static void write_record(tsp_json_writer_t *w, const tsp_elect_record_t *r)
     tsp_json_end(w);
 }
 
-/* Rank 0's election towards peer: the record, its packed line and the held ports' fds. */
+/* The peers of a "master" request, in the order rank 0 tries them (docs/protocol.md 2): its
+ * "peer" alone; or each other node's host of its "hosts" (a port dropped), once, but rank 0's
+ * own (hosts[0]), then its "driver_host", then rank 0's host. */
+typedef struct {
+    char **v, *self;
+    size_t n, cap;
+    int bad, one; /* one: the request's "peer", whose reason is the sentence */
+} peers_t;
+
+/* Appends h (taken: freed here on failure). */
+static int peers_push(peers_t *p, char *h)
+{
+    if (h && p->n == p->cap) {
+        size_t cap = p->cap ? 2 * p->cap : 8;
+        char **v = realloc(p->v, cap * sizeof *v);
+        if (!v) {
+            free(h);
+            return -ENOMEM;
+        }
+        p->v = v;
+        p->cap = cap;
+    }
+    if (!h)
+        return -ENOMEM;
+    p->v[p->n++] = h;
+    return 0;
+}
+
+/* Appends a non-empty host not in the list yet. */
+static int peers_add(peers_t *p, const char *h, size_t len)
+{
+    for (size_t i = 0; i < p->n; i++)
+        if (strlen(p->v[i]) == len && memcmp(p->v[i], h, len) == 0)
+            return 0;
+    return len ? peers_push(p, strndup(h, len)) : 0;
+}
+
+static int peers_host(void *ctx, const char *key, size_t index, int type, const char *val,
+                      size_t len)
+{
+    (void)key;
+    peers_t *p = ctx;
+    if (type != TSP_JSON_STRING) {
+        p->bad = 1;
+        return -EINVAL;
+    }
+    size_t colon = len; /* a task's address as Spark gives it: "host:port", "[v6]:port" */
+    while (colon > 0 && val[colon - 1] != ':')
+        colon--;
+    len = colon > 1 ? colon - 1 : len;
+    if (len && val[0] == '[') {
+        val++;
+        len--;
+    }
+    if (len && val[len - 1] == ']')
+        len--;
+    if (index == 0)
+        return (p->self = strndup(val, len)) ? 0 : -ENOMEM;
+    return strlen(p->self) == len && memcmp(val, p->self, len) == 0 ? 0 : peers_add(p, val, len);
+}
+
+static void peers_free(peers_t *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        free(p->v[i]);
+    free(p->v);
+    free(p->self);
+}
+
+static int read_peers(const tsp_jreq_t *r, peers_t *p)
+{
+    char *one = NULL, *driver = NULL;
+    int rc = tsp_jreq_str(r, "peer", 0, &one);
+    if (rc == 0 && one) {
+        p->one = 1;
+        return peers_push(p, one);
+    }
+    if (rc == 0)
+        rc = tsp_json_each(r->doc, r->len, "hosts", peers_host, p);
+    if (rc == -ENOENT || rc == -EINVAL || p->bad || (rc == 0 && !p->self))
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "%s needs \"peer\" (a host) or \"hosts\" (the nodes' hosts, rank 0's "
+                        "first: a non-empty array of strings)",
+                        ELECT_WHO);
+    if (rc == 0)
+        rc = tsp_jreq_str(r, "driver_host", 0, &driver);
+    if (rc == 0 && driver)
+        rc = peers_add(p, driver, strlen(driver));
+    free(driver);
+    return rc ? rc : peers_add(p, p->self, strlen(p->self));
+}
+
+/* Elects towards each peer in turn until one elects; when none does, one sentence that
+ * names this host and gives each peer's reason in order. */
+static int elect_peers(const peers_t *p, const char *run_id, tsp_elect_record_t *rec,
+                       tsp_port_reservation_t *res, tsp_port_reservation_t *nccl, char *err,
+                       size_t errlen)
+{
+    char *why = NULL, self[256] = "?", one[512] = "";
+    size_t wlen = 0;
+    FILE *f = open_memstream(&why, &wlen);
+    int rc = f ? -EHOSTUNREACH : -ENOMEM;
+    for (size_t i = 0; f && i < p->n && rc != 0; i++) {
+        rc = tsp_elect_master(p->v[i], run_id, rec, res, nccl, one, sizeof one);
+        if (rc != 0)
+            fprintf(f, "%s%s", i ? "; " : "", one);
+    }
+    if (f && fclose(f) != 0 && rc != 0)
+        rc = -ENOMEM;
+    if (rc != 0 && rc != -ENOMEM && p->one && why)
+        (void)tsp__err(err, errlen, rc, "%s", why);
+    else if (rc != 0 && rc != -ENOMEM)
+        (void)tsp__err(err, errlen, rc,
+                       "torchspark: rank 0's task on host %s could not choose a master "
+                       "address reachable from the other nodes (%s): check that the "
+                       "executors' host names resolve on every executor",
+                       gethostname(self, sizeof self - 1) == 0 ? self : "?", why ? why : "");
+    free(why);
+    return rc;
+}
+
+/* Rank 0's election towards its peers: the record, its packed line and the held ports' fds. */
 static int op_master(const char *req, size_t len, tsp_json_writer_t *w, int fds[2], char *err,
                      size_t errlen)
 {
-    char *peer = NULL, *run_id = NULL, packed[TSP_ELECT_RECORD_MAX + 1];
+    char *run_id = NULL, packed[TSP_ELECT_RECORD_MAX + 1];
     tsp_elect_record_t rec;
     tsp_port_reservation_t res = {-1, 0}, nccl = {-1, 0};
     tsp_jreq_t r = {req, len, ELECT_WHO, err, errlen};
-    int rc = tsp_jreq_str(&r, "peer", 1, &peer);
+    peers_t peers = {0};
+    int rc = read_peers(&r, &peers);
     if (rc == 0)
         rc = tsp_jreq_str(&r, "run_id", 0, &run_id);
     if (rc == 0)
-        rc = tsp_elect_master(peer, run_id, &rec, &res, &nccl, err, errlen);
-    free(peer);
+        rc = elect_peers(&peers, run_id, &rec, &res, &nccl, err, errlen);
+    peers_free(&peers);
     free(run_id);
     if (rc != 0)
         return rc;

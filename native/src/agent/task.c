@@ -15,6 +15,7 @@
 #include "jreq.h"
 #include "json.h"
 #include "report.h"
+#include "torchspark/elect.h"
 #include "torchspark/failure.h"
 #include "torchspark/plan.h"
 #include "util.h"
@@ -69,6 +70,12 @@ static void write_bool(tsp_json_writer_t *w, const char *key, int v)
     (void)tsp_json_value(w, v ? "true" : "false", v ? 4 : 5);
 }
 
+static void put_str(tsp_json_writer_t *w, const char *key, const char *val)
+{
+    tsp_json_key(w, key);
+    tsp_json_str(w, val);
+}
+
 /* The request's value at path, written under key as it is, when present. */
 static void copy_as(tsp_json_writer_t *w, const tsp_jreq_t *r, const char *path, const char *key)
 {
@@ -86,15 +93,16 @@ static void copy_as(tsp_json_writer_t *w, const tsp_jreq_t *r, const char *path,
 
 typedef struct {
     char *workdir, *gpu_resource, *gpus, *ifname, *attempt, *endpoint, *record;
-    char *error, *output, *fn, *request_file;
+    char *error, *output, *fn, *request_file, *packed;
     int standalone, nproc, node_rank, output_wanted, channel, ship, collect;
+    tsp_elect_record_t rec; /* read from packed */
 } launch_t;
 
 static void launch_free(launch_t *l)
 {
-    char **s[] = {&l->workdir, &l->gpu_resource, &l->gpus,        &l->ifname,
-                  &l->attempt, &l->endpoint,     &l->record,      &l->error,
-                  &l->output,  &l->fn,           &l->request_file};
+    char **s[] = {&l->workdir, &l->gpu_resource, &l->gpus,         &l->ifname,
+                  &l->attempt, &l->endpoint,     &l->record,       &l->error,
+                  &l->output,  &l->fn,           &l->request_file, &l->packed};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
         free(*s[i]);
 }
@@ -147,6 +155,28 @@ static int read_gpus(const tsp_jreq_t *r, launch_t *l)
     return rc;
 }
 
+/* "packed": rank 0's record as received, read; without "ifname", the one of this node (the
+ * record's on node 0, else the interface of this host's route towards the master). */
+static int read_packed(const tsp_jreq_t *r, launch_t *l)
+{
+    char why[256] = "", addr[TSP_ELECT_ADDR_MAX], ifname[TSP_ELECT_IFNAME_MAX] = "";
+    if (!l->packed)
+        return 0;
+    if (l->record)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        "the task request has both \"record\" and \"packed\": give one");
+    if (tsp_elect_record_unpack(l->packed, strlen(l->packed), &l->rec, why, sizeof why) != 0)
+        return tsp__err(r->err, r->errlen, -EINVAL, "torchspark: bad election record: %s", why);
+    if (l->ifname)
+        return 0;
+    if (l->node_rank == 0)
+        snprintf(ifname, sizeof ifname, "%s", l->rec.ifname);
+    else if (tsp_elect_route_source(l->rec.master_addr, addr, sizeof addr, NULL, 0) != 0 ||
+             tsp_elect_ifname_of(addr, ifname, sizeof ifname) != 0)
+        ifname[0] = '\0';
+    return ifname[0] && !(l->ifname = strdup(ifname)) ? -ENOMEM : 0;
+}
+
 static int read_launch(const tsp_jreq_t *r, launch_t *l)
 {
     int rc;
@@ -166,7 +196,8 @@ static int read_launch(const tsp_jreq_t *r, launch_t *l)
             0 ||
         (rc = tsp_jreq_str(r, "log_endpoint", 0, &l->endpoint)) ||
         (rc = tsp_jreq_bool(r, "output", &l->output_wanted)) ||
-        (rc = tsp_jreq_bool(r, "output_channel", &l->channel)))
+        (rc = tsp_jreq_bool(r, "output_channel", &l->channel)) ||
+        (rc = tsp_jreq_str(r, "packed", 0, &l->packed)) || (rc = read_packed(r, l)))
         return rc;
     l->nproc = l->nproc > 0 ? l->nproc : 1;
     l->ship = l->output_wanted && l->channel && l->endpoint && l->node_rank == 0;
@@ -198,7 +229,14 @@ static int write_plan(const tsp_jreq_t *r, const launch_t *l, char **doc, size_t
     tsp_json_str(&w, l->gpus);
     if (l->gpus) /* the NCCL check only with GPUs */
         copy_as(&w, r, "nccl_check", "nccl_check");
-    if (l->record) {
+    if (l->packed) {
+        put_str(&w, "master_addr", l->rec.master_addr);
+        tsp_json_key(&w, "master_port");
+        tsp_json_int(&w, l->rec.master_port);
+        tsp_json_key(&w, "nccl_port");
+        tsp_json_int(&w, l->rec.nccl_port);
+        put_str(&w, "run_id", l->rec.run_id);
+    } else if (l->record) {
         copy_as(&w, r, "record.master_addr", "master_addr");
         copy_as(&w, r, "record.master_port", "master_port");
         copy_as(&w, r, "record.nccl_port", "nccl_port");
@@ -276,12 +314,6 @@ static int emit_env(void *ctx, const char *key, size_t index, int type, const ch
     return 0;
 }
 
-static void put_str(tsp_json_writer_t *w, const char *key, const char *val)
-{
-    tsp_json_key(w, key);
-    tsp_json_str(w, val);
-}
-
 /* "env" and "env_default" (docs/protocol.md section 12). */
 static int write_env(const tsp_jreq_t *r, const launch_t *l, tsp_json_writer_t *w)
 {
@@ -330,6 +362,16 @@ static void write_files(tsp_json_writer_t *w, const launch_t *l)
     tsp_json_end(w);
 }
 
+/* "files", "nproc_per_node", "ship" and "collect": what the agent's exit is read with. */
+static void write_outcome_keys(tsp_json_writer_t *w, const launch_t *l)
+{
+    write_files(w, l);
+    tsp_json_key(w, "nproc_per_node");
+    tsp_json_int(w, l->nproc);
+    write_bool(w, "ship", l->ship);
+    write_bool(w, "collect", l->collect);
+}
+
 /* The launch reply, with the plan's options (argv, a JSON array) first in "argv". */
 static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv, FILE *f)
 {
@@ -351,11 +393,13 @@ static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv
     tsp_json_end(&w);
     if ((rc = write_env(r, l, &w)) != 0)
         return rc;
-    write_files(&w, l);
-    tsp_json_key(&w, "nproc_per_node");
-    tsp_json_int(&w, l->nproc);
-    write_bool(&w, "ship", l->ship);
-    write_bool(&w, "collect", l->collect);
+    write_outcome_keys(&w, l);
+    tsp_json_key(&w, "finish"); /* tsp_task_finish's request but the exit, tail and host */
+    tsp_json_begin_object(&w);
+    write_outcome_keys(&w, l);
+    tsp_json_key(&w, "node_rank");
+    tsp_json_int(&w, l->node_rank);
+    tsp_json_end(&w);
     tsp_json_end(&w);
     return 0;
 }

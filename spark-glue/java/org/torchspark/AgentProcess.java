@@ -1,6 +1,7 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.BufferedReader;
 import java.io.IOException;
 import java.io.InputStream;
@@ -47,17 +48,7 @@ final class AgentProcess {
     /** One node's agent, from start to exit on this thread (ctx: its task's, null on the
      *  driver: see waitFor) -> the node's result {"failure", "result", "missing", "log"}
      *  (tsp_task_finish): the same steps for a barrier or gang task and local mode's one node. */
-    JsonNode run(TaskContext ctx, int nodeRank, String host) throws IOException, InterruptedException {
-        start();
-        int status = waitFor(ctx); // as Java reports it (128 + N: signal N)
-        return Native.call("tsp_task_finish", Native.object(
-                "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
-                "files", launch.get("files"), "ship", launch.get("ship"), "collect", launch.get("collect"),
-                "nproc_per_node", launch.get("nproc_per_node"), "node_rank", nodeRank, "host", host,
-                "tail", String.join("\n", tail())));
-    }
-
-    private void start() throws IOException {
+    JsonNode run(TaskContext ctx, String host) throws IOException, InterruptedException {
         List<String> cmd = new ArrayList<>();
         launch.path("argv").forEach(a -> cmd.add(a.asText()));
         ProcessBuilder pb = new ProcessBuilder(cmd); // its standard input: a pipe, for the secret
@@ -77,6 +68,14 @@ final class AgentProcess {
         }
         drain(proc.getInputStream());
         drain(proc.getErrorStream());
+        int status = waitFor(ctx); // as Java reports it (128 + N: signal N)
+        String lines;
+        synchronized (tail) {
+            lines = String.join("\n", tail);
+        }
+        return Native.call("tsp_task_finish", launch.get("finish").<ObjectNode>deepCopy().setAll(Native.object(
+                "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
+                "host", host, "tail", lines)));
     }
 
     private void drain(InputStream in) {
@@ -137,12 +136,6 @@ final class AgentProcess {
         } catch (InterruptedException e) {
             proc.destroyForcibly();
             Thread.currentThread().interrupt();
-        }
-    }
-
-    List<String> tail() {
-        synchronized (tail) {
-            return new ArrayList<>(tail);
         }
     }
 }

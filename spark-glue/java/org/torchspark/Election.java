@@ -75,9 +75,20 @@ public final class Election {
         if (peer == null || peer.isEmpty()) {
             throw new IllegalArgumentException("peer must name a host");
         }
+        return elect(Native.object("op", "master", "peer", peer, "run_id", runId));
+    }
+
+    /** Elects towards the first of rank 0's peers that elects: the C core orders them from
+     *  the nodes' hosts by rank (rank 0's first; "" where unknown) and the driver's host
+     *  (docs/protocol.md 2); when none elects, its sentence gives each one's reason. */
+    public static Result electMaster(List<String> hosts, String driverHost) {
+        return elect(Native.object("op", "master", "hosts", hosts, "driver_host", driverHost));
+    }
+
+    private static Result elect(JsonNode request) {
         JsonNode reply;
         try {
-            reply = Native.call("tsp_elect_call", Native.object("op", "master", "peer", peer, "run_id", runId));
+            reply = Native.call("tsp_elect_call", request);
         } catch (IllegalArgumentException e) {
             throw new IllegalStateException(e.getMessage(), e);
         }
@@ -85,21 +96,6 @@ public final class Election {
         JsonNode fds = reply.get("fds"); // the master's port, then the NCCL check's
         return new Result(rec, reply.get("packed").asText(), new Reservation(new int[] {fds.path(0).asInt(-1),
             rec.masterPort(), fds.path(1).asInt(-1), rec.ncclPort()}));
-    }
-
-    /** Tries each peer in order (others' hosts first, then the driver's, then our own). */
-    public static Result electMaster(List<String> peers, String selfHost) {
-        StringBuilder errors = new StringBuilder();
-        for (String p : peers) {
-            try {
-                return electMaster(p, null);
-            } catch (IllegalStateException e) {
-                errors.append(errors.length() == 0 ? "" : "; ").append(e.getMessage());
-            }
-        }
-        throw new IllegalStateException("torchspark: rank 0's task on host " + selfHost
-                + " could not choose a master address reachable from the other nodes (" + errors
-                + "): check that the executors' host names resolve on every executor");
     }
 
     /** The interface carrying this host's route towards masterAddr, or null. */

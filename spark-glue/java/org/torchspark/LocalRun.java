@@ -38,7 +38,7 @@ final class LocalRun {
                     ch.server.secretHex());
             JsonNode failure;
             try {
-                failure = agent.run(null, 0, NodeTask.localHostName()).path("failure");
+                failure = agent.run(null, NodeTask.localHostName()).path("failure");
             } catch (IOException e) {
                 throw new UncheckedIOException("torchspark: cannot start the agent " + req.get("agent").asText(), e);
             } catch (InterruptedException e) {

@@ -13,9 +13,7 @@ import java.nio.file.Paths;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.Iterator;
-import java.util.LinkedHashSet;
 import java.util.List;
-import java.util.Set;
 import org.apache.spark.BarrierTaskContext;
 import org.apache.spark.BarrierTaskInfo;
 import org.apache.spark.SparkEnv;
@@ -55,12 +53,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
 
     NodeTask(Spec spec) {
         this.spec = spec;
-    }
-
-    static String hostOf(String address) {
-        int i = address.lastIndexOf(':');
-        String h = i > 0 ? address.substring(0, i) : address;
-        return h.replace("[", "").replace("]", "");
     }
 
     static String localHostName() {
@@ -103,7 +95,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         };
     }
 
-    /** The hosts by node of this task's attempt: a barrier task's from Spark; a gang task's
+    /** The hosts by node of this task's attempt: a barrier task's from Spark (its tasks'
+     *  addresses as they are: the election drops their ports, elect.c); a gang task's
      *  after its JOIN, which waits for every node (only its own host is known: rank 0 elects
      *  towards the driver's host). */
     private List<String> hosts(TaskContext ctx) {
@@ -116,7 +109,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             return hosts;
         }
         for (BarrierTaskInfo info : ((BarrierTaskContext) ctx).getTaskInfos()) {
-            hosts.add(hostOf(info.address()));
+            hosts.add(info.address());
         }
         return hosts;
     }
@@ -129,27 +122,21 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         try {
             String packed = "";
             if (nodeRank == 0) {
-                Set<String> peers = new LinkedHashSet<>(hosts.subList(1, hosts.size()));
-                peers.removeIf(h -> h.isEmpty() || h.equals(hosts.get(0)));
-                if (spec.driverHost != null && !spec.driverHost.isEmpty()) {
-                    peers.add(spec.driverHost);
-                }
-                peers.add(hosts.get(0));
-                elected = Election.electMaster(new ArrayList<>(peers), localHostName());
+                elected = Election.electMaster(hosts, spec.driverHost);
                 packed = elected.packed();
             }
             // The driver decided for the whole job: every task uses its rendezvous, or none.
-            Election.Record record = Election.Record.unpack(spec.rendezvous == null
-                    ? ((BarrierTaskContext) ctx).allGather(packed)[0]
+            // Rank 0's record as received: the C core reads it and finds this node's interface.
+            String record = spec.rendezvous == null ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
-                            ctx::killTaskIfInterrupted));
+                            ctx::killTaskIfInterrupted);
             // The executor's own log keeps every line, with or without the channel.
             AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", launchRequest(ctx, workdir,
                     hosts.size(), record)), System.err::println, spec.secretHex);
             // Killed while launching, electing or in the barrier: no agent at all (a kill
             // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
             ctx.killTaskIfInterrupted();
-            JsonNode done = agent.run(ctx, nodeRank, localHostName()); // from the task thread: it lives as long as the agent
+            JsonNode done = agent.run(ctx, localHostName()); // from the task thread: it lives as long as the agent
             if (done.path("failure").isObject()) {
                 throw new IllegalStateException(done.get("failure").get("message").asText());
             }
@@ -185,7 +172,7 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
     }
 
     /** The job's facts and the task's own for tsp_task_launch (docs/protocol.md 12). */
-    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, Election.Record record)
+    private ObjectNode launchRequest(TaskContext ctx, Path workdir, int nnodes, String record)
             throws IOException {
         int nodeRank = ctx.partitionId();
         ResourceInformation gpu = spec.useGpu ? ctx.resourcesJMap().get("gpu") : null;
@@ -193,12 +180,9 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         return req.setAll(Native.object("agent", NativeLoader.agentPath().toString(), // the executor's python
                 "python", req.path("python").asText(System.getenv().getOrDefault("PYSPARK_PYTHON", "python3")),
                 "workdir", workdir.toString(), "nnodes", nnodes, "node_rank", nodeRank,
-                "task_attempt_id", ctx.taskAttemptId(),
-                "ifname", nodeRank == 0 ? record.ifname() : Election.localIfname(record.masterAddr()),
+                "task_attempt_id", ctx.taskAttemptId(), "packed", record,
                 // gpus: Spark's raw addresses, none is refused by the C core
-                "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0],
-                "record", Native.object("master_addr", record.masterAddr(), "master_port", record.masterPort(),
-                        "nccl_port", record.ncclPort(), "run_id", record.runId())));
+                "gpus", !spec.useGpu ? null : gpu != null ? gpu.addresses() : new String[0]));
     }
 
     private static List<byte[]> chunks(Path p) throws IOException {

@@ -40,17 +40,11 @@ final class Rendezvous implements AutoCloseable {
             }
             host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
         }
-
-        @Override
-        public String toString() {
-            return (host.indexOf(':') >= 0 ? "[" + host + "]" : host) + ":" + port;
-        }
     }
 
-    private long handle; // guarded by this; 0 once closed
+    long handle; // guarded by this; 0 once closed
     private final String host;
     private final int port;
-    private final int[] counts = new int[2]; // guarded by this: puts, gets (the last seen)
 
     /** Listens on host (the address the run's log server binds), any port, keyed by the
      *  run's secret (64 hex digits: the log server's); a GET waits up to getTimeoutMs for rank
@@ -71,18 +65,6 @@ final class Rendezvous implements AutoCloseable {
     /** The endpoint the tasks are told: the advertised host (the bound one when empty). */
     Endpoint endpoint(String advertisedHost) {
         return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port);
-    }
-
-    int port() {
-        return port;
-    }
-
-    /** {records put (1 in a run that went through here), records handed to GETs}. */
-    synchronized int[] counts() {
-        if (handle != 0) {
-            Native.rdvCounts(handle, counts);
-        }
-        return counts.clone();
     }
 
     /** Arms the gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a
@@ -109,7 +91,6 @@ final class Rendezvous implements AutoCloseable {
     @Override
     public synchronized void close() {
         if (handle != 0) {
-            Native.rdvCounts(handle, counts);
             Native.rdvFree(handle);
             handle = 0;
         }

@@ -3,9 +3,9 @@ through its one JSON call (``tsp_elect_call``, docs/protocol.md 2: "The PySpark 
 call").
 
 Rank 0's barrier task calls :func:`elect_master` (address, interface, held ports, run id,
-packed record); every task calls :func:`unpack_record` on what the rendezvous (or
-allGather) returned and :func:`local_ifname` to find the interface carrying its own route
-to the master.
+packed record); every task hands what the rendezvous (or allGather) returned to
+``tsp_task_launch``, which reads it and finds the interface carrying the task's own route
+to the master (docs/protocol.md 12).
 """
 from __future__ import annotations
 
@@ -59,28 +59,16 @@ def _call(op: str, **request: Any) -> Any:
     return json_call("tsp_elect_call", {"op": op, **request}, error=ElectionError)
 
 
-def elect_master(peer: str, run_id: Optional[str] = None) -> "tuple[Record, str, PortReservation]":
-    """Rank 0's election towards peer: returns (record, packed JSON, held ports: the
+def elect_master(peer: Optional[str] = None, run_id: Optional[str] = None,
+                 **nodes: Any) -> "tuple[Record, str, PortReservation]":
+    """Rank 0's election towards peer, or towards the first of its peers that elects (nodes:
+    ``hosts``, the nodes' hosts by rank, rank 0's first, and ``driver_host``; the C core
+    orders them, docs/protocol.md 2): returns (record, packed JSON, held ports: the
     master's and the NCCL check's)."""
-    reply = _call("master", peer=peer, run_id=run_id)
+    reply = _call("master", peer=peer, run_id=run_id, **nodes)
     return Record(**reply["record"]), reply["packed"], PortReservation(reply["fds"])
-
-
-def unpack_record(text: str) -> Record:
-    return Record(**_call("unpack", packed=text)["record"])
 
 
 def route_source(host: str) -> str:
     """The local address of this host's route towards host."""
     return str(_call("route_source", host=host)["addr"])
-
-
-def ifname_of(addr: str) -> Optional[str]:
-    ifname: Optional[str] = _call("ifname_of", addr=addr)["ifname"]
-    return ifname
-
-
-def local_ifname(master_addr: str) -> Optional[str]:
-    """The interface carrying this host's route towards the master, or None."""
-    ifname: Optional[str] = _call("local_ifname", master_addr=master_addr)["ifname"]
-    return ifname

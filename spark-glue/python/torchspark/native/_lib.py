@@ -213,7 +213,7 @@ def json_call(name: str, request: Any,
     the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
-    err = ctypes.create_string_buffer(512)
+    err = ctypes.create_string_buffer(4096)  # room for every peer's reason (elect.c)
     size, rc = max(16384, 3 * len(doc)), 0  # a reply rarely outgrows 3x its request
     for _ in range(2):
         out = ctypes.create_string_buffer(size)

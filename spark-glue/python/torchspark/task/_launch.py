@@ -2,7 +2,7 @@
 
 Shared by local mode (the agent runs on the driver) and distributed mode (one agent per
 barrier task). The agent puts its workers in their own sessions, is their subreaper and
-has a parent-death signal, so killing the process that called :meth:`Agent.start` (a
+has a parent-death signal, so killing the process that called :meth:`Agent.run` (a
 Spark Python worker SIGKILLed by Spark) takes the whole tree down; here we only add the
 orderly path: TERM, the agent's own grace period, then KILL.
 """
@@ -62,36 +62,6 @@ class Agent:
         self._tail_lock = threading.Lock()
         self._readers: List[threading.Thread] = []
 
-    def start(self) -> None:
-        # Lets the agent notice a parent that died before it could ask for a
-        # parent-death signal.
-        self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
-        # The secret on a pipe: /proc/<pid>/environ would show it to every process of this
-        # user for the agent's whole life (the agent reads it first thing, then stdin is
-        # /dev/null again).
-        self.env.pop("TORCHSPARK_LOG_SECRET", None)
-        if self.secret:
-            self.env["TORCHSPARK_LOG_SECRET_FD"] = "0"
-        # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
-        # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
-        self.proc = subprocess.Popen(self.cmd, env=self.env,
-                                     stdin=subprocess.PIPE if self.secret else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     close_fds=True)
-        if self.secret:
-            assert self.proc.stdin is not None
-            try:  # 65 bytes: within any pipe's buffer, so this never waits on the agent
-                self.proc.stdin.write(self.secret.encode() + b"\n")
-                self.proc.stdin.close()
-            except OSError:
-                pass  # the agent died at once: its status says why
-        for stream in (self.proc.stdout, self.proc.stderr):
-            hook = self.on_stderr if stream is self.proc.stderr else None
-            t = threading.Thread(target=self._drain, args=(stream, hook), daemon=True,
-                                 name="torchspark-agent-output")
-            t.start()
-            self._readers.append(t)
-
     def _drain(self, stream: IO[bytes],
                hook: Optional[Callable[[str], None]] = None) -> None:
         for raw in iter(stream.readline, b""):
@@ -123,8 +93,34 @@ class Agent:
     def run(self) -> AgentResult:
         """Starts the agent, waits for it (stopping it if the wait is interrupted, e.g.
         by KeyboardInterrupt) and returns its exit status and output tail."""
-        self.start()
-        assert self.proc is not None
+        # Lets the agent notice a parent that died before it could ask for a
+        # parent-death signal.
+        self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
+        # The secret on a pipe: /proc/<pid>/environ would show it to every process of this
+        # user for the agent's whole life (the agent reads it first thing, then stdin is
+        # /dev/null again).
+        self.env.pop("TORCHSPARK_LOG_SECRET", None)
+        if self.secret:
+            self.env["TORCHSPARK_LOG_SECRET_FD"] = "0"
+        # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
+        # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
+        self.proc = subprocess.Popen(self.cmd, env=self.env,
+                                     stdin=subprocess.PIPE if self.secret else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     close_fds=True)
+        if self.secret:
+            assert self.proc.stdin is not None
+            try:  # 65 bytes: within any pipe's buffer, so this never waits on the agent
+                self.proc.stdin.write(self.secret.encode() + b"\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass  # the agent died at once: its status says why
+        for stream in (self.proc.stdout, self.proc.stderr):
+            hook = self.on_stderr if stream is self.proc.stderr else None
+            t = threading.Thread(target=self._drain, args=(stream, hook), daemon=True,
+                                 name="torchspark-agent-output")
+            t.start()
+            self._readers.append(t)
         try:
             self.proc.wait()
         finally:

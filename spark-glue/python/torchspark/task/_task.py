@@ -25,40 +25,6 @@ from torchspark.task._spec import NodeSpec
 RESULT_CHUNK = 4 << 20  # bytes per row of the collect() fallback
 
 
-def gpus_owned(addresses: List[str], visible: Optional[str], task: str = "0",
-               host: Optional[str] = None) -> List[str]:
-    """Spark GPU addresses + the CUDA_VISIBLE_DEVICES they were given under -> the workers'
-    entries, by the native rules R0-R8 (native/src/gpu/gpu.c, docs/gpu.md): the agent applies
-    the same function to its --gpus. ValueError with the rule's message on a refusal (the
-    stock text for malformed addresses)."""
-    mask = json_call("tsp_gpu_call", {"addresses": list(addresses), "visible": visible,
-                                       "task": task, "host": host or None})["mask"]
-    return mask.split(",") if mask else []
-
-
-def _host_of(address: str) -> str:
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host.strip("[]")
-
-
-def _elect_master(hosts: List[str],
-                  driver_host: str) -> "tuple[_elect.Record, str, _elect.PortReservation]":
-    """Rank 0: elect towards another node's host, else towards the driver."""
-    peers = [h for h in dict.fromkeys(hosts[1:]) if h and h != hosts[0]]
-    peers += [h for h in (driver_host, hosts[0]) if h]
-    errors = []
-    for peer in peers:
-        try:
-            return _elect.elect_master(peer)
-        except _elect.ElectionError as e:
-            errors.append(str(e))
-    raise RuntimeError(
-        f"torchspark: rank 0's task on host {socket.gethostname()} could not choose a "
-        f"master address reachable from the other nodes ({'; '.join(errors)}): check that "
-        "the executors' host names resolve on every executor"
-    )
-
-
 def _node_gpus(spec: NodeSpec, ctx: Any, node_rank: int) -> Optional[List[str]]:
     """The GPUs of this node's processes (None for a CPU job): Spark's raw addresses, which
     the agent assigns against the executor's own CUDA_VISIBLE_DEVICES (--gpus, rules R0-R8
@@ -85,8 +51,9 @@ def work_root() -> Optional[str]:
 
 def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
     timing = _timing.TaskTiming(spec["timing_env"])
-    # A barrier task's context, or a gang task's once every node joined (_gang.py).
-    ctx, node_rank, hosts = _gang.task_context(spec, _host_of)
+    # A barrier task's context, or a gang task's once every node joined (_gang.py); the
+    # nodes' addresses as Spark gives them (the election drops their ports, elect.c).
+    ctx, node_rank, hosts = _gang.task_context(spec, str)
     reservation = staged = None
     workdir = tempfile.mkdtemp(prefix="torchspark-", dir=work_root())
     try:
@@ -94,20 +61,19 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
         staged = _partition.stage_task_input(spec, iterator, ctx)
         packed = ""
         if node_rank == 0:
-            _, packed, reservation = _elect_master(hosts, spec["driver_host"])
-        record = _elect.unpack_record(
-            _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx, node_rank,
-                                 packed))
+            _, packed, reservation = _elect.elect_master(hosts=hosts,
+                                                         driver_host=spec["driver_host"])
+        # Rank 0's record as received: the C core reads it and finds this node's interface.
+        packed = _rendezvous.exchange(spec["rendezvous"], spec["log_secret_hex"], ctx,
+                                      node_rank, packed)
         timing.mark("election_done")
         # Reports the channel could not deliver come back as rows (_report_rows.py).
         tag = spec.get("report_rows")
         spill = _report_rows.Spill(tag, workdir) if tag else None
         env = {**spec["attempt_env"], **(staged.env if staged is not None else {})}
-        facts = {"nnodes": len(hosts), "node_rank": node_rank, "record": vars(record),
+        facts = {"nnodes": len(hosts), "node_rank": node_rank, "packed": packed,
                  "task_attempt_id": ctx.taskAttemptId(), "env": timing.env(env),
-                 "gpus": _node_gpus(spec, ctx, node_rank),
-                 "ifname": record.ifname if node_rank == 0
-                 else _elect.local_ifname(record.master_addr)}
+                 "gpus": _node_gpus(spec, ctx, node_rank)}
         out_file = _run_agent(spec, facts, workdir, spill)
         if reservation is not None:
             reservation.release()
@@ -177,10 +143,8 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
     res = _launch.Agent(plan["argv"], env, echo=echo,
                         on_stderr=spill.stderr_line if spill else None,
                         secret=spec["log_secret_hex"] if endpoint else None).run()
-    done = json_call("tsp_task_finish", {
-        "status": res.returncode, "tail": "\n".join(res.tail), "host": socket.gethostname(),
-        "node_rank": facts.get("node_rank", 0), "files": plan["files"], "ship": plan["ship"],
-        "collect": plan["collect"], "nproc_per_node": plan["nproc_per_node"]})
+    done = json_call("tsp_task_finish", {**plan["finish"], "status": res.returncode,
+                                         "tail": "\n".join(res.tail), "host": socket.gethostname()})
     if done["failure"] is not None:
         failure = _report.Failure(done["failure"]["document"])
         raise NodeFailed(done["failure"]["message"], failure, res)

@@ -115,7 +115,7 @@ public class ContractTest {
                     String line = withMac(step.get("send").asText())
                             + "x".repeat(step.has("pad") ? step.get("pad").asInt() : 0);
                     assertEquals(c.get("name").asText() + ": " + step, withMac(step.get("reply").asText()),
-                            RendezvousTest.request(r.port(), RendezvousTest.SECRET, line));
+                            RendezvousTest.request(r.endpoint(null).port(), RendezvousTest.SECRET, line));
                 }
             }
             n++;
@@ -344,5 +344,38 @@ public class ContractTest {
             n++;
         }
         assertTrue("fewer than 20 golden cases", n >= 20);
+    }
+
+    /** Rank 0's peers, in the order it tries them (tsp_elect_call's op master): the same cases
+     *  as pytest's test_elect_golden. */
+    @Test
+    public void electGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("elect.json")) {
+            String name = c.get("name").asText();
+            String[] msg = new String[1];
+            int rc = Native.json("tsp_elect_call", c.get("request").toString(), msg);
+            if (c.has("record")) {
+                assertEquals(name + ": " + msg[0], 0, rc);
+                JsonNode got = new ObjectMapper().readTree(msg[0]);
+                got.get("fds").forEach(fd -> Native.releasePort(fd.asInt(), 0));
+                c.get("record").properties().forEach(kv -> assertEquals(name, kv.getValue(),
+                        got.get("record").get(kv.getKey())));
+            } else if (c.has("error")) {
+                assertTrue(name + ": a refused request was accepted", rc != 0);
+                assertTrue(name + ": " + msg[0], msg[0].contains(c.get("error").asText()));
+            } else {
+                assertTrue(name + ": elected", rc != 0);
+                String[] parts = msg[0].split(" could not choose a master address reachable from the other nodes \\(", 2);
+                assertTrue(name + ": " + msg[0], parts[0].startsWith("torchspark: rank 0's task on host "));
+                String[] reasons = parts[1].split("\\): check that the executors' host names resolve", 2)[0].split("; ");
+                assertEquals(name + ": " + msg[0], c.get("reasons").size(), reasons.length);
+                for (int i = 0; i < reasons.length; i++) {
+                    assertTrue(name + ": " + reasons[i], reasons[i].startsWith(c.get("reasons").get(i).asText()));
+                }
+            }
+            n++;
+        }
+        assertTrue("no golden case was read", n >= 7);
     }
 }

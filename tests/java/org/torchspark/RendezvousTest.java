@@ -81,6 +81,13 @@ public class RendezvousTest {
         return null;
     }
 
+    /** {records put, records handed to GETs} of an open rendezvous (tsp_rdv_counts). */
+    static int[] counts(Rendezvous r) {
+        int[] out = new int[2];
+        Native.rdvCounts(r.handle, out);
+        return out;
+    }
+
     @Test
     public void putThenGet() throws Exception {
         try (Rendezvous r = new Rendezvous("127.0.0.1", SECRET, 0)) {
@@ -88,10 +95,10 @@ public class RendezvousTest {
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 1, "", NOT_KILLED));
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 2, "", NOT_KILLED));
-            assertEquals(1, r.counts()[0]);
-            assertEquals(2, r.counts()[1]);
+            assertEquals(1, counts(r)[0]);
+            assertEquals(2, counts(r)[1]);
             // The same lines as the PySpark glue's server reads (one format).
-            String line = request(r.port(), SECRET, "GET"); // the raw wire: MAC RECORD
+            String line = request(r.endpoint(null).port(), SECRET, "GET"); // the raw wire: MAC RECORD
             assertEquals(Native.rdvRecordMac(SECRET, RECORD) + " " + RECORD, line);
         }
     }
@@ -124,17 +131,17 @@ public class RendezvousTest {
             assertTrue(e.getMessage(), e.getMessage().startsWith(
                     "torchspark: the driver refused the rendezvous: its TLS handshake at 127.0.0.1:"));
             // Plaintext (the old wire): no reply at all.
-            String plain = raw(r.port(), "0 PUT " + RECORD + "\n");
+            String plain = raw(r.endpoint(null).port(), "0 PUT " + RECORD + "\n");
             assertFalse(plain, plain.contains("OK") || plain.contains("ERR"));
             // Inside TLS, a record whose MAC is not the run's.
             assertEquals("ERR the election record's MAC does not match the run's key",
-                    request(r.port(), SECRET, "PUT " + Native.rdvRecordMac(OTHER, RECORD) + " " + RECORD));
-            assertEquals(0, r.counts()[0]);
+                    request(r.endpoint(null).port(), SECRET, "PUT " + Native.rdvRecordMac(OTHER, RECORD) + " " + RECORD));
+            assertEquals(0, counts(r)[0]);
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
-            assertEquals("ERR unknown request", request(r.port(), SECRET, "POST x"));
-            assertEquals("ERR unknown request", request(r.port(), SECRET, "PUT"));
-            assertEquals("ERR request too long", request(r.port(), SECRET, "PUT " + "x".repeat(9000)));
-            assertEquals(1, r.counts()[0]); // rank 0's only: nothing of these was taken as a record
+            assertEquals("ERR unknown request", request(r.endpoint(null).port(), SECRET, "POST x"));
+            assertEquals("ERR unknown request", request(r.endpoint(null).port(), SECRET, "PUT"));
+            assertEquals("ERR request too long", request(r.endpoint(null).port(), SECRET, "PUT " + "x".repeat(9000)));
+            assertEquals(1, counts(r)[0]); // rank 0's only: nothing of these was taken as a record
             try {
                 Rendezvous.exchange(ep, SECRET, 0, "x".repeat(4096 + 1) /* TSP_RDV_RECORD_MAX + 1 */, NOT_KILLED);
                 fail("an oversize record was sent");
@@ -142,7 +149,7 @@ public class RendezvousTest {
                 assertTrue(expected.getMessage(), expected.getMessage().contains("too long"));
             }
             JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0));
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("", r.port()));
+            JniTest.expectIae(() -> new Rendezvous.Endpoint("", r.endpoint(null).port()));
         }
     }
 
