@@ -143,27 +143,22 @@ final class HangDoctor extends Thread {
         }
     }
 
-    private boolean perform(String json) {
-        if (json == null) {
+    private boolean perform(JsonNode ev) {
+        if (ev == null) {
             return false;
         }
-        try {
-            JsonNode ev = Failure.JSON.readTree(json);
-            ev.get("say").forEach(x -> say.accept(x.asText()));
-            JsonNode r = ev.get("diagnosis");
-            if (r == null || r.isNull()) {
-                return true;
-            }
-            Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
-            diagnoses.add(d);
-            // the stacks are on stderr already (the ranks' lines), and in the file
-            ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
-            if (ev.get("action").asText().equals("cancel")) {
-                message = ev.get("message").asText();
-                cancelled = d;
-            }
-        } catch (IOException e) {
-            say.accept("torchspark: the hang doctor's event is not JSON: " + json);
+        ev.get("say").forEach(x -> say.accept(x.asText()));
+        JsonNode r = ev.get("diagnosis");
+        if (r == null || r.isNull()) {
+            return true;
+        }
+        Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
+        diagnoses.add(d);
+        // the stacks are on stderr already (the ranks' lines), and in the file
+        ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
+        if (ev.get("action").asText().equals("cancel")) {
+            message = ev.get("message").asText();
+            cancelled = d;
         }
         return true;
     }
