@@ -1,9 +1,6 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.NullNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -11,7 +8,6 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
-import java.util.Map;
 import java.util.function.Consumer;
 
 /**
@@ -20,8 +16,8 @@ import java.util.function.Consumer;
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
  * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
  * are and keeps the diagnosis (the runner then throws the C core's text and stacks). The
- * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11;
- * the PySpark glue's binding is torchspark/driver/_hang.py): {@link #diagnose}.
+ * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11),
+ * called by the watchdog: its event carries the reply, a {@link Diagnosis}.
  */
 final class HangDoctor extends Thread {
     /** Lines kept per rank by the log server while the doctor is on. */
@@ -74,25 +70,6 @@ final class HangDoctor extends Thread {
         String report() {
             return json.hasNonNull("report") ? json.get("report").toString() : null;
         }
-    }
-
-    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
-     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
-     *  does not know the executors' Python: it names no standard library directory, and the
-     *  core's rule for lib/python3.N/ paths counts those frames as library. */
-    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
-        ObjectNode req = Native.object("world", world, "stdlib", List.of(), "read_sources", readSources);
-        if (request > 0) {
-            req.put("request", request);
-        }
-        ArrayNode ranks = req.putArray("ranks");
-        int n = sections.isEmpty() ? world : Math.max(world, Collections.max(sections.keySet()) + 1);
-        for (int r = 0; r < n; r++) {
-            List<String> lines = sections.get(r);
-            JsonNode a = lines == null || lines.isEmpty() ? NullNode.getInstance() : Failure.JSON.valueToTree(lines);
-            ranks.add(a);
-        }
-        return new Diagnosis(Native.call("tsp_hang_diagnose", req), null);
     }
 
     // ---- the watchdog: the C log server's (docs/protocol.md 1.12) -----------------------
