@@ -368,7 +368,7 @@ def dump(server, sims, world: int) -> Dict:
     c_line = cpu()
     diag = ev.get("diagnosis") or {}
     if diag:
-        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor._take)
+        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor.poll)
     t_kept = time.monotonic()
     path = ev.get("stacks_file")
     size = os.path.getsize(path) if path else 0

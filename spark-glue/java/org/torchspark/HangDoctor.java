@@ -14,12 +14,12 @@ import java.util.function.Consumer;
  * The hang doctor of the JVM runner (docs/jvm.md; the PySpark glue's is
  * torchspark/driver/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
- * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
+ * for hangAction=cancel); this class turns it on, prints the lines of its event as they
  * are and keeps the diagnosis (the runner then throws the C core's text and stacks). The
  * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11),
  * called by the watchdog: its event carries the reply, a {@link Diagnosis}.
  */
-final class HangDoctor extends Thread {
+final class HangDoctor {
     /** Lines kept per rank by the log server while the doctor is on. */
     static final int TAIL_LINES = 2000;
 
@@ -79,15 +79,10 @@ final class HangDoctor extends Thread {
     private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
     private volatile Diagnosis cancelled;
     private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
-    private volatile boolean stopping;
-    /** Held while an event is taken and performed: finish()'s drain waits for one in hand. */
-    private final Object taking = new Object();
 
     /** Turns the server's watchdog on for world ranks, as the run's settings say (hangTimeout
      *  in ms, > 0; hangAction: report or cancel); say: where its lines go (the driver's stderr). */
     HangDoctor(LogServer server, Conf settings, int world, Consumer<String> say) {
-        super("torchspark-hang-doctor");
-        setDaemon(true);
         this.server = server;
         this.say = say;
         server.watch(settings.number("hangTimeout"), settings.string("hangAction"), world,
@@ -105,18 +100,12 @@ final class HangDoctor extends Thread {
         }
     }
 
-    @Override
-    public void run() {
-        while (!stopping) {
-            take(200);
-        }
-    }
-
-    /** Performs one event of the server's watchdog: prints its lines as they are, keeps its
-     *  diagnosis; false when none came. */
-    private boolean take(int timeoutMs) {
-        synchronized (taking) {
-            return perform(server.hangEvent(timeoutMs));
+    /** Performs the events the watchdog queued, in order: prints their lines as they are and
+     *  keeps their diagnoses. The line pump calls it between its pulls (LinePump), the
+     *  channel once more before the server closes. */
+    synchronized void poll() {
+        while (perform(server.hangEvent(0))) {
+            // the next event
         }
     }
 
@@ -138,19 +127,6 @@ final class HangDoctor extends Thread {
             cancelled = d;
         }
         return true;
-    }
-
-    /** Ends the thread, then performs the events still queued (before the server closes). */
-    void finish() {
-        stopping = true;
-        try {
-            join(5000);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
-        while (take(0)) {
-            // every event queued before the end
-        }
     }
 
     /** The runner's exception text of the run the doctor cancelled. */

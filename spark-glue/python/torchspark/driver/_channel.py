@@ -35,12 +35,12 @@ class Channel:
         self.server = _start_log_server(dist, host)
         if self.server is None:
             return self
-        self.pump = _LogPump(self.server, fmt=fmt)
-        self.hub = _progress.start(dist, self.server)
         if dist.hang_timeout:
             dist.hang_reports = []
             self.doctor = _doctor.HangDoctor(self.server, dist.hang_timeout, dist.hang_action,
                                              dist.num_processes, dist.logger, dist.hang_reports)
+        self.pump = _LogPump(self.server, fmt=fmt, tick=self.doctor.poll if self.doctor else None)
+        self.hub = _progress.start(dist, self.server)
         if rendezvous_host is not None:
             try:
                 self.rdv = _rendezvous.Server(rendezvous_host, self.server.secret_hex)
@@ -52,7 +52,7 @@ class Channel:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        # Last pushed, first run: the doctor ends, then the server drains while the pump
+        # Last pushed, first run: the doctor's last events, then the server drains while the pump
         # still runs, so the agents' last lines are shown (after a failure every agent was
         # stopped, so a short drain is enough); each step runs even if one before raised.
         with ExitStack() as stack:
@@ -65,7 +65,7 @@ class Channel:
                 stack.callback(self.server.close,
                                drain_timeout=5.0 if self.ok else self._drain_on_failure)
             if self.doctor is not None:
-                stack.callback(self.doctor.stop)
+                stack.callback(self.doctor.poll)
 
     def stop_pump(self) -> None:
         """Every line shown: before the run's exception or its result."""
@@ -78,7 +78,7 @@ class Channel:
         its document as the report (docs/protocol.md 1.11), the same as the JVM runner's."""
         if self.doctor is None:
             return None
-        self.doctor.stop()
+        self.doctor.poll()
         diag = self.doctor.cancelled
         if diag is None:
             return None
