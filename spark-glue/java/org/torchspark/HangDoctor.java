@@ -26,7 +26,7 @@ final class HangDoctor {
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
-     *  starting, groups, report), with the fields the runner reads; stacksFile: where the
+     *  starting, groups, culprit, report), with the fields the runner reads; stacksFile: where the
      *  watchdog wrote every rank's stacks, or null. */
     record Diagnosis(JsonNode json, Path stacksFile) {
         /** The one line naming the culprit(s). */
@@ -36,17 +36,12 @@ final class HangDoctor {
 
         /** The one culprit's rank, or null when there is none or several. */
         Integer culprit() {
-            return json.path("culprits").size() == 1 ? json.path("culprits").get(0).asInt() : null;
+            return json.path("culprit").isObject() ? json.path("culprit").get("rank").asInt() : null;
         }
 
-        /** The host of rank's dump, or null when it sent none. */
-        String host(int rank) {
-            for (JsonNode d : json.path("dumps")) {
-                if (d.path("rank").asInt() == rank) {
-                    return d.path("host").asText();
-                }
-            }
-            return null;
+        /** The one culprit's host, or null (none, several, or it sent no dump). */
+        String culpritHost() {
+            return json.path("culprit").path("host").textValue();
         }
 
         /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the

@@ -87,8 +87,7 @@ final class RunChannel implements AutoCloseable {
         if (c == null) {
             return null;
         }
-        Integer rank = c.culprit();
-        return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
+        return new TorchSparkException(doctor.cancelMessage(mode), c.culprit(), null, c.culpritHost(),
                 null, 0, c.stacksLines(), c.report(), cause, null);
     }
 
