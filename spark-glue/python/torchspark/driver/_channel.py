@@ -32,8 +32,17 @@ class Channel:
              rendezvous_host: Optional[str] = None) -> "Channel":
         """The log server bound to host (None, with a WARNING, when it cannot start) and,
         with it, the pump, the hub, the doctor and (rendezvous_host) the rendezvous."""
-        self.server = _start_log_server(dist, host)
-        if self.server is None:
+        _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
+        try:
+            tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
+            self.server = _native.LogServer(host=host, port=0, tail_lines=tail)
+            self.server.encryption(dist._settings["encryption"])
+        except Exception as e:
+            self.server = None
+            dist.logger.warning(
+                f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
+                "goes to the executors' logs and rank 0's result travels through "
+                "collect() (bounded by spark.driver.maxResultSize)")
             return self
         if dist.hang_timeout:
             dist.hang_reports = []
@@ -142,17 +151,3 @@ class Channel:
         dist._clock.mark("result_received")
         return result
 
-
-def _start_log_server(dist: Any, host: str) -> Any:
-    _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
-    try:
-        tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
-        server = _native.LogServer(host=host, port=0, tail_lines=tail)
-        server.encryption(dist._settings["encryption"])
-        return server
-    except Exception as e:
-        dist.logger.warning(
-            f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
-            "goes to the executors' logs and rank 0's result travels through "
-            "collect() (bounded by spark.driver.maxResultSize)")
-        return None
