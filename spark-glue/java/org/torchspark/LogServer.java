@@ -184,12 +184,7 @@ public final class LogServer implements AutoCloseable {
     /** The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor JVM
      *  die, or whose channel ended without goodbye before the run was stopped. */
     public int[] nodesLost() {
-        JsonNode nodes = call("lost").path("nodes");
-        int[] r = new int[nodes.size()];
-        for (int i = 0; i < r.length; i++) {
-            r[i] = nodes.get(i).asInt();
-        }
-        return r;
+        return Failure.JSON.convertValue(call("lost").path("nodes"), int[].class);
     }
 
     /** Tells every agent to stop (now and on later connections). */

@@ -238,6 +238,7 @@ public class JniTest {
             assertTrue("lines delivered: " + st, st.path("lines").asLong() >= 4);
             assertEquals("", s.outputError());
             assertNull("no failure in a good run", s.failure(0));
+            assertArrayEquals("no node lost in a good run", new int[0], s.nodesLost());
         } finally {
             TestEnv.deleteTree(dir);
         }
