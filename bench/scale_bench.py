@@ -9,7 +9,7 @@ and rendezvous against simulated nodes, 1,024 to 16,384 ranks, beside torch's TC
 Each size runs in a fresh child process (`--one RANKS`): that process is the driver, with
 the log server started through the Python binding TorchDistributor uses (LogServer), the
 run's ReportHub (the user's `on_report` is the callback it calls), a line pump, the hang
-doctor's collection and the C analysis (`_hang.diagnose`), and the rendezvous server
+doctor's collection and the C analysis (`tsp_hang_diagnose`), and the rendezvous server
 (`_rendezvous.Server`); its CPU time and peak RSS are the driver's. The nodes are
 `build/bin/tsp-simnodes` processes (native/tools/simnodes.c): `--procs` of them share the
 nodes (RANKS / nproc), one authenticated TLS connection per node through the agent's own
@@ -368,7 +368,7 @@ def dump(server, sims, world: int) -> Dict:
     c_line = cpu()
     diag = ev.get("diagnosis") or {}
     if diag:
-        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor._take)
+        _hang.from_reply(diag)  # the doctor's own next step (_doctor.HangDoctor.poll)
     t_kept = time.monotonic()
     path = ev.get("stacks_file")
     size = os.path.getsize(path) if path else 0

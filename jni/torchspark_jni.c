@@ -110,8 +110,10 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_releasePort(JNIEnv *env, jclas
 typedef int (*json_transform_fn)(const char *in, size_t len, char *out, size_t outlen,
                                  size_t *needed, char *err, size_t errlen);
 
-/* msg[0]: fn's reply for the JSON text jin, or the sentence naming what is wrong. */
-static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_transform_fn fn)
+/* msg[0]: fn's reply for the JSON text jin (fn NULL: tsp_logserver_call's on server s), or the
+ * sentence naming what is wrong. */
+static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_transform_fn fn,
+                           tsp_logserver_t *s)
 {
     int oom = 0;
     const char *in = str_get(env, jin, &oom);
@@ -127,7 +129,8 @@ static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_tran
                 break;
             }
             out = grown;
-            rc = fn(in, strlen(in), out, need, &need, err, sizeof err);
+            rc = fn ? fn(in, strlen(in), out, need, &need, err, sizeof err)
+                    : tsp_logserver_call(s, in, strlen(in), out, need, &need, err, sizeof err);
             if (rc != -ENOSPC)
                 break;
         }
@@ -176,7 +179,7 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_json(JNIEnv *env, jclass cls, 
     str_release(env, jname, name);
     if (oom || fn == NULL)
         return oom ? -ENOMEM : -ENOSYS;
-    return json_transform(env, jrequest, msg, fn);
+    return json_transform(env, jrequest, msg, fn, NULL);
 }
 
 /* ---- the driver's log server ---- */
@@ -213,32 +216,6 @@ JNIEXPORT jlong JNICALL Java_org_torchspark_Native_logServerStart(JNIEnv *env, j
         set_str(env, msg, 0, err[0] ? err : "the log server could not start");
     str_release(env, jhost, host);
     return (jlong)(intptr_t)s;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerPort(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_port(server_of(h));
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerHost(JNIEnv *env, jclass cls, jlong h)
-{
-    (void)cls;
-    return (*env)->NewStringUTF(env, tsp_logserver_host(server_of(h)));
-}
-
-JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerSecret(JNIEnv *env, jclass cls,
-                                                                        jlong h)
-{
-    (void)cls;
-    uint8_t secret[SECRET_LEN];
-    tsp_logserver_secret(server_of(h), secret);
-    jbyteArray out = (*env)->NewByteArray(env, SECRET_LEN);
-    if (out != NULL)
-        (*env)->SetByteArrayRegion(env, out, 0, SECRET_LEN, (const jbyte *)secret);
-    memset(secret, 0, sizeof secret);
-    return out;
 }
 
 JNIEXPORT jlong JNICALL Java_org_torchspark_Native_logServerPullText(
@@ -305,171 +282,6 @@ JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerPullReports(JNIEnv
     return out;
 }
 
-JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerTail(JNIEnv *env, jclass cls,
-                                                                      jlong h, jint rank, jint n)
-{
-    (void)cls;
-    long need = tsp_logserver_tail(server_of(h), rank, n, NULL, 0);
-    if (need < 0)
-        return NULL;
-    char *buf = malloc((size_t)need + 1);
-    if (buf == NULL)
-        return NULL;
-    long got = tsp_logserver_tail(server_of(h), rank, n, buf, (size_t)need + 1);
-    if (got > need) /* more lines came in between: keep what fits */
-        got = need;
-    jbyteArray out = (*env)->NewByteArray(env, (jsize)got);
-    if (out != NULL)
-        (*env)->SetByteArrayRegion(env, out, 0, (jsize)got, (const jbyte *)buf);
-    free(buf);
-    return out;
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerFailure(JNIEnv *env, jclass cls,
-                                                                      jlong h, jint timeout_ms)
-{
-    (void)cls;
-    char small[4096];
-    long need = tsp_logserver_failure(server_of(h), small, sizeof small, timeout_ms);
-    if (need <= 0)
-        return NULL;
-    if ((size_t)need < sizeof small)
-        return (*env)->NewStringUTF(env, small);
-    char *big = malloc((size_t)need + 1);
-    if (big == NULL)
-        return NULL;
-    /* The root cause is recorded once: asking again returns it at once. */
-    tsp_logserver_failure(server_of(h), big, (size_t)need + 1, 0);
-    jstring out = (*env)->NewStringUTF(env, big);
-    free(big);
-    return out;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerLostPending(JNIEnv *env, jclass cls,
-                                                                       jlong h)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_lost_pending(server_of(h));
-}
-
-/* The nodes lost (docs/protocol.md 1.7) as a new int[], or NULL when out of memory. */
-JNIEXPORT jintArray JNICALL Java_org_torchspark_Native_logServerNodesLost(JNIEnv *env, jclass cls,
-                                                                          jlong h)
-{
-    (void)cls;
-    int n = tsp_logserver_nodes_lost(server_of(h), NULL, 0);
-    int32_t *ranks = calloc(n > 0 ? (size_t)n : 1, sizeof(*ranks));
-    if (!ranks)
-        return NULL;
-    int got = tsp_logserver_nodes_lost(server_of(h), ranks, n);
-    if (got > n)
-        got = n; /* more came in between: the first n */
-    jintArray out = (*env)->NewIntArray(env, got);
-    if (out)
-        (*env)->SetIntArrayRegion(env, out, 0, got, (const jint *)ranks);
-    free(ranks);
-    return out;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerStopAll(JNIEnv *env, jclass cls, jlong h,
-                                                                   jstring jtext)
-{
-    (void)cls;
-    int oom = 0;
-    const char *text = str_get(env, jtext, &oom);
-    if (oom)
-        return -ENOMEM;
-    int rc = tsp_logserver_stop_all(server_of(h), text ? text : "");
-    str_release(env, jtext, text);
-    return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerWatch(JNIEnv *env, jclass cls, jlong h,
-                                                                 jlong timeout_ms, jstring jaction,
-                                                                 jint world, jstring jtmp,
-                                                                 jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *action = str_get(env, jaction, &oom);
-    const char *tmp = oom ? NULL : str_get(env, jtmp, &oom);
-    char err[ERR_LEN] = "";
-    int rc = oom ? -ENOMEM
-                 : tsp_logserver_watch(server_of(h), (long)timeout_ms, action, world, tmp, err,
-                                       sizeof err);
-    if (rc)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    str_release(env, jaction, action);
-    str_release(env, jtmp, tmp);
-    return rc;
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerHangEvent(JNIEnv *env, jclass cls,
-                                                                        jlong h, jint timeout_ms)
-{
-    (void)cls;
-    char small[1 << 16];
-    long need = tsp_logserver_hang_event(server_of(h), small, sizeof small, timeout_ms);
-    if (need <= 0)
-        return NULL;
-    if ((size_t)need < sizeof small)
-        return (*env)->NewStringUTF(env, small);
-    char *big = malloc((size_t)need + 1); /* the event stays queued until it fits */
-    if (big == NULL)
-        return NULL;
-    need = tsp_logserver_hang_event(server_of(h), big, (size_t)need + 1, 0);
-    jstring out = need > 0 ? (*env)->NewStringUTF(env, big) : NULL;
-    free(big);
-    return out;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCheckpointAll(JNIEnv *env, jclass cls,
-                                                                         jlong h, jint why)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_checkpoint_all(server_of(h), why);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerExpectOutput(JNIEnv *env, jclass cls,
-                                                                        jlong h, jstring jpath)
-{
-    (void)cls;
-    int oom = 0;
-    const char *path = str_get(env, jpath, &oom);
-    if (oom)
-        return -ENOMEM;
-    int rc = tsp_logserver_expect_output(server_of(h), path);
-    str_release(env, jpath, path);
-    return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputLimit(JNIEnv *env, jclass cls,
-                                                                       jlong h, jstring jmax,
-                                                                       jobjectArray msg)
-{
-    (void)cls;
-    int oom = 0;
-    const char *size = str_get(env, jmax, &oom);
-    if (oom)
-        return -ENOMEM;
-    char err[ERR_LEN] = "";
-    int rc = tsp_logserver_output_limit(server_of(h), size, err, sizeof err);
-    if (rc)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    str_release(env, jmax, size);
-    return rc;
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerEncryption(JNIEnv *env, jclass cls,
-                                                                      jlong h, jboolean on)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_encryption(server_of(h), on ? 1 : 0);
-}
-
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerFdCheck(JNIEnv *env, jclass cls,
                                                                    jint nodes, jobjectArray msg)
 {
@@ -481,23 +293,13 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerFdCheck(JNIEnv *env, 
     return rc;
 }
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerOutputWait(JNIEnv *env, jclass cls,
-                                                                      jlong h, jint timeout_ms)
+/* msg[0]: the reply of tsp_logserver_call (docs/protocol.md 1.14) on server h to the JSON text
+ * jrequest, or the sentence naming what is wrong. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCall(JNIEnv *env, jclass cls, jlong h,
+                                                                jstring jrequest, jobjectArray msg)
 {
-    (void)env;
     (void)cls;
-    return tsp_logserver_output_wait(server_of(h), timeout_ms);
-}
-
-JNIEXPORT jlong JNICALL Java_org_torchspark_Native_logServerOutputLength(JNIEnv *env, jclass cls,
-                                                                         jlong h)
-{
-    (void)env;
-    (void)cls;
-    const void *data;
-    uint64_t len;
-    int rc = tsp_logserver_output_data(server_of(h), &data, &len);
-    return rc != 0 ? rc : (jlong)len;
+    return json_transform(env, jrequest, msg, NULL, server_of(h));
 }
 
 JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerOutputData(JNIEnv *env, jclass cls,
@@ -513,33 +315,6 @@ JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerOutputData(JNIE
     if (out != NULL)
         (*env)->SetByteArrayRegion(env, out, 0, (jsize)len, (const jbyte *)data);
     return out;
-}
-
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerOutputError(JNIEnv *env, jclass cls,
-                                                                          jlong h)
-{
-    (void)cls;
-    return (*env)->NewStringUTF(env, tsp_logserver_output_error(server_of(h)));
-}
-
-JNIEXPORT void JNICALL Java_org_torchspark_Native_logServerStats(JNIEnv *env, jclass cls, jlong h,
-                                                                 jlongArray jout)
-{
-    (void)cls;
-    tsp_logserver_stats_t st;
-    tsp_logserver_stats(server_of(h), &st);
-    jlong v[8] = {(jlong)st.accepted,  (jlong)st.authenticated, (jlong)st.rejected,
-                  (jlong)st.lines,     (jlong)st.bytes,         (jlong)st.duplicates,
-                  (jlong)st.connected, (jlong)st.queued_bytes};
-    (*env)->SetLongArrayRegion(env, jout, 0, 8, v);
-}
-
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerShutdown(JNIEnv *env, jclass cls,
-                                                                    jlong h, jint drain_ms)
-{
-    (void)env;
-    (void)cls;
-    return tsp_logserver_shutdown(server_of(h), drain_ms);
 }
 
 JNIEXPORT void JNICALL Java_org_torchspark_Native_logServerFree(JNIEnv *env, jclass cls, jlong h)

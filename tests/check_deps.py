@@ -90,6 +90,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "logconn": ("driver", 7),
     "logwatch": ("driver", 7),  # the hang doctor's watchdog, an option of the log server
     "logserver": ("driver", 8),
+    "logcall": ("driver", 9),  # the glues' one JSON call on a log server (docs/protocol.md 1.14)
     # agent side (torchspark-run, and what the executor's glue binds: elect, gpu, output)
     "env": ("agent", 2), "pyboot": ("agent", 2), "cudaapi": ("agent", 2),
     "ncclapi": ("agent", 2),

@@ -107,7 +107,7 @@ def main() -> int:
         say("FAIL: the agent did not end within 120 s of the start (the doctor did not cancel)")
         os.killpg(p.pid, 9)
         p.wait()
-    doctor.stop()
+    doctor.poll()  # the events the watchdog queued
     pump.stopping = True
     server.close(2.0)
     pump.join(5)

@@ -78,7 +78,7 @@ class LogServer(_native.LogServer):
     def wait_output(self, timeout: Optional[float] = None) -> bool:
         """True once the output arrived with the right length and SHA-256."""
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        return self._lib.tsp_logserver_output_wait(self._h, ms) == 0
+        return bool(self._call("output", timeout_ms=ms)["received"])
 
     def output_bytes(self) -> Optional[bytes]:
         """The received output (memory mode), or None if it has not arrived."""

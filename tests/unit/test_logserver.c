@@ -683,6 +683,56 @@ START_TEST(test_logserver_bind_refuses_bad_host)
 }
 END_TEST
 
+/* The glues' one call (docs/protocol.md 1.14): each op's reply, a tail as strings, a
+ * document or null, a reply that does not fit (-ENOSPC, nothing taken), and refusals that
+ * name what is wrong. */
+static int call(tsp_logserver_t *s, const char *req, char *out, size_t outlen, char *err)
+{
+    size_t need = 0;
+    return tsp_logserver_call(s, req, strlen(req), out, outlen, &need, err, 256);
+}
+
+START_TEST(test_logserver_call_ops)
+{
+    tsp_logserver_t *s = tail_server(100, 65536);
+    char out[4096], err[256], want[128];
+    ck_assert_int_eq(call(s, "{\"op\": \"info\"}", out, sizeof out, err), 0);
+    snprintf(want, sizeof want, "\"port\": %d", tsp_logserver_port(s));
+    ck_assert_ptr_nonnull(strstr(out, want));
+    ck_assert_ptr_nonnull(strstr(out, "\"host\": \"127.0.0.1\""));
+    const char *a[] = {"one", "t\xffwo"};
+    tail_feed(s, a, 2);
+    ck_assert_int_eq(call(s, "{\"op\": \"tail\", \"rank\": 0, \"n\": 5}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "{\"lines\": [\"one\", \"t\\ufffdwo\"]}");
+    ck_assert_int_eq(call(s, "{\"op\": \"output\", \"timeout_ms\": 0}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "{\"received\": false, \"length\": -1, \"error\": \"\"}");
+    ck_assert_int_eq(call(s, "{\"op\": \"failure\", \"timeout_ms\": 0}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "null");
+    ck_assert_int_eq(call(s, "{\"op\": \"lost\"}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "{\"pending\": 0, \"nodes\": []}");
+    ck_assert_int_eq(call(s, "{\"op\": \"info\"}", out, 8, err), -ENOSPC);
+    ck_assert_int_eq(call(s, "{\"op\": \"checkpoint_all\", \"why\": 0}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "{\"sent\": false}");
+    ck_assert_int_eq(call(s, "{\"op\": \"nope\"}", out, sizeof out, err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "unknown op \"nope\""));
+    ck_assert_int_eq(call(s, "{\"op\": \"encryption\", \"on\": 3}", out, sizeof out, err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"on\""));
+    ck_assert_int_eq(call(s, "[1]", out, sizeof out, err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "not a JSON object"));
+    ck_assert_int_eq(call(s,
+                          "{\"op\": \"watch\", \"timeout_ms\": 1000, \"action\": \"x\", "
+                          "\"world\": 2, \"tmpdir\": \"/tmp\"}",
+                          out, sizeof out, err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "report or cancel"));
+    ck_assert_int_eq(call(s, "{\"op\": \"shutdown\", \"drain_ms\": 0}", out, sizeof out, err), 0);
+    ck_assert_int_eq(call(s, "{\"op\": \"stop_all\"}", out, sizeof out, err), 0);
+    ck_assert_str_eq(out, "{\"sent\": false}");
+    ck_assert_int_eq(call(NULL, "{\"op\": \"info\"}", out, sizeof out, err), -EINVAL);
+    tsp_logserver_free(s);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("logserver");
@@ -701,6 +751,7 @@ int main(void)
     tcase_add_test(tc, test_logserver_format_prefix);
     tcase_add_test(tc, test_logserver_bind_refuses_bad_host);
     tcase_add_test(tc, test_logserver_reports_have_their_own_queue);
+    tcase_add_test(tc, test_logserver_call_ops);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

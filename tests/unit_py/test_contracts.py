@@ -9,9 +9,11 @@ import pathlib
 
 import pytest
 
-from torchspark.driver import _hang, _report, _restart
+from torchspark.driver import _report, _restart
 from torchspark.driver._report import TorchDistributorError
 from torchspark.native import _lib, _rendezvous
+
+from tests.helpers import hang
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -145,14 +147,15 @@ def test_rendezvous_golden(case):
 
 @pytest.mark.parametrize("case", HANG_CASES, ids=[c["name"] for c in HANG_CASES])
 def test_hang_golden(case):
-    """each rank's dump lines -> the diagnosis, through the glue's binding (_hang.diagnose)
-    as the watchdog calls it."""
+    """each rank's dump lines -> the diagnosis, through tsp_hang_diagnose as the watchdog
+    calls it (tests/helpers/hang.py), read back by the glue's _hang.from_reply."""
     req = case["request"]
     ranks = {r: lines for r, lines in enumerate(req["ranks"]) if lines}
-    d = _hang.diagnose(ranks, req["world"], req["request"], req["read_sources"], req["stdlib"])
+    d = hang.diagnose(ranks, req["world"], req["request"], req["read_sources"], req["stdlib"])
     want = case["expect"]
     got = {"line": d.line, "culprits": d.culprits, "waiting": d.waiting,
-           "starting": d.starting, "groups": d.groups, "report": d.report}
+           "starting": d.starting, "groups": d.groups, "report": d.report,
+           "culprit": _lib.json_call("tsp_hang_diagnose", req)["culprit"]}  # the JVM runner's
     for key in want:
         assert got[key] == want[key], key
 

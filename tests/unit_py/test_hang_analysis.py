@@ -1,4 +1,4 @@
-"""The hang doctor's analysis through the Python glue's binding (torchspark/driver/_hang.py over
+"""The hang doctor's analysis through the tests' binding (tests/helpers/hang.py over
 tsp_hang_diagnose, native/src/driver/hang.c): what the golden cases of
 tests/contracts/hang.json (replayed by test_contracts.py and JUnit's ContractTest) cannot
 hold: a source file on the driver, 8,192 ranks, a hostile file named by a stack, refused
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from torchspark.driver import _hang
 from torchspark.native import _lib
+
+from tests.helpers import hang as _hang
 
 DUMPS = Path(__file__).resolve().parents[1] / "e2e" / "hang_dumps"
 

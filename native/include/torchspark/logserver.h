@@ -201,6 +201,15 @@ TSP_EXTERN long tsp_logserver_hang_event(tsp_logserver_t *s, char *buf, size_t b
  * another why, or -EPIPE when the server has already shut down. */
 TSP_EXTERN int tsp_logserver_checkpoint_all(tsp_logserver_t *s, int why);
 
+/* The glues' one call on a server (docs/protocol.md 1.14): the JSON request {"op": ...} (info,
+ * stats, tail, lost, output, failure, hang_event, report_budget, encryption, expect_output,
+ * output_limit, stop_all, checkpoint_all, watch, shutdown: each the function of that name
+ * above) -> its reply, written as every JSON transform writes one (out, outlen, *needed;
+ * -ENOSPC: call again with *needed bytes, nothing was taken). 0, or -errno with err naming
+ * what is wrong. */
+TSP_EXTERN int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char *out,
+                                  size_t outlen, size_t *needed, char *err, size_t errlen);
+
 /* Stops accepting, drains every connected agent (until each closed, or drain_timeout_ms
  * passed), acknowledges, closes, and joins the thread. Lines stay pullable. Idempotent. */
 TSP_EXTERN int tsp_logserver_shutdown(tsp_logserver_t *s, int drain_timeout_ms);

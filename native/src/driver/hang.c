@@ -780,6 +780,27 @@ static void write_culprits(const diag_t *g, tsp_json_writer_t *w)
     tsp_json_end(w);
 }
 
+/* "culprit": the one culprit's rank and host (its dump's; null when it sent none), or null
+ * when there is none or several: whom the JVM runner's exception names. */
+static void write_culprit(const diag_t *g, tsp_json_writer_t *w)
+{
+    size_t one = 0, k = 0;
+    for (size_t r = 0; r < g->n; r++)
+        if (g->culprit[r] && k++ == 0)
+            one = r;
+    tsp_json_key(w, "culprit");
+    if (k != 1) {
+        tsp_json_null(w);
+        return;
+    }
+    tsp_json_begin_object(w);
+    tsp_json_key(w, "rank");
+    tsp_json_int(w, (long long)one);
+    tsp_json_key(w, "host");
+    tsp_json_str(w, g->got[one] ? g->d[one].host : NULL);
+    tsp_json_end(w);
+}
+
 static void write_waiting(const diag_t *g, tsp_json_writer_t *w)
 {
     tsp_json_begin_object(w);
@@ -854,6 +875,7 @@ static void write_diagnosis(const diag_t *g, const group_t *gs, size_t ngroups, 
     tsp_json_str(&w, line ? line : "");
     tsp_json_key(&w, "culprits");
     write_culprits(g, &w);
+    write_culprit(g, &w);
     tsp_json_key(&w, "waiting");
     write_waiting(g, &w);
     tsp_json_key(&w, "starting");

@@ -1,9 +1,6 @@
 package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.node.ArrayNode;
-import com.fasterxml.jackson.databind.node.NullNode;
-import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
@@ -11,26 +8,25 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.List;
-import java.util.Map;
 import java.util.function.Consumer;
 
 /**
  * The hang doctor of the JVM runner (docs/jvm.md; the PySpark glue's is
  * torchspark/driver/_doctor.py). The watchdog is the C log server's (docs/protocol.md 1.12: the
  * clock from the workers' start, DUMP, the collection, the analysis, the stacks file, STOP
- * for hangAction=cancel); this thread turns it on, prints the lines of its event as they
+ * for hangAction=cancel); this class turns it on, prints the lines of its event as they
  * are and keeps the diagnosis (the runner then throws the C core's text and stacks). The
- * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11;
- * the PySpark glue's binding is torchspark/driver/_hang.py): {@link #diagnose}.
+ * analysis is the C core's too (tsp_hang_diagnose, torchspark/hang.h, docs/protocol.md 1.11),
+ * called by the watchdog: its event carries the reply, a {@link Diagnosis}.
  */
-final class HangDoctor extends Thread {
+final class HangDoctor {
     /** Lines kept per rank by the log server while the doctor is on. */
     static final int TAIL_LINES = 2000;
 
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
-     *  starting, groups, report), with the fields the runner reads; stacksFile: where the
+     *  starting, groups, culprit, report), with the fields the runner reads; stacksFile: where the
      *  watchdog wrote every rank's stacks, or null. */
     record Diagnosis(JsonNode json, Path stacksFile) {
         /** The one line naming the culprit(s). */
@@ -40,17 +36,12 @@ final class HangDoctor extends Thread {
 
         /** The one culprit's rank, or null when there is none or several. */
         Integer culprit() {
-            return json.path("culprits").size() == 1 ? json.path("culprits").get(0).asInt() : null;
+            return json.path("culprit").isObject() ? json.path("culprit").get("rank").asInt() : null;
         }
 
-        /** The host of rank's dump, or null when it sent none. */
-        String host(int rank) {
-            for (JsonNode d : json.path("dumps")) {
-                if (d.path("rank").asInt() == rank) {
-                    return d.path("host").asText();
-                }
-            }
-            return null;
+        /** The one culprit's host, or null (none, several, or it sent no dump). */
+        String culpritHost() {
+            return json.path("culprit").path("host").textValue();
         }
 
         /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the
@@ -76,25 +67,6 @@ final class HangDoctor extends Thread {
         }
     }
 
-    /** The diagnosis of sections (rank -> its lines from its dump marker on, empty when none
-     *  came) for world ranks; request: the DUMP's number (0: each rank's last dump). The JVM
-     *  does not know the executors' Python: it names no standard library directory, and the
-     *  core's rule for lib/python3.N/ paths counts those frames as library. */
-    static Diagnosis diagnose(Map<Integer, List<String>> sections, int world, int request, boolean readSources) {
-        ObjectNode req = Native.object("world", world, "stdlib", List.of(), "read_sources", readSources);
-        if (request > 0) {
-            req.put("request", request);
-        }
-        ArrayNode ranks = req.putArray("ranks");
-        int n = sections.isEmpty() ? world : Math.max(world, Collections.max(sections.keySet()) + 1);
-        for (int r = 0; r < n; r++) {
-            List<String> lines = sections.get(r);
-            JsonNode a = lines == null || lines.isEmpty() ? NullNode.getInstance() : Failure.JSON.valueToTree(lines);
-            ranks.add(a);
-        }
-        return new Diagnosis(Native.call("tsp_hang_diagnose", req), null);
-    }
-
     // ---- the watchdog: the C log server's (docs/protocol.md 1.12) -----------------------
 
     private final LogServer server;
@@ -102,15 +74,10 @@ final class HangDoctor extends Thread {
     private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
     private volatile Diagnosis cancelled;
     private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
-    private volatile boolean stopping;
-    /** Held while an event is taken and performed: finish()'s drain waits for one in hand. */
-    private final Object taking = new Object();
 
     /** Turns the server's watchdog on for world ranks, as the run's settings say (hangTimeout
      *  in ms, > 0; hangAction: report or cancel); say: where its lines go (the driver's stderr). */
     HangDoctor(LogServer server, Conf settings, int world, Consumer<String> say) {
-        super("torchspark-hang-doctor");
-        setDaemon(true);
         this.server = server;
         this.say = say;
         server.watch(settings.number("hangTimeout"), settings.string("hangAction"), world,
@@ -128,57 +95,33 @@ final class HangDoctor extends Thread {
         }
     }
 
-    @Override
-    public void run() {
-        while (!stopping) {
-            take(200);
+    /** Performs the events the watchdog queued, in order: prints their lines as they are and
+     *  keeps their diagnoses. The line pump calls it between its pulls (LinePump), the
+     *  channel once more before the server closes. */
+    synchronized void poll() {
+        while (perform(server.hangEvent(0))) {
+            // the next event
         }
     }
 
-    /** Performs one event of the server's watchdog: prints its lines as they are, keeps its
-     *  diagnosis; false when none came. */
-    private boolean take(int timeoutMs) {
-        synchronized (taking) {
-            return perform(server.hangEvent(timeoutMs));
-        }
-    }
-
-    private boolean perform(String json) {
-        if (json == null) {
+    private boolean perform(JsonNode ev) {
+        if (ev == null) {
             return false;
         }
-        try {
-            JsonNode ev = Failure.JSON.readTree(json);
-            ev.get("say").forEach(x -> say.accept(x.asText()));
-            JsonNode r = ev.get("diagnosis");
-            if (r == null || r.isNull()) {
-                return true;
-            }
-            Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
-            diagnoses.add(d);
-            // the stacks are on stderr already (the ranks' lines), and in the file
-            ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
-            if (ev.get("action").asText().equals("cancel")) {
-                message = ev.get("message").asText();
-                cancelled = d;
-            }
-        } catch (IOException e) {
-            say.accept("torchspark: the hang doctor's event is not JSON: " + json);
+        ev.get("say").forEach(x -> say.accept(x.asText()));
+        JsonNode r = ev.get("diagnosis");
+        if (r == null || r.isNull()) {
+            return true;
+        }
+        Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
+        diagnoses.add(d);
+        // the stacks are on stderr already (the ranks' lines), and in the file
+        ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
+        if (ev.get("action").asText().equals("cancel")) {
+            message = ev.get("message").asText();
+            cancelled = d;
         }
         return true;
-    }
-
-    /** Ends the thread, then performs the events still queued (before the server closes). */
-    void finish() {
-        stopping = true;
-        try {
-            join(5000);
-        } catch (InterruptedException e) {
-            Thread.currentThread().interrupt();
-        }
-        while (take(0)) {
-            // every event queued before the end
-        }
     }
 
     /** The runner's exception text of the run the doctor cancelled. */

@@ -17,15 +17,18 @@ import java.util.function.Consumer;
 final class LinePump {
     private final LogServer server;
     private final Consumer<TorchSparkRunner.Report> callback;
+    private final Runnable tick; // after each pull of lines (the hang doctor's poll)
     private final List<TorchSparkRunner.Report> reports = Collections.synchronizedList(new ArrayList<>());
     private final Thread lines;
     private final Thread reportThread;
     private volatile boolean stopping;
     private boolean warned;
 
-    LinePump(LogServer server, boolean toStderr, String prefix, Consumer<TorchSparkRunner.Report> onReport) {
+    LinePump(LogServer server, boolean toStderr, String prefix, Consumer<TorchSparkRunner.Report> onReport,
+            Runnable tick) {
         this.server = server;
         this.callback = onReport;
+        this.tick = tick;
         lines = new Thread(() -> pumpLines(toStderr, prefix), "torchspark-log-pump");
         reportThread = new Thread(this::pumpReports, "torchspark-reports");
     }
@@ -46,6 +49,7 @@ final class LinePump {
             if (batch == null || batch.isEmpty() && stopping) {
                 return; // stopped and drained
             }
+            tick.run();
             TorchSparkRunner.Metrics.LINES.addAndGet(batch.size());
             for (String ln : batch) {
                 if (stderr) {

@@ -1,10 +1,10 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
-import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.locks.ReentrantReadWriteLock;
@@ -75,20 +75,26 @@ public final class LogServer implements AutoCloseable {
         }
     }
 
+    /** The reply of one op of the server's JSON call (tsp_logserver_call, docs/protocol.md
+     *  1.14), keysAndValues its request's other members; IllegalArgumentException with the
+     *  library's sentence when it refuses the request. */
+    JsonNode call(String op, Object... keysAndValues) {
+        String request = Native.object(keysAndValues).put("op", op).toString();
+        String[] msg = new String[1];
+        return Native.reply("tsp_logserver_call", with(h -> Native.logServerCall(h, request, msg)), msg[0]);
+    }
+
     public int port() {
-        return with(Native::logServerPort);
+        return call("info").path("port").asInt();
     }
 
     public String host() {
-        return with(Native::logServerHost);
+        return call("info").path("host").asText();
     }
 
     /** The run's secret as 64 hex digits (for the agents: on their standard input, AgentProcess). */
     public String secretHex() {
-        byte[] s = with(Native::logServerSecret);
-        String hex = HexFormat.of().formatHex(s);
-        Arrays.fill(s, (byte) 0);
-        return hex;
+        return call("info").path("secret").asText();
     }
 
     /** "host:port" (IPv6 in brackets) for --log-endpoint, advertising host. */
@@ -158,45 +164,45 @@ public final class LogServer implements AutoCloseable {
         if (n <= 0) {
             throw new IllegalArgumentException("n must be > 0, got " + n);
         }
-        byte[] b = with(h -> Native.logServerTail(h, rank, n));
-        return b == null ? new ArrayList<>() : lines(new String(b, StandardCharsets.UTF_8));
+        List<String> out = new ArrayList<>();
+        call("tail", "rank", rank, "n", n).path("lines").forEach(x -> out.add(x.asText()));
+        return out;
     }
 
     /** The run's root cause as JSON ({"kind","node_rank","host","peer","message","report"}),
      *  or null when none came within timeoutMs. */
     public String failure(int timeoutMs) {
-        return with(h -> Native.logServerFailure(h, timeoutMs));
+        JsonNode root = call("failure", "timeout_ms", timeoutMs);
+        return root.isNull() ? null : root.toString();
     }
 
     /** Agents gone without goodbye whose lost grace still runs. */
     public int lostPending() {
-        return with(Native::logServerLostPending);
+        return call("lost").path("pending").asInt();
     }
 
     /** The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor JVM
      *  die, or whose channel ended without goodbye before the run was stopped. */
     public int[] nodesLost() {
-        int[] r = with(Native::logServerNodesLost);
-        return r == null ? new int[0] : r;
+        return Failure.JSON.convertValue(call("lost").path("nodes"), int[].class);
     }
 
     /** Tells every agent to stop (now and on later connections). */
     public void stopAll(String text) {
-        with(h -> Native.logServerStopAll(h, text == null ? "" : text));
+        call("stop_all", "text", text);
     }
 
     /** Turns on the server's hang watchdog (docs/protocol.md 1.12): timeoutMs of silence
      *  from the workers' start, action report or cancel, world ranks. */
     public void watch(long timeoutMs, String action, int world, String tmpdir) {
-        String[] msg = new String[1];
-        if (with(h -> Native.logServerWatch(h, timeoutMs, action, world, tmpdir, msg)) != 0) {
-            throw new IllegalArgumentException(msg[0]);
-        }
+        call("watch", "timeout_ms", timeoutMs, "action", action, "world", world, "tmpdir", tmpdir);
     }
 
-    /** The watchdog's next event (JSON), waiting up to timeoutMs; null when none came. */
-    public String hangEvent(int timeoutMs) {
-        return with(h -> Native.logServerHangEvent(h, timeoutMs));
+    /** The watchdog's next event (docs/protocol.md 1.12), waiting up to timeoutMs; null when
+     *  none came. */
+    public JsonNode hangEvent(int timeoutMs) {
+        JsonNode ev = call("hang_event", "timeout_ms", timeoutMs);
+        return ev.isNull() ? null : ev;
     }
 
     /**
@@ -204,21 +210,22 @@ public final class LogServer implements AutoCloseable {
      * docs/protocol.md 1.13; why 1: the run grows back). False once the server has ended.
      */
     public boolean checkpointAll(int why) {
-        return with(h -> Native.logServerCheckpointAll(h, why)) == 0;
+        return call("checkpoint_all", "why", why).path("sent").asBoolean();
     }
 
     /** Accepts one output transfer into path (created 0600), or into memory when null. */
     public void expectOutput(String path) {
-        int rc = with(h -> Native.logServerExpectOutput(h, path));
-        if (rc != 0) {
-            throw new IllegalStateException("expectOutput: " + Native.strerror(rc));
+        try {
+            call("expect_output", "path", path);
+        } catch (IllegalArgumentException e) { // "cannot expect an output: ..."
+            throw new IllegalStateException(e.getMessage(), e);
         }
     }
 
     /** spark.torchspark.encryption: false keeps the authenticated handshake and MACs every
      *  frame, in clear (docs/protocol.md 1.10.1); for connections made from now on. */
     public void encryption(boolean on) {
-        with(h -> Native.logServerEncryption(h, on));
+        call("encryption", "on", on);
     }
 
     /** The largest output received into memory, written as spark.driver.maxResultSize ("1g",
@@ -226,54 +233,33 @@ public final class LogServer implements AutoCloseable {
      *  driver takes memory for it. Throws IllegalArgumentException on a value that is not a
      *  size. */
     public void outputLimit(String maxResultSize) {
-        String[] msg = new String[1];
-        if (with(h -> Native.logServerOutputLimit(h, maxResultSize, msg)) != 0) {
-            throw new IllegalArgumentException(msg[0]);
-        }
+        call("output_limit", "max_result_size", maxResultSize);
     }
 
     /** Waits for the output: true when received and verified, false on timeout or when none
      *  came (see {@link #outputError()}). */
     public boolean awaitOutput(int timeoutMs) {
-        return with(h -> Native.logServerOutputWait(h, timeoutMs)) == 0;
-    }
-
-    /** The received output's length in bytes, or -1 when none was received. */
-    public long outputLength() {
-        long n = with(Native::logServerOutputLength);
-        return n < 0 ? -1 : n;
+        return call("output", "timeout_ms", timeoutMs).path("received").asBoolean();
     }
 
     /** A copy of the output received into memory (null in file mode or when none). */
     public byte[] outputBytes() {
-        return with(h -> {
-            long n = Native.logServerOutputLength(h);
-            if (n > Integer.MAX_VALUE - 8) {
-                throw new IllegalStateException("rank 0's output is " + n + " bytes, more than a "
-                        + "Java array holds: receive it into a file (TorchSparkRunner.outputPath)");
-            }
-            return Native.logServerOutputData(h);
-        });
+        long n = call("output", "timeout_ms", 0).path("length").asLong();
+        if (n > Integer.MAX_VALUE - 8) {
+            throw new IllegalStateException("rank 0's output is " + n + " bytes, more than a "
+                    + "Java array holds: receive it into a file (TorchSparkRunner.outputPath)");
+        }
+        return with(Native::logServerOutputData);
     }
 
     /** Why the last output transfer failed ("" when it did not). */
     public String outputError() {
-        return with(Native::logServerOutputError);
-    }
-
-    /** {accepted, authenticated, rejected, lines, bytes, duplicates, connected, queuedBytes}. */
-    public long[] stats() {
-        long[] out = new long[8];
-        with(h -> {
-            Native.logServerStats(h, out);
-            return null;
-        });
-        return out;
+        return call("output", "timeout_ms", 0).path("error").asText();
     }
 
     /** Stops accepting and drains connected agents (lines stay pullable). Idempotent. */
     public void shutdown(int drainTimeoutMs) {
-        with(h -> Native.logServerShutdown(h, drainTimeoutMs));
+        call("shutdown", "drain_ms", drainTimeoutMs);
     }
 
     @Override

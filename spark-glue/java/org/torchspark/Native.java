@@ -38,14 +38,19 @@ final class Native {
      *  library's sentence when it refuses the request. */
     static JsonNode call(String name, JsonNode request) {
         String[] msg = new String[1];
-        int rc = Native.json(name, String.valueOf(request), msg);
+        return reply(name, Native.json(name, String.valueOf(request), msg), msg[0]);
+    }
+
+    /** The reply text of the JSON call name, parsed; IllegalArgumentException with the
+     *  library's sentence (text) when it returned the code rc != 0. */
+    static JsonNode reply(String name, int rc, String text) {
         if (rc != 0) {
-            throw new IllegalArgumentException(msg[0] != null ? msg[0] : strerror(rc));
+            throw new IllegalArgumentException(text != null ? text : strerror(rc));
         }
         try {
-            return Failure.JSON.readTree(msg[0]);
+            return Failure.JSON.readTree(text);
         } catch (IOException e) {
-            throw new IllegalStateException("torchspark: the reply of " + name + " is not JSON: " + msg[0], e);
+            throw new IllegalStateException("torchspark: the reply of " + name + " is not JSON: " + text, e);
         }
     }
 
@@ -128,67 +133,24 @@ final class Native {
     static native long logServerStart(String host, int port, byte[] secret, int tailLines,
             String[] msg);
 
-    static native int logServerPort(long h);
-
-    static native String logServerHost(long h);
-
-    static native byte[] logServerSecret(long h);
+    /** msg[0]: the reply of tsp_logserver_call (docs/protocol.md 1.14: {"op": ...}, the
+     *  server's queries and settings) on h to the request (JSON), or the sentence naming what
+     *  is wrong. */
+    static native int logServerCall(long h, String request, String[] msg);
 
     /** Formatted lines into buf (direct): bytes written, 0 on timeout, -EPIPE at the end. */
     static native long logServerPullText(long h, ByteBuffer buf, int maxLines, int timeoutMs,
             String prefix, String stderrMarker, int[] nlines);
 
-    static native byte[] logServerTail(long h, int rank, int n);
-
     /** The workers' reports as "RANK\tRECORD\n" lines: "" on timeout, null at the end. */
     static native String logServerPullReports(long h, int max, int timeoutMs);
-
-    /** The root cause JSON, or null when none came within timeoutMs. */
-    static native String logServerFailure(long h, int timeoutMs);
-
-    static native int logServerLostPending(long h);
-
-    static native int[] logServerNodesLost(long h);
-
-    static native int logServerStopAll(long h, String text);
-
-    /** The hang doctor's watchdog of the server (docs/protocol.md 1.12); 0, or a negative
-     *  errno with msg[0] naming the bad argument. */
-    static native int logServerWatch(long h, long timeoutMs, String action, int world, String tmpdir,
-            String[] msg);
-
-    /** The watchdog's next event (JSON, docs/protocol.md 1.12), or null when none came
-     *  within timeoutMs. */
-    static native String logServerHangEvent(long h, int timeoutMs);
-
-    static native int logServerCheckpointAll(long h, int why);
-
-    static native int logServerExpectOutput(long h, String path);
-
-    /** spark.driver.maxResultSize for an output into memory (null: 1g; "0": none); 0, or a
-     *  negative errno with msg[0] naming the bad value. */
-    static native int logServerOutputLimit(long h, String maxResultSize, String[] msg);
-
-    static native int logServerEncryption(long h, boolean on);
 
     /** tsp_logserver_fd_check: 0 when the driver's descriptor limit (raised to the hard one)
      *  holds a job of nodes nodes, else a code with the sentence in msg[0]. */
     static native int logServerFdCheck(int nodes, String[] msg);
 
-    static native int logServerOutputWait(long h, int timeoutMs);
-
-    /** The received output's length (memory or file), or a negative errno. */
-    static native long logServerOutputLength(long h);
-
     /** A copy of the output held in memory (null in file mode or when none). */
     static native byte[] logServerOutputData(long h);
-
-    static native String logServerOutputError(long h);
-
-    /** out: accepted, authenticated, rejected, lines, bytes, duplicates, connected, queued. */
-    static native void logServerStats(long h, long[] out);
-
-    static native int logServerShutdown(long h, int drainTimeoutMs);
 
     static native void logServerFree(long h);
 }

@@ -30,12 +30,10 @@ final class RunChannel implements AutoCloseable {
                 RunOutput.expect(server, sc, owner.outputPath);
             }
             owner.reports = Collections.emptyList();
-            pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport);
-            pump.start();
             doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
-            if (doctor != null) {
-                doctor.start();
-            }
+            pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport,
+                    doctor != null ? doctor::poll : () -> { });
+            pump.start();
         } catch (RuntimeException | Error e) {
             server.close();
             throw e;
@@ -83,14 +81,13 @@ final class RunChannel implements AutoCloseable {
             return null;
         }
         doctorEnded = true;
-        doctor.finish();
+        doctor.poll();
         owner.hangReports = doctor.diagnoses().stream().map(HangDoctor.Diagnosis::line).toList();
         HangDoctor.Diagnosis c = doctor.cancelled();
         if (c == null) {
             return null;
         }
-        Integer rank = c.culprit();
-        return new TorchSparkException(doctor.cancelMessage(mode), rank, null, rank == null ? null : c.host(rank),
+        return new TorchSparkException(doctor.cancelMessage(mode), c.culprit(), null, c.culpritHost(),
                 null, 0, c.stacksLines(), c.report(), cause, null);
     }
 

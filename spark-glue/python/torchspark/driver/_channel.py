@@ -32,15 +32,24 @@ class Channel:
              rendezvous_host: Optional[str] = None) -> "Channel":
         """The log server bound to host (None, with a WARNING, when it cannot start) and,
         with it, the pump, the hub, the doctor and (rendezvous_host) the rendezvous."""
-        self.server = _start_log_server(dist, host)
-        if self.server is None:
+        _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
+        try:
+            tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
+            self.server = _native.LogServer(host=host, port=0, tail_lines=tail)
+            self.server.encryption(dist._settings["encryption"])
+        except Exception as e:
+            self.server = None
+            dist.logger.warning(
+                f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
+                "goes to the executors' logs and rank 0's result travels through "
+                "collect() (bounded by spark.driver.maxResultSize)")
             return self
-        self.pump = _LogPump(self.server, fmt=fmt)
-        self.hub = _progress.start(dist, self.server)
         if dist.hang_timeout:
             dist.hang_reports = []
             self.doctor = _doctor.HangDoctor(self.server, dist.hang_timeout, dist.hang_action,
                                              dist.num_processes, dist.logger, dist.hang_reports)
+        self.pump = _LogPump(self.server, fmt=fmt, tick=self.doctor.poll if self.doctor else None)
+        self.hub = _progress.start(dist, self.server)
         if rendezvous_host is not None:
             try:
                 self.rdv = _rendezvous.Server(rendezvous_host, self.server.secret_hex)
@@ -52,7 +61,7 @@ class Channel:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        # Last pushed, first run: the doctor ends, then the server drains while the pump
+        # Last pushed, first run: the doctor's last events, then the server drains while the pump
         # still runs, so the agents' last lines are shown (after a failure every agent was
         # stopped, so a short drain is enough); each step runs even if one before raised.
         with ExitStack() as stack:
@@ -65,7 +74,7 @@ class Channel:
                 stack.callback(self.server.close,
                                drain_timeout=5.0 if self.ok else self._drain_on_failure)
             if self.doctor is not None:
-                stack.callback(self.doctor.stop)
+                stack.callback(self.doctor.poll)
 
     def stop_pump(self) -> None:
         """Every line shown: before the run's exception or its result."""
@@ -78,7 +87,7 @@ class Channel:
         its document as the report (docs/protocol.md 1.11), the same as the JVM runner's."""
         if self.doctor is None:
             return None
-        self.doctor.stop()
+        self.doctor.poll()
         diag = self.doctor.cancelled
         if diag is None:
             return None
@@ -142,17 +151,3 @@ class Channel:
         dist._clock.mark("result_received")
         return result
 
-
-def _start_log_server(dist: Any, host: str) -> Any:
-    _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
-    try:
-        tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
-        server = _native.LogServer(host=host, port=0, tail_lines=tail)
-        server.encryption(dist._settings["encryption"])
-        return server
-    except Exception as e:
-        dist.logger.warning(
-            f"Starting torchspark's log server on {host} failed ({e!r}): worker output "
-            "goes to the executors' logs and rank 0's result travels through "
-            "collect() (bounded by spark.driver.maxResultSize)")
-        return None

@@ -28,7 +28,9 @@ def configure(dist: Any, hang_timeout_ms: Optional[int], hang_action: str) -> No
 
 
 class HangDoctor:
-    """Turns the server's watchdog on for ``world`` ranks and performs its events."""
+    """Turns the server's watchdog on for ``world`` ranks and performs its events: the
+    log pump calls :meth:`poll` between its batches (_pump.py), the channel once more
+    before the server closes."""
 
     def __init__(self, server: Any, timeout: float, action: str, world: int,
                  logger: Any = None, reports: Optional[List[Any]] = None) -> None:
@@ -37,19 +39,13 @@ class HangDoctor:
         self.cancelled: Optional[_hang.Diagnosis] = None
         self.message = ""  # the C core's text of the run's error, after "TorchDistributor (MODE) "
         server.watch(timeout, action, world, tempfile.gettempdir())
-        self._stop = threading.Event()
-        self._taking = threading.Lock()  # held while an event is taken and performed
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="torchspark-hang-doctor")
-        self._thread.start()
+        self._taking = threading.Lock()  # held while events are taken and performed
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._take(0.2)
-
-    def _take(self, timeout: float) -> bool:
-        with self._taking:  # stop()'s drain waits for an event in hand
-            return self._perform(self.server.hang_event(timeout))
+    def poll(self) -> None:
+        """Performs the events the watchdog queued, in order."""
+        with self._taking:
+            while self._perform(self.server.hang_event(0)):
+                pass
 
     def _perform(self, ev: Any) -> bool:
         if ev is None:
@@ -65,11 +61,3 @@ class HangDoctor:
         if ev["action"] == "cancel":
             self.cancelled, self.message = diag, ev["message"]
         return True
-
-    def stop(self) -> None:
-        """Ends the thread, then performs the events still queued (before the server
-        closes)."""
-        self._stop.set()
-        self._thread.join(timeout=5)
-        while self._take(0):
-            pass

@@ -1,30 +1,18 @@
 """The hang doctor's analysis: which rank is stuck, from the stacks the ranks dumped.
 
 The analysis itself is the C core's (``tsp_hang_diagnose``, native/src/driver/hang.c,
-docs/protocol.md 1.11), the same for the JVM glue: this module hands it each rank's lines
-from its dump marker on and keeps the structured diagnosis it returns (the golden cases:
-tests/contracts/hang.json). The driver's watchdog that asks for the dumps is
-:mod:`torchspark.driver._doctor`; the wire protocol is docs/protocol.md 1.9.
+docs/protocol.md 1.11), the same for the JVM glue, called by the driver's watchdog
+(logwatch.c, docs/protocol.md 1.12): this module keeps the structured diagnosis its event
+carries (:func:`from_reply`; the golden cases: tests/contracts/hang.json, replayed through
+tests/helpers/hang.py). The glue's end of the watchdog is :mod:`torchspark.driver._doctor`;
+the wire protocol is docs/protocol.md 1.9.
 """
 from __future__ import annotations
 
-import os
-import sysconfig
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
-from torchspark.native import _lib
-
-__all__ = ["RankDump", "Diagnosis", "diagnose"]
-
-
-def _stdlib_dirs() -> Tuple[str, ...]:
-    """This Python's standard library (the C analysis counts frames there as library)."""
-    dirs = {sysconfig.get_paths().get("stdlib") or "", os.path.dirname(os.__file__)}
-    return tuple(sorted(d.rstrip("/") + "/" for d in dirs if d))
-
-
-_STDLIB = _stdlib_dirs()
+__all__ = ["RankDump", "Diagnosis", "from_reply"]
 
 
 @dataclass
@@ -66,22 +54,6 @@ class Diagnosis:
                 return f.read().rstrip("\n")
         except OSError:
             return ""
-
-
-def diagnose(sections: Mapping[int, Sequence[str]], world: int, request: Optional[int] = None,
-             read_sources: bool = True, stdlib: Optional[Sequence[str]] = None) -> Diagnosis:
-    """The diagnosis of ``sections`` (rank -> its lines from its dump marker on, empty
-    when none came) for ``world`` ranks; ``request``: the DUMP's number (None: each
-    rank's last dump); ``read_sources``: quote the culprit's source line where the driver
-    has the file; ``stdlib``: the standard library's directories (default: this
-    Python's)."""
-    n = max([world] + [r + 1 for r in sections])
-    reply = _lib.json_call("tsp_hang_diagnose", {
-        "world": world, "request": request,
-        "stdlib": list(_STDLIB if stdlib is None else stdlib),
-        "read_sources": read_sources,
-        "ranks": [list(sections[r]) if sections.get(r) else None for r in range(n)]})
-    return from_reply(reply)
 
 
 def from_reply(reply: Mapping[str, Any]) -> Diagnosis:

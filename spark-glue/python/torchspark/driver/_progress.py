@@ -127,10 +127,7 @@ class ReportHub:
         if key in self._warned:
             return
         self._warned.add(key)
-        self._write(text + "\n")
-
-    def _write(self, text: str) -> None:
-        _LogPump.write(text)
+        _LogPump.write(text + "\n")
 
     def stop(self) -> List[Report]:
         """Takes what is left (call after the log server closed: the agents drained), shows

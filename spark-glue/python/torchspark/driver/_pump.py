@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 __all__ = ["_LogPump"]
 
@@ -38,9 +38,10 @@ class _LogPump:
     status_shown = False
 
     def __init__(self, server: Any, linger_s: float = LINGER_S,
-                 fmt: Optional[str] = None) -> None:
+                 fmt: Optional[str] = None, tick: Optional[Callable[[], None]] = None) -> None:
         self.server = server
         self.fmt = fmt  # the line prefix (_native.line_prefix); None: "[rank N] "
+        self.tick = tick  # called after each pull (the hang doctor's poll)
         self.linger_s = linger_s
         self.writes = 0  # write() calls made (the benchmark reads it)
         self._stop = threading.Event()
@@ -70,6 +71,8 @@ class _LogPump:
         try:
             while not self._stop.is_set():
                 got = self._drain_once(WAIT_MS)
+                if self.tick is not None:
+                    self.tick()
                 if 0 < got < SMALL_BATCH and self.linger_s > 0:
                     self._stop.wait(self.linger_s)
             while self._drain_once(0):

@@ -39,14 +39,6 @@ class LogLine(ctypes.Structure):
                 ("reserved", ctypes.c_uint16)]
 
 
-class LogStats(ctypes.Structure):
-    """tsp_logserver_stats_t (logserver.h)."""
-
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "accepted", "authenticated", "rejected", "lines", "bytes", "duplicates", "connected",
-        "queued_bytes")]
-
-
 # The C core's JSON transforms (one signature: request, reply buffer, its needed size, error
 # sentence), called through json_call.
 JSON_CALLS = (
@@ -63,30 +55,14 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     err: List[Any] = [c, sz]  # a caller's buffer for the error sentence
     return {
         "tsp_logserver_new": (vp, [c, i, c, u] + err),
-        "tsp_logserver_port": (i, [vp]),
-        "tsp_logserver_host": (c, [vp]),
-        "tsp_logserver_secret": (None, [vp, c]),
+        # the server's queries and settings, one JSON call (docs/protocol.md 1.14): json_call
+        "tsp_logserver_call": (i, [vp, c, sz, c, sz, P(sz)] + err),
         "tsp_logserver_pull_reports": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
         "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
-        "tsp_logserver_stats": (None, [vp, P(LogStats)]),
-        "tsp_logserver_report_budget": (None, [vp, ctypes.c_double]),
         "tsp_logserver_fd_check": (i, [i] + err),
-        "tsp_logserver_expect_output": (i, [vp, c]),
-        "tsp_logserver_output_limit": (i, [vp, c] + err),
-        "tsp_logserver_encryption": (i, [vp, i]),
-        "tsp_logserver_output_wait": (i, [vp, i]),
         "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
-        "tsp_logserver_output_error": (c, [vp]),
-        "tsp_logserver_failure": (lng, [vp, c, sz, i]),
-        "tsp_logserver_stop_all": (i, [vp, c]),
-        "tsp_logserver_watch": (i, [vp, lng, c, i, c] + err),
-        "tsp_logserver_hang_event": (lng, [vp, c, sz, i]),
-        "tsp_logserver_checkpoint_all": (i, [vp, i]),
-        "tsp_logserver_lost_pending": (i, [vp]),
-        "tsp_logserver_nodes_lost": (i, [vp, P(ctypes.c_int32), i]),
-        "tsp_logserver_shutdown": (i, [vp, i]),
         "tsp_logserver_free": (None, [vp]),
     }
 
@@ -205,12 +181,12 @@ def checked(name: str, *args: Any, error: Callable[[str], Exception] = ValueErro
     return rc
 
 
-def json_call(name: str, request: Any,
-              error: Callable[[str], Exception] = ValueError) -> Any:
+def json_call(name: str, request: Any, error: Callable[[str], Exception] = ValueError,
+              handle: Any = None) -> Any:
     """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
-    tsp_failure_report, outcome.h's tsp_outcome_classify, ...): request -> its reply, decoded;
-    the library's sentence naming what is wrong as error (a ValueError) when it refuses
-    the request."""
+    tsp_failure_report, outcome.h's tsp_outcome_classify, ...; with handle, the log server's
+    tsp_logserver_call on it): request -> its reply, decoded; the library's sentence naming
+    what is wrong as error (a ValueError) when it refuses the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(4096)  # room for every peer's reason (elect.c)
@@ -218,7 +194,8 @@ def json_call(name: str, request: Any,
     for _ in range(2):
         out = ctypes.create_string_buffer(size)
         needed = ctypes.c_size_t(0)
-        rc = getattr(lib, name)(doc, len(doc), out, size, ctypes.byref(needed), err, len(err))
+        args = (doc, len(doc), out, size, ctypes.byref(needed), err, len(err))
+        rc = getattr(lib, name)(*args) if handle is None else getattr(lib, name)(handle, *args)
         if rc == 0:
             return json.loads(out.value.decode())
         if rc != -errno.ENOSPC:  # else once more with the size the library asked for

@@ -23,14 +23,12 @@ server's own messages read ``[torchspark] text``. The library is found and loade
 from __future__ import annotations
 
 import ctypes
-import json
 import threading
 from pathlib import Path
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from torchspark.native._lib import LogLine as _LogLine
-from torchspark.native._lib import LogStats as _Stats
-from torchspark.native._lib import checked, load_library
+from torchspark.native._lib import checked, json_call, load_library
 
 __all__ = ["Line", "LogServer", "line_prefix", "load_library", "STDOUT",
            "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
@@ -100,7 +98,7 @@ class LogServer:
                  tail_lines: int = 100):
         self._lib = load_library()
         hexs = secret.hex().encode() if secret is not None else None  # C refuses a bad one
-        self._h = h = checked("tsp_logserver_new", host.encode(), int(port), hexs,
+        self._h = checked("tsp_logserver_new", host.encode(), int(port), hexs,
                               int(tail_lines), error=OSError, ok=bool,
                               prefix="cannot start the torchspark log server: ")
         self._closed = False
@@ -108,12 +106,16 @@ class LogServer:
         self._report_lock = threading.Lock()
         self._arrs: Dict[str, "ctypes.Array[_LogLine]"] = {}  # each pull's records, by queue
         self._text: Optional[ctypes.Array] = None
-        self.host: str = self._lib.tsp_logserver_host(h).decode()
-        self.port: int = self._lib.tsp_logserver_port(h)
-        buf = ctypes.create_string_buffer(32)
-        self._lib.tsp_logserver_secret(h, buf)
-        self.secret: bytes = buf.raw
+        info = self._call("info")
+        self.host: str = info["host"]
+        self.port: int = info["port"]
+        self.secret: bytes = bytes.fromhex(info["secret"])
         self.output_path: Optional[str] = None
+
+    def _call(self, op: str, error: Callable[[str], Exception] = ValueError, **keys: Any) -> Any:
+        """The reply of one op of the server's JSON call (tsp_logserver_call,
+        docs/protocol.md 1.14), keys its request's other members."""
+        return json_call("tsp_logserver_call", {"op": op, **keys}, error, handle=self._h)
 
     @property
     def secret_hex(self) -> str:
@@ -175,7 +177,8 @@ class LogServer:
             return ctypes.string_at(self._text, n).decode("utf-8", "replace"), count.value
 
     def tail(self, rank: int, n: Optional[int] = None) -> List[bytes]:
-        """The last ``n`` lines (default: all kept) of ``rank``, oldest first."""
+        """The last ``n`` lines (default: all kept) of ``rank``, oldest first, as they came
+        (bytes: the op ``tail`` of the JSON call gives text)."""
         n = 1 << 30 if n is None else int(n)
         need = self._lib.tsp_logserver_tail(self._h, rank, n, None, 0)
         buf = ctypes.create_string_buffer(max(need, 1))
@@ -187,45 +190,39 @@ class LogServer:
         (default 20,000; <= 0: all); beyond it each rank's reports come folded into one
         record per interval with a ``summary`` (docs/distributor.md, "Reports at scale").
         Before the first pull."""
-        self._lib.tsp_logserver_report_budget(self._h, float(per_s))
+        self._call("report_budget", per_s=float(per_s))
 
     def stats(self) -> Dict[str, int]:
         """Counters: accepted, authenticated, rejected, lines, bytes, duplicates, ..."""
-        st = _Stats()
-        self._lib.tsp_logserver_stats(self._h, ctypes.byref(st))
-        return {f[0]: getattr(st, f[0]) for f in _Stats._fields_}
+        return dict(self._call("stats"))
 
     def expect_output(self, path: Optional[str] = None) -> None:
         """Accept rank 0's output, written to ``path`` (0600) or kept in memory (None)."""
-        rc = self._lib.tsp_logserver_expect_output(self._h, path.encode() if path else None)
-        if rc:
-            raise RuntimeError("cannot expect an output: "
-                               + self._lib.tsp_strerror(rc).decode())
+        self._call("expect_output", RuntimeError, path=path or None)
         self.output_path = path
 
     def encryption(self, on: bool) -> None:
         """spark.torchspark.encryption: False keeps the authenticated handshake and MACs
         every frame, in clear (docs/protocol.md 1.10.1); for connections made from now on."""
-        self._lib.tsp_logserver_encryption(self._h, 1 if on else 0)
+        self._call("encryption", on=bool(on))
 
     def output_limit(self, max_result_size: Optional[str]) -> None:
         """The largest output kept in memory, written as ``spark.driver.maxResultSize``
         ("1g", "512m", bytes; None: Spark's 1g default; "0": no limit). A bigger one is
         refused before the driver takes any memory for it."""
-        checked("tsp_logserver_output_limit", self._h,
-                max_result_size.encode() if max_result_size is not None else None)
+        self._call("output_limit", max_result_size=max_result_size)
 
     @property
     def output_error(self) -> str:
         """Why the last output transfer failed ("" when none did)."""
-        return self._lib.tsp_logserver_output_error(self._h).decode(errors="replace")
+        return str(self._call("output", timeout_ms=0)["error"])
 
     def output_view(self) -> Optional[memoryview]:
         """The received output without a copy: a memoryview over the server's own buffer
         (memory mode), or the file's bytes (file mode); None if it has not arrived. The
         view keeps this server, and so the buffer, alive for as long as it is referenced,
         also after close(); a 1 GiB result is not copied a second time to be unpickled."""
-        if self._lib.tsp_logserver_output_wait(self._h, 0) != 0:
+        if not self._call("output", timeout_ms=0)["received"]:
             return None
         if self.output_path is not None:
             return memoryview(Path(self.output_path).read_bytes())
@@ -247,65 +244,44 @@ class LogServer:
         JSON as a dict, or None). When it happened, every other agent was told to stop.
         """
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        text = self._document("tsp_logserver_failure", 8192, ms)
-        if text is None:
+        doc = self._call("failure", timeout_ms=ms)
+        if doc is None:
             return None
-        doc = json.loads(text)
         if not isinstance(doc.get("report"), dict):  # embedded as an object, or null
             doc["report"] = None
         return doc
 
     def lost_pending(self) -> int:
         """Agents gone without goodbye whose grace (1 s) is still running."""
-        return self._lib.tsp_logserver_lost_pending(self._h)
+        return int(self._call("lost")["pending"])
 
     def nodes_lost(self) -> List[int]:
         """The nodes lost (docs/protocol.md 1.7): node ranks whose agent saw its executor
         JVM die, or whose channel ended without goodbye before the run was stopped and did
         not come back, in order."""
-        k = self._lib.tsp_logserver_nodes_lost(self._h, None, 0)
-        ranks = (ctypes.c_int32 * max(k, 1))()
-        k = min(k, self._lib.tsp_logserver_nodes_lost(self._h, ranks, k))
-        return [ranks[i] for i in range(k)]
+        return list(self._call("lost")["nodes"])
 
     def stop_all(self, text: str = "the driver ended the run") -> bool:
         """Tells every connected agent (and any that connects later) to stop its workers
         now. False when the server has already shut down."""
-        return self._lib.tsp_logserver_stop_all(self._h, text.encode()[:390]) == 0
+        return bool(self._call("stop_all", text=text)["sent"])
 
     def watch(self, timeout: float, action: str, world: int, tmpdir: str) -> None:
         """The hang doctor's watchdog, an option of the server (docs/protocol.md 1.12):
         ``timeout`` s of silence from the workers' start, ``action`` report or cancel."""
-        checked("tsp_logserver_watch", self._h, int(timeout * 1000), action.encode(), world,
-                tmpdir.encode())
+        self._call("watch", timeout_ms=int(timeout * 1000), action=action, world=world,
+                   tmpdir=tmpdir)
 
     def hang_event(self, timeout: float = 0) -> Optional[Dict]:
         """The watchdog's next event (docs/protocol.md 1.12), waiting up to ``timeout`` s;
         None when none came."""
-        text = self._document("tsp_logserver_hang_event", 1 << 16, int(timeout * 1000))
-        doc: Optional[Dict] = None if text is None else json.loads(text)
-        return doc
-
-    def _document(self, name: str, size: int, timeout_ms: int) -> Optional[str]:
-        """The JSON document that the C function name(h, buf, len, timeout_ms) writes and
-        whose length it returns (0: none came), asked once more without a wait when it
-        needed a bigger buffer. One copy of its bytes (buf.value would scan for the NUL and
-        copy again: at 16,384 ranks a hang event is ~30 MB)."""
-        fn = getattr(self._lib, name)
-        buf = ctypes.create_string_buffer(size)
-        need = fn(self._h, buf, size, timeout_ms)
-        if need >= size:
-            buf = ctypes.create_string_buffer(need + 1)
-            need = fn(self._h, buf, need + 1, 0)
-        if need <= 0 or need >= len(buf):
-            return None
-        return ctypes.string_at(buf, need).decode("utf-8", errors="replace")
+        return self._call("hang_event", timeout_ms=int(timeout * 1000))
 
     def checkpoint_all(self, why: int = 1) -> bool:
         """Asks every connected agent to have its workers checkpoint now and then stop
         (CHECKPOINT, docs/protocol.md 1.13; why 1: the run grows back). False when the
         server has already shut down."""
-        return int(self._lib.tsp_logserver_checkpoint_all(self._h, why)) == 0
+        return bool(self._call("checkpoint_all", why=why)["sent"])
 
     def close(self, drain_timeout: float = 5.0) -> None:
         """Stops accepting, drains connected agents (up to ``drain_timeout`` s), closes.
@@ -315,7 +291,7 @@ class LogServer:
         """
         if not self._closed:
             self._closed = True
-            self._lib.tsp_logserver_shutdown(self._h, int(drain_timeout * 1000))
+            self._call("shutdown", drain_ms=int(drain_timeout * 1000))
 
     def __enter__(self) -> "LogServer":
         return self

@@ -131,7 +131,7 @@ public class ContractTest {
                 + Native.rdvRecordMac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
     }
 
-    /** Each rank's dump lines -> the diagnosis, through JNI as HangDoctor.diagnose calls it. */
+    /** Each rank's dump lines -> the diagnosis, through JNI (HangDoctorTest.diagnose). */
     @Test
     public void hangGoldenCases() throws IOException {
         int n = 0;

@@ -219,7 +219,7 @@ public class JniTest {
             assertEquals(0, rc);
             assertTrue(s.awaitOutput(5000));
             assertArrayEquals("rank0-bytes\0\377".getBytes(StandardCharsets.ISO_8859_1), s.outputBytes());
-            assertEquals(13, s.outputLength());
+            assertEquals(13, s.call("output", "timeout_ms", 0).path("length").asLong());
             assertFalse("the agent removes the file once the driver confirmed it", Files.exists(out));
             Path status = dir.resolve("result.bin.status");
             JsonNode doc = Failure.JSON.readTree(status.toFile());
@@ -234,10 +234,11 @@ public class JniTest {
             assertTrue(lines.toString(), lines.contains("[rank 1] hello from 1"));
             assertTrue(lines.toString(), lines.contains("[rank 1] [stderr] oops 1"));
             assertEquals(List.of("hello from 0", "oops 0"), s.tail(0, 10));
-            long[] st = s.stats();
-            assertTrue("lines delivered: " + st[3], st[3] >= 4);
+            JsonNode st = s.call("stats");
+            assertTrue("lines delivered: " + st, st.path("lines").asLong() >= 4);
             assertEquals("", s.outputError());
             assertNull("no failure in a good run", s.failure(0));
+            assertArrayEquals("no node lost in a good run", new int[0], s.nodesLost());
         } finally {
             TestEnv.deleteTree(dir);
         }
@@ -254,7 +255,7 @@ public class JniTest {
                     "[ \"$RANK\" = 0 ] && head -c 3000000 /dev/urandom > " + out + "; true"));
             assertTrue(s.awaitOutput(5000));
             assertEquals(3000000, Files.size(dst));
-            assertEquals(3000000, s.outputLength());
+            assertEquals(3000000, s.call("output", "timeout_ms", 0).path("length").asLong());
             assertNull("file mode keeps nothing in memory", s.outputBytes());
         } finally {
             TestEnv.deleteTree(dir);
