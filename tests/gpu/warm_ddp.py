@@ -6,7 +6,7 @@ This process plays the executor's Python worker running one barrier task of
 ``_run_agent``): it elects the master (``_elect.elect_master``, holding the ports), starts
 or finds the executor's warm pool (``_warm.ensure_quietly``), builds the agent's command
 (``tsp_plan_argv`` through ``_lib.json_call`` with ``--gpus``, ``--warm-socket`` and the election's
-``nccl_port``), runs it (``_launch.Agent``) with the function pickled as the driver pickles
+``nccl_port``), runs it (``_launch.run_agent``) with the function pickled as the driver pickles
 it (pyspark's cloudpickle), and reads rank 0's result. Checked on the hardware:
 
 - the training process was forked by the pool (its parent is the pool; torch was imported
@@ -198,7 +198,7 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
     say(f"[{tag}] {' '.join(cmd)}")
     t0 = time.monotonic()
     with held:
-        res = _launch.Agent(cmd, env, echo=lambda ln: say(f"[{tag}] {ln}")).run()
+        res = _launch.run_agent(cmd, env, echo=lambda ln: say(f"[{tag}] {ln}"))
     wall = time.monotonic() - t0
     if res.returncode != 0 or not os.path.exists(out_file):
         say(f"[{tag}] the agent exited with status {res.returncode}; tail {res.tail[-5:]}")

@@ -14,7 +14,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.concurrent.TimeUnit;
-import java.util.function.Consumer;
 import org.apache.spark.TaskContext;
 
 /**
@@ -28,27 +27,25 @@ final class AgentProcess {
     /** The environment tag the executor plugin finds a task's agent by. */
     static final String TASK_TAG = "TORCHSPARK_TASK_ATTEMPT_ID";
 
-    private final Consumer<String> echo;
     private final Deque<String> tail = new ArrayDeque<>();
     private final List<Thread> readers = new ArrayList<>();
-    private final String secretHex;
-    private final JsonNode launch;
     private Process proc;
 
-    /** The agent of a launch reply (tsp_task_launch: its argv, env, env_default and files).
-     *  secretHex: the driver channel's secret, handed over on the agent's standard input
-     *  (TORCHSPARK_LOG_SECRET_FD=0), never in its environment, which /proc/PID/environ shows
-     *  to every process of this user (docs/protocol.md 1.1). */
-    AgentProcess(JsonNode launch, Consumer<String> echo, String secretHex) {
-        this.echo = echo;
-        this.secretHex = Objects.requireNonNull(secretHex, "the driver channel's secret");
-        this.launch = launch;
-    }
+    private AgentProcess() {}
 
-    /** One node's agent, from start to exit on this thread (ctx: its task's, null on the
-     *  driver: see waitFor) -> the node's result {"failure", "result", "missing", "log"}
-     *  (tsp_task_finish): the same steps for a barrier or gang task and local mode's one node. */
-    JsonNode run(TaskContext ctx, String host) throws IOException, InterruptedException {
+    /** One node's agent as the C core plans it from the launch request (tsp_task_launch: its
+     *  argv, env, env_default and files), from start to exit on this thread (ctx: its task's,
+     *  null on the driver: see waitFor) -> the node's result {"failure", "result", "missing",
+     *  "log"} (tsp_task_finish): the same steps for a barrier or gang task and local mode's
+     *  one node. secretHex: the driver channel's secret, handed over on the agent's standard
+     *  input (TORCHSPARK_LOG_SECRET_FD=0), never in its environment, which /proc/PID/environ
+     *  shows to every process of this user (docs/protocol.md 1.1). Its output is drained
+     *  into a tail and echoed to this process's stderr (the executor's own log keeps every
+     *  line, with or without the channel). */
+    static JsonNode run(ObjectNode request, String secretHex, TaskContext ctx) throws IOException,
+            InterruptedException {
+        Objects.requireNonNull(secretHex, "the driver channel's secret");
+        JsonNode launch = Native.call("tsp_task_launch", request);
         List<String> cmd = new ArrayList<>();
         launch.path("argv").forEach(a -> cmd.add(a.asText()));
         ProcessBuilder pb = new ProcessBuilder(cmd); // its standard input: a pipe, for the secret
@@ -59,23 +56,29 @@ final class AgentProcess {
         env.put("TORCHSPARK_PARENT_PID", Long.toString(ProcessHandle.current().pid()));
         env.remove("TORCHSPARK_LOG_SECRET");
         env.put("TORCHSPARK_LOG_SECRET_FD", "0");
-        proc = pb.start();
+        if (ctx != null) {
+            // Killed while launching, electing or in the barrier: no agent at all (a kill
+            // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
+            ctx.killTaskIfInterrupted();
+        }
+        AgentProcess agent = new AgentProcess();
+        agent.proc = pb.start();
         // 65 bytes: within any pipe's buffer, so this never waits on the agent.
-        try (java.io.OutputStream in = proc.getOutputStream()) {
+        try (java.io.OutputStream in = agent.proc.getOutputStream()) {
             in.write((secretHex + "\n").getBytes(StandardCharsets.US_ASCII));
         } catch (IOException e) {
             // The agent died at once: its exit status says why.
         }
-        drain(proc.getInputStream());
-        drain(proc.getErrorStream());
-        int status = waitFor(ctx); // as Java reports it (128 + N: signal N)
+        agent.drain(agent.proc.getInputStream());
+        agent.drain(agent.proc.getErrorStream());
+        int status = agent.waitFor(ctx); // as Java reports it (128 + N: signal N)
         String lines;
-        synchronized (tail) {
-            lines = String.join("\n", tail);
+        synchronized (agent.tail) {
+            lines = String.join("\n", agent.tail);
         }
         return Native.call("tsp_task_finish", launch.get("finish").<ObjectNode>deepCopy().setAll(Native.object(
                 "status", status > 128 ? -(status - 128) : status, // the C rule: -N is signal N
-                "host", host, "tail", lines)));
+                "host", NodeTask.localHostName(), "tail", lines)));
     }
 
     private void drain(InputStream in) {
@@ -89,7 +92,7 @@ final class AgentProcess {
                         }
                         tail.addLast(line);
                     }
-                    echo.accept(line);
+                    System.err.println(line);
                 }
             } catch (IOException e) {
                 // The pipe closed under us: the agent is gone.
@@ -104,7 +107,7 @@ final class AgentProcess {
      * Waits for the agent. With a task context, a kill of the task (cancel, barrier abort)
      * is noticed within 100 ms: the agent is stopped and the task ends as killed.
      */
-    int waitFor(TaskContext ctx) throws InterruptedException {
+    private int waitFor(TaskContext ctx) throws InterruptedException {
         try {
             while (!proc.waitFor(100, TimeUnit.MILLISECONDS)) {
                 if (ctx != null && ctx.isInterrupted()) {
@@ -123,7 +126,7 @@ final class AgentProcess {
     }
 
     /** TERM (the agent stops its workers), its grace plus a second, then KILL. */
-    void stop() {
+    private void stop() {
         if (proc == null || !proc.isAlive()) {
             return;
         }

@@ -34,11 +34,9 @@ final class LocalRun {
                     .put("workdir", workdir.toString()).set("gpus", Failure.JSON.valueToTree(gpus));
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
-            AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", req), System.err::println,
-                    ch.server.secretHex());
             JsonNode failure;
             try {
-                failure = agent.run(null, NodeTask.localHostName()).path("failure");
+                failure = AgentProcess.run(req, ch.server.secretHex(), null).path("failure");
             } catch (IOException e) {
                 throw new UncheckedIOException("torchspark: cannot start the agent " + req.get("agent").asText(), e);
             } catch (InterruptedException e) {

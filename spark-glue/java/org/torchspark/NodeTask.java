@@ -130,13 +130,8 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
             String record = spec.rendezvous == null ? ((BarrierTaskContext) ctx).allGather(packed)[0]
                     : Rendezvous.exchange(spec.rendezvous, spec.secretHex, nodeRank, packed,
                             ctx::killTaskIfInterrupted);
-            // The executor's own log keeps every line, with or without the channel.
-            AgentProcess agent = new AgentProcess(Native.call("tsp_task_launch", launchRequest(ctx, workdir,
-                    hosts.size(), record)), System.err::println, spec.secretHex);
-            // Killed while launching, electing or in the barrier: no agent at all (a kill
-            // from now on is seen by waitFor's 100 ms check, and by the plugin's watch).
-            ctx.killTaskIfInterrupted();
-            JsonNode done = agent.run(ctx, localHostName()); // from the task thread: it lives as long as the agent
+            // From the task thread: it lives as long as the agent.
+            JsonNode done = AgentProcess.run(launchRequest(ctx, workdir, hosts.size(), record), spec.secretHex, ctx);
             if (done.path("failure").isObject()) {
                 throw new IllegalStateException(done.get("failure").get("message").asText());
             }

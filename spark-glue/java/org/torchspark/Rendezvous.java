@@ -123,9 +123,7 @@ final class Rendezvous implements AutoCloseable {
         try {
             int rc;
             while ((rc = wait.getAsInt()) == PENDING) {
-                if (killCheck != null) {
-                    killCheck.run();
-                }
+                killCheck.run();
             }
             if (rc != 0) {
                 throw new IllegalStateException(msg[0]);

@@ -2,7 +2,7 @@
 
 Shared by local mode (the agent runs on the driver) and distributed mode (one agent per
 barrier task). The agent puts its workers in their own sessions, is their subreaper and
-has a parent-death signal, so killing the process that called :meth:`Agent.run` (a
+has a parent-death signal, so killing the process that called :func:`run_agent` (a
 Spark Python worker SIGKILLed by Spark) takes the whole tree down; here we only add the
 orderly path: TERM, the agent's own grace period, then KILL.
 """
@@ -42,33 +42,47 @@ class AgentResult:
     tail: List[str] = field(default_factory=list)
 
 
-class Agent:
-    """One running agent. echo(line) receives every line it prints (stdout and stderr),
-    on_stderr(line) those of its stderr only (after echo). secret: the driver channel's
-    secret (64 hex digits), handed over on the agent's standard input, never in its
-    environment (docs/protocol.md 1.1)."""
+def _stop(p: "subprocess.Popen[bytes]") -> None:
+    """TERM, the agent's grace period plus a second, then KILL (no-op once exited)."""
+    if p.poll() is not None:
+        return
+    try:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=SHUTDOWN_TIMEOUT_S + 1)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+    except OSError:
+        pass
 
-    def __init__(self, cmd: List[str], env: Dict[str, str],
-                 echo: Optional[Callable[[str], None]] = None,
-                 on_stderr: Optional[Callable[[str], None]] = None,
-                 secret: Optional[str] = None) -> None:
-        self.cmd = cmd
-        self.env = env
-        self.secret = secret
-        self.echo = echo
-        self.on_stderr = on_stderr
-        self.proc: Optional[subprocess.Popen] = None
-        self._tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
-        self._tail_lock = threading.Lock()
-        self._readers: List[threading.Thread] = []
 
-    def _drain(self, stream: IO[bytes],
-               hook: Optional[Callable[[str], None]] = None) -> None:
+def run_agent(cmd: List[str], env: Dict[str, str],
+              echo: Optional[Callable[[str], None]] = None,
+              on_stderr: Optional[Callable[[str], None]] = None,
+              secret: Optional[str] = None) -> AgentResult:
+    """Starts one agent, waits for it (stopping it if the wait is interrupted, e.g. by
+    KeyboardInterrupt) and returns its exit status and output tail. echo(line) receives
+    every line it prints (stdout and stderr), on_stderr(line) those of its stderr only
+    (after echo). secret: the driver channel's secret (64 hex digits), handed over on the
+    agent's standard input, never in its environment (docs/protocol.md 1.1)."""
+    # Lets the agent notice a parent that died before it could ask for a
+    # parent-death signal.
+    env = dict(env, TORCHSPARK_PARENT_PID=str(os.getpid()))
+    # The secret on a pipe: /proc/<pid>/environ would show it to every process of this
+    # user for the agent's whole life (the agent reads it first thing, then stdin is
+    # /dev/null again).
+    env.pop("TORCHSPARK_LOG_SECRET", None)
+    if secret:
+        env["TORCHSPARK_LOG_SECRET_FD"] = "0"
+    tail: Deque[str] = collections.deque(maxlen=TAIL_LINES)
+    tail_lock = threading.Lock()
+
+    def drain(stream: IO[bytes], hook: Optional[Callable[[str], None]]) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            with self._tail_lock:
-                self._tail.append(line)
-            for fn in (self.echo, hook):
+            with tail_lock:
+                tail.append(line)
+            for fn in (echo, hook):
                 if fn is not None:
                     try:
                         fn(line)
@@ -76,57 +90,28 @@ class Agent:
                         pass
         stream.close()
 
-    def stop(self) -> None:
-        """TERM, the agent's grace period plus a second, then KILL (no-op once exited)."""
-        p = self.proc
-        if p is None or p.poll() is not None:
-            return
-        try:
-            p.send_signal(signal.SIGTERM)
-            p.wait(timeout=SHUTDOWN_TIMEOUT_S + 1)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
+    # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
+    proc = subprocess.Popen(cmd, env=env,
+                            stdin=subprocess.PIPE if secret else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True)
+    if secret:
+        assert proc.stdin is not None
+        try:  # 65 bytes: within any pipe's buffer, so this never waits on the agent
+            proc.stdin.write(secret.encode() + b"\n")
+            proc.stdin.close()
         except OSError:
-            pass
-
-    def run(self) -> AgentResult:
-        """Starts the agent, waits for it (stopping it if the wait is interrupted, e.g.
-        by KeyboardInterrupt) and returns its exit status and output tail."""
-        # Lets the agent notice a parent that died before it could ask for a
-        # parent-death signal.
-        self.env = dict(self.env, TORCHSPARK_PARENT_PID=str(os.getpid()))
-        # The secret on a pipe: /proc/<pid>/environ would show it to every process of this
-        # user for the agent's whole life (the agent reads it first thing, then stdin is
-        # /dev/null again).
-        self.env.pop("TORCHSPARK_LOG_SECRET", None)
-        if self.secret:
-            self.env["TORCHSPARK_LOG_SECRET_FD"] = "0"
-        # Not a new session: a SIGHUP/SIGINT sent to the caller's process group (Spark's
-        # daemon shutting down, Ctrl-C on the driver) must reach the agent too.
-        self.proc = subprocess.Popen(self.cmd, env=self.env,
-                                     stdin=subprocess.PIPE if self.secret else subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     close_fds=True)
-        if self.secret:
-            assert self.proc.stdin is not None
-            try:  # 65 bytes: within any pipe's buffer, so this never waits on the agent
-                self.proc.stdin.write(self.secret.encode() + b"\n")
-                self.proc.stdin.close()
-            except OSError:
-                pass  # the agent died at once: its status says why
-        for stream in (self.proc.stdout, self.proc.stderr):
-            hook = self.on_stderr if stream is self.proc.stderr else None
-            t = threading.Thread(target=self._drain, args=(stream, hook), daemon=True,
-                                 name="torchspark-agent-output")
-            t.start()
-            self._readers.append(t)
-        try:
-            self.proc.wait()
-        finally:
-            self.stop()
-        for t in self._readers:
-            t.join(timeout=5)
-        with self._tail_lock:
-            tail = list(self._tail)
-        return AgentResult(self.proc.returncode, tail)
+            pass  # the agent died at once: its status says why
+    readers = [threading.Thread(target=drain, args=(stream, hook), daemon=True,
+                                name="torchspark-agent-output")
+               for stream, hook in ((proc.stdout, None), (proc.stderr, on_stderr))]
+    for t in readers:
+        t.start()
+    try:
+        proc.wait()
+    finally:
+        _stop(proc)
+    for t in readers:
+        t.join(timeout=5)
+    with tail_lock:
+        return AgentResult(proc.returncode, list(tail))

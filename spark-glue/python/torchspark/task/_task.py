@@ -129,9 +129,8 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
     if spec["nccl_check"] > 0 and facts.get("gpus"):
         request["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
     plan = json_call("tsp_task_launch", request)
-    env = {**os.environ, **plan["env"]}
-    for var, value in plan["env_default"].items():
-        env.setdefault(var, value)
+    # env_default: only where the task's own environment has no value.
+    env = {**plan["env_default"], **os.environ, **plan["env"]}
     if fn is not None:
         with open(plan["files"]["fn"], "wb") as f:
             f.write(fn)
@@ -140,9 +139,9 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
                          _warm.executor_anchor() if warm_anchor is None else warm_anchor,
                          spec["warm_idle_s"])
         plan = json_call("tsp_task_launch", dict(request, warm_socket=warm)) if warm else plan
-    res = _launch.Agent(plan["argv"], env, echo=echo,
-                        on_stderr=spill.stderr_line if spill else None,
-                        secret=spec["log_secret_hex"] if endpoint else None).run()
+    res = _launch.run_agent(plan["argv"], env, echo=echo,
+                            on_stderr=spill.stderr_line if spill else None,
+                            secret=spec["log_secret_hex"] if endpoint else None)
     done = json_call("tsp_task_finish", {**plan["finish"], "status": res.returncode,
                                          "tail": "\n".join(res.tail), "host": socket.gethostname()})
     if done["failure"] is not None:
