@@ -575,14 +575,14 @@ def check_h7() -> int:
             record, _, held = _elect.elect_master("127.0.0.1")
         with held:
             r = run([agent(), "--nnodes=1", "--node-rank=0",
-                     f"--master-addr={record.master_addr}",
-                     f"--master-port={record.master_port}",
-                     f"--nccl-comm-port={record.nccl_port}", "--nproc-per-node=gpu", "--gpus=0",
+                     f"--master-addr={record['master_addr']}",
+                     f"--master-port={record['master_port']}",
+                     f"--nccl-comm-port={record['nccl_port']}", "--nproc-per-node=gpu", "--gpus=0",
                      "--nccl-check=30", *nccl_args(), "--no-python", "true"],
-                    env=env_with(NCCL_SOCKET_IFNAME=record.ifname or None), timeout=60)
+                    env=env_with(NCCL_SOCKET_IFNAME=record["ifname"] or None), timeout=60)
         good = r.rc == 0 and "NCCL check passed" in r.out
-        say(f"{'ok ' if good else 'BAD'} run {i + 1}: master {record.master_addr}:"
-            f"{record.master_port}, nccl_port {record.nccl_port} held, status {r.rc}, "
+        say(f"{'ok ' if good else 'BAD'} run {i + 1}: master {record['master_addr']}:"
+            f"{record['master_port']}, nccl_port {record['nccl_port']} held, status {r.rc}, "
             f"{r.wall:.2f} s")
         if not good:
             say(r.out)

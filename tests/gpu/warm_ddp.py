@@ -178,9 +178,9 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
 
     record, held = elect()
     env = dict(env)
-    if record.ifname:
+    if record["ifname"]:
         for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-            env.setdefault(var, record.ifname)
+            env.setdefault(var, record["ifname"])
     fn_file = os.path.join(workdir, f"{tag}.fn")
     out_file = os.path.join(workdir, f"{tag}.out")
     error_file = os.path.join(workdir, f"{tag}.error.json")
@@ -189,9 +189,9 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
         cloudpickle.dump((train, (launch_t0, dataframe), {}), f)
     cmd = _lib.json_call("tsp_plan_argv", {
         "agent": _lib.agent_path(), "nnodes": 1, "node_rank": 0, "gpus": gpus,
-        "master_addr": record.master_addr, "master_port": record.master_port,
-        "run_id": record.run_id, "error_file": error_file, "python": sys.executable,
-        "nccl_check": nccl_check, "nccl_port": record.nccl_port, "warm_socket": warm,
+        "master_addr": record["master_addr"], "master_port": record["master_port"],
+        "run_id": record["run_id"], "error_file": error_file, "python": sys.executable,
+        "nccl_check": nccl_check, "nccl_port": record["nccl_port"], "warm_socket": warm,
         "shutdown_timeout": _launch.SHUTDOWN_TIMEOUT_S,
         "nccl_lib": os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
     }) + ["-m", "torchspark.worker._fn_runner", fn_file, out_file]

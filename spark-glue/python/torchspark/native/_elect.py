@@ -10,25 +10,13 @@ to the master (docs/protocol.md 12).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from torchspark.native._lib import json_call
 
 
 class ElectionError(RuntimeError):
     pass
-
-
-@dataclass(frozen=True)
-class Record:
-    master_addr: str
-    master_port: int
-    run_id: str
-    host: str
-    ifname: str
-    version: int = 1
-    nccl_port: int = 0  # the NCCL check's NCCL_COMM_ID port; 0: none (an older rank 0)
 
 
 class PortReservation:
@@ -60,13 +48,13 @@ def _call(op: str, **request: Any) -> Any:
 
 
 def elect_master(peer: Optional[str] = None, run_id: Optional[str] = None,
-                 **nodes: Any) -> "tuple[Record, str, PortReservation]":
+                 **nodes: Any) -> "tuple[Dict[str, Any], str, PortReservation]":
     """Rank 0's election towards peer, or towards the first of its peers that elects (nodes:
     ``hosts``, the nodes' hosts by rank, rank 0's first, and ``driver_host``; the C core
-    orders them, docs/protocol.md 2): returns (record, packed JSON, held ports: the
-    master's and the NCCL check's)."""
+    orders them, docs/protocol.md 2): returns (record: the reply's, docs/protocol.md 2,
+    packed JSON, held ports: the master's and the NCCL check's)."""
     reply = _call("master", peer=peer, run_id=run_id, **nodes)
-    return Record(**reply["record"]), reply["packed"], PortReservation(reply["fds"])
+    return reply["record"], reply["packed"], PortReservation(reply["fds"])
 
 
 def route_source(host: str) -> str:
