@@ -13,17 +13,24 @@ from torchspark.native import _native
 from torchspark.native._lib import LogLine, load_library
 from torchspark.native._native import SECRET_ENV, Line, line_prefix
 
-__all__ = ["LogServer", "format_line"]
+__all__ = ["LogServer", "format_line", "load_library"]
 
 
 def _declare() -> None:
-    """The C signatures of the calls only this class makes (the glue's table, _lib.py, has
-    those the glue makes)."""
-    vp, i, P = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
+    """The C signatures of the calls only the tests and benchmarks make: this class's, the
+    rendezvous' golden cases and counts, the agent's output sender run in-process (the
+    glue's table, _lib.py, has those the glue makes)."""
+    vp, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    sz, P = ctypes.c_size_t, ctypes.POINTER
     lib = load_library()
     for name, res, args in (("tsp_logserver_pull", i, [vp, P(LogLine), i, i]),
                             ("tsp_logserver_dropped", i,
-                             [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i])):
+                             [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
+                            ("tsp_rdv_counts", None, [vp, P(i), P(i)]),
+                            ("tsp_rdv_request", i, [c, i, c, c, c, sz, c, sz]),
+                            ("tsp_rdv_record_mac", i, [c, c, c, sz]),
+                            ("tsp_output_opts_init", None, [vp]),
+                            ("tsp_output_send", i, [vp, c, c, sz])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
 

@@ -75,27 +75,19 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     return {
         # the JSON transforms: request -> reply, through json_call
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
-        # common.h
-        "tsp_strerror": (c, [i]),
         **_logserver_signatures(),
         # rendezvous.h (docs/protocol.md 2.1)
         "tsp_rdv_start": (vp, [c, c, i] + err),
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
-        "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
         "tsp_rdv_free": (None, [vp]),
         "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
-        "tsp_rdv_request": (i, [c, i, c, c, c, sz] + err),
-        "tsp_rdv_record_mac": (i, [c, c, c, sz]),
         "tsp_rdv_gang": (i, [vp, i, i]),
         "tsp_rdv_gang_state": (i, [vp, P(i)]),
         "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
-        # output.h (the agent's sender; the benchmarks call it in-process)
-        "tsp_output_opts_init": (None, [vp]),
-        "tsp_output_send": (i, [vp, c] + err),
     }
 
 
