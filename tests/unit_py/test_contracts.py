@@ -219,7 +219,7 @@ def test_a_lost_node_is_finished_by_the_core():
     from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
     from tests.helpers.logchannel_harness import RUN_BIN
     from tests.helpers.logserver import LogServer
-    from torchspark.native._native import line_prefix
+    from tests.helpers.logserver import line_prefix
 
     srv, marker = LogServer(), new_marker()
     try:

@@ -59,7 +59,6 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_call": (i, [vp, c, sz, c, sz, P(sz)] + err),
         "tsp_logserver_pull_reports": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
-        "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
         "tsp_logserver_fd_check": (i, [i] + err),
         "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
