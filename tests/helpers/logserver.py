@@ -72,6 +72,12 @@ def format_line(line: Line, fmt: Optional[str] = None,
 class LogServer(_native.LogServer):
     """The glue's LogServer with the calls only tests and benchmarks make."""
 
+    def __enter__(self) -> "LogServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def endpoint(self) -> str:
         """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""

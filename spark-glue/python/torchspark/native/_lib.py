@@ -90,17 +90,12 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     }
 
 
-def _checkout_build_dir() -> Optional[str]:
+def _candidates(env_var: str, name: str, build_sub: str) -> "list[str]":
+    found = [os.environ.get(env_var, ""), os.path.join(_BIN_DIR, name)]
     # spark-glue/python/torchspark -> repository root, when running from a checkout.
     root = os.path.abspath(os.path.join(_PKG_DIR, "..", "..", ".."))
     build = os.environ.get("TORCHSPARK_BUILD_DIR", os.path.join(root, "build"))
-    return build if os.path.isdir(build) else None
-
-
-def _candidates(env_var: str, name: str, build_sub: str) -> "list[str]":
-    found = [os.environ.get(env_var, ""), os.path.join(_BIN_DIR, name)]
-    build = _checkout_build_dir()
-    if build:
+    if os.path.isdir(build):
         found.append(os.path.join(build, build_sub, name))
     return [c for c in found if c]
 

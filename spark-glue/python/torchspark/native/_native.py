@@ -271,12 +271,6 @@ class LogServer:
             self._closed = True
             self._call("shutdown", drain_ms=int(drain_timeout * 1000))
 
-    def __enter__(self) -> "LogServer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         h = getattr(self, "_h", None)
         if h:
