@@ -119,17 +119,13 @@ class LogServer:
         if arr is None or len(arr) < most:
             arr = self._arrs[name] = (_LogLine * most)()
         n = getattr(self._lib, name)(self._h, arr, most, timeout_ms)
-        if n <= 0:
-            return []
-        first = arr[0].data
-        lens = [arr[i].len for i in range(n)]
-        blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
+        recs = arr[:max(n, 0)]  # n <= 0: none (a timeout, or the end)
+        size = sum(r.len for r in recs)  # the records' bytes lie back to back: one copy
+        blob = ctypes.string_at(recs[0].data, size) if size else b""
         out, off = [], 0
-        for i in range(n):
-            rec = arr[i]
-            end = off + lens[i]
-            out.append(Line(rec.rank, rec.stream, rec.flags, blob[off:end]))
-            off = end
+        for r in recs:
+            out.append(Line(r.rank, r.stream, r.flags, blob[off:off + r.len]))
+            off += r.len
         return out
 
     def read_text(self, max_lines: int = 4096, timeout_ms: int = 200,
