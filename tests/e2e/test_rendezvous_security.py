@@ -19,8 +19,9 @@ import time
 
 import pytest
 
+from tests.helpers import logserver
 from tests.helpers.proxy import Proxy
-from torchspark.native import _lib, _rendezvous
+from torchspark.native import _rendezvous
 
 SECRET = os.urandom(32).hex()
 RECORD = '{"version": 1, "master_port": 40123, "master_addr": "10.11.12.13", "run_id": "ab"}'
@@ -29,7 +30,7 @@ FORGED = '{"version": 1, "master_port": 6666, "master_addr": "10.6.6.6", "run_id
 
 def _counts(server: _rendezvous.Server) -> tuple:
     puts, gets = ctypes.c_int(-1), ctypes.c_int(-1)
-    _lib.load_library().tsp_rdv_counts(server._h, ctypes.byref(puts), ctypes.byref(gets))
+    logserver.load_library().tsp_rdv_counts(server._h, ctypes.byref(puts), ctypes.byref(gets))
     return puts.value, gets.value
 
 

@@ -83,7 +83,7 @@ def main() -> int:
         return 77
     from torchspark.driver import _doctor
     from torchspark.native._lib import agent_path
-    from torchspark.native._native import LogServer
+    from tests.helpers.logserver import LogServer
 
     world = 2 if cpu else min(2, torch.cuda.device_count())
     work = tempfile.mkdtemp(prefix="tsp-nccl-hang-")

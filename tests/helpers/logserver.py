@@ -11,24 +11,51 @@ from typing import Dict, List, Optional, TextIO
 
 from torchspark.native import _native
 from torchspark.native._lib import LogLine, load_library
-from torchspark.native._native import SECRET_ENV, Line, line_prefix
+from torchspark.native._native import STDOUT, Line, endpoint_text
 
-__all__ = ["LogServer", "format_line"]
+__all__ = ["LogServer", "format_line", "line_prefix", "load_library", "SECRET_ENV"]
+
+SECRET_ENV = "TORCHSPARK_LOG_SECRET"
 
 
 def _declare() -> None:
-    """The C signatures of the calls only this class makes (the glue's table, _lib.py, has
-    those the glue makes)."""
-    vp, i, P = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER
+    """The C signatures of the calls only the tests and benchmarks make: this class's, the
+    rendezvous' golden cases and counts, the agent's output sender run in-process (the
+    glue's table, _lib.py, has those the glue makes)."""
+    vp, i, c = ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p
+    sz, P = ctypes.c_size_t, ctypes.POINTER
     lib = load_library()
-    for name, res, args in (("tsp_logserver_pull", i, [vp, P(LogLine), i, i]),
+    for name, res, args in (("tsp_logserver_format_prefix", sz,
+                             [c, sz, c, c, ctypes.c_int32, ctypes.c_uint]),
+                            ("tsp_logserver_pull", i, [vp, P(LogLine), i, i]),
                             ("tsp_logserver_dropped", i,
-                             [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i])):
+                             [vp, P(ctypes.c_int32), P(ctypes.c_uint64), i]),
+                            ("tsp_rdv_counts", None, [vp, P(i), P(i)]),
+                            ("tsp_rdv_request", i, [c, i, c, c, c, sz, c, sz]),
+                            ("tsp_rdv_record_mac", i, [c, c, c, sz]),
+                            ("tsp_output_opts_init", None, [vp]),
+                            ("tsp_output_send", i, [vp, c, c, sz])):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = res, args
 
 
 _declare()
+
+
+def line_prefix(rank: int, stream: int = STDOUT, fmt: Optional[str] = None,
+                stderr_marker: Optional[str] = None) -> str:
+    """The prefix of a line of ``rank``: ``fmt`` with ``{rank}`` expanded (the only field;
+    None: ``"[rank {rank}] "``), then ``stderr_marker`` for a stderr line (None:
+    ``"[stderr] "``); ``"[torchspark] "`` for the server's events. Formatted by the
+    library, like every prefix users see."""
+    lib = load_library()
+    args = (_native._enc(fmt), _native._enc(stderr_marker), rank, stream)
+    buf = ctypes.create_string_buffer(256)
+    n = lib.tsp_logserver_format_prefix(buf, len(buf), *args)
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.tsp_logserver_format_prefix(buf, len(buf), *args)
+    return buf.value.decode("utf-8", "replace")
 
 
 def format_line(line: Line, fmt: Optional[str] = None,
@@ -44,6 +71,17 @@ def format_line(line: Line, fmt: Optional[str] = None,
 
 class LogServer(_native.LogServer):
     """The glue's LogServer with the calls only tests and benchmarks make."""
+
+    def __enter__(self) -> "LogServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def endpoint(self) -> str:
+        """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""
+        return endpoint_text(self.host, self.port)
 
     def agent_env(self) -> Dict[str, str]:
         """The environment an agent needs besides ``--log-endpoint``."""

@@ -704,6 +704,9 @@ START_TEST(test_logserver_call_ops)
     tail_feed(s, a, 2);
     ck_assert_int_eq(call(s, "{\"op\": \"tail\", \"rank\": 0, \"n\": 5}", out, sizeof out, err), 0);
     ck_assert_str_eq(out, "{\"lines\": [\"one\", \"t\\ufffdwo\"]}");
+    ck_assert_int_eq(call(s, "{\"op\": \"tail\", \"rank\": 0, \"n\": 0}", out, sizeof out, err),
+                     -EINVAL);
+    ck_assert_ptr_nonnull(strstr(err, "\"n\" must be a whole number > 0"));
     ck_assert_int_eq(call(s, "{\"op\": \"output\", \"timeout_ms\": 0}", out, sizeof out, err), 0);
     ck_assert_str_eq(out, "{\"received\": false, \"length\": -1, \"error\": \"\"}");
     ck_assert_int_eq(call(s, "{\"op\": \"failure\", \"timeout_ms\": 0}", out, sizeof out, err), 0);

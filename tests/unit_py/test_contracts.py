@@ -13,7 +13,7 @@ from torchspark.driver import _report, _restart
 from torchspark.driver._report import TorchDistributorError
 from torchspark.native import _lib, _rendezvous
 
-from tests.helpers import hang
+from tests.helpers import hang, logserver
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -113,8 +113,8 @@ RDV_SECRET = "0123456789abcdef" * 4
 
 def _rdv_mac(record: str, secret: str = RDV_SECRET) -> str:
     out = ctypes.create_string_buffer(65)
-    assert _lib.load_library().tsp_rdv_record_mac(secret.encode(), record.encode(), out,
-                                                  len(out)) == 0
+    lib = logserver.load_library()
+    assert lib.tsp_rdv_record_mac(secret.encode(), record.encode(), out, len(out)) == 0
     return out.value.decode()
 
 
@@ -128,8 +128,8 @@ def _rdv_request(port: int, line: str, secret: str = RDV_SECRET) -> str:
     """One request line inside TLS with the run's secret (tsp_rdv_request): the reply line."""
     reply = ctypes.create_string_buffer(8192)
     err = ctypes.create_string_buffer(1024)
-    rc = _lib.load_library().tsp_rdv_request(b"127.0.0.1", port, secret.encode(), line.encode(),
-                                             reply, len(reply), err, len(err))
+    rc = logserver.load_library().tsp_rdv_request(b"127.0.0.1", port, secret.encode(),
+                                                  line.encode(), reply, len(reply), err, len(err))
     assert rc == 0, err.value
     return reply.value.decode()
 
@@ -219,7 +219,7 @@ def test_a_lost_node_is_finished_by_the_core():
     from tests.helpers.agentutil import base_env, free_port, new_marker, survivors
     from tests.helpers.logchannel_harness import RUN_BIN
     from tests.helpers.logserver import LogServer
-    from torchspark.native._native import line_prefix
+    from tests.helpers.logserver import line_prefix
 
     srv, marker = LogServer(), new_marker()
     try:

@@ -7,7 +7,8 @@ import sys
 
 from torchspark.native import _lib
 from tests.helpers.logserver import format_line
-from torchspark.native._native import EVENT, STDERR, STDOUT, Line, line_prefix
+from tests.helpers.logserver import line_prefix
+from torchspark.native._native import EVENT, STDERR, STDOUT, Line
 
 
 def test_python_gets_the_c_formatter():

@@ -4,6 +4,7 @@
 #include "torchspark/logserver.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,20 +58,21 @@ static void write_info(tsp_logserver_t *s, tsp_json_writer_t *w)
     memset(hex, 0, sizeof hex);
 }
 
-/* The last n lines of rank as an array of strings. */
+/* The last n lines of rank as an array of strings (n > 0: the glues' check). */
 static int write_tail(tsp_logserver_t *s, const tsp_jreq_t *r, tsp_json_writer_t *w)
 {
-    int rank = 0, n = 1 << 30;
+    int rank = 0;
+    long long n = 1 << 30;
     int rc = tsp_jreq_int(r, "rank", 1, &rank);
     if (rc == 0)
-        rc = tsp_jreq_int(r, "n", 0, &n);
-    long need = rc == 0 ? tsp_logserver_tail(s, rank, n, NULL, 0) : 0;
+        rc = tsp_jreq_num(r, "n", 1, INT_MAX, "a whole number > 0", &n);
+    long need = rc == 0 ? tsp_logserver_tail(s, rank, (int)n, NULL, 0) : 0;
     need = need > 0 ? need : 0;
     char *text = rc == 0 ? malloc((size_t)need + 1) : NULL;
     if (rc == 0 && !text)
         return -ENOMEM;
     if (text)
-        tsp_logserver_tail(s, rank, n, text, (size_t)need + 1);
+        tsp_logserver_tail(s, rank, (int)n, text, (size_t)need + 1);
     tsp_json_key(w, "lines");
     tsp_json_begin_array(w);
     for (char *p = text, *nl;

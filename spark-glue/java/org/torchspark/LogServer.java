@@ -159,11 +159,9 @@ public final class LogServer implements AutoCloseable {
         return out;
     }
 
-    /** The last n lines of a global rank, oldest first. */
+    /** The last n lines of a global rank, oldest first; IllegalArgumentException with the
+     *  library's sentence when n is not > 0. */
     public List<String> tail(int rank, int n) {
-        if (n <= 0) {
-            throw new IllegalArgumentException("n must be > 0, got " + n);
-        }
         List<String> out = new ArrayList<>();
         call("tail", "rank", rank, "n", n).path("lines").forEach(x -> out.add(x.asText()));
         return out;

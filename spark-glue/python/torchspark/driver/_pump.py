@@ -40,7 +40,7 @@ class _LogPump:
     def __init__(self, server: Any, linger_s: float = LINGER_S,
                  fmt: Optional[str] = None, tick: Optional[Callable[[], None]] = None) -> None:
         self.server = server
-        self.fmt = fmt  # the line prefix (_native.line_prefix); None: "[rank N] "
+        self.fmt = fmt  # the line prefix, "{rank}" expanded (read_text); None: "[rank N] "
         self.tick = tick  # called after each pull (the hang doctor's poll)
         self.linger_s = linger_s
         self.writes = 0  # write() calls made (the benchmark reads it)

@@ -59,7 +59,6 @@ def _logserver_signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         "tsp_logserver_call": (i, [vp, c, sz, c, sz, P(sz)] + err),
         "tsp_logserver_pull_reports": (i, [vp, P(LogLine), i, i]),
         "tsp_logserver_pull_text": (lng, [vp, vp, sz, i, i, c, c, P(i)]),
-        "tsp_logserver_format_prefix": (sz, [c, sz, c, c, ctypes.c_int32, u]),
         "tsp_logserver_tail": (lng, [vp, i, i, c, sz]),
         "tsp_logserver_fd_check": (i, [i] + err),
         "tsp_logserver_output_data": (i, [vp, P(vp), P(ctypes.c_uint64)]),
@@ -75,41 +74,28 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
     return {
         # the JSON transforms: request -> reply, through json_call
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
-        # common.h
-        "tsp_strerror": (c, [i]),
         **_logserver_signatures(),
         # rendezvous.h (docs/protocol.md 2.1)
         "tsp_rdv_start": (vp, [c, c, i] + err),
         "tsp_rdv_port": (i, [vp]),
         "tsp_rdv_host": (c, [vp]),
-        "tsp_rdv_counts": (None, [vp, P(i), P(i)]),
         "tsp_rdv_free": (None, [vp]),
         "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
-        "tsp_rdv_request": (i, [c, i, c, c, c, sz] + err),
-        "tsp_rdv_record_mac": (i, [c, c, c, sz]),
         "tsp_rdv_gang": (i, [vp, i, i]),
         "tsp_rdv_gang_state": (i, [vp, P(i)]),
         "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
-        # output.h (the agent's sender; the benchmarks call it in-process)
-        "tsp_output_opts_init": (None, [vp]),
-        "tsp_output_send": (i, [vp, c] + err),
     }
-
-
-def _checkout_build_dir() -> Optional[str]:
-    # spark-glue/python/torchspark -> repository root, when running from a checkout.
-    root = os.path.abspath(os.path.join(_PKG_DIR, "..", "..", ".."))
-    build = os.environ.get("TORCHSPARK_BUILD_DIR", os.path.join(root, "build"))
-    return build if os.path.isdir(build) else None
 
 
 def _candidates(env_var: str, name: str, build_sub: str) -> "list[str]":
     found = [os.environ.get(env_var, ""), os.path.join(_BIN_DIR, name)]
-    build = _checkout_build_dir()
-    if build:
+    # spark-glue/python/torchspark -> repository root, when running from a checkout.
+    root = os.path.abspath(os.path.join(_PKG_DIR, "..", "..", ".."))
+    build = os.environ.get("TORCHSPARK_BUILD_DIR", os.path.join(root, "build"))
+    if os.path.isdir(build):
         found.append(os.path.join(build, build_sub, name))
     return [c for c in found if c]
 

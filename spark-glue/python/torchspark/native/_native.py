@@ -7,7 +7,7 @@ overwrites in place; never on a command line: docs/protocol.md 1.1), and a threa
 pulls batches of lines and writes them where the user looks (``sys.stderr`` in a
 notebook)::
 
-    srv = LogServer(host=driver_ip)
+    srv = LogServer(host=driver_ip)  # the agents' --log-endpoint: endpoint_text(host, port)
     ...
     while running:
         sys.stderr.write(srv.read_text())  # formatted natively, one batch
@@ -30,14 +30,13 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 from torchspark.native._lib import LogLine as _LogLine
 from torchspark.native._lib import checked, json_call, load_library
 
-__all__ = ["Line", "LogServer", "line_prefix", "load_library", "STDOUT",
-           "STDERR", "EVENT", "REPORT", "CONTINUED", "NO_EOL", "SECRET_ENV"]
+__all__ = ["Line", "LogServer", "load_library", "STDOUT", "STDERR", "EVENT", "REPORT",
+           "CONTINUED", "NO_EOL"]
 
 # Line.stream and Line.flags: common.h defines them (tests/unit_py/test_constants.py compares).
 STDOUT, STDERR, EVENT = 1, 2, 3  # Line.stream (EVENT: the server's own messages, rank -1)
 REPORT = 4  # Line.stream of pull_reports(): torchspark.report() records (protocol 1.8)
 CONTINUED, NO_EOL = 1, 2  # Line.flags: a piece of a longer line / no final newline
-SECRET_ENV = "TORCHSPARK_LOG_SECRET"
 
 
 class Line(NamedTuple):
@@ -47,22 +46,6 @@ class Line(NamedTuple):
     stream: int
     flags: int
     data: bytes
-
-
-def line_prefix(rank: int, stream: int = STDOUT, fmt: Optional[str] = None,
-                stderr_marker: Optional[str] = None) -> str:
-    """The prefix of a line of ``rank``: ``fmt`` with ``{rank}`` expanded (the only field;
-    None: ``"[rank {rank}] "``), then ``stderr_marker`` for a stderr line (None:
-    ``"[stderr] "``); ``"[torchspark] "`` for the server's events. Formatted by the
-    library, like every prefix users see."""
-    lib = load_library()
-    args = (_enc(fmt), _enc(stderr_marker), rank, stream)
-    buf = ctypes.create_string_buffer(256)
-    n = lib.tsp_logserver_format_prefix(buf, len(buf), *args)
-    if n >= len(buf):
-        buf = ctypes.create_string_buffer(n + 1)
-        lib.tsp_logserver_format_prefix(buf, len(buf), *args)
-    return buf.value.decode("utf-8", "replace")
 
 
 def endpoint_text(host: str, port: int) -> str:
@@ -122,11 +105,6 @@ class LogServer:
         """The secret as 64 hex digits: the value of ``TORCHSPARK_LOG_SECRET``."""
         return self.secret.hex()
 
-    @property
-    def endpoint(self) -> str:
-        """``HOST:PORT`` for ``torchspark-run --log-endpoint`` (IPv6 in brackets)."""
-        return endpoint_text(self.host, self.port)
-
     def pull_reports(self, max_reports: int = 4096, timeout_ms: int = 200) -> List[Line]:
         """Up to ``max_reports`` of the workers' ``torchspark.report()`` records (stream
         REPORT, data: the JSON record as sent; docs/protocol.md 1.8), in order per rank,
@@ -141,17 +119,13 @@ class LogServer:
         if arr is None or len(arr) < most:
             arr = self._arrs[name] = (_LogLine * most)()
         n = getattr(self._lib, name)(self._h, arr, most, timeout_ms)
-        if n <= 0:
-            return []
-        first = arr[0].data
-        lens = [arr[i].len for i in range(n)]
-        blob = ctypes.string_at(first, sum(lens)) if sum(lens) else b""
+        recs = arr[:max(n, 0)]  # n <= 0: none (a timeout, or the end)
+        size = sum(r.len for r in recs)  # the records' bytes lie back to back: one copy
+        blob = ctypes.string_at(recs[0].data, size) if size else b""
         out, off = [], 0
-        for i in range(n):
-            rec = arr[i]
-            end = off + lens[i]
-            out.append(Line(rec.rank, rec.stream, rec.flags, blob[off:end]))
-            off = end
+        for r in recs:
+            out.append(Line(r.rank, r.stream, r.flags, blob[off:off + r.len]))
+            off += r.len
         return out
 
     def read_text(self, max_lines: int = 4096, timeout_ms: int = 200,
@@ -292,12 +266,6 @@ class LogServer:
         if not self._closed:
             self._closed = True
             self._call("shutdown", drain_ms=int(drain_timeout * 1000))
-
-    def __enter__(self) -> "LogServer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
         h = getattr(self, "_h", None)
