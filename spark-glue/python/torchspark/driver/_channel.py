@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional
 
 from pyspark import cloudpickle
 
-from torchspark.driver import _doctor, _progress
+from torchspark.driver import _doctor, _mlflow, _progress
 from torchspark.native import _native, _rendezvous
 from torchspark.driver._pump import _LogPump
 from torchspark.driver._report import TorchDistributorError
@@ -49,7 +49,9 @@ class Channel:
             self.doctor = _doctor.HangDoctor(self.server, dist.hang_timeout, dist.hang_action,
                                              dist.num_processes, dist.logger, dist.hang_reports)
         self.pump = _LogPump(self.server, fmt=fmt, tick=self.doctor.poll if self.doctor else None)
-        self.hub = _progress.start(dist, self.server)
+        sinks = [s for s in (_mlflow.logger_for(dist),) if s is not None]
+        self.hub = _progress.ReportHub(self.server, dist.on_report, dist.progress, sinks)
+        dist.reports = self.hub.reports  # the run's (live) history from now on
         if rendezvous_host is not None:
             try:
                 self.rdv = _rendezvous.Server(rendezvous_host, self.server.secret_hex)
