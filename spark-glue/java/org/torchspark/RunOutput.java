@@ -8,10 +8,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
 import java.util.List;
-import org.apache.spark.SparkContext;
 
-/** Rank 0's output of a run: expected by the log server (into memory or a file) and
- *  collected once the run succeeded. */
+/** Rank 0's output of a run, collected once the run succeeded (RunChannel has the log server
+ *  expect it). */
 final class RunOutput {
     private RunOutput() {}
 
@@ -38,15 +37,6 @@ final class RunOutput {
             throw new UncheckedIOException(e);
         }
         return new TorchSparkRunner.Result(null, outputPath, election);
-    }
-
-    /** Rank 0's output into outputPath, or into memory no larger than Spark's collect() would
-     *  take (spark.driver.maxResultSize). */
-    static void expect(LogServer server, SparkContext sc, Path outputPath) {
-        if (outputPath == null) {
-            server.outputLimit(sc == null ? null : sc.conf().get("spark.driver.maxResultSize", null));
-        }
-        server.expectOutput(outputPath != null ? outputPath.toString() : null);
     }
 
     /** Writes bytes to path through a new file beside it (created exclusively, so never
