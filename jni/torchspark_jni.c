@@ -156,6 +156,7 @@ static const struct {
     {"tsp_task_launch", tsp_task_launch},
     {"tsp_task_finish", tsp_task_finish},
     {"tsp_elect_call", tsp_elect_call},
+    {"tsp_result_check", tsp_result_check},
 };
 
 /* msg[0]: the reply of the transform named jname to the JSON text jrequest, or the sentence

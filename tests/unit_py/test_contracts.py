@@ -26,6 +26,7 @@ RUNCTL_CASES = json.loads((CONTRACTS / "runctl.json").read_text())["cases"]
 TASK_CASES = json.loads((CONTRACTS / "task.json").read_text())["cases"]
 MARKER = "TORCHSPARK-FAILURE-REPORT-V2:"  # a task's carrier (docs/protocol.md section 3)
 ELECT_CASES = json.loads((CONTRACTS / "elect.json").read_text())["cases"]
+RESULT_CASES = json.loads((CONTRACTS / "result.json").read_text())["cases"]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=[c["name"] for c in PLAN_CASES])
@@ -358,3 +359,15 @@ def test_runctl_has_20_cases_and_every_action():
     assert len(RUNCTL_CASES) >= 20
     assert done == {"submit", "count_slots", "exclude_executor", "warn", "raise", "return",
                     "checkpoint_and_stop", "watch_slots"}
+
+
+@pytest.mark.parametrize("case", RESULT_CASES, ids=[c["name"] for c in RESULT_CASES])
+def test_result_golden(case):
+    """Rank 0's value where the output channel brought none: the rows or the error, the
+    sentences once in C (result.c), as Channel.result asks."""
+    if "error" in case:
+        with pytest.raises(ValueError) as e:
+            _lib.json_call("tsp_result_check", case["request"])
+        assert case["error"] in str(e.value)
+    else:
+        assert _lib.json_call("tsp_result_check", case["request"]) == case["reply"]

@@ -27,6 +27,14 @@ extern "C" {
 TSP_EXTERN int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outlen,
                                     size_t *needed, char *err, size_t errlen);
 
+/* Where a run succeeded but rank 0's value did not arrive over the output channel: request
+ * ({"product", "mode", "error": why the transfer failed, "rows": the job's rows hold it,
+ * "quiet"}) -> {"raise": the glue's error or null, "warn": its warning or null}
+ * (docs/protocol.md 10.1; golden cases tests/contracts/result.json), with the errors and
+ * buffer sizes of tsp_outcome_classify. */
+TSP_EXTERN int tsp_result_check(const char *request, size_t len, char *out, size_t outlen,
+                                size_t *needed, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

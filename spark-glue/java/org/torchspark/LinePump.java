@@ -31,10 +31,7 @@ final class LinePump {
         this.tick = tick;
         lines = new Thread(() -> pumpLines(toStderr, prefix), "torchspark-log-pump");
         reportThread = new Thread(this::pumpReports, "torchspark-reports");
-    }
-
-    void start() {
-        for (Thread t : List.of(lines, reportThread)) {
+        for (Thread t : List.of(lines, reportThread)) { // every field is set: they may start
             t.setDaemon(true);
             t.start();
         }

@@ -26,14 +26,16 @@ final class RunChannel implements AutoCloseable {
         server = new LogServer(bind, 0, null, hang ? HangDoctor.TAIL_LINES : 0);
         try {
             server.encryption(owner.runSettings.bool("encryption"));
-            if (owner.wantOutput) {
-                RunOutput.expect(server, sc, owner.outputPath);
+            if (owner.wantOutput && owner.outputPath == null) { // into memory: no more than collect() takes
+                server.outputLimit(sc == null ? null : sc.conf().get("spark.driver.maxResultSize", null));
+            }
+            if (owner.wantOutput) { // rank 0's output, into outputPath or memory
+                server.expectOutput(owner.outputPath != null ? owner.outputPath.toString() : null);
             }
             owner.reports = Collections.emptyList();
             doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport,
                     doctor != null ? doctor::poll : () -> { });
-            pump.start();
         } catch (RuntimeException | Error e) {
             server.close();
             throw e;

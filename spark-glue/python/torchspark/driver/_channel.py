@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Optional
 
 from pyspark import cloudpickle
 
-from torchspark.driver import _doctor, _progress
+from torchspark.driver import _doctor, _mlflow, _progress
 from torchspark.native import _native, _rendezvous
+from torchspark.native._lib import json_call
 from torchspark.driver._pump import _LogPump
 from torchspark.driver._report import TorchDistributorError
 
@@ -49,7 +50,9 @@ class Channel:
             self.doctor = _doctor.HangDoctor(self.server, dist.hang_timeout, dist.hang_action,
                                              dist.num_processes, dist.logger, dist.hang_reports)
         self.pump = _LogPump(self.server, fmt=fmt, tick=self.doctor.poll if self.doctor else None)
-        self.hub = _progress.start(dist, self.server)
+        sinks = [s for s in (_mlflow.logger_for(dist),) if s is not None]
+        self.hub = _progress.ReportHub(self.server, dist.on_report, dist.progress, sinks)
+        dist.reports = self.hub.reports  # the run's (live) history from now on
         if rendezvous_host is not None:
             try:
                 self.rdv = _rendezvous.Server(rendezvous_host, self.server.secret_hex)
@@ -128,16 +131,14 @@ class Channel:
         collected rows (chunks)."""
         server = self.server
         data = server.output_view() if server is not None else None
-        why = (server.output_error if server is not None else None) or "nothing was received"
-        if data is None and server is not None and not chunks:
-            raise TorchDistributorError(
-                "TorchDistributor (distributed): training succeeded but rank 0's result did "
-                f"not arrive over torchspark's output channel ({why}); see the executors' logs "
-                "of partition 0 for the agent's message")
-        if data is None and server is not None and not unreachable:
-            dist.logger.warning(
-                f"rank 0's result did not arrive over torchspark's output channel ({why}); it "
-                "came through collect() instead (bounded by spark.driver.maxResultSize)")
+        if data is None and server is not None:  # the rows, or the error (docs/protocol.md 10.1)
+            said = json_call("tsp_result_check", {
+                "product": "TorchDistributor", "mode": "distributed",
+                "error": server.output_error, "rows": bool(chunks), "quiet": unreachable})
+            if said["raise"] is not None:
+                raise TorchDistributorError(said["raise"])
+            if said["warn"] is not None:
+                dist.logger.warning(said["warn"])
         if data is None:
             data = b"".join(chunks)
         if not data:

@@ -16,7 +16,7 @@ from torchspark.driver import _progress_line
 from torchspark.driver._pump import _LogPump
 from torchspark.task import _report_rows
 
-__all__ = ["Report", "ReportHub", "configure", "start"]
+__all__ = ["Report", "ReportHub", "configure"]
 
 # The history keeps the last HISTORY_KEEP to 2 * HISTORY_KEEP reports (the driver's memory
 # stays bounded on a long run of many ranks; docs/distributor.md, "Reports at scale").
@@ -47,13 +47,11 @@ class ReportHub:
     """Pulls reports from ``server`` until :meth:`stop`; see the module's doc."""
 
     def __init__(self, server: Any, on_report: Optional[Callable[[Report], Any]] = None,
-                 progress: bool = True, sinks: Optional[List[Any]] = None,
-                 logger: Any = None) -> None:
+                 progress: bool = True, sinks: Optional[List[Any]] = None) -> None:
         self.server = server
         self.on_report = on_report
         self.line = _progress_line.ProgressLine(progress)
         self.sinks = list(sinks or [])  # objects with .log(report) (the MLflow logger)
-        self.logger = logger
         self.reports: List[Report] = []
         self.total = 0  # report() calls seen (a summary's count), trimmed ones included
         self._pieces: Dict[int, bytes] = {}  # a record split in CONTINUED pieces, by rank
@@ -159,13 +157,3 @@ def configure(dist: Any, on_report: Optional[Callable[[Report], Any]], progress:
     dist.progress = bool(progress)
     dist.reports = []
 
-
-def start(dist: Any, server: Any) -> ReportHub:
-    """A run's hub: ``dist.reports`` is its (live) history from now on."""
-    from torchspark.driver import _mlflow
-
-    sinks = [s for s in (_mlflow.logger_for(dist),) if s is not None]
-    hub = ReportHub(server, getattr(dist, "on_report", None), getattr(dist, "progress", True),
-                    sinks, getattr(dist, "logger", None))
-    dist.reports = hub.reports
-    return hub

@@ -37,13 +37,11 @@ class _LogPump:
     # the next write clears it first. Guarded by _print_lock.
     status_shown = False
 
-    def __init__(self, server: Any, linger_s: float = LINGER_S,
-                 fmt: Optional[str] = None, tick: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, server: Any, fmt: Optional[str] = None,
+                 tick: Optional[Callable[[], None]] = None) -> None:
         self.server = server
         self.fmt = fmt  # the line prefix, "{rank}" expanded (read_text); None: "[rank N] "
         self.tick = tick  # called after each pull (the hang doctor's poll)
-        self.linger_s = linger_s
-        self.writes = 0  # write() calls made (the benchmark reads it)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="torchspark-log-pump")
@@ -54,7 +52,6 @@ class _LogPump:
         text = self.server.read_text(MAX_LINES, timeout_ms, self.fmt)
         if text:
             _LogPump.write(text)
-            self.writes += 1
         return len(text)
 
     @staticmethod
@@ -73,8 +70,8 @@ class _LogPump:
                 got = self._drain_once(WAIT_MS)
                 if self.tick is not None:
                     self.tick()
-                if 0 < got < SMALL_BATCH and self.linger_s > 0:
-                    self._stop.wait(self.linger_s)
+                if 0 < got < SMALL_BATCH:
+                    self._stop.wait(LINGER_S)
             while self._drain_once(0):
                 pass
         except Exception as e:  # never fail training because of logging
