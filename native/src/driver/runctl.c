@@ -224,6 +224,11 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
     key_str(w, "do", "submit");
     key_int(w, "attempt", c->attempt);
     key_int(w, "nodes", c->running);
+    /* A failure of this attempt raises (on_failed's rule): the glue then waits for Spark's
+     * own error. The attempt number runs ahead of the restarts once the run grew back. */
+    int last = c->attempt - c->grows >= c->max_restarts;
+    tsp_json_key(w, "last");
+    (void)tsp_json_value(w, last ? "true" : "false", last ? 4 : 5);
     tsp_json_key(w, "env");
     tsp_json_begin_object(w);
     key_str(w, "TORCHSPARK_ATTEMPT", num);

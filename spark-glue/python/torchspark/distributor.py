@@ -246,8 +246,10 @@ class TorchDistributor:
 
     # Per attempt of a run with restarts (torchspark/driver/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc. (the driver's line prefix names the attempt; an elastic run's
-    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask).
+    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask); whether a
+    # failure of it raises (the submit's last: it then waits for Spark's own error).
     _attempt_env: Dict[str, str] = {}
+    _last_attempt = True
 
     def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
                                        fn_bytes: Optional[bytes],
@@ -258,10 +260,11 @@ class TorchDistributor:
         full = (self.num_tasks, self.num_processes)
         per_task = self.num_processes // self.num_tasks
 
-        def attempt(n: int, env: Dict[str, str], nodes: int) -> Optional[Any]:
-            self._attempt_env = dict(env)  # the run controller's (_restart.py)
+        def attempt(submit: Dict[str, Any]) -> Optional[Any]:
+            self._attempt_env = dict(submit["env"])  # the run controller's (_restart.py)
+            self._last_attempt = submit["last"]
             # Elastic (min_nodes): this attempt's nodes, each with its processes.
-            self.num_tasks, self.num_processes = nodes, nodes * per_task
+            self.num_tasks, self.num_processes = submit["nodes"], submit["nodes"] * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
         self.attempts = []
@@ -269,7 +272,7 @@ class TorchDistributor:
             return _restart.run(attempt, _restart.start_event(self), spark=self.spark,
                                 logger=self.logger, record=self.attempts, times=self._failure_times)
         finally:
-            self._attempt_env = {}
+            self._attempt_env, self._last_attempt = {}, True
             self.num_tasks, self.num_processes = full
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
@@ -352,7 +355,7 @@ class TorchDistributor:
         "Recovery on local-cluster")."""
         self._clock.mark("job_submitted")
         attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
-        last = attempt == self._attempt_env.get(_restart.MAX_RESTARTS_ENV)
+        last = self._last_attempt  # the run controller's (docs/protocol.md 11, submit)
         self._failure_times["server"] = server  # the grow watch's checkpoint_and_stop
         out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                    remote=self.is_remote, input_df=input_df,

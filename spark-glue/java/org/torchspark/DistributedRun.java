@@ -6,12 +6,12 @@ import org.apache.spark.SparkContext;
 
 /**
  * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
- * its lines' prefix and whether no restart follows its failure; the attempt's variables from
- * the run controller come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * its lines' prefix; the attempt's variables from the run controller, and whether no restart
+ * follows its failure, come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, boolean lastAttempt) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
@@ -62,7 +62,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, bo
                             + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
-                job.await(sc, ch.server, lastAttempt, gang);
+                job.await(sc, ch.server, entry.last, gang);
             } catch (InterruptedException e) {
                 ch.endDoctor("distributed", null);
                 ch.server.stopAll("the driver was interrupted");

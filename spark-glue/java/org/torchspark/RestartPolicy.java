@@ -33,6 +33,10 @@ final class RestartPolicy {
     static final class Entry {
         final int attempt;
         final int nodes;
+        /** A failure of this attempt is thrown (no restart follows): it waits for Spark's own
+         *  error (BarrierJob.SPARK_GRACE_S). The controller's, not the attempt number's: a grow
+         *  is no restart. */
+        final boolean last;
         /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
         final Map<String, String> env;
         final long started = System.currentTimeMillis();
@@ -55,6 +59,7 @@ final class RestartPolicy {
         Entry(JsonNode submit) {
             attempt = submit.path("attempt").asInt();
             nodes = submit.path("nodes").asInt();
+            last = submit.path("last").asBoolean();
             env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
         }

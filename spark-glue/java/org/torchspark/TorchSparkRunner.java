@@ -393,12 +393,12 @@ public final class TorchSparkRunner {
         List<RestartPolicy.Entry> record = new CopyOnWriteArrayList<>();
         attempts = record;
         if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
-            return new DistributedRun(this, sc, null, true)
-                    .attempt(new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "env", Map.of())));
+            return new DistributedRun(this, sc, null).attempt(
+                    new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "last", true, "env", Map.of())));
         }
         return RestartPolicy.run(entry -> {
             String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
-            return new DistributedRun(this, sc, prefix, entry.attempt == limit).attempt(entry);
+            return new DistributedRun(this, sc, prefix).attempt(entry);
         }, limit, sc, c, ntasks, least, record);
     }
 
