@@ -83,6 +83,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runctl": ("driver", 3),  # the run controller, a pure step function (torchspark/runctl.h)
+    "shape": ("driver", 3),  # the run's tasks and processes per task (torchspark/shape.h)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from torchspark.driver import (_channel, _conf, _doctor, _failure, _gang, _job, _local, _progress,
                                _restart, _ship, _timing)
 from torchspark.native import _native, _rendezvous
+from torchspark.native._lib import json_call
 from torchspark.task import _report_rows
 from torchspark.driver._report import TorchDistributorError
 from torchspark.task._spec import NodeSpec, ShipSpec
@@ -143,45 +144,21 @@ class TorchDistributor:
                 "use_gpu": self.use_gpu, "num_tasks": self.num_tasks}
 
     def _get_num_tasks(self) -> int:
-        if self.use_gpu:
-            if not self.local_mode:
-                key = "spark.task.resource.gpu.amount"
-                raw = _get_conf(self.spark, key, "0")
-                try:
-                    amount = float(raw)
-                except ValueError:
-                    raise RuntimeError(f"'{key}' is {raw!r}, not a number: set it to the "
-                                       "whole number of GPUs each training task uses") from None
-                if 0 < amount < 1 or amount != int(amount):
-                    # PySpark crashes here with a bare int() error; say what is wrong.
-                    raise RuntimeError(
-                        f"'{key}' is {raw}, but TorchDistributor needs whole GPUs per task "
-                        "(several tasks sharing one GPU cannot each run a training process "
-                        f"on it): set '{key}' to 1 or another whole number")
-                task_gpu_amount = int(amount)
-                if task_gpu_amount < 1:
-                    raise RuntimeError(f"'{key}' was unset, so gpu usage is unavailable.")
-                if task_gpu_amount > 1 and self.num_processes % task_gpu_amount != 0:
-                    raise RuntimeError(
-                        f"TorchDistributor 'num_processes' value ({self.num_processes}) "
-                        "must be a multiple of 'spark.task.resource.gpu.amount' "
-                        f"({task_gpu_amount}) value.")
-                self._gpus_per_task = task_gpu_amount
-                return self.num_processes // task_gpu_amount
-            key = "spark.driver.resource.gpu.amount"
-            if "gpu" not in _get_resources(self.spark):
-                raise RuntimeError("GPUs were unable to be found on the driver.")
-            num_available_gpus = int(_get_conf(self.spark, key, "0"))
-            if num_available_gpus == 0:
-                raise RuntimeError("GPU resources were not configured properly on the driver.")
-            if self.num_processes > num_available_gpus:
-                self.logger.warning(
-                    "'num_processes' cannot be set to a value greater than the number of "
-                    f"available GPUs on the driver, which is {num_available_gpus}. "
-                    "'num_processes' was reset to be equal to the number of available GPUs.",
-                )
-                self.num_processes = num_available_gpus
-        return self.num_processes
+        """The run's tasks and each task's GPUs, stock's rules and sentences, decided in C
+        (tsp_shape_plan, docs/protocol.md 11.1); more local processes than the driver's GPUs
+        are cut to them with stock's warning."""
+        conf, local = self.spark.conf, self.use_gpu and self.local_mode  # the facts it reads
+        shape = json_call("tsp_shape_plan", {
+            "product": "TorchDistributor", "num_processes": self.num_processes,
+            "use_gpu": self.use_gpu, "local_mode": self.local_mode,
+            "task_gpu_amount": conf.get("spark.task.resource.gpu.amount", None)
+            if self.use_gpu and not self.local_mode else None,
+            "driver_gpu_amount": conf.get("spark.driver.resource.gpu.amount", None) if local else None,
+            "driver_gpu": local and "gpu" in _get_resources(self.spark)}, error=RuntimeError)
+        if shape["warning"]:
+            self.logger.warning(shape["warning"])
+        self.num_processes, self._gpus_per_task = shape["processes"], shape["per_task"]
+        return int(shape["tasks"])
 
     def _validate_input_params(self) -> None:
         if self.num_processes <= 0:

@@ -18,7 +18,7 @@ final class LocalRun {
     private LocalRun() {}
 
     static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc) {
-        int nproc = r.nprocPerNode > 0 ? r.nprocPerNode : r.numProcesses;
+        int nproc = r.shape(sc).path("processes").asInt(); // nprocPerNode, else all
         String[] gpus = r.useGpu ? driverGpus(sc, nproc) : null;
         Path workdir;
         try {

@@ -363,18 +363,17 @@ public final class TorchSparkRunner {
                 "nccl_check", useGpu ? runSettings.ncclCheckS(nnodes) : 0, "env", vars, "program", program);
     }
 
+    /** The run's shape (tsp_shape_plan, docs/protocol.md 11.1): its tasks, processes and
+     *  processes per task, from nprocPerNode, or with useGpu the task's GPUs (sc: null in local
+     *  mode without one); a bad setting or processes that do not divide is thrown. */
+    JsonNode shape(SparkContext sc) {
+        String amount = sc == null ? null : sc.conf().get("spark.task.resource.gpu.amount", null);
+        return Native.call("tsp_shape_plan", Native.object("product", "TorchSparkRunner", "num_processes", numProcesses,
+                "nproc_per_node", nprocPerNode, "use_gpu", useGpu, "local_mode", localMode, "task_gpu_amount", amount));
+    }
+
     int tasks(SparkContext sc) {
-        int per = nprocPerNode;
-        if (useGpu && per == 0) {
-            String amount = sc.conf().get("spark.task.resource.gpu.amount", "1");
-            per = (int) Math.max(1, Math.round(Double.parseDouble(amount)));
-        }
-        per = Math.max(1, per);
-        if (numProcesses % per != 0) {
-            throw new IllegalArgumentException("numProcesses (" + numProcesses + ") must be a multiple "
-                    + "of the processes per task (" + per + ")");
-        }
-        return numProcesses / per;
+        return shape(sc).path("tasks").asInt();
     }
 
     /** The test-only local property that advertises this host:port to the tasks instead of
