@@ -24,6 +24,7 @@ typedef struct {
     long long np, nproc;
     int use_gpu, local_mode, driver_gpu;
     char *task_amount, *driver_amount; /* as the conf holds them, NULL: unset */
+    char *driver_gpus;                 /* the driver's GPU addresses (a JSON array), or NULL */
 } shape_req_t;
 
 typedef struct {
@@ -154,11 +155,87 @@ static int read_req(const tsp_jreq_t *r, shape_req_t *q)
         (rc = tsp_jreq_str(r, "task_gpu_amount", 0, &q->task_amount)))
         return rc;
     q->nproc = nproc;
-    return tsp_jreq_str(r, "driver_gpu_amount", 0, &q->driver_amount);
+    if ((rc = tsp_jreq_str(r, "driver_gpu_amount", 0, &q->driver_amount)))
+        return rc;
+    rc = tsp_jreq_get(r, "driver_gpus", TSP_JSON_ARRAY, "an array of strings or null",
+                      &q->driver_gpus);
+    return rc < 0 ? rc : 0;
 }
 
-static int write_reply(const shape_t *s, char **text, size_t *tlen)
+/* A walk of the driver's GPU addresses: into text as the product's error shows them
+ * (Python's list repr '0', '1' or Java's Arrays.toString 0, 1, without brackets), counted
+ * (n), and the first take of them written to w (the reply's "gpus") when w is given. */
+typedef struct {
+    FILE *text;
+    tsp_json_writer_t *w;
+    int java;
+    long long n, take;
+} gpus_t;
+
+static int each_gpu(void *ctx, const char *key, size_t index, int type, const char *val, size_t len)
 {
+    gpus_t *g = ctx;
+    (void)key;
+    if (type != TSP_JSON_STRING)
+        return -EINVAL;
+    fprintf(g->text, "%s%s%.*s%s", index ? ", " : "", g->java ? "" : "'", (int)len, val,
+            g->java ? "" : "'");
+    if (g->w && (long long)index < g->take)
+        tsp_json_str(g->w, val);
+    g->n++;
+    return 0;
+}
+
+static int walk_gpus(const shape_req_t *q, gpus_t *g, char **text, size_t *tlen, char *err,
+                     size_t errlen)
+{
+    g->text = open_memstream(text, tlen);
+    if (!g->text)
+        return -ENOMEM;
+    int rc = tsp_json_each(q->driver_gpus, strlen(q->driver_gpus), NULL, each_gpu, g);
+    if (fclose(g->text) != 0)
+        rc = rc ? rc : -ENOMEM;
+    if (rc == -EINVAL)
+        tsp__err(err, errlen, rc,
+                 "the shape request's \"driver_gpus\" must be an array of strings");
+    return rc;
+}
+
+/* The driver's GPUs a run on the driver uses: a TorchDistributor's local master job every one
+ * (each task takes its own of them; fewer than tasks x per task is an error), its local mode
+ * the first of its processes; a TorchSparkRunner's local mode the first of its processes
+ * (fewer is an error). */
+static int check_gpus(const shape_req_t *q, const shape_t *s, long long *take, char *err,
+                      size_t errlen)
+{
+    gpus_t g = {.java = q->java};
+    char *text = NULL;
+    size_t tlen = 0;
+    int rc = walk_gpus(q, &g, &text, &tlen, err, errlen);
+    long long need = q->java || q->local_mode ? s->processes : s->tasks * s->per_task;
+    *take = q->local_mode ? (need < g.n ? need : g.n) : g.n;
+    if (!rc && q->java && g.n < need)
+        rc = tsp__err(err, errlen, -EINVAL,
+                      "torchspark: local mode with useGpu runs %lld process(es), one per GPU, but "
+                      "the driver has %lld GPU(s): [%s]; lower numProcesses or raise " DRIVER_KEY,
+                      need, g.n, text);
+    else if (!rc && !q->local_mode && g.n < need)
+        rc = tsp__err(
+            err, errlen, -EINVAL,
+            "torchspark: %lld tasks \xc3\x97 %lld GPU(s) need %lld driver GPUs, but the driver "
+            "has %lld: [%s]; lower num_processes or raise " DRIVER_KEY,
+            s->tasks, s->per_task, need, g.n, text);
+    free(text);
+    return rc;
+}
+
+static int write_reply(const shape_req_t *q, const shape_t *s, char **text, size_t *tlen, char *err,
+                       size_t errlen)
+{
+    long long take = 0;
+    int rc = q->driver_gpus ? check_gpus(q, s, &take, err, errlen) : 0;
+    if (rc)
+        return rc;
     FILE *m = open_memstream(text, tlen);
     if (!m)
         return -ENOMEM;
@@ -173,8 +250,18 @@ static int write_reply(const shape_t *s, char **text, size_t *tlen)
     tsp_json_int(&w, s->per_task);
     tsp_json_key(&w, "warning");
     tsp_json_str(&w, s->warning[0] ? s->warning : NULL);
+    if (q->driver_gpus) {
+        char *ignored = NULL;
+        size_t ilen = 0;
+        gpus_t g = {.w = &w, .java = q->java, .take = take};
+        tsp_json_key(&w, "gpus");
+        tsp_json_begin_array(&w);
+        rc = walk_gpus(q, &g, &ignored, &ilen, err, errlen);
+        free(ignored);
+        tsp_json_end(&w);
+    }
     tsp_json_end(&w);
-    return fclose(m) == 0 ? 0 : -ENOMEM;
+    return fclose(m) == 0 ? rc : -ENOMEM;
 }
 
 int tsp_shape_plan(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
@@ -199,10 +286,11 @@ int tsp_shape_plan(const char *request, size_t len, char *out, size_t outlen, si
             rc = q.local_mode ? py_local_gpu(&q, &s, err, errlen)
                               : py_tasks_gpu(&q, &s, err, errlen);
     }
-    if (!rc && !(rc = write_reply(&s, &text, &tlen)))
+    if (!rc && !(rc = write_reply(&q, &s, &text, &tlen, err, errlen)))
         rc = tsp__reply_copy(text, tlen, out, outlen, needed);
     free(text);
     free(q.task_amount);
     free(q.driver_amount);
+    free(q.driver_gpus);
     return rc;
 }

@@ -143,18 +143,23 @@ class TorchDistributor:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
                 "use_gpu": self.use_gpu, "num_tasks": self.num_tasks}
 
-    def _get_num_tasks(self) -> int:
-        """The run's tasks and each task's GPUs, stock's rules and sentences, decided in C
-        (tsp_shape_plan, docs/protocol.md 11.1); more local processes than the driver's GPUs
-        are cut to them with stock's warning."""
+    def _shape(self, driver_gpus: Optional[List[str]] = None) -> Dict[str, Any]:
+        """The run's tasks and each task's GPUs, stock's rules and sentences, and with the
+        driver's GPU addresses those the run on the driver uses, decided in C
+        (tsp_shape_plan, docs/protocol.md 11.1)."""
         conf, local = self.spark.conf, self.use_gpu and self.local_mode  # the facts it reads
-        shape = json_call("tsp_shape_plan", {
+        return dict(json_call("tsp_shape_plan", {
             "product": "TorchDistributor", "num_processes": self.num_processes,
             "use_gpu": self.use_gpu, "local_mode": self.local_mode,
             "task_gpu_amount": conf.get("spark.task.resource.gpu.amount", None)
             if self.use_gpu and not self.local_mode else None,
             "driver_gpu_amount": conf.get("spark.driver.resource.gpu.amount", None) if local else None,
-            "driver_gpu": local and "gpu" in _get_resources(self.spark)}, error=RuntimeError)
+            "driver_gpu": local and "gpu" in _get_resources(self.spark), "driver_gpus": driver_gpus},
+            error=RuntimeError))
+
+    def _get_num_tasks(self) -> int:
+        """More local processes than the driver's GPUs are cut to them with stock's warning."""
+        shape = self._shape()
         if shape["warning"]:
             self.logger.warning(shape["warning"])
         self.num_processes, self._gpus_per_task = shape["processes"], shape["per_task"]
@@ -352,14 +357,7 @@ class TorchDistributor:
         error, not a CPU run."""
         if not (self.is_spark_local_master and self.use_gpu):
             return []
-        gpus = list(_get_resources(self.spark)["gpu"].addresses)
-        need = self.num_tasks * self._gpus_per_task
-        if len(gpus) < need:
-            raise RuntimeError(
-                f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
-                f"need {need} driver GPUs, but the driver has {len(gpus)}: {gpus}; lower "
-                "num_processes or raise spark.driver.resource.gpu.amount")
-        return gpus
+        return list(self._shape(list(_get_resources(self.spark)["gpu"].addresses))["gpus"])
 
     def _node_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
                    script_args: List[str], ship: Optional[ShipSpec], driver_gpus: List[str],

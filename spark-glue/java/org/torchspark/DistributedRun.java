@@ -40,7 +40,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
      *  node with its processes). */
     private TorchSparkRunner.Result runJob(boolean useRendezvous, RestartPolicy.Entry entry) {
         int ntasks = entry.nodes;
-        int world = ntasks * r.shape(sc).path("per_task").asInt();
+        int world = ntasks * r.shape(sc, null).path("per_task").asInt();
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;

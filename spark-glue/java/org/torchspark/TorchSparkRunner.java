@@ -365,15 +365,17 @@ public final class TorchSparkRunner {
 
     /** The run's shape (tsp_shape_plan, docs/protocol.md 11.1): its tasks, processes and
      *  processes per task, from nprocPerNode, or with useGpu the task's GPUs (sc: null in local
-     *  mode without one); a bad setting or processes that do not divide is thrown. */
-    JsonNode shape(SparkContext sc) {
+     *  mode without one), and of the driver's GPU addresses (or null) those local mode takes; a
+     *  bad setting, processes that do not divide or too few GPUs is thrown. */
+    JsonNode shape(SparkContext sc, String[] driverGpus) {
         String amount = sc == null ? null : sc.conf().get("spark.task.resource.gpu.amount", null);
         return Native.call("tsp_shape_plan", Native.object("product", "TorchSparkRunner", "num_processes", numProcesses,
-                "nproc_per_node", nprocPerNode, "use_gpu", useGpu, "local_mode", localMode, "task_gpu_amount", amount));
+                "nproc_per_node", nprocPerNode, "use_gpu", useGpu, "local_mode", localMode, "task_gpu_amount", amount,
+                "driver_gpus", driverGpus));
     }
 
     int tasks(SparkContext sc) {
-        return shape(sc).path("tasks").asInt();
+        return shape(sc, null).path("tasks").asInt();
     }
 
     /** The test-only local property that advertises this host:port to the tasks instead of
