@@ -366,14 +366,14 @@ def test_batch_size_keeps_the_per_rank_or_the_global_batch(monkeypatch, mode, wo
 
 def test_the_start_is_the_distributors_run_with_its_launch_resolved():
     """start_event: what a TorchDistributor's run tells the controller (docs/protocol.md 11):
-    its nodes and settings, the launch with auto resolved by Spark's dynamic allocation."""
+    its nodes and settings, the launch as the settings' read resolved it (auto: conf.c)."""
     from types import SimpleNamespace
 
     class Conf:
         def get(self, key, default):
             return "true" if key == "spark.dynamicAllocation.enabled" else default
 
-    settings = {"job.replacementTimeout": 30000, "elastic.batch": "global", "launch": "auto"}
+    settings = {"job.replacementTimeout": 30000, "elastic.batch": "global", "launch": "gang"}
     dist = SimpleNamespace(spark=SimpleNamespace(conf=Conf()), _settings=settings, num_tasks=3,
                            max_restarts=2, min_nodes=2, is_remote=False)
     assert _restart.start_event(dist) == {

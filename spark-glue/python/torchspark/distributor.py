@@ -294,7 +294,7 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         use_rdv = not _RENDEZVOUS_UNREACHABLE and _rendezvous.enabled(
             self._settings, self.is_remote,
-            gang=_gang.mode(self.spark, self._settings) == _gang.GANG)
+            gang=self._settings["launch"] == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
             attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
             ch.open(self, bind_host, fmt=attempt and f"[attempt {attempt}] [rank {{rank}}] ",

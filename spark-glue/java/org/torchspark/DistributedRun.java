@@ -94,11 +94,11 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
         }
     }
 
-    /** In a gang launch (Gang.mode: dynamic allocation, or spark.torchspark.launch=gang), the
+    /** In a gang launch (launch auto under dynamic allocation, or spark.torchspark.launch=gang), the
      *  rendezvous with the attempt's gang armed, after asking Spark for the executors; null
      *  for a barrier stage. */
     private Rendezvous armGang(RunChannel ch, NodeTask.Spec spec, int ntasks) {
-        if (!Gang.mode(sc.conf(), r.runSettings).equals(Gang.GANG)) {
+        if (!r.runSettings.string("launch").equals(Gang.GANG)) { // auto resolved by Conf.read
             return null;
         }
         if (spec.rendezvous == null) {

@@ -208,7 +208,7 @@ final class RestartPolicy {
     static <T> T run(Function<Entry, T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<Entry> record) {
         ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
-        start.put("launch", Gang.mode(sc.conf(), conf)).put("dynamic", sc.conf().getBoolean("spark.dynamicAllocation.enabled", false));
+        start.put("launch", conf.string("launch")).put("dynamic", sc.conf().getBoolean(Conf.DYNAMIC, false));
         // The slots: how many barrier tasks the cluster can run at once now (active executors').
         return run(body, start, () -> sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()),
                 id -> excludeExecutor(sc, id), record);

@@ -30,13 +30,13 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
 
 def start_event(dist: Any) -> Dict[str, Any]:
     """The controller's start of a TorchDistributor's run: its nodes and settings, the
-    attempts' launch (_gang.mode) and spark.dynamicAllocation.enabled."""
+    attempts' launch (auto resolved by _conf.read) and spark.dynamicAllocation.enabled."""
     settings = dist._settings
     return {"event": "start", "glue": "python", "nodes": dist.num_tasks,
             "max_restarts": dist.max_restarts, "min_nodes": dist.min_nodes,
             "replacement_timeout_ms": int(settings["job.replacementTimeout"]),
             "remote": dist.is_remote, "batch": settings["elastic.batch"],
-            "launch": _gang.mode(dist.spark, settings), "dynamic": _gang.dynamic(dist.spark)}
+            "launch": settings["launch"], "dynamic": _gang.dynamic(dist.spark)}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
