@@ -170,7 +170,7 @@ final class RestartPolicy {
         List<String> causes = new ArrayList<>();
         act.path("attempts").forEach(c -> causes.add(c.asText()));
         return new TorchSparkException(act.path("message").asText(), e.rank(), e.nodeRank(), e.host(),
-                e.exitCode(), e.signal(), e.lastLines(), e.reportJson(), e, causes);
+                e.exitCode(), e.signal(), e.lastLines(), act.path("report").toString(), e, causes);
     }
 
     /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and

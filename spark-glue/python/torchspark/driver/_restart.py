@@ -213,8 +213,7 @@ def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
             elif act["do"] == "raise" and error is not None:
                 if act["kind"] == "failed":
                     raise error
-                raise TorchDistributorError(act["message"], {**(error.report or {}),
-                                                             "attempts": act["attempts"]}) from error
+                raise TorchDistributorError(act["message"], act["report"]) from error
             elif act["do"] == "submit":
                 entry = {"attempt": act["attempt"], "nodes": act["nodes"], "started": time.time(),
                          "ended": None, "cause": None}
