@@ -28,6 +28,7 @@
 #include "torchspark/plan.h"
 #include "torchspark/rendezvous.h"
 #include "torchspark/runctl.h"
+#include "torchspark/shape.h"
 #include "torchspark/task.h"
 
 #define ERR_LEN 512
@@ -153,6 +154,7 @@ static const struct {
     {"tsp_outcome_classify", tsp_outcome_classify},
     {"tsp_gang_replay", tsp_gang_replay},
     {"tsp_runctl_step", tsp_runctl_step},
+    {"tsp_shape_plan", tsp_shape_plan},
     {"tsp_task_launch", tsp_task_launch},
     {"tsp_task_finish", tsp_task_finish},
     {"tsp_elect_call", tsp_elect_call},

@@ -84,6 +84,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runctl": ("driver", 3),  # the run controller, a pure step function (torchspark/runctl.h)
     "result": ("driver", 3),  # rank 0's value where the output channel brought none (10.1)
+    "shape": ("driver", 3),  # the run's tasks and processes per task (torchspark/shape.h)
     "logstate": ("driver", 3),
     "logsend": ("driver", 4),
     "lognodes": ("driver", 5),

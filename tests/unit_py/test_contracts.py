@@ -39,6 +39,20 @@ def test_plan_argv_golden(case):
         assert case["error"] in str(e.value)
 
 
+SHAPE_CASES = json.loads((CONTRACTS / "shape.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", SHAPE_CASES, ids=[c["name"] for c in SHAPE_CASES])
+def test_shape_golden(case):
+    """The run's tasks and processes per task (tsp_shape_plan, torchspark/shape.h)."""
+    if "reply" in case:
+        assert _lib.json_call("tsp_shape_plan", case["request"]) == case["reply"]
+    else:
+        with pytest.raises(RuntimeError) as e:
+            _lib.json_call("tsp_shape_plan", case["request"], error=RuntimeError)
+        assert case["error"] in str(e.value)
+
+
 @pytest.mark.parametrize("case", CONF_CASES, ids=[c["name"] for c in CONF_CASES])
 def test_conf_golden(case):
     """Every spark.torchspark.* setting through the one key table (torchspark/conf.h)."""

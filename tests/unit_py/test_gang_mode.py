@@ -1,7 +1,7 @@
-"""The launch's resolution (torchspark/driver/_gang.py) and the rendezvous' switch for it
+"""The launch's resolution (the settings' read, _conf.read) and the rendezvous' switch for it
 (_rendezvous.enabled): a gang launch turns the driver's rendezvous on under Spark Connect,
 where it is off by default; an explicit spark.torchspark.rendezvous=false still wins."""
-from torchspark.driver import _gang
+from torchspark.driver import _conf, _gang
 from torchspark.native import _rendezvous
 
 
@@ -13,17 +13,22 @@ class _Conf:
         return self.values.get(key, default)
 
 
-class _Session:  # what _gang.mode reads of a session: its conf
+class _Session:  # what _conf.read reads of a session: its conf
     def __init__(self, values):
         self.conf = _Conf(values)
 
 
 def test_auto_is_gang_under_dynamic_allocation_and_the_key_wins():
-    on, off = _Session({"spark.dynamicAllocation.enabled": "true"}), _Session({})
-    assert _gang.mode(on, {"launch": "auto"}) == _gang.GANG
-    assert _gang.mode(off, {"launch": "auto"}) == _gang.BARRIER
-    assert _gang.mode(on, {"launch": "barrier"}) == _gang.BARRIER
-    assert _gang.mode(off, {"launch": "gang"}) == _gang.GANG
+    """The glue hands the settings' read Spark's spark.dynamicAllocation.enabled (conf.c
+    resolves auto: conf.json's cases); the session's, read as the glue reads it."""
+    def launch(conf):
+        return _conf.read(_Session(conf), warn=False)["launch"]
+
+    on = {"spark.dynamicAllocation.enabled": "true"}
+    assert launch(on) == _gang.GANG
+    assert launch({}) == "barrier"
+    assert launch({**on, "spark.torchspark.launch": "barrier"}) == "barrier"
+    assert launch({"spark.torchspark.launch": "gang"}) == _gang.GANG
 
 
 def test_a_gang_launch_turns_the_rendezvous_on_under_connect():

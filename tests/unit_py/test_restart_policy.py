@@ -21,8 +21,25 @@ def _run(once, *, limit=2, spark=None, need_slots=2, remote=True, least_slots=No
     start = {"event": "start", "glue": "python", "nodes": need_slots, "max_restarts": limit,
              "min_nodes": least_slots, "replacement_timeout_ms": 0, "remote": remote,
              "batch": batch, "launch": launch, "dynamic": dynamic}
-    return _restart.run(once, start, spark=spark, logger=logging.getLogger("t"),
+    return _restart.run(lambda submit: once(submit["attempt"], submit["env"], submit["nodes"]),
+                        start, spark=spark, logger=logging.getLogger("t"),
                         record=[] if record is None else record, times={} if times is None else times)
+
+
+def test_the_attempt_gets_the_submit_whose_last_says_a_failure_raises():
+    """run_once gets the controller's submit: its last (not the attempt number against
+    max_restarts: a grow is no restart) chooses the wait for Spark's own error (_job)."""
+    seen = []
+
+    def once(submit):
+        seen.append((submit["attempt"], submit["last"]))
+        raise TorchDistributorError("TorchDistributor (distributed) failed: boom")
+
+    start = {"event": "start", "glue": "python", "nodes": 1, "max_restarts": 1, "min_nodes": None,
+             "replacement_timeout_ms": 0, "remote": True}
+    with pytest.raises(TorchDistributorError):
+        _restart.run(once, start, spark=None, logger=logging.getLogger("t"), record=[], times={})
+    assert seen == [(0, False), (1, True)]
 
 
 def test_each_attempt_gets_the_previous_cause_and_the_end_lists_them_all():
@@ -349,14 +366,14 @@ def test_batch_size_keeps_the_per_rank_or_the_global_batch(monkeypatch, mode, wo
 
 def test_the_start_is_the_distributors_run_with_its_launch_resolved():
     """start_event: what a TorchDistributor's run tells the controller (docs/protocol.md 11):
-    its nodes and settings, the launch with auto resolved by Spark's dynamic allocation."""
+    its nodes and settings, the launch as the settings' read resolved it (auto: conf.c)."""
     from types import SimpleNamespace
 
     class Conf:
         def get(self, key, default):
             return "true" if key == "spark.dynamicAllocation.enabled" else default
 
-    settings = {"job.replacementTimeout": 30000, "elastic.batch": "global", "launch": "auto"}
+    settings = {"job.replacementTimeout": 30000, "elastic.batch": "global", "launch": "gang"}
     dist = SimpleNamespace(spark=SimpleNamespace(conf=Conf()), _settings=settings, num_tasks=3,
                            max_restarts=2, min_nodes=2, is_remote=False)
     assert _restart.start_event(dist) == {

@@ -121,6 +121,8 @@ static const char *const SPARK_KEYS[] = {
 };
 #define NSPARK (sizeof SPARK_KEYS / sizeof SPARK_KEYS[0])
 #define NSPARK_SECURE 5
+/* Spark's, which resolves launch=auto in the reply (docs/protocol.md §9). */
+#define DYNAMIC_KEY "spark.dynamicAllocation.enabled"
 
 typedef struct {
     int set;          /* a value (or the default) was read */
@@ -139,6 +141,7 @@ typedef struct {
     const char *name;
     const char *env_name; /* the value being read is this environment variable's */
     int spark_on[NSPARK]; /* Spark's security settings (SPARK_KEYS) that are "true" */
+    int dynamic;          /* DYNAMIC_KEY is "true" */
 } reader_t;
 
 static int key_index(const char *key)
@@ -447,6 +450,10 @@ static int conf_member(void *ctx, const char *key, const char *value, int type)
             trim_lower(value, buf, sizeof buf) == 0)
             r->spark_on[j] = strcmp(buf, "true") == 0; /* Spark's getBoolean: else off */
     }
+    char on[8] = "";
+    if (strcmp(key, DYNAMIC_KEY) == 0 && type == TSP_JSON_STRING &&
+        trim_lower(value, on, sizeof on) == 0)
+        r->dynamic = strcmp(on, "true") == 0;
     if (i < 0) {
         if (strncmp(key, PREFIX, strlen(PREFIX)) == 0)
             note_unknown(r, key);
@@ -616,6 +623,8 @@ static void write_values(tsp_json_writer_t *w, reader_t *r)
         } else if (KEYS[i].type == T_ENUM) {
             char word[32];
             snprintf(word, sizeof word, "%.*s", (int)strcspn(v->word, "|"), v->word);
+            if (strcmp(KEYS[i].key, PREFIX "launch") == 0 && strcmp(word, "auto") == 0)
+                snprintf(word, sizeof word, "%s", r->dynamic ? "gang" : "barrier");
             tsp_json_str(w, word);
         } else if (KEYS[i].type == T_STRING) {
             tsp_json_str(w, v->str);

@@ -51,6 +51,7 @@ typedef struct {
     int grow;                    /* this attempt: 0, 1 asked to checkpoint and stop, 2 too late */
     char *last;                  /* the last attempt's error text (the final message's end) */
     char *reason;                /* the last failure's reason, or NULL */
+    char *report;                /* the last attempt's report (a JSON object), or NULL */
     char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
     size_t ncauses;
 } ctl_t;
@@ -62,6 +63,7 @@ static void ctl_free(ctl_t *c)
     free(c->causes);
     free(c->last);
     free(c->reason);
+    free(c->report);
 }
 
 static int add_cause(ctl_t *c, const char *text)
@@ -77,6 +79,19 @@ static int add_cause(ctl_t *c, const char *text)
 }
 
 /* ---- reading the request ---- */
+
+/* The attempt's report at path (an object, docs/protocol.md section 8) into c->report, the
+ * previous one's replaced; null or absent: none. */
+static int report_of(const tsp_jreq_t *r, const char *path, ctl_t *c)
+{
+    char *v = NULL;
+    int rc = tsp_jreq_get(r, path, TSP_JSON_OBJECT, "the attempt's report (an object) or null", &v);
+    if (rc < 0)
+        return rc;
+    free(c->report);
+    c->report = v;
+    return 0;
+}
 
 /* An integer at path from lo up: 0 with *v (dflt when absent or null), or -EINVAL naming it. */
 static int get_int(const tsp_jreq_t *r, const char *path, long long lo, long long dflt,
@@ -140,8 +155,9 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
         rc = get_int(r, ikeys[i], 0, -1, &v[i]);
     char *phase = NULL;
     if (!rc && !(rc = tsp_jreq_bool(r, "state.remote", &c->remote)) &&
-        !(rc = get_str(r, "state.phase", &phase)) && !(rc = get_str(r, "state.last", &c->last)))
-        rc = get_str(r, "state.reason", &c->reason);
+        !(rc = get_str(r, "state.phase", &phase)) && !(rc = get_str(r, "state.last", &c->last)) &&
+        !(rc = get_str(r, "state.reason", &c->reason)))
+        rc = report_of(r, "state.report", c);
     c->phase = -1;
     for (int i = 0; !rc && phase && i <= DONE; i++)
         if (strcmp(phase, phases[i]) == 0)
@@ -224,6 +240,11 @@ static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
     key_str(w, "do", "submit");
     key_int(w, "attempt", c->attempt);
     key_int(w, "nodes", c->running);
+    /* A failure of this attempt raises (on_failed's rule): the glue then waits for Spark's
+     * own error. The attempt number runs ahead of the restarts once the run grew back. */
+    int last = c->attempt - c->grows >= c->max_restarts;
+    tsp_json_key(w, "last");
+    (void)tsp_json_value(w, last ? "true" : "false", last ? 4 : 5);
     tsp_json_key(w, "env");
     tsp_json_begin_object(w);
     key_str(w, "TORCHSPARK_ATTEMPT", num);
@@ -275,6 +296,22 @@ static void write_causes(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_end(w);
 }
 
+/* One member of the last attempt's report into the raise's, but its own "attempts". */
+static int report_member(void *ctx, const char *key, size_t index, int type, const char *val,
+                         size_t len)
+{
+    tsp_json_writer_t *w = ctx;
+    (void)index;
+    if (strcmp(key, "attempts") == 0)
+        return 0;
+    tsp_json_key(w, key);
+    if (type == TSP_JSON_STRING)
+        tsp_json_str(w, val);
+    else
+        (void)tsp_json_value(w, val, len);
+    return 0;
+}
+
 /* The final exception: "failed" (no restarts: the attempt's own error as it is),
  * "exhausted" (every restart used) or "no_slots" (the replacement wait ran out). */
 static int act_raise(tsp_json_writer_t *w, ctl_t *c, const char *kind)
@@ -304,6 +341,15 @@ static int act_raise(tsp_json_writer_t *w, ctl_t *c, const char *kind)
     key_str(w, "message", msg);
     tsp_json_key(w, "attempts");
     write_causes(w, c);
+    if (strcmp(kind, "failed") != 0) { /* the last attempt's report with the history */
+        tsp_json_key(w, "report");
+        tsp_json_begin_object(w);
+        if (c->report)
+            (void)tsp_json_each(c->report, strlen(c->report), NULL, report_member, w);
+        tsp_json_key(w, "attempts");
+        write_causes(w, c);
+        tsp_json_end(w);
+    }
     tsp_json_end(w);
     free(msg);
     c->phase = DONE;
@@ -329,6 +375,9 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
     (void)tsp_json_value(w, c->remote ? "true" : "false", 4 + !c->remote);
     key_str(w, "reason", c->reason);
     key_str(w, "last", c->last);
+    tsp_json_key(w, "report");
+    if (!c->report || tsp_json_value(w, c->report, strlen(c->report)) != 0)
+        tsp_json_null(w);
     tsp_json_key(w, "causes");
     write_causes(w, c);
     tsp_json_end(w);
@@ -677,7 +726,7 @@ static int on_failed(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
     c->last = NULL;
     int lost = 0, rc = get_str(r, "event.message", &c->last);
     if (rc || (rc = root_cause(r, c, cause, &lost, &node)) || (rc = add_cause(c, cause)) ||
-        (rc = get_str(r, "event.executor", &executor)))
+        (rc = get_str(r, "event.executor", &executor)) || (rc = report_of(r, "event.report", c)))
         goto out;
     if (c->reason && strcmp(c->reason, "grow") == 0)
         c->grows++; /* not a restart: it does not count against max_restarts */

@@ -19,6 +19,7 @@ from pyspark.sql import SparkSession
 from torchspark.driver import (_channel, _conf, _doctor, _failure, _gang, _job, _local, _progress,
                                _restart, _ship, _timing)
 from torchspark.native import _native, _rendezvous
+from torchspark.native._lib import json_call
 from torchspark.task import _report_rows
 from torchspark.driver._report import TorchDistributorError
 from torchspark.task._spec import NodeSpec, ShipSpec
@@ -142,46 +143,27 @@ class TorchDistributor:
         return {"num_processes": self.num_processes, "local_mode": self.local_mode,
                 "use_gpu": self.use_gpu, "num_tasks": self.num_tasks}
 
+    def _shape(self, driver_gpus: Optional[List[str]] = None) -> Dict[str, Any]:
+        """The run's tasks and each task's GPUs, stock's rules and sentences, and with the
+        driver's GPU addresses those the run on the driver uses, decided in C
+        (tsp_shape_plan, docs/protocol.md 11.1)."""
+        conf, local = self.spark.conf, self.use_gpu and self.local_mode  # the facts it reads
+        return dict(json_call("tsp_shape_plan", {
+            "product": "TorchDistributor", "num_processes": self.num_processes,
+            "use_gpu": self.use_gpu, "local_mode": self.local_mode,
+            "task_gpu_amount": conf.get("spark.task.resource.gpu.amount", None)
+            if self.use_gpu and not self.local_mode else None,
+            "driver_gpu_amount": conf.get("spark.driver.resource.gpu.amount", None) if local else None,
+            "driver_gpu": local and "gpu" in _get_resources(self.spark), "driver_gpus": driver_gpus},
+            error=RuntimeError))
+
     def _get_num_tasks(self) -> int:
-        if self.use_gpu:
-            if not self.local_mode:
-                key = "spark.task.resource.gpu.amount"
-                raw = _get_conf(self.spark, key, "0")
-                try:
-                    amount = float(raw)
-                except ValueError:
-                    raise RuntimeError(f"'{key}' is {raw!r}, not a number: set it to the "
-                                       "whole number of GPUs each training task uses") from None
-                if 0 < amount < 1 or amount != int(amount):
-                    # PySpark crashes here with a bare int() error; say what is wrong.
-                    raise RuntimeError(
-                        f"'{key}' is {raw}, but TorchDistributor needs whole GPUs per task "
-                        "(several tasks sharing one GPU cannot each run a training process "
-                        f"on it): set '{key}' to 1 or another whole number")
-                task_gpu_amount = int(amount)
-                if task_gpu_amount < 1:
-                    raise RuntimeError(f"'{key}' was unset, so gpu usage is unavailable.")
-                if task_gpu_amount > 1 and self.num_processes % task_gpu_amount != 0:
-                    raise RuntimeError(
-                        f"TorchDistributor 'num_processes' value ({self.num_processes}) "
-                        "must be a multiple of 'spark.task.resource.gpu.amount' "
-                        f"({task_gpu_amount}) value.")
-                self._gpus_per_task = task_gpu_amount
-                return self.num_processes // task_gpu_amount
-            key = "spark.driver.resource.gpu.amount"
-            if "gpu" not in _get_resources(self.spark):
-                raise RuntimeError("GPUs were unable to be found on the driver.")
-            num_available_gpus = int(_get_conf(self.spark, key, "0"))
-            if num_available_gpus == 0:
-                raise RuntimeError("GPU resources were not configured properly on the driver.")
-            if self.num_processes > num_available_gpus:
-                self.logger.warning(
-                    "'num_processes' cannot be set to a value greater than the number of "
-                    f"available GPUs on the driver, which is {num_available_gpus}. "
-                    "'num_processes' was reset to be equal to the number of available GPUs.",
-                )
-                self.num_processes = num_available_gpus
-        return self.num_processes
+        """More local processes than the driver's GPUs are cut to them with stock's warning."""
+        shape = self._shape()
+        if shape["warning"]:
+            self.logger.warning(shape["warning"])
+        self.num_processes, self._gpus_per_task = shape["processes"], shape["per_task"]
+        return int(shape["tasks"])
 
     def _validate_input_params(self) -> None:
         if self.num_processes <= 0:
@@ -246,8 +228,10 @@ class TorchDistributor:
 
     # Per attempt of a run with restarts (torchspark/driver/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc. (the driver's line prefix names the attempt; an elastic run's
-    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask).
+    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask); whether a
+    # failure of it raises (the submit's last: it then waits for Spark's own error).
     _attempt_env: Dict[str, str] = {}
+    _last_attempt = True
 
     def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
                                        fn_bytes: Optional[bytes],
@@ -258,10 +242,11 @@ class TorchDistributor:
         full = (self.num_tasks, self.num_processes)
         per_task = self.num_processes // self.num_tasks
 
-        def attempt(n: int, env: Dict[str, str], nodes: int) -> Optional[Any]:
-            self._attempt_env = dict(env)  # the run controller's (_restart.py)
+        def attempt(submit: Dict[str, Any]) -> Optional[Any]:
+            self._attempt_env = dict(submit["env"])  # the run controller's (_restart.py)
+            self._last_attempt = submit["last"]
             # Elastic (min_nodes): this attempt's nodes, each with its processes.
-            self.num_tasks, self.num_processes = nodes, nodes * per_task
+            self.num_tasks, self.num_processes = submit["nodes"], submit["nodes"] * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
 
         self.attempts = []
@@ -269,7 +254,7 @@ class TorchDistributor:
             return _restart.run(attempt, _restart.start_event(self), spark=self.spark,
                                 logger=self.logger, record=self.attempts, times=self._failure_times)
         finally:
-            self._attempt_env = {}
+            self._attempt_env, self._last_attempt = {}, True
             self.num_tasks, self.num_processes = full
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
@@ -309,7 +294,7 @@ class TorchDistributor:
         bind_host, advertised = self._log_server_host(driver_host)
         use_rdv = not _RENDEZVOUS_UNREACHABLE and _rendezvous.enabled(
             self._settings, self.is_remote,
-            gang=_gang.mode(self.spark, self._settings) == _gang.GANG)
+            gang=self._settings["launch"] == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
             attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
             ch.open(self, bind_host, fmt=attempt and f"[attempt {attempt}] [rank {{rank}}] ",
@@ -352,7 +337,7 @@ class TorchDistributor:
         "Recovery on local-cluster")."""
         self._clock.mark("job_submitted")
         attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
-        last = attempt == self._attempt_env.get(_restart.MAX_RESTARTS_ENV)
+        last = self._last_attempt  # the run controller's (docs/protocol.md 11, submit)
         self._failure_times["server"] = server  # the grow watch's checkpoint_and_stop
         out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                    remote=self.is_remote, input_df=input_df,
@@ -372,14 +357,7 @@ class TorchDistributor:
         error, not a CPU run."""
         if not (self.is_spark_local_master and self.use_gpu):
             return []
-        gpus = list(_get_resources(self.spark)["gpu"].addresses)
-        need = self.num_tasks * self._gpus_per_task
-        if len(gpus) < need:
-            raise RuntimeError(
-                f"torchspark: {self.num_tasks} tasks \u00d7 {self._gpus_per_task} GPU(s) "
-                f"need {need} driver GPUs, but the driver has {len(gpus)}: {gpus}; lower "
-                "num_processes or raise spark.driver.resource.gpu.amount")
-        return gpus
+        return list(self._shape(list(_get_resources(self.spark)["gpu"].addresses))["gpus"])
 
     def _node_spec(self, train_object: Union[Callable, str], fn_bytes: Optional[bytes],
                    script_args: List[str], ship: Optional[ShipSpec], driver_gpus: List[str],

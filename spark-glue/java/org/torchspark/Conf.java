@@ -17,6 +17,7 @@ import scala.Tuple2;
  */
 final class Conf {
     static final String PREFIX = "spark.torchspark.";
+    static final String DYNAMIC = "spark.dynamicAllocation.enabled";
     private static final Logger LOG = LoggerFactory.getLogger(TorchSparkRunner.class);
 
     private final JsonNode values;
@@ -45,6 +46,7 @@ final class Conf {
             for (String key : SPARK_SECURITY_KEYS) { // Spark's, read by the reply's "encryption"
                 raw.put(key, conf.get(key, null));
             }
+            raw.put(DYNAMIC, conf.get(DYNAMIC, null)); // Spark's: launch=auto resolved by it
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {

@@ -6,12 +6,12 @@ import org.apache.spark.SparkContext;
 
 /**
  * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
- * its lines' prefix and whether no restart follows its failure; the attempt's variables from
- * the run controller come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * its lines' prefix; the attempt's variables from the run controller, and whether no restart
+ * follows its failure, come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, boolean lastAttempt) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
@@ -40,7 +40,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, bo
      *  node with its processes). */
     private TorchSparkRunner.Result runJob(boolean useRendezvous, RestartPolicy.Entry entry) {
         int ntasks = entry.nodes;
-        int world = ntasks * (r.numProcesses / r.tasks(sc));
+        int world = ntasks * r.shape(sc, null).path("per_task").asInt();
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
@@ -62,7 +62,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, bo
                             + "spark.torchspark.gang.timeout)" : "barrier tasks");
             BarrierJob job = BarrierJob.submit(sc, spec, ntasks, entry);
             try {
-                job.await(sc, ch.server, lastAttempt, gang);
+                job.await(sc, ch.server, entry.last, gang);
             } catch (InterruptedException e) {
                 ch.endDoctor("distributed", null);
                 ch.server.stopAll("the driver was interrupted");
@@ -94,11 +94,11 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix, bo
         }
     }
 
-    /** In a gang launch (Gang.mode: dynamic allocation, or spark.torchspark.launch=gang), the
+    /** In a gang launch (launch auto under dynamic allocation, or spark.torchspark.launch=gang), the
      *  rendezvous with the attempt's gang armed, after asking Spark for the executors; null
      *  for a barrier stage. */
     private Rendezvous armGang(RunChannel ch, NodeTask.Spec spec, int ntasks) {
-        if (!Gang.mode(sc.conf(), r.runSettings).equals(Gang.GANG)) {
+        if (!r.runSettings.string("launch").equals(Gang.GANG)) { // auto resolved by Conf.read
             return null;
         }
         if (spec.rendezvous == null) {

@@ -16,7 +16,6 @@ import org.apache.spark.status.api.v1.ExecutorSummary;
  * Spark killed it. The PySpark twin is torchspark/driver/_gang.py.
  */
 final class Gang {
-    static final String BARRIER = "barrier";
     static final String GANG = "gang";
     /** tsp_gang_state's results (torchspark/gang.h). */
     static final int WAIT = 0;
@@ -26,13 +25,6 @@ final class Gang {
     static final int JOIN_GRACE_MS = 30000;
 
     private Gang() {}
-
-    /** The launch of this run's attempts: spark.torchspark.launch (the run's settings), auto
-     *  resolved by spark.dynamicAllocation.enabled. */
-    static String mode(SparkConf conf, Conf settings) {
-        String launch = settings.string("launch");
-        return !launch.equals("auto") ? launch : conf.getBoolean("spark.dynamicAllocation.enabled", false) ? GANG : BARRIER;
-    }
 
     /** The sentence of a failed gang (its deadline), with what Spark shows of its executors. */
     static String failure(SparkContext sc, Rendezvous rdv) {

@@ -6,7 +6,6 @@ import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import org.apache.spark.SparkContext;
@@ -18,8 +17,9 @@ final class LocalRun {
     private LocalRun() {}
 
     static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc) {
-        int nproc = r.nprocPerNode > 0 ? r.nprocPerNode : r.numProcesses;
-        String[] gpus = r.useGpu ? driverGpus(sc, nproc) : null;
+        JsonNode shape = r.shape(sc, r.useGpu ? driverGpus(sc) : null); // too few GPUs: thrown
+        int nproc = shape.path("processes").asInt(); // nprocPerNode, else all
+        String[] gpus = r.useGpu ? Failure.JSON.convertValue(shape.get("gpus"), String[].class) : null;
         Path workdir;
         try {
             workdir = Files.createTempDirectory("torchspark-");
@@ -61,23 +61,18 @@ final class LocalRun {
     }
 
     /**
-     * Local mode with useGpu: the first n of the driver's GPUs (Spark's addresses, in order:
-     * deterministic, as the PySpark glue); the agent assigns them against the driver's own
-     * CUDA_VISIBLE_DEVICES. Too few is an error, never a CPU run.
+     * Local mode with useGpu: the driver's GPUs (Spark's addresses, in order), of which the run
+     * takes the first of its processes (tsp_shape_plan: deterministic, as the PySpark glue); the
+     * agent assigns them against the driver's own CUDA_VISIBLE_DEVICES. Too few is an error,
+     * never a CPU run.
      */
-    static String[] driverGpus(SparkContext sc, int n) {
+    static String[] driverGpus(SparkContext sc) {
         if (sc == null) {
             throw new IllegalArgumentException("torchspark: local mode with useGpu runs on the driver's GPUs, "
                     + "which come from its SparkContext: pass it to run(), with "
                     + "spark.driver.resource.gpu.amount and spark.driver.resource.gpu.discoveryScript set");
         }
         scala.Option<ResourceInformation> gpu = sc.resources().get("gpu");
-        String[] addresses = gpu.isDefined() ? gpu.get().addresses() : new String[0];
-        if (addresses.length < n) {
-            throw new IllegalArgumentException("torchspark: local mode with useGpu runs " + n
-                    + " process(es), one per GPU, but the driver has " + addresses.length + " GPU(s): "
-                    + Arrays.toString(addresses) + "; lower numProcesses or raise spark.driver.resource.gpu.amount");
-        }
-        return Arrays.copyOf(addresses, n);
+        return gpu.isDefined() ? gpu.get().addresses() : new String[0];
     }
 }

@@ -33,6 +33,10 @@ final class RestartPolicy {
     static final class Entry {
         final int attempt;
         final int nodes;
+        /** A failure of this attempt is thrown (no restart follows): it waits for Spark's own
+         *  error (BarrierJob.SPARK_GRACE_S). The controller's, not the attempt number's: a grow
+         *  is no restart. */
+        final boolean last;
         /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
         final Map<String, String> env;
         final long started = System.currentTimeMillis();
@@ -55,6 +59,7 @@ final class RestartPolicy {
         Entry(JsonNode submit) {
             attempt = submit.path("attempt").asInt();
             nodes = submit.path("nodes").asInt();
+            last = submit.path("last").asBoolean();
             env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
         }
@@ -165,7 +170,7 @@ final class RestartPolicy {
         List<String> causes = new ArrayList<>();
         act.path("attempts").forEach(c -> causes.add(c.asText()));
         return new TorchSparkException(act.path("message").asText(), e.rank(), e.nodeRank(), e.host(),
-                e.exitCode(), e.signal(), e.lastLines(), e.reportJson(), e, causes);
+                e.exitCode(), e.signal(), e.lastLines(), act.path("report").toString(), e, causes);
     }
 
     /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
@@ -203,7 +208,7 @@ final class RestartPolicy {
     static <T> T run(Function<Entry, T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
             List<Entry> record) {
         ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
-        start.put("launch", Gang.mode(sc.conf(), conf)).put("dynamic", sc.conf().getBoolean("spark.dynamicAllocation.enabled", false));
+        start.put("launch", conf.string("launch")).put("dynamic", sc.conf().getBoolean(Conf.DYNAMIC, false));
         // The slots: how many barrier tasks the cluster can run at once now (active executors').
         return run(body, start, () -> sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()),
                 id -> excludeExecutor(sc, id), record);

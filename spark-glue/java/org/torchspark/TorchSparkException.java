@@ -65,7 +65,9 @@ public class TorchSparkException extends RuntimeException {
 
     /** The whole failure report as JSON, or null: the layout of the PySpark glue's
      *  TorchDistributorError.report, written once by the C core (docs/protocol.md section 8,
-     *  "The user's report"), with its "kind" (failure, lost; hang for the hang doctor's). */
+     *  "The user's report"), with its "kind" (failure, lost; hang for the hang doctor's); with
+     *  restarts used up the last attempt's, with {@link #attempts()} as its "attempts" (the run
+     *  controller's, docs/protocol.md section 11). */
     public String reportJson() {
         return reportJson;
     }

@@ -363,18 +363,19 @@ public final class TorchSparkRunner {
                 "nccl_check", useGpu ? runSettings.ncclCheckS(nnodes) : 0, "env", vars, "program", program);
     }
 
+    /** The run's shape (tsp_shape_plan, docs/protocol.md 11.1): its tasks, processes and
+     *  processes per task, from nprocPerNode, or with useGpu the task's GPUs (sc: null in local
+     *  mode without one), and of the driver's GPU addresses (or null) those local mode takes; a
+     *  bad setting, processes that do not divide or too few GPUs is thrown. */
+    JsonNode shape(SparkContext sc, String[] driverGpus) {
+        String amount = sc == null ? null : sc.conf().get("spark.task.resource.gpu.amount", null);
+        return Native.call("tsp_shape_plan", Native.object("product", "TorchSparkRunner", "num_processes", numProcesses,
+                "nproc_per_node", nprocPerNode, "use_gpu", useGpu, "local_mode", localMode, "task_gpu_amount", amount,
+                "driver_gpus", driverGpus));
+    }
+
     int tasks(SparkContext sc) {
-        int per = nprocPerNode;
-        if (useGpu && per == 0) {
-            String amount = sc.conf().get("spark.task.resource.gpu.amount", "1");
-            per = (int) Math.max(1, Math.round(Double.parseDouble(amount)));
-        }
-        per = Math.max(1, per);
-        if (numProcesses % per != 0) {
-            throw new IllegalArgumentException("numProcesses (" + numProcesses + ") must be a multiple "
-                    + "of the processes per task (" + per + ")");
-        }
-        return numProcesses / per;
+        return shape(sc, null).path("tasks").asInt();
     }
 
     /** The test-only local property that advertises this host:port to the tasks instead of
@@ -393,12 +394,12 @@ public final class TorchSparkRunner {
         List<RestartPolicy.Entry> record = new CopyOnWriteArrayList<>();
         attempts = record;
         if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
-            return new DistributedRun(this, sc, null, true)
-                    .attempt(new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "env", Map.of())));
+            return new DistributedRun(this, sc, null).attempt(
+                    new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "last", true, "env", Map.of())));
         }
         return RestartPolicy.run(entry -> {
             String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
-            return new DistributedRun(this, sc, prefix, entry.attempt == limit).attempt(entry);
+            return new DistributedRun(this, sc, prefix).attempt(entry);
         }, limit, sc, c, ntasks, least, record);
     }
 

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 from torchspark.native._lib import json_call
 
 PREFIX = "spark.torchspark."
+DYNAMIC = "spark.dynamicAllocation.enabled"
 _keys: Optional[List[str]] = None
 
 
@@ -31,7 +32,7 @@ def _raw(spark: Any, listed: bool) -> Dict[str, str]:
     (14 py4j calls: 1.7 ms on a classic session), and with listed, every key under the prefix
     where Spark lists them (RuntimeConfig.getAll, pyspark 4.0+: 30-55 ms on a classic
     session, so only where unknown keys are looked for: once per constructor)."""
-    out = _strings(spark, _known_keys())
+    out = _strings(spark, _known_keys() + [DYNAMIC])  # Spark's: launch=auto resolved by it
     if listed:
         try:
             every = spark.conf.getAll

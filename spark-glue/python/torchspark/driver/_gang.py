@@ -2,7 +2,8 @@
 with dynamic allocation, which refuses every barrier stage (SPARK-24942).
 
 ``spark.torchspark.launch`` = ``barrier`` | ``gang`` | ``auto`` (default: gang when
-``spark.dynamicAllocation.enabled`` is true, else barrier). In gang mode the driver arms the
+``spark.dynamicAllocation.enabled`` is true, else barrier: resolved by the settings' read,
+conf.c). In gang mode the driver arms the
 rendezvous' gang (N nodes, ``spark.torchspark.gang.timeout``), asks Spark for the executors
 the job needs, and submits ``mapPartitions`` without ``.barrier()``; each task JOINs the gang
 (docs/protocol.md 2.2) and waits for GO before it elects or starts anything, node rank =
@@ -23,7 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 from torchspark.native._lib import checked, load_library
 from torchspark.task._spec import GangSpec, NodeSpec
 
-BARRIER, GANG = "barrier", "gang"
+GANG = "gang"  # spark.torchspark.launch (auto resolved by _conf.read)
 # tsp_gang_state's results (torchspark/gang.h).
 WAIT, GO, FAILED = 0, 1, 3
 # A task's own wait beyond the driver's deadline, for the driver's answer to come.
@@ -36,15 +37,6 @@ REQUEST_EXECUTORS = True
 def dynamic(spark: Any) -> bool:
     """Whether the session's spark.dynamicAllocation.enabled is true."""
     return str(spark.conf.get("spark.dynamicAllocation.enabled", "false")).strip().lower() == "true"
-
-
-def mode(spark: Any, settings: Dict[str, Any]) -> str:
-    """The launch of this run's attempts (run(), train_on_dataframe, classic or Spark
-    Connect): the setting, with auto resolved by Spark's spark.dynamicAllocation.enabled."""
-    launch = settings["launch"]
-    if launch == "auto":
-        return GANG if dynamic(spark) else BARRIER
-    return str(launch)
 
 
 class Gang:
@@ -246,7 +238,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) 
     """The attempt's gang (spec gets its "gang" key), or None for a barrier launch;
     settings: the run's spark.torchspark.* values (_conf.read). A Spark Connect client
     cannot ask for executors: there Spark's backlog ramp brings them."""
-    if mode(distributor.spark, settings) != GANG:
+    if settings["launch"] != GANG:  # auto resolved by the settings' read (_conf.read)
         return None
     if rdv is None:
         raise RuntimeError(

@@ -25,8 +25,7 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
     if dist.use_gpu and not dist.is_remote:
         # The first num_processes of the driver's GPUs: deterministic, and no global RNG
         # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
-        owned = list(_get_resources(dist.spark)["gpu"].addresses)
-        gpus = owned[: dist.num_processes]
+        gpus = dist._shape(list(_get_resources(dist.spark)["gpu"].addresses))["gpus"]
     with ExitStack() as stack:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)

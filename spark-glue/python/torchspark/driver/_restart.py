@@ -20,7 +20,6 @@ from torchspark.driver._report import TorchDistributorError, spark_text
 
 ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 _WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
-MAX_RESTARTS_ENV = "TORCHSPARK_MAX_RESTARTS"
 
 
 def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -31,13 +30,13 @@ def step(state: Optional[Dict[str, Any]], event: Optional[Dict[str, Any]]) -> Di
 
 def start_event(dist: Any) -> Dict[str, Any]:
     """The controller's start of a TorchDistributor's run: its nodes and settings, the
-    attempts' launch (_gang.mode) and spark.dynamicAllocation.enabled."""
+    attempts' launch (auto resolved by _conf.read) and spark.dynamicAllocation.enabled."""
     settings = dist._settings
     return {"event": "start", "glue": "python", "nodes": dist.num_tasks,
             "max_restarts": dist.max_restarts, "min_nodes": dist.min_nodes,
             "replacement_timeout_ms": int(settings["job.replacementTimeout"]),
             "remote": dist.is_remote, "batch": settings["elastic.batch"],
-            "launch": _gang.mode(dist.spark, settings), "dynamic": _gang.dynamic(dist.spark)}
+            "launch": settings["launch"], "dynamic": _gang.dynamic(dist.spark)}
 
 
 def min_nodes(value: Optional[int], num_tasks: int) -> int:
@@ -192,13 +191,13 @@ def _failed(e: TorchDistributorError, entry: Dict[str, Any],
     return failed_event(e, entry)
 
 
-def run(run_once: Callable[[int, Dict[str, str], int], Any], start: Dict[str, Any], *,
+def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
         spark: Any, logger: Any, record: List[Dict[str, Any]], times: Dict[str, Any]) -> Any:
-    """Calls run_once(attempt, env, nodes) as the controller, started by start (start_event),
-    says until it returns or the controller raises. record gets one dict per attempt
-    (distributor.attempts); times is where run_once leaves when the failure was noticed
-    (root_at, ended_at: _job.Outcome) and which node went silent; the submit is left there
-    (_gang.hold)."""
+    """Calls run_once(submit) (the controller's submit action: attempt, nodes, last, env)
+    as the controller, started by start (start_event), says until it returns or the
+    controller raises. record gets one dict per attempt (distributor.attempts); times is
+    where run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)
+    and which node went silent; the submit is left there (_gang.hold)."""
     reply = step(None, start)
     entry: Dict[str, Any] = {}
     error: Optional[TorchDistributorError] = None
@@ -214,8 +213,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], start: Dict[str, An
             elif act["do"] == "raise" and error is not None:
                 if act["kind"] == "failed":
                     raise error
-                raise TorchDistributorError(act["message"], {**(error.report or {}),
-                                                             "attempts": act["attempts"]}) from error
+                raise TorchDistributorError(act["message"], act["report"]) from error
             elif act["do"] == "submit":
                 entry = {"attempt": act["attempt"], "nodes": act["nodes"], "started": time.time(),
                          "ended": None, "cause": None}
@@ -224,7 +222,7 @@ def run(run_once: Callable[[int, Dict[str, str], int], Any], start: Dict[str, An
                 times["submit"] = act
                 watch = _Watch(spark, state, act, logger, times) if act.get("watch_ms") else None
                 try:
-                    result = run_once(act["attempt"], act["env"], act["nodes"])
+                    result = run_once(act)
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e

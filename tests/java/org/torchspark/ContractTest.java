@@ -51,6 +51,25 @@ public class ContractTest {
         assertTrue("no golden case was read", n >= 10);
     }
 
+    /** The run's shape (torchspark/shape.h): the same cases as pytest's test_shape_golden;
+     *  a refusal is the IllegalArgumentException the runner throws. */
+    @Test
+    public void shapeGoldenCases() throws IOException {
+        int n = 0;
+        for (JsonNode c : cases("shape.json")) {
+            String name = c.get("name").asText();
+            try {
+                JsonNode got = Native.call("tsp_shape_plan", c.get("request"));
+                assertTrue(name + ": a refused request was accepted", c.has("reply"));
+                assertEquals(name, c.get("reply"), got);
+            } catch (IllegalArgumentException e) {
+                assertTrue(name + ": " + e.getMessage(), c.has("error") && e.getMessage().contains(c.get("error").asText()));
+            }
+            n++;
+        }
+        assertTrue("fewer than 30 golden cases", n >= 30);
+    }
+
     /** Every spark.torchspark.* setting through the one key table (torchspark/conf.h): the
      *  same cases as pytest's test_conf_golden, through JNI. */
     @Test

@@ -100,6 +100,11 @@ public class RunnerTest {
                     + "attempt(s) (maxRestarts=1): TorchSparkRunner (distributed) failed: rank 1 exited"));
             assertEquals(1, e.nodeRank().intValue()); // the last attempt's fields
             assertEquals(cause, rec.get(0).snapshot().cause());
+            // The report: the last attempt's with the history, one document for both glues (runctl.c).
+            assertEquals(List.of(cause, "rank 1 exited with code 5"),
+                    Failure.JSON.convertValue(Failure.parseObject(e.reportJson()).get("attempts"), List.class));
+            // The controller's submit says which attempt's failure is thrown (a grow is no restart).
+            assertEquals(List.of(false, true), rec.stream().map(x -> x.last).toList());
         }
     }
 
