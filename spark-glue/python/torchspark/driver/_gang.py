@@ -55,24 +55,20 @@ class Gang:
         rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
-        self.formed = False
         self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
     def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
-        """One look at the gang until it formed (its deadline is checked by the call): None
-        while it waits or once it formed, its hold then submitted (the attempt's tasks placed
-        first; the hold ends with the job: done); the failed gang's document once it failed."""
-        if self.formed:
-            return None
+        """One look at the gang (its deadline is checked by the call): None while it waits
+        or once it formed, its hold then submitted (the attempt's tasks placed first; the
+        hold ends with the job: done); the failed gang's document once it failed."""
         state = self._lib.tsp_rdv_gang_state(self._rdv._h, None)
-        self.formed = state == GO
-        if self.formed and self.hold is not None:
+        if state == GO and self.hold is not None:
             self.hold.begin(done)
         return self.failure(spark) if state == FAILED else None
 
     def end(self) -> None:
         """The attempt's job ended: a hold never submitted (the gang did not form) is dropped."""
-        if self.hold is not None and not self.formed:
+        if self.hold is not None and not self.hold.go.is_set():
             self.hold.drop()
 
     def failure(self, spark: Any) -> Dict[str, Any]:
@@ -156,12 +152,11 @@ class Hold:
     (running(): _restart._Watch), as Spark Connect's by its probe. Its DataFrame is built at
     once (a session's first SQL plan takes seconds under load); its job is submitted once
     the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
-    sleep interrupted, when the attempt's job ended (done). remote: a Spark Connect session,
-    whose probe found the slots (_connect.Probe) and holds them so (tagged, interrupted by
-    its tag; it has no status tracker, so running() says nothing there)."""
+    sleep interrupted, when the attempt's job ended (done). Spark Connect's (its probe found
+    the slots and holds them so) is _connect.Hold."""
 
-    def __init__(self, spark: Any, k: int, ms: int, remote: bool = False) -> None:
-        self.spark, self.k, self.ms, self.remote = spark, k, ms, remote
+    def __init__(self, spark: Any, k: int, ms: int) -> None:
+        self.spark, self.k, self.ms = spark, k, ms
         self.go, self.done = threading.Event(), threading.Event()
         self.group = f"torchspark-hold-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.thread = threading.Thread(target=self._run, daemon=True, name="torchspark-hold")
@@ -176,18 +171,18 @@ class Hold:
                 return
             threading.Thread(target=self.release, daemon=True,
                              name="torchspark-hold-release").start()
-            if self.remote:  # this thread's operations (Connect interrupts the task's thread)
-                self.spark.addTag(self.group)
-                try:
-                    df.collect()
-                finally:
-                    self.spark.removeTag(self.group)
-                return
-            self.spark.sparkContext.setJobGroup(
-                self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
-            df.collect()
+            self._collect(df)
         except Exception:  # cancelled: the attempt ended
             pass
+
+    def _collect(self, df: Any) -> None:
+        """Runs the hold's job in its job group (release() cancels the group)."""
+        self.spark.sparkContext.setJobGroup(
+            self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
+        df.collect()
+
+    def _cancel(self) -> None:
+        self.spark.sparkContext.cancelJobGroup(self.group)
 
     def begin(self, done: threading.Event) -> None:
         """The gang formed: submit the job, to be cancelled once done (the attempt's job
@@ -221,10 +216,7 @@ class Hold:
         deadline = time.monotonic() + wait_s
         while self.thread.is_alive() and time.monotonic() < deadline:
             try:
-                if self.remote:
-                    self.spark.interruptTag(self.group)
-                else:
-                    self.spark.sparkContext.cancelJobGroup(self.group)
+                self._cancel()
             except Exception:  # the session is gone: nothing left to hold
                 return
             self.thread.join(0.2)
