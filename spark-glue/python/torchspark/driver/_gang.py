@@ -26,8 +26,6 @@ from torchspark.task._spec import GangSpec, NodeSpec
 BARRIER, GANG = "barrier", "gang"
 # tsp_gang_state's results (torchspark/gang.h).
 WAIT, GO, FAILED = 0, 1, 3
-# A task's own wait beyond the driver's deadline, for the driver's answer to come.
-JOIN_GRACE_MS = 30000
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
@@ -267,11 +265,11 @@ def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
     rdv, gang = spec["rendezvous"], spec.get("gang")
     assert rdv is not None and gang is not None
     nnodes = ctypes.c_int(0)
-    host = socket.gethostname()[:255] or "unknown"
     secret = spec["log_secret_hex"]
     assert secret is not None  # the rendezvous' TLS is keyed by it (docs/protocol.md 2.1)
+    # The JOIN's host (made of this one) and the wait beyond the gang's timeout are the C's.
     checked("tsp_gang_call", rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
-            try_no, host.encode(), int(gang["timeout_ms"]) + JOIN_GRACE_MS, ctypes.byref(nnodes),
+            try_no, socket.gethostname().encode(), int(gang["timeout_ms"]), ctypes.byref(nnodes),
             error=RuntimeError)
     return nnodes.value
 
