@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Dict, Optional, Tuple
 
 from torchspark.native._lib import checked, load_library
-from torchspark.task._spec import GangSpec, NodeSpec
+from torchspark.task._spec import NodeSpec
 
 BARRIER, GANG = "barrier", "gang"
 # tsp_gang_state's results (torchspark/gang.h).
@@ -246,8 +246,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) 
             "spark.dynamicAllocation.enabled off")
     timeout_ms = int(settings["gang.timeout"])
     gang = Gang(rdv, distributor.num_tasks, timeout_ms)
-    gang_spec: GangSpec = {"timeout_ms": timeout_ms}
-    spec["gang"] = gang_spec
+    spec["gang"] = {"timeout_ms": timeout_ms}
     ask(distributor)
     gang.hold = hold(distributor)
     distributor.logger.info(
