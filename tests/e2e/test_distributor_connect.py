@@ -213,9 +213,9 @@ def test_a_held_slot_on_connect_runs_until_released_then_frees_it(spark):
     classic sessions (its job was never submitted: the thread ended at once)."""
     import threading
 
-    from torchspark.driver import _gang
+    from torchspark.driver import _connect
 
-    held, done = _gang.Hold(spark, 1, 86_400_000, remote=True), threading.Event()
+    held, done = _connect.Hold(spark, 1, 86_400_000), threading.Event()
     held.begin(done)
     time.sleep(3)
     assert held.thread.is_alive()  # its one task sleeps in the JVM

@@ -232,12 +232,60 @@ START_TEST(test_gang_join_only_inside_the_rendezvous_tls)
 }
 END_TEST
 
+static void *join_odd_host(void *arg)
+{
+    joiner_t *j =
+        arg; /* a host the driver would refuse as it is: the library makes it admissible */
+    j->rc = tsp_gang_call("127.0.0.1", j->port, SECRET, j->node, 0, "my_box 1", 20000, &j->nnodes,
+                          j->err, sizeof j->err);
+    return NULL;
+}
+
+START_TEST(test_gang_join_makes_the_task_host_admissible)
+{
+    char err[512] = "", longhost[400];
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(tsp_rdv_gang(r, 3, 20000), 0);
+    joiner_t a, b;
+    joiner(&a, r, 0, 0);
+    joiner(&b, r, 1, 0);
+    pthread_t ta, tb;
+    pthread_create(&ta, NULL, join_odd_host, &a);
+    memset(longhost, 'h', sizeof longhost - 1);
+    longhost[sizeof longhost - 1] = '\0';
+    b.rc = -1;
+    pthread_create(&tb, NULL, join_thread, &b); /* "localhost" */
+    int nn = 0, joined = 0;
+    for (int i = 0; i < 500 && joined < 2; i++) {
+        tsp_rdv_gang_state(r, &joined);
+        usleep(10000);
+    }
+    /* No host, and one over 255 bytes: "unknown" and the first 255. */
+    int rc = tsp_gang_call("127.0.0.1", tsp_rdv_port(r), SECRET, 2, 0, NULL, 20000, &nn, err,
+                           sizeof err);
+    ck_assert_msg(rc == 0 && nn == 3, "%d %s", rc, err);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    ck_assert_msg(a.rc == 0 && a.nnodes == 3, "%d %s", a.rc, a.err);
+    ck_assert_msg(b.rc == 0 && b.nnodes == 3, "%d %s", b.rc, b.err);
+    tsp_rdv_free(r);
+    r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
+    ck_assert_int_eq(tsp_rdv_gang(r, 1, 20000), 0);
+    rc = tsp_gang_call("127.0.0.1", tsp_rdv_port(r), SECRET, 0, 0, longhost, 20000, &nn, err,
+                       sizeof err);
+    ck_assert_msg(rc == 0 && nn == 1, "%d %s", rc, err);
+    tsp_rdv_free(r);
+}
+END_TEST
+
 static Suite *gang_suite(void)
 {
     Suite *s = suite_create("gang");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_gang_forms_when_every_node_joined);
     tcase_add_test(tc, test_gang_keeps_copies_and_retries_out);
+    tcase_add_test(tc, test_gang_join_makes_the_task_host_admissible);
     tcase_add_test(tc, test_gang_deadline_names_what_started);
     tcase_add_test(tc, test_gang_join_over_the_rendezvous);
     tcase_add_test(tc, test_gang_deadline_answers_the_waiting_task);

@@ -53,7 +53,7 @@ def test_an_attempt_holds_the_slots_the_controller_says_from_its_gangs_go():
     Attempt._failure_times = {"submit": {"do": "submit", "hold": {"slots": 2, "from": "go",
                                                                    "ms": 5}}}
     held = _gang.hold(Attempt)
-    assert held is not None and (held.k, held.ms, held.remote) == (2, 5, False)
+    assert held is not None and (held.k, held.ms, type(held)) == (2, 5, _gang.Hold)
     assert Attempt._failure_times["hold"] is held  # the grow watch counts by it
     held.drop()
     held.thread.join(5)

@@ -88,9 +88,14 @@ TSP_EXTERN int tsp_gang_replay(const char *request, size_t len, char *out, size_
 
 /* ---- a task's end (native/src/agent/gangclient.c) ------------------------------------ */
 
+/* A task's own wait beyond the gang's timeout, for the driver's answer to come. */
+#define TSP_GANG_JOIN_GRACE_MS 30000
+
 /* Joins the gang at the driver's rendezvous host:port as node node_rank, Spark's attempt
- * try_no of its task, on task_host, inside the rendezvous' TLS keyed by the run's secret
- * (secret_hex, 64 hex digits: 2.1), and waits up to timeout_ms for the reply. 0 with *nnodes
+ * try_no of its task, on task_host (as the glue got it, NULL or "" for none: the JOIN's HOST
+ * is made of it, docs/protocol.md 2.2), inside the rendezvous' TLS keyed by the run's secret
+ * (secret_hex, 64 hex digits: 2.1), and waits up to timeout_ms (the gang's timeout, > 0) plus
+ * TSP_GANG_JOIN_GRACE_MS for the reply. 0 with *nnodes
  * (GO); TSP_RDV_REFUSED (2) with the sentence "torchspark: the driver refused node K's task
  * in the gang: REASON" in err (or the driver's TLS refusal: another secret); another -errno
  * with the sentence "torchspark: this task on host H cannot reach the driver's rendezvous at
@@ -102,8 +107,8 @@ TSP_EXTERN int tsp_gang_call(const char *host, int port, const char *secret_hex,
 /* tsp_gang_call in slices, for a task that checks between them whether it was killed (the
  * JVM's): the JOIN sent (connected, TLS complete; *out to free with tsp_rdv_call_free, the
  * codes and sentences of tsp_gang_call), then waits of up to timeout_ms each (< 0: until the
- * call's own deadline, start's timeout_ms): TSP_RDV_PENDING (nothing yet, wait again), or
- * tsp_gang_call's result for node node_rank. */
+ * call's own deadline, start's timeout_ms and the grace): TSP_RDV_PENDING (nothing yet, wait
+ * again), or tsp_gang_call's result for node node_rank. */
 TSP_EXTERN int tsp_gang_call_start(const char *host, int port, const char *secret_hex,
                                    int node_rank, int try_no, const char *task_host, int timeout_ms,
                                    tsp_rdv_call_t **out, char *err, size_t errlen);

@@ -9,24 +9,40 @@
 #include "util.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+
+/* The task's host as the driver admits it (gang.c: 1..255 bytes of [A-Za-z0-9._:-]): "unknown"
+ * when NULL or empty, cut to TSP_GANG_HOST_MAX bytes, every other byte '-'. */
+static void join_host(const char *task_host, char out[TSP_GANG_HOST_MAX + 1])
+{
+    snprintf(out, TSP_GANG_HOST_MAX + 1, "%s", task_host && *task_host ? task_host : "unknown");
+    for (char *p = out; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              strchr("._:-", c)))
+            *p = '-';
+    }
+}
 
 int tsp_gang_call_start(const char *host, int port, const char *secret_hex, int node_rank,
                         int try_no, const char *task_host, int timeout_ms, tsp_rdv_call_t **out,
                         char *err, size_t errlen)
 {
-    char buf[TSP_RDV_LINE_MAX + 2];
-    if (!out || !host || !*host || port < 1 || port > 65535 || !secret_hex || !task_host ||
-        !*task_host || strlen(task_host) > TSP_GANG_HOST_MAX || strpbrk(task_host, " \n") ||
-        node_rank < 0 || try_no < 0 || timeout_ms <= 0)
+    char buf[TSP_RDV_LINE_MAX + 2], name[TSP_GANG_HOST_MAX + 1];
+    if (!out || !host || !*host || port < 1 || port > 65535 || !secret_hex || node_rank < 0 ||
+        try_no < 0 || timeout_ms <= 0)
         return tsp__err(err, errlen, -EINVAL,
                         "torchspark: a gang JOIN needs the rendezvous' host, port 1..65535 and "
-                        "the run's secret, a node rank and try >= 0, a host name of 1..%d bytes "
-                        "without spaces and a positive timeout",
-                        TSP_GANG_HOST_MAX);
-    snprintf(buf, sizeof buf, "JOIN %d %d %s", node_rank, try_no, task_host);
-    return tsp_rdv_call_line(host, port, secret_hex, buf, timeout_ms, out, err, errlen);
+                        "the run's secret, a node rank and try >= 0 and the gang's positive "
+                        "timeout");
+    join_host(task_host, name);
+    snprintf(buf, sizeof buf, "JOIN %d %d %s", node_rank, try_no, name);
+    int wait_ms = timeout_ms > INT_MAX - TSP_GANG_JOIN_GRACE_MS
+                      ? INT_MAX
+                      : timeout_ms + TSP_GANG_JOIN_GRACE_MS;
+    return tsp_rdv_call_line(host, port, secret_hex, buf, wait_ms, out, err, errlen);
 }
 
 int tsp_gang_call_wait(tsp_rdv_call_t *c, int node_rank, int timeout_ms, int *nnodes, char *err,

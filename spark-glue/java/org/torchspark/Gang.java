@@ -21,8 +21,6 @@ final class Gang {
     static final int WAIT = 0;
     static final int GO = 1;
     static final int FAILED = 3;
-    /** A task's own wait beyond the driver's deadline, for the driver's answer to come. */
-    static final int JOIN_GRACE_MS = 30000;
 
     private Gang() {}
 
@@ -85,8 +83,9 @@ final class Gang {
     }
 
     /**
-     * A task's side: JOINs the gang as node nodeRank (Spark's attempt tryNo of its task) and
-     * waits for every other node's; killCheck runs every Rendezvous.KILL_POLL_MS meanwhile and
+     * A task's side: JOINs the gang as node nodeRank (Spark's attempt tryNo of its task, on
+     * host) and waits for every other node's, up to timeoutMs (the gang's) and the C's grace
+     * (TSP_GANG_JOIN_GRACE_MS); killCheck runs every Rendezvous.KILL_POLL_MS meanwhile and
      * throws when Spark killed the task. The attempt's node count (GO); an
      * IllegalStateException with the library's sentence when refused (a retry or a copy, the
      * deadline) or when the driver cannot be reached.
@@ -95,9 +94,8 @@ final class Gang {
             Runnable killCheck) {
         long[] call = new long[1];
         String[] msg = new String[1];
-        String h = host == null || host.isEmpty() ? "unknown" : host.replace(' ', '_');
-        int rc = Native.gangCallStart(ep.host(), ep.port(), secretHex, nodeRank, tryNo,
-                h.length() > 255 ? h.substring(0, 255) : h, timeoutMs + JOIN_GRACE_MS, call, msg);
+        // The JOIN's host (made of host) and the wait beyond the gang's timeout are the C's.
+        int rc = Native.gangCallStart(ep.host(), ep.port(), secretHex, nodeRank, tryNo, host, timeoutMs, call, msg);
         int[] nnodes = new int[1];
         Rendezvous.await(rc, call, () -> Native.gangCallWait(call[0], nodeRank, Rendezvous.KILL_POLL_MS, nnodes, msg),
                 killCheck, msg);

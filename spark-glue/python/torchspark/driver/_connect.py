@@ -87,7 +87,7 @@ class Probe:
     failure; cancelled by its tag when the attempt ends. Once it ran it sets `ran`, so that
     the watch counts at once rather than at its next period. With the controller's hold
     (the submit's, from "probe": under dynamic allocation) the slots it found are then held
-    until the attempt ended (_gang.Hold): else the idle timeout releases the replacement
+    until the attempt ended (Hold): else the idle timeout releases the replacement
     while the attempt stops at its checkpoint (bench/grow_bench.py --connect --dynamic saw
     it), and the grown attempt waits for another executor."""
 
@@ -125,8 +125,7 @@ class Probe:
                 self.spark.removeTag(self.tag)
             self.ok = probe_ran(rows, self.k, barrier)
             if self.ok and self.hold is not None:
-                _gang.Hold(self.spark, self.hold["slots"], self.hold["ms"],
-                           remote=True).begin(self.ended)
+                Hold(self.spark, self.hold["slots"], self.hold["ms"]).begin(self.ended)
             if self.ok:
                 self.wake.set()  # the watch counts now, not at its next period
         except Exception as e:  # interrupted, or Spark's barrier slot check gave up
@@ -136,9 +135,26 @@ class Probe:
             self.done.set()
 
     def cancel(self) -> None:
-        self.ended.set()  # the held slots go (_gang.Hold.release)
+        self.ended.set()  # the held slots go (Hold.release)
         if self.started and not self.ok and not self.done.is_set():
             try:
                 self.spark.interruptTag(self.tag)
             except Exception:  # the session is gone: nothing left to cancel
                 pass
+
+
+class Hold(_gang.Hold):
+    """The slots the probe found, held (_gang.Hold) on a Spark Connect session: its job
+    tagged, interrupted by its tag. A Connect client has no status tracker: running() says
+    nothing there (the probe counted the slots)."""
+
+    def _collect(self, df: Any) -> None:
+        # This thread's operations: Connect interrupts the task's thread by the tag.
+        self.spark.addTag(self.group)
+        try:
+            df.collect()
+        finally:
+            self.spark.removeTag(self.group)
+
+    def _cancel(self) -> None:
+        self.spark.interruptTag(self.group)

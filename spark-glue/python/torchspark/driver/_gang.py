@@ -22,13 +22,11 @@ import uuid
 from typing import Any, Dict, Optional, Tuple
 
 from torchspark.native._lib import checked, load_library
-from torchspark.task._spec import GangSpec, NodeSpec
+from torchspark.task._spec import NodeSpec
 
 GANG = "gang"  # spark.torchspark.launch (auto resolved by _conf.read)
 # tsp_gang_state's results (torchspark/gang.h).
 WAIT, GO, FAILED = 0, 1, 3
-# A task's own wait beyond the driver's deadline, for the driver's answer to come.
-JOIN_GRACE_MS = 30000
 # Ask Spark for the executors at submission (bench/gang_bench.py turns it off for the
 # side-by-side "backlog only").
 REQUEST_EXECUTORS = True
@@ -47,24 +45,20 @@ class Gang:
         rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
         if rc != 0:
             raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
-        self.formed = False
         self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
     def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
-        """One look at the gang until it formed (its deadline is checked by the call): None
-        while it waits or once it formed, its hold then submitted (the attempt's tasks placed
-        first; the hold ends with the job: done); the failed gang's document once it failed."""
-        if self.formed:
-            return None
+        """One look at the gang (its deadline is checked by the call): None while it waits
+        or once it formed, its hold then submitted (the attempt's tasks placed first; the
+        hold ends with the job: done); the failed gang's document once it failed."""
         state = self._lib.tsp_rdv_gang_state(self._rdv._h, None)
-        self.formed = state == GO
-        if self.formed and self.hold is not None:
+        if state == GO and self.hold is not None:
             self.hold.begin(done)
         return self.failure(spark) if state == FAILED else None
 
     def end(self) -> None:
         """The attempt's job ended: a hold never submitted (the gang did not form) is dropped."""
-        if self.hold is not None and not self.formed:
+        if self.hold is not None and not self.hold.go.is_set():
             self.hold.drop()
 
     def failure(self, spark: Any) -> Dict[str, Any]:
@@ -148,12 +142,11 @@ class Hold:
     (running(): _restart._Watch), as Spark Connect's by its probe. Its DataFrame is built at
     once (a session's first SQL plan takes seconds under load); its job is submitted once
     the attempt's gang formed (go: the attempt's tasks are placed first) and cancelled, the
-    sleep interrupted, when the attempt's job ended (done). remote: a Spark Connect session,
-    whose probe found the slots (_connect.Probe) and holds them so (tagged, interrupted by
-    its tag; it has no status tracker, so running() says nothing there)."""
+    sleep interrupted, when the attempt's job ended (done). Spark Connect's (its probe found
+    the slots and holds them so) is _connect.Hold."""
 
-    def __init__(self, spark: Any, k: int, ms: int, remote: bool = False) -> None:
-        self.spark, self.k, self.ms, self.remote = spark, k, ms, remote
+    def __init__(self, spark: Any, k: int, ms: int) -> None:
+        self.spark, self.k, self.ms = spark, k, ms
         self.go, self.done = threading.Event(), threading.Event()
         self.group = f"torchspark-hold-{uuid.uuid4().hex}"  # not a run's tag (the plugin's)
         self.thread = threading.Thread(target=self._run, daemon=True, name="torchspark-hold")
@@ -168,18 +161,18 @@ class Hold:
                 return
             threading.Thread(target=self.release, daemon=True,
                              name="torchspark-hold-release").start()
-            if self.remote:  # this thread's operations (Connect interrupts the task's thread)
-                self.spark.addTag(self.group)
-                try:
-                    df.collect()
-                finally:
-                    self.spark.removeTag(self.group)
-                return
-            self.spark.sparkContext.setJobGroup(
-                self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
-            df.collect()
+            self._collect(df)
         except Exception:  # cancelled: the attempt ended
             pass
+
+    def _collect(self, df: Any) -> None:
+        """Runs the hold's job in its job group (release() cancels the group)."""
+        self.spark.sparkContext.setJobGroup(
+            self.group, "torchspark: slots held for the run's nodes", interruptOnCancel=True)
+        df.collect()
+
+    def _cancel(self) -> None:
+        self.spark.sparkContext.cancelJobGroup(self.group)
 
     def begin(self, done: threading.Event) -> None:
         """The gang formed: submit the job, to be cancelled once done (the attempt's job
@@ -213,10 +206,7 @@ class Hold:
         deadline = time.monotonic() + wait_s
         while self.thread.is_alive() and time.monotonic() < deadline:
             try:
-                if self.remote:
-                    self.spark.interruptTag(self.group)
-                else:
-                    self.spark.sparkContext.cancelJobGroup(self.group)
+                self._cancel()
             except Exception:  # the session is gone: nothing left to hold
                 return
             self.thread.join(0.2)
@@ -248,8 +238,7 @@ def start(distributor: Any, rdv: Any, spec: NodeSpec, settings: Dict[str, Any]) 
             "spark.dynamicAllocation.enabled off")
     timeout_ms = int(settings["gang.timeout"])
     gang = Gang(rdv, distributor.num_tasks, timeout_ms)
-    gang_spec: GangSpec = {"timeout_ms": timeout_ms}
-    spec["gang"] = gang_spec
+    spec["gang"] = {"timeout_ms": timeout_ms}
     ask(distributor)
     gang.hold = hold(distributor)
     distributor.logger.info(
@@ -267,11 +256,11 @@ def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
     rdv, gang = spec["rendezvous"], spec.get("gang")
     assert rdv is not None and gang is not None
     nnodes = ctypes.c_int(0)
-    host = socket.gethostname()[:255] or "unknown"
     secret = spec["log_secret_hex"]
     assert secret is not None  # the rendezvous' TLS is keyed by it (docs/protocol.md 2.1)
+    # The JOIN's host (made of this one) and the wait beyond the gang's timeout are the C's.
     checked("tsp_gang_call", rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
-            try_no, host.encode(), int(gang["timeout_ms"]) + JOIN_GRACE_MS, ctypes.byref(nnodes),
+            try_no, socket.gethostname().encode(), int(gang["timeout_ms"]), ctypes.byref(nnodes),
             error=RuntimeError)
     return nnodes.value
 
