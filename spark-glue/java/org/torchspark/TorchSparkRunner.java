@@ -124,11 +124,7 @@ public final class TorchSparkRunner {
      * TorchSparkException#attempts()}). Resuming is the program's part (torchspark.checkpoint).
      */
     public TorchSparkRunner maxRestarts(int n) {
-        if (n < 0) {
-            throw new IllegalArgumentException("maxRestarts must be a whole number >= 0, got " + n);
-        }
-        settings.put("job.maxRestarts", new Object[] {"maxRestarts", n}); // its range checked above
-        return this;
+        return setting("job.maxRestarts", "maxRestarts", n); // below 0: the key table's sentence
     }
 
     /**
@@ -142,11 +138,7 @@ public final class TorchSparkRunner {
      * run's nodes (checked when it runs).
      */
     public TorchSparkRunner minNodes(int m) {
-        if (m < 1) {
-            throw new IllegalArgumentException("minNodes must be a whole number >= 1, got " + m);
-        }
-        settings.put("job.minNodes", new Object[] {"minNodes", m}); // its range checked above
-        return this;
+        return setting("job.minNodes", "minNodes", m); // below 1: the key table's sentence
     }
 
     /**
@@ -191,7 +183,8 @@ public final class TorchSparkRunner {
     }
 
     /** The builder's value of spark.torchspark.KEY (name: the builder's), once the key table
-     *  checked it (the library's sentence when it is bad): launch, hangTimeout, hangAction. */
+     *  checked it (the library's sentence when it is bad, as for the PySpark glue's keyword
+     *  arguments): launch, hangTimeout, hangAction, maxRestarts, minNodes. */
     private TorchSparkRunner setting(String key, String name, Object value) {
         Object[] arg = {name, value};
         Conf.read(null, Map.of(key, arg), null, false);

@@ -46,7 +46,7 @@ public class RunnerTest {
             TorchSparkRunner.script("t.py").maxRestarts(-1);
             fail("maxRestarts(-1)");
         } catch (IllegalArgumentException e) {
-            assertEquals("maxRestarts must be a whole number >= 0, got -1", e.getMessage());
+            assertEquals("maxRestarts=-1 is not a whole number >= 0: use one such as 3", e.getMessage());
         }
         RuntimeException spark = new RuntimeException("Job aborted: Task 1 in stage 0.0 failed: "
                 + "ExecutorLostFailure (executor 1 exited caused by one of the running tasks) Reason: "
@@ -134,7 +134,7 @@ public class RunnerTest {
             TorchSparkRunner.script("t.py").minNodes(0);
             fail("minNodes(0)");
         } catch (IllegalArgumentException e) {
-            assertEquals("minNodes must be a whole number >= 1, got 0", e.getMessage());
+            assertEquals("minNodes=0 is not a whole number >= 1: use one such as 2", e.getMessage());
         }
         assertEquals(4, RestartPolicy.minNodes(null, 4)); // not elastic
         assertEquals(2, RestartPolicy.minNodes(2, 4));
