@@ -104,10 +104,16 @@ static int py_local_gpu(const shape_req_t *q, shape_t *s, char *err, size_t errl
     return 0;
 }
 
-/* TorchSparkRunner: nprocPerNode, else with GPUs the task's GPUs rounded (unset: 1). */
+/* TorchSparkRunner: nprocPerNode, else with GPUs the task's GPUs rounded (unset: 1); local
+ * mode with GPUs needs the driver's (null: the glue has no SparkContext to ask). */
 static int java_shape(const shape_req_t *q, shape_t *s, char *err, size_t errlen)
 {
     long long per = q->nproc;
+    if (q->local_mode && q->use_gpu && !q->driver_gpus) /* none known: no SparkContext */
+        return tsp__err(err, errlen, -EINVAL,
+                        "torchspark: local mode with useGpu runs on the driver's GPUs, which come "
+                        "from its SparkContext: pass it to run(), with " DRIVER_KEY " and "
+                        "spark.driver.resource.gpu.discoveryScript set");
     if (q->local_mode) { /* one node on the driver */
         s->tasks = 1;
         s->per_task = s->processes = per > 0 ? per : q->np;

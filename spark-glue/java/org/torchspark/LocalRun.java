@@ -17,9 +17,9 @@ final class LocalRun {
     private LocalRun() {}
 
     static TorchSparkRunner.Result run(TorchSparkRunner r, SparkContext sc) {
-        JsonNode shape = r.shape(sc, r.useGpu ? driverGpus(sc) : null); // too few GPUs: thrown
+        // Too few GPUs, or none known (no SparkContext to ask): the library's sentence thrown.
+        JsonNode shape = r.shape(sc, r.useGpu && sc != null ? driverGpus(sc) : null);
         int nproc = shape.path("processes").asInt(); // nprocPerNode, else all
-        String[] gpus = r.useGpu ? Failure.JSON.convertValue(shape.get("gpus"), String[].class) : null;
         Path workdir;
         try {
             workdir = Files.createTempDirectory("torchspark-");
@@ -31,7 +31,7 @@ final class LocalRun {
         try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc, null)) {
             ObjectNode req = r.nodeFacts(sc, nproc, 1, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
             req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true)
-                    .put("workdir", workdir.toString()).set("gpus", Failure.JSON.valueToTree(gpus));
+                    .put("workdir", workdir.toString()).set("gpus", shape.get("gpus")); // null: a CPU run
             // The workers' lines come through the log server; the agent's own messages (its
             // stderr) are shown as they are.
             JsonNode failure;
@@ -63,15 +63,10 @@ final class LocalRun {
     /**
      * Local mode with useGpu: the driver's GPUs (Spark's addresses, in order), of which the run
      * takes the first of its processes (tsp_shape_plan: deterministic, as the PySpark glue); the
-     * agent assigns them against the driver's own CUDA_VISIBLE_DEVICES. Too few is an error,
-     * never a CPU run.
+     * agent assigns them against the driver's own CUDA_VISIBLE_DEVICES. Too few (or none known,
+     * without a SparkContext) is an error, never a CPU run.
      */
     static String[] driverGpus(SparkContext sc) {
-        if (sc == null) {
-            throw new IllegalArgumentException("torchspark: local mode with useGpu runs on the driver's GPUs, "
-                    + "which come from its SparkContext: pass it to run(), with "
-                    + "spark.driver.resource.gpu.amount and spark.driver.resource.gpu.discoveryScript set");
-        }
         scala.Option<ResourceInformation> gpu = sc.resources().get("gpu");
         return gpu.isDefined() ? gpu.get().addresses() : new String[0];
     }

@@ -33,6 +33,12 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertTrue(e.getMessage().contains("localMode"));
         }
+        try { // the driver's GPUs come from the context: the library's sentence (shape.json)
+            TorchSparkRunner.script("t.py").localMode(true).useGpu(true).run((org.apache.spark.SparkContext) null);
+            fail("local mode with useGpu without a SparkContext");
+        } catch (IllegalArgumentException e) {
+            assertTrue(e.getMessage(), e.getMessage().contains("which come from its SparkContext: pass it to run()"));
+        }
     }
 
     /** Restarts (RestartPolicy.java, an adapter of the C run controller): the builder's value
