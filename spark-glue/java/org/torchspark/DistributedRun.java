@@ -40,7 +40,8 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
      *  node with its processes). */
     private TorchSparkRunner.Result runJob(boolean useRendezvous, RestartPolicy.Entry entry) {
         int ntasks = entry.nodes;
-        int world = ntasks * r.shape(sc, null).path("per_task").asInt();
+        int perTask = r.shape(sc, null).path("per_task").asInt(); // a lost node's ranks: its perTask
+        int world = ntasks * perTask;
         String driverHost = sc.conf().get("spark.driver.host", "");
         String bind = sc.conf().get("spark.driver.bindAddress", "");
         bind = !bind.isEmpty() ? bind : driverHost.isEmpty() ? "127.0.0.1" : driverHost;
@@ -83,7 +84,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
                 throw new TorchSparkException(job.gangFailure, null, null, null, null, 0, null, null, job.error, null);
             }
             if (job.error != null || job.root != null) {
-                throw failed(sc, ch, job, entry, Math.max(1, nproc));
+                throw failed(sc, ch, job, entry, perTask);
             }
             String election = spec.rendezvous != null ? "rendezvous" : "allGather";
             TorchSparkRunner.Result res = r.wantOutput ? RunOutput.collect(ch.server, job.chunks, r.outputPath, election)
