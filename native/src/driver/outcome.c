@@ -464,6 +464,23 @@ static void write_lines_of(tsp_json_writer_t *w, const input_t *in, const outcom
     tsp_json_end(w);
 }
 
+/* The line a glue logs when a task could not reach the driver's rendezvous and the same job
+ * runs again through allGather, as every later run of that process does (docs/protocol.md
+ * 10): the task's text inside; NULL when out of memory. */
+static char *rendezvous_retry(const input_t *in, const char *text)
+{
+    char *line = NULL;
+    int java = strcmp(in->product, "TorchSparkRunner") == 0;
+    if (asprintf(&line,
+                 "The executors could not reach torchspark's rendezvous on the driver (%s); "
+                 "running the job again through BarrierTaskContext.allGather, as every later run "
+                 "of this %s will (about 1 s slower; spark.torchspark.rendezvous=false or "
+                 "TORCHSPARK_RENDEZVOUS=0 skips the attempt)",
+                 text, java ? "JVM" : "process") < 0)
+        return NULL;
+    return line;
+}
+
 /* With a product: what the glue raises. A failure document (a rank's, a lost node's, one a
  * task carried) is finished by tsp_failure_report ("finish", with the driver's lines of
  * "lines_of"); the rest is written here, its message and its report. */
@@ -472,8 +489,11 @@ static int write_raise(tsp_json_writer_t *w, const input_t *in, const outcome_t 
 {
     int doc = strcmp(o->kind, "failure") == 0 || strcmp(o->kind, "lost") == 0;
     char *message = NULL;
-    if (!doc && strcmp(o->kind, "task") == 0)
-        message = strdup(o->text ? o->text : "");
+    const char *text = o->text ? o->text : "";
+    if (!doc && o->setup && strcmp(o->setup, "rendezvous_unreachable") == 0)
+        message = rendezvous_retry(in, text);
+    else if (!doc && strcmp(o->kind, "task") == 0)
+        message = strdup(text);
     else if (!doc && asprintf(&message, "%s (%s) failed: %s\n%s", in->product, in->mode, o->cause,
                               advice) < 0)
         message = NULL;

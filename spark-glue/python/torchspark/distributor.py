@@ -269,11 +269,7 @@ class TorchDistributor:
         except _failure.NoRendezvous as e:
             # Before any training started: the same job through allGather, from now on.
             _RENDEZVOUS_UNREACHABLE.append(str(e))
-            self.logger.warning(
-                f"The executors could not reach torchspark's rendezvous on the driver ({e}); "
-                "running the job again through BarrierTaskContext.allGather, as every later "
-                "run of this process will (about 1 s slower; TORCHSPARK_RENDEZVOUS=0 skips "
-                "the attempt)")
+            self.logger.warning(str(e))  # the library's line (docs/protocol.md 10)
             result = self._run_distributed_job(train_object, fn_bytes, script_args, ship, dataframe)
         except _failure.NotInstalled as e:
             # Before any training started: ship this driver's package and run again.

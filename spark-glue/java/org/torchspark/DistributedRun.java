@@ -23,14 +23,12 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
         try {
             return runJob(rendezvous, entry);
         } catch (JobFailure.NoRendezvous e) {
-            // Before any training started: the same job through allGather, from now on.
-            String again = "The executors could not reach torchspark's rendezvous on the driver ({}); running the job "
-                    + "again through BarrierTaskContext.allGather";
+            // Before any training started: the same job through allGather, from now on. The
+            // library's line (docs/protocol.md 10), a WARNING from the run that found it out.
             if (RENDEZVOUS_UNREACHABLE.compareAndSet(null, e.getMessage())) {
-                TorchSparkRunner.LOG.warn(again + ", as every later run of this JVM will (about 1 s slower; "
-                        + "spark.torchspark.rendezvous=false or TORCHSPARK_RENDEZVOUS=0 skips the attempt)", e.getMessage());
+                TorchSparkRunner.LOG.warn(e.getMessage());
             } else {
-                TorchSparkRunner.LOG.info(again, e.getMessage());
+                TorchSparkRunner.LOG.info(e.getMessage());
             }
             return runJob(false, entry);
         }

@@ -14,7 +14,8 @@ import java.util.List;
 final class JobFailure {
     private JobFailure() {}
 
-    /** A task could not reach the driver's rendezvous, before any training started. */
+    /** A task could not reach the driver's rendezvous, before any training started; its
+     *  message: the library's line saying that the job runs again through allGather. */
     static final class NoRendezvous extends RuntimeException {
         private static final long serialVersionUID = 1L;
 
@@ -57,7 +58,7 @@ final class JobFailure {
                 "spark_error", sparkText(sparkError), "product", "TorchSparkRunner", "mode", "distributed",
                 "output_went", "the driver's log", "nproc_per_node", nproc));
         if (found.path("setup").asText().equals("rendezvous_unreachable")) { // before any training: allGather
-            return new NoRendezvous(found.path("text").asText(), sparkError);
+            return new NoRendezvous(found.path("message").asText(), sparkError); // the line to log
         }
         if (!found.path("finish").isObject()) {
             return Failure.exception(found, sparkError);

@@ -15,7 +15,8 @@ class NotInstalled(Exception):
 
 
 class NoRendezvous(Exception):
-    """A task could not reach the driver's rendezvous (_rendezvous.py): use allGather."""
+    """A task could not reach the driver's rendezvous (_rendezvous.py): use allGather. Its
+    text: the library's line saying so, which the driver logs."""
 
 
 def of_job(out: Any, ch: Any, nproc: int) -> Exception:
@@ -25,7 +26,7 @@ def of_job(out: Any, ch: Any, nproc: int) -> Exception:
     found = _report.outcome(out.root, _report.spark_text(out.spark_error),
                             **_report.product("distributed"), nproc_per_node=nproc)
     if found["setup"] in _SETUP:  # a task's set-up error: ship, go on through allGather
-        return _SETUP[found["setup"]](found["text"])
+        return _SETUP[found["setup"]](found["message"])  # the text, or the line to log
     if found["finish"] is None:
         return TorchDistributorError(found["message"], found["report"])
     lines = {str(r): "\n".join(ch.tail({"rank": r}) or []) for r in found["lines_of"]}
