@@ -348,10 +348,11 @@ class TorchDistributor:
         return out
 
     def _driver_gpus(self) -> List[str]:
-        """A local master's GPU job: each task takes its own k of the driver's GPUs (raw
-        addresses: its agent assigns them against the mask it inherits); too few is an
-        error, not a CPU run."""
-        if not (self.is_spark_local_master and self.use_gpu):
+        """The driver's GPUs a run on it takes, as tsp_shape_plan picks them (raw addresses:
+        an agent assigns them against the mask it inherits; no global RNG touched): local
+        mode the first num_processes (not on Spark Connect), a local master's GPU job every
+        one (each task takes its own k); too few is an error, not a CPU run."""
+        if not self.use_gpu or (self.is_remote if self.local_mode else not self.is_spark_local_master):
             return []
         return list(self._shape(list(_get_resources(self.spark)["gpu"].addresses))["gpus"])
 

@@ -19,13 +19,7 @@ from torchspark.task._spec import NodeSpec
 
 def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
         script_args: List[str]) -> Optional[Any]:
-    from torchspark.distributor import _get_resources
-
-    gpus = None
-    if dist.use_gpu and not dist.is_remote:
-        # The first num_processes of the driver's GPUs: deterministic, and no global RNG
-        # is touched. The agent assigns them against the driver's CUDA_VISIBLE_DEVICES.
-        gpus = dist._shape(list(_get_resources(dist.spark)["gpu"].addresses))["gpus"]
+    gpus = dist._driver_gpus()  # the first num_processes of the driver's (tsp_shape_plan)
     with ExitStack() as stack:
         workdir = tempfile.mkdtemp(prefix="torchspark-")
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
