@@ -45,16 +45,20 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
     return int(step(None, start)["state"]["min_nodes"])
 
 
-def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
+def failed_event(e: TorchDistributorError, times: Dict[str, Any]) -> Dict[str, Any]:
     """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
     its exception's report as it is (docs/protocol.md 8: the controller reads the reason,
-    the node, a checkpoint on request's step), the silent node's executor, the nodes the
-    log server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table."""
+    the node, a checkpoint on request's step), what run_once left in times (when the
+    failure was noticed, the silent node and its executor: _job.Outcome), the nodes its
+    log server saw lost (docs/protocol.md 1.7: read once the attempt ended, after its
+    drain: a dying node's agent told it by then), Spark's text for the outcome table."""
+    server = times.get("server")
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": spark_text(e.__cause__),
             "report": e.report if isinstance(e.report, dict) else None,
-            "silent_node": entry.get("silent_node") is not None,
-            "executor": entry.get("silent_executor"), "lost_nodes": entry.get("lost_nodes")}
+            "silent_node": times.get("silent_node"), "executor": times.get("silent_executor"),
+            "lost_nodes": server.nodes_lost() if server is not None else None,
+            "root_at": times.get("root_at"), "ended_at": times.get("ended_at")}
 
 
 def free_slots(spark: Any) -> int:
@@ -168,43 +172,29 @@ def _slots(count: Callable[[], Optional[int]]) -> Dict[str, Any]:
     return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
 
 
-def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
+def _perform(spark: Any, act: Dict[str, Any]) -> Dict[str, Any]:
     """The event of a count_slots or exclude_executor action, once performed."""
     if act["do"] == "count_slots":
         return _slots(lambda: count_slots(spark, act["need"], act["wait_ms"] / 1000))
     ok = exclude_executor(spark, act["id"])
-    if ok:
-        entry["excluded_executor"] = act["id"]
     return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
-
-
-def _failed(e: TorchDistributorError, entry: Dict[str, Any],
-            times: Dict[str, Any]) -> Dict[str, Any]:
-    """The failed attempt's event, its entry completed: when the failure was noticed, the
-    silent node, and the nodes its log server saw lost (read once the attempt ended, after
-    its drain: a dying node's agent told it by then)."""
-    entry.update({k: v for k, v in times.items()
-                  if v is not None and k not in ("server", "hold", "submit")})
-    server = times.get("server")
-    if server is not None and server.nodes_lost():
-        entry["lost_nodes"] = server.nodes_lost()
-    return failed_event(e, entry)
 
 
 def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
         spark: Any, logger: Any, record: List[Dict[str, Any]], times: Dict[str, Any]) -> Any:
     """Calls run_once(submit) (the controller's submit action: attempt, nodes, last, env)
     as the controller, started by start (start_event), says until it returns or the
-    controller raises. record gets one dict per attempt (distributor.attempts); times is
-    where run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)
-    and which node went silent; the submit is left there (_gang.hold)."""
-    reply = step(None, start)
-    entry: Dict[str, Any] = {}
+    controller raises. record is the controller's record of each attempt as it is
+    (distributor.attempts: its state's attempts, each event with the glue's clock in "at");
+    times is where run_once leaves when the failure was noticed (root_at, ended_at:
+    _job.Outcome) and which node went silent; the submit is left there (_gang.hold)."""
+    reply = step(None, {**start, "at": time.time()})
     error: Optional[TorchDistributorError] = None
     result: Any = None
     while True:
         event: Optional[Dict[str, Any]] = None
         state = reply["state"]
+        record[:] = state["attempts"]
         for act in reply["actions"]:
             if act["do"] == "warn":
                 logger.warning(act["text"])
@@ -215,9 +205,6 @@ def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
                     raise error
                 raise TorchDistributorError(act["message"], act["report"]) from error
             elif act["do"] == "submit":
-                entry = {"attempt": act["attempt"], "nodes": act["nodes"], "started": time.time(),
-                         "ended": None, "cause": None}
-                record.append(entry)
                 times.clear()
                 times["submit"] = act
                 watch = _Watch(spark, state, act, logger, times) if act.get("watch_ms") else None
@@ -226,13 +213,11 @@ def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e
-                    event = _failed(e, entry, times)
+                    event = failed_event(e, times)
                 finally:
                     if watch is not None:
                         state = watch.end()
-                entry["ended"] = time.time()
             elif act["do"] in ("count_slots", "exclude_executor"):
-                event = _perform(spark, act, entry)
-        reply = step(state, event)  # (None: refused by the controller, named)
-        if event is not None and event["event"] == "attempt_failed":
-            entry["cause"] = reply["state"]["causes"][entry["attempt"]]
+                event = _perform(spark, act)
+        # (None: refused by the controller, named)
+        reply = step(state, None if event is None else {**event, "at": time.time()})
