@@ -243,7 +243,7 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
     import threading
 
     slots = iter([1, 2])  # the shrunk attempt's counts: nothing new, then the slot is back
-    monkeypatch.setattr(_restart, "count_slots", lambda spark, need, wait_s: next(slots, 2))
+    monkeypatch.setattr(_restart, "count_slots", lambda spark: next(slots, 2))
     asked = threading.Event()
 
     class Server:

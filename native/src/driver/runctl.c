@@ -21,6 +21,7 @@
 #define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
 #define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
 #define WATCH_MS 3000          /* a shrunk attempt's slot count, every so often */
+#define POLL_MS 100            /* a count while waiting for slots or for the attempt's server */
 #define GROW_DEADLINE_MS 60000 /* from the request to checkpoint until the attempt stopped */
 #define HOLD_MS 86400000LL     /* a held slot's sleep: the attempt's end interrupts it first */
 
@@ -287,6 +288,7 @@ static void act_text(tsp_json_writer_t *w, const char *what, const char *key, co
     tsp_json_end(w);
 }
 
+/* One count of the slots after wait_ms (0: now); need is what the controller waits for. */
 static void act_count(tsp_json_writer_t *w, const ctl_t *c, int need, long long wait_ms)
 {
     tsp_json_begin_object(w);
@@ -795,6 +797,14 @@ out:
     return rc;
 }
 
+/* The wait before the next count for a replacement: POLL_MS, at most what is left of the
+ * replacement timeout (counted from the attempt's failure). */
+static long long next_poll(const ctl_t *c)
+{
+    long long left = c->timeout_ms - c->waited_ms;
+    return left < 0 ? 0 : left < POLL_MS ? left : POLL_MS;
+}
+
 static int on_slots(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long free_now = -1, waited = 0;
@@ -810,14 +820,18 @@ static int on_slots(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
             restart(w, c, c->nodes);
         else if (slots >= c->min_nodes) /* elastic: the survivors go on at once */
             restart(w, c, (int)slots);
-        else { /* wait for a replacement executor */
+        else { /* wait for a replacement executor: a count every POLL_MS */
             c->phase = WAITING;
-            act_count(w, c, c->min_nodes + c->unusable, c->timeout_ms);
+            act_count(w, c, c->min_nodes + c->unusable, next_poll(c));
         }
         return 0;
     }
     if (slots >= c->min_nodes) {
         restart(w, c, slots < c->nodes ? (int)slots : c->nodes);
+        return 0;
+    }
+    if (c->waited_ms < c->timeout_ms) { /* not yet: count again */
+        act_count(w, c, c->min_nodes + c->unusable, next_poll(c));
         return 0;
     }
     char want[64], text[CAUSE_MAX + 1];
@@ -846,10 +860,13 @@ static void act_watch(tsp_json_writer_t *w, long long wait_ms)
 static int on_watch(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long free_now = -1, waited = 0;
-    int rc = get_int(r, "event.free", -1, -1, &free_now);
-    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)))
+    int pending = 0, rc = get_int(r, "event.free", -1, -1, &free_now);
+    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)) ||
+        (rc = tsp_jreq_bool(r, "event.server_pending", &pending)))
         return rc;
-    if (c->grow == 1) { /* the deadline passed and the attempt still runs */
+    if (c->grow == 0 && pending && free_now > c->running && c->running < c->nodes) {
+        act_watch(w, POLL_MS); /* its agents cannot be asked before its log server is up */
+    } else if (c->grow == 1) { /* the deadline passed and the attempt still runs */
         char text[CAUSE_MAX + 512];
         snprintf(text, sizeof text,
                  "%s: attempt %d was asked to checkpoint and stop so that the run grows back to "

@@ -166,30 +166,23 @@ final class RestartPolicy {
                 e.exitCode(), e.signal(), e.lastLines(), act.path("report").toString(), e, causes);
     }
 
-    /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
-     *  how long that took: the controller's "slots" event (need 0: the count now). */
-    static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
+    /** The controller's "slots" event: the free slots counted once after waitMs (0: now; null
+     *  when Spark cannot tell), and how long that took. The controller asks again while it
+     *  waits for a replacement (docs/protocol.md 11, count_slots). */
+    static ObjectNode countSlots(IntSupplier slots, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
-        while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
-            try {
-                Thread.sleep(100);
-            } catch (InterruptedException ie) {
-                Thread.currentThread().interrupt();
-                throw new IllegalStateException("torchspark: interrupted while waiting to restart", ie);
-            }
+        try {
+            Thread.sleep(waitMs);
+            n = slots.getAsInt();
+        } catch (InterruptedException ie) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("torchspark: interrupted while waiting to restart", ie);
+        } catch (RuntimeException | LinkageError e) {
+            n = null; // Spark cannot tell
         }
         return Failure.JSON.createObjectNode().put("event", "slots").put("free", n)
                 .put("waited_ms", (System.nanoTime() - t0) / 1_000_000L);
-    }
-
-    /** The slots now, or null when Spark cannot tell. */
-    static Integer slotsNow(IntSupplier slots) {
-        try {
-            return slots.getAsInt();
-        } catch (RuntimeException | LinkageError e) {
-            return null;
-        }
     }
 
     /** Calls body (one attempt on the entry's nodes with its env: the run's result, or its
@@ -245,8 +238,7 @@ final class RestartPolicy {
                             }
                         }
                     }
-                    case "count_slots" -> event = countSlots(slots, act.path("need").asInt(),
-                            act.path("wait_ms").asLong());
+                    case "count_slots" -> event = countSlots(slots, act.path("wait_ms").asLong());
                     case "exclude_executor" -> {
                         String id = act.path("id").asText();
                         event = Failure.JSON.createObjectNode().put("event", "excluded").put("id", id)

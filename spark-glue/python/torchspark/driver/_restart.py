@@ -75,17 +75,13 @@ def free_slots(spark: Any) -> int:
                    if i.port() > 0 and str(i.host()) != "" and int(i.totalCores()) > 0)
 
 
-def count_slots(spark: Any, need: int, wait_s: float, poll_s: float = 0.1) -> Optional[int]:
-    """The free slots once they are >= need or wait_s passed; None when Spark cannot tell."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            slots = free_slots(spark)
-        except Exception:
-            return None
-        if slots >= need or time.monotonic() >= deadline:
-            return slots
-        time.sleep(poll_s)
+def count_slots(spark: Any) -> Optional[int]:
+    """The free slots now; None when Spark cannot tell (the controller asks again while it
+    waits for a replacement: docs/protocol.md 11, count_slots)."""
+    try:
+        return free_slots(spark)
+    except Exception:
+        return None
 
 
 def exclude_executor(spark: Any, executor_id: str) -> bool:
@@ -103,10 +99,10 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
 class _Watch:
     """A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"): from its own
     thread while the attempt runs, counts the slots when the controller says (on Spark
-    Connect by the submit's probe of `probe` tasks: _connect.Probe), sends them and performs its
-    answers (warn, watch_slots, checkpoint_and_stop through the attempt's log server, which
-    times["server"] holds). end() waits for the step in flight, so the attempt's own event
-    follows the last state."""
+    Connect by the submit's probe of `probe` tasks: _connect.Probe), sends them (and whether
+    the attempt's log server, times["server"], is still to come: server_pending) and performs
+    its answers (warn, watch_slots, checkpoint_and_stop through that log server). end() waits
+    for the step in flight, so the attempt's own event follows the last state."""
 
     def __init__(self, spark: Any, state: Dict[str, Any], submit: Dict[str, Any], logger: Any,
                  times: Dict[str, Any]) -> None:
@@ -126,35 +122,32 @@ class _Watch:
             self.wake.clear()
             if self.ended.is_set():
                 return
-            reply = step(self.state, _slots(self._count))
+            pending = self.times.get("server") is None
+            reply = step(self.state, {**_slots(self._count), "server_pending": pending})
             self.state, wait_ms = reply["state"], None
             for act in reply["actions"]:
                 if act["do"] == "warn":
                     self.logger.warning(act["text"])
                 elif act["do"] == "watch_slots":
                     wait_ms = act["wait_ms"]
-                elif act["do"] == "checkpoint_and_stop":
-                    self._ask(act["unreachable"])
+                elif act["do"] == "checkpoint_and_stop" and not self._ask():
+                    self.logger.warning(act["unreachable"])
 
     def _count(self) -> Optional[int]:
         held = self.times.get("hold")  # a gang launch's slots held (_gang.Hold), if it holds
         if held is not None and held.thread.is_alive():
             return self.nodes + (held.k if held.running() else 0)
         if self.probe is None:
-            return count_slots(self.spark, 0, 0)
+            return count_slots(self.spark)
         server = self.times.get("server")
         ready = server is not None and server.stats()["authenticated"] >= self.nodes
         return self.nodes + (self.probe.k if self.probe.ran(ready) else 0)
 
-    def _ask(self, unreachable: str) -> None:
-        # The attempt's log server, once its job was submitted (it is, ~3 s after submit).
-        deadline = time.monotonic() + 30
-        while self.times.get("server") is None and time.monotonic() < deadline:
-            if self.ended.wait(0.1):
-                return
+    def _ask(self) -> bool:
+        """CHECKPOINT to the attempt's agents (the controller asks once its log server is
+        up: server_pending); False when they cannot be asked."""
         server = self.times.get("server")
-        if server is None or not server.checkpoint_all(1):
-            self.logger.warning(unreachable)
+        return server is not None and bool(server.checkpoint_all(1))
 
     def end(self) -> Dict[str, Any]:
         self.ended.set()
@@ -165,9 +158,11 @@ class _Watch:
         return self.state
 
 
-def _slots(count: Callable[[], Optional[int]]) -> Dict[str, Any]:
-    """The slots event of a count (count_slots, or the grow watch's), with how long it took."""
+def _slots(count: Callable[[], Optional[int]], wait_s: float = 0) -> Dict[str, Any]:
+    """The slots event of one count after wait_s (count_slots, or the grow watch's), with
+    how long it took."""
     t0 = time.monotonic()
+    time.sleep(wait_s)
     free = count()
     return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
 
@@ -175,7 +170,7 @@ def _slots(count: Callable[[], Optional[int]]) -> Dict[str, Any]:
 def _perform(spark: Any, act: Dict[str, Any]) -> Dict[str, Any]:
     """The event of a count_slots or exclude_executor action, once performed."""
     if act["do"] == "count_slots":
-        return _slots(lambda: count_slots(spark, act["need"], act["wait_ms"] / 1000))
+        return _slots(lambda: count_slots(spark), act["wait_ms"] / 1000)
     ok = exclude_executor(spark, act["id"])
     return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
 
