@@ -5,7 +5,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.reflect.Method;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
 import java.util.function.Consumer;
@@ -94,10 +93,7 @@ final class RestartPolicy {
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode).put("root_at", entry.rootAt).put("ended_at", entry.endedAt);
-        int[] lost = entry.lostNodes;
-        if (lost != null) {
-            Arrays.stream(lost).forEach(ev.putArray("lost_nodes")::add);
-        }
+        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null: none
         return ev.put("executor", entry.silentExecutor);
     }
 
@@ -207,7 +203,6 @@ final class RestartPolicy {
     static <T> T run(Function<Entry, T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude,
             Consumer<JsonNode> record) {
         JsonNode reply = step(null, start.put("at", System.currentTimeMillis()));
-        Entry entry = null;
         TorchSparkException error = null;
         T result = null;
         while (true) {
@@ -222,7 +217,7 @@ final class RestartPolicy {
                     }
                     case "raise" -> throw raised(act, error);
                     case "submit" -> {
-                        entry = new Entry(act);
+                        Entry entry = new Entry(act);
                         GrowWatch watch = act.has("watch_ms")
                                 ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
                                         TorchSparkRunner.LOG::warn, 1.0) : null;

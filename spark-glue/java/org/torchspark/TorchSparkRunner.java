@@ -1,5 +1,6 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.annotation.JsonIgnoreProperties;
 import com.fasterxml.jackson.annotation.JsonProperty;
 import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
@@ -184,6 +185,7 @@ public final class TorchSparkRunner {
      * @param excludedExecutor that executor id when Spark excluded it from the next attempt, else null
      */
     // A record of the run controller's state, by its keys (docs/protocol.md 11, "The attempts").
+    @JsonIgnoreProperties(ignoreUnknown = true) // a key the controller adds later is not one of these
     public record Attempt(int attempt, int nodes, long started, Long ended, String cause,
             @JsonProperty("root_at") Long rootAt, @JsonProperty("ended_at") Long endedAt,
             @JsonProperty("silent_node") Integer silentNode, @JsonProperty("silent_executor") String silentExecutor,

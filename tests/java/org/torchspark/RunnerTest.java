@@ -78,7 +78,7 @@ public class RunnerTest {
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
         // the log server's nodes lost, as they are (docs/protocol.md 1.7)
-        assertTrue(ev.path("lost_nodes").isMissingNode());
+        assertTrue(ev.path("lost_nodes").isNull());
         entry.lostNodes = new int[] {2, 1};
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         assertEquals("[2,1]", ev.path("lost_nodes").toString());
