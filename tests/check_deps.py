@@ -82,7 +82,8 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
-    "runctl": ("driver", 3),  # the run controller, a pure step function (torchspark/runctl.h)
+    "runrec": ("driver", 3),  # each attempt's record in the run controller's state (runrec.h)
+    "runctl": ("driver", 4),  # the run controller, a pure step function (torchspark/runctl.h)
     "result": ("driver", 3),  # rank 0's value where the output channel brought none (10.1)
     "shape": ("driver", 3),  # the run's tasks and processes per task (torchspark/shape.h)
     "logstate": ("driver", 3),

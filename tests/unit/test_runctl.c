@@ -100,6 +100,22 @@ START_TEST(test_runctl_buffer_and_refusals)
     ck_assert_msg(strstr(err, "\"event.node_rank\" must be a whole number"), "%s", err);
     ck_assert_int_eq(step(s, "{\"event\": 7}"), -EINVAL);
     ck_assert_msg(strstr(err, "\"event.event\" must be a string or null"), "%s", err);
+    /* Each attempt's record (runrec.c): one it did not write is refused like the rest. */
+    const char *recs[] = {"\"attempts\": [3]", "\"attempts\": [{\"attempt\": \"0\"}]",
+                          "\"attempts\": [{\"attempt\": 0, \"nodes\": 2, \"cause\": 1}]",
+                          "\"attempts\": [{\"attempt\": 0, \"nodes\": 2, \"started\": \"t\"}]",
+                          "\"attempts\": {}"};
+    for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++) {
+        bad = malloc(strlen(s) + 128);
+        at = strstr(s, "\"attempts\": [");
+        snprintf(bad, strlen(s) + 128, "%.*s%s}", (int)(at - s), s, recs[i]);
+        ck_assert_int_eq(step(bad, "{\"event\": \"attempt_succeeded\"}"), -EINVAL);
+        ck_assert_msg(strstr(err, "is not one it wrote"), "%zu: %s", i, err);
+        free(bad);
+    }
+    ck_assert_int_eq(step(s, "{\"event\": \"attempt_succeeded\", \"at\": [1]}"), -EINVAL);
+    ck_assert_msg(strstr(err, "\"event.at\" must be a number (the glue's clock) or null"), "%s",
+                  err);
     free(s);
     /* A state after a failure (counting slots) with its causes cut: refused, never read (the
      * restart's warning names the last cause: it read before the list's start). */

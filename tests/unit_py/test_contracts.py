@@ -366,6 +366,7 @@ def test_runctl_golden(case):
         reply = _restart.step(state, s["event"])
         assert reply["actions"] == s["actions"], s["event"]
         state = reply["state"]
+        assert state["attempts"] == s.get("attempts", state["attempts"]), s["event"]
 
 
 def test_runctl_has_20_cases_and_every_action():

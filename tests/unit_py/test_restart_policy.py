@@ -112,19 +112,58 @@ def test_what_the_glue_hands_the_controller():
             raise TorchDistributorError("TorchDistributor (distributed) failed: rank 0 ... "
                                         "reset", {"node_rank": 0}) from spark_error
     except TorchDistributorError as e:
+        class Server:
+            def nodes_lost(self):
+                return [2]
+
         ev = _restart.failed_event(e, {"silent_node": 1, "silent_executor": "4",
-                                       "lost_nodes": [2]})
+                                       "server": Server(), "root_at": 1.5, "ended_at": 2.5})
         text = str(e)
     # the node the outcome excluded: a fact; its reason (silent, unless the record says
     # preempted), like the report's node, reason and checkpoint step, is the run
-    # controller's reading (runctl.json); the log server's nodes lost, as they are
+    # controller's reading (runctl.json); the log server's nodes lost, as they are; when
+    # the failure was noticed and Spark's job ended, for the controller's record
     assert ev == {"event": "attempt_failed", "message": text, "spark_error": LOST,
-                  "report": {"node_rank": 0}, "silent_node": True, "executor": "4",
-                  "lost_nodes": [2]}
+                  "report": {"node_rank": 0}, "silent_node": 1, "executor": "4",
+                  "lost_nodes": [2], "root_at": 1.5, "ended_at": 2.5}
     stopped = TorchDistributorError("x", {"node_rank": 1, "reason": "decommission",
                                           "checkpoint_step": 12, "tail": ["step 11"]})
     assert _restart.failed_event(stopped, {})["report"] is stopped.report
     assert _restart.failed_event(TorchDistributorError("x"), {})["report"] == {}
+
+
+def test_the_attempts_are_the_controllers_record():
+    """distributor.attempts is the controller's state's record of each attempt (runctl.json
+    pins it): the glue's clock of each event ("at"), what it observed of a failure, the
+    executor Spark excluded; the attempt in flight is there with ended and cause None."""
+    class Spark:
+        class sparkContext:
+            class _jsc:
+                @staticmethod
+                def sc():
+                    return Exec()
+
+    class Exec:
+        def killAndReplaceExecutor(self, eid):
+            return eid == "7"
+
+    record, times = [], {}
+
+    def once(attempt, env, nodes):
+        assert record[-1] == {"attempt": attempt, "nodes": nodes, "started": record[-1]["started"],
+                              "ended": None, "cause": None}
+        if attempt == 0:
+            times.update(root_at=1.0, ended_at=2.0, silent_node=1, silent_executor="7")
+            raise TorchDistributorError("TorchDistributor (distributed) failed: silent", {})
+        return "done"
+
+    assert _run(once, spark=Spark(), limit=1, least_slots=1, remote=False, record=record,
+                times=times) == "done"
+    first, second = record
+    assert first["cause"] == "silent" and first["excluded_executor"] == "7"
+    assert (first["root_at"], first["ended_at"], first["silent_node"]) == (1.0, 2.0, 1)
+    assert first["started"] <= first["ended"] <= second["started"] <= second["ended"]
+    assert second["cause"] is None and "silent_node" not in second
 
 
 def test_spark_connect_leaves_out_the_decommissioned_node():
@@ -204,7 +243,7 @@ def test_a_shrunk_attempt_is_watched_and_asked_to_checkpoint_then_grows(monkeypa
     import threading
 
     slots = iter([1, 2])  # the shrunk attempt's counts: nothing new, then the slot is back
-    monkeypatch.setattr(_restart, "count_slots", lambda spark, need, wait_s: next(slots, 2))
+    monkeypatch.setattr(_restart, "count_slots", lambda spark: next(slots, 2))
     asked = threading.Event()
 
     class Server:

@@ -13,6 +13,7 @@
 
 #include "jreq.h"
 #include "json.h"
+#include "runrec.h"
 #include "torchspark/outcome.h"
 #include "util.h"
 
@@ -20,6 +21,7 @@
 #define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
 #define REPLACEMENT_KEY "spark.torchspark.job.replacementTimeout"
 #define WATCH_MS 3000          /* a shrunk attempt's slot count, every so often */
+#define POLL_MS 100            /* a count while waiting for slots or for the attempt's server */
 #define GROW_DEADLINE_MS 60000 /* from the request to checkpoint until the attempt stopped */
 #define HOLD_MS 86400000LL     /* a held slot's sleep: the attempt's end interrupts it first */
 
@@ -54,6 +56,9 @@ typedef struct {
     char *report;                /* the last attempt's report (a JSON object), or NULL */
     char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
     size_t ncauses;
+    tsp__runrec_t recs; /* each attempt's record (runrec.h) */
+    char *at;           /* the event's "at": the glue's clock, as it is, or NULL */
+    int submitted;      /* this step submits an attempt: its record begins */
 } ctl_t;
 
 static void ctl_free(ctl_t *c)
@@ -64,6 +69,8 @@ static void ctl_free(ctl_t *c)
     free(c->last);
     free(c->reason);
     free(c->report);
+    free(c->at);
+    tsp__runrec_free(&c->recs);
 }
 
 static int add_cause(ctl_t *c, const char *text)
@@ -166,6 +173,8 @@ static int read_state(const tsp_jreq_t *r, ctl_t *c)
     causes_ctx_t x = {c, 0};
     if (!rc && (rc = tsp_json_each(r->doc, r->len, "state.causes", each_cause, &x)) == -ENOENT)
         rc = 0;
+    if (!rc)
+        rc = tsp__runrec_read(r, &c->recs);
     for (size_t i = 0; !rc && i < NKEYS; i++)
         if (v[i] < 0)
             rc = -EINVAL;
@@ -231,8 +240,9 @@ static void act_hold(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_end(w);
 }
 
-static void act_submit(tsp_json_writer_t *w, const ctl_t *c)
+static void act_submit(tsp_json_writer_t *w, ctl_t *c)
 {
+    c->submitted = 1;
     char num[24], limit[24], cause[ENV_CAUSE_MAX + 1];
     snprintf(num, sizeof num, "%d", c->attempt);
     snprintf(limit, sizeof limit, "%d", c->max_restarts);
@@ -278,6 +288,7 @@ static void act_text(tsp_json_writer_t *w, const char *what, const char *key, co
     tsp_json_end(w);
 }
 
+/* One count of the slots after wait_ms (0: now); need is what the controller waits for. */
 static void act_count(tsp_json_writer_t *w, const ctl_t *c, int need, long long wait_ms)
 {
     tsp_json_begin_object(w);
@@ -380,6 +391,8 @@ static void write_state(tsp_json_writer_t *w, const ctl_t *c)
         tsp_json_null(w);
     tsp_json_key(w, "causes");
     write_causes(w, c);
+    tsp_json_key(w, "attempts");
+    tsp__runrec_write(w, &c->recs);
     tsp_json_end(w);
 }
 
@@ -582,15 +595,16 @@ static int root_cause(const tsp_jreq_t *r, ctl_t *c, char *cause, int *lost, lon
     long long node = -1, step = -1;
     char *reason = NULL, *spark = NULL, *sreason = NULL, *scause = NULL;
     char gone[96];
-    int silent_node = 0, ngone = 0, rc = get_int(r, "event.node_rank", -1, -1, &node);
+    long long silent_node = -1;
+    int ngone = 0, rc = get_int(r, "event.node_rank", -1, -1, &node);
     if (rc || (rc = get_int(r, "event.checkpoint_step", 0, -1, &step)) ||
         (rc = lost_nodes(r, c, gone, sizeof gone, &ngone)) ||
         (rc = get_str(r, "event.reason", &reason)) ||
         (rc = get_str(r, "event.spark_error", &spark)) ||
-        (rc = tsp_jreq_bool(r, "event.silent_node", &silent_node)) ||
+        (rc = get_int(r, "event.silent_node", 0, -1, &silent_node)) ||
         (rc = report_facts(r, &node, &step, &reason)))
         goto out;
-    if (silent_node && !(reason && strcmp(reason, "preempted") == 0)) {
+    if (silent_node >= 0 && !(reason && strcmp(reason, "preempted") == 0)) {
         free(reason); /* the node the outcome excluded: silent, unless its record says why */
         if (!(reason = strdup("silent"))) {
             rc = -ENOMEM;
@@ -726,6 +740,7 @@ static int on_failed(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
     c->last = NULL;
     int lost = 0, rc = get_str(r, "event.message", &c->last);
     if (rc || (rc = root_cause(r, c, cause, &lost, &node)) || (rc = add_cause(c, cause)) ||
+        (rc = tsp__runrec_end(&c->recs, r, cause)) ||
         (rc = get_str(r, "event.executor", &executor)) || (rc = report_of(r, "event.report", c)))
         goto out;
     if (c->reason && strcmp(c->reason, "grow") == 0)
@@ -765,6 +780,8 @@ static int on_excluded(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
     long long node = -1;
     if (rc || (rc = get_str(r, "event.id", &id)) || (rc = get_int(r, "event.node", -1, -1, &node)))
         goto out;
+    if (ok && (rc = tsp__runrec_excluded(&c->recs, id)))
+        goto out;
     if (ok) { /* its slots no longer count, and a replacement executor may come for it */
         char text[512];
         c->unusable = 0;
@@ -778,6 +795,14 @@ static int on_excluded(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 out:
     free(id);
     return rc;
+}
+
+/* The wait before the next count for a replacement: POLL_MS, at most what is left of the
+ * replacement timeout (counted from the attempt's failure). */
+static long long next_poll(const ctl_t *c)
+{
+    long long left = c->timeout_ms - c->waited_ms;
+    return left < 0 ? 0 : left < POLL_MS ? left : POLL_MS;
 }
 
 static int on_slots(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
@@ -795,14 +820,18 @@ static int on_slots(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
             restart(w, c, c->nodes);
         else if (slots >= c->min_nodes) /* elastic: the survivors go on at once */
             restart(w, c, (int)slots);
-        else { /* wait for a replacement executor */
+        else { /* wait for a replacement executor: a count every POLL_MS */
             c->phase = WAITING;
-            act_count(w, c, c->min_nodes + c->unusable, c->timeout_ms);
+            act_count(w, c, c->min_nodes + c->unusable, next_poll(c));
         }
         return 0;
     }
     if (slots >= c->min_nodes) {
         restart(w, c, slots < c->nodes ? (int)slots : c->nodes);
+        return 0;
+    }
+    if (c->waited_ms < c->timeout_ms) { /* not yet: count again */
+        act_count(w, c, c->min_nodes + c->unusable, next_poll(c));
         return 0;
     }
     char want[64], text[CAUSE_MAX + 1];
@@ -831,10 +860,13 @@ static void act_watch(tsp_json_writer_t *w, long long wait_ms)
 static int on_watch(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
     long long free_now = -1, waited = 0;
-    int rc = get_int(r, "event.free", -1, -1, &free_now);
-    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)))
+    int pending = 0, rc = get_int(r, "event.free", -1, -1, &free_now);
+    if (rc || (rc = get_int(r, "event.waited_ms", 0, 0, &waited)) ||
+        (rc = tsp_jreq_bool(r, "event.server_pending", &pending)))
         return rc;
-    if (c->grow == 1) { /* the deadline passed and the attempt still runs */
+    if (c->grow == 0 && pending && free_now > c->running && c->running < c->nodes) {
+        act_watch(w, POLL_MS); /* its agents cannot be asked before its log server is up */
+    } else if (c->grow == 1) { /* the deadline passed and the attempt still runs */
         char text[CAUSE_MAX + 512];
         snprintf(text, sizeof text,
                  "%s: attempt %d was asked to checkpoint and stop so that the run grows back to "
@@ -874,10 +906,9 @@ static int on_watch(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 
 static int on_succeeded(const tsp_jreq_t *r, ctl_t *c, tsp_json_writer_t *w)
 {
-    (void)r;
     c->phase = DONE;
     act_text(w, "return", NULL, NULL);
-    return 0;
+    return tsp__runrec_end(&c->recs, r, NULL);
 }
 
 /* The events and the phase each is expected in (-1: none, the run's first event). */
@@ -935,7 +966,9 @@ static int step(const tsp_jreq_t *r, ctl_t *c, char **text, size_t *tlen)
     if (!rc && has_state)
         rc = read_state(r, c);
     size_t which = 0;
-    if (rc || (rc = find_event(r, c, has_state, &which)))
+    if (rc || (rc = find_event(r, c, has_state, &which)) ||
+        (rc = tsp_jreq_get(r, "event.at", TSP_JSON_NUMBER, "a number (the glue's clock) or null",
+                           &c->at)) < 0)
         return rc;
     FILE *m = open_memstream(text, tlen);
     if (!m)
@@ -946,6 +979,8 @@ static int step(const tsp_jreq_t *r, ctl_t *c, char **text, size_t *tlen)
     tsp_json_key(&w, "actions");
     tsp_json_begin_array(&w);
     rc = events[which].fn(r, c, &w);
+    if (!rc && c->submitted)
+        rc = tsp__runrec_begin(&c->recs, c->attempt, c->running, c->at);
     tsp_json_end(&w);
     if (!rc) {
         tsp_json_key(&w, "state");

@@ -10,14 +10,16 @@ import java.util.function.IntSupplier;
 /**
  * A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"), the twin of
  * torchspark/driver/_restart.py's _Watch: from its own thread while the attempt runs, it counts the
- * slots when the run controller says, sends them and performs the answers (warn, watch_slots,
- * checkpoint_and_stop through the attempt's log server). {@link #end()} waits for the step in
- * flight, so the attempt's own event follows the last state. No decision of its own.
+ * slots when the run controller says, sends them (and whether the attempt's log server is still
+ * to come: server_pending) and performs the answers (warn, watch_slots, checkpoint_and_stop
+ * through the attempt's log server). {@link #end()} waits for the step in flight, so the
+ * attempt's own event follows the last state. No decision of its own.
  */
 final class GrowWatch {
     private final IntSupplier slots;
     private final RestartPolicy.Entry entry;
     private final BooleanSupplier checkpoint;
+    private final BooleanSupplier serverPending;
     private final Consumer<String> warn;
     private final double scale;
     private final Thread thread;
@@ -32,6 +34,7 @@ final class GrowWatch {
         this.state = state;
         this.entry = entry;
         this.checkpoint = checkpoint != null ? checkpoint : this::askServer;
+        this.serverPending = checkpoint != null ? () -> false : () -> entry.server == null;
         this.warn = warn;
         this.scale = scale;
         this.thread = new Thread(() -> loop(firstMs), "torchspark-grow-watch");
@@ -54,7 +57,8 @@ final class GrowWatch {
             GangHold hold = entry.hold; // a gang launch's held slots, if it holds: counted by it
             IntSupplier counted = hold != null && hold.alive() ? () -> entry.nodes + (hold.running() ? hold.k : 0)
                     : slots;
-            JsonNode reply = RestartPolicy.step(state, RestartPolicy.countSlots(counted, 0, 0)); // one count now
+            JsonNode reply = RestartPolicy.step(state, // one count now
+                    RestartPolicy.countSlots(counted, 0).put("server_pending", serverPending.getAsBoolean()));
             state = reply.path("state");
             waitMs = null;
             for (JsonNode act : reply.path("actions")) {
@@ -72,13 +76,9 @@ final class GrowWatch {
         }
     }
 
-    /** CHECKPOINT to the attempt's agents, once its job was submitted (it is, ~3 s after);
-     *  false when they cannot be asked (the controller's warning `unreachable` follows). */
+    /** CHECKPOINT to the attempt's agents (the controller asks once its log server is up:
+     *  server_pending); false when they cannot be asked (its warning `unreachable` follows). */
     private boolean askServer() {
-        long deadline = System.currentTimeMillis() + 30_000;
-        while (entry.server == null && System.currentTimeMillis() < deadline && sleep(100)) {
-            // the attempt's log server comes with its job
-        }
         LogServer server = entry.server;
         try {
             return server != null && server.checkpointAll(1);

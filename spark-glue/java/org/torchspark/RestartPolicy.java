@@ -5,9 +5,9 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.lang.reflect.Method;
 import java.util.ArrayList;
-import java.util.Arrays;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Consumer;
 import java.util.function.Function;
 import java.util.function.IntSupplier;
 import java.util.function.Predicate;
@@ -28,8 +28,9 @@ import org.apache.spark.status.api.v1.TaskData;
  * the end (each attempt's root cause, in order). This class only performs those actions.
  */
 final class RestartPolicy {
-    /** An attempt while the loop runs it: what the loop, the attempt (DistributedRun,
-     *  BarrierJob) and its grow watch note on it; TorchSparkRunner.Attempt its snapshot. */
+    /** An attempt while the loop runs it: what the attempt (DistributedRun, BarrierJob) notes
+     *  on it for its attempt_failed event and its grow watch; its record
+     *  (TorchSparkRunner.Attempt) is the controller's (docs/protocol.md 11, "The attempts"). */
     static final class Entry {
         final int attempt;
         final int nodes;
@@ -39,17 +40,13 @@ final class RestartPolicy {
         final boolean last;
         /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
         final Map<String, String> env;
-        final long started = System.currentTimeMillis();
         /** The controller's plan of a gang launch's hold (its submit's "hold"), or null. */
         final JsonNode holdPlan;
-        volatile Long ended;
-        volatile String cause;
         volatile Long rootAt;
         volatile Long endedAt;
         volatile Integer silentNode;
         volatile String silentExecutor;
         volatile int[] lostNodes;
-        volatile String excludedExecutor;
         /** The attempt's log server once its job was submitted (GrowWatch's CHECKPOINT). */
         volatile LogServer server;
         /** A gang launch's slots held for the nodes it lacks (GrowWatch counts by it), or null. */
@@ -62,12 +59,6 @@ final class RestartPolicy {
             last = submit.path("last").asBoolean();
             env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
-        }
-
-        TorchSparkRunner.Attempt snapshot() {
-            int[] lost = lostNodes;
-            return new TorchSparkRunner.Attempt(attempt, nodes, started, ended, cause, rootAt, endedAt, silentNode,
-                    silentExecutor, lost == null ? null : Arrays.stream(lost).boxed().toList(), excludedExecutor);
         }
     }
 
@@ -92,19 +83,17 @@ final class RestartPolicy {
 
     /** What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed): its
      *  exception's report as it is (docs/protocol.md 8: the controller reads the reason, the
-     *  node, a checkpoint on request's step), the silent node's executor, the nodes the log
-     *  server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table. */
+     *  node, a checkpoint on request's step), the silent node and its executor, the nodes the
+     *  log server saw lost (docs/protocol.md 1.7), when the log channel named the cause and
+     *  Spark's job ended (the controller's record), Spark's text for the outcome table. */
     static ObjectNode failedEvent(TorchSparkException e, Entry entry) {
         ObjectNode ev = Failure.JSON.createObjectNode().put("event", "attempt_failed").put("message", e.getMessage());
         // Spark's text: read by the outcome table only
         ev.put("spark_error", JobFailure.sparkText(e.getCause()));
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
-        ev.put("silent_node", entry.silentNode != null); // the node the outcome excluded
-        int[] lost = entry.lostNodes;
-        if (lost != null) {
-            Arrays.stream(lost).forEach(ev.putArray("lost_nodes")::add);
-        }
+        ev.put("silent_node", entry.silentNode).put("root_at", entry.rootAt).put("ended_at", entry.endedAt);
+        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null: none
         return ev.put("executor", entry.silentExecutor);
     }
 
@@ -173,40 +162,34 @@ final class RestartPolicy {
                 e.exitCode(), e.signal(), e.lastLines(), act.path("report").toString(), e, causes);
     }
 
-    /** The free slots once they are >= need or waitMs passed (null: Spark cannot tell), and
-     *  how long that took: the controller's "slots" event (need 0: the count now). */
-    static ObjectNode countSlots(IntSupplier slots, int need, long waitMs) {
+    /** The controller's "slots" event: the free slots counted once after waitMs (0: now; null
+     *  when Spark cannot tell), and how long that took. The controller asks again while it
+     *  waits for a replacement (docs/protocol.md 11, count_slots). */
+    static ObjectNode countSlots(IntSupplier slots, long waitMs) {
         long t0 = System.nanoTime();
         Integer n;
-        while ((n = slotsNow(slots)) != null && n < need && System.nanoTime() - t0 < waitMs * 1_000_000L) {
-            try {
-                Thread.sleep(100);
-            } catch (InterruptedException ie) {
-                Thread.currentThread().interrupt();
-                throw new IllegalStateException("torchspark: interrupted while waiting to restart", ie);
-            }
+        try {
+            Thread.sleep(waitMs);
+            n = slots.getAsInt();
+        } catch (InterruptedException ie) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException("torchspark: interrupted while waiting to restart", ie);
+        } catch (RuntimeException | LinkageError e) {
+            n = null; // Spark cannot tell
         }
         return Failure.JSON.createObjectNode().put("event", "slots").put("free", n)
                 .put("waited_ms", (System.nanoTime() - t0) / 1_000_000L);
     }
 
-    /** The slots now, or null when Spark cannot tell. */
-    static Integer slotsNow(IntSupplier slots) {
-        try {
-            return slots.getAsInt();
-        } catch (RuntimeException | LinkageError e) {
-            return null;
-        }
-    }
-
     /** Calls body (one attempt on the entry's nodes with its env: the run's result, or its
      *  TorchSparkException; it notes on the entry when the failure was noticed and which node
      *  went silent) as the controller says until it returns or the controller throws; record
-     *  gets one Entry per attempt (TorchSparkRunner.attempts()).
+     *  gets the controller's record of each attempt after each step (TorchSparkRunner.attempts():
+     *  docs/protocol.md 11, "The attempts"; each event carries the clock, "at").
      *  conf: the run's settings; needSlots: its nodes; leastSlots: its minNodes (needSlots: not
      *  elastic). */
     static <T> T run(Function<Entry, T> body, int limit, SparkContext sc, Conf conf, int needSlots, int leastSlots,
-            List<Entry> record) {
+            Consumer<JsonNode> record) {
         ObjectNode start = start(needSlots, limit, leastSlots, conf.number("job.replacementTimeout"), conf.string("elastic.batch"));
         start.put("launch", conf.string("launch")).put("dynamic", sc.conf().getBoolean(Conf.DYNAMIC, false));
         // The slots: how many barrier tasks the cluster can run at once now (active executors').
@@ -217,14 +200,15 @@ final class RestartPolicy {
     /** The loop from the controller's start event (start()) with Spark's two calls given
      *  (slots: the cluster's barrier task slots now, which may throw when Spark cannot tell;
      *  exclude); see run(Function, ...). */
-    static <T> T run(Function<Entry, T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude, List<Entry> record) {
-        JsonNode reply = step(null, start);
-        Entry entry = null;
+    static <T> T run(Function<Entry, T> body, ObjectNode start, IntSupplier slots, Predicate<String> exclude,
+            Consumer<JsonNode> record) {
+        JsonNode reply = step(null, start.put("at", System.currentTimeMillis()));
         TorchSparkException error = null;
         T result = null;
         while (true) {
             ObjectNode event = null;
             JsonNode state = reply.path("state");
+            record.accept(state.path("attempts"));
             for (JsonNode act : reply.path("actions")) {
                 switch (act.path("do").asText()) {
                     case "warn" -> TorchSparkRunner.LOG.warn("{}", act.path("text").asText());
@@ -233,8 +217,7 @@ final class RestartPolicy {
                     }
                     case "raise" -> throw raised(act, error);
                     case "submit" -> {
-                        entry = new Entry(act);
-                        record.add(entry);
+                        Entry entry = new Entry(act);
                         GrowWatch watch = act.has("watch_ms")
                                 ? new GrowWatch(slots, state, act.path("watch_ms").asLong(), entry, null,
                                         TorchSparkRunner.LOG::warn, 1.0) : null;
@@ -249,27 +232,19 @@ final class RestartPolicy {
                                 state = watch.end();
                             }
                         }
-                        entry.ended = System.currentTimeMillis();
                     }
-                    case "count_slots" -> event = countSlots(slots, act.path("need").asInt(),
-                            act.path("wait_ms").asLong());
+                    case "count_slots" -> event = countSlots(slots, act.path("wait_ms").asLong());
                     case "exclude_executor" -> {
                         String id = act.path("id").asText();
-                        boolean ok = exclude.test(id);
-                        if (ok) {
-                            entry.excludedExecutor = id;
-                        }
                         event = Failure.JSON.createObjectNode().put("event", "excluded").put("id", id)
-                                .put("node", act.path("node").asInt()).put("ok", ok);
+                                .put("node", act.path("node").asInt()).put("ok", exclude.test(id));
                     }
                     default -> throw new IllegalStateException("torchspark: an action the run controller's "
                             + "adapter does not know: " + act);
                 }
             }
-            reply = step(state, event); // (null: refused by the controller, named)
-            if (event != null && event.path("event").asText().equals("attempt_failed")) {
-                entry.cause = reply.path("state").path("causes").path(entry.attempt).asText();
-            }
+            // (null: refused by the controller, named)
+            reply = step(state, event == null ? null : event.put("at", System.currentTimeMillis()));
         }
     }
 }

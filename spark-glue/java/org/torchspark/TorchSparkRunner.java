@@ -1,5 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.annotation.JsonIgnoreProperties;
+import com.fasterxml.jackson.annotation.JsonProperty;
+import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import java.io.IOException;
@@ -11,7 +14,6 @@ import java.util.Collections;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
-import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.atomic.AtomicLong;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.java.JavaSparkContext;
@@ -64,7 +66,7 @@ public final class TorchSparkRunner {
     // The builder's values that stand for spark.torchspark.* keys (winning over the conf):
     // key without the prefix -> {the builder's name, its value} (Conf.read's args).
     private final Map<String, Object[]> settings = new HashMap<>();
-    private volatile List<RestartPolicy.Entry> attempts = List.of();
+    private volatile JsonNode attempts = Failure.JSON.createArrayNode(); // the run controller's record
     Conf runSettings; // the settings of the run going on (run() reads them once)
     volatile List<String> hangReports = Collections.emptyList();
 
@@ -155,7 +157,7 @@ public final class TorchSparkRunner {
     /** One entry per attempt of the last distributed run with restarts (empty without
      *  restarts), as TorchDistributor's {@code attempts}: each attempt as it is at this call. */
     public List<Attempt> attempts() {
-        return attempts.stream().map(RestartPolicy.Entry::snapshot).toList();
+        return Failure.JSON.convertValue(attempts, new TypeReference<List<Attempt>>() {});
     }
 
     /**
@@ -174,8 +176,13 @@ public final class TorchSparkRunner {
      *     (docs/protocol.md 1.7), or null when none
      * @param excludedExecutor that executor id when Spark excluded it from the next attempt, else null
      */
-    public record Attempt(int attempt, int nodes, long started, Long ended, String cause, Long rootAt, Long endedAt,
-            Integer silentNode, String silentExecutor, List<Integer> lostNodes, String excludedExecutor) {
+    // A record of the run controller's state, by its keys (docs/protocol.md 11, "The attempts").
+    @JsonIgnoreProperties(ignoreUnknown = true) // a key the controller adds later is not one of these
+    public record Attempt(int attempt, int nodes, long started, Long ended, String cause,
+            @JsonProperty("root_at") Long rootAt, @JsonProperty("ended_at") Long endedAt,
+            @JsonProperty("silent_node") Integer silentNode, @JsonProperty("silent_executor") String silentExecutor,
+            @JsonProperty("lost_nodes") List<Integer> lostNodes,
+            @JsonProperty("excluded_executor") String excludedExecutor) {
         @Override
         public String toString() {
             return "Attempt(" + attempt + ", nodes=" + nodes + ", cause=" + cause + ")";
@@ -384,8 +391,7 @@ public final class TorchSparkRunner {
         int ntasks = tasks(sc);
         int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
         Metrics.RUNS.incrementAndGet();
-        List<RestartPolicy.Entry> record = new CopyOnWriteArrayList<>();
-        attempts = record;
+        attempts = Failure.JSON.createArrayNode();
         if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
             return new DistributedRun(this, sc, null).attempt(
                     new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "last", true, "env", Map.of())));
@@ -393,7 +399,7 @@ public final class TorchSparkRunner {
         return RestartPolicy.run(entry -> {
             String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
             return new DistributedRun(this, sc, prefix).attempt(entry);
-        }, limit, sc, c, ntasks, least, record);
+        }, limit, sc, c, ntasks, least, a -> attempts = a);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */

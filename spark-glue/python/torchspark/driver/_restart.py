@@ -45,16 +45,20 @@ def min_nodes(value: Optional[int], num_tasks: int) -> int:
     return int(step(None, start)["state"]["min_nodes"])
 
 
-def failed_event(e: TorchDistributorError, entry: Dict[str, Any]) -> Dict[str, Any]:
+def failed_event(e: TorchDistributorError, times: Dict[str, Any]) -> Dict[str, Any]:
     """What the glue observed of a failed attempt (docs/protocol.md 11, attempt_failed):
     its exception's report as it is (docs/protocol.md 8: the controller reads the reason,
-    the node, a checkpoint on request's step), the silent node's executor, the nodes the
-    log server saw lost (docs/protocol.md 1.7), Spark's text for the outcome table."""
+    the node, a checkpoint on request's step), what run_once left in times (when the
+    failure was noticed, the silent node and its executor: _job.Outcome), the nodes its
+    log server saw lost (docs/protocol.md 1.7: read once the attempt ended, after its
+    drain: a dying node's agent told it by then), Spark's text for the outcome table."""
+    server = times.get("server")
     return {"event": "attempt_failed", "message": str(e),
             "spark_error": spark_text(e.__cause__),
             "report": e.report if isinstance(e.report, dict) else None,
-            "silent_node": entry.get("silent_node") is not None,
-            "executor": entry.get("silent_executor"), "lost_nodes": entry.get("lost_nodes")}
+            "silent_node": times.get("silent_node"), "executor": times.get("silent_executor"),
+            "lost_nodes": server.nodes_lost() if server is not None else None,
+            "root_at": times.get("root_at"), "ended_at": times.get("ended_at")}
 
 
 def free_slots(spark: Any) -> int:
@@ -71,17 +75,13 @@ def free_slots(spark: Any) -> int:
                    if i.port() > 0 and str(i.host()) != "" and int(i.totalCores()) > 0)
 
 
-def count_slots(spark: Any, need: int, wait_s: float, poll_s: float = 0.1) -> Optional[int]:
-    """The free slots once they are >= need or wait_s passed; None when Spark cannot tell."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            slots = free_slots(spark)
-        except Exception:
-            return None
-        if slots >= need or time.monotonic() >= deadline:
-            return slots
-        time.sleep(poll_s)
+def count_slots(spark: Any) -> Optional[int]:
+    """The free slots now; None when Spark cannot tell (the controller asks again while it
+    waits for a replacement: docs/protocol.md 11, count_slots)."""
+    try:
+        return free_slots(spark)
+    except Exception:
+        return None
 
 
 def exclude_executor(spark: Any, executor_id: str) -> bool:
@@ -99,10 +99,10 @@ def exclude_executor(spark: Any, executor_id: str) -> bool:
 class _Watch:
     """A shrunk attempt's slot watch (docs/protocol.md 11, "Growing back"): from its own
     thread while the attempt runs, counts the slots when the controller says (on Spark
-    Connect by the submit's probe of `probe` tasks: _connect.Probe), sends them and performs its
-    answers (warn, watch_slots, checkpoint_and_stop through the attempt's log server, which
-    times["server"] holds). end() waits for the step in flight, so the attempt's own event
-    follows the last state."""
+    Connect by the submit's probe of `probe` tasks: _connect.Probe), sends them (and whether
+    the attempt's log server, times["server"], is still to come: server_pending) and performs
+    its answers (warn, watch_slots, checkpoint_and_stop through that log server). end() waits
+    for the step in flight, so the attempt's own event follows the last state."""
 
     def __init__(self, spark: Any, state: Dict[str, Any], submit: Dict[str, Any], logger: Any,
                  times: Dict[str, Any]) -> None:
@@ -122,35 +122,32 @@ class _Watch:
             self.wake.clear()
             if self.ended.is_set():
                 return
-            reply = step(self.state, _slots(self._count))
+            pending = self.times.get("server") is None
+            reply = step(self.state, {**_slots(self._count), "server_pending": pending})
             self.state, wait_ms = reply["state"], None
             for act in reply["actions"]:
                 if act["do"] == "warn":
                     self.logger.warning(act["text"])
                 elif act["do"] == "watch_slots":
                     wait_ms = act["wait_ms"]
-                elif act["do"] == "checkpoint_and_stop":
-                    self._ask(act["unreachable"])
+                elif act["do"] == "checkpoint_and_stop" and not self._ask():
+                    self.logger.warning(act["unreachable"])
 
     def _count(self) -> Optional[int]:
         held = self.times.get("hold")  # a gang launch's slots held (_gang.Hold), if it holds
         if held is not None and held.thread.is_alive():
             return self.nodes + (held.k if held.running() else 0)
         if self.probe is None:
-            return count_slots(self.spark, 0, 0)
+            return count_slots(self.spark)
         server = self.times.get("server")
         ready = server is not None and server.stats()["authenticated"] >= self.nodes
         return self.nodes + (self.probe.k if self.probe.ran(ready) else 0)
 
-    def _ask(self, unreachable: str) -> None:
-        # The attempt's log server, once its job was submitted (it is, ~3 s after submit).
-        deadline = time.monotonic() + 30
-        while self.times.get("server") is None and time.monotonic() < deadline:
-            if self.ended.wait(0.1):
-                return
+    def _ask(self) -> bool:
+        """CHECKPOINT to the attempt's agents (the controller asks once its log server is
+        up: server_pending); False when they cannot be asked."""
         server = self.times.get("server")
-        if server is None or not server.checkpoint_all(1):
-            self.logger.warning(unreachable)
+        return server is not None and bool(server.checkpoint_all(1))
 
     def end(self) -> Dict[str, Any]:
         self.ended.set()
@@ -161,50 +158,38 @@ class _Watch:
         return self.state
 
 
-def _slots(count: Callable[[], Optional[int]]) -> Dict[str, Any]:
-    """The slots event of a count (count_slots, or the grow watch's), with how long it took."""
+def _slots(count: Callable[[], Optional[int]], wait_s: float = 0) -> Dict[str, Any]:
+    """The slots event of one count after wait_s (count_slots, or the grow watch's), with
+    how long it took."""
     t0 = time.monotonic()
+    time.sleep(wait_s)
     free = count()
     return {"event": "slots", "free": free, "waited_ms": int((time.monotonic() - t0) * 1000)}
 
 
-def _perform(spark: Any, act: Dict[str, Any], entry: Dict[str, Any]) -> Dict[str, Any]:
+def _perform(spark: Any, act: Dict[str, Any]) -> Dict[str, Any]:
     """The event of a count_slots or exclude_executor action, once performed."""
     if act["do"] == "count_slots":
-        return _slots(lambda: count_slots(spark, act["need"], act["wait_ms"] / 1000))
+        return _slots(lambda: count_slots(spark), act["wait_ms"] / 1000)
     ok = exclude_executor(spark, act["id"])
-    if ok:
-        entry["excluded_executor"] = act["id"]
     return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
-
-
-def _failed(e: TorchDistributorError, entry: Dict[str, Any],
-            times: Dict[str, Any]) -> Dict[str, Any]:
-    """The failed attempt's event, its entry completed: when the failure was noticed, the
-    silent node, and the nodes its log server saw lost (read once the attempt ended, after
-    its drain: a dying node's agent told it by then)."""
-    entry.update({k: v for k, v in times.items()
-                  if v is not None and k not in ("server", "hold", "submit")})
-    server = times.get("server")
-    if server is not None and server.nodes_lost():
-        entry["lost_nodes"] = server.nodes_lost()
-    return failed_event(e, entry)
 
 
 def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
         spark: Any, logger: Any, record: List[Dict[str, Any]], times: Dict[str, Any]) -> Any:
     """Calls run_once(submit) (the controller's submit action: attempt, nodes, last, env)
     as the controller, started by start (start_event), says until it returns or the
-    controller raises. record gets one dict per attempt (distributor.attempts); times is
-    where run_once leaves when the failure was noticed (root_at, ended_at: _job.Outcome)
-    and which node went silent; the submit is left there (_gang.hold)."""
-    reply = step(None, start)
-    entry: Dict[str, Any] = {}
+    controller raises. record is the controller's record of each attempt as it is
+    (distributor.attempts: its state's attempts, each event with the glue's clock in "at");
+    times is where run_once leaves when the failure was noticed (root_at, ended_at:
+    _job.Outcome) and which node went silent; the submit is left there (_gang.hold)."""
+    reply = step(None, {**start, "at": time.time()})
     error: Optional[TorchDistributorError] = None
     result: Any = None
     while True:
         event: Optional[Dict[str, Any]] = None
         state = reply["state"]
+        record[:] = state["attempts"]
         for act in reply["actions"]:
             if act["do"] == "warn":
                 logger.warning(act["text"])
@@ -215,9 +200,6 @@ def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
                     raise error
                 raise TorchDistributorError(act["message"], act["report"]) from error
             elif act["do"] == "submit":
-                entry = {"attempt": act["attempt"], "nodes": act["nodes"], "started": time.time(),
-                         "ended": None, "cause": None}
-                record.append(entry)
                 times.clear()
                 times["submit"] = act
                 watch = _Watch(spark, state, act, logger, times) if act.get("watch_ms") else None
@@ -226,13 +208,11 @@ def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
                     event = {"event": "attempt_succeeded"}
                 except TorchDistributorError as e:
                     error = e
-                    event = _failed(e, entry, times)
+                    event = failed_event(e, times)
                 finally:
                     if watch is not None:
                         state = watch.end()
-                entry["ended"] = time.time()
             elif act["do"] in ("count_slots", "exclude_executor"):
-                event = _perform(spark, act, entry)
-        reply = step(state, event)  # (None: refused by the controller, named)
-        if event is not None and event["event"] == "attempt_failed":
-            entry["cause"] = reply["state"]["causes"][entry["attempt"]]
+                event = _perform(spark, act)
+        # (None: refused by the controller, named)
+        reply = step(state, None if event is None else {**event, "at": time.time()})

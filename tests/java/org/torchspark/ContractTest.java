@@ -314,6 +314,9 @@ public class ContractTest {
                 JsonNode reply = RestartPolicy.step(state, s.get("event"));
                 assertEquals(name + ": " + s.get("event"), s.get("actions"), reply.get("actions"));
                 state = reply.get("state");
+                if (s.has("attempts")) { // each attempt's record (TorchSparkRunner.attempts())
+                    assertEquals(name + ": " + s.get("event"), s.get("attempts"), state.get("attempts"));
+                }
             }
             n++;
         }

@@ -6,11 +6,13 @@ import static org.junit.Assert.assertNull;
 import static org.junit.Assert.assertTrue;
 import static org.junit.Assert.fail;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkConf;
 import org.junit.Test;
 
@@ -77,24 +79,25 @@ public class RunnerTest {
         entry.silentExecutor = "5";
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         // the node the outcome excluded: a fact; its reason is the run controller's (runctl.json)
-        assertTrue(ev.path("silent_node").asBoolean());
+        assertEquals(1, ev.path("silent_node").asInt());
         assertEquals("decommission", ev.path("report").path("reason").asText());
         assertEquals("5", ev.path("executor").asText());
         assertTrue(ev.path("spark_error").isNull());
         // the log server's nodes lost, as they are (docs/protocol.md 1.7)
-        assertTrue(ev.path("lost_nodes").isMissingNode() && entry.snapshot().lostNodes() == null);
+        assertTrue(ev.path("lost_nodes").isNull());
         entry.lostNodes = new int[] {2, 1};
         ev = RestartPolicy.failedEvent(decommissioned, entry);
         assertEquals("[2,1]", ev.path("lost_nodes").toString());
-        assertEquals(List.of(2, 1), entry.snapshot().lostNodes());
         // Each attempt's variables, the cause handed on, the history at the end.
         List<java.util.Map<String, String>> envs = new java.util.ArrayList<>();
-        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
+        AtomicReference<JsonNode> rec = new AtomicReference<>();
+        List<RestartPolicy.Entry> entries = new java.util.ArrayList<>();
         try {
             RestartPolicy.run(e -> {
                 envs.add(e.env);
+                entries.add(e);
                 throw e.attempt == 0 ? lost : rankFailed("rank 1 exited with code 5\n  tail");
-            }, RestartPolicy.start(2, 1, 2, 1000, null), () -> 2, id -> true, rec);
+            }, RestartPolicy.start(2, 1, 2, 1000, null), () -> 2, id -> true, rec::set);
             fail("restarts used up");
         } catch (TorchSparkException e) {
             assertEquals(java.util.Map.of("TORCHSPARK_ATTEMPT", "0", "TORCHSPARK_MAX_RESTARTS", "1"), envs.get(0));
@@ -105,12 +108,13 @@ public class RunnerTest {
             assertTrue(e.getMessage(), e.getMessage().startsWith("TorchSparkRunner (distributed) failed after 2 "
                     + "attempt(s) (maxRestarts=1): TorchSparkRunner (distributed) failed: rank 1 exited"));
             assertEquals(1, e.nodeRank().intValue()); // the last attempt's fields
-            assertEquals(cause, rec.get(0).snapshot().cause());
+            assertEquals(cause, attempts(rec).get(0).cause());
+            assertEquals(List.of(2, 2), attempts(rec).stream().map(TorchSparkRunner.Attempt::nodes).toList());
             // The report: the last attempt's with the history, one document for both glues (runctl.c).
             assertEquals(List.of(cause, "rank 1 exited with code 5"),
                     Failure.JSON.convertValue(Failure.parseObject(e.reportJson()).get("attempts"), List.class));
             // The controller's submit says which attempt's failure is thrown (a grow is no restart).
-            assertEquals(List.of(false, true), rec.stream().map(x -> x.last).toList());
+            assertEquals(List.of(false, true), entries.stream().map(x -> x.last).toList());
         }
     }
 
@@ -121,12 +125,13 @@ public class RunnerTest {
     public void aSmallerGangAttemptCarriesTheControllersHold() {
         List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         assertEquals(Integer.valueOf(1), RestartPolicy.run(e -> {
+            rec.add(e);
             if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
             return e.nodes;
         }, RestartPolicy.start(2, 1, 1, 0, null).put("launch", "gang").put("dynamic", true), () -> 1,
-                id -> true, rec));
+                id -> true, a -> {}));
         assertNull(rec.get(0).holdPlan); // at the run's size
         assertEquals("{\"slots\":1,\"from\":\"go\",\"ms\":86400000}", rec.get(1).holdPlan.toString());
     }
@@ -153,16 +158,14 @@ public class RunnerTest {
         }
         // Not elastic: waits for the replacement (here the 3rd look sees it).
         int[] looks = {0};
-        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
         assertEquals(Integer.valueOf(2), RestartPolicy.run(e -> {
             if (e.attempt == 0) {
                 throw rankFailed("boom");
             }
             return e.nodes;
-        }, RestartPolicy.start(2, 1, 2, 60_000, null), () -> ++looks[0] >= 3 ? 2 : 1, id -> true, rec));
+        }, RestartPolicy.start(2, 1, 2, 60_000, null), () -> ++looks[0] >= 3 ? 2 : 1, id -> true, a -> {}));
         assertEquals(3, looks[0]);
         // Spark cannot tell: its own barrier slot check decides (all the nodes).
-        rec.clear();
         assertEquals(Integer.valueOf(4), RestartPolicy.run(e -> {
             if (e.attempt == 0) {
                 throw rankFailed("boom");
@@ -170,7 +173,7 @@ public class RunnerTest {
             return e.nodes;
         }, RestartPolicy.start(4, 1, 2, 60_000, null), () -> {
             throw new IllegalStateException("stopped");
-        }, id -> true, rec));
+        }, id -> true, a -> {}));
     }
 
     /** A silent node is the log server's "lost" root cause whose document's reason says so
@@ -189,6 +192,12 @@ public class RunnerTest {
         assertTrue(!RestartPolicy.silent(null));
     }
 
+    /** The attempts of a run's record as TorchSparkRunner.attempts() shows them. */
+    private static List<TorchSparkRunner.Attempt> attempts(AtomicReference<JsonNode> rec) {
+        return Failure.JSON.convertValue(rec.get(), new com.fasterxml.jackson.core.type.TypeReference<
+                List<TorchSparkRunner.Attempt>>() {});
+    }
+
     private static TorchSparkException rankFailed(String text) {
         return new TorchSparkException("TorchSparkRunner (distributed) failed: " + text, 1, 1, "h", 1, 0, null,
                 null, null, null);
@@ -200,7 +209,7 @@ public class RunnerTest {
      *  history. */
     @Test
     public void restartsGoOnOnTheSurvivorsAndExcludeASilentExecutor() {
-        List<RestartPolicy.Entry> rec = new java.util.ArrayList<>();
+        AtomicReference<JsonNode> rec = new AtomicReference<>();
         List<String> excluded = new java.util.ArrayList<>();
         int[] slots = {2}; // the silent executor's slot still counted, as Spark does
         String out = RestartPolicy.run(entry -> {
@@ -214,18 +223,23 @@ public class RunnerTest {
             excluded.add(id);
             slots[0]--; // pending removal: no longer counted
             return true;
-        }, rec);
+        }, rec::set);
         assertEquals("ok on 1 after lost connection to node 1 (host h, address a): it went silent: x", out);
         assertEquals(List.of("7"), excluded);
-        assertEquals(2, rec.size());
-        assertEquals(2, rec.get(0).snapshot().nodes());
-        assertEquals(1, rec.get(1).snapshot().nodes());
-        assertEquals("7", rec.get(0).snapshot().excludedExecutor());
-        assertNull(rec.get(1).snapshot().cause());
-        assertTrue(rec.get(0).snapshot().ended() >= rec.get(0).snapshot().started());
+        // Each attempt's record: the run controller's (runctl.json), as attempts() shows it.
+        List<TorchSparkRunner.Attempt> att = attempts(rec);
+        assertEquals(2, att.size());
+        assertEquals(2, att.get(0).nodes());
+        assertEquals(1, att.get(1).nodes());
+        assertEquals("7", att.get(0).excludedExecutor());
+        assertEquals(Integer.valueOf(1), att.get(0).silentNode());
+        assertEquals("7", att.get(0).silentExecutor());
+        assertNull(att.get(1).cause());
+        assertNull(att.get(1).silentNode());
+        assertTrue(att.get(0).ended() >= att.get(0).started());
+        assertTrue(att.get(1).ended() >= att.get(1).started());
 
         // Exclusion refused: the silent node's slot is not counted.
-        rec.clear();
         RestartPolicy.run(entry -> {
             if (entry.attempt == 0) {
                 entry.silentNode = 0;
@@ -233,28 +247,26 @@ public class RunnerTest {
                 throw rankFailed("went silent");
             }
             return entry.nodes;
-        }, RestartPolicy.start(2, 1, 1, 60_000, null), () -> 2, id -> false, rec);
-        assertEquals(1, rec.get(1).snapshot().nodes());
-        assertNull(rec.get(0).snapshot().excludedExecutor());
+        }, RestartPolicy.start(2, 1, 1, 60_000, null), () -> 2, id -> false, rec::set);
+        assertEquals(1, attempts(rec).get(1).nodes());
+        assertNull(attempts(rec).get(0).excludedExecutor());
 
         // Not elastic, no replacement: the run ends with each attempt's cause and why.
-        rec.clear();
         try {
             RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, RestartPolicy.start(2, 3, 2, 100, null), () -> 1, id -> true, rec);
+            }, RestartPolicy.start(2, 3, 2, 100, null), () -> 1, id -> true, rec::set);
             fail("no restart without slots");
         } catch (TorchSparkException e) {
             assertEquals(List.of("rank 1 exited with code 9", "no restart: 2 task slot(s) needed, 1 available after "
                     + "waiting 0.1s for a replacement executor (spark.torchspark.job.replacementTimeout)"),
                     e.attempts());
-            assertEquals(1, rec.size());
+            assertEquals(1, rec.get().size());
         }
-        rec.clear();
         try {
             RestartPolicy.run(entry -> {
                 throw rankFailed("rank 1 exited with code 9");
-            }, RestartPolicy.start(4, 3, 2, 100, null), () -> 1, id -> true, rec);
+            }, RestartPolicy.start(4, 3, 2, 100, null), () -> 1, id -> true, rec::set);
             fail("no restart below minNodes");
         } catch (TorchSparkException e) {
             assertTrue(e.attempts().get(1), e.attempts().get(1).startsWith("no restart: at least 2 (minNodes) task "
