@@ -58,7 +58,8 @@ static int wait_once(tsp_agentproc_t *a, int timeout_ms)
     return tsp_agentproc_wait(a, req, strlen(req), out, sizeof out, NULL, err, sizeof err);
 }
 
-/* Waits in 100 ms slices until done; the handed lines of every reply appended to handed. */
+/* Waits in 100 ms slices until done; the handed lines of every reply appended to handed,
+ * each followed by ", " (the same text whichever replies carried them). */
 static void wait_done(tsp_agentproc_t *a, char *handed, size_t len)
 {
     for (int i = 0; i < 600; i++) {
@@ -66,7 +67,7 @@ static void wait_done(tsp_agentproc_t *a, char *handed, size_t len)
         char *lines = strstr(out, "\"lines\": [");
         if (handed && lines && lines[10] != ']') {
             char *end = strstr(lines, "], \"status\"");
-            snprintf(handed + strlen(handed), len - strlen(handed), "%.*s;",
+            snprintf(handed + strlen(handed), len - strlen(handed), "%.*s, ",
                      (int)(end - lines - 10), lines + 10);
         }
         if (!strstr(out, "\"done\": null"))
@@ -85,7 +86,7 @@ START_TEST(test_agentproc_streams_secret_env_and_exit_code)
     wait_done(a, handed, sizeof handed);
     /* The caller's PATH wins over env_default's; the secret came on stdin only. */
     char want[512];
-    snprintf(want, sizeof want, "\"err set dflt %s none 0\";", getenv("PATH"));
+    snprintf(want, sizeof want, "\"err set dflt %s none 0\", ", getenv("PATH"));
     ck_assert_str_eq(handed, want);
     ck_assert_msg(strstr(out, "\"status\": 3") && strstr(out, "exited with status 3") &&
                       strstr(out, "torchspark node 3 on host h1"),
@@ -97,10 +98,10 @@ END_TEST
 START_TEST(test_agentproc_no_secret_stdin_is_null_and_success)
 {
     tsp_agentproc_t *a =
-        start("cat; echo ${TORCHSPARK_LOG_SECRET_FD-unset}", NULL, ", \"hand\": \"all\"");
+        start("cat; echo; echo ${TORCHSPARK_LOG_SECRET_FD-unset}", NULL, ", \"hand\": \"all\"");
     char handed[256] = "";
     wait_done(a, handed, sizeof handed);
-    ck_assert_str_eq(handed, "\"unset\";");
+    ck_assert_str_eq(handed, "\"\", \"unset\", "); /* an empty first line too */
     ck_assert_msg(strstr(out, "\"status\": 0, \"done\": {\"failure\": null"), "%s", out);
     done_with(a);
 }
@@ -201,7 +202,7 @@ START_TEST(test_agentproc_wait_through_eintr)
     wait_done(a, handed, sizeof handed);
     struct itimerval off = {{0, 0}, {0, 0}};
     setitimer(ITIMER_REAL, &off, NULL);
-    ck_assert_str_eq(handed, "\"late\";");
+    ck_assert_str_eq(handed, "\"late\", ");
     ck_assert_msg(strstr(out, "\"status\": 4"), "%s", out);
     done_with(a);
 }
