@@ -107,6 +107,20 @@ START_TEST(test_agentproc_no_secret_stdin_is_null_and_success)
 }
 END_TEST
 
+START_TEST(test_agentproc_the_glues_environ_replaces_this_processs)
+{
+    /* The PySpark glue's os.environ, not the C environ (which a library may have changed). */
+    setenv("TSP_ONLY_IN_C", "1", 1);
+    tsp_agentproc_t *a = start("echo ${TSP_ONLY_IN_C-no} $TSP_A $TSP_B $TSP_C $PATH", NULL,
+                               ", \"hand\": \"all\", \"environ\": {\"TSP_C\": \"c\", "
+                               "\"TSP_A\": \"lost\", \"PATH\": \"/usr/bin:/bin\"}");
+    char handed[256] = "";
+    wait_done(a, handed, sizeof handed);
+    ck_assert_str_eq(handed, "\"no set dflt c /usr/bin:/bin\", ");
+    done_with(a);
+}
+END_TEST
+
 START_TEST(test_agentproc_echo_goes_to_stderr)
 {
     char path[] = "/tmp/tsp_agentproc_echo_XXXXXX";
@@ -236,6 +250,8 @@ START_TEST(test_agentproc_refusals)
          "\"hand\""},
         {"{\"host\": \"h\", \"plan\": {\"argv\": [\"sh\"], \"env\": {\"A\": 1}, \"finish\": {}}}",
          "\"plan.env\""},
+        {"{\"host\": \"h\", \"environ\": [], \"plan\": {\"argv\": [\"sh\"], \"finish\": {}}}",
+         "\"environ\""},
         {"{\"host\": \"h\", \"plan\": {\"argv\": [\"/nonexistent/agent\"], \"finish\": {}}}",
          "cannot run '/nonexistent/agent'"},
     };
@@ -255,6 +271,7 @@ static Suite *agentproc_suite(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_agentproc_streams_secret_env_and_exit_code);
     tcase_add_test(tc, test_agentproc_no_secret_stdin_is_null_and_success);
+    tcase_add_test(tc, test_agentproc_the_glues_environ_replaces_this_processs);
     tcase_add_test(tc, test_agentproc_echo_goes_to_stderr);
     tcase_add_test(tc, test_agentproc_signal_and_tail_of_the_last_lines);
     tcase_add_test(tc, test_agentproc_term_then_kill);

@@ -68,13 +68,19 @@ static int env_member(void *ctx, const char *key, size_t index, int type, const 
     return w->dflt ? tsp_env_set_default(w->env, key, val) : tsp_env_set(w->env, key, val);
 }
 
-/* The agent's environment: env_default, this process's, env; the parent pid; the secret's fd. */
+/* The agent's environment: env_default, the caller's (its glue's "environ", else this
+ * process's), env; the parent pid; the secret's fd. */
 static int build_env(const tsp_jreq_t *r, int secret, tsp_env_t *env)
 {
     char pid[24];
     snprintf(pid, sizeof pid, "%ld", (long)getpid());
-    int rc = tsp_env_init(env, environ);
+    char *base = NULL;
+    int given = tsp_jreq_get(r, "environ", TSP_JSON_OBJECT, "an object of strings", &base);
+    free(base);
+    int rc = given < 0 ? given : tsp_env_init(env, given ? NULL : environ);
     env_walk_t set = {env, 0}, dflt = {env, 1};
+    if (!rc && given)
+        rc = tsp_json_each(r->doc, r->len, "environ", env_member, &set);
     if (!rc && (rc = tsp_json_each(r->doc, r->len, "plan.env", env_member, &set)) == -ENOENT)
         rc = 0;
     if (!rc &&
@@ -82,8 +88,8 @@ static int build_env(const tsp_jreq_t *r, int secret, tsp_env_t *env)
         rc = 0;
     if (rc == -EINVAL)
         return tsp__err(r->err, r->errlen, rc,
-                        "the agent request's \"plan.env\" and \"plan.env_default\" must be "
-                        "objects of strings");
+                        "the agent request's \"environ\", \"plan.env\" and "
+                        "\"plan.env_default\" must be objects of strings");
     /* Lets the agent notice a parent that died before it asked for its death signal. */
     if (!rc)
         rc = tsp_env_set(env, "TORCHSPARK_PARENT_PID", pid);

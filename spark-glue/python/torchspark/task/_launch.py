@@ -40,7 +40,8 @@ def run_agent(plan: Dict[str, Any], host: str, secret: Optional[str] = None, ech
     line it prints goes to this process's stderr; hand(line) receives those of its stderr
     (all of them with hand_all). secret: the driver channel's secret (64 hex digits), handed
     over on the agent's standard input, never in its environment (docs/protocol.md 1.1)."""
-    doc = json.dumps({"plan": plan, "secret": secret, "host": host, "echo": echo,
+    # os.environ, not the C environ under it, which a library may change (readline: COLUMNS).
+    doc = json.dumps({"plan": plan, "secret": secret, "host": host, "echo": echo, "environ": dict(os.environ),
                       "hand": "none" if hand is None else "all" if hand_all else "stderr"}).encode()
     agent = checked("tsp_agentproc_start", doc, len(doc), error=OSError, ok=bool)
     try:
