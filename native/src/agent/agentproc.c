@@ -155,12 +155,16 @@ static int secret_pipe(const char *secret, int *fd)
     return rc;
 }
 
-/* The request's keys: the secret (NULL, or checked as hex of at most 128 digits), the
+/* The request's keys: the secret (NULL or "": none; else hex of at most 128 digits), the
  * handed streams, the echo, the host and the plan's finish. */
 static int read_options(const tsp_jreq_t *r, tsp_agentproc_t *a, char **secret)
 {
     char *hand = NULL;
     int rc = tsp_jreq_str(r, "secret", 0, secret);
+    if (!rc && *secret && !**secret) { /* "": none, as null */
+        free(*secret);
+        *secret = NULL;
+    }
     if (!rc && *secret &&
         (strlen(*secret) > 128 || strspn(*secret, "0123456789abcdefABCDEF") != strlen(*secret)))
         rc = tsp__err(r->err, r->errlen, -EINVAL,

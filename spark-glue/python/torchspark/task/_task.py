@@ -97,7 +97,7 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
 
 class NodeFailed(RuntimeError):
     """A node's agent failed: the message carries its finished document (the task's
-    carrier, docs/protocol.md section 3); ``failure`` and ``result`` for local mode."""
+    carrier, docs/protocol.md section 3); ``failure`` for local mode."""
 
     def __init__(self, message: str, failure: _report.Failure) -> None:
         super().__init__(message)
@@ -125,12 +125,13 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
     if spec["nccl_check"] > 0 and facts.get("gpus"):
         request["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
     plan = json_call("tsp_task_launch", request)
-    # env_default: only where the task's own environment has no value.
-    env = {**plan["env_default"], **os.environ, **plan["env"]}
     if fn is not None:
         with open(plan["files"]["fn"], "wb") as f:
             f.write(fn)
     if spec["warm_idle_s"] and fn is not None:
+        # The agent's environment as agentproc.c composes it (env_default: only where the
+        # task's own environment has no value): the pool's workers must match it.
+        env = {**plan["env_default"], **os.environ, **plan["env"]}
         warm = _warm.ensure_quietly(env, plan["nproc_per_node"],
                          _warm.executor_anchor() if warm_anchor is None else warm_anchor,
                          spec["warm_idle_s"])
