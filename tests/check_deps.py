@@ -108,6 +108,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
     "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
     "task": ("agent", 5),  # the task side: facts -> the agent's launch, its exit -> the result
+    "agentproc": ("agent", 6),  # the glues' agent process: start, pump, wait, stop (12.1)
 }
 # The sides each side may reach (the public headers, torchspark/*.h, are open to all).
 SIDE_USES: Dict[str, Set[str]] = {

@@ -172,7 +172,7 @@ def stage_partition(workdir: str):
 
 def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
            nccl_check: float, dataframe: bool, env: Dict[str, str]) -> Tuple[Dict, float, int]:
-    """One function-mode run on this node: (rank 0's result, wall, the agent's status)."""
+    """One function-mode run on this node: (rank 0's result, wall, 0, or 1 when it failed)."""
     from torchspark.native import _lib
     from torchspark.task import _launch
 
@@ -192,17 +192,21 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
         "master_addr": record["master_addr"], "master_port": record["master_port"],
         "run_id": record["run_id"], "error_file": error_file, "python": sys.executable,
         "nccl_check": nccl_check, "nccl_port": record["nccl_port"], "warm_socket": warm,
-        "shutdown_timeout": _launch.SHUTDOWN_TIMEOUT_S,
+        "shutdown_timeout": 5,  # the task plan's (TSP_TASK_SHUTDOWN_TIMEOUT_S)
         "nccl_lib": os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
     }) + ["-m", "torchspark.worker._fn_runner", fn_file, out_file]
     say(f"[{tag}] {' '.join(cmd)}")
     t0 = time.monotonic()
+    plan = {"argv": cmd, "env": env, "env_default": {}, "finish": {
+        "files": {"error": error_file, "output": out_file}, "collect": True, "node_rank": 0,
+        "nproc_per_node": 1}}
     with held:
-        res = _launch.run_agent(cmd, env, echo=lambda ln: say(f"[{tag}] {ln}"))
+        done = _launch.run_agent(plan, "localhost", echo=False, hand_all=True,
+                                 hand=lambda ln: say(f"[{tag}] {ln}"))
     wall = time.monotonic() - t0
-    if res.returncode != 0 or not os.path.exists(out_file):
-        say(f"[{tag}] the agent exited with status {res.returncode}; tail {res.tail[-5:]}")
-        return {}, wall, res.returncode or 1
+    if done["failure"] is not None or done["missing"]:
+        say(f"[{tag}] {done['failure']['message'] if done['failure'] else 'no output file'}")
+        return {}, wall, 1
     with open(out_file, "rb") as f:
         return cloudpickle.load(f), wall, 0
 

@@ -64,12 +64,28 @@ START_TEST(test_logtail_the_byte_bound_evicts_across_growth)
 }
 END_TEST
 
+START_TEST(test_logtail_an_empty_first_line)
+{
+    /* An empty line into an empty tail (the agent process's tail of a program whose first
+     * line is blank) once divided by the ring's size, 0 before any byte. */
+    tsp__tail_t t;
+    memset(&t, 0, sizeof t);
+    tsp__tail_add(&t, 100, 1 << 20, "", 0);
+    tsp__tail_add(&t, 100, 1 << 20, "x", 1);
+    char *all = copy_all(&t, 100);
+    ck_assert_str_eq(all, "\nx\n");
+    free(all);
+    tsp__tail_free(&t);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("logtail");
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, test_logtail_keeps_the_last_lines_and_grows_its_entries_with_them);
     tcase_add_test(tc, test_logtail_the_byte_bound_evicts_across_growth);
+    tcase_add_test(tc, test_logtail_an_empty_first_line);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);
 }

@@ -18,6 +18,10 @@
 extern "C" {
 #endif
 
+/* The agent's grace for its workers (the plan's shutdown_timeout); whoever stops the agent
+ * (tsp_agentproc_stop) waits a second more before its KILL. */
+#define TSP_TASK_SHUTDOWN_TIMEOUT_S 5
+
 /* request (len bytes of JSON: the task's facts) -> {"argv", "env", "env_default", "files",
  * "nproc_per_node", "ship", "collect"} written to out (NUL-terminated). 0 on success;
  * -ENOSPC when outlen is too small (*needed, when given, is then the size to retry with);

@@ -195,7 +195,8 @@ int tsp_proc_spawn(tsp_proc_t *p, const tsp_proc_opts_t *o, char *err, size_t er
         goto out;
     }
     if (pid == 0)
-        child_setup(o, candidates, in_r, out_w, err_w, rep[1], parent);
+        child_setup(o, candidates, o->stdin_mode == TSP_PROC_FD ? o->stdin_fd : in_r, out_w, err_w,
+                    rep[1], parent);
     proc_close_fd(&rep[1]);
     int child_errno = 0;
     ssize_t n;

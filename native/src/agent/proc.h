@@ -18,9 +18,10 @@ typedef struct tsp_proc_opts {
     char *const *argv; /* NULL-terminated */
     char *const *envp; /* NULL-terminated; NULL: the caller's environ */
     const char *cwd;   /* NULL: unchanged */
-    int stdin_mode;    /* TSP_PROC_INHERIT or TSP_PROC_NULL (/dev/null) */
+    int stdin_mode;    /* TSP_PROC_INHERIT, TSP_PROC_NULL (/dev/null) or TSP_PROC_FD */
     int stdout_mode;   /* TSP_PROC_* but TSP_PROC_NULL */
     int stderr_mode;
+    int stdin_fd;  /* with TSP_PROC_FD (the caller's: never closed here) */
     int stdout_fd; /* with TSP_PROC_FD */
     int stderr_fd;
     int pdeathsig;   /* 0: none */

@@ -20,7 +20,6 @@
 #include "torchspark/plan.h"
 #include "util.h"
 
-#define SHUTDOWN_TIMEOUT_S 5 /* the agent's grace for its workers (the glue adds a second) */
 #define CARRIER "TORCHSPARK-FAILURE-REPORT-V2:" /* docs/protocol.md section 3 */
 
 typedef int (*json_fn)(const char *, size_t, char *, size_t, size_t *, char *, size_t);
@@ -245,7 +244,7 @@ static int write_plan(const tsp_jreq_t *r, const launch_t *l, char **doc, size_t
     tsp_json_key(&w, "error_file");
     tsp_json_str(&w, l->error);
     tsp_json_key(&w, "shutdown_timeout");
-    tsp_json_int(&w, SHUTDOWN_TIMEOUT_S);
+    tsp_json_int(&w, TSP_TASK_SHUTDOWN_TIMEOUT_S);
     tsp_json_key(&w, "output_file");
     tsp_json_str(&w, l->ship ? l->output : NULL);
     tsp_json_end(&w);

@@ -93,7 +93,7 @@ void tsp__tail_add(tsp__tail_t *t, unsigned max_lines, size_t max_bytes, const v
         t->head = (t->head + 1) % t->slots;
         t->count--;
     }
-    if (t->bytes + len > t->cap) {
+    if (t->bytes + len > t->cap || !t->ring) { /* an empty first line needs a ring too */
         size_t want = t->bytes + len;
         if (grow(t, max_bytes, want))
             return; /* no memory: this line is not kept */

@@ -153,4 +153,16 @@ final class Native {
     static native byte[] logServerOutputData(long h);
 
     static native void logServerFree(long h);
+
+    // --- the node's agent process (torchspark/agentproc.h, docs/protocol.md 12.1) ---
+
+    /** The started agent's handle, or 0 with the sentence in msg[0] (tsp_agentproc_start's
+     *  request: JSON). */
+    static native long agentStart(String request, String[] msg);
+
+    /** msg[0]: the reply of tsp_agentproc_wait on h to the request (JSON), or the sentence. */
+    static native int agentWait(long h, String request, String[] msg);
+
+    /** Stops the agent when it still runs (TERM, its grace, KILL) and frees h. */
+    static native void agentClose(long h);
 }

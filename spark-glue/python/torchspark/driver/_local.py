@@ -31,8 +31,8 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                  "gpus": gpus or None, "env": dist._clock.env()}
         try:
             out_file = _task._run_agent(
-                spec, facts, workdir,
-                echo=None if ch.server is not None else lambda ln: _LogPump.write(ln + "\n"),
+                spec, facts, workdir, echo=False,
+                hand=None if ch.server is not None else lambda ln: _LogPump.write(ln + "\n"),
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()

@@ -7,7 +7,7 @@ a source checkout's build directory (``build/lib``, ``build/bin``; ``TORCHSPARK_
 names another), then PATH for the agent.
 
 The public C API behind the table: ``native/include/torchspark/`` (common.h, elect.h,
-logserver.h, output.h, gpu.h, plan.h, failure.h, rendezvous.h). Every other module calls
+logserver.h, output.h, gpu.h, plan.h, failure.h, rendezvous.h, agentproc.h). Every other module calls
 the library through :func:`load_library`.
 """
 from __future__ import annotations
@@ -88,6 +88,10 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         # gang.h (docs/protocol.md 2.2)
         "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
         "tsp_gang_ask": (i, [i, c, c, c, i]),
+        # agentproc.h (docs/protocol.md 12.1): the wait through json_call with the handle
+        "tsp_agentproc_start": (vp, [c, sz] + err),
+        "tsp_agentproc_wait": (i, [vp, c, sz, c, sz, P(sz)] + err),
+        "tsp_agentproc_close": (None, [vp]),
     }
 
 
@@ -172,8 +176,9 @@ def json_call(name: str, request: Any, error: Callable[[str], Exception] = Value
               handle: Any = None) -> Any:
     """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
     tsp_failure_report, outcome.h's tsp_outcome_classify, ...; with handle, the log server's
-    tsp_logserver_call on it): request -> its reply, decoded; the library's sentence naming
-    what is wrong as error (a ValueError) when it refuses the request."""
+    tsp_logserver_call or the agent process's tsp_agentproc_wait on it): request -> its
+    reply, decoded; the library's sentence naming what is wrong as error (a ValueError) when
+    it refuses the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(4096)  # room for every peer's reason (elect.c)

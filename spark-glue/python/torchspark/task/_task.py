@@ -97,26 +97,22 @@ def run_node(spec: NodeSpec, iterator: Iterator[Any]) -> Iterator[bytes]:
 
 class NodeFailed(RuntimeError):
     """A node's agent failed: the message carries its finished document (the task's
-    carrier, docs/protocol.md section 3); ``failure`` and ``result`` for local mode."""
+    carrier, docs/protocol.md section 3); ``failure`` for local mode."""
 
-    def __init__(self, message: str, failure: _report.Failure,
-                 result: "_launch.AgentResult") -> None:
+    def __init__(self, message: str, failure: _report.Failure) -> None:
         super().__init__(message)
-        self.failure, self.result = failure, result
-
-
-def _echo(line: str) -> None:
-    # The executor's own log keeps every line, with or without the channel.
-    sys.stderr.write(line + "\n")
+        self.failure = failure
 
 
 def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
-               spill: Optional[_report_rows.Spill] = None,
-               echo: Optional[Callable[[str], None]] = _echo,
+               spill: Optional[_report_rows.Spill] = None, echo: bool = True,
+               hand: Optional[Callable[[str], None]] = None,
                warm_anchor: Optional[int] = None) -> Optional[str]:
     """Runs this node's agent (holding the caller's port reservation meanwhile) as the C
     core plans it from the task's facts (docs/protocol.md section 12); returns the result
     file to send through collect(), or None; raises NodeFailed with a failure report.
+    echo: its lines to stderr (the executor's own log keeps every line, with or without the
+    channel); hand: each of its lines to this instead (else its stderr lines to spill).
     facts {"standalone": True, ...}: local mode, the one node of a standalone run (no
     election, no rendezvous, no staging), its warm pool anchored at warm_anchor (the
     driver)."""
@@ -129,24 +125,22 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
     if spec["nccl_check"] > 0 and facts.get("gpus"):
         request["nccl_lib"] = os.environ.get("TORCHSPARK_NCCL_LIB") or _launch.find_libnccl()
     plan = json_call("tsp_task_launch", request)
-    # env_default: only where the task's own environment has no value.
-    env = {**plan["env_default"], **os.environ, **plan["env"]}
     if fn is not None:
         with open(plan["files"]["fn"], "wb") as f:
             f.write(fn)
     if spec["warm_idle_s"] and fn is not None:
+        # The agent's environment as agentproc.c composes it (env_default: only where the
+        # task's own environment has no value): the pool's workers must match it.
+        env = {**plan["env_default"], **os.environ, **plan["env"]}
         warm = _warm.ensure_quietly(env, plan["nproc_per_node"],
                          _warm.executor_anchor() if warm_anchor is None else warm_anchor,
                          spec["warm_idle_s"])
         plan = json_call("tsp_task_launch", dict(request, warm_socket=warm)) if warm else plan
-    res = _launch.run_agent(plan["argv"], env, echo=echo,
-                            on_stderr=spill.stderr_line if spill else None,
-                            secret=spec["log_secret_hex"] if endpoint else None)
-    done = json_call("tsp_task_finish", {**plan["finish"], "status": res.returncode,
-                                         "tail": "\n".join(res.tail), "host": socket.gethostname()})
+    done = _launch.run_agent(plan, socket.gethostname(), spec["log_secret_hex"] if endpoint else None,
+                             echo, hand or (spill.stderr_line if spill else None), hand is not None)
     if done["failure"] is not None:
         failure = _report.Failure(done["failure"]["document"])
-        raise NodeFailed(done["failure"]["message"], failure, res)
+        raise NodeFailed(done["failure"]["message"], failure)
     for line in done["log"]:
         sys.stderr.write(line + "\n")
     if done["missing"]:
