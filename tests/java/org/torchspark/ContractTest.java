@@ -147,7 +147,7 @@ public class ContractTest {
     private static String withMac(String line) {
         int i = line.indexOf("{mac} ");
         return i < 0 ? line : line.substring(0, i)
-                + Native.rdvRecordMac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
+                + RendezvousTest.mac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
     }
 
     /** Each rank's dump lines -> the diagnosis, through JNI (HangDoctorTest.diagnose). */
