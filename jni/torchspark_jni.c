@@ -95,17 +95,6 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_textBufferMin(JNIEnv *env, jcl
     return (jint)TSP_LOGSERVER_TEXT_MIN;
 }
 
-/* ---- election ---- */
-
-JNIEXPORT void JNICALL Java_org_torchspark_Native_releasePort(JNIEnv *env, jclass cls, jint fd,
-                                                              jint port)
-{
-    (void)env;
-    (void)cls;
-    tsp_port_reservation_t res = {fd, port};
-    tsp_elect_release_port(&res);
-}
-
 /* ---- the C core's JSON transforms: the node plan, the failure ---- */
 
 typedef int (*json_transform_fn)(const char *in, size_t len, char *out, size_t outlen,

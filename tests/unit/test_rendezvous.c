@@ -392,6 +392,7 @@ START_TEST(test_rdv_json_calls)
              "tsp_rdv_call: unknown op \"reset\" (endpoint, counts, gang, gang_state or "
              "gang_failure)");
     rdv_json(r, "[]", -EINVAL, "tsp_rdv_call: the request is not a JSON object");
+    rdv_json(NULL, "{\"op\": \"counts\"}", -EINVAL, "torchspark: the rendezvous is closed");
     rdv_json(r, "{\"op\": \"counts\"}", 0, "{\"puts\": 0, \"gets\": 0}");
     tsp_rdv_free(r);
 }
@@ -414,7 +415,7 @@ START_TEST(test_rdv_task_json_calls)
     /* A GET in slices waits for rank 0's PUT (made whole), then hands its record. */
     snprintf(req, sizeof req,
              "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
-             "\"%s\", \"record\": null}",
+             "\"%s\", \"node_rank\": 1}",
              port, SECRET);
     tsp_rdv_task_t *t = NULL;
     ck_assert_int_eq(tsp_rdv_task_start(req, strlen(req), &t, err, sizeof err), 0);
@@ -422,10 +423,10 @@ START_TEST(test_rdv_task_json_calls)
                      TSP_RDV_PENDING);
     snprintf(req, sizeof req,
              "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
-             "\"%s\", \"record\": \"{\\\"v\\\": 1}\"}",
+             "\"%s\", \"node_rank\": 0, \"record\": \"{\\\"v\\\": 1}\"}",
              port, SECRET);
     ck_assert_msg(task_call(req, out, sizeof out, err, sizeof err) == 0, "%s", err);
-    ck_assert_str_eq(out, "{}");
+    ck_assert_str_eq(out, "{\"record\": \"{\\\"v\\\": 1}\"}");
     ck_assert_int_eq(tsp_rdv_task_wait(t, 5000, out, 4, &need, err, sizeof err), -ENOSPC);
     ck_assert_int_eq(tsp_rdv_task_wait(t, 5000, out, need, &need, err, sizeof err), 0);
     ck_assert_str_eq(out, "{\"record\": \"{\\\"v\\\": 1}\"}");

@@ -141,14 +141,15 @@ TSP_EXTERN int tsp_rdv_call_line(const char *host, int port, const char *secret_
 typedef struct tsp_rdv_task tsp_rdv_task_t;
 
 /* A task's call started from a JSON request: {"op": "exchange", "host", "port",
- * "secret_hex", "record": rank 0's, null for a GET} (tsp_rdv_call_start) or {"op": "join",
+ * "secret_hex", "node_rank", "record"} (tsp_rdv_call_start: node 0 PUTs its record, another
+ * node GETs rank 0's) or {"op": "join",
  * "host", "port", "secret_hex", "node_rank", "attempt", "task_host", "timeout_ms"}
  * (tsp_gang_call_start). 0 with *out (free it with tsp_rdv_task_free), else the code and
  * the sentence of those two (or of a request that is not one). */
 TSP_EXTERN int tsp_rdv_task_start(const char *request, size_t len, tsp_rdv_task_t **out, char *err,
                                   size_t errlen);
 /* Waits up to timeout_ms (< 0: until the call's own deadline) for the reply: 0 with the
- * reply object in out ({"record"} of a GET, {"nnodes"} of a JOIN, {} of a PUT; -ENOSPC with
+ * reply object in out ({"record"}: rank 0's, of an exchange; {"nnodes"} of a JOIN; -ENOSPC with
  * *needed: call again), TSP_RDV_PENDING (nothing yet, wait again), or the codes and
  * sentences of tsp_rdv_call_wait and tsp_gang_call_wait. */
 TSP_EXTERN int tsp_rdv_task_wait(tsp_rdv_task_t *t, int timeout_ms, char *out, size_t outlen,

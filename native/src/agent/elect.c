@@ -545,6 +545,33 @@ static int op_lookup(const char *op, const char *arg, tsp_json_writer_t *w, char
     return 0;
 }
 
+/* Closes one descriptor of a "release" request's "fds" (a held port's; -1: released). */
+static int release_fd(void *ctx, const char *key, size_t index, int type, const char *val,
+                      size_t len)
+{
+    (void)ctx;
+    (void)key;
+    (void)index;
+    char num[24];
+    long fd = -1;
+    if (type != TSP_JSON_NUMBER || len >= sizeof num)
+        return -EINVAL;
+    snprintf(num, sizeof num, "%.*s", (int)len, val);
+    if (sscanf(num, "%ld", &fd) == 1 && fd >= 0 && fd <= INT_MAX)
+        close((int)fd);
+    return 0;
+}
+
+/* "release": closes the held ports' descriptors that "master" handed out ("fds"). */
+static int op_release(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                      char *err, size_t errlen)
+{
+    if (tsp_json_each(request, len, "fds", release_fd, NULL) != 0)
+        return tsp__err(err, errlen, -EINVAL,
+                        ELECT_WHO "'s \"fds\" must be an array of descriptors (numbers)");
+    return tsp__reply_copy("{}", 2, out, outlen, needed);
+}
+
 int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                    char *err, size_t errlen)
 {
@@ -561,12 +588,16 @@ int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, si
     tsp_jreq_t r = {request, len, ELECT_WHO, err, errlen};
     int rc = tsp_jreq_str(&r, "op", 1, &op), fds[2] = {-1, -1};
     int master = rc == 0 && strcmp(op, "master") == 0;
+    if (rc == 0 && strcmp(op, "release") == 0) {
+        free(op);
+        return op_release(request, len, out, outlen, needed, err, errlen);
+    }
     while (rc == 0 && !master && k < 4 && strcmp(op, args[k][0]) != 0)
         k++;
     if (rc == 0 && !master && k == 4)
         rc = tsp__err(err, errlen, -EINVAL,
-                      "tsp_elect_call: unknown op \"%s\" (master, unpack, route_source, "
-                      "ifname_of or local_ifname)",
+                      "tsp_elect_call: unknown op \"%s\" (master, release, unpack, "
+                      "route_source, ifname_of or local_ifname)",
                       op);
     else if (rc == 0 && !master)
         rc = tsp_jreq_str(&r, args[k][1], 1, &arg);

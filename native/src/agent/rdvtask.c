@@ -21,22 +21,41 @@
 struct tsp_rdv_task {
     tsp_rdv_call_t *call;
     int join;      /* a gang JOIN (else rank 0's PUT or a GET) */
-    int get;       /* a GET: its reply is rank 0's record */
-    int node_rank; /* a JOIN's */
+    int node_rank; /* the task's node */
+    char *put;     /* rank 0's record, which it PUTs (NULL: a GET) */
     char *reply;   /* the reply document once it came (a wait after it copies it again) */
     size_t reply_len;
 };
 
-/* The reply's members: {"record"} of a GET, {"nnodes"} of a JOIN, {} of a PUT. */
+/* The reply's members: {"nnodes"} of a JOIN; {"record"}, rank 0's, of an exchange (what a
+ * GET got, its MAC checked, or what rank 0 PUT). */
 static void write_reply(const tsp_rdv_task_t *t, const char *line, int nnodes, tsp_json_writer_t *w)
 {
-    if (t->get) {
-        tsp_json_key(w, "record");
-        tsp_json_str(w, line);
-    } else if (t->join) {
-        tsp_json_key(w, "nnodes");
+    tsp_json_key(w, t->join ? "nnodes" : "record");
+    if (t->join)
         tsp_json_int(w, nnodes);
+    else
+        tsp_json_str(w, t->put ? t->put : line);
+}
+
+/* Rank 0's exchange PUTs "record" (absent: "", which is refused), another rank's GETs it. */
+static int open_exchange(tsp_rdv_task_t *t, const tsp_jreq_t *q, const char *host, int port,
+                         const char *secret)
+{
+    char *record = NULL;
+    int rc = tsp_jreq_int(q, "node_rank", 0, &t->node_rank);
+    if (rc == 0)
+        rc = tsp_jreq_str(q, "record", 0, &record);
+    if (rc == 0 && t->node_rank == 0) {
+        t->put = record ? record : strdup("");
+        record = NULL;
+        if (!t->put)
+            rc = tsp__err(q->err, q->errlen, -ENOMEM, "tsp_rdv_task_start: out of memory");
     }
+    if (rc == 0)
+        rc = tsp_rdv_call_start(host, port, secret, t->put, &t->call, q->err, q->errlen);
+    free(record);
+    return rc;
 }
 
 /* A JOIN's members: node_rank, attempt, task_host, timeout_ms; sent on (host, port, secret). */
@@ -59,13 +78,13 @@ static int open_join(tsp_rdv_task_t *t, const tsp_jreq_t *q, const char *host, i
     return rc;
 }
 
-/* Starts the request's call (op "exchange": "record", null for a GET; op "join") into ctx, a
- * tsp_rdv_task_t: connected, TLS complete, its line sent. */
+/* Starts the request's call (op "exchange" or "join") into ctx, a tsp_rdv_task_t: connected,
+ * TLS complete, its line sent. */
 static int op_open(void *ctx, const char *op, const tsp_jreq_t *q, tsp_json_writer_t *w)
 {
     (void)w;
     tsp_rdv_task_t *t = ctx;
-    char *host = NULL, *secret = NULL, *record = NULL;
+    char *host = NULL, *secret = NULL;
     int port = 0, rc = 0;
     t->join = strcmp(op, "join") == 0;
     if (!t->join && strcmp(op, "exchange") != 0)
@@ -76,15 +95,11 @@ static int op_open(void *ctx, const char *op, const tsp_jreq_t *q, tsp_json_writ
     if ((rc = tsp_jreq_str(q, "host", 1, &host)) == 0 &&
         (rc = tsp_jreq_int(q, "port", 0, &port)) == 0 &&
         (rc = tsp_jreq_str(q, "secret_hex", 1, &secret)) == 0) {
-        if (t->join)
-            rc = open_join(t, q, host, port, secret);
-        else if ((rc = tsp_jreq_str(q, "record", 0, &record)) == 0)
-            rc = tsp_rdv_call_start(host, port, secret, record, &t->call, q->err, q->errlen);
-        t->get = !t->join && !record;
+        rc =
+            t->join ? open_join(t, q, host, port, secret) : open_exchange(t, q, host, port, secret);
     }
     free(host);
     free(secret);
-    free(record);
     return rc;
 }
 
@@ -144,12 +159,19 @@ int tsp_rdv_task_wait(tsp_rdv_task_t *t, int timeout_ms, char *out, size_t outle
     return tsp__reply_copy(t->reply, t->reply_len, out, outlen, needed);
 }
 
+/* What t holds, freed (t itself is the caller's). */
+static void task_clear(tsp_rdv_task_t *t)
+{
+    tsp_rdv_call_free(t->call);
+    free(t->put);
+    free(t->reply);
+}
+
 void tsp_rdv_task_free(tsp_rdv_task_t *t)
 {
     if (!t)
         return;
-    tsp_rdv_call_free(t->call);
-    free(t->reply);
+    task_clear(t);
     free(t);
 }
 
@@ -187,7 +209,7 @@ static int op_task(void *ctx, const char *op, const tsp_jreq_t *q, tsp_json_writ
     int rc = op_open(&t, op, q, w);
     if (rc == 0)
         rc = task_wait(&t, -1, w, q->err, q->errlen);
-    tsp_rdv_call_free(t.call);
+    task_clear(&t);
     return rc;
 }
 

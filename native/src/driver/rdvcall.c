@@ -104,7 +104,7 @@ int tsp_rdv_call(tsp_rdv_t *r, const char *request, size_t len, char *out, size_
                  size_t *needed, char *err, size_t errlen)
 {
     if (!r)
-        return tsp__err(err, errlen, -EINVAL, "tsp_rdv_call: no rendezvous");
+        return tsp__err(err, errlen, -EINVAL, "torchspark: the rendezvous is closed");
     return tsp_jreq_serve("tsp_rdv_call", WHO, request, len, op_rdv, r, out, outlen, needed, err,
                           errlen);
 }

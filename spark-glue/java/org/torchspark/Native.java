@@ -70,11 +70,6 @@ final class Native {
      *  them (null: unset), the executors registered now; the total, or -errno. */
     static native int gangAsk(int numTasks, String executorCores, String taskCpus, String maxExecutors, int have);
 
-    // --- election (torchspark/elect.h; the rest through json: tsp_elect_call) ---
-
-    /** Closes a port's descriptor held by rank 0's election (tsp_elect_call's "fds"). */
-    static native void releasePort(int fd, int port);
-
     // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1 to 2.3; a
     // task's whole requests through json: tsp_rdv_task_call) ---
 
@@ -86,11 +81,13 @@ final class Native {
     static native void rdvFree(long h);
 
     /** msg[0]: the reply of tsp_rdv_call (docs/protocol.md 2.3: {"op": ...}, the server's
-     *  queries and the gang's driver side) on h to the request (JSON), or the sentence. */
+     *  queries and the gang's driver side) on h (0: closed) to the request (JSON), or the
+     *  sentence. */
     static native int rdvCall(long h, String request, String[] msg);
 
     /** A task's call (tsp_rdv_task_start: the request's "exchange" or "join") started: 0 with
-     *  call[0] (free it with rdvCallFree), or a code with the sentence to raise in msg[0]. */
+     *  call[0] (free it with rdvCallFree; 0 when it did not start), or a code with the sentence
+     *  to raise in msg[0]. */
     static native int rdvCallStart(String request, long[] call, String[] msg);
 
     /** 0: msg[0] is the reply (JSON); 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the

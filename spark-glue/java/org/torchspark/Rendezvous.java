@@ -62,9 +62,9 @@ final class Rendezvous implements AutoCloseable {
     /** The reply of one op of the server's JSON call (tsp_rdv_call, docs/protocol.md 2.3):
      *  IllegalArgumentException with the library's sentence when refused or once closed. */
     synchronized JsonNode call(String op, Object... keysAndValues) {
-        String[] msg = {"torchspark: the rendezvous is closed"};
-        int rc = handle == 0 ? -9 : Native.rdvCall(handle, Native.object(keysAndValues).put("op", op).toString(), msg);
-        return Native.reply("tsp_rdv_call", rc, msg[0]);
+        String[] msg = new String[1];
+        return Native.reply("tsp_rdv_call", Native.rdvCall(handle, Native.object(keysAndValues).put("op", op).toString(),
+                msg), msg[0]);
     }
 
     /** Arms the gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a
@@ -74,8 +74,8 @@ final class Rendezvous implements AutoCloseable {
     }
 
     /** The gang's state now (Gang.WAIT, GO or FAILED: its deadline is checked by the call). */
-    synchronized int gangState() {
-        return handle == 0 ? Gang.FAILED : call("gang_state").get("state").asInt();
+    int gangState() {
+        return call("gang_state").get("state").asInt();
     }
 
     /** Ends the run: waiting GETs get "ERR the run ended"; no new connection is taken. */
@@ -95,9 +95,8 @@ final class Rendezvous implements AutoCloseable {
      * throws one that gives the driver's reason.
      */
     static String exchange(Endpoint ep, String secretHex, int nodeRank, String packed, Runnable killCheck) {
-        JsonNode reply = await(ep.request("exchange", secretHex, "record", nodeRank == 0 ? (packed == null ? "" : packed)
-                : null), killCheck);
-        return nodeRank == 0 ? packed : reply.get("record").asText();
+        return await(ep.request("exchange", secretHex, "node_rank", nodeRank, "record", packed), killCheck).get("record")
+                .asText();
     }
 
     /** A task's call to the driver (docs/protocol.md 2.3: request's op "exchange" or "join")
@@ -107,12 +106,9 @@ final class Rendezvous implements AutoCloseable {
     static JsonNode await(JsonNode request, Runnable killCheck) {
         long[] call = new long[1];
         String[] msg = new String[1];
-        if (Native.rdvCallStart(request.toString(), call, msg) != 0) {
-            throw new IllegalStateException(msg[0]);
-        }
+        int rc = Native.rdvCallStart(request.toString(), call, msg) == 0 ? PENDING : -1; // started: pending
         try {
-            int rc;
-            while ((rc = Native.rdvCallWait(call[0], KILL_POLL_MS, msg)) == PENDING) {
+            while (rc == PENDING && (rc = Native.rdvCallWait(call[0], KILL_POLL_MS, msg)) == PENDING) {
                 killCheck.run();
             }
             if (rc != 0) {

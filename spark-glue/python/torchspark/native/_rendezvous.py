@@ -86,8 +86,7 @@ def exchange(spec: Optional[RendezvousSpec], secret_hex: Optional[str], ctx: Any
     endpoint (inside TLS keyed by the run's secret), else through allGather()."""
     if not spec:
         return ctx.allGather(packed)[0]
-    reply = task_call("exchange", spec, secret_hex, record=packed if node_rank == 0 else None)
-    return packed if node_rank == 0 else str(reply["record"])
+    return str(task_call("exchange", spec, secret_hex, node_rank=node_rank, record=packed)["record"])
 
 
 def task_call(op: str, spec: RendezvousSpec, secret_hex: Optional[str], **keys: Any) -> Any:
