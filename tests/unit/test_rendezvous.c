@@ -341,6 +341,19 @@ static void rdv_json(tsp_rdv_t *r, const char *request, int want, const char *re
     ck_assert_str_eq(rc == 0 ? out : err, reply);
 }
 
+/* A task's call started from request and seen pending in its first slice (the JVM's way). */
+static tsp_rdv_task_t *started_pending(const char *request)
+{
+    char out[64], err[512] = "";
+    size_t need = 0;
+    tsp_rdv_task_t *t = NULL;
+    ck_assert_msg(tsp_rdv_task_start(request, strlen(request), &t, err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_int_eq(tsp_rdv_task_wait(t, 50, out, sizeof out, &need, err, sizeof err),
+                     TSP_RDV_PENDING);
+    return t;
+}
+
 START_TEST(test_rdv_json_calls)
 {
     char err[512] = "", out[8192], req[1024];
@@ -368,10 +381,7 @@ START_TEST(test_rdv_json_calls)
              "{\"op\": \"join\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": \"%s\", "
              "\"node_rank\": 0, \"attempt\": 0, \"task_host\": \"h 1\", \"timeout_ms\": 300}",
              port, SECRET);
-    tsp_rdv_task_t *t = NULL;
-    ck_assert_int_eq(tsp_rdv_task_start(req, strlen(req), &t, err, sizeof err), 0);
-    ck_assert_int_eq(tsp_rdv_task_wait(t, 50, out, sizeof out, &need, err, sizeof err),
-                     TSP_RDV_PENDING);
+    tsp_rdv_task_t *t = started_pending(req);
     rdv_json(r, "{\"op\": \"gang_state\"}", 0, "{\"state\": 0, \"joined\": 1}");
     usleep(400 * 1000);
     rdv_json(r, "{\"op\": \"gang_state\"}", 0, "{\"state\": 3, \"joined\": 1}");
@@ -417,10 +427,7 @@ START_TEST(test_rdv_task_json_calls)
              "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
              "\"%s\", \"node_rank\": 1}",
              port, SECRET);
-    tsp_rdv_task_t *t = NULL;
-    ck_assert_int_eq(tsp_rdv_task_start(req, strlen(req), &t, err, sizeof err), 0);
-    ck_assert_int_eq(tsp_rdv_task_wait(t, 50, out, sizeof out, &need, err, sizeof err),
-                     TSP_RDV_PENDING);
+    tsp_rdv_task_t *t = started_pending(req);
     snprintf(req, sizeof req,
              "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
              "\"%s\", \"node_rank\": 0, \"record\": \"{\\\"v\\\": 1}\"}",
