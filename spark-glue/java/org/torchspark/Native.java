@@ -27,8 +27,8 @@ final class Native {
     static native int textBufferMin();
 
     // --- the C core's JSON transforms (plan.h, conf.h, failure.h, hang.h, outcome.h, gang.h,
-    // runctl.h, task.h, elect.h: request -> reply, docs/protocol.md), by the C name, as the PySpark glue's
-    // json_call ---
+    // runctl.h, task.h, elect.h, rendezvous.h: request -> reply, docs/protocol.md), by the C
+    // name, as the PySpark glue's json_call ---
 
     /** msg[0]: the reply of the transform name (tsp_conf_read, ...) to the request (JSON), or
      *  the error sentence naming the key that is wrong. */

@@ -23,7 +23,7 @@ import java.io.Serializable;
 final class Rendezvous implements AutoCloseable {
     /** How often a waiting GET checks whether Spark killed its task. */
     static final int KILL_POLL_MS = 100;
-    /** tsp_rdv_call_wait: no reply yet. */
+    /** tsp_rdv_task_wait (TSP_RDV_PENDING): no reply yet. */
     private static final int PENDING = 1;
 
     /** What the task closure carries: where the driver listens (docs/protocol.md 2.1). The

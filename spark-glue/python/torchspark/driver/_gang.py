@@ -37,7 +37,7 @@ def dynamic(spark: Any) -> bool:
 
 
 class Gang:
-    """The armed gang of one attempt at the driver's rendezvous (tsp_rdv_gang)."""
+    """The armed gang of one attempt at the driver's rendezvous (tsp_rdv_call's op gang)."""
 
     def __init__(self, rdv: Any, nnodes: int, timeout_ms: int) -> None:
         self._rdv = rdv
