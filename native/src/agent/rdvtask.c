@@ -46,14 +46,13 @@ static int open_exchange(tsp_rdv_task_t *t, const tsp_jreq_t *q, const char *hos
     int rc = tsp_jreq_int(q, "node_rank", 0, &t->node_rank);
     if (rc == 0)
         rc = tsp_jreq_str(q, "record", 0, &record);
-    if (rc == 0 && t->node_rank == 0) {
-        t->put = record ? record : strdup("");
-        record = NULL;
-        if (!t->put)
-            rc = tsp__err(q->err, q->errlen, -ENOMEM, "tsp_rdv_task_start: out of memory");
-    }
+    const char *put = t->node_rank == 0 ? (record ? record : "") : NULL;
     if (rc == 0)
-        rc = tsp_rdv_call_start(host, port, secret, t->put, &t->call, q->err, q->errlen);
+        rc = tsp_rdv_call_start(host, port, secret, put, &t->call, q->err, q->errlen);
+    if (rc == 0 && put) { /* kept for the reply */
+        t->put = record;
+        record = NULL;
+    }
     free(record);
     return rc;
 }
