@@ -96,27 +96,41 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_textBufferMin(JNIEnv *env, jcl
     return (jint)TSP_LOGSERVER_TEXT_MIN;
 }
 
-/* ---- election ---- */
-
-JNIEXPORT void JNICALL Java_org_torchspark_Native_releasePort(JNIEnv *env, jclass cls, jint fd,
-                                                              jint port)
-{
-    (void)env;
-    (void)cls;
-    tsp_port_reservation_t res = {fd, port};
-    tsp_elect_release_port(&res);
-}
-
 /* ---- the C core's JSON transforms: the node plan, the failure ---- */
 
 typedef int (*json_transform_fn)(const char *in, size_t len, char *out, size_t outlen,
                                  size_t *needed, char *err, size_t errlen);
+/* A JSON call on a handle (tsp_logserver_call, tsp_rdv_call, tsp_agentproc_wait), or a
+ * transform (h: its fn). */
+typedef int (*json_call_fn)(void *h, const char *in, size_t len, char *out, size_t outlen,
+                            size_t *needed, char *err, size_t errlen);
 
-/* msg[0]: fn's reply for the JSON text jin (fn NULL: the JSON call on the handle h, the log
- * server's tsp_logserver_call, or with agent the agent process's tsp_agentproc_wait), or the
- * sentence naming what is wrong. */
-static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_transform_fn fn,
-                           void *h, int agent)
+static int transform_call(void *h, const char *in, size_t len, char *out, size_t outlen,
+                          size_t *needed, char *err, size_t errlen)
+{
+    return (*(const json_transform_fn *)h)(in, len, out, outlen, needed, err, errlen);
+}
+
+static int logserver_call(void *h, const char *in, size_t len, char *out, size_t outlen,
+                          size_t *needed, char *err, size_t errlen)
+{
+    return tsp_logserver_call(h, in, len, out, outlen, needed, err, errlen);
+}
+
+static int rdv_call(void *h, const char *in, size_t len, char *out, size_t outlen, size_t *needed,
+                    char *err, size_t errlen)
+{
+    return tsp_rdv_call(h, in, len, out, outlen, needed, err, errlen);
+}
+
+static int agent_call(void *h, const char *in, size_t len, char *out, size_t outlen, size_t *needed,
+                      char *err, size_t errlen)
+{
+    return tsp_agentproc_wait(h, in, len, out, outlen, needed, err, errlen);
+}
+
+/* msg[0]: fn's reply on h for the JSON text jin, or the sentence naming what is wrong. */
+static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_call_fn fn, void *h)
 {
     int oom = 0;
     const char *in = str_get(env, jin, &oom);
@@ -132,9 +146,7 @@ static jint json_transform(JNIEnv *env, jstring jin, jobjectArray msg, json_tran
                 break;
             }
             out = grown;
-            rc = fn      ? fn(in, strlen(in), out, need, &need, err, sizeof err)
-                 : agent ? tsp_agentproc_wait(h, in, strlen(in), out, need, &need, err, sizeof err)
-                         : tsp_logserver_call(h, in, strlen(in), out, need, &need, err, sizeof err);
+            rc = fn(h, in, strlen(in), out, need, &need, err, sizeof err);
             if (rc != -ENOSPC)
                 break;
         }
@@ -162,6 +174,7 @@ static const struct {
     {"tsp_task_finish", tsp_task_finish},
     {"tsp_elect_call", tsp_elect_call},
     {"tsp_result_check", tsp_result_check},
+    {"tsp_rdv_task_call", tsp_rdv_task_call},
 };
 
 /* msg[0]: the reply of the transform named jname to the JSON text jrequest, or the sentence
@@ -172,10 +185,10 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_json(JNIEnv *env, jclass cls, 
     (void)cls;
     int oom = 0;
     const char *name = str_get(env, jname, &oom);
-    json_transform_fn fn = NULL;
+    const json_transform_fn *fn = NULL;
     for (size_t i = 0; name && i < sizeof JSON_CALLS / sizeof JSON_CALLS[0]; i++)
         if (strcmp(name, JSON_CALLS[i].name) == 0)
-            fn = JSON_CALLS[i].fn;
+            fn = &JSON_CALLS[i].fn;
     if (!oom && fn == NULL) {
         char err[ERR_LEN];
         snprintf(err, sizeof err, "torchspark: the JNI library has no JSON transform named %s",
@@ -185,7 +198,7 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_json(JNIEnv *env, jclass cls, 
     str_release(env, jname, name);
     if (oom || fn == NULL)
         return oom ? -ENOMEM : -ENOSYS;
-    return json_transform(env, jrequest, msg, fn, NULL, 0);
+    return json_transform(env, jrequest, msg, transform_call, (void *)fn);
 }
 
 /* ---- the driver's log server ---- */
@@ -305,7 +318,7 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCall(JNIEnv *env, jcl
                                                                 jstring jrequest, jobjectArray msg)
 {
     (void)cls;
-    return json_transform(env, jrequest, msg, NULL, server_of(h), 0);
+    return json_transform(env, jrequest, msg, logserver_call, server_of(h));
 }
 
 JNIEXPORT jbyteArray JNICALL Java_org_torchspark_Native_logServerOutputData(JNIEnv *env, jclass cls,
@@ -351,22 +364,10 @@ static void strs_release(JNIEnv *env, const jstring js[3], const char *c_str[3])
         str_release(env, js[i], c_str[i]);
 }
 
-/* A task's call started (rc 0): call[0] = its handle; else msg[0] = the sentence. rc. */
-static jint call_started(JNIEnv *env, int rc, int oom, tsp_rdv_call_t *c, jlongArray jcall,
-                         jobjectArray msg, const char *err)
-{
-    jlong v = (jlong)(intptr_t)c;
-    if (rc == 0)
-        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
-    else if (!oom)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    return rc;
-}
-
-/* On success port[0] and msg[0] = host: what the tasks are told. */
+/* A rendezvous (tsp_rdv_start), or 0 with the sentence in msg[0]. */
 JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass cls, jstring jhost,
                                                             jstring jsecret, jint get_timeout_ms,
-                                                            jintArray jport, jobjectArray msg)
+                                                            jobjectArray msg)
 {
     (void)cls;
     int oom = 0;
@@ -376,25 +377,9 @@ JNIEXPORT jlong JNICALL Java_org_torchspark_Native_rdvStart(JNIEnv *env, jclass 
     tsp_rdv_t *r = oom ? NULL : tsp_rdv_start(host, secret, get_timeout_ms, err, sizeof err);
     str_release(env, jhost, host);
     str_release(env, jsecret, secret);
-    if (r == NULL) {
-        if (!oom)
-            set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
-        return 0;
-    }
-    jint port = tsp_rdv_port(r);
-    (*env)->SetIntArrayRegion(env, jport, 0, 1, &port);
-    set_str(env, msg, 0, tsp_rdv_host(r));
+    if (r == NULL && !oom)
+        set_str(env, msg, 0, err[0] ? err : "the rendezvous could not start");
     return (jlong)(intptr_t)r;
-}
-
-JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCounts(JNIEnv *env, jclass cls, jlong h,
-                                                            jintArray jout)
-{
-    (void)cls;
-    int puts = 0, gets = 0;
-    tsp_rdv_counts(rdv_of(h), &puts, &gets);
-    jint v[2] = {puts, gets};
-    (*env)->SetIntArrayRegion(env, jout, 0, 2, v);
 }
 
 JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cls, jlong h)
@@ -404,71 +389,51 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvFree(JNIEnv *env, jclass cl
     tsp_rdv_free(rdv_of(h));
 }
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
-                                                               jstring jhost, jint port,
-                                                               jstring jsecret, jstring jrecord,
-                                                               jlongArray jcall, jobjectArray msg)
+/* msg[0]: the reply of tsp_rdv_call (docs/protocol.md 2.3) on rendezvous h to the JSON text
+ * jrequest, or the sentence naming what is wrong. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCall(JNIEnv *env, jclass cls, jlong h,
+                                                          jstring jrequest, jobjectArray msg)
 {
     (void)cls;
-    jstring js[3] = {jhost, jsecret, jrecord}; /* the record: null for a GET */
-    const char *c_str[3] = {NULL, NULL, NULL};
-    int oom = 0;
-    strs_get(env, js, c_str, &oom);
-    char err[ERR_LEN] = "";
-    tsp_rdv_call_t *c = NULL;
-    int rc =
-        oom ? -ENOMEM : tsp_rdv_call_start(c_str[0], port, c_str[1], c_str[2], &c, err, sizeof err);
-    strs_release(env, js, c_str);
-    return call_started(env, rc, oom, c, jcall, msg, err);
+    return json_transform(env, jrequest, msg, rdv_call, rdv_of(h));
 }
 
-/* The golden cases' raw request (tsp_rdv_request): 0 with the reply line in msg[0], or a
- * code with the sentence there. */
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvRequest(JNIEnv *env, jclass cls, jstring jhost,
-                                                             jint port, jstring jsecret,
-                                                             jstring jline, jobjectArray msg)
+/* A task's call started (tsp_rdv_task_start): 0 with call[0], or a code with the sentence in
+ * msg[0]. */
+JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallStart(JNIEnv *env, jclass cls,
+                                                               jstring jrequest, jlongArray jcall,
+                                                               jobjectArray msg)
 {
     (void)cls;
-    jstring js[3] = {jhost, jsecret, jline};
-    const char *c_str[3] = {NULL, NULL, NULL};
     int oom = 0;
-    strs_get(env, js, c_str, &oom);
-    char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
-    int rc = oom ? -ENOMEM
-                 : tsp_rdv_request(c_str[0], port, c_str[1], c_str[2], reply, sizeof reply, err,
-                                   sizeof err);
-    if (!oom)
-        set_str(env, msg, 0, rc == 0 ? reply : err[0] ? err : tsp_strerror(rc));
-    strs_release(env, js, c_str);
+    const char *req = str_get(env, jrequest, &oom);
+    char err[ERR_LEN] = "";
+    tsp_rdv_task_t *t = NULL;
+    int rc = oom || !req ? -ENOMEM : tsp_rdv_task_start(req, strlen(req), &t, err, sizeof err);
+    str_release(env, jrequest, req);
+    jlong v = (jlong)(intptr_t)t;
+    if (rc == 0)
+        (*env)->SetLongArrayRegion(env, jcall, 0, 1, &v);
+    else if (!oom)
+        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
     return rc;
 }
 
-/* A record's MAC under the run's secret (tsp_rdv_record_mac), or null. */
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvRecordMac(JNIEnv *env, jclass cls,
-                                                                  jstring jsecret, jstring jrecord)
-{
-    (void)cls;
-    int oom = 0;
-    const char *secret = str_get(env, jsecret, &oom);
-    const char *record = str_get(env, jrecord, &oom);
-    char mac[TSP_RDV_MAC_HEX + 1];
-    int rc = oom ? -ENOMEM : tsp_rdv_record_mac(secret, record, mac, sizeof mac);
-    str_release(env, jsecret, secret);
-    str_release(env, jrecord, record);
-    return rc == 0 ? (*env)->NewStringUTF(env, mac) : NULL;
-}
-
+/* A wait of the call (tsp_rdv_task_wait): 0 with the reply (JSON) in msg[0],
+ * TSP_RDV_PENDING, or a code with the sentence in msg[0]. */
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvCallWait(JNIEnv *env, jclass cls, jlong call,
                                                               jint timeout_ms, jobjectArray msg)
 {
     (void)cls;
-    char reply[TSP_RDV_LINE_MAX + 2], err[ERR_LEN] = "";
-    int rc = tsp_rdv_call_wait((tsp_rdv_call_t *)(intptr_t)call, timeout_ms, reply, sizeof reply,
-                               err, sizeof err);
-    if (rc == 0)
-        set_str(env, msg, 0, reply);
-    else if (rc != TSP_RDV_PENDING)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
+    /* Room for any reply: a record of TSP_RDV_LINE_MAX bytes, each escaped to \u00XX at most. */
+    size_t len = 6 * (TSP_RDV_LINE_MAX + 2) + 64;
+    char *reply = malloc(len), err[ERR_LEN] = "";
+    int rc = reply ? tsp_rdv_task_wait((tsp_rdv_task_t *)(intptr_t)call, timeout_ms, reply, len,
+                                       NULL, err, sizeof err)
+                   : -ENOMEM;
+    if (rc != TSP_RDV_PENDING)
+        set_str(env, msg, 0, rc == 0 ? reply : err[0] ? err : tsp_strerror(rc));
+    free(reply);
     return rc;
 }
 
@@ -476,82 +441,7 @@ JNIEXPORT void JNICALL Java_org_torchspark_Native_rdvCallFree(JNIEnv *env, jclas
 {
     (void)env;
     (void)cls;
-    tsp_rdv_call_free((tsp_rdv_call_t *)(intptr_t)call);
-}
-
-/* The gang launch's driver side on a rendezvous (tsp_rdv_gang): 0 or -errno. */
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvGang(JNIEnv *env, jclass cls, jlong h,
-                                                          jint nnodes, jint timeout_ms)
-{
-    (void)env;
-    (void)cls;
-    return tsp_rdv_gang(rdv_of(h), nnodes, timeout_ms);
-}
-
-/* The gang's state (tsp_rdv_gang_state), joined[0] = the nodes joined. */
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_rdvGangState(JNIEnv *env, jclass cls, jlong h,
-                                                               jintArray jjoined)
-{
-    (void)cls;
-    int joined = 0;
-    int rc = tsp_rdv_gang_state(rdv_of(h), &joined);
-    jint v = joined;
-    (*env)->SetIntArrayRegion(env, jjoined, 0, 1, &v);
-    return rc;
-}
-
-/* A failed gang's sentence (tsp_rdv_gang_failure), or null. */
-JNIEXPORT jstring JNICALL Java_org_torchspark_Native_rdvGangFailure(JNIEnv *env, jclass cls,
-                                                                    jlong h, jint executors,
-                                                                    jint cores, jstring jmax)
-{
-    (void)cls;
-    int oom = 0;
-    const char *max = str_get(env, jmax, &oom);
-    char buf[4096];
-    int n = oom ? -ENOMEM : tsp_rdv_gang_failure(rdv_of(h), executors, cores, max, buf, sizeof buf);
-    str_release(env, jmax, max);
-    return n > 0 ? (*env)->NewStringUTF(env, buf) : NULL;
-}
-
-/* A gang task's JOIN sent (tsp_gang_call_start): 0 with call[0], or a code with the
- * sentence in msg[0]. */
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangCallStart(
-    JNIEnv *env, jclass cls, jstring jhost, jint port, jstring jsecret, jint node_rank, jint try_no,
-    jstring jtask_host, jint timeout_ms, jlongArray jcall, jobjectArray msg)
-{
-    (void)cls;
-    jstring js[3] = {jhost, jsecret, jtask_host};
-    const char *c_str[3] = {NULL, NULL, NULL};
-    int oom = 0;
-    strs_get(env, js, c_str, &oom);
-    char err[ERR_LEN] = "";
-    tsp_rdv_call_t *c = NULL;
-    int rc = oom ? -ENOMEM
-                 : tsp_gang_call_start(c_str[0], port, c_str[1], node_rank, try_no, c_str[2],
-                                       timeout_ms, &c, err, sizeof err);
-    strs_release(env, js, c_str);
-    return call_started(env, rc, oom, c, jcall, msg, err);
-}
-
-/* A wait of the JOIN (tsp_gang_call_wait): 0 with nnodes[0] (GO), TSP_RDV_PENDING, or a
- * code with the sentence in msg[0]. */
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_gangCallWait(JNIEnv *env, jclass cls, jlong call,
-                                                               jint node_rank, jint timeout_ms,
-                                                               jintArray jnnodes, jobjectArray msg)
-{
-    (void)cls;
-    char err[ERR_LEN] = "";
-    int nnodes = 0;
-    int rc = tsp_gang_call_wait((tsp_rdv_call_t *)(intptr_t)call, node_rank, timeout_ms, &nnodes,
-                                err, sizeof err);
-    if (rc == 0) {
-        jint v = nnodes;
-        (*env)->SetIntArrayRegion(env, jnnodes, 0, 1, &v);
-    } else if (rc != TSP_RDV_PENDING) {
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    }
-    return rc;
+    tsp_rdv_task_free((tsp_rdv_task_t *)(intptr_t)call);
 }
 
 /* The executors a gang launch asks for (tsp_gang_ask): the total, or -EINVAL. */
@@ -590,7 +480,7 @@ JNIEXPORT jint JNICALL Java_org_torchspark_Native_agentWait(JNIEnv *env, jclass 
                                                             jstring jrequest, jobjectArray msg)
 {
     (void)cls;
-    return json_transform(env, jrequest, msg, NULL, (void *)(intptr_t)h, 1);
+    return json_transform(env, jrequest, msg, agent_call, (void *)(intptr_t)h);
 }
 
 JNIEXPORT void JNICALL Java_org_torchspark_Native_agentClose(JNIEnv *env, jclass cls, jlong h)

@@ -80,6 +80,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "gang": ("driver", 2),  # who joins a gang launch, and its deadline (docs/protocol.md 2.2)
     "gangask": ("driver", 2),  # how many executors a gang launch asks Spark for (2.2)
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
+    "rdvcall": ("driver", 4),  # the glues' one JSON call on a rendezvous (docs/protocol.md 2.3)
     "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runrec": ("driver", 3),  # each attempt's record in the run controller's state (runrec.h)
@@ -107,6 +108,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
     "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
+    "rdvtask": ("agent", 7),  # a task's rendezvous calls as JSON requests (docs/protocol.md 2.3)
     "task": ("agent", 5),  # the task side: facts -> the agent's launch, its exit -> the result
     "agentproc": ("agent", 6),  # the glues' agent process: start, pump, wait, stop (12.1)
 }

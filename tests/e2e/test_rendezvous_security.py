@@ -8,7 +8,6 @@ reads the token from a GET, PUTs its own record with it before rank 0 does, and 
 failed (every rank refused the forged record, rank 0's PUT was "already sent"). Inside TLS
 keyed by the run's secret the proxy reads nothing, and neither it nor the attacker can
 place, replay or race a record: rank 0's record is the one every rank gets."""
-import ctypes
 import os
 import re
 import socket
@@ -19,7 +18,6 @@ import time
 
 import pytest
 
-from tests.helpers import logserver
 from tests.helpers.proxy import Proxy
 from torchspark.native import _rendezvous
 
@@ -29,9 +27,8 @@ FORGED = '{"version": 1, "master_port": 6666, "master_addr": "10.6.6.6", "run_id
 
 
 def _counts(server: _rendezvous.Server) -> tuple:
-    puts, gets = ctypes.c_int(-1), ctypes.c_int(-1)
-    logserver.load_library().tsp_rdv_counts(server._h, ctypes.byref(puts), ctypes.byref(gets))
-    return puts.value, gets.value
+    counts = server.call("counts")
+    return counts["puts"], counts["gets"]
 
 
 class _Proxy(Proxy):
@@ -81,7 +78,7 @@ def _get_in_thread(spec, out: list) -> threading.Thread:
 
 def test_a_sniffer_reads_nothing_and_cannot_race_or_replay_rank_0():
     server = _rendezvous.Server("127.0.0.1", SECRET)
-    proxy = _Proxy(server.port)
+    proxy = _Proxy(server.spec("")["port"])
     try:
         spec = {"host": "127.0.0.1", "port": proxy.port}
         got: list = []
@@ -99,7 +96,7 @@ def test_a_sniffer_reads_nothing_and_cannot_race_or_replay_rank_0():
             assert clear not in cap, clear
         # What rank 0 sent, replayed as it is: the server's handshake differs; no reply.
         put_bytes = max(proxy.client_chunks, key=len)
-        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        with socket.create_connection(("127.0.0.1", server.spec("")["port"]), timeout=10) as s:
             reply = b""
             try:  # the server may drop it before it took everything
                 s.sendall(bytes(put_bytes))
@@ -147,7 +144,7 @@ def test_a_process_without_the_secret_cannot_place_a_record_and_the_ranks_get_ra
     server = _rendezvous.Server("127.0.0.1", SECRET)
     try:
         spec = server.spec("")
-        attacker = subprocess.Popen([sys.executable, "-c", _ATTACKER, str(server.port), FORGED,
+        attacker = subprocess.Popen([sys.executable, "-c", _ATTACKER, str(spec["port"]), FORGED,
                                      "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
         try:
@@ -176,7 +173,7 @@ def test_a_rewriting_proxy_is_refused_and_its_bytes_never_used():
     server = _rendezvous.Server("127.0.0.1", SECRET)
     try:
         assert _rendezvous.exchange(server.spec(""), SECRET, None, 0, RECORD) == RECORD
-        proxy = _Proxy(server.port, flip=True)
+        proxy = _Proxy(server.spec("")["port"], flip=True)
         try:
             with pytest.raises(RuntimeError) as e:
                 _rendezvous.exchange({"host": "127.0.0.1", "port": proxy.port}, SECRET, None,

@@ -285,7 +285,23 @@ START_TEST(test_elect_call_json_face)
     ck_assert_int_eq(after, before); /* nothing held: the lowest free fd is the same */
     ck_assert_int_eq(
         tsp_elect_call(master, strlen(master), out, sizeof out, &need, err, sizeof err), 0);
-    ck_assert_ptr_nonnull(strstr(out, "\"fds\": ["));
+    char *fds = strstr(out, "\"fds\": [");
+    ck_assert_ptr_nonnull(fds);
+    /* The JVM's "release" of what master held: every descriptor closed. */
+    char release[128];
+    snprintf(release, sizeof release, "{\"op\": \"release\", %.*s}",
+             (int)(strchr(fds, ']') + 1 - fds), fds);
+    ck_assert_int_eq(
+        tsp_elect_call(release, strlen(release), out, sizeof out, &need, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{}");
+    after = dup(0);
+    close(after);
+    ck_assert_int_eq(after, before);
+    const char *bad_fds = "{\"op\": \"release\", \"fds\": [\"3\"]}";
+    ck_assert_int_eq(
+        tsp_elect_call(bad_fds, strlen(bad_fds), out, sizeof out, &need, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "tsp_elect_call's request's \"fds\" must be an array of descriptors "
+                          "(numbers)");
 }
 END_TEST
 

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "testutil.h"
+#include "torchspark/gang.h"
 #include "torchspark/rendezvous.h"
 
 #define RECORD "{\"version\": 1, \"master_port\": 40123}"
@@ -328,6 +329,145 @@ START_TEST(test_rdv_call_waits_in_slices)
 }
 END_TEST
 
+/* The glues' JSON calls (docs/protocol.md 2.3): the server's ops on its handle (tsp_rdv_call),
+ * a task's calls whole (tsp_rdv_task_call) and in slices (tsp_rdv_task_start, _wait, _free),
+ * and their refusals. */
+static void rdv_json(tsp_rdv_t *r, const char *request, int want, const char *reply)
+{
+    char out[8192] = "", err[512] = "";
+    size_t need = 0;
+    int rc = tsp_rdv_call(r, request, strlen(request), out, sizeof out, &need, err, sizeof err);
+    ck_assert_msg(rc == want, "%s: %d (%s)", request, rc, err);
+    ck_assert_str_eq(rc == 0 ? out : err, reply);
+}
+
+/* A task's call started from request and seen pending in its first slice (the JVM's way). */
+static tsp_rdv_task_t *started_pending(const char *request)
+{
+    char out[64], err[512] = "";
+    size_t need = 0;
+    tsp_rdv_task_t *t = NULL;
+    ck_assert_msg(tsp_rdv_task_start(request, strlen(request), &t, err, sizeof err) == 0, "%s",
+                  err);
+    ck_assert_int_eq(tsp_rdv_task_wait(t, 50, out, sizeof out, &need, err, sizeof err),
+                     TSP_RDV_PENDING);
+    return t;
+}
+
+START_TEST(test_rdv_json_calls)
+{
+    char err[512] = "", out[8192], req[1024];
+    size_t need = 0;
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int port = tsp_rdv_port(r);
+    snprintf(out, sizeof out, "{\"host\": \"127.0.0.1\", \"port\": %d}", port);
+    rdv_json(r, "{\"op\": \"endpoint\"}", 0, out);
+    snprintf(out, sizeof out, "{\"host\": \"10.0.0.1\", \"port\": %d}", port);
+    rdv_json(r, "{\"op\": \"endpoint\", \"advertise\": \"10.0.0.1\"}", 0, out);
+    rdv_json(r, "{\"op\": \"gang_state\"}", -EINVAL,
+             "torchspark: the rendezvous has no gang armed");
+    rdv_json(r, "{\"op\": \"gang\", \"nnodes\": 0, \"timeout_ms\": 100}", -EINVAL,
+             "torchspark: cannot arm the gang of 0 tasks within 100 ms: a gang has 1..65536 "
+             "tasks and a timeout > 0");
+    rdv_json(r, "{\"op\": \"gang\", \"nnodes\": 2, \"timeout_ms\": 300}", 0, "{}");
+    rdv_json(r, "{\"op\": \"gang\", \"nnodes\": 2, \"timeout_ms\": 300}", -EALREADY,
+             "torchspark: cannot arm the gang of 2 tasks within 300 ms: this run's gang is armed "
+             "already");
+    rdv_json(r, "{\"op\": \"gang_failure\"}", -EINVAL,
+             "torchspark: the rendezvous' gang has not failed");
+    /* A JOIN in slices (the JVM's), the gang's state while it waits, then its deadline. */
+    snprintf(req, sizeof req,
+             "{\"op\": \"join\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": \"%s\", "
+             "\"node_rank\": 0, \"attempt\": 0, \"task_host\": \"h 1\", \"timeout_ms\": 300}",
+             port, SECRET);
+    tsp_rdv_task_t *t = started_pending(req);
+    rdv_json(r, "{\"op\": \"gang_state\"}", 0, "{\"state\": 0, \"joined\": 1}");
+    usleep(400 * 1000);
+    rdv_json(r, "{\"op\": \"gang_state\"}", 0, "{\"state\": 3, \"joined\": 1}");
+    ck_assert_int_eq(tsp_rdv_task_wait(t, 5000, out, sizeof out, &need, err, sizeof err),
+                     TSP_RDV_REFUSED);
+    ck_assert_msg(strstr(err, "the driver refused node 0's task in the gang: the gang of 2") !=
+                      NULL,
+                  "%s", err);
+    tsp_rdv_task_free(t);
+    const char *fail = "{\"op\": \"gang_failure\", \"executors\": 1, \"cores\": -1}";
+    int rc = tsp_rdv_call(r, fail, strlen(fail), out, sizeof out, &need, err, sizeof err);
+    ck_assert_msg(rc == 0, "%s", err);
+    ck_assert_msg(strncmp(out, "{\"report\": {\"version\": 2, \"kind\": \"gang\"", 40) == 0, "%s",
+                  out);
+    ck_assert_msg(strstr(out, "(tasks started: node 0 on host h-1); Spark had 1 executor(s)"), "%s",
+                  out);
+    rdv_json(r, "{\"op\": \"reset\"}", -EINVAL,
+             "tsp_rdv_call: unknown op \"reset\" (endpoint, counts, gang, gang_state or "
+             "gang_failure)");
+    rdv_json(r, "[]", -EINVAL, "tsp_rdv_call: the request is not a JSON object");
+    rdv_json(NULL, "{\"op\": \"counts\"}", -EINVAL, "torchspark: the rendezvous is closed");
+    rdv_json(r, "{\"op\": \"counts\"}", 0, "{\"puts\": 0, \"gets\": 0}");
+    tsp_rdv_free(r);
+}
+END_TEST
+
+/* A task's exchange whole and in slices, the golden cases' two, and their refusals. */
+static int task_call(const char *request, char *out, size_t outlen, char *err, size_t errlen)
+{
+    size_t need = 0;
+    return tsp_rdv_task_call(request, strlen(request), out, outlen, &need, err, errlen);
+}
+
+START_TEST(test_rdv_task_json_calls)
+{
+    char err[512] = "", out[8192], req[1024], mac[TSP_RDV_MAC_HEX + 1];
+    size_t need = 0;
+    tsp_rdv_t *r = tsp_rdv_start("127.0.0.1", SECRET, 0, err, sizeof err);
+    ck_assert_msg(r != NULL, "%s", err);
+    int port = tsp_rdv_port(r);
+    /* A GET in slices waits for rank 0's PUT (made whole), then hands its record. */
+    snprintf(req, sizeof req,
+             "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
+             "\"%s\", \"node_rank\": 1}",
+             port, SECRET);
+    tsp_rdv_task_t *t = started_pending(req);
+    snprintf(req, sizeof req,
+             "{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
+             "\"%s\", \"node_rank\": 0, \"record\": \"{\\\"v\\\": 1}\"}",
+             port, SECRET);
+    ck_assert_msg(task_call(req, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "{\"record\": \"{\\\"v\\\": 1}\"}");
+    ck_assert_int_eq(tsp_rdv_task_wait(t, 5000, out, 4, &need, err, sizeof err), -ENOSPC);
+    ck_assert_int_eq(tsp_rdv_task_wait(t, 5000, out, need, &need, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{\"record\": \"{\\\"v\\\": 1}\"}");
+    tsp_rdv_task_free(t);
+    /* The golden cases' raw line and MAC. */
+    snprintf(req, sizeof req,
+             "{\"op\": \"request\", \"host\": \"127.0.0.1\", \"port\": %d, \"secret_hex\": "
+             "\"%s\", \"line\": \"POST x\"}",
+             port, SECRET);
+    ck_assert_msg(task_call(req, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    ck_assert_str_eq(out, "{\"reply\": \"ERR unknown request\"}");
+    ck_assert_int_eq(tsp_rdv_record_mac(SECRET, "r", mac, sizeof mac), 0);
+    snprintf(req, sizeof req, "{\"op\": \"record_mac\", \"secret_hex\": \"%s\", \"record\": \"r\"}",
+             SECRET);
+    ck_assert_msg(task_call(req, out, sizeof out, err, sizeof err) == 0, "%s", err);
+    snprintf(req, sizeof req, "{\"mac\": \"%s\"}", mac);
+    ck_assert_str_eq(out, req);
+    /* Refusals: an endpoint without a port, an unknown op, a request that is no object. */
+    ck_assert_int_eq(task_call("{\"op\": \"exchange\", \"host\": \"127.0.0.1\", \"secret_hex\": "
+                               "\"x\", \"record\": null}",
+                               out, sizeof out, err, sizeof err),
+                     -EINVAL);
+    ck_assert_str_eq(err, "torchspark: the rendezvous needs a host and a port 1..65535 (got "
+                          "127.0.0.1:0)");
+    ck_assert_int_eq(task_call("{\"op\": \"put\"}", out, sizeof out, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "tsp_rdv_task_call: unknown op \"put\" (exchange, join, request or "
+                          "record_mac)");
+    ck_assert_int_eq(tsp_rdv_task_start("1", 1, &t, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "tsp_rdv_task_start: the request is not a JSON object");
+    ck_assert_ptr_null(t);
+    tsp_rdv_free(r);
+}
+END_TEST
+
 START_TEST(test_rdv_unreachable_driver_is_marked)
 {
     char err[1024] = "", reply[64];
@@ -425,6 +565,8 @@ static Suite *rendezvous_suite(void)
     tcase_add_test(tc, test_rdv_get_before_put_waits);
     tcase_add_test(tc, test_rdv_close_answers_waiting_gets);
     tcase_add_test(tc, test_rdv_call_waits_in_slices);
+    tcase_add_test(tc, test_rdv_json_calls);
+    tcase_add_test(tc, test_rdv_task_json_calls);
     tcase_add_test(tc, test_rdv_unreachable_driver_is_marked);
     tcase_add_test(tc, test_rdv_idle_flood_does_not_keep_a_task_out);
     suite_add_tcase(s, tc);

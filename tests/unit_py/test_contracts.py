@@ -2,7 +2,6 @@
 JUnit's ContractTest reproduces the same cases through JNI: one C transform, two glues,
 no twins (docs/architecture.md, "One contract")."""
 import base64
-import ctypes
 import json
 import os
 import pathlib
@@ -13,7 +12,7 @@ from torchspark.driver import _report, _restart
 from torchspark.driver._report import TorchDistributorError
 from torchspark.native import _lib, _rendezvous
 
-from tests.helpers import hang, logserver
+from tests.helpers import hang
 
 CONTRACTS = pathlib.Path(__file__).resolve().parents[1] / "contracts"
 PLAN_CASES = json.loads((CONTRACTS / "plan_argv.json").read_text())["cases"]
@@ -127,10 +126,9 @@ RDV_SECRET = "0123456789abcdef" * 4
 
 
 def _rdv_mac(record: str, secret: str = RDV_SECRET) -> str:
-    out = ctypes.create_string_buffer(65)
-    lib = logserver.load_library()
-    assert lib.tsp_rdv_record_mac(secret.encode(), record.encode(), out, len(out)) == 0
-    return out.value.decode()
+    """A record's MAC under the run's secret (tsp_rdv_task_call's "record_mac")."""
+    return _lib.json_call("tsp_rdv_task_call", {"op": "record_mac", "secret_hex": secret,
+                                                "record": record})["mac"]
 
 
 def _with_mac(line: str) -> str:
@@ -140,13 +138,10 @@ def _with_mac(line: str) -> str:
 
 
 def _rdv_request(port: int, line: str, secret: str = RDV_SECRET) -> str:
-    """One request line inside TLS with the run's secret (tsp_rdv_request): the reply line."""
-    reply = ctypes.create_string_buffer(8192)
-    err = ctypes.create_string_buffer(1024)
-    rc = logserver.load_library().tsp_rdv_request(b"127.0.0.1", port, secret.encode(),
-                                                  line.encode(), reply, len(reply), err, len(err))
-    assert rc == 0, err.value
-    return reply.value.decode()
+    """One request line inside TLS with the run's secret (tsp_rdv_task_call's "request"): the
+    reply line."""
+    return _lib.json_call("tsp_rdv_task_call", {"op": "request", "host": "127.0.0.1", "port": port,
+                                                "secret_hex": secret, "line": line})["reply"]
 
 
 @pytest.mark.parametrize("case", RDV_CASES, ids=[c["name"] for c in RDV_CASES])
@@ -155,7 +150,7 @@ def test_rendezvous_golden(case):
     try:
         for step in case["steps"]:
             line = _with_mac(step["send"]) + "x" * step.get("pad", 0)
-            assert _rdv_request(server.port, line) == _with_mac(step["reply"]), step
+            assert _rdv_request(server.spec("")["port"], line) == _with_mac(step["reply"]), step
     finally:
         server.close()
 

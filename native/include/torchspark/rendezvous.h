@@ -76,6 +76,13 @@ TSP_EXTERN int tsp_rdv_gang_failure(tsp_rdv_t *r, int executors, int cores,
 /* A failed gang's document (tsp_gang_report): its length, -EINVAL or -ENOSPC. */
 TSP_EXTERN int tsp_rdv_gang_report(tsp_rdv_t *r, int executors, int cores,
                                    const char *max_executors, char *buf, size_t len);
+/* The glues' one call on a rendezvous (docs/protocol.md 2.3): request, a JSON object whose
+ * "op" names a query or the gang launch's driver side ("info", "counts", "gang",
+ * "gang_state", "gang_failure"), its other members that op's arguments -> its reply object,
+ * written as every JSON transform's (-ENOSPC with *needed: call again with that much room).
+ * A refusal is -errno with a sentence in err. */
+TSP_EXTERN int tsp_rdv_call(tsp_rdv_t *r, const char *request, size_t len, char *out, size_t outlen,
+                            size_t *needed, char *err, size_t errlen);
 /* Ends the run: no new connection is taken, waiting GETs get "ERR the run ended", the
  * thread ends (within a second). Idempotent. */
 TSP_EXTERN void tsp_rdv_close(tsp_rdv_t *r);
@@ -129,6 +136,32 @@ TSP_EXTERN int tsp_rdv_request(const char *host, int port, const char *secret_he
 TSP_EXTERN int tsp_rdv_call_line(const char *host, int port, const char *secret_hex,
                                  const char *line, int timeout_ms, tsp_rdv_call_t **out, char *err,
                                  size_t errlen);
+/* ---- a task's calls as JSON requests (native/src/agent/rdvtask.c, docs/protocol.md 2.3) -- */
+
+typedef struct tsp_rdv_task tsp_rdv_task_t;
+
+/* A task's call started from a JSON request: {"op": "exchange", "host", "port",
+ * "secret_hex", "node_rank", "record"} (tsp_rdv_call_start: node 0 PUTs its record, another
+ * node GETs rank 0's) or {"op": "join",
+ * "host", "port", "secret_hex", "node_rank", "attempt", "task_host", "timeout_ms"}
+ * (tsp_gang_call_start). 0 with *out (free it with tsp_rdv_task_free), else the code and
+ * the sentence of those two (or of a request that is not one). */
+TSP_EXTERN int tsp_rdv_task_start(const char *request, size_t len, tsp_rdv_task_t **out, char *err,
+                                  size_t errlen);
+/* Waits up to timeout_ms (< 0: until the call's own deadline) for the reply: 0 with the
+ * reply object in out ({"record"}: rank 0's, of an exchange; {"nnodes"} of a JOIN; -ENOSPC with
+ * *needed: call again), TSP_RDV_PENDING (nothing yet, wait again), or the codes and
+ * sentences of tsp_rdv_call_wait and tsp_gang_call_wait. */
+TSP_EXTERN int tsp_rdv_task_wait(tsp_rdv_task_t *t, int timeout_ms, char *out, size_t outlen,
+                                 size_t *needed, char *err, size_t errlen);
+TSP_EXTERN void tsp_rdv_task_free(tsp_rdv_task_t *t);
+/* One request whole, a JSON transform: "exchange" and "join" as above, started and waited
+ * for until their own deadline; and the golden cases' {"op": "request", "host", "port",
+ * "secret_hex", "line"} -> {"reply": the reply line as it came} (tsp_rdv_request) and
+ * {"op": "record_mac", "secret_hex", "record"} -> {"mac"} (tsp_rdv_record_mac). */
+TSP_EXTERN int tsp_rdv_task_call(const char *request, size_t len, char *out, size_t outlen,
+                                 size_t *needed, char *err, size_t errlen);
+
 /* A record's MAC under the run's secret, TSP_RDV_MAC_HEX hex digits and a NUL into out
  * (outlen > TSP_RDV_MAC_HEX). 0, -EINVAL (a bad secret or size) or -EIO. */
 TSP_EXTERN int tsp_rdv_record_mac(const char *secret_hex, const char *record, char *out,

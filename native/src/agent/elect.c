@@ -545,51 +545,68 @@ static int op_lookup(const char *op, const char *arg, tsp_json_writer_t *w, char
     return 0;
 }
 
-int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
-                   char *err, size_t errlen)
+/* Closes one descriptor of a "release" request's "fds" (a held port's; -1: released). */
+static int release_fd(void *ctx, const char *key, size_t index, int type, const char *val,
+                      size_t len)
+{
+    (void)ctx;
+    (void)key;
+    (void)index;
+    char num[24];
+    long fd = -1;
+    if (type != TSP_JSON_NUMBER || len >= sizeof num)
+        return -EINVAL;
+    snprintf(num, sizeof num, "%.*s", (int)len, val);
+    if (sscanf(num, "%ld", &fd) == 1 && fd >= 0 && fd <= INT_MAX)
+        close((int)fd);
+    return 0;
+}
+
+/* "release": closes the held ports' descriptors that "master" handed out ("fds"). */
+static int op_release(const tsp_jreq_t *r)
+{
+    if (tsp_json_each(r->doc, r->len, "fds", release_fd, NULL) != 0)
+        return tsp__err(r->err, r->errlen, -EINVAL,
+                        ELECT_WHO "'s \"fds\" must be an array of descriptors (numbers)");
+    return 0;
+}
+
+/* One op of the call (ctx: the descriptors "master" holds, closed by the caller when the
+ * reply is not handed out). */
+static int op_elect(void *ctx, const char *op, const tsp_jreq_t *r, tsp_json_writer_t *w)
 {
     static const char *const args[][2] = {{"unpack", "packed"},
                                           {"route_source", "host"},
                                           {"ifname_of", "addr"},
                                           {"local_ifname", "master_addr"}};
-    if (err && errlen)
-        err[0] = '\0';
-    if (!request || tsp_json_check_object(request, len))
-        return tsp__err(err, errlen, -EINVAL, "tsp_elect_call: the request is not a JSON object");
-    char *op = NULL, *arg = NULL, *doc = NULL;
-    size_t dlen = 0, k = 0;
-    tsp_jreq_t r = {request, len, ELECT_WHO, err, errlen};
-    int rc = tsp_jreq_str(&r, "op", 1, &op), fds[2] = {-1, -1};
-    int master = rc == 0 && strcmp(op, "master") == 0;
-    while (rc == 0 && !master && k < 4 && strcmp(op, args[k][0]) != 0)
-        k++;
-    if (rc == 0 && !master && k == 4)
-        rc = tsp__err(err, errlen, -EINVAL,
-                      "tsp_elect_call: unknown op \"%s\" (master, unpack, route_source, "
-                      "ifname_of or local_ifname)",
-                      op);
-    else if (rc == 0 && !master)
-        rc = tsp_jreq_str(&r, args[k][1], 1, &arg);
-    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
-    if (rc == 0 && !mf)
-        rc = -ENOMEM;
-    if (mf) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, mf);
-        tsp_json_begin_object(&w);
-        rc = arg ? op_lookup(op, arg, &w, err, errlen)
-                 : op_master(request, len, &w, fds, err, errlen);
-        tsp_json_end(&w);
-        if (fclose(mf) != 0 && rc == 0)
-            rc = -ENOMEM;
+    if (strcmp(op, "master") == 0)
+        return op_master(r->doc, r->len, w, ctx, r->err, r->errlen);
+    if (strcmp(op, "release") == 0)
+        return op_release(r);
+    for (size_t k = 0; k < sizeof args / sizeof args[0]; k++) {
+        if (strcmp(op, args[k][0]) != 0)
+            continue;
+        char *arg = NULL;
+        int rc = tsp_jreq_str(r, args[k][1], 1, &arg);
+        if (rc == 0)
+            rc = op_lookup(op, arg, w, r->err, r->errlen);
+        free(arg);
+        return rc;
     }
-    if (rc == 0)
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    return tsp__err(r->err, r->errlen, -EINVAL,
+                    "tsp_elect_call: unknown op \"%s\" (master, release, unpack, route_source, "
+                    "ifname_of or local_ifname)",
+                    op);
+}
+
+int tsp_elect_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                   char *err, size_t errlen)
+{
+    int fds[2] = {-1, -1};
+    int rc = tsp_jreq_serve("tsp_elect_call", ELECT_WHO, request, len, op_elect, fds, out, outlen,
+                            needed, err, errlen);
     for (int i = 0; i < 2; i++)
         if (rc != 0 && fds[i] >= 0)
             close(fds[i]);
-    free(doc);
-    free(arg);
-    free(op);
     return rc;
 }

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,4 +112,35 @@ int tsp_jreq_int(const tsp_jreq_t *r, const char *key, int neg, int *v)
                         key, neg ? "" : " >= 0");
     *v = (int)x;
     return 0;
+}
+
+int tsp_jreq_serve(const char *name, const char *who, const char *request, size_t len,
+                   tsp_jreq_op_fn fn, void *ctx, char *out, size_t outlen, size_t *needed,
+                   char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!request || tsp_json_check_object(request, len))
+        return tsp__err(err, errlen, -EINVAL, "%s: the request is not a JSON object", name);
+    tsp_jreq_t r = {request, len, who, err, errlen};
+    char *op = NULL, *doc = NULL;
+    size_t dlen = 0;
+    int rc = tsp_jreq_str(&r, "op", 1, &op);
+    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
+    if (rc == 0 && !mf)
+        rc = tsp__err(err, errlen, -ENOMEM, "%s: out of memory", name);
+    if (mf) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, mf);
+        tsp_json_begin_object(&w);
+        rc = fn(ctx, op, &r, &w);
+        tsp_json_end(&w);
+        if (fclose(mf) != 0 && rc == 0)
+            rc = tsp__err(err, errlen, -ENOMEM, "%s: out of memory", name);
+    }
+    if (rc == 0)
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    free(doc);
+    free(op);
+    return rc;
 }

@@ -44,4 +44,20 @@ int tsp_jreq_num(const tsp_jreq_t *r, const char *key, long long lo, long long h
  * or, without neg, "... >= 0" for another value), -ENOMEM. */
 int tsp_jreq_int(const tsp_jreq_t *r, const char *key, int neg, int *v);
 
+struct tsp_json_writer;
+
+/* One op of a glue's JSON call: writes the members of its reply (w holds the reply object
+ * open) and returns 0, or -errno with the sentence in r->err. */
+typedef int (*tsp_jreq_op_fn)(void *ctx, const char *op, const tsp_jreq_t *r,
+                              struct tsp_json_writer *w);
+
+/* A glue's JSON call whole, the entry that each such call shares (tsp_rdv_call,
+ * tsp_rdv_task_call): the request must be a JSON object ("<name>: the request is not a JSON
+ * object") with a string "op" (who names the request in the sentences); the reply is the
+ * object that fn writes for that op, copied into out as every JSON transform's (-ENOSPC with
+ * *needed: call again with that much room). 0, or the -errno of a refusal with err. */
+int tsp_jreq_serve(const char *name, const char *who, const char *request, size_t len,
+                   tsp_jreq_op_fn fn, void *ctx, char *out, size_t outlen, size_t *needed,
+                   char *err, size_t errlen);
+
 #endif

@@ -45,23 +45,22 @@ public final class Election {
     /** The ports held by bound, non-listening sockets until closed: MASTER_PORT and the NCCL
      *  check's port. */
     public static final class Reservation implements AutoCloseable {
-        private final int[] held; // {fd, port, ncclFd, ncclPort}; an fd is -1 once released
+        private JsonNode fds; // the held ports' descriptors (tsp_elect_call's); null once released
         public final int port;
         public final int ncclPort;
 
-        Reservation(int[] held) {
-            this.held = held;
-            this.port = held[1];
-            this.ncclPort = held[3];
+        Reservation(JsonNode fds, int port, int ncclPort) {
+            this.fds = fds;
+            this.port = port;
+            this.ncclPort = ncclPort;
         }
 
+        /** Closes the held ports' descriptors (tsp_elect_call's "release"). */
         @Override
         public synchronized void close() {
-            for (int i = 0; i < held.length; i += 2) {
-                if (held[i] >= 0) {
-                    Native.releasePort(held[i], held[i + 1]);
-                    held[i] = -1;
-                }
+            if (fds != null) {
+                Native.call("tsp_elect_call", Native.object("op", "release", "fds", fds));
+                fds = null;
             }
         }
     }
@@ -93,9 +92,8 @@ public final class Election {
             throw new IllegalStateException(e.getMessage(), e);
         }
         Record rec = Record.of(reply.get("record"));
-        JsonNode fds = reply.get("fds"); // the master's port, then the NCCL check's
-        return new Result(rec, reply.get("packed").asText(), new Reservation(new int[] {fds.path(0).asInt(-1),
-            rec.masterPort(), fds.path(1).asInt(-1), rec.ncclPort()}));
+        return new Result(rec, reply.get("packed").asText(), new Reservation(reply.get("fds"), rec.masterPort(),
+                rec.ncclPort()));
     }
 
     /** The interface carrying this host's route towards masterAddr, or null. */

@@ -27,9 +27,8 @@ final class Gang {
     /** The sentence of a failed gang (its deadline), with what Spark shows of its executors. */
     static String failure(SparkContext sc, Rendezvous rdv) {
         int[] seen = executorsSeen(sc);
-        String max = sc.conf().get("spark.dynamicAllocation.maxExecutors", null);
-        String s = rdv.gangFailure(seen[0], seen[1], max);
-        return s != null ? s : "torchspark: the gang failed";
+        return rdv.call("gang_failure", "executors", seen[0], "cores", seen[1], "max_executors",
+                sc.conf().get("spark.dynamicAllocation.maxExecutors", null)).get("report").get("message").asText();
     }
 
     /** {executors, their cores in all} from Spark's status store, the driver left out; -1
@@ -92,13 +91,8 @@ final class Gang {
      */
     static int join(Rendezvous.Endpoint ep, String secretHex, int nodeRank, int tryNo, String host, int timeoutMs,
             Runnable killCheck) {
-        long[] call = new long[1];
-        String[] msg = new String[1];
         // The JOIN's host (made of host) and the wait beyond the gang's timeout are the C's.
-        int rc = Native.gangCallStart(ep.host(), ep.port(), secretHex, nodeRank, tryNo, host, timeoutMs, call, msg);
-        int[] nnodes = new int[1];
-        Rendezvous.await(rc, call, () -> Native.gangCallWait(call[0], nodeRank, Rendezvous.KILL_POLL_MS, nnodes, msg),
-                killCheck, msg);
-        return nnodes[0];
+        return Rendezvous.await(ep.request("join", secretHex, "node_rank", nodeRank, "attempt", tryNo, "task_host", host,
+                "timeout_ms", timeoutMs), killCheck).get("nnodes").asInt();
     }
 }

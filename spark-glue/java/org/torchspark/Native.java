@@ -27,8 +27,8 @@ final class Native {
     static native int textBufferMin();
 
     // --- the C core's JSON transforms (plan.h, conf.h, failure.h, hang.h, outcome.h, gang.h,
-    // runctl.h, task.h, elect.h: request -> reply, docs/protocol.md), by the C name, as the PySpark glue's
-    // json_call ---
+    // runctl.h, task.h, elect.h, rendezvous.h: request -> reply, docs/protocol.md), by the C
+    // name, as the PySpark glue's json_call ---
 
     /** msg[0]: the reply of the transform name (tsp_conf_read, ...) to the request (JSON), or
      *  the error sentence naming the key that is wrong. */
@@ -66,62 +66,31 @@ final class Native {
 
     // --- the gang launch (torchspark/gang.h, docs/protocol.md 2.2) ---
 
-    /** Arms the gang of nnodes tasks on rendezvous h, complete within timeoutMs (tsp_rdv_gang):
-     *  0 or -errno. */
-    static native int rdvGang(long h, int nnodes, int timeoutMs);
-
-    /** The gang's state (0 WAIT, 1 GO, 3 FAILED; -errno when none is armed), joined[0] = the
-     *  nodes joined. */
-    static native int rdvGangState(long h, int[] joined);
-
-    /** The failed gang's sentence with what the driver saw of Spark (executors, cores: < 0
-     *  unknown; maxExecutors: null when unset), or null when it has not failed. */
-    static native String rdvGangFailure(long h, int executors, int cores, String maxExecutors);
-
-    /** A gang task's JOIN sent (tsp_gang_call_start): 0 with call[0] (free it with
-     *  rdvCallFree), or a code with the sentence in msg[0]. */
-    static native int gangCallStart(String host, int port, String secretHex, int nodeRank, int tryNo,
-            String taskHost, int timeoutMs, long[] call, String[] msg);
-
     /** The executors a gang launch asks for (tsp_gang_ask): Spark's settings as the conf holds
      *  them (null: unset), the executors registered now; the total, or -errno. */
     static native int gangAsk(int numTasks, String executorCores, String taskCpus, String maxExecutors, int have);
 
-    /** Waits up to timeoutMs for the JOIN's reply: 0 with nnodes[0] (GO), 1 (pending), or a
-     *  code with the sentence in msg[0]. */
-    static native int gangCallWait(long call, int nodeRank, int timeoutMs, int[] nnodes, String[] msg);
+    // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1 to 2.3; a
+    // task's whole requests through json: tsp_rdv_task_call) ---
 
-    // --- election (torchspark/elect.h; the rest through json: tsp_elect_call) ---
-
-    /** Closes a port's descriptor held by rank 0's election (tsp_elect_call's "fds"). */
-    static native void releasePort(int fd, int port);
-
-    // --- the driver's rendezvous (torchspark/rendezvous.h, docs/protocol.md 2.1) ---
-
-    /** A handle keyed by the run's secret (64 hex digits), or 0 with the error sentence in
-     *  msg[0]; on success port[0] is its port and msg[0] its host. getTimeoutMs <= 0: the
-     *  default. */
-    static native long rdvStart(String host, String secretHex, int getTimeoutMs, int[] port, String[] msg);
-
-    /** out: records put, records handed to GETs. */
-    static native void rdvCounts(long h, int[] out);
+    /** A handle listening on host (null or "": 127.0.0.1) keyed by the run's secret (64 hex
+     *  digits), or 0 with the error sentence in msg[0]. getTimeoutMs <= 0: the default. */
+    static native long rdvStart(String host, String secretHex, int getTimeoutMs, String[] msg);
 
     /** Ends the run (waiting GETs get "ERR the run ended") and frees the handle. */
     static native void rdvFree(long h);
 
-    /** A task's request inside TLS keyed by the run's secret: rank 0's PUT of record, or a
-     *  GET (record null). 0 with call[0] set, or a code with the sentence to raise in msg[0]. */
-    static native int rdvCallStart(String host, int port, String secretHex, String record,
-            long[] call, String[] msg);
+    /** msg[0]: the reply of tsp_rdv_call (docs/protocol.md 2.3: {"op": ...}, the server's
+     *  queries and the gang's driver side) on h (0: closed) to the request (JSON), or the
+     *  sentence. */
+    static native int rdvCall(long h, String request, String[] msg);
 
-    /** The golden cases' raw request line (tsp_rdv_request): 0 with the reply line in
-     *  msg[0], or a code with the sentence there. */
-    static native int rdvRequest(String host, int port, String secretHex, String line, String[] msg);
+    /** A task's call (tsp_rdv_task_start: the request's "exchange" or "join") started: 0 with
+     *  call[0] (free it with rdvCallFree; 0 when it did not start), or a code with the sentence
+     *  to raise in msg[0]. */
+    static native int rdvCallStart(String request, long[] call, String[] msg);
 
-    /** A record's MAC under the run's secret (tsp_rdv_record_mac), or null. */
-    static native String rdvRecordMac(String secretHex, String record);
-
-    /** 0: msg[0] is the reply; 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the
+    /** 0: msg[0] is the reply (JSON); 1 (TSP_RDV_PENDING): none yet within timeoutMs; else the
      *  sentence to raise in msg[0]. */
     static native int rdvCallWait(long call, int timeoutMs, String[] msg);
 

@@ -1,8 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import java.io.IOException;
 import java.io.Serializable;
-import java.util.function.IntSupplier;
 
 /**
  * The driver's rendezvous (docs/protocol.md section 2.1): hands rank 0's election record to
@@ -23,68 +23,59 @@ import java.util.function.IntSupplier;
 final class Rendezvous implements AutoCloseable {
     /** How often a waiting GET checks whether Spark killed its task. */
     static final int KILL_POLL_MS = 100;
-    /** tsp_rdv_call_wait: no reply yet. */
+    /** tsp_rdv_task_wait (TSP_RDV_PENDING): no reply yet. */
     private static final int PENDING = 1;
 
-    /** What the task closure carries: where the driver listens (docs/protocol.md 2.1); a
-     *  host in brackets (IPv6) is kept without them. */
+    /** What the task closure carries: where the driver listens (docs/protocol.md 2.1). The
+     *  C core checks it where a task uses it (a host, a port 1..65535; a host in brackets,
+     *  IPv6, taken without them). */
     record Endpoint(String host, int port) implements Serializable {
         private static final long serialVersionUID = 3L;
 
-        Endpoint {
-            if (host == null || host.isEmpty()) {
-                throw new IllegalArgumentException("the rendezvous needs a host");
-            }
-            if (port < 1 || port > 65535) {
-                throw new IllegalArgumentException("the rendezvous port must be 1..65535, got " + port);
-            }
-            host = host.startsWith("[") && host.endsWith("]") ? host.substring(1, host.length() - 1) : host;
+        /** A task's request to the driver (docs/protocol.md 2.3) on this endpoint: op, the
+         *  run's secret, then the op's own keys and values. */
+        JsonNode request(String op, String secretHex, Object... more) {
+            return Native.object("op", op, "host", host, "port", port, "secret_hex", secretHex).setAll(
+                    Native.object(more));
         }
     }
 
-    long handle; // guarded by this; 0 once closed
-    private final String host;
-    private final int port;
+    private long handle; // guarded by this; 0 once closed
 
     /** Listens on host (the address the run's log server binds), any port, keyed by the
      *  run's secret (64 hex digits: the log server's); a GET waits up to getTimeoutMs for rank
      *  0's record (<= 0: 600 s). */
     Rendezvous(String host, String secretHex, long getTimeoutMs) throws IOException {
         String[] msg = new String[1];
-        int[] bound = new int[1];
-        long h = Native.rdvStart(host == null || host.isEmpty() ? "127.0.0.1" : host, secretHex,
-                (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), bound, msg);
-        if (h == 0) {
+        handle = Native.rdvStart(host, secretHex, (int) Math.min(getTimeoutMs, Integer.MAX_VALUE), msg);
+        if (handle == 0) {
             throw new IOException(msg[0]);
         }
-        handle = h;
-        this.host = msg[0];
-        this.port = bound[0];
     }
 
     /** The endpoint the tasks are told: the advertised host (the bound one when empty). */
     Endpoint endpoint(String advertisedHost) {
-        return new Endpoint(advertisedHost == null || advertisedHost.isEmpty() ? host : advertisedHost, port);
+        JsonNode ep = call("endpoint", "advertise", advertisedHost);
+        return new Endpoint(ep.get("host").asText(), ep.get("port").asInt());
+    }
+
+    /** The reply of one op of the server's JSON call (tsp_rdv_call, docs/protocol.md 2.3):
+     *  IllegalArgumentException with the library's sentence when refused or once closed. */
+    synchronized JsonNode call(String op, Object... keysAndValues) {
+        String[] msg = new String[1];
+        return Native.reply("tsp_rdv_call", Native.rdvCall(handle, Native.object(keysAndValues).put("op", op).toString(),
+                msg), msg[0]);
     }
 
     /** Arms the gang launch (docs/protocol.md 2.2): from now on JOINs are admitted into a
      *  gang of nnodes that must be complete within timeoutMs. */
-    synchronized void gang(int nnodes, long timeoutMs) {
-        int rc = handle == 0 ? -9 : Native.rdvGang(handle, nnodes, (int) Math.min(timeoutMs, Integer.MAX_VALUE));
-        if (rc != 0) {
-            throw new IllegalStateException("torchspark: tsp_rdv_gang(" + nnodes + ", " + timeoutMs + " ms): "
-                    + Native.strerror(rc));
-        }
+    void gang(int nnodes, long timeoutMs) {
+        call("gang", "nnodes", nnodes, "timeout_ms", Math.min(timeoutMs, Integer.MAX_VALUE));
     }
 
     /** The gang's state now (Gang.WAIT, GO or FAILED: its deadline is checked by the call). */
-    synchronized int gangState() {
-        return handle == 0 ? Gang.FAILED : Native.rdvGangState(handle, new int[1]);
-    }
-
-    /** A failed gang's sentence (torchspark/gang.h), or null. */
-    synchronized String gangFailure(int executors, int cores, String maxExecutors) {
-        return handle == 0 ? null : Native.rdvGangFailure(handle, executors, cores, maxExecutors);
+    int gangState() {
+        return call("gang_state").get("state").asInt();
     }
 
     /** Ends the run: waiting GETs get "ERR the run ended"; no new connection is taken. */
@@ -104,30 +95,26 @@ final class Rendezvous implements AutoCloseable {
      * throws one that gives the driver's reason.
      */
     static String exchange(Endpoint ep, String secretHex, int nodeRank, String packed, Runnable killCheck) {
-        long[] call = new long[1];
-        String[] msg = new String[1];
-        int rc = Native.rdvCallStart(ep.host(), ep.port(), secretHex, nodeRank == 0 ? (packed == null ? "" : packed)
-                : null, call, msg);
-        await(rc, call, () -> Native.rdvCallWait(call[0], KILL_POLL_MS, msg), killCheck, msg);
-        return nodeRank == 0 ? packed : msg[0];
+        return await(ep.request("exchange", secretHex, "node_rank", nodeRank, "record", packed), killCheck).get("record")
+                .asText();
     }
 
-    /** A task's call to the driver (started: its start's code, the handle in call[0]) waited
-     *  for: wait until it is no longer pending, killCheck run in between (it throws when Spark
-     *  killed the task); then freed. An IllegalStateException with the library's sentence
-     *  (msg[0]) when it could not start or was refused. */
-    static void await(int started, long[] call, IntSupplier wait, Runnable killCheck, String[] msg) {
-        if (started != 0) {
-            throw new IllegalStateException(msg[0]);
-        }
+    /** A task's call to the driver (docs/protocol.md 2.3: request's op "exchange" or "join")
+     *  waited for: its reply once it is no longer pending, killCheck run in between (it throws
+     *  when Spark killed the task); then freed. An IllegalStateException with the library's
+     *  sentence when it could not start or was refused. */
+    static JsonNode await(JsonNode request, Runnable killCheck) {
+        long[] call = new long[1];
+        String[] msg = new String[1];
+        int rc = Native.rdvCallStart(request.toString(), call, msg) == 0 ? PENDING : -1; // started: pending
         try {
-            int rc;
-            while ((rc = wait.getAsInt()) == PENDING) {
+            while (rc == PENDING && (rc = Native.rdvCallWait(call[0], KILL_POLL_MS, msg)) == PENDING) {
                 killCheck.run();
             }
             if (rc != 0) {
                 throw new IllegalStateException(msg[0]);
             }
+            return Native.reply("tsp_rdv_task_wait", 0, msg[0]);
         } finally {
             Native.rdvCallFree(call[0]);
         }

@@ -13,15 +13,14 @@ and asks Spark for executors.
 """
 from __future__ import annotations
 
-import ctypes
-import json
 import socket
 import threading
 import time
 import uuid
 from typing import Any, Dict, Optional, Tuple
 
-from torchspark.native._lib import checked, load_library
+from torchspark.native._lib import load_library
+from torchspark.native._rendezvous import task_call
 from torchspark.task._spec import NodeSpec
 
 GANG = "gang"  # spark.torchspark.launch (auto resolved by _conf.read)
@@ -38,20 +37,18 @@ def dynamic(spark: Any) -> bool:
 
 
 class Gang:
-    """The armed gang of one attempt at the driver's rendezvous (tsp_rdv_gang)."""
+    """The armed gang of one attempt at the driver's rendezvous (tsp_rdv_call's op gang)."""
 
     def __init__(self, rdv: Any, nnodes: int, timeout_ms: int) -> None:
-        self._lib, self._rdv = load_library(), rdv
-        rc = self._lib.tsp_rdv_gang(rdv._h, nnodes, timeout_ms)
-        if rc != 0:
-            raise RuntimeError(f"torchspark: cannot arm the gang of {nnodes} tasks ({rc})")
+        self._rdv = rdv
+        rdv.call("gang", nnodes=nnodes, timeout_ms=timeout_ms)
         self.hold: Optional[Hold] = None  # submitted once the gang formed (poll())
 
     def poll(self, spark: Any, done: threading.Event) -> Optional[Dict[str, Any]]:
         """One look at the gang (its deadline is checked by the call): None while it waits
         or once it formed, its hold then submitted (the attempt's tasks placed first; the
         hold ends with the job: done); the failed gang's document once it failed."""
-        state = self._lib.tsp_rdv_gang_state(self._rdv._h, None)
+        state = self._rdv.call("gang_state")["state"]
         if state == GO and self.hold is not None:
             self.hold.begin(done)
         return self.failure(spark) if state == FAILED else None
@@ -66,15 +63,8 @@ class Gang:
         with what Spark shows of its executors now."""
         executors, cores = executors_seen(spark)
         max_ex = spark.conf.get("spark.dynamicAllocation.maxExecutors", None)
-        buf = ctypes.create_string_buffer(8192)
-        n = self._lib.tsp_rdv_gang_report(self._rdv._h, executors, cores,
-                                          str(max_ex).encode() if max_ex else None, buf,
-                                          len(buf))
-        if n <= 0:
-            return {"version": 2, "kind": "gang", "reason": "gang_incomplete",
-                    "message": "torchspark: the gang failed"}
-        doc: Dict[str, Any] = json.loads(buf.value.decode(errors="replace"))
-        return doc
+        return dict(self._rdv.call("gang_failure", executors=executors, cores=cores,
+                                   max_executors=str(max_ex) if max_ex else None)["report"])
 
 
 def executors_seen(spark: Any) -> Tuple[int, int]:
@@ -255,14 +245,10 @@ def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
     (GO). Raises the library's sentence when refused (a retry or a copy, the deadline)."""
     rdv, gang = spec["rendezvous"], spec.get("gang")
     assert rdv is not None and gang is not None
-    nnodes = ctypes.c_int(0)
-    secret = spec["log_secret_hex"]
-    assert secret is not None  # the rendezvous' TLS is keyed by it (docs/protocol.md 2.1)
     # The JOIN's host (made of this one) and the wait beyond the gang's timeout are the C's.
-    checked("tsp_gang_call", rdv["host"].encode(), int(rdv["port"]), secret.encode(), node_rank,
-            try_no, socket.gethostname().encode(), int(gang["timeout_ms"]), ctypes.byref(nnodes),
-            error=RuntimeError)
-    return nnodes.value
+    return int(task_call("join", rdv, spec["log_secret_hex"], node_rank=node_rank, attempt=try_no,
+                         task_host=socket.gethostname(),
+                         timeout_ms=int(gang["timeout_ms"]))["nnodes"])
 
 
 def task_context(spec: NodeSpec, host_of: Any) -> Tuple[Any, int, list]:

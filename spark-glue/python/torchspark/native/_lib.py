@@ -45,7 +45,7 @@ JSON_CALLS = (
     "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
     "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
     "tsp_task_launch", "tsp_task_finish", "tsp_elect_call", "tsp_gpu_call", "tsp_result_check",
-    "tsp_shape_plan",
+    "tsp_shape_plan", "tsp_rdv_task_call",
 )
 
 
@@ -76,18 +76,11 @@ def _signatures() -> Dict[str, Tuple[Any, List[Any]]]:
         # the JSON transforms: request -> reply, through json_call
         **{name: (i, [c, sz, c, sz, P(sz)] + err) for name in JSON_CALLS},
         **_logserver_signatures(),
-        # rendezvous.h (docs/protocol.md 2.1)
+        # rendezvous.h (docs/protocol.md 2.1 to 2.3): its one call through json_call(handle=)
         "tsp_rdv_start": (vp, [c, c, i] + err),
-        "tsp_rdv_port": (i, [vp]),
-        "tsp_rdv_host": (c, [vp]),
+        "tsp_rdv_call": (i, [vp, c, sz, c, sz, P(sz)] + err),
         "tsp_rdv_free": (None, [vp]),
-        "tsp_rdv_exchange": (i, [c, i, c, c, c, sz] + err),
-        "tsp_rdv_gang": (i, [vp, i, i]),
-        "tsp_rdv_gang_state": (i, [vp, P(i)]),
-        "tsp_rdv_gang_report": (i, [vp, i, i, c, c, sz]),
-        # gang.h (docs/protocol.md 2.2)
-        "tsp_gang_call": (i, [c, i, c, i, i, c, i, P(i)] + err),
-        "tsp_gang_ask": (i, [i, c, c, c, i]),
+        "tsp_gang_ask": (i, [i, c, c, c, i]),  # gang.h (docs/protocol.md 2.2)
         # agentproc.h (docs/protocol.md 12.1): the wait through json_call with the handle
         "tsp_agentproc_start": (vp, [c, sz] + err),
         "tsp_agentproc_wait": (i, [vp, c, sz, c, sz, P(sz)] + err),
@@ -176,9 +169,9 @@ def json_call(name: str, request: Any, error: Callable[[str], Exception] = Value
               handle: Any = None) -> Any:
     """One of the C core's JSON transforms (JSON_CALLS: plan.h's tsp_plan_argv, failure.h's
     tsp_failure_report, outcome.h's tsp_outcome_classify, ...; with handle, the log server's
-    tsp_logserver_call or the agent process's tsp_agentproc_wait on it): request -> its
-    reply, decoded; the library's sentence naming what is wrong as error (a ValueError) when
-    it refuses the request."""
+    tsp_logserver_call, the rendezvous' tsp_rdv_call or the agent process's
+    tsp_agentproc_wait on it): request -> its reply, decoded; the library's sentence naming
+    what is wrong as error (a ValueError) when it refuses the request."""
     lib = load_library()
     doc = json.dumps(request).encode()
     err = ctypes.create_string_buffer(4096)  # room for every peer's reason (elect.c)

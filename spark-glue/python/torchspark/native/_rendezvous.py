@@ -23,14 +23,12 @@ channel's, which the task closure carries already): the spec holds no credential
 """
 from __future__ import annotations
 
-import ctypes
 from typing import Any, Dict, Optional
 
-from torchspark.native._lib import checked, load_library
+from torchspark.native._lib import checked, json_call, load_library
 from torchspark.task._spec import RendezvousSpec
 
 RECORD_MAX = 4096  # TSP_RDV_RECORD_MAX
-_LINE_MAX = RECORD_MAX + 256  # TSP_RDV_LINE_MAX: room for any reply
 
 # Marks a task's error when it could not reach the driver's rendezvous (see the module doc);
 # TSP_RDV_UNREACHABLE, which begins the library's sentence.
@@ -58,14 +56,19 @@ class Server:
 
     def __init__(self, host: str, secret_hex: str) -> None:
         self._lib = load_library()
-        h = checked("tsp_rdv_start", host.encode(), secret_hex.encode(), 0, error=OSError,
-                    ok=bool)
-        self._h: Optional[int] = h
-        self.host: str = self._lib.tsp_rdv_host(h).decode()
-        self.port: int = self._lib.tsp_rdv_port(h)
+        self._h: Optional[int] = checked("tsp_rdv_start", host.encode(), secret_hex.encode(), 0,
+                                         error=OSError, ok=bool)
+
+    def call(self, op: str, **keys: Any) -> Any:
+        """The reply of one op of the server's JSON call (tsp_rdv_call, docs/protocol.md 2.3:
+        its queries and the gang launch's driver side), keys its request's other members;
+        RuntimeError with the library's sentence when it refuses."""
+        return json_call("tsp_rdv_call", {"op": op, **keys}, RuntimeError, handle=self._h)
 
     def spec(self, advertised_host: str) -> RendezvousSpec:
-        return {"host": advertised_host or self.host, "port": self.port}
+        """The endpoint the tasks are told: the advertised host (the bound one when empty)."""
+        ep = self.call("endpoint", advertise=advertised_host)
+        return {"host": ep["host"], "port": ep["port"]}
 
     def close(self) -> None:
         """Ends the run: waiting GETs get ``ERR the run ended``."""
@@ -83,8 +86,11 @@ def exchange(spec: Optional[RendezvousSpec], secret_hex: Optional[str], ctx: Any
     endpoint (inside TLS keyed by the run's secret), else through allGather()."""
     if not spec:
         return ctx.allGather(packed)[0]
-    reply = ctypes.create_string_buffer(_LINE_MAX + 2)
-    checked("tsp_rdv_exchange", spec["host"].encode(), int(spec["port"]),
-            (secret_hex or "").encode(), packed.encode() if node_rank == 0 else None, reply,
-            len(reply), error=RuntimeError)
-    return packed if node_rank == 0 else reply.value.decode()
+    return str(task_call("exchange", spec, secret_hex, node_rank=node_rank, record=packed)["record"])
+
+
+def task_call(op: str, spec: RendezvousSpec, secret_hex: Optional[str], **keys: Any) -> Any:
+    """A task's request to the driver's rendezvous at spec, made whole (tsp_rdv_task_call,
+    docs/protocol.md 2.3: "exchange", "join"); RuntimeError with the library's sentence."""
+    return json_call("tsp_rdv_task_call", {"op": op, "host": spec["host"], "port": int(spec["port"]),
+                                           "secret_hex": secret_hex or "", **keys}, RuntimeError)

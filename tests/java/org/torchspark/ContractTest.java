@@ -147,7 +147,7 @@ public class ContractTest {
     private static String withMac(String line) {
         int i = line.indexOf("{mac} ");
         return i < 0 ? line : line.substring(0, i)
-                + Native.rdvRecordMac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
+                + RendezvousTest.mac(RendezvousTest.SECRET, line.substring(i + 6)) + line.substring(i + 5);
     }
 
     /** Each rank's dump lines -> the diagnosis, through JNI (HangDoctorTest.diagnose). */
@@ -380,7 +380,7 @@ public class ContractTest {
             if (c.has("record")) {
                 assertEquals(name + ": " + msg[0], 0, rc);
                 JsonNode got = new ObjectMapper().readTree(msg[0]);
-                got.get("fds").forEach(fd -> Native.releasePort(fd.asInt(), 0));
+                Native.call("tsp_elect_call", Native.object("op", "release", "fds", got.get("fds")));
                 c.get("record").properties().forEach(kv -> assertEquals(name, kv.getValue(),
                         got.get("record").get(kv.getKey())));
             } else if (c.has("error")) {

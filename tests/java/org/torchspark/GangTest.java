@@ -83,7 +83,8 @@ public class GangTest {
             }
             Thread.sleep(1700);
             assertEquals(Gang.FAILED, rdv.gangState());
-            String s = rdv.gangFailure(1, 1, "1");
+            String s = rdv.call("gang_failure", "executors", 1, "cores", 1, "max_executors", "1").get("report")
+                    .get("message").asText();
             assertTrue(s, s.startsWith("torchspark: gang launch: only 1 of the attempt's 2 tasks started within 1.5 s")
                     || s.startsWith("torchspark: gang launch: only 1 of the attempt's 2 tasks started within 2 s"));
             assertTrue(s, s.contains("spark.dynamicAllocation.maxExecutors is 1"));

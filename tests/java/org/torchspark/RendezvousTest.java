@@ -22,7 +22,7 @@ import org.apache.spark.SparkException;
 import org.junit.Test;
 
 /** The driver's rendezvous (docs/protocol.md section 2.1) over real sockets: the server on
- *  127.0.0.1, the task side through Rendezvous.exchange, raw lines inside TLS (Native.rdvRequest)
+ *  127.0.0.1, the task side through Rendezvous.exchange, raw lines inside TLS (tsp_rdv_task_call)
  *  for what a task never sends, and a plaintext peer. */
 public class RendezvousTest {
     static final String SECRET = "0123456789abcdef".repeat(4);
@@ -35,12 +35,17 @@ public class RendezvousTest {
         return CompletableFuture.supplyAsync(() -> Rendezvous.exchange(ep, SECRET, rank, "", killCheck));
     }
 
-    /** One request line inside TLS with the run's secret, the reply line. */
+    /** One request line inside TLS with the run's secret, the reply line (tsp_rdv_task_call's
+     *  "request"). */
     static String request(int port, String secret, String line) {
-        String[] msg = new String[1];
-        int rc = Native.rdvRequest("127.0.0.1", port, secret, line, msg);
-        assertEquals(msg[0], 0, rc);
-        return msg[0];
+        return Native.call("tsp_rdv_task_call", Native.object("op", "request", "host", "127.0.0.1", "port", port,
+                "secret_hex", secret, "line", line)).get("reply").asText();
+    }
+
+    /** A record's MAC under the run's secret (tsp_rdv_task_call's "record_mac"). */
+    static String mac(String secret, String record) {
+        return Native.call("tsp_rdv_task_call", Native.object("op", "record_mac", "secret_hex", secret, "record",
+                record)).get("mac").asText();
     }
 
     /** One raw request line in plaintext (no TLS), the reply line (what came before the
@@ -83,9 +88,8 @@ public class RendezvousTest {
 
     /** {records put, records handed to GETs} of an open rendezvous (tsp_rdv_counts). */
     static int[] counts(Rendezvous r) {
-        int[] out = new int[2];
-        Native.rdvCounts(r.handle, out);
-        return out;
+        com.fasterxml.jackson.databind.JsonNode c = r.call("counts");
+        return new int[] {c.get("puts").asInt(), c.get("gets").asInt()};
     }
 
     @Test
@@ -99,7 +103,7 @@ public class RendezvousTest {
             assertEquals(2, counts(r)[1]);
             // The same lines as the PySpark glue's server reads (one format).
             String line = request(r.endpoint(null).port(), SECRET, "GET"); // the raw wire: MAC RECORD
-            assertEquals(Native.rdvRecordMac(SECRET, RECORD) + " " + RECORD, line);
+            assertEquals(mac(SECRET, RECORD) + " " + RECORD, line);
         }
     }
 
@@ -135,7 +139,7 @@ public class RendezvousTest {
             assertFalse(plain, plain.contains("OK") || plain.contains("ERR"));
             // Inside TLS, a record whose MAC is not the run's.
             assertEquals("ERR the election record's MAC does not match the run's key",
-                    request(r.endpoint(null).port(), SECRET, "PUT " + Native.rdvRecordMac(OTHER, RECORD) + " " + RECORD));
+                    request(r.endpoint(null).port(), SECRET, "PUT " + mac(OTHER, RECORD) + " " + RECORD));
             assertEquals(0, counts(r)[0]);
             assertEquals(RECORD, Rendezvous.exchange(ep, SECRET, 0, RECORD, NOT_KILLED));
             assertEquals("ERR unknown request", request(r.endpoint(null).port(), SECRET, "POST x"));
@@ -148,8 +152,17 @@ public class RendezvousTest {
             } catch (IllegalStateException expected) {
                 assertTrue(expected.getMessage(), expected.getMessage().contains("too long"));
             }
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("127.0.0.1", 0));
-            JniTest.expectIae(() -> new Rendezvous.Endpoint("", r.endpoint(null).port()));
+            // An endpoint without a host or a port: the C core's check, where a task uses it.
+            for (Rendezvous.Endpoint bad : new Rendezvous.Endpoint[] {new Rendezvous.Endpoint("127.0.0.1", 0),
+                new Rendezvous.Endpoint("", r.endpoint(null).port())}) {
+                try {
+                    Rendezvous.exchange(bad, SECRET, 1, "", NOT_KILLED);
+                    fail("a bad endpoint was used: " + bad);
+                } catch (IllegalStateException expected) {
+                    assertTrue(expected.getMessage(), expected.getMessage().startsWith(
+                            "torchspark: the rendezvous needs a host and a port 1..65535 (got "));
+                }
+            }
         }
     }
 
