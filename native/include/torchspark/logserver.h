@@ -124,6 +124,12 @@ TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *s
  * per interval with a "summary" (docs/protocol.md 1.8). Default TSP_REPORT_BUDGET (20,000);
  * <= 0: every record as it is. Set it before the first pull_reports. */
 #define TSP_REPORT_BUDGET 20000
+/* pull_reports hands out whole records only: a record that came in CONTINUED pieces is
+ * rejoined first, up to TSP_REPORT_RECORD_MAX bytes, with at most TSP_REPORT_PIECES_MAX
+ * bytes of pieces held job-wide; beyond either, or unfinished at the run's end, it is
+ * dropped with one server event (docs/protocol.md 1.8, "Long records"). */
+#define TSP_REPORT_RECORD_MAX (16 << 20)
+#define TSP_REPORT_PIECES_MAX (64 << 20)
 TSP_EXTERN void tsp_logserver_report_budget(tsp_logserver_t *s, double per_s);
 /* Whether the driver's descriptor limit (RLIMIT_NOFILE) holds a job of `nodes` nodes: the
  * soft limit is first raised to the hard one (the log server also does so when it starts).

@@ -388,6 +388,12 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
     return -e;
 }
 
+/* A report record the puller dropped (reportagg.c, docs/protocol.md 1.8): one event. */
+static void report_dropped(void *ctx, int32_t rank, const char *why)
+{
+    tsp__event(ctx, "a torchspark.report() record of rank %d was dropped: %s", (int)rank, why);
+}
+
 static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char *err, size_t errlen)
 {
     s->o = *o;
@@ -406,6 +412,8 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     tsp__fdlimit_raise(); /* a connection per node: as many as the process may (fdlimit.c) */
     if (!(s->ragg = tsp__ragg_new(TSP_REPORT_BUDGET)))
         return tsp__err(err, errlen, -ENOMEM, "no memory for the log server");
+    s->ragg->on_drop = report_dropped;
+    s->ragg->ctx = s;
     int rc = tsp__tlsctx_new(&s->tls, 1, s->secret, err, errlen);
     if (rc || (rc = bind_listen(s, err, errlen)))
         return rc;
