@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "hang.h"
+#include "jreq.h"
 #include "json.h"
 #include "logctl.h"
 #include "logwire.h"
@@ -545,4 +546,56 @@ int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
     w->x = sections_new(w->world); /* NULL: the next tick tries again */
     w->answered = w->collected = w->diagnosed = w->filed = 0;
     return now + TICK_MS;
+}
+
+/* The stacks file's lines after its first, written into w (a file it cannot read: none). */
+static void stacks_lines(const char *path, tsp_json_writer_t *w)
+{
+    FILE *f = fopen(path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    tsp_json_key(w, "lines");
+    tsp_json_begin_array(w);
+    for (int first = 1; f && (n = getline(&line, &cap, f)) >= 0; first = 0) {
+        if (n > 0 && line[n - 1] == '\n')
+            line[n - 1] = '\0';
+        if (!first)
+            tsp_json_str(w, line);
+    }
+    tsp_json_end(w);
+    free(line);
+    if (f)
+        fclose(f);
+}
+
+int tsp_logserver_stacks(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
+                         char *err, size_t errlen)
+{
+    if (err && errlen)
+        err[0] = '\0';
+    if (!request || tsp_json_check_object(request, len))
+        return tsp__err(err, errlen, -EINVAL,
+                        "tsp_logserver_stacks: the request is not a JSON object");
+    tsp_jreq_t r = {request, len, "tsp_logserver_stacks's request", err, errlen};
+    char *path = NULL, *doc = NULL;
+    size_t dlen = 0;
+    int rc = tsp_jreq_str(&r, "file", 1, &path);
+    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
+    if (rc == 0 && !mf)
+        rc = -ENOMEM;
+    if (mf) {
+        tsp_json_writer_t w;
+        tsp_json_writer_init(&w, mf);
+        tsp_json_begin_object(&w);
+        stacks_lines(path, &w);
+        tsp_json_end(&w);
+        if (fclose(mf) != 0)
+            rc = -ENOMEM;
+    }
+    if (rc == 0)
+        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    free(doc);
+    free(path);
+    return rc;
 }

@@ -1,9 +1,7 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
-import java.io.IOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -44,19 +42,12 @@ final class HangDoctor {
             return json.path("culprit").path("host").textValue();
         }
 
-        /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the
-         *  line), as the watchdog wrote it; empty without a file (at 16,384 ranks ~10 MB: read
-         *  when asked for, not kept). */
+        /** Every rank's dump, rank-prefixed: the stacks file's lines after its first (the line),
+         *  read back by the C core (tsp_logserver_stacks); empty without a file (at 16,384 ranks
+         *  ~10 MB: read when asked for, not kept). */
         List<String> stacksLines() {
-            if (stacksFile == null) {
-                return List.of();
-            }
-            try { // decoded with replacement, as the lines were shown
-                String[] all = new String(Files.readAllBytes(stacksFile), StandardCharsets.UTF_8).split("\n");
-                return List.of(all).subList(Math.min(1, all.length), all.length);
-            } catch (IOException e) {
-                return List.of();
-            }
+            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.call("tsp_logserver_stacks",
+                    Native.object("file", stacksFile.toString())).get("lines"), new TypeReference<List<String>>() { });
         }
 
         /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
