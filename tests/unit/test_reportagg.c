@@ -311,6 +311,23 @@ START_TEST(test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes)
                       strstr(err, "ulimit -n 4352"),
                   "%s", err);
     ck_assert_int_eq(tsp_logserver_fd_check(-1, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "nodes must be >= 0, got -1");
+    /* the same through the server's JSON call, the one op without a server (protocol 1.14) */
+    char out[64];
+    const char *req = "{\"op\": \"fd_check\", \"nodes\": 72}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{}");
+    req = "{\"op\": \"fd_check\", \"nodes\": 2048}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err),
+        -EMFILE);
+    ck_assert_msg(strstr(err, "a job of 2048 nodes needs about 4352"), "%s", err);
+    req = "{\"op\": \"stats\"}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err),
+        -EINVAL);
+    ck_assert_str_eq(err, "tsp_logserver_call: no log server");
 }
 END_TEST
 

@@ -150,7 +150,7 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
         rc = tsp__err(r->err, r->errlen, -EINVAL,
                       "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
                       "failure, hang_event, report_budget, encryption, expect_output, "
-                      "output_limit, stop_all, checkpoint_all, watch or shutdown)",
+                      "output_limit, stop_all, checkpoint_all, watch, shutdown or fd_check)",
                       op);
     }
     free(str);
@@ -187,13 +187,21 @@ static int op_object(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, ts
     return 0;
 }
 
+/* tsp_logserver_fd_check of the request's nodes: {} or its refusal. */
+static int fd_check(const tsp_jreq_t *r, char *out, size_t outlen, size_t *needed)
+{
+    int nodes = 0;
+    int rc = tsp_jreq_int(r, "nodes", 1, &nodes);
+    if (rc == 0)
+        rc = tsp_logserver_fd_check(nodes, r->err, r->errlen);
+    return rc ? rc : tsp__reply_copy("{}", 2, out, outlen, needed);
+}
+
 int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char *out,
                        size_t outlen, size_t *needed, char *err, size_t errlen)
 {
     if (err && errlen)
         err[0] = '\0';
-    if (!s)
-        return tsp__err(err, errlen, -EINVAL, "tsp_logserver_call: no log server");
     if (!request || tsp_json_check_object(request, len))
         return tsp__err(err, errlen, -EINVAL,
                         "tsp_logserver_call: the request is not a JSON object");
@@ -201,6 +209,12 @@ int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char
     char *op = NULL, *doc = NULL;
     size_t dlen = 0;
     int timeout_ms = 0, rc = tsp_jreq_str(&r, "op", 1, &op);
+    if (rc == 0 && strcmp(op, "fd_check") == 0) { /* before a server: no handle */
+        free(op);
+        return fd_check(&r, out, outlen, needed);
+    }
+    if (!s && rc == 0)
+        rc = tsp__err(err, errlen, -EINVAL, "tsp_logserver_call: no log server");
     int failure = rc == 0 && strcmp(op, "failure") == 0;
     if (rc == 0 && (failure || strcmp(op, "hang_event") == 0)) {
         rc = tsp_jreq_int(&r, "timeout_ms", 1, &timeout_ms);
