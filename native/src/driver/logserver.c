@@ -444,6 +444,10 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
 
 tsp_logserver_t *tsp_logserver_start(const tsp_logserver_opts_t *o, char *err, size_t errlen)
 {
+    if (o->port < 0 || o->port > 65535) { /* else 70000 would bind 4464 */
+        snprintf(err, errlen, "port must be 0..65535, got %d", o->port);
+        return NULL;
+    }
     tsp_logserver_t *s = calloc(1, sizeof(*s));
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -688,6 +692,10 @@ int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action,
         tsp__watch_free(w);
         return tsp__err(err, errlen, -EPIPE, "the log server has already stopped");
     }
+    pthread_mutex_lock(&s->q.mu); /* a dump must fit in each rank's tail (tails grow lazily) */
+    if (s->q.tail_lines < TSP_LOGSERVER_HANG_TAIL)
+        s->q.tail_lines = TSP_LOGSERVER_HANG_TAIL;
+    pthread_mutex_unlock(&s->q.mu);
     wake_loop(s);
     return 0;
 }
