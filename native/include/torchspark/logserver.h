@@ -187,8 +187,8 @@ TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
 /* The hang doctor's watchdog (docs/protocol.md 1.12), an option of the server: when no rank
  * has printed a line or reported for timeout_ms, counted from the workers' start (the first
  * agent's authentication), the server sends DUMP, collects every rank's answer from its
- * tail (start the server with tail_lines TSP_LOGSERVER_HANG_TAIL), names the culprit
- * (torchspark/hang.h), writes every rank's stacks to a new file (mode 0600) in tmpdir and
+ * tail (which it raises to TSP_LOGSERVER_HANG_TAIL lines a rank, so that a dump fits), names the
+ * culprit (torchspark/hang.h), writes every rank's stacks to a new file (mode 0600) in tmpdir and
  * queues ONE event for tsp_logserver_hang_event; with action "cancel" it also sends STOP to
  * every agent. action: "report" or "cancel"; world: the attempt's ranks. Call it right
  * after start (a second call replaces the first). 0; -EINVAL (err says which argument is

@@ -18,9 +18,6 @@ import java.util.function.Consumer;
  * called by the watchdog: its event carries the reply, a {@link Diagnosis}.
  */
 final class HangDoctor {
-    /** Lines kept per rank by the log server while the doctor is on. */
-    static final int TAIL_LINES = 2000;
-
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,

@@ -22,8 +22,7 @@ final class RunChannel implements AutoCloseable {
      *  linePrefix: the lines' (LogServer.pullText; null: "[rank N] "). */
     RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc, String linePrefix) {
         this.owner = owner;
-        boolean hang = owner.runSettings.number("hangTimeout") > 0; // the doctor is on
-        server = new LogServer(bind, 0, null, hang ? HangDoctor.TAIL_LINES : 0);
+        server = new LogServer(bind, 0, null, 0); // the doctor's watch raises the tails (a dump fits)
         try {
             server.encryption(owner.runSettings.bool("encryption"));
             if (owner.wantOutput && owner.outputPath == null) { // into memory: no more than collect() takes
@@ -33,7 +32,7 @@ final class RunChannel implements AutoCloseable {
                 server.expectOutput(owner.outputPath != null ? owner.outputPath.toString() : null);
             }
             owner.reports = Collections.emptyList();
-            doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
+            doctor = owner.runSettings.number("hangTimeout") > 0 ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport,
                     doctor != null ? doctor::poll : () -> { });
         } catch (RuntimeException | Error e) {

@@ -14,9 +14,7 @@ from typing import Any, List, Optional
 from torchspark.driver import _hang
 from torchspark.driver._pump import _LogPump
 
-__all__ = ["HangDoctor", "configure", "TAIL_LINES"]
-
-TAIL_LINES = 2000  # the log server's lines per rank while the doctor is on (a dump fits)
+__all__ = ["HangDoctor", "configure"]
 
 
 def configure(dist: Any, hang_timeout_ms: Optional[int], hang_action: str) -> None:
