@@ -111,7 +111,8 @@ def main() -> int:
     pump.stopping = True
     server.close(2.0)
     pump.join(5)
-    diag = doctor.cancelled
+    cancel = server.hang_summary()["cancel"]  # the event that cancelled the run (C's)
+    diag = doctor.diagnoses[-1] if cancel is not None else None
     if diag is None:
         say(f"FAIL: no diagnosis (the agent exited {p.returncode})")
         return 1

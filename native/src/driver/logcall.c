@@ -11,6 +11,7 @@
 
 #include "jreq.h"
 #include "json.h"
+#include "logwatch.h"
 #include "util.h"
 
 #define WHO "tsp_logserver_call's request"
@@ -147,11 +148,12 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
     } else if (strcmp(op, "shutdown") == 0 && !(rc = tsp_jreq_int(r, "drain_ms", 0, &n))) {
         rc = tsp_logserver_shutdown(s, n);
     } else if (rc == 0) {
-        rc = tsp__err(r->err, r->errlen, -EINVAL,
-                      "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
-                      "failure, hang_event, report_budget, encryption, expect_output, "
-                      "output_limit, stop_all, checkpoint_all, watch, shutdown or fd_check)",
-                      op);
+        rc =
+            tsp__err(r->err, r->errlen, -EINVAL,
+                     "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
+                     "failure, hang_event, hang_summary, report_budget, encryption, expect_output, "
+                     "output_limit, stop_all, checkpoint_all, watch, shutdown or fd_check)",
+                     op);
     }
     free(str);
     free(action);
@@ -168,6 +170,8 @@ static int op_object(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, ts
         write_stats(s, w);
     else if (strcmp(op, "lost") == 0)
         write_lost(s, w);
+    else if (strcmp(op, "hang_summary") == 0)
+        tsp__watch_summary(s, w);
     else if (strcmp(op, "tail") == 0)
         return write_tail(s, r, w);
     else if (strcmp(op, "output") == 0) {

@@ -548,6 +548,31 @@ int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
     return now + TICK_MS;
 }
 
+void tsp__watch_summary(tsp_logserver_t *s, tsp_json_writer_t *w)
+{
+    const char *cancel = NULL;
+    tsp_json_key(w, "lines");
+    tsp_json_begin_array(w);
+    pthread_mutex_lock(&s->ctl_mu);
+    for (size_t i = 0; i < s->hang_n; i++) {
+        const char *ev = s->hang_ev[i];
+        char *v = NULL;
+        int type = 0;
+        if (tsp_json_get(ev, strlen(ev), "diagnosis.line", &v, &type) == 0 &&
+            type == TSP_JSON_STRING)
+            tsp_json_str(w, v);
+        free(v);
+        v = NULL;
+        if (tsp_json_get(ev, strlen(ev), "action", &v, &type) == 0 && strcmp(v, "cancel") == 0)
+            cancel = ev; /* one at most: the watchdog stops with it */
+        free(v);
+    }
+    tsp_json_end(w);
+    tsp_json_key(w, "cancel");
+    tsp_json_raw(w, cancel ? cancel : "null", cancel ? strlen(cancel) : 4);
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
 /* The stacks file's lines after its first, written into w (a file it cannot read: none). */
 static void stacks_lines(const char *path, tsp_json_writer_t *w)
 {

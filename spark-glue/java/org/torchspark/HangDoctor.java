@@ -3,8 +3,6 @@ package org.torchspark;
 import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
 import java.nio.file.Path;
-import java.util.ArrayList;
-import java.util.Collections;
 import java.util.List;
 import java.util.function.Consumer;
 
@@ -59,9 +57,6 @@ final class HangDoctor {
 
     private final LogServer server;
     private final Consumer<String> say;
-    private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
-    private volatile Diagnosis cancelled;
-    private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
 
     /** Turns the server's watchdog on for world ranks, as the run's settings say (hangTimeout
      *  in ms, > 0; hangAction: report or cancel); say: where its lines go (the driver's stderr). */
@@ -72,48 +67,32 @@ final class HangDoctor {
                 System.getProperty("java.io.tmpdir"));
     }
 
-    /** The diagnosis that cancelled the run, or null. */
-    Diagnosis cancelled() {
-        return cancelled;
-    }
-
-    List<Diagnosis> diagnoses() {
-        synchronized (diagnoses) {
-            return new ArrayList<>(diagnoses);
-        }
-    }
-
-    /** Performs the events the watchdog queued, in order: prints their lines as they are and
-     *  keeps their diagnoses. The line pump calls it between its pulls (LinePump), the
-     *  channel once more before the server closes. */
+    /** Prints the lines of the events the watchdog queued, in order, as they are (the C
+     *  server keeps the events: {@link #end}). The line pump calls it between its pulls
+     *  (LinePump), the channel once more before the server closes. */
     synchronized void poll() {
-        while (perform(server.hangEvent(0))) {
-            // the next event
+        for (JsonNode ev = server.hangEvent(0); ev != null; ev = server.hangEvent(0)) {
+            ev.get("say").forEach(x -> say.accept(x.asText()));
+            if (ev.hasNonNull("diagnosis")) { // the stacks are on stderr already, and in the file
+                ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
+            }
         }
     }
 
-    private boolean perform(JsonNode ev) {
-        if (ev == null) {
-            return false;
+    /** After the last poll: the run's hang lines (each diagnosis's) into owner.hangReports, and
+     *  the exception of a run the doctor cancelled (its report the C core's hang document, as
+     *  the PySpark glue's TorchDistributorError.report), or null: the C server's summary of
+     *  its events (op hang_summary, docs/protocol.md 1.14). */
+    TorchSparkException end(TorchSparkRunner owner, String mode, Throwable cause) {
+        JsonNode sum = server.call("hang_summary");
+        owner.hangReports = Failure.JSON.convertValue(sum.get("lines"), new TypeReference<List<String>>() { });
+        JsonNode ev = sum.get("cancel");
+        if (ev.isNull()) {
+            return null;
         }
-        ev.get("say").forEach(x -> say.accept(x.asText()));
-        JsonNode r = ev.get("diagnosis");
-        if (r == null || r.isNull()) {
-            return true;
-        }
-        Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
-        diagnoses.add(d);
-        // the stacks are on stderr already (the ranks' lines), and in the file
-        ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
-        if (ev.get("action").asText().equals("cancel")) {
-            message = ev.get("message").asText();
-            cancelled = d;
-        }
-        return true;
-    }
-
-    /** The runner's exception text of the run the doctor cancelled. */
-    String cancelMessage(String mode) {
-        return "TorchSparkRunner (" + mode + ") " + message;
+        Diagnosis c = new Diagnosis(ev.get("diagnosis"), ev.get("stacks_file").isNull() ? null
+                : Path.of(ev.get("stacks_file").asText()));
+        return new TorchSparkException("TorchSparkRunner (" + mode + ") " + ev.get("message").asText(),
+                c.culprit(), null, c.culpritHost(), null, 0, c.stacksLines(), c.report(), cause, null);
     }
 }

@@ -75,21 +75,14 @@ final class RunChannel implements AutoCloseable {
     }
 
     /** Ends the doctor (before the server closes) and keeps its lines; the exception of a
-     *  run it cancelled (its report the C core's hang document, as the PySpark glue's
-     *  TorchDistributorError.report), or null. */
+     *  run it cancelled, or null (HangDoctor.end). */
     TorchSparkException endDoctor(String mode, Throwable cause) {
         if (doctor == null || doctorEnded) {
             return null;
         }
         doctorEnded = true;
         doctor.poll();
-        owner.hangReports = doctor.diagnoses().stream().map(HangDoctor.Diagnosis::line).toList();
-        HangDoctor.Diagnosis c = doctor.cancelled();
-        if (c == null) {
-            return null;
-        }
-        return new TorchSparkException(doctor.cancelMessage(mode), c.culprit(), null, c.culpritHost(),
-                null, 0, c.stacksLines(), c.report(), cause, null);
+        return doctor.end(owner, mode, cause);
     }
 
     /** Ends the doctor; when it cancelled the run, the channel drained and its exception

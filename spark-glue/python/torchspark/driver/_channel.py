@@ -91,11 +91,11 @@ class Channel:
         if self.doctor is None:
             return None
         self.doctor.poll()
-        diag = self.doctor.cancelled
-        if diag is None:
+        ev = self.server.hang_summary()["cancel"]  # the C watchdog's, kept by the server
+        if ev is None:
             return None
-        return TorchDistributorError(f"TorchDistributor ({mode}) " + self.doctor.message,
-                                     diag.report)
+        return TorchDistributorError(f"TorchDistributor ({mode}) " + ev["message"],
+                                     ev["diagnosis"].get("report") or {})
 
     def tail(self, report: Dict) -> Optional[List[str]]:
         """The driver's last lines of the failed rank of report, or None."""

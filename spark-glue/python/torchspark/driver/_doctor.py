@@ -34,8 +34,6 @@ class HangDoctor:
                  logger: Any = None, reports: Optional[List[Any]] = None) -> None:
         self.server, self.logger = server, logger
         self.diagnoses: List[_hang.Diagnosis] = reports if reports is not None else []
-        self.cancelled: Optional[_hang.Diagnosis] = None
-        self.message = ""  # the C core's text of the run's error, after "TorchDistributor (MODE) "
         server.watch(timeout, action, world, tempfile.gettempdir())
         self._taking = threading.Lock()  # held while events are taken and performed
 
@@ -56,6 +54,4 @@ class HangDoctor:
         self.diagnoses.append(diag)
         if self.logger is not None:  # DEBUG: the stacks are on stderr already, and in the file
             self.logger.debug("\n".join(ev["say"]))
-        if ev["action"] == "cancel":
-            self.cancelled, self.message = diag, ev["message"]
         return True
