@@ -41,8 +41,9 @@ final class HangDoctor {
          *  read back by the C core (tsp_logserver_stacks); empty without a file (at 16,384 ranks
          *  ~10 MB: read when asked for, not kept). */
         List<String> stacksLines() {
-            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.call("tsp_logserver_stacks",
-                    Native.object("file", stacksFile.toString())).get("lines"), new TypeReference<List<String>>() { });
+            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.call(
+                    "tsp_logserver_stacks", Native.object("file", stacksFile.toString())).get("lines"),
+                    new TypeReference<List<String>>() { });
         }
 
         /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
@@ -85,7 +86,8 @@ final class HangDoctor {
      *  its events (op hang_summary, docs/protocol.md 1.14). */
     TorchSparkException end(TorchSparkRunner owner, String mode, Throwable cause) {
         JsonNode sum = server.call("hang_summary");
-        owner.hangReports = Failure.JSON.convertValue(sum.get("lines"), new TypeReference<List<String>>() { });
+        owner.hangReports = Failure.JSON.convertValue(sum.get("lines"),
+                new TypeReference<List<String>>() { });
         JsonNode ev = sum.get("cancel");
         if (ev.isNull()) {
             return null;

@@ -56,7 +56,8 @@ public final class LogServer implements AutoCloseable {
         String[] msg = new String[1]; // the op fd_check needs no server (docs/protocol.md 1.14)
         int rc = Native.logServerCall(0, Native.object("op", "fd_check", "nodes", nodes).toString(), msg);
         if (rc != 0) { // -EINVAL: nodes < 0
-            throw rc == -22 ? new IllegalArgumentException(msg[0]) : new IllegalStateException("torchspark: " + msg[0]);
+            throw rc == -22 ? new IllegalArgumentException(msg[0])
+                    : new IllegalStateException("torchspark: " + msg[0]);
         }
     }
 

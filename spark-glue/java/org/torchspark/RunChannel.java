@@ -32,7 +32,8 @@ final class RunChannel implements AutoCloseable {
                 server.expectOutput(owner.outputPath != null ? owner.outputPath.toString() : null);
             }
             owner.reports = Collections.emptyList();
-            doctor = owner.runSettings.number("hangTimeout") > 0 ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
+            doctor = owner.runSettings.number("hangTimeout") > 0 // the doctor is on
+                    ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport,
                     doctor != null ? doctor::poll : () -> { });
         } catch (RuntimeException | Error e) {
