@@ -151,7 +151,6 @@ static const struct {
     {"tsp_conf_read", tsp_conf_read},
     {"tsp_failure_report", tsp_failure_report},
     {"tsp_hang_diagnose", tsp_hang_diagnose},
-    {"tsp_logserver_stacks", tsp_logserver_stacks},
     {"tsp_outcome_classify", tsp_outcome_classify},
     {"tsp_gang_replay", tsp_gang_replay},
     {"tsp_runctl_step", tsp_runctl_step},

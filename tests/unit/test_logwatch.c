@@ -389,24 +389,24 @@ END_TEST
 
 START_TEST(test_logwatch_stacks_file_read_back_for_the_glues)
 {
-    char path[] = "/tmp/tsp-stacks-XXXXXX";
-    int fd = mkstemp(path);
-    ck_assert_int_ge(fd, 0);
-    const char text[] = "the line\n[rank 0] a\n\n[rank 1] b \xff\n";
-    ck_assert_int_eq(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
-    close(fd);
+    char path[] = "/tmp/tsp-stacks-XXXXXX"; /* the line, then the ranks' (one not UTF-8) */
+    FILE *f = fdopen(mkstemp(path), "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("the line\n[rank 0] a\n\n[rank 1] b \xff\n", f);
+    fclose(f);
     char req[128], out[256], err[256];
-    snprintf(req, sizeof req, "{\"file\": \"%s\"}", path);
-    ck_assert_int_eq(tsp_logserver_stacks(req, strlen(req), out, sizeof out, NULL, err, sizeof err),
-                     0);
+    snprintf(req, sizeof req, "{\"op\": \"stacks\", \"file\": \"%s\"}", path);
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
     ck_assert_str_eq(out, "{\"lines\": [\"[rank 0] a\", \"\", \"[rank 1] b \\ufffd\"]}");
     unlink(path); /* gone: none, as the glues read a file they cannot */
-    ck_assert_int_eq(tsp_logserver_stacks(req, strlen(req), out, sizeof out, NULL, err, sizeof err),
-                     0);
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
     ck_assert_str_eq(out, "{\"lines\": []}");
-    const char *bad = "{\"file\": 3}";
-    ck_assert_int_eq(tsp_logserver_stacks(bad, strlen(bad), out, sizeof out, NULL, err, sizeof err),
-                     -EINVAL);
+    const char *bad = "{\"op\": \"stacks\", \"file\": 3}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, bad, strlen(bad), out, sizeof out, NULL, err, sizeof err),
+        -EINVAL);
     ck_assert_msg(strstr(err, "file"), "%s", err);
 }
 END_TEST

@@ -109,7 +109,7 @@ def test_a_bad_request_names_the_key(request_doc, error):
 
 def test_a_diagnosis_reads_its_stacks_file_back_through_the_c_core(tmp_path):
     """Diagnosis.stacks_text(): the watchdog's file after its first line (the line), read by
-    tsp_logserver_stacks (the JVM's stacksLines() too), invalid UTF-8 as U+FFFD; "" without
+    tsp_logserver_call's op stacks (the JVM's stacksLines() too), invalid UTF-8 as U+FFFD; "" without
     a file or when it is gone."""
     from torchspark.driver._hang import Diagnosis
 

@@ -196,13 +196,6 @@ TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
 #define TSP_LOGSERVER_HANG_TAIL 2000
 TSP_EXTERN int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action,
                                    int world, const char *tmpdir, char *err, size_t errlen);
-/* A diagnosis's stacks, read back from the file the watchdog wrote (the event's
- * "stacks_file"; docs/protocol.md 1.12), as the glues show them: {"file"} -> {"lines": [...]},
- * every rank's rank-prefixed lines after the file's first (the line), invalid UTF-8 as
- * U+FFFD; none when the file cannot be read. A JSON transform: 0, -ENOSPC with *needed,
- * -EINVAL naming what is wrong in the request, -ENOMEM. */
-TSP_EXTERN int tsp_logserver_stacks(const char *request, size_t len, char *out, size_t outlen,
-                                    size_t *needed, char *err, size_t errlen);
 /* Waits up to timeout_ms (-1: forever) for the watchdog's next event, a NUL-terminated JSON
  * object (docs/protocol.md 1.12), and copies it into buf when it fits: returns its length
  * (without the NUL; when that is >= buflen nothing was taken: retry with a bigger buf), 0

@@ -152,7 +152,7 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
             tsp__err(r->err, r->errlen, -EINVAL,
                      "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
                      "failure, hang_event, hang_summary, report_budget, encryption, expect_output, "
-                     "output_limit, stop_all, checkpoint_all, watch, shutdown or fd_check)",
+                     "output_limit, stop_all, checkpoint_all, watch, shutdown, fd_check or stacks)",
                      op);
     }
     free(str);
@@ -164,7 +164,14 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
 static int op_object(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_json_writer_t *w)
 {
     int timeout_ms = 0;
-    if (strcmp(op, "info") == 0)
+    if (strcmp(op, "stacks") == 0) { /* s may be NULL */
+        char *path = NULL;
+        int rc = tsp_jreq_str(r, "file", 1, &path);
+        if (rc == 0)
+            tsp__watch_stacks(path, w);
+        free(path);
+        return rc;
+    } else if (strcmp(op, "info") == 0)
         write_info(s, w);
     else if (strcmp(op, "stats") == 0)
         write_stats(s, w);
@@ -217,7 +224,7 @@ int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char
         free(op);
         return fd_check(&r, out, outlen, needed);
     }
-    if (!s && rc == 0)
+    if (!s && rc == 0 && strcmp(op, "stacks") != 0) /* stacks: a file, no server either */
         rc = tsp__err(err, errlen, -EINVAL, "tsp_logserver_call: no log server");
     int failure = rc == 0 && strcmp(op, "failure") == 0;
     if (rc == 0 && (failure || strcmp(op, "hang_event") == 0)) {

@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include "hang.h"
-#include "jreq.h"
 #include "json.h"
 #include "logctl.h"
 #include "logwire.h"
@@ -573,8 +572,7 @@ void tsp__watch_summary(tsp_logserver_t *s, tsp_json_writer_t *w)
     pthread_mutex_unlock(&s->ctl_mu);
 }
 
-/* The stacks file's lines after its first, written into w (a file it cannot read: none). */
-static void stacks_lines(const char *path, tsp_json_writer_t *w)
+void tsp__watch_stacks(const char *path, tsp_json_writer_t *w)
 {
     FILE *f = fopen(path, "re");
     char *line = NULL;
@@ -592,35 +590,4 @@ static void stacks_lines(const char *path, tsp_json_writer_t *w)
     free(line);
     if (f)
         fclose(f);
-}
-
-int tsp_logserver_stacks(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
-                         char *err, size_t errlen)
-{
-    if (err && errlen)
-        err[0] = '\0';
-    if (!request || tsp_json_check_object(request, len))
-        return tsp__err(err, errlen, -EINVAL,
-                        "tsp_logserver_stacks: the request is not a JSON object");
-    tsp_jreq_t r = {request, len, "tsp_logserver_stacks's request", err, errlen};
-    char *path = NULL, *doc = NULL;
-    size_t dlen = 0;
-    int rc = tsp_jreq_str(&r, "file", 1, &path);
-    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
-    if (rc == 0 && !mf)
-        rc = -ENOMEM;
-    if (mf) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, mf);
-        tsp_json_begin_object(&w);
-        stacks_lines(path, &w);
-        tsp_json_end(&w);
-        if (fclose(mf) != 0)
-            rc = -ENOMEM;
-    }
-    if (rc == 0)
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
-    free(doc);
-    free(path);
-    return rc;
 }

@@ -23,5 +23,8 @@ void tsp__watch_free(struct tsp__watch *w);
  * 1.14), from every event queued so far, taken or not: "lines" (each diagnosis's line, in
  * order) and "cancel" (the event that cancelled the run, itself, or null). */
 void tsp__watch_summary(tsp_logserver_t *s, tsp_json_writer_t *w);
+/* A diagnosis's stacks read back from the file the watchdog wrote (the op stacks, protocol
+ * 1.14): "lines", the file's lines after its first (the line); none when it cannot be read. */
+void tsp__watch_stacks(const char *path, tsp_json_writer_t *w);
 
 #endif

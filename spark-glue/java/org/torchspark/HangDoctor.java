@@ -38,12 +38,13 @@ final class HangDoctor {
         }
 
         /** Every rank's dump, rank-prefixed: the stacks file's lines after its first (the line),
-         *  read back by the C core (tsp_logserver_stacks); empty without a file (at 16,384 ranks
-         *  ~10 MB: read when asked for, not kept). */
+         *  read back by the C core (the op stacks, taken without a server: docs/protocol.md
+         *  1.14); empty without a file (at 16,384 ranks ~10 MB: read when asked for, not kept). */
         List<String> stacksLines() {
-            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.call(
-                    "tsp_logserver_stacks", Native.object("file", stacksFile.toString())).get("lines"),
-                    new TypeReference<List<String>>() { });
+            String[] msg = new String[1];
+            String request = Native.object("op", "stacks", "file", String.valueOf(stacksFile)).toString();
+            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.reply("tsp_logserver_call",
+                    Native.logServerCall(0, request, msg), msg[0]).get("lines"), new TypeReference<List<String>>() { });
         }
 
         /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C

@@ -46,11 +46,12 @@ class Diagnosis:
 
     def stacks_text(self) -> str:
         """Every rank's dump, rank-prefixed: the stacks file's text after its first line
-        (the line), which the watchdog wrote, read back by the C core (tsp_logserver_stacks);
+        (the line), which the watchdog wrote, read back by the C core (the op stacks);
         "" without a file (at 16,384 ranks ~10 MB: read when asked for, not kept)."""
         if not self.stacks_file:
             return ""
-        return "\n".join(json_call("tsp_logserver_stacks", {"file": self.stacks_file})["lines"])
+        req = {"op": "stacks", "file": self.stacks_file}  # an op without a server: handle NULL
+        return "\n".join(json_call("tsp_logserver_call", req, handle=0)["lines"])
 
 
 def from_reply(reply: Mapping[str, Any]) -> Diagnosis:

@@ -45,7 +45,7 @@ JSON_CALLS = (
     "tsp_gang_replay", "tsp_plan_argv", "tsp_hang_diagnose", "tsp_failure_report",
     "tsp_conf_read", "tsp_conf_table", "tsp_outcome_classify", "tsp_runctl_step",
     "tsp_task_launch", "tsp_task_finish", "tsp_elect_call", "tsp_gpu_call", "tsp_result_check",
-    "tsp_shape_plan", "tsp_logserver_stacks",
+    "tsp_shape_plan",
 )
 
 
