@@ -301,17 +301,6 @@ JNIEXPORT jstring JNICALL Java_org_torchspark_Native_logServerPullReports(JNIEnv
     return out;
 }
 
-JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerFdCheck(JNIEnv *env, jclass cls,
-                                                                   jint nodes, jobjectArray msg)
-{
-    (void)cls;
-    char err[ERR_LEN] = "";
-    int rc = tsp_logserver_fd_check(nodes, err, sizeof err);
-    if (rc)
-        set_str(env, msg, 0, err[0] ? err : tsp_strerror(rc));
-    return rc;
-}
-
 /* msg[0]: the reply of tsp_logserver_call (docs/protocol.md 1.14) on server h to the JSON text
  * jrequest, or the sentence naming what is wrong. */
 JNIEXPORT jint JNICALL Java_org_torchspark_Native_logServerCall(JNIEnv *env, jclass cls, jlong h,

@@ -272,3 +272,44 @@ def test_progress_line_on_a_terminal_is_redrawn_in_place():
         assert "\r\x1b[K" + line in text, text
     assert text.endswith("\r\x1b[K" + shown[-1] + "\r\n"), text  # ended once (\n: \r\n)
     assert text.count("\n") == 1, text
+
+
+def test_a_long_record_sent_in_pieces_arrives_whole_and_an_unfinished_one_is_dropped(capfd):
+    """A record over the channel's line cap travels in CONTINUED pieces (what a raw
+    authenticated sender may send: report() never splits one). The C core rejoins them
+    (reportagg.c, docs/protocol.md 1.8, "Long records"): the run's reports get the whole
+    record, another rank's record in between passes, and a record without its last piece at
+    the run's end is dropped with one server event, never handed on broken."""
+    import json
+
+    from tests.helpers import logproto
+    from torchspark.driver._progress import ReportHub
+    from torchspark.native._native import CONTINUED, LogServer
+
+    srv = LogServer()
+    seen = []
+    hub = ReportHub(srv, on_report=seen.append, progress=False)
+    agent = logproto.RawAgent(srv.host, srv.port, srv.secret)
+    assert agent.ok, agent.result
+    metrics = {f"m{k}": float(k) for k in range(3000)}
+    rec = json.dumps({"step": 1, "time": time.time(), "metrics": metrics}).encode()
+    third = len(rec) // 3
+    agent.line(0, rec[:third], stream=4, flags=CONTINUED)
+    agent.line(1, json.dumps({"step": 9, "time": time.time(), "metrics": {"x": 1}}).encode(),
+               stream=4)
+    agent.line(0, rec[third:2 * third], stream=4, flags=CONTINUED)
+    agent.line(0, rec[2 * third:], stream=4)
+    agent.line(2, b'{"step": 3, "time": 1.0, ', stream=4, flags=CONTINUED)  # no end
+    deadline = time.monotonic() + 10
+    while len(seen) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    agent.close()
+    srv.close(1.0)
+    reports = hub.stop()
+    assert [(r.rank, r.step) for r in reports] == [(1, 9), (0, 1)], reports
+    assert reports[1].metrics == metrics
+    assert seen == reports
+    err = capfd.readouterr().err
+    assert "a torchspark.report() record of rank 2 was dropped: the run ended before its " \
+           "last piece (25 bytes held)" in err, err
+    assert "not a torchspark report record" not in err, err

@@ -90,7 +90,7 @@ def main() -> int:
     script = os.path.join(work, "nccl_hang_worker.py")
     with open(script, "w") as f:
         f.write(WORKER)
-    server = LogServer("127.0.0.1", 0, tail_lines=_doctor.TAIL_LINES)
+    server = LogServer("127.0.0.1", 0)  # the doctor's watch raises its tails (a dump fits)
     pump = Pump(server)
     pump.start()
     env = dict(os.environ, TORCHSPARK_LOG_SECRET=server.secret_hex)
@@ -111,7 +111,8 @@ def main() -> int:
     pump.stopping = True
     server.close(2.0)
     pump.join(5)
-    diag = doctor.cancelled
+    cancel = server.hang_summary()["cancel"]  # the event that cancelled the run (C's)
+    diag = doctor.diagnoses[-1] if cancel is not None else None
     if diag is None:
         say(f"FAIL: no diagnosis (the agent exited {p.returncode})")
         return 1

@@ -102,9 +102,11 @@ class RawAgent:
     def ok(self) -> bool:
         return self.result is not None and self.result[0] == WELCOME
 
-    def line(self, rank: int, data: bytes, stream: int = 1) -> None:
+    def line(self, rank: int, data: bytes, stream: int = 1, flags: int = 0) -> None:
+        """One LINE frame (flags: 1 CONTINUED, a piece of a longer line or record)."""
         self.seq += 1
-        self.sock.sendall(frame(LINE, struct.pack(">Q", self.seq) + data, rank=rank, stream=stream))
+        self.sock.sendall(frame(LINE, struct.pack(">Q", self.seq) + data, rank=rank,
+                                stream=stream, flags=flags))
 
     def close(self) -> None:
         self.sock.close()

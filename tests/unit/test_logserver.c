@@ -680,6 +680,8 @@ START_TEST(test_logserver_bind_refuses_bad_host)
     ck_assert_ptr_nonnull(strstr(err, "cannot listen"));
     ck_assert_ptr_null(tsp_logserver_new("127.0.0.1", 0, "xyz", 0, err, sizeof err));
     ck_assert_ptr_nonnull(strstr(err, "64 hex"));
+    ck_assert_ptr_null(tsp_logserver_new("127.0.0.1", 70000, NULL, 0, err, sizeof err));
+    ck_assert_str_eq(err, "port must be 0..65535, got 70000"); /* not port 4464 */
 }
 END_TEST
 

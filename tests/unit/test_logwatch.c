@@ -128,6 +128,24 @@ static char *field(const char *doc, const char *path)
     return v;
 }
 
+/* The reply of the op hang_summary (tsp_logserver_call, docs/protocol.md 1.14). */
+static char *summary(tsp_logserver_t *s)
+{
+    size_t cap = 1 << 20, need = 0;
+    char *out = malloc(cap), err[256];
+    const char *req = "{\"op\": \"hang_summary\"}";
+    ck_assert_int_eq(tsp_logserver_call(s, req, strlen(req), out, cap, &need, err, sizeof err), 0);
+    return out;
+}
+
+static int field_is(const char *doc, const char *path, const char *want)
+{
+    char *v = field(doc, path);
+    int same = strcmp(v, want) == 0;
+    free(v);
+    return same;
+}
+
 /* Silent from its start: the clock runs from the agent's authentication (not the server's
  * start, nor a first line that never comes); one DUMP; the stopped rank is named; the event
  * carries the line to print, the stacks file (0600) and the error's text; cancel STOPs. */
@@ -196,6 +214,14 @@ START_TEST(test_logwatch_silent_job_is_named_and_cancelled)
     usleep(800 * 1000); /* it cancelled: no second DUMP, no second event */
     ck_assert_int_eq(atomic_load(&a.dumps), 1);
     ck_assert_ptr_null(event(s, 0));
+    /* the glues' summary at the run's end (op hang_summary): the line, the cancelling event */
+    char *sum = summary(s), *sum_line = field(sum, "lines"),
+         *sum_msg = field(sum, "cancel.message");
+    ck_assert_str_eq(sum_msg, msg);
+    ck_assert_msg(strstr(sum_line, "rank 1 (host h, pid 7) is stopped (SIGSTOP)") &&
+                      field_is(sum, "cancel.action", "cancel"),
+                  "%s", sum);
+    free(sum), free(sum_line), free(sum_msg);
     free(action), free(line), free(msg), free(file), free(culprits), free(kind);
     tsp_logclient_close(c, 5000);
     tsp_logserver_shutdown(s, 0);
@@ -352,9 +378,36 @@ START_TEST(test_logwatch_bad_settings_are_named)
     ck_assert_str_eq(err, "the hang action is 'later': give report or cancel");
     ck_assert_int_eq(tsp_logserver_watch(s, 0, "report", 2, "/tmp", err, sizeof err), -EINVAL);
     ck_assert_msg(strstr(err, "timeout > 0 ms"), "%s", err);
+    char *sum = summary(s); /* no event: nothing to say */
+    ck_assert_str_eq(sum, "{\"lines\": [], \"cancel\": null}");
+    free(sum);
     tsp_logserver_shutdown(s, 0);
     ck_assert_int_eq(tsp_logserver_watch(s, 1000, "report", 2, "/tmp", err, sizeof err), -EPIPE);
     tsp_logserver_free(s);
+}
+END_TEST
+
+START_TEST(test_logwatch_stacks_file_read_back_for_the_glues)
+{
+    char path[] = "/tmp/tsp-stacks-XXXXXX"; /* the line, then the ranks' (one not UTF-8) */
+    FILE *f = fdopen(mkstemp(path), "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("the line\n[rank 0] a\n\n[rank 1] b \xff\n", f);
+    fclose(f);
+    char req[128], out[256], err[256];
+    snprintf(req, sizeof req, "{\"op\": \"stacks\", \"file\": \"%s\"}", path);
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{\"lines\": [\"[rank 0] a\", \"\", \"[rank 1] b \\ufffd\"]}");
+    unlink(path); /* gone: none, as the glues read a file they cannot */
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{\"lines\": []}");
+    const char *bad = "{\"op\": \"stacks\", \"file\": 3}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, bad, strlen(bad), out, sizeof out, NULL, err, sizeof err),
+        -EINVAL);
+    ck_assert_msg(strstr(err, "file"), "%s", err);
 }
 END_TEST
 
@@ -368,6 +421,7 @@ static Suite *logwatch_suite(void)
     tcase_add_test(tc, test_logwatch_answer_is_the_recorder_line);
     tcase_add_test(tc, test_logwatch_starting_workers_are_named_once_stuck);
     tcase_add_test(tc, test_logwatch_bad_settings_are_named);
+    tcase_add_test(tc, test_logwatch_stacks_file_read_back_for_the_glues);
     suite_add_tcase(s, tc);
     return s;
 }

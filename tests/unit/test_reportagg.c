@@ -15,12 +15,17 @@
 
 static tsp__logq_t q;
 
-static void push(int rank, const char *rec)
+static void push_piece(int rank, unsigned flags, const char *data, size_t len)
 {
     pthread_mutex_lock(&q.mu);
-    ck_assert_int_eq(tsp__logq_push_locked(&q, rank, TSP_LOG_STREAM_REPORT, 0, rec, strlen(rec), 1),
+    ck_assert_int_eq(tsp__logq_push_locked(&q, rank, TSP_LOG_STREAM_REPORT, flags, data, len, 1),
                      0);
     pthread_mutex_unlock(&q.mu);
+}
+
+static void push(int rank, const char *rec)
+{
+    push_piece(rank, 0, rec, strlen(rec));
 }
 
 static void push_step(int rank, int step)
@@ -188,6 +193,101 @@ START_TEST(test_reportagg_no_budget_hands_on_the_queue_s_records)
 }
 END_TEST
 
+/* The drops the budget told of: "rank: why" each. */
+static char drops[8][200];
+static int ndrops;
+
+static void on_drop(void *ctx, int32_t rank, const char *why)
+{
+    (void)ctx;
+    if (ndrops < 8)
+        snprintf(drops[ndrops++], sizeof drops[0], "%d: %s", (int)rank, why);
+}
+
+static tsp__ragg_t *ragg_watched(double budget)
+{
+    tsp__ragg_t *a = tsp__ragg_new(budget);
+    a->on_drop = on_drop;
+    ndrops = 0;
+    return a;
+}
+
+START_TEST(test_reportagg_pieces_interleaved_between_ranks_arrive_as_whole_records)
+{
+    const char *r0[] = {"{\"step\": 1, \"time\": 5.0, ", "\"metrics\": {\"a\": ", "1}}"};
+    const char *r1[] = {"{\"step\": 2, \"time\": 6.0, ", "\"metrics\": {\"b\": 2}}"};
+    for (int budget = 0; budget <= 1000; budget += 1000) {
+        tsp__ragg_t *a = ragg_watched(budget);
+        push_piece(0, TSP_LOG_LINE_CONTINUED, r0[0], strlen(r0[0]));
+        push_piece(1, TSP_LOG_LINE_CONTINUED, r1[0], strlen(r1[0]));
+        push_piece(0, TSP_LOG_LINE_CONTINUED, r0[1], strlen(r0[1]));
+        push_step(2, 7); /* another rank's whole record passes meanwhile */
+        push_piece(1, 0, r1[1], strlen(r1[1]));
+        push_piece(0, 0, r0[2], strlen(r0[2]));
+        push_step(0, 8); /* after its rank's long record: the order per rank holds */
+        tsp__logq_end(&q);
+        int n;
+        got_t *g = pull_all(a, &n);
+        ck_assert_int_eq(n, 4);
+        ck_assert_int_eq(g[0].rank, 2);
+        ck_assert_int_eq(g[1].rank, 1);
+        ck_assert_str_eq(g[1].text, "{\"step\": 2, \"time\": 6.0, \"metrics\": {\"b\": 2}}");
+        ck_assert_int_eq(g[2].rank, 0);
+        ck_assert_str_eq(g[2].text, "{\"step\": 1, \"time\": 5.0, \"metrics\": {\"a\": 1}}");
+        ck_assert(g[3].rank == 0 && num(g[3].text, "step") == 8);
+        ck_assert_int_eq(ndrops, 0);
+        ck_assert_uint_eq(a->held, 0);
+        free_got(g, n);
+        tsp__ragg_free(a);
+        tsp__logq_close(&q);
+        setup();
+    }
+}
+END_TEST
+
+START_TEST(test_reportagg_a_record_without_its_last_piece_at_the_run_s_end_is_dropped)
+{
+    tsp__ragg_t *a = ragg_watched(1000);
+    push_piece(4, TSP_LOG_LINE_CONTINUED, "{\"step\": 1, ", 12);
+    push_step(5, 1);
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_eq(n, 1);
+    ck_assert_int_eq(g[0].rank, 5);
+    ck_assert_int_eq(ndrops, 1);
+    ck_assert_str_eq(drops[0], "4: the run ended before its last piece (12 bytes held)");
+    ck_assert_uint_eq(a->dropped, 1);
+    free_got(g, n);
+    tsp__ragg_free(a);
+}
+END_TEST
+
+START_TEST(test_reportagg_a_record_over_the_cap_is_dropped_to_its_last_piece)
+{
+    tsp__ragg_t *a = ragg_watched(0);
+    size_t mib = 1u << 20;
+    char *big = malloc(mib);
+    memset(big, ' ', mib);
+    for (int i = 0; i < TSP_REPORT_RECORD_MAX / (int)mib + 2; i++) /* over the cap, then more */
+        push_piece(6, TSP_LOG_LINE_CONTINUED, big, mib);
+    push_piece(6, 0, "}", 1); /* its last piece: dropped too */
+    push_step(6, 3);          /* the rank's next record passes */
+    tsp__logq_end(&q);
+    int n;
+    got_t *g = pull_all(a, &n);
+    ck_assert_int_eq(n, 1);
+    ck_assert(num(g[0].text, "step") == 3);
+    ck_assert_int_eq(ndrops, 1);
+    ck_assert_msg(strstr(drops[0], "6: its pieces exceed 16777216 bytes") == drops[0], "%s",
+                  drops[0]);
+    ck_assert_uint_eq(a->held, 0);
+    free_got(g, n);
+    free(big);
+    tsp__ragg_free(a);
+}
+END_TEST
+
 START_TEST(test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes)
 {
     struct rlimit rl;
@@ -211,6 +311,23 @@ START_TEST(test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes)
                       strstr(err, "ulimit -n 4352"),
                   "%s", err);
     ck_assert_int_eq(tsp_logserver_fd_check(-1, err, sizeof err), -EINVAL);
+    ck_assert_str_eq(err, "nodes must be >= 0, got -1");
+    /* the same through the server's JSON call, the one op without a server (protocol 1.14) */
+    char out[64];
+    const char *req = "{\"op\": \"fd_check\", \"nodes\": 72}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err), 0);
+    ck_assert_str_eq(out, "{}");
+    req = "{\"op\": \"fd_check\", \"nodes\": 2048}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err),
+        -EMFILE);
+    ck_assert_msg(strstr(err, "a job of 2048 nodes needs about 4352"), "%s", err);
+    req = "{\"op\": \"stats\"}";
+    ck_assert_int_eq(
+        tsp_logserver_call(NULL, req, strlen(req), out, sizeof out, NULL, err, sizeof err),
+        -EINVAL);
+    ck_assert_str_eq(err, "tsp_logserver_call: no log server");
 }
 END_TEST
 
@@ -223,6 +340,9 @@ int main(void)
     tcase_add_test(tc, test_reportagg_beyond_the_budget_a_rank_is_folded_into_summaries);
     tcase_add_test(tc, test_reportagg_a_record_it_cannot_fold_follows_the_rank_s_summary);
     tcase_add_test(tc, test_reportagg_no_budget_hands_on_the_queue_s_records);
+    tcase_add_test(tc, test_reportagg_pieces_interleaved_between_ranks_arrive_as_whole_records);
+    tcase_add_test(tc, test_reportagg_a_record_without_its_last_piece_at_the_run_s_end_is_dropped);
+    tcase_add_test(tc, test_reportagg_a_record_over_the_cap_is_dropped_to_its_last_piece);
     tcase_add_test(tc, test_fdlimit_raised_to_the_hard_limit_else_a_sentence_with_the_nodes);
     suite_add_tcase(s, tc);
     return tsp_test_main(s);

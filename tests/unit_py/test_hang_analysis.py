@@ -105,3 +105,18 @@ def test_a_bad_request_names_the_key(request_doc, error):
 
 # When a rank's dump is complete (a recorder line inside a stack line counts): the C log
 # server's watchdog, tests/unit/test_logwatch.c (test_logwatch_answer_is_the_recorder_line).
+
+
+def test_a_diagnosis_reads_its_stacks_file_back_through_the_c_core(tmp_path):
+    """Diagnosis.stacks_text(): the watchdog's file after its first line (the line), read by
+    tsp_logserver_call's op stacks (the JVM's stacksLines() too), invalid UTF-8 as U+FFFD; "" without
+    a file or when it is gone."""
+    from torchspark.driver._hang import Diagnosis
+
+    f = tmp_path / "torchspark-hang-x.txt"
+    f.write_bytes(b"LINE\n[rank 0] a\n[rank 1] b \xff\n")
+    d = Diagnosis("LINE", [], {}, {}, stacks_file=str(f))
+    assert d.stacks_text() == "[rank 0] a\n[rank 1] b \ufffd"
+    f.unlink()
+    assert d.stacks_text() == ""
+    assert Diagnosis("LINE", [], {}, {}).stacks_text() == ""

@@ -124,6 +124,12 @@ TSP_EXTERN void tsp_logserver_stats(tsp_logserver_t *s, tsp_logserver_stats_t *s
  * per interval with a "summary" (docs/protocol.md 1.8). Default TSP_REPORT_BUDGET (20,000);
  * <= 0: every record as it is. Set it before the first pull_reports. */
 #define TSP_REPORT_BUDGET 20000
+/* pull_reports hands out whole records only: a record that came in CONTINUED pieces is
+ * rejoined first, up to TSP_REPORT_RECORD_MAX bytes, with at most TSP_REPORT_PIECES_MAX
+ * bytes of pieces held job-wide; beyond either, or unfinished at the run's end, it is
+ * dropped with one server event (docs/protocol.md 1.8, "Long records"). */
+#define TSP_REPORT_RECORD_MAX (16 << 20)
+#define TSP_REPORT_PIECES_MAX (64 << 20)
 TSP_EXTERN void tsp_logserver_report_budget(tsp_logserver_t *s, double per_s);
 /* Whether the driver's descriptor limit (RLIMIT_NOFILE) holds a job of `nodes` nodes: the
  * soft limit is first raised to the hard one (the log server also does so when it starts).
@@ -181,8 +187,8 @@ TSP_EXTERN int tsp_logserver_dump_all(tsp_logserver_t *s);
 /* The hang doctor's watchdog (docs/protocol.md 1.12), an option of the server: when no rank
  * has printed a line or reported for timeout_ms, counted from the workers' start (the first
  * agent's authentication), the server sends DUMP, collects every rank's answer from its
- * tail (start the server with tail_lines TSP_LOGSERVER_HANG_TAIL), names the culprit
- * (torchspark/hang.h), writes every rank's stacks to a new file (mode 0600) in tmpdir and
+ * tail (which it raises to TSP_LOGSERVER_HANG_TAIL lines a rank, so that a dump fits), names the
+ * culprit (torchspark/hang.h), writes every rank's stacks to a new file (mode 0600) in tmpdir and
  * queues ONE event for tsp_logserver_hang_event; with action "cancel" it also sends STOP to
  * every agent. action: "report" or "cancel"; world: the attempt's ranks. Call it right
  * after start (a second call replaces the first). 0; -EINVAL (err says which argument is

@@ -11,6 +11,7 @@
 
 #include "fdlimit.h"
 #include "torchspark/logserver.h"
+#include "util.h"
 
 /* Descriptors a job costs the driver per node (its log connection, and its rendezvous GET
  * or rank 0's output connection), and those the driver process needs besides (Python or
@@ -32,7 +33,7 @@ int tsp__fdlimit_raise(void)
 int tsp_logserver_fd_check(int nodes, char *err, size_t errlen)
 {
     if (nodes < 0)
-        return -EINVAL;
+        return tsp__err(err, errlen, -EINVAL, "nodes must be >= 0, got %d", nodes);
     tsp__fdlimit_raise();
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0)

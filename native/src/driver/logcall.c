@@ -11,6 +11,7 @@
 
 #include "jreq.h"
 #include "json.h"
+#include "logwatch.h"
 #include "util.h"
 
 #define WHO "tsp_logserver_call's request"
@@ -147,11 +148,12 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
     } else if (strcmp(op, "shutdown") == 0 && !(rc = tsp_jreq_int(r, "drain_ms", 0, &n))) {
         rc = tsp_logserver_shutdown(s, n);
     } else if (rc == 0) {
-        rc = tsp__err(r->err, r->errlen, -EINVAL,
-                      "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
-                      "failure, hang_event, report_budget, encryption, expect_output, "
-                      "output_limit, stop_all, checkpoint_all, watch or shutdown)",
-                      op);
+        rc =
+            tsp__err(r->err, r->errlen, -EINVAL,
+                     "tsp_logserver_call: unknown op \"%s\" (info, stats, tail, lost, output, "
+                     "failure, hang_event, hang_summary, report_budget, encryption, expect_output, "
+                     "output_limit, stop_all, checkpoint_all, watch, shutdown, fd_check or stacks)",
+                     op);
     }
     free(str);
     free(action);
@@ -162,12 +164,21 @@ static int op_set(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_j
 static int op_object(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, tsp_json_writer_t *w)
 {
     int timeout_ms = 0;
-    if (strcmp(op, "info") == 0)
+    if (strcmp(op, "stacks") == 0) { /* s may be NULL */
+        char *path = NULL;
+        int rc = tsp_jreq_str(r, "file", 1, &path);
+        if (rc == 0)
+            tsp__watch_stacks(path, w);
+        free(path);
+        return rc;
+    } else if (strcmp(op, "info") == 0)
         write_info(s, w);
     else if (strcmp(op, "stats") == 0)
         write_stats(s, w);
     else if (strcmp(op, "lost") == 0)
         write_lost(s, w);
+    else if (strcmp(op, "hang_summary") == 0)
+        tsp__watch_summary(s, w);
     else if (strcmp(op, "tail") == 0)
         return write_tail(s, r, w);
     else if (strcmp(op, "output") == 0) {
@@ -187,13 +198,21 @@ static int op_object(tsp_logserver_t *s, const char *op, const tsp_jreq_t *r, ts
     return 0;
 }
 
+/* tsp_logserver_fd_check of the request's nodes: {} or its refusal. */
+static int fd_check(const tsp_jreq_t *r, char *out, size_t outlen, size_t *needed)
+{
+    int nodes = 0;
+    int rc = tsp_jreq_int(r, "nodes", 1, &nodes);
+    if (rc == 0)
+        rc = tsp_logserver_fd_check(nodes, r->err, r->errlen);
+    return rc ? rc : tsp__reply_copy("{}", 2, out, outlen, needed);
+}
+
 int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char *out,
                        size_t outlen, size_t *needed, char *err, size_t errlen)
 {
     if (err && errlen)
         err[0] = '\0';
-    if (!s)
-        return tsp__err(err, errlen, -EINVAL, "tsp_logserver_call: no log server");
     if (!request || tsp_json_check_object(request, len))
         return tsp__err(err, errlen, -EINVAL,
                         "tsp_logserver_call: the request is not a JSON object");
@@ -201,6 +220,12 @@ int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char
     char *op = NULL, *doc = NULL;
     size_t dlen = 0;
     int timeout_ms = 0, rc = tsp_jreq_str(&r, "op", 1, &op);
+    if (rc == 0 && strcmp(op, "fd_check") == 0) { /* before a server: no handle */
+        free(op);
+        return fd_check(&r, out, outlen, needed);
+    }
+    if (!s && rc == 0 && strcmp(op, "stacks") != 0) /* stacks: a file, no server either */
+        rc = tsp__err(err, errlen, -EINVAL, "tsp_logserver_call: no log server");
     int failure = rc == 0 && strcmp(op, "failure") == 0;
     if (rc == 0 && (failure || strcmp(op, "hang_event") == 0)) {
         rc = tsp_jreq_int(&r, "timeout_ms", 1, &timeout_ms);

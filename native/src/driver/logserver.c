@@ -388,6 +388,12 @@ static int bind_listen(tsp_logserver_t *s, char *err, size_t errlen)
     return -e;
 }
 
+/* A report record the puller dropped (reportagg.c, docs/protocol.md 1.8): one event. */
+static void report_dropped(void *ctx, int32_t rank, const char *why)
+{
+    tsp__event(ctx, "a torchspark.report() record of rank %d was dropped: %s", (int)rank, why);
+}
+
 static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char *err, size_t errlen)
 {
     s->o = *o;
@@ -406,6 +412,8 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
     tsp__fdlimit_raise(); /* a connection per node: as many as the process may (fdlimit.c) */
     if (!(s->ragg = tsp__ragg_new(TSP_REPORT_BUDGET)))
         return tsp__err(err, errlen, -ENOMEM, "no memory for the log server");
+    s->ragg->on_drop = report_dropped;
+    s->ragg->ctx = s;
     int rc = tsp__tlsctx_new(&s->tls, 1, s->secret, err, errlen);
     if (rc || (rc = bind_listen(s, err, errlen)))
         return rc;
@@ -436,6 +444,10 @@ static int server_setup(tsp_logserver_t *s, const tsp_logserver_opts_t *o, char 
 
 tsp_logserver_t *tsp_logserver_start(const tsp_logserver_opts_t *o, char *err, size_t errlen)
 {
+    if (o->port < 0 || o->port > 65535) { /* else 70000 would bind 4464 */
+        snprintf(err, errlen, "port must be 0..65535, got %d", o->port);
+        return NULL;
+    }
     tsp_logserver_t *s = calloc(1, sizeof(*s));
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -680,6 +692,10 @@ int tsp_logserver_watch(tsp_logserver_t *s, long timeout_ms, const char *action,
         tsp__watch_free(w);
         return tsp__err(err, errlen, -EPIPE, "the log server has already stopped");
     }
+    pthread_mutex_lock(&s->q.mu); /* a dump must fit in each rank's tail (tails grow lazily) */
+    if (s->q.tail_lines < TSP_LOGSERVER_HANG_TAIL)
+        s->q.tail_lines = TSP_LOGSERVER_HANG_TAIL;
+    pthread_mutex_unlock(&s->q.mu);
     wake_loop(s);
     return 0;
 }

@@ -546,3 +546,48 @@ int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now)
     w->answered = w->collected = w->diagnosed = w->filed = 0;
     return now + TICK_MS;
 }
+
+void tsp__watch_summary(tsp_logserver_t *s, tsp_json_writer_t *w)
+{
+    const char *cancel = NULL;
+    tsp_json_key(w, "lines");
+    tsp_json_begin_array(w);
+    pthread_mutex_lock(&s->ctl_mu);
+    for (size_t i = 0; i < s->hang_n; i++) {
+        const char *ev = s->hang_ev[i];
+        char *v = NULL;
+        int type = 0;
+        if (tsp_json_get(ev, strlen(ev), "diagnosis.line", &v, &type) == 0 &&
+            type == TSP_JSON_STRING)
+            tsp_json_str(w, v);
+        free(v);
+        v = NULL;
+        if (tsp_json_get(ev, strlen(ev), "action", &v, &type) == 0 && strcmp(v, "cancel") == 0)
+            cancel = ev; /* one at most: the watchdog stops with it */
+        free(v);
+    }
+    tsp_json_end(w);
+    tsp_json_key(w, "cancel");
+    tsp_json_raw(w, cancel ? cancel : "null", cancel ? strlen(cancel) : 4);
+    pthread_mutex_unlock(&s->ctl_mu);
+}
+
+void tsp__watch_stacks(const char *path, tsp_json_writer_t *w)
+{
+    FILE *f = fopen(path, "re");
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    tsp_json_key(w, "lines");
+    tsp_json_begin_array(w);
+    for (int first = 1; f && (n = getline(&line, &cap, f)) >= 0; first = 0) {
+        if (n > 0 && line[n - 1] == '\n')
+            line[n - 1] = '\0';
+        if (!first)
+            tsp_json_str(w, line);
+    }
+    tsp_json_end(w);
+    free(line);
+    if (f)
+        fclose(f);
+}

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "json.h"
 #include "logstate.h"
 
 /* Validates and allocates a watchdog's settings (tsp_logserver_watch's arguments); NULL
@@ -18,5 +19,12 @@ void tsp__watch_adopt(tsp_logserver_t *s, struct tsp__watch *w);
  * analysis and the action. Returns the next deadline (ms, monotonic; -1: none). */
 int64_t tsp__watch_sweep(tsp_logserver_t *s, int64_t now);
 void tsp__watch_free(struct tsp__watch *w);
+/* The run's hang doctor in one reply (tsp_logserver_call's op hang_summary, docs/protocol.md
+ * 1.14), from every event queued so far, taken or not: "lines" (each diagnosis's line, in
+ * order) and "cancel" (the event that cancelled the run, itself, or null). */
+void tsp__watch_summary(tsp_logserver_t *s, tsp_json_writer_t *w);
+/* A diagnosis's stacks read back from the file the watchdog wrote (the op stacks, protocol
+ * 1.14): "lines", the file's lines after its first (the line); none when it cannot be read. */
+void tsp__watch_stacks(const char *path, tsp_json_writer_t *w);
 
 #endif

@@ -10,8 +10,14 @@
  * A record finds a token: it passes as it is. It finds none: it is folded into the rank's
  * summary, which goes out as one record once a token comes (at the next record of the
  * rank, or at a later pull), and at the end of the run. A record that cannot be folded
- * (params, a metric that is not a number, a piece of a longer record) first sends the
- * rank's summary out, then passes: the order per rank holds.
+ * (params, a metric that is not a number) first sends the rank's summary out, then
+ * passes: the order per rank holds.
+ *
+ * Before the budget, a record that came in CONTINUED pieces (a raw sender's record over
+ * the channel's line cap) is rejoined per rank, so that the glues only ever see whole
+ * records; one over TSP_REPORT_RECORD_MAX, or beyond TSP_REPORT_PIECES_MAX held job-wide,
+ * or still unfinished when the run ends, is dropped with one event (protocol 1.8, "Long
+ * records").
  */
 #include "reportagg.h"
 
@@ -35,6 +41,9 @@ struct tsp__ragg_rank {
     double tokens;
     int64_t refill_ms;
     tsp__rfold_t sum; /* the summary (count 0: none pending) */
+    char *piece;      /* the CONTINUED pieces of the rank's record so far */
+    size_t piece_len, piece_cap;
+    int dropping; /* its record is dropped: the rest of its pieces too, up to its last */
 };
 
 tsp__ragg_t *tsp__ragg_new(double budget)
@@ -55,8 +64,10 @@ void tsp__ragg_free(tsp__ragg_t *a)
 {
     if (!a)
         return;
-    for (size_t i = 0; i < a->nranks; i++)
+    for (size_t i = 0; i < a->nranks; i++) {
         tsp__rfold_free(&a->ranks[i].sum);
+        free(a->ranks[i].piece);
+    }
     free(a->ranks);
     free_out(a->ready + a->ready_head, a->nready - a->ready_head);
     free(a->ready);
@@ -138,12 +149,71 @@ static int emit_summary(tsp__ragg_t *a, struct tsp__ragg_rank *r)
     return push_ready(a, r->rank, 0, buf, len);
 }
 
-static int take(tsp__ragg_t *a, const tsp_logline_t *ln, int64_t now)
+static void release(tsp__ragg_t *a, struct tsp__ragg_rank *r)
 {
-    struct tsp__ragg_rank *r = rank_of(a, ln->rank);
-    if (!r)
-        return -ENOMEM;
+    a->held -= r->piece_len;
+    free(r->piece);
+    r->piece = NULL;
+    r->piece_len = r->piece_cap = 0;
+}
+
+static void drop(tsp__ragg_t *a, struct tsp__ragg_rank *r, int ended)
+{
+    char why[160];
+    if (ended)
+        snprintf(why, sizeof why, "the run ended before its last piece (%zu bytes held)",
+                 r->piece_len);
+    else
+        snprintf(why, sizeof why, "its pieces exceed %d bytes, or %d held job-wide",
+                 TSP_REPORT_RECORD_MAX, TSP_REPORT_PIECES_MAX);
+    a->dropped++;
+    if (a->on_drop)
+        a->on_drop(a->ctx, r->rank, why);
+    release(a, r);
+    r->dropping = !ended;
+}
+
+/* A record's CONTINUED pieces rejoined: 1 with *ln the whole record (in r->piece when it
+ * came in pieces: release it once used), 0 while more is to come or when it is dropped. */
+static int rejoin(tsp__ragg_t *a, struct tsp__ragg_rank *r, tsp_logline_t *ln)
+{
+    int more = (ln->flags & TSP_LOG_LINE_CONTINUED) != 0;
+    if (!more && !r->piece && !r->dropping)
+        return 1;
+    size_t total = r->piece_len + ln->len;
+    if (!r->dropping &&
+        (total > TSP_REPORT_RECORD_MAX || a->held + ln->len > TSP_REPORT_PIECES_MAX))
+        drop(a, r, 0);
+    if (r->dropping) {
+        r->dropping = more;
+        return 0;
+    }
+    if (total > r->piece_cap) {
+        size_t cap = total > 2 * r->piece_cap ? total : 2 * r->piece_cap;
+        char *p = realloc(r->piece, cap ? cap : 1);
+        if (!p)
+            return -ENOMEM;
+        r->piece = p;
+        r->piece_cap = cap;
+    }
+    memcpy(r->piece + r->piece_len, ln->data, ln->len);
+    r->piece_len = total;
+    a->held += ln->len;
+    if (more)
+        return 0;
+    *ln = (tsp_logline_t){
+        .data = r->piece, .len = (uint32_t)total, .rank = ln->rank, .stream = ln->stream};
+    return 1;
+}
+
+static int take_whole(tsp__ragg_t *a, struct tsp__ragg_rank *r, const tsp_logline_t *ln,
+                      int64_t now)
+{
     tsp__rfold_rec_t p;
+    if (a->budget <= 0) { /* every record as it is, after what was folded before */
+        int rc = r->sum.count ? emit_summary(a, r) : 0;
+        return rc ? rc : pass(a, ln);
+    }
     int foldable = !ln->flags && tsp__rfold_parse(ln->data, ln->len, &p) == 0;
     refill(a, r, now);
     if (!foldable || (!r->sum.count && r->tokens >= 1)) {
@@ -158,6 +228,31 @@ static int take(tsp__ragg_t *a, const tsp_logline_t *ln, int64_t now)
         rc = emit_summary(a, r);
     }
     return rc;
+}
+
+static int take(tsp__ragg_t *a, const tsp_logline_t *raw, int64_t now)
+{
+    struct tsp__ragg_rank *r = rank_of(a, raw->rank);
+    if (!r)
+        return -ENOMEM;
+    tsp_logline_t ln = *raw;
+    int rc = rejoin(a, r, &ln);
+    if (rc <= 0)
+        return rc;
+    rc = take_whole(a, r, &ln, now);
+    if (ln.data == r->piece)
+        release(a, r);
+    return rc;
+}
+
+/* At the end of the run: every record still waiting for its last piece, dropped. */
+static void drop_unfinished(tsp__ragg_t *a)
+{
+    for (size_t i = 0; i < a->nranks; i++) {
+        if (a->ranks[i].piece)
+            drop(a, &a->ranks[i], 1);
+        a->ranks[i].dropping = 0;
+    }
 }
 
 /* The summaries whose rank has a token again; every one when all (the run ended). */
@@ -202,14 +297,14 @@ static int refill_ready(tsp__ragg_t *a, tsp__logq_t *q, int timeout_ms)
         if (rc)
             return rc;
     }
+    if (n == -EPIPE)
+        drop_unfinished(a);
     int rc = flush_due(a, now, n == -EPIPE);
     return rc ? rc : n;
 }
 
 int tsp__ragg_pull(tsp__ragg_t *a, tsp__logq_t *q, tsp_logline_t *out, int max, int timeout_ms)
 {
-    if (a->budget <= 0 && a->ready_head == a->nready)
-        return tsp__logq_pull(q, out, max, timeout_ms);
     if (a->ready_head == a->nready) {
         a->ready_head = a->nready = 0;
         int rc = refill_ready(a, q, timeout_ms);

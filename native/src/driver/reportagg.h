@@ -34,13 +34,19 @@ typedef struct tsp__ragg {
     size_t batch_cap;
     tsp_logline_t *raw; /* a raw pull from the queue */
     uint64_t folded;    /* records folded into a summary so far */
+    size_t held;        /* bytes of CONTINUED pieces held, every rank's */
+    uint64_t dropped;   /* records dropped (reportagg.c: over the caps, or unfinished) */
+    /* Told of each dropped record (the log server: one event line), or NULL. */
+    void (*on_drop)(void *ctx, int32_t rank, const char *why);
+    void *ctx;
 } tsp__ragg_t;
 
 /* A budget of `budget` records a second (<= 0: every record as it is); NULL without memory. */
 tsp__ragg_t *tsp__ragg_new(double budget);
 void tsp__ragg_free(tsp__ragg_t *a);
-/* tsp__logq_pull of q with the budget applied: the same results and ordering per rank;
- * the records of out stay valid until the next call. Caller serializes calls. */
+/* tsp__logq_pull of q with CONTINUED pieces rejoined and the budget applied: the same
+ * results and ordering per rank, only whole records; the records of out stay valid until
+ * the next call. Caller serializes calls. */
 int tsp__ragg_pull(tsp__ragg_t *a, tsp__logq_t *q, tsp_logline_t *out, int max, int timeout_ms);
 
 #endif

@@ -1,12 +1,8 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.core.type.TypeReference;
 import com.fasterxml.jackson.databind.JsonNode;
-import java.io.IOException;
-import java.nio.charset.StandardCharsets;
-import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.ArrayList;
-import java.util.Collections;
 import java.util.List;
 import java.util.function.Consumer;
 
@@ -20,9 +16,6 @@ import java.util.function.Consumer;
  * called by the watchdog: its event carries the reply, a {@link Diagnosis}.
  */
 final class HangDoctor {
-    /** Lines kept per rank by the log server while the doctor is on. */
-    static final int TAIL_LINES = 2000;
-
     // ---- the analysis: the C core's (torchspark/hang.h, docs/protocol.md 1.11) ----------
 
     /** The C core's diagnosis of one DUMP (its JSON as it is: line, culprits, waiting, dumps,
@@ -44,19 +37,14 @@ final class HangDoctor {
             return json.path("culprit").path("host").textValue();
         }
 
-        /** Every rank's dump, rank-prefixed: the stacks file's text after its first line (the
-         *  line), as the watchdog wrote it; empty without a file (at 16,384 ranks ~10 MB: read
-         *  when asked for, not kept). */
+        /** Every rank's dump, rank-prefixed: the stacks file's lines after its first (the line),
+         *  read back by the C core (the op stacks, taken without a server: docs/protocol.md
+         *  1.14); empty without a file (at 16,384 ranks ~10 MB: read when asked for, not kept). */
         List<String> stacksLines() {
-            if (stacksFile == null) {
-                return List.of();
-            }
-            try { // decoded with replacement, as the lines were shown
-                String[] all = new String(Files.readAllBytes(stacksFile), StandardCharsets.UTF_8).split("\n");
-                return List.of(all).subList(Math.min(1, all.length), all.length);
-            } catch (IOException e) {
-                return List.of();
-            }
+            String[] msg = new String[1];
+            String request = Native.object("op", "stacks", "file", String.valueOf(stacksFile)).toString();
+            return stacksFile == null ? List.of() : Failure.JSON.convertValue(Native.reply("tsp_logserver_call",
+                    Native.logServerCall(0, request, msg), msg[0]).get("lines"), new TypeReference<List<String>>() { });
         }
 
         /** The document of a run the doctor cancels (TorchSparkException.reportJson()): the C
@@ -71,9 +59,6 @@ final class HangDoctor {
 
     private final LogServer server;
     private final Consumer<String> say;
-    private final List<Diagnosis> diagnoses = Collections.synchronizedList(new ArrayList<>());
-    private volatile Diagnosis cancelled;
-    private volatile String message = ""; // the C core's error text after "TorchSparkRunner (MODE) "
 
     /** Turns the server's watchdog on for world ranks, as the run's settings say (hangTimeout
      *  in ms, > 0; hangAction: report or cancel); say: where its lines go (the driver's stderr). */
@@ -84,48 +69,33 @@ final class HangDoctor {
                 System.getProperty("java.io.tmpdir"));
     }
 
-    /** The diagnosis that cancelled the run, or null. */
-    Diagnosis cancelled() {
-        return cancelled;
-    }
-
-    List<Diagnosis> diagnoses() {
-        synchronized (diagnoses) {
-            return new ArrayList<>(diagnoses);
-        }
-    }
-
-    /** Performs the events the watchdog queued, in order: prints their lines as they are and
-     *  keeps their diagnoses. The line pump calls it between its pulls (LinePump), the
-     *  channel once more before the server closes. */
+    /** Prints the lines of the events the watchdog queued, in order, as they are (the C
+     *  server keeps the events: {@link #end}). The line pump calls it between its pulls
+     *  (LinePump), the channel once more before the server closes. */
     synchronized void poll() {
-        while (perform(server.hangEvent(0))) {
-            // the next event
+        for (JsonNode ev = server.hangEvent(0); ev != null; ev = server.hangEvent(0)) {
+            ev.get("say").forEach(x -> say.accept(x.asText()));
+            if (ev.hasNonNull("diagnosis")) { // the stacks are on stderr already, and in the file
+                ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
+            }
         }
     }
 
-    private boolean perform(JsonNode ev) {
-        if (ev == null) {
-            return false;
+    /** After the last poll: the run's hang lines (each diagnosis's) into owner.hangReports, and
+     *  the exception of a run the doctor cancelled (its report the C core's hang document, as
+     *  the PySpark glue's TorchDistributorError.report), or null: the C server's summary of
+     *  its events (op hang_summary, docs/protocol.md 1.14). */
+    TorchSparkException end(TorchSparkRunner owner, String mode, Throwable cause) {
+        JsonNode sum = server.call("hang_summary");
+        owner.hangReports = Failure.JSON.convertValue(sum.get("lines"),
+                new TypeReference<List<String>>() { });
+        JsonNode ev = sum.get("cancel");
+        if (ev.isNull()) {
+            return null;
         }
-        ev.get("say").forEach(x -> say.accept(x.asText()));
-        JsonNode r = ev.get("diagnosis");
-        if (r == null || r.isNull()) {
-            return true;
-        }
-        Diagnosis d = new Diagnosis(r, ev.get("stacks_file").isNull() ? null : Path.of(ev.get("stacks_file").asText()));
-        diagnoses.add(d);
-        // the stacks are on stderr already (the ranks' lines), and in the file
-        ev.get("say").forEach(x -> TorchSparkRunner.LOG.debug(x.asText()));
-        if (ev.get("action").asText().equals("cancel")) {
-            message = ev.get("message").asText();
-            cancelled = d;
-        }
-        return true;
-    }
-
-    /** The runner's exception text of the run the doctor cancelled. */
-    String cancelMessage(String mode) {
-        return "TorchSparkRunner (" + mode + ") " + message;
+        Diagnosis c = new Diagnosis(ev.get("diagnosis"), ev.get("stacks_file").isNull() ? null
+                : Path.of(ev.get("stacks_file").asText()));
+        return new TorchSparkException("TorchSparkRunner (" + mode + ") " + ev.get("message").asText(),
+                c.culprit(), null, c.culpritHost(), null, 0, c.stacksLines(), c.report(), cause, null);
     }
 }

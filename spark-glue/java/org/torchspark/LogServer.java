@@ -53,12 +53,11 @@ public final class LogServer implements AutoCloseable {
      *  to the hard one; IllegalStateException naming the limit and the node count when even
      *  that cannot hold them (the C core's check, as the PySpark glue's _native.fd_check). */
     public static void checkDescriptors(int nodes) {
-        if (nodes < 0) {
-            throw new IllegalArgumentException("nodes must be >= 0, got " + nodes);
-        }
-        String[] msg = new String[1];
-        if (Native.logServerFdCheck(nodes, msg) != 0) {
-            throw new IllegalStateException("torchspark: " + msg[0]);
+        String[] msg = new String[1]; // the op fd_check needs no server (docs/protocol.md 1.14)
+        int rc = Native.logServerCall(0, Native.object("op", "fd_check", "nodes", nodes).toString(), msg);
+        if (rc != 0) { // -EINVAL: nodes < 0
+            throw rc == -22 ? new IllegalArgumentException(msg[0])
+                    : new IllegalStateException("torchspark: " + msg[0]);
         }
     }
 

@@ -103,8 +103,8 @@ final class Native {
             String[] msg);
 
     /** msg[0]: the reply of tsp_logserver_call (docs/protocol.md 1.14: {"op": ...}, the
-     *  server's queries and settings) on h to the request (JSON), or the sentence naming what
-     *  is wrong. */
+     *  server's queries and settings; h 0 for the op fd_check) on h to the request (JSON), or
+     *  the sentence naming what is wrong. */
     static native int logServerCall(long h, String request, String[] msg);
 
     /** Formatted lines into buf (direct): bytes written, 0 on timeout, -EPIPE at the end. */
@@ -113,10 +113,6 @@ final class Native {
 
     /** The workers' reports as "RANK\tRECORD\n" lines: "" on timeout, null at the end. */
     static native String logServerPullReports(long h, int max, int timeoutMs);
-
-    /** tsp_logserver_fd_check: 0 when the driver's descriptor limit (raised to the hard one)
-     *  holds a job of nodes nodes, else a code with the sentence in msg[0]. */
-    static native int logServerFdCheck(int nodes, String[] msg);
 
     /** A copy of the output held in memory (null in file mode or when none). */
     static native byte[] logServerOutputData(long h);

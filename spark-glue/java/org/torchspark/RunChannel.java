@@ -22,8 +22,7 @@ final class RunChannel implements AutoCloseable {
      *  linePrefix: the lines' (LogServer.pullText; null: "[rank N] "). */
     RunChannel(TorchSparkRunner owner, String bind, int world, SparkContext sc, String linePrefix) {
         this.owner = owner;
-        boolean hang = owner.runSettings.number("hangTimeout") > 0; // the doctor is on
-        server = new LogServer(bind, 0, null, hang ? HangDoctor.TAIL_LINES : 0);
+        server = new LogServer(bind, 0, null, 0); // the doctor's watch raises the tails (a dump fits)
         try {
             server.encryption(owner.runSettings.bool("encryption"));
             if (owner.wantOutput && owner.outputPath == null) { // into memory: no more than collect() takes
@@ -33,7 +32,8 @@ final class RunChannel implements AutoCloseable {
                 server.expectOutput(owner.outputPath != null ? owner.outputPath.toString() : null);
             }
             owner.reports = Collections.emptyList();
-            doctor = hang ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
+            doctor = owner.runSettings.number("hangTimeout") > 0 // the doctor is on
+                    ? new HangDoctor(server, owner.runSettings, world, System.err::println) : null;
             pump = new LinePump(server, owner.logToStderr, linePrefix, owner.onReport,
                     doctor != null ? doctor::poll : () -> { });
         } catch (RuntimeException | Error e) {
@@ -76,21 +76,14 @@ final class RunChannel implements AutoCloseable {
     }
 
     /** Ends the doctor (before the server closes) and keeps its lines; the exception of a
-     *  run it cancelled (its report the C core's hang document, as the PySpark glue's
-     *  TorchDistributorError.report), or null. */
+     *  run it cancelled, or null (HangDoctor.end). */
     TorchSparkException endDoctor(String mode, Throwable cause) {
         if (doctor == null || doctorEnded) {
             return null;
         }
         doctorEnded = true;
         doctor.poll();
-        owner.hangReports = doctor.diagnoses().stream().map(HangDoctor.Diagnosis::line).toList();
-        HangDoctor.Diagnosis c = doctor.cancelled();
-        if (c == null) {
-            return null;
-        }
-        return new TorchSparkException(doctor.cancelMessage(mode), c.culprit(), null, c.culpritHost(),
-                null, 0, c.stacksLines(), c.report(), cause, null);
+        return doctor.end(owner, mode, cause);
     }
 
     /** Ends the doctor; when it cancelled the run, the channel drained and its exception

@@ -35,8 +35,8 @@ class Channel:
         with it, the pump, the hub, the doctor and (rendezvous_host) the rendezvous."""
         _native.fd_check(dist.num_tasks)  # a connection per node: the limit must hold them
         try:
-            tail = _doctor.TAIL_LINES if dist.hang_timeout else 100
-            self.server = _native.LogServer(host=host, port=0, tail_lines=tail)
+            # the doctor's watch raises the tails to TSP_LOGSERVER_HANG_TAIL lines (a dump fits)
+            self.server = _native.LogServer(host=host, port=0)
             self.server.encryption(dist._settings["encryption"])
         except Exception as e:
             self.server = None
@@ -91,11 +91,11 @@ class Channel:
         if self.doctor is None:
             return None
         self.doctor.poll()
-        diag = self.doctor.cancelled
-        if diag is None:
+        ev = self.server.hang_summary()["cancel"]  # the C watchdog's, kept by the server
+        if ev is None:
             return None
-        return TorchDistributorError(f"TorchDistributor ({mode}) " + self.doctor.message,
-                                     diag.report)
+        return TorchDistributorError(f"TorchDistributor ({mode}) " + ev["message"],
+                                     ev["diagnosis"].get("report") or {})
 
     def tail(self, report: Dict) -> Optional[List[str]]:
         """The driver's last lines of the failed rank of report, or None."""

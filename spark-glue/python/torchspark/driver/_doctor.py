@@ -14,9 +14,7 @@ from typing import Any, List, Optional
 from torchspark.driver import _hang
 from torchspark.driver._pump import _LogPump
 
-__all__ = ["HangDoctor", "configure", "TAIL_LINES"]
-
-TAIL_LINES = 2000  # the log server's lines per rank while the doctor is on (a dump fits)
+__all__ = ["HangDoctor", "configure"]
 
 
 def configure(dist: Any, hang_timeout_ms: Optional[int], hang_action: str) -> None:
@@ -36,8 +34,6 @@ class HangDoctor:
                  logger: Any = None, reports: Optional[List[Any]] = None) -> None:
         self.server, self.logger = server, logger
         self.diagnoses: List[_hang.Diagnosis] = reports if reports is not None else []
-        self.cancelled: Optional[_hang.Diagnosis] = None
-        self.message = ""  # the C core's text of the run's error, after "TorchDistributor (MODE) "
         server.watch(timeout, action, world, tempfile.gettempdir())
         self._taking = threading.Lock()  # held while events are taken and performed
 
@@ -58,6 +54,4 @@ class HangDoctor:
         self.diagnoses.append(diag)
         if self.logger is not None:  # DEBUG: the stacks are on stderr already, and in the file
             self.logger.debug("\n".join(ev["say"]))
-        if ev["action"] == "cancel":
-            self.cancelled, self.message = diag, ev["message"]
         return True

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from torchspark.native._lib import json_call
+
 __all__ = ["RankDump", "Diagnosis", "from_reply"]
 
 
@@ -44,16 +46,12 @@ class Diagnosis:
 
     def stacks_text(self) -> str:
         """Every rank's dump, rank-prefixed: the stacks file's text after its first line
-        (the line), which the watchdog wrote; "" without a file (at 16,384 ranks ~10 MB:
-        read when asked for, not kept)."""
+        (the line), which the watchdog wrote, read back by the C core (the op stacks);
+        "" without a file (at 16,384 ranks ~10 MB: read when asked for, not kept)."""
         if not self.stacks_file:
             return ""
-        try:
-            with open(self.stacks_file, encoding="utf-8", errors="replace") as f:
-                f.readline()
-                return f.read().rstrip("\n")
-        except OSError:
-            return ""
+        req = {"op": "stacks", "file": self.stacks_file}  # an op without a server: handle NULL
+        return "\n".join(json_call("tsp_logserver_call", req, handle=0)["lines"])
 
 
 def from_reply(reply: Mapping[str, Any]) -> Diagnosis:

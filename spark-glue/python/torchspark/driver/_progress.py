@@ -54,7 +54,6 @@ class ReportHub:
         self.sinks = list(sinks or [])  # objects with .log(report) (the MLflow logger)
         self.reports: List[Report] = []
         self.total = 0  # report() calls seen (a summary's count), trimmed ones included
-        self._pieces: Dict[int, bytes] = {}  # a record split in CONTINUED pieces, by rank
         self._warned: set = set()
         self._spilled: List[Any] = []  # records back with the result (_report_rows.py)
         self._stop = threading.Event()
@@ -80,10 +79,7 @@ class ReportHub:
     def _take(self, lines: List[Any]) -> None:
         now = time.time()
         for ln in lines:
-            data = self._pieces.pop(ln.rank, b"") + ln.data
-            if ln.flags & 1:  # CONTINUED: more of this record follows
-                self._pieces[ln.rank] = data
-                continue
+            data = ln.data  # a whole record: the C core rejoined its pieces (reportagg.c)
             try:
                 doc = json.loads(data)
                 step = doc.get("step")

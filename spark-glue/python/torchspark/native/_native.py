@@ -251,6 +251,11 @@ class LogServer:
         None when none came."""
         return self._call("hang_event", timeout_ms=int(timeout * 1000))
 
+    def hang_summary(self) -> Dict[str, Any]:
+        """The watchdog's events so far, summed up by C: ``lines`` (each diagnosis's line) and
+        ``cancel`` (the event that cancelled the run, or None; docs/protocol.md 1.14)."""
+        return dict(self._call("hang_summary"))
+
     def checkpoint_all(self, why: int = 1) -> bool:
         """Asks every connected agent to have its workers checkpoint now and then stop
         (CHECKPOINT, docs/protocol.md 1.13; why 1: the run grows back). False when the

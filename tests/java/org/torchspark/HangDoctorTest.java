@@ -151,6 +151,14 @@ public class HangDoctorTest {
         assertTrue(rep.get("stacks").get("3").toString().contains(
                 "torchspark: flight recorder: pg 0 (default_pg): all_reduce #3: not completed"));
         assertEquals(List.of(), fr.stacksLines());
+        // with the watchdog's file: its lines after the first, read back by the C core
+        java.nio.file.Path f = Files.createTempFile("tsp-stacks-", ".txt");
+        try {
+            Files.writeString(f, "LINE\n[rank 0] a\n[rank 1] b\n");
+            assertEquals(List.of("[rank 0] a", "[rank 1] b"), new HangDoctor.Diagnosis(fr.json(), f).stacksLines());
+        } finally {
+            Files.delete(f);
+        }
         // the cancel message, the stacks file and the watchdog's timing: the C log server's
         // (test_logwatch; docs/protocol.md 1.12)
         assertTrue(refused(() -> diagnose(Map.of(0, List.of("x")), -1, 0, true)).startsWith(

@@ -356,6 +356,47 @@ public class JniTest {
         }
     }
 
+    /** A raw authenticated sender (tests/helpers/logproto.py) of report records: rank 0's in
+     *  CONTINUED pieces, rank 1's whole in between. */
+    private static final String PIECES = String.join("\n",
+            "import sys, time",
+            "from tests.helpers import logproto",
+            "a = logproto.RawAgent('127.0.0.1', int(sys.argv[1]), bytes.fromhex(sys.argv[2]))",
+            "assert a.ok, a.result",
+            "a.line(0, b'{\"step\": 1, \"time\": 5.0, ', stream=4, flags=1)",
+            "a.line(1, b'{\"step\": 2, \"time\": 6.0, \"metrics\": {}}', stream=4)",
+            "a.line(0, b'\"metrics\": {\"x\": ', stream=4, flags=1)",
+            "a.line(0, b'0.5}}', stream=4)",
+            "time.sleep(float(sys.argv[3]))",
+            "a.close()");
+
+    @Test
+    public void aLongReportInPiecesReachesOnReportWhole() throws Exception {
+        // Before: LinePump handed each piece on as a report of its own (broken JSON); now the
+        // C core rejoins them where reports are pulled (reportagg.c, docs/protocol.md 1.8).
+        Path venv = TestEnv.root().resolve(".venv/bin/python");
+        String python = Files.isExecutable(venv) ? venv.toString() : "python3";
+        try (LogServer s = new LogServer("127.0.0.1", 0, null, 0)) {
+            List<TorchSparkRunner.Report> seen = java.util.Collections.synchronizedList(new ArrayList<>());
+            LinePump pump = new LinePump(s, true, null, seen::add, () -> { });
+            Process p = new ProcessBuilder(python, "-c", PIECES, String.valueOf(s.port()), s.secretHex(), "10")
+                    .directory(TestEnv.root().toFile()).inheritIO().start();
+            long deadline = System.nanoTime() + 20_000_000_000L;
+            while (seen.size() < 2 && System.nanoTime() < deadline && p.isAlive()) {
+                Thread.sleep(20);
+            }
+            p.destroy();
+            s.shutdown(1000);
+            List<TorchSparkRunner.Report> all = pump.finish();
+            assertEquals(all.toString(), 2, all.size());
+            assertEquals(all, seen);
+            assertEquals(1, all.get(0).rank());
+            assertEquals(0, all.get(1).rank());
+            assertEquals("{\"step\": 1, \"time\": 5.0, \"metrics\": {\"x\": 0.5}}", all.get(1).json());
+            assertEquals(0.5, all.get(1).record().get("metrics").get("x").asDouble(), 0);
+        }
+    }
+
     @Test
     public void argumentsAreValidatedInJava() {
         expectIae(() -> new LogServer("127.0.0.1", 70000, null, 0));
