@@ -66,6 +66,8 @@ def test_conf_golden(case):
         assert got["unknown"] == case["unknown"]
         if "encryption" in case:
             assert got["encryption"] == case["encryption"]
+        if "run" in case:
+            assert got["run"] == case["run"]
 
 
 @pytest.mark.parametrize("case", TASK_CASES, ids=[c["name"] for c in TASK_CASES])

@@ -92,6 +92,9 @@ public class ContractTest {
                 if (c.has("encryption")) {
                     assertEquals(name, c.get("encryption"), got.get("encryption"));
                 }
+                if (c.has("run")) {
+                    assertEquals(name, c.get("run"), got.get("run"));
+                }
             }
             n++;
         }
