@@ -29,7 +29,7 @@ final class LocalRun {
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
         try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc, null)) {
-            ObjectNode req = r.nodeFacts(sc, nproc, 1, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
+            ObjectNode req = r.nodeFacts(sc, nproc, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
             req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true)
                     .put("workdir", workdir.toString()).set("gpus", shape.get("gpus")); // null: a CPU run
             // The workers' lines come through the log server; the agent's own messages (its

@@ -120,12 +120,12 @@ public class ContractTest {
                 conf.set(key, raw.get(key).asText());
             }
             if (all) {
-                assertEquals(c.get("name").asText(), c.get("encryption"), Conf.read(conf, null, null, false).encryption);
+                assertEquals(c.get("name").asText(), c.get("encryption"), Conf.read(conf, null, null, false, null).encryption);
                 n++;
             }
         }
         assertTrue("too few encryption cases were read", n >= 4);
-        assertEquals("INFO", Conf.read(null, null, null, false).encryption.get("level").asText());
+        assertEquals("INFO", Conf.read(null, null, null, false, null).encryption.get("level").asText());
     }
 
     @Test
