@@ -35,7 +35,7 @@ final class Conf {
         this.run = reply.get("run");
     }
 
-    /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
+    /** conf's keys (conf may be null: local mode without a context) and
      *  args: key without the prefix -> {the name the user gave it, its value or null}, winning
      *  over the conf; the driver's environment switches (TORCHSPARK_NCCL_CHECK, ...) win over
      *  both, read by the library (env null: this JVM's; else variable -> value). warn: log the
@@ -43,14 +43,12 @@ final class Conf {
     static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn, JsonNode run) {
         ObjectNode request = Native.object("env", env == null ? true : env, "run", run);
         ObjectNode raw = request.putObject("conf");
-        if (conf != null) {
-            for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
-                raw.put(PREFIX + kv._1(), kv._2());
+        if (conf != null) { // the whole conf, as it is: the library reads its spark.torchspark.* keys
+            // and, of Spark's own, those it decides by (docs/protocol.md 9: the security keys of
+            // the reply's "encryption", spark.dynamicAllocation.enabled for launch=auto)
+            for (Tuple2<String, String> kv : conf.getAll()) {
+                raw.put(kv._1(), kv._2());
             }
-            for (String key : SPARK_SECURITY_KEYS) { // Spark's, read by the reply's "encryption"
-                raw.put(key, conf.get(key, null));
-            }
-            raw.put(DYNAMIC, conf.get(DYNAMIC, null)); // Spark's: launch=auto resolved by it
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {
@@ -63,12 +61,6 @@ final class Conf {
         }
         return new Conf(reply);
     }
-
-    /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
-     *  "Where Spark encrypts"), and stock TorchDistributor's override key, accepted as it is. */
-    static final String[] SPARK_SECURITY_KEYS = {"spark.ssl.enabled", "spark.ssl.rpc.enabled",
-        "spark.network.crypto.enabled", "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl",
-        "spark.torchspark.encryption"};
 
     /** Logs the library's one line about encryption at its level; throws when the run may not
      *  go on (never, while torchspark's own channel is TLS). */
