@@ -49,8 +49,7 @@ final class LocalRun {
             ch.finish(failure.isObject() ? 1000 : 5000);
             if (failure.isObject()) { // the node's document, finished as a barrier task's (tsp_task_finish)
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                Failure f = new Failure(failure);
-                throw f.exception("local", JobFailure.rankTail(ch.server, f), null, null);
+                throw Failure.local(failure, ch.server, nproc);
             }
             return r.wantOutput ? RunOutput.collect(ch.server, List.of(), r.outputPath, null)
                     : new TorchSparkRunner.Result(null, null, null);

@@ -36,8 +36,8 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
-            raise (ch.hang_error(dist, "local")
-                   or e.failure.error("local", ch.tail(e.failure.fields))) from None
+            lines = {str(r): "\n".join(ch.tail({"rank": r}) or []) for r in range(dist.num_processes)}
+            raise (ch.hang_error(dist, "local") or e.failure.error("local", lines)) from None
         ch.stop_pump()
         output = _read_result(dist, out_file) if out_file is not None else None
         dist.logger.info(f"Finished local training with {dist.num_processes} processes")

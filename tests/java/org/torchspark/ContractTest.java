@@ -170,28 +170,28 @@ public class ContractTest {
             String name = c.get("name").asText();
             List<String> tail = new ArrayList<>();
             c.get("tail").forEach(a -> tail.add(a.asText()));
-            Failure f = new Failure(Native.call("tsp_failure_report", Native.object("document",
+            JsonNode f = Native.call("tsp_failure_report", Native.object("document",
                     c.get("error_file").isNull() ? null : c.get("error_file"), "status", c.get("status").asInt(),
                     "node_rank", c.get("node_rank").asInt(), "host", c.get("host").asText(),
-                    "nproc_per_node", c.get("nproc_per_node").asInt(), "tail", String.join("\n", tail))));
+                    "nproc_per_node", c.get("nproc_per_node").asInt(), "tail", String.join("\n", tail)));
             for (java.util.Map.Entry<String, JsonNode> e : c.get("document").properties()) {
-                assertEquals(name + ": " + e.getKey(), e.getValue(), f.fields.get(e.getKey()));
+                assertEquals(name + ": " + e.getKey(), e.getValue(), f.get("document").get("torchspark").get(e.getKey()));
             }
             // The task's carrier: the document crosses Spark's exception text whole (the C outcome
             // reads it back).
-            Failure carried = new Failure(Native.object("document",
-                    JobFailure.outcome(null, "Job aborted.\n" + MARKER + java.util.Base64.getEncoder().encodeToString(
-                            f.document.toString().getBytes(java.nio.charset.StandardCharsets.UTF_8)) + "\n", null).get("carried")));
-            assertEquals(name, f.document, carried.document);
-            List<String> shown = null;
+            JsonNode carried = JobFailure.outcome(null, "Job aborted.\n" + MARKER + java.util.Base64.getEncoder()
+                    .encodeToString(f.get("document").toString().getBytes(java.nio.charset.StandardCharsets.UTF_8))
+                    + "\n", null).get("carried");
+            assertEquals(name, f.get("document"), carried);
+            String shown = null;
             if (!c.get("shown_tail").isNull()) {
-                shown = new ArrayList<>();
-                for (JsonNode ln : c.get("shown_tail")) {
-                    shown.add(ln.asText());
-                }
+                List<String> lines = new ArrayList<>();
+                c.get("shown_tail").forEach(ln -> lines.add(ln.asText()));
+                shown = String.join("\n", lines);
             }
-            TorchSparkException e = carried.exception(c.get("mode").asText(), shown,
-                    c.get("detail").isNull() ? null : c.get("detail").asText(), null);
+            TorchSparkException e = Failure.raised(Native.object("document", carried, "product", "TorchSparkRunner",
+                    "mode", c.get("mode").asText(), "output_went", "the driver's log", "detail",
+                    c.get("detail").isNull() ? null : c.get("detail").asText(), "shown_tail", shown), null);
             assertEquals(name, c.get("message").asText().replace("{product}", "TorchSparkRunner")
                     .replace("{output_went}", "the driver's log"), e.getMessage());
             assertEquals(name, c.get("document").get("rank").isNull() ? null
@@ -269,7 +269,7 @@ public class ContractTest {
                 assertEquals(name, c.get("outcome"), Native.call("tsp_outcome_classify", req));
             } else if (req.has("product")) { // what JobFailure.of raises, its product the case's
                 assertEquals(name, c.get("outcome"), Native.call("tsp_outcome_classify", req));
-                TorchSparkException e = !c.has("lines") ? Failure.exception(c.get("outcome"), null)
+                TorchSparkException e = !c.has("lines") ? new TorchSparkException(c.get("outcome"), null)
                         : Failure.raised(((ObjectNode) c.get("outcome").get("finish").deepCopy()).set("lines",
                                 c.get("lines")), null);
                 JsonNode raised = c.has("raised") ? c.get("raised") : c.get("outcome");
