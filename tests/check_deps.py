@@ -81,7 +81,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "gangask": ("driver", 2),  # how many executors a gang launch asks Spark for (2.2)
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
     "rdvcall": ("driver", 4),  # the glues' one JSON call on a rendezvous (docs/protocol.md 2.3)
-    "conf": ("driver", 2),  # every spark.torchspark.* setting (docs/protocol.md 9)
+    "conf": ("driver", 3),  # every spark.torchspark.* setting (docs/protocol.md 9); its "run" read by jreq
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runrec": ("driver", 3),  # each attempt's record in the run controller's state (runrec.h)
     "runctl": ("driver", 4),  # the run controller, a pure step function (torchspark/runctl.h)

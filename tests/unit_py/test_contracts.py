@@ -65,6 +65,8 @@ def test_conf_golden(case):
         assert got["unknown"] == case["unknown"]
         if "encryption" in case:
             assert got["encryption"] == case["encryption"]
+        if "run" in case:
+            assert got["run"] == case["run"]
 
 
 @pytest.mark.parametrize("case", TASK_CASES, ids=[c["name"] for c in TASK_CASES])
@@ -173,7 +175,7 @@ def test_hang_golden(case):
 @pytest.mark.parametrize("case", FAILURE_CASES, ids=[c["name"] for c in FAILURE_CASES])
 def test_failure_golden(case):
     """error file + exit status + tail -> the finished document -> the exception's message,
-    through the glue's Failure.error (a node's document in local mode, as a task finished it)."""
+    through the glue's _report.raised (as Failure.error raises a node's document in local mode)."""
     document = _lib.json_call("tsp_failure_report", {
         "document": case["error_file"], "status": case["status"], "node_rank": case["node_rank"],
         "host": case["host"], "nproc_per_node": case["nproc_per_node"],
@@ -185,7 +187,9 @@ def test_failure_golden(case):
     encoded = base64.b64encode(json.dumps(document).encode()).decode()
     carried = _report.outcome(None, f"Job aborted.\n{MARKER}{encoded}\n")["carried"]
     assert carried == document
-    err = _report.Failure(carried).error(case["mode"], case["shown_tail"], case["detail"])
+    shown = None if case["shown_tail"] is None else "\n".join(case["shown_tail"])
+    err = _report.raised({"document": carried, **_report.product(case["mode"]),
+                          "detail": case["detail"], "shown_tail": shown})
     want = case["message"].replace("{product}", "TorchDistributor").replace(
         "{output_went}", _report._OUTPUT_WENT[case["mode"]])
     assert str(err) == want

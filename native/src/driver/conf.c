@@ -14,13 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "jreq.h"
 #include "json.h"
 #include "util.h"
 
 #define PREFIX "spark.torchspark."
 #define DURATION_MAX_MS 1000000000000LL /* 10^12 ms, about 31 years: no overflow anywhere */
 #define CLOSEST_MAX 3                   /* edit distance of a key that is "meant" */
-#define KEY_MAX 128
 
 typedef enum { T_BOOL, T_INT, T_DURATION, T_ENUM, T_STRING } type_t;
 
@@ -142,6 +142,8 @@ typedef struct {
     const char *env_name; /* the value being read is this environment variable's */
     int spark_on[NSPARK]; /* Spark's security settings (SPARK_KEYS) that are "true" */
     int dynamic;          /* DYNAMIC_KEY is "true" */
+    long long nodes;      /* the request's "run": its nodes (0: no "run") and GPUs */
+    int gpu;
 } reader_t;
 
 static int key_index(const char *key)
@@ -384,42 +386,15 @@ static int read_value(reader_t *r, const conf_key_t *k, const char *v, int type)
 
 /* ---- unknown keys -------------------------------------------------------------------- */
 
-/* Levenshtein distance of a and b (case-insensitive; both shorter than KEY_MAX). */
-static int distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b);
-    int row[KEY_MAX + 1];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0];
-        row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int same = tolower((unsigned char)a[i - 1]) == tolower((unsigned char)b[j - 1]);
-            int best = diag + !same;
-            if (up + 1 < best)
-                best = up + 1;
-            if (row[j - 1] + 1 < best)
-                best = row[j - 1] + 1;
-            row[j] = best;
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
 static void note_unknown(reader_t *r, const char *key)
 {
     const char *closest = NULL;
     int best = CLOSEST_MAX + 1;
-    if (strlen(key) < KEY_MAX) {
-        for (size_t i = 0; i < NKEYS; i++) {
-            int d = distance(key, KEYS[i].key);
-            if (d < best) {
-                best = d;
-                closest = KEYS[i].key;
-            }
+    for (size_t i = 0; i < NKEYS; i++) { /* a key too long for a distance is meant as none */
+        int d = tsp__edit_distance(key, KEYS[i].key);
+        if (d < best) {
+            best = d;
+            closest = KEYS[i].key;
         }
     }
     if (best > CLOSEST_MAX)
@@ -691,6 +666,48 @@ static void write_encryption(tsp_json_writer_t *w, const reader_t *r)
     tsp_json_end(w);
 }
 
+/* The request's "run" ({"nodes", "gpu"}: the run the values are read for; absent or null:
+ * none, r->nodes stays 0). */
+static int read_run(reader_t *r, const char *req, size_t len)
+{
+    char *run = NULL;
+    tsp_jreq_t q = {req, len, "the settings request", r->err, r->errlen};
+    int rc =
+        tsp_jreq_get(&q, "run", TSP_JSON_OBJECT, "an object {\"nodes\", \"gpu\"} or null", &run);
+    if (rc == 1) {
+        tsp_jreq_t in = {run, strlen(run), "the settings request's run", r->err, r->errlen};
+        r->nodes = 1;
+        if ((rc = tsp_jreq_num(&in, "nodes", 1, INT_MAX, "a whole number >= 1", &r->nodes)) == 0)
+            rc = tsp_jreq_bool(&in, "gpu", &r->gpu);
+    }
+    free(run);
+    return rc < 0 ? rc : 0;
+}
+
+/* The reply's "run": what the values decide for the request's run, so that no glue does
+ * (docs/protocol.md section 9, "For a run"): the NCCL preflight's deadline (GPU runs only; on
+ * when ncclCheck is true, or unset and the run has more than one node; 0: off) and how long
+ * the warm worker pools outlive their last run (0: no pool). */
+static void write_run(tsp_json_writer_t *w, const reader_t *r)
+{
+    const val_t *check = &r->vals[key_index(PREFIX "ncclCheck")];
+    const val_t *warm = &r->vals[key_index(PREFIX "warmWorkers")];
+    int on = r->gpu && (check->set ? check->num != 0 : r->nodes > 1);
+    tsp_json_key(w, "run");
+    if (!r->nodes) {
+        tsp_json_null(w);
+        return;
+    }
+    tsp_json_begin_object(w);
+    long long check_ms = on ? r->vals[key_index(PREFIX "ncclCheck.timeout")].num : 0;
+    long long idle_ms = warm->num ? r->vals[key_index(PREFIX "warmWorkers.idleTimeout")].num : 0;
+    tsp_json_key(w, "nccl_check_s"); /* seconds, to the millisecond */
+    tsp_json_fixed(w, (double)check_ms / 1000, 3);
+    tsp_json_key(w, "warm_idle_s");
+    tsp_json_fixed(w, (double)idle_ms / 1000, 3);
+    tsp_json_end(w);
+}
+
 /* The reply in a malloc'ed *doc: the values, then the unknown keys' array as written. */
 static int read_request(reader_t *r, const char *req, size_t len, char **doc, size_t *dlen)
 {
@@ -714,6 +731,8 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
         rc = each_of(r, req, len, "args", arg_member);
     if (rc == 0)
         rc = read_env(r, req, len);
+    if (rc == 0)
+        rc = read_run(r, req, len);
     tsp_json_end(&r->uw);
     if (fclose(r->unknown) && rc == 0)
         rc = -ENOMEM;
@@ -728,6 +747,7 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
         tsp_json_key(&w, "unknown");
         rc = tsp_json_value(&w, unk, ulen);
         write_encryption(&w, r);
+        write_run(&w, r);
         tsp_json_end(&w);
         if (fclose(mf) && rc == 0)
             rc = -ENOMEM;

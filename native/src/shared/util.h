@@ -62,6 +62,11 @@ __attribute__((format(printf, 3, 4))) void tsp__err_append(char *buf, size_t len
  * too small. */
 int tsp__reply_copy(const char *text, size_t len, char *out, size_t outlen, size_t *needed);
 
+/* The Levenshtein distance of a and b, case-insensitive (ASCII); INT_MAX when either has
+ * TSP__EDIT_MAX bytes or more. */
+#define TSP__EDIT_MAX 128
+int tsp__edit_distance(const char *a, const char *b);
+
 /* ---- bytes -------------------------------------------------------------------------- */
 
 /* n bytes -> 2n lowercase hex digits and a NUL (out holds 2n + 1 bytes). */

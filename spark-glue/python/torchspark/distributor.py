@@ -130,7 +130,8 @@ class TorchDistributor:
             "progress": ("progress", progress), "job.maxRestarts": ("max_restarts", max_restarts),
             "job.minNodes": ("min_nodes", min_nodes), "hangTimeout": ("hang_timeout", hang_timeout),
             "hangAction": ("hang_action", hang_action)}
-        settings = self._settings = _conf.read(self.spark, self._conf_args, self.logger)
+        self._conf_run = {"nodes": 1 if local_mode else self.num_tasks, "gpu": use_gpu}  # local: one
+        settings = self._settings = _conf.read(self.spark, self._conf_args, self.logger, run=self._conf_run)
         _progress.configure(self, on_report, settings["progress"])  # torchspark.report()
         self.max_restarts = settings["job.maxRestarts"]
         self.min_nodes = _restart.min_nodes(settings["job.minNodes"], self.num_tasks)
@@ -217,7 +218,7 @@ class TorchDistributor:
     def _read_settings(self) -> None:
         """Every spark.torchspark.* setting for this run, read once (the C key table, with
         the constructor's arguments and the driver's switches) and passed along."""
-        self._settings = _conf.read(self.spark, self._conf_args, warn=False)
+        self._settings = _conf.read(self.spark, self._conf_args, warn=False, run=self._conf_run)
 
     hang_timeout: Optional[float] = None  # the hang doctor (_doctor.configure)
     hang_action = "report"
@@ -373,8 +374,8 @@ class TorchDistributor:
                              if server else None),
             "log_secret_hex": server.secret_hex if server else None,
             "result_via_channel": server is not None,
-            "nccl_check": _conf.nccl_check_s(settings, self.num_tasks) if self.use_gpu else 0,
-            "warm_idle_s": _conf.warm_idle_s(settings) if fn_bytes is not None else 0,
+            "nccl_check": settings["run"]["nccl_check_s"],  # 0 without GPUs (_conf.read's run)
+            "warm_idle_s": settings["run"]["warm_idle_s"] if fn_bytes is not None else 0,
             "gpu_resource": settings["gpuResource"],
             "timing_env": self._clock.env(),  # run()'s waterfall: {} unless timing is on
             "rendezvous": ch.rdv.spec(advertised or driver_host) if ch.rdv is not None else None,

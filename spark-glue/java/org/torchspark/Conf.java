@@ -25,28 +25,30 @@ final class Conf {
      *  PySpark glue: {"proceed", "spark", "level", "message"} from the conf's strings (none
      *  without a conf: nothing is on). */
     final JsonNode encryption;
+    /** What the values decide for the run the conf was read for (docs/protocol.md 9, "For a
+     *  run"): {"nccl_check_s", "warm_idle_s"}, null without one. */
+    final JsonNode run;
 
     private Conf(JsonNode reply) {
         this.values = reply.get("values");
         this.encryption = reply.get("encryption");
+        this.run = reply.get("run");
     }
 
-    /** conf's spark.torchspark.* keys (conf may be null: local mode without a context) and
+    /** conf's keys (conf may be null: local mode without a context) and
      *  args: key without the prefix -> {the name the user gave it, its value or null}, winning
      *  over the conf; the driver's environment switches (TORCHSPARK_NCCL_CHECK, ...) win over
      *  both, read by the library (env null: this JVM's; else variable -> value). warn: log the
-     *  unknown keys' warnings (once per run). */
-    static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn) {
-        ObjectNode request = Native.object("env", env == null ? true : env);
+     *  unknown keys' warnings (once per run). run: the run's {"nodes", "gpu"} (null: none). */
+    static Conf read(SparkConf conf, Map<String, Object[]> args, Map<String, String> env, boolean warn, JsonNode run) {
+        ObjectNode request = Native.object("env", env == null ? true : env, "run", run);
         ObjectNode raw = request.putObject("conf");
-        if (conf != null) {
-            for (Tuple2<String, String> kv : conf.getAllWithPrefix(PREFIX)) {
-                raw.put(PREFIX + kv._1(), kv._2());
+        if (conf != null) { // the whole conf, as it is: the library reads its spark.torchspark.* keys
+            // and, of Spark's own, those it decides by (docs/protocol.md 9: the security keys of
+            // the reply's "encryption", spark.dynamicAllocation.enabled for launch=auto)
+            for (Tuple2<String, String> kv : conf.getAll()) {
+                raw.put(kv._1(), kv._2());
             }
-            for (String key : SPARK_SECURITY_KEYS) { // Spark's, read by the reply's "encryption"
-                raw.put(key, conf.get(key, null));
-            }
-            raw.put(DYNAMIC, conf.get(DYNAMIC, null)); // Spark's: launch=auto resolved by it
         }
         ObjectNode given = request.putObject("args");
         if (args != null) {
@@ -59,12 +61,6 @@ final class Conf {
         }
         return new Conf(reply);
     }
-
-    /** Spark's security settings that the library's "encryption" reads (docs/protocol.md 9,
-     *  "Where Spark encrypts"), and stock TorchDistributor's override key, accepted as it is. */
-    static final String[] SPARK_SECURITY_KEYS = {"spark.ssl.enabled", "spark.ssl.rpc.enabled",
-        "spark.network.crypto.enabled", "spark.authenticate", "spark.io.encryption.enabled", "pytorch.spark.distributor.ignoreSsl",
-        "spark.torchspark.encryption"};
 
     /** Logs the library's one line about encryption at its level; throws when the run may not
      *  go on (never, while torchspark's own channel is TLS). */
@@ -81,24 +77,9 @@ final class Conf {
         }
     }
 
-    /**
-     * The NCCL preflight's deadline in seconds (docs/gpu.md) for a GPU job of nnodes agents, 0
-     * when off, as in the PySpark glue (_conf.nccl_check_s): on by default for more than one
-     * node (it costs 0.73 s on an H200, F1 in docs/benchmarks.md, "The device check on an
-     * H200"), off for one; spark.torchspark.ncclCheck (or TORCHSPARK_NCCL_CHECK on the
-     * driver, read by the library) decides otherwise.
-     */
-    double ncclCheckS(int nnodes) {
-        boolean on = isSet("ncclCheck") ? bool("ncclCheck") : nnodes > 1;
-        return on ? number("ncclCheck.timeout") / 1000.0 : 0;
-    }
-
+    /** A key's value; IllegalArgumentException for a key that is not in the library's table. */
     private JsonNode at(String key) {
-        JsonNode v = values.get(PREFIX + key);
-        if (v == null) {
-            throw new IllegalStateException("torchspark: " + PREFIX + key + " is not in the key table");
-        }
-        return v;
+        return values.required(PREFIX + key);
     }
 
     boolean isSet(String key) {

@@ -47,7 +47,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
         NodeTask.Spec spec = new NodeTask.Spec(r.useGpu, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
         try (RunChannel ch = new RunChannel(r, bind, world, sc, linePrefix)) {
-            spec.job = r.nodeFacts(sc, nproc, ntasks, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
+            spec.job = r.nodeFacts(sc, nproc, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
                     entry.env).toString();
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
             spec.secretHex = ch.server.secretHex();

@@ -2,14 +2,13 @@ package org.torchspark;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
-import java.util.List;
 
 /**
  * The exception of a failed distributed job, as the C core's outcome says (outcome.c,
  * docs/protocol.md 10: the log channel's structured root record first, then what a task
  * carried in Spark's text, Spark's own text last); the messages are the C core's (report.c,
  * outcome.c). The PySpark glue's twin is _failure.py, and its _report.outcome the same call
- * as {@link #outcome}.
+ * as {@link #outcome}, which {@link #of} makes.
  */
 final class JobFailure {
     private JobFailure() {}
@@ -27,10 +26,11 @@ final class JobFailure {
     /** A failed run's outcome, classified by the C core (torchspark/outcome.h, through JNI):
      *  kind, reason, restart, node_rank, executor, exclude, cause and advice. root: the log
      *  server's root record (null: none); sparkError: Spark's failure text (null: none);
-     *  outputWent: where every rank's output went, for the advice (null: the default). */
-    static JsonNode outcome(JsonNode root, String sparkError, String outputWent) {
-        return Native.call("tsp_outcome_classify", Native.object("root", root != null && root.isObject() ? root : null,
-                "spark_error", sparkError, "output_went", outputWent));
+     *  outputWent: where every rank's output went, for the advice (null: the default); raise:
+     *  more keys and values (product, mode, nproc_per_node: what the glue raises). */
+    static JsonNode outcome(JsonNode root, String sparkError, String outputWent, Object... raise) {
+        return Native.call("tsp_outcome_classify", Native.object(raise).setAll(Native.object("root",
+                root != null && root.isObject() ? root : null, "spark_error", sparkError, "output_went", outputWent)));
     }
 
     /** Spark's error text, the only prose the C core reads (its outcome table): its message
@@ -44,28 +44,19 @@ final class JobFailure {
         return sparkError == null ? null : text.toString().isBlank() ? sparkError.getClass().getName() : text.toString();
     }
 
-    /** The driver's last lines of the failure's rank, or null when no rank failed. */
-    static List<String> rankTail(LogServer server, Failure failure) {
-        JsonNode rank = failure.fields.path("rank");
-        return rank.isNumber() ? server.tail(rank.asInt(), Failure.TAIL_IN_MESSAGE) : null;
-    }
-
     /** The run's exception, as the C core's outcome says and writes it (outcome.c,
      *  docs/protocol.md 10); a failure document it names is finished by the C core with the
      *  driver's lines of the ranks it asks for. */
     static RuntimeException of(String rootJson, Throwable sparkError, LogServer server, int nproc) {
-        JsonNode found = Native.call("tsp_outcome_classify", Native.object("root", Failure.parseObject(rootJson),
-                "spark_error", sparkText(sparkError), "product", "TorchSparkRunner", "mode", "distributed",
-                "output_went", "the driver's log", "nproc_per_node", nproc));
+        JsonNode found = outcome(Failure.parseObject(rootJson), sparkText(sparkError), "the driver's log",
+                "product", "TorchSparkRunner", "mode", "distributed", "nproc_per_node", nproc);
         if (found.path("setup").asText().equals("rendezvous_unreachable")) { // before any training: allGather
             return new NoRendezvous(found.path("message").asText(), sparkError); // the line to log
         }
         if (!found.path("finish").isObject()) {
-            return Failure.exception(found, sparkError);
+            return new TorchSparkException(found, sparkError);
         }
-        ObjectNode lines = ((ObjectNode) found.get("finish")).putObject("lines");
-        found.path("lines_of").forEach(r -> lines.put(r.asText(),
-                String.join("\n", server.tail(r.asInt(), Failure.TAIL_IN_MESSAGE))));
-        return Failure.raised(found.get("finish"), sparkError);
+        return Failure.raised(((ObjectNode) found.get("finish")).set("lines", Failure.lines(server, found.get("lines_of"))),
+                sparkError);
     }
 }

@@ -29,7 +29,7 @@ final class LocalRun {
         TorchSparkRunner.Metrics.RUNS.incrementAndGet();
         TorchSparkRunner.Metrics.AGENTS.incrementAndGet();
         try (RunChannel ch = new RunChannel(r, "127.0.0.1", nproc, sc, null)) {
-            ObjectNode req = r.nodeFacts(sc, nproc, 1, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
+            ObjectNode req = r.nodeFacts(sc, nproc, ch.server.endpoint("127.0.0.1"), Map.of()); // and its own:
             req.put("agent", NativeLoader.agentPath().toString()).put("standalone", true)
                     .put("workdir", workdir.toString()).set("gpus", shape.get("gpus")); // null: a CPU run
             // The workers' lines come through the log server; the agent's own messages (its
@@ -49,8 +49,7 @@ final class LocalRun {
             ch.finish(failure.isObject() ? 1000 : 5000);
             if (failure.isObject()) { // the node's document, finished as a barrier task's (tsp_task_finish)
                 TorchSparkRunner.Metrics.FAILURES.incrementAndGet();
-                Failure f = new Failure(failure);
-                throw f.exception("local", JobFailure.rankTail(ch.server, f), null, null);
+                throw Failure.local(failure, ch.server, nproc);
             }
             return r.wantOutput ? RunOutput.collect(ch.server, List.of(), r.outputPath, null)
                     : new TorchSparkRunner.Result(null, null, null);

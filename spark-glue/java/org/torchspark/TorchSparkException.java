@@ -1,5 +1,7 @@
 package org.torchspark;
 
+import com.fasterxml.jackson.core.type.TypeReference;
+import com.fasterxml.jackson.databind.JsonNode;
 import java.util.Collections;
 import java.util.List;
 
@@ -11,11 +13,9 @@ import java.util.List;
 public class TorchSparkException extends RuntimeException {
     private static final long serialVersionUID = 1L;
 
-    private final Integer rank;
-    private final Integer nodeRank;
-    private final String host;
-    private final Integer exitCode;
-    private final int signal;
+    /** rank, node_rank, host, exitcode and signal, as the C core's report names them (docs/
+     *  protocol.md section 8): that report itself for the exception of a C reply. */
+    private final JsonNode facts;
     private final List<String> lastLines;
     private final String reportJson;
     private final List<String> attempts;
@@ -25,38 +25,49 @@ public class TorchSparkException extends RuntimeException {
     public TorchSparkException(String message, Integer rank, Integer nodeRank, String host,
             Integer exitCode, int signal, List<String> lastLines, String reportJson, Throwable cause,
             List<String> attempts) {
+        this(message, Failure.JSON.createObjectNode().put("rank", rank).put("node_rank", nodeRank).put("host", host)
+                .put("exitcode", exitCode).put("signal", signal), lastLines, reportJson, cause, attempts);
+    }
+
+    /** The exception a C reply says (tsp_failure_report's, or the outcome's when it needs no
+     *  document): its message, its report (whose fields the getters read) and the lines the
+     *  message showed. */
+    TorchSparkException(JsonNode reply, Throwable cause) {
+        this(reply.path("message").asText(), reply.path("report"),
+                Failure.JSON.convertValue(reply.path("last_lines"), new TypeReference<List<String>>() {}),
+                reply.path("report").isObject() ? reply.get("report").toString() : null, cause, null);
+    }
+
+    private TorchSparkException(String message, JsonNode facts, List<String> lastLines, String reportJson,
+            Throwable cause, List<String> attempts) {
         super(message, cause);
-        this.attempts = attempts == null ? List.of() : List.copyOf(attempts);
-        this.rank = rank;
-        this.nodeRank = nodeRank;
-        this.host = host;
-        this.exitCode = exitCode;
-        this.signal = signal;
+        this.facts = facts;
         this.lastLines = lastLines == null ? List.of() : Collections.unmodifiableList(lastLines);
         this.reportJson = reportJson;
+        this.attempts = attempts == null ? List.of() : List.copyOf(attempts);
     }
 
     /** The failing global rank, or null when no single rank failed (a lost node). */
     public Integer rank() {
-        return rank;
+        return number("rank");
     }
 
     public Integer nodeRank() {
-        return nodeRank;
+        return number("node_rank");
     }
 
     public String host() {
-        return host;
+        return facts.path("host").asText(null);
     }
 
     /** The process's exit code (128+N when killed by signal N), or null when unknown. */
     public Integer exitCode() {
-        return exitCode;
+        return number("exitcode");
     }
 
     /** The signal that killed the rank, 0 when none. */
     public int signal() {
-        return signal;
+        return facts.path("signal").asInt(0);
     }
 
     public List<String> lastLines() {
@@ -76,5 +87,9 @@ public class TorchSparkException extends RuntimeException {
      *  order (the last attempt's failure is this exception's cause); else empty. */
     public List<String> attempts() {
         return attempts;
+    }
+
+    private Integer number(String key) {
+        return facts.hasNonNull(key) ? facts.get(key).asInt() : null;
     }
 }

@@ -166,7 +166,7 @@ public final class TorchSparkPlugin implements SparkPlugin {
         /** A duration key of the table (its name after "spark.torchspark."), in ms. */
         static long millis(SparkConf conf, String key, long dflt) {
             try {
-                return Conf.read(conf, null, null, false).number(key);
+                return Conf.read(conf, null, null, false, null).number(key);
             } catch (IllegalArgumentException | LinkageError e) { // a bad value; no native library here
                 LOG.warn("torchspark plugin: " + e.getMessage() + " (using the default, " + dflt + " ms)");
                 return dflt;

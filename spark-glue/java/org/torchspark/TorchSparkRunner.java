@@ -194,7 +194,7 @@ public final class TorchSparkRunner {
      *  arguments): launch, hangTimeout, hangAction, maxRestarts, minNodes. */
     private TorchSparkRunner setting(String key, String name, Object value) {
         Object[] arg = {name, value};
-        Conf.read(null, Map.of(key, arg), null, false);
+        Conf.read(null, Map.of(key, arg), null, false, null);
         settings.put(key, arg);
         return this;
     }
@@ -337,8 +337,10 @@ public final class TorchSparkRunner {
             throw new IllegalArgumentException("distributed mode needs a SparkContext (or use localMode)");
         }
         // Every spark.torchspark.* setting of this run, read once (the C key table, with the
-        // builder's values and the driver's switches); the unknown keys' warnings, once.
-        runSettings = Conf.read(sc == null ? null : sc.conf(), settings, null, true);
+        // builder's values and the driver's switches); the unknown keys' warnings, once; and
+        // what they decide for this run's nodes (local mode: one) and GPUs (Conf.run).
+        runSettings = Conf.read(sc == null ? null : sc.conf(), settings, null, true,
+                Native.object("nodes", localMode ? 1 : tasks(sc), "gpu", useGpu));
         return localMode ? LocalRun.run(this, sc) : runDistributed(sc);
     }
 
@@ -348,7 +350,7 @@ public final class TorchSparkRunner {
      *  spark.pyspark.python, python3; a command has none), nproc workers per node, the NCCL
      *  check (GPU jobs), rank 0's output, the driver's channel at endpoint, the variables (the
      *  builder's, then the attempt's: attemptEnv). */
-    ObjectNode nodeFacts(SparkContext sc, int nproc, int nnodes, String endpoint, Map<String, String> attemptEnv) {
+    ObjectNode nodeFacts(SparkContext sc, int nproc, String endpoint, Map<String, String> attemptEnv) {
         String py = python;
         if (py == null && kind != Kind.COMMAND) {
             String v = System.getenv("PYSPARK_PYTHON");
@@ -360,7 +362,7 @@ public final class TorchSparkRunner {
         vars.putAll(attemptEnv);
         return Native.object("python", py, "no_python", kind == Kind.COMMAND, "nproc_per_node", nproc,
                 "output", wantOutput, "output_channel", true, "log_endpoint", endpoint,
-                "nccl_check", useGpu ? runSettings.ncclCheckS(nnodes) : 0, "env", vars, "program", program);
+                "nccl_check", runSettings.run.path("nccl_check_s").asDouble(), "env", vars, "program", program);
     }
 
     /** The run's shape (tsp_shape_plan, docs/protocol.md 11.1): its tasks, processes and

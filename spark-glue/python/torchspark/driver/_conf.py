@@ -63,20 +63,25 @@ def _arg_value(value: Any) -> Any:
 
 
 def read(spark: Any, args: Optional[Dict[str, Tuple[str, Any]]] = None,
-         logger: Optional[logging.Logger] = None, warn: bool = True) -> Dict[str, Any]:
+         logger: Optional[logging.Logger] = None, warn: bool = True,
+         run: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Every key of the table -> its value (None where unset and without default). args:
     key (without the prefix) -> (the name the user gave it, its value or None), winning over
     the conf; the driver's environment switches that stand for keys (the table's "env")
     win over both. Unknown spark.torchspark.* keys are logged (warn) as the library words
-    them. A run reads this once and passes the values along."""
+    them. run: the run's {"nodes", "gpu"}; under "run", what the values decide for it (None
+    without one): {"nccl_check_s", "warm_idle_s"}, the NCCL preflight's deadline and the
+    warm pools' idle timeout in seconds, 0 when off (docs/protocol.md 9, "For a run"). A run
+    reads this once and passes the values along."""
     request = {"conf": _raw(spark, warn),
                "args": {PREFIX + k: {"name": name, "value": _arg_value(v)}
                         for k, (name, v) in (args or {}).items()},
-               "env": True}  # the driver's switches (TORCHSPARK_NCCL_CHECK, ...), read in C
+               "env": True,  # the driver's switches (TORCHSPARK_NCCL_CHECK, ...), read in C
+               "run": run}
     reply = json_call("tsp_conf_read", request)
     for unknown in reply["unknown"] if warn else []:
         (logger or logging.getLogger("TorchDistributor")).warning(unknown["message"])
-    return {k[len(PREFIX):]: v for k, v in reply["values"].items()}
+    return {**{k[len(PREFIX):]: v for k, v in reply["values"].items()}, "run": reply["run"]}
 
 
 SPARK_SECURITY_KEYS = ("spark.ssl.enabled", "spark.ssl.rpc.enabled", "spark.network.crypto.enabled",
@@ -96,20 +101,3 @@ def check_encryption(spark: Any, override_key: str, logger: logging.Logger) -> N
     logger.log(logging.getLevelName(decision["level"]), decision["message"])
     if not decision["proceed"]:
         raise RuntimeError(decision["message"])
-
-
-def nccl_check_s(settings: Dict[str, Any], nnodes: int) -> float:
-    """The NCCL preflight's deadline in seconds (docs/gpu.md) for a GPU job of nnodes
-    agents, 0 when off: on by default for more than one node (it costs 0.73 s on an H200:
-    F1 in docs/benchmarks.md, "The device check on an H200"), off for one;
-    spark.torchspark.ncclCheck (or TORCHSPARK_NCCL_CHECK on the driver) decides otherwise."""
-    flag = settings["ncclCheck"]
-    on = flag is True or (flag is None and nnodes > 1)
-    return settings["ncclCheck.timeout"] / 1000 if on else 0
-
-
-def warm_idle_s(settings: Dict[str, Any]) -> float:
-    """How long the executors' warm worker pools (_warm.py) outlive their last
-    function-mode run, in seconds; 0 when off (spark.torchspark.warmWorkers[.idleTimeout],
-    TORCHSPARK_WARM and TORCHSPARK_WARM_IDLE_TIMEOUT on the driver)."""
-    return settings["warmWorkers.idleTimeout"] / 1000 if settings["warmWorkers"] else 0

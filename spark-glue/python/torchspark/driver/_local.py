@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 
 from pyspark import cloudpickle
 
-from torchspark.driver import _channel, _conf
+from torchspark.driver import _channel
 from torchspark.task import _task
 from torchspark.driver._pump import _LogPump
 from torchspark.task._spec import NodeSpec
@@ -36,8 +36,8 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
-            raise (ch.hang_error(dist, "local")
-                   or e.failure.error("local", ch.tail(e.failure.fields))) from None
+            lines = {str(r): "\n".join(ch.tail({"rank": r}) or []) for r in range(dist.num_processes)}
+            raise (ch.hang_error(dist, "local") or e.failure.error("local", lines)) from None
         ch.stop_pump()
         output = _read_result(dist, out_file) if out_file is not None else None
         dist.logger.info(f"Finished local training with {dist.num_processes} processes")
@@ -63,6 +63,5 @@ def _spec(dist: Any, train_object: Any, fn_bytes: Optional[bytes], script_args: 
     num_processes on the driver; no ship, rendezvous, staging or output channel."""
     spec = dist._node_spec(train_object, fn_bytes, script_args, None, [], "127.0.0.1", "", ch)
     spec.update({"gpus_per_task": dist.num_processes, "local_master": True,
-                 "result_via_channel": False, "gpu_resource": "gpu", "timing_env": {},
-                 "nccl_check": _conf.nccl_check_s(dist._settings, 1) if dist.use_gpu else 0})
+                 "result_via_channel": False, "gpu_resource": "gpu", "timing_env": {}})
     return spec

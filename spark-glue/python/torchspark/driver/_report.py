@@ -49,15 +49,13 @@ class Failure:
 
     def __init__(self, document: Dict[str, Any]) -> None:
         self.document = document
-        self.fields: Dict[str, Any] = dict(document.get("torchspark") or {})
 
-    def error(self, mode: str, shown_tail: Optional[List[str]] = None,
-              detail: Optional[str] = None) -> TorchDistributorError:
+    def error(self, mode: str, lines: Optional[Dict[str, str]] = None) -> TorchDistributorError:
         """The exception: the C core's message for this mode ("local" or "distributed"),
-        showing ``shown_tail`` (the driver's lines of the rank) or the document's tail, and
-        ``detail`` (the driver's job-wide view); the document's fields as attributes."""
-        return raised({"document": self.document, **product(mode), "detail": detail,
-                       "shown_tail": None if shown_tail is None else "\n".join(shown_tail)})
+        showing the failed rank's driver lines of ``lines`` (rank -> its lines: the node's
+        every rank, tsp_failure_report's "lines"), else the document's tail; the document's
+        fields as attributes."""
+        return raised({"document": self.document, **product(mode), "lines": lines})
 
 
 def product(mode: str) -> Dict[str, str]:

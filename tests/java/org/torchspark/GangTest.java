@@ -21,7 +21,7 @@ public class GangTest {
         if (launch != null) {
             conf.set("spark.torchspark.launch", launch);
         }
-        return Conf.read(conf, Map.of(), Map.of(), false).string("launch"); // auto resolved by conf.c
+        return Conf.read(conf, Map.of(), Map.of(), false, null).string("launch"); // auto resolved by conf.c
     }
 
     @Test

@@ -33,7 +33,7 @@ public class HangDoctorTest {
      *  without one), through the key table, as TorchSparkRunner.run() reads them. */
     private static List<Object> hangSettings(String timeout, String action, SparkConf conf) {
         Conf c = Conf.read(conf, Map.of("hangTimeout", new Object[] {"hangTimeout", timeout},
-                "hangAction", new Object[] {"hangAction", action}), null, true);
+                "hangAction", new Object[] {"hangAction", action}), null, true, null);
         return List.of(c.number("hangTimeout"), c.string("hangAction")); // ms (0: off), the action
     }
 

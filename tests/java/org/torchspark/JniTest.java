@@ -342,7 +342,6 @@ public class JniTest {
             assertTrue(String.valueOf(found), found instanceof TorchSparkException);
             TorchSparkException e = (TorchSparkException) found;
             assertTrue(String.valueOf(e.lastLines()), e.lastLines().contains("about to fail"));
-            Failure failure = new Failure(Native.object("document", root.get("report")));
             assertEquals(Integer.valueOf(1), e.rank());
             assertEquals(Integer.valueOf(3), e.exitCode());
             assertTrue(e.getMessage(), e.getMessage().contains("rank 1 (node 0, local rank 1) on host ")
@@ -350,8 +349,9 @@ public class JniTest {
             // No NCCL check timed out: no job-wide detail. With one (a check timeout's "who
             // never reported"), it ends the exception's message.
             assertTrue(root.get("detail").isNull());
-            assertTrue(failure.exception("distributed", null,
-                    "NCCL check across the job: node 1 (no agent connected from it) never reported", null).getMessage()
+            assertTrue(Failure.raised(Native.object("document", root.get("report"), "product", "TorchSparkRunner",
+                    "mode", "distributed", "output_went", "the driver's log", "detail",
+                    "NCCL check across the job: node 1 (no agent connected from it) never reported"), null).getMessage()
                     .endsWith("\nNCCL check across the job: node 1 (no agent connected from it) never reported."));
         }
     }

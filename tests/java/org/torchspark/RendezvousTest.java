@@ -235,7 +235,7 @@ public class RendezvousTest {
      *  library's key table, as for the PySpark glue. */
     private static boolean enabled(SparkConf conf, String env) {
         return Rendezvous.enabled(Conf.read(conf, null, env == null ? Map.of()
-                : Map.of("TORCHSPARK_RENDEZVOUS", env), false));
+                : Map.of("TORCHSPARK_RENDEZVOUS", env), false, null));
     }
 
     @Test

@@ -277,11 +277,11 @@ public class RunnerTest {
     /**
      * The NCCL preflight's confs, read as the PySpark glue reads them (docs/gpu.md): on by
      * default for more than one node, off for one; the conf and the driver's variable decide
-     * otherwise.
+     * otherwise; never for a CPU run (the library's "run" of the conf reply).
      */
     private static double nccl(SparkConf conf, String env, int nnodes) {
-        return Conf.read(conf, null, env == null ? Map.of() : Map.of("TORCHSPARK_NCCL_CHECK", env), false)
-                .ncclCheckS(nnodes);
+        return Conf.read(conf, null, env == null ? Map.of() : Map.of("TORCHSPARK_NCCL_CHECK", env), false,
+                Native.object("nodes", nnodes, "gpu", true)).run.path("nccl_check_s").asDouble();
     }
 
     @Test
