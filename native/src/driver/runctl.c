@@ -240,12 +240,32 @@ static void act_hold(tsp_json_writer_t *w, const ctl_t *c)
     tsp_json_end(w);
 }
 
+/* The attempt's training processes' variables: none in a run without restarts (a plain run). */
+static void write_env(tsp_json_writer_t *w, const ctl_t *c)
+{
+    char num[24], cause[ENV_CAUSE_MAX + 1];
+    tsp_json_begin_object(w);
+    if (c->max_restarts > 0) {
+        snprintf(num, sizeof num, "%d", c->attempt);
+        key_str(w, "TORCHSPARK_ATTEMPT", num);
+        snprintf(num, sizeof num, "%d", c->max_restarts);
+        key_str(w, "TORCHSPARK_MAX_RESTARTS", num);
+    }
+    if (c->max_restarts > 0 && c->min_nodes < c->nodes) { /* elastic: its size and the batch */
+        snprintf(num, sizeof num, "%d", c->nodes);
+        key_str(w, "TORCHSPARK_ELASTIC_BATCH", c->global_batch ? "global" : "per_rank");
+        key_str(w, "TORCHSPARK_MAX_NODES", num);
+    }
+    if (c->ncauses > 0 && c->causes[c->ncauses - 1][0]) {
+        env_text(cause, c->causes[c->ncauses - 1], ENV_CAUSE_MAX);
+        key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
+    }
+    tsp_json_end(w);
+}
+
 static void act_submit(tsp_json_writer_t *w, ctl_t *c)
 {
     c->submitted = 1;
-    char num[24], limit[24], cause[ENV_CAUSE_MAX + 1];
-    snprintf(num, sizeof num, "%d", c->attempt);
-    snprintf(limit, sizeof limit, "%d", c->max_restarts);
     tsp_json_begin_object(w);
     key_str(w, "do", "submit");
     key_int(w, "attempt", c->attempt);
@@ -256,19 +276,12 @@ static void act_submit(tsp_json_writer_t *w, ctl_t *c)
     tsp_json_key(w, "last");
     (void)tsp_json_value(w, last ? "true" : "false", last ? 4 : 5);
     tsp_json_key(w, "env");
-    tsp_json_begin_object(w);
-    key_str(w, "TORCHSPARK_ATTEMPT", num);
-    key_str(w, "TORCHSPARK_MAX_RESTARTS", limit);
-    if (c->min_nodes < c->nodes) { /* elastic: what its size means for the batch */
-        snprintf(num, sizeof num, "%d", c->nodes);
-        key_str(w, "TORCHSPARK_ELASTIC_BATCH", c->global_batch ? "global" : "per_rank");
-        key_str(w, "TORCHSPARK_MAX_NODES", num);
+    write_env(w, c);
+    if (c->max_restarts > 0) { /* its lines name it, before the glue's "[rank r] " */
+        char prefix[40];
+        snprintf(prefix, sizeof prefix, "[attempt %d] ", c->attempt);
+        key_str(w, "prefix", prefix);
     }
-    if (c->ncauses > 0 && c->causes[c->ncauses - 1][0]) {
-        env_text(cause, c->causes[c->ncauses - 1], ENV_CAUSE_MAX);
-        key_str(w, "TORCHSPARK_RESTART_CAUSE", cause);
-    }
-    tsp_json_end(w);
     if (c->running < c->nodes) { /* shrunk: watch for executors coming back */
         key_int(w, "watch_ms", WATCH_MS);
         if (c->remote) /* a Connect client counts by a probe of the missing nodes (protocol 11) */
@@ -979,7 +992,7 @@ static int step(const tsp_jreq_t *r, ctl_t *c, char **text, size_t *tlen)
     tsp_json_key(&w, "actions");
     tsp_json_begin_array(&w);
     rc = events[which].fn(r, c, &w);
-    if (!rc && c->submitted)
+    if (!rc && c->submitted && c->max_restarts > 0) /* a run with restarts has records */
         rc = tsp__runrec_begin(&c->recs, c->attempt, c->running, c->at);
     tsp_json_end(&w);
     if (!rc) {

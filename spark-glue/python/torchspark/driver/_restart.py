@@ -18,7 +18,6 @@ from torchspark.driver import _connect, _gang
 from torchspark.native._lib import json_call
 from torchspark.driver._report import TorchDistributorError, spark_text
 
-ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 _WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
 
 
