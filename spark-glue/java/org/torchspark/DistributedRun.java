@@ -130,8 +130,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc) {
             entry.silentNode = root.get("node_rank").asInt();
             entry.silentExecutor = RestartPolicy.taskExecutor(sc, job.tag, entry.silentNode);
         }
-        int[] lost = ch.server.nodesLost();
-        entry.lostNodes = lost.length > 0 ? lost : null;
+        entry.lostNodes = ch.server.nodesLost(); // none: [] (the controller's record leaves it out)
         ch.finish(1000);
         RuntimeException e = JobFailure.of(job.root, job.error, ch.server, nproc);
         if (!(e instanceof JobFailure.NoRendezvous)) {

@@ -97,7 +97,7 @@ final class RestartPolicy {
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode).put("root_at", entry.rootAt).put("ended_at", entry.endedAt);
-        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null: none
+        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null or []: none
         return ev.put("executor", entry.silentExecutor);
     }
 

@@ -391,7 +391,7 @@ public final class TorchSparkRunner {
         int ntasks = tasks(sc);
         int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
         Metrics.RUNS.incrementAndGet();
-        attempts = Failure.JSON.createArrayNode(); // without restarts the controller keeps none
+        // attempts(): the controller's record from its first reply on (without restarts: none)
         return RestartPolicy.run(new DistributedRun(this, sc)::attempt, limit, sc, c, ntasks, least, a -> attempts = a);
     }
 
