@@ -106,6 +106,9 @@ static int on_failed(const tsp_jreq_t *r, tsp__ctl_t *c, tsp_json_writer_t *w)
             tsp__ctl_key_str(w, "id", executor);
             tsp__ctl_key_int(w, "node", node);
             tsp_json_end(w);
+            c->exclude_id = executor; /* the excluded event answers for it */
+            c->exclude_node = node;
+            executor = NULL;
         } else {
             count_now(w, c);
         }
@@ -120,12 +123,11 @@ out:
 static int on_excluded(const tsp_jreq_t *r, tsp__ctl_t *c, tsp_json_writer_t *w)
 {
     int ok = 0, rc = tsp_jreq_bool(r, "event.ok", &ok);
-    char *id = NULL;
-    long long node = -1;
-    if (rc || (rc = tsp__ctl_str(r, "event.id", &id)) ||
-        (rc = tsp__ctl_int(r, "event.node", -1, -1, &node)))
-        goto out;
-    if (ok && (rc = tsp__runrec_excluded(&c->recs, id)))
+    char *id = c->exclude_id; /* what exclude_executor asked for: the event says only ok */
+    long long node = c->exclude_node;
+    c->exclude_id = NULL;
+    c->exclude_node = -1;
+    if (rc || (ok && (rc = tsp__runrec_excluded(&c->recs, id))))
         goto out;
     if (ok) { /* its slots no longer count, and a replacement executor may come for it */
         char text[512];
@@ -237,7 +239,7 @@ int tsp_runctl_step(const char *request, size_t len, char *out, size_t outlen, s
     tsp_jreq_t r = {request, len, "the run controller", err, errlen};
     if (tsp_json_check_object(request, len) != 0)
         return tsp__err(err, errlen, -EINVAL, "the run controller's request is not a JSON object");
-    tsp__ctl_t c = {0};
+    tsp__ctl_t c = {.exclude_node = -1};
     char *text = NULL;
     size_t tlen = 0;
     int rc = step(&r, &c, &text, &tlen);

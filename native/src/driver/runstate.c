@@ -30,6 +30,7 @@ void tsp__ctl_free(tsp__ctl_t *c)
     free(c->reason);
     free(c->report);
     free(c->at);
+    free(c->exclude_id);
     tsp__runrec_free(&c->recs);
 }
 
@@ -103,7 +104,9 @@ int tsp__ctl_read_state(const tsp_jreq_t *r, tsp__ctl_t *c)
     if (!rc && !(rc = tsp_jreq_bool(r, "state.remote", &c->remote)) &&
         !(rc = tsp__ctl_str(r, "state.phase", &phase)) &&
         !(rc = tsp__ctl_str(r, "state.last", &c->last)) &&
-        !(rc = tsp__ctl_str(r, "state.reason", &c->reason)))
+        !(rc = tsp__ctl_str(r, "state.reason", &c->reason)) &&
+        !(rc = tsp__ctl_str(r, "state.exclude_id", &c->exclude_id)) &&
+        !(rc = tsp__ctl_int(r, "state.exclude_node", -1, -1, &c->exclude_node)))
         rc = tsp__ctl_report_of(r, "state.report", c);
     c->phase = -1;
     for (int i = 0; !rc && phase && i <= TSP__CTL_DONE; i++)
@@ -121,6 +124,8 @@ int tsp__ctl_read_state(const tsp_jreq_t *r, tsp__ctl_t *c)
     /* A failed attempt's cause is recorded before any phase that answers the failure. */
     if (!rc && c->phase > TSP__CTL_RUNNING && c->phase < TSP__CTL_DONE && c->ncauses == 0)
         rc = -EINVAL;
+    if (!rc && (c->phase == TSP__CTL_EXCLUDING) != (c->exclude_id != NULL))
+        rc = -EINVAL; /* the executor asked for, while (and only while) its answer is due */
     if (rc == -EINVAL || (!rc && c->phase < 0))
         return tsp__err(r->err, r->errlen, -EINVAL,
                         "the run controller's \"state\" is not one it wrote: hand back the "
@@ -337,6 +342,8 @@ void tsp__ctl_write_state(tsp_json_writer_t *w, const tsp__ctl_t *c)
     (void)tsp_json_value(w, c->remote ? "true" : "false", 4 + !c->remote);
     tsp__ctl_key_str(w, "reason", c->reason);
     tsp__ctl_key_str(w, "last", c->last);
+    tsp__ctl_key_str(w, "exclude_id", c->exclude_id);
+    tsp__ctl_key_int(w, "exclude_node", c->exclude_node);
     tsp_json_key(w, "report");
     if (!c->report || tsp_json_value(w, c->report, strlen(c->report)) != 0)
         tsp_json_null(w);

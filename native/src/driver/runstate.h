@@ -41,8 +41,10 @@ typedef struct {
     char **causes;               /* one line per attempt, in order (+ "no restart: ...") */
     size_t ncauses;
     tsp__runrec_t recs; /* each attempt's record (runrec.h) */
-    char *at;           /* the event's "at": the glue's clock, as it is, or NULL */
-    int submitted;      /* this step submits an attempt: its record begins */
+    char *exclude_id;   /* the executor exclude_executor asked for (the next event's), or NULL */
+    long long exclude_node; /* and its node (-1: not known) */
+    char *at;               /* the event's "at": the glue's clock, as it is, or NULL */
+    int submitted;          /* this step submits an attempt: its record begins */
 } tsp__ctl_t;
 
 void tsp__ctl_free(tsp__ctl_t *c);

@@ -238,11 +238,8 @@ final class RestartPolicy {
                         }
                     }
                     case "count_slots" -> event = countSlots(slots, act.path("wait_ms").asLong());
-                    case "exclude_executor" -> {
-                        String id = act.path("id").asText();
-                        event = Failure.JSON.createObjectNode().put("event", "excluded").put("id", id)
-                                .put("node", act.path("node").asInt()).put("ok", exclude.test(id));
-                    }
+                    case "exclude_executor" -> event = Failure.JSON.createObjectNode().put("event", "excluded")
+                            .put("ok", exclude.test(act.path("id").asText())); // the controller keeps the id
                     default -> throw new IllegalStateException("torchspark: an action the run controller's "
                             + "adapter does not know: " + act);
                 }
