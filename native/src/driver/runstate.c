@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lines.h"
 #include "util.h"
 
 #define ENV_CAUSE_MAX 1000 /* bytes of the cause handed to the next attempt */
@@ -220,11 +221,11 @@ void tsp__ctl_submit(tsp_json_writer_t *w, tsp__ctl_t *c)
     (void)tsp_json_value(w, last ? "true" : "false", last ? 4 : 5);
     tsp_json_key(w, "env");
     write_env(w, c);
-    if (c->max_restarts > 0) { /* its lines name it, before the glue's "[rank r] " */
-        char prefix[40];
-        snprintf(prefix, sizeof prefix, "[attempt %d] ", c->attempt);
-        tsp__ctl_key_str(w, "prefix", prefix);
-    }
+    /* Its lines' prefix template (the log server's pull_text): with restarts they name it. */
+    char prefix[64] = TSP_LINES_PREFIX;
+    if (c->max_restarts > 0)
+        snprintf(prefix, sizeof prefix, "[attempt %d] %s", c->attempt, TSP_LINES_PREFIX);
+    tsp__ctl_key_str(w, "prefix", prefix);
     if (c->running < c->nodes) { /* shrunk: watch for executors coming back */
         tsp__ctl_key_int(w, "watch_ms", TSP__CTL_WATCH_MS);
         if (c->remote) /* a Connect client counts by a probe of the missing nodes (protocol 11) */

@@ -229,7 +229,7 @@ class TorchDistributor:
     # Per attempt of a run (torchspark/driver/_restart.py): the training processes'
     # TORCHSPARK_ATTEMPT etc. with restarts (an elastic run's TORCHSPARK_MAX_NODES its nodes
     # while an attempt runs on fewer: _gang.ask); the controller's submit: its number, its
-    # lines' prefix (with restarts), whether a failure of it raises (last: it then waits for
+    # lines' prefix template, whether a failure of it raises (last: it then waits for
     # Spark's own error). train_on_dataframe's job: no restarts.
     _attempt_env: Dict[str, str] = {}
     _attempt_submit: Dict[str, Any] = {"attempt": 0, "last": True}
@@ -290,8 +290,7 @@ class TorchDistributor:
             self._settings, self.is_remote,
             gang=self._settings["launch"] == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
-            prefix = self._attempt_submit.get("prefix")  # the run controller's: with restarts
-            ch.open(self, bind_host, fmt=prefix and prefix + "[rank {rank}] ",
+            ch.open(self, bind_host, fmt=self._attempt_submit.get("prefix"),  # the controller's
                     rendezvous_host=(bind_host or "127.0.0.1") if use_rdv else None)
             server = ch.server
             if server is not None and fn_bytes is not None:

@@ -40,8 +40,8 @@ final class RestartPolicy {
         final boolean last;
         /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
         final Map<String, String> env;
-        /** Its lines' prefix: the controller's "[attempt N] " before LogServer.PREFIX, or null
-         *  (no restarts: "[rank N] " only). */
+        /** Its lines' prefix template (LogServer.pullText): the controller's ("[attempt N] [rank
+         *  {rank}] " with restarts), or null ("[rank {rank}] "). */
         final String linePrefix;
         /** The controller's plan of a gang launch's hold (its submit's "hold"), or null. */
         final JsonNode holdPlan;
@@ -62,7 +62,7 @@ final class RestartPolicy {
             last = submit.path("last").asBoolean();
             env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
-            linePrefix = submit.has("prefix") ? submit.path("prefix").asText() + LogServer.PREFIX : null;
+            linePrefix = submit.path("prefix").asText(null);
         }
     }
 
