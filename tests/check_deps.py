@@ -84,7 +84,10 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "conf": ("driver", 3),  # every spark.torchspark.* setting (docs/protocol.md 9); its "run" read by jreq
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runrec": ("driver", 3),  # each attempt's record in the run controller's state (runrec.h)
-    "runctl": ("driver", 4),  # the run controller, a pure step function (torchspark/runctl.h)
+    "runcause": ("driver", 3),  # a failed attempt's root cause, for the run controller (runcause.h)
+    "runstate": ("driver", 4),  # the run controller's state and the actions it writes (runstate.h)
+    "runwait": ("driver", 5),  # the run controller's replacement and grow waits (runwait.h)
+    "runctl": ("driver", 6),  # the run controller, a pure step function (torchspark/runctl.h)
     "result": ("driver", 3),  # rank 0's value where the output channel brought none (10.1)
     "shape": ("driver", 3),  # the run's tasks and processes per task (torchspark/shape.h)
     "logstate": ("driver", 3),

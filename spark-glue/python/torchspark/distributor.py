@@ -227,25 +227,23 @@ class TorchDistributor:
                             fn_bytes: Optional[bytes], script_args: List[str]) -> Optional[Any]:
         return _local.run(self, train_object, fn_bytes, script_args)
 
-    # Per attempt of a run with restarts (torchspark/driver/_restart.py): the training processes'
-    # TORCHSPARK_ATTEMPT etc. (the driver's line prefix names the attempt; an elastic run's
-    # TORCHSPARK_MAX_NODES its nodes while an attempt runs on fewer: _gang.ask); whether a
-    # failure of it raises (the submit's last: it then waits for Spark's own error).
+    # Per attempt of a run (torchspark/driver/_restart.py): the training processes'
+    # TORCHSPARK_ATTEMPT etc. with restarts (an elastic run's TORCHSPARK_MAX_NODES its nodes
+    # while an attempt runs on fewer: _gang.ask); the controller's submit: its number, its
+    # lines' prefix template, whether a failure of it raises (last: it then waits for
+    # Spark's own error). train_on_dataframe's job: no restarts.
     _attempt_env: Dict[str, str] = {}
-    _last_attempt = True
+    _attempt_submit: Dict[str, Any] = {"attempt": 0, "last": True}
 
     def _run_distributed_with_restarts(self, train_object: Union[Callable, str],
                                        fn_bytes: Optional[bytes],
                                        script_args: List[str]) -> Optional[Any]:
-        if not self.max_restarts:
-            return self._run_distributed_training(train_object, fn_bytes, script_args)
-
         full = (self.num_tasks, self.num_processes)
         per_task = self.num_processes // self.num_tasks
 
         def attempt(submit: Dict[str, Any]) -> Optional[Any]:
             self._attempt_env = dict(submit["env"])  # the run controller's (_restart.py)
-            self._last_attempt = submit["last"]
+            self._attempt_submit = submit
             # Elastic (min_nodes): this attempt's nodes, each with its processes.
             self.num_tasks, self.num_processes = submit["nodes"], submit["nodes"] * per_task
             return self._run_distributed_training(train_object, fn_bytes, script_args)
@@ -255,7 +253,7 @@ class TorchDistributor:
             return _restart.run(attempt, _restart.start_event(self), spark=self.spark,
                                 logger=self.logger, record=self.attempts, times=self._failure_times)
         finally:
-            self._attempt_env, self._last_attempt = {}, True
+            self._attempt_env, self._attempt_submit = {}, TorchDistributor._attempt_submit
             self.num_tasks, self.num_processes = full
 
     def _run_distributed_training(self, train_object: Union[Callable, str],
@@ -293,8 +291,7 @@ class TorchDistributor:
             self._settings, self.is_remote,
             gang=self._settings["launch"] == _gang.GANG)
         with _channel.Channel(drain_on_failure=1.0) as ch:
-            attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
-            ch.open(self, bind_host, fmt=attempt and f"[attempt {attempt}] [rank {{rank}}] ",
+            ch.open(self, bind_host, fmt=self._attempt_submit.get("prefix"),  # the controller's
                     rendezvous_host=(bind_host or "127.0.0.1") if use_rdv else None)
             server = ch.server
             if server is not None and fn_bytes is not None:
@@ -333,13 +330,12 @@ class TorchDistributor:
         for Spark's barrier abort (up to 3 s under load: docs/benchmarks.md,
         "Recovery on local-cluster")."""
         self._clock.mark("job_submitted")
-        attempt = self._attempt_env.get(_restart.ATTEMPT_ENV)
-        last = self._last_attempt  # the run controller's (docs/protocol.md 11, submit)
+        submit = self._attempt_submit  # the run controller's (docs/protocol.md 11)
         self._failure_times["server"] = server  # the grow watch's checkpoint_and_stop
         out = _job.run_barrier_job(self.spark, spec, self.num_tasks, server,
                                    remote=self.is_remote, input_df=input_df,
-                                   spark_grace_s=_job.SPARK_GRACE_S if last else _job.RESTART_GRACE_S,
-                                   revive=(attempt or "0") != "0" and _job.REVIVE_ON_RESTART,
+                                   spark_grace_s=_job.SPARK_GRACE_S if submit["last"] else _job.RESTART_GRACE_S,
+                                   revive=submit["attempt"] > 0 and _job.REVIVE_ON_RESTART,
                                    gang=gang)
         self._clock.mark("job_ended")
         self._failure_times.update(

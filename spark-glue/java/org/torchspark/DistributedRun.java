@@ -5,13 +5,13 @@ import java.util.concurrent.atomic.AtomicReference;
 import org.apache.spark.SparkContext;
 
 /**
- * One attempt of a distributed TorchSparkRunner run (the runner and its context; with restarts,
- * its lines' prefix; the attempt's variables from the run controller, and whether no restart
- * follows its failure, come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
+ * One attempt of a distributed TorchSparkRunner run (the runner and its context; the attempt's
+ * variables and its lines' prefix from the run controller, and whether no restart follows its
+ * failure, come on its entry), what it does per run: the channel on the driver (RunChannel) open for its duration, the barrier job (BarrierJob) submitted and
  * watched, its failure thrown (JobFailure) or rank 0's output returned (RunOutput). The
  * PySpark glue's twin is TorchDistributor._run_distributed_job.
  */
-record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
+record DistributedRun(TorchSparkRunner r, SparkContext sc) {
     /** Set once the executors could not reach the driver's rendezvous: every later run of
      *  this JVM (of this class loader) goes through allGather. */
     static final AtomicReference<String> RENDEZVOUS_UNREACHABLE = new AtomicReference<>();
@@ -46,7 +46,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
         int nproc = r.useGpu ? r.nprocPerNode : Math.max(1, r.nprocPerNode); // 0: the task's GPUs
         NodeTask.Spec spec = new NodeTask.Spec(r.useGpu, driverHost);
         LogServer.checkDescriptors(ntasks); // a connection per node: the limit must hold them
-        try (RunChannel ch = new RunChannel(r, bind, world, sc, linePrefix)) {
+        try (RunChannel ch = new RunChannel(r, bind, world, sc, entry.linePrefix)) {
             spec.job = r.nodeFacts(sc, nproc, ch.server.endpoint(driverHost.isEmpty() ? null : driverHost),
                     entry.env).toString();
             spec.rendezvous = useRendezvous ? ch.startRendezvous(sc, bind, driverHost) : null;
@@ -130,8 +130,7 @@ record DistributedRun(TorchSparkRunner r, SparkContext sc, String linePrefix) {
             entry.silentNode = root.get("node_rank").asInt();
             entry.silentExecutor = RestartPolicy.taskExecutor(sc, job.tag, entry.silentNode);
         }
-        int[] lost = ch.server.nodesLost();
-        entry.lostNodes = lost.length > 0 ? lost : null;
+        entry.lostNodes = ch.server.nodesLost(); // none: [] (the controller's record leaves it out)
         ch.finish(1000);
         RuntimeException e = JobFailure.of(job.root, job.error, ch.server, nproc);
         if (!(e instanceof JobFailure.NoRendezvous)) {

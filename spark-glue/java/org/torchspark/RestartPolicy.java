@@ -40,6 +40,9 @@ final class RestartPolicy {
         final boolean last;
         /** The training processes' variables (TORCHSPARK_ATTEMPT etc.: the controller's). */
         final Map<String, String> env;
+        /** Its lines' prefix template (LogServer.pullText): the controller's ("[attempt N] [rank
+         *  {rank}] " with restarts), or null ("[rank {rank}] "). */
+        final String linePrefix;
         /** The controller's plan of a gang launch's hold (its submit's "hold"), or null. */
         final JsonNode holdPlan;
         volatile Long rootAt;
@@ -59,6 +62,7 @@ final class RestartPolicy {
             last = submit.path("last").asBoolean();
             env = Failure.JSON.convertValue(submit.path("env"), new TypeReference<Map<String, String>>() {});
             holdPlan = submit.get("hold");
+            linePrefix = submit.path("prefix").asText(null);
         }
     }
 
@@ -93,7 +97,7 @@ final class RestartPolicy {
         ev.put("node_rank", e.nodeRank()); // the exception's own (its report's, when it has one)
         ev.set("report", Failure.parseObject(e.reportJson()));
         ev.put("silent_node", entry.silentNode).put("root_at", entry.rootAt).put("ended_at", entry.endedAt);
-        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null: none
+        ev.set("lost_nodes", Failure.JSON.valueToTree(entry.lostNodes)); // null or []: none
         return ev.put("executor", entry.silentExecutor);
     }
 
@@ -234,11 +238,8 @@ final class RestartPolicy {
                         }
                     }
                     case "count_slots" -> event = countSlots(slots, act.path("wait_ms").asLong());
-                    case "exclude_executor" -> {
-                        String id = act.path("id").asText();
-                        event = Failure.JSON.createObjectNode().put("event", "excluded").put("id", id)
-                                .put("node", act.path("node").asInt()).put("ok", exclude.test(id));
-                    }
+                    case "exclude_executor" -> event = Failure.JSON.createObjectNode().put("event", "excluded")
+                            .put("ok", exclude.test(act.path("id").asText())); // the controller keeps the id
                     default -> throw new IllegalStateException("torchspark: an action the run controller's "
                             + "adapter does not know: " + act);
                 }

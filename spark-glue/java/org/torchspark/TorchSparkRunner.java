@@ -393,15 +393,8 @@ public final class TorchSparkRunner {
         int ntasks = tasks(sc);
         int least = RestartPolicy.minNodes(c.isSet("job.minNodes") ? (int) c.number("job.minNodes") : null, ntasks);
         Metrics.RUNS.incrementAndGet();
-        attempts = Failure.JSON.createArrayNode();
-        if (limit == 0) { // attempts() stays empty: its entry is the attempt's own
-            return new DistributedRun(this, sc, null).attempt(
-                    new RestartPolicy.Entry(Native.object("attempt", 0, "nodes", ntasks, "last", true, "env", Map.of())));
-        }
-        return RestartPolicy.run(entry -> {
-            String prefix = "[attempt " + entry.attempt + "] " + LogServer.PREFIX;
-            return new DistributedRun(this, sc, prefix).attempt(entry);
-        }, limit, sc, c, ntasks, least, a -> attempts = a);
+        // attempts(): the controller's record from its first reply on (without restarts: none)
+        return RestartPolicy.run(new DistributedRun(this, sc)::attempt, limit, sc, c, ntasks, least, a -> attempts = a);
     }
 
     /** Driver-side counters, read by TorchSparkPlugin's driver metrics (same class loader). */

@@ -18,7 +18,6 @@ from torchspark.driver import _connect, _gang
 from torchspark.native._lib import json_call
 from torchspark.driver._report import TorchDistributorError, spark_text
 
-ATTEMPT_ENV = "TORCHSPARK_ATTEMPT"
 _WATCH_SCALE = 1.0  # the controller's waits, scaled (tests only)
 
 
@@ -171,8 +170,7 @@ def _perform(spark: Any, act: Dict[str, Any]) -> Dict[str, Any]:
     """The event of a count_slots or exclude_executor action, once performed."""
     if act["do"] == "count_slots":
         return _slots(lambda: count_slots(spark), act["wait_ms"] / 1000)
-    ok = exclude_executor(spark, act["id"])
-    return {"event": "excluded", "id": act["id"], "node": act["node"], "ok": ok}
+    return {"event": "excluded", "ok": exclude_executor(spark, act["id"])}  # the id: the controller's
 
 
 def run(run_once: Callable[[Dict[str, Any]], Any], start: Dict[str, Any], *,
