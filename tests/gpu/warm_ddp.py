@@ -201,7 +201,7 @@ def run_fn(cloudpickle, workdir: str, tag: str, gpus: str, warm: Optional[str],
         "files": {"error": error_file, "output": out_file}, "collect": True, "node_rank": 0,
         "nproc_per_node": 1}}
     with held:
-        done = _launch.run_agent(plan, "localhost", echo=False, hand_all=True,
+        done = _launch.run_agent(plan, echo=False, hand_all=True,
                                  hand=lambda ln: say(f"[{tag}] {ln}"))
     wall = time.monotonic() - t0
     if done["failure"] is not None or done["missing"]:

@@ -24,6 +24,8 @@
 static char out[4 << 20], err[512], dir[64];
 
 /* The start request of sh -c script: the plan's finish names files in a fresh directory. */
+static const char *host = "\"h1\""; /* the request's "host" member (JSON) */
+
 static tsp_agentproc_t *start(const char *script, const char *secret, const char *extra)
 {
     snprintf(dir, sizeof dir, "/tmp/tsp_agentproc_XXXXXX");
@@ -34,9 +36,9 @@ static tsp_agentproc_t *start(const char *script, const char *secret, const char
                      "\"set\"}, \"env_default\": {\"TSP_B\": \"dflt\", \"PATH\": \"/nowhere\"}, "
                      "\"finish\": {\"files\": {\"error\": \"%s/error.json\", \"output\": "
                      "\"%s/output.bin\"}, \"nproc_per_node\": 1, \"ship\": false, \"collect\": "
-                     "false, \"node_rank\": 3}}, \"secret\": %s%s%s, \"host\": \"h1\"%s}",
+                     "false, \"node_rank\": 3}}, \"secret\": %s%s%s, \"host\": %s%s}",
                      script, dir, dir, secret ? "\"" : "", secret ? secret : "null",
-                     secret ? "\"" : "", extra ? extra : "");
+                     secret ? "\"" : "", host, extra ? extra : "");
     ck_assert_int_gt(n, 0);
     tsp_agentproc_t *a = tsp_agentproc_start(req, strlen(req), err, sizeof err);
     ck_assert_msg(a != NULL, "%s", err);
@@ -91,6 +93,21 @@ START_TEST(test_agentproc_streams_secret_env_and_exit_code)
     ck_assert_msg(strstr(out, "\"status\": 3") && strstr(out, "exited with status 3") &&
                       strstr(out, "torchspark node 3 on host h1"),
                   "%s", out);
+    done_with(a);
+}
+END_TEST
+
+/* No "host" (neither glue passes one): the result names this host as gethostname does. */
+START_TEST(test_agentproc_host_defaults_to_this_hosts_name)
+{
+    char self[256] = "", want[300];
+    ck_assert_int_eq(gethostname(self, sizeof self - 1), 0);
+    host = "null";
+    tsp_agentproc_t *a = start("exit 3", NULL, NULL);
+    host = "\"h1\"";
+    wait_done(a, NULL, 0);
+    snprintf(want, sizeof want, "torchspark node 3 on host %s", self);
+    ck_assert_msg(strstr(out, want), "%s", out);
     done_with(a);
 }
 END_TEST
@@ -243,7 +260,7 @@ START_TEST(test_agentproc_refusals)
         {"[]", "not a JSON object"},
         {"{\"host\": \"h\", \"plan\": {\"argv\": [], \"finish\": {}}}", "\"plan.argv\""},
         {"{\"host\": \"h\", \"plan\": {\"argv\": [\"sh\"]}}", "\"plan.finish\""},
-        {"{\"plan\": {\"argv\": [\"sh\"], \"finish\": {}}}", "\"host\""},
+        {"{\"host\": 7, \"plan\": {\"argv\": [\"sh\"], \"finish\": {}}}", "\"host\""},
         {"{\"host\": \"h\", \"secret\": \"zz\", \"plan\": {\"argv\": [\"sh\"], \"finish\": {}}}",
          "\"secret\""},
         {"{\"host\": \"h\", \"hand\": \"some\", \"plan\": {\"argv\": [\"sh\"], \"finish\": {}}}",
@@ -279,6 +296,7 @@ static Suite *agentproc_suite(void)
     tcase_add_test(tc, test_agentproc_wait_through_eintr);
     tcase_add_test(tc, test_agentproc_reply_kept_across_enospc);
     tcase_add_test(tc, test_agentproc_refusals);
+    tcase_add_test(tc, test_agentproc_host_defaults_to_this_hosts_name);
     suite_add_tcase(s, tc);
     return s;
 }

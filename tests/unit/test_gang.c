@@ -261,7 +261,7 @@ START_TEST(test_gang_join_makes_the_task_host_admissible)
         tsp_rdv_gang_state(r, &joined);
         usleep(10000);
     }
-    /* No host, and one over 255 bytes: "unknown" and the first 255. */
+    /* No host (this host's name, gethostname's), and one over 255 bytes: the first 255. */
     int rc = tsp_gang_call("127.0.0.1", tsp_rdv_port(r), SECRET, 2, 0, NULL, 20000, &nn, err,
                            sizeof err);
     ck_assert_msg(rc == 0 && nn == 3, "%d %s", rc, err);

@@ -32,13 +32,13 @@ typedef struct tsp_agentproc tsp_agentproc_t;
 
 /* request (len bytes of JSON): {"plan": tsp_task_launch's reply (argv, env, env_default,
  * finish), "secret": the channel's secret as hex or null, "host": this host's name for the
- * result, "echo": bool (default false; true: every line to fd 2), "hand": "none" (default),
- * "stderr" or "all" (the lines wait's replies carry), "environ": the caller's environment as
- * its glue sees it (an object of strings; absent: this process's environ)}. Starts the agent:
- * its environment is env_default, then the caller's, then env, with TORCHSPARK_PARENT_PID,
- * without TORCHSPARK_LOG_SECRET, and with TORCHSPARK_LOG_SECRET_FD=0 when there is a secret
- * (else its stdin is /dev/null). NULL with a sentence in err (a bad request, or the exec's
- * errno: "cannot run '<argv[0]>': ..."). */
+ * result (absent or null: gethostname's, "?" when it has none), "echo": bool (default false; true:
+ * every line to fd 2), "hand": "none" (default), "stderr" or "all" (the lines wait's replies
+ * carry), "environ": the caller's environment as its glue sees it (an object of strings; absent:
+ * this process's environ)}. Starts the agent: its environment is env_default, then the caller's,
+ * then env, with TORCHSPARK_PARENT_PID, without TORCHSPARK_LOG_SECRET, and with
+ * TORCHSPARK_LOG_SECRET_FD=0 when there is a secret (else its stdin is /dev/null). NULL with a
+ * sentence in err (a bad request, or the exec's errno: "cannot run '<argv[0]>': ..."). */
 TSP_EXTERN tsp_agentproc_t *tsp_agentproc_start(const char *request, size_t len, char *err,
                                                 size_t errlen);
 

@@ -92,8 +92,8 @@ TSP_EXTERN int tsp_gang_replay(const char *request, size_t len, char *out, size_
 #define TSP_GANG_JOIN_GRACE_MS 30000
 
 /* Joins the gang at the driver's rendezvous host:port as node node_rank, Spark's attempt
- * try_no of its task, on task_host (as the glue got it, NULL or "" for none: the JOIN's HOST
- * is made of it, docs/protocol.md 2.2), inside the rendezvous' TLS keyed by the run's secret
+ * try_no of its task, on task_host (NULL or "": this host's name, gethostname's: the JOIN's
+ * HOST is made of it, docs/protocol.md 2.2), inside the rendezvous' TLS keyed by the run's secret
  * (secret_hex, 64 hex digits: 2.1), and waits up to timeout_ms (the gang's timeout, > 0) plus
  * TSP_GANG_JOIN_GRACE_MS for the reply. 0 with *nnodes
  * (GO); TSP_RDV_REFUSED (2) with the sentence "torchspark: the driver refused node K's task

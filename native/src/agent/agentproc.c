@@ -184,7 +184,13 @@ static int read_options(const tsp_jreq_t *r, tsp_agentproc_t *a, char **secret)
     }
     free(hand);
     if (!rc)
-        rc = tsp_jreq_str(r, "host", 1, &a->host);
+        rc = tsp_jreq_str(r, "host", 0, &a->host);
+    if (!rc && !a->host) { /* this host's name, as both glues would ask (gethostname) */
+        char name[256] = "";
+        if (gethostname(name, sizeof name - 1) != 0 || !name[0])
+            snprintf(name, sizeof name, "?");
+        rc = (a->host = strdup(name)) ? 0 : -ENOMEM;
+    }
     if (!rc && (rc = tsp_jreq_get(r, "plan.finish", TSP_JSON_OBJECT, "an object", &a->finish)) > 0)
         rc = 0;
     if (!rc && !a->finish)

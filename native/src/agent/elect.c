@@ -412,6 +412,11 @@ static int peers_host(void *ctx, const char *key, size_t index, int type, const 
     }
     if (len && val[len - 1] == ']')
         len--;
+    char name[256] = ""; /* rank 0's own host not known (a gang task's): this host's name */
+    if (index == 0 && !len && gethostname(name, sizeof name - 1) == 0) {
+        val = name;
+        len = strlen(name);
+    }
     if (index == 0)
         return (p->self = strndup(val, len)) ? 0 : -ENOMEM;
     return strlen(p->self) == len && memcmp(val, p->self, len) == 0 ? 0 : peers_add(p, val, len);

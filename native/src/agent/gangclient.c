@@ -12,12 +12,17 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
-/* The task's host as the driver admits it (gang.c: 1..255 bytes of [A-Za-z0-9._:-]): "unknown"
- * when NULL or empty, cut to TSP_GANG_HOST_MAX bytes, every other byte '-'. */
+/* The task's host as the driver admits it (gang.c: 1..255 bytes of [A-Za-z0-9._:-]): this
+ * host's name (gethostname) when NULL or empty, "unknown" without one, cut to
+ * TSP_GANG_HOST_MAX bytes, every other byte '-'. */
 static void join_host(const char *task_host, char out[TSP_GANG_HOST_MAX + 1])
 {
-    snprintf(out, TSP_GANG_HOST_MAX + 1, "%s", task_host && *task_host ? task_host : "unknown");
+    char self[TSP_GANG_HOST_MAX + 1] = "";
+    if (!task_host || !*task_host)
+        task_host = gethostname(self, sizeof self - 1) == 0 && self[0] ? self : "unknown";
+    snprintf(out, TSP_GANG_HOST_MAX + 1, "%s", task_host);
     for (char *p = out; *p; p++) {
         unsigned char c = (unsigned char)*p;
         if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||

@@ -40,8 +40,9 @@ final class AgentProcess {
             ctx.killTaskIfInterrupted();
         }
         String[] msg = new String[1];
+        // The result's host: this host's name (the C core's gethostname, as for the PySpark glue).
         long agent = Native.agentStart(String.valueOf(Native.object("plan", launch, "secret", secretHex,
-                "host", NodeTask.localHostName(), "echo", true)), msg);
+                "echo", true)), msg);
         if (agent == 0) {
             throw new IOException(msg[0]);
         }

@@ -83,16 +83,16 @@ final class Gang {
 
     /**
      * A task's side: JOINs the gang as node nodeRank (Spark's attempt tryNo of its task, on
-     * host) and waits for every other node's, up to timeoutMs (the gang's) and the C's grace
+     * this host) and waits for every other node's, up to timeoutMs (the gang's) and the C's grace
      * (TSP_GANG_JOIN_GRACE_MS); killCheck runs every Rendezvous.KILL_POLL_MS meanwhile and
      * throws when Spark killed the task. The attempt's node count (GO); an
      * IllegalStateException with the library's sentence when refused (a retry or a copy, the
      * deadline) or when the driver cannot be reached.
      */
-    static int join(Rendezvous.Endpoint ep, String secretHex, int nodeRank, int tryNo, String host, int timeoutMs,
+    static int join(Rendezvous.Endpoint ep, String secretHex, int nodeRank, int tryNo, int timeoutMs,
             Runnable killCheck) {
-        // The JOIN's host (made of host) and the wait beyond the gang's timeout are the C's.
-        return Rendezvous.await(ep.request("join", secretHex, "node_rank", nodeRank, "attempt", tryNo, "task_host", host,
+        // The JOIN's host (this host's name) and the wait beyond the gang's timeout are the C's.
+        return Rendezvous.await(ep.request("join", secretHex, "node_rank", nodeRank, "attempt", tryNo,
                 "timeout_ms", timeoutMs), killCheck).get("nnodes").asInt();
     }
 }

@@ -6,7 +6,6 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.io.Serializable;
 import java.io.UncheckedIOException;
-import java.net.InetAddress;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.Paths;
@@ -55,14 +54,6 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
         this.spec = spec;
     }
 
-    static String localHostName() {
-        try {
-            return InetAddress.getLocalHost().getHostName();
-        } catch (IOException e) {
-            return "localhost";
-        }
-    }
-
     @Override
     public scala.collection.Iterator<byte[]> apply(scala.collection.Iterator<Integer> it) {
         while (it.hasNext()) {
@@ -97,17 +88,15 @@ final class NodeTask implements Function1<scala.collection.Iterator<Integer>, sc
 
     /** The hosts by node of this task's attempt: a barrier task's from Spark (its tasks'
      *  addresses as they are: the election drops their ports, elect.c); a gang task's
-     *  after its JOIN, which waits for every node (only its own host is known: rank 0 elects
-     *  towards the driver's host). */
+     *  after its JOIN, which waits for every node (none is known, "": rank 0 elects towards
+     *  the driver's host, then its own, which the C core names, docs/protocol.md 2). */
     private List<String> hosts(TaskContext ctx) {
-        List<String> hosts = new ArrayList<>();
         if (spec.gangTimeoutMs > 0) {
-            int nnodes = Gang.join(spec.rendezvous, spec.secretHex, ctx.partitionId(), ctx.attemptNumber(),
-                    localHostName(), (int) Math.min(spec.gangTimeoutMs, Integer.MAX_VALUE), ctx::killTaskIfInterrupted);
-            hosts.add(localHostName());
-            hosts.addAll(Collections.nCopies(nnodes - 1, ""));
-            return hosts;
+            return Collections.nCopies(Gang.join(spec.rendezvous, spec.secretHex, ctx.partitionId(),
+                    ctx.attemptNumber(), (int) Math.min(spec.gangTimeoutMs, Integer.MAX_VALUE),
+                    ctx::killTaskIfInterrupted), "");
         }
+        List<String> hosts = new ArrayList<>();
         for (BarrierTaskInfo info : ((BarrierTaskContext) ctx).getTaskInfos()) {
             hosts.add(info.address());
         }

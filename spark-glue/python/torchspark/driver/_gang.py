@@ -13,7 +13,6 @@ and asks Spark for executors.
 """
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import uuid
@@ -245,16 +244,15 @@ def join(spec: NodeSpec, node_rank: int, try_no: int) -> int:
     (GO). Raises the library's sentence when refused (a retry or a copy, the deadline)."""
     rdv, gang = spec["rendezvous"], spec.get("gang")
     assert rdv is not None and gang is not None
-    # The JOIN's host (made of this one) and the wait beyond the gang's timeout are the C's.
+    # The JOIN's host (this host's name) and the wait beyond the gang's timeout are the C's.
     return int(task_call("join", rdv, spec["log_secret_hex"], node_rank=node_rank, attempt=try_no,
-                         task_host=socket.gethostname(),
                          timeout_ms=int(gang["timeout_ms"]))["nnodes"])
 
 
 def task_context(spec: NodeSpec, host_of: Any) -> Tuple[Any, int, list]:
     """(task context, node rank, hosts by node: [] where unknown) of this task: a barrier
-    task's from Spark; a gang task's after its JOIN (only its own host is known: rank 0
-    elects towards the driver's host)."""
+    task's from Spark; a gang task's after its JOIN (none is known: rank 0 elects towards
+    the driver's host, then its own, which the C core names, docs/protocol.md 2)."""
     if not spec.get("gang"):
         from pyspark import BarrierTaskContext
 
@@ -265,4 +263,4 @@ def task_context(spec: NodeSpec, host_of: Any) -> Tuple[Any, int, list]:
     ctx = TaskContext.get()
     node_rank = ctx.partitionId()
     nnodes = join(spec, node_rank, ctx.attemptNumber())
-    return ctx, node_rank, [socket.gethostname()] + [""] * (nnodes - 1)
+    return ctx, node_rank, [""] * nnodes

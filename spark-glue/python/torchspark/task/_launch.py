@@ -31,17 +31,17 @@ def find_libnccl() -> Optional[str]:
     return None
 
 
-def run_agent(plan: Dict[str, Any], host: str, secret: Optional[str] = None, echo: bool = True,
+def run_agent(plan: Dict[str, Any], secret: Optional[str] = None, echo: bool = True,
               hand: Optional[Callable[[str], None]] = None,
               hand_all: bool = False) -> Dict[str, Any]:
     """Starts the agent of plan (tsp_task_launch's reply) through the C core's agent process
     (docs/protocol.md 12.1), waits for it (stopping it if the wait is interrupted, e.g. by
-    KeyboardInterrupt) and returns tsp_task_finish's reply for its exit on host. echo: every
+    KeyboardInterrupt) and returns tsp_task_finish's reply for its exit on this host. echo: every
     line it prints goes to this process's stderr; hand(line) receives those of its stderr
     (all of them with hand_all). secret: the driver channel's secret (64 hex digits), handed
     over on the agent's standard input, never in its environment (docs/protocol.md 1.1)."""
     # os.environ, not the C environ under it, which a library may change (readline: COLUMNS).
-    doc = json.dumps({"plan": plan, "secret": secret, "host": host, "echo": echo, "environ": dict(os.environ),
+    doc = json.dumps({"plan": plan, "secret": secret, "echo": echo, "environ": dict(os.environ),
                       "hand": "none" if hand is None else "all" if hand_all else "stderr"}).encode()
     agent = checked("tsp_agentproc_start", doc, len(doc), error=OSError, ok=bool)
     try:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from typing import Any, Callable, Dict, Iterator, List, Optional
@@ -136,7 +135,7 @@ def _run_agent(spec: NodeSpec, facts: Dict[str, Any], workdir: str,
                          _warm.executor_anchor() if warm_anchor is None else warm_anchor,
                          spec["warm_idle_s"])
         plan = json_call("tsp_task_launch", dict(request, warm_socket=warm)) if warm else plan
-    done = _launch.run_agent(plan, socket.gethostname(), spec["log_secret_hex"] if endpoint else None,
+    done = _launch.run_agent(plan, spec["log_secret_hex"] if endpoint else None,
                              echo, hand or (spill.stderr_line if spill else None), hand is not None)
     if done["failure"] is not None:
         failure = _report.Failure(done["failure"]["document"])

@@ -39,7 +39,7 @@ public class GangTest {
     }
 
     private static CompletableFuture<Integer> join(Rendezvous.Endpoint ep, int node, int tryNo, Runnable kill) {
-        return CompletableFuture.supplyAsync(() -> Gang.join(ep, SECRET, node, tryNo, "host-" + node, 20_000, kill));
+        return CompletableFuture.supplyAsync(() -> Gang.join(ep, SECRET, node, tryNo, 20_000, kill));
     }
 
     @Test
