@@ -59,27 +59,21 @@ public class JniTest {
         }
     }
 
-    /** packed as the C core reads it (tsp_elect_call's op unpack, which tsp_task_launch
-     *  uses): its record, or IllegalArgumentException with the reader's sentence. */
-    static JsonNode unpack(String packed) {
-        return Native.call("tsp_elect_call", Native.object("op", "unpack", "packed", packed)).get("record");
-    }
-
     @Test
     public void electionRecordIsReadAsTheCoreWritesIt() {
         // As the C core packs it (rank 0's electMaster hands the packed record on as it is).
-        JsonNode r = unpack("{\"version\":1,\"master_addr\":\"10.0.0.5\",\"master_port\":40123,"
+        Election.Record r = Election.Record.unpack("{\"version\":1,\"master_addr\":\"10.0.0.5\",\"master_port\":40123,"
                 + "\"run_id\":\"0123456789abcdef\",\"host\":\"exec-a\",\"ifname\":\"eth0\"}");
-        assertEquals(1, r.get("version").asInt());
-        assertEquals("10.0.0.5", r.get("master_addr").asText());
-        assertEquals(40123, r.get("master_port").asInt());
-        assertEquals("0123456789abcdef", r.get("run_id").asText());
-        assertEquals("exec-a", r.get("host").asText());
-        assertEquals("eth0", r.get("ifname").asText());
+        assertEquals(1, r.version());
+        assertEquals("10.0.0.5", r.masterAddr());
+        assertEquals(40123, r.masterPort());
+        assertEquals("0123456789abcdef", r.runId());
+        assertEquals("exec-a", r.host());
+        assertEquals("eth0", r.ifname());
         // The record of docs/protocol.md section 2, as PySpark writes it, unknown keys ignored.
-        JsonNode p = unpack("{\"version\":1,\"master_port\":1,\"master_addr\":\"::1\","
+        Election.Record p = Election.Record.unpack("{\"version\":1,\"master_port\":1,\"master_addr\":\"::1\","
                 + "\"run_id\":\"x\",\"host\":\"h\",\"ifname\":\"lo\",\"later\":[1,{}]}");
-        assertEquals("::1", p.get("master_addr").asText());
+        assertEquals("::1", p.masterAddr());
     }
 
     @Test
@@ -92,23 +86,25 @@ public class JniTest {
         };
         for (String[] c : cases) {
             try {
-                unpack(c[0]);
+                Election.Record.unpack(c[0]);
                 fail("accepted " + c[0]);
             } catch (IllegalArgumentException e) {
-                assertTrue(e.getMessage(), e.getMessage().contains(c[1]));
+                assertTrue(e.getMessage(), e.getMessage().startsWith("torchspark: bad election record: ")
+                        && e.getMessage().contains(c[1]));
             }
         }
     }
 
     /** The agent's argv (tsp_task_launch) of node 1 of 2 with rec, on GPU 0 when gpu. */
-    static List<String> launchArgv(JsonNode rec, double ncclCheck, boolean gpu) {
+    static List<String> launchArgv(Election.Record rec, double ncclCheck, boolean gpu) {
         com.fasterxml.jackson.databind.node.ObjectNode req = Failure.JSON.createObjectNode();
         req.put("agent", "torchspark-run").put("python", "python3").put("workdir", "/tmp/w").put("nnodes", 2)
                 .put("node_rank", 1).put("nccl_check", ncclCheck);
         if (gpu) {
             req.putArray("gpus").add("0");
         }
-        req.set("record", rec);
+        req.putObject("record").put("master_addr", rec.masterAddr()).put("master_port", rec.masterPort())
+                .put("nccl_port", rec.ncclPort()).put("run_id", rec.runId());
         req.putArray("program").add("train.py");
         List<String> argv = new java.util.ArrayList<>();
         Native.call("tsp_task_launch", req).get("argv").forEach(a -> argv.add(a.asText()));
@@ -117,15 +113,16 @@ public class JniTest {
 
     @Test
     public void agentCommandCarriesTheElectedNcclPort() {
-        Election.Result r = Election.electMaster(List.of("127.0.0.1"), null);
+        Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
-            JsonNode rec = unpack(r.packed());
+            Election.Record rec = Election.Record.unpack(r.packed());
             List<String> cmd = launchArgv(rec, 0, true);
-            assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.get("nccl_port").asInt()));
-            assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.get("master_port").asInt()));
+            assertTrue(cmd.toString(), cmd.contains("--nccl-comm-port=" + rec.ncclPort()));
+            assertTrue(cmd.toString(), cmd.contains("--master-port=" + rec.masterPort()));
             // A record without it (an older rank 0): no option, the agent uses the master port.
-            rec = unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"::1\",\"run_id\":\"r\"}");
-            assertEquals(0, rec.path("nccl_port").asInt());
+            rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"::1\","
+                    + "\"run_id\":\"r\"}");
+            assertEquals(0, rec.ncclPort());
             cmd = launchArgv(rec, 0, true);
             assertFalse(cmd.toString(), cmd.stream().anyMatch(a -> a.startsWith("--nccl-comm-port")));
         } finally {
@@ -135,28 +132,28 @@ public class JniTest {
 
     @Test
     public void electMasterHoldsThePortUntilClosed() throws Exception {
-        Election.Result r = Election.electMaster(List.of("127.0.0.1"), null);
+        Election.Result r = Election.electMaster("127.0.0.1", null);
         try {
-            JsonNode rec = r.record();
-            int port = rec.get("master_port").asInt();
-            int ncclPort = rec.get("nccl_port").asInt(); // the NCCL check's, held beside it, in the same record
-            assertEquals("127.0.0.1", rec.get("master_addr").asText());
-            assertEquals("lo", rec.get("ifname").asText());
-            assertTrue(port > 0 && ncclPort > 0);
-            assertNotEquals(port, ncclPort);
-            assertEquals(32, rec.get("run_id").asText().length());
-            assertEquals(rec, unpack(r.packed()));
+            assertEquals("127.0.0.1", r.record().masterAddr());
+            assertEquals("lo", r.record().ifname());
+            assertEquals(r.reservation().port, r.record().masterPort());
+            // The NCCL check's port, held beside it and carried by the same record.
+            assertEquals(r.reservation().ncclPort, r.record().ncclPort());
+            assertNotEquals(r.record().masterPort(), r.record().ncclPort());
+            assertEquals(r.record().ncclPort(), Election.Record.unpack(r.packed()).ncclPort());
+            assertEquals(32, r.record().runId().length());
+            assertEquals(r.record().masterAddr(), Election.Record.unpack(r.packed()).masterAddr());
             // A plain bind (no SO_REUSEADDR) cannot take the held port.
             try (ServerSocket s = new ServerSocket()) {
                 s.setReuseAddress(false);
-                s.bind(new InetSocketAddress("127.0.0.1", port));
+                s.bind(new InetSocketAddress("127.0.0.1", r.record().masterPort()));
                 fail("the reserved port was free");
             } catch (java.net.BindException expected) {
                 // held
             }
             try (ServerSocket s = new ServerSocket()) {
                 s.setReuseAddress(false);
-                s.bind(new InetSocketAddress("127.0.0.1", ncclPort));
+                s.bind(new InetSocketAddress("127.0.0.1", r.record().ncclPort()));
                 fail("the reserved NCCL port was free");
             } catch (java.net.BindException expected) {
                 // held
@@ -164,10 +161,9 @@ public class JniTest {
         } finally {
             r.reservation().close();
         }
-        assertEquals("lo", Native.call("tsp_elect_call", Native.object("op", "local_ifname", "master_addr", "127.0.0.1"))
-                .get("ifname").asText());
+        assertEquals("lo", Election.localIfname("127.0.0.1"));
         try {
-            Election.electMaster(List.of("no-such-host.invalid"), null);
+            Election.electMaster("no-such-host.invalid", null);
             fail("elected towards a host that does not resolve");
         } catch (IllegalStateException e) {
             assertTrue(e.getMessage(), e.getMessage().contains("no-such-host.invalid"));
@@ -425,12 +421,7 @@ public class JniTest {
         } catch (IllegalStateException e) {
             assertTrue(e.getMessage().contains("closed"));
         }
-        try {
-            Election.electMaster(List.of(), null);
-            fail("elected towards no host");
-        } catch (IllegalStateException e) { // the C core's refusal of the request
-            assertTrue(e.getMessage(), e.getMessage().contains("\"hosts\" (the nodes' hosts"));
-        }
+        expectIae(() -> Election.electMaster("", null));
     }
 
     static void expectIae(Runnable r) {

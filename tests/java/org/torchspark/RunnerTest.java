@@ -317,7 +317,7 @@ public class RunnerTest {
         } catch (IllegalArgumentException e) {
             assertEquals("spark.torchspark.ncclCheck='yes please' is not a boolean: use true or false", e.getMessage());
         }
-        JsonNode rec = JniTest.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"h\","
+        Election.Record rec = Election.Record.unpack("{\"version\":1,\"master_port\":5,\"master_addr\":\"h\","
                 + "\"run_id\":\"r\",\"nccl_port\":6}");
         List<String> cmd = JniTest.launchArgv(rec, 0.5, true);
         assertTrue(cmd.toString(), cmd.contains("--nccl-check=0.5"));
