@@ -47,3 +47,32 @@ def pytest_xdist_make_scheduler(config, log):
             return group(nodeid)
 
     return Groups(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """pytest's own report, made robust against CPython 3.11's shared AST constructor state
+    (gh-106905): pytest parses the failing test's source to show it, Python 3.11 parses a
+    traceback's lines for its carets, and when a background thread of the test process (a log
+    pump, py4j's) formats a traceback at that moment, ast.parse raises SystemError ("AST
+    constructor recursion depth mismatch"). Raised from this hook, it ends the whole run as an
+    INTERNALERROR that hides which test failed (seen twice in full runs). A retry parses
+    again; if it still fails, the report keeps the exception's own text."""
+    try:
+        return (yield)
+    except SystemError as e:
+        if "recursion depth mismatch" not in str(e):
+            raise
+    from _pytest.reports import TestReport
+
+    for _ in range(3):
+        try:
+            return TestReport.from_item_and_call(item, call)
+        except SystemError:
+            continue
+    excinfo = call.excinfo
+    text = excinfo.exconly() if excinfo is not None else "(no exception)"
+    return TestReport(item.nodeid, item.location, dict.fromkeys(item.keywords, 1), "failed",
+                      f"{text}\n(pytest could not format the traceback: CPython gh-106905)",
+                      call.when, [], call.duration, start=call.start, stop=call.stop,
+                      user_properties=item.user_properties)

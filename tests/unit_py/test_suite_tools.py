@@ -1,7 +1,12 @@
 """The suite's own tools (docs/testing.md): what a run cost leaves the checks run beside
 pytest out of its total (tests/suite_times.py), and TrainApp's A+B output is split per mode
 (tests/helpers/jvmutil.split_modes, its stderr with split_text), so that one mode's lines never
-answer another's test."""
+answer another's test; and a failure whose traceback CPython 3.11 cannot parse (gh-106905) is
+reported, not turned into an INTERNALERROR that ends the run (tests/conftest.py)."""
+import subprocess
+import sys
+from pathlib import Path
+
 from tests import suite_times
 from tests.helpers import jvmutil
 
@@ -24,3 +29,39 @@ def test_trainapp_modes_are_split_at_their_mode_lines():
     err = jvmutil.split_text("spark starts\nMODE: train\n[rank 0] step 0\nMODE: election\n"
                              "WARN TorchSparkRunner: x\n")
     assert err == {"train": "[rank 0] step 0", "election": "WARN TorchSparkRunner: x"}, err
+
+
+_AST_BROKEN = """
+import ast
+
+def _mismatch(*a, **k):
+    raise SystemError("AST constructor recursion depth mismatch (before=144, after=215)")
+
+def test_a_failure_whose_source_cannot_be_parsed():
+    real, calls = ast.parse, []
+    def flaky(*a, **k):
+        calls.append(1)
+        return _mismatch() if len(calls) <= 2 else real(*a, **k)
+    ast.parse = flaky
+    assert 1 == 2
+
+def test_never_parsed():
+    ast.parse = _mismatch
+    assert 3 == 4
+
+def test_after_them():
+    assert True
+"""
+
+
+def test_a_traceback_cpython_cannot_parse_is_reported_not_an_internal_error(tmp_path):
+    (tmp_path / "test_ast_broken.py").write_text(_AST_BROKEN)
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider",
+                        "--rootdir", str(tmp_path), str(tmp_path / "test_ast_broken.py")],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert "INTERNALERROR" not in out, out
+    assert "2 failed, 1 passed" in out, out
+    assert "assert 1 == 2" in out and "AssertionError: assert 3 == 4" in out, out
+    assert "could not format the traceback: CPython gh-106905" in out, out
