@@ -400,7 +400,7 @@ def rendezvous(ranks: int, procs: int) -> Dict:
     secret = os.urandom(32).hex()
     srv = _rendezvous.Server("127.0.0.1", secret)
     procs = max(1, min(procs, ranks))
-    args = [["--rdv", f"127.0.0.1:{srv.port}", "--gets",
+    args = [["--rdv", f"127.0.0.1:{srv.spec('')['port']}", "--gets",
              str(ranks // procs + (1 if i < ranks % procs else 0))] for i in range(procs)]
     sims = Sims(args, [secret])
     try:
