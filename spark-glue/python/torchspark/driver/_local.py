@@ -36,7 +36,7 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
                 warm_anchor=os.getpid())
         except _task.NodeFailed as e:
             ch.stop_pump()
-            raise (ch.hang_error(dist, "local")
+            raise (ch.hang_error("local")
                    or e.failure.error("local", ch.tail(e.failure.fields))) from None
         ch.stop_pump()
         output = _read_result(dist, out_file) if out_file is not None else None
