@@ -478,14 +478,17 @@ static void check_port_free(const char *host, int port)
                         port, host);
 }
 
-/* Reserves a free port on 127.0.0.1 for --standalone, held for the whole run (util.h:
- * bound with SO_REUSEADDR, never listening, close-on-exec), so that no other process's
- * connect() or bind() can take it before rank 0's TCPStore binds it. */
+/* Reserves a free port for --standalone, held for the whole run (util.h: bound with
+ * SO_REUSEADDR, never listening, close-on-exec), so that no other process's connect() or
+ * bind() can take it before rank 0's TCPStore binds it. On the wildcard address, as the
+ * election's (elect.c): TCPStore binds the wildcard, and the kernel gives a port 0 bound to
+ * 127.0.0.1 even where another address of the host holds that port (a server on the host's
+ * own address), which TCPStore's bind then found in use (EADDRINUSE). */
 static int reserve_port(int *fd_out)
 {
     char err[256];
     int port;
-    if (tsp__port_reserve("127.0.0.1", 0, fd_out, &port, err, sizeof err) != 0) {
+    if (tsp__port_reserve("0.0.0.0", 0, fd_out, &port, err, sizeof err) != 0) {
         fprintf(stderr, "torchspark-run: %s\n", err);
         exit(1);
     }

@@ -1,6 +1,7 @@
 """Shared fixtures for the end-to-end suites: paths to the built agent and the venv python."""
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,16 @@ EXAMPLES = ROOT / "spark-glue" / "python" / "examples"
 # Each module's session starts warm worker pools (torchspark/worker/_warm.py, about 300 MB each);
 # those of the driver's local-mode runs live as long as pytest: let them end soon.
 os.environ.setdefault("TORCHSPARK_WARM_IDLE_TIMEOUT", "30s")
+
+
+@pytest.fixture
+def driver_tmpdir(tmp_path, monkeypatch) -> Path:
+    """The driver's temporary directory pointed at the test's tmp_path, as a user does with
+    TMPDIR: the hang doctor's stacks files (torchspark-hang-*.txt) land there, not in the
+    host's shared /tmp (where a test run left one per diagnosis)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() caches: read TMPDIR again
+    return tmp_path
 
 
 @pytest.fixture(scope="session")

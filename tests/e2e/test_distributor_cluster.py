@@ -275,24 +275,39 @@ def test_chained_traceback_of_a_record_worker_in_the_exception(spark):
     assert tsp_spark.wait_gone(MARK_VALUE, SPARK_TEARDOWN_S) == []
 
 
-def _sleepy():
+def _sleepy(started):
+    import os
     import time
+    open(os.path.join(started, os.environ["RANK"]), "w").close()
     time.sleep(120)
 
 
-def test_cancel_all_jobs_kills_training_within_5s(spark):
+def test_cancel_all_jobs_kills_training_within_5s(spark, tmp_path):
     d = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)
     errors = []
-    t = threading.Thread(target=lambda: errors.append(_catch(d.run, _sleepy)))
+    t = threading.Thread(target=lambda: errors.append((_catch(d.run, _sleepy, str(tmp_path)),
+                                                       time.monotonic())))
     t.start()
-    assert len(tsp_spark.wait_present(MARK_VALUE, 4, 120)) >= 4  # 2 agents + 2 workers
+    # Cancelled while both ranks train (each wrote its file): 4 marked processes alone were
+    # the 2 agents and their 2 sentinels, before any worker, and a cancel then, while the
+    # agents still start, left them to Spark's kill of the task (about 4 s later).
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.05)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["0", "1"], errors
     cancelled = time.monotonic()
     spark.sparkContext.cancelAllJobs()
     left = tsp_spark.wait_gone(MARK_VALUE, 5)
     took = time.monotonic() - cancelled
     t.join(60)
+    # A cancelled job has no node to wait for: its agents are stopped at once (before, the
+    # driver waited 2 s for a lost node that cannot come, _job._await_fact: run() raised
+    # after 2.1 s), and run() raises well before the 2 s Spark gives a killed task's worker.
+    print(f"cancelAllJobs: run() raised after {errors[0][1] - cancelled:.2f}s, processes gone "
+          f"after {took:.2f}s")
     assert left == [], f"still alive {took:.1f}s after cancelAllJobs: {left}"
-    assert errors and isinstance(errors[0], TorchDistributorError)
+    assert errors and isinstance(errors[0][0], TorchDistributorError)
+    assert errors[0][1] - cancelled < 1.5, errors[0][1] - cancelled
 
 
 def _catch(fn, *args):

@@ -20,6 +20,8 @@ from tests.e2e.agent_scripts import hang_worker
 cloudpickle.register_pickle_by_value(hang_worker)
 
 TIMEOUT_S = 3
+# Every test's stacks files in its own tmp_path (TMPDIR), not in the host's /tmp.
+pytestmark = pytest.mark.usefixtures("driver_tmpdir")
 _RANGES = {0: "ranks 1-3", 1: "ranks 0, 2-3", 2: "ranks 0-1, 3", 3: "ranks 0-2"}  # the others
 
 
@@ -93,7 +95,7 @@ def test_the_doctor_names_the_stuck_rank_and_its_frame_and_cancels(spark, capsys
                                                                        why)
 
 
-def test_a_job_silent_from_its_start_is_named_too(spark, capsys):
+def test_a_job_silent_from_its_start_is_named_too(spark, capsys, tmp_path):
     # Rank 1 sleeps before the first collective and no rank ever prints: the clock starts
     # when the attempt's workers start, not at a first line that never comes (before, the
     # run went on hanging: here it would end after the sleeper's 90 s, uncancelled).
@@ -122,7 +124,7 @@ def test_a_job_silent_from_its_start_is_named_too(spark, capsys):
     # the diagnosis keeps no stack: it reads them back from the file (protocol 1.12)
     assert d.hang_reports[0].stacks_text().startswith("[rank 0] torchspark: stack dump #"), why
     assert Path(path).stat().st_mode & 0o077 == 0
-    Path(path).unlink()
+    assert Path(path).parent == tmp_path  # the driver's TMPDIR (driver_tmpdir)
 
 
 def test_report_mode_names_the_sleeper_and_the_run_goes_on(spark, capsys):

@@ -180,6 +180,12 @@ def test_java_application_trains_across_two_executors(runner_app):
     assert list(report) == ["version", "kind", "culprits", "message", "waiting", "stacks"], report
     assert (report["kind"], report["culprits"], report["message"]) == ("hang", [1], line), report
     assert report["stacks"]["1"][0].startswith("torchspark: stack dump #"), report
+    # Every rank's stacks in a private file that the driver names: removed here, as the
+    # driver JVM's java.io.tmpdir is the host's shared /tmp (one more file per test run).
+    tag = "torchspark: every rank's stacks (hang doctor): "
+    stacks = next(ln[len(tag):] for ln in err.splitlines() if ln.startswith(tag))
+    assert os.stat(stacks).st_mode & 0o077 == 0, stacks
+    os.unlink(stacks)
     print("JVM hang doctor: cancelled after", out["HANG_MS"][0], "ms of the run (hangTimeout 3s)")
     # Nothing left running: rank 0's sleeping node was stopped through the control channel.
     assert out["LEFT"] == ["0"], out

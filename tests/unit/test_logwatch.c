@@ -4,6 +4,7 @@
  * hang; the answers are collected and named in ONE event; "cancel" STOPs every agent, and
  * "report" lets the run go on. A real server and a real client on loopback; the test
  * answers the DUMP as an agent's dumper would. */
+#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -37,6 +38,31 @@ static void on_stop(void *ctx, int reason, const char *text, size_t len)
     atomic_fetch_add(&a->stops, 1);
 }
 
+/* The stacks files go to a directory of each test's own (removed after it), not /tmp. */
+static char stacks_dir[] = "/tmp/tsp-logwatch-XXXXXX";
+
+static void stacks_dir_make(void)
+{
+    memcpy(stacks_dir + sizeof stacks_dir - 7, "XXXXXX", 6); /* CK_FORK=no: a fresh name each */
+    ck_assert_ptr_nonnull(mkdtemp(stacks_dir));
+}
+
+static void stacks_dir_remove(void)
+{
+    DIR *d = opendir(stacks_dir);
+    struct dirent *e;
+    char path[sizeof stacks_dir + 256];
+    while (d && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            snprintf(path, sizeof path, "%s/%s", stacks_dir, e->d_name);
+            unlink(path);
+        }
+    }
+    if (d)
+        closedir(d);
+    rmdir(stacks_dir);
+}
+
 static tsp_logserver_t *watch_server(long timeout_ms, const char *action, int world)
 {
     tsp_logserver_opts_t o;
@@ -46,7 +72,8 @@ static tsp_logserver_t *watch_server(long timeout_ms, const char *action, int wo
     char err[256];
     tsp_logserver_t *s = tsp_logserver_start(&o, err, sizeof err);
     ck_assert_msg(s != NULL, "%s", err);
-    ck_assert_int_eq(tsp_logserver_watch(s, timeout_ms, action, world, "/tmp", err, sizeof err), 0);
+    ck_assert_int_eq(tsp_logserver_watch(s, timeout_ms, action, world, stacks_dir, err, sizeof err),
+                     0);
     return s;
 }
 
@@ -174,9 +201,10 @@ START_TEST(test_logwatch_silent_job_is_named_and_cancelled)
     ck_assert_msg(strstr(ev, "\"torchspark: hang doctor: no rank printed or reported for 0s; "
                              "rank 1 (host h"),
                   "%s", ev);
-    ck_assert_msg(
-        strstr(ev, "\"torchspark: every rank's stacks (hang doctor): /tmp/torchspark-hang-"), "%s",
-        ev);
+    char said[128];
+    snprintf(said, sizeof said,
+             "\"torchspark: every rank's stacks (hang doctor): %s/torchspark-hang-", stacks_dir);
+    ck_assert_msg(strstr(ev, said), "%s", ev);
     const char *want = "was cancelled by the hang doctor: no rank printed or reported for 0.3s "
                        "(spark.torchspark.hangTimeout); rank 1 (host h";
     ck_assert_msg(!strncmp(msg, want, strlen(want)), "%s", msg);
@@ -200,6 +228,7 @@ START_TEST(test_logwatch_silent_job_is_named_and_cancelled)
     struct stat st;
     ck_assert_int_eq(stat(file, &st), 0);
     ck_assert_int_eq(st.st_mode & 077, 0);
+    ck_assert_int_eq(strncmp(file, stacks_dir, strlen(stacks_dir)), 0);
     FILE *f = fopen(file, "r");
     char first[1024] = "";
     ck_assert_ptr_nonnull(fgets(first, sizeof first, f));
@@ -416,6 +445,7 @@ static Suite *logwatch_suite(void)
     Suite *s = suite_create("logwatch");
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 60);
+    tcase_add_checked_fixture(tc, stacks_dir_make, stacks_dir_remove);
     tcase_add_test(tc, test_logwatch_silent_job_is_named_and_cancelled);
     tcase_add_test(tc, test_logwatch_line_restarts_the_clock_and_report_goes_on);
     tcase_add_test(tc, test_logwatch_answer_is_the_recorder_line);

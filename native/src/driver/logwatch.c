@@ -10,6 +10,7 @@
 #include "logwatch.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdio_ext.h>
 #include <stdlib.h>
@@ -272,12 +273,15 @@ static int collect(tsp_logserver_t *s, tsp__watch_t *w, sections_t *x)
 
 /* ---- the analysis and the event ------------------------------------------------------- */
 
-/* Every rank's stacks in a new file (mode 0600, a fresh name: the host is shared), for when
- * there are too many to read on stderr; 0, or -errno with nothing left behind. */
+/* Every rank's stacks in a new file, for when there are too many to read on stderr; 0, or
+ * -errno with nothing left behind. The temporary directory is shared with the host's other
+ * users: mkostemps creates a fresh random name with O_CREAT|O_EXCL (a link planted there is
+ * refused, never followed) and mode 0600; O_CLOEXEC, as the glue's other threads may start
+ * processes while the file is open. */
 static int write_stacks(const tsp__watch_t *w, const tsp__hang_out_t *d, char *path, size_t pathlen)
 {
     snprintf(path, pathlen, "%s/torchspark-hang-XXXXXX.txt", w->tmpdir);
-    int fd = mkstemps(path, 4);
+    int fd = mkostemps(path, 4, O_CLOEXEC);
     if (fd < 0)
         return -errno;
     FILE *f = fdopen(fd, "w");

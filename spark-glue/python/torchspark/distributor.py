@@ -311,7 +311,7 @@ class TorchDistributor:
                                             out.gang_failure) from None
             if out.spark_error is not None or out.root is not None:
                 nproc = self._gpus_per_task if self.use_gpu else 1
-                raise (ch.hang_error(self, "distributed")
+                raise (ch.hang_error("distributed")
                        or _failure.of_job(out, ch, nproc)) from out.spark_error
             chunks, spilled = _report_rows.split(out.chunks or [], spec.get("report_rows"))
             if ch.hub is not None:

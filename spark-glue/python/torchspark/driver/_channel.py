@@ -85,7 +85,7 @@ class Channel:
             self.pump.stop()
             self.pump = None
 
-    def hang_error(self, dist: Any, mode: str) -> Optional[TorchDistributorError]:
+    def hang_error(self, mode: str) -> Optional[TorchDistributorError]:
         """The error of a run the hang doctor cancelled, or None: the C core's text and
         its document as the report (docs/protocol.md 1.11), the same as the JVM runner's."""
         if self.doctor is None:

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
-from torchspark.driver import _spark
+from torchspark.driver import _report, _spark
 from torchspark.task import _boot
 from torchspark.task._spec import NodeSpec
 
@@ -271,18 +271,22 @@ def run_barrier_job(spark: Any, spec: NodeSpec, num_tasks: int, server: Any, *,
     return _outcome(spark, server, tag, box, remote, done, gang)
 
 
-def _await_fact(server: Any, wait_s: float) -> Optional[Dict[str, Any]]:
-    """Spark failed the job before any agent said why: Spark learns of an executor's exit at
-    once, its node's agent tells the log server a moment later (EVENT EXECUTOR_GONE, or
-    its channel ends: the nodes lost, docs/protocol.md 1.7) and the other nodes' errors follow.
-    Waits up to wait_s for a root cause or a node lost, before every agent is stopped (a
-    node stopped by the driver is no longer lost). The root cause, or None."""
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
+def _await_fact(server: Any, error: Optional[BaseException]) -> Optional[Dict[str, Any]]:
+    """The job failed with no root cause yet: Spark learns of an executor's exit at once,
+    its node's agent tells the log server a moment later (EVENT EXECUTOR_GONE, or its
+    channel ends: the nodes lost, docs/protocol.md 1.7) and the other nodes' errors follow.
+    Waits up to LOST_WAIT_S for a root cause, before every agent is stopped (a node stopped
+    by the driver is no longer lost), while one can come: a node lost in its grace (its
+    record follows), or else, unless a node lost has come, any agent still connected when
+    the job was not cancelled (a cancel, the user's or a gang launch's, kills no executor:
+    the C core's outcome of Spark's text, docs/protocol.md 10). The root cause, or None."""
+    deadline = time.monotonic() + LOST_WAIT_S
+    cancelled = _report.outcome(None, _report.spark_text(error))["reason"] == "cancelled"
+    root = server.failure(0)
+    while root is None and time.monotonic() < deadline and (server.lost_pending() or not (
+            cancelled or server.nodes_lost() or not server.stats()["connected"])):
         root = server.failure(0.05)
-        if root is not None or server.nodes_lost():
-            return root
-    return None
+    return root
 
 
 def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: bool,
@@ -297,9 +301,7 @@ def _outcome(spark: Any, server: Any, tag: str, box: Dict[str, Any], remote: boo
         # A host that died is seen by Spark at once but by the server only after the
         # lost grace: wait for it then, to name the host.
         if root is None:
-            root = server.failure(LOST_WAIT_S if server.lost_pending() else 0)
-            if root is None and server.stats()["authenticated"] and not server.nodes_lost():
-                root = _await_fact(server, LOST_WAIT_S)
+            root = _await_fact(server, error)
             box["root_at"] = time.time() if root is not None else None
         server.stop_all("the Spark job failed" if root is None else root["message"])
     lost = None

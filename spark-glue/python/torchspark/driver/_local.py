@@ -37,7 +37,7 @@ def run(dist: Any, train_object: Any, fn_bytes: Optional[bytes],
         except _task.NodeFailed as e:
             ch.stop_pump()
             lines = {str(r): "\n".join(ch.tail({"rank": r}) or []) for r in range(dist.num_processes)}
-            raise (ch.hang_error(dist, "local") or e.failure.error("local", lines)) from None
+            raise (ch.hang_error("local") or e.failure.error("local", lines)) from None
         ch.stop_pump()
         output = _read_result(dist, out_file) if out_file is not None else None
         dist.logger.info(f"Finished local training with {dist.num_processes} processes")
