@@ -789,7 +789,10 @@ public final class TrainApp {
      *  after the agents started). Nothing may be left, at once and 2 s later (a late agent),
      *  the plugin must log no failure, and the executors must still run a job. */
     private static void early(SparkSession spark) {
-        long[] delays = {0, 200, 500, 800, 1100, 1400};
+        // Dense where the window is (a task killed in Task.run before its agent exists: about
+        // 100-200 ms when idle, since the agent starts through the C core; later under load,
+        // while a cancel at 0 ms may then come before Task.run and miss it), then later ones.
+        long[] delays = {0, 50, 100, 150, 200, 500, 1400};
         java.util.concurrent.atomic.AtomicReference<java.util.concurrent.CountDownLatch> launched =
                 new java.util.concurrent.atomic.AtomicReference<>(new java.util.concurrent.CountDownLatch(1));
         spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
