@@ -149,12 +149,10 @@ void tsp__runrec_write(tsp_json_writer_t *w, const tsp__runrec_t *l)
             if (!v && !fields[k].always)
                 continue;
             tsp_json_key(w, fields[k].key);
-            if (!v)
-                tsp_json_null(w);
-            else if (fields[k].kind == TSP_JSON_STRING)
+            if (v && fields[k].kind == TSP_JSON_STRING)
                 tsp_json_str(w, v);
-            else if (tsp_json_value(w, v, strlen(v)) != 0)
-                tsp_json_null(w);
+            else if (!v || tsp_json_value(w, v, strlen(v)) != 0)
+                tsp_json_null(w); /* unknown, or a value that is no JSON */
         }
         tsp_json_end(w);
     }

@@ -39,7 +39,7 @@ static int grow(tsp__tail_t *t, size_t max_bytes, size_t want)
     if (!nr)
         return -1;
     size_t pos = 0;
-    for (unsigned j = 0; j < t->count; j++) {
+    for (unsigned j = 0; t->ring && j < t->count; j++) { /* no ring yet: no live line */
         unsigned i = (t->head + j) % t->slots;
         ring_read(t, t->off[i], t->len[i], nr + pos);
         t->off[i] = (uint32_t)pos;
