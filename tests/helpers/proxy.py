@@ -19,6 +19,7 @@ class Proxy:
     def __init__(self, upstream: int) -> None:
         self.up = upstream
         self.capture = bytearray()
+        self.streams: list = []  # each pump's bytes, one bytearray per direction and connection
         self.lock = threading.Lock()
         self.stop = False
         self.lsock = socket.socket()
@@ -48,10 +49,14 @@ class Proxy:
 
     def pump(self, src: socket.socket, dst: socket.socket, change: Optional[Change] = None) -> None:
         """Copies src to dst until either side closes, recording each chunk; then shuts both."""
+        stream = bytearray()
+        with self.lock:
+            self.streams.append(stream)
         try:
             while data := src.recv(65536):
                 with self.lock:
                     self.capture += data
+                    stream += data
                 dst.sendall(change(data) if change else data)
         except OSError:
             pass
@@ -64,3 +69,26 @@ class Proxy:
     def close(self) -> None:
         self.stop = True
         self.lsock.close()
+
+
+def tls_records(stream: bytes, truncated_tail: bool = False) -> list:
+    """The (content type, length) of each TLS record that stream is made of, end to end;
+    raises AssertionError where a byte is not a record's (text in clear, say) or the last
+    record is cut short (unless truncated_tail: a peer that reset the connection). A 2- or
+    3-byte string such as b"OK" occurs by chance in a few KB of ciphertext; a stream that
+    parses as records from its first byte to its last carries no line in clear."""
+    out, at = [], 0
+    while at < len(stream):
+        head = stream[at:at + 5]
+        if len(head) < 5 and truncated_tail:
+            break
+        assert len(head) == 5, ("a cut TLS record header", at, bytes(head))
+        kind, major, minor, n = head[0], head[1], head[2], int.from_bytes(head[3:5], "big")
+        assert kind in (20, 21, 22, 23) and major == 3 and 1 <= minor <= 3 \
+            and n <= 2 ** 14 + 256, ("not a TLS record", at, bytes(stream[at:at + 16]))
+        if at + 5 + n > len(stream):
+            assert truncated_tail, ("a cut TLS record", at, n, len(stream))
+            break
+        out.append((kind, n))
+        at += 5 + n
+    return out

@@ -65,3 +65,17 @@ def test_a_traceback_cpython_cannot_parse_is_reported_not_an_internal_error(tmp_
     assert "2 failed, 1 passed" in out, out
     assert "assert 1 == 2" in out and "AssertionError: assert 3 == 4" in out, out
     assert "could not format the traceback: CPython gh-106905" in out, out
+
+
+def test_tls_framing_check_refuses_a_line_in_clear_and_a_cut_record():
+    # The security tests' proof that nothing travels in clear (tests/helpers/proxy.py).
+    import pytest
+
+    from tests.helpers.proxy import tls_records
+    hello = bytes([22, 3, 1, 0, 4]) + b"\x01\x00\x00\x00"
+    data = bytes([23, 3, 3, 0, 3]) + b"OK\n"  # inside a record: ciphertext, whatever it reads
+    assert tls_records(hello + data) == [(22, 4), (23, 3)]
+    for bad in (b"OK\n", hello + b"OK\n", b"ERR unknown request\n" + hello, hello[:-1]):
+        with pytest.raises(AssertionError):
+            tls_records(bad)
+    assert tls_records(hello + data[:7], truncated_tail=True) == [(22, 4)]

@@ -561,14 +561,7 @@ public final class TrainApp {
         int before = marked(mark).size();
         long t0 = System.nanoTime();
         spark.sparkContext().cancelAllJobs();
-        long goneMs = -1;
-        while (System.nanoTime() - t0 < 15_000_000_000L) {
-            if (marked(mark).isEmpty()) {
-                goneMs = (System.nanoTime() - t0) / 1_000_000;
-                break;
-            }
-            sleep(5);
-        }
+        long goneMs = goneMs(mark, t0);
         System.out.println("BEFORE: " + before);
         System.out.println("GONE_MS: " + goneMs);
         sleep(1000); // the executors' log lines
@@ -789,10 +782,10 @@ public final class TrainApp {
      *  after the agents started). Nothing may be left, at once and 2 s later (a late agent),
      *  the plugin must log no failure, and the executors must still run a job. */
     private static void early(SparkSession spark) {
-        // Dense where the window is (a task killed in Task.run before its agent exists: about
-        // 100-200 ms when idle, since the agent starts through the C core; later under load,
-        // while a cancel at 0 ms may then come before Task.run and miss it), then later ones.
-        long[] delays = {0, 50, 100, 150, 200, 500, 1400};
+        // Cancels at these delays land before Task.run, in the window before the agent exists
+        // (about 100-200 ms when idle, narrower or later under load: no delay hits it every
+        // time) or after the agents started; the frozen round then holds the window open.
+        long[] delays = {0, 100, 200, 500, 1400};
         java.util.concurrent.atomic.AtomicReference<java.util.concurrent.CountDownLatch> launched =
                 new java.util.concurrent.atomic.AtomicReference<>(new java.util.concurrent.CountDownLatch(1));
         spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
@@ -805,16 +798,7 @@ public final class TrainApp {
             String mark = UUID.randomUUID().toString();
             java.util.concurrent.CountDownLatch latch = new java.util.concurrent.CountDownLatch(1);
             launched.set(latch);
-            Thread job = new Thread(() -> {
-                try {
-                    TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(2)
-                            .env("TSP_E2E_MARK", mark).run(spark);
-                } catch (RuntimeException e) {
-                    // Cancelled: expected.
-                }
-            }, "early");
-            job.setDaemon(true);
-            job.start();
+            Thread job = sleepingJob(spark, mark);
             try {
                 if (!latch.await(120, java.util.concurrent.TimeUnit.SECONDS)) {
                     throw new IllegalStateException("no task launched in 120 s");
@@ -826,32 +810,181 @@ public final class TrainApp {
             int before = marked(mark).size();
             long t0 = System.nanoTime();
             spark.sparkContext().cancelAllJobs();
-            long goneMs = -1;
-            while (System.nanoTime() - t0 < 15_000_000_000L) {
-                if (marked(mark).isEmpty()) {
-                    goneMs = (System.nanoTime() - t0) / 1_000_000;
-                    break;
-                }
-                sleep(5);
-            }
-            try {
-                job.join(30_000);
-            } catch (InterruptedException e) {
-                throw new IllegalStateException(e);
-            }
-            sleep(2000);
-            int late = marked(mark).size();
-            System.out.println("ROUND: " + delay + " " + before + " " + goneMs + " " + late);
-            for (long pid : marked(mark)) {
-                ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
-            }
+            System.out.println("ROUND: " + delay + " " + before + " " + goneAndLeft(mark, job, t0));
         }
+        frozenRound(spark);
         sleep(500); // the executors' log lines
         System.out.println("EARLY_KILLS: " + logCount(spark, "killed with no agent running"));
         System.out.println("PLUGIN_STOPS: " + pluginStops(spark));
         System.out.println("PLUGIN_ERRORS: " + logCount(spark, "torchspark plugin: stopping a task's processes failed"));
         TorchSparkRunner.command("sh", "-c", "exit 0").numProcesses(2).run(spark);
         System.out.println("AFTER: ok");
+    }
+
+    /** The round that holds the window open, whatever the load: every executor of the
+     *  application stopped (SIGSTOP) before the job, then, once the driver launched both
+     *  tasks, rank 1's executor continued. Its task runs into the election and waits there
+     *  for rank 0's record, which the stopped executor cannot send: it is in Task.run with no
+     *  agent when the job is cancelled. Then rank 0's executor continues (its task was killed
+     *  before it ran). Prints FROZEN: the plugin's early kills in this round, the processes
+     *  at the cancel, gone ms after rank 0's executor continued, left 2 s later. */
+    private static void frozenRound(SparkSession spark) {
+        Map<String, Long> pids = executorPids(spark.sparkContext().applicationId());
+        if (pids.size() < 2) {
+            throw new IllegalStateException("expected 2 executor JVMs, found " + pids);
+        }
+        Map<Integer, String> placed = new java.util.concurrent.ConcurrentHashMap<>();
+        java.util.concurrent.CountDownLatch both = new java.util.concurrent.CountDownLatch(2);
+        spark.sparkContext().addSparkListener(new org.apache.spark.scheduler.SparkListener() {
+            @Override
+            public void onTaskStart(org.apache.spark.scheduler.SparkListenerTaskStart e) {
+                if (placed.putIfAbsent(e.taskInfo().index(), e.taskInfo().executorId() + " "
+                        + e.taskInfo().taskId()) == null) {
+                    both.countDown();
+                }
+            }
+        });
+        String mark = UUID.randomUUID().toString();
+        int earlyBefore = logCount(spark, "killed with no agent running");
+        java.util.Set<Long> stopped = new java.util.HashSet<>(pids.values());
+        for (long pid : stopped) {
+            signal("STOP", pid);
+        }
+        Thread job = null;
+        int before = -1;
+        try {
+            job = sleepingJob(spark, mark);
+            if (!both.await(120, java.util.concurrent.TimeUnit.SECONDS)) {
+                throw new IllegalStateException("the driver launched " + placed + " in 120 s");
+            }
+            String[] rank1 = placed.get(1).split(" ");
+            long pid1 = pids.get(rank1[0]);
+            signal("CONT", pid1);
+            stopped.remove(pid1);
+            // Its task is in Task.run once its executor logged "Running task ... (TID n)"; then
+            // the JNI calls of the election take a few ms before the wait.
+            long deadline = System.nanoTime() + 60_000_000_000L;
+            while (!executorLog(spark, rank1[0]).contains("(TID " + rank1[1] + ")")
+                    && System.nanoTime() < deadline) {
+                sleep(20);
+            }
+            sleep(1000);
+            before = marked(mark).size();
+            spark.sparkContext().cancelAllJobs();
+            deadline = System.nanoTime() + 15_000_000_000L;
+            while (logCount(spark, "killed with no agent running") == earlyBefore
+                    && System.nanoTime() < deadline) {
+                sleep(20);
+            }
+        } catch (InterruptedException e) {
+            throw new IllegalStateException(e);
+        } finally {
+            for (long pid : stopped) {
+                signal("CONT", pid);
+            }
+        }
+        String gone = goneAndLeft(mark, job, System.nanoTime());
+        System.out.println("FROZEN: " + (logCount(spark, "killed with no agent running") - earlyBefore)
+                + " " + before + " " + gone);
+    }
+
+    /** A runner job of 2 nodes that sleep, tagged by mark, on a thread of its own (a cancel
+     *  ends it). */
+    private static Thread sleepingJob(SparkSession spark, String mark) {
+        Thread job = new Thread(() -> {
+            try {
+                TorchSparkRunner.command("sh", "-c", "exec sleep 300").numProcesses(2)
+                        .env("TSP_E2E_MARK", mark).run(spark);
+            } catch (RuntimeException e) {
+                // Cancelled: expected.
+            }
+        }, "early");
+        job.setDaemon(true);
+        job.start();
+        return job;
+    }
+
+    /** ms from t0 until no process tagged by mark was left (-1: not within 15 s). */
+    static long goneMs(String mark, long t0) {
+        while (System.nanoTime() - t0 < 15_000_000_000L) {
+            if (marked(mark).isEmpty()) {
+                return (System.nanoTime() - t0) / 1_000_000;
+            }
+            sleep(5);
+        }
+        return -1;
+    }
+
+    /** "GONE LEFT": ms from t0 until no process of the job (mark) was left (-1: not in 15 s),
+     *  then, once its thread ended, how many are left 2 s later (a late agent; killed). */
+    private static String goneAndLeft(String mark, Thread job, long t0) {
+        long goneMs = goneMs(mark, t0);
+        try {
+            job.join(30_000);
+        } catch (InterruptedException e) {
+            throw new IllegalStateException(e);
+        }
+        sleep(2000);
+        int late = marked(mark).size();
+        for (long pid : marked(mark)) {
+            ProcessHandle.of(pid).ifPresent(ProcessHandle::destroyForcibly);
+        }
+        return goneMs + " " + late;
+    }
+
+    /** This application's executor JVMs (local-cluster: CoarseGrainedExecutorBackend
+     *  processes of this host), by executor id. */
+    static Map<String, Long> executorPids(String app) {
+        Map<String, Long> out = new HashMap<>();
+        try (var s = Files.list(Paths.get("/proc"))) {
+            for (Path p : (Iterable<Path>) s::iterator) {
+                String name = p.getFileName().toString();
+                if (!name.chars().allMatch(Character::isDigit)) {
+                    continue;
+                }
+                List<String> args;
+                try {
+                    args = List.of(new String(Files.readAllBytes(p.resolve("cmdline")),
+                            StandardCharsets.UTF_8).split("\0"));
+                } catch (IOException e) {
+                    continue; // gone
+                }
+                int id = args.indexOf("--executor-id");
+                int appAt = args.indexOf("--app-id");
+                if (args.stream().anyMatch(a -> a.endsWith("CoarseGrainedExecutorBackend"))
+                        && id >= 0 && id + 1 < args.size() && appAt >= 0 && appAt + 1 < args.size()
+                        && args.get(appAt + 1).equals(app)) {
+                    out.put(args.get(id + 1), Long.parseLong(name));
+                }
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return out;
+    }
+
+    /** The log of one executor of this application since the current mode started. */
+    private static String executorLog(SparkSession spark, String executorId) {
+        for (Path f : executorLogs(spark)) {
+            if (f.getParent().getFileName().toString().equals(executorId)) {
+                return logText(f);
+            }
+        }
+        return "";
+    }
+
+    private static void signal(String sig, long pid) {
+        try {
+            Process p = new ProcessBuilder("kill", "-" + sig, Long.toString(pid)).inheritIO().start();
+            if (p.waitFor() != 0) {
+                throw new IllegalStateException("kill -" + sig + " " + pid + " failed");
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+            throw new IllegalStateException(e);
+        }
     }
 
     private static void sleep(long ms) {
