@@ -379,7 +379,7 @@ def test_decommission_of_a_function_run_checkpoints_and_resumes(spark, connect_s
     assert first == list(range(ckpt_step + 1)) and second == list(range(ckpt_step + 1, last1 + 1))
     assert third == list(range(last1 + 1, last1 + 7)), log
     took = seen[ckpt_step] - noticed
-    assert 0 < took <= 2.0, (took, ckpt_step, seen)
+    assert 0 < took <= 5.0, (took, ckpt_step, seen)
     att = box["dist"].attempts
     cause = att[0]["cause"]
     assert re.search(rf"node 1's executor is being decommissioned: step {ckpt_step} was "

@@ -185,9 +185,10 @@ def test_decommission_checkpoints_and_resumes_without_the_executor(tmp_path):
     assert ckpt == first[-1] and second[0] == ckpt + 1, (ckpt, first[-3:], second[:3])
     assert second == list(range(ckpt + 1, steps)), second
     assert first == list(range(ckpt + 1)), first
-    # Complete within 2 s of the notice.
+    # Complete well within the plugin's grace (10 s by default; 0.1 s when idle): 5 s leaves
+    # the machine's load its seconds and still fails a request acted on late or at the end.
     took = noticed[1][ckpt] - noticed[0][0]
-    assert 0 < took <= 2.0, took
+    assert 0 < took <= 5.0, took
     assert out["PLUGIN_ACKS"] == ["1"], out
     # The restart names the decommissioning as attempt 0's root cause: the checkpoint on
     # request (the rank's last line), or Spark's "Executor 1 is decommissioned" when the
@@ -219,13 +220,13 @@ def test_preemption_checkpoints_and_resumes_on_the_survivor(tmp_path):
     assert [a for a in dict.fromkeys(a for a, _, _ in log)] == ["0", "1", "2"], log
     first, second, third = ([s for a, s, _ in log if a == k] for k in "012")
     # 0 steps lost: attempt 1 starts right after attempt 0's last step, which was
-    # checkpointed after the signal, within 2 s of it.
+    # checkpointed after the signal, within 5 s of it (the plugin's grace is 10 s).
     ckpt = first[-1]
     assert second == list(range(ckpt + 1, second[-1] + 1)), (first[-3:], second[:3])
     assert first == list(range(ckpt + 1)), first
     assert ckpt in noticed[1], (ckpt, noticed[1])
     took = noticed[1][ckpt] - noticed[0][0]
-    assert 0 < took <= 2.0, took
+    assert 0 < took <= 5.0, took
     att = [json.loads(a) for a in out["ATTEMPT"]]
     assert [a["nodes"] for a in att] == [2, 1, 2], att
     # Grown back with 0 steps lost: attempt 2 starts right after attempt 1's last step, the
