@@ -108,7 +108,11 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "agentfold": ("agent", 4),  # the agent's report folding above a rank's share of the rate
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "gpucall": ("agent", 4),  # the GPU assignment as one JSON call (docs/protocol.md 5.1)
-    "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
+    # the node agent (agent.h), in files below its loop (agent_int.h): options, state, output,
+    # spawning, the loop (agent.c), then setup, init and close above it (agentinit.c)
+    "agentopts": ("agent", 5), "agent_int": ("agent", 6), "agentout": ("agent", 7),
+    "agentspawn": ("agent", 8), "agent": ("agent", 9), "agentinit": ("agent", 10),
+    "logclient": ("agent", 5), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
     "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
     "rdvtask": ("agent", 7),  # a task's rendezvous calls as JSON requests (docs/protocol.md 2.3)
