@@ -76,7 +76,10 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "logqueue": ("driver", 2), "outrecv": ("driver", 2),
     "fdlimit": ("driver", 2),  # the driver's descriptor limit: raised, checked per job
     "reportagg": ("driver", 3),  # the report budget: a rank's reports folded beyond its share
-    "hangdump": ("driver", 2), "hang": ("driver", 3),  # the hang doctor's analysis
+    "hangdump": ("driver", 2),  # the hang doctor's analysis: one rank's DUMP answer read
+    "hangdiag": ("driver", 3),  # its diagnosis state (types), shared by the three below
+    "hangreq": ("driver", 4), "hanggroup": ("driver", 4),  # the request; ranks grouped, the line
+    "hang": ("driver", 5),  # its entry points (tsp_hang_diagnose, the watchdog's) and the reply
     "gang": ("driver", 2),  # who joins a gang launch, and its deadline (docs/protocol.md 2.2)
     "gangask": ("driver", 2),  # how many executors a gang launch asks Spark for (2.2)
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
