@@ -108,7 +108,9 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "agentfold": ("agent", 4),  # the agent's report folding above a rank's share of the rate
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "gpucall": ("agent", 4),  # the GPU assignment as one JSON call (docs/protocol.md 5.1)
-    "agent": ("agent", 5), "logclient": ("agent", 5), "output": ("agent", 5),
+    "logclientopts": ("agent", 2),  # the log client's options, counters and handle (types)
+    "logclientq": ("agent", 5),  # the log client's state and queue (logclient.c's lower half)
+    "agent": ("agent", 5), "logclient": ("agent", 6), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
     "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
     "rdvtask": ("agent", 7),  # a task's rendezvous calls as JSON requests (docs/protocol.md 2.3)
