@@ -106,7 +106,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "ncclapi": ("agent", 2),
     "proc": ("agent", 3), "topo": ("agent", 3), "sentinel": ("agent", 3), "gpu": ("agent", 3),
     "dump": ("agent", 3),  # the hang doctor's agent side (docs/protocol.md 1.9)
-    "userreport": ("agent", 3),  # the report a user's exception exposes (report.c's reply)
+    "userreport": ("agent", 3),  # the report a user's exception exposes (reportfinish.c's reply)
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
     "agentfold": ("agent", 4),  # the agent's report folding above a rank's share of the rate
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
@@ -115,12 +115,15 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     # spawning, the loop (agent.c), then setup, init and close above it (agentinit.c)
     "agentopts": ("agent", 5), "agent_int": ("agent", 6), "agentout": ("agent", 7),
     "agentspawn": ("agent", 8), "agent": ("agent", 9), "agentinit": ("agent", 10),
-    "logclient": ("agent", 5), "output": ("agent", 5),
+    "logclientopts": ("agent", 2),  # the log client's options, counters and handle (types)
+    "logclientq": ("agent", 5),  # the log client's state and queue (logclient.c's lower half)
+    "logclient": ("agent", 6), "output": ("agent", 5),
     "rdvclient": ("agent", 5),  # a task's end of the driver's rendezvous
     "gangclient": ("agent", 6),  # a gang task's JOIN inside the rendezvous' TLS (2.2)
     "rdvtask": ("agent", 7),  # a task's rendezvous calls as JSON requests (docs/protocol.md 2.3)
-    "task": ("agent", 5),  # the task side: facts -> the agent's launch, its exit -> the result
-    "agentproc": ("agent", 6),  # the glues' agent process: start, pump, wait, stop (12.1)
+    "reportfinish": ("agent", 5),  # the glues' finish of the failure document (failure.h)
+    "task": ("agent", 6),  # the task side: facts -> the agent's launch, its exit -> the result
+    "agentproc": ("agent", 7),  # the glues' agent process: start, pump, wait, stop (12.1)
 }
 # The sides each side may reach (the public headers, torchspark/*.h, are open to all).
 SIDE_USES: Dict[str, Set[str]] = {
@@ -164,7 +167,7 @@ GETENV_OWNERS: Dict[str, str] = {
 }
 
 # Failure prose that a glue must neither match nor build (glue-text): the C core writes it
-# (report.c, logctl.c, reason.c) and classifies it (outcome.c).
+# (report.c, reportfinish.c, logctl.c, reason.c) and classifies it (outcome.c).
 GLUE_PROSE = ("ExecutorLostFailure", "went silent", "no answer for about",
               "checkpointed on request", "exited with code", "was killed by", "printed nothing",
               "lost connection to node", "To fix it")

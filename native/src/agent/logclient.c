@@ -8,7 +8,11 @@
  *
  * The queue is a list of blocks holding frames back to back; byte offsets are absolute
  * (since the client started), so "sent up to" survives a reconnect as one number. A
- * block is freed once it is wholly sent and the driver acknowledged its last line. */
+ * block is freed once it is wholly sent and the driver acknowledged its last line.
+ *
+ * This file owns the sender thread (connect, send, acknowledgements, keepalive, reconnect
+ * with backoff), the local fallback and the lifecycle; the queue the writers fill, and the
+ * state both share, are logclientq.c's and logclientq.h's. */
 #include "logclient.h"
 
 #include <errno.h>
@@ -25,81 +29,9 @@
 #include <unistd.h>
 
 #include "agentfold.h"
+#include "logclientq.h"
 #include "logdial.h"
 #include "util.h"
-
-#define BLK_SIZE (256u * 1024u)
-#define FRAME_OVERHEAD (TSP_WIRE_HDR_LEN + 8u)
-#define MAX_IOV 64
-#define FOLD_TICK_MS 50 /* the sender's tick while folded reports are held */
-
-typedef struct blk {
-    struct blk *next;
-    uint64_t base; /* absolute offset of data[0] */
-    size_t len, cap;
-    uint64_t last_seq; /* seq of the last LINE in this block (or before it) */
-    char data[];
-} blk_t;
-
-typedef struct drop_rec {
-    int32_t rank;
-    uint64_t count;
-} drop_rec_t;
-
-/* An EVENT queued before the first handshake said whether the driver takes events. It
- * gets its seq and enters the queue when a handshake grants CONTROL (docs/protocol.md
- * 1.7), and is discarded when one refuses it. */
-typedef struct early_ev {
-    struct early_ev *next;
-    int kind;
-    int32_t rank;
-    size_t len;
-    char json[];
-} early_ev_t;
-
-struct tsp_logclient {
-    tsp_logclient_opts_t o;
-    char host[256];
-    char hostname[256];
-    char who[64]; /* what the client's own messages start with (opts.log_prefix) */
-    tsp_line_sink_t sink;
-    pthread_t thread;
-    pthread_mutex_t mu;
-    int notify_fd;      /* wakes the sender */
-    tsp__afold_t *fold; /* reports above the rank's rate folded (agentfold.h); NULL: none */
-    /* guarded by mu */
-    blk_t *head, *tail;
-    uint64_t appended, sent; /* absolute byte offsets */
-    size_t bytes;
-    uint64_t seq, acked;
-    int want_wake, sender_idle;
-    int fold_ticking;   /* the sender waits at most FOLD_TICK_MS: it holds folded reports */
-    int fold_new;       /* a report was folded since the sender's last tick */
-    int64_t blocked_at; /* when want_wake was last raised */
-    drop_rec_t *drops;
-    size_t ndrops;
-    int drops_dirty;
-    int stopping;
-    int close_ms; /* stopping: close's timeout_ms, for the warning */
-    int64_t stop_deadline;
-    int64_t event_deadline; /* stopping: when to give up reaching the driver for events */
-    int control;            /* the last handshake: 1 CONTROL granted, 0 not, -1 never connected */
-    early_ev_t *early, **early_tail; /* events waiting for the first handshake */
-    tsp_logclient_stats_t st;
-    /* sender thread only */
-    int fd;          /* the socket inside tls, -1 when not connected */
-    tsp__tls_t *tls; /* the connection: TLS 1.3 (docs/protocol.md 1.10) */
-    int ping_left;   /* a PING that TLS took in part: it must be retried first, as is */
-    int fallback, warned, ever_connected;
-    int no_control; /* the driver refused the CONTROL flag: never ask again */
-    int stop_seen;
-    int64_t lost_at;
-    int64_t progress_at; /* the driver last took bytes or acknowledged lines */
-    int64_t tx_at;       /* keepalive: when a frame was last written (ms) */
-    int warned_stall;
-    uint64_t agent_id;
-    int result;
-};
 
 void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
 {
@@ -113,256 +45,6 @@ void tsp_logclient_opts_init(tsp_logclient_opts_t *o)
     o->event_flush_ms = 5000;
     o->local_out_fd = 1;
     o->local_err_fd = 2;
-}
-
-static void notify(int fd)
-{
-    uint64_t one = 1;
-    ssize_t w = write(fd, &one, sizeof(one));
-    (void)w; /* a saturated eventfd is still readable */
-}
-
-static void drain_fd(int fd)
-{
-    uint64_t v;
-    ssize_t r = read(fd, &v, sizeof(v));
-    (void)r; /* EAGAIN when already reset */
-}
-
-/* ---- the queue (under mu) ----------------------------------------------------------- */
-
-/* Makes room for need bytes in the tail block (a new block when it has too little), so
- * that the frames of one line always land together: a line is queued whole or not at all. */
-static int reserve(tsp_logclient_t *c, size_t need)
-{
-    blk_t *b = c->tail;
-    if (b && b->cap - b->len >= need)
-        return 0;
-    size_t cap = need > BLK_SIZE ? need : BLK_SIZE;
-    b = malloc(sizeof(*b) + cap);
-    if (!b)
-        return -ENOMEM;
-    *b = (blk_t){.base = c->appended, .cap = cap, .last_seq = c->seq};
-    if (c->tail)
-        c->tail->next = b;
-    else
-        c->head = b;
-    c->tail = b;
-    return 0;
-}
-
-/* Appends a frame into room made by reserve(). */
-static void append_frame(tsp_logclient_t *c, const tsp_wire_hdr_t *h, const void *extra,
-                         size_t elen, const void *data, size_t dlen)
-{
-    size_t need = TSP_WIRE_HDR_LEN + elen + dlen;
-    blk_t *b = c->tail;
-    tsp_wire_hdr_pack((uint8_t *)b->data + b->len, h);
-    memcpy(b->data + b->len + TSP_WIRE_HDR_LEN, extra, elen);
-    if (dlen) /* an empty line may come with data == NULL */
-        memcpy(b->data + b->len + TSP_WIRE_HDR_LEN + elen, data, dlen);
-    b->len += need;
-    b->last_seq = c->seq;
-    c->appended += need;
-    c->bytes += need;
-}
-
-static void count_drop(tsp_logclient_t *c, int32_t rank)
-{
-    for (size_t i = 0; i < c->ndrops; i++)
-        if (c->drops[i].rank == rank) {
-            c->drops[i].count++;
-            goto counted;
-        }
-    drop_rec_t *nd = realloc(c->drops, (c->ndrops + 1) * sizeof(*nd));
-    if (!nd)
-        return;
-    c->drops = nd;
-    c->drops[c->ndrops++] = (drop_rec_t){.rank = rank, .count = 1};
-counted:
-    c->drops_dirty = 1;
-    c->st.dropped++;
-}
-
-/* Queues one line; never blocks (see lines.h). quiet: the sender's own (a summary due,
- * agentfold.h), which on a full queue only says -EAGAIN and retries at its next tick. */
-static int append_line(tsp_logclient_t *c, const tsp_line_t *line, int quiet)
-{
-    size_t pieces = line->len ? (line->len + TSP_WIRE_MAX_LINE - 1) / TSP_WIRE_MAX_LINE : 1;
-    size_t need = line->len + pieces * FRAME_OVERHEAD;
-    pthread_mutex_lock(&c->mu);
-    if (quiet && c->bytes > 0 && c->bytes + need > c->o.mem_bytes) {
-        pthread_mutex_unlock(&c->mu);
-        return -EAGAIN;
-    }
-    if (c->bytes > 0 && c->bytes + need > c->o.mem_bytes) {
-        if (c->o.drop) {
-            count_drop(c, line->rank);
-            pthread_mutex_unlock(&c->mu);
-            notify(c->notify_fd);
-            return 0;
-        }
-        /* Reset wake_fd under the lock: the sender sets it (under the lock) only after
-         * this point, when room appears, so the agent cannot miss the wake-up. */
-        drain_fd(c->sink.wake_fd);
-        if (!c->want_wake)
-            c->blocked_at = tsp__now_ms();
-        c->want_wake = 1;
-        pthread_mutex_unlock(&c->mu);
-        notify(c->notify_fd); /* in fallback the sender spills at once, not at its next tick */
-        return -EAGAIN;
-    }
-    if (reserve(c, need)) {
-        /* No memory now. Wake the agent again when the sender frees some, or at once when
-         * nothing is queued (nothing would be freed): a paused stream must never wait for
-         * a wake-up that cannot come. */
-        if (c->bytes) {
-            if (!c->want_wake)
-                c->blocked_at = tsp__now_ms();
-            c->want_wake = 1;
-        } else
-            notify(c->sink.wake_fd);
-        pthread_mutex_unlock(&c->mu);
-        return -EAGAIN;
-    }
-    for (size_t i = 0, off = 0; i < pieces; i++) {
-        size_t n = line->len - off < TSP_WIRE_MAX_LINE ? line->len - off : TSP_WIRE_MAX_LINE;
-        int last = i + 1 == pieces;
-        uint8_t seq[8];
-        tsp_wire_put_u64(seq, ++c->seq);
-        tsp_wire_hdr_t h = {.type = TSP_WIRE_LINE,
-                            .rank = line->rank,
-                            .stream = line->stream,
-                            .flags = (uint8_t)(last ? line->flags : TSP_LINE_CONTINUED),
-                            .length = (uint32_t)(8 + n)};
-        append_frame(c, &h, seq, 8, line->data + off, n);
-        off += n;
-    }
-    c->st.lines++;
-    int wake = c->sender_idle;
-    c->sender_idle = 0;
-    pthread_mutex_unlock(&c->mu);
-    if (wake)
-        notify(c->notify_fd);
-    return 0;
-}
-
-static int put_writer(void *ctx, const tsp_line_t *line)
-{
-    return append_line(ctx, line, 0);
-}
-
-static int put_sender(void *ctx, const tsp_line_t *line)
-{
-    return append_line(ctx, line, 1);
-}
-
-/* A report was folded and is held (no frame queued): the sender must tick within
- * FOLD_TICK_MS to hand it on when it is due. A sender that found nothing held at its last
- * tick waits up to a second; it is woken (once) to tick again. */
-static void fold_held(tsp_logclient_t *c)
-{
-    pthread_mutex_lock(&c->mu);
-    int wake = !c->fold_ticking;
-    c->fold_new = 1;
-    pthread_mutex_unlock(&c->mu);
-    if (wake)
-        notify(c->notify_fd);
-}
-
-/* The sink's write_line: never blocks (see lines.h). */
-static int client_write_line(void *ctx, const tsp_line_t *line)
-{
-    tsp_logclient_t *c = ctx;
-    if (line->rank < 0 || line->rank > TSP_WIRE_MAX_RANK ||
-        (line->stream != TSP_STREAM_STDOUT && line->stream != TSP_STREAM_STDERR &&
-         line->stream != TSP_STREAM_REPORT))
-        return -EINVAL;
-    if (c->fold && line->stream == TSP_STREAM_REPORT) {
-        int rc = tsp__afold_offer(c->fold, line, tsp__now_ms(), put_writer, c);
-        if (rc == 0 && tsp__afold_pending(c->fold))
-            fold_held(c);
-        return rc;
-    }
-    return append_line(c, line, 0);
-}
-
-/* Frees blocks that are wholly sent and acknowledged; wakes the agent when room appeared. */
-static void release_locked(tsp_logclient_t *c)
-{
-    while (c->head && c->head->base + c->head->len <= c->sent && c->head->last_seq <= c->acked) {
-        blk_t *b = c->head;
-        c->head = b->next;
-        if (!c->head)
-            c->tail = NULL;
-        c->bytes -= b->len;
-        free(b);
-    }
-    if (c->want_wake && c->bytes + 2 * (TSP_WIRE_MAX_LINE + FRAME_OVERHEAD) <= c->o.mem_bytes) {
-        c->want_wake = 0;
-        notify(c->sink.wake_fd);
-    }
-}
-
-/* Appends an EVENT frame behind what is queued, numbered in the lines' sequence. */
-static int append_event_locked(tsp_logclient_t *c, int kind, int32_t rank, const char *json,
-                               size_t len)
-{
-    uint8_t extra[9];
-    tsp_wire_put_u64(extra, c->seq + 1);
-    extra[8] = (uint8_t)kind;
-    tsp_wire_hdr_t h = {
-        .type = TSP_WIRE_EVENT, .rank = rank, .length = (uint32_t)(sizeof(extra) + len)};
-    int rc = reserve(c, TSP_WIRE_HDR_LEN + sizeof(extra) + len);
-    if (rc)
-        return rc;
-    c->seq++;
-    append_frame(c, &h, extra, sizeof(extra), json, len);
-    return 0;
-}
-
-/* Keeps an event that came before the first handshake (whether the driver takes events is
- * not known yet); flush_early_locked sends or discards it once a handshake has told. */
-static int hold_early_locked(tsp_logclient_t *c, int kind, int32_t rank, const char *json,
-                             size_t len)
-{
-    early_ev_t *e = malloc(sizeof(*e) + len);
-    if (!e)
-        return -ENOMEM;
-    *e = (early_ev_t){.kind = kind, .rank = rank, .len = len};
-    if (len)
-        memcpy(e->json, json, len);
-    *c->early_tail = e;
-    c->early_tail = &e->next;
-    return 0;
-}
-
-/* After a handshake (control >= 0): the held events enter the queue, in the order they
- * came, behind the lines queued so far (CONTROL granted), or are discarded (refused: such
- * a driver takes no EVENT frame). Without memory now, the rest wait for the next send. */
-static void flush_early_locked(tsp_logclient_t *c)
-{
-    while (c->early && c->control >= 0) {
-        early_ev_t *e = c->early;
-        if (c->control == 1 && append_event_locked(c, e->kind, e->rank, e->json, e->len))
-            return;
-        if (c->control == 0)
-            c->st.events_unsent++;
-        c->early = e->next;
-        if (!c->early)
-            c->early_tail = &c->early;
-        free(e);
-    }
-}
-
-static void free_early_locked(tsp_logclient_t *c)
-{
-    for (early_ev_t *e = c->early, *n; e; e = n) {
-        n = e->next;
-        free(e);
-    }
-    c->early = NULL;
-    c->early_tail = &c->early;
 }
 
 /* ---- the local fallback ------------------------------------------------------------- */
@@ -435,7 +117,7 @@ static void spill_all(tsp_logclient_t *c)
     pthread_mutex_lock(&c->mu);
     c->bytes -= freed;
     c->st.local += lines;
-    release_locked(c);
+    tsp__logclient_release_locked(c);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -539,8 +221,8 @@ static int try_connect(tsp_logclient_t *c, int timeout_ms, char *err, size_t err
         c->fd = fd;
         c->tls = t;
         c->progress_at = c->tx_at = tsp__now_ms();
-        c->sent = resume_offset(c); /* resend what is not acked */
-        flush_early_locked(c);      /* events held for this first handshake */
+        c->sent = resume_offset(c);           /* resend what is not acked */
+        tsp__logclient_flush_early_locked(c); /* events held for this first handshake */
         c->drops_dirty = c->ndrops > 0;
         c->st.connects++;
         c->st.connected = 1;
@@ -595,7 +277,7 @@ static int read_acks_once(tsp_logclient_t *c, uint8_t *rbuf, size_t *rlen, size_
                 c->acked = seq;
                 c->progress_at = tsp__now_ms();
             }
-            release_locked(c);
+            tsp__logclient_release_locked(c);
             pthread_mutex_unlock(&c->mu);
         } else if (h.type == TSP_WIRE_STOP) {
             if (!c->stop_seen && c->o.on_stop) {
@@ -658,14 +340,14 @@ static int send_some(tsp_logclient_t *c)
     struct iovec iov[MAX_IOV];
     int n = 0;
     pthread_mutex_lock(&c->mu);
-    flush_early_locked(c); /* only when holding some failed for want of memory */
+    tsp__logclient_flush_early_locked(c); /* only when holding some failed for want of memory */
     if (c->drops_dirty) {
         for (size_t i = 0; i < c->ndrops; i++) {
             uint8_t cnt[8];
             tsp_wire_put_u64(cnt, c->drops[i].count);
             tsp_wire_hdr_t h = {.type = TSP_WIRE_DROPPED, .rank = c->drops[i].rank, .length = 8};
-            if (reserve(c, TSP_WIRE_HDR_LEN + 8) == 0)
-                append_frame(c, &h, cnt, 8, NULL, 0);
+            if (tsp__logclient_reserve(c, TSP_WIRE_HDR_LEN + 8) == 0)
+                tsp__logclient_append_frame(c, &h, cnt, 8, NULL, 0);
         }
         c->drops_dirty = 0;
     }
@@ -702,7 +384,7 @@ static int send_some(tsp_logclient_t *c)
     c->progress_at = c->tx_at = tsp__now_ms();
     pthread_mutex_lock(&c->mu);
     c->sent += (uint64_t)w;
-    release_locked(c);
+    tsp__logclient_release_locked(c);
     pthread_mutex_unlock(&c->mu);
     return 0;
 }
@@ -785,7 +467,7 @@ static int wait_events(tsp_logclient_t *c, int want_out, int timeout_ms)
         timeout_ms = 0; /* TLS holds decrypted bytes: poll would not say so */
     int rc = poll(p, c->fd >= 0 ? 2 : 1, timeout_ms);
     if (rc > 0 && (p[0].revents & POLLIN))
-        drain_fd(c->notify_fd);
+        tsp__logclient_drain_fd(c->notify_fd);
     if (c->fd >= 0 && tsp__tls_pending(c->tls))
         return POLLIN | (rc > 0 ? p[1].revents : 0);
     return rc > 0 ? p[1].revents : 0;
@@ -823,7 +505,7 @@ static int fold_tick(tsp_logclient_t *c)
     pthread_mutex_lock(&c->mu);
     int stopping = c->stopping;
     pthread_mutex_unlock(&c->mu);
-    tsp__afold_flush(c->fold, tsp__now_ms(), stopping, put_sender, c);
+    tsp__afold_flush(c->fold, tsp__now_ms(), stopping, tsp__logclient_put_sender, c);
     return tsp__afold_pending(c->fold);
 }
 
@@ -922,7 +604,7 @@ static void *sender_main(void *arg)
     for (early_ev_t *e = c->early; e; e = e->next)
         unsent++;
     c->st.events_unsent += unsent;
-    free_early_locked(c);
+    tsp__logclient_free_early_locked(c);
     pthread_mutex_unlock(&c->mu);
     if (left) {
         c->result = c->ever_connected ? -ETIMEDOUT : -ENOTCONN;
@@ -968,7 +650,7 @@ tsp_logclient_t *tsp_logclient_start(const tsp_logclient_opts_t *o, char *err, s
     c->early_tail = &c->early;
     c->no_control = o->no_control;
     c->fold = tsp__afold_new(o->report_world);
-    c->sink = (tsp_line_sink_t){.ctx = c, .write_line = client_write_line};
+    c->sink = (tsp_line_sink_t){.ctx = c, .write_line = tsp__logclient_write_line};
     c->sink.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->sink.wake_fd < 0 || c->notify_fd < 0 || tsp__random_bytes(&c->agent_id, 8)) {
@@ -1010,16 +692,16 @@ int tsp_logclient_event(tsp_logclient_t *c, int kind, int rank, const char *json
     if (c->control == 0 || (c->control < 0 && c->o.no_control))
         rc = -ENOTSUP;
     else if (c->control < 0 || c->early) /* held ones first: events keep their order */
-        rc = hold_early_locked(c, kind, rank, json, len);
+        rc = tsp__logclient_hold_early_locked(c, kind, rank, json, len);
     else
-        rc = append_event_locked(c, kind, rank, json, len);
+        rc = tsp__logclient_append_event_locked(c, kind, rank, json, len);
     if (!rc) {
         c->st.events++;
         c->sender_idle = 0;
     }
     pthread_mutex_unlock(&c->mu);
     if (!rc)
-        notify(c->notify_fd);
+        tsp__logclient_notify(c->notify_fd);
     return rc;
 }
 
@@ -1047,10 +729,11 @@ int tsp_logclient_close(tsp_logclient_t *c, int timeout_ms)
     int ev_ms = c->o.event_flush_ms > 0 ? c->o.event_flush_ms : 0;
     c->event_deadline = now + (ev_ms < timeout_ms ? ev_ms : (timeout_ms > 0 ? timeout_ms : 0));
     pthread_mutex_unlock(&c->mu);
-    notify(c->notify_fd);
+    tsp__logclient_notify(c->notify_fd);
     pthread_join(c->thread, NULL);
     int rc = c->result;
-    free_early_locked(c); /* a no-op: the sender thread freed what it could not send */
+    /* a no-op: the sender thread freed what it could not send */
+    tsp__logclient_free_early_locked(c);
     for (blk_t *b = c->head, *n; b; b = n) {
         n = b->next;
         free(b);

@@ -91,4 +91,10 @@ void tsp__report_print(FILE *out, const char *name, const char *host, const tsp_
 char *tsp__report_summary(const tsp_failure_t *f, const char *host, int node_rank);
 /* Frees what a failure owns (message, traceback, document, tail). */
 void tsp__report_clear(tsp_failure_t *f);
+/* A copy of at most max bytes of s[0..len), never ending inside a UTF-8 sequence. */
+char *tsp__report_copy_cut(const char *s, size_t len, size_t max);
+/* The string at path of the JSON doc (malloc'ed), or NULL when absent or not a string. */
+char *tsp__report_json_string_at(const char *doc, size_t len, const char *path);
+/* One try at root->document (tsp__report_document cuts and retries until it fits). */
+int tsp__report_build_document(tsp_failure_t *root, const char *host, int node_rank);
 #endif

@@ -1,6 +1,6 @@
 /* task.c: the task side (torchspark/task.h, docs/protocol.md section 12), once for both glues:
  * a task's facts -> the agent's command line (through the node plan, plan.c), environment and
- * files; the agent's exit -> the task's result (its failure through report.c's
+ * files; the agent's exit -> the task's result (its failure through reportfinish.c's
  * tsp_failure_report, or the file it returns through collect()). */
 #include "torchspark/task.h"
 
