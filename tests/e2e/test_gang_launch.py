@@ -112,13 +112,15 @@ def test_one_task_failure_ends_every_task(spark):
     assert not tsp_spark.wait_gone(MARK_VALUE, 5)
 
 
-def _sleepy():
+def _sleepy(started):
+    import os
     import time
 
+    open(os.path.join(started, os.environ["RANK"]), "w").close()
     time.sleep(600)
 
 
-def test_a_cancel_leaves_no_process_of_ordinary_tasks(spark):
+def test_a_cancel_leaves_no_process_of_ordinary_tasks(spark, tmp_path):
     """Barrier mode's guarantee with ordinary tasks: cancelling the job takes every agent
     and worker down (the agent's parent-death signal and sentinel, _task.py)."""
     import threading
@@ -128,13 +130,20 @@ def test_a_cancel_leaves_no_process_of_ordinary_tasks(spark):
 
     def run():
         try:
-            d.run(_sleepy)
+            d.run(_sleepy, str(tmp_path))
         except Exception as e:
             errors.append(e)
 
     t = threading.Thread(target=run)
     t.start()
-    assert len(tsp_spark.wait_present(MARK_VALUE, 4, 120)) >= 4  # 2 agents + 2 workers
+    # Cancelled while both ranks train (each wrote its file), as in test_distributor_cluster's
+    # cancel test: 4 marked processes alone can be the 2 agents and their 2 sentinels before
+    # any worker, and a cancel then, while the agents still start, leaves them to Spark's
+    # kill of the task (about 4 s later: 2 s poll + 2 s killTimeout) against the 5 s bound.
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.iterdir())) < 2 and time.monotonic() < deadline and t.is_alive():
+        time.sleep(0.05)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["0", "1"], errors
     spark.sparkContext.cancelAllJobs()
     left = tsp_spark.wait_gone(MARK_VALUE, 5)
     t.join(60)

@@ -5,8 +5,13 @@ spark-submit as sbin/start-connect-server.sh does; its executors run this interp
 One server per pytest session (a JVM and two executors cost ~20 s on 2 cores): use the
 session-scoped fixture in conftest.py, which also puts this process back in classic
 mode afterwards (the Connect builder marks the whole process as a Connect client).
+
+The server binds port 0 and the test reads the port it got from its log: a port picked
+free here and bound by the server seconds later (after its JVM started) could be taken in
+between, e.g. by the other pytest worker's Spark JVMs, and failed every Connect module.
 """
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -16,20 +21,21 @@ from typing import Dict, Optional
 
 import pyspark
 
-from tests.helpers.agentutil import free_port
-
 SPARK_HOME = os.path.dirname(pyspark.__file__)
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+# SparkConnectServer's line once its gRPC server listens; the address is the listen
+# socket's (SparkConnectService.bindingAddress, from Server.getListenSockets), so with
+# spark.connect.grpc.binding.port=0 it names the port the kernel gave.
+STARTED = re.compile(rb"Spark Connect server started at: \S*:(\d+)")
 
 
 class ConnectServer:
     def __init__(self, log_dir: Path, conf: Dict[str, str],
                  master: str = "local-cluster[2,1,1024]",
                  env: Optional[Dict[str, str]] = None) -> None:
-        self.port = free_port()
-        self.url = f"sc://localhost:{self.port}"
+        self.port: Optional[int] = None  # known once wait_ready() read it from the log
         self.log_path = log_dir / "connect-server.log"
-        confs = {"spark.connect.grpc.binding.port": str(self.port),
+        confs = {"spark.connect.grpc.binding.port": "0",
                  "spark.ui.enabled": "false", "spark.testing": "true",
                  "spark.test.home": SPARK_HOME, "spark.executor.memory": "1024m",
                  "spark.python.worker.reuse": "true", **conf}
@@ -46,18 +52,30 @@ class ConnectServer:
         self.proc = subprocess.Popen(cmd, env=penv, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
 
+    @property
+    def url(self) -> str:
+        assert self.port is not None, "wait_ready() first"
+        return f"sc://localhost:{self.port}"
+
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the Connect server exited ({self.proc.returncode}): "
                                    f"{self.log_path.read_text(errors='replace')[-3000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.5)
-        raise RuntimeError(f"the Connect server did not listen on {self.port} in {timeout} s")
+            if self.port is None:
+                started = STARTED.search(self.log_path.read_bytes())
+                if started:
+                    self.port = int(started.group(1))
+            if self.port is not None:
+                try:
+                    with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                        return
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        raise RuntimeError(f"the Connect server did not listen (port {self.port}) in {timeout} "
+                           f"s: {self.log_path.read_text(errors='replace')[-3000:]}")
 
     def session(self):
         from pyspark.sql import SparkSession
