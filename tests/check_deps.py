@@ -85,6 +85,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "rendezvous": ("driver", 3),  # the rendezvous server over TLS, the gang's JOINs too (2.1, 2.2)
     "rdvcall": ("driver", 4),  # the glues' one JSON call on a rendezvous (docs/protocol.md 2.3)
     "conf": ("driver", 3),  # every spark.torchspark.* setting (docs/protocol.md 9); its "run" read by jreq
+    "confvalue": ("driver", 2),  # conf.c's grammars and one value read against its key (internal)
     "outcome": ("driver", 2),  # a failed run's outcome, classified once (torchspark/outcome.h)
     "runrec": ("driver", 3),  # each attempt's record in the run controller's state (runrec.h)
     "runcause": ("driver", 3),  # a failed attempt's root cause, for the run controller (runcause.h)

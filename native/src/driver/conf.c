@@ -2,39 +2,23 @@
  * (torchspark/conf.h, docs/protocol.md §9). No Spark: the glue hands over the strings it
  * read and gets typed values or one sentence back. The driver's environment switches that
  * stand for keys (TORCHSPARK_NCCL_CHECK, ...) are read here, once per request that asks for
- * them, so that no glue parses them. */
+ * them, so that no glue parses them. The grammars and the reading of one value against its
+ * key are confvalue.c's; the key table, the request and the reply are here. */
 #include "torchspark/conf.h"
 
-#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "confvalue.h"
 #include "jreq.h"
 #include "json.h"
 #include "util.h"
 
 #define PREFIX "spark.torchspark."
-#define DURATION_MAX_MS 1000000000000LL /* 10^12 ms, about 31 years: no overflow anywhere */
-#define CLOSEST_MAX 3                   /* edit distance of a key that is "meant" */
-
-typedef enum { T_BOOL, T_INT, T_DURATION, T_ENUM, T_STRING } type_t;
-
-typedef struct {
-    const char *key;
-    type_t type;
-    int unit_ms;       /* duration: milliseconds of a bare number */
-    const char *dflt;  /* in the key's own grammar; NULL: unset, the reply says null */
-    long long min;     /* int: the bounds; duration: the least milliseconds */
-    long long max;     /* int only */
-    const char *extra; /* enum: its values, '|' between; else an example of a good value */
-    const char *doc;
-    const char *env; /* the driver's environment variable that wins over the key, or NULL */
-} conf_key_t;
+#define CLOSEST_MAX 3 /* edit distance of a key that is "meant" */
 
 /* The table: docs/distributor.md ("Settings") and docs/jvm.md list it; tests/e2e/test_conf.py
  * checks that they list every key with its default. */
@@ -103,7 +87,7 @@ static const conf_key_t KEYS[] = {
     {PREFIX "gpuResource", T_STRING, 0, "gpu", 0, 0, "gpu",
      "the Spark resource name of the GPUs a task holds", NULL},
 };
-#define NKEYS (sizeof KEYS / sizeof KEYS[0])
+_Static_assert(sizeof KEYS / sizeof KEYS[0] == NKEYS, "NKEYS (confvalue.h) is KEYS' length");
 
 /* Spark's own security settings and the stock override keys: the request's "conf" may carry
  * them, and the reply's "encryption" says what a run does about them (docs/protocol.md §9,
@@ -119,32 +103,11 @@ static const char *const SPARK_KEYS[] = {
     "pytorch.spark.distributor.ignoreSsl",
     "deepspeed.spark.distributor.ignoreSsl",
 };
-#define NSPARK (sizeof SPARK_KEYS / sizeof SPARK_KEYS[0])
+_Static_assert(sizeof SPARK_KEYS / sizeof SPARK_KEYS[0] == NSPARK,
+               "NSPARK (confvalue.h) is SPARK_KEYS' length");
 #define NSPARK_SECURE 5
 /* Spark's, which resolves launch=auto in the reply (docs/protocol.md §9). */
 #define DYNAMIC_KEY "spark.dynamicAllocation.enabled"
-
-typedef struct {
-    int set;          /* a value (or the default) was read */
-    long long num;    /* bool, int, duration (ms) */
-    const char *word; /* enum (the table's spelling) */
-    char *str;        /* string (malloc'ed) */
-} val_t;
-
-typedef struct {
-    val_t vals[NKEYS];
-    FILE *unknown; /* the reply's "unknown" members, written as they are met */
-    tsp_json_writer_t uw;
-    char *err;
-    size_t errlen;
-    int from_args; /* the member being read is an argument: its value may be typed */
-    const char *name;
-    const char *env_name; /* the value being read is this environment variable's */
-    int spark_on[NSPARK]; /* Spark's security settings (SPARK_KEYS) that are "true" */
-    int dynamic;          /* DYNAMIC_KEY is "true" */
-    long long nodes;      /* the request's "run": its nodes (0: no "run") and GPUs */
-    int gpu;
-} reader_t;
 
 static int key_index(const char *key)
 {
@@ -160,203 +123,7 @@ static const char *type_name(type_t t)
     return names[t];
 }
 
-/* ---- the grammars -------------------------------------------------------------------- */
-
-/* s without surrounding white space, lower-cased, in buf; 0, or -EINVAL when too long. */
-static int trim_lower(const char *s, char *buf, size_t len)
-{
-    while (isspace((unsigned char)*s))
-        s++;
-    size_t n = strlen(s);
-    while (n && isspace((unsigned char)s[n - 1]))
-        n--;
-    if (n >= len)
-        return -EINVAL;
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (char)tolower((unsigned char)s[i]);
-    buf[n] = 0;
-    return 0;
-}
-
-/* "-?[0-9]+" at s: the number in *v and the rest in *rest; -EINVAL or -ERANGE (> 10^15). */
-static int whole(const char *s, long long *v, const char **rest)
-{
-    int neg = *s == '-';
-    s += neg;
-    if (!isdigit((unsigned char)*s))
-        return -EINVAL;
-    long long n = 0;
-    for (; isdigit((unsigned char)*s); s++) {
-        if (n > 100000000000000LL)
-            return -ERANGE;
-        n = n * 10 + (*s - '0');
-    }
-    *v = neg ? -n : n;
-    *rest = s;
-    return 0;
-}
-
-/* Spark's JavaUtils.timeStringAs, to milliseconds (truncated as TimeUnit.convert does). */
-static int parse_duration(const char *text, int unit_ms, long long *ms)
-{
-    static const struct {
-        const char *unit;
-        long long us;
-    } UNITS[] = {{"us", 1},         {"ms", 1000},        {"s", 1000000},      {"m", 60000000},
-                 {"min", 60000000}, {"h", 3600000000LL}, {"d", 86400000000LL}};
-    char buf[64] = "";
-    long long n = 0;
-    const char *rest;
-    if (trim_lower(text, buf, sizeof buf) || whole(buf, &n, &rest))
-        return -EINVAL;
-    long long us = (long long)unit_ms * 1000;
-    if (*rest) {
-        us = 0;
-        for (size_t i = 0; i < sizeof UNITS / sizeof UNITS[0]; i++)
-            if (strcmp(rest, UNITS[i].unit) == 0)
-                us = UNITS[i].us;
-        if (!us)
-            return -EINVAL;
-    }
-    if (llabs(n) > DURATION_MAX_MS * 1000 / us)
-        return -ERANGE;
-    *ms = n * us / 1000;
-    return 0;
-}
-
 /* ---- one value ----------------------------------------------------------------------- */
-
-/* The sentence for a bad value: "<key>='<value>' <what>: <fix>". */
-__attribute__((format(printf, 5, 6))) static int bad(reader_t *r, const conf_key_t *k,
-                                                     const char *v, int type, const char *fmt, ...)
-{
-    char why[320];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof why, fmt, ap);
-    va_end(ap);
-    const char *label = r->env_name ? r->env_name : r->from_args && r->name ? r->name : k->key;
-    const char *q = type == TSP_JSON_STRING ? "'" : "";
-    return tsp__err(r->err, r->errlen, -EINVAL, "%s=%s%.120s%s %s", label, q, v, q, why);
-}
-
-/* An environment switch's words for on and off, beside Spark's true and false. */
-static int env_word(const char *buf)
-{
-    static const char *const ON[] = {"1", "yes", "on"}, *const OFF[] = {"0", "no", "off"};
-    for (size_t i = 0; i < sizeof ON / sizeof ON[0]; i++) {
-        if (strcmp(buf, ON[i]) == 0)
-            return 1;
-        if (strcmp(buf, OFF[i]) == 0)
-            return 0;
-    }
-    return -1;
-}
-
-static int read_bool(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
-{
-    char buf[16] = "";
-    if (type == TSP_JSON_STRING || type == TSP_JSON_LITERAL)
-        (void)trim_lower(v, buf, sizeof buf);
-    int word = r->env_name ? env_word(buf) : -1;
-    if (word >= 0) {
-        out->num = word;
-        return 0;
-    }
-    if (strcmp(buf, "true") != 0 && strcmp(buf, "false") != 0)
-        return bad(r, k, v, type, "is not a boolean: use %s",
-                   r->env_name ? "1, 0, true or false" : "true or false");
-    out->num = strcmp(buf, "true") == 0;
-    return 0;
-}
-
-static int read_int(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
-{
-    char buf[32] = "";
-    long long n = 0;
-    const char *rest = "";
-    int ok = (type == TSP_JSON_STRING || type == TSP_JSON_NUMBER) &&
-             trim_lower(v, buf, sizeof buf) == 0 && whole(buf, &n, &rest) == 0 && !*rest;
-    if (!ok || n < k->min || n > k->max)
-        return bad(r, k, v, type, "is not a whole number >= %lld: use one such as %s", k->min,
-                   k->extra);
-    out->num = n;
-    return 0;
-}
-
-/* An argument's number (JSON): in the key's unit, fractions allowed, finite. */
-static int number_ms(const char *v, int unit_ms, long long *ms)
-{
-    char *end;
-    double d = strtod(v, &end);
-    if (*end || !isfinite(d))
-        return -EINVAL;
-    double x = d * unit_ms;
-    if (fabs(x) > (double)DURATION_MAX_MS)
-        return -ERANGE;
-    *ms = (long long)x; /* truncated, as a string's finer unit is */
-    return 0;
-}
-
-static int read_duration(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
-{
-    const char *unit = k->unit_ms == 1 ? "milliseconds" : "seconds";
-    long long ms = 0;
-    int rc = -EINVAL;
-    if (type == TSP_JSON_STRING)
-        rc = parse_duration(v, k->unit_ms, &ms);
-    else if (type == TSP_JSON_NUMBER && r->from_args)
-        rc = number_ms(v, k->unit_ms, &ms);
-    if (rc == -ERANGE || ms > DURATION_MAX_MS)
-        return bad(r, k, v, type, "is too long: use at most %lld days", DURATION_MAX_MS / 86400000);
-    if (rc)
-        return bad(r, k, v, type,
-                   "is not a duration: use a whole number and a unit of us, ms, s, m, min, h "
-                   "or d, such as %s (no unit means %s; no fractions, as in Spark: 90s, not "
-                   "1.5min)",
-                   k->extra, unit);
-    if (ms < 0)
-        return bad(r, k, v, type, "is negative: use a duration such as %s", k->extra);
-    if (ms < k->min)
-        return bad(r, k, v, type, "is not a positive duration: use one such as %s%s", k->extra,
-                   k->dflt ? "" : ", or leave it unset to turn it off");
-    out->num = ms;
-    return 0;
-}
-
-static int read_enum(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
-{
-    char buf[32] = "";
-    if (type == TSP_JSON_STRING)
-        (void)trim_lower(v, buf, sizeof buf);
-    size_t n = strlen(buf);
-    for (const char *p = k->extra; *p;) {
-        size_t len = strcspn(p, "|");
-        if (n && len == n && memcmp(p, buf, n) == 0) {
-            out->word = p; /* the table's spelling, up to its '|' */
-            return 0;
-        }
-        p += len + (p[len] == '|');
-    }
-    char list[64] = "";
-    size_t at = 0;
-    for (const char *p = k->extra; *p && at < sizeof list;) {
-        size_t len = strcspn(p, "|");
-        at +=
-            (size_t)snprintf(list + at, sizeof list - at, "%s%.*s", at ? " or " : "", (int)len, p);
-        p += len + (p[len] == '|');
-    }
-    return bad(r, k, v, type, "is not one of the values: use %s", list);
-}
-
-static int read_string(reader_t *r, const conf_key_t *k, const char *v, int type, val_t *out)
-{
-    if (type != TSP_JSON_STRING || !*v)
-        return bad(r, k, v, type, "is not a non-empty string: use one such as %s", k->extra);
-    free(out->str);
-    out->str = strdup(v);
-    return out->str ? 0 : -ENOMEM;
-}
 
 static int read_value(reader_t *r, const conf_key_t *k, const char *v, int type)
 {
@@ -364,19 +131,19 @@ static int read_value(reader_t *r, const conf_key_t *k, const char *v, int type)
     int rc;
     switch (k->type) {
     case T_BOOL:
-        rc = read_bool(r, k, v, type, out);
+        rc = tsp__conf_read_bool(r, k, v, type, out);
         break;
     case T_INT:
-        rc = read_int(r, k, v, type, out);
+        rc = tsp__conf_read_int(r, k, v, type, out);
         break;
     case T_DURATION:
-        rc = read_duration(r, k, v, type, out);
+        rc = tsp__conf_read_duration(r, k, v, type, out);
         break;
     case T_ENUM:
-        rc = read_enum(r, k, v, type, out);
+        rc = tsp__conf_read_enum(r, k, v, type, out);
         break;
     default:
-        rc = read_string(r, k, v, type, out);
+        rc = tsp__conf_read_string(r, k, v, type, out);
         break;
     }
     if (rc == 0)
@@ -422,12 +189,12 @@ static int conf_member(void *ctx, const char *key, const char *value, int type)
     for (size_t j = 0; j < NSPARK && i < 0; j++) {
         char buf[8] = "";
         if (strcmp(key, SPARK_KEYS[j]) == 0 && type == TSP_JSON_STRING &&
-            trim_lower(value, buf, sizeof buf) == 0)
+            tsp__conf_trim_lower(value, buf, sizeof buf) == 0)
             r->spark_on[j] = strcmp(buf, "true") == 0; /* Spark's getBoolean: else off */
     }
     char on[8] = "";
     if (strcmp(key, DYNAMIC_KEY) == 0 && type == TSP_JSON_STRING &&
-        trim_lower(value, on, sizeof on) == 0)
+        tsp__conf_trim_lower(value, on, sizeof on) == 0)
         r->dynamic = strcmp(on, "true") == 0;
     if (i < 0) {
         if (strncmp(key, PREFIX, strlen(PREFIX)) == 0)
