@@ -109,6 +109,7 @@ LAYERS: Dict[str, Tuple[str, int]] = {
     "dump": ("agent", 3),  # the hang doctor's agent side (docs/protocol.md 1.9)
     "userreport": ("agent", 3),  # the report a user's exception exposes (reportfinish.c's reply)
     "report": ("agent", 4), "logdial": ("agent", 4), "nccl": ("agent", 4),
+    "ncclnode": ("agent", 5),  # the NCCL preflight's node side (nccl.c holds the check worker)
     "agentfold": ("agent", 4),  # the agent's report folding above a rank's share of the rate
     "elect": ("agent", 4), "warm": ("agent", 4), "reportsock": ("agent", 4),
     "gpucall": ("agent", 4),  # the GPU assignment as one JSON call (docs/protocol.md 5.1)
@@ -159,7 +160,8 @@ GETENV_OWNERS: Dict[str, str] = {
                         " and the executor's CUDA_VISIBLE_DEVICES, read when the glue calls"
                         " the public gpu.h without a CLI",
     "native/src/gpu/nccl.c": "the check worker's environment, which the preflight writes for it"
-                         " (child_env) and the worker reads back: a contract private to nccl.c",
+                         " (child_env, ncclnode.c) and the worker reads back: a contract"
+                         " private to nccl.c and ncclnode.c",
     "native/src/driver/conf.c": "the driver's switches that stand for settings (TORCHSPARK_NCCL_CHECK,"
                                 " TORCHSPARK_WARM, ...: the key table's env column), read once"
                                 " per settings request that asks for them, so no glue parses them",

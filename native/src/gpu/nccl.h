@@ -58,4 +58,7 @@ typedef struct {
 
 int tsp_nccl_preflight(const tsp_nccl_preflight_opts_t *o, char *msg, size_t msglen);
 
+/* Internal: sleeps ms milliseconds through EINTR (nccl.c; the worker's and ncclnode.c's polls). */
+void tsp__nccl_nap_ms(long ms);
+
 #endif
