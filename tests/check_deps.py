@@ -156,6 +156,8 @@ SPAWN_OWNERS = {"native/src/agent/proc.c", "native/src/agent/sentinel.c"}
 GETENV_OWNERS: Dict[str, str] = {
     "native/tools/run_config.c": "the CLI: torchrun's and torchspark's variables, PET_*, read"
                                  " once into a run_config_t",
+    "native/tools/run_node.c": "the CLI's node part, split from run_config.c: the executor's"
+                               " CUDA_VISIBLE_DEVICES, which --gpus is assigned against",
     "native/src/gpu/gpu.c": "the library's dlopen overrides (TORCHSPARK_LIBNVML, TORCHSPARK_LIBCUDA)"
                         " and the executor's CUDA_VISIBLE_DEVICES, read when the glue calls"
                         " the public gpu.h without a CLI",

@@ -2,32 +2,25 @@
  * torchrun's options (dashes or underscores, unambiguous prefixes, PET_* variables), the
  * node from SLURM / Open MPI / PMI when run one per node by srun or mpirun, and every
  * environment variable the CLI takes as configuration. Usage errors exit 2 with one line
- * naming the problem. */
+ * naming the problem. The node's part (run_config_node: GPUs, topology, the port check, the
+ * output masks) is in run_node.c. */
 #include "run_config.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "nccl.h"
-#include "proc.h"
 #include "pyboot.h"
-#include "torchspark/common.h"
-#include "torchspark/gpu.h"
+#include "run_config_int.h"
 #include "util.h"
-
-extern char **environ;
 
 enum { ARG_NONE = 0, ARG_REQUIRED = 1, ARG_OPTIONAL = 2 /* only as --name=VALUE */ };
 
@@ -147,14 +140,14 @@ static opt_t *opt(const char *name)
     return NULL;
 }
 
-static const char *val(const char *name)
+const char *tsp__runcfg_val(const char *name)
 {
     return opt(name)->value;
 }
 
-static int flag(const char *name)
+int tsp__runcfg_flag(const char *name)
 {
-    const char *v = val(name);
+    const char *v = tsp__runcfg_val(name);
     return v && (strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
 }
 
@@ -215,298 +208,15 @@ static int parse_cli(int argc, char **argv)
     return i;
 }
 
-static int int_opt(const char *name, int dflt, int min)
+int tsp__runcfg_int(const char *name, int dflt, int min)
 {
-    const char *v = val(name);
+    const char *v = tsp__runcfg_val(name);
     if (!v)
         return dflt;
     int out;
     if (tsp__parse_int(v, &out) != 0 || out < min)
         run_usage_error("--%s must be a whole number >= %d, not '%s'", name, min, v);
     return out;
-}
-
-/* The GPU libraries (NVML, the CUDA driver) are loaded only in a short-lived child of the
- * agent (tsp_proc_isolate), never in the agent itself: the threads they start would take
- * the SIGCHLD that the agent reads through its signalfd, and they would stay resident
- * (10-22 MiB measured on an H200) for the whole job (docs/architecture.md, "Signals"). */
-enum { GPU_PROBE_TIMEOUT_MS = 120000 };
-
-typedef struct {
-    int rc;
-    tsp_gpu_assignment_t out;
-    char err[4096];
-} assign_answer_t;
-
-static int assign_in_child(void *ctx, void *out, size_t len)
-{
-    (void)len;
-    assign_answer_t *a = out;
-    a->rc = tsp_gpu_assign(ctx, &a->out, a->err, sizeof a->err);
-    return 0;
-}
-
-typedef struct {
-    int rc, count;
-    char err[512];
-} count_answer_t;
-
-static int count_in_child(void *ctx, void *out, size_t len)
-{
-    (void)ctx;
-    (void)len;
-    count_answer_t *a = out;
-    a->rc = tsp_gpu_count(&a->count, a->err, sizeof a->err);
-    return 0;
-}
-
-/* Runs fn in the probe child. 0 with the answer in out, or -errno with err set. */
-static int gpu_probe(tsp_proc_isolated_fn fn, void *ctx, void *out, size_t len, char *err,
-                     size_t errlen)
-{
-    int status = 0;
-    int rc = tsp_proc_isolate(fn, ctx, out, len, GPU_PROBE_TIMEOUT_MS, &status);
-    if (rc == -ETIMEDOUT)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) did not answer within %d s on "
-                 "this host; check the driver with nvidia-smi",
-                 GPU_PROBE_TIMEOUT_MS / 1000);
-    else if (rc == -ECHILD)
-        snprintf(err, errlen,
-                 "torchspark: the GPU driver (NVML or libcuda) crashed this host's GPU probe "
-                 "(%s %d); check the driver with nvidia-smi",
-                 WIFSIGNALED(status) ? "signal" : "exit status",
-                 WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-    else if (rc)
-        snprintf(err, errlen, "torchspark: cannot start the GPU probe: %s", strerror(-rc));
-    return rc;
-}
-
-/* --gpus: Spark's addresses for this node's task, assigned against the executor's mask
- * (tsp_gpu_assign, rules R0-R8) before anything else starts, in the probe child. 0, or 2
- * with the rule's message in err. */
-static int assign_gpus(run_config_t *c, char *err, size_t errlen)
-{
-    if (!c->gpus)
-        return 0;
-    int node_rank = 0;
-    if (val("node-rank"))
-        tsp__parse_int(val("node-rank"), &node_rank);
-    char task[32];
-    snprintf(task, sizeof task, "%d", node_rank);
-    tsp_gpu_request_t req = {
-        .addrs = c->gpus, .mask = getenv("CUDA_VISIBLE_DEVICES"), .task = task};
-    assign_answer_t *ans = calloc(1, sizeof *ans);
-    if (!ans)
-        exit(1);
-    tsp_gpu_assignment_t *out = &ans->out;
-    int rc = gpu_probe(assign_in_child, &req, ans, sizeof *ans, err, errlen);
-    if (!rc && (rc = ans->rc) != 0)
-        snprintf(err, errlen, "%s", ans->err);
-    if (rc) {
-        if (!err[0])
-            snprintf(err, errlen, "%s", tsp_strerror(rc));
-        free(ans);
-        c->topo.node_rank = node_rank; /* names the node in the failure document */
-        return 2;
-    }
-    fputs(out->warnings, stderr);
-    /* The workers' mask; integers index the host's GPUs in PCI bus order (as nvidia-smi and
-     * Spark's discovery script number them), not CUDA's default fastest-first order. */
-    setenv("CUDA_VISIBLE_DEVICES", out->mask, 1);
-    if (out->integers)
-        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0);
-    c->assigned_gpus = out->count;
-    free(ans);
-    return 0;
-}
-
-static int gpu_count(void);
-
-static int parse_nproc(const run_config_t *c)
-{
-    const char *v = val("nproc-per-node");
-    if (c->assigned_gpus >= 0) {
-        int n = c->assigned_gpus;
-        if (v && strcmp(v, "gpu") != 0 && strcmp(v, "auto") != 0 &&
-            (tsp__parse_int(v, &n) != 0 || n != c->assigned_gpus))
-            run_usage_error("--nproc-per-node %s does not match the %d GPU(s) of --gpus %s: one "
-                            "worker runs per GPU (give --nproc-per-node gpu)",
-                            v, c->assigned_gpus, c->gpus);
-        return c->assigned_gpus;
-    }
-    if (!v)
-        return 1;
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (strcmp(v, "cpu") == 0)
-        return (int)(cpus > 0 ? cpus : 1);
-    if (strcmp(v, "gpu") == 0 || strcmp(v, "auto") == 0) {
-        int g = gpu_count();
-        if (g > 0)
-            return g;
-        if (strcmp(v, "gpu") == 0)
-            run_usage_error("--nproc-per-node gpu: no CUDA device was found on this host");
-        return (int)(cpus > 0 ? cpus : 1);
-    }
-    int n;
-    if (tsp__parse_int(v, &n) != 0 || n < 1)
-        run_usage_error("--nproc-per-node must be a number >= 1, cpu, gpu or auto, not '%s'", v);
-    return n;
-}
-
-/* CUDA devices this process can use, as torch.cuda.device_count() would say. */
-static int gpu_count(void)
-{
-    count_answer_t ans;
-    char err[512] = "";
-    if (gpu_probe(count_in_child, NULL, &ans, sizeof ans, err, sizeof err) != 0) {
-        fprintf(stderr, "torchspark-run: WARNING: %s\n", err);
-        return 0;
-    }
-    if (ans.rc != 0)
-        fprintf(stderr, "torchspark-run: WARNING: %s\n", ans.err);
-    return ans.rc == 0 ? ans.count : 0;
-}
-
-static void parse_nnodes(tsp_topo_t *t)
-{
-    const char *v = val("nnodes");
-    if (!v)
-        return;
-    const char *colon = strchr(v, ':');
-    int lo, hi;
-    if (colon) {
-        char a[32];
-        snprintf(a, sizeof a, "%.*s", (int)(colon - v), v);
-        if (tsp__parse_int(a, &lo) || tsp__parse_int(colon + 1, &hi) || lo < 1 || hi < lo)
-            run_usage_error("--nnodes must be N or MIN:MAX, not '%s'", v);
-        if (lo != hi)
-            run_usage_error("--nnodes %s: an elastic range needs a dynamic rendezvous; "
-                            "torchspark-run uses the static one: give one number",
-                            v);
-    } else if (tsp__parse_int(v, &lo) || lo < 1) {
-        run_usage_error("--nnodes must be a number >= 1, not '%s'", v);
-    }
-    t->nnodes = lo;
-}
-
-static void parse_endpoint(tsp_topo_t *t, const char *ep)
-{
-    /* torchrun's default rendezvous port when the endpoint has none. */
-    if (tsp__endpoint_parse(ep, t->master_addr, sizeof t->master_addr, &t->master_port, 29400))
-        run_usage_error("--rdzv-endpoint must be HOST, HOST:PORT or [IPV6]:PORT with a port in "
-                        "1-65535, not '%s'",
-                        ep);
-}
-
-/* Masks for -r/-t: "3" for every rank, or "0:1,1:2" per local rank. */
-static unsigned char *parse_std(const char *name, int n)
-{
-    const char *v = val(name);
-    if (!v)
-        return NULL;
-    unsigned char *m = calloc((size_t)n, 1);
-    if (!m)
-        exit(1);
-    int all;
-    if (tsp__parse_int(v, &all) == 0) {
-        if (all > 3)
-            run_usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        memset(m, all, (size_t)n);
-        return m;
-    }
-    char *copy = strdup(v), *save = NULL;
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *colon = strchr(tok, ':');
-        int r, x;
-        if (!colon)
-            run_usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        *colon = 0;
-        if (tsp__parse_int(tok, &r) || tsp__parse_int(colon + 1, &x) || x > 3)
-            run_usage_error("--%s must be 0-3 or local_rank:value,..., not '%s'", name, v);
-        if (r < n)
-            m[r] = (unsigned char)x;
-    }
-    free(copy);
-    return m;
-}
-
-static unsigned char *parse_filter(int n)
-{
-    const char *v = val("local-ranks-filter");
-    if (!v || !*v)
-        return NULL;
-    unsigned char *m = calloc((size_t)n, 1);
-    char *copy = strdup(v), *save = NULL;
-    if (!m || !copy)
-        exit(1);
-    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int r;
-        if (tsp__parse_int(tok, &r))
-            run_usage_error("--local-ranks-filter must be local ranks like 0,2, not '%s'", v);
-        if (r < n)
-            m[r] = 1;
-    }
-    free(copy);
-    return m;
-}
-
-/* Binds host:port the way torch's store will (SO_REUSEADDR): EADDRINUSE means a listener
- * holds it. An address that is not local cannot be checked here and is skipped. */
-static void check_port_free(const char *host, int port)
-{
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0)
-        return;
-    int in_use = 0;
-    for (struct addrinfo *ai = res; ai && !in_use; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-            continue;
-        int one = 1;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 && errno == EADDRINUSE)
-            in_use = 1;
-        close(fd);
-    }
-    freeaddrinfo(res);
-    if (in_use)
-        run_usage_error("master port %d on %s is already in use: choose another --master-port, "
-                        "or use --standalone to pick a free one",
-                        port, host);
-}
-
-/* Reserves a free port for --standalone, held for the whole run (util.h: bound with
- * SO_REUSEADDR, never listening, close-on-exec), so that no other process's connect() or
- * bind() can take it before rank 0's TCPStore binds it. On the wildcard address, as the
- * election's (elect.c): TCPStore binds the wildcard, and the kernel gives a port 0 bound to
- * 127.0.0.1 even where another address of the host holds that port (a server on the host's
- * own address), which TCPStore's bind then found in use (EADDRINUSE). */
-static int reserve_port(int *fd_out)
-{
-    char err[256];
-    int port;
-    if (tsp__port_reserve("0.0.0.0", 0, fd_out, &port, err, sizeof err) != 0) {
-        fprintf(stderr, "torchspark-run: %s\n", err);
-        exit(1);
-    }
-    return port;
-}
-
-/* A random run id in the UUID layout that torchrun's --standalone uses. */
-static void random_id(char *out, size_t len)
-{
-    unsigned char b[16];
-    char hex[33];
-    int rc = tsp__random_bytes(b, sizeof b);
-    if (rc != 0) {
-        fprintf(stderr, "torchspark-run: no random bytes for the run id: %s\n", tsp_strerror(rc));
-        exit(1);
-    }
-    tsp__hex_encode(b, sizeof b, hex);
-    snprintf(out, len, "%.8s-%.4s-%.4s-%.4s-%.12s", hex, hex + 8, hex + 12, hex + 16, hex + 20);
 }
 
 /* An executable `python` or `python3` in dir (written to buf), or NULL. */
@@ -527,8 +237,8 @@ static const char *python_in(const char *dir, int dirlen, char *buf, size_t len)
  * likewise uses its own sys.executable), else python3 in PATH. */
 static const char *find_python(const char *argv0)
 {
-    if (val("python"))
-        return val("python");
+    if (tsp__runcfg_val("python"))
+        return tsp__runcfg_val("python");
     static char buf[PATH_MAX];
     char self[PATH_MAX];
     const char *slash = strrchr(argv0, '/');
@@ -544,72 +254,10 @@ static const char *find_python(const char *argv0)
     return "python3";
 }
 
-static void build_topology(run_config_t *c)
-{
-    tsp_topo_t *t = &c->topo;
-    char src[64], err[256];
-    tsp_topo_init(t);
-    parse_nnodes(t);
-    t->nproc_per_node = parse_nproc(c);
-    t->max_restarts = int_opt("max-restarts", 0, 0);
-    if (val("role"))
-        snprintf(t->role, sizeof t->role, "%s", val("role"));
-    if (val("rdzv-id"))
-        snprintf(t->run_id, sizeof t->run_id, "%s", val("rdzv-id"));
-    const char *backend = val("rdzv-backend");
-    int have_endpoint = val("rdzv-endpoint") && *val("rdzv-endpoint");
-    int launcher_rank = -1, launcher_nodes = 0;
-    if (!val("node-rank")) {
-        int rc = tsp_topo_from_launcher(environ, &launcher_rank, &launcher_nodes, src, sizeof src,
-                                        err, sizeof err);
-        if (rc == -EINVAL)
-            run_usage_error("%s", err);
-        if (rc == 0 && val("nnodes") && launcher_nodes != t->nnodes)
-            run_usage_error("--nnodes %d does not match %s (%d nodes)", t->nnodes, src,
-                            launcher_nodes);
-        if (rc != 0)
-            launcher_rank = -1;
-    }
-    /* --standalone, and (as torchrun 2.15 does) one node with the static backend and no
-     * port or endpoint: localhost, a free port held for the run, a random run id. */
-    int one_node = launcher_rank < 0 ? t->nnodes == 1 : launcher_nodes == 1;
-    if (flag("standalone") || (one_node && !val("master-port") && !have_endpoint &&
-                               (!backend || strcmp(backend, "static") == 0))) {
-        t->nnodes = 1;
-        t->node_rank = 0;
-        snprintf(t->master_addr, sizeof t->master_addr, "localhost");
-        t->master_port = reserve_port(&c->standalone_port_fd);
-        random_id(t->run_id, sizeof t->run_id);
-        return;
-    }
-    if (backend && strcmp(backend, "static") != 0 && t->nnodes > 1)
-        run_usage_error("--rdzv-backend %s is not supported: torchspark-run uses the static "
-                        "rendezvous; give each node --node-rank (or run it under srun/mpirun)",
-                        backend);
-    if (val("master-addr"))
-        snprintf(t->master_addr, sizeof t->master_addr, "%s", val("master-addr"));
-    if (val("master-port") && (tsp__parse_int(val("master-port"), &t->master_port) ||
-                               t->master_port < 1 || t->master_port > 65535))
-        run_usage_error("--master-port must be a port number (1-65535), not '%s'",
-                        val("master-port"));
-    if (val("rdzv-endpoint") && *val("rdzv-endpoint"))
-        parse_endpoint(t, val("rdzv-endpoint"));
-    if (val("node-rank")) {
-        t->node_rank = int_opt("node-rank", 0, 0);
-    } else if (launcher_rank >= 0) {
-        t->nnodes = launcher_nodes;
-        t->node_rank = launcher_rank;
-        fprintf(stderr, "torchspark-run: node rank %d of %d nodes from %s\n", launcher_rank,
-                launcher_nodes, src);
-    }
-    if (tsp_topo_validate(t, err, sizeof err))
-        run_usage_error("%s", err);
-}
-
 /* --nccl-check[=SECONDS] (or TORCHSPARK_NCCL_CHECK=1): the deadline, 0 when off. */
 static double nccl_check_timeout(void)
 {
-    const char *v = val("nccl-check");
+    const char *v = tsp__runcfg_val("nccl-check");
     const char *env = getenv("TORCHSPARK_NCCL_CHECK");
     if (!v && env && (strcmp(env, "1") == 0 || strcasecmp(env, "true") == 0))
         v = "";
@@ -628,7 +276,7 @@ static double nccl_check_timeout(void)
  * with one warning, when it cannot be found. */
 static const char *warm_socket_opt(char *self, size_t len)
 {
-    const char *sock = val("warm-socket");
+    const char *sock = tsp__runcfg_val("warm-socket");
     if (!sock)
         return NULL;
     if (!*sock)
@@ -734,20 +382,20 @@ void run_config_parse(run_config_t *c, int argc, char **argv)
     c->standalone_port_fd = -1;
     c->stall_timeout = -1;
     c->script_at = parse_cli(argc, argv);
-    c->nccl_check_worker = flag("nccl-check-worker");
-    c->help = flag("help");
-    c->version = flag("version");
+    c->nccl_check_worker = tsp__runcfg_flag("nccl-check-worker");
+    c->help = tsp__runcfg_flag("help");
+    c->version = tsp__runcfg_flag("version");
     if (c->nccl_check_worker || c->help || c->version)
         return;
     if (c->script_at >= argc)
         run_usage_error("the training script is missing");
     c->script = argv[c->script_at];
-    c->module = flag("module");
-    c->no_python = flag("no-python");
+    c->module = tsp__runcfg_flag("module");
+    c->no_python = tsp__runcfg_flag("no-python");
     if (c->module && c->no_python)
         run_usage_error("-m and --no-python cannot be used together");
-    c->python = val("python");
-    c->gpus = val("gpus");
+    c->python = tsp__runcfg_val("python");
+    c->gpus = tsp__runcfg_val("gpus");
     const char *parent = getenv("TORCHSPARK_PARENT_PID");
     int expected = 0;
     if (parent && tsp__parse_int(parent, &expected) == 0)
@@ -761,21 +409,22 @@ void run_config_parse(run_config_t *c, int argc, char **argv)
         run_usage_error(
             "TORCHSPARK_PYTHON_EXIT must be 'fast' (the default) or 'finalize', not '%s'",
             exit_mode);
-    c->grace = seconds(val("shutdown-timeout") ? val("shutdown-timeout")
-                                               : getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
-                       "--shutdown-timeout", 30);
-    c->log_dir = val("log-dir");
+    c->grace =
+        seconds(tsp__runcfg_val("shutdown-timeout") ? tsp__runcfg_val("shutdown-timeout")
+                                                    : getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+                "--shutdown-timeout", 30);
+    c->log_dir = tsp__runcfg_val("log-dir");
     c->tmp_dir = getenv("TMPDIR");
     c->checkpoint_request = getenv("TORCHSPARK_CHECKPOINT_REQUEST");
-    c->error_file = val("error-file");
-    c->prefix_template = val("log-line-prefix-template")
-                             ? val("log-line-prefix-template")
+    c->error_file = tsp__runcfg_val("error-file");
+    c->prefix_template = tsp__runcfg_val("log-line-prefix-template")
+                             ? tsp__runcfg_val("log-line-prefix-template")
                              : getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
     c->warm_socket = warm_socket_opt(c->self_exe, sizeof c->self_exe);
     take_secret(c);
-    c->log_endpoint = val("log-endpoint");
-    c->log_drop = flag("log-drop");
-    c->output_file = val("output-file");
+    c->log_endpoint = tsp__runcfg_val("log-endpoint");
+    c->log_drop = tsp__runcfg_flag("log-drop");
+    c->output_file = tsp__runcfg_val("output-file");
     if (c->output_file && !c->log_endpoint)
         run_usage_error("--output-file needs --log-endpoint (the driver to ship it to)");
     const char *stall = getenv("TORCHSPARK_LOG_STALL_TIMEOUT");
@@ -788,32 +437,20 @@ void run_config_parse(run_config_t *c, int argc, char **argv)
     }
     c->nccl_check = nccl_check_timeout();
     c->nccl_comm_port = 0;
-    if (val("nccl-comm-port") && (tsp__parse_int(val("nccl-comm-port"), &c->nccl_comm_port) ||
-                                  c->nccl_comm_port < 1 || c->nccl_comm_port > 65535))
+    if (tsp__runcfg_val("nccl-comm-port") &&
+        (tsp__parse_int(tsp__runcfg_val("nccl-comm-port"), &c->nccl_comm_port) ||
+         c->nccl_comm_port < 1 || c->nccl_comm_port > 65535))
         run_usage_error("--nccl-comm-port must be a port number (1-65535), not '%s'",
-                        val("nccl-comm-port"));
+                        tsp__runcfg_val("nccl-comm-port"));
     c->nccl_check_bytes = (int)TSP_NCCL_CHECK_BYTES;
-    if (val("nccl-check-bytes") &&
-        (tsp__parse_int(val("nccl-check-bytes"), &c->nccl_check_bytes) || c->nccl_check_bytes < 4))
+    if (tsp__runcfg_val("nccl-check-bytes") &&
+        (tsp__parse_int(tsp__runcfg_val("nccl-check-bytes"), &c->nccl_check_bytes) ||
+         c->nccl_check_bytes < 4))
         run_usage_error("--nccl-check-bytes must be a number of bytes >= 4, not '%s'",
-                        val("nccl-check-bytes"));
-    c->nccl_lib = val("nccl-lib") ? val("nccl-lib") : getenv("TORCHSPARK_NCCL_LIB");
+                        tsp__runcfg_val("nccl-check-bytes"));
+    c->nccl_lib =
+        tsp__runcfg_val("nccl-lib") ? tsp__runcfg_val("nccl-lib") : getenv("TORCHSPARK_NCCL_LIB");
     c->nccl_ifname = getenv("NCCL_SOCKET_IFNAME");
-}
-
-int run_config_node(run_config_t *c, char *err, size_t errlen)
-{
-    err[0] = 0;
-    if (assign_gpus(c, err, errlen))
-        return 2;
-    build_topology(c);
-    if (c->topo.node_rank == 0 && c->standalone_port_fd < 0)
-        check_port_free(c->topo.master_addr, c->topo.master_port);
-    int n = c->topo.nproc_per_node;
-    c->redirects = parse_std("redirects", n);
-    c->tee = parse_std("tee", n);
-    c->show = parse_filter(n);
-    return 0;
 }
 
 char **run_config_worker(const run_config_t *c, const char **file)
