@@ -222,8 +222,6 @@ static int read_request(const tsp_jreq_t *r, request_fields_t *q)
     int rc;
     q->status = 1;
     q->node_rank = -1;
-    if (tsp_json_check_object(r->doc, r->len) != 0)
-        return tsp__err(r->err, r->errlen, -EINVAL, "the failure request is not a JSON object");
     const struct {
         const char *key;
         char **out;
@@ -449,40 +447,30 @@ static void write_last_lines(tsp_json_writer_t *w, const char *shown, const char
 int tsp_failure_report(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                        char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    tsp_jreq_t r = {request, len, "the failure request", err, errlen};
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, NULL, "the failure request", request, len, err, errlen) != 0)
+        return -EINVAL;
     request_fields_t q = {0};
-    char *doc = NULL, *msg = NULL, *text = NULL;
-    size_t tlen = 0;
+    char *doc = NULL, *msg = NULL;
+    tsp_json_reply_t rp;
     int rc = read_request(&r, &q);
     if (!rc)
         rc = node_tail(&q);
     if (!rc)
         rc = q.document && is_lost(q.document) ? lost_finish(&q, &doc, &msg)
                                                : rank_finish(&q, &doc, &msg);
-    FILE *m = rc ? NULL : open_memstream(&text, &tlen);
-    if (!rc && !m)
-        rc = -ENOMEM;
-    if (m) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, m);
-        tsp_json_begin_object(&w);
-        tsp_json_key(&w, "document");
-        (void)tsp_json_value(&w, doc, strlen(doc));
-        tsp_json_key(&w, "message");
-        tsp_json_str(&w, msg); /* null without a product */
-        if (q.msg.product) {   /* the exception's report, one layout for both glues */
-            tsp_json_key(&w, "report");
-            tsp__userreport_write(&w, doc, strlen(doc), q.msg.detail);
-            write_last_lines(&w, q.msg.shown_tail, doc);
+    if (!rc && !(rc = tsp_json_reply_open(&rp))) {
+        tsp_json_key(&rp.w, "document");
+        (void)tsp_json_value(&rp.w, doc, strlen(doc));
+        tsp_json_key(&rp.w, "message");
+        tsp_json_str(&rp.w, msg); /* null without a product */
+        if (q.msg.product) {      /* the exception's report, one layout for both glues */
+            tsp_json_key(&rp.w, "report");
+            tsp__userreport_write(&rp.w, doc, strlen(doc), q.msg.detail);
+            write_last_lines(&rp.w, q.msg.shown_tail, doc);
         }
-        tsp_json_end(&w);
-        rc = fclose(m) == 0 ? 0 : -ENOMEM;
+        rc = tsp_json_reply_close(&rp, 0, out, outlen, needed);
     }
-    if (!rc)
-        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
-    free(text);
     free(doc);
     free(msg);
     request_free(&q);

@@ -179,10 +179,6 @@ static int read_packed(const tsp_jreq_t *r, launch_t *l)
 static int read_launch(const tsp_jreq_t *r, launch_t *l)
 {
     int rc;
-    if (tsp_json_check_object(r->doc, r->len) != 0) {
-        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request is not a JSON object");
-        return -EINVAL;
-    }
     if ((rc = tsp_jreq_str(r, "workdir", 1, &l->workdir)) ||
         (rc = tsp_jreq_bool(r, "standalone", &l->standalone)) ||
         (rc = get_int(r, "nproc_per_node", 0, 1, &l->nproc)) ||
@@ -372,14 +368,12 @@ static void write_outcome_keys(tsp_json_writer_t *w, const launch_t *l)
 }
 
 /* The launch reply, with the plan's options (argv, a JSON array) first in "argv". */
-static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv, FILE *f)
+static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv,
+                        tsp_json_writer_t *w)
 {
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, f);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "argv");
-    tsp_json_begin_array(&w);
-    emit_t e = {&w, l, 0, 0};
+    tsp_json_key(w, "argv");
+    tsp_json_begin_array(w);
+    emit_t e = {w, l, 0, 0};
     int rc = tsp_json_each(argv, strlen(argv), NULL, emit_arg, &e);
     e.subst = 1;
     if (!rc)
@@ -389,50 +383,36 @@ static int write_launch(const tsp_jreq_t *r, const launch_t *l, const char *argv
                         "the task request's \"program\" must be an array of strings");
     if (rc)
         return rc;
-    tsp_json_end(&w);
-    if ((rc = write_env(r, l, &w)) != 0)
+    tsp_json_end(w);
+    if ((rc = write_env(r, l, w)) != 0)
         return rc;
-    write_outcome_keys(&w, l);
-    tsp_json_key(&w, "finish"); /* tsp_task_finish's request but the exit, tail and host */
-    tsp_json_begin_object(&w);
-    write_outcome_keys(&w, l);
-    tsp_json_key(&w, "node_rank");
-    tsp_json_int(&w, l->node_rank);
-    tsp_json_end(&w);
-    tsp_json_end(&w);
+    write_outcome_keys(w, l);
+    tsp_json_key(w, "finish"); /* tsp_task_finish's request but the exit, tail and host */
+    tsp_json_begin_object(w);
+    write_outcome_keys(w, l);
+    tsp_json_key(w, "node_rank");
+    tsp_json_int(w, l->node_rank);
+    tsp_json_end(w);
     return 0;
-}
-
-/* The reply (*doc, written through f, which this closes) copied to out; *doc freed. */
-static int reply(int rc, FILE *f, char **doc, size_t *dlen, char *out, size_t outlen,
-                 size_t *needed)
-{
-    if (f && fclose(f) != 0 && !rc)
-        rc = -ENOMEM;
-    if (!rc)
-        rc = tsp__reply_copy(*doc, *dlen, out, outlen, needed);
-    free(*doc);
-    return rc;
 }
 
 int tsp_task_launch(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                     char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    tsp_jreq_t r = {request, len, "the task request", err, errlen};
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, NULL, "the task request", request, len, err, errlen) != 0)
+        return -EINVAL;
     launch_t l = {0};
-    char *plan = NULL, *argv = NULL, *doc = NULL;
-    size_t plen = 0, dlen = 0;
-    FILE *f = NULL;
+    char *plan = NULL, *argv = NULL;
+    size_t plen = 0;
+    tsp_json_reply_t rp;
     int rc = read_launch(&r, &l);
     if (!rc)
         rc = write_plan(&r, &l, &plan, &plen);
     if (!rc)
         rc = call(tsp_plan_argv, plan, plen, &argv, err, errlen);
-    if (!rc)
-        rc = (f = open_memstream(&doc, &dlen)) ? write_launch(&r, &l, argv, f) : -ENOMEM;
-    rc = reply(rc, f, &doc, &dlen, out, outlen, needed);
+    if (!rc && !(rc = tsp_json_reply_open(&rp)))
+        rc = tsp_json_reply_close(&rp, write_launch(&r, &l, argv, &rp.w), out, outlen, needed);
     free(plan);
     free(argv);
     launch_free(&l);
@@ -449,10 +429,6 @@ typedef struct {
 static int read_finish(const tsp_jreq_t *r, finish_t *x)
 {
     int rc;
-    if (tsp_json_check_object(r->doc, r->len) != 0) {
-        (void)tsp__err(r->err, r->errlen, -EINVAL, "the task request is not a JSON object");
-        return -EINVAL;
-    }
     if ((rc = get_int(r, "status", 1, 1, &x->status)) ||
         (rc = tsp_jreq_str(r, "files.error", 1, &x->error)) ||
         (rc = tsp_jreq_str(r, "files.output", 1, &x->output)) ||
@@ -589,34 +565,26 @@ static void write_result(const finish_t *x, tsp_json_writer_t *w)
 int tsp_task_finish(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                     char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    tsp_jreq_t r = {request, len, "the task request", err, errlen};
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, NULL, "the task request", request, len, err, errlen) != 0)
+        return -EINVAL;
     finish_t x = {0};
-    char *doc = NULL;
-    size_t dlen = 0;
-    FILE *f = NULL;
+    tsp_json_reply_t rp;
     int rc = read_finish(&r, &x);
-    if (!rc && !(f = open_memstream(&doc, &dlen)))
-        rc = -ENOMEM;
-    if (!rc) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, f);
-        tsp_json_begin_object(&w);
+    if (!rc && !(rc = tsp_json_reply_open(&rp))) {
         if (x.status != 0) {
-            rc = write_failure(&x, &w, err, errlen);
-            put_str(&w, "result", NULL);
-            write_bool(&w, "missing", 0);
-            tsp_json_key(&w, "log");
-            tsp_json_begin_array(&w);
-            tsp_json_end(&w);
+            rc = write_failure(&x, &rp.w, err, errlen);
+            put_str(&rp.w, "result", NULL);
+            write_bool(&rp.w, "missing", 0);
+            tsp_json_key(&rp.w, "log");
+            tsp_json_begin_array(&rp.w);
+            tsp_json_end(&rp.w);
         } else {
-            put_str(&w, "failure", NULL);
-            write_result(&x, &w);
+            put_str(&rp.w, "failure", NULL);
+            write_result(&x, &rp.w);
         }
-        tsp_json_end(&w);
+        rc = tsp_json_reply_close(&rp, rc, out, outlen, needed);
     }
-    rc = reply(rc, f, &doc, &dlen, out, outlen, needed);
     free(x.error), free(x.output), free(x.host), free(x.tail);
     return rc;
 }

@@ -475,8 +475,9 @@ static void write_run(tsp_json_writer_t *w, const reader_t *r)
     tsp_json_end(w);
 }
 
-/* The reply in a malloc'ed *doc: the values, then the unknown keys' array as written. */
-static int read_request(reader_t *r, const char *req, size_t len, char **doc, size_t *dlen)
+/* The reply copied into out: the values, then the unknown keys' array as written. */
+static int read_request(reader_t *r, const char *req, size_t len, char *out, size_t outlen,
+                        size_t *needed)
 {
     char *unk = NULL;
     size_t ulen = 0;
@@ -503,21 +504,14 @@ static int read_request(reader_t *r, const char *req, size_t len, char **doc, si
     tsp_json_end(&r->uw);
     if (fclose(r->unknown) && rc == 0)
         rc = -ENOMEM;
-    FILE *mf = rc == 0 ? open_memstream(doc, dlen) : NULL;
-    if (rc == 0 && !mf)
-        rc = -ENOMEM;
-    if (mf) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, mf);
-        tsp_json_begin_object(&w);
-        write_values(&w, r);
-        tsp_json_key(&w, "unknown");
-        rc = tsp_json_value(&w, unk, ulen);
-        write_encryption(&w, r);
-        write_run(&w, r);
-        tsp_json_end(&w);
-        if (fclose(mf) && rc == 0)
-            rc = -ENOMEM;
+    tsp_json_reply_t rp;
+    if (rc == 0 && (rc = tsp_json_reply_open(&rp)) == 0) {
+        write_values(&rp.w, r);
+        tsp_json_key(&rp.w, "unknown");
+        rc = tsp_json_value(&rp.w, unk, ulen);
+        write_encryption(&rp.w, r);
+        write_run(&rp.w, r);
+        rc = tsp_json_reply_close(&rp, rc, out, outlen, needed);
     }
     free(unk);
     return rc;
@@ -532,12 +526,7 @@ int tsp_conf_read(const char *request, size_t len, char *out, size_t outlen, siz
     memset(&r, 0, sizeof r);
     r.err = err;
     r.errlen = errlen;
-    char *doc = NULL;
-    size_t dlen = 0;
-    int rc = request ? read_request(&r, request, len, &doc, &dlen) : -EINVAL;
-    if (rc == 0)
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
-    free(doc);
+    int rc = request ? read_request(&r, request, len, out, outlen, needed) : -EINVAL;
     for (size_t i = 0; i < NKEYS; i++)
         free(r.vals[i].str);
     return rc;

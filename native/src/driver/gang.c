@@ -285,7 +285,8 @@ static int replay_event(void *ctx, const char *key, size_t index, int type, cons
     return 0;
 }
 
-static int replay_write(const char *request, size_t len, FILE *m, char *err, size_t errlen)
+static int replay_write(const char *request, size_t len, tsp_json_writer_t *w, char *err,
+                        size_t errlen)
 {
     long long n = 0, timeout = 0, ex = -1, cores = -1, last = 0;
     int rc = get_int(request, len, "nnodes", 0, &n, err, errlen);
@@ -304,31 +305,27 @@ static int replay_write(const char *request, size_t len, FILE *m, char *err, siz
         return tsp__err(err, errlen, -EINVAL,
                         "the gang request needs \"nnodes\" 1..%d and \"timeout_ms\" > 0",
                         TSP_GANG_MAX_NODES);
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, m);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "replies");
-    tsp_json_begin_array(&w);
-    replay_t r = {g, &w, err, errlen};
+    tsp_json_key(w, "replies");
+    tsp_json_begin_array(w);
+    replay_t r = {g, w, err, errlen};
     rc = tsp_json_each(request, len, "events", replay_event, &r);
-    tsp_json_end(&w);
-    tsp_json_key(&w, "state");
-    tsp_json_str(&w, names[tsp_gang_state(g, last)]);
+    tsp_json_end(w);
+    tsp_json_key(w, "state");
+    tsp_json_str(w, names[tsp_gang_state(g, last)]);
     char *maxex = NULL;
     int type = 0;
     (void)tsp_json_get(request, len, "seen.maxExecutors", &maxex, &type);
     char sentence[2048];
     int sn = tsp_gang_failure(g, (int)ex, (int)cores, type == TSP_JSON_STRING ? maxex : NULL,
                               sentence, sizeof sentence);
-    tsp_json_key(&w, "failure");
-    tsp_json_str(&w, sn >= 0 ? sentence : NULL);
+    tsp_json_key(w, "failure");
+    tsp_json_str(w, sn >= 0 ? sentence : NULL);
     char doc[4096];
     int dn = tsp_gang_report(g, (int)ex, (int)cores, type == TSP_JSON_STRING ? maxex : NULL, doc,
                              sizeof doc);
-    tsp_json_key(&w, "report");
-    if (dn < 0 || tsp_json_value(&w, doc, (size_t)dn))
-        tsp_json_null(&w);
-    tsp_json_end(&w);
+    tsp_json_key(w, "report");
+    if (dn < 0 || tsp_json_value(w, doc, (size_t)dn))
+        tsp_json_null(w);
     free(maxex);
     tsp_gang_free(g);
     return rc == -ENOENT ? 0 : rc;
@@ -341,16 +338,9 @@ int tsp_gang_replay(const char *request, size_t len, char *out, size_t outlen, s
         err[0] = 0;
     if (tsp_json_check_object(request, len) != 0)
         return tsp__err(err, errlen, -EINVAL, "the gang request is not a JSON object");
-    char *text = NULL;
-    size_t tlen = 0;
-    FILE *m = open_memstream(&text, &tlen);
-    if (!m)
-        return -ENOMEM;
-    int rc = replay_write(request, len, m, err, errlen);
-    if (fclose(m) != 0 && !rc)
-        rc = -ENOMEM;
+    tsp_json_reply_t rp;
+    int rc = tsp_json_reply_open(&rp);
     if (!rc)
-        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
-    free(text);
-    return rc;
+        rc = replay_write(request, len, &rp.w, err, errlen);
+    return tsp_json_reply_close(&rp, rc, out, outlen, needed);
 }

@@ -211,15 +211,13 @@ static int fd_check(const tsp_jreq_t *r, char *out, size_t outlen, size_t *neede
 int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char *out,
                        size_t outlen, size_t *needed, char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = '\0';
-    if (!request || tsp_json_check_object(request, len))
-        return tsp__err(err, errlen, -EINVAL,
-                        "tsp_logserver_call: the request is not a JSON object");
-    tsp_jreq_t r = {request, len, WHO, err, errlen};
-    char *op = NULL, *doc = NULL;
-    size_t dlen = 0;
-    int timeout_ms = 0, rc = tsp_jreq_str(&r, "op", 1, &op);
+    tsp_jreq_t r;
+    char *op = NULL;
+    int timeout_ms = 0,
+        rc = tsp_jreq_init(&r, "tsp_logserver_call", WHO, request, len, err, errlen);
+    if (rc)
+        return rc;
+    rc = tsp_jreq_str(&r, "op", 1, &op);
     if (rc == 0 && strcmp(op, "fd_check") == 0) { /* before a server: no handle */
         free(op);
         return fd_check(&r, out, outlen, needed);
@@ -235,24 +233,12 @@ int tsp_logserver_call(tsp_logserver_t *s, const char *request, size_t len, char
         free(op);
         return rc;
     }
-    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
-    if (rc == 0 && !mf)
-        rc = -ENOMEM;
-    if (mf) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, mf);
-        tsp_json_begin_object(&w);
-        rc = op_object(s, op, &r, &w);
-        tsp_json_end(&w);
-        if (fclose(mf) != 0 && rc == 0)
-            rc = -ENOMEM;
-    }
-    if (rc == 0)
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    tsp_json_reply_t rp;
+    if (rc == 0 && (rc = tsp_json_reply_open(&rp)) == 0)
+        rc = tsp_json_reply_close(&rp, op_object(s, op, &r, &rp.w), out, outlen, needed);
     if (rc < 0 && rc != -ENOSPC && err && errlen && !err[0])
         tsp__err(err, errlen, rc, "tsp_logserver_call: %s failed: %s", op ? op : "?",
                  tsp_strerror(rc));
-    free(doc);
     free(op);
     return rc;
 }

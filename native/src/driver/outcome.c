@@ -529,44 +529,37 @@ static int write_raise(tsp_json_writer_t *w, const input_t *in, const outcome_t 
     return 0;
 }
 
-static int write_outcome(const outcome_t *o, const input_t *in, char **text, size_t *tlen)
+static int write_outcome(const outcome_t *o, const input_t *in, tsp_json_writer_t *w)
 {
     const char *went = in->went;
-    FILE *m = open_memstream(text, tlen);
-    if (!m)
-        return -ENOMEM;
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, m);
-    tsp_json_begin_object(&w);
     const char *skeys[] = {"kind", "reason"};
     const char *svals[] = {o->kind, o->reason->name};
     for (size_t i = 0; i < 2; i++) {
-        tsp_json_key(&w, skeys[i]);
-        tsp_json_str(&w, svals[i]);
+        tsp_json_key(w, skeys[i]);
+        tsp_json_str(w, svals[i]);
     }
-    tsp_json_key(&w, "restart");
-    (void)tsp_json_value(&w, o->reason->restartable ? "true" : "false",
-                         4 + !o->reason->restartable);
-    tsp_json_key(&w, "node_rank");
+    tsp_json_key(w, "restart");
+    (void)tsp_json_value(w, o->reason->restartable ? "true" : "false", 4 + !o->reason->restartable);
+    tsp_json_key(w, "node_rank");
     if (o->node_rank >= 0)
-        tsp_json_int(&w, o->node_rank);
+        tsp_json_int(w, o->node_rank);
     else
-        tsp_json_null(&w);
-    tsp_json_key(&w, "executor");
-    tsp_json_str(&w, o->executor[0] ? o->executor : NULL);
-    tsp_json_key(&w, "exclude");
-    (void)tsp_json_value(&w, o->exclude ? "true" : "false", 4 + !o->exclude);
-    tsp_json_key(&w, "cause");
-    tsp_json_str(&w, o->cause);
-    tsp_json_key(&w, "setup");
-    tsp_json_str(&w, o->setup);
-    tsp_json_key(&w, "text");
-    tsp_json_str(&w, o->text);
-    tsp_json_key(&w, "carried");
+        tsp_json_null(w);
+    tsp_json_key(w, "executor");
+    tsp_json_str(w, o->executor[0] ? o->executor : NULL);
+    tsp_json_key(w, "exclude");
+    (void)tsp_json_value(w, o->exclude ? "true" : "false", 4 + !o->exclude);
+    tsp_json_key(w, "cause");
+    tsp_json_str(w, o->cause);
+    tsp_json_key(w, "setup");
+    tsp_json_str(w, o->setup);
+    tsp_json_key(w, "text");
+    tsp_json_str(w, o->text);
+    tsp_json_key(w, "carried");
     if (o->document)
-        (void)tsp_json_value(&w, o->document, strlen(o->document));
+        (void)tsp_json_value(w, o->document, strlen(o->document));
     else
-        tsp_json_null(&w);
+        tsp_json_null(w);
     char *advice = NULL;
     size_t alen = 0;
     FILE *a = open_memstream(&advice, &alen);
@@ -577,12 +570,11 @@ static int write_outcome(const outcome_t *o, const input_t *in, char **text, siz
             advice = NULL;
         }
     }
-    tsp_json_key(&w, "advice");
-    tsp_json_str(&w, advice);
-    int rc = in->product && advice ? write_raise(&w, in, o, advice) : 0;
-    tsp_json_end(&w);
+    tsp_json_key(w, "advice");
+    tsp_json_str(w, advice);
+    int rc = in->product && advice ? write_raise(w, in, o, advice) : 0;
     free(advice);
-    return fclose(m) == 0 && advice && !rc ? 0 : -ENOMEM;
+    return advice && !rc ? 0 : -ENOMEM;
 }
 
 int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
@@ -591,8 +583,7 @@ int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outl
     if (err && errlen)
         err[0] = 0;
     input_t in = {0};
-    char *root = NULL, *spark = NULL, *went = NULL, *text = NULL, *product = NULL, *mode = NULL;
-    size_t tlen = 0;
+    char *root = NULL, *spark = NULL, *went = NULL, *product = NULL, *mode = NULL;
     int rc = read_request(request, len, &in, &root, &spark, &went, err, errlen);
     if (!rc)
         rc = read_raise(request, len, &in, &product, &mode, err, errlen);
@@ -600,11 +591,9 @@ int tsp_outcome_classify(const char *request, size_t len, char *out, size_t outl
     int found = 0;
     for (size_t i = 0; !rc && !found && i < sizeof rows / sizeof rows[0]; i++)
         rc = (found = rows[i](&in, &o)) < 0 ? found : 0;
-    if (!rc)
-        rc = write_outcome(&o, &in, &text, &tlen);
-    if (!rc)
-        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
-    free(text);
+    tsp_json_reply_t rp;
+    if (!rc && !(rc = tsp_json_reply_open(&rp)))
+        rc = tsp_json_reply_close(&rp, write_outcome(&o, &in, &rp.w), out, outlen, needed);
     free(root);
     free(spark);
     free(went);

@@ -60,23 +60,18 @@ static int sentence(const struct product *p, const char *mode, const char *error
 }
 
 /* The reply: {"raise", "warn"}, one of them text or neither. */
-static int reply(FILE *f, int rows, const char *text)
+static void reply(tsp_json_writer_t *w, int rows, const char *text)
 {
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, f);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "raise");
+    tsp_json_key(w, "raise");
     if (!rows)
-        tsp_json_str(&w, text);
+        tsp_json_str(w, text);
     else
-        tsp_json_null(&w);
-    tsp_json_key(&w, "warn");
+        tsp_json_null(w);
+    tsp_json_key(w, "warn");
     if (rows && text)
-        tsp_json_str(&w, text);
+        tsp_json_str(w, text);
     else
-        tsp_json_null(&w);
-    tsp_json_end(&w);
-    return fclose(f) == 0 ? 0 : -ENOMEM;
+        tsp_json_null(w);
 }
 
 /* The request's members read and checked (a sentence in r->err naming the bad one). */
@@ -105,26 +100,22 @@ static int read_request(const tsp_jreq_t *r, const struct product **p, char **mo
 int tsp_result_check(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                      char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    if (!request || tsp_json_check_object(request, len) != 0)
-        return tsp__err(err, errlen, -EINVAL, "%s is not a JSON object", WHO);
-    tsp_jreq_t r = {request, len, WHO, err, errlen};
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, NULL, WHO, request, len, err, errlen) != 0)
+        return -EINVAL;
     const struct product *p = NULL;
-    char *mode = NULL, *error = NULL, *text = NULL, *doc = NULL;
-    size_t dlen = 0;
+    char *mode = NULL, *error = NULL, *text = NULL;
+    tsp_json_reply_t rp;
     int rows = 0, quiet = 0;
     int rc = read_request(&r, &p, &mode, &error, &rows, &quiet);
     if (!rc && p)
         rc = sentence(p, mode, error, rows, quiet, &text);
-    FILE *f = rc ? NULL : open_memstream(&doc, &dlen);
-    if (!rc && !f)
-        rc = -ENOMEM;
-    if (f && !(rc = reply(f, rows, text)))
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
+    if (!rc && !(rc = tsp_json_reply_open(&rp))) {
+        reply(&rp.w, rows, text);
+        rc = tsp_json_reply_close(&rp, 0, out, outlen, needed);
+    }
     free(mode);
     free(error);
     free(text);
-    free(doc);
     return rc;
 }

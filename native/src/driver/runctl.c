@@ -196,7 +196,7 @@ static int find_event(const tsp_jreq_t *r, const tsp__ctl_t *c, int has_state, s
     return rc;
 }
 
-static int step(const tsp_jreq_t *r, tsp__ctl_t *c, char **text, size_t *tlen)
+static int step(const tsp_jreq_t *r, tsp__ctl_t *c, char *out, size_t outlen, size_t *needed)
 {
     char *state = NULL;
     int rc =
@@ -211,24 +211,20 @@ static int step(const tsp_jreq_t *r, tsp__ctl_t *c, char **text, size_t *tlen)
         (rc = tsp_jreq_get(r, "event.at", TSP_JSON_NUMBER, "a number (the glue's clock) or null",
                            &c->at)) < 0)
         return rc;
-    FILE *m = open_memstream(text, tlen);
-    if (!m)
-        return -ENOMEM;
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, m);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "actions");
-    tsp_json_begin_array(&w);
-    rc = events[which].fn(r, c, &w);
+    tsp_json_reply_t rp;
+    if ((rc = tsp_json_reply_open(&rp)) != 0)
+        return rc;
+    tsp_json_key(&rp.w, "actions");
+    tsp_json_begin_array(&rp.w);
+    rc = events[which].fn(r, c, &rp.w);
     if (!rc && c->submitted && c->max_restarts > 0) /* a run with restarts has records */
         rc = tsp__runrec_begin(&c->recs, c->attempt, c->running, c->at);
-    tsp_json_end(&w);
+    tsp_json_end(&rp.w);
     if (!rc) {
-        tsp_json_key(&w, "state");
-        tsp__ctl_write_state(&w, c);
+        tsp_json_key(&rp.w, "state");
+        tsp__ctl_write_state(&rp.w, c);
     }
-    tsp_json_end(&w);
-    return fclose(m) == 0 ? rc : -ENOMEM;
+    return tsp_json_reply_close(&rp, rc, out, outlen, needed);
 }
 
 int tsp_runctl_step(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
@@ -240,12 +236,7 @@ int tsp_runctl_step(const char *request, size_t len, char *out, size_t outlen, s
     if (tsp_json_check_object(request, len) != 0)
         return tsp__err(err, errlen, -EINVAL, "the run controller's request is not a JSON object");
     tsp__ctl_t c = {.exclude_node = -1};
-    char *text = NULL;
-    size_t tlen = 0;
-    int rc = step(&r, &c, &text, &tlen);
-    if (!rc)
-        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
-    free(text);
+    int rc = step(&r, &c, out, outlen, needed);
     tsp__ctl_free(&c);
     return rc;
 }

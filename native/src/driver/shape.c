@@ -235,53 +235,43 @@ static int check_gpus(const shape_req_t *q, const shape_t *s, long long *take, c
     return rc;
 }
 
-static int write_reply(const shape_req_t *q, const shape_t *s, char **text, size_t *tlen, char *err,
+static int write_reply(const shape_req_t *q, const shape_t *s, tsp_json_writer_t *w, char *err,
                        size_t errlen)
 {
     long long take = 0;
     int rc = q->driver_gpus ? check_gpus(q, s, &take, err, errlen) : 0;
     if (rc)
         return rc;
-    FILE *m = open_memstream(text, tlen);
-    if (!m)
-        return -ENOMEM;
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, m);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "tasks");
-    tsp_json_int(&w, s->tasks);
-    tsp_json_key(&w, "processes");
-    tsp_json_int(&w, s->processes);
-    tsp_json_key(&w, "per_task");
-    tsp_json_int(&w, s->per_task);
-    tsp_json_key(&w, "warning");
-    tsp_json_str(&w, s->warning[0] ? s->warning : NULL);
+    tsp_json_key(w, "tasks");
+    tsp_json_int(w, s->tasks);
+    tsp_json_key(w, "processes");
+    tsp_json_int(w, s->processes);
+    tsp_json_key(w, "per_task");
+    tsp_json_int(w, s->per_task);
+    tsp_json_key(w, "warning");
+    tsp_json_str(w, s->warning[0] ? s->warning : NULL);
     if (q->driver_gpus) {
         char *ignored = NULL;
         size_t ilen = 0;
-        gpus_t g = {.w = &w, .java = q->java, .take = take};
-        tsp_json_key(&w, "gpus");
-        tsp_json_begin_array(&w);
+        gpus_t g = {.w = w, .java = q->java, .take = take};
+        tsp_json_key(w, "gpus");
+        tsp_json_begin_array(w);
         rc = walk_gpus(q, &g, &ignored, &ilen, err, errlen);
         free(ignored);
-        tsp_json_end(&w);
+        tsp_json_end(w);
     }
-    tsp_json_end(&w);
-    return fclose(m) == 0 ? rc : -ENOMEM;
+    return rc;
 }
 
 int tsp_shape_plan(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                    char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = 0;
-    tsp_jreq_t r = {request, len, "the shape request", err, errlen};
-    if (tsp_json_check_object(request, len) != 0)
-        return tsp__err(err, errlen, -EINVAL, "the shape request is not a JSON object");
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, NULL, "the shape request", request, len, err, errlen) != 0)
+        return -EINVAL;
     shape_req_t q = {0};
     shape_t s = {0};
-    char *text = NULL;
-    size_t tlen = 0;
+    tsp_json_reply_t rp;
     int rc = read_req(&r, &q);
     if (!rc) {
         s.tasks = s.processes = q.np;
@@ -292,9 +282,9 @@ int tsp_shape_plan(const char *request, size_t len, char *out, size_t outlen, si
             rc = q.local_mode ? py_local_gpu(&q, &s, err, errlen)
                               : py_tasks_gpu(&q, &s, err, errlen);
     }
-    if (!rc && !(rc = write_reply(&q, &s, &text, &tlen, err, errlen)))
-        rc = tsp__reply_copy(text, tlen, out, outlen, needed);
-    free(text);
+    if (!rc && !(rc = tsp_json_reply_open(&rp)))
+        rc =
+            tsp_json_reply_close(&rp, write_reply(&q, &s, &rp.w, err, errlen), out, outlen, needed);
     free(q.task_amount);
     free(q.driver_amount);
     free(q.driver_gpus);

@@ -28,37 +28,28 @@ static int join_address(void *ctx, const char *key, size_t index, int type, cons
 
 static int reply(const tsp_gpu_assignment_t *a, char *out, size_t outlen, size_t *needed)
 {
-    char *doc = NULL;
-    size_t dlen = 0;
-    FILE *mf = open_memstream(&doc, &dlen);
-    if (!mf)
+    tsp_json_reply_t rp;
+    if (tsp_json_reply_open(&rp) != 0)
         return -ENOMEM;
-    tsp_json_writer_t w;
-    tsp_json_writer_init(&w, mf);
-    tsp_json_begin_object(&w);
-    tsp_json_key(&w, "mask");
-    tsp_json_str(&w, a->mask);
-    tsp_json_key(&w, "count");
-    tsp_json_int(&w, a->count);
-    tsp_json_key(&w, "integers");
-    tsp_json_int(&w, a->integers);
-    tsp_json_key(&w, "checked");
-    tsp_json_int(&w, a->checked);
-    tsp_json_key(&w, "warnings");
-    tsp_json_str(&w, a->warnings);
-    tsp_json_end(&w);
-    int rc = fclose(mf) == 0 ? tsp__reply_copy(doc, dlen, out, outlen, needed) : -ENOMEM;
-    free(doc);
-    return rc;
+    tsp_json_key(&rp.w, "mask");
+    tsp_json_str(&rp.w, a->mask);
+    tsp_json_key(&rp.w, "count");
+    tsp_json_int(&rp.w, a->count);
+    tsp_json_key(&rp.w, "integers");
+    tsp_json_int(&rp.w, a->integers);
+    tsp_json_key(&rp.w, "checked");
+    tsp_json_int(&rp.w, a->checked);
+    tsp_json_key(&rp.w, "warnings");
+    tsp_json_str(&rp.w, a->warnings);
+    return tsp_json_reply_close(&rp, 0, out, outlen, needed);
 }
 
 int tsp_gpu_call(const char *request, size_t len, char *out, size_t outlen, size_t *needed,
                  char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = '\0';
-    if (!request || tsp_json_check_object(request, len))
-        return tsp__err(err, errlen, -EINVAL, "tsp_gpu_call: the request is not a JSON object");
+    tsp_jreq_t r;
+    if (tsp_jreq_init(&r, "tsp_gpu_call", "tsp_gpu_call's request", request, len, err, errlen))
+        return -EINVAL;
     char *addrs = NULL, *visible = NULL, *task = NULL, *host = NULL;
     size_t alen = 0;
     FILE *af = open_memstream(&addrs, &alen);
@@ -72,7 +63,6 @@ int tsp_gpu_call(const char *request, size_t len, char *out, size_t outlen, size
                       "tsp_gpu_call: \"addresses\" must be an array of strings");
     const char *keys[] = {"visible", "task", "host"};
     char **vals[] = {&visible, &task, &host};
-    tsp_jreq_t r = {request, len, "tsp_gpu_call's request", err, errlen};
     for (size_t i = 0; rc == 0 && i < 3; i++)
         rc = tsp_jreq_str(&r, keys[i], 0, vals[i]);
     tsp_gpu_assignment_t *a = rc == 0 ? malloc(sizeof *a) : NULL;

@@ -11,6 +11,19 @@
 #include "json.h"
 #include "util.h"
 
+int tsp_jreq_init(tsp_jreq_t *r, const char *name, const char *who, const char *request, size_t len,
+                  char *err, size_t errlen)
+{
+    *r = (tsp_jreq_t){request, len, who, err, errlen};
+    if (err && errlen)
+        err[0] = '\0';
+    if (request && tsp_json_check_object(request, len) == 0)
+        return 0;
+    if (name)
+        return tsp__err(err, errlen, -EINVAL, "%s: the request is not a JSON object", name);
+    return tsp__err(err, errlen, -EINVAL, "%s is not a JSON object", who);
+}
+
 int tsp_jreq_get(const tsp_jreq_t *r, const char *key, int want, const char *what, char **out)
 {
     int type = 0;
@@ -118,29 +131,20 @@ int tsp_jreq_serve(const char *name, const char *who, const char *request, size_
                    tsp_jreq_op_fn fn, void *ctx, char *out, size_t outlen, size_t *needed,
                    char *err, size_t errlen)
 {
-    if (err && errlen)
-        err[0] = '\0';
-    if (!request || tsp_json_check_object(request, len))
-        return tsp__err(err, errlen, -EINVAL, "%s: the request is not a JSON object", name);
-    tsp_jreq_t r = {request, len, who, err, errlen};
-    char *op = NULL, *doc = NULL;
-    size_t dlen = 0;
-    int rc = tsp_jreq_str(&r, "op", 1, &op);
-    FILE *mf = rc == 0 ? open_memstream(&doc, &dlen) : NULL;
-    if (rc == 0 && !mf)
-        rc = tsp__err(err, errlen, -ENOMEM, "%s: out of memory", name);
-    if (mf) {
-        tsp_json_writer_t w;
-        tsp_json_writer_init(&w, mf);
-        tsp_json_begin_object(&w);
-        rc = fn(ctx, op, &r, &w);
-        tsp_json_end(&w);
-        if (fclose(mf) != 0 && rc == 0)
-            rc = tsp__err(err, errlen, -ENOMEM, "%s: out of memory", name);
-    }
+    tsp_jreq_t r;
+    tsp_json_reply_t rp = {0};
+    char *op = NULL;
+    int rc = tsp_jreq_init(&r, name, who, request, len, err, errlen), oom = 0;
+    if (rc)
+        return rc;
+    rc = tsp_jreq_str(&r, "op", 1, &op);
     if (rc == 0)
-        rc = tsp__reply_copy(doc, dlen, out, outlen, needed);
-    free(doc);
+        rc = oom = tsp_json_reply_open(&rp);
+    if (rc == 0)
+        rc = fn(ctx, op, &r, &rp.w);
+    int done = tsp_json_reply_close(&rp, rc, out, outlen, needed);
+    if (oom || (rc == 0 && done == -ENOMEM)) /* the stream's own failure */
+        done = tsp__err(err, errlen, -ENOMEM, "%s: out of memory", name);
     free(op);
-    return rc;
+    return done;
 }

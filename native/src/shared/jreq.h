@@ -16,6 +16,12 @@ typedef struct {
     size_t errlen;
 } tsp_jreq_t;
 
+/* An entry point's start: err emptied, *r set, and the request checked to be a JSON object:
+ * 0, or -EINVAL with "<name>: the request is not a JSON object" (with a name) or "<who> is
+ * not a JSON object" (without). */
+int tsp_jreq_init(tsp_jreq_t *r, const char *name, const char *who, const char *request, size_t len,
+                  char *err, size_t errlen);
+
 /* The value at key: 1 with *out (malloc'ed) when present and not null, 0 with *out NULL
  * when absent or null; -EINVAL with "<who>'s "key" must be <what>" when its kind is not want
  * (a TSP_JSON_* kind), or "<who> is not a JSON object" when the document is malformed;

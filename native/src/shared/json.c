@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util.h"
+
 typedef struct {
     const unsigned char *p, *end;
     tsp_json_writer_t *emit; /* canonical output, or NULL to validate only */
@@ -670,4 +672,29 @@ int tsp_json_value(tsp_json_writer_t *w, const char *json, size_t len)
     if (rc)
         return rc;
     return parse_document(json, len, w);
+}
+
+int tsp_json_reply_open(tsp_json_reply_t *rp)
+{
+    memset(rp, 0, sizeof *rp);
+    if (!(rp->f = open_memstream(&rp->doc, &rp->len)))
+        return -ENOMEM;
+    tsp_json_writer_init(&rp->w, rp->f);
+    tsp_json_begin_object(&rp->w);
+    return 0;
+}
+
+int tsp_json_reply_close(tsp_json_reply_t *rp, int rc, char *out, size_t outlen, size_t *needed)
+{
+    if (rp->f) {
+        tsp_json_end(&rp->w);
+        if (fclose(rp->f) != 0 && rc == 0)
+            rc = -ENOMEM;
+        rp->f = NULL;
+    }
+    if (rc == 0)
+        rc = tsp__reply_copy(rp->doc, rp->len, out, outlen, needed);
+    free(rp->doc);
+    rp->doc = NULL;
+    return rc;
 }

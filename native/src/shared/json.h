@@ -1,7 +1,7 @@
 /* json.h (internal): the JSON that torchspark reads (torchelastic error files, election
  * records, the agent's reports) and the one writer every JSON document in native/ goes
- * through. Not a general JSON library: the reader validates a whole document and looks a
- * value up by a dotted path.
+ * through, with the reply object that the C entry points copy out. Not a general JSON
+ * library: the reader validates a whole document and looks a value up by a dotted path.
  *
  * The reader is strict RFC 8259 (docs/protocol.md, "JSON"): exactly one value with only
  * white space (space, tab, CR, LF) around it; numbers as -?(0|[1-9][0-9]*)(.[0-9]+)?
@@ -85,5 +85,21 @@ int tsp_json_value(tsp_json_writer_t *w, const char *json, size_t len);
 /* A value this process wrote itself as JSON, as it is: no check and no re-emission, for a
  * document too large to read twice (the hang doctor's reply inside its event). */
 void tsp_json_raw(tsp_json_writer_t *w, const char *json, size_t len);
+
+/* The reply of a C entry point's JSON call being written: w holds the reply object open on
+ * a memstream, which tsp_json_reply_close copies into the caller's out. */
+typedef struct {
+    FILE *f;
+    char *doc;
+    size_t len;
+    tsp_json_writer_t w;
+} tsp_json_reply_t;
+
+/* Opens rp's reply object: 0, or -ENOMEM (rp then closes as nothing). */
+int tsp_json_reply_open(tsp_json_reply_t *rp);
+
+/* Ends rp's object, closes and frees it; when rc is 0 copies the reply into out as every JSON
+ * call's (-ENOSPC with *needed). rc, or -ENOMEM, -ENOSPC. */
+int tsp_json_reply_close(tsp_json_reply_t *rp, int rc, char *out, size_t outlen, size_t *needed);
 
 #endif
